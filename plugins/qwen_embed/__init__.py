@@ -1,0 +1,7 @@
+"""qwen_embed: a tensor-parallel Qwen2/Qwen3 varlen embedding engine, usable without Triton."""
+
+from .config import ModelConfig, UnsupportedModelError
+from .engine import Encoder
+from .loader import CheckpointError
+
+__all__ = ["CheckpointError", "Encoder", "ModelConfig", "UnsupportedModelError"]

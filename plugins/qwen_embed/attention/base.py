@@ -1,0 +1,43 @@
+"""The contract every attention backend fulfils."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..batch import VarlenBatch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Per-rank attention shape: heads here are the heads this TP rank owns."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+class AttentionBackend(ABC):
+    """Varlen self-attention over a flat token stream.
+
+    `prepare` runs once per forward batch (index building, kernel planning); `forward` runs in
+    every layer with q [T, num_heads, head_dim] and k, v [T, num_kv_heads, head_dim].
+    """
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def prepare(self, batch: VarlenBatch) -> None: ...
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...

@@ -1,0 +1,33 @@
+"""Reference backend: PyTorch SDPA, one call per sequence; runs on CPU and GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..batch import VarlenBatch
+from .base import AttentionBackend
+
+
+class TorchAttention(AttentionBackend):
+    def prepare(self, batch: VarlenBatch) -> None:
+        bounds, start = [], 0
+        for n in batch.seq_lens:
+            bounds.append((start, start + n))
+            start += n
+        self._bounds = bounds
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        gqa = self.spec.num_heads != self.spec.num_kv_heads
+        # Slices of the flat stream, seen as [heads, len, dim]: no padding, no mask tensor.
+        for start, end in self._bounds:
+            out[start:end] = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1),
+                k[start:end].transpose(0, 1),
+                v[start:end].transpose(0, 1),
+                is_causal=self.spec.causal,
+                scale=self.spec.scale,
+                enable_gqa=gqa,
+            ).transpose(0, 1)
+        return out

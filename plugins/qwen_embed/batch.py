@@ -1,0 +1,81 @@
+"""Flattened variable-length batches and the token-budget planner.
+
+A batch is one token stream: no padding anywhere. Sequence i owns tokens
+`cu_seqlens[i]:cu_seqlens[i + 1]`; its last token is at `cu_seqlens[i + 1] - 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class VarlenBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, restarting at 0 for every sequence
+    cu_seqlens: torch.Tensor  # [n + 1] int32
+    seq_lens: tuple[int, ...]  # host copy, for backends that loop over sequences
+    max_seqlen: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, sequences: Sequence[np.ndarray], device: torch.device | str) -> VarlenBatch:
+        return cls.from_flat(*flatten(sequences), device)
+
+    @classmethod
+    def from_flat(cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                  device: torch.device | str) -> VarlenBatch:
+        """Build from host tensors (the form TP ranks receive); positions are derived here."""
+        cu = cu_seqlens.numpy().astype(np.int64)
+        lens = np.diff(cu)
+        positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lens)
+        return cls(
+            input_ids=input_ids.to(device),
+            positions=torch.from_numpy(positions).to(device),
+            cu_seqlens=cu_seqlens.to(device),
+            seq_lens=tuple(int(n) for n in lens),
+            max_seqlen=int(lens.max()),
+        )
+
+
+def flatten(sequences: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-empty int sequences -> host (input_ids int64 [T], cu_seqlens int32 [n + 1])."""
+    lens = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    if lens.size == 0 or lens.min() <= 0:
+        raise ValueError("a varlen batch needs at least one sequence and no empty sequence")
+    cu = np.zeros(lens.size + 1, dtype=np.int32)
+    np.cumsum(lens, out=cu[1:])
+    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
+    return torch.from_numpy(ids), torch.from_numpy(cu)
+
+
+def plan_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Group sequence indices into forward batches of at most `max_batch_tokens` tokens.
+
+    Longest first so each batch holds similar lengths; a sequence longer than the budget
+    runs alone rather than being refused.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for i in order:
+        if current and tokens + lengths[i] > max_batch_tokens:
+            batches.append(current)
+            current, tokens = [], 0
+        current.append(i)
+        tokens += lengths[i]
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,98 @@
+"""One frozen description of a Qwen2/Qwen3 checkpoint, read once from config.json.
+
+Every difference between the architectures becomes an explicit field here, so the model code
+never probes the Hugging Face config with scattered `getattr` defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# architecture name in config.json -> model family registered in qwen_embed.models
+SUPPORTED_ARCHITECTURES = {
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2Model": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3Model": "qwen3",
+}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    has_qkv_bias: bool
+    has_qk_norm: bool
+    is_causal: bool
+    checkpoint_dtype: str | None  # e.g. "bfloat16"; None when config.json does not say
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+        return cls.from_hf(json.loads(path.read_text()))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        architectures = hf.get("architectures") or []
+        family = next(
+            (SUPPORTED_ARCHITECTURES[a] for a in architectures if a in SUPPORTED_ARCHITECTURES),
+            None,
+        )
+        if family is None:
+            raise UnsupportedModelError(
+                f"unsupported architectures {architectures}; supported: "
+                + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+            )
+        if hf.get("use_sliding_window"):
+            raise UnsupportedModelError("use_sliding_window=true is not supported")
+        hidden = hf["hidden_size"]
+        heads = hf["num_attention_heads"]
+        # Qwen2 derives head_dim; Qwen3 states it and it may differ from hidden / heads.
+        head_dim = hf.get("head_dim") or hidden // heads
+        return cls(
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(hf),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            # Qwen2 always has q/k/v biases; Qwen3 has them only if attention_bias says so.
+            has_qkv_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
+            has_qk_norm=family == "qwen3",
+            is_causal=bool(hf.get("is_causal", True)),
+            checkpoint_dtype=hf.get("dtype") or hf.get("torch_dtype"),
+        )
+
+
+def _rope_theta(hf: dict) -> float:
+    """rope_theta lives at the top level (transformers 4.x) or in rope_parameters (5.x)."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise UnsupportedModelError(
+            f"rope_type {rope_type!r} is not supported; only 'default' RoPE is implemented"
+        )
+    theta = params.get("rope_theta", hf.get("rope_theta"))
+    return float(theta if theta is not None else 10000.0)

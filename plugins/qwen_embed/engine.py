@@ -1,0 +1,183 @@
+"""The public engine: `Encoder.from_pretrained(...)` and `encoder.embed(token_id_lists)`."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .attention import AttentionSpec, create_backend
+from .batch import VarlenBatch, flatten, plan_batches
+from .config import ModelConfig
+from .layers import TPGroup
+from .loader import load_weights
+from .models import model_class
+from .parallel import RankArgs, TPLauncher
+from .pooling import POOLING_METHODS, finish, pool
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> str:
+    """"auto" is the checkpoint's dtype on GPU and float32 on CPU (fast and exact there)."""
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+        return dtype
+    if device.type == "cpu" or config.checkpoint_dtype not in DTYPES:
+        return "float32"
+    return config.checkpoint_dtype
+
+
+def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
+    """Build this rank's shard of the model on its device and load its weights."""
+    config = ModelConfig.from_dir(args.model_dir)
+    device = args.device_for(tp.rank)
+    dtype = DTYPES[args.dtype]
+    kv_heads = max(1, config.num_kv_heads // tp.size)
+    backend = create_backend(args.attn_backend, AttentionSpec(
+        num_heads=config.num_heads // tp.size, num_kv_heads=kv_heads, head_dim=config.head_dim,
+        causal=config.is_causal, device=device, dtype=dtype,
+    ))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(config.family)(config, tp, backend)
+    finally:
+        torch.set_default_dtype(previous)
+    load_weights(model, args.model_dir)
+    return model.eval()
+
+
+class Encoder:
+    """Embeds lists of token ids with a (possibly tensor-parallel) Qwen2/Qwen3 model.
+
+    Thread-safe: concurrent `embed` calls are serialised (one forward at a time per encoder).
+    """
+
+    def __init__(self, model: nn.Module, config: ModelConfig, device: torch.device,
+                 max_batch_tokens: int, pooling: str, launcher: TPLauncher | None):
+        self.model = model
+        self.config = config
+        self.device = device
+        self.max_batch_tokens = max_batch_tokens
+        self.pooling = pooling
+        self._launcher = launcher
+        self._lock = threading.Lock()
+        # Workers are stopped even if the caller forgets close().
+        self._finalizer = weakref.finalize(self, launcher.close) if launcher else None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        *,
+        tp_size: int = 1,
+        attn_backend: str = "torch",
+        dtype: str = "auto",
+        device: str | torch.device | None = None,
+        max_batch_tokens: int = 16384,
+        pooling: str = "last",
+        dist_addr: str = "127.0.0.1:0",
+        dist_timeout_s: float = 300.0,
+    ) -> Encoder:
+        """Load a local Hugging Face checkpoint directory.
+
+        `dist_addr` is the TP rendezvous (host:port); port 0 picks a free port, so several
+        encoders on one host never collide.
+        """
+        if pooling not in POOLING_METHODS:
+            raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", 0)
+        config = ModelConfig.from_dir(model_dir)
+        host, _, port = dist_addr.rpartition(":")
+        args = RankArgs(
+            model_dir=str(model_dir), tp_size=tp_size, attn_backend=attn_backend,
+            dtype=resolve_dtype(dtype, config, device), device=str(device),
+            host=host, port=int(port), timeout_s=dist_timeout_s,
+        )
+        if tp_size == 1:
+            return cls(build_model(args, TPGroup()), config, device, max_batch_tokens, pooling,
+                       None)
+        launcher = TPLauncher(args)
+        try:
+            tp = launcher.join_groups()
+            model = build_model(launcher.args, tp)
+            launcher.wait_for("ready")
+        except BaseException:
+            launcher.close()
+            raise
+        return cls(model, config, device, max_batch_tokens, pooling, launcher)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.config.max_position_embeddings
+
+    def embed(self, token_id_lists: Sequence[Sequence[int]], *, normalize: bool = True,
+              dimensions: int | None = None) -> np.ndarray:
+        """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
+        if dimensions is not None and (
+            isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer))
+            or not 1 <= dimensions <= self.hidden_size
+        ):
+            raise ValueError(f"dimensions must be an integer in 1..{self.hidden_size}, "
+                             f"got {dimensions!r}")
+        sequences = [self._check_sequence(i, s) for i, s in enumerate(token_id_lists)]
+        out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
+        lengths = [len(s) for s in sequences]
+        with self._lock:
+            for indices in plan_batches(lengths, self.max_batch_tokens):
+                out[indices] = self._forward([sequences[i] for i in indices], normalize,
+                                             dimensions)
+        return out
+
+    def _check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(seq)
+        if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"token_ids[{index}] must be a flat list of integers")
+        if arr.size == 0:
+            raise ValueError(f"token_ids[{index}] is empty")
+        if arr.size > self.max_input_tokens:
+            raise ValueError(f"token_ids[{index}] has {arr.size} tokens, more than the model's "
+                             f"limit of {self.max_input_tokens}")
+        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            raise ValueError(f"token_ids[{index}] holds ids outside 0..{self.config.vocab_size - 1}")
+        return arr
+
+    def _forward(self, sequences: list[np.ndarray], normalize: bool,
+                 dimensions: int | None) -> np.ndarray:
+        input_ids, cu_seqlens = flatten(sequences)
+        if self._launcher is not None:
+            self._launcher.send_batch(input_ids, cu_seqlens)
+        batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
+        hidden = self.model(batch)
+        vectors = finish(pool(hidden, batch, self.pooling), normalize=normalize,
+                         dimensions=dimensions)
+        return vectors.cpu().numpy()  # the one device-to-host copy of this batch
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers; safe to call more than once."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> Encoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,159 @@
+"""Tensor-parallel building blocks.
+
+Every parameter carries a `weight_loader(param, full_tensor, shard_id=None)` that copies this
+rank's slice of a full checkpoint tensor: sharding lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """This process's place in the tensor-parallel group; `group` is None when tp_size == 1."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            self.group.allreduce([t]).wait()
+        return t
+
+
+def _shard(full: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    if full.shape[dim] % size:
+        raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split {size} ways")
+    return full.chunk(size, dim=dim)[rank]
+
+
+def _copy(param: torch.Tensor, value: torch.Tensor) -> None:
+    if param.shape != value.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
+                         f"checkpoint slice {tuple(value.shape)}")
+    param.data.copy_(value)
+
+
+def _param(*shape: int, loader) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    p.weight_loader = loader
+    return p
+
+
+def _replicated_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+    _copy(param, full)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim, loader=_replicated_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same order of operations as transformers: normalise in fp32, scale in the model dtype.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous slice of the vocabulary; one all-reduce joins the rows."""
+
+    def __init__(self, vocab_size: int, dim: int, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        per_rank = -(-vocab_size // tp.size)
+        self.start = tp.rank * per_rank
+        self.end = min(vocab_size, self.start + per_rank)
+        self.weight = _param(per_rank, dim, loader=self._load)
+
+    def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+        part = full[self.start : self.end]
+        param.data.zero_()  # rows past the vocabulary (uneven split) stay zero
+        param.data[: part.shape[0]].copy_(part)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        mine = (ids >= self.start) & (ids < self.end)
+        out = F.embedding((ids - self.start) * mine, self.weight)
+        out.mul_(mine.unsqueeze(-1).to(out.dtype))
+        return self.tp.all_reduce(out)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Output features split across ranks; several checkpoint matrices may be packed in one.
+
+    `shard_sizes` gives each packed shard's full output size and `shard_ranks` how a shard is
+    divided: a shard with fewer heads than ranks (kv heads when tp > num_kv_heads) is
+    replicated, each rank taking the slice `shard_owner(rank)` of it.
+    """
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], tp: TPGroup,
+                 bias: bool, shard_parts: dict[str, int] | None = None):
+        super().__init__()
+        self.tp = tp
+        # Into how many pieces each shard is cut; normally tp.size, fewer when replicated.
+        self.parts = {k: (shard_parts or {}).get(k, tp.size) for k in shard_sizes}
+        self.local = {k: size // self.parts[k] for k, size in shard_sizes.items()}
+        self.offsets, total = {}, 0
+        for k, n in self.local.items():
+            self.offsets[k] = total
+            total += n
+        self.weight = _param(total, in_features, loader=self._load)
+        self.bias = _param(total, loader=self._load) if bias else None
+
+    def _piece(self, shard_id: str) -> int:
+        # With P pieces over tp.size ranks, consecutive ranks share a piece.
+        return self.tp.rank * self.parts[shard_id] // self.tp.size
+
+    def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id: str | None = None) -> None:
+        key = shard_id if shard_id is not None else next(iter(self.local))
+        part = _shard(full, 0, self._piece(key), self.parts[key])
+        _copy(param.data.narrow(0, self.offsets[key], self.local[key]), part)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split across ranks; the partial products are summed by one all-reduce."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.weight = _param(out_features, in_features // tp.size, loader=self._load)
+
+    def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+        _copy(param, _shard(full, 1, self.tp.rank, self.tp.size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, head_dim] computed in fp32 then cast, as transformers does."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                  .float() / head_dim)
+    )
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)

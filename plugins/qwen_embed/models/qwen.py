@@ -1,0 +1,141 @@
+"""Qwen2 / Qwen3 decoder stack over a flat varlen token stream.
+
+One implementation for both families: the differences (q/k/v bias, per-head q/k RMSNorm,
+head_dim, causal or bidirectional) are flags on ModelConfig. Module names follow Hugging Face
+so checkpoint keys map with the small PACKED_MODULES table.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend
+from ..batch import VarlenBatch
+from ..config import ModelConfig
+from ..layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    apply_rotary,
+    rotary_cos_sin,
+)
+
+# checkpoint module name -> (our packed module, shard id)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+
+
+def check_tp_split(config: ModelConfig, tp_size: int) -> None:
+    """Raise a clear error when the heads or MLP cannot be split tp_size ways."""
+    problems = []
+    if config.num_heads % tp_size:
+        problems.append(f"num_attention_heads={config.num_heads}")
+    kv = config.num_kv_heads
+    if (kv % tp_size) if tp_size <= kv else (tp_size % kv):
+        problems.append(f"num_key_value_heads={kv}")
+    if config.intermediate_size % tp_size:
+        problems.append(f"intermediate_size={config.intermediate_size}")
+    if problems:
+        raise ValueError(f"tp_size={tp_size} does not divide " + ", ".join(problems))
+
+
+class QwenAttention(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+        super().__init__()
+        d = config.head_dim
+        self.num_heads = config.num_heads // tp.size
+        # kv heads are replicated when there are fewer of them than ranks
+        self.num_kv_heads = max(1, config.num_kv_heads // tp.size)
+        kv_parts = min(tp.size, config.num_kv_heads)
+        self.head_dim = d
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size,
+            {"q": config.num_heads * d, "k": config.num_kv_heads * d, "v": config.num_kv_heads * d},
+            tp,
+            bias=config.has_qkv_bias,
+            shard_parts={"k": kv_parts, "v": kv_parts},
+        )
+        self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, tp)
+        if config.has_qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.has_qk_norm = config.has_qk_norm
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1
+        )
+        q = q.view(t, self.num_heads, d)
+        k = k.view(t, self.num_kv_heads, d)
+        v = v.view(t, self.num_kv_heads, d)
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.backend.forward(q, k, v.contiguous())
+        return self.o_proj(out.reshape(t, self.num_heads * d))
+
+
+class QwenMLP(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup):
+        super().__init__()
+        n = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, {"gate": n, "up": n}, tp, bias=False
+        )
+        self.down_proj = RowParallelLinear(n, config.hidden_size, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class QwenDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = QwenAttention(config, tp, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = QwenMLP(config, tp)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class QwenModel(nn.Module):
+    """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head."""
+
+    packed_modules = PACKED_MODULES
+
+    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+        super().__init__()
+        check_tp_split(config, tp.size)
+        self.config = config
+        self.backend = backend
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            QwenDecoderLayer(config, tp, backend) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def forward(self, batch: VarlenBatch) -> torch.Tensor:
+        self.backend.prepare(batch)
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = rotary_cos_sin(
+            batch.positions, self.config.head_dim, self.config.rope_theta, x.dtype
+        )
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)

@@ -1,0 +1,161 @@
+"""Tensor-parallel process management: rank 0 is the caller, ranks 1.. are child processes.
+
+Two groups per encoder: a gloo "control" group that carries each batch's token ids from rank 0
+to the others (CPU tensors, may wait idle forever), and a "data" group for the all-reduces
+inside the forward (gloo on CPU, NCCL on GPU). Each encoder has its own TCPStore, on a free port
+unless an address is given, so several encoders on one host never collide.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .layers import TPGroup
+
+CMD_STOP, CMD_FORWARD = 0, 1
+# Workers block on the next command for as long as the server is idle.
+_IDLE_WAIT = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    """Everything a rank needs to build its shard; sent to workers as JSON."""
+
+    model_dir: str
+    tp_size: int
+    attn_backend: str
+    dtype: str
+    device: str  # rank 0's device; rank r uses cuda:(index + r) on GPU
+    host: str
+    port: int
+    timeout_s: float
+
+    def device_for(self, rank: int) -> torch.device:
+        base = torch.device(self.device)
+        if base.type == "cuda":
+            return torch.device("cuda", (base.index or 0) + rank)
+        return base
+
+
+def _python_executable() -> str:
+    # Inside Triton's Python backend stub sys.executable is the stub, not an interpreter.
+    if Path(sys.executable).name.startswith("python"):
+        return sys.executable
+    return str(Path(sys.prefix) / "bin" / "python3")
+
+
+def _make_groups(args: RankArgs, rank: int, store: dist.Store) -> tuple[object, TPGroup]:
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, args.tp_size,
+                                    timeout)
+    if args.device_for(rank).type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        data = dist.ProcessGroupNCCL(dist.PrefixStore("data", store), rank, args.tp_size, options)
+    else:
+        data = dist.ProcessGroupGloo(dist.PrefixStore("data", store), rank, args.tp_size, timeout)
+    return control, TPGroup(rank=rank, size=args.tp_size, group=data)
+
+
+class TPLauncher:
+    """Rank 0's handle on the worker processes."""
+
+    def __init__(self, args: RankArgs):
+        self.store = dist.TCPStore(args.host, args.port, args.tp_size, is_master=True,
+                                   timeout=datetime.timedelta(seconds=args.timeout_s),
+                                   wait_for_workers=False)
+        # With port 0 the store picked a free one; workers must be told which.
+        self.args = RankArgs(**{**asdict(args), "port": self.store.port})
+        self.procs: list[subprocess.Popen] = []
+        self.control = None
+        env = dict(os.environ)
+        plugins_dir = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [plugins_dir, env.get("PYTHONPATH")]))
+        for rank in range(1, args.tp_size):
+            self.procs.append(subprocess.Popen(
+                [_python_executable(), "-m", "qwen_embed.worker",
+                 json.dumps(asdict(self.args)), str(rank)],
+                env=env,
+            ))
+
+    def wait_for(self, stage: str) -> None:
+        """Wait until every worker has written `stage/<rank>` = ok; fail fast if one dies."""
+        keys = [f"{stage}/{r}" for r in range(1, self.args.tp_size)]
+        deadline = time.monotonic() + self.args.timeout_s
+        while not self.store.check(keys):
+            for rank, proc in enumerate(self.procs, start=1):
+                if proc.poll() is not None and not self.store.check([f"{stage}/{rank}"]):
+                    raise RuntimeError(f"TP rank {rank} exited with code {proc.returncode} "
+                                       f"before '{stage}'")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"TP workers did not reach '{stage}' in {self.args.timeout_s}s")
+            time.sleep(0.05)
+        for rank, key in enumerate(keys, start=1):
+            status = self.store.get(key).decode()
+            if status != "ok":
+                raise RuntimeError(f"TP rank {rank} failed during '{stage}': {status}")
+
+    def join_groups(self) -> TPGroup:
+        self.wait_for("joined")
+        self.control, tp = _make_groups(self.args, 0, self.store)
+        return tp
+
+    def send_batch(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+        header = torch.tensor([CMD_FORWARD, input_ids.numel(), cu_seqlens.numel()])
+        self.control.broadcast(header, 0).wait()
+        self.control.broadcast(input_ids, 0).wait()
+        self.control.broadcast(cu_seqlens, 0).wait()
+
+    def close(self) -> None:
+        if self.control is not None:
+            try:
+                work = self.control.broadcast(torch.tensor([CMD_STOP, 0, 0]), 0)
+                work.wait(datetime.timedelta(seconds=5))
+            except Exception:  # a dead worker cannot take the stop; it is killed below
+                pass
+            self.control = None
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
+
+
+def serve_rank(args: RankArgs, rank: int, build_model) -> None:
+    """Worker side: join, build this rank's shard, then run forwards until told to stop."""
+    from .batch import VarlenBatch
+
+    store = dist.TCPStore(args.host, args.port, args.tp_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=args.timeout_s))
+    store.set(f"joined/{rank}", "ok")
+    control, tp = _make_groups(args, rank, store)
+    try:
+        model = build_model(args, tp)
+    except Exception as e:
+        store.set(f"ready/{rank}", f"{type(e).__name__}: {e}")
+        raise
+    store.set(f"ready/{rank}", "ok")
+    device = args.device_for(rank)
+    while True:
+        header = torch.zeros(3, dtype=torch.int64)
+        control.broadcast(header, 0, _IDLE_WAIT).wait()
+        cmd, num_tokens, cu_len = header.tolist()
+        if cmd == CMD_STOP:
+            return
+        input_ids = torch.empty(num_tokens, dtype=torch.int64)
+        cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
+        control.broadcast(input_ids, 0).wait()
+        control.broadcast(cu_seqlens, 0).wait()
+        model(VarlenBatch.from_flat(input_ids, cu_seqlens, device))

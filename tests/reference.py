@@ -1,0 +1,91 @@
+"""Tiny seeded checkpoints and the transformers reference every parity test compares against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model, Qwen3Config, \
+    Qwen3ForCausalLM, Qwen3Model
+
+# Shapes chosen to exercise each path while staying fast on 2 CPU cores.
+TINY_CONFIGS = {
+    # Qwen2 with q/k/v biases and Qwen2-0.5B's 14 query / 2 kv heads.
+    "qwen2": dict(family="qwen2", hidden_size=112, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=160, num_hidden_layers=2,
+                  vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0),
+    # Qwen3 with head_dim (32) != hidden / heads (96 / 4 = 24), GQA 4:2.
+    "qwen3": dict(family="qwen3", hidden_size=96, num_attention_heads=4, head_dim=32,
+                  num_key_value_heads=2, intermediate_size=192, num_hidden_layers=2,
+                  vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0),
+    # Qwen3 with a single kv head: tp_size 2 must replicate it.
+    "qwen3_kv1": dict(family="qwen3", hidden_size=64, num_attention_heads=4, head_dim=16,
+                      num_key_value_heads=1, intermediate_size=128, num_hidden_layers=2,
+                      vocab_size=512, max_position_embeddings=512, rope_theta=10000.0),
+    # gte-Qwen2 style: bidirectional attention.
+    "gte_qwen2": dict(family="qwen2", hidden_size=64, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, num_hidden_layers=2,
+                      vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0,
+                      is_causal=False),
+}
+
+_CLASSES = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3Model),
+}
+
+
+def make_checkpoint(directory: Path, name: str, *, seed: int = 0, dtype=torch.float32,
+                    base_model: bool = False, max_shard_size: str | None = None) -> Path:
+    """Save a seeded random model; every weight (norms and biases too) gets noise."""
+    spec = dict(TINY_CONFIGS[name])
+    family = spec.pop("family")
+    config_cls, lm_cls, base_cls = _CLASSES[family]
+    rope_theta = spec.pop("rope_theta")
+    config = config_cls(**spec, rope_parameters={"rope_type": "default",
+                                                 "rope_theta": rope_theta},
+                        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = (base_cls if base_model else lm_cls)(config)
+    with torch.no_grad():
+        for p_name, p in model.named_parameters():
+            if p_name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.05 * torch.randn_like(p))
+    model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    return directory
+
+
+def reference_embeddings(model_dir: Path, sequences, *, pooling: str = "last",
+                         normalize: bool = True, dimensions: int | None = None,
+                         dtype=torch.float32) -> np.ndarray:
+    """transformers' base model, one unpadded sequence at a time, then pooling."""
+    family = "qwen3" if "qwen3" in (Path(model_dir) / "config.json").read_text() else "qwen2"
+    model = _CLASSES[family][2].from_pretrained(model_dir, dtype=dtype,
+                                                attn_implementation="eager").eval()
+    rows = []
+    with torch.no_grad():
+        for seq in sequences:
+            hidden = model(input_ids=torch.tensor([list(seq)])).last_hidden_state[0].float()
+            rows.append(hidden[-1] if pooling == "last" else hidden.mean(0))
+    out = torch.stack(rows)
+    if dimensions is not None:
+        out = out[:, :dimensions]
+    if normalize:
+        out = torch.nn.functional.normalize(out, dim=-1)
+    return out.numpy()
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def random_sequences(lengths, vocab_size: int = 512, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
