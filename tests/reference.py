@@ -6,28 +6,68 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model, Qwen3Config, \
-    Qwen3ForCausalLM, Qwen3Model
+from transformers import (
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+)
 
 # Shapes chosen to exercise each path while staying fast on 2 CPU cores.
 TINY_CONFIGS = {
     # Qwen2 with q/k/v biases and Qwen2-0.5B's 14 query / 2 kv heads.
-    "qwen2": dict(family="qwen2", hidden_size=112, num_attention_heads=14,
-                  num_key_value_heads=2, intermediate_size=160, num_hidden_layers=2,
-                  vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0),
+    "qwen2": dict(
+        family="qwen2",
+        hidden_size=112,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+    ),
     # Qwen3 with head_dim (32) != hidden / heads (96 / 4 = 24), GQA 4:2.
-    "qwen3": dict(family="qwen3", hidden_size=96, num_attention_heads=4, head_dim=32,
-                  num_key_value_heads=2, intermediate_size=192, num_hidden_layers=2,
-                  vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0),
+    "qwen3": dict(
+        family="qwen3",
+        hidden_size=96,
+        num_attention_heads=4,
+        head_dim=32,
+        num_key_value_heads=2,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+    ),
     # Qwen3 with a single kv head: tp_size 2 must replicate it.
-    "qwen3_kv1": dict(family="qwen3", hidden_size=64, num_attention_heads=4, head_dim=16,
-                      num_key_value_heads=1, intermediate_size=128, num_hidden_layers=2,
-                      vocab_size=512, max_position_embeddings=512, rope_theta=10000.0),
+    "qwen3_kv1": dict(
+        family="qwen3",
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+    ),
     # gte-Qwen2 style: bidirectional attention.
-    "gte_qwen2": dict(family="qwen2", hidden_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, num_hidden_layers=2,
-                      vocab_size=512, max_position_embeddings=512, rope_theta=1000000.0,
-                      is_causal=False),
+    "gte_qwen2": dict(
+        family="qwen2",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+        is_causal=False,
+    ),
 }
 
 _CLASSES = {
@@ -36,16 +76,25 @@ _CLASSES = {
 }
 
 
-def make_checkpoint(directory: Path, name: str, *, seed: int = 0, dtype=torch.float32,
-                    base_model: bool = False, max_shard_size: str | None = None) -> Path:
+def make_checkpoint(
+    directory: Path,
+    name: str,
+    *,
+    seed: int = 0,
+    dtype=torch.float32,
+    base_model: bool = False,
+    max_shard_size: str | None = None,
+) -> Path:
     """Save a seeded random model; every weight (norms and biases too) gets noise."""
     spec = dict(TINY_CONFIGS[name])
     family = spec.pop("family")
     config_cls, lm_cls, base_cls = _CLASSES[family]
     rope_theta = spec.pop("rope_theta")
-    config = config_cls(**spec, rope_parameters={"rope_type": "default",
-                                                 "rope_theta": rope_theta},
-                        tie_word_embeddings=False)
+    config = config_cls(
+        **spec,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = (base_cls if base_model else lm_cls)(config)
     with torch.no_grad():
@@ -60,13 +109,22 @@ def make_checkpoint(directory: Path, name: str, *, seed: int = 0, dtype=torch.fl
     return directory
 
 
-def reference_embeddings(model_dir: Path, sequences, *, pooling: str = "last",
-                         normalize: bool = True, dimensions: int | None = None,
-                         dtype=torch.float32) -> np.ndarray:
+def reference_embeddings(
+    model_dir: Path,
+    sequences,
+    *,
+    pooling: str = "last",
+    normalize: bool = True,
+    dimensions: int | None = None,
+    dtype=torch.float32,
+) -> np.ndarray:
     """transformers' base model, one unpadded sequence at a time, then pooling."""
     family = "qwen3" if "qwen3" in (Path(model_dir) / "config.json").read_text() else "qwen2"
-    model = _CLASSES[family][2].from_pretrained(model_dir, dtype=dtype,
-                                                attn_implementation="eager").eval()
+    model = (
+        _CLASSES[family][2]
+        .from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+        .eval()
+    )
     rows = []
     with torch.no_grad():
         for seq in sequences:

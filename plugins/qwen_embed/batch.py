@@ -34,8 +34,9 @@ class VarlenBatch:
         return cls.from_flat(*flatten(sequences), device)
 
     @classmethod
-    def from_flat(cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                  device: torch.device | str) -> VarlenBatch:
+    def from_flat(
+        cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, device: torch.device | str
+    ) -> VarlenBatch:
         """Build from host tensors (the form TP ranks receive); positions are derived here."""
         cu = cu_seqlens.numpy().astype(np.int64)
         lens = np.diff(cu)

@@ -24,7 +24,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> str:
-    """"auto" is the checkpoint's dtype on GPU and float32 on CPU (fast and exact there)."""
+    """ "auto" is the checkpoint's dtype on GPU and float32 on CPU (fast and exact there)."""
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
@@ -40,10 +40,17 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     device = args.device_for(tp.rank)
     dtype = DTYPES[args.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
-    backend = create_backend(args.attn_backend, AttentionSpec(
-        num_heads=config.num_heads // tp.size, num_kv_heads=kv_heads, head_dim=config.head_dim,
-        causal=config.is_causal, device=device, dtype=dtype,
-    ))
+    backend = create_backend(
+        args.attn_backend,
+        AttentionSpec(
+            num_heads=config.num_heads // tp.size,
+            num_kv_heads=kv_heads,
+            head_dim=config.head_dim,
+            causal=config.is_causal,
+            device=device,
+            dtype=dtype,
+        ),
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -61,8 +68,15 @@ class Encoder:
     Thread-safe: concurrent `embed` calls are serialised (one forward at a time per encoder).
     """
 
-    def __init__(self, model: nn.Module, config: ModelConfig, device: torch.device,
-                 max_batch_tokens: int, pooling: str, launcher: TPLauncher | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: ModelConfig,
+        device: torch.device,
+        max_batch_tokens: int,
+        pooling: str,
+        launcher: TPLauncher | None,
+    ):
         self.model = model
         self.config = config
         self.device = device
@@ -104,13 +118,19 @@ class Encoder:
         config = ModelConfig.from_dir(model_dir)
         host, _, port = dist_addr.rpartition(":")
         args = RankArgs(
-            model_dir=str(model_dir), tp_size=tp_size, attn_backend=attn_backend,
-            dtype=resolve_dtype(dtype, config, device), device=str(device),
-            host=host, port=int(port), timeout_s=dist_timeout_s,
+            model_dir=str(model_dir),
+            tp_size=tp_size,
+            attn_backend=attn_backend,
+            dtype=resolve_dtype(dtype, config, device),
+            device=str(device),
+            host=host,
+            port=int(port),
+            timeout_s=dist_timeout_s,
         )
         if tp_size == 1:
-            return cls(build_model(args, TPGroup()), config, device, max_batch_tokens, pooling,
-                       None)
+            return cls(
+                build_model(args, TPGroup()), config, device, max_batch_tokens, pooling, None
+            )
         launcher = TPLauncher(args)
         try:
             tp = launcher.join_groups()
@@ -129,22 +149,28 @@ class Encoder:
     def max_input_tokens(self) -> int:
         return self.config.max_position_embeddings
 
-    def embed(self, token_id_lists: Sequence[Sequence[int]], *, normalize: bool = True,
-              dimensions: int | None = None) -> np.ndarray:
+    def embed(
+        self,
+        token_id_lists: Sequence[Sequence[int]],
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
         if dimensions is not None and (
-            isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer))
+            isinstance(dimensions, bool)
+            or not isinstance(dimensions, (int, np.integer))
             or not 1 <= dimensions <= self.hidden_size
         ):
-            raise ValueError(f"dimensions must be an integer in 1..{self.hidden_size}, "
-                             f"got {dimensions!r}")
+            raise ValueError(
+                f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
+            )
         sequences = [self._check_sequence(i, s) for i, s in enumerate(token_id_lists)]
         out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
         lengths = [len(s) for s in sequences]
         with self._lock:
             for indices in plan_batches(lengths, self.max_batch_tokens):
-                out[indices] = self._forward([sequences[i] for i in indices], normalize,
-                                             dimensions)
+                out[indices] = self._forward([sequences[i] for i in indices], normalize, dimensions)
         return out
 
     def _check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
@@ -154,21 +180,27 @@ class Encoder:
         if arr.size == 0:
             raise ValueError(f"token_ids[{index}] is empty")
         if arr.size > self.max_input_tokens:
-            raise ValueError(f"token_ids[{index}] has {arr.size} tokens, more than the model's "
-                             f"limit of {self.max_input_tokens}")
+            raise ValueError(
+                f"token_ids[{index}] has {arr.size} tokens, more than the model's "
+                f"limit of {self.max_input_tokens}"
+            )
         if arr.min() < 0 or arr.max() >= self.config.vocab_size:
-            raise ValueError(f"token_ids[{index}] holds ids outside 0..{self.config.vocab_size - 1}")
+            raise ValueError(
+                f"token_ids[{index}] holds ids outside 0..{self.config.vocab_size - 1}"
+            )
         return arr
 
-    def _forward(self, sequences: list[np.ndarray], normalize: bool,
-                 dimensions: int | None) -> np.ndarray:
+    def _forward(
+        self, sequences: list[np.ndarray], normalize: bool, dimensions: int | None
+    ) -> np.ndarray:
         input_ids, cu_seqlens = flatten(sequences)
         if self._launcher is not None:
             self._launcher.send_batch(input_ids, cu_seqlens)
         batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
         hidden = self.model(batch)
-        vectors = finish(pool(hidden, batch, self.pooling), normalize=normalize,
-                         dimensions=dimensions)
+        vectors = finish(
+            pool(hidden, batch, self.pooling), normalize=normalize, dimensions=dimensions
+        )
         return vectors.cpu().numpy()  # the one device-to-host copy of this batch
 
     def close(self) -> None:

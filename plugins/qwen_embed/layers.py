@@ -36,8 +36,9 @@ def _shard(full: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
 
 def _copy(param: torch.Tensor, value: torch.Tensor) -> None:
     if param.shape != value.shape:
-        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
-                         f"checkpoint slice {tuple(value.shape)}")
+        raise ValueError(
+            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint slice {tuple(value.shape)}"
+        )
     param.data.copy_(value)
 
 
@@ -98,8 +99,14 @@ class ColumnParallelLinear(nn.Module):
     replicated, each rank taking the slice `shard_owner(rank)` of it.
     """
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], tp: TPGroup,
-                 bias: bool, shard_parts: dict[str, int] | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        shard_sizes: dict[str, int],
+        tp: TPGroup,
+        bias: bool,
+        shard_parts: dict[str, int] | None = None,
+    ):
         super().__init__()
         self.tp = tp
         # Into how many pieces each shard is cut; normally tp.size, fewer when replicated.
@@ -140,12 +147,16 @@ class RowParallelLinear(nn.Module):
         return self.tp.all_reduce(F.linear(x, self.weight))
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [T, head_dim] computed in fp32 then cast, as transformers does."""
     inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
-                  .float() / head_dim)
+        theta
+        ** (
+            torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
+            / head_dim
+        )
     )
     freqs = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -52,7 +52,7 @@ def _checkpoint_names(model: nn.Module) -> dict[str, tuple[nn.Parameter, str | N
 
 
 def _normalise(key: str) -> str:
-    return key[len("model."):] if key.startswith("model.") else key
+    return key[len("model.") :] if key.startswith("model.") else key
 
 
 def load_weights(model: nn.Module, model_dir: str | Path) -> None:
@@ -76,5 +76,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                 seen.add(name)
     missing = sorted(set(expected) - seen)
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise CheckpointError(f"checkpoint {model_dir} is missing tensors: {shown}")

@@ -56,8 +56,7 @@ def _python_executable() -> str:
 
 def _make_groups(args: RankArgs, rank: int, store: dist.Store) -> tuple[object, TPGroup]:
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, args.tp_size,
-                                    timeout)
+    control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, args.tp_size, timeout)
     if args.device_for(rank).type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -71,9 +70,14 @@ class TPLauncher:
     """Rank 0's handle on the worker processes."""
 
     def __init__(self, args: RankArgs):
-        self.store = dist.TCPStore(args.host, args.port, args.tp_size, is_master=True,
-                                   timeout=datetime.timedelta(seconds=args.timeout_s),
-                                   wait_for_workers=False)
+        self.store = dist.TCPStore(
+            args.host,
+            args.port,
+            args.tp_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=args.timeout_s),
+            wait_for_workers=False,
+        )
         # With port 0 the store picked a free one; workers must be told which.
         self.args = RankArgs(**{**asdict(args), "port": self.store.port})
         self.procs: list[subprocess.Popen] = []
@@ -82,11 +86,18 @@ class TPLauncher:
         plugins_dir = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [plugins_dir, env.get("PYTHONPATH")]))
         for rank in range(1, args.tp_size):
-            self.procs.append(subprocess.Popen(
-                [_python_executable(), "-m", "qwen_embed.worker",
-                 json.dumps(asdict(self.args)), str(rank)],
-                env=env,
-            ))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        _python_executable(),
+                        "-m",
+                        "qwen_embed.worker",
+                        json.dumps(asdict(self.args)),
+                        str(rank),
+                    ],
+                    env=env,
+                )
+            )
 
     def wait_for(self, stage: str) -> None:
         """Wait until every worker has written `stage/<rank>` = ok; fail fast if one dies."""
@@ -95,8 +106,9 @@ class TPLauncher:
         while not self.store.check(keys):
             for rank, proc in enumerate(self.procs, start=1):
                 if proc.poll() is not None and not self.store.check([f"{stage}/{rank}"]):
-                    raise RuntimeError(f"TP rank {rank} exited with code {proc.returncode} "
-                                       f"before '{stage}'")
+                    raise RuntimeError(
+                        f"TP rank {rank} exited with code {proc.returncode} before '{stage}'"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"TP workers did not reach '{stage}' in {self.args.timeout_s}s")
             time.sleep(0.05)
@@ -137,8 +149,13 @@ def serve_rank(args: RankArgs, rank: int, build_model) -> None:
     """Worker side: join, build this rank's shard, then run forwards until told to stop."""
     from .batch import VarlenBatch
 
-    store = dist.TCPStore(args.host, args.port, args.tp_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=args.timeout_s))
+    store = dist.TCPStore(
+        args.host,
+        args.port,
+        args.tp_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=args.timeout_s),
+    )
     store.set(f"joined/{rank}", "ok")
     control, tp = _make_groups(args, rank, store)
     try:

@@ -19,8 +19,9 @@ def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:
         seq_of_token = torch.repeat_interleave(
             torch.arange(batch.num_seqs, device=hidden.device), lengths
         )
-        sums = torch.zeros(batch.num_seqs, hidden.shape[1], device=hidden.device,
-                           dtype=torch.float32)
+        sums = torch.zeros(
+            batch.num_seqs, hidden.shape[1], device=hidden.device, dtype=torch.float32
+        )
         sums.index_add_(0, seq_of_token, hidden.float())
         return sums / lengths.unsqueeze(1)
     raise ValueError(f"unknown pooling {method!r}; choose one of {POOLING_METHODS}")

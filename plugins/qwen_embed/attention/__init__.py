@@ -34,5 +34,10 @@ def create_backend(name: str, spec: AttentionSpec) -> AttentionBackend:
     return backend_cls(spec)
 
 
-__all__ = ["AttentionBackend", "AttentionSpec", "available_backends", "create_backend",
-           "register_backend"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionSpec",
+    "available_backends",
+    "create_backend",
+    "register_backend",
+]

@@ -35,7 +35,9 @@ class FlashAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # GQA is native: k/v keep num_kv_heads.
         return self._kernel(
-            q, k, v,
+            q,
+            k,
+            v,
             cu_seqlens_q=self._cu_seqlens,
             cu_seqlens_k=self._cu_seqlens,
             max_seqlen_q=self._max_seqlen,
