@@ -14,6 +14,7 @@ from torch import nn
 from .attention import AttentionSpec, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
+from .cpu import keep_freed_memory
 from .layers import TPGroup
 from .loader import load_weights
 from .models import model_class
@@ -38,6 +39,8 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     """Build this rank's shard of the model on its device and load its weights."""
     config = ModelConfig.from_dir(args.model_dir)
     device = args.device_for(tp.rank)
+    if device.type == "cpu":
+        keep_freed_memory()
     dtype = DTYPES[args.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
     backend = create_backend(

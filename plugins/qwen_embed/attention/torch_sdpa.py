@@ -20,14 +20,15 @@ class TorchAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
         gqa = self.spec.num_heads != self.spec.num_kv_heads
-        # Slices of the flat stream, seen as [heads, len, dim]: no padding, no mask tensor.
+        # Slices of the flat stream seen as [1, heads, len, dim]: no padding, no mask tensor.
+        # (The 4-D form takes PyTorch's fused CPU kernel; 3-D inputs fall back to the math path.)
         for start, end in self._bounds:
             out[start:end] = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1),
-                k[start:end].transpose(0, 1),
-                v[start:end].transpose(0, 1),
+                q[start:end].unsqueeze(0).transpose(1, 2),
+                k[start:end].unsqueeze(0).transpose(1, 2),
+                v[start:end].unsqueeze(0).transpose(1, 2),
                 is_causal=self.spec.causal,
                 scale=self.spec.scale,
                 enable_gqa=gqa,
-            ).transpose(0, 1)
+            )[0].transpose(0, 1)
         return out

@@ -97,7 +97,7 @@ class QwenMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class QwenDecoderLayer(nn.Module):
@@ -109,8 +109,9 @@ class QwenDecoderLayer(nn.Module):
         self.mlp = QwenMLP(config, tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # Residual adds land in the fresh sublayer outputs: no new activation-sized tensors.
+        x = self.self_attn(self.input_layernorm(x), cos, sin).add_(x)
+        return self.mlp(self.post_attention_layernorm(x)).add_(x)
 
 
 class QwenModel(nn.Module):

