@@ -82,13 +82,12 @@ def make_checkpoint(
     *,
     seed: int = 0,
     dtype=torch.float32,
-    base_model: bool = False,
     max_shard_size: str | None = None,
 ) -> Path:
     """Save a seeded random model; every weight (norms and biases too) gets noise."""
     spec = dict(TINY_CONFIGS[name])
     family = spec.pop("family")
-    config_cls, lm_cls, base_cls = _CLASSES[family]
+    config_cls, lm_cls, _ = _CLASSES[family]
     rope_theta = spec.pop("rope_theta")
     config = config_cls(
         **spec,
@@ -96,7 +95,7 @@ def make_checkpoint(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = (base_cls if base_model else lm_cls)(config)
+    model = lm_cls(config)
     with torch.no_grad():
         for p_name, p in model.named_parameters():
             if p_name.endswith("norm.weight"):

@@ -1,0 +1,94 @@
+"""Varlen batches, the token-budget planner, batch invariance and input validation."""
+
+import numpy as np
+import pytest
+import torch
+from reference import random_sequences
+
+from qwen_embed import Encoder
+from qwen_embed.batch import VarlenBatch, plan_batches
+
+# Same text alone or in any mixed batch: equal up to fp32 rounding of different GEMM shapes.
+BATCH_INVARIANCE_MAX_ABS = 1e-5
+
+
+def test_varlen_batch_layout():
+    batch = VarlenBatch.build([[1, 2, 3], [4], [5, 6]], "cpu")
+    assert batch.input_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert batch.positions.tolist() == [0, 1, 2, 0, 0, 1]
+    assert batch.cu_seqlens.tolist() == [0, 3, 4, 6]
+    assert batch.cu_seqlens.dtype == torch.int32
+    assert batch.seq_lens == (3, 1, 2) and batch.max_seqlen == 3
+    with pytest.raises(ValueError):
+        VarlenBatch.build([[1], []], "cpu")
+
+
+def test_plan_batches_respects_budget_and_keeps_every_index():
+    lengths = [5, 100, 30, 30, 7, 64, 1, 200]
+    batches = plan_batches(lengths, 64)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        total = sum(lengths[i] for i in b)
+        assert total <= 64 or len(b) == 1  # only a lone over-budget text may exceed it
+    assert [7] in batches and [1] in batches  # 200 and 100 tokens run alone
+
+
+def test_batch_invariance(checkpoint):
+    seqs = random_sequences([3, 200, 17, 1, 64, 64, 120], seed=4)
+    with Encoder.from_pretrained(checkpoint("qwen3")) as enc:
+        together = enc.embed(seqs)
+        alone = np.concatenate([enc.embed([s]) for s in seqs])
+        shuffled = enc.embed(seqs[::-1])[::-1]
+    assert np.abs(together - alone).max() <= BATCH_INVARIANCE_MAX_ABS
+    assert np.abs(together - shuffled).max() <= BATCH_INVARIANCE_MAX_ABS
+
+
+def test_results_come_back_in_input_order_across_budget_batches(checkpoint):
+    seqs = random_sequences([50, 2, 40, 3, 30, 4], seed=5)
+    with Encoder.from_pretrained(checkpoint("qwen2"), max_batch_tokens=45) as enc:
+        many_batches = enc.embed(seqs)
+    with Encoder.from_pretrained(checkpoint("qwen2")) as enc:
+        one_batch = enc.embed(seqs)
+    assert np.abs(many_batches - one_batch).max() <= BATCH_INVARIANCE_MAX_ABS
+
+
+def test_empty_input_list_gives_empty_matrix(checkpoint):
+    with Encoder.from_pretrained(checkpoint("qwen3")) as enc:
+        out = enc.embed([], dimensions=8)
+    assert out.shape == (0, 8) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "seqs, kwargs, message",
+    [
+        ([[1, 2], []], {}, r"token_ids\[1\] is empty"),
+        ([[1, 600]], {}, r"token_ids\[0\] holds ids outside 0\.\.511"),
+        ([[-1]], {}, r"outside"),
+        ([list(range(10)) * 52], {}, r"520 tokens, more than the model's limit of 512"),
+        ([[1.5, 2.0]], {}, r"flat list of integers"),
+        ([[1, 2]], {"dimensions": 0}, r"dimensions must be an integer in 1\.\.96"),
+        ([[1, 2]], {"dimensions": 97}, r"1\.\.96, got 97"),
+        ([[1, 2]], {"dimensions": True}, r"dimensions"),
+        ([[1, 2]], {"dimensions": "8"}, r"dimensions"),
+    ],
+)
+def test_bad_input_is_a_clear_error(checkpoint, seqs, kwargs, message):
+    with Encoder.from_pretrained(checkpoint("qwen3")) as enc:
+        with pytest.raises(ValueError, match=message):
+            enc.embed(seqs, **kwargs)
+        assert enc.embed([[1, 2, 3]]).shape == (1, 96)  # still serving afterwards
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"pooling": "cls"}, "pooling must be one of"),
+        ({"dtype": "float64"}, "dtype must be 'auto' or one of"),
+        ({"attn_backend": "xformers"}, "unknown attention backend 'xformers'"),
+        ({"max_batch_tokens": 0}, "max_batch_tokens"),
+        ({"tp_size": 3}, "tp_size=3 does not divide"),
+    ],
+)
+def test_bad_engine_options(checkpoint, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Encoder.from_pretrained(checkpoint("qwen3"), **kwargs)

@@ -1,0 +1,118 @@
+"""Checkpoint loading: shards, key prefixes, missing/unexpected tensors, architectures."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from reference import make_checkpoint, random_sequences
+from safetensors.torch import load_file, save_file
+
+from qwen_embed import CheckpointError, Encoder, UnsupportedModelError
+
+SEQS = random_sequences([4, 60, 1], seed=11)
+
+
+def embed(model_dir, **kwargs):
+    with Encoder.from_pretrained(model_dir, **kwargs) as enc:
+        return enc.embed(SEQS)
+
+
+@pytest.fixture
+def reference_vectors(checkpoint):
+    return embed(checkpoint("qwen3"))
+
+
+def copy_checkpoint(source, target):
+    for f in source.iterdir():
+        shutil.copy(f, target / f.name)
+    return target
+
+
+def test_sharded_checkpoint(tmp_path, reference_vectors):
+    make_checkpoint(tmp_path, "qwen3", max_shard_size="100KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    np.testing.assert_array_equal(embed(tmp_path), reference_vectors)
+
+
+def test_base_model_keys_without_prefix(checkpoint, tmp_path, reference_vectors):
+    """A Qwen3Model export: same weights, keys without "model.", no lm_head."""
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+
+    def strip_prefix(tensors):
+        lm = {k: tensors.pop(k) for k in list(tensors)}
+        tensors.update({k.removeprefix("model."): v for k, v in lm.items()
+                        if not k.startswith("lm_head.")})  # fmt: skip
+
+    rewrite_tensors(tmp_path, strip_prefix)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3Model"]}))
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert "norm.weight" in keys and not any(k.startswith(("model.", "lm_head.")) for k in keys)
+    np.testing.assert_array_equal(embed(tmp_path), reference_vectors)
+
+
+def test_lm_checkpoint_keys_with_prefix(checkpoint):
+    keys = load_file(checkpoint("qwen3") / "model.safetensors").keys()
+    assert all(k.startswith(("model.", "lm_head.")) for k in keys)
+
+
+def rewrite_tensors(directory, change):
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_missing_tensor_is_named(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    rewrite_tensors(tmp_path, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensors: layers\.1\.self_attn\.k_proj"):
+        embed(tmp_path)
+
+
+def test_unexpected_tensor_is_named(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    rewrite_tensors(tmp_path, lambda t: t.update({"model.layers.0.extra.weight": t["model.norm.weight"].clone()}))  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match=r"unexpected tensor 'model\.layers\.0\.extra\.weight'"
+    ):
+        embed(tmp_path)
+
+
+def test_wrong_shape_is_named(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    rewrite_tensors(tmp_path, lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:5]}))  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*shape mismatch"):
+        embed(tmp_path)
+
+
+def test_unsupported_architecture(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="supported: Qwen2ForCausalLM, Qwen2Model, "
+                                                    "Qwen3ForCausalLM, Qwen3Model"):  # fmt: skip
+        embed(tmp_path)
+
+
+def test_pickled_weights_are_refused(checkpoint, tmp_path):
+    shutil.copy(checkpoint("qwen3") / "config.json", tmp_path / "config.json")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(CheckpointError, match="only safetensors"):
+        embed(tmp_path)
+
+
+def test_rope_theta_from_either_place():
+    from qwen_embed.config import ModelConfig
+
+    base = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 10}  # fmt: skip
+    assert ModelConfig.from_hf({**base, "rope_theta": 5.0}).rope_theta == 5.0
+    nested = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 7.0}}
+    assert ModelConfig.from_hf(nested).rope_theta == 7.0
+    with pytest.raises(UnsupportedModelError, match="rope_type 'yarn'"):
+        ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    assert ModelConfig.from_hf(base).has_qkv_bias and not ModelConfig.from_hf(base).has_qk_norm

@@ -1,0 +1,79 @@
+"""Engine vs transformers' Qwen2Model/Qwen3Model (one unpadded sequence at a time).
+
+Tolerances: fp32 cosine >= 0.99999 per text and max-abs <= 1e-4 (on unit vectors, or relative
+to the largest reference component without normalisation); bf16 cosine >= 0.999.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from reference import cosine, random_sequences, reference_embeddings
+
+from qwen_embed import Encoder
+
+FP32_COSINE = 0.99999
+FP32_MAX_ABS = 1e-4
+BF16_COSINE = 0.999
+
+CASES = {
+    "one_text": dict(lengths=[23]),
+    "mixed_lengths": dict(lengths=[7, 130, 1, 45, 300, 12, 64]),
+    "length_1": dict(lengths=[1, 1, 1]),
+    # 64-token budget: several forward batches, and a 150-token text that runs alone.
+    "crosses_max_batch_tokens": dict(lengths=[40, 30, 150, 10, 60, 5, 33], max_batch_tokens=64),
+    "dimensions": dict(lengths=[9, 50, 120], dimensions=16),
+    "no_normalize": dict(lengths=[9, 50, 120], normalize=False),
+    "mean_pooling": dict(lengths=[9, 50, 120], pooling="mean"),
+    "mean_no_normalize_dims": dict(lengths=[3, 77], pooling="mean", normalize=False,
+                                   dimensions=8),
+}  # fmt: skip
+
+
+def assert_close_fp32(out: np.ndarray, ref: np.ndarray) -> None:
+    assert out.shape == ref.shape and out.dtype == np.float32
+    assert cosine(out, ref).min() >= FP32_COSINE
+    scale = max(1.0, float(np.abs(ref).max()))
+    assert float(np.abs(out - ref).max()) <= FP32_MAX_ABS * scale
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fp32_matches_transformers(checkpoint, config_name, case):
+    spec = dict(CASES[case])
+    lengths = spec.pop("lengths")
+    pooling = spec.pop("pooling", "last")
+    max_batch_tokens = spec.pop("max_batch_tokens", 16384)
+    seqs = random_sequences(lengths, seed=len(case))
+    ref = reference_embeddings(checkpoint(config_name), seqs, pooling=pooling, **spec)
+    with Encoder.from_pretrained(checkpoint(config_name), dtype="float32", pooling=pooling,
+                                 max_batch_tokens=max_batch_tokens) as enc:  # fmt: skip
+        out = enc.embed(seqs, **spec)
+    assert_close_fp32(out, ref)
+    if spec.get("normalize", True):
+        np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+def test_bf16_matches_transformers(checkpoint, config_name):
+    seqs = random_sequences([1, 17, 90, 200], seed=3)
+    ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)
+    with Encoder.from_pretrained(checkpoint(config_name), dtype="bfloat16") as enc:
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= BF16_COSINE
+
+
+def test_bidirectional_config_is_not_causal(checkpoint, tmp_path):
+    """is_causal=false (gte-Qwen2) must really attend both ways: flipping it changes vectors."""
+    source = checkpoint("gte_qwen2")
+    config = json.loads((source / "config.json").read_text())
+    assert config["is_causal"] is False
+    for f in source.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_causal": True}))
+    seqs = random_sequences([20, 40], seed=9)
+    with Encoder.from_pretrained(source) as enc:
+        bidirectional = enc.embed(seqs)
+    with Encoder.from_pretrained(tmp_path) as enc:
+        causal = enc.embed(seqs)
+    assert cosine(bidirectional, causal).max() < 0.999

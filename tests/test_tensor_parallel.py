@@ -1,0 +1,91 @@
+"""tp_size=2 over gloo equals tp_size=1, and leaves no process behind."""
+
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+from reference import random_sequences
+
+from qwen_embed import CheckpointError, Encoder
+
+TP_MAX_ABS = 1e-5  # fp32: only the summation order of the all-reduces differs
+
+
+def worker_pids() -> set[int]:
+    """PIDs of our TP workers that are children of this test process."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"qwen_embed.worker" in cmd and ppid == os.getpid():
+            pids.add(int(entry))
+    return pids
+
+
+def wait_no_workers(timeout=10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return worker_pids()
+
+
+# qwen2: 14 query / 2 kv heads -> 7 + 1 per rank; qwen3_kv1: one kv head replicated on both.
+@pytest.mark.parametrize("name", ["qwen2", "qwen3_kv1", "qwen3"])
+def test_tp2_equals_tp1(checkpoint, name):
+    seqs = random_sequences([1, 9, 77, 200, 33], seed=6)
+    with Encoder.from_pretrained(checkpoint(name), tp_size=1) as enc:
+        single = enc.embed(seqs)
+    with Encoder.from_pretrained(checkpoint(name), tp_size=2, max_batch_tokens=128) as enc:
+        assert len(worker_pids()) == 1
+        sharded = enc.embed(seqs)
+        again = enc.embed(seqs[:2], dimensions=8, normalize=False)
+    assert np.abs(single - sharded).max() <= TP_MAX_ABS
+    with Encoder.from_pretrained(checkpoint(name)) as enc:
+        ref_again = enc.embed(seqs[:2], dimensions=8, normalize=False)
+    assert np.abs(again - ref_again).max() <= TP_MAX_ABS * max(1.0, np.abs(ref_again).max())
+    assert wait_no_workers() == set()
+
+
+def test_two_tp_encoders_side_by_side(checkpoint):
+    """Each encoder has its own rendezvous: two TP groups in one process never collide."""
+    seqs = random_sequences([5, 50], seed=7)
+    with Encoder.from_pretrained(checkpoint("qwen2"), tp_size=2) as a, \
+            Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2) as b:  # fmt: skip
+        assert len(worker_pids()) == 2
+        out_a, out_b = a.embed(seqs), b.embed(seqs)
+    assert out_a.shape == (2, 112) and out_b.shape == (2, 96)
+    assert wait_no_workers() == set()
+
+
+def test_worker_failure_is_reported_and_cleaned_up(checkpoint, tmp_path):
+    """A checkpoint that fails to load on every rank: clear error, no process left."""
+    source = checkpoint("qwen3")
+    for f in source.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    index = {"weight_map": {"x": "missing-shard.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="missing-shard"):
+        Encoder.from_pretrained(tmp_path, tp_size=2)
+    assert wait_no_workers() == set()
+
+
+def test_killed_worker_fails_fast_and_close_cleans_up(checkpoint):
+    enc = Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2, dist_timeout_s=20)
+    (pid,) = worker_pids()
+    os.kill(pid, 9)
+    start = time.monotonic()
+    with pytest.raises(Exception):  # noqa: B017 - gloo reports a closed peer in several ways
+        enc.embed(random_sequences([10], seed=8))
+    assert time.monotonic() - start < 25
+    enc.close()
+    assert wait_no_workers() == set()
