@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from reference import cosine, random_sequences, reference_embeddings
 
 from qwen_embed import Encoder
 from qwen_embed.attention import AttentionSpec, available_backends, create_backend
+
+from reference import cosine, random_sequences, reference_embeddings
 
 CPU_SPEC = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, causal=True,
                          device=torch.device("cpu"), dtype=torch.float32)  # fmt: skip

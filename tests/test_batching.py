@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 import torch
-from reference import random_sequences
 
 from qwen_embed import Encoder
 from qwen_embed.batch import VarlenBatch, plan_batches
+
+from reference import random_sequences
 
 # Same text alone or in any mixed batch: equal up to fp32 rounding of different GEMM shapes.
 BATCH_INVARIANCE_MAX_ABS = 1e-5

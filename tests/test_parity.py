@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from reference import cosine, random_sequences, reference_embeddings
 
 from qwen_embed import Encoder
+
+from reference import cosine, random_sequences, reference_embeddings
 
 FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-4

@@ -7,9 +7,10 @@ import time
 
 import numpy as np
 import pytest
-from reference import random_sequences
 
 from qwen_embed import CheckpointError, Encoder
+
+from reference import random_sequences
 
 TP_MAX_ABS = 1e-5  # fp32: only the summation order of the all-reduces differs
 
