@@ -67,6 +67,8 @@ def test_empty_input_list_gives_empty_matrix(checkpoint):
         ([[-1]], {}, r"outside"),
         ([list(range(10)) * 52], {}, r"520 tokens, more than the model's limit of 512"),
         ([[1.5, 2.0]], {}, r"flat list of integers"),
+        ([[1, 2**70]], {}, r"token_ids\[0\] must be a flat list of integers"),
+        ([[1, [2, 3]]], {}, r"flat list of integers"),
         ([[1, 2]], {"dimensions": 0}, r"dimensions must be an integer in 1\.\.96"),
         ([[1, 2]], {"dimensions": 97}, r"1\.\.96, got 97"),
         ([[1, 2]], {"dimensions": True}, r"dimensions"),

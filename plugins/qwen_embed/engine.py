@@ -177,7 +177,10 @@ class Encoder:
         return out
 
     def _check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
-        arr = np.asarray(seq)
+        try:
+            arr = np.asarray(seq)
+        except (OverflowError, ValueError):  # ragged nesting, ints beyond int64
+            arr = np.asarray([None])
         if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
             raise ValueError(f"token_ids[{index}] must be a flat list of integers")
         if arr.size == 0:

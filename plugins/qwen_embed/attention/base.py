@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -41,3 +42,18 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def import_gpu_kernel(spec: AttentionSpec, backend: str, module: str, package: str):
+    """Check a GPU-only backend can run with `spec`, then import its kernel module lazily."""
+    if spec.device.type != "cuda":
+        raise RuntimeError(f"attention backend '{backend}' runs only on CUDA devices")
+    if spec.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"attention backend '{backend}' needs dtype float16 or bfloat16")
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise RuntimeError(
+            f"attention backend '{backend}' needs the {package} package and a CUDA GPU "
+            "(pip install '.[gpu]'); use attn_backend='torch' elsewhere"
+        ) from e

@@ -1,32 +1,18 @@
-"""flash-attn 2/3 varlen kernel (GPU only, imported lazily)."""
+"""flash-attn 2 varlen kernel (GPU only, imported lazily)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..batch import VarlenBatch
-from .base import AttentionBackend, AttentionSpec
-
-
-def _import_kernel():
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError as e:
-        raise RuntimeError(
-            "attention backend 'flash_attn' needs the flash-attn package and a CUDA GPU "
-            "(pip install '.[gpu]'); use attn_backend='torch' elsewhere"
-        ) from e
-    return flash_attn_varlen_func
+from .base import AttentionBackend, AttentionSpec, import_gpu_kernel
 
 
 class FlashAttention(AttentionBackend):
     def __init__(self, spec: AttentionSpec):
-        if spec.device.type != "cuda":
-            raise RuntimeError("attention backend 'flash_attn' runs only on CUDA devices")
-        if spec.dtype not in (torch.float16, torch.bfloat16):
-            raise RuntimeError("attention backend 'flash_attn' needs dtype float16 or bfloat16")
+        flash_attn = import_gpu_kernel(spec, "flash_attn", "flash_attn", "flash-attn")
         super().__init__(spec)
-        self._kernel = _import_kernel()
+        self._kernel = flash_attn.flash_attn_varlen_func
 
     def prepare(self, batch: VarlenBatch) -> None:
         self._cu_seqlens = batch.cu_seqlens

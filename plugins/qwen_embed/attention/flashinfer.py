@@ -5,30 +5,15 @@ from __future__ import annotations
 import torch
 
 from ..batch import VarlenBatch
-from .base import AttentionBackend, AttentionSpec
+from .base import AttentionBackend, AttentionSpec, import_gpu_kernel
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
-def _import_flashinfer():
-    try:
-        import flashinfer
-    except ImportError as e:
-        raise RuntimeError(
-            "attention backend 'flashinfer' needs the flashinfer-python package and a CUDA GPU "
-            "(pip install '.[gpu]'); use attn_backend='torch' elsewhere"
-        ) from e
-    return flashinfer
-
-
 class FlashInferAttention(AttentionBackend):
     def __init__(self, spec: AttentionSpec):
-        if spec.device.type != "cuda":
-            raise RuntimeError("attention backend 'flashinfer' runs only on CUDA devices")
-        if spec.dtype not in (torch.float16, torch.bfloat16):
-            raise RuntimeError("attention backend 'flashinfer' needs dtype float16 or bfloat16")
+        flashinfer = import_gpu_kernel(spec, "flashinfer", "flashinfer", "flashinfer-python")
         super().__init__(spec)
-        flashinfer = _import_flashinfer()
         workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=spec.device)
         self._wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
 
