@@ -8,7 +8,17 @@ DTYPE       ?= float32
 
 .PHONY: setup demo-model test lint perf-engine serve clean
 
-setup: $(VENV)/.installed $(DEMO_DIR)/config.json
+TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
+HTTP_PORT   ?= 8000
+GRPC_PORT   ?= 8001
+METRICS_PORT ?= 8002
+
+setup: $(VENV)/.installed $(DEMO_DIR)/config.json $(TRITON)
+
+# Triton 2.51's server files from the nvidia-pytriton wheel (skipped where tritonserver is on PATH).
+$(TRITON): $(VENV)/.installed
+	@if command -v tritonserver >/dev/null; then echo "using $$(command -v tritonserver)"; \
+	else $(PY) -m qwen_embed.serving.triton install; fi
 
 # Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines.
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -24,8 +34,8 @@ $(DEMO_DIR)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
 demo-model: $(DEMO_DIR)/config.json
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check plugins tests perf
-	$(PY) -m ruff format --check plugins tests perf
+	$(PY) -m ruff check plugins tests perf model_repository
+	$(PY) -m ruff format --check plugins tests perf model_repository
 
 test: setup lint
 	$(PY) -m pytest
@@ -33,10 +43,14 @@ test: setup lint
 perf-engine: setup
 	$(PY) perf/bench_engine.py --model-dir $(DEMO_DIR) --dtype $(DTYPE)
 
+# MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model.
 serve: setup
-	@echo "make serve: the Triton model repository is not built yet (issue #3)." >&2
-	@echo "Until then the engine is usable in-process: see README.md." >&2
-	@exit 1
+	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
+	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
+	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
+	@echo "      python -c \"import numpy as np, tritonclient.http as t; c=t.InferenceServerClient('localhost:$(HTTP_PORT)'); i=t.InferInput('TEXT',[1,1],'BYTES'); i.set_data_from_numpy(np.array([[b'Hello']],dtype=object)); print(c.infer('embed',[i]).as_numpy('EMBEDDING').shape)\""
+	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} $(PY) -m qwen_embed.serving.triton serve \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,139 @@
+"""Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from qwen_embed import Encoder
+from qwen_embed.serving.config import model_parameters, resolve_model_dir
+from qwen_embed.serving.requests import RequestError, finish_vectors, parse_options, unpack_ids
+
+
+def _error(message):
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    )
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        device = params.get("device", "auto")
+        if args.get("model_instance_kind") == "GPU":
+            device = f"cuda:{args['model_instance_device_id']}"
+        self.encoder = Encoder.from_pretrained(
+            resolve_model_dir(params),
+            tp_size=int(params.get("tp_size") or 1),
+            attn_backend=params.get("attn_backend") or "torch",
+            dtype=params.get("dtype") or "auto",
+            device=None if device == "auto" else device,
+            max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
+            pooling=params.get("pooling") or "last",
+        )
+        self.max_input_tokens = self.encoder.max_input_tokens
+        self.metrics = _Metrics(args["model_name"])
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        accepted = []  # (index, options, token id arrays)
+        for i, request in enumerate(requests):
+            if request.is_cancelled():
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+                )
+                continue
+            try:
+                opts = parse_options(json.loads(request.parameters() or "{}"),
+                                     self.encoder.hidden_size)  # fmt: skip
+                blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
+                seqs = [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
+            except RequestError as e:
+                responses[i] = _error(str(e))
+                continue
+            accepted.append((i, opts, seqs))
+        if accepted:
+            # Every accepted text of every request in one call: one set of forward batches.
+            all_seqs = [s for _, _, seqs in accepted for s in seqs]
+            with self.metrics.encode_timer():
+                try:
+                    vectors = self.encoder.embed(all_seqs, normalize=False)
+                except ValueError as e:  # e.g. ids outside the vocabulary of this checkpoint
+                    vectors, failure = None, str(e)
+            start = 0
+            for i, opts, seqs in accepted:
+                if vectors is None:
+                    responses[i] = _error(failure)
+                    continue
+                rows = finish_vectors(vectors[start : start + len(seqs)], opts)
+                start += len(seqs)
+                responses[i] = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("EMBEDDING", rows)]
+                )
+            self.metrics.observe_batch(len(accepted), all_seqs)
+        return responses
+
+    def finalize(self):
+        self.encoder.close()
+
+
+class _Metrics:
+    """Per-execute batch shape and encode time, on Triton's metrics port."""
+
+    BUCKETS = {
+        "requests": [1, 2, 4, 8, 16, 32, 64, 128],
+        "texts": [1, 4, 16, 64, 256, 1024],
+        "tokens": [64, 256, 1024, 4096, 16384, 65536],
+    }
+
+    def __init__(self, model_name):
+        labels = {"model": model_name}
+        self.families = []  # a MetricFamily must outlive its Metric objects
+        self.histograms = {}
+        for what, buckets in self.BUCKETS.items():
+            family = pb_utils.MetricFamily(
+                name=f"qwen_embed_encoder_{what}_per_execute",
+                description=f"{what} handled by one encoder execute()",
+                kind=pb_utils.MetricFamily.HISTOGRAM,
+            )
+            self.families.append(family)
+            self.histograms[what] = family.Metric(labels=labels, buckets=buckets)
+        texts = pb_utils.MetricFamily(name="qwen_embed_texts_total", description="texts embedded",
+                                      kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        tokens = pb_utils.MetricFamily(name="qwen_embed_tokens_total",
+                                       description="tokens embedded",
+                                       kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        seconds = pb_utils.MetricFamily(name="qwen_embed_encode_seconds",
+                                        description="time in the encoder forward and pooling",
+                                        kind=pb_utils.MetricFamily.HISTOGRAM)  # fmt: skip
+        self.families += [texts, tokens, seconds]
+        self.texts = texts.Metric(labels=labels)
+        self.tokens = tokens.Metric(labels=labels)
+        self.seconds = seconds.Metric(labels=labels,
+                                      buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
+
+    def encode_timer(self):
+        return _Timer(self.seconds)
+
+    def observe_batch(self, num_requests, seqs):
+        num_tokens = int(sum(len(s) for s in seqs))
+        self.histograms["requests"].observe(num_requests)
+        self.histograms["texts"].observe(len(seqs))
+        self.histograms["tokens"].observe(num_tokens)
+        self.texts.increment(len(seqs))
+        self.tokens.increment(num_tokens)
+
+
+class _Timer:
+    def __init__(self, histogram):
+        self.histogram = histogram
+
+    def __enter__(self):
+        import time
+
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        import time
+
+        self.histogram.observe(time.perf_counter() - self.start)

@@ -1,0 +1,38 @@
+"""Triton adapter for qwen_embed.serving.tokenizer: TEXT -> TOKEN_IDS, TOKEN_COUNT."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from qwen_embed.serving.config import hidden_size, model_parameters, resolve_model_dir
+from qwen_embed.serving.requests import RequestError, decode_texts, pack_ids, parse_options
+from qwen_embed.serving.tokenizer import TextTokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        model_dir = resolve_model_dir(params)
+        self.hidden_size = hidden_size(model_dir)
+        self.max_texts = int(params.get("max_texts_per_request") or 256)
+        self.tokenizer = TextTokenizer(model_dir, int(params.get("max_input_tokens") or 8192))
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            opts = parse_options(json.loads(request.parameters() or "{}"), self.hidden_size)
+            texts = decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(),
+                                 self.max_texts)  # fmt: skip
+            ids = self.tokenizer.encode(texts, opts)
+        except RequestError as e:
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+            )
+        packed = np.array([[pack_ids(x)] for x in ids], dtype=np.object_)
+        counts = np.array([[len(x)] for x in ids], dtype=np.int32)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("TOKEN_IDS", packed), pb_utils.Tensor("TOKEN_COUNT", counts),
+        ])  # fmt: skip

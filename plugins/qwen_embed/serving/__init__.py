@@ -1,0 +1,1 @@
+"""Serving helpers shared by the Triton model.py files and the local server launcher."""

@@ -1,0 +1,111 @@
+"""Per-request options and text handling shared by the tokenizer and encoder Triton models.
+
+Everything here raises RequestError with a message naming the field and the limit; the model.py
+files turn it into an INVALID_ARG response for that request only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Qwen3-Embedding's query format and its default task.
+DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+PROMPT_NAMES = ("query", "document")
+
+
+class RequestError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    truncate: bool = True
+    prompt_name: str | None = None
+    instruction: str | None = None
+    dimensions: int | None = None
+    normalize: bool = True
+
+    def prompt(self) -> str | None:
+        """The `Instruct: ...\\nQuery:` prefix for queries, or None for plain text."""
+        if self.instruction is not None:
+            return f"Instruct: {self.instruction}\nQuery:"
+        if self.prompt_name == "query":
+            return f"Instruct: {DEFAULT_TASK}\nQuery:"
+        return None
+
+
+def _expect(name: str, value, kind: type, what: str):
+    # bool is an int in Python: keep the two apart so `dimensions=true` is refused.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RequestError(f"parameter '{name}' must be {what}, got {value!r}")
+    return value
+
+
+def parse_options(params: dict, hidden_size: int) -> RequestOptions:
+    """Validate Triton request parameters (already JSON-decoded)."""
+    known = set(RequestOptions.__dataclass_fields__)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise RequestError(f"unknown parameter(s) {unknown}; supported: {sorted(known)}")
+    opts = {}
+    if "truncate" in params:
+        opts["truncate"] = _expect("truncate", params["truncate"], bool, "a boolean")
+    if "normalize" in params:
+        opts["normalize"] = _expect("normalize", params["normalize"], bool, "a boolean")
+    if "prompt_name" in params:
+        name = _expect("prompt_name", params["prompt_name"], str, "a string")
+        if name not in PROMPT_NAMES:
+            raise RequestError(f"parameter 'prompt_name' must be one of {list(PROMPT_NAMES)}, "
+                               f"got {name!r}")  # fmt: skip
+        opts["prompt_name"] = name
+    if "instruction" in params:
+        text = _expect("instruction", params["instruction"], str, "a string")
+        if not text.strip():
+            raise RequestError("parameter 'instruction' must not be empty")
+        opts["instruction"] = text
+    if "dimensions" in params:
+        dims = _expect("dimensions", params["dimensions"], int, "an integer")
+        if not 1 <= dims <= hidden_size:
+            raise RequestError(f"parameter 'dimensions' must be in 1..{hidden_size}, got {dims}")
+        opts["dimensions"] = dims
+    return RequestOptions(**opts)
+
+
+def decode_texts(raw: np.ndarray, max_texts: int) -> list[str]:
+    """TEXT [n, 1] of bytes -> n strings; refuses n = 0, n > max_texts and invalid UTF-8."""
+    flat = raw.reshape(-1)
+    if flat.size == 0:
+        raise RequestError("input 'TEXT' must hold at least 1 text, got 0")
+    if flat.size > max_texts:
+        raise RequestError(f"input 'TEXT' holds {flat.size} texts, more than the limit of "
+                           f"{max_texts} per request")  # fmt: skip
+    texts = []
+    for i, item in enumerate(flat):
+        try:
+            texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError as e:
+            raise RequestError(f"input 'TEXT[{i}]' is not valid UTF-8 ({e.reason} at byte "
+                               f"{e.start})") from None  # fmt: skip
+    return texts
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    """Token ids travel between the models as one BYTES element per text (see DESIGN.md)."""
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def unpack_ids(blob: bytes, index: int) -> np.ndarray:
+    if len(blob) == 0 or len(blob) % 4:
+        raise RequestError(f"input 'TOKEN_IDS[{index}]' must be a non-empty packed int32 list")
+    return np.frombuffer(blob, dtype="<i4")
+
+
+def finish_vectors(vectors: np.ndarray, opts: RequestOptions) -> np.ndarray:
+    """Matryoshka truncation, then L2 normalisation, on the host for one request's rows."""
+    if opts.dimensions is not None:
+        vectors = vectors[:, : opts.dimensions]
+    if opts.normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -1,0 +1,172 @@
+"""Find or install a Triton Inference Server 2.51 and start it on a model repository.
+
+Inside NVIDIA's image `tritonserver` is on PATH. Elsewhere the server, its Python backend and a
+stub per Python version come from the `nvidia-pytriton==0.7.0` wheel, unpacked (never imported)
+into .cache/triton; the stub must match this interpreter and find its libpython.
+
+    python -m qwen_embed.serving.triton install
+    python -m qwen_embed.serving.triton serve [--http-port 8000 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+CACHE = REPO / ".cache" / "triton"
+PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def local_server_dir() -> Path:
+    return CACHE / "pytriton" / "tritonserver"
+
+
+def install() -> Path:
+    """Unpack the server files of the pytriton wheel into .cache/triton (idempotent)."""
+    server = local_server_dir()
+    stub = server / "backends" / "python" / "triton_python_backend_stub"
+    if stub.is_file():
+        return server
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        PYTRITON_WHEEL, "-d", tmp], check=True)  # fmt: skip
+        (wheel,) = Path(tmp).glob("nvidia_pytriton-*.whl")
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.infolist()
+                       if m.filename.startswith(("pytriton/tritonserver/", "nvidia_pytriton.libs/"))]  # fmt: skip # noqa: E501
+            for m in members:
+                target = Path(zf.extract(m, CACHE))
+                mode = (m.external_attr >> 16) & 0o777
+                if mode:
+                    target.chmod(mode)
+    shutil.copy(server / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub", stub)
+    stub.chmod(0o755)
+    return server
+
+
+def server_command() -> tuple[list[str], dict[str, str]]:
+    """The tritonserver command and the environment it needs here."""
+    env = dict(os.environ)
+    # The Python stub takes the first python3 on PATH: ours, with the venv's packages.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    found = shutil.which("tritonserver")
+    if found:
+        return [found], env
+    server = install()
+    libdir = sysconfig.get_config_var("LIBDIR")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
+    return [str(server / "bin" / "tritonserver"),
+            f"--backend-directory={server / 'backends'}"], env  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver child process on the given (or free) ports; a context manager."""
+
+    def __init__(self, model_repository: Path | str = REPO / "model_repository", *,
+                 http_port: int | None = None, grpc_port: int | None = None,
+                 metrics_port: int | None = None, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None, log_path: Path | None = None):  # fmt: skip
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        cmd, base_env = server_command()
+        self.cmd = cmd + [
+            f"--model-repository={model_repository}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            *(extra_args or []),
+        ]
+        self.env = {**base_env, **(env or {})}
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 180.0) -> TritonServer:
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; "
+                                   f"log: {self.log_path}")  # fmt: skip
+            if self.ready():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready in {timeout}s; log: {self.log_path}")
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=["install", "serve"])
+    p.add_argument("--model-repository", default=str(REPO / "model_repository"))
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    args = p.parse_args()
+    if args.action == "install":
+        print(f"tritonserver ready: {install() / 'bin' / 'tritonserver'}")
+        return
+    cmd, env = server_command()
+    cmd += [f"--model-repository={args.model_repository}", f"--http-port={args.http_port}",
+            f"--grpc-port={args.grpc_port}", f"--metrics-port={args.metrics_port}"]  # fmt: skip
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()
