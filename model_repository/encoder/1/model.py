@@ -1,8 +1,8 @@
 """Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch."""
 
 import json
+import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder
@@ -129,11 +129,7 @@ class _Timer:
         self.histogram = histogram
 
     def __enter__(self):
-        import time
-
         self.start = time.perf_counter()
 
     def __exit__(self, *exc):
-        import time
-
         self.histogram.observe(time.perf_counter() - self.start)
