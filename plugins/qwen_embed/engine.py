@@ -168,7 +168,7 @@ class Encoder:
             raise ValueError(
                 f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
             )
-        sequences = [self._check_sequence(i, s) for i, s in enumerate(token_id_lists)]
+        sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
         out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
         lengths = [len(s) for s in sequences]
         with self._lock:
@@ -176,7 +176,8 @@ class Encoder:
                 out[indices] = self._forward([sequences[i] for i in indices], normalize, dimensions)
         return out
 
-    def _check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
+    def check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
+        """Validate one token id list (ValueError naming it and the limit); returns it as array."""
         try:
             arr = np.asarray(seq)
         except (OverflowError, ValueError):  # ragged nesting, ints beyond int64

@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
-from qwen_embed.serving.requests import RequestError, finish_vectors, parse_options, unpack_ids
+from qwen_embed.serving.requests import finish_vectors, parse_options, unpack_ids
 
 
 def _error(message):
@@ -47,8 +47,11 @@ class TritonPythonModel:
                 opts = parse_options(json.loads(request.parameters() or "{}"),
                                      self.encoder.hidden_size)  # fmt: skip
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
-                seqs = [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
-            except RequestError as e:
+                seqs = [
+                    self.encoder.check_sequence(j, unpack_ids(b, j))
+                    for j, b in enumerate(blobs.reshape(-1))
+                ]
+            except ValueError as e:  # RequestError is one; check_sequence raises the others
                 responses[i] = _error(str(e))
                 continue
             accepted.append((i, opts, seqs))
@@ -56,15 +59,9 @@ class TritonPythonModel:
             # Every accepted text of every request in one call: one set of forward batches.
             all_seqs = [s for _, _, seqs in accepted for s in seqs]
             with self.metrics.encode_timer():
-                try:
-                    vectors = self.encoder.embed(all_seqs, normalize=False)
-                except ValueError as e:  # e.g. ids outside the vocabulary of this checkpoint
-                    vectors, failure = None, str(e)
+                vectors = self.encoder.embed(all_seqs, normalize=False)
             start = 0
             for i, opts, seqs in accepted:
-                if vectors is None:
-                    responses[i] = _error(failure)
-                    continue
                 rows = finish_vectors(vectors[start : start + len(seqs)], opts)
                 start += len(seqs)
                 responses[i] = pb_utils.InferenceResponse(

@@ -1,0 +1,264 @@
+"""The `embed` ensemble on a real tritonserver (free ports, stopped after), over HTTP and gRPC.
+
+Reference values: the in-process engine on the same tokenizer ids, and transformers'
+Qwen3Model with last-token pooling (cosine >= 0.9999 in fp32).
+"""
+
+import re
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tokenizers import Tokenizer
+from tritonclient.utils import InferenceServerException
+
+from qwen_embed import Encoder
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed.serving.triton import TritonServer
+
+from reference import cosine, reference_embeddings
+
+TEXTS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "你好，世界！这是一个多语言测试。",
+    "Привет, мир! Как дела?",
+    "مرحبا بالعالم",
+    "こんにちは世界",
+    "naïve café — emoji 🎉",
+    "def f(x):\n    return x ** 2",
+]
+SERVING_COSINE = 0.9999
+# Same engine, different batch composition: fp32 rounding only.
+ENGINE_MAX_ABS = 1e-4
+MAX_INPUT_TOKENS = 8192  # model_repository/tokenizer/config.pbtxt
+
+
+@pytest.fixture(scope="module")
+def demo_dir():
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    return DEMO_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=log) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_dir):
+    return Tokenizer.from_file(str(demo_dir / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def engine(demo_dir):
+    with Encoder.from_pretrained(demo_dir, dtype="float32") as enc:
+        yield enc
+
+
+def text_input(module, texts):
+    arr = np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object)
+    inp = module.InferInput("TEXT", list(arr.shape) if arr.size else [0, 1], "BYTES")
+    inp.set_data_from_numpy(arr.reshape(-1, 1))
+    return inp
+
+
+def infer(server, texts, protocol="http", **params):
+    if protocol == "http":
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+        module = httpclient
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        module = grpcclient
+    result = client.infer("embed", [text_input(module, texts)], parameters=params or None)
+    return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT")
+
+
+def metric_sum_count(server, name):
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    total = float(re.search(rf"^{name}_sum{{[^}}]*}} (\S+)", text, re.M).group(1))
+    count = float(re.search(rf"^{name}_count{{[^}}]*}} (\S+)", text, re.M).group(1))
+    return total, count
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_parity_with_engine_and_transformers(server, tokenizer, engine, demo_dir, protocol):
+    vectors, counts = infer(server, TEXTS, protocol)
+    ids = [e.ids for e in tokenizer.encode_batch(TEXTS)]
+    assert counts.shape == (len(TEXTS), 1)
+    assert counts[:, 0].tolist() == [len(x) for x in ids]
+    assert all(x[-1] == 151643 for x in ids)  # the appended <|endoftext|> is counted
+    assert vectors.shape == (len(TEXTS), 1024) and vectors.dtype == np.float32
+    assert np.abs(vectors - engine.embed(ids)).max() <= ENGINE_MAX_ABS
+    reference = reference_embeddings(demo_dir, ids)
+    assert cosine(vectors, reference).min() >= SERVING_COSINE
+
+
+def test_options(server, tokenizer, engine):
+    ids = [e.ids for e in tokenizer.encode_batch(TEXTS[:3])]
+    raw = engine.embed(ids, normalize=False)
+    small, _ = infer(server, TEXTS[:3], dimensions=64)
+    expected = raw[:, :64] / np.linalg.norm(raw[:, :64], axis=1, keepdims=True)
+    assert small.shape == (3, 64) and np.abs(small - expected).max() <= ENGINE_MAX_ABS
+    unnormalized, _ = infer(server, TEXTS[:3], "grpc", normalize=False)
+    assert np.abs(unnormalized - raw).max() <= ENGINE_MAX_ABS * np.abs(raw).max()
+
+    query, counts = infer(server, TEXTS[:1], prompt_name="query")
+    prompted = tokenizer.encode(f"Instruct: {DEFAULT_TASK}\nQuery:{TEXTS[0]}").ids
+    assert counts[0, 0] == len(prompted)
+    assert np.abs(query - engine.embed([prompted])).max() <= ENGINE_MAX_ABS
+    custom, counts = infer(server, TEXTS[:1], instruction="Find the greeting")
+    assert counts[0, 0] == len(tokenizer.encode(f"Instruct: Find the greeting\nQuery:{TEXTS[0]}"))
+    assert cosine(custom, query)[0] < 0.9999
+    document, _ = infer(server, TEXTS[:1], prompt_name="document")
+    assert np.abs(document - engine.embed(ids[:1])).max() <= ENGINE_MAX_ABS
+
+
+def test_truncation_keeps_endoftext(server, tokenizer):
+    long_text = "word " * 9000
+    n = len(tokenizer.encode(long_text).ids)
+    assert n > MAX_INPUT_TOKENS
+    message = rf"TEXT\[0\]' has {n} tokens, more than the limit of {MAX_INPUT_TOKENS}"
+    with pytest.raises(InferenceServerException, match=message):
+        infer(server, [long_text], truncate=False)
+    vectors, counts = infer(server, [long_text, "short"])  # truncate defaults to true
+    assert counts[:, 0].tolist() == [MAX_INPUT_TOKENS, 2]
+    assert np.isfinite(vectors).all()
+
+
+def test_256_texts_per_request(server):
+    texts = [f"text number {i}" for i in range(256)]
+    vectors, counts = infer(server, texts, "grpc", dimensions=32)
+    assert vectors.shape == (256, 32) and counts.shape == (256, 1)
+
+
+BAD_REQUESTS = [
+    ([b"ok", b"\xff\xfe bad"], {}, r"input 'TEXT\[1\]' is not valid UTF-8"),
+    ([], {}, r"TEXT"),  # n = 0: refused by Triton's shape check or by us, naming TEXT
+    (["x"] * 257, {}, r"257|256"),
+    (["x"], {"dimensions": 0}, r"parameter 'dimensions' must be in 1\.\.1024, got 0"),
+    (["x"], {"dimensions": 4096}, r"parameter 'dimensions' must be in 1\.\.1024, got 4096"),
+    (["x"], {"dimensions": "8"}, r"parameter 'dimensions' must be an integer"),
+    (
+        ["x"],
+        {"prompt_name": "passage"},
+        r"parameter 'prompt_name' must be one of \['query', 'document'\]",
+    ),  # noqa: E501
+    (["x"], {"truncate": 1}, r"parameter 'truncate' must be a boolean"),
+    (["x"], {"normalize": "no"}, r"parameter 'normalize' must be a boolean"),
+    (["x"], {"colour": "blue"}, r"unknown parameter\(s\) \['colour'\]"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("texts, params, message", BAD_REQUESTS)
+def test_bad_input_is_invalid_arg(server, protocol, texts, params, message):
+    with pytest.raises(InferenceServerException) as info:
+        infer(server, texts, protocol, **params)
+    assert re.search(message, info.value.message()), info.value.message()
+    status = str(info.value.status())
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+    vectors, _ = infer(server, ["still serving"], protocol)
+    assert vectors.shape == (1, 1024)
+
+
+def run_clients(count, target):
+    errors = []
+
+    def wrapped(i):
+        try:
+            target(i)
+        except Exception as e:  # collected and re-raised in the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    if errors:
+        raise errors[0]
+
+
+def test_aggregation_across_clients(server):
+    before = metric_sum_count(server, "qwen_embed_encoder_requests_per_execute")
+
+    def client(i):
+        for j in range(6):
+            infer(server, [f"client {i} request {j} text {k}" for k in range(4)], "grpc")
+
+    run_clients(16, client)
+    after = metric_sum_count(server, "qwen_embed_encoder_requests_per_execute")
+    requests, executes = after[0] - before[0], after[1] - before[1]
+    assert requests == 16 * 6
+    assert requests / executes >= 4, f"{requests / executes:.1f} requests per execute"
+
+
+def test_no_cross_talk(server, tokenizer, engine):
+    rng = np.random.default_rng(0)
+    plans = []
+    for i in range(32):
+        n = int(rng.integers(1, 9))
+        texts = [f"client {i} says {' '.join(['hello'] * int(rng.integers(1, 40)))} #{k}"
+                 for k in range(n)]  # fmt: skip
+        params = {}
+        if i % 3 == 0:
+            params["dimensions"] = int(rng.integers(1, 1025))
+        if i % 4 == 1:
+            params["normalize"] = False
+        plans.append((texts, params))
+    results = [None] * 32
+
+    def client(i):
+        texts, params = plans[i]
+        results[i] = infer(server, texts, "grpc" if i % 2 else "http", **params)
+
+    run_clients(32, client)
+    for (texts, params), (vectors, counts) in zip(plans, results, strict=True):
+        ids = [e.ids for e in tokenizer.encode_batch(texts)]
+        expected = engine.embed(ids, normalize=params.get("normalize", True),
+                                dimensions=params.get("dimensions"))  # fmt: skip
+        assert counts[:, 0].tolist() == [len(x) for x in ids]
+        assert vectors.shape == expected.shape
+        assert np.abs(vectors - expected).max() <= ENGINE_MAX_ABS * max(1, np.abs(expected).max())
+
+
+def test_bad_request_in_a_batch_leaves_good_ones_correct(server, tokenizer, engine):
+    """Bad token ids sent straight to `encoder` share its batches with good ensemble requests."""
+    ids = [e.ids for e in tokenizer.encode_batch(TEXTS)]
+    expected = engine.embed(ids)
+    bad_messages, good = [], []
+
+    def client(i):
+        if i % 2:
+            good.append(np.abs(infer(server, TEXTS, "grpc")[0] - expected).max())
+            return
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        inp = grpcclient.InferInput("TOKEN_IDS", [1, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[np.array([5, 999999], "<i4").tobytes()]], object))
+        try:
+            c.infer("encoder", [inp])
+        except InferenceServerException as e:
+            bad_messages.append(e.message())
+
+    run_clients(16, client)
+    assert len(good) == 8 and max(good) <= ENGINE_MAX_ABS
+    assert len(bad_messages) == 8
+    assert all("outside 0..151668" in m for m in bad_messages), bad_messages[0]
+
+
+def test_metrics_exposed(server):
+    infer(server, TEXTS[:2])
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    for name in ("qwen_embed_texts_total", "qwen_embed_tokens_total",
+                 "qwen_embed_encode_seconds_count", "qwen_embed_encoder_texts_per_execute_count",
+                 "qwen_embed_encoder_tokens_per_execute_count"):  # fmt: skip
+        assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name
