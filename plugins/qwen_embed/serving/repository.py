@@ -1,0 +1,74 @@
+"""Render a model repository that serves several checkpoints side by side.
+
+    python -m qwen_embed.serving.repository OUT_DIR NAME=MODEL_DIR [NAME=MODEL_DIR ...]
+        [--set encoder.tp_size=2 ...]
+
+Each NAME gets its own tokenizer, encoder and ensemble (`NAME_tokenizer`, `NAME_encoder`,
+`NAME`), copied from the checked-in model_repository with `model_dir` pinned; a NAME of `embed`
+keeps the original names. `--set MODEL.KEY=VALUE` overrides a config parameter of every copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from pathlib import Path
+
+from .config import REPO
+
+TEMPLATE = REPO / "model_repository"
+STEPS = ("tokenizer", "encoder")
+
+
+def _set_parameter(config: str, key: str, value: str) -> str:
+    pattern = rf'(\{{ key: "{re.escape(key)}", value: \{{ string_value: )"[^"]*"'
+    updated, n = re.subn(pattern, rf'\1"{value}"', config)
+    if n != 1:
+        raise ValueError(f"config has no parameter {key!r}")
+    return updated
+
+
+def render(out_dir: str | Path, deployments: dict[str, str | Path],
+           overrides: dict[str, dict[str, str]] | None = None) -> Path:  # fmt: skip
+    """Write one tokenizer/encoder/ensemble trio per deployment name into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, model_dir in deployments.items():
+        names = {"embed": name, **{s: s if name == "embed" else f"{name}_{s}" for s in STEPS}}
+        for step in STEPS:
+            target = out / names[step]
+            shutil.copytree(TEMPLATE / step, target, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+            config = (TEMPLATE / step / "config.pbtxt").read_text()
+            config = config.replace(f'name: "{step}"', f'name: "{names[step]}"', 1)
+            config = _set_parameter(config, "model_dir", str(Path(model_dir).resolve()))
+            for key, value in (overrides or {}).get(step, {}).items():
+                config = _set_parameter(config, key, value)
+            (target / "config.pbtxt").write_text(config)
+        ensemble = (TEMPLATE / "embed" / "config.pbtxt").read_text()
+        ensemble = ensemble.replace('name: "embed"', f'name: "{name}"', 1)
+        for step in STEPS:
+            ensemble = ensemble.replace(f'model_name: "{step}"', f'model_name: "{names[step]}"')
+        (out / name / "1").mkdir(parents=True, exist_ok=True)
+        (out / name / "config.pbtxt").write_text(ensemble)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir")
+    p.add_argument("deployments", nargs="+", metavar="NAME=MODEL_DIR")
+    p.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE")
+    args = p.parse_args()
+    overrides: dict[str, dict[str, str]] = {}
+    for item in args.set:
+        target, value = item.split("=", 1)
+        step, key = target.split(".", 1)
+        overrides.setdefault(step, {})[key] = value
+    deployments = dict(d.split("=", 1) for d in args.deployments)
+    print(f"rendered {render(args.out_dir, deployments, overrides)}: {', '.join(deployments)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""One tritonserver serving two checkpoints side by side (rendered repository)."""
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer
+
+TEXTS = ["first checkpoint or second?", "两个模型并排"]
+
+
+def embed(client, model, texts):
+    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    return client.infer(model, [inp]).as_numpy("EMBEDDING")
+
+
+def test_two_checkpoints_one_server(tmp_path):
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    second = build_demo_model(tmp_path / "second", layers=1, seed=1)
+    repo = render(tmp_path / "repo", {"embed": DEMO_MODEL_DIR, "second": second},
+                  overrides={"encoder": {"max_batch_tokens": "4096"}})  # fmt: skip
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "embed", "encoder", "second", "second_encoder", "second_tokenizer", "tokenizer"
+    ]  # fmt: skip
+    assert 'string_value: "4096"' in (repo / "second_encoder" / "config.pbtxt").read_text()
+    ids = [e.ids for e in Tokenizer.from_file(str(second / "tokenizer.json")).encode_batch(TEXTS)]
+    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        first_out, second_out = embed(client, "embed", TEXTS), embed(client, "second", TEXTS)
+    for model_dir, out in ((DEMO_MODEL_DIR, first_out), (second, second_out)):
+        with Encoder.from_pretrained(model_dir) as enc:
+            assert np.abs(out - enc.embed(ids)).max() <= 1e-4
+    assert np.abs(first_out - second_out).max() > 0.1
