@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine serve clean
+.PHONY: setup demo-model test lint perf-engine perf-serving serve clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
 HTTP_PORT   ?= 8000
@@ -42,6 +42,9 @@ test: setup lint
 
 perf-engine: setup
 	$(PY) perf/bench_engine.py --model-dir $(DEMO_DIR) --dtype $(DTYPE)
+
+perf-serving: setup
+	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)
 
 # MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model.
 serve: setup

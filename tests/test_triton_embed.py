@@ -259,6 +259,7 @@ def test_metrics_exposed(server):
     infer(server, TEXTS[:2])
     text = urllib.request.urlopen(server.metrics_url).read().decode()
     for name in ("qwen_embed_texts_total", "qwen_embed_tokens_total",
+                 "qwen_embed_tokenize_seconds_count",
                  "qwen_embed_encode_seconds_count", "qwen_embed_encoder_texts_per_execute_count",
                  "qwen_embed_encoder_tokens_per_execute_count"):  # fmt: skip
         assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name

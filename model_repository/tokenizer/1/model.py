@@ -1,6 +1,7 @@
 """Triton adapter for qwen_embed.serving.tokenizer: TEXT -> TOKEN_IDS, TOKEN_COUNT."""
 
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -17,9 +18,21 @@ class TritonPythonModel:
         self.hidden_size = hidden_size(model_dir)
         self.max_texts = int(params.get("max_texts_per_request") or 256)
         self.tokenizer = TextTokenizer(model_dir, int(params.get("max_input_tokens") or 8192))
+        # Kept on self: a MetricFamily must outlive its Metric.
+        self.seconds_family = pb_utils.MetricFamily(
+            name="qwen_embed_tokenize_seconds",
+            description="time to tokenize the requests of one tokenizer execute()",
+            kind=pb_utils.MetricFamily.HISTOGRAM,
+        )
+        self.seconds = self.seconds_family.Metric(
+            labels={"model": args["model_name"]}, buckets=[0.001, 0.005, 0.02, 0.1, 0.5, 2]
+        )
 
     def execute(self, requests):
-        return [self._one(request) for request in requests]
+        start = time.perf_counter()
+        responses = [self._one(request) for request in requests]
+        self.seconds.observe(time.perf_counter() - start)
+        return responses
 
     def _one(self, request):
         try:
