@@ -6,6 +6,7 @@ Qwen3Model with last-token pooling (cosine >= 0.9999 in fp32).
 
 import re
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -263,3 +264,36 @@ def test_metrics_exposed(server):
                  "qwen_embed_encode_seconds_count", "qwen_embed_encoder_texts_per_execute_count",
                  "qwen_embed_encoder_tokens_per_execute_count"):  # fmt: skip
         assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name
+
+
+def metric_value(server, name):
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    match = re.search(rf"^{name}{{[^}}]*}} (\S+)", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def encoder_input(id_lists):
+    inp = grpcclient.InferInput("TOKEN_IDS", [len(id_lists), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[np.array(x, "<i4").tobytes()] for x in id_lists], object))
+    return inp
+
+
+def test_cancelled_requests_are_skipped(server):
+    """Requests whose client gave up while the encoder was busy are never embedded."""
+    texts_before = metric_value(server, "qwen_embed_texts_total")
+    cancelled_before = metric_value(server, "qwen_embed_cancelled_requests_total")
+    busy = threading.Thread(target=lambda: grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "encoder", [encoder_input([list(range(1000, 5000))] * 2)]))  # fmt: skip
+    busy.start()
+    time.sleep(1.0)  # the long request is now in the encoder
+
+    def impatient(i):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer("encoder", [encoder_input([[5, 6, 7]])], client_timeout=0.5)
+
+    run_clients(4, impatient)
+    busy.join(timeout=120)
+    time.sleep(0.5)
+    assert metric_value(server, "qwen_embed_cancelled_requests_total") - cancelled_before == 4
+    assert metric_value(server, "qwen_embed_texts_total") - texts_before == 2

@@ -38,7 +38,8 @@ class TritonPythonModel:
         responses = [None] * len(requests)
         accepted = []  # (index, options, token id arrays)
         for i, request in enumerate(requests):
-            if request.is_cancelled():
+            if request.is_cancelled():  # the client gave up while it queued: skip the work
+                self.metrics.cancelled.increment(1)
                 responses[i] = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
                 )
@@ -103,7 +104,11 @@ class _Metrics:
         seconds = pb_utils.MetricFamily(name="qwen_embed_encode_seconds",
                                         description="time in the encoder forward and pooling",
                                         kind=pb_utils.MetricFamily.HISTOGRAM)  # fmt: skip
-        self.families += [texts, tokens, seconds]
+        cancelled = pb_utils.MetricFamily(name="qwen_embed_cancelled_requests_total",
+                                          description="requests skipped: cancelled by the client",
+                                          kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        self.cancelled = cancelled.Metric(labels=labels)
+        self.families += [texts, tokens, seconds, cancelled]
         self.texts = texts.Metric(labels=labels)
         self.tokens = tokens.Metric(labels=labels)
         self.seconds = seconds.Metric(labels=labels,
