@@ -19,6 +19,15 @@ def embed(client, model, texts):
     return client.infer(model, [inp]).as_numpy("EMBEDDING")
 
 
+def test_render_gpu_variant(tmp_path):
+    repo = render(tmp_path, {"embed": DEMO_MODEL_DIR}, {"encoder": {"dtype": "bfloat16"}},
+                  encoder_instances="count: 1, kind: KIND_GPU")  # fmt: skip
+    config = (repo / "encoder" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config
+    assert '{ key: "dtype", value: { string_value: "bfloat16" } }' in config
+    assert str(DEMO_MODEL_DIR.resolve()) in config
+
+
 def test_two_checkpoints_one_server(tmp_path):
     if not (DEMO_MODEL_DIR / "config.json").is_file():
         build_demo_model(DEMO_MODEL_DIR)

@@ -5,7 +5,8 @@
 
 Each NAME gets its own tokenizer, encoder and ensemble (`NAME_tokenizer`, `NAME_encoder`,
 `NAME`), copied from the checked-in model_repository with `model_dir` pinned; a NAME of `embed`
-keeps the original names. `--set MODEL.KEY=VALUE` overrides a config parameter of every copy.
+keeps the original names. `--set MODEL.KEY=VALUE` overrides a config parameter of every copy;
+`--encoder-instances 'count: 1, kind: KIND_GPU'` replaces the encoder's instance_group (GPUs).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _set_parameter(config: str, key: str, value: str) -> str:
 
 
 def render(out_dir: str | Path, deployments: dict[str, str | Path],
-           overrides: dict[str, dict[str, str]] | None = None) -> Path:  # fmt: skip
+           overrides: dict[str, dict[str, str]] | None = None,
+           encoder_instances: str | None = None) -> Path:  # fmt: skip
     """Write one tokenizer/encoder/ensemble trio per deployment name into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,6 +47,9 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
             config = _set_parameter(config, "model_dir", str(Path(model_dir).resolve()))
             for key, value in (overrides or {}).get(step, {}).items():
                 config = _set_parameter(config, key, value)
+            if step == "encoder" and encoder_instances:
+                group = f"instance_group [ {{ {encoder_instances} }} ]"
+                config = re.sub(r"^instance_group \[.*\]$", group, config, count=1, flags=re.M)
             (target / "config.pbtxt").write_text(config)
         ensemble = (TEMPLATE / "embed" / "config.pbtxt").read_text()
         ensemble = ensemble.replace('name: "embed"', f'name: "{name}"', 1)
@@ -60,6 +65,7 @@ def main() -> None:
     p.add_argument("out_dir")
     p.add_argument("deployments", nargs="+", metavar="NAME=MODEL_DIR")
     p.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE")
+    p.add_argument("--encoder-instances", help="e.g. 'count: 1, kind: KIND_GPU'")
     args = p.parse_args()
     overrides: dict[str, dict[str, str]] = {}
     for item in args.set:
@@ -67,7 +73,8 @@ def main() -> None:
         step, key = target.split(".", 1)
         overrides.setdefault(step, {})[key] = value
     deployments = dict(d.split("=", 1) for d in args.deployments)
-    print(f"rendered {render(args.out_dir, deployments, overrides)}: {', '.join(deployments)}")
+    out = render(args.out_dir, deployments, overrides, args.encoder_instances)
+    print(f"rendered {out}: {', '.join(deployments)}")
 
 
 if __name__ == "__main__":
