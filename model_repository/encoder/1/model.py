@@ -31,7 +31,6 @@ class TritonPythonModel:
             max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
             pooling=params.get("pooling") or "last",
         )
-        self.max_input_tokens = self.encoder.max_input_tokens
         self.metrics = _Metrics(args["model_name"])
 
     def execute(self, requests):
@@ -59,8 +58,9 @@ class TritonPythonModel:
         if accepted:
             # Every accepted text of every request in one call: one set of forward batches.
             all_seqs = [s for _, _, seqs in accepted for s in seqs]
-            with self.metrics.encode_timer():
-                vectors = self.encoder.embed(all_seqs, normalize=False)
+            started = time.perf_counter()
+            vectors = self.encoder.embed(all_seqs, normalize=False)
+            self.metrics.seconds.observe(time.perf_counter() - started)
             start = 0
             for i, opts, seqs in accepted:
                 rows = finish_vectors(vectors[start : start + len(seqs)], opts)
@@ -114,9 +114,6 @@ class _Metrics:
         self.seconds = seconds.Metric(labels=labels,
                                       buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
 
-    def encode_timer(self):
-        return _Timer(self.seconds)
-
     def observe_batch(self, num_requests, seqs):
         num_tokens = int(sum(len(s) for s in seqs))
         self.histograms["requests"].observe(num_requests)
@@ -124,14 +121,3 @@ class _Metrics:
         self.histograms["tokens"].observe(num_tokens)
         self.texts.increment(len(seqs))
         self.tokens.increment(num_tokens)
-
-
-class _Timer:
-    def __init__(self, histogram):
-        self.histogram = histogram
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.histogram.observe(time.perf_counter() - self.start)
