@@ -24,7 +24,7 @@ $(TRITON): $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet -r requirements.txt
-	$(VENV)/bin/pip install --quiet --no-deps -e .
+	$(VENV)/bin/pip install --quiet --no-deps -e . -e client
 	touch $@
 
 # config.json is written last, so its presence means the build finished.
@@ -34,8 +34,8 @@ $(DEMO_DIR)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
 demo-model: $(DEMO_DIR)/config.json
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check plugins tests perf model_repository
-	$(PY) -m ruff format --check plugins tests perf model_repository
+	$(PY) -m ruff check plugins tests perf model_repository client
+	$(PY) -m ruff format --check plugins tests perf model_repository client
 
 test: setup lint
 	$(PY) -m pytest

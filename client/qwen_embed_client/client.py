@@ -1,0 +1,227 @@
+"""Embedding clients for the Triton `embed` ensemble: one or many servers, sync and async.
+
+One implementation (async); the sync client runs it on a private event-loop thread so it also
+works where a loop is already running (notebooks). Depends on tritonclient and numpy only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .scheduler import ServerState, run_job
+
+RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "502", "503",
+                      "504", "None"}  # fmt: skip
+
+
+class EmbeddingError(Exception):
+    """An error answered by the server (message kept verbatim) or a transport failure."""
+
+    def __init__(self, message: str, status: str | None = None, url: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.url = url
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status in RETRYABLE_STATUSES
+
+
+@dataclass
+class EmbeddingResult:
+    embeddings: np.ndarray  # float32 [n, dim]
+    token_counts: np.ndarray  # int32 [n]: tokens embedded per text, <|endoftext|> included
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.token_counts.sum())
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    prompt_name: str | None = None
+    instruction: str | None = None
+    dimensions: int | None = None
+    normalize: bool = True
+    truncate: bool = True
+
+    def parameters(self) -> dict:
+        params = {"normalize": self.normalize, "truncate": self.truncate}
+        for key in ("prompt_name", "instruction", "dimensions"):
+            if getattr(self, key) is not None:
+                params[key] = getattr(self, key)
+        return params
+
+
+@dataclass
+class _Server:
+    url: str
+    client: object
+    state: ServerState = field(default_factory=ServerState)
+
+
+class AsyncEmbeddingClient:
+    """`await client.embed(texts, ...)` against one or several Triton servers.
+
+    Lists larger than one request are split and sent concurrently; with several URLs the
+    chunks go to whichever server is free, sized to its measured throughput.
+    """
+
+    def __init__(self, url: str | list[str], *, protocol: str = "grpc", timeout: float = 120.0,
+                 model: str = "embed", max_texts_per_request: int = 256,
+                 requests_in_flight: int = 4, retries: int = 3, backoff_s: float = 0.25,
+                 bench_s: float = 30.0):  # fmt: skip
+        if protocol not in ("grpc", "http"):
+            raise ValueError(f"protocol must be 'grpc' or 'http', got {protocol!r}")
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise ValueError("at least one server URL is needed")
+        self.protocol = protocol
+        self.timeout = timeout
+        self.model = model
+        self.max_texts_per_request = max_texts_per_request
+        self.requests_in_flight = requests_in_flight
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.bench_s = bench_s
+        self._servers: list[_Server] | None = None
+
+    def _connect(self) -> list[_Server]:
+        # Created lazily, inside the loop that will use them (aio clients bind to it).
+        if self._servers is None:
+            self._servers = [_Server(u, self._make_client(u)) for u in self.urls]
+        return self._servers
+
+    def _make_client(self, url: str):
+        url = url.split("://", 1)[-1]
+        if self.protocol == "grpc":
+            import tritonclient.grpc.aio as grpcaio
+
+            return grpcaio.InferenceServerClient(url)
+        import tritonclient.http.aio as httpaio
+
+        return httpaio.InferenceServerClient(url, conn_timeout=self.timeout)
+
+    async def embed(self, texts: list[str], **options) -> np.ndarray:
+        return (await self.embed_with_usage(texts, **options)).embeddings
+
+    async def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        opts = EmbedOptions(**options)
+        if not texts:
+            raise ValueError("texts must not be empty")
+        servers = self._connect()
+        chunks = await run_job(
+            len(texts),
+            [s.state for s in servers],
+            send=lambda server_index, start, end: self._send_with_retries(
+                servers[server_index], texts[start:end], opts
+            ),
+            max_chunk=self.max_texts_per_request,
+            slots_per_server=self.requests_in_flight,
+            bench_s=self.bench_s,
+        )
+        return EmbeddingResult(
+            embeddings=np.concatenate([c[0] for c in chunks]),
+            token_counts=np.concatenate([c[1] for c in chunks]),
+        )
+
+    async def _send_with_retries(self, server: _Server, texts: list[str], opts: EmbedOptions):
+        for attempt in range(self.retries + 1):
+            try:
+                return await self._send(server, texts, opts)
+            except EmbeddingError as e:
+                if not e.retryable or attempt == self.retries:
+                    raise
+            delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
+        from tritonclient.utils import InferenceServerException
+
+        if self.protocol == "grpc":
+            import tritonclient.grpc.aio as module
+        else:
+            import tritonclient.http.aio as module
+        data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+        inp = module.InferInput("TEXT", list(data.shape), "BYTES")
+        inp.set_data_from_numpy(data)
+        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        try:
+            result = await asyncio.wait_for(
+                server.client.infer(self.model, [inp], parameters=opts.parameters(), **kwargs),
+                timeout=self.timeout,
+            )
+        except InferenceServerException as e:
+            raise EmbeddingError(e.message() or str(e), str(e.status()), server.url) from None
+        except (OSError, asyncio.TimeoutError) as e:
+            raise EmbeddingError(f"{server.url}: {type(e).__name__}: {e}", None, server.url) from e
+        except Exception as e:  # aiohttp/grpc transport errors that are not OSError
+            if type(e).__module__.split(".")[0] in ("aiohttp", "grpc"):
+                raise EmbeddingError(f"{server.url}: {e}", None, server.url) from e
+            raise
+        return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+    async def close(self) -> None:
+        for server in self._servers or []:
+            await server.client.close()
+        self._servers = None
+
+    async def __aenter__(self) -> AsyncEmbeddingClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def throughput(self) -> dict[str, float]:
+        """Measured texts/s per server (remembered across calls; 0 = not measured yet)."""
+        return {s.url: s.state.texts_per_s for s in self._servers or []}
+
+
+class EmbeddingClient:
+    """Blocking twin of AsyncEmbeddingClient (same arguments)."""
+
+    def __init__(self, url: str | list[str], **kwargs):
+        self._async = AsyncEmbeddingClient(url, **kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="qwen-embed-client")  # fmt: skip
+        self._thread.start()
+
+    def _run(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt: cancel the in-flight requests too
+            raise
+
+    def embed(self, texts: list[str], **options) -> np.ndarray:
+        return self._run(self._async.embed(texts, **options))
+
+    def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
+        return self._run(self._async.embed_with_usage(texts, **options))
+
+    def throughput(self) -> dict[str, float]:
+        return self._async.throughput()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult"]

@@ -1,0 +1,107 @@
+"""The client library against real tritonservers: order, splitting, usage, errors, retries,
+cancellation, and one job spread over two servers of unequal speed."""
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
+
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.triton import TritonServer, free_port
+
+TEXTS = [f"text {i}: " + "word " * (i % 13) for i in range(70)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    log = tmp_path_factory.mktemp("client") / "server.log"
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as s:
+        yield s
+
+
+def direct(server, texts, **params):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    result = client.infer("embed", [inp], parameters=params or None)
+    return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_split_concurrent_and_in_order(server, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    expected, counts = direct(server, TEXTS)
+    with EmbeddingClient(url, protocol=protocol, max_texts_per_request=16) as client:
+        result = client.embed_with_usage(TEXTS)
+        small = client.embed(TEXTS[:5], dimensions=32, prompt_name="query")
+    assert result.embeddings.shape == (70, 1024)
+    assert np.abs(result.embeddings - expected).max() <= 1e-4
+    assert result.token_counts.tolist() == counts.tolist()
+    assert result.total_tokens == int(counts.sum())
+    assert (
+        np.abs(small - direct(server, TEXTS[:5], dimensions=32, prompt_name="query")[0]).max()
+        <= 1e-4
+    )  # noqa: E501
+
+
+def test_server_error_is_raised_with_its_message_and_not_retried(server):
+    with EmbeddingClient(server.grpc_url, retries=3, backoff_s=5.0) as client:
+        start = time.monotonic()
+        with pytest.raises(
+            EmbeddingError, match=r"parameter 'dimensions' must be in 1\.\.1024"
+        ) as e:
+            client.embed(["x"], dimensions=5000)
+        assert time.monotonic() - start < 4  # no backoff: INVALID_ARG is never retried
+        assert e.value.status == "StatusCode.INVALID_ARGUMENT" and not e.value.retryable
+
+
+def test_unreachable_server_retries_then_fails():
+    with EmbeddingClient(
+        f"127.0.0.1:{free_port()}", retries=2, backoff_s=0.05, timeout=5
+    ) as client:
+        with pytest.raises(EmbeddingError) as e:
+            client.embed(["x"])
+    assert e.value.retryable
+
+
+def test_dead_server_chunks_move_to_the_live_one(server):
+    dead = f"127.0.0.1:{free_port()}"
+    with EmbeddingClient([dead, server.grpc_url], retries=1, backoff_s=0.05,
+                         max_texts_per_request=8) as client:  # fmt: skip
+        out = client.embed(TEXTS)
+    assert np.abs(out - direct(server, TEXTS)[0]).max() <= 1e-4
+
+
+def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
+    """Cancelling the task cancels its gRPC calls at once, while the server is still busy.
+
+    (Triton 2.51 does not pass an ensemble request's cancellation on to the composing encoder
+    request, so through `embed` the server may still compute what was cancelled; requests sent
+    straight to `encoder` are skipped: tests/test_triton_embed.py.)
+    """
+    busy = threading.Thread(target=direct, args=(server, ["word " * 4000] * 2))
+    busy.start()
+    time.sleep(1.0)  # the encoder is now busy for several seconds
+
+    async def scenario():
+        async with AsyncEmbeddingClient(server.grpc_url, max_texts_per_request=2) as client:
+            task = asyncio.ensure_future(client.embed(TEXTS[:8]))
+            await asyncio.sleep(0.5)
+            cancelled_at = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.monotonic() - cancelled_at
+
+    assert asyncio.run(scenario()) < 1.0
+    assert busy.is_alive()  # so the calls really were cut short, not finished
+    busy.join(timeout=120)
+    with EmbeddingClient(server.grpc_url) as client:
+        assert client.embed(["still fine"]).shape == (1, 1024)
