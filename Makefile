@@ -21,7 +21,7 @@ $(TRITON): $(VENV)/.installed
 	else $(PY) -m qwen_embed.serving.triton install; fi
 
 # Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines.
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	$(VENV)/bin/pip install --quiet --no-deps -e . -e client

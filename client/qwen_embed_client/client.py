@@ -179,9 +179,11 @@ class AsyncEmbeddingClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def throughput(self) -> dict[str, float]:
-        """Measured texts/s per server (remembered across calls; 0 = not measured yet)."""
-        return {s.url: s.state.texts_per_s for s in self._servers or []}
+    def stats(self) -> dict[str, dict]:
+        """Per server: measured texts/s per request in flight (remembered across calls; 0 = not
+        measured yet), texts embedded so far, and whether it is benched after a failure."""
+        return {s.url: {"texts_per_s": s.state.texts_per_s, "texts_done": s.state.texts_done,
+                        "benched": s.state.benched()} for s in self._servers or []}  # fmt: skip
 
 
 class EmbeddingClient:
@@ -208,8 +210,8 @@ class EmbeddingClient:
     def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
         return self._run(self._async.embed_with_usage(texts, **options))
 
-    def throughput(self) -> dict[str, float]:
-        return self._async.throughput()
+    def stats(self) -> dict[str, dict]:
+        return self._async.stats()
 
     def close(self) -> None:
         if self._loop.is_running():

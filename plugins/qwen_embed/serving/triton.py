@@ -84,7 +84,8 @@ class TritonServer:
     def __init__(self, model_repository: Path | str = REPO / "model_repository", *,
                  http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, log_path: Path | None = None):  # fmt: skip
+                 extra_args: list[str] | None = None, log_path: Path | None = None,
+                 cpus: str | None = None):  # fmt: skip
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -97,6 +98,9 @@ class TritonServer:
             *(extra_args or []),
         ]
         self.env = {**base_env, **(env or {})}
+        if cpus is not None:  # pin to some cores, e.g. to stand in for a separate machine
+            self.cmd = ["taskset", "-c", cpus] + self.cmd
+            self.env["OMP_NUM_THREADS"] = str(len(cpus.split(",")))
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
