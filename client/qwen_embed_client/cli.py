@@ -1,0 +1,155 @@
+"""qwen-embed: embed texts with a Triton `embed` server from the command line.
+
+qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jsonl]
+qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
+qwen-embed health --url HOST:PORT
+qwen-embed info --url HOST:PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from .client import EmbeddingClient, EmbeddingError
+
+PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
+
+
+def read_texts(args) -> list[str]:
+    if args.texts:
+        return list(args.texts)
+    source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
+    with source:
+        lines = [line.rstrip("\n") for line in source if line.strip()]
+    name = args.input or ""
+    if name.endswith(".jsonl"):  # {"text": ...} per line, or a bare JSON string
+        return [(lambda o: o if isinstance(o, str) else o[args.text_field])(json.loads(x))
+                for x in lines]  # fmt: skip
+    return lines
+
+
+def write_vectors(path: str | None, vectors: np.ndarray, counts: np.ndarray) -> None:
+    if path and path.endswith(".npy"):
+        np.save(path, vectors)
+        return
+    lines = [json.dumps({"embedding": v.tolist(), "tokens": int(c)}) + "\n"
+             for v, c in zip(vectors, counts, strict=True)]  # fmt: skip
+    if path:
+        Path(path).write_text("".join(lines), encoding="utf-8")
+    else:
+        sys.stdout.writelines(lines)
+
+
+def progress(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} texts")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def cmd_embed(args, client: EmbeddingClient) -> None:
+    texts = read_texts(args)
+    if not texts:
+        raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
+    options = {"prompt_name": args.prompt_name, "instruction": args.instruction,
+               "dimensions": args.dimensions, "normalize": not args.no_normalize,
+               "truncate": not args.no_truncate}  # fmt: skip
+    show = len(texts) > PROGRESS_CHUNK and not args.quiet
+    vectors, counts = [], []
+    for start in range(0, len(texts), PROGRESS_CHUNK if show else len(texts)):
+        result = client.embed_with_usage(texts[start : start + PROGRESS_CHUNK] if show
+                                         else texts, **options)  # fmt: skip
+        vectors.append(result.embeddings)
+        counts.append(result.token_counts)
+        if show:
+            progress(min(len(texts), start + PROGRESS_CHUNK), len(texts))
+    write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
+
+
+def _grpc(url: str):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(url.split("://", 1)[-1])
+
+
+def cmd_health(args) -> None:
+    bad = []
+    for url in args.url:
+        client = _grpc(url)
+        try:
+            ready = client.is_server_ready() and client.is_model_ready(args.model)
+        except Exception as e:  # unreachable: report, do not crash
+            ready, why = False, str(e).splitlines()[0]
+        else:
+            why = "ready" if ready else f"model '{args.model}' not ready"
+        print(f"{url}: {why}")
+        if not ready:
+            bad.append(url)
+    if bad:
+        raise EmbeddingError(f"not ready: {', '.join(bad)}")
+
+
+def cmd_info(args) -> None:
+    for url in args.url:
+        config = _grpc(url).get_model_config(args.model, as_json=True)["config"]
+        steps = [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
+        details = {"url": url, "model": args.model, "steps": steps,
+                   "max_texts_per_request": config.get("max_batch_size")}  # fmt: skip
+        for step in steps:
+            params = _grpc(url).get_model_config(step, as_json=True)["config"].get("parameters", {})
+            details.update({k: v.get("string_value", "") for k, v in params.items()})
+        with EmbeddingClient(url, model=args.model) as client:
+            details["dimension"] = int(client.embed(["dimension probe"]).shape[1])
+        print(json.dumps(details, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qwen-embed", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", action="append", help="server, repeatable (default localhost:8001)"
+    )
+    common.add_argument("--model", default="embed")
+    e = sub.add_parser("embed", parents=[common], help="embed texts")
+    e.add_argument("texts", nargs="*")
+    e.add_argument("--input", help="text file (one text per line), .jsonl, or - for stdin")
+    e.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    e.add_argument("-o", "--output", help=".npy or .jsonl (default: JSONL on stdout)")
+    e.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    e.add_argument("--timeout", type=float, default=120.0)
+    e.add_argument("--prompt-name")
+    e.add_argument("--instruction")
+    e.add_argument("--dimensions", type=int)
+    e.add_argument("--no-normalize", action="store_true")
+    e.add_argument("--no-truncate", action="store_true")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    sub.add_parser("health", parents=[common], help="readiness of each server")
+    sub.add_parser("info", parents=[common], help="model, dimension and limits")
+    args = p.parse_args(argv)
+    args.url = args.url or ["localhost:8001"]
+    try:
+        if args.command == "embed":
+            with EmbeddingClient(args.url, protocol=args.protocol, timeout=args.timeout,
+                                 model=args.model) as client:  # fmt: skip
+                cmd_embed(args, client)
+        elif args.command == "health":
+            cmd_health(args)
+        else:
+            cmd_info(args)
+    except (EmbeddingError, InferenceServerException, OSError, ValueError) as e:
+        print(f"qwen-embed: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The qwen-embed command against a real tritonserver."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.triton import TritonServer, free_port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    log = tmp_path_factory.mktemp("cli") / "server.log"
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as s:
+        yield s
+
+
+def cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "qwen_embed_client", *args], input=stdin,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_embed_arguments_to_jsonl_stdout(server):
+    r = cli("embed", "hello", "world", "--url", server.grpc_url, "--dimensions", "16")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 2 and len(rows[0]["embedding"]) == 16 and rows[0]["tokens"] == 2
+
+
+def test_embed_files_and_stdin_to_npy(server, tmp_path):
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"text": f"t{i}"}) for i in range(5)))
+    r = cli("embed", "--input", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "a.npy"),
+            "--url", server.grpc_url)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    from_stdin = cli("embed", "-o", str(tmp_path / "b.npy"), "--url", server.grpc_url,
+                     stdin="\n".join(f"t{i}" for i in range(5)) + "\n")  # fmt: skip
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
+    assert a.shape == (5, 1024) and np.abs(a - b).max() <= 1e-5
+
+
+def test_progress_bar_for_large_jobs(server, tmp_path):
+    (tmp_path / "many.txt").write_text("\n".join(f"line {i}" for i in range(1100)))
+    r = cli("embed", "--input", str(tmp_path / "many.txt"), "-o", str(tmp_path / "m.npy"),
+            "--url", server.grpc_url, "--url", server.grpc_url)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "1100/1100 texts" in r.stderr
+    assert np.load(tmp_path / "m.npy").shape == (1100, 1024)
+
+
+def test_health_info_and_errors(server):
+    r = cli("health", "--url", server.grpc_url)
+    assert r.returncode == 0 and "ready" in r.stdout
+    info = json.loads(cli("info", "--url", server.grpc_url).stdout)
+    assert info["dimension"] == 1024 and int(info["max_texts_per_request"]) == 256
+    assert info["max_input_tokens"] == "8192"
+    down = cli("health", "--url", f"127.0.0.1:{free_port()}")
+    assert down.returncode == 1 and "not ready" in down.stderr
+    bad = cli("embed", "x", "--url", server.grpc_url, "--dimensions", "0")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().count("\n") == 0 and "'dimensions' must be in 1..1024" in bad.stderr
