@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving serve clean
+.PHONY: setup demo-model test lint perf-engine perf-serving serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
 HTTP_PORT   ?= 8000
@@ -54,6 +54,12 @@ serve: setup
 	@echo "      python -c \"import numpy as np, tritonclient.http as t; c=t.InferenceServerClient('localhost:$(HTTP_PORT)'); i=t.InferInput('TEXT',[1,1],'BYTES'); i.set_data_from_numpy(np.array([[b'Hello']],dtype=object)); print(c.infer('embed',[i]).as_numpy('EMBEDDING').shape)\""
 	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} $(PY) -m qwen_embed.serving.triton serve \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+# OpenAI-compatible gateway in front of a running server (make serve). API_KEY is optional.
+GATEWAY_PORT ?= 8080
+gateway: setup
+	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_client.gateway \
+		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

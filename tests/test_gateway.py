@@ -1,0 +1,96 @@
+"""The OpenAI-compatible gateway, driven by the official `openai` package, against a real
+gateway process and tritonserver."""
+
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as grpcclient
+
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.triton import TritonServer, free_port
+
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    log = tmp_path_factory.mktemp("gateway") / "server.log"
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as server:
+        port = free_port()
+        gateway = subprocess.Popen([sys.executable, "-m", "qwen_embed_client.gateway",
+                                    "--triton-url", server.grpc_url, "--port", str(port),
+                                    "--api-key", API_KEY])  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or gateway.poll() is not None:
+                        raise
+                    time.sleep(0.3)
+            yield server, f"http://127.0.0.1:{port}/v1"
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=10)
+
+
+def triton_embed(server, texts, **params):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    result = client.infer("embed", [inp], parameters=params or None)
+    return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
+
+
+def test_values_and_usage_equal_the_triton_path(stack):
+    server, base_url = stack
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY)
+    texts = ["Hello, world!", "你好，世界", "a third text"]
+    expected, tokens = triton_embed(server, texts)
+    as_base64 = api.embeddings.create(input=texts, model="embed")  # the package asks for base64
+    as_float = api.embeddings.create(input=texts, model="embed", encoding_format="float")
+    for response in (as_base64, as_float):
+        got = np.array([d.embedding for d in response.data], dtype=np.float32)
+        assert np.abs(got - expected).max() <= 1e-4
+        assert [d.index for d in response.data] == [0, 1, 2]
+        assert response.usage.prompt_tokens == tokens == response.usage.total_tokens
+    single = api.embeddings.create(input="Hello, world!", model="embed", dimensions=64)
+    assert len(single.data) == 1 and len(single.data[0].embedding) == 64
+    small = triton_embed(server, ["Hello, world!"], dimensions=64)[0][0]
+    assert np.abs(np.array(single.data[0].embedding) - small).max() <= 1e-4
+    assert [m.id for m in api.models.list().data] == ["embed"]
+
+
+def test_2048_inputs_are_split_across_triton_requests(stack):
+    _, base_url = stack
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY)
+    response = api.embeddings.create(input=[f"t{i}" for i in range(2048)], model="embed",
+                                     dimensions=8)  # fmt: skip
+    assert len(response.data) == 2048 and response.data[2047].index == 2047
+
+
+def test_errors_map_to_openai_shapes(stack):
+    _, base_url = stack
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=r"'dimensions' must be in 1\.\.1024"):
+        api.embeddings.create(input="x", model="embed", dimensions=0)
+    with pytest.raises(openai.BadRequestError, match="more than the limit of 2048"):
+        api.embeddings.create(input=["x"] * 2049, model="embed")
+    with pytest.raises(openai.BadRequestError, match="'input' must be"):
+        api.embeddings.create(input=[], model="embed")
+    with pytest.raises(openai.NotFoundError, match="does not exist") as e:
+        api.embeddings.create(input="x", model="text-embedding-3-small")
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).embeddings.create(
+            input="x", model="embed")  # fmt: skip
