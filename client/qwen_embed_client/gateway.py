@@ -143,7 +143,7 @@ def main() -> None:
     import uvicorn
 
     app = create_app(args.triton_url or ["localhost:8001"], model_name=args.model_name,
-                     api_key=args.api_key)  # fmt: skip
+                     api_key=args.api_key or None)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
