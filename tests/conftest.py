@@ -5,6 +5,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from qwen_embed.demo import build_demo_model  # noqa: E402
+from qwen_embed.serving.config import DEMO_MODEL_DIR  # noqa: E402
+from qwen_embed.serving.triton import TritonServer  # noqa: E402
+
 from reference import TINY_CONFIGS, make_checkpoint  # noqa: E402
 
 
@@ -24,3 +28,19 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(params=sorted(TINY_CONFIGS))
 def config_name(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def demo_dir():
+    """The demo model `make setup` builds (built here if a test run skipped set-up)."""
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        build_demo_model(DEMO_MODEL_DIR)
+    return DEMO_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    """A real tritonserver on free ports serving model_repository/ with the demo model."""
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=log) as s:
+        yield s

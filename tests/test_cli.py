@@ -5,20 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed.serving.triton import TritonServer, free_port
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
-    log = tmp_path_factory.mktemp("cli") / "server.log"
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as s:
-        yield s
+from qwen_embed.serving.triton import free_port
 
 
 def cli(*args, stdin=None):

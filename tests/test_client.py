@@ -11,19 +11,9 @@ import tritonclient.grpc as grpcclient
 from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 
 from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import TritonServer, free_port
 
 TEXTS = [f"text {i}: " + "word " * (i % 13) for i in range(70)]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
-    log = tmp_path_factory.mktemp("client") / "server.log"
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as s:
-        yield s
 
 
 def direct(server, texts, **params):
@@ -107,16 +97,14 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
         assert client.embed(["still fine"]).shape == (1, 1024)
 
 
-def test_unequal_servers_adaptive_beats_even_split(tmp_path):
+def test_unequal_servers_adaptive_beats_even_split(demo_dir, tmp_path):
     """A deeper model (slower server) gets fewer texts, and the job ends sooner than halving.
 
     Each server is pinned to its own core so they behave like two machines of unequal speed.
     """
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
     slow_model = build_demo_model(tmp_path / "deep", layers=12, seed=2)
     texts = [f"document {i} " + "about many things " * 12 for i in range(96)]
-    fast = TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)},
+    fast = TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
                         log_path=tmp_path / "fast.log", cpus="0")  # fmt: skip
     slow = TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(slow_model)},
                         log_path=tmp_path / "slow.log", cpus="1")  # fmt: skip

@@ -11,37 +11,31 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed.serving.triton import free_port
 
 API_KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
-    log = tmp_path_factory.mktemp("gateway") / "server.log"
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(DEMO_MODEL_DIR)}, log_path=log) as server:
-        port = free_port()
-        gateway = subprocess.Popen([sys.executable, "-m", "qwen_embed_client.gateway",
-                                    "--triton-url", server.grpc_url, "--port", str(port),
-                                    "--api-key", API_KEY])  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or gateway.poll() is not None:
-                        raise
-                    time.sleep(0.3)
-            yield server, f"http://127.0.0.1:{port}/v1"
-        finally:
-            gateway.terminate()
-            gateway.wait(timeout=10)
+def stack(server):
+    port = free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "qwen_embed_client.gateway",
+                                "--triton-url", server.grpc_url, "--port", str(port),
+                                "--api-key", API_KEY])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or gateway.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        yield server, f"http://127.0.0.1:{port}/v1"
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=10)
 
 
 def triton_embed(server, texts, **params):

@@ -17,10 +17,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.requests import DEFAULT_TASK
-from qwen_embed.serving.triton import TritonServer
 
 from reference import cosine, reference_embeddings
 
@@ -38,20 +35,6 @@ SERVING_COSINE = 0.9999
 # Same engine, different batch composition: fp32 rounding only.
 ENGINE_MAX_ABS = 1e-4
 MAX_INPUT_TOKENS = 8192  # model_repository/tokenizer/config.pbtxt
-
-
-@pytest.fixture(scope="module")
-def demo_dir():
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
-    return DEMO_MODEL_DIR
-
-
-@pytest.fixture(scope="module")
-def server(demo_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("triton") / "server.log"
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=log) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
@@ -19,20 +18,18 @@ def embed(client, model, texts):
     return client.infer(model, [inp]).as_numpy("EMBEDDING")
 
 
-def test_render_gpu_variant(tmp_path):
-    repo = render(tmp_path, {"embed": DEMO_MODEL_DIR}, {"encoder": {"dtype": "bfloat16"}},
+def test_render_gpu_variant(demo_dir, tmp_path):
+    repo = render(tmp_path, {"embed": demo_dir}, {"encoder": {"dtype": "bfloat16"}},
                   encoder_instances="count: 1, kind: KIND_GPU")  # fmt: skip
     config = (repo / "encoder" / "config.pbtxt").read_text()
     assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config
     assert '{ key: "dtype", value: { string_value: "bfloat16" } }' in config
-    assert str(DEMO_MODEL_DIR.resolve()) in config
+    assert str(demo_dir.resolve()) in config
 
 
-def test_two_checkpoints_one_server(tmp_path):
-    if not (DEMO_MODEL_DIR / "config.json").is_file():
-        build_demo_model(DEMO_MODEL_DIR)
+def test_two_checkpoints_one_server(demo_dir, tmp_path):
     second = build_demo_model(tmp_path / "second", layers=1, seed=1)
-    repo = render(tmp_path / "repo", {"embed": DEMO_MODEL_DIR, "second": second},
+    repo = render(tmp_path / "repo", {"embed": demo_dir, "second": second},
                   overrides={"encoder": {"max_batch_tokens": "4096"}})  # fmt: skip
     assert sorted(p.name for p in repo.iterdir()) == [
         "embed", "encoder", "second", "second_encoder", "second_tokenizer", "tokenizer"
@@ -42,7 +39,7 @@ def test_two_checkpoints_one_server(tmp_path):
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         first_out, second_out = embed(client, "embed", TEXTS), embed(client, "second", TEXTS)
-    for model_dir, out in ((DEMO_MODEL_DIR, first_out), (second, second_out)):
+    for model_dir, out in ((demo_dir, first_out), (second, second_out)):
         with Encoder.from_pretrained(model_dir) as enc:
             assert np.abs(out - enc.embed(ids)).max() <= 1e-4
     assert np.abs(first_out - second_out).max() > 0.1
