@@ -83,7 +83,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"  # noqa: E501
+    threads = torch.get_num_threads()
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({threads} threads)"
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def test_split_concurrent_and_in_order(server, protocol):
     assert (
         np.abs(small - direct(server, TEXTS[:5], dimensions=32, prompt_name="query")[0]).max()
         <= 1e-4
-    )  # noqa: E501
+    )
 
 
 def test_server_error_is_raised_with_its_message_and_not_retried(server):

@@ -135,7 +135,7 @@ BAD_REQUESTS = [
         ["x"],
         {"prompt_name": "passage"},
         r"parameter 'prompt_name' must be one of \['query', 'document'\]",
-    ),  # noqa: E501
+    ),
     (["x"], {"truncate": 1}, r"parameter 'truncate' must be a boolean"),
     (["x"], {"normalize": "no"}, r"parameter 'normalize' must be a boolean"),
     (["x"], {"colour": "blue"}, r"unknown parameter\(s\) \['colour'\]"),

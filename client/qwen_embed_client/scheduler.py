@@ -41,10 +41,16 @@ class ServerState:
         return self.benched_until > time.monotonic()
 
 
-async def run_job(n: int, states: list[ServerState],
-                  send: Callable[[int, int, int], Awaitable[tuple]], *, max_chunk: int,
-                  slots_per_server: int, bench_s: float, target_s: float = 1.0,
-                  is_retryable: Callable[[BaseException], bool] = lambda e: getattr(e, "retryable", False)) -> list:  # fmt: skip # noqa: E501
+async def run_job(
+    n: int,
+    states: list[ServerState],
+    send: Callable[[int, int, int], Awaitable[tuple]],
+    *,
+    max_chunk: int,
+    slots_per_server: int,
+    bench_s: float,
+    target_s: float = 1.0,
+) -> list:
     """Embed texts [0, n) through `send(server, start, end)`; returns results in order."""
     results: dict[int, tuple] = {}
     cursor = 0
@@ -83,7 +89,8 @@ async def run_job(n: int, states: list[ServerState],
                 results[start] = await send(index, start, end)
                 state.record(end - start, time.monotonic() - began)
             except Exception as e:
-                if is_retryable(e) and tried + 1 < len(states):
+                # Errors with .retryable (EmbeddingError) may succeed on another server.
+                if getattr(e, "retryable", False) and tried + 1 < len(states):
                     retry.append((start, end, tried + 1))
                     state.benched_until = time.monotonic() + bench_s
                 else:

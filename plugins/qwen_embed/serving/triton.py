@@ -45,9 +45,8 @@ def install() -> Path:
                         PYTRITON_WHEEL, "-d", tmp], check=True)  # fmt: skip
         (wheel,) = Path(tmp).glob("nvidia_pytriton-*.whl")
         with zipfile.ZipFile(wheel) as zf:
-            members = [m for m in zf.infolist()
-                       if m.filename.startswith(("pytriton/tritonserver/", "nvidia_pytriton.libs/"))]  # fmt: skip # noqa: E501
-            for m in members:
+            wanted = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
+            for m in (m for m in zf.infolist() if m.filename.startswith(wanted)):
                 target = Path(zf.extract(m, CACHE))
                 mode = (m.external_attr >> 16) & 0o777
                 if mode:
