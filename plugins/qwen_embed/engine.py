@@ -169,6 +169,13 @@ class Encoder:
                 f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
             )
         sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
+        return self.embed_checked(sequences, normalize=normalize, dimensions=dimensions)
+
+    def embed_checked(
+        self, sequences: list[np.ndarray], *, normalize: bool = True, dimensions: int | None = None
+    ) -> np.ndarray:
+        """`embed` for sequences that already passed `check_sequence` (and valid dimensions):
+        callers that validate per request (the Triton encoder) do not pay for it twice."""
         out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
         lengths = [len(s) for s in sequences]
         with self._lock:

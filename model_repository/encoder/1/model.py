@@ -59,7 +59,7 @@ class TritonPythonModel:
             # Every accepted text of every request in one call: one set of forward batches.
             all_seqs = [s for _, _, seqs in accepted for s in seqs]
             started = time.perf_counter()
-            vectors = self.encoder.embed(all_seqs, normalize=False)
+            vectors = self.encoder.embed_checked(all_seqs, normalize=False)
             self.metrics.seconds.observe(time.perf_counter() - started)
             start = 0
             for i, opts, seqs in accepted:
