@@ -7,36 +7,31 @@ import time
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 
 from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.triton import TritonServer, free_port
 
+from triton_helpers import infer
+
 TEXTS = [f"text {i}: " + "word " * (i % 13) for i in range(70)]
-
-
-def direct(server, texts, **params):
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
-    result = client.infer("embed", [inp], parameters=params or None)
-    return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_split_concurrent_and_in_order(server, protocol):
     url = server.grpc_url if protocol == "grpc" else server.http_url
-    expected, counts = direct(server, TEXTS)
+    expected, counts = infer(server, TEXTS, "grpc")
     with EmbeddingClient(url, protocol=protocol, max_texts_per_request=16) as client:
         result = client.embed_with_usage(TEXTS)
         small = client.embed(TEXTS[:5], dimensions=32, prompt_name="query")
     assert result.embeddings.shape == (70, 1024)
     assert np.abs(result.embeddings - expected).max() <= 1e-4
-    assert result.token_counts.tolist() == counts.tolist()
+    assert result.token_counts.tolist() == counts[:, 0].tolist()
     assert result.total_tokens == int(counts.sum())
     assert (
-        np.abs(small - direct(server, TEXTS[:5], dimensions=32, prompt_name="query")[0]).max()
+        np.abs(
+            small - infer(server, TEXTS[:5], "grpc", dimensions=32, prompt_name="query")[0]
+        ).max()
         <= 1e-4
     )
 
@@ -66,7 +61,7 @@ def test_dead_server_chunks_move_to_the_live_one(server):
     with EmbeddingClient([dead, server.grpc_url], retries=1, backoff_s=0.05,
                          max_texts_per_request=8) as client:  # fmt: skip
         out = client.embed(TEXTS)
-    assert np.abs(out - direct(server, TEXTS)[0]).max() <= 1e-4
+    assert np.abs(out - infer(server, TEXTS, "grpc")[0]).max() <= 1e-4
 
 
 def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
@@ -76,7 +71,7 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
     request, so through `embed` the server may still compute what was cancelled; requests sent
     straight to `encoder` are skipped: tests/test_triton_embed.py.)
     """
-    busy = threading.Thread(target=direct, args=(server, ["word " * 4000] * 2))
+    busy = threading.Thread(target=infer, args=(server, ["word " * 4000] * 2, "grpc"))
     busy.start()
     time.sleep(1.0)  # the encoder is now busy for several seconds
 

@@ -9,9 +9,10 @@ import urllib.request
 import numpy as np
 import openai
 import pytest
-import tritonclient.grpc as grpcclient
 
 from qwen_embed.serving.triton import free_port
+
+from triton_helpers import infer
 
 API_KEY = "test-key-123"
 
@@ -38,19 +39,12 @@ def stack(server):
         gateway.wait(timeout=10)
 
 
-def triton_embed(server, texts, **params):
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
-    result = client.infer("embed", [inp], parameters=params or None)
-    return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
-
-
 def test_values_and_usage_equal_the_triton_path(stack):
     server, base_url = stack
     api = openai.OpenAI(base_url=base_url, api_key=API_KEY)
     texts = ["Hello, world!", "你好，世界", "a third text"]
-    expected, tokens = triton_embed(server, texts)
+    expected, counts = infer(server, texts, "grpc")
+    tokens = int(counts.sum())
     as_base64 = api.embeddings.create(input=texts, model="embed")  # the package asks for base64
     as_float = api.embeddings.create(input=texts, model="embed", encoding_format="float")
     for response in (as_base64, as_float):
@@ -60,7 +54,7 @@ def test_values_and_usage_equal_the_triton_path(stack):
         assert response.usage.prompt_tokens == tokens == response.usage.total_tokens
     single = api.embeddings.create(input="Hello, world!", model="embed", dimensions=64)
     assert len(single.data) == 1 and len(single.data[0].embedding) == 64
-    small = triton_embed(server, ["Hello, world!"], dimensions=64)[0][0]
+    small = infer(server, ["Hello, world!"], "grpc", dimensions=64)[0][0]
     assert np.abs(np.array(single.data[0].embedding) - small).max() <= 1e-4
     assert [m.id for m in api.models.list().data] == ["embed"]
 

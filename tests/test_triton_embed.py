@@ -12,7 +12,6 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
@@ -20,6 +19,7 @@ from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
+from triton_helpers import infer
 
 TEXTS = [
     "Hello, world!",
@@ -46,24 +46,6 @@ def tokenizer(demo_dir):
 def engine(demo_dir):
     with Encoder.from_pretrained(demo_dir, dtype="float32") as enc:
         yield enc
-
-
-def text_input(module, texts):
-    arr = np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object)
-    inp = module.InferInput("TEXT", list(arr.shape) if arr.size else [0, 1], "BYTES")
-    inp.set_data_from_numpy(arr.reshape(-1, 1))
-    return inp
-
-
-def infer(server, texts, protocol="http", **params):
-    if protocol == "http":
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
-        module = httpclient
-    else:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        module = grpcclient
-    result = client.infer("embed", [text_input(module, texts)], parameters=params or None)
-    return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT")
 
 
 def metric_sum_count(server, name):

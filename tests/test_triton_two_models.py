@@ -1,7 +1,6 @@
 """One tritonserver serving two checkpoints side by side (rendered repository)."""
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -9,13 +8,9 @@ from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
+from triton_helpers import infer
+
 TEXTS = ["first checkpoint or second?", "两个模型并排"]
-
-
-def embed(client, model, texts):
-    inp = grpcclient.InferInput("TEXT", [len(texts), 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
-    return client.infer(model, [inp]).as_numpy("EMBEDDING")
 
 
 def test_render_gpu_variant(demo_dir, tmp_path):
@@ -37,8 +32,8 @@ def test_two_checkpoints_one_server(demo_dir, tmp_path):
     assert 'string_value: "4096"' in (repo / "second_encoder" / "config.pbtxt").read_text()
     ids = [e.ids for e in Tokenizer.from_file(str(second / "tokenizer.json")).encode_batch(TEXTS)]
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        first_out, second_out = embed(client, "embed", TEXTS), embed(client, "second", TEXTS)
+        first_out = infer(server, TEXTS, "grpc", model="embed")[0]
+        second_out = infer(server, TEXTS, "grpc", model="second")[0]
     for model_dir, out in ((demo_dir, first_out), (second, second_out)):
         with Encoder.from_pretrained(model_dir) as enc:
             assert np.abs(out - enc.embed(ids)).max() <= 1e-4

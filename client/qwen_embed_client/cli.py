@@ -64,13 +64,13 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
                "truncate": not args.no_truncate}  # fmt: skip
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
-    for start in range(0, len(texts), PROGRESS_CHUNK if show else len(texts)):
-        result = client.embed_with_usage(texts[start : start + PROGRESS_CHUNK] if show
-                                         else texts, **options)  # fmt: skip
+    step = PROGRESS_CHUNK if show else len(texts)
+    for start in range(0, len(texts), step):
+        result = client.embed_with_usage(texts[start : start + step], **options)
         vectors.append(result.embeddings)
         counts.append(result.token_counts)
         if show:
-            progress(min(len(texts), start + PROGRESS_CHUNK), len(texts))
+            progress(min(len(texts), start + step), len(texts))
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
 
 

@@ -7,11 +7,13 @@ works where a loop is already running (notebooks). Depends on tritonclient and n
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
 from .scheduler import ServerState, run_job
 
@@ -82,6 +84,7 @@ class AsyncEmbeddingClient:
         if not self.urls:
             raise ValueError("at least one server URL is needed")
         self.protocol = protocol
+        self._module = importlib.import_module(f"tritonclient.{protocol}.aio")
         self.timeout = timeout
         self.model = model
         self.max_texts_per_request = max_texts_per_request
@@ -98,14 +101,8 @@ class AsyncEmbeddingClient:
         return self._servers
 
     def _make_client(self, url: str):
-        url = url.split("://", 1)[-1]
-        if self.protocol == "grpc":
-            import tritonclient.grpc.aio as grpcaio
-
-            return grpcaio.InferenceServerClient(url)
-        import tritonclient.http.aio as httpaio
-
-        return httpaio.InferenceServerClient(url, conn_timeout=self.timeout)
+        kwargs = {"conn_timeout": self.timeout} if self.protocol == "http" else {}
+        return self._module.InferenceServerClient(url.split("://", 1)[-1], **kwargs)
 
     async def embed(self, texts: list[str], **options) -> np.ndarray:
         return (await self.embed_with_usage(texts, **options)).embeddings
@@ -132,25 +129,19 @@ class AsyncEmbeddingClient:
         )
 
     async def _send_with_retries(self, server: _Server, texts: list[str], opts: EmbedOptions):
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             try:
                 return await self._send(server, texts, opts)
             except EmbeddingError as e:
                 if not e.retryable or attempt == self.retries:
                     raise
-            delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+            await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
+            attempt += 1
 
     async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
-        from tritonclient.utils import InferenceServerException
-
-        if self.protocol == "grpc":
-            import tritonclient.grpc.aio as module
-        else:
-            import tritonclient.http.aio as module
         data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-        inp = module.InferInput("TEXT", list(data.shape), "BYTES")
+        inp = self._module.InferInput("TEXT", list(data.shape), "BYTES")
         inp.set_data_from_numpy(data)
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:

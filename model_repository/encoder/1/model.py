@@ -3,11 +3,13 @@
 import json
 import time
 
+import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder
+from qwen_embed.pooling import finish
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
-from qwen_embed.serving.requests import finish_vectors, parse_options, unpack_ids
+from qwen_embed.serving.requests import parse_options, unpack_ids
 
 
 def _error(message):
@@ -63,7 +65,10 @@ class TritonPythonModel:
             self.metrics.seconds.observe(time.perf_counter() - started)
             start = 0
             for i, opts, seqs in accepted:
-                rows = finish_vectors(vectors[start : start + len(seqs)], opts)
+                # Same Matryoshka + normalisation as the engine, on this request's rows.
+                rows = torch.from_numpy(vectors[start : start + len(seqs)])
+                rows = finish(rows, normalize=opts.normalize, dimensions=opts.dimensions)
+                rows = rows.contiguous().numpy()
                 start += len(seqs)
                 responses[i] = pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor("EMBEDDING", rows)]

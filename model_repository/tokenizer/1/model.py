@@ -6,7 +6,8 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from qwen_embed.serving.config import hidden_size, model_parameters, resolve_model_dir
+from qwen_embed import ModelConfig
+from qwen_embed.serving.config import model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import RequestError, decode_texts, pack_ids, parse_options
 from qwen_embed.serving.tokenizer import TextTokenizer
 
@@ -15,7 +16,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
         model_dir = resolve_model_dir(params)
-        self.hidden_size = hidden_size(model_dir)
+        self.hidden_size = ModelConfig.from_dir(model_dir).hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
         self.tokenizer = TextTokenizer(model_dir, int(params.get("max_input_tokens") or 8192))
         # Kept on self: a MetricFamily must outlive its Metric.

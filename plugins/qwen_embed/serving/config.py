@@ -27,7 +27,3 @@ def resolve_model_dir(params: dict[str, str]) -> Path:
             f"${MODEL_DIR_ENV}, or run `make demo-model`"
         )
     return path
-
-
-def hidden_size(model_dir: Path) -> int:
-    return int(json.loads((model_dir / "config.json").read_text())["hidden_size"])

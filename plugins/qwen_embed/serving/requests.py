@@ -100,12 +100,3 @@ def unpack_ids(blob: bytes, index: int) -> np.ndarray:
     if len(blob) == 0 or len(blob) % 4:
         raise RequestError(f"input 'TOKEN_IDS[{index}]' must be a non-empty packed int32 list")
     return np.frombuffer(blob, dtype="<i4")
-
-
-def finish_vectors(vectors: np.ndarray, opts: RequestOptions) -> np.ndarray:
-    """Matryoshka truncation, then L2 normalisation, on the host for one request's rows."""
-    if opts.dimensions is not None:
-        vectors = vectors[:, : opts.dimensions]
-    if opts.normalize:
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return np.ascontiguousarray(vectors, dtype=np.float32)

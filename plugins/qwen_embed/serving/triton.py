@@ -24,7 +24,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from .config import REPO
+
 CACHE = REPO / ".cache" / "triton"
 PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"

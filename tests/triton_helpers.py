@@ -1,0 +1,24 @@
+"""Plain tritonclient calls to a test server: what every serving test compares against."""
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+
+def text_input(module, texts):
+    arr = np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object)
+    inp = module.InferInput("TEXT", list(arr.shape) if arr.size else [0, 1], "BYTES")
+    inp.set_data_from_numpy(arr.reshape(-1, 1))
+    return inp
+
+
+def infer(server, texts, protocol="http", model="embed", **params):
+    """One request to `model`; returns (EMBEDDING [n, dim], TOKEN_COUNT [n, 1])."""
+    if protocol == "http":
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+        module = httpclient
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        module = grpcclient
+    result = client.infer(model, [text_input(module, texts)], parameters=params or None)
+    return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT")
