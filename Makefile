@@ -12,6 +12,8 @@ TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python
 HTTP_PORT   ?= 8000
 GRPC_PORT   ?= 8001
 METRICS_PORT ?= 8002
+# Bind address of the three endpoints; 0.0.0.0 to serve other machines.
+HOST        ?= 127.0.0.1
 
 setup: $(VENV)/.installed $(DEMO_DIR)/config.json $(TRITON)
 
@@ -52,8 +54,8 @@ serve: setup
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
 	@echo "      python -c \"import numpy as np, tritonclient.http as t; c=t.InferenceServerClient('localhost:$(HTTP_PORT)'); i=t.InferInput('TEXT',[1,1],'BYTES'); i.set_data_from_numpy(np.array([[b'Hello']],dtype=object)); print(c.infer('embed',[i]).as_numpy('EMBEDDING').shape)\""
-	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} $(PY) -m qwen_embed.serving.triton serve \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} $(PY) -m qwen_embed.serving.launcher \
+		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 # OpenAI-compatible gateway in front of a running server (make serve). API_KEY is optional.
 GATEWAY_PORT ?= 8080

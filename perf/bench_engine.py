@@ -13,11 +13,7 @@ list at once. Both must agree (cosine) so the comparison is of equal work.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +23,7 @@ import torch
 from qwen_embed import Encoder, ModelConfig
 from qwen_embed.demo import ENDOFTEXT_ID
 
-RESULTS = Path(__file__).parent / "results"
+from workload import RESULTS, command_line, machine, stamp
 
 
 def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:
@@ -74,19 +70,6 @@ def timed(fn, reps: int) -> tuple[float, np.ndarray]:
     return best, result
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    threads = torch.get_num_threads()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({threads} threads)"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=".cache/demo-model")
@@ -122,9 +105,8 @@ def main() -> None:
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python " + " ".join(sys.argv)
-    record = {"date": stamp, "machine": machine(), "command": command, "dtype": args.dtype,
+    date, command = stamp(), command_line()
+    record = {"date": date, "machine": machine(), "command": command, "dtype": args.dtype,
               "model_dir": args.model_dir, "model": ModelConfig.from_dir(args.model_dir).__dict__,
               "results": rows}  # fmt: skip
     out = Path(args.out)
@@ -132,7 +114,7 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
     lines = [
         "# Engine vs transformers padded forward", "",
-        f"- date: {stamp}", f"- machine: {record['machine']}", f"- command: `{command}`",
+        f"- date: {date}", f"- machine: {record['machine']}", f"- command: `{command}`",
         f"- model: {args.model_dir} ({record['model']['num_layers']} layers, "
         f"hidden {record['model']['hidden_size']}), dtype {args.dtype}, "
         f"transformers batches of {args.batch_size}, best of {args.reps}", "",

@@ -13,10 +13,8 @@ the texts the server embedded at 16 clients, in one call, in this process.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import re
-import sys
 import threading
 import time
 import urllib.request
@@ -24,26 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from bench_engine import machine
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import TritonServer
 
-WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
-         "which but have an they you were her she there one all we their can has more when will "
-         "would who so no about if out up into them some time could than other what new only "
-         "also any these may then two first like over such our man me even most made after "
-         "way many must well should").split()  # fmt: skip
-RESULTS = Path(__file__).parent / "results"
-
-
-def make_texts(n: int, seed: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    long = rng.random(n) < 0.2
-    lengths = np.where(long, rng.integers(256, 1025, n), rng.integers(16, 65, n))
-    return [" ".join(rng.choice(WORDS, size=int(k))) for k in lengths]
+from workload import RESULTS, command_line, machine, make_texts, stamp
 
 
 def metric(server: TritonServer, name: str) -> tuple[float, float]:
@@ -130,16 +115,15 @@ def main() -> None:
               "tokens_per_s": tokens / engine_s}  # fmt: skip
     print(json.dumps({"engine_alone": engine}), flush=True)
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python " + " ".join(sys.argv)
+    date, command = stamp(), command_line()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(
-        {"date": stamp, "machine": machine(), "command": command, "levels": rows,
+        {"date": date, "machine": machine(), "command": command, "levels": rows,
          "engine_alone": engine}, indent=2))  # fmt: skip
     lines = [
         "# End to end through Triton (`embed` ensemble, gRPC) vs the engine alone", "",
-        f"- date: {stamp}", f"- machine: {machine()}", f"- command: `{command}`",
+        f"- date: {date}", f"- machine: {machine()}", f"- command: `{command}`",
         f"- model: {args.model_dir}, fp32 on CPU, {args.texts_per_request} texts per request, "
         f"{args.seconds:.0f} s per level; texts: 80% 16-64 words, 20% 256-1024 words", "",
         "| clients | requests | texts/s | tokens/s | p50 ms | p99 ms "

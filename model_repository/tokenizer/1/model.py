@@ -18,6 +18,7 @@ class TritonPythonModel:
         model_dir = resolve_model_dir(params)
         self.hidden_size = ModelConfig.from_dir(model_dir).hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
+        self.max_text_bytes = int(params.get("max_text_bytes") or 262144)
         self.tokenizer = TextTokenizer(model_dir, int(params.get("max_input_tokens") or 8192))
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
@@ -38,8 +39,8 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             opts = parse_options(json.loads(request.parameters() or "{}"), self.hidden_size)
-            texts = decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(),
-                                 self.max_texts)  # fmt: skip
+            raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
             ids = self.tokenizer.encode(texts, opts)
         except RequestError as e:
             return pb_utils.InferenceResponse(

@@ -73,8 +73,12 @@ def parse_options(params: dict, hidden_size: int) -> RequestOptions:
     return RequestOptions(**opts)
 
 
-def decode_texts(raw: np.ndarray, max_texts: int) -> list[str]:
-    """TEXT [n, 1] of bytes -> n strings; refuses n = 0, n > max_texts and invalid UTF-8."""
+def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int) -> list[str]:
+    """TEXT [n, 1] of bytes -> n strings.
+
+    Refuses n = 0, n > max_texts, texts longer than max_text_bytes (checked before tokenizing,
+    so a huge text costs nothing), invalid UTF-8, NUL characters and empty texts.
+    """
     flat = raw.reshape(-1)
     if flat.size == 0:
         raise RequestError("input 'TEXT' must hold at least 1 text, got 0")
@@ -83,11 +87,21 @@ def decode_texts(raw: np.ndarray, max_texts: int) -> list[str]:
                            f"{max_texts} per request")  # fmt: skip
     texts = []
     for i, item in enumerate(flat):
+        item = item if isinstance(item, bytes) else str(item).encode()
+        if len(item) > max_text_bytes:
+            raise RequestError(f"input 'TEXT[{i}]' is {len(item)} bytes, more than the limit of "
+                               f"{max_text_bytes} bytes per text")  # fmt: skip
         try:
-            texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+            text = item.decode("utf-8")
         except UnicodeDecodeError as e:
             raise RequestError(f"input 'TEXT[{i}]' is not valid UTF-8 ({e.reason} at byte "
                                f"{e.start})") from None  # fmt: skip
+        if "\x00" in text:
+            raise RequestError(f"input 'TEXT[{i}]' contains a NUL character (byte "
+                               f"{item.index(0)})")  # fmt: skip
+        if not text.strip():
+            raise RequestError(f"input 'TEXT[{i}]' is empty or only whitespace")
+        texts.append(text)
     return texts
 
 

