@@ -284,9 +284,12 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if name == "vllm":
         pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
+        # Prefix caching is on by default for last-token pooling: a repeated text would then
+        # cost one token, and the passes repeat the same texts.
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
                "--served-model-name", "embed", *host, "--runner", "pooling", "--convert", "embed",
-               "--pooler-config", pooler, "--dtype", dtype, "--max-model-len", "8192"]  # fmt: skip
+               "--pooler-config", pooler, "--dtype", dtype, "--max-model-len", "8192",
+               "--no-enable-prefix-caching"]  # fmt: skip
         # Both cores for its engine (by default it leaves one to the API process).
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
         return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"

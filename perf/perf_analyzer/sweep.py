@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,8 +59,8 @@ def plan(quick: bool, rates: list[float]) -> list[dict]:
         levels += [("encoder", 8, c) for c in (1, 8)]
     else:
         levels += [("embed", 1, c) for c in CONCURRENCY]
-        levels += [("embed", 8, c) for c in CONCURRENCY]
-        levels += [("encoder", 8, c) for c in CONCURRENCY]
+        # Interleaved, so a sweep cut short still compares the ensemble with the encoder alone.
+        levels += [(model, 8, c) for c in CONCURRENCY for model in ("embed", "encoder")]
         levels += [("embed", 32, c) for c in CONCURRENCY]  # the slowest: 3 x c x 32 texts each
     seen, runs = set(), []
     for model, n, c in levels:
@@ -265,6 +266,10 @@ def main() -> None:
         runs = plan(args.quick, args.rates)
         if args.resume:
             runs = [r for r in runs if not (args.out / f"{run_name(r)}.csv").exists()]
+        # Stop the server on Ctrl-C or kill even when started in the background (where
+        # SIGINT is ignored) or by make: the context manager then shuts tritonserver down.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
         env = {"QWEN_EMBED_MODEL_DIR": str(args.model_dir.resolve())}
         log_path = PERF_ANALYZER.parent / "tritonserver.log"
         with TritonServer(env=env, log_path=log_path) as server:

@@ -4,8 +4,9 @@
 
 - Models load in explicit model-control mode, so they can be reloaded one at a time.
 - The model-repository, shared-memory, trace and logging APIs answer only requests carrying the
-  header `admin-key: KEY` (over HTTP and gRPC); without --admin-key (or $QWEN_EMBED_ADMIN_KEY) a
-  random key is made that nobody outside this process knows, i.e. those APIs are closed.
+  header `admin-key: KEY` (gRPC metadata `triton-grpc-protocol-admin-key: KEY`); without
+  --admin-key (or $QWEN_EMBED_ADMIN_KEY) a random key is made that nobody outside this process
+  knows, i.e. those APIs are closed.
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model (see DESIGN.md).
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in

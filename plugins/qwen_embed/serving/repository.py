@@ -6,7 +6,8 @@
 Each NAME gets its own tokenizer, encoder and ensemble (`NAME_tokenizer`, `NAME_encoder`,
 `NAME`), copied from the checked-in model_repository with `model_dir` pinned; a NAME of `embed`
 keeps the original names. `--set MODEL.KEY=VALUE` overrides a config parameter of every copy;
-`--encoder-instances 'count: 1, kind: KIND_GPU'` replaces the encoder's instance_group (GPUs).
+`--encoder-instances 'count: 1, kind: KIND_GPU'` replaces the encoder's instance_group (GPUs);
+`--max-queue-size N` bounds the encoder's queue (requests beyond it get UNAVAILABLE at once).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _set_parameter(config: str, key: str, value: str) -> str:
 
 def render(out_dir: str | Path, deployments: dict[str, str | Path],
            overrides: dict[str, dict[str, str]] | None = None,
-           encoder_instances: str | None = None) -> Path:  # fmt: skip
+           encoder_instances: str | None = None,
+           max_queue_size: int | None = None) -> Path:  # fmt: skip
     """Write one tokenizer/encoder/ensemble trio per deployment name into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -50,6 +52,8 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
             if step == "encoder" and encoder_instances:
                 group = f"instance_group [ {{ {encoder_instances} }} ]"
                 config = re.sub(r"^instance_group \[.*\]$", group, config, count=1, flags=re.M)
+            if step == "encoder" and max_queue_size is not None:
+                config = re.sub(r"max_queue_size: \d+", f"max_queue_size: {max_queue_size}", config)
             (target / "config.pbtxt").write_text(config)
         ensemble = (TEMPLATE / "embed" / "config.pbtxt").read_text()
         ensemble = ensemble.replace('name: "embed"', f'name: "{name}"', 1)
@@ -66,6 +70,7 @@ def main() -> None:
     p.add_argument("deployments", nargs="+", metavar="NAME=MODEL_DIR")
     p.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE")
     p.add_argument("--encoder-instances", help="e.g. 'count: 1, kind: KIND_GPU'")
+    p.add_argument("--max-queue-size", type=int, help="encoder requests waiting, then UNAVAILABLE")
     args = p.parse_args()
     overrides: dict[str, dict[str, str]] = {}
     for item in args.set:
@@ -73,7 +78,8 @@ def main() -> None:
         step, key = target.split(".", 1)
         overrides.setdefault(step, {})[key] = value
     deployments = dict(d.split("=", 1) for d in args.deployments)
-    out = render(args.out_dir, deployments, overrides, args.encoder_instances)
+    out = render(args.out_dir, deployments, overrides, args.encoder_instances,
+                 args.max_queue_size)  # fmt: skip
     print(f"rendered {out}: {', '.join(deployments)}")
 
 

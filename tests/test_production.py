@@ -1,0 +1,193 @@
+"""Production behaviour on real tritonservers: closed admin APIs, bind address, a killed stub
+recovered by the watchdog under load, a bounded queue, SIGTERM draining in-flight requests."""
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from qwen_embed.serving.launcher import stub_processes
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer
+
+from triton_helpers import infer, text_input
+
+LONG_TEXT = " ".join(["the quick brown fox"] * 300)  # ~1200 tokens: ~1 s of encoder work here
+
+
+def start_server(demo_dir, tmp_path, **kwargs):
+    env = {"QWEN_EMBED_MODEL_DIR": str(demo_dir)}
+    return TritonServer(env=env, log_path=tmp_path / "server.log", **kwargs).start()
+
+
+def http_status(url, key=None):
+    headers = {"admin-key": key} if key else {}
+    request = urllib.request.Request(url, data=b"{}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_admin_apis_need_the_key(server):
+    base = f"http://{server.http_url}/v2"
+    for path in ("/repository/index", "/repository/models/embed/unload", "/logging"):
+        status, body = http_status(base + path)
+        assert status == 403 and "admin-key" in body, (path, status, body)
+    status, body = http_status(base + "/repository/index", key="wrong")
+    assert status == 403
+    status, body = http_status(base + "/repository/index", key=server.admin_key)
+    assert status == 200 and '"name":"embed"' in body
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="admin-key"):
+        client.get_model_repository_index()
+    # gRPC metadata keys carry Triton's prefix.
+    key = {"triton-grpc-protocol-admin-key": server.admin_key}
+    index = client.get_model_repository_index(headers=key)
+    assert {m.name for m in index.models} == {"embed", "encoder", "tokenizer"}
+    # Inference, health, metadata and config stay open.
+    assert client.is_server_ready() and client.get_model_config("embed")
+    assert infer(server, ["still open"], "grpc")[0].shape == (1, 1024)
+
+
+def listening_addresses(port):
+    """IPv4 addresses of LISTEN sockets on `port`, from /proc/net/tcp{,6} (hex, little-endian
+    words; gRPC listens on IPv6 with a v4-mapped address). An unspecified address reads '*'."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            host, hex_port = fields[1].split(":")
+            if fields[3] != "0A" or int(hex_port, 16) != port:
+                continue
+            if int(host, 16) == 0 or host[:-8] not in ("", "0000000000000000FFFF0000"):
+                found.append("*")
+            else:
+                found.append(".".join(str(int(host[-8:][i : i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
+def test_endpoints_bind_the_configured_address(server):
+    for port in (server.http_port, server.grpc_port, server.metrics_port):
+        assert listening_addresses(port) == ["127.0.0.1"], port
+
+
+def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
+    """Requests fail only while the watchdog reloads the encoder; no client hangs."""
+    server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
+    try:
+        results = []  # (start, end, error or None)
+        stop = threading.Event()
+
+        def client():
+            c = grpcclient.InferenceServerClient(server.grpc_url)
+            while not stop.is_set():
+                start = time.monotonic()
+                try:
+                    c.infer("embed", [text_input(grpcclient, ["a short text"] * 4)],
+                            client_timeout=30)  # fmt: skip
+                    error = None
+                except InferenceServerException as e:
+                    error = e
+                    time.sleep(0.1)
+                results.append((start, time.monotonic(), error))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        stubs = stub_processes(server.status()["server_pid"])
+        (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
+        killed_at = time.monotonic()
+        os.kill(encoder_pid, signal.SIGKILL)
+        deadline = killed_at + 60
+        while time.monotonic() < deadline:  # until every client succeeded again
+            time.sleep(1)
+            recent = [r for r in results if r[0] > killed_at + 1 and r[2] is None]
+            if len(recent) >= 8 and server.status()["reloads"]:
+                break
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a client hung"
+        failures = [r for r in results if r[2] is not None]
+        assert failures, "killing the stub should have failed some requests"
+        assert all("not healthy" in f[2].message() for f in failures), failures[0][2]
+        assert all(f[1] >= killed_at for f in failures)  # none before the kill
+        window = max(f[1] for f in failures) - killed_at
+        print(f"recovery window {window:.1f}s, {len(failures)} failed requests, "
+              f"reloads {server.status()['reloads']}")  # fmt: skip
+        assert window < 60
+        assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
+        assert infer(server, ["after recovery"], "grpc")[0].shape == (1, 1024)
+    finally:
+        server.stop()
+
+
+def test_full_queue_answers_unavailable_at_once(demo_dir, tmp_path):
+    repo = render(tmp_path / "repo", {"embed": demo_dir}, max_queue_size=2)
+    server = start_server(demo_dir, tmp_path, model_repository=repo)
+    try:
+        outcomes = []
+
+        def client(i):
+            c = grpcclient.InferenceServerClient(server.grpc_url)
+            start = time.monotonic()
+            try:
+                c.infer("embed", [text_input(grpcclient, [LONG_TEXT])], client_timeout=300)
+                outcomes.append(("ok", time.monotonic() - start, ""))
+            except InferenceServerException as e:
+                outcomes.append((str(e.status()), time.monotonic() - start, e.message()))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        rejected = [o for o in outcomes if o[0] != "ok"]
+        served = [o for o in outcomes if o[0] == "ok"]
+        assert len(outcomes) == 16 and rejected and served, outcomes
+        assert all(o[0] == "StatusCode.UNAVAILABLE" for o in rejected), rejected
+        assert all("queue" in o[2] for o in rejected), rejected
+        # Refused without waiting for the work ahead of them to finish.
+        assert max(o[1] for o in rejected) < max(o[1] for o in served)
+        assert infer(server, ["after overload"], "grpc")[0].shape == (1, 1024)
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
+    server = start_server(demo_dir, tmp_path)
+    outcomes = []
+
+    def client():
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            result = c.infer("embed", [text_input(grpcclient, [LONG_TEXT] * 2)], client_timeout=120)
+            outcomes.append(result.as_numpy("EMBEDDING"))
+        except InferenceServerException as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # all three are now queued or running in the encoder
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises(InferenceServerException):  # no new work once draining
+        infer(server, ["too late"], "grpc")
+    for t in threads:
+        t.join(timeout=120)
+    assert server.proc.wait(timeout=60) == 0
+    assert len(outcomes) == 3
+    for out in outcomes:
+        assert isinstance(out, np.ndarray) and out.shape == (2, 1024), out
+    server.stop()
