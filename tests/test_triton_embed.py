@@ -106,36 +106,6 @@ def test_256_texts_per_request(server):
     assert vectors.shape == (256, 32) and counts.shape == (256, 1)
 
 
-BAD_REQUESTS = [
-    ([b"ok", b"\xff\xfe bad"], {}, r"input 'TEXT\[1\]' is not valid UTF-8"),
-    ([], {}, r"TEXT"),  # n = 0: refused by Triton's shape check or by us, naming TEXT
-    (["x"] * 257, {}, r"257|256"),
-    (["x"], {"dimensions": 0}, r"parameter 'dimensions' must be in 1\.\.1024, got 0"),
-    (["x"], {"dimensions": 4096}, r"parameter 'dimensions' must be in 1\.\.1024, got 4096"),
-    (["x"], {"dimensions": "8"}, r"parameter 'dimensions' must be an integer"),
-    (
-        ["x"],
-        {"prompt_name": "passage"},
-        r"parameter 'prompt_name' must be one of \['query', 'document'\]",
-    ),
-    (["x"], {"truncate": 1}, r"parameter 'truncate' must be a boolean"),
-    (["x"], {"normalize": "no"}, r"parameter 'normalize' must be a boolean"),
-    (["x"], {"colour": "blue"}, r"unknown parameter\(s\) \['colour'\]"),
-]
-
-
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("texts, params, message", BAD_REQUESTS)
-def test_bad_input_is_invalid_arg(server, protocol, texts, params, message):
-    with pytest.raises(InferenceServerException) as info:
-        infer(server, texts, protocol, **params)
-    assert re.search(message, info.value.message()), info.value.message()
-    status = str(info.value.status())
-    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
-    vectors, _ = infer(server, ["still serving"], protocol)
-    assert vectors.shape == (1, 1024)
-
-
 def run_clients(count, target):
     errors = []
 
