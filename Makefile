@@ -1,4 +1,4 @@
-# The verbs: setup, demo-model, test, lint, perf-engine, serve. See README.md.
+# The verbs: setup, serve, test, perf-*, locust, soak, docker-lint. See README.md.
 PYTHON_BOOT ?= python3
 VENV        := .venv
 PY          := $(VENV)/bin/python
@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving serve gateway clean
+.PHONY: setup demo-model test lint perf-engine perf-serving locust soak serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
 HTTP_PORT   ?= 8000
@@ -47,6 +47,20 @@ perf-engine: setup
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)
+
+# Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
+# targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.
+USERS   ?= 1 4 16 32
+SECONDS ?= 30
+TEXTS_PER_REQUEST ?= 8
+locust: setup
+	cd perf && ../$(PY) run_locust.py --users $(USERS) --seconds $(SECONDS) \
+		--texts-per-request $(TEXTS_PER_REQUEST) $(if $(HOST_GRPC),--host $(HOST_GRPC))
+
+# 10 minutes of Locust: zero failures and flat server memory (perf/results/soak.md).
+SOAK_SECONDS ?= 600
+soak: setup
+	cd perf && ../$(PY) soak.py --seconds $(SOAK_SECONDS)
 
 # MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model.
 serve: setup

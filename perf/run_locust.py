@@ -1,0 +1,111 @@
+"""Locust headless at several user counts against a real tritonserver; CSV, HTML, a summary
+and charts of throughput and p50/p99 latency against users.
+
+    python perf/run_locust.py [--users 1 4 16 32] [--seconds 30] [--host 127.0.0.1:8001]
+        [--texts-per-request 8] [--length-mix mixed]
+
+Without --host a tritonserver is started on the demo model (or $QWEN_EMBED_MODEL_DIR) and
+stopped after. Results: perf/results/locust/ (per level: u{N}_stats.csv, u{N}.html).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.triton import TritonServer
+
+from workload import RESULTS, command_line, machine, stamp
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def run_locust(host: str, users: int, seconds: int, prefix: Path, extra: list[str]) -> dict:
+    """One headless Locust run; returns its aggregated row (counts, req/s, p50/p99 ms, tokens/s)."""
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", host,
+           "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--only-summary",
+           "--csv", str(prefix), "--html", f"{prefix}.html", "--loglevel", "WARNING",
+           *extra]  # fmt: skip
+    subprocess.run(cmd, check=False, cwd=LOCUSTFILE.parent)  # exit 1 on failures: read the CSV
+    with open(f"{prefix}_stats.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
+    rps = float(row["Requests/s"])
+    return {
+        "users": users, "requests": int(row["Request Count"]),
+        "failures": int(row["Failure Count"]), "requests_per_s": round(rps, 2),
+        # response length is the tokens embedded by that request (locustfile.py)
+        "tokens_per_s": round(rps * float(row["Average Content Size"]), 1),
+        "p50_ms": float(row["50%"]), "p99_ms": float(row["99%"]),
+    }  # fmt: skip
+
+
+def chart(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    users = [r["users"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(users, [r["tokens_per_s"] for r in rows], marker="o")
+    left.set(xlabel="users", ylabel="tokens/s", title="throughput", xscale="log")
+    right.plot(users, [r["p50_ms"] for r in rows], marker="o", label="p50")
+    right.plot(users, [r["p99_ms"] for r in rows], marker="o", label="p99")
+    right.set(xlabel="users", ylabel="ms", title="latency", xscale="log")
+    right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--users", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--seconds", type=int, default=30)
+    p.add_argument("--host", help="a running server's gRPC address; default: start one")
+    p.add_argument("--texts-per-request", type=int, default=8)
+    p.add_argument("--length-mix", default="mixed")
+    p.add_argument("--out", type=Path, default=RESULTS / "locust")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    extra = ["--texts-per-request", str(args.texts_per_request), "--length-mix", args.length_mix]
+    model_dir = os.environ.get("QWEN_EMBED_MODEL_DIR", str(DEMO_MODEL_DIR))
+    server = None if args.host else TritonServer(env={"QWEN_EMBED_MODEL_DIR": model_dir})
+    rows = []
+    with server or nullcontext():
+        host = args.host or server.grpc_url
+        for users in args.users:
+            rows.append(run_locust(host, users, args.seconds, args.out / f"u{users}", extra))
+            print(json.dumps(rows[-1]), flush=True)
+    date, command = stamp(), command_line()
+    title = f"embed, {args.texts_per_request} texts/request ({args.length_mix}), {date}"
+    chart(rows, title, args.out / "locust.png")
+    record = {"date": date, "machine": machine(), "command": command, "model_dir": model_dir,
+              "load_average": os.getloadavg(), "levels": rows}  # fmt: skip
+    (args.out / "summary.json").write_text(json.dumps(record, indent=2))
+    lines = [
+        "# Locust: embed over gRPC", "", f"- date: {date}", f"- machine: {record['machine']}",
+        f"- command: `{command}`", f"- model: {model_dir}",
+        f"- load: {args.texts_per_request} texts/request, {args.length_mix} lengths "
+        f"(perf/workload.py), {args.seconds} s per level, closed-loop users",
+        f"- load average at the end: {record['load_average']}", "",
+        "| users | requests | failures | req/s | tokens/s | p50 ms | p99 ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {r['users']} | {r['requests']} | {r['failures']} | {r['requests_per_s']} | "
+          f"{r['tokens_per_s']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |" for r in rows),
+        "", "![throughput and latency against users](locust.png)", "",
+    ]  # fmt: skip
+    (args.out / "summary.md").write_text("\n".join(lines))
+    print(f"wrote {args.out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Soak: Locust against a real tritonserver for a long while; zero failures and flat memory.
+
+    python perf/soak.py [--seconds 600] [--users 8] [--warmup-fraction 0.25]
+
+Samples the resident memory (RSS) of tritonserver plus its Python stub processes every few
+seconds. Memory counts as flat when the end RSS is within --max-growth (fraction) of the RSS at
+the end of warm-up. Exit status 1 on any failed request or on growth; results in
+perf/results/soak.md (+ .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from run_locust import run_locust
+
+from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.triton import TritonServer
+
+from workload import RESULTS, command_line, machine, stamp
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss_mb(root_pid: int) -> float:
+    """RSS of a process and its direct children (tritonserver and its stubs), in MiB."""
+    pids = [root_pid]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:  # exited while we looked
+            continue
+        if int(ppid) == root_pid:
+            pids.append(int(entry.name))
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            continue
+    return total / 2**20
+
+
+def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,
+         texts_per_request: int = 8) -> dict:  # fmt: skip
+    model_dir = os.environ.get("QWEN_EMBED_MODEL_DIR", str(DEMO_MODEL_DIR))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": model_dir}) as server:
+        pid = server.status()["server_pid"]
+        start = time.monotonic()
+
+        def sample():
+            while not done.wait(max(1.0, seconds / 120)):
+                samples.append((time.monotonic() - start, tree_rss_mb(pid)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        samples.append((0.0, tree_rss_mb(pid)))
+        sampler.start()
+        row = run_locust(server.grpc_url, users, seconds, out.parent / f"{out.name}-locust",
+                         ["--texts-per-request", str(texts_per_request)])  # fmt: skip
+        done.set()
+        sampler.join()
+        samples.append((time.monotonic() - start, tree_rss_mb(pid)))
+    warm = [rss for t, rss in samples if t >= warmup_fraction * seconds]
+    after_warmup, end = warm[0], samples[-1][1]
+    growth = (end - after_warmup) / after_warmup
+    result = {
+        "date": stamp(), "machine": machine(), "command": command_line(), "model_dir": model_dir,
+        "seconds": seconds, "users": users, "texts_per_request": texts_per_request,
+        "locust": row,
+        "rss_mb": {"start": round(samples[0][1], 1), "after_warmup": round(after_warmup, 1),
+                   "end": round(end, 1), "max": round(max(r for _, r in samples), 1)},
+        "growth_after_warmup": round(growth, 4), "max_growth": max_growth,
+        "passed": row["failures"] == 0 and row["requests"] > 0 and growth <= max_growth,
+        "samples": [(round(t, 1), round(r, 1)) for t, r in samples],
+    }  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    rss = result["rss_mb"]
+    out.with_suffix(".md").write_text("\n".join([
+        "# Soak", "", f"- date: {result['date']}", f"- machine: {result['machine']}",
+        f"- command: `{result['command']}`", f"- model: {model_dir}",
+        f"- load: {users} Locust users, {texts_per_request} mixed texts/request, {seconds} s", "",
+        f"requests {row['requests']}, failures {row['failures']}, {row['tokens_per_s']} tokens/s, "
+        f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms", "",
+        f"RSS of tritonserver + stubs (MiB): start {rss['start']}, after warm-up "
+        f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, end {rss['end']}, "
+        f"max {rss['max']}; growth after warm-up {growth:+.1%} (limit {max_growth:.0%})", "",
+        f"result: {'PASS' if result['passed'] else 'FAIL'}", "",
+    ]))  # fmt: skip
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=int, default=600)
+    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--warmup-fraction", type=float, default=0.25)
+    p.add_argument("--max-growth", type=float, default=0.05)
+    p.add_argument("--out", type=Path, default=RESULTS / "soak")
+    args = p.parse_args()
+    result = soak(args.seconds, args.users, args.warmup_fraction, args.max_growth, args.out)
+    print(args.out.with_suffix(".md").read_text())
+    raise SystemExit(0 if result["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The 60-second soak (`make soak` runs 10 minutes): Locust users over gRPC against a real
+tritonserver, no failed request, server memory flat after warm-up."""
+
+import sys
+from pathlib import Path
+
+PERF = Path(__file__).resolve().parent.parent / "perf"
+sys.path.insert(0, str(PERF))
+
+from soak import soak  # noqa: E402
+
+
+def test_one_minute_soak(demo_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("QWEN_EMBED_MODEL_DIR", str(demo_dir))
+    # A short run sees fewer batch shapes before its warm-up ends than the 10-minute one, so it
+    # allows more growth (10% vs 5%); RSS is printed either way.
+    result = soak(60, users=4, warmup_fraction=0.33, max_growth=0.10, out=tmp_path / "soak")
+    print((tmp_path / "soak.md").read_text())
+    assert result["locust"]["requests"] > 0
+    assert result["locust"]["failures"] == 0, result["locust"]
+    assert result["growth_after_warmup"] <= 0.10, result["rss_mb"]
