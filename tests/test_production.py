@@ -3,6 +3,8 @@ recovered by the watchdog under load, a bounded queue, SIGTERM draining in-fligh
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -191,3 +193,24 @@ def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
     for out in outcomes:
         assert isinstance(out, np.ndarray) and out.shape == (2, 1024), out
     server.stop()
+
+
+def run_probe(server):
+    cmd = [sys.executable, "-m", "qwen_embed.serving.probe", "--url", server.http_url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_liveness_probe_catches_a_dead_stub(demo_dir, tmp_path):
+    """With the watchdog off, ready stays 200 after the encoder's stub dies; the probe fails."""
+    server = start_server(demo_dir, tmp_path, watchdog_interval=0, exit_timeout_s=5)
+    try:
+        assert run_probe(server).returncode == 0
+        stubs = stub_processes(server.status()["server_pid"])
+        (pid,) = [p for p, m in stubs.items() if m == "encoder"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+        assert server.ready()  # Triton 2.51 still says ready ...
+        failed = run_probe(server)
+        assert failed.returncode == 1 and "not healthy" in failed.stderr, failed.stderr
+    finally:
+        server.stop()

@@ -192,14 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     local = f"127.0.0.1:{args.http_port}"
-    if args.watchdog_interval > 0 and wait_ready(local, proc, args.startup_timeout):
+    ready = wait_ready(local, proc, args.startup_timeout)
+    if ready and args.watchdog_interval > 0:
         watchdog = Watchdog(proc.pid, local, admin_key, args.watchdog_interval)
         watchdog.start()
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     while proc.poll() is None:
-        if args.status_file and watchdog is not None:
-            status = {"server_pid": proc.pid, "reloads": watchdog.reloads}
-            args.status_file.write_text(json.dumps(status))
+        if args.status_file and ready:
+            reloads = watchdog.reloads if watchdog else []
+            args.status_file.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
         time.sleep(0.5)
     return proc.returncode
 
