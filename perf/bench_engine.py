@@ -46,6 +46,7 @@ def transformers_model(model_dir: str, dtype: torch.dtype):
 
 
 def transformers_embed(model, seqs: list[list[int]], batch_size: int) -> np.ndarray:
+    device = next(model.parameters()).device
     out = []
     with torch.inference_mode():
         for i in range(0, len(seqs), batch_size):
@@ -56,8 +57,9 @@ def transformers_embed(model, seqs: list[list[int]], batch_size: int) -> np.ndar
             for row, s in enumerate(chunk):  # left padding: the last position is real
                 ids[row, width - len(s) :] = torch.tensor(s)
                 mask[row, width - len(s) :] = 1
-            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1]
-            out.append(torch.nn.functional.normalize(hidden.float(), dim=-1).numpy())
+            hidden = model(input_ids=ids.to(device), attention_mask=mask.to(device))
+            last = hidden.last_hidden_state[:, -1].float()
+            out.append(torch.nn.functional.normalize(last, dim=-1).cpu().numpy())
     return np.concatenate(out)
 
 
@@ -74,6 +76,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=".cache/demo-model")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--attn-backend", default="torch", help="torch, flash_attn or flashinfer")
     p.add_argument("--mixed-texts", type=int, default=96)
     p.add_argument("--uniform-texts", type=int, default=96)
     p.add_argument("--uniform-len", type=int, default=128)
@@ -84,8 +88,9 @@ def main() -> None:
     args = p.parse_args()
 
     dtype = getattr(torch, args.dtype)
-    encoder = Encoder.from_pretrained(args.model_dir, dtype=args.dtype)
-    reference = transformers_model(args.model_dir, dtype)
+    encoder = Encoder.from_pretrained(args.model_dir, dtype=args.dtype, device=args.device,
+                                      attn_backend=args.attn_backend)  # fmt: skip
+    reference = transformers_model(args.model_dir, dtype).to(args.device)
     rows = []
     for kind, n in (("mixed", args.mixed_texts), ("uniform", args.uniform_texts)):
         seqs = workload(kind, n, args.seed, args.uniform_len)
@@ -107,6 +112,7 @@ def main() -> None:
 
     date, command = stamp(), command_line()
     record = {"date": date, "machine": machine(), "command": command, "dtype": args.dtype,
+              "device": args.device, "attn_backend": args.attn_backend,
               "model_dir": args.model_dir, "model": ModelConfig.from_dir(args.model_dir).__dict__,
               "results": rows}  # fmt: skip
     out = Path(args.out)
@@ -116,7 +122,8 @@ def main() -> None:
         "# Engine vs transformers padded forward", "",
         f"- date: {date}", f"- machine: {record['machine']}", f"- command: `{command}`",
         f"- model: {args.model_dir} ({record['model']['num_layers']} layers, "
-        f"hidden {record['model']['hidden_size']}), dtype {args.dtype}, "
+        f"hidden {record['model']['hidden_size']}), dtype {args.dtype}, device {args.device}, "
+        f"attention {args.attn_backend}, "
         f"transformers batches of {args.batch_size}, best of {args.reps}", "",
         "| workload | texts | tokens | padded tokens (transformers) | engine tok/s "
         "| transformers tok/s | engine / transformers | min cosine |",
