@@ -6,7 +6,8 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving locust soak serve gateway clean
+.PHONY: setup demo-model test lint perf-engine perf-serving perf-gpu perf-tokenizer profile locust soak \
+	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
 HTTP_PORT   ?= 8000
@@ -48,6 +49,21 @@ perf-engine: setup
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)
 
+# The same harness on a GPU, bf16, Qwen3-Embedding-0.6B's full shape (28 layers, random weights):
+# the engine with each attention backend vs transformers, and end to end through Triton.
+# Needs CUDA plus `pip install -e '.[gpu]'` (flash-attn, flashinfer) in the venv.
+GPU_MODEL ?= .cache/qwen3-0.6b-shape
+$(GPU_MODEL)/config.json: $(VENV)/.installed
+	$(PY) -m qwen_embed.demo $(GPU_MODEL) --layers 28
+perf-gpu: setup $(GPU_MODEL)/config.json
+	for backend in torch flash_attn flashinfer; do \
+		$(PY) perf/bench_engine.py --model-dir $(GPU_MODEL) --dtype bfloat16 --device cuda \
+			--attn-backend $$backend --mixed-texts 1024 --uniform-texts 1024 \
+			--out perf/results/gpu_engine_$$backend || exit 1; done
+	cd perf && ../$(PY) bench_serving.py --model-dir ../$(GPU_MODEL) --concurrency 1 16 64 \
+		--encoder-param attn_backend=flash_attn --encoder-param dtype=bfloat16 \
+		--out results/gpu_serving
+
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.
 USERS   ?= 1 4 16 32
@@ -56,6 +72,18 @@ TEXTS_PER_REQUEST ?= 8
 locust: setup
 	cd perf && ../$(PY) run_locust.py --users $(USERS) --seconds $(SECONDS) \
 		--texts-per-request $(TEXTS_PER_REQUEST) $(if $(HOST_GRPC),--host $(HOST_GRPC))
+
+# Tokenizer stage vs encoder, and where the engine's time goes.
+perf-tokenizer: setup
+	cd perf && ../$(PY) bench_tokenizer.py
+profile: setup
+	cd perf && ../$(PY) profile_engine.py
+
+# Lints the production Dockerfile here (no Docker engine needed); `make docker` builds the image.
+docker-lint: $(VENV)/.installed
+	$(VENV)/bin/hadolint docker/Dockerfile
+docker:
+	docker build -f docker/Dockerfile -t qwen-embed:latest .
 
 # 10 minutes of Locust: zero failures and flat server memory (perf/results/soak.md).
 SOAK_SECONDS ?= 600

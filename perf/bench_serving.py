@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tempfile
 import threading
 import time
 import urllib.request
@@ -26,6 +27,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
 from workload import RESULTS, command_line, machine, make_texts, stamp
@@ -89,12 +91,22 @@ def main() -> None:
     p.add_argument("--texts", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "serving"))
+    p.add_argument(
+        "--encoder-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="encoder config parameter, e.g. attn_backend=flash_attn dtype=bfloat16",
+    )
     args = p.parse_args()
+    params = dict(item.split("=", 1) for item in args.encoder_param)
 
     texts = make_texts(args.texts, args.seed)
     rows, sent = [], {}
     env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve())}
-    with TritonServer(env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
+    repo = render(tempfile.mkdtemp(prefix="bench-serving-"), {"embed": args.model_dir},
+                  {"encoder": params})  # fmt: skip
+    with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
         run_level(server, texts, 4, args.texts_per_request, 3)  # warm-up
         for c in args.concurrency:
             row, sent[c] = run_level(server, texts, c, args.texts_per_request, args.seconds)
@@ -105,7 +117,8 @@ def main() -> None:
     top = next((r for r in rows if r["concurrency"] == 16), rows[-1])
     tok = Tokenizer.from_file(str(Path(args.model_dir) / "tokenizer.json"))
     ids = [e.ids for e in tok.encode_batch(sent[top["concurrency"]])]
-    with Encoder.from_pretrained(args.model_dir) as enc:
+    engine_args = {k: params[k] for k in ("dtype", "device", "attn_backend") if k in params}
+    with Encoder.from_pretrained(args.model_dir, **engine_args) as enc:
         enc.embed(ids[:8])
         start = time.perf_counter()
         enc.embed(ids)
@@ -119,7 +132,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(
-        {"date": date, "machine": machine(), "command": command, "levels": rows,
+        {"date": date, "machine": machine(), "command": command, "encoder_params": params,
+         "levels": rows,
          "engine_alone": engine}, indent=2))  # fmt: skip
     lines = [
         "# End to end through Triton (`embed` ensemble, gRPC) vs the engine alone", "",

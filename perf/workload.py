@@ -57,6 +57,8 @@ def machine() -> str:
         import torch
 
         described += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        if torch.cuda.is_available():
+            described += f", GPU {torch.cuda.get_device_name()}"
     except ImportError:
         pass
     return described
