@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving perf-gpu perf-tokenizer profile locust soak \
+.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-gpu perf-tokenizer profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -72,6 +72,13 @@ TEXTS_PER_REQUEST ?= 8
 locust: setup
 	cd perf && ../$(PY) run_locust.py --users $(USERS) --seconds $(SECONDS) \
 		--texts-per-request $(TEXTS_PER_REQUEST) $(if $(HOST_GRPC),--host $(HOST_GRPC))
+
+# perf_analyzer 2.51 (binary from the tritonclient 2.51 wheel, no root) sweeps against embed
+# (1/8/32 texts per request) and encoder, plus request-rate mode; QUICK=1 runs only the ratio
+# pair and two levels, RESUME=1 keeps levels that already have a CSV. perf/results/perf_analyzer/
+perf-analyzer: setup
+	perf/perf_analyzer/install.sh $(PY)
+	$(PY) perf/perf_analyzer/sweep.py $(if $(QUICK),--quick) $(if $(RESUME),--resume)
 
 # Tokenizer stage vs encoder, and where the engine's time goes.
 perf-tokenizer: setup

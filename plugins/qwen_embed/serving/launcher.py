@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     while proc.poll() is None:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []
-            args.status_file.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
+            partial = args.status_file.with_suffix(".partial")  # readers never see half a file
+            partial.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
+            os.replace(partial, args.status_file)
         time.sleep(0.5)
     return proc.returncode
 
