@@ -85,9 +85,9 @@ def test_endpoints_bind_the_configured_address(server):
 def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
     """Requests fail only while the watchdog reloads the encoder; no client hangs."""
     server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
+    results = []  # (start, end, error or None)
+    stop = threading.Event()
     try:
-        results = []  # (start, end, error or None)
-        stop = threading.Event()
 
         def client():
             c = grpcclient.InferenceServerClient(server.grpc_url)
@@ -102,7 +102,7 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
                     time.sleep(0.1)
                 results.append((start, time.monotonic(), error))
 
-        threads = [threading.Thread(target=client) for _ in range(4)]
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
         for t in threads:
             t.start()
         time.sleep(3)
@@ -131,6 +131,7 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
         assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
         assert infer(server, ["after recovery"], "grpc")[0].shape == (1, 1024)
     finally:
+        stop.set()
         server.stop()
 
 
