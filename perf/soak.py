@@ -2,10 +2,13 @@
 
     python perf/soak.py [--seconds 600] [--users 8] [--warmup-fraction 0.25]
 
-Samples the resident memory (RSS) of tritonserver plus its Python stub processes every few
-seconds. Memory counts as flat when the end RSS is within --max-growth (fraction) of the RSS at
-the end of warm-up. Exit status 1 on any failed request or on growth; results in
-perf/results/soak.md (+ .json).
+The encoder keeps its peak heap for reuse (qwen_embed.cpu.keep_freed_memory), so its RSS rises
+in steps each time a forward is bigger than any before, up to the bound set by the encoder's
+max_batch_tokens. One full-budget request first takes it to that bound; what grows after that
+is a leak. Then samples the resident memory (RSS) of tritonserver plus its Python stub
+processes every few seconds. Memory counts as flat when the end RSS is within --max-growth
+(fraction) of the RSS at the end of warm-up. Exit status 1 on any failed request or on
+growth; results in perf/results/soak.md (+ .json).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from run_locust import run_locust
@@ -22,7 +26,7 @@ from run_locust import run_locust
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import TritonServer
 
-from workload import RESULTS, command_line, machine, stamp
+from workload import RESULTS, WORDS, command_line, machine, stamp
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -48,6 +52,18 @@ def tree_rss_mb(root_pid: int) -> float:
     return total / 2**20
 
 
+def fill_batch_budget(server: TritonServer, max_batch_tokens: int = 16384) -> None:
+    """One request whose texts fill one encoder forward: 1024-token texts (1023 one-token words
+    plus <|endoftext|>), the longest the Locust mix sends, up to the token budget."""
+    words = WORDS.split()
+    text = " ".join(words[i % len(words)] for i in range(1023))
+    count = max_batch_tokens // 1024
+    body = {"inputs": [{"name": "TEXT", "shape": [count, 1], "datatype": "BYTES",
+                        "data": [text] * count}]}  # fmt: skip
+    url = f"http://{server.http_url}/v2/models/embed/infer"
+    urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode()), timeout=600)
+
+
 def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,
          texts_per_request: int = 8) -> dict:  # fmt: skip
     model_dir = os.environ.get("QWEN_EMBED_MODEL_DIR", str(DEMO_MODEL_DIR))
@@ -56,6 +72,8 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
     done = threading.Event()
     with TritonServer(env={"QWEN_EMBED_MODEL_DIR": model_dir}) as server:
         pid = server.status()["server_pid"]
+        loaded = tree_rss_mb(pid)
+        fill_batch_budget(server)
         start = time.monotonic()
 
         def sample():
@@ -77,8 +95,9 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
         "date": stamp(), "machine": machine(), "command": command_line(), "model_dir": model_dir,
         "seconds": seconds, "users": users, "texts_per_request": texts_per_request,
         "locust": row,
-        "rss_mb": {"start": round(samples[0][1], 1), "after_warmup": round(after_warmup, 1),
-                   "end": round(end, 1), "max": round(max(r for _, r in samples), 1)},
+        "rss_mb": {"loaded": round(loaded, 1), "start": round(samples[0][1], 1),
+                   "after_warmup": round(after_warmup, 1), "end": round(end, 1),
+                   "max": round(max(r for _, r in samples), 1)},
         "growth_after_warmup": round(growth, 4), "max_growth": max_growth,
         "passed": row["failures"] == 0 and row["requests"] > 0 and growth <= max_growth,
         "samples": [(round(t, 1), round(r, 1)) for t, r in samples],
@@ -91,7 +110,8 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
         f"- load: {users} Locust users, {texts_per_request} mixed texts/request, {seconds} s", "",
         f"requests {row['requests']}, failures {row['failures']}, {row['tokens_per_s']} tokens/s, "
         f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms", "",
-        f"RSS of tritonserver + stubs (MiB): start {rss['start']}, after warm-up "
+        f"RSS of tritonserver + stubs (MiB): models loaded {rss['loaded']}, after one "
+        f"full-budget forward (the start) {rss['start']}, after warm-up "
         f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, end {rss['end']}, "
         f"max {rss['max']}; growth after warm-up {growth:+.1%} (limit {max_growth:.0%})", "",
         f"result: {'PASS' if result['passed'] else 'FAIL'}", "",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, layers
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -55,12 +55,28 @@ def test_fp32_matches_transformers(checkpoint, config_name, case):
         np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
 
 
-def test_bf16_matches_transformers(checkpoint, config_name):
+@pytest.mark.parametrize("native_bf16", [False, True], ids=["fp32_gemm", "bf16_kernel"])
+def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeypatch):
+    # Both CPU routes for bf16 linear layers (see layers.linear), whatever this CPU has.
+    monkeypatch.setattr(layers, "has_native_bf16", lambda: native_bf16)
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)
     with Encoder.from_pretrained(checkpoint(config_name), dtype="bfloat16") as enc:
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= BF16_COSINE
+
+
+def test_bf16_linear_through_fp32_gemm_is_a_bf16_gemm(monkeypatch):
+    """Upcast, fp32 GEMM, round to bf16: within bf16 rounding of the exact product, as torch's
+    own bf16 kernel is."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g).bfloat16() for shape in [(37, 64), (48, 64), (48,)])
+    exact = x.double() @ w.double().T + b.double()
+    for native in (False, True):
+        monkeypatch.setattr(layers, "has_native_bf16", lambda native=native: native)
+        out = layers.linear(x, w, b)
+        assert out.dtype == torch.bfloat16 and out.shape == (37, 48)
+        torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-2)
 
 
 def test_bidirectional_config_is_not_causal(checkpoint, tmp_path):

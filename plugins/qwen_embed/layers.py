@@ -13,6 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu import has_native_bf16
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; a bf16 one on a CPU without bf16 instructions runs as an fp32 GEMM.
+
+    A bf16 GEMM multiplies bf16 inputs, accumulates in fp32 and rounds the result to bf16:
+    upcasting the same bf16 values, one fp32 GEMM and rounding back is that computation, at
+    fp32 speed instead of the emulated bf16 kernel's. Weights stay bf16 in memory; only the
+    layer's own weight is upcast, per call.
+    """
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not has_native_bf16():
+        bias = None if bias is None else bias.float()
+        return F.linear(x.float(), weight.float(), bias).to(torch.bfloat16)
+    return F.linear(x, weight, bias)
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -132,7 +148,7 @@ class ColumnParallelLinear(nn.Module):
         _copy(param.data.narrow(0, self.offsets[key], self.local[key]), part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -147,7 +163,7 @@ class RowParallelLinear(nn.Module):
         _copy(param, _shard(full, 1, self.tp.rank, self.tp.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        return self.tp.all_reduce(linear(x, self.weight))
 
 
 def rotary_cos_sin(
