@@ -55,8 +55,7 @@ def tree_rss_mb(root_pid: int) -> float:
 def fill_batch_budget(server: TritonServer, max_batch_tokens: int = 16384) -> None:
     """One request whose texts fill one encoder forward: 1024-token texts (1023 one-token words
     plus <|endoftext|>), the longest the Locust mix sends, up to the token budget."""
-    words = WORDS.split()
-    text = " ".join(words[i % len(words)] for i in range(1023))
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(1023))
     count = max_batch_tokens // 1024
     body = {"inputs": [{"name": "TEXT", "shape": [count, 1], "datatype": "BYTES",
                         "data": [text] * count}]}  # fmt: skip
