@@ -12,10 +12,12 @@ request in request-rate mode. perf_analyzer 2.51 fixes the texts per request wit
 batch dimension of TEXT [n, 1]); it fills a request from n consecutive entries of the input
 file, so requests still differ. Every level is a separate perf_analyzer run on an idle server
 (pending requests drained), measured over 3 count windows of at least max(4, concurrency)
-requests; the stability test is effectively off (-s 1000) because on a shared 2-core CPU it
-rarely passes, and 2.51 writes no result at all for an unstable level. Each level's CSV and
-its metadata (command, load average, wall time) go to perf/results/perf_analyzer/; the summary
-is rebuilt from all of them, so --resume can finish an interrupted sweep.
+requests; the stability test is effectively off (-s 100000, i.e. windows may differ 1000x)
+because it rarely passes on a shared 2-core CPU (at concurrency 1 a window with one 1024-token
+text is 50x slower than one of short texts), and 2.51 writes no result at all for an
+unstable level. Each level's CSV and its metadata (command, load average, wall time) go to
+perf/results/perf_analyzer/; the summary is rebuilt from all of them, so --resume can finish
+an interrupted sweep.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def perf_analyzer_command(run: dict, url: str, csv_path: Path, min_requests: int
         "-b", str(run["texts"]), "--input-data", str(INPUTS / f"{run['model']}.json"),
         "--measurement-mode", "count_windows",
         "--measurement-request-count", str(max(min_requests, load)),
-        "-s", "1000", "-r", "3", "-f", str(csv_path), "--verbose-csv",
+        "-s", "100000", "-r", "3", "-f", str(csv_path), "--verbose-csv",
     ]  # fmt: skip
     if "concurrency" in run:
         # An explicit end gives one synchronous thread per concurrent request.
