@@ -67,7 +67,7 @@ perf-gpu: setup $(GPU_MODEL)/config.json
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.
 USERS   ?= 1 4 16 32
-SECONDS ?= 30
+SECONDS ?= 60
 TEXTS_PER_REQUEST ?= 8
 locust: setup
 	cd perf && ../$(PY) run_locust.py --users $(USERS) --seconds $(SECONDS) \
