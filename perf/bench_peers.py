@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.cpu import has_native_bf16
-from qwen_embed.layers import linear
+from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 
@@ -84,11 +84,11 @@ def linear_params(config: dict) -> int:
 
 def gemm_peak(dtype: torch.dtype, seconds: float = 2.0) -> float:
     """Best FLOP/s of a linear layer over this model's projection shapes (2048 tokens), run
-    as our engine runs it (`layers.linear`: bf16 as an fp32 GEMM on CPUs without bf16 units,
-    where torch's own bf16 matmul is emulated and far slower)."""
-    best = 0.0
+    as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
+    an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower)."""
+    best, stored = 0.0, linear_weight_dtype(dtype, torch.device("cpu"))
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
-        a, w = torch.randn(2048, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+        a, w = torch.randn(2048, k, dtype=dtype), torch.randn(n, k, dtype=dtype).to(stored)
         linear(a, w)  # warm-up: first call sets up the kernel and its buffers
         reps, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
@@ -454,10 +454,10 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
     lines.append("CPU vector features: " + ", ".join(found))
     if dtype == "bfloat16" and not has_native_bf16():
         lines.append(
-            "No bf16 instructions on this CPU: our engine runs each bf16 linear layer as an "
-            "fp32 GEMM on the upcast bf16 values (the same bf16-in, fp32-accumulate, "
-            "bf16-out computation), and the GEMM peak above is measured that way; weights and "
-            "activations between layers stay bf16."
+            "No bf16 instructions on this CPU: our engine stores linear-layer weights as fp32 "
+            "holding the bf16 values and runs each bf16 linear layer as one fp32 GEMM rounded "
+            "back to bf16 (the same bf16-in, fp32-accumulate, bf16-out computation); the GEMM "
+            "peak above is measured that way; activations between layers stay bf16."
         )
     lines.append(
         "Runs stop taking requests after --seconds; the clock runs until the in-flight ones "

@@ -57,24 +57,30 @@ def test_fp32_matches_transformers(checkpoint, config_name, case):
 
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["fp32_gemm", "bf16_kernel"])
 def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeypatch):
-    # Both CPU routes for bf16 linear layers (see layers.linear), whatever this CPU has.
+    # Both CPU routes for bf16 linear layers (layers.linear_weight_dtype), whatever this CPU has.
     monkeypatch.setattr(layers, "has_native_bf16", lambda: native_bf16)
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)
     with Encoder.from_pretrained(checkpoint(config_name), dtype="bfloat16") as enc:
+        linears = (layers.ColumnParallelLinear, layers.RowParallelLinear)
+        weights = {m.weight.dtype for m in enc.model.modules() if isinstance(m, linears)}
+        assert weights == {torch.bfloat16 if native_bf16 else torch.float32}
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= BF16_COSINE
 
 
 def test_bf16_linear_through_fp32_gemm_is_a_bf16_gemm(monkeypatch):
-    """Upcast, fp32 GEMM, round to bf16: within bf16 rounding of the exact product, as torch's
-    own bf16 kernel is."""
+    """bf16 activations on fp32-stored bf16 weights (upcast, fp32 GEMM, round to bf16) land
+    within bf16 rounding of the exact product, as torch's own bf16 kernel does."""
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*shape, generator=g).bfloat16() for shape in [(37, 64), (48, 64), (48,)])
     exact = x.double() @ w.double().T + b.double()
+    cpu = torch.device("cpu")
     for native in (False, True):
         monkeypatch.setattr(layers, "has_native_bf16", lambda native=native: native)
-        out = layers.linear(x, w, b)
+        stored = layers.linear_weight_dtype(torch.bfloat16, cpu)
+        assert stored == (torch.bfloat16 if native else torch.float32)
+        out = layers.linear(x, w.to(stored), b.to(stored))
         assert out.dtype == torch.bfloat16 and out.shape == (37, 48)
         torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-2)
 

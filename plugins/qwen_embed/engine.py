@@ -15,7 +15,7 @@ from .attention import AttentionSpec, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
 from .cpu import keep_freed_memory
-from .layers import TPGroup
+from .layers import ColumnParallelLinear, RowParallelLinear, TPGroup, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
 from .parallel import RankArgs, TPLauncher
@@ -62,6 +62,11 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, args.model_dir)
+    weight_dtype = linear_weight_dtype(dtype, device)
+    if weight_dtype != dtype:
+        for module in model.modules():
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+                module.to(weight_dtype)
     return model.eval()
 
 

@@ -16,17 +16,23 @@ from torch import nn
 from .cpu import has_native_bf16
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; a bf16 one on a CPU without bf16 instructions runs as an fp32 GEMM.
+def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
 
-    A bf16 GEMM multiplies bf16 inputs, accumulates in fp32 and rounds the result to bf16:
-    upcasting the same bf16 values, one fp32 GEMM and rounding back is that computation, at
-    fp32 speed instead of the emulated bf16 kernel's. Weights stay bf16 in memory; only the
-    layer's own weight is upcast, per call.
+    bf16 on a CPU without bf16 instructions: fp32 holding the same bf16 values, because torch's
+    emulated bf16 GEMM is ~10x slower than fp32 there. Converted once at load, so no request
+    pays for the upcast; the price is fp32 weight memory.
     """
-    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not has_native_bf16():
-        bias = None if bias is None else bias.float()
-        return F.linear(x.float(), weight.float(), bias).to(torch.bfloat16)
+    if dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
+        return torch.float32
+    return dtype
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; bf16 activations against fp32-stored bf16 weights (linear_weight_dtype) run
+    as one fp32 GEMM rounded back to bf16: a bf16 GEMM's bf16-in, fp32-accumulate, bf16-out."""
+    if x.dtype != weight.dtype:
+        return F.linear(x.float(), weight, bias).to(x.dtype)
     return F.linear(x, weight, bias)
 
 
