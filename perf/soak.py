@@ -18,12 +18,12 @@ import json
 import os
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from run_locust import run_locust
 
 from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.serving.repository import TEMPLATE, get_parameter
 from qwen_embed.serving.triton import TritonServer
 
 from workload import RESULTS, WORDS, command_line, machine, stamp
@@ -52,15 +52,12 @@ def tree_rss_mb(root_pid: int) -> float:
     return total / 2**20
 
 
-def fill_batch_budget(server: TritonServer, max_batch_tokens: int = 16384) -> None:
+def fill_batch_budget(server: TritonServer) -> None:
     """One request whose texts fill one encoder forward: 1024-token texts (1023 one-token words
-    plus <|endoftext|>), the longest the Locust mix sends, up to the token budget."""
+    plus <|endoftext|>), the longest the Locust mix sends, up to the encoder's token budget."""
+    config = (TEMPLATE / "encoder" / "config.pbtxt").read_text()
     text = " ".join(WORDS[i % len(WORDS)] for i in range(1023))
-    count = max_batch_tokens // 1024
-    body = {"inputs": [{"name": "TEXT", "shape": [count, 1], "datatype": "BYTES",
-                        "data": [text] * count}]}  # fmt: skip
-    url = f"http://{server.http_url}/v2/models/embed/infer"
-    urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode()), timeout=600)
+    server.embed_http([text] * (int(get_parameter(config, "max_batch_tokens")) // 1024))
 
 
 def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,

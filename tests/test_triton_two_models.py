@@ -5,7 +5,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.repository import render
+from qwen_embed.serving.repository import get_parameter, render
 from qwen_embed.serving.triton import TritonServer
 
 from triton_helpers import infer
@@ -19,6 +19,7 @@ def test_render_gpu_variant(demo_dir, tmp_path):
     config = (repo / "encoder" / "config.pbtxt").read_text()
     assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config
     assert '{ key: "dtype", value: { string_value: "bfloat16" } }' in config
+    assert get_parameter(config, "dtype") == "bfloat16"
     assert str(demo_dir.resolve()) in config
 
 

@@ -98,10 +98,7 @@ def embedded(server: TritonServer) -> tuple[float, float]:
 
 def warm_up(server: TritonServer) -> None:
     # The first forward pays one-off costs (allocations, thread pools): keep them out of level 1.
-    body = {"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
-                        "data": ["warm up", "the server " * 200]}]}  # fmt: skip
-    url = f"http://{server.http_url}/v2/models/embed/infer"
-    urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode()), timeout=300)
+    server.embed_http(["warm up", "the server " * 200], timeout=300)
 
 
 def perf_analyzer_command(run: dict, url: str, csv_path: Path, min_requests: int) -> list[str]:

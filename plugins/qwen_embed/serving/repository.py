@@ -23,9 +23,20 @@ TEMPLATE = REPO / "model_repository"
 STEPS = ("tokenizer", "encoder")
 
 
+def _parameter_pattern(key: str) -> str:
+    return rf'(\{{ key: "{re.escape(key)}", value: \{{ string_value: )"([^"]*)"'
+
+
+def get_parameter(config: str, key: str) -> str:
+    """A config.pbtxt string parameter's value."""
+    match = re.search(_parameter_pattern(key), config)
+    if match is None:
+        raise ValueError(f"config has no parameter {key!r}")
+    return match.group(2)
+
+
 def _set_parameter(config: str, key: str, value: str) -> str:
-    pattern = rf'(\{{ key: "{re.escape(key)}", value: \{{ string_value: )"[^"]*"'
-    updated, n = re.subn(pattern, rf'\1"{value}"', config)
+    updated, n = re.subn(_parameter_pattern(key), rf'\1"{value}"', config)
     if n != 1:
         raise ValueError(f"config has no parameter {key!r}")
     return updated

@@ -142,6 +142,15 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready in {timeout}s; log: {self.log_path}")
 
+    def embed_http(self, texts: list[str], timeout: float = 600) -> dict:
+        """One `embed` request over HTTP (standard library only); the decoded JSON response."""
+        body = {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES",
+                            "data": texts}]}  # fmt: skip
+        url = f"http://{self.http_url}/v2/models/embed/infer"
+        request = urllib.request.Request(url, json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
     def ready(self) -> bool:
         try:
             url = f"http://{self.http_url}/v2/health/ready"
