@@ -1,10 +1,12 @@
-"""CPU-specific process tuning."""
+"""What this CPU can do, and process tuning that follows from it."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,11 +35,60 @@ def keep_freed_memory() -> bool:
         return False
 
 
-@functools.cache
-def has_native_bf16() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (AVX512_BF16 or AMX).
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The x86 features that decide which GEMM route is fastest (all False elsewhere)."""
 
-    Without them torch's bf16 matmul is emulated and measured 5-50x slower than fp32 here.
-    """
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    model: str = "unknown CPU"
+    avx2: bool = False
+    avx512: bool = False
+    avx512_bf16: bool = False
+    amx_bf16: bool = False
+    vnni: bool = False  # int8 dot products: AVX512_VNNI, AVX_VNNI or AMX_INT8
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 dot-product instructions: without them torch's bf16 matmul is emulated and
+        measured 5-50x slower than fp32."""
+        return self.avx512_bf16 or self.amx_bf16
+
+    def describe(self) -> str:
+        names = [("AVX2", self.avx2), ("AVX-512", self.avx512), ("AVX512_BF16", self.avx512_bf16),
+                 ("AMX", self.amx_bf16), ("VNNI", self.vnni)]  # fmt: skip
+        return f"{self.model} (" + ", ".join(n if on else f"no {n}" for n, on in names) + ")"
+
+    @classmethod
+    def from_flags(cls, flags: set[str], model: str = "unknown CPU") -> CpuFeatures:
+        """From the `flags` line of /proc/cpuinfo."""
+        return cls(
+            model=model,
+            avx2="avx2" in flags,
+            avx512="avx512f" in flags,
+            avx512_bf16="avx512_bf16" in flags,
+            amx_bf16="amx_bf16" in flags and "amx_tile" in flags,
+            vnni=bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags),
+        )
+
+
+@functools.cache
+def cpu_features() -> CpuFeatures:
+    """This machine's features: /proc/cpuinfo where it exists, else what torch detects."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    fields = dict(
+        line.split(":", 1) for line in info.splitlines() if line.startswith(("flags", "model name"))
+    )
+    flags = {k.strip(): v for k, v in fields.items()}
+    if "flags" in flags:
+        return CpuFeatures.from_flags(set(flags["flags"].split()), flags.get("model name", "").strip())
+    return CpuFeatures(
+        avx512_bf16=torch.cpu._is_avx512_bf16_supported(),
+        amx_bf16=torch.cpu._is_amx_tile_supported(),
+        vnni=torch.cpu._is_avx512_vnni_supported(),
+    )
+
+
+def has_native_bf16() -> bool:
+    return cpu_features().native_bf16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Sequence
@@ -14,25 +15,17 @@ from torch import nn
 from .attention import AttentionSpec, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
-from .cpu import keep_freed_memory
-from .layers import ColumnParallelLinear, RowParallelLinear, TPGroup, linear_weight_dtype
+from .cpu import cpu_features, keep_freed_memory
+from .int8 import KERNELS as INT8_KERNELS
+from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
 from .parallel import RankArgs, TPLauncher
 from .pooling import POOLING_METHODS, finish, pool
+from .route import Route, choose_route
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> str:
-    """ "auto" is the checkpoint's dtype on GPU and float32 on CPU (fast and exact there)."""
-    if dtype != "auto":
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-        return dtype
-    if device.type == "cpu" or config.checkpoint_dtype not in DTYPES:
-        return "float32"
-    return config.checkpoint_dtype
+log = logging.getLogger(__name__)
 
 
 def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
@@ -62,11 +55,14 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, args.model_dir)
-    weight_dtype = linear_weight_dtype(dtype, device)
-    if weight_dtype != dtype:
-        for module in model.modules():
-            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-                module.to(weight_dtype)
+    linears = [m for m in model.modules() if isinstance(m, _Linear)]
+    if args.quantization == "int8":
+        for module in linears:
+            module.quantize_int8()
+        INT8_KERNELS.ensure_compiled()
+    elif (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
+        for module in linears:
+            module.to(weight_dtype)
     return model.eval()
 
 
@@ -84,8 +80,10 @@ class Encoder:
         max_batch_tokens: int,
         pooling: str,
         launcher: TPLauncher | None,
+        route: Route,
     ):
         self.model = model
+        self.route = route
         self.config = config
         self.device = device
         self.max_batch_tokens = max_batch_tokens
@@ -103,6 +101,7 @@ class Encoder:
         tp_size: int = 1,
         attn_backend: str = "torch",
         dtype: str = "auto",
+        quantization: str = "none",
         device: str | torch.device | None = None,
         max_batch_tokens: int = 16384,
         pooling: str = "last",
@@ -111,8 +110,10 @@ class Encoder:
     ) -> Encoder:
         """Load a local Hugging Face checkpoint directory.
 
-        `dist_addr` is the TP rendezvous (host:port); port 0 picks a free port, so several
-        encoders on one host never collide.
+        `dtype` "auto" and `quantization` ("none" | "int8", CPU only) pick the arithmetic
+        (route.choose_route; the choice is `encoder.route` and is logged). `dist_addr` is the TP
+        rendezvous (host:port); port 0 picks a free port, so several encoders on one host never
+        collide.
         """
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
@@ -124,21 +125,25 @@ class Encoder:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", 0)
         config = ModelConfig.from_dir(model_dir)
+        route = choose_route(
+            dtype, quantization, device.type, config.checkpoint_dtype, cpu_features()
+        )
+        log.info("qwen_embed route for %s: %s", model_dir, route)
         host, _, port = dist_addr.rpartition(":")
         args = RankArgs(
             model_dir=str(model_dir),
             tp_size=tp_size,
             attn_backend=attn_backend,
-            dtype=resolve_dtype(dtype, config, device),
+            dtype=route.dtype,
+            quantization=quantization,
             device=str(device),
             host=host,
             port=int(port),
             timeout_s=dist_timeout_s,
         )
         if tp_size == 1:
-            return cls(
-                build_model(args, TPGroup()), config, device, max_batch_tokens, pooling, None
-            )
+            model = build_model(args, TPGroup())
+            return cls(model, config, device, max_batch_tokens, pooling, None, route)
         launcher = TPLauncher(args)
         try:
             tp = launcher.join_groups()
@@ -147,7 +152,7 @@ class Encoder:
         except BaseException:
             launcher.close()
             raise
-        return cls(model, config, device, max_batch_tokens, pooling, launcher)
+        return cls(model, config, device, max_batch_tokens, pooling, launcher, route)
 
     @property
     def hidden_size(self) -> int:

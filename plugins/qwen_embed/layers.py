@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu import has_native_bf16
+from .int8 import Int8Weight
 
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -116,7 +117,25 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class ColumnParallelLinear(nn.Module):
+class _Linear(nn.Module):
+    """What both parallel linears share: the multiply, float or int8 (route.py decides)."""
+
+    def __init__(self):
+        super().__init__()
+        self.int8: Int8Weight | None = None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.int8 is not None:
+            return self.int8(x, bias)
+        return linear(x, self.weight, bias)
+
+    def quantize_int8(self) -> None:
+        """Replace this rank's (already sharded) float weight by int8 + per-channel scales."""
+        self.int8 = Int8Weight(self.weight)
+        self.weight = None
+
+
+class ColumnParallelLinear(_Linear):
     """Output features split across ranks; several checkpoint matrices may be packed in one.
 
     `shard_sizes` gives each packed shard's full output size and `shard_ranks` how a shard is
@@ -154,10 +173,10 @@ class ColumnParallelLinear(nn.Module):
         _copy(param.data.narrow(0, self.offsets[key], self.local[key]), part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """Input features split across ranks; the partial products are summed by one all-reduce."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup):
@@ -169,7 +188,7 @@ class RowParallelLinear(nn.Module):
         _copy(param, _shard(full, 1, self.tp.rank, self.tp.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(linear(x, self.weight))
+        return self.tp.all_reduce(self.matmul(x, None))
 
 
 def rotary_cos_sin(

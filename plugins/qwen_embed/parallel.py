@@ -35,6 +35,7 @@ class RankArgs:
     tp_size: int
     attn_backend: str
     dtype: str
+    quantization: str
     device: str  # rank 0's device; rank r uses cuda:(index + r) on GPU
     host: str
     port: int

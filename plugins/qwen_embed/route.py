@@ -1,0 +1,66 @@
+"""Which arithmetic the engine runs: activation dtype plus how the linear layers multiply.
+
+Chosen once at load as a pure function of the request (dtype, quantization), the device and the
+CPU's features, so every outcome is testable on any machine. The choice and its reason are
+logged at load, shown by `qwen-embed info` and carried as labels of the encoder's metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .cpu import CpuFeatures
+
+DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class Route:
+    dtype: str  # activations (and the float weights: embeddings, norms)
+    linear: str  # how linear layers multiply
+    reason: str
+
+    def labels(self) -> dict[str, str]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"dtype {self.dtype}, linear layers {self.linear}: {self.reason}"
+
+
+def choose_route(
+    dtype: str,
+    quantization: str,
+    device_type: str,
+    checkpoint_dtype: str | None,
+    features: CpuFeatures,
+) -> Route:
+    """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
+    instructions (AVX512_BF16 or AMX: ~2.5-3.4x fp32 measured), else fp32 (emulated bf16 is
+    ~10x slower there). quantization "int8" (CPU only) swaps the linear layers' GEMM."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if dtype not in ("auto", *DTYPES):
+        raise ValueError(f"dtype must be 'auto' or one of {list(DTYPES)}, got {dtype!r}")
+    if quantization == "int8" and device_type != "cpu":
+        raise ValueError("quantization 'int8' runs on CPU only; use dtype bfloat16 on GPUs")
+    cpu = device_type == "cpu"
+    if dtype != "auto":
+        reason = f"dtype {dtype} set by the deployment"
+    elif not cpu:
+        dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+        reason = f"the checkpoint's dtype on {device_type}"
+    elif features.native_bf16:
+        dtype = "bfloat16"
+        reason = f"auto: {features.describe()} has native bf16 GEMM"
+    else:
+        dtype = "float32"
+        reason = f"auto: {features.describe()} has no bf16 instructions (bf16 would be emulated)"
+    if quantization == "int8":
+        linear = "int8 (per-channel weights, per-token activations)"
+        reason += "; int8 linear layers set by the deployment"
+    elif dtype == "bfloat16" and cpu and not features.native_bf16:
+        linear = "bfloat16 as fp32 GEMM"
+    else:
+        linear = dtype
+    return Route(dtype=dtype, linear=linear, reason=reason)
