@@ -7,6 +7,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder
+from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import parse_options, unpack_ids
@@ -22,18 +23,37 @@ class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
         device = params.get("device", "auto")
-        if args.get("model_instance_kind") == "GPU":
+        kind = args.get("model_instance_kind")
+        if kind == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
+        elif kind == "CPU":
+            device = "cpu"
+        elif device == "auto":
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        tp_size = int(params.get("tp_size") or 1)
+        placement = None
+        if device == "cpu" and tp_size == 1 and params.get("cpu_pinning", "auto") != "off":
+            # Before the first torch op: OpenMP starts its threads with this affinity.
+            groups = json.loads(args["model_config"]).get("instance_group") or [{}]
+            count = sum(int(g.get("count", 1)) for g in groups)
+            name = args.get("model_instance_name", "")
+            placement = encoder_placement(read_topology(), count, instance_index(name))
+            pin(placement)
         self.encoder = Encoder.from_pretrained(
             resolve_model_dir(params),
-            tp_size=int(params.get("tp_size") or 1),
+            tp_size=tp_size,
             attn_backend=params.get("attn_backend") or "torch",
             dtype=params.get("dtype") or "auto",
-            device=None if device == "auto" else device,
+            quantization=params.get("quantization") or "none",
+            device=device,
             max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
             pooling=params.get("pooling") or "last",
         )
+        instance = args.get("model_instance_name", "")
+        where = placement.describe() if placement else device
+        pb_utils.Logger.log_info(f"{instance}: {self.encoder.route}; {where}")
         self.metrics = _Metrics(args["model_name"])
+        self.metrics.set_route(instance, self.encoder.route, placement)
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -90,6 +110,7 @@ class _Metrics:
     }
 
     def __init__(self, model_name):
+        self.model = model_name
         labels = {"model": model_name}
         self.families = []  # a MetricFamily must outlive its Metric objects
         self.histograms = {}
@@ -113,11 +134,23 @@ class _Metrics:
                                           description="requests skipped: cancelled by the client",
                                           kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
         self.cancelled = cancelled.Metric(labels=labels)
-        self.families += [texts, tokens, seconds, cancelled]
+        self.route = pb_utils.MetricFamily(name="qwen_embed_encoder_route",
+                                           description="1, labelled with the arithmetic route and "
+                                           "the cores of each encoder instance",
+                                           kind=pb_utils.MetricFamily.GAUGE)  # fmt: skip
+        self.families += [texts, tokens, seconds, cancelled, self.route]
         self.texts = texts.Metric(labels=labels)
         self.tokens = tokens.Metric(labels=labels)
         self.seconds = seconds.Metric(labels=labels,
                                       buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
+
+    def set_route(self, instance, route, placement):
+        threads = placement.threads if placement else torch.get_num_threads()
+        labels = {"model": self.model, "instance": instance, **route.labels(),
+                  "cpus": ",".join(map(str, placement.cpus)) if placement else "",
+                  "threads": str(threads)}  # fmt: skip
+        self.route_gauge = self.route.Metric(labels=labels)
+        self.route_gauge.set(1)
 
     def observe_batch(self, num_requests, seqs):
         num_tokens = int(sum(len(s) for s in seqs))

@@ -1,0 +1,107 @@
+"""Which cores each CPU encoder instance (and the tokenizers) run on.
+
+One encoder instance per NUMA node by default, each pinned to its node's physical cores with one
+OpenMP thread per core; `count` instances split the cores evenly instead. Where the machine has
+cores to spare (TOKENIZER_RESERVE_FROM cores or more), the last core is kept for the tokenizer
+instances so that they never preempt an encoder thread. Why pin at all: an encoder's OpenMP
+threads meet at a barrier after every parallel region, so a thread that loses its core to
+another process stalls all of them; pinned instances with fewer threads each lose only the share
+of the core they actually lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+TOKENIZER_RESERVE_FROM = 8
+SYS_CPU = Path("/sys/devices/system")
+
+Core = tuple[int, ...]  # the logical CPUs (hyperthreads) of one physical core
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]"""
+    cpus: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def read_topology(sys_dir: Path = SYS_CPU) -> list[list[Core]]:
+    """Physical cores per NUMA node, limited to the CPUs this process may run on."""
+    allowed = os.sched_getaffinity(0)
+    nodes = sorted(sys_dir.glob("node/node[0-9]*"), key=lambda p: int(p.name[4:]))
+    node_cpus = [parse_cpu_list((n / "cpulist").read_text()) for n in nodes] or [sorted(allowed)]
+    topology = []
+    for cpus in node_cpus:
+        cores: dict[Core, None] = {}
+        for cpu in cpus:
+            if cpu not in allowed:
+                continue
+            siblings = sys_dir / f"cpu/cpu{cpu}/topology/thread_siblings_list"
+            group = parse_cpu_list(siblings.read_text()) if siblings.exists() else [cpu]
+            cores[tuple(c for c in group if c in allowed)] = None
+        if cores:
+            topology.append(list(cores))
+    return topology
+
+
+@dataclass(frozen=True)
+class Placement:
+    cpus: tuple[int, ...]  # logical CPUs to pin to
+    threads: int  # OpenMP threads: one per physical core
+
+    def describe(self) -> str:
+        return f"{self.threads} threads on CPUs {','.join(map(str, self.cpus))}"
+
+
+def _reserve(topology: list[list[Core]]) -> tuple[list[list[Core]], Core | None]:
+    """(cores left for encoders, the core kept for tokenizers or None)."""
+    if sum(len(node) for node in topology) < TOKENIZER_RESERVE_FROM:
+        return topology, None
+    return [*topology[:-1], topology[-1][:-1]], topology[-1][-1]
+
+
+def encoder_placement(topology: list[list[Core]], count: int | None, index: int) -> Placement:
+    """Cores of encoder instance `index` of `count` (None: one instance per NUMA node)."""
+    nodes, _ = _reserve(topology)
+    if count is None or count == len(nodes):
+        groups = nodes
+    else:
+        cores = [core for node in nodes for core in node]
+        n = max(1, count)
+        if n > len(cores):  # more instances than cores: one core each, shared round robin
+            groups = [[cores[i % len(cores)]] for i in range(n)]
+        else:  # contiguous, nearly equal shares
+            groups = [cores[i * len(cores) // n : (i + 1) * len(cores) // n] for i in range(n)]
+    mine = groups[index % len(groups)]
+    return Placement(tuple(sorted(c for core in mine for c in core)), len(mine))
+
+
+def tokenizer_placement(topology: list[list[Core]]) -> Placement | None:
+    """The core kept for the tokenizers, or None (no spare core: they float)."""
+    _, spare = _reserve(topology)
+    return None if spare is None else Placement(tuple(spare), 1)
+
+
+def pin(placement: Placement) -> None:
+    """Pin this process (threads started from now on inherit it) and size torch's pool.
+
+    Call before the first parallel torch op: OpenMP starts its threads then.
+    """
+    import torch
+
+    os.sched_setaffinity(0, placement.cpus)
+    torch.set_num_threads(placement.threads)
+    log.info("pinned to %s", placement.describe())
+
+
+def instance_index(instance_name: str) -> int:
+    """Triton names instances '<group>_<k>' (k counts from 0 within the model)."""
+    tail = instance_name.rpartition("_")[2]
+    return int(tail) if tail.isdigit() else 0

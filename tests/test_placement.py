@@ -1,0 +1,101 @@
+"""CPU placement: which cores each encoder instance and the tokenizers get, and a real
+tritonserver with two encoder instances on two cores, each pinned to its own core."""
+
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder
+from qwen_embed.placement import (
+    encoder_placement,
+    instance_index,
+    parse_cpu_list,
+    read_topology,
+    tokenizer_placement,
+)
+from qwen_embed.serving.launcher import stub_processes
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer
+
+from triton_helpers import infer
+
+TWO_CORES = [[(0,), (1,)]]
+# two sockets x 8 cores with hyperthreads (cpu n and n + 16 share a core)
+TWO_NODES = [[(c, c + 16) for c in range(8)], [(c, c + 16) for c in range(8, 16)]]
+
+
+def test_parse_cpu_list():
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("") == []
+
+
+def test_one_instance_per_numa_node_with_one_thread_per_physical_core():
+    first, second = (encoder_placement(TWO_NODES, None, i) for i in (0, 1))
+    # 16 cores: the last one is kept for the tokenizers
+    assert first.threads == 8 and first.cpus == tuple(sorted(range(8)) + list(range(16, 24)))
+    assert second.threads == 7 and 15 not in second.cpus and 31 not in second.cpus
+    assert tokenizer_placement(TWO_NODES).cpus == (15, 31)
+    assert encoder_placement(TWO_NODES, 2, 1) == second  # count == nodes: the same plan
+
+
+def test_two_instances_on_two_cores_and_no_spare_core():
+    placements = [encoder_placement(TWO_CORES, 2, i) for i in (0, 1)]
+    assert [(p.cpus, p.threads) for p in placements] == [((0,), 1), ((1,), 1)]
+    assert encoder_placement(TWO_CORES, 1, 0).cpus == (0, 1)
+    assert encoder_placement(TWO_CORES, None, 0).threads == 2
+    assert tokenizer_placement(TWO_CORES) is None  # no core to spare: tokenizers float
+    # more instances than cores: they share round robin rather than fail
+    assert [encoder_placement(TWO_CORES, 3, i).cpus for i in range(3)] == [(0,), (1,), (0,)]
+
+
+def test_instances_split_cores_evenly_and_disjointly():
+    cpus = [set(encoder_placement(TWO_NODES, 3, i).cpus) for i in range(3)]
+    assert [len(c) // 2 for c in cpus] == [5, 5, 5]
+    assert not (cpus[0] & cpus[1]) and not (cpus[1] & cpus[2])
+
+
+def test_instance_index_and_this_machine():
+    assert [instance_index(n) for n in ("encoder_0", "encoder_1", "x_2_11", "odd")] == [0, 1, 11, 0]
+    topology = read_topology()
+    assert topology and all(node for node in topology)
+    allowed = {c for node in topology for core in node for c in core}
+    assert allowed <= set(range(1024))
+
+
+def _allowed(pid: int) -> set[int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return set(parse_cpu_list(re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)))
+
+
+def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
+    topology = read_topology()
+    if sum(len(node) for node in topology) < 2:
+        pytest.skip("needs two cores")
+    repo = render(tmp_path / "repo", {"embed": demo_dir},
+                  encoder_instances="count: 2, kind: KIND_CPU")  # fmt: skip
+    texts = ["pinned instance one", "pinned instance two", "三"]
+    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+        stubs = stub_processes(server.status()["server_pid"])
+        encoders = [pid for pid, model in stubs.items() if model == "encoder"]
+        assert len(encoders) == 2
+        # every thread of each stub that runs torch work is on that instance's cores
+        sets = [_allowed(pid) for pid in encoders]
+        expected = [set(encoder_placement(topology, 2, i).cpus) for i in (0, 1)]
+        assert sorted(sets, key=min) == sorted(expected, key=min)
+        assert not (sets[0] & sets[1])
+        with urllib.request.urlopen(server.metrics_url) as r:
+            metrics = r.read().decode()
+        routes = [line for line in metrics.splitlines()
+                  if line.startswith("qwen_embed_encoder_route{")]  # fmt: skip
+        assert len(routes) == 2 and all(line.endswith(" 1") for line in routes)
+        threads = sorted(int(re.search(r'threads="(\d+)"', line).group(1)) for line in routes)
+        assert threads == sorted(encoder_placement(topology, 2, i).threads for i in (0, 1))
+        outs = [infer(server, texts, protocol)[0] for protocol in ("http", "grpc")]
+    ids = [e.ids for e in Tokenizer.from_file(str(demo_dir / "tokenizer.json")).encode_batch(texts)]
+    with Encoder.from_pretrained(demo_dir) as enc:
+        ref = enc.embed(ids)
+    for out in outs:
+        assert float((out * ref).sum(1).min()) >= 0.9999
