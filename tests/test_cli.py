@@ -5,7 +5,10 @@ import subprocess
 import sys
 
 import numpy as np
+from qwen_embed_client.cli import default_metrics_url
 
+from qwen_embed.cpu import cpu_features
+from qwen_embed.route import choose_route
 from qwen_embed.serving.triton import free_port
 
 
@@ -48,6 +51,13 @@ def test_health_info_and_errors(server):
     info = json.loads(cli("info", "--url", server.grpc_url).stdout)
     assert info["dimension"] == 1024 and int(info["max_texts_per_request"]) == 256
     assert info["max_input_tokens"] == "8192"
+    assert default_metrics_url("10.1.2.3:8001") == "http://10.1.2.3:8002/metrics"
+    info = json.loads(cli("info", "--url", server.grpc_url, "--metrics-url",
+                          server.metrics_url).stdout)  # fmt: skip
+    (route,) = info["routes"]
+    expected = choose_route("auto", "none", "cpu", None, cpu_features())
+    assert {k: route[k] for k in ("dtype", "linear", "reason")} == expected.labels()
+    assert route["model"] == "encoder" and int(route["threads"]) >= 1
     down = cli("health", "--url", f"127.0.0.1:{free_port()}")
     assert down.returncode == 1 and "not ready" in down.stderr
     bad = cli("embed", "x", "--url", server.grpc_url, "--dimensions", "0")

@@ -3,14 +3,16 @@
 qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jsonl]
 qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
 qwen-embed health --url HOST:PORT
-qwen-embed info --url HOST:PORT
+qwen-embed info --url HOST:PORT [--metrics-url http://HOST:8002/metrics]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +110,30 @@ def cmd_info(args) -> None:
             details.update({k: v.get("string_value", "") for k, v in params.items()})
         with EmbeddingClient(url, model=args.model) as client:
             details["dimension"] = int(client.embed(["dimension probe"]).shape[1])
+        details["routes"] = encoder_routes(args.metrics_url or default_metrics_url(url), steps)
         print(json.dumps(details, indent=2))
+
+
+def default_metrics_url(grpc_url: str) -> str:
+    """Triton's metrics port beside a gRPC url: HOST:8002 as `make serve` starts it."""
+    host = grpc_url.rsplit(":", 1)[0] if ":" in grpc_url else grpc_url
+    return f"http://{host}:8002/metrics"
+
+
+ROUTE_LINE = re.compile(r"^qwen_embed_encoder_route\{(.*)\} 1(\.0+)?$", re.M)
+
+
+def encoder_routes(metrics_url: str, models: list[str]) -> list[dict] | str:
+    """Each encoder instance's arithmetic route and cores, from its qwen_embed_encoder_route
+    gauge's labels (the route is chosen at load, so only the metrics know it)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            text = response.read().decode()
+    except OSError as e:
+        return f"unknown: metrics at {metrics_url} unreachable ({e}); pass --metrics-url"
+    routes = [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
+              for m in ROUTE_LINE.finditer(text)]  # fmt: skip
+    return [r for r in routes if r.get("model") in models]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--no-truncate", action="store_true")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sub.add_parser("health", parents=[common], help="readiness of each server")
-    sub.add_parser("info", parents=[common], help="model, dimension and limits")
+    info = sub.add_parser("info", parents=[common], help="model, dimension, limits and route")
+    info.add_argument("--metrics-url", help="default: http://HOST:8002/metrics of --url")
     args = p.parse_args(argv)
     args.url = args.url or ["localhost:8001"]
     try:

@@ -1,12 +1,14 @@
 """Triton adapter for qwen_embed.serving.tokenizer: TEXT -> TOKEN_IDS, TOKEN_COUNT."""
 
 import json
+import os
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import ModelConfig
+from qwen_embed.placement import read_topology, tokenizer_placement
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import RequestError, decode_texts, pack_ids, parse_options
 from qwen_embed.serving.tokenizer import TextTokenizer
@@ -15,6 +17,10 @@ from qwen_embed.serving.tokenizer import TextTokenizer
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        # On machines with a core to spare, tokenizers keep off the encoders' cores.
+        spare = tokenizer_placement(read_topology())
+        if spare is not None and params.get("cpu_pinning", "auto") != "off":
+            os.sched_setaffinity(0, spare.cpus)
         model_dir = resolve_model_dir(params)
         self.hidden_size = ModelConfig.from_dir(model_dir).hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
