@@ -2,6 +2,7 @@
 tritonserver with two encoder instances on two cores, each pinned to its own core."""
 
 import re
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from qwen_embed.placement import (
     read_topology,
     tokenizer_placement,
 )
-from qwen_embed.serving.launcher import stub_processes
-from qwen_embed.serving.repository import render
+from qwen_embed.serving.config import REPO
+from qwen_embed.serving.launcher import cpu_instances, stub_processes, with_cpu_instances
 from qwen_embed.serving.triton import TritonServer
 
 from triton_helpers import infer
@@ -65,6 +66,25 @@ def test_instance_index_and_this_machine():
     assert allowed <= set(range(1024))
 
 
+def test_launcher_instance_count(tmp_path):
+    assert cpu_instances("auto", 2, gpu_present=False) == 2  # one per NUMA node
+    assert cpu_instances("auto", 2, gpu_present=True) is None  # GPUs: the repository's own
+    assert cpu_instances("config", 4, gpu_present=False) is None
+    assert cpu_instances("3", 1, gpu_present=False) == 3
+    with pytest.raises(ValueError, match="--cpu-instances"):
+        cpu_instances("0", 1, gpu_present=False)
+    repository = REPO / "model_repository"
+    assert with_cpu_instances(repository, 1) == repository  # count 1 already: served as is
+    copy = with_cpu_instances(repository, 2)
+    assert copy != repository and (copy / "encoder" / "1" / "model.py").is_file()
+    config = (copy / "encoder" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 2, kind: KIND_CPU } ]" in config
+    assert (copy / "tokenizer" / "config.pbtxt").read_text() == (
+        repository / "tokenizer" / "config.pbtxt"
+    ).read_text()
+    shutil.rmtree(copy.parent)
+
+
 def _allowed(pid: int) -> set[int]:
     status = Path(f"/proc/{pid}/status").read_text()
     return set(parse_cpu_list(re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)))
@@ -74,10 +94,9 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
     topology = read_topology()
     if sum(len(node) for node in topology) < 2:
         pytest.skip("needs two cores")
-    repo = render(tmp_path / "repo", {"embed": demo_dir},
-                  encoder_instances="count: 2, kind: KIND_CPU")  # fmt: skip
     texts = ["pinned instance one", "pinned instance two", "三"]
-    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=tmp_path / "log",
+                      launcher_args=["--cpu-instances", "2"]) as server:  # fmt: skip
         stubs = stub_processes(server.status()["server_pid"])
         encoders = [pid for pid, model in stubs.items() if model == "encoder"]
         assert len(encoders) == 2

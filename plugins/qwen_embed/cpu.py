@@ -80,9 +80,9 @@ def cpu_features() -> CpuFeatures:
     fields = dict(
         line.split(":", 1) for line in info.splitlines() if line.startswith(("flags", "model name"))
     )
-    flags = {k.strip(): v for k, v in fields.items()}
-    if "flags" in flags:
-        return CpuFeatures.from_flags(set(flags["flags"].split()), flags.get("model name", "").strip())
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "flags" in fields:
+        return CpuFeatures.from_flags(set(fields["flags"].split()), fields.get("model name", ""))
     return CpuFeatures(
         avx512_bf16=torch.cpu._is_avx512_bf16_supported(),
         amx_bf16=torch.cpu._is_amx_tile_supported(),

@@ -9,6 +9,9 @@
   knows, i.e. those APIs are closed.
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model (see DESIGN.md).
+- On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
+  NUMA node: where that differs from the repository's count, a copy of the repository with that
+  count (KIND_CPU) is served; each instance pins itself to its node's cores (placement.py).
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
 """
@@ -16,19 +19,25 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from ..placement import read_topology
 from .config import REPO
+from .repository import set_instance_group
 from .triton import server_command
 
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -61,6 +70,35 @@ def triton_args(
         f"--grpc-restricted-protocol={restricted}",
         f"--exit-timeout-secs={exit_timeout_s}",
     ]  # fmt: skip
+
+
+def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | None:
+    """Encoder instances to serve: None keeps the repository's own instance_group."""
+    if requested == "config" or (requested == "auto" and gpu_present):
+        return None
+    if requested == "auto":
+        return numa_nodes
+    if not requested.isdigit() or int(requested) < 1:
+        raise ValueError(f"--cpu-instances is auto, config or a count >= 1, not {requested!r}")
+    return int(requested)
+
+
+def with_cpu_instances(model_repository: Path, count: int) -> Path:
+    """The repository itself when every encoder already has `count` instances, else a copy
+    (in a temporary directory) whose encoders have `count` KIND_CPU instances."""
+    encoders = list(model_repository.glob("*encoder/config.pbtxt"))
+    has_count = rf"^instance_group \[ \{{ count: {count}, kind: KIND_(CPU|MODEL) \}} \]$"
+    if all(re.search(has_count, p.read_text(), re.M) for p in encoders):
+        return model_repository
+    copy = Path(tempfile.mkdtemp(prefix="qwen-embed-repository-")) / "models"
+    shutil.copytree(model_repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in copy.glob("*encoder/config.pbtxt"):
+        path.write_text(set_instance_group(path.read_text(), f"count: {count}, kind: KIND_CPU"))
+    return copy
+
+
+def gpu_present() -> bool:
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
 
 
 def stub_processes(server_pid: int) -> dict[int, str]:
@@ -171,11 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--watchdog-interval", type=float, default=1.0, help="0 turns it off")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--status-file", type=Path, help="JSON with the server pid and reloads")
+    p.add_argument("--cpu-instances", default="auto",
+                   help="encoder instances without GPUs: auto (one per NUMA node), config "
+                   "(the repository's), or a count")  # fmt: skip
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
 
     admin_key = args.admin_key or secrets.token_urlsafe(24)
     ports = (args.http_port, args.grpc_port, args.metrics_port)
+    count = cpu_instances(args.cpu_instances, len(read_topology()), gpu_present())
+    if count is not None:
+        served = with_cpu_instances(args.model_repository, count)
+        if served != args.model_repository:
+            log(f"serving a copy with {count} CPU encoder instance(s): {served}")
+            atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
+            args.model_repository = served
     cmd, env = server_command()
     cmd += triton_args(args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs)
     proc = subprocess.Popen(cmd + args.extra, env=env, start_new_session=True,

@@ -42,6 +42,15 @@ def _set_parameter(config: str, key: str, value: str) -> str:
     return updated
 
 
+def set_instance_group(config: str, group: str) -> str:
+    """Replace a config.pbtxt's one-line instance_group with `[ { GROUP } ]`."""
+    updated, n = re.subn(r"^instance_group \[.*\]$", f"instance_group [ {{ {group} }} ]",
+                         config, count=1, flags=re.M)  # fmt: skip
+    if n != 1:
+        raise ValueError("config has no one-line instance_group")
+    return updated
+
+
 def render(out_dir: str | Path, deployments: dict[str, str | Path],
            overrides: dict[str, dict[str, str]] | None = None,
            encoder_instances: str | None = None,
@@ -61,8 +70,7 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
             for key, value in (overrides or {}).get(step, {}).items():
                 config = _set_parameter(config, key, value)
             if step == "encoder" and encoder_instances:
-                group = f"instance_group [ {{ {encoder_instances} }} ]"
-                config = re.sub(r"^instance_group \[.*\]$", group, config, count=1, flags=re.M)
+                config = set_instance_group(config, encoder_instances)
             if step == "encoder" and max_queue_size is not None:
                 config = re.sub(r"max_queue_size: \d+", f"max_queue_size: {max_queue_size}", config)
             (target / "config.pbtxt").write_text(config)

@@ -88,7 +88,8 @@ class TritonServer:
                  metrics_port: int | None = None, env: dict[str, str] | None = None,
                  extra_args: list[str] | None = None, log_path: Path | None = None,
                  cpus: str | None = None, watchdog_interval: float = 1.0,
-                 exit_timeout_s: int = 30):  # fmt: skip
+                 exit_timeout_s: int = 30,
+                 launcher_args: list[str] | None = None):  # fmt: skip
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -100,7 +101,7 @@ class TritonServer:
             f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}", f"--admin-key={self.admin_key}",
             f"--watchdog-interval={watchdog_interval}", f"--status-file={self.status_file}",
-            f"--exit-timeout-secs={exit_timeout_s}",
+            f"--exit-timeout-secs={exit_timeout_s}", *(launcher_args or []),
             "--", *(extra_args or []),
         ]  # fmt: skip
         self.env = {**os.environ, **(env or {})}
