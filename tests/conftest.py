@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from qwen_embed.demo import build_demo_model  # noqa: E402
 from qwen_embed.serving.config import DEMO_MODEL_DIR  # noqa: E402
+from qwen_embed.serving.repository import render  # noqa: E402
 from qwen_embed.serving.triton import TritonServer  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint  # noqa: E402
@@ -40,7 +41,10 @@ def demo_dir():
 
 @pytest.fixture(scope="module")
 def server(demo_dir, tmp_path_factory):
-    """A real tritonserver on free ports serving model_repository/ with the demo model."""
-    log = tmp_path_factory.mktemp("triton") / "server.log"
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=log) as s:
+    """A real tritonserver on free ports serving model_repository/ with the demo model, the
+    encoder in fp32: tests compare its vectors with fp32 references at fp32 tolerances, and
+    dtype auto would be bf16 on CPUs with bf16 instructions (test_placement serves auto)."""
+    where = tmp_path_factory.mktemp("triton")
+    repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as s:
         yield s

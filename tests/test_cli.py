@@ -55,7 +55,7 @@ def test_health_info_and_errors(server):
     info = json.loads(cli("info", "--url", server.grpc_url, "--metrics-url",
                           server.metrics_url).stdout)  # fmt: skip
     (route,) = info["routes"]
-    expected = choose_route("auto", "none", "cpu", None, cpu_features())
+    expected = choose_route("float32", "none", "cpu", None, cpu_features())  # conftest.server
     assert {k: route[k] for k in ("dtype", "linear", "reason")} == expected.labels()
     assert route["model"] == "encoder" and int(route["threads"]) >= 1
     down = cli("health", "--url", f"127.0.0.1:{free_port()}")

@@ -10,7 +10,7 @@ import pytest
 
 from qwen_embed import CheckpointError, Encoder
 
-from reference import random_sequences
+from reference import cosine, random_sequences, reference_embeddings
 
 TP_MAX_ABS = 1e-5  # fp32: only the summation order of the all-reduces differs
 
@@ -44,16 +44,29 @@ def wait_no_workers(timeout=10.0) -> set[int]:
 @pytest.mark.parametrize("name", ["qwen2", "qwen3_kv1", "qwen3"])
 def test_tp2_equals_tp1(checkpoint, name):
     seqs = random_sequences([1, 9, 77, 200, 33], seed=6)
-    with Encoder.from_pretrained(checkpoint(name), tp_size=1) as enc:
+    with Encoder.from_pretrained(checkpoint(name), tp_size=1, dtype="float32") as enc:
         single = enc.embed(seqs)
-    with Encoder.from_pretrained(checkpoint(name), tp_size=2, max_batch_tokens=128) as enc:
+    with Encoder.from_pretrained(checkpoint(name), tp_size=2, max_batch_tokens=128,
+                                 dtype="float32") as enc:  # fmt: skip
         assert len(worker_pids()) == 1
         sharded = enc.embed(seqs)
         again = enc.embed(seqs[:2], dimensions=8, normalize=False)
     assert np.abs(single - sharded).max() <= TP_MAX_ABS
-    with Encoder.from_pretrained(checkpoint(name)) as enc:
+    with Encoder.from_pretrained(checkpoint(name), dtype="float32") as enc:
         ref_again = enc.embed(seqs[:2], dimensions=8, normalize=False)
     assert np.abs(again - ref_again).max() <= TP_MAX_ABS * max(1.0, np.abs(ref_again).max())
+    assert wait_no_workers() == set()
+
+
+@pytest.mark.parametrize("route", [dict(dtype="bfloat16"), dict(quantization="int8")],
+                         ids=["bf16", "int8"])  # fmt: skip
+def test_tp2_routes_match_transformers(checkpoint, route):
+    # int8 scales are per output channel of each rank's shard: still >= 0.999 of fp32
+    seqs = random_sequences([1, 40, 150], seed=8)
+    ref = reference_embeddings(checkpoint("qwen3"), seqs)
+    with Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2, **route) as enc:
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= 0.999
     assert wait_no_workers() == set()
 
 
