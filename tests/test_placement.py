@@ -59,7 +59,8 @@ def test_instances_split_cores_evenly_and_disjointly():
 
 
 def test_instance_index_and_this_machine():
-    assert [instance_index(n) for n in ("encoder_0", "encoder_1", "x_2_11", "odd")] == [0, 1, 11, 0]
+    names = ("encoder_0_0", "encoder_0_1", "my_encoder_1_0", "my_encoder_1_1", "odd")
+    assert [instance_index(n, [2, 2]) for n in names] == [0, 1, 2, 3, 0]
     topology = read_topology()
     assert topology and all(node for node in topology)
     allowed = {c for node in topology for core in node for c in core}

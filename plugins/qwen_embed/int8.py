@@ -10,6 +10,7 @@ run eagerly, still exact, only slower. Embeddings, norms, attention and pooling 
 
 from __future__ import annotations
 
+import locale
 import logging
 import threading
 
@@ -45,6 +46,11 @@ class _Kernels:
                 return
             try:
                 import torch._inductor.config as inductor
+
+                # Inductor reads and writes UTF-8 source with the locale's encoding: inside
+                # Triton's Python stub that is ASCII (no locale set up), so use UTF-8.
+                if locale.getpreferredencoding(False).lower() not in ("utf-8", "utf8"):
+                    locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
                 # Compile in this process: in Triton's Python stub sys.executable is the stub,
                 # so Inductor's compile-worker subprocesses could not start.

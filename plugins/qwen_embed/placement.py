@@ -101,7 +101,11 @@ def pin(placement: Placement) -> None:
     log.info("pinned to %s", placement.describe())
 
 
-def instance_index(instance_name: str) -> int:
-    """Triton names instances '<group>_<k>' (k counts from 0 within the model)."""
-    tail = instance_name.rpartition("_")[2]
-    return int(tail) if tail.isdigit() else 0
+def instance_index(instance_name: str, group_counts: list[int]) -> int:
+    """Index of an instance among all of a model's instances: Triton 2.51 names them
+    '<model>_<group>_<k>' (k counts within the instance group)."""
+    parts = instance_name.rsplit("_", 2)
+    if len(parts) < 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return 0
+    group, k = int(parts[1]), int(parts[2])
+    return sum(group_counts[:group]) + k

@@ -35,9 +35,9 @@ class TritonPythonModel:
         if device == "cpu" and tp_size == 1 and params.get("cpu_pinning", "auto") != "off":
             # Before the first torch op: OpenMP starts its threads with this affinity.
             groups = json.loads(args["model_config"]).get("instance_group") or [{}]
-            count = sum(int(g.get("count", 1)) for g in groups)
-            name = args.get("model_instance_name", "")
-            placement = encoder_placement(read_topology(), count, instance_index(name))
+            counts = [int(g.get("count", 1)) for g in groups]
+            index = instance_index(args.get("model_instance_name", ""), counts)
+            placement = encoder_placement(read_topology(), sum(counts), index)
             pin(placement)
         self.encoder = Encoder.from_pretrained(
             resolve_model_dir(params),
