@@ -70,6 +70,14 @@ TINY_CONFIGS = {
     ),
 }
 
+# Head sizes flashinfer ships kernels for (64, 128): what the GPU tests run (not the CPU suite).
+GPU_CONFIGS = {
+    f"qwen3_head{d}": dict(family="qwen3", hidden_size=256, num_attention_heads=4, head_dim=d,
+                           num_key_value_heads=2, intermediate_size=384, num_hidden_layers=2,
+                           vocab_size=512, max_position_embeddings=2048, rope_theta=1000000.0)
+    for d in (64, 128)
+}  # fmt: skip
+
 _CLASSES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3Model),
@@ -85,7 +93,7 @@ def make_checkpoint(
     max_shard_size: str | None = None,
 ) -> Path:
     """Save a seeded random model; every weight (norms and biases too) gets noise."""
-    spec = dict(TINY_CONFIGS[name])
+    spec = dict({**TINY_CONFIGS, **GPU_CONFIGS}[name])
     family = spec.pop("family")
     config_cls, lm_cls, _ = _CLASSES[family]
     rope_theta = spec.pop("rope_theta")

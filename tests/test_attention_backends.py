@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
-from qwen_embed.attention import AttentionSpec, available_backends, create_backend
+from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
+from qwen_embed.engine import check_gpu_group
+from qwen_embed.serving.config import encoder_device
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -22,13 +24,52 @@ def test_registry_names():
 @pytest.mark.parametrize("name", ["flash_attn", "flashinfer"])
 def test_gpu_backend_on_cpu_is_a_clear_error(checkpoint, name):
     with pytest.raises(RuntimeError, match=f"'{name}' runs only on CUDA"):
+        create_backend(name, AttentionSpec(4, 2, 64, True, torch.device("cpu"), torch.bfloat16))
+    with pytest.raises((RuntimeError, ValueError), match=f"'{name}'"):
         Encoder.from_pretrained(checkpoint("qwen3"), attn_backend=name, device="cpu")
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 96, 512])
+def test_flashinfer_refuses_head_sizes_without_kernels(head_dim):
+    spec = AttentionSpec(4, 2, head_dim, True, torch.device("cuda", 0), torch.bfloat16)
+    with pytest.raises(ValueError, match=f"head sizes \\(64, 128, 256\\), not {head_dim}"):
+        create_backend("flashinfer", spec)
+
+
+def test_auto_backend_choice():
+    def only(*names):
+        return lambda module: module in names
+
+    assert choose_backend("cpu", 128, only("flash_attn", "flashinfer"))[0] == "torch"
+    assert choose_backend("cuda", 128, only("flash_attn", "flashinfer"))[0] == "flash_attn"
+    assert choose_backend("cuda", 128, only("flashinfer"))[0] == "flashinfer"
+    assert choose_backend("cuda", 32, only("flashinfer"))[0] == "torch"  # no kernel for 32
+    name, reason = choose_backend("cuda", 128, only())
+    assert name == "torch" and "neither" in reason
+
+
+def test_encoder_reports_auto_attention(checkpoint):
+    with Encoder.from_pretrained(checkpoint("qwen3"), device="cpu") as enc:
+        assert enc.route.attention.startswith("torch: auto")
+
+
+def test_instance_kinds_and_device_groups():
+    assert encoder_device("CPU", "0", "auto", 1, has_cuda=True) == "cpu"  # KIND_CPU means CPU
+    assert encoder_device("GPU", "3", "auto", 1, has_cuda=True) == "cuda:3"
+    assert encoder_device("MODEL", "0", "auto", 2, has_cuda=True) == "cuda:0"
+    assert encoder_device("MODEL", "0", "auto", 1, has_cuda=False) == "cpu"
+    assert encoder_device("MODEL", "0", "cuda:2", 2, has_cuda=True) == "cuda:2"
+    with pytest.raises(ValueError, match="KIND_GPU with tp_size=2"):
+        encoder_device("GPU", "1", "auto", 2, has_cuda=True)
+    check_gpu_group(2, 2, 4)
+    with pytest.raises(ValueError, match="needs GPUs 3..4, but this machine has 4"):
+        check_gpu_group(3, 2, 4)
 
 
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name", ["flash_attn", "flashinfer"])
-@pytest.mark.parametrize("config_name", ["qwen2", "qwen3", "gte_qwen2"])
+@pytest.mark.parametrize("config_name", ["qwen3_head64", "qwen3_head128"])
 def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
     pytest.importorskip("flash_attn" if name == "flash_attn" else "flashinfer")
     seqs = random_sequences([1, 17, 90, 300], seed=12)

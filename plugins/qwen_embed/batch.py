@@ -18,6 +18,7 @@ class VarlenBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64, restarting at 0 for every sequence
     cu_seqlens: torch.Tensor  # [n + 1] int32
+    cu_seqlens_host: torch.Tensor  # the same on the host, for kernels that plan on the CPU
     seq_lens: tuple[int, ...]  # host copy, for backends that loop over sequences
     max_seqlen: int
 
@@ -45,6 +46,7 @@ class VarlenBatch:
             input_ids=input_ids.to(device),
             positions=torch.from_numpy(positions).to(device),
             cu_seqlens=cu_seqlens.to(device),
+            cu_seqlens_host=cu_seqlens,
             seq_lens=tuple(int(n) for n in lens),
             max_seqlen=int(lens.max()),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .attention import AttentionSpec, create_backend
+from .attention import AttentionSpec, choose_backend, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
 from .cpu import cpu_features, keep_freed_memory
@@ -28,12 +29,23 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 log = logging.getLogger(__name__)
 
 
+def check_gpu_group(index: int, tp_size: int, device_count: int) -> None:
+    """A TP group starting at cuda:index needs GPUs index .. index + tp_size - 1."""
+    if index + tp_size > device_count:
+        raise ValueError(
+            f"tp_size={tp_size} from cuda:{index} needs GPUs {index}..{index + tp_size - 1}, "
+            f"but this machine has {device_count}"
+        )
+
+
 def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     """Build this rank's shard of the model on its device and load its weights."""
     config = ModelConfig.from_dir(args.model_dir)
     device = args.device_for(tp.rank)
     if device.type == "cpu":
         keep_freed_memory()
+    else:  # every rank, 0 included: kernels without a device guard launch on the current one
+        torch.cuda.set_device(device)
     dtype = DTYPES[args.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
     backend = create_backend(
@@ -99,7 +111,7 @@ class Encoder:
         model_dir: str | Path,
         *,
         tp_size: int = 1,
-        attn_backend: str = "torch",
+        attn_backend: str = "auto",
         dtype: str = "auto",
         quantization: str = "none",
         device: str | torch.device | None = None,
@@ -124,10 +136,17 @@ class Encoder:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", 0)
+        if device.type == "cuda":
+            check_gpu_group(device.index, tp_size, torch.cuda.device_count())
         config = ModelConfig.from_dir(model_dir)
+        attention = f"{attn_backend}: set by the caller"
+        if attn_backend == "auto":
+            attn_backend, why = choose_backend(device.type, config.head_dim)
+            attention = f"{attn_backend}: {why}"
         route = choose_route(
             dtype, quantization, device.type, config.checkpoint_dtype, cpu_features()
         )
+        route = dataclasses.replace(route, attention=attention)
         log.info("qwen_embed route for %s: %s", model_dir, route)
         host, _, port = dist_addr.rpartition(":")
         args = RankArgs(

@@ -20,12 +20,14 @@ class Route:
     dtype: str  # activations (and the float weights: embeddings, norms)
     linear: str  # how linear layers multiply
     reason: str
+    attention: str = ""  # the attention backend and why (engine.Encoder fills it in)
 
     def labels(self) -> dict[str, str]:
         return asdict(self)
 
     def __str__(self) -> str:
-        return f"dtype {self.dtype}, linear layers {self.linear}: {self.reason}"
+        text = f"dtype {self.dtype}, linear layers {self.linear}: {self.reason}"
+        return text + (f"; attention {self.attention}" if self.attention else "")
 
 
 def choose_route(

@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
-from qwen_embed.serving.config import model_parameters, resolve_model_dir
+from qwen_embed.serving.config import encoder_device, model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import parse_options, unpack_ids
 
 
@@ -22,15 +22,11 @@ def _error(message):
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
-        device = params.get("device", "auto")
-        kind = args.get("model_instance_kind")
-        if kind == "GPU":
-            device = f"cuda:{args['model_instance_device_id']}"
-        elif kind == "CPU":
-            device = "cpu"
-        elif device == "auto":
-            device = "cuda:0" if torch.cuda.is_available() else "cpu"
         tp_size = int(params.get("tp_size") or 1)
+        device = encoder_device(args.get("model_instance_kind", ""),
+                                args.get("model_instance_device_id", "0"),
+                                params.get("device", "auto"), tp_size,
+                                torch.cuda.is_available())  # fmt: skip
         placement = None
         if device == "cpu" and tp_size == 1 and params.get("cpu_pinning", "auto") != "off":
             # Before the first torch op: OpenMP starts its threads with this affinity.
@@ -42,7 +38,7 @@ class TritonPythonModel:
         self.encoder = Encoder.from_pretrained(
             resolve_model_dir(params),
             tp_size=tp_size,
-            attn_backend=params.get("attn_backend") or "torch",
+            attn_backend=params.get("attn_backend") or "auto",
             dtype=params.get("dtype") or "auto",
             quantization=params.get("quantization") or "none",
             device=device,

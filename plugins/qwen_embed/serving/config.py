@@ -27,3 +27,24 @@ def resolve_model_dir(params: dict[str, str]) -> Path:
             f"${MODEL_DIR_ENV}, or run `make demo-model`"
         )
     return path
+
+
+def encoder_device(kind: str, device_id: str, device: str, tp_size: int, has_cuda: bool) -> str:
+    """The encoder instance's device from its Triton instance kind and `device` parameter.
+
+    KIND_GPU: the GPU Triton placed the instance on (tensor parallelism would spill onto the
+    next instance's GPUs: use KIND_MODEL with `device` for a TP group); KIND_CPU: the CPU,
+    whatever the machine has; KIND_MODEL: the `device` parameter, "auto" = cuda:0 if present.
+    """
+    if kind == "GPU":
+        if tp_size > 1:
+            raise ValueError(
+                f"KIND_GPU with tp_size={tp_size}: each KIND_GPU instance owns one GPU; use "
+                'KIND_MODEL with device "cuda:N" for a tensor-parallel group'
+            )
+        return f"cuda:{device_id}"
+    if kind == "CPU":
+        return "cpu"
+    if device in ("", "auto"):
+        return "cuda:0" if has_cuda else "cpu"
+    return device
