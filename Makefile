@@ -6,7 +6,7 @@ DEMO_DIR    ?= .cache/demo-model
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer profile locust soak \
+.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -42,6 +42,11 @@ lint: $(VENV)/.installed
 
 test: setup lint
 	$(PY) -m pytest
+
+# The GPU-marked tests (each backend against transformers at head sizes 64/128, a KIND_GPU
+# server, NCCL TP where two GPUs exist); without CUDA they are skipped and say why (exit 0).
+test-gpu: setup
+	$(PY) -m pytest -m gpu -rs
 
 perf-engine: setup
 	$(PY) perf/bench_engine.py --model-dir $(DEMO_DIR) --dtype $(DTYPE)
