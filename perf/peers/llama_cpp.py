@@ -1,0 +1,150 @@
+"""llama.cpp's llama-server as a benchmark peer (install with perf/peers/install_llama_cpp.sh).
+
+    sys.path.insert(0, "perf/peers"); import llama_cpp
+    model = llama_cpp.gguf(Path(".cache/bench-model-4l"), "bf16")  # f32 | bf16 | q8_0, cached
+    cmd = llama_cpp.server_command("patched", model, port)          # "stock" | "patched"
+    # ready when GET HEALTH answers 200; POST ENDPOINT {"model": "x", "input": [texts]}
+
+Two builds of the same llama.cpp commit: "stock", and "patched" with
+llama_cpp_skip_output_head.patch, which skips qwen3's 151k-wide output head in embedding mode
+(stock computes it for every token and throws it away). The GGUF files are converted by
+llama.cpp's own convert_hf_to_gguf.py from a view of the checkpoint (symlinks plus two edited
+JSON files) under .cache/peers/llama/hf/. The converter reads the tokenizer.json post-processor,
+so the GGUF appends <|endoftext|> as the Qwen3-Embedding tokenizer does (usage.prompt_tokens
+equals our token count).
+
+Run as a script to print the command:  python perf/peers/llama_cpp.py MODEL_DIR bf16 patched
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / ".cache" / "peers" / "llama"
+VENV_PYTHON = ROOT / "venv" / "bin" / "python"
+CONVERTER = ROOT / "stock" / "llama.cpp" / "convert_hf_to_gguf.py"
+BUILDS = ("stock", "patched")
+OUTTYPES = ("f32", "bf16", "q8_0")
+ENDPOINT = "/v1/embeddings"
+HEALTH = "/health"
+
+# Tuned on 2 cores (4-layer Qwen3-0.6B shape, texts of 17-1025 tokens): one thread per core;
+# 16 slots so a request's texts and concurrent requests share a decode; every text must fit
+# in one micro-batch (-ub, here the longest text is 1025 tokens) and in its slot's share of the
+# context (-c / --parallel). In embedding mode the server sets -b to -ub, so they are one knob.
+# Measured (patched, bf16, 8 clients x 8 texts): --parallel 4/8/16/32 and -ub 2048/4096/8192
+# all within noise of each other (~1000-1150 tok/s); flash attention (auto = on) a little
+# ahead of -fa off; q8_0 gets no CPU_REPACK buffer here, so --no-repack changes nothing.
+THREADS = os.cpu_count() or 2
+PARALLEL = 16
+UBATCH = 2048
+SLOT_TOKENS = 2048
+
+
+def binary(build: str) -> Path:
+    if build not in BUILDS:
+        raise ValueError(f"build is one of {BUILDS}, not {build!r}")
+    path = ROOT / f"build-{build}" / "bin" / "llama-server"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: run perf/peers/install_llama_cpp.sh")
+    return path
+
+
+def converter_view(model_dir: Path) -> Path:
+    """ROOT/hf/NAME: symlinks to model_dir plus the JSON edits the converter needs.
+
+    Its transformers 4.x does not know tokenizer class TokenizersBackend, and its Qwen3 class
+    is chosen by architecture name.
+    """
+    src = Path(model_dir).resolve()
+    dest = ROOT / "hf" / f"{src.name}-{_digest(src)}"
+    dest.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    tok_path = src / "tokenizer_config.json"
+    tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
+    edits = {
+        "config.json": {**config, "architectures": ["Qwen3ForCausalLM"]},
+        "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
+    }
+    for item in src.iterdir():
+        link = dest / item.name
+        if item.name in edits or not item.is_file():
+            continue
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(item)
+    for name, content in edits.items():
+        path = dest / name
+        if path.is_symlink():
+            path.unlink()
+        path.write_text(json.dumps(content, indent=2))
+    return dest
+
+
+def gguf(model_dir: Path, outtype: str) -> Path:
+    """The GGUF of model_dir in outtype, converted on first use (seconds to a minute)."""
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype is one of {OUTTYPES}, not {outtype!r}")
+    src = Path(model_dir).resolve()
+    out = ROOT / "models" / f"{src.name}-{_digest(src)}-{outtype}.gguf"
+    newest = max(p.stat().st_mtime for p in src.iterdir() if p.is_file())
+    if out.exists() and out.stat().st_mtime >= newest:
+        return out
+    if not VENV_PYTHON.exists() or not CONVERTER.exists():
+        raise FileNotFoundError(f"{VENV_PYTHON}, {CONVERTER}: run perf/peers/install_llama_cpp.sh")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    view = converter_view(src)
+    cmd = [str(VENV_PYTHON), str(CONVERTER), str(view), "--outtype", outtype, "--outfile", str(tmp)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
+    tmp.replace(out)
+    return out
+
+
+def server_command(
+    build: str,
+    gguf: Path,
+    port: int,
+    *,
+    threads: int = THREADS,
+    parallel: int = PARALLEL,
+    ubatch: int = UBATCH,
+    slot_tokens: int = SLOT_TOKENS,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """llama-server serving gguf's last-token embeddings on 127.0.0.1:port."""
+    return [
+        str(binary(build)),
+        "-m", str(gguf),
+        "--embedding", "--pooling", "last",
+        "--host", "127.0.0.1", "--port", str(port),
+        "-t", str(threads), "-tb", str(threads),
+        "--parallel", str(parallel),
+        "-c", str(parallel * slot_tokens),
+        "-b", str(ubatch), "-ub", str(ubatch),
+        "--no-webui", "--log-disable",
+        *extra,
+    ]  # fmt: skip
+
+
+def versions() -> str:
+    path = ROOT / "versions.txt"
+    return path.read_text().strip() if path.exists() else "not installed"
+
+
+def _digest(src: Path) -> str:
+    """Short key of the checkpoint's path, so two folders of the same name do not collide."""
+    return hashlib.sha1(str(src).encode()).hexdigest()[:8]
+
+
+if __name__ == "__main__":
+    model, outtype, build = sys.argv[1], sys.argv[2], sys.argv[3]
+    print(" ".join(server_command(build, gguf(Path(model), outtype), 8080)))
