@@ -75,15 +75,20 @@ def test_launcher_instance_count(tmp_path):
     with pytest.raises(ValueError, match="--cpu-instances"):
         cpu_instances("0", 1, gpu_present=False)
     repository = REPO / "model_repository"
-    assert with_cpu_instances(repository, 1) == repository  # count 1 already: served as is
-    copy = with_cpu_instances(repository, 2)
+    assert with_cpu_instances(repository, 1, True) == repository  # count 1 already: as is
+    copy = with_cpu_instances(repository, 2, only_kind_model=True)
     assert copy != repository and (copy / "encoder" / "1" / "model.py").is_file()
     config = (copy / "encoder" / "config.pbtxt").read_text()
     assert "instance_group [ { count: 2, kind: KIND_CPU } ]" in config
     assert (copy / "tokenizer" / "config.pbtxt").read_text() == (
         repository / "tokenizer" / "config.pbtxt"
     ).read_text()
+    # auto keeps an explicit KIND_CPU group; a count asked for by number replaces it
+    assert with_cpu_instances(copy, 3, only_kind_model=True) == copy
+    again = with_cpu_instances(copy, 3, only_kind_model=False)
+    assert "count: 3, kind: KIND_CPU" in (again / "encoder" / "config.pbtxt").read_text()
     shutil.rmtree(copy.parent)
+    shutil.rmtree(again.parent)
 
 
 def _allowed(pid: int) -> set[int]:

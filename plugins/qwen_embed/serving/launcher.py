@@ -10,8 +10,9 @@
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model (see DESIGN.md).
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
-  NUMA node: where that differs from the repository's count, a copy of the repository with that
-  count (KIND_CPU) is served; each instance pins itself to its node's cores (placement.py).
+  NUMA node in place of a KIND_MODEL encoder group (a copy of the repository with that count
+  of KIND_CPU instances is served where it differs; explicit KIND_CPU groups are kept); each
+  instance pins itself to its share of the cores (placement.py).
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
 """
@@ -83,17 +84,28 @@ def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | N
     return int(requested)
 
 
-def with_cpu_instances(model_repository: Path, count: int) -> Path:
-    """The repository itself when every encoder already has `count` instances, else a copy
-    (in a temporary directory) whose encoders have `count` KIND_CPU instances."""
-    encoders = list(model_repository.glob("*encoder/config.pbtxt"))
-    has_count = rf"^instance_group \[ \{{ count: {count}, kind: KIND_(CPU|MODEL) \}} \]$"
-    if all(re.search(has_count, p.read_text(), re.M) for p in encoders):
+def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool) -> Path:
+    """The repository itself when no encoder needs changing, else a copy (in a temporary
+    directory) whose encoders have `count` KIND_CPU instances. With `only_kind_model` (what
+    `auto` asks) only KIND_MODEL encoders change: an explicit KIND_CPU group is the deployer's
+    own choice."""
+    group = f"count: {count}, kind: KIND_CPU"
+
+    def needs_change(config: str) -> bool:
+        found = re.search(r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$",
+                          config, re.M)  # fmt: skip
+        if found is None or (only_kind_model and found.group(2) != "KIND_MODEL"):
+            return False
+        return (int(found.group(1)), found.group(2)) not in ((count, "KIND_CPU"),
+                                                             (count, "KIND_MODEL"))  # fmt: skip
+
+    if not any(needs_change(p.read_text()) for p in model_repository.glob("*encoder/config.pbtxt")):
         return model_repository
     copy = Path(tempfile.mkdtemp(prefix="qwen-embed-repository-")) / "models"
     shutil.copytree(model_repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
     for path in copy.glob("*encoder/config.pbtxt"):
-        path.write_text(set_instance_group(path.read_text(), f"count: {count}, kind: KIND_CPU"))
+        if needs_change(config := path.read_text()):
+            path.write_text(set_instance_group(config, group))
     return copy
 
 
@@ -219,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ports = (args.http_port, args.grpc_port, args.metrics_port)
     count = cpu_instances(args.cpu_instances, len(read_topology()), gpu_present())
     if count is not None:
-        served = with_cpu_instances(args.model_repository, count)
+        auto = args.cpu_instances == "auto"
+        served = with_cpu_instances(args.model_repository, count, only_kind_model=auto)
         if served != args.model_repository:
             log(f"serving a copy with {count} CPU encoder instance(s): {served}")
             atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
