@@ -19,11 +19,12 @@ Run as a script to print the command:  python perf/peers/llama_cpp.py MODEL_DIR 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from prepare_model import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / ".cache" / "peers" / "llama"
@@ -57,34 +58,10 @@ def binary(build: str) -> Path:
 
 
 def converter_view(model_dir: Path) -> Path:
-    """ROOT/hf/NAME: symlinks to model_dir plus the JSON edits the converter needs.
-
-    Its transformers 4.x does not know tokenizer class TokenizersBackend, and its Qwen3 class
-    is chosen by architecture name.
-    """
+    """ROOT/hf/NAME-llama: symlinks to model_dir plus the JSON edits the converter needs
+    (prepare_model.py's "llama" view)."""
     src = Path(model_dir).resolve()
-    dest = ROOT / "hf" / f"{src.name}-{_digest(src)}"
-    dest.mkdir(parents=True, exist_ok=True)
-    config = json.loads((src / "config.json").read_text())
-    tok_path = src / "tokenizer_config.json"
-    tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
-    edits = {
-        "config.json": {**config, "architectures": ["Qwen3ForCausalLM"]},
-        "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
-    }
-    for item in src.iterdir():
-        link = dest / item.name
-        if item.name in edits or not item.is_file():
-            continue
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(item)
-    for name, content in edits.items():
-        path = dest / name
-        if path.is_symlink():
-            path.unlink()
-        path.write_text(json.dumps(content, indent=2))
-    return dest
+    return prepare(src, ROOT / "hf" / _digest(src), "llama")
 
 
 def gguf(model_dir: Path, outtype: str) -> Path:

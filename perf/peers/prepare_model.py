@@ -9,6 +9,8 @@ are shared and all peers read exactly the same tensors. Writes OUT_ROOT/NAME-PEE
 - infinity: transformers 4.x reads `rope_theta` only at the top of config.json (without it it
   silently uses 10000) and needs a `tokenizer_class` it knows; its torch engine is
   sentence-transformers, which takes pooling from module files: last token, then normalise.
+- llama (llama.cpp's convert_hf_to_gguf.py): the Qwen3 class is chosen by architecture name,
+  and its transformers 4.x does not know tokenizer class TokenizersBackend.
 - naive: unchanged.
 """
 
@@ -18,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-PEERS = ("vllm", "infinity", "naive")
+PEERS = ("vllm", "infinity", "naive", "llama")
 
 # sentence-transformers pipeline: transformer -> last-token pooling -> L2 normalisation.
 ST_MODULES = [
@@ -38,16 +40,21 @@ def qwen3_family(config: dict) -> bool:
 def edited_files(peer: str, src: Path) -> dict[str, dict]:
     """Relative path -> JSON content for the files this peer needs different from src."""
     config = json.loads((src / "config.json").read_text())
+    arch = "Qwen3ForCausalLM" if qwen3_family(config) else "Qwen2ForCausalLM"
     if peer == "vllm":
-        arch = "Qwen3ForCausalLM" if qwen3_family(config) else "Qwen2ForCausalLM"
         return {"config.json": {**config, "architectures": [arch]}}
+    tok_path = src / "tokenizer_config.json"
+    tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
+    if peer == "llama":
+        return {
+            "config.json": {**config, "architectures": [arch]},
+            "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
+        }
     if peer != "infinity":
         return {}
     rope = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", rope.get("rope_theta", 10000.0))
     dtype = config.get("torch_dtype", config.get("dtype", "float32"))
-    tok_path = src / "tokenizer_config.json"
-    tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
     hidden = config["hidden_size"]
     return {
         "config.json": {**config, "rope_theta": theta, "torch_dtype": dtype},
