@@ -97,6 +97,20 @@ def ensure_model(path: Path, layers: int) -> Path:
     return path
 
 
+def cpu_tag() -> str:
+    """Short name of this CPU kind for result file names: results per kind stay side by side."""
+    f = cpu_features()
+    return (
+        "amx"
+        if f.amx_bf16
+        else "avx512bf16"
+        if f.avx512_bf16
+        else "avx512"
+        if f.avx512
+        else ("avx2" if f.avx2 else "cpu")
+    )
+
+
 def linear_params(config: dict) -> int:
     """Weights of the per-layer matmuls (q, k, v, o, gate, up, down); the embedding is a lookup."""
     h, inter = config["hidden_size"], config["intermediate_size"]
@@ -588,7 +602,7 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=0, help="full passes over the texts, at least")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
-    p.add_argument("--out", default=None, help="default: results/peers-<dtype>")
+    p.add_argument("--out", default=None, help="default: results/peers-<dtype>-<cpu kind>")
     args = p.parse_args()
 
     route = choose_route(args.dtype, "none", "cpu", None, cpu_features())
@@ -623,7 +637,7 @@ def main() -> None:
                 "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
     if any(name.startswith("llama") for name in args.systems):
-        versions["llama.cpp"] = llama_cpp.versions()
+        versions["llama.cpp"] = llama_cpp.versions().replace("\n", "; ")
     found, text = ratios(results, gemm_tps)
     record = {
         "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
@@ -635,7 +649,7 @@ def main() -> None:
         "gemm_tokens_per_s": gemm_tps, "systems": [o.__dict__ for o in results.values()],
         "ratios": found, "ratios_text": text, "notes": run_notes(results, args.dtype),
     }  # fmt: skip
-    out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}"
+    out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}-{cpu_tag()}"
     write_report(out, record)
     print("\n".join(text))
     print(f"wrote {out.with_suffix('.md')} and .json")
