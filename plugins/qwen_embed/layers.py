@@ -201,15 +201,22 @@ def rotary_cos_sin(
     return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_major: bool = False
+) -> torch.Tensor:
     """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2].
 
     The same arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated
-    tables, in fewer passes over memory.
+    tables, in fewer passes over memory. `head_major`: the result is a [T, heads, head_dim]
+    view of [heads, T, head_dim] storage (each head's rows dense), for kernels that read one
+    head at a time; the layout change rides on this pass at no extra copy.
     """
     x1, x2 = x.chunk(2, dim=-1)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    out = torch.empty_like(x)
+    if head_major:
+        out = x.new_empty(x.shape[1], x.shape[0], x.shape[2]).transpose(0, 1)
+    else:
+        out = torch.empty_like(x)
     o1, o2 = out.chunk(2, dim=-1)
     torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
     torch.mul(x2, c, out=o2).addcmul_(x1, s)

@@ -31,8 +31,11 @@ class AttentionBackend(ABC):
     """Varlen self-attention over a flat token stream.
 
     `prepare` runs once per forward batch (index building, kernel planning); `forward` runs in
-    every layer with q [T, num_heads, head_dim] and k, v [T, num_kv_heads, head_dim].
+    every layer with q [T, num_heads, head_dim] and k, v [T, num_kv_heads, head_dim]; with
+    `head_major` those are views of [heads, T, head_dim] storage.
     """
+
+    head_major = False
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec

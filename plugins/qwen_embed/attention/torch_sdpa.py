@@ -10,6 +10,10 @@ from .base import AttentionBackend
 
 
 class TorchAttention(AttentionBackend):
+    # PyTorch's CPU flash kernel walks one head at a time: with dense rows per head the bench
+    # model ran 1.5-2.5% faster in bf16 (Zen 4) than on token-major [T, heads, dim] views.
+    head_major = True
+
     def prepare(self, batch: VarlenBatch) -> None:
         bounds, start = [], 0
         for n in batch.seq_lens:

@@ -81,8 +81,10 @@ class QwenAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, d)
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.backend.forward(q, k, v.contiguous())
+        major = self.backend.head_major
+        q, k = apply_rotary(q, cos, sin, major), apply_rotary(k, cos, sin, major)
+        v = v.transpose(0, 1).contiguous().transpose(0, 1) if major else v.contiguous()
+        out = self.backend.forward(q, k, v)
         return self.o_proj(out.reshape(t, self.num_heads * d))
 
 

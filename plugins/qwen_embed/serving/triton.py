@@ -63,6 +63,9 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     # The Python stub takes the first python3 on PATH: ours, with the venv's packages.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # OpenMP threads that sleep at barriers instead of spinning: the same speed alone, and
+    # with a busy neighbour on one of 2 cores 0.59x instead of 0.38x (neighbour.md).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     found = shutil.which("tritonserver")
     if found:
         return [found], env
