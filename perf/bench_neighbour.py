@@ -2,8 +2,8 @@
 
     cd perf && ../.venv/bin/python bench_neighbour.py [--seconds 30] [--dtype auto]
 
-For each encoder layout (one instance with a thread per core, one pinned instance per core,
-and the one-instance layout with OpenMP's passive wait policy) a real tritonserver serves the
+For each encoder layout (one instance with a thread per core, with OpenMP threads spinning or
+sleeping at barriers, and one pinned instance per core) a real tritonserver serves the
 4-layer bench model; clients send the peer benchmark's mixed texts (8 clients x 8 texts) with
 no neighbour, with a busy loop pinned to the last core at normal priority, and with the same
 loop at nice 19. Reports tokens/s per case and each loaded case over the quiet one, measured in
@@ -31,13 +31,14 @@ from qwen_embed.serving.triton import TritonServer
 from bench_peers import REPO, drive, ensure_model, reference_vectors, triton_sender
 from workload import RESULTS, command_line, machine, make_texts, stamp
 
+# The launcher sets OMP_WAIT_POLICY=PASSIVE unless the environment says otherwise.
 LAYOUTS = {
-    "1 instance x all cores": ("count: 1, kind: KIND_CPU", {}),
-    "1 instance per core, pinned": ("count: {cores}, kind: KIND_CPU", {}),
-    "1 instance x all cores, OMP_WAIT_POLICY=PASSIVE": (
+    "1 instance x all cores, OMP_WAIT_POLICY=ACTIVE": (
         "count: 1, kind: KIND_CPU",
-        {"OMP_WAIT_POLICY": "PASSIVE"},
+        {"OMP_WAIT_POLICY": "ACTIVE"},
     ),
+    "1 instance x all cores, OMP_WAIT_POLICY=PASSIVE": ("count: 1, kind: KIND_CPU", {}),
+    "1 instance per core, pinned, PASSIVE": ("count: {cores}, kind: KIND_CPU", {}),
 }
 LOADS = {"quiet": None, "busy core": 0, "busy core, nice 19": 19}
 
