@@ -11,7 +11,6 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.placement import (
-    auto_instance_count,
     encoder_placement,
     instance_index,
     parse_cpu_list,
@@ -41,12 +40,6 @@ def test_one_instance_per_numa_node_with_one_thread_per_physical_core():
     assert second.threads == 7 and 15 not in second.cpus and 31 not in second.cpus
     assert tokenizer_placement(TWO_NODES).cpus == (15, 31)
     assert encoder_placement(TWO_NODES, 2, 1) == second  # count == nodes: the same plan
-
-
-def test_auto_instance_count():
-    assert auto_instance_count(TWO_NODES) == 2  # big nodes: one instance each
-    assert auto_instance_count(TWO_CORES) == 2  # small node: one per core
-    assert auto_instance_count([[(0,), (1,), (2,), (3,), (4,)]]) == 1
 
 
 def test_two_instances_on_two_cores_and_no_spare_core():

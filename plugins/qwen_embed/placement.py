@@ -1,8 +1,9 @@
 """Which cores each CPU encoder instance (and the tokenizers) run on.
 
-One encoder instance per NUMA node by default (one per core on nodes of 4 cores or fewer), each
-pinned to its share of the physical cores with one OpenMP thread per core; `count` instances
-split the cores evenly. Where the machine has
+One encoder instance per NUMA node by default, each pinned to its share of the physical cores
+with one OpenMP thread per core; `count` instances split the cores evenly (one per core held up
+best beside a busy neighbour on 2 cores, at the price of a model copy per instance and smaller
+batches per execute: perf/results/neighbour.md). Where the machine has
 cores to spare (TOKENIZER_RESERVE_FROM cores or more), the last core is kept for the tokenizer
 instances so that they never preempt an encoder thread. Why pin at all: an encoder's OpenMP
 threads meet at a barrier after every parallel region, so a thread that loses its core to
@@ -19,10 +20,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 TOKENIZER_RESERVE_FROM = 8
-# Nodes this small get one single-threaded instance per core: on 2 cores that ran 1.09x the
-# one-instance layout quiet, and kept 0.68x (not 0.38x) with a busy loop on one core
-# (perf/results/neighbour.md). Weights are loaded once per instance, so big nodes keep one.
-SMALL_NODE_CORES = 4
 SYS_CPU = Path("/sys/devices/system")
 
 Core = tuple[int, ...]  # the logical CPUs (hyperthreads) of one physical core
@@ -70,12 +67,6 @@ def _reserve(topology: list[list[Core]]) -> tuple[list[list[Core]], Core | None]
     if sum(len(node) for node in topology) < TOKENIZER_RESERVE_FROM:
         return topology, None
     return [*topology[:-1], topology[-1][:-1]], topology[-1][-1]
-
-
-def auto_instance_count(topology: list[list[Core]]) -> int:
-    """One encoder instance per NUMA node; one per core on nodes of SMALL_NODE_CORES or fewer."""
-    nodes, _ = _reserve(topology)
-    return sum(len(node) if len(node) <= SMALL_NODE_CORES else 1 for node in nodes)
 
 
 def encoder_placement(topology: list[list[Core]], count: int | None, index: int) -> Placement:

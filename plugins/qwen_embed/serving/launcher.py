@@ -10,9 +10,8 @@
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model (see DESIGN.md).
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
-  NUMA node (per core on nodes of 4 cores or fewer: placement.auto_instance_count) in place
-  of a KIND_MODEL encoder group, through a copy of the repository where the count differs;
-  explicit KIND_CPU groups are kept. Each instance pins itself to its cores (placement.py).
+  NUMA node in place of a KIND_MODEL encoder group, through a copy of the repository where the
+  count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
 """
@@ -36,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..placement import auto_instance_count, read_topology
+from ..placement import read_topology
 from .config import REPO
 from .repository import set_instance_group
 from .triton import server_command
@@ -73,12 +72,12 @@ def triton_args(
     ]  # fmt: skip
 
 
-def cpu_instances(requested: str, auto_count: int, gpu_present: bool) -> int | None:
+def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | None:
     """Encoder instances to serve: None keeps the repository's own instance_group."""
     if requested == "config" or (requested == "auto" and gpu_present):
         return None
     if requested == "auto":
-        return auto_count
+        return numa_nodes
     if not requested.isdigit() or int(requested) < 1:
         raise ValueError(f"--cpu-instances is auto, config or a count >= 1, not {requested!r}")
     return int(requested)
@@ -222,15 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--status-file", type=Path, help="JSON with the server pid and reloads")
     p.add_argument("--cpu-instances", default="auto",
-                   help="encoder instances without GPUs: auto (one per NUMA node, per core on "
-                   "nodes of <= 4 cores), config "
+                   help="encoder instances without GPUs: auto (one per NUMA node), config "
                    "(the repository's), or a count")  # fmt: skip
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
 
     admin_key = args.admin_key or secrets.token_urlsafe(24)
     ports = (args.http_port, args.grpc_port, args.metrics_port)
-    count = cpu_instances(args.cpu_instances, auto_instance_count(read_topology()), gpu_present())
+    count = cpu_instances(args.cpu_instances, len(read_topology()), gpu_present())
     if count is not None:
         auto = args.cpu_instances == "auto"
         served = with_cpu_instances(args.model_repository, count, only_kind_model=auto)
