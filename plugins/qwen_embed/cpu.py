@@ -83,10 +83,14 @@ def cpu_features() -> CpuFeatures:
     fields = {k.strip(): v.strip() for k, v in fields.items()}
     if "flags" in fields:
         return CpuFeatures.from_flags(set(fields["flags"].split()), fields.get("model name", ""))
+
+    def check(name: str) -> bool:  # private torch probes: absent in some builds
+        return bool(getattr(torch.cpu, name, lambda: False)())
+
     return CpuFeatures(
-        avx512_bf16=torch.cpu._is_avx512_bf16_supported(),
-        amx_bf16=torch.cpu._is_amx_tile_supported(),
-        vnni=torch.cpu._is_avx512_vnni_supported(),
+        avx512_bf16=check("_is_avx512_bf16_supported"),
+        amx_bf16=check("_is_amx_tile_supported"),
+        vnni=check("_is_avx512_vnni_supported"),
     )
 
 
