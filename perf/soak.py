@@ -61,12 +61,13 @@ def fill_batch_budget(server: TritonServer) -> None:
 
 
 def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,
-         texts_per_request: int = 8) -> dict:  # fmt: skip
+         texts_per_request: int = 8, model_repository: Path | None = None) -> dict:  # fmt: skip
     model_dir = os.environ.get("QWEN_EMBED_MODEL_DIR", str(DEMO_MODEL_DIR))
     out.parent.mkdir(parents=True, exist_ok=True)
     samples: list[tuple[float, float]] = []
     done = threading.Event()
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": model_dir}) as server:
+    repo = {"model_repository": model_repository} if model_repository else {}
+    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": model_dir}, **repo) as server:
         pid = server.status()["server_pid"]
         loaded = tree_rss_mb(pid)
         fill_batch_budget(server)
