@@ -65,12 +65,13 @@ def main() -> None:
     model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
     texts = make_texts(args.texts, 0)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    counts = np.array([len(e.ids) for e in tokenizer.encode_batch(texts)])
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    counts = np.array([len(i) for i in ids])
     reference = reference_vectors(model_dir, ids, REPO / ".cache" / "peers" / "reference-"
                                   f"{model_dir.name}-{args.texts}-0.npy")  # fmt: skip
-    cores = sum(len(node) for node in read_topology())
-    busy_cpu = max(c for node in read_topology() for core in node for c in core)
+    topology = read_topology()
+    cores = sum(len(node) for node in topology)
+    busy_cpu = max(c for node in topology for core in node for c in core)
     load = {"clients": args.clients, "per_request": args.texts_per_request,
             "seconds": args.seconds, "passes": 0}  # fmt: skip
     rows = []
