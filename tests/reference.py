@@ -154,3 +154,76 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def random_sequences(lengths, vocab_size: int = 512, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
+
+
+# A reranker replica: a real Qwen vocabulary (the template and "yes"/"no" need real ids),
+# everything else tiny.
+RERANKER_CONFIG = dict(hidden_size=64, num_attention_heads=4, head_dim=16, num_key_value_heads=2,
+                       intermediate_size=128, num_hidden_layers=2, vocab_size=151669,
+                       max_position_embeddings=2048)  # fmt: skip
+
+
+def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -> Path:
+    """A seeded Qwen3ForCausalLM (tied head, like Qwen3-Reranker-0.6B) or a converted
+    Qwen3ForSequenceClassification (one-label `score` head), with the real Qwen tokenizer."""
+    from transformers import Qwen3ForSequenceClassification
+
+    from qwen_embed.demo import write_tokenizer
+
+    config = Qwen3Config(**RERANKER_CONFIG, tie_word_embeddings=not classifier,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                         num_labels=1, pad_token_id=151643)  # fmt: skip
+    torch.manual_seed(seed)
+    model = (Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM)(config)
+    with torch.no_grad():
+        for p_name, p in model.named_parameters():
+            if p_name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_((0.5 if "score" in p_name else 0.05) * torch.randn_like(p))
+    model.save_pretrained(directory)
+    write_tokenizer(directory, append_eos=False)
+    return directory
+
+
+def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndarray:
+    """transformers, one sequence at a time: P("yes") from the softmax over the ("no", "yes")
+    logits of the full output head at the last position (Qwen3-Reranker's model card), or the
+    sigmoid of a sequence-classification head."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
+    cls = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+    model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    scores = []
+    with torch.no_grad():
+        for seq in sequences:
+            logits = model(input_ids=torch.tensor([list(seq)])).logits.float()
+            if classifier:  # [1, num_labels]: the model pooled the last token itself
+                scores.append(torch.sigmoid(logits[0, 0]))
+            else:
+                logits = logits[0, -1]
+                scores.append(torch.softmax(torch.stack([logits[no], logits[yes]]), 0)[1])
+    return torch.stack(scores).numpy()
+
+
+def model_card_pairs(model_dir: Path, query: str, documents, *, instruction: str,
+                     max_length: int = 8192) -> list[list[int]]:
+    """Token ids exactly as Qwen3-Reranker's model card builds them (written out here, apart
+    from the server's code): prefix + tokenizer(pairs, truncation) + suffix."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prefix = ("<|im_start|>system\nJudge whether the Document meets the requirements based on "
+              "the Query and the Instruct provided. Note that the answer can only be \"yes\" or "
+              "\"no\".<|im_end|>\n<|im_start|>user\n")  # fmt: skip
+    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prefix_ids = tok.encode(prefix, add_special_tokens=False)
+    suffix_ids = tok.encode(suffix, add_special_tokens=False)
+    pairs = [f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {d}" for d in documents]
+    enc = tok(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
+              max_length=max_length - len(prefix_ids) - len(suffix_ids))  # fmt: skip
+    return [prefix_ids + ids + suffix_ids for ids in enc["input_ids"]]

@@ -16,6 +16,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2Model": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3Model": "qwen3",
+    # Converted cross-encoders: a `score` head of one row on the last token (rerank only).
+    "Qwen2ForSequenceClassification": "qwen2",
+    "Qwen3ForSequenceClassification": "qwen3",
 }
 
 
@@ -40,6 +43,9 @@ class ModelConfig:
     has_qk_norm: bool
     is_causal: bool
     checkpoint_dtype: str | None  # e.g. "bfloat16"; None when config.json does not say
+    is_classifier: bool = False  # *ForSequenceClassification: `score.weight` [num_labels, H]
+    num_labels: int = 0
+    tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -83,6 +89,9 @@ class ModelConfig:
             has_qk_norm=family == "qwen3",
             is_causal=bool(hf.get("is_causal", True)),
             checkpoint_dtype=hf.get("dtype") or hf.get("torch_dtype"),
+            is_classifier=any(a.endswith("ForSequenceClassification") for a in architectures),
+            num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )
 
 

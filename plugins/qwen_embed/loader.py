@@ -8,9 +8,9 @@ from pathlib import Path
 from safetensors import safe_open
 from torch import nn
 
-# Present in causal-LM checkpoints but not needed to embed.
+# Present in causal-LM / classifier checkpoints; skipped unless a task head asks for them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_IGNORED_PREFIXES = ("lm_head.",)
+_IGNORED_PREFIXES = ("lm_head.", "score.")
 
 
 class CheckpointError(ValueError):
@@ -36,18 +36,23 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def _checkpoint_names(model: nn.Module) -> dict[str, tuple[nn.Parameter, str | None]]:
-    """Checkpoint tensor name (without "model.") -> (our parameter, packed shard id)."""
+def _checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, str | None]]]:
+    """Checkpoint tensor name (without "model.") -> [(our parameter, packed shard id)].
+
+    A parameter with a `checkpoint_name` (a task head) reads that tensor, which may also feed
+    another parameter (tied embeddings)."""
     packed = getattr(model, "packed_modules", {})
-    names: dict[str, tuple[nn.Parameter, str | None]] = {}
+    names: dict[str, list[tuple[nn.Parameter, str | None]]] = {}
     for name, param in model.named_parameters():
         shards = [
             (name.replace(f".{ours}.", f".{ckpt_module}."), shard_id)
             for ckpt_module, (ours, shard_id) in packed.items()
             if f".{ours}." in name
         ]
+        if hasattr(param, "checkpoint_name"):
+            shards = [(param.checkpoint_name, None)]
         for ckpt_name, shard_id in shards or [(name, None)]:
-            names[ckpt_name] = (param, shard_id)
+            names.setdefault(ckpt_name, []).append((param, shard_id))
     return names
 
 
@@ -62,17 +67,20 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for key in f.keys():
                 name = _normalise(key)
-                if name.startswith(_IGNORED_PREFIXES) or name.endswith(_IGNORED_SUFFIXES):
+                if name not in expected and (
+                    name.startswith(_IGNORED_PREFIXES) or name.endswith(_IGNORED_SUFFIXES)
+                ):
                     continue
                 if name not in expected:
                     raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
                 if name in seen:
                     raise CheckpointError(f"tensor {key!r} appears more than once")
-                param, shard_id = expected[name]
-                try:
-                    param.weight_loader(param, f.get_tensor(key), shard_id)
-                except ValueError as e:
-                    raise CheckpointError(f"tensor {key!r}: {e}") from e
+                full = f.get_tensor(key)
+                for param, shard_id in expected[name]:
+                    try:
+                        param.weight_loader(param, full, shard_id)
+                    except ValueError as e:
+                        raise CheckpointError(f"tensor {key!r}: {e}") from e
                 seen.add(name)
     missing = sorted(set(expected) - seen)
     if missing:

@@ -40,6 +40,7 @@ class RankArgs:
     host: str
     port: int
     timeout_s: float
+    task: str = "embed"  # "embed" | "rerank": rank 0 then also holds the score head
 
     def device_for(self, rank: int) -> torch.device:
         base = torch.device(self.device)

@@ -1,0 +1,88 @@
+"""(query, documents) -> one templated token sequence per pair, as Qwen3-Reranker's card builds it.
+
+    prefix + tokens("<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}") + suffix
+
+The middle part is tokenized as one text (as the model card does), so BPE merges at the
+`<Document>: ` boundary are the model's own. Truncation cuts the end of that part, i.e. the
+document, never the template or the query: a query too long to leave room is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .requests import DEFAULT_TASK, RequestError, _expect
+
+PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def pair_text(query: str, document: str, instruction: str) -> str:
+    return f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    truncate: bool = True
+    instruction: str = DEFAULT_TASK
+
+
+def parse_rerank_options(params: dict) -> RerankOptions:
+    """Validate a rerank request's Triton parameters (already JSON-decoded)."""
+    known = set(RerankOptions.__dataclass_fields__)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise RequestError(f"unknown parameter(s) {unknown}; rerank supports: {sorted(known)}")
+    opts = {}
+    if "truncate" in params:
+        opts["truncate"] = _expect("truncate", params["truncate"], bool, "a boolean")
+    if "instruction" in params:
+        text = _expect("instruction", params["instruction"], str, "a string")
+        if not text.strip():
+            raise RequestError("parameter 'instruction' must not be empty")
+        opts["instruction"] = text
+    return RerankOptions(**opts)
+
+
+class PairTokenizer:
+    def __init__(self, model_dir: str | Path, max_input_tokens: int):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.max_input_tokens = max_input_tokens
+        self._prefix = self._tok.encode(PREFIX, add_special_tokens=False).ids
+        self._suffix = self._tok.encode(SUFFIX, add_special_tokens=False).ids
+
+    def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
+        budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
+        # The pair text up to "<Document>:" tokenizes the same with or without a document
+        # after it (the pre-tokenizer splits at the space): the part truncation must keep.
+        head = self._tok.encode(pair_text(query, "", opts.instruction).rstrip(" "),
+                                add_special_tokens=False).ids  # fmt: skip
+        if len(head) >= budget:
+            raise RequestError(
+                f"input 'QUERY' with the template and instruction takes "
+                f"{len(head) + len(self._prefix) + len(self._suffix)} tokens, leaving no room "
+                f"for a document within the limit of {self.max_input_tokens}"
+            )
+        texts = [pair_text(query, d, opts.instruction) for d in documents]
+        out = []
+        for i, enc in enumerate(self._tok.encode_batch(texts)):
+            ids = enc.ids
+            if len(ids) > budget:
+                if not opts.truncate:
+                    raise RequestError(
+                        f"input 'DOCUMENTS[{i}]' makes a pair of "
+                        f"{len(ids) + len(self._prefix) + len(self._suffix)} tokens, more than "
+                        f"the limit of {self.max_input_tokens} (send truncate=true to cut it)"
+                    )
+                ids = ids[:budget]
+            out.append(self._prefix + ids + self._suffix)
+        return out

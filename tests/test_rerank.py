@@ -1,0 +1,125 @@
+"""Reranking in the engine against transformers (Qwen3-Reranker's model card recipe).
+
+Tolerances: fp32 scores within 1e-4 of transformers' full-logit softmax over ("no", "yes"); bf16
+within 1e-2. The token ids come from the model card's own construction (reference.py), and the
+server's pair tokenizer must produce exactly those ids.
+"""
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder
+from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
+from qwen_embed.serving.requests import DEFAULT_TASK, RequestError
+
+from reference import make_reranker, model_card_pairs, reference_scores
+
+FP32_ABS = 1e-4
+BF16_ABS = 1e-2
+QUERY = "What is the capital of China?"
+DOCUMENTS = [
+    "The capital of China is Beijing.",
+    "Gravity is a force that attracts two bodies towards each other. " * 12,
+    "北京是中华人民共和国的首都。",
+    "x",
+    "def capital(country):\n    return {'China': 'Beijing'}[country]  # 🎉",
+]
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    return make_reranker(tmp_path_factory.mktemp("reranker"))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return make_reranker(tmp_path_factory.mktemp("classifier"), classifier=True)
+
+
+@pytest.fixture(scope="module")
+def pairs(reranker):
+    return model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=DEFAULT_TASK)
+
+
+@pytest.fixture(scope="module")
+def expected(reranker, pairs):
+    return reference_scores(reranker, pairs)
+
+
+def test_pair_tokenizer_builds_the_model_card_ids(reranker, pairs):
+    ours = PairTokenizer(reranker, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
+    assert ours == pairs
+    lengths = sorted(len(p) for p in pairs)
+    assert lengths[0] < 80 < lengths[-1]  # mixed lengths, as the cases below need
+
+
+def test_truncation_cuts_the_document_like_the_model_card(reranker):
+    limit = 150
+    ours = PairTokenizer(reranker, limit).encode(QUERY, DOCUMENTS, RerankOptions())
+    card = model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=DEFAULT_TASK,
+                            max_length=limit)  # fmt: skip
+    assert ours == card
+    assert max(len(p) for p in ours) == limit
+    full = PairTokenizer(reranker, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
+    long = max(range(len(full)), key=lambda i: len(full[i]))
+    # The template's end survives the cut, and everything up to the document is whole.
+    tok = Tokenizer.from_file(str(reranker / "tokenizer.json"))
+    tail = len(tok.encode(SUFFIX, add_special_tokens=False).ids)
+    head = len(tok.encode(PREFIX + pair_text(QUERY, "", DEFAULT_TASK).rstrip(),
+                          add_special_tokens=False).ids)  # fmt: skip
+    assert ours[long][-tail:] == full[long][-tail:]
+    assert ours[long][:head] == full[long][:head]
+    with pytest.raises(RequestError, match=r"DOCUMENTS\[1\].*limit of 150"):
+        PairTokenizer(reranker, limit).encode(QUERY, DOCUMENTS, RerankOptions(truncate=False))
+    with pytest.raises(RequestError, match="QUERY.*no room"):
+        PairTokenizer(reranker, limit).encode("long query " * 60, ["d"], RerankOptions())
+
+
+def test_instruction_changes_the_ids_and_the_score(reranker):
+    tok = PairTokenizer(reranker, 8192)
+    custom = tok.encode(QUERY, DOCUMENTS[:1], RerankOptions(instruction="Find the city"))
+    assert custom == model_card_pairs(reranker, QUERY, DOCUMENTS[:1], instruction="Find the city")
+    with Encoder.from_pretrained(reranker, task="rerank", dtype="float32") as enc:
+        base = enc.score(tok.encode(QUERY, DOCUMENTS[:1], RerankOptions()))
+        assert abs(float(enc.score(custom)[0]) - float(base[0])) > 1e-6
+
+
+@pytest.mark.parametrize("max_batch_tokens", [16384, 128])  # 128: several forward batches
+def test_fp32_scores_match_transformers(reranker, pairs, expected, max_batch_tokens):
+    with Encoder.from_pretrained(reranker, task="rerank", dtype="float32",
+                                 max_batch_tokens=max_batch_tokens) as enc:  # fmt: skip
+        scores = enc.score(pairs)
+    assert scores.shape == (len(pairs),) and scores.dtype == np.float32
+    assert np.abs(scores - expected).max() <= FP32_ABS
+    assert np.ptp(expected) > 1e-3  # the replica tells documents apart
+
+
+def test_bf16_scores_match_transformers(reranker, pairs, expected):
+    with Encoder.from_pretrained(reranker, task="rerank", dtype="bfloat16") as enc:
+        assert np.abs(enc.score(pairs) - expected).max() <= BF16_ABS
+
+
+def test_tp2_scores_match_transformers(reranker, pairs, expected):
+    with Encoder.from_pretrained(reranker, task="rerank", dtype="float32", tp_size=2) as enc:
+        assert np.abs(enc.score(pairs) - expected).max() <= FP32_ABS
+
+
+def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, pairs):
+    expected = reference_scores(classifier, pairs)
+    with Encoder.from_pretrained(classifier, dtype="float32") as enc:  # task auto -> rerank
+        assert enc.task == "rerank"
+        scores = enc.score(pairs)
+    assert np.abs(scores - expected).max() <= FP32_ABS
+    assert np.ptp(expected) > 1e-3
+
+
+def test_task_is_checked(reranker):
+    with Encoder.from_pretrained(reranker, dtype="float32") as enc:  # auto: a causal LM embeds
+        assert enc.task == "embed"
+        with pytest.raises(ValueError, match="task='embed'.*'rerank' needs"):
+            enc.score([[1, 2, 3]])
+    with pytest.raises(ValueError, match="pooling must be 'last'"):
+        Encoder.from_pretrained(reranker, task="rerank", pooling="mean")
+    with pytest.raises(ValueError, match="task must be one of"):
+        Encoder.from_pretrained(reranker, task="classify")
