@@ -190,8 +190,7 @@ def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndar
     """transformers, one sequence at a time: P("yes") from the softmax over the ("no", "yes")
     logits of the full output head at the last position (Qwen3-Reranker's model card), or the
     sigmoid of a sequence-classification head."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
     cls = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
@@ -210,8 +209,9 @@ def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndar
     return torch.stack(scores).numpy()
 
 
-def model_card_pairs(model_dir: Path, query: str, documents, *, instruction: str,
-                     max_length: int = 8192) -> list[list[int]]:
+def model_card_pairs(
+    model_dir: Path, query: str, documents, *, instruction: str, max_length: int = 8192
+) -> list[list[int]]:
     """Token ids exactly as Qwen3-Reranker's model card builds them (written out here, apart
     from the server's code): prefix + tokenizer(pairs, truncation) + suffix."""
     from transformers import AutoTokenizer

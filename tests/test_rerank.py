@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 from qwen_embed.serving.requests import DEFAULT_TASK, RequestError
+from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 
 from reference import make_reranker, model_card_pairs, reference_scores
 

@@ -17,8 +17,8 @@ from torch import nn
 from .attention import AttentionSpec, choose_backend, create_backend
 from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
-from .heads import build_score_head, resolve_task
 from .cpu import cpu_features, keep_freed_memory
+from .heads import build_score_head, resolve_task
 from .int8 import KERNELS as INT8_KERNELS
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights

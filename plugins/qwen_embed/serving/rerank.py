@@ -1,6 +1,6 @@
-"""(query, documents) -> one templated token sequence per pair, as Qwen3-Reranker's card builds it.
+"""(query, documents) -> one templated token sequence per pair, as Qwen3-Reranker builds it.
 
-    prefix + tokens("<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}") + suffix
+  prefix + tokens("<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}") + suffix
 
 The middle part is tokenized as one text (as the model card does), so BPE merges at the
 `<Document>: ` boundary are the model's own. Truncation cuts the end of that part, i.e. the
