@@ -3,6 +3,7 @@ PYTHON_BOOT ?= python3
 VENV        := .venv
 PY          := $(VENV)/bin/python
 DEMO_DIR    ?= .cache/demo-model
+DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
@@ -16,7 +17,7 @@ METRICS_PORT ?= 8002
 # Bind address of the three endpoints; 0.0.0.0 to serve other machines.
 HOST        ?= 127.0.0.1
 
-setup: $(VENV)/.installed $(DEMO_DIR)/config.json $(TRITON)
+setup: $(VENV)/.installed $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
 
 # Triton 2.51's server files from the nvidia-pytriton wheel (skipped where tritonserver is on PATH).
 $(TRITON): $(VENV)/.installed
@@ -34,7 +35,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 $(DEMO_DIR)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
 	$(PY) -m qwen_embed.demo $(DEMO_DIR) --layers $(DEMO_LAYERS)
 
-demo-model: $(DEMO_DIR)/config.json
+$(DEMO_RERANKER)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
+	$(PY) -m qwen_embed.demo $(DEMO_RERANKER) --layers $(DEMO_LAYERS) --reranker
+
+demo-model: $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check plugins tests perf model_repository client
@@ -120,17 +124,28 @@ SOAK_SECONDS ?= 600
 soak: setup
 	cd perf && ../$(PY) soak.py --seconds $(SOAK_SECONDS)
 
-# MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model.
+# MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model;
+# RERANK_MODEL_DIR the same for the reranker (RERANK=0: no rerank models). The OpenAI-compatible
+# gateway (/v1/embeddings, /v1/rerank) comes up on GATEWAY_PORT (GATEWAY=0: not started).
+GATEWAY      ?= 1
+GATEWAY_PORT ?= 8080
+RERANK       ?= 1
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
+	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
+	@if [ "$(GATEWAY)" != 0 ]; then echo "OpenAI-compatible gateway  http://localhost:$(GATEWAY_PORT)/v1/embeddings  /v1/rerank"; fi
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
-	@echo "      python -c \"import numpy as np, tritonclient.http as t; c=t.InferenceServerClient('localhost:$(HTTP_PORT)'); i=t.InferInput('TEXT',[1,1],'BYTES'); i.set_data_from_numpy(np.array([[b'Hello']],dtype=object)); print(c.infer('embed',[i]).as_numpy('EMBEDDING').shape)\""
-	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} $(PY) -m qwen_embed.serving.launcher \
-		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\":\"embed\",\"input\":[\"Hello, world!\"]}'"
+	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/rerank -H 'Content-Type: application/json' -d '{\"model\":\"rerank\",\"query\":\"capital of China?\",\"documents\":[\"Beijing is the capital.\",\"Gravity.\"]}'"
+	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} \
+	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
+	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed.serving.launcher \
+		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)
 
-# OpenAI-compatible gateway in front of a running server (make serve). API_KEY is optional.
-GATEWAY_PORT ?= 8080
+# The OpenAI-compatible gateway alone, in front of a running server (make serve GATEWAY=0).
+# API_KEY is optional (make serve takes it too).
 gateway: setup
 	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT)

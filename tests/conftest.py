@@ -6,7 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from qwen_embed.demo import build_demo_model  # noqa: E402
-from qwen_embed.serving.config import DEMO_MODEL_DIR  # noqa: E402
+from qwen_embed.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
 from qwen_embed.serving.repository import render  # noqa: E402
 from qwen_embed.serving.triton import TritonServer  # noqa: E402
 
@@ -33,9 +33,12 @@ def config_name(request):
 
 @pytest.fixture(scope="session")
 def demo_dir():
-    """The demo model `make setup` builds (built here if a test run skipped set-up)."""
+    """The demo model `make setup` builds (built here if a test run skipped set-up), and the
+    demo reranker beside it (the checked-in repository serves both)."""
     if not (DEMO_MODEL_DIR / "config.json").is_file():
         build_demo_model(DEMO_MODEL_DIR)
+    if not (DEMO_RERANKER_DIR / "config.json").is_file():
+        build_demo_model(DEMO_RERANKER_DIR, reranker=True)
     return DEMO_MODEL_DIR
 
 

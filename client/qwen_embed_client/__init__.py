@@ -1,5 +1,12 @@
-"""Thin client for Qwen embeddings served by Triton (depends on tritonclient and numpy only)."""
+"""Thin client for Qwen embeddings and reranking served by Triton (tritonclient and numpy only)."""
 
-from .client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError, EmbeddingResult
+from .client import (
+    AsyncEmbeddingClient,
+    EmbeddingClient,
+    EmbeddingError,
+    EmbeddingResult,
+    RerankResult,
+)
 
-__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult"]
+__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult",
+           "RerankResult"]  # fmt: skip

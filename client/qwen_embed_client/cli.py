@@ -1,7 +1,8 @@
-"""qwen-embed: embed texts with a Triton `embed` server from the command line.
+"""qwen-embed: embed or rerank texts with a Triton server from the command line.
 
 qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jsonl]
 qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
+qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT [--metrics-url http://HOST:8002/metrics]
 """
@@ -74,6 +75,18 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         if show:
             progress(min(len(texts), start + step), len(texts))
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
+
+
+def cmd_rerank(args, client: EmbeddingClient) -> None:
+    args.texts, args.input = None, args.documents
+    documents = read_texts(args)
+    if not documents:
+        raise EmbeddingError(f"no documents in {args.documents}")
+    result = client.rerank(args.query, documents, top_n=args.top_n,
+                           instruction=args.instruction)  # fmt: skip
+    for index, score in result.ranking:
+        line = {"index": index, "relevance_score": score, "document": documents[index]}
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
 def _grpc(url: str):
@@ -157,6 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--no-normalize", action="store_true")
     e.add_argument("--no-truncate", action="store_true")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r = sub.add_parser("rerank", parents=[common], help="score documents against a query")
+    r.add_argument("query")
+    r.add_argument("documents", help="text file (one document per line), .jsonl, or - for stdin")
+    r.add_argument("--text-field", default="text", help="JSONL field holding the document")
+    r.add_argument("--top-n", type=int)
+    r.add_argument("--instruction")
+    r.add_argument("--rerank-model", default="rerank")
+    r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    r.add_argument("--timeout", type=float, default=120.0)
     sub.add_parser("health", parents=[common], help="readiness of each server")
     info = sub.add_parser("info", parents=[common], help="model, dimension, limits and route")
     info.add_argument("--metrics-url", help="default: http://HOST:8002/metrics of --url")
@@ -167,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
             with EmbeddingClient(args.url, protocol=args.protocol, timeout=args.timeout,
                                  model=args.model) as client:  # fmt: skip
                 cmd_embed(args, client)
+        elif args.command == "rerank":
+            with EmbeddingClient(args.url, protocol=args.protocol, timeout=args.timeout,
+                                 rerank_model=args.rerank_model) as client:  # fmt: skip
+                cmd_rerank(args, client)
         elif args.command == "health":
             cmd_health(args)
         else:

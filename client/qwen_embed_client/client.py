@@ -1,4 +1,4 @@
-"""Embedding clients for the Triton `embed` ensemble: one or many servers, sync and async.
+"""Clients for the Triton `embed` and `rerank` ensembles: one or many servers, sync and async.
 
 One implementation (async); the sync client runs it on a private event-loop thread so it also
 works where a loop is already running (notebooks). Depends on tritonclient and numpy only.
@@ -44,6 +44,23 @@ class EmbeddingResult:
         return int(self.token_counts.sum())
 
 
+@dataclass
+class RerankResult:
+    scores: np.ndarray  # float32 [n]: relevance in [0, 1], in document order
+    token_counts: np.ndarray  # int32 [n]: tokens per templated (query, document) pair
+    top_n: int | None = None
+
+    @property
+    def ranking(self) -> list[tuple[int, float]]:
+        """(document index, score), best first; the top_n best when top_n was given."""
+        order = np.argsort(-self.scores, kind="stable")[: self.top_n]
+        return [(int(i), float(self.scores[i])) for i in order]
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.token_counts.sum())
+
+
 @dataclass(frozen=True)
 class EmbedOptions:
     prompt_name: str | None = None
@@ -75,7 +92,8 @@ class AsyncEmbeddingClient:
     """
 
     def __init__(self, url: str | list[str], *, protocol: str = "grpc", timeout: float = 120.0,
-                 model: str = "embed", max_texts_per_request: int = 256,
+                 model: str = "embed", rerank_model: str = "rerank",
+                 max_texts_per_request: int = 256,
                  requests_in_flight: int = 4, retries: int = 3, backoff_s: float = 0.25,
                  bench_s: float = 30.0):  # fmt: skip
         if protocol not in ("grpc", "http"):
@@ -87,6 +105,7 @@ class AsyncEmbeddingClient:
         self._module = importlib.import_module(f"tritonclient.{protocol}.aio")
         self.timeout = timeout
         self.model = model
+        self.rerank_model = rerank_model
         self.max_texts_per_request = max_texts_per_request
         self.requests_in_flight = requests_in_flight
         self.retries = retries
@@ -112,41 +131,87 @@ class AsyncEmbeddingClient:
         opts = EmbedOptions(**options)
         if not texts:
             raise ValueError("texts must not be empty")
-        servers = self._connect()
-        chunks = await run_job(
-            len(texts),
-            [s.state for s in servers],
-            send=lambda server_index, start, end: self._send_with_retries(
-                servers[server_index], texts[start:end], opts
-            ),
-            max_chunk=self.max_texts_per_request,
-            slots_per_server=self.requests_in_flight,
-            bench_s=self.bench_s,
-        )
+        chunks = await self._split(len(texts), lambda s, a, b: self._send(s, texts[a:b], opts))
         return EmbeddingResult(
             embeddings=np.concatenate([c[0] for c in chunks]),
             token_counts=np.concatenate([c[1] for c in chunks]),
         )
 
-    async def _send_with_retries(self, server: _Server, texts: list[str], opts: EmbedOptions):
+    async def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        top_n: int | None = None,
+        instruction: str | None = None,
+        truncate: bool = True,
+    ) -> RerankResult:
+        """Score each document against the query (the `rerank` ensemble); the documents are
+        split over requests and servers like `embed`'s texts."""
+        documents = [documents] if isinstance(documents, str) else list(documents)
+        if not documents:
+            raise ValueError("documents must not be empty")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
+                                  or top_n < 1):  # fmt: skip
+            raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
+        params = {"truncate": truncate, **({"instruction": instruction} if instruction else {})}
+        chunks = await self._split(
+            len(documents),
+            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params),
+        )
+        return RerankResult(
+            scores=np.concatenate([c[0] for c in chunks]),
+            token_counts=np.concatenate([c[1] for c in chunks]),
+            top_n=top_n,
+        )
+
+    async def _split(self, count: int, send) -> list:
+        """`send(server, start, end)` for chunks of `count` items over the servers, retried."""
+        servers = self._connect()
+        return await run_job(
+            count,
+            [s.state for s in servers],
+            send=lambda index, start, end: self._with_retries(
+                lambda: send(servers[index], start, end)
+            ),
+            max_chunk=self.max_texts_per_request,
+            slots_per_server=self.requests_in_flight,
+            bench_s=self.bench_s,
+        )
+
+    async def _with_retries(self, call):
         attempt = 0
         while True:
             try:
-                return await self._send(server, texts, opts)
+                return await call()
             except EmbeddingError as e:
                 if not e.retryable or attempt == self.retries:
                     raise
             await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
             attempt += 1
 
-    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
-        data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-        inp = self._module.InferInput("TEXT", list(data.shape), "BYTES")
+    def _bytes_input(self, name: str, texts: list[str], shape: list[int]):
+        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(shape)
+        inp = self._module.InferInput(name, shape, "BYTES")
         inp.set_data_from_numpy(data)
+        return inp
+
+    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
+        inp = self._bytes_input("TEXT", texts, [len(texts), 1])
+        result = await self._infer(server, self.model, [inp], opts.parameters())
+        return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+    async def _send_pairs(self, server: _Server, query: str, documents: list[str], params: dict):
+        inputs = [self._bytes_input("QUERY", [query], [1]),
+                  self._bytes_input("DOCUMENTS", documents, [len(documents), 1])]  # fmt: skip
+        result = await self._infer(server, self.rerank_model, inputs, params)
+        return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+    async def _infer(self, server: _Server, model: str, inputs: list, params: dict):
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:
-            result = await asyncio.wait_for(
-                server.client.infer(self.model, [inp], parameters=opts.parameters(), **kwargs),
+            return await asyncio.wait_for(
+                server.client.infer(model, inputs, parameters=params, **kwargs),
                 timeout=self.timeout,
             )
         except InferenceServerException as e:
@@ -157,7 +222,6 @@ class AsyncEmbeddingClient:
             if type(e).__module__.split(".")[0] in ("aiohttp", "grpc"):
                 raise EmbeddingError(f"{server.url}: {e}", None, server.url) from e
             raise
-        return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
     async def close(self) -> None:
         for server in self._servers or []:
@@ -201,6 +265,9 @@ class EmbeddingClient:
     def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
         return self._run(self._async.embed_with_usage(texts, **options))
 
+    def rerank(self, query: str, documents: list[str], **options) -> RerankResult:
+        return self._run(self._async.rerank(query, documents, **options))
+
     def stats(self) -> dict[str, dict]:
         return self._async.stats()
 
@@ -217,4 +284,5 @@ class EmbeddingClient:
         self.close()
 
 
-__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult"]
+__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult",
+           "RerankResult"]  # fmt: skip

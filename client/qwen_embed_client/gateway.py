@@ -1,9 +1,11 @@
-"""OpenAI-compatible embeddings gateway in front of Triton (gRPC).
+"""OpenAI-compatible embeddings and Cohere/Jina-compatible rerank gateway in front of Triton.
 
     python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
-        [--host 127.0.0.1] [--port 8080] [--model-name embed] [--api-key KEY | $QWEN_EMBED_API_KEY]
+        [--host 127.0.0.1] [--port 8080] [--model-name embed] [--rerank-model-name rerank]
+        [--api-key KEY | $QWEN_EMBED_API_KEY]
 
-POST /v1/embeddings, GET /v1/models, GET /health. Needs the `gateway` extra (fastapi, uvicorn).
+POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /v1/models, GET /health. Needs the
+`gateway` extra (fastapi, uvicorn). An empty --rerank-model-name turns /v1/rerank off.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi.responses import JSONResponse
 from .client import AsyncEmbeddingClient, EmbeddingError
 
 MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
 
 
 class APIError(Exception):
@@ -48,11 +51,7 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
     if len(texts) > MAX_INPUTS:
         raise _invalid(f"'input' holds {len(texts)} items, more than the limit of {MAX_INPUTS}",
                        "input")  # fmt: skip
-    model = body.get("model")
-    if model != served_model:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves "
-                            f"'{served_model}'", "invalid_request_error", "model",
-                       "model_not_found")  # fmt: skip
+    _check_model(body.get("model"), served_model)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise _invalid("'encoding_format' must be 'float' or 'base64'", "encoding_format")
@@ -65,13 +64,76 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
     return texts, options, encoding
 
 
+def _check_model(model: object, served_model: str | None) -> None:
+    if not served_model or model != served_model:
+        serves = f"this endpoint serves '{served_model}'" if served_model else "it is off here"
+        raise APIError(404, f"The model '{model}' does not exist; {serves}",
+                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+
+
+def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
+    """Validate a Cohere/Jina-style rerank body -> (query, documents, options)."""
+    if not isinstance(body, dict):
+        raise _invalid("request body must be a JSON object")
+    _check_model(body.get("model"), served_model)
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise _invalid("'query' must be a non-empty string", "query")
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise _invalid("'documents' must be a non-empty list of strings or {\"text\": ...} "
+                       "objects", "documents")  # fmt: skip
+    if len(documents) > MAX_DOCUMENTS:
+        raise _invalid(f"'documents' holds {len(documents)} items, more than the limit of "
+                       f"{MAX_DOCUMENTS}", "documents")  # fmt: skip
+    texts = []
+    for i, doc in enumerate(documents):
+        text = doc.get("text") if isinstance(doc, dict) else doc
+        if not isinstance(text, str):
+            raise _invalid(f"'documents[{i}]' must be a string or an object with a string "
+                           "'text'", "documents")  # fmt: skip
+        texts.append(text)
+    for name, text in [("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid(f"'{name}' is not valid UTF-8 (a lone surrogate)",
+                           name.split("[")[0]) from None  # fmt: skip
+    options = {}
+    top_n = body.get("top_n")
+    if top_n is not None:
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise _invalid("'top_n' must be an integer >= 1", "top_n")
+        options["top_n"] = top_n
+    instruction = body.get("instruction")
+    if instruction is not None:
+        if not isinstance(instruction, str) or not instruction.strip():
+            raise _invalid("'instruction' must be a non-empty string", "instruction")
+        options["instruction"] = instruction
+    return_documents = body.get("return_documents", True)
+    if not isinstance(return_documents, bool):
+        raise _invalid("'return_documents' must be a boolean", "return_documents")
+    options["return_documents"] = return_documents
+    return query, texts, options
+
+
+def _backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
+    if e.retryable:
+        return APIError(503, f"backend unavailable: {e}", "server_error")
+    message = str(e)
+    param = next((p for p in params if p.upper() in message.upper()), None)
+    return _invalid(message, param)
+
+
 def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
 def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: str | None = None,
-               triton_model: str = "embed"):  # fmt: skip
-    client = AsyncEmbeddingClient(triton_urls, protocol="grpc", model=triton_model)
+               triton_model: str = "embed", rerank_model_name: str | None = "rerank",
+               triton_rerank_model: str = "rerank"):  # fmt: skip
+    client = AsyncEmbeddingClient(triton_urls, protocol="grpc", model=triton_model,
+                                  rerank_model=triton_rerank_model)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -100,12 +162,12 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.get("/v1/models")
     async def models(request: Request):
         check_key(request)
+        served = [model_name] + ([rerank_model_name] if rerank_model_name else [])
         return {
             "object": "list",
-            "data": [
-                {"id": model_name, "object": "model", "created": created, "owned_by": "qwen-embed"}
-            ],
-        }
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "qwen-embed"}
+                     for name in served],
+        }  # fmt: skip
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -118,9 +180,7 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
         try:
             result = await client.embed_with_usage(texts, **options)
         except EmbeddingError as e:
-            if e.retryable:
-                raise APIError(503, f"embedding backend unavailable: {e}", "server_error") from e
-            raise _invalid(str(e), "dimensions" if "dimensions" in str(e) else None) from e
+            raise _backend_error(e, ("dimensions",)) from e
         data = []
         for i, vector in enumerate(result.embeddings):
             value = (base64.b64encode(vector.astype("<f4").tobytes()).decode()
@@ -128,6 +188,29 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
             data.append({"object": "embedding", "index": i, "embedding": value})
         usage = {"prompt_tokens": result.total_tokens, "total_tokens": result.total_tokens}
         return {"object": "list", "data": data, "model": model_name, "usage": usage}
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    async def rerank(request: Request):
+        check_key(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _invalid("request body is not valid JSON") from None
+        query, documents, options = parse_rerank_request(body, rerank_model_name)
+        return_documents = options.pop("return_documents")
+        try:
+            result = await client.rerank(query, documents, **options)
+        except EmbeddingError as e:
+            raise _backend_error(e, ("query", "documents", "instruction")) from e
+        results = []
+        for index, score in result.ranking:
+            item = {"index": index, "relevance_score": score}
+            if return_documents:
+                item["document"] = {"text": documents[index]}
+            results.append(item)
+        return {"model": rerank_model_name, "results": results,
+                "usage": {"total_tokens": result.total_tokens}}  # fmt: skip
 
     return app
 
@@ -138,12 +221,15 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model-name", default="embed", help="model id clients send")
+    p.add_argument("--rerank-model-name", default="rerank",
+                   help="model id /v1/rerank clients send ('' turns /v1/rerank off)")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("QWEN_EMBED_API_KEY"))
     args = p.parse_args()
     import uvicorn
 
     app = create_app(args.triton_url or ["localhost:8001"], model_name=args.model_name,
-                     api_key=args.api_key or None)  # fmt: skip
+                     api_key=args.api_key or None,
+                     rerank_model_name=args.rerank_model_name or None)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

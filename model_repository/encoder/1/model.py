@@ -1,4 +1,7 @@
-"""Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch."""
+"""Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch.
+
+Parameter `task`: "embed" answers EMBEDDING [n, dim]; "rerank" (the rerank_encoder model, same
+file) answers SCORES [n] from the checkpoint's score head."""
 
 import json
 import time
@@ -11,6 +14,7 @@ from qwen_embed.placement import encoder_placement, instance_index, pin, read_to
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import parse_options, unpack_ids
+from qwen_embed.serving.rerank import parse_rerank_options
 
 
 def _error(message):
@@ -35,8 +39,9 @@ class TritonPythonModel:
             index = instance_index(args.get("model_instance_name", ""), counts)
             placement = encoder_placement(read_topology(), sum(counts), index)
             pin(placement)
+        self.task = params.get("task") or "embed"
         self.encoder = Encoder.from_pretrained(
-            resolve_model_dir(params),
+            resolve_model_dir(params, self.task),
             tp_size=tp_size,
             attn_backend=params.get("attn_backend") or "auto",
             dtype=params.get("dtype") or "auto",
@@ -44,6 +49,7 @@ class TritonPythonModel:
             device=device,
             max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
             pooling=params.get("pooling") or "last",
+            task=self.task,
         )
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device
@@ -62,8 +68,7 @@ class TritonPythonModel:
                 )
                 continue
             try:
-                opts = parse_options(json.loads(request.parameters() or "{}"),
-                                     self.encoder.hidden_size)  # fmt: skip
+                opts = self._options(json.loads(request.parameters() or "{}"))
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
                 seqs = [
                     self.encoder.check_sequence(j, unpack_ids(b, j))
@@ -77,20 +82,30 @@ class TritonPythonModel:
             # Every accepted text of every request in one call: one set of forward batches.
             all_seqs = [s for _, _, seqs in accepted for s in seqs]
             started = time.perf_counter()
-            vectors = self.encoder.embed_checked(all_seqs, normalize=False)
+            if self.task == "rerank":
+                outputs = self.encoder.score_checked(all_seqs)
+            else:
+                outputs = self.encoder.embed_checked(all_seqs, normalize=False)
             self.metrics.seconds.observe(time.perf_counter() - started)
             start = 0
             for i, opts, seqs in accepted:
-                # Same Matryoshka + normalisation as the engine, on this request's rows.
-                rows = torch.from_numpy(vectors[start : start + len(seqs)])
-                rows = finish(rows, normalize=opts.normalize, dimensions=opts.dimensions)
-                rows = rows.contiguous().numpy()
+                rows = outputs[start : start + len(seqs)]
                 start += len(seqs)
-                responses[i] = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("EMBEDDING", rows)]
-                )
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[self._output(rows, opts)])
             self.metrics.observe_batch(len(accepted), all_seqs)
         return responses
+
+    def _options(self, params):
+        if self.task == "rerank":
+            return parse_rerank_options(params)
+        return parse_options(params, self.encoder.hidden_size)
+
+    def _output(self, rows, opts):
+        if self.task == "rerank":
+            return pb_utils.Tensor("SCORES", rows.reshape(-1, 1))
+        # Same Matryoshka + normalisation as the engine, on this request's rows.
+        rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
+        return pb_utils.Tensor("EMBEDDING", rows.contiguous().numpy())
 
     def finalize(self):
         self.encoder.close()

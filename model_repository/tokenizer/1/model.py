@@ -1,4 +1,6 @@
-"""Triton adapter for qwen_embed.serving.tokenizer: TEXT -> TOKEN_IDS, TOKEN_COUNT."""
+"""Triton adapter for the tokenizer step of both ensembles (parameter `task`):
+embed: TEXT -> TOKEN_IDS, TOKEN_COUNT (qwen_embed.serving.tokenizer);
+rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed.serving.rerank)."""
 
 import json
 import os
@@ -11,6 +13,7 @@ from qwen_embed import ModelConfig
 from qwen_embed.placement import read_topology, tokenizer_placement
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import RequestError, decode_texts, pack_ids, parse_options
+from qwen_embed.serving.rerank import PairTokenizer, parse_rerank_options
 from qwen_embed.serving.tokenizer import TextTokenizer
 
 
@@ -21,11 +24,21 @@ class TritonPythonModel:
         spare = tokenizer_placement(read_topology())
         if spare is not None and params.get("cpu_pinning", "auto") != "off":
             os.sched_setaffinity(0, spare.cpus)
-        model_dir = resolve_model_dir(params)
-        self.hidden_size = ModelConfig.from_dir(model_dir).hidden_size
+        self.task = params.get("task") or "embed"
+        model_dir = resolve_model_dir(params, self.task)
+        config = ModelConfig.from_dir(model_dir)
+        self.hidden_size = config.hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
         self.max_text_bytes = int(params.get("max_text_bytes") or 262144)
-        self.tokenizer = TextTokenizer(model_dir, int(params.get("max_input_tokens") or 8192))
+        # Never more than the model's positions: the encoder would refuse what we let through.
+        max_tokens = min(int(params.get("max_input_tokens") or 8192),
+                         config.max_position_embeddings)  # fmt: skip
+        if self.task == "rerank":
+            self.tokenizer = PairTokenizer(model_dir, max_tokens)
+            self._tokenize = self._pairs
+        else:
+            self.tokenizer = TextTokenizer(model_dir, max_tokens)
+            self._tokenize = self._texts
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
             name="qwen_embed_tokenize_seconds",
@@ -42,18 +55,32 @@ class TritonPythonModel:
         self.seconds.observe(time.perf_counter() - start)
         return responses
 
+    def _texts(self, request, params):
+        opts = parse_options(params, self.hidden_size)
+        raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+        texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
+        ids = self.tokenizer.encode(texts, opts)
+        return ids, np.array([[len(x)] for x in ids], dtype=np.int32)
+
+    def _pairs(self, request, params):
+        opts = parse_rerank_options(params)
+        raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        if raw.size != 1:
+            raise RequestError(f"input 'QUERY' must hold exactly 1 text, got {raw.size}")
+        (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")
+        raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
+        documents = decode_texts(raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS")
+        ids = self.tokenizer.encode(query, documents, opts)
+        return ids, np.array([[len(x)] for x in ids], dtype=np.int32)
+
     def _one(self, request):
         try:
-            opts = parse_options(json.loads(request.parameters() or "{}"), self.hidden_size)
-            raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
-            texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-            ids = self.tokenizer.encode(texts, opts)
+            ids, counts = self._tokenize(request, json.loads(request.parameters() or "{}"))
         except RequestError as e:
             return pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
             )
         packed = np.array([[pack_ids(x)] for x in ids], dtype=np.object_)
-        counts = np.array([[len(x)] for x in ids], dtype=np.int32)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("TOKEN_IDS", packed), pb_utils.Tensor("TOKEN_COUNT", counts),
         ])  # fmt: skip

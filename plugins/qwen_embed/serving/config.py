@@ -8,7 +8,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO_MODEL_DIR = REPO / ".cache" / "demo-model"
+DEMO_RERANKER_DIR = REPO / ".cache" / "demo-reranker"
 MODEL_DIR_ENV = "QWEN_EMBED_MODEL_DIR"
+RERANK_MODEL_DIR_ENV = "QWEN_EMBED_RERANK_MODEL_DIR"
+# task -> (environment variable, demo checkpoint `make setup` builds)
+_DEFAULT_DIRS = {
+    "embed": (MODEL_DIR_ENV, DEMO_MODEL_DIR),
+    "rerank": (RERANK_MODEL_DIR_ENV, DEMO_RERANKER_DIR),
+}
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -17,14 +24,16 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in params.items()}
 
 
-def resolve_model_dir(params: dict[str, str]) -> Path:
-    """config parameter `model_dir`, else $QWEN_EMBED_MODEL_DIR, else the built demo model."""
-    chosen = params.get("model_dir") or os.environ.get(MODEL_DIR_ENV) or str(DEMO_MODEL_DIR)
+def resolve_model_dir(params: dict[str, str], task: str = "embed") -> Path:
+    """config parameter `model_dir`, else $QWEN_EMBED_MODEL_DIR (rerank:
+    $QWEN_EMBED_RERANK_MODEL_DIR), else the demo checkpoint `make setup` built."""
+    env, demo = _DEFAULT_DIRS[task]
+    chosen = params.get("model_dir") or os.environ.get(env) or str(demo)
     path = Path(chosen).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model directory {path} has no config.json: set the model_dir parameter or "
-            f"${MODEL_DIR_ENV}, or run `make demo-model`"
+            f"${env}, or run `make setup`"
         )
     return path
 

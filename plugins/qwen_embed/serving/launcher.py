@@ -12,6 +12,9 @@
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
   NUMA node in place of a KIND_MODEL encoder group, through a copy of the repository where the
   count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
+- `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
+  /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
+- `--no-rerank` leaves the rerank ensemble and its steps (models named rerank*) unloaded.
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
 """
@@ -46,8 +49,10 @@ STUB_NAME = "triton_python_backend_stub"
 _PR_SET_PDEATHSIG = 1
 
 
-def repository_models(model_repository: Path) -> list[str]:
-    return sorted(p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
+def repository_models(model_repository: Path, rerank: bool = True) -> list[str]:
+    """The models to load: every one with a config.pbtxt, rerank* only with `rerank`."""
+    names = (p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
+    return sorted(n for n in names if rerank or not n.startswith("rerank"))
 
 
 def triton_args(
@@ -56,6 +61,7 @@ def triton_args(
     ports: tuple[int, int, int],
     admin_key: str,
     exit_timeout_s: int,
+    rerank: bool = True,
 ) -> list[str]:
     http, grpc, metrics = ports
     restricted = f"{RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"
@@ -65,7 +71,7 @@ def triton_args(
         f"--grpc-address={host}", f"--grpc-port={grpc}",
         f"--metrics-address={host}", f"--metrics-port={metrics}",
         "--model-control-mode=explicit",
-        *(f"--load-model={m}" for m in repository_models(model_repository)),
+        *(f"--load-model={m}" for m in repository_models(model_repository, rerank)),
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         f"--exit-timeout-secs={exit_timeout_s}",
@@ -200,6 +206,16 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def start_gateway(host: str, port: int, grpc_port: int, rerank: bool) -> subprocess.Popen:
+    """The OpenAI-compatible gateway in front of this server's gRPC port (same interpreter)."""
+    cmd = [sys.executable, "-m", "qwen_embed_client.gateway", "--host", host, "--port", str(port),
+           "--triton-url", f"127.0.0.1:{grpc_port}"]  # fmt: skip
+    if not rerank:
+        cmd += ["--rerank-model-name", ""]
+    log(f"gateway: http://{host}:{port}/v1/embeddings" + (" and /v1/rerank" if rerank else ""))
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+
 def _die_with_parent() -> None:
     # tritonserver runs in its own session (so a signal to our group reaches it only through
     # us, once); this makes it exit if this process is killed outright.
@@ -223,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-instances", default="auto",
                    help="encoder instances without GPUs: auto (one per NUMA node), config "
                    "(the repository's), or a count")  # fmt: skip
+    p.add_argument("--gateway-port", type=int, default=0,
+                   help="also serve the OpenAI gateway on this port (0: off)")  # fmt: skip
+    p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
 
@@ -237,14 +256,19 @@ def main(argv: list[str] | None = None) -> int:
             atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
             args.model_repository = served
     cmd, env = server_command()
-    cmd += triton_args(args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs)
+    rerank = not args.no_rerank
+    cmd += triton_args(args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs,
+                       rerank)  # fmt: skip
     proc = subprocess.Popen(cmd + args.extra, env=env, start_new_session=True,
                             preexec_fn=_die_with_parent)  # fmt: skip
     watchdog = None
+    gateway = None
 
     def forward(signum, _frame):
         if watchdog is not None:
             watchdog.stopping.set()  # stubs exit on shutdown: that is no reason to reload
+        if gateway is not None and gateway.poll() is None:
+            gateway.terminate()
         if proc.poll() is None:
             log(f"signal {signum}: draining in-flight requests, then exiting")
             proc.send_signal(signal.SIGTERM)
@@ -257,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         watchdog = Watchdog(proc.pid, local, admin_key, args.watchdog_interval)
         watchdog.start()
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
+    if ready and args.gateway_port:
+        gateway = start_gateway(args.host, args.gateway_port, args.grpc_port, rerank)
     while proc.poll() is None:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []
@@ -264,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             partial.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
             os.replace(partial, args.status_file)
         time.sleep(0.5)
+    if gateway is not None and gateway.poll() is None:
+        gateway.terminate()
+        gateway.wait(timeout=10)
     return proc.returncode
 
 

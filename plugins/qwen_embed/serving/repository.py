@@ -1,11 +1,13 @@
 """Render a model repository that serves several checkpoints side by side.
 
     python -m qwen_embed.serving.repository OUT_DIR NAME=MODEL_DIR [NAME=MODEL_DIR ...]
-        [--set encoder.tp_size=2 ...]
+        [--rerank NAME=MODEL_DIR ...] [--set encoder.tp_size=2 ...]
 
 Each NAME gets its own tokenizer, encoder and ensemble (`NAME_tokenizer`, `NAME_encoder`,
 `NAME`), copied from the checked-in model_repository with `model_dir` pinned; a NAME of `embed`
-keeps the original names. `--set MODEL.KEY=VALUE` overrides a config parameter of every copy;
+keeps the original names. A `--rerank` NAME gets the same trio from the rerank templates
+(`rerank_tokenizer`, `rerank_encoder`, `rerank`; a NAME of `rerank` keeps those names).
+`--set MODEL.KEY=VALUE` overrides a config parameter of every copy;
 `--encoder-instances 'count: 1, kind: KIND_GPU'` replaces the encoder's instance_group (GPUs);
 `--max-queue-size N` bounds the encoder's queue (requests beyond it get UNAVAILABLE at once).
 """
@@ -21,6 +23,11 @@ from .config import REPO
 
 TEMPLATE = REPO / "model_repository"
 STEPS = ("tokenizer", "encoder")
+# kind -> (ensemble template, {step: template directory})
+KINDS = {
+    "embed": ("embed", {"tokenizer": "tokenizer", "encoder": "encoder"}),
+    "rerank": ("rerank", {"tokenizer": "rerank_tokenizer", "encoder": "rerank_encoder"}),
+}
 
 
 def _parameter_pattern(key: str) -> str:
@@ -54,18 +61,23 @@ def set_instance_group(config: str, group: str) -> str:
 def render(out_dir: str | Path, deployments: dict[str, str | Path],
            overrides: dict[str, dict[str, str]] | None = None,
            encoder_instances: str | None = None,
-           max_queue_size: int | None = None) -> Path:  # fmt: skip
-    """Write one tokenizer/encoder/ensemble trio per deployment name into out_dir."""
+           max_queue_size: int | None = None,
+           rerankers: dict[str, str | Path] | None = None) -> Path:  # fmt: skip
+    """Write one tokenizer/encoder/ensemble trio per deployment (and reranker) name into
+    out_dir; `overrides` ({"tokenizer"|"encoder": {key: value}}) apply to both kinds."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, model_dir in deployments.items():
-        names = {"embed": name, **{s: s if name == "embed" else f"{name}_{s}" for s in STEPS}}
-        for step in STEPS:
+    named = [("embed", n, d) for n, d in deployments.items()]
+    named += [("rerank", n, d) for n, d in (rerankers or {}).items()]
+    for kind, name, model_dir in named:
+        ensemble_template, templates = KINDS[kind]
+        names = {s: t if name == ensemble_template else f"{name}_{s}" for s, t in templates.items()}
+        for step, template in templates.items():
             target = out / names[step]
-            shutil.copytree(TEMPLATE / step, target, dirs_exist_ok=True,
+            shutil.copytree(TEMPLATE / template, target, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-            config = (TEMPLATE / step / "config.pbtxt").read_text()
-            config = config.replace(f'name: "{step}"', f'name: "{names[step]}"', 1)
+            config = (TEMPLATE / template / "config.pbtxt").read_text()
+            config = config.replace(f'name: "{template}"', f'name: "{names[step]}"', 1)
             config = _set_parameter(config, "model_dir", str(Path(model_dir).resolve()))
             for key, value in (overrides or {}).get(step, {}).items():
                 config = _set_parameter(config, key, value)
@@ -74,10 +86,10 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
             if step == "encoder" and max_queue_size is not None:
                 config = re.sub(r"max_queue_size: \d+", f"max_queue_size: {max_queue_size}", config)
             (target / "config.pbtxt").write_text(config)
-        ensemble = (TEMPLATE / "embed" / "config.pbtxt").read_text()
-        ensemble = ensemble.replace('name: "embed"', f'name: "{name}"', 1)
-        for step in STEPS:
-            ensemble = ensemble.replace(f'model_name: "{step}"', f'model_name: "{names[step]}"')
+        ensemble = (TEMPLATE / ensemble_template / "config.pbtxt").read_text()
+        ensemble = ensemble.replace(f'name: "{ensemble_template}"', f'name: "{name}"', 1)
+        for step, template in templates.items():
+            ensemble = ensemble.replace(f'model_name: "{template}"', f'model_name: "{names[step]}"')
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "config.pbtxt").write_text(ensemble)
     return out
@@ -86,7 +98,14 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
-    p.add_argument("deployments", nargs="+", metavar="NAME=MODEL_DIR")
+    p.add_argument("deployments", nargs="*", metavar="NAME=MODEL_DIR")
+    p.add_argument(
+        "--rerank",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL_DIR",
+        help="a reranker (Qwen3-Reranker layout or a sequence-classification head)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE")
     p.add_argument("--encoder-instances", help="e.g. 'count: 1, kind: KIND_GPU'")
     p.add_argument("--max-queue-size", type=int, help="encoder requests waiting, then UNAVAILABLE")
@@ -97,9 +116,12 @@ def main() -> None:
         step, key = target.split(".", 1)
         overrides.setdefault(step, {})[key] = value
     deployments = dict(d.split("=", 1) for d in args.deployments)
+    rerankers = dict(d.split("=", 1) for d in args.rerank)
+    if not deployments and not rerankers:
+        p.error("name at least one NAME=MODEL_DIR or --rerank NAME=MODEL_DIR")
     out = render(args.out_dir, deployments, overrides, args.encoder_instances,
-                 args.max_queue_size)  # fmt: skip
-    print(f"rendered {out}: {', '.join(deployments)}")
+                 args.max_queue_size, rerankers)  # fmt: skip
+    print(f"rendered {out}: {', '.join([*deployments, *rerankers])}")
 
 
 if __name__ == "__main__":

@@ -73,34 +73,35 @@ def parse_options(params: dict, hidden_size: int) -> RequestOptions:
     return RequestOptions(**opts)
 
 
-def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int) -> list[str]:
-    """TEXT [n, 1] of bytes -> n strings.
+def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int,
+                 name: str = "TEXT") -> list[str]:  # fmt: skip
+    """TEXT [n, 1] (or the input `name`) of bytes -> n strings.
 
     Refuses n = 0, n > max_texts, texts longer than max_text_bytes (checked before tokenizing,
     so a huge text costs nothing), invalid UTF-8, NUL characters and empty texts.
     """
     flat = raw.reshape(-1)
     if flat.size == 0:
-        raise RequestError("input 'TEXT' must hold at least 1 text, got 0")
+        raise RequestError(f"input '{name}' must hold at least 1 text, got 0")
     if flat.size > max_texts:
-        raise RequestError(f"input 'TEXT' holds {flat.size} texts, more than the limit of "
+        raise RequestError(f"input '{name}' holds {flat.size} texts, more than the limit of "
                            f"{max_texts} per request")  # fmt: skip
     texts = []
     for i, item in enumerate(flat):
         item = item if isinstance(item, bytes) else str(item).encode()
         if len(item) > max_text_bytes:
-            raise RequestError(f"input 'TEXT[{i}]' is {len(item)} bytes, more than the limit of "
+            raise RequestError(f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
                                f"{max_text_bytes} bytes per text")  # fmt: skip
         try:
             text = item.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RequestError(f"input 'TEXT[{i}]' is not valid UTF-8 ({e.reason} at byte "
+            raise RequestError(f"input '{name}[{i}]' is not valid UTF-8 ({e.reason} at byte "
                                f"{e.start})") from None  # fmt: skip
         if "\x00" in text:
-            raise RequestError(f"input 'TEXT[{i}]' contains a NUL character (byte "
+            raise RequestError(f"input '{name}[{i}]' contains a NUL character (byte "
                                f"{item.index(0)})")  # fmt: skip
         if not text.strip():
-            raise RequestError(f"input 'TEXT[{i}]' is empty or only whitespace")
+            raise RequestError(f"input '{name}[{i}]' is empty or only whitespace")
         texts.append(text)
     return texts
 

@@ -1,0 +1,1 @@
+../../encoder/1/model.py

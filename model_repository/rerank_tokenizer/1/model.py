@@ -1,0 +1,1 @@
+../../tokenizer/1/model.py

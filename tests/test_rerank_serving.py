@@ -1,0 +1,293 @@
+"""Reranking through a real tritonserver (the `rerank` ensemble over HTTP and gRPC), the client
+library, the CLI, and the gateway's /v1/rerank started by the launcher (as `make serve` does).
+
+One server for the module: the demo embedder and a tiny Qwen3-Reranker replica (real
+tokenizer), both encoders in fp32. Scores must equal transformers' (Qwen3ForCausalLM full
+logits, softmax over "no"/"yes" at the last position) within 1e-4.
+"""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from qwen_embed_client import EmbeddingClient
+from tritonclient.utils import InferenceServerException
+
+from qwen_embed.serving.config import DEMO_RERANKER_DIR
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed.serving.triton import TritonServer, free_port
+
+from reference import RERANKER_CONFIG, make_reranker, model_card_pairs, reference_scores
+from triton_helpers import infer
+
+FP32_ABS = 1e-4
+QUERY = "Which city is the capital of China?"
+DOCUMENTS = [
+    "The capital of China is Beijing.",
+    "Gravity is a force that attracts two bodies towards each other. " * 8,
+    "北京是中华人民共和国的首都。",
+    "Paris",
+    "naïve café — emoji 🎉",
+    "def capital(country):\n    return 'Beijing'",
+]
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    return make_reranker(tmp_path_factory.mktemp("reranker"))
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, reranker, tmp_path_factory):
+    """(server, gateway base url) with the gateway started by the launcher."""
+    where = tmp_path_factory.mktemp("rerank-triton")
+    repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}},
+                  rerankers={"rerank": reranker})  # fmt: skip
+    port = free_port()
+    with TritonServer(repo, log_path=where / "server.log",
+                      launcher_args=["--gateway-port", str(port)]) as server:  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        wait_for(f"{base}/health")
+        yield server, base
+
+
+def wait_for(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def expected(reranker):
+    pairs = model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=DEFAULT_TASK)
+    return reference_scores(reranker, pairs), np.array([len(p) for p in pairs])
+
+
+def rerank(server, query, documents, protocol="http", **params):
+    """One `rerank` request; returns (SCORES [n], TOKEN_COUNT [n])."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    q = np.array([query if isinstance(query, bytes) else query.encode()], dtype=object)
+    d = np.array([[x if isinstance(x, bytes) else x.encode()] for x in documents], dtype=object)
+    inputs = [module.InferInput("QUERY", [1], "BYTES"),
+              module.InferInput("DOCUMENTS", [len(documents), 1], "BYTES")]  # fmt: skip
+    inputs[0].set_data_from_numpy(q)
+    inputs[1].set_data_from_numpy(d.reshape(len(documents), 1))
+    result = client.infer("rerank", inputs, parameters=params or None)
+    return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_scores_equal_transformers(stack, expected, protocol):
+    server, _ = stack
+    scores, counts = rerank(server, QUERY, DOCUMENTS, protocol)
+    want, want_counts = expected
+    assert scores.dtype == np.float32 and scores.shape == (len(DOCUMENTS),)
+    assert np.abs(scores - want).max() <= FP32_ABS
+    assert counts.tolist() == want_counts.tolist()
+
+
+def test_instruction_and_truncation_reach_the_tokenizer(stack, reranker):
+    server, _ = stack
+    scores, _ = rerank(server, QUERY, DOCUMENTS[:2], instruction="Find the capital city")
+    pairs = model_card_pairs(reranker, QUERY, DOCUMENTS[:2], instruction="Find the capital city")
+    assert np.abs(scores - reference_scores(reranker, pairs)).max() <= FP32_ABS
+    long = ["word " * 9000]  # over the limit: 8192 tokens, capped at the replica's 2048 positions
+    _, counts = rerank(server, QUERY, long)
+    assert counts.tolist() == [RERANKER_CONFIG["max_position_embeddings"]]
+    with pytest.raises(InferenceServerException, match=r"DOCUMENTS\[0\].*2048.*truncate"):
+        rerank(server, QUERY, long, truncate=False)
+
+
+def test_gateway_cohere_request(stack, expected):
+    _, base = stack
+    want, counts = expected
+    docs = [d if i % 2 else {"text": d} for i, d in enumerate(DOCUMENTS)]  # both Cohere forms
+    status, body = post(f"{base}/v1/rerank", {"model": "rerank", "query": QUERY,
+                                              "documents": docs, "top_n": 3})  # fmt: skip
+    assert status == 200, body
+    order = np.argsort(-want, kind="stable")[:3].tolist()
+    assert [r["index"] for r in body["results"]] == order
+    for r in body["results"]:
+        assert abs(r["relevance_score"] - float(want[r["index"]])) <= FP32_ABS
+        assert r["document"] == {"text": DOCUMENTS[r["index"]]}
+    assert body["usage"]["total_tokens"] == int(counts.sum())
+    assert body["model"] == "rerank"
+    body = {"model": "rerank", "query": QUERY, "documents": DOCUMENTS, "return_documents": False}
+    status, body = post(f"{base}/rerank", body)
+    assert status == 200 and len(body["results"]) == len(DOCUMENTS)
+    assert "document" not in body["results"][0]
+    scores = [r["relevance_score"] for r in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    status, body = post(f"{base}/v1/embeddings", {"model": "embed", "input": ["hello"]})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 1024
+    with urllib.request.urlopen(f"{base}/v1/models") as r:
+        assert [m["id"] for m in json.loads(r.read())["data"]] == ["embed", "rerank"]
+
+
+def test_client_library_splits_and_ranks(stack, expected):
+    server, _ = stack
+    want, counts = expected
+    # Two "servers" (the same one twice) and 2 documents per request: several requests.
+    with EmbeddingClient([server.grpc_url, server.grpc_url.replace("127.0.0.1", "localhost")],
+                         max_texts_per_request=2) as client:  # fmt: skip
+        result = client.rerank(QUERY, DOCUMENTS, top_n=4)
+    assert np.abs(result.scores - want).max() <= FP32_ABS
+    assert result.token_counts.tolist() == counts.tolist()
+    assert [i for i, _ in result.ranking] == np.argsort(-want, kind="stable")[:4].tolist()
+    with EmbeddingClient(server.grpc_url) as client, pytest.raises(ValueError, match="top_n"):
+        client.rerank(QUERY, DOCUMENTS, top_n=0)
+
+
+def test_cli_rerank(stack, expected, tmp_path):
+    server, _ = stack
+    want, _ = expected
+    path = tmp_path / "docs.txt"
+    path.write_text("\n".join(d.replace("\n", " ") for d in DOCUMENTS[:3]) + "\n")
+    out = subprocess.run([sys.executable, "-m", "qwen_embed_client.cli", "rerank", QUERY,
+                          str(path), "--url", server.grpc_url, "--top-n", "2"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["index"] for x in lines] == np.argsort(-want[:3], kind="stable")[:2].tolist()
+    assert lines[0]["document"] == DOCUMENTS[lines[0]["index"]]
+
+
+def test_embed_and_rerank_concurrently_without_cross_talk(stack):
+    server, _ = stack
+    texts = [f"embedding text number {i} " * (1 + i % 5) for i in range(16)]
+    queries = [f"query {i}?" for i in range(16)]
+    docs = [[f"document {i}.{j} " * (1 + j) for j in range(3)] for i in range(16)]
+    alone_vectors = [infer(server, [t], "grpc")[0] for t in texts]
+    alone_scores = [rerank(server, q, d, "grpc")[0] for q, d in zip(queries, docs, strict=True)]
+    results, errors = {}, []
+    barrier = threading.Barrier(16)
+
+    def client(i):
+        try:
+            barrier.wait()
+            for k in range(2):  # 16 clients, each alternating embed and rerank
+                j = (i + k * 8) % 16
+                if (i + k) % 2:
+                    results[("embed", j, k)] = infer(server, [texts[j]], "grpc")[0]
+                else:
+                    results[("rerank", j, k)] = rerank(server, queries[j], docs[j], "grpc")[0]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert {kind for kind, _, _ in results} == {"embed", "rerank"} and len(results) == 32
+    for (kind, j, _), value in results.items():
+        alone = alone_vectors[j] if kind == "embed" else alone_scores[j]
+        assert value.shape == alone.shape
+        assert np.abs(value - alone).max() <= 1e-4, (kind, j)
+
+
+BAD = [
+    # (query, documents, parameters, expected message)
+    ("", ["doc"], {}, r"input 'QUERY\[0\]' is empty"),
+    ("q", ["doc", "   "], {}, r"input 'DOCUMENTS\[1\]' is empty"),
+    ("q", ["x"] * 257, {}, r"input 'DOCUMENTS' holds 257 texts, more than the limit of 256"),
+    ("q", [b"ok", b"\xff\xfe bad"], {}, r"input 'DOCUMENTS\[1\]' is not valid UTF-8"),
+    ("q", ["doc"], {"instruction": ""}, r"parameter 'instruction' must not be empty"),
+    ("q", ["doc"], {"dimensions": 8}, r"unknown parameter\(s\) \['dimensions'\]"),
+    ("q", ["doc"], {"truncate": "yes"}, r"parameter 'truncate' must be a boolean"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bad_input_is_invalid_arg_and_the_server_stays_correct(stack, expected, protocol):
+    server, _ = stack
+    for query, documents, params, message in BAD:
+        with pytest.raises(InferenceServerException, match=message) as info:
+            rerank(server, query, documents, protocol, **params)
+        assert "INVALID_ARG" in str(info.value.status()) or "400" in str(info.value.status())
+    scores, _ = rerank(server, QUERY, DOCUMENTS, protocol)
+    assert np.abs(scores - expected[0]).max() <= FP32_ABS
+
+
+def test_zero_documents_is_refused(stack):
+    server, _ = stack
+    client = httpclient.InferenceServerClient(server.http_url)
+    q = httpclient.InferInput("QUERY", [1], "BYTES")
+    q.set_data_from_numpy(np.array([b"q"], dtype=object))
+    d = httpclient.InferInput("DOCUMENTS", [0, 1], "BYTES")
+    d.set_data_from_numpy(np.zeros((0, 1), dtype=object))
+    with pytest.raises(InferenceServerException, match="DOCUMENTS' must hold at least 1"):
+        client.infer("rerank", [q, d])
+
+
+GATEWAY_BAD = [
+    ({"query": "", "documents": ["d"]}, 400, "query"),
+    ({"query": "q", "documents": []}, 400, "documents"),
+    ({"query": "q", "documents": ["d"] * 1001}, 400, "documents"),
+    ({"query": "q", "documents": ["d", 3]}, 400, "documents"),
+    ({"query": "q", "documents": [{"txt": "d"}]}, 400, "documents"),
+    ({"query": "q", "documents": ["d\ud800"]}, 400, "documents"),
+    ({"query": "q", "documents": ["d"], "top_n": 0}, 400, "top_n"),
+    ({"query": "q", "documents": ["d"], "top_n": True}, 400, "top_n"),
+    ({"query": "q", "documents": ["d"], "model": "Qwen3-Reranker-8B"}, 404, "model"),
+    ({"query": "q", "documents": ["d" * 300000]}, 400, "documents"),  # Triton's byte limit
+]
+
+
+def test_gateway_bad_requests_get_4xx_naming_the_field(stack, expected):
+    _, base = stack
+    for body, status, param in GATEWAY_BAD:
+        got, answer = post(f"{base}/v1/rerank", {"model": "rerank", **body})
+        assert got == status, (body, answer)
+        assert answer["error"]["param"] == param, (body, answer)
+    status, body = post(f"{base}/v1/rerank", {"model": "rerank", "query": QUERY,
+                                              "documents": DOCUMENTS})  # fmt: skip
+    assert status == 200
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert max(abs(got[i] - float(s)) for i, s in enumerate(expected[0])) <= FP32_ABS
+
+
+def test_make_serve_answers_embeddings_and_rerank_on_the_gateway(demo_dir, tmp_path):
+    """What `make serve` runs on a fresh clone: the checked-in repository, the demo embedder
+    and demo reranker, the gateway on its own port."""
+    assert (DEMO_RERANKER_DIR / "config.json").is_file()  # built by `make setup`
+    port = free_port()
+    with TritonServer(log_path=tmp_path / "server.log",
+                      env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+                      launcher_args=["--gateway-port", str(port)]):  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        wait_for(f"{base}/health")
+        status, body = post(f"{base}/v1/embeddings", {"model": "embed", "input": ["hi", "yo"]})
+        assert status == 200 and len(body["data"]) == 2
+        assert len(body["data"][0]["embedding"]) == 1024
+        body = {"model": "rerank", "query": "capital?", "documents": ["Beijing.", "Gravity."]}
+        status, body = post(f"{base}/v1/rerank", body)
+        assert status == 200 and sorted(r["index"] for r in body["results"]) == [0, 1]
+        assert all(0.0 <= r["relevance_score"] <= 1.0 for r in body["results"])
