@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer profile locust soak \
+.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -106,6 +106,15 @@ perf-peers: setup
 # A busy loop on one core beside the server: tokens/s per encoder layout, loaded over quiet.
 perf-neighbour: setup
 	cd perf && ../$(PY) bench_neighbour.py
+
+# Reranking pairs/s (100 mixed documents per query) through Triton and /v1/rerank against
+# transformers (model card code, and with last-position logits only), same run.
+perf-rerank: setup
+	cd perf && ../$(PY) bench_rerank.py
+
+# Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
+perf-split: setup
+	cd perf && ../$(PY) bench_adaptive_split.py
 
 # Tokenizer stage vs encoder, and where the engine's time goes.
 perf-tokenizer: setup

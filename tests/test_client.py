@@ -10,6 +10,7 @@ import pytest
 from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 
 from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 
 from triton_helpers import infer
@@ -92,41 +93,27 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
         assert client.embed(["still fine"]).shape == (1, 1024)
 
 
-def test_unequal_servers_adaptive_beats_even_split(demo_dir, tmp_path):
-    """A deeper model (slower server) gets fewer texts, and the job ends sooner than halving.
+def test_unequal_servers_get_texts_by_speed(demo_dir, tmp_path):
+    """A deeper model (slower server) gets clearly fewer texts: what the scheduler decided, not
+    wall time (a loaded machine can flip a timing; perf/bench_adaptive_split.py times it).
 
     Each server is pinned to its own core so they behave like two machines of unequal speed.
     """
     slow_model = build_demo_model(tmp_path / "deep", layers=12, seed=2)
     texts = [f"document {i} " + "about many things " * 12 for i in range(96)]
-    fast = TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
-                        log_path=tmp_path / "fast.log", cpus="0")  # fmt: skip
-    slow = TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(slow_model)},
-                        log_path=tmp_path / "slow.log", cpus="1")  # fmt: skip
+    fast_repo = render(tmp_path / "fast-repo", {"embed": demo_dir})
+    slow_repo = render(tmp_path / "slow-repo", {"embed": slow_model})
+    fast = TritonServer(fast_repo, log_path=tmp_path / "fast.log", cpus="0")
+    slow = TritonServer(slow_repo, log_path=tmp_path / "slow.log", cpus="1")
     with fast, slow:
-
-        def even_split():
-            with EmbeddingClient(fast.grpc_url) as a, EmbeddingClient(slow.grpc_url) as b:
-                threads = [threading.Thread(target=a.embed, args=(texts[:48],)),
-                           threading.Thread(target=b.embed, args=(texts[48:],))]  # fmt: skip
-                began = time.monotonic()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                return time.monotonic() - began
-
         with EmbeddingClient([fast.grpc_url, slow.grpc_url], requests_in_flight=2) as client:
             client.embed(texts[:16])  # learn the speeds (kept for later calls)
             learned = client.stats()
             before = {u: s["texts_done"] for u, s in learned.items()}
-            began = time.monotonic()
             out = client.embed(texts)
-            adaptive_s = time.monotonic() - began
             split = {u: s["texts_done"] - before[u] for u, s in client.stats().items()}
-        even_s = even_split()
-    print(f"adaptive {adaptive_s:.1f}s split {split}; even split {even_s:.1f}s")
+    print(f"split {split}; learned {learned}")
     assert out.shape == (96, 1024)
     assert all(s["texts_per_s"] > 0 for s in learned.values())
+    assert sum(split.values()) == len(texts)
     assert split[fast.grpc_url] >= 2 * split[slow.grpc_url]
-    assert adaptive_s < even_s

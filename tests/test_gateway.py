@@ -1,9 +1,11 @@
 """The OpenAI-compatible gateway, driven by the official `openai` package, against a real
 gateway process and tritonserver."""
 
+import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -82,3 +84,16 @@ def test_errors_map_to_openai_shapes(stack):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).embeddings.create(
             input="x", model="embed")  # fmt: skip
+
+
+def test_rerank_without_a_triton_reranker_is_404(stack):
+    """This server serves `embed` only: /v1/rerank answers model_not_found, /v1/models omits it."""
+    _, base_url = stack
+    body = json.dumps({"model": "rerank", "query": "q", "documents": ["d"]}).encode()
+    request = urllib.request.Request(f"{base_url}/rerank", body, {
+        "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=60)
+    assert e.value.code == 404
+    error = json.loads(e.value.read())["error"]
+    assert error["code"] == "model_not_found" and "rerank" in error["message"]

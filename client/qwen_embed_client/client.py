@@ -223,6 +223,16 @@ class AsyncEmbeddingClient:
                 raise EmbeddingError(f"{server.url}: {e}", None, server.url) from e
             raise
 
+    async def model_ready(self, model: str) -> bool:
+        """Whether any of the servers has `model` loaded and ready."""
+        for server in self._connect():
+            try:
+                if await server.client.is_model_ready(model):
+                    return True
+            except Exception:  # unreachable or unknown: not ready there
+                continue
+        return False
+
     async def close(self) -> None:
         for server in self._servers or []:
             await server.client.close()

@@ -121,6 +121,9 @@ def _backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
     if e.retryable:
         return APIError(503, f"backend unavailable: {e}", "server_error")
     message = str(e)
+    if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
+        return APIError(404, f"the backend does not serve this model: {message}",
+                        "invalid_request_error", "model", "model_not_found")  # fmt: skip
     param = next((p for p in params if p.upper() in message.upper()), None)
     return _invalid(message, param)
 
@@ -162,7 +165,9 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.get("/v1/models")
     async def models(request: Request):
         check_key(request)
-        served = [model_name] + ([rerank_model_name] if rerank_model_name else [])
+        served = [model_name]
+        if rerank_model_name and await client.model_ready(triton_rerank_model):
+            served.append(rerank_model_name)
         return {
             "object": "list",
             "data": [{"id": name, "object": "model", "created": created, "owned_by": "qwen-embed"}

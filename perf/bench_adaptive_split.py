@@ -1,0 +1,96 @@
+"""Two servers of unequal speed: the client's adaptive split against an even split, timed.
+
+    python bench_adaptive_split.py [--texts 96] [--slow-layers 12] [--repeats 3]
+
+Each server is pinned to its own core (two "machines"); the slow one serves a deeper model.
+The client measures each server's speed and sizes chunks by it; the even split sends half the
+texts to each. Both are timed in the same run, alternately; the test suite only checks what
+the scheduler decided (tests/test_client.py), since a loaded machine can flip a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from qwen_embed_client import EmbeddingClient
+
+from qwen_embed.cpu import cpu_features
+from qwen_embed.demo import build_demo_model
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer
+
+from workload import RESULTS, command_line, machine, stamp
+
+
+def even_split(fast: str, slow: str, texts: list[str]) -> float:
+    half = len(texts) // 2
+    with EmbeddingClient(fast) as a, EmbeddingClient(slow) as b:
+        threads = [threading.Thread(target=a.embed, args=(texts[:half],)),
+                   threading.Thread(target=b.embed, args=(texts[half:],))]  # fmt: skip
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.monotonic() - began
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--texts", type=int, default=96)
+    p.add_argument("--slow-layers", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(RESULTS / "adaptive_split"))
+    args = p.parse_args()
+    texts = [f"document {i} " + "about many things " * 12 for i in range(args.texts)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        fast_model = build_demo_model(tmp / "fast-model", layers=3)
+        slow_model = build_demo_model(tmp / "slow-model", layers=args.slow_layers, seed=2)
+        fast = TritonServer(render(tmp / "fast", {"embed": fast_model}), cpus="0",
+                            log_path=tmp / "fast.log")  # fmt: skip
+        slow = TritonServer(render(tmp / "slow", {"embed": slow_model}), cpus="1",
+                            log_path=tmp / "slow.log")  # fmt: skip
+        with fast, slow, EmbeddingClient([fast.grpc_url, slow.grpc_url],
+                                         requests_in_flight=2) as client:  # fmt: skip
+            client.embed(texts[:16])  # learn the speeds
+            for _ in range(args.repeats):
+                before = {u: s["texts_done"] for u, s in client.stats().items()}
+                began = time.monotonic()
+                client.embed(texts)
+                adaptive = time.monotonic() - began
+                split = {u: s["texts_done"] - before[u] for u, s in client.stats().items()}
+                even = even_split(fast.grpc_url, slow.grpc_url, texts)
+                rows.append({"adaptive_s": adaptive, "even_s": even, "ratio": even / adaptive,
+                             "fast_texts": split[fast.grpc_url],
+                             "slow_texts": split[slow.grpc_url]})  # fmt: skip
+                print(rows[-1], flush=True)
+    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+              "command": command_line(), "rows": rows}  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    lines = [
+        "# Adaptive split over two unequal servers vs an even split", "",
+        f"- date: {record['date']}", f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
+        f"- fast server: demo model (3 layers) on core 0; slow: {args.slow_layers} layers on "
+        f"core 1; {args.texts} texts per job", "",
+        "| adaptive s | even split s | even / adaptive | texts to fast | texts to slow |",
+        "| --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['adaptive_s']:.1f} | {r['even_s']:.1f} | {r['ratio']:.2f} | "
+                     f"{r['fast_texts']} | {r['slow_texts']} |")  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Reranking throughput: pairs/s for one query with 100 mixed-length documents.
+
+    python bench_rerank.py [--model-dir DIR] [--dtype auto] [--rounds 3] [--clients 1 4]
+
+Through Triton (the `rerank` ensemble over gRPC) and through the gateway's /v1/rerank (both
+started by the launcher, as `make serve` does), against transformers computing the same scores
+in the same run: Qwen3-Reranker's model card code (padded batches, full logits at every
+position) and the same with `logits_to_keep=1` (only the last position's logits). Documents are
+perf/workload.py's mix (80% 16-64 words, 20% 256-1024). Every path's scores are checked against
+transformers' (max abs difference in the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qwen_embed.cpu import cpu_features
+from qwen_embed.route import choose_route
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed.serving.rerank import PREFIX, SUFFIX, pair_text
+from qwen_embed.serving.triton import TritonServer, free_port
+
+from workload import RESULTS, command_line, machine, make_texts, stamp
+
+REPO = Path(__file__).resolve().parents[1]
+QUERY = "which of these passages says the most about what they would have done first"
+
+
+def ensure_reranker(path: Path, layers: int) -> Path:
+    if not (path / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "qwen_embed.demo", str(path), "--layers",
+                        str(layers), "--reranker"], check=True)  # fmt: skip
+    return path
+
+
+def transformers_scores(
+    model_dir: Path, documents: list[str], dtype: torch.dtype, batch_size: int, last_only: bool
+) -> tuple[np.ndarray, float]:
+    """The model card's recipe: left-padded batches, logits at the last position."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    prefix = tok.encode(PREFIX, add_special_tokens=False)
+    suffix = tok.encode(SUFFIX, add_special_tokens=False)
+    scores = []
+    began = time.perf_counter()
+    with torch.inference_mode():
+        for start in range(0, len(documents), batch_size):
+            pairs = [
+                pair_text(QUERY, d, DEFAULT_TASK) for d in documents[start : start + batch_size]
+            ]
+            enc = tok(pairs, padding=False, truncation="longest_first",
+                      return_attention_mask=False,
+                      max_length=8192 - len(prefix) - len(suffix))  # fmt: skip
+            ids = [prefix + x + suffix for x in enc["input_ids"]]
+            batch = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+            kwargs = {"logits_to_keep": 1} if last_only else {}
+            logits = model(**batch, **kwargs).logits[:, -1, :].float()
+            pair = torch.stack([logits[:, no], logits[:, yes]], dim=1)
+            scores.append(torch.softmax(pair, dim=1)[:, 1])
+    return torch.cat(scores).numpy(), time.perf_counter() - began
+
+
+def triton_rerank(url: str, documents: list[str]) -> np.ndarray:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    q = grpcclient.InferInput("QUERY", [1], "BYTES")
+    q.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
+    d = grpcclient.InferInput("DOCUMENTS", [len(documents), 1], "BYTES")
+    d.set_data_from_numpy(np.array([[x.encode()] for x in documents], dtype=object))
+    result = client.infer("rerank", [q, d], client_timeout=1800)
+    return result.as_numpy("SCORES").reshape(-1)
+
+
+def gateway_rerank(base: str, documents: list[str]) -> np.ndarray:
+    body = json.dumps({"model": "rerank", "query": QUERY, "documents": documents,
+                       "return_documents": False}).encode()  # fmt: skip
+    request = urllib.request.Request(f"{base}/v1/rerank", body,
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=1800) as r:
+        results = json.loads(r.read())["results"]
+    scores = np.empty(len(documents), dtype=np.float32)
+    for item in results:
+        scores[item["index"]] = item["relevance_score"]
+    return scores
+
+
+def timed(call, clients: int, rounds: int, documents: list[str]) -> tuple[float, np.ndarray]:
+    """`clients` threads each send `rounds` requests of all documents; pairs/s overall."""
+    out, errors = [], []
+
+    def run():
+        try:
+            for _ in range(rounds):
+                out.append(call(documents))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(clients)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    return clients * rounds * len(documents) / elapsed, out[-1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-reranker-4l"))
+    p.add_argument("--layers", type=int, default=4, help="when the model is built here")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--documents", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--hf-batch-size", type=int, default=8)
+    p.add_argument("--out", default=str(RESULTS / "rerank"))
+    args = p.parse_args()
+
+    model_dir = ensure_reranker(Path(args.model_dir).resolve(), args.layers)
+    documents = make_texts(args.documents, seed=7)
+    route = choose_route(args.dtype, "none", "cpu", "bfloat16", cpu_features())
+    dtype = getattr(torch, route.dtype)
+    rows = []
+    reference = None
+    for keep_last_only in (False, True):
+        name = "transformers, last logits only" if keep_last_only else "transformers (model card)"
+        scores, seconds = transformers_scores(model_dir, documents, dtype, args.hf_batch_size,
+                                              keep_last_only)  # fmt: skip
+        reference = scores if reference is None else reference
+        rows.append({"path": name, "clients": 1, "pairs_per_s": len(documents) / seconds,
+                     "max_abs": float(np.abs(scores - reference).max())})  # fmt: skip
+        print(rows[-1], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = render(Path(tmp) / "repo", {}, {"encoder": {"dtype": route.dtype}},
+                      rerankers={"rerank": model_dir})  # fmt: skip
+        port = free_port()
+        with TritonServer(repo, log_path=Path(tmp) / "server.log",
+                          launcher_args=["--gateway-port", str(port)]) as server:  # fmt: skip
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(60):  # the gateway starts once Triton is ready
+                try:
+                    urllib.request.urlopen(f"{base}/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            paths = {"Triton rerank ensemble (gRPC)": lambda d: triton_rerank(server.grpc_url, d),
+                     "gateway /v1/rerank": lambda d: gateway_rerank(base, d)}  # fmt: skip
+            for name, call in paths.items():
+                call(documents[:4])  # warm-up
+                for clients in args.clients:
+                    rate, scores = timed(call, clients, args.rounds, documents)
+                    rows.append({"path": name, "clients": clients, "pairs_per_s": rate,
+                                 "max_abs": float(np.abs(scores - reference).max())})  # fmt: skip
+                    print(rows[-1], flush=True)
+    card = rows[0]["pairs_per_s"]
+    best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
+    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+              "command": command_line(), "model": str(model_dir), "dtype": route.dtype,
+              "documents": args.documents, "rows": rows}  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    lines = [
+        "# Reranking: pairs/s, one query with mixed-length documents", "",
+        f"- date: {record['date']}", f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
+        f"- model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
+        f"weights), dtype {route.dtype}; {args.documents} documents (perf/workload.py mix) per "
+        f"request, {args.rounds} requests per client; transformers in padded batches of "
+        f"{args.hf_batch_size}", "",
+        "| path | clients | pairs/s | x model card | x best transformers | max abs vs card |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
+                     f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | "
+                     f"{r['max_abs']:.2e} |")  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
