@@ -96,8 +96,9 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["architectures"] = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="supported: Qwen2ForCausalLM, Qwen2Model, "
-                                                    "Qwen3ForCausalLM, Qwen3Model"):  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match="supported: Qwen2ForCausalLM, "
+                       "Qwen2ForSequenceClassification, Qwen2Model, Qwen3ForCausalLM, "
+                       "Qwen3ForSequenceClassification, Qwen3Model"):  # fmt: skip
         embed(tmp_path)
 
 

@@ -113,8 +113,10 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
         assert not (sets[0] & sets[1])
         with urllib.request.urlopen(server.metrics_url) as r:
             metrics = r.read().decode()
+        # the embed encoder's two instances (the rerank encoder has its own)
+        prefix = 'qwen_embed_encoder_route{'
         routes = [line for line in metrics.splitlines()
-                  if line.startswith("qwen_embed_encoder_route{")]  # fmt: skip
+                  if line.startswith(prefix) and 'model="encoder"' in line]  # fmt: skip
         assert len(routes) == 2 and all(line.endswith(" 1") for line in routes)
         threads = sorted(int(re.search(r'threads="(\d+)"', line).group(1)) for line in routes)
         assert threads == sorted(encoder_placement(topology, 2, i).threads for i in (0, 1))

@@ -1,0 +1,69 @@
+"""A checkpoint named as users name it: a directory, a Hugging Face model id, or a cache snapshot.
+
+An id (`Qwen/Qwen3-Embedding-0.6B`) is looked up in the local Hugging Face cache (`HF_HUB_CACHE`,
+else `HF_HOME/hub`, else ~/.cache/huggingface/hub) and, when that has no copy and the network is
+allowed (`HF_HUB_OFFLINE` unset), downloaded there: only the files the server reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# configs, tokenizer files and weights: never pickles, never the remote code
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*/config.json", "tokenizer.model", "*.txt"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    pass
+
+
+def hub_cache() -> Path:
+    """Where huggingface_hub keeps models, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
+                                             "huggingface")  # fmt: skip
+    return Path(home).expanduser() / "hub"
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def resolve_checkpoint(name: str | Path) -> Path:
+    """A directory holding config.json: `name` itself, or the cached (else downloaded)
+    snapshot of the Hugging Face model id `name`. Raises CheckpointNotFoundError naming the id
+    and the cache when neither works."""
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    if path.exists() or not _REPO_ID.match(str(name)):
+        raise CheckpointNotFoundError(
+            f"{name} is neither a checkpoint directory (no config.json there) nor a Hugging "
+            "Face model id like Qwen/Qwen3-Embedding-0.6B"
+        )
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache()
+    try:
+        return Path(snapshot_download(str(name), cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    if _offline():
+        raise CheckpointNotFoundError(
+            f"model {name} is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE is set: "
+            f"download it where there is network (huggingface-cli download {name}) into that "
+            "cache, or point at a checkpoint directory"
+        )
+    try:
+        snapshot = snapshot_download(str(name), cache_dir=cache, allow_patterns=CHECKPOINT_FILES)
+    except Exception as e:  # network, auth, unknown repo: one clear message
+        raise CheckpointNotFoundError(
+            f"model {name} is not in the Hugging Face cache {cache} and downloading it failed: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    return Path(snapshot)
