@@ -63,6 +63,8 @@ def test_health_info_and_errors(server):
     )
     assert route["attention"].startswith("torch: auto")
     assert route["model"] == "encoder" and int(route["threads"]) >= 1
+    # the demo model has no config_sentence_transformers.json: Qwen3-Embedding's prompts
+    assert info["prompts"] == {"names": ["document", "query"], "default": None}
     down = cli("health", "--url", f"127.0.0.1:{free_port()}")
     assert down.returncode == 1 and "not ready" in down.stderr
     bad = cli("embed", "x", "--url", server.grpc_url, "--dimensions", "0")

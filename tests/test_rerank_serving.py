@@ -148,7 +148,9 @@ def test_gateway_cohere_request(stack, expected):
     status, body = post(f"{base}/v1/embeddings", {"model": "embed", "input": ["hello"]})
     assert status == 200 and len(body["data"][0]["embedding"]) == 1024
     with urllib.request.urlopen(f"{base}/v1/models") as r:
-        assert [m["id"] for m in json.loads(r.read())["data"]] == ["embed", "rerank"]
+        models = json.loads(r.read())["data"]
+    assert [m["id"] for m in models] == ["embed", "rerank"]
+    assert models[0]["prompt_names"] == ["document", "query"]  # the demo embedder's
 
 
 def test_client_library_splits_and_ranks(stack, expected):

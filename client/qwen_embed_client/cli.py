@@ -63,8 +63,9 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     if not texts:
         raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
     options = {"prompt_name": args.prompt_name, "instruction": args.instruction,
-               "dimensions": args.dimensions, "normalize": not args.no_normalize,
-               "truncate": not args.no_truncate}  # fmt: skip
+               "prompt": args.prompt, "dimensions": args.dimensions,
+               "normalize": not args.no_normalize, "truncate": not args.no_truncate,
+               "truncation_direction": args.truncation_direction}  # fmt: skip
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
     step = PROGRESS_CHUNK if show else len(texts)
@@ -123,7 +124,9 @@ def cmd_info(args) -> None:
             details.update({k: v.get("string_value", "") for k, v in params.items()})
         with EmbeddingClient(url, model=args.model) as client:
             details["dimension"] = int(client.embed(["dimension probe"]).shape[1])
-        details["routes"] = encoder_routes(args.metrics_url or default_metrics_url(url), steps)
+        metrics_url = args.metrics_url or default_metrics_url(url)
+        details["routes"] = encoder_routes(metrics_url, steps)
+        details["prompts"] = checkpoint_prompts(metrics_url, steps)
         print(json.dumps(details, indent=2))
 
 
@@ -133,20 +136,34 @@ def default_metrics_url(grpc_url: str) -> str:
     return f"http://{host}:8002/metrics"
 
 
-ROUTE_LINE = re.compile(r"^qwen_embed_encoder_route\{(.*)\} 1(\.0+)?$", re.M)
-
-
-def encoder_routes(metrics_url: str, models: list[str]) -> list[dict] | str:
-    """Each encoder instance's arithmetic route and cores, from its qwen_embed_encoder_route
-    gauge's labels (the route is chosen at load, so only the metrics know it)."""
+def gauge_labels(metrics_url: str, gauge: str, models: list[str]) -> list[dict] | str:
+    """The label sets of a `gauge{...} 1` on the metrics page, for the given models: what a
+    model decided at load (its route, its checkpoint's prompts) that only the metrics show."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as response:
             text = response.read().decode()
     except OSError as e:
         return f"unknown: metrics at {metrics_url} unreachable ({e}); pass --metrics-url"
-    routes = [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
-              for m in ROUTE_LINE.finditer(text)]  # fmt: skip
-    return [r for r in routes if r.get("model") in models]
+    line = re.compile(rf"^{gauge}\{{(.*)\}} 1(\.0+)?$", re.M)
+    found = [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
+             for m in line.finditer(text)]  # fmt: skip
+    return [labels for labels in found if labels.get("model") in models]
+
+
+def encoder_routes(metrics_url: str, models: list[str]) -> list[dict] | str:
+    """Each encoder instance's arithmetic route and cores (qwen_embed_encoder_route)."""
+    return gauge_labels(metrics_url, "qwen_embed_encoder_route", models)
+
+
+def checkpoint_prompts(metrics_url: str, models: list[str]) -> dict | str:
+    """The prompt names the checkpoint defines and its default (qwen_embed_prompts)."""
+    found = gauge_labels(metrics_url, "qwen_embed_prompts", models)
+    if isinstance(found, str) or not found:
+        return found or "unknown: no qwen_embed_prompts gauge"
+    return {
+        "names": [n for n in found[0]["names"].split(",") if n],
+        "default": found[0]["default"] or None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--timeout", type=float, default=120.0)
     e.add_argument("--prompt-name")
     e.add_argument("--instruction")
+    e.add_argument("--prompt", help="a literal prefix for every text")
+    e.add_argument("--truncation-direction", choices=["right", "left"])
     e.add_argument("--dimensions", type=int)
     e.add_argument("--no-normalize", action="store_true")
     e.add_argument("--no-truncate", action="store_true")

@@ -65,13 +65,15 @@ class RerankResult:
 class EmbedOptions:
     prompt_name: str | None = None
     instruction: str | None = None
+    prompt: str | None = None
     dimensions: int | None = None
     normalize: bool = True
     truncate: bool = True
+    truncation_direction: str | None = None
 
     def parameters(self) -> dict:
         params = {"normalize": self.normalize, "truncate": self.truncate}
-        for key in ("prompt_name", "instruction", "dimensions"):
+        for key in ("prompt_name", "instruction", "prompt", "dimensions", "truncation_direction"):
             if getattr(self, key) is not None:
                 params[key] = getattr(self, key)
         return params

@@ -11,6 +11,7 @@ POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /v1/models, GET /health
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hmac
 import os
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .cli import checkpoint_prompts
 from .client import AsyncEmbeddingClient, EmbeddingError
 
 MAX_INPUTS = 2048
@@ -134,7 +136,7 @@ def _error_body(e: APIError) -> dict:
 
 def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: str | None = None,
                triton_model: str = "embed", rerank_model_name: str | None = "rerank",
-               triton_rerank_model: str = "rerank"):  # fmt: skip
+               triton_rerank_model: str = "rerank", metrics_url: str | None = None):  # fmt: skip
     client = AsyncEmbeddingClient(triton_urls, protocol="grpc", model=triton_model,
                                   rerank_model=triton_rerank_model)  # fmt: skip
 
@@ -144,6 +146,8 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
         await client.close()
 
     app = FastAPI(title="qwen-embed OpenAI-compatible gateway", lifespan=lifespan)
+    # the renderer's naming (serving/repository.py): embed -> tokenizer, NAME -> NAME_tokenizer
+    tokenizer = "tokenizer" if triton_model == "embed" else f"{triton_model}_tokenizer"
     created = int(time.time())
 
     def check_key(request: Request) -> None:
@@ -165,13 +169,18 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.get("/v1/models")
     async def models(request: Request):
         check_key(request)
-        served = [model_name]
+        served = [{"id": model_name}]
+        if metrics_url:  # the checkpoint's prompt names, published by the tokenizer model
+            prompts = await asyncio.to_thread(checkpoint_prompts, metrics_url, [tokenizer])
+            if isinstance(prompts, dict):
+                served[0].update(prompt_names=prompts["names"],
+                                 default_prompt_name=prompts["default"])  # fmt: skip
         if rerank_model_name and await client.model_ready(triton_rerank_model):
-            served.append(rerank_model_name)
+            served.append({"id": rerank_model_name})
         return {
             "object": "list",
-            "data": [{"id": name, "object": "model", "created": created, "owned_by": "qwen-embed"}
-                     for name in served],
+            "data": [{**entry, "object": "model", "created": created, "owned_by": "qwen-embed"}
+                     for entry in served],
         }  # fmt: skip
 
     @app.post("/v1/embeddings")
@@ -229,12 +238,15 @@ def main() -> None:
     p.add_argument("--rerank-model-name", default="rerank",
                    help="model id /v1/rerank clients send ('' turns /v1/rerank off)")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("QWEN_EMBED_API_KEY"))
+    p.add_argument("--metrics-url", help="Triton's metrics page: /v1/models then lists the "
+                   "checkpoint's prompt names")  # fmt: skip
     args = p.parse_args()
     import uvicorn
 
     app = create_app(args.triton_url or ["localhost:8001"], model_name=args.model_name,
                      api_key=args.api_key or None,
-                     rerank_model_name=args.rerank_model_name or None)  # fmt: skip
+                     rerank_model_name=args.rerank_model_name or None,
+                     metrics_url=args.metrics_url)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -19,6 +19,7 @@ from .batch import VarlenBatch, flatten, plan_batches
 from .config import ModelConfig
 from .cpu import cpu_features, keep_freed_memory
 from .heads import build_score_head, resolve_task
+from .hub import resolve_checkpoint
 from .int8 import KERNELS as INT8_KERNELS
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
@@ -128,7 +129,8 @@ class Encoder:
         dist_addr: str = "127.0.0.1:0",
         dist_timeout_s: float = 300.0,
     ) -> Encoder:
-        """Load a local Hugging Face checkpoint directory.
+        """Load a checkpoint: a local directory or a Hugging Face model id (from the local
+        cache, else downloaded; qwen_embed.hub).
 
         `dtype` "auto" and `quantization` ("none" | "int8", CPU only) pick the arithmetic
         (route.choose_route; the choice is `encoder.route` and is logged). `dist_addr` is the TP
@@ -147,6 +149,7 @@ class Encoder:
             device = torch.device("cuda", 0)
         if device.type == "cuda":
             check_gpu_group(device.index, tp_size, torch.cuda.device_count())
+        model_dir = resolve_checkpoint(model_dir)
         config = ModelConfig.from_dir(model_dir)
         task = resolve_task(task, config)
         if task == "rerank" and pooling != "last":

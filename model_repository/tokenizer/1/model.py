@@ -37,8 +37,10 @@ class TritonPythonModel:
             self.tokenizer = PairTokenizer(model_dir, max_tokens)
             self._tokenize = self._pairs
         else:
-            self.tokenizer = TextTokenizer(model_dir, max_tokens)
+            direction = params.get("truncation_direction") or "right"
+            self.tokenizer = TextTokenizer(model_dir, max_tokens, direction)
             self._tokenize = self._texts
+            self._publish_prompts(args["model_name"], self.tokenizer.prompts)
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
             name="qwen_embed_tokenize_seconds",
@@ -55,8 +57,20 @@ class TritonPythonModel:
         self.seconds.observe(time.perf_counter() - start)
         return responses
 
+    def _publish_prompts(self, model_name, prompts):
+        """The checkpoint's prompt names, for `qwen-embed info` and the gateway's /v1/models."""
+        self.prompts_family = pb_utils.MetricFamily(
+            name="qwen_embed_prompts",
+            description="1, labelled with the prompt names of the checkpoint and its default",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        labels = {"model": model_name, "names": ",".join(prompts.names),
+                  "default": prompts.default_name or ""}  # fmt: skip
+        self.prompts_gauge = self.prompts_family.Metric(labels=labels)
+        self.prompts_gauge.set(1)
+
     def _texts(self, request, params):
-        opts = parse_options(params, self.hidden_size)
+        opts = parse_options(params, self.hidden_size, self.tokenizer.prompts)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
         ids = self.tokenizer.encode(texts, opts)

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from ..hub import resolve_checkpoint
+
 REPO = Path(__file__).resolve().parents[3]
 DEMO_MODEL_DIR = REPO / ".cache" / "demo-model"
 DEMO_RERANKER_DIR = REPO / ".cache" / "demo-reranker"
@@ -26,16 +28,14 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 def resolve_model_dir(params: dict[str, str], task: str = "embed") -> Path:
     """config parameter `model_dir`, else $QWEN_EMBED_MODEL_DIR (rerank:
-    $QWEN_EMBED_RERANK_MODEL_DIR), else the demo checkpoint `make setup` built."""
+    $QWEN_EMBED_RERANK_MODEL_DIR), else the demo checkpoint `make setup` built. Each may be a
+    directory or a Hugging Face model id (qwen_embed.hub: the local cache, else a download)."""
     env, demo = _DEFAULT_DIRS[task]
-    chosen = params.get("model_dir") or os.environ.get(env) or str(demo)
-    path = Path(chosen).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model directory {path} has no config.json: set the model_dir parameter or "
-            f"${env}, or run `make setup`"
-        )
-    return path
+    chosen = params.get("model_dir") or os.environ.get(env)
+    if not chosen and not (demo / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint named: set the model_dir parameter or ${env}, "
+                                "or run `make setup` to build the demo one")  # fmt: skip
+    return resolve_checkpoint(chosen or demo)
 
 
 def encoder_device(kind: str, device_id: str, device: str, tp_size: int, has_cuda: bool) -> str:

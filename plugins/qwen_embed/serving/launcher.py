@@ -206,10 +206,12 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
-def start_gateway(host: str, port: int, grpc_port: int, rerank: bool) -> subprocess.Popen:
+def start_gateway(host: str, port: int, grpc_port: int, metrics_port: int,
+                  rerank: bool) -> subprocess.Popen:  # fmt: skip
     """The OpenAI-compatible gateway in front of this server's gRPC port (same interpreter)."""
     cmd = [sys.executable, "-m", "qwen_embed_client.gateway", "--host", host, "--port", str(port),
-           "--triton-url", f"127.0.0.1:{grpc_port}"]  # fmt: skip
+           "--triton-url", f"127.0.0.1:{grpc_port}",
+           "--metrics-url", f"http://127.0.0.1:{metrics_port}/metrics"]  # fmt: skip
     if not rerank:
         cmd += ["--rerank-model-name", ""]
     log(f"gateway: http://{host}:{port}/v1/embeddings" + (" and /v1/rerank" if rerank else ""))
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         watchdog.start()
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
-        gateway = start_gateway(args.host, args.gateway_port, args.grpc_port, rerank)
+        gateway = start_gateway(args.host, args.gateway_port, args.grpc_port, args.metrics_port,
+                                rerank)  # fmt: skip
     while proc.poll() is None:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []

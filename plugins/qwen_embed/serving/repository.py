@@ -58,6 +58,12 @@ def set_instance_group(config: str, group: str) -> str:
     return updated
 
 
+def _pinned(model_dir: str | Path) -> str:
+    """A directory as an absolute path; anything else (a Hugging Face model id) as given."""
+    path = Path(model_dir).expanduser()
+    return str(path.resolve()) if path.exists() else str(model_dir)
+
+
 def render(out_dir: str | Path, deployments: dict[str, str | Path],
            overrides: dict[str, dict[str, str]] | None = None,
            encoder_instances: str | None = None,
@@ -78,7 +84,7 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
                             ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
             config = (TEMPLATE / template / "config.pbtxt").read_text()
             config = config.replace(f'name: "{template}"', f'name: "{names[step]}"', 1)
-            config = _set_parameter(config, "model_dir", str(Path(model_dir).resolve()))
+            config = _set_parameter(config, "model_dir", _pinned(model_dir))
             for key, value in (overrides or {}).get(step, {}).items():
                 config = _set_parameter(config, key, value)
             if step == "encoder" and encoder_instances:

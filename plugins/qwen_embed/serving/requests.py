@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Qwen3-Embedding's query format and its default task.
+# Qwen3-Embedding's default task (its query prompt and the reranker's default instruction).
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
-PROMPT_NAMES = ("query", "document")
+TRUNCATION_DIRECTIONS = ("right", "left")
 
 
 class RequestError(ValueError):
@@ -22,18 +22,12 @@ class RequestError(ValueError):
 @dataclass(frozen=True)
 class RequestOptions:
     truncate: bool = True
-    prompt_name: str | None = None
-    instruction: str | None = None
+    prompt_name: str | None = None  # a name in the checkpoint's prompts (serving/prompts.py)
+    instruction: str | None = None  # the task of the model's own query prompt
+    prompt: str | None = None  # a literal prefix
+    truncation_direction: str | None = None  # None: the deployment's default
     dimensions: int | None = None
     normalize: bool = True
-
-    def prompt(self) -> str | None:
-        """The `Instruct: ...\\nQuery:` prefix for queries, or None for plain text."""
-        if self.instruction is not None:
-            return f"Instruct: {self.instruction}\nQuery:"
-        if self.prompt_name == "query":
-            return f"Instruct: {DEFAULT_TASK}\nQuery:"
-        return None
 
 
 def _expect(name: str, value, kind: type, what: str):
@@ -43,8 +37,16 @@ def _expect(name: str, value, kind: type, what: str):
     return value
 
 
-def parse_options(params: dict, hidden_size: int) -> RequestOptions:
-    """Validate Triton request parameters (already JSON-decoded)."""
+def _text(params: dict, name: str) -> str:
+    text = _expect(name, params[name], str, "a string")
+    if not text.strip():
+        raise RequestError(f"parameter '{name}' must not be empty")
+    return text
+
+
+def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOptions:
+    """Validate Triton request parameters (already JSON-decoded). With `prompts` (the
+    checkpoint's PromptSet) a prompt_name must be one of its names."""
     known = set(RequestOptions.__dataclass_fields__)
     unknown = sorted(set(params) - known)
     if unknown:
@@ -56,15 +58,23 @@ def parse_options(params: dict, hidden_size: int) -> RequestOptions:
         opts["normalize"] = _expect("normalize", params["normalize"], bool, "a boolean")
     if "prompt_name" in params:
         name = _expect("prompt_name", params["prompt_name"], str, "a string")
-        if name not in PROMPT_NAMES:
-            raise RequestError(f"parameter 'prompt_name' must be one of {list(PROMPT_NAMES)}, "
-                               f"got {name!r}")  # fmt: skip
-        opts["prompt_name"] = name
-    if "instruction" in params:
-        text = _expect("instruction", params["instruction"], str, "a string")
-        if not text.strip():
-            raise RequestError("parameter 'instruction' must not be empty")
-        opts["instruction"] = text
+        opts["prompt_name"] = prompts.check_name(name) if prompts is not None else name
+    for name in ("instruction", "prompt"):
+        if name in params:
+            opts[name] = _text(params, name)
+    if "prompt" in opts and ("prompt_name" in opts or "instruction" in opts):
+        raise RequestError("parameter 'prompt' replaces 'prompt_name' and 'instruction': send "
+                           "one of them")  # fmt: skip
+    if "instruction" in opts and opts.get("prompt_name", "query") != "query":
+        raise RequestError("parameter 'instruction' fills the 'query' prompt: it cannot be "
+                           f"combined with prompt_name={opts['prompt_name']!r}")  # fmt: skip
+    if "truncation_direction" in params:
+        direction = _expect("truncation_direction", params["truncation_direction"], str,
+                            "a string")  # fmt: skip
+        if direction not in TRUNCATION_DIRECTIONS:
+            raise RequestError(f"parameter 'truncation_direction' must be 'left' or 'right', "
+                               f"got {direction!r}")  # fmt: skip
+        opts["truncation_direction"] = direction
     if "dimensions" in params:
         dims = _expect("dimensions", params["dimensions"], int, "an integer")
         if not 1 <= dims <= hidden_size:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .requests import DEFAULT_TASK, RequestError, _expect
+from .requests import DEFAULT_TASK, RequestError, _expect, _text
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -42,10 +42,7 @@ def parse_rerank_options(params: dict) -> RerankOptions:
     if "truncate" in params:
         opts["truncate"] = _expect("truncate", params["truncate"], bool, "a boolean")
     if "instruction" in params:
-        text = _expect("instruction", params["instruction"], str, "a string")
-        if not text.strip():
-            raise RequestError("parameter 'instruction' must not be empty")
-        opts["instruction"] = text
+        opts["instruction"] = _text(params, "instruction")
     return RerankOptions(**opts)
 
 

@@ -1,42 +1,84 @@
-"""Text -> token ids for one request: prompts, the input limit and truncation."""
+"""Text -> token ids for one request: the checkpoint's prompts, special tokens and truncation.
+
+Special tokens are added as the model's own tokenizer adds them: whatever tokenizer.json's
+post-processor adds (Qwen3-Embedding appends <|endoftext|>), plus a BOS/EOS that
+tokenizer_config.json's `add_bos_token`/`add_eos_token` asks for and the post-processor does not
+already add (gte-Qwen2's remote-code tokenizer appends its EOS that way). Truncation cuts the
+text, from the end (`right`) or the start (`left`), and always keeps those special tokens:
+last-token pooling reads the appended EOS.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from .requests import RequestError, RequestOptions
+from .prompts import PromptSet
+from .requests import TRUNCATION_DIRECTIONS, RequestError, RequestOptions
+
+
+def _token(value) -> str | None:
+    """tokenizer_config.json writes a special token as a string or {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) the text's own tokens, as the model's tokenizer adds them."""
+    plain = tok.encode("a", add_special_tokens=False).ids
+    full = tok.encode("a").ids
+    start = next(i for i in range(len(full)) if full[i : i + len(plain)] == plain)
+    head, tail = full[:start], full[start + len(plain) :]
+    path = model_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    for flag, key in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
+        name = _token(config.get(key))
+        if not config.get(flag) or name is None:
+            continue
+        token_id = tok.token_to_id(name)
+        if token_id is None:
+            raise ValueError(f"{path}: {key} {name!r} is not in tokenizer.json")
+        if flag == "add_bos_token" and head[:1] != [token_id]:
+            head = [token_id] + head
+        if flag == "add_eos_token" and tail[-1:] != [token_id]:
+            tail = tail + [token_id]
+    return head, tail
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path, max_input_tokens: int):
+    def __init__(self, model_dir: str | Path, max_input_tokens: int,
+                 truncation_direction: str = "right"):  # fmt: skip
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise ValueError(f"truncation_direction must be 'left' or 'right', not "
+                             f"{truncation_direction!r}")  # fmt: skip
+        model_dir = Path(model_dir)
+        self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._tok.no_truncation()
         self._tok.no_padding()
         self.max_input_tokens = max_input_tokens
-        # Qwen3-Embedding's post-processor appends <|endoftext|>; truncation must keep it,
-        # because last-token pooling reads it.
-        self._keeps_last = (
-            self._tok.encode("a").ids[-1] != self._tok.encode("a", add_special_tokens=False).ids[-1]
-        )
+        self.truncation_direction = truncation_direction
+        self.prompts = PromptSet.from_dir(model_dir)
+        self._head, self._tail = special_tokens(self._tok, model_dir)
 
     def encode(self, texts: list[str], opts: RequestOptions) -> list[list[int]]:
-        prompt = opts.prompt()
-        if prompt is not None:
-            texts = [prompt + t for t in texts]
+        prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
+        if prefix:
+            texts = [prefix + t for t in texts]
         limit = self.max_input_tokens
+        budget = limit - len(self._head) - len(self._tail)
+        direction = opts.truncation_direction or self.truncation_direction
         out = []
-        for i, enc in enumerate(self._tok.encode_batch(texts)):
+        for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
             ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
-            if len(ids) > limit:
+            if len(ids) > budget:
                 if not opts.truncate:
                     raise RequestError(
-                        f"input 'TEXT[{i}]' has {len(ids)} tokens, more than the limit of "
-                        f"{limit} (send truncate=true to cut it)"
+                        f"input 'TEXT[{i}]' has {len(ids) + limit - budget} tokens, more than "
+                        f"the limit of {limit} (send truncate=true to cut it)"
                     )
-                ids = ids[: limit - 1] + ids[-1:] if self._keeps_last else ids[:limit]
-            out.append(ids)
+                ids = ids[:budget] if direction == "right" else ids[len(ids) - budget :]
+            out.append(self._head + ids + self._tail)
         return out

@@ -1,0 +1,227 @@
+"""Real checkpoint layouts served through a real tritonserver against sentence-transformers.
+
+Replicas (tests/replicas.py): Qwen3-Embedding-0.6B's layout, gte-Qwen2-1.5B-instruct's layout,
+and a Qwen3 layout with its own prompt set and a default_prompt_name; a fourth deployment names
+the first by a Hugging Face model id resolved from a pre-filled cache with HF_HUB_OFFLINE=1.
+Encoders run fp32; vectors must reach cosine >= 0.9999 against
+`SentenceTransformer(dir).encode(...)` for plain texts, every prompt name, `instruction` and a
+raw `prompt`, and TOKEN_COUNT must equal the reference tokenizer's count.
+
+gte-Qwen2 is the exception sentence-transformers cannot reproduce: its tokenizer_config.json says
+`add_eos_token: true`, which only its remote-code tokenizer honours (transformers' Qwen2Tokenizer,
+and so sentence-transformers, appends nothing). Its reference is therefore transformers'
+Qwen2Model with the EOS appended as that code does, written out here; the same reference without
+the EOS is checked against sentence-transformers, so only the EOS differs from it.
+"""
+
+import shutil
+
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from tokenizers import Tokenizer
+from transformers import Qwen2Model
+from tritonclient.utils import InferenceServerException
+
+from qwen_embed import Encoder
+from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
+from qwen_embed.serving.prompts import PromptSet
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.requests import RequestError, RequestOptions
+from qwen_embed.serving.tokenizer import TextTokenizer
+from qwen_embed.serving.triton import TritonServer
+
+from reference import cosine
+from replicas import QWEN3_QUERY, gte_qwen2, qwen3_embedding
+from triton_helpers import infer
+
+MIN_COSINE = 0.9999
+EOS = 151643
+TEXTS = ["What is the capital of China?", "Beijing is the capital of China.",
+         "naïve café — emoji 🎉 你好", "def f(x):\n    return x ** 2"]  # fmt: skip
+CUSTOM_PROMPTS = {
+    "classification": "Classify the sentiment of the review: ",
+    "clustering": "Identify the topic: ",
+    "query": "Represent this question: ",
+}
+MODEL_ID = "acme/tiny-embed"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    cache = root / "hf-cache"
+    snapshot = cache / "models--acme--tiny-embed" / "snapshots" / ("0" * 40)
+    qwen3 = qwen3_embedding(root / "Qwen3-Embedding-0.6B")
+    shutil.copytree(qwen3, snapshot)
+    (cache / "models--acme--tiny-embed" / "refs").mkdir()
+    (cache / "models--acme--tiny-embed" / "refs" / "main").write_text("0" * 40)
+    return {
+        "qwen3": qwen3,
+        "gte": gte_qwen2(root / "gte-Qwen2-1.5B-instruct"),
+        "custom": qwen3_embedding(root / "custom-prompts", prompts=CUSTOM_PROMPTS,
+                                  default_prompt_name="classification", seed=3),  # fmt: skip
+        "cache": cache,
+    }
+
+
+@pytest.fixture(scope="module")
+def server(dirs, tmp_path_factory):
+    where = tmp_path_factory.mktemp("checkpoints-triton")
+    deployments = {"qwen3": dirs["qwen3"], "gte": dirs["gte"], "custom": dirs["custom"],
+                   "byid": MODEL_ID}  # fmt: skip
+    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
+    env = {"HF_HUB_CACHE": str(dirs["cache"]), "HF_HUB_OFFLINE": "1"}
+    with TritonServer(repo, env=env, log_path=where / "server.log") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def st(dirs):
+    """sentence-transformers on each directory, fp32."""
+    return {name: SentenceTransformer(str(dirs[name]), device="cpu",
+                                      model_kwargs={"dtype": torch.float32})
+            for name in ("qwen3", "gte", "custom")}  # fmt: skip
+
+
+def gte_reference(model_dir, texts, prefix, eos=True):
+    """transformers' Qwen2Model on (prefix + text) ids, + <|endoftext|> as gte-Qwen2's own
+    tokenizer appends it; last token, L2-normalised. Returns (vectors, token counts)."""
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = Qwen2Model.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows, counts = [], []
+    with torch.no_grad():
+        for text in texts:
+            ids = tok.encode(prefix + text).ids + ([EOS] if eos else [])
+            rows.append(model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
+            counts.append(len(ids))
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy(), counts
+
+
+def st_counts(model, texts, prefix):
+    return [len(model.tokenizer(prefix + t)["input_ids"]) for t in texts]
+
+
+def check(server, deployment, reference, counts, **params):
+    for protocol in ("http", "grpc"):
+        vectors, got_counts = infer(server, TEXTS, protocol, model=deployment, **params)
+        worst = cosine(vectors, reference).min()
+        print(f"{deployment} {protocol} {params}: min cosine {worst:.7f}")
+        assert worst >= MIN_COSINE, (deployment, params)
+        assert got_counts.reshape(-1).tolist() == counts, (deployment, params)
+
+
+def test_gte_reference_matches_sentence_transformers_apart_from_the_eos(dirs, st):
+    without_eos, _ = gte_reference(dirs["gte"], TEXTS, QWEN3_QUERY + " ", eos=False)
+    assert cosine(without_eos, st["gte"].encode(TEXTS, prompt_name="query")).min() >= 0.99999
+    with_eos, _ = gte_reference(dirs["gte"], TEXTS, QWEN3_QUERY + " ")
+    assert cosine(with_eos, without_eos).min() < 0.999  # the EOS matters: the test can fail
+
+
+@pytest.mark.parametrize("name", ["qwen3", "byid"])
+def test_qwen3_embedding_layout(server, st, name):
+    model = st["qwen3"]
+    check(server, name, model.encode(TEXTS), st_counts(model, TEXTS, ""))
+    for prompt_name in ("query", "document"):
+        prefix = model.prompts[prompt_name]
+        check(server, name, model.encode(TEXTS, prompt_name=prompt_name),
+              st_counts(model, TEXTS, prefix), prompt_name=prompt_name)  # fmt: skip
+    task = "Instruct: Find the city\nQuery:"
+    check(server, name, model.encode(TEXTS, prompt=task), st_counts(model, TEXTS, task),
+          instruction="Find the city")  # fmt: skip
+    check(server, name, model.encode(TEXTS, prompt="title: "), st_counts(model, TEXTS, "title: "),
+          prompt="title: ")  # fmt: skip
+
+
+def test_gte_qwen2_layout(server, dirs):
+    for prefix, params in [("", {}), (QWEN3_QUERY + " ", {"prompt_name": "query"}),
+                           ("Instruct: Find the city\nQuery: ", {"instruction": "Find the city"}),
+                           ("title: ", {"prompt": "title: "})]:  # fmt: skip
+        reference, counts = gte_reference(dirs["gte"], TEXTS, prefix)
+        check(server, "gte", reference, counts, **params)
+
+
+def test_custom_prompts_and_default_prompt_name(server, st):
+    model = st["custom"]
+    default = CUSTOM_PROMPTS["classification"]
+    check(server, "custom", model.encode(TEXTS), st_counts(model, TEXTS, default))
+    for prompt_name, prefix in CUSTOM_PROMPTS.items():
+        check(server, "custom", model.encode(TEXTS, prompt_name=prompt_name),
+              st_counts(model, TEXTS, prefix), prompt_name=prompt_name)  # fmt: skip
+
+
+BAD = [
+    ("custom", {"prompt_name": "document"}, r"'prompt_name' must be one of \['classification', "
+     r"'clustering', 'query'\]"),
+    ("qwen3", {"prompt": ""}, r"parameter 'prompt' must not be empty"),
+    ("qwen3", {"prompt": "a", "prompt_name": "query"}, r"'prompt' replaces 'prompt_name'"),
+    ("qwen3", {"truncation_direction": "middle"}, r"'truncation_direction' must be 'left' or "
+     r"'right'"),
+    ("custom", {"instruction": "Find"}, r"'instruction' needs a 'query' prompt of the form"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bad_values_are_invalid_arg(server, protocol):
+    for deployment, params, message in BAD:
+        with pytest.raises(InferenceServerException, match=message) as info:
+            infer(server, TEXTS[:1], protocol, model=deployment, **params)
+        assert str(info.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gte"])
+def test_truncation_keeps_either_end_and_the_eos(dirs, name):
+    tok = Tokenizer.from_file(str(dirs[name] / "tokenizer.json"))
+    text = " ".join(f"w{i}" for i in range(60))
+    body = tok.encode(text, add_special_tokens=False).ids
+    assert len(body) > 40
+    tokenizer = TextTokenizer(dirs[name], 16)
+    right = tokenizer.encode([text], RequestOptions())[0]
+    left = tokenizer.encode([text], RequestOptions(truncation_direction="left"))[0]
+    # Both add <|endoftext|> (Qwen3's post-processor; gte's add_eos_token) and keep it.
+    assert right == body[:15] + [EOS] and left == body[-15:] + [EOS]
+    assert TextTokenizer(dirs[name], 16, "left").encode([text], RequestOptions())[0] == left
+
+
+def test_left_truncation_served(server, dirs):
+    tok = Tokenizer.from_file(str(dirs["qwen3"] / "tokenizer.json"))
+    text = "start " + "word " * 9000 + "the very end"
+    vectors, counts = infer(server, [text], "grpc", model="qwen3", truncation_direction="left")
+    assert counts.tolist() == [[8192]]
+    ids = tok.encode(text, add_special_tokens=False).ids[-8191:] + [EOS]
+    with Encoder.from_pretrained(dirs["qwen3"], dtype="float32") as enc:
+        assert cosine(vectors, enc.embed([ids])).min() >= MIN_COSINE
+
+
+def test_prompt_set_reading(dirs):
+    assert PromptSet.from_dir(dirs["gte"]).prompts == {"query": QWEN3_QUERY + " "}
+    custom = PromptSet.from_dir(dirs["custom"])
+    assert custom.default_name == "classification" and custom.names == sorted(CUSTOM_PROMPTS)
+    with pytest.raises(RequestError, match="'instruction' needs"):
+        custom.instruction_prompt("x")
+    bare = PromptSet.from_dir(dirs["cache"])  # no sentence-transformers file: Qwen3's prompts
+    assert bare.prompts == {"query": QWEN3_QUERY, "document": ""}
+
+
+def test_model_ids_resolve_from_the_cache_or_fail_clearly(dirs, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(dirs["cache"]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = resolve_checkpoint(MODEL_ID)
+    assert (path / "config.json").is_file() and path.parent.name == "snapshots"
+    with Encoder.from_pretrained(MODEL_ID, dtype="float32") as enc:
+        assert enc.embed([[1, 2, 3]]).shape == (1, 64)
+    with pytest.raises(CheckpointNotFoundError, match=rf"acme/missing .*{dirs['cache']}"):
+        resolve_checkpoint("acme/missing")
+    with pytest.raises(CheckpointNotFoundError, match="neither a checkpoint directory"):
+        resolve_checkpoint(dirs["cache"])
+
+
+def test_uncached_model_id_stops_the_server_before_ready(dirs, tmp_path):
+    repo = render(tmp_path / "repo", {"embed": "acme/missing"})
+    env = {"HF_HUB_CACHE": str(dirs["cache"]), "HF_HUB_OFFLINE": "1"}
+    server = TritonServer(repo, env=env, log_path=tmp_path / "server.log")
+    with pytest.raises(RuntimeError, match="tritonserver exited"):
+        server.start(timeout=120)
+    server.stop()
+    log = (tmp_path / "server.log").read_text()
+    assert "acme/missing is not in the Hugging Face cache" in log and str(dirs["cache"]) in log
