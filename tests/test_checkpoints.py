@@ -59,8 +59,12 @@ def dirs(tmp_path_factory):
     return {
         "qwen3": qwen3,
         "gte": gte_qwen2(root / "gte-Qwen2-1.5B-instruct"),
-        "custom": qwen3_embedding(root / "custom-prompts", prompts=CUSTOM_PROMPTS,
-                                  default_prompt_name="classification", seed=3),  # fmt: skip
+        "custom": qwen3_embedding(
+            root / "custom-prompts",
+            prompts=CUSTOM_PROMPTS,
+            default_prompt_name="classification",
+            seed=3,
+        ),  # fmt: skip
         "cache": cache,
     }
 

@@ -114,7 +114,7 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
         with urllib.request.urlopen(server.metrics_url) as r:
             metrics = r.read().decode()
         # the embed encoder's two instances (the rerank encoder has its own)
-        prefix = 'qwen_embed_encoder_route{'
+        prefix = "qwen_embed_encoder_route{"
         routes = [line for line in metrics.splitlines()
                   if line.startswith(prefix) and 'model="encoder"' in line]  # fmt: skip
         assert len(routes) == 2 and all(line.endswith(" 1") for line in routes)
