@@ -35,8 +35,10 @@ def test_plan_batches_respects_budget_and_keeps_every_index():
 
 
 def test_batch_invariance(checkpoint):
+    # fp32: in bf16 a sequence met again is computed after its cached prefix (segments.py), an
+    # exact split whose rounding differs from the whole sequence's at bf16's precision.
     seqs = random_sequences([3, 200, 17, 1, 64, 64, 120], seed=4)
-    with Encoder.from_pretrained(checkpoint("qwen3")) as enc:
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32") as enc:
         together = enc.embed(seqs)
         alone = np.concatenate([enc.embed([s]) for s in seqs])
         shuffled = enc.embed(seqs[::-1])[::-1]

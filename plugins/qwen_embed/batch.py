@@ -51,6 +51,21 @@ class VarlenBatch:
             max_seqlen=int(lens.max()),
         )
 
+    @classmethod
+    def from_rows(cls, input_ids: np.ndarray, positions: np.ndarray, seg_lens,
+                  device: torch.device | str) -> VarlenBatch:  # fmt: skip
+        """Rows with given positions (a segment plan's: a sequence after a shared prefix starts
+        past 0); `seg_lens` split them into the plan's query segments."""
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(seg_lens)]), dtype=torch.int32)
+        return cls(
+            input_ids=torch.from_numpy(input_ids).to(device),
+            positions=torch.from_numpy(positions).to(device),
+            cu_seqlens=cu.to(device),
+            cu_seqlens_host=cu,
+            seq_lens=tuple(int(n) for n in seg_lens),
+            max_seqlen=int(max(seg_lens)),
+        )
+
 
 def flatten(sequences: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-empty int sequences -> host (input_ids int64 [T], cu_seqlens int32 [n + 1])."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .attention import AttentionSpec, choose_backend, create_backend
-from .batch import VarlenBatch, flatten, plan_batches
+from .batch import flatten, plan_batches
 from .config import ModelConfig
 from .cpu import cpu_features, keep_freed_memory
 from .heads import build_score_head, resolve_task
@@ -27,6 +27,7 @@ from .models import model_class
 from .parallel import RankArgs, TPLauncher
 from .pooling import POOLING_METHODS, finish, pool
 from .route import Route, choose_route
+from .segments import ForwardContext, Planner
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
@@ -80,6 +81,12 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     elif (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears:
             module.to(weight_dtype)
+    # Keys and values of one token in every layer of this shard: the prefix cache's unit.
+    bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
+    model.planner = Planner(prefix_reuse=args.prefix_reuse, prune=args.pooling == "last",
+                            cache_bytes=int(args.prefix_cache_mb * 2**20),
+                            bytes_per_token=bytes_per_token, num_layers=config.num_layers,
+                            device=device)  # fmt: skip
     return model.eval()
 
 
@@ -110,6 +117,8 @@ class Encoder:
         self.pooling = pooling
         self._launcher = launcher
         self._lock = threading.Lock()
+        # Tokens sent in vs tokens the forward computed (fewer when prefixes are shared).
+        self.stats = {"received_tokens": 0, "computed_tokens": 0}
         # Workers are stopped even if the caller forgets close().
         self._finalizer = weakref.finalize(self, launcher.close) if launcher else None
 
@@ -126,6 +135,8 @@ class Encoder:
         max_batch_tokens: int = 16384,
         pooling: str = "last",
         task: str = "auto",
+        prefix_reuse: bool | None = None,
+        prefix_cache_mb: float = 256.0,
         dist_addr: str = "127.0.0.1:0",
         dist_timeout_s: float = 300.0,
     ) -> Encoder:
@@ -136,7 +147,10 @@ class Encoder:
         (route.choose_route; the choice is `encoder.route` and is logged). `dist_addr` is the TP
         rendezvous (host:port); port 0 picks a free port, so several encoders on one host never
         collide. `task`: "embed", "rerank" (`score`), or "auto" (rerank for
-        *ForSequenceClassification checkpoints, else embed).
+        *ForSequenceClassification checkpoints, else embed). `prefix_reuse` (None: on where
+        valid, i.e. causal attention and last-token pooling) computes a prefix that sequences
+        share once, within a batch and across batches (a cache of `prefix_cache_mb`, 0 keeps
+        nothing between batches); see segments.py.
         """
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
@@ -154,6 +168,12 @@ class Encoder:
         task = resolve_task(task, config)
         if task == "rerank" and pooling != "last":
             raise ValueError("a reranker scores the last token: pooling must be 'last'")
+        reuse_valid = config.is_causal and pooling == "last"
+        if prefix_reuse and not reuse_valid:
+            raise ValueError("prefix_reuse needs causal attention and last-token pooling "
+                             f"(is_causal={config.is_causal}, pooling={pooling!r})")  # fmt: skip
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         attention = f"{attn_backend}: set by the caller"
         if attn_backend == "auto":
             attn_backend, why = choose_backend(device.type, config.head_dim)
@@ -175,6 +195,9 @@ class Encoder:
             port=int(port),
             timeout_s=dist_timeout_s,
             task=task,
+            pooling=pooling,
+            prefix_reuse=reuse_valid if prefix_reuse is None else bool(prefix_reuse),
+            prefix_cache_mb=float(prefix_cache_mb),
         )
         if tp_size == 1:
             model = build_model(args, TPGroup())
@@ -225,8 +248,7 @@ class Encoder:
         self._require("embed")
         out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
 
-        def vectors(hidden: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
-            pooled = pool(hidden, batch, self.pooling)
+        def vectors(pooled: torch.Tensor) -> torch.Tensor:
             return finish(pooled, normalize=normalize, dimensions=dimensions)
 
         return self._run(sequences, out, vectors)
@@ -242,8 +264,7 @@ class Encoder:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
         out = np.empty(len(sequences), dtype=np.float32)
-        head = self.model.score_head
-        return self._run(sequences, out, lambda hidden, batch: head(pool(hidden, batch, "last")))
+        return self._run(sequences, out, self.model.score_head)
 
     def _require(self, task: str) -> None:
         if self.task != task:
@@ -251,7 +272,8 @@ class Encoder:
                              f"task={task!r}")  # fmt: skip
 
     def _run(self, sequences: list[np.ndarray], out: np.ndarray, head) -> np.ndarray:
-        """Forward batches planned by token budget; `head(hidden, batch)` -> rows of `out`."""
+        """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
+        `out`."""
         lengths = [len(s) for s in sequences]
         with self._lock:
             for indices in plan_batches(lengths, self.max_batch_tokens):
@@ -280,13 +302,31 @@ class Encoder:
         return arr
 
     def _forward(self, sequences: list[np.ndarray], head) -> np.ndarray:
-        input_ids, cu_seqlens = flatten(sequences)
         if self._launcher is not None:
-            self._launcher.send_batch(input_ids, cu_seqlens)
-        batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
+            self._launcher.send_batch(*flatten(sequences))
+        planner = self.model.planner
+        ctx = planner.plan(sequences)
         with torch.inference_mode():
-            rows = head(self.model(batch), batch)
+            hidden = self.model(ctx)
+            # pruned: the model returned the pooled rows; pooling works in fp32 either way
+            rows = head(hidden.float() if ctx.last is not None else self._pool(hidden, ctx))
+        planner.commit(ctx)
+        self._count(ctx)
         return rows.cpu().numpy()  # the one device-to-host copy of this batch
+
+    def _pool(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.plan is not None:  # shared prefixes (last pooling): each sequence's last row
+            return hidden[torch.from_numpy(ctx.plan.pool_rows).to(hidden.device)].float()
+        return pool(hidden, ctx.batch, self.pooling)
+
+    def _count(self, ctx: ForwardContext) -> None:
+        self.stats["received_tokens"] += ctx.received_tokens
+        self.stats["computed_tokens"] += ctx.computed_tokens
+
+    @property
+    def prefix_cache(self):
+        """Hits, lookups and bytes in use of the prefix cache (segments.PrefixCache)."""
+        return self.model.planner.cache
 
     def close(self) -> None:
         """Stop tensor-parallel workers; safe to call more than once."""

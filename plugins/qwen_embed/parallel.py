@@ -41,6 +41,9 @@ class RankArgs:
     port: int
     timeout_s: float
     task: str = "embed"  # "embed" | "rerank": rank 0 then also holds the score head
+    pooling: str = "last"  # last-token pooling lets the last layer compute only pooled rows
+    prefix_reuse: bool = False  # resolved by the engine: causal + last pooling + asked for
+    prefix_cache_mb: float = 0.0
 
     def device_for(self, rank: int) -> torch.device:
         base = torch.device(self.device)
@@ -149,7 +152,6 @@ class TPLauncher:
 
 def serve_rank(args: RankArgs, rank: int, build_model) -> None:
     """Worker side: join, build this rank's shard, then run forwards until told to stop."""
-    from .batch import VarlenBatch
 
     store = dist.TCPStore(
         args.host,
@@ -166,7 +168,6 @@ def serve_rank(args: RankArgs, rank: int, build_model) -> None:
         store.set(f"ready/{rank}", f"{type(e).__name__}: {e}")
         raise
     store.set(f"ready/{rank}", "ok")
-    device = args.device_for(rank)
     while True:
         header = torch.zeros(3, dtype=torch.int64)
         control.broadcast(header, 0, _IDLE_WAIT).wait()
@@ -177,4 +178,9 @@ def serve_rank(args: RankArgs, rank: int, build_model) -> None:
         cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
         control.broadcast(input_ids, 0).wait()
         control.broadcast(cu_seqlens, 0).wait()
-        model(VarlenBatch.from_flat(input_ids, cu_seqlens, device))
+        # The same ids through the same planner as rank 0: the same prefix hits and misses.
+        ids = input_ids.numpy()
+        bounds = cu_seqlens.tolist()
+        ctx = model.planner.plan([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        model(ctx)
+        model.planner.commit(ctx)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch import VarlenBatch
+from ..segments import AttentionLayout
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,13 @@ class AttentionSpec:
 
 
 class AttentionBackend(ABC):
-    """Varlen self-attention over a flat token stream.
+    """Varlen attention over a flat token stream, segment by segment (segments.py).
 
-    `prepare` runs once per forward batch (index building, kernel planning); `forward` runs in
-    every layer with q [T, num_heads, head_dim] and k, v [T, num_kv_heads, head_dim]; with
-    `head_major` those are views of [heads, T, head_dim] storage.
+    `prepare(layout)` runs once per layout and forward batch (kernel planning; state goes on
+    the layout); `forward` runs in every layer with q [Tq, num_heads, head_dim] and k, v
+    [Tk, num_kv_heads, head_dim] split by the layout's q_lens / k_lens. A segment with fewer
+    queries than keys holds its last queries (causal masks align bottom-right: a shared prefix's
+    keys come first). With `head_major` the tensors may be views of [heads, T, head_dim].
     """
 
     head_major = False
@@ -41,10 +43,11 @@ class AttentionBackend(ABC):
         self.spec = spec
 
     @abstractmethod
-    def prepare(self, batch: VarlenBatch) -> None: ...
+    def prepare(self, layout: AttentionLayout) -> None: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layout: AttentionLayout) -> torch.Tensor: ...  # fmt: skip
 
 
 def import_gpu_kernel(spec: AttentionSpec, backend: str, module: str, package: str):

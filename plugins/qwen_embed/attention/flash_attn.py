@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import VarlenBatch
+from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec, import_gpu_kernel
 
 
@@ -14,20 +14,21 @@ class FlashAttention(AttentionBackend):
         super().__init__(spec)
         self._kernel = flash_attn.flash_attn_varlen_func
 
-    def prepare(self, batch: VarlenBatch) -> None:
-        self._cu_seqlens = batch.cu_seqlens
-        self._max_seqlen = batch.max_seqlen
+    def prepare(self, layout: AttentionLayout) -> None:
+        pass  # the kernel reads the layout's device cu_seqlens directly
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # GQA is native: k/v keep num_kv_heads.
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layout: AttentionLayout) -> torch.Tensor:  # fmt: skip
+        # GQA is native: k/v keep num_kv_heads. flash-attn >= 2.1 aligns the causal mask
+        # bottom-right when a segment has fewer queries than keys (a shared prefix's keys first).
         return self._kernel(
             q,
             k,
             v,
-            cu_seqlens_q=self._cu_seqlens,
-            cu_seqlens_k=self._cu_seqlens,
-            max_seqlen_q=self._max_seqlen,
-            max_seqlen_k=self._max_seqlen,
+            cu_seqlens_q=layout.cu_q,
+            cu_seqlens_k=layout.cu_k,
+            max_seqlen_q=layout.max_q,
+            max_seqlen_k=layout.max_k,
             softmax_scale=self.spec.scale,
             causal=self.spec.causal,
         )

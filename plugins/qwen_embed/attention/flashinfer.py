@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import VarlenBatch
+from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec, import_gpu_kernel
 from .flashinfer_limits import FLASHINFER_HEAD_DIMS
 
@@ -20,15 +20,24 @@ class FlashInferAttention(AttentionBackend):
             )
         flashinfer = import_gpu_kernel(spec, "flashinfer", "flashinfer", "flashinfer-python")
         super().__init__(spec)
-        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=spec.device)
-        self._wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        # A forward plans up to two layouts (all rows; the last layer's pooled rows): one
+        # wrapper each, used in turn.
+        self._wrappers = [
+            flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=spec.device), "NHD"
+            )
+            for _ in range(2)
+        ]
+        self._next = 0
 
-    def prepare(self, batch: VarlenBatch) -> None:
-        # Same indptr for queries and keys: every sequence attends only to itself. Host
-        # tensors: plan() copies device ones back to the host (two syncs per batch).
-        self._wrapper.plan(
-            batch.cu_seqlens_host,
-            batch.cu_seqlens_host,
+    def prepare(self, layout: AttentionLayout) -> None:
+        wrapper = self._wrappers[self._next]
+        self._next = 1 - self._next
+        # Separate query and key indptrs (a segment may attend to a shared prefix first; causal
+        # masks align bottom-right). Host tensors: plan() would copy device ones back.
+        wrapper.plan(
+            layout.cu_q_host,
+            layout.cu_k_host,
             self.spec.num_heads,
             self.spec.num_kv_heads,
             self.spec.head_dim,
@@ -36,6 +45,8 @@ class FlashInferAttention(AttentionBackend):
             sm_scale=self.spec.scale,
             q_data_type=self.spec.dtype,
         )
+        layout.state["flashinfer"] = wrapper
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self._wrapper.run(q, k, v)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layout: AttentionLayout) -> torch.Tensor:  # fmt: skip
+        return layout.state["flashinfer"].run(q, k, v)

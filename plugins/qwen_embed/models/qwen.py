@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend
-from ..batch import VarlenBatch
 from ..config import ModelConfig
 from ..layers import (
     ColumnParallelLinear,
@@ -23,6 +22,7 @@ from ..layers import (
     apply_rotary,
     rotary_cos_sin,
 )
+from ..segments import AttentionLayout, ForwardContext
 
 # checkpoint module name -> (our packed module, shard id)
 PACKED_MODULES = {
@@ -71,21 +71,29 @@ class QwenAttention(nn.Module):
         self.has_qk_norm = config.has_qk_norm
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext, layout: AttentionLayout,
+                rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Keys/values for every row; queries (and the output) only for `rows` if given."""
         t, d = x.shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split(
             [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1
         )
-        q = q.view(t, self.num_heads, d)
+        if rows is not None:
+            q, cos_q, sin_q = q[rows], cos[rows], sin[rows]
+        else:
+            cos_q, sin_q = cos, sin
+        q = q.reshape(q.shape[0], self.num_heads, d)
         k = k.view(t, self.num_kv_heads, d)
         v = v.view(t, self.num_kv_heads, d)
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         major = self.backend.head_major
-        q, k = apply_rotary(q, cos, sin, major), apply_rotary(k, cos, sin, major)
+        q, k = apply_rotary(q, cos_q, sin_q, major), apply_rotary(k, cos, sin, major)
         v = v.transpose(0, 1).contiguous().transpose(0, 1) if major else v.contiguous()
-        out = self.backend.forward(q, k, v)
-        return self.o_proj(out.reshape(t, self.num_heads * d))
+        k, v = ctx.keys(self.layer_index, k, v, layout)
+        out = self.backend.forward(q, k, v, layout)
+        return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
 
 
 class QwenMLP(nn.Module):
@@ -110,9 +118,12 @@ class QwenDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = QwenMLP(config, tp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext, layout: AttentionLayout,
+                rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         # Residual adds land in the fresh sublayer outputs: no new activation-sized tensors.
-        x = self.self_attn(self.input_layernorm(x), cos, sin).add_(x)
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, ctx, layout, rows)
+        x = attn.add_(x if rows is None else x[rows])
         return self.mlp(self.post_attention_layernorm(x)).add_(x)
 
 
@@ -130,15 +141,26 @@ class QwenModel(nn.Module):
         self.layers = nn.ModuleList(
             QwenDecoderLayer(config, tp, backend) for _ in range(config.num_layers)
         )
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.layer_index = i  # where a shared prefix's keys/values are kept
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     @torch.inference_mode()
-    def forward(self, batch: VarlenBatch) -> torch.Tensor:
-        self.backend.prepare(batch)
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
+        pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
+        self.backend.prepare(ctx.layout)
+        if ctx.last is not None:
+            self.backend.prepare(ctx.last)
+        batch = ctx.batch
         x = self.embed_tokens(batch.input_ids)
         cos, sin = rotary_cos_sin(
             batch.positions, self.config.head_dim, self.config.rope_theta, x.dtype
         )
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if i == last and ctx.last is not None:
+                x = layer(x, cos, sin, ctx, ctx.last, ctx.last_rows)
+            else:
+                x = layer(x, cos, sin, ctx, ctx.layout)
         return self.norm(x)

@@ -1,0 +1,340 @@
+"""Segment plans beside VarlenBatch: compute a shared prefix once, and the last layer only where
+it is read.
+
+With causal attention the hidden states (so the keys and values) of a prefix do not depend on
+what follows it. Sequences of one forward batch that begin with the same token ids (found on the
+ids, so exact whatever BPE did at a prompt boundary) share that prefix: it is computed once as
+its own segment, and each sequence computes only its remaining tokens, at their true positions,
+attending to the prefix's keys/values plus its own. Prefixes also persist across batches in a
+bounded LRU cache of per-layer keys/values (`PrefixCache`); a stream of one-text requests finds
+its shared prefix through a short history of recent sequences. Every rank of a tensor-parallel
+group builds the same plan from the same ids and the same cache history, so hit/miss decisions
+agree without communication.
+
+Last-layer pruning: with last-token pooling only one row per sequence is read after the final
+layer, so that layer computes keys/values for every token but everything else only for those
+rows (`AttentionLayout.last_rows`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .batch import VarlenBatch
+
+MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
+HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
+HISTORY_TOKENS = 512  # of each, the first tokens kept for that comparison
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which key/value rows each query segment attends to (causal: bottom-right aligned).
+
+    `q_lens` split the query rows; `kv_index` (None: the keys are the query rows themselves)
+    gathers each segment's keys/values, prefix first, from [cached prefixes ..., this batch]."""
+
+    q_lens: tuple[int, ...]
+    k_lens: tuple[int, ...]
+    cu_q: torch.Tensor  # int32 [s + 1] on the device
+    cu_k: torch.Tensor
+    cu_q_host: torch.Tensor
+    cu_k_host: torch.Tensor
+    kv_index: torch.Tensor | None
+    state: dict = field(default_factory=dict, compare=False)  # per-backend kernel plans
+
+    @classmethod
+    def build(cls, q_lens, k_lens, kv_index, device) -> AttentionLayout:
+        cu_q = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(k_lens)]), dtype=torch.int32)
+        index = None if kv_index is None else torch.from_numpy(kv_index).to(device)
+        return cls(tuple(int(n) for n in q_lens), tuple(int(n) for n in k_lens), cu_q.to(device),
+                   cu_k.to(device), cu_q, cu_k, index)  # fmt: skip
+
+    @property
+    def same_qk(self) -> bool:
+        return self.kv_index is None and self.q_lens == self.k_lens
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_lens)
+
+    @property
+    def max_k(self) -> int:
+        return max(self.k_lens)
+
+
+class PrefixEntry:
+    def __init__(self, ids: tuple[int, ...], num_layers: int):
+        self.ids = ids
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+
+
+class PrefixCache:
+    """Per-layer keys/values of prefixes, keyed by their token ids, least recently used out.
+
+    Sizes are counted in tokens x `bytes_per_token` (the same on every TP rank), so every rank
+    evicts the same entries. Capacity 0 keeps nothing (in-batch sharing still works). Entries
+    and the history of recent sequences are indexed by their first MIN_PREFIX_TOKENS ids."""
+
+    def __init__(self, capacity_bytes: int, bytes_per_token: int, num_layers: int):
+        self.capacity_bytes = capacity_bytes
+        self.bytes_per_token = bytes_per_token
+        self.num_layers = num_layers
+        self.entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
+        self._by_head: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+        # head -> the latest sequence that began with it (its first HISTORY_TOKENS ids)
+        self.history: OrderedDict[tuple[int, ...], tuple[int, ...]] = OrderedDict()
+        self.tokens = 0
+        self.hits = 0
+        self.lookups = 0
+
+    @property
+    def bytes_in_use(self) -> int:
+        return self.tokens * self.bytes_per_token
+
+    def fits(self, length: int) -> bool:
+        return length * self.bytes_per_token <= self.capacity_bytes
+
+    def find(self, seq: tuple[int, ...]) -> PrefixEntry | None:
+        """The longest cached prefix of `seq` that leaves it at least one token."""
+        best = None
+        for ids in self._by_head.get(seq[:MIN_PREFIX_TOKENS], ()):
+            n = len(ids)
+            if n < len(seq) and seq[:n] == ids and (best is None or n > len(best.ids)):
+                best = self.entries[ids]
+        return best
+
+    def touch(self, entry: PrefixEntry) -> None:
+        self.entries.move_to_end(entry.ids)
+
+    def add(self, entry: PrefixEntry) -> None:
+        self.entries[entry.ids] = entry
+        self._by_head.setdefault(entry.ids[:MIN_PREFIX_TOKENS], set()).add(entry.ids)
+        self.tokens += len(entry.ids)
+        while self.bytes_in_use > self.capacity_bytes:
+            ids, _ = self.entries.popitem(last=False)
+            self.tokens -= len(ids)
+            heads = self._by_head[ids[:MIN_PREFIX_TOKENS]]
+            heads.discard(ids)
+            if not heads:
+                del self._by_head[ids[:MIN_PREFIX_TOKENS]]
+
+    def recent(self, head: tuple[int, ...]) -> tuple[int, ...] | None:
+        return self.history.get(head)
+
+    def remember(self, seq: tuple[int, ...]) -> None:
+        head = seq[:MIN_PREFIX_TOKENS]
+        self.history[head] = seq[:HISTORY_TOKENS]
+        self.history.move_to_end(head)
+        if len(self.history) > HISTORY:
+            self.history.popitem(last=False)
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass
+class SegmentPlan:
+    """What one forward computes. Rows of the computed stream: first the prefix segments that
+    are computed here (cache misses), then each sequence's own tokens."""
+
+    input_ids: np.ndarray  # int64 [T_computed]
+    positions: np.ndarray  # int64 [T_computed]
+    layout: AttentionLayout | None  # None: plain varlen (no prefix anywhere)
+    pool_rows: np.ndarray  # int64 [n]: each sequence's last row (what last pooling reads)
+    used: list[PrefixEntry]  # cached prefixes whose keys/values come first in every layer
+    new: list[tuple[PrefixEntry, int]]  # prefixes computed here: (entry, first row) to store
+    received_tokens: int
+
+    @property
+    def computed_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep this layer's keys/values of the prefixes computed here (for the cache)."""
+        for entry, row in self.new:
+            rows = slice(row, row + len(entry.ids))
+            entry.kv[layer] = (k[rows].clone(), v[rows].clone())
+
+    def gather(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
+        """Each segment's keys/values, cached prefixes' first: what `layout` indexes."""
+        if layout.kv_index is None:
+            return k, v
+        if self.used:
+            k = torch.cat([e.kv[layer][0] for e in self.used] + [k])
+            v = torch.cat([e.kv[layer][1] for e in self.used] + [v])
+        return k.index_select(0, layout.kv_index), v.index_select(0, layout.kv_index)
+
+    def commit(self, cache: PrefixCache) -> None:
+        """After a forward completed: keep the prefixes it computed (least recently used out)."""
+        for entry, _ in self.new:
+            if cache.fits(len(entry.ids)) and all(kv is not None for kv in entry.kv):
+                cache.add(entry)
+
+    def last_layout(self, device) -> AttentionLayout:
+        """Last-layer pruning: one query row per sequence, attending to everything it sees."""
+        q_lens = np.ones(len(self.pool_rows), dtype=np.int64)
+        if self.layout is None:
+            k_lens = np.diff(np.concatenate([[-1], self.pool_rows]))
+            return AttentionLayout.build(q_lens, k_lens, None, device)
+        k_lens = np.asarray(self.layout.k_lens[len(self.new) :])
+        index = None if self.layout.kv_index is None else self.layout.kv_index.cpu().numpy()
+        if index is not None:
+            index = index[int(self.layout.cu_k_host[len(self.new)]) :]
+        return AttentionLayout.build(q_lens, k_lens, index, device)
+
+
+def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> SegmentPlan:
+    """Group sequences by shared prefixes (in this batch, in the cache, or with a recent
+    sequence) and lay out the computed rows. Deterministic given the ids and the cache."""
+    seqs = [tuple(np.asarray(s).tolist()) for s in sequences]
+    n = len(seqs)
+    prefix_of: list[tuple[int, ...] | None] = [None] * n
+    cached: dict[tuple[int, ...], PrefixEntry] = {}
+    for i, seq in enumerate(seqs):
+        cache.lookups += 1
+        entry = cache.find(seq)
+        if entry is not None:
+            cache.hits += 1
+            cache.touch(entry)
+            prefix_of[i] = entry.ids
+            cached[entry.ids] = entry
+    # In-batch sharing (and discovery against recent sequences) among the others, grouped by
+    # their first MIN_PREFIX_TOKENS tokens.
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, seq in enumerate(seqs):
+        if prefix_of[i] is None and len(seq) > MIN_PREFIX_TOKENS:
+            groups.setdefault(seq[:MIN_PREFIX_TOKENS], []).append(i)
+    for head, members in groups.items():
+        # Leave every member at least one token of its own.
+        limit = min(len(seqs[i]) for i in members) - 1
+        if len(members) > 1:
+            length = min(_common_prefix(seqs[members[0]], seqs[i]) for i in members[1:])
+        else:  # alone: a prefix shared with a recent sequence, worth computing if kept
+            recent = cache.recent(head)
+            length = _common_prefix(seqs[members[0]], recent) if recent else 0
+            if not cache.fits(length):
+                length = 0
+        length = min(length, limit)
+        if length >= MIN_PREFIX_TOKENS:
+            for i in members:
+                prefix_of[i] = seqs[members[0]][:length]
+    for seq in seqs:
+        cache.remember(seq)
+    # Layout: cached prefixes' keys first (in `used` order), then this batch's computed rows.
+    used = list(cached.values())
+    offsets, total = {}, 0
+    for entry in used:
+        offsets[entry.ids] = total
+        total += len(entry.ids)
+    new_prefixes = sorted({p for p in prefix_of if p is not None and p not in cached},
+                          key=lambda p: (len(p), p))  # fmt: skip
+    ids, positions, q_lens, k_lens, kv_index, new = [], [], [], [], [], []
+    row = 0
+    num_layers = cache.num_layers
+    for p in new_prefixes:
+        offsets[p] = total + row
+        new.append((PrefixEntry(p, num_layers), row))
+        ids.append(np.asarray(p))
+        positions.append(np.arange(len(p)))
+        q_lens.append(len(p))
+        k_lens.append(len(p))
+        kv_index.append(total + row + np.arange(len(p)))
+        row += len(p)
+    pool_rows = np.empty(n, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        p = prefix_of[i] or ()
+        own = np.asarray(seq[len(p) :])
+        ids.append(own)
+        positions.append(len(p) + np.arange(len(own)))
+        q_lens.append(len(own))
+        k_lens.append(len(p) + len(own))
+        if p:
+            kv_index.append(offsets[p] + np.arange(len(p)))
+        kv_index.append(total + row + np.arange(len(own)))
+        row += len(own)
+        pool_rows[i] = row - 1
+    shared = bool(new_prefixes or used)
+    layout = None
+    if shared:
+        index = np.concatenate(kv_index).astype(np.int64)
+        layout = AttentionLayout.build(q_lens, k_lens, index, device)
+    return SegmentPlan(
+        input_ids=np.concatenate(ids).astype(np.int64),
+        positions=np.concatenate(positions).astype(np.int64),
+        layout=layout,
+        pool_rows=pool_rows,
+        used=used,
+        new=new,
+        received_tokens=sum(len(s) for s in seqs),
+    )
+
+
+@dataclass
+class ForwardContext:
+    """Everything a forward needs besides the weights: the rows to compute, how they attend,
+    and (pruning) which rows the last layer computes beyond keys/values."""
+
+    batch: VarlenBatch  # the computed rows: ids and true positions
+    layout: AttentionLayout
+    last: AttentionLayout | None  # None: the last layer computes every row
+    last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
+    plan: SegmentPlan | None  # None: no prefix shared; rows are the sequences themselves
+
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
+        if self.plan is None:
+            return k, v
+        self.plan.store(layer, k, v)
+        return self.plan.gather(layer, k, v, layout)
+
+    @property
+    def received_tokens(self) -> int:
+        return self.plan.received_tokens if self.plan else self.batch.num_tokens
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.batch.num_tokens
+
+
+class Planner:
+    """One per model shard (every TP rank has its own, fed the same batches): the prefix cache
+    and the switches. `prefix_reuse` needs causal attention and last-token pooling; `prune`
+    needs last-token pooling."""
+
+    def __init__(self, *, prefix_reuse: bool, prune: bool, cache_bytes: int,
+                 bytes_per_token: int, num_layers: int, device: torch.device):  # fmt: skip
+        self.prefix_reuse = prefix_reuse
+        self.prune = prune
+        self.device = device
+        self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
+
+    def plan(self, sequences: list[np.ndarray]) -> ForwardContext:
+        plan = plan_segments(sequences, self.cache, self.device) if self.prefix_reuse else None
+        if plan is None or plan.layout is None:
+            batch = VarlenBatch.build(sequences, self.device)
+            layout = AttentionLayout.build(batch.seq_lens, batch.seq_lens, None, self.device)
+            pool_rows = batch.cu_seqlens_host[1:].long() - 1
+            last = None
+            if self.prune:
+                lens = np.asarray(batch.seq_lens)
+                last = AttentionLayout.build(np.ones_like(lens), lens, None, self.device)
+            rows = pool_rows.to(self.device) if self.prune else None
+            # A plan without sharing still counts as planned: its sequences enter the history.
+            return ForwardContext(batch, layout, last, rows, None)
+        batch = VarlenBatch.from_rows(plan.input_ids, plan.positions, plan.layout.q_lens,
+                                      self.device)  # fmt: skip
+        last = plan.last_layout(self.device) if self.prune else None
+        rows = torch.from_numpy(plan.pool_rows).to(self.device)
+        return ForwardContext(batch, plan.layout, last, rows, plan)
+
+    def commit(self, ctx: ForwardContext) -> None:
+        if ctx.plan is not None:
+            ctx.plan.commit(self.cache)
