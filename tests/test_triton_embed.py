@@ -237,3 +237,40 @@ def test_cancelled_requests_are_skipped(server):
     assert metric_value(server, "qwen_embed_texts_total") - texts_before == 2
     skipped = metric_value(server, "qwen_embed_cancelled_requests_total") - cancelled_before
     assert 0 <= skipped <= 4
+
+
+def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):
+    """Each request is one query with the default instruction: the prefix is computed once and
+    then served from the encoder's cache (segments.py); the vectors stay the reference's."""
+    queries = [f"question number {i}: what is {i} squared?" for i in range(32)]
+    hits_before = metric_value(server, "qwen_embed_prefix_cache_hits_total")
+    computed_before = metric_value(server, "qwen_embed_tokens_computed_total")
+    received_before = metric_value(server, "qwen_embed_tokens_total")
+    results, errors = {}, []
+
+    def client(k):
+        try:
+            for i in range(k, len(queries), 16):
+                results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    hits = metric_value(server, "qwen_embed_prefix_cache_hits_total") - hits_before
+    computed = metric_value(server, "qwen_embed_tokens_computed_total") - computed_before
+    received = metric_value(server, "qwen_embed_tokens_total") - received_before
+    assert hits >= len(queries) // 2, hits
+    assert computed < 0.7 * received, (computed, received)
+    assert metric_value(server, "qwen_embed_prefix_cache_bytes") > 0
+    ids = [e.ids for e in tokenizer.encode_batch([f"Instruct: {DEFAULT_TASK}\nQuery:{q}"
+                                                  for q in queries])]  # fmt: skip
+    reference = reference_embeddings(demo_dir, ids[:8])
+    vectors = np.stack([results[i] for i in range(len(queries))])
+    assert cosine(vectors[:8], reference).min() >= SERVING_COSINE
+    with Encoder.from_pretrained(demo_dir, dtype="float32", prefix_reuse=False) as plain:
+        assert np.abs(vectors - plain.embed(ids)).max() <= 1e-5

@@ -92,6 +92,7 @@ class PrefixCache:
         self.tokens = 0
         self.hits = 0
         self.lookups = 0
+        self.evictions = 0
 
     @property
     def bytes_in_use(self) -> int:
@@ -119,6 +120,7 @@ class PrefixCache:
         while self.bytes_in_use > self.capacity_bytes:
             ids, _ = self.entries.popitem(last=False)
             self.tokens -= len(ids)
+            self.evictions += 1
             heads = self._by_head[ids[:MIN_PREFIX_TOKENS]]
             heads.discard(ids)
             if not heads:

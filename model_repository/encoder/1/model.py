@@ -50,6 +50,8 @@ class TritonPythonModel:
             max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
             pooling=params.get("pooling") or "last",
             task=self.task,
+            prefix_reuse={"on": True, "off": False}.get(params.get("prefix_reuse") or "auto"),
+            prefix_cache_mb=float(params.get("prefix_cache_mb") or 256),
         )
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device
@@ -87,6 +89,7 @@ class TritonPythonModel:
             else:
                 outputs = self.encoder.embed_checked(all_seqs, normalize=False)
             self.metrics.seconds.observe(time.perf_counter() - started)
+            self.metrics.observe_reuse(self.encoder)
             start = 0
             for i, opts, seqs in accepted:
                 rows = outputs[start : start + len(seqs)]
@@ -149,7 +152,26 @@ class _Metrics:
                                            description="1, labelled with the arithmetic route and "
                                            "the cores of each encoder instance",
                                            kind=pb_utils.MetricFamily.GAUGE)  # fmt: skip
-        self.families += [texts, tokens, seconds, cancelled, self.route]
+        computed = pb_utils.MetricFamily(name="qwen_embed_tokens_computed_total",
+                                         description="tokens the forwards computed (fewer than "
+                                         "received when prefixes are shared)",
+                                         kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        hits = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_hits_total",
+                                     description="sequences whose prefix came from the cache",
+                                     kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        lookups = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_lookups_total",
+                                        description="sequences looked up in the prefix cache",
+                                        kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
+        cache_bytes = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_bytes",
+                                            description="keys/values held by the prefix cache",
+                                            kind=pb_utils.MetricFamily.GAUGE)  # fmt: skip
+        self.families += [texts, tokens, seconds, cancelled, self.route, computed, hits, lookups,
+                          cache_bytes]  # fmt: skip
+        self.computed = computed.Metric(labels=labels)
+        self.hits = hits.Metric(labels=labels)
+        self.lookups = lookups.Metric(labels=labels)
+        self.cache_bytes = cache_bytes.Metric(labels=labels)
+        self._seen = {"computed_tokens": 0, "hits": 0, "lookups": 0}
         self.texts = texts.Metric(labels=labels)
         self.tokens = tokens.Metric(labels=labels)
         self.seconds = seconds.Metric(labels=labels,
@@ -162,6 +184,17 @@ class _Metrics:
                   "threads": str(threads)}  # fmt: skip
         self.route_gauge = self.route.Metric(labels=labels)
         self.route_gauge.set(1)
+
+    def observe_reuse(self, encoder):
+        """Counters from the engine's running totals (increments since the last execute)."""
+        cache = encoder.prefix_cache
+        now = {"computed_tokens": encoder.stats["computed_tokens"], "hits": cache.hits,
+               "lookups": cache.lookups}  # fmt: skip
+        self.computed.increment(now["computed_tokens"] - self._seen["computed_tokens"])
+        self.hits.increment(now["hits"] - self._seen["hits"])
+        self.lookups.increment(now["lookups"] - self._seen["lookups"])
+        self.cache_bytes.set(cache.bytes_in_use)
+        self._seen = now
 
     def observe_batch(self, num_requests, seqs):
         num_tokens = int(sum(len(s) for s in seqs))
