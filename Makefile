@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split profile locust soak \
+.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -111,6 +111,11 @@ perf-neighbour: setup
 # transformers (model card code, and with last-position logits only), same run.
 perf-rerank: setup
 	cd perf && ../$(PY) bench_rerank.py
+
+# Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;
+# pruning in process on the demo model and the 28-layer Qwen3-Embedding-0.6B shape).
+perf-prefix: setup
+	cd perf && ../$(PY) bench_prefix.py
 
 # Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
 perf-split: setup

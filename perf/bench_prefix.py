@@ -1,0 +1,176 @@
+"""Less work per vector: shared-prefix reuse and last-layer pruning, on vs off in one run.
+
+    python bench_prefix.py [--seconds 30] [--deep-layers 28] [--deep-texts 24]
+
+Through Triton (two servers in turn, encoder prefix_reuse "auto" vs "off", dtype auto):
+- query workload: Qwen3-Embedding's default instruction + queries of 4-30 words (one token
+  each), as 1-text requests from 16 clients and as 32-text requests from 4 clients;
+- document workload: perf/workload.py's mix, no shared prefix (the detection's cost).
+tokens/s count the tokens users sent; the server's own metrics give tokens computed per token
+received and the prefix cache hit rate. In process (the engine alone): last-layer pruning on vs
+off on the document workload with the demo model's 3 layers and with Qwen3-Embedding-0.6B's
+28-layer shape (random weights, fewer texts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder
+from qwen_embed.cpu import cpu_features
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed.serving.triton import TritonServer
+
+from bench_peers import REPO, drive, ensure_model, triton_sender
+from workload import RESULTS, WORDS, command_line, machine, make_texts, stamp
+
+PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
+METRICS = (
+    "qwen_embed_tokens_total",
+    "qwen_embed_tokens_computed_total",
+    "qwen_embed_prefix_cache_hits_total",
+    "qwen_embed_prefix_cache_lookups_total",
+)
+
+
+def make_queries(n: int, seed: int = 1) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [PROMPT + " ".join(rng.choice(WORDS, size=int(k)))
+            for k in rng.integers(4, 31, n)]  # fmt: skip
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url).read().decode()
+    out = {}
+    for name in METRICS:
+        found = re.search(rf'^{name}{{model="encoder"}} (\S+)', text, re.M)
+        out[name] = float(found.group(1)) if found else 0.0
+    return out
+
+
+def serve_cases(model_dir: Path, cases: dict, seconds: float, reuse: str) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = render(Path(tmp) / "repo", {"embed": model_dir},
+                      {"encoder": {"prefix_reuse": reuse}})  # fmt: skip
+        with TritonServer(repo, log_path=Path(tmp) / "server.log") as server:
+            for name, (texts, counts, reference, clients, per_request) in cases.items():
+                make = triton_sender(server.grpc_url, texts)
+                drive(make, counts, reference, clients=2, per_request=per_request, seconds=0,
+                      passes=0, max_requests=4)  # warm-up  # fmt: skip
+                before = metrics(server.metrics_url)
+                stats = drive(make, counts, reference, clients=clients, per_request=per_request,
+                              seconds=seconds, passes=1)  # fmt: skip
+                after = metrics(server.metrics_url)
+                delta = {k: after[k] - before[k] for k in METRICS}
+                lookups = delta["qwen_embed_prefix_cache_lookups_total"]
+                rows.append({
+                    "workload": name, "prefix_reuse": reuse, **stats,
+                    "computed_per_received": delta["qwen_embed_tokens_computed_total"]
+                    / max(delta["qwen_embed_tokens_total"], 1),
+                    "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups
+                    if lookups else 0.0,
+                })  # fmt: skip
+                print(f"{name} reuse={reuse}: {stats['tokens_per_s']:.0f} tok/s, computed/"
+                      f"received {rows[-1]['computed_per_received']:.2f}, hit rate "
+                      f"{rows[-1]['hit_rate']:.2f}", flush=True)  # fmt: skip
+    return rows
+
+
+def pruning(model_dir: Path, ids: list[list[int]], repeats: int) -> dict:
+    """Engine in process, dtype auto, no prefix reuse: the last layer pruned vs computed whole."""
+    out = {}
+    with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:
+        vectors = {}
+        for prune in (True, False, True, False):
+            enc.model.planner.prune = prune
+            enc.embed(ids[:2])
+            began = time.perf_counter()
+            for _ in range(repeats):
+                vectors[prune] = enc.embed(ids)
+            rate = repeats * sum(map(len, ids)) / (time.perf_counter() - began)
+            out[prune] = max(out.get(prune, 0.0), rate)  # best of two, alternating
+        cos = (vectors[True] * vectors[False]).sum(1).min()
+    return {"pruned_tok_s": out[True], "full_tok_s": out[False],
+            "ratio": out[True] / out[False], "min_cosine": float(cos)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--queries", type=int, default=512)
+    p.add_argument("--documents", type=int, default=256)
+    p.add_argument("--deep-layers", type=int, default=28)
+    p.add_argument("--deep-texts", type=int, default=24)
+    p.add_argument("--out", default=str(RESULTS / "prefix"))
+    args = p.parse_args()
+
+    model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    queries, documents = make_queries(args.queries), make_texts(args.documents, 0)
+    cases = {}
+    with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:  # the reference
+        workloads = [("query, 1-text requests", queries, 16, 1),
+                     ("query, 32-text requests", queries, 4, 32),
+                     ("documents, 8-text requests", documents, 8, 8)]  # fmt: skip
+        for name, texts, clients, per_request in workloads:
+            ids = [e.ids for e in tok.encode_batch(texts)]
+            counts = np.array([len(i) for i in ids])
+            cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
+    rows = serve_cases(model_dir, cases, args.seconds, "auto")
+    rows += serve_cases(model_dir, cases, args.seconds, "off")
+    doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
+    prune = {"demo (3 layers)": pruning(model_dir, doc_ids, 2)}
+    print(prune, flush=True)
+    deep = ensure_model(REPO / ".cache" / f"bench-model-{args.deep_layers}l", args.deep_layers)
+    prune[f"Qwen3-Embedding-0.6B shape ({args.deep_layers} layers)"] = pruning(
+        deep, doc_ids[: args.deep_texts], 1
+    )
+    print(prune, flush=True)
+
+    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+              "command": command_line(), "rows": rows, "pruning": prune}  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    by = {(r["workload"], r["prefix_reuse"]): r for r in rows}
+    lines = [
+        "# Shared-prefix reuse and last-layer pruning, on vs off", "",
+        f"- date: {record['date']}", f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
+        f"- model: {model_dir.name} (3 layers, Qwen3-Embedding-0.6B width), encoder dtype auto; "
+        f"{args.seconds:.0f} s per case through Triton; tokens/s count the tokens sent", "",
+        "| workload | tokens/s reuse on | tokens/s off | on / off | computed per received (on) "
+        "| cache hit rate (on) | p99 s on / off | min cosine on |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for name in cases:
+        on, off = by[(name, "auto")], by[(name, "off")]
+        lines.append(f"| {name} | {on['tokens_per_s']:.0f} | {off['tokens_per_s']:.0f} | "
+                     f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
+                     f"{on['computed_per_received']:.2f} | {on['hit_rate']:.2f} | "
+                     f"{on['p99_s']:.2f} / {off['p99_s']:.2f} | "
+                     f"{on['min_cosine']:.5f} |")  # fmt: skip
+    lines += ["", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
+              "| model | tokens/s pruned | tokens/s whole last layer | ratio | min cosine |",
+              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, r in prune.items():
+        lines.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
+                     f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
