@@ -11,7 +11,6 @@ the scheduler decided (tests/test_client.py), since a loaded machine can flip a 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import threading
 import time
@@ -19,12 +18,11 @@ from pathlib import Path
 
 from qwen_embed_client import EmbeddingClient
 
-from qwen_embed.cpu import cpu_features
 from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
-from workload import RESULTS, command_line, machine, stamp
+from workload import RESULTS, new_record, write_report
 
 
 def even_split(fast: str, slow: str, texts: list[str]) -> float:
@@ -71,25 +69,15 @@ def main() -> None:
                              "fast_texts": split[fast.grpc_url],
                              "slow_texts": split[slow.grpc_url]})  # fmt: skip
                 print(rows[-1], flush=True)
-    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-              "command": command_line(), "rows": rows}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [
-        "# Adaptive split over two unequal servers vs an even split", "",
-        f"- date: {record['date']}", f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
-        f"- fast server: demo model (3 layers) on core 0; slow: {args.slow_layers} layers on "
-        f"core 1; {args.texts} texts per job", "",
-        "| adaptive s | even split s | even / adaptive | texts to fast | texts to slow |",
-        "| --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    table = ["| adaptive s | even split s | even / adaptive | texts to fast | texts to slow |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['adaptive_s']:.1f} | {r['even_s']:.1f} | {r['ratio']:.2f} | "
+        table.append(f"| {r['adaptive_s']:.1f} | {r['even_s']:.1f} | {r['ratio']:.2f} | "
                      f"{r['fast_texts']} | {r['slow_texts']} |")  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
+    note = (f"fast server: demo model (3 layers) on core 0; slow: {args.slow_layers} layers on "
+            f"core 1; {args.texts} texts per job")  # fmt: skip
+    title = "Adaptive split over two unequal servers vs an even split"
+    write_report(args.out, new_record(rows=rows), title, [note], table)
 
 
 if __name__ == "__main__":

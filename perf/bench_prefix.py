@@ -15,7 +15,6 @@ off on the document workload with the demo model's 3 layers and with Qwen3-Embed
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import tempfile
 import time
@@ -26,13 +25,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.cpu import cpu_features
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.triton import TritonServer
 
 from bench_peers import REPO, drive, ensure_model, triton_sender
-from workload import RESULTS, WORDS, command_line, machine, make_texts, stamp
+from workload import RESULTS, WORDS, make_texts, new_record, write_report
 
 PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
 METRICS = (
@@ -139,37 +137,32 @@ def main() -> None:
     )
     print(prune, flush=True)
 
-    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-              "command": command_line(), "rows": rows, "pruning": prune}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    record = new_record(rows=rows, pruning=prune)
     by = {(r["workload"], r["prefix_reuse"]): r for r in rows}
-    lines = [
-        "# Shared-prefix reuse and last-layer pruning, on vs off", "",
-        f"- date: {record['date']}", f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
-        f"- model: {model_dir.name} (3 layers, Qwen3-Embedding-0.6B width), encoder dtype auto; "
-        f"{args.seconds:.0f} s per case through Triton; tokens/s count the tokens sent", "",
+    table = [
         "| workload | tokens/s reuse on | tokens/s off | on / off | computed per received (on) "
         "| cache hit rate (on) | p99 s on / off | min cosine on |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for name in cases:
         on, off = by[(name, "auto")], by[(name, "off")]
-        lines.append(f"| {name} | {on['tokens_per_s']:.0f} | {off['tokens_per_s']:.0f} | "
+        table.append(f"| {name} | {on['tokens_per_s']:.0f} | {off['tokens_per_s']:.0f} | "
                      f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
                      f"{on['computed_per_received']:.2f} | {on['hit_rate']:.2f} | "
                      f"{on['p99_s']:.2f} / {off['p99_s']:.2f} | "
                      f"{on['min_cosine']:.5f} |")  # fmt: skip
-    lines += ["", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
+    table += ["", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
               "| model | tokens/s pruned | tokens/s whole last layer | ratio | min cosine |",
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, r in prune.items():
-        lines.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
+        table.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
                      f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
+    note = (
+        f"model: {model_dir.name} (3 layers, Qwen3-Embedding-0.6B width), encoder dtype "
+        f"auto; {args.seconds:.0f} s per case through Triton; tokens/s count the tokens sent"
+    )
+    write_report(args.out, record, "Shared-prefix reuse and last-layer pruning, on vs off",
+                 [note], table)  # fmt: skip
 
 
 if __name__ == "__main__":

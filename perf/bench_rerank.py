@@ -32,7 +32,7 @@ from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.rerank import PREFIX, SUFFIX, pair_text
 from qwen_embed.serving.triton import TritonServer, free_port
 
-from workload import RESULTS, command_line, machine, make_texts, stamp
+from workload import RESULTS, make_texts, new_record, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 QUERY = "which of these passages says the most about what they would have done first"
@@ -173,29 +173,20 @@ def main() -> None:
                     print(rows[-1], flush=True)
     card = rows[0]["pairs_per_s"]
     best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
-    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-              "command": command_line(), "model": str(model_dir), "dtype": route.dtype,
-              "documents": args.documents, "rows": rows}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [
-        "# Reranking: pairs/s, one query with mixed-length documents", "",
-        f"- date: {record['date']}", f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
-        f"- model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
-        f"weights), dtype {route.dtype}; {args.documents} documents (perf/workload.py mix) per "
-        f"request, {args.rounds} requests per client; transformers in padded batches of "
-        f"{args.hf_batch_size}", "",
-        "| path | clients | pairs/s | x model card | x best transformers | max abs vs card |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    record = new_record(model=str(model_dir), dtype=route.dtype, documents=args.documents,
+                        rows=rows)  # fmt: skip
+    table = ["| path | clients | pairs/s | x model card | x best transformers | max abs vs card |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
+        table.append(f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
                      f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | "
                      f"{r['max_abs']:.2e} |")  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
+    note = (f"model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
+            f"weights), dtype {route.dtype}; {args.documents} documents (perf/workload.py mix) "
+            f"per request, {args.rounds} requests per client; transformers in padded batches "
+            f"of {args.hf_batch_size}")  # fmt: skip
+    write_report(args.out, record, "Reranking: pairs/s, one query with mixed-length documents",
+                 [note], table)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ ones of 256-1024 words (lengths uniform within each band), about 190 tokens per 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import sys
@@ -70,3 +71,25 @@ def stamp() -> str:
 
 def command_line() -> str:
     return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def new_record(**fields) -> dict:
+    """What every result carries: date, machine, CPU flags and the command, then `fields`."""
+    from qwen_embed.cpu import cpu_features
+
+    return {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+            "command": command_line(), **fields}  # fmt: skip
+
+
+def write_report(out: str | Path, record: dict, title: str, notes: list[str],
+                 table: list[str]) -> Path:  # fmt: skip
+    """OUT.json (the record) and OUT.md: the title, where and how it ran, notes, a table."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    lines = [f"# {title}", "", f"- date: {record['date']}", f"- machine: {record['machine']}",
+             f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
+             *(f"- {n}" for n in notes), "", *table]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+    return out

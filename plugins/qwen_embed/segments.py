@@ -221,9 +221,11 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
         if len(members) > 1:
             length = min(_common_prefix(seqs[members[0]], seqs[i]) for i in members[1:])
         else:  # alone: a prefix shared with a recent sequence, worth computing if kept
-            recent = cache.recent(head)
-            length = _common_prefix(seqs[members[0]], recent) if recent else 0
-            if not cache.fits(length):
+            seq, recent = seqs[members[0]], cache.recent(head)
+            length = _common_prefix(seq, recent) if recent else 0
+            # Only where the two go on differently: a repeated text (or one that is the start
+            # of another) is not a shared prefix, and caching whole texts would churn the cache.
+            if not cache.fits(length) or length >= min(len(seq), len(recent or ())):
                 length = 0
         length = min(length, limit)
         if length >= MIN_PREFIX_TOKENS:
