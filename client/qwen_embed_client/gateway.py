@@ -130,6 +130,13 @@ def _backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
     return _invalid(message, param)
 
 
+async def _json_body(request: Request) -> object:
+    try:
+        return await request.json()
+    except ValueError:
+        raise _invalid("request body is not valid JSON") from None
+
+
 def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
@@ -186,11 +193,7 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         check_key(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise _invalid("request body is not valid JSON") from None
-        texts, options, encoding = parse_request(body, model_name)
+        texts, options, encoding = parse_request(await _json_body(request), model_name)
         try:
             result = await client.embed_with_usage(texts, **options)
         except EmbeddingError as e:
@@ -207,11 +210,8 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.post("/rerank")
     async def rerank(request: Request):
         check_key(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise _invalid("request body is not valid JSON") from None
-        query, documents, options = parse_rerank_request(body, rerank_model_name)
+        query, documents, options = parse_rerank_request(await _json_body(request),
+                                                         rerank_model_name)  # fmt: skip
         return_documents = options.pop("return_documents")
         try:
             result = await client.rerank(query, documents, **options)

@@ -136,46 +136,39 @@ class _Metrics:
             )
             self.families.append(family)
             self.histograms[what] = family.Metric(labels=labels, buckets=buckets)
-        texts = pb_utils.MetricFamily(name="qwen_embed_texts_total", description="texts embedded",
-                                      kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        tokens = pb_utils.MetricFamily(name="qwen_embed_tokens_total",
-                                       description="tokens embedded",
-                                       kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        seconds = pb_utils.MetricFamily(name="qwen_embed_encode_seconds",
-                                        description="time in the encoder forward and pooling",
-                                        kind=pb_utils.MetricFamily.HISTOGRAM)  # fmt: skip
-        cancelled = pb_utils.MetricFamily(name="qwen_embed_cancelled_requests_total",
-                                          description="requests skipped: cancelled by the client",
-                                          kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        self.cancelled = cancelled.Metric(labels=labels)
-        self.route = pb_utils.MetricFamily(name="qwen_embed_encoder_route",
-                                           description="1, labelled with the arithmetic route and "
-                                           "the cores of each encoder instance",
-                                           kind=pb_utils.MetricFamily.GAUGE)  # fmt: skip
-        computed = pb_utils.MetricFamily(name="qwen_embed_tokens_computed_total",
-                                         description="tokens the forwards computed (fewer than "
-                                         "received when prefixes are shared)",
-                                         kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        hits = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_hits_total",
-                                     description="sequences whose prefix came from the cache",
-                                     kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        lookups = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_lookups_total",
-                                        description="sequences looked up in the prefix cache",
-                                        kind=pb_utils.MetricFamily.COUNTER)  # fmt: skip
-        cache_bytes = pb_utils.MetricFamily(name="qwen_embed_prefix_cache_bytes",
-                                            description="keys/values held by the prefix cache",
-                                            kind=pb_utils.MetricFamily.GAUGE)  # fmt: skip
-        self.families += [texts, tokens, seconds, cancelled, self.route, computed, hits, lookups,
-                          cache_bytes]  # fmt: skip
-        self.computed = computed.Metric(labels=labels)
-        self.hits = hits.Metric(labels=labels)
-        self.lookups = lookups.Metric(labels=labels)
-        self.cache_bytes = cache_bytes.Metric(labels=labels)
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.texts = self._metric("qwen_embed_texts_total", "texts embedded", counter)
+        self.tokens = self._metric("qwen_embed_tokens_total", "tokens embedded", counter)
+        self.seconds = self._metric("qwen_embed_encode_seconds",
+                                    "time in the encoder forward and pooling",
+                                    pb_utils.MetricFamily.HISTOGRAM,
+                                    buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
+        self.cancelled = self._metric(
+            "qwen_embed_cancelled_requests_total",
+            "requests skipped: cancelled by the client",
+            counter,
+        )
+        self.computed = self._metric("qwen_embed_tokens_computed_total", "tokens the forwards "
+                                     "computed (fewer than received when prefixes are shared)",
+                                     counter)  # fmt: skip
+        self.hits = self._metric("qwen_embed_prefix_cache_hits_total",
+                                 "sequences whose prefix came from the cache", counter)  # fmt: skip
+        self.lookups = self._metric("qwen_embed_prefix_cache_lookups_total",
+                                    "sequences looked up in the prefix cache", counter)  # fmt: skip
+        self.cache_bytes = self._metric("qwen_embed_prefix_cache_bytes",
+                                        "keys/values held by the prefix cache", gauge)  # fmt: skip
         self._seen = {"computed_tokens": 0, "hits": 0, "lookups": 0}
-        self.texts = texts.Metric(labels=labels)
-        self.tokens = tokens.Metric(labels=labels)
-        self.seconds = seconds.Metric(labels=labels,
-                                      buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
+        self.route = pb_utils.MetricFamily(
+            name="qwen_embed_encoder_route",
+            description="1, labelled with the arithmetic route and the cores of each instance",
+            kind=gauge,
+        )
+        self.families.append(self.route)
+
+    def _metric(self, name, description, kind, **kwargs):
+        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        self.families.append(family)
+        return family.Metric(labels={"model": self.model}, **kwargs)
 
     def set_route(self, instance, route, placement):
         threads = placement.threads if placement else torch.get_num_threads()

@@ -44,16 +44,22 @@ def _text(params: dict, name: str) -> str:
     return text
 
 
-def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOptions:
-    """Validate Triton request parameters (already JSON-decoded). With `prompts` (the
-    checkpoint's PromptSet) a prompt_name must be one of its names."""
-    known = set(RequestOptions.__dataclass_fields__)
+def parse_common(params: dict, options: type, what: str) -> dict:
+    """Refuse parameters `options` (a dataclass) has no field for; check `truncate`."""
+    known = set(options.__dataclass_fields__)
     unknown = sorted(set(params) - known)
     if unknown:
-        raise RequestError(f"unknown parameter(s) {unknown}; supported: {sorted(known)}")
+        raise RequestError(f"unknown parameter(s) {unknown}; {what}: {sorted(known)}")
     opts = {}
     if "truncate" in params:
         opts["truncate"] = _expect("truncate", params["truncate"], bool, "a boolean")
+    return opts
+
+
+def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOptions:
+    """Validate Triton request parameters (already JSON-decoded). With `prompts` (the
+    checkpoint's PromptSet) a prompt_name must be one of its names."""
+    opts = parse_common(params, RequestOptions, "supported")
     if "normalize" in params:
         opts["normalize"] = _expect("normalize", params["normalize"], bool, "a boolean")
     if "prompt_name" in params:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .requests import DEFAULT_TASK, RequestError, _expect, _text
+from .requests import DEFAULT_TASK, RequestError, _text, parse_common
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -34,13 +34,7 @@ class RerankOptions:
 
 def parse_rerank_options(params: dict) -> RerankOptions:
     """Validate a rerank request's Triton parameters (already JSON-decoded)."""
-    known = set(RerankOptions.__dataclass_fields__)
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise RequestError(f"unknown parameter(s) {unknown}; rerank supports: {sorted(known)}")
-    opts = {}
-    if "truncate" in params:
-        opts["truncate"] = _expect("truncate", params["truncate"], bool, "a boolean")
+    opts = parse_common(params, RerankOptions, "rerank supports")
     if "instruction" in params:
         opts["instruction"] = _text(params, "instruction")
     return RerankOptions(**opts)
