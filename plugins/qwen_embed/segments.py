@@ -331,7 +331,7 @@ class Planner:
                 lens = np.asarray(batch.seq_lens)
                 last = AttentionLayout.build(np.ones_like(lens), lens, None, self.device)
             rows = pool_rows.to(self.device) if self.prune else None
-            # A plan without sharing still counts as planned: its sequences enter the history.
+            # (plan_segments ran even so: these sequences are now in the cache's history)
             return ForwardContext(batch, layout, last, rows, None)
         batch = VarlenBatch.from_rows(plan.input_ids, plan.positions, plan.layout.q_lens,
                                       self.device)  # fmt: skip
