@@ -10,7 +10,7 @@ from qwen_embed.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa:
 from qwen_embed.serving.repository import render  # noqa: E402
 from qwen_embed.serving.triton import TritonServer  # noqa: E402
 
-from reference import TINY_CONFIGS, make_checkpoint  # noqa: E402
+from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,12 @@ def checkpoint(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def reranker(tmp_path_factory):
+    """A tiny Qwen3-Reranker replica with the real tokenizer (reference.make_reranker)."""
+    return make_reranker(tmp_path_factory.mktemp("reranker"))
 
 
 @pytest.fixture(params=sorted(TINY_CONFIGS))

@@ -13,7 +13,13 @@ from tokenizers import Tokenizer
 from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
-from reference import cosine, make_checkpoint, reference_embeddings
+from reference import (
+    cosine,
+    make_checkpoint,
+    model_card_pairs,
+    reference_embeddings,
+    reference_scores,
+)
 from replicas import qwen3_embedding
 
 FP32_COSINE = 0.99999
@@ -129,11 +135,8 @@ def test_bf16(model_dir, tok):
     assert cosine(out, ref).min() >= 0.999
 
 
-def test_reranker_template_is_shared(tmp_path):
+def test_reranker_template_is_shared(reranker):
     """Pairs of one query share the whole template up to the document."""
-    from reference import make_reranker, model_card_pairs, reference_scores
-
-    reranker = make_reranker(tmp_path / "reranker")
     pairs = model_card_pairs(reranker, "capital of China?", ["Beijing.", "Paris.", "Gravity."],
                              instruction=DEFAULT_TASK)  # fmt: skip
     with Encoder.from_pretrained(reranker, task="rerank", dtype="float32") as enc:

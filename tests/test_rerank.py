@@ -28,11 +28,6 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    return make_reranker(tmp_path_factory.mktemp("reranker"))
-
-
-@pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     return make_reranker(tmp_path_factory.mktemp("classifier"), classifier=True)
 
@@ -123,3 +118,17 @@ def test_task_is_checked(reranker):
         Encoder.from_pretrained(reranker, task="rerank", pooling="mean")
     with pytest.raises(ValueError, match="task must be one of"):
         Encoder.from_pretrained(reranker, task="classify")
+
+
+def test_no_rerank_leaves_every_reranking_model_unloaded(demo_dir, reranker, tmp_path):
+    """`--no-rerank` finds the reranking models by their task, whatever they are named."""
+    from qwen_embed.serving.config import REPO
+    from qwen_embed.serving.launcher import repository_models
+    from qwen_embed.serving.repository import render
+
+    checked_in = REPO / "model_repository"
+    assert repository_models(checked_in, rerank=False) == ["embed", "encoder", "tokenizer"]
+    repo = render(tmp_path / "repo", {"embed": demo_dir}, rerankers={"judge": reranker})
+    assert repository_models(repo) == ["embed", "encoder", "judge", "judge_encoder",
+                                       "judge_tokenizer", "tokenizer"]  # fmt: skip
+    assert repository_models(repo, rerank=False) == ["embed", "encoder", "tokenizer"]

@@ -26,8 +26,8 @@ from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.triton import TritonServer, free_port
 
-from reference import RERANKER_CONFIG, make_reranker, model_card_pairs, reference_scores
-from triton_helpers import infer
+from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
+from triton_helpers import infer, run_clients
 
 FP32_ABS = 1e-4
 QUERY = "Which city is the capital of China?"
@@ -39,11 +39,6 @@ DOCUMENTS = [
     "naïve café — emoji 🎉",
     "def capital(country):\n    return 'Beijing'",
 ]
-
-
-@pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    return make_reranker(tmp_path_factory.mktemp("reranker"))
 
 
 @pytest.fixture(scope="module")
@@ -187,27 +182,19 @@ def test_embed_and_rerank_concurrently_without_cross_talk(stack):
     docs = [[f"document {i}.{j} " * (1 + j) for j in range(3)] for i in range(16)]
     alone_vectors = [infer(server, [t], "grpc")[0] for t in texts]
     alone_scores = [rerank(server, q, d, "grpc")[0] for q, d in zip(queries, docs, strict=True)]
-    results, errors = {}, []
+    results = {}
     barrier = threading.Barrier(16)
 
     def client(i):
-        try:
-            barrier.wait()
-            for k in range(2):  # 16 clients, each alternating embed and rerank
-                j = (i + k * 8) % 16
-                if (i + k) % 2:
-                    results[("embed", j, k)] = infer(server, [texts[j]], "grpc")[0]
-                else:
-                    results[("rerank", j, k)] = rerank(server, queries[j], docs[j], "grpc")[0]
-        except Exception as e:  # reported below
-            errors.append(e)
+        barrier.wait()
+        for k in range(2):  # 16 clients, each alternating embed and rerank
+            j = (i + k * 8) % 16
+            if (i + k) % 2:
+                results[("embed", j, k)] = infer(server, [texts[j]], "grpc")[0]
+            else:
+                results[("rerank", j, k)] = rerank(server, queries[j], docs[j], "grpc")[0]
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
+    run_clients(16, client)
     assert {kind for kind, _, _ in results} == {"embed", "rerank"} and len(results) == 32
     for (kind, j, _), value in results.items():
         alone = alone_vectors[j] if kind == "embed" else alone_scores[j]

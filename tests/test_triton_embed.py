@@ -19,7 +19,7 @@ from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
-from triton_helpers import infer
+from triton_helpers import infer, run_clients
 
 TEXTS = [
     "Hello, world!",
@@ -104,24 +104,6 @@ def test_256_texts_per_request(server):
     texts = [f"text number {i}" for i in range(256)]
     vectors, counts = infer(server, texts, "grpc", dimensions=32)
     assert vectors.shape == (256, 32) and counts.shape == (256, 1)
-
-
-def run_clients(count, target):
-    errors = []
-
-    def wrapped(i):
-        try:
-            target(i)
-        except Exception as e:  # collected and re-raised in the test thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    if errors:
-        raise errors[0]
 
 
 def test_aggregation_across_clients(server):
@@ -246,21 +228,13 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
     hits_before = metric_value(server, "qwen_embed_prefix_cache_hits_total")
     computed_before = metric_value(server, "qwen_embed_tokens_computed_total")
     received_before = metric_value(server, "qwen_embed_tokens_total")
-    results, errors = {}, []
+    results = {}
 
     def client(k):
-        try:
-            for i in range(k, len(queries), 16):
-                results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
-        except Exception as e:  # reported below
-            errors.append(e)
+        for i in range(k, len(queries), 16):
+            results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
+    run_clients(16, client)
     hits = metric_value(server, "qwen_embed_prefix_cache_hits_total") - hits_before
     computed = metric_value(server, "qwen_embed_tokens_computed_total") - computed_before
     received = metric_value(server, "qwen_embed_tokens_total") - received_before

@@ -1,5 +1,7 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
+import threading
+
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -22,3 +24,22 @@ def infer(server, texts, protocol="http", model="embed", **params):
         module = grpcclient
     result = client.infer(model, [text_input(module, texts)], parameters=params or None)
     return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT")
+
+
+def run_clients(count, target):
+    """`target(i)` in `count` threads at once; the first exception is raised here."""
+    errors = []
+
+    def wrapped(i):
+        try:
+            target(i)
+        except Exception as e:  # collected and re-raised in the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    if errors:
+        raise errors[0]

@@ -308,16 +308,15 @@ class Encoder:
         ctx = planner.plan(sequences)
         with torch.inference_mode():
             hidden = self.model(ctx)
-            # pruned: the model returned the pooled rows; pooling works in fp32 either way
-            rows = head(hidden.float() if ctx.last is not None else self._pool(hidden, ctx))
+            # pruned: the model returned the pooled rows; pooling works in fp32 either way. A
+            # plan (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches.
+            pooled = (
+                hidden.float() if ctx.last is not None else pool(hidden, ctx.batch, self.pooling)
+            )
+            rows = head(pooled)
         planner.commit(ctx)
         self._count(ctx)
         return rows.cpu().numpy()  # the one device-to-host copy of this batch
-
-    def _pool(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if ctx.plan is not None:  # shared prefixes (last pooling): each sequence's last row
-            return hidden[torch.from_numpy(ctx.plan.pool_rows).to(hidden.device)].float()
-        return pool(hidden, ctx.batch, self.pooling)
 
     def _count(self, ctx: ForwardContext) -> None:
         self.stats["received_tokens"] += ctx.received_tokens

@@ -35,8 +35,9 @@ HISTORY_TOKENS = 512  # of each, the first tokens kept for that comparison
 class AttentionLayout:
     """Which key/value rows each query segment attends to (causal: bottom-right aligned).
 
-    `q_lens` split the query rows; `kv_index` (None: the keys are the query rows themselves)
-    gathers each segment's keys/values, prefix first, from [cached prefixes ..., this batch]."""
+    `q_lens` split the query rows and `k_lens` the key rows; `kv_index` (None: the keys are
+    this batch's rows in order) gathers each segment's keys/values, prefix first, from
+    [cached prefixes ..., this batch]."""
 
     q_lens: tuple[int, ...]
     k_lens: tuple[int, ...]
@@ -48,16 +49,22 @@ class AttentionLayout:
     state: dict = field(default_factory=dict, compare=False)  # per-backend kernel plans
 
     @classmethod
-    def build(cls, q_lens, k_lens, kv_index, device) -> AttentionLayout:
+    def build(cls, q_lens, k_lens, kv_index: np.ndarray, device) -> AttentionLayout:
+        """A segment plan's layout: keys gathered by `kv_index` (host)."""
         cu_q = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
         cu_k = torch.tensor(np.concatenate([[0], np.cumsum(k_lens)]), dtype=torch.int32)
-        index = None if kv_index is None else torch.from_numpy(kv_index).to(device)
         return cls(tuple(int(n) for n in q_lens), tuple(int(n) for n in k_lens), cu_q.to(device),
-                   cu_k.to(device), cu_q, cu_k, index)  # fmt: skip
+                   cu_k.to(device), cu_q, cu_k, torch.from_numpy(kv_index).to(device))  # fmt: skip
 
-    @property
-    def same_qk(self) -> bool:
-        return self.kv_index is None and self.q_lens == self.k_lens
+    @classmethod
+    def for_batch(cls, batch: VarlenBatch, last_only: bool = False) -> AttentionLayout:
+        """No prefix shared: each sequence attends to itself, on the batch's own cu_seqlens;
+        `last_only` (last-layer pruning): one query row per sequence, its last."""
+        lens, cu, cu_host = batch.seq_lens, batch.cu_seqlens, batch.cu_seqlens_host
+        if not last_only:
+            return cls(lens, lens, cu, cu, cu_host, cu_host, None)
+        cu_q = torch.arange(len(lens) + 1, dtype=torch.int32)
+        return cls((1,) * len(lens), lens, cu_q.to(cu.device), cu, cu_q, cu_host, None)
 
     @property
     def max_q(self) -> int:
@@ -150,7 +157,8 @@ class SegmentPlan:
 
     input_ids: np.ndarray  # int64 [T_computed]
     positions: np.ndarray  # int64 [T_computed]
-    layout: AttentionLayout | None  # None: plain varlen (no prefix anywhere)
+    layout: AttentionLayout
+    kv_index: np.ndarray  # host copy of layout.kv_index
     pool_rows: np.ndarray  # int64 [n]: each sequence's last row (what last pooling reads)
     used: list[PrefixEntry]  # cached prefixes whose keys/values come first in every layer
     new: list[tuple[PrefixEntry, int]]  # prefixes computed here: (entry, first row) to store
@@ -168,8 +176,6 @@ class SegmentPlan:
 
     def gather(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         """Each segment's keys/values, cached prefixes' first: what `layout` indexes."""
-        if layout.kv_index is None:
-            return k, v
         if self.used:
             k = torch.cat([e.kv[layer][0] for e in self.used] + [k])
             v = torch.cat([e.kv[layer][1] for e in self.used] + [v])
@@ -182,21 +188,18 @@ class SegmentPlan:
                 cache.add(entry)
 
     def last_layout(self, device) -> AttentionLayout:
-        """Last-layer pruning: one query row per sequence, attending to everything it sees."""
-        q_lens = np.ones(len(self.pool_rows), dtype=np.int64)
-        if self.layout is None:
-            k_lens = np.diff(np.concatenate([[-1], self.pool_rows]))
-            return AttentionLayout.build(q_lens, k_lens, None, device)
-        k_lens = np.asarray(self.layout.k_lens[len(self.new) :])
-        index = None if self.layout.kv_index is None else self.layout.kv_index.cpu().numpy()
-        if index is not None:
-            index = index[int(self.layout.cu_k_host[len(self.new)]) :]
-        return AttentionLayout.build(q_lens, k_lens, index, device)
+        """Last-layer pruning: one query row per sequence, attending to everything it sees
+        (the sequences' key segments, past the prefix segments computed here)."""
+        first = len(self.new)
+        index = self.kv_index[int(self.layout.cu_k_host[first]) :]
+        return AttentionLayout.build(np.ones(len(self.pool_rows), dtype=np.int64),
+                                     self.layout.k_lens[first:], index, device)  # fmt: skip
 
 
-def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> SegmentPlan:
+def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> SegmentPlan | None:
     """Group sequences by shared prefixes (in this batch, in the cache, or with a recent
-    sequence) and lay out the computed rows. Deterministic given the ids and the cache."""
+    sequence) and lay out the computed rows; None when nothing is shared. Deterministic given
+    the ids and the cache."""
     seqs = [tuple(np.asarray(s).tolist()) for s in sequences]
     n = len(seqs)
     prefix_of: list[tuple[int, ...] | None] = [None] * n
@@ -233,6 +236,8 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
                 prefix_of[i] = seqs[members[0]][:length]
     for seq in seqs:
         cache.remember(seq)
+    if not any(prefix_of):
+        return None
     # Layout: cached prefixes' keys first (in `used` order), then this batch's computed rows.
     used = list(cached.values())
     offsets, total = {}, 0
@@ -266,15 +271,12 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
         kv_index.append(total + row + np.arange(len(own)))
         row += len(own)
         pool_rows[i] = row - 1
-    shared = bool(new_prefixes or used)
-    layout = None
-    if shared:
-        index = np.concatenate(kv_index).astype(np.int64)
-        layout = AttentionLayout.build(q_lens, k_lens, index, device)
+    index = np.concatenate(kv_index).astype(np.int64)
     return SegmentPlan(
         input_ids=np.concatenate(ids).astype(np.int64),
         positions=np.concatenate(positions).astype(np.int64),
-        layout=layout,
+        layout=AttentionLayout.build(q_lens, k_lens, index, device),
+        kv_index=index,
         pool_rows=pool_rows,
         used=used,
         new=new,
@@ -322,17 +324,13 @@ class Planner:
 
     def plan(self, sequences: list[np.ndarray]) -> ForwardContext:
         plan = plan_segments(sequences, self.cache, self.device) if self.prefix_reuse else None
-        if plan is None or plan.layout is None:
+        if plan is None:  # nothing shared: the plain varlen batch
             batch = VarlenBatch.build(sequences, self.device)
-            layout = AttentionLayout.build(batch.seq_lens, batch.seq_lens, None, self.device)
-            pool_rows = batch.cu_seqlens_host[1:].long() - 1
-            last = None
-            if self.prune:
-                lens = np.asarray(batch.seq_lens)
-                last = AttentionLayout.build(np.ones_like(lens), lens, None, self.device)
-            rows = pool_rows.to(self.device) if self.prune else None
-            # (plan_segments ran even so: these sequences are now in the cache's history)
-            return ForwardContext(batch, layout, last, rows, None)
+            layout = AttentionLayout.for_batch(batch)
+            if not self.prune:
+                return ForwardContext(batch, layout, None, None, None)
+            last = AttentionLayout.for_batch(batch, last_only=True)
+            return ForwardContext(batch, layout, last, batch.cu_seqlens[1:].long() - 1, None)
         batch = VarlenBatch.from_rows(plan.input_ids, plan.positions, plan.layout.q_lens,
                                       self.device)  # fmt: skip
         last = plan.last_layout(self.device) if self.prune else None

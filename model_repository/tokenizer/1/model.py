@@ -79,9 +79,7 @@ class TritonPythonModel:
     def _pairs(self, request, params):
         opts = parse_rerank_options(params)
         raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
-        if raw.size != 1:
-            raise RequestError(f"input 'QUERY' must hold exactly 1 text, got {raw.size}")
-        (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")
+        (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")  # exactly one
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
         documents = decode_texts(raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS")
         ids = self.tokenizer.encode(query, documents, opts)

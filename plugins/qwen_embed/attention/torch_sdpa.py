@@ -15,30 +15,32 @@ class TorchAttention(AttentionBackend):
     head_major = True
 
     def prepare(self, layout: AttentionLayout) -> None:
-        bounds, qs, ks = [], 0, 0
-        for q_len, k_len in zip(layout.q_lens, layout.k_lens, strict=True):
-            bounds.append((qs, qs + q_len, ks, ks + k_len))
-            qs, ks = qs + q_len, ks + k_len
-        layout.state["torch"] = bounds
+        # Per segment: its rows and its mask, built once for every layer. A segment with as
+        # many queries as keys is plain causal; one query sees all its keys; the last n_q of
+        # n_k positions (after a shared prefix) get a bottom-right causal mask.
+        segments, qs, ks = [], 0, 0
+        device, causal = self.spec.device, self.spec.causal
+        for n_q, n_k in zip(layout.q_lens, layout.k_lens, strict=True):
+            mask = None
+            if causal and 1 < n_q < n_k:
+                mask = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+            segments.append((qs, qs + n_q, ks, ks + n_k, causal and n_q == n_k, mask))
+            qs, ks = qs + n_q, ks + n_k
+        layout.state["torch"] = segments
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layout: AttentionLayout) -> torch.Tensor:  # fmt: skip
         out = torch.empty_like(q)
         gqa = self.spec.num_heads != self.spec.num_kv_heads
-        causal = self.spec.causal
         # Slices of the flat stream seen as [1, heads, len, dim]: no padding.
         # (The 4-D form takes PyTorch's fused CPU kernel; 3-D inputs fall back to the math path.)
-        for q0, q1, k0, k1 in layout.state["torch"]:
-            n_q, n_k = q1 - q0, k1 - k0
-            mask = None
-            if causal and 1 < n_q < n_k:  # the last n_q of n_k positions: bottom-right causal
-                mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        for q0, q1, k0, k1, is_causal, mask in layout.state["torch"]:
             out[q0:q1] = F.scaled_dot_product_attention(
                 q[q0:q1].unsqueeze(0).transpose(1, 2),
                 k[k0:k1].unsqueeze(0).transpose(1, 2),
                 v[k0:k1].unsqueeze(0).transpose(1, 2),
                 attn_mask=mask,
-                is_causal=causal and n_q == n_k,  # n_q == 1 < n_k: the last query sees all
+                is_causal=is_causal,
                 scale=self.spec.scale,
                 enable_gqa=gqa,
             )[0].transpose(0, 1)

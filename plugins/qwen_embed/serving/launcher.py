@@ -14,7 +14,7 @@
   count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
 - `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
   /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
-- `--no-rerank` leaves the rerank ensemble and its steps (models named rerank*) unloaded.
+- `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..placement import read_topology
 from .config import REPO
-from .repository import set_instance_group
+from .repository import rerank_models, set_instance_group
 from .triton import server_command
 
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -50,9 +50,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def repository_models(model_repository: Path, rerank: bool = True) -> list[str]:
-    """The models to load: every one with a config.pbtxt, rerank* only with `rerank`."""
-    names = (p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
-    return sorted(n for n in names if rerank or not n.startswith("rerank"))
+    """The models to load: every one with a config.pbtxt; the reranking ones only with
+    `rerank`."""
+    names = {p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file()}
+    return sorted(names if rerank else names - rerank_models(model_repository))
 
 
 def triton_args(

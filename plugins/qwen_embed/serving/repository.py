@@ -42,6 +42,17 @@ def get_parameter(config: str, key: str) -> str:
     return match.group(2)
 
 
+def rerank_models(model_repository: Path) -> set[str]:
+    """A repository's reranking models, whatever they are named: the steps whose `task`
+    parameter is "rerank" and the ensembles that run them."""
+    configs = {p.parent.name: p.read_text() for p in Path(model_repository).glob("*/config.pbtxt")}
+    tasks = {name: re.search(_parameter_pattern("task"), c) for name, c in configs.items()}
+    steps = {name for name, task in tasks.items() if task and task.group(2) == "rerank"}
+    ensembles = {name for name, config in configs.items()
+                 if steps & set(re.findall(r'model_name: "([^"]+)"', config))}  # fmt: skip
+    return steps | ensembles
+
+
 def _set_parameter(config: str, key: str, value: str) -> str:
     updated, n = re.subn(_parameter_pattern(key), rf'\1"{value}"', config)
     if n != 1:

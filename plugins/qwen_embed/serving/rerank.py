@@ -53,21 +53,14 @@ class PairTokenizer:
 
     def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
         budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
-        # The pair text up to "<Document>:" tokenizes the same with or without a document
-        # after it (the pre-tokenizer splits at the space): the part truncation must keep.
-        head = self._tok.encode(pair_text(query, "", opts.instruction).rstrip(" "),
-                                add_special_tokens=False).ids  # fmt: skip
-        if len(head) >= budget:
-            raise RequestError(
-                f"input 'QUERY' with the template and instruction takes "
-                f"{len(head) + len(self._prefix) + len(self._suffix)} tokens, leaving no room "
-                f"for a document within the limit of {self.max_input_tokens}"
-            )
         texts = [pair_text(query, d, opts.instruction) for d in documents]
-        out = []
+        out, query_checked = [], False
         for i, enc in enumerate(self._tok.encode_batch(texts)):
             ids = enc.ids
             if len(ids) > budget:
+                if not query_checked:  # only pairs over the limit need the query's length
+                    self._check_query_fits(query, opts.instruction, budget)
+                    query_checked = True
                 if not opts.truncate:
                     raise RequestError(
                         f"input 'DOCUMENTS[{i}]' makes a pair of "
@@ -77,3 +70,15 @@ class PairTokenizer:
                 ids = ids[:budget]
             out.append(self._prefix + ids + self._suffix)
         return out
+
+    def _check_query_fits(self, query: str, instruction: str, budget: int) -> None:
+        # The pair text up to "<Document>:" tokenizes the same with or without a document
+        # after it (the pre-tokenizer splits at the space): the part truncation must keep.
+        head = self._tok.encode(pair_text(query, "", instruction).rstrip(" "),
+                                add_special_tokens=False).ids  # fmt: skip
+        if len(head) >= budget:
+            raise RequestError(
+                f"input 'QUERY' with the template and instruction takes "
+                f"{len(head) + len(self._prefix) + len(self._suffix)} tokens, leaving no room "
+                f"for a document within the limit of {self.max_input_tokens}"
+            )
