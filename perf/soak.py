@@ -54,10 +54,13 @@ def tree_rss_mb(root_pid: int) -> float:
 
 def fill_batch_budget(server: TritonServer) -> None:
     """One request whose texts fill one encoder forward: 1024-token texts (1023 one-token words
-    plus <|endoftext|>), the longest the Locust mix sends, up to the encoder's token budget."""
+    plus <|endoftext|>), the longest the Locust mix sends, up to the encoder's token budget.
+    Each text starts at a different word: identical texts would share one prefix segment and
+    the forward would compute a single text, not the full budget."""
     config = (TEMPLATE / "encoder" / "config.pbtxt").read_text()
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(1023))
-    server.embed_http([text] * (int(get_parameter(config, "max_batch_tokens")) // 1024))
+    count = int(get_parameter(config, "max_batch_tokens")) // 1024
+    server.embed_http([" ".join(WORDS[(i + t) % len(WORDS)] for i in range(1023))
+                       for t in range(count)])  # fmt: skip
 
 
 def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,
