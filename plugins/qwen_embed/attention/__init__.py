@@ -7,11 +7,12 @@ flashinfer: a backend's module is imported only when that backend is asked for.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 
 from .base import AttentionBackend, AttentionSpec
-from .flashinfer_limits import FLASHINFER_HEAD_DIMS
+from .flashinfer_limits import FLASHINFER_HEAD_DIMS, flashinfer_problem
 
 _BACKENDS = {
     "torch": "qwen_embed.attention.torch_sdpa:TorchAttention",
@@ -33,19 +34,37 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _flashinfer_version() -> str | None:
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def choose_backend(
-    device_type: str, head_dim: int, importable: Callable[[str], bool] = _importable
+    device_type: str,
+    head_dim: int,
+    importable: Callable[[str], bool] = _importable,
+    flashinfer_version: Callable[[], str | None] = _flashinfer_version,
+    *,
+    dtype: str = "bfloat16",
 ) -> tuple[str, str]:
     """`attn_backend="auto"`: (backend, reason). On CUDA flash_attn when importable, else
-    flashinfer (for the head sizes it ships kernels for), else the per-sequence torch loop;
-    on CPU always torch. A pure function of the device, the head size and what imports."""
+    flashinfer (a version with the device guard, for the head sizes it ships kernels for),
+    else the per-sequence torch loop; torch on CPU and for fp32. A pure function of the
+    device, the head size, the dtype and what is installed."""
     if device_type != "cuda":
         return "torch", f"auto: {device_type} runs PyTorch SDPA"
+    if dtype not in ("float16", "bfloat16"):  # both GPU kernels are half precision only
+        return "torch", f"auto: the GPU kernels need float16 or bfloat16, not {dtype}"
     if importable("flash_attn"):
         return "flash_attn", "auto: flash-attn is installed"
-    if importable("flashinfer") and head_dim in FLASHINFER_HEAD_DIMS:
+    why = flashinfer_problem(flashinfer_version() if importable("flashinfer") else None, None)
+    if why is None and head_dim in FLASHINFER_HEAD_DIMS:
         return "flashinfer", "auto: flashinfer is installed (flash-attn is not)"
-    return "torch", "auto: neither flash-attn nor a usable flashinfer is installed (slow on GPU)"
+    if why is None:
+        why = f"flashinfer has no kernels for head size {head_dim}"
+    return "torch", f"auto: no flash-attn, and {why} (slow on GPU: make setup-gpu)"
 
 
 def create_backend(name: str, spec: AttentionSpec) -> AttentionBackend:

@@ -61,5 +61,5 @@ def import_gpu_kernel(spec: AttentionSpec, backend: str, module: str, package: s
     except ImportError as e:
         raise RuntimeError(
             f"attention backend '{backend}' needs the {package} package and a CUDA GPU "
-            "(pip install '.[gpu]'); use attn_backend='torch' elsewhere"
+            "(make setup-gpu installs a prebuilt set); use attn_backend='torch' elsewhere"
         ) from e

@@ -6,7 +6,7 @@ import torch
 
 from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec, import_gpu_kernel
-from .flashinfer_limits import FLASHINFER_HEAD_DIMS
+from .flashinfer_limits import FLASHINFER_HEAD_DIMS, flashinfer_problem
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -19,6 +19,11 @@ class FlashInferAttention(AttentionBackend):
                 f"{FLASHINFER_HEAD_DIMS}, not {spec.head_dim}; use flash_attn or torch"
             )
         flashinfer = import_gpu_kernel(spec, "flashinfer", "flashinfer", "flashinfer-python")
+        # flashinfer >= 0.2.7 has no has_prebuilt_ops (kernels come from its cubin packages).
+        prebuilt = getattr(getattr(flashinfer, "jit", None), "has_prebuilt_ops", None)
+        problem = flashinfer_problem(flashinfer.__version__, prebuilt)
+        if problem:
+            raise RuntimeError(f"attention backend 'flashinfer': {problem}")
         super().__init__(spec)
         # A forward plans up to two layouts (all rows; the last layer's pooled rows): one
         # wrapper each, used in turn.
