@@ -15,6 +15,7 @@ off on the document workload with the demo model's 3 layers and with Qwen3-Embed
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import tempfile
 import time
@@ -111,10 +112,12 @@ def main() -> None:
     p.add_argument("--documents", type=int, default=256)
     p.add_argument("--deep-layers", type=int, default=28)
     p.add_argument("--deep-texts", type=int, default=24)
+    p.add_argument("--no-pruning", action="store_true", help="only the serving cases")
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
+    layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     queries, documents = make_queries(args.queries), make_texts(args.documents, 0)
     cases = {}
@@ -128,14 +131,17 @@ def main() -> None:
             cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
     rows = serve_cases(model_dir, cases, args.seconds, "auto")
     rows += serve_cases(model_dir, cases, args.seconds, "off")
-    doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
-    prune = {"demo (3 layers)": pruning(model_dir, doc_ids, 2)}
-    print(prune, flush=True)
-    deep = ensure_model(REPO / ".cache" / f"bench-model-{args.deep_layers}l", args.deep_layers)
-    prune[f"Qwen3-Embedding-0.6B shape ({args.deep_layers} layers)"] = pruning(
-        deep, doc_ids[: args.deep_texts], 1
-    )
-    print(prune, flush=True)
+    prune = {}
+    if not args.no_pruning:
+        doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
+        prune[f"{model_dir.name} ({layers} layers)"] = pruning(model_dir, doc_ids, 2)
+        print(prune, flush=True)
+        deep = ensure_model(REPO / ".cache" / f"bench-model-{args.deep_layers}l",
+                            args.deep_layers)  # fmt: skip
+        prune[f"Qwen3-Embedding-0.6B shape ({args.deep_layers} layers)"] = pruning(
+            deep, doc_ids[: args.deep_texts], 1
+        )
+        print(prune, flush=True)
 
     record = new_record(rows=rows, pruning=prune)
     by = {(r["workload"], r["prefix_reuse"]): r for r in rows}
@@ -151,14 +157,17 @@ def main() -> None:
                      f"{on['computed_per_received']:.2f} | {on['hit_rate']:.2f} | "
                      f"{on['p99_s']:.2f} / {off['p99_s']:.2f} | "
                      f"{on['min_cosine']:.5f} |")  # fmt: skip
-    table += ["", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
-              "| model | tokens/s pruned | tokens/s whole last layer | ratio | min cosine |",
-              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    if prune:
+        table += [
+            "", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
+            "| model | tokens/s pruned | tokens/s whole last layer | ratio | min cosine |",
+            "| --- | --- | --- | --- | --- |",
+        ]  # fmt: skip
     for name, r in prune.items():
         table.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
                      f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
     note = (
-        f"model: {model_dir.name} (3 layers, Qwen3-Embedding-0.6B width), encoder dtype "
+        f"model: {model_dir.name} ({layers} layers, Qwen3-Embedding-0.6B width), encoder dtype "
         f"auto; {args.seconds:.0f} s per case through Triton; tokens/s count the tokens sent"
     )
     write_report(args.out, record, "Shared-prefix reuse and last-layer pruning, on vs off",

@@ -46,7 +46,9 @@ def test_dockerfile_matches_the_repository():
         assert path.is_file(), module
     requirements = (DOCKER / "requirements-gpu.txt").read_text()
     assert "numpy==1." in requirements  # the 2.51 stub needs NumPy 1.x
-    assert "torch==2.5.1+cu124" in requirements and "cp310" in requirements
+    # The GPU stack's pins (tests/test_gpu_stack.py) and the build-time check of its kernels.
+    assert "torch==2.6.0" in requirements and "cp310" in requirements
+    assert "python3 -m qwen_embed.gpu_stack check" in text
 
 
 def test_compose_file():
