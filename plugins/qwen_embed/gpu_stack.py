@@ -70,7 +70,7 @@ def gpu_stack(
         raise UnsupportedStack(
             f"no prebuilt torch {TORCH} + flash-attn {FLASH_ATTN} + flashinfer {FLASHINFER} set "
             f"for Python {python[0]}.{python[1]}; supported: Python {supported} "
-            f"(make setup-gpu PYTHON_BOOT=python3.11)"
+            f"(rm -rf .venv; make setup-gpu PYTHON_BOOT=python3.11)"
         )
     py = f"{python[0]}{python[1]}"
     return [
@@ -124,9 +124,9 @@ def install() -> None:
     # One pip call: torch pinned beside the two wheels, so no dependency can swap its build.
     subprocess.run([sys.executable, "-m", "pip", "install", *(a.requirement for a in artefacts)],
                    check=True)  # fmt: skip
-    problems = check()
-    if problems:
-        raise SystemExit("GPU stack installed but not usable:\n  " + "\n  ".join(problems))
+    # A fresh interpreter: this one imported the torch that pip has just replaced.
+    if subprocess.run([sys.executable, "-m", "qwen_embed.gpu_stack", "check"]).returncode:
+        raise SystemExit("GPU stack installed but not usable (above)")
     print(f"GPU stack ready: torch {TORCH} (CUDA {TORCH_CUDA}), flash-attn {FLASH_ATTN}, "
           f"flashinfer {FLASHINFER} with prebuilt kernels")  # fmt: skip
 
