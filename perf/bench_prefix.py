@@ -18,7 +18,6 @@ import argparse
 import json
 import re
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.triton import TritonServer
 
 from bench_peers import REPO, drive, ensure_model, triton_sender
-from workload import RESULTS, WORDS, make_texts, new_record, write_report
+from workload import RESULTS, WORDS, alternate, make_texts, new_record, write_report
 
 PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
 METRICS = (
@@ -88,20 +87,15 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, reuse: str) -> lis
 
 def pruning(model_dir: Path, ids: list[list[int]], repeats: int) -> dict:
     """Engine in process, dtype auto, no prefix reuse: the last layer pruned vs computed whole."""
-    out = {}
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:
-        vectors = {}
-        for prune in (True, False, True, False):
-            enc.model.planner.prune = prune
-            enc.embed(ids[:2])
-            began = time.perf_counter()
-            for _ in range(repeats):
-                vectors[prune] = enc.embed(ids)
-            rate = repeats * sum(map(len, ids)) / (time.perf_counter() - began)
-            out[prune] = max(out.get(prune, 0.0), rate)  # best of two, alternating
-        cos = (vectors[True] * vectors[False]).sum(1).min()
-    return {"pruned_tok_s": out[True], "full_tok_s": out[False],
-            "ratio": out[True] / out[False], "min_cosine": float(cos)}  # fmt: skip
+        planner = enc.model.planner
+        runs = alternate(enc, ids, {True: lambda: setattr(planner, "prune", True),
+                                    False: lambda: setattr(planner, "prune", False)},
+                         repeats)  # fmt: skip
+    on, off = runs[True], runs[False]
+    return {"pruned_tok_s": on["tok_s"], "full_tok_s": off["tok_s"],
+            "ratio": on["tok_s"] / off["tok_s"],
+            "min_cosine": float((on["vectors"] * off["vectors"]).sum(1).min())}  # fmt: skip
 
 
 def main() -> None:

@@ -93,3 +93,25 @@ def write_report(out: str | Path, record: dict, title: str, notes: list[str],
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
     return out
+
+
+def alternate(encoder, ids: list[list[int]], variants: dict, repeats: int = 1,
+              rounds: int = 2) -> dict:  # fmt: skip
+    """A/B (or more) inside one process on one encoder: `variants` maps a name to a function
+    that switches the encoder to it; the variants take turns for `rounds` rounds of `repeats`
+    embeds each, so the machine's drift falls on all of them. Returns per variant the best
+    tokens/s and the vectors of its last run."""
+    import time
+
+    tokens = sum(map(len, ids))
+    rates, vectors = {}, {}
+    for _ in range(rounds):
+        for name, switch in variants.items():
+            switch()
+            encoder.embed(ids[:2])
+            began = time.perf_counter()
+            for _ in range(repeats):
+                vectors[name] = encoder.embed(ids)
+            rate = repeats * tokens / (time.perf_counter() - began)
+            rates[name] = max(rates.get(name, 0.0), rate)
+    return {name: {"tok_s": rates[name], "vectors": vectors[name]} for name in variants}

@@ -18,6 +18,7 @@ from .attention import AttentionSpec, choose_backend, create_backend
 from .batch import flatten, plan_batches
 from .config import ModelConfig
 from .cpu import cpu_features, keep_freed_memory
+from .fused import ELEMENTWISE
 from .heads import build_score_head, resolve_task
 from .hub import resolve_checkpoint
 from .int8 import KERNELS as INT8_KERNELS
@@ -87,7 +88,19 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
                             cache_bytes=int(args.prefix_cache_mb * 2**20),
                             bytes_per_token=bytes_per_token, num_layers=config.num_layers,
                             device=device)  # fmt: skip
-    return model.eval()
+    model.eval()
+    if args.compile_elementwise:
+        model.compiled_elementwise = ELEMENTWISE.ensure_compiled(lambda: _warm_up(model))
+    return model
+
+
+def _warm_up(model: nn.Module) -> None:
+    """Tiny forwards with every shape class a real one meets (many rows and one row, in the
+    pruned last layer too; dynamic shapes specialise size 1), so compiling happens at load.
+    Planned but not committed: nothing enters the prefix cache. Every TP rank runs the same
+    forwards, so their all-reduces pair up."""
+    for sequences in ([[0, 1, 2], [3]], [[4]], [[5, 6, 7]]):
+        model(model.planner.plan([np.array(s, dtype=np.int64) for s in sequences]))
 
 
 class Encoder:
@@ -137,6 +150,7 @@ class Encoder:
         task: str = "auto",
         prefix_reuse: bool | None = None,
         prefix_cache_mb: float = 256.0,
+        compile_elementwise: bool | None = None,
         dist_addr: str = "127.0.0.1:0",
         dist_timeout_s: float = 300.0,
     ) -> Encoder:
@@ -150,7 +164,9 @@ class Encoder:
         *ForSequenceClassification checkpoints, else embed). `prefix_reuse` (None: on where
         valid, i.e. causal attention and last-token pooling) computes a prefix that sequences
         share once, within a batch and across batches (a cache of `prefix_cache_mb`, 0 keeps
-        nothing between batches); see segments.py.
+        nothing between batches); see segments.py. `compile_elementwise` (None: bf16 on CPU)
+        compiles the norms, rotary and gating with Inductor at load (fused.py; eager if
+        compiling fails).
         """
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
@@ -174,9 +190,8 @@ class Encoder:
                              f"(is_causal={config.is_causal}, pooling={pooling!r})")  # fmt: skip
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
-        route = choose_route(
-            dtype, quantization, device.type, config.checkpoint_dtype, cpu_features()
-        )
+        route = choose_route(dtype, quantization, device.type, config.checkpoint_dtype,
+                             cpu_features(), compile_elementwise)  # fmt: skip
         attention = f"{attn_backend}: set by the caller"
         if attn_backend == "auto":
             attn_backend, why = choose_backend(device.type, config.head_dim, dtype=route.dtype)
@@ -198,6 +213,7 @@ class Encoder:
             pooling=pooling,
             prefix_reuse=reuse_valid if prefix_reuse is None else bool(prefix_reuse),
             prefix_cache_mb=float(prefix_cache_mb),
+            compile_elementwise=route.elementwise != "eager",
         )
         if tp_size == 1:
             model = build_model(args, TPGroup())

@@ -3,21 +3,18 @@
 `x @ W.T` becomes `(xs * ws) * (q(x) @ q(W).T)`, with q() symmetric int8 and the product
 accumulated in int32 by `torch._int_mm` (oneDNN's VNNI/AMX int8 GEMM on x86). The quantisation
 before and the rescale after are elementwise passes over activation-sized tensors that cost as
-much as the int8 GEMM saves when run as separate eager ops, so both are compiled with
-torch.compile (Inductor fuses each into one loop); where compiling fails (no C++ compiler) they
-run eagerly, still exact, only slower. Embeddings, norms, attention and pooling stay in floats.
+much as the int8 GEMM saves when run as separate eager ops, so both are compiled (compiled.py:
+Inductor fuses each into one loop; eager where compiling fails, still exact, only slower).
+Embeddings, norms, attention and pooling stay in floats.
 """
 
 from __future__ import annotations
 
-import locale
-import logging
-import threading
-
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from .compiled import CompiledSet
+
 _QMAX = 127.0
 
 
@@ -32,43 +29,16 @@ def _rescale(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
     return (acc.float() * x_scale * w_scale).to(dtype)
 
 
-class _Kernels:
-    """quantize_rows and _rescale, compiled on first use (once per process)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.quantize, self.rescale = quantize_rows, _rescale
-        self.compiled: bool | None = None  # None: not tried yet
-
-    def ensure_compiled(self) -> None:
-        with self._lock:
-            if self.compiled is not None:
-                return
-            try:
-                import torch._inductor.config as inductor
-
-                # Inductor reads and writes UTF-8 source with the locale's encoding: inside
-                # Triton's Python stub that is ASCII (no locale set up), so use UTF-8.
-                if locale.getpreferredencoding(False).lower() not in ("utf-8", "utf8"):
-                    locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
-
-                # Compile in this process: in Triton's Python stub sys.executable is the stub,
-                # so Inductor's compile-worker subprocesses could not start.
-                inductor.compile_threads = 1
-                quantize = torch.compile(quantize_rows, dynamic=True)
-                rescale = torch.compile(_rescale, dynamic=True)
-                weight, w_scale = torch.ones(8, 16, dtype=torch.int8), torch.ones(1, 8)
-                for rows in (2, 1):  # 1 row is specialised separately by dynamic shapes
-                    for dtype in (torch.float32, torch.bfloat16):
-                        q, s = quantize(torch.ones(rows, 16, dtype=dtype))
-                        rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
-                self.quantize, self.rescale, self.compiled = quantize, rescale, True
-            except Exception as e:  # no compiler, unsupported platform: exact but slower
-                log.warning("int8 route: torch.compile failed (%s); running eagerly", e)
-                self.compiled = False
+def _warmup() -> None:
+    weight, w_scale = torch.ones(8, 16, dtype=torch.int8), torch.ones(1, 8)
+    for rows in (2, 1):  # 1 row is specialised separately by dynamic shapes
+        for dtype in (torch.float32, torch.bfloat16):
+            q, s = KERNELS.quantize(torch.ones(rows, 16, dtype=dtype))
+            KERNELS.rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
 
 
-KERNELS = _Kernels()
+_FNS = {"quantize": quantize_rows, "rescale": _rescale}
+KERNELS = CompiledSet("int8 route", _FNS, _FNS, _warmup)
 
 
 class Int8Weight(nn.Module):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu import has_native_bf16
+from .fused import ELEMENTWISE
 from .int8 import Int8Weight
 
 
@@ -82,14 +83,7 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, loader=_replicated_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As transformers: normalise in fp32, scale in the model dtype. In-place steps and a
-        # reduction instead of x.pow(2): on CPU each fresh activation-sized tensor costs page
-        # faults that outweigh the arithmetic.
-        dtype = x.dtype
-        out = x.to(torch.float32, copy=True)
-        mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-        out.mul_(mean_sq.add_(self.eps).rsqrt_())
-        return out.to(dtype).mul_(self.weight)
+        return ELEMENTWISE.rms_norm(x, self.weight, self.eps)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -199,25 +193,3 @@ def rotary_cos_sin(
     inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
     freqs = positions.float().unsqueeze(-1) * inv_freq
     return freqs.cos().to(dtype), freqs.sin().to(dtype)
-
-
-def apply_rotary(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_major: bool = False
-) -> torch.Tensor:
-    """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2].
-
-    The same arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated
-    tables, in fewer passes over memory. `head_major`: the result is a [T, heads, head_dim]
-    view of [heads, T, head_dim] storage (each head's rows dense), for kernels that read one
-    head at a time; the layout change rides on this pass at no extra copy.
-    """
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    if head_major:
-        out = x.new_empty(x.shape[1], x.shape[0], x.shape[2]).transpose(0, 1)
-    else:
-        out = torch.empty_like(x)
-    o1, o2 = out.chunk(2, dim=-1)
-    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
-    torch.mul(x2, c, out=o2).addcmul_(x1, s)
-    return out

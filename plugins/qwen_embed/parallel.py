@@ -44,6 +44,7 @@ class RankArgs:
     pooling: str = "last"  # last-token pooling lets the last layer compute only pooled rows
     prefix_reuse: bool = False  # resolved by the engine: causal + last pooling + asked for
     prefix_cache_mb: float = 0.0
+    compile_elementwise: bool = False  # fused.py's ops through Inductor
 
     def device_for(self, rank: int) -> torch.device:
         base = torch.device(self.device)

@@ -21,13 +21,15 @@ class Route:
     linear: str  # how linear layers multiply
     reason: str
     attention: str = ""  # the attention backend and why (engine.Encoder fills it in)
+    elementwise: str = "eager"  # norms, rotary, gating: "compiled (Inductor)" or "eager"
 
     def labels(self) -> dict[str, str]:
         return asdict(self)
 
     def __str__(self) -> str:
         text = f"dtype {self.dtype}, linear layers {self.linear}: {self.reason}"
-        return text + (f"; attention {self.attention}" if self.attention else "")
+        text += f"; attention {self.attention}" if self.attention else ""
+        return text + f"; elementwise ops {self.elementwise}"
 
 
 def choose_route(
@@ -36,10 +38,13 @@ def choose_route(
     device_type: str,
     checkpoint_dtype: str | None,
     features: CpuFeatures,
+    compile_elementwise: bool | None = None,
 ) -> Route:
     """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
     instructions (AVX512_BF16 or AMX: ~2.5-3.4x fp32 measured), else fp32 (emulated bf16 is
-    ~10x slower there). quantization "int8" (CPU only) swaps the linear layers' GEMM."""
+    ~10x slower there). quantization "int8" (CPU only) swaps the linear layers' GEMM.
+    `compile_elementwise` (None: for bf16 on CPU, ~7% there; fp32 gains ~1%, less than the
+    seconds compiling adds to start-up) fuses the elementwise chains with Inductor (fused.py)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if dtype not in ("auto", *DTYPES):
@@ -65,4 +70,7 @@ def choose_route(
         linear = "bfloat16 as fp32 GEMM"
     else:
         linear = dtype
-    return Route(dtype=dtype, linear=linear, reason=reason)
+    if compile_elementwise is None:  # measured worth its start-up seconds only there
+        compile_elementwise = cpu and dtype == "bfloat16"
+    elementwise = "compiled (Inductor)" if compile_elementwise else "eager"
+    return Route(dtype=dtype, linear=linear, reason=reason, elementwise=elementwise)

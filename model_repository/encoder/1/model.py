@@ -52,6 +52,9 @@ class TritonPythonModel:
             task=self.task,
             prefix_reuse={"on": True, "off": False}.get(params.get("prefix_reuse") or "auto"),
             prefix_cache_mb=float(params.get("prefix_cache_mb") or 256),
+            compile_elementwise={"on": True, "off": False}.get(
+                params.get("compile_elementwise") or "auto"
+            ),
         )
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device

@@ -8,18 +8,17 @@ so checkpoint keys map with the small PACKED_MODULES table.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import ModelConfig
+from ..fused import ELEMENTWISE
 from ..layers import (
     ColumnParallelLinear,
     RMSNorm,
     RowParallelLinear,
     TPGroup,
     VocabParallelEmbedding,
-    apply_rotary,
     rotary_cos_sin,
 )
 from ..segments import AttentionLayout, ForwardContext
@@ -89,7 +88,8 @@ class QwenAttention(nn.Module):
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         major = self.backend.head_major
-        q, k = apply_rotary(q, cos_q, sin_q, major), apply_rotary(k, cos, sin, major)
+        rotary = ELEMENTWISE.rotary
+        q, k = rotary(q, cos_q, sin_q, major), rotary(k, cos, sin, major)
         v = v.transpose(0, 1).contiguous().transpose(0, 1) if major else v.contiguous()
         k, v = ctx.keys(self.layer_index, k, v, layout)
         out = self.backend.forward(q, k, v, layout)
@@ -106,8 +106,7 @@ class QwenMLP(nn.Module):
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(ELEMENTWISE.silu_mul(self.gate_up_proj(x)))
 
 
 class QwenDecoderLayer(nn.Module):
@@ -144,11 +143,16 @@ class QwenModel(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.self_attn.layer_index = i  # where a shared prefix's keys/values are kept
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.compiled_elementwise = False  # set at load where fused.py's ops were compiled
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
+        with ELEMENTWISE.enabled(self.compiled_elementwise):
+            return self._forward(ctx)
+
+    def _forward(self, ctx: ForwardContext) -> torch.Tensor:
         self.backend.prepare(ctx.layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
