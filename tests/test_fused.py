@@ -75,3 +75,11 @@ def test_failed_compile_runs_eagerly():
     assert ops.ensure_compiled() is False  # decided once
     with pytest.raises(AttributeError):
         ops.g  # noqa: B018
+
+
+def test_route_says_eager_when_compiling_failed(checkpoint, monkeypatch):
+    monkeypatch.setattr(ELEMENTWISE, "ensure_compiled", lambda warmup=None: False)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
+                                 compile_elementwise=True) as enc:  # fmt: skip
+        assert not enc.model.compiled_elementwise
+        assert enc.route.elementwise.startswith("eager (compiling failed")

@@ -94,6 +94,13 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     return model
 
 
+def _compiled_as_chosen(route: Route, model: nn.Module) -> Route:
+    """The route as it runs: compiling may have failed (no C++ compiler) and left it eager."""
+    if route.elementwise != "eager" and not model.compiled_elementwise:
+        return dataclasses.replace(route, elementwise="eager (compiling failed; see the log)")
+    return route
+
+
 def _warm_up(model: nn.Module) -> None:
     """Tiny forwards with every shape class a real one meets (many rows and one row, in the
     pruned last layer too; dynamic shapes specialise size 1), so compiling happens at load.
@@ -217,6 +224,7 @@ class Encoder:
         )
         if tp_size == 1:
             model = build_model(args, TPGroup())
+            route = _compiled_as_chosen(route, model)
             return cls(model, config, device, max_batch_tokens, pooling, None, route, task)
         launcher = TPLauncher(args)
         try:
@@ -226,6 +234,7 @@ class Encoder:
         except BaseException:
             launcher.close()
             raise
+        route = _compiled_as_chosen(route, model)
         return cls(model, config, device, max_batch_tokens, pooling, launcher, route, task)
 
     @property

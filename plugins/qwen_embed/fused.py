@@ -4,8 +4,8 @@ Each has two versions with the same arithmetic up to rounding: the eager one, ha
 in-place passes (few fresh activation-sized tensors: on CPU each costs page faults), and the
 plain formula that Inductor compiles into one loop (compiled.py). The CPU route compiles them
 at load (`ELEMENTWISE.ensure_compiled`, warmed up by tiny forwards in engine.py): bf16 embeds
-~7% faster on a Zen 4 (AVX512_BF16) in an A/B within one process, fp32 ~1%, where the GEMMs
-already take most of the time.
+5-7% faster on a Zen 4 (AVX512_BF16) in A/B runs within one process (make perf-fused), fp32
+0-1%, where the GEMMs already take most of the time.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def choose_route(
     """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
     instructions (AVX512_BF16 or AMX: ~2.5-3.4x fp32 measured), else fp32 (emulated bf16 is
     ~10x slower there). quantization "int8" (CPU only) swaps the linear layers' GEMM.
-    `compile_elementwise` (None: for bf16 on CPU, ~7% there; fp32 gains ~1%, less than the
+    `compile_elementwise` (None: for bf16 on CPU, 5-7% there; fp32 gains ~0-1%, less than the
     seconds compiling adds to start-up) fuses the elementwise chains with Inductor (fused.py)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
