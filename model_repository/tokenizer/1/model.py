@@ -73,8 +73,7 @@ class TritonPythonModel:
         opts = parse_options(params, self.hidden_size, self.tokenizer.prompts)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        ids = self.tokenizer.encode(texts, opts)
-        return ids, np.array([[len(x)] for x in ids], dtype=np.int32)
+        return self.tokenizer.encode(texts, opts)
 
     def _pairs(self, request, params):
         opts = parse_rerank_options(params)
@@ -82,17 +81,17 @@ class TritonPythonModel:
         (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")  # exactly one
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
         documents = decode_texts(raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS")
-        ids = self.tokenizer.encode(query, documents, opts)
-        return ids, np.array([[len(x)] for x in ids], dtype=np.int32)
+        return self.tokenizer.encode(query, documents, opts)
 
     def _one(self, request):
         try:
-            ids, counts = self._tokenize(request, json.loads(request.parameters() or "{}"))
+            ids = self._tokenize(request, json.loads(request.parameters() or "{}"))
         except RequestError as e:
             return pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
             )
         packed = np.array([[pack_ids(x)] for x in ids], dtype=np.object_)
+        counts = np.array([[len(x)] for x in ids], dtype=np.int32)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("TOKEN_IDS", packed), pb_utils.Tensor("TOKEN_COUNT", counts),
         ])  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .requests import DEFAULT_TASK, RequestError, _text, parse_common
+from .tokenizer import load_tokenizer
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -42,11 +43,7 @@ def parse_rerank_options(params: dict) -> RerankOptions:
 
 class PairTokenizer:
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-        self._tok.no_truncation()
-        self._tok.no_padding()
+        self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
         self._prefix = self._tok.encode(PREFIX, add_special_tokens=False).ids
         self._suffix = self._tok.encode(SUFFIX, add_special_tokens=False).ids
@@ -55,7 +52,9 @@ class PairTokenizer:
         budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
         texts = [pair_text(query, d, opts.instruction) for d in documents]
         out, query_checked = [], False
-        for i, enc in enumerate(self._tok.encode_batch(texts)):
+        # Without the post-processor's tokens, as the model card tokenizes the pair: the
+        # template carries its own special tokens.
+        for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
             ids = enc.ids
             if len(ids) > budget:
                 if not query_checked:  # only pairs over the limit need the query's length

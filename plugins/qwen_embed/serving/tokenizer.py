@@ -17,6 +17,17 @@ from .prompts import PromptSet
 from .requests import TRUNCATION_DIRECTIONS, RequestError, RequestOptions
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The checkpoint's tokenizer.json with its own truncation and padding off: the limits are
+    ours (per request), and every sequence keeps its own length."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
 def _token(value) -> str | None:
     """tokenizer_config.json writes a special token as a string or {"content": ...}."""
     return value.get("content") if isinstance(value, dict) else value
@@ -47,15 +58,11 @@ def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
 class TextTokenizer:
     def __init__(self, model_dir: str | Path, max_input_tokens: int,
                  truncation_direction: str = "right"):  # fmt: skip
-        from tokenizers import Tokenizer
-
         if truncation_direction not in TRUNCATION_DIRECTIONS:
             raise ValueError(f"truncation_direction must be 'left' or 'right', not "
                              f"{truncation_direction!r}")  # fmt: skip
         model_dir = Path(model_dir)
-        self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._tok.no_truncation()
-        self._tok.no_padding()
+        self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
         self.truncation_direction = truncation_direction
         self.prompts = PromptSet.from_dir(model_dir)
