@@ -1,0 +1,58 @@
+"""The CPU heap policy: freed memory kept for reuse, bounded (cpu.keep_freed_memory, HeapTrimmer).
+
+Varlen forwards allocate new sizes every time; with freed memory kept (no mmap, no trimming)
+the heap fragments and creeps up. HeapTrimmer gives the free pages back once more than one
+full-budget forward's worth is held. Memory here is measured, not timed.
+"""
+
+import numpy as np
+import pytest
+
+from qwen_embed import Encoder
+from qwen_embed.cpu import HeapTrimmer, keep_freed_memory, resident_bytes
+from qwen_embed.engine import forward_bytes
+
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def glibc():
+    if not keep_freed_memory():
+        pytest.skip("not glibc: freed memory goes back as the allocator decides")
+    if not HeapTrimmer(0).active:
+        pytest.skip("glibc without mallinfo2 (< 2.33): no trimming")
+
+
+def churn(total_mb: int) -> None:
+    """Allocate and free blocks of many sizes, as forwards of new token counts do."""
+    rng = np.random.default_rng(0)
+    blocks = [np.ones(int(rng.integers(1, 8)) * MB // 8) for _ in range(total_mb // 4)]
+    del blocks
+
+
+def test_trims_only_beyond_what_it_keeps(glibc):
+    trimmer = HeapTrimmer(64 * MB)
+    churn(32)  # kept: under the bound
+    trimmer()
+    assert trimmer.trims == 0
+    churn(400)  # kept by glibc (no mmap, no trim), beyond the bound
+    held = trimmer.free_resident_bytes()
+    assert held > 64 * MB
+    before = resident_bytes()
+    trimmer()
+    assert trimmer.trims == 1
+    assert trimmer.free_resident_bytes() < 64 * MB
+    assert resident_bytes() < before - (held - 64 * MB) // 2
+
+
+def test_cpu_encoders_trim_after_forwards(glibc, checkpoint):
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32",
+                                 max_batch_tokens=512) as enc:  # fmt: skip
+        (hook,) = enc.model._forward_hooks.values()
+        assert isinstance(hook, HeapTrimmer)
+        assert hook.keep_bytes == forward_bytes(enc.config, 512, "float32", 1) < 8 * MB
+        enc.embed([list(range(1, 40))])
+        churn(200)  # what fragmentation would leave: more than one forward's worth
+        trims = hook.trims
+        enc.embed([list(range(1, 40)), list(range(3, 300))])
+        assert hook.trims == trims + 1
