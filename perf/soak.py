@@ -25,6 +25,7 @@ from pathlib import Path
 
 from run_locust import run_locust
 
+from qwen_embed.cpu import cpu_features
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.repository import TEMPLATE, get_parameter
 from qwen_embed.serving.triton import TritonServer
@@ -99,7 +100,8 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
     end = samples[-1][1]
     growth = (last - first) / first
     result = {
-        "date": stamp(), "machine": machine(), "command": command_line(), "model_dir": model_dir,
+        "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+        "command": command_line(), "model_dir": model_dir,
         "seconds": seconds, "users": users, "texts_per_request": texts_per_request,
         "locust": row,
         "rss_mb": {"loaded": round(loaded, 1), "start": round(samples[0][1], 1),
@@ -114,6 +116,7 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
     rss = result["rss_mb"]
     out.with_suffix(".md").write_text("\n".join([
         "# Soak", "", f"- date: {result['date']}", f"- machine: {result['machine']}",
+        f"- CPU flags: {result['cpu']}",
         f"- command: `{result['command']}`", f"- model: {model_dir}",
         f"- load: {users} Locust users, {texts_per_request} mixed texts/request, {seconds} s", "",
         f"requests {row['requests']}, failures {row['failures']}, {row['tokens_per_s']} tokens/s, "
