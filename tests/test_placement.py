@@ -126,3 +126,16 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
         ref = enc.embed(ids)
     for out in outs:
         assert float((out * ref).sum(1).min()) >= 0.9999
+
+
+def test_server_environment_spins_briefly_unless_a_wait_policy_is_set(monkeypatch):
+    from qwen_embed.serving.triton import server_command
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    env = server_command()[1]
+    assert env["GOMP_SPINCOUNT"] == "20000" and "OMP_WAIT_POLICY" not in env
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    env = server_command()[1]
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env

@@ -63,9 +63,14 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     # The Python stub takes the first python3 on PATH: ours, with the venv's packages.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # OpenMP threads that sleep at barriers instead of spinning: the same speed alone, and
-    # with a busy neighbour on one of 2 cores 0.59x instead of 0.38x (neighbour.md).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP threads spin ~0.2 ms at a barrier, then sleep (libgomp: ~100k spins per ms).
+    # Spinning for long (libgomp's default, 300k) burns a core a neighbour needs: 0.38x with a
+    # busy loop on one of 2 cores; sleeping at once (OMP_WAIT_POLICY=PASSIVE) held 0.5-0.59x
+    # but pays a wake-up at every barrier, which small batches feel: 1-text queries with
+    # prefix reuse ran 1.38x faster with the short spin, and the neighbour case held the same
+    # 0.5x (neighbour.md, neighbour-spincount.md). A wait policy in the environment wins.
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", "20000")
     # bf16 GEMMs on CPU go through oneDNN, which caches a primitive with its buffers per
     # shape; varlen batches bring a new token count nearly every time, and that cache grew
     # the encoder ~9 MB per forward (+90% RSS in a 10-minute bf16 soak; fp32 stays flat).
