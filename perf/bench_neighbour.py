@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from qwen_embed.cpu import cpu_features
 from qwen_embed.placement import read_topology
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
@@ -107,7 +108,8 @@ def main() -> None:
                                  "over_quiet": stats["tokens_per_s"] / quiet})  # fmt: skip
                     print(f"{layout} | {name}: {stats['tokens_per_s']:.0f} tok/s "
                           f"({rows[-1]['over_quiet']:.2f}x quiet)", flush=True)  # fmt: skip
-    record = {"date": stamp(), "machine": machine(), "command": command_line(),
+    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+              "command": command_line(),
               "dtype": args.dtype, "cores": cores, "busy_cpu": busy_cpu, "rows": rows}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def main() -> None:
     lines = [
         "# Throughput with a neighbour on one core", "",
         f"- date: {record['date']}", f"- machine: {record['machine']}",
-        f"- command: `{record['command']}`",
+        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
         f"- model: {model_dir.name} (4 layers), encoder dtype {args.dtype}; {args.clients} "
         f"clients x {args.texts_per_request} mixed texts, {args.seconds:.0f} s per case",
         f"- neighbour: `taskset -c {busy_cpu} python -c 'while True: pass'` at nice 0 or 19",
