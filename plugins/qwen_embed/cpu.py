@@ -75,11 +75,14 @@ class HeapTrimmer:
         self.trims = 0
         libc = _libc()
         self._libc = libc if libc is not None and hasattr(libc, "mallinfo2") else None
-        self.active = self._libc is not None
-        if self._libc is not None:
+        if self.active:
             self._libc.mallinfo2.restype = _MallInfo2
             self._libc.malloc_trim(0)  # what was freed before (loading) goes back first
             self._other = resident_bytes() - self._in_use()  # code, libraries, file maps
+
+    @property
+    def active(self) -> bool:
+        return self._libc is not None
 
     def _in_use(self) -> int:
         info = self._libc.mallinfo2()
@@ -87,12 +90,12 @@ class HeapTrimmer:
 
     def free_resident_bytes(self) -> int:
         """Freed heap memory still resident (0 without mallinfo2)."""
-        if self._libc is None:
+        if not self.active:
             return 0
         return max(0, resident_bytes() - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
-        if self._libc is not None and self.free_resident_bytes() > self.keep_bytes:
+        if self.free_resident_bytes() > self.keep_bytes:  # 0 when inactive
             self._libc.malloc_trim(0)
             self.trims += 1
 

@@ -12,7 +12,12 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
-from qwen_embed.serving.config import encoder_device, model_parameters, resolve_model_dir
+from qwen_embed.serving.config import (
+    encoder_device,
+    model_parameters,
+    resolve_model_dir,
+    switch,
+)
 from qwen_embed.serving.requests import parse_options, unpack_ids
 from qwen_embed.serving.rerank import parse_rerank_options
 
@@ -50,11 +55,9 @@ class TritonPythonModel:
             max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
             pooling=params.get("pooling") or "last",
             task=self.task,
-            prefix_reuse={"on": True, "off": False}.get(params.get("prefix_reuse") or "auto"),
+            prefix_reuse=switch(params, "prefix_reuse"),
             prefix_cache_mb=float(params.get("prefix_cache_mb") or 256),
-            compile_elementwise={"on": True, "off": False}.get(
-                params.get("compile_elementwise") or "auto"
-            ),
+            compile_elementwise=switch(params, "compile_elementwise"),
         )
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device

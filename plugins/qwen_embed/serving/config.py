@@ -26,6 +26,14 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in params.items()}
 
 
+def switch(params: dict[str, str], key: str) -> bool | None:
+    """An "auto" / "on" / "off" parameter as None / True / False (empty: auto)."""
+    value = params.get(key) or "auto"
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"parameter {key!r} must be 'auto', 'on' or 'off', not {value!r}")
+    return None if value == "auto" else value == "on"
+
+
 def resolve_model_dir(params: dict[str, str], task: str = "embed") -> Path:
     """config parameter `model_dir`, else $QWEN_EMBED_MODEL_DIR (rerank:
     $QWEN_EMBED_RERANK_MODEL_DIR), else the demo checkpoint `make setup` built. Each may be a
