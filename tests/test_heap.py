@@ -56,3 +56,20 @@ def test_cpu_encoders_trim_after_forwards(glibc, checkpoint):
         trims = hook.trims
         enc.embed([list(range(1, 40)), list(range(3, 300))])
         assert hook.trims == trims + 1
+
+
+def test_asks_malloc_only_when_resident_memory_grew(glibc, monkeypatch):
+    # mallinfo2 walks malloc's free lists (milliseconds): not on every forward of a steady heap.
+    trimmer = HeapTrimmer(64 * MB)
+    asked = []
+    in_use = trimmer._in_use
+    monkeypatch.setattr(trimmer, "_in_use", lambda: asked.append(1) or in_use())
+    for _ in range(5):
+        trimmer()
+    assert asked == []
+    grown = np.ones(64 * MB // 8)  # resident memory grows past the last look (held, in use)
+    trimmer()
+    assert len(asked) == 1 and trimmer.trims == 0
+    trimmer()
+    assert len(asked) == 1
+    del grown

@@ -68,7 +68,9 @@ class HeapTrimmer:
     and what it held at the start), hand the free pages back (malloc_trim). Varlen forwards
     bring new sizes every time, so freed blocks fragment and the heap creeps up; `keep_bytes`
     (one full-budget forward's activations) stays for reuse, so trims are rare and the next
-    forward's page faults are paid once per trim. A no-op without glibc's mallinfo2."""
+    forward's page faults are paid once per trim. mallinfo2 walks malloc's free lists (~6 ms
+    on a fragmented heap, a quarter of a 1-text forward), so it is asked only when resident
+    memory has grown past what the last look saw. A no-op without glibc's mallinfo2."""
 
     def __init__(self, keep_bytes: int):
         self.keep_bytes = keep_bytes
@@ -79,6 +81,7 @@ class HeapTrimmer:
             self._libc.mallinfo2.restype = _MallInfo2
             self._libc.malloc_trim(0)  # what was freed before (loading) goes back first
             self._other = resident_bytes() - self._in_use()  # code, libraries, file maps
+            self._seen = resident_bytes()  # resident bytes when mallinfo2 was last asked
 
     @property
     def active(self) -> bool:
@@ -95,9 +98,12 @@ class HeapTrimmer:
         return max(0, resident_bytes() - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
-        if self.free_resident_bytes() > self.keep_bytes:  # 0 when inactive
+        if not self.active or resident_bytes() <= self._seen + self.keep_bytes // 8:
+            return  # not grown: what was free at the last look is held, not added to
+        if self.free_resident_bytes() > self.keep_bytes:
             self._libc.malloc_trim(0)
             self.trims += 1
+        self._seen = resident_bytes()
 
 
 @dataclass(frozen=True)
