@@ -1,8 +1,9 @@
 """Less work per vector: shared-prefix reuse and last-layer pruning, on vs off in one run.
 
-    python bench_prefix.py [--seconds 30] [--deep-layers 28] [--deep-texts 24]
+    python bench_prefix.py [--seconds 30] [--rounds 3] [--deep-layers 28] [--deep-texts 24]
 
-Through Triton (two servers in turn, encoder prefix_reuse "auto" vs "off", dtype auto):
+Through Triton (two servers up at once, encoder prefix_reuse "auto" vs "off", dtype auto, taking
+turns in rounds so that the machine's drift falls on both):
 - query workload: Qwen3-Embedding's default instruction + queries of 4-30 words (one token
   each), as 1-text requests from 16 clients and as 32-text requests from 4 clients;
 - document workload: perf/workload.py's mix, no shared prefix (the detection's cost).
@@ -15,6 +16,7 @@ off on the document workload with the demo model's 3 layers and with Qwen3-Embed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import tempfile
@@ -63,37 +65,69 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def serve_cases(model_dir: Path, cases: dict, seconds: float, reuse: str) -> list[dict]:
+def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int) -> list[dict]:
+    """Both servers (prefix_reuse auto and off) up at once; per workload they take turns for
+    `rounds` rounds of seconds/rounds each, so the machine's drift falls on both alike."""
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = render(Path(tmp) / "repo", {"embed": model_dir},
-                      {"encoder": {"prefix_reuse": reuse}})  # fmt: skip
-        with TritonServer(repo, log_path=Path(tmp) / "server.log") as server:
-            for name, (texts, counts, reference, clients, per_request) in cases.items():
-                make = triton_sender(server.grpc_url, texts)
-                drive(make, counts, reference, clients=2, per_request=per_request, seconds=0,
-                      passes=0, max_requests=4)  # warm-up  # fmt: skip
-                before = metrics(server.metrics_url)
-                stats = drive(make, counts, reference, clients=clients, per_request=per_request,
-                              seconds=seconds, passes=1)  # fmt: skip
-                after = metrics(server.metrics_url)
-                delta = {k: after[k] - before[k] for k in after}
-                lookups = delta["qwen_embed_prefix_cache_lookups_total"]
-                # Seconds each step computed per second of the run (2 cores: at most ~2 in all).
-                busy = {m: delta[f"{m} busy"] / stats["seconds"] for m in BUSY}
-                rows.append({
-                    "workload": name, "prefix_reuse": reuse, **stats,
-                    "computed_per_received": delta["qwen_embed_tokens_computed_total"]
-                    / max(delta["qwen_embed_tokens_total"], 1),
-                    "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups
-                    if lookups else 0.0,
-                    "tokenizer_busy": busy["tokenizer"], "encoder_busy": busy["encoder"],
-                })  # fmt: skip
-                print(f"{name} reuse={reuse}: {stats['tokens_per_s']:.0f} tok/s, computed/"
-                      f"received {rows[-1]['computed_per_received']:.2f}, hit rate "
-                      f"{rows[-1]['hit_rate']:.2f}, busy tokenizer {busy['tokenizer']:.2f} "
-                      f"encoder {busy['encoder']:.2f}", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = {}
+        for reuse in ("auto", "off"):
+            repo = render(Path(tmp) / f"repo-{reuse}", {"embed": model_dir},
+                          {"encoder": {"prefix_reuse": reuse}})  # fmt: skip
+            servers[reuse] = stack.enter_context(
+                TritonServer(repo, log_path=Path(tmp) / f"server-{reuse}.log")
+            )
+        for name, (texts, counts, reference, clients, per_request) in cases.items():
+            runs = {reuse: [] for reuse in servers}
+            for _ in range(rounds):
+                for reuse, server in servers.items():
+                    runs[reuse].append(serve_round(server, texts, counts, reference, clients,
+                                                   per_request, seconds / rounds))  # fmt: skip
+            for reuse, parts in runs.items():
+                rows.append({"workload": name, "prefix_reuse": reuse, **combine(parts)})
+            on, off = rows[-2], rows[-1]
+            print(f"{name}: on {on['tokens_per_s']:.0f} tok/s, off {off['tokens_per_s']:.0f}, "
+                  f"ratio per round {round_ratios(on, off)}, "
+                  f"computed/received {on['computed_per_received']:.2f}, hit rate "
+                  f"{on['hit_rate']:.2f}", flush=True)  # fmt: skip
     return rows
+
+
+def round_ratios(on: dict, off: dict) -> str:
+    pairs = zip(on["round_tok_s"], off["round_tok_s"], strict=True)
+    return ", ".join(f"{a / b:.2f}" for a, b in pairs)
+
+
+def serve_round(server, texts, counts, reference, clients, per_request, seconds) -> dict:
+    make = triton_sender(server.grpc_url, texts)
+    drive(make, counts, reference, clients=2, per_request=per_request, seconds=0, passes=0,
+          max_requests=4)  # warm-up  # fmt: skip
+    before = metrics(server.metrics_url)
+    stats = drive(make, counts, reference, clients=clients, per_request=per_request,
+                  seconds=seconds, passes=1)  # fmt: skip
+    after = metrics(server.metrics_url)
+    return {**stats, "metrics": {k: after[k] - before[k] for k in after}}
+
+
+def combine(parts: list[dict]) -> dict:
+    """One row from a server's rounds: totals over them; p99 the worst round's."""
+    seconds = sum(p["seconds"] for p in parts)
+    delta = {k: sum(p["metrics"][k] for p in parts) for k in parts[0]["metrics"]}
+    lookups = delta["qwen_embed_prefix_cache_lookups_total"]
+    return {
+        "rounds": len(parts), "seconds": seconds,
+        "requests": sum(p["requests"] for p in parts),
+        "failed_requests": sum(p["failed_requests"] for p in parts),
+        "tokens_per_s": sum(p["tokens"] for p in parts) / seconds,
+        "round_tok_s": [p["tokens_per_s"] for p in parts],
+        "p99_s": max(p["p99_s"] for p in parts),
+        "min_cosine": min(p["min_cosine"] for p in parts),
+        "computed_per_received": delta["qwen_embed_tokens_computed_total"]
+        / max(delta["qwen_embed_tokens_total"], 1),
+        "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups if lookups else 0.0,
+        # Seconds each step computed per second of the run (2 cores: at most ~2 in all).
+        **{f"{m}_busy": delta[f"{m} busy"] / seconds for m in BUSY},
+    }  # fmt: skip
 
 
 def pruning(model_dir: Path, ids: list[list[int]], repeats: int) -> dict:
@@ -113,6 +147,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
     p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--rounds", type=int, default=3, help="turns per server and workload")
     p.add_argument("--queries", type=int, default=512)
     p.add_argument("--documents", type=int, default=256)
     p.add_argument("--deep-layers", type=int, default=28)
@@ -134,8 +169,7 @@ def main() -> None:
             ids = [e.ids for e in tok.encode_batch(texts)]
             counts = np.array([len(i) for i in ids])
             cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
-    rows = serve_cases(model_dir, cases, args.seconds, "auto")
-    rows += serve_cases(model_dir, cases, args.seconds, "off")
+    rows = serve_cases(model_dir, cases, args.seconds, args.rounds)
     prune = {}
     if not args.no_pruning:
         doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
@@ -151,16 +185,18 @@ def main() -> None:
     record = new_record(rows=rows, pruning=prune)
     by = {(r["workload"], r["prefix_reuse"]): r for r in rows}
     table = [
-        "| workload | tokens/s reuse on | tokens/s off | on / off | computed per received (on) "
+        "| workload | tokens/s reuse on | tokens/s off | on / off | on / off per round "
+        "| computed per received (on) "
         "| cache hit rate (on) | p99 s on / off | min cosine on | encoder busy on / off "
         "| tokenizer busy on / off |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for name in cases:
         on, off = by[(name, "auto")], by[(name, "off")]
         table.append(f"| {name} | {on['tokens_per_s']:.0f} | {off['tokens_per_s']:.0f} | "
                      f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
-                     f"{on['computed_per_received']:.2f} | {on['hit_rate']:.2f} | "
+                     f"{round_ratios(on, off)} | {on['computed_per_received']:.2f} | "
+                     f"{on['hit_rate']:.2f} | "
                      f"{on['p99_s']:.2f} / {off['p99_s']:.2f} | "
                      f"{on['min_cosine']:.5f} | {on['encoder_busy']:.2f} / "
                      f"{off['encoder_busy']:.2f} | {on['tokenizer_busy']:.2f} / "
@@ -176,7 +212,8 @@ def main() -> None:
                      f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
     note = (
         f"model: {model_dir.name} ({layers} layers, Qwen3-Embedding-0.6B width), encoder dtype "
-        f"auto; {args.seconds:.0f} s per case through Triton; tokens/s count the tokens sent",
+        f"auto; {args.seconds:.0f} s per case and server through Triton, both servers up, taking "
+        f"turns in {args.rounds} rounds; tokens/s count the tokens sent",
         "busy: seconds inside that step's execute() per second of the run, all its instances "
         "(the encoder's forward and pooling; the tokenizers' encode); the rest of the two "
         "cores goes to Triton, gRPC, the Python stubs' IPC and the load-generating clients",

@@ -83,3 +83,22 @@ def test_route_says_eager_when_compiling_failed(checkpoint, monkeypatch):
                                  compile_elementwise=True) as enc:  # fmt: skip
         assert not enc.model.compiled_elementwise
         assert enc.route.elementwise.startswith("eager (compiling failed")
+
+
+def test_compiling_happens_at_load_not_in_requests(checkpoint):
+    # Each compile costs ~0.1-3 s: the warm-up at load must meet every shape class the first
+    # requests do (one token, many rows, shared prefixes in the batch and from the cache).
+    from torch._dynamo.utils import counters
+
+    prefix = random_sequences([12], seed=9)[0]
+    batches = [[prefix + s for s in random_sequences([3, 1, 7], seed=1)],  # shared in batch
+               [prefix + [5]], [prefix + [6, 7], prefix + [8, 9, 10]],  # from the cache
+               [[11]], random_sequences([1, 17, 90], seed=2)]  # fmt: skip
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
+                                 compile_elementwise=True) as enc:  # fmt: skip
+        assert enc.model.compiled_elementwise
+        compiled = counters["frames"]["ok"]
+        for seqs in batches:
+            enc.embed(seqs)
+        assert enc.prefix_cache.hits >= 3  # the cache path really ran
+    assert counters["frames"]["ok"] == compiled

@@ -28,7 +28,7 @@ from .models import model_class
 from .parallel import RankArgs, TPLauncher
 from .pooling import POOLING_METHODS, finish, pool
 from .route import Route, choose_route
-from .segments import ForwardContext, Planner
+from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
                             device=device)  # fmt: skip
     model.eval()
     if args.compile_elementwise:
+        model.compiled_elementwise = True  # else the warm-up would run (and warm) the eager ops
         model.compiled_elementwise = ELEMENTWISE.ensure_compiled(lambda: _warm_up(model))
     if device.type == "cpu":  # after loading: its temporaries go back first
         keep = forward_bytes(config, args.max_batch_tokens, args.dtype, tp.size)
@@ -113,11 +114,22 @@ def _compiled_as_chosen(route: Route, model: nn.Module) -> Route:
 
 def _warm_up(model: nn.Module) -> None:
     """Tiny forwards with every shape class a real one meets (many rows and one row, in the
-    pruned last layer too; dynamic shapes specialise size 1), so compiling happens at load.
-    Planned but not committed: nothing enters the prefix cache. Every TP rank runs the same
-    forwards, so their all-reduces pair up."""
-    for sequences in ([[0, 1, 2], [3]], [[4]], [[5, 6, 7]]):
-        model(model.planner.plan([np.array(s, dtype=np.int64) for s in sequences]))
+    pruned last layer too, and in the shared-prefix paths; dynamic shapes specialise size 1),
+    so compiling happens at load, not in the first requests (seconds each). Prefixes go to a
+    throwaway cache. Every TP rank runs the same forwards, so their all-reduces pair up."""
+    batches = [[[0, 1, 2], [3]], [[4]], [[5, 6, 7]]]
+    planner = model.planner
+    if planner.prefix_reuse:  # shared prefixes: computed in the batch, then from the cache
+        prefix = list(range(10, 10 + MIN_PREFIX_TOKENS + 2))
+        batches += [[prefix + [30, 31], prefix + [32]], [prefix + [33]],
+                    [prefix + [34, 35], prefix + [36, 37, 38]], [prefix + [39], [40, 41, 42]]]
+        kept, planner.cache = planner.cache, PrefixCache(2**30, 0, planner.cache.num_layers)
+    for sequences in batches:
+        ctx = planner.plan([np.array(s, dtype=np.int64) for s in sequences])
+        model(ctx)
+        planner.commit(ctx)  # into the warm-up's own cache, dropped below
+    if planner.prefix_reuse:
+        planner.cache = kept
 
 
 class Encoder:
