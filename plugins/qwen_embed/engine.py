@@ -121,8 +121,12 @@ def _warm_up(model: nn.Module) -> None:
     planner = model.planner
     if planner.prefix_reuse:  # shared prefixes: computed in the batch, then from the cache
         prefix = list(range(10, 10 + MIN_PREFIX_TOKENS + 2))
-        batches += [[prefix + [30, 31], prefix + [32]], [prefix + [33]],
-                    [prefix + [34, 35], prefix + [36, 37, 38]], [prefix + [39], [40, 41, 42]]]
+        batches += [
+            [prefix + [30, 31], prefix + [32]],
+            [prefix + [33]],
+            [prefix + [34, 35], prefix + [36, 37, 38]],
+            [prefix + [39], [40, 41, 42]],
+        ]
         kept, planner.cache = planner.cache, PrefixCache(2**30, 0, planner.cache.num_layers)
     for sequences in batches:
         ctx = planner.plan([np.array(s, dtype=np.int64) for s in sequences])
