@@ -34,28 +34,30 @@ def test_features_from_cpuinfo_flags():
 @pytest.mark.parametrize("features", [ZEN4, SAPPHIRE], ids=["avx512_bf16", "amx"])
 def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
     route = choose_route("auto", "none", "cpu", "bfloat16", features)
-    assert (route.dtype, route.linear) == ("bfloat16", "bfloat16")
+    assert (route.dtype, route.linear) == ("bfloat16", "bfloat16, oneDNN-packed weights")
+    assert route.prepacked
     assert "native bf16" in route.reason and features.model in route.reason
 
 
 def test_auto_is_fp32_without_bf16_instructions():
     # whatever the checkpoint says: bf16 would be emulated
     route = choose_route("auto", "none", "cpu", "bfloat16", EPYC_AVX2)
-    assert (route.dtype, route.linear) == ("float32", "float32")
+    assert (route.dtype, route.linear) == ("float32", "float32, oneDNN-packed weights")
     assert "no bf16 instructions" in route.reason
 
 
 def test_explicit_dtype_and_gpu_auto():
     assert choose_route("float32", "none", "cpu", None, SAPPHIRE).dtype == "float32"
     route = choose_route("bfloat16", "none", "cpu", None, EPYC_AVX2)
-    assert route.linear == "bfloat16 as fp32 GEMM" and "set by the deployment" in route.reason
+    assert route.linear == "bfloat16 as fp32 GEMM, oneDNN-packed weights"
+    assert "set by the deployment" in route.reason
     assert choose_route("auto", "none", "cuda", "bfloat16", EPYC_AVX2).dtype == "bfloat16"
     assert choose_route("auto", "none", "cuda", None, EPYC_AVX2).dtype == "float32"
 
 
 def test_int8_route_and_refusals():
     route = choose_route("auto", "int8", "cpu", None, ZEN4)
-    assert route.dtype == "bfloat16" and route.linear.startswith("int8")
+    assert route.dtype == "bfloat16" and route.linear.startswith("int8") and not route.prepacked
     assert choose_route("auto", "int8", "cpu", None, EPYC_AVX2).dtype == "float32"
     with pytest.raises(ValueError, match="CPU only"):
         choose_route("auto", "int8", "cuda", None, ZEN4)
@@ -91,6 +93,7 @@ def test_int8_matches_transformers(checkpoint, config_name, dtype):
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
     with Encoder.from_pretrained(checkpoint(config_name), dtype=dtype, quantization="int8") as enc:
         linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
-        assert linears and all(m.int8 is not None and m.weight is None for m in linears)
+        assert linears and all(isinstance(m.kernel, int8.Int8Weight) and m.weight is None
+                               for m in linears)  # fmt: skip
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= INT8_COSINE

@@ -22,9 +22,12 @@ from .fused import ELEMENTWISE
 from .heads import build_score_head, resolve_task
 from .hub import resolve_checkpoint
 from .int8 import KERNELS as INT8_KERNELS
+from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
+from .onednn import PackedWeight
+from .onednn import available as onednn_available
 from .parallel import RankArgs, TPLauncher
 from .pooling import POOLING_METHODS, finish, pool
 from .route import Route, choose_route
@@ -77,11 +80,14 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     linears = [m for m in model.modules() if isinstance(m, _Linear)]
     if args.quantization == "int8":
         for module in linears:
-            module.quantize_int8()
+            module.repack(Int8Weight)
         INT8_KERNELS.ensure_compiled()
     elif (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears:
             module.to(weight_dtype)
+    if args.prepack_weights:
+        for module in linears:
+            module.repack(PackedWeight)
     # Keys and values of one token in every layer of this shard: the prefix cache's unit.
     bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
     model.planner = Planner(prefix_reuse=args.prefix_reuse, prune=args.pooling == "last",
@@ -184,6 +190,7 @@ class Encoder:
         prefix_reuse: bool | None = None,
         prefix_cache_mb: float = 256.0,
         compile_elementwise: bool | None = None,
+        prepack_weights: bool | None = None,
         dist_addr: str = "127.0.0.1:0",
         dist_timeout_s: float = 300.0,
     ) -> Encoder:
@@ -199,7 +206,8 @@ class Encoder:
         share once, within a batch and across batches (a cache of `prefix_cache_mb`, 0 keeps
         nothing between batches); see segments.py. `compile_elementwise` (None: bf16 on CPU)
         compiles the norms, rotary and gating with Inductor at load (fused.py; eager if
-        compiling fails).
+        compiling fails). `prepack_weights` (None: CPU float routes, where this torch has
+        oneDNN) packs the linear weights for oneDNN at load (onednn.py).
         """
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
@@ -224,7 +232,8 @@ class Encoder:
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         route = choose_route(dtype, quantization, device.type, config.checkpoint_dtype,
-                             cpu_features(), compile_elementwise)  # fmt: skip
+                             cpu_features(), compile_elementwise, prepack_weights,
+                             onednn_available())  # fmt: skip
         attention = f"{attn_backend}: set by the caller"
         if attn_backend == "auto":
             attn_backend, why = choose_backend(device.type, config.head_dim, dtype=route.dtype)
@@ -247,6 +256,7 @@ class Encoder:
             prefix_reuse=reuse_valid if prefix_reuse is None else bool(prefix_reuse),
             prefix_cache_mb=float(prefix_cache_mb),
             compile_elementwise=route.elementwise != "eager",
+            prepack_weights=route.prepacked,
             max_batch_tokens=max_batch_tokens,
         )
         if tp_size == 1:

@@ -15,7 +15,6 @@ from torch import nn
 
 from .cpu import has_native_bf16
 from .fused import ELEMENTWISE
-from .int8 import Int8Weight
 
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -112,20 +111,22 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class _Linear(nn.Module):
-    """What both parallel linears share: the multiply, float or int8 (route.py decides)."""
+    """What both parallel linears share: the multiply (route.py decides which): F.linear on
+    the float weight, or a GEMM that holds the weight in its own form (int8.Int8Weight,
+    onednn.PackedWeight) once `repack` handed it over."""
 
     def __init__(self):
         super().__init__()
-        self.int8: Int8Weight | None = None
+        self.kernel: nn.Module | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.int8 is not None:
-            return self.int8(x, bias)
+        if self.kernel is not None:
+            return self.kernel(x, bias)
         return linear(x, self.weight, bias)
 
-    def quantize_int8(self) -> None:
-        """Replace this rank's (already sharded) float weight by int8 + per-channel scales."""
-        self.int8 = Int8Weight(self.weight)
+    def repack(self, kernel: type[nn.Module]) -> None:
+        """Replace this rank's (already sharded) float weight by `kernel(weight)`."""
+        self.kernel = kernel(self.weight)
         self.weight = None
 
 

@@ -45,6 +45,7 @@ class RankArgs:
     prefix_reuse: bool = False  # resolved by the engine: causal + last pooling + asked for
     prefix_cache_mb: float = 0.0
     compile_elementwise: bool = False  # fused.py's ops through Inductor
+    prepack_weights: bool = False  # linear weights in oneDNN's layout (onednn.py)
     max_batch_tokens: int = 16384  # sizes the freed memory a CPU rank keeps (HeapTrimmer)
 
     def device_for(self, rank: int) -> torch.device:

@@ -58,6 +58,7 @@ class TritonPythonModel:
             prefix_reuse=switch(params, "prefix_reuse"),
             prefix_cache_mb=float(params.get("prefix_cache_mb") or 256),
             compile_elementwise=switch(params, "compile_elementwise"),
+            prepack_weights=switch(params, "prepack_weights"),
         )
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device

@@ -1,0 +1,68 @@
+"""Linear weights packed for oneDNN at load (onednn.py): chosen by the route on CPU float
+routes only, the same results as F.linear on the plain weights, and against transformers."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qwen_embed import Encoder
+from qwen_embed.cpu import CpuFeatures
+from qwen_embed.layers import _Linear
+from qwen_embed.onednn import PackedWeight, available
+from qwen_embed.route import choose_route
+
+from reference import cosine, random_sequences, reference_embeddings
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch has no oneDNN")
+ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14")
+
+
+def test_route_packs_cpu_float_weights_only():
+    assert choose_route("auto", "none", "cpu", None, ZEN4).prepacked
+    assert choose_route("float32", "none", "cpu", None, ZEN4).prepacked
+    assert not choose_route("auto", "none", "cpu", None, ZEN4, None, False).prepacked
+    assert not choose_route("auto", "none", "cpu", None, ZEN4, None, None, False).prepacked
+    assert not choose_route("auto", "int8", "cpu", None, ZEN4).prepacked
+    assert not choose_route("auto", "none", "cuda", "bfloat16", ZEN4).prepacked
+    for args in (("auto", "int8", "cpu"), ("auto", "none", "cuda")):
+        with pytest.raises(ValueError, match="prepack_weights needs"):
+            choose_route(*args, None, ZEN4, None, True)
+    with pytest.raises(ValueError, match="oneDNN"):
+        choose_route("auto", "none", "cpu", None, ZEN4, None, True, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_is_f_linear(dtype):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    layer = PackedWeight(w)
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 64, generator=g).to(dtype)
+        torch.testing.assert_close(layer(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(2, 5, 64, generator=g).to(dtype)  # leading dims kept
+    torch.testing.assert_close(layer(x3), F.linear(x3, w), rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:  # bf16 activations on fp32-held bf16 weights (layers.linear)
+        xb = torch.randn(4, 64, generator=g).bfloat16()
+        assert layer(xb).dtype == torch.bfloat16
+        torch.testing.assert_close(layer(xb), F.linear(xb.float(), w).bfloat16())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_encoder_matches_plain_and_transformers(checkpoint, config_name, dtype):
+    # qwen2 has biased q/k/v projections; both configs run TP-free here, TP in its own tests.
+    seqs = random_sequences([1, 17, 90, 200], seed=4)
+    ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
+    out = {}
+    for packed in (True, False):
+        with Encoder.from_pretrained(checkpoint(config_name), dtype=dtype,
+                                     prepack_weights=packed) as enc:  # fmt: skip
+            linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
+            assert linears and all(isinstance(m.kernel, PackedWeight) == packed for m in linears)
+            assert enc.route.prepacked == packed
+            out[packed] = enc.embed(seqs)
+    if dtype == "float32":
+        assert float(abs(out[True] - out[False]).max()) <= 1e-5
+        assert cosine(out[True], ref).min() >= 0.99999
+    else:
+        assert float(abs(out[True] - out[False]).max()) <= 1e-3
+        assert cosine(out[True], ref).min() >= 0.999
