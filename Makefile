@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-fused profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-fused perf-prepack profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -88,6 +88,11 @@ perf-gpu: setup $(GPU_MODEL)/config.json
 # Elementwise ops compiled by Inductor vs eager, A/B on one encoder (perf/results/fused.md).
 perf-fused: setup
 	cd perf && ../$(PY) bench_fused.py
+
+# Linear weights packed for oneDNN at load vs plain F.linear, A/B on one encoder
+# (perf/results/prepack.md).
+perf-prepack: setup
+	cd perf && ../$(PY) bench_prepack.py
 
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.

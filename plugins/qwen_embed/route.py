@@ -49,9 +49,9 @@ def choose_route(
     `compile_elementwise` (None: for bf16 on CPU, 5-7% there; fp32 gains ~0-1%, less than the
     seconds compiling adds to start-up) fuses the elementwise chains with Inductor (fused.py).
     `prepack_weights` (None: every CPU float route where torch has oneDNN, `onednn`) packs the
-    linear weights for oneDNN once at load instead of on every call (onednn.py): in one process
-    on a Zen 4 (AVX512_BF16), demo model, oneDNN's primitive cache off as Triton runs it, bf16
-    1.10x (8 queries) to 1.24x (64 documents), fp32 1.12-1.50x; bf16 results bit-identical."""
+    linear weights for oneDNN once at load instead of on every call (onednn.py): A/B in one
+    process on a Zen 4 (AVX512_BF16), demo model, oneDNN's primitive cache off as Triton runs
+    it (perf/results/prepack.md): bf16 1.02-1.25x, fp32 1.11-1.95x; bf16 bit-identical."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if dtype not in ("auto", *DTYPES):

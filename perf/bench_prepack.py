@@ -1,0 +1,91 @@
+"""Linear weights packed for oneDNN at load (onednn.py) vs plain F.linear, on one encoder.
+
+    python bench_prepack.py [--model-dir .cache/demo-model] [--dtypes bfloat16 float32]
+
+Per dtype: one encoder loaded with packed weights, which also keeps its plain weights for the
+comparison; the two take turns (perf/workload.alternate: the machine's drift falls on both) on
+three workloads: 64 mixed documents (80% 16-64 tokens, 20% 256-1024) as one call, and
+Qwen3-Embedding queries (default instruction) 8 and 1 per call, prefix reuse off. oneDNN's
+primitive cache is off as the launcher runs Triton (ONEDNN_PRIMITIVE_CACHE_CAPACITY=0) unless
+the environment sets it. Reports the best tokens/s of each, their ratio and the max abs
+difference of the vectors.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # read when oneDNN starts
+
+import argparse  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from bench_prefix import make_queries  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from qwen_embed import Encoder  # noqa: E402
+from qwen_embed.layers import _Linear  # noqa: E402
+
+from bench_peers import REPO, ensure_model  # noqa: E402
+from workload import RESULTS, alternate, make_texts, new_record, write_report  # noqa: E402
+
+
+def switch(linears, packed, plain, on: bool):
+    def use():
+        for m, k, w in zip(linears, packed, plain, strict=True):
+            m.kernel, m.weight = (k, None) if on else (None, w)
+
+    return use
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--out", default=str(RESULTS / "prepack"))
+    args = p.parse_args()
+    model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
+    queries = [e.ids for e in tok.encode_batch(make_queries(64))]
+    workloads = [("64 documents per call", docs, 1), ("8 queries per call", queries[:8], 6),
+                 ("1 query per call", queries[:1], 20)]  # fmt: skip
+    rows = []
+    for dtype in args.dtypes:
+        with Encoder.from_pretrained(model_dir, dtype=dtype, prefix_reuse=False,
+                                     prepack_weights=True) as enc:  # fmt: skip
+            linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
+            packed = [m.kernel for m in linears]
+            # The plain weights back from the packed ones (oneDNN's layout -> dense).
+            plain = [torch.nn.Parameter(k.packed.to_dense(), requires_grad=False) for k in packed]
+
+            for name, ids, repeats in workloads:
+                variants = {"packed": switch(linears, packed, plain, True),
+                            "plain": switch(linears, packed, plain, False)}  # fmt: skip
+                runs = alternate(enc, ids, variants, repeats, rounds=args.rounds)
+                on, off = runs["packed"], runs["plain"]
+                rows.append({"dtype": dtype, "workload": name, "tokens": sum(map(len, ids)),
+                             "packed_tok_s": on["tok_s"], "plain_tok_s": off["tok_s"],
+                             "ratio": on["tok_s"] / off["tok_s"],
+                             "max_abs": float(abs(on["vectors"] - off["vectors"]).max()),
+                             })  # fmt: skip
+                print(rows[-1], flush=True)
+    table = ["| dtype | workload | tokens/s packed | plain | packed / plain | max abs diff |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        table.append(f"| {r['dtype']} | {r['workload']} | {r['packed_tok_s']:.0f} | "
+                     f"{r['plain_tok_s']:.0f} | {r['ratio']:.3f} | "
+                     f"{r['max_abs']:.1e} |")  # fmt: skip
+    note = (
+        f"model: {model_dir.name}; ONEDNN_PRIMITIVE_CACHE_CAPACITY="
+        f"{os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY']}; best of {args.rounds} alternating "
+        "rounds per variant, one encoder per dtype"
+    )
+    write_report(args.out, new_record(rows=rows), "oneDNN-packed linear weights vs plain",
+                 [note], table)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
