@@ -473,7 +473,8 @@ def write_report(out: Path, record: dict) -> None:
         f"{lengths['short_16_65']} of 16-65 tokens, {lengths['long_257_1025']} of 257-1025 "
         f"({lengths['share_of_tokens_in_long']:.0%} of the tokens)",
         f"- CPU features: {r['cpu']}; our route: {r['route']}",
-        f"- GEMM peak (torch {r['dtype']} matmul, this process): "
+        f"- GEMM peak (torch {r['dtype']} matmul, plain or oneDNN-packed weights, the "
+        "better; this process): "
         f"{r['gemm_flops']['float'] / 1e9:.0f} GFLOP/s = "
         f"{r['gemm_tokens_per_s']['float']:.0f} tokens/s for this model's linear layers; "
         f"int8 route's layer: {r['gemm_flops']['int8'] / 1e9:.0f} GFLOP/s = "
