@@ -69,8 +69,8 @@ class HeapTrimmer:
     bring new sizes every time, so freed blocks fragment and the heap creeps up; `keep_bytes`
     (one full-budget forward's activations) stays for reuse, so trims are rare and the next
     forward's page faults are paid once per trim. mallinfo2 walks malloc's free lists (~6 ms
-    on a fragmented heap, a quarter of a 1-text forward), so it is asked only when resident
-    memory has grown past what the last look saw. A no-op without glibc's mallinfo2."""
+    on a fragmented heap, a third of a 1-text forward), so it is asked only when resident
+    memory has grown by keep_bytes / 32 since the last look. A no-op without mallinfo2."""
 
     def __init__(self, keep_bytes: int):
         self.keep_bytes = keep_bytes
@@ -98,7 +98,7 @@ class HeapTrimmer:
         return max(0, resident_bytes() - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
-        if not self.active or resident_bytes() <= self._seen + self.keep_bytes // 8:
+        if not self.active or resident_bytes() <= self._seen + self.keep_bytes // 32:
             return  # not grown: what was free at the last look is held, not added to
         if self.free_resident_bytes() > self.keep_bytes:
             self._libc.malloc_trim(0)

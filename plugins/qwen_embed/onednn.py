@@ -1,12 +1,12 @@
 """Linear weights packed for oneDNN once at load: the CPU float route's GEMM.
 
 F.linear on CPU hands oneDNN a plain [out, in] weight, which it reorders into its blocked
-layout on every call; with oneDNN's primitive cache off (the launcher's setting: the cache grew
-without bound on varlen shapes) it also builds the kernel anew each call. Packing once at load
-is what Inductor's CPU freezing pass does for dynamic batch sizes (mkldnn._reorder_linear_weight,
-mkldnn._linear_pointwise) and what vLLM's CPU backend does with its own oneDNN wrappers. Same
-arithmetic: bf16 results bit-identical to F.linear, fp32 within rounding. Measured on a Zen 4
-(2 cores, demo model, A/B in one process): see route.py.
+layout on every call; with oneDNN's primitive cache off (the launcher's setting: with plain
+weights the cache grew by megabytes per new token count) it also plans the GEMM anew each
+call. Packing once at load is what Inductor's CPU freezing pass does for dynamic batch sizes
+(mkldnn._reorder_linear_weight, mkldnn._linear_pointwise) and what vLLM's CPU backend does
+with its own oneDNN wrappers. Same arithmetic: bf16 results bit-identical to F.linear, fp32
+within rounding. Measured on a Zen 4 (2 cores, demo model, A/B in one process): route.py.
 """
 
 from __future__ import annotations
