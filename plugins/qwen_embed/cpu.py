@@ -98,12 +98,16 @@ class HeapTrimmer:
         return max(0, resident_bytes() - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
-        if not self.active or resident_bytes() <= self._seen + self.keep_bytes // 32:
+        if not self.active:
+            return
+        resident = resident_bytes()
+        if resident <= self._seen + self.keep_bytes // 32:
             return  # not grown: what was free at the last look is held, not added to
-        if self.free_resident_bytes() > self.keep_bytes:
+        if resident - self._in_use() - self._other > self.keep_bytes:
             self._libc.malloc_trim(0)
             self.trims += 1
-        self._seen = resident_bytes()
+            resident = resident_bytes()
+        self._seen = resident
 
 
 @dataclass(frozen=True)

@@ -133,12 +133,13 @@ def _warm_up(model: nn.Module) -> None:
             [prefix + [34, 35], prefix + [36, 37, 38]],
             [prefix + [39], [40, 41, 42]],
         ]
-        kept, planner.cache = planner.cache, PrefixCache(2**30, 0, planner.cache.num_layers)
-    for sequences in batches:
-        ctx = planner.plan([np.array(s, dtype=np.int64) for s in sequences])
-        model(ctx)
-        planner.commit(ctx)  # into the warm-up's own cache, dropped below
-    if planner.prefix_reuse:
+    kept, planner.cache = planner.cache, PrefixCache(2**30, 0, planner.cache.num_layers)
+    try:
+        for sequences in batches:
+            ctx = planner.plan([np.array(s, dtype=np.int64) for s in sequences])
+            model(ctx)
+            planner.commit(ctx)  # into the warm-up's own cache, dropped below
+    finally:
         planner.cache = kept
 
 
