@@ -163,3 +163,28 @@ def test_last_layer_pruning_alone(tmp_path):
     seqs = [[5, 6, 7], list(range(1, 90)), [9]]
     out, _ = embed(one, seqs, prefix_reuse=False)
     assert cosine(out, reference_embeddings(one, seqs)).min() >= FP32_COSINE
+    # Its queries are projected for the pooled rows only; the mean-pooling model keeps q|k|v.
+    with Encoder.from_pretrained(one, dtype="float32", prefix_reuse=False) as enc:
+        attn = enc.model.layers[-1].self_attn
+        assert attn.qkv_proj is None and attn.q_proj.weight is None  # packed for oneDNN
+        kv = 2 * attn.num_kv_heads * attn.head_dim
+        assert attn.q_proj.kernel.out_features == attn.num_heads * attn.head_dim
+        assert attn.kv_proj.kernel.out_features == kv and attn.kv_proj.bias.shape == (kv,)
+        assert all(layer.self_attn.qkv_proj is not None for layer in enc.model.layers[:-1])
+        enc.embed(seqs)
+        assert enc.stats["computed_tokens"] == sum(map(len, seqs))
+    with Encoder.from_pretrained(one, dtype="float32", pooling="mean") as enc:
+        assert enc.model.layers[-1].self_attn.qkv_proj is not None
+
+
+def test_split_packed_shards():
+    from qwen_embed.layers import ColumnParallelLinear, TPGroup
+
+    fused = ColumnParallelLinear(8, {"q": 6, "k": 2, "v": 2}, TPGroup(), bias=True)
+    torch.nn.init.normal_(fused.weight)
+    torch.nn.init.normal_(fused.bias)
+    x = torch.randn(5, 8)
+    q, kv = fused.split(("q",), ("k", "v"))
+    assert torch.equal(torch.cat([q(x), kv(x)], dim=-1), fused(x))
+    with pytest.raises(ValueError, match="not consecutive"):
+        fused.split(("q", "v"))

@@ -77,6 +77,9 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
     if args.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
         model.score_head = build_score_head(config, args.model_dir).to(device)
     load_weights(model, args.model_dir)
+    prune = args.pooling == "last"  # last-layer pruning (segments.Planner)
+    if prune:
+        model.prune_last_layer()
     linears = [m for m in model.modules() if isinstance(m, _Linear)]
     if args.quantization == "int8":
         for module in linears:
@@ -90,7 +93,7 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
             module.repack(PackedWeight)
     # Keys and values of one token in every layer of this shard: the prefix cache's unit.
     bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
-    model.planner = Planner(prefix_reuse=args.prefix_reuse, prune=args.pooling == "last",
+    model.planner = Planner(prefix_reuse=args.prefix_reuse, prune=prune,
                             cache_bytes=int(args.prefix_cache_mb * 2**20),
                             bytes_per_token=bytes_per_token, num_layers=config.num_layers,
                             device=device)  # fmt: skip

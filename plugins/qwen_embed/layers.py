@@ -170,6 +170,31 @@ class ColumnParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def split(self, *groups: tuple[str, ...]) -> list[ShardLinear]:
+        """This rank's packed shards as separate layers, one per group of consecutive shards
+        (after loading, before repacking), so that a caller can feed each its own rows."""
+        names, out = list(self.local), []
+        for group in groups:
+            first = names.index(group[0])
+            if tuple(names[first : first + len(group)]) != group:
+                raise ValueError(f"shards {group} are not consecutive in {names}")
+            start, size = self.offsets[group[0]], sum(self.local[k] for k in group)
+            bias = None if self.bias is None else self.bias.data.narrow(0, start, size)
+            out.append(ShardLinear(self.weight.data.narrow(0, start, size), bias))
+        return out
+
+
+class ShardLinear(_Linear):
+    """Some shards of a ColumnParallelLinear, cut out after loading (same rank slice)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
 
 class RowParallelLinear(_Linear):
     """Input features split across ranks; the partial products are summed by one all-reduce."""

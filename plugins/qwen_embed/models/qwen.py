@@ -70,18 +70,26 @@ class QwenAttention(nn.Module):
         self.has_qk_norm = config.has_qk_norm
         self.backend = backend
 
+    def split_queries(self) -> None:
+        """The packed q|k|v projection as q and k|v (after loading, before repacking): with
+        last-layer pruning the last layer needs keys and values of every row but queries only
+        of the pooled ones, and q is half of q|k|v's work in Qwen3-Embedding's shapes."""
+        self.q_proj, self.kv_proj = self.qkv_proj.split(("q",), ("k", "v"))
+        self.qkv_proj = None
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: ForwardContext, layout: AttentionLayout,
                 rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Keys/values for every row; queries (and the output) only for `rows` if given."""
         t, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split(
-            [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1
-        )
-        if rows is not None:
-            q, cos_q, sin_q = q[rows], cos[rows], sin[rows]
+        kv = [self.num_kv_heads * d] * 2
+        if self.qkv_proj is None:  # split_queries: q only for the rows that are read
+            q = self.q_proj(x if rows is None else x[rows])
+            k, v = self.kv_proj(x).split(kv, dim=-1)
         else:
-            cos_q, sin_q = cos, sin
+            q, k, v = self.qkv_proj(x).split([self.num_heads * d, *kv], dim=-1)
+            q = q if rows is None else q[rows]
+        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
         q = q.reshape(q.shape[0], self.num_heads, d)
         k = k.view(t, self.num_kv_heads, d)
         v = v.view(t, self.num_kv_heads, d)
@@ -144,6 +152,11 @@ class QwenModel(nn.Module):
             layer.self_attn.layer_index = i  # where a shared prefix's keys/values are kept
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.compiled_elementwise = False  # set at load where fused.py's ops were compiled
+
+    def prune_last_layer(self) -> None:
+        """Before the weights are repacked, where the forwards will prune (ctx.last): the
+        last layer projects queries for the pooled rows only."""
+        self.layers[-1].self_attn.split_queries()
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
