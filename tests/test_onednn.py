@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, onednn
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.layers import _Linear
-from qwen_embed.onednn import PackedWeight, available
+from qwen_embed.onednn import PackedWeight, available, planned_rows
 from qwen_embed.route import choose_route
 
 from reference import cosine, random_sequences, reference_embeddings
@@ -36,15 +36,23 @@ def test_packed_weight_is_f_linear(dtype):
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
     layer = PackedWeight(w)
-    for rows in (1, 7, 300):
+    for rows in (1, 7, 16, 17, 300, 512, 513):  # padded to a multiple of 16 from 17 to 512
         x = torch.randn(rows, 64, generator=g).to(dtype)
         torch.testing.assert_close(layer(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    x3 = torch.randn(2, 5, 64, generator=g).to(dtype)  # leading dims kept
+    x3 = torch.randn(2, 13, 64, generator=g).to(dtype)  # leading dims kept (26 rows: padded)
     torch.testing.assert_close(layer(x3), F.linear(x3, w), rtol=1e-5, atol=1e-5)
     if dtype == torch.float32:  # bf16 activations on fp32-held bf16 weights (layers.linear)
         xb = torch.randn(4, 64, generator=g).bfloat16()
         assert layer(xb).dtype == torch.bfloat16
         torch.testing.assert_close(layer(xb), F.linear(xb.float(), w).bfloat16())
+
+
+def test_row_counts_are_padded_so_that_onednn_plans_repeat(monkeypatch):
+    assert [planned_rows(n) for n in (1, 15, 16, 17, 32, 33, 500, 512)] == [
+        1, 15, 16, 32, 32, 48, 512, 512]  # fmt: skip
+    assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
+    monkeypatch.setattr(onednn, "PAD_ROWS", False)  # the deployment turned oneDNN's cache off
+    assert planned_rows(17) == 17
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

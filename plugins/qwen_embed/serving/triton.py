@@ -25,6 +25,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from ..onednn import PRIMITIVE_CACHE_CAPACITY
 from .config import REPO
 
 CACHE = REPO / ".cache" / "triton"
@@ -71,11 +72,10 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     # 0.5x (neighbour.md, neighbour-spincount.md). A wait policy in the environment wins.
     if "OMP_WAIT_POLICY" not in env:
         env.setdefault("GOMP_SPINCOUNT", "20000")
-    # bf16 GEMMs on CPU go through oneDNN, which caches a primitive with its buffers per
-    # shape; varlen batches bring a new token count nearly every time, and that cache grew
-    # the encoder ~9 MB per forward (+90% RSS in a 10-minute bf16 soak; fp32 stays flat).
-    # Off: flat, ~2% slower. It is read at process start, so it is set here.
-    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    # oneDNN keeps a plan per GEMM shape in its primitive cache; the packed weights pad row
+    # counts so that plans repeat (onednn.py), and a bounded cache keeps its memory small
+    # (the default 1024 kept ~0.3 MB per one-off plan). Read at process start: set here.
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
     found = shutil.which("tritonserver")
     if found:
         return [found], env
