@@ -1,6 +1,7 @@
 """Less work per vector: shared-prefix reuse and last-layer pruning, on vs off in one run.
 
     python bench_prefix.py [--seconds 30] [--rounds 3] [--deep-layers 28] [--deep-texts 24]
+                           [--workloads 1-text 32-text documents] [--no-pruning]
 
 Through Triton (two servers up at once, encoder prefix_reuse "auto" vs "off", dtype auto, taking
 turns in rounds so that the machine's drift falls on both):
@@ -67,7 +68,8 @@ def metrics(url: str) -> dict[str, float]:
 
 def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int) -> list[dict]:
     """Both servers (prefix_reuse auto and off) up at once; per workload they take turns for
-    `rounds` rounds of seconds/rounds each, so the machine's drift falls on both alike."""
+    `rounds` rounds of seconds/rounds each, so the machine's drift falls on both alike; the
+    order alternates (on-off, off-on, ...) so that neither always follows the other."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {}
@@ -79,8 +81,8 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int) -> li
             )
         for name, (texts, counts, reference, clients, per_request) in cases.items():
             runs = {reuse: [] for reuse in servers}
-            for _ in range(rounds):
-                for reuse, server in servers.items():
+            for turn in range(rounds):
+                for reuse, server in list(servers.items())[:: -1 if turn % 2 else 1]:
                     runs[reuse].append(serve_round(server, texts, counts, reference, clients,
                                                    per_request, seconds / rounds))  # fmt: skip
             for reuse, parts in runs.items():
@@ -153,6 +155,13 @@ def main() -> None:
     p.add_argument("--deep-layers", type=int, default=28)
     p.add_argument("--deep-texts", type=int, default=24)
     p.add_argument("--no-pruning", action="store_true", help="only the serving cases")
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=["1-text", "32-text", "documents"],
+        default=["1-text", "32-text", "documents"],
+        help="serving cases to run",
+    )
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
 
@@ -166,6 +175,8 @@ def main() -> None:
                      ("query, 32-text requests", queries, 4, 32),
                      ("documents, 8-text requests", documents, 8, 8)]  # fmt: skip
         for name, texts, clients, per_request in workloads:
+            if not any(w in name for w in args.workloads):
+                continue
             ids = [e.ids for e in tok.encode_batch(texts)]
             counts = np.array([len(i) for i in ids])
             cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
