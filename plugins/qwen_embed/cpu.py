@@ -91,11 +91,13 @@ class HeapTrimmer:
         info = self._libc.mallinfo2()
         return info.uordblks + info.hblkhd
 
-    def free_resident_bytes(self) -> int:
-        """Freed heap memory still resident (0 without mallinfo2)."""
+    def free_resident_bytes(self, resident: int | None = None) -> int:
+        """Freed heap memory still resident (0 without mallinfo2); `resident`: a fresh
+        reading of resident_bytes() the caller already has."""
         if not self.active:
             return 0
-        return max(0, resident_bytes() - self._in_use() - self._other)
+        resident = resident_bytes() if resident is None else resident
+        return max(0, resident - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
         if not self.active:
@@ -103,7 +105,7 @@ class HeapTrimmer:
         resident = resident_bytes()
         if resident <= self._seen + self.keep_bytes // 32:
             return  # not grown: what was free at the last look is held, not added to
-        if resident - self._in_use() - self._other > self.keep_bytes:
+        if self.free_resident_bytes(resident) > self.keep_bytes:
             self._libc.malloc_trim(0)
             self.trims += 1
             resident = resident_bytes()
