@@ -134,8 +134,10 @@ perf-rerank: setup
 	cd perf && ../$(PY) bench_rerank.py
 
 # Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;
-# pruning in process on the demo model and the 28-layer Qwen3-Embedding-0.6B shape).
+# pruning in process on the demo model and the 28-layer Qwen3-Embedding-0.6B shape; load from
+# Python client threads and from perf_analyzer).
 perf-prefix: setup
+	perf/perf_analyzer/install.sh $(PY)
 	cd perf && ../$(PY) bench_prefix.py
 
 # Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.

@@ -1,15 +1,21 @@
 """Less work per vector: shared-prefix reuse and last-layer pruning, on vs off in one run.
 
     python bench_prefix.py [--seconds 30] [--rounds 3] [--deep-layers 28] [--deep-texts 24]
-                           [--workloads 1-text 32-text documents] [--no-pruning]
+                           [--workloads 1-text 32-text documents] [--drivers python perf_analyzer]
+                           [--no-pruning] [--no-engine]
 
 Through Triton (two servers up at once, encoder prefix_reuse "auto" vs "off", dtype auto, taking
 turns in rounds so that the machine's drift falls on both):
 - query workload: Qwen3-Embedding's default instruction + queries of 4-30 words (one token
   each), as 1-text requests from 16 clients and as 32-text requests from 4 clients;
 - document workload: perf/workload.py's mix, no shared prefix (the detection's cost).
-tokens/s count the tokens users sent; the server's own metrics give tokens computed per token
-received and the prefix cache hit rate. In process (the engine alone): last-layer pruning on vs
+Two load generators on the same two cores as the server: `python` (the client threads of
+bench_peers, which also check every vector against the engine's) and `perf_analyzer` (C++,
+much less CPU per request: closer to clients on other machines; tokens/s from the server's
+own token count over a fixed window). tokens/s count the tokens users sent; the server's own
+metrics give tokens computed per token received and the prefix cache hit rate.
+In process (the engine alone): reuse on vs off for forwards of 1-32 queries each (what the
+Triton ratio can at most reach with the batches Triton forms), and last-layer pruning on vs
 off on the document workload with the demo model's 3 layers and with Qwen3-Embedding-0.6B's
 28-layer shape (random weights, fewer texts).
 """
@@ -20,7 +26,10 @@ import argparse
 import contextlib
 import json
 import re
+import subprocess
+import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +43,9 @@ from qwen_embed.serving.triton import TritonServer
 
 from bench_peers import REPO, drive, ensure_model, triton_sender
 from workload import RESULTS, WORDS, alternate, make_texts, new_record, write_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
+from sweep import PERF_ANALYZER, wait_idle  # noqa: E402
 
 PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
 METRICS = (
@@ -66,10 +78,12 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int) -> list[dict]:
-    """Both servers (prefix_reuse auto and off) up at once; per workload they take turns for
-    `rounds` rounds of seconds/rounds each, so the machine's drift falls on both alike; the
-    order alternates (on-off, off-on, ...) so that neither always follows the other."""
+def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int,
+                drivers: list[str]) -> list[dict]:  # fmt: skip
+    """Both servers (prefix_reuse auto and off) up at once; per workload and load generator
+    they take turns for `rounds` rounds of seconds/rounds each, so the machine's drift falls on
+    both alike; the order alternates (on-off, off-on, ...) so that neither always follows the
+    other."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {}
@@ -79,19 +93,26 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int) -> li
             servers[reuse] = stack.enter_context(
                 TritonServer(repo, log_path=Path(tmp) / f"server-{reuse}.log")
             )
-        for name, (texts, counts, reference, clients, per_request) in cases.items():
-            runs = {reuse: [] for reuse in servers}
-            for turn in range(rounds):
-                for reuse, server in list(servers.items())[:: -1 if turn % 2 else 1]:
-                    runs[reuse].append(serve_round(server, texts, counts, reference, clients,
-                                                   per_request, seconds / rounds))  # fmt: skip
-            for reuse, parts in runs.items():
-                rows.append({"workload": name, "prefix_reuse": reuse, **combine(parts)})
-            on, off = rows[-2], rows[-1]
-            print(f"{name}: on {on['tokens_per_s']:.0f} tok/s, off {off['tokens_per_s']:.0f}, "
-                  f"ratio per round {round_ratios(on, off)}, "
-                  f"computed/received {on['computed_per_received']:.2f}, hit rate "
-                  f"{on['hit_rate']:.2f}", flush=True)  # fmt: skip
+        for name, case in cases.items():
+            inputs = Path(tmp) / f"{len(rows)}.json"  # perf_analyzer's --input-data
+            inputs.write_text(json.dumps({"data": [{"TEXT": [t]} for t in case[0]]}))
+            for driver in drivers:
+                runs = {reuse: [] for reuse in servers}
+                for turn in range(rounds):
+                    for reuse, server in list(servers.items())[:: -1 if turn % 2 else 1]:
+                        if driver == "python":
+                            part = serve_round(server, case, seconds / rounds)
+                        else:
+                            part = analyzer_round(server, inputs, case, seconds / rounds)
+                        runs[reuse].append(part)
+                for reuse, parts in runs.items():
+                    rows.append({"workload": name, "driver": driver, "prefix_reuse": reuse,
+                                 **combine(parts)})  # fmt: skip
+                on, off = rows[-2], rows[-1]
+                print(f"{name}, {driver}: on {on['tokens_per_s']:.0f} tok/s, off "
+                      f"{off['tokens_per_s']:.0f}, ratio per round {round_ratios(on, off)}, "
+                      f"computed/received {on['computed_per_received']:.2f}, hit rate "
+                      f"{on['hit_rate']:.2f}", flush=True)  # fmt: skip
     return rows
 
 
@@ -100,7 +121,8 @@ def round_ratios(on: dict, off: dict) -> str:
     return ", ".join(f"{a / b:.2f}" for a, b in pairs)
 
 
-def serve_round(server, texts, counts, reference, clients, per_request, seconds) -> dict:
+def serve_round(server, case, seconds) -> dict:
+    texts, counts, reference, clients, per_request = case
     make = triton_sender(server.grpc_url, texts)
     drive(make, counts, reference, clients=2, per_request=per_request, seconds=0, passes=0,
           max_requests=4)  # warm-up  # fmt: skip
@@ -111,19 +133,56 @@ def serve_round(server, texts, counts, reference, clients, per_request, seconds)
     return {**stats, "metrics": {k: after[k] - before[k] for k in after}}
 
 
+def analyzer_round(server, inputs: Path, case, seconds, warm_up: float = 3) -> dict:
+    """perf_analyzer keeps `clients` requests of `per_request` texts in flight (consecutive
+    texts of the input file, over and over); the server's token count over a window of
+    `seconds` after `warm_up` gives tokens/s. Its own report is not used (its windows end
+    with whole requests; ours is the same clock for both servers)."""
+    _, _, _, clients, per_request = case
+    cmd = [str(PERF_ANALYZER), "-m", "embed", "-i", "grpc", "-u", server.grpc_url,
+           "-b", str(per_request), "--input-data", str(inputs),
+           "--concurrency-range", f"{clients}:{clients}:1",
+           # one long window, stopped by us; -s: no stability test (a shared 2-core machine)
+           "--measurement-mode", "time_windows", "--measurement-interval", "3600000",
+           "-s", "100000"]  # fmt: skip
+    wait_idle(server)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(warm_up)
+        before, began = metrics(server.metrics_url), time.perf_counter()
+        time.sleep(seconds)
+        after, wall = metrics(server.metrics_url), time.perf_counter() - began
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    wait_idle(server)  # what it left in flight must not slow the other server's turn
+    delta = {k: after[k] - before[k] for k in after}
+    if not delta["qwen_embed_tokens_total"]:
+        raise RuntimeError(f"perf_analyzer sent nothing: {err[-500:]}")
+    return {"seconds": wall, "tokens": delta["qwen_embed_tokens_total"],
+            "tokens_per_s": delta["qwen_embed_tokens_total"] / wall,
+            "requests": None, "failed_requests": None, "p99_s": None, "min_cosine": None,
+            "metrics": delta}  # fmt: skip
+
+
 def combine(parts: list[dict]) -> dict:
     """One row from a server's rounds: totals over them; p99 the worst round's."""
     seconds = sum(p["seconds"] for p in parts)
     delta = {k: sum(p["metrics"][k] for p in parts) for k in parts[0]["metrics"]}
     lookups = delta["qwen_embed_prefix_cache_lookups_total"]
+
+    def over_rounds(key: str, fold):  # None where the driver does not measure it
+        values = [p[key] for p in parts if p[key] is not None]
+        return fold(values) if values else None
+
     return {
         "rounds": len(parts), "seconds": seconds,
-        "requests": sum(p["requests"] for p in parts),
-        "failed_requests": sum(p["failed_requests"] for p in parts),
+        "requests": over_rounds("requests", sum),
+        "failed_requests": over_rounds("failed_requests", sum),
         "tokens_per_s": sum(p["tokens"] for p in parts) / seconds,
         "round_tok_s": [p["tokens_per_s"] for p in parts],
-        "p99_s": max(p["p99_s"] for p in parts),
-        "min_cosine": min(p["min_cosine"] for p in parts),
+        "p99_s": over_rounds("p99_s", max),
+        "min_cosine": over_rounds("min_cosine", min),
         "computed_per_received": delta["qwen_embed_tokens_computed_total"]
         / max(delta["qwen_embed_tokens_total"], 1),
         "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups if lookups else 0.0,
@@ -145,6 +204,33 @@ def pruning(model_dir: Path, ids: list[list[int]], repeats: int) -> dict:
             "min_cosine": float((on["vectors"] * off["vectors"]).sum(1).min())}  # fmt: skip
 
 
+def engine_ratios(model_dir: Path, ids: list[list[int]], sizes: list[int],
+                  rounds: int = 3) -> list[dict]:  # fmt: skip
+    """Engine in process, dtype auto: reuse on vs off (one encoder, switched; its prefix cache
+    warm) for forwards of `size` queries each, i.e. the batches Triton's dynamic batcher forms
+    from 1-text requests (16 clients: 1 to 16, ~8 on average). Best of `rounds` turns."""
+    out = []
+    with Encoder.from_pretrained(model_dir) as enc:
+        planner = enc.model.planner
+        for size in sizes:
+            chunks = [ids[i : i + size] for i in range(0, len(ids) - size + 1, size)]
+            tokens = sum(len(x) for c in chunks for x in c)
+            best = {}
+            for _ in range(rounds):
+                for reuse in (True, False):
+                    planner.prefix_reuse = reuse
+                    enc.embed(chunks[0])
+                    began = time.perf_counter()
+                    for chunk in chunks:
+                        enc.embed(chunk)
+                    rate = tokens / (time.perf_counter() - began)
+                    best[reuse] = max(best.get(reuse, 0.0), rate)
+            out.append({"queries_per_forward": size, "on_tok_s": best[True],
+                        "off_tok_s": best[False], "ratio": best[True] / best[False]})  # fmt: skip
+            print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
@@ -154,33 +240,44 @@ def main() -> None:
     p.add_argument("--documents", type=int, default=256)
     p.add_argument("--deep-layers", type=int, default=28)
     p.add_argument("--deep-texts", type=int, default=24)
-    p.add_argument("--no-pruning", action="store_true", help="only the serving cases")
+    p.add_argument("--no-pruning", action="store_true", help="skip the in-process pruning runs")
+    p.add_argument("--no-engine", action="store_true",
+                   help="skip the in-process reuse runs per forward size")  # fmt: skip
+    p.add_argument("--forward-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32],
+                   help="queries per forward of the in-process reuse runs")  # fmt: skip
     p.add_argument(
         "--workloads",
         nargs="+",
         choices=["1-text", "32-text", "documents"],
         default=["1-text", "32-text", "documents"],
-        help="serving cases to run",
+        help="serving cases to run (--seconds 0: none)",
     )
+    p.add_argument("--drivers", nargs="+", choices=["python", "perf_analyzer"],
+                   default=["python", "perf_analyzer"], help="load generators")  # fmt: skip
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
+    if "perf_analyzer" in args.drivers and not PERF_ANALYZER.exists():
+        p.error(f"{PERF_ANALYZER} is missing: run perf/perf_analyzer/install.sh (make perf-prefix "
+                "does)")  # fmt: skip
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
     layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     queries, documents = make_queries(args.queries), make_texts(args.documents, 0)
+    query_ids = [e.ids for e in tok.encode_batch(queries)]
     cases = {}
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:  # the reference
         workloads = [("query, 1-text requests", queries, 16, 1),
                      ("query, 32-text requests", queries, 4, 32),
                      ("documents, 8-text requests", documents, 8, 8)]  # fmt: skip
         for name, texts, clients, per_request in workloads:
-            if not any(w in name for w in args.workloads):
+            if args.seconds <= 0 or not any(w in name for w in args.workloads):
                 continue
             ids = [e.ids for e in tok.encode_batch(texts)]
             counts = np.array([len(i) for i in ids])
             cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
-    rows = serve_cases(model_dir, cases, args.seconds, args.rounds)
+    rows = serve_cases(model_dir, cases, args.seconds, args.rounds, args.drivers)
+    engine = [] if args.no_engine else engine_ratios(model_dir, query_ids, args.forward_sizes)
     prune = {}
     if not args.no_pruning:
         doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
@@ -193,25 +290,46 @@ def main() -> None:
         )
         print(prune, flush=True)
 
-    record = new_record(rows=rows, pruning=prune)
-    by = {(r["workload"], r["prefix_reuse"]): r for r in rows}
+    record = new_record(rows=rows, engine=engine, pruning=prune)
+    write_report(args.out, record, "Shared-prefix reuse and last-layer pruning, on vs off",
+                 notes(args, model_dir.name, layers), tables(rows, engine, prune))  # fmt: skip
+
+
+def either(value, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
+    by = {(r["workload"], r["driver"], r["prefix_reuse"]): r for r in rows}
     table = [
-        "| workload | tokens/s reuse on | tokens/s off | on / off | on / off per round "
-        "| computed per received (on) "
-        "| cache hit rate (on) | p99 s on / off | min cosine on | encoder busy on / off "
-        "| tokenizer busy on / off |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | load generator | tokens/s reuse on | tokens/s off | on / off "
+        "| on / off per round | computed per received (on) | cache hit rate (on) "
+        "| p99 s on / off | min cosine on | encoder busy on / off | tokenizer busy on / off |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
-    for name in cases:
-        on, off = by[(name, "auto")], by[(name, "off")]
-        table.append(f"| {name} | {on['tokens_per_s']:.0f} | {off['tokens_per_s']:.0f} | "
+    for name, driver, reuse in by:
+        if reuse != "auto":
+            continue
+        on, off = by[(name, driver, "auto")], by[(name, driver, "off")]
+        table.append(f"| {name} | {driver} | {on['tokens_per_s']:.0f} | "
+                     f"{off['tokens_per_s']:.0f} | "
                      f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
                      f"{round_ratios(on, off)} | {on['computed_per_received']:.2f} | "
                      f"{on['hit_rate']:.2f} | "
-                     f"{on['p99_s']:.2f} / {off['p99_s']:.2f} | "
-                     f"{on['min_cosine']:.5f} | {on['encoder_busy']:.2f} / "
+                     f"{either(on['p99_s'], '.2f')} / {either(off['p99_s'], '.2f')} | "
+                     f"{either(on['min_cosine'], '.5f')} | {on['encoder_busy']:.2f} / "
                      f"{off['encoder_busy']:.2f} | {on['tokenizer_busy']:.2f} / "
                      f"{off['tokenizer_busy']:.2f} |")  # fmt: skip
+    if engine:
+        table += [
+            "", "Reuse on vs off in process (the engine alone, query workload, cache warm), per "
+            "forward size: the most a Triton ratio can reach with batches of that size:", "",
+            "| queries per forward | tokens/s reuse on | tokens/s off | on / off |",
+            "| --- | --- | --- | --- |",
+        ]  # fmt: skip
+    for r in engine:
+        table.append(f"| {r['queries_per_forward']} | {r['on_tok_s']:.0f} | "
+                     f"{r['off_tok_s']:.0f} | {r['ratio']:.2f} |")  # fmt: skip
     if prune:
         table += [
             "", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
@@ -221,16 +339,21 @@ def main() -> None:
     for name, r in prune.items():
         table.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
                      f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
-    note = (
-        f"model: {model_dir.name} ({layers} layers, Qwen3-Embedding-0.6B width), encoder dtype "
-        f"auto; {args.seconds:.0f} s per case and server through Triton, both servers up, taking "
-        f"turns in {args.rounds} rounds; tokens/s count the tokens sent",
+    return table
+
+
+def notes(args, model_name: str, layers: int) -> list[str]:
+    return [
+        f"model: {model_name} ({layers} layers, Qwen3-Embedding-0.6B width), encoder dtype "
+        f"auto; {args.seconds:.0f} s per case, server and load generator through Triton, both "
+        f"servers up, taking turns in {args.rounds} rounds; tokens/s count the tokens sent",
+        "load generators (on the same two cores): python = bench_peers' client threads, "
+        "vectors checked against the engine (min cosine); perf_analyzer = C++, tokens/s from "
+        "the server's token count over the window, vectors not checked",
         "busy: seconds inside that step's execute() per second of the run, all its instances "
         "(the encoder's forward and pooling; the tokenizers' encode); the rest of the two "
         "cores goes to Triton, gRPC, the Python stubs' IPC and the load-generating clients",
-    )
-    write_report(args.out, record, "Shared-prefix reuse and last-layer pruning, on vs off",
-                 list(note), table)  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":
