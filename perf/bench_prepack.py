@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 # Read when oneDNN starts, so before torch: the launcher's value (checked below).
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
 
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -29,7 +29,7 @@ from qwen_embed import Encoder  # noqa: E402
 from qwen_embed.layers import _Linear  # noqa: E402
 from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY  # noqa: E402
 
-assert PRIMITIVE_CACHE_CAPACITY == 256, "keep the default above equal to the launcher's"
+assert PRIMITIVE_CACHE_CAPACITY == 512, "keep the default above equal to the launcher's"
 
 from bench_peers import REPO, ensure_model  # noqa: E402
 from workload import RESULTS, alternate, make_texts, new_record, write_report  # noqa: E402

@@ -48,9 +48,13 @@ def test_packed_weight_is_f_linear(dtype):
 
 
 def test_row_counts_are_padded_so_that_onednn_plans_repeat(monkeypatch):
-    assert [planned_rows(n) for n in (1, 15, 16, 17, 32, 33, 500, 512)] == [
-        1, 15, 16, 32, 32, 48, 512, 512]  # fmt: skip
+    assert [planned_rows(n) for n in (1, 15, 16, 17, 18, 32, 33, 65, 250, 257, 500, 512)] == [
+        1, 15, 16, 18, 18, 32, 36, 72, 256, 272, 512, 512]  # fmt: skip
     assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
+    planned = [planned_rows(n) for n in range(1, 513)]
+    assert len(set(planned)) == 72  # few plans per GEMM shape: the launcher's cache holds them
+    assert onednn.PRIMITIVE_CACHE_CAPACITY >= 6 * 72  # q|k|v, o, gate|up, down, q, k|v
+    assert all(n <= p <= 1.11 * n for n, p in enumerate(planned, 1))  # little extra work
     monkeypatch.setattr(onednn, "PAD_ROWS", False)  # the deployment turned oneDNN's cache off
     assert planned_rows(17) == 17
 
