@@ -93,8 +93,8 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int,
             servers[reuse] = stack.enter_context(
                 TritonServer(repo, log_path=Path(tmp) / f"server-{reuse}.log")
             )
-        for name, case in cases.items():
-            inputs = Path(tmp) / f"{len(rows)}.json"  # perf_analyzer's --input-data
+        for index, (name, case) in enumerate(cases.items()):
+            inputs = Path(tmp) / f"inputs-{index}.json"  # perf_analyzer's --input-data
             inputs.write_text(json.dumps({"data": [{"TEXT": [t]} for t in case[0]]}))
             for driver in drivers:
                 runs = {reuse: [] for reuse in servers}

@@ -9,6 +9,10 @@ Qwen3-Embedding queries (default instruction) 8 and 1 per call, prefix reuse off
 primitive cache is bounded as the launcher runs Triton (onednn.PRIMITIVE_CACHE_CAPACITY) unless
 the environment sets it. Reports the best tokens/s of each, their ratio and the max abs
 difference of the vectors.
+
+Then the planned row counts of the packed GEMMs (onednn.planned_rows): the present ladder of
+steps vs one 16-row step, on one packed encoder with prefix reuse on (as served), over the same
+128 queries cut into forwards of 1-16 queries: many row counts, as Triton's batches bring.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import os
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
 
 import argparse  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from bench_prefix import make_queries  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from qwen_embed import Encoder  # noqa: E402
+from qwen_embed import Encoder, onednn  # noqa: E402
 from qwen_embed.layers import _Linear  # noqa: E402
 from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY  # noqa: E402
 
@@ -43,11 +48,43 @@ def switch(linears, packed, plain, on: bool):
     return use
 
 
+ONE_STEP = ((onednn.PADDED_ROWS_MAX, 16),)  # what the ladder replaced
+
+
+def row_plans(model_dir: Path, dtype: str, queries: list[list[int]], sizes: list[int],
+              rounds: int) -> list[dict]:  # fmt: skip
+    """Ladder vs one 16-row step, taking turns; best ms per forward of each over `rounds`
+    (the first turn also plans the row counts it meets)."""
+    ladder, rows = onednn.ROW_STEPS, []
+    try:
+        with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
+            for size in sizes:
+                chunks = [queries[i : i + size] for i in range(0, len(queries) - size + 1, size)]
+                best = {}
+                for _ in range(rounds):
+                    for name, steps in (("ladder", ladder), ("16-row step", ONE_STEP)):
+                        onednn.ROW_STEPS = steps
+                        began = time.perf_counter()
+                        for chunk in chunks:
+                            enc.embed(chunk)
+                        ms = (time.perf_counter() - began) / len(chunks) * 1e3
+                        best[name] = min(best.get(name, ms), ms)
+                rows.append({"dtype": dtype, "queries_per_forward": size,
+                             "ladder_ms": best["ladder"], "step16_ms": best["16-row step"],
+                             "speedup": best["16-row step"] / best["ladder"]})  # fmt: skip
+                print(rows[-1], flush=True)
+    finally:
+        onednn.ROW_STEPS = ladder
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--forward-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                   help="queries per forward of the row-plan comparison")  # fmt: skip
     p.add_argument("--out", default=str(RESULTS / "prepack"))
     args = p.parse_args()
     model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
@@ -82,13 +119,26 @@ def main() -> None:
         table.append(f"| {r['dtype']} | {r['workload']} | {r['packed_tok_s']:.0f} | "
                      f"{r['plain_tok_s']:.0f} | {r['ratio']:.3f} | "
                      f"{r['max_abs']:.1e} |")  # fmt: skip
+    many = [e.ids for e in tok.encode_batch(make_queries(128))]
+    plans = [
+        r
+        for dtype in args.dtypes
+        for r in row_plans(model_dir, dtype, many, args.forward_sizes, args.rounds)
+    ]
+    table += ["", "Planned row counts (packed weights, prefix reuse on, 128 queries in forwards "
+              "of n):", "",
+              "| dtype | queries per forward | ms per forward, ladder | one 16-row step "
+              "| speed-up |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in plans:
+        table.append(f"| {r['dtype']} | {r['queries_per_forward']} | {r['ladder_ms']:.1f} | "
+                     f"{r['step16_ms']:.1f} | {r['speedup']:.3f} |")  # fmt: skip
     note = (
         f"model: {model_dir.name}; ONEDNN_PRIMITIVE_CACHE_CAPACITY="
         f"{os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY']}; best of {args.rounds} alternating "
-        "rounds per variant, one encoder per dtype"
+        "rounds per variant, one encoder per dtype and comparison"
     )
-    write_report(args.out, new_record(rows=rows), "oneDNN-packed linear weights vs plain",
-                 [note], table)  # fmt: skip
+    write_report(args.out, new_record(rows=rows, row_plans=plans),
+                 "oneDNN-packed linear weights vs plain", [note], table)  # fmt: skip
 
 
 if __name__ == "__main__":
