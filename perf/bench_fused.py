@@ -5,7 +5,9 @@
 Per dtype: one encoder loaded with the ops compiled, then switched between its compiled and
 eager forwards in turns (perf/workload.alternate: the machine's drift falls on both); the
 mixed workload (80% 16-64 tokens, 20% 256-1024), prefix reuse off. Reports the best tokens/s
-of each, their ratio and the min cosine between the two.
+of each, their ratio and the min cosine between the two. Then per forward size (the workload's
+short texts 1-16 per forward, its mixed texts 8 and 32 per forward): ms per forward with the
+compiled ops in every forward vs eager, which is where fused.COMPILED_MIN_ROWS comes from.
 """
 
 from __future__ import annotations
@@ -15,10 +17,42 @@ import time
 from pathlib import Path
 
 from qwen_embed import Encoder
+from qwen_embed.fused import COMPILED_MIN_ROWS
 
 from bench_engine import workload
 from bench_peers import REPO, ensure_model
 from workload import RESULTS, alternate, new_record, write_report
+
+
+def by_forward_size(enc: Encoder, ids: list[list[int]], rounds: int) -> list[dict]:
+    """Compiled ops in every forward (compiled_min_rows 0) vs eager, in turns; best of
+    `rounds`, 12 forwards of each size."""
+    model, rows = enc.model, []
+    short = [x for x in ids if len(x) <= 64]
+    cases = [("short", short, n) for n in (1, 2, 4, 8, 16)] + [
+        ("mixed", ids, 8),
+        ("mixed", ids, 32),
+    ]
+    try:
+        for name, texts, size in cases:
+            chunks = [texts[i : i + size] for i in range(0, len(texts) - size + 1, size)][:12]
+            best = {}
+            for _ in range(rounds):
+                for variant in ("compiled", "eager"):
+                    model.compiled_elementwise = variant == "compiled"
+                    model.compiled_min_rows = 0
+                    began = time.perf_counter()
+                    for chunk in chunks:
+                        enc.embed(chunk)
+                    ms = (time.perf_counter() - began) / len(chunks) * 1e3
+                    best[variant] = min(best.get(variant, ms), ms)
+            rows.append({"texts": name, "per_forward": size,
+                         "rows": sum(len(x) for c in chunks for x in c) / len(chunks),
+                         "compiled_ms": best["compiled"], "eager_ms": best["eager"]})  # fmt: skip
+            print(rows[-1], flush=True)
+    finally:
+        model.compiled_elementwise, model.compiled_min_rows = True, COMPILED_MIN_ROWS
+    return rows
 
 
 def main() -> None:
@@ -42,17 +76,27 @@ def main() -> None:
                 "compiled": lambda m=enc.model: setattr(m, "compiled_elementwise", True),
                 "eager": lambda m=enc.model: setattr(m, "compiled_elementwise", False),
             }, rounds=args.rounds)  # fmt: skip
+            sizes = by_forward_size(enc, ids, args.rounds)
         on, off = runs["compiled"], runs["eager"]
         cos = float((on["vectors"] * off["vectors"]).sum(1).min())
         rows.append({"dtype": dtype, "compiled_tok_s": on["tok_s"], "eager_tok_s": off["tok_s"],
                      "ratio": on["tok_s"] / off["tok_s"], "load_s": load_s,
-                     "min_cosine": cos})  # fmt: skip
+                     "min_cosine": cos, "by_forward_size": sizes})  # fmt: skip
         print(rows[-1], flush=True)
     table = ["| dtype | tokens/s compiled | eager | compiled / eager | min cosine | load s |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         table.append(f"| {r['dtype']} | {r['compiled_tok_s']:.0f} | {r['eager_tok_s']:.0f} | "
                      f"{r['ratio']:.3f} | {r['min_cosine']:.6f} | {r['load_s']:.1f} |")  # fmt: skip
+    table += ["", "Per forward size (compiled ops in every forward vs eager; short = the texts "
+              "of <= 64 tokens):", "",
+              "| dtype | texts per forward | rows per forward | ms compiled | ms eager "
+              "| eager speed-up |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        for f in r["by_forward_size"]:
+            table.append(f"| {r['dtype']} | {f['per_forward']} {f['texts']} | {f['rows']:.0f} | "
+                         f"{f['compiled_ms']:.1f} | {f['eager_ms']:.1f} | "
+                         f"{f['compiled_ms'] / f['eager_ms']:.3f} |")  # fmt: skip
     note = (
         f"model: {model_dir.name}; {args.texts} mixed texts, {sum(map(len, ids))} tokens; "
         f"best of {args.rounds} alternating rounds per variant, one encoder per dtype"

@@ -36,6 +36,7 @@ def test_compiled_matches_eager_and_transformers(checkpoint):
                                  compile_elementwise=True) as enc:  # fmt: skip
         assert enc.model.compiled_elementwise and ELEMENTWISE.compiled
         assert enc.route.elementwise == "compiled (Inductor)"
+        enc.model.compiled_min_rows = 0  # these small forwards too
         compiled = enc.embed(seqs)
         enc.model.compiled_elementwise = False
         eager = enc.embed(seqs)
@@ -49,8 +50,26 @@ def test_bf16_compiled_matches_transformers(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
                                  compile_elementwise=True) as enc:  # fmt: skip
         assert enc.model.compiled_elementwise
+        enc.model.compiled_min_rows = 0
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= 0.999
+
+
+def test_small_forwards_run_the_eager_ops(checkpoint):
+    # Below compiled_min_rows computed rows a compiled call's fixed cost outweighs its gain.
+    ran = []
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
+                                 compile_elementwise=True) as enc:  # fmt: skip
+        assert enc.model.compiled_elementwise and enc.model.compiled_min_rows == 512
+        enc.model.compiled_min_rows = 40
+        eager = ELEMENTWISE._eager["rms_norm"]
+        enc.model.norm.register_forward_pre_hook(
+            lambda module, args: ran.append(ELEMENTWISE.rms_norm is eager)
+        )
+        small, large = random_sequences([20], seed=6), random_sequences([30, 30], seed=7)
+        enc.embed(small)
+        enc.embed(large)
+    assert ran == [True, False]
 
 
 def test_compiled_ops_stay_inside_the_models_that_chose_them():
@@ -97,6 +116,7 @@ def test_compiling_happens_at_load_not_in_requests(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
                                  compile_elementwise=True) as enc:  # fmt: skip
         assert enc.model.compiled_elementwise
+        enc.model.compiled_min_rows = 0  # every request through the compiled ops
         compiled = counters["frames"]["ok"]
         for seqs in batches:
             enc.embed(seqs)

@@ -99,8 +99,13 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
                             device=device)  # fmt: skip
     model.eval()
     if args.compile_elementwise:
-        model.compiled_elementwise = True  # else the warm-up would run (and warm) the eager ops
-        model.compiled_elementwise = ELEMENTWISE.ensure_compiled(lambda: _warm_up(model))
+        min_rows = model.compiled_min_rows
+        # The compiled ops in the warm-up's tiny forwards too, else it would warm the eager ones.
+        model.compiled_elementwise, model.compiled_min_rows = True, 0
+        try:
+            model.compiled_elementwise = ELEMENTWISE.ensure_compiled(lambda: _warm_up(model))
+        finally:
+            model.compiled_min_rows = min_rows
     if device.type == "cpu":  # after loading: its temporaries go back first
         keep = forward_bytes(config, args.max_batch_tokens, args.dtype, tp.size)
         model.register_forward_hook(HeapTrimmer(keep))

@@ -5,7 +5,9 @@ in-place passes (few fresh activation-sized tensors: on CPU each costs page faul
 plain formula that Inductor compiles into one loop (compiled.py). The CPU route compiles them
 at load (`ELEMENTWISE.ensure_compiled`, warmed up by tiny forwards in engine.py): bf16 embeds
 5-7% faster on a Zen 4 (AVX512_BF16) in A/B runs within one process (make perf-fused), fp32
-0-1%, where the GEMMs already take most of the time.
+0-1%, where the GEMMs already take most of the time. A compiled call also pays ~60 us of
+guard checks and wrappers, 22 calls per forward of a 3-layer model: small forwards run the
+eager versions (COMPILED_MIN_ROWS).
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def silu_mul_formula(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
+
+# Forwards of fewer computed rows run eager even where compiled. bf16 on a Zen 4, 4-layer
+# model (perf/results/fused.md): eager 1.09x faster at 42 rows, 1.04x at 86-163, 1.01x at 323;
+# compiled 1.01x faster at 646 and 1234 rows, 1.11x at 5033 (demo model, 1 query of ~19 rows
+# by hand: eager 1.15x).
+COMPILED_MIN_ROWS = 512
 
 ELEMENTWISE = CompiledSet(
     "elementwise ops",

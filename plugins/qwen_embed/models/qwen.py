@@ -12,7 +12,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import ModelConfig
-from ..fused import ELEMENTWISE
+from ..fused import COMPILED_MIN_ROWS, ELEMENTWISE
 from ..layers import (
     ColumnParallelLinear,
     RMSNorm,
@@ -152,6 +152,7 @@ class QwenModel(nn.Module):
             layer.self_attn.layer_index = i  # where a shared prefix's keys/values are kept
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.compiled_elementwise = False  # set at load where fused.py's ops were compiled
+        self.compiled_min_rows = COMPILED_MIN_ROWS  # smaller forwards run them eager
 
     def prune_last_layer(self) -> None:
         """Before the weights are repacked, where the forwards will prune (ctx.last): the
@@ -162,7 +163,8 @@ class QwenModel(nn.Module):
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
-        with ELEMENTWISE.enabled(self.compiled_elementwise):
+        rows = ctx.batch.num_tokens  # the same on every TP rank: they all decide alike
+        with ELEMENTWISE.enabled(self.compiled_elementwise and rows >= self.compiled_min_rows):
             return self._forward(ctx)
 
     def _forward(self, ctx: ForwardContext) -> torch.Tensor:
