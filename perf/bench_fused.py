@@ -21,7 +21,7 @@ from qwen_embed.fused import COMPILED_MIN_ROWS
 
 from bench_engine import workload
 from bench_peers import REPO, ensure_model
-from workload import RESULTS, alternate, new_record, write_report
+from workload import RESULTS, alternate, alternate_forwards, new_record, write_report
 
 
 def by_forward_size(enc: Encoder, ids: list[list[int]], rounds: int) -> list[dict]:
@@ -33,22 +33,22 @@ def by_forward_size(enc: Encoder, ids: list[list[int]], rounds: int) -> list[dic
         ("mixed", ids, 8),
         ("mixed", ids, 32),
     ]
+
+    def use(compiled: bool):
+        def switch():
+            model.compiled_elementwise, model.compiled_min_rows = compiled, 0
+
+        return switch
+
     try:
         for name, texts, size in cases:
             chunks = [texts[i : i + size] for i in range(0, len(texts) - size + 1, size)][:12]
-            best = {}
-            for _ in range(rounds):
-                for variant in ("compiled", "eager"):
-                    model.compiled_elementwise = variant == "compiled"
-                    model.compiled_min_rows = 0
-                    began = time.perf_counter()
-                    for chunk in chunks:
-                        enc.embed(chunk)
-                    ms = (time.perf_counter() - began) / len(chunks) * 1e3
-                    best[variant] = min(best.get(variant, ms), ms)
+            best = alternate_forwards(enc, chunks, {"compiled": use(True), "eager": use(False)},
+                                      rounds)  # fmt: skip
             rows.append({"texts": name, "per_forward": size,
                          "rows": sum(len(x) for c in chunks for x in c) / len(chunks),
-                         "compiled_ms": best["compiled"], "eager_ms": best["eager"]})  # fmt: skip
+                         "compiled_ms": best["compiled"] * 1e3,
+                         "eager_ms": best["eager"] * 1e3})  # fmt: skip
             print(rows[-1], flush=True)
     finally:
         model.compiled_elementwise, model.compiled_min_rows = True, COMPILED_MIN_ROWS

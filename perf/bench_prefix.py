@@ -42,7 +42,15 @@ from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.triton import TritonServer
 
 from bench_peers import REPO, drive, ensure_model, triton_sender
-from workload import RESULTS, WORDS, alternate, make_texts, new_record, write_report
+from workload import (
+    RESULTS,
+    WORDS,
+    alternate,
+    alternate_forwards,
+    make_texts,
+    new_record,
+    write_report,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
 from sweep import PERF_ANALYZER, wait_idle  # noqa: E402
@@ -212,21 +220,15 @@ def engine_ratios(model_dir: Path, ids: list[list[int]], sizes: list[int],
     out = []
     with Encoder.from_pretrained(model_dir) as enc:
         planner = enc.model.planner
+        variants = {reuse: lambda r=reuse: setattr(planner, "prefix_reuse", r)
+                    for reuse in (True, False)}  # fmt: skip
         for size in sizes:
             chunks = [ids[i : i + size] for i in range(0, len(ids) - size + 1, size)]
-            tokens = sum(len(x) for c in chunks for x in c)
-            best = {}
-            for _ in range(rounds):
-                for reuse in (True, False):
-                    planner.prefix_reuse = reuse
-                    enc.embed(chunks[0])
-                    began = time.perf_counter()
-                    for chunk in chunks:
-                        enc.embed(chunk)
-                    rate = tokens / (time.perf_counter() - began)
-                    best[reuse] = max(best.get(reuse, 0.0), rate)
-            out.append({"queries_per_forward": size, "on_tok_s": best[True],
-                        "off_tok_s": best[False], "ratio": best[True] / best[False]})  # fmt: skip
+            per_chunk = sum(len(x) for c in chunks for x in c) / len(chunks)  # tokens
+            best = alternate_forwards(enc, chunks, variants, rounds)
+            out.append({"queries_per_forward": size, "on_tok_s": per_chunk / best[True],
+                        "off_tok_s": per_chunk / best[False],
+                        "ratio": best[False] / best[True]})  # fmt: skip
             print(out[-1], flush=True)
     return out
 

@@ -23,7 +23,6 @@ import os
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
 
 import argparse  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -37,7 +36,14 @@ from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY  # noqa: E402
 assert PRIMITIVE_CACHE_CAPACITY == 512, "keep the default above equal to the launcher's"
 
 from bench_peers import REPO, ensure_model  # noqa: E402
-from workload import RESULTS, alternate, make_texts, new_record, write_report  # noqa: E402
+from workload import (  # noqa: E402
+    RESULTS,
+    alternate,
+    alternate_forwards,
+    make_texts,
+    new_record,
+    write_report,
+)
 
 
 def switch(linears, packed, plain, on: bool):
@@ -56,21 +62,16 @@ def row_plans(model_dir: Path, dtype: str, queries: list[list[int]], sizes: list
     """Ladder vs one 16-row step, taking turns; best ms per forward of each over `rounds`
     (the first turn also plans the row counts it meets)."""
     ladder, rows = onednn.ROW_STEPS, []
+    variants = {"ladder": lambda: setattr(onednn, "ROW_STEPS", ladder),
+                "16-row step": lambda: setattr(onednn, "ROW_STEPS", ONE_STEP)}  # fmt: skip
     try:
         with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
             for size in sizes:
                 chunks = [queries[i : i + size] for i in range(0, len(queries) - size + 1, size)]
-                best = {}
-                for _ in range(rounds):
-                    for name, steps in (("ladder", ladder), ("16-row step", ONE_STEP)):
-                        onednn.ROW_STEPS = steps
-                        began = time.perf_counter()
-                        for chunk in chunks:
-                            enc.embed(chunk)
-                        ms = (time.perf_counter() - began) / len(chunks) * 1e3
-                        best[name] = min(best.get(name, ms), ms)
+                best = alternate_forwards(enc, chunks, variants, rounds)
                 rows.append({"dtype": dtype, "queries_per_forward": size,
-                             "ladder_ms": best["ladder"], "step16_ms": best["16-row step"],
+                             "ladder_ms": best["ladder"] * 1e3,
+                             "step16_ms": best["16-row step"] * 1e3,
                              "speedup": best["16-row step"] / best["ladder"]})  # fmt: skip
                 print(rows[-1], flush=True)
     finally:

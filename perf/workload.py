@@ -115,3 +115,22 @@ def alternate(encoder, ids: list[list[int]], variants: dict, repeats: int = 1,
             rate = repeats * tokens / (time.perf_counter() - began)
             rates[name] = max(rates.get(name, 0.0), rate)
     return {name: {"tok_s": rates[name], "vectors": vectors[name]} for name in variants}
+
+
+def alternate_forwards(encoder, chunks: list[list[list[int]]], variants: dict,
+                       rounds: int = 3) -> dict:  # fmt: skip
+    """Like `alternate`, one embed per chunk (so one forward each when a chunk fits the token
+    budget): per variant the best seconds per forward over `rounds` turns. The first turn
+    also pays what is new to each variant (plans, compiles)."""
+    import time
+
+    best = {}
+    for _ in range(rounds):
+        for name, switch in variants.items():
+            switch()
+            began = time.perf_counter()
+            for chunk in chunks:
+                encoder.embed(chunk)
+            seconds = (time.perf_counter() - began) / len(chunks)
+            best[name] = min(best.get(name, seconds), seconds)
+    return best
