@@ -50,8 +50,8 @@ def choose_route(
     seconds compiling adds to start-up) fuses the elementwise chains with Inductor (fused.py).
     `prepack_weights` (None: every CPU float route where torch has oneDNN, `onednn`) packs the
     linear weights for oneDNN once at load instead of on every call (onednn.py): A/B in one
-    process on a Zen 4 (AVX512_BF16), demo model, oneDNN's primitive cache off as Triton then
-    ran it (perf/results/prepack.md): bf16 1.02-1.25x, fp32 1.11-1.95x; bf16 bit-identical.
+    process on a Zen 4 (AVX512_BF16), demo model, oneDNN's primitive cache bounded as Triton
+    runs it (perf/results/prepack.md): bf16 1.04-1.21x, fp32 1.09-1.80x; bf16 bit-identical.
     Packed GEMMs also pad row counts so that oneDNN's cached plans repeat (onednn.py)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
