@@ -28,8 +28,10 @@ from workload import RESULTS, new_record, write_report
 def even_split(fast: str, slow: str, texts: list[str]) -> float:
     half = len(texts) // 2
     with EmbeddingClient(fast) as a, EmbeddingClient(slow) as b:
-        threads = [threading.Thread(target=a.embed, args=(texts[:half],)),
-                   threading.Thread(target=b.embed, args=(texts[half:],))]  # fmt: skip
+        threads = [
+            threading.Thread(target=a.embed, args=(texts[:half],)),
+            threading.Thread(target=b.embed, args=(texts[half:],)),
+        ]
         began = time.monotonic()
         for t in threads:
             t.start()
@@ -51,12 +53,17 @@ def main() -> None:
         tmp = Path(tmp)
         fast_model = build_demo_model(tmp / "fast-model", layers=3)
         slow_model = build_demo_model(tmp / "slow-model", layers=args.slow_layers, seed=2)
-        fast = TritonServer(render(tmp / "fast", {"embed": fast_model}), cpus="0",
-                            log_path=tmp / "fast.log")  # fmt: skip
-        slow = TritonServer(render(tmp / "slow", {"embed": slow_model}), cpus="1",
-                            log_path=tmp / "slow.log")  # fmt: skip
-        with fast, slow, EmbeddingClient([fast.grpc_url, slow.grpc_url],
-                                         requests_in_flight=2) as client:  # fmt: skip
+        fast = TritonServer(
+            render(tmp / "fast", {"embed": fast_model}), cpus="0", log_path=tmp / "fast.log"
+        )
+        slow = TritonServer(
+            render(tmp / "slow", {"embed": slow_model}), cpus="1", log_path=tmp / "slow.log"
+        )
+        with (
+            fast,
+            slow,
+            EmbeddingClient([fast.grpc_url, slow.grpc_url], requests_in_flight=2) as client,
+        ):
             client.embed(texts[:16])  # learn the speeds
             for _ in range(args.repeats):
                 before = {u: s["texts_done"] for u, s in client.stats().items()}
@@ -65,17 +72,29 @@ def main() -> None:
                 adaptive = time.monotonic() - began
                 split = {u: s["texts_done"] - before[u] for u, s in client.stats().items()}
                 even = even_split(fast.grpc_url, slow.grpc_url, texts)
-                rows.append({"adaptive_s": adaptive, "even_s": even, "ratio": even / adaptive,
-                             "fast_texts": split[fast.grpc_url],
-                             "slow_texts": split[slow.grpc_url]})  # fmt: skip
+                rows.append(
+                    {
+                        "adaptive_s": adaptive,
+                        "even_s": even,
+                        "ratio": even / adaptive,
+                        "fast_texts": split[fast.grpc_url],
+                        "slow_texts": split[slow.grpc_url],
+                    }
+                )
                 print(rows[-1], flush=True)
-    table = ["| adaptive s | even split s | even / adaptive | texts to fast | texts to slow |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    table = [
+        "| adaptive s | even split s | even / adaptive | texts to fast | texts to slow |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        table.append(f"| {r['adaptive_s']:.1f} | {r['even_s']:.1f} | {r['ratio']:.2f} | "
-                     f"{r['fast_texts']} | {r['slow_texts']} |")  # fmt: skip
-    note = (f"fast server: demo model (3 layers) on core 0; slow: {args.slow_layers} layers on "
-            f"core 1; {args.texts} texts per job")  # fmt: skip
+        table.append(
+            f"| {r['adaptive_s']:.1f} | {r['even_s']:.1f} | {r['ratio']:.2f} | "
+            f"{r['fast_texts']} | {r['slow_texts']} |"
+        )
+    note = (
+        f"fast server: demo model (3 layers) on core 0; slow: {args.slow_layers} layers on "
+        f"core 1; {args.texts} texts per job"
+    )
     title = "Adaptive split over two unequal servers vs an even split"
     write_report(args.out, new_record(rows=rows), title, [note], table)
 

@@ -33,8 +33,9 @@ def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:
         lengths = np.where(long, rng.integers(256, 1025, n), rng.integers(16, 65, n))
     else:
         lengths = np.full(n, uniform_len)
-    return [rng.integers(0, ENDOFTEXT_ID, size=int(k) - 1).tolist() + [ENDOFTEXT_ID]
-            for k in lengths]  # fmt: skip
+    return [
+        rng.integers(0, ENDOFTEXT_ID, size=int(k) - 1).tolist() + [ENDOFTEXT_ID] for k in lengths
+    ]
 
 
 def transformers_model(model_dir: str, dtype: torch.dtype):
@@ -88,8 +89,9 @@ def main() -> None:
     args = p.parse_args()
 
     dtype = getattr(torch, args.dtype)
-    encoder = Encoder.from_pretrained(args.model_dir, dtype=args.dtype, device=args.device,
-                                      attn_backend=args.attn_backend)  # fmt: skip
+    encoder = Encoder.from_pretrained(
+        args.model_dir, dtype=args.dtype, device=args.device, attn_backend=args.attn_backend
+    )
     reference = transformers_model(args.model_dir, dtype).to(args.device)
     rows = []
     for kind, n in (("mixed", args.mixed_texts), ("uniform", args.uniform_texts)):
@@ -100,35 +102,54 @@ def main() -> None:
         encoder.embed(seqs[:4])  # warm-up
         transformers_embed(reference, seqs[:4], args.batch_size)
         engine_s, ours = timed(lambda s=seqs: encoder.embed(s), args.reps)
-        hf_s, theirs = timed(lambda s=seqs: transformers_embed(reference, s, args.batch_size),
-                             args.reps)  # fmt: skip
+        hf_s, theirs = timed(
+            lambda s=seqs: transformers_embed(reference, s, args.batch_size), args.reps
+        )
         cos = float((ours * theirs).sum(1).min())
-        rows.append({
-            "workload": kind, "texts": n, "tokens": tokens, "padded_tokens": padded,
-            "engine_tokens_per_s": tokens / engine_s, "transformers_tokens_per_s": tokens / hf_s,
-            "ratio": hf_s / engine_s, "min_cosine": cos,
-        })  # fmt: skip
+        rows.append(
+            {
+                "workload": kind,
+                "texts": n,
+                "tokens": tokens,
+                "padded_tokens": padded,
+                "engine_tokens_per_s": tokens / engine_s,
+                "transformers_tokens_per_s": tokens / hf_s,
+                "ratio": hf_s / engine_s,
+                "min_cosine": cos,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
 
     date, command = stamp(), command_line()
-    record = {"date": date, "machine": machine(), "command": command, "dtype": args.dtype,
-              "device": args.device, "attn_backend": args.attn_backend,
-              "model_dir": args.model_dir, "model": ModelConfig.from_dir(args.model_dir).__dict__,
-              "results": rows}  # fmt: skip
+    record = {
+        "date": date,
+        "machine": machine(),
+        "command": command,
+        "dtype": args.dtype,
+        "device": args.device,
+        "attn_backend": args.attn_backend,
+        "model_dir": args.model_dir,
+        "model": ModelConfig.from_dir(args.model_dir).__dict__,
+        "results": rows,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
     lines = [
-        "# Engine vs transformers padded forward", "",
-        f"- date: {date}", f"- machine: {record['machine']}", f"- command: `{command}`",
+        "# Engine vs transformers padded forward",
+        "",
+        f"- date: {date}",
+        f"- machine: {record['machine']}",
+        f"- command: `{command}`",
         f"- model: {args.model_dir} ({record['model']['num_layers']} layers, "
         f"hidden {record['model']['hidden_size']}), dtype {args.dtype}, device {args.device}, "
         f"attention {args.attn_backend}, "
-        f"transformers batches of {args.batch_size}, best of {args.reps}", "",
+        f"transformers batches of {args.batch_size}, best of {args.reps}",
+        "",
         "| workload | texts | tokens | padded tokens (transformers) | engine tok/s "
         "| transformers tok/s | engine / transformers | min cosine |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['texts']} | {r['tokens']} | {r['padded_tokens']} "

@@ -43,12 +43,18 @@ def by_forward_size(enc: Encoder, ids: list[list[int]], rounds: int) -> list[dic
     try:
         for name, texts, size in cases:
             chunks = [texts[i : i + size] for i in range(0, len(texts) - size + 1, size)][:12]
-            best = alternate_forwards(enc, chunks, {"compiled": use(True), "eager": use(False)},
-                                      rounds)  # fmt: skip
-            rows.append({"texts": name, "per_forward": size,
-                         "rows": sum(len(x) for c in chunks for x in c) / len(chunks),
-                         "compiled_ms": best["compiled"] * 1e3,
-                         "eager_ms": best["eager"] * 1e3})  # fmt: skip
+            best = alternate_forwards(
+                enc, chunks, {"compiled": use(True), "eager": use(False)}, rounds
+            )
+            rows.append(
+                {
+                    "texts": name,
+                    "per_forward": size,
+                    "rows": sum(len(x) for c in chunks for x in c) / len(chunks),
+                    "compiled_ms": best["compiled"] * 1e3,
+                    "eager_ms": best["eager"] * 1e3,
+                }
+            )
             print(rows[-1], flush=True)
     finally:
         model.compiled_elementwise, model.compiled_min_rows = True, COMPILED_MIN_ROWS
@@ -69,40 +75,66 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes:
         began = time.perf_counter()
-        with Encoder.from_pretrained(model_dir, dtype=dtype, prefix_reuse=False,
-                                     compile_elementwise=True) as enc:  # fmt: skip
+        with Encoder.from_pretrained(
+            model_dir, dtype=dtype, prefix_reuse=False, compile_elementwise=True
+        ) as enc:
             load_s = time.perf_counter() - began
-            runs = alternate(enc, ids, {
-                "compiled": lambda m=enc.model: setattr(m, "compiled_elementwise", True),
-                "eager": lambda m=enc.model: setattr(m, "compiled_elementwise", False),
-            }, rounds=args.rounds)  # fmt: skip
+            runs = alternate(
+                enc,
+                ids,
+                {
+                    "compiled": lambda m=enc.model: setattr(m, "compiled_elementwise", True),
+                    "eager": lambda m=enc.model: setattr(m, "compiled_elementwise", False),
+                },
+                rounds=args.rounds,
+            )
             sizes = by_forward_size(enc, ids, args.rounds)
         on, off = runs["compiled"], runs["eager"]
         cos = float((on["vectors"] * off["vectors"]).sum(1).min())
-        rows.append({"dtype": dtype, "compiled_tok_s": on["tok_s"], "eager_tok_s": off["tok_s"],
-                     "ratio": on["tok_s"] / off["tok_s"], "load_s": load_s,
-                     "min_cosine": cos, "by_forward_size": sizes})  # fmt: skip
+        rows.append(
+            {
+                "dtype": dtype,
+                "compiled_tok_s": on["tok_s"],
+                "eager_tok_s": off["tok_s"],
+                "ratio": on["tok_s"] / off["tok_s"],
+                "load_s": load_s,
+                "min_cosine": cos,
+                "by_forward_size": sizes,
+            }
+        )
         print(rows[-1], flush=True)
-    table = ["| dtype | tokens/s compiled | eager | compiled / eager | min cosine | load s |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    table = [
+        "| dtype | tokens/s compiled | eager | compiled / eager | min cosine | load s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        table.append(f"| {r['dtype']} | {r['compiled_tok_s']:.0f} | {r['eager_tok_s']:.0f} | "
-                     f"{r['ratio']:.3f} | {r['min_cosine']:.6f} | {r['load_s']:.1f} |")  # fmt: skip
-    table += ["", "Per forward size (compiled ops in every forward vs eager; short = the texts "
-              "of <= 64 tokens):", "",
-              "| dtype | texts per forward | rows per forward | ms compiled | ms eager "
-              "| eager speed-up |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        table.append(
+            f"| {r['dtype']} | {r['compiled_tok_s']:.0f} | {r['eager_tok_s']:.0f} | "
+            f"{r['ratio']:.3f} | {r['min_cosine']:.6f} | {r['load_s']:.1f} |"
+        )
+    table += [
+        "",
+        "Per forward size (compiled ops in every forward vs eager; short = the texts "
+        "of <= 64 tokens):",
+        "",
+        "| dtype | texts per forward | rows per forward | ms compiled | ms eager "
+        "| eager speed-up |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         for f in r["by_forward_size"]:
-            table.append(f"| {r['dtype']} | {f['per_forward']} {f['texts']} | {f['rows']:.0f} | "
-                         f"{f['compiled_ms']:.1f} | {f['eager_ms']:.1f} | "
-                         f"{f['compiled_ms'] / f['eager_ms']:.3f} |")  # fmt: skip
+            table.append(
+                f"| {r['dtype']} | {f['per_forward']} {f['texts']} | {f['rows']:.0f} | "
+                f"{f['compiled_ms']:.1f} | {f['eager_ms']:.1f} | "
+                f"{f['compiled_ms'] / f['eager_ms']:.3f} |"
+            )
     note = (
         f"model: {model_dir.name}; {args.texts} mixed texts, {sum(map(len, ids))} tokens; "
         f"best of {args.rounds} alternating rounds per variant, one encoder per dtype"
     )
-    write_report(args.out, new_record(rows=rows), "Compiled elementwise ops vs eager",
-                 [note], table)  # fmt: skip
+    write_report(
+        args.out, new_record(rows=rows), "Compiled elementwise ops vs eager", [note], table
+    )
 
 
 if __name__ == "__main__":

@@ -71,26 +71,38 @@ def main() -> None:
     p.add_argument("--out", default=str(RESULTS / "neighbour"))
     p.add_argument("--layouts", nargs="*", help="names (substrings) of the layouts to run")
     args = p.parse_args()
-    layouts = {name: layout for name, layout in LAYOUTS.items()
-               if not args.layouts or any(part in name for part in args.layouts)}  # fmt: skip
+    layouts = {
+        name: layout
+        for name, layout in LAYOUTS.items()
+        if not args.layouts or any(part in name for part in args.layouts)
+    }
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
     texts = make_texts(args.texts, 0)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     counts = np.array([len(i) for i in ids])
-    reference = reference_vectors(model_dir, ids, REPO / ".cache" / "peers" / "reference-"
-                                  f"{model_dir.name}-{args.texts}-0.npy")  # fmt: skip
+    reference = reference_vectors(
+        model_dir, ids, REPO / ".cache" / "peers" / f"reference-{model_dir.name}-{args.texts}-0.npy"
+    )
     topology = read_topology()
     cores = sum(len(node) for node in topology)
     busy_cpu = max(c for node in topology for core in node for c in core)
-    load = {"clients": args.clients, "per_request": args.texts_per_request,
-            "seconds": args.seconds, "passes": 0}  # fmt: skip
+    load = {
+        "clients": args.clients,
+        "per_request": args.texts_per_request,
+        "seconds": args.seconds,
+        "passes": 0,
+    }
     rows = []
     for layout, (instances, env) in layouts.items():
         with tempfile.TemporaryDirectory() as tmp:
-            repo = render(tmp, {"embed": model_dir}, {"encoder": {"dtype": args.dtype}},
-                          encoder_instances=instances.format(cores=cores))  # fmt: skip
+            repo = render(
+                tmp,
+                {"embed": model_dir},
+                {"encoder": {"dtype": args.dtype}},
+                encoder_instances=instances.format(cores=cores),
+            )
             with TritonServer(repo, env=env, log_path=Path(tmp) / "server.log") as server:
                 make = triton_sender(server.grpc_url, texts)
                 drive(make, counts, reference, **{**load, "clients": 2, "max_requests": 4})
@@ -104,30 +116,52 @@ def main() -> None:
                             busy.kill()
                             busy.wait()
                     quiet = quiet or stats["tokens_per_s"]
-                    rows.append({"layout": layout, "load": name, **stats,
-                                 "over_quiet": stats["tokens_per_s"] / quiet})  # fmt: skip
-                    print(f"{layout} | {name}: {stats['tokens_per_s']:.0f} tok/s "
-                          f"({rows[-1]['over_quiet']:.2f}x quiet)", flush=True)  # fmt: skip
-    record = {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-              "command": command_line(),
-              "dtype": args.dtype, "cores": cores, "busy_cpu": busy_cpu, "rows": rows}  # fmt: skip
+                    rows.append(
+                        {
+                            "layout": layout,
+                            "load": name,
+                            **stats,
+                            "over_quiet": stats["tokens_per_s"] / quiet,
+                        }
+                    )
+                    print(
+                        f"{layout} | {name}: {stats['tokens_per_s']:.0f} tok/s "
+                        f"({rows[-1]['over_quiet']:.2f}x quiet)",
+                        flush=True,
+                    )
+    record = {
+        "date": stamp(),
+        "machine": machine(),
+        "cpu": cpu_features().describe(),
+        "command": command_line(),
+        "dtype": args.dtype,
+        "cores": cores,
+        "busy_cpu": busy_cpu,
+        "rows": rows,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
     lines = [
-        "# Throughput with a neighbour on one core", "",
-        f"- date: {record['date']}", f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
+        "# Throughput with a neighbour on one core",
+        "",
+        f"- date: {record['date']}",
+        f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}",
+        f"- command: `{record['command']}`",
         f"- model: {model_dir.name} (4 layers), encoder dtype {args.dtype}; {args.clients} "
         f"clients x {args.texts_per_request} mixed texts, {args.seconds:.0f} s per case",
         f"- neighbour: `taskset -c {busy_cpu} python -c 'while True: pass'` at nice 0 or 19",
-        "", "| encoder layout | neighbour | tokens/s | x quiet | p50 s | p99 s | min cosine |",
+        "",
+        "| encoder layout | neighbour | tokens/s | x quiet | p50 s | p99 s | min cosine |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for r in rows:
-        lines.append(f"| {r['layout']} | {r['load']} | {r['tokens_per_s']:.0f} | "
-                     f"{r['over_quiet']:.2f} | {r['p50_s']:.1f} | {r['p99_s']:.1f} | "
-                     f"{r['min_cosine']:.5f} |")  # fmt: skip
+        lines.append(
+            f"| {r['layout']} | {r['load']} | {r['tokens_per_s']:.0f} | "
+            f"{r['over_quiet']:.2f} | {r['p50_s']:.1f} | {r['p99_s']:.1f} | "
+            f"{r['min_cosine']:.5f} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
 

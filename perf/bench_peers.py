@@ -75,12 +75,17 @@ DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive", "vllm-gp
 GPU_SYSTEMS = ("triton", "engine", "vllm-gpu")  # what runs with --device cuda
 # our system -> (its peers, the target ratio over the best of them)
 TARGETS = {
-    "triton": ((("vllm",), 1.3), (("llama", "llama-best"), 1.5),
-               (("infinity",), 5.0), (("naive",), None), (("vllm-gpu",), None)),
+    "triton": (
+        (("vllm",), 1.3),
+        (("llama", "llama-best"), 1.5),
+        (("infinity",), 5.0),
+        (("naive",), None),
+        (("vllm-gpu",), None),
+    ),
     "engine": ((("vllm",), None), (("llama", "llama-best"), None), (("vllm-gpu",), None)),
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5),),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -96,8 +101,10 @@ class Outcome:
 
 def ensure_model(path: Path, layers: int) -> Path:
     if not (path / "config.json").is_file():  # config.json is written last by the builder
-        subprocess.run([sys.executable, "-m", "qwen_embed.demo", str(path), "--layers",
-                        str(layers)], check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "qwen_embed.demo", str(path), "--layers", str(layers)],
+            check=True,
+        )
     return path
 
 
@@ -123,8 +130,9 @@ def linear_params(config: dict) -> int:
     return config["num_hidden_layers"] * (h * (q + 2 * kv) + q * h + 3 * h * inter)
 
 
-def gemm_peak(dtype: torch.dtype, int8: bool = False, seconds: float = 2.0,
-              device: str = "cpu") -> float:  # fmt: skip
+def gemm_peak(
+    dtype: torch.dtype, int8: bool = False, seconds: float = 2.0, device: str = "cpu"
+) -> float:
     """Best FLOP/s of a linear layer over this model's projection shapes (2048 tokens), run
     as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
     an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower, and
@@ -159,12 +167,16 @@ def gemm_peak(dtype: torch.dtype, int8: bool = False, seconds: float = 2.0,
 
 def length_summary(counts: np.ndarray) -> dict:
     return {
-        "texts": int(counts.size), "tokens": int(counts.sum()), "mean": float(counts.mean()),
-        "min": int(counts.min()), "p50": float(np.median(counts)), "max": int(counts.max()),
+        "texts": int(counts.size),
+        "tokens": int(counts.sum()),
+        "mean": float(counts.mean()),
+        "min": int(counts.min()),
+        "p50": float(np.median(counts)),
+        "max": int(counts.max()),
         "short_16_65": int(((counts >= 16) & (counts <= 65)).sum()),
         "long_257_1025": int(((counts >= 257) & (counts <= 1025)).sum()),
         "share_of_tokens_in_long": float(counts[counts > 65].sum() / counts.sum()),
-    }  # fmt: skip
+    }
 
 
 def reference_vectors(model_dir: Path, ids: list[list[int]], cache: Path) -> np.ndarray:
@@ -181,8 +193,18 @@ def reference_vectors(model_dir: Path, ids: list[list[int]], cache: Path) -> np.
 # ---------------------------------------------------------------- load generation
 
 
-def drive(make_sender, counts, reference, *, clients, per_request, seconds, passes,
-          first_request=0, max_requests=None) -> dict:  # fmt: skip
+def drive(
+    make_sender,
+    counts,
+    reference,
+    *,
+    clients,
+    per_request,
+    seconds,
+    passes,
+    first_request=0,
+    max_requests=None,
+) -> dict:
     """`clients` threads send requests back to back; returns throughput, latency and cosines.
 
     Request k carries texts [k*per_request, (k+1)*per_request) mod the list, so passes over
@@ -242,17 +264,24 @@ def drive(make_sender, counts, reference, *, clients, per_request, seconds, pass
     # The server's own token count over ours (1.0: it embedded the same token sequences).
     theirs = [(r, t) for r, t in zip(reported, tokens, strict=True) if r is not None]
     return {
-        "requests": done, "failed_requests": len(errors), "errors": errors[:5],
-        "texts": done * per_request, "tokens": sum(tokens), "seconds": wall,
+        "requests": done,
+        "failed_requests": len(errors),
+        "errors": errors[:5],
+        "texts": done * per_request,
+        "tokens": sum(tokens),
+        "seconds": wall,
         "passes": done * per_request / n,
-        "texts_per_s": done * per_request / wall, "tokens_per_s": sum(tokens) / wall,
+        "texts_per_s": done * per_request / wall,
+        "tokens_per_s": sum(tokens) / wall,
         "p50_s": float(np.percentile(latencies, 50)) if done else None,
         "p99_s": float(np.percentile(latencies, 99)) if done else None,
         "min_cosine": min(cosines) if cosines else None,
         "server_tokens_ratio": sum(r for r, _ in theirs) / sum(t for _, t in theirs)
-        if theirs else None,
-        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-    }  # fmt: skip
+        if theirs
+        else None,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+    }
 
 
 def triton_sender(url: str, texts: list[str]):
@@ -358,10 +387,27 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
         pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
         # Prefix caching is on by default for last-token pooling: a repeated text would then
         # cost one token, and the passes repeat the same texts.
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
-               "--served-model-name", "embed", *host, "--runner", "pooling", "--convert", "embed",
-               "--pooler-config", pooler, "--dtype", dtype, "--max-model-len", "8192",
-               "--no-enable-prefix-caching"]  # fmt: skip
+        cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(served),
+            "--served-model-name",
+            "embed",
+            *host,
+            "--runner",
+            "pooling",
+            "--convert",
+            "embed",
+            "--pooler-config",
+            pooler,
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            "8192",
+            "--no-enable-prefix-caching",
+        ]
         # Both cores for its engine (by default it leaves one to the API process).
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
         if name == "vllm-gpu":  # the GPU is shared with nothing while it runs
@@ -369,10 +415,24 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
         return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
     if name == "infinity":
         # No result cache: repeated passes over the same texts must be computed again.
-        cmd = [str(PEERS / name / "venv" / "bin" / "infinity_emb"), "v2", "--model-id",
-               str(served), "--served-model-name", "embed", "--engine", "torch",
-               "--device", "cpu", "--dtype", dtype, "--url-prefix", "/v1",
-               "--no-vector-disk-cache", *host]  # fmt: skip
+        cmd = [
+            str(PEERS / name / "venv" / "bin" / "infinity_emb"),
+            "v2",
+            "--model-id",
+            str(served),
+            "--served-model-name",
+            "embed",
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--dtype",
+            dtype,
+            "--url-prefix",
+            "/v1",
+            "--no-vector-disk-cache",
+            *host,
+        ]
         env = {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}
         return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
     script = str(Path(__file__).parent / "peers" / "naive_server.py")
@@ -395,31 +455,53 @@ def run_engine(model_dir, dtype, quantization, ids, counts, reference, args) -> 
             if runs >= max(args.passes, 1) and wall >= args.seconds:
                 break
     return {
-        "requests": runs, "texts": runs * len(ids), "tokens": runs * int(counts.sum()),
-        "seconds": wall, "passes": runs, "texts_per_s": runs * len(ids) / wall,
-        "tokens_per_s": runs * int(counts.sum()) / wall, "p50_s": None, "p99_s": None,
-        "min_cosine": float((vectors * reference).sum(1).min()), "server_tokens_ratio": None,
-        "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-    }  # fmt: skip
+        "requests": runs,
+        "texts": runs * len(ids),
+        "tokens": runs * int(counts.sum()),
+        "seconds": wall,
+        "passes": runs,
+        "texts_per_s": runs * len(ids) / wall,
+        "tokens_per_s": runs * int(counts.sum()) / wall,
+        "p50_s": None,
+        "p99_s": None,
+        "min_cosine": float((vectors * reference).sum(1).min()),
+        "server_tokens_ratio": None,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+    }
 
 
 def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> Outcome:
     out = Outcome(name)
-    load = {"clients": args.clients, "per_request": args.texts_per_request,
-            "seconds": args.seconds, "passes": args.passes}  # fmt: skip
+    load = {
+        "clients": args.clients,
+        "per_request": args.texts_per_request,
+        "seconds": args.seconds,
+        "passes": args.passes,
+    }
     # Warm-up: a few requests from the end of the list (long and short texts) at low load.
     last = len(texts) // args.texts_per_request
-    warm = {**load, "clients": 2, "max_requests": args.warmup_requests,
-            "first_request": last - args.warmup_requests}  # fmt: skip
+    warm = {
+        **load,
+        "clients": 2,
+        "max_requests": args.warmup_requests,
+        "first_request": last - args.warmup_requests,
+    }
     quantization = "int8" if name.endswith("-int8") else "none"
     if name.startswith("engine"):
         out.stats = run_engine(model_dir, dtype, quantization, ids, counts, reference, args)
         return out
     if name.startswith("triton"):
-        repo = render(PEERS / f"triton-repository-{dtype}-{quantization}", {"embed": model_dir},
-                      {"encoder": {"dtype": dtype, "quantization": quantization}})  # fmt: skip
-        server = TritonServer(repo, env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
-                              log_path=PEERS / f"triton-{dtype}-{quantization}.log")  # fmt: skip
+        repo = render(
+            PEERS / f"triton-repository-{dtype}-{quantization}",
+            {"embed": model_dir},
+            {"encoder": {"dtype": dtype, "quantization": quantization}},
+        )
+        server = TritonServer(
+            repo,
+            env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
+            log_path=PEERS / f"triton-{dtype}-{quantization}.log",
+        )
         server.start(timeout=600)
         try:
             make = triton_sender(server.grpc_url, texts)
@@ -457,15 +539,18 @@ def write_report(out: Path, record: dict) -> None:
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
     r, lengths = record, record["lengths"]
     lines = [
-        f"# Peers side by side ({r['dtype']})", "",
-        f"- date: {r['date']}", f"- machine: {r['machine']}; device: {r['device']}",
+        f"# Peers side by side ({r['dtype']})",
+        "",
+        f"- date: {r['date']}",
+        f"- machine: {r['machine']}; device: {r['device']}",
         f"- command: `{r['command']}`",
         f"- model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
         f"random weights), dtype {r['dtype']}",
         "- versions: " + "; ".join(f"{k}: {v}" for k, v in r["versions"].items()),
         f"- load: {r['clients']} client threads x {r['texts_per_request']} texts per request, "
-        f"{r['seconds']:.0f} s per system" + (f" and at least {r['passes']} full passes"
-                                               if r["passes"] else "") + "; the in-process "
+        f"{r['seconds']:.0f} s per system"
+        + (f" and at least {r['passes']} full passes" if r["passes"] else "")
+        + "; the in-process "
         "engine embeds all texts in one call per pass (no server, no client: the ceiling)",
         f"- texts: {lengths['texts']} (workload.make_texts, seed {r['seed']}), "
         f"{lengths['tokens']} tokens per pass with <|endoftext|>: mean {lengths['mean']:.0f}, "
@@ -479,16 +564,18 @@ def write_report(out: Path, record: dict) -> None:
         f"{r['gemm_tokens_per_s']['float']:.0f} tokens/s for this model's linear layers; "
         f"int8 route's layer: {r['gemm_flops']['int8'] / 1e9:.0f} GFLOP/s = "
         f"{r['gemm_tokens_per_s']['int8']:.0f} tokens/s "
-        f"({2 * r['linear_params'] / 1e6:.0f} MFLOP per token)", "",
+        f"({2 * r['linear_params'] / 1e6:.0f} MFLOP per token)",
+        "",
         "| system | texts/s | tokens/s | p50 s | p99 s | requests | passes | min cosine "
         "| server tokens / ours | loadavg 1-min start -> end | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for o in r["systems"]:
         s = o["stats"]
         if o["status"] != "ok":
-            lines.append(f"| {SYSTEMS[o['system']]} | | | | | | | | | | "
-                         f"{o['status']}: {o['reason']} |")  # fmt: skip
+            lines.append(
+                f"| {SYSTEMS[o['system']]} | | | | | | | | | | {o['status']}: {o['reason']} |"
+            )
             continue
         note = f"{s['failed_requests']} failed requests" if s.get("failed_requests") else ""
         lines.append(
@@ -586,15 +673,19 @@ def ratios(results: dict[str, Outcome], gemm_tps: dict[str, float]) -> tuple[dic
         label, route = SYSTEMS[ours], "int8" if ours.endswith("-int8") else "float"
         fraction = tps[ours] / gemm_tps[route]
         found[f"{ours}_fraction_of_gemm_peak"] = fraction
-        text.append(f"{label}: {tps[ours]:.0f} tokens/s = {fraction:.0%} of the {route} GEMM "
-                    "peak for the linear layers (target >= 85%: "
-                    f"{'met' if fraction >= 0.85 else 'NOT met'})")  # fmt: skip
+        text.append(
+            f"{label}: {tps[ours]:.0f} tokens/s = {fraction:.0%} of the {route} GEMM "
+            "peak for the linear layers (target >= 85%: "
+            f"{'met' if fraction >= 0.85 else 'NOT met'})"
+        )
         engine = ours.replace("triton", "engine")
         if ours != engine and engine in tps:
             ratio = tps[ours] / tps[engine]
             found[f"{ours}_over_{engine}"] = ratio
-            text.append(f"{label} / {SYSTEMS[engine]}: {ratio:.2f}x (target >= 0.9x: "
-                        f"{'met' if ratio >= 0.9 else 'NOT met'})")  # fmt: skip
+            text.append(
+                f"{label} / {SYSTEMS[engine]}: {ratio:.2f}x (target >= 0.9x: "
+                f"{'met' if ratio >= 0.9 else 'NOT met'})"
+            )
         for peers, target in groups:
             ran = [peer for peer in peers if peer in tps]
             if not ran:
@@ -614,8 +705,12 @@ def ratios(results: dict[str, Outcome], gemm_tps: dict[str, float]) -> tuple[dic
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: what our engine picks on this CPU")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: what our engine picks on this CPU",
+    )
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=DEFAULT_SYSTEMS)
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--layers", type=int, default=4, help="layers when building --model-dir")
@@ -649,11 +744,16 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     params = linear_params(config)
     int8_wanted = any(name.endswith("-int8") for name in args.systems)
-    gemm = {"float": gemm_peak(dtype, device=args.device),
-            "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0}  # fmt: skip
+    gemm = {
+        "float": gemm_peak(dtype, device=args.device),
+        "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0,
+    }
     gemm_tps = {k: v / (2 * params) for k, v in gemm.items()}
-    print(f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
-          f"int8 {gemm['int8'] / 1e9:.0f}", flush=True)  # fmt: skip
+    print(
+        f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
+        f"int8 {gemm['int8'] / 1e9:.0f}",
+        flush=True,
+    )
     cache = PEERS / f"reference-{model_dir.name}-{args.texts}-{args.seed}.npy"
     reference = reference_vectors(model_dir, ids, cache)
 
@@ -661,29 +761,47 @@ def main() -> None:
     for name in args.systems:
         print(f"--- {SYSTEMS[name]}", flush=True)
         try:
-            results[name] = run_system(name, model_dir, args.dtype, texts, ids, counts,
-                                       reference, args)  # fmt: skip
+            results[name] = run_system(
+                name, model_dir, args.dtype, texts, ids, counts, reference, args
+            )
         except Exception as exc:  # one broken peer must not lose the others' numbers
             results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
         print(json.dumps(results[name].__dict__), flush=True)
 
-    versions = {n: (PEERS / n / "versions.txt").read_text().strip() for n in ("vllm", "vllm-gpu",
-                "infinity", "naive") if (PEERS / n / "versions.txt").is_file()}  # fmt: skip
+    versions = {
+        n: (PEERS / n / "versions.txt").read_text().strip()
+        for n in ("vllm", "vllm-gpu", "infinity", "naive")
+        if (PEERS / n / "versions.txt").is_file()
+    }
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
     if any(name.startswith("llama") for name in args.systems):
         versions["llama.cpp"] = llama_cpp.versions().replace("\n", "; ")
     found, text = ratios(results, gemm_tps)
     record = {
-        "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
+        "date": stamp(),
+        "machine": machine(),
+        "cpu": cpu_features().describe(),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "command": command_line(), "dtype": args.dtype, "route": str(route),
-        "model_dir": str(model_dir), "layers": config["num_hidden_layers"], "seed": args.seed,
-        "clients": args.clients, "texts_per_request": args.texts_per_request,
-        "seconds": args.seconds, "passes": args.passes, "versions": versions,
-        "lengths": length_summary(counts), "linear_params": params, "gemm_flops": gemm,
-        "gemm_tokens_per_s": gemm_tps, "systems": [o.__dict__ for o in results.values()],
-        "ratios": found, "ratios_text": text, "notes": run_notes(results, args.dtype),
-    }  # fmt: skip
+        "command": command_line(),
+        "dtype": args.dtype,
+        "route": str(route),
+        "model_dir": str(model_dir),
+        "layers": config["num_hidden_layers"],
+        "seed": args.seed,
+        "clients": args.clients,
+        "texts_per_request": args.texts_per_request,
+        "seconds": args.seconds,
+        "passes": args.passes,
+        "versions": versions,
+        "lengths": length_summary(counts),
+        "linear_params": params,
+        "gemm_flops": gemm,
+        "gemm_tokens_per_s": gemm_tps,
+        "systems": [o.__dict__ for o in results.values()],
+        "ratios": found,
+        "ratios_text": text,
+        "notes": run_notes(results, args.dtype),
+    }
     out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}-{cpu_tag()}"
     write_report(out, record)
     print("\n".join(text))

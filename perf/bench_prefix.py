@@ -66,8 +66,7 @@ METRICS = (
 
 def make_queries(n: int, seed: int = 1) -> list[str]:
     rng = np.random.default_rng(seed)
-    return [PROMPT + " ".join(rng.choice(WORDS, size=int(k)))
-            for k in rng.integers(4, 31, n)]  # fmt: skip
+    return [PROMPT + " ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(4, 31, n)]
 
 
 # Seconds spent in each step's execute (histogram sums, every instance): model -> metric.
@@ -86,8 +85,9 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int,
-                drivers: list[str]) -> list[dict]:  # fmt: skip
+def serve_cases(
+    model_dir: Path, cases: dict, seconds: float, rounds: int, drivers: list[str]
+) -> list[dict]:
     """Both servers (prefix_reuse auto and off) up at once; per workload and load generator
     they take turns for `rounds` rounds of seconds/rounds each, so the machine's drift falls on
     both alike; the order alternates (on-off, off-on, ...) so that neither always follows the
@@ -96,8 +96,11 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int,
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {}
         for reuse in ("auto", "off"):
-            repo = render(Path(tmp) / f"repo-{reuse}", {"embed": model_dir},
-                          {"encoder": {"prefix_reuse": reuse}})  # fmt: skip
+            repo = render(
+                Path(tmp) / f"repo-{reuse}",
+                {"embed": model_dir},
+                {"encoder": {"prefix_reuse": reuse}},
+            )
             servers[reuse] = stack.enter_context(
                 TritonServer(repo, log_path=Path(tmp) / f"server-{reuse}.log")
             )
@@ -114,13 +117,22 @@ def serve_cases(model_dir: Path, cases: dict, seconds: float, rounds: int,
                             part = analyzer_round(server, inputs, case, seconds / rounds)
                         runs[reuse].append(part)
                 for reuse, parts in runs.items():
-                    rows.append({"workload": name, "driver": driver, "prefix_reuse": reuse,
-                                 **combine(parts)})  # fmt: skip
+                    rows.append(
+                        {
+                            "workload": name,
+                            "driver": driver,
+                            "prefix_reuse": reuse,
+                            **combine(parts),
+                        }
+                    )
                 on, off = rows[-2], rows[-1]
-                print(f"{name}, {driver}: on {on['tokens_per_s']:.0f} tok/s, off "
-                      f"{off['tokens_per_s']:.0f}, ratio per round {round_ratios(on, off)}, "
-                      f"computed/received {on['computed_per_received']:.2f}, hit rate "
-                      f"{on['hit_rate']:.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{name}, {driver}: on {on['tokens_per_s']:.0f} tok/s, off "
+                    f"{off['tokens_per_s']:.0f}, ratio per round {round_ratios(on, off)}, "
+                    f"computed/received {on['computed_per_received']:.2f}, hit rate "
+                    f"{on['hit_rate']:.2f}",
+                    flush=True,
+                )
     return rows
 
 
@@ -132,11 +144,20 @@ def round_ratios(on: dict, off: dict) -> str:
 def serve_round(server, case, seconds) -> dict:
     texts, counts, reference, clients, per_request = case
     make = triton_sender(server.grpc_url, texts)
-    drive(make, counts, reference, clients=2, per_request=per_request, seconds=0, passes=0,
-          max_requests=4)  # warm-up  # fmt: skip
+    drive(
+        make,
+        counts,
+        reference,
+        clients=2,
+        per_request=per_request,
+        seconds=0,
+        passes=0,
+        max_requests=4,
+    )  # warm-up
     before = metrics(server.metrics_url)
-    stats = drive(make, counts, reference, clients=clients, per_request=per_request,
-                  seconds=seconds, passes=1)  # fmt: skip
+    stats = drive(
+        make, counts, reference, clients=clients, per_request=per_request, seconds=seconds, passes=1
+    )
     after = metrics(server.metrics_url)
     return {**stats, "metrics": {k: after[k] - before[k] for k in after}}
 
@@ -147,12 +168,28 @@ def analyzer_round(server, inputs: Path, case, seconds, warm_up: float = 3) -> d
     `seconds` after `warm_up` gives tokens/s. Its own report is not used (its windows end
     with whole requests; ours is the same clock for both servers)."""
     _, _, _, clients, per_request = case
-    cmd = [str(PERF_ANALYZER), "-m", "embed", "-i", "grpc", "-u", server.grpc_url,
-           "-b", str(per_request), "--input-data", str(inputs),
-           "--concurrency-range", f"{clients}:{clients}:1",
-           # one long window, stopped by us; -s: no stability test (a shared 2-core machine)
-           "--measurement-mode", "time_windows", "--measurement-interval", "3600000",
-           "-s", "100000"]  # fmt: skip
+    cmd = [
+        str(PERF_ANALYZER),
+        "-m",
+        "embed",
+        "-i",
+        "grpc",
+        "-u",
+        server.grpc_url,
+        "-b",
+        str(per_request),
+        "--input-data",
+        str(inputs),
+        "--concurrency-range",
+        f"{clients}:{clients}:1",
+        # one long window, stopped by us; -s: no stability test (a shared 2-core machine)
+        "--measurement-mode",
+        "time_windows",
+        "--measurement-interval",
+        "3600000",
+        "-s",
+        "100000",
+    ]
     wait_idle(server)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -167,10 +204,16 @@ def analyzer_round(server, inputs: Path, case, seconds, warm_up: float = 3) -> d
     delta = {k: after[k] - before[k] for k in after}
     if not delta["qwen_embed_tokens_total"]:
         raise RuntimeError(f"perf_analyzer sent nothing: {err[-500:]}")
-    return {"seconds": wall, "tokens": delta["qwen_embed_tokens_total"],
-            "tokens_per_s": delta["qwen_embed_tokens_total"] / wall,
-            "requests": None, "failed_requests": None, "p99_s": None, "min_cosine": None,
-            "metrics": delta}  # fmt: skip
+    return {
+        "seconds": wall,
+        "tokens": delta["qwen_embed_tokens_total"],
+        "tokens_per_s": delta["qwen_embed_tokens_total"] / wall,
+        "requests": None,
+        "failed_requests": None,
+        "p99_s": None,
+        "min_cosine": None,
+        "metrics": delta,
+    }
 
 
 def combine(parts: list[dict]) -> dict:
@@ -184,7 +227,8 @@ def combine(parts: list[dict]) -> dict:
         return fold(values) if values else None
 
     return {
-        "rounds": len(parts), "seconds": seconds,
+        "rounds": len(parts),
+        "seconds": seconds,
         "requests": over_rounds("requests", sum),
         "failed_requests": over_rounds("failed_requests", sum),
         "tokens_per_s": sum(p["tokens"] for p in parts) / seconds,
@@ -196,39 +240,55 @@ def combine(parts: list[dict]) -> dict:
         "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups if lookups else 0.0,
         # Seconds each step computed per second of the run (2 cores: at most ~2 in all).
         **{f"{m}_busy": delta[f"{m} busy"] / seconds for m in BUSY},
-    }  # fmt: skip
+    }
 
 
 def pruning(model_dir: Path, ids: list[list[int]], repeats: int) -> dict:
     """Engine in process, dtype auto, no prefix reuse: the last layer pruned vs computed whole."""
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:
         planner = enc.model.planner
-        runs = alternate(enc, ids, {True: lambda: setattr(planner, "prune", True),
-                                    False: lambda: setattr(planner, "prune", False)},
-                         repeats)  # fmt: skip
+        runs = alternate(
+            enc,
+            ids,
+            {
+                True: lambda: setattr(planner, "prune", True),
+                False: lambda: setattr(planner, "prune", False),
+            },
+            repeats,
+        )
     on, off = runs[True], runs[False]
-    return {"pruned_tok_s": on["tok_s"], "full_tok_s": off["tok_s"],
-            "ratio": on["tok_s"] / off["tok_s"],
-            "min_cosine": float((on["vectors"] * off["vectors"]).sum(1).min())}  # fmt: skip
+    return {
+        "pruned_tok_s": on["tok_s"],
+        "full_tok_s": off["tok_s"],
+        "ratio": on["tok_s"] / off["tok_s"],
+        "min_cosine": float((on["vectors"] * off["vectors"]).sum(1).min()),
+    }
 
 
-def engine_ratios(model_dir: Path, ids: list[list[int]], sizes: list[int],
-                  rounds: int = 3) -> list[dict]:  # fmt: skip
+def engine_ratios(
+    model_dir: Path, ids: list[list[int]], sizes: list[int], rounds: int = 3
+) -> list[dict]:
     """Engine in process, dtype auto: reuse on vs off (one encoder, switched; its prefix cache
     warm) for forwards of `size` queries each, i.e. the batches Triton's dynamic batcher forms
     from 1-text requests (16 clients: 1 to 16, ~8 on average). Best of `rounds` turns."""
     out = []
     with Encoder.from_pretrained(model_dir) as enc:
         planner = enc.model.planner
-        variants = {reuse: lambda r=reuse: setattr(planner, "prefix_reuse", r)
-                    for reuse in (True, False)}  # fmt: skip
+        variants = {
+            reuse: lambda r=reuse: setattr(planner, "prefix_reuse", r) for reuse in (True, False)
+        }
         for size in sizes:
             chunks = [ids[i : i + size] for i in range(0, len(ids) - size + 1, size)]
             per_chunk = sum(len(x) for c in chunks for x in c) / len(chunks)  # tokens
             best = alternate_forwards(enc, chunks, variants, rounds)
-            out.append({"queries_per_forward": size, "on_tok_s": per_chunk / best[True],
-                        "off_tok_s": per_chunk / best[False],
-                        "ratio": best[False] / best[True]})  # fmt: skip
+            out.append(
+                {
+                    "queries_per_forward": size,
+                    "on_tok_s": per_chunk / best[True],
+                    "off_tok_s": per_chunk / best[False],
+                    "ratio": best[False] / best[True],
+                }
+            )
             print(out[-1], flush=True)
     return out
 
@@ -243,10 +303,16 @@ def main() -> None:
     p.add_argument("--deep-layers", type=int, default=28)
     p.add_argument("--deep-texts", type=int, default=24)
     p.add_argument("--no-pruning", action="store_true", help="skip the in-process pruning runs")
-    p.add_argument("--no-engine", action="store_true",
-                   help="skip the in-process reuse runs per forward size")  # fmt: skip
-    p.add_argument("--forward-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32],
-                   help="queries per forward of the in-process reuse runs")  # fmt: skip
+    p.add_argument(
+        "--no-engine", action="store_true", help="skip the in-process reuse runs per forward size"
+    )
+    p.add_argument(
+        "--forward-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8, 16, 32],
+        help="queries per forward of the in-process reuse runs",
+    )
     p.add_argument(
         "--workloads",
         nargs="+",
@@ -254,13 +320,19 @@ def main() -> None:
         default=["1-text", "32-text", "documents"],
         help="serving cases to run (--seconds 0: none)",
     )
-    p.add_argument("--drivers", nargs="+", choices=["python", "perf_analyzer"],
-                   default=["python", "perf_analyzer"], help="load generators")  # fmt: skip
+    p.add_argument(
+        "--drivers",
+        nargs="+",
+        choices=["python", "perf_analyzer"],
+        default=["python", "perf_analyzer"],
+        help="load generators",
+    )
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
     if "perf_analyzer" in args.drivers and not PERF_ANALYZER.exists():
-        p.error(f"{PERF_ANALYZER} is missing: run perf/perf_analyzer/install.sh (make perf-prefix "
-                "does)")  # fmt: skip
+        p.error(
+            f"{PERF_ANALYZER} is missing: run perf/perf_analyzer/install.sh (make perf-prefix does)"
+        )
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
     layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
@@ -269,9 +341,11 @@ def main() -> None:
     query_ids = [e.ids for e in tok.encode_batch(queries)]
     cases = {}
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:  # the reference
-        workloads = [("query, 1-text requests", queries, 16, 1),
-                     ("query, 32-text requests", queries, 4, 32),
-                     ("documents, 8-text requests", documents, 8, 8)]  # fmt: skip
+        workloads = [
+            ("query, 1-text requests", queries, 16, 1),
+            ("query, 32-text requests", queries, 4, 32),
+            ("documents, 8-text requests", documents, 8, 8),
+        ]
         for name, texts, clients, per_request in workloads:
             if args.seconds <= 0 or not any(w in name for w in args.workloads):
                 continue
@@ -285,16 +359,20 @@ def main() -> None:
         doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
         prune[f"{model_dir.name} ({layers} layers)"] = pruning(model_dir, doc_ids, 2)
         print(prune, flush=True)
-        deep = ensure_model(REPO / ".cache" / f"bench-model-{args.deep_layers}l",
-                            args.deep_layers)  # fmt: skip
+        deep = ensure_model(REPO / ".cache" / f"bench-model-{args.deep_layers}l", args.deep_layers)
         prune[f"Qwen3-Embedding-0.6B shape ({args.deep_layers} layers)"] = pruning(
             deep, doc_ids[: args.deep_texts], 1
         )
         print(prune, flush=True)
 
     record = new_record(rows=rows, engine=engine, pruning=prune)
-    write_report(args.out, record, "Shared-prefix reuse and last-layer pruning, on vs off",
-                 notes(args, model_dir.name, layers), tables(rows, engine, prune))  # fmt: skip
+    write_report(
+        args.out,
+        record,
+        "Shared-prefix reuse and last-layer pruning, on vs off",
+        notes(args, model_dir.name, layers),
+        tables(rows, engine, prune),
+    )
 
 
 def either(value, form: str) -> str:
@@ -308,39 +386,49 @@ def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
         "| on / off per round | computed per received (on) | cache hit rate (on) "
         "| p99 s on / off | min cosine on | encoder busy on / off | tokenizer busy on / off |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for name, driver, reuse in by:
         if reuse != "auto":
             continue
         on, off = by[(name, driver, "auto")], by[(name, driver, "off")]
-        table.append(f"| {name} | {driver} | {on['tokens_per_s']:.0f} | "
-                     f"{off['tokens_per_s']:.0f} | "
-                     f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
-                     f"{round_ratios(on, off)} | {on['computed_per_received']:.2f} | "
-                     f"{on['hit_rate']:.2f} | "
-                     f"{either(on['p99_s'], '.2f')} / {either(off['p99_s'], '.2f')} | "
-                     f"{either(on['min_cosine'], '.5f')} | {on['encoder_busy']:.2f} / "
-                     f"{off['encoder_busy']:.2f} | {on['tokenizer_busy']:.2f} / "
-                     f"{off['tokenizer_busy']:.2f} |")  # fmt: skip
+        table.append(
+            f"| {name} | {driver} | {on['tokens_per_s']:.0f} | "
+            f"{off['tokens_per_s']:.0f} | "
+            f"{on['tokens_per_s'] / off['tokens_per_s']:.2f} | "
+            f"{round_ratios(on, off)} | {on['computed_per_received']:.2f} | "
+            f"{on['hit_rate']:.2f} | "
+            f"{either(on['p99_s'], '.2f')} / {either(off['p99_s'], '.2f')} | "
+            f"{either(on['min_cosine'], '.5f')} | {on['encoder_busy']:.2f} / "
+            f"{off['encoder_busy']:.2f} | {on['tokenizer_busy']:.2f} / "
+            f"{off['tokenizer_busy']:.2f} |"
+        )
     if engine:
         table += [
-            "", "Reuse on vs off in process (the engine alone, query workload, cache warm), per "
-            "forward size: the most a Triton ratio can reach with batches of that size:", "",
+            "",
+            "Reuse on vs off in process (the engine alone, query workload, cache warm), per "
+            "forward size: the most a Triton ratio can reach with batches of that size:",
+            "",
             "| queries per forward | tokens/s reuse on | tokens/s off | on / off |",
             "| --- | --- | --- | --- |",
-        ]  # fmt: skip
+        ]
     for r in engine:
-        table.append(f"| {r['queries_per_forward']} | {r['on_tok_s']:.0f} | "
-                     f"{r['off_tok_s']:.0f} | {r['ratio']:.2f} |")  # fmt: skip
+        table.append(
+            f"| {r['queries_per_forward']} | {r['on_tok_s']:.0f} | "
+            f"{r['off_tok_s']:.0f} | {r['ratio']:.2f} |"
+        )
     if prune:
         table += [
-            "", "Last-layer pruning (engine in process, document mix, prefix reuse off):", "",
+            "",
+            "Last-layer pruning (engine in process, document mix, prefix reuse off):",
+            "",
             "| model | tokens/s pruned | tokens/s whole last layer | ratio | min cosine |",
             "| --- | --- | --- | --- | --- |",
-        ]  # fmt: skip
+        ]
     for name, r in prune.items():
-        table.append(f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
-                     f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |")  # fmt: skip
+        table.append(
+            f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
+            f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |"
+        )
     return table
 
 

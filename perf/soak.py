@@ -63,12 +63,20 @@ def fill_batch_budget(server: TritonServer) -> None:
     the forward would compute a single text, not the full budget."""
     config = (TEMPLATE / "encoder" / "config.pbtxt").read_text()
     count = int(get_parameter(config, "max_batch_tokens")) // 1024
-    server.embed_http([" ".join(WORDS[(i + t) % len(WORDS)] for i in range(1023))
-                       for t in range(count)])  # fmt: skip
+    server.embed_http(
+        [" ".join(WORDS[(i + t) % len(WORDS)] for i in range(1023)) for t in range(count)]
+    )
 
 
-def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, out: Path,
-         texts_per_request: int = 8, model_repository: Path | None = None) -> dict:  # fmt: skip
+def soak(
+    seconds: int,
+    users: int,
+    warmup_fraction: float,
+    max_growth: float,
+    out: Path,
+    texts_per_request: int = 8,
+    model_repository: Path | None = None,
+) -> dict:
     model_dir = os.environ.get("QWEN_EMBED_MODEL_DIR", str(DEMO_MODEL_DIR))
     out.parent.mkdir(parents=True, exist_ok=True)
     samples: list[tuple[float, float]] = []
@@ -87,8 +95,13 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
         sampler = threading.Thread(target=sample, daemon=True)
         samples.append((0.0, tree_rss_mb(pid)))
         sampler.start()
-        row = run_locust(server.grpc_url, users, seconds, out.parent / f"{out.name}-locust",
-                         ["--texts-per-request", str(texts_per_request)])  # fmt: skip
+        row = run_locust(
+            server.grpc_url,
+            users,
+            seconds,
+            out.parent / f"{out.name}-locust",
+            ["--texts-per-request", str(texts_per_request)],
+        )
         done.set()
         sampler.join()
         samples.append((time.monotonic() - start, tree_rss_mb(pid)))
@@ -100,34 +113,60 @@ def soak(seconds: int, users: int, warmup_fraction: float, max_growth: float, ou
     end = samples[-1][1]
     growth = (last - first) / first
     result = {
-        "date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-        "command": command_line(), "model_dir": model_dir,
-        "seconds": seconds, "users": users, "texts_per_request": texts_per_request,
+        "date": stamp(),
+        "machine": machine(),
+        "cpu": cpu_features().describe(),
+        "command": command_line(),
+        "model_dir": model_dir,
+        "seconds": seconds,
+        "users": users,
+        "texts_per_request": texts_per_request,
         "locust": row,
-        "rss_mb": {"loaded": round(loaded, 1), "start": round(samples[0][1], 1),
-                   "after_warmup": round(after_warmup, 1), "end": round(end, 1),
-                   "max": round(max(r for _, r in samples), 1),
-                   "max_first_half": round(first, 1), "max_last_half": round(last, 1)},
-        "growth_after_warmup": round(growth, 4), "max_growth": max_growth,
+        "rss_mb": {
+            "loaded": round(loaded, 1),
+            "start": round(samples[0][1], 1),
+            "after_warmup": round(after_warmup, 1),
+            "end": round(end, 1),
+            "max": round(max(r for _, r in samples), 1),
+            "max_first_half": round(first, 1),
+            "max_last_half": round(last, 1),
+        },
+        "growth_after_warmup": round(growth, 4),
+        "max_growth": max_growth,
         "passed": row["failures"] == 0 and row["requests"] > 0 and growth <= max_growth,
         "samples": [(round(t, 1), round(r, 1)) for t, r in samples],
-    }  # fmt: skip
+    }
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     rss = result["rss_mb"]
-    out.with_suffix(".md").write_text("\n".join([
-        "# Soak", "", f"- date: {result['date']}", f"- machine: {result['machine']}",
-        f"- CPU flags: {result['cpu']}",
-        f"- command: `{result['command']}`", f"- model: {model_dir}",
-        f"- load: {users} Locust users, {texts_per_request} mixed texts/request, {seconds} s", "",
-        f"requests {row['requests']}, failures {row['failures']}, {row['tokens_per_s']} tokens/s, "
-        f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms", "",
-        f"RSS of tritonserver + stubs (MiB): models loaded {rss['loaded']}, after one "
-        f"full-budget forward (the start) {rss['start']}, after warm-up "
-        f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, end {rss['end']}, "
-        f"max {rss['max']}; highest after warm-up: first half {rss['max_first_half']}, last "
-        f"half {rss['max_last_half']}, growth {growth:+.1%} (limit {max_growth:.0%})", "",
-        f"result: {'PASS' if result['passed'] else 'FAIL'}", "",
-    ]))  # fmt: skip
+    out.with_suffix(".md").write_text(
+        "\n".join(
+            [
+                "# Soak",
+                "",
+                f"- date: {result['date']}",
+                f"- machine: {result['machine']}",
+                f"- CPU flags: {result['cpu']}",
+                f"- command: `{result['command']}`",
+                f"- model: {model_dir}",
+                f"- load: {users} Locust users, {texts_per_request} mixed texts/request, "
+                f"{seconds} s",
+                "",
+                f"requests {row['requests']}, failures {row['failures']}, "
+                f"{row['tokens_per_s']} tokens/s, p50 {row['p50_ms']:.0f} ms, "
+                f"p99 {row['p99_ms']:.0f} ms",
+                "",
+                f"RSS of tritonserver + stubs (MiB): models loaded {rss['loaded']}, after one "
+                f"full-budget forward (the start) {rss['start']}, after warm-up "
+                f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, "
+                f"end {rss['end']}, max {rss['max']}; highest after warm-up: "
+                f"first half {rss['max_first_half']}, last half {rss['max_last_half']}, "
+                f"growth {growth:+.1%} (limit {max_growth:.0%})",
+                "",
+                f"result: {'PASS' if result['passed'] else 'FAIL'}",
+                "",
+            ]
+        )
+    )
     return result
 
 

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
-         "which but have an they you were her she there one all we their can has more when will "
-         "would who so no about if out up into them some time could than other what new only "
-         "also any these may then two first like over such our man me even most made after "
-         "way many must well should").split()  # fmt: skip
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there one all we their can has more when will "
+    "would who so no about if out up into them some time could than other what new only "
+    "also any these may then two first like over such our man me even most made after "
+    "way many must well should"
+).split()
 RESULTS = Path(__file__).parent / "results"
 SHORT_WORDS = (16, 64)
 LONG_WORDS = (256, 1024)
@@ -77,26 +79,41 @@ def new_record(**fields) -> dict:
     """What every result carries: date, machine, CPU flags and the command, then `fields`."""
     from qwen_embed.cpu import cpu_features
 
-    return {"date": stamp(), "machine": machine(), "cpu": cpu_features().describe(),
-            "command": command_line(), **fields}  # fmt: skip
+    return {
+        "date": stamp(),
+        "machine": machine(),
+        "cpu": cpu_features().describe(),
+        "command": command_line(),
+        **fields,
+    }
 
 
-def write_report(out: str | Path, record: dict, title: str, notes: list[str],
-                 table: list[str]) -> Path:  # fmt: skip
+def write_report(
+    out: str | Path, record: dict, title: str, notes: list[str], table: list[str]
+) -> Path:
     """OUT.json (the record) and OUT.md: the title, where and how it ran, notes, a table."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [f"# {title}", "", f"- date: {record['date']}", f"- machine: {record['machine']}",
-             f"- CPU flags: {record['cpu']}", f"- command: `{record['command']}`",
-             *(f"- {n}" for n in notes), "", *table]  # fmt: skip
+    lines = [
+        f"# {title}",
+        "",
+        f"- date: {record['date']}",
+        f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}",
+        f"- command: `{record['command']}`",
+        *(f"- {n}" for n in notes),
+        "",
+        *table,
+    ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')}")
     return out
 
 
-def alternate(encoder, ids: list[list[int]], variants: dict, repeats: int = 1,
-              rounds: int = 2) -> dict:  # fmt: skip
+def alternate(
+    encoder, ids: list[list[int]], variants: dict, repeats: int = 1, rounds: int = 2
+) -> dict:
     """A/B (or more) inside one process on one encoder: `variants` maps a name to a function
     that switches the encoder to it; the variants take turns for `rounds` rounds of `repeats`
     embeds each, so the machine's drift falls on all of them. Returns per variant the best
@@ -117,8 +134,9 @@ def alternate(encoder, ids: list[list[int]], variants: dict, repeats: int = 1,
     return {name: {"tok_s": rates[name], "vectors": vectors[name]} for name in variants}
 
 
-def alternate_forwards(encoder, chunks: list[list[list[int]]], variants: dict,
-                       rounds: int = 3) -> dict:  # fmt: skip
+def alternate_forwards(
+    encoder, chunks: list[list[list[int]]], variants: dict, rounds: int = 3
+) -> dict:
     """Like `alternate`, one embed per chunk (so one forward each when a chunk fits the token
     budget): per variant the best seconds per forward over `rounds` turns. The first turn
     also pays what is new to each variant (plans, compiles)."""

@@ -72,11 +72,20 @@ TINY_CONFIGS = {
 
 # Head sizes flashinfer ships kernels for (64, 128): what the GPU tests run (not the CPU suite).
 GPU_CONFIGS = {
-    f"qwen3_head{d}": dict(family="qwen3", hidden_size=256, num_attention_heads=4, head_dim=d,
-                           num_key_value_heads=2, intermediate_size=384, num_hidden_layers=2,
-                           vocab_size=512, max_position_embeddings=2048, rope_theta=1000000.0)
+    f"qwen3_head{d}": dict(
+        family="qwen3",
+        hidden_size=256,
+        num_attention_heads=4,
+        head_dim=d,
+        num_key_value_heads=2,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        rope_theta=1000000.0,
+    )
     for d in (64, 128)
-}  # fmt: skip
+}
 
 _CLASSES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
@@ -158,9 +167,16 @@ def random_sequences(lengths, vocab_size: int = 512, seed: int = 0) -> list[list
 
 # A reranker replica: a real Qwen vocabulary (the template and "yes"/"no" need real ids),
 # everything else tiny.
-RERANKER_CONFIG = dict(hidden_size=64, num_attention_heads=4, head_dim=16, num_key_value_heads=2,
-                       intermediate_size=128, num_hidden_layers=2, vocab_size=151669,
-                       max_position_embeddings=2048)  # fmt: skip
+RERANKER_CONFIG = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    head_dim=16,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    vocab_size=151669,
+    max_position_embeddings=2048,
+)
 
 
 def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -> Path:
@@ -170,9 +186,13 @@ def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -
 
     from qwen_embed.demo import write_tokenizer
 
-    config = Qwen3Config(**RERANKER_CONFIG, tie_word_embeddings=not classifier,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                         num_labels=1, pad_token_id=151643)  # fmt: skip
+    config = Qwen3Config(
+        **RERANKER_CONFIG,
+        tie_word_embeddings=not classifier,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        num_labels=1,
+        pad_token_id=151643,
+    )
     torch.manual_seed(seed)
     model = (Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM)(config)
     with torch.no_grad():
@@ -217,13 +237,20 @@ def model_card_pairs(
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prefix = ("<|im_start|>system\nJudge whether the Document meets the requirements based on "
-              "the Query and the Instruct provided. Note that the answer can only be \"yes\" or "
-              "\"no\".<|im_end|>\n<|im_start|>user\n")  # fmt: skip
+    prefix = (
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on "
+        'the Query and the Instruct provided. Note that the answer can only be "yes" or '
+        '"no".<|im_end|>\n<|im_start|>user\n'
+    )
     suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     prefix_ids = tok.encode(prefix, add_special_tokens=False)
     suffix_ids = tok.encode(suffix, add_special_tokens=False)
     pairs = [f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {d}" for d in documents]
-    enc = tok(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
-              max_length=max_length - len(prefix_ids) - len(suffix_ids))  # fmt: skip
+    enc = tok(
+        pairs,
+        padding=False,
+        truncation="longest_first",
+        return_attention_mask=False,
+        max_length=max_length - len(prefix_ids) - len(suffix_ids),
+    )
     return [prefix_ids + ids + suffix_ids for ids in enc["input_ids"]]

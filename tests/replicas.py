@@ -16,18 +16,28 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3Model
 
 from qwen_embed.demo import write_tokenizer
 
-QWEN3_QUERY = ("Instruct: Given a web search query, retrieve relevant passages that answer the "
-               "query\nQuery:")  # fmt: skip
-TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-            num_hidden_layers=2, max_position_embeddings=32768)  # fmt: skip
+QWEN3_QUERY = (
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+)
+TINY = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    max_position_embeddings=32768,
+)
 
 
 def _noise(model: torch.nn.Module, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight")
-                    else 0.05 * torch.randn_like(p))  # fmt: skip
+            p.copy_(
+                1.0 + 0.1 * torch.randn_like(p)
+                if name.endswith("norm.weight")
+                else 0.05 * torch.randn_like(p)
+            )
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -37,35 +47,70 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _sentence_transformers_files(directory: Path, prompts: dict, default: str | None) -> None:
     """Transformer -> last-token Pooling -> Normalize, as both real models ship it."""
-    _write_json(directory / "modules.json", [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"},
-    ])  # fmt: skip
-    _write_json(directory / "1_Pooling" / "config.json", {
-        "word_embedding_dimension": TINY["hidden_size"], "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": True, "include_prompt": True,
-    })  # fmt: skip
+    _write_json(
+        directory / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling",
+            },
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            },
+        ],
+    )
+    _write_json(
+        directory / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": TINY["hidden_size"],
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": False,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": True,
+            "include_prompt": True,
+        },
+    )
     (directory / "2_Normalize").mkdir(exist_ok=True)
-    _write_json(directory / "sentence_bert_config.json",
-                {"max_seq_length": 8192, "do_lower_case": False})  # fmt: skip
-    _write_json(directory / "config_sentence_transformers.json", {
-        "prompts": prompts, "default_prompt_name": default, "similarity_fn_name": "cosine",
-    })  # fmt: skip
+    _write_json(
+        directory / "sentence_bert_config.json", {"max_seq_length": 8192, "do_lower_case": False}
+    )
+    _write_json(
+        directory / "config_sentence_transformers.json",
+        {
+            "prompts": prompts,
+            "default_prompt_name": default,
+            "similarity_fn_name": "cosine",
+        },
+    )
 
 
-def qwen3_embedding(directory: Path, *, prompts: dict | None = None,
-                    default_prompt_name: str | None = None, seed: int = 0) -> Path:  # fmt: skip
+def qwen3_embedding(
+    directory: Path,
+    *,
+    prompts: dict | None = None,
+    default_prompt_name: str | None = None,
+    seed: int = 0,
+) -> Path:
     """Qwen3-Embedding-0.6B's layout: Qwen3ForCausalLM config, tied embeddings, bf16 tensors
     saved from the base model (no `model.` prefix, no lm_head), a tokenizer.json whose
     post-processor appends <|endoftext|>, left padding, its two prompts."""
-    config = Qwen3Config(**TINY, head_dim=16, vocab_size=151669, tie_word_embeddings=True,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                         bos_token_id=151643, eos_token_id=151643)  # fmt: skip
+    config = Qwen3Config(
+        **TINY,
+        head_dim=16,
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
     model = Qwen3Model(config)
     _noise(model, seed)
     model.to(torch.bfloat16).save_pretrained(directory)
@@ -73,8 +118,9 @@ def qwen3_embedding(directory: Path, *, prompts: dict | None = None,
     hf["architectures"] = ["Qwen3ForCausalLM"]
     _write_json(directory / "config.json", hf)
     write_tokenizer(directory, append_eos=True)
-    _sentence_transformers_files(directory, prompts or {"query": QWEN3_QUERY, "document": ""},
-                                 default_prompt_name)  # fmt: skip
+    _sentence_transformers_files(
+        directory, prompts or {"query": QWEN3_QUERY, "document": ""}, default_prompt_name
+    )
     return directory
 
 
@@ -83,20 +129,37 @@ def gte_qwen2(directory: Path, *, seed: int = 1) -> Path:
     tensors with `model.` prefixes and an lm_head, sharded with an index; a tokenizer.json that
     appends nothing while tokenizer_config.json says `add_eos_token: true` (its own remote-code
     tokenizer appends <|endoftext|>); its query prompt ends with a space."""
-    config = Qwen2Config(**TINY, vocab_size=151646, is_causal=False, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                         bos_token_id=151643, eos_token_id=151643)  # fmt: skip
+    config = Qwen2Config(
+        **TINY,
+        vocab_size=151646,
+        is_causal=False,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
     model = Qwen2ForCausalLM(config)
     _noise(model, seed)
     model.save_pretrained(directory, max_shard_size="8MB")
     assert (directory / "model.safetensors.index.json").is_file()
     write_tokenizer(directory, append_eos=False)
-    _write_json(directory / "tokenizer_config.json", {
-        "add_bos_token": False, "add_eos_token": True, "bos_token": None,
-        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "model_max_length": 32768,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "auto_map": {"AutoTokenizer": ["tokenization_qwen.Qwen2Tokenizer",
-                                       "tokenization_qwen.Qwen2TokenizerFast"]},
-    })  # fmt: skip
+    _write_json(
+        directory / "tokenizer_config.json",
+        {
+            "add_bos_token": False,
+            "add_eos_token": True,
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "model_max_length": 32768,
+            "tokenizer_class": "Qwen2Tokenizer",
+            "auto_map": {
+                "AutoTokenizer": [
+                    "tokenization_qwen.Qwen2Tokenizer",
+                    "tokenization_qwen.Qwen2TokenizerFast",
+                ]
+            },
+        },
+    )
     _sentence_transformers_files(directory, {"query": QWEN3_QUERY + " "}, None)
     return directory

@@ -10,8 +10,14 @@ from qwen_embed.serving.config import encoder_device, switch
 
 from reference import cosine, random_sequences, reference_embeddings
 
-CPU_SPEC = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, causal=True,
-                         device=torch.device("cpu"), dtype=torch.float32)  # fmt: skip
+CPU_SPEC = AttentionSpec(
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    causal=True,
+    device=torch.device("cpu"),
+    dtype=torch.float32,
+)
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -84,8 +90,9 @@ def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
     pytest.importorskip("flash_attn" if name == "flash_attn" else "flashinfer")
     seqs = random_sequences([1, 17, 90, 300], seed=12)
     ref = reference_embeddings(checkpoint(config_name), seqs)
-    with Encoder.from_pretrained(checkpoint(config_name), attn_backend=name, dtype="bfloat16",
-                                 device="cuda") as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint(config_name), attn_backend=name, dtype="bfloat16", device="cuda"
+    ) as enc:
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= 0.999
 

@@ -20,9 +20,12 @@ from triton_helpers import infer
 
 HTTP_4XX = range(400, 500)
 GRPC_4XX = {
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-}  # fmt: skip
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 CHECK_TEXTS = ["Hello, world!", "The quick brown fox jumps over the lazy dog."]
 
 
@@ -185,9 +188,12 @@ CASES = [
 
 def send_http(server, case):
     """POST with the binary tensor extension, so any bytes (and lying shapes) can be sent."""
-    header = {"inputs": [{"name": n, "datatype": d, "shape": s,
-                          "parameters": {"binary_data_size": len(raw)}}
-                         for n, d, s, raw in case.inputs]}  # fmt: skip
+    header = {
+        "inputs": [
+            {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": len(raw)}}
+            for n, d, s, raw in case.inputs
+        ]
+    }
     if case.params:
         header["parameters"] = case.params
     head = json.dumps(header).encode()
@@ -195,9 +201,11 @@ def send_http(server, case):
     request = urllib.request.Request(
         f"http://{server.http_url}/v2/models/{case.model}{version}/infer",
         data=head + b"".join(raw for *_, raw in case.inputs),
-        headers={"Inference-Header-Content-Length": str(len(head)),
-                 "Content-Type": "application/octet-stream"},
-    )  # fmt: skip
+        headers={
+            "Inference-Header-Content-Length": str(len(head)),
+            "Content-Type": "application/octet-stream",
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as r:
             return r.status, r.read()[:200].decode(errors="replace")
@@ -212,8 +220,9 @@ def send_grpc(server, case):
         tensor.shape.extend(shape)
         request.raw_input_contents.append(raw)
     for key, value in case.params.items():
-        kind = {bool: "bool_param", int: "int64_param", str: "string_param",
-                float: "double_param"}[type(value)]  # fmt: skip
+        kind = {bool: "bool_param", int: "int64_param", str: "string_param", float: "double_param"}[
+            type(value)
+        ]
         setattr(request.parameters[key], kind, value)
     with grpc.insecure_channel(server.grpc_url) as channel:
         try:

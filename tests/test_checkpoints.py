@@ -37,8 +37,12 @@ from triton_helpers import infer
 
 MIN_COSINE = 0.9999
 EOS = 151643
-TEXTS = ["What is the capital of China?", "Beijing is the capital of China.",
-         "naïve café — emoji 🎉 你好", "def f(x):\n    return x ** 2"]  # fmt: skip
+TEXTS = [
+    "What is the capital of China?",
+    "Beijing is the capital of China.",
+    "naïve café — emoji 🎉 你好",
+    "def f(x):\n    return x ** 2",
+]
 CUSTOM_PROMPTS = {
     "classification": "Classify the sentiment of the review: ",
     "clustering": "Identify the topic: ",
@@ -64,7 +68,7 @@ def dirs(tmp_path_factory):
             prompts=CUSTOM_PROMPTS,
             default_prompt_name="classification",
             seed=3,
-        ),  # fmt: skip
+        ),
         "cache": cache,
     }
 
@@ -72,8 +76,12 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(dirs, tmp_path_factory):
     where = tmp_path_factory.mktemp("checkpoints-triton")
-    deployments = {"qwen3": dirs["qwen3"], "gte": dirs["gte"], "custom": dirs["custom"],
-                   "byid": MODEL_ID}  # fmt: skip
+    deployments = {
+        "qwen3": dirs["qwen3"],
+        "gte": dirs["gte"],
+        "custom": dirs["custom"],
+        "byid": MODEL_ID,
+    }
     repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
     env = {"HF_HUB_CACHE": str(dirs["cache"]), "HF_HUB_OFFLINE": "1"}
     with TritonServer(repo, env=env, log_path=where / "server.log") as s:
@@ -83,9 +91,12 @@ def server(dirs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def st(dirs):
     """sentence-transformers on each directory, fp32."""
-    return {name: SentenceTransformer(str(dirs[name]), device="cpu",
-                                      model_kwargs={"dtype": torch.float32})
-            for name in ("qwen3", "gte", "custom")}  # fmt: skip
+    return {
+        name: SentenceTransformer(
+            str(dirs[name]), device="cpu", model_kwargs={"dtype": torch.float32}
+        )
+        for name in ("qwen3", "gte", "custom")
+    }
 
 
 def gte_reference(model_dir, texts, prefix, eos=True):
@@ -128,19 +139,37 @@ def test_qwen3_embedding_layout(server, st, name):
     check(server, name, model.encode(TEXTS), st_counts(model, TEXTS, ""))
     for prompt_name in ("query", "document"):
         prefix = model.prompts[prompt_name]
-        check(server, name, model.encode(TEXTS, prompt_name=prompt_name),
-              st_counts(model, TEXTS, prefix), prompt_name=prompt_name)  # fmt: skip
+        check(
+            server,
+            name,
+            model.encode(TEXTS, prompt_name=prompt_name),
+            st_counts(model, TEXTS, prefix),
+            prompt_name=prompt_name,
+        )
     task = "Instruct: Find the city\nQuery:"
-    check(server, name, model.encode(TEXTS, prompt=task), st_counts(model, TEXTS, task),
-          instruction="Find the city")  # fmt: skip
-    check(server, name, model.encode(TEXTS, prompt="title: "), st_counts(model, TEXTS, "title: "),
-          prompt="title: ")  # fmt: skip
+    check(
+        server,
+        name,
+        model.encode(TEXTS, prompt=task),
+        st_counts(model, TEXTS, task),
+        instruction="Find the city",
+    )
+    check(
+        server,
+        name,
+        model.encode(TEXTS, prompt="title: "),
+        st_counts(model, TEXTS, "title: "),
+        prompt="title: ",
+    )
 
 
 def test_gte_qwen2_layout(server, dirs):
-    for prefix, params in [("", {}), (QWEN3_QUERY + " ", {"prompt_name": "query"}),
-                           ("Instruct: Find the city\nQuery: ", {"instruction": "Find the city"}),
-                           ("title: ", {"prompt": "title: "})]:  # fmt: skip
+    for prefix, params in [
+        ("", {}),
+        (QWEN3_QUERY + " ", {"prompt_name": "query"}),
+        ("Instruct: Find the city\nQuery: ", {"instruction": "Find the city"}),
+        ("title: ", {"prompt": "title: "}),
+    ]:
         reference, counts = gte_reference(dirs["gte"], TEXTS, prefix)
         check(server, "gte", reference, counts, **params)
 
@@ -150,19 +179,32 @@ def test_custom_prompts_and_default_prompt_name(server, st):
     default = CUSTOM_PROMPTS["classification"]
     check(server, "custom", model.encode(TEXTS), st_counts(model, TEXTS, default))
     for prompt_name, prefix in CUSTOM_PROMPTS.items():
-        check(server, "custom", model.encode(TEXTS, prompt_name=prompt_name),
-              st_counts(model, TEXTS, prefix), prompt_name=prompt_name)  # fmt: skip
+        check(
+            server,
+            "custom",
+            model.encode(TEXTS, prompt_name=prompt_name),
+            st_counts(model, TEXTS, prefix),
+            prompt_name=prompt_name,
+        )
 
 
 BAD = [
-    ("custom", {"prompt_name": "document"}, r"'prompt_name' must be one of \['classification', "
-     r"'clustering', 'query'\]"),
+    (
+        "custom",
+        {"prompt_name": "document"},
+        r"'prompt_name' must be one of \['classification', "
+        r"'clustering', 'query'\]",
+    ),
     ("qwen3", {"prompt": ""}, r"parameter 'prompt' must not be empty"),
     ("qwen3", {"prompt": "a", "prompt_name": "query"}, r"'prompt' replaces 'prompt_name'"),
-    ("qwen3", {"truncation_direction": "middle"}, r"'truncation_direction' must be 'left' or "
-     r"'right'"),
+    (
+        "qwen3",
+        {"truncation_direction": "middle"},
+        r"'truncation_direction' must be 'left' or "
+        r"'right'",
+    ),
     ("custom", {"instruction": "Find"}, r"'instruction' needs a 'query' prompt of the form"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

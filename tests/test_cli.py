@@ -13,8 +13,13 @@ from qwen_embed.serving.triton import free_port
 
 
 def cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "qwen_embed_client", *args], input=stdin,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "qwen_embed_client", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_embed_arguments_to_jsonl_stdout(server):
@@ -26,11 +31,24 @@ def test_embed_arguments_to_jsonl_stdout(server):
 
 def test_embed_files_and_stdin_to_npy(server, tmp_path):
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"text": f"t{i}"}) for i in range(5)))
-    r = cli("embed", "--input", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "a.npy"),
-            "--url", server.grpc_url)  # fmt: skip
+    r = cli(
+        "embed",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "-o",
+        str(tmp_path / "a.npy"),
+        "--url",
+        server.grpc_url,
+    )
     assert r.returncode == 0, r.stderr
-    from_stdin = cli("embed", "-o", str(tmp_path / "b.npy"), "--url", server.grpc_url,
-                     stdin="\n".join(f"t{i}" for i in range(5)) + "\n")  # fmt: skip
+    from_stdin = cli(
+        "embed",
+        "-o",
+        str(tmp_path / "b.npy"),
+        "--url",
+        server.grpc_url,
+        stdin="\n".join(f"t{i}" for i in range(5)) + "\n",
+    )
     assert from_stdin.returncode == 0, from_stdin.stderr
     a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
     assert a.shape == (5, 1024) and np.abs(a - b).max() <= 1e-5
@@ -38,8 +56,17 @@ def test_embed_files_and_stdin_to_npy(server, tmp_path):
 
 def test_progress_bar_for_large_jobs(server, tmp_path):
     (tmp_path / "many.txt").write_text("\n".join(f"line {i}" for i in range(1100)))
-    r = cli("embed", "--input", str(tmp_path / "many.txt"), "-o", str(tmp_path / "m.npy"),
-            "--url", server.grpc_url, "--url", server.grpc_url)  # fmt: skip
+    r = cli(
+        "embed",
+        "--input",
+        str(tmp_path / "many.txt"),
+        "-o",
+        str(tmp_path / "m.npy"),
+        "--url",
+        server.grpc_url,
+        "--url",
+        server.grpc_url,
+    )
     assert r.returncode == 0, r.stderr
     assert "1100/1100 texts" in r.stderr
     assert np.load(tmp_path / "m.npy").shape == (1100, 1024)
@@ -52,8 +79,9 @@ def test_health_info_and_errors(server):
     assert info["dimension"] == 1024 and int(info["max_texts_per_request"]) == 256
     assert info["max_input_tokens"] == "8192"
     assert default_metrics_url("10.1.2.3:8001") == "http://10.1.2.3:8002/metrics"
-    info = json.loads(cli("info", "--url", server.grpc_url, "--metrics-url",
-                          server.metrics_url).stdout)  # fmt: skip
+    info = json.loads(
+        cli("info", "--url", server.grpc_url, "--metrics-url", server.metrics_url).stdout
+    )
     (route,) = info["routes"]
     expected = choose_route("float32", "none", "cpu", None, cpu_features())  # conftest.server
     assert (route["dtype"], route["linear"], route["reason"]) == (

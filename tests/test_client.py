@@ -59,8 +59,9 @@ def test_unreachable_server_retries_then_fails():
 
 def test_dead_server_chunks_move_to_the_live_one(server):
     dead = f"127.0.0.1:{free_port()}"
-    with EmbeddingClient([dead, server.grpc_url], retries=1, backoff_s=0.05,
-                         max_texts_per_request=8) as client:  # fmt: skip
+    with EmbeddingClient(
+        [dead, server.grpc_url], retries=1, backoff_s=0.05, max_texts_per_request=8
+    ) as client:
         out = client.embed(TEXTS)
     assert np.abs(out - infer(server, TEXTS, "grpc")[0]).max() <= 1e-4
 

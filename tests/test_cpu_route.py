@@ -93,7 +93,8 @@ def test_int8_matches_transformers(checkpoint, config_name, dtype):
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
     with Encoder.from_pretrained(checkpoint(config_name), dtype=dtype, quantization="int8") as enc:
         linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
-        assert linears and all(isinstance(m.kernel, int8.Int8Weight) and m.weight is None
-                               for m in linears)  # fmt: skip
+        assert linears and all(
+            isinstance(m.kernel, int8.Int8Weight) and m.weight is None for m in linears
+        )
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= INT8_COSINE

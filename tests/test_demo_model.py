@@ -45,8 +45,14 @@ def test_ids_equal_tiktoken(demo_dir):
 def test_demo_config_is_qwen3_embedding_shape(demo_dir):
     config = json.loads((demo_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size"):  # fmt: skip
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+    ):
         assert config[key] == DEMO_CONFIG[key]
     assert (config["hidden_size"], config["head_dim"], config["vocab_size"]) == (1024, 128, 151669)
     assert config["num_hidden_layers"] == 1

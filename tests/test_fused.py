@@ -32,8 +32,9 @@ def test_compiled_matches_eager_and_transformers(checkpoint):
     # one on the same model (toggled), and both against transformers.
     seqs = random_sequences([1, 17, 90, 3], seed=5)
     ref = reference_embeddings(checkpoint("qwen3"), seqs)
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32",
-                                 compile_elementwise=True) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint("qwen3"), dtype="float32", compile_elementwise=True
+    ) as enc:
         assert enc.model.compiled_elementwise and ELEMENTWISE.compiled
         assert enc.route.elementwise == "compiled (Inductor)"
         enc.model.compiled_min_rows = 0  # these small forwards too
@@ -47,8 +48,9 @@ def test_compiled_matches_eager_and_transformers(checkpoint):
 def test_bf16_compiled_matches_transformers(checkpoint):
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint("qwen3"), seqs, dtype=torch.bfloat16)
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
-                                 compile_elementwise=True) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint("qwen3"), dtype="bfloat16", compile_elementwise=True
+    ) as enc:
         assert enc.model.compiled_elementwise
         enc.model.compiled_min_rows = 0
         out = enc.embed(seqs)
@@ -58,8 +60,9 @@ def test_bf16_compiled_matches_transformers(checkpoint):
 def test_small_forwards_run_the_eager_ops(checkpoint):
     # Below compiled_min_rows computed rows a compiled call's fixed cost outweighs its gain.
     ran = []
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
-                                 compile_elementwise=True) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint("qwen3"), dtype="bfloat16", compile_elementwise=True
+    ) as enc:
         assert enc.model.compiled_elementwise and enc.model.compiled_min_rows == 512
         enc.model.compiled_min_rows = 40
         eager = ELEMENTWISE._eager["rms_norm"]
@@ -78,8 +81,9 @@ def test_compiled_ops_stay_inside_the_models_that_chose_them():
     if ELEMENTWISE.ensure_compiled(lambda: ELEMENTWISE.rms_norm(x, w, 1e-6)):
         with ELEMENTWISE.enabled(True):
             assert ELEMENTWISE.rms_norm is not ELEMENTWISE._eager["rms_norm"]
-            torch.testing.assert_close(ELEMENTWISE.rms_norm(x, w, 1e-6),
-                                       ELEMENTWISE._eager["rms_norm"](x, w, 1e-6))  # fmt: skip
+            torch.testing.assert_close(
+                ELEMENTWISE.rms_norm(x, w, 1e-6), ELEMENTWISE._eager["rms_norm"](x, w, 1e-6)
+            )
     assert ELEMENTWISE.rms_norm.__name__ == "rms_norm_eager"
 
 
@@ -87,8 +91,9 @@ def test_failed_compile_runs_eagerly():
     def formula(x):
         raise RuntimeError("no C++ compiler here")
 
-    ops = CompiledSet("test ops", {"f": formula}, {"f": lambda x: x + 1},
-                      warmup=lambda: ops.f(torch.ones(2)))  # fmt: skip
+    ops = CompiledSet(
+        "test ops", {"f": formula}, {"f": lambda x: x + 1}, warmup=lambda: ops.f(torch.ones(2))
+    )
     assert ops.ensure_compiled() is False and ops.compiled is False
     assert torch.equal(ops.f(torch.ones(2)), torch.full((2,), 2.0))
     assert ops.ensure_compiled() is False  # decided once
@@ -98,8 +103,9 @@ def test_failed_compile_runs_eagerly():
 
 def test_route_says_eager_when_compiling_failed(checkpoint, monkeypatch):
     monkeypatch.setattr(ELEMENTWISE, "ensure_compiled", lambda warmup=None: False)
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
-                                 compile_elementwise=True) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint("qwen3"), dtype="bfloat16", compile_elementwise=True
+    ) as enc:
         assert not enc.model.compiled_elementwise
         assert enc.route.elementwise.startswith("eager (compiling failed")
 
@@ -110,11 +116,16 @@ def test_compiling_happens_at_load_not_in_requests(checkpoint):
     from torch._dynamo.utils import counters
 
     prefix = random_sequences([12], seed=9)[0]
-    batches = [[prefix + s for s in random_sequences([3, 1, 7], seed=1)],  # shared in batch
-               [prefix + [5]], [prefix + [6, 7], prefix + [8, 9, 10]],  # from the cache
-               [[11]], random_sequences([1, 17, 90], seed=2)]  # fmt: skip
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="bfloat16",
-                                 compile_elementwise=True) as enc:  # fmt: skip
+    batches = [
+        [prefix + s for s in random_sequences([3, 1, 7], seed=1)],  # shared in batch
+        [prefix + [5]],
+        [prefix + [6, 7], prefix + [8, 9, 10]],  # from the cache
+        [[11]],
+        random_sequences([1, 17, 90], seed=2),
+    ]
+    with Encoder.from_pretrained(
+        checkpoint("qwen3"), dtype="bfloat16", compile_elementwise=True
+    ) as enc:
         assert enc.model.compiled_elementwise
         enc.model.compiled_min_rows = 0  # every request through the compiled ops
         compiled = counters["frames"]["ok"]

@@ -22,9 +22,19 @@ API_KEY = "test-key-123"
 @pytest.fixture(scope="module")
 def stack(server):
     port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "qwen_embed_client.gateway",
-                                "--triton-url", server.grpc_url, "--port", str(port),
-                                "--api-key", API_KEY])  # fmt: skip
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "qwen_embed_client.gateway",
+            "--triton-url",
+            server.grpc_url,
+            "--port",
+            str(port),
+            "--api-key",
+            API_KEY,
+        ]
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -64,8 +74,9 @@ def test_values_and_usage_equal_the_triton_path(stack):
 def test_2048_inputs_are_split_across_triton_requests(stack):
     _, base_url = stack
     api = openai.OpenAI(base_url=base_url, api_key=API_KEY)
-    response = api.embeddings.create(input=[f"t{i}" for i in range(2048)], model="embed",
-                                     dimensions=8)  # fmt: skip
+    response = api.embeddings.create(
+        input=[f"t{i}" for i in range(2048)], model="embed", dimensions=8
+    )
     assert len(response.data) == 2048 and response.data[2047].index == 2047
 
 
@@ -83,15 +94,19 @@ def test_errors_map_to_openai_shapes(stack):
     assert e.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).embeddings.create(
-            input="x", model="embed")  # fmt: skip
+            input="x", model="embed"
+        )
 
 
 def test_rerank_without_a_triton_reranker_is_404(stack):
     """This server serves `embed` only: /v1/rerank answers model_not_found, /v1/models omits it."""
     _, base_url = stack
     body = json.dumps({"model": "rerank", "query": "q", "documents": ["d"]}).encode()
-    request = urllib.request.Request(f"{base_url}/rerank", body, {
-        "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    request = urllib.request.Request(
+        f"{base_url}/rerank",
+        body,
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(request, timeout=60)
     assert e.value.code == 404

@@ -19,8 +19,12 @@ pytestmark = [
 
 
 def test_kind_gpu_server_answers_embed(checkpoint, demo_dir, tmp_path):
-    repo = render(tmp_path / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "bfloat16"}},
-                  encoder_instances="count: 1, kind: KIND_GPU")  # fmt: skip
+    repo = render(
+        tmp_path / "repo",
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "bfloat16"}},
+        encoder_instances="count: 1, kind: KIND_GPU",
+    )
     texts = ["a GPU instance", "attention picked automatically", "三"]
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:
         out, _ = infer(server, texts, "grpc")

@@ -46,8 +46,7 @@ def test_trims_only_beyond_what_it_keeps(glibc):
 
 
 def test_cpu_encoders_trim_after_forwards(glibc, checkpoint):
-    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32",
-                                 max_batch_tokens=512) as enc:  # fmt: skip
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32", max_batch_tokens=512) as enc:
         (hook,) = enc.model._forward_hooks.values()
         assert isinstance(hook, HeapTrimmer)
         assert hook.keep_bytes == forward_bytes(enc.config, 512, "float32", 1) < 8 * MB

@@ -44,8 +44,9 @@ def test_base_model_keys_without_prefix(checkpoint, tmp_path, reference_vectors)
 
     def strip_prefix(tensors):
         lm = {k: tensors.pop(k) for k in list(tensors)}
-        tensors.update({k.removeprefix("model."): v for k, v in lm.items()
-                        if not k.startswith("lm_head.")})  # fmt: skip
+        tensors.update(
+            {k.removeprefix("model."): v for k, v in lm.items() if not k.startswith("lm_head.")}
+        )
 
     rewrite_tensors(tmp_path, strip_prefix)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -96,9 +97,12 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["architectures"] = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="supported: Qwen2ForCausalLM, "
-                       "Qwen2ForSequenceClassification, Qwen2Model, Qwen3ForCausalLM, "
-                       "Qwen3ForSequenceClassification, Qwen3Model"):  # fmt: skip
+    with pytest.raises(
+        UnsupportedModelError,
+        match="supported: Qwen2ForCausalLM, "
+        "Qwen2ForSequenceClassification, Qwen2Model, Qwen3ForCausalLM, "
+        "Qwen3ForSequenceClassification, Qwen3Model",
+    ):
         embed(tmp_path)
 
 
@@ -112,8 +116,14 @@ def test_pickled_weights_are_refused(checkpoint, tmp_path):
 def test_rope_theta_from_either_place():
     from qwen_embed.config import ModelConfig
 
-    base = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-            "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 10}  # fmt: skip
+    base = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "vocab_size": 10,
+    }
     assert ModelConfig.from_hf({**base, "rope_theta": 5.0}).rope_theta == 5.0
     nested = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 7.0}}
     assert ModelConfig.from_hf(nested).rope_theta == 7.0

@@ -49,7 +49,19 @@ def test_packed_weight_is_f_linear(dtype):
 
 def test_row_counts_are_padded_so_that_onednn_plans_repeat(monkeypatch):
     assert [planned_rows(n) for n in (1, 15, 16, 17, 18, 32, 33, 65, 250, 257, 500, 512)] == [
-        1, 15, 16, 18, 18, 32, 36, 72, 256, 272, 512, 512]  # fmt: skip
+        1,
+        15,
+        16,
+        18,
+        18,
+        32,
+        36,
+        72,
+        256,
+        272,
+        512,
+        512,
+    ]
     assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
     planned = [planned_rows(n) for n in range(1, 513)]
     assert len(set(planned)) == 72  # few plans per GEMM shape: the launcher's cache holds them
@@ -66,8 +78,9 @@ def test_packed_encoder_matches_plain_and_transformers(checkpoint, config_name, 
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
     out = {}
     for packed in (True, False):
-        with Encoder.from_pretrained(checkpoint(config_name), dtype=dtype,
-                                     prepack_weights=packed) as enc:  # fmt: skip
+        with Encoder.from_pretrained(
+            checkpoint(config_name), dtype=dtype, prepack_weights=packed
+        ) as enc:
             linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
             assert linears and all(isinstance(m.kernel, PackedWeight) == packed for m in linears)
             assert enc.route.prepacked == packed

@@ -27,9 +27,8 @@ CASES = {
     "dimensions": dict(lengths=[9, 50, 120], dimensions=16),
     "no_normalize": dict(lengths=[9, 50, 120], normalize=False),
     "mean_pooling": dict(lengths=[9, 50, 120], pooling="mean"),
-    "mean_no_normalize_dims": dict(lengths=[3, 77], pooling="mean", normalize=False,
-                                   dimensions=8),
-}  # fmt: skip
+    "mean_no_normalize_dims": dict(lengths=[3, 77], pooling="mean", normalize=False, dimensions=8),
+}
 
 
 def assert_close_fp32(out: np.ndarray, ref: np.ndarray) -> None:
@@ -47,8 +46,9 @@ def test_fp32_matches_transformers(checkpoint, config_name, case):
     max_batch_tokens = spec.pop("max_batch_tokens", 16384)
     seqs = random_sequences(lengths, seed=len(case))
     ref = reference_embeddings(checkpoint(config_name), seqs, pooling=pooling, **spec)
-    with Encoder.from_pretrained(checkpoint(config_name), dtype="float32", pooling=pooling,
-                                 max_batch_tokens=max_batch_tokens) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint(config_name), dtype="float32", pooling=pooling, max_batch_tokens=max_batch_tokens
+    ) as enc:
         out = enc.embed(seqs, **spec)
     assert_close_fp32(out, ref)
     if spec.get("normalize", True):

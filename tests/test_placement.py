@@ -101,8 +101,11 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
     if sum(len(node) for node in topology) < 2:
         pytest.skip("needs two cores")
     texts = ["pinned instance one", "pinned instance two", "三"]
-    with TritonServer(env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, log_path=tmp_path / "log",
-                      launcher_args=["--cpu-instances", "2"]) as server:  # fmt: skip
+    with TritonServer(
+        env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+        log_path=tmp_path / "log",
+        launcher_args=["--cpu-instances", "2"],
+    ) as server:
         stubs = stub_processes(server.status()["server_pid"])
         encoders = [pid for pid, model in stubs.items() if model == "encoder"]
         assert len(encoders) == 2
@@ -115,8 +118,11 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
             metrics = r.read().decode()
         # the embed encoder's two instances (the rerank encoder has its own)
         prefix = "qwen_embed_encoder_route{"
-        routes = [line for line in metrics.splitlines()
-                  if line.startswith(prefix) and 'model="encoder"' in line]  # fmt: skip
+        routes = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(prefix) and 'model="encoder"' in line
+        ]
         assert len(routes) == 2 and all(line.endswith(" 1") for line in routes)
         threads = sorted(int(re.search(r'threads="(\d+)"', line).group(1)) for line in routes)
         assert threads == sorted(encoder_placement(topology, 2, i).threads for i in (0, 1))

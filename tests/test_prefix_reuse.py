@@ -55,8 +55,13 @@ def embed(model_dir, seqs, *, calls=None, **kwargs):
     with Encoder.from_pretrained(model_dir, **kwargs) as enc:
         out = np.concatenate([enc.embed(c) for c in calls]) if calls else enc.embed(seqs)
         cache = enc.prefix_cache
-        return out, dict(enc.stats, hits=cache.hits, entries=len(cache.entries),
-                         evictions=cache.evictions, cached_tokens=cache.tokens)  # fmt: skip
+        return out, dict(
+            enc.stats,
+            hits=cache.hits,
+            entries=len(cache.entries),
+            evictions=cache.evictions,
+            cached_tokens=cache.tokens,
+        )
 
 
 def check(model_dir, seqs, **kwargs):
@@ -137,8 +142,9 @@ def test_bf16(model_dir, tok):
 
 def test_reranker_template_is_shared(reranker):
     """Pairs of one query share the whole template up to the document."""
-    pairs = model_card_pairs(reranker, "capital of China?", ["Beijing.", "Paris.", "Gravity."],
-                             instruction=DEFAULT_TASK)  # fmt: skip
+    pairs = model_card_pairs(
+        reranker, "capital of China?", ["Beijing.", "Paris.", "Gravity."], instruction=DEFAULT_TASK
+    )
     with Encoder.from_pretrained(reranker, task="rerank", dtype="float32") as enc:
         scores = enc.score(pairs)
         assert enc.stats["computed_tokens"] < enc.stats["received_tokens"] / 2

@@ -94,8 +94,9 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
             while not stop.is_set():
                 start = time.monotonic()
                 try:
-                    c.infer("embed", [text_input(grpcclient, ["a short text"] * 4)],
-                            client_timeout=30)  # fmt: skip
+                    c.infer(
+                        "embed", [text_input(grpcclient, ["a short text"] * 4)], client_timeout=30
+                    )
                     error = None
                 except InferenceServerException as e:
                     error = e
@@ -125,8 +126,10 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
         assert all("not healthy" in f[2].message() for f in failures), failures[0][2]
         assert all(f[1] >= killed_at for f in failures)  # none before the kill
         window = max(f[1] for f in failures) - killed_at
-        print(f"recovery window {window:.1f}s, {len(failures)} failed requests, "
-              f"reloads {server.status()['reloads']}")  # fmt: skip
+        print(
+            f"recovery window {window:.1f}s, {len(failures)} failed requests, "
+            f"reloads {server.status()['reloads']}"
+        )
         assert window < 60
         assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
         assert infer(server, ["after recovery"], "grpc")[0].shape == (1, 1024)

@@ -52,8 +52,7 @@ def test_pair_tokenizer_builds_the_model_card_ids(reranker, pairs):
 def test_truncation_cuts_the_document_like_the_model_card(reranker):
     limit = 150
     ours = PairTokenizer(reranker, limit).encode(QUERY, DOCUMENTS, RerankOptions())
-    card = model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=DEFAULT_TASK,
-                            max_length=limit)  # fmt: skip
+    card = model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=DEFAULT_TASK, max_length=limit)
     assert ours == card
     assert max(len(p) for p in ours) == limit
     full = PairTokenizer(reranker, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
@@ -61,8 +60,11 @@ def test_truncation_cuts_the_document_like_the_model_card(reranker):
     # The template's end survives the cut, and everything up to the document is whole.
     tok = Tokenizer.from_file(str(reranker / "tokenizer.json"))
     tail = len(tok.encode(SUFFIX, add_special_tokens=False).ids)
-    head = len(tok.encode(PREFIX + pair_text(QUERY, "", DEFAULT_TASK).rstrip(),
-                          add_special_tokens=False).ids)  # fmt: skip
+    head = len(
+        tok.encode(
+            PREFIX + pair_text(QUERY, "", DEFAULT_TASK).rstrip(), add_special_tokens=False
+        ).ids
+    )
     assert ours[long][-tail:] == full[long][-tail:]
     assert ours[long][:head] == full[long][:head]
     with pytest.raises(RequestError, match=r"DOCUMENTS\[1\].*limit of 150"):
@@ -82,8 +84,9 @@ def test_instruction_changes_the_ids_and_the_score(reranker):
 
 @pytest.mark.parametrize("max_batch_tokens", [16384, 128])  # 128: several forward batches
 def test_fp32_scores_match_transformers(reranker, pairs, expected, max_batch_tokens):
-    with Encoder.from_pretrained(reranker, task="rerank", dtype="float32",
-                                 max_batch_tokens=max_batch_tokens) as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        reranker, task="rerank", dtype="float32", max_batch_tokens=max_batch_tokens
+    ) as enc:
         scores = enc.score(pairs)
     assert scores.shape == (len(pairs),) and scores.dtype == np.float32
     assert np.abs(scores - expected).max() <= FP32_ABS
@@ -129,6 +132,12 @@ def test_no_rerank_leaves_every_reranking_model_unloaded(demo_dir, reranker, tmp
     checked_in = REPO / "model_repository"
     assert repository_models(checked_in, rerank=False) == ["embed", "encoder", "tokenizer"]
     repo = render(tmp_path / "repo", {"embed": demo_dir}, rerankers={"judge": reranker})
-    assert repository_models(repo) == ["embed", "encoder", "judge", "judge_encoder",
-                                       "judge_tokenizer", "tokenizer"]  # fmt: skip
+    assert repository_models(repo) == [
+        "embed",
+        "encoder",
+        "judge",
+        "judge_encoder",
+        "judge_tokenizer",
+        "tokenizer",
+    ]
     assert repository_models(repo, rerank=False) == ["embed", "encoder", "tokenizer"]

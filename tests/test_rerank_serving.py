@@ -45,11 +45,16 @@ DOCUMENTS = [
 def stack(demo_dir, reranker, tmp_path_factory):
     """(server, gateway base url) with the gateway started by the launcher."""
     where = tmp_path_factory.mktemp("rerank-triton")
-    repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}},
-                  rerankers={"rerank": reranker})  # fmt: skip
+    repo = render(
+        where / "repo",
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "float32"}},
+        rerankers={"rerank": reranker},
+    )
     port = free_port()
-    with TritonServer(repo, log_path=where / "server.log",
-                      launcher_args=["--gateway-port", str(port)]) as server:  # fmt: skip
+    with TritonServer(
+        repo, log_path=where / "server.log", launcher_args=["--gateway-port", str(port)]
+    ) as server:
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/health")
         yield server, base
@@ -80,8 +85,10 @@ def rerank(server, query, documents, protocol="http", **params):
     client = module.InferenceServerClient(url)
     q = np.array([query if isinstance(query, bytes) else query.encode()], dtype=object)
     d = np.array([[x if isinstance(x, bytes) else x.encode()] for x in documents], dtype=object)
-    inputs = [module.InferInput("QUERY", [1], "BYTES"),
-              module.InferInput("DOCUMENTS", [len(documents), 1], "BYTES")]  # fmt: skip
+    inputs = [
+        module.InferInput("QUERY", [1], "BYTES"),
+        module.InferInput("DOCUMENTS", [len(documents), 1], "BYTES"),
+    ]
     inputs[0].set_data_from_numpy(q)
     inputs[1].set_data_from_numpy(d.reshape(len(documents), 1))
     result = client.infer("rerank", inputs, parameters=params or None)
@@ -89,8 +96,9 @@ def rerank(server, query, documents, protocol="http", **params):
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -124,8 +132,9 @@ def test_gateway_cohere_request(stack, expected):
     _, base = stack
     want, counts = expected
     docs = [d if i % 2 else {"text": d} for i, d in enumerate(DOCUMENTS)]  # both Cohere forms
-    status, body = post(f"{base}/v1/rerank", {"model": "rerank", "query": QUERY,
-                                              "documents": docs, "top_n": 3})  # fmt: skip
+    status, body = post(
+        f"{base}/v1/rerank", {"model": "rerank", "query": QUERY, "documents": docs, "top_n": 3}
+    )
     assert status == 200, body
     order = np.argsort(-want, kind="stable")[:3].tolist()
     assert [r["index"] for r in body["results"]] == order
@@ -152,8 +161,10 @@ def test_client_library_splits_and_ranks(stack, expected):
     server, _ = stack
     want, counts = expected
     # Two "servers" (the same one twice) and 2 documents per request: several requests.
-    with EmbeddingClient([server.grpc_url, server.grpc_url.replace("127.0.0.1", "localhost")],
-                         max_texts_per_request=2) as client:  # fmt: skip
+    with EmbeddingClient(
+        [server.grpc_url, server.grpc_url.replace("127.0.0.1", "localhost")],
+        max_texts_per_request=2,
+    ) as client:
         result = client.rerank(QUERY, DOCUMENTS, top_n=4)
     assert np.abs(result.scores - want).max() <= FP32_ABS
     assert result.token_counts.tolist() == counts.tolist()
@@ -167,9 +178,23 @@ def test_cli_rerank(stack, expected, tmp_path):
     want, _ = expected
     path = tmp_path / "docs.txt"
     path.write_text("\n".join(d.replace("\n", " ") for d in DOCUMENTS[:3]) + "\n")
-    out = subprocess.run([sys.executable, "-m", "qwen_embed_client.cli", "rerank", QUERY,
-                          str(path), "--url", server.grpc_url, "--top-n", "2"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwen_embed_client.cli",
+            "rerank",
+            QUERY,
+            str(path),
+            "--url",
+            server.grpc_url,
+            "--top-n",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     lines = [json.loads(x) for x in out.splitlines()]
     assert [x["index"] for x in lines] == np.argsort(-want[:3], kind="stable")[:2].tolist()
     assert lines[0]["document"] == DOCUMENTS[lines[0]["index"]]
@@ -256,8 +281,9 @@ def test_gateway_bad_requests_get_4xx_naming_the_field(stack, expected):
         got, answer = post(f"{base}/v1/rerank", {"model": "rerank", **body})
         assert got == status, (body, answer)
         assert answer["error"]["param"] == param, (body, answer)
-    status, body = post(f"{base}/v1/rerank", {"model": "rerank", "query": QUERY,
-                                              "documents": DOCUMENTS})  # fmt: skip
+    status, body = post(
+        f"{base}/v1/rerank", {"model": "rerank", "query": QUERY, "documents": DOCUMENTS}
+    )
     assert status == 200
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
     assert max(abs(got[i] - float(s)) for i, s in enumerate(expected[0])) <= FP32_ABS
@@ -268,9 +294,11 @@ def test_make_serve_answers_embeddings_and_rerank_on_the_gateway(demo_dir, tmp_p
     and demo reranker, the gateway on its own port."""
     assert (DEMO_RERANKER_DIR / "config.json").is_file()  # built by `make setup`
     port = free_port()
-    with TritonServer(log_path=tmp_path / "server.log",
-                      env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
-                      launcher_args=["--gateway-port", str(port)]):  # fmt: skip
+    with TritonServer(
+        log_path=tmp_path / "server.log",
+        env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+        launcher_args=["--gateway-port", str(port)],
+    ):
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/health")
         status, body = post(f"{base}/v1/embeddings", {"model": "embed", "input": ["hi", "yo"]})

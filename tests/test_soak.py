@@ -22,10 +22,19 @@ def test_one_minute_soak(demo_dir, tmp_path, monkeypatch):
     # A 4096-token forward budget: the trimmer keeps one budget's worth of freed memory (1.8 GB
     # at the default 16,384 in fp32), so the saw-tooth under the bound is 4x smaller and the
     # halves' peaks compare what leaks, not where the teeth fell.
-    repo = render(tmp_path / "repo", {"embed": demo_dir},
-                  {"encoder": {"dtype": "float32", "max_batch_tokens": "4096"}})  # fmt: skip
-    result = soak(60, users=4, warmup_fraction=0.33, max_growth=0.10, out=tmp_path / "soak",
-                  model_repository=repo)  # fmt: skip
+    repo = render(
+        tmp_path / "repo",
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "float32", "max_batch_tokens": "4096"}},
+    )
+    result = soak(
+        60,
+        users=4,
+        warmup_fraction=0.33,
+        max_growth=0.10,
+        out=tmp_path / "soak",
+        model_repository=repo,
+    )
     print((tmp_path / "soak.md").read_text())
     assert result["locust"]["requests"] > 0
     assert result["locust"]["failures"] == 0, result["locust"]

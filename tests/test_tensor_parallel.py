@@ -46,8 +46,9 @@ def test_tp2_equals_tp1(checkpoint, name):
     seqs = random_sequences([1, 9, 77, 200, 33], seed=6)
     with Encoder.from_pretrained(checkpoint(name), tp_size=1, dtype="float32") as enc:
         single = enc.embed(seqs)
-    with Encoder.from_pretrained(checkpoint(name), tp_size=2, max_batch_tokens=128,
-                                 dtype="float32") as enc:  # fmt: skip
+    with Encoder.from_pretrained(
+        checkpoint(name), tp_size=2, max_batch_tokens=128, dtype="float32"
+    ) as enc:
         assert len(worker_pids()) == 1
         sharded = enc.embed(seqs)
         again = enc.embed(seqs[:2], dimensions=8, normalize=False)
@@ -58,8 +59,9 @@ def test_tp2_equals_tp1(checkpoint, name):
     assert wait_no_workers() == set()
 
 
-@pytest.mark.parametrize("route", [dict(dtype="bfloat16"), dict(quantization="int8")],
-                         ids=["bf16", "int8"])  # fmt: skip
+@pytest.mark.parametrize(
+    "route", [dict(dtype="bfloat16"), dict(quantization="int8")], ids=["bf16", "int8"]
+)
 def test_tp2_routes_match_transformers(checkpoint, route):
     # int8 scales are per output channel of each rank's shard: still >= 0.999 of fp32
     seqs = random_sequences([1, 40, 150], seed=8)
@@ -73,8 +75,10 @@ def test_tp2_routes_match_transformers(checkpoint, route):
 def test_two_tp_encoders_side_by_side(checkpoint):
     """Each encoder has its own rendezvous: two TP groups in one process never collide."""
     seqs = random_sequences([5, 50], seed=7)
-    with Encoder.from_pretrained(checkpoint("qwen2"), tp_size=2) as a, \
-            Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2) as b:  # fmt: skip
+    with (
+        Encoder.from_pretrained(checkpoint("qwen2"), tp_size=2) as a,
+        Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2) as b,
+    ):
         assert len(worker_pids()) == 2
         out_a, out_b = a.embed(seqs), b.embed(seqs)
     assert out_a.shape == (2, 112) and out_b.shape == (2, 96)

@@ -126,8 +126,10 @@ def test_no_cross_talk(server, tokenizer, engine):
     plans = []
     for i in range(32):
         n = int(rng.integers(1, 9))
-        texts = [f"client {i} says {' '.join(['hello'] * int(rng.integers(1, 40)))} #{k}"
-                 for k in range(n)]  # fmt: skip
+        texts = [
+            f"client {i} says {' '.join(['hello'] * int(rng.integers(1, 40)))} #{k}"
+            for k in range(n)
+        ]
         params = {}
         if i % 3 == 0:
             params["dimensions"] = int(rng.integers(1, 1025))
@@ -143,8 +145,9 @@ def test_no_cross_talk(server, tokenizer, engine):
     run_clients(32, client)
     for (texts, params), (vectors, counts) in zip(plans, results, strict=True):
         ids = [e.ids for e in tokenizer.encode_batch(texts)]
-        expected = engine.embed(ids, normalize=params.get("normalize", True),
-                                dimensions=params.get("dimensions"))  # fmt: skip
+        expected = engine.embed(
+            ids, normalize=params.get("normalize", True), dimensions=params.get("dimensions")
+        )
         assert counts[:, 0].tolist() == [len(x) for x in ids]
         assert vectors.shape == expected.shape
         assert np.abs(vectors - expected).max() <= ENGINE_MAX_ABS * max(1, np.abs(expected).max())
@@ -177,10 +180,14 @@ def test_bad_request_in_a_batch_leaves_good_ones_correct(server, tokenizer, engi
 def test_metrics_exposed(server):
     infer(server, TEXTS[:2])
     text = urllib.request.urlopen(server.metrics_url).read().decode()
-    for name in ("qwen_embed_texts_total", "qwen_embed_tokens_total",
-                 "qwen_embed_tokenize_seconds_count",
-                 "qwen_embed_encode_seconds_count", "qwen_embed_encoder_texts_per_execute_count",
-                 "qwen_embed_encoder_tokens_per_execute_count"):  # fmt: skip
+    for name in (
+        "qwen_embed_texts_total",
+        "qwen_embed_tokens_total",
+        "qwen_embed_tokenize_seconds_count",
+        "qwen_embed_encode_seconds_count",
+        "qwen_embed_encoder_texts_per_execute_count",
+        "qwen_embed_encoder_tokens_per_execute_count",
+    ):
         assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name
 
 
@@ -200,8 +207,11 @@ def test_cancelled_requests_are_skipped(server):
     """Requests whose client gave up while the encoder was busy are never embedded."""
     texts_before = metric_value(server, "qwen_embed_texts_total")
     cancelled_before = metric_value(server, "qwen_embed_cancelled_requests_total")
-    busy = threading.Thread(target=lambda: grpcclient.InferenceServerClient(server.grpc_url).infer(
-        "encoder", [encoder_input([list(range(1000, 6000))] * 2)]))  # fmt: skip
+    busy = threading.Thread(
+        target=lambda: grpcclient.InferenceServerClient(server.grpc_url).infer(
+            "encoder", [encoder_input([list(range(1000, 6000))] * 2)]
+        )
+    )
     busy.start()
     time.sleep(2.0)  # the long request (~10 s here) is now in the encoder
 
@@ -241,8 +251,10 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
     assert hits >= len(queries) // 2, hits
     assert computed < 0.7 * received, (computed, received)
     assert metric_value(server, "qwen_embed_prefix_cache_bytes") > 0
-    ids = [e.ids for e in tokenizer.encode_batch([f"Instruct: {DEFAULT_TASK}\nQuery:{q}"
-                                                  for q in queries])]  # fmt: skip
+    ids = [
+        e.ids
+        for e in tokenizer.encode_batch([f"Instruct: {DEFAULT_TASK}\nQuery:{q}" for q in queries])
+    ]
     reference = reference_embeddings(demo_dir, ids[:8])
     vectors = np.stack([results[i] for i in range(len(queries))])
     assert cosine(vectors[:8], reference).min() >= SERVING_COSINE

@@ -14,8 +14,12 @@ TEXTS = ["first checkpoint or second?", "两个模型并排"]
 
 
 def test_render_gpu_variant(demo_dir, tmp_path):
-    repo = render(tmp_path, {"embed": demo_dir}, {"encoder": {"dtype": "bfloat16"}},
-                  encoder_instances="count: 1, kind: KIND_GPU")  # fmt: skip
+    repo = render(
+        tmp_path,
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "bfloat16"}},
+        encoder_instances="count: 1, kind: KIND_GPU",
+    )
     config = (repo / "encoder" / "config.pbtxt").read_text()
     assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config
     assert '{ key: "dtype", value: { string_value: "bfloat16" } }' in config
@@ -28,11 +32,17 @@ def test_two_checkpoints_one_server(demo_dir, tmp_path):
     # fp32: an exact comparison (dtype auto is bf16 on bf16 CPUs, where the server's and this
     # process's compiled elementwise kernels may round differently)
     encoder = {"max_batch_tokens": "4096", "dtype": "float32"}
-    repo = render(tmp_path / "repo", {"embed": demo_dir, "second": second},
-                  overrides={"encoder": encoder})  # fmt: skip
+    repo = render(
+        tmp_path / "repo", {"embed": demo_dir, "second": second}, overrides={"encoder": encoder}
+    )
     assert sorted(p.name for p in repo.iterdir()) == [
-        "embed", "encoder", "second", "second_encoder", "second_tokenizer", "tokenizer"
-    ]  # fmt: skip
+        "embed",
+        "encoder",
+        "second",
+        "second_encoder",
+        "second_tokenizer",
+        "tokenizer",
+    ]
     assert 'string_value: "4096"' in (repo / "second_encoder" / "config.pbtxt").read_text()
     ids = [e.ids for e in Tokenizer.from_file(str(second / "tokenizer.json")).encode_batch(TEXTS)]
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:

@@ -8,5 +8,10 @@ from .client import (
     RerankResult,
 )
 
-__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult",
-           "RerankResult"]  # fmt: skip
+__all__ = [
+    "AsyncEmbeddingClient",
+    "EmbeddingClient",
+    "EmbeddingError",
+    "EmbeddingResult",
+    "RerankResult",
+]

@@ -32,8 +32,10 @@ def read_texts(args) -> list[str]:
         lines = [line.rstrip("\n") for line in source if line.strip()]
     name = args.input or ""
     if name.endswith(".jsonl"):  # {"text": ...} per line, or a bare JSON string
-        return [(lambda o: o if isinstance(o, str) else o[args.text_field])(json.loads(x))
-                for x in lines]  # fmt: skip
+        return [
+            (lambda o: o if isinstance(o, str) else o[args.text_field])(json.loads(x))
+            for x in lines
+        ]
     return lines
 
 
@@ -41,8 +43,10 @@ def write_vectors(path: str | None, vectors: np.ndarray, counts: np.ndarray) -> 
     if path and path.endswith(".npy"):
         np.save(path, vectors)
         return
-    lines = [json.dumps({"embedding": v.tolist(), "tokens": int(c)}) + "\n"
-             for v, c in zip(vectors, counts, strict=True)]  # fmt: skip
+    lines = [
+        json.dumps({"embedding": v.tolist(), "tokens": int(c)}) + "\n"
+        for v, c in zip(vectors, counts, strict=True)
+    ]
     if path:
         Path(path).write_text("".join(lines), encoding="utf-8")
     else:
@@ -62,10 +66,15 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     texts = read_texts(args)
     if not texts:
         raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
-    options = {"prompt_name": args.prompt_name, "instruction": args.instruction,
-               "prompt": args.prompt, "dimensions": args.dimensions,
-               "normalize": not args.no_normalize, "truncate": not args.no_truncate,
-               "truncation_direction": args.truncation_direction}  # fmt: skip
+    options = {
+        "prompt_name": args.prompt_name,
+        "instruction": args.instruction,
+        "prompt": args.prompt,
+        "dimensions": args.dimensions,
+        "normalize": not args.no_normalize,
+        "truncate": not args.no_truncate,
+        "truncation_direction": args.truncation_direction,
+    }
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
     step = PROGRESS_CHUNK if show else len(texts)
@@ -83,8 +92,7 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     documents = read_texts(args)
     if not documents:
         raise EmbeddingError(f"no documents in {args.documents}")
-    result = client.rerank(args.query, documents, top_n=args.top_n,
-                           instruction=args.instruction)  # fmt: skip
+    result = client.rerank(args.query, documents, top_n=args.top_n, instruction=args.instruction)
     for index, score in result.ranking:
         line = {"index": index, "relevance_score": score, "document": documents[index]}
         sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -117,8 +125,12 @@ def cmd_info(args) -> None:
     for url in args.url:
         config = _grpc(url).get_model_config(args.model, as_json=True)["config"]
         steps = [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
-        details = {"url": url, "model": args.model, "steps": steps,
-                   "max_texts_per_request": config.get("max_batch_size")}  # fmt: skip
+        details = {
+            "url": url,
+            "model": args.model,
+            "steps": steps,
+            "max_texts_per_request": config.get("max_batch_size"),
+        }
         for step in steps:
             params = _grpc(url).get_model_config(step, as_json=True)["config"].get("parameters", {})
             details.update({k: v.get("string_value", "") for k, v in params.items()})
@@ -145,8 +157,9 @@ def gauge_labels(metrics_url: str, gauge: str, models: list[str]) -> list[dict] 
     except OSError as e:
         return f"unknown: metrics at {metrics_url} unreachable ({e}); pass --metrics-url"
     line = re.compile(rf"^{gauge}\{{(.*)\}} 1(\.0+)?$", re.M)
-    found = [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
-             for m in line.finditer(text)]  # fmt: skip
+    found = [
+        dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1))) for m in line.finditer(text)
+    ]
     return [labels for labels in found if labels.get("model") in models]
 
 
@@ -205,12 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     args.url = args.url or ["localhost:8001"]
     try:
         if args.command == "embed":
-            with EmbeddingClient(args.url, protocol=args.protocol, timeout=args.timeout,
-                                 model=args.model) as client:  # fmt: skip
+            with EmbeddingClient(
+                args.url, protocol=args.protocol, timeout=args.timeout, model=args.model
+            ) as client:
                 cmd_embed(args, client)
         elif args.command == "rerank":
-            with EmbeddingClient(args.url, protocol=args.protocol, timeout=args.timeout,
-                                 rerank_model=args.rerank_model) as client:  # fmt: skip
+            with EmbeddingClient(
+                args.url,
+                protocol=args.protocol,
+                timeout=args.timeout,
+                rerank_model=args.rerank_model,
+            ) as client:
                 cmd_rerank(args, client)
         elif args.command == "health":
             cmd_health(args)

@@ -17,8 +17,14 @@ from tritonclient.utils import InferenceServerException
 
 from .scheduler import ServerState, run_job
 
-RETRYABLE_STATUSES = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "502", "503",
-                      "504", "None"}  # fmt: skip
+RETRYABLE_STATUSES = {
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.RESOURCE_EXHAUSTED",
+    "502",
+    "503",
+    "504",
+    "None",
+}
 
 
 class EmbeddingError(Exception):
@@ -93,11 +99,20 @@ class AsyncEmbeddingClient:
     chunks go to whichever server is free, sized to its measured throughput.
     """
 
-    def __init__(self, url: str | list[str], *, protocol: str = "grpc", timeout: float = 120.0,
-                 model: str = "embed", rerank_model: str = "rerank",
-                 max_texts_per_request: int = 256,
-                 requests_in_flight: int = 4, retries: int = 3, backoff_s: float = 0.25,
-                 bench_s: float = 30.0):  # fmt: skip
+    def __init__(
+        self,
+        url: str | list[str],
+        *,
+        protocol: str = "grpc",
+        timeout: float = 120.0,
+        model: str = "embed",
+        rerank_model: str = "rerank",
+        max_texts_per_request: int = 256,
+        requests_in_flight: int = 4,
+        retries: int = 3,
+        backoff_s: float = 0.25,
+        bench_s: float = 30.0,
+    ):
         if protocol not in ("grpc", "http"):
             raise ValueError(f"protocol must be 'grpc' or 'http', got {protocol!r}")
         self.urls = [url] if isinstance(url, str) else list(url)
@@ -153,8 +168,9 @@ class AsyncEmbeddingClient:
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
-        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
-                                  or top_n < 1):  # fmt: skip
+        if top_n is not None and (
+            isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1
+        ):
             raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
         params = {"truncate": truncate, **({"instruction": instruction} if instruction else {})}
         chunks = await self._split(
@@ -204,8 +220,10 @@ class AsyncEmbeddingClient:
         return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
     async def _send_pairs(self, server: _Server, query: str, documents: list[str], params: dict):
-        inputs = [self._bytes_input("QUERY", [query], [1]),
-                  self._bytes_input("DOCUMENTS", documents, [len(documents), 1])]  # fmt: skip
+        inputs = [
+            self._bytes_input("QUERY", [query], [1]),
+            self._bytes_input("DOCUMENTS", documents, [len(documents), 1]),
+        ]
         result = await self._infer(server, self.rerank_model, inputs, params)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
@@ -249,8 +267,14 @@ class AsyncEmbeddingClient:
     def stats(self) -> dict[str, dict]:
         """Per server: measured texts/s per request in flight (remembered across calls; 0 = not
         measured yet), texts embedded so far, and whether it is benched after a failure."""
-        return {s.url: {"texts_per_s": s.state.texts_per_s, "texts_done": s.state.texts_done,
-                        "benched": s.state.benched()} for s in self._servers or []}  # fmt: skip
+        return {
+            s.url: {
+                "texts_per_s": s.state.texts_per_s,
+                "texts_done": s.state.texts_done,
+                "benched": s.state.benched(),
+            }
+            for s in self._servers or []
+        }
 
 
 class EmbeddingClient:
@@ -259,8 +283,9 @@ class EmbeddingClient:
     def __init__(self, url: str | list[str], **kwargs):
         self._async = AsyncEmbeddingClient(url, **kwargs)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="qwen-embed-client")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="qwen-embed-client"
+        )
         self._thread.start()
 
     def _run(self, coro):
@@ -296,5 +321,10 @@ class EmbeddingClient:
         self.close()
 
 
-__all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError", "EmbeddingResult",
-           "RerankResult"]  # fmt: skip
+__all__ = [
+    "AsyncEmbeddingClient",
+    "EmbeddingClient",
+    "EmbeddingError",
+    "EmbeddingResult",
+    "RerankResult",
+]

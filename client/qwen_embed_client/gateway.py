@@ -29,11 +29,22 @@ MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Trit
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None,
-                 code: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
-            status, message, type_, param, code)  # fmt: skip
+            status,
+            message,
+            type_,
+            param,
+            code,
+        )
 
 
 def _invalid(message: str, param: str | None = None) -> APIError:
@@ -48,11 +59,16 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise _invalid("'input' must be a string or a non-empty list of strings "
-                       "(token arrays are not supported)", "input")  # fmt: skip
+        raise _invalid(
+            "'input' must be a string or a non-empty list of strings "
+            "(token arrays are not supported)",
+            "input",
+        )
     if len(texts) > MAX_INPUTS:
-        raise _invalid(f"'input' holds {len(texts)} items, more than the limit of {MAX_INPUTS}",
-                       "input")  # fmt: skip
+        raise _invalid(
+            f"'input' holds {len(texts)} items, more than the limit of {MAX_INPUTS}", "input"
+        )
+    _check_utf8([(f"input[{i}]", t) for i, t in enumerate(texts)])
     _check_model(body.get("model"), served_model)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
@@ -66,11 +82,27 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
     return texts, options, encoding
 
 
+def _check_utf8(named_texts: list[tuple[str, str]]) -> None:
+    """JSON may escape a lone surrogate (\\ud800), which no UTF-8 text can hold."""
+    for name, text in named_texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid(
+                f"'{name}' is not valid UTF-8 (a lone surrogate)", name.split("[")[0]
+            ) from None
+
+
 def _check_model(model: object, served_model: str | None) -> None:
     if not served_model or model != served_model:
         serves = f"this endpoint serves '{served_model}'" if served_model else "it is off here"
-        raise APIError(404, f"The model '{model}' does not exist; {serves}",
-                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist; {serves}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
 
 
 def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
@@ -83,24 +115,24 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, l
         raise _invalid("'query' must be a non-empty string", "query")
     documents = body.get("documents")
     if not isinstance(documents, list) or not documents:
-        raise _invalid("'documents' must be a non-empty list of strings or {\"text\": ...} "
-                       "objects", "documents")  # fmt: skip
+        raise _invalid(
+            "'documents' must be a non-empty list of strings or {\"text\": ...} objects",
+            "documents",
+        )
     if len(documents) > MAX_DOCUMENTS:
-        raise _invalid(f"'documents' holds {len(documents)} items, more than the limit of "
-                       f"{MAX_DOCUMENTS}", "documents")  # fmt: skip
+        raise _invalid(
+            f"'documents' holds {len(documents)} items, more than the limit of {MAX_DOCUMENTS}",
+            "documents",
+        )
     texts = []
     for i, doc in enumerate(documents):
         text = doc.get("text") if isinstance(doc, dict) else doc
         if not isinstance(text, str):
-            raise _invalid(f"'documents[{i}]' must be a string or an object with a string "
-                           "'text'", "documents")  # fmt: skip
+            raise _invalid(
+                f"'documents[{i}]' must be a string or an object with a string 'text'", "documents"
+            )
         texts.append(text)
-    for name, text in [("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)]:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _invalid(f"'{name}' is not valid UTF-8 (a lone surrogate)",
-                           name.split("[")[0]) from None  # fmt: skip
+    _check_utf8([("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)])
     options = {}
     top_n = body.get("top_n")
     if top_n is not None:
@@ -124,8 +156,13 @@ def _backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
         return APIError(503, f"backend unavailable: {e}", "server_error")
     message = str(e)
     if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
-        return APIError(404, f"the backend does not serve this model: {message}",
-                        "invalid_request_error", "model", "model_not_found")  # fmt: skip
+        return APIError(
+            404,
+            f"the backend does not serve this model: {message}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
     param = next((p for p in params if p.upper() in message.upper()), None)
     return _invalid(message, param)
 
@@ -141,11 +178,19 @@ def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
-def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: str | None = None,
-               triton_model: str = "embed", rerank_model_name: str | None = "rerank",
-               triton_rerank_model: str = "rerank", metrics_url: str | None = None):  # fmt: skip
-    client = AsyncEmbeddingClient(triton_urls, protocol="grpc", model=triton_model,
-                                  rerank_model=triton_rerank_model)  # fmt: skip
+def create_app(
+    triton_urls: list[str],
+    *,
+    model_name: str = "embed",
+    api_key: str | None = None,
+    triton_model: str = "embed",
+    rerank_model_name: str | None = "rerank",
+    triton_rerank_model: str = "rerank",
+    metrics_url: str | None = None,
+):
+    client = AsyncEmbeddingClient(
+        triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
+    )
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -162,8 +207,9 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "Incorrect API key provided", "invalid_request_error",
-                           code="invalid_api_key")  # fmt: skip
+            raise APIError(
+                401, "Incorrect API key provided", "invalid_request_error", code="invalid_api_key"
+            )
 
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
@@ -180,15 +226,18 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
         if metrics_url:  # the checkpoint's prompt names, published by the tokenizer model
             prompts = await asyncio.to_thread(checkpoint_prompts, metrics_url, [tokenizer])
             if isinstance(prompts, dict):
-                served[0].update(prompt_names=prompts["names"],
-                                 default_prompt_name=prompts["default"])  # fmt: skip
+                served[0].update(
+                    prompt_names=prompts["names"], default_prompt_name=prompts["default"]
+                )
         if rerank_model_name and await client.model_ready(triton_rerank_model):
             served.append({"id": rerank_model_name})
         return {
             "object": "list",
-            "data": [{**entry, "object": "model", "created": created, "owned_by": "qwen-embed"}
-                     for entry in served],
-        }  # fmt: skip
+            "data": [
+                {**entry, "object": "model", "created": created, "owned_by": "qwen-embed"}
+                for entry in served
+            ],
+        }
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -200,8 +249,11 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
             raise _backend_error(e, ("dimensions",)) from e
         data = []
         for i, vector in enumerate(result.embeddings):
-            value = (base64.b64encode(vector.astype("<f4").tobytes()).decode()
-                     if encoding == "base64" else vector.tolist())  # fmt: skip
+            value = (
+                base64.b64encode(vector.astype("<f4").tobytes()).decode()
+                if encoding == "base64"
+                else vector.tolist()
+            )
             data.append({"object": "embedding", "index": i, "embedding": value})
         usage = {"prompt_tokens": result.total_tokens, "total_tokens": result.total_tokens}
         return {"object": "list", "data": data, "model": model_name, "usage": usage}
@@ -210,8 +262,9 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
     @app.post("/rerank")
     async def rerank(request: Request):
         check_key(request)
-        query, documents, options = parse_rerank_request(await _json_body(request),
-                                                         rerank_model_name)  # fmt: skip
+        query, documents, options = parse_rerank_request(
+            await _json_body(request), rerank_model_name
+        )
         return_documents = options.pop("return_documents")
         try:
             result = await client.rerank(query, documents, **options)
@@ -223,8 +276,11 @@ def create_app(triton_urls: list[str], *, model_name: str = "embed", api_key: st
             if return_documents:
                 item["document"] = {"text": documents[index]}
             results.append(item)
-        return {"model": rerank_model_name, "results": results,
-                "usage": {"total_tokens": result.total_tokens}}  # fmt: skip
+        return {
+            "model": rerank_model_name,
+            "results": results,
+            "usage": {"total_tokens": result.total_tokens},
+        }
 
     return app
 
@@ -235,18 +291,26 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model-name", default="embed", help="model id clients send")
-    p.add_argument("--rerank-model-name", default="rerank",
-                   help="model id /v1/rerank clients send ('' turns /v1/rerank off)")  # fmt: skip
+    p.add_argument(
+        "--rerank-model-name",
+        default="rerank",
+        help="model id /v1/rerank clients send ('' turns /v1/rerank off)",
+    )
     p.add_argument("--api-key", default=os.environ.get("QWEN_EMBED_API_KEY"))
-    p.add_argument("--metrics-url", help="Triton's metrics page: /v1/models then lists the "
-                   "checkpoint's prompt names")  # fmt: skip
+    p.add_argument(
+        "--metrics-url",
+        help="Triton's metrics page: /v1/models then lists the checkpoint's prompt names",
+    )
     args = p.parse_args()
     import uvicorn
 
-    app = create_app(args.triton_url or ["localhost:8001"], model_name=args.model_name,
-                     api_key=args.api_key or None,
-                     rerank_model_name=args.rerank_model_name or None,
-                     metrics_url=args.metrics_url)  # fmt: skip
+    app = create_app(
+        args.triton_url or ["localhost:8001"],
+        model_name=args.model_name,
+        api_key=args.api_key or None,
+        rerank_model_name=args.rerank_model_name or None,
+        metrics_url=args.metrics_url,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

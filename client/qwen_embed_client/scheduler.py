@@ -99,8 +99,11 @@ async def run_job(
                 in_flight -= 1
                 changed.set()
 
-    tasks = [asyncio.ensure_future(worker(i)) for i in range(len(states))
-             for _ in range(slots_per_server)]  # fmt: skip
+    tasks = [
+        asyncio.ensure_future(worker(i))
+        for i in range(len(states))
+        for _ in range(slots_per_server)
+    ]
     try:
         await asyncio.gather(*tasks)
     finally:

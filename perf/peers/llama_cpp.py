@@ -100,16 +100,31 @@ def server_command(
     """llama-server serving gguf's last-token embeddings on 127.0.0.1:port."""
     return [
         str(binary(build)),
-        "-m", str(gguf),
-        "--embedding", "--pooling", "last",
-        "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(threads), "-tb", str(threads),
-        "--parallel", str(parallel),
-        "-c", str(parallel * slot_tokens),
-        "-b", str(ubatch), "-ub", str(ubatch),
-        "--no-webui", "--log-disable",
+        "-m",
+        str(gguf),
+        "--embedding",
+        "--pooling",
+        "last",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--parallel",
+        str(parallel),
+        "-c",
+        str(parallel * slot_tokens),
+        "-b",
+        str(ubatch),
+        "-ub",
+        str(ubatch),
+        "--no-webui",
+        "--log-disable",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def versions() -> str:

@@ -80,8 +80,9 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args()
-    uvicorn.run(build_app(args.model_dir, args.dtype), host=args.host, port=args.port,
-                log_level="warning")  # fmt: skip
+    uvicorn.run(
+        build_app(args.model_dir, args.dtype), host=args.host, port=args.port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,13 @@ PEERS = ("vllm", "infinity", "naive", "llama")
 ST_MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
     {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    {"idx": 2, "name": "2", "path": "2_Normalize",
-     "type": "sentence_transformers.models.Normalize"},
-]  # fmt: skip
+    {
+        "idx": 2,
+        "name": "2",
+        "path": "2_Normalize",
+        "type": "sentence_transformers.models.Normalize",
+    },
+]
 
 
 def qwen3_family(config: dict) -> bool:

@@ -92,8 +92,10 @@ def wait_idle(server: TritonServer, timeout: float = 900) -> None:
 
 
 def embedded(server: TritonServer) -> tuple[float, float]:
-    return (metric_sum(server, "qwen_embed_texts_total"),
-            metric_sum(server, "qwen_embed_tokens_total"))  # fmt: skip
+    return (
+        metric_sum(server, "qwen_embed_texts_total"),
+        metric_sum(server, "qwen_embed_tokens_total"),
+    )
 
 
 def warm_up(server: TritonServer) -> None:
@@ -104,18 +106,41 @@ def warm_up(server: TritonServer) -> None:
 def perf_analyzer_command(run: dict, url: str, csv_path: Path, min_requests: int) -> list[str]:
     load = run.get("concurrency") or 1
     cmd = [
-        str(PERF_ANALYZER), "-m", run["model"], "-i", "grpc", "-u", url,
+        str(PERF_ANALYZER),
+        "-m",
+        run["model"],
+        "-i",
+        "grpc",
+        "-u",
+        url,
         # -b is the batch dimension: TEXT [n, 1], each of the n rows from its own input entry.
-        "-b", str(run["texts"]), "--input-data", str(INPUTS / f"{run['model']}.json"),
-        "--measurement-mode", "count_windows",
-        "--measurement-request-count", str(max(min_requests, load)),
-        "-s", "100000", "-r", "3", "-f", str(csv_path), "--verbose-csv",
-    ]  # fmt: skip
+        "-b",
+        str(run["texts"]),
+        "--input-data",
+        str(INPUTS / f"{run['model']}.json"),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(max(min_requests, load)),
+        "-s",
+        "100000",
+        "-r",
+        "3",
+        "-f",
+        str(csv_path),
+        "--verbose-csv",
+    ]
     if "concurrency" in run:
         # An explicit end gives one synchronous thread per concurrent request.
         return cmd + ["--concurrency-range", f"{load}:{load}:1"]
-    return cmd + ["--request-rate-range", f"{run['rate']:g}:{run['rate']:g}:1",
-                  "--request-distribution", "poisson", "--max-threads", "16"]  # fmt: skip
+    return cmd + [
+        "--request-rate-range",
+        f"{run['rate']:g}:{run['rate']:g}:1",
+        "--request-distribution",
+        "poisson",
+        "--max-threads",
+        "16",
+    ]
 
 
 def run_level(server: TritonServer, run: dict, out: Path, min_requests: int) -> dict:
@@ -138,19 +163,26 @@ def run_level(server: TritonServer, run: dict, out: Path, min_requests: int) -> 
             time.sleep(1)
         log_file.seek(0)
         # 2.51 prints a "Checking tensor" line per input entry: keep only the rest.
-        log = "\n".join(x for x in log_file.read().splitlines()
-                        if not x.startswith("Checking tensor"))  # fmt: skip
+        log = "\n".join(
+            x for x in log_file.read().splitlines() if not x.startswith("Checking tensor")
+        )
     (out / f"{name}.log").write_text(log + "\n")
     # perf_analyzer walks the input file from its start, so a short level sends a subset of
     # the texts: count the tokens the encoder embedded for this level (drained to the end).
     wait_idle(server)
     texts_after, tokens_after = embedded(server)
     sent = texts_after - texts_before
-    meta = {**run, "name": name, "returncode": proc.returncode,
-            "command": " ".join(["perf_analyzer", *cmd[1:]]).replace(str(REPO) + "/", ""),
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-            "wall_s": time.perf_counter() - started, "date": stamp(),
-            "tokens_per_text": (tokens_after - tokens_before) / sent if sent else None}  # fmt: skip
+    meta = {
+        **run,
+        "name": name,
+        "returncode": proc.returncode,
+        "command": " ".join(["perf_analyzer", *cmd[1:]]).replace(str(REPO) + "/", ""),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "wall_s": time.perf_counter() - started,
+        "date": stamp(),
+        "tokens_per_text": (tokens_after - tokens_before) / sent if sent else None,
+    }
     (out / f"{name}.json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -165,11 +197,16 @@ def read_level(out: Path, meta: dict, file_mean_tokens: float) -> dict | None:
         return None
     texts_per_s = float(row["Inferences/Second"])  # perf_analyzer counts -b rows as inferences
     mean_tokens = meta.get("tokens_per_text") or file_mean_tokens
-    return {**meta, "infer_per_s": texts_per_s, "requests_per_s": texts_per_s / meta["texts"],
-            "texts_per_s": texts_per_s, "tokens_per_s": texts_per_s * mean_tokens,
-            "mean_tokens": mean_tokens,
-            "p50_ms": float(row["p50 latency"]) / 1000,
-            "p99_ms": float(row["p99 latency"]) / 1000}  # fmt: skip
+    return {
+        **meta,
+        "infer_per_s": texts_per_s,
+        "requests_per_s": texts_per_s / meta["texts"],
+        "texts_per_s": texts_per_s,
+        "tokens_per_s": texts_per_s * mean_tokens,
+        "mean_tokens": mean_tokens,
+        "p50_ms": float(row["p50 latency"]) / 1000,
+        "p99_ms": float(row["p99 latency"]) / 1000,
+    }
 
 
 def summarize(out: Path, lengths: dict, note: str) -> dict:
@@ -181,9 +218,17 @@ def summarize(out: Path, lengths: dict, note: str) -> dict:
     key = {(r["model"], r["texts"], r.get("concurrency")): r for r in rows}
     one, many = key.get(("embed", 1, RATIO_LEVEL)), key.get(("embed", 32, RATIO_LEVEL))
     ratio = one["tokens_per_s"] / many["tokens_per_s"] if one and many else None
-    summary = {"date": stamp(), "machine": machine(), "loadavg_at_summary": os.getloadavg(),
-               "note": note, "input_lengths": lengths, "ratio_1_vs_32_at_c32": ratio,
-               "target": TARGET, "levels": rows, "failed": failed}  # fmt: skip
+    summary = {
+        "date": stamp(),
+        "machine": machine(),
+        "loadavg_at_summary": os.getloadavg(),
+        "note": note,
+        "input_lengths": lengths,
+        "ratio_1_vs_32_at_c32": ratio,
+        "target": TARGET,
+        "levels": rows,
+        "failed": failed,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown(summary))
     return summary
@@ -193,12 +238,19 @@ def markdown(s: dict) -> str:
     ln = s["input_lengths"]
     pct = ", ".join(f"{k} {v:.0f}" for k, v in ln["percentiles"].items())
     ratio = s["ratio_1_vs_32_at_c32"]
-    verdict = "not measured" if ratio is None else (
-        f"**{ratio:.2f}x** ({'meets' if ratio >= s['target'] else 'misses'} the target "
-        f">= {s['target']})")  # fmt: skip
+    verdict = (
+        "not measured"
+        if ratio is None
+        else (
+            f"**{ratio:.2f}x** ({'meets' if ratio >= s['target'] else 'misses'} the target "
+            f">= {s['target']})"
+        )
+    )
     lines = [
-        "# perf_analyzer 2.51 against the demo model (gRPC)", "",
-        f"- date: {s['date']}", f"- machine: {s['machine']}",
+        "# perf_analyzer 2.51 against the demo model (gRPC)",
+        "",
+        f"- date: {s['date']}",
+        f"- machine: {s['machine']}",
         f"- load average (1/5/15 min) when summarised: "
         f"{', '.join(f'{x:.2f}' for x in s['loadavg_at_summary'])}; per level below",
         f"- {s['note']}" if s["note"] else None,
@@ -211,20 +263,25 @@ def markdown(s: dict) -> str:
         "(server metrics; perf_analyzer walks the input file from its start, so short levels "
         "send a subset), else the input file's mean",
         f"- target: 1-text requests at concurrency {RATIO_LEVEL} >= {s['target']}x the tokens/s "
-        f"of 32-text requests at concurrency {RATIO_LEVEL}: {verdict}", "",
+        f"of 32-text requests at concurrency {RATIO_LEVEL}: {verdict}",
+        "",
         "| model | texts/request | load | requests/s | texts/s | tokens/text | tokens/s | p50 ms "
         "| p99 ms | load avg (1 min) before | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]  # fmt: skip
-    order = sorted(s["levels"], key=lambda r: (r["model"], r["texts"], "rate" in r,
-                                                r.get("concurrency") or r.get("rate")))  # fmt: skip
+    ]
+    order = sorted(
+        s["levels"],
+        key=lambda r: (r["model"], r["texts"], "rate" in r, r.get("concurrency") or r.get("rate")),
+    )
     for r in order:
         load = f"c={r['concurrency']}" if "concurrency" in r else f"{r['rate']:g} req/s"
-        lines.append(f"| {r['model']} | {r['texts']} | {load} | {r['requests_per_s']:.2f} "
-                     f"| {r['texts_per_s']:.2f} | {r['mean_tokens']:.0f} "
-                     f"| {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} "
-                     f"| {r['p99_ms']:.0f} | {r['loadavg_before'][0]:.2f} "
-                     f"| {r['wall_s']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {r['texts']} | {load} | {r['requests_per_s']:.2f} "
+            f"| {r['texts_per_s']:.2f} | {r['mean_tokens']:.0f} "
+            f"| {r['tokens_per_s']:.0f} | {r['p50_ms']:.0f} "
+            f"| {r['p99_ms']:.0f} | {r['loadavg_before'][0]:.2f} "
+            f"| {r['wall_s']:.0f} |"
+        )
     if s["failed"]:
         lines += [
             "",
@@ -247,8 +304,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="ratio pair + concurrency 1 and 8 only")
     p.add_argument("--resume", action="store_true", help="skip levels that already have a CSV")
     p.add_argument("--summary-only", action="store_true")
-    p.add_argument("--rates", type=float, nargs="*", default=[0.5, 1, 2],
-                   help="request-rate mode levels (requests/s of 1 text)")  # fmt: skip
+    p.add_argument(
+        "--rates",
+        type=float,
+        nargs="*",
+        default=[0.5, 1, 2],
+        help="request-rate mode levels (requests/s of 1 text)",
+    )
     p.add_argument("--min-requests", type=int, default=4, help="requests per count window")
     p.add_argument("--texts", type=int, default=1024, help="distinct texts in the input data")
     p.add_argument("--seed", type=int, default=0)
@@ -275,8 +337,9 @@ def main() -> None:
             warm_up(server)
             for run in runs:
                 meta = run_level(server, run, args.out, args.min_requests)
-                print(f"{meta['name']}: rc {meta['returncode']}, {meta['wall_s']:.0f} s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{meta['name']}: rc {meta['returncode']}, {meta['wall_s']:.0f} s", flush=True
+                )
                 summarize(args.out, lengths, args.note)  # after each level: partial is kept
     summary = summarize(args.out, lengths, args.note)
     print(markdown(summary))

@@ -3,5 +3,6 @@
 from .config import ModelConfig, UnsupportedModelError
 from .engine import Encoder
 from .loader import CheckpointError
+from .settings import EncoderSettings
 
-__all__ = ["CheckpointError", "Encoder", "ModelConfig", "UnsupportedModelError"]
+__all__ = ["CheckpointError", "Encoder", "EncoderSettings", "ModelConfig", "UnsupportedModelError"]

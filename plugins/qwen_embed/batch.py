@@ -52,8 +52,9 @@ class VarlenBatch:
         )
 
     @classmethod
-    def from_rows(cls, input_ids: np.ndarray, positions: np.ndarray, seg_lens,
-                  device: torch.device | str) -> VarlenBatch:  # fmt: skip
+    def from_rows(
+        cls, input_ids: np.ndarray, positions: np.ndarray, seg_lens, device: torch.device | str
+    ) -> VarlenBatch:
         """Rows with given positions (a segment plan's: a sequence after a shared prefix starts
         past 0); `seg_lens` split them into the plan's query segments."""
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seg_lens)]), dtype=torch.int32)

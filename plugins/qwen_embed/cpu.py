@@ -17,10 +17,22 @@ _M_ARENA_MAX = -8
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+_MALLINFO2_FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+
+
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]  # fmt: skip
+    _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2_FIELDS]
 
 
 @functools.cache
@@ -37,13 +49,12 @@ def keep_freed_memory() -> bool:
     """Make glibc keep freed memory for reuse instead of handing it back to the kernel.
 
     Every forward allocates activation tensors of tens to hundreds of MB; by default glibc
-    serves those with fresh mmaps, and first-touch page faults then cost more than the
-    arithmetic (measured: ~1.3x end to end on the demo model). The price is that the process
-    keeps its peak heap, bounded by max_batch_tokens (HeapTrimmer gives back what
-    fragmentation adds beyond that). One arena for every thread: with glibc's per-thread
-    arenas, memory freed in one could not serve the next forward's ever-new sizes in another,
-    and the heap grew without bound (demo model, bf16, 60 mixed forwards: +1.3 GB with per-thread
-    arenas, +0.3 GB with one, same speed). Returns False where glibc is absent.
+    serves those with fresh mmaps, and first-touch page faults then cost a large share of the
+    forward. The price is that the process keeps its peak heap, bounded by max_batch_tokens
+    (HeapTrimmer gives back what fragmentation adds beyond that). One arena for every thread:
+    with glibc's per-thread arenas, memory freed in one could not serve the next forward's
+    ever-new sizes in another, and the heap kept growing. Measurements: docs/tuning.md.
+    Returns False where glibc is absent.
     """
     libc = _libc()
     try:
@@ -68,9 +79,12 @@ class HeapTrimmer:
     and what it held at the start), hand the free pages back (malloc_trim). Varlen forwards
     bring new sizes every time, so freed blocks fragment and the heap creeps up; `keep_bytes`
     (one full-budget forward's activations) stays for reuse, so trims are rare and the next
-    forward's page faults are paid once per trim. mallinfo2 walks malloc's free lists (~6 ms
-    on a fragmented heap, a third of a 1-text forward), so it is asked only when resident
-    memory has grown by keep_bytes / 32 since the last look. A no-op without mallinfo2."""
+    forward's page faults are paid once per trim. mallinfo2 walks malloc's free lists, which
+    costs a noticeable share of a small forward on a fragmented heap, so it is asked only when
+    resident memory has grown by keep_bytes / LOOK_AFTER_GROWTH since the last look: small
+    enough a step that the peak stays close to the bound. A no-op without mallinfo2."""
+
+    LOOK_AFTER_GROWTH = 32
 
     def __init__(self, keep_bytes: int):
         self.keep_bytes = keep_bytes
@@ -103,7 +117,7 @@ class HeapTrimmer:
         if not self.active:
             return
         resident = resident_bytes()
-        if resident <= self._seen + self.keep_bytes // 32:
+        if resident <= self._seen + self.keep_bytes // self.LOOK_AFTER_GROWTH:
             return  # not grown: what was free at the last look is held, not added to
         if self.free_resident_bytes(resident) > self.keep_bytes:
             self._libc.malloc_trim(0)
@@ -125,13 +139,18 @@ class CpuFeatures:
 
     @property
     def native_bf16(self) -> bool:
-        """bf16 dot-product instructions: without them torch's bf16 matmul is emulated and
-        measured 5-50x slower than fp32."""
+        """bf16 dot-product instructions: without them torch's bf16 matmul is emulated, far
+        slower than fp32 (docs/tuning.md)."""
         return self.avx512_bf16 or self.amx_bf16
 
     def describe(self) -> str:
-        names = [("AVX2", self.avx2), ("AVX-512", self.avx512), ("AVX512_BF16", self.avx512_bf16),
-                 ("AMX", self.amx_bf16), ("VNNI", self.vnni)]  # fmt: skip
+        names = [
+            ("AVX2", self.avx2),
+            ("AVX-512", self.avx512),
+            ("AVX512_BF16", self.avx512_bf16),
+            ("AMX", self.amx_bf16),
+            ("VNNI", self.vnni),
+        ]
         return f"{self.model} (" + ", ".join(n if on else f"no {n}" for n, on in names) + ")"
 
     @classmethod

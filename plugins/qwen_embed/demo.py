@@ -22,13 +22,33 @@ ENDOFTEXT = "<|endoftext|>"
 ENDOFTEXT_ID = 151643
 # Qwen3's added tokens, in id order from 151643; the <|...|> ones are special.
 ADDED_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
     "</think>",
-]  # fmt: skip
+]
 
 # Qwen3-Embedding-0.6B's shape; only the depth is reduced so the demo runs fast on a CPU.
 DEMO_CONFIG = {
@@ -83,13 +103,18 @@ def build_tokenizer(append_eos: bool = True):
 
 def write_tokenizer(directory: Path, append_eos: bool = True) -> None:
     build_tokenizer(append_eos).save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "pad_token": ENDOFTEXT,
-        "padding_side": "left",
-        "model_max_length": DEMO_CONFIG["max_position_embeddings"],
-    }, indent=2))  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "pad_token": ENDOFTEXT,
+                "padding_side": "left",
+                "model_max_length": DEMO_CONFIG["max_position_embeddings"],
+            },
+            indent=2,
+        )
+    )
 
 
 def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -104,35 +129,43 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     def norm(size):
         return (1.0 + 0.05 * torch.randn(size, generator=g)).to(torch.bfloat16)
 
-    weights = {"model.embed_tokens.weight": normal(config["vocab_size"], h),
-               "model.norm.weight": norm(h)}  # fmt: skip
+    weights = {
+        "model.embed_tokens.weight": normal(config["vocab_size"], h),
+        "model.norm.weight": norm(h),
+    }
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        weights.update({
-            p + "input_layernorm.weight": norm(h),
-            p + "post_attention_layernorm.weight": norm(h),
-            p + "self_attn.q_proj.weight": normal(q, h),
-            p + "self_attn.k_proj.weight": normal(kv, h),
-            p + "self_attn.v_proj.weight": normal(kv, h),
-            p + "self_attn.o_proj.weight": normal(h, q),
-            p + "self_attn.q_norm.weight": norm(d),
-            p + "self_attn.k_norm.weight": norm(d),
-            p + "mlp.gate_proj.weight": normal(n, h),
-            p + "mlp.up_proj.weight": normal(n, h),
-            p + "mlp.down_proj.weight": normal(h, n),
-        })  # fmt: skip
+        weights.update(
+            {
+                p + "input_layernorm.weight": norm(h),
+                p + "post_attention_layernorm.weight": norm(h),
+                p + "self_attn.q_proj.weight": normal(q, h),
+                p + "self_attn.k_proj.weight": normal(kv, h),
+                p + "self_attn.v_proj.weight": normal(kv, h),
+                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "self_attn.q_norm.weight": norm(d),
+                p + "self_attn.k_norm.weight": norm(d),
+                p + "mlp.gate_proj.weight": normal(n, h),
+                p + "mlp.up_proj.weight": normal(n, h),
+                p + "mlp.down_proj.weight": normal(h, n),
+            }
+        )
     return weights
 
 
-def build_demo_model(directory: str | Path, *, layers: int = DEFAULT_LAYERS, seed: int = 0,
-                     reranker: bool = False) -> Path:  # fmt: skip
+def build_demo_model(
+    directory: str | Path, *, layers: int = DEFAULT_LAYERS, seed: int = 0, reranker: bool = False
+) -> Path:
     """Qwen3-Embedding-0.6B's shape, or with `reranker` Qwen3-Reranker-0.6B's (the same
     Qwen3ForCausalLM shape, tied output head, a tokenizer that appends nothing)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**DEMO_CONFIG, "num_hidden_layers": layers}
-    save_file(random_weights(config, seed), str(directory / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        random_weights(config, seed),
+        str(directory / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     write_tokenizer(directory, append_eos=not reranker)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     what = "reranker (scores)" if reranker else "model (embeddings)"
@@ -150,8 +183,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reranker", action="store_true", help="Qwen3-Reranker's layout")
     args = parser.parse_args()
-    path = build_demo_model(args.directory, layers=args.layers, seed=args.seed,
-                            reranker=args.reranker)  # fmt: skip
+    path = build_demo_model(
+        args.directory, layers=args.layers, seed=args.seed, reranker=args.reranker
+    )
     kind = "reranker" if args.reranker else "model"
     print(f"demo {kind} written to {path} ({args.layers} layers, seed {args.seed})")
 

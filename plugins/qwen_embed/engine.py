@@ -3,7 +3,6 @@ for a reranker (`task="rerank"`), `encoder.score(token_id_lists)`."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import weakref
@@ -14,12 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .attention import AttentionSpec, choose_backend, create_backend
+from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
-from .fused import ELEMENTWISE
-from .heads import build_score_head, resolve_task
+from .heads import build_score_head
 from .hub import resolve_checkpoint
 from .int8 import KERNELS as INT8_KERNELS
 from .int8 import Int8Weight
@@ -28,13 +26,18 @@ from .loader import load_weights
 from .models import model_class
 from .onednn import PackedWeight
 from .onednn import available as onednn_available
-from .parallel import RankArgs, TPLauncher
-from .pooling import POOLING_METHODS, finish, pool
-from .route import Route, choose_route
+from .parallel import RankSpec, TPLauncher
+from .pooling import finish, pool
+from .route import Linear, Route, choose_route
 from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
+from .settings import EncoderSettings
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
+# Activation-sized rows one forward holds per token, in units of hidden_size, beside the MLP's
+# gate|up output and its product (3 x intermediate_size): residual, norms, q|k|v, attention
+# output, rotary copies and the allocator's slack. Sizes the freed memory a CPU rank keeps.
+HIDDEN_ROWS_PER_TOKEN = 20
 
 
 def check_gpu_group(index: int, tp_size: int, device_count: int) -> None:
@@ -46,18 +49,51 @@ def check_gpu_group(index: int, tp_size: int, device_count: int) -> None:
         )
 
 
-def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
-    """Build this rank's shard of the model on its device and load its weights."""
-    config = ModelConfig.from_dir(args.model_dir)
-    device = args.device_for(tp.rank)
+def resolve_device(setting: str, tp_size: int) -> str:
+    """settings.device as a concrete device: "auto" is cuda:0 where CUDA is present."""
+    device = torch.device(
+        setting if setting != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        check_gpu_group(device.index, tp_size, torch.cuda.device_count())
+    return str(device)
+
+
+def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
+    """This rank's shard of the model on its device, weights loaded, warmed up."""
+    config = ModelConfig.from_dir(spec.model_dir)
+    route, device = spec.route, spec.device_for(tp.rank)
+    _prepare_device(device)
+    model = _instantiate(config, spec, tp, device)
+    load_weights(model, spec.model_dir)
+    if route.prune:  # before repacking: the last layer's q is split from k|v
+        model.prune_last_layer()
+    _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
+    model.eval()
+    _warm_up(model)
+    if device.type == "cpu":  # after loading: its temporaries go back first
+        keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
+        model.register_forward_hook(HeapTrimmer(keep))
+    return model
+
+
+def _prepare_device(device: torch.device) -> None:
     if device.type == "cpu":
         keep_freed_memory()
     else:  # every rank, 0 included: kernels without a device guard launch on the current one
         torch.cuda.set_device(device)
-    dtype = DTYPES[args.dtype]
+
+
+def _instantiate(
+    config: ModelConfig, spec: RankSpec, tp: TPGroup, device: torch.device
+) -> nn.Module:
+    """The empty model with its attention backend, planner and (rerank, rank 0) score head."""
+    route, settings = spec.route, spec.settings
+    dtype = TORCH_DTYPES[route.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
     backend = create_backend(
-        args.attn_backend,
+        route.attn_backend,
         AttentionSpec(
             num_heads=config.num_heads // tp.size,
             num_kv_heads=kv_heads,
@@ -67,70 +103,56 @@ def build_model(args: RankArgs, tp: TPGroup) -> nn.Module:
             dtype=dtype,
         ),
     )
+    # Keys and values of one token in every layer of this shard: the prefix cache's unit.
+    bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
+    planner = Planner(
+        prefix_reuse=route.prefix_reuse,
+        prune=route.prune,
+        cache_bytes=int(settings.prefix_cache_mb * 2**20),
+        bytes_per_token=bytes_per_token,
+        num_layers=config.num_layers,
+        device=device,
+    )
+    # Only rank 0 reads the last hidden states.
+    head = build_score_head(config, spec.model_dir) if route.task == "rerank" else None
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = model_class(config.family)(config, tp, backend)
+            return model_class(config.family)(
+                config, tp, backend, planner, head if tp.rank == 0 else None
+            )
     finally:
         torch.set_default_dtype(previous)
-    if args.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
-        model.score_head = build_score_head(config, args.model_dir).to(device)
-    load_weights(model, args.model_dir)
-    prune = args.pooling == "last"  # last-layer pruning (segments.Planner)
-    if prune:
-        model.prune_last_layer()
+
+
+def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
+    """The linear layers' weights in the form the route multiplies them in."""
     linears = [m for m in model.modules() if isinstance(m, _Linear)]
-    if args.quantization == "int8":
+    if route.linear is Linear.INT8:
         for module in linears:
             module.repack(Int8Weight)
         INT8_KERNELS.ensure_compiled()
     elif (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears:
             module.to(weight_dtype)
-    if args.prepack_weights:
+    if route.prepacked:
         for module in linears:
             module.repack(PackedWeight)
-    # Keys and values of one token in every layer of this shard: the prefix cache's unit.
-    bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
-    model.planner = Planner(prefix_reuse=args.prefix_reuse, prune=prune,
-                            cache_bytes=int(args.prefix_cache_mb * 2**20),
-                            bytes_per_token=bytes_per_token, num_layers=config.num_layers,
-                            device=device)  # fmt: skip
-    model.eval()
-    if args.compile_elementwise:
-        min_rows = model.compiled_min_rows
-        # The compiled ops in the warm-up's tiny forwards too, else it would warm the eager ones.
-        model.compiled_elementwise, model.compiled_min_rows = True, 0
-        try:
-            model.compiled_elementwise = ELEMENTWISE.ensure_compiled(lambda: _warm_up(model))
-        finally:
-            model.compiled_min_rows = min_rows
-    if device.type == "cpu":  # after loading: its temporaries go back first
-        keep = forward_bytes(config, args.max_batch_tokens, args.dtype, tp.size)
-        model.register_forward_hook(HeapTrimmer(keep))
-    return model
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:
-    """About what one full-budget forward allocates on a rank (activations; measured on the
-    demo model: 0.93 GB bf16, 1.8 GB fp32 at 16,384 tokens): what HeapTrimmer keeps."""
-    per_token = 3 * config.intermediate_size // tp_size + 20 * config.hidden_size
-    return max_batch_tokens * per_token * DTYPES[dtype].itemsize
-
-
-def _compiled_as_chosen(route: Route, model: nn.Module) -> Route:
-    """The route as it runs: compiling may have failed (no C++ compiler) and left it eager."""
-    if route.elementwise != "eager" and not model.compiled_elementwise:
-        return dataclasses.replace(route, elementwise="eager (compiling failed; see the log)")
-    return route
+    """About what one full-budget forward allocates on a rank: what HeapTrimmer keeps."""
+    per_token = 3 * config.intermediate_size // tp_size + HIDDEN_ROWS_PER_TOKEN * config.hidden_size
+    return max_batch_tokens * per_token * TORCH_DTYPES[dtype].itemsize
 
 
 def _warm_up(model: nn.Module) -> None:
     """Tiny forwards with every shape class a real one meets (many rows and one row, in the
-    pruned last layer too, and in the shared-prefix paths; dynamic shapes specialise size 1),
-    so compiling happens at load, not in the first requests (seconds each). Prefixes go to a
-    throwaway cache. Every TP rank runs the same forwards, so their all-reduces pair up."""
+    pruned last layer too, and in the shared-prefix paths), so that one-time work (kernel
+    plans, allocations, lazy initialisation) happens at load and ready means a forward ran.
+    Prefixes go to a throwaway cache. Every TP rank runs the same forwards unconditionally, so
+    their all-reduces pair up."""
     batches = [[[0, 1, 2], [3]], [[4]], [[5, 6, 7]]]
     planner = model.planner
     if planner.prefix_reuse:  # shared prefixes: computed in the batch, then from the cache
@@ -162,20 +184,17 @@ class Encoder:
         self,
         model: nn.Module,
         config: ModelConfig,
-        device: torch.device,
-        max_batch_tokens: int,
-        pooling: str,
-        launcher: TPLauncher | None,
+        settings: EncoderSettings,
         route: Route,
-        task: str = "embed",
+        launcher: TPLauncher | None,
     ):
         self.model = model
-        self.task = task
-        self.route = route
         self.config = config
-        self.device = device
-        self.max_batch_tokens = max_batch_tokens
-        self.pooling = pooling
+        self.settings = settings
+        self.route = route
+        self.task = route.task
+        self.device = torch.device(route.device)
+        self.max_batch_tokens = settings.max_batch_tokens
         self._launcher = launcher
         self._lock = threading.Lock()
         # Tokens sent in vs tokens the forward computed (fewer when prefixes are shared).
@@ -185,94 +204,22 @@ class Encoder:
 
     @classmethod
     def from_pretrained(
-        cls,
-        model_dir: str | Path,
-        *,
-        tp_size: int = 1,
-        attn_backend: str = "auto",
-        dtype: str = "auto",
-        quantization: str = "none",
-        device: str | torch.device | None = None,
-        max_batch_tokens: int = 16384,
-        pooling: str = "last",
-        task: str = "auto",
-        prefix_reuse: bool | None = None,
-        prefix_cache_mb: float = 256.0,
-        compile_elementwise: bool | None = None,
-        prepack_weights: bool | None = None,
-        dist_addr: str = "127.0.0.1:0",
-        dist_timeout_s: float = 300.0,
+        cls, model_dir: str | Path, settings: EncoderSettings | None = None, **changes
     ) -> Encoder:
         """Load a checkpoint: a local directory or a Hugging Face model id (from the local
-        cache, else downloaded; qwen_embed.hub).
-
-        `dtype` "auto" and `quantization` ("none" | "int8", CPU only) pick the arithmetic
-        (route.choose_route; the choice is `encoder.route` and is logged). `dist_addr` is the TP
-        rendezvous (host:port); port 0 picks a free port, so several encoders on one host never
-        collide. `task`: "embed", "rerank" (`score`), or "auto" (rerank for
-        *ForSequenceClassification checkpoints, else embed). `prefix_reuse` (None: on where
-        valid, i.e. causal attention and last-token pooling) computes a prefix that sequences
-        share once, within a batch and across batches (a cache of `prefix_cache_mb`, 0 keeps
-        nothing between batches); see segments.py. `compile_elementwise` (None: bf16 on CPU)
-        compiles the norms, rotary and gating with Inductor at load (fused.py; eager if
-        compiling fails). `prepack_weights` (None: CPU float routes, where this torch has
-        oneDNN) packs the linear weights for oneDNN at load (onednn.py).
-        """
-        if pooling not in POOLING_METHODS:
-            raise ValueError(f"pooling must be one of {POOLING_METHODS}, got {pooling!r}")
-        if max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
-        if tp_size < 1:
-            raise ValueError(f"tp_size must be >= 1, got {tp_size}")
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", 0)
-        if device.type == "cuda":
-            check_gpu_group(device.index, tp_size, torch.cuda.device_count())
+        cache, else downloaded; qwen_embed.hub). `settings` (default: EncoderSettings()) with
+        any field replaced by a keyword, e.g. `from_pretrained(d, dtype="float32")`; what
+        follows from them, the checkpoint and the machine is `encoder.route`, logged here."""
+        settings = (settings or EncoderSettings()).replace(**changes)
         model_dir = resolve_checkpoint(model_dir)
         config = ModelConfig.from_dir(model_dir)
-        task = resolve_task(task, config)
-        if task == "rerank" and pooling != "last":
-            raise ValueError("a reranker scores the last token: pooling must be 'last'")
-        reuse_valid = config.is_causal and pooling == "last"
-        if prefix_reuse and not reuse_valid:
-            raise ValueError("prefix_reuse needs causal attention and last-token pooling "
-                             f"(is_causal={config.is_causal}, pooling={pooling!r})")  # fmt: skip
-        if prefix_cache_mb < 0:
-            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
-        route = choose_route(dtype, quantization, device.type, config.checkpoint_dtype,
-                             cpu_features(), compile_elementwise, prepack_weights,
-                             onednn_available())  # fmt: skip
-        attention = f"{attn_backend}: set by the caller"
-        if attn_backend == "auto":
-            attn_backend, why = choose_backend(device.type, config.head_dim, dtype=route.dtype)
-            attention = f"{attn_backend}: {why}"
-        route = dataclasses.replace(route, attention=attention)
-        log.info("qwen_embed route for %s: %s", model_dir, route)
-        host, _, port = dist_addr.rpartition(":")
-        args = RankArgs(
-            model_dir=str(model_dir),
-            tp_size=tp_size,
-            attn_backend=attn_backend,
-            dtype=route.dtype,
-            quantization=quantization,
-            device=str(device),
-            host=host,
-            port=int(port),
-            timeout_s=dist_timeout_s,
-            task=task,
-            pooling=pooling,
-            prefix_reuse=reuse_valid if prefix_reuse is None else bool(prefix_reuse),
-            prefix_cache_mb=float(prefix_cache_mb),
-            compile_elementwise=route.elementwise != "eager",
-            prepack_weights=route.prepacked,
-            max_batch_tokens=max_batch_tokens,
-        )
-        if tp_size == 1:
-            model = build_model(args, TPGroup())
-            route = _compiled_as_chosen(route, model)
-            return cls(model, config, device, max_batch_tokens, pooling, None, route, task)
-        launcher = TPLauncher(args)
+        device = resolve_device(settings.device, settings.tp_size)
+        route = choose_route(settings, config, device, cpu_features(), onednn_available())
+        log.info("qwen_embed route for %s: %s", model_dir, route.describe())
+        spec = RankSpec(str(model_dir), settings, route)
+        if settings.tp_size == 1:
+            return cls(build_model(spec, TPGroup()), config, settings, route, None)
+        launcher = TPLauncher(spec)
         try:
             tp = launcher.join_groups()
             model = build_model(launcher.args, tp)
@@ -280,8 +227,7 @@ class Encoder:
         except BaseException:
             launcher.close()
             raise
-        route = _compiled_as_chosen(route, model)
-        return cls(model, config, device, max_batch_tokens, pooling, launcher, route, task)
+        return cls(model, config, settings, route, launcher)
 
     @property
     def hidden_size(self) -> int:
@@ -309,20 +255,16 @@ class Encoder:
                 f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
             )
         sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
-        return self.embed_checked(sequences, normalize=normalize, dimensions=dimensions)
+        pooled = torch.from_numpy(self.pool_checked(sequences))
+        return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
-    def embed_checked(
-        self, sequences: list[np.ndarray], *, normalize: bool = True, dimensions: int | None = None
-    ) -> np.ndarray:
-        """`embed` for sequences that already passed `check_sequence` (and valid dimensions):
-        callers that validate per request (the Triton encoder) do not pay for it twice."""
+    def pool_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """Pooled hidden states float32 [n, hidden] (not truncated, not normalised: `finish`
+        does that per request) of sequences that already passed `check_sequence`: callers
+        that validate per request (the Triton encoder) do not pay for it twice."""
         self._require("embed")
-        out = np.empty((len(sequences), dimensions or self.hidden_size), dtype=np.float32)
-
-        def vectors(pooled: torch.Tensor) -> torch.Tensor:
-            return finish(pooled, normalize=normalize, dimensions=dimensions)
-
-        return self._run(sequences, out, vectors)
+        out = np.empty((len(sequences), self.hidden_size), dtype=np.float32)
+        return self._run(sequences, out, lambda pooled: pooled)
 
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
@@ -339,8 +281,9 @@ class Encoder:
 
     def _require(self, task: str) -> None:
         if self.task != task:
-            raise ValueError(f"this encoder was loaded with task={self.task!r}; {task!r} needs "
-                             f"task={task!r}")  # fmt: skip
+            raise ValueError(
+                f"this encoder was loaded with task={self.task!r}; {task!r} needs task={task!r}"
+            )
 
     def _run(self, sequences: list[np.ndarray], out: np.ndarray, head) -> np.ndarray:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
@@ -382,7 +325,9 @@ class Encoder:
             # pruned: the model returned the pooled rows; pooling works in fp32 either way. A
             # plan (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches.
             pooled = (
-                hidden.float() if ctx.last is not None else pool(hidden, ctx.batch, self.pooling)
+                hidden.float()
+                if ctx.last is not None
+                else pool(hidden, ctx.batch, self.route.pooling)
             )
             rows = head(pooled)
         planner.commit(ctx)

@@ -122,13 +122,16 @@ def install() -> None:
     if shutil.which("nvidia-smi") is None:
         print("note: no NVIDIA driver here (nvidia-smi not found); installing anyway", flush=True)
     # One pip call: torch pinned beside the two wheels, so no dependency can swap its build.
-    subprocess.run([sys.executable, "-m", "pip", "install", *(a.requirement for a in artefacts)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", *(a.requirement for a in artefacts)], check=True
+    )
     # A fresh interpreter: this one imported the torch that pip has just replaced.
     if subprocess.run([sys.executable, "-m", "qwen_embed.gpu_stack", "check"]).returncode:
         raise SystemExit("GPU stack installed but not usable (above)")
-    print(f"GPU stack ready: torch {TORCH} (CUDA {TORCH_CUDA}), flash-attn {FLASH_ATTN}, "
-          f"flashinfer {FLASHINFER} with prebuilt kernels")  # fmt: skip
+    print(
+        f"GPU stack ready: torch {TORCH} (CUDA {TORCH_CUDA}), flash-attn {FLASH_ATTN}, "
+        f"flashinfer {FLASHINFER} with prebuilt kernels"
+    )
 
 
 def main() -> None:

@@ -20,16 +20,14 @@ from torch import nn
 
 from .config import ModelConfig
 
-TASKS = ("auto", "embed", "rerank")
 # Qwen3-Reranker's answer tokens: the model is asked for "yes" or "no".
 ANSWER_TOKENS = ("yes", "no")
 
 
 def resolve_task(task: str, config: ModelConfig) -> str:
     """`auto` is rerank for sequence-classification checkpoints, else embed. A causal LM can be
-    either (the architecture cannot tell an embedder from a reranker): the deployment says."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    either (the architecture cannot tell an embedder from a reranker): the deployment says
+    (settings.TASKS)."""
     if task == "auto":
         return "rerank" if config.is_classifier else "embed"
     return task
@@ -57,16 +55,18 @@ class ScoreHead(nn.Module):
         self.rows = rows  # vocabulary rows to keep (None: the whole tensor, a `score` head)
         count = len(rows) if rows is not None else 1
         # float32 whatever the model's dtype: two rows cost nothing and scores stay precise.
-        self.weight = nn.Parameter(torch.empty(count, hidden_size, dtype=torch.float32),
-                                   requires_grad=False)  # fmt: skip
+        self.weight = nn.Parameter(
+            torch.empty(count, hidden_size, dtype=torch.float32), requires_grad=False
+        )
         self.weight.checkpoint_name = checkpoint_name
         self.weight.weight_loader = self._load
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
         picked = full[self.rows] if self.rows is not None else full
         if picked.shape != param.shape:
-            raise ValueError(f"head rows have shape {tuple(picked.shape)}, expected "
-                             f"{tuple(param.shape)}")  # fmt: skip
+            raise ValueError(
+                f"head rows have shape {tuple(picked.shape)}, expected {tuple(param.shape)}"
+            )
         param.data.copy_(picked.to(param.dtype))
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
@@ -79,8 +79,9 @@ class ScoreHead(nn.Module):
 def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
     if config.is_classifier:
         if config.num_labels != 1:
-            raise ValueError(f"a reranking classifier has one label, this one has "
-                             f"{config.num_labels}")  # fmt: skip
+            raise ValueError(
+                f"a reranking classifier has one label, this one has {config.num_labels}"
+            )
         return ScoreHead(config.hidden_size, "score.weight", None)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     return ScoreHead(config.hidden_size, name, answer_token_ids(model_dir))

@@ -24,8 +24,9 @@ def hub_cache() -> Path:
     """Where huggingface_hub keeps models, read from the environment at call time."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
-                                             "huggingface")  # fmt: skip
+    home = os.environ.get("HF_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 

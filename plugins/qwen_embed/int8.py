@@ -24,8 +24,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x.float() / scale).clamp(-_QMAX, _QMAX).to(torch.int8), scale
 
 
-def _rescale(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-             dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+def _rescale(
+    acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     return (acc.float() * x_scale * w_scale).to(dtype)
 
 
@@ -37,8 +38,7 @@ def _warmup() -> None:
             KERNELS.rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
 
 
-_FNS = {"quantize": quantize_rows, "rescale": _rescale}
-KERNELS = CompiledSet("int8 route", _FNS, _FNS, _warmup)
+KERNELS = CompiledSet("int8 route", {"quantize": quantize_rows, "rescale": _rescale}, _warmup)
 
 
 class Int8Weight(nn.Module):

@@ -14,15 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu import has_native_bf16
-from .fused import ELEMENTWISE
 
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
 
     bf16 on a CPU without bf16 instructions: fp32 holding the same bf16 values, because torch's
-    emulated bf16 GEMM is ~10x slower than fp32 there. Converted once at load, so no request
-    pays for the upcast; the price is fp32 weight memory.
+    emulated bf16 GEMM is far slower than fp32 there (route.Linear.FP32_GEMM). Converted once at
+    load, so no request pays for the upcast; the price is fp32 weight memory.
     """
     if dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
         return torch.float32
@@ -82,7 +81,37 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, loader=_replicated_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ELEMENTWISE.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As transformers: normalise in fp32, scale in the model dtype. In-place steps and a
+    reduction instead of x.pow(2): on CPU each fresh activation-sized tensor costs page faults.
+    Row by row, so a text's result never depends on the batch it came in."""
+    dtype = x.dtype
+    out = x.to(torch.float32, copy=True)
+    mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    out.mul_(mean_sq.add_(eps).rsqrt_())
+    return out.to(dtype).mul_(weight)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2]: the same
+    arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated tables, in
+    fewer passes over memory."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    out = torch.empty_like(x)
+    o1, o2 = out.chunk(2, dim=-1)
+    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=o2).addcmul_(x1, s)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for the packed [T, 2 * inter] projection, in place in its gate half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -4,45 +4,38 @@ F.linear on CPU hands oneDNN a plain [out, in] weight, which it reorders into it
 layout on every call. Packing once at load is what Inductor's CPU freezing pass does for
 dynamic batch sizes (mkldnn._reorder_linear_weight, mkldnn._linear_pointwise) and what vLLM's
 CPU backend does with its own oneDNN wrappers. Same arithmetic: bf16 results bit-identical to
-F.linear, fp32 within rounding. Measured on a Zen 4 (2 cores, demo model, A/B in one
-process): route.py.
+F.linear, fp32 within rounding.
 
-oneDNN also plans each GEMM for its row count and keeps the plan in its primitive cache
-(0.45-1 ms to plan one of the demo model's GEMMs on a Zen 4, ~0.6 MB of RSS kept per plan).
-Varlen batches bring a new row count nearly every forward, so small batches paid the planning
-on every GEMM (a 1-query forward 18 ms instead of 12) and the cache filled with one-off plans.
-Row counts from 17 to 512 are therefore padded up to one of 56 planned counts (planned_rows;
-above 512 rows planning is < 1% of the GEMM), and the launcher bounds the cache
-(PRIMITIVE_CACHE_CAPACITY) instead of turning it off.
+oneDNN also plans each GEMM for its row count and keeps the plan in its primitive cache.
+Varlen batches bring a new row count nearly every forward, so small forwards would pay the
+planning on every GEMM and fill the cache with one-off plans. Row counts from 17 to 512 are
+therefore padded up to a few planned counts (planned_rows; above 512 rows planning is a small
+share of the GEMM), and the launcher bounds the cache (PRIMITIVE_CACHE_CAPACITY). A row's
+result does not depend on the padding. Measurements: docs/tuning.md.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Row counts up to UNPADDED_ROWS run as they are (few counts anyway); above, up to each limit,
-# they are padded to a multiple of its step: 72 planned counts up to 512, 2% above the real
-# count on average (at most 11%, 65 -> 72; 17-32 rows at most 1 more), since a GEMM's time
-# grows with its rows: one 16-row step (5% on average) made an 18-row forward pay for 32.
+# they are padded to a multiple of its step: steps grow with the count so that the padding
+# stays a small share of the rows, since a GEMM's time grows with its rows.
 UNPADDED_ROWS = 16
 ROW_STEPS = ((32, 2), (64, 4), (256, 8), (512, 16))  # (up to rows, step)
 PADDED_ROWS_MAX = ROW_STEPS[-1][0]
 # The launcher's oneDNN primitive cache size (set before tritonserver starts: oneDNN reads it
-# once): room for the planned counts' plans of every GEMM shape (72 x 6 in a Qwen model with
-# last-layer pruning), and a bound on memory.
+# once): room for the planned counts' plans of every GEMM shape of a Qwen model with last-layer
+# pruning (q|k|v, o, gate|up, down, q, k|v), and a bound on memory.
 PRIMITIVE_CACHE_CAPACITY = 512
-# Padding buys nothing where a deployment turned the cache off.
-PAD_ROWS = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") != "0"
 
 
 def planned_rows(rows: int) -> int:
     """The row count a GEMM of `rows` rows runs with: few distinct counts, so oneDNN's cached
     plans are reused, each close above the real count."""
-    if PAD_ROWS and UNPADDED_ROWS < rows <= PADDED_ROWS_MAX:
+    if UNPADDED_ROWS < rows <= PADDED_ROWS_MAX:
         step = next(step for limit, step in ROW_STEPS if rows <= limit)
         return -(-rows // step) * step
     return rows

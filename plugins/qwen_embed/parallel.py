@@ -14,13 +14,15 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .layers import TPGroup
+from .route import Route
+from .settings import EncoderSettings
 
 CMD_STOP, CMD_FORWARD = 0, 1
 # Workers block on the next command for as long as the server is idle.
@@ -28,31 +30,54 @@ _IDLE_WAIT = datetime.timedelta(days=365)
 
 
 @dataclass(frozen=True)
-class RankArgs:
-    """Everything a rank needs to build its shard; sent to workers as JSON."""
+class RankSpec:
+    """What every rank builds its shard from: the checkpoint, the settings and the route, whole.
+    Sent to the workers as JSON."""
 
     model_dir: str
-    tp_size: int
-    attn_backend: str
-    dtype: str
-    quantization: str
-    device: str  # rank 0's device; rank r uses cuda:(index + r) on GPU
-    host: str
-    port: int
-    timeout_s: float
-    task: str = "embed"  # "embed" | "rerank": rank 0 then also holds the score head
-    pooling: str = "last"  # last-token pooling lets the last layer compute only pooled rows
-    prefix_reuse: bool = False  # resolved by the engine: causal + last pooling + asked for
-    prefix_cache_mb: float = 0.0
-    compile_elementwise: bool = False  # fused.py's ops through Inductor
-    prepack_weights: bool = False  # linear weights in oneDNN's layout (onednn.py)
-    max_batch_tokens: int = 16384  # sizes the freed memory a CPU rank keeps (HeapTrimmer)
+    settings: EncoderSettings
+    route: Route
+
+    @property
+    def host(self) -> str:
+        return self.settings.dist_addr.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.settings.dist_addr.rpartition(":")[2])
+
+    @property
+    def tp_size(self) -> int:
+        return self.settings.tp_size
+
+    @property
+    def timeout_s(self) -> float:
+        return self.settings.dist_timeout_s
 
     def device_for(self, rank: int) -> torch.device:
-        base = torch.device(self.device)
+        base = torch.device(self.route.device)
         if base.type == "cuda":
             return torch.device("cuda", (base.index or 0) + rank)
         return base
+
+    def with_port(self, port: int) -> RankSpec:
+        return replace(self, settings=self.settings.replace(dist_addr=f"{self.host}:{port}"))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "model_dir": self.model_dir,
+                "settings": asdict(self.settings),
+                "route": self.route.to_dict(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RankSpec:
+        data = json.loads(text)
+        return cls(
+            data["model_dir"], EncoderSettings(**data["settings"]), Route.from_dict(data["route"])
+        )
 
 
 def _python_executable() -> str:
@@ -62,7 +87,7 @@ def _python_executable() -> str:
     return str(Path(sys.prefix) / "bin" / "python3")
 
 
-def _make_groups(args: RankArgs, rank: int, store: dist.Store) -> tuple[object, TPGroup]:
+def _make_groups(args: RankSpec, rank: int, store: dist.Store) -> tuple[object, TPGroup]:
     timeout = datetime.timedelta(seconds=args.timeout_s)
     control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, args.tp_size, timeout)
     if args.device_for(rank).type == "cuda":
@@ -77,7 +102,7 @@ def _make_groups(args: RankArgs, rank: int, store: dist.Store) -> tuple[object, 
 class TPLauncher:
     """Rank 0's handle on the worker processes."""
 
-    def __init__(self, args: RankArgs):
+    def __init__(self, args: RankSpec):
         self.store = dist.TCPStore(
             args.host,
             args.port,
@@ -87,7 +112,7 @@ class TPLauncher:
             wait_for_workers=False,
         )
         # With port 0 the store picked a free one; workers must be told which.
-        self.args = RankArgs(**{**asdict(args), "port": self.store.port})
+        self.args = args.with_port(self.store.port)
         self.procs: list[subprocess.Popen] = []
         self.control = None
         env = dict(os.environ)
@@ -100,7 +125,7 @@ class TPLauncher:
                         _python_executable(),
                         "-m",
                         "qwen_embed.worker",
-                        json.dumps(asdict(self.args)),
+                        self.args.to_json(),
                         str(rank),
                     ],
                     env=env,
@@ -153,7 +178,7 @@ class TPLauncher:
         self.procs = []
 
 
-def serve_rank(args: RankArgs, rank: int, build_model) -> None:
+def serve_rank(args: RankSpec, rank: int, build_model) -> None:
     """Worker side: join, build this rank's shard, then run forwards until told to stop."""
 
     store = dist.TCPStore(

@@ -63,10 +63,15 @@ class Placement:
 
 
 def _reserve(topology: list[list[Core]]) -> tuple[list[list[Core]], Core | None]:
-    """(cores left for encoders, the core kept for tokenizers or None)."""
+    """(cores left for encoders, the core kept for tokenizers or None). The core comes from the
+    node with the most cores (the last of equals), so no node is left without one unless every
+    node has a single core; a node left empty is dropped."""
     if sum(len(node) for node in topology) < TOKENIZER_RESERVE_FROM:
         return topology, None
-    return [*topology[:-1], topology[-1][:-1]], topology[-1][-1]
+    donor = max(range(len(topology)), key=lambda i: (len(topology[i]), i))
+    spare = topology[donor][-1]
+    nodes = [node[:-1] if i == donor else node for i, node in enumerate(topology)]
+    return [node for node in nodes if node], spare
 
 
 def encoder_placement(topology: list[list[Core]], count: int | None, index: int) -> Placement:

@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .batch import VarlenBatch
-
-POOLING_METHODS = ("last", "mean")
+from .settings import POOLING_METHODS
 
 
 def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:

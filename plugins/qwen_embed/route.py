@@ -1,98 +1,140 @@
-"""Which arithmetic the engine runs: activation dtype plus how the linear layers multiply.
+"""How an encoder runs, resolved once from its settings, its checkpoint and the machine.
 
-Chosen once at load as a pure function of the request (dtype, quantization), the device and the
-CPU's features, so every outcome is testable on any machine. The choice and its reason are
-logged at load, shown by `qwen-embed info` and carried as labels of the encoder's metrics.
+`choose_route` is a pure function of those, so every outcome is testable on any machine. The
+route is plain data; `describe()` is for people (the load log, `qwen-embed info`) and `labels()`
+for the encoder's route metric. Nothing decides behaviour from their text.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from .attention import choose_backend
+from .config import ModelConfig
 from .cpu import CpuFeatures
+from .heads import resolve_task
+from .settings import DTYPES, EncoderSettings
 
-DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("none", "int8")
+
+class Linear(enum.Enum):
+    """How the linear layers multiply."""
+
+    FLOAT = "float"  # in the activation dtype
+    # bf16 activations on a CPU without bf16 instructions: the bf16 weights are held in fp32
+    # and multiplied by one fp32 GEMM, because torch emulates bf16 GEMMs there, far slower.
+    FP32_GEMM = "fp32 GEMM"
+    INT8 = "int8"  # per-channel int8 weights, per-token int8 activations (int8.py)
 
 
 @dataclass(frozen=True)
 class Route:
-    dtype: str  # activations (and the float weights: embeddings, norms)
-    linear: str  # how linear layers multiply
-    reason: str
-    attention: str = ""  # the attention backend and why (engine.Encoder fills it in)
-    elementwise: str = "eager"  # norms, rotary, gating: "compiled (Inductor)" or "eager"
-    prepacked: bool = False  # float linear weights packed for oneDNN at load (onednn.py)
+    device: str  # rank 0's device; rank r of a GPU group uses cuda:(index + r)
+    dtype: str  # activations, embeddings, norms
+    linear: Linear
+    prepacked: bool  # float linear weights packed for oneDNN at load (onednn.py)
+    attn_backend: str
+    task: str  # "embed" | "rerank"
+    pooling: str
+    prefix_reuse: bool  # shared prefixes computed once (segments.py)
+    prune: bool  # the last layer computes only the pooled rows (last-token pooling)
+    reason: str  # why this dtype and linear route
+    attention_reason: str
+
+    def describe(self) -> str:
+        linear = {
+            Linear.FLOAT: self.dtype,
+            Linear.FP32_GEMM: f"{self.dtype} as fp32 GEMM",
+            Linear.INT8: "int8 (per-channel weights, per-token activations)",
+        }[self.linear]
+        if self.prepacked:
+            linear += ", oneDNN-packed weights"
+        return (
+            f"{self.device}, dtype {self.dtype}, linear layers {linear}: {self.reason}; "
+            f"attention {self.attn_backend} ({self.attention_reason}); prefix reuse "
+            f"{'on' if self.prefix_reuse else 'off'}, last-layer pruning "
+            f"{'on' if self.prune else 'off'}"
+        )
 
     def labels(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items()}
+        return {k: str(v.value if isinstance(v, Linear) else v) for k, v in asdict(self).items()}
 
-    def __str__(self) -> str:
-        text = f"dtype {self.dtype}, linear layers {self.linear}: {self.reason}"
-        text += f"; attention {self.attention}" if self.attention else ""
-        return text + f"; elementwise ops {self.elementwise}"
+    def to_dict(self) -> dict:
+        return {**asdict(self), "linear": self.linear.value}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Route:
+        return cls(**{**data, "linear": Linear(data["linear"])})
 
 
 def choose_route(
-    dtype: str,
-    quantization: str,
-    device_type: str,
-    checkpoint_dtype: str | None,
+    settings: EncoderSettings,
+    config: ModelConfig,
+    device: str,
     features: CpuFeatures,
-    compile_elementwise: bool | None = None,
-    prepack_weights: bool | None = None,
     onednn: bool = True,
+    choose_attention: Callable[..., tuple[str, str]] = choose_backend,
 ) -> Route:
     """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
-    instructions (AVX512_BF16 or AMX: ~2.5-3.4x fp32 measured), else fp32 (emulated bf16 is
-    ~10x slower there). quantization "int8" (CPU only) swaps the linear layers' GEMM.
-    `compile_elementwise` (None: for bf16 on CPU, 5-7% there; fp32 gains ~0-1%, less than the
-    seconds compiling adds to start-up) fuses the elementwise chains with Inductor (fused.py).
-    `prepack_weights` (None: every CPU float route where torch has oneDNN, `onednn`) packs the
-    linear weights for oneDNN once at load instead of on every call (onednn.py): A/B in one
-    process on a Zen 4 (AVX512_BF16), demo model, oneDNN's primitive cache bounded as Triton
-    runs it (perf/results/prepack.md): bf16 1.04-1.21x, fp32 1.09-1.80x; bf16 bit-identical.
-    Packed GEMMs also pad row counts so that oneDNN's cached plans repeat (onednn.py)."""
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    if dtype not in ("auto", *DTYPES):
-        raise ValueError(f"dtype must be 'auto' or one of {list(DTYPES)}, got {dtype!r}")
-    if quantization == "int8" and device_type != "cpu":
+    instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only) swaps the
+    linear layers' GEMM; float CPU routes pack their weights for oneDNN where torch has it.
+    Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling."""
+    s = settings
+    cpu = device == "cpu"
+    if s.quantization == "int8" and not cpu:
         raise ValueError("quantization 'int8' runs on CPU only; use dtype bfloat16 on GPUs")
-    cpu = device_type == "cpu"
-    if dtype != "auto":
-        reason = f"dtype {dtype} set by the deployment"
-    elif not cpu:
-        dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
-        reason = f"the checkpoint's dtype on {device_type}"
-    elif features.native_bf16:
-        dtype = "bfloat16"
-        reason = f"auto: {features.describe()} has native bf16 GEMM"
-    else:
-        dtype = "float32"
-        reason = f"auto: {features.describe()} has no bf16 instructions (bf16 would be emulated)"
-    if quantization == "int8":
-        linear = "int8 (per-channel weights, per-token activations)"
-        reason += "; int8 linear layers set by the deployment"
+    task = resolve_task(s.task, config)
+    if task == "rerank" and s.pooling != "last":
+        raise ValueError("a reranker scores the last token: pooling must be 'last'")
+    reuse_valid = config.is_causal and s.pooling == "last"
+    if s.prefix_reuse == "on" and not reuse_valid:
+        raise ValueError(
+            "prefix_reuse needs causal attention and last-token pooling "
+            f"(is_causal={config.is_causal}, pooling={s.pooling!r})"
+        )
+    dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features)
+    if s.quantization == "int8":
+        linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
     elif dtype == "bfloat16" and cpu and not features.native_bf16:
-        linear = "bfloat16 as fp32 GEMM"
+        linear = Linear.FP32_GEMM
     else:
-        linear = dtype
-    float_cpu = cpu and quantization == "none"
-    if prepack_weights is None:
-        prepack_weights = float_cpu and onednn
-    elif prepack_weights and not (float_cpu and onednn):
-        raise ValueError("prepack_weights needs the CPU float route (no int8) and a torch "
-                         "with oneDNN")  # fmt: skip
-    if prepack_weights:
-        linear += ", oneDNN-packed weights"
-    if compile_elementwise is None:  # measured worth its start-up seconds only there
-        compile_elementwise = cpu and dtype == "bfloat16"
-    elementwise = "compiled (Inductor)" if compile_elementwise else "eager"
+        linear = Linear.FLOAT
+    float_cpu = cpu and s.quantization == "none"
+    if s.prepack_weights == "on" and not (float_cpu and onednn):
+        raise ValueError(
+            "prepack_weights needs the CPU float route (no int8) and a torch with oneDNN"
+        )
+    prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and float_cpu and onednn)
+    backend, why = s.attn_backend, "set by the deployment"
+    if backend == "auto":
+        backend, why = choose_attention(device.split(":")[0], config.head_dim, dtype=dtype)
     return Route(
+        device=device,
         dtype=dtype,
         linear=linear,
+        prepacked=prepacked,
+        attn_backend=backend,
+        task=task,
+        pooling=s.pooling,
+        prefix_reuse=reuse_valid and s.prefix_reuse != "off",
+        prune=s.pooling == "last",
         reason=reason,
-        elementwise=elementwise,
-        prepacked=prepack_weights,
+        attention_reason=why,
+    )
+
+
+def _dtype(
+    requested: str, cpu: bool, device: str, checkpoint_dtype: str | None, features: CpuFeatures
+) -> tuple[str, str]:
+    if requested != "auto":
+        return requested, f"dtype {requested} set by the deployment"
+    if not cpu:
+        dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+        return dtype, f"the checkpoint's dtype on {device}"
+    if features.native_bf16:
+        return "bfloat16", f"auto: {features.describe()} has native bf16 GEMM"
+    return (
+        "float32",
+        f"auto: {features.describe()} has no bf16 instructions (bf16 would be emulated)",
     )

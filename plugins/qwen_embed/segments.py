@@ -28,7 +28,6 @@ from .batch import VarlenBatch
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
-HISTORY_TOKENS = 512  # of each, the first tokens kept for that comparison
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,15 @@ class AttentionLayout:
         """A segment plan's layout: keys gathered by `kv_index` (host)."""
         cu_q = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
         cu_k = torch.tensor(np.concatenate([[0], np.cumsum(k_lens)]), dtype=torch.int32)
-        return cls(tuple(int(n) for n in q_lens), tuple(int(n) for n in k_lens), cu_q.to(device),
-                   cu_k.to(device), cu_q, cu_k, torch.from_numpy(kv_index).to(device))  # fmt: skip
+        return cls(
+            tuple(int(n) for n in q_lens),
+            tuple(int(n) for n in k_lens),
+            cu_q.to(device),
+            cu_k.to(device),
+            cu_q,
+            cu_k,
+            torch.from_numpy(kv_index).to(device),
+        )
 
     @classmethod
     def for_batch(cls, batch: VarlenBatch, last_only: bool = False) -> AttentionLayout:
@@ -94,8 +100,9 @@ class PrefixCache:
         self.num_layers = num_layers
         self.entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
         self._by_head: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
-        # head -> the latest sequence that began with it (its first HISTORY_TOKENS ids)
-        self.history: OrderedDict[tuple[int, ...], tuple[int, ...]] = OrderedDict()
+        # head -> the latest sequence that began with it, whole (int32): a shared prefix may be
+        # as long as the texts, and only the whole sequence tells it from a repeated text.
+        self.history: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
         self.tokens = 0
         self.hits = 0
         self.lookups = 0
@@ -133,12 +140,12 @@ class PrefixCache:
             if not heads:
                 del self._by_head[ids[:MIN_PREFIX_TOKENS]]
 
-    def recent(self, head: tuple[int, ...]) -> tuple[int, ...] | None:
+    def recent(self, head: tuple[int, ...]) -> np.ndarray | None:
         return self.history.get(head)
 
     def remember(self, seq: tuple[int, ...]) -> None:
         head = seq[:MIN_PREFIX_TOKENS]
-        self.history[head] = seq[:HISTORY_TOKENS]
+        self.history[head] = np.asarray(seq, dtype=np.int32)
         self.history.move_to_end(head)
         if len(self.history) > HISTORY:
             self.history.popitem(last=False)
@@ -192,8 +199,9 @@ class SegmentPlan:
         (the sequences' key segments, past the prefix segments computed here)."""
         first = len(self.new)
         index = self.kv_index[int(self.layout.cu_k_host[first]) :]
-        return AttentionLayout.build(np.ones(len(self.pool_rows), dtype=np.int64),
-                                     self.layout.k_lens[first:], index, device)  # fmt: skip
+        return AttentionLayout.build(
+            np.ones(len(self.pool_rows), dtype=np.int64), self.layout.k_lens[first:], index, device
+        )
 
 
 def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> SegmentPlan | None:
@@ -225,10 +233,10 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
             length = min(_common_prefix(seqs[members[0]], seqs[i]) for i in members[1:])
         else:  # alone: a prefix shared with a recent sequence, worth computing if kept
             seq, recent = seqs[members[0]], cache.recent(head)
-            length = _common_prefix(seq, recent) if recent else 0
+            length = 0 if recent is None else _common_prefix(seq, recent)
             # Only where the two go on differently: a repeated text (or one that is the start
             # of another) is not a shared prefix, and caching whole texts would churn the cache.
-            if not cache.fits(length) or length >= min(len(seq), len(recent or ())):
+            if recent is None or not cache.fits(length) or length >= min(len(seq), len(recent)):
                 length = 0
         length = min(length, limit)
         if length >= MIN_PREFIX_TOKENS:
@@ -244,8 +252,9 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
     for entry in used:
         offsets[entry.ids] = total
         total += len(entry.ids)
-    new_prefixes = sorted({p for p in prefix_of if p is not None and p not in cached},
-                          key=lambda p: (len(p), p))  # fmt: skip
+    new_prefixes = sorted(
+        {p for p in prefix_of if p is not None and p not in cached}, key=lambda p: (len(p), p)
+    )
     ids, positions, q_lens, k_lens, kv_index, new = [], [], [], [], [], []
     row = 0
     num_layers = cache.num_layers
@@ -315,8 +324,16 @@ class Planner:
     and the switches. `prefix_reuse` needs causal attention and last-token pooling; `prune`
     needs last-token pooling."""
 
-    def __init__(self, *, prefix_reuse: bool, prune: bool, cache_bytes: int,
-                 bytes_per_token: int, num_layers: int, device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        prefix_reuse: bool,
+        prune: bool,
+        cache_bytes: int,
+        bytes_per_token: int,
+        num_layers: int,
+        device: torch.device,
+    ):
         self.prefix_reuse = prefix_reuse
         self.prune = prune
         self.device = device
@@ -331,8 +348,9 @@ class Planner:
                 return ForwardContext(batch, layout, None, None, None)
             last = AttentionLayout.for_batch(batch, last_only=True)
             return ForwardContext(batch, layout, last, batch.cu_seqlens[1:].long() - 1, None)
-        batch = VarlenBatch.from_rows(plan.input_ids, plan.positions, plan.layout.q_lens,
-                                      self.device)  # fmt: skip
+        batch = VarlenBatch.from_rows(
+            plan.input_ids, plan.positions, plan.layout.q_lens, self.device
+        )
         last = plan.last_layout(self.device) if self.prune else None
         rows = torch.from_numpy(plan.pool_rows).to(self.device)
         return ForwardContext(batch, plan.layout, last, rows, plan)

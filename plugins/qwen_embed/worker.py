@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -23,19 +22,25 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def threads_per_rank(allowed_cpus: int, tp_size: int) -> int:
+    """A CPU rank's share of the CPUs this process may run on (its affinity mask: containers
+    and cpusets allow fewer than the machine has)."""
+    return max(1, allowed_cpus // tp_size)
+
+
 def main() -> None:
     from .engine import build_model
-    from .parallel import RankArgs, serve_rank
+    from .parallel import RankSpec, serve_rank
 
     _exit_with_parent()
-    args = RankArgs(**json.loads(sys.argv[1]))
+    spec = RankSpec.from_json(sys.argv[1])
     rank = int(sys.argv[2])
-    device = args.device_for(rank)
+    device = spec.device_for(rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
-    serve_rank(args, rank, build_model)
+        torch.set_num_threads(threads_per_rank(len(os.sched_getaffinity(0)), spec.tp_size))
+    serve_rank(spec, rank, build_model)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,7 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
-from qwen_embed.serving.config import (
-    encoder_device,
-    model_parameters,
-    resolve_model_dir,
-    switch,
-)
+from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
 from qwen_embed.serving.requests import parse_options, unpack_ids
 from qwen_embed.serving.rerank import parse_rerank_options
 
@@ -30,39 +25,28 @@ def _error(message):
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        tp_size = int(params.get("tp_size") or 1)
-        device = encoder_device(args.get("model_instance_kind", ""),
-                                args.get("model_instance_device_id", "0"),
-                                params.get("device", "auto"), tp_size,
-                                torch.cuda.is_available())  # fmt: skip
+        serving, settings = encoder_parameters(args)
+        device = encoder_device(
+            args.get("model_instance_kind", ""),
+            args.get("model_instance_device_id", "0"),
+            settings.device,
+            settings.tp_size,
+            torch.cuda.is_available(),
+        )
         placement = None
-        if device == "cpu" and tp_size == 1 and params.get("cpu_pinning", "auto") != "off":
+        if device == "cpu" and settings.tp_size == 1 and serving["cpu_pinning"] != "off":
             # Before the first torch op: OpenMP starts its threads with this affinity.
             groups = json.loads(args["model_config"]).get("instance_group") or [{}]
             counts = [int(g.get("count", 1)) for g in groups]
             index = instance_index(args.get("model_instance_name", ""), counts)
             placement = encoder_placement(read_topology(), sum(counts), index)
             pin(placement)
-        self.task = params.get("task") or "embed"
-        self.encoder = Encoder.from_pretrained(
-            resolve_model_dir(params, self.task),
-            tp_size=tp_size,
-            attn_backend=params.get("attn_backend") or "auto",
-            dtype=params.get("dtype") or "auto",
-            quantization=params.get("quantization") or "none",
-            device=device,
-            max_batch_tokens=int(params.get("max_batch_tokens") or 16384),
-            pooling=params.get("pooling") or "last",
-            task=self.task,
-            prefix_reuse=switch(params, "prefix_reuse"),
-            prefix_cache_mb=float(params.get("prefix_cache_mb") or 256),
-            compile_elementwise=switch(params, "compile_elementwise"),
-            prepack_weights=switch(params, "prepack_weights"),
-        )
+        model_dir = resolve_model_dir(serving["model_dir"], settings.task)
+        self.encoder = Encoder.from_pretrained(model_dir, settings.replace(device=device))
+        self.task = self.encoder.task
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device
-        pb_utils.Logger.log_info(f"{instance}: {self.encoder.route}; {where}")
+        pb_utils.Logger.log_info(f"{instance}: {self.encoder.route.describe()}; {where}")
         self.metrics = _Metrics(args["model_name"])
         self.metrics.set_route(instance, self.encoder.route, placement)
 
@@ -94,7 +78,7 @@ class TritonPythonModel:
             if self.task == "rerank":
                 outputs = self.encoder.score_checked(all_seqs)
             else:
-                outputs = self.encoder.embed_checked(all_seqs, normalize=False)
+                outputs = self.encoder.pool_checked(all_seqs)
             self.metrics.seconds.observe(time.perf_counter() - started)
             self.metrics.observe_reuse(self.encoder)
             start = 0
@@ -113,7 +97,7 @@ class TritonPythonModel:
     def _output(self, rows, opts):
         if self.task == "rerank":
             return pb_utils.Tensor("SCORES", rows.reshape(-1, 1))
-        # Same Matryoshka + normalisation as the engine, on this request's rows.
+        # Matryoshka truncation and normalisation, once, with this request's options.
         rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
         return pb_utils.Tensor("EMBEDDING", rows.contiguous().numpy())
 
@@ -146,24 +130,35 @@ class _Metrics:
         counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
         self.texts = self._metric("qwen_embed_texts_total", "texts embedded", counter)
         self.tokens = self._metric("qwen_embed_tokens_total", "tokens embedded", counter)
-        self.seconds = self._metric("qwen_embed_encode_seconds",
-                                    "time in the encoder forward and pooling",
-                                    pb_utils.MetricFamily.HISTOGRAM,
-                                    buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30])  # fmt: skip
+        self.seconds = self._metric(
+            "qwen_embed_encode_seconds",
+            "time in the encoder forward and pooling",
+            pb_utils.MetricFamily.HISTOGRAM,
+            buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30],
+        )
         self.cancelled = self._metric(
             "qwen_embed_cancelled_requests_total",
             "requests skipped: cancelled by the client",
             counter,
         )
-        self.computed = self._metric("qwen_embed_tokens_computed_total", "tokens the forwards "
-                                     "computed (fewer than received when prefixes are shared)",
-                                     counter)  # fmt: skip
-        self.hits = self._metric("qwen_embed_prefix_cache_hits_total",
-                                 "sequences whose prefix came from the cache", counter)  # fmt: skip
-        self.lookups = self._metric("qwen_embed_prefix_cache_lookups_total",
-                                    "sequences looked up in the prefix cache", counter)  # fmt: skip
-        self.cache_bytes = self._metric("qwen_embed_prefix_cache_bytes",
-                                        "keys/values held by the prefix cache", gauge)  # fmt: skip
+        self.computed = self._metric(
+            "qwen_embed_tokens_computed_total",
+            "tokens the forwards computed (fewer than received when prefixes are shared)",
+            counter,
+        )
+        self.hits = self._metric(
+            "qwen_embed_prefix_cache_hits_total",
+            "sequences whose prefix came from the cache",
+            counter,
+        )
+        self.lookups = self._metric(
+            "qwen_embed_prefix_cache_lookups_total",
+            "sequences looked up in the prefix cache",
+            counter,
+        )
+        self.cache_bytes = self._metric(
+            "qwen_embed_prefix_cache_bytes", "keys/values held by the prefix cache", gauge
+        )
         self._seen = {"computed_tokens": 0, "hits": 0, "lookups": 0}
         self.route = pb_utils.MetricFamily(
             name="qwen_embed_encoder_route",
@@ -179,17 +174,24 @@ class _Metrics:
 
     def set_route(self, instance, route, placement):
         threads = placement.threads if placement else torch.get_num_threads()
-        labels = {"model": self.model, "instance": instance, **route.labels(),
-                  "cpus": ",".join(map(str, placement.cpus)) if placement else "",
-                  "threads": str(threads)}  # fmt: skip
+        labels = {
+            "model": self.model,
+            "instance": instance,
+            **route.labels(),
+            "cpus": ",".join(map(str, placement.cpus)) if placement else "",
+            "threads": str(threads),
+        }
         self.route_gauge = self.route.Metric(labels=labels)
         self.route_gauge.set(1)
 
     def observe_reuse(self, encoder):
         """Counters from the engine's running totals (increments since the last execute)."""
         cache = encoder.prefix_cache
-        now = {"computed_tokens": encoder.stats["computed_tokens"], "hits": cache.hits,
-               "lookups": cache.lookups}  # fmt: skip
+        now = {
+            "computed_tokens": encoder.stats["computed_tokens"],
+            "hits": cache.hits,
+            "lookups": cache.lookups,
+        }
         self.computed.increment(now["computed_tokens"] - self._seen["computed_tokens"])
         self.hits.increment(now["hits"] - self._seen["hits"])
         self.lookups.increment(now["lookups"] - self._seen["lookups"])

@@ -25,14 +25,15 @@ class TritonPythonModel:
         if spare is not None and params.get("cpu_pinning", "auto") != "off":
             os.sched_setaffinity(0, spare.cpus)
         self.task = params.get("task") or "embed"
-        model_dir = resolve_model_dir(params, self.task)
+        model_dir = resolve_model_dir(params.get("model_dir", ""), self.task)
         config = ModelConfig.from_dir(model_dir)
         self.hidden_size = config.hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
         self.max_text_bytes = int(params.get("max_text_bytes") or 262144)
         # Never more than the model's positions: the encoder would refuse what we let through.
-        max_tokens = min(int(params.get("max_input_tokens") or 8192),
-                         config.max_position_embeddings)  # fmt: skip
+        max_tokens = min(
+            int(params.get("max_input_tokens") or 8192), config.max_position_embeddings
+        )
         if self.task == "rerank":
             self.tokenizer = PairTokenizer(model_dir, max_tokens)
             self._tokenize = self._pairs
@@ -64,8 +65,11 @@ class TritonPythonModel:
             description="1, labelled with the prompt names of the checkpoint and its default",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        labels = {"model": model_name, "names": ",".join(prompts.names),
-                  "default": prompts.default_name or ""}  # fmt: skip
+        labels = {
+            "model": model_name,
+            "names": ",".join(prompts.names),
+            "default": prompts.default_name or "",
+        }
         self.prompts_gauge = self.prompts_family.Metric(labels=labels)
         self.prompts_gauge.set(1)
 
@@ -92,6 +96,9 @@ class TritonPythonModel:
             )
         packed = np.array([[pack_ids(x)] for x in ids], dtype=np.object_)
         counts = np.array([[len(x)] for x in ids], dtype=np.int32)
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("TOKEN_IDS", packed), pb_utils.Tensor("TOKEN_COUNT", counts),
-        ])  # fmt: skip
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("TOKEN_IDS", packed),
+                pb_utils.Tensor("TOKEN_COUNT", counts),
+            ]
+        )

@@ -34,10 +34,8 @@ class AttentionBackend(ABC):
     the layout); `forward` runs in every layer with q [Tq, num_heads, head_dim] and k, v
     [Tk, num_kv_heads, head_dim] split by the layout's q_lens / k_lens. A segment with fewer
     queries than keys holds its last queries (causal masks align bottom-right: a shared prefix's
-    keys come first). With `head_major` the tensors may be views of [heads, T, head_dim].
+    keys come first).
     """
-
-    head_major = False
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
@@ -46,8 +44,9 @@ class AttentionBackend(ABC):
     def prepare(self, layout: AttentionLayout) -> None: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layout: AttentionLayout) -> torch.Tensor: ...  # fmt: skip
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor: ...
 
 
 def import_gpu_kernel(spec: AttentionSpec, backend: str, module: str, package: str):

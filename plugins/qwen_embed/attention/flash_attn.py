@@ -17,8 +17,9 @@ class FlashAttention(AttentionBackend):
     def prepare(self, layout: AttentionLayout) -> None:
         pass  # the kernel reads the layout's device cu_seqlens directly
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layout: AttentionLayout) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
         # GQA is native: k/v keep num_kv_heads. flash-attn >= 2.1 aligns the causal mask
         # bottom-right when a segment has fewer queries than keys (a shared prefix's keys first).
         return self._kernel(

@@ -52,6 +52,7 @@ class FlashInferAttention(AttentionBackend):
         )
         layout.state["flashinfer"] = wrapper
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layout: AttentionLayout) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
         return layout.state["flashinfer"].run(q, k, v)

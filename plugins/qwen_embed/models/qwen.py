@@ -12,16 +12,17 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import ModelConfig
-from ..fused import COMPILED_MIN_ROWS, ELEMENTWISE
 from ..layers import (
     ColumnParallelLinear,
     RMSNorm,
     RowParallelLinear,
     TPGroup,
     VocabParallelEmbedding,
+    apply_rotary,
     rotary_cos_sin,
+    silu_mul,
 )
-from ..segments import AttentionLayout, ForwardContext
+from ..segments import AttentionLayout, ForwardContext, Planner
 
 # checkpoint module name -> (our packed module, shard id)
 PACKED_MODULES = {
@@ -48,8 +49,11 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
 
 
 class QwenAttention(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+    def __init__(
+        self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend, layer_index: int
+    ):
         super().__init__()
+        self.layer_index = layer_index  # where a shared prefix's keys/values are kept
         d = config.head_dim
         self.num_heads = config.num_heads // tp.size
         # kv heads are replicated when there are fewer of them than ranks
@@ -77,9 +81,15 @@ class QwenAttention(nn.Module):
         self.q_proj, self.kv_proj = self.qkv_proj.split(("q",), ("k", "v"))
         self.qkv_proj = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext, layout: AttentionLayout,
-                rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        layout: AttentionLayout,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Keys/values for every row; queries (and the output) only for `rows` if given."""
         t, d = x.shape[0], self.head_dim
         kv = [self.num_kv_heads * d] * 2
@@ -95,10 +105,8 @@ class QwenAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, d)
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        major = self.backend.head_major
-        rotary = ELEMENTWISE.rotary
-        q, k = rotary(q, cos_q, sin_q, major), rotary(k, cos, sin, major)
-        v = v.transpose(0, 1).contiguous().transpose(0, 1) if major else v.contiguous()
+        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos, sin)
+        v = v.contiguous()
         k, v = ctx.keys(self.layer_index, k, v, layout)
         out = self.backend.forward(q, k, v, layout)
         return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
@@ -114,20 +122,26 @@ class QwenMLP(nn.Module):
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ELEMENTWISE.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class QwenDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = QwenAttention(config, tp, backend)
+        self.self_attn = QwenAttention(config, tp, backend, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = QwenMLP(config, tp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext, layout: AttentionLayout,
-                rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        layout: AttentionLayout,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # Residual adds land in the fresh sublayer outputs: no new activation-sized tensors.
         attn = self.self_attn(self.input_layernorm(x), cos, sin, ctx, layout, rows)
         x = attn.add_(x if rows is None else x[rows])
@@ -135,24 +149,32 @@ class QwenDecoderLayer(nn.Module):
 
 
 class QwenModel(nn.Module):
-    """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head."""
+    """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head.
+
+    `planner` turns batches into forward contexts for this shard (segments.Planner);
+    `score_head` (rerank, rank 0) turns last-token hidden states into scores (heads.py)."""
 
     packed_modules = PACKED_MODULES
 
-    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        planner: Planner,
+        score_head: nn.Module | None = None,
+    ):
         super().__init__()
         check_tp_split(config, tp.size)
         self.config = config
         self.backend = backend
+        self.planner = planner
+        self.score_head = score_head
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            QwenDecoderLayer(config, tp, backend) for _ in range(config.num_layers)
+            QwenDecoderLayer(config, tp, backend, i) for i in range(config.num_layers)
         )
-        for i, layer in enumerate(self.layers):
-            layer.self_attn.layer_index = i  # where a shared prefix's keys/values are kept
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.compiled_elementwise = False  # set at load where fused.py's ops were compiled
-        self.compiled_min_rows = COMPILED_MIN_ROWS  # smaller forwards run them eager
 
     def prune_last_layer(self) -> None:
         """Before the weights are repacked, where the forwards will prune (ctx.last): the
@@ -163,11 +185,6 @@ class QwenModel(nn.Module):
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
-        rows = ctx.batch.num_tokens  # the same on every TP rank: they all decide alike
-        with ELEMENTWISE.enabled(self.compiled_elementwise and rows >= self.compiled_min_rows):
-            return self._forward(ctx)
-
-    def _forward(self, ctx: ForwardContext) -> torch.Tensor:
         self.backend.prepare(ctx.layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)

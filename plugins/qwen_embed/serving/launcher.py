@@ -8,7 +8,7 @@
   --admin-key (or $QWEN_EMBED_ADMIN_KEY) a random key is made that nobody outside this process
   knows, i.e. those APIs are closed.
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
-  stops answering ready, it just fails every request to that model (see DESIGN.md).
+  stops answering ready, it just fails every request to that model.
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
   NUMA node in place of a KIND_MODEL encoder group, through a copy of the repository where the
   count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 
 from ..placement import read_topology
-from .config import REPO
+from .config import MODEL_REPOSITORY
 from .repository import rerank_models, set_instance_group
 from .triton import server_command
 
@@ -68,15 +68,18 @@ def triton_args(
     restricted = f"{RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"
     return [
         f"--model-repository={model_repository}",
-        f"--http-address={host}", f"--http-port={http}",
-        f"--grpc-address={host}", f"--grpc-port={grpc}",
-        f"--metrics-address={host}", f"--metrics-port={metrics}",
+        f"--http-address={host}",
+        f"--http-port={http}",
+        f"--grpc-address={host}",
+        f"--grpc-port={grpc}",
+        f"--metrics-address={host}",
+        f"--metrics-port={metrics}",
         "--model-control-mode=explicit",
         *(f"--load-model={m}" for m in repository_models(model_repository, rerank)),
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         f"--exit-timeout-secs={exit_timeout_s}",
-    ]  # fmt: skip
+    ]
 
 
 def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | None:
@@ -98,12 +101,15 @@ def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool
     group = f"count: {count}, kind: KIND_CPU"
 
     def needs_change(config: str) -> bool:
-        found = re.search(r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$",
-                          config, re.M)  # fmt: skip
+        found = re.search(
+            r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$", config, re.M
+        )
         if found is None or (only_kind_model and found.group(2) != "KIND_MODEL"):
             return False
-        return (int(found.group(1)), found.group(2)) not in ((count, "KIND_CPU"),
-                                                             (count, "KIND_MODEL"))  # fmt: skip
+        return (int(found.group(1)), found.group(2)) not in (
+            (count, "KIND_CPU"),
+            (count, "KIND_MODEL"),
+        )
 
     if not any(needs_change(p.read_text()) for p in model_repository.glob("*encoder/config.pbtxt")):
         return model_repository
@@ -207,12 +213,23 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
-def start_gateway(host: str, port: int, grpc_port: int, metrics_port: int,
-                  rerank: bool) -> subprocess.Popen:  # fmt: skip
+def start_gateway(
+    host: str, port: int, grpc_port: int, metrics_port: int, rerank: bool
+) -> subprocess.Popen:
     """The OpenAI-compatible gateway in front of this server's gRPC port (same interpreter)."""
-    cmd = [sys.executable, "-m", "qwen_embed_client.gateway", "--host", host, "--port", str(port),
-           "--triton-url", f"127.0.0.1:{grpc_port}",
-           "--metrics-url", f"http://127.0.0.1:{metrics_port}/metrics"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwen_embed_client.gateway",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--triton-url",
+        f"127.0.0.1:{grpc_port}",
+        "--metrics-url",
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    ]
     if not rerank:
         cmd += ["--rerank-model-name", ""]
     log(f"gateway: http://{host}:{port}/v1/embeddings" + (" and /v1/rerank" if rerank else ""))
@@ -227,23 +244,36 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-repository", type=Path, default=REPO / "model_repository")
-    p.add_argument("--host", default=os.environ.get("QWEN_EMBED_HOST", "0.0.0.0"),
-                   help="address the HTTP, gRPC and metrics endpoints bind to")  # fmt: skip
+    p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    p.add_argument(
+        "--host",
+        default=os.environ.get("QWEN_EMBED_HOST", "0.0.0.0"),
+        help="address the HTTP, gRPC and metrics endpoints bind to",
+    )
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--admin-key", default=os.environ.get("QWEN_EMBED_ADMIN_KEY") or None,
-                   help="opens the restricted APIs to requests with header admin-key")  # fmt: skip
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("QWEN_EMBED_ADMIN_KEY") or None,
+        help="opens the restricted APIs to requests with header admin-key",
+    )
     p.add_argument("--exit-timeout-secs", type=int, default=30)
     p.add_argument("--watchdog-interval", type=float, default=1.0, help="0 turns it off")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--status-file", type=Path, help="JSON with the server pid and reloads")
-    p.add_argument("--cpu-instances", default="auto",
-                   help="encoder instances without GPUs: auto (one per NUMA node), config "
-                   "(the repository's), or a count")  # fmt: skip
-    p.add_argument("--gateway-port", type=int, default=0,
-                   help="also serve the OpenAI gateway on this port (0: off)")  # fmt: skip
+    p.add_argument(
+        "--cpu-instances",
+        default="auto",
+        help="encoder instances without GPUs: auto (one per NUMA node), config "
+        "(the repository's), or a count",
+    )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=0,
+        help="also serve the OpenAI gateway on this port (0: off)",
+    )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
@@ -260,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             args.model_repository = served
     cmd, env = server_command()
     rerank = not args.no_rerank
-    cmd += triton_args(args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs,
-                       rerank)  # fmt: skip
-    proc = subprocess.Popen(cmd + args.extra, env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent)  # fmt: skip
+    cmd += triton_args(
+        args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs, rerank
+    )
+    proc = subprocess.Popen(
+        cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
+    )
     watchdog = None
     gateway = None
 
@@ -285,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         watchdog.start()
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
-        gateway = start_gateway(args.host, args.gateway_port, args.grpc_port, args.metrics_port,
-                                rerank)  # fmt: skip
+        gateway = start_gateway(
+            args.host, args.gateway_port, args.grpc_port, args.metrics_port, rerank
+        )
     while proc.poll() is None:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []

@@ -18,11 +18,15 @@ import urllib.request
 
 def probe(url: str, model: str, timeout: float) -> str | None:
     """None when healthy, else what went wrong."""
-    body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
-                        "data": ["liveness probe"]}],
-            "outputs": [{"name": "EMBEDDING"}]}  # fmt: skip
-    request = urllib.request.Request(f"http://{url}/v2/models/{model}/infer",
-                                     data=json.dumps(body).encode())  # fmt: skip
+    body = {
+        "inputs": [
+            {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["liveness probe"]}
+        ],
+        "outputs": [{"name": "EMBEDDING"}],
+    }
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/infer", data=json.dumps(body).encode()
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             outputs = json.loads(response.read())["outputs"]

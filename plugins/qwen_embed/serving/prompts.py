@@ -48,8 +48,10 @@ class PromptSet:
 
     def check_name(self, name: str) -> str:
         if name not in self.prompts:
-            raise RequestError(f"parameter 'prompt_name' must be one of {self.names} (the "
-                               f"prompts of this model), got {name!r}")  # fmt: skip
+            raise RequestError(
+                f"parameter 'prompt_name' must be one of {self.names} (the "
+                f"prompts of this model), got {name!r}"
+            )
         return name
 
     def instruction_prompt(self, instruction: str) -> str:
@@ -64,8 +66,7 @@ class PromptSet:
             )
         return f"Instruct: {instruction}\nQuery:{slot.group('tail')}"
 
-    def resolve(self, prompt_name: str | None, instruction: str | None,
-                prompt: str | None) -> str:  # fmt: skip
+    def resolve(self, prompt_name: str | None, instruction: str | None, prompt: str | None) -> str:
         """The prefix for a request's texts ("" for none); options already validated."""
         if prompt is not None:
             return prompt

@@ -19,9 +19,9 @@ import re
 import shutil
 from pathlib import Path
 
-from .config import REPO
+from .config import MODEL_REPOSITORY
 
-TEMPLATE = REPO / "model_repository"
+TEMPLATE = MODEL_REPOSITORY
 STEPS = ("tokenizer", "encoder")
 # kind -> (ensemble template, {step: template directory})
 KINDS = {
@@ -48,22 +48,34 @@ def rerank_models(model_repository: Path) -> set[str]:
     configs = {p.parent.name: p.read_text() for p in Path(model_repository).glob("*/config.pbtxt")}
     tasks = {name: re.search(_parameter_pattern("task"), c) for name, c in configs.items()}
     steps = {name for name, task in tasks.items() if task and task.group(2) == "rerank"}
-    ensembles = {name for name, config in configs.items()
-                 if steps & set(re.findall(r'model_name: "([^"]+)"', config))}  # fmt: skip
+    ensembles = {
+        name
+        for name, config in configs.items()
+        if steps & set(re.findall(r'model_name: "([^"]+)"', config))
+    }
     return steps | ensembles
 
 
 def _set_parameter(config: str, key: str, value: str) -> str:
+    """Set a string parameter, adding it to the `parameters [ ... ]` list if absent (engine
+    settings the template leaves at their defaults)."""
     updated, n = re.subn(_parameter_pattern(key), rf'\1"{value}"', config)
-    if n != 1:
-        raise ValueError(f"config has no parameter {key!r}")
-    return updated
+    if n == 1:
+        return updated
+    block = re.search(r"^parameters \[\n(.*?)\n\]", config, flags=re.M | re.S)
+    if n > 1 or block is None:
+        raise ValueError(f"config has no single parameter {key!r} and no parameters list")
+    entry = f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+    body = block.group(1).rstrip()
+    body = f"{body},\n{entry}" if body.endswith("}") else f"{body}\n{entry}"
+    return config[: block.start(1)] + body + config[block.end(1) :]
 
 
 def set_instance_group(config: str, group: str) -> str:
     """Replace a config.pbtxt's one-line instance_group with `[ { GROUP } ]`."""
-    updated, n = re.subn(r"^instance_group \[.*\]$", f"instance_group [ {{ {group} }} ]",
-                         config, count=1, flags=re.M)  # fmt: skip
+    updated, n = re.subn(
+        r"^instance_group \[.*\]$", f"instance_group [ {{ {group} }} ]", config, count=1, flags=re.M
+    )
     if n != 1:
         raise ValueError("config has no one-line instance_group")
     return updated
@@ -75,11 +87,14 @@ def _pinned(model_dir: str | Path) -> str:
     return str(path.resolve()) if path.exists() else str(model_dir)
 
 
-def render(out_dir: str | Path, deployments: dict[str, str | Path],
-           overrides: dict[str, dict[str, str]] | None = None,
-           encoder_instances: str | None = None,
-           max_queue_size: int | None = None,
-           rerankers: dict[str, str | Path] | None = None) -> Path:  # fmt: skip
+def render(
+    out_dir: str | Path,
+    deployments: dict[str, str | Path],
+    overrides: dict[str, dict[str, str]] | None = None,
+    encoder_instances: str | None = None,
+    max_queue_size: int | None = None,
+    rerankers: dict[str, str | Path] | None = None,
+) -> Path:
     """Write one tokenizer/encoder/ensemble trio per deployment (and reranker) name into
     out_dir; `overrides` ({"tokenizer"|"encoder": {key: value}}) apply to both kinds."""
     out = Path(out_dir)
@@ -91,8 +106,12 @@ def render(out_dir: str | Path, deployments: dict[str, str | Path],
         names = {s: t if name == ensemble_template else f"{name}_{s}" for s, t in templates.items()}
         for step, template in templates.items():
             target = out / names[step]
-            shutil.copytree(TEMPLATE / template, target, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+            shutil.copytree(
+                TEMPLATE / template,
+                target,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
             config = (TEMPLATE / template / "config.pbtxt").read_text()
             config = config.replace(f'name: "{template}"', f'name: "{names[step]}"', 1)
             config = _set_parameter(config, "model_dir", _pinned(model_dir))
@@ -136,8 +155,9 @@ def main() -> None:
     rerankers = dict(d.split("=", 1) for d in args.rerank)
     if not deployments and not rerankers:
         p.error("name at least one NAME=MODEL_DIR or --rerank NAME=MODEL_DIR")
-    out = render(args.out_dir, deployments, overrides, args.encoder_instances,
-                 args.max_queue_size, rerankers)  # fmt: skip
+    out = render(
+        args.out_dir, deployments, overrides, args.encoder_instances, args.max_queue_size, rerankers
+    )
     print(f"rendered {out}: {', '.join([*deployments, *rerankers])}")
 
 

@@ -69,17 +69,20 @@ def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOption
         if name in params:
             opts[name] = _text(params, name)
     if "prompt" in opts and ("prompt_name" in opts or "instruction" in opts):
-        raise RequestError("parameter 'prompt' replaces 'prompt_name' and 'instruction': send "
-                           "one of them")  # fmt: skip
+        raise RequestError(
+            "parameter 'prompt' replaces 'prompt_name' and 'instruction': send one of them"
+        )
     if "instruction" in opts and opts.get("prompt_name", "query") != "query":
-        raise RequestError("parameter 'instruction' fills the 'query' prompt: it cannot be "
-                           f"combined with prompt_name={opts['prompt_name']!r}")  # fmt: skip
+        raise RequestError(
+            "parameter 'instruction' fills the 'query' prompt: it cannot be "
+            f"combined with prompt_name={opts['prompt_name']!r}"
+        )
     if "truncation_direction" in params:
-        direction = _expect("truncation_direction", params["truncation_direction"], str,
-                            "a string")  # fmt: skip
+        direction = _expect("truncation_direction", params["truncation_direction"], str, "a string")
         if direction not in TRUNCATION_DIRECTIONS:
-            raise RequestError(f"parameter 'truncation_direction' must be 'left' or 'right', "
-                               f"got {direction!r}")  # fmt: skip
+            raise RequestError(
+                f"parameter 'truncation_direction' must be 'left' or 'right', got {direction!r}"
+            )
         opts["truncation_direction"] = direction
     if "dimensions" in params:
         dims = _expect("dimensions", params["dimensions"], int, "an integer")
@@ -89,8 +92,9 @@ def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOption
     return RequestOptions(**opts)
 
 
-def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int,
-                 name: str = "TEXT") -> list[str]:  # fmt: skip
+def decode_texts(
+    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
+) -> list[str]:
     """TEXT [n, 1] (or the input `name`) of bytes -> n strings.
 
     Refuses n = 0, n > max_texts, texts longer than max_text_bytes (checked before tokenizing,
@@ -100,22 +104,28 @@ def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int,
     if flat.size == 0:
         raise RequestError(f"input '{name}' must hold at least 1 text, got 0")
     if flat.size > max_texts:
-        raise RequestError(f"input '{name}' holds {flat.size} texts, more than the limit of "
-                           f"{max_texts} per request")  # fmt: skip
+        raise RequestError(
+            f"input '{name}' holds {flat.size} texts, more than the limit of "
+            f"{max_texts} per request"
+        )
     texts = []
     for i, item in enumerate(flat):
         item = item if isinstance(item, bytes) else str(item).encode()
         if len(item) > max_text_bytes:
-            raise RequestError(f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
-                               f"{max_text_bytes} bytes per text")  # fmt: skip
+            raise RequestError(
+                f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
+                f"{max_text_bytes} bytes per text"
+            )
         try:
             text = item.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RequestError(f"input '{name}[{i}]' is not valid UTF-8 ({e.reason} at byte "
-                               f"{e.start})") from None  # fmt: skip
+            raise RequestError(
+                f"input '{name}[{i}]' is not valid UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
         if "\x00" in text:
-            raise RequestError(f"input '{name}[{i}]' contains a NUL character (byte "
-                               f"{item.index(0)})")  # fmt: skip
+            raise RequestError(
+                f"input '{name}[{i}]' contains a NUL character (byte {item.index(0)})"
+            )
         if not text.strip():
             raise RequestError(f"input '{name}[{i}]' is empty or only whitespace")
         texts.append(text)
@@ -123,7 +133,8 @@ def decode_texts(raw: np.ndarray, max_texts: int, max_text_bytes: int,
 
 
 def pack_ids(ids: list[int]) -> bytes:
-    """Token ids travel between the models as one BYTES element per text (see DESIGN.md)."""
+    """Token ids travel between the models as one BYTES element per text: with padded id
+    tensors Triton's dynamic batcher stops batching across requests (docs/architecture.md)."""
     return np.asarray(ids, dtype="<i4").tobytes()
 
 

@@ -73,8 +73,9 @@ class PairTokenizer:
     def _check_query_fits(self, query: str, instruction: str, budget: int) -> None:
         # The pair text up to "<Document>:" tokenizes the same with or without a document
         # after it (the pre-tokenizer splits at the space): the part truncation must keep.
-        head = self._tok.encode(pair_text(query, "", instruction).rstrip(" "),
-                                add_special_tokens=False).ids  # fmt: skip
+        head = self._tok.encode(
+            pair_text(query, "", instruction).rstrip(" "), add_special_tokens=False
+        ).ids
         if len(head) >= budget:
             raise RequestError(
                 f"input 'QUERY' with the template and instruction takes "

@@ -56,11 +56,13 @@ def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path, max_input_tokens: int,
-                 truncation_direction: str = "right"):  # fmt: skip
+    def __init__(
+        self, model_dir: str | Path, max_input_tokens: int, truncation_direction: str = "right"
+    ):
         if truncation_direction not in TRUNCATION_DIRECTIONS:
-            raise ValueError(f"truncation_direction must be 'left' or 'right', not "
-                             f"{truncation_direction!r}")  # fmt: skip
+            raise ValueError(
+                f"truncation_direction must be 'left' or 'right', not {truncation_direction!r}"
+            )
         model_dir = Path(model_dir)
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens

@@ -2,7 +2,8 @@
 
 Inside NVIDIA's image `tritonserver` is on PATH. Elsewhere the server, its Python backend and a
 stub per Python version come from the `nvidia-pytriton==0.7.0` wheel, unpacked (never imported)
-into .cache/triton; the stub must match this interpreter and find its libpython.
+into the data directory (serving/config.py); the stub must match this interpreter and find its
+libpython.
 
     python -m qwen_embed.serving.triton install     # serving: launcher.py
 """
@@ -26,9 +27,9 @@ import zipfile
 from pathlib import Path
 
 from ..onednn import PRIMITIVE_CACHE_CAPACITY
-from .config import REPO
+from .config import DATA_DIR, MODEL_REPOSITORY
 
-CACHE = REPO / ".cache" / "triton"
+CACHE = DATA_DIR / "triton"
 PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -38,14 +39,26 @@ def local_server_dir() -> Path:
 
 
 def install() -> Path:
-    """Unpack the server files of the pytriton wheel into .cache/triton (idempotent)."""
+    """Unpack the server files of the pytriton wheel into CACHE (idempotent)."""
     server = local_server_dir()
     stub = server / "backends" / "python" / "triton_python_backend_stub"
     if stub.is_file():
         return server
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        PYTRITON_WHEEL, "-d", tmp], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                PYTRITON_WHEEL,
+                "-d",
+                tmp,
+            ],
+            check=True,
+        )
         (wheel,) = Path(tmp).glob("nvidia_pytriton-*.whl")
         with zipfile.ZipFile(wheel) as zf:
             wanted = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
@@ -64,17 +77,15 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     # The Python stub takes the first python3 on PATH: ours, with the venv's packages.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # OpenMP threads spin ~0.2 ms at a barrier, then sleep (libgomp: ~100k spins per ms).
-    # Spinning for long (libgomp's default, 300k) burns a core a neighbour needs: 0.38x with a
-    # busy loop on one of 2 cores; sleeping at once (OMP_WAIT_POLICY=PASSIVE) held 0.5-0.59x
-    # but pays a wake-up at every barrier, which small batches feel: 1-text queries with
-    # prefix reuse ran 1.38x faster with the short spin, and the neighbour case held the same
-    # 0.5x (neighbour.md, neighbour-spincount.md). A wait policy in the environment wins.
+    # OpenMP threads spin briefly at a barrier, then sleep. Spinning for long (libgomp's
+    # default) burns a core a neighbouring process needs; sleeping at once
+    # (OMP_WAIT_POLICY=PASSIVE) pays a wake-up at every barrier, which small batches feel.
+    # A wait policy in the environment wins. Measurements: docs/tuning.md.
     if "OMP_WAIT_POLICY" not in env:
         env.setdefault("GOMP_SPINCOUNT", "20000")
     # oneDNN keeps a plan per GEMM shape in its primitive cache; the packed weights pad row
-    # counts so that plans repeat (onednn.py), and a bounded cache keeps its memory small
-    # (~0.6 MB of RSS per plan measured). Read at process start: set here.
+    # counts so that plans repeat (onednn.py), and a bounded cache keeps its memory small.
+    # Read at process start: set here.
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
     found = shutil.which("tritonserver")
     if found:
@@ -82,8 +93,7 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     server = install()
     libdir = sysconfig.get_config_var("LIBDIR")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
-    return [str(server / "bin" / "tritonserver"),
-            f"--backend-directory={server / 'backends'}"], env  # fmt: skip
+    return [str(server / "bin" / "tritonserver"), f"--backend-directory={server / 'backends'}"], env
 
 
 def free_port() -> int:
@@ -96,27 +106,43 @@ class TritonServer:
     """tritonserver under our launcher (launcher.py) on the given (or free) ports, bound to
     127.0.0.1; a context manager. `admin_key` opens the restricted APIs."""
 
-    def __init__(self, model_repository: Path | str = REPO / "model_repository", *,
-                 http_port: int | None = None, grpc_port: int | None = None,
-                 metrics_port: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, log_path: Path | None = None,
-                 cpus: str | None = None, watchdog_interval: float = 1.0,
-                 exit_timeout_s: int = 30,
-                 launcher_args: list[str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model_repository: Path | str = MODEL_REPOSITORY,
+        *,
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+        log_path: Path | None = None,
+        cpus: str | None = None,
+        watchdog_interval: float = 1.0,
+        exit_timeout_s: int = 30,
+        launcher_args: list[str] | None = None,
+    ):
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
         self.admin_key = secrets.token_urlsafe(16)
         self.status_file = Path(tempfile.mkstemp(prefix="qwen-embed-launcher-", suffix=".json")[1])
         self.cmd = [
-            sys.executable, "-m", "qwen_embed.serving.launcher",
-            f"--model-repository={model_repository}", "--host=127.0.0.1",
-            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-port={self.metrics_port}", f"--admin-key={self.admin_key}",
-            f"--watchdog-interval={watchdog_interval}", f"--status-file={self.status_file}",
-            f"--exit-timeout-secs={exit_timeout_s}", *(launcher_args or []),
-            "--", *(extra_args or []),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "qwen_embed.serving.launcher",
+            f"--model-repository={model_repository}",
+            "--host=127.0.0.1",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--admin-key={self.admin_key}",
+            f"--watchdog-interval={watchdog_interval}",
+            f"--status-file={self.status_file}",
+            f"--exit-timeout-secs={exit_timeout_s}",
+            *(launcher_args or []),
+            "--",
+            *(extra_args or []),
+        ]
         self.env = {**os.environ, **(env or {})}
         if cpus is not None:  # pin to some cores, e.g. to stand in for a separate machine
             self.cmd = ["taskset", "-c", cpus] + self.cmd
@@ -143,13 +169,15 @@ class TritonServer:
 
     def start(self, timeout: float = 180.0) -> TritonServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; "
-                                   f"log: {self.log_path}")  # fmt: skip
+                raise RuntimeError(
+                    f"tritonserver exited with {self.proc.returncode}; log: {self.log_path}"
+                )
             if self.ready() and self.status():
                 return self
             time.sleep(0.5)
@@ -158,8 +186,11 @@ class TritonServer:
 
     def embed_http(self, texts: list[str], timeout: float = 600) -> dict:
         """One `embed` request over HTTP (standard library only); the decoded JSON response."""
-        body = {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES",
-                            "data": texts}]}  # fmt: skip
+        body = {
+            "inputs": [
+                {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
+            ]
+        }
         url = f"http://{self.http_url}/v2/models/embed/infer"
         request = urllib.request.Request(url, json.dumps(body).encode())
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -1,0 +1,105 @@
+"""An encoder's settings: one frozen object, with every default written here and nowhere else.
+
+`Encoder.from_pretrained`, the tensor-parallel workers and the Triton encoder model take it
+whole. The Triton model builds it from config.pbtxt's `parameters` (`from_parameters`), so a new
+setting is a field here plus its row in docs/configuration.md. What follows from the settings,
+the checkpoint and the machine (dtype, linear route, attention backend, prefix reuse, pruning)
+is resolved once into a `route.Route`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+
+DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8")
+POOLING_METHODS = ("last", "mean")
+TASKS = ("auto", "embed", "rerank")
+SWITCH = ("auto", "on", "off")
+
+
+def switch(value: bool | str | None, name: str) -> str:
+    """A three-way setting as "auto" / "on" / "off"; Python callers may pass None/True/False."""
+    if value is None or value == "":
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value not in SWITCH:
+        raise ValueError(f"{name} must be 'auto', 'on' or 'off', not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What a deployment chooses for one encoder. Each field is a config.pbtxt parameter of the
+    same name (docs/configuration.md)."""
+
+    # "auto": cuda:0 where CUDA is present, else the CPU; or "cpu", "cuda", "cuda:N".
+    device: str = "auto"
+    tp_size: int = 1
+    # "auto": bf16 on CPUs with bf16 instructions, else fp32; the checkpoint's dtype on GPUs.
+    dtype: str = "auto"
+    quantization: str = "none"  # "int8" (CPU only): int8 linear layers
+    attn_backend: str = "auto"  # "auto", "torch", "flash_attn", "flashinfer"
+    task: str = "auto"  # "embed", "rerank", "auto": rerank for sequence classifiers
+    pooling: str = "last"
+    max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone
+    # "auto": a prefix that texts share is computed once (causal models, last-token pooling).
+    prefix_reuse: str = "auto"
+    prefix_cache_mb: float = 256.0  # keys/values of shared prefixes kept between batches
+    # "auto": on CPU float routes (where torch has oneDNN) linear weights are packed at load.
+    prepack_weights: str = "auto"
+    dist_addr: str = "127.0.0.1:0"  # tensor-parallel rendezvous; port 0 picks a free one
+    dist_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        set_ = object.__setattr__  # frozen: normalise once, here
+        for name in ("prefix_reuse", "prepack_weights"):
+            set_(self, name, switch(getattr(self, name), name))
+        _one_of("dtype", self.dtype, ("auto", *DTYPES))
+        _one_of("quantization", self.quantization, QUANTIZATIONS)
+        _one_of("pooling", self.pooling, POOLING_METHODS)
+        _one_of("task", self.task, TASKS)
+        for name, least in (("tp_size", 1), ("max_batch_tokens", 1), ("prefix_cache_mb", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        if self.dist_addr.rpartition(":")[0] == "":
+            raise ValueError(f"dist_addr must be host:port, got {self.dist_addr!r}")
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> EncoderSettings:
+        """From config.pbtxt string parameters; an empty value keeps the default, an unknown
+        key is refused (a misspelt setting must not be ignored)."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise ValueError(f"unknown encoder parameter(s) {unknown}; known: {sorted(known)}")
+        values = {}
+        for key, text in params.items():
+            if text == "":
+                continue
+            kind = type(known[key].default)
+            try:
+                values[key] = kind(text)
+            except ValueError:
+                raise ValueError(
+                    f"parameter {key!r} must be {kind.__name__}, got {text!r}"
+                ) from None
+        return cls(**values)
+
+    def replace(self, **changes) -> EncoderSettings:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> EncoderSettings:
+        return cls(**json.loads(text))
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
