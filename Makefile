@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-fused perf-prepack profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -84,10 +84,6 @@ perf-gpu: setup $(GPU_MODEL)/config.json
 	perf/peers/install.sh vllm-gpu
 	cd perf && ../$(PY) bench_peers.py --device cuda --dtype bfloat16 --model-dir ../$(GPU_MODEL) \
 		--systems triton engine vllm-gpu --clients 16 --seconds 60 --out results/gpu_peers
-
-# Elementwise ops compiled by Inductor vs eager, A/B on one encoder (perf/results/fused.md).
-perf-fused: setup
-	cd perf && ../$(PY) bench_fused.py
 
 # Linear weights packed for oneDNN at load vs plain F.linear, A/B on one encoder
 # (perf/results/prepack.md).

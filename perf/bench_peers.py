@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, ModelConfig
 from qwen_embed.cpu import cpu_features, has_native_bf16
 from qwen_embed.int8 import KERNELS as INT8_KERNELS
 from qwen_embed.int8 import Int8Weight
@@ -48,6 +48,7 @@ from qwen_embed.onednn import available as onednn_available
 from qwen_embed.route import choose_route
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed.settings import EncoderSettings
 
 from workload import RESULTS, command_line, machine, make_texts, stamp
 
@@ -594,6 +595,11 @@ def write_report(out: Path, record: dict) -> None:
 
 def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
     """How each system was set up, and what to keep in mind when reading the numbers."""
+    # Only where llama.cpp ran: its command names the binary, which exists only once built.
+    ran_llama = any(name.startswith("llama") for name in results)
+    llama_flags = (
+        " ".join(llama_cpp.server_command("stock", Path("F.gguf"), 0)[3:]) if ran_llama else ""
+    )
     notes = {
         "triton": "Triton: the checked-in repository rendered with encoder dtype set to this "
         "run's dtype; gRPC, TEXT BYTES [8, 1]; tokenization inside the server.",
@@ -615,7 +621,7 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "llama": "llama.cpp: `llama-server` built from the sources vendored in the "
         "llama-cpp-python sdist (Release, GGML_NATIVE), GGUF converted by its own "
         "convert_hf_to_gguf.py at the matching precision (f32 for fp32, bf16 for bf16); "
-        "flags: " + " ".join(llama_cpp.server_command("stock", Path("F.gguf"), 0)[3:]),
+        f"flags: {llama_flags}",
         "llama-best": "llama.cpp patched (perf/peers/llama_cpp_skip_output_head.patch): "
         "the 151k-row output head is skipped in embedding mode, as built it is computed for "
         "every token and thrown away; otherwise the same build and flags.",
@@ -733,9 +739,10 @@ def main() -> None:
     if args.device == "cuda" and set(args.systems) - set(GPU_SYSTEMS):
         p.error(f"--device cuda runs only {', '.join(GPU_SYSTEMS)}")
 
-    route = choose_route(args.dtype, "none", args.device, "bfloat16", cpu_features())
-    args.dtype = route.dtype
     model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
+    settings = EncoderSettings(dtype=args.dtype, device=args.device)
+    route = choose_route(settings, ModelConfig.from_dir(model_dir), args.device, cpu_features())
+    args.dtype = route.dtype
     config = json.loads((model_dir / "config.json").read_text())
     texts = make_texts(args.texts, args.seed)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -784,7 +791,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "command": command_line(),
         "dtype": args.dtype,
-        "route": str(route),
+        "route": route.describe(),
         "model_dir": str(model_dir),
         "layers": config["num_hidden_layers"],
         "seed": args.seed,

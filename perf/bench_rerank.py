@@ -25,12 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qwen_embed import ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.rerank import PREFIX, SUFFIX, pair_text
 from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed.settings import EncoderSettings
 
 from workload import RESULTS, make_texts, new_record, write_report
 
@@ -153,7 +155,8 @@ def main() -> None:
 
     model_dir = ensure_reranker(Path(args.model_dir).resolve(), args.layers)
     documents = make_texts(args.documents, seed=7)
-    route = choose_route(args.dtype, "none", "cpu", "bfloat16", cpu_features())
+    settings = EncoderSettings(dtype=args.dtype, task="rerank")
+    route = choose_route(settings, ModelConfig.from_dir(model_dir), "cpu", cpu_features())
     dtype = getattr(torch, route.dtype)
     rows = []
     reference = None

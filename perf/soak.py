@@ -27,8 +27,8 @@ from run_locust import run_locust
 
 from qwen_embed.cpu import cpu_features
 from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed.serving.repository import TEMPLATE, get_parameter
 from qwen_embed.serving.triton import TritonServer
+from qwen_embed.settings import EncoderSettings
 
 from workload import RESULTS, WORDS, command_line, machine, stamp
 
@@ -61,8 +61,7 @@ def fill_batch_budget(server: TritonServer) -> None:
     plus <|endoftext|>), the longest the Locust mix sends, up to the encoder's token budget.
     Each text starts at a different word: identical texts would share one prefix segment and
     the forward would compute a single text, not the full budget."""
-    config = (TEMPLATE / "encoder" / "config.pbtxt").read_text()
-    count = int(get_parameter(config, "max_batch_tokens")) // 1024
+    count = EncoderSettings().max_batch_tokens // 1024
     server.embed_http(
         [" ".join(WORDS[(i + t) % len(WORDS)] for i in range(1023)) for t in range(count)]
     )

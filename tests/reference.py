@@ -15,6 +15,10 @@ from transformers import (
     Qwen3Model,
 )
 
+from qwen_embed.config import ModelConfig
+from qwen_embed.route import choose_route
+from qwen_embed.settings import EncoderSettings
+
 # Shapes chosen to exercise each path while staying fast on 2 CPU cores.
 TINY_CONFIGS = {
     # Qwen2 with q/k/v biases and Qwen2-0.5B's 14 query / 2 kv heads.
@@ -69,6 +73,40 @@ TINY_CONFIGS = {
         is_causal=False,
     ),
 }
+
+
+def model_config(**changes) -> ModelConfig:
+    """A ModelConfig without a checkpoint, for what is a pure function of it (choose_route)."""
+    base = dict(
+        family="qwen3",
+        vocab_size=512,
+        hidden_size=96,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        max_position_embeddings=512,
+        has_qkv_bias=False,
+        has_qk_norm=True,
+        is_causal=True,
+        checkpoint_dtype=None,
+    )
+    return ModelConfig(**{**base, **changes})
+
+
+def route_for(features, device="cpu", checkpoint_dtype=None, onednn=True, **settings):
+    """choose_route for settings given as keywords, on the tiny config's shape."""
+    return choose_route(
+        EncoderSettings(**settings),
+        model_config(checkpoint_dtype=checkpoint_dtype),
+        device,
+        features,
+        onednn,
+    )
+
 
 # Head sizes flashinfer ships kernels for (64, 128): what the GPU tests run (not the CPU suite).
 GPU_CONFIGS = {

@@ -6,7 +6,7 @@ import torch
 from qwen_embed import Encoder
 from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
 from qwen_embed.engine import check_gpu_group
-from qwen_embed.serving.config import encoder_device, switch
+from qwen_embed.serving.config import encoder_device
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -66,7 +66,8 @@ def test_auto_backend_choice():
 
 def test_encoder_reports_auto_attention(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), device="cpu") as enc:
-        assert enc.route.attention.startswith("torch: auto")
+        assert enc.route.attn_backend == "torch"
+        assert enc.route.attention_reason.startswith("auto")
 
 
 def test_instance_kinds_and_device_groups():
@@ -105,10 +106,3 @@ def test_torch_backend_on_gpu_fp32(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), device="cuda", dtype="float32") as enc:
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= 0.99999
-
-
-def test_switch_parameters_parse_auto_on_off_and_refuse_the_rest():
-    assert [switch({"k": v}, "k") for v in ("", "auto", "on", "off")] == [None, None, True, False]
-    assert switch({}, "k") is None
-    with pytest.raises(ValueError, match="parameter 'prefix_reuse' must be 'auto', 'on' or 'off'"):
-        switch({"prefix_reuse": "yes"}, "prefix_reuse")

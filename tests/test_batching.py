@@ -88,7 +88,7 @@ def test_bad_input_is_a_clear_error(checkpoint, seqs, kwargs, message):
     "kwargs, message",
     [
         ({"pooling": "cls"}, "pooling must be one of"),
-        ({"dtype": "float64"}, "dtype must be 'auto' or one of"),
+        ({"dtype": "float64"}, "dtype must be one of \\['auto'"),
         ({"attn_backend": "xformers"}, "unknown attention backend 'xformers'"),
         ({"max_batch_tokens": 0}, "max_batch_tokens"),
         ({"tp_size": 3}, "tp_size=3 does not divide"),

@@ -7,8 +7,10 @@ import sys
 import numpy as np
 from qwen_embed_client.cli import default_metrics_url
 
+from qwen_embed import EncoderSettings, ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
+from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import free_port
 
 
@@ -83,13 +85,11 @@ def test_health_info_and_errors(server):
         cli("info", "--url", server.grpc_url, "--metrics-url", server.metrics_url).stdout
     )
     (route,) = info["routes"]
-    expected = choose_route("float32", "none", "cpu", None, cpu_features())  # conftest.server
-    assert (route["dtype"], route["linear"], route["reason"]) == (
-        expected.dtype,
-        expected.linear,
-        expected.reason,
-    )
-    assert route["attention"].startswith("torch: auto")
+    # conftest.server: the demo model with dtype float32
+    settings = EncoderSettings(dtype="float32")
+    expected = choose_route(settings, ModelConfig.from_dir(DEMO_MODEL_DIR), "cpu", cpu_features())
+    assert {k: route[k] for k in expected.labels()} == expected.labels()
+    assert route["attn_backend"] == "torch" and route["attention_reason"].startswith("auto")
     assert route["model"] == "encoder" and int(route["threads"]) >= 1
     # the demo model has no config_sentence_transformers.json: Qwen3-Embedding's prompts
     assert info["prompts"] == {"names": ["document", "query"], "default": None}

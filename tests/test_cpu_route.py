@@ -1,17 +1,17 @@
-"""The arithmetic route (route.choose_route) as a pure function of the CPU's features, and the
-int8 route's parity against transformers (cosine >= 0.999 against fp32)."""
-
-import dataclasses
+"""The arithmetic route (route.choose_route) as a pure function of the settings and the CPU's
+features, and the int8 route's parity against transformers (cosine >= 0.999 against fp32)."""
 
 import pytest
 import torch
 
 from qwen_embed import Encoder, int8
+from qwen_embed.config import ModelConfig
 from qwen_embed.cpu import CpuFeatures, cpu_features
 from qwen_embed.layers import _Linear
-from qwen_embed.route import choose_route
+from qwen_embed.route import Linear, Route, choose_route
+from qwen_embed.settings import EncoderSettings
 
-from reference import cosine, random_sequences, reference_embeddings
+from reference import cosine, model_config, random_sequences, reference_embeddings, route_for
 
 INT8_COSINE = 0.999
 EPYC_AVX2 = CpuFeatures.from_flags({"avx", "avx2", "fma"}, "AMD EPYC 7B13")
@@ -33,44 +33,64 @@ def test_features_from_cpuinfo_flags():
 
 @pytest.mark.parametrize("features", [ZEN4, SAPPHIRE], ids=["avx512_bf16", "amx"])
 def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
-    route = choose_route("auto", "none", "cpu", "bfloat16", features)
-    assert (route.dtype, route.linear) == ("bfloat16", "bfloat16, oneDNN-packed weights")
-    assert route.prepacked
+    route = route_for(features, checkpoint_dtype="bfloat16")
+    assert (route.dtype, route.linear, route.prepacked) == ("bfloat16", Linear.FLOAT, True)
     assert "native bf16" in route.reason and features.model in route.reason
+    assert "oneDNN-packed weights" in route.describe()
 
 
 def test_auto_is_fp32_without_bf16_instructions():
     # whatever the checkpoint says: bf16 would be emulated
-    route = choose_route("auto", "none", "cpu", "bfloat16", EPYC_AVX2)
-    assert (route.dtype, route.linear) == ("float32", "float32, oneDNN-packed weights")
+    route = route_for(EPYC_AVX2, checkpoint_dtype="bfloat16")
+    assert (route.dtype, route.linear, route.prepacked) == ("float32", Linear.FLOAT, True)
     assert "no bf16 instructions" in route.reason
 
 
 def test_explicit_dtype_and_gpu_auto():
-    assert choose_route("float32", "none", "cpu", None, SAPPHIRE).dtype == "float32"
-    route = choose_route("bfloat16", "none", "cpu", None, EPYC_AVX2)
-    assert route.linear == "bfloat16 as fp32 GEMM, oneDNN-packed weights"
+    assert route_for(SAPPHIRE, dtype="float32").dtype == "float32"
+    route = route_for(EPYC_AVX2, dtype="bfloat16")
+    assert route.linear is Linear.FP32_GEMM and "as fp32 GEMM" in route.describe()
     assert "set by the deployment" in route.reason
-    assert choose_route("auto", "none", "cuda", "bfloat16", EPYC_AVX2).dtype == "bfloat16"
-    assert choose_route("auto", "none", "cuda", None, EPYC_AVX2).dtype == "float32"
+    assert route_for(EPYC_AVX2, "cuda:0", "bfloat16").dtype == "bfloat16"
+    assert route_for(EPYC_AVX2, "cuda:0").dtype == "float32"
+    assert not route_for(EPYC_AVX2, "cuda:0").prepacked
 
 
 def test_int8_route_and_refusals():
-    route = choose_route("auto", "int8", "cpu", None, ZEN4)
-    assert route.dtype == "bfloat16" and route.linear.startswith("int8") and not route.prepacked
-    assert choose_route("auto", "int8", "cpu", None, EPYC_AVX2).dtype == "float32"
+    route = route_for(ZEN4, quantization="int8")
+    assert route.dtype == "bfloat16" and route.linear is Linear.INT8 and not route.prepacked
+    assert route_for(EPYC_AVX2, quantization="int8").dtype == "float32"
     with pytest.raises(ValueError, match="CPU only"):
-        choose_route("auto", "int8", "cuda", None, ZEN4)
+        route_for(ZEN4, "cuda:0", quantization="int8")
     with pytest.raises(ValueError, match="quantization must be one of"):
-        choose_route("auto", "int4", "cpu", None, ZEN4)
+        route_for(ZEN4, quantization="int4")
     with pytest.raises(ValueError, match="dtype must be"):
-        choose_route("fp8", "none", "cpu", None, ZEN4)
+        route_for(ZEN4, dtype="fp8")
+
+
+def test_reuse_and_pruning_follow_the_model_and_pooling():
+    assert route_for(ZEN4).prefix_reuse and route_for(ZEN4).prune
+    assert not route_for(ZEN4, prefix_reuse=False).prefix_reuse
+    mean = route_for(ZEN4, pooling="mean")
+    assert not mean.prefix_reuse and not mean.prune
+    bidirectional = choose_route(EncoderSettings(), model_config(is_causal=False), "cpu", ZEN4)
+    assert not bidirectional.prefix_reuse and bidirectional.prune
+    with pytest.raises(ValueError, match="prefix_reuse needs causal attention"):
+        choose_route(EncoderSettings(prefix_reuse=True), model_config(is_causal=False), "cpu", ZEN4)
+
+
+def test_route_is_plain_data_that_travels_whole():
+    route = route_for(ZEN4)
+    assert Route.from_dict(route.to_dict()) == route
+    labels = route.labels()
+    assert labels["linear"] == "float" and labels["prepacked"] == "True"
+    assert labels["dtype"] in route.describe() and route.attention_reason in route.describe()
 
 
 def test_encoder_reports_its_route(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), device="cpu") as enc:
-        expected = choose_route("auto", "none", "cpu", None, cpu_features())
-        assert dataclasses.replace(enc.route, attention="") == expected
+        config = ModelConfig.from_dir(checkpoint("qwen3"))
+        assert enc.route == choose_route(EncoderSettings(), config, "cpu", cpu_features())
 
 
 def test_int8_linear_is_close_to_the_float_product():

@@ -98,6 +98,24 @@ def test_errors_map_to_openai_shapes(stack):
         )
 
 
+def test_a_lone_surrogate_is_a_400_not_a_500(stack):
+    # Valid JSON (an escaped lone surrogate) that no UTF-8 text can hold.
+    _, base_url = stack
+    for path, body in [
+        ("embeddings", '{"model": "embed", "input": ["ok", "\\ud800"]}'),
+        ("embeddings", '{"model": "embed", "input": "\\udfff"}'),
+    ]:
+        request = urllib.request.Request(
+            f"{base_url}/{path}",
+            data=body.encode(),
+            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        assert e.value.code == 400
+        assert "not valid UTF-8" in json.loads(e.value.read())["error"]["message"]
+
+
 def test_rerank_without_a_triton_reranker_is_404(stack):
     """This server serves `embed` only: /v1/rerank answers model_not_found, /v1/models omits it."""
     _, base_url = stack

@@ -9,26 +9,26 @@ from qwen_embed import Encoder, onednn
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.layers import _Linear
 from qwen_embed.onednn import PackedWeight, available, planned_rows
-from qwen_embed.route import choose_route
 
-from reference import cosine, random_sequences, reference_embeddings
+from reference import cosine, random_sequences, reference_embeddings, route_for
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch has no oneDNN")
 ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14")
 
 
 def test_route_packs_cpu_float_weights_only():
-    assert choose_route("auto", "none", "cpu", None, ZEN4).prepacked
-    assert choose_route("float32", "none", "cpu", None, ZEN4).prepacked
-    assert not choose_route("auto", "none", "cpu", None, ZEN4, None, False).prepacked
-    assert not choose_route("auto", "none", "cpu", None, ZEN4, None, None, False).prepacked
-    assert not choose_route("auto", "int8", "cpu", None, ZEN4).prepacked
-    assert not choose_route("auto", "none", "cuda", "bfloat16", ZEN4).prepacked
-    for args in (("auto", "int8", "cpu"), ("auto", "none", "cuda")):
-        with pytest.raises(ValueError, match="prepack_weights needs"):
-            choose_route(*args, None, ZEN4, None, True)
+    assert route_for(ZEN4).prepacked
+    assert route_for(ZEN4, dtype="float32").prepacked
+    assert not route_for(ZEN4, prepack_weights=False).prepacked
+    assert not route_for(ZEN4, onednn=False).prepacked
+    assert not route_for(ZEN4, quantization="int8").prepacked
+    assert not route_for(ZEN4, "cuda:0", "bfloat16").prepacked
+    with pytest.raises(ValueError, match="prepack_weights needs"):
+        route_for(ZEN4, quantization="int8", prepack_weights=True)
+    with pytest.raises(ValueError, match="prepack_weights needs"):
+        route_for(ZEN4, "cuda:0", prepack_weights=True)
     with pytest.raises(ValueError, match="oneDNN"):
-        choose_route("auto", "none", "cpu", None, ZEN4, None, True, False)
+        route_for(ZEN4, onednn=False, prepack_weights=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -47,28 +47,14 @@ def test_packed_weight_is_f_linear(dtype):
         torch.testing.assert_close(layer(xb), F.linear(xb.float(), w).bfloat16())
 
 
-def test_row_counts_are_padded_so_that_onednn_plans_repeat(monkeypatch):
-    assert [planned_rows(n) for n in (1, 15, 16, 17, 18, 32, 33, 65, 250, 257, 500, 512)] == [
-        1,
-        15,
-        16,
-        18,
-        18,
-        32,
-        36,
-        72,
-        256,
-        272,
-        512,
-        512,
-    ]
+def test_row_counts_are_padded_so_that_onednn_plans_repeat():
+    rows = (1, 15, 16, 17, 18, 32, 33, 65, 250, 257, 500, 512)
+    assert [planned_rows(n) for n in rows] == [1, 15, 16, 18, 18, 32, 36, 72, 256, 272, 512, 512]
     assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
     planned = [planned_rows(n) for n in range(1, 513)]
     assert len(set(planned)) == 72  # few plans per GEMM shape: the launcher's cache holds them
     assert onednn.PRIMITIVE_CACHE_CAPACITY >= 6 * 72  # q|k|v, o, gate|up, down, q, k|v
     assert all(n <= p <= 1.11 * n for n, p in enumerate(planned, 1))  # little extra work
-    monkeypatch.setattr(onednn, "PAD_ROWS", False)  # the deployment turned oneDNN's cache off
-    assert planned_rows(17) == 17
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

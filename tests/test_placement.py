@@ -52,6 +52,20 @@ def test_two_instances_on_two_cores_and_no_spare_core():
     assert [encoder_placement(TWO_CORES, 3, i).cpus for i in range(3)] == [(0,), (1,), (0,)]
 
 
+def test_the_tokenizer_core_never_leaves_a_node_without_cores():
+    # 8 cores, the last NUMA node with one: the spare core comes from the biggest node.
+    lopsided = [[(c,) for c in range(7)], [(7,)]]
+    spare = tokenizer_placement(lopsided).cpus
+    assert spare == (6,)
+    placements = [encoder_placement(lopsided, None, i) for i in (0, 1)]
+    assert [p.cpus for p in placements] == [tuple(range(6)), (7,)]
+    # Every node a single core: one node goes to the tokenizers, the others keep theirs.
+    singles = [[(c,)] for c in range(8)]
+    placements = [encoder_placement(singles, None, i) for i in range(8)]
+    assert all(p.threads == 1 and p.cpus for p in placements)
+    assert tokenizer_placement(singles).cpus not in {p.cpus for p in placements}
+
+
 def test_instances_split_cores_evenly_and_disjointly():
     cpus = [set(encoder_placement(TWO_NODES, 3, i).cpus) for i in range(3)]
     assert [len(c) // 2 for c in cpus] == [5, 5, 5]

@@ -124,6 +124,18 @@ def test_cache_hits_across_calls_and_eviction(model_dir, tok):
     assert cosine(out, reference_embeddings(model_dir, flat)).min() >= FP32_COSINE
 
 
+def test_a_long_shared_prefix_is_found_across_calls(model_dir):
+    # A prefix longer than any fixed history window (600 tokens) must still be told from a
+    # repeated text, and be cached after the second one-text call.
+    rng = np.random.default_rng(5)
+    prefix = rng.integers(0, 151643, 600).tolist()
+    seqs = [prefix + rng.integers(0, 151643, n).tolist() for n in (3, 7, 2, 9, 4)]
+    on, stats = embed(model_dir, seqs, calls=[[s] for s in seqs])
+    assert stats["hits"] >= len(seqs) - 2 and stats["cached_tokens"] >= 600
+    off, _ = embed(model_dir, seqs, prefix_reuse=False)
+    assert np.abs(on - off).max() <= ON_OFF_MAX_ABS
+
+
 def test_tensor_parallel_ranks_agree(model_dir, tok):
     seqs = ids(tok, QUERIES, QUERY)
     calls = [seqs[:3], [seqs[3]], seqs[4:]]  # in-batch sharing, then cache hits on both ranks

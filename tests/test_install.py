@@ -1,0 +1,56 @@
+"""Installed as a wheel (not editable), the package finds its model repository template and
+renders repositories from any working directory: the template ships inside the package."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args, **kwargs):
+    result = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_an_installed_wheel_serves_without_the_checkout(tmp_path, demo_dir):
+    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "--quiet"]
+    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT])
+    (wheel,) = wheels.glob("qwen_embed-*.whl")
+    run([*pip, "install", "--no-deps", "--target", site, wheel])
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = run(
+        [
+            sys.executable,
+            "-c",
+            "import qwen_embed.serving.config as c; "
+            "print(c.__file__, c.MODEL_REPOSITORY, c.DATA_DIR, sep='\\n')",
+        ],
+        cwd=elsewhere,
+        env=env,
+    ).split()
+    module, template, data = map(Path, where)
+    assert module.is_relative_to(site) and template.is_relative_to(site)
+    assert (template / "encoder" / "config.pbtxt").is_file()
+    assert not data.is_relative_to(site)  # demo models and Triton go to the user's cache
+    out = tmp_path / "repo"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "qwen_embed.serving.repository",
+            out,
+            f"embed={demo_dir}",
+            "--rerank",
+            f"rerank={demo_dir}",
+        ],
+        cwd=elsewhere,
+        env=env,
+    )
+    for step in ("tokenizer", "encoder", "rerank_tokenizer", "rerank_encoder"):
+        assert (out / step / "1" / "model.py").is_file()
+    assert str(demo_dir) in (out / "encoder" / "config.pbtxt").read_text()

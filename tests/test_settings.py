@@ -1,0 +1,104 @@
+"""The encoder's settings object: defaults written once, built whole from config.pbtxt
+parameters, carried whole to tensor-parallel workers; the rendered repositories use it."""
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from qwen_embed import EncoderSettings
+from qwen_embed.cpu import CpuFeatures
+from qwen_embed.parallel import RankSpec
+from qwen_embed.serving.config import MODEL_REPOSITORY, encoder_parameters
+from qwen_embed.serving.repository import get_parameter, render
+from qwen_embed.worker import threads_per_rank
+
+from reference import route_for
+
+ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14")
+
+
+def triton_args(params: dict[str, str]) -> dict:
+    """What Triton hands a Python model's initialize: the config as JSON."""
+    parameters = {k: {"string_value": v} for k, v in params.items()}
+    return {"model_config": json.dumps({"parameters": parameters})}
+
+
+def test_parameters_build_the_settings_whole():
+    serving, settings = encoder_parameters(
+        triton_args(
+            {
+                "model_dir": "/m",
+                "dtype": "float32",
+                "max_batch_tokens": "4096",
+                "prefix_reuse": "off",
+                "prefix_cache_mb": "",
+                "watchdog_generation": "2",
+            }
+        )
+    )
+    assert serving == {"model_dir": "/m", "cpu_pinning": "auto", "watchdog_generation": "2"}
+    assert settings == EncoderSettings(dtype="float32", max_batch_tokens=4096, prefix_reuse="off")
+    assert settings.prefix_cache_mb == EncoderSettings().prefix_cache_mb  # empty: the default
+    _, defaults = encoder_parameters(triton_args({"model_dir": ""}))
+    assert defaults == EncoderSettings()
+
+
+def test_bad_parameters_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown encoder parameter\(s\) \['compile_elementwise'"):
+        EncoderSettings.from_parameters({"compile_elementwise": "on"})
+    with pytest.raises(ValueError, match="parameter 'max_batch_tokens' must be int"):
+        EncoderSettings.from_parameters({"max_batch_tokens": "lots"})
+    with pytest.raises(ValueError, match="prefix_reuse must be 'auto', 'on' or 'off'"):
+        EncoderSettings.from_parameters({"prefix_reuse": "yes"})
+    with pytest.raises(ValueError, match="max_batch_tokens must be >= 1"):
+        EncoderSettings(max_batch_tokens=0)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        EncoderSettings(pooling="cls")
+
+
+def test_python_switches_and_json_round_trip():
+    settings = EncoderSettings(prefix_reuse=False, prepack_weights=None, tp_size=2)
+    assert (settings.prefix_reuse, settings.prepack_weights) == ("off", "auto")
+    assert EncoderSettings.from_json(settings.to_json()) == settings
+    spec = RankSpec("/m", settings, route_for(ZEN4)).with_port(29555)
+    assert RankSpec.from_json(spec.to_json()) == spec
+    assert (spec.host, spec.port) == ("127.0.0.1", 29555)
+
+
+def test_encoder_defaults_live_only_in_the_settings_object():
+    # The templates name the serving parameters and the task, never an engine default.
+    engine_keys = {f.name for f in dataclasses.fields(EncoderSettings)}
+    for name, allowed in [("encoder", {"model_dir"}), ("rerank_encoder", {"model_dir", "task"})]:
+        config = (MODEL_REPOSITORY / name / "config.pbtxt").read_text()
+        keys = set(re.findall(r'\{ key: "(\w+)"', config))
+        assert keys == allowed and not (keys - {"task"}) & engine_keys
+    # Both encoders (and both tokenizers) run one model.py.
+    for step in ("encoder", "tokenizer"):
+        ours = (MODEL_REPOSITORY / step / "1" / "model.py").read_text()
+        assert (MODEL_REPOSITORY / f"rerank_{step}" / "1" / "model.py").read_text() == ours
+
+
+def test_rendered_overrides_add_parameters_the_template_leaves_out(tmp_path, demo_dir):
+    repo = render(
+        tmp_path,
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "bfloat16"}},
+        rerankers={"rerank": demo_dir},
+    )
+    config = (repo / "encoder" / "config.pbtxt").read_text()
+    assert get_parameter(config, "dtype") == "bfloat16"
+    assert get_parameter(config, "model_dir") == str(demo_dir)
+    params = dict(re.findall(r'\{ key: "(\w+)", value: \{ string_value: "([^"]*)"', config))
+    serving, settings = encoder_parameters(triton_args(params))
+    assert settings.dtype == "bfloat16" and serving["model_dir"] == str(demo_dir)
+    rerank = (repo / "rerank_encoder" / "config.pbtxt").read_text()
+    assert get_parameter(rerank, "task") == "rerank" and "dtype" in rerank
+    assert (repo / "rerank_encoder" / "1" / "model.py").is_file()
+
+
+def test_rank_threads_follow_the_affinity_mask():
+    assert threads_per_rank(2, 2) == 1
+    assert threads_per_rank(1, 2) == 1  # never 0
+    assert threads_per_rank(16, 4) == 4
