@@ -4,6 +4,7 @@ parameters, carried whole to tensor-parallel workers; the rendered repositories 
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,11 @@ def test_rank_threads_follow_the_affinity_mask():
     assert threads_per_rank(2, 2) == 1
     assert threads_per_rank(1, 2) == 1  # never 0
     assert threads_per_rank(16, 4) == 4
+
+
+def test_every_setting_is_documented():
+    table = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    missing = [
+        f.name for f in dataclasses.fields(EncoderSettings) if f"| `{f.name}` |" not in table
+    ]
+    assert not missing

@@ -166,7 +166,7 @@ def _warm_up(model: nn.Module) -> None:
     kept, planner.cache = planner.cache, PrefixCache(2**30, 0, planner.cache.num_layers)
     try:
         for sequences in batches:
-            ctx = planner.plan([np.array(s, dtype=np.int64) for s in sequences])
+            ctx = planner.plan(*flatten([np.array(s) for s in sequences]))
             model(ctx)
             planner.commit(ctx)  # into the warm-up's own cache, dropped below
     finally:
@@ -316,10 +316,11 @@ class Encoder:
         return arr
 
     def _forward(self, sequences: list[np.ndarray], head) -> np.ndarray:
+        flat = flatten(sequences)  # the one flat host copy every rank plans from
         if self._launcher is not None:
-            self._launcher.send_batch(*flatten(sequences))
+            self._launcher.send_batch(*flat)
         planner = self.model.planner
-        ctx = planner.plan(sequences)
+        ctx = planner.plan(*flat)
         with torch.inference_mode():
             hidden = self.model(ctx)
             # pruned: the model returned the pooled rows; pooling works in fp32 either way. A

@@ -210,8 +210,6 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
         control.broadcast(input_ids, 0).wait()
         control.broadcast(cu_seqlens, 0).wait()
         # The same ids through the same planner as rank 0: the same prefix hits and misses.
-        ids = input_ids.numpy()
-        bounds = cu_seqlens.tolist()
-        ctx = model.planner.plan([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        ctx = model.planner.plan(input_ids, cu_seqlens)
         model(ctx)
         model.planner.commit(ctx)

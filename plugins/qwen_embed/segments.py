@@ -339,10 +339,16 @@ class Planner:
         self.device = device
         self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
 
-    def plan(self, sequences: list[np.ndarray]) -> ForwardContext:
-        plan = plan_segments(sequences, self.cache, self.device) if self.prefix_reuse else None
+    def plan(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> ForwardContext:
+        """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
+        forward computes."""
+        plan = None
+        if self.prefix_reuse:
+            ids, bounds = input_ids.numpy(), cu_seqlens.tolist()
+            sequences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            plan = plan_segments(sequences, self.cache, self.device)
         if plan is None:  # nothing shared: the plain varlen batch
-            batch = VarlenBatch.build(sequences, self.device)
+            batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
             if not self.prune:
                 return ForwardContext(batch, layout, None, None, None)
