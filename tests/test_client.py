@@ -13,7 +13,7 @@ from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 
-from triton_helpers import infer
+from triton_helpers import copies_busy_for, infer
 
 TEXTS = [f"text {i}: " + "word " * (i % 13) for i in range(70)]
 
@@ -73,9 +73,14 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
     request, so through `embed` the server may still compute what was cancelled; requests sent
     straight to `encoder` are skipped: tests/test_triton_embed.py.)
     """
-    busy = threading.Thread(target=infer, args=(server, ["word " * 4000] * 2, "grpc"))
+
+    def long_texts(copies):  # distinct first words: no shared prefix makes a copy free
+        return [f"{i} " + "word " * 4000 for i in range(copies)]
+
+    copies = copies_busy_for(8.0, lambda: infer(server, long_texts(1), "grpc"))
+    busy = threading.Thread(target=infer, args=(server, long_texts(copies), "grpc"))
     busy.start()
-    time.sleep(1.0)  # the encoder is now busy for several seconds
+    time.sleep(1.0)  # the encoder is now busy for about 8 s
 
     async def scenario():
         async with AsyncEmbeddingClient(server.grpc_url, max_texts_per_request=2) as client:

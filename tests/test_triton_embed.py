@@ -19,7 +19,7 @@ from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
-from triton_helpers import infer, run_clients
+from triton_helpers import copies_busy_for, infer, run_clients
 
 TEXTS = [
     "Hello, world!",
@@ -205,15 +205,17 @@ def encoder_input(id_lists):
 
 def test_cancelled_requests_are_skipped(server):
     """Requests whose client gave up while the encoder was busy are never embedded."""
+
+    def send(copies, first):  # distinct texts: no shared prefix makes a copy free
+        ids = [list(range(first + i, first + i + 5000)) for i in range(copies)]
+        grpcclient.InferenceServerClient(server.grpc_url).infer("encoder", [encoder_input(ids)])
+
+    copies = copies_busy_for(8.0, lambda: send(1, 100))
     texts_before = metric_value(server, "qwen_embed_texts_total")
     cancelled_before = metric_value(server, "qwen_embed_cancelled_requests_total")
-    busy = threading.Thread(
-        target=lambda: grpcclient.InferenceServerClient(server.grpc_url).infer(
-            "encoder", [encoder_input([list(range(1000, 6000))] * 2)]
-        )
-    )
+    busy = threading.Thread(target=send, args=(copies, 1000))
     busy.start()
-    time.sleep(2.0)  # the long request (~10 s here) is now in the encoder
+    time.sleep(2.0)  # the long request (~8 s on any machine) is now in the encoder
 
     def impatient(i):
         client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -226,7 +228,7 @@ def test_cancelled_requests_are_skipped(server):
     # None of the 4 was embedded. Since the encoder has a queue policy, Triton drops cancelled
     # requests from its queue before execute (seen: all 4); one cancelled after being handed to
     # execute() is skipped there and counted in qwen_embed_cancelled_requests_total.
-    assert metric_value(server, "qwen_embed_texts_total") - texts_before == 2
+    assert metric_value(server, "qwen_embed_texts_total") - texts_before == copies
     skipped = metric_value(server, "qwen_embed_cancelled_requests_total") - cancelled_before
     assert 0 <= skipped <= 4
 

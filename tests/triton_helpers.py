@@ -1,6 +1,8 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
+import math
 import threading
+import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -24,6 +26,14 @@ def infer(server, texts, protocol="http", model="embed", **params):
         module = grpcclient
     result = client.infer(model, [text_input(module, texts)], parameters=params or None)
     return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT")
+
+
+def copies_busy_for(seconds, send_one) -> int:
+    """How many distinct copies of a long request keep the server busy about `seconds` on this
+    machine: one copy is timed first (the CPU kinds these tests run on differ several-fold)."""
+    start = time.monotonic()
+    send_one()
+    return max(2, math.ceil(seconds / max(time.monotonic() - start, 1e-3)))
 
 
 def run_clients(count, target):
