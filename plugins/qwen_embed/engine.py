@@ -113,15 +113,14 @@ def _instantiate(
         num_layers=config.num_layers,
         device=device,
     )
-    # Only rank 0 reads the last hidden states.
-    head = build_score_head(config, spec.model_dir) if route.task == "rerank" else None
+    head = None
+    if route.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
+        head = build_score_head(config, spec.model_dir).to(device)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return model_class(config.family)(
-                config, tp, backend, planner, head if tp.rank == 0 else None
-            )
+            return model_class(config.family)(config, tp, backend, planner, head)
     finally:
         torch.set_default_dtype(previous)
 
