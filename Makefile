@@ -17,7 +17,14 @@ METRICS_PORT ?= 8002
 # Bind address of the three endpoints; 0.0.0.0 to serve other machines.
 HOST        ?= 127.0.0.1
 
-setup: $(VENV)/.installed $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
+NATIVE      := plugins/qwen_embed/native
+NATIVE_LIB  := $(NATIVE)/_build/libqwen_embed_native.so
+
+setup: $(VENV)/.installed $(NATIVE_LIB) $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
+
+# The CPU kernels (qwen_embed/native); without a C++ compiler the engine keeps torch's ops.
+$(NATIVE_LIB): $(VENV)/.installed $(wildcard $(NATIVE)/csrc/*) $(NATIVE)/build.py
+	$(PY) -m qwen_embed.native.build
 
 # Triton 2.51's server files from the nvidia-pytriton wheel (skipped where tritonserver is on PATH).
 $(TRITON): $(VENV)/.installed

@@ -183,6 +183,12 @@ CASES = [
         model="encoder",
     ),
     Case("encoder: negative id", r"outside 0\.\.151668", [ids([-3, 5])], model="encoder"),
+    Case(
+        "encoder: FINISH dimensions past the model's",
+        r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1\), got \(5000, 1\)",
+        [ids([5, 6]), ("FINISH", "INT32", [1, 2], np.array([[5000, 1]], "<i4").tobytes())],
+        model="encoder",
+    ),
 ]
 
 

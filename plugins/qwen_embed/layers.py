@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
 from .cpu import has_native_bf16
 
 
@@ -85,9 +86,15 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As transformers: normalise in fp32, scale in the model dtype. In-place steps and a
-    reduction instead of x.pow(2): on CPU each fresh activation-sized tensor costs page faults.
-    Row by row, so a text's result never depends on the batch it came in."""
+    """As transformers: normalise in fp32, scale in the model dtype; row by row, so a text's
+    result never depends on the batch it came in. Native kernel on CPU (native/)."""
+    if native.handles(x, weight):
+        return torch.ops.qwen_embed.rms_norm(x, weight, eps)
+    return torch_rms_norm(x, weight, eps)
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In-place steps and a reduction instead of x.pow(2): fewer activation-sized tensors.
     dtype = x.dtype
     out = x.to(torch.float32, copy=True)
     mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
@@ -95,7 +102,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.to(dtype).mul_(weight)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def norm_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    norm: RMSNorm | None = None,
+) -> torch.Tensor:
+    """Heads of x [T, heads * head_dim] (rows may be strided), each RMS-normalised by `norm`
+    when given (Qwen3's q/k norm), then rotated by cos/sin [T, head_dim // 2]: a contiguous
+    [T, heads, head_dim]."""
+    weight = None if norm is None else norm.weight
+    if native.handles(x, cos, weight):
+        eps = 0.0 if norm is None else norm.eps
+        return torch.ops.qwen_embed.rope(x, cos, sin, head_dim, weight, eps)
+    heads = x.reshape(x.shape[0], -1, head_dim)
+    if norm is not None:
+        heads = norm(heads)
+    return torch_rotary(heads, cos, sin)
+
+
+def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2]: the same
     arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated tables, in
     fewer passes over memory."""
@@ -109,8 +136,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for the packed [T, 2 * inter] projection, in place in its gate half."""
-    gate, up = gate_up.chunk(2, dim=-1)
+    """silu(gate) * up for the packed [T, 2 * inter] projection."""
+    if native.handles(gate_up):
+        return torch.ops.qwen_embed.silu_mul(gate_up)
+    return torch_silu_mul(gate_up)
+
+
+def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)  # in place in the gate half
     return F.silu(gate, inplace=True).mul_(up)
 
 

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from . import native
 from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures
@@ -39,6 +40,7 @@ class Route:
     pooling: str
     prefix_reuse: bool  # shared prefixes computed once (segments.py)
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
+    elementwise: str  # "native <isa>" (native/, CPU fp32/bf16) or "torch"
     reason: str  # why this dtype and linear route
     attention_reason: str
 
@@ -54,7 +56,7 @@ class Route:
             f"{self.device}, dtype {self.dtype}, linear layers {linear}: {self.reason}; "
             f"attention {self.attn_backend} ({self.attention_reason}); prefix reuse "
             f"{'on' if self.prefix_reuse else 'off'}, last-layer pruning "
-            f"{'on' if self.prune else 'off'}"
+            f"{'on' if self.prune else 'off'}; elementwise ops {self.elementwise}"
         )
 
     def labels(self) -> dict[str, str]:
@@ -75,11 +77,13 @@ def choose_route(
     features: CpuFeatures,
     onednn: bool = True,
     choose_attention: Callable[..., tuple[str, str]] = choose_backend,
+    native_isa: Callable[[], str | None] = native.isa,
 ) -> Route:
     """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
     instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only) swaps the
     linear layers' GEMM; float CPU routes pack their weights for oneDNN where torch has it.
-    Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling."""
+    Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling.
+    Norms, rotary and silu run as native kernels on CPU where they are built (native/)."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
@@ -109,6 +113,7 @@ def choose_route(
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device.split(":")[0], config.head_dim, dtype=dtype)
+    isa = native_isa() if cpu and dtype in ("float32", "bfloat16") else None
     return Route(
         device=device,
         dtype=dtype,
@@ -119,6 +124,7 @@ def choose_route(
         pooling=s.pooling,
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
         prune=s.pooling == "last",
+        elementwise=f"native {isa}" if isa else "torch",
         reason=reason,
         attention_reason=why,
     )

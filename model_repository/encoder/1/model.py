@@ -13,8 +13,7 @@ from qwen_embed import Encoder
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
-from qwen_embed.serving.requests import parse_options, unpack_ids
-from qwen_embed.serving.rerank import parse_rerank_options
+from qwen_embed.serving.requests import read_finish, unpack_ids
 
 
 def _error(message):
@@ -61,7 +60,7 @@ class TritonPythonModel:
                 )
                 continue
             try:
-                opts = self._options(json.loads(request.parameters() or "{}"))
+                opts = self._finish(request)
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
                 seqs = [
                     self.encoder.check_sequence(j, unpack_ids(b, j))
@@ -89,16 +88,20 @@ class TritonPythonModel:
             self.metrics.observe_batch(len(accepted), all_seqs)
         return responses
 
-    def _options(self, params):
+    def _finish(self, request):
+        """(dimensions, normalize) from the tokenizer's FINISH rows; request parameters were
+        checked there and are not read again."""
         if self.task == "rerank":
-            return parse_rerank_options(params)
-        return parse_options(params, self.encoder.hidden_size)
+            return None
+        rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
+        return read_finish(None if rows is None else rows.as_numpy(), self.encoder.hidden_size)
 
     def _output(self, rows, opts):
         if self.task == "rerank":
             return pb_utils.Tensor("SCORES", rows.reshape(-1, 1))
         # Matryoshka truncation and normalisation, once, with this request's options.
-        rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
+        dimensions, normalize = opts
+        rows = finish(torch.from_numpy(rows), normalize=normalize, dimensions=dimensions)
         return pb_utils.Tensor("EMBEDDING", rows.contiguous().numpy())
 
     def finalize(self):

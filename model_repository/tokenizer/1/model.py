@@ -12,7 +12,13 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import ModelConfig
 from qwen_embed.placement import read_topology, tokenizer_placement
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
-from qwen_embed.serving.requests import RequestError, decode_texts, pack_ids, parse_options
+from qwen_embed.serving.requests import (
+    RequestError,
+    decode_texts,
+    finish_rows,
+    pack_ids,
+    parse_options,
+)
 from qwen_embed.serving.rerank import PairTokenizer, parse_rerank_options
 from qwen_embed.serving.tokenizer import TextTokenizer
 
@@ -77,7 +83,8 @@ class TritonPythonModel:
         opts = parse_options(params, self.hidden_size, self.tokenizer.prompts)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        return self.tokenizer.encode(texts, opts)
+        ids = self.tokenizer.encode(texts, opts)
+        return ids, [pb_utils.Tensor("FINISH", finish_rows(opts, len(ids)))]
 
     def _pairs(self, request, params):
         opts = parse_rerank_options(params)
@@ -85,11 +92,11 @@ class TritonPythonModel:
         (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")  # exactly one
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
         documents = decode_texts(raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS")
-        return self.tokenizer.encode(query, documents, opts)
+        return self.tokenizer.encode(query, documents, opts), []
 
     def _one(self, request):
         try:
-            ids = self._tokenize(request, json.loads(request.parameters() or "{}"))
+            ids, extra = self._tokenize(request, json.loads(request.parameters() or "{}"))
         except RequestError as e:
             return pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
@@ -100,5 +107,6 @@ class TritonPythonModel:
             output_tensors=[
                 pb_utils.Tensor("TOKEN_IDS", packed),
                 pb_utils.Tensor("TOKEN_COUNT", counts),
+                *extra,
             ]
         )

@@ -18,7 +18,7 @@ from ..layers import (
     RowParallelLinear,
     TPGroup,
     VocabParallelEmbedding,
-    apply_rotary,
+    norm_rotary,
     rotary_cos_sin,
     silu_mul,
 )
@@ -100,13 +100,10 @@ class QwenAttention(nn.Module):
             q, k, v = self.qkv_proj(x).split([self.num_heads * d, *kv], dim=-1)
             q = q if rows is None else q[rows]
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        q = q.reshape(q.shape[0], self.num_heads, d)
-        k = k.view(t, self.num_kv_heads, d)
-        v = v.view(t, self.num_kv_heads, d)
-        if self.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos, sin)
-        v = v.contiguous()
+        q_norm, k_norm = (self.q_norm, self.k_norm) if self.has_qk_norm else (None, None)
+        q = norm_rotary(q, cos_q, sin_q, d, q_norm)
+        k = norm_rotary(k, cos, sin, d, k_norm)
+        v = v.reshape(t, self.num_kv_heads, d).contiguous()
         k, v = ctx.keys(self.layer_index, k, v, layout)
         out = self.backend.forward(q, k, v, layout)
         return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))

@@ -92,6 +92,29 @@ def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOption
     return RequestOptions(**opts)
 
 
+def finish_rows(opts: RequestOptions, n: int) -> np.ndarray:
+    """What the encoder needs of a request's options, for each of its n texts: the tokenizer's
+    FINISH output [n, 2] = (dimensions, 0 for all; normalize 0/1). Options are parsed once, in
+    the tokenizer; the encoder's result depends on its inputs alone."""
+    row = (opts.dimensions or 0, int(opts.normalize))
+    return np.tile(np.array(row, dtype=np.int32), (n, 1))
+
+
+def read_finish(rows: np.ndarray | None, hidden_size: int) -> tuple[int | None, bool]:
+    """FINISH [n, 2] (absent: every dimension, normalised) -> (dimensions, normalize)."""
+    if rows is None:
+        return None, True
+    if rows.ndim != 2 or rows.shape[1] != 2 or len(rows) == 0 or (rows != rows[0]).any():
+        raise RequestError("input 'FINISH' must be [n, 2], the same row for every text")
+    dims, normalize = int(rows[0, 0]), int(rows[0, 1])
+    if not 0 <= dims <= hidden_size or normalize not in (0, 1):
+        raise RequestError(
+            f"input 'FINISH' must hold (dimensions in 0..{hidden_size}, normalize 0 or 1), "
+            f"got ({dims}, {normalize})"
+        )
+    return dims or None, bool(normalize)
+
+
 def decode_texts(
     raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
 ) -> list[str]:

@@ -1,0 +1,72 @@
+"""The engine's native CPU kernels: a decoder layer's row-wise ops (RMSNorm, the q/k norm and
+rotary embedding, silu(gate) * up), each one pass over memory in fp32 arithmetic, the same
+numbers for a row whatever rows share its batch.
+
+Built by `make setup` (build.py). `isa()` names the instruction set in use, or None where the
+library is missing, stale or cannot load: then layers.py runs its torch ops instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+CSRC = Path(__file__).parent / "csrc"
+BUILD = Path(__file__).parent / "_build"
+LIBRARY = BUILD / "libqwen_embed_native.so"
+STAMP = BUILD / "sources.sha256"  # which sources the library was built from
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+_state: dict[str, str | None] = {}  # "isa" once the library was looked for
+
+
+def _load() -> str | None:
+    if not LIBRARY.exists():
+        return None
+    if not STAMP.exists() or STAMP.read_text() != sources_digest():
+        log.warning("native kernels in %s are older than their sources: run `make setup`", LIBRARY)
+        return None
+    try:
+        torch.ops.load_library(str(LIBRARY))
+        return torch.ops.qwen_embed.select_isa("")
+    except (OSError, RuntimeError) as e:
+        log.warning("native kernels not loaded (%s); using torch's ops", e)
+        return None
+
+
+def sources_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def isa() -> str | None:
+    """The instruction set the kernels run with ("avx512", "avx2", "generic"), or None."""
+    if "isa" not in _state:
+        _state["isa"] = _load()
+    return _state["isa"]
+
+
+def select(name: str) -> str:
+    """Run the kernels of instruction set `name` ("" = the widest this CPU has); for tests."""
+    if isa() is None:
+        raise RuntimeError("the native kernels are not built")
+    _state["isa"] = torch.ops.qwen_embed.select_isa(name)
+    return _state["isa"]
+
+
+def handles(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
+    """Whether the kernels take this activation (a CPU tensor in fp32 or bf16) with these
+    weights (None, or of its dtype)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in DTYPES
+        and all(w is None or w.dtype == x.dtype for w in weights)
+        and isa() is not None
+    )

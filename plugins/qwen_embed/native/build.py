@@ -1,0 +1,74 @@
+"""Builds the native kernels (csrc/) into `_build/`: `python -m qwen_embed.native.build`.
+
+Each instruction set's copy of the row kernels is compiled with its own flags, never
+`-march=native`, so one build runs on any x86-64 CPU and picks its kernels at run time
+(ops.cpp). Where there is no compiler the build says so and the engine keeps torch's ops.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import BUILD, CSRC, LIBRARY, STAMP, sources_digest
+
+ISA_FLAGS = {
+    "rows_generic.cpp": [],
+    "rows_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
+    "rows_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+}
+COMMON = ["-O3", "-fPIC", "-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-Wall"]
+
+
+def _torch_flags() -> tuple[list[str], list[str]]:
+    import torch
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    # at::parallel_for is OpenMP code compiled into ops.cpp; torch ships the libgomp it uses.
+    compile_flags = [
+        "-fopenmp",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in include_paths()),
+    ]
+    libs = library_paths()
+    link_flags = [*(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs)]
+    return compile_flags, [*link_flags, "-fopenmp", "-lc10", "-ltorch_cpu", "-ltorch"]
+
+
+def build(compiler: str | None = None) -> Path:
+    compiler = compiler or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler on PATH (install g++)")
+    torch_compile, torch_link = _torch_flags()
+    BUILD.mkdir(exist_ok=True)
+    jobs = {"ops.cpp": torch_compile, **ISA_FLAGS}
+
+    def compile_one(name: str) -> Path:
+        obj = BUILD / (Path(name).stem + ".o")
+        cmd = [compiler, *COMMON, *jobs[name], "-c", str(CSRC / name), "-o", str(obj)]
+        subprocess.run(cmd, check=True)
+        return obj
+
+    with ThreadPoolExecutor() as pool:
+        objects = list(pool.map(compile_one, jobs))
+    subprocess.run(
+        [compiler, "-shared", *map(str, objects), "-o", str(LIBRARY), *torch_link], check=True
+    )
+    STAMP.write_text(sources_digest())
+    return LIBRARY
+
+
+def main() -> int:
+    try:
+        print(f"built {build()}")
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        print(f"native kernels not built ({e}); the engine uses torch's ops", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

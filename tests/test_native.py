@@ -1,0 +1,161 @@
+"""The native CPU kernels (qwen_embed/native) against the torch ops they replace, for every
+instruction set this CPU can run, in fp32 and bf16, on the layouts the model hands them."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from test_cpu_route import ZEN4
+
+from qwen_embed import native
+from qwen_embed.layers import (
+    RMSNorm,
+    norm_rotary,
+    rms_norm,
+    silu_mul,
+    torch_rms_norm,
+    torch_rotary,
+    torch_silu_mul,
+)
+from qwen_embed.route import choose_route
+from qwen_embed.settings import EncoderSettings
+
+from reference import model_config
+
+OPS = torch.ops.qwen_embed if native.isa() else None
+# fp32: a few float ulps; bf16: the kernels round once where torch's ops round twice, so a
+# value may land one bf16 step (2**-8 relative) away.
+TOLERANCE = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2**-7, atol=1e-3)}
+
+
+def _isas() -> list[str]:
+    if native.isa() is None:
+        return []
+    flags = open("/proc/cpuinfo").read()
+    return ["generic"] + [
+        isa for isa, flag in (("avx2", " avx2 "), ("avx512", " avx512bw ")) if flag in flags
+    ]
+
+
+def test_the_kernels_are_built_where_a_compiler_is():
+    """`make setup` builds them; only a machine without a C++ compiler runs torch's ops."""
+    if shutil.which("c++") or shutil.which("g++"):
+        assert native.isa() in ("avx512", "avx2", "generic")
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    chosen = native.select(request.param)
+    yield chosen
+    native.select("")
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+
+
+def _random(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * 2).to(dtype)
+
+
+@DTYPES
+def test_rms_norm_matches_torch_on_strided_rows(isa, dtype):
+    wide = _random(37, 1536, dtype=dtype)
+    x = wide[:, 100:1124]  # rows of 1,024 with a row stride of 1,536
+    weight = _random(1024, dtype=dtype, seed=1)
+    torch.testing.assert_close(
+        OPS.rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), **TOLERANCE[dtype]
+    )
+    three_d = _random(5, 4, 128, dtype=dtype)
+    head_weight = _random(128, dtype=dtype, seed=2)
+    out = OPS.rms_norm(three_d, head_weight, 1e-6)
+    assert out.shape == three_d.shape
+    torch.testing.assert_close(out, torch_rms_norm(three_d, head_weight, 1e-6), **TOLERANCE[dtype])
+
+
+@DTYPES
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_rotary_matches_torch_on_a_qkv_slice(isa, dtype, head_dim, with_norm):
+    """q is a strided slice of the packed q|k|v projection, as the attention layer has it."""
+    t, heads, kv_heads = 19, 4, 2
+    qkv = _random(t, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q = qkv[:, : heads * head_dim]
+    angles = torch.arange(t).float()[:, None] * torch.rand(head_dim // 2)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    norm = None
+    if with_norm:
+        norm = RMSNorm(head_dim, 1e-6).to(dtype)
+        norm.weight.data.copy_(_random(head_dim, dtype=dtype, seed=3))
+    weight = None if norm is None else norm.weight
+    out = OPS.rope(q, cos, sin, head_dim, weight, 1e-6)
+    heads_in = q.reshape(t, heads, head_dim)
+    # normalised and rounded to the dtype by torch's ops, as transformers does
+    normed = torch_rms_norm(heads_in, norm.weight, 1e-6) if norm else heads_in
+    # The rotation in float64, rounded once: the kernel's fp32 expression may differ by a step.
+    expected = torch_rotary(normed.double(), cos.double(), sin.double()).to(dtype)
+    assert out.shape == (t, heads, head_dim) and out.is_contiguous()
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+@DTYPES
+def test_silu_mul_matches_torch(isa, dtype):
+    gate_up = _random(23, 2 * 3072, dtype=dtype)
+    gate_up[0, :8] = torch.tensor([-200.0, -88.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
+    expected = torch_silu_mul(gate_up.double()).to(dtype)
+    torch.testing.assert_close(OPS.silu_mul(gate_up), expected, **TOLERANCE[dtype])
+
+
+@DTYPES
+def test_a_row_is_the_same_whatever_rows_share_its_batch(isa, dtype):
+    """Bitwise: each row is computed alone, in a fixed order."""
+    x = _random(40, 1024, dtype=dtype)
+    w = _random(1024, dtype=dtype, seed=1)
+    gate_up = _random(40, 512, dtype=dtype)
+    qk = _random(40, 4 * 128, dtype=dtype)
+    cos, sin = _random(40, 64, dtype=dtype, seed=4), _random(40, 64, dtype=dtype, seed=5)
+    norm_w = _random(128, dtype=dtype, seed=6)
+    for rows in (slice(3, 4), slice(0, 7), slice(11, 40)):
+        assert torch.equal(OPS.rms_norm(x[rows], w, 1e-6), OPS.rms_norm(x, w, 1e-6)[rows])
+        assert torch.equal(OPS.silu_mul(gate_up[rows]), OPS.silu_mul(gate_up)[rows])
+        alone = OPS.rope(qk[rows], cos[rows], sin[rows], 128, norm_w, 1e-6)
+        assert torch.equal(alone, OPS.rope(qk, cos, sin, 128, norm_w, 1e-6)[rows])
+
+
+def test_layers_run_the_kernels_on_cpu_and_torch_elsewhere():
+    """layers.py hands CPU fp32/bf16 to the kernels and anything else to torch's ops."""
+    if native.isa() is None:
+        pytest.skip("native kernels not built")
+    x = _random(8, 256, dtype=torch.bfloat16)
+    w = _random(256, dtype=torch.bfloat16, seed=1)
+    assert torch.equal(rms_norm(x, w, 1e-6), OPS.rms_norm(x, w, 1e-6))
+    assert torch.equal(silu_mul(x), OPS.silu_mul(x))
+    cos, sin = _random(8, 32, dtype=torch.bfloat16), _random(8, 32, dtype=torch.bfloat16)
+    assert torch.equal(norm_rotary(x, cos, sin, 64), OPS.rope(x, cos, sin, 64, None, 0.0))
+    half = x.half()  # no fp16 kernels: torch's ops
+    assert torch.equal(rms_norm(half, w.half(), 1e-6), torch_rms_norm(half, w.half(), 1e-6))
+    assert not native.handles(x, w.float())  # mixed dtypes: torch's ops
+
+
+def test_route_names_the_kernels():
+    config = model_config()
+    route = choose_route(EncoderSettings(), config, "cpu", ZEN4, native_isa=lambda: "avx2")
+    assert route.elementwise == "native avx2" and "elementwise ops native avx2" in route.describe()
+    assert (
+        choose_route(EncoderSettings(), config, "cpu", ZEN4, native_isa=lambda: None).elementwise
+        == "torch"
+    )
+    fp16 = choose_route(
+        EncoderSettings(dtype="float16"), config, "cpu", ZEN4, native_isa=lambda: "avx2"
+    )
+    assert fp16.elementwise == "torch"
+
+
+def test_an_unknown_or_unsupported_instruction_set_is_refused():
+    if native.isa() is None:
+        pytest.skip("native kernels not built")
+    with pytest.raises(RuntimeError, match="cannot run"):
+        native.select("sve")
+    assert native.isa() in ("avx512", "avx2", "generic")
