@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -53,6 +53,10 @@ lint: $(VENV)/.installed
 
 test: setup lint
 	$(PY) -m pytest
+
+# The tier that starts no tritonserver or other process: the quick loop while editing.
+test-fast: setup
+	$(PY) -m pytest -q -m "not server and not gpu"
 
 # The GPU stack (qwen_embed/gpu_stack.py): torch 2.6.0 (CUDA 12.4) with the flash-attn 2.7.4.post1
 # and flashinfer 0.2.5 wheels built for it, prebuilt kernels, nothing compiled; replaces the CPU

@@ -18,6 +18,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from triton_helpers import infer
 
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
 HTTP_4XX = range(400, 500)
 GRPC_4XX = {
     grpc.StatusCode.INVALID_ARGUMENT,

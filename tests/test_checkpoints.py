@@ -35,6 +35,8 @@ from reference import cosine
 from replicas import QWEN3_QUERY, gte_qwen2, qwen3_embedding
 from triton_helpers import infer
 
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
 MIN_COSINE = 0.9999
 EOS = 151643
 TEXTS = [

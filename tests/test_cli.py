@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from qwen_embed_client.cli import default_metrics_url
 
 from qwen_embed import EncoderSettings, ModelConfig
@@ -12,6 +13,8 @@ from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import free_port
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 
 def cli(*args, stdin=None):

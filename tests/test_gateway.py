@@ -16,6 +16,8 @@ from qwen_embed.serving.triton import free_port
 
 from triton_helpers import infer
 
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
 API_KEY = "test-key-123"
 
 

@@ -13,6 +13,7 @@ from reference import cosine, random_sequences, reference_embeddings
 from triton_helpers import infer
 
 pytestmark = [
+    pytest.mark.server,
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]

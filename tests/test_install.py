@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -110,6 +110,7 @@ def _allowed(pid: int) -> set[int]:
     return set(parse_cpu_list(re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)))
 
 
+@pytest.mark.server
 def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
     topology = read_topology()
     if sum(len(node) for node in topology) < 2:

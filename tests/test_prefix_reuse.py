@@ -136,6 +136,7 @@ def test_a_long_shared_prefix_is_found_across_calls(model_dir):
     assert np.abs(on - off).max() <= ON_OFF_MAX_ABS
 
 
+@pytest.mark.server
 def test_tensor_parallel_ranks_agree(model_dir, tok):
     seqs = ids(tok, QUERIES, QUERY)
     calls = [seqs[:3], [seqs[3]], seqs[4:]]  # in-batch sharing, then cache hits on both ranks

@@ -98,6 +98,7 @@ def test_bf16_scores_match_transformers(reranker, pairs, expected):
         assert np.abs(enc.score(pairs) - expected).max() <= BF16_ABS
 
 
+@pytest.mark.server
 def test_tp2_scores_match_transformers(reranker, pairs, expected):
     with Encoder.from_pretrained(reranker, task="rerank", dtype="float32", tp_size=2) as enc:
         assert np.abs(enc.score(pairs) - expected).max() <= FP32_ABS
@@ -123,6 +124,7 @@ def test_task_is_checked(reranker):
         Encoder.from_pretrained(reranker, task="classify")
 
 
+@pytest.mark.server
 def test_no_rerank_leaves_every_reranking_model_unloaded(demo_dir, reranker, tmp_path):
     """`--no-rerank` finds the reranking models by their task, whatever they are named."""
     from qwen_embed.serving.config import REPO

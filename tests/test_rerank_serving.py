@@ -29,6 +29,8 @@ from qwen_embed.serving.triton import TritonServer, free_port
 from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
 from triton_helpers import infer, run_clients
 
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
 FP32_ABS = 1e-4
 QUERY = "Which city is the capital of China?"
 DOCUMENTS = [

@@ -6,7 +6,6 @@ Qwen3Model with last-token pooling (cosine >= 0.9999 in fp32).
 
 import re
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -19,7 +18,9 @@ from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
-from triton_helpers import copies_busy_for, infer, run_clients
+from triton_helpers import copies_busy_for, infer, metric, run_clients, wait_until
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 TEXTS = [
     "Hello, world!",
@@ -191,10 +192,7 @@ def test_metrics_exposed(server):
         assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name
 
 
-def metric_value(server, name):
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    match = re.search(rf"^{name}{{[^}}]*}} (\S+)", text, re.M)
-    return float(match.group(1)) if match else 0.0
+EXECUTING = "qwen_embed_executing_requests"
 
 
 def encoder_input(id_lists):
@@ -211,11 +209,11 @@ def test_cancelled_requests_are_skipped(server):
         grpcclient.InferenceServerClient(server.grpc_url).infer("encoder", [encoder_input(ids)])
 
     copies = copies_busy_for(8.0, lambda: send(1, 100))
-    texts_before = metric_value(server, "qwen_embed_texts_total")
-    cancelled_before = metric_value(server, "qwen_embed_cancelled_requests_total")
+    texts_before = metric(server, "qwen_embed_texts_total")
+    cancelled_before = metric(server, "qwen_embed_cancelled_requests_total")
     busy = threading.Thread(target=send, args=(copies, 1000))
     busy.start()
-    time.sleep(2.0)  # the long request (~8 s on any machine) is now in the encoder
+    wait_until(lambda: metric(server, EXECUTING) >= 1, "the long request inside the encoder")
 
     def impatient(i):
         client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -224,12 +222,18 @@ def test_cancelled_requests_are_skipped(server):
 
     run_clients(4, impatient)
     busy.join(timeout=120)
-    time.sleep(0.5)
+    wait_until(
+        lambda: (
+            metric(server, EXECUTING) == 0
+            and metric(server, "nv_inference_pending_request_count", model="encoder") == 0
+        ),
+        "the encoder to finish with the cancelled requests",
+    )
     # None of the 4 was embedded. Since the encoder has a queue policy, Triton drops cancelled
     # requests from its queue before execute (seen: all 4); one cancelled after being handed to
     # execute() is skipped there and counted in qwen_embed_cancelled_requests_total.
-    assert metric_value(server, "qwen_embed_texts_total") - texts_before == copies
-    skipped = metric_value(server, "qwen_embed_cancelled_requests_total") - cancelled_before
+    assert metric(server, "qwen_embed_texts_total") - texts_before == copies
+    skipped = metric(server, "qwen_embed_cancelled_requests_total") - cancelled_before
     assert 0 <= skipped <= 4
 
 
@@ -237,9 +241,9 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
     """Each request is one query with the default instruction: the prefix is computed once and
     then served from the encoder's cache (segments.py); the vectors stay the reference's."""
     queries = [f"question number {i}: what is {i} squared?" for i in range(32)]
-    hits_before = metric_value(server, "qwen_embed_prefix_cache_hits_total")
-    computed_before = metric_value(server, "qwen_embed_tokens_computed_total")
-    received_before = metric_value(server, "qwen_embed_tokens_total")
+    hits_before = metric(server, "qwen_embed_prefix_cache_hits_total")
+    computed_before = metric(server, "qwen_embed_tokens_computed_total")
+    received_before = metric(server, "qwen_embed_tokens_total")
     results = {}
 
     def client(k):
@@ -247,12 +251,12 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
             results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
 
     run_clients(16, client)
-    hits = metric_value(server, "qwen_embed_prefix_cache_hits_total") - hits_before
-    computed = metric_value(server, "qwen_embed_tokens_computed_total") - computed_before
-    received = metric_value(server, "qwen_embed_tokens_total") - received_before
+    hits = metric(server, "qwen_embed_prefix_cache_hits_total") - hits_before
+    computed = metric(server, "qwen_embed_tokens_computed_total") - computed_before
+    received = metric(server, "qwen_embed_tokens_total") - received_before
     assert hits >= len(queries) // 2, hits
     assert computed < 0.7 * received, (computed, received)
-    assert metric_value(server, "qwen_embed_prefix_cache_bytes") > 0
+    assert metric(server, "qwen_embed_prefix_cache_bytes") > 0
     ids = [
         e.ids
         for e in tokenizer.encode_batch([f"Instruct: {DEFAULT_TASK}\nQuery:{q}" for q in queries])

@@ -1,6 +1,7 @@
 """One tritonserver serving two checkpoints side by side (rendered repository)."""
 
 import numpy as np
+import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -9,6 +10,8 @@ from qwen_embed.serving.repository import get_parameter, render
 from qwen_embed.serving.triton import TritonServer
 
 from triton_helpers import infer
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 TEXTS = ["first checkpoint or second?", "两个模型并排"]
 

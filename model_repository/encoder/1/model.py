@@ -50,6 +50,13 @@ class TritonPythonModel:
         self.metrics.set_route(instance, self.encoder.route, placement)
 
     def execute(self, requests):
+        self.metrics.executing.increment(len(requests))
+        try:
+            return self._execute(requests)
+        finally:
+            self.metrics.executing.increment(-len(requests))
+
+    def _execute(self, requests):
         responses = [None] * len(requests)
         accepted = []  # (index, options, token id arrays)
         for i, request in enumerate(requests):
@@ -138,6 +145,9 @@ class _Metrics:
             "time in the encoder forward and pooling",
             pb_utils.MetricFamily.HISTOGRAM,
             buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30],
+        )
+        self.executing = self._metric(
+            "qwen_embed_executing_requests", "requests inside an encoder execute() now", gauge
         )
         self.cancelled = self._metric(
             "qwen_embed_cancelled_requests_total",
