@@ -41,15 +41,15 @@ constexpr int kLanes = 16;
 template <typename T>
 inline float sum_squares(const T* x, int64_t n) {
   float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
+  const int64_t whole = n - n % kLanes;
+  for (int64_t j = 0; j < whole; j += kLanes)
     for (int l = 0; l < kLanes; ++l) {
       float v = to_float(x[j + l]);
       lanes[l] += v * v;
     }
-  for (; j < n; ++j) {
-    float v = to_float(x[j]);
-    lanes[j % kLanes] += v * v;
+  for (int64_t l = 0; l < n - whole; ++l) {
+    float v = to_float(x[whole + l]);
+    lanes[l] += v * v;
   }
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
