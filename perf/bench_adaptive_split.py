@@ -16,13 +16,12 @@ import threading
 import time
 from pathlib import Path
 
+from harness import RESULTS, new_record, write_report
 from qwen_embed_client import EmbeddingClient
 
 from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
-
-from workload import RESULTS, new_record, write_report
 
 
 def even_split(fast: str, slow: str, texts: list[str]) -> float:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder, ModelConfig
 from qwen_embed.demo import ENDOFTEXT_ID
-
-from workload import RESULTS, command_line, machine, stamp
 
 
 def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:
@@ -120,44 +118,45 @@ def main() -> None:
         )
         print(json.dumps(rows[-1]), flush=True)
 
-    date, command = stamp(), command_line()
-    record = {
-        "date": date,
-        "machine": machine(),
-        "command": command,
-        "dtype": args.dtype,
-        "device": args.device,
-        "attn_backend": args.attn_backend,
-        "model_dir": args.model_dir,
-        "model": ModelConfig.from_dir(args.model_dir).__dict__,
-        "results": rows,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [
-        "# Engine vs transformers padded forward",
-        "",
-        f"- date: {date}",
-        f"- machine: {record['machine']}",
-        f"- command: `{command}`",
-        f"- model: {args.model_dir} ({record['model']['num_layers']} layers, "
-        f"hidden {record['model']['hidden_size']}), dtype {args.dtype}, device {args.device}, "
-        f"attention {args.attn_backend}, "
+    config = ModelConfig.from_dir(args.model_dir)
+    record = new_record(
+        dtype=args.dtype,
+        device=args.device,
+        attn_backend=args.attn_backend,
+        model_dir=args.model_dir,
+        model=config.__dict__,
+        results=rows,
+    )
+    notes = [
+        f"model: {args.model_dir} ({config.num_layers} layers, hidden {config.hidden_size}), "
+        f"dtype {args.dtype}, device {args.device}, attention {args.attn_backend}, "
         f"transformers batches of {args.batch_size}, best of {args.reps}",
-        "",
-        "| workload | texts | tokens | padded tokens (transformers) | engine tok/s "
-        "| transformers tok/s | engine / transformers | min cosine |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['workload']} | {r['texts']} | {r['tokens']} | {r['padded_tokens']} "
-            f"| {r['engine_tokens_per_s']:.0f} | {r['transformers_tokens_per_s']:.0f} "
-            f"| {r['ratio']:.2f}x | {r['min_cosine']:.6f} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')} and .json")
+    header = [
+        "workload",
+        "texts",
+        "tokens",
+        "padded tokens (transformers)",
+        "engine tok/s",
+        "transformers tok/s",
+        "engine / transformers",
+        "min cosine",
+    ]
+    rows_md = [
+        [
+            r["workload"],
+            r["texts"],
+            r["tokens"],
+            r["padded_tokens"],
+            f"{r['engine_tokens_per_s']:.0f}",
+            f"{r['transformers_tokens_per_s']:.0f}",
+            f"{r['ratio']:.2f}x",
+            f"{r['min_cosine']:.6f}",
+        ]
+        for r in rows
+    ]
+    title = "Engine vs transformers padded forward"
+    write_report(args.out, record, title, notes, markdown_table(header, rows_md))
     encoder.close()
 
 

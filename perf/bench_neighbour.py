@@ -14,7 +14,6 @@ server sharing that core fairly: 0.75 on two cores is "graceful", 0.5 or less is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -22,15 +21,23 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from harness import (
+    RESULTS,
+    cosine_check,
+    drive,
+    markdown_table,
+    new_record,
+    triton_sender,
+    write_report,
+)
 from tokenizers import Tokenizer
 
-from qwen_embed.cpu import cpu_features
 from qwen_embed.placement import read_topology
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
-from bench_peers import REPO, drive, ensure_model, reference_vectors, triton_sender
-from workload import RESULTS, command_line, machine, make_texts, stamp
+from bench_peers import REPO, ensure_model, reference_vectors
+from workload import make_texts
 
 # The launcher sets GOMP_SPINCOUNT=20000 unless the environment sets a wait policy.
 LAYOUTS = {
@@ -82,8 +89,12 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     counts = np.array([len(i) for i in ids])
-    reference = reference_vectors(
-        model_dir, ids, REPO / ".cache" / "peers" / f"reference-{model_dir.name}-{args.texts}-0.npy"
+    check = cosine_check(
+        reference_vectors(
+            model_dir,
+            ids,
+            REPO / ".cache" / "peers" / f"reference-{model_dir.name}-{args.texts}-0.npy",
+        )
     )
     topology = read_topology()
     cores = sum(len(node) for node in topology)
@@ -105,12 +116,12 @@ def main() -> None:
             )
             with TritonServer(repo, env=env, log_path=Path(tmp) / "server.log") as server:
                 make = triton_sender(server.grpc_url, texts)
-                drive(make, counts, reference, **{**load, "clients": 2, "max_requests": 4})
+                drive(make, counts, check, **{**load, "clients": 2, "max_requests": 4})
                 quiet = None
                 for name, niceness in LOADS.items():
                     busy = None if niceness is None else neighbour(busy_cpu, niceness)
                     try:
-                        stats = drive(make, counts, reference, **load)
+                        stats = drive(make, counts, check, **load)
                     finally:
                         if busy:
                             busy.kill()
@@ -129,41 +140,29 @@ def main() -> None:
                         f"({rows[-1]['over_quiet']:.2f}x quiet)",
                         flush=True,
                     )
-    record = {
-        "date": stamp(),
-        "machine": machine(),
-        "cpu": cpu_features().describe(),
-        "command": command_line(),
-        "dtype": args.dtype,
-        "cores": cores,
-        "busy_cpu": busy_cpu,
-        "rows": rows,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [
-        "# Throughput with a neighbour on one core",
-        "",
-        f"- date: {record['date']}",
-        f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}",
-        f"- command: `{record['command']}`",
-        f"- model: {model_dir.name} (4 layers), encoder dtype {args.dtype}; {args.clients} "
+    record = new_record(dtype=args.dtype, cores=cores, busy_cpu=busy_cpu, rows=rows)
+    notes = [
+        f"model: {model_dir.name} (4 layers), encoder dtype {args.dtype}; {args.clients} "
         f"clients x {args.texts_per_request} mixed texts, {args.seconds:.0f} s per case",
-        f"- neighbour: `taskset -c {busy_cpu} python -c 'while True: pass'` at nice 0 or 19",
-        "",
-        "| encoder layout | neighbour | tokens/s | x quiet | p50 s | p99 s | min cosine |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"neighbour: `taskset -c {busy_cpu} python -c 'while True: pass'` at nice 0 or 19",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['layout']} | {r['load']} | {r['tokens_per_s']:.0f} | "
-            f"{r['over_quiet']:.2f} | {r['p50_s']:.1f} | {r['p99_s']:.1f} | "
-            f"{r['min_cosine']:.5f} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
+    header = ["encoder layout", "neighbour", "tokens/s", "x quiet", "p50 s", "p99 s", "min cosine"]
+    table = markdown_table(
+        header,
+        [
+            [
+                r["layout"],
+                r["load"],
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['over_quiet']:.2f}",
+                f"{r['p50_s']:.1f}",
+                f"{r['p99_s']:.1f}",
+                f"{r['min_check']:.5f}",
+            ]
+            for r in rows
+        ],
+    )
+    write_report(args.out, record, "Throughput with a neighbour on one core", notes, table)
 
 
 if __name__ == "__main__":

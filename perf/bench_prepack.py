@@ -35,15 +35,10 @@ from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY  # noqa: E402
 
 assert PRIMITIVE_CACHE_CAPACITY == 512, "keep the default above equal to the launcher's"
 
+from harness import RESULTS, new_record, write_report  # noqa: E402
+
 from bench_peers import REPO, ensure_model  # noqa: E402
-from workload import (  # noqa: E402
-    RESULTS,
-    alternate,
-    alternate_forwards,
-    make_texts,
-    new_record,
-    write_report,
-)
+from workload import alternate, alternate_forwards, make_texts  # noqa: E402
 
 
 def switch(linears, packed, plain, on: bool):

@@ -17,24 +17,24 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import torch
+from harness import RESULTS, drive, new_record, rerank_sender, score_check, write_report
 
 from qwen_embed import ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
-from qwen_embed.serving.rerank import PREFIX, SUFFIX, pair_text
+from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 from qwen_embed.serving.triton import TritonServer, free_port
 from qwen_embed.settings import EncoderSettings
 
-from workload import RESULTS, make_texts, new_record, write_report
+from workload import make_texts
 
 REPO = Path(__file__).resolve().parents[1]
 QUERY = "which of these passages says the most about what they would have done first"
@@ -91,54 +91,25 @@ def transformers_scores(
     return torch.cat(scores).numpy(), time.perf_counter() - began
 
 
-def triton_rerank(url: str, documents: list[str]) -> np.ndarray:
-    import tritonclient.grpc as grpcclient
+def gateway_sender(base: str, documents: list[str]):
+    """POST /v1/rerank with the documents of each request: (scores in document order, None)."""
 
-    client = grpcclient.InferenceServerClient(url)
-    q = grpcclient.InferInput("QUERY", [1], "BYTES")
-    q.set_data_from_numpy(np.array([QUERY.encode()], dtype=object))
-    d = grpcclient.InferInput("DOCUMENTS", [len(documents), 1], "BYTES")
-    d.set_data_from_numpy(np.array([[x.encode()] for x in documents], dtype=object))
-    result = client.infer("rerank", [q, d], client_timeout=1800)
-    return result.as_numpy("SCORES").reshape(-1)
+    def make():
+        def send(idx):
+            body = {"model": "rerank", "query": QUERY, "documents": [documents[i] for i in idx]}
+            request = urllib.request.Request(
+                f"{base}/v1/rerank", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=1800) as r:
+                results = json.loads(r.read())["results"]
+            scores = np.empty(len(idx), dtype=np.float32)
+            for item in results:
+                scores[item["index"]] = item["relevance_score"]
+            return scores, None
 
+        return send
 
-def gateway_rerank(base: str, documents: list[str]) -> np.ndarray:
-    body = json.dumps(
-        {"model": "rerank", "query": QUERY, "documents": documents, "return_documents": False}
-    ).encode()
-    request = urllib.request.Request(
-        f"{base}/v1/rerank", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=1800) as r:
-        results = json.loads(r.read())["results"]
-    scores = np.empty(len(documents), dtype=np.float32)
-    for item in results:
-        scores[item["index"]] = item["relevance_score"]
-    return scores
-
-
-def timed(call, clients: int, rounds: int, documents: list[str]) -> tuple[float, np.ndarray]:
-    """`clients` threads each send `rounds` requests of all documents; pairs/s overall."""
-    out, errors = [], []
-
-    def run():
-        try:
-            for _ in range(rounds):
-                out.append(call(documents))
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run) for _ in range(clients)]
-    began = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - began
-    if errors:
-        raise errors[0]
-    return clients * rounds * len(documents) / elapsed, out[-1]
+    return make
 
 
 def main() -> None:
@@ -158,6 +129,8 @@ def main() -> None:
     settings = EncoderSettings(dtype=args.dtype, task="rerank")
     route = choose_route(settings, ModelConfig.from_dir(model_dir), "cpu", cpu_features())
     dtype = getattr(torch, route.dtype)
+    pairs = PairTokenizer(model_dir, 8192).encode(QUERY, documents, RerankOptions())
+    counts = np.array([len(x) for x in pairs])  # tokens of each (query, document) pair
     rows = []
     reference = None
     for keep_last_only in (False, True):
@@ -194,19 +167,30 @@ def main() -> None:
                 except OSError:
                     time.sleep(0.5)
             paths = {
-                "Triton rerank ensemble (gRPC)": lambda d: triton_rerank(server.grpc_url, d),
-                "gateway /v1/rerank": lambda d: gateway_rerank(base, d),
+                "Triton rerank ensemble (gRPC)": rerank_sender(server.grpc_url, QUERY, documents),
+                "gateway /v1/rerank": gateway_sender(base, documents),
             }
-            for name, call in paths.items():
-                call(documents[:4])  # warm-up
+            check = score_check(reference)
+            n = len(documents)
+            for name, make in paths.items():
+                drive(make, counts, check, clients=1, per_request=4, seconds=0, max_requests=1)
                 for clients in args.clients:
-                    rate, scores = timed(call, clients, args.rounds, documents)
+                    stats = drive(
+                        make,
+                        counts,
+                        check,
+                        clients=clients,
+                        per_request=n,
+                        seconds=0,
+                        max_requests=clients * args.rounds,
+                    )
                     rows.append(
                         {
                             "path": name,
                             "clients": clients,
-                            "pairs_per_s": rate,
-                            "max_abs": float(np.abs(scores - reference).max()),
+                            "pairs_per_s": stats["texts_per_s"],
+                            "max_abs": 1.0 - stats["min_check"],
+                            "stats": stats,
                         }
                     )
                     print(rows[-1], flush=True)

@@ -8,7 +8,6 @@ encoder's tokens/s on the demo model, in one run; and whether the two give ident
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import unicodedata
@@ -17,6 +16,7 @@ from pathlib import Path
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # per core: one tokenizer instance, one thread
 
 import tiktoken  # noqa: E402
+from harness import RESULTS, markdown_table, new_record, write_report  # noqa: E402
 from tiktoken.load import load_tiktoken_bpe  # noqa: E402
 
 from qwen_embed import Encoder  # noqa: E402
@@ -25,7 +25,7 @@ from qwen_embed.serving.config import DEMO_MODEL_DIR  # noqa: E402
 from qwen_embed.serving.requests import RequestOptions  # noqa: E402
 from qwen_embed.serving.tokenizer import TextTokenizer  # noqa: E402
 
-from workload import RESULTS, command_line, machine, make_texts, stamp  # noqa: E402
+from workload import make_texts  # noqa: E402
 
 MULTILINGUAL = [
     "Hello, world!",
@@ -88,45 +88,33 @@ def main() -> None:
         sample = ours[: args.encoder_texts]
         encoder.embed(sample[:4])
         enc_rate = rate(lambda: encoder.embed(sample), sum(map(len, sample)), reps=1)
-    record = {
-        "date": stamp(),
-        "machine": machine(),
-        "command": command_line(),
-        "texts": len(texts),
-        "tokens": tokens,
-        "id_mismatches": mismatches,
-        "compared_texts": len(ours),
-        "hf_tokens_per_s_per_core": round(hf_rate),
-        "tiktoken_tokens_per_s_per_core": round(tk_rate),
-        "encoder_tokens_per_s_fp32": round(enc_rate, 1),
-        "hf_over_encoder": round(hf_rate / enc_rate, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    args.out.with_suffix(".md").write_text(
-        "\n".join(
-            [
-                "# Tokenizer stage vs encoder",
-                "",
-                f"- date: {record['date']}",
-                f"- machine: {record['machine']}",
-                f"- command: `{record['command']}`",
-                f"- texts: {len(texts)} mixed (perf/workload.py) + "
-                f"{len(MULTILINGUAL)} multilingual/edge",
-                "",
-                "| | tokens/s (one core) |",
-                "| --- | ---: |",
-                f"| HF tokenizers (what the `tokenizer` model runs) | {hf_rate:,.0f} |",
-                f"| tiktoken, Qwen ranks | {tk_rate:,.0f} |",
-                f"| encoder, demo model fp32, both cores | {enc_rate:,.0f} |",
-                "",
-                f"ids identical on {len(ours) - mismatches} of {len(ours)} texts; "
-                f"one tokenizer core = {hf_rate / enc_rate:,.0f}x the encoder's throughput.",
-                "",
-            ]
-        )
+    record = new_record(
+        texts=len(texts),
+        tokens=tokens,
+        id_mismatches=mismatches,
+        compared_texts=len(ours),
+        hf_tokens_per_s_per_core=round(hf_rate),
+        tiktoken_tokens_per_s_per_core=round(tk_rate),
+        encoder_tokens_per_s_fp32=round(enc_rate, 1),
+        hf_over_encoder=round(hf_rate / enc_rate, 1),
     )
-    print(args.out.with_suffix(".md").read_text())
+    notes = [
+        f"texts: {len(texts)} mixed (perf/workload.py) + {len(MULTILINGUAL)} multilingual/edge"
+    ]
+    table = markdown_table(
+        ["", "tokens/s (one core)"],
+        [
+            ["HF tokenizers (what the `tokenizer` model runs)", f"{hf_rate:,.0f}"],
+            ["tiktoken, Qwen ranks", f"{tk_rate:,.0f}"],
+            ["encoder, demo model fp32, both cores", f"{enc_rate:,.0f}"],
+        ],
+    )
+    table += [
+        "",
+        f"ids identical on {len(ours) - mismatches} of {len(ours)} texts; "
+        f"one tokenizer core = {hf_rate / enc_rate:,.0f}x the encoder's throughput.",
+    ]
+    write_report(args.out, record, "Tokenizer stage vs encoder", notes, table)
 
 
 if __name__ == "__main__":

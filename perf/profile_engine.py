@@ -2,7 +2,7 @@
 
     python perf/profile_engine.py [--model-dir .cache/demo-model] [--dtype float32]
 
-Writes the operators by self time (perf/results/profile.md), grouped into GEMMs, attention
+Writes the operators by self time (perf/results/profile.md and .json), grouped into GEMMs, attention
 and the rest, so optimisation starts from a measurement.
 """
 
@@ -11,16 +11,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness import RESULTS, markdown_table, new_record, write_report
 from torch.profiler import ProfilerActivity, profile
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 
 from bench_engine import workload
-from workload import RESULTS, command_line, machine, stamp
 
 GROUPS = {  # operator name fragments -> what they are
-    "GEMM (linear layers)": ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul"),
+    "GEMM (linear layers)": (
+        "aten::addmm",
+        "aten::mm",
+        "aten::linear",
+        "aten::matmul",
+        "mkldnn::",
+        "_int_mm",
+    ),
+    "row-wise kernels (native)": ("qwen_embed::",),
     "attention": ("scaled_dot_product", "flash", "_efficient_attention", "aten::bmm"),
 }
 
@@ -30,7 +38,7 @@ def main() -> None:
     p.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
     p.add_argument("--dtype", default="float32")
     p.add_argument("--texts", type=int, default=64)
-    p.add_argument("--out", type=Path, default=RESULTS / "profile.md")
+    p.add_argument("--out", type=Path, default=RESULTS / "profile")
     args = p.parse_args()
     seqs = workload("mixed", args.texts, 0, 0)
     with Encoder.from_pretrained(args.model_dir, dtype=args.dtype) as encoder:
@@ -47,29 +55,32 @@ def main() -> None:
         grouped[group] += e.self_cpu_time_total
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]
     tokens = sum(map(len, seqs))
-    lines = [
-        "# Engine profile (torch.profiler, self CPU time)",
-        "",
-        f"- date: {stamp()}",
-        f"- machine: {machine()}",
-        f"- command: `{command_line()}`",
-        f"- work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}",
-        "",
-        "| where | share |",
-        "| --- | ---: |",
-        *(f"| {g} | {t / total:.1%} |" for g, t in grouped.items()),
-        "",
-        "| operator | calls | self ms | share |",
-        "| --- | ---: | ---: | ---: |",
-        *(
-            f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | "
-            f"{e.self_cpu_time_total / total:.1%} |"
+    record = new_record(
+        dtype=args.dtype,
+        texts=len(seqs),
+        tokens=tokens,
+        shares={g: t / total for g, t in grouped.items()},
+        operators=[
+            {"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3} for e in top
+        ],
+    )
+    notes = [f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}"]
+    table = markdown_table(
+        ["where", "share"], [[g, f"{t / total:.1%}"] for g, t in grouped.items()]
+    )
+    table += [""] + markdown_table(
+        ["operator", "calls", "self ms", "share"],
+        [
+            [
+                f"`{e.key}`",
+                e.count,
+                f"{e.self_cpu_time_total / 1e3:.1f}",
+                f"{e.self_cpu_time_total / total:.1%}",
+            ]
             for e in top
-        ),
-        "",
-    ]
-    args.out.write_text("\n".join(lines))
-    print(args.out.read_text())
+        ],
+    )
+    write_report(args.out, record, "Engine profile (torch.profiler, self CPU time)", notes, table)
 
 
 if __name__ == "__main__":

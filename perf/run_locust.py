@@ -19,10 +19,10 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
+from harness import RESULTS, markdown_table, new_record, write_report
+
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import TritonServer
-
-from workload import RESULTS, command_line, machine, stamp
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 STOP_TIMEOUT_S = 300  # the encoder's default queue timeout: no request waits longer
@@ -121,43 +121,34 @@ def main() -> None:
         for users in args.users:
             rows.append(run_locust(host, users, args.seconds, args.out / f"u{users}", extra))
             print(json.dumps(rows[-1]), flush=True)
-    date, command = stamp(), command_line()
-    title = f"embed, {args.texts_per_request} texts/request ({args.length_mix}), {date}"
+    record = new_record(model_dir=model_dir, load_average=os.getloadavg(), levels=rows)
+    title = f"embed, {args.texts_per_request} texts/request ({args.length_mix}), {record['date']}"
     chart(rows, title, args.out / "locust.png")
-    record = {
-        "date": date,
-        "machine": machine(),
-        "command": command,
-        "model_dir": model_dir,
-        "load_average": os.getloadavg(),
-        "levels": rows,
-    }
-    (args.out / "summary.json").write_text(json.dumps(record, indent=2))
-    lines = [
-        "# Locust: embed over gRPC",
-        "",
-        f"- date: {date}",
-        f"- machine: {record['machine']}",
-        f"- command: `{command}`",
-        f"- model: {model_dir}",
-        f"- load: {args.texts_per_request} texts/request, {args.length_mix} lengths "
+    notes = [
+        f"model: {model_dir}",
+        f"load: {args.texts_per_request} texts/request, {args.length_mix} lengths "
         f"(perf/workload.py), {args.seconds} s per level, closed-loop users; requests in "
         f"flight at the time limit finish and count (--stop-timeout {STOP_TIMEOUT_S})",
-        f"- load average at the end: {record['load_average']}",
-        "",
-        "| users | requests | failures | req/s | tokens/s | p50 ms | p99 ms |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *(
-            f"| {r['users']} | {r['requests']} | {r['failures']} | {r['requests_per_s']} | "
-            f"{r['tokens_per_s']} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])} |"
-            for r in rows
-        ),
-        "",
-        "![throughput and latency against users](locust.png)",
-        "",
+        f"load average at the end: {record['load_average']}",
     ]
-    (args.out / "summary.md").write_text("\n".join(lines))
-    print(f"wrote {args.out / 'summary.md'}")
+    header = ["users", "requests", "failures", "req/s", "tokens/s", "p50 ms", "p99 ms"]
+    table = markdown_table(
+        header,
+        [
+            [
+                r["users"],
+                r["requests"],
+                r["failures"],
+                r["requests_per_s"],
+                r["tokens_per_s"],
+                ms(r["p50_ms"]),
+                ms(r["p99_ms"]),
+            ]
+            for r in rows
+        ],
+    )
+    table += ["", "![throughput and latency against users](locust.png)"]
+    write_report(args.out / "summary", record, "Locust: embed over gRPC", notes, table)
 
 
 if __name__ == "__main__":

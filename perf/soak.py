@@ -17,20 +17,19 @@ results in perf/results/soak.md (+ .json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
+from harness import RESULTS, new_record, write_report
 from run_locust import run_locust
 
-from qwen_embed.cpu import cpu_features
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import TritonServer
 from qwen_embed.settings import EncoderSettings
 
-from workload import RESULTS, WORDS, command_line, machine, stamp
+from workload import WORDS
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -111,17 +110,13 @@ def soak(
     after_warmup = next(rss for t, rss in samples if t >= warm_end)
     end = samples[-1][1]
     growth = (last - first) / first
-    result = {
-        "date": stamp(),
-        "machine": machine(),
-        "cpu": cpu_features().describe(),
-        "command": command_line(),
-        "model_dir": model_dir,
-        "seconds": seconds,
-        "users": users,
-        "texts_per_request": texts_per_request,
-        "locust": row,
-        "rss_mb": {
+    result = new_record(
+        model_dir=model_dir,
+        seconds=seconds,
+        users=users,
+        texts_per_request=texts_per_request,
+        locust=row,
+        rss_mb={
             "loaded": round(loaded, 1),
             "start": round(samples[0][1], 1),
             "after_warmup": round(after_warmup, 1),
@@ -130,42 +125,31 @@ def soak(
             "max_first_half": round(first, 1),
             "max_last_half": round(last, 1),
         },
-        "growth_after_warmup": round(growth, 4),
-        "max_growth": max_growth,
-        "passed": row["failures"] == 0 and row["requests"] > 0 and growth <= max_growth,
-        "samples": [(round(t, 1), round(r, 1)) for t, r in samples],
-    }
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    rss = result["rss_mb"]
-    out.with_suffix(".md").write_text(
-        "\n".join(
-            [
-                "# Soak",
-                "",
-                f"- date: {result['date']}",
-                f"- machine: {result['machine']}",
-                f"- CPU flags: {result['cpu']}",
-                f"- command: `{result['command']}`",
-                f"- model: {model_dir}",
-                f"- load: {users} Locust users, {texts_per_request} mixed texts/request, "
-                f"{seconds} s",
-                "",
-                f"requests {row['requests']}, failures {row['failures']}, "
-                f"{row['tokens_per_s']} tokens/s, p50 {row['p50_ms']:.0f} ms, "
-                f"p99 {row['p99_ms']:.0f} ms",
-                "",
-                f"RSS of tritonserver + stubs (MiB): models loaded {rss['loaded']}, after one "
-                f"full-budget forward (the start) {rss['start']}, after warm-up "
-                f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, "
-                f"end {rss['end']}, max {rss['max']}; highest after warm-up: "
-                f"first half {rss['max_first_half']}, last half {rss['max_last_half']}, "
-                f"growth {growth:+.1%} (limit {max_growth:.0%})",
-                "",
-                f"result: {'PASS' if result['passed'] else 'FAIL'}",
-                "",
-            ]
-        )
+        growth_after_warmup=round(growth, 4),
+        max_growth=max_growth,
+        passed=row["failures"] == 0 and row["requests"] > 0 and growth <= max_growth,
+        samples=[(round(t, 1), round(r, 1)) for t, r in samples],
     )
+    rss = result["rss_mb"]
+    notes = [
+        f"model: {model_dir}",
+        f"load: {users} Locust users, {texts_per_request} mixed texts/request, {seconds} s",
+    ]
+    lines = [
+        f"requests {row['requests']}, failures {row['failures']}, "
+        f"{row['tokens_per_s']} tokens/s, p50 {row['p50_ms']:.0f} ms, "
+        f"p99 {row['p99_ms']:.0f} ms",
+        "",
+        f"RSS of tritonserver + stubs (MiB): models loaded {rss['loaded']}, after one "
+        f"full-budget forward (the start) {rss['start']}, after warm-up "
+        f"({warmup_fraction:.0%} of the time) {rss['after_warmup']}, "
+        f"end {rss['end']}, max {rss['max']}; highest after warm-up: "
+        f"first half {rss['max_first_half']}, last half {rss['max_last_half']}, "
+        f"growth {growth:+.1%} (limit {max_growth:.0%})",
+        "",
+        f"result: {'PASS' if result['passed'] else 'FAIL'}",
+    ]
+    write_report(out, result, "Soak", notes, lines)
     return result
 
 

@@ -8,11 +8,6 @@ ones of 256-1024 words (lengths uniform within each band), about 190 tokens per 
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,72 +38,6 @@ def make_texts(
         is_long, rng.integers(long[0], long[1] + 1, n), rng.integers(short[0], short[1] + 1, n)
     )
     return [" ".join(rng.choice(WORDS, size=int(k))) for k in lengths]
-
-
-def machine() -> str:
-    """CPU model, core count and library versions, written beside every result."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    described = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    try:
-        import torch
-
-        described += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
-        if torch.cuda.is_available():
-            described += f", GPU {torch.cuda.get_device_name()}"
-    except ImportError:
-        pass
-    return described
-
-
-def stamp() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def command_line() -> str:
-    return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
-
-
-def new_record(**fields) -> dict:
-    """What every result carries: date, machine, CPU flags and the command, then `fields`."""
-    from qwen_embed.cpu import cpu_features
-
-    return {
-        "date": stamp(),
-        "machine": machine(),
-        "cpu": cpu_features().describe(),
-        "command": command_line(),
-        **fields,
-    }
-
-
-def write_report(
-    out: str | Path, record: dict, title: str, notes: list[str], table: list[str]
-) -> Path:
-    """OUT.json (the record) and OUT.md: the title, where and how it ran, notes, a table."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [
-        f"# {title}",
-        "",
-        f"- date: {record['date']}",
-        f"- machine: {record['machine']}",
-        f"- CPU flags: {record['cpu']}",
-        f"- command: `{record['command']}`",
-        *(f"- {n}" for n in notes),
-        "",
-        *table,
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
-    return out
 
 
 def alternate(

@@ -36,14 +36,13 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_inputs.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # perf/workload.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # perf/harness.py, workload.py
+from harness import RESULTS, new_record, stamp, write_report  # noqa: E402
 from make_inputs import DEFAULT_OUT as INPUTS  # noqa: E402
 from make_inputs import write_inputs  # noqa: E402
 
 from qwen_embed.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
 from qwen_embed.serving.triton import TritonServer  # noqa: E402
-
-from workload import RESULTS, machine, stamp  # noqa: E402
 
 PERF_ANALYZER = REPO / ".cache" / "perf_analyzer" / "perf_analyzer"
 OUT = RESULTS / "perf_analyzer"
@@ -218,23 +217,25 @@ def summarize(out: Path, lengths: dict, note: str) -> dict:
     key = {(r["model"], r["texts"], r.get("concurrency")): r for r in rows}
     one, many = key.get(("embed", 1, RATIO_LEVEL)), key.get(("embed", 32, RATIO_LEVEL))
     ratio = one["tokens_per_s"] / many["tokens_per_s"] if one and many else None
-    summary = {
-        "date": stamp(),
-        "machine": machine(),
-        "loadavg_at_summary": os.getloadavg(),
-        "note": note,
-        "input_lengths": lengths,
-        "ratio_1_vs_32_at_c32": ratio,
-        "target": TARGET,
-        "levels": rows,
-        "failed": failed,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(markdown(summary))
+    summary = new_record(
+        loadavg_at_summary=os.getloadavg(),
+        note=note,
+        input_lengths=lengths,
+        ratio_1_vs_32_at_c32=ratio,
+        target=TARGET,
+        levels=rows,
+        failed=failed,
+    )
+    notes, table = markdown(summary)
+    write_report(out / "summary", summary, TITLE, notes, table)
     return summary
 
 
-def markdown(s: dict) -> str:
+TITLE = "perf_analyzer 2.51 against the demo model (gRPC)"
+
+
+def markdown(s: dict) -> tuple[list[str], list[str]]:
+    """The notes and the tables of a sweep's summary."""
     ln = s["input_lengths"]
     pct = ", ".join(f"{k} {v:.0f}" for k, v in ln["percentiles"].items())
     ratio = s["ratio_1_vs_32_at_c32"]
@@ -246,25 +247,22 @@ def markdown(s: dict) -> str:
             f">= {s['target']})"
         )
     )
-    lines = [
-        "# perf_analyzer 2.51 against the demo model (gRPC)",
-        "",
-        f"- date: {s['date']}",
-        f"- machine: {s['machine']}",
-        f"- load average (1/5/15 min) when summarised: "
+    notes = [
+        f"load average (1/5/15 min) when summarised: "
         f"{', '.join(f'{x:.2f}' for x in s['loadavg_at_summary'])}; per level below",
-        f"- {s['note']}" if s["note"] else None,
-        f"- input data (seed {ln['seed']}, {ln['texts']} texts, {ln['mix']}, one token per "
+        s["note"] or None,
+        f"input data (seed {ln['seed']}, {ln['texts']} texts, {ln['mix']}, one token per "
         f"word): tokens per text incl. <|endoftext|>: mean {ln['mean_tokens']:.1f}, "
         f"min {ln['min_tokens']}, {pct}, max {ln['max_tokens']}; "
         f"{100 * ln['share_over_256_tokens']:.0f}% over 256 tokens",
-        "- texts/s = perf_analyzer's infer/sec (it counts each of the `-b` rows); tokens/s = "
+        "texts/s = perf_analyzer's infer/sec (it counts each of the `-b` rows); tokens/s = "
         "texts/s x tokens/text, the mean over the texts the encoder embedded during that level "
         "(server metrics; perf_analyzer walks the input file from its start, so short levels "
         "send a subset), else the input file's mean",
-        f"- target: 1-text requests at concurrency {RATIO_LEVEL} >= {s['target']}x the tokens/s "
+        f"target: 1-text requests at concurrency {RATIO_LEVEL} >= {s['target']}x the tokens/s "
         f"of 32-text requests at concurrency {RATIO_LEVEL}: {verdict}",
-        "",
+    ]
+    lines = [
         "| model | texts/request | load | requests/s | texts/s | tokens/text | tokens/s | p50 ms "
         "| p99 ms | load avg (1 min) before | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -296,7 +294,7 @@ def markdown(s: dict) -> str:
         "```",
     ]
     lines += [r["command"] for r in order] + ["```"]
-    return "\n".join(x for x in lines if x is not None) + "\n"
+    return [n for n in notes if n], lines
 
 
 def main() -> None:
@@ -341,8 +339,8 @@ def main() -> None:
                     f"{meta['name']}: rc {meta['returncode']}, {meta['wall_s']:.0f} s", flush=True
                 )
                 summarize(args.out, lengths, args.note)  # after each level: partial is kept
-    summary = summarize(args.out, lengths, args.note)
-    print(markdown(summary))
+    summarize(args.out, lengths, args.note)
+    print((args.out / "summary.md").read_text())
 
 
 if __name__ == "__main__":

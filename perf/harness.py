@@ -1,0 +1,313 @@
+"""The one harness every benchmark stands on: drive a server (or a peer, or the engine) with
+N clients for S seconds, scrape its metrics, and write the report in one format.
+
+- `drive(make_sender, counts, check, clients=, per_request=, seconds=)`: client threads send
+  requests back to back; tokens/s, latency percentiles, and every answer checked.
+- `triton_sender`, `openai_sender`, `rerank_sender`: the `make_sender` of each protocol.
+- `cosine_check(reference)`, `score_check(reference)`: what "checked" means for vectors/scores.
+- `scrape(url)` / `metric(url, name, **labels)`: Prometheus text from Triton's metrics port.
+- `new_record(**fields)` and `write_report(out, record, title, notes, table)`: OUT.json (the
+  record: date, machine, CPU flags, command, then the benchmark's fields) and OUT.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import json
+import os
+import platform
+import re
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).parent / "results"
+
+Check = Callable[[list[int], np.ndarray], float]
+
+
+# ---------------------------------------------------------------- load
+
+
+def cosine_check(reference: np.ndarray) -> Check:
+    """The lowest cosine of an answer's vectors against the reference rows (unit vectors)."""
+
+    def check(idx: list[int], vectors: np.ndarray) -> float:
+        ref = reference[idx]
+        return float(((vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) + 1e-12)).min())
+
+    return check
+
+
+def score_check(reference: np.ndarray) -> Check:
+    """1 minus the largest difference of an answer's scores from the reference scores."""
+
+    def check(idx: list[int], scores: np.ndarray) -> float:
+        return 1.0 - float(np.abs(scores.reshape(-1) - reference[idx]).max())
+
+    return check
+
+
+def drive(
+    make_sender: Callable[[], Callable[[list[int]], tuple[np.ndarray, int | None]]],
+    counts: np.ndarray,
+    check: Check | None,
+    *,
+    clients: int,
+    per_request: int,
+    seconds: float,
+    passes: int = 1,
+    first_request: int = 0,
+    max_requests: int | None = None,
+) -> dict:
+    """`clients` threads, each with its own `make_sender()`, send requests back to back.
+
+    Request k carries items [k*per_request, (k+1)*per_request) mod the list (`counts[i]` is item
+    i's token count), so passes over the list are whole unless the deadline ends one early. No
+    request starts after the deadline once `passes` passes are done (or after `max_requests`);
+    the wall clock runs until the last one answers. A sender returns (outputs, the server's
+    token count or None); `check(idx, outputs)` scores every answer (the report keeps the
+    lowest). Failed requests are counted and the run goes on; after 20 it stops.
+    """
+    n = len(counts)
+    per_pass = -(-n // per_request)
+    lock = threading.Lock()
+    state = {"next": first_request, "sent": 0}
+    latencies, tokens, reported, checks, errors = [], [], [], [], []
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def take() -> int | None:
+        with lock:
+            sent = state["sent"]
+            if len(errors) >= 20:  # the server is gone or broken: stop, keep the messages
+                return None
+            if max_requests is not None and sent >= max_requests:
+                return None
+            past = time.perf_counter() > deadline
+            if max_requests is None and sent >= passes * per_pass and past:
+                return None
+            state["sent"] += 1
+            state["next"] += 1
+            return state["next"] - 1
+
+    def client() -> None:
+        send = make_sender()
+        while (k := take()) is not None:
+            idx = [(k * per_request + j) % n for j in range(per_request)]
+            t0 = time.perf_counter()
+            try:
+                outputs, server_tokens = send(idx)
+            except Exception as exc:  # a failed request is recorded, the run goes on
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            elapsed = time.perf_counter() - t0
+            score = check(idx, outputs) if check else None
+            with lock:
+                latencies.append(elapsed)
+                tokens.append(int(counts[idx].sum()))
+                reported.append(server_tokens)
+                if score is not None:
+                    checks.append(score)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    load_start = os.getloadavg()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    done = len(latencies)
+    # The server's own token count over ours (1.0: it embedded the same token sequences).
+    theirs = [(r, t) for r, t in zip(reported, tokens, strict=True) if r is not None]
+    return {
+        "requests": done,
+        "failed_requests": len(errors),
+        "errors": errors[:5],
+        "texts": done * per_request,
+        "tokens": sum(tokens),
+        "seconds": wall,
+        "passes": done * per_request / n,
+        "texts_per_s": done * per_request / wall,
+        "tokens_per_s": sum(tokens) / wall,
+        "p50_s": float(np.percentile(latencies, 50)) if done else None,
+        "p99_s": float(np.percentile(latencies, 99)) if done else None,
+        "min_check": min(checks) if checks else None,
+        "server_tokens_ratio": sum(r for r, _ in theirs) / sum(t for _, t in theirs)
+        if theirs
+        else None,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+    }
+
+
+def triton_sender(url: str, texts: list[str], model: str = "embed", **parameters):
+    """gRPC to a Triton `embed` model: (EMBEDDING, total TOKEN_COUNT)."""
+    import tritonclient.grpc as grpcclient
+
+    def make():
+        client = grpcclient.InferenceServerClient(url)
+
+        def send(idx):
+            inp = grpcclient.InferInput("TEXT", [len(idx), 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[texts[i].encode()] for i in idx], dtype=object))
+            result = client.infer(model, [inp], client_timeout=1800, parameters=parameters or None)
+            return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
+
+        return send
+
+    return make
+
+
+def rerank_sender(url: str, query: str, documents: list[str], model: str = "rerank"):
+    """gRPC to a Triton `rerank` model: (SCORES of the documents, total TOKEN_COUNT)."""
+    import tritonclient.grpc as grpcclient
+
+    def make():
+        client = grpcclient.InferenceServerClient(url)
+
+        def send(idx):
+            q = grpcclient.InferInput("QUERY", [1], "BYTES")
+            q.set_data_from_numpy(np.array([query.encode()], dtype=object))
+            docs = grpcclient.InferInput("DOCUMENTS", [len(idx), 1], "BYTES")
+            docs.set_data_from_numpy(np.array([[documents[i].encode()] for i in idx], dtype=object))
+            result = client.infer(model, [q, docs], client_timeout=1800)
+            return result.as_numpy("SCORES").reshape(-1), int(result.as_numpy("TOKEN_COUNT").sum())
+
+        return send
+
+    return make
+
+
+def openai_sender(port: int, path: str, model: str, texts: list[str]):
+    """One keep-alive HTTP connection per client thread, OpenAI embeddings request/response."""
+
+    def make():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
+
+        def send(idx):
+            body = json.dumps({"model": model, "input": [texts[i] for i in idx]})
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = response.read()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
+            data = json.loads(payload)
+            rows = sorted(data["data"], key=lambda d: d["index"])
+            usage = (data.get("usage") or {}).get("prompt_tokens")
+            return np.array([r["embedding"] for r in rows], dtype=np.float32), usage
+
+        return send
+
+    return make
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text page: (name, labels, value)."""
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    samples = []
+    for match in re.finditer(r"^(\w+)(?:{([^}]*)})? (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        samples.append((match.group(1), labels, float(match.group(3))))
+    return samples
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of metric `name`'s samples whose labels include `labels` (0 when none)."""
+    return sum(
+        value
+        for found, have, value in scrape(url)
+        if found == name and all(have.get(k) == v for k, v in labels.items())
+    )
+
+
+# ---------------------------------------------------------------- reports
+
+
+def machine() -> str:
+    """CPU model, core count and library versions, written beside every result."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    described = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    try:
+        import torch
+
+        described += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        if torch.cuda.is_available():
+            described += f", GPU {torch.cuda.get_device_name()}"
+    except ImportError:
+        pass
+    return described
+
+
+def stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def command_line() -> str:
+    return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def new_record(**fields) -> dict:
+    """What every result carries: date, machine, CPU flags and the command, then `fields`."""
+    from qwen_embed.cpu import cpu_features
+
+    return {
+        "date": stamp(),
+        "machine": machine(),
+        "cpu": cpu_features().describe(),
+        "command": command_line(),
+        **fields,
+    }
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def write_report(
+    out: str | Path, record: dict, title: str, notes: list[str], table: list[str]
+) -> Path:
+    """OUT.json (the record) and OUT.md: the title, where and how it ran, notes, a table (any
+    markdown lines: tables, sections)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2, default=str))
+    lines = [
+        f"# {title}",
+        "",
+        f"- date: {record['date']}",
+        f"- machine: {record['machine']}",
+        f"- CPU flags: {record['cpu']}",
+        f"- command: `{record['command']}`",
+        *(f"- {n}" for n in notes),
+        "",
+        *table,
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+    return out
