@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, cosine_check, drive, new_record, scrape, triton_sender, write_report
+from harness import RESULTS, cosine_check, drive, new_record, triton_sender, write_report
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.requests import DEFAULT_TASK
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed.serving.triton import TritonServer, metric_sum, scrape
 
 from bench_peers import REPO, ensure_model
 from workload import WORDS, alternate, alternate_forwards, make_texts
@@ -66,12 +66,8 @@ BUSY = {"tokenizer": "qwen_embed_tokenize_seconds_sum", "encoder": "qwen_embed_e
 
 def metrics(url: str) -> dict[str, float]:
     samples = scrape(url)
-
-    def total(name: str, model: str) -> float:
-        return sum(v for n, labels, v in samples if n == name and labels.get("model") == model)
-
-    out = {name: total(name, "encoder") for name in METRICS}
-    out.update({f"{model} busy": total(name, model) for model, name in BUSY.items()})
+    out = {name: metric_sum(samples, name, model="encoder") for name in METRICS}
+    out.update({f"{m} busy": metric_sum(samples, name, model=m) for m, name in BUSY.items()})
     return out
 
 

@@ -23,7 +23,6 @@ from harness import (
     cosine_check,
     drive,
     markdown_table,
-    metric,
     new_record,
     triton_sender,
     write_report,
@@ -42,8 +41,7 @@ PER_EXECUTE = "qwen_embed_encoder_requests_per_execute"
 
 def executes(server: TritonServer) -> tuple[float, float]:
     """(requests, executes) the encoder has seen, from its requests-per-execute histogram."""
-    url = server.metrics_url
-    return metric(url, PER_EXECUTE + "_sum"), metric(url, PER_EXECUTE + "_count")
+    return server.metric(PER_EXECUTE + "_sum"), server.metric(PER_EXECUTE + "_count")
 
 
 def main() -> None:

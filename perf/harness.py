@@ -5,7 +5,8 @@ N clients for S seconds, scrape its metrics, and write the report in one format.
   requests back to back; tokens/s, latency percentiles, and every answer checked.
 - `triton_sender`, `openai_sender`, `rerank_sender`: the `make_sender` of each protocol.
 - `cosine_check(reference)`, `score_check(reference)`: what "checked" means for vectors/scores.
-- `scrape(url)` / `metric(url, name, **labels)`: Prometheus text from Triton's metrics port.
+- metrics: `TritonServer.metric(name, **labels)` and `scrape`/`metric_sum`
+  (qwen_embed.serving.triton) read Triton's Prometheus page.
 - `new_record(**fields)` and `write_report(out, record, title, notes, table)`: OUT.json (the
   record: date, machine, CPU flags, command, then the benchmark's fields) and OUT.md.
 """
@@ -17,11 +18,9 @@ import http.client
 import json
 import os
 import platform
-import re
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -212,28 +211,6 @@ def openai_sender(port: int, path: str, model: str, texts: list[str]):
         return send
 
     return make
-
-
-# ---------------------------------------------------------------- metrics
-
-
-def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample of a Prometheus text page: (name, labels, value)."""
-    text = urllib.request.urlopen(url, timeout=30).read().decode()
-    samples = []
-    for match in re.finditer(r"^(\w+)(?:{([^}]*)})? (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        samples.append((match.group(1), labels, float(match.group(3))))
-    return samples
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of metric `name`'s samples whose labels include `labels` (0 when none)."""
-    return sum(
-        value
-        for found, have, value in scrape(url)
-        if found == name and all(have.get(k) == v for k, v in labels.items())
-    )
 
 
 # ---------------------------------------------------------------- reports

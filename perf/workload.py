@@ -8,8 +8,6 @@ ones of 256-1024 words (lengths uniform within each band), about 190 tokens per 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 WORDS = (
@@ -19,7 +17,6 @@ WORDS = (
     "also any these may then two first like over such our man me even most made after "
     "way many must well should"
 ).split()
-RESULTS = Path(__file__).parent / "results"
 SHORT_WORDS = (16, 64)
 LONG_WORDS = (256, 1024)
 LONG_FRACTION = 0.2

@@ -13,7 +13,7 @@ from qwen_embed.demo import build_demo_model
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer, free_port
 
-from triton_helpers import copies_busy_for, infer, metric, wait_until
+from triton_helpers import copies_busy_for, infer, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -41,7 +41,7 @@ def test_split_concurrent_and_in_order(server, protocol):
 
 def test_server_error_is_raised_with_its_message_and_not_retried(server):
     def attempts():  # every attempt passes through the tokenizer step
-        return metric(server, "nv_inference_request_success", model="tokenizer")
+        return server.metric("nv_inference_request_success", model="tokenizer")
 
     before = attempts()
     with EmbeddingClient(server.grpc_url, retries=3, backoff_s=5.0) as client:
@@ -86,10 +86,10 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
     busy = threading.Thread(target=infer, args=(server, long_texts(copies), "grpc"))
     busy.start()
     executing = "qwen_embed_executing_requests"
-    wait_until(lambda: metric(server, executing) >= 1, "the long request inside the encoder")
+    wait_until(lambda: server.metric(executing) >= 1, "the long request inside the encoder")
 
     def queued():  # the client's requests wait behind the long one
-        return metric(server, "nv_inference_pending_request_count", model="encoder")
+        return server.metric("nv_inference_pending_request_count", model="encoder")
 
     async def scenario():
         async with AsyncEmbeddingClient(server.grpc_url, max_texts_per_request=2) as client:

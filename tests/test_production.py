@@ -19,7 +19,7 @@ from qwen_embed.serving.launcher import stub_processes
 from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
-from triton_helpers import infer, metric, text_input, wait_until
+from triton_helpers import infer, text_input, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -189,11 +189,12 @@ def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
     for t in threads:
         t.start()
     wait_until(  # all three are past the tokenizer: queued or running in the encoder
-        lambda: metric(server, "nv_inference_request_success", model="tokenizer") >= 3,
+        lambda: server.metric("nv_inference_request_success", model="tokenizer") >= 3,
         "three requests in the encoder",
     )
     os.killpg(server.proc.pid, signal.SIGTERM)
-    wait_until(lambda: not server.ready(), "the server to stop reporting ready")
+    log = tmp_path / "server.log"  # Triton says when it stops taking new requests
+    wait_until(lambda: "Waiting for in-flight requests" in log.read_text(), "the drain to begin")
     with pytest.raises(InferenceServerException):  # no new work once draining
         infer(server, ["too late"], "grpc")
     for t in threads:

@@ -4,9 +4,7 @@ Reference values: the in-process engine on the same tokenizer ids, and transform
 Qwen3Model with last-token pooling (cosine >= 0.9999 in fp32).
 """
 
-import re
 import threading
-import urllib.request
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from qwen_embed import Encoder
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
-from triton_helpers import copies_busy_for, infer, metric, run_clients, wait_until
+from triton_helpers import copies_busy_for, infer, run_clients, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -50,10 +48,9 @@ def engine(demo_dir):
 
 
 def metric_sum_count(server, name):
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    total = float(re.search(rf"^{name}_sum{{[^}}]*}} (\S+)", text, re.M).group(1))
-    count = float(re.search(rf"^{name}_count{{[^}}]*}} (\S+)", text, re.M).group(1))
-    return total, count
+    return server.metric(name + "_sum", model="encoder"), server.metric(
+        name + "_count", model="encoder"
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -180,7 +177,6 @@ def test_bad_request_in_a_batch_leaves_good_ones_correct(server, tokenizer, engi
 
 def test_metrics_exposed(server):
     infer(server, TEXTS[:2])
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
     for name in (
         "qwen_embed_texts_total",
         "qwen_embed_tokens_total",
@@ -189,7 +185,7 @@ def test_metrics_exposed(server):
         "qwen_embed_encoder_texts_per_execute_count",
         "qwen_embed_encoder_tokens_per_execute_count",
     ):
-        assert re.search(rf"^{name}{{[^}}]*}} [1-9]", text, re.M), name
+        assert server.metric(name) >= 1, name
 
 
 EXECUTING = "qwen_embed_executing_requests"
@@ -209,11 +205,11 @@ def test_cancelled_requests_are_skipped(server):
         grpcclient.InferenceServerClient(server.grpc_url).infer("encoder", [encoder_input(ids)])
 
     copies = copies_busy_for(8.0, lambda: send(1, 100))
-    texts_before = metric(server, "qwen_embed_texts_total")
-    cancelled_before = metric(server, "qwen_embed_cancelled_requests_total")
+    texts_before = server.metric("qwen_embed_texts_total")
+    cancelled_before = server.metric("qwen_embed_cancelled_requests_total")
     busy = threading.Thread(target=send, args=(copies, 1000))
     busy.start()
-    wait_until(lambda: metric(server, EXECUTING) >= 1, "the long request inside the encoder")
+    wait_until(lambda: server.metric(EXECUTING) >= 1, "the long request inside the encoder")
 
     def impatient(i):
         client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -224,16 +220,16 @@ def test_cancelled_requests_are_skipped(server):
     busy.join(timeout=120)
     wait_until(
         lambda: (
-            metric(server, EXECUTING) == 0
-            and metric(server, "nv_inference_pending_request_count", model="encoder") == 0
+            server.metric(EXECUTING) == 0
+            and server.metric("nv_inference_pending_request_count", model="encoder") == 0
         ),
         "the encoder to finish with the cancelled requests",
     )
     # None of the 4 was embedded. Since the encoder has a queue policy, Triton drops cancelled
     # requests from its queue before execute (seen: all 4); one cancelled after being handed to
     # execute() is skipped there and counted in qwen_embed_cancelled_requests_total.
-    assert metric(server, "qwen_embed_texts_total") - texts_before == copies
-    skipped = metric(server, "qwen_embed_cancelled_requests_total") - cancelled_before
+    assert server.metric("qwen_embed_texts_total") - texts_before == copies
+    skipped = server.metric("qwen_embed_cancelled_requests_total") - cancelled_before
     assert 0 <= skipped <= 4
 
 
@@ -241,9 +237,9 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
     """Each request is one query with the default instruction: the prefix is computed once and
     then served from the encoder's cache (segments.py); the vectors stay the reference's."""
     queries = [f"question number {i}: what is {i} squared?" for i in range(32)]
-    hits_before = metric(server, "qwen_embed_prefix_cache_hits_total")
-    computed_before = metric(server, "qwen_embed_tokens_computed_total")
-    received_before = metric(server, "qwen_embed_tokens_total")
+    hits_before = server.metric("qwen_embed_prefix_cache_hits_total")
+    computed_before = server.metric("qwen_embed_tokens_computed_total")
+    received_before = server.metric("qwen_embed_tokens_total")
     results = {}
 
     def client(k):
@@ -251,12 +247,12 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
             results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
 
     run_clients(16, client)
-    hits = metric(server, "qwen_embed_prefix_cache_hits_total") - hits_before
-    computed = metric(server, "qwen_embed_tokens_computed_total") - computed_before
-    received = metric(server, "qwen_embed_tokens_total") - received_before
+    hits = server.metric("qwen_embed_prefix_cache_hits_total") - hits_before
+    computed = server.metric("qwen_embed_tokens_computed_total") - computed_before
+    received = server.metric("qwen_embed_tokens_total") - received_before
     assert hits >= len(queries) // 2, hits
     assert computed < 0.7 * received, (computed, received)
-    assert metric(server, "qwen_embed_prefix_cache_bytes") > 0
+    assert server.metric("qwen_embed_prefix_cache_bytes") > 0
     ids = [
         e.ids
         for e in tokenizer.encode_batch([f"Instruct: {DEFAULT_TASK}\nQuery:{q}" for q in queries])

@@ -1,10 +1,8 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
 import math
-import re
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -56,17 +54,6 @@ def run_clients(count, target):
         t.join(timeout=600)
     if errors:
         raise errors[0]
-
-
-def metric(server, name: str, **labels: str) -> float:
-    """The sum of metric `name`'s series whose labels include `labels` (0 when none)."""
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    total = 0.0
-    for match in re.finditer(rf"^{name}{{([^}}]*)}} (\S+)$", text, re.M):
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def wait_until(condition, what: str, timeout: float = 120.0) -> None:

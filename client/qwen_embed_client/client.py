@@ -319,12 +319,3 @@ class EmbeddingClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-__all__ = [
-    "AsyncEmbeddingClient",
-    "EmbeddingClient",
-    "EmbeddingError",
-    "EmbeddingResult",
-    "RerankResult",
-]

@@ -113,7 +113,7 @@ def choose_route(
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device.split(":")[0], config.head_dim, dtype=dtype)
-    isa = native_isa() if cpu and dtype in ("float32", "bfloat16") else None
+    isa = native_isa() if cpu and dtype in native.DTYPE_NAMES else None
     return Route(
         device=device,
         dtype=dtype,

@@ -20,6 +20,7 @@ BUILD = Path(__file__).parent / "_build"
 LIBRARY = BUILD / "libqwen_embed_native.so"
 STAMP = BUILD / "sources.sha256"  # which sources the library was built from
 DTYPES = (torch.float32, torch.bfloat16)
+DTYPE_NAMES = ("float32", "bfloat16")
 
 
 _state: dict[str, str | None] = {}  # "isa" once the library was looked for

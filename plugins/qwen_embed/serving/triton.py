@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -32,6 +33,25 @@ from .config import DATA_DIR, MODEL_REPOSITORY
 CACHE = DATA_DIR / "triton"
 PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text page (Triton's metrics port): (name, labels, value)."""
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    samples = []
+    for match in re.finditer(r"^(\w+)(?:{([^}]*)})? (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        samples.append((match.group(1), labels, float(match.group(3))))
+    return samples
+
+
+def metric_sum(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """The sum of metric `name`'s samples whose labels include `labels` (0 when none)."""
+    return sum(
+        value
+        for found, have, value in samples
+        if found == name and all(have.get(k) == v for k, v in labels.items())
+    )
 
 
 def local_server_dir() -> Path:
@@ -166,6 +186,10 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of metric `name` over the series whose labels include `labels`."""
+        return metric_sum(scrape(self.metrics_url), name, **labels)
 
     def start(self, timeout: float = 180.0) -> TritonServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
