@@ -61,9 +61,9 @@ inline float inverse_rms(const T* x, int64_t n, float eps) {
   return 1.0f / __builtin_sqrtf(sum_squares(x, n) / static_cast<float>(n) + eps);
 }
 
-// exp for silu: Cephes' range reduction and polynomial (about 2 ulp), vectorisable. Clamped
-// below the top of the float range, so that no lane of
-// silu's division produces a denormal (a slow microcode path).
+// exp for silu: Cephes' range reduction and polynomial (about 2 ulp), vectorisable. The clamp
+// stays below the float range's top so that no lane of silu's division makes a denormal (a
+// slow microcode path).
 inline float exp_approx(float x) {
   x = x > -87.0f ? x : -87.0f;
   x = x < 80.0f ? x : 80.0f;
