@@ -14,12 +14,15 @@ from pathlib import Path
 
 import torch
 
+from ..cpu import CpuFeatures, cpu_features
+
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 BUILD = Path(__file__).parent / "_build"
 LIBRARY = BUILD / "libqwen_embed_native.so"
 STAMP = BUILD / "sources.sha256"  # which sources the library was built from
 DTYPES = (torch.float32, torch.bfloat16)
+ISAS = ("amx", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
 
 
@@ -34,10 +37,28 @@ def _load() -> str | None:
         return None
     try:
         torch.ops.load_library(str(LIBRARY))
-        return torch.ops.qwen_embed.select_isa("")
     except (OSError, RuntimeError) as e:
         log.warning("native kernels not loaded (%s); using torch's ops", e)
         return None
+    return _widest()
+
+
+def _widest() -> str | None:
+    for candidate in ISAS[ISAS.index(isa_for(cpu_features())) :]:
+        try:  # the library may still refuse one (AMX without the kernel's permission)
+            return torch.ops.qwen_embed.select_isa(candidate)
+        except RuntimeError as e:
+            log.warning("native %s kernels unavailable (%s)", candidate, e)
+    return None
+
+
+def isa_for(features: CpuFeatures) -> str:
+    """The widest kernels a CPU with these features runs."""
+    if features.avx512 and features.amx_bf16:
+        return "amx"
+    if features.avx512:
+        return "avx512"
+    return "avx2" if features.avx2 else "generic"
 
 
 def sources_digest() -> str:
@@ -48,7 +69,7 @@ def sources_digest() -> str:
 
 
 def isa() -> str | None:
-    """The instruction set the kernels run with ("avx512", "avx2", "generic"), or None."""
+    """The instruction set the kernels run with (one of ISAS), or None."""
     if "isa" not in _state:
         _state["isa"] = _load()
     return _state["isa"]
@@ -58,7 +79,7 @@ def select(name: str) -> str:
     """Run the kernels of instruction set `name` ("" = the widest this CPU has); for tests."""
     if isa() is None:
         raise RuntimeError("the native kernels are not built")
-    _state["isa"] = torch.ops.qwen_embed.select_isa(name)
+    _state["isa"] = torch.ops.qwen_embed.select_isa(name) if name else _widest()
     return _state["isa"]
 
 

@@ -1,6 +1,6 @@
 """Builds the native kernels (csrc/) into `_build/`: `python -m qwen_embed.native.build`.
 
-Each instruction set's copy of the row kernels is compiled with its own flags, never
+Each instruction set's copy of the kernels is compiled with its own flags, never
 `-march=native`, so one build runs on any x86-64 CPU and picks its kernels at run time
 (ops.cpp). Where there is no compiler the build says so and the engine keeps torch's ops.
 """
@@ -15,12 +15,14 @@ from pathlib import Path
 
 from . import BUILD, CSRC, LIBRARY, STAMP, sources_digest
 
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"]
 ISA_FLAGS = {
-    "rows_generic.cpp": [],
-    "rows_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
-    "rows_avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+    "kernels_generic.cpp": [],
+    "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
+    "kernels_avx512.cpp": AVX512,
+    "kernels_amx.cpp": [*AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
 }
-COMMON = ["-O3", "-fPIC", "-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-Wall"]
+COMMON = ["-O3", "-fPIC", "-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-psabi"]
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:

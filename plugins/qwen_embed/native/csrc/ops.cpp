@@ -1,42 +1,57 @@
-// torch operators over the row kernels: qwen_embed::rms_norm, ::rope, ::silu_mul (CPU, fp32 and
-// bf16), and qwen_embed::select_isa to choose the instruction set (the best the CPU has unless
+// torch operators over the kernels: qwen_embed::rms_norm, ::rope, ::silu_mul, ::varlen_attention
+// (CPU, fp32 and bf16), and qwen_embed::select_isa to choose the instruction set (the best the CPU has unless
 // asked for another, e.g. by the tests).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 
 namespace qe {
 namespace {
 
-const RowKernels* active = nullptr;
+const Kernels* active = nullptr;
 std::string active_name;
 
 bool cpu_has(const std::string& isa) {
   __builtin_cpu_init();
-  if (isa == "avx512")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (isa == "amx") {
+    unsigned a, b, c, d;  // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
+    if (!avx512 || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) ||
+        !(d & (1u << 24)))
+      return false;
+    // Linux hands a process the tile registers' state only when asked (ARCH_REQ_XCOMP_PERM).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }
+  if (isa == "avx512") return avx512;
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return isa == "generic";
 }
 
-// "" picks the widest the CPU has; naming one it lacks is an error.
+// The instruction set is chosen by the caller (qwen_embed.native.isa_for); one this CPU cannot
+// run is an error.
 std::string select_isa(std::string requested) {
-  if (requested.empty()) requested = cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "generic";
   TORCH_CHECK(cpu_has(requested), "this CPU cannot run the '", requested, "' kernels");
-  active = requested == "avx512" ? &avx512::kernels
-           : requested == "avx2" ? &avx2::kernels
-                                 : &generic::kernels;
+  active = requested == "amx"      ? &amx::kernels
+           : requested == "avx512" ? &avx512::kernels
+           : requested == "avx2"   ? &avx2::kernels
+                                   : &generic::kernels;
   active_name = requested;
   return active_name;
 }
 
-const RowKernels& kernels() {
-  if (!active) select_isa("");
+const Kernels& kernels() {
+  TORCH_CHECK(active, "qwen_embed.native chooses the kernels before their first use");
   return *active;
 }
 
@@ -56,6 +71,16 @@ void same_dtype(const at::Tensor& a, const at::Tensor& b, const char* name) {
 
 // Enough rows per task that a thread's share is worth its start.
 int64_t grain(int64_t values_per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(values_per_row, 1)); }
+
+// body(0 .. n-1) on torch's threads, each taking the next task when done with one (tasks differ
+// in cost: causal blocks late in long segments cost most).
+template <typename F>
+void in_parallel(int64_t n, const F& body) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t t = next++; t < n; t = next++) body(t);
+  });
+}
 
 template <typename T>
 T* ptr(const at::Tensor& t) {
@@ -137,6 +162,97 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+
+// q [Tq, heads, d], k/v [Tk, kv_heads, d] (rows may be strided), split into segments by the
+// host offsets cu_q/cu_k (int32 [s + 1]); a segment's queries are its last keys' positions
+// (bottom-right causal). Tasks (segment, query block, head) are handed out one at a time to
+// torch's threads, longest first within a segment; each task's numbers are its own.
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_q, const at::Tensor& cu_k, bool causal,
+                            double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be [tokens, heads, d]");
+  const int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2);
+  TORCH_CHECK(d == 64 || d == 128 || d == 256, "head_dim ", d, " is not 64, 128 or 256");
+  TORCH_CHECK(k.size(2) == d && v.sizes() == k.sizes() && heads % kv_heads == 0,
+              "k and v must be [tokens, kv_heads, ", d, "] with heads a multiple of kv_heads");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "qwen_embed attention takes float32 or bfloat16, not ", q.scalar_type());
+  auto heads_of = [&](const at::Tensor& t) {  // rows of heads, each head's d values contiguous
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == q.scalar_type(),
+                "q, k and v must be CPU tensors of one dtype");
+    return t.stride(2) == 1 && t.stride(1) == d ? t : t.contiguous();
+  };
+  const at::Tensor qh = heads_of(q), kh = heads_of(k), vh = heads_of(v);
+  const int32_t* cq = cu_q.data_ptr<int32_t>();
+  const int32_t* ck = cu_k.data_ptr<int32_t>();
+  const int64_t segments = cu_q.numel() - 1;
+  TORCH_CHECK(cq[segments] == q.size(0) && ck[segments] == k.size(0),
+              "cu_q/cu_k must end at the number of query/key rows");
+  struct Block { int64_t segment, first; };
+  std::vector<Block> blocks;
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t n_q = cq[s + 1] - cq[s], n_k = ck[s + 1] - ck[s];
+    TORCH_CHECK(n_q <= n_k, "segment ", s, " has more queries (", n_q, ") than keys (", n_k, ")");
+    for (int64_t first = (n_q - 1) / kBlockQ * kBlockQ; first >= 0; first -= kBlockQ)
+      blocks.push_back({s, first});
+  }
+  at::Tensor out = at::empty({q.size(0), heads, d}, q.options());
+  const int64_t tasks = static_cast<int64_t>(blocks.size()) * heads, group = heads / kv_heads;
+  const int64_t q_stride = qh.stride(0), k_stride = kh.stride(0), v_stride = vh.stride(0);
+  const int64_t out_stride = heads * d;
+  const auto& kern = kernels();
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  const float sc = static_cast<float>(scale);
+  if (bf16 && kern.attend_packed_bf16) {  // AMX: each (segment, kv head) packed once
+    std::vector<int64_t> packed(segments + 1, 0);  // where each segment's packed heads start
+    for (int64_t s = 0; s < segments; ++s) {
+      const int64_t keys = (ck[s + 1] - ck[s] + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
+      packed[s + 1] = packed[s] + keys * d * kv_heads;
+    }
+    at::Tensor kp = at::empty({packed[segments]}, q.options());
+    at::Tensor vp = at::empty({packed[segments]}, q.options());
+    auto packed_at = [&](int64_t s, int64_t kvh) {
+      return packed[s] + kvh * (packed[s + 1] - packed[s]) / kv_heads;
+    };
+    in_parallel(segments * kv_heads, [&](int64_t task) {
+      const int64_t s = task / kv_heads, kvh = task % kv_heads, at = packed_at(s, kvh);
+      kern.pack_bf16(ptr<uint16_t>(kh) + ck[s] * k_stride + kvh * d, k_stride,
+                     ptr<uint16_t>(vh) + ck[s] * v_stride + kvh * d, v_stride, ck[s + 1] - ck[s],
+                     d, ptr<uint16_t>(kp) + at, ptr<uint16_t>(vp) + at);
+    });
+    in_parallel(tasks, [&](int64_t task) {
+      const Block& b = blocks[task / heads];
+      const int64_t h = task % heads, n_q = cq[b.segment + 1] - cq[b.segment];
+      const int64_t n_k = ck[b.segment + 1] - ck[b.segment], q0 = cq[b.segment] + b.first;
+      const int64_t at = packed_at(b.segment, h / group);
+      kern.attend_packed_bf16(ptr<uint16_t>(qh) + q0 * q_stride + h * d, q_stride,
+                              ptr<uint16_t>(kp) + at, ptr<uint16_t>(vp) + at,
+                              ptr<uint16_t>(out) + q0 * out_stride + h * d, out_stride,
+                              std::min(kBlockQ, n_q - b.first), n_k - n_q + b.first, n_k, d,
+                              causal, sc);
+    });
+    return out;
+  }
+  in_parallel(tasks, [&](int64_t task) {
+    const Block& b = blocks[task / heads];
+    const int64_t h = task % heads, kvh = h / group;
+    const int64_t q0 = cq[b.segment] + b.first, k0 = ck[b.segment];
+    const int64_t n_q = cq[b.segment + 1] - cq[b.segment], n_k = ck[b.segment + 1] - k0;
+    const int64_t rows = std::min(kBlockQ, n_q - b.first), first_pos = n_k - n_q + b.first;
+    const int64_t qo = q0 * q_stride + h * d, ko = k0 * k_stride + kvh * d;
+    const int64_t vo = k0 * v_stride + kvh * d, oo = q0 * out_stride + h * d;
+    if (bf16)
+      kern.attend_bf16(ptr<uint16_t>(qh) + qo, q_stride, ptr<uint16_t>(kh) + ko, k_stride,
+                       ptr<uint16_t>(vh) + vo, v_stride, ptr<uint16_t>(out) + oo, out_stride,
+                       rows, first_pos, n_k, d, causal, sc);
+    else
+      kern.attend_f32(ptr<float>(qh) + qo, q_stride, ptr<float>(kh) + ko, k_stride,
+                      ptr<float>(vh) + vo, v_stride, ptr<float>(out) + oo, out_stride, rows,
+                      first_pos, n_k, d, causal, sc);
+  });
+  return out;
+}
+
 }  // namespace
 }  // namespace qe
 
@@ -145,10 +261,12 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("rms_norm", &qe::rms_norm);
   m.impl("rope", &qe::rope);
   m.impl("silu_mul", &qe::silu_mul);
+  m.impl("varlen_attention", &qe::varlen_attention);
 }

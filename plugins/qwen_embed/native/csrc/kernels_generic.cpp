@@ -1,3 +1,3 @@
 // Compiled with this instruction set's flags (native/build.py).
 #define QE_ISA generic
-#include "rows.h"
+#include "table.h"

@@ -1,0 +1,195 @@
+// Varlen attention, one (segment, head, query block) task at a time, written once and compiled
+// per instruction set like rows.h (ops.cpp spreads the tasks over torch's threads).
+//
+// fp32 arithmetic and an online softmax over key blocks that start at multiples of kBlockK
+// within the segment. Every query row is computed alone in a fixed order: its output depends
+// only on its query and the keys it sees, never on the rows or segments beside it, so a text
+// gets the same vector alone, in any batch, and after a cached prefix.
+#pragma once
+#include "numerics.h"
+
+namespace qe {
+namespace QE_ISA {
+namespace {
+
+typedef float Vec __attribute__((vector_size(64)));  // 16 floats: one zmm, two ymm, four xmm
+constexpr int kVec = 16;
+constexpr float kNegInf = -__builtin_inff();
+
+inline Vec load(const float* p) {
+  Vec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// s[r][0:kBlockK] = q[r] . k_j for R rows; kt holds the key block transposed [D][kBlockK].
+template <int D, int R>
+inline void scores(const float* q, const float* kt, float* s) {
+  constexpr int N = kBlockK / kVec;
+  Vec acc[R][N] = {};
+  for (int d = 0; d < D; ++d) {
+    Vec k[N];
+    for (int n = 0; n < N; ++n) k[n] = load(kt + d * kBlockK + n * kVec);
+    for (int r = 0; r < R; ++r) {
+      const float x = q[r * D + d];
+      for (int n = 0; n < N; ++n) acc[r][n] += x * k[n];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) store(s + r * kBlockK + n * kVec, acc[r][n]);
+}
+
+typedef int32_t VecInt __attribute__((vector_size(64)));
+constexpr VecInt kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// 2^x on 16 lanes: x split into an integer and f in [-0.5, 0.5], 2^f by a degree-5 polynomial
+// fitted on that range (relative error 8e-8). Softmax works in base 2: the scores are scaled by
+// log2(e) once, which spares exp its own multiplication.
+inline Vec exp2_vec(Vec x) {
+  x = x > -126.0f ? x : -126.0f;  // 2^-126, the smallest normal: no denormal, no wrap
+  const Vec k = (x + 12582912.0f) - 12582912.0f;  // round to the nearest integer
+  const Vec f = x - k;
+  Vec p = f * 1.3266970386e-03f + 9.6754597455e-03f;
+  p = p * f + 5.5507426160e-02f;
+  p = p * f + 2.4022121754e-01f;
+  p = p * f + 6.9314694916e-01f;
+  p = p * f + 1.0000000710e+00f;
+  const VecInt bits = (__builtin_convertvector(k, VecInt) + 127) << 23;
+  Vec scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// One row's n scores (n a multiple of 16) -> probabilities exp(scale * s - new max) for its
+// first `valid` keys (0 beyond); updates the row's running max and sum (both in base 2) and
+// returns the factor that rescales what was summed before. Key j goes to lane j % 16 of a fixed 16-lane sum, so
+// the padding past `valid` (zeros) never changes a row's numbers.
+inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float& max,
+                          float& sum) {
+  static_assert(kVec == kLanes);
+  const float scale2 = scale * 1.44269504088896341f;  // log2(e)
+  const int32_t seen = static_cast<int32_t>(valid < n ? valid : n);
+  Vec lanes = kNegInf + Vec{};
+  for (int64_t c = 0; c < n; c += kVec) {
+    Vec x = load(s + c) * scale2;
+    if (c + kVec > seen) x = kLaneIndex + static_cast<int32_t>(c) < seen ? x : kNegInf;
+    store(s + c, x);
+    lanes = lanes > x ? lanes : x;
+  }
+  float block_max = kNegInf;
+  for (int l = 0; l < kLanes; ++l) block_max = block_max > lanes[l] ? block_max : lanes[l];
+  const float new_max = max > block_max ? max : block_max;
+  const float alpha = max == kNegInf ? 0.0f : exp2_vec(Vec{} + (max - new_max))[0];
+  lanes = Vec{};
+  for (int64_t c = 0; c < n; c += kVec) {
+    Vec p = exp2_vec(load(s + c) - new_max);
+    if (c + kVec > seen) p = kLaneIndex + static_cast<int32_t>(c) < seen ? p : 0.0f;
+    store(s + c, p);
+    lanes += p;
+  }
+  float total[kLanes];
+  store(total, lanes);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) total[l] += total[l + width];
+  max = new_max;
+  sum = sum * alpha + total[0];
+  return alpha;
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over the block's n keys, for R rows.
+template <int D, int R>
+inline void accumulate(float* acc, const float* p, const float* alpha, const float* v,
+                       int64_t n) {
+  constexpr int N = D / kVec;
+  Vec o[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < N; ++c) o[r][c] = load(acc + r * D + c * kVec) * alpha[r];
+  for (int64_t j = 0; j < n; ++j) {
+    Vec vj[N];
+    for (int c = 0; c < N; ++c) vj[c] = load(v + j * D + c * kVec);
+    for (int r = 0; r < R; ++r) {
+      const float x = p[r * kBlockK + j];
+      for (int c = 0; c < N; ++c) o[r][c] += x * vj[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < N; ++c) store(acc + r * D + c * kVec, o[r][c]);
+}
+
+// How many keys each of `padded` rows sees (0 for the padding past `rows`: causal rows see up to
+// their own position); returns the most any row sees.
+inline int64_t key_limits(int64_t rows, int64_t padded, int64_t first_pos, int64_t n_k,
+                          bool causal, int64_t* limit) {
+  int64_t end = 0;
+  for (int64_t i = 0; i < padded; ++i) {
+    limit[i] = i >= rows ? 0 : causal && first_pos + i + 1 < n_k ? first_pos + i + 1 : n_k;
+    end = end > limit[i] ? end : limit[i];
+  }
+  return end;
+}
+
+template <typename T, int D>
+void attend_heads(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v,
+                  int64_t v_stride,
+                  T* out, int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
+                  bool causal, float scale) {
+  constexpr int kScoreRows = 4;
+  constexpr int kValueRows = D >= 256 ? 1 : 256 / D;  // accumulators that fit the registers
+  static_assert(kBlockQ % kScoreRows == 0 && kBlockQ % kValueRows == 0);
+  alignas(64) static thread_local float qf[kBlockQ * D], acc[kBlockQ * D], s[kBlockQ * kBlockK];
+  alignas(64) static thread_local float kt[D * kBlockK], vf[kBlockK * D];
+  float max[kBlockQ], sum[kBlockQ], alpha[kBlockQ];
+  int64_t limit[kBlockQ];  // keys row i sees
+  const int64_t padded = (rows + kScoreRows - 1) / kScoreRows * kScoreRows;
+  const int64_t end = key_limits(rows, padded, first_pos, n_k, causal, limit);
+  for (int64_t i = 0; i < padded; ++i) {
+    max[i] = kNegInf;
+    sum[i] = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      qf[i * D + d] = i < rows ? to_float(q[i * q_stride + d]) : 0.0f;
+      acc[i * D + d] = 0.0f;
+    }
+  }
+  for (int64_t start = 0; start < end; start += kBlockK) {
+    const int64_t n = end - start < kBlockK ? end - start : kBlockK;
+    for (int64_t j = 0; j < kBlockK; ++j)
+      for (int d = 0; d < D; ++d) {
+        const bool in = j < n;
+        kt[d * kBlockK + j] = in ? to_float(k[(start + j) * k_stride + d]) : 0.0f;
+        vf[j * D + d] = in ? to_float(v[(start + j) * v_stride + d]) : 0.0f;
+      }
+    for (int64_t i = 0; i < padded; i += kScoreRows)
+      scores<D, kScoreRows>(qf + i * D, kt, s + i * kBlockK);
+    for (int64_t i = 0; i < padded; ++i) {
+      const int64_t valid = limit[i] - start;
+      if (valid > 0) {
+        alpha[i] = softmax_span(s + i * kBlockK, kBlockK, valid, scale, max[i], sum[i]);
+      } else {  // this block is past the row's last key: leave the row as it is
+        alpha[i] = 1.0f;
+        for (int64_t j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = 0.0f;
+      }
+    }
+    for (int64_t i = 0; i < padded; i += kValueRows)
+      accumulate<D, kValueRows>(acc + i * D, s + i * kBlockK, alpha + i, vf, n);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const float inverse = 1.0f / sum[i];
+    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, acc[i * D + d] * inverse);
+  }
+}
+
+template <typename T>
+void attend(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v,
+                  int64_t v_stride, T* out,
+            int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, int64_t head_dim,
+            bool causal, float scale) {
+  auto run = head_dim == 64    ? attend_heads<T, 64>
+             : head_dim == 128 ? attend_heads<T, 128>
+                               : attend_heads<T, 256>;
+  run(q, q_stride, k, k_stride, v, v_stride, out, out_stride, rows, first_pos, n_k, causal, scale);
+}
+
+}  // namespace
+}  // namespace QE_ISA
+}  // namespace qe

@@ -1,0 +1,209 @@
+// bf16 attention on AMX tiles (Intel Sapphire Rapids and later), for kernels_amx.cpp: the same
+// task and numerics as attention.h (fp32 scores and online softmax over key blocks at fixed
+// positions, every row alone), with Q K^T and P V as tile products. Keys and values are first
+// packed per (segment, kv head) into the tiles' pair-interleaved layout, once for all the query
+// heads and blocks that read them; P is rounded to bf16 for its product, as torch's kernel does.
+#pragma once
+#include <immintrin.h>
+
+#include "attention.h"
+
+namespace qe {
+namespace QE_ISA {
+namespace {
+
+constexpr int64_t kTileKeys = kPackedKeys;  // a chunk of keys: the depth of one tile product
+static_assert(kTileKeys == 32);
+constexpr int64_t kSpan = 256;  // keys per softmax rescale
+static_assert(kBlockQ == 32, "two tiles of 16 query rows");
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: fp32 results (16 x 16); 4-5: the left operand's two 16-row halves; 6-7: right.
+inline void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+// A segment's keys of one kv head -> blocks of [D/2][32 keys][2] (the right operand of Q K^T,
+// a transpose of the keys' value pairs), its values -> blocks of [16 key pairs][D][2] (of P V,
+// each two keys' rows interleaved); keys past n_k are zeros.
+template <int D>
+void pack_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                int64_t n_k, uint16_t* kp, uint16_t* vp) {
+  constexpr int64_t K = kTileKeys;
+  const uint16_t zeros[D] = {};
+  for (int64_t start = 0; start < n_k; start += K) {
+    uint32_t* kb = reinterpret_cast<uint32_t*>(kp + start * D);
+    uint16_t* vb = vp + start * D;
+    const uint16_t* keys[K];
+    const uint16_t* values[K];
+    for (int64_t j = 0; j < K; ++j) {
+      keys[j] = start + j < n_k ? k + (start + j) * k_stride : zeros;
+      values[j] = start + j < n_k ? v + (start + j) * v_stride : zeros;
+    }
+    for (int64_t p = 0; p < D / 2; ++p)
+      for (int64_t j = 0; j < K; ++j) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, keys[j] + 2 * p, sizeof pair);
+        kb[p * K + j] = pair;
+      }
+    for (int64_t j = 0; j < K; j += 2)
+      for (int64_t d = 0; d < D; ++d) {
+        vb[j * D + 2 * d] = values[j][d];
+        vb[j * D + 2 * d + 1] = values[j + 1][d];
+      }
+  }
+}
+void pack_bf16(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+               int64_t n_k, int64_t head_dim, uint16_t* kp, uint16_t* vp) {
+  auto run = head_dim == 64 ? pack_heads<64> : head_dim == 128 ? pack_heads<128> : pack_heads<256>;
+  run(k, k_stride, v, v_stride, n_k, kp, vp);
+}
+
+// n (a multiple of 32) fp32 values -> bf16, rounded to nearest even.
+inline void to_bf16(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t c = 0; c < n; c += 32) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + c + 16), _mm512_loadu_ps(x + c));
+    _mm512_storeu_si512(out + c, reinterpret_cast<__m512i>(pair));
+  }
+}
+
+// Scores of the query tile (two 16-row halves, or one when `half`) against `chunks` chunks of
+// 32 packed keys -> s [32][kSpan] fp32.
+template <int D>
+inline void tile_scores(const uint16_t* q, const uint16_t* kb, int64_t chunks, bool half,
+                        float* s) {
+  constexpr int64_t K = kTileKeys;
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const uint16_t* keys = kb + ch * K * D;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < D / 32; ++c) {  // 32 of the head's values per product
+      _tile_loadd(4, q + c * 32, D * 2);
+      _tile_loadd(6, keys + c * 16 * K * 2, K * 4);
+      _tile_loadd(7, keys + c * 16 * K * 2 + 32, K * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (!half) {
+        _tile_loadd(5, q + 16 * D + c * 32, D * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, s + ch * K, kSpan * 4);
+    _tile_stored(1, s + ch * K + 16, kSpan * 4);
+    if (!half) {
+      _tile_stored(2, s + 16 * kSpan + ch * K, kSpan * 4);
+      _tile_stored(3, s + 16 * kSpan + ch * K + 16, kSpan * 4);
+    }
+  }
+}
+
+// pv [32][D] = P [32][chunks * 32] (bf16, row stride kSpan) times the packed values.
+template <int D>
+inline void tile_values(const uint16_t* pb, const uint16_t* vb, int64_t chunks, bool half,
+                        float* pv) {
+  constexpr int64_t K = kTileKeys;
+  for (int c = 0; c < D / 32; ++c) {  // 32 of the head's values per product
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const uint16_t* values = vb + ch * K * D + c * 64;
+      _tile_loadd(4, pb + ch * K, kSpan * 2);
+      _tile_loadd(6, values, D * 4);
+      _tile_loadd(7, values + 32, D * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (!half) {
+        _tile_loadd(5, pb + 16 * kSpan + ch * K, kSpan * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, pv + c * 32, D * 4);
+    _tile_stored(1, pv + c * 32 + 16, D * 4);
+    if (!half) {
+      _tile_stored(2, pv + 16 * D + c * 32, D * 4);
+      _tile_stored(3, pv + 16 * D + c * 32 + 16, D * 4);
+    }
+  }
+}
+
+// A task of up to 32 query rows: keys in spans of kSpan (at multiples of kSpan in the segment,
+// one softmax rescale per span), each span's products in chunks of 32 keys.
+template <int D>
+void attend_tiles(const uint16_t* q, int64_t q_stride, const uint16_t* kp, const uint16_t* vp,
+                  uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos,
+                  int64_t n_k, bool causal, float scale) {
+  constexpr int64_t R = kBlockQ, K = kTileKeys;
+  alignas(64) static thread_local uint16_t qb[R * D], pb[R * kSpan];
+  alignas(64) static thread_local float s[R * kSpan], pv[R * D], o[R * D];
+  float max[R], sum[R], alpha[R];
+  int64_t limit[R];
+  const bool half = rows <= 16;
+  const int64_t used = half ? 16 : R;  // rows the tiles compute
+  const int64_t end = key_limits(rows, used, first_pos, n_k, causal, limit);
+  for (int64_t i = 0; i < used; ++i) {
+    max[i] = kNegInf;
+    sum[i] = 0.0f;
+  }
+  for (int64_t i = 0; i < used; ++i) {  // the queries, contiguous (the tiles reread them)
+    if (i < rows)
+      __builtin_memcpy(qb + i * D, q + i * q_stride, D * 2);
+    else
+      __builtin_memset(qb + i * D, 0, D * 2);
+  }
+  configure_tiles();
+  for (int64_t start = 0; start < end; start += kSpan) {
+    const int64_t chunks = ((end - start < kSpan ? end - start : kSpan) + K - 1) / K;
+    tile_scores<D>(qb, kp + start * D, chunks, half, s);
+    for (int64_t i = 0; i < used; ++i) {
+      float* row = s + i * kSpan;
+      const int64_t valid = limit[i] - start;
+      if (valid > 0) {
+        alpha[i] = softmax_span(row, chunks * K, valid, scale, max[i], sum[i]);
+      } else {  // this span is past the row's last key: leave the row as it is
+        alpha[i] = 1.0f;
+        for (int64_t j = 0; j < chunks * K; ++j) row[j] = 0.0f;
+      }
+      to_bf16(row, pb + i * kSpan, chunks * K);
+    }
+    tile_values<D>(pb, vp + start * D, chunks, half, pv);
+    if (start == 0)  // o starts as the first span's products
+      __builtin_memcpy(o, pv, used * D * sizeof(float));
+    else
+      for (int64_t i = 0; i < used; ++i)
+        for (int d = 0; d < D; ++d) o[i * D + d] = o[i * D + d] * alpha[i] + pv[i * D + d];
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const float inverse = 1.0f / sum[i];
+    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, o[i * D + d] * inverse);
+  }
+}
+
+void attend_packed_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
+                        const uint16_t* vp, uint16_t* out, int64_t out_stride, int64_t rows,
+                        int64_t first_pos, int64_t n_k, int64_t head_dim, bool causal,
+                        float scale) {
+  auto run = head_dim == 64    ? attend_tiles<64>
+             : head_dim == 128 ? attend_tiles<128>
+                               : attend_tiles<256>;
+  run(q, q_stride, kp, vp, out, out_stride, rows, first_pos, n_k, causal, scale);
+}
+
+}  // namespace
+}  // namespace QE_ISA
+}  // namespace qe
