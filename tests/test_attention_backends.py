@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, native
 from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
 from qwen_embed.engine import check_gpu_group
 from qwen_embed.serving.config import encoder_device
@@ -22,7 +22,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 
 def test_registry_names():
-    assert available_backends() == ["flash_attn", "flashinfer", "torch"]
+    assert available_backends() == ["flash_attn", "flashinfer", "native", "torch"]
     with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
         create_backend("nope", CPU_SPEC)
 
@@ -49,7 +49,7 @@ def test_auto_backend_choice():
     def choose(device, head_dim, *names, flashinfer="0.2.5"):
         return choose_backend(device, head_dim, only(*names), lambda: flashinfer)
 
-    assert choose("cpu", 128, "flash_attn", "flashinfer")[0] == "torch"
+    assert choose("cpu", 128, "flash_attn", "flashinfer")[0] in ("native", "torch")
     assert choose("cuda", 128, "flash_attn", "flashinfer")[0] == "flash_attn"
     assert choose("cuda", 128, "flashinfer")[0] == "flashinfer"
     name, reason = choose("cuda", 32, "flashinfer")  # no kernel for 32
@@ -66,8 +66,11 @@ def test_auto_backend_choice():
 
 def test_encoder_reports_auto_attention(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), device="cpu") as enc:
-        assert enc.route.attn_backend == "torch"
+        assert enc.route.attn_backend == ("native" if native.isa() else "torch")
         assert enc.route.attention_reason.startswith("auto")
+    with Encoder.from_pretrained(checkpoint("qwen2"), device="cpu") as enc:  # head size 8
+        assert enc.route.attn_backend == "torch"
+        assert "head size 8" in enc.route.attention_reason or not native.isa()
 
 
 def test_instance_kinds_and_device_groups():

@@ -49,12 +49,12 @@ def test_packed_weight_is_f_linear(dtype):
 
 def test_row_counts_are_padded_so_that_onednn_plans_repeat():
     rows = (1, 15, 16, 17, 18, 32, 33, 65, 250, 257, 500, 512)
-    assert [planned_rows(n) for n in rows] == [1, 15, 16, 18, 18, 32, 36, 72, 256, 272, 512, 512]
+    assert [planned_rows(n) for n in rows] == [2, 15, 16, 18, 18, 32, 36, 72, 256, 272, 512, 512]
     assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
     planned = [planned_rows(n) for n in range(1, 513)]
-    assert len(set(planned)) == 72  # few plans per GEMM shape: the launcher's cache holds them
-    assert onednn.PRIMITIVE_CACHE_CAPACITY >= 6 * 72  # q|k|v, o, gate|up, down, q, k|v
-    assert all(n <= p <= 1.11 * n for n, p in enumerate(planned, 1))  # little extra work
+    assert len(set(planned)) == 71  # few plans per GEMM shape: the launcher's cache holds them
+    assert onednn.PRIMITIVE_CACHE_CAPACITY >= 6 * 71  # q|k|v, o, gate|up, down, q, k|v
+    assert all(n <= p <= max(2, 1.11 * n) for n, p in enumerate(planned, 1))  # little extra work
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -11,7 +11,9 @@ Varlen batches bring a new row count nearly every forward, so small forwards wou
 planning on every GEMM and fill the cache with one-off plans. Row counts from 17 to 512 are
 therefore padded up to a few planned counts (planned_rows; above 512 rows planning is a small
 share of the GEMM), and the launcher bounds the cache (PRIMITIVE_CACHE_CAPACITY). A row's
-result does not depend on the padding. Measurements: docs/tuning.md.
+result does not depend on the padding. A single row runs as two: oneDNN's one-row fp32 path
+sums in another order than its GEMM, so a text alone would get other numbers than in a batch.
+Measurements: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ PRIMITIVE_CACHE_CAPACITY = 512
 
 def planned_rows(rows: int) -> int:
     """The row count a GEMM of `rows` rows runs with: few distinct counts, so oneDNN's cached
-    plans are reused, each close above the real count."""
+    plans are reused, each close above the real count; never one row."""
+    if rows == 1:
+        return 2
     if UNPADDED_ROWS < rows <= PADDED_ROWS_MAX:
         step = next(step for limit, step in ROW_STEPS if rows <= limit)
         return -(-rows // step) * step

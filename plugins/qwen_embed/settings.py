@@ -42,7 +42,7 @@ class EncoderSettings:
     # "auto": bf16 on CPUs with bf16 instructions, else fp32; the checkpoint's dtype on GPUs.
     dtype: str = "auto"
     quantization: str = "none"  # "int8" (CPU only): int8 linear layers
-    attn_backend: str = "auto"  # "auto", "torch", "flash_attn", "flashinfer"
+    attn_backend: str = "auto"  # "auto", "native", "torch", "flash_attn", "flashinfer"
     task: str = "auto"  # "embed", "rerank", "auto": rerank for sequence classifiers
     pooling: str = "last"
     max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone

@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 from .base import AttentionBackend, AttentionSpec
 from .flashinfer_limits import FLASHINFER_HEAD_DIMS, flashinfer_problem
+from .native_cpu import native_problem
 
 _BACKENDS = {
     "torch": "qwen_embed.attention.torch_sdpa:TorchAttention",
+    "native": "qwen_embed.attention.native_cpu:NativeAttention",
     "flash_attn": "qwen_embed.attention.flash_attn:FlashAttention",
     "flashinfer": "qwen_embed.attention.flashinfer:FlashInferAttention",
 }
@@ -48,13 +50,18 @@ def choose_backend(
     flashinfer_version: Callable[[], str | None] = _flashinfer_version,
     *,
     dtype: str = "bfloat16",
+    cpu_problem: Callable[[str, str, int], str | None] = native_problem,
 ) -> tuple[str, str]:
-    """`attn_backend="auto"`: (backend, reason). On CUDA flash_attn when importable, else
-    flashinfer (a version with the device guard, for the head sizes it ships kernels for),
-    else the per-sequence torch loop; torch on CPU and for fp32. A pure function of the
-    device, the head size, the dtype and what is installed."""
+    """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
+    for the dtype and head size, else the per-segment torch loop. On CUDA flash_attn when
+    importable, else flashinfer (a version with the device guard, for the head sizes it ships
+    kernels for), else the torch loop; torch for fp32. A pure function of the device, the
+    head size, the dtype and what is installed."""
     if device_type != "cuda":
-        return "torch", f"auto: {device_type} runs PyTorch SDPA"
+        why = cpu_problem(device_type, dtype, head_dim)
+        if why is None:
+            return "native", "auto: the native CPU operator, one call per layer"
+        return "torch", f"auto: PyTorch SDPA per segment ({why})"
     if dtype not in ("float16", "bfloat16"):  # both GPU kernels are half precision only
         return "torch", f"auto: the GPU kernels need float16 or bfloat16, not {dtype}"
     if importable("flash_attn"):

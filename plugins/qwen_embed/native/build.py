@@ -22,7 +22,15 @@ ISA_FLAGS = {
     "kernels_avx512.cpp": AVX512,
     "kernels_amx.cpp": [*AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
 }
-COMMON = ["-O3", "-fPIC", "-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-psabi"]
+COMMON = [
+    "-O3",
+    "-fPIC",
+    "-std=c++20",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-Wall",
+    "-Wno-psabi",
+]
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:

@@ -1,7 +1,8 @@
-// Varlen attention, one (segment, head, query block) task at a time, written once and compiled
-// per instruction set like rows.h (ops.cpp spreads the tasks over torch's threads).
+// Varlen attention, written once and compiled per instruction set like rows.h: each segment's
+// keys and values are first packed per kv head (transposed keys, fp32), then attended one
+// (segment, head, block of query rows) task at a time (ops.cpp spreads both over torch's threads).
 //
-// fp32 arithmetic and an online softmax over key blocks that start at multiples of kBlockK
+// fp32 arithmetic and an online softmax over spans of keys that start at multiples of kSpan
 // within the segment. Every query row is computed alone in a fixed order: its output depends
 // only on its query and the keys it sees, never on the rows or segments beside it, so a text
 // gets the same vector alone, in any batch, and after a cached prefix.
@@ -15,6 +16,8 @@ namespace {
 typedef float Vec __attribute__((vector_size(64)));  // 16 floats: one zmm, two ymm, four xmm
 constexpr int kVec = 16;
 constexpr float kNegInf = -__builtin_inff();
+constexpr int64_t kSpan = 256;  // keys per softmax rescale, at fixed positions in the segment
+constexpr int64_t kChunk = 64;  // keys per score product
 
 inline Vec load(const float* p) {
   Vec v;
@@ -23,21 +26,21 @@ inline Vec load(const float* p) {
 }
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
 
-// s[r][0:kBlockK] = q[r] . k_j for R rows; kt holds the key block transposed [D][kBlockK].
+// s[r][0:kChunk] = q[r] . k_j for R rows; kt holds a chunk of keys transposed [D][kChunk].
 template <int D, int R>
 inline void scores(const float* q, const float* kt, float* s) {
-  constexpr int N = kBlockK / kVec;
+  constexpr int N = kChunk / kVec;
   Vec acc[R][N] = {};
   for (int d = 0; d < D; ++d) {
     Vec k[N];
-    for (int n = 0; n < N; ++n) k[n] = load(kt + d * kBlockK + n * kVec);
+    for (int n = 0; n < N; ++n) k[n] = load(kt + d * kChunk + n * kVec);
     for (int r = 0; r < R; ++r) {
       const float x = q[r * D + d];
       for (int n = 0; n < N; ++n) acc[r][n] += x * k[n];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int n = 0; n < N; ++n) store(s + r * kBlockK + n * kVec, acc[r][n]);
+    for (int n = 0; n < N; ++n) store(s + r * kSpan + n * kVec, acc[r][n]);
 }
 
 typedef int32_t VecInt __attribute__((vector_size(64)));
@@ -97,7 +100,7 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   return alpha;
 }
 
-// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over the block's n keys, for R rows.
+// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over n keys, for R rows (p's rows kSpan apart).
 template <int D, int R>
 inline void accumulate(float* acc, const float* p, const float* alpha, const float* v,
                        int64_t n) {
@@ -109,7 +112,7 @@ inline void accumulate(float* acc, const float* p, const float* alpha, const flo
     Vec vj[N];
     for (int c = 0; c < N; ++c) vj[c] = load(v + j * D + c * kVec);
     for (int r = 0; r < R; ++r) {
-      const float x = p[r * kBlockK + j];
+      const float x = p[r * kSpan + j];
       for (int c = 0; c < N; ++c) o[r][c] += x * vj[c];
     }
   }
@@ -129,16 +132,44 @@ inline int64_t key_limits(int64_t rows, int64_t padded, int64_t first_pos, int64
   return end;
 }
 
+// A segment's keys of one kv head -> fp32 chunks of [D][kChunk] (transposed; keys past n_k are
+// zeros), its values -> fp32 rows [n_k][D].
 template <typename T, int D>
-void attend_heads(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v,
-                  int64_t v_stride,
-                  T* out, int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
-                  bool causal, float scale) {
+void pack_heads(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_k,
+                float* kp, float* vp) {
+  const T zeros[D] = {};
+  for (int64_t start = 0; start < n_k; start += kChunk) {
+    const T* keys[kChunk];
+    for (int64_t j = 0; j < kChunk; ++j)
+      keys[j] = start + j < n_k ? k + (start + j) * k_stride : zeros;
+    float* kt = kp + start * D;
+    for (int d = 0; d < D; ++d)
+      for (int64_t j = 0; j < kChunk; ++j) kt[d * kChunk + j] = to_float(keys[j][d]);
+  }
+  for (int64_t j = 0; j < n_k; ++j)
+    for (int d = 0; d < D; ++d) vp[j * D + d] = to_float(v[j * v_stride + d]);
+}
+
+template <typename T>
+void pack(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_k,
+          int64_t head_dim, void* kp, void* vp) {
+  auto run = head_dim == 32    ? pack_heads<T, 32>
+             : head_dim == 64  ? pack_heads<T, 64>
+             : head_dim == 128 ? pack_heads<T, 128>
+                               : pack_heads<T, 256>;
+  run(k, k_stride, v, v_stride, n_k, static_cast<float*>(kp), static_cast<float*>(vp));
+}
+
+// A task of up to 32 query rows: keys in spans of kSpan (at multiples of kSpan in the segment,
+// one softmax rescale per span), scores in chunks of kChunk keys.
+template <typename T, int D>
+void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp, T* out,
+                  int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, bool causal,
+                  float scale) {
   constexpr int kScoreRows = 4;
   constexpr int kValueRows = D >= 256 ? 1 : 256 / D;  // accumulators that fit the registers
   static_assert(kBlockQ % kScoreRows == 0 && kBlockQ % kValueRows == 0);
-  alignas(64) static thread_local float qf[kBlockQ * D], acc[kBlockQ * D], s[kBlockQ * kBlockK];
-  alignas(64) static thread_local float kt[D * kBlockK], vf[kBlockK * D];
+  alignas(64) static thread_local float qf[kBlockQ * D], acc[kBlockQ * D], s[kBlockQ * kSpan];
   float max[kBlockQ], sum[kBlockQ], alpha[kBlockQ];
   int64_t limit[kBlockQ];  // keys row i sees
   const int64_t padded = (rows + kScoreRows - 1) / kScoreRows * kScoreRows;
@@ -151,27 +182,25 @@ void attend_heads(const T* q, int64_t q_stride, const T* k, int64_t k_stride, co
       acc[i * D + d] = 0.0f;
     }
   }
-  for (int64_t start = 0; start < end; start += kBlockK) {
-    const int64_t n = end - start < kBlockK ? end - start : kBlockK;
-    for (int64_t j = 0; j < kBlockK; ++j)
-      for (int d = 0; d < D; ++d) {
-        const bool in = j < n;
-        kt[d * kBlockK + j] = in ? to_float(k[(start + j) * k_stride + d]) : 0.0f;
-        vf[j * D + d] = in ? to_float(v[(start + j) * v_stride + d]) : 0.0f;
-      }
-    for (int64_t i = 0; i < padded; i += kScoreRows)
-      scores<D, kScoreRows>(qf + i * D, kt, s + i * kBlockK);
+  for (int64_t start = 0; start < end; start += kSpan) {
+    const int64_t n = end - start < kSpan ? end - start : kSpan;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      for (int64_t i = 0; i < padded; i += kScoreRows)
+        scores<D, kScoreRows>(qf + i * D, kp + (start + ch * kChunk) * D,
+                              s + i * kSpan + ch * kChunk);
     for (int64_t i = 0; i < padded; ++i) {
       const int64_t valid = limit[i] - start;
+      float* row = s + i * kSpan;
       if (valid > 0) {
-        alpha[i] = softmax_span(s + i * kBlockK, kBlockK, valid, scale, max[i], sum[i]);
-      } else {  // this block is past the row's last key: leave the row as it is
+        alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[i], sum[i]);
+      } else {  // this span is past the row's last key: leave the row as it is
         alpha[i] = 1.0f;
-        for (int64_t j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = 0.0f;
+        for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
       }
     }
     for (int64_t i = 0; i < padded; i += kValueRows)
-      accumulate<D, kValueRows>(acc + i * D, s + i * kBlockK, alpha + i, vf, n);
+      accumulate<D, kValueRows>(acc + i * D, s + i * kSpan, alpha + i, vp + start * D, n);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const float inverse = 1.0f / sum[i];
@@ -180,14 +209,15 @@ void attend_heads(const T* q, int64_t q_stride, const T* k, int64_t k_stride, co
 }
 
 template <typename T>
-void attend(const T* q, int64_t q_stride, const T* k, int64_t k_stride, const T* v,
-                  int64_t v_stride, T* out,
+void attend(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out,
             int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, int64_t head_dim,
             bool causal, float scale) {
-  auto run = head_dim == 64    ? attend_heads<T, 64>
+  auto run = head_dim == 32    ? attend_heads<T, 32>
+             : head_dim == 64  ? attend_heads<T, 64>
              : head_dim == 128 ? attend_heads<T, 128>
                                : attend_heads<T, 256>;
-  run(q, q_stride, k, k_stride, v, v_stride, out, out_stride, rows, first_pos, n_k, causal, scale);
+  run(q, q_stride, static_cast<const float*>(kp), static_cast<const float*>(vp), out,
+      out_stride, rows, first_pos, n_k, causal, scale);
 }
 
 }  // namespace

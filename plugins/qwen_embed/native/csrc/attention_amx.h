@@ -12,9 +12,7 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
-constexpr int64_t kTileKeys = kPackedKeys;  // a chunk of keys: the depth of one tile product
-static_assert(kTileKeys == 32);
-constexpr int64_t kSpan = 256;  // keys per softmax rescale
+constexpr int64_t kTileKeys = 32;  // a chunk of keys: the depth of one tile product
 static_assert(kBlockQ == 32, "two tiles of 16 query rows");
 
 struct TileConfig {
@@ -37,7 +35,7 @@ inline void configure_tiles() {
 // a transpose of the keys' value pairs), its values -> blocks of [16 key pairs][D][2] (of P V,
 // each two keys' rows interleaved); keys past n_k are zeros.
 template <int D>
-void pack_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+void pack_tile_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                 int64_t n_k, uint16_t* kp, uint16_t* vp) {
   constexpr int64_t K = kTileKeys;
   const uint16_t zeros[D] = {};
@@ -63,10 +61,13 @@ void pack_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t 
       }
   }
 }
-void pack_bf16(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-               int64_t n_k, int64_t head_dim, uint16_t* kp, uint16_t* vp) {
-  auto run = head_dim == 64 ? pack_heads<64> : head_dim == 128 ? pack_heads<128> : pack_heads<256>;
-  run(k, k_stride, v, v_stride, n_k, kp, vp);
+void pack_tiles(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                int64_t n_k, int64_t head_dim, void* kp, void* vp) {
+  auto run = head_dim == 32    ? pack_tile_heads<32>
+             : head_dim == 64  ? pack_tile_heads<64>
+             : head_dim == 128 ? pack_tile_heads<128>
+                               : pack_tile_heads<256>;
+  run(k, k_stride, v, v_stride, n_k, static_cast<uint16_t*>(kp), static_cast<uint16_t*>(vp));
 }
 
 // n (a multiple of 32) fp32 values -> bf16, rounded to nearest even.
@@ -145,7 +146,7 @@ inline void tile_values(const uint16_t* pb, const uint16_t* vb, int64_t chunks, 
 // A task of up to 32 query rows: keys in spans of kSpan (at multiples of kSpan in the segment,
 // one softmax rescale per span), each span's products in chunks of 32 keys.
 template <int D>
-void attend_tiles(const uint16_t* q, int64_t q_stride, const uint16_t* kp, const uint16_t* vp,
+void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp, const uint16_t* vp,
                   uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos,
                   int64_t n_k, bool causal, float scale) {
   constexpr int64_t R = kBlockQ, K = kTileKeys;
@@ -194,14 +195,15 @@ void attend_tiles(const uint16_t* q, int64_t q_stride, const uint16_t* kp, const
   }
 }
 
-void attend_packed_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
-                        const uint16_t* vp, uint16_t* out, int64_t out_stride, int64_t rows,
-                        int64_t first_pos, int64_t n_k, int64_t head_dim, bool causal,
-                        float scale) {
-  auto run = head_dim == 64    ? attend_tiles<64>
-             : head_dim == 128 ? attend_tiles<128>
-                               : attend_tiles<256>;
-  run(q, q_stride, kp, vp, out, out_stride, rows, first_pos, n_k, causal, scale);
+void attend_tiles(const uint16_t* q, int64_t q_stride, const void* kp, const void* vp,
+                  uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos,
+                  int64_t n_k, int64_t head_dim, bool causal, float scale) {
+  auto run = head_dim == 32    ? attend_tile_heads<32>
+             : head_dim == 64  ? attend_tile_heads<64>
+             : head_dim == 128 ? attend_tile_heads<128>
+                               : attend_tile_heads<256>;
+  run(q, q_stride, static_cast<const uint16_t*>(kp), static_cast<const uint16_t*>(vp), out,
+      out_stride, rows, first_pos, n_k, causal, scale);
 }
 
 }  // namespace

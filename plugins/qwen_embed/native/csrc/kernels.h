@@ -7,14 +7,21 @@ namespace qe {
 
 constexpr int64_t kMaxHeadDim = 512;
 
-// One attention task: `rows` query rows of one head (row i at key position first_pos + i)
-// against the first n_k keys/values of that head's segment; strides count elements between
-// consecutive tokens. Head sizes 64, 128 and 256.
+// Attention in two steps (attention.h, attention_amx.h): `pack` copies one segment's keys and
+// values of one kv head into the layout `attend` reads (n_k rounded up to key_multiple keys of
+// head_dim values of packed_bytes each, for keys and for values); `attend` computes `rows` query
+// rows of one head (row i at key position first_pos + i) against the segment's first n_k packed
+// keys. Strides count elements between consecutive tokens. Head sizes 32, 64, 128 and 256.
 template <typename T>
-using AttendFn = void (*)(const T* q, int64_t q_stride, const T* k, int64_t k_stride,
-                          const T* v, int64_t v_stride, T* out, int64_t out_stride, int64_t rows,
-                          int64_t first_pos, int64_t n_k, int64_t head_dim, bool causal,
-                          float scale);
+struct AttentionKernels {
+  void (*pack)(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_k,
+               int64_t head_dim, void* kp, void* vp);
+  void (*attend)(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out,
+                 int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
+                 int64_t head_dim, bool causal, float scale);
+  int64_t key_multiple;
+  int64_t packed_bytes;
+};
 
 struct Kernels {
   void (*rms_norm_f32)(const float*, int64_t, const float*, float*, int64_t, int64_t, float);
@@ -26,23 +33,11 @@ struct Kernels {
                     const uint16_t*, float, uint16_t*, int64_t, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
-  AttendFn<float> attend_f32;
-  AttendFn<uint16_t> attend_bf16;
-  // AMX only (else null): bf16 keys/values packed per (segment, kv head) for the tiles, then
-  // attend_bf16's tasks over the packed copies.
-  void (*pack_bf16)(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                    int64_t n_k, int64_t head_dim, uint16_t* kp, uint16_t* vp);
-  void (*attend_packed_bf16)(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
-                             const uint16_t* vp, uint16_t* out, int64_t out_stride,
-                             int64_t rows, int64_t first_pos, int64_t n_k, int64_t head_dim,
-                             bool causal, float scale);
+  AttentionKernels<float> attention_f32;
+  AttentionKernels<uint16_t> attention_bf16;
 };
 
-// Query rows per attention task; key blocks start at multiples of kBlockK within a segment (of
-// kPackedKeys on AMX, whose packed blocks ops.cpp allocates).
-constexpr int64_t kBlockQ = 32;
-constexpr int64_t kBlockK = 64;
-constexpr int64_t kPackedKeys = 32;
+constexpr int64_t kBlockQ = 32;  // query rows per attention task
 
 namespace generic { extern const Kernels kernels; }
 namespace avx2 { extern const Kernels kernels; }

@@ -163,16 +163,61 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }
 
 
+// Packs every (segment, kv head), then runs every (segment, query block, head) task, each task
+// handed to the next free thread, longest first within a segment (the last causal blocks see the
+// most keys); each task's numbers are its own.
+template <typename T>
+void attend_segments(const AttentionKernels<T>& kern, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const int32_t* cq, const int32_t* ck, int64_t segments,
+                     bool causal, float scale, at::Tensor& out) {
+  const int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2), group = heads / kv_heads;
+  const int64_t q_stride = q.stride(0), k_stride = k.stride(0), v_stride = v.stride(0);
+  const int64_t out_stride = heads * d;
+  std::vector<int64_t> packed(segments + 1, 0);  // where each segment's packed heads start
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t keys = (ck[s + 1] - ck[s] + kern.key_multiple - 1) / kern.key_multiple;
+    packed[s + 1] = packed[s] + keys * kern.key_multiple * d * kv_heads * kern.packed_bytes;
+  }
+  at::Tensor kp = at::empty({packed[segments]}, q.options().dtype(at::kByte));
+  at::Tensor vp = at::empty({packed[segments]}, q.options().dtype(at::kByte));
+  auto packed_at = [&](int64_t s, int64_t kvh) {
+    return packed[s] + kvh * (packed[s + 1] - packed[s]) / kv_heads;
+  };
+  in_parallel(segments * kv_heads, [&](int64_t task) {
+    const int64_t s = task / kv_heads, kvh = task % kv_heads, at = packed_at(s, kvh);
+    kern.pack(ptr<T>(k) + ck[s] * k_stride + kvh * d, k_stride,
+              ptr<T>(v) + ck[s] * v_stride + kvh * d, v_stride, ck[s + 1] - ck[s], d,
+              ptr<uint8_t>(kp) + at, ptr<uint8_t>(vp) + at);
+  });
+  struct Block {
+    int64_t segment, first;
+  };
+  std::vector<Block> blocks;
+  for (int64_t s = 0; s < segments; ++s)
+    for (int64_t n_q = cq[s + 1] - cq[s], first = (n_q - 1) / kBlockQ * kBlockQ; n_q && first >= 0;
+         first -= kBlockQ)
+      blocks.push_back({s, first});
+  in_parallel(static_cast<int64_t>(blocks.size()) * heads, [&](int64_t task) {
+    const Block& b = blocks[task / heads];
+    const int64_t h = task % heads, n_q = cq[b.segment + 1] - cq[b.segment];
+    const int64_t n_k = ck[b.segment + 1] - ck[b.segment], q0 = cq[b.segment] + b.first;
+    const int64_t at = packed_at(b.segment, h / group);
+    kern.attend(ptr<T>(q) + q0 * q_stride + h * d, q_stride, ptr<uint8_t>(kp) + at,
+                ptr<uint8_t>(vp) + at, ptr<T>(out) + q0 * out_stride + h * d, out_stride,
+                std::min(kBlockQ, n_q - b.first), n_k - n_q + b.first, n_k, d, causal, scale);
+  });
+}
+
 // q [Tq, heads, d], k/v [Tk, kv_heads, d] (rows may be strided), split into segments by the
-// host offsets cu_q/cu_k (int32 [s + 1]); a segment's queries are its last keys' positions
-// (bottom-right causal). Tasks (segment, query block, head) are handed out one at a time to
-// torch's threads, longest first within a segment; each task's numbers are its own.
+// host offsets cu_q/cu_k (int32 [s + 1]); a segment's queries sit at its last keys' positions
+// (bottom-right causal).
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_q, const at::Tensor& cu_k, bool causal,
                             double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be [tokens, heads, d]");
   const int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2);
-  TORCH_CHECK(d == 64 || d == 128 || d == 256, "head_dim ", d, " is not 64, 128 or 256");
+  TORCH_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "head_dim ", d,
+              " is not 32, 64, 128 or 256");
   TORCH_CHECK(k.size(2) == d && v.sizes() == k.sizes() && heads % kv_heads == 0,
               "k and v must be [tokens, kv_heads, ", d, "] with heads a multiple of kv_heads");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
@@ -182,74 +227,27 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 "q, k and v must be CPU tensors of one dtype");
     return t.stride(2) == 1 && t.stride(1) == d ? t : t.contiguous();
   };
-  const at::Tensor qh = heads_of(q), kh = heads_of(k), vh = heads_of(v);
+  TORCH_CHECK(cu_q.device().is_cpu() && cu_k.device().is_cpu() &&
+                  cu_q.scalar_type() == at::kInt && cu_k.scalar_type() == at::kInt &&
+                  cu_q.is_contiguous() && cu_k.is_contiguous() && cu_q.numel() == cu_k.numel(),
+              "cu_q and cu_k must be contiguous int32 CPU offsets of one length");
   const int32_t* cq = cu_q.data_ptr<int32_t>();
   const int32_t* ck = cu_k.data_ptr<int32_t>();
   const int64_t segments = cu_q.numel() - 1;
-  TORCH_CHECK(cq[segments] == q.size(0) && ck[segments] == k.size(0),
-              "cu_q/cu_k must end at the number of query/key rows");
-  struct Block { int64_t segment, first; };
-  std::vector<Block> blocks;
-  for (int64_t s = 0; s < segments; ++s) {
-    const int64_t n_q = cq[s + 1] - cq[s], n_k = ck[s + 1] - ck[s];
-    TORCH_CHECK(n_q <= n_k, "segment ", s, " has more queries (", n_q, ") than keys (", n_k, ")");
-    for (int64_t first = (n_q - 1) / kBlockQ * kBlockQ; first >= 0; first -= kBlockQ)
-      blocks.push_back({s, first});
-  }
+  TORCH_CHECK(segments >= 0 && cq[0] == 0 && ck[0] == 0 && cq[segments] == q.size(0) &&
+                  ck[segments] == k.size(0),
+              "cu_q/cu_k must run from 0 to the number of query/key rows");
+  for (int64_t s = 0; s < segments; ++s)
+    TORCH_CHECK(0 <= cq[s + 1] - cq[s] && cq[s + 1] - cq[s] <= ck[s + 1] - ck[s], "segment ", s,
+                " has ", cq[s + 1] - cq[s], " queries for ", ck[s + 1] - ck[s], " keys");
   at::Tensor out = at::empty({q.size(0), heads, d}, q.options());
-  const int64_t tasks = static_cast<int64_t>(blocks.size()) * heads, group = heads / kv_heads;
-  const int64_t q_stride = qh.stride(0), k_stride = kh.stride(0), v_stride = vh.stride(0);
-  const int64_t out_stride = heads * d;
-  const auto& kern = kernels();
-  const bool bf16 = q.scalar_type() == at::kBFloat16;
   const float sc = static_cast<float>(scale);
-  if (bf16 && kern.attend_packed_bf16) {  // AMX: each (segment, kv head) packed once
-    std::vector<int64_t> packed(segments + 1, 0);  // where each segment's packed heads start
-    for (int64_t s = 0; s < segments; ++s) {
-      const int64_t keys = (ck[s + 1] - ck[s] + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
-      packed[s + 1] = packed[s] + keys * d * kv_heads;
-    }
-    at::Tensor kp = at::empty({packed[segments]}, q.options());
-    at::Tensor vp = at::empty({packed[segments]}, q.options());
-    auto packed_at = [&](int64_t s, int64_t kvh) {
-      return packed[s] + kvh * (packed[s + 1] - packed[s]) / kv_heads;
-    };
-    in_parallel(segments * kv_heads, [&](int64_t task) {
-      const int64_t s = task / kv_heads, kvh = task % kv_heads, at = packed_at(s, kvh);
-      kern.pack_bf16(ptr<uint16_t>(kh) + ck[s] * k_stride + kvh * d, k_stride,
-                     ptr<uint16_t>(vh) + ck[s] * v_stride + kvh * d, v_stride, ck[s + 1] - ck[s],
-                     d, ptr<uint16_t>(kp) + at, ptr<uint16_t>(vp) + at);
-    });
-    in_parallel(tasks, [&](int64_t task) {
-      const Block& b = blocks[task / heads];
-      const int64_t h = task % heads, n_q = cq[b.segment + 1] - cq[b.segment];
-      const int64_t n_k = ck[b.segment + 1] - ck[b.segment], q0 = cq[b.segment] + b.first;
-      const int64_t at = packed_at(b.segment, h / group);
-      kern.attend_packed_bf16(ptr<uint16_t>(qh) + q0 * q_stride + h * d, q_stride,
-                              ptr<uint16_t>(kp) + at, ptr<uint16_t>(vp) + at,
-                              ptr<uint16_t>(out) + q0 * out_stride + h * d, out_stride,
-                              std::min(kBlockQ, n_q - b.first), n_k - n_q + b.first, n_k, d,
-                              causal, sc);
-    });
-    return out;
-  }
-  in_parallel(tasks, [&](int64_t task) {
-    const Block& b = blocks[task / heads];
-    const int64_t h = task % heads, kvh = h / group;
-    const int64_t q0 = cq[b.segment] + b.first, k0 = ck[b.segment];
-    const int64_t n_q = cq[b.segment + 1] - cq[b.segment], n_k = ck[b.segment + 1] - k0;
-    const int64_t rows = std::min(kBlockQ, n_q - b.first), first_pos = n_k - n_q + b.first;
-    const int64_t qo = q0 * q_stride + h * d, ko = k0 * k_stride + kvh * d;
-    const int64_t vo = k0 * v_stride + kvh * d, oo = q0 * out_stride + h * d;
-    if (bf16)
-      kern.attend_bf16(ptr<uint16_t>(qh) + qo, q_stride, ptr<uint16_t>(kh) + ko, k_stride,
-                       ptr<uint16_t>(vh) + vo, v_stride, ptr<uint16_t>(out) + oo, out_stride,
-                       rows, first_pos, n_k, d, causal, sc);
-    else
-      kern.attend_f32(ptr<float>(qh) + qo, q_stride, ptr<float>(kh) + ko, k_stride,
-                      ptr<float>(vh) + vo, v_stride, ptr<float>(out) + oo, out_stride, rows,
-                      first_pos, n_k, d, causal, sc);
-  });
+  if (q.scalar_type() == at::kBFloat16)
+    attend_segments(kernels().attention_bf16, heads_of(q), heads_of(k), heads_of(v), cq, ck,
+                    segments, causal, sc, out);
+  else
+    attend_segments(kernels().attention_f32, heads_of(q), heads_of(k), heads_of(v), cq, ck,
+                    segments, causal, sc, out);
   return out;
 }
 

@@ -10,12 +10,17 @@ namespace qe {
 namespace QE_ISA {
 
 extern const Kernels kernels = {
-    rms_norm<float>, rms_norm<uint16_t>, rope<float>,   rope<uint16_t>,
-    silu_mul<float>, silu_mul<uint16_t>, attend<float>, attend<uint16_t>,
+    rms_norm<float>,
+    rms_norm<uint16_t>,
+    rope<float>,
+    rope<uint16_t>,
+    silu_mul<float>,
+    silu_mul<uint16_t>,
+    {pack<float>, attend<float>, kChunk, sizeof(float)},
 #ifdef QE_AMX
-    pack_bf16,       attend_packed_bf16,
+    {pack_tiles, attend_tiles, kTileKeys, sizeof(uint16_t)},
 #else
-    nullptr,         nullptr,
+    {pack<uint16_t>, attend<uint16_t>, kChunk, sizeof(float)},
 #endif
 };
 

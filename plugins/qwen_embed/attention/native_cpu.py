@@ -1,0 +1,44 @@
+"""Native CPU attention (qwen_embed/native): every segment of the batch in one call per layer,
+the same numbers for a text whatever shares its batch (csrc/attention.h)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import native
+from ..segments import AttentionLayout
+from .base import AttentionBackend, AttentionSpec
+
+HEAD_DIMS = (32, 64, 128, 256)
+
+
+def native_problem(device_type: str, dtype: str, head_dim: int) -> str | None:
+    """Why the native operator cannot run this attention, or None."""
+    if device_type != "cpu":
+        return f"the native operator runs on CPU, not {device_type}"
+    if dtype not in native.DTYPE_NAMES:
+        return f"the native operator takes float32 or bfloat16, not {dtype}"
+    if head_dim not in HEAD_DIMS:
+        return f"the native operator has no kernels for head size {head_dim}"
+    if native.isa() is None:
+        return "the native kernels are not built (make setup builds them with a C++ compiler)"
+    return None
+
+
+class NativeAttention(AttentionBackend):
+    def __init__(self, spec: AttentionSpec):
+        super().__init__(spec)
+        dtype = str(spec.dtype).removeprefix("torch.")
+        problem = native_problem(spec.device.type, dtype, spec.head_dim)
+        if problem:
+            raise RuntimeError(f"attention backend 'native' cannot run: {problem}")
+
+    def prepare(self, layout: AttentionLayout) -> None:
+        pass  # the operator reads the layout's host offsets directly
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        return torch.ops.qwen_embed.varlen_attention(
+            q, k, v, layout.cu_q_host, layout.cu_k_host, self.spec.causal, self.spec.scale
+        )
