@@ -113,7 +113,7 @@ def test_a_segment_gets_the_same_numbers_in_any_batch(isa, dtype):
     q, k, v, cu, _ = _inputs(lens, lens, 4, 2, 64, dtype, seed=5)
     together = OPS.varlen_attention(q, k, v, cu, cu, True, 0.125)
     for s, n in enumerate(lens):
-        q0, k0 = int(cu[s]), int(cu[s])
+        q0 = int(cu[s])
         rows = slice(q0, q0 + n)
         alone = OPS.varlen_attention(
             q[rows], k[rows], v[rows], _offsets([n]), _offsets([n]), True, 0.125
