@@ -19,6 +19,7 @@ from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .heads import build_score_head
 from .hub import resolve_checkpoint
+from . import int8
 from .int8 import KERNELS as INT8_KERNELS
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
@@ -127,16 +128,16 @@ def _instantiate(
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
     """The linear layers' weights in the form the route multiplies them in."""
-    linears = [m for m in model.modules() if isinstance(m, _Linear)]
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
     if route.linear is Linear.INT8:
-        for module in linears:
-            module.repack(Int8Weight)
+        for name in [n for n in linears if int8.quantizes(n)]:
+            linears.pop(name).repack(Int8Weight)
         INT8_KERNELS.ensure_compiled()
-    elif (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
-        for module in linears:
+    if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
+        for module in linears.values():
             module.to(weight_dtype)
     if route.prepacked:
-        for module in linears:
+        for module in linears.values():
             module.repack(PackedWeight)
 
 

@@ -5,7 +5,9 @@ accumulated in int32 by `torch._int_mm` (oneDNN's VNNI/AMX int8 GEMM on x86). Th
 before and the rescale after are elementwise passes over activation-sized tensors that cost as
 much as the int8 GEMM saves when run as separate eager ops, so both are compiled (compiled.py:
 Inductor fuses each into one loop; eager where compiling fails, still exact, only slower).
-Embeddings, norms, attention and pooling stay in floats.
+Embeddings, norms, attention, pooling and the MLP's down projection stay in floats: the down
+projection's input, silu(gate) * up, has the heaviest-tailed tokens of any linear input, so
+per-token int8 loses the most there (docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from torch import nn
 from .compiled import CompiledSet
 
 _QMAX = 127.0
+FLOAT_LAYERS = ("mlp.down_proj",)  # module names (endings) the int8 route keeps in floats
+
+
+def quantizes(module_name: str) -> bool:
+    return not module_name.endswith(FLOAT_LAYERS)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,8 @@ class Route:
         linear = {
             Linear.FLOAT: self.dtype,
             Linear.FP32_GEMM: f"{self.dtype} as fp32 GEMM",
-            Linear.INT8: "int8 (per-channel weights, per-token activations)",
+            Linear.INT8: "int8 (per-channel weights, per-token activations; MLP down "
+            "projection in floats)",
         }[self.linear]
         if self.prepacked:
             linear += ", oneDNN-packed weights"
@@ -81,7 +82,8 @@ def choose_route(
 ) -> Route:
     """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
     instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only) swaps the
-    linear layers' GEMM; float CPU routes pack their weights for oneDNN where torch has it.
+    linear layers' GEMM (int8.quantizes says which); CPU routes pack their float linear
+    weights for oneDNN where torch has it.
     Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling.
     Norms, rotary and silu run as native kernels on CPU where they are built (native/)."""
     s = settings
@@ -104,12 +106,9 @@ def choose_route(
         linear = Linear.FP32_GEMM
     else:
         linear = Linear.FLOAT
-    float_cpu = cpu and s.quantization == "none"
-    if s.prepack_weights == "on" and not (float_cpu and onednn):
-        raise ValueError(
-            "prepack_weights needs the CPU float route (no int8) and a torch with oneDNN"
-        )
-    prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and float_cpu and onednn)
+    if s.prepack_weights == "on" and not (cpu and onednn):
+        raise ValueError("prepack_weights needs a CPU device and a torch with oneDNN")
+    prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device.split(":")[0], config.head_dim, dtype=dtype)
