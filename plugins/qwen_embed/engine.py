@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import int8
 from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .heads import build_score_head
 from .hub import resolve_checkpoint
-from . import int8
 from .int8 import KERNELS as INT8_KERNELS
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
