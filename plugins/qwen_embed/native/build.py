@@ -20,7 +20,13 @@ ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
-    "kernels_amx.cpp": [*AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
+    "kernels_amx.cpp": [
+        *AVX512,
+        "-mavx512bf16",
+        "-mamx-tile",
+        "-mamx-bf16",
+        "-Wno-maybe-uninitialized",
+    ],
 }
 COMMON = [
     "-O3",

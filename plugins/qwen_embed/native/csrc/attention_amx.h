@@ -31,16 +31,53 @@ inline void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
+// r[i] = lane i of the 16 inputs: a 16 x 16 transpose of 32-bit values.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit blocks: rows i, 4 + i, 8 + i, 12 + i
+    t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+}
+
 // A segment's keys of one kv head -> blocks of [D/2][32 keys][2] (the right operand of Q K^T,
 // a transpose of the keys' value pairs), its values -> blocks of [16 key pairs][D][2] (of P V,
 // each two keys' rows interleaved); keys past n_k are zeros.
 template <int D>
 void pack_tile_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
-                int64_t n_k, uint16_t* kp, uint16_t* vp) {
+                     int64_t n_k, uint16_t* kp, uint16_t* vp) {
   constexpr int64_t K = kTileKeys;
-  const uint16_t zeros[D] = {};
+  alignas(64) static const uint16_t zeros[D] = {};
+  __m512i first_half, second_half;  // vpermt2w indices: a0 b0 a1 b1 ... / a16 b16 ...
+  {
+    alignas(64) uint16_t lo[32], hi[32];
+    for (int i = 0; i < 16; ++i) {
+      lo[2 * i] = i, lo[2 * i + 1] = 32 + i;
+      hi[2 * i] = 16 + i, hi[2 * i + 1] = 48 + i;
+    }
+    first_half = _mm512_load_si512(lo);
+    second_half = _mm512_load_si512(hi);
+  }
   for (int64_t start = 0; start < n_k; start += K) {
-    uint32_t* kb = reinterpret_cast<uint32_t*>(kp + start * D);
+    uint16_t* kb = kp + start * D;
     uint16_t* vb = vp + start * D;
     const uint16_t* keys[K];
     const uint16_t* values[K];
@@ -48,19 +85,24 @@ void pack_tile_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int
       keys[j] = start + j < n_k ? k + (start + j) * k_stride : zeros;
       values[j] = start + j < n_k ? v + (start + j) * v_stride : zeros;
     }
-    for (int64_t p = 0; p < D / 2; ++p)
-      for (int64_t j = 0; j < K; ++j) {
-        uint32_t pair;
-        __builtin_memcpy(&pair, keys[j] + 2 * p, sizeof pair);
-        kb[p * K + j] = pair;
+    for (int64_t j0 = 0; j0 < K; j0 += 16)
+      for (int64_t d0 = 0; d0 < D; d0 += 32) {  // 16 keys x 16 value pairs
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j0 + j] + d0);
+        transpose16(r);
+        for (int p = 0; p < 16; ++p) _mm512_storeu_si512(kb + ((d0 / 2 + p) * K + j0) * 2, r[p]);
       }
     for (int64_t j = 0; j < K; j += 2)
-      for (int64_t d = 0; d < D; ++d) {
-        vb[j * D + 2 * d] = values[j][d];
-        vb[j * D + 2 * d + 1] = values[j + 1][d];
+      for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        const __m512i a = _mm512_loadu_si512(values[j] + d0);
+        const __m512i b = _mm512_loadu_si512(values[j + 1] + d0);
+        _mm512_storeu_si512(vb + j * D + 2 * d0, _mm512_permutex2var_epi16(a, first_half, b));
+        _mm512_storeu_si512(vb + j * D + 2 * d0 + 32,
+                            _mm512_permutex2var_epi16(a, second_half, b));
       }
   }
 }
+
 void pack_tiles(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                 int64_t n_k, int64_t head_dim, void* kp, void* vp) {
   auto run = head_dim == 32    ? pack_tile_heads<32>
