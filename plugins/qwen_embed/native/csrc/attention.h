@@ -18,6 +18,7 @@ constexpr int kVec = 16;
 constexpr float kNegInf = -__builtin_inff();
 constexpr int64_t kSpan = 256;  // keys per softmax rescale, at fixed positions in the segment
 constexpr int64_t kChunk = 64;  // keys per score product
+constexpr float kLazyMax = 8.0f;
 
 inline Vec load(const float* p) {
   Vec v;
@@ -64,12 +65,14 @@ inline Vec exp2_vec(Vec x) {
   return p * scale;
 }
 
-// One row's n scores (n a multiple of 16) -> probabilities exp(scale * s - new max) for its
-// first `valid` keys (0 beyond); updates the row's running max and sum (both in base 2) and
-// returns the factor that rescales what was summed before. Key j goes to lane j % 16 of a fixed 16-lane sum, so
-// the padding past `valid` (zeros) never changes a row's numbers.
+// One row's n scores (n a multiple of 16) -> probabilities exp(scale * s - max) for its first
+// `valid` keys (0 beyond), handed 16 at a time to put(j, p); updates the row's running max and
+// sum (both in base 2) and returns the factor that rescales what was summed before. Key j goes
+// to lane j % 16 of a fixed 16-lane sum, so the padding past `valid` (zeros) never changes a
+// row's numbers.
+template <typename Put>
 inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float& max,
-                          float& sum) {
+                          float& sum, Put put) {
   static_assert(kVec == kLanes);
   const float scale2 = scale * 1.44269504088896341f;  // log2(e)
   const int32_t seen = static_cast<int32_t>(valid < n ? valid : n);
@@ -82,13 +85,15 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   }
   float block_max = kNegInf;
   for (int l = 0; l < kLanes; ++l) block_max = block_max > lanes[l] ? block_max : lanes[l];
-  const float new_max = max > block_max ? max : block_max;
-  const float alpha = max == kNegInf ? 0.0f : exp2_vec(Vec{} + (max - new_max))[0];
+  // The running max moves only when the span's exceeds it by kLazyMax: until then the
+  // probabilities may grow up to 2^kLazyMax, and nothing summed before needs rescaling.
+  const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
+  const float alpha = max == kNegInf ? 0.0f : max == new_max ? 1.0f : exp2_vec(Vec{} + (max - new_max))[0];
   lanes = Vec{};
   for (int64_t c = 0; c < n; c += kVec) {
     Vec p = exp2_vec(load(s + c) - new_max);
     if (c + kVec > seen) p = kLaneIndex + static_cast<int32_t>(c) < seen ? p : 0.0f;
-    store(s + c, p);
+    put(c, p);
     lanes += p;
   }
   float total[kLanes];
@@ -193,7 +198,8 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
       const int64_t valid = limit[i] - start;
       float* row = s + i * kSpan;
       if (valid > 0) {
-        alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[i], sum[i]);
+        alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[i], sum[i],
+                                [row](int64_t j, Vec p) { store(row + j, p); });
       } else {  // this span is past the row's last key: leave the row as it is
         alpha[i] = 1.0f;
         for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
@@ -216,8 +222,10 @@ void attend(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out
              : head_dim == 64  ? attend_heads<T, 64>
              : head_dim == 128 ? attend_heads<T, 128>
                                : attend_heads<T, 256>;
-  run(q, q_stride, static_cast<const float*>(kp), static_cast<const float*>(vp), out,
-      out_stride, rows, first_pos, n_k, causal, scale);
+  for (int64_t b = 0; b < rows; b += kBlockQ)  // blocks of 32 rows, one after the other
+    run(q + b * q_stride, q_stride, static_cast<const float*>(kp),
+        static_cast<const float*>(vp), out + b * out_stride, out_stride,
+        rows - b < kBlockQ ? rows - b : kBlockQ, first_pos + b, n_k, causal, scale);
 }
 
 }  // namespace

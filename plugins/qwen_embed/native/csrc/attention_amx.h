@@ -112,12 +112,12 @@ void pack_tiles(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t 
   run(k, k_stride, v, v_stride, n_k, static_cast<uint16_t*>(kp), static_cast<uint16_t*>(vp));
 }
 
-// n (a multiple of 32) fp32 values -> bf16, rounded to nearest even.
-inline void to_bf16(const float* x, uint16_t* out, int64_t n) {
-  for (int64_t c = 0; c < n; c += 32) {
-    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + c + 16), _mm512_loadu_ps(x + c));
-    _mm512_storeu_si512(out + c, reinterpret_cast<__m512i>(pair));
-  }
+// 16 fp32 values -> bf16, rounded to nearest even.
+inline void to_bf16(Vec x, uint16_t* out) {
+  __m512 v;
+  __builtin_memcpy(&v, &x, sizeof v);
+  const __m256bh half = _mm512_cvtneps_pbh(v);
+  __builtin_memcpy(out, &half, sizeof half);
 }
 
 // Scores of the query tile (two 16-row halves, or one when `half`) against `chunks` chunks of
@@ -153,16 +153,27 @@ inline void tile_scores(const uint16_t* q, const uint16_t* kb, int64_t chunks, b
   }
 }
 
-// pv [32][D] = P [32][chunks * 32] (bf16, row stride kSpan) times the packed values.
+// o [32][D] += P [32][chunks * 32] (bf16, row stride kSpan) times the packed values; the first
+// span's products start from zero.
 template <int D>
 inline void tile_values(const uint16_t* pb, const uint16_t* vb, int64_t chunks, bool half,
-                        float* pv) {
+                        bool first, float* o) {
   constexpr int64_t K = kTileKeys;
   for (int c = 0; c < D / 32; ++c) {  // 32 of the head's values per product
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    float* oc = o + c * 32;
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, oc, D * 4);
+      _tile_loadd(1, oc + 16, D * 4);
+      if (!half) {
+        _tile_loadd(2, oc + 16 * D, D * 4);
+        _tile_loadd(3, oc + 16 * D + 16, D * 4);
+      }
+    }
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const uint16_t* values = vb + ch * K * D + c * 64;
       _tile_loadd(4, pb + ch * K, kSpan * 2);
@@ -176,64 +187,69 @@ inline void tile_values(const uint16_t* pb, const uint16_t* vb, int64_t chunks, 
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-    _tile_stored(0, pv + c * 32, D * 4);
-    _tile_stored(1, pv + c * 32 + 16, D * 4);
+    _tile_stored(0, oc, D * 4);
+    _tile_stored(1, oc + 16, D * 4);
     if (!half) {
-      _tile_stored(2, pv + 16 * D + c * 32, D * 4);
-      _tile_stored(3, pv + 16 * D + c * 32 + 16, D * 4);
+      _tile_stored(2, oc + 16 * D, D * 4);
+      _tile_stored(3, oc + 16 * D + 16, D * 4);
     }
   }
 }
 
-// A task of up to 32 query rows: keys in spans of kSpan (at multiples of kSpan in the segment,
-// one softmax rescale per span), each span's products in chunks of 32 keys.
+// A task of up to kTaskRows query rows, in blocks of 32 (two 16-row tiles): keys in spans of
+// kSpan (at multiples of kSpan in the segment, one softmax rescale per span), each span's
+// products in chunks of 32 keys. Every block takes a span in turn, so the span's keys and
+// values are read from memory once for all of them.
 template <int D>
-void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp, const uint16_t* vp,
-                  uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos,
-                  int64_t n_k, bool causal, float scale) {
-  constexpr int64_t R = kBlockQ, K = kTileKeys;
-  alignas(64) static thread_local uint16_t qb[R * D], pb[R * kSpan];
-  alignas(64) static thread_local float s[R * kSpan], pv[R * D], o[R * D];
-  float max[R], sum[R], alpha[R];
-  int64_t limit[R];
-  const bool half = rows <= 16;
-  const int64_t used = half ? 16 : R;  // rows the tiles compute
-  const int64_t end = key_limits(rows, used, first_pos, n_k, causal, limit);
-  for (int64_t i = 0; i < used; ++i) {
-    max[i] = kNegInf;
-    sum[i] = 0.0f;
-  }
-  for (int64_t i = 0; i < used; ++i) {  // the queries, contiguous (the tiles reread them)
-    if (i < rows)
-      __builtin_memcpy(qb + i * D, q + i * q_stride, D * 2);
-    else
-      __builtin_memset(qb + i * D, 0, D * 2);
+void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
+                       const uint16_t* vp, uint16_t* out, int64_t out_stride, int64_t rows,
+                       int64_t first_pos, int64_t n_k, bool causal, float scale) {
+  constexpr int64_t R = kBlockQ, K = kTileKeys, G = kTaskRows / kBlockQ;
+  alignas(64) static thread_local uint16_t qb[G][R * D], pb[R * kSpan];
+  alignas(64) static thread_local float s[R * kSpan], o[G][R * D];
+  float max[G][R], sum[G][R];
+  int64_t limit[G][R], end[G], used[G], last = 0;
+  const int64_t blocks = (rows + R - 1) / R;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t block_rows = rows - b * R < R ? rows - b * R : R;
+    used[b] = block_rows <= 16 ? 16 : R;  // rows the tiles compute
+    end[b] = key_limits(block_rows, used[b], first_pos + b * R, n_k, causal, limit[b]);
+    last = last > end[b] ? last : end[b];
+    for (int64_t i = 0; i < used[b]; ++i) {
+      max[b][i] = kNegInf;
+      sum[b][i] = 0.0f;
+      if (i < block_rows)  // the queries, contiguous (the tiles reread them)
+        __builtin_memcpy(qb[b] + i * D, q + (b * R + i) * q_stride, D * 2);
+      else
+        __builtin_memset(qb[b] + i * D, 0, D * 2);
+    }
   }
   configure_tiles();
-  for (int64_t start = 0; start < end; start += kSpan) {
-    const int64_t chunks = ((end - start < kSpan ? end - start : kSpan) + K - 1) / K;
-    tile_scores<D>(qb, kp + start * D, chunks, half, s);
-    for (int64_t i = 0; i < used; ++i) {
-      float* row = s + i * kSpan;
-      const int64_t valid = limit[i] - start;
-      if (valid > 0) {
-        alpha[i] = softmax_span(row, chunks * K, valid, scale, max[i], sum[i]);
-      } else {  // this span is past the row's last key: leave the row as it is
-        alpha[i] = 1.0f;
-        for (int64_t j = 0; j < chunks * K; ++j) row[j] = 0.0f;
+  for (int64_t start = 0; start < last; start += kSpan)
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (start >= end[b]) continue;
+      const bool half = used[b] == 16;
+      const int64_t chunks = ((end[b] - start < kSpan ? end[b] - start : kSpan) + K - 1) / K;
+      tile_scores<D>(qb[b], kp + start * D, chunks, half, s);
+      for (int64_t i = 0; i < used[b]; ++i) {
+        uint16_t* p = pb + i * kSpan;
+        const int64_t valid = limit[b][i] - start;
+        if (valid <= 0) {  // this span is past the row's last key: leave the row as it is
+          __builtin_memset(p, 0, chunks * K * 2);
+          continue;
+        }
+        const float alpha =
+            softmax_span(s + i * kSpan, chunks * K, valid, scale, max[b][i], sum[b][i],
+                         [&](int64_t j, Vec x) { to_bf16(x, p + j); });
+        if (start > 0 && alpha != 1.0f)
+          for (int d = 0; d < D; ++d) o[b][i * D + d] *= alpha;
       }
-      to_bf16(row, pb + i * kSpan, chunks * K);
+      tile_values<D>(pb, vp + start * D, chunks, half, start == 0, o[b]);
     }
-    tile_values<D>(pb, vp + start * D, chunks, half, pv);
-    if (start == 0)  // o starts as the first span's products
-      __builtin_memcpy(o, pv, used * D * sizeof(float));
-    else
-      for (int64_t i = 0; i < used; ++i)
-        for (int d = 0; d < D; ++d) o[i * D + d] = o[i * D + d] * alpha[i] + pv[i * D + d];
-  }
   for (int64_t i = 0; i < rows; ++i) {
-    const float inverse = 1.0f / sum[i];
-    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, o[i * D + d] * inverse);
+    const float* row = o[i / R] + (i % R) * D;
+    const float inverse = 1.0f / sum[i / R][i % R];
+    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, row[d] * inverse);
   }
 }
 

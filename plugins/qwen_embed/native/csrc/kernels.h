@@ -37,7 +37,8 @@ struct Kernels {
   AttentionKernels<uint16_t> attention_bf16;
 };
 
-constexpr int64_t kBlockQ = 32;  // query rows per attention task
+constexpr int64_t kBlockQ = 32;     // query rows computed together
+constexpr int64_t kTaskRows = 256;  // query rows per attention task (blocks sharing keys)
 
 namespace generic { extern const Kernels kernels; }
 namespace avx2 { extern const Kernels kernels; }

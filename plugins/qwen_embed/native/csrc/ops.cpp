@@ -163,9 +163,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }
 
 
-// Packs every (segment, kv head), then runs every (segment, query block, head) task, each task
-// handed to the next free thread, longest first within a segment (the last causal blocks see the
-// most keys); each task's numbers are its own.
+// Segments of up to kShortKeys keys: one task per (segment, kv head) packs its keys and values
+// into the thread's scratch, still in cache, and attends every query of the heads that share
+// them. Longer segments (and batches of too few short ones to keep the threads busy): every
+// (segment, kv head) packed into one buffer first, then one task per (segment, block of query
+// rows, head). Tasks go to the next free thread, longest first. Either way a query row's
+// numbers are the same: each task's arithmetic is its own.
+constexpr int64_t kShortKeys = 512;
+
 template <typename T>
 void attend_segments(const AttentionKernels<T>& kern, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const int32_t* cq, const int32_t* ck, int64_t segments,
@@ -173,38 +178,70 @@ void attend_segments(const AttentionKernels<T>& kern, const at::Tensor& q, const
   const int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2), group = heads / kv_heads;
   const int64_t q_stride = q.stride(0), k_stride = k.stride(0), v_stride = v.stride(0);
   const int64_t out_stride = heads * d;
-  std::vector<int64_t> packed(segments + 1, 0);  // where each segment's packed heads start
-  for (int64_t s = 0; s < segments; ++s) {
-    const int64_t keys = (ck[s + 1] - ck[s] + kern.key_multiple - 1) / kern.key_multiple;
-    packed[s + 1] = packed[s] + keys * kern.key_multiple * d * kv_heads * kern.packed_bytes;
-  }
-  at::Tensor kp = at::empty({packed[segments]}, q.options().dtype(at::kByte));
-  at::Tensor vp = at::empty({packed[segments]}, q.options().dtype(at::kByte));
-  auto packed_at = [&](int64_t s, int64_t kvh) {
-    return packed[s] + kvh * (packed[s + 1] - packed[s]) / kv_heads;
+  auto packed_bytes = [&](int64_t n_k) {  // of one kv head's keys (or values)
+    return (n_k + kern.key_multiple - 1) / kern.key_multiple * kern.key_multiple * d *
+           kern.packed_bytes;
   };
-  in_parallel(segments * kv_heads, [&](int64_t task) {
-    const int64_t s = task / kv_heads, kvh = task % kv_heads, at = packed_at(s, kvh);
+  auto pack = [&](int64_t s, int64_t kvh, uint8_t* kp, uint8_t* vp) {
     kern.pack(ptr<T>(k) + ck[s] * k_stride + kvh * d, k_stride,
-              ptr<T>(v) + ck[s] * v_stride + kvh * d, v_stride, ck[s + 1] - ck[s], d,
-              ptr<uint8_t>(kp) + at, ptr<uint8_t>(vp) + at);
-  });
-  struct Block {
-    int64_t segment, first;
+              ptr<T>(v) + ck[s] * v_stride + kvh * d, v_stride, ck[s + 1] - ck[s], d, kp, vp);
   };
-  std::vector<Block> blocks;
+  // rows [first, first + kTaskRows) of the segment's queries, head h, against packed keys/values
+  auto attend = [&](int64_t s, int64_t first, int64_t h, const uint8_t* kp, const uint8_t* vp) {
+    const int64_t n_q = cq[s + 1] - cq[s], n_k = ck[s + 1] - ck[s], q0 = cq[s] + first;
+    kern.attend(ptr<T>(q) + q0 * q_stride + h * d, q_stride, kp, vp,
+                ptr<T>(out) + q0 * out_stride + h * d, out_stride,
+                std::min(kTaskRows, n_q - first), n_k - n_q + first, n_k, d, causal, scale);
+  };
+  auto last_block = [&](int64_t s) { return (cq[s + 1] - cq[s] - 1) / kTaskRows * kTaskRows; };
+
+  std::vector<int64_t> short_segments, long_segments;
   for (int64_t s = 0; s < segments; ++s)
-    for (int64_t n_q = cq[s + 1] - cq[s], first = (n_q - 1) / kBlockQ * kBlockQ; n_q && first >= 0;
-         first -= kBlockQ)
-      blocks.push_back({s, first});
-  in_parallel(static_cast<int64_t>(blocks.size()) * heads, [&](int64_t task) {
-    const Block& b = blocks[task / heads];
-    const int64_t h = task % heads, n_q = cq[b.segment + 1] - cq[b.segment];
-    const int64_t n_k = ck[b.segment + 1] - ck[b.segment], q0 = cq[b.segment] + b.first;
-    const int64_t at = packed_at(b.segment, h / group);
-    kern.attend(ptr<T>(q) + q0 * q_stride + h * d, q_stride, ptr<uint8_t>(kp) + at,
-                ptr<uint8_t>(vp) + at, ptr<T>(out) + q0 * out_stride + h * d, out_stride,
-                std::min(kBlockQ, n_q - b.first), n_k - n_q + b.first, n_k, d, causal, scale);
+    if (cq[s + 1] > cq[s]) (ck[s + 1] - ck[s] <= kShortKeys ? short_segments : long_segments).push_back(s);
+  if (static_cast<int64_t>(short_segments.size()) * kv_heads < 2 * at::get_num_threads()) {
+    long_segments.insert(long_segments.end(), short_segments.begin(), short_segments.end());
+    short_segments.clear();
+  }
+
+  std::vector<int64_t> packed(long_segments.size() + 1, 0);  // where each one's heads start
+  for (size_t i = 0; i < long_segments.size(); ++i)
+    packed[i + 1] = packed[i] + packed_bytes(ck[long_segments[i] + 1] - ck[long_segments[i]]) * kv_heads;
+  at::Tensor kp = at::empty({packed.back()}, q.options().dtype(at::kByte));
+  at::Tensor vp = at::empty({packed.back()}, q.options().dtype(at::kByte));
+  auto packed_at = [&](size_t i, int64_t kvh) {
+    return packed[i] + kvh * (packed[i + 1] - packed[i]) / kv_heads;
+  };
+  in_parallel(static_cast<int64_t>(long_segments.size()) * kv_heads, [&](int64_t task) {
+    const int64_t i = task / kv_heads, kvh = task % kv_heads, at = packed_at(i, kvh);
+    pack(long_segments[i], kvh, ptr<uint8_t>(kp) + at, ptr<uint8_t>(vp) + at);
+  });
+
+  struct Block {
+    int64_t index, first;  // long_segments[index]; first < 0: a whole short segment
+  };
+  std::vector<Block> tasks;
+  for (size_t i = 0; i < long_segments.size(); ++i)
+    for (int64_t first = last_block(long_segments[i]); first >= 0; first -= kTaskRows)
+      tasks.push_back({static_cast<int64_t>(i), first});
+  for (size_t i = 0; i < short_segments.size(); ++i) tasks.push_back({static_cast<int64_t>(i), -1});
+  const int64_t long_tasks = static_cast<int64_t>(tasks.size() - short_segments.size()) * heads;
+  in_parallel(long_tasks + static_cast<int64_t>(short_segments.size()) * kv_heads, [&](int64_t t) {
+    if (t < long_tasks) {
+      const Block& b = tasks[t / heads];
+      const int64_t h = t % heads, at = packed_at(b.index, h / group);
+      attend(long_segments[b.index], b.first, h, ptr<uint8_t>(kp) + at, ptr<uint8_t>(vp) + at);
+      return;
+    }
+    t -= long_tasks;
+    const int64_t s = short_segments[t / kv_heads], kvh = t % kv_heads;
+    static thread_local std::vector<uint8_t> scratch;
+    const int64_t bytes = packed_bytes(ck[s + 1] - ck[s]);
+    if (static_cast<int64_t>(scratch.size()) < 2 * bytes + 64) scratch.resize(2 * bytes + 64);
+    uint8_t* kb = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
+    pack(s, kvh, kb, kb + bytes);
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+      for (int64_t first = last_block(s); first >= 0; first -= kTaskRows)
+        attend(s, first, h, kb, kb + bytes);
   });
 }
 
