@@ -65,10 +65,10 @@ inline Vec exp2_vec(Vec x) {
   return p * scale;
 }
 
-// One row's n scores (n a multiple of 16) -> probabilities exp(scale * s - max) for its first
+// One row's n scores (n a multiple of 32) -> probabilities exp(scale * s - max) for its first
 // `valid` keys (0 beyond), handed 16 at a time to put(j, p); updates the row's running max and
 // sum (both in base 2) and returns the factor that rescales what was summed before. Key j goes
-// to lane j % 16 of a fixed 16-lane sum, so the padding past `valid` (zeros) never changes a
+// to a fixed lane of a fixed sum tree, so the padding past `valid` (zeros) never changes a
 // row's numbers.
 template <typename Put>
 inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float& max,
@@ -76,28 +76,40 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   static_assert(kVec == kLanes);
   const float scale2 = scale * 1.44269504088896341f;  // log2(e)
   const int32_t seen = static_cast<int32_t>(valid < n ? valid : n);
-  Vec lanes = kNegInf + Vec{};
-  for (int64_t c = 0; c < n; c += kVec) {
-    Vec x = load(s + c) * scale2;
-    if (c + kVec > seen) x = kLaneIndex + static_cast<int32_t>(c) < seen ? x : kNegInf;
-    store(s + c, x);
-    lanes = lanes > x ? lanes : x;
+  auto masked = [&](Vec x, int64_t c, float off) {
+    return c + kVec > seen ? (kLaneIndex + static_cast<int32_t>(c) < seen ? x : off) : x;
+  };
+  // Two accumulators (keys 32i..32i+15 and 32i+16..32i+31; n is a multiple of 32): no add
+  // waits on the one before.
+  Vec top0 = kNegInf + Vec{}, top1 = top0;
+  for (int64_t c = 0; c < n; c += 2 * kVec) {
+    const Vec x0 = masked(load(s + c) * scale2, c, kNegInf);
+    const Vec x1 = masked(load(s + c + kVec) * scale2, c + kVec, kNegInf);
+    store(s + c, x0);
+    store(s + c + kVec, x1);
+    top0 = top0 > x0 ? top0 : x0;
+    top1 = top1 > x1 ? top1 : x1;
   }
+  top0 = top0 > top1 ? top0 : top1;
   float block_max = kNegInf;
-  for (int l = 0; l < kLanes; ++l) block_max = block_max > lanes[l] ? block_max : lanes[l];
+  for (int l = 0; l < kLanes; ++l) block_max = block_max > top0[l] ? block_max : top0[l];
   // The running max moves only when the span's exceeds it by kLazyMax: until then the
   // probabilities may grow up to 2^kLazyMax, and nothing summed before needs rescaling.
   const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
-  const float alpha = max == kNegInf ? 0.0f : max == new_max ? 1.0f : exp2_vec(Vec{} + (max - new_max))[0];
-  lanes = Vec{};
-  for (int64_t c = 0; c < n; c += kVec) {
-    Vec p = exp2_vec(load(s + c) - new_max);
-    if (c + kVec > seen) p = kLaneIndex + static_cast<int32_t>(c) < seen ? p : 0.0f;
-    put(c, p);
-    lanes += p;
+  const float alpha = max == kNegInf   ? 0.0f
+                      : max == new_max ? 1.0f
+                                       : exp2_vec(Vec{} + (max - new_max))[0];
+  Vec sum0 = {}, sum1 = {};
+  for (int64_t c = 0; c < n; c += 2 * kVec) {
+    const Vec p0 = masked(exp2_vec(load(s + c) - new_max), c, 0.0f);
+    const Vec p1 = masked(exp2_vec(load(s + c + kVec) - new_max), c + kVec, 0.0f);
+    put(c, p0);
+    put(c + kVec, p1);
+    sum0 += p0;
+    sum1 += p1;
   }
   float total[kLanes];
-  store(total, lanes);
+  store(total, sum0 + sum1);
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) total[l] += total[l + width];
   max = new_max;
