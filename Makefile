@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -100,6 +100,12 @@ perf-gpu: setup $(GPU_MODEL)/config.json
 # (perf/results/prepack.md).
 perf-prepack: setup
 	cd perf && ../$(PY) bench_prepack.py
+
+# The native attention operator alone vs PyTorch SDPA per sequence vs vLLM's CPU kernel (in its
+# venv, installed as for perf-peers) by text length, then the engine's tokens/s by text length.
+perf-attention: setup
+	perf/peers/install.sh vllm
+	cd perf && ../$(PY) bench_attention.py && ../$(PY) bench_lengths.py
 
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.

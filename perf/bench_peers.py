@@ -325,7 +325,9 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
 def run_engine(model_dir, dtype, quantization, ids, counts, check, args) -> dict:
     """The ceiling: every text in one `embed` call (one client, a request per pass), repeated
     until --seconds have passed."""
-    with Encoder.from_pretrained(model_dir, dtype=dtype, quantization=quantization) as enc:
+    with Encoder.from_pretrained(
+        model_dir, dtype=dtype, quantization=quantization, attn_backend=args.attn_backend
+    ) as enc:
         enc.embed(ids[:8])  # warm-up
 
         def make():
@@ -364,10 +366,11 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
         out.stats = run_engine(model_dir, dtype, quantization, ids, counts, check, args)
         return out
     if name.startswith("triton"):
+        encoder = {"dtype": dtype, "quantization": quantization, "attn_backend": args.attn_backend}
         repo = render(
             PEERS / f"triton-repository-{dtype}-{quantization}",
             {"embed": model_dir},
-            {"encoder": {"dtype": dtype, "quantization": quantization}},
+            {"encoder": encoder},
         )
         server = TritonServer(
             repo,
@@ -604,6 +607,7 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=0, help="full passes over the texts, at least")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
+    p.add_argument("--attn-backend", default="auto", help="our encoder's attn_backend")
     p.add_argument("--out", default=None, help="default: results/peers-<dtype>-<cpu kind>")
     p.add_argument(
         "--device",
@@ -616,7 +620,7 @@ def main() -> None:
         p.error(f"--device cuda runs only {', '.join(GPU_SYSTEMS)}")
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
-    settings = EncoderSettings(dtype=args.dtype, device=args.device)
+    settings = EncoderSettings(dtype=args.dtype, device=args.device, attn_backend=args.attn_backend)
     route = choose_route(settings, ModelConfig.from_dir(model_dir), args.device, cpu_features())
     args.dtype = route.dtype
     config = json.loads((model_dir / "config.json").read_text())
