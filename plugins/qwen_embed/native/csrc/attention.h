@@ -177,52 +177,62 @@ void pack(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_
   run(k, k_stride, v, v_stride, n_k, static_cast<float*>(kp), static_cast<float*>(vp));
 }
 
-// A task of up to 32 query rows: keys in spans of kSpan (at multiples of kSpan in the segment,
-// one softmax rescale per span), scores in chunks of kChunk keys.
+// A task of up to kTaskRows query rows, in blocks of 32: keys in spans of kSpan (at multiples
+// of kSpan in the segment, one softmax rescale per span), scores in chunks of kChunk keys.
+// Every block takes a span in turn, so the span's keys and values are read from memory once.
 template <typename T, int D>
 void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp, T* out,
                   int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, bool causal,
                   float scale) {
+  constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
   constexpr int kScoreRows = 4;
   constexpr int kValueRows = D >= 256 ? 1 : 256 / D;  // accumulators that fit the registers
-  static_assert(kBlockQ % kScoreRows == 0 && kBlockQ % kValueRows == 0);
-  alignas(64) static thread_local float qf[kBlockQ * D], acc[kBlockQ * D], s[kBlockQ * kSpan];
-  float max[kBlockQ], sum[kBlockQ], alpha[kBlockQ];
-  int64_t limit[kBlockQ];  // keys row i sees
-  const int64_t padded = (rows + kScoreRows - 1) / kScoreRows * kScoreRows;
-  const int64_t end = key_limits(rows, padded, first_pos, n_k, causal, limit);
-  for (int64_t i = 0; i < padded; ++i) {
-    max[i] = kNegInf;
-    sum[i] = 0.0f;
-    for (int d = 0; d < D; ++d) {
-      qf[i * D + d] = i < rows ? to_float(q[i * q_stride + d]) : 0.0f;
-      acc[i * D + d] = 0.0f;
-    }
-  }
-  for (int64_t start = 0; start < end; start += kSpan) {
-    const int64_t n = end - start < kSpan ? end - start : kSpan;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    for (int64_t ch = 0; ch < chunks; ++ch)
-      for (int64_t i = 0; i < padded; i += kScoreRows)
-        scores<D, kScoreRows>(qf + i * D, kp + (start + ch * kChunk) * D,
-                              s + i * kSpan + ch * kChunk);
-    for (int64_t i = 0; i < padded; ++i) {
-      const int64_t valid = limit[i] - start;
-      float* row = s + i * kSpan;
-      if (valid > 0) {
-        alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[i], sum[i],
-                                [row](int64_t j, Vec p) { store(row + j, p); });
-      } else {  // this span is past the row's last key: leave the row as it is
-        alpha[i] = 1.0f;
-        for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
+  static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
+  alignas(64) static thread_local float qf[G][R * D], acc[G][R * D], s[R * kSpan];
+  float max[G][R], sum[G][R], alpha[R];
+  int64_t limit[G][R], end[G], padded[G], last = 0;  // limit: keys row i sees
+  const int64_t blocks = (rows + R - 1) / R;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t block_rows = rows - b * R < R ? rows - b * R : R;
+    padded[b] = (block_rows + kScoreRows - 1) / kScoreRows * kScoreRows;
+    end[b] = key_limits(block_rows, padded[b], first_pos + b * R, n_k, causal, limit[b]);
+    last = last > end[b] ? last : end[b];
+    for (int64_t i = 0; i < padded[b]; ++i) {
+      max[b][i] = kNegInf;
+      sum[b][i] = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        qf[b][i * D + d] = i < block_rows ? to_float(q[(b * R + i) * q_stride + d]) : 0.0f;
+        acc[b][i * D + d] = 0.0f;
       }
     }
-    for (int64_t i = 0; i < padded; i += kValueRows)
-      accumulate<D, kValueRows>(acc + i * D, s + i * kSpan, alpha + i, vp + start * D, n);
   }
+  for (int64_t start = 0; start < last; start += kSpan)
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (start >= end[b]) continue;
+      const int64_t n = end[b] - start < kSpan ? end[b] - start : kSpan;
+      const int64_t chunks = (n + kChunk - 1) / kChunk;
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        for (int64_t i = 0; i < padded[b]; i += kScoreRows)
+          scores<D, kScoreRows>(qf[b] + i * D, kp + (start + ch * kChunk) * D,
+                                s + i * kSpan + ch * kChunk);
+      for (int64_t i = 0; i < padded[b]; ++i) {
+        const int64_t valid = limit[b][i] - start;
+        float* row = s + i * kSpan;
+        if (valid > 0) {
+          alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[b][i], sum[b][i],
+                                  [row](int64_t j, Vec p) { store(row + j, p); });
+        } else {  // this span is past the row's last key: leave the row as it is
+          alpha[i] = 1.0f;
+          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
+        }
+      }
+      for (int64_t i = 0; i < padded[b]; i += kValueRows)
+        accumulate<D, kValueRows>(acc[b] + i * D, s + i * kSpan, alpha + i, vp + start * D, n);
+    }
   for (int64_t i = 0; i < rows; ++i) {
-    const float inverse = 1.0f / sum[i];
-    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, acc[i * D + d] * inverse);
+    const float* row = acc[i / R] + (i % R) * D;
+    const float inverse = 1.0f / sum[i / R][i % R];
+    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, row[d] * inverse);
   }
 }
 
@@ -234,10 +244,8 @@ void attend(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out
              : head_dim == 64  ? attend_heads<T, 64>
              : head_dim == 128 ? attend_heads<T, 128>
                                : attend_heads<T, 256>;
-  for (int64_t b = 0; b < rows; b += kBlockQ)  // blocks of 32 rows, one after the other
-    run(q + b * q_stride, q_stride, static_cast<const float*>(kp),
-        static_cast<const float*>(vp), out + b * out_stride, out_stride,
-        rows - b < kBlockQ ? rows - b : kBlockQ, first_pos + b, n_k, causal, scale);
+  run(q, q_stride, static_cast<const float*>(kp), static_cast<const float*>(vp), out,
+      out_stride, rows, first_pos, n_k, causal, scale);
 }
 
 }  // namespace
