@@ -4,7 +4,8 @@ on one encoder in process.
     python bench_lengths.py [--model-dir .cache/demo-model] [--lengths 128 512 2048 8192]
 
 Per length L: calls of 8,192 tokens (8,192 / L texts of L tokens; random ids ending with
-<|endoftext|>), prefix reuse off. The two backends take turns on the same encoder
+<|endoftext|>), prefix reuse off; then the text mix of `make perf-peers` (workload.make_texts,
+512 texts, one call).  The two backends take turns on the same encoder
 (workload.alternate: the machine's drift falls on both). Reports tokens/s, each length's share
 of the 128-token figure, and the cosine between the two backends' vectors.
 """
@@ -17,13 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from harness import RESULTS, markdown_table, new_record, write_report
+from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, native
 from qwen_embed.attention import create_backend
 from qwen_embed.demo import ENDOFTEXT_ID
 
 from bench_peers import REPO, ensure_model
-from workload import alternate
+from workload import alternate, make_texts
 
 TOKENS = 8192
 
@@ -58,11 +60,17 @@ def main() -> None:
             "native": use_backend(enc, enc.model.backend),
             "torch": use_backend(enc, create_backend("torch", spec)),
         }
-        for length in args.lengths:
-            texts = [
-                rng.integers(0, ENDOFTEXT_ID, size=length - 1).tolist() + [ENDOFTEXT_ID]
-                for _ in range(max(1, TOKENS // length))
-            ]
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        mixed = [e.ids for e in tokenizer.encode_batch(make_texts(512, 0))]
+        for length in [*args.lengths, "mixed"]:
+            texts = (
+                mixed
+                if length == "mixed"
+                else [
+                    rng.integers(0, ENDOFTEXT_ID, size=length - 1).tolist() + [ENDOFTEXT_ID]
+                    for _ in range(max(1, TOKENS // length))
+                ]
+            )
             result = alternate(enc, texts, variants, rounds=args.rounds)
             a, b = result["native"]["vectors"], result["torch"]["vectors"]
             rows.append(
@@ -76,6 +84,10 @@ def main() -> None:
             print(rows[-1], flush=True)
         route = enc.route.describe()
     base = {name: rows[0][f"{name}_tok_s"] for name in ("native", "torch")}
+
+    def share(row: dict, name: str) -> str:
+        return "" if row["length"] == "mixed" else f"{row[f'{name}_tok_s'] / base[name]:.2f}"
+
     record = new_record(route=route, tokens_per_call=TOKENS, rows=rows)
     table = markdown_table(
         [
@@ -91,9 +103,9 @@ def main() -> None:
             [
                 r["length"],
                 f"{r['native_tok_s']:.0f}",
-                f"{r['native_tok_s'] / base['native']:.2f}",
+                share(r, "native"),
                 f"{r['torch_tok_s']:.0f}",
-                f"{r['torch_tok_s'] / base['torch']:.2f}",
+                share(r, "torch"),
                 f"{r['native_tok_s'] / r['torch_tok_s']:.2f}x",
                 f"{r['cosine']:.5f}",
             ]
