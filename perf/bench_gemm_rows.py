@@ -19,7 +19,7 @@ from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed.onednn import PackedWeight
 
-SHAPES = {"q|k|v": (4096, 1024), "o": (1024, 2048), "gate|up": (6144, 1024), "down": (1024, 3072)}
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 FIXED = 256
 
 

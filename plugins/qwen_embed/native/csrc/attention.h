@@ -1,6 +1,7 @@
-// Varlen attention, written once and compiled per instruction set like rows.h: each segment's
-// keys and values are first packed per kv head (transposed keys, fp32), then attended one
-// (segment, head, block of query rows) task at a time (ops.cpp spreads both over torch's threads).
+// Varlen attention, written once and compiled per instruction set like rows.h: a segment's keys
+// and values of one kv head are packed (keys transposed, fp32), then a task attends up to
+// kTaskRows query rows of one head to them (ops.cpp decides the tasks and spreads them over
+// torch's threads; attention_amx.h is the same on AMX tiles).
 //
 // fp32 arithmetic and an online softmax over spans of keys that start at multiples of kSpan
 // within the segment. Every query row is computed alone in a fixed order: its output depends
@@ -18,7 +19,7 @@ constexpr int kVec = 16;
 constexpr float kNegInf = -__builtin_inff();
 constexpr int64_t kSpan = 256;  // keys per softmax rescale, at fixed positions in the segment
 constexpr int64_t kChunk = 64;  // keys per score product
-constexpr float kLazyMax = 8.0f;
+constexpr float kLazyMax = 8.0f;  // see softmax_span
 
 inline Vec load(const float* p) {
   Vec v;
@@ -48,7 +49,7 @@ typedef int32_t VecInt __attribute__((vector_size(64)));
 constexpr VecInt kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // 2^x on 16 lanes: x split into an integer and f in [-0.5, 0.5], 2^f by a degree-5 polynomial
-// fitted on that range (relative error 8e-8). Softmax works in base 2: the scores are scaled by
+// fitted on that range (to fp32's precision). Softmax works in base 2: the scores are scaled by
 // log2(e) once, which spares exp its own multiplication.
 inline Vec exp2_vec(Vec x) {
   x = x > -126.0f ? x : -126.0f;  // 2^-126, the smallest normal: no denormal, no wrap

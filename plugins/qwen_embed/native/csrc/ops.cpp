@@ -1,6 +1,6 @@
 // torch operators over the kernels: qwen_embed::rms_norm, ::rope, ::silu_mul, ::varlen_attention
-// (CPU, fp32 and bf16), and qwen_embed::select_isa to choose the instruction set (the best the CPU has unless
-// asked for another, e.g. by the tests).
+// (CPU, fp32 and bf16), and qwen_embed::select_isa to choose the instruction set (qwen_embed.native
+// names the widest the CPU has; the tests name others).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -197,15 +197,18 @@ void attend_segments(const AttentionKernels<T>& kern, const at::Tensor& q, const
 
   std::vector<int64_t> short_segments, long_segments;
   for (int64_t s = 0; s < segments; ++s)
-    if (cq[s + 1] > cq[s]) (ck[s + 1] - ck[s] <= kShortKeys ? short_segments : long_segments).push_back(s);
+    if (cq[s + 1] > cq[s])
+      (ck[s + 1] - ck[s] <= kShortKeys ? short_segments : long_segments).push_back(s);
   if (static_cast<int64_t>(short_segments.size()) * kv_heads < 2 * at::get_num_threads()) {
     long_segments.insert(long_segments.end(), short_segments.begin(), short_segments.end());
     short_segments.clear();
   }
 
   std::vector<int64_t> packed(long_segments.size() + 1, 0);  // where each one's heads start
-  for (size_t i = 0; i < long_segments.size(); ++i)
-    packed[i + 1] = packed[i] + packed_bytes(ck[long_segments[i] + 1] - ck[long_segments[i]]) * kv_heads;
+  for (size_t i = 0; i < long_segments.size(); ++i) {
+    const int64_t s = long_segments[i];
+    packed[i + 1] = packed[i] + packed_bytes(ck[s + 1] - ck[s]) * kv_heads;
+  }
   at::Tensor kp = at::empty({packed.back()}, q.options().dtype(at::kByte));
   at::Tensor vp = at::empty({packed.back()}, q.options().dtype(at::kByte));
   auto packed_at = [&](size_t i, int64_t kvh) {
@@ -217,17 +220,17 @@ void attend_segments(const AttentionKernels<T>& kern, const at::Tensor& q, const
   });
 
   struct Block {
-    int64_t index, first;  // long_segments[index]; first < 0: a whole short segment
+    int64_t index, first;  // long_segments[index], its query rows from `first`
   };
-  std::vector<Block> tasks;
+  std::vector<Block> blocks;
   for (size_t i = 0; i < long_segments.size(); ++i)
     for (int64_t first = last_block(long_segments[i]); first >= 0; first -= kTaskRows)
-      tasks.push_back({static_cast<int64_t>(i), first});
-  for (size_t i = 0; i < short_segments.size(); ++i) tasks.push_back({static_cast<int64_t>(i), -1});
-  const int64_t long_tasks = static_cast<int64_t>(tasks.size() - short_segments.size()) * heads;
-  in_parallel(long_tasks + static_cast<int64_t>(short_segments.size()) * kv_heads, [&](int64_t t) {
+      blocks.push_back({static_cast<int64_t>(i), first});
+  const int64_t long_tasks = static_cast<int64_t>(blocks.size()) * heads;
+  const int64_t short_tasks = static_cast<int64_t>(short_segments.size()) * kv_heads;
+  in_parallel(long_tasks + short_tasks, [&](int64_t t) {
     if (t < long_tasks) {
-      const Block& b = tasks[t / heads];
+      const Block& b = blocks[t / heads];
       const int64_t h = t % heads, at = packed_at(b.index, h / group);
       attend(long_segments[b.index], b.first, h, ptr<uint8_t>(kp) + at, ptr<uint8_t>(vp) + at);
       return;
@@ -296,7 +299,9 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, float scale) -> Tensor");
+  m.def(
+      "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
+      "float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
