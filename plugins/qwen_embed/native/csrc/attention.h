@@ -17,7 +17,7 @@ namespace {
 typedef float Vec __attribute__((vector_size(64)));  // 16 floats: one zmm, two ymm, four xmm
 constexpr int kVec = 16;
 constexpr float kNegInf = -__builtin_inff();
-constexpr int64_t kSpan = 256;  // keys per softmax rescale, at fixed positions in the segment
+constexpr int64_t kSpan = 512;  // keys per softmax rescale, at fixed positions in the segment
 constexpr int64_t kChunk = 64;  // keys per score product
 constexpr float kLazyMax = 8.0f;  // see softmax_span
 

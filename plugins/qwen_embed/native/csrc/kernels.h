@@ -38,7 +38,7 @@ struct Kernels {
 };
 
 constexpr int64_t kBlockQ = 32;     // query rows computed together
-constexpr int64_t kTaskRows = 256;  // query rows per attention task (blocks sharing keys)
+constexpr int64_t kTaskRows = 512;  // query rows per attention task (blocks sharing keys)
 
 namespace generic { extern const Kernels kernels; }
 namespace avx2 { extern const Kernels kernels; }
