@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import time
 
 import torch
-from harness import RESULTS, fmt, markdown_table, new_record, write_report
+from harness import RESULTS, best_seconds, fmt, markdown_table, new_record, write_report
 
 from qwen_embed import native
 from qwen_embed.attention import AttentionSpec, create_backend
@@ -30,16 +29,6 @@ from bench_peers import REPO
 VLLM_PYTHON = REPO / ".cache" / "peers" / "vllm" / "venv" / "bin" / "python"
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 TOKENS = 8192
-
-
-def best_seconds(call, reps: int) -> float:
-    call()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def vllm_seconds(lens: list[int], dtype: str, reps: int) -> tuple[float | None, float | None]:

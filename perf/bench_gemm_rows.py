@@ -12,10 +12,9 @@ result independent of its batch: a fixed shape takes one kernel): a 20-row forwa
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
 
 from qwen_embed.onednn import PackedWeight
 
@@ -23,14 +22,8 @@ SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down
 FIXED = 256
 
 
-def best_ms(call, reps: int = 20) -> float:
-    call()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+def best_ms(call) -> float:
+    return best_seconds(call, 20) * 1e3
 
 
 def measure(name: str, dtype: torch.dtype) -> dict:

@@ -4,6 +4,7 @@ N clients for S seconds, scrape its metrics, and write the report in one format.
 - `drive(make_sender, counts, check, clients=, per_request=, seconds=)`: client threads send
   requests back to back; tokens/s, latency percentiles, and every answer checked.
 - `triton_sender`, `openai_sender`, `rerank_sender`: the `make_sender` of each protocol.
+- `best_seconds(call, reps)`: a microbenchmark's best time.
 - `cosine_check(reference)`, `score_check(reference)`: what "checked" means for vectors/scores.
 - metrics: `TritonServer.metric(name, **labels)` and `scrape`/`metric_sum`
   (qwen_embed.serving.triton) read Triton's Prometheus page.
@@ -51,6 +52,17 @@ def score_check(reference: np.ndarray) -> Check:
         return 1.0 - float(np.abs(scores.reshape(-1) - reference[idx]).max())
 
     return check
+
+
+def best_seconds(call: Callable[[], object], reps: int) -> float:
+    """The fastest of `reps` calls after one warm-up call, in seconds (microbenchmarks)."""
+    call()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def drive(
