@@ -14,11 +14,19 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
-typedef float Vec __attribute__((vector_size(64)));  // 16 floats: one zmm, two ymm, four xmm
-constexpr int kVec = 16;
+// One vector register of floats, and how many registers the blocking below may fill.
+#if defined(__AVX512F__)
+constexpr int kVec = 16, kRegisters = 32;
+#elif defined(__AVX__)
+constexpr int kVec = 8, kRegisters = 16;
+#else
+constexpr int kVec = 4, kRegisters = 16;
+#endif
+typedef float Vec __attribute__((vector_size(kVec * sizeof(float))));
+typedef int32_t VecInt __attribute__((vector_size(kVec * sizeof(int32_t))));
 constexpr float kNegInf = -__builtin_inff();
 constexpr int64_t kSpan = 512;  // keys per softmax rescale, at fixed positions in the segment
-constexpr int64_t kChunk = 64;  // keys per score product
+constexpr int64_t kChunk = 4 * kVec;  // keys per score product
 constexpr float kLazyMax = 8.0f;  // see softmax_span
 
 inline Vec load(const float* p) {
@@ -45,8 +53,11 @@ inline void scores(const float* q, const float* kt, float* s) {
     for (int n = 0; n < N; ++n) store(s + r * kSpan + n * kVec, acc[r][n]);
 }
 
-typedef int32_t VecInt __attribute__((vector_size(64)));
-constexpr VecInt kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+inline VecInt lane_index() {
+  VecInt v;
+  for (int l = 0; l < kVec; ++l) v[l] = l;
+  return v;
+}
 
 // 2^x on 16 lanes: x split into an integer and f in [-0.5, 0.5], 2^f by a degree-5 polynomial
 // fitted on that range (to fp32's precision). Softmax works in base 2: the scores are scaled by
@@ -66,7 +77,7 @@ inline Vec exp2_vec(Vec x) {
   return p * scale;
 }
 
-// One row's n scores (n a multiple of 32) -> probabilities exp(scale * s - max) for its first
+// One row's n scores (n a multiple of 2 kVec) -> probabilities exp(scale * s - max) for its first
 // `valid` keys (0 beyond), handed 16 at a time to put(j, p); updates the row's running max and
 // sum (both in base 2) and returns the factor that rescales what was summed before. Key j goes
 // to a fixed lane of a fixed sum tree, so the padding past `valid` (zeros) never changes a
@@ -74,14 +85,14 @@ inline Vec exp2_vec(Vec x) {
 template <typename Put>
 inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float& max,
                           float& sum, Put put) {
-  static_assert(kVec == kLanes);
   const float scale2 = scale * 1.44269504088896341f;  // log2(e)
   const int32_t seen = static_cast<int32_t>(valid < n ? valid : n);
+  const VecInt lanes = lane_index();
   auto masked = [&](Vec x, int64_t c, float off) {
-    return c + kVec > seen ? (kLaneIndex + static_cast<int32_t>(c) < seen ? x : off) : x;
+    return c + kVec > seen ? (lanes + static_cast<int32_t>(c) < seen ? x : off) : x;
   };
-  // Two accumulators (keys 32i..32i+15 and 32i+16..32i+31; n is a multiple of 32): no add
-  // waits on the one before.
+  // Two accumulators (alternate vectors of keys; n is a multiple of 2 kVec): no add waits on
+  // the one before.
   Vec top0 = kNegInf + Vec{}, top1 = top0;
   for (int64_t c = 0; c < n; c += 2 * kVec) {
     const Vec x0 = masked(load(s + c) * scale2, c, kNegInf);
@@ -93,7 +104,7 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   }
   top0 = top0 > top1 ? top0 : top1;
   float block_max = kNegInf;
-  for (int l = 0; l < kLanes; ++l) block_max = block_max > top0[l] ? block_max : top0[l];
+  for (int l = 0; l < kVec; ++l) block_max = block_max > top0[l] ? block_max : top0[l];
   // The running max moves only when the span's exceeds it by kLazyMax: until then the
   // probabilities may grow up to 2^kLazyMax, and nothing summed before needs rescaling.
   const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
@@ -109,33 +120,36 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
     sum0 += p0;
     sum1 += p1;
   }
-  float total[kLanes];
+  float total[kVec];
   store(total, sum0 + sum1);
-  for (int width = kLanes / 2; width > 0; width /= 2)
+  for (int width = kVec / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) total[l] += total[l + width];
   max = new_max;
   sum = sum * alpha + total[0];
   return alpha;
 }
 
-// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over n keys, for R rows (p's rows kSpan apart).
-template <int D, int R>
+// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over n keys, for R rows (p's rows kSpan
+// apart), C vectors of the head's values at a time: R x C accumulators stay in registers.
+template <int D, int R, int C>
 inline void accumulate(float* acc, const float* p, const float* alpha, const float* v,
                        int64_t n) {
-  constexpr int N = D / kVec;
-  Vec o[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < N; ++c) o[r][c] = load(acc + r * D + c * kVec) * alpha[r];
-  for (int64_t j = 0; j < n; ++j) {
-    Vec vj[N];
-    for (int c = 0; c < N; ++c) vj[c] = load(v + j * D + c * kVec);
-    for (int r = 0; r < R; ++r) {
-      const float x = p[r * kSpan + j];
-      for (int c = 0; c < N; ++c) o[r][c] += x * vj[c];
+  static_assert(D % (C * kVec) == 0);
+  for (int c0 = 0; c0 < D; c0 += C * kVec) {
+    Vec o[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) o[r][c] = load(acc + r * D + c0 + c * kVec) * alpha[r];
+    for (int64_t j = 0; j < n; ++j) {
+      Vec vj[C];
+      for (int c = 0; c < C; ++c) vj[c] = load(v + j * D + c0 + c * kVec);
+      for (int r = 0; r < R; ++r) {
+        const float x = p[r * kSpan + j];
+        for (int c = 0; c < C; ++c) o[r][c] += x * vj[c];
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) store(acc + r * D + c0 + c * kVec, o[r][c]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < N; ++c) store(acc + r * D + c * kVec, o[r][c]);
 }
 
 // How many keys each of `padded` rows sees (0 for the padding past `rows`: causal rows see up to
@@ -186,8 +200,11 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
                   int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, bool causal,
                   float scale) {
   constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
-  constexpr int kScoreRows = 4;
-  constexpr int kValueRows = D >= 256 ? 1 : 256 / D;  // accumulators that fit the registers
+  // Register blocking: score tiles of kScoreRows x kChunk keys, value tiles of kValueRows x
+  // kValueCols vectors, each within half the vector registers.
+  constexpr int kScoreRows = kRegisters / 8;
+  constexpr int kValueCols = D / kVec < kRegisters / 2 ? D / kVec : kRegisters / 2;
+  constexpr int kValueRows = kRegisters / 2 / kValueCols;
   static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
   alignas(64) static thread_local float qf[G][R * D], acc[G][R * D], s[R * kSpan];
   float max[G][R], sum[G][R], alpha[R];
@@ -228,7 +245,8 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
         }
       }
       for (int64_t i = 0; i < padded[b]; i += kValueRows)
-        accumulate<D, kValueRows>(acc[b] + i * D, s + i * kSpan, alpha + i, vp + start * D, n);
+        accumulate<D, kValueRows, kValueCols>(acc[b] + i * D, s + i * kSpan, alpha + i,
+                                              vp + start * D, n);
     }
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = acc[i / R] + (i % R) * D;
