@@ -98,10 +98,12 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256, 1024, 4096, 8192])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--isa", default="", help="run the native kernels of this instruction set")
     p.add_argument("--out", default=str(RESULTS / "attention"))
     args = p.parse_args()
     if native.isa() is None:
         raise SystemExit("the native kernels are not built: make setup")
+    native.select(args.isa)
     keep_freed_memory()  # as the encoder runs: no fresh pages for every call's buffers
     rows = [measure(n, dtype, args.reps) for dtype in args.dtypes for n in args.lengths]
     record = new_record(isa=native.isa(), threads=torch.get_num_threads(), rows=rows)

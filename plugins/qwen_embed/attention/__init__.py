@@ -50,15 +50,16 @@ def choose_backend(
     flashinfer_version: Callable[[], str | None] = _flashinfer_version,
     *,
     dtype: str = "bfloat16",
-    cpu_problem: Callable[[str, str, int], str | None] = native_problem,
+    cpu_problem: Callable[..., str | None] = native_problem,
 ) -> tuple[str, str]:
     """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
-    for the dtype and head size, else the per-segment torch loop. On CUDA flash_attn when
+    for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
+    per-segment torch loop. On CUDA flash_attn when
     importable, else flashinfer (a version with the device guard, for the head sizes it ships
     kernels for), else the torch loop; torch for fp32. A pure function of the device, the
     head size, the dtype and what is installed."""
     if device_type != "cuda":
-        why = cpu_problem(device_type, dtype, head_dim)
+        why = cpu_problem(device_type, dtype, head_dim, auto=True)
         if why is None:
             return "native", "auto: the native CPU operator, one call per layer"
         return "torch", f"auto: PyTorch SDPA per segment ({why})"

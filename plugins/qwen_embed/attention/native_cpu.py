@@ -10,10 +10,13 @@ from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec
 
 HEAD_DIMS = (32, 64, 128, 256)
+# Kernels measured faster than torch's SDPA (docs/tuning.md); `auto` leaves the others to torch.
+AUTO_ISAS = ("amx", "avx512")
 
 
-def native_problem(device_type: str, dtype: str, head_dim: int) -> str | None:
-    """Why the native operator cannot run this attention, or None."""
+def native_problem(device_type: str, dtype: str, head_dim: int, auto: bool = False) -> str | None:
+    """Why the native operator cannot run this attention (or, with `auto`, why attn_backend
+    "auto" does not choose it), or None."""
     if device_type != "cpu":
         return f"the native operator runs on CPU, not {device_type}"
     if dtype not in native.DTYPE_NAMES:
@@ -22,6 +25,11 @@ def native_problem(device_type: str, dtype: str, head_dim: int) -> str | None:
         return f"the native operator has no kernels for head size {head_dim}"
     if native.isa() is None:
         return "the native kernels are not built (make setup builds them with a C++ compiler)"
+    if auto and native.isa() not in AUTO_ISAS:
+        return (
+            f"the native {native.isa()} kernels are not measured faster than SDPA; "
+            "attn_backend native runs them"
+        )
     return None
 
 
