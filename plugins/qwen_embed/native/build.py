@@ -16,6 +16,7 @@ from pathlib import Path
 from . import BUILD, CSRC, LIBRARY, STAMP, sources_digest
 
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"]
+AMX_SOURCE = "kernels_amx.cpp"
 ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
@@ -61,16 +62,27 @@ def build(compiler: str | None = None) -> Path:
         raise RuntimeError("no C++ compiler on PATH (install g++)")
     torch_compile, torch_link = _torch_flags()
     BUILD.mkdir(exist_ok=True)
-    jobs = {"ops.cpp": torch_compile, **ISA_FLAGS}
 
-    def compile_one(name: str) -> Path:
+    def compile_one(name: str, flags: list[str], check: bool = True) -> Path | None:
         obj = BUILD / (Path(name).stem + ".o")
-        cmd = [compiler, *COMMON, *jobs[name], "-c", str(CSRC / name), "-o", str(obj)]
-        subprocess.run(cmd, check=True)
-        return obj
+        cmd = [compiler, *COMMON, *flags, "-c", str(CSRC / name), "-o", str(obj)]
+        return obj if subprocess.run(cmd, check=check).returncode == 0 else None
 
     with ThreadPoolExecutor() as pool:
-        objects = list(pool.map(compile_one, jobs))
+        isa_objects = dict(
+            zip(
+                ISA_FLAGS,
+                pool.map(compile_one, ISA_FLAGS, ISA_FLAGS.values(), [False] * len(ISA_FLAGS)),
+                strict=True,
+            )
+        )
+    if None in (isa_objects[name] for name in ISA_FLAGS if name != AMX_SOURCE):
+        raise RuntimeError("the kernels did not compile (see the compiler's messages above)")
+    if isa_objects[AMX_SOURCE] is None:  # a compiler without AMX intrinsics: the rest still runs
+        print("AMX kernels not built (this compiler lacks -mamx-tile)", file=sys.stderr)
+        del isa_objects[AMX_SOURCE]
+        torch_compile = [*torch_compile, "-DQE_NO_AMX"]
+    objects = [compile_one("ops.cpp", torch_compile), *isa_objects.values()]
     subprocess.run(
         [compiler, "-shared", *map(str, objects), "-o", str(LIBRARY), *torch_link], check=True
     )

@@ -26,6 +26,9 @@ bool cpu_has(const std::string& isa) {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (isa == "amx") {
+#ifdef QE_NO_AMX
+    return false;  // built by a compiler without AMX intrinsics
+#endif
     unsigned a, b, c, d;  // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
     if (!avx512 || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) ||
         !(d & (1u << 24)))
@@ -40,12 +43,17 @@ bool cpu_has(const std::string& isa) {
 
 // The instruction set is chosen by the caller (qwen_embed.native.isa_for); one this CPU cannot
 // run is an error.
+const Kernels* table_for(const std::string& isa) {
+#ifndef QE_NO_AMX
+  if (isa == "amx") return &amx::kernels;
+#endif
+  return isa == "avx512" ? &avx512::kernels : isa == "avx2" ? &avx2::kernels : &generic::kernels;
+}
+
 std::string select_isa(std::string requested) {
-  TORCH_CHECK(cpu_has(requested), "this CPU cannot run the '", requested, "' kernels");
-  active = requested == "amx"      ? &amx::kernels
-           : requested == "avx512" ? &avx512::kernels
-           : requested == "avx2"   ? &avx2::kernels
-                                   : &generic::kernels;
+  TORCH_CHECK(cpu_has(requested), "this CPU (or this build) cannot run the '", requested,
+              "' kernels");
+  active = table_for(requested);
   active_name = requested;
   return active_name;
 }
