@@ -54,10 +54,10 @@ def choose_backend(
 ) -> tuple[str, str]:
     """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
     for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
-    per-segment torch loop. On CUDA flash_attn when
-    importable, else flashinfer (a version with the device guard, for the head sizes it ships
-    kernels for), else the torch loop; torch for fp32. A pure function of the device, the
-    head size, the dtype and what is installed."""
+    per-segment torch loop. On CUDA flash_attn when importable, else flashinfer (a version
+    with the device guard, for the head sizes it ships kernels for), else the torch loop;
+    torch for fp32. A pure function of the device, the head size, the dtype and what is
+    installed."""
     if device_type != "cuda":
         why = cpu_problem(device_type, dtype, head_dim, auto=True)
         if why is None:

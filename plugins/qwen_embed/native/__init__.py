@@ -1,9 +1,11 @@
 """The engine's native CPU kernels: a decoder layer's row-wise ops (RMSNorm, the q/k norm and
-rotary embedding, silu(gate) * up), each one pass over memory in fp32 arithmetic, the same
-numbers for a row whatever rows share its batch.
+rotary embedding, silu(gate) * up), each one pass over memory, and varlen attention
+(attention/native_cpu.py), all in fp32 arithmetic, the same numbers for a row whatever rows
+share its batch.
 
-Built by `make setup` (build.py). `isa()` names the instruction set in use, or None where the
-library is missing, stale or cannot load: then layers.py runs its torch ops instead.
+Built by `make setup` (build.py), once per instruction set; `isa()` names the one in use (the
+widest this CPU runs, `isa_for`), or None where the library is missing, stale or cannot load:
+then layers.py runs its torch ops and attention PyTorch's SDPA instead.
 """
 
 from __future__ import annotations
