@@ -31,15 +31,17 @@ def test_registry_names():
 @pytest.mark.parametrize("name", ["flash_attn", "flashinfer"])
 def test_gpu_backend_on_cpu_is_a_clear_error(checkpoint, name):
     with pytest.raises(RuntimeError, match=f"'{name}' runs only on CUDA"):
-        create_backend(name, AttentionSpec(4, 2, 64, True, torch.device("cpu"), torch.bfloat16))
+        create_backend(name, AttentionSpec(4, 2, 128, True, torch.device("cpu"), torch.bfloat16))
     with pytest.raises((RuntimeError, ValueError), match=f"'{name}'"):
         Encoder.from_pretrained(checkpoint("qwen3"), attn_backend=name, device="cpu")
 
 
-@pytest.mark.parametrize("head_dim", [8, 16, 32, 96, 512])
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 96, 512])
 def test_flashinfer_refuses_head_sizes_without_kernels(head_dim):
+    """64 included: the prebuilt wheels ship 128 and 256 only (a head-64 model such as
+    Qwen2-0.5B would JIT-compile at its first request)."""
     spec = AttentionSpec(4, 2, head_dim, True, torch.device("cuda", 0), torch.bfloat16)
-    with pytest.raises(ValueError, match=f"head sizes \\(64, 128, 256\\), not {head_dim}"):
+    with pytest.raises(ValueError, match=f"head sizes \\(128, 256\\), not {head_dim}"):
         create_backend("flashinfer", spec)
 
 
@@ -55,6 +57,9 @@ def test_auto_backend_choice():
     assert choose("cuda", 128, "flashinfer")[0] == "flashinfer"
     name, reason = choose("cuda", 32, "flashinfer")  # no kernel for 32
     assert name == "torch" and "no kernels for head size 32" in reason
+    name, reason = choose("cuda", 64, "flashinfer")  # nor prebuilt for 64
+    assert name == "torch" and "no kernels for head size 64" in reason
+    assert choose("cuda", 64, "flash_attn", "flashinfer")[0] == "flash_attn"
     # flashinfer before 0.2.4 has no device guard: never chosen
     name, reason = choose("cuda", 128, "flashinfer", flashinfer="0.2.0.post2")
     assert name == "torch" and "current CUDA device" in reason
@@ -93,6 +98,8 @@ def test_instance_kinds_and_device_groups():
 @pytest.mark.parametrize("config_name", ["qwen3_head64", "qwen3_head128"])
 def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
     pytest.importorskip("flash_attn" if name == "flash_attn" else "flashinfer")
+    if name == "flashinfer" and config_name == "qwen3_head64":
+        pytest.skip("no prebuilt flashinfer kernels for head size 64 (flashinfer_limits.py)")
     seqs = random_sequences([1, 17, 90, 300], seed=12)
     ref = reference_embeddings(checkpoint(config_name), seqs)
     with Encoder.from_pretrained(

@@ -1,8 +1,9 @@
 """What flashinfer's prebuilt kernels cover, known without importing flashinfer."""
 
-# Head sizes with prebuilt (AOT) kernels in flashinfer 0.2.x; its fa3 kernels static_assert
-# exactly these, so any other size fails at the first launch, not at load.
-FLASHINFER_HEAD_DIMS = (64, 128, 256)
+# Head sizes with prebuilt (AOT) kernels in the flashinfer wheels `make setup-gpu` installs
+# (0.2.x's setup.py builds FLASHINFER_HEAD_DIMS="128,256" by default): any other size would
+# JIT-compile with nvcc at the first request, or fail where there is none.
+FLASHINFER_HEAD_DIMS = (128, 256)
 
 # 0.2.4 is the first flashinfer whose kernels switch to the tensors' device (a device guard):
 # older ones launch on the current device, wrong for an instance on cuda:N with N > 0.
