@@ -97,18 +97,23 @@ def model_config(**changes) -> ModelConfig:
     return ModelConfig(**{**base, **changes})
 
 
-def route_for(features, device="cpu", checkpoint_dtype=None, onednn=True, **settings):
-    """choose_route for settings given as keywords, on the tiny config's shape."""
+def route_for(
+    features, device="cpu", checkpoint_dtype=None, onednn=True, gpu_bf16=True, **settings
+):
+    """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
+    has bf16 unless told otherwise)."""
     return choose_route(
         EncoderSettings(**settings),
         model_config(checkpoint_dtype=checkpoint_dtype),
         device,
         features,
         onednn,
+        gpu_bf16=lambda device: gpu_bf16,
     )
 
 
-# Head sizes flashinfer ships kernels for (64, 128): what the GPU tests run (not the CPU suite).
+# The GPU tests' head sizes (64: flash-attn only, flashinfer ships no prebuilt kernels for it;
+# 128), not the CPU suite.
 GPU_CONFIGS = {
     f"qwen3_head{d}": dict(
         family="qwen3",

@@ -52,7 +52,13 @@ def test_explicit_dtype_and_gpu_auto():
     assert route.linear is Linear.FP32_GEMM and "as fp32 GEMM" in route.describe()
     assert "set by the deployment" in route.reason
     assert route_for(EPYC_AVX2, "cuda:0", "bfloat16").dtype == "bfloat16"
-    assert route_for(EPYC_AVX2, "cuda:0").dtype == "float32"
+    # an fp32 checkpoint on a GPU runs in bf16 (fp16 where the GPU has no bf16), fp32 if asked
+    assert route_for(EPYC_AVX2, "cuda:0").dtype == "bfloat16"
+    assert route_for(EPYC_AVX2, "cuda:0", "float32").dtype == "bfloat16"
+    assert route_for(EPYC_AVX2, "cuda:0", gpu_bf16=False).dtype == "float16"
+    assert route_for(EPYC_AVX2, "cuda:0", "float16").dtype == "float16"
+    assert route_for(EPYC_AVX2, "cuda:0", dtype="float32").dtype == "float32"
+    assert "float32 checkpoint runs in bfloat16" in route_for(EPYC_AVX2, "cuda:0").reason
     assert not route_for(EPYC_AVX2, "cuda:0").prepacked
 
 

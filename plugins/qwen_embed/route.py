@@ -11,12 +11,14 @@ import enum
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import torch
+
 from . import native
 from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures
 from .heads import resolve_task
-from .settings import DTYPES, EncoderSettings
+from .settings import EncoderSettings
 
 
 class Linear(enum.Enum):
@@ -79,9 +81,12 @@ def choose_route(
     onednn: bool = True,
     choose_attention: Callable[..., tuple[str, str]] = choose_backend,
     native_isa: Callable[[], str | None] = native.isa,
+    gpu_bf16: Callable[[str], bool] | None = None,
 ) -> Route:
-    """dtype "auto" is the checkpoint's dtype on GPU; on CPU bf16 where the CPU has bf16
-    instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only) swaps the
+    """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
+    (fp16 on GPUs without bf16, `gpu_bf16(device)`): fp32 GEMMs and attention would be many
+    times slower; on CPU bf16 where the CPU has bf16 instructions (AVX512_BF16 or AMX), else
+    fp32. quantization "int8" (CPU only) swaps the
     linear layers' GEMM (int8.quantizes says which); CPU routes pack their float linear
     weights for oneDNN where torch has it.
     Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling.
@@ -99,7 +104,8 @@ def choose_route(
             "prefix_reuse needs causal attention and last-token pooling "
             f"(is_causal={config.is_causal}, pooling={s.pooling!r})"
         )
-    dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features)
+    half = None if cpu or s.dtype != "auto" else (gpu_bf16 or _cuda_has_bf16)(device)
+    dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
     elif dtype == "bfloat16" and cpu and not features.native_bf16:
@@ -129,14 +135,28 @@ def choose_route(
     )
 
 
+def _cuda_has_bf16(device: str) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def _dtype(
-    requested: str, cpu: bool, device: str, checkpoint_dtype: str | None, features: CpuFeatures
+    requested: str,
+    cpu: bool,
+    device: str,
+    checkpoint_dtype: str | None,
+    features: CpuFeatures,
+    gpu_bf16: bool | None,
 ) -> tuple[str, str]:
     if requested != "auto":
         return requested, f"dtype {requested} set by the deployment"
     if not cpu:
-        dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
-        return dtype, f"the checkpoint's dtype on {device}"
+        if checkpoint_dtype in ("float16", "bfloat16"):
+            return checkpoint_dtype, f"the checkpoint's dtype on {device}"
+        half = "bfloat16" if gpu_bf16 else "float16"
+        return half, (
+            f"auto: a {checkpoint_dtype or 'float32'} checkpoint runs in {half} on {device} "
+            "(dtype float32 keeps fp32)"
+        )
     if features.native_bf16:
         return "bfloat16", f"auto: {features.describe()} has native bf16 GEMM"
     return (

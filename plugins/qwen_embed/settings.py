@@ -39,7 +39,8 @@ class EncoderSettings:
     # "auto": cuda:0 where CUDA is present, else the CPU; or "cpu", "cuda", "cuda:N".
     device: str = "auto"
     tp_size: int = 1
-    # "auto": bf16 on CPUs with bf16 instructions, else fp32; the checkpoint's dtype on GPUs.
+    # "auto": bf16 on CPUs with bf16 instructions, else fp32; on GPUs the checkpoint's 16-bit
+    # dtype, bf16 (or fp16) for an fp32 checkpoint.
     dtype: str = "auto"
     quantization: str = "none"  # "int8" (CPU only): int8 linear layers
     attn_backend: str = "auto"  # "auto", "native", "torch", "flash_attn", "flashinfer"
