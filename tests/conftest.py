@@ -5,6 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from qwen_embed import native  # noqa: E402
 from qwen_embed.demo import build_demo_model  # noqa: E402
 from qwen_embed.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
 from qwen_embed.serving.repository import render  # noqa: E402
@@ -57,3 +58,18 @@ def server(demo_dir, tmp_path_factory):
     repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as s:
         yield s
+
+
+def _isas() -> list[str]:
+    """Every instruction set this CPU runs the native kernels of, widest first."""
+    if native.isa() is None:
+        return []
+    return list(native.ISAS[native.ISAS.index(native.isa()) :])
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    """The native kernels of each instruction set this CPU runs, in turn (the widest after)."""
+    chosen = native.select(request.param)
+    yield chosen
+    native.select("")

@@ -30,28 +30,10 @@ OPS = torch.ops.qwen_embed if native.isa() else None
 TOLERANCE = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2**-7, atol=1e-3)}
 
 
-def _isas() -> list[str]:
-    if native.isa() is None:
-        return []
-    flags = open("/proc/cpuinfo").read()
-    return ["generic"] + [
-        isa
-        for isa, flag in (("avx2", " avx2 "), ("avx512", " avx512bw "), ("amx", " amx_bf16 "))
-        if flag in flags
-    ]
-
-
 def test_the_kernels_are_built_where_a_compiler_is():
     """`make setup` builds them; only a machine without a C++ compiler runs torch's ops."""
     if shutil.which("c++") or shutil.which("g++"):
         assert native.isa() in native.ISAS
-
-
-@pytest.fixture(params=_isas())
-def isa(request):
-    chosen = native.select(request.param)
-    yield chosen
-    native.select("")
 
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

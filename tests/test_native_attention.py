@@ -21,19 +21,6 @@ OPS = torch.ops.qwen_embed
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def _isas() -> list[str]:
-    if native.isa() is None:
-        return []
-    return list(native.ISAS[native.ISAS.index(native.isa()) :])
-
-
-@pytest.fixture(params=_isas())
-def isa(request):
-    chosen = native.select(request.param)
-    yield chosen
-    native.select("")
-
-
 def _offsets(lens: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 

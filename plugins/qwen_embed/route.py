@@ -73,6 +73,10 @@ class Route:
         return cls(**{**data, "linear": Linear(data["linear"])})
 
 
+def _cuda_has_bf16(device: str) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def choose_route(
     settings: EncoderSettings,
     config: ModelConfig,
@@ -81,7 +85,7 @@ def choose_route(
     onednn: bool = True,
     choose_attention: Callable[..., tuple[str, str]] = choose_backend,
     native_isa: Callable[[], str | None] = native.isa,
-    gpu_bf16: Callable[[str], bool] | None = None,
+    gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
     (fp16 on GPUs without bf16, `gpu_bf16(device)`): fp32 GEMMs and attention would be many
@@ -104,7 +108,7 @@ def choose_route(
             "prefix_reuse needs causal attention and last-token pooling "
             f"(is_causal={config.is_causal}, pooling={s.pooling!r})"
         )
-    half = None if cpu or s.dtype != "auto" else (gpu_bf16 or _cuda_has_bf16)(device)
+    half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
     dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
@@ -133,10 +137,6 @@ def choose_route(
         reason=reason,
         attention_reason=why,
     )
-
-
-def _cuda_has_bf16(device: str) -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _dtype(

@@ -21,7 +21,7 @@ ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
-    "kernels_amx.cpp": [
+    AMX_SOURCE: [
         *AVX512,
         "-mavx512bf16",
         "-mamx-tile",
@@ -63,26 +63,22 @@ def build(compiler: str | None = None) -> Path:
     torch_compile, torch_link = _torch_flags()
     BUILD.mkdir(exist_ok=True)
 
-    def compile_one(name: str, flags: list[str], check: bool = True) -> Path | None:
+    def compile_one(name: str, flags: list[str]) -> Path | None:
         obj = BUILD / (Path(name).stem + ".o")
         cmd = [compiler, *COMMON, *flags, "-c", str(CSRC / name), "-o", str(obj)]
-        return obj if subprocess.run(cmd, check=check).returncode == 0 else None
+        return obj if subprocess.run(cmd).returncode == 0 else None
 
     with ThreadPoolExecutor() as pool:
-        isa_objects = dict(
-            zip(
-                ISA_FLAGS,
-                pool.map(compile_one, ISA_FLAGS, ISA_FLAGS.values(), [False] * len(ISA_FLAGS)),
-                strict=True,
-            )
+        built = dict(
+            zip(ISA_FLAGS, pool.map(compile_one, ISA_FLAGS, ISA_FLAGS.values()), strict=True)
         )
-    if None in (isa_objects[name] for name in ISA_FLAGS if name != AMX_SOURCE):
-        raise RuntimeError("the kernels did not compile (see the compiler's messages above)")
-    if isa_objects[AMX_SOURCE] is None:  # a compiler without AMX intrinsics: the rest still runs
+    if built[AMX_SOURCE] is None:  # a compiler without AMX intrinsics: the rest still runs
         print("AMX kernels not built (this compiler lacks -mamx-tile)", file=sys.stderr)
-        del isa_objects[AMX_SOURCE]
+        del built[AMX_SOURCE]
         torch_compile = [*torch_compile, "-DQE_NO_AMX"]
-    objects = [compile_one("ops.cpp", torch_compile), *isa_objects.values()]
+    objects = [compile_one("ops.cpp", torch_compile), *built.values()]
+    if None in objects:
+        raise RuntimeError("the kernels did not compile (see the compiler's messages above)")
     subprocess.run(
         [compiler, "-shared", *map(str, objects), "-o", str(LIBRARY), *torch_link], check=True
     )

@@ -152,16 +152,41 @@ inline void accumulate(float* acc, const float* p, const float* alpha, const flo
   }
 }
 
-// How many keys each of `padded` rows sees (0 for the padding past `rows`: causal rows see up to
-// their own position); returns the most any row sees.
-inline int64_t key_limits(int64_t rows, int64_t padded, int64_t first_pos, int64_t n_k,
-                          bool causal, int64_t* limit) {
-  int64_t end = 0;
-  for (int64_t i = 0; i < padded; ++i) {
-    limit[i] = i >= rows ? 0 : causal && first_pos + i + 1 < n_k ? first_pos + i + 1 : n_k;
-    end = end > limit[i] ? end : limit[i];
+// A task's query rows (up to kTaskRows, in blocks of kBlockQ), as both attention paths keep
+// them: the rows each block computes (its real rows rounded up to a multiple of `pad`), how
+// many keys each row sees (0 for padding; causal rows up to their own position), the most any
+// row of a block sees, and each row's running max and sum.
+struct RowBlocks {
+  static constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
+  float max[G][R], sum[G][R];
+  int64_t limit[G][R], end[G], used[G], count, last = 0;
+
+  RowBlocks(int64_t rows, int64_t pad, int64_t first_pos, int64_t n_k, bool causal)
+      : count((rows + R - 1) / R) {
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t block_rows = rows - b * R < R ? rows - b * R : R;
+      used[b] = (block_rows + pad - 1) / pad * pad;
+      end[b] = 0;
+      for (int64_t i = 0; i < used[b]; ++i) {
+        const int64_t pos = first_pos + b * R + i;
+        limit[b][i] = i >= block_rows ? 0 : causal && pos + 1 < n_k ? pos + 1 : n_k;
+        end[b] = end[b] > limit[b][i] ? end[b] : limit[b][i];
+        max[b][i] = kNegInf;
+        sum[b][i] = 0.0f;
+      }
+      last = last > end[b] ? last : end[b];
+    }
   }
-  return end;
+};
+
+// out row i = o row i / its softmax sum, for the task's `rows` rows (o: rows of D, contiguous).
+template <typename T, int D>
+inline void write_rows(const RowBlocks& rb, const float* o, int64_t rows, T* out,
+                       int64_t out_stride) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float inverse = 1.0f / rb.sum[i / kBlockQ][i % kBlockQ];
+    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, o[i * D + d] * inverse);
+  }
 }
 
 // A segment's keys of one kv head -> fp32 chunks of [D][kChunk] (transposed; keys past n_k are
@@ -207,52 +232,39 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
   constexpr int kValueRows = kRegisters / 2 / kValueCols;
   static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
   alignas(64) static thread_local float qf[G][R * D], acc[G][R * D], s[R * kSpan];
-  float max[G][R], sum[G][R], alpha[R];
-  int64_t limit[G][R], end[G], padded[G], last = 0;  // limit: keys row i sees
-  const int64_t blocks = (rows + R - 1) / R;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t block_rows = rows - b * R < R ? rows - b * R : R;
-    padded[b] = (block_rows + kScoreRows - 1) / kScoreRows * kScoreRows;
-    end[b] = key_limits(block_rows, padded[b], first_pos + b * R, n_k, causal, limit[b]);
-    last = last > end[b] ? last : end[b];
-    for (int64_t i = 0; i < padded[b]; ++i) {
-      max[b][i] = kNegInf;
-      sum[b][i] = 0.0f;
+  float alpha[R];
+  RowBlocks rb(rows, kScoreRows, first_pos, n_k, causal);
+  for (int64_t b = 0; b < rb.count; ++b)
+    for (int64_t i = 0; i < rb.used[b]; ++i)
       for (int d = 0; d < D; ++d) {
-        qf[b][i * D + d] = i < block_rows ? to_float(q[(b * R + i) * q_stride + d]) : 0.0f;
+        qf[b][i * D + d] = b * R + i < rows ? to_float(q[(b * R + i) * q_stride + d]) : 0.0f;
         acc[b][i * D + d] = 0.0f;
       }
-    }
-  }
-  for (int64_t start = 0; start < last; start += kSpan)
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (start >= end[b]) continue;
-      const int64_t n = end[b] - start < kSpan ? end[b] - start : kSpan;
+  for (int64_t start = 0; start < rb.last; start += kSpan)
+    for (int64_t b = 0; b < rb.count; ++b) {
+      if (start >= rb.end[b]) continue;
+      const int64_t n = rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan;
       const int64_t chunks = (n + kChunk - 1) / kChunk;
       for (int64_t ch = 0; ch < chunks; ++ch)
-        for (int64_t i = 0; i < padded[b]; i += kScoreRows)
+        for (int64_t i = 0; i < rb.used[b]; i += kScoreRows)
           scores<D, kScoreRows>(qf[b] + i * D, kp + (start + ch * kChunk) * D,
                                 s + i * kSpan + ch * kChunk);
-      for (int64_t i = 0; i < padded[b]; ++i) {
-        const int64_t valid = limit[b][i] - start;
+      for (int64_t i = 0; i < rb.used[b]; ++i) {
+        const int64_t valid = rb.limit[b][i] - start;
         float* row = s + i * kSpan;
         if (valid > 0) {
-          alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, max[b][i], sum[b][i],
-                                  [row](int64_t j, Vec p) { store(row + j, p); });
+          alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, rb.max[b][i],
+                                  rb.sum[b][i], [row](int64_t j, Vec p) { store(row + j, p); });
         } else {  // this span is past the row's last key: leave the row as it is
           alpha[i] = 1.0f;
           for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
         }
       }
-      for (int64_t i = 0; i < padded[b]; i += kValueRows)
+      for (int64_t i = 0; i < rb.used[b]; i += kValueRows)
         accumulate<D, kValueRows, kValueCols>(acc[b] + i * D, s + i * kSpan, alpha + i,
                                               vp + start * D, n);
     }
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* row = acc[i / R] + (i % R) * D;
-    const float inverse = 1.0f / sum[i / R][i % R];
-    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, row[d] * inverse);
-  }
+  write_rows<T, D>(rb, acc[0], rows, out, out_stride);
 }
 
 template <typename T>

@@ -207,50 +207,37 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
   constexpr int64_t R = kBlockQ, K = kTileKeys, G = kTaskRows / kBlockQ;
   alignas(64) static thread_local uint16_t qb[G][R * D], pb[R * kSpan];
   alignas(64) static thread_local float s[R * kSpan], o[G][R * D];
-  float max[G][R], sum[G][R];
-  int64_t limit[G][R], end[G], used[G], last = 0;
-  const int64_t blocks = (rows + R - 1) / R;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t block_rows = rows - b * R < R ? rows - b * R : R;
-    used[b] = block_rows <= 16 ? 16 : R;  // rows the tiles compute
-    end[b] = key_limits(block_rows, used[b], first_pos + b * R, n_k, causal, limit[b]);
-    last = last > end[b] ? last : end[b];
-    for (int64_t i = 0; i < used[b]; ++i) {
-      max[b][i] = kNegInf;
-      sum[b][i] = 0.0f;
-      if (i < block_rows)  // the queries, contiguous (the tiles reread them)
+  RowBlocks rb(rows, 16, first_pos, n_k, causal);  // one or two 16-row tiles per block
+  for (int64_t b = 0; b < rb.count; ++b)
+    for (int64_t i = 0; i < rb.used[b]; ++i) {  // the queries, contiguous (tiles reread them)
+      if (b * R + i < rows)
         __builtin_memcpy(qb[b] + i * D, q + (b * R + i) * q_stride, D * 2);
       else
         __builtin_memset(qb[b] + i * D, 0, D * 2);
     }
-  }
   configure_tiles();
-  for (int64_t start = 0; start < last; start += kSpan)
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (start >= end[b]) continue;
-      const bool half = used[b] == 16;
-      const int64_t chunks = ((end[b] - start < kSpan ? end[b] - start : kSpan) + K - 1) / K;
+  for (int64_t start = 0; start < rb.last; start += kSpan)
+    for (int64_t b = 0; b < rb.count; ++b) {
+      if (start >= rb.end[b]) continue;
+      const bool half = rb.used[b] == 16;
+      const int64_t chunks = ((rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan) + K - 1) / K;
       tile_scores<D>(qb[b], kp + start * D, chunks, half, s);
-      for (int64_t i = 0; i < used[b]; ++i) {
+      for (int64_t i = 0; i < rb.used[b]; ++i) {
         uint16_t* p = pb + i * kSpan;
-        const int64_t valid = limit[b][i] - start;
+        const int64_t valid = rb.limit[b][i] - start;
         if (valid <= 0) {  // this span is past the row's last key: leave the row as it is
           __builtin_memset(p, 0, chunks * K * 2);
           continue;
         }
         const float alpha =
-            softmax_span(s + i * kSpan, chunks * K, valid, scale, max[b][i], sum[b][i],
+            softmax_span(s + i * kSpan, chunks * K, valid, scale, rb.max[b][i], rb.sum[b][i],
                          [&](int64_t j, Vec x) { to_bf16(x, p + j); });
         if (start > 0 && alpha != 1.0f)
           for (int d = 0; d < D; ++d) o[b][i * D + d] *= alpha;
       }
       tile_values<D>(pb, vp + start * D, chunks, half, start == 0, o[b]);
     }
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* row = o[i / R] + (i % R) * D;
-    const float inverse = 1.0f / sum[i / R][i % R];
-    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, row[d] * inverse);
-  }
+  write_rows<uint16_t, D>(rb, o[0], rows, out, out_stride);
 }
 
 void attend_tiles(const uint16_t* q, int64_t q_stride, const void* kp, const void* vp,
