@@ -1,11 +1,13 @@
 """Backend registry; GPU backends fail clearly on CPU and are checked on a GPU when present."""
 
+import numpy as np
 import pytest
 import torch
 
 from qwen_embed import Encoder, native
 from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
 from qwen_embed.attention.native_cpu import AUTO_ISAS
+from qwen_embed.attention.torch_varlen import varlen_problem
 from qwen_embed.engine import check_gpu_group
 from qwen_embed.serving.config import encoder_device
 
@@ -46,28 +48,52 @@ def test_flashinfer_refuses_head_sizes_without_kernels(head_dim):
 
 
 def test_auto_backend_choice():
-    def only(*names):
-        return lambda module: module in names
+    def choose(device, head_dim, *installed, dtype="bfloat16", capability=(9, 0)):
+        return choose_backend(
+            device,
+            head_dim,
+            dtype=dtype,
+            import_problem=lambda m: None if m in installed else f"no {m}",
+            gpu_problem=lambda *a: varlen_problem(*a, lambda d: capability, lambda: True),
+        )
 
-    def choose(device, head_dim, *names, flashinfer="0.2.5"):
-        return choose_backend(device, head_dim, only(*names), lambda: flashinfer)
-
-    assert choose("cpu", 128, "flash_attn", "flashinfer")[0] in ("native", "torch")
-    assert choose("cuda", 128, "flash_attn", "flashinfer")[0] == "flash_attn"
-    assert choose("cuda", 128, "flashinfer")[0] == "flashinfer"
-    name, reason = choose("cuda", 32, "flashinfer")  # no kernel for 32
-    assert name == "torch" and "no kernels for head size 32" in reason
-    name, reason = choose("cuda", 64, "flashinfer")  # nor prebuilt for 64
-    assert name == "torch" and "no kernels for head size 64" in reason
-    assert choose("cuda", 64, "flash_attn", "flashinfer")[0] == "flash_attn"
-    # flashinfer before 0.2.4 has no device guard: never chosen
-    name, reason = choose("cuda", 128, "flashinfer", flashinfer="0.2.0.post2")
-    assert name == "torch" and "current CUDA device" in reason
-    name, reason = choose("cuda", 128)
-    assert name == "torch" and "flashinfer is not installed" in reason and "setup-gpu" in reason
-    # fp32 on a GPU (e.g. a reference run): both kernels are half precision only
-    name, reason = choose_backend("cuda", 128, only("flash_attn", "flashinfer"), dtype="float32")
+    assert choose("cpu", 128, "flash_attn")[0] in ("native", "torch")
+    assert choose("cuda:1", 128, "flash_attn", "flashinfer")[0] == "flash_attn"
+    assert choose("cuda", 64, "flash_attn")[0] == "flash_attn"
+    # Nothing beyond PyPI's torch: varlen_attn, one call per layer. flashinfer only by name.
+    for head_dim in (64, 128):
+        name, reason = choose("cuda", head_dim, "flashinfer")
+        assert (name, reason) == ("torch", "auto: PyTorch varlen_attn, one call per layer")
+    # Where varlen_attn cannot: the per-segment loop, saying why.
+    name, reason = choose("cuda", 128, capability=(7, 5))
+    assert name == "torch" and "per segment" in reason and "7.5" in reason
+    name, reason = choose("cuda", 100)
+    assert name == "torch" and "multiples of 8, not 100" in reason
+    name, reason = choose("cuda", 128, "flash_attn", dtype="float32")  # a reference run
     assert name == "torch" and "not float32" in reason
+
+
+def test_varlen_problem():
+    def problem(device="cuda:0", dtype="bfloat16", head_dim=128, capability=(8, 0), has=True):
+        return varlen_problem(device, dtype, head_dim, lambda d: capability, lambda: has)
+
+    assert problem() is None and problem(dtype="float16", head_dim=256) is None
+    assert "CUDA only" in problem(device="cpu")
+    assert "not float32" in problem(dtype="float32")
+    assert "not 512" in problem(head_dim=512)
+    assert "8.0+" in problem(capability=(7, 5))
+    assert "no torch.nn.attention.varlen" in problem(has=False)
+    # This torch has it (2.13): on a GPU the torch backend needs no attention wheel.
+    assert varlen_problem("cuda", "bfloat16", 128, lambda d: (9, 0)) is None
+
+
+def test_import_problem_imports_rather_than_finds():
+    """A module that is found but fails at import (a wheel built for another torch) is not
+    installed as far as auto is concerned."""
+    from qwen_embed.attention import _import_problem
+
+    assert _import_problem("json") is None
+    assert "does not import" in _import_problem("qwen_embed_no_such_module")
 
 
 def test_encoder_reports_auto_attention(checkpoint):
@@ -94,10 +120,11 @@ def test_instance_kinds_and_device_groups():
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("name", ["flash_attn", "flashinfer"])
+@pytest.mark.parametrize("name", ["torch", "flash_attn", "flashinfer"])
 @pytest.mark.parametrize("config_name", ["qwen3_head64", "qwen3_head128"])
 def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
-    pytest.importorskip("flash_attn" if name == "flash_attn" else "flashinfer")
+    if name != "torch":
+        pytest.importorskip(name)
     if name == "flashinfer" and config_name == "qwen3_head64":
         pytest.skip("no prebuilt flashinfer kernels for head size 64 (flashinfer_limits.py)")
     seqs = random_sequences([1, 17, 90, 300], seed=12)
@@ -107,6 +134,33 @@ def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
     ) as enc:
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= 0.999
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_path_equals_the_per_segment_loop(causal):
+    """The torch backend's two GPU paths on every layout: causal and bidirectional, a shared
+    prefix (fewer queries than keys), one query per sequence, GQA, 1-token segments."""
+    from qwen_embed.segments import AttentionLayout
+
+    device = torch.device("cuda", 0)
+    spec = AttentionSpec(8, 2, 128, causal, device, torch.bfloat16)
+    varlen, loop = create_backend("torch", spec), create_backend("torch", spec)
+    assert varlen._varlen is not None, "varlen_attn should serve a bf16 head-128 spec here"
+    loop._varlen = None
+    gen = torch.Generator(device).manual_seed(3)
+    for q_lens, k_lens in [((1, 17, 300), (1, 17, 300)), ((5, 1, 40), (70, 33, 40))]:
+        layout = AttentionLayout.build(q_lens, k_lens, np.arange(sum(k_lens)), device)
+        q = torch.randn(sum(q_lens), 8, 128, device=device, generator=gen, dtype=torch.bfloat16)
+        k, v = (
+            torch.randn(sum(k_lens), 2, 128, device=device, generator=gen, dtype=torch.bfloat16)
+            for _ in range(2)
+        )
+        varlen.prepare(layout)
+        loop.prepare(layout)
+        diff = (varlen.forward(q, k, v, layout) - loop.forward(q, k, v, layout)).abs().max()
+        assert diff <= 2e-2, (q_lens, k_lens, diff)
 
 
 @pytest.mark.gpu

@@ -121,7 +121,7 @@ def choose_route(
     prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
-        backend, why = choose_attention(device.split(":")[0], config.head_dim, dtype=dtype)
+        backend, why = choose_attention(device, config.head_dim, dtype=dtype)
     isa = native_isa() if cpu and dtype in native.DTYPE_NAMES else None
     return Route(
         device=device,

@@ -7,13 +7,11 @@ flashinfer: a backend's module is imported only when that backend is asked for.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 from collections.abc import Callable
 
 from .base import AttentionBackend, AttentionSpec
-from .flashinfer_limits import FLASHINFER_HEAD_DIMS, flashinfer_problem
 from .native_cpu import native_problem
+from .torch_varlen import varlen_problem
 
 _BACKENDS = {
     "torch": "qwen_embed.attention.torch_sdpa:TorchAttention",
@@ -32,47 +30,43 @@ def register_backend(name: str, import_path: str) -> None:
     _BACKENDS[name] = import_path
 
 
-def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _flashinfer_version() -> str | None:
+def _import_problem(module: str) -> str | None:
+    """Why `module` cannot be imported (None when it can). An import, not a lookup: a wheel
+    built for another torch is found but fails to load (undefined symbols)."""
     try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        importlib.import_module(module)
+    except (ImportError, OSError) as e:
+        return f"{module} does not import ({type(e).__name__}: {e})"
+    return None
 
 
 def choose_backend(
-    device_type: str,
+    device: str,
     head_dim: int,
-    importable: Callable[[str], bool] = _importable,
-    flashinfer_version: Callable[[], str | None] = _flashinfer_version,
     *,
     dtype: str = "bfloat16",
+    import_problem: Callable[[str], str | None] = _import_problem,
+    gpu_problem: Callable[..., str | None] = varlen_problem,
     cpu_problem: Callable[..., str | None] = native_problem,
 ) -> tuple[str, str]:
     """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
     for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
-    per-segment torch loop. On CUDA flash_attn when importable, else flashinfer (a version
-    with the device guard, for the head sizes it ships kernels for), else the torch loop;
-    torch for fp32. A pure function of the device, the head size, the dtype and what is
-    installed."""
-    if device_type != "cuda":
-        why = cpu_problem(device_type, dtype, head_dim, auto=True)
+    per-segment torch loop. On CUDA flash-attn where it is installed and imports (a deployer
+    who installed it asked for it), else torch: PyTorch's varlen_attn where the GPU, dtype and
+    head size allow (the same FlashAttention kernels, nothing beyond PyPI's torch), else its
+    per-segment loop. flashinfer runs when asked for by name. A pure function of the device,
+    the head size, the dtype and what is installed."""
+    if not device.startswith("cuda"):
+        why = cpu_problem(device, dtype, head_dim, auto=True)
         if why is None:
             return "native", "auto: the native CPU operator, one call per layer"
         return "torch", f"auto: PyTorch SDPA per segment ({why})"
-    if dtype not in ("float16", "bfloat16"):  # both GPU kernels are half precision only
-        return "torch", f"auto: the GPU kernels need float16 or bfloat16, not {dtype}"
-    if importable("flash_attn"):
+    if dtype in ("float16", "bfloat16") and import_problem("flash_attn") is None:
         return "flash_attn", "auto: flash-attn is installed"
-    why = flashinfer_problem(flashinfer_version() if importable("flashinfer") else None, None)
-    if why is None and head_dim in FLASHINFER_HEAD_DIMS:
-        return "flashinfer", "auto: flashinfer is installed (flash-attn is not)"
+    why = gpu_problem(device, dtype, head_dim)
     if why is None:
-        why = f"flashinfer has no kernels for head size {head_dim}"
-    return "torch", f"auto: no flash-attn, and {why} (slow on GPU: make setup-gpu)"
+        return "torch", "auto: PyTorch varlen_attn, one call per layer"
+    return "torch", f"auto: PyTorch SDPA per segment ({why})"
 
 
 def create_backend(name: str, spec: AttentionSpec) -> AttentionBackend:

@@ -1,4 +1,5 @@
-"""Reference backend: PyTorch SDPA, one call per segment; runs on CPU and GPU."""
+"""PyTorch's attention: on GPUs that run it, `varlen_attn` over the whole flat batch (one call
+per layer); elsewhere (CPU, fp32, older GPUs) SDPA, one call per segment."""
 
 from __future__ import annotations
 
@@ -6,11 +7,23 @@ import torch
 import torch.nn.functional as F
 
 from ..segments import AttentionLayout
-from .base import AttentionBackend
+from .base import AttentionBackend, AttentionSpec
+from .torch_varlen import varlen_problem
 
 
 class TorchAttention(AttentionBackend):
+    def __init__(self, spec: AttentionSpec):
+        super().__init__(spec)
+        self._varlen = None
+        dtype = str(spec.dtype).removeprefix("torch.")
+        if varlen_problem(str(spec.device), dtype, spec.head_dim) is None:
+            from torch.nn.attention.varlen import varlen_attn
+
+            self._varlen = varlen_attn
+
     def prepare(self, layout: AttentionLayout) -> None:
+        if self._varlen is not None:
+            return  # it reads the layout's device offsets directly
         # Per segment: its rows and its mask, built once for every layer. A segment with as
         # many queries as keys is plain causal; one query sees all its keys; the last n_q of
         # n_k positions (after a shared prefix) get a bottom-right causal mask.
@@ -27,8 +40,22 @@ class TorchAttention(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        out = torch.empty_like(q)
         gqa = self.spec.num_heads != self.spec.num_kv_heads
+        if self._varlen is not None:
+            # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs.
+            return self._varlen(
+                q,
+                k,
+                v,
+                layout.cu_q,
+                layout.cu_k,
+                layout.max_q,
+                layout.max_k,
+                scale=self.spec.scale,
+                window_size=(-1, 0) if self.spec.causal else (-1, -1),
+                enable_gqa=gqa,
+            )
+        out = torch.empty_like(q)
         # Slices of the flat stream seen as [1, heads, len, dim]: no padding.
         # (The 4-D form takes PyTorch's fused CPU kernel; 3-D inputs fall back to the math path.)
         for q0, q1, k0, k1, is_causal, mask in layout.state["torch"]:

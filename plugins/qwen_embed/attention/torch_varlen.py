@@ -1,0 +1,47 @@
+"""When the torch backend can take PyTorch's packed varlen attention on a GPU
+(`torch.nn.attention.varlen.varlen_attn`: one FlashAttention call per layer over the whole flat
+batch, separate query/key offsets, GQA): known without importing anything CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+
+# Its FlashAttention kernels: Ampere and newer, half precision, head sizes up to 256 in
+# multiples of 8.
+MIN_CAPABILITY = (8, 0)
+MAX_HEAD_DIM = 256
+
+
+def _capability(device: str) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(device)
+
+
+def _has_varlen() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def varlen_problem(
+    device: str,
+    dtype: str,
+    head_dim: int,
+    capability=_capability,
+    has_varlen=_has_varlen,
+) -> str | None:
+    """Why varlen_attn cannot serve this device, dtype and head size (None when it can)."""
+    if not device.startswith("cuda"):
+        return "varlen_attn runs on CUDA only"
+    if dtype not in ("float16", "bfloat16"):
+        return f"varlen_attn needs float16 or bfloat16, not {dtype}"
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return (
+            f"varlen_attn takes head sizes up to {MAX_HEAD_DIM} in multiples of 8, not {head_dim}"
+        )
+    if not has_varlen():
+        return "this torch has no torch.nn.attention.varlen (added in the 2.9 line)"
+    major, minor = capability(device)
+    if (major, minor) < MIN_CAPABILITY:
+        need = ".".join(map(str, MIN_CAPABILITY))
+        return f"varlen_attn needs compute capability {need}+, {device} has {major}.{minor}"
+    return None
