@@ -31,10 +31,16 @@ $(TRITON): $(VENV)/.installed
 	@if command -v tritonserver >/dev/null; then echo "using $$(command -v tritonserver)"; \
 	else $(PY) -m qwen_embed.serving.triton install; fi
 
-# Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines.
+# Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines. Where
+# `make setup-gpu` installed a GPU stack, its torch stays (a re-run must not swap the CPU build in
+# under CUDA kernels): the other pins are installed around it, then the GPU stack is checked.
 $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -r requirements.txt
+	@if [ -f $(VENV)/.installed-gpu ]; then \
+		grep -v -E '^torch[=<> ]' requirements.txt > $(VENV)/requirements-beside-gpu.txt; \
+		$(VENV)/bin/pip install --quiet -r $(VENV)/requirements-beside-gpu.txt \
+		&& $(PY) -m qwen_embed.gpu_stack check --stack $$(cat $(VENV)/.installed-gpu); \
+	else $(VENV)/bin/pip install --quiet -r requirements.txt; fi
 	$(VENV)/bin/pip install --quiet --no-deps -e . -e client
 	touch $@
 
@@ -58,17 +64,24 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest -q -m "not server and not gpu"
 
-# The GPU stack (qwen_embed/gpu_stack.py): torch 2.6.0 (CUDA 12.4) with the flash-attn 2.7.4.post1
-# and flashinfer 0.2.5 wheels built for it, prebuilt kernels, nothing compiled; replaces the CPU
-# torch in the venv. Refuses, naming what is supported, where that set does not exist.
-setup-gpu: $(VENV)/.installed-gpu
+# A GPU stack (qwen_embed/gpu_stack.py, prebuilt wheels only) in place of the CPU torch:
+# GPU_STACK=torch (default) is PyPI's CUDA build of the same torch, whose varlen_attn is the GPU
+# attention; GPU_STACK=kernels is torch 2.6.0 with the flash-attn and flashinfer wheels made for
+# it. TORCH_INDEX_URL takes torch from another index (e.g. PyTorch's cu128 builds for drivers
+# older than 580). The stamp holds the stack's name; the native kernels are rebuilt for it.
+GPU_STACK ?= torch
+TORCH_INDEX_URL ?= https://pypi.org/simple
+setup-gpu: $(VENV)/.installed-gpu $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
 $(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed/gpu_stack.py
-	$(PY) -m qwen_embed.gpu_stack install
-	touch $@
+	$(PY) -m qwen_embed.gpu_stack install --stack $(GPU_STACK) --index-url $(TORCH_INDEX_URL)
+	$(PY) -m qwen_embed.native.build
+	echo $(GPU_STACK) > $@
 
 # The GPU-marked tests (each backend against transformers at head sizes 64/128, a KIND_GPU
-# server, NCCL TP where two GPUs exist); without CUDA they are skipped and say why (exit 0).
-test-gpu: setup
+# server, NCCL TP where two GPUs exist). Stops first where an NVIDIA GPU is present but CUDA does
+# not start (a driver too old for the build); on a host without one they are skipped, saying so.
+test-gpu: setup-gpu
+	$(PY) -m qwen_embed.gpu_stack doctor
 	$(PY) -m pytest -m gpu -rs
 
 perf-engine: setup
@@ -80,17 +93,18 @@ perf-serving: setup
 # The same harness on a GPU, bf16, Qwen3-Embedding-0.6B's full shape (28 layers, random weights):
 # the engine with each attention backend vs transformers, end to end through Triton, and side by
 # side with vLLM's GPU build (perf/peers/install.sh vllm-gpu) on the same texts and clients.
-# Run `make setup-gpu` first (CUDA torch, flash-attn, flashinfer in the venv).
 GPU_MODEL ?= .cache/qwen3-0.6b-shape
 $(GPU_MODEL)/config.json: $(VENV)/.installed
 	$(PY) -m qwen_embed.demo $(GPU_MODEL) --layers 28
-perf-gpu: setup $(GPU_MODEL)/config.json
-	for backend in torch flash_attn flashinfer; do \
+GPU_BACKENDS ?= $(if $(filter kernels,$(GPU_STACK)),torch flash_attn flashinfer,torch)
+perf-gpu: setup-gpu $(GPU_MODEL)/config.json
+	$(PY) -m qwen_embed.gpu_stack doctor
+	for backend in $(GPU_BACKENDS); do \
 		$(PY) perf/bench_engine.py --model-dir $(GPU_MODEL) --dtype bfloat16 --device cuda \
 			--attn-backend $$backend --mixed-texts 1024 --uniform-texts 1024 \
 			--out perf/results/gpu_engine_$$backend || exit 1; done
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(GPU_MODEL) --concurrency 1 16 64 \
-		--encoder-param attn_backend=flash_attn --encoder-param dtype=bfloat16 \
+		--encoder-param dtype=bfloat16 \
 		--out results/gpu_serving
 	perf/peers/install.sh vllm-gpu
 	cd perf && ../$(PY) bench_peers.py --device cuda --dtype bfloat16 --model-dir ../$(GPU_MODEL) \

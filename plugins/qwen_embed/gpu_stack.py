@@ -1,13 +1,21 @@
-"""The GPU stack `make setup-gpu` installs: one pinned combination that works without compiling.
+"""The GPU stacks `make setup-gpu` installs: prebuilt wheels only, nothing compiles.
 
-flash-attn on PyPI is a source package that builds CUDA for an hour, and PyPI's
-`flashinfer-python` JIT-compiles its kernels on first use (nvcc needed). Their projects publish
-prebuilt wheels per (torch, CUDA, Python); this module holds one combination in which all three
-exist, and refuses, naming what is supported, where they do not (another Python, another
-platform). `python -m qwen_embed.gpu_stack install` installs it into the running interpreter's
-environment and then checks what was installed; `print` shows the requirement lines.
+- "torch" (the default): PyPI's torch at the version the CPU set pins (requirements.txt), one
+  torch for CPU and GPU. Its Linux x86_64 wheel is the CUDA 13.0 build (NVIDIA driver 580+,
+  compute capability 7.5+, Blackwell included); its `varlen_attn` is the torch backend's GPU
+  path, so no attention wheel is needed.
+- "kernels": flash-attn and flashinfer beside the torch their prebuilt wheels are made for.
+  flash-attn on PyPI is a source package that builds CUDA for an hour, its release wheels stop
+  at older torch minors, and flashinfer's torch-specific prebuilt wheels stop at 0.2.5 (torch
+  2.6, CUDA 12.4; PyPI's flashinfer-python JIT-compiles with nvcc): so this stack is torch 2.6.0
+  with both, and the venv's torch is that one while it is installed.
 
-    python -m qwen_embed.gpu_stack {print,install,check}
+Each stack refuses, naming what is supported, where its wheels do not exist (another Python,
+another platform). `python -m qwen_embed.gpu_stack install [--stack kernels]` installs one into
+the running interpreter's environment and checks it; `check` checks without a GPU (the Docker
+build runs it); `doctor` fails where an NVIDIA GPU is present but CUDA does not start.
+
+    python -m qwen_embed.gpu_stack {print,install,check,doctor} [--stack torch|kernels]
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import platform
 import shutil
 import subprocess
@@ -22,9 +31,16 @@ import sys
 from dataclasses import dataclass
 
 from .attention.flashinfer_limits import flashinfer_problem, version_tuple
+from .host import gpu_present
 
-TORCH = "2.6.0"  # PyPI's Linux x86_64 wheel of 2.6.0 is the CUDA 12.4 build
-TORCH_CUDA = "12.4"
+STACKS = ("torch", "kernels")
+TORCH = "2.13.0"  # = requirements.txt; PyPI's Linux x86_64 wheel of it is the CUDA 13.0 build
+TORCH_CUDA = "13.0"
+TORCH_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
+PYPI = "https://pypi.org/simple"
+
+KERNELS_TORCH = "2.6.0"  # PyPI's Linux x86_64 wheel of 2.6.0 is the CUDA 12.4 build
+KERNELS_TORCH_CUDA = "12.4"
 FLASH_ATTN = "2.7.4.post1"
 FLASHINFER = "0.2.5"  # >= FLASHINFER_MIN: its kernels run on the tensors' device
 PYTHONS = ((3, 10), (3, 11), (3, 12))  # the Pythons all three projects publish wheels for
@@ -55,29 +71,43 @@ class Artefact:
 
 
 def gpu_stack(
-    python: tuple[int, int] | None = None, system: str | None = None, machine: str | None = None
+    stack: str = "torch",
+    python: tuple[int, int] | None = None,
+    system: str | None = None,
+    machine: str | None = None,
 ) -> list[Artefact]:
-    """The pinned artefacts for this Python and platform (defaults: the running ones)."""
+    """The pinned artefacts of `stack` for this Python and platform (defaults: the running
+    ones)."""
     python = python or sys.version_info[:2]
     system, machine = system or platform.system(), machine or platform.machine()
+    if stack not in STACKS:
+        raise UnsupportedStack(f"no GPU stack {stack!r}; stacks: {', '.join(STACKS)}")
     if (system, machine) != ("Linux", "x86_64"):
         raise UnsupportedStack(
-            f"the GPU stack has prebuilt flash-attn/flashinfer wheels for Linux x86_64 only, "
-            f"not {system} {machine}"
-        )
-    if python not in PYTHONS:
-        supported = ", ".join(f"{a}.{b}" for a, b in PYTHONS)
-        raise UnsupportedStack(
-            f"no prebuilt torch {TORCH} + flash-attn {FLASH_ATTN} + flashinfer {FLASHINFER} set "
-            f"for Python {python[0]}.{python[1]}; supported: Python {supported} "
-            f"(rm -rf .venv; make setup-gpu PYTHON_BOOT=python3.11)"
+            f"the GPU stacks are prebuilt CUDA wheels for Linux x86_64 only, not {system} {machine}"
         )
     py = f"{python[0]}{python[1]}"
+    supported = TORCH_PYTHONS if stack == "torch" else PYTHONS
+    if python not in supported:
+        names = ", ".join(f"{a}.{b}" for a, b in supported)
+        raise UnsupportedStack(
+            f"no prebuilt {stack!r} GPU stack for Python {python[0]}.{python[1]}; supported: "
+            f"Python {names} (rm -rf .venv; make setup-gpu PYTHON_BOOT=python3.11)"
+        )
+    if stack == "torch":
+        return [Artefact("torch", f"torch=={TORCH}", f"torch-{TORCH}-cp{py}-cp{py}-{_LINUX}")]
     return [
-        Artefact("torch", f"torch=={TORCH}", f"torch-{TORCH}-cp{py}-cp{py}-manylinux1_x86_64.whl"),
+        Artefact(
+            "torch",
+            f"torch=={KERNELS_TORCH}",
+            f"torch-{KERNELS_TORCH}-cp{py}-cp{py}-manylinux1_x86_64.whl",
+        ),
         Artefact("flash-attn", _FLASH_ATTN_WHEEL.format(v=FLASH_ATTN, py=py)),
         Artefact("flashinfer-python", _FLASHINFER_WHEEL.format(v=FLASHINFER)),
     ]
+
+
+_LINUX = "manylinux_2_28_x86_64.whl"
 
 
 def installed_version(distribution: str) -> str | None:
@@ -94,17 +124,23 @@ def _ships_extension(distribution: str, stem: str) -> bool:
     return any(f.name.startswith(stem) and f.name.endswith(".so") for f in files)
 
 
-def check() -> list[str]:
-    """Problems with the installed stack (empty: as pinned). Needs no GPU: the kernels are
-    looked for in the packages' file lists, so an image build can run it."""
+def check(stack: str = "torch") -> list[str]:
+    """Problems with the installed stack (empty: as pinned). Needs no GPU: torch's CUDA build
+    is read from its version module and the kernels from the packages' file lists, so an image
+    build can run it."""
+    torch_pin, cuda_pin = (
+        (TORCH, TORCH_CUDA) if stack == "torch" else (KERNELS_TORCH, KERNELS_TORCH_CUDA)
+    )
     problems = []
     torch_version = installed_version("torch")
-    if torch_version is None or version_tuple(torch_version) != version_tuple(TORCH):
-        problems.append(f"torch is {torch_version}, the stack pins {TORCH}")
+    if torch_version is None or version_tuple(torch_version) != version_tuple(torch_pin):
+        problems.append(f"torch is {torch_version}, the {stack!r} stack pins {torch_pin}")
     else:
         cuda = importlib.import_module("torch").version.cuda
-        if cuda != TORCH_CUDA:
-            problems.append(f"torch {torch_version} is built for CUDA {cuda}, not {TORCH_CUDA}")
+        if cuda != cuda_pin:
+            problems.append(f"torch {torch_version} is built for CUDA {cuda}, not {cuda_pin}")
+    if stack == "torch":
+        return problems
     if installed_version("flash-attn") is None:
         problems.append("flash-attn is not installed")
     elif not _ships_extension("flash-attn", "flash_attn_2_cuda"):
@@ -117,36 +153,86 @@ def check() -> list[str]:
     return problems
 
 
-def install() -> None:
-    artefacts = gpu_stack()
+def cuda_problem(gpu_here: bool, torch_cuda: str | None, init_error: str | None) -> str | None:
+    """Why CUDA does not run where an NVIDIA GPU is present (None: it runs, or no GPU here)."""
+    if not gpu_here:
+        return None
+    if torch_cuda is None:
+        return "an NVIDIA GPU is present but this torch is a CPU build: run `make setup-gpu`"
+    if init_error:
+        return (
+            f"an NVIDIA GPU is present but CUDA does not start with this torch (a CUDA "
+            f"{torch_cuda} build; CUDA 13 needs driver 580+, 12.8 needs 570+): {init_error}"
+        )
+    return None
+
+
+def doctor() -> str | None:
+    """`cuda_problem` for this machine: `make test-gpu` stops on it instead of skipping every
+    GPU test."""
+    import torch
+
+    error = None
+    if gpu_present():
+        try:
+            torch.cuda.init()
+        except Exception as e:  # the driver's own words: too old, no device, not loaded
+            error = f"{type(e).__name__}: {e}"
+    return cuda_problem(gpu_present(), torch.version.cuda, error)
+
+
+def _pip_environment() -> dict[str, str]:
+    """pip's environment without local indexes or find-links: PyPI's torch is the CUDA build,
+    a CPU wheel offered beside it would win the version tie (2.13.0+cpu sorts after 2.13.0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def install(stack: str = "torch", index_url: str = PYPI) -> None:
+    artefacts = gpu_stack(stack)
     if shutil.which("nvidia-smi") is None:
         print("note: no NVIDIA driver here (nvidia-smi not found); installing anyway", flush=True)
-    # One pip call: torch pinned beside the two wheels, so no dependency can swap its build.
+    # One pip call: torch pinned beside the kernel wheels, so no dependency can swap its build.
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", *(a.requirement for a in artefacts)], check=True
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--index-url",
+            index_url,
+            *(a.requirement for a in artefacts),
+        ],
+        check=True,
+        env=_pip_environment(),
     )
     # A fresh interpreter: this one imported the torch that pip has just replaced.
-    if subprocess.run([sys.executable, "-m", "qwen_embed.gpu_stack", "check"]).returncode:
+    command = [sys.executable, "-m", "qwen_embed.gpu_stack", "check", "--stack", stack]
+    if subprocess.run(command).returncode:
         raise SystemExit("GPU stack installed but not usable (above)")
-    print(
-        f"GPU stack ready: torch {TORCH} (CUDA {TORCH_CUDA}), flash-attn {FLASH_ATTN}, "
-        f"flashinfer {FLASHINFER} with prebuilt kernels"
-    )
+    print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in artefacts))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=["print", "install", "check"])
+    p.add_argument("action", choices=["print", "install", "check", "doctor"])
+    p.add_argument("--stack", choices=STACKS, default="torch")
+    p.add_argument("--index-url", default=PYPI, help="where torch comes from (install)")
     args = p.parse_args()
     try:
         if args.action == "print":
-            print("\n".join(a.requirement for a in gpu_stack()))
+            print("\n".join(a.requirement for a in gpu_stack(args.stack)))
         elif args.action == "install":
-            install()
-        else:
-            problems = check()
-            print("\n".join(problems) or "GPU stack as pinned")
+            install(args.stack, args.index_url)
+        elif args.action == "check":
+            problems = check(args.stack)
+            print("\n".join(problems) or f"GPU stack {args.stack!r} as pinned")
             raise SystemExit(1 if problems else 0)
+        else:
+            problem = doctor()
+            print(problem or ("CUDA runs" if gpu_present() else "no NVIDIA GPU here"))
+            raise SystemExit(1 if problem else 0)
     except UnsupportedStack as e:
         raise SystemExit(f"make setup-gpu: {e}") from None
 
