@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,3 +234,34 @@ def test_liveness_probe_catches_a_dead_stub(demo_dir, tmp_path):
         assert failed.returncode == 1 and "not healthy" in failed.stderr, failed.stderr
     finally:
         server.stop()
+
+
+def test_failed_tensor_parallel_group_is_reloaded(demo_dir, tmp_path):
+    """tp_size=2 over gloo: a worker killed under the encoder's stub fails the next batch with
+    UNAVAILABLE naming the rank, the stub exits instead of failing every later request while
+    Triton reports ready, and the watchdog loads it again."""
+    repo = render(tmp_path / "repo", {"embed": demo_dir}, {"encoder": {"tp_size": "2"}})
+    server = start_server(demo_dir, tmp_path, model_repository=repo, exit_timeout_s=5)
+    try:
+        assert infer(server, ["before"], "grpc")[0].shape == (1, 1024)
+        stubs = stub_processes(server.status()["server_pid"])
+        (stub,) = [pid for pid, model in stubs.items() if model == "encoder"]
+        children = Path(f"/proc/{stub}/task/{stub}/children").read_text().split()
+        workers = [int(c) for c in children if "qwen_embed.worker" in cmdline(int(c))]
+        assert len(workers) == 1, children
+        os.kill(workers[0], signal.SIGKILL)
+        with pytest.raises(InferenceServerException) as e:
+            infer(server, ["during"], "grpc")
+        assert "TP rank 1 exited with code -9" in e.value.message(), e.value.message()
+        wait_until(lambda: server.status()["reloads"], "the watchdog's reload", timeout=120)
+        assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
+        assert infer(server, ["after"], "grpc")[0].shape == (1, 1024)
+    finally:
+        server.stop()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

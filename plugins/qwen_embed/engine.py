@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 HIDDEN_ROWS_PER_TOKEN = 20
 
 
+class EncoderBroken(RuntimeError):
+    """A tensor-parallel forward failed on some rank: the group's collectives can no longer
+    pair up, so the workers are stopped and the encoder answers only this error until it is
+    loaded again (the Triton model exits its stub for the launcher's watchdog to reload it)."""
+
+
 def check_gpu_group(index: int, tp_size: int, device_count: int) -> None:
     """A TP group starting at cuda:index needs GPUs index .. index + tp_size - 1."""
     if index + tp_size > device_count:
@@ -196,6 +202,7 @@ class Encoder:
         self.device = torch.device(route.device)
         self.max_batch_tokens = settings.max_batch_tokens
         self._launcher = launcher
+        self._broken: str | None = None  # why a TP forward failed; then every call fails
         self._lock = threading.Lock()
         # Tokens sent in vs tokens the forward computed (fewer when prefixes are shared).
         self.stats = {"received_tokens": 0, "computed_tokens": 0}
@@ -317,10 +324,26 @@ class Encoder:
 
     def _forward(self, sequences: list[np.ndarray], head) -> np.ndarray:
         flat = flatten(sequences)  # the one flat host copy every rank plans from
-        if self._launcher is not None:
+        # Planned before the workers hear of it: a batch rank 0 cannot plan never reaches them.
+        ctx = self.model.planner.plan(*flat)
+        if self._launcher is None:
+            return self._compute(ctx, head)
+        if self._broken is not None:
+            raise EncoderBroken(self._broken)
+        try:
             self._launcher.send_batch(*flat)
+            return self._compute(ctx, head)
+        except Exception as e:
+            failure = self._launcher.failure()
+            self._broken = (
+                f"tensor-parallel forward failed ({failure + '; ' if failure else ''}"
+                f"{type(e).__name__}: {e}); the encoder must be loaded again"
+            )
+            self._launcher.close(graceful=False)
+            raise EncoderBroken(self._broken) from e
+
+    def _compute(self, ctx: ForwardContext, head) -> np.ndarray:
         planner = self.model.planner
-        ctx = planner.plan(*flat)
         with torch.inference_mode():
             hidden = self.model(ctx)
             # pruned: the model returned the pooled rows; pooling works in fp32 either way. A

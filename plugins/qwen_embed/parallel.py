@@ -94,6 +94,8 @@ def _make_groups(args: RankSpec, rank: int, store: dist.Store) -> tuple[object, 
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         data = dist.ProcessGroupNCCL(dist.PrefixStore("data", store), rank, args.tp_size, options)
+        # The communicator now, at load, not lazily in the first request's all-reduce.
+        data.eager_connect_single_device(args.device_for(rank))
     else:
         data = dist.ProcessGroupGloo(dist.PrefixStore("data", store), rank, args.tp_size, timeout)
     return control, TPGroup(rank=rank, size=args.tp_size, group=data)
@@ -161,7 +163,22 @@ class TPLauncher:
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
 
-    def close(self) -> None:
+    def failure(self) -> str | None:
+        """What a worker reported or how it ended, when one failed or exited."""
+        for rank, proc in enumerate(self.procs, start=1):
+            if self.store.check([f"failed/{rank}"]):
+                return f"TP rank {rank} failed: {self.store.get(f'failed/{rank}').decode()}"
+            if proc.poll() is not None:
+                return f"TP rank {rank} exited with code {proc.returncode}"
+        return None
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers: with `graceful` a stop command they finish on, else (a failed
+        forward left them inside a collective) they are killed at once."""
+        if not graceful:
+            for proc in self.procs:
+                proc.kill()
+            self.control = None
         if self.control is not None:
             try:
                 work = self.control.broadcast(torch.tensor([CMD_STOP, 0, 0]), 0)
@@ -210,6 +227,10 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
         control.broadcast(input_ids, 0).wait()
         control.broadcast(cu_seqlens, 0).wait()
         # The same ids through the same planner as rank 0: the same prefix hits and misses.
-        ctx = model.planner.plan(input_ids, cu_seqlens)
-        model(ctx)
-        model.planner.commit(ctx)
+        try:
+            ctx = model.planner.plan(input_ids, cu_seqlens)
+            model(ctx)
+            model.planner.commit(ctx)
+        except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit
+            store.set(f"failed/{rank}", f"{type(e).__name__}: {e}"[:500])
+            raise

@@ -4,12 +4,14 @@ Parameter `task`: "embed" answers EMBEDDING [n, dim]; "rerank" (the rerank_encod
 file) answers SCORES [n] from the checkpoint's score head."""
 
 import json
+import os
+import threading
 import time
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
@@ -81,10 +83,13 @@ class TritonPythonModel:
             # Every accepted text of every request in one call: one set of forward batches.
             all_seqs = [s for _, _, seqs in accepted for s in seqs]
             started = time.perf_counter()
-            if self.task == "rerank":
-                outputs = self.encoder.score_checked(all_seqs)
-            else:
-                outputs = self.encoder.pool_checked(all_seqs)
+            try:
+                if self.task == "rerank":
+                    outputs = self.encoder.score_checked(all_seqs)
+                else:
+                    outputs = self.encoder.pool_checked(all_seqs)
+            except EncoderBroken as e:
+                return self._broken(str(e), responses, accepted)
             self.metrics.seconds.observe(time.perf_counter() - started)
             self.metrics.observe_reuse(self.encoder)
             start = 0
@@ -93,6 +98,17 @@ class TritonPythonModel:
                 start += len(seqs)
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[self._output(rows, opts)])
             self.metrics.observe_batch(len(accepted), all_seqs)
+        return responses
+
+    def _broken(self, message, responses, accepted):
+        """A tensor-parallel group failed: answer this batch, then end the stub so that the
+        launcher's watchdog loads the model again (a stub that stayed up would fail every
+        request while Triton reports it ready)."""
+        pb_utils.Logger.log_error(f"{message}; exiting for a reload")
+        threading.Timer(1.0, os._exit, args=(1,)).start()  # after these responses leave
+        error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
+        for i, _, _ in accepted:
+            responses[i] = pb_utils.InferenceResponse(error=error)
         return responses
 
     def _finish(self, request):
