@@ -11,14 +11,23 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.placement import (
+    Placement,
     encoder_placement,
+    gpu_instance_groups,
     instance_index,
     parse_cpu_list,
     read_topology,
     tokenizer_placement,
 )
 from qwen_embed.serving.config import REPO
-from qwen_embed.serving.launcher import cpu_instances, stub_processes, with_cpu_instances
+from qwen_embed.serving.launcher import (
+    cpu_instances,
+    gpu_instances,
+    stub_processes,
+    with_cpu_instances,
+    with_gpu_instances,
+)
+from qwen_embed.serving.repository import render
 from qwen_embed.serving.triton import TritonServer
 
 from triton_helpers import infer
@@ -103,6 +112,42 @@ def test_launcher_instance_count(tmp_path):
     assert "count: 3, kind: KIND_CPU" in (again / "encoder" / "config.pbtxt").read_text()
     shutil.rmtree(copy.parent)
     shutil.rmtree(again.parent)
+
+
+def test_gpu_host_instance_groups():
+    """A GPU host described as data: one KIND_GPU encoder per GPU, tokenizers on the CPUs the
+    encoders leave (two at least, MAX_GPU_TOKENIZERS at most), never pinned to one core."""
+    assert gpu_instance_groups(1, 8) == ("count: 1, kind: KIND_GPU", "count: 7, kind: KIND_CPU")
+    assert gpu_instance_groups(2, 32, per_gpu=2)[1] == "count: 16, kind: KIND_CPU"
+    assert gpu_instance_groups(4, 4)[1] == "count: 2, kind: KIND_CPU"
+    sixteen_cores = [[(c,) for c in range(16)]]
+    assert tokenizer_placement(sixteen_cores) == Placement((15,), 1)  # CPU encoders: reserved
+    assert tokenizer_placement(sixteen_cores, gpus=2) is None  # GPU encoders: they float
+    with pytest.raises(ValueError, match="--gpu-instances"):
+        gpu_instances("none")
+    assert gpu_instances("auto") == 1 and gpu_instances("3") == 3
+    assert gpu_instances("config") is None
+
+
+def test_launcher_repository_for_a_gpu_host(tmp_path):
+    repository = REPO / "model_repository"
+    copy = with_gpu_instances(repository, gpus=2, cpus=12, per_gpu=1)
+    for encoder in ("encoder", "rerank_encoder"):
+        config = (copy / encoder / "config.pbtxt").read_text()
+        assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config, encoder
+    for tokenizer in ("tokenizer", "rerank_tokenizer"):
+        config = (copy / tokenizer / "config.pbtxt").read_text()
+        assert "instance_group [ { count: 10, kind: KIND_CPU } ]" in config, tokenizer
+    assert (copy / "embed" / "config.pbtxt").read_text() == (
+        repository / "embed" / "config.pbtxt"
+    ).read_text()
+    # A tensor-parallel group stays the deployer's KIND_MODEL group on its GPUs.
+    tp = render(tmp_path / "tp", {"embed": REPO}, {"encoder": {"tp_size": "2"}})
+    tp_copy = with_gpu_instances(tp, gpus=2, cpus=12, per_gpu=1)
+    assert "kind: KIND_MODEL" in (tp_copy / "encoder" / "config.pbtxt").read_text()
+    assert "count: 10, kind: KIND_CPU" in (tp_copy / "tokenizer" / "config.pbtxt").read_text()
+    shutil.rmtree(copy.parent)
+    shutil.rmtree(tp_copy.parent)
 
 
 def _allowed(pid: int) -> set[int]:

@@ -90,10 +90,25 @@ def encoder_placement(topology: list[list[Core]], count: int | None, index: int)
     return Placement(tuple(sorted(c for core in mine for c in core)), len(mine))
 
 
-def tokenizer_placement(topology: list[list[Core]]) -> Placement | None:
-    """The core kept for the tokenizers, or None (no spare core: they float)."""
+def tokenizer_placement(topology: list[list[Core]], gpus: int = 0) -> Placement | None:
+    """The core kept for the tokenizers, or None: no spare core, or the encoders run on `gpus`
+    GPUs and pin no core, so the tokenizers float over all of them."""
+    if gpus:
+        return None
     _, spare = _reserve(topology)
     return None if spare is None else Placement(tuple(spare), 1)
+
+
+# Tokenizer processes beside GPU encoders: one per CPU the encoder instances leave, at least
+# two, at most this many (one H100 can outrun a single core's tokenizer on a 0.6B model).
+MAX_GPU_TOKENIZERS = 16
+
+
+def gpu_instance_groups(gpus: int, cpus: int, per_gpu: int = 1) -> tuple[str, str]:
+    """(encoder, tokenizer) instance groups for a host whose encoders run on its `gpus` GPUs
+    (KIND_GPU: Triton puts `per_gpu` instances on every GPU it sees) with `cpus` CPUs."""
+    tokenizers = min(MAX_GPU_TOKENIZERS, max(2, cpus - gpus * per_gpu))
+    return f"count: {per_gpu}, kind: KIND_GPU", f"count: {tokenizers}, kind: KIND_CPU"
 
 
 def pin(placement: Placement) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import ModelConfig
+from qwen_embed.host import gpu_count
 from qwen_embed.placement import read_topology, tokenizer_placement
 from qwen_embed.serving.config import model_parameters, resolve_model_dir
 from qwen_embed.serving.requests import (
@@ -26,8 +27,8 @@ from qwen_embed.serving.tokenizer import TextTokenizer
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
-        # On machines with a core to spare, tokenizers keep off the encoders' cores.
-        spare = tokenizer_placement(read_topology())
+        # On machines with a core to spare, tokenizers keep off the CPU encoders' cores.
+        spare = tokenizer_placement(read_topology(), gpu_count())
         if spare is not None and params.get("cpu_pinning", "auto") != "off":
             os.sched_setaffinity(0, spare.cpus)
         self.task = params.get("task") or "embed"

@@ -12,6 +12,9 @@
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
   NUMA node in place of a KIND_MODEL encoder group, through a copy of the repository where the
   count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
+  On a host with GPUs, `--gpu-instances auto` (default) serves one KIND_GPU encoder instance
+  per GPU in place of a KIND_MODEL group that is not a tensor-parallel one, and scales the
+  tokenizer instances to the CPUs (placement.gpu_instance_groups).
 - `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
   /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
 - `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
@@ -38,9 +41,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..placement import read_topology
+from ..host import gpu_count
+from ..placement import gpu_instance_groups, read_topology
 from .config import MODEL_REPOSITORY
-from .repository import rerank_models, set_instance_group
+from .repository import get_parameter, rerank_models, set_instance_group
 from .triton import server_command
 
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -93,36 +97,80 @@ def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | N
     return int(requested)
 
 
-def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool) -> Path:
-    """The repository itself when no encoder needs changing, else a copy (in a temporary
-    directory) whose encoders have `count` KIND_CPU instances. With `only_kind_model` (what
-    `auto` asks) only KIND_MODEL encoders change: an explicit KIND_CPU group is the deployer's
-    own choice."""
-    group = f"count: {count}, kind: KIND_CPU"
+_GROUP = re.compile(r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$", re.M)
 
-    def needs_change(config: str) -> bool:
-        found = re.search(
-            r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$", config, re.M
-        )
-        if found is None or (only_kind_model and found.group(2) != "KIND_MODEL"):
-            return False
-        return (int(found.group(1)), found.group(2)) not in (
-            (count, "KIND_CPU"),
-            (count, "KIND_MODEL"),
-        )
 
-    if not any(needs_change(p.read_text()) for p in model_repository.glob("*encoder/config.pbtxt")):
+def _edited_copy(model_repository: Path, edit) -> Path:
+    """The repository itself when `edit(model name, config)` changes no config.pbtxt, else a
+    copy (in a temporary directory) with the edited configs."""
+    changed = {}
+    for path in model_repository.glob("*/config.pbtxt"):
+        config = path.read_text()
+        if (edited := edit(path.parent.name, config)) != config:
+            changed[path.parent.name] = edited
+    if not changed:
         return model_repository
     copy = Path(tempfile.mkdtemp(prefix="qwen-embed-repository-")) / "models"
     shutil.copytree(model_repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    for path in copy.glob("*encoder/config.pbtxt"):
-        if needs_change(config := path.read_text()):
-            path.write_text(set_instance_group(config, group))
+    for name, config in changed.items():
+        (copy / name / "config.pbtxt").write_text(config)
     return copy
 
 
-def gpu_present() -> bool:
-    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool) -> Path:
+    """The repository, or a copy whose encoders have `count` KIND_CPU instances. With
+    `only_kind_model` (what `auto` asks) only KIND_MODEL encoders change: an explicit KIND_CPU
+    group is the deployer's own choice."""
+
+    def edit(name: str, config: str) -> str:
+        found = _GROUP.search(config)
+        if not name.endswith("encoder") or found is None:
+            return config
+        if only_kind_model and found.group(2) != "KIND_MODEL":
+            return config
+        if (int(found.group(1)), found.group(2)) in ((count, "KIND_CPU"), (count, "KIND_MODEL")):
+            return config
+        return set_instance_group(config, f"count: {count}, kind: KIND_CPU")
+
+    return _edited_copy(model_repository, edit)
+
+
+def with_gpu_instances(model_repository: Path, gpus: int, cpus: int, per_gpu: int) -> Path:
+    """The repository, or a copy for a host with `gpus` GPUs: each KIND_MODEL encoder that is
+    not a tensor-parallel group gets `per_gpu` KIND_GPU instances (on every GPU, where the
+    shipped KIND_MODEL would use cuda:0 alone), and the tokenizers as many instances as the
+    CPUs left allow (placement.gpu_instance_groups)."""
+    encoder_group, tokenizer_group = gpu_instance_groups(gpus, cpus, per_gpu)
+
+    def edit(name: str, config: str) -> str:
+        found = _GROUP.search(config)
+        if found is None:
+            return config
+        if name.endswith("tokenizer") and found.group(2) == "KIND_CPU":
+            return set_instance_group(config, tokenizer_group)
+        if name.endswith("encoder") and found.group(2) == "KIND_MODEL":
+            return config if _tensor_parallel(config) else set_instance_group(config, encoder_group)
+        return config
+
+    return _edited_copy(model_repository, edit)
+
+
+def _tensor_parallel(config: str) -> bool:
+    try:
+        return int(get_parameter(config, "tp_size")) > 1
+    except ValueError:  # not set: the default, 1
+        return False
+
+
+def gpu_instances(requested: str) -> int | None:
+    """Encoder instances per GPU: None keeps the repository's own instance_group."""
+    if requested == "config":
+        return None
+    if requested == "auto":
+        return 1
+    if not requested.isdigit() or int(requested) < 1:
+        raise ValueError(f"--gpu-instances is auto, config or a count >= 1, not {requested!r}")
+    return int(requested)
 
 
 def stub_processes(server_pid: int) -> dict[int, str]:
@@ -269,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         "(the repository's), or a count",
     )
     p.add_argument(
+        "--gpu-instances",
+        default="auto",
+        help="encoder instances per GPU on a host with GPUs: auto (1, KIND_GPU, tokenizers "
+        "scaled to the CPUs), config (the repository's), or a count",
+    )
+    p.add_argument(
         "--gateway-port",
         type=int,
         default=0,
@@ -280,14 +334,22 @@ def main(argv: list[str] | None = None) -> int:
 
     admin_key = args.admin_key or secrets.token_urlsafe(24)
     ports = (args.http_port, args.grpc_port, args.metrics_port)
-    count = cpu_instances(args.cpu_instances, len(read_topology()), gpu_present())
+    gpus = gpu_count()
+    count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
+    per_gpu = gpu_instances(args.gpu_instances) if gpus else None
+    served, what = args.model_repository, ""
     if count is not None:
         auto = args.cpu_instances == "auto"
         served = with_cpu_instances(args.model_repository, count, only_kind_model=auto)
-        if served != args.model_repository:
-            log(f"serving a copy with {count} CPU encoder instance(s): {served}")
-            atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
-            args.model_repository = served
+        what = f"{count} CPU encoder instance(s)"
+    elif per_gpu is not None:
+        cpus = len(os.sched_getaffinity(0))
+        served = with_gpu_instances(args.model_repository, gpus, cpus, per_gpu)
+        what = f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)"
+    if served != args.model_repository:
+        log(f"serving a copy with {what}: {served}")
+        atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
+        args.model_repository = served
     cmd, env = server_command()
     rerank = not args.no_rerank
     cmd += triton_args(
