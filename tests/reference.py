@@ -15,6 +15,8 @@ from transformers import (
     Qwen3Model,
 )
 
+from qwen_embed.attention import choose_backend
+from qwen_embed.attention.torch_varlen import varlen_problem
 from qwen_embed.config import ModelConfig
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
@@ -101,13 +103,28 @@ def route_for(
     features, device="cpu", checkpoint_dtype=None, onednn=True, gpu_bf16=True, **settings
 ):
     """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
-    has bf16 unless told otherwise)."""
+    has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels)."""
+    capability = (9, 0) if gpu_bf16 else (7, 5)
+
+    def attention(device, head_dim, dtype):
+        def gpu_problem(*args):
+            return varlen_problem(*args, capability=lambda d: capability, has_varlen=lambda: True)
+
+        return choose_backend(
+            device,
+            head_dim,
+            dtype=dtype,
+            import_problem=lambda module: f"no {module} here",
+            gpu_problem=gpu_problem,
+        )
+
     return choose_route(
         EncoderSettings(**settings),
         model_config(checkpoint_dtype=checkpoint_dtype),
         device,
         features,
         onednn,
+        choose_attention=attention,
         gpu_bf16=lambda device: gpu_bf16,
     )
 
