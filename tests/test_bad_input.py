@@ -139,6 +139,13 @@ CASES = [
         [text("x")],
         {"dimensions": True},
     ),
+    Case(
+        "unknown embedding_type",
+        r"parameter 'embedding_type' must be one of \['float', 'int8', 'uint8', 'binary', "
+        r"'ubinary'\], got 'int4'",
+        [text("x")],
+        {"embedding_type": "int4"},
+    ),
     Case("unknown option", r"unknown parameter\(s\) \['colour'\]", [text("x")], {"colour": "blue"}),
     Case(
         "truncate as string",
@@ -187,8 +194,9 @@ CASES = [
     Case("encoder: negative id", r"outside 0\.\.151668", [ids([-3, 5])], model="encoder"),
     Case(
         "encoder: FINISH dimensions past the model's",
-        r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1\), got \(5000, 1\)",
-        [ids([5, 6]), ("FINISH", "INT32", [1, 2], np.array([[5000, 1]], "<i4").tobytes())],
+        r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1, embedding "
+        r"type in 0\.\.4\), got \(5000, 1, 0\)",
+        [ids([5, 6]), ("FINISH", "INT32", [1, 3], np.array([[5000, 1, 0]], "<i4").tobytes())],
         model="encoder",
     ),
 ]

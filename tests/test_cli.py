@@ -6,13 +6,17 @@ import sys
 
 import numpy as np
 import pytest
+from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.cli import default_metrics_url
 
 from qwen_embed import EncoderSettings, ModelConfig
+from qwen_embed.compact import compact
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import free_port
+
+from triton_helpers import infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -32,6 +36,33 @@ def test_embed_arguments_to_jsonl_stdout(server):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 2 and len(rows[0]["embedding"]) == 16 and rows[0]["tokens"] == 2
+
+
+def test_embed_compact_types_through_client_and_cli(server, tmp_path):
+    floats = infer(server, ["hello", "world"], "grpc", dimensions=32)[0]
+    with EmbeddingClient(server.grpc_url) as client:
+        for kind in ("int8", "uint8", "binary", "ubinary"):
+            codes = client.embed(["hello", "world"], dimensions=32, embedding_type=kind)
+            assert np.array_equal(codes, compact(floats, kind)), kind
+        with pytest.raises(ValueError, match="embedding_type must be one of"):
+            client.embed(["hello"], embedding_type="int4")
+    out = tmp_path / "codes.npy"
+    r = cli(
+        "embed",
+        "hello",
+        "world",
+        "--url",
+        server.grpc_url,
+        "--dimensions",
+        "32",
+        "--embedding-type",
+        "ubinary",
+        "-o",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    saved = np.load(out)
+    assert saved.dtype == np.uint8 and np.array_equal(saved, compact(floats, "ubinary"))
 
 
 def test_embed_files_and_stdin_to_npy(server, tmp_path):

@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway, driven by the official `openai` package, against a real
 gateway process and tritonserver."""
 
+import base64
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 
+from qwen_embed.compact import EMBEDDING_TYPES, compact
 from qwen_embed.serving.triton import free_port
 
 from triton_helpers import infer
@@ -71,6 +73,57 @@ def test_values_and_usage_equal_the_triton_path(stack):
     small = infer(server, ["Hello, world!"], "grpc", dimensions=64)[0][0]
     assert np.abs(np.array(single.data[0].embedding) - small).max() <= 1e-4
     assert [m.id for m in api.models.list().data] == ["embed"]
+
+
+def _post(base_url, path, body):
+    request = urllib.request.Request(
+        f"{base_url}/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_compact_vectors_each_way_clients_ask(stack):
+    """embedding_type (ours), encoding_format with a type's name (vLLM, NIM) and Cohere's
+    embedding_types list (answered keyed by type): the server's codes of its float vectors."""
+    server, base_url = stack
+    texts = ["Hello, world!", "a second text"]
+    floats = infer(server, texts, "grpc", dimensions=64)[0]
+    body = {"model": "embed", "input": texts, "dimensions": 64}
+    for kind in EMBEDDING_TYPES:
+        expected = compact(floats, kind).tolist()
+        for extra in ({"embedding_type": kind}, {"encoding_format": kind}):
+            status, answer = _post(base_url, "embeddings", {**body, **extra})
+            assert status == 200, answer
+            assert [d["embedding"] for d in answer["data"]] == expected, (kind, extra)
+    status, answer = _post(
+        base_url, "embeddings", {**body, "embedding_types": ["int8", "ubinary", "float"]}
+    )
+    assert status == 200, answer
+    for i, entry in enumerate(answer["data"]):
+        assert entry["embeddings"]["int8"] == compact(floats, "int8")[i].tolist()
+        assert entry["embeddings"]["ubinary"] == compact(floats, "ubinary")[i].tolist()
+        assert np.abs(np.array(entry["embeddings"]["float"]) - floats[i]).max() <= 1e-6
+    status, answer = _post(
+        base_url, "embeddings", {**body, "embedding_type": "int8", "encoding_format": "base64"}
+    )
+    codes = [np.frombuffer(base64.b64decode(d["embedding"]), np.int8) for d in answer["data"]]
+    assert np.array_equal(np.stack(codes), compact(floats, "int8"))
+    for bad, param in [
+        ({"embedding_type": "int4"}, "embedding_type"),
+        ({"embedding_types": []}, "embedding_types"),
+        ({"embedding_types": ["int8", "int8"]}, "embedding_types"),
+        ({"embedding_type": "int8", "embedding_types": ["int8"]}, "embedding_types"),
+        ({"encoding_format": "int8", "embedding_type": "uint8"}, "encoding_format"),
+        ({"encoding_format": "hex"}, "encoding_format"),
+    ]:
+        status, answer = _post(base_url, "embeddings", {**body, **bad})
+        assert status == 400 and answer["error"]["param"] == param, (bad, answer)
 
 
 def test_2048_inputs_are_split_across_triton_requests(stack):

@@ -9,14 +9,16 @@ import threading
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
+from qwen_embed.compact import EMBEDDING_TYPES, OUTPUTS, compact
 from qwen_embed.serving.requests import DEFAULT_TASK
 
 from reference import cosine, reference_embeddings
-from triton_helpers import copies_busy_for, infer, run_clients, wait_until
+from triton_helpers import copies_busy_for, infer, run_clients, text_input, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -84,6 +86,29 @@ def test_options(server, tokenizer, engine):
     assert cosine(custom, query)[0] < 0.9999
     document, _ = infer(server, TEXTS[:1], prompt_name="document")
     assert np.abs(document - engine.embed(ids[:1])).max() <= ENGINE_MAX_ABS
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_compact_vectors(server, protocol):
+    """Each embedding_type in its own output, the codes of the float vectors the same request
+    gets without it (qwen_embed.compact, checked against its definition in test_compact.py);
+    with dimensions, the codes of the truncated, renormalised vector."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    for params in ({}, {"dimensions": 64}, {"dimensions": 13, "normalize": False}):
+        floats, _ = infer(server, TEXTS[:3], protocol, **params)
+        for embedding_type in EMBEDDING_TYPES:
+            result = client.infer(
+                "embed",
+                [text_input(module, TEXTS[:3])],
+                parameters={**params, "embedding_type": embedding_type},
+            )
+            name = OUTPUTS[embedding_type]
+            codes = result.as_numpy(name)
+            assert np.array_equal(codes, compact(floats, embedding_type)), (params, embedding_type)
+            for other in {"EMBEDDING", "EMBEDDING_INT8", "EMBEDDING_UINT8"} - {name}:
+                assert result.as_numpy(other).shape == (3, 0)
 
 
 def test_truncation_keeps_endoftext(server, tokenizer):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from .client import EmbeddingClient, EmbeddingError
+from .client import EMBEDDING_OUTPUTS, EmbeddingClient, EmbeddingError
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
@@ -74,6 +74,7 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         "normalize": not args.no_normalize,
         "truncate": not args.no_truncate,
         "truncation_direction": args.truncation_direction,
+        "embedding_type": args.embedding_type,
     }
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
@@ -200,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--truncation-direction", choices=["right", "left"])
     e.add_argument("--dimensions", type=int)
     e.add_argument("--no-normalize", action="store_true")
+    e.add_argument(
+        "--embedding-type",
+        choices=list(EMBEDDING_OUTPUTS),
+        default="float",
+        help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
+    )
     e.add_argument("--no-truncate", action="store_true")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r = sub.add_parser("rerank", parents=[common], help="score documents against a query")

@@ -40,9 +40,19 @@ class EmbeddingError(Exception):
         return self.status is None or self.status in RETRYABLE_STATUSES
 
 
+# Where each embedding_type travels (the server's qwen_embed.compact defines the codes).
+EMBEDDING_OUTPUTS = {
+    "float": "EMBEDDING",
+    "int8": "EMBEDDING_INT8",
+    "binary": "EMBEDDING_INT8",
+    "uint8": "EMBEDDING_UINT8",
+    "ubinary": "EMBEDDING_UINT8",
+}
+
+
 @dataclass
 class EmbeddingResult:
-    embeddings: np.ndarray  # float32 [n, dim]
+    embeddings: np.ndarray  # [n, dim]: float32, or the embedding_type's int8/uint8 codes
     token_counts: np.ndarray  # int32 [n]: tokens embedded per text, <|endoftext|> included
 
     @property
@@ -76,12 +86,22 @@ class EmbedOptions:
     normalize: bool = True
     truncate: bool = True
     truncation_direction: str | None = None
+    embedding_type: str = "float"  # float, int8, uint8, binary (int8 bytes), ubinary
+
+    def __post_init__(self):
+        if self.embedding_type not in EMBEDDING_OUTPUTS:
+            raise ValueError(
+                f"embedding_type must be one of {list(EMBEDDING_OUTPUTS)}, "
+                f"got {self.embedding_type!r}"
+            )
 
     def parameters(self) -> dict:
         params = {"normalize": self.normalize, "truncate": self.truncate}
         for key in ("prompt_name", "instruction", "prompt", "dimensions", "truncation_direction"):
             if getattr(self, key) is not None:
                 params[key] = getattr(self, key)
+        if self.embedding_type != "float":
+            params["embedding_type"] = self.embedding_type
         return params
 
 
@@ -217,7 +237,8 @@ class AsyncEmbeddingClient:
     async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
         result = await self._infer(server, self.model, [inp], opts.parameters())
-        return result.as_numpy("EMBEDDING"), result.as_numpy("TOKEN_COUNT").reshape(-1)
+        vectors = result.as_numpy(EMBEDDING_OUTPUTS[opts.embedding_type])
+        return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
 
     async def _send_pairs(self, server: _Server, query: str, documents: list[str], params: dict):
         inputs = [

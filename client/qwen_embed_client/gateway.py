@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .cli import checkpoint_prompts
-from .client import AsyncEmbeddingClient, EmbeddingError
+from .client import EMBEDDING_OUTPUTS, AsyncEmbeddingClient, EmbeddingError
 
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
@@ -51,8 +51,12 @@ def _invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str]:
-    """Validate an OpenAI embeddings request body -> (texts, client options, encoding)."""
+EMBEDDING_TYPES = tuple(EMBEDDING_OUTPUTS)
+
+
+def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str, list[str], bool]:
+    """Validate an OpenAI embeddings request body -> (texts, client options, encoding, the
+    embedding types to return, whether the response keys them by name)."""
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object")
     texts = body.get("input")
@@ -70,16 +74,50 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
         )
     _check_utf8([(f"input[{i}]", t) for i, t in enumerate(texts)])
     _check_model(body.get("model"), served_model)
-    encoding = body.get("encoding_format", "float")
-    if encoding not in ("float", "base64"):
-        raise _invalid("'encoding_format' must be 'float' or 'base64'", "encoding_format")
     options = {}
     dims = body.get("dimensions")
     if dims is not None:
         if isinstance(dims, bool) or not isinstance(dims, int):
             raise _invalid("'dimensions' must be an integer", "dimensions")
         options["dimensions"] = dims
-    return texts, options, encoding
+    encoding, kinds, keyed = _embedding_types(body)
+    return texts, options, encoding, kinds, keyed
+
+
+def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
+    """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
+    base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
+    `embedding_types` (Cohere: a list, answered keyed by type)."""
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64", *EMBEDDING_TYPES):
+        raise _invalid(
+            f"'encoding_format' must be 'float', 'base64' or one of {list(EMBEDDING_TYPES)}",
+            "encoding_format",
+        )
+    asked = [key for key in ("embedding_type", "embedding_types") if key in body]
+    if encoding not in ("float", "base64"):
+        asked.append("encoding_format")
+    if len(asked) > 1:
+        raise _invalid(f"send one of {asked}, not several", asked[1])
+    if "embedding_types" in body:
+        kinds = body["embedding_types"]
+        if (
+            not isinstance(kinds, list)
+            or not kinds
+            or not all(isinstance(k, str) and k in EMBEDDING_TYPES for k in kinds)
+            or len(set(kinds)) != len(kinds)
+        ):
+            raise _invalid(
+                f"'embedding_types' must be a list of distinct values from {list(EMBEDDING_TYPES)}",
+                "embedding_types",
+            )
+        return encoding, kinds, True
+    if encoding not in ("float", "base64"):
+        return "float", [encoding], False
+    kind = body.get("embedding_type", "float")
+    if kind not in EMBEDDING_TYPES:
+        raise _invalid(f"'embedding_type' must be one of {list(EMBEDDING_TYPES)}", "embedding_type")
+    return encoding, [kind], False
 
 
 def _check_utf8(named_texts: list[tuple[str, str]]) -> None:
@@ -242,20 +280,35 @@ def create_app(
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         check_key(request)
-        texts, options, encoding = parse_request(await _json_body(request), model_name)
-        try:
-            result = await client.embed_with_usage(texts, **options)
+        texts, options, encoding, kinds, keyed = parse_request(
+            await _json_body(request), model_name
+        )
+        try:  # one request per type, computed on the server
+            results = await asyncio.gather(
+                *(client.embed_with_usage(texts, **options, embedding_type=k) for k in kinds)
+            )
         except EmbeddingError as e:
             raise _backend_error(e, ("dimensions",)) from e
+
+        def value(vector):
+            if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
+                return base64.b64encode(
+                    vector.astype(vector.dtype.newbyteorder("<")).tobytes()
+                ).decode()
+            return vector.tolist()
+
         data = []
-        for i, vector in enumerate(result.embeddings):
-            value = (
-                base64.b64encode(vector.astype("<f4").tobytes()).decode()
-                if encoding == "base64"
-                else vector.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        usage = {"prompt_tokens": result.total_tokens, "total_tokens": result.total_tokens}
+        for i in range(len(texts)):
+            entry = {"object": "embedding", "index": i}
+            if keyed:
+                entry["embeddings"] = {
+                    k: value(r.embeddings[i]) for k, r in zip(kinds, results, strict=True)
+                }
+            else:
+                entry["embedding"] = value(results[0].embeddings[i])
+            data.append(entry)
+        tokens = results[0].total_tokens
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "data": data, "model": model_name, "usage": usage}
 
     @app.post("/v1/rerank")

@@ -12,6 +12,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder, EncoderBroken
+from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
@@ -96,7 +97,7 @@ class TritonPythonModel:
             for i, opts, seqs in accepted:
                 rows = outputs[start : start + len(seqs)]
                 start += len(seqs)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[self._output(rows, opts)])
+                responses[i] = pb_utils.InferenceResponse(output_tensors=self._outputs(rows, opts))
             self.metrics.observe_batch(len(accepted), all_seqs)
         return responses
 
@@ -112,20 +113,22 @@ class TritonPythonModel:
         return responses
 
     def _finish(self, request):
-        """(dimensions, normalize) from the tokenizer's FINISH rows; request parameters were
-        checked there and are not read again."""
+        """(dimensions, normalize, embedding type) from the tokenizer's FINISH rows; request
+        parameters were checked there and are not read again."""
         if self.task == "rerank":
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
         return read_finish(None if rows is None else rows.as_numpy(), self.encoder.hidden_size)
 
-    def _output(self, rows, opts):
+    def _outputs(self, rows, opts):
         if self.task == "rerank":
-            return pb_utils.Tensor("SCORES", rows.reshape(-1, 1))
-        # Matryoshka truncation and normalisation, once, with this request's options.
-        dimensions, normalize = opts
+            return [pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]
+        # Matryoshka truncation and normalisation, once, with this request's options; then
+        # the compact codes it asked for (the other outputs empty).
+        dimensions, normalize, embedding_type = opts
         rows = finish(torch.from_numpy(rows), normalize=normalize, dimensions=dimensions)
-        return pb_utils.Tensor("EMBEDDING", rows.contiguous().numpy())
+        codes = compact_outputs(rows.contiguous().numpy(), embedding_type)
+        return [pb_utils.Tensor(name, array) for name, array in codes.items()]
 
     def finalize(self):
         self.encoder.close()

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compact import EMBEDDING_TYPES
+
 # Qwen3-Embedding's default task (its query prompt and the reranker's default instruction).
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -28,6 +30,7 @@ class RequestOptions:
     truncation_direction: str | None = None  # None: the deployment's default
     dimensions: int | None = None
     normalize: bool = True
+    embedding_type: str = "float"  # compact.EMBEDDING_TYPES
 
 
 def _expect(name: str, value, kind: type, what: str):
@@ -89,30 +92,44 @@ def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOption
         if not 1 <= dims <= hidden_size:
             raise RequestError(f"parameter 'dimensions' must be in 1..{hidden_size}, got {dims}")
         opts["dimensions"] = dims
+    if "embedding_type" in params:
+        kind = _expect("embedding_type", params["embedding_type"], str, "a string")
+        if kind not in EMBEDDING_TYPES:
+            raise RequestError(
+                f"parameter 'embedding_type' must be one of {list(EMBEDDING_TYPES)}, got {kind!r}"
+            )
+        opts["embedding_type"] = kind
     return RequestOptions(**opts)
 
 
 def finish_rows(opts: RequestOptions, n: int) -> np.ndarray:
     """What the encoder needs of a request's options, for each of its n texts: the tokenizer's
-    FINISH output [n, 2] = (dimensions, 0 for all; normalize 0/1). Options are parsed once, in
-    the tokenizer; the encoder's result depends on its inputs alone."""
-    row = (opts.dimensions or 0, int(opts.normalize))
+    FINISH output [n, 3] = (dimensions, 0 for all; normalize 0/1; embedding type, an index
+    into compact.EMBEDDING_TYPES). Options are parsed once, in the tokenizer; the encoder's
+    result depends on its inputs alone (so Triton's response cache, which hashes inputs,
+    never mixes two requests' options)."""
+    row = (opts.dimensions or 0, int(opts.normalize), EMBEDDING_TYPES.index(opts.embedding_type))
     return np.tile(np.array(row, dtype=np.int32), (n, 1))
 
 
-def read_finish(rows: np.ndarray | None, hidden_size: int) -> tuple[int | None, bool]:
-    """FINISH [n, 2] (absent: every dimension, normalised) -> (dimensions, normalize)."""
+def read_finish(rows: np.ndarray | None, hidden_size: int) -> tuple[int | None, bool, str]:
+    """FINISH [n, 3] (absent: every dimension, normalised, float) -> (dimensions, normalize,
+    embedding type)."""
     if rows is None:
-        return None, True
-    if rows.ndim != 2 or rows.shape[1] != 2 or len(rows) == 0 or (rows != rows[0]).any():
-        raise RequestError("input 'FINISH' must be [n, 2], the same row for every text")
-    dims, normalize = int(rows[0, 0]), int(rows[0, 1])
-    if not 0 <= dims <= hidden_size or normalize not in (0, 1):
+        return None, True, "float"
+    if rows.ndim != 2 or rows.shape[1] != 3 or len(rows) == 0 or (rows != rows[0]).any():
+        raise RequestError("input 'FINISH' must be [n, 3], the same row for every text")
+    dims, normalize, kind = (int(v) for v in rows[0])
+    if (
+        not 0 <= dims <= hidden_size
+        or normalize not in (0, 1)
+        or not 0 <= kind < len(EMBEDDING_TYPES)
+    ):
         raise RequestError(
-            f"input 'FINISH' must hold (dimensions in 0..{hidden_size}, normalize 0 or 1), "
-            f"got ({dims}, {normalize})"
+            f"input 'FINISH' must hold (dimensions in 0..{hidden_size}, normalize 0 or 1, "
+            f"embedding type in 0..{len(EMBEDDING_TYPES) - 1}), got ({dims}, {normalize}, {kind})"
         )
-    return dims or None, bool(normalize)
+    return dims or None, bool(normalize), EMBEDDING_TYPES[kind]
 
 
 def decode_texts(

@@ -1,0 +1,57 @@
+"""Compact vectors: the `embedding_type` request option (Cohere's names), computed from the
+float vector after `dimensions` and `normalize`.
+
+- "float": float32, as computed.
+- "int8": each vector scaled by 127 / its own largest |value| and rounded half to even, in
+  -127..127 (an all-zero vector stays zero). The scale is per vector, so a vector's codes do
+  not depend on its batch, and cosine similarity between codes approximates the float one.
+- "uint8": the int8 codes + 128, in 1..255.
+- "ubinary": one bit per dimension, 1 where the value is > 0, packed 8 per byte, the first
+  dimension in the most significant bit; a last partial byte is padded with 0 bits.
+  ceil(dimensions / 8) bytes as uint8.
+- "binary": the ubinary bytes - 128, as int8 (what Cohere and sentence-transformers return).
+
+int8 and binary travel in the Triton output EMBEDDING_INT8, uint8 and ubinary in
+EMBEDDING_UINT8, float in EMBEDDING; a response fills the one its type uses and leaves the
+others [n, 0].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary")
+OUTPUTS = {"float": "EMBEDDING", "int8": "EMBEDDING_INT8", "binary": "EMBEDDING_INT8"}
+OUTPUTS |= {"uint8": "EMBEDDING_UINT8", "ubinary": "EMBEDDING_UINT8"}
+OUTPUT_DTYPES = {"EMBEDDING": np.float32, "EMBEDDING_INT8": np.int8, "EMBEDDING_UINT8": np.uint8}
+
+
+def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
+    """float32 [n, d] -> the `embedding_type` codes [n, d] (or [n, ceil(d / 8)] for bits)."""
+    if embedding_type == "float":
+        return vectors
+    if embedding_type in ("int8", "uint8"):
+        peak = np.abs(vectors).max(axis=1, keepdims=True)
+        scale = np.divide(127.0, peak, out=np.zeros_like(peak), where=peak > 0)
+        codes = np.clip(np.rint(vectors * scale), -127, 127).astype(np.int8)
+        return (
+            codes if embedding_type == "int8" else (codes.astype(np.int16) + 128).astype(np.uint8)
+        )
+    if embedding_type in ("binary", "ubinary"):
+        bits = np.packbits(vectors > 0, axis=1)
+        return (
+            bits if embedding_type == "ubinary" else (bits.astype(np.int16) - 128).astype(np.int8)
+        )
+    raise ValueError(
+        f"embedding_type must be one of {list(EMBEDDING_TYPES)}, not {embedding_type!r}"
+    )
+
+
+def outputs(vectors: np.ndarray, embedding_type: str) -> dict[str, np.ndarray]:
+    """Every output of a response: the type's codes in its own, [n, 0] in the others."""
+    n = len(vectors)
+    chosen = OUTPUTS[embedding_type]
+    return {
+        name: compact(vectors, embedding_type) if name == chosen else np.empty((n, 0), dtype)
+        for name, dtype in OUTPUT_DTYPES.items()
+    }
