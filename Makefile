@@ -194,6 +194,8 @@ soak: setup
 GATEWAY      ?= 1
 GATEWAY_PORT ?= 8080
 RERANK       ?= 1
+# Triton's response cache for the encoders, MiB (0: off; docs/deployment.md).
+RESPONSE_CACHE_MB ?= 0
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
@@ -206,6 +208,7 @@ serve: setup
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
 	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed.serving.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		--response-cache-mb $(RESPONSE_CACHE_MB) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)
 
 # The OpenAI-compatible gateway alone, in front of a running server (make serve GATEWAY=0).

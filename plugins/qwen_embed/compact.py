@@ -12,8 +12,7 @@ float vector after `dimensions` and `normalize`.
 - "binary": the ubinary bytes - 128, as int8 (what Cohere and sentence-transformers return).
 
 int8 and binary travel in the Triton output EMBEDDING_INT8, uint8 and ubinary in
-EMBEDDING_UINT8, float in EMBEDDING; a response fills the one its type uses and leaves the
-others [n, 0].
+EMBEDDING_UINT8, float in EMBEDDING; a response holds only the one its type uses.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import numpy as np
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary")
 OUTPUTS = {"float": "EMBEDDING", "int8": "EMBEDDING_INT8", "binary": "EMBEDDING_INT8"}
 OUTPUTS |= {"uint8": "EMBEDDING_UINT8", "ubinary": "EMBEDDING_UINT8"}
-OUTPUT_DTYPES = {"EMBEDDING": np.float32, "EMBEDDING_INT8": np.int8, "EMBEDDING_UINT8": np.uint8}
 
 
 def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
@@ -48,10 +46,6 @@ def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
 
 
 def outputs(vectors: np.ndarray, embedding_type: str) -> dict[str, np.ndarray]:
-    """Every output of a response: the type's codes in its own, [n, 0] in the others."""
-    n = len(vectors)
-    chosen = OUTPUTS[embedding_type]
-    return {
-        name: compact(vectors, embedding_type) if name == chosen else np.empty((n, 0), dtype)
-        for name, dtype in OUTPUT_DTYPES.items()
-    }
+    """A response's outputs: the type's codes in its own; the others are left out (an empty
+    output would keep Triton's response cache from storing the response)."""
+    return {OUTPUTS[embedding_type]: compact(vectors, embedding_type)}

@@ -124,7 +124,7 @@ class TritonPythonModel:
         if self.task == "rerank":
             return [pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]
         # Matryoshka truncation and normalisation, once, with this request's options; then
-        # the compact codes it asked for (the other outputs empty).
+        # the compact codes it asked for, in their own output only.
         dimensions, normalize, embedding_type = opts
         rows = finish(torch.from_numpy(rows), normalize=normalize, dimensions=dimensions)
         codes = compact_outputs(rows.contiguous().numpy(), embedding_type)

@@ -15,6 +15,8 @@
   On a host with GPUs, `--gpu-instances auto` (default) serves one KIND_GPU encoder instance
   per GPU in place of a KIND_MODEL group that is not a tensor-parallel one, and scales the
   tokenizer instances to the CPUs (placement.gpu_instance_groups).
+- `--response-cache-mb N` (or $RESPONSE_CACHE_MB) turns Triton's local response cache on for
+  the encoders, bounded to N MiB; off by default (with_response_cache says what is hashed).
 - `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
   /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
 - `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
@@ -160,6 +162,27 @@ def _tensor_parallel(config: str) -> bool:
         return int(get_parameter(config, "tp_size")) > 1
     except ValueError:  # not set: the default, 1
         return False
+
+
+def with_response_cache(model_repository: Path) -> Path:
+    """A copy whose encoders (embed and rerank) have Triton's response cache on. The encoders,
+    not the ensembles: Triton hashes a request's inputs, not its parameters, and an encoder's
+    inputs carry everything its answer depends on (token ids with the prompt applied, FINISH
+    with dimensions, normalize and embedding type)."""
+
+    def edit(name: str, config: str) -> str:
+        if not name.endswith("encoder") or "response_cache" in config:
+            return config
+        return config.rstrip("\n") + "\nresponse_cache { enable: true }\n"
+
+    return _edited_copy(model_repository, edit)
+
+
+def cache_args(response_cache_mb: int) -> list[str]:
+    """tritonserver's flags for a local response cache of that many MiB (none for 0)."""
+    if response_cache_mb < 0:
+        raise ValueError(f"--response-cache-mb must be >= 0, not {response_cache_mb}")
+    return [f"--cache-config=local,size={response_cache_mb * 2**20}"] if response_cache_mb else []
 
 
 def gpu_instances(requested: str) -> int | None:
@@ -329,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also serve the OpenAI gateway on this port (0: off)",
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
+    p.add_argument(
+        "--response-cache-mb",
+        type=int,
+        default=int(os.environ.get("RESPONSE_CACHE_MB") or 0),
+        help="Triton's response cache for the encoders, in MiB (0: off; $RESPONSE_CACHE_MB)",
+    )
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
 
@@ -346,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         cpus = len(os.sched_getaffinity(0))
         served = with_gpu_instances(args.model_repository, gpus, cpus, per_gpu)
         what = f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)"
+    if args.response_cache_mb:
+        cached = with_response_cache(served)
+        if served != args.model_repository:
+            shutil.rmtree(served.parent, ignore_errors=True)
+        served, what = cached, ", ".join(filter(None, [what, "the response cache on"]))
     if served != args.model_repository:
         log(f"serving a copy with {what}: {served}")
         atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
@@ -355,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd += triton_args(
         args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs, rerank
     )
+    cmd += cache_args(args.response_cache_mb)
     proc = subprocess.Popen(
         cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
     )

@@ -113,7 +113,11 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     server = install()
     libdir = sysconfig.get_config_var("LIBDIR")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
-    return [str(server / "bin" / "tritonserver"), f"--backend-directory={server / 'backends'}"], env
+    return [
+        str(server / "bin" / "tritonserver"),
+        f"--backend-directory={server / 'backends'}",
+        f"--cache-directory={server / 'caches'}",
+    ], env
 
 
 def free_port() -> int:

@@ -1,0 +1,99 @@
+"""Triton's response cache for the encoders (launcher --response-cache-mb): repeated requests
+are answered from it, and a request whose options change the result never gets another
+request's answer (the options reach the encoder as inputs, which Triton hashes)."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from test_rerank_serving import rerank
+
+from qwen_embed.compact import compact
+from qwen_embed.serving.config import MODEL_REPOSITORY
+from qwen_embed.serving.launcher import cache_args, with_response_cache
+from qwen_embed.serving.repository import render
+from qwen_embed.serving.triton import TritonServer
+
+from triton_helpers import infer, text_input
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
+TEXT = ["What is the capital of China?"]
+
+
+def test_cache_flags_and_configs():
+    assert cache_args(0) == []
+    assert cache_args(64) == [f"--cache-config=local,size={64 * 2**20}"]
+    with pytest.raises(ValueError, match="--response-cache-mb"):
+        cache_args(-1)
+    copy = with_response_cache(MODEL_REPOSITORY)
+    for name in ("encoder", "rerank_encoder"):
+        assert "response_cache { enable: true }" in (copy / name / "config.pbtxt").read_text()
+    for name in ("embed", "tokenizer", "rerank", "rerank_tokenizer"):  # hashes no options
+        assert "response_cache" not in (copy / name / "config.pbtxt").read_text()
+    assert with_response_cache(copy) == copy  # already on: nothing to change
+    shutil.rmtree(copy.parent)
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, reranker, tmp_path_factory):
+    where = tmp_path_factory.mktemp("cache")
+    repo = render(
+        where / "repo",
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "float32"}},
+        rerankers={"rerank": reranker},
+    )
+    args = ["--response-cache-mb", "16"]
+    with TritonServer(repo, log_path=where / "server.log", launcher_args=args) as server:
+        yield server
+
+
+def counts(server, model="encoder"):
+    return (
+        server.metric("nv_cache_num_hits_per_model", model=model),
+        server.metric("nv_cache_num_misses_per_model", model=model),
+    )
+
+
+def test_repeats_hit_and_other_options_miss(server):
+    first, _ = infer(server, TEXT, "grpc")
+    texts_before = server.metric("qwen_embed_texts_total")
+    assert counts(server) == (0, 1)
+    again, _ = infer(server, TEXT, "http")
+    assert counts(server) == (1, 1) and np.array_equal(again, first)
+    assert server.metric("qwen_embed_texts_total") == texts_before  # the encoder did not run
+    # Every option that changes the result is a miss with its own, correct answer.
+    small, _ = infer(server, TEXT, "grpc", dimensions=64)
+    assert small.shape == (1, 64) and counts(server) == (1, 2)
+    expected = first[:, :64] / np.linalg.norm(first[:, :64])
+    assert np.abs(small - expected).max() <= 1e-5
+    raw, _ = infer(server, TEXT, "grpc", normalize=False)
+    assert abs(np.linalg.norm(raw) - 1) > 1e-3 and counts(server) == (1, 3)
+    query, tokens = infer(server, TEXT, "grpc", prompt_name="query")
+    assert tokens[0, 0] > 10 and np.abs(query - first).max() > 1e-3 and counts(server) == (1, 4)
+    codes = server_codes(server, "int8")
+    assert np.array_equal(codes, compact(first, "int8")) and counts(server) == (1, 5)
+    # ... and each of those, repeated, hits.
+    assert np.array_equal(infer(server, TEXT, "http", dimensions=64)[0], small)
+    assert np.array_equal(infer(server, TEXT, "http", prompt_name="query")[0], query)
+    assert np.array_equal(server_codes(server, "int8"), codes)
+    assert counts(server) == (4, 5)
+
+
+def server_codes(server, embedding_type):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = [text_input(grpcclient, TEXT)]
+    result = client.infer("embed", inputs, parameters={"embedding_type": embedding_type})
+    return result.as_numpy("EMBEDDING_INT8")
+
+
+def test_rerank_repeats_hit_and_another_instruction_misses(server):
+    documents = ["Beijing is the capital.", "Gravity."]
+    scores, _ = rerank(server, TEXT[0], documents)
+    assert counts(server, "rerank_encoder") == (0, 1)
+    again, _ = rerank(server, TEXT[0], documents, "grpc")
+    assert np.array_equal(again, scores) and counts(server, "rerank_encoder") == (1, 1)
+    other, _ = rerank(server, TEXT[0], documents, instruction="Find gravity")
+    assert np.abs(other - scores).max() > 0 and counts(server, "rerank_encoder") == (1, 2)
