@@ -46,6 +46,10 @@ def test_embed_compact_types_through_client_and_cli(server, tmp_path):
             assert np.array_equal(codes, compact(floats, kind)), kind
         with pytest.raises(ValueError, match="embedding_type must be one of"):
             client.embed(["hello"], embedding_type="int4")
+        bulk = client.embed(["hello", "world"], dimensions=32, priority="bulk")
+        assert np.abs(bulk - floats).max() <= 1e-6
+        with pytest.raises(ValueError, match="priority must be one of"):
+            client.embed(["hello"], priority="urgent")
     out = tmp_path / "codes.npy"
     r = cli(
         "embed",

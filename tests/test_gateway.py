@@ -109,6 +109,9 @@ def test_compact_vectors_each_way_clients_ask(stack):
         assert entry["embeddings"]["int8"] == compact(floats, "int8")[i].tolist()
         assert entry["embeddings"]["ubinary"] == compact(floats, "ubinary")[i].tolist()
         assert np.abs(np.array(entry["embeddings"]["float"]) - floats[i]).max() <= 1e-6
+    for priority in ("bulk", "interactive", 2):
+        status, answer = _post(base_url, "embeddings", {**body, "priority": priority})
+        assert status == 200 and len(answer["data"][0]["embedding"]) == 64, answer
     status, answer = _post(
         base_url, "embeddings", {**body, "embedding_type": "int8", "encoding_format": "base64"}
     )
@@ -121,6 +124,8 @@ def test_compact_vectors_each_way_clients_ask(stack):
         ({"embedding_type": "int8", "embedding_types": ["int8"]}, "embedding_types"),
         ({"encoding_format": "int8", "embedding_type": "uint8"}, "encoding_format"),
         ({"encoding_format": "hex"}, "encoding_format"),
+        ({"priority": "urgent"}, "priority"),
+        ({"priority": 7}, "priority"),
     ]:
         status, answer = _post(base_url, "embeddings", {**body, **bad})
         assert status == 400 and answer["error"]["param"] == param, (bad, answer)

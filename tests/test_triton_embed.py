@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from qwen_embed_client.client import PRIORITIES
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
@@ -109,6 +110,45 @@ def test_compact_vectors(server, protocol):
             assert np.array_equal(codes, compact(floats, embedding_type)), (params, embedding_type)
             for other in {"EMBEDDING", "EMBEDDING_INT8", "EMBEDDING_UINT8"} - {name}:
                 assert result.as_numpy(other) is None  # left out of the response
+
+
+@pytest.mark.parametrize("high", ["interactive", "bulk"])
+def test_interactive_requests_overtake_queued_bulk_ones(server, high):
+    """Bulk requests (Triton priority 2) queue up behind one executing; an interactive one
+    (priority 1, the default) then completes before all of them (the next batch takes it
+    first), while a bulk one in its place completes after them: by order of completion, not
+    timing."""
+    rng = np.random.default_rng(1)
+    words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet", "engine"]
+    # 256 texts (max_batch_size): one execute each, with no room to add the query beside them.
+    texts = [" ".join(rng.choice(words, 40)) for _ in range(256)]
+    finished = []
+
+    def send(tag, batch, priority):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        level = PRIORITIES[priority]
+        client.infer("embed", [text_input(grpcclient, batch)], priority=level, client_timeout=600)
+        finished.append(tag)
+
+    def pending():
+        return server.metric("nv_inference_pending_request_count", model="encoder")
+
+    threads = []
+    for i in range(5):
+        batch = [f"{i} {t}" for t in texts]  # distinct: no response or prefix reuse
+        threads.append(threading.Thread(target=send, args=(f"bulk{i}", batch, "bulk")))
+        threads[-1].start()
+    wait_until(lambda: pending() >= 3, "bulk requests queued behind the executing one")
+    queued = 5 - len(finished)
+    threads.append(threading.Thread(target=send, args=("query", ["a query"], high)))
+    threads[-1].start()
+    for t in threads:
+        t.join(timeout=600)
+    after = len(finished) - 1 - finished.index("query")
+    if high == "interactive":  # at most the executing batch went first
+        assert after >= queued - 2, finished
+    else:
+        assert after == 0, finished
 
 
 def test_truncation_keeps_endoftext(server, tokenizer):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from .client import EMBEDDING_OUTPUTS, EmbeddingClient, EmbeddingError
+from .client import EMBEDDING_OUTPUTS, PRIORITIES, EmbeddingClient, EmbeddingError
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
@@ -75,6 +75,8 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         "truncate": not args.no_truncate,
         "truncation_direction": args.truncation_direction,
         "embedding_type": args.embedding_type,
+        # A file is a bulk job: it yields to interactive queries on a shared server.
+        "priority": args.priority or ("bulk" if args.input else "interactive"),
     }
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
@@ -208,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
     )
     e.add_argument("--no-truncate", action="store_true")
+    e.add_argument(
+        "--priority",
+        choices=list(PRIORITIES),
+        help="the server's queue level (default: bulk with --input, else interactive)",
+    )
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r = sub.add_parser("rerank", parents=[common], help="score documents against a query")
     r.add_argument("query")

@@ -50,6 +50,21 @@ EMBEDDING_OUTPUTS = {
 }
 
 
+# Triton priority levels of the encoders (1 is served first): a batch takes every waiting
+# interactive request before any bulk one. 0 asks for the model's default, interactive.
+PRIORITIES = {"interactive": 1, "bulk": 2}
+
+
+def priority_level(priority: str | int | None) -> int:
+    if priority is None:
+        return 0
+    if isinstance(priority, str) and priority in PRIORITIES:
+        return PRIORITIES[priority]
+    if isinstance(priority, int) and not isinstance(priority, bool) and priority in (0, 1, 2):
+        return priority
+    raise ValueError(f"priority must be one of {list(PRIORITIES)} (or 1, 2), got {priority!r}")
+
+
 @dataclass
 class EmbeddingResult:
     embeddings: np.ndarray  # [n, dim]: float32, or the embedding_type's int8/uint8 codes
@@ -163,12 +178,19 @@ class AsyncEmbeddingClient:
     async def embed(self, texts: list[str], **options) -> np.ndarray:
         return (await self.embed_with_usage(texts, **options)).embeddings
 
-    async def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
+    async def embed_with_usage(
+        self, texts: list[str], *, priority: str | int | None = None, **options
+    ) -> EmbeddingResult:
+        """`priority`: "interactive" (the server's default) or "bulk" (served after every
+        waiting interactive request); the other options are the server's request parameters."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
+        level = priority_level(priority)
         if not texts:
             raise ValueError("texts must not be empty")
-        chunks = await self._split(len(texts), lambda s, a, b: self._send(s, texts[a:b], opts))
+        chunks = await self._split(
+            len(texts), lambda s, a, b: self._send(s, texts[a:b], opts, level)
+        )
         return EmbeddingResult(
             embeddings=np.concatenate([c[0] for c in chunks]),
             token_counts=np.concatenate([c[1] for c in chunks]),
@@ -182,6 +204,7 @@ class AsyncEmbeddingClient:
         top_n: int | None = None,
         instruction: str | None = None,
         truncate: bool = True,
+        priority: str | int | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
         split over requests and servers like `embed`'s texts."""
@@ -193,9 +216,10 @@ class AsyncEmbeddingClient:
         ):
             raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
         params = {"truncate": truncate, **({"instruction": instruction} if instruction else {})}
+        level = priority_level(priority)
         chunks = await self._split(
             len(documents),
-            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params),
+            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params, level),
         )
         return RerankResult(
             scores=np.concatenate([c[0] for c in chunks]),
@@ -234,25 +258,29 @@ class AsyncEmbeddingClient:
         inp.set_data_from_numpy(data)
         return inp
 
-    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions):
+    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority: int):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
-        result = await self._infer(server, self.model, [inp], opts.parameters())
+        result = await self._infer(server, self.model, [inp], opts.parameters(), priority)
         vectors = result.as_numpy(EMBEDDING_OUTPUTS[opts.embedding_type])
         return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
 
-    async def _send_pairs(self, server: _Server, query: str, documents: list[str], params: dict):
+    async def _send_pairs(
+        self, server: _Server, query: str, documents: list[str], params: dict, priority: int
+    ):
         inputs = [
             self._bytes_input("QUERY", [query], [1]),
             self._bytes_input("DOCUMENTS", documents, [len(documents), 1]),
         ]
-        result = await self._infer(server, self.rerank_model, inputs, params)
+        result = await self._infer(server, self.rerank_model, inputs, params, priority)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
-    async def _infer(self, server: _Server, model: str, inputs: list, params: dict):
+    async def _infer(
+        self, server: _Server, model: str, inputs: list, params: dict, priority: int = 0
+    ):
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:
             return await asyncio.wait_for(
-                server.client.infer(model, inputs, parameters=params, **kwargs),
+                server.client.infer(model, inputs, parameters=params, priority=priority, **kwargs),
                 timeout=self.timeout,
             )
         except InferenceServerException as e:

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .cli import checkpoint_prompts
-from .client import EMBEDDING_OUTPUTS, AsyncEmbeddingClient, EmbeddingError
+from .client import EMBEDDING_OUTPUTS, AsyncEmbeddingClient, EmbeddingError, priority_level
 
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
@@ -80,8 +80,21 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
         if isinstance(dims, bool) or not isinstance(dims, int):
             raise _invalid("'dimensions' must be an integer", "dimensions")
         options["dimensions"] = dims
+    options.update(_priority(body))
     encoding, kinds, keyed = _embedding_types(body)
     return texts, options, encoding, kinds, keyed
+
+
+def _priority(body: dict) -> dict:
+    """`priority`: "interactive" (default) or "bulk" (Triton's levels 1 and 2; vLLM's
+    integer form is accepted as those levels)."""
+    if "priority" not in body:
+        return {}
+    try:
+        priority_level(body["priority"])
+    except ValueError as e:
+        raise _invalid(f"'priority' {e.args[0].removeprefix('priority ')}", "priority") from None
+    return {"priority": body["priority"]}
 
 
 def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
@@ -186,6 +199,7 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, l
     if not isinstance(return_documents, bool):
         raise _invalid("'return_documents' must be a boolean", "return_documents")
     options["return_documents"] = return_documents
+    options.update(_priority(body))
     return query, texts, options
 
 
