@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
-from qwen_embed.batch import VarlenBatch, plan_batches
+from qwen_embed.batch import VarlenBatch, plan_batches, plan_requests
 
 from reference import random_sequences
 
@@ -22,6 +22,14 @@ def test_varlen_batch_layout():
     assert batch.seq_lens == (3, 1, 2) and batch.max_seqlen == 3
     with pytest.raises(ValueError):
         VarlenBatch.build([[1], []], "cpu")
+
+
+def test_plan_requests_shortest_first_within_the_budget():
+    # Requests' token counts: the short ones share the first call, the one over budget is alone.
+    assert plan_requests([500, 3, 40000, 20, 7], 1000) == [[1, 4, 3, 0], [2]]
+    assert plan_requests([600, 3, 500], 1000) == [[1, 2], [0]]
+    assert plan_requests([10, 10, 10], 20) == [[0, 1], [2]]
+    assert plan_requests([], 100) == []
 
 
 def test_plan_batches_respects_budget_and_keeps_every_index():

@@ -151,6 +151,40 @@ def test_interactive_requests_overtake_queued_bulk_ones(server, high):
         assert after == 0, finished
 
 
+def test_short_requests_are_answered_before_long_ones_of_the_same_execute(server):
+    """A long request and short ones queue behind a busy encoder and reach one execute
+    together; each short one is answered when its own (first) call ends, before the long one,
+    not when the whole execute ends. By order of completion, not timing."""
+
+    def send(tag, ids):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.infer("encoder", [encoder_input(ids)], client_timeout=600)
+        finished.append(tag)
+
+    finished = []
+    # Over the token budget (16,384): calls of its own after the short ones.
+    long_ids = [list(range(10 + i, 10 + i + 4000)) for i in range(5)]
+    blocker = threading.Thread(target=send, args=("blocker", long_ids))
+    blocker.start()
+    wait_until(lambda: server.metric(EXECUTING) >= 1, "the blocker inside the encoder")
+    threads = [threading.Thread(target=send, args=("long", [ids[::-1] for ids in long_ids]))]
+    threads[0].start()
+    wait_until(
+        lambda: server.metric("nv_inference_pending_request_count", model="encoder") >= 1,
+        "the long request queued",
+    )
+    for k in range(3):
+        threads.append(threading.Thread(target=send, args=(f"short{k}", [[7 + k, 8, 9]])))
+        threads[-1].start()
+    wait_until(
+        lambda: server.metric("nv_inference_pending_request_count", model="encoder") >= 4,
+        "the short requests queued",
+    )
+    for t in [blocker, *threads]:
+        t.join(timeout=600)
+    assert finished[0] == "blocker" and finished[-1] == "long", finished
+
+
 def test_truncation_keeps_endoftext(server, tokenizer):
     long_text = "word " * 9000
     n = len(tokenizer.encode(long_text).ids)

@@ -86,15 +86,28 @@ def plan_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int
     runs alone rather than being refused.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
-    batches: list[list[int]] = []
+    return _pack(order, lengths, max_batch_tokens)
+
+
+def plan_requests(tokens: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Group requests (their token counts) into consecutive encoder calls of at most
+    `max_batch_tokens` tokens, fewest tokens first: a request is answered as soon as its call
+    ends, so a short request never waits for a long one that came in the same execute. A
+    request over the budget is a call of its own."""
+    order = sorted(range(len(tokens)), key=lambda i: tokens[i])
+    return _pack(order, tokens, max_batch_tokens)
+
+
+def _pack(order: list[int], sizes: Sequence[int], budget: int) -> list[list[int]]:
+    groups: list[list[int]] = []
     current: list[int] = []
-    tokens = 0
+    total = 0
     for i in order:
-        if current and tokens + lengths[i] > max_batch_tokens:
-            batches.append(current)
-            current, tokens = [], 0
+        if current and total + sizes[i] > budget:
+            groups.append(current)
+            current, total = [], 0
         current.append(i)
-        tokens += lengths[i]
+        total += sizes[i]
     if current:
-        batches.append(current)
-    return batches
+        groups.append(current)
+    return groups

@@ -12,6 +12,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder, EncoderBroken
+from qwen_embed.batch import plan_requests
 from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
@@ -60,14 +61,18 @@ class TritonPythonModel:
             self.metrics.executing.increment(-len(requests))
 
     def _execute(self, requests):
-        responses = [None] * len(requests)
+        # Each request is answered through its own sender as soon as its texts are done.
+        senders = [request.get_response_sender() for request in requests]
+
+        def answer(i, response):
+            senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
         accepted = []  # (index, options, token id arrays)
         for i, request in enumerate(requests):
             if request.is_cancelled():  # the client gave up while it queued: skip the work
                 self.metrics.cancelled.increment(1)
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-                )
+                error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+                answer(i, pb_utils.InferenceResponse(error=error))
                 continue
             try:
                 opts = self._finish(request)
@@ -77,40 +82,57 @@ class TritonPythonModel:
                     for j, b in enumerate(blobs.reshape(-1))
                 ]
             except ValueError as e:  # RequestError is one; check_sequence raises the others
-                responses[i] = _error(str(e))
+                answer(i, _error(str(e)))
                 continue
             accepted.append((i, opts, seqs))
-        if accepted:
-            # Every accepted text of every request in one call: one set of forward batches.
-            all_seqs = [s for _, _, seqs in accepted for s in seqs]
-            started = time.perf_counter()
-            try:
-                if self.task == "rerank":
-                    outputs = self.encoder.score_checked(all_seqs)
-                else:
-                    outputs = self.encoder.pool_checked(all_seqs)
-            except EncoderBroken as e:
-                return self._broken(str(e), responses, accepted)
-            self.metrics.seconds.observe(time.perf_counter() - started)
-            self.metrics.observe_reuse(self.encoder)
-            start = 0
-            for i, opts, seqs in accepted:
-                rows = outputs[start : start + len(seqs)]
-                start += len(seqs)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=self._outputs(rows, opts))
-            self.metrics.observe_batch(len(accepted), all_seqs)
-        return responses
+        if not accepted:
+            return None
+        unanswered = {i for i, _, _ in accepted}
+        started = time.perf_counter()
+        tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
+        try:
+            # Calls of whole requests, fewest tokens first (batch.plan_requests).
+            for group in plan_requests(tokens, self.encoder.max_batch_tokens):
+                members = [accepted[g] for g in group]
+                group_seqs = [s for _, _, seqs in members for s in seqs]
+                rows = self._encode(group_seqs)
+                # Counted before the answers leave: a client that reads the metrics after
+                # its response sees its own texts.
+                self.metrics.observe_reuse(self.encoder)
+                self.metrics.count(group_seqs)
+                start = 0
+                for i, opts, seqs in members:
+                    outputs = self._outputs(rows[start : start + len(seqs)], opts)
+                    start += len(seqs)
+                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
+                    unanswered.discard(i)
+        except EncoderBroken as e:
+            self._broken(str(e), sorted(unanswered), answer)
+            return None
+        except Exception as e:  # every request still gets its one response
+            pb_utils.Logger.log_error(f"encoder execute failed: {type(e).__name__}: {e}")
+            error = pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)
+            for i in sorted(unanswered):
+                answer(i, pb_utils.InferenceResponse(error=error))
+            return None
+        self.metrics.seconds.observe(time.perf_counter() - started)
+        self.metrics.observe_batch(len(accepted), [s for _, _, seqs in accepted for s in seqs])
+        return None
 
-    def _broken(self, message, responses, accepted):
+    def _encode(self, seqs):
+        if self.task == "rerank":
+            return self.encoder.score_checked(seqs)
+        return self.encoder.pool_checked(seqs)
+
+    def _broken(self, message, unanswered, answer):
         """A tensor-parallel group failed: answer this batch, then end the stub so that the
         launcher's watchdog loads the model again (a stub that stayed up would fail every
         request while Triton reports it ready)."""
         pb_utils.Logger.log_error(f"{message}; exiting for a reload")
         threading.Timer(1.0, os._exit, args=(1,)).start()  # after these responses leave
         error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
-        for i, _, _ in accepted:
-            responses[i] = pb_utils.InferenceResponse(error=error)
-        return responses
+        for i in unanswered:
+            answer(i, pb_utils.InferenceResponse(error=error))
 
     def _finish(self, request):
         """(dimensions, normalize, embedding type) from the tokenizer's FINISH rows; request
@@ -231,9 +253,11 @@ class _Metrics:
         self._seen = now
 
     def observe_batch(self, num_requests, seqs):
-        num_tokens = int(sum(len(s) for s in seqs))
+        """The shape of one execute."""
         self.histograms["requests"].observe(num_requests)
         self.histograms["texts"].observe(len(seqs))
-        self.histograms["tokens"].observe(num_tokens)
+        self.histograms["tokens"].observe(int(sum(len(s) for s in seqs)))
+
+    def count(self, seqs):
         self.texts.increment(len(seqs))
-        self.tokens.increment(num_tokens)
+        self.tokens.increment(int(sum(len(s) for s in seqs)))
