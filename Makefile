@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-priority profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -166,6 +166,11 @@ perf-rerank: setup
 perf-prefix: setup
 	perf/perf_analyzer/install.sh $(PY)
 	cd perf && ../$(PY) bench_prefix.py
+
+# 1-text query latency (p50/p99) under a concurrent bulk load: the server before priority levels
+# and per-request answers (a git worktree of that revision) vs this checkout (priority.md).
+perf-priority: setup
+	cd perf && ../$(PY) bench_priority.py
 
 # Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
 perf-split: setup
