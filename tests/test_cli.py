@@ -1,12 +1,14 @@
 """The qwen-embed command against a real tritonserver."""
 
 import json
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from qwen_embed_client import EmbeddingClient
+from qwen_embed_client.bulk import load
 from qwen_embed_client.cli import default_metrics_url
 
 from qwen_embed import EncoderSettings, ModelConfig
@@ -16,7 +18,7 @@ from qwen_embed.route import choose_route
 from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.serving.triton import free_port
 
-from triton_helpers import infer
+from triton_helpers import infer, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -137,3 +139,57 @@ def test_health_info_and_errors(server):
     bad = cli("embed", "x", "--url", server.grpc_url, "--dimensions", "0")
     assert bad.returncode == 1
     assert bad.stderr.strip().count("\n") == 0 and "'dimensions' must be in 1..1024" in bad.stderr
+
+
+def test_bulk_job_resumes_after_ctrl_c_and_a_crash(server, tmp_path):
+    """A job in shards, interrupted by Ctrl-C and then killed outright, finishes on the third
+    run: every text once, in order, with its id; complete shards are not embedded again."""
+    rng = np.random.default_rng(4)
+    words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet"]
+    texts = [f"{i} " + " ".join(rng.choice(words, 80)) for i in range(320)]
+    source = tmp_path / "big.jsonl"
+    source.write_text(
+        "".join(json.dumps({"id": f"doc-{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "--input", str(source)]
+    command += ["-o", str(out), "--shard-size", "16", "--url", server.grpc_url]
+
+    def interrupted(sig):
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        before = len(list(out.glob("shard-*[0-9].npy")))
+        wait_until(lambda: len(list(out.glob("shard-*[0-9].npy"))) >= before + 2, "two shards")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        return proc.returncode, err
+
+    code, err = interrupted(signal.SIGINT)  # Ctrl-C
+    assert code == 130 and "run the same command again to resume" in err, err
+    interrupted(signal.SIGKILL)  # a crash
+    done = len(list(out.glob("shard-*[0-9].npy")))
+    assert 4 <= done < 20
+    wait_until(  # the killed run's last requests may still be in the server
+        lambda: (
+            server.metric("qwen_embed_executing_requests") == 0
+            and server.metric("nv_inference_pending_request_count", model="encoder") == 0
+        ),
+        "the server idle",
+    )
+    sent_before = server.metric("qwen_embed_texts_total")
+    r = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "320/320 texts" in r.stderr and "tokens/s" in r.stderr
+    # Only the shards not yet written were embedded (at most a shard in flight is redone).
+    assert server.metric("qwen_embed_texts_total") - sent_before == 320 - 16 * done
+    ids, vectors = load(out)
+    assert ids.tolist() == [f"doc-{i}" for i in range(320)]
+    with EmbeddingClient(server.grpc_url) as client:
+        expected = client.embed(texts)
+    assert vectors.shape == (320, 1024) and np.abs(vectors - expected).max() <= 1e-5
+    # A finished job reruns as a no-op; another input in the same directory is refused.
+    sent_before = server.metric("qwen_embed_texts_total")
+    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
+    assert server.metric("qwen_embed_texts_total") == sent_before
+    source.write_text(json.dumps({"text": "something else"}) + "\n")
+    other = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert other.returncode == 1 and "holds another job" in other.stderr, other.stderr

@@ -2,6 +2,7 @@
 
 qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jsonl]
 qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
+qwen-embed embed --input big.jsonl -o out/                # shards, resumed after Ctrl-C
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT [--metrics-url http://HOST:8002/metrics]
@@ -19,24 +20,34 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from . import bulk
 from .client import EMBEDDING_OUTPUTS, PRIORITIES, EmbeddingClient, EmbeddingError
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
 
 def read_texts(args) -> list[str]:
+    return read_records(args)[0]
+
+
+def read_records(args) -> tuple[list[str], list]:
+    """(texts, ids): a JSONL object's --id-field where it has one, else the text's index."""
     if args.texts:
-        return list(args.texts)
+        return list(args.texts), list(range(len(args.texts)))
     source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
     with source:
         lines = [line.rstrip("\n") for line in source if line.strip()]
     name = args.input or ""
-    if name.endswith(".jsonl"):  # {"text": ...} per line, or a bare JSON string
-        return [
-            (lambda o: o if isinstance(o, str) else o[args.text_field])(json.loads(x))
-            for x in lines
-        ]
-    return lines
+    if not name.endswith(".jsonl"):
+        return lines, list(range(len(lines)))
+    texts, ids = [], []
+    id_field = getattr(args, "id_field", "id")
+    for index, line in enumerate(lines):  # {"text": ...} per line, or a bare JSON string
+        record = json.loads(line)
+        texts.append(record if isinstance(record, str) else record[args.text_field])
+        has_id = isinstance(record, dict) and id_field in record
+        ids.append(record[id_field] if has_id else index)
+    return texts, ids
 
 
 def write_vectors(path: str | None, vectors: np.ndarray, counts: np.ndarray) -> None:
@@ -63,7 +74,7 @@ def progress(done: int, total: int) -> None:
 
 
 def cmd_embed(args, client: EmbeddingClient) -> None:
-    texts = read_texts(args)
+    texts, ids = read_records(args)
     if not texts:
         raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
     options = {
@@ -78,6 +89,21 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         # A file is a bulk job: it yields to interactive queries on a shared server.
         "priority": args.priority or ("bulk" if args.input else "interactive"),
     }
+    if args.output and not args.output.endswith((".npy", ".jsonl")):
+        # What the vectors depend on, kept in the manifest (the priority is not).
+        result_options = {k: v for k, v in options.items() if k != "priority"}
+        job = bulk.Job(Path(args.output), texts, ids, result_options, args.shard_size)
+        try:
+            bulk.run(job, lambda part: client.embed_with_usage(part, **options), not args.quiet)
+        except KeyboardInterrupt:
+            done = len(job.done())
+            print(
+                f"\nqwen-embed: interrupted with {done} of {job.shards} shards in "
+                f"{args.output}; run the same command again to resume",
+                file=sys.stderr,
+            )
+            raise SystemExit(130) from None
+        return
     show = len(texts) > PROGRESS_CHUNK and not args.quiet
     vectors, counts = [], []
     step = PROGRESS_CHUNK if show else len(texts)
@@ -194,7 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("texts", nargs="*")
     e.add_argument("--input", help="text file (one text per line), .jsonl, or - for stdin")
     e.add_argument("--text-field", default="text", help="JSONL field holding the text")
-    e.add_argument("-o", "--output", help=".npy or .jsonl (default: JSONL on stdout)")
+    e.add_argument(
+        "-o",
+        "--output",
+        help=".npy or .jsonl file, or a directory for a resumable job in shards "
+        "(default: JSONL on stdout)",
+    )
+    e.add_argument("--shard-size", type=int, default=4096, help="texts per shard (directory)")
+    e.add_argument("--id-field", default="id", help="JSONL field holding a text's id")
     e.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     e.add_argument("--timeout", type=float, default=120.0)
     e.add_argument("--prompt-name")
