@@ -163,14 +163,19 @@ class TPLauncher:
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
 
-    def failure(self) -> str | None:
-        """What a worker reported or how it ended, when one failed or exited."""
-        for rank, proc in enumerate(self.procs, start=1):
-            if self.store.check([f"failed/{rank}"]):
-                return f"TP rank {rank} failed: {self.store.get(f'failed/{rank}').decode()}"
-            if proc.poll() is not None:
-                return f"TP rank {rank} exited with code {proc.returncode}"
-        return None
+    def failure(self, wait_s: float = 2.0) -> str | None:
+        """What a worker reported or how it ended, once a collective failed: a peer's socket
+        closes as it exits, so its exit may take a moment to be seen."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, proc in enumerate(self.procs, start=1):
+                if self.store.check([f"failed/{rank}"]):
+                    return f"TP rank {rank} failed: {self.store.get(f'failed/{rank}').decode()}"
+                if proc.poll() is not None:
+                    return f"TP rank {rank} exited with code {proc.returncode}"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def close(self, graceful: bool = True) -> None:
         """Stop the workers: with `graceful` a stop command they finish on, else (a failed

@@ -88,16 +88,18 @@ class TritonPythonModel:
         if not accepted:
             return None
         unanswered = {i for i, _, _ in accepted}
-        started = time.perf_counter()
+        # Every metric moves before the answers it covers leave: a client that reads the
+        # metrics after its response sees its own request.
+        self.metrics.observe_batch(len(accepted), [s for _, _, seqs in accepted for s in seqs])
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
                 members = [accepted[g] for g in group]
                 group_seqs = [s for _, _, seqs in members for s in seqs]
+                started = time.perf_counter()
                 rows = self._encode(group_seqs)
-                # Counted before the answers leave: a client that reads the metrics after
-                # its response sees its own texts.
+                self.metrics.seconds.observe(time.perf_counter() - started)
                 self.metrics.observe_reuse(self.encoder)
                 self.metrics.count(group_seqs)
                 start = 0
@@ -115,8 +117,6 @@ class TritonPythonModel:
             for i in sorted(unanswered):
                 answer(i, pb_utils.InferenceResponse(error=error))
             return None
-        self.metrics.seconds.observe(time.perf_counter() - started)
-        self.metrics.observe_batch(len(accepted), [s for _, _, seqs in accepted for s in seqs])
         return None
 
     def _encode(self, seqs):
@@ -183,7 +183,7 @@ class _Metrics:
         self.tokens = self._metric("qwen_embed_tokens_total", "tokens embedded", counter)
         self.seconds = self._metric(
             "qwen_embed_encode_seconds",
-            "time in the encoder forward and pooling",
+            "time in the encoder forward and pooling, per call (calls of whole requests)",
             pb_utils.MetricFamily.HISTOGRAM,
             buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30],
         )
