@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-priority profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-priority perf-long profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -171,6 +171,10 @@ perf-prefix: setup
 # and per-request answers (a git worktree of that revision) vs this checkout (priority.md).
 perf-priority: setup
 	cd perf && ../$(PY) bench_priority.py
+
+# One text of 8K, 16K and 32K tokens in process: tokens/s and peak memory (long.md).
+perf-long: setup
+	cd perf && ../$(PY) bench_long.py
 
 # Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
 perf-split: setup

@@ -84,7 +84,8 @@ def server(dirs, tmp_path_factory):
         "custom": dirs["custom"],
         "byid": MODEL_ID,
     }
-    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
+    overrides = {"encoder": {"dtype": "float32"}, "tokenizer": {"max_input_tokens": "8192"}}
+    repo = render(where / "repo", deployments, overrides)
     env = {"HF_HUB_CACHE": str(dirs["cache"]), "HF_HUB_OFFLINE": "1"}
     with TritonServer(repo, env=env, log_path=where / "server.log") as s:
         yield s

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from test_rerank_serving import rerank
+from tritonclient.utils import InferenceServerException
 
 from qwen_embed.compact import compact
 from qwen_embed.serving.config import MODEL_REPOSITORY
@@ -97,3 +98,13 @@ def test_rerank_repeats_hit_and_another_instruction_misses(server):
     assert np.array_equal(again, scores) and counts(server, "rerank_encoder") == (1, 1)
     other, _ = rerank(server, TEXT[0], documents, instruction="Find gravity")
     assert np.abs(other - scores).max() > 0 and counts(server, "rerank_encoder") == (1, 2)
+
+
+def test_texts_up_to_the_models_positions(server):
+    """The shipped tokenizer takes texts up to the model's max_position_embeddings (32,768 for
+    the demo model), not a fixed 8,192; beyond it a text is refused (truncate=false)."""
+    long_text = "word " * 9000
+    vectors, tokens = infer(server, [long_text], "grpc", truncate=False)
+    assert tokens[0, 0] > 9000 and np.isfinite(vectors).all()
+    with pytest.raises(InferenceServerException, match="more than the limit of 32768"):
+        infer(server, ["word " * 33000], "grpc", truncate=False)

@@ -37,10 +37,10 @@ class TritonPythonModel:
         self.hidden_size = config.hidden_size
         self.max_texts = int(params.get("max_texts_per_request") or 256)
         self.max_text_bytes = int(params.get("max_text_bytes") or 262144)
-        # Never more than the model's positions: the encoder would refuse what we let through.
-        max_tokens = min(
-            int(params.get("max_input_tokens") or 8192), config.max_position_embeddings
-        )
+        # The model's positions unless the deployment sets fewer; never more: the encoder
+        # would refuse what we let through.
+        positions = config.max_position_embeddings
+        max_tokens = min(int(params.get("max_input_tokens") or positions), positions)
         if self.task == "rerank":
             self.tokenizer = PairTokenizer(model_dir, max_tokens)
             self._tokenize = self._pairs
