@@ -16,6 +16,7 @@ from torch import nn
 from . import int8
 from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
+from .chunking import ChunkedText, ChunkForward, check_chunks
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .heads import build_score_head
@@ -252,6 +253,12 @@ class Encoder:
         dimensions: int | None = None,
     ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
+        self._check_dimensions(dimensions)
+        sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
+        pooled = torch.from_numpy(self.pool_checked(sequences))
+        return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
+
+    def _check_dimensions(self, dimensions) -> None:
         self._require("embed")
         if dimensions is not None and (
             isinstance(dimensions, bool)
@@ -261,9 +268,6 @@ class Encoder:
             raise ValueError(
                 f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
             )
-        sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
-        pooled = torch.from_numpy(self.pool_checked(sequences))
-        return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
     def pool_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Pooled hidden states float32 [n, hidden] (not truncated, not normalised: `finish`
@@ -272,6 +276,43 @@ class Encoder:
         self._require("embed")
         out = np.empty((len(sequences), self.hidden_size), dtype=np.float32)
         return self._run(sequences, out, lambda pooled: pooled)
+
+    def embed_chunks(
+        self,
+        texts: Sequence[ChunkedText],
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> list[np.ndarray]:
+        """Late chunking (chunking.py): for each text, float32 [chunks, dimensions or hidden],
+        every chunk pooled in the context of its whole text."""
+        self._check_dimensions(dimensions)
+        checked = [
+            check_chunks(i, self.check_sequence(i, t.ids), t.spans, t.tail)
+            for i, t in enumerate(texts)
+        ]
+        return [
+            finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
+            for p in self.pool_chunks_checked(checked)
+        ]
+
+    def pool_chunks_checked(self, texts: Sequence[ChunkedText]) -> list[np.ndarray]:
+        """`embed_chunks` before truncation and normalisation, for texts that passed
+        `check_chunks`."""
+        self._require("embed")
+        if self._launcher is not None:
+            raise ValueError("late chunking runs on one rank: load the encoder with tp_size=1")
+        readout = self.config.is_causal and self.route.pooling == "last"
+        out: list[np.ndarray] = [np.empty(0)] * len(texts)
+        rows = [t.rows(readout) for t in texts]
+        with self._lock, torch.inference_mode():
+            for indices in plan_batches(rows, self.max_batch_tokens):
+                forward = ChunkForward([texts[i] for i in indices], readout, self.device)
+                pooled = forward.pool(self.model(forward.context))
+                self._count(forward.context)
+                for i, vectors in zip(indices, pooled, strict=True):
+                    out[i] = vectors
+        return out
 
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .batch import VarlenBatch
+
+if TYPE_CHECKING:
+    from .chunking import Readouts
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
@@ -303,12 +307,19 @@ class ForwardContext:
     last: AttentionLayout | None  # None: the last layer computes every row
     last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
     plan: SegmentPlan | None  # None: no prefix shared; rows are the sequences themselves
+    readouts: Readouts | None = None  # late chunking's read-out rows (chunking.py)
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         if self.plan is None:
             return k, v
         self.plan.store(layer, k, v)
         return self.plan.gather(layer, k, v, layout)
+
+    def attend(self, backend, q, k, v, layout: AttentionLayout) -> torch.Tensor:
+        """The backend's attention over `layout`, and the read-out rows' where there are any."""
+        if self.readouts is None:
+            return backend.forward(q, k, v, layout)
+        return self.readouts.attend(backend, q, k, v, layout)
 
     @property
     def received_tokens(self) -> int:
