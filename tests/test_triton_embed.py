@@ -361,3 +361,66 @@ def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokeniz
     assert cosine(vectors[:8], reference).min() >= SERVING_COSINE
     with Encoder.from_pretrained(demo_dir, dtype="float32", prefix_reuse=False) as plain:
         assert np.abs(vectors - plain.embed(ids)).max() <= 1e-5
+
+
+EOS_ID = 151643  # <|endoftext|>, what Qwen3-Embedding's tokenizer appends
+DOCUMENT = (
+    "Beijing is the capital of China. It has been the political centre of the country for "
+    "most of the past eight centuries. The Great Wall runs across the hills north of the city. "
+    "Its subway is one of the longest in the world."
+)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_late_chunking(server, demo_dir, protocol):
+    """chunk_size / chunk_spans: one vector per chunk, each the model's vector of the text cut
+    after the chunk with the appended EOS (transformers, computed that way), and each chunk's
+    characters; a chunk that ends the text gives the text's own vector."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    texts = [DOCUMENT, "Gravity pulls things down."]
+    result = client.infer("embed", [text_input(module, texts)], parameters={"chunk_size": 16})
+    vectors, spans = result.as_numpy("CHUNK_EMBEDDING"), result.as_numpy("CHUNK_SPANS")
+    assert result.as_numpy("EMBEDDING") is None
+    tok = Tokenizer.from_file(str(demo_dir / "tokenizer.json"))
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        ends = list(range(16, len(ids), 16)) + [len(ids)]
+        count = len(ends)
+        assert (spans[i, count:] == -1).all() and not vectors[i, count:].any()
+        chars = spans[i, :count]
+        assert chars[0, 0] == 0 and chars[-1, 1] == len(text)
+        assert "".join(text[a:b] for a, b in chars) == text  # contiguous chunks
+        ref = reference_embeddings(demo_dir, [ids[:end] + [EOS_ID] for end in ends])
+        assert cosine(vectors[i, :count], ref).min() >= 0.99999
+        assert np.abs(vectors[i, :count] - ref).max() <= 1e-4
+    whole, _ = infer(server, texts, protocol)
+    for i in range(2):
+        last = vectors[i, (spans[i, :, 0] >= 0).sum() - 1]
+        assert np.abs(last - whole[i]).max() <= 1e-4
+    # Spans given by the client, over the text's tokens (after the prompt), with options.
+    params = {"chunk_spans": "[[0, 5], [3, 9]]", "prompt_name": "query", "dimensions": 32}
+    result = client.infer("embed", [text_input(module, texts[:1])], parameters=params)
+    vectors, spans = result.as_numpy("CHUNK_EMBEDDING"), result.as_numpy("CHUNK_SPANS")
+    assert vectors.shape == (1, 2, 32) and np.allclose(np.linalg.norm(vectors, axis=2), 1)
+    offsets = tok.encode(texts[0], add_special_tokens=False).offsets
+    assert spans[0].tolist() == [[0, offsets[4][1]], [offsets[3][0], offsets[8][1]]]
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"chunk_size": 0}, "parameter 'chunk_size' must be >= 1"),
+        ({"chunk_size": 1}, r"cuts input 'TEXT\[0\]' \(\d+ tokens\) into \d+ chunks, more than "),
+        ({"chunk_spans": "[[0, 5], [4, 5000]]"}, r"'chunk_spans'\[1\] = \[4, 5000\] goes past"),
+        ({"chunk_spans": "[[3, 3]]"}, r"'chunk_spans'\[0\] = \[3, 3\] must have 0 <= start < end"),
+        ({"chunk_spans": "0-5"}, "parameter 'chunk_spans' must be a JSON list"),
+        ({"chunk_size": 8, "chunk_spans": "[[0, 1]]"}, "exclude each other"),
+        ({"chunk_size": 8, "embedding_type": "int8"}, "must be 'float' with chunks"),
+    ],
+)
+def test_bad_chunk_options_are_refused(server, params, message):
+    text = " ".join(["word"] * 600)
+    with pytest.raises(InferenceServerException, match=message):
+        infer(server, [text], "grpc", **params)

@@ -8,16 +8,18 @@ import os
 import threading
 import time
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.batch import plan_requests
+from qwen_embed.chunking import check_chunks
 from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
-from qwen_embed.serving.requests import read_finish, unpack_ids
+from qwen_embed.serving.requests import read_finish, unpack_chunks, unpack_ids
 
 
 def _error(message):
@@ -68,6 +70,7 @@ class TritonPythonModel:
             senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
         accepted = []  # (index, options, token id arrays)
+        chunked = []  # (index, options, chunked texts): late chunking, one call each
         for i, request in enumerate(requests):
             if request.is_cancelled():  # the client gave up while it queued: skip the work
                 self.metrics.cancelled.increment(1)
@@ -81,16 +84,22 @@ class TritonPythonModel:
                     self.encoder.check_sequence(j, unpack_ids(b, j))
                     for j, b in enumerate(blobs.reshape(-1))
                 ]
+                chunks = self._chunks(request, seqs)
             except ValueError as e:  # RequestError is one; check_sequence raises the others
                 answer(i, _error(str(e)))
                 continue
-            accepted.append((i, opts, seqs))
-        if not accepted:
+            if chunks is None:
+                accepted.append((i, opts, seqs))
+            else:
+                chunked.append((i, opts, chunks))
+        if not accepted and not chunked:
             return None
-        unanswered = {i for i, _, _ in accepted}
+        unanswered = {i for i, _, _ in accepted + chunked}
         # Every metric moves before the answers it covers leave: a client that reads the
         # metrics after its response sees its own request.
-        self.metrics.observe_batch(len(accepted), [s for _, _, seqs in accepted for s in seqs])
+        all_seqs = [s for _, _, seqs in accepted for s in seqs]
+        all_seqs += [t.ids for _, _, texts in chunked for t in texts]
+        self.metrics.observe_batch(len(accepted) + len(chunked), all_seqs)
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
@@ -108,6 +117,14 @@ class TritonPythonModel:
                     start += len(seqs)
                     answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
                     unanswered.discard(i)
+            for i, opts, texts in chunked:
+                started = time.perf_counter()
+                pooled = self.encoder.pool_chunks_checked(texts)
+                self.metrics.seconds.observe(time.perf_counter() - started)
+                self.metrics.count([t.ids for t in texts])
+                outputs = [pb_utils.Tensor("CHUNK_EMBEDDING", self._chunk_rows(pooled, opts))]
+                answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
+                unanswered.discard(i)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
             return None
@@ -141,6 +158,33 @@ class TritonPythonModel:
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
         return read_finish(None if rows is None else rows.as_numpy(), self.encoder.hidden_size)
+
+    def _chunks(self, request, seqs):
+        """Late chunking's texts (chunking.ChunkedText) when the tokenizer sent chunks."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "CHUNKS")
+        blobs = [] if tensor is None else tensor.as_numpy().reshape(-1)
+        parsed = [unpack_chunks(b, j) for j, b in enumerate(blobs)]
+        if not any(p is not None for p in parsed):
+            return None
+        if len(parsed) != len(seqs) or any(p is None for p in parsed):
+            raise ValueError("input 'CHUNKS' must hold chunks for every text of the request")
+        return [
+            check_chunks(j, seq, spans, tail)
+            for j, (seq, (tail, spans)) in enumerate(zip(seqs, parsed, strict=True))
+        ]
+
+    def _chunk_rows(self, pooled, opts):
+        """Per-text chunk vectors -> [n, most chunks, dim], zeros past a text's own."""
+        dimensions, normalize, _ = opts
+        finished = [
+            finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions) for p in pooled
+        ]
+        out = np.zeros(
+            (len(finished), max(len(f) for f in finished), finished[0].shape[1]), np.float32
+        )
+        for i, f in enumerate(finished):
+            out[i, : len(f)] = f.numpy()
+        return out
 
     def _outputs(self, rows, opts):
         if self.task == "rerank":

@@ -17,6 +17,7 @@ from qwen_embed.serving.requests import (
     RequestError,
     decode_texts,
     finish_rows,
+    pack_chunks,
     pack_ids,
     parse_options,
 )
@@ -84,8 +85,22 @@ class TritonPythonModel:
         opts = parse_options(params, self.hidden_size, self.tokenizer.prompts)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        ids = self.tokenizer.encode(texts, opts)
-        return ids, [pb_utils.Tensor("FINISH", finish_rows(opts, len(ids)))]
+        finish = pb_utils.Tensor("FINISH", finish_rows(opts, len(texts)))
+        if not opts.chunked:  # CHUNKS is always sent: the encoder step waits for it
+            ids = self.tokenizer.encode(texts, opts)
+            none = np.array([[b""]] * len(ids), dtype=np.object_)
+            return ids, [finish, pb_utils.Tensor("CHUNKS", none)]
+        ids, chunks = self.tokenizer.encode_chunks(texts, opts)
+        packed = np.array([[pack_chunks(c.tail, c.tokens)] for c in chunks], dtype=np.object_)
+        # Characters of each chunk, [n, most chunks, 2], -1 past a text's own chunks.
+        spans = np.full((len(chunks), max(len(c.chars) for c in chunks), 2), -1, np.int32)
+        for i, c in enumerate(chunks):
+            spans[i, : len(c.chars)] = c.chars
+        return ids, [
+            finish,
+            pb_utils.Tensor("CHUNKS", packed),
+            pb_utils.Tensor("CHUNK_SPANS", spans),
+        ]
 
     def _pairs(self, request, params):
         opts = parse_rerank_options(params)

@@ -6,6 +6,7 @@ files turn it into an INVALID_ARG response for that request only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from ..compact import EMBEDDING_TYPES
 # Qwen3-Embedding's default task (its query prompt and the reranker's default instruction).
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 TRUNCATION_DIRECTIONS = ("right", "left")
+MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
 
 
 class RequestError(ValueError):
@@ -31,6 +33,14 @@ class RequestOptions:
     dimensions: int | None = None
     normalize: bool = True
     embedding_type: str = "float"  # compact.EMBEDDING_TYPES
+    # Late chunking: chunks of this many of the text's tokens, or these [start, end) spans of
+    # them (serving/tokenizer.py); one vector per chunk.
+    chunk_size: int | None = None
+    chunk_spans: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def chunked(self) -> bool:
+        return self.chunk_size is not None or self.chunk_spans is not None
 
 
 def _expect(name: str, value, kind: type, what: str):
@@ -99,7 +109,52 @@ def parse_options(params: dict, hidden_size: int, prompts=None) -> RequestOption
                 f"parameter 'embedding_type' must be one of {list(EMBEDDING_TYPES)}, got {kind!r}"
             )
         opts["embedding_type"] = kind
+    opts.update(_chunk_options(params, opts.get("embedding_type", "float")))
     return RequestOptions(**opts)
+
+
+def _chunk_options(params: dict, embedding_type: str) -> dict:
+    opts = {}
+    if "chunk_size" in params:
+        size = _expect("chunk_size", params["chunk_size"], int, "an integer")
+        if size < 1:
+            raise RequestError(f"parameter 'chunk_size' must be >= 1, got {size}")
+        opts["chunk_size"] = size
+    if "chunk_spans" in params:
+        opts["chunk_spans"] = _spans(params["chunk_spans"])
+    if len(opts) == 2:
+        raise RequestError("parameters 'chunk_size' and 'chunk_spans' exclude each other")
+    if opts and embedding_type != "float":
+        raise RequestError(
+            f"parameter 'embedding_type' must be 'float' with chunks, got {embedding_type!r}"
+        )
+    return opts
+
+
+def _spans(value) -> tuple[tuple[int, int], ...]:
+    what = f"a JSON list of at most {MAX_CHUNKS} [start, end] token spans"
+    try:
+        spans = json.loads(_expect("chunk_spans", value, str, what))
+    except ValueError:
+        spans = None
+    ok = (
+        isinstance(spans, list)
+        and 0 < len(spans) <= MAX_CHUNKS
+        and all(
+            isinstance(s, list)
+            and len(s) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+            for s in spans
+        )
+    )
+    if not ok:
+        raise RequestError(f"parameter 'chunk_spans' must be {what}, got {value!r}")
+    for j, (start, end) in enumerate(spans):
+        if not 0 <= start < end:
+            raise RequestError(
+                f"parameter 'chunk_spans'[{j}] = [{start}, {end}] must have 0 <= start < end"
+            )
+    return tuple((start, end) for start, end in spans)
 
 
 def finish_rows(opts: RequestOptions, n: int) -> np.ndarray:
@@ -176,6 +231,22 @@ def pack_ids(ids: list[int]) -> bytes:
     """Token ids travel between the models as one BYTES element per text: with padded id
     tensors Triton's dynamic batcher stops batching across requests (docs/architecture.md)."""
     return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def pack_chunks(tail: int, spans: np.ndarray) -> bytes:
+    """A text's chunks for the encoder (one BYTES element): int32 (tail, start, end, ...), the
+    spans over its token ids, `tail` the special tokens appended after the text."""
+    return np.concatenate([[tail], np.asarray(spans).reshape(-1)]).astype("<i4").tobytes()
+
+
+def unpack_chunks(blob: bytes, index: int) -> tuple[int, np.ndarray] | None:
+    """pack_chunks' (tail, spans [k, 2]); None for an empty element (no chunking)."""
+    if len(blob) == 0:
+        return None
+    arr = np.frombuffer(blob, dtype="<i4") if len(blob) % 4 == 0 else np.zeros(0, "<i4")
+    if arr.size < 3 or arr.size % 2 == 0:
+        raise RequestError(f"input 'CHUNKS[{index}]' must be packed int32 (tail, start, end, ...)")
+    return int(arr[0]), arr[1:].reshape(-1, 2).astype(np.int64)
 
 
 def unpack_ids(blob: bytes, index: int) -> np.ndarray:

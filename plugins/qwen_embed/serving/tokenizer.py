@@ -11,10 +11,13 @@ last-token pooling reads the appended EOS.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .prompts import PromptSet
-from .requests import TRUNCATION_DIRECTIONS, RequestError, RequestOptions
+from .requests import MAX_CHUNKS, TRUNCATION_DIRECTIONS, RequestError, RequestOptions
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -55,6 +58,17 @@ def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
     return head, tail
 
 
+@dataclass(frozen=True)
+class TextChunks:
+    """A text's chunks: token spans over its ids (prompt and special tokens included, as the
+    encoder receives them), the characters of the text each covers, and how many special
+    tokens follow the text (the model's read-out, chunking.py)."""
+
+    tokens: np.ndarray  # int64 [k, 2]
+    chars: np.ndarray  # int32 [k, 2]
+    tail: int
+
+
 class TextTokenizer:
     def __init__(
         self, model_dir: str | Path, max_input_tokens: int, truncation_direction: str = "right"
@@ -71,15 +85,51 @@ class TextTokenizer:
         self._head, self._tail = special_tokens(self._tok, model_dir)
 
     def encode(self, texts: list[str], opts: RequestOptions) -> list[list[int]]:
+        return [ids for ids, _, _ in self._encode(texts, opts)]
+
+    def encode_chunks(
+        self, texts: list[str], opts: RequestOptions
+    ) -> tuple[list[list[int]], list[TextChunks]]:
+        """Ids as `encode`, and each text's chunks: `chunk_size` tokens of the text at a time,
+        or the `chunk_spans` of its tokens (counted from its first token, after any prompt)."""
+        all_ids, chunks = [], []
+        for i, (ids, first, offsets) in enumerate(self._encode(texts, opts)):
+            n = len(offsets)
+            if opts.chunk_size is not None:
+                starts = np.arange(0, n, opts.chunk_size)
+                spans = np.stack([starts, np.minimum(starts + opts.chunk_size, n)], axis=1)
+                if len(spans) > MAX_CHUNKS:
+                    raise RequestError(
+                        f"parameter 'chunk_size' = {opts.chunk_size} cuts input 'TEXT[{i}]' "
+                        f"({n} tokens) into {len(spans)} chunks, more than the limit of "
+                        f"{MAX_CHUNKS}"
+                    )
+            else:
+                spans = np.array(opts.chunk_spans, dtype=np.int64)
+                past = np.flatnonzero(spans[:, 1] > n)
+                if past.size:
+                    j = int(past[0])
+                    raise RequestError(
+                        f"parameter 'chunk_spans'[{j}] = {list(spans[j])} goes past the {n} "
+                        f"tokens of input 'TEXT[{i}]'"
+                    )
+            chars = np.array([(offsets[a][0], offsets[b - 1][1]) for a, b in spans], dtype=np.int32)
+            all_ids.append(ids)
+            chunks.append(TextChunks(spans + first, chars, len(self._tail)))
+        return all_ids, chunks
+
+    def _encode(self, texts: list[str], opts: RequestOptions):
+        """Per text: its ids, the index of its first own token among them (past the special
+        tokens and prompt before it), and its own tokens' character spans in the text."""
         prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
         if prefix:
             texts = [prefix + t for t in texts]
+        skip = len(prefix or "")
         limit = self.max_input_tokens
         budget = limit - len(self._head) - len(self._tail)
         direction = opts.truncation_direction or self.truncation_direction
-        out = []
         for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
-            ids = enc.ids
+            ids, offsets = enc.ids, enc.offsets
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
             if len(ids) > budget:
@@ -88,6 +138,11 @@ class TextTokenizer:
                         f"input 'TEXT[{i}]' has {len(ids) + limit - budget} tokens, more than "
                         f"the limit of {limit} (send truncate=true to cut it)"
                     )
-                ids = ids[:budget] if direction == "right" else ids[len(ids) - budget :]
-            out.append(self._head + ids + self._tail)
-        return out
+                cut = (
+                    slice(None, budget) if direction == "right" else slice(len(ids) - budget, None)
+                )
+                ids, offsets = ids[cut], offsets[cut]
+            # A token that straddles the prompt's end counts as the text's.
+            first = next((j for j, (_, end) in enumerate(offsets) if end > skip), len(ids))
+            own = [(max(a - skip, 0), b - skip) for a, b in offsets[first:]]
+            yield self._head + ids + self._tail, len(self._head) + first, own
