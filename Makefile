@@ -205,6 +205,9 @@ GATEWAY_PORT ?= 8080
 RERANK       ?= 1
 # Triton's response cache for the encoders, MiB (0: off; docs/deployment.md).
 RESPONSE_CACHE_MB ?= 0
+# An OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318): traces from
+# Triton and the gateway (docs/deployment.md); empty: no tracing.
+OTLP_ENDPOINT ?=
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
@@ -217,14 +220,15 @@ serve: setup
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
 	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed.serving.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--response-cache-mb $(RESPONSE_CACHE_MB) \
+		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)
 
 # The OpenAI-compatible gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too).
 gateway: setup
 	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_client.gateway \
-		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT)
+		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
+		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT))
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -12,6 +12,7 @@ import urllib.request
 import numpy as np
 import openai
 import pytest
+from qwen_embed_client import EmbeddingClient
 
 from qwen_embed.compact import EMBEDDING_TYPES, compact
 from qwen_embed.serving.triton import free_port
@@ -190,3 +191,40 @@ def test_rerank_without_a_triton_reranker_is_404(stack):
     assert e.value.code == 404
     error = json.loads(e.value.read())["error"]
     assert error["code"] == "model_not_found" and "rerank" in error["message"]
+
+
+def test_late_chunking_extension(stack):
+    """ "chunks": {"size": N} or {"spans": [...]}: each data item lists its chunks (characters
+    and vector), the vectors Triton's CHUNK_EMBEDDING gives; the client's embed_chunks alike."""
+    server, base_url = stack
+    texts = ["Beijing is the capital of China. The Great Wall runs north of it.", "Gravity."]
+    client = EmbeddingClient(server.grpc_url)
+    expected = client.embed_chunks(texts, chunk_size=6, dimensions=32)
+    assert [len(e.embeddings) for e in expected] == [3, 1]  # the second text: one short chunk
+    assert expected[0].token_count == 17 and expected[0].spans[-1, 1] == len(texts[0])
+    body = {"model": "embed", "input": texts, "dimensions": 32, "chunks": {"size": 6}}
+    status, answer = _post(base_url, "embeddings", body)
+    assert status == 200, answer
+    for entry, want in zip(answer["data"], expected, strict=True):
+        assert [[c["start"], c["end"]] for c in entry["chunks"]] == want.spans.tolist()
+        got = np.array([c["embedding"] for c in entry["chunks"]])
+        assert np.abs(got - want.embeddings).max() <= 1e-6
+    assert answer["usage"]["total_tokens"] == sum(e.token_count for e in expected)
+    (one,) = client.embed_chunks(texts[:1], spans=[(0, 3), (3, 15)])
+    status, answer = _post(
+        base_url,
+        "embeddings",
+        {"model": "embed", "input": texts[:1], "chunks": {"spans": [[0, 3], [3, 15]]}},
+    )
+    got = np.array([c["embedding"] for c in answer["data"][0]["chunks"]])
+    assert status == 200 and np.abs(got - one.embeddings).max() <= 1e-6
+    client.close()
+    for bad, param in [
+        ({"chunks": {"size": "6"}}, "chunks"),
+        ({"chunks": {"size": 6, "spans": [[0, 1]]}}, "chunks"),
+        ({"chunks": {"size": 6}, "embedding_type": "int8"}, "chunks"),
+        ({"chunks": {"size": 0}}, "chunk_size"),
+        ({"chunks": {"spans": [[0, 99]]}}, "chunk_spans"),
+    ]:
+        status, answer = _post(base_url, "embeddings", {"model": "embed", "input": texts, **bad})
+        assert status == 400 and answer["error"]["param"] == param, (bad, answer)

@@ -2,6 +2,7 @@
 
 from .client import (
     AsyncEmbeddingClient,
+    ChunkedEmbedding,
     EmbeddingClient,
     EmbeddingError,
     EmbeddingResult,
@@ -10,6 +11,7 @@ from .client import (
 
 __all__ = [
     "AsyncEmbeddingClient",
+    "ChunkedEmbedding",
     "EmbeddingClient",
     "EmbeddingError",
     "EmbeddingResult",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import random
 import threading
 from dataclasses import dataclass, field
@@ -73,6 +74,15 @@ class EmbeddingResult:
     @property
     def total_tokens(self) -> int:
         return int(self.token_counts.sum())
+
+
+@dataclass
+class ChunkedEmbedding:
+    """Late chunking: one text's chunk vectors and where each chunk lies in the text."""
+
+    embeddings: np.ndarray  # float32 [chunks, dim]
+    spans: np.ndarray  # int32 [chunks, 2]: each chunk's characters [start, end) in the text
+    token_count: int  # tokens of the text, <|endoftext|> included
 
 
 @dataclass
@@ -179,22 +189,59 @@ class AsyncEmbeddingClient:
         return (await self.embed_with_usage(texts, **options)).embeddings
 
     async def embed_with_usage(
-        self, texts: list[str], *, priority: str | int | None = None, **options
+        self,
+        texts: list[str],
+        *,
+        priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **options,
     ) -> EmbeddingResult:
         """`priority`: "interactive" (the server's default) or "bulk" (served after every
-        waiting interactive request); the other options are the server's request parameters."""
+        waiting interactive request); `headers` go with every Triton request (e.g. a W3C
+        `traceparent`); the other options are the server's request parameters."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
         level = priority_level(priority)
         if not texts:
             raise ValueError("texts must not be empty")
         chunks = await self._split(
-            len(texts), lambda s, a, b: self._send(s, texts[a:b], opts, level)
+            len(texts), lambda s, a, b: self._send(s, texts[a:b], opts, level, headers)
         )
         return EmbeddingResult(
             embeddings=np.concatenate([c[0] for c in chunks]),
             token_counts=np.concatenate([c[1] for c in chunks]),
         )
+
+    async def embed_chunks(
+        self,
+        texts: list[str],
+        *,
+        chunk_size: int | None = None,
+        spans: list[tuple[int, int]] | None = None,
+        priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **options,
+    ) -> list[ChunkedEmbedding]:
+        """Late chunking: for each text, one vector per chunk, every chunk computed in the
+        context of its whole text (docs/api.md). Chunks of `chunk_size` tokens, or `spans`:
+        [start, end) over the text's own tokens (after any prompt), the same for every text.
+        Other options as `embed` (embedding_type stays float)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("texts must not be empty")
+        if (chunk_size is None) == (spans is None):
+            raise ValueError("give chunk_size or spans (one of them)")
+        params = EmbedOptions(**options).parameters()
+        if chunk_size is not None:
+            params["chunk_size"] = chunk_size
+        else:
+            params["chunk_spans"] = json.dumps([[int(a), int(b)] for a, b in spans])
+        level = priority_level(priority)
+        parts = await self._split(
+            len(texts),
+            lambda s, a, b: self._send_chunks(s, texts[a:b], params, level, headers),
+        )
+        return [text for part in parts for text in part]
 
     async def rerank(
         self,
@@ -205,6 +252,7 @@ class AsyncEmbeddingClient:
         instruction: str | None = None,
         truncate: bool = True,
         priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
         split over requests and servers like `embed`'s texts."""
@@ -219,7 +267,7 @@ class AsyncEmbeddingClient:
         level = priority_level(priority)
         chunks = await self._split(
             len(documents),
-            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params, level),
+            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params, level, headers),
         )
         return RerankResult(
             scores=np.concatenate([c[0] for c in chunks]),
@@ -258,29 +306,43 @@ class AsyncEmbeddingClient:
         inp.set_data_from_numpy(data)
         return inp
 
-    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority: int):
+    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority, headers):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
-        result = await self._infer(server, self.model, [inp], opts.parameters(), priority)
+        result = await self._infer(server, self.model, [inp], opts.parameters(), priority, headers)
         vectors = result.as_numpy(EMBEDDING_OUTPUTS[opts.embedding_type])
         return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
 
-    async def _send_pairs(
-        self, server: _Server, query: str, documents: list[str], params: dict, priority: int
-    ):
+    async def _send_chunks(self, server: _Server, texts: list[str], params, priority, headers):
+        inp = self._bytes_input("TEXT", texts, [len(texts), 1])
+        result = await self._infer(server, self.model, [inp], params, priority, headers)
+        vectors, spans = result.as_numpy("CHUNK_EMBEDDING"), result.as_numpy("CHUNK_SPANS")
+        counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
+        out = []
+        for i in range(len(texts)):  # padded to the request's most chunks: -1 spans
+            k = int((spans[i, :, 0] >= 0).sum())
+            out.append(ChunkedEmbedding(vectors[i, :k], spans[i, :k], int(counts[i])))
+        return out
+
+    async def _send_pairs(self, server: _Server, query, documents, params, priority, headers):
         inputs = [
             self._bytes_input("QUERY", [query], [1]),
             self._bytes_input("DOCUMENTS", documents, [len(documents), 1]),
         ]
-        result = await self._infer(server, self.rerank_model, inputs, params, priority)
+        result = await self._infer(server, self.rerank_model, inputs, params, priority, headers)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
-    async def _infer(
-        self, server: _Server, model: str, inputs: list, params: dict, priority: int = 0
-    ):
+    async def _infer(self, server: _Server, model, inputs, params, priority=0, headers=None):
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:
             return await asyncio.wait_for(
-                server.client.infer(model, inputs, parameters=params, priority=priority, **kwargs),
+                server.client.infer(
+                    model,
+                    inputs,
+                    parameters=params,
+                    priority=priority,
+                    headers=headers,
+                    **kwargs,
+                ),
                 timeout=self.timeout,
             )
         except InferenceServerException as e:
@@ -350,6 +412,9 @@ class EmbeddingClient:
 
     def embed_with_usage(self, texts: list[str], **options) -> EmbeddingResult:
         return self._run(self._async.embed_with_usage(texts, **options))
+
+    def embed_chunks(self, texts: list[str], **options) -> list[ChunkedEmbedding]:
+        return self._run(self._async.embed_chunks(texts, **options))
 
     def rerank(self, query: str, documents: list[str], **options) -> RerankResult:
         return self._run(self._async.rerank(query, documents, **options))

@@ -2,10 +2,11 @@
 
     python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
         [--host 127.0.0.1] [--port 8080] [--model-name embed] [--rerank-model-name rerank]
-        [--api-key KEY | $QWEN_EMBED_API_KEY]
+        [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
 
 POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /v1/models, GET /health. Needs the
-`gateway` extra (fastapi, uvicorn). An empty --rerank-model-name turns /v1/rerank off.
+`gateway` extra (fastapi, uvicorn, opentelemetry). An empty --rerank-model-name turns
+/v1/rerank off. With an OTLP endpoint every request is traced (tracing.py).
 """
 
 from __future__ import annotations
@@ -82,7 +83,32 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
         options["dimensions"] = dims
     options.update(_priority(body))
     encoding, kinds, keyed = _embedding_types(body)
+    if "chunks" in body:
+        if kinds != ["float"] or keyed:
+            raise _invalid("'chunks' come as float vectors: send no embedding type", "chunks")
+        options.update(_chunks(body["chunks"]))
     return texts, options, encoding, kinds, keyed
+
+
+def _chunks(value: object) -> dict:
+    """The late-chunking extension: {"size": tokens} or {"spans": [[start, end], ...]} over
+    each text's own tokens (the server checks the ranges)."""
+    if isinstance(value, dict) and set(value) == {"size"}:
+        size = value["size"]
+        if not isinstance(size, bool) and isinstance(size, int):
+            return {"chunk_size": size}
+    if isinstance(value, dict) and set(value) == {"spans"}:
+        spans = value["spans"]
+        if isinstance(spans, list) and all(
+            isinstance(s, list)
+            and len(s) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+            for s in spans
+        ):
+            return {"spans": spans}
+    raise _invalid(
+        '\'chunks\' must be {"size": tokens} or {"spans": [[start, end], ...]}', "chunks"
+    )
 
 
 def _priority(body: dict) -> dict:
@@ -226,6 +252,17 @@ async def _json_body(request: Request) -> object:
         raise _invalid("request body is not valid JSON") from None
 
 
+def _value(vector, encoding: str):
+    if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
+        return base64.b64encode(vector.astype(vector.dtype.newbyteorder("<")).tobytes()).decode()
+    return vector.tolist()
+
+
+def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": model_name, "usage": usage}
+
+
 def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
@@ -239,17 +276,42 @@ def create_app(
     rerank_model_name: str | None = "rerank",
     triton_rerank_model: str = "rerank",
     metrics_url: str | None = None,
+    otlp_endpoint: str | None = None,
 ):
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
+    tracing = None
+    if otlp_endpoint:
+        from .tracing import Tracing
+
+        tracing = Tracing(otlp_endpoint)
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
         await client.close()
+        if tracing is not None:
+            tracing.shutdown()
 
     app = FastAPI(title="qwen-embed OpenAI-compatible gateway", lifespan=lifespan)
+
+    if tracing is not None:
+
+        @app.middleware("http")
+        async def trace(request: Request, call_next):
+            path = request.url.path
+            if path == "/health":  # probes, not traffic
+                return await call_next(request)
+            with tracing.request_span(request.method, path, request.headers) as span:
+                response = await call_next(request)
+                span.set_attribute("http.response.status_code", response.status_code)
+                return response
+
+    def outgoing() -> dict | None:
+        """Headers for the Triton requests: the current span's trace context."""
+        return tracing.outgoing_headers() if tracing is not None else None
+
     # the renderer's naming (serving/repository.py): embed -> tokenizer, NAME -> NAME_tokenizer
     tokenizer = "tokenizer" if triton_model == "embed" else f"{triton_model}_tokenizer"
     created = int(time.time())
@@ -297,33 +359,51 @@ def create_app(
         texts, options, encoding, kinds, keyed = parse_request(
             await _json_body(request), model_name
         )
+        if tracing is not None:
+            tracing.set_attributes(**{"qwen_embed.inputs": len(texts)})
+        if "chunk_size" in options or "spans" in options:
+            return await chunk_embeddings(texts, options, encoding)
         try:  # one request per type, computed on the server
             results = await asyncio.gather(
-                *(client.embed_with_usage(texts, **options, embedding_type=k) for k in kinds)
+                *(
+                    client.embed_with_usage(texts, **options, embedding_type=k, headers=outgoing())
+                    for k in kinds
+                )
             )
         except EmbeddingError as e:
             raise _backend_error(e, ("dimensions",)) from e
-
-        def value(vector):
-            if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
-                return base64.b64encode(
-                    vector.astype(vector.dtype.newbyteorder("<")).tobytes()
-                ).decode()
-            return vector.tolist()
 
         data = []
         for i in range(len(texts)):
             entry = {"object": "embedding", "index": i}
             if keyed:
                 entry["embeddings"] = {
-                    k: value(r.embeddings[i]) for k, r in zip(kinds, results, strict=True)
+                    k: _value(r.embeddings[i], encoding)
+                    for k, r in zip(kinds, results, strict=True)
                 }
             else:
-                entry["embedding"] = value(results[0].embeddings[i])
+                entry["embedding"] = _value(results[0].embeddings[i], encoding)
             data.append(entry)
-        tokens = results[0].total_tokens
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return {"object": "list", "data": data, "model": model_name, "usage": usage}
+        return _embeddings_body(data, model_name, results[0].total_tokens)
+
+    async def chunk_embeddings(texts, options, encoding):
+        """Late chunking: each data item lists its chunks (characters and vector)."""
+        try:
+            results = await client.embed_chunks(texts, **options, headers=outgoing())
+        except EmbeddingError as e:
+            raise _backend_error(e, ("dimensions", "chunk_size", "chunk_spans")) from e
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "chunks": [
+                    {"start": int(a), "end": int(b), "embedding": _value(v, encoding)}
+                    for (a, b), v in zip(r.spans, r.embeddings, strict=True)
+                ],
+            }
+            for i, r in enumerate(results)
+        ]
+        return _embeddings_body(data, model_name, sum(r.token_count for r in results))
 
     @app.post("/v1/rerank")
     @app.post("/rerank")
@@ -334,7 +414,7 @@ def create_app(
         )
         return_documents = options.pop("return_documents")
         try:
-            result = await client.rerank(query, documents, **options)
+            result = await client.rerank(query, documents, **options, headers=outgoing())
         except EmbeddingError as e:
             raise _backend_error(e, ("query", "documents", "instruction")) from e
         results = []
@@ -368,6 +448,11 @@ def main() -> None:
         "--metrics-url",
         help="Triton's metrics page: /v1/models then lists the checkpoint's prompt names",
     )
+    p.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
+    )
     args = p.parse_args()
     import uvicorn
 
@@ -377,6 +462,7 @@ def main() -> None:
         api_key=args.api_key or None,
         rerank_model_name=args.rerank_model_name or None,
         metrics_url=args.metrics_url,
+        otlp_endpoint=args.otlp_endpoint or None,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -17,6 +17,9 @@
   tokenizer instances to the CPUs (placement.gpu_instance_groups).
 - `--response-cache-mb N` (or $RESPONSE_CACHE_MB) turns Triton's local response cache on for
   the encoders, bounded to N MiB; off by default (with_response_cache says what is hashed).
+- `--otlp-endpoint URL` (or $OTEL_EXPORTER_OTLP_ENDPOINT, an OTLP/HTTP collector's base URL)
+  turns Triton's OpenTelemetry tracing on (one in `--trace-rate` requests, and every request
+  that carries a trace context) and the gateway's (trace_args).
 - `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
   /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
 - `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
@@ -185,6 +188,25 @@ def cache_args(response_cache_mb: int) -> list[str]:
     return [f"--cache-config=local,size={response_cache_mb * 2**20}"] if response_cache_mb else []
 
 
+def trace_args(otlp_endpoint: str | None, rate: int) -> list[str]:
+    """tritonserver's flags for OpenTelemetry traces to an OTLP/HTTP collector (none without
+    an endpoint). Triton traces one request in `rate` (0: only those that arrive with a W3C
+    trace context, as the gateway's do) with the timestamps of each model's queue and
+    compute; an ensemble's steps are spans under the ensemble's."""
+    if rate < 0:
+        raise ValueError(f"--trace-rate must be >= 0, not {rate}")
+    if not otlp_endpoint:
+        return []
+    return [
+        "--trace-config=mode=opentelemetry",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=rate={rate}",
+        "--trace-config=count=-1",
+        f"--trace-config=opentelemetry,url={otlp_endpoint.rstrip('/')}/v1/traces",
+        "--trace-config=opentelemetry,resource=service.name=qwen-embed-triton",
+    ]
+
+
 def gpu_instances(requested: str) -> int | None:
     """Encoder instances per GPU: None keeps the repository's own instance_group."""
     if requested == "config":
@@ -285,7 +307,12 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def start_gateway(
-    host: str, port: int, grpc_port: int, metrics_port: int, rerank: bool
+    host: str,
+    port: int,
+    grpc_port: int,
+    metrics_port: int,
+    rerank: bool,
+    otlp_endpoint: str | None = None,
 ) -> subprocess.Popen:
     """The OpenAI-compatible gateway in front of this server's gRPC port (same interpreter)."""
     cmd = [
@@ -303,6 +330,8 @@ def start_gateway(
     ]
     if not rerank:
         cmd += ["--rerank-model-name", ""]
+    if otlp_endpoint:
+        cmd += ["--otlp-endpoint", otlp_endpoint]
     log(f"gateway: http://{host}:{port}/v1/embeddings" + (" and /v1/rerank" if rerank else ""))
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
@@ -358,6 +387,19 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("RESPONSE_CACHE_MB") or 0),
         help="Triton's response cache for the encoders, in MiB (0: off; $RESPONSE_CACHE_MB)",
     )
+    p.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        help="OTLP/HTTP collector base URL: traces from Triton and the gateway "
+        "($OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    p.add_argument(
+        "--trace-rate",
+        type=int,
+        default=1,
+        help="with --otlp-endpoint, Triton traces one request in N (0: only requests that "
+        "carry a trace context)",
+    )
     p.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = p.parse_args(argv)
 
@@ -390,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs, rerank
     )
     cmd += cache_args(args.response_cache_mb)
+    cmd += trace_args(args.otlp_endpoint, args.trace_rate)
     proc = subprocess.Popen(
         cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
     )
@@ -415,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
         gateway = start_gateway(
-            args.host, args.gateway_port, args.grpc_port, args.metrics_port, rerank
+            args.host,
+            args.gateway_port,
+            args.grpc_port,
+            args.metrics_port,
+            rerank,
+            args.otlp_endpoint,
         )
     while proc.poll() is None:
         if args.status_file and ready:
