@@ -59,6 +59,11 @@ def ids(*lists):
     return ("TOKEN_IDS", "BYTES", [len(items), 1], bytes_tensor(items))
 
 
+def chunks(values):
+    """One text's CHUNKS element (serving.requests.pack_chunks's layout)."""
+    return bytes_tensor([np.asarray(values, "<i4").tobytes()])
+
+
 CASES = [
     Case("no inputs", r"expected 1 inputs? but got 0"),
     Case(
@@ -197,6 +202,18 @@ CASES = [
         r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1, embedding "
         r"type in 0\.\.4\), got \(5000, 1, 0\)",
         [ids([5, 6]), ("FINISH", "INT32", [1, 3], np.array([[5000, 1, 0]], "<i4").tobytes())],
+        model="encoder",
+    ),
+    Case(
+        "encoder: CHUNKS not (tail, start, end, ...)",
+        r"input 'CHUNKS\[0\]' must be packed int32 \(tail, start, end, \.\.\.\)",
+        [ids([5, 6]), ("CHUNKS", "BYTES", [1, 1], chunks([1, 0]))],
+        model="encoder",
+    ),
+    Case(
+        "encoder: CHUNKS span past the text",
+        r"chunks\[0\]\[0\] = \(0, 5\): a span must have 0 <= start < end <= 1",
+        [ids([5, 6]), ("CHUNKS", "BYTES", [1, 1], chunks([1, 0, 5]))],
         model="encoder",
     ),
 ]

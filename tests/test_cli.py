@@ -40,6 +40,33 @@ def test_embed_arguments_to_jsonl_stdout(server):
     assert len(rows) == 2 and len(rows[0]["embedding"]) == 16 and rows[0]["tokens"] == 2
 
 
+def test_embed_chunks_to_jsonl(server, tmp_path):
+    text = "Beijing is the capital of China. The Great Wall runs north of it."
+    with EmbeddingClient(server.grpc_url) as client:
+        (expected,) = client.embed_chunks([text], chunk_size=6, dimensions=16)
+    out = tmp_path / "chunks.jsonl"
+    r = cli(
+        "embed",
+        text,
+        "--url",
+        server.grpc_url,
+        "--chunk-size",
+        "6",
+        "--dimensions",
+        "16",
+        "-o",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["tokens"] == expected.token_count
+    assert [[c["start"], c["end"]] for c in row["chunks"]] == expected.spans.tolist()
+    got = np.array([c["embedding"] for c in row["chunks"]])
+    assert np.abs(got - expected.embeddings).max() <= 1e-6
+    r = cli("embed", text, "--url", server.grpc_url, "--chunk-size", "6", "-o", "x.npy")
+    assert r.returncode != 0 and "--chunk-size writes JSONL" in r.stderr
+
+
 def test_embed_compact_types_through_client_and_cli(server, tmp_path):
     floats = infer(server, ["hello", "world"], "grpc", dimensions=32)[0]
     with EmbeddingClient(server.grpc_url) as client:

@@ -3,6 +3,7 @@
 qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jsonl]
 qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
 qwen-embed embed --input big.jsonl -o out/                # shards, resumed after Ctrl-C
+qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSONL of chunks
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT [--metrics-url http://HOST:8002/metrics]
@@ -89,6 +90,9 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         # A file is a bulk job: it yields to interactive queries on a shared server.
         "priority": args.priority or ("bulk" if args.input else "interactive"),
     }
+    if args.chunk_size is not None:
+        write_chunks(args, client, texts, options)
+        return
     if args.output and not args.output.endswith((".npy", ".jsonl")):
         # What the vectors depend on, kept in the manifest (the priority is not).
         result_options = {k: v for k, v in options.items() if k != "priority"}
@@ -114,6 +118,30 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         if show:
             progress(min(len(texts), start + step), len(texts))
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
+
+
+def write_chunks(args, client: EmbeddingClient, texts: list[str], options: dict) -> None:
+    """Late chunking: a JSON line per text with its chunks' characters and vectors."""
+    if args.output and not args.output.endswith(".jsonl"):
+        raise EmbeddingError("--chunk-size writes JSONL: give -o FILE.jsonl or none (stdout)")
+    results = client.embed_chunks(texts, chunk_size=args.chunk_size, **options)
+    lines = [
+        json.dumps(
+            {
+                "chunks": [
+                    {"start": int(a), "end": int(b), "embedding": v.tolist()}
+                    for (a, b), v in zip(r.spans, r.embeddings, strict=True)
+                ],
+                "tokens": r.token_count,
+            }
+        )
+        + "\n"
+        for r in results
+    ]
+    if args.output:
+        Path(args.output).write_text("".join(lines), encoding="utf-8")
+    else:
+        sys.stdout.writelines(lines)
 
 
 def cmd_rerank(args, client: EmbeddingClient) -> None:
@@ -243,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
     )
     e.add_argument("--no-truncate", action="store_true")
+    e.add_argument(
+        "--chunk-size",
+        type=int,
+        help="late chunking: one vector per this many tokens of each text, each in the "
+        "context of the whole text (JSONL of chunks)",
+    )
     e.add_argument(
         "--priority",
         choices=list(PRIORITIES),
