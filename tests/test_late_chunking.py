@@ -115,3 +115,19 @@ def test_many_chunks_and_bf16(checkpoint):
     assert_close(fp32, ref)
     (bf16,) = Encoder.from_pretrained(model_dir, dtype="bfloat16").embed_chunks([text])
     assert cosine(bf16, ref).min() >= 0.999
+
+
+def test_last_layer_computes_only_the_read_out_rows(checkpoint):
+    """Pruning: with one appended token per chunk, the last layer's MLP sees one row per
+    chunk; without appended tokens (pooled at text rows) it sees every row."""
+    encoder = Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32")
+    rows = []
+    encoder.model.layers[-1].mlp.register_forward_hook(lambda m, i, o: rows.append(len(i[0])))
+    body = random_sequences([100], seed=9)[0]
+    encoder.embed_chunks(
+        [ChunkedText(np.array(body + [EOS]), np.array([(0, 40), (40, 95), (95, 100)]), tail=1)]
+    )
+    encoder.embed_chunks(
+        [ChunkedText(np.array(body), np.array([(0, 40), (40, 95), (95, 100)]), tail=0)]
+    )
+    assert rows == [3, 100]

@@ -76,11 +76,15 @@ class Readouts:
         self.first_row = first_row
         # per text: (key rows: its own rows, then its read-out rows; mask [reads, keys])
         self.groups = groups
+        self.reads = sum(mask.shape[0] for _, mask in groups)
 
     def attend(self, backend, q, k, v, layout: AttentionLayout) -> torch.Tensor:
+        scale = backend.spec.scale
+        if q.shape[0] == self.reads:  # the pruned last layer: only the read-out rows ask
+            return self._dense(q, k, v, scale)
         n = self.first_row
         texts = backend.forward(q[:n], k[:n], v[:n], layout)
-        return torch.cat([texts, self._dense(q[n:], k, v, backend.spec.scale)])
+        return torch.cat([texts, self._dense(q[n:], k, v, scale)])
 
     def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
         out = torch.empty_like(q)
@@ -106,7 +110,9 @@ class Readouts:
 class ChunkForward:
     """What one forward over chunked texts computes, and how its chunks are pooled."""
 
-    def __init__(self, texts: Sequence[ChunkedText], readout: bool, device: torch.device):
+    def __init__(
+        self, texts: Sequence[ChunkedText], readout: bool, prune: bool, device: torch.device
+    ):
         ids, cu = flatten([t.forward_ids(readout) for t in texts])
         starts = cu[:-1].tolist()
         extra_ids, extra_positions, groups = [], [], []
@@ -131,6 +137,12 @@ class ChunkForward:
         batch = VarlenBatch.from_flat(ids, cu, device)
         layout = AttentionLayout.for_batch(batch)
         self.readouts = Readouts(int(cu[-1]), groups) if groups else None
+        # Last-layer pruning where every pooled row is a read-out row (one appended token):
+        # the last layer then computes only those rows beyond keys/values.
+        self.pruned = prune and self.readouts is not None and all(t.tail == 1 for t in texts)
+        last, last_rows = None, None
+        if self.pruned:
+            last, last_rows = layout, torch.arange(int(cu[-1]), row, device=device)
         if self.readouts is not None:
             positions = batch.positions.cpu().numpy()
             lens = [*batch.seq_lens, row - int(cu[-1])]
@@ -140,10 +152,14 @@ class ChunkForward:
                 lens,
                 device,
             )
-        self.context = ForwardContext(batch, layout, None, None, None, self.readouts)
+        self.context = ForwardContext(batch, layout, last, last_rows, None, self.readouts)
 
     def pool(self, hidden: torch.Tensor) -> list[np.ndarray]:
-        """Final hidden states of every row -> per text, its chunks' vectors float32 [k, H]."""
+        """Final hidden states of every row (pruned: of the read-out rows) -> per text, its
+        chunks' vectors float32 [k, H]."""
+        if self.pruned:
+            counts = [len(ranges) for ranges in self.pool_ranges]
+            return [part.float().cpu().numpy() for part in hidden.split(counts)]
         out = []
         for ranges in self.pool_ranges:
             rows = [hidden[a:b].float().mean(0) for a, b in ranges]

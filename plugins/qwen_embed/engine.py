@@ -307,7 +307,8 @@ class Encoder:
         rows = [t.rows(readout) for t in texts]
         with self._lock, torch.inference_mode():
             for indices in plan_batches(rows, self.max_batch_tokens):
-                forward = ChunkForward([texts[i] for i in indices], readout, self.device)
+                chosen = [texts[i] for i in indices]
+                forward = ChunkForward(chosen, readout, self.route.prune, self.device)
                 pooled = forward.pool(self.model(forward.context))
                 self._count(forward.context)
                 for i, vectors in zip(indices, pooled, strict=True):
