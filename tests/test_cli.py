@@ -183,7 +183,10 @@ def test_bulk_job_resumes_after_ctrl_c_and_a_crash(server, tmp_path):
     command += ["-o", str(out), "--shard-size", "16", "--url", server.grpc_url]
 
     def interrupted(sig):
-        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        # A shell's background job (make test &) ignores SIGINT, and Python then never turns
+        # it into KeyboardInterrupt: give the job a terminal's default.
+        reset = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=reset)
         before = len(list(out.glob("shard-*[0-9].npy")))
         wait_until(lambda: len(list(out.glob("shard-*[0-9].npy"))) >= before + 2, "two shards")
         proc.send_signal(sig)
