@@ -226,9 +226,10 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
                   float scale) {
   constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
   // Register blocking: score tiles of kScoreRows x kChunk keys, value tiles of kValueRows x
-  // kValueCols vectors, each within half the vector registers.
+  // kValueCols vectors, each within half the vector registers. Value tiles are narrow (at most
+  // a quarter of the registers wide) so that each value vector loaded serves several rows.
   constexpr int kScoreRows = kRegisters / 8;
-  constexpr int kValueCols = D / kVec < kRegisters / 2 ? D / kVec : kRegisters / 2;
+  constexpr int kValueCols = D / kVec < kRegisters / 8 ? D / kVec : kRegisters / 8;
   constexpr int kValueRows = kRegisters / 2 / kValueCols;
   static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
   alignas(64) static thread_local float qf[G][R * D], acc[G][R * D], s[R * kSpan];
