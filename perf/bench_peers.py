@@ -640,7 +640,12 @@ def main() -> None:
         p.error(f"--device cuda runs only {', '.join(GPU_SYSTEMS)}")
 
     model_dir = ensure_model(Path(args.model_dir).resolve(), args.layers)
-    settings = EncoderSettings(dtype=args.dtype, device=args.device, attn_backend=args.attn_backend)
+    settings = EncoderSettings(
+        dtype=args.dtype,
+        device=args.device,
+        attn_backend=args.attn_backend,
+        prefix_reuse=PREFIX_REUSE[args.prefix_caching],
+    )
     route = choose_route(settings, ModelConfig.from_dir(model_dir), args.device, cpu_features())
     args.dtype = route.dtype
     config = json.loads((model_dir / "config.json").read_text())

@@ -231,13 +231,17 @@ def openai_sender(port: int, path: str, model: str, texts: list[str]):
 def machine() -> str:
     """CPU model, core count and library versions, written beside every result."""
     cpu = platform.processor() or "unknown CPU"
+    # "AMD EPYC" names several generations: the family and model numbers tell them apart.
+    fields = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    if "model name" in fields:
+        family, model = fields.get("cpu family"), fields.get("model")
+        cpu = f"{fields['model name']} (family {family}, model {model})"
     described = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
     try:
         import torch
