@@ -18,11 +18,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
 
 from bench_peers import REPO, ensure_model
 
@@ -32,16 +31,6 @@ def peak_rss_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def best_seconds(call, reps: int) -> float:
-    call()  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def measure(model_dir: str, length: int, reps: int, chunk_size: int) -> dict:

@@ -1,7 +1,8 @@
 """Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch.
 
-Parameter `task`: "embed" answers EMBEDDING [n, dim]; "rerank" (the rerank_encoder model, same
-file) answers SCORES [n] from the checkpoint's score head."""
+Parameter `task`: "embed" answers EMBEDDING [n, dim] (or the compact type's output; with the
+tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]); "rerank" (the
+rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head."""
 
 import json
 import os
