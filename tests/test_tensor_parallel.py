@@ -133,3 +133,24 @@ def test_a_batch_is_planned_before_the_workers_see_it(checkpoint):
             enc.embed(random_sequences([5], seed=3))
         planner.plan = plan
         assert enc.embed(random_sequences([5], seed=3)).shape == (1, 96)
+
+
+def test_loading_runs_warm_up_forwards(checkpoint, monkeypatch):
+    """Ready means a forward ran: build_model (what every rank runs at load, on any device)
+    ends with warm-up forwards of each shape class, counted here on rank 0's model."""
+    from qwen_embed import engine
+
+    forwards = []
+    real = engine._warm_up
+
+    def counted(model):
+        hook = model.register_forward_hook(lambda *_: forwards.append(1))
+        real(model)
+        hook.remove()
+
+    monkeypatch.setattr(engine, "_warm_up", counted)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32", prefix_reuse="off") as enc:
+        assert len(forwards) == 3  # several sequences, a one-token one, a single one
+        enc.embed([[1, 2, 3]])
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32", prefix_reuse="auto"):
+        assert len(forwards) == 3 + 7  # and the shared-prefix paths
