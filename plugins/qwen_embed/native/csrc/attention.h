@@ -189,22 +189,58 @@ inline void write_rows(const RowBlocks& rb, const float* o, int64_t rows, T* out
   }
 }
 
-// A segment's keys of one kv head -> fp32 chunks of [D][kChunk] (transposed; keys past n_k are
-// zeros), its values -> fp32 rows [n_k][D].
+// kVec rows of kVec floats, transposed in registers: log2(kVec) stages, each swapping the
+// off-diagonal blocks of h x h (h = kVec / 2, ..., 1) between rows i and i + h with two-input
+// lane shuffles (one permute instruction each where the CPU has them).
+inline void transpose(Vec* r) {
+  for (int h = kVec / 2; h > 0; h /= 2) {
+    VecInt low, high;
+    for (int l = 0; l < kVec; ++l) {
+      low[l] = l & h ? kVec + l - h : l;
+      high[l] = l & h ? kVec + l : l + h;
+    }
+    for (int i = 0; i < kVec; ++i)
+      if (!(i & h)) {
+        const Vec a = r[i], b = r[i + h];
+        r[i] = __builtin_shuffle(a, b, low);
+        r[i + h] = __builtin_shuffle(a, b, high);
+      }
+  }
+}
+
+inline Vec load_float(const float* p) { return load(p); }
+inline Vec load_float(const uint16_t* p) {  // bf16: the high half of a float
+  typedef uint16_t Halves __attribute__((vector_size(kVec * sizeof(uint16_t))));
+  Halves h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const VecInt bits = __builtin_convertvector(h, VecInt) << 16;
+  Vec v;
+  __builtin_memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// A segment's keys of one kv head -> fp32 chunks of [D][kChunk] (transposed kVec x kVec at a
+// time; keys past n_k are zeros), its values -> fp32 rows [n_k][D].
 template <typename T, int D>
 void pack_heads(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_k,
                 float* kp, float* vp) {
+  static_assert(D % kVec == 0 && kChunk % kVec == 0);
   const T zeros[D] = {};
   for (int64_t start = 0; start < n_k; start += kChunk) {
-    const T* keys[kChunk];
-    for (int64_t j = 0; j < kChunk; ++j)
-      keys[j] = start + j < n_k ? k + (start + j) * k_stride : zeros;
     float* kt = kp + start * D;
-    for (int d = 0; d < D; ++d)
-      for (int64_t j = 0; j < kChunk; ++j) kt[d * kChunk + j] = to_float(keys[j][d]);
+    for (int64_t j0 = 0; j0 < kChunk; j0 += kVec)
+      for (int d0 = 0; d0 < D; d0 += kVec) {
+        Vec r[kVec];
+        for (int i = 0; i < kVec; ++i) {
+          const int64_t j = start + j0 + i;
+          r[i] = load_float((j < n_k ? k + j * k_stride : zeros) + d0);
+        }
+        transpose(r);
+        for (int i = 0; i < kVec; ++i) store(kt + (d0 + i) * kChunk + j0, r[i]);
+      }
   }
   for (int64_t j = 0; j < n_k; ++j)
-    for (int d = 0; d < D; ++d) vp[j * D + d] = to_float(v[j * v_stride + d]);
+    for (int d0 = 0; d0 < D; d0 += kVec) store(vp + j * D + d0, load_float(v + j * v_stride + d0));
 }
 
 template <typename T>
