@@ -133,7 +133,8 @@ def test_bad_layouts_are_refused():
 
 def test_instruction_set_is_a_function_of_the_cpu_features():
     assert native.isa_for(CpuFeatures(avx2=True, avx512=True, amx_bf16=True)) == "amx"
-    assert native.isa_for(CpuFeatures(avx2=True, avx512=True, avx512_bf16=True)) == "avx512"
+    assert native.isa_for(CpuFeatures(avx2=True, avx512=True, avx512_bf16=True)) == "avx512bf16"
+    assert native.isa_for(CpuFeatures(avx2=True, avx512=True)) == "avx512"
     assert native.isa_for(CpuFeatures(avx2=True)) == "avx2"
     assert native.isa_for(CpuFeatures()) == "generic"
     assert native.isa_for(CpuFeatures(amx_bf16=True)) == "generic"  # AMX kernels need AVX-512

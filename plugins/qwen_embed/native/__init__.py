@@ -24,7 +24,7 @@ BUILD = Path(__file__).parent / "_build"
 LIBRARY = BUILD / "libqwen_embed_native.so"
 STAMP = BUILD / "sources.sha256"  # which sources the library was built from
 DTYPES = (torch.float32, torch.bfloat16)
-ISAS = ("amx", "avx512", "avx2", "generic")  # widest first
+ISAS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
 
 
@@ -59,7 +59,7 @@ def isa_for(features: CpuFeatures) -> str:
     if features.avx512 and features.amx_bf16:
         return "amx"
     if features.avx512:
-        return "avx512"
+        return "avx512bf16" if features.avx512_bf16 else "avx512"
     return "avx2" if features.avx2 else "generic"
 
 

@@ -21,6 +21,7 @@ ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
+    "kernels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
     AMX_SOURCE: [
         *AVX512,
         "-mavx512bf16",

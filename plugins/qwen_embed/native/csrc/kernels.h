@@ -43,6 +43,7 @@ constexpr int64_t kTaskRows = 512;  // query rows per attention task (blocks sha
 namespace generic { extern const Kernels kernels; }
 namespace avx2 { extern const Kernels kernels; }
 namespace avx512 { extern const Kernels kernels; }
+namespace avx512bf16 { extern const Kernels kernels; }
 namespace amx { extern const Kernels kernels; }
 
 }  // namespace qe

@@ -37,6 +37,7 @@ bool cpu_has(const std::string& isa) {
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   }
   if (isa == "avx512") return avx512;
+  if (isa == "avx512bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return isa == "generic";
 }
@@ -47,6 +48,7 @@ const Kernels* table_for(const std::string& isa) {
 #ifndef QE_NO_AMX
   if (isa == "amx") return &amx::kernels;
 #endif
+  if (isa == "avx512bf16") return &avx512bf16::kernels;
   return isa == "avx512" ? &avx512::kernels : isa == "avx2" ? &avx2::kernels : &generic::kernels;
 }
 

@@ -1,9 +1,12 @@
 // One instruction set's kernel table; kernels_<isa>.cpp defines QE_ISA (and QE_AMX for the
-// tile kernels) and includes this.
+// tile kernels, QE_BF16DOT for the AVX512_BF16 ones) and includes this.
 #include "attention.h"
 #include "rows.h"
 #ifdef QE_AMX
 #include "attention_amx.h"
+#endif
+#ifdef QE_BF16DOT
+#include "attention_bf16.h"
 #endif
 
 namespace qe {
@@ -17,8 +20,10 @@ extern const Kernels kernels = {
     silu_mul<float>,
     silu_mul<uint16_t>,
     {pack<float>, attend<float>, kChunk, sizeof(float)},
-#ifdef QE_AMX
+#if defined(QE_AMX)
     {pack_tiles, attend_tiles, kTileKeys, sizeof(uint16_t)},
+#elif defined(QE_BF16DOT)
+    {pack_pairs, attend_pairs, kChunk, sizeof(uint16_t)},
 #else
     {pack<uint16_t>, attend<uint16_t>, kChunk, sizeof(float)},
 #endif

@@ -1,0 +1,182 @@
+// bf16 attention on AVX512_BF16's dot products (vdpbf16ps: each fp32 lane adds the products of
+// a pair of bf16 values), for CPUs that have them but no AMX. The same task structure, spans,
+// online softmax and row independence as attention.h; what changes is the data: keys are
+// packed as pairs of consecutive dimensions, transposed ([D / 2][kChunk] pairs per chunk),
+// values as pairs of consecutive keys ([n_k / 2][D] pairs), and the probabilities are rounded
+// to bf16 pairs before P V, as the AMX kernels do. q K^T is exact products of the bf16 inputs
+// summed in fp32.
+#pragma once
+#include <immintrin.h>
+
+#include "attention.h"
+
+namespace qe {
+namespace QE_ISA {
+namespace {
+
+// A segment's keys of one kv head -> chunks of [D / 2][kChunk] dimension pairs (32 bits each,
+// transposed as attention.h's fp32 keys are; keys past n_k are zeros), its values -> [n_k / 2]
+// rows of D key pairs (the even key in the low half; a missing odd key is zero).
+template <int D>
+void pack_pairs_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                      int64_t n_k, uint32_t* kp, uint32_t* vp) {
+  static_assert(D / 2 % kVec == 0 && kVec == 16);
+  const uint16_t zeros[D] = {};
+  for (int64_t start = 0; start < n_k; start += kChunk) {
+    uint32_t* kt = kp + start * D / 2;
+    for (int64_t j0 = 0; j0 < kChunk; j0 += kVec)
+      for (int p0 = 0; p0 < D / 2; p0 += kVec) {
+        Vec r[kVec];
+        for (int i = 0; i < kVec; ++i) {
+          const int64_t j = start + j0 + i;
+          __builtin_memcpy(&r[i], (j < n_k ? k + j * k_stride : zeros) + 2 * p0, sizeof r[i]);
+        }
+        transpose(r);  // 32-bit lanes: a pair of bf16 moves as one float would
+        float* rows = reinterpret_cast<float*>(kt) + p0 * kChunk + j0;
+        for (int i = 0; i < kVec; ++i) store(rows + i * kChunk, r[i]);
+      }
+  }
+  const int64_t pairs = (n_k + kChunk - 1) / kChunk * kChunk / 2;
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const uint16_t* even = 2 * jp < n_k ? v + 2 * jp * v_stride : zeros;
+    const uint16_t* odd = 2 * jp + 1 < n_k ? v + (2 * jp + 1) * v_stride : zeros;
+    for (int d0 = 0; d0 < D; d0 += 32) {  // 32 values of each key -> 32 pairs
+      const __m512i a = _mm512_loadu_si512(even + d0), b = _mm512_loadu_si512(odd + d0);
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      // unpack works within 128-bit lanes: put the pairs back in dimension order
+      const __m512i first = _mm512_permutex2var_epi64(
+          lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
+      const __m512i second = _mm512_permutex2var_epi64(
+          lo, _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), hi);
+      _mm512_storeu_si512(vp + jp * D + d0, first);
+      _mm512_storeu_si512(vp + jp * D + d0 + 16, second);
+    }
+  }
+}
+
+void pack_pairs(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                int64_t n_k, int64_t head_dim, void* kp, void* vp) {
+  auto run = head_dim == 32    ? pack_pairs_heads<32>
+             : head_dim == 64  ? pack_pairs_heads<64>
+             : head_dim == 128 ? pack_pairs_heads<128>
+                               : pack_pairs_heads<256>;
+  run(k, k_stride, v, v_stride, n_k, static_cast<uint32_t*>(kp), static_cast<uint32_t*>(vp));
+}
+
+// s[r][0:kChunk] = q[r] . k_j for R rows of bf16 queries (pairs read as 32 bits).
+template <int D, int R>
+inline void scores_pairs(const uint16_t* q, const uint32_t* kt, float* s) {
+  constexpr int N = kChunk / kVec;
+  __m512 acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (int p = 0; p < D / 2; ++p) {
+    __m512bh k[N];
+    for (int n = 0; n < N; ++n)
+      k[n] = (__m512bh)_mm512_loadu_si512(kt + p * kChunk + n * kVec);
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      __builtin_memcpy(&pair, q + r * D + 2 * p, sizeof pair);
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      for (int n = 0; n < N; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], x, k[n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) _mm512_storeu_ps(s + r * kSpan + n * kVec, acc[r][n]);
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_j p[r][j] v_j over n keys (pairs), R rows of bf16
+// probabilities kSpan apart, C vectors of values at a time.
+template <int D, int R, int C>
+inline void accumulate_pairs(float* acc, const uint16_t* p, const float* alpha,
+                             const uint32_t* v, int64_t n) {
+  static_assert(D % (C * kVec) == 0);
+  const int64_t pairs = (n + 1) / 2;
+  for (int c0 = 0; c0 < D; c0 += C * kVec) {
+    __m512 o[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        o[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + c0 + c * kVec),
+                                _mm512_set1_ps(alpha[r]));
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      __m512bh vj[C];
+      for (int c = 0; c < C; ++c)
+        vj[c] = (__m512bh)_mm512_loadu_si512(v + jp * D + c0 + c * kVec);
+      for (int r = 0; r < R; ++r) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, p + r * kSpan + 2 * jp, sizeof pair);
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        for (int c = 0; c < C; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], x, vj[c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + r * D + c0 + c * kVec, o[r][c]);
+  }
+}
+
+// attention.h's attend_heads on the pair layouts.
+template <int D>
+void attend_pairs_heads(const uint16_t* q, int64_t q_stride, const uint32_t* kp,
+                        const uint32_t* vp, uint16_t* out, int64_t out_stride, int64_t rows,
+                        int64_t first_pos, int64_t n_k, bool causal, float scale) {
+  constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
+  constexpr int kScoreRows = kRegisters / 8;
+  constexpr int kValueCols = D / kVec < kRegisters / 8 ? D / kVec : kRegisters / 8;
+  constexpr int kValueRows = kRegisters / 2 / kValueCols;
+  static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
+  alignas(64) static thread_local uint16_t qb[G][R * D], pb[R * kSpan];
+  alignas(64) static thread_local float acc[G][R * D], s[R * kSpan];
+  float alpha[R];
+  RowBlocks rb(rows, kScoreRows, first_pos, n_k, causal);
+  for (int64_t b = 0; b < rb.count; ++b)
+    for (int64_t i = 0; i < rb.used[b]; ++i)
+      for (int d = 0; d < D; ++d) {
+        qb[b][i * D + d] = b * R + i < rows ? q[(b * R + i) * q_stride + d] : 0;
+        acc[b][i * D + d] = 0.0f;
+      }
+  for (int64_t start = 0; start < rb.last; start += kSpan)
+    for (int64_t b = 0; b < rb.count; ++b) {
+      if (start >= rb.end[b]) continue;
+      const int64_t n = rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan;
+      const int64_t chunks = (n + kChunk - 1) / kChunk;
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        for (int64_t i = 0; i < rb.used[b]; i += kScoreRows)
+          scores_pairs<D, kScoreRows>(qb[b] + i * D, kp + (start + ch * kChunk) * D / 2,
+                                      s + i * kSpan + ch * kChunk);
+      for (int64_t i = 0; i < rb.used[b]; ++i) {
+        const int64_t valid = rb.limit[b][i] - start;
+        uint16_t* row = pb + i * kSpan;
+        if (valid > 0) {
+          alpha[i] = softmax_span(s + i * kSpan, chunks * kChunk, valid, scale, rb.max[b][i],
+                                  rb.sum[b][i], [row](int64_t j, Vec p) {
+                                    __m512 x;
+                                    __builtin_memcpy(&x, &p, sizeof x);
+                                    const __m256bh h = _mm512_cvtneps_pbh(x);
+                                    __builtin_memcpy(row + j, &h, sizeof h);
+                                  });
+        } else {  // this span is past the row's last key: leave the row as it is
+          alpha[i] = 1.0f;
+          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0;
+        }
+      }
+      for (int64_t i = 0; i < rb.used[b]; i += kValueRows)
+        accumulate_pairs<D, kValueRows, kValueCols>(acc[b] + i * D, pb + i * kSpan, alpha + i,
+                                                    vp + start / 2 * D, n);
+    }
+  write_rows<uint16_t, D>(rb, acc[0], rows, out, out_stride);
+}
+
+void attend_pairs(const uint16_t* q, int64_t q_stride, const void* kp, const void* vp,
+                  uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
+                  int64_t head_dim, bool causal, float scale) {
+  auto run = head_dim == 32    ? attend_pairs_heads<32>
+             : head_dim == 64  ? attend_pairs_heads<64>
+             : head_dim == 128 ? attend_pairs_heads<128>
+                               : attend_pairs_heads<256>;
+  run(q, q_stride, static_cast<const uint32_t*>(kp), static_cast<const uint32_t*>(vp), out,
+      out_stride, rows, first_pos, n_k, causal, scale);
+}
+
+}  // namespace
+}  // namespace QE_ISA
+}  // namespace qe
