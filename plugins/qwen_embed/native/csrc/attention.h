@@ -253,13 +253,36 @@ void pack(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_
   run(k, k_stride, v, v_stride, n_k, static_cast<float*>(kp), static_cast<float*>(vp));
 }
 
+// How the vector path holds a task's queries and probabilities (fp32) and multiplies them
+// (attention_bf16.h's PairPath is the other): the probabilities overwrite their scores.
+template <typename T>
+struct FloatPath {
+  using Query = float;
+  using Prob = float;
+  using Packed = float;
+  static float query(T x) { return to_float(x); }
+  static float* probs(float* s, float*) { return s; }
+  static void put(float* row, int64_t j, Vec p) { store(row + j, p); }
+  template <int D, int R>
+  static void score_tile(const float* q, const float* kp, int64_t key, float* s) {
+    scores<D, R>(q, kp + key * D, s);
+  }
+  template <int D, int R, int C>
+  static void value_tile(float* acc, const float* p, const float* alpha, const float* vp,
+                         int64_t key, int64_t n) {
+    accumulate<D, R, C>(acc, p, alpha, vp + key * D, n);
+  }
+};
+
 // A task of up to kTaskRows query rows, in blocks of 32: keys in spans of kSpan (at multiples
 // of kSpan in the segment, one softmax rescale per span), scores in chunks of kChunk keys.
 // Every block takes a span in turn, so the span's keys and values are read from memory once.
-template <typename T, int D>
-void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp, T* out,
-                  int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, bool causal,
-                  float scale) {
+template <typename Path, typename T, int D>
+void attend_task(const T* q, int64_t q_stride, const typename Path::Packed* kp,
+                 const typename Path::Packed* vp, T* out, int64_t out_stride, int64_t rows,
+                 int64_t first_pos, int64_t n_k, bool causal, float scale) {
+  using Query = typename Path::Query;
+  using Prob = typename Path::Prob;
   constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
   // Register blocking: score tiles of kScoreRows x kChunk keys, value tiles of kValueRows x
   // kValueCols vectors, each within half the vector registers. Value tiles are narrow (at most
@@ -268,13 +291,16 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
   constexpr int kValueCols = D / kVec < kRegisters / 8 ? D / kVec : kRegisters / 8;
   constexpr int kValueRows = kRegisters / 2 / kValueCols;
   static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
-  alignas(64) static thread_local float qf[G][R * D], acc[G][R * D], s[R * kSpan];
+  alignas(64) static thread_local Query qb[G][R * D];
+  alignas(64) static thread_local Prob pb[R * kSpan];
+  alignas(64) static thread_local float acc[G][R * D], s[R * kSpan];
+  Prob* probs = Path::probs(s, pb);
   float alpha[R];
   RowBlocks rb(rows, kScoreRows, first_pos, n_k, causal);
   for (int64_t b = 0; b < rb.count; ++b)
     for (int64_t i = 0; i < rb.used[b]; ++i)
       for (int d = 0; d < D; ++d) {
-        qf[b][i * D + d] = b * R + i < rows ? to_float(q[(b * R + i) * q_stride + d]) : 0.0f;
+        qb[b][i * D + d] = b * R + i < rows ? Path::query(q[(b * R + i) * q_stride + d]) : Query{};
         acc[b][i * D + d] = 0.0f;
       }
   for (int64_t start = 0; start < rb.last; start += kSpan)
@@ -284,36 +310,45 @@ void attend_heads(const T* q, int64_t q_stride, const float* kp, const float* vp
       const int64_t chunks = (n + kChunk - 1) / kChunk;
       for (int64_t ch = 0; ch < chunks; ++ch)
         for (int64_t i = 0; i < rb.used[b]; i += kScoreRows)
-          scores<D, kScoreRows>(qf[b] + i * D, kp + (start + ch * kChunk) * D,
-                                s + i * kSpan + ch * kChunk);
+          Path::template score_tile<D, kScoreRows>(qb[b] + i * D, kp, start + ch * kChunk,
+                                                   s + i * kSpan + ch * kChunk);
       for (int64_t i = 0; i < rb.used[b]; ++i) {
         const int64_t valid = rb.limit[b][i] - start;
-        float* row = s + i * kSpan;
+        Prob* row = probs + i * kSpan;
         if (valid > 0) {
-          alpha[i] = softmax_span(row, chunks * kChunk, valid, scale, rb.max[b][i],
-                                  rb.sum[b][i], [row](int64_t j, Vec p) { store(row + j, p); });
+          alpha[i] = softmax_span(s + i * kSpan, chunks * kChunk, valid, scale, rb.max[b][i],
+                                  rb.sum[b][i], [row](int64_t j, Vec p) { Path::put(row, j, p); });
         } else {  // this span is past the row's last key: leave the row as it is
           alpha[i] = 1.0f;
-          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0.0f;
+          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = Prob{};
         }
       }
       for (int64_t i = 0; i < rb.used[b]; i += kValueRows)
-        accumulate<D, kValueRows, kValueCols>(acc[b] + i * D, s + i * kSpan, alpha + i,
-                                              vp + start * D, n);
+        Path::template value_tile<D, kValueRows, kValueCols>(acc[b] + i * D, probs + i * kSpan,
+                                                             alpha + i, vp, start, n);
     }
   write_rows<T, D>(rb, acc[0], rows, out, out_stride);
+}
+
+template <typename Path, typename T>
+void attend_with(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out,
+                 int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
+                 int64_t head_dim, bool causal, float scale) {
+  using Packed = typename Path::Packed;
+  auto run = head_dim == 32    ? attend_task<Path, T, 32>
+             : head_dim == 64  ? attend_task<Path, T, 64>
+             : head_dim == 128 ? attend_task<Path, T, 128>
+                               : attend_task<Path, T, 256>;
+  run(q, q_stride, static_cast<const Packed*>(kp), static_cast<const Packed*>(vp), out,
+      out_stride, rows, first_pos, n_k, causal, scale);
 }
 
 template <typename T>
 void attend(const T* q, int64_t q_stride, const void* kp, const void* vp, T* out,
             int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k, int64_t head_dim,
             bool causal, float scale) {
-  auto run = head_dim == 32    ? attend_heads<T, 32>
-             : head_dim == 64  ? attend_heads<T, 64>
-             : head_dim == 128 ? attend_heads<T, 128>
-                               : attend_heads<T, 256>;
-  run(q, q_stride, static_cast<const float*>(kp), static_cast<const float*>(vp), out,
-      out_stride, rows, first_pos, n_k, causal, scale);
+  attend_with<FloatPath<T>>(q, q_stride, kp, vp, out, out_stride, rows, first_pos, n_k, head_dim,
+                            causal, scale);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // bf16 attention on AVX512_BF16's dot products (vdpbf16ps: each fp32 lane adds the products of
-// a pair of bf16 values), for CPUs that have them but no AMX. The same task structure, spans,
-// online softmax and row independence as attention.h; what changes is the data: keys are
+// a pair of bf16 values), for CPUs that have them but no AMX. attention.h's task (spans, online
+// softmax, row independence) with another Path; what changes is the data: keys are
 // packed as pairs of consecutive dimensions, transposed ([D / 2][kChunk] pairs per chunk),
 // values as pairs of consecutive keys ([n_k / 2][D] pairs), and the probabilities are rounded
 // to bf16 pairs before P V, as the AMX kernels do. q K^T is exact products of the bf16 inputs
@@ -114,67 +114,35 @@ inline void accumulate_pairs(float* acc, const uint16_t* p, const float* alpha,
   }
 }
 
-// attention.h's attend_heads on the pair layouts.
-template <int D>
-void attend_pairs_heads(const uint16_t* q, int64_t q_stride, const uint32_t* kp,
-                        const uint32_t* vp, uint16_t* out, int64_t out_stride, int64_t rows,
-                        int64_t first_pos, int64_t n_k, bool causal, float scale) {
-  constexpr int64_t R = kBlockQ, G = kTaskRows / kBlockQ;
-  constexpr int kScoreRows = kRegisters / 8;
-  constexpr int kValueCols = D / kVec < kRegisters / 8 ? D / kVec : kRegisters / 8;
-  constexpr int kValueRows = kRegisters / 2 / kValueCols;
-  static_assert(R % kScoreRows == 0 && R % kValueRows == 0);
-  alignas(64) static thread_local uint16_t qb[G][R * D], pb[R * kSpan];
-  alignas(64) static thread_local float acc[G][R * D], s[R * kSpan];
-  float alpha[R];
-  RowBlocks rb(rows, kScoreRows, first_pos, n_k, causal);
-  for (int64_t b = 0; b < rb.count; ++b)
-    for (int64_t i = 0; i < rb.used[b]; ++i)
-      for (int d = 0; d < D; ++d) {
-        qb[b][i * D + d] = b * R + i < rows ? q[(b * R + i) * q_stride + d] : 0;
-        acc[b][i * D + d] = 0.0f;
-      }
-  for (int64_t start = 0; start < rb.last; start += kSpan)
-    for (int64_t b = 0; b < rb.count; ++b) {
-      if (start >= rb.end[b]) continue;
-      const int64_t n = rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan;
-      const int64_t chunks = (n + kChunk - 1) / kChunk;
-      for (int64_t ch = 0; ch < chunks; ++ch)
-        for (int64_t i = 0; i < rb.used[b]; i += kScoreRows)
-          scores_pairs<D, kScoreRows>(qb[b] + i * D, kp + (start + ch * kChunk) * D / 2,
-                                      s + i * kSpan + ch * kChunk);
-      for (int64_t i = 0; i < rb.used[b]; ++i) {
-        const int64_t valid = rb.limit[b][i] - start;
-        uint16_t* row = pb + i * kSpan;
-        if (valid > 0) {
-          alpha[i] = softmax_span(s + i * kSpan, chunks * kChunk, valid, scale, rb.max[b][i],
-                                  rb.sum[b][i], [row](int64_t j, Vec p) {
-                                    __m512 x;
-                                    __builtin_memcpy(&x, &p, sizeof x);
-                                    const __m256bh h = _mm512_cvtneps_pbh(x);
-                                    __builtin_memcpy(row + j, &h, sizeof h);
-                                  });
-        } else {  // this span is past the row's last key: leave the row as it is
-          alpha[i] = 1.0f;
-          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = 0;
-        }
-      }
-      for (int64_t i = 0; i < rb.used[b]; i += kValueRows)
-        accumulate_pairs<D, kValueRows, kValueCols>(acc[b] + i * D, pb + i * kSpan, alpha + i,
-                                                    vp + start / 2 * D, n);
-    }
-  write_rows<uint16_t, D>(rb, acc[0], rows, out, out_stride);
-}
+// attention.h's attend_task on the pair layouts: bf16 queries, probabilities rounded to bf16.
+struct PairPath {
+  using Query = uint16_t;
+  using Prob = uint16_t;
+  using Packed = uint32_t;
+  static uint16_t query(uint16_t x) { return x; }
+  static uint16_t* probs(float*, uint16_t* pb) { return pb; }
+  static void put(uint16_t* row, int64_t j, Vec p) {
+    __m512 x;
+    __builtin_memcpy(&x, &p, sizeof x);
+    const __m256bh h = _mm512_cvtneps_pbh(x);
+    __builtin_memcpy(row + j, &h, sizeof h);
+  }
+  template <int D, int R>
+  static void score_tile(const uint16_t* q, const uint32_t* kp, int64_t key, float* s) {
+    scores_pairs<D, R>(q, kp + key * D / 2, s);
+  }
+  template <int D, int R, int C>
+  static void value_tile(float* acc, const uint16_t* p, const float* alpha, const uint32_t* vp,
+                         int64_t key, int64_t n) {
+    accumulate_pairs<D, R, C>(acc, p, alpha, vp + key / 2 * D, n);
+  }
+};
 
 void attend_pairs(const uint16_t* q, int64_t q_stride, const void* kp, const void* vp,
                   uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
                   int64_t head_dim, bool causal, float scale) {
-  auto run = head_dim == 32    ? attend_pairs_heads<32>
-             : head_dim == 64  ? attend_pairs_heads<64>
-             : head_dim == 128 ? attend_pairs_heads<128>
-                               : attend_pairs_heads<256>;
-  run(q, q_stride, static_cast<const uint32_t*>(kp), static_cast<const uint32_t*>(vp), out,
-      out_stride, rows, first_pos, n_k, causal, scale);
+  attend_with<PairPath>(q, q_stride, kp, vp, out, out_stride, rows, first_pos, n_k, head_dim,
+                        causal, scale);
 }
 
 }  // namespace
