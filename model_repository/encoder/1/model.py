@@ -20,7 +20,7 @@ from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
-from qwen_embed.serving.requests import read_finish, unpack_chunks, unpack_ids
+from qwen_embed.serving.requests import read_finish, stack_ragged, unpack_chunks, unpack_ids
 
 
 def _error(message):
@@ -178,14 +178,10 @@ class TritonPythonModel:
         """Per-text chunk vectors -> [n, most chunks, dim], zeros past a text's own."""
         dimensions, normalize, _ = opts
         finished = [
-            finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions) for p in pooled
+            finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
+            for p in pooled
         ]
-        out = np.zeros(
-            (len(finished), max(len(f) for f in finished), finished[0].shape[1]), np.float32
-        )
-        for i, f in enumerate(finished):
-            out[i, : len(f)] = f.numpy()
-        return out
+        return stack_ragged(finished, 0.0, np.float32)
 
     def _outputs(self, rows, opts):
         if self.task == "rerank":

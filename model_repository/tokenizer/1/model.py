@@ -20,6 +20,7 @@ from qwen_embed.serving.requests import (
     pack_chunks,
     pack_ids,
     parse_options,
+    stack_ragged,
 )
 from qwen_embed.serving.rerank import PairTokenizer, parse_rerank_options
 from qwen_embed.serving.tokenizer import TextTokenizer
@@ -92,10 +93,8 @@ class TritonPythonModel:
             return ids, [finish, pb_utils.Tensor("CHUNKS", none)]
         ids, chunks = self.tokenizer.encode_chunks(texts, opts)
         packed = np.array([[pack_chunks(c.tail, c.tokens)] for c in chunks], dtype=np.object_)
-        # Characters of each chunk, [n, most chunks, 2], -1 past a text's own chunks.
-        spans = np.full((len(chunks), max(len(c.chars) for c in chunks), 2), -1, np.int32)
-        for i, c in enumerate(chunks):
-            spans[i, : len(c.chars)] = c.chars
+        # Characters of each chunk, -1 past a text's own chunks.
+        spans = stack_ragged([c.chars for c in chunks], -1, np.int32)
         return ids, [
             finish,
             pb_utils.Tensor("CHUNKS", packed),

@@ -249,6 +249,15 @@ def unpack_chunks(blob: bytes, index: int) -> tuple[int, np.ndarray] | None:
     return int(arr[0]), arr[1:].reshape(-1, 2).astype(np.int64)
 
 
+def stack_ragged(rows: list[np.ndarray], fill, dtype) -> np.ndarray:
+    """Per-text arrays [k_i, ...] -> one request output [n, max k_i, ...], `fill` past each
+    text's own rows (late chunking's outputs: texts have different chunk counts)."""
+    out = np.full((len(rows), max(len(r) for r in rows), *rows[0].shape[1:]), fill, dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
 def unpack_ids(blob: bytes, index: int) -> np.ndarray:
     if len(blob) == 0 or len(blob) % 4:
         raise RequestError(f"input 'TOKEN_IDS[{index}]' must be a non-empty packed int32 list")

@@ -85,7 +85,7 @@ class TextTokenizer:
         self._head, self._tail = special_tokens(self._tok, model_dir)
 
     def encode(self, texts: list[str], opts: RequestOptions) -> list[list[int]]:
-        return [ids for ids, _, _ in self._encode(texts, opts)]
+        return [ids for ids, _, _ in self._encode(texts, opts, offsets=False)]
 
     def encode_chunks(
         self, texts: list[str], opts: RequestOptions
@@ -93,7 +93,7 @@ class TextTokenizer:
         """Ids as `encode`, and each text's chunks: `chunk_size` tokens of the text at a time,
         or the `chunk_spans` of its tokens (counted from its first token, after any prompt)."""
         all_ids, chunks = [], []
-        for i, (ids, first, offsets) in enumerate(self._encode(texts, opts)):
+        for i, (ids, first, offsets) in enumerate(self._encode(texts, opts, offsets=True)):
             n = len(offsets)
             if opts.chunk_size is not None:
                 starts = np.arange(0, n, opts.chunk_size)
@@ -118,9 +118,10 @@ class TextTokenizer:
             chunks.append(TextChunks(spans + first, chars, len(self._tail)))
         return all_ids, chunks
 
-    def _encode(self, texts: list[str], opts: RequestOptions):
-        """Per text: its ids, the index of its first own token among them (past the special
-        tokens and prompt before it), and its own tokens' character spans in the text."""
+    def _encode(self, texts: list[str], opts: RequestOptions, offsets: bool):
+        """Per text: its ids and, with `offsets` (late chunking only: it costs a Python tuple
+        per token), the index of its first own token among them (past the special tokens and
+        prompt before it) and its own tokens' character spans in the text."""
         prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
         if prefix:
             texts = [prefix + t for t in texts]
@@ -129,9 +130,10 @@ class TextTokenizer:
         budget = limit - len(self._head) - len(self._tail)
         direction = opts.truncation_direction or self.truncation_direction
         for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
-            ids, offsets = enc.ids, enc.offsets
+            ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
+            cut = slice(None)
             if len(ids) > budget:
                 if not opts.truncate:
                     raise RequestError(
@@ -141,8 +143,13 @@ class TextTokenizer:
                 cut = (
                     slice(None, budget) if direction == "right" else slice(len(ids) - budget, None)
                 )
-                ids, offsets = ids[cut], offsets[cut]
+                ids = ids[cut]
+            whole = self._head + ids + self._tail
+            if not offsets:
+                yield whole, None, None
+                continue
+            spans = enc.offsets[cut]
             # A token that straddles the prompt's end counts as the text's.
-            first = next((j for j, (_, end) in enumerate(offsets) if end > skip), len(ids))
-            own = [(max(a - skip, 0), b - skip) for a, b in offsets[first:]]
-            yield self._head + ids + self._tail, len(self._head) + first, own
+            first = next((j for j, (_, end) in enumerate(spans) if end > skip), len(ids))
+            own = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
+            yield whole, len(self._head) + first, own
