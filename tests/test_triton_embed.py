@@ -133,12 +133,21 @@ def test_interactive_requests_overtake_queued_bulk_ones(server, high):
     def pending():
         return server.metric("nv_inference_pending_request_count", model="encoder")
 
+    def tokenized():
+        return server.metric("nv_inference_request_success", model="tokenizer")
+
     threads = []
+    before = tokenized()
     for i in range(5):
         batch = [f"{i} {t}" for t in texts]  # distinct: no response or prefix reuse
         threads.append(threading.Thread(target=send, args=(f"bulk{i}", batch, "bulk")))
         threads[-1].start()
-    wait_until(lambda: pending() >= 3, "bulk requests queued behind the executing one")
+    # Every bulk request past the tokenizer (so none can reach the encoder after the query),
+    # and some of them queued behind the executing one.
+    wait_until(
+        lambda: tokenized() - before >= 5 and pending() >= 3,
+        "bulk requests queued behind the executing one",
+    )
     queued = 5 - len(finished)
     threads.append(threading.Thread(target=send, args=("query", ["a query"], high)))
     threads[-1].start()
