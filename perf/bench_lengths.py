@@ -45,13 +45,20 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192])
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--isa", default="", help="run the native kernels of this instruction set")
     p.add_argument("--out", default=str(RESULTS / "lengths"))
     args = p.parse_args()
+    if args.isa:
+        native.select(args.isa)
     model_dir = ensure_model(Path(args.model_dir).resolve(), 3)
     rng = np.random.default_rng(0)
     rows = []
     with Encoder.from_pretrained(
-        model_dir, dtype=args.dtype, prefix_reuse=False, max_batch_tokens=TOKENS
+        model_dir,
+        dtype=args.dtype,
+        attn_backend="native",
+        prefix_reuse=False,
+        max_batch_tokens=TOKENS,
     ) as enc:
         if enc.route.attn_backend != "native":
             raise SystemExit(f"the native operator does not run here: {enc.route.describe()}")

@@ -228,6 +228,9 @@ def openai_sender(port: int, path: str, model: str, texts: list[str]):
 # ---------------------------------------------------------------- reports
 
 
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine() -> str:
     """CPU model, core count and library versions, written beside every result."""
     cpu = platform.processor() or "unknown CPU"
@@ -251,6 +254,11 @@ def machine() -> str:
             described += f", GPU {torch.cuda.get_device_name()}"
     except ImportError:
         pass
+    # A run that caps the libraries' instruction sets (to stand in for a CPU without the wider
+    # ones) says so beside the machine.
+    limits = [f"{k}={os.environ[k]}" for k in ISA_LIMITS if os.environ.get(k)]
+    if limits:
+        described += f"; instruction sets capped by {' '.join(limits)}"
     return described
 
 

@@ -11,7 +11,7 @@ from .base import AttentionBackend, AttentionSpec
 
 HEAD_DIMS = (32, 64, 128, 256)
 # Kernels measured faster than torch's SDPA (docs/tuning.md); `auto` leaves the others to torch.
-AUTO_ISAS = ("amx", "avx512bf16", "avx512")
+AUTO_ISAS = ("amx", "avx512bf16", "avx512", "avx2")
 
 
 def native_problem(device_type: str, dtype: str, head_dim: int, auto: bool = False) -> str | None:
