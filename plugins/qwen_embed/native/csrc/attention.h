@@ -27,6 +27,7 @@ typedef int32_t VecInt __attribute__((vector_size(kVec * sizeof(int32_t))));
 constexpr float kNegInf = -__builtin_inff();
 constexpr int64_t kSpan = 512;  // keys per softmax rescale, at fixed positions in the segment
 constexpr int64_t kChunk = 4 * kVec;  // keys per score product
+constexpr int64_t kHalfChunk = kChunk / 2;  // a span's last keys when no more are left
 constexpr float kLazyMax = 8.0f;  // see softmax_span
 
 inline Vec load(const float* p) {
@@ -36,10 +37,10 @@ inline Vec load(const float* p) {
 }
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
 
-// s[r][0:kChunk] = q[r] . k_j for R rows; kt holds a chunk of keys transposed [D][kChunk].
-template <int D, int R>
+// s[r][0:N kVec] = q[r] . k_j for R rows; kt holds a chunk of keys transposed [D][kChunk] (of
+// which the first N vectors of keys are read).
+template <int D, int R, int N>
 inline void scores(const float* q, const float* kt, float* s) {
-  constexpr int N = kChunk / kVec;
   Vec acc[R][N] = {};
   for (int d = 0; d < D; ++d) {
     Vec k[N];
@@ -263,9 +264,9 @@ struct FloatPath {
   static float query(T x) { return to_float(x); }
   static float* probs(float* s, float*) { return s; }
   static void put(float* row, int64_t j, Vec p) { store(row + j, p); }
-  template <int D, int R>
+  template <int D, int R, int N>
   static void score_tile(const float* q, const float* kp, int64_t key, float* s) {
-    scores<D, R>(q, kp + key * D, s);
+    scores<D, R, N>(q, kp + key * D, s);
   }
   template <int D, int R, int C>
   static void value_tile(float* acc, const float* p, const float* alpha, const float* vp,
@@ -275,7 +276,8 @@ struct FloatPath {
 };
 
 // A task of up to kTaskRows query rows, in blocks of 32: keys in spans of kSpan (at multiples
-// of kSpan in the segment, one softmax rescale per span), scores in chunks of kChunk keys.
+// of kSpan in the segment, one softmax rescale per span), scores in chunks of kChunk keys (the
+// last one half as wide where that covers the keys left: short texts are mostly that chunk).
 // Every block takes a span in turn, so the span's keys and values are read from memory once.
 template <typename Path, typename T, int D>
 void attend_task(const T* q, int64_t q_stride, const typename Path::Packed* kp,
@@ -307,20 +309,25 @@ void attend_task(const T* q, int64_t q_stride, const typename Path::Packed* kp,
     for (int64_t b = 0; b < rb.count; ++b) {
       if (start >= rb.end[b]) continue;
       const int64_t n = rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan;
-      const int64_t chunks = (n + kChunk - 1) / kChunk;
-      for (int64_t ch = 0; ch < chunks; ++ch)
-        for (int64_t i = 0; i < rb.used[b]; i += kScoreRows)
-          Path::template score_tile<D, kScoreRows>(qb[b] + i * D, kp, start + ch * kChunk,
-                                                   s + i * kSpan + ch * kChunk);
+      const int64_t width = (n + kHalfChunk - 1) / kHalfChunk * kHalfChunk;  // keys scored
+      for (int64_t c = 0; c < width; c += kChunk)
+        for (int64_t i = 0; i < rb.used[b]; i += kScoreRows) {
+          const Query* qi = qb[b] + i * D;
+          float* si = s + i * kSpan + c;
+          if (width - c >= kChunk)
+            Path::template score_tile<D, kScoreRows, kChunk / kVec>(qi, kp, start + c, si);
+          else
+            Path::template score_tile<D, kScoreRows, kHalfChunk / kVec>(qi, kp, start + c, si);
+        }
       for (int64_t i = 0; i < rb.used[b]; ++i) {
         const int64_t valid = rb.limit[b][i] - start;
         Prob* row = probs + i * kSpan;
         if (valid > 0) {
-          alpha[i] = softmax_span(s + i * kSpan, chunks * kChunk, valid, scale, rb.max[b][i],
-                                  rb.sum[b][i], [row](int64_t j, Vec p) { Path::put(row, j, p); });
+          alpha[i] = softmax_span(s + i * kSpan, width, valid, scale, rb.max[b][i], rb.sum[b][i],
+                                  [row](int64_t j, Vec p) { Path::put(row, j, p); });
         } else {  // this span is past the row's last key: leave the row as it is
           alpha[i] = 1.0f;
-          for (int64_t j = 0; j < chunks * kChunk; ++j) row[j] = Prob{};
+          for (int64_t j = 0; j < width; ++j) row[j] = Prob{};
         }
       }
       for (int64_t i = 0; i < rb.used[b]; i += kValueRows)

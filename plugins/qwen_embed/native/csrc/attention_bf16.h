@@ -63,10 +63,9 @@ void pack_pairs(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t 
   run(k, k_stride, v, v_stride, n_k, static_cast<uint32_t*>(kp), static_cast<uint32_t*>(vp));
 }
 
-// s[r][0:kChunk] = q[r] . k_j for R rows of bf16 queries (pairs read as 32 bits).
-template <int D, int R>
+// s[r][0:N kVec] = q[r] . k_j for R rows of bf16 queries (pairs read as 32 bits).
+template <int D, int R, int N>
 inline void scores_pairs(const uint16_t* q, const uint32_t* kt, float* s) {
-  constexpr int N = kChunk / kVec;
   __m512 acc[R][N];
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < N; ++n) acc[r][n] = _mm512_setzero_ps();
@@ -127,9 +126,9 @@ struct PairPath {
     const __m256bh h = _mm512_cvtneps_pbh(x);
     __builtin_memcpy(row + j, &h, sizeof h);
   }
-  template <int D, int R>
+  template <int D, int R, int N>
   static void score_tile(const uint16_t* q, const uint32_t* kp, int64_t key, float* s) {
-    scores_pairs<D, R>(q, kp + key * D / 2, s);
+    scores_pairs<D, R, N>(q, kp + key * D / 2, s);
   }
   template <int D, int R, int C>
   static void value_tile(float* acc, const uint16_t* p, const float* alpha, const uint32_t* vp,
