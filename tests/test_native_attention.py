@@ -74,9 +74,10 @@ def test_matches_the_math_path(isa, dtype, layout, heads, kv_heads, d):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_size_256_and_strided_inputs(isa, dtype):
-    """k and v as the model has them: slices of one packed projection, rows far apart."""
+    """k and v as the model has them: slices of one packed projection, rows far apart, two kv
+    heads."""
     lens = [7, 130]
-    d, heads, kv_heads = 256, 2, 1
+    d, heads, kv_heads = 256, 4, 2
     q, _, _, cu, _ = _inputs(lens, lens, heads, kv_heads, d, dtype)
     packed = torch.randn(sum(lens), 3, kv_heads, d).to(dtype)
     k, v = packed[:, 0], packed[:, 2]
