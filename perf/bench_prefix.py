@@ -72,7 +72,12 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def serve_cases(
-    model_dir: Path, cases: dict, seconds: float, rounds: int, drivers: list[str]
+    model_dir: Path,
+    cases: dict,
+    seconds: float,
+    rounds: int,
+    drivers: list[str],
+    encoder_instances: int | None = None,
 ) -> list[dict]:
     """Both servers (prefix_reuse auto and off) up at once; per workload and load generator
     they take turns for `rounds` rounds of seconds/rounds each, so the machine's drift falls on
@@ -86,6 +91,9 @@ def serve_cases(
                 Path(tmp) / f"repo-{reuse}",
                 {"embed": model_dir},
                 {"encoder": {"prefix_reuse": reuse}},
+                encoder_instances=(
+                    f"count: {encoder_instances}, kind: KIND_CPU" if encoder_instances else None
+                ),
             )
             servers[reuse] = stack.enter_context(
                 TritonServer(repo, log_path=Path(tmp) / f"server-{reuse}.log")
@@ -314,6 +322,12 @@ def main() -> None:
         default=["python", "perf_analyzer"],
         help="load generators",
     )
+    p.add_argument(
+        "--encoder-instances",
+        type=int,
+        help="encoder instances per server, each pinned to its share of the cores (default: "
+        "the launcher's, one per NUMA node)",
+    )
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
     if "perf_analyzer" in args.drivers and not PERF_ANALYZER.exists():
@@ -339,7 +353,9 @@ def main() -> None:
             ids = [e.ids for e in tok.encode_batch(texts)]
             counts = np.array([len(i) for i in ids])
             cases[name] = (texts, counts, enc.embed(ids), clients, per_request)
-    rows = serve_cases(model_dir, cases, args.seconds, args.rounds, args.drivers)
+    rows = serve_cases(
+        model_dir, cases, args.seconds, args.rounds, args.drivers, args.encoder_instances
+    )
     engine = [] if args.no_engine else engine_ratios(model_dir, query_ids, args.forward_sizes)
     prune = {}
     if not args.no_pruning:
@@ -423,7 +439,8 @@ def notes(args, model_name: str, layers: int) -> list[str]:
     return [
         f"model: {model_name} ({layers} layers, Qwen3-Embedding-0.6B width), encoder dtype "
         f"auto; {args.seconds:.0f} s per case, server and load generator through Triton, both "
-        f"servers up, taking turns in {args.rounds} rounds; tokens/s count the tokens sent",
+        f"servers up, taking turns in {args.rounds} rounds; tokens/s count the tokens sent; "
+        f"encoder instances per server: {args.encoder_instances or 'one per NUMA node'}",
         "load generators (on the same two cores): python = bench_peers' client threads, "
         "vectors checked against the engine (min cosine); perf_analyzer = C++, tokens/s from "
         "the server's token count over the window, vectors not checked",
