@@ -8,6 +8,8 @@
 // only on its query and the keys it sees, never on the rows or segments beside it, so a text
 // gets the same vector alone, in any batch, and after a cached prefix.
 #pragma once
+#include <type_traits>
+
 #include "numerics.h"
 
 namespace qe {
@@ -29,6 +31,16 @@ constexpr int64_t kSpan = 512;  // keys per softmax rescale, at fixed positions 
 constexpr int64_t kChunk = 4 * kVec;  // keys per score product
 constexpr int64_t kHalfChunk = kChunk / 2;  // a span's last keys when no more are left
 constexpr float kLazyMax = 8.0f;  // see softmax_span
+
+// f(D) with D the head size as a compile-time constant (32, 64, 128 or 256: the operator checks
+// it), for the kernels written per head size.
+template <typename F>
+inline void with_head_dim(int64_t head_dim, F f) {
+  if (head_dim == 32) return f(std::integral_constant<int, 32>{});
+  if (head_dim == 64) return f(std::integral_constant<int, 64>{});
+  if (head_dim == 128) return f(std::integral_constant<int, 128>{});
+  return f(std::integral_constant<int, 256>{});
+}
 
 inline Vec load(const float* p) {
   Vec v;
@@ -247,11 +259,10 @@ void pack_heads(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int6
 template <typename T>
 void pack(const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t n_k,
           int64_t head_dim, void* kp, void* vp) {
-  auto run = head_dim == 32    ? pack_heads<T, 32>
-             : head_dim == 64  ? pack_heads<T, 64>
-             : head_dim == 128 ? pack_heads<T, 128>
-                               : pack_heads<T, 256>;
-  run(k, k_stride, v, v_stride, n_k, static_cast<float*>(kp), static_cast<float*>(vp));
+  with_head_dim(head_dim, [&](auto d) {
+    pack_heads<T, d>(k, k_stride, v, v_stride, n_k, static_cast<float*>(kp),
+                     static_cast<float*>(vp));
+  });
 }
 
 // How the vector path holds a task's queries and probabilities (fp32) and multiplies them
@@ -342,12 +353,11 @@ void attend_with(const T* q, int64_t q_stride, const void* kp, const void* vp, T
                  int64_t out_stride, int64_t rows, int64_t first_pos, int64_t n_k,
                  int64_t head_dim, bool causal, float scale) {
   using Packed = typename Path::Packed;
-  auto run = head_dim == 32    ? attend_task<Path, T, 32>
-             : head_dim == 64  ? attend_task<Path, T, 64>
-             : head_dim == 128 ? attend_task<Path, T, 128>
-                               : attend_task<Path, T, 256>;
-  run(q, q_stride, static_cast<const Packed*>(kp), static_cast<const Packed*>(vp), out,
-      out_stride, rows, first_pos, n_k, causal, scale);
+  with_head_dim(head_dim, [&](auto d) {
+    attend_task<Path, T, d>(q, q_stride, static_cast<const Packed*>(kp),
+                            static_cast<const Packed*>(vp), out, out_stride, rows, first_pos, n_k,
+                            causal, scale);
+  });
 }
 
 template <typename T>

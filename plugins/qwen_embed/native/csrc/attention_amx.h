@@ -105,11 +105,10 @@ void pack_tile_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int
 
 void pack_tiles(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                 int64_t n_k, int64_t head_dim, void* kp, void* vp) {
-  auto run = head_dim == 32    ? pack_tile_heads<32>
-             : head_dim == 64  ? pack_tile_heads<64>
-             : head_dim == 128 ? pack_tile_heads<128>
-                               : pack_tile_heads<256>;
-  run(k, k_stride, v, v_stride, n_k, static_cast<uint16_t*>(kp), static_cast<uint16_t*>(vp));
+  with_head_dim(head_dim, [&](auto d) {
+    pack_tile_heads<d>(k, k_stride, v, v_stride, n_k, static_cast<uint16_t*>(kp),
+                       static_cast<uint16_t*>(vp));
+  });
 }
 
 // 16 fp32 values -> bf16, rounded to nearest even.
@@ -243,12 +242,11 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
 void attend_tiles(const uint16_t* q, int64_t q_stride, const void* kp, const void* vp,
                   uint16_t* out, int64_t out_stride, int64_t rows, int64_t first_pos,
                   int64_t n_k, int64_t head_dim, bool causal, float scale) {
-  auto run = head_dim == 32    ? attend_tile_heads<32>
-             : head_dim == 64  ? attend_tile_heads<64>
-             : head_dim == 128 ? attend_tile_heads<128>
-                               : attend_tile_heads<256>;
-  run(q, q_stride, static_cast<const uint16_t*>(kp), static_cast<const uint16_t*>(vp), out,
-      out_stride, rows, first_pos, n_k, causal, scale);
+  with_head_dim(head_dim, [&](auto d) {
+    attend_tile_heads<d>(q, q_stride, static_cast<const uint16_t*>(kp),
+                         static_cast<const uint16_t*>(vp), out, out_stride, rows, first_pos, n_k,
+                         causal, scale);
+  });
 }
 
 }  // namespace

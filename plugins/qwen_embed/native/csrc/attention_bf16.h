@@ -56,11 +56,10 @@ void pack_pairs_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, in
 
 void pack_pairs(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t v_stride,
                 int64_t n_k, int64_t head_dim, void* kp, void* vp) {
-  auto run = head_dim == 32    ? pack_pairs_heads<32>
-             : head_dim == 64  ? pack_pairs_heads<64>
-             : head_dim == 128 ? pack_pairs_heads<128>
-                               : pack_pairs_heads<256>;
-  run(k, k_stride, v, v_stride, n_k, static_cast<uint32_t*>(kp), static_cast<uint32_t*>(vp));
+  with_head_dim(head_dim, [&](auto d) {
+    pack_pairs_heads<d>(k, k_stride, v, v_stride, n_k, static_cast<uint32_t*>(kp),
+                        static_cast<uint32_t*>(vp));
+  });
 }
 
 // s[r][0:N kVec] = q[r] . k_j for R rows of bf16 queries (pairs read as 32 bits).
