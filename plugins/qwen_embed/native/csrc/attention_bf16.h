@@ -62,6 +62,14 @@ void pack_pairs(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t 
   });
 }
 
+// Two consecutive bf16 values (a query's dimension pair, or a row's probabilities of a key
+// pair) in every 32-bit lane, for vdpbf16ps.
+inline __m512bh broadcast_pair(const uint16_t* x) {
+  uint32_t pair;
+  __builtin_memcpy(&pair, x, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+}
+
 // s[r][0:N kVec] = q[r] . k_j for R rows of bf16 queries (pairs read as 32 bits).
 template <int D, int R, int N>
 inline void scores_pairs(const uint16_t* q, const uint32_t* kt, float* s) {
@@ -73,9 +81,7 @@ inline void scores_pairs(const uint16_t* q, const uint32_t* kt, float* s) {
     for (int n = 0; n < N; ++n)
       k[n] = (__m512bh)_mm512_loadu_si512(kt + p * kChunk + n * kVec);
     for (int r = 0; r < R; ++r) {
-      uint32_t pair;
-      __builtin_memcpy(&pair, q + r * D + 2 * p, sizeof pair);
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      const __m512bh x = broadcast_pair(q + r * D + 2 * p);
       for (int n = 0; n < N; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], x, k[n]);
     }
   }
@@ -101,9 +107,7 @@ inline void accumulate_pairs(float* acc, const uint16_t* p, const float* alpha,
       for (int c = 0; c < C; ++c)
         vj[c] = (__m512bh)_mm512_loadu_si512(v + jp * D + c0 + c * kVec);
       for (int r = 0; r < R; ++r) {
-        uint32_t pair;
-        __builtin_memcpy(&pair, p + r * kSpan + 2 * jp, sizeof pair);
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        const __m512bh x = broadcast_pair(p + r * kSpan + 2 * jp);
         for (int c = 0; c < C; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], x, vj[c]);
       }
     }
