@@ -49,8 +49,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, ModelConfig
 from qwen_embed.cpu import cpu_features, has_native_bf16
-from qwen_embed.int8 import KERNELS as INT8_KERNELS
-from qwen_embed.int8 import Int8Weight
+from qwen_embed import int8 as int8_route
 from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
 from qwen_embed.onednn import available as onednn_available
@@ -153,12 +152,12 @@ def gemm_peak(
     best, stored = 0.0, linear_weight_dtype(dtype, torch.device(device))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if int8:
-        INT8_KERNELS.ensure_compiled()
+        int8_route.prepare()
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
         a = torch.randn(2048, k, dtype=dtype, device=device)
         w = torch.randn(n, k, dtype=dtype, device=device).to(stored)
         if int8:
-            candidates = [Int8Weight(w)]
+            candidates = [int8_route.Int8Weight(w)]
         else:
             candidates = [lambda a, w=w: linear(a, w)]
             if device == "cpu" and onednn_available():

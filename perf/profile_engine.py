@@ -16,10 +16,18 @@ from torch.profiler import ProfilerActivity, profile
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed.settings import QUANTIZATIONS
 
 from bench_engine import workload
 
-GROUPS = {  # operator name fragments -> what they are
+GROUPS = {  # operator name fragments -> what they are; the first group that matches wins
+    "attention": (
+        "qwen_embed::varlen_attention",
+        "scaled_dot_product",
+        "flash",
+        "_efficient_attention",
+        "aten::bmm",
+    ),
     "GEMM (linear layers)": (
         "aten::addmm",
         "aten::mm",
@@ -27,9 +35,9 @@ GROUPS = {  # operator name fragments -> what they are
         "aten::matmul",
         "mkldnn::",
         "_int_mm",
+        "qwen_embed::int8_linear",
     ),
     "row-wise kernels (native)": ("qwen_embed::",),
-    "attention": ("scaled_dot_product", "flash", "_efficient_attention", "aten::bmm"),
 }
 
 
@@ -37,11 +45,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     p.add_argument("--texts", type=int, default=64)
     p.add_argument("--out", type=Path, default=RESULTS / "profile")
     args = p.parse_args()
     seqs = workload("mixed", args.texts, 0, 0)
-    with Encoder.from_pretrained(args.model_dir, dtype=args.dtype) as encoder:
+    with Encoder.from_pretrained(
+        args.model_dir, dtype=args.dtype, quantization=args.quantization
+    ) as encoder:
         encoder.embed(seqs[:4])
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             encoder.embed(seqs)
@@ -57,6 +68,7 @@ def main() -> None:
     tokens = sum(map(len, seqs))
     record = new_record(
         dtype=args.dtype,
+        quantization=args.quantization,
         texts=len(seqs),
         tokens=tokens,
         shares={g: t / total for g, t in grouped.items()},
@@ -64,7 +76,7 @@ def main() -> None:
             {"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3} for e in top
         ],
     )
-    notes = [f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}"]
+    notes = [f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, quantization {args.quantization}"]
     table = markdown_table(
         ["where", "share"], [[g, f"{t / total:.1%}"] for g, t in grouped.items()]
     )

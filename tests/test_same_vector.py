@@ -4,7 +4,8 @@ the attention operator compute each row alone in a fixed order, and GEMMs never 
 (onednn.planned_rows), so what remains is each row of a GEMM coming out the same at any row
 count. That holds in fp32, and in bf16 for oneDNN's kernels on AVX-512 CPUs without AMX; on AMX
 CPUs oneDNN's bf16 kernels accumulate differently for different row counts (docs/tuning.md has
-the cost of forcing one count), which this test bounds instead."""
+the cost of forcing one count), which this test bounds instead. The int8 route's quantised
+layers are exact integer sums over per-row codes: the same at any row count."""
 
 import numpy as np
 import pytest
@@ -47,19 +48,22 @@ def assert_same(a: np.ndarray, b: np.ndarray, exact: bool) -> None:
 
 
 @pytest.mark.skipif(not available(), reason="this torch has no oneDNN")
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_alone_among_others_and_after_a_cached_prefix(demo_dir, dtype):
+@pytest.mark.parametrize(
+    "dtype,quantization", [("bfloat16", "none"), ("float32", "none"), ("bfloat16", "int8")]
+)
+def test_alone_among_others_and_after_a_cached_prefix(demo_dir, dtype, quantization):
     exact = gemm_rows_independent(getattr(torch, dtype))
     mixed = random_sequences(LENGTHS * 4, vocab_size=151643, seed=21)  # 64 texts
     prefix = random_sequences([PREFIX], vocab_size=151643, seed=22)[0]
     tails = random_sequences([5, 30, 77], vocab_size=151643, seed=23)
     prefixed = [prefix + t for t in tails]
-    with Encoder.from_pretrained(demo_dir, dtype=dtype, prefix_reuse=False) as enc:
+    settings = dict(dtype=dtype, quantization=quantization)
+    with Encoder.from_pretrained(demo_dir, prefix_reuse=False, **settings) as enc:
         assert enc.route.attn_backend in ("native", "torch")
         together = enc.embed(mixed + prefixed)
         alone = np.stack([enc.embed([s])[0] for s in mixed[:16] + prefixed])
         again = enc.embed((mixed + prefixed)[::-1])[::-1]  # other neighbours in each forward
-    with Encoder.from_pretrained(demo_dir, dtype=dtype, prefix_reuse=True) as enc:
+    with Encoder.from_pretrained(demo_dir, prefix_reuse=True, **settings) as enc:
         enc.embed(prefixed[1:])  # their shared prefix is found and cached
         cached = np.stack([enc.embed([s])[0] for s in prefixed])
         assert enc.prefix_cache.hits >= len(prefixed)

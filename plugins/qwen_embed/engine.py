@@ -21,7 +21,6 @@ from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .heads import build_score_head
 from .hub import resolve_checkpoint
-from .int8 import KERNELS as INT8_KERNELS
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
@@ -139,7 +138,7 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
     if route.linear is Linear.INT8:
         for name in [n for n in linears if int8.quantizes(n)]:
             linears.pop(name).repack(Int8Weight)
-        INT8_KERNELS.ensure_compiled()
+        int8.prepare()
     if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears.values():
             module.to(weight_dtype)

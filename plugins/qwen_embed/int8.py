@@ -1,13 +1,17 @@
 """The int8 linear route: weights per output channel at load, activations per token at run time.
 
 `x @ W.T` becomes `(xs * ws) * (q(x) @ q(W).T)`, with q() symmetric int8 and the product
-accumulated in int32 by `torch._int_mm` (oneDNN's VNNI/AMX int8 GEMM on x86). The quantisation
-before and the rescale after are elementwise passes over activation-sized tensors that cost as
-much as the int8 GEMM saves when run as separate eager ops, so both are compiled (compiled.py:
-Inductor fuses each into one loop; eager where compiling fails, still exact, only slower).
-Embeddings, norms, attention, pooling and the MLP's down projection stay in floats: the down
-projection's input, silu(gate) * up, has the heaviest-tailed tokens of any linear input, so
-per-token int8 loses the most there (docs/tuning.md).
+accumulated in int32. On CPUs with AVX512_VNNI the native kernel does all of it in one operator
+(native/csrc/int8_vnni.cpp): weights packed for it once here, each row quantised, multiplied and
+rescaled to the model dtype while its sums are in registers, so no int32 matrix is written.
+Elsewhere `torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it
+are compiled (compiled.py: Inductor fuses each into one loop; eager where compiling fails).
+Integer sums are exact and the scales per row, so either way a text's vector does not depend
+on its batch.
+
+Embeddings, norms, attention, pooling and the layers in FLOAT_LAYERS stay in floats: the MLP's
+down projection (its input, silu(gate) * up, has the heaviest-tailed tokens of any linear input)
+and the attention's output projection lose the most to per-token int8 (docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import native
 from .compiled import CompiledSet
 
 _QMAX = 127.0
-FLOAT_LAYERS = ("mlp.down_proj",)  # module names (endings) the int8 route keeps in floats
+FLOAT_LAYERS = ("mlp.down_proj", "self_attn.o_proj")  # module name endings kept in floats
+CHANNELS, GROUP = 16, 4  # the native kernel's weight blocks: 16 channels x 4 input values
 
 
 def quantizes(module_name: str) -> bool:
@@ -29,6 +35,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: (q int8 [rows, k], scale fp32 [rows, 1]) with x ~= q * scale."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / _QMAX
     return torch.round(x.float() / scale).clamp(-_QMAX, _QMAX).to(torch.int8), scale
+
+
+def native_kernel() -> bool:
+    """Whether the native int8 operator runs here (built, and an AVX512_VNNI CPU)."""
+    return native.isa() is not None and torch.ops.qwen_embed.int8_supported()
 
 
 def _rescale(
@@ -48,20 +59,57 @@ def _warmup() -> None:
 KERNELS = CompiledSet("int8 route", {"quantize": quantize_rows, "rescale": _rescale}, _warmup)
 
 
+def prepare() -> None:
+    """Once the layers exist: compile the torch route's passes where the native kernel cannot
+    run (a no-op where it can)."""
+    if not native_kernel():
+        KERNELS.ensure_compiled()
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """int8 weights [n, k] and their scales [n, 1] in the native kernel's layout: (packed int8
+    [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad] = 128 x each channel's sum, which
+    undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros."""
+    n, k = q.shape
+    n_pad, k_pad = -(-n // CHANNELS) * CHANNELS, -(-k // GROUP) * GROUP
+    w = torch.zeros(n_pad, k_pad, dtype=torch.int8)
+    w[:n, :k] = q
+    packed = w.view(n_pad // CHANNELS, CHANNELS, k_pad // GROUP, GROUP).permute(0, 2, 1, 3)
+    offset = w.sum(dim=1, dtype=torch.int32).mul_(128)
+    padded_scale = torch.zeros(n_pad)
+    padded_scale[:n] = scale.view(-1)
+    return packed.contiguous(), offset, padded_scale
+
+
 class Int8Weight(nn.Module):
-    """A linear layer's weight as int8 [out, in] plus one fp32 scale per output channel."""
+    """A linear layer's weight as int8 [out, in] plus one fp32 scale per output channel, packed
+    for the native kernel where it runs."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         q, scale = quantize_rows(weight.detach())
-        self.register_buffer("qweight", q)
-        self.register_buffer("scale", scale.view(1, -1))
+        self.out_features = q.shape[0]
+        self.native = native_kernel() and weight.device.type == "cpu"
+        if self.native:
+            packed, offset, scale = pack(q, scale)
+            self.register_buffer("packed", packed)
+            self.register_buffer("offset", offset)
+            self.register_buffer("scale", scale)
+        else:
+            self.register_buffer("qweight", q)
+            self.register_buffer("scale", scale.view(1, -1))
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, x_scale = KERNELS.quantize(x2)
-        out = KERNELS.rescale(torch._int_mm(xq, self.qweight.t()), x_scale, self.scale, x.dtype)
-        if bias is not None:
-            out.add_(bias.to(out.dtype))
-        return out.view(*shape[:-1], out.shape[-1])
+        if self.native:
+            bias = None if bias is None else bias.float()
+            out = torch.ops.qwen_embed.int8_linear(
+                x2, self.packed, self.offset, self.scale, bias, self.out_features
+            )
+        else:
+            xq, x_scale = KERNELS.quantize(x2)
+            out = KERNELS.rescale(torch._int_mm(xq, self.qweight.t()), x_scale, self.scale, x.dtype)
+            if bias is not None:
+                out.add_(bias.to(out.dtype))
+        return out.view(*shape[:-1], self.out_features)

@@ -37,6 +37,36 @@ struct Kernels {
   AttentionKernels<uint16_t> attention_bf16;
 };
 
+// One int8 linear layer's operands (int8_vnni.cpp): `a` rows of k_pad uint8 codes (the
+// activation / a_scale rounded, + 128), `packed` the int8 weights as [n_pad / 16][k_pad / 4][16]
+// [4], `offset` 128 x each channel's weight sum, `w_scale` per channel, `bias` fp32 or null;
+// out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
+template <typename T>
+struct Int8Gemm {
+  const uint8_t* a;
+  const float* a_scale;
+  const int8_t* packed;
+  const int32_t* offset;
+  const float* w_scale;
+  const float* bias;
+  T* out;
+  int64_t k_pad, n, ldo;
+};
+
+// Rows of activations -> codes and scales (quantize), and the GEMM over rows [row0, row1) and
+// channels [col0, col1), col0 a multiple of kInt8Panel.
+struct Int8Kernels {
+  void (*quantize_f32)(const float* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad,
+                       uint8_t* codes, float* scale);
+  void (*quantize_bf16)(const uint16_t* x, int64_t stride, int64_t rows, int64_t k,
+                        int64_t k_pad, uint8_t* codes, float* scale);
+  void (*gemm_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
+                   int64_t col1);
+  void (*gemm_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,
+                    int64_t col1);
+};
+constexpr int64_t kInt8Panel = 64;  // channels a tile computes together
+
 constexpr int64_t kBlockQ = 32;     // query rows computed together
 constexpr int64_t kTaskRows = 512;  // query rows per attention task (blocks sharing keys)
 
@@ -45,5 +75,6 @@ namespace avx2 { extern const Kernels kernels; }
 namespace avx512 { extern const Kernels kernels; }
 namespace avx512bf16 { extern const Kernels kernels; }
 namespace amx { extern const Kernels kernels; }
+namespace vnni { extern const Int8Kernels kernels; }
 
 }  // namespace qe

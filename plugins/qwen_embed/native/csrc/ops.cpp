@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -172,6 +173,81 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+bool int8_supported() {
+  __builtin_cpu_init();
+  return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
+}
+
+// Rows per GEMM task, and channels per task (a multiple of kInt8Panel): a task's codes and its
+// weights stay in the core's L2 cache while its tiles run.
+constexpr int64_t kInt8TaskRows = 96, kInt8TaskChannels = 256;
+
+template <typename T>
+void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k) {
+  const auto& kern = vnni::kernels;
+  const int64_t m = rows.size(0), stride = rows.stride(0);
+  at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
+  at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
+    auto quantize = [&](auto* quantize_rows) {
+      quantize_rows(ptr<std::remove_pointer_t<decltype(g.out)>>(rows) + b * stride, stride, e - b,
+                    k, g.k_pad, ptr<uint8_t>(codes) + b * g.k_pad, ptr<float>(scales) + b);
+    };
+    if constexpr (std::is_same_v<T, float>)
+      quantize(kern.quantize_f32);
+    else
+      quantize(kern.quantize_bf16);
+  });
+  g.a = ptr<uint8_t>(codes);
+  g.a_scale = ptr<float>(scales);
+  const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
+  const int64_t channel_tasks = (g.n + kInt8TaskChannels - 1) / kInt8TaskChannels;
+  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
+    const int64_t r = t / channel_tasks * kInt8TaskRows, c = t % channel_tasks * kInt8TaskChannels;
+    const int64_t r_end = std::min(m, r + kInt8TaskRows), c_end = std::min(g.n, c + kInt8TaskChannels);
+    if constexpr (std::is_same_v<T, float>)
+      kern.gemm_f32(g, r, r_end, c, c_end);
+    else
+      kern.gemm_bf16(g, r, r_end, c, c_end);
+  });
+}
+
+// x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
+// [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
+// dtype, plus bias (fp32 [n]) when given.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
+                       const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
+                       int64_t n) {
+  TORCH_CHECK(int8_supported(), "the int8 kernels need AVX-512 with VNNI");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.size(2) == 16 && packed.size(3) == 4 && packed.size(1) * 4 >= k &&
+                  packed.size(0) * 16 >= n,
+              "packed must be the int8 [n_pad / 16, k_pad / 4, 16, 4] weights of ", n,
+              " channels of ", k, " values");
+  const int64_t n_pad = packed.size(0) * 16;
+  TORCH_CHECK(offset.scalar_type() == at::kInt && offset.is_contiguous() &&
+                  offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
+                  w_scale.is_contiguous() && w_scale.numel() == n_pad,
+              "offset (int32) and w_scale (float32) must have ", n_pad, " values");
+  if (bias)
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "bias must be float32 [", n, "]");
+  at::Tensor rows = as_rows(x, k);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  auto operands = [&](auto* out_ptr) {
+    return Int8Gemm<std::remove_pointer_t<decltype(out_ptr)>>{
+        nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
+        bias ? ptr<float>(*bias) : nullptr, out_ptr, packed.size(1) * 4, n, n};
+  };
+  if (x.scalar_type() == at::kBFloat16)
+    int8_gemm(operands(ptr<uint16_t>(out)), rows, k);
+  else
+    int8_gemm(operands(ptr<float>(out)), rows, k);
+  return out;
+}
 
 // Segments of up to kShortKeys keys: one task per (segment, kv head) packs its keys and values
 // into the thread's scratch, still in cache, and attends every query of the heads that share
@@ -309,6 +385,10 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("int8_supported() -> bool", &qe::int8_supported);
+  m.def(
+      "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n) "
+      "-> Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
       "float scale) -> Tensor");
@@ -318,5 +398,6 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("rms_norm", &qe::rms_norm);
   m.impl("rope", &qe::rope);
   m.impl("silu_mul", &qe::silu_mul);
+  m.impl("int8_linear", &qe::int8_linear);
   m.impl("varlen_attention", &qe::varlen_attention);
 }

@@ -1,0 +1,88 @@
+"""The native int8 linear operator (native/csrc/int8_vnni.cpp) against the torch route it
+replaces: the same integer arithmetic, so the same numbers, for the layouts the model hands it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qwen_embed import int8
+
+pytestmark = pytest.mark.skipif(
+    not int8.native_kernel(), reason="the native int8 kernel needs AVX512_VNNI and the build"
+)
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# (rows, out, in): one row, paddings of both widths, more rows than a task, the demo's widths
+SHAPES = [(1, 16, 4), (7, 33, 10), (13, 100, 64), (97, 80, 130), (200, 1024, 1024)]
+
+
+def _random(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The route's arithmetic in torch ops: int8 codes, an int32 product, the two scales."""
+    xq, xs = int8.quantize_rows(x)
+    wq, ws = int8.quantize_rows(w)
+    rows = x.shape[0]
+    acc = torch._int_mm(F.pad(xq, (0, 0, 0, max(0, 17 - rows))), wq.t())[:rows]  # _int_mm: > 16
+    out = acc.float() * xs * ws.view(1, -1)
+    return (out if bias is None else out + bias).to(x.dtype)
+
+
+def native(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    packed, offset, scale = int8.pack(*int8.quantize_rows(w))
+    return torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, bias, w.shape[0])
+
+
+@DTYPES
+@pytest.mark.parametrize("rows,out_features,in_features", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_equals_the_integer_arithmetic(dtype, rows, out_features, in_features, with_bias):
+    x = _random(rows, in_features, seed=0).to(dtype)
+    w = _random(out_features, in_features, seed=1)
+    bias = _random(out_features, seed=2) if with_bias else None
+    assert torch.equal(native(x, w, bias), reference(x, w, bias))
+
+
+@DTYPES
+def test_strided_rows_and_a_leading_batch_dimension(dtype):
+    qkv = _random(40, 3 * 96, seed=0).to(dtype)
+    w = _random(64, 96, seed=1)
+    x = qkv[:, 96:192]  # a slice of a packed projection: rows 288 values apart
+    assert torch.equal(native(x, w), reference(x.contiguous(), w))
+    batched = native(qkv.view(4, 10, 288), _random(64, 288, seed=2))
+    assert batched.shape == (4, 10, 64)
+    assert torch.equal(batched.view(40, 64), native(qkv, _random(64, 288, seed=2)))
+
+
+@DTYPES
+def test_a_row_is_the_same_whatever_rows_share_its_batch(dtype):
+    """Bitwise: integer sums are exact and every scale belongs to one row or one channel."""
+    x = _random(300, 1024, seed=0).to(dtype)
+    w = _random(512, 1024, seed=1)
+    full = native(x, w)
+    for rows in (slice(5, 6), slice(0, 7), slice(11, 200), slice(290, 300)):
+        assert torch.equal(native(x[rows], w), full[rows])
+
+
+def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
+    w, x = _random(96, 256, seed=1), _random(37, 256, seed=0).to(torch.bfloat16)
+    layer = int8.Int8Weight(w)
+    assert layer.native and layer.packed.shape == (6, 64, 16, 4)
+    monkeypatch.setattr(int8, "native_kernel", lambda: False)
+    torch_route = int8.Int8Weight(w)
+    assert not torch_route.native and torch_route.qweight.dtype == torch.int8
+    assert torch.equal(layer(x), torch_route(x))
+
+
+def test_bad_operands_are_refused():
+    packed, offset, scale = int8.pack(*int8.quantize_rows(_random(32, 64, seed=1)))
+    x = _random(4, 64, seed=0)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.qwen_embed.int8_linear(x[:, :60].contiguous(), packed[:1], offset, scale, None, 32)
+    with pytest.raises(RuntimeError, match="offset"):
+        torch.ops.qwen_embed.int8_linear(x, packed, offset[:16], scale, None, 32)
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, torch.zeros(31), 32)
