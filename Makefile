@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-priority perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows perf-priority perf-long profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -120,6 +120,10 @@ perf-prepack: setup
 perf-attention: setup
 	perf/peers/install.sh vllm
 	cd perf && ../$(PY) bench_attention.py && ../$(PY) bench_lengths.py
+
+# The row-wise kernels' GB/s against a copy of the same bytes (perf/results/rows-<cpu>.md).
+perf-rows: setup
+	cd perf && ../$(PY) bench_rows.py --out results/rows-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
 
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.

@@ -48,8 +48,8 @@ from harness import (
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, ModelConfig
-from qwen_embed.cpu import cpu_features, has_native_bf16
 from qwen_embed import int8 as int8_route
+from qwen_embed.cpu import cpu_features, has_native_bf16
 from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
 from qwen_embed.onednn import available as onednn_available

@@ -76,7 +76,10 @@ def main() -> None:
             {"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3} for e in top
         ],
     )
-    notes = [f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, quantization {args.quantization}"]
+    notes = [
+        f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, "
+        f"quantization {args.quantization}"
+    ]
     table = markdown_table(
         ["where", "share"], [[g, f"{t / total:.1%}"] for g, t in grouped.items()]
     )

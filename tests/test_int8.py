@@ -81,7 +81,9 @@ def test_bad_operands_are_refused():
     packed, offset, scale = int8.pack(*int8.quantize_rows(_random(32, 64, seed=1)))
     x = _random(4, 64, seed=0)
     with pytest.raises(RuntimeError, match="packed must be"):
-        torch.ops.qwen_embed.int8_linear(x[:, :60].contiguous(), packed[:1], offset, scale, None, 32)
+        torch.ops.qwen_embed.int8_linear(
+            x[:, :60].contiguous(), packed[:1], offset, scale, None, 32
+        )
     with pytest.raises(RuntimeError, match="offset"):
         torch.ops.qwen_embed.int8_linear(x, packed, offset[:16], scale, None, 32)
     with pytest.raises(RuntimeError, match="bias"):
