@@ -6,6 +6,7 @@
 namespace qe {
 
 constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kMaxHeads = 1024;  // heads of one token that the rotary kernel takes
 
 // Attention in two steps (attention.h, attention_amx.h): `pack` copies one segment's keys and
 // values of one kv head into the layout `attend` reads (n_k rounded up to key_multiple keys of

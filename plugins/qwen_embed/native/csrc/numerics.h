@@ -3,6 +3,9 @@
 // kernels_<isa>.cpp, whose flags decide the instructions.
 #pragma once
 #include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "kernels.h"
 
@@ -31,24 +34,124 @@ inline float round_to(float v) {
   return to_float(t);
 }
 
-// Sum of squares in 16 fixed lanes and a fixed tree: the same order whatever the vector width.
+// Whole rows between the model dtype and fp32 scratch, 16 values at a time as explicit vectors
+// (GCC does not vectorise the scalar conversions above well); fp32 rows are copied as they are.
+typedef float F16 __attribute__((vector_size(64)));
+typedef uint32_t U16x32 __attribute__((vector_size(64)));
+typedef uint16_t U16x16 __attribute__((vector_size(32)));
+
+inline U16x16 to_bf16(F16 v) {
+#if defined(__AVX512BF16__)
+  // vcvtneps2bf16: round to nearest even, NaN stays NaN (denormal inputs count as zero)
+  return reinterpret_cast<U16x16>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(v)));
+#else
+  const U16x32 u = reinterpret_cast<U16x32>(v);
+  const U16x32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded, U16x16);
+#endif
+}
+inline F16 from_bf16(U16x16 h) {
+#if defined(__AVX512F__)
+  // one vpmovzxwd across the register (GCC's generic conversion takes two halves)
+  const __m512i wide = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(h));
+  return reinterpret_cast<F16>(_mm512_slli_epi32(wide, 16));
+#else
+  return reinterpret_cast<F16>(__builtin_convertvector(h, U16x32) << 16);
+#endif
+}
+
+inline F16 load16(const float* p) {
+  F16 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline F16 load16(const uint16_t* p) {
+  U16x16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return from_bf16(h);
+}
+
+inline void store16(float* p, F16 v) { __builtin_memcpy(p, &v, sizeof v); }
+inline void store16(uint16_t* p, F16 v) {
+  const U16x16 h = to_bf16(v);
+  __builtin_memcpy(p, &h, sizeof h);
+}
+// round_to for 16 values at once
+template <typename T>
+inline F16 round16(F16 v) {
+  if constexpr (sizeof(T) == sizeof(uint16_t)) return from_bf16(to_bf16(v));
+  return v;
+}
+
+inline void load_row(float* dst, const float* src, int64_t n) {
+  __builtin_memcpy(dst, src, n * sizeof(float));
+}
+inline void load_row(float* dst, const uint16_t* src, int64_t n) {
+  const int64_t whole = n - n % 16;
+  for (int64_t j = 0; j < whole; j += 16) {
+    const F16 v = load16(src + j);
+    __builtin_memcpy(dst + j, &v, sizeof v);
+  }
+  for (int64_t j = whole; j < n; ++j) dst[j] = to_float(src[j]);
+}
+
+inline void store_row(float* dst, const float* src, int64_t n) {
+  __builtin_memcpy(dst, src, n * sizeof(float));
+}
+inline void store_row(uint16_t* dst, const float* src, int64_t n) {
+  const int64_t whole = n - n % 16;
+  for (int64_t j = 0; j < whole; j += 16) {
+    F16 v;
+    __builtin_memcpy(&v, src + j, sizeof v);
+    const U16x16 h = to_bf16(v);
+    __builtin_memcpy(dst + j, &h, sizeof h);
+  }
+  for (int64_t j = whole; j < n; ++j) store(dst + j, src[j]);
+}
+
+// x[j] = round_to<T>(x[j]) for a row of fp32 scratch
+template <typename T>
+inline void round_row(float* x, int64_t n) {
+  if constexpr (sizeof(T) == sizeof(uint16_t)) {
+    const int64_t whole = n - n % 16;
+    for (int64_t j = 0; j < whole; j += 16) {
+      F16 v;
+      __builtin_memcpy(&v, x + j, sizeof v);
+      v = from_bf16(to_bf16(v));
+      __builtin_memcpy(x + j, &v, sizeof v);
+    }
+    for (int64_t j = whole; j < n; ++j) x[j] = round_to<T>(x[j]);
+  }
+}
+
+// Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector
+// width. The lanes are explicit vectors: as an array GCC kept them in memory.
 constexpr int kLanes = 16;
+
 template <typename T>
 inline float sum_squares(const T* x, int64_t n) {
-  float lanes[kLanes] = {};
-  const int64_t whole = n - n % kLanes;
-  for (int64_t j = 0; j < whole; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      float v = to_float(x[j + l]);
-      lanes[l] += v * v;
+  // Four vectors of lanes, so that consecutive multiply-adds do not wait for each other.
+  F16 lanes[4] = {};
+  const int64_t whole = n - n % (4 * kLanes), part = n - n % kLanes;
+  for (int64_t j = 0; j < whole; j += 4 * kLanes)
+    for (int a = 0; a < 4; ++a) {
+      const F16 v = load16(x + j + a * kLanes);
+      lanes[a] += v * v;
     }
-  for (int64_t l = 0; l < n - whole; ++l) {
-    float v = to_float(x[whole + l]);
-    lanes[l] += v * v;
+  for (int64_t j = whole; j < part; j += kLanes) {
+    const F16 v = load16(x + j);
+    lanes[0] += v * v;
   }
+  F16 sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (int64_t l = 0; l < n - part; ++l) {
+    float v = to_float(x[part + l]);
+    sum[l] += v * v;
+  }
+  float tree[kLanes];
+  __builtin_memcpy(tree, &sum, sizeof tree);
   for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return lanes[0];
+    for (int l = 0; l < width; ++l) tree[l] += tree[l + width];
+  return tree[0];
 }
 
 template <typename T>

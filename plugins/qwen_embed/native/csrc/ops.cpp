@@ -126,6 +126,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   TORCH_CHECK(x.dim() == 2 && x.size(1) % head_dim == 0, "x must be [tokens, heads * head_dim]");
   at::Tensor rows = as_rows(x, x.size(1));
   const int64_t t = rows.size(0), heads = rows.size(1) / head_dim, half = head_dim / 2;
+  TORCH_CHECK(heads <= kMaxHeads, "at most ", kMaxHeads, " heads per token, not ", heads);
   same_dtype(x, cos, "cos");
   same_dtype(x, sin, "sin");
   TORCH_CHECK(cos.numel() == t * half && sin.numel() == t * half, "cos/sin must be [", t, ", ",

@@ -14,14 +14,22 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
+// The loops run 16 values at a time as explicit vectors (numerics.h), with scalar tails where a
+// width is not a multiple of 16; silu_mul computes in fp32 scratch of kPiece values, which GCC
+// vectorises, exp included.
+constexpr int64_t kPiece = 256;
+
 template <typename T>
 void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t rows, int64_t n,
               float eps) {
+  const int64_t whole = n - n % 16;
   for (int64_t i = 0; i < rows; ++i) {
     const T* row = x + i * x_stride;
     T* dst = out + i * n;
-    float scale = inverse_rms(row, n, eps);
-    for (int64_t j = 0; j < n; ++j)
+    const float scale = inverse_rms(row, n, eps);
+    for (int64_t j = 0; j < whole; j += 16)
+      store16(dst + j, round16<T>(load16(row + j) * scale) * load16(weight + j));
+    for (int64_t j = whole; j < n; ++j)
       store(dst + j, round_to<T>(to_float(row[j]) * scale) * to_float(weight[j]));
   }
 }
@@ -32,23 +40,43 @@ void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t row
 template <typename T, int64_t D>
 void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* norm_weight,
                 float eps, T* out, int64_t rows, int64_t heads, int64_t runtime_d) {
-  const int64_t d = D > 0 ? D : runtime_d, half = d / 2;
-  float head[kMaxHeadDim];
+  const int64_t d = D > 0 ? D : runtime_d, half = d / 2, whole = half - half % 16;
+  float w[kMaxHeadDim];  // the norm's weights, converted once
+  if (norm_weight) load_row(w, norm_weight, d);
+  auto normed = [&](F16 v, float scale, int64_t j) {
+    return round16<T>(round16<T>(v * scale) * load16(w + j));
+  };
+  auto normed1 = [&](float v, float scale, int64_t j) {
+    return round_to<T>(round_to<T>(v * scale) * w[j]);
+  };
+  float scales[kMaxHeads];
   for (int64_t i = 0; i < rows; ++i) {
     const T* c = cos + i * half;
     const T* s = sin + i * half;
+    // The heads' norms first: independent reductions, which the core overlaps.
+    for (int64_t h = 0; h < heads && norm_weight; ++h)
+      scales[h] = inverse_rms(x + i * x_stride + h * d, d, eps);
     for (int64_t h = 0; h < heads; ++h) {
       const T* src = x + i * x_stride + h * d;
       T* dst = out + (i * heads + h) * d;
-      if (norm_weight) {
-        float scale = inverse_rms(src, d, eps);
-        for (int64_t j = 0; j < d; ++j)
-          head[j] = round_to<T>(round_to<T>(to_float(src[j]) * scale) * to_float(norm_weight[j]));
-      } else {
-        for (int64_t j = 0; j < d; ++j) head[j] = to_float(src[j]);
+      const float scale = norm_weight ? scales[h] : 1.0f;
+      for (int64_t j = 0; j < whole; j += 16) {
+        F16 x1 = load16(src + j), x2 = load16(src + j + half);
+        if (norm_weight) {
+          x1 = normed(x1, scale, j);
+          x2 = normed(x2, scale, j + half);
+        }
+        const F16 cj = load16(c + j), sj = load16(s + j);
+        store16(dst + j, x1 * cj - x2 * sj);
+        store16(dst + j + half, x2 * cj + x1 * sj);
       }
-      for (int64_t j = 0; j < half; ++j) {
-        float x1 = head[j], x2 = head[j + half], cj = to_float(c[j]), sj = to_float(s[j]);
+      for (int64_t j = whole; j < half; ++j) {
+        float x1 = to_float(src[j]), x2 = to_float(src[j + half]);
+        if (norm_weight) {
+          x1 = normed1(x1, scale, j);
+          x2 = normed1(x2, scale, j + half);
+        }
+        const float cj = to_float(c[j]), sj = to_float(s[j]);
         store(dst + j, x1 * cj - x2 * sj);
         store(dst + j + half, x2 * cj + x1 * sj);
       }
@@ -65,13 +93,16 @@ void rope(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* nor
 
 template <typename T>
 void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t n) {
+  float g[kPiece], u[kPiece];
   for (int64_t i = 0; i < rows; ++i) {
     const T* gate = gate_up + i * stride;
-    const T* up = gate + n;
     T* dst = out + i * n;
-    for (int64_t j = 0; j < n; ++j) {
-      float g = to_float(gate[j]);
-      store(dst + j, g / (1.0f + exp_approx(-g)) * to_float(up[j]));
+    for (int64_t j0 = 0; j0 < n; j0 += kPiece) {
+      const int64_t m = n - j0 < kPiece ? n - j0 : kPiece;
+      load_row(g, gate + j0, m);
+      load_row(u, gate + n + j0, m);
+      for (int64_t j = 0; j < m; ++j) g[j] = g[j] / (1.0f + exp_approx(-g[j])) * u[j];
+      store_row(dst + j0, g, m);
     }
   }
 }
