@@ -1,7 +1,7 @@
 """The row-wise ops of a decoder layer against the memory bound: GB/s of each native kernel,
 and of a plain copy of the same bytes on the same machine.
 
-    python bench_rows.py [--tokens 8192] [--dtypes bfloat16 float32]
+    python bench_rows.py [--tokens 16384] [--dtypes bfloat16 float32]
 
 Bytes are what an op must read and write once (inputs, outputs, cos/sin tables), on the demo
 model's widths (Qwen3-Embedding-0.6B: hidden 1024, 16 query / 8 kv heads of 128, MLP 3072).
@@ -63,9 +63,9 @@ def copy_rate(nbytes: int, reps: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default=str(RESULTS / "rows"))
     args = p.parse_args()
     keep_freed_memory()
