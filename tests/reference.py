@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from qwen_embed.attention import choose_backend
-from qwen_embed.attention.torch_varlen import varlen_problem
+from qwen_embed.attention.torch_varlen import flash_problem, varlen_problem
 from qwen_embed.config import ModelConfig
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
@@ -116,6 +116,7 @@ def route_for(
             dtype=dtype,
             import_problem=lambda module: f"no {module} here",
             gpu_problem=gpu_problem,
+            flash_attn_problem=lambda *args: flash_problem(*args, lambda d: capability),
         )
 
     return choose_route(

@@ -7,7 +7,7 @@ import torch
 from qwen_embed import Encoder, native
 from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
 from qwen_embed.attention.native_cpu import AUTO_ISAS
-from qwen_embed.attention.torch_varlen import varlen_problem
+from qwen_embed.attention.torch_varlen import flash_problem, varlen_problem
 from qwen_embed.engine import check_gpu_group
 from qwen_embed.serving.config import encoder_device
 
@@ -55,6 +55,7 @@ def test_auto_backend_choice():
             dtype=dtype,
             import_problem=lambda m: None if m in installed else f"no {m}",
             gpu_problem=lambda *a: varlen_problem(*a, lambda d: capability, lambda: True),
+            flash_attn_problem=lambda *a: flash_problem(*a, lambda d: capability),
         )
 
     assert choose("cpu", 128, "flash_attn")[0] in ("native", "torch")
@@ -71,6 +72,23 @@ def test_auto_backend_choice():
     assert name == "torch" and "multiples of 8, not 100" in reason
     name, reason = choose("cuda", 128, "flash_attn", dtype="float32")  # a reference run
     assert name == "torch" and "not float32" in reason
+    # flash-attn installed where its kernels cannot run (flash_api.cpp refuses them at the
+    # first call): a T4 (sm75), or a head size above 256, goes to torch instead.
+    name, reason = choose("cuda", 128, "flash_attn", capability=(7, 5))
+    assert name == "torch" and "7.5" in reason
+    assert choose("cuda", 512, "flash_attn")[0] == "torch"
+    assert choose("cuda", 128, "flash_attn", capability=(8, 0))[0] == "flash_attn"
+
+
+def test_flash_problem_states_the_kernels_limits():
+    def problem(dtype="bfloat16", head_dim=128, capability=(8, 6), device="cuda:0"):
+        return flash_problem(device, dtype, head_dim, lambda d: capability)
+
+    assert problem() is None and problem(dtype="float16", head_dim=256) is None
+    assert "compute capability 8.0+" in problem(capability=(7, 5))
+    assert "not 264" in problem(head_dim=264) and "not 100" in problem(head_dim=100)
+    assert "not float32" in problem(dtype="float32")
+    assert "CUDA only" in problem(device="cpu")
 
 
 def test_varlen_problem():

@@ -58,6 +58,12 @@ def test_explicit_dtype_and_gpu_auto():
     assert route_for(EPYC_AVX2, "cuda:0", gpu_bf16=False).dtype == "float16"
     assert route_for(EPYC_AVX2, "cuda:0", "float16").dtype == "float16"
     assert route_for(EPYC_AVX2, "cuda:0", dtype="float32").dtype == "float32"
+    # a bf16 checkpoint (Qwen3-Embedding ships one) on a GPU without bf16 (a T4, a V100): fp16
+    route = route_for(EPYC_AVX2, "cuda:0", "bfloat16", gpu_bf16=False)
+    assert route.dtype == "float16" and "has no bf16" in route.reason
+    assert route_for(EPYC_AVX2, "cuda:0", "bfloat16", gpu_bf16=False, dtype="bfloat16").dtype == (
+        "bfloat16"
+    )
     assert "float32 checkpoint runs in bfloat16" in route_for(EPYC_AVX2, "cuda:0").reason
     assert not route_for(EPYC_AVX2, "cuda:0").prepacked
     # Nothing beyond torch on a GPU: varlen_attn where the GPU runs it, else the per-segment loop.

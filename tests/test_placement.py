@@ -146,6 +146,13 @@ def test_launcher_repository_for_a_gpu_host(tmp_path):
     tp_copy = with_gpu_instances(tp, gpus=2, cpus=12, per_gpu=1)
     assert "kind: KIND_MODEL" in (tp_copy / "encoder" / "config.pbtxt").read_text()
     assert "count: 10, kind: KIND_CPU" in (tp_copy / "tokenizer" / "config.pbtxt").read_text()
+    # So does an encoder pinned to a device: on the CPU beside the GPUs, or on one GPU.
+    for device in ("cpu", "cuda:1"):
+        pinned = render(tmp_path / device, {"embed": REPO}, {"encoder": {"device": device}})
+        pinned_copy = with_gpu_instances(pinned, gpus=2, cpus=12, per_gpu=1)
+        config = (pinned_copy / "encoder" / "config.pbtxt").read_text()
+        assert "instance_group [ { count: 1, kind: KIND_MODEL } ]" in config, device
+        shutil.rmtree(pinned_copy.parent)
     shutil.rmtree(copy.parent)
     shutil.rmtree(tp_copy.parent)
 

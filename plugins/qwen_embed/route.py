@@ -88,7 +88,7 @@ def choose_route(
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
-    (fp16 on GPUs without bf16, `gpu_bf16(device)`): fp32 GEMMs and attention would be many
+    (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in fp16): fp32 GEMMs and attention would be many
     times slower; on CPU bf16 where the CPU has bf16 instructions (AVX512_BF16 or AMX), else
     fp32. quantization "int8" (CPU only) swaps the
     linear layers' GEMM (int8.quantizes says which); CPU routes pack their float linear
@@ -150,6 +150,11 @@ def _dtype(
     if requested != "auto":
         return requested, f"dtype {requested} set by the deployment"
     if not cpu:
+        if checkpoint_dtype == "bfloat16" and not gpu_bf16:
+            return "float16", (
+                f"auto: a bfloat16 checkpoint runs in float16 on {device}, which has no bf16 "
+                "(before compute capability 8.0)"
+            )
         if checkpoint_dtype in ("float16", "bfloat16"):
             return checkpoint_dtype, f"the checkpoint's dtype on {device}"
         half = "bfloat16" if gpu_bf16 else "float16"

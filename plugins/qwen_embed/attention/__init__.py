@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from .base import AttentionBackend, AttentionSpec
 from .native_cpu import native_problem
-from .torch_varlen import varlen_problem
+from .torch_varlen import flash_problem, varlen_problem
 
 _BACKENDS = {
     "torch": "qwen_embed.attention.torch_sdpa:TorchAttention",
@@ -47,12 +47,13 @@ def choose_backend(
     dtype: str = "bfloat16",
     import_problem: Callable[[str], str | None] = _import_problem,
     gpu_problem: Callable[..., str | None] = varlen_problem,
+    flash_attn_problem: Callable[..., str | None] = flash_problem,
     cpu_problem: Callable[..., str | None] = native_problem,
 ) -> tuple[str, str]:
     """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
     for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
-    per-segment torch loop. On CUDA flash-attn where it is installed and imports (a deployer
-    who installed it asked for it), else torch: PyTorch's varlen_attn where the GPU, dtype and
+    per-segment torch loop. On CUDA flash-attn where it is installed, imports and takes the
+    GPU, dtype and head size (a deployer who installed it asked for it), else torch: PyTorch's varlen_attn where the GPU, dtype and
     head size allow (the same FlashAttention kernels, nothing beyond PyPI's torch), else its
     per-segment loop. flashinfer runs when asked for by name. A pure function of the device,
     the head size, the dtype and what is installed."""
@@ -61,7 +62,8 @@ def choose_backend(
         if why is None:
             return "native", "auto: the native CPU operator, one call per layer"
         return "torch", f"auto: PyTorch SDPA per segment ({why})"
-    if dtype in ("float16", "bfloat16") and import_problem("flash_attn") is None:
+    flash_why = flash_attn_problem(device, dtype, head_dim)
+    if flash_why is None and import_problem("flash_attn") is None:
         return "flash_attn", "auto: flash-attn is installed"
     why = gpu_problem(device, dtype, head_dim)
     if why is None:

@@ -22,6 +22,25 @@ def _has_varlen() -> bool:
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
+def flash_problem(
+    device: str, dtype: str, head_dim: int, capability=_capability, name: str = "flash-attn"
+) -> str | None:
+    """Why FlashAttention-2 kernels (flash-attn's own, and those under torch's varlen_attn)
+    cannot serve this device, dtype and head size (None when they can): flash-attn's
+    flash_api.cpp checks the same (sm8x/sm90, fp16/bf16, head size <= 256)."""
+    if not device.startswith("cuda"):
+        return f"{name} runs on CUDA only"
+    if dtype not in ("float16", "bfloat16"):
+        return f"{name} needs float16 or bfloat16, not {dtype}"
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return f"{name} takes head sizes up to {MAX_HEAD_DIM} in multiples of 8, not {head_dim}"
+    major, minor = capability(device)
+    if (major, minor) < MIN_CAPABILITY:
+        need = ".".join(map(str, MIN_CAPABILITY))
+        return f"{name} needs compute capability {need}+, {device} has {major}.{minor}"
+    return None
+
+
 def varlen_problem(
     device: str,
     dtype: str,
@@ -30,18 +49,6 @@ def varlen_problem(
     has_varlen=_has_varlen,
 ) -> str | None:
     """Why varlen_attn cannot serve this device, dtype and head size (None when it can)."""
-    if not device.startswith("cuda"):
-        return "varlen_attn runs on CUDA only"
-    if dtype not in ("float16", "bfloat16"):
-        return f"varlen_attn needs float16 or bfloat16, not {dtype}"
-    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        return (
-            f"varlen_attn takes head sizes up to {MAX_HEAD_DIM} in multiples of 8, not {head_dim}"
-        )
-    if not has_varlen():
+    if device.startswith("cuda") and not has_varlen():
         return "this torch has no torch.nn.attention.varlen (added in the 2.9 line)"
-    major, minor = capability(device)
-    if (major, minor) < MIN_CAPABILITY:
-        need = ".".join(map(str, MIN_CAPABILITY))
-        return f"varlen_attn needs compute capability {need}+, {device} has {major}.{minor}"
-    return None
+    return flash_problem(device, dtype, head_dim, capability, name="varlen_attn")

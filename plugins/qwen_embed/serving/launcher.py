@@ -142,9 +142,10 @@ def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool
 
 def with_gpu_instances(model_repository: Path, gpus: int, cpus: int, per_gpu: int) -> Path:
     """The repository, or a copy for a host with `gpus` GPUs: each KIND_MODEL encoder that is
-    not a tensor-parallel group gets `per_gpu` KIND_GPU instances (on every GPU, where the
-    shipped KIND_MODEL would use cuda:0 alone), and the tokenizers as many instances as the
-    CPUs left allow (placement.gpu_instance_groups)."""
+    neither a tensor-parallel group nor pinned to a device by its `device` parameter gets
+    `per_gpu` KIND_GPU instances (on every GPU, where the shipped KIND_MODEL would use cuda:0
+    alone), and the tokenizers as many instances as the CPUs left allow
+    (placement.gpu_instance_groups)."""
     encoder_group, tokenizer_group = gpu_instance_groups(gpus, cpus, per_gpu)
 
     def edit(name: str, config: str) -> str:
@@ -154,10 +155,20 @@ def with_gpu_instances(model_repository: Path, gpus: int, cpus: int, per_gpu: in
         if name.endswith("tokenizer") and found.group(2) == "KIND_CPU":
             return set_instance_group(config, tokenizer_group)
         if name.endswith("encoder") and found.group(2) == "KIND_MODEL":
-            return config if _tensor_parallel(config) else set_instance_group(config, encoder_group)
+            if _tensor_parallel(config) or _pinned(config):
+                return config
+            return set_instance_group(config, encoder_group)
         return config
 
     return _edited_copy(model_repository, edit)
+
+
+def _pinned(config: str) -> bool:
+    """The deployer named the encoder's device ("cpu", "cuda:1"): KIND_MODEL keeps it there."""
+    try:
+        return get_parameter(config, "device") not in ("", "auto")
+    except ValueError:  # not set: the default, auto
+        return False
 
 
 def _tensor_parallel(config: str) -> bool:

@@ -34,8 +34,8 @@ inline float round_to(float v) {
   return to_float(t);
 }
 
-// Whole rows between the model dtype and fp32 scratch, 16 values at a time as explicit vectors
-// (GCC does not vectorise the scalar conversions above well); fp32 rows are copied as they are.
+// 16 values at a time between the model dtype and fp32 as explicit vectors: GCC does not
+// vectorise the scalar conversions above well.
 typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16x32 __attribute__((vector_size(64)));
 typedef uint16_t U16x16 __attribute__((vector_size(32)));
@@ -81,47 +81,6 @@ template <typename T>
 inline F16 round16(F16 v) {
   if constexpr (sizeof(T) == sizeof(uint16_t)) return from_bf16(to_bf16(v));
   return v;
-}
-
-inline void load_row(float* dst, const float* src, int64_t n) {
-  __builtin_memcpy(dst, src, n * sizeof(float));
-}
-inline void load_row(float* dst, const uint16_t* src, int64_t n) {
-  const int64_t whole = n - n % 16;
-  for (int64_t j = 0; j < whole; j += 16) {
-    const F16 v = load16(src + j);
-    __builtin_memcpy(dst + j, &v, sizeof v);
-  }
-  for (int64_t j = whole; j < n; ++j) dst[j] = to_float(src[j]);
-}
-
-inline void store_row(float* dst, const float* src, int64_t n) {
-  __builtin_memcpy(dst, src, n * sizeof(float));
-}
-inline void store_row(uint16_t* dst, const float* src, int64_t n) {
-  const int64_t whole = n - n % 16;
-  for (int64_t j = 0; j < whole; j += 16) {
-    F16 v;
-    __builtin_memcpy(&v, src + j, sizeof v);
-    const U16x16 h = to_bf16(v);
-    __builtin_memcpy(dst + j, &h, sizeof h);
-  }
-  for (int64_t j = whole; j < n; ++j) store(dst + j, src[j]);
-}
-
-// x[j] = round_to<T>(x[j]) for a row of fp32 scratch
-template <typename T>
-inline void round_row(float* x, int64_t n) {
-  if constexpr (sizeof(T) == sizeof(uint16_t)) {
-    const int64_t whole = n - n % 16;
-    for (int64_t j = 0; j < whole; j += 16) {
-      F16 v;
-      __builtin_memcpy(&v, x + j, sizeof v);
-      v = from_bf16(to_bf16(v));
-      __builtin_memcpy(x + j, &v, sizeof v);
-    }
-    for (int64_t j = whole; j < n; ++j) x[j] = round_to<T>(x[j]);
-  }
 }
 
 // Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector

@@ -14,10 +14,8 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
-// The loops run 16 values at a time as explicit vectors (numerics.h), with scalar tails where a
-// width is not a multiple of 16; silu_mul computes in fp32 scratch of kPiece values, which GCC
-// vectorises, exp included.
-constexpr int64_t kPiece = 256;
+// RMSNorm and the rotary kernel run 16 values at a time as explicit vectors (numerics.h), with
+// scalar tails where a width is not a multiple of 16; silu_mul is a plain loop GCC vectorises.
 
 template <typename T>
 void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t rows, int64_t n,
@@ -42,7 +40,7 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
                 float eps, T* out, int64_t rows, int64_t heads, int64_t runtime_d) {
   const int64_t d = D > 0 ? D : runtime_d, half = d / 2, whole = half - half % 16;
   float w[kMaxHeadDim];  // the norm's weights, converted once
-  if (norm_weight) load_row(w, norm_weight, d);
+  for (int64_t j = 0; norm_weight && j < d; ++j) w[j] = to_float(norm_weight[j]);
   auto normed = [&](F16 v, float scale, int64_t j) {
     return round16<T>(round16<T>(v * scale) * load16(w + j));
   };
@@ -93,16 +91,13 @@ void rope(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* nor
 
 template <typename T>
 void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t n) {
-  float g[kPiece], u[kPiece];
   for (int64_t i = 0; i < rows; ++i) {
     const T* gate = gate_up + i * stride;
+    const T* up = gate + n;
     T* dst = out + i * n;
-    for (int64_t j0 = 0; j0 < n; j0 += kPiece) {
-      const int64_t m = n - j0 < kPiece ? n - j0 : kPiece;
-      load_row(g, gate + j0, m);
-      load_row(u, gate + n + j0, m);
-      for (int64_t j = 0; j < m; ++j) g[j] = g[j] / (1.0f + exp_approx(-g[j])) * u[j];
-      store_row(dst + j0, g, m);
+    for (int64_t j = 0; j < n; ++j) {
+      float g = to_float(gate[j]);
+      store(dst + j, g / (1.0f + exp_approx(-g)) * to_float(up[j]));
     }
   }
 }
