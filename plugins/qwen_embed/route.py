@@ -88,13 +88,13 @@ def choose_route(
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
-    (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in fp16): fp32 GEMMs and attention would be many
-    times slower; on CPU bf16 where the CPU has bf16 instructions (AVX512_BF16 or AMX), else
-    fp32. quantization "int8" (CPU only) swaps the
-    linear layers' GEMM (int8.quantizes says which); CPU routes pack their float linear
-    weights for oneDNN where torch has it.
-    Prefix reuse needs causal attention and last-token pooling; pruning, last-token pooling.
-    Norms, rotary and silu run as native kernels on CPU where they are built (native/)."""
+    (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
+    fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
+    has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
+    swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
+    linear weights for oneDNN where torch has it. Prefix reuse needs causal attention and
+    last-token pooling; pruning, last-token pooling. Norms, rotary and silu run as native
+    kernels on CPU where they are built (native/)."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:

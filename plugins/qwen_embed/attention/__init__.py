@@ -53,10 +53,11 @@ def choose_backend(
     """`attn_backend="auto"`: (backend, reason). On CPU the native operator where it is built
     for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
     per-segment torch loop. On CUDA flash-attn where it is installed, imports and takes the
-    GPU, dtype and head size (a deployer who installed it asked for it), else torch: PyTorch's varlen_attn where the GPU, dtype and
-    head size allow (the same FlashAttention kernels, nothing beyond PyPI's torch), else its
-    per-segment loop. flashinfer runs when asked for by name. A pure function of the device,
-    the head size, the dtype and what is installed."""
+    GPU, dtype and head size (a deployer who installed it asked for it), else torch:
+    PyTorch's varlen_attn where the GPU, dtype and head size allow (the same FlashAttention
+    kernels, nothing beyond PyPI's torch), else its per-segment loop. flashinfer runs when
+    asked for by name. A pure function of the device, the head size, the dtype and what is
+    installed."""
     if not device.startswith("cuda"):
         why = cpu_problem(device, dtype, head_dim, auto=True)
         if why is None:
