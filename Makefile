@@ -67,13 +67,15 @@ test-fast: setup
 # A GPU stack (qwen_embed/gpu_stack.py, prebuilt wheels only) in place of the CPU torch:
 # GPU_STACK=torch (default) is PyPI's CUDA build of the same torch, whose varlen_attn is the GPU
 # attention; GPU_STACK=kernels is torch 2.6.0 with the flash-attn and flashinfer wheels made for
-# it. TORCH_INDEX_URL takes torch from another index (e.g. PyTorch's cu128 builds for drivers
-# older than 580). The stamp holds the stack's name; the native kernels are rebuilt for it.
+# it. pip's own configuration picks the index; TORCH_INDEX_URL takes torch from another one
+# (e.g. PyTorch's CUDA 12.8 builds for drivers older than 580). The stamp holds the stack's
+# name; the native kernels are rebuilt for it.
 GPU_STACK ?= torch
-TORCH_INDEX_URL ?= https://pypi.org/simple
+TORCH_INDEX_URL ?=
 setup-gpu: $(VENV)/.installed-gpu $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
 $(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed/gpu_stack.py
-	$(PY) -m qwen_embed.gpu_stack install --stack $(GPU_STACK) --index-url $(TORCH_INDEX_URL)
+	$(PY) -m qwen_embed.gpu_stack install --stack $(GPU_STACK) \
+		$(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PY) -m qwen_embed.native.build
 	echo $(GPU_STACK) > $@
 

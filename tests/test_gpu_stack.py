@@ -32,7 +32,7 @@ def test_the_default_stack_is_the_cpu_sets_torch():
         (torch,) = gpu_stack.gpu_stack("torch", python, "Linux", "x86_64")
         py = f"cp{python[0]}{python[1]}"
         assert (
-            torch.requirement == f"torch=={gpu_stack.TORCH}" and f"-{py}-{py}-" in torch.pypi_file
+            torch.requirement == f"torch==={gpu_stack.TORCH}" and f"-{py}-{py}-" in torch.pypi_file
         )
 
 
@@ -40,7 +40,7 @@ def test_the_default_stack_is_the_cpu_sets_torch():
 def test_kernels_stack_one_combination_per_python(python):
     torch, flash_attn, flashinfer = gpu_stack.gpu_stack("kernels", python, "Linux", "x86_64")
     py = f"cp{python[0]}{python[1]}"
-    assert torch.requirement == f"torch=={gpu_stack.KERNELS_TORCH}" and py in torch.pypi_file
+    assert torch.requirement == f"torch==={gpu_stack.KERNELS_TORCH}" and py in torch.pypi_file
     # flash-attn's wheel is built for this torch minor, CUDA 12 and this Python's ABI tag;
     # flashinfer's for the same torch and torch's CUDA (12.4), abi3 (any Python >= 3.8).
     torch_minor = ".".join(gpu_stack.KERNELS_TORCH.split(".")[:2])
@@ -79,10 +79,38 @@ def test_flashinfer_versions_and_kernels():
 def test_check_reports_this_cpu_environment():
     # This venv has the CPU torch and neither kernel package: check() must say so, not pass.
     problems = "\n".join(gpu_stack.check("torch"))
-    assert f"torch {gpu_stack.TORCH}" in problems and "not 13.0" in problems
+    assert f"torch {gpu_stack.TORCH}" in problems and "is a CPU build" in problems
     problems = "\n".join(gpu_stack.check("kernels"))
     assert f"the 'kernels' stack pins {gpu_stack.KERNELS_TORCH}" in problems
     assert "flash-attn is not installed" in problems and "flashinfer is not installed" in problems
+
+
+def test_any_cuda_build_of_the_pinned_torch_passes_the_torch_stack():
+    """PyTorch's CUDA 12.8 build (TORCH_INDEX_URL, for 570 drivers) is as good as PyPI's 13.0;
+    the kernels' wheels are CUDA 12 builds."""
+    problem = gpu_stack.torch_build_problem
+    assert problem("2.13.0+cu128", "12.8", "torch") is None
+    assert problem("2.13.0", "13.0", "torch") is None
+    assert "CPU build" in problem("2.13.0+cpu", None, "torch")
+    assert problem("2.6.0", "12.4", "kernels") is None
+    assert "need CUDA 12" in problem("2.6.0+cu130", "13.0", "kernels")
+
+
+def test_install_replaces_a_cpu_build_of_the_same_version():
+    """torch==2.13.0 is satisfied by an installed 2.13.0+cpu (PEP 440 ignores local labels),
+    so the install would keep it: from pip's own index the pin is ===, from another index the
+    CPU build is uninstalled first. No index is written here: pip's configuration decides."""
+    (only,) = gpu_stack.install_commands("torch", None, "2.13.0+cpu")
+    assert only[-2:] == ["install", f"torch==={gpu_stack.TORCH}"]
+    assert not any(a.startswith("--index") for a in only)
+    index = "file:///somewhere/cu128"  # PyTorch's CUDA 12.8 index, say
+    uninstall, install = gpu_stack.install_commands("torch", index, "2.13.0+cpu")
+    assert uninstall[-3:] == ["uninstall", "--yes", "torch"]
+    assert install[-3:] == ["--index-url", index, f"torch=={gpu_stack.TORCH}"]
+    (install,) = gpu_stack.install_commands("torch", index, "2.13.0+cu128")  # already a CUDA one
+    assert "uninstall" not in install
+    kernels = gpu_stack.install_commands("kernels", None, None)[0]
+    assert f"torch==={gpu_stack.KERNELS_TORCH}" in kernels and len(kernels) == 7
 
 
 def test_doctor_fails_where_a_gpu_cannot_run_cuda():
@@ -150,6 +178,20 @@ def test_docker_image_pins_the_default_stack():
         assert artefact.requirement in lines, artefact.name
 
 
+def _pip_index() -> str:
+    """The index pip is configured with (pip's own default where nothing is set)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode == 0 and run.stdout.strip():
+        return run.stdout.strip().rstrip("/")
+    from pip._internal.models.index import PyPI
+
+    return PyPI.simple_url.rstrip("/")
+
+
 def _exists(url: str) -> bool:
     request = urllib.request.Request(url, method="HEAD")
     try:
@@ -169,13 +211,14 @@ def _exists(url: str) -> bool:
     + [("kernels", p, n) for p in PYTHONS for n in ("torch", "flash-attn", "flashinfer-python")],
 )
 def test_pinned_file_exists(stack, python, name):
-    """The exact file pip will fetch, looked up on its index (PyPI's simple page, or the
-    wheel's own URL); only GitHub-hosted wheels are unreachable from the CI machines."""
+    """The exact file pip will fetch, looked up on its index (the simple page of the index pip
+    is configured with, or the wheel's own URL); only GitHub-hosted wheels are unreachable
+    from the CI machines."""
     artefact = {a.name: a for a in gpu_stack.gpu_stack(stack, python, "Linux", "x86_64")}[name]
     if artefact.url:
         assert _exists(artefact.url), artefact.url
         return
-    page = f"https://pypi.org/simple/{name}/"
+    page = f"{_pip_index()}/{name}/"
     try:
         with urllib.request.urlopen(page, timeout=20) as response:
             listing = response.read().decode()

@@ -88,7 +88,7 @@ for variant in stock patched; do
 done
 
 # 4. Converter venv: the vendored gguf-py and the converter's packages, with PyPI's CPU torch
-# (its requirements pin a torch from download.pytorch.org, which is not reachable here).
+# (its requirements pin a torch from PyTorch's own index, which is not reachable here).
 venv=$dir/venv
 pip=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet)
 if [[ ! -f $venv/.installed ]]; then

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-import os
 import platform
 import shutil
 import subprocess
@@ -37,7 +36,6 @@ STACKS = ("torch", "kernels")
 TORCH = "2.13.0"  # = requirements.txt; PyPI's Linux x86_64 wheel of it is the CUDA 13.0 build
 TORCH_CUDA = "13.0"
 TORCH_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
-PYPI = "https://pypi.org/simple"
 
 KERNELS_TORCH = "2.6.0"  # PyPI's Linux x86_64 wheel of 2.6.0 is the CUDA 12.4 build
 KERNELS_TORCH_CUDA = "12.4"
@@ -94,12 +92,14 @@ def gpu_stack(
             f"no prebuilt {stack!r} GPU stack for Python {python[0]}.{python[1]}; supported: "
             f"Python {names} (rm -rf .venv; make setup-gpu PYTHON_BOOT=python3.11)"
         )
+    # `===`: exactly this version, never a local build of it such as 2.13.0+cpu, which `==`
+    # accepts (PEP 440 ignores local labels): an installed CPU build would satisfy it and stay.
     if stack == "torch":
-        return [Artefact("torch", f"torch=={TORCH}", f"torch-{TORCH}-cp{py}-cp{py}-{_LINUX}")]
+        return [Artefact("torch", f"torch==={TORCH}", f"torch-{TORCH}-cp{py}-cp{py}-{_LINUX}")]
     return [
         Artefact(
             "torch",
-            f"torch=={KERNELS_TORCH}",
+            f"torch==={KERNELS_TORCH}",
             f"torch-{KERNELS_TORCH}-cp{py}-cp{py}-manylinux1_x86_64.whl",
         ),
         Artefact("flash-attn", _FLASH_ATTN_WHEEL.format(v=FLASH_ATTN, py=py)),
@@ -127,18 +127,20 @@ def _ships_extension(distribution: str, stem: str) -> bool:
 def check(stack: str = "torch") -> list[str]:
     """Problems with the installed stack (empty: as pinned). Needs no GPU: torch's CUDA build
     is read from its version module and the kernels from the packages' file lists, so an image
-    build can run it."""
-    torch_pin, cuda_pin = (
-        (TORCH, TORCH_CUDA) if stack == "torch" else (KERNELS_TORCH, KERNELS_TORCH_CUDA)
-    )
+    build can run it. The torch stack takes any CUDA build of its version (PyPI's is CUDA
+    13.0; another index, such as PyTorch's CUDA 12.8 builds for older drivers, gives
+    another); the kernels' wheels are CUDA 12 builds and need a CUDA 12 torch."""
+    torch_pin = TORCH if stack == "torch" else KERNELS_TORCH
     problems = []
     torch_version = installed_version("torch")
     if torch_version is None or version_tuple(torch_version) != version_tuple(torch_pin):
         problems.append(f"torch is {torch_version}, the {stack!r} stack pins {torch_pin}")
     else:
-        cuda = importlib.import_module("torch").version.cuda
-        if cuda != cuda_pin:
-            problems.append(f"torch {torch_version} is built for CUDA {cuda}, not {cuda_pin}")
+        problem = torch_build_problem(
+            torch_version, importlib.import_module("torch").version.cuda, stack
+        )
+        if problem:
+            problems.append(problem)
     if stack == "torch":
         return problems
     if installed_version("flash-attn") is None:
@@ -151,6 +153,16 @@ def check(stack: str = "torch") -> list[str]:
     if problem:
         problems.append(problem)
     return problems
+
+
+def torch_build_problem(version: str, cuda: str | None, stack: str) -> str | None:
+    """Why an installed torch of the pinned version is not the stack's build (None: it is)."""
+    if cuda is None:
+        return f"torch {version} is a CPU build; the {stack!r} stack needs a CUDA build"
+    major = KERNELS_TORCH_CUDA.split(".")[0]
+    if stack == "kernels" and cuda.split(".")[0] != major:
+        return f"torch {version} is built for CUDA {cuda}; the kernels' wheels need CUDA {major}"
+    return None
 
 
 def cuda_problem(gpu_here: bool, torch_cuda: str | None, init_error: str | None) -> str | None:
@@ -181,44 +193,45 @@ def doctor() -> str | None:
     return cuda_problem(gpu_present(), torch.version.cuda, error)
 
 
-def _pip_environment() -> dict[str, str]:
-    """pip's environment without local indexes or find-links: PyPI's torch is the CUDA build,
-    a CPU wheel offered beside it would win the version tie (2.13.0+cpu sorts after 2.13.0)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return env
+def install_commands(
+    stack: str, index_url: str | None, installed_torch: str | None
+) -> list[list[str]]:
+    """The pip commands that put `stack` in place: one install with torch pinned beside the
+    kernel wheels, so no dependency can swap its build; pip's own configuration picks the
+    index unless `index_url` overrides it for torch. Another index names its builds with local
+    labels (2.13.0+cu128), so there the pin is `==`, which an installed CPU build would
+    satisfy: that one is uninstalled first."""
+    pip = [sys.executable, "-m", "pip"]
+    requirements = [a.requirement for a in gpu_stack(stack)]
+    if index_url is None:
+        return [[*pip, "install", *requirements]]
+    requirements = [r.replace("===", "==", 1) if r.startswith("torch") else r for r in requirements]
+    commands = []
+    if installed_torch is not None and "+cpu" in installed_torch:
+        commands.append([*pip, "uninstall", "--yes", "torch"])
+    index = ["--index-url", index_url]
+    return [*commands, [*pip, "install", *index, *requirements]]
 
 
-def install(stack: str = "torch", index_url: str = PYPI) -> None:
-    artefacts = gpu_stack(stack)
+def install(stack: str = "torch", index_url: str | None = None) -> None:
     if shutil.which("nvidia-smi") is None:
         print("note: no NVIDIA driver here (nvidia-smi not found); installing anyway", flush=True)
-    # One pip call: torch pinned beside the kernel wheels, so no dependency can swap its build.
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--index-url",
-            index_url,
-            *(a.requirement for a in artefacts),
-        ],
-        check=True,
-        env=_pip_environment(),
-    )
+    for command in install_commands(stack, index_url, installed_version("torch")):
+        subprocess.run(command, check=True)
     # A fresh interpreter: this one imported the torch that pip has just replaced.
     command = [sys.executable, "-m", "qwen_embed.gpu_stack", "check", "--stack", stack]
     if subprocess.run(command).returncode:
         raise SystemExit("GPU stack installed but not usable (above)")
-    print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in artefacts))
+    print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in gpu_stack(stack)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("action", choices=["print", "install", "check", "doctor"])
     p.add_argument("--stack", choices=STACKS, default="torch")
-    p.add_argument("--index-url", default=PYPI, help="where torch comes from (install)")
+    p.add_argument(
+        "--index-url", default=None, help="where torch comes from (install; default: pip's own)"
+    )
     args = p.parse_args()
     try:
         if args.action == "print":
