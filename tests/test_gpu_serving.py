@@ -46,6 +46,30 @@ def test_nccl_tp2_matches_transformers(checkpoint):
     assert cosine(out, ref).min() >= 0.999
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nccl_worker_killed_mid_forward_fails_fast(checkpoint):
+    """A worker killed while forwards run: rank 0 stops waiting on its GPU and says which
+    rank (parallel.wait_for_device) instead of blocking until NCCL's watchdog ends it."""
+    import os
+    import threading
+
+    from test_tensor_parallel import wait_no_workers, worker_pids
+
+    from qwen_embed import EncoderBroken
+
+    enc = Encoder.from_pretrained(
+        checkpoint("qwen3_head128"), tp_size=2, dtype="bfloat16", device="cuda:0"
+    )
+    (pid,) = worker_pids()
+    seqs = random_sequences([2000] * 8, seed=22)
+    threading.Timer(0.5, os.kill, args=(pid, 9)).start()
+    with pytest.raises(EncoderBroken, match="TP rank 1 exited with code -9"):
+        for _ in range(10_000):
+            enc.embed(seqs)
+    assert wait_no_workers() == set()
+    enc.close()
+
+
 def _has(module: str) -> bool:
     import importlib.util
 

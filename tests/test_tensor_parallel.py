@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from qwen_embed import CheckpointError, Encoder, EncoderBroken
+from qwen_embed.parallel import wait_for_device
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -117,6 +118,27 @@ def test_killed_worker_breaks_the_encoder_at_once_and_cleans_up(checkpoint):
         enc.embed(random_sequences([3], seed=9))
     assert time.monotonic() - started < 20  # neither call waited out dist_timeout_s
     enc.close()
+
+
+def test_waiting_for_the_gpu_stops_when_a_worker_fails():
+    """NCCL leaves rank 0's all-reduce waiting on the GPU when a peer dies: rank 0 polls its
+    event and the workers' state instead of blocking in the device-to-host copy (the GPU
+    described as data: an event that never completes, a worker that dies at the third look)."""
+    looks = []
+
+    def failure():
+        looks.append(1)
+        return "TP rank 1 exited with code -9" if len(looks) >= 3 else None
+
+    with pytest.raises(RuntimeError, match="TP rank 1 exited with code -9"):
+        wait_for_device(lambda: False, failure, poll_s=0, check_every_s=0)
+    assert len(looks) == 3
+    looks.clear()
+    wait_for_device(lambda: True, failure)  # work done: no worker is asked about
+    assert looks == []
+    finished = iter([False, False, True])
+    wait_for_device(lambda: next(finished), failure, poll_s=0, check_every_s=0)
+    assert len(looks) == 2
 
 
 def test_a_batch_is_planned_before_the_workers_see_it(checkpoint):

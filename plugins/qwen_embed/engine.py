@@ -27,7 +27,7 @@ from .loader import load_weights
 from .models import model_class
 from .onednn import PackedWeight
 from .onednn import available as onednn_available
-from .parallel import RankSpec, TPLauncher
+from .parallel import RankSpec, TPLauncher, wait_for_device
 from .pooling import finish, pool
 from .route import Linear, Route, choose_route
 from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
@@ -395,6 +395,10 @@ class Encoder:
                 else pool(hidden, ctx.batch, self.route.pooling)
             )
             rows = head(pooled)
+        if rows.device.type == "cuda" and self._launcher is not None:
+            done = torch.cuda.Event()
+            done.record()
+            wait_for_device(done.query, lambda: self._launcher.failure(wait_s=0))
         planner.commit(ctx)
         self._count(ctx)
         return rows.cpu().numpy()  # the one device-to-host copy of this batch

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,8 +26,30 @@ from .route import Route
 from .settings import EncoderSettings
 
 CMD_STOP, CMD_FORWARD = 0, 1
+# Rank 0 waiting for its GPU: how often it asks whether the work is done, and how often
+# whether a worker failed (a store round trip).
+_POLL_S, _CHECK_EVERY_S = 2e-4, 0.01
 # Workers block on the next command for as long as the server is idle.
 _IDLE_WAIT = datetime.timedelta(days=365)
+
+
+def wait_for_device(
+    done: Callable[[], bool],
+    failure: Callable[[], str | None],
+    poll_s: float = _POLL_S,
+    check_every_s: float = _CHECK_EVERY_S,
+) -> None:
+    """Until `done()` (a CUDA event's query), raising as soon as `failure()` names a failed
+    worker. With NCCL, a rank that dies mid-forward leaves the others' all-reduce kernels
+    waiting on the GPU; a device-to-host copy would then block the CPU until NCCL's watchdog
+    (dist_timeout_s) ends the process. Gloo fails the all-reduce itself instead."""
+    checked = time.monotonic()
+    while not done():
+        if time.monotonic() - checked >= check_every_s:
+            if (why := failure()) is not None:
+                raise RuntimeError(f"a tensor-parallel worker failed mid-forward: {why}")
+            checked = time.monotonic()
+        time.sleep(poll_s)
 
 
 @dataclass(frozen=True)
