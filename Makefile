@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows perf-priority perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows gpu-report perf-priority perf-long profile locust soak \
 	docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -111,6 +111,11 @@ perf-gpu: setup-gpu $(GPU_MODEL)/config.json
 	perf/peers/install.sh vllm-gpu
 	cd perf && ../$(PY) bench_peers.py --device cuda --dtype bfloat16 --model-dir ../$(GPU_MODEL) \
 		--systems triton engine vllm-gpu --clients 16 --seconds 60 --out results/gpu_peers
+
+# On a lent GPU machine, all of it in one go: the stack check, the doctor, the GPU tests and
+# perf-gpu, each step's status and output in one report (perf/results/gpu_report.md).
+gpu-report: setup-gpu
+	cd perf && ../$(PY) gpu_report.py --stack $(GPU_STACK)
 
 # Linear weights packed for oneDNN at load vs plain F.linear, A/B on one encoder
 # (perf/results/prepack.md).

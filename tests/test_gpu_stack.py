@@ -160,6 +160,7 @@ def test_gpu_targets_depend_on_the_gpu_install():
     rules = _make_rules()
     assert "setup-gpu" in rules["test-gpu"].split()
     assert "setup-gpu" in rules["perf-gpu"].split()
+    assert "setup-gpu" in rules["gpu-report"].split()
     assert ".venv/.installed" in rules[".venv/.installed-gpu"].split()
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile[makefile.index("$(VENV)/.installed: requirements.txt") :]
