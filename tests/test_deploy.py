@@ -52,7 +52,7 @@ def test_dockerfile_matches_the_repository():
     requirements = (DOCKER / "requirements-gpu.txt").read_text()
     assert "numpy==1." in requirements  # the 2.51 stub needs NumPy 1.x
     # The GPU stack's pins (tests/test_gpu_stack.py) and the build-time check of its kernels.
-    assert "torch==2.13.0" in requirements
+    assert "torch===2.13.0" in requirements  # exactly the CUDA wheel (gpu_stack)
     assert "python3 -m qwen_embed.gpu_stack check" in text
 
 

@@ -76,10 +76,16 @@ def test_flashinfer_versions_and_kernels():
     assert flashinfer_problem("0.6.1", None) is None  # newer: kernels from its cubin packages
 
 
-def test_check_reports_this_cpu_environment():
-    # This venv has the CPU torch and neither kernel package: check() must say so, not pass.
+def test_check_reports_this_environment():
+    # make setup's venv has the CPU torch, make setup-gpu's the CUDA build (whether or not a GPU
+    # is here); neither has the kernel packages: check() must say so, not pass.
+    import torch
+
     problems = "\n".join(gpu_stack.check("torch"))
-    assert f"torch {gpu_stack.TORCH}" in problems and "is a CPU build" in problems
+    if torch.version.cuda is None:
+        assert f"torch {gpu_stack.TORCH}" in problems and "is a CPU build" in problems
+    else:
+        assert problems == ""
     problems = "\n".join(gpu_stack.check("kernels"))
     assert f"the 'kernels' stack pins {gpu_stack.KERNELS_TORCH}" in problems
     assert "flash-attn is not installed" in problems and "flashinfer is not installed" in problems
