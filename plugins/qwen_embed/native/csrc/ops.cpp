@@ -190,22 +190,22 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k) {
   at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
   at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
   at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
-    auto quantize = [&](auto* quantize_rows) {
-      quantize_rows(ptr<std::remove_pointer_t<decltype(g.out)>>(rows) + b * stride, stride, e - b,
-                    k, g.k_pad, ptr<uint8_t>(codes) + b * g.k_pad, ptr<float>(scales) + b);
-    };
+    const T* x = ptr<T>(rows) + b * stride;
+    uint8_t* q = ptr<uint8_t>(codes) + b * g.k_pad;
     if constexpr (std::is_same_v<T, float>)
-      quantize(kern.quantize_f32);
+      kern.quantize_f32(x, stride, e - b, k, g.k_pad, q, ptr<float>(scales) + b);
     else
-      quantize(kern.quantize_bf16);
+      kern.quantize_bf16(x, stride, e - b, k, g.k_pad, q, ptr<float>(scales) + b);
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
   const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
   const int64_t channel_tasks = (g.n + kInt8TaskChannels - 1) / kInt8TaskChannels;
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    const int64_t r = t / channel_tasks * kInt8TaskRows, c = t % channel_tasks * kInt8TaskChannels;
-    const int64_t r_end = std::min(m, r + kInt8TaskRows), c_end = std::min(g.n, c + kInt8TaskChannels);
+    const int64_t r = t / channel_tasks * kInt8TaskRows;
+    const int64_t c = t % channel_tasks * kInt8TaskChannels;
+    const int64_t r_end = std::min(m, r + kInt8TaskRows);
+    const int64_t c_end = std::min(g.n, c + kInt8TaskChannels);
     if constexpr (std::is_same_v<T, float>)
       kern.gemm_f32(g, r, r_end, c, c_end);
     else
