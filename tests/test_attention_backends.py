@@ -156,6 +156,28 @@ def test_gpu_backend_bf16_matches_transformers(checkpoint, name, config_name):
 
 @pytest.mark.gpu
 @requires_cuda
+@pytest.mark.parametrize("name", ["torch", "flash_attn", "flashinfer"])
+def test_gpu_prefix_reuse_on_equals_off(checkpoint, name):
+    """Each GPU backend with a cached shared prefix (queries fewer than keys, a one-token tail:
+    one-query rows, GQA) against the same texts computed whole. bf16 kernels sum in another
+    order for another layout, so the bound is a cosine, not bitwise."""
+    if name != "torch":
+        pytest.importorskip(name)
+    model = checkpoint("qwen3_head128")  # GQA, a head size every backend has kernels for
+    prefix = random_sequences([40], seed=31)[0]
+    texts = [prefix + tail for tail in random_sequences([1, 5, 30], seed=32)]
+    settings = dict(attn_backend=name, dtype="bfloat16", device="cuda")
+    with Encoder.from_pretrained(model, prefix_reuse="off", **settings) as enc:
+        off = enc.embed(texts)
+    with Encoder.from_pretrained(model, prefix_reuse="on", **settings) as enc:
+        enc.embed(texts[1:])  # the shared prefix is found and cached
+        on = enc.embed(texts)
+        assert enc.prefix_cache.hits >= len(texts)
+    assert cosine(on, off).min() >= 0.999
+
+
+@pytest.mark.gpu
+@requires_cuda
 @pytest.mark.parametrize("causal", [True, False])
 def test_varlen_path_equals_the_per_segment_loop(causal):
     """The torch backend's two GPU paths on every layout: causal and bidirectional, a shared
