@@ -1,13 +1,14 @@
 """Our side of the GPU attention kernels' contracts, checked on CPU: NOT a GPU run.
 
-The calls our GPU backends make (flash-attn's `flash_attn_varlen_func`, PyTorch's `varlen_attn`)
-go to stand-ins that enforce what those libraries check before they launch a kernel, each check
-quoting the source line it comes from, and then compute the attention with a plain math path
-(bottom-right causal, as FlashAttention 2.1+ aligns it). They run for every layout the planner
-makes: plain varlen batches, shared prefixes (fewer queries than keys), the pruned last layer
-(one query row per text), one-token texts, GQA, head sizes 64 and 128, causal and bidirectional.
+The calls our GPU backends make (flash-attn's `flash_attn_varlen_func`, PyTorch's
+`varlen_attn`, flashinfer's ragged prefill `plan`/`run`) go to stand-ins that enforce what those
+libraries check before they launch a kernel, each check quoting the source line it comes from,
+and then compute the attention with a plain math path (bottom-right causal, as FlashAttention
+2.1+ and flashinfer align it). They run for every layout the planner makes: plain varlen
+batches, shared prefixes (fewer queries than keys), the pruned last layer (one query row per
+text), one-token texts, GQA, head sizes 64 and 128 (flashinfer: 128), causal and bidirectional.
 The backends' outputs are compared with the torch backend's per-segment SDPA loop on the same
-inputs. flashinfer's ragged plan/run is not covered here.
+inputs. NCCL groups are not covered here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 from qwen_embed.attention import AttentionSpec, create_backend
 from qwen_embed.attention.base import AttentionBackend
 from qwen_embed.attention.flash_attn import FlashAttention
+from qwen_embed.attention.flashinfer import FlashInferAttention
+from qwen_embed.attention.flashinfer_limits import FLASHINFER_HEAD_DIMS
 from qwen_embed.batch import flatten
 from qwen_embed.segments import Planner
 
@@ -101,6 +104,61 @@ def varlen_attn(
     return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
 
 
+class RaggedPrefillWrapper:
+    """flashinfer 0.2's BatchPrefillWithRaggedKVCacheWrapper (flashinfer/prefill.py): `plan`
+    once per batch with the indptrs and the problem's shape, then `run(q, k, v)` per layer."""
+
+    def __init__(self, device: torch.device):
+        self.device = device  # its workspace's: "the same as the device of the input tensors"
+        self.planned = None
+
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        *,
+        causal,
+        sm_scale,
+        q_data_type,
+    ):
+        # _compute_mask_indptr / plan: if len(qo_indptr) != len(kv_indptr): raise ValueError(
+        # "The length of qo_indptr and kv_indptr should be the same.")
+        assert len(qo_indptr) == len(kv_indptr)
+        # plan copies the indptrs to the host (qo_indptr.to("cpu")): host ones cost no sync
+        assert qo_indptr.device.type == "cpu" and kv_indptr.device.type == "cpu"
+        assert qo_indptr.dtype == torch.int32 and kv_indptr.dtype == torch.int32
+        # the kernels take whole groups of query heads per kv head (GQA group size)
+        assert num_qo_heads % num_kv_heads == 0
+        # prebuilt (AOT) kernels exist for these head sizes only (flashinfer_limits.py)
+        assert head_dim in FLASHINFER_HEAD_DIMS
+        assert bool(((qo_indptr.diff()) <= kv_indptr.diff()).all())
+        self.planned = (
+            qo_indptr,
+            kv_indptr,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            causal,
+            sm_scale,
+            q_data_type,
+        )
+
+    def run(self, q, k, v):
+        assert self.planned is not None, "run before plan"
+        qo, kv, heads, kv_heads, head_dim, causal, scale, dtype = self.planned
+        # q [nnz_qo, num_qo_heads, head_dim], k/v [nnz_kv, num_kv_heads, head_dim] ("NHD")
+        assert q.shape == (int(qo[-1]), heads, head_dim)
+        assert k.shape == v.shape == (int(kv[-1]), kv_heads, head_dim)
+        assert q.dtype == dtype and k.dtype == dtype and v.dtype == dtype
+        assert q.device == k.device == v.device == self.device
+        # causal=True equals a custom mask torch.tril(..., diagonal=kv_len - qo_len) (its
+        # docstring's example): bottom-right aligned
+        return _math_attention(q, k, v, qo, kv, causal, scale)
+
+
 def _backends(spec: AttentionSpec) -> dict[str, AttentionBackend]:
     """Our GPU backends built on CPU with the stand-ins in place of their kernels."""
     flash = FlashAttention.__new__(FlashAttention)
@@ -108,7 +166,14 @@ def _backends(spec: AttentionSpec) -> dict[str, AttentionBackend]:
     flash._kernel = flash_attn_varlen_func
     varlen = create_backend("torch", spec)
     varlen._varlen = varlen_attn
-    return {"flash_attn": flash, "torch varlen_attn": varlen}
+    backends = {"flash_attn": flash, "torch varlen_attn": varlen}
+    if spec.head_dim in FLASHINFER_HEAD_DIMS:
+        flashinfer = FlashInferAttention.__new__(FlashInferAttention)
+        AttentionBackend.__init__(flashinfer, spec)  # its __init__ imports the wheel
+        flashinfer._wrappers = [RaggedPrefillWrapper(spec.device) for _ in range(2)]
+        flashinfer._next = 0
+        backends["flashinfer"] = flashinfer
+    return backends
 
 
 def _layouts(prefix_reuse: bool):
