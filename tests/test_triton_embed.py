@@ -343,22 +343,25 @@ def test_cancelled_requests_are_skipped(server):
 
 def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):
     """Each request is one query with the default instruction: the prefix is computed once and
-    then served from the encoder's cache (segments.py); the vectors stay the reference's."""
+    then served from the encoder's cache (segments.py); the vectors stay the reference's. A
+    first request of two queries puts the prefix in the cache (computed once, in-batch), so
+    every later one-query request can find it whatever the batcher groups."""
     queries = [f"question number {i}: what is {i} squared?" for i in range(32)]
     hits_before = server.metric("qwen_embed_prefix_cache_hits_total")
     computed_before = server.metric("qwen_embed_tokens_computed_total")
     received_before = server.metric("qwen_embed_tokens_total")
-    results = {}
+    first = infer(server, queries[:2], "grpc", prompt_name="query")[0]
+    results = {0: first[0], 1: first[1]}
 
     def client(k):
-        for i in range(k, len(queries), 16):
+        for i in range(2 + k, len(queries), 16):
             results[i] = infer(server, [queries[i]], "grpc", prompt_name="query")[0][0]
 
     run_clients(16, client)
     hits = server.metric("qwen_embed_prefix_cache_hits_total") - hits_before
     computed = server.metric("qwen_embed_tokens_computed_total") - computed_before
     received = server.metric("qwen_embed_tokens_total") - received_before
-    assert hits >= len(queries) // 2, hits
+    assert hits >= len(queries) - 2, hits
     assert computed < 0.7 * received, (computed, received)
     assert server.metric("qwen_embed_prefix_cache_bytes") > 0
     ids = [
