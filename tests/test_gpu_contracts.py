@@ -207,7 +207,11 @@ def test_gpu_backends_keep_the_kernels_contracts(prefix_reuse, head_dim, causal)
     layouts = _layouts(prefix_reuse)
     assert any(min(layout.q_lens) == 1 for _, layout in layouts)  # one-query rows
     if prefix_reuse:
-        assert any(q < k for _, layout in layouts for q, k in zip(*_lens(layout), strict=True))
+        assert any(
+            q < k
+            for _, layout in layouts
+            for q, k in zip(layout.q_lens, layout.k_lens, strict=True)
+        )
     for name, layout in layouts:
         q = torch.randn(sum(layout.q_lens), HEADS, head_dim, generator=g).bfloat16()
         k, v = (
@@ -221,10 +225,6 @@ def test_gpu_backends_keep_the_kernels_contracts(prefix_reuse, head_dim, causal)
             out = backend.forward(q, k, v, layout).float()
             assert out.shape == expected.shape, (backend_name, name)
             torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
-
-
-def _lens(layout):
-    return layout.q_lens, layout.k_lens
 
 
 def test_the_stand_ins_refuse_what_the_kernels_refuse():

@@ -34,7 +34,6 @@ from .host import gpu_present
 
 STACKS = ("torch", "kernels")
 TORCH = "2.13.0"  # = requirements.txt; PyPI's Linux x86_64 wheel of it is the CUDA 13.0 build
-TORCH_CUDA = "13.0"
 TORCH_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
 
 KERNELS_TORCH = "2.6.0"  # PyPI's Linux x86_64 wheel of 2.6.0 is the CUDA 12.4 build
@@ -214,6 +213,7 @@ def install_commands(
 
 
 def install(stack: str = "torch", index_url: str | None = None) -> None:
+    artefacts = gpu_stack(stack)
     if shutil.which("nvidia-smi") is None:
         print("note: no NVIDIA driver here (nvidia-smi not found); installing anyway", flush=True)
     for command in install_commands(stack, index_url, installed_version("torch")):
@@ -222,7 +222,7 @@ def install(stack: str = "torch", index_url: str | None = None) -> None:
     command = [sys.executable, "-m", "qwen_embed.gpu_stack", "check", "--stack", stack]
     if subprocess.run(command).returncode:
         raise SystemExit("GPU stack installed but not usable (above)")
-    print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in gpu_stack(stack)))
+    print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in artefacts))
 
 
 def main() -> None:

@@ -163,19 +163,21 @@ def with_gpu_instances(model_repository: Path, gpus: int, cpus: int, per_gpu: in
     return _edited_copy(model_repository, edit)
 
 
+def _parameter(config: str, key: str) -> str:
+    """A config parameter's value; "" where it is not set (the setting's default)."""
+    try:
+        return get_parameter(config, key)
+    except ValueError:
+        return ""
+
+
 def _pinned(config: str) -> bool:
     """The deployer named the encoder's device ("cpu", "cuda:1"): KIND_MODEL keeps it there."""
-    try:
-        return get_parameter(config, "device") not in ("", "auto")
-    except ValueError:  # not set: the default, auto
-        return False
+    return _parameter(config, "device") not in ("", "auto")
 
 
 def _tensor_parallel(config: str) -> bool:
-    try:
-        return int(get_parameter(config, "tp_size")) > 1
-    except ValueError:  # not set: the default, 1
-        return False
+    return int(_parameter(config, "tp_size") or 1) > 1
 
 
 def with_response_cache(model_repository: Path) -> Path:

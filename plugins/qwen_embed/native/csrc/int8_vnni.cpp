@@ -9,7 +9,8 @@
 // happen while the sums are still in registers, so no int32 matrix ever reaches memory.
 #include <immintrin.h>
 
-#include "kernels.h"
+#define QE_ISA vnni
+#include "numerics.h"
 
 namespace qe {
 namespace vnni {
@@ -19,26 +20,15 @@ constexpr int64_t kChannels = 16;  // output channels per vector of int32 sums
 constexpr int kVectors = 4;        // vectors of channels per tile: 64 channels
 constexpr int kRows = 6;           // rows per tile: 24 accumulators, 4 weight vectors, 1 row
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+// Masked forms of numerics.h's 16-lane loads and stores (bf16 converted as there).
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const uint16_t* p, __mmask16 m) {
-  __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return reinterpret_cast<__m512>(
+      from_bf16(reinterpret_cast<U16x16>(_mm256_maskz_loadu_epi16(m, p))));
 }
-
 inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-// Round to nearest even as torch converts fp32 to bf16; NaN stays NaN (numerics.h's `store`).
 inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
 }
 
 inline __mmask16 first(int64_t n) {
