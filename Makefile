@@ -8,7 +8,7 @@ DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
 .PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows gpu-report perf-priority perf-long profile locust soak \
-	docker-lint docker serve gateway clean
+	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
 HTTP_PORT   ?= 8000
@@ -29,7 +29,7 @@ $(NATIVE_LIB): $(VENV)/.installed $(wildcard $(NATIVE)/csrc/*) $(NATIVE)/build.p
 # Triton 2.51's server files from the nvidia-pytriton wheel (skipped where tritonserver is on PATH).
 $(TRITON): $(VENV)/.installed
 	@if command -v tritonserver >/dev/null; then echo "using $$(command -v tritonserver)"; \
-	else $(PY) -m qwen_embed.serving.triton install; fi
+	else $(PY) -m qwen_embed_deploy.triton install; fi
 
 # Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines. Where
 # `make setup-gpu` installed a GPU stack, its torch stays (a re-run must not swap the CPU build in
@@ -39,17 +39,17 @@ $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 	@if [ -f $(VENV)/.installed-gpu ]; then \
 		grep -v -E '^torch[=<> ]' requirements.txt > $(VENV)/requirements-beside-gpu.txt; \
 		$(VENV)/bin/pip install --quiet -r $(VENV)/requirements-beside-gpu.txt \
-		&& $(PY) -m qwen_embed.gpu_stack check --stack $$(cat $(VENV)/.installed-gpu); \
+		&& $(PY) -m qwen_embed_deploy.gpu_stack check --stack $$(cat $(VENV)/.installed-gpu); \
 	else $(VENV)/bin/pip install --quiet -r requirements.txt; fi
 	$(VENV)/bin/pip install --quiet --no-deps -e . -e client
 	touch $@
 
 # config.json is written last, so its presence means the build finished.
-$(DEMO_DIR)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
-	$(PY) -m qwen_embed.demo $(DEMO_DIR) --layers $(DEMO_LAYERS)
+$(DEMO_DIR)/config.json: $(VENV)/.installed plugins/qwen_embed_deploy/demo.py
+	$(PY) -m qwen_embed_deploy.demo $(DEMO_DIR) --layers $(DEMO_LAYERS)
 
-$(DEMO_RERANKER)/config.json: $(VENV)/.installed plugins/qwen_embed/demo.py
-	$(PY) -m qwen_embed.demo $(DEMO_RERANKER) --layers $(DEMO_LAYERS) --reranker
+$(DEMO_RERANKER)/config.json: $(VENV)/.installed plugins/qwen_embed_deploy/demo.py
+	$(PY) -m qwen_embed_deploy.demo $(DEMO_RERANKER) --layers $(DEMO_LAYERS) --reranker
 
 demo-model: $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json
 
@@ -64,7 +64,7 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest -q -m "not server and not gpu"
 
-# A GPU stack (qwen_embed/gpu_stack.py, prebuilt wheels only) in place of the CPU torch:
+# A GPU stack (qwen_embed_deploy/gpu_stack.py, prebuilt wheels only) in place of the CPU torch:
 # GPU_STACK=torch (default) is PyPI's CUDA build of the same torch, whose varlen_attn is the GPU
 # attention; GPU_STACK=kernels is torch 2.6.0 with the flash-attn and flashinfer wheels made for
 # it. pip's own configuration picks the index; TORCH_INDEX_URL takes torch from another one
@@ -73,8 +73,8 @@ test-fast: setup
 GPU_STACK ?= torch
 TORCH_INDEX_URL ?=
 setup-gpu: $(VENV)/.installed-gpu $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON)
-$(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed/gpu_stack.py
-	$(PY) -m qwen_embed.gpu_stack install --stack $(GPU_STACK) \
+$(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed_deploy/gpu_stack.py
+	$(PY) -m qwen_embed_deploy.gpu_stack install --stack $(GPU_STACK) \
 		$(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PY) -m qwen_embed.native.build
 	echo $(GPU_STACK) > $@
@@ -83,7 +83,7 @@ $(VENV)/.installed-gpu: $(VENV)/.installed plugins/qwen_embed/gpu_stack.py
 # server, NCCL TP where two GPUs exist). Stops first where an NVIDIA GPU is present but CUDA does
 # not start (a driver too old for the build); on a host without one they are skipped, saying so.
 test-gpu: setup-gpu
-	$(PY) -m qwen_embed.gpu_stack doctor
+	$(PY) -m qwen_embed_deploy.gpu_stack doctor
 	$(PY) -m pytest -m gpu -rs
 
 perf-engine: setup
@@ -97,10 +97,10 @@ perf-serving: setup
 # side with vLLM's GPU build (perf/peers/install.sh vllm-gpu) on the same texts and clients.
 GPU_MODEL ?= .cache/qwen3-0.6b-shape
 $(GPU_MODEL)/config.json: $(VENV)/.installed
-	$(PY) -m qwen_embed.demo $(GPU_MODEL) --layers 28
+	$(PY) -m qwen_embed_deploy.demo $(GPU_MODEL) --layers 28
 GPU_BACKENDS ?= $(if $(filter kernels,$(GPU_STACK)),torch flash_attn flashinfer,torch)
 perf-gpu: setup-gpu $(GPU_MODEL)/config.json
-	$(PY) -m qwen_embed.gpu_stack doctor
+	$(PY) -m qwen_embed_deploy.gpu_stack doctor
 	for backend in $(GPU_BACKENDS); do \
 		$(PY) perf/bench_engine.py --model-dir $(GPU_MODEL) --dtype bfloat16 --device cuda \
 			--attn-backend $$backend --mixed-texts 1024 --uniform-texts 1024 \
@@ -187,6 +187,11 @@ perf-priority: setup
 perf-long: setup
 	cd perf && ../$(PY) bench_long.py
 
+# perf/RESULTS.md from perf/results/*.json: the latest report per benchmark and CPU kind
+# (standard library only).
+results:
+	$(PY) perf/render_results.py
+
 # Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
 perf-split: setup
 	cd perf && ../$(PY) bench_adaptive_split.py
@@ -229,7 +234,7 @@ serve: setup
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/rerank -H 'Content-Type: application/json' -d '{\"model\":\"rerank\",\"query\":\"capital of China?\",\"documents\":[\"Beijing is the capital.\",\"Gravity.\"]}'"
 	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} \
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
-	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed.serving.launcher \
+	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from harness import RESULTS, new_record, write_report
-from qwen_embed_client import EmbeddingClient
 
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_client import EmbeddingClient
+from qwen_embed_deploy.demo import build_demo_model
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 
 def even_split(fast: str, slow: str, texts: list[str]) -> float:

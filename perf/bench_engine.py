@@ -21,7 +21,7 @@ import torch
 from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder, ModelConfig
-from qwen_embed.demo import ENDOFTEXT_ID
+from qwen_embed_deploy.demo import ENDOFTEXT_ID
 
 
 def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, native
 from qwen_embed.attention import create_backend
-from qwen_embed.demo import ENDOFTEXT_ID
+from qwen_embed_deploy.demo import ENDOFTEXT_ID
 
 from bench_peers import REPO, ensure_model
 from workload import alternate, make_texts

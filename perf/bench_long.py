@@ -35,7 +35,7 @@ def peak_rss_mib() -> float:
 
 def measure(model_dir: str, length: int, reps: int, chunk_size: int) -> dict:
     from qwen_embed import ChunkedText, Encoder
-    from qwen_embed.demo import ENDOFTEXT_ID
+    from qwen_embed_deploy.demo import ENDOFTEXT_ID
 
     rng = np.random.default_rng(length)
     ids = rng.integers(0, ENDOFTEXT_ID, size=length - 1).tolist() + [ENDOFTEXT_ID]

@@ -33,8 +33,8 @@ from harness import (
 from tokenizers import Tokenizer
 
 from qwen_embed.placement import read_topology
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from bench_peers import REPO, ensure_model, reference_vectors
 from workload import make_texts

@@ -54,9 +54,9 @@ from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
 from qwen_embed.onednn import available as onednn_available
 from qwen_embed.route import choose_route
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer, free_port
 from qwen_embed.settings import EncoderSettings
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts
 
@@ -113,7 +113,7 @@ class Outcome:
 def ensure_model(path: Path, layers: int) -> Path:
     if not (path / "config.json").is_file():  # config.json is written last by the builder
         subprocess.run(
-            [sys.executable, "-m", "qwen_embed.demo", str(path), "--layers", str(layers)],
+            [sys.executable, "-m", "qwen_embed_deploy.demo", str(path), "--layers", str(layers)],
             check=True,
         )
     return path

@@ -36,9 +36,9 @@ from harness import RESULTS, cosine_check, drive, new_record, triton_sender, wri
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.requests import DEFAULT_TASK
-from qwen_embed.serving.triton import TritonServer, metric_sum, scrape
+from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, metric_sum, scrape
 
 from bench_peers import REPO, ensure_model
 from workload import WORDS, alternate, alternate_forwards, make_texts

@@ -1,17 +1,17 @@
-"""1-text queries under a concurrent bulk load, before and after priority levels and
-per-request answers, in one run.
+"""1-text queries under a concurrent bulk load: what priority levels do for them, in one run.
 
     python bench_priority.py [--seconds 60] [--before REV] [--bulk-clients 2]
                              [--query-clients 4] [--rounds 1]
 
-before: the server as of git revision REV (default: the last commit before the priority levels
-and per-request answers), run from a git worktree of it under .cache/ (its model repository
-and plugins on PYTHONPATH; the native kernels copied, used where its sources are the same);
-it had no priority levels, so every request is sent at the default. after: this checkout,
-bulk requests at priority bulk (2), queries at the default (interactive). One server at a time,
-the demo model, dtype auto, the response cache off. Bulk clients send 256-text requests of the
-perf mix (perf/workload.py) in a closed loop, query clients 1-text requests of 4-30 words; the
-latency of every query is kept, and the bulk texts/s. Results: perf/results/priority.{md,json}.
+This checkout is served twice, one server at a time: "bulk at default priority" sends every
+request at the default level (interactive), as a server without priority levels would see them;
+"bulk at priority 2" sends the bulk requests at priority bulk (2) and the queries at the default.
+With --before REV (no default) the server as of git revision REV runs first, every request at
+the default: a git worktree of it under .cache/ (its model repository and plugins on
+PYTHONPATH; the native kernels copied, used where its sources are the same). The demo model,
+dtype auto, the response cache off. Bulk clients send 256-text requests of the perf mix
+(perf/workload.py) in a closed loop, query clients 1-text requests of 4-30 words; the latency
+of every query is kept, and the bulk texts/s. Results: perf/results/priority.{md,json}.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from harness import RESULTS, markdown_table, new_record, write_report
 
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.triton import TritonServer
 
 from bench_peers import REPO
 from workload import WORDS, make_texts
 
-BEFORE = "2c0511c"
 DEMO = REPO / ".cache" / "demo-model"
 
 
@@ -113,22 +112,26 @@ def run(server: TritonServer, seconds: float, bulk_clients: int, query_clients: 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=60)
-    p.add_argument("--before", default=BEFORE, help="git revision of the 'before' server")
+    p.add_argument("--before", help="also serve this git revision (every request at the default)")
     p.add_argument("--bulk-clients", type=int, default=2)
     p.add_argument("--query-clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=str(RESULTS / "priority"))
     args = p.parse_args()
-    tree = checkout(args.before)
     env = {"QWEN_EMBED_MODEL_DIR": str(DEMO)}
+    here = dict(model_repository=REPO / "model_repository", env=env)
     variants = {
-        "before": dict(
+        "bulk at default priority": dict(here, priority=0),
+        "bulk at priority 2": dict(here, priority=2),
+    }
+    if args.before:
+        tree = checkout(args.before)
+        before = dict(
             model_repository=tree / "model_repository",
             env={**env, "PYTHONPATH": os.pathsep.join([str(tree / "plugins")])},
             priority=0,
-        ),
-        "after": dict(model_repository=REPO / "model_repository", env=env, priority=2),
-    }
+        )
+        variants = {f"revision {args.before}": before, **variants}
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, v in variants.items():
@@ -164,8 +167,10 @@ def main() -> None:
         ["server", "1-text queries", "p50 ms", "p99 ms", "mean ms", "bulk texts/s"], rows
     )
     notes = [
-        f"before: revision {args.before} (no priority levels, one answer per execute); after: "
-        "this checkout (bulk at priority 2, each request answered when its own texts are done)",
+        "this checkout with bulk requests at the default priority (interactive, as without "
+        "priority levels) and at priority 2 (bulk); each request answered when its own texts "
+        "are done"
+        + (f"; revision {args.before} with every request at the default" if args.before else ""),
         f"{args.bulk_clients} bulk clients x 256 texts, {args.query_clients} query clients x 1 "
         f"text, {args.seconds:.0f} s per server, demo model, dtype auto",
     ]

@@ -28,11 +28,11 @@ from harness import RESULTS, drive, new_record, rerank_sender, score_check, writ
 from qwen_embed import ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.requests import DEFAULT_TASK
 from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
-from qwen_embed.serving.triton import TritonServer, free_port
 from qwen_embed.settings import EncoderSettings
+from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts
 
@@ -46,7 +46,7 @@ def ensure_reranker(path: Path, layers: int) -> Path:
             [
                 sys.executable,
                 "-m",
-                "qwen_embed.demo",
+                "qwen_embed_deploy.demo",
                 str(path),
                 "--layers",
                 str(layers),

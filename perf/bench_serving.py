@@ -31,8 +31,8 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from workload import make_texts
 

@@ -29,8 +29,8 @@ def commands(stack: str) -> dict[str, list[str]]:
     """Each step's command."""
     return {
         "nvidia-smi": ["nvidia-smi"],
-        "stack": [PY, "-m", "qwen_embed.gpu_stack", "check", "--stack", stack],
-        "doctor": [PY, "-m", "qwen_embed.gpu_stack", "doctor"],
+        "stack": [PY, "-m", "qwen_embed_deploy.gpu_stack", "check", "--stack", stack],
+        "doctor": [PY, "-m", "qwen_embed_deploy.gpu_stack", "doctor"],
         "test": [PY, "-m", "pytest", "-m", "gpu", "-rs", "-q"],
         "perf": ["make", "perf-gpu", f"GPU_STACK={stack}"],
     }

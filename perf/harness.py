@@ -7,7 +7,7 @@ N clients for S seconds, scrape its metrics, and write the report in one format.
 - `best_seconds(call, reps)`: a microbenchmark's best time.
 - `cosine_check(reference)`, `score_check(reference)`: what "checked" means for vectors/scores.
 - metrics: `TritonServer.metric(name, **labels)` and `scrape`/`metric_sum`
-  (qwen_embed.serving.triton) read Triton's Prometheus page.
+  (qwen_embed_deploy.triton) read Triton's Prometheus page.
 - `new_record(**fields)` and `write_report(out, record, title, notes, table)`: OUT.json (the
   record: date, machine, CPU flags, command, then the benchmark's fields) and OUT.md.
 """

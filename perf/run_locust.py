@@ -22,7 +22,7 @@ from pathlib import Path
 from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.triton import TritonServer
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 STOP_TIMEOUT_S = 300  # the encoder's default queue timeout: no request waits longer

@@ -245,7 +245,7 @@ def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -
     Qwen3ForSequenceClassification (one-label `score` head), with the real Qwen tokenizer."""
     from transformers import Qwen3ForSequenceClassification
 
-    from qwen_embed.demo import write_tokenizer
+    from qwen_embed_deploy.demo import write_tokenizer
 
     config = Qwen3Config(
         **RERANKER_CONFIG,

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3Model
 
-from qwen_embed.demo import write_tokenizer
+from qwen_embed_deploy.demo import write_tokenizer
 
 QWEN3_QUERY = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"

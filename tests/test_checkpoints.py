@@ -26,10 +26,10 @@ from tritonclient.utils import InferenceServerException
 from qwen_embed import Encoder
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed.serving.prompts import PromptSet
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.requests import RequestError, RequestOptions
 from qwen_embed.serving.tokenizer import TextTokenizer
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_client.contract import EmbedOptions, RequestError
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
 from replicas import QWEN3_QUERY, gte_qwen2, qwen3_embedding
@@ -225,11 +225,11 @@ def test_truncation_keeps_either_end_and_the_eos(dirs, name):
     body = tok.encode(text, add_special_tokens=False).ids
     assert len(body) > 40
     tokenizer = TextTokenizer(dirs[name], 16)
-    right = tokenizer.encode([text], RequestOptions())[0]
-    left = tokenizer.encode([text], RequestOptions(truncation_direction="left"))[0]
+    right = tokenizer.encode([text], EmbedOptions())[0]
+    left = tokenizer.encode([text], EmbedOptions(truncation_direction="left"))[0]
     # Both add <|endoftext|> (Qwen3's post-processor; gte's add_eos_token) and keep it.
     assert right == body[:15] + [EOS] and left == body[-15:] + [EOS]
-    assert TextTokenizer(dirs[name], 16, "left").encode([text], RequestOptions())[0] == left
+    assert TextTokenizer(dirs[name], 16, "left").encode([text], EmbedOptions())[0] == left
 
 
 def test_left_truncation_served(server, dirs):

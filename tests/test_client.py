@@ -6,12 +6,12 @@ import threading
 
 import numpy as np
 import pytest
+
 from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 from qwen_embed_client.scheduler import MIN_CHUNK, ServerState
-
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed_deploy.demo import build_demo_model
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from triton_helpers import copies_busy_for, infer, wait_until
 

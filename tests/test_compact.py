@@ -4,7 +4,8 @@ documented definition, written here independently, element by element."""
 import numpy as np
 import pytest
 
-from qwen_embed.compact import EMBEDDING_TYPES, compact, outputs
+from qwen_embed.compact import compact, outputs
+from qwen_embed_client.contract import EMBEDDING_TYPES
 
 
 def reference(vector: np.ndarray, embedding_type: str) -> list[int]:

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.demo import DEMO_CONFIG, ENDOFTEXT_ID, build_demo_model
+from qwen_embed_deploy.demo import DEMO_CONFIG, ENDOFTEXT_ID, build_demo_model
 
 MULTILINGUAL = [
     "Hello, world!",

@@ -53,7 +53,7 @@ def test_dockerfile_matches_the_repository():
     assert "numpy==1." in requirements  # the 2.51 stub needs NumPy 1.x
     # The GPU stack's pins (tests/test_gpu_stack.py) and the build-time check of its kernels.
     assert "torch===2.13.0" in requirements  # exactly the CUDA wheel (gpu_stack)
-    assert "python3 -m qwen_embed.gpu_stack check" in text
+    assert "python3 -m qwen_embed_deploy.gpu_stack check" in text
 
 
 def test_compose_file():
@@ -84,7 +84,7 @@ def test_manifests_fit_together():
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert "qwen_embed.serving.probe" in container["livenessProbe"]["exec"]["command"]
+    assert "qwen_embed_deploy.probe" in container["livenessProbe"]["exec"]["command"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > 30  # longer than the launcher's default --exit-timeout-secs

@@ -6,8 +6,8 @@ import torch
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine, random_sequences, reference_embeddings
 from triton_helpers import infer

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen_embed import gpu_stack
 from qwen_embed.attention.flashinfer_limits import flashinfer_problem
-from qwen_embed.gpu_stack import PYTHONS, UnsupportedStack
 from qwen_embed.host import gpu_count, gpu_present
+from qwen_embed_deploy import gpu_stack
+from qwen_embed_deploy.gpu_stack import PYTHONS, UnsupportedStack
 
 DOCKER_PINS = Path(__file__).parents[1] / "docker" / "requirements-gpu.txt"
 
@@ -130,7 +130,9 @@ def test_doctor_fails_where_a_gpu_cannot_run_cuda():
     # This CPU machine: no NVIDIA device nodes, so nothing to stop on.
     assert gpu_stack.doctor() is None
     run = subprocess.run(
-        [sys.executable, "-m", "qwen_embed.gpu_stack", "doctor"], capture_output=True, text=True
+        [sys.executable, "-m", "qwen_embed_deploy.gpu_stack", "doctor"],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0 and "no NVIDIA GPU here" in run.stdout
 

@@ -46,7 +46,7 @@ def test_an_installed_wheel_serves_without_the_checkout(tmp_path, demo_dir):
         [
             sys.executable,
             "-m",
-            "qwen_embed.serving.repository",
+            "qwen_embed_deploy.repository",
             out,
             f"embed={demo_dir}",
             "--rerank",

@@ -20,15 +20,14 @@ from qwen_embed.placement import (
     tokenizer_placement,
 )
 from qwen_embed.serving.config import REPO
-from qwen_embed.serving.launcher import (
+from qwen_embed_deploy.launcher import (
     cpu_instances,
     gpu_instances,
+    served_edits,
     stub_processes,
-    with_cpu_instances,
-    with_gpu_instances,
 )
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.repository import edited_copy, instance_group, read_config, render
+from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import infer
 
@@ -90,6 +89,20 @@ def test_instance_index_and_this_machine():
     assert allowed <= set(range(1024))
 
 
+def with_cpu_instances(repository, count, only_kind_model):
+    return edited_copy(repository, served_edits(count, only_kind_model, None, False))
+
+
+def with_gpu_instances(repository, gpus, cpus, per_gpu):
+    encoder, tokenizer = gpu_instance_groups(gpus, cpus, per_gpu)
+    edit = served_edits(None, False, (instance_group(encoder), instance_group(tokenizer)), False)
+    return edited_copy(repository, edit)
+
+
+def groups(repository, model):
+    return list(read_config(repository / model / "config.pbtxt").instance_group)
+
+
 def test_launcher_instance_count(tmp_path):
     assert cpu_instances("auto", 2, gpu_present=False) == 2  # one per NUMA node
     assert cpu_instances("auto", 2, gpu_present=True) is None  # GPUs: the repository's own
@@ -101,15 +114,14 @@ def test_launcher_instance_count(tmp_path):
     assert with_cpu_instances(repository, 1, True) == repository  # count 1 already: as is
     copy = with_cpu_instances(repository, 2, only_kind_model=True)
     assert copy != repository and (copy / "encoder" / "1" / "model.py").is_file()
-    config = (copy / "encoder" / "config.pbtxt").read_text()
-    assert "instance_group [ { count: 2, kind: KIND_CPU } ]" in config
+    assert groups(copy, "encoder") == [instance_group("count: 2, kind: KIND_CPU")]
     assert (copy / "tokenizer" / "config.pbtxt").read_text() == (
         repository / "tokenizer" / "config.pbtxt"
     ).read_text()
     # auto keeps an explicit KIND_CPU group; a count asked for by number replaces it
     assert with_cpu_instances(copy, 3, only_kind_model=True) == copy
     again = with_cpu_instances(copy, 3, only_kind_model=False)
-    assert "count: 3, kind: KIND_CPU" in (again / "encoder" / "config.pbtxt").read_text()
+    assert groups(again, "encoder") == [instance_group("count: 3, kind: KIND_CPU")]
     shutil.rmtree(copy.parent)
     shutil.rmtree(again.parent)
 
@@ -133,25 +145,22 @@ def test_launcher_repository_for_a_gpu_host(tmp_path):
     repository = REPO / "model_repository"
     copy = with_gpu_instances(repository, gpus=2, cpus=12, per_gpu=1)
     for encoder in ("encoder", "rerank_encoder"):
-        config = (copy / encoder / "config.pbtxt").read_text()
-        assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config, encoder
+        assert groups(copy, encoder) == [instance_group("count: 1, kind: KIND_GPU")], encoder
     for tokenizer in ("tokenizer", "rerank_tokenizer"):
-        config = (copy / tokenizer / "config.pbtxt").read_text()
-        assert "instance_group [ { count: 10, kind: KIND_CPU } ]" in config, tokenizer
+        assert groups(copy, tokenizer) == [instance_group("count: 10, kind: KIND_CPU")], tokenizer
     assert (copy / "embed" / "config.pbtxt").read_text() == (
         repository / "embed" / "config.pbtxt"
     ).read_text()
     # A tensor-parallel group stays the deployer's KIND_MODEL group on its GPUs.
     tp = render(tmp_path / "tp", {"embed": REPO}, {"encoder": {"tp_size": "2"}})
     tp_copy = with_gpu_instances(tp, gpus=2, cpus=12, per_gpu=1)
-    assert "kind: KIND_MODEL" in (tp_copy / "encoder" / "config.pbtxt").read_text()
-    assert "count: 10, kind: KIND_CPU" in (tp_copy / "tokenizer" / "config.pbtxt").read_text()
+    assert groups(tp_copy, "encoder") == [instance_group("count: 1, kind: KIND_MODEL")]
+    assert groups(tp_copy, "tokenizer") == [instance_group("count: 10, kind: KIND_CPU")]
     # So does an encoder pinned to a device: on the CPU beside the GPUs, or on one GPU.
     for device in ("cpu", "cuda:1"):
         pinned = render(tmp_path / device, {"embed": REPO}, {"encoder": {"device": device}})
         pinned_copy = with_gpu_instances(pinned, gpus=2, cpus=12, per_gpu=1)
-        config = (pinned_copy / "encoder" / "config.pbtxt").read_text()
-        assert "instance_group [ { count: 1, kind: KIND_MODEL } ]" in config, device
+        assert groups(pinned_copy, "encoder") == [instance_group("count: 1, kind: KIND_MODEL")]
         shutil.rmtree(pinned_copy.parent)
     shutil.rmtree(copy.parent)
     shutil.rmtree(tp_copy.parent)
@@ -202,7 +211,7 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
 
 
 def test_server_environment_spins_briefly_unless_a_wait_policy_is_set(monkeypatch):
-    from qwen_embed.serving.triton import server_command
+    from qwen_embed_deploy.triton import server_command
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)

@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed_client.contract import DEFAULT_TASK
 
 from reference import (
     cosine,

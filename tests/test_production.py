@@ -16,9 +16,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from qwen_embed.serving.launcher import stub_processes
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.launcher import stub_processes
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import infer, text_input, wait_until
 
@@ -216,7 +216,7 @@ def process_gone(pid):
 
 
 def run_probe(server):
-    cmd = [sys.executable, "-m", "qwen_embed.serving.probe", "--url", server.http_url]
+    cmd = [sys.executable, "-m", "qwen_embed_deploy.probe", "--url", server.http_url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from qwen_embed_client import EmbeddingClient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed.serving.config import DEMO_RERANKER_DIR
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.requests import DEFAULT_TASK
-from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed_client import EmbeddingClient
+from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
 from triton_helpers import infer, run_clients

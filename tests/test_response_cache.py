@@ -12,9 +12,9 @@ from tritonclient.utils import InferenceServerException
 
 from qwen_embed.compact import compact
 from qwen_embed.serving.config import MODEL_REPOSITORY
-from qwen_embed.serving.launcher import cache_args, with_response_cache
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.launcher import cache_args, served_edits
+from qwen_embed_deploy.repository import edited_copy, read_config, render
+from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import infer, text_input
 
@@ -28,12 +28,13 @@ def test_cache_flags_and_configs():
     assert cache_args(64) == [f"--cache-config=local,size={64 * 2**20}"]
     with pytest.raises(ValueError, match="--response-cache-mb"):
         cache_args(-1)
-    copy = with_response_cache(MODEL_REPOSITORY)
+    cache_on = served_edits(None, False, None, response_cache=True)
+    copy = edited_copy(MODEL_REPOSITORY, cache_on)
     for name in ("encoder", "rerank_encoder"):
-        assert "response_cache { enable: true }" in (copy / name / "config.pbtxt").read_text()
+        assert read_config(copy / name / "config.pbtxt").response_cache.enable
     for name in ("embed", "tokenizer", "rerank", "rerank_tokenizer"):  # hashes no options
-        assert "response_cache" not in (copy / name / "config.pbtxt").read_text()
-    assert with_response_cache(copy) == copy  # already on: nothing to change
+        assert not read_config(copy / name / "config.pbtxt").HasField("response_cache")
+    assert edited_copy(copy, cache_on) == copy  # already on: nothing to change
     shutil.rmtree(copy.parent)
 
 

@@ -3,7 +3,6 @@ parameters, carried whole to tensor-parallel workers; the rendered repositories 
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,9 @@ import pytest
 from qwen_embed import EncoderSettings
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.parallel import RankSpec
-from qwen_embed.serving.config import MODEL_REPOSITORY, encoder_parameters
-from qwen_embed.serving.repository import get_parameter, render
+from qwen_embed.serving.config import MODEL_REPOSITORY, EncoderServing, encoder_parameters
 from qwen_embed.worker import threads_per_rank
+from qwen_embed_deploy.repository import get_parameter, read_config, render
 
 from reference import route_for
 
@@ -35,11 +34,11 @@ def test_parameters_build_the_settings_whole():
                 "max_batch_tokens": "4096",
                 "prefix_reuse": "off",
                 "prefix_cache_mb": "",
-                "watchdog_generation": "2",
+                "cpu_pinning": "off",
             }
         )
     )
-    assert serving == {"model_dir": "/m", "cpu_pinning": "auto", "watchdog_generation": "2"}
+    assert serving == EncoderServing(model_dir="/m", cpu_pinning="off")
     assert settings == EncoderSettings(dtype="float32", max_batch_tokens=4096, prefix_reuse="off")
     assert settings.prefix_cache_mb == EncoderSettings().prefix_cache_mb  # empty: the default
     _, defaults = encoder_parameters(triton_args({"model_dir": ""}))
@@ -72,8 +71,7 @@ def test_encoder_defaults_live_only_in_the_settings_object():
     # The templates name the serving parameters and the task, never an engine default.
     engine_keys = {f.name for f in dataclasses.fields(EncoderSettings)}
     for name, allowed in [("encoder", {"model_dir"}), ("rerank_encoder", {"model_dir", "task"})]:
-        config = (MODEL_REPOSITORY / name / "config.pbtxt").read_text()
-        keys = set(re.findall(r'\{ key: "(\w+)"', config))
+        keys = set(read_config(MODEL_REPOSITORY / name / "config.pbtxt").parameters)
         assert keys == allowed and not (keys - {"task"}) & engine_keys
     # Both encoders (and both tokenizers) run one model.py.
     for step in ("encoder", "tokenizer"):
@@ -88,14 +86,14 @@ def test_rendered_overrides_add_parameters_the_template_leaves_out(tmp_path, dem
         {"encoder": {"dtype": "bfloat16"}},
         rerankers={"rerank": demo_dir},
     )
-    config = (repo / "encoder" / "config.pbtxt").read_text()
+    config = read_config(repo / "encoder" / "config.pbtxt")
     assert get_parameter(config, "dtype") == "bfloat16"
     assert get_parameter(config, "model_dir") == str(demo_dir)
-    params = dict(re.findall(r'\{ key: "(\w+)", value: \{ string_value: "([^"]*)"', config))
+    params = {k: v.string_value for k, v in config.parameters.items()}
     serving, settings = encoder_parameters(triton_args(params))
-    assert settings.dtype == "bfloat16" and serving["model_dir"] == str(demo_dir)
-    rerank = (repo / "rerank_encoder" / "config.pbtxt").read_text()
-    assert get_parameter(rerank, "task") == "rerank" and "dtype" in rerank
+    assert settings.dtype == "bfloat16" and serving.model_dir == str(demo_dir)
+    rerank = read_config(repo / "rerank_encoder" / "config.pbtxt")
+    assert get_parameter(rerank, "task") == "rerank" and "dtype" in rerank.parameters
     assert (repo / "rerank_encoder" / "1" / "model.py").is_file()
 
 

@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from qwen_embed.serving.launcher import trace_args
-from qwen_embed.serving.repository import render
-from qwen_embed.serving.triton import TritonServer, free_port
+from qwen_embed_deploy.launcher import trace_args
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from otlp_receiver import OTLPReceiver
 from triton_helpers import infer, wait_until

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from qwen_embed_client.client import PRIORITIES
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
-from qwen_embed.compact import EMBEDDING_TYPES, OUTPUTS, compact
-from qwen_embed.serving.requests import DEFAULT_TASK
+from qwen_embed.compact import compact
+from qwen_embed_client.contract import DEFAULT_TASK, EMBEDDING_TYPES, PRIORITIES
+from qwen_embed_client.contract import EMBEDDING_OUTPUTS as OUTPUTS
 
 from reference import cosine, reference_embeddings
 from triton_helpers import copies_busy_for, infer, run_clients, text_input, wait_until

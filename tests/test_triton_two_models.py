@@ -5,9 +5,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.demo import build_demo_model
-from qwen_embed.serving.repository import get_parameter, render
-from qwen_embed.serving.triton import TritonServer
+from qwen_embed_deploy.demo import build_demo_model
+from qwen_embed_deploy.repository import get_parameter, instance_group, read_config, render
+from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import infer
 
@@ -23,11 +23,10 @@ def test_render_gpu_variant(demo_dir, tmp_path):
         {"encoder": {"dtype": "bfloat16"}},
         encoder_instances="count: 1, kind: KIND_GPU",
     )
-    config = (repo / "encoder" / "config.pbtxt").read_text()
-    assert "instance_group [ { count: 1, kind: KIND_GPU } ]" in config
-    assert '{ key: "dtype", value: { string_value: "bfloat16" } }' in config
+    config = read_config(repo / "encoder" / "config.pbtxt")
+    assert list(config.instance_group) == [instance_group("count: 1, kind: KIND_GPU")]
     assert get_parameter(config, "dtype") == "bfloat16"
-    assert str(demo_dir.resolve()) in config
+    assert get_parameter(config, "model_dir") == str(demo_dir.resolve())
 
 
 def test_two_checkpoints_one_server(demo_dir, tmp_path):

@@ -6,23 +6,22 @@ qwen-embed embed --input big.jsonl -o out/                # shards, resumed afte
 qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSONL of chunks
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
-qwen-embed info --url HOST:PORT [--metrics-url http://HOST:8002/metrics]
+qwen-embed info --url HOST:PORT
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from . import bulk
-from .client import EMBEDDING_OUTPUTS, PRIORITIES, EmbeddingClient, EmbeddingError
+from .client import EmbeddingClient, EmbeddingError
+from .contract import EMBEDDING_TYPES, FACTS, PRIORITIES, read_facts
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
@@ -179,8 +178,11 @@ def cmd_health(args) -> None:
 
 
 def cmd_info(args) -> None:
+    """The ensemble, its steps' parameters and the facts each step publishes in its config
+    (dimension, tokens per text, prompt names, the encoder's route)."""
     for url in args.url:
-        config = _grpc(url).get_model_config(args.model, as_json=True)["config"]
+        client = _grpc(url)
+        config = client.get_model_config(args.model, as_json=True)["config"]
         steps = [s["model_name"] for s in config.get("ensemble_scheduling", {}).get("step", [])]
         details = {
             "url": url,
@@ -189,51 +191,11 @@ def cmd_info(args) -> None:
             "max_texts_per_request": config.get("max_batch_size"),
         }
         for step in steps:
-            params = _grpc(url).get_model_config(step, as_json=True)["config"].get("parameters", {})
-            details.update({k: v.get("string_value", "") for k, v in params.items()})
-        with EmbeddingClient(url, model=args.model) as client:
-            details["dimension"] = int(client.embed(["dimension probe"]).shape[1])
-        metrics_url = args.metrics_url or default_metrics_url(url)
-        details["routes"] = encoder_routes(metrics_url, steps)
-        details["prompts"] = checkpoint_prompts(metrics_url, steps)
+            step_config = client.get_model_config(step, as_json=True)["config"]
+            params = step_config.get("parameters", {})
+            details.update({k: v["string_value"] for k, v in params.items() if k not in FACTS})
+            details.update(read_facts(step_config))
         print(json.dumps(details, indent=2))
-
-
-def default_metrics_url(grpc_url: str) -> str:
-    """Triton's metrics port beside a gRPC url: HOST:8002 as `make serve` starts it."""
-    host = grpc_url.rsplit(":", 1)[0] if ":" in grpc_url else grpc_url
-    return f"http://{host}:8002/metrics"
-
-
-def gauge_labels(metrics_url: str, gauge: str, models: list[str]) -> list[dict] | str:
-    """The label sets of a `gauge{...} 1` on the metrics page, for the given models: what a
-    model decided at load (its route, its checkpoint's prompts) that only the metrics show."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as response:
-            text = response.read().decode()
-    except OSError as e:
-        return f"unknown: metrics at {metrics_url} unreachable ({e}); pass --metrics-url"
-    line = re.compile(rf"^{gauge}\{{(.*)\}} 1(\.0+)?$", re.M)
-    found = [
-        dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1))) for m in line.finditer(text)
-    ]
-    return [labels for labels in found if labels.get("model") in models]
-
-
-def encoder_routes(metrics_url: str, models: list[str]) -> list[dict] | str:
-    """Each encoder instance's arithmetic route and cores (qwen_embed_encoder_route)."""
-    return gauge_labels(metrics_url, "qwen_embed_encoder_route", models)
-
-
-def checkpoint_prompts(metrics_url: str, models: list[str]) -> dict | str:
-    """The prompt names the checkpoint defines and its default (qwen_embed_prompts)."""
-    found = gauge_labels(metrics_url, "qwen_embed_prompts", models)
-    if isinstance(found, str) or not found:
-        return found or "unknown: no qwen_embed_prompts gauge"
-    return {
-        "names": [n for n in found[0]["names"].split(",") if n],
-        "default": found[0]["default"] or None,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--no-normalize", action="store_true")
     e.add_argument(
         "--embedding-type",
-        choices=list(EMBEDDING_OUTPUTS),
+        choices=list(EMBEDDING_TYPES),
         default="float",
         help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
     )
@@ -293,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     r.add_argument("--timeout", type=float, default=120.0)
     sub.add_parser("health", parents=[common], help="readiness of each server")
-    info = sub.add_parser("info", parents=[common], help="model, dimension, limits and route")
-    info.add_argument("--metrics-url", help="default: http://HOST:8002/metrics of --url")
+    sub.add_parser("info", parents=[common], help="model, dimension, limits and route")
     args = p.parse_args(argv)
     args.url = args.url or ["localhost:8001"]
     try:

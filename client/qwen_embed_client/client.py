@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import random
 import threading
 from dataclasses import dataclass, field
@@ -16,6 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from .contract import (
+    MAX_TEXTS_PER_REQUEST,
+    EmbedOptions,
+    RerankOptions,
+    priority_level,
+    read_facts,
+)
 from .scheduler import ServerState, run_job
 
 RETRYABLE_STATUSES = {
@@ -39,31 +45,6 @@ class EmbeddingError(Exception):
     @property
     def retryable(self) -> bool:
         return self.status is None or self.status in RETRYABLE_STATUSES
-
-
-# Where each embedding_type travels (the server's qwen_embed.compact defines the codes).
-EMBEDDING_OUTPUTS = {
-    "float": "EMBEDDING",
-    "int8": "EMBEDDING_INT8",
-    "binary": "EMBEDDING_INT8",
-    "uint8": "EMBEDDING_UINT8",
-    "ubinary": "EMBEDDING_UINT8",
-}
-
-
-# Triton priority levels of the encoders (1 is served first): a batch takes every waiting
-# interactive request before any bulk one. 0 asks for the model's default, interactive.
-PRIORITIES = {"interactive": 1, "bulk": 2}
-
-
-def priority_level(priority: str | int | None) -> int:
-    if priority is None:
-        return 0
-    if isinstance(priority, str) and priority in PRIORITIES:
-        return PRIORITIES[priority]
-    if isinstance(priority, int) and not isinstance(priority, bool) and priority in (0, 1, 2):
-        return priority
-    raise ValueError(f"priority must be one of {list(PRIORITIES)} (or 1, 2), got {priority!r}")
 
 
 @dataclass
@@ -102,34 +83,6 @@ class RerankResult:
         return int(self.token_counts.sum())
 
 
-@dataclass(frozen=True)
-class EmbedOptions:
-    prompt_name: str | None = None
-    instruction: str | None = None
-    prompt: str | None = None
-    dimensions: int | None = None
-    normalize: bool = True
-    truncate: bool = True
-    truncation_direction: str | None = None
-    embedding_type: str = "float"  # float, int8, uint8, binary (int8 bytes), ubinary
-
-    def __post_init__(self):
-        if self.embedding_type not in EMBEDDING_OUTPUTS:
-            raise ValueError(
-                f"embedding_type must be one of {list(EMBEDDING_OUTPUTS)}, "
-                f"got {self.embedding_type!r}"
-            )
-
-    def parameters(self) -> dict:
-        params = {"normalize": self.normalize, "truncate": self.truncate}
-        for key in ("prompt_name", "instruction", "prompt", "dimensions", "truncation_direction"):
-            if getattr(self, key) is not None:
-                params[key] = getattr(self, key)
-        if self.embedding_type != "float":
-            params["embedding_type"] = self.embedding_type
-        return params
-
-
 @dataclass
 class _Server:
     url: str
@@ -152,7 +105,7 @@ class AsyncEmbeddingClient:
         timeout: float = 120.0,
         model: str = "embed",
         rerank_model: str = "rerank",
-        max_texts_per_request: int = 256,
+        max_texts_per_request: int = MAX_TEXTS_PER_REQUEST,
         requests_in_flight: int = 4,
         retries: int = 3,
         backoff_s: float = 0.25,
@@ -231,11 +184,7 @@ class AsyncEmbeddingClient:
             raise ValueError("texts must not be empty")
         if (chunk_size is None) == (spans is None):
             raise ValueError("give chunk_size or spans (one of them)")
-        params = EmbedOptions(**options).parameters()
-        if chunk_size is not None:
-            params["chunk_size"] = chunk_size
-        else:
-            params["chunk_spans"] = json.dumps([[int(a), int(b)] for a, b in spans])
+        params = EmbedOptions(**options, chunk_size=chunk_size, chunk_spans=spans).parameters()
         level = priority_level(priority)
         parts = await self._split(
             len(texts),
@@ -263,7 +212,8 @@ class AsyncEmbeddingClient:
             isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1
         ):
             raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
-        params = {"truncate": truncate, **({"instruction": instruction} if instruction else {})}
+        opts = RerankOptions(truncate, **({"instruction": instruction} if instruction else {}))
+        params = opts.parameters()
         level = priority_level(priority)
         chunks = await self._split(
             len(documents),
@@ -309,7 +259,7 @@ class AsyncEmbeddingClient:
     async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority, headers):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
         result = await self._infer(server, self.model, [inp], opts.parameters(), priority, headers)
-        vectors = result.as_numpy(EMBEDDING_OUTPUTS[opts.embedding_type])
+        vectors = result.as_numpy(opts.output)
         return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
 
     async def _send_chunks(self, server: _Server, texts: list[str], params, priority, headers):
@@ -363,6 +313,18 @@ class AsyncEmbeddingClient:
             except Exception:  # unreachable or unknown: not ready there
                 continue
         return False
+
+    async def model_facts(self, model: str) -> dict:
+        """What `model` publishes about itself in its config (contract.FACTS), from the first
+        server that answers; {} where none does."""
+        for server in self._connect():
+            try:
+                kwargs = {"as_json": True} if self.protocol == "grpc" else {}
+                config = await server.client.get_model_config(model, **kwargs)
+            except Exception:  # unreachable or unknown: ask the next one
+                continue
+            return read_facts(config.get("config", config))
+        return {}
 
     async def close(self) -> None:
         for server in self._servers or []:

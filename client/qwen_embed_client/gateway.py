@@ -6,7 +6,9 @@
 
 POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /v1/models, GET /health. Needs the
 `gateway` extra (fastapi, uvicorn, opentelemetry). An empty --rerank-model-name turns
-/v1/rerank off. With an OTLP endpoint every request is traced (tracing.py).
+/v1/rerank off. With an OTLP endpoint every request is traced (tracing.py). The handlers are
+plain functions over one `Gateway` state object (app.state.gateway); request options are
+checked by the request contract (contract.py), as the server checks them.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import hmac
 import os
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from .cli import checkpoint_prompts
-from .client import EMBEDDING_OUTPUTS, AsyncEmbeddingClient, EmbeddingError, priority_level
+from .client import AsyncEmbeddingClient, EmbeddingError
+from .contract import EMBEDDING_TYPES, EmbedOptions, RequestError, priority_level
 
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
@@ -52,7 +55,15 @@ def _invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-EMBEDDING_TYPES = tuple(EMBEDDING_OUTPUTS)
+def _contract(**options) -> dict:
+    """Options checked by the request contract (what the server would refuse, refused here
+    with the field named), passed on as given."""
+    try:
+        EmbedOptions(**{k: v for k, v in options.items() if k != "priority"})
+    except RequestError as e:
+        name = str(e).split("'")[1] if "'" in str(e) else None
+        raise _invalid(str(e).replace("parameter ", "", 1), _field(name)) from None
+    return options
 
 
 def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str, list[str], bool]:
@@ -75,37 +86,22 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
         )
     _check_utf8([(f"input[{i}]", t) for i, t in enumerate(texts)])
     _check_model(body.get("model"), served_model)
-    options = {}
-    dims = body.get("dimensions")
-    if dims is not None:
-        if isinstance(dims, bool) or not isinstance(dims, int):
-            raise _invalid("'dimensions' must be an integer", "dimensions")
-        options["dimensions"] = dims
+    options = {} if body.get("dimensions") is None else {"dimensions": body["dimensions"]}
     options.update(_priority(body))
     encoding, kinds, keyed = _embedding_types(body)
     if "chunks" in body:
         if kinds != ["float"] or keyed:
             raise _invalid("'chunks' come as float vectors: send no embedding type", "chunks")
         options.update(_chunks(body["chunks"]))
-    return texts, options, encoding, kinds, keyed
+    return texts, _contract(**options), encoding, kinds, keyed
 
 
 def _chunks(value: object) -> dict:
     """The late-chunking extension: {"size": tokens} or {"spans": [[start, end], ...]} over
-    each text's own tokens (the server checks the ranges)."""
-    if isinstance(value, dict) and set(value) == {"size"}:
-        size = value["size"]
-        if not isinstance(size, bool) and isinstance(size, int):
-            return {"chunk_size": size}
-    if isinstance(value, dict) and set(value) == {"spans"}:
-        spans = value["spans"]
-        if isinstance(spans, list) and all(
-            isinstance(s, list)
-            and len(s) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
-            for s in spans
-        ):
-            return {"spans": spans}
+    each text's own tokens (the contract checks their form, the server their ranges)."""
+    if isinstance(value, dict) and set(value) in ({"size"}, {"spans"}):
+        key, given = next(iter(value.items()))
+        return {"chunk_size" if key == "size" else "chunk_spans": given}
     raise _invalid(
         '\'chunks\' must be {"size": tokens} or {"spans": [[start, end], ...]}', "chunks"
     )
@@ -242,7 +238,12 @@ def _backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
             "model_not_found",
         )
     param = next((p for p in params if p.upper() in message.upper()), None)
-    return _invalid(message, param)
+    return _invalid(message, _field(param))
+
+
+def _field(option: str | None) -> str | None:
+    """The request body's field of a contract option: the late-chunking ones are `chunks`."""
+    return "chunks" if option in ("chunk_size", "chunk_spans") else option
 
 
 async def _json_body(request: Request) -> object:
@@ -267,6 +268,151 @@ def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
+@dataclass
+class Gateway:
+    """What the handlers share: the Triton client and the names served."""
+
+    client: AsyncEmbeddingClient
+    model_name: str
+    api_key: str | None
+    tokenizer: str  # the embed ensemble's tokenizer step, whose config holds the model's facts
+    rerank_model_name: str | None
+    triton_rerank_model: str
+    tracing: object | None  # tracing.Tracing
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(
+                401, "Incorrect API key provided", "invalid_request_error", code="invalid_api_key"
+            )
+
+    def outgoing(self) -> dict | None:
+        """Headers for the Triton requests: the current span's trace context."""
+        return self.tracing.outgoing_headers() if self.tracing is not None else None
+
+
+router = APIRouter()
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway = request.app.state.gateway
+    gateway.check_key(request)
+    return gateway
+
+
+@router.get("/health")
+async def health():
+    return {"status": "ok"}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    gw = _gateway(request)
+    served = [{"id": gw.model_name}]
+    facts = await gw.client.model_facts(gw.tokenizer)  # published by the tokenizer model
+    if "prompt_names" in facts:
+        served[0].update(
+            prompt_names=facts["prompt_names"], default_prompt_name=facts["default_prompt_name"]
+        )
+    if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
+        served.append({"id": gw.rerank_model_name})
+    return {
+        "object": "list",
+        "data": [
+            {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
+            for entry in served
+        ],
+    }
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    gw = _gateway(request)
+    texts, options, encoding, kinds, keyed = parse_request(await _json_body(request), gw.model_name)
+    if gw.tracing is not None:
+        gw.tracing.set_attributes(**{"qwen_embed.inputs": len(texts)})
+    if "chunk_size" in options or "chunk_spans" in options:
+        return await _chunk_embeddings(gw, texts, options, encoding)
+    try:  # one request per type, computed on the server
+        results = await asyncio.gather(
+            *(
+                gw.client.embed_with_usage(
+                    texts, **options, embedding_type=k, headers=gw.outgoing()
+                )
+                for k in kinds
+            )
+        )
+    except EmbeddingError as e:
+        raise _backend_error(e, ("dimensions",)) from e
+    data = []
+    for i in range(len(texts)):
+        entry = {"object": "embedding", "index": i}
+        if keyed:
+            entry["embeddings"] = {
+                k: _value(r.embeddings[i], encoding) for k, r in zip(kinds, results, strict=True)
+            }
+        else:
+            entry["embedding"] = _value(results[0].embeddings[i], encoding)
+        data.append(entry)
+    return _embeddings_body(data, gw.model_name, results[0].total_tokens)
+
+
+async def _chunk_embeddings(gw: Gateway, texts, options, encoding):
+    """Late chunking: each data item lists its chunks (characters and vector)."""
+    size, spans = options.pop("chunk_size", None), options.pop("chunk_spans", None)
+    try:
+        results = await gw.client.embed_chunks(
+            texts, chunk_size=size, spans=spans, **options, headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise _backend_error(e, ("dimensions", "chunk_size", "chunk_spans")) from e
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "chunks": [
+                {"start": int(a), "end": int(b), "embedding": _value(v, encoding)}
+                for (a, b), v in zip(r.spans, r.embeddings, strict=True)
+            ],
+        }
+        for i, r in enumerate(results)
+    ]
+    return _embeddings_body(data, gw.model_name, sum(r.token_count for r in results))
+
+
+@router.post("/v1/rerank")
+@router.post("/rerank")
+async def rerank(request: Request):
+    gw = _gateway(request)
+    query, documents, options = parse_rerank_request(
+        await _json_body(request), gw.rerank_model_name
+    )
+    return_documents = options.pop("return_documents")
+    try:
+        result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise _backend_error(e, ("query", "documents", "instruction")) from e
+    results = []
+    for index, score in result.ranking:
+        item = {"index": index, "relevance_score": score}
+        if return_documents:
+            item["document"] = {"text": documents[index]}
+        results.append(item)
+    return {
+        "model": gw.rerank_model_name,
+        "results": results,
+        "usage": {"total_tokens": result.total_tokens},
+    }
+
+
+async def _api_error(_request, e: APIError):
+    return JSONResponse(_error_body(e), status_code=e.status)
+
+
 def create_app(
     triton_urls: list[str],
     *,
@@ -275,9 +421,8 @@ def create_app(
     triton_model: str = "embed",
     rerank_model_name: str | None = "rerank",
     triton_rerank_model: str = "rerank",
-    metrics_url: str | None = None,
     otlp_endpoint: str | None = None,
-):
+) -> FastAPI:
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
@@ -295,141 +440,34 @@ def create_app(
             tracing.shutdown()
 
     app = FastAPI(title="qwen-embed OpenAI-compatible gateway", lifespan=lifespan)
-
+    app.state.gateway = Gateway(
+        client=client,
+        model_name=model_name,
+        api_key=api_key,
+        # the renderer's naming (repository.render): embed -> tokenizer, NAME -> NAME_tokenizer
+        tokenizer="tokenizer" if triton_model == "embed" else f"{triton_model}_tokenizer",
+        rerank_model_name=rerank_model_name,
+        triton_rerank_model=triton_rerank_model,
+        tracing=tracing,
+    )
+    app.add_exception_handler(APIError, _api_error)
     if tracing is not None:
-
-        @app.middleware("http")
-        async def trace(request: Request, call_next):
-            path = request.url.path
-            if path == "/health":  # probes, not traffic
-                return await call_next(request)
-            with tracing.request_span(request.method, path, request.headers) as span:
-                response = await call_next(request)
-                span.set_attribute("http.response.status_code", response.status_code)
-                return response
-
-    def outgoing() -> dict | None:
-        """Headers for the Triton requests: the current span's trace context."""
-        return tracing.outgoing_headers() if tracing is not None else None
-
-    # the renderer's naming (serving/repository.py): embed -> tokenizer, NAME -> NAME_tokenizer
-    tokenizer = "tokenizer" if triton_model == "embed" else f"{triton_model}_tokenizer"
-    created = int(time.time())
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(
-                401, "Incorrect API key provided", "invalid_request_error", code="invalid_api_key"
-            )
-
-    @app.exception_handler(APIError)
-    async def api_error(_request, e: APIError):
-        return JSONResponse(_error_body(e), status_code=e.status)
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_key(request)
-        served = [{"id": model_name}]
-        if metrics_url:  # the checkpoint's prompt names, published by the tokenizer model
-            prompts = await asyncio.to_thread(checkpoint_prompts, metrics_url, [tokenizer])
-            if isinstance(prompts, dict):
-                served[0].update(
-                    prompt_names=prompts["names"], default_prompt_name=prompts["default"]
-                )
-        if rerank_model_name and await client.model_ready(triton_rerank_model):
-            served.append({"id": rerank_model_name})
-        return {
-            "object": "list",
-            "data": [
-                {**entry, "object": "model", "created": created, "owned_by": "qwen-embed"}
-                for entry in served
-            ],
-        }
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request):
-        check_key(request)
-        texts, options, encoding, kinds, keyed = parse_request(
-            await _json_body(request), model_name
-        )
-        if tracing is not None:
-            tracing.set_attributes(**{"qwen_embed.inputs": len(texts)})
-        if "chunk_size" in options or "spans" in options:
-            return await chunk_embeddings(texts, options, encoding)
-        try:  # one request per type, computed on the server
-            results = await asyncio.gather(
-                *(
-                    client.embed_with_usage(texts, **options, embedding_type=k, headers=outgoing())
-                    for k in kinds
-                )
-            )
-        except EmbeddingError as e:
-            raise _backend_error(e, ("dimensions",)) from e
-
-        data = []
-        for i in range(len(texts)):
-            entry = {"object": "embedding", "index": i}
-            if keyed:
-                entry["embeddings"] = {
-                    k: _value(r.embeddings[i], encoding)
-                    for k, r in zip(kinds, results, strict=True)
-                }
-            else:
-                entry["embedding"] = _value(results[0].embeddings[i], encoding)
-            data.append(entry)
-        return _embeddings_body(data, model_name, results[0].total_tokens)
-
-    async def chunk_embeddings(texts, options, encoding):
-        """Late chunking: each data item lists its chunks (characters and vector)."""
-        try:
-            results = await client.embed_chunks(texts, **options, headers=outgoing())
-        except EmbeddingError as e:
-            raise _backend_error(e, ("dimensions", "chunk_size", "chunk_spans")) from e
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "chunks": [
-                    {"start": int(a), "end": int(b), "embedding": _value(v, encoding)}
-                    for (a, b), v in zip(r.spans, r.embeddings, strict=True)
-                ],
-            }
-            for i, r in enumerate(results)
-        ]
-        return _embeddings_body(data, model_name, sum(r.token_count for r in results))
-
-    @app.post("/v1/rerank")
-    @app.post("/rerank")
-    async def rerank(request: Request):
-        check_key(request)
-        query, documents, options = parse_rerank_request(
-            await _json_body(request), rerank_model_name
-        )
-        return_documents = options.pop("return_documents")
-        try:
-            result = await client.rerank(query, documents, **options, headers=outgoing())
-        except EmbeddingError as e:
-            raise _backend_error(e, ("query", "documents", "instruction")) from e
-        results = []
-        for index, score in result.ranking:
-            item = {"index": index, "relevance_score": score}
-            if return_documents:
-                item["document"] = {"text": documents[index]}
-            results.append(item)
-        return {
-            "model": rerank_model_name,
-            "results": results,
-            "usage": {"total_tokens": result.total_tokens},
-        }
-
+        app.middleware("http")(_traced(tracing))
+    app.include_router(router)
     return app
+
+
+def _traced(tracing):
+    async def trace(request: Request, call_next):
+        path = request.url.path
+        if path == "/health":  # probes, not traffic
+            return await call_next(request)
+        with tracing.request_span(request.method, path, request.headers) as span:
+            response = await call_next(request)
+            span.set_attribute("http.response.status_code", response.status_code)
+            return response
+
+    return trace
 
 
 def main() -> None:
@@ -445,10 +483,6 @@ def main() -> None:
     )
     p.add_argument("--api-key", default=os.environ.get("QWEN_EMBED_API_KEY"))
     p.add_argument(
-        "--metrics-url",
-        help="Triton's metrics page: /v1/models then lists the checkpoint's prompt names",
-    )
-    p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
@@ -461,7 +495,6 @@ def main() -> None:
         model_name=args.model_name,
         api_key=args.api_key or None,
         rerank_model_name=args.rerank_model_name or None,
-        metrics_url=args.metrics_url,
         otlp_endpoint=args.otlp_endpoint or None,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # perf/workload.py
 from qwen_embed.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
-from qwen_embed.serving.requests import RequestOptions, pack_ids  # noqa: E402
 from qwen_embed.serving.tokenizer import TextTokenizer  # noqa: E402
+from qwen_embed_client.contract import EmbedOptions, pack_ids  # noqa: E402
 
 from workload import LONG_FRACTION, LONG_WORDS, SHORT_WORDS, make_texts  # noqa: E402
 
@@ -57,7 +57,7 @@ def write_inputs(texts: int, seed: int, out: Path, model_dir: Path = DEMO_MODEL_
     items = make_texts(texts, seed)
     # The server's own tokenizer code and default options, so the encoder gets what
     # the tokenizer model would send it.
-    ids = TextTokenizer(model_dir, max_input_tokens=8192).encode(items, RequestOptions())
+    ids = TextTokenizer(model_dir, max_input_tokens=8192).encode(items, EmbedOptions())
     out.mkdir(parents=True, exist_ok=True)
     embed = {"data": [{"TEXT": [t]} for t in items]}
     encoder = {"data": [{"TOKEN_IDS": bytes_element(pack_ids(x))} for x in ids]}

@@ -11,17 +11,14 @@ float vector after `dimensions` and `normalize`.
   ceil(dimensions / 8) bytes as uint8.
 - "binary": the ubinary bytes - 128, as int8 (what Cohere and sentence-transformers return).
 
-int8 and binary travel in the Triton output EMBEDDING_INT8, uint8 and ubinary in
-EMBEDDING_UINT8, float in EMBEDDING; a response holds only the one its type uses.
+Which Triton output carries each type is the request contract's (qwen_embed_client.contract).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary")
-OUTPUTS = {"float": "EMBEDDING", "int8": "EMBEDDING_INT8", "binary": "EMBEDDING_INT8"}
-OUTPUTS |= {"uint8": "EMBEDDING_UINT8", "ubinary": "EMBEDDING_UINT8"}
+from qwen_embed_client.contract import EMBEDDING_OUTPUTS, EMBEDDING_TYPES
 
 
 def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
@@ -48,4 +45,4 @@ def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
 def outputs(vectors: np.ndarray, embedding_type: str) -> dict[str, np.ndarray]:
     """A response's outputs: the type's codes in its own; the others are left out (an empty
     output would keep Triton's response cache from storing the response)."""
-    return {OUTPUTS[embedding_type]: compact(vectors, embedding_type)}
+    return {EMBEDDING_OUTPUTS[embedding_type]: compact(vectors, embedding_type)}

@@ -41,6 +41,19 @@ log = logging.getLogger(__name__)
 HIDDEN_ROWS_PER_TOKEN = 20
 
 
+def plan(model_dir: str | Path, settings: EncoderSettings) -> tuple[Path, ModelConfig, Route]:
+    """(local checkpoint directory, its config, the route) an encoder with these settings
+    takes on this machine, without loading weights."""
+    model_dir = resolve_checkpoint(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    device = resolve_device(settings.device, settings.tp_size)
+    return (
+        model_dir,
+        config,
+        choose_route(settings, config, device, cpu_features(), onednn_available()),
+    )
+
+
 class EncoderBroken(RuntimeError):
     """A tensor-parallel forward failed on some rank: the group's collectives can no longer
     pair up, so the workers are stopped and the encoder answers only this error until it is
@@ -218,10 +231,7 @@ class Encoder:
         any field replaced by a keyword, e.g. `from_pretrained(d, dtype="float32")`; what
         follows from them, the checkpoint and the machine is `encoder.route`, logged here."""
         settings = (settings or EncoderSettings()).replace(**changes)
-        model_dir = resolve_checkpoint(model_dir)
-        config = ModelConfig.from_dir(model_dir)
-        device = resolve_device(settings.device, settings.tp_size)
-        route = choose_route(settings, config, device, cpu_features(), onednn_available())
+        model_dir, config, route = plan(model_dir, settings)
         log.info("qwen_embed route for %s: %s", model_dir, route.describe())
         spec = RankSpec(str(model_dir), settings, route)
         if settings.tp_size == 1:

@@ -71,24 +71,7 @@ class EncoderSettings:
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> EncoderSettings:
-        """From config.pbtxt string parameters; an empty value keeps the default, an unknown
-        key is refused (a misspelt setting must not be ignored)."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(params) - set(known))
-        if unknown:
-            raise ValueError(f"unknown encoder parameter(s) {unknown}; known: {sorted(known)}")
-        values = {}
-        for key, text in params.items():
-            if text == "":
-                continue
-            kind = type(known[key].default)
-            try:
-                values[key] = kind(text)
-            except ValueError:
-                raise ValueError(
-                    f"parameter {key!r} must be {kind.__name__}, got {text!r}"
-                ) from None
-        return cls(**values)
+        return from_parameters(cls, params, "encoder")
 
     def replace(self, **changes) -> EncoderSettings:
         return dataclasses.replace(self, **changes)
@@ -99,6 +82,25 @@ class EncoderSettings:
     @classmethod
     def from_json(cls, text: str) -> EncoderSettings:
         return cls(**json.loads(text))
+
+
+def from_parameters(cls, params: dict[str, str], what: str):
+    """A settings dataclass from config.pbtxt string parameters: an empty value keeps the
+    field's default, an unknown key is refused (a misspelt setting must not be ignored)."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what} parameter(s) {unknown}; known: {sorted(known)}")
+    values = {}
+    for key, text in params.items():
+        if text == "":
+            continue
+        kind = type(known[key].default)
+        try:
+            values[key] = kind(text)
+        except ValueError:
+            raise ValueError(f"parameter {key!r} must be {kind.__name__}, got {text!r}") from None
+    return cls(**values)
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -20,7 +20,7 @@ from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
 from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
-from qwen_embed.serving.requests import read_finish, stack_ragged, unpack_chunks, unpack_ids
+from qwen_embed_client.contract import read_finish, stack_ragged, unpack_chunks, unpack_ids
 
 
 def _error(message):
@@ -40,14 +40,14 @@ class TritonPythonModel:
             torch.cuda.is_available(),
         )
         placement = None
-        if device == "cpu" and settings.tp_size == 1 and serving["cpu_pinning"] != "off":
+        if device == "cpu" and settings.tp_size == 1 and serving.cpu_pinning != "off":
             # Before the first torch op: OpenMP starts its threads with this affinity.
             groups = json.loads(args["model_config"]).get("instance_group") or [{}]
             counts = [int(g.get("count", 1)) for g in groups]
             index = instance_index(args.get("model_instance_name", ""), counts)
             placement = encoder_placement(read_topology(), sum(counts), index)
             pin(placement)
-        model_dir = resolve_model_dir(serving["model_dir"], settings.task)
+        model_dir = resolve_model_dir(serving.model_dir, settings.task)
         self.encoder = Encoder.from_pretrained(model_dir, settings.replace(device=device))
         self.task = self.encoder.task
         instance = args.get("model_instance_name", "")
@@ -153,8 +153,8 @@ class TritonPythonModel:
             answer(i, pb_utils.InferenceResponse(error=error))
 
     def _finish(self, request):
-        """(dimensions, normalize, embedding type) from the tokenizer's FINISH rows; request
-        parameters were checked there and are not read again."""
+        """The request's contract.Finish from the tokenizer's FINISH rows; request parameters
+        were checked there and are not read again."""
         if self.task == "rerank":
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
@@ -176,7 +176,7 @@ class TritonPythonModel:
 
     def _chunk_rows(self, pooled, opts):
         """Per-text chunk vectors -> [n, most chunks, dim], zeros past a text's own."""
-        dimensions, normalize, _ = opts
+        dimensions, normalize = opts.dimensions, opts.normalize
         finished = [
             finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
             for p in pooled
@@ -188,9 +188,8 @@ class TritonPythonModel:
             return [pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]
         # Matryoshka truncation and normalisation, once, with this request's options; then
         # the compact codes it asked for, in their own output only.
-        dimensions, normalize, embedding_type = opts
-        rows = finish(torch.from_numpy(rows), normalize=normalize, dimensions=dimensions)
-        codes = compact_outputs(rows.contiguous().numpy(), embedding_type)
+        rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
+        codes = compact_outputs(rows.contiguous().numpy(), opts.embedding_type)
         return [pb_utils.Tensor(name, array) for name, array in codes.items()]
 
     def finalize(self):

@@ -9,48 +9,44 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from qwen_embed import ModelConfig
 from qwen_embed.host import gpu_count
 from qwen_embed.placement import read_topology, tokenizer_placement
-from qwen_embed.serving.config import model_parameters, resolve_model_dir
-from qwen_embed.serving.requests import (
+from qwen_embed.serving.config import tokenizer_checkpoint, tokenizer_settings
+from qwen_embed.serving.rerank import PairTokenizer
+from qwen_embed.serving.tokenizer import TextTokenizer
+from qwen_embed_client.contract import (
+    MAX_TEXTS_PER_REQUEST,
+    EmbedOptions,
     RequestError,
+    RerankOptions,
     decode_texts,
     finish_rows,
     pack_chunks,
     pack_ids,
-    parse_options,
     stack_ragged,
 )
-from qwen_embed.serving.rerank import PairTokenizer, parse_rerank_options
-from qwen_embed.serving.tokenizer import TextTokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
+        settings = tokenizer_settings(args)
+        model_dir, config, max_tokens = tokenizer_checkpoint(settings)
         # On machines with a core to spare, tokenizers keep off the CPU encoders' cores.
         spare = tokenizer_placement(read_topology(), gpu_count())
-        if spare is not None and params.get("cpu_pinning", "auto") != "off":
+        if spare is not None and settings.cpu_pinning != "off":
             os.sched_setaffinity(0, spare.cpus)
-        self.task = params.get("task") or "embed"
-        model_dir = resolve_model_dir(params.get("model_dir", ""), self.task)
-        config = ModelConfig.from_dir(model_dir)
+        self.task = settings.task
         self.hidden_size = config.hidden_size
-        self.max_texts = int(params.get("max_texts_per_request") or 256)
-        self.max_text_bytes = int(params.get("max_text_bytes") or 262144)
-        # The model's positions unless the deployment sets fewer; never more: the encoder
-        # would refuse what we let through.
-        positions = config.max_position_embeddings
-        max_tokens = min(int(params.get("max_input_tokens") or positions), positions)
+        # Texts per request: the batching tokenizer's max_batch_size (Triton refuses more).
+        batch = json.loads(args["model_config"]).get("max_batch_size", 0)
+        self.max_texts = batch or MAX_TEXTS_PER_REQUEST
+        self.max_text_bytes = settings.max_text_bytes
         if self.task == "rerank":
             self.tokenizer = PairTokenizer(model_dir, max_tokens)
             self._tokenize = self._pairs
         else:
-            direction = params.get("truncation_direction") or "right"
-            self.tokenizer = TextTokenizer(model_dir, max_tokens, direction)
+            self.tokenizer = TextTokenizer(model_dir, max_tokens, settings.truncation_direction)
             self._tokenize = self._texts
-            self._publish_prompts(args["model_name"], self.tokenizer.prompts)
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
             name="qwen_embed_tokenize_seconds",
@@ -67,26 +63,12 @@ class TritonPythonModel:
         self.seconds.observe(time.perf_counter() - start)
         return responses
 
-    def _publish_prompts(self, model_name, prompts):
-        """The checkpoint's prompt names, for `qwen-embed info` and the gateway's /v1/models."""
-        self.prompts_family = pb_utils.MetricFamily(
-            name="qwen_embed_prompts",
-            description="1, labelled with the prompt names of the checkpoint and its default",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        labels = {
-            "model": model_name,
-            "names": ",".join(prompts.names),
-            "default": prompts.default_name or "",
-        }
-        self.prompts_gauge = self.prompts_family.Metric(labels=labels)
-        self.prompts_gauge.set(1)
-
     def _texts(self, request, params):
-        opts = parse_options(params, self.hidden_size, self.tokenizer.prompts)
+        opts = EmbedOptions.from_parameters(params)
+        opts.check_model(self.hidden_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        finish = pb_utils.Tensor("FINISH", finish_rows(opts, len(texts)))
+        finish = pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(texts)))
         if not opts.chunked:  # CHUNKS is always sent: the encoder step waits for it
             ids = self.tokenizer.encode(texts, opts)
             none = np.array([[b""]] * len(ids), dtype=np.object_)
@@ -102,7 +84,7 @@ class TritonPythonModel:
         ]
 
     def _pairs(self, request, params):
-        opts = parse_rerank_options(params)
+        opts = RerankOptions.from_parameters(params)
         raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
         (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")  # exactly one
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()

@@ -1,4 +1,4 @@
-"""Where the serving files live, and reading a Triton model's config parameters.
+"""Where the serving files live, and the typed settings of the Triton models.
 
 In a source checkout the model repository template is the checkout's `model_repository/` and
 demo checkpoints and the unpacked Triton server go to its `.cache/`. Installed as a wheel, the
@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
+
+from ..config import ModelConfig
 from ..hub import resolve_checkpoint
-from ..settings import EncoderSettings
+from ..settings import EncoderSettings, from_parameters
+from .prompts import PromptSet
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO = PACKAGE_DIR.parents[1]  # the checkout root, when this is one
@@ -39,23 +44,101 @@ _DEFAULT_DIRS = {
     "rerank": (RERANK_MODEL_DIR_ENV, DEMO_RERANKER_DIR),
     "auto": (MODEL_DIR_ENV, DEMO_MODEL_DIR),
 }
-# Encoder parameters that are about serving, not about the engine (EncoderSettings has the rest).
-# `watchdog_generation` is what the launcher's watchdog bumps to make Triton reload a model.
-SERVING_DEFAULTS = {"model_dir": "", "cpu_pinning": "auto", "watchdog_generation": ""}
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """A tokenizer model's config.pbtxt parameters (docs/configuration.md); its texts per
+    request are its max_batch_size."""
+
+    task: str = "embed"  # "embed": TEXT -> ids; "rerank": QUERY + DOCUMENTS -> pairs
+    model_dir: str = ""  # empty: $QWEN_EMBED_MODEL_DIR, else the demo model (resolve_model_dir)
+    max_input_tokens: int = 0  # tokens per text, special tokens included; 0: the model's positions
+    truncation_direction: str = "right"  # which end survives when a request does not say
+    max_text_bytes: int = MAX_TEXT_BYTES
+    cpu_pinning: str = "auto"  # "auto": on 8+ cores, one core the CPU encoders leave free
+
+    def __post_init__(self):
+        if self.task not in ("embed", "rerank"):
+            raise ValueError(f"task must be 'embed' or 'rerank', got {self.task!r}")
+        if self.truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise ValueError(
+                f"truncation_direction must be one of {list(TRUNCATION_DIRECTIONS)}, "
+                f"got {self.truncation_direction!r}"
+            )
+
+
+@dataclass(frozen=True)
+class EncoderServing:
+    """An encoder model's parameters beside the engine's EncoderSettings."""
+
+    model_dir: str = ""
+    cpu_pinning: str = "auto"  # "auto": each CPU instance pinned to its share of the cores
 
 
 def model_parameters(args: dict) -> dict[str, str]:
-    """The `parameters { key ... string_value ... }` of config.pbtxt as a plain dict."""
+    """The `parameters` of a model's config as a plain dict, without its published facts."""
     params = json.loads(args["model_config"]).get("parameters", {})
-    return {k: v.get("string_value", "") for k, v in params.items()}
+    return {k: v.get("string_value", "") for k, v in params.items() if k not in FACTS}
 
 
-def encoder_parameters(args: dict) -> tuple[dict[str, str], EncoderSettings]:
-    """An encoder model's parameters: the serving ones (SERVING_DEFAULTS filled in) and the
-    engine's settings, built whole from the rest."""
+def tokenizer_checkpoint(settings: TokenizerSettings) -> tuple[Path, ModelConfig, int]:
+    """(checkpoint directory, its config, tokens per text) of a tokenizer model: the model's
+    positions unless the deployment sets fewer; never more (the encoder would refuse them)."""
+    model_dir = resolve_model_dir(settings.model_dir, settings.task)
+    config = ModelConfig.from_dir(model_dir)
+    positions = config.max_position_embeddings
+    return model_dir, config, min(settings.max_input_tokens or positions, positions)
+
+
+def model_facts(params: dict[str, str], instance_kind: str, has_outputs: bool) -> dict:
+    """What a tokenizer (`has_outputs` TOKEN_IDS) or encoder model will be, from its config
+    parameters and its first instance group's kind, without loading it: the facts (contract.
+    FACTS) the launcher writes into the served config, where clients read them."""
+    args = {"model_config": json.dumps({"parameters": _json_parameters(params)})}
+    if has_outputs:
+        settings = tokenizer_settings(args)
+        model_dir, config, max_tokens = tokenizer_checkpoint(settings)
+        facts = {"dimension": config.hidden_size, "tokens_per_text": max_tokens}
+        if settings.task == "embed":
+            prompts = PromptSet.from_dir(model_dir)
+            facts |= {"prompt_names": prompts.names, "default_prompt_name": prompts.default_name}
+        return facts
+    import torch
+
+    from ..engine import plan
+
+    serving, settings = encoder_parameters(args)
+    device = encoder_device(
+        instance_kind.removeprefix("KIND_"),
+        "0",
+        settings.device,
+        settings.tp_size,
+        torch.cuda.is_available(),
+    )
+    model_dir = resolve_model_dir(serving.model_dir, settings.task)
+    _, config, route = plan(model_dir, settings.replace(device=device))
+    return {"dimension": config.hidden_size, "route": route.to_dict()}
+
+
+def _json_parameters(params: dict[str, str]) -> dict:
+    return {k: {"string_value": v} for k, v in params.items()}
+
+
+def tokenizer_settings(args: dict) -> TokenizerSettings:
+    return from_parameters(TokenizerSettings, model_parameters(args), "tokenizer")
+
+
+def encoder_parameters(args: dict) -> tuple[EncoderServing, EncoderSettings]:
+    """An encoder model's parameters: the serving ones and the engine's settings, each built
+    whole (an unknown key is refused)."""
     params = model_parameters(args)
-    serving = {k: params.pop(k, "") or default for k, default in SERVING_DEFAULTS.items()}
-    return serving, EncoderSettings.from_parameters(params)
+    serving_keys = {f.name for f in fields(EncoderServing)}
+    serving = {k: params.pop(k) for k in list(params) if k in serving_keys}
+    return (
+        from_parameters(EncoderServing, serving, "encoder"),
+        EncoderSettings.from_parameters(params),
+    )
 
 
 def resolve_model_dir(chosen: str, task: str = "embed") -> Path:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .requests import DEFAULT_TASK, RequestError
+from qwen_embed_client.contract import DEFAULT_TASK, RequestError
 
 SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
@@ -45,14 +45,6 @@ class PromptSet:
     @property
     def names(self) -> list[str]:
         return sorted(self.prompts)
-
-    def check_name(self, name: str) -> str:
-        if name not in self.prompts:
-            raise RequestError(
-                f"parameter 'prompt_name' must be one of {self.names} (the "
-                f"prompts of this model), got {name!r}"
-            )
-        return name
 
     def instruction_prompt(self, instruction: str) -> str:
         """The model's query prompt with `instruction` as its task."""

@@ -9,10 +9,10 @@ document, never the template or the query: a query too long to leave room is ref
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from .requests import DEFAULT_TASK, RequestError, _text, parse_common
+from qwen_embed_client.contract import RequestError, RerankOptions
+
 from .tokenizer import load_tokenizer
 
 PREFIX = (
@@ -25,20 +25,6 @@ SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 def pair_text(query: str, document: str, instruction: str) -> str:
     return f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
-
-
-@dataclass(frozen=True)
-class RerankOptions:
-    truncate: bool = True
-    instruction: str = DEFAULT_TASK
-
-
-def parse_rerank_options(params: dict) -> RerankOptions:
-    """Validate a rerank request's Triton parameters (already JSON-decoded)."""
-    opts = parse_common(params, RerankOptions, "rerank supports")
-    if "instruction" in params:
-        opts["instruction"] = _text(params, "instruction")
-    return RerankOptions(**opts)
 
 
 class PairTokenizer:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen_embed_client.contract import MAX_CHUNKS, TRUNCATION_DIRECTIONS, EmbedOptions, RequestError
+
 from .prompts import PromptSet
-from .requests import MAX_CHUNKS, TRUNCATION_DIRECTIONS, RequestError, RequestOptions
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -84,11 +85,11 @@ class TextTokenizer:
         self.prompts = PromptSet.from_dir(model_dir)
         self._head, self._tail = special_tokens(self._tok, model_dir)
 
-    def encode(self, texts: list[str], opts: RequestOptions) -> list[list[int]]:
+    def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
         return [ids for ids, _, _ in self._encode(texts, opts, offsets=False)]
 
     def encode_chunks(
-        self, texts: list[str], opts: RequestOptions
+        self, texts: list[str], opts: EmbedOptions
     ) -> tuple[list[list[int]], list[TextChunks]]:
         """Ids as `encode`, and each text's chunks: `chunk_size` tokens of the text at a time,
         or the `chunk_spans` of its tokens (counted from its first token, after any prompt)."""
@@ -118,7 +119,7 @@ class TextTokenizer:
             chunks.append(TextChunks(spans + first, chars, len(self._tail)))
         return all_ids, chunks
 
-    def _encode(self, texts: list[str], opts: RequestOptions, offsets: bool):
+    def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
         """Per text: its ids and, with `offsets` (late chunking only: it costs a Python tuple
         per token), the index of its first own token among them (past the special tokens and
         prompt before it) and its own tokens' character spans in the text."""

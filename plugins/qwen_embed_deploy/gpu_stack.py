@@ -11,11 +11,11 @@
   with both, and the venv's torch is that one while it is installed.
 
 Each stack refuses, naming what is supported, where its wheels do not exist (another Python,
-another platform). `python -m qwen_embed.gpu_stack install [--stack kernels]` installs one into
-the running interpreter's environment and checks it; `check` checks without a GPU (the Docker
-build runs it); `doctor` fails where an NVIDIA GPU is present but CUDA does not start.
+another platform). `python -m qwen_embed_deploy.gpu_stack install [--stack kernels]` installs
+one into the running interpreter's environment and checks it; `check` checks without a GPU (the
+Docker build runs it); `doctor` fails where an NVIDIA GPU is present but CUDA does not start.
 
-    python -m qwen_embed.gpu_stack {print,install,check,doctor} [--stack torch|kernels]
+    python -m qwen_embed_deploy.gpu_stack {print,install,check,doctor} [--stack torch|kernels]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from .attention.flashinfer_limits import flashinfer_problem, version_tuple
-from .host import gpu_present
+from qwen_embed.attention.flashinfer_limits import flashinfer_problem, version_tuple
+from qwen_embed.host import gpu_present
 
 STACKS = ("torch", "kernels")
 TORCH = "2.13.0"  # = requirements.txt; PyPI's Linux x86_64 wheel of it is the CUDA 13.0 build
@@ -219,7 +219,7 @@ def install(stack: str = "torch", index_url: str | None = None) -> None:
     for command in install_commands(stack, index_url, installed_version("torch")):
         subprocess.run(command, check=True)
     # A fresh interpreter: this one imported the torch that pip has just replaced.
-    command = [sys.executable, "-m", "qwen_embed.gpu_stack", "check", "--stack", stack]
+    command = [sys.executable, "-m", "qwen_embed_deploy.gpu_stack", "check", "--stack", stack]
     if subprocess.run(command).returncode:
         raise SystemExit("GPU stack installed but not usable (above)")
     print(f"GPU stack {stack!r} ready: " + ", ".join(a.requirement for a in artefacts))

@@ -1,6 +1,6 @@
 """Liveness probe: one real embedding through the server, exit 0 if it came back, else 1.
 
-    python -m qwen_embed.serving.probe [--url 127.0.0.1:8000] [--model embed] [--timeout 10]
+    python -m qwen_embed_deploy.probe [--url 127.0.0.1:8000] [--model embed] [--timeout 10]
 
 Triton 2.51 keeps answering /v2/health/ready after a model's Python stub has died while every
 request to that model fails, so liveness must send a request. Standard library only, so the

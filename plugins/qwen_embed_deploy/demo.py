@@ -1,6 +1,6 @@
 """Build the demo model: the real Qwen tokenizer and seeded random weights of a Qwen3 shape.
 
-    python -m qwen_embed.demo DIR [--layers N] [--seed S] [--reranker]
+    python -m qwen_embed_deploy.demo DIR [--layers N] [--seed S] [--reranker]
 
 The vectors it produces carry no meaning (the weights are random); it exists so the server,
 tests and benchmarks run on a machine that cannot download a checkpoint. The tokenizer is real:
@@ -170,7 +170,7 @@ def build_demo_model(
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     what = "reranker (scores)" if reranker else "model (embeddings)"
     (directory / "README.md").write_text(
-        f"Demo {what} built by `python -m qwen_embed.demo` (seed {seed}, {layers} layers).\n"
+        f"Demo {what} built by `python -m qwen_embed_deploy.demo` (seed {seed}, {layers} layers).\n"
         "Real Qwen tokenizer, RANDOM weights: the outputs carry no meaning.\n"
     )
     return directory

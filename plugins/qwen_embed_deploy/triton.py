@@ -5,7 +5,7 @@ stub per Python version come from the `nvidia-pytriton==0.7.0` wheel, unpacked (
 into the data directory (serving/config.py); the stub must match this interpreter and find its
 libpython.
 
-    python -m qwen_embed.serving.triton install     # serving: launcher.py
+    python -m qwen_embed_deploy.triton install     # serving: launcher.py
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from ..onednn import PRIMITIVE_CACHE_CAPACITY
-from .config import DATA_DIR, MODEL_REPOSITORY
+from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY
+from qwen_embed.serving.config import DATA_DIR, MODEL_REPOSITORY
 
 CACHE = DATA_DIR / "triton"
 PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"
@@ -153,7 +153,7 @@ class TritonServer:
         self.cmd = [
             sys.executable,
             "-m",
-            "qwen_embed.serving.launcher",
+            "qwen_embed_deploy.launcher",
             f"--model-repository={model_repository}",
             "--host=127.0.0.1",
             f"--http-port={self.http_port}",

@@ -1,6 +1,6 @@
 """Run tritonserver as production should, and keep it honest.
 
-    python -m qwen_embed.serving.launcher [--host 0.0.0.0] [--http-port 8000] [--admin-key KEY]
+    python -m qwen_embed_deploy.launcher [--host 0.0.0.0] [--http-port 8000] [--admin-key KEY]
 
 - Models load in explicit model-control mode, so they can be reloaded one at a time.
 - The model-repository, shared-memory, trace and logging APIs answer only requests carrying the
@@ -34,27 +34,37 @@ import atexit
 import ctypes
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from ..host import gpu_count
-from ..placement import gpu_instance_groups, read_topology
-from .config import MODEL_REPOSITORY
-from .repository import get_parameter, rerank_models, set_instance_group
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
+
+from qwen_embed.host import gpu_count
+from qwen_embed.placement import gpu_instance_groups, read_topology
+from qwen_embed.serving.config import MODEL_REPOSITORY
+
+from .repository import (
+    Edit,
+    edited_copy,
+    get_parameter,
+    instance_group,
+    publish_facts,
+    rerank_models,
+    set_instance_group,
+)
 from .triton import server_command
 
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 ADMIN_HEADER = "admin-key"
 STUB_NAME = "triton_python_backend_stub"
+CPU = ModelInstanceGroup.KIND_CPU
 _PR_SET_PDEATHSIG = 1
 
 
@@ -102,96 +112,55 @@ def cpu_instances(requested: str, numa_nodes: int, gpu_present: bool) -> int | N
     return int(requested)
 
 
-_GROUP = re.compile(r"^instance_group \[ \{ count: (\d+), kind: (KIND_\w+) \} \]$", re.M)
+def served_edits(
+    cpu_count: int | None,
+    only_kind_model: bool,
+    gpu_groups: tuple[ModelInstanceGroup, ModelInstanceGroup] | None,
+    response_cache: bool,
+) -> Edit:
+    """The launcher's changes to a repository, as one edit of each model's config:
+
+    - `cpu_count`: the encoders get that many KIND_CPU instances; with `only_kind_model` (what
+      `--cpu-instances auto` asks) only KIND_MODEL encoders change: an explicit KIND_CPU group
+      is the deployer's own choice.
+    - `gpu_groups` (encoder group, tokenizer group; placement.gpu_instance_groups): each
+      KIND_MODEL encoder that is neither a tensor-parallel group nor pinned to a device by its
+      `device` parameter gets the encoder group (on every GPU, where the shipped KIND_MODEL
+      would use cuda:0 alone), and KIND_CPU tokenizers the tokenizer group.
+    - `response_cache`: Triton's response cache on for the encoders (embed and rerank). The
+      encoders, not the ensembles: Triton hashes a request's inputs, not its parameters, and an
+      encoder's inputs carry everything its answer depends on (token ids with the prompt
+      applied, FINISH with dimensions, normalize and embedding type).
+    """
+
+    def edit(name: str, config: ModelConfig) -> None:
+        kinds = [g.kind for g in config.instance_group]
+        encoder, tokenizer = name.endswith("encoder"), name.endswith("tokenizer")
+        if encoder and cpu_count is not None and len(kinds) == 1:
+            group = config.instance_group[0]
+            kept = only_kind_model and group.kind != ModelInstanceGroup.KIND_MODEL
+            same = group.count == cpu_count and group.kind in (CPU, ModelInstanceGroup.KIND_MODEL)
+            if not (kept or same):
+                set_instance_group(config, ModelInstanceGroup(count=cpu_count, kind=CPU))
+        if gpu_groups is not None and len(kinds) == 1:
+            if tokenizer and kinds[0] == ModelInstanceGroup.KIND_CPU:
+                set_instance_group(config, gpu_groups[1])
+            if encoder and kinds[0] == ModelInstanceGroup.KIND_MODEL:
+                if not (_tensor_parallel(config) or _pinned(config)):
+                    set_instance_group(config, gpu_groups[0])
+        if encoder and response_cache:
+            config.response_cache.enable = True
+
+    return edit
 
 
-def _edited_copy(model_repository: Path, edit) -> Path:
-    """The repository itself when `edit(model name, config)` changes no config.pbtxt, else a
-    copy (in a temporary directory) with the edited configs."""
-    changed = {}
-    for path in model_repository.glob("*/config.pbtxt"):
-        config = path.read_text()
-        if (edited := edit(path.parent.name, config)) != config:
-            changed[path.parent.name] = edited
-    if not changed:
-        return model_repository
-    copy = Path(tempfile.mkdtemp(prefix="qwen-embed-repository-")) / "models"
-    shutil.copytree(model_repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    for name, config in changed.items():
-        (copy / name / "config.pbtxt").write_text(config)
-    return copy
-
-
-def with_cpu_instances(model_repository: Path, count: int, only_kind_model: bool) -> Path:
-    """The repository, or a copy whose encoders have `count` KIND_CPU instances. With
-    `only_kind_model` (what `auto` asks) only KIND_MODEL encoders change: an explicit KIND_CPU
-    group is the deployer's own choice."""
-
-    def edit(name: str, config: str) -> str:
-        found = _GROUP.search(config)
-        if not name.endswith("encoder") or found is None:
-            return config
-        if only_kind_model and found.group(2) != "KIND_MODEL":
-            return config
-        if (int(found.group(1)), found.group(2)) in ((count, "KIND_CPU"), (count, "KIND_MODEL")):
-            return config
-        return set_instance_group(config, f"count: {count}, kind: KIND_CPU")
-
-    return _edited_copy(model_repository, edit)
-
-
-def with_gpu_instances(model_repository: Path, gpus: int, cpus: int, per_gpu: int) -> Path:
-    """The repository, or a copy for a host with `gpus` GPUs: each KIND_MODEL encoder that is
-    neither a tensor-parallel group nor pinned to a device by its `device` parameter gets
-    `per_gpu` KIND_GPU instances (on every GPU, where the shipped KIND_MODEL would use cuda:0
-    alone), and the tokenizers as many instances as the CPUs left allow
-    (placement.gpu_instance_groups)."""
-    encoder_group, tokenizer_group = gpu_instance_groups(gpus, cpus, per_gpu)
-
-    def edit(name: str, config: str) -> str:
-        found = _GROUP.search(config)
-        if found is None:
-            return config
-        if name.endswith("tokenizer") and found.group(2) == "KIND_CPU":
-            return set_instance_group(config, tokenizer_group)
-        if name.endswith("encoder") and found.group(2) == "KIND_MODEL":
-            if _tensor_parallel(config) or _pinned(config):
-                return config
-            return set_instance_group(config, encoder_group)
-        return config
-
-    return _edited_copy(model_repository, edit)
-
-
-def _parameter(config: str, key: str) -> str:
-    """A config parameter's value; "" where it is not set (the setting's default)."""
-    try:
-        return get_parameter(config, key)
-    except ValueError:
-        return ""
-
-
-def _pinned(config: str) -> bool:
+def _pinned(config: ModelConfig) -> bool:
     """The deployer named the encoder's device ("cpu", "cuda:1"): KIND_MODEL keeps it there."""
-    return _parameter(config, "device") not in ("", "auto")
+    return get_parameter(config, "device") not in ("", "auto")
 
 
-def _tensor_parallel(config: str) -> bool:
-    return int(_parameter(config, "tp_size") or 1) > 1
-
-
-def with_response_cache(model_repository: Path) -> Path:
-    """A copy whose encoders (embed and rerank) have Triton's response cache on. The encoders,
-    not the ensembles: Triton hashes a request's inputs, not its parameters, and an encoder's
-    inputs carry everything its answer depends on (token ids with the prompt applied, FINISH
-    with dimensions, normalize and embedding type)."""
-
-    def edit(name: str, config: str) -> str:
-        if not name.endswith("encoder") or "response_cache" in config:
-            return config
-        return config.rstrip("\n") + "\nresponse_cache { enable: true }\n"
-
-    return _edited_copy(model_repository, edit)
+def _tensor_parallel(config: ModelConfig) -> bool:
+    return int(get_parameter(config, "tp_size") or 1) > 1
 
 
 def cache_args(response_cache_mb: int) -> list[str]:
@@ -253,9 +222,17 @@ def stub_processes(server_pid: int) -> dict[int, str]:
 class Watchdog(threading.Thread):
     """Reloads (unload + load over the repository API) any model one of whose stubs vanished."""
 
-    def __init__(self, server_pid: int, http_url: str, admin_key: str, interval_s: float):
+    def __init__(
+        self,
+        server_pid: int,
+        http_url: str,
+        admin_key: str,
+        interval_s: float,
+        model_repository: Path,
+    ):
         super().__init__(daemon=True, name="stub-watchdog")
         self.server_pid = server_pid
+        self.model_repository = model_repository
         self.http_url = http_url
         self.admin_key = admin_key
         self.interval_s = interval_s
@@ -272,16 +249,12 @@ class Watchdog(threading.Thread):
             return response.read()
 
     def reload(self, model: str) -> None:
-        """Load the model with its own config plus a bumped `watchdog_generation` parameter:
-        Triton builds a new instance and swaps it in, and the ensemble stays loaded. (A load
-        of an unchanged loaded model is a no-op; unload + load would unload the ensemble.)"""
+        """Mark the model's files changed, then load it: Triton builds a new instance and swaps
+        it in, and the ensemble stays loaded. (A load of an unchanged loaded model is a no-op;
+        unload + load would unload the ensemble.)"""
         start = time.monotonic()
-        config = json.loads(self._call(f"/v2/models/{model}/config"))
-        config.setdefault("parameters", {})["watchdog_generation"] = {
-            "string_value": str(len(self.reloads) + 1)
-        }
-        body = {"parameters": {"config": json.dumps(config)}}
-        self._call(f"/v2/repository/models/{model}/load", body)
+        os.utime(self.model_repository / model / "config.pbtxt")
+        self._call(f"/v2/repository/models/{model}/load", {})
         self.reloads.append((model, time.monotonic() - start))
         log(f"watchdog: reloaded {model!r} in {time.monotonic() - start:.1f}s")
 
@@ -323,7 +296,6 @@ def start_gateway(
     host: str,
     port: int,
     grpc_port: int,
-    metrics_port: int,
     rerank: bool,
     otlp_endpoint: str | None = None,
 ) -> subprocess.Popen:
@@ -338,8 +310,6 @@ def start_gateway(
         str(port),
         "--triton-url",
         f"127.0.0.1:{grpc_port}",
-        "--metrics-url",
-        f"http://127.0.0.1:{metrics_port}/metrics",
     ]
     if not rerank:
         cmd += ["--rerank-model-name", ""]
@@ -421,21 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     gpus = gpu_count()
     count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
     per_gpu = gpu_instances(args.gpu_instances) if gpus else None
-    served, what = args.model_repository, ""
+    groups, what = None, []
     if count is not None:
-        auto = args.cpu_instances == "auto"
-        served = with_cpu_instances(args.model_repository, count, only_kind_model=auto)
-        what = f"{count} CPU encoder instance(s)"
+        what.append(f"{count} CPU encoder instance(s)")
     elif per_gpu is not None:
         cpus = len(os.sched_getaffinity(0))
-        served = with_gpu_instances(args.model_repository, gpus, cpus, per_gpu)
-        what = f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)"
+        groups = tuple(map(instance_group, gpu_instance_groups(gpus, cpus, per_gpu)))
+        what.append(f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)")
     if args.response_cache_mb:
-        cached = with_response_cache(served)
-        if served != args.model_repository:
-            shutil.rmtree(served.parent, ignore_errors=True)
-        served, what = cached, ", ".join(filter(None, [what, "the response cache on"]))
+        what.append("the response cache on")
+    edit = served_edits(count, args.cpu_instances == "auto", groups, args.response_cache_mb > 0)
+    served = edited_copy(args.model_repository, edit, publish_facts)
     if served != args.model_repository:
+        what = ", ".join(["the models' facts", *what])
         log(f"serving a copy with {what}: {served}")
         atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
         args.model_repository = served
@@ -466,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     local = f"127.0.0.1:{args.http_port}"
     ready = wait_ready(local, proc, args.startup_timeout)
     if ready and args.watchdog_interval > 0:
-        watchdog = Watchdog(proc.pid, local, admin_key, args.watchdog_interval)
+        watchdog = Watchdog(
+            proc.pid, local, admin_key, args.watchdog_interval, args.model_repository
+        )
         watchdog.start()
         log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
@@ -474,7 +444,6 @@ def main(argv: list[str] | None = None) -> int:
             args.host,
             args.gateway_port,
             args.grpc_port,
-            args.metrics_port,
             rerank,
             args.otlp_endpoint,
         )

@@ -1,0 +1,368 @@
+"""The request contract of the `embed` and `rerank` ensembles, written once.
+
+Every option a request carries is a field of `EmbedOptions` or `RerankOptions` with its type,
+default and limit. Clients (client.py, the gateway, the CLI) build one and send its
+`parameters()`; the tokenizer model parses the same parameters back (`from_parameters`) and
+checks what needs the model (`check_model`: its dimension and prompt names). The part of the
+options the encoder step needs crosses the ensemble as FINISH rows (`finish_rows` /
+`read_finish`); token ids and late chunking's spans as packed int32 BYTES elements. A new
+request option is a field here and a row in docs/api.md.
+
+numpy only: clients never import torch. A broken rule raises RequestError (a ValueError) with a
+message naming the field and the limit; the Triton models answer it as INVALID_ARG for that
+request only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+# Where each embedding type travels (its codes: qwen_embed.compact); a response holds only the
+# output its type uses.
+EMBEDDING_OUTPUTS = {
+    "float": "EMBEDDING",
+    "int8": "EMBEDDING_INT8",
+    "uint8": "EMBEDDING_UINT8",
+    "binary": "EMBEDDING_INT8",
+    "ubinary": "EMBEDDING_UINT8",
+}
+EMBEDDING_TYPES = tuple(EMBEDDING_OUTPUTS)
+TRUNCATION_DIRECTIONS = ("right", "left")
+# Texts per request: every served model's max_batch_size (a test checks the repository).
+MAX_TEXTS_PER_REQUEST = 256
+MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may lower it)
+MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
+# Qwen3-Embedding's default task: its query prompt and the reranker's default instruction.
+DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+# Triton priority levels of the models (1 is served first): a batch takes every waiting
+# interactive request before any bulk one. 0 asks for the model's default, interactive.
+PRIORITIES = {"interactive": 1, "bulk": 2}
+
+
+# What a served model publishes about itself at load, as parameters of its config (each a JSON
+# text): the tokenizer its dimension, tokens per text and the checkpoint's prompt names and
+# default; the encoder its dimension and arithmetic route.
+FACTS = ("dimension", "tokens_per_text", "prompt_names", "default_prompt_name", "route")
+
+
+class RequestError(ValueError):
+    pass
+
+
+def read_facts(config: dict) -> dict:
+    """A model's published facts from its config (Triton's JSON form, as get_model_config
+    answers it with as_json)."""
+    params = config.get("parameters", {})
+    return {k: json.loads(params[k]["string_value"]) for k in FACTS if k in params}
+
+
+def priority_level(priority: str | int | None) -> int:
+    if priority is None:
+        return 0
+    if isinstance(priority, str) and priority in PRIORITIES:
+        return PRIORITIES[priority]
+    if isinstance(priority, int) and not isinstance(priority, bool) and priority in (0, 1, 2):
+        return priority
+    raise RequestError(f"priority must be one of {list(PRIORITIES)} (or 1, 2), got {priority!r}")
+
+
+def _expect(name: str, value, kind: type, what: str):
+    # bool is an int in Python: keep the two apart so `dimensions=true` is refused.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RequestError(f"parameter '{name}' must be {what}, got {value!r}")
+    return value
+
+
+def _optional(name: str, value, kind: type, what: str):
+    return None if value is None else _expect(name, value, kind, what)
+
+
+def _text(name: str, value) -> str | None:
+    if value is not None and not _expect(name, value, str, "a string").strip():
+        raise RequestError(f"parameter '{name}' must not be empty")
+    return value
+
+
+def _one_of(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise RequestError(f"parameter '{name}' must be one of {list(allowed)}, got {value!r}")
+
+
+class _Options:
+    """Shared by both option records: Triton request parameters in and out."""
+
+    @classmethod
+    def from_parameters(cls, params: dict):
+        """From a Triton request's parameters (JSON-decoded); unknown names are refused."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise RequestError(f"unknown parameter(s) {unknown}; supported: {sorted(known)}")
+        return cls(**{k: cls._decode(k, v) for k, v in params.items()})
+
+    @classmethod
+    def _decode(cls, name: str, value):
+        return value
+
+    def parameters(self) -> dict:
+        """The Triton request parameters: every field that differs from its default."""
+        defaults = type(self)()
+        return {
+            f.name: self._encode(f.name, getattr(self, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        }
+
+    def _encode(self, name: str, value):
+        return value
+
+
+@dataclass(frozen=True)
+class EmbedOptions(_Options):
+    """Options of one `embed` request (docs/api.md)."""
+
+    truncate: bool = True  # cut a text past max_input_tokens (else refuse it)
+    truncation_direction: str | None = None  # "right" or "left"; None: the deployment's
+    prompt_name: str | None = None  # a name in the checkpoint's prompts
+    instruction: str | None = None  # the task of the model's own query prompt
+    prompt: str | None = None  # a literal prefix
+    dimensions: int | None = None  # Matryoshka: the first N dimensions
+    normalize: bool = True
+    embedding_type: str = "float"  # EMBEDDING_TYPES
+    # Late chunking: chunks of this many of a text's own tokens, or these [start, end) spans
+    # of them; one vector per chunk.
+    chunk_size: int | None = None
+    chunk_spans: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self):
+        _expect("truncate", self.truncate, bool, "a boolean")
+        _expect("normalize", self.normalize, bool, "a boolean")
+        if self.truncation_direction is not None:
+            _one_of("truncation_direction", self.truncation_direction, TRUNCATION_DIRECTIONS)
+        _optional("prompt_name", self.prompt_name, str, "a string")
+        _text("instruction", self.instruction)
+        _text("prompt", self.prompt)
+        if self.prompt is not None and (self.prompt_name or self.instruction) is not None:
+            raise RequestError(
+                "parameter 'prompt' replaces 'prompt_name' and 'instruction': send one of them"
+            )
+        if self.instruction is not None and self.prompt_name not in (None, "query"):
+            raise RequestError(
+                "parameter 'instruction' fills the 'query' prompt: it cannot be "
+                f"combined with prompt_name={self.prompt_name!r}"
+            )
+        if _optional("dimensions", self.dimensions, int, "an integer") is not None:
+            if self.dimensions < 1:
+                raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
+        _one_of("embedding_type", self.embedding_type, EMBEDDING_TYPES)
+        self._check_chunks()
+
+    def _check_chunks(self) -> None:
+        if _optional("chunk_size", self.chunk_size, int, "an integer") is not None:
+            if self.chunk_size < 1:
+                raise RequestError(f"parameter 'chunk_size' must be >= 1, got {self.chunk_size}")
+        if self.chunk_spans is not None:
+            object.__setattr__(self, "chunk_spans", _spans(self.chunk_spans))
+        if self.chunk_size is not None and self.chunk_spans is not None:
+            raise RequestError("parameters 'chunk_size' and 'chunk_spans' exclude each other")
+        if self.chunked and self.embedding_type != "float":
+            raise RequestError(
+                f"parameter 'embedding_type' must be 'float' with chunks, "
+                f"got {self.embedding_type!r}"
+            )
+
+    @property
+    def chunked(self) -> bool:
+        return self.chunk_size is not None or self.chunk_spans is not None
+
+    @property
+    def output(self) -> str:
+        """The Triton output that carries this request's vectors."""
+        return "CHUNK_EMBEDDING" if self.chunked else EMBEDDING_OUTPUTS[self.embedding_type]
+
+    def check_model(self, dimension: int, prompt_names: list[str]) -> EmbedOptions:
+        """What needs the served model: its dimension and its checkpoint's prompt names."""
+        if self.dimensions is not None and self.dimensions > dimension:
+            raise RequestError(
+                f"parameter 'dimensions' must be in 1..{dimension}, got {self.dimensions}"
+            )
+        if self.prompt_name is not None and self.prompt_name not in prompt_names:
+            raise RequestError(
+                f"parameter 'prompt_name' must be one of {sorted(prompt_names)} (the "
+                f"prompts of this model), got {self.prompt_name!r}"
+            )
+        return self
+
+    @classmethod
+    def _decode(cls, name: str, value):
+        # Triton parameters are scalars: the spans travel as a JSON text.
+        if name == "chunk_spans" and isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise RequestError(
+                    f"parameter 'chunk_spans' must be {_SPANS}, got {value!r}"
+                ) from None
+        return value
+
+    def _encode(self, name: str, value):
+        return json.dumps([list(s) for s in value]) if name == "chunk_spans" else value
+
+    def finish(self) -> Finish:
+        return Finish(self.dimensions, self.normalize, self.embedding_type)
+
+
+_SPANS = f"a JSON list of at most {MAX_CHUNKS} [start, end] token spans"
+
+
+def _spans(value) -> tuple[tuple[int, int], ...]:
+    ok = (
+        isinstance(value, (list, tuple))
+        and 0 < len(value) <= MAX_CHUNKS
+        and all(
+            isinstance(s, (list, tuple))
+            and len(s) == 2
+            and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in s)
+            for s in value
+        )
+    )
+    if not ok:
+        raise RequestError(f"parameter 'chunk_spans' must be {_SPANS}, got {value!r}")
+    for j, (start, end) in enumerate(value):
+        if not 0 <= start < end:
+            raise RequestError(
+                f"parameter 'chunk_spans'[{j}] = [{start}, {end}] must have 0 <= start < end"
+            )
+    return tuple((int(start), int(end)) for start, end in value)
+
+
+@dataclass(frozen=True)
+class RerankOptions(_Options):
+    """Options of one `rerank` request (docs/api.md); `top_n` is the client's own."""
+
+    truncate: bool = True  # cut the document to fit max_input_tokens (else refuse the pair)
+    instruction: str = DEFAULT_TASK
+
+    def __post_init__(self):
+        _expect("truncate", self.truncate, bool, "a boolean")
+        _text("instruction", self.instruction)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The encoder's share of an embed request's options: how pooled vectors are finished."""
+
+    dimensions: int | None = None  # None: all
+    normalize: bool = True
+    embedding_type: str = "float"
+
+
+def finish_rows(finish: Finish, n: int) -> np.ndarray:
+    """FINISH int32 [n, 3] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
+    index into EMBEDDING_TYPES). Options are parsed once, in the tokenizer; the encoder's
+    answer depends on its inputs alone (so Triton's response cache, which hashes inputs,
+    never mixes two requests' options)."""
+    row = (
+        finish.dimensions or 0,
+        int(finish.normalize),
+        EMBEDDING_TYPES.index(finish.embedding_type),
+    )
+    return np.tile(np.array(row, dtype=np.int32), (n, 1))
+
+
+def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
+    """FINISH rows back (absent: every dimension, normalised, float)."""
+    if rows is None:
+        return Finish()
+    if rows.ndim != 2 or rows.shape[1] != 3 or len(rows) == 0 or (rows != rows[0]).any():
+        raise RequestError("input 'FINISH' must be [n, 3], the same row for every text")
+    dims, normalize, kind = (int(v) for v in rows[0])
+    if (
+        not 0 <= dims <= dimension
+        or normalize not in (0, 1)
+        or not 0 <= kind < len(EMBEDDING_TYPES)
+    ):
+        raise RequestError(
+            f"input 'FINISH' must hold (dimensions in 0..{dimension}, normalize 0 or 1, "
+            f"embedding type in 0..{len(EMBEDDING_TYPES) - 1}), got ({dims}, {normalize}, {kind})"
+        )
+    return Finish(dims or None, bool(normalize), EMBEDDING_TYPES[kind])
+
+
+def decode_texts(
+    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
+) -> list[str]:
+    """A BYTES input [n, 1] -> n strings. Refuses n = 0, n > max_texts, texts longer than
+    max_text_bytes (checked before tokenizing, so a huge text costs nothing), invalid UTF-8,
+    NUL characters and empty texts."""
+    flat = raw.reshape(-1)
+    if flat.size == 0:
+        raise RequestError(f"input '{name}' must hold at least 1 text, got 0")
+    if flat.size > max_texts:
+        raise RequestError(
+            f"input '{name}' holds {flat.size} texts, more than the limit of "
+            f"{max_texts} per request"
+        )
+    texts = []
+    for i, item in enumerate(flat):
+        item = item if isinstance(item, bytes) else str(item).encode()
+        if len(item) > max_text_bytes:
+            raise RequestError(
+                f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
+                f"{max_text_bytes} bytes per text"
+            )
+        try:
+            text = item.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(
+                f"input '{name}[{i}]' is not valid UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
+        if "\x00" in text:
+            raise RequestError(
+                f"input '{name}[{i}]' contains a NUL character (byte {item.index(0)})"
+            )
+        if not text.strip():
+            raise RequestError(f"input '{name}[{i}]' is empty or only whitespace")
+        texts.append(text)
+    return texts
+
+
+def pack_ids(ids) -> bytes:
+    """Token ids travel between the steps as one BYTES element per text: with padded id
+    tensors Triton's dynamic batcher stops batching across requests (docs/architecture.md)."""
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def unpack_ids(blob: bytes, index: int) -> np.ndarray:
+    if len(blob) == 0 or len(blob) % 4:
+        raise RequestError(f"input 'TOKEN_IDS[{index}]' must be a non-empty packed int32 list")
+    return np.frombuffer(blob, dtype="<i4")
+
+
+def pack_chunks(tail: int, spans: np.ndarray) -> bytes:
+    """A text's chunks for the encoder (one BYTES element): int32 (tail, start, end, ...), the
+    spans over its token ids, `tail` the special tokens appended after the text."""
+    return np.concatenate([[tail], np.asarray(spans).reshape(-1)]).astype("<i4").tobytes()
+
+
+def unpack_chunks(blob: bytes, index: int) -> tuple[int, np.ndarray] | None:
+    """pack_chunks' (tail, spans [k, 2]); None for an empty element (no chunking)."""
+    if len(blob) == 0:
+        return None
+    arr = np.frombuffer(blob, dtype="<i4") if len(blob) % 4 == 0 else np.zeros(0, "<i4")
+    if arr.size < 3 or arr.size % 2 == 0:
+        raise RequestError(f"input 'CHUNKS[{index}]' must be packed int32 (tail, start, end, ...)")
+    return int(arr[0]), arr[1:].reshape(-1, 2).astype(np.int64)
+
+
+def stack_ragged(rows: list[np.ndarray], fill, dtype) -> np.ndarray:
+    """Per-text arrays [k_i, ...] -> one output [n, max k_i, ...], `fill` past each text's own
+    rows: late chunking's CHUNK_EMBEDDING (zeros) and CHUNK_SPANS (-1), as texts have
+    different chunk counts."""
+    out = np.full((len(rows), max(len(r) for r in rows), *rows[0].shape[1:]), fill, dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

@@ -1,0 +1,192 @@
+"""The request contract (qwen_embed_client.contract) against the served repository: the
+client's tables (outputs, types, limits, priorities) agree with the config.pbtxt files the
+server loads, and every option travels as parameters and back unchanged."""
+
+import json
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from google.protobuf.json_format import MessageToDict
+from tritonclient.grpc.model_config_pb2 import DataType
+
+from qwen_embed import ModelConfig
+from qwen_embed.compact import compact
+from qwen_embed.engine import plan
+from qwen_embed.serving.config import (
+    MODEL_REPOSITORY,
+    EncoderServing,
+    TokenizerSettings,
+    encoder_parameters,
+    tokenizer_settings,
+)
+from qwen_embed.settings import EncoderSettings
+from qwen_embed_client.contract import (
+    EMBEDDING_OUTPUTS,
+    EMBEDDING_TYPES,
+    FACTS,
+    MAX_TEXTS_PER_REQUEST,
+    PRIORITIES,
+    EmbedOptions,
+    Finish,
+    RequestError,
+    RerankOptions,
+    finish_rows,
+    read_facts,
+    read_finish,
+)
+from qwen_embed_deploy.repository import (
+    publish_facts,
+    read_config,
+    repository_configs,
+    set_parameter,
+)
+
+CONFIGS = repository_configs(MODEL_REPOSITORY)
+NUMPY_TYPES = {DataType.TYPE_FP32: np.float32, DataType.TYPE_INT8: np.int8}
+NUMPY_TYPES |= {DataType.TYPE_UINT8: np.uint8}
+
+
+def outputs(name: str) -> dict[str, int]:
+    return {o.name: o.data_type for o in CONFIGS[name].output}
+
+
+def test_every_batching_model_takes_the_contracts_texts_per_request():
+    batching = {n: c.max_batch_size for n, c in CONFIGS.items() if c.max_batch_size}
+    assert set(batching) == {"embed", "tokenizer", "encoder", "rerank_encoder"}
+    assert set(batching.values()) == {MAX_TEXTS_PER_REQUEST}
+
+
+def test_each_embedding_type_travels_in_an_output_of_its_numpy_type():
+    vectors = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    for model in ("embed", "encoder"):
+        declared = outputs(model)
+        for kind in EMBEDDING_TYPES:
+            name = EMBEDDING_OUTPUTS[kind]
+            assert compact(vectors, kind).dtype == NUMPY_TYPES[declared[name]], (model, kind)
+        assert "CHUNK_EMBEDDING" in declared
+    assert EmbedOptions(chunk_size=4).output == "CHUNK_EMBEDDING"
+    assert EmbedOptions(embedding_type="ubinary").output == "EMBEDDING_UINT8"
+
+
+def test_priority_levels_are_the_models_levels():
+    for name in ("tokenizer", "encoder", "rerank_encoder"):
+        batcher = CONFIGS[name].dynamic_batching
+        assert batcher.priority_levels == max(PRIORITIES.values()), name
+        assert batcher.default_priority_level == PRIORITIES["interactive"], name
+
+
+def test_finish_rows_fit_the_declared_input_and_round_trip():
+    (finish_input,) = [o for o in CONFIGS["tokenizer"].output if o.name == "FINISH"]
+    for finish in (Finish(), Finish(64, False, "binary"), Finish(None, True, "uint8")):
+        rows = finish_rows(finish, 3)
+        assert rows.shape == (3, *finish_input.dims) and rows.dtype == np.int32
+        assert read_finish(rows, 1024) == finish
+    with pytest.raises(RequestError, match=r"input 'FINISH' must hold \(dimensions in 0..32"):
+        read_finish(finish_rows(Finish(64), 1), 32)
+
+
+def test_the_templates_parameters_are_settings_fields():
+    tokenizer_fields = {f.name for f in fields(TokenizerSettings)}
+    encoder_fields = {f.name for f in fields(EncoderServing)} | {
+        f.name for f in fields(EncoderSettings)
+    }
+    for name in ("tokenizer", "rerank_tokenizer"):
+        assert set(CONFIGS[name].parameters) <= tokenizer_fields, name
+    for name in ("encoder", "rerank_encoder"):
+        assert set(CONFIGS[name].parameters) <= encoder_fields, name
+    assert not (tokenizer_fields | encoder_fields) & set(FACTS)
+
+
+def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
+    """What the launcher writes into the served configs (publish_facts) is what clients read
+    (read_facts), and the models' settings ignore it."""
+    served = {}
+    for name in ("tokenizer", "encoder"):
+        config = read_config(MODEL_REPOSITORY / name / "config.pbtxt")
+        set_parameter(config, "model_dir", str(demo_dir))
+        publish_facts(name, config)
+        served[name] = MessageToDict(config, preserving_proto_field_name=True)
+    tokenizer, encoder = (read_facts(served[n]) for n in ("tokenizer", "encoder"))
+    assert tokenizer == {
+        "dimension": 1024,
+        "tokens_per_text": ModelConfig.from_dir(demo_dir).max_position_embeddings,
+        "prompt_names": ["document", "query"],  # no config_sentence_transformers.json
+        "default_prompt_name": None,
+    }
+    _, _, route = plan(demo_dir, EncoderSettings(device="cpu"))
+    assert encoder == {"dimension": 1024, "route": route.to_dict()}
+    args = {n: {"model_config": json.dumps(c)} for n, c in served.items()}
+    assert tokenizer_settings(args["tokenizer"]) == TokenizerSettings(model_dir=str(demo_dir))
+    assert encoder_parameters(args["encoder"]) == (
+        EncoderServing(model_dir=str(demo_dir)),
+        EncoderSettings(),
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        EmbedOptions(),
+        EmbedOptions(truncate=False, truncation_direction="left", prompt_name="query"),
+        EmbedOptions(instruction="Find code", dimensions=64, normalize=False),
+        EmbedOptions(prompt="passage: ", embedding_type="binary"),
+        EmbedOptions(chunk_spans=[[0, 3], [3, 9]]),
+        EmbedOptions(chunk_size=128),
+    ],
+)
+def test_options_cross_as_parameters_unchanged(options):
+    params = options.parameters()
+    assert json.loads(json.dumps(params)) == params  # what Triton carries: JSON scalars
+    assert EmbedOptions.from_parameters(params) == options
+    assert "truncate" not in EmbedOptions().parameters()  # defaults are not sent
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"dimensions": True}, "parameter 'dimensions' must be an integer"),
+        ({"dimensions": 0}, "parameter 'dimensions' must be >= 1"),
+        ({"embedding_type": "int4"}, "parameter 'embedding_type' must be one of"),
+        ({"truncation_direction": "up"}, "parameter 'truncation_direction' must be one of"),
+        ({"normalize": "yes"}, "parameter 'normalize' must be a boolean"),
+        ({"prompt": " "}, "parameter 'prompt' must not be empty"),
+        ({"prompt": "p", "prompt_name": "query"}, "parameter 'prompt' replaces"),
+        ({"instruction": "x", "prompt_name": "document"}, "parameter 'instruction' fills"),
+        ({"chunk_size": 0}, "parameter 'chunk_size' must be >= 1"),
+        ({"chunk_spans": "[[2, 1]]"}, r"parameter 'chunk_spans'\[0\] = \[2, 1\]"),
+        ({"chunk_spans": "[[0, 1]"}, "parameter 'chunk_spans' must be a JSON list"),
+        ({"chunk_size": 4, "chunk_spans": "[[0, 1]]"}, "exclude each other"),
+        ({"chunk_size": 4, "embedding_type": "int8"}, "must be 'float' with chunks"),
+        ({"dimension": 4}, r"unknown parameter\(s\) \['dimension'\]"),
+    ],
+)
+def test_a_broken_rule_names_the_field_and_the_limit(params, message):
+    with pytest.raises(RequestError, match=message):
+        EmbedOptions.from_parameters(params)
+
+
+def test_model_facts_are_checked_by_the_tokenizer_only():
+    options = EmbedOptions(dimensions=2048, prompt_name="passage")
+    with pytest.raises(RequestError, match=r"parameter 'dimensions' must be in 1..1024"):
+        options.check_model(1024, ["query"])
+    with pytest.raises(RequestError, match=r"'prompt_name' must be one of \['document', 'query'\]"):
+        EmbedOptions(prompt_name="passage").check_model(1024, ["query", "document"])
+
+
+def test_rerank_options():
+    assert RerankOptions().parameters() == {}
+    options = RerankOptions(truncate=False, instruction="Judge code")
+    assert RerankOptions.from_parameters(options.parameters()) == options
+    with pytest.raises(RequestError, match=r"unknown parameter\(s\) \['dimensions'\]"):
+        RerankOptions.from_parameters({"dimensions": 4})
+
+
+def test_rendered_copies_keep_the_contract(tmp_path):
+    from qwen_embed_deploy.repository import render
+
+    repo = render(tmp_path / "out", {"embed": tmp_path}, rerankers={"rerank": tmp_path})
+    for name in ("embed", "tokenizer", "encoder"):
+        rendered = read_config(repo / name / "config.pbtxt")
+        assert rendered.max_batch_size == MAX_TEXTS_PER_REQUEST
+        assert [o.name for o in rendered.output] == [o.name for o in CONFIGS[name].output]
