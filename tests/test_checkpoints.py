@@ -203,8 +203,7 @@ BAD = [
     (
         "qwen3",
         {"truncation_direction": "middle"},
-        r"'truncation_direction' must be 'left' or "
-        r"'right'",
+        r"'truncation_direction' must be one of \['right', 'left'\], got 'middle'",
     ),
     ("custom", {"instruction": "Find"}, r"'instruction' needs a 'query' prompt of the form"),
 ]
