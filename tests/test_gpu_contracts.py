@@ -23,6 +23,7 @@ from qwen_embed.attention.flash_attn import FlashAttention
 from qwen_embed.attention.flashinfer import FlashInferAttention
 from qwen_embed.attention.flashinfer_limits import FLASHINFER_HEAD_DIMS
 from qwen_embed.batch import flatten
+from qwen_embed.chunking import ChunkedText, ChunkForward
 from qwen_embed.segments import Planner
 
 from reference import random_sequences
@@ -176,12 +177,14 @@ def _backends(spec: AttentionSpec) -> dict[str, AttentionBackend]:
     return backends
 
 
-def _layouts(prefix_reuse: bool):
+def _layouts(prefix_reuse: bool, causal: bool):
     """(name, layout) for what the planner makes of texts that share a prefix and one-token
-    texts: the forward's layout and the pruned last layer's."""
+    texts, and (causal) of late chunking's texts (read-out segments): the forward's layout and
+    the pruned last layer's."""
     planner = Planner(
         prefix_reuse=prefix_reuse,
         prune=True,
+        readout=True,
         cache_bytes=2**24,
         bytes_per_token=1024,
         num_layers=2,
@@ -192,7 +195,20 @@ def _layouts(prefix_reuse: bool):
     texts += random_sequences([1, 1, 17, 300], seed=43)
     ctx = planner.plan(*flatten([np.asarray(t) for t in texts]))
     shared = " (shared prefix)" if ctx.plan is not None else ""
-    return [(f"forward{shared}", ctx.layout), (f"pruned last layer{shared}", ctx.last)]
+    layouts = [(f"forward{shared}", ctx.layout), (f"pruned last layer{shared}", ctx.last)]
+    if not causal:
+        return layouts
+    bodies = random_sequences([1, 60, 200], seed=44)
+    chunked = [
+        ChunkedText(np.array(b + [7]), np.array([(0, 1), (0, len(b)), (0, (len(b) + 1) // 2)]), 1)
+        for b in bodies
+    ]
+    chunks = ChunkForward(chunked, readout=True, prune=True, device=torch.device("cpu")).context
+    return [
+        *layouts,
+        ("late chunking", chunks.layout),
+        ("late chunking, pruned last layer", chunks.last),
+    ]
 
 
 @pytest.mark.parametrize("prefix_reuse", [False, True])
@@ -204,8 +220,14 @@ def test_gpu_backends_keep_the_kernels_contracts(prefix_reuse, head_dim, causal)
     spec = AttentionSpec(HEADS, KV_HEADS, head_dim, causal, torch.device("cpu"), torch.bfloat16)
     reference = create_backend("torch", spec)  # the per-segment SDPA loop
     g = torch.Generator().manual_seed(head_dim)
-    layouts = _layouts(prefix_reuse)
+    layouts = _layouts(prefix_reuse, causal)
     assert any(min(layout.q_lens) == 1 for _, layout in layouts)  # one-query rows
+    if causal:  # read-out segments: fewer queries than keys, bottom-right
+        assert any(
+            q < k
+            for _, layout in layouts
+            for q, k in zip(layout.q_lens, layout.k_lens, strict=True)
+        )
     if prefix_reuse:
         assert any(
             q < k

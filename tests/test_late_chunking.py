@@ -131,3 +131,40 @@ def test_last_layer_computes_only_the_read_out_rows(checkpoint):
         [ChunkedText(np.array(body), np.array([(0, 40), (40, 95), (95, 100)]), tail=0)]
     )
     assert rows == [3, 100]
+
+
+def test_a_text_split_into_pieces_equals_it_whole(checkpoint):
+    """A text whose read-outs would gather more keys than the budget allows runs as pieces of
+    its chunks (each the text up to its last chunk's end); the vectors are the same, in the
+    chunks' order."""
+    model_dir = checkpoint("qwen3")
+    body = random_sequences([300], seed=10)[0]
+    spans = np.array([(i, i + 20) for i in range(0, 300, 20)][::-1])  # 15 chunks, any order
+    text = ChunkedText(np.array(body + [EOS]), spans, tail=1)
+    assert text.cost(readout=True) > 330
+    pieces = text.pieces(readout=True, budget=330)
+    # each within the budget, but a chunk alone (a text over the budget runs alone anyway)
+    assert len(pieces) > 1 and all(p.cost(True) <= 330 or len(c) == 1 for p, c in pieces)
+    assert sorted(np.concatenate([c for _, c in pieces]).tolist()) == list(range(15))
+    (whole,) = Encoder.from_pretrained(model_dir, dtype="float32").embed_chunks([text])
+    small = Encoder.from_pretrained(model_dir, dtype="float32", max_batch_tokens=330)
+    (split,) = small.embed_chunks([text])
+    np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_prefix_reuse_on_equals_off(checkpoint, backend):
+    """Chunk forwards take the segment plan of their own (read-out segments), whatever the
+    prefix-reuse switch says; texts with a shared instruction give the same chunk vectors."""
+    model_dir = checkpoint("qwen3")
+    prompt = random_sequences([24], seed=11)[0]
+    bodies = [prompt + b for b in random_sequences([60, 90], seed=12)]
+    texts = [ChunkedText(np.array(b + [EOS]), np.array([(24, 50), (50, 84)]), 1) for b in bodies]
+    outs = [
+        Encoder.from_pretrained(
+            model_dir, dtype="float32", attn_backend=backend, prefix_reuse=reuse
+        ).embed_chunks(texts)
+        for reuse in ("on", "off")
+    ]
+    for on, off in zip(*outs, strict=True):
+        np.testing.assert_allclose(on, off, rtol=1e-6, atol=1e-6)

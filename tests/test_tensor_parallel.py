@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from qwen_embed import CheckpointError, Encoder, EncoderBroken
+from qwen_embed import CheckpointError, ChunkedText, Encoder, EncoderBroken
 from qwen_embed.parallel import wait_for_device
 
 from reference import cosine, random_sequences, reference_embeddings
@@ -59,6 +59,30 @@ def test_tp2_equals_tp1(checkpoint, name):
     with Encoder.from_pretrained(checkpoint(name), dtype="float32") as enc:
         ref_again = enc.embed(seqs[:2], dimensions=8, normalize=False)
     assert np.abs(again - ref_again).max() <= TP_MAX_ABS * max(1.0, np.abs(ref_again).max())
+    assert wait_no_workers() == set()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gte_qwen2"])
+def test_late_chunking_tp2_equals_tp1(checkpoint, name):
+    """Chunk forwards reach the workers (the chunked texts, planned alike on every rank): the
+    read-out segments (causal) and the chunk means (bidirectional) equal one rank's, pieces
+    of a text split by the budget included."""
+    bodies = random_sequences([120, 30], seed=9)
+    texts = [
+        ChunkedText(np.array(b + [7]), np.array([(0, 10), (10, len(b)), (5, 25)]), tail=1)
+        for b in bodies
+    ]
+    with Encoder.from_pretrained(checkpoint(name), tp_size=1, dtype="float32") as enc:
+        single = enc.embed_chunks(texts)
+    with Encoder.from_pretrained(
+        checkpoint(name), tp_size=2, max_batch_tokens=64, dtype="float32"
+    ) as enc:
+        sharded = enc.embed_chunks(texts)
+        after = enc.embed(bodies)  # the workers went back to plain batches
+    for one, two in zip(single, sharded, strict=True):
+        assert np.abs(one - two).max() <= TP_MAX_ABS
+    with Encoder.from_pretrained(checkpoint(name), dtype="float32") as enc:
+        assert np.abs(after - enc.embed(bodies)).max() <= TP_MAX_ABS
     assert wait_no_workers() == set()
 
 

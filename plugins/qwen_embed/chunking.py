@@ -1,20 +1,24 @@
 """Late chunking: one forward over a whole text returns one vector per chunk (a token span), each
-computed in the context of the text around it.
+computed in the context of the text around it, through the same segment layout, attention
+backends and pooling as any forward.
 
 A chunk is pooled the way the model pools a whole text:
 - Causal models pooled at the last token (Qwen3-Embedding): a chunk's vector is the one the
   model gives the text cut after the chunk. Such a model reads a text out at the special tokens
   its tokenizer appends (Qwen3-Embedding's EOS, the row it was trained to pool), so each chunk
-  gets read-out rows: those tokens, placed right after the chunk's last token, attending to the
-  text's keys up to there and to themselves. No row of the text attends to them, so the text's
-  own rows are those of a plain forward, and a chunk that ends the text gives the whole text's
-  vector. A tokenizer that appends nothing pools the chunk's last token itself.
+  gets read-out rows: those tokens at the positions right after the chunk's last token, as a
+  query segment of their own whose keys are the text's rows up to the chunk's end plus its own
+  read-out rows (bottom-right causal, as a sequence after a cached prefix). No row of the text
+  attends to them, so the text's own rows are those of a plain forward, and a chunk that ends
+  the text gives the whole text's vector. A tokenizer that appends nothing pools the chunk's
+  last token itself.
 - Bidirectional or mean-pooled models (gte-Qwen2): every token already sees the whole text; a
   chunk's vector is the mean of its tokens' hidden states.
 
-Read-out rows attend through a masked dense product (one row per chunk and appended token),
-beside the backend's varlen attention over the texts. A forward holds whole texts; one longer
-than the token budget runs alone.
+A read-out segment's keys are gathered rows (its text's rows repeat once per chunk), so a
+forward's gathered keys count in its budget (`cost`); a text whose chunks would gather more than
+GATHER_FACTOR x max_batch_tokens keys is split into pieces of consecutive chunks, each a forward
+of the text up to its last chunk's end (`pieces`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from .batch import VarlenBatch, flatten
 from .segments import AttentionLayout, ForwardContext
 
-READ_BLOCK = 64  # read-out rows per dense attention product
+GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,43 @@ class ChunkedText:
         model's tokens see them)."""
         return self.ids[: len(self.ids) - self.tail] if readout else self.ids
 
+    def readouts(self, readout: bool) -> bool:
+        return readout and self.tail > 0
+
     def rows(self, readout: bool) -> int:
-        """Rows this text takes in a forward (its token budget)."""
-        return len(self.forward_ids(readout)) + (len(self.spans) * self.tail if readout else 0)
+        """Rows this text computes in a forward."""
+        extra = len(self.spans) * self.tail if self.readouts(readout) else 0
+        return len(self.forward_ids(readout)) + extra
+
+    def keys(self, readout: bool) -> int:
+        """Key rows its attention reads: its rows, plus each read-out segment's gathered keys."""
+        if not self.readouts(readout):
+            return self.rows(readout)
+        return self.rows(readout) + int(self.spans[:, 1].sum()) + len(self.spans) * self.tail
+
+    def cost(self, readout: bool) -> int:
+        """Its share of a forward's token budget."""
+        return max(self.rows(readout), -(-self.keys(readout) // GATHER_FACTOR))
+
+    def pieces(self, readout: bool, budget: int) -> list[tuple[ChunkedText, np.ndarray]]:
+        """(piece, indices of its chunks among this text's): this text whole, or groups of its
+        chunks by their ends, each within `budget` (at least one chunk each); a piece is the
+        text up to its last chunk's end (causal: rows past it do not change the chunk)."""
+        if self.cost(readout) <= budget or not self.readouts(readout):
+            return [(self, np.arange(len(self.spans)))]
+        out, group = [], []
+        for c in np.argsort(self.spans[:, 1], kind="stable").tolist():
+            if group and self._piece([*group, c]).cost(readout) > budget:
+                out.append((self._piece(group), np.array(group)))
+                group = []
+            group.append(c)
+        return [*out, (self._piece(group), np.array(group))]
+
+    def _piece(self, chunks: list[int]) -> ChunkedText:
+        spans = self.spans[chunks]
+        end = int(spans[:, 1].max())
+        ids = np.concatenate([self.ids[:end], self.ids[len(self.ids) - self.tail :]])
+        return ChunkedText(ids, spans, self.tail)
 
 
 def check_chunks(index: int, ids: np.ndarray, spans, tail: int) -> ChunkedText:
@@ -69,93 +107,95 @@ def check_chunks(index: int, ids: np.ndarray, spans, tail: int) -> ChunkedText:
     return ChunkedText(np.asarray(ids), arr, tail)
 
 
-class Readouts:
-    """The read-out rows of one forward (after every text's rows) and whom they attend to."""
+def pack_texts(texts: Sequence[ChunkedText]) -> torch.Tensor:
+    """Chunked texts as one int64 tensor (what tensor-parallel workers receive): per text its
+    id count, tail, chunk count, ids, then spans."""
+    parts = [[len(texts)]]
+    for t in texts:
+        parts += [[len(t.ids), t.tail, len(t.spans)], t.ids, t.spans.reshape(-1)]
+    return torch.from_numpy(np.concatenate(parts).astype(np.int64))
 
-    def __init__(self, first_row: int, groups: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.first_row = first_row
-        # per text: (key rows: its own rows, then its read-out rows; mask [reads, keys])
-        self.groups = groups
-        self.reads = sum(mask.shape[0] for _, mask in groups)
 
-    def attend(self, backend, q, k, v, layout: AttentionLayout) -> torch.Tensor:
-        scale = backend.spec.scale
-        if q.shape[0] == self.reads:  # the pruned last layer: only the read-out rows ask
-            return self._dense(q, k, v, scale)
-        n = self.first_row
-        texts = backend.forward(q[:n], k[:n], v[:n], layout)
-        return torch.cat([texts, self._dense(q[n:], k, v, scale)])
-
-    def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-        out = torch.empty_like(q)
-        heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
-        start = 0
-        for keys, mask in self.groups:
-            kg = k.index_select(0, keys).float().permute(1, 2, 0).unsqueeze(1)
-            vg = v.index_select(0, keys).float().permute(1, 0, 2).unsqueeze(1)
-            # Blocks of read-out rows bound the scores' memory on long texts with many chunks.
-            for a in range(0, mask.shape[0], READ_BLOCK):
-                m = mask[a : a + READ_BLOCK]
-                r = m.shape[0]
-                # grouped heads without copying keys: [kv_heads, group, reads, d]
-                qg = q[start + a : start + a + r].float().view(r, kv_heads, heads // kv_heads, d)
-                scores = (qg.permute(1, 2, 0, 3) @ kg) * scale
-                probs = scores.masked_fill_(~m, float("-inf")).softmax(-1)
-                rows = (probs @ vg).permute(2, 0, 1, 3).reshape(r, heads, d)
-                out[start + a : start + a + r] = rows
-            start += mask.shape[0]
-        return out
+def unpack_texts(packed: torch.Tensor) -> list[ChunkedText]:
+    flat, texts, at = packed.numpy(), [], 1
+    for _ in range(int(flat[0])):
+        n, tail, k = (int(x) for x in flat[at : at + 3])
+        ids = flat[at + 3 : at + 3 + n]
+        spans = flat[at + 3 + n : at + 3 + n + 2 * k].reshape(k, 2)
+        texts.append(ChunkedText(ids, spans, tail))
+        at += 3 + n + 2 * k
+    return texts
 
 
 class ChunkForward:
-    """What one forward over chunked texts computes, and how its chunks are pooled."""
+    """One forward over chunked texts: its rows and segment layout, and how its chunks are
+    pooled. Rows: every text's own rows, then every read-out row."""
 
     def __init__(
         self, texts: Sequence[ChunkedText], readout: bool, prune: bool, device: torch.device
     ):
         ids, cu = flatten([t.forward_ids(readout) for t in texts])
         starts = cu[:-1].tolist()
-        extra_ids, extra_positions, groups = [], [], []
+        body = int(cu[-1])
+        lens = [len(t.forward_ids(readout)) for t in texts]
+        q_lens, k_lens, index = list(lens), list(lens), [np.arange(body)]
+        extra_ids, extra_positions, read_segments = [], [], []
         self.pool_ranges: list[list[tuple[int, int]]] = []  # per text, per chunk: rows
-        row = int(cu[-1])
+        row = body
         for text, start in zip(texts, starts, strict=True):
-            body, ends = len(text.forward_ids(readout)), text.spans[:, 1]
+            ends = text.spans[:, 1]
             if not readout:  # mean of the chunk's rows
                 self.pool_ranges.append([(start + a, start + b) for a, b in text.spans])
             elif text.tail == 0:  # the chunk's last token
                 self.pool_ranges.append([(start + b - 1, start + b) for b in ends])
             else:
-                tail, t = text.ids[body:], text.tail
-                reads = len(ends) * t
-                extra_ids.append(np.tile(tail, len(ends)))
+                t = text.tail
+                extra_ids.append(np.tile(text.ids[len(text.ids) - t :], len(ends)))
                 extra_positions.append((ends[:, None] + np.arange(t)).reshape(-1))
-                self.pool_ranges.append(
-                    [(row + (c + 1) * t - 1, row + (c + 1) * t) for c in range(len(ends))]
-                )
-                groups.append(_readout_group(start, body, row, ends, t, device))
-                row += reads
-        batch = VarlenBatch.from_flat(ids, cu, device)
-        layout = AttentionLayout.for_batch(batch)
-        self.readouts = Readouts(int(cu[-1]), groups) if groups else None
-        # Last-layer pruning where every pooled row is a read-out row (one appended token):
-        # the last layer then computes only those rows beyond keys/values.
-        self.pruned = prune and self.readouts is not None and all(t.tail == 1 for t in texts)
+                ranges = []
+                for end in ends:  # keys: the text up to the chunk's end, then its read-outs
+                    read_segments.append((len(q_lens), row + t - 1))
+                    q_lens.append(t)
+                    k_lens.append(int(end) + t)
+                    index += [start + np.arange(end), row + np.arange(t)]
+                    ranges.append((row + t - 1, row + t))
+                    row += t
+                self.pool_ranges.append(ranges)
+        all_ids = np.concatenate([ids.numpy(), *extra_ids]).astype(np.int64)
+        positions = np.concatenate(
+            [np.concatenate([np.arange(n) for n in lens]), *extra_positions]
+        ).astype(np.int64)
+        batch = VarlenBatch.from_rows(all_ids, positions, q_lens, device)
+        if not read_segments:
+            layout = AttentionLayout.for_batch(batch)
+        else:
+            layout = AttentionLayout.build(q_lens, k_lens, np.concatenate(index), device)
+        # Last-layer pruning where every chunk is read out: the last layer computes keys and
+        # values for every row and the rest only for each chunk's last read-out row.
+        self.pruned = prune and len(read_segments) == sum(len(t.spans) for t in texts)
         last, last_rows = None, None
         if self.pruned:
-            last, last_rows = layout, torch.arange(int(cu[-1]), row, device=device)
-        if self.readouts is not None:
-            positions = batch.positions.cpu().numpy()
-            lens = [*batch.seq_lens, row - int(cu[-1])]
-            batch = VarlenBatch.from_rows(
-                np.concatenate([ids.numpy(), *extra_ids]).astype(np.int64),
-                np.concatenate([positions, *extra_positions]).astype(np.int64),
-                lens,
-                device,
-            )
-        self.context = ForwardContext(batch, layout, last, last_rows, None, self.readouts)
+            last, last_rows = self._last_layout(layout, read_segments, device)
+        self.context = ForwardContext(batch, layout, last, last_rows, None)
+
+    @staticmethod
+    def _last_layout(layout: AttentionLayout, read_segments, device):
+        """One query row per chunk, its last read-out row, attending to its segment's keys."""
+        cu_k = layout.cu_k_host.numpy()
+        kv_index = layout.kv_index.cpu().numpy()
+        segments = [s for s, _ in read_segments]
+        keys = [kv_index[cu_k[s] : cu_k[s + 1]] for s in segments]
+        last = AttentionLayout.build(
+            np.ones(len(segments), dtype=np.int64),
+            [len(k) for k in keys],
+            np.concatenate(keys),
+            device,
+        )
+        rows = torch.tensor([r for _, r in read_segments], dtype=torch.long, device=device)
+        return last, rows
 
     def pool(self, hidden: torch.Tensor) -> list[np.ndarray]:
-        """Final hidden states of every row (pruned: of the read-out rows) -> per text, its
+        """Final hidden states of every row (pruned: of the pooled rows) -> per text, its
         chunks' vectors float32 [k, H]."""
         if self.pruned:
             counts = [len(ranges) for ranges in self.pool_ranges]
@@ -165,16 +205,3 @@ class ChunkForward:
             rows = [hidden[a:b].float().mean(0) for a, b in ranges]
             out.append(torch.stack(rows).cpu().numpy())
         return out
-
-
-def _readout_group(start, body, first, ends, tail, device):
-    """Key rows and mask of one text's read-outs: read-out j of chunk c sees the text's rows
-    before the chunk's end and the chunk's read-outs up to j."""
-    reads = len(ends) * tail
-    keys = np.concatenate([start + np.arange(body), first + np.arange(reads)])
-    chunk = np.repeat(np.arange(len(ends)), tail)
-    mask = np.zeros((reads, body + reads), dtype=bool)
-    mask[:, :body] = np.arange(body)[None, :] < ends[chunk][:, None]
-    own = np.arange(reads)
-    mask[:, body:] = (chunk[:, None] == chunk[None, :]) & (own[None, :] <= own[:, None])
-    return torch.from_numpy(keys).to(device), torch.from_numpy(mask).to(device)

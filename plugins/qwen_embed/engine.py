@@ -16,7 +16,7 @@ from torch import nn
 from . import int8
 from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
-from .chunking import ChunkedText, ChunkForward, check_chunks
+from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .heads import build_score_head
@@ -128,6 +128,7 @@ def _instantiate(
     planner = Planner(
         prefix_reuse=route.prefix_reuse,
         prune=route.prune,
+        readout=config.is_causal and route.pooling == "last",
         cache_bytes=int(settings.prefix_cache_mb * 2**20),
         bytes_per_token=bytes_per_token,
         num_layers=config.num_layers,
@@ -307,21 +308,29 @@ class Encoder:
 
     def pool_chunks_checked(self, texts: Sequence[ChunkedText]) -> list[np.ndarray]:
         """`embed_chunks` before truncation and normalisation, for texts that passed
-        `check_chunks`."""
+        `check_chunks`: forwards planned by the token budget (chunking.ChunkedText.cost), a
+        text split into pieces of its chunks where it alone would gather too many keys."""
         self._require("embed")
-        if self._launcher is not None:
-            raise ValueError("late chunking runs on one rank: load the encoder with tp_size=1")
-        readout = self.config.is_causal and self.route.pooling == "last"
-        out: list[np.ndarray] = [np.empty(0)] * len(texts)
-        rows = [t.rows(readout) for t in texts]
-        with self._lock, torch.inference_mode():
-            for indices in plan_batches(rows, self.max_batch_tokens):
-                chosen = [texts[i] for i in indices]
-                forward = ChunkForward(chosen, readout, self.route.prune, self.device)
-                pooled = forward.pool(self.model(forward.context))
-                self._count(forward.context)
-                for i, vectors in zip(indices, pooled, strict=True):
-                    out[i] = vectors
+        planner = self.model.planner
+        readout = planner.readout
+        pieces = [
+            (i, piece, chunks)
+            for i, text in enumerate(texts)
+            for piece, chunks in text.pieces(readout, self.max_batch_tokens)
+        ]
+        out = [np.empty((len(t.spans), self.hidden_size), np.float32) for t in texts]
+        costs = [piece.cost(readout) for _, piece, _ in pieces]
+        with self._lock:
+            for group in plan_batches(costs, self.max_batch_tokens):
+                chosen = [pieces[g][1] for g in group]
+                forward = ChunkForward(chosen, readout, planner.prune, self.device)
+                send = None
+                if self._launcher is not None:
+                    send = lambda c=chosen: self._launcher.send_chunks(pack_texts(c))  # noqa: E731
+                pooled = self._forward_context(forward.context, forward.pool, send)
+                for g, vectors in zip(group, pooled, strict=True):
+                    i, _, chunks = pieces[g]
+                    out[i][chunks] = vectors
         return out
 
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
@@ -377,13 +386,19 @@ class Encoder:
         flat = flatten(sequences)  # the one flat host copy every rank plans from
         # Planned before the workers hear of it: a batch rank 0 cannot plan never reaches them.
         ctx = self.model.planner.plan(*flat)
-        if self._launcher is None:
-            return self._compute(ctx, head)
+        send = None if self._launcher is None else lambda: self._launcher.send_batch(*flat)
+        return self._forward_context(ctx, lambda hidden: self._pooled(ctx, hidden, head), send)
+
+    def _forward_context(self, ctx: ForwardContext, finish, send):
+        """`finish(final hidden states)` of one planned forward; with tensor parallelism,
+        `send()` first tells the workers what to plan and compute."""
+        if send is None:
+            return self._compute(ctx, finish)
         if self._broken is not None:
             raise EncoderBroken(self._broken)
         try:
-            self._launcher.send_batch(*flat)
-            return self._compute(ctx, head)
+            send()
+            return self._compute(ctx, finish)
         except Exception as e:
             failure = self._launcher.failure()
             self._broken = (
@@ -393,25 +408,25 @@ class Encoder:
             self._launcher.close(graceful=False)
             raise EncoderBroken(self._broken) from e
 
-    def _compute(self, ctx: ForwardContext, head) -> np.ndarray:
-        planner = self.model.planner
+    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, head) -> np.ndarray:
+        """pruned: the model returned the pooled rows; pooling works in fp32 either way. A plan
+        (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches."""
+        pooled = (
+            hidden.float() if ctx.last is not None else pool(hidden, ctx.batch, self.route.pooling)
+        )
+        return head(pooled).cpu().numpy()  # the one device-to-host copy of this batch
+
+    def _compute(self, ctx: ForwardContext, finish):
         with torch.inference_mode():
             hidden = self.model(ctx)
-            # pruned: the model returned the pooled rows; pooling works in fp32 either way. A
-            # plan (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches.
-            pooled = (
-                hidden.float()
-                if ctx.last is not None
-                else pool(hidden, ctx.batch, self.route.pooling)
-            )
-            rows = head(pooled)
-        if rows.device.type == "cuda" and self._launcher is not None:
-            done = torch.cuda.Event()
-            done.record()
-            wait_for_device(done.query, lambda: self._launcher.failure(wait_s=0))
-        planner.commit(ctx)
+            if hidden.device.type == "cuda" and self._launcher is not None:
+                done = torch.cuda.Event()
+                done.record()
+                wait_for_device(done.query, lambda: self._launcher.failure(wait_s=0))
+            result = finish(hidden)
+        self.model.planner.commit(ctx)
         self._count(ctx)
-        return rows.cpu().numpy()  # the one device-to-host copy of this batch
+        return result
 
     def _count(self, ctx: ForwardContext) -> None:
         self.stats["received_tokens"] += ctx.received_tokens

@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .chunking import ChunkForward, unpack_texts
 from .layers import TPGroup
 from .route import Route
 from .settings import EncoderSettings
 
-CMD_STOP, CMD_FORWARD = 0, 1
+CMD_STOP, CMD_FORWARD, CMD_CHUNKS = 0, 1, 2
 # Rank 0 waiting for its GPU: how often it asks whether the work is done, and how often
 # whether a worker failed (a store round trip).
 _POLL_S, _CHECK_EVERY_S = 2e-4, 0.01
@@ -186,6 +187,12 @@ class TPLauncher:
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
 
+    def send_chunks(self, packed: torch.Tensor) -> None:
+        """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on
+        every rank."""
+        self.control.broadcast(torch.tensor([CMD_CHUNKS, packed.numel(), 0]), 0).wait()
+        self.control.broadcast(packed, 0).wait()
+
     def failure(self, wait_s: float = 2.0) -> str | None:
         """What a worker reported or how it ended, once a collective failed: a peer's socket
         closes as it exits, so its exit may take a moment to be seen."""
@@ -250,15 +257,24 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
         cmd, num_tokens, cu_len = header.tolist()
         if cmd == CMD_STOP:
             return
-        input_ids = torch.empty(num_tokens, dtype=torch.int64)
-        cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
-        control.broadcast(input_ids, 0).wait()
-        control.broadcast(cu_seqlens, 0).wait()
-        # The same ids through the same planner as rank 0: the same prefix hits and misses.
+        if cmd == CMD_CHUNKS:
+            packed = torch.empty(num_tokens, dtype=torch.int64)
+            control.broadcast(packed, 0).wait()
+        else:
+            input_ids = torch.empty(num_tokens, dtype=torch.int64)
+            cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
+            control.broadcast(input_ids, 0).wait()
+            control.broadcast(cu_seqlens, 0).wait()
+        # The same batch through the same planner as rank 0: the same prefix hits and misses.
         try:
-            ctx = model.planner.plan(input_ids, cu_seqlens)
+            planner = model.planner
+            if cmd == CMD_CHUNKS:
+                texts = unpack_texts(packed)
+                ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
+            else:
+                ctx = planner.plan(input_ids, cu_seqlens)
             model(ctx)
-            model.planner.commit(ctx)
+            planner.commit(ctx)
         except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit
             store.set(f"failed/{rank}", f"{type(e).__name__}: {e}"[:500])
             raise

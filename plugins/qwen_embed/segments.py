@@ -20,15 +20,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .batch import VarlenBatch
-
-if TYPE_CHECKING:
-    from .chunking import Readouts
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
@@ -306,20 +302,17 @@ class ForwardContext:
     layout: AttentionLayout
     last: AttentionLayout | None  # None: the last layer computes every row
     last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
-    plan: SegmentPlan | None  # None: no prefix shared; rows are the sequences themselves
-    readouts: Readouts | None = None  # late chunking's read-out rows (chunking.py)
+    plan: SegmentPlan | None  # None: no prefix shared (a plain batch, or late chunking's)
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
-        if self.plan is None:
+        """Each segment's keys/values as `layout` reads them: gathered where its segments
+        share rows (prefixes, cached or computed here; late chunking's read-outs)."""
+        if self.plan is not None:
+            self.plan.store(layer, k, v)
+            return self.plan.gather(layer, k, v, layout)
+        if layout.kv_index is None:
             return k, v
-        self.plan.store(layer, k, v)
-        return self.plan.gather(layer, k, v, layout)
-
-    def attend(self, backend, q, k, v, layout: AttentionLayout) -> torch.Tensor:
-        """The backend's attention over `layout`, and the read-out rows' where there are any."""
-        if self.readouts is None:
-            return backend.forward(q, k, v, layout)
-        return self.readouts.attend(backend, q, k, v, layout)
+        return k.index_select(0, layout.kv_index), v.index_select(0, layout.kv_index)
 
     @property
     def received_tokens(self) -> int:
@@ -333,13 +326,15 @@ class ForwardContext:
 class Planner:
     """One per model shard (every TP rank has its own, fed the same batches): the prefix cache
     and the switches. `prefix_reuse` needs causal attention and last-token pooling; `prune`
-    needs last-token pooling."""
+    needs last-token pooling; `readout` (late chunking reads chunks out at the appended
+    tokens, chunking.py): causal attention and last-token pooling."""
 
     def __init__(
         self,
         *,
         prefix_reuse: bool,
         prune: bool,
+        readout: bool,
         cache_bytes: int,
         bytes_per_token: int,
         num_layers: int,
@@ -347,6 +342,7 @@ class Planner:
     ):
         self.prefix_reuse = prefix_reuse
         self.prune = prune
+        self.readout = readout
         self.device = device
         self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
 

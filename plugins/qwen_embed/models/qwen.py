@@ -105,7 +105,7 @@ class QwenAttention(nn.Module):
         k = norm_rotary(k, cos, sin, d, k_norm)
         v = v.reshape(t, self.num_kv_heads, d).contiguous()
         k, v = ctx.keys(self.layer_index, k, v, layout)
-        out = ctx.attend(self.backend, q, k, v, layout)
+        out = self.backend.forward(q, k, v, layout)
         return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
 
 

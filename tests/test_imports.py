@@ -1,0 +1,71 @@
+"""The packages' module-level imports form no cycle, and the engine never imports the tooling
+beside it (qwen_embed_deploy) or anything that installs software."""
+
+import ast
+from pathlib import Path
+
+from qwen_embed.serving.config import REPO
+
+PACKAGES = {
+    "qwen_embed": REPO / "plugins" / "qwen_embed",
+    "qwen_embed_deploy": REPO / "plugins" / "qwen_embed_deploy",
+    "qwen_embed_client": REPO / "client" / "qwen_embed_client",
+}
+
+
+def module_name(path: Path, package: str, root: Path) -> str:
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports() -> dict[str, set[str]]:
+    """module -> the project modules it imports at module level (not inside functions)."""
+    graph = {}
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            name = module_name(path, package, root)
+            is_package = path.name == "__init__.py"
+            found = set()
+            body = ast.parse(path.read_text()).body
+            # `if TYPE_CHECKING:` imports count: a cycle for the type checker is one to a reader
+            body += [n for node in body if isinstance(node, ast.If) for n in node.body]
+            for node in body:
+                if isinstance(node, ast.Import):
+                    found |= {a.name for a in node.names}
+                elif isinstance(node, ast.ImportFrom):
+                    base = name if is_package else name.rpartition(".")[0]
+                    for _ in range(max(node.level - 1, 0)):
+                        base = base.rpartition(".")[0]
+                    if node.module is None:  # `from . import x`: the submodules only
+                        found |= {f"{base}.{a.name}" for a in node.names}
+                        continue
+                    target = f"{base}.{node.module}" if node.level else node.module
+                    found.add(target)
+                    found |= {f"{target}.{a.name}" for a in node.names}
+            graph[name] = found
+    return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
+
+
+def test_no_import_cycle():
+    graph = module_imports()
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            assert state.get(target) != 1, " -> ".join([*path, module, target])
+            if target not in state:
+                visit(target, [*path, module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+def test_the_engine_imports_no_tooling():
+    graph = module_imports()
+    engine = [m for m in graph if m.startswith("qwen_embed.")]
+    assert len(engine) > 20
+    for module in engine:
+        assert not any(t.startswith("qwen_embed_deploy") for t in graph[module]), module
