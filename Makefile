@@ -178,8 +178,8 @@ perf-prefix: setup
 	perf/perf_analyzer/install.sh $(PY)
 	cd perf && ../$(PY) bench_prefix.py
 
-# 1-text query latency (p50/p99) under a concurrent bulk load: the server before priority levels
-# and per-request answers (a git worktree of that revision) vs this checkout (priority.md).
+# 1-text query latency (p50/p99) under a concurrent bulk load: this checkout with the bulk
+# requests at the default priority, then at priority 2 (priority.md).
 perf-priority: setup
 	cd perf && ../$(PY) bench_priority.py
 

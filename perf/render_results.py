@@ -524,8 +524,19 @@ def main() -> None:
                 f"`{r.get('command')}`; cited by {cited}"
             )
         out.append("")
+    checks = sorted((RESULTS / "checks").glob("*.md"))
+    if checks:
+        out += [
+            "## Before/after checks",
+            "",
+            "A change measured against the revision before it, back to back on one machine; "
+            "not rendered above.",
+            "",
+        ]
+        out += [f"- {link(path)}: {_title_and_date(path)}" for path in checks]
+        out.append("")
     with_data = {r["_path"].with_suffix(".md") for r in records}
-    orphans = sorted(p for p in RESULTS.rglob("*.md") if p not in with_data)
+    orphans = sorted(p for p in RESULTS.rglob("*.md") if p not in with_data and p not in checks)
     if orphans:
         out += [
             "## Reports without data",
@@ -533,13 +544,16 @@ def main() -> None:
             "Written before their benchmark saved a `.json`; not rendered above.",
             "",
         ]
-        for path in orphans:
-            first = [ln for ln in path.read_text().splitlines() if ln.startswith("- date:")]
-            date = first[0].removeprefix("- date: ") if first else "undated"
-            out.append(f"- {link(path)}: {path.read_text().splitlines()[0].lstrip('# ')}, {date}")
+        out += [f"- {link(path)}: {_title_and_date(path)}" for path in orphans]
         out.append("")
     (PERF / "RESULTS.md").write_text("\n".join(out).rstrip() + "\n")
     print(f"wrote {PERF / 'RESULTS.md'}: {len(latest)} reports, {len(kept)} earlier kept")
+
+
+def _title_and_date(path: Path) -> str:
+    lines = path.read_text().splitlines()
+    dated = [ln for ln in lines if ln.startswith("- date:")]
+    return f"{lines[0].lstrip('# ')}, {dated[0].removeprefix('- date: ') if dated else 'undated'}"
 
 
 if __name__ == "__main__":

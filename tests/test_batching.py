@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
-from qwen_embed.batch import VarlenBatch, plan_batches, plan_requests
+from qwen_embed.batch import VarlenBatch, flatten, plan_batches, plan_requests
 
 from reference import random_sequences
 
@@ -14,14 +14,14 @@ BATCH_INVARIANCE_MAX_ABS = 1e-5
 
 
 def test_varlen_batch_layout():
-    batch = VarlenBatch.build([[1, 2, 3], [4], [5, 6]], "cpu")
+    batch = VarlenBatch.from_flat(*flatten([[1, 2, 3], [4], [5, 6]]), "cpu")
     assert batch.input_ids.tolist() == [1, 2, 3, 4, 5, 6]
     assert batch.positions.tolist() == [0, 1, 2, 0, 0, 1]
     assert batch.cu_seqlens.tolist() == [0, 3, 4, 6]
     assert batch.cu_seqlens.dtype == torch.int32
-    assert batch.seq_lens == (3, 1, 2) and batch.max_seqlen == 3
+    assert batch.seq_lens == (3, 1, 2)
     with pytest.raises(ValueError):
-        VarlenBatch.build([[1], []], "cpu")
+        flatten([[1], []])
 
 
 def test_plan_requests_shortest_first_within_the_budget():

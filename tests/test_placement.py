@@ -42,19 +42,18 @@ def test_parse_cpu_list():
 
 
 def test_one_instance_per_numa_node_with_one_thread_per_physical_core():
-    first, second = (encoder_placement(TWO_NODES, None, i) for i in (0, 1))
+    first, second = (encoder_placement(TWO_NODES, 2, i) for i in (0, 1))
     # 16 cores: the last one is kept for the tokenizers
     assert first.threads == 8 and first.cpus == tuple(sorted(range(8)) + list(range(16, 24)))
     assert second.threads == 7 and 15 not in second.cpus and 31 not in second.cpus
     assert tokenizer_placement(TWO_NODES).cpus == (15, 31)
-    assert encoder_placement(TWO_NODES, 2, 1) == second  # count == nodes: the same plan
 
 
 def test_two_instances_on_two_cores_and_no_spare_core():
     placements = [encoder_placement(TWO_CORES, 2, i) for i in (0, 1)]
     assert [(p.cpus, p.threads) for p in placements] == [((0,), 1), ((1,), 1)]
     assert encoder_placement(TWO_CORES, 1, 0).cpus == (0, 1)
-    assert encoder_placement(TWO_CORES, None, 0).threads == 2
+    assert encoder_placement(TWO_CORES, 1, 0).threads == 2
     assert tokenizer_placement(TWO_CORES) is None  # no core to spare: tokenizers float
     # more instances than cores: they share round robin rather than fail
     assert [encoder_placement(TWO_CORES, 3, i).cpus for i in range(3)] == [(0,), (1,), (0,)]
@@ -65,11 +64,11 @@ def test_the_tokenizer_core_never_leaves_a_node_without_cores():
     lopsided = [[(c,) for c in range(7)], [(7,)]]
     spare = tokenizer_placement(lopsided).cpus
     assert spare == (6,)
-    placements = [encoder_placement(lopsided, None, i) for i in (0, 1)]
+    placements = [encoder_placement(lopsided, 2, i) for i in (0, 1)]
     assert [p.cpus for p in placements] == [tuple(range(6)), (7,)]
     # Every node a single core: one node goes to the tokenizers, the others keep theirs.
     singles = [[(c,)] for c in range(8)]
-    placements = [encoder_placement(singles, None, i) for i in range(8)]
+    placements = [encoder_placement(singles, 7, i) for i in range(7)]  # one node left each
     assert all(p.threads == 1 and p.cpus for p in placements)
     assert tokenizer_placement(singles).cpus not in {p.cpus for p in placements}
 

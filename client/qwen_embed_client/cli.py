@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from . import bulk
 from .client import EmbeddingClient, EmbeddingError
-from .contract import EMBEDDING_TYPES, FACTS, PRIORITIES, read_facts
+from .contract import EMBEDDING_TYPES, FACTS, PRIORITIES, EmbedOptions, read_facts
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument(
         "--embedding-type",
         choices=list(EMBEDDING_TYPES),
-        default="float",
+        default=EmbedOptions.embedding_type,
         help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
     )
     e.add_argument("--no-truncate", action="store_true")

@@ -90,7 +90,7 @@ def parse_request(body: object, served_model: str) -> tuple[list[str], dict, str
     options.update(_priority(body))
     encoding, kinds, keyed = _embedding_types(body)
     if "chunks" in body:
-        if kinds != ["float"] or keyed:
+        if kinds != [EmbedOptions.embedding_type] or keyed:
             raise _invalid("'chunks' come as float vectors: send no embedding type", "chunks")
         options.update(_chunks(body["chunks"]))
     return texts, _contract(**options), encoding, kinds, keyed
@@ -149,7 +149,7 @@ def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
         return encoding, kinds, True
     if encoding not in ("float", "base64"):
         return "float", [encoding], False
-    kind = body.get("embedding_type", "float")
+    kind = body.get("embedding_type", EmbedOptions.embedding_type)
     if kind not in EMBEDDING_TYPES:
         raise _invalid(f"'embedding_type' must be one of {list(EMBEDDING_TYPES)}", "embedding_type")
     return encoding, [kind], False

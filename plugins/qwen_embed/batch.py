@@ -20,7 +20,6 @@ class VarlenBatch:
     cu_seqlens: torch.Tensor  # [n + 1] int32
     cu_seqlens_host: torch.Tensor  # the same on the host, for kernels that plan on the CPU
     seq_lens: tuple[int, ...]  # host copy, for backends that loop over sequences
-    max_seqlen: int
 
     @property
     def num_seqs(self) -> int:
@@ -29,10 +28,6 @@ class VarlenBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
-
-    @classmethod
-    def build(cls, sequences: Sequence[np.ndarray], device: torch.device | str) -> VarlenBatch:
-        return cls.from_flat(*flatten(sequences), device)
 
     @classmethod
     def from_flat(
@@ -48,7 +43,6 @@ class VarlenBatch:
             cu_seqlens=cu_seqlens.to(device),
             cu_seqlens_host=cu_seqlens,
             seq_lens=tuple(int(n) for n in lens),
-            max_seqlen=int(lens.max()),
         )
 
     @classmethod
@@ -64,7 +58,6 @@ class VarlenBatch:
             cu_seqlens=cu.to(device),
             cu_seqlens_host=cu,
             seq_lens=tuple(int(n) for n in seg_lens),
-            max_seqlen=int(max(seg_lens)),
         )
 
 

@@ -74,10 +74,10 @@ def _reserve(topology: list[list[Core]]) -> tuple[list[list[Core]], Core | None]
     return [node for node in nodes if node], spare
 
 
-def encoder_placement(topology: list[list[Core]], count: int | None, index: int) -> Placement:
-    """Cores of encoder instance `index` of `count` (None: one instance per NUMA node)."""
+def encoder_placement(topology: list[list[Core]], count: int, index: int) -> Placement:
+    """Cores of encoder instance `index` of `count` (one per NUMA node where the counts match)."""
     nodes, _ = _reserve(topology)
-    if count is None or count == len(nodes):
+    if count == len(nodes):
         groups = nodes
     else:
         cores = [core for node in nodes for core in node]

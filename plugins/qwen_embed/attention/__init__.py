@@ -25,11 +25,6 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def register_backend(name: str, import_path: str) -> None:
-    """Add a backend as "package.module:ClassName"; it is imported on first use."""
-    _BACKENDS[name] = import_path
-
-
 def _import_problem(module: str) -> str | None:
     """Why `module` cannot be imported (None when it can). An import, not a lookup: a wheel
     built for another torch is found but fails to load (undefined symbols)."""
@@ -86,5 +81,4 @@ __all__ = [
     "available_backends",
     "choose_backend",
     "create_backend",
-    "register_backend",
 ]

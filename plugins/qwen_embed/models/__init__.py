@@ -12,14 +12,10 @@ _MODELS: dict[str, type[nn.Module]] = {
 }
 
 
-def register_model(family: str, model_cls: type[nn.Module]) -> None:
-    _MODELS[family] = model_cls
-
-
 def model_class(family: str) -> type[nn.Module]:
     if family not in _MODELS:
         raise ValueError(f"no model registered for family {family!r}; known: {sorted(_MODELS)}")
     return _MODELS[family]
 
 
-__all__ = ["model_class", "register_model"]
+__all__ = ["model_class"]
