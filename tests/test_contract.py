@@ -18,6 +18,7 @@ from qwen_embed.serving.config import (
     EncoderServing,
     TokenizerSettings,
     encoder_parameters,
+    model_parameters,
     tokenizer_settings,
 )
 from qwen_embed.settings import EncoderSettings
@@ -116,9 +117,9 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
     }
     _, _, route = plan(demo_dir, EncoderSettings(device="cpu"))
     assert encoder == {"dimension": 1024, "route": route.to_dict()}
-    args = {n: {"model_config": json.dumps(c)} for n, c in served.items()}
-    assert tokenizer_settings(args["tokenizer"]) == TokenizerSettings(model_dir=str(demo_dir))
-    assert encoder_parameters(args["encoder"]) == (
+    params = {n: model_parameters({"model_config": json.dumps(c)}) for n, c in served.items()}
+    assert tokenizer_settings(params["tokenizer"]) == TokenizerSettings(model_dir=str(demo_dir))
+    assert encoder_parameters(params["encoder"]) == (
         EncoderServing(model_dir=str(demo_dir)),
         EncoderSettings(),
     )
@@ -162,8 +163,9 @@ def test_options_cross_as_parameters_unchanged(options):
     ],
 )
 def test_a_broken_rule_names_the_field_and_the_limit(params, message):
-    with pytest.raises(RequestError, match=message):
+    with pytest.raises(RequestError, match=message) as e:
         EmbedOptions.from_parameters(params)
+    assert e.value.field in (*params, None)  # None: the unknown names
 
 
 def test_model_facts_are_checked_by_the_tokenizer_only():

@@ -143,3 +143,14 @@ def test_an_unknown_or_unsupported_instruction_set_is_refused():
     with pytest.raises(RuntimeError, match="cannot run"):
         native.select("sve")
     assert native.isa() in native.ISAS
+
+
+def test_a_clang_build_says_why_it_stops(tmp_path):
+    """The kernels' vector shuffles are GCC builtins: clang is refused by name, up front."""
+    from qwen_embed.native.build import build
+
+    clang = tmp_path / "c++"
+    clang.write_text("#!/bin/sh\necho 'clang version 17.0.6'\n")
+    clang.chmod(0o755)
+    with pytest.raises(RuntimeError, match="is clang; the kernels use GCC's vector extensions"):
+        build(str(clang))

@@ -10,7 +10,12 @@ import pytest
 from qwen_embed import EncoderSettings
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.parallel import RankSpec
-from qwen_embed.serving.config import MODEL_REPOSITORY, EncoderServing, encoder_parameters
+from qwen_embed.serving.config import (
+    MODEL_REPOSITORY,
+    EncoderServing,
+    encoder_parameters,
+    model_parameters,
+)
 from qwen_embed.worker import threads_per_rank
 from qwen_embed_deploy.repository import get_parameter, read_config, render
 
@@ -27,21 +32,23 @@ def triton_args(params: dict[str, str]) -> dict:
 
 def test_parameters_build_the_settings_whole():
     serving, settings = encoder_parameters(
-        triton_args(
-            {
-                "model_dir": "/m",
-                "dtype": "float32",
-                "max_batch_tokens": "4096",
-                "prefix_reuse": "off",
-                "prefix_cache_mb": "",
-                "cpu_pinning": "off",
-            }
+        model_parameters(
+            triton_args(
+                {
+                    "model_dir": "/m",
+                    "dtype": "float32",
+                    "max_batch_tokens": "4096",
+                    "prefix_reuse": "off",
+                    "prefix_cache_mb": "",
+                    "cpu_pinning": "off",
+                }
+            )
         )
     )
     assert serving == EncoderServing(model_dir="/m", cpu_pinning="off")
     assert settings == EncoderSettings(dtype="float32", max_batch_tokens=4096, prefix_reuse="off")
     assert settings.prefix_cache_mb == EncoderSettings().prefix_cache_mb  # empty: the default
-    _, defaults = encoder_parameters(triton_args({"model_dir": ""}))
+    _, defaults = encoder_parameters(model_parameters(triton_args({"model_dir": ""})))
     assert defaults == EncoderSettings()
 
 
@@ -90,7 +97,7 @@ def test_rendered_overrides_add_parameters_the_template_leaves_out(tmp_path, dem
     assert get_parameter(config, "dtype") == "bfloat16"
     assert get_parameter(config, "model_dir") == str(demo_dir)
     params = {k: v.string_value for k, v in config.parameters.items()}
-    serving, settings = encoder_parameters(triton_args(params))
+    serving, settings = encoder_parameters(model_parameters(triton_args(params)))
     assert settings.dtype == "bfloat16" and serving.model_dir == str(demo_dir)
     rerank = read_config(repo / "rerank_encoder" / "config.pbtxt")
     assert get_parameter(rerank, "task") == "rerank" and "dtype" in rerank.parameters

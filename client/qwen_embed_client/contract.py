@@ -16,6 +16,7 @@ request only.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -49,7 +50,14 @@ FACTS = ("dimension", "tokens_per_text", "prompt_names", "default_prompt_name", 
 
 
 class RequestError(ValueError):
-    pass
+    """A broken rule of the contract; the message names the field first ("parameter
+    'dimensions' ...", "input 'TEXT[3]' ...") and the limit."""
+
+    @property
+    def field(self) -> str | None:
+        """The request parameter it names, if any."""
+        found = re.match(r"parameters? '(\w+)'", str(self))
+        return found.group(1) if found else None
 
 
 def read_facts(config: dict) -> dict:

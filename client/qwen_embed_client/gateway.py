@@ -61,8 +61,7 @@ def _contract(**options) -> dict:
     try:
         EmbedOptions(**{k: v for k, v in options.items() if k != "priority"})
     except RequestError as e:
-        name = str(e).split("'")[1] if "'" in str(e) else None
-        raise _invalid(str(e).replace("parameter ", "", 1), _field(name)) from None
+        raise _invalid(str(e).replace("parameter ", "", 1), _field(e.field)) from None
     return options
 
 

@@ -7,6 +7,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -326,7 +327,7 @@ class Encoder:
                 forward = ChunkForward(chosen, readout, planner.prune, self.device)
                 send = None
                 if self._launcher is not None:
-                    send = lambda c=chosen: self._launcher.send_chunks(pack_texts(c))  # noqa: E731
+                    send = partial(self._launcher.send_chunks, pack_texts(chosen))
                 pooled = self._forward_context(forward.context, forward.pool, send)
                 for g, vectors in zip(group, pooled, strict=True):
                     i, _, chunks = pieces[g]
@@ -386,8 +387,8 @@ class Encoder:
         flat = flatten(sequences)  # the one flat host copy every rank plans from
         # Planned before the workers hear of it: a batch rank 0 cannot plan never reaches them.
         ctx = self.model.planner.plan(*flat)
-        send = None if self._launcher is None else lambda: self._launcher.send_batch(*flat)
-        return self._forward_context(ctx, lambda hidden: self._pooled(ctx, hidden, head), send)
+        send = None if self._launcher is None else partial(self._launcher.send_batch, *flat)
+        return self._forward_context(ctx, partial(self._pooled, ctx, head=head), send)
 
     def _forward_context(self, ctx: ForwardContext, finish, send):
         """`finish(final hidden states)` of one planned forward; with tensor parallelism,
@@ -408,7 +409,7 @@ class Encoder:
             self._launcher.close(graceful=False)
             raise EncoderBroken(self._broken) from e
 
-    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, head) -> np.ndarray:
+    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, *, head) -> np.ndarray:
         """pruned: the model returned the pooled rows; pooling works in fp32 either way. A plan
         (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches."""
         pooled = (

@@ -19,7 +19,12 @@ from qwen_embed.chunking import check_chunks
 from qwen_embed.compact import outputs as compact_outputs
 from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
-from qwen_embed.serving.config import encoder_device, encoder_parameters, resolve_model_dir
+from qwen_embed.serving.config import (
+    encoder_device,
+    encoder_parameters,
+    model_parameters,
+    resolve_model_dir,
+)
 from qwen_embed_client.contract import read_finish, stack_ragged, unpack_chunks, unpack_ids
 
 
@@ -31,7 +36,7 @@ def _error(message):
 
 class TritonPythonModel:
     def initialize(self, args):
-        serving, settings = encoder_parameters(args)
+        serving, settings = encoder_parameters(model_parameters(args))
         device = encoder_device(
             args.get("model_instance_kind", ""),
             args.get("model_instance_device_id", "0"),

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 from qwen_embed.host import gpu_count
 from qwen_embed.placement import read_topology, tokenizer_placement
-from qwen_embed.serving.config import tokenizer_checkpoint, tokenizer_settings
+from qwen_embed.serving.config import model_parameters, tokenizer_checkpoint, tokenizer_settings
 from qwen_embed.serving.rerank import PairTokenizer
 from qwen_embed.serving.tokenizer import TextTokenizer
 from qwen_embed_client.contract import (
@@ -29,7 +29,7 @@ from qwen_embed_client.contract import (
 
 class TritonPythonModel:
     def initialize(self, args):
-        settings = tokenizer_settings(args)
+        settings = tokenizer_settings(model_parameters(args))
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
         # On machines with a core to spare, tokenizers keep off the CPU encoders' cores.
         spare = tokenizer_placement(read_topology(), gpu_count())

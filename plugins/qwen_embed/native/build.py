@@ -69,9 +69,14 @@ def _torch_flags() -> tuple[list[str], list[str]]:
 
 
 def build(compiler: str | None = None) -> Path:
-    compiler = compiler or shutil.which("c++") or shutil.which("g++")
+    compiler = compiler or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler on PATH (install g++)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    if "clang" in version.lower():  # the kernels' vector shuffles are GCC builtins
+        raise RuntimeError(
+            f"{compiler} is clang; the kernels use GCC's vector extensions: install g++"
+        )
     torch_compile, torch_link = _torch_flags()
     BUILD.mkdir(exist_ok=True)
 

@@ -91,13 +91,12 @@ def tokenizer_checkpoint(settings: TokenizerSettings) -> tuple[Path, ModelConfig
     return model_dir, config, min(settings.max_input_tokens or positions, positions)
 
 
-def model_facts(params: dict[str, str], instance_kind: str, has_outputs: bool) -> dict:
-    """What a tokenizer (`has_outputs` TOKEN_IDS) or encoder model will be, from its config
-    parameters and its first instance group's kind, without loading it: the facts (contract.
-    FACTS) the launcher writes into the served config, where clients read them."""
-    args = {"model_config": json.dumps({"parameters": _json_parameters(params)})}
-    if has_outputs:
-        settings = tokenizer_settings(args)
+def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> dict:
+    """What a tokenizer or encoder model will be, from its config parameters and its first
+    instance group's kind, without loading it: the facts (contract.FACTS) the launcher writes
+    into the served config, where clients read them."""
+    if tokenizer:
+        settings = tokenizer_settings(params)
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
         facts = {"dimension": config.hidden_size, "tokens_per_text": max_tokens}
         if settings.task == "embed":
@@ -108,7 +107,7 @@ def model_facts(params: dict[str, str], instance_kind: str, has_outputs: bool) -
 
     from ..engine import plan
 
-    serving, settings = encoder_parameters(args)
+    serving, settings = encoder_parameters(params)
     device = encoder_device(
         instance_kind.removeprefix("KIND_"),
         "0",
@@ -121,18 +120,14 @@ def model_facts(params: dict[str, str], instance_kind: str, has_outputs: bool) -
     return {"dimension": config.hidden_size, "route": route.to_dict()}
 
 
-def _json_parameters(params: dict[str, str]) -> dict:
-    return {k: {"string_value": v} for k, v in params.items()}
+def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:
+    return from_parameters(TokenizerSettings, params, "tokenizer")
 
 
-def tokenizer_settings(args: dict) -> TokenizerSettings:
-    return from_parameters(TokenizerSettings, model_parameters(args), "tokenizer")
-
-
-def encoder_parameters(args: dict) -> tuple[EncoderServing, EncoderSettings]:
-    """An encoder model's parameters: the serving ones and the engine's settings, each built
-    whole (an unknown key is refused)."""
-    params = model_parameters(args)
+def encoder_parameters(params: dict[str, str]) -> tuple[EncoderServing, EncoderSettings]:
+    """An encoder model's parameters (model_parameters): the serving ones and the engine's
+    settings, each built whole (an unknown key is refused)."""
+    params = dict(params)
     serving_keys = {f.name for f in fields(EncoderServing)}
     serving = {k: params.pop(k) for k in list(params) if k in serving_keys}
     return (
