@@ -9,14 +9,15 @@
   knows, i.e. those APIs are closed.
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model.
+- It serves an edited copy of the repository (repository.edited_copy): the edits below and each
+  tokenizer's and encoder's facts (repository.publish_facts), where Triton clients read them.
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
-  NUMA node in place of a KIND_MODEL encoder group, through a copy of the repository where the
-  count differs; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
+  NUMA node in place of a KIND_MODEL encoder group; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
   On a host with GPUs, `--gpu-instances auto` (default) serves one KIND_GPU encoder instance
   per GPU in place of a KIND_MODEL group that is not a tensor-parallel one, and scales the
   tokenizer instances to the CPUs (placement.gpu_instance_groups).
 - `--response-cache-mb N` (or $RESPONSE_CACHE_MB) turns Triton's local response cache on for
-  the encoders, bounded to N MiB; off by default (with_response_cache says what is hashed).
+  the encoders, bounded to N MiB; off by default (served_edits says what is hashed).
 - `--otlp-endpoint URL` (or $OTEL_EXPORTER_OTLP_ENDPOINT, an OTLP/HTTP collector's base URL)
   turns Triton's OpenTelemetry tracing on (one in `--trace-rate` requests, and every request
   that carries a trace context) and the gateway's (trace_args).
