@@ -12,7 +12,8 @@
 - It serves an edited copy of the repository (repository.edited_copy): the edits below and each
   tokenizer's and encoder's facts (repository.publish_facts), where Triton clients read them.
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
-  NUMA node in place of a KIND_MODEL encoder group; explicit KIND_CPU groups are kept. Each instance pins itself (placement.py).
+  NUMA node in place of a KIND_MODEL encoder group; explicit KIND_CPU groups are kept. Each
+  instance pins itself (placement.py).
   On a host with GPUs, `--gpu-instances auto` (default) serves one KIND_GPU encoder instance
   per GPU in place of a KIND_MODEL group that is not a tensor-parallel one, and scales the
   tokenizer instances to the CPUs (placement.gpu_instance_groups).
