@@ -44,7 +44,7 @@ def test_server_error_is_raised_with_its_message_and_not_retried(server):
         return server.metric("nv_inference_request_success", model="tokenizer")
 
     before = attempts()
-    with EmbeddingClient(server.grpc_url, retries=3, backoff_s=5.0) as client:
+    with EmbeddingClient(server.grpc_url, retry_deadline_s=30, backoff_s=5.0) as client:
         with pytest.raises(
             EmbeddingError, match=r"parameter 'dimensions' must be in 1\.\.1024"
         ) as e:
@@ -55,7 +55,7 @@ def test_server_error_is_raised_with_its_message_and_not_retried(server):
 
 def test_unreachable_server_retries_then_fails():
     with EmbeddingClient(
-        f"127.0.0.1:{free_port()}", retries=2, backoff_s=0.05, timeout=5
+        f"127.0.0.1:{free_port()}", retry_deadline_s=0.5, backoff_s=0.05, timeout=5
     ) as client:
         with pytest.raises(EmbeddingError) as e:
             client.embed(["x"])
@@ -65,7 +65,7 @@ def test_unreachable_server_retries_then_fails():
 def test_dead_server_chunks_move_to_the_live_one(server):
     dead = f"127.0.0.1:{free_port()}"
     with EmbeddingClient(
-        [dead, server.grpc_url], retries=1, backoff_s=0.05, max_texts_per_request=8
+        [dead, server.grpc_url], retry_deadline_s=0.5, backoff_s=0.05, max_texts_per_request=8
     ) as client:
         out = client.embed(TEXTS)
     assert np.abs(out - infer(server, TEXTS, "grpc")[0]).max() <= 1e-4

@@ -1,6 +1,7 @@
 """Production behaviour on real tritonservers: closed admin APIs, bind address, a killed stub
 recovered by the watchdog under load, a bounded queue, SIGTERM draining in-flight requests."""
 
+import json
 import os
 import signal
 import subprocess
@@ -16,9 +17,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from qwen_embed_client import EmbeddingClient, EmbeddingError
 from qwen_embed_deploy.launcher import stub_processes
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from triton_helpers import infer, text_input, wait_until
 
@@ -139,6 +141,73 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
     finally:
         stop.set()
         server.stop()
+
+
+def test_no_request_lost_to_a_killed_encoder_stub(demo_dir, tmp_path):
+    """The client library and the gateway (which uses it) send a request that failed on the
+    dead stub again until the watchdog has the encoder back: zero failures under load."""
+    gateway_port = free_port()
+    server = start_server(
+        demo_dir, tmp_path, exit_timeout_s=5, launcher_args=["--gateway-port", str(gateway_port)]
+    )
+    results = []  # (route, error or None)
+    stop = threading.Event()
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{gateway_port}/health"), "the gateway")
+
+        def library():
+            with EmbeddingClient(server.grpc_url, retry_deadline_s=60) as client:
+                while not stop.is_set():
+                    try:
+                        client.embed(["a short text"] * 4)
+                        results.append(("client", None))
+                    except EmbeddingError as e:
+                        results.append(("client", e))
+
+        def gateway():
+            url = f"http://127.0.0.1:{gateway_port}/v1/embeddings"
+            body = json.dumps({"model": "embed", "input": ["a short text"] * 4}).encode()
+            while not stop.is_set():
+                request = urllib.request.Request(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=120) as r:
+                        results.append(("gateway", None if r.status == 200 else r.status))
+                except (urllib.error.HTTPError, OSError) as e:
+                    results.append(("gateway", e))
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (library, gateway) * 2]
+        for t in threads:
+            t.start()
+        wait_until(lambda: {r for r, e in results if e is None} == {"client", "gateway"}, "answers")
+        stubs = stub_processes(server.status()["server_pid"])
+        (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
+        os.kill(encoder_pid, signal.SIGKILL)
+        done_before = len(results)
+        wait_until(lambda: server.status()["reloads"], "the watchdog's reload", timeout=60)
+        wait_until(lambda: len(results) >= done_before + 8, "answers after the reload", timeout=60)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a client hung"
+        failures = [(route, e) for route, e in results if e is not None]
+        assert failures == [], failures[:3]
+        # Requests did fail on the dead stub inside Triton: they were sent again.
+        assert server.metric("nv_inference_request_failure", model="embed") > 0
+        assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
+        assert {route for route, _ in results} == {"client", "gateway"}
+    finally:
+        stop.set()
+        server.stop()
+
+
+def http_ok(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def test_full_queue_answers_unavailable_at_once(demo_dir, tmp_path):

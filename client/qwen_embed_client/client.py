@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,8 @@ from .contract import (
 )
 from .scheduler import ServerState, run_job
 
+# Worth sending again: overload (a full queue), a server or model not there yet, a transport
+# failure; never a refusal of the request itself (INVALID_ARGUMENT / 400).
 RETRYABLE_STATUSES = {
     "StatusCode.UNAVAILABLE",
     "StatusCode.RESOURCE_EXHAUSTED",
@@ -32,6 +35,10 @@ RETRYABLE_STATUSES = {
     "504",
     "None",
 }
+# Triton 2.51's answer (INTERNAL) while a model's Python process is dead: the launcher's
+# watchdog loads the model again within seconds.
+DEAD_STUB = "is not healthy"
+MAX_BACKOFF_S = 2.0
 
 
 class EmbeddingError(Exception):
@@ -44,7 +51,7 @@ class EmbeddingError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.status is None or self.status in RETRYABLE_STATUSES
+        return self.status is None or self.status in RETRYABLE_STATUSES or DEAD_STUB in str(self)
 
 
 @dataclass
@@ -107,7 +114,7 @@ class AsyncEmbeddingClient:
         rerank_model: str = "rerank",
         max_texts_per_request: int = MAX_TEXTS_PER_REQUEST,
         requests_in_flight: int = 4,
-        retries: int = 3,
+        retry_deadline_s: float = 60.0,
         backoff_s: float = 0.25,
         bench_s: float = 30.0,
     ):
@@ -123,7 +130,7 @@ class AsyncEmbeddingClient:
         self.rerank_model = rerank_model
         self.max_texts_per_request = max_texts_per_request
         self.requests_in_flight = requests_in_flight
-        self.retries = retries
+        self.retry_deadline_s = retry_deadline_s
         self.backoff_s = backoff_s
         self.bench_s = bench_s
         self._servers: list[_Server] | None = None
@@ -240,15 +247,19 @@ class AsyncEmbeddingClient:
         )
 
     async def _with_retries(self, call):
-        attempt = 0
+        """`call()`, sent again after a retryable failure (backoff from `backoff_s`, doubling
+        up to MAX_BACKOFF_S, jittered) until `retry_deadline_s` after the first try."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        wait = self.backoff_s
         while True:
             try:
                 return await call()
             except EmbeddingError as e:
-                if not e.retryable or attempt == self.retries:
+                pause = wait * (0.5 + random.random())
+                if not e.retryable or time.monotonic() + pause > deadline:
                     raise
-            await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
-            attempt += 1
+            await asyncio.sleep(pause)
+            wait = min(2 * wait, MAX_BACKOFF_S)
 
     def _bytes_input(self, name: str, texts: list[str], shape: list[int]):
         data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(shape)
