@@ -147,7 +147,7 @@ CASES = [
     Case(
         "unknown embedding_type",
         r"parameter 'embedding_type' must be one of \['float', 'int8', 'uint8', 'binary', "
-        r"'ubinary'\], got 'int4'",
+        r"'ubinary'\], or several of them separated by commas, got 'int4'",
         [text("x")],
         {"embedding_type": "int4"},
     ),
@@ -200,8 +200,8 @@ CASES = [
     Case(
         "encoder: FINISH dimensions past the model's",
         r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1, embedding "
-        r"type in 0\.\.4\), got \(5000, 1, 0\)",
-        [ids([5, 6]), ("FINISH", "INT32", [1, 3], np.array([[5000, 1, 0]], "<i4").tobytes())],
+        r"types as bits in 1\.\.31\), got \(5000, 1, 1\)",
+        [ids([5, 6]), ("FINISH", "INT32", [1, 3], np.array([[5000, 1, 1]], "<i4").tobytes())],
         model="encoder",
     ),
     Case(

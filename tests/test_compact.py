@@ -53,14 +53,22 @@ def test_int8_codes_keep_the_ranking():
 
 def test_each_type_in_its_own_output():
     vectors = np.ones((3, 16), np.float32)
-    names = {t: list(outputs(vectors, t)) for t in EMBEDDING_TYPES}
+    names = {t: list(outputs(vectors, (t,))) for t in EMBEDDING_TYPES}
     assert names == {
         "float": ["EMBEDDING"],
         "int8": ["EMBEDDING_INT8"],
-        "binary": ["EMBEDDING_INT8"],
+        "binary": ["EMBEDDING_BINARY"],
         "uint8": ["EMBEDDING_UINT8"],
-        "ubinary": ["EMBEDDING_UINT8"],
+        "ubinary": ["EMBEDDING_UBINARY"],
     }
-    assert outputs(vectors, "binary")["EMBEDDING_INT8"].tolist() == [[127, 127]] * 3
+    assert outputs(vectors, ("binary",))["EMBEDDING_BINARY"].tolist() == [[127, 127]] * 3
+    several = outputs(vectors, EMBEDDING_TYPES)  # every type, each in its own output
+    assert {k: v.dtype.name for k, v in several.items()} == {
+        "EMBEDDING": "float32",
+        "EMBEDDING_INT8": "int8",
+        "EMBEDDING_UINT8": "uint8",
+        "EMBEDDING_BINARY": "int8",
+        "EMBEDDING_UBINARY": "uint8",
+    }
     with pytest.raises(ValueError, match="embedding_type must be one of"):
         compact(vectors, "int4")

@@ -66,8 +66,11 @@ def test_each_embedding_type_travels_in_an_output_of_its_numpy_type():
             name = EMBEDDING_OUTPUTS[kind]
             assert compact(vectors, kind).dtype == NUMPY_TYPES[declared[name]], (model, kind)
         assert "CHUNK_EMBEDDING" in declared
-    assert EmbedOptions(chunk_size=4).output == "CHUNK_EMBEDDING"
-    assert EmbedOptions(embedding_type="ubinary").output == "EMBEDDING_UINT8"
+    assert EmbedOptions(chunk_size=4).outputs == {"float": "CHUNK_EMBEDDING"}
+    assert EmbedOptions(embedding_type="ubinary").outputs == {"ubinary": "EMBEDDING_UBINARY"}
+    several = EmbedOptions(embedding_type="ubinary,float")  # one request, every type asked
+    assert several.embedding_types == ("float", "ubinary")
+    assert several.outputs == {"float": "EMBEDDING", "ubinary": "EMBEDDING_UBINARY"}
 
 
 def test_priority_levels_are_the_models_levels():
@@ -79,7 +82,12 @@ def test_priority_levels_are_the_models_levels():
 
 def test_finish_rows_fit_the_declared_input_and_round_trip():
     (finish_input,) = [o for o in CONFIGS["tokenizer"].output if o.name == "FINISH"]
-    for finish in (Finish(), Finish(64, False, "binary"), Finish(None, True, "uint8")):
+    for finish in (
+        Finish(),
+        Finish(64, False, ("binary",)),
+        Finish(None, True, ("uint8",)),
+        Finish(8, True, EMBEDDING_TYPES),
+    ):
         rows = finish_rows(finish, 3)
         assert rows.shape == (3, *finish_input.dims) and rows.dtype == np.int32
         assert read_finish(rows, 1024) == finish
@@ -132,6 +140,7 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         EmbedOptions(truncate=False, truncation_direction="left", prompt_name="query"),
         EmbedOptions(instruction="Find code", dimensions=64, normalize=False),
         EmbedOptions(prompt="passage: ", embedding_type="binary"),
+        EmbedOptions(embedding_type="int8,float,ubinary"),
         EmbedOptions(chunk_spans=[[0, 3], [3, 9]]),
         EmbedOptions(chunk_size=128),
     ],
@@ -149,6 +158,8 @@ def test_options_cross_as_parameters_unchanged(options):
         ({"dimensions": True}, "parameter 'dimensions' must be an integer"),
         ({"dimensions": 0}, "parameter 'dimensions' must be >= 1"),
         ({"embedding_type": "int4"}, "parameter 'embedding_type' must be one of"),
+        ({"embedding_type": "int8,int8"}, "or several of them separated by commas"),
+        ({"embedding_type": "float,"}, "or several of them separated by commas"),
         ({"truncation_direction": "up"}, "parameter 'truncation_direction' must be one of"),
         ({"normalize": "yes"}, "parameter 'normalize' must be a boolean"),
         ({"prompt": " "}, "parameter 'prompt' must not be empty"),

@@ -56,8 +56,11 @@ class EmbeddingError(Exception):
 
 @dataclass
 class EmbeddingResult:
-    embeddings: np.ndarray  # [n, dim]: float32, or the embedding_type's int8/uint8 codes
+    embeddings: np.ndarray  # [n, dim]: float32, or the embedding type's int8/uint8 codes
     token_counts: np.ndarray  # int32 [n]: tokens embedded per text, <|endoftext|> included
+    # Every type asked for ("float,int8" asks for two), from one computation of the vectors;
+    # `embeddings` is the first of them.
+    by_type: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -167,9 +170,12 @@ class AsyncEmbeddingClient:
         chunks = await self._split(
             len(texts), lambda s, a, b: self._send(s, texts[a:b], opts, level, headers)
         )
+        kinds = opts.embedding_type.split(",")  # as asked: the first is `embeddings`
+        by_type = {k: np.concatenate([c[0][k] for c in chunks]) for k in kinds}
         return EmbeddingResult(
-            embeddings=np.concatenate([c[0] for c in chunks]),
+            embeddings=by_type[kinds[0]],
             token_counts=np.concatenate([c[1] for c in chunks]),
+            by_type=by_type,
         )
 
     async def embed_chunks(
@@ -270,7 +276,7 @@ class AsyncEmbeddingClient:
     async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority, headers):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
         result = await self._infer(server, self.model, [inp], opts.parameters(), priority, headers)
-        vectors = result.as_numpy(opts.output)
+        vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
 
     async def _send_chunks(self, server: _Server, texts: list[str], params, priority, headers):

@@ -22,13 +22,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 # Where each embedding type travels (its codes: qwen_embed.compact); a response holds only the
-# output its type uses.
+# outputs of the types it asked for.
 EMBEDDING_OUTPUTS = {
     "float": "EMBEDDING",
     "int8": "EMBEDDING_INT8",
     "uint8": "EMBEDDING_UINT8",
-    "binary": "EMBEDDING_INT8",
-    "ubinary": "EMBEDDING_UINT8",
+    "binary": "EMBEDDING_BINARY",
+    "ubinary": "EMBEDDING_UBINARY",
 }
 EMBEDDING_TYPES = tuple(EMBEDDING_OUTPUTS)
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -139,7 +139,9 @@ class EmbedOptions(_Options):
     prompt: str | None = None  # a literal prefix
     dimensions: int | None = None  # Matryoshka: the first N dimensions
     normalize: bool = True
-    embedding_type: str = "float"  # EMBEDDING_TYPES
+    # One of EMBEDDING_TYPES, or several separated by commas: each from one computation of the
+    # vectors, in its own output.
+    embedding_type: str = "float"
     # Late chunking: chunks of this many of a text's own tokens, or these [start, end) spans
     # of them; one vector per chunk.
     chunk_size: int | None = None
@@ -165,8 +167,22 @@ class EmbedOptions(_Options):
         if _optional("dimensions", self.dimensions, int, "an integer") is not None:
             if self.dimensions < 1:
                 raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
-        _one_of("embedding_type", self.embedding_type, EMBEDDING_TYPES)
+        self._check_types()
         self._check_chunks()
+
+    def _check_types(self) -> None:
+        kinds = _expect("embedding_type", self.embedding_type, str, "a string").split(",")
+        if not all(k in EMBEDDING_TYPES for k in kinds) or len(set(kinds)) != len(kinds):
+            raise RequestError(
+                f"parameter 'embedding_type' must be one of {list(EMBEDDING_TYPES)}, or several "
+                f"of them separated by commas, got {self.embedding_type!r}"
+            )
+
+    @property
+    def embedding_types(self) -> tuple[str, ...]:
+        """The types asked for, in EMBEDDING_TYPES order."""
+        kinds = self.embedding_type.split(",")
+        return tuple(k for k in EMBEDDING_TYPES if k in kinds)
 
     def _check_chunks(self) -> None:
         if _optional("chunk_size", self.chunk_size, int, "an integer") is not None:
@@ -176,7 +192,7 @@ class EmbedOptions(_Options):
             object.__setattr__(self, "chunk_spans", _spans(self.chunk_spans))
         if self.chunk_size is not None and self.chunk_spans is not None:
             raise RequestError("parameters 'chunk_size' and 'chunk_spans' exclude each other")
-        if self.chunked and self.embedding_type != "float":
+        if self.chunked and self.embedding_types != ("float",):
             raise RequestError(
                 f"parameter 'embedding_type' must be 'float' with chunks, "
                 f"got {self.embedding_type!r}"
@@ -187,9 +203,11 @@ class EmbedOptions(_Options):
         return self.chunk_size is not None or self.chunk_spans is not None
 
     @property
-    def output(self) -> str:
-        """The Triton output that carries this request's vectors."""
-        return "CHUNK_EMBEDDING" if self.chunked else EMBEDDING_OUTPUTS[self.embedding_type]
+    def outputs(self) -> dict[str, str]:
+        """embedding type -> the Triton output that carries its vectors."""
+        if self.chunked:
+            return {"float": "CHUNK_EMBEDDING"}
+        return {k: EMBEDDING_OUTPUTS[k] for k in self.embedding_types}
 
     def check_model(self, dimension: int, prompt_names: list[str]) -> EmbedOptions:
         """What needs the served model: its dimension and its checkpoint's prompt names."""
@@ -220,7 +238,7 @@ class EmbedOptions(_Options):
         return json.dumps([list(s) for s in value]) if name == "chunk_spans" else value
 
     def finish(self) -> Finish:
-        return Finish(self.dimensions, self.normalize, self.embedding_type)
+        return Finish(self.dimensions, self.normalize, self.embedding_types)
 
 
 _SPANS = f"a JSON list of at most {MAX_CHUNKS} [start, end] token spans"
@@ -265,19 +283,16 @@ class Finish:
 
     dimensions: int | None = None  # None: all
     normalize: bool = True
-    embedding_type: str = "float"
+    embedding_types: tuple[str, ...] = ("float",)  # in EMBEDDING_TYPES order
 
 
 def finish_rows(finish: Finish, n: int) -> np.ndarray:
     """FINISH int32 [n, 3] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
-    index into EMBEDDING_TYPES). Options are parsed once, in the tokenizer; the encoder's
-    answer depends on its inputs alone (so Triton's response cache, which hashes inputs,
-    never mixes two requests' options)."""
-    row = (
-        finish.dimensions or 0,
-        int(finish.normalize),
-        EMBEDDING_TYPES.index(finish.embedding_type),
-    )
+    the embedding types as bits, 1 << their index in EMBEDDING_TYPES). Options are parsed
+    once, in the tokenizer; the encoder's answer depends on its inputs alone (so Triton's
+    response cache, which hashes inputs, never mixes two requests' options)."""
+    types = sum(1 << EMBEDDING_TYPES.index(k) for k in finish.embedding_types)
+    row = (finish.dimensions or 0, int(finish.normalize), types)
     return np.tile(np.array(row, dtype=np.int32), (n, 1))
 
 
@@ -287,17 +302,16 @@ def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
         return Finish()
     if rows.ndim != 2 or rows.shape[1] != 3 or len(rows) == 0 or (rows != rows[0]).any():
         raise RequestError("input 'FINISH' must be [n, 3], the same row for every text")
-    dims, normalize, kind = (int(v) for v in rows[0])
-    if (
-        not 0 <= dims <= dimension
-        or normalize not in (0, 1)
-        or not 0 <= kind < len(EMBEDDING_TYPES)
-    ):
+    dims, normalize, types = (int(v) for v in rows[0])
+    all_types = (1 << len(EMBEDDING_TYPES)) - 1
+    if not 0 <= dims <= dimension or normalize not in (0, 1) or not 0 < types <= all_types:
         raise RequestError(
             f"input 'FINISH' must hold (dimensions in 0..{dimension}, normalize 0 or 1, "
-            f"embedding type in 0..{len(EMBEDDING_TYPES) - 1}), got ({dims}, {normalize}, {kind})"
+            f"embedding types as bits in 1..{all_types}), "
+            f"got ({dims}, {normalize}, {types})"
         )
-    return Finish(dims or None, bool(normalize), EMBEDDING_TYPES[kind])
+    kinds = tuple(k for i, k in enumerate(EMBEDDING_TYPES) if types >> i & 1)
+    return Finish(dims or None, bool(normalize), kinds)
 
 
 def decode_texts(

@@ -14,7 +14,6 @@ checked by the request contract (contract.py), as the server checks them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import hmac
 import os
@@ -336,14 +335,9 @@ async def embeddings(request: Request):
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(texts)})
     if "chunk_size" in options or "chunk_spans" in options:
         return await _chunk_embeddings(gw, texts, options, encoding)
-    try:  # one request per type, computed on the server
-        results = await asyncio.gather(
-            *(
-                gw.client.embed_with_usage(
-                    texts, **options, embedding_type=k, headers=gw.outgoing()
-                )
-                for k in kinds
-            )
+    try:  # every type from one computation of the vectors, on the server
+        result = await gw.client.embed_with_usage(
+            texts, **options, embedding_type=",".join(kinds), headers=gw.outgoing()
         )
     except EmbeddingError as e:
         raise _backend_error(e, ("dimensions",)) from e
@@ -351,13 +345,11 @@ async def embeddings(request: Request):
     for i in range(len(texts)):
         entry = {"object": "embedding", "index": i}
         if keyed:
-            entry["embeddings"] = {
-                k: _value(r.embeddings[i], encoding) for k, r in zip(kinds, results, strict=True)
-            }
+            entry["embeddings"] = {k: _value(result.by_type[k][i], encoding) for k in kinds}
         else:
-            entry["embedding"] = _value(results[0].embeddings[i], encoding)
+            entry["embedding"] = _value(result.embeddings[i], encoding)
         data.append(entry)
-    return _embeddings_body(data, gw.model_name, results[0].total_tokens)
+    return _embeddings_body(data, gw.model_name, result.total_tokens)
 
 
 async def _chunk_embeddings(gw: Gateway, texts, options, encoding):

@@ -42,7 +42,8 @@ def compact(vectors: np.ndarray, embedding_type: str) -> np.ndarray:
     )
 
 
-def outputs(vectors: np.ndarray, embedding_type: str) -> dict[str, np.ndarray]:
-    """A response's outputs: the type's codes in its own; the others are left out (an empty
-    output would keep Triton's response cache from storing the response)."""
-    return {EMBEDDING_OUTPUTS[embedding_type]: compact(vectors, embedding_type)}
+def outputs(vectors: np.ndarray, embedding_types: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """A response's outputs: each asked type's codes in its own, all from the same vectors;
+    the others are left out (an empty output would keep Triton's response cache from storing
+    the response)."""
+    return {EMBEDDING_OUTPUTS[kind]: compact(vectors, kind) for kind in embedding_types}

@@ -194,7 +194,7 @@ class TritonPythonModel:
         # Matryoshka truncation and normalisation, once, with this request's options; then
         # the compact codes it asked for, in their own output only.
         rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
-        codes = compact_outputs(rows.contiguous().numpy(), opts.embedding_type)
+        codes = compact_outputs(rows.contiguous().numpy(), opts.embedding_types)
         return [pb_utils.Tensor(name, array) for name, array in codes.items()]
 
     def finalize(self):
