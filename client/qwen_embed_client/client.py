@@ -39,6 +39,7 @@ RETRYABLE_STATUSES = {
 # watchdog loads the model again within seconds.
 DEAD_STUB = "is not healthy"
 MAX_BACKOFF_S = 2.0
+FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves to another
 
 
 class EmbeddingError(Exception):
@@ -239,23 +240,28 @@ class AsyncEmbeddingClient:
         )
 
     async def _split(self, count: int, send) -> list:
-        """`send(server, start, end)` for chunks of `count` items over the servers, retried."""
+        """`send(server, start, end)` for chunks of `count` items over the servers, retried:
+        on one server until `retry_deadline_s`; with several, for at most FAILOVER_S before
+        the scheduler moves the chunk to another server."""
         servers = self._connect()
+        window = (
+            self.retry_deadline_s if len(servers) == 1 else min(self.retry_deadline_s, FAILOVER_S)
+        )
         return await run_job(
             count,
             [s.state for s in servers],
             send=lambda index, start, end: self._with_retries(
-                lambda: send(servers[index], start, end)
+                lambda: send(servers[index], start, end), window
             ),
             max_chunk=self.max_texts_per_request,
             slots_per_server=self.requests_in_flight,
             bench_s=self.bench_s,
         )
 
-    async def _with_retries(self, call):
+    async def _with_retries(self, call, window_s: float):
         """`call()`, sent again after a retryable failure (backoff from `backoff_s`, doubling
-        up to MAX_BACKOFF_S, jittered) until `retry_deadline_s` after the first try."""
-        deadline = time.monotonic() + self.retry_deadline_s
+        up to MAX_BACKOFF_S, jittered) until `window_s` after the first try."""
+        deadline = time.monotonic() + window_s
         wait = self.backoff_s
         while True:
             try:
