@@ -110,14 +110,15 @@ def test_compact_vectors(server, protocol):
             assert np.array_equal(codes, compact(floats, embedding_type)), (params, embedding_type)
             for other in set(OUTPUTS.values()) - {name}:
                 assert result.as_numpy(other) is None  # left out of the response
-    # Every type in one request: one encoder request, each type's codes of the same vectors.
-    before = server.metric("nv_inference_request_success", model="encoder")
+    # Every type in one request: its texts embedded once (the encoder's own counter moves
+    # before its answer leaves), each type's codes of the same vectors.
+    before = server.metric("qwen_embed_texts_total", model="encoder")
     result = client.infer(
         "embed",
         [text_input(module, TEXTS[:3])],
         parameters={"dimensions": 64, "embedding_type": ",".join(EMBEDDING_TYPES)},
     )
-    assert server.metric("nv_inference_request_success", model="encoder") - before == 1
+    assert server.metric("qwen_embed_texts_total", model="encoder") - before == 3
     floats, _ = infer(server, TEXTS[:3], protocol, dimensions=64)
     for kind, name in OUTPUTS.items():
         assert np.array_equal(result.as_numpy(name), compact(floats, kind)), kind
