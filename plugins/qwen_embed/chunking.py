@@ -166,23 +166,23 @@ class ChunkForward:
             [np.concatenate([np.arange(n) for n in lens]), *extra_positions]
         ).astype(np.int64)
         batch = VarlenBatch.from_rows(all_ids, positions, q_lens, device)
+        kv_index = np.concatenate(index)  # host: the last layer's layout is cut from it
         if not read_segments:
             layout = AttentionLayout.for_batch(batch)
         else:
-            layout = AttentionLayout.build(q_lens, k_lens, np.concatenate(index), device)
+            layout = AttentionLayout.build(q_lens, k_lens, kv_index, device)
         # Last-layer pruning where every chunk is read out: the last layer computes keys and
         # values for every row and the rest only for each chunk's last read-out row.
         self.pruned = prune and len(read_segments) == sum(len(t.spans) for t in texts)
         last, last_rows = None, None
         if self.pruned:
-            last, last_rows = self._last_layout(layout, read_segments, device)
+            last, last_rows = self._last_layout(layout, kv_index, read_segments, device)
         self.context = ForwardContext(batch, layout, last, last_rows, None)
 
     @staticmethod
-    def _last_layout(layout: AttentionLayout, read_segments, device):
+    def _last_layout(layout: AttentionLayout, kv_index: np.ndarray, read_segments, device):
         """One query row per chunk, its last read-out row, attending to its segment's keys."""
         cu_k = layout.cu_k_host.numpy()
-        kv_index = layout.kv_index.cpu().numpy()
         segments = [s for s, _ in read_segments]
         keys = [kv_index[cu_k[s] : cu_k[s + 1]] for s in segments]
         last = AttentionLayout.build(
