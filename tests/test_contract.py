@@ -3,6 +3,7 @@ client's tables (outputs, types, limits, priorities) agree with the config.pbtxt
 server loads, and every option travels as parameters and back unchanged."""
 
 import json
+import re
 from dataclasses import fields
 
 import numpy as np
@@ -117,6 +118,8 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         publish_facts(name, config)
         served[name] = MessageToDict(config, preserving_proto_field_name=True)
     tokenizer, encoder = (read_facts(served[n]) for n in ("tokenizer", "encoder"))
+    fingerprints = [tokenizer.pop("fingerprint"), encoder.pop("fingerprint")]
+    assert all(re.fullmatch("[0-9a-f]{32}", f) for f in fingerprints)  # test_fingerprint.py
     assert tokenizer == {
         "dimension": 1024,
         "tokens_per_text": ModelConfig.from_dir(demo_dir).max_position_embeddings,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import random
 import threading
 import time
@@ -20,6 +21,9 @@ from .contract import (
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
     RerankOptions,
+    ensemble_steps,
+    model_fingerprint,
+    pack_ids,
     priority_level,
     read_facts,
 )
@@ -62,10 +66,19 @@ class EmbeddingResult:
     # Every type asked for ("float,int8" asks for two), from one computation of the vectors;
     # `embeddings` is the first of them.
     by_type: dict[str, np.ndarray] = field(default_factory=dict)
+    # int32 [n]: tokens per text before truncation (more than token_counts where it was cut)
+    input_tokens: np.ndarray | None = None
 
     @property
     def total_tokens(self) -> int:
         return int(self.token_counts.sum())
+
+    @property
+    def truncated(self) -> np.ndarray:
+        """bool [n]: whether each text was cut to fit the model's tokens per text."""
+        if self.input_tokens is None:
+            return np.zeros(len(self.token_counts), dtype=bool)
+        return self.input_tokens > self.token_counts
 
 
 @dataclass
@@ -162,7 +175,8 @@ class AsyncEmbeddingClient:
     ) -> EmbeddingResult:
         """`priority`: "interactive" (the server's default) or "bulk" (served after every
         waiting interactive request); `headers` go with every Triton request (e.g. a W3C
-        `traceparent`); the other options are the server's request parameters."""
+        `traceparent`); the other options are the server's request parameters. With
+        `token_ids=True`, `texts` are lists of the model's own token ids."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
         level = priority_level(priority)
@@ -177,7 +191,41 @@ class AsyncEmbeddingClient:
             embeddings=by_type[kinds[0]],
             token_counts=np.concatenate([c[1] for c in chunks]),
             by_type=by_type,
+            input_tokens=np.concatenate([c[2] for c in chunks]),
         )
+
+    async def tokenize(self, texts: list[str], **options) -> list[list[dict]]:
+        """Each text's tokens as the model receives them (prompt and special tokens included):
+        dicts of id, text, special, and start/stop, the token's UTF-8 byte offsets in the
+        prompted text (None for special tokens). Options as `embed`'s."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        result = await self._tokenizer_call(texts, EmbedOptions(**options), "TOKENS")
+        return [json.loads(item) for item in result.reshape(-1)]
+
+    async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list:
+        """Each list of the model's token ids as text."""
+        opts = EmbedOptions(token_ids=True, truncate=False)
+        result = await self._tokenizer_call(list(id_lists), opts, "DECODED")
+        return [row[0 if skip_special_tokens else 1].decode() for row in result]
+
+    async def _tokenizer_call(self, items: list, opts: EmbedOptions, output: str) -> np.ndarray:
+        """The served model's tokenizer step, called directly for one of its views."""
+        if not items:
+            raise ValueError("nothing to tokenize")
+        tokenizer, _ = ensemble_steps(self.model)
+        server = self._connect()[0]
+        inp = self._text_input(items, opts)
+        requested = [self._module.InferRequestedOutput(output)]
+        result = await self._with_retries(
+            lambda: self._infer(server, tokenizer, [inp], opts.parameters(), outputs=requested),
+            self.retry_deadline_s,
+        )
+        return result.as_numpy(output)
+
+    async def model_fingerprint(self) -> str | None:
+        """The served model's fingerprint (contract.model_fingerprint); None if unpublished."""
+        tokenizer, encoder = ensemble_steps(self.model)
+        return model_fingerprint(await self.model_facts(tokenizer), await self.model_facts(encoder))
 
     async def embed_chunks(
         self,
@@ -279,11 +327,22 @@ class AsyncEmbeddingClient:
         inp.set_data_from_numpy(data)
         return inp
 
-    async def _send(self, server: _Server, texts: list[str], opts: EmbedOptions, priority, headers):
-        inp = self._bytes_input("TEXT", texts, [len(texts), 1])
+    def _text_input(self, texts: list, opts: EmbedOptions):
+        """TEXT [n, 1]: the texts, or with token_ids their ids packed as int32."""
+        if not opts.token_ids:
+            return self._bytes_input("TEXT", texts, [len(texts), 1])
+        data = np.array([[pack_ids(ids)] for ids in texts], dtype=np.object_)
+        inp = self._module.InferInput("TEXT", [len(texts), 1], "BYTES")
+        inp.set_data_from_numpy(data)
+        return inp
+
+    async def _send(self, server: _Server, texts: list, opts: EmbedOptions, priority, headers):
+        inp = self._text_input(texts, opts)
         result = await self._infer(server, self.model, [inp], opts.parameters(), priority, headers)
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
-        return vectors, result.as_numpy("TOKEN_COUNT").reshape(-1)
+        counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
+        before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it
+        return vectors, counts, counts if before is None else before.reshape(-1)
 
     async def _send_chunks(self, server: _Server, texts: list[str], params, priority, headers):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
@@ -304,13 +363,16 @@ class AsyncEmbeddingClient:
         result = await self._infer(server, self.rerank_model, inputs, params, priority, headers)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
-    async def _infer(self, server: _Server, model, inputs, params, priority=0, headers=None):
+    async def _infer(
+        self, server: _Server, model, inputs, params, priority=0, headers=None, outputs=None
+    ):
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         try:
             return await asyncio.wait_for(
                 server.client.infer(
                     model,
                     inputs,
+                    outputs=outputs,
                     parameters=params,
                     priority=priority,
                     headers=headers,
@@ -403,6 +465,15 @@ class EmbeddingClient:
 
     def rerank(self, query: str, documents: list[str], **options) -> RerankResult:
         return self._run(self._async.rerank(query, documents, **options))
+
+    def tokenize(self, texts: list[str], **options) -> list[list[dict]]:
+        return self._run(self._async.tokenize(texts, **options))
+
+    def decode(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self._run(self._async.decode(id_lists, skip_special_tokens))
+
+    def model_fingerprint(self) -> str | None:
+        return self._run(self._async.model_fingerprint())
 
     def stats(self) -> dict[str, dict]:
         return self._async.stats()

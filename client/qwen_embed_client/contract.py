@@ -15,6 +15,7 @@ request only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, fields
@@ -45,8 +46,32 @@ PRIORITIES = {"interactive": 1, "bulk": 2}
 
 # What a served model publishes about itself at load, as parameters of its config (each a JSON
 # text): the tokenizer its dimension, tokens per text and the checkpoint's prompt names and
-# default; the encoder its dimension and arithmetic route.
-FACTS = ("dimension", "tokens_per_text", "prompt_names", "default_prompt_name", "route")
+# default; the encoder its dimension and arithmetic route; each its fingerprint (what fixes
+# its part of the vectors: qwen_embed.fingerprint).
+FACTS = (
+    "dimension",
+    "tokens_per_text",
+    "prompt_names",
+    "default_prompt_name",
+    "route",
+    "fingerprint",
+)
+
+
+def ensemble_steps(model: str) -> tuple[str, str]:
+    """The (tokenizer, encoder) models of a served ensemble, as the repository names them:
+    embed -> tokenizer, encoder; NAME -> NAME_tokenizer, NAME_encoder."""
+    if model == "embed":
+        return "tokenizer", "encoder"
+    return f"{model}_tokenizer", f"{model}_encoder"
+
+
+def model_fingerprint(tokenizer_facts: dict, encoder_facts: dict) -> str | None:
+    """The served model's fingerprint: its tokenizer's and encoder's together."""
+    parts = (tokenizer_facts.get("fingerprint"), encoder_facts.get("fingerprint"))
+    if None in parts:
+        return None
+    return hashlib.sha256(":".join(parts).encode()).hexdigest()[:32]
 
 
 class RequestError(ValueError):
@@ -146,6 +171,9 @@ class EmbedOptions(_Options):
     # of them; one vector per chunk.
     chunk_size: int | None = None
     chunk_spans: tuple[tuple[int, int], ...] | None = None
+    # Each TEXT element holds the model's own token ids (pack_ids), taken as given: no
+    # prompt, no special tokens added; the same limits as texts.
+    token_ids: bool = False
 
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")
@@ -169,6 +197,13 @@ class EmbedOptions(_Options):
                 raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
         self._check_types()
         self._check_chunks()
+        if _expect("token_ids", self.token_ids, bool, "a boolean"):
+            given = [n for n in ("prompt_name", "instruction", "prompt") if getattr(self, n)]
+            if given or self.chunked:
+                raise RequestError(
+                    f"parameter 'token_ids' takes the ids as given: it cannot be combined with "
+                    f"{given[0] if given else 'chunks'!r} (prompts and chunks are for texts)"
+                )
 
     def _check_types(self) -> None:
         kinds = _expect("embedding_type", self.embedding_type, str, "a string").split(",")
@@ -350,6 +385,33 @@ def decode_texts(
             raise RequestError(f"input '{name}[{i}]' is empty or only whitespace")
         texts.append(text)
     return texts
+
+
+def decode_id_lists(
+    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
+) -> list[np.ndarray]:
+    """A BYTES input [n, 1] of packed token ids (parameter token_ids) -> n int32 arrays, with
+    decode_texts' limits on n and on each element's bytes."""
+    flat = raw.reshape(-1)
+    if not 0 < flat.size <= max_texts:
+        raise RequestError(
+            f"input '{name}' must hold 1..{max_texts} token id lists, got {flat.size}"
+        )
+    lists = []
+    for i, item in enumerate(flat):
+        item = item if isinstance(item, bytes) else str(item).encode()
+        if len(item) > max_text_bytes:
+            raise RequestError(
+                f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
+                f"{max_text_bytes} bytes per text"
+            )
+        if len(item) == 0 or len(item) % 4:
+            raise RequestError(
+                f"input '{name}[{i}]' must be a non-empty list of token ids packed as int32 "
+                "(parameter token_ids)"
+            )
+        lists.append(np.frombuffer(item, dtype="<i4"))
+    return lists
 
 
 def pack_ids(ids) -> bytes:

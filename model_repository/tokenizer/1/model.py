@@ -1,5 +1,6 @@
 """Triton adapter for the tokenizer step of both ensembles (parameter `task`):
-embed: TEXT -> TOKEN_IDS, TOKEN_COUNT (qwen_embed.serving.tokenizer);
+embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed.serving.tokenizer), and for
+a direct call the TOKENS or DECODED views;
 rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed.serving.rerank)."""
 
 import json
@@ -19,6 +20,7 @@ from qwen_embed_client.contract import (
     EmbedOptions,
     RequestError,
     RerankOptions,
+    decode_id_lists,
     decode_texts,
     finish_rows,
     pack_chunks,
@@ -67,21 +69,35 @@ class TritonPythonModel:
         opts = EmbedOptions.from_parameters(params)
         opts.check_model(self.hidden_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
-        texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        finish = pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(texts)))
-        if not opts.chunked:  # CHUNKS is always sent: the encoder step waits for it
-            ids = self.tokenizer.encode(texts, opts)
+        asked = set(request.requested_output_names())
+        if opts.token_ids:
+            lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
+            ids, counts = self.tokenizer.encode_ids(lists, opts)
+            texts = lists
+        else:
+            texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
+        extra = [pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(texts)))]
+        # Asked for only by a direct call (the /tokenize and /decode routes), never by the
+        # ensembles: nothing to compute on the embedding path.
+        if "TOKENS" in asked and not opts.token_ids:
+            tokens = [json.dumps(t).encode() for t in self.tokenizer.tokens(texts, opts)]
+            extra.append(pb_utils.Tensor("TOKENS", np.array(tokens, np.object_).reshape(-1, 1)))
+        if opts.chunked:
+            ids, chunks, counts = self.tokenizer.encode_chunks(texts, opts)
+            packed = np.array([[pack_chunks(c.tail, c.tokens)] for c in chunks], np.object_)
+            # Characters of each chunk, -1 past a text's own chunks.
+            spans = stack_ragged([c.chars for c in chunks], -1, np.int32)
+            extra += [pb_utils.Tensor("CHUNKS", packed), pb_utils.Tensor("CHUNK_SPANS", spans)]
+        else:  # CHUNKS is always sent: the encoder step waits for it
+            if not opts.token_ids:
+                ids, counts = self.tokenizer.encode_counted(texts, opts)
             none = np.array([[b""]] * len(ids), dtype=np.object_)
-            return ids, [finish, pb_utils.Tensor("CHUNKS", none)]
-        ids, chunks = self.tokenizer.encode_chunks(texts, opts)
-        packed = np.array([[pack_chunks(c.tail, c.tokens)] for c in chunks], dtype=np.object_)
-        # Characters of each chunk, -1 past a text's own chunks.
-        spans = stack_ragged([c.chars for c in chunks], -1, np.int32)
-        return ids, [
-            finish,
-            pb_utils.Tensor("CHUNKS", packed),
-            pb_utils.Tensor("CHUNK_SPANS", spans),
-        ]
+            extra.append(pb_utils.Tensor("CHUNKS", none))
+        if "DECODED" in asked:
+            decoded = [[a.encode(), b.encode()] for a, b in self.tokenizer.decode(ids)]
+            extra.append(pb_utils.Tensor("DECODED", np.array(decoded, dtype=np.object_)))
+        counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
+        return ids, [pb_utils.Tensor("INPUT_TOKENS", counts), *extra]
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)

@@ -16,6 +16,7 @@ from pathlib import Path
 from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
 
 from ..config import ModelConfig
+from ..fingerprint import encoder_fingerprint, tokenizer_fingerprint
 from ..hub import resolve_checkpoint
 from ..settings import EncoderSettings, from_parameters
 from .prompts import PromptSet
@@ -98,7 +99,12 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     if tokenizer:
         settings = tokenizer_settings(params)
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
-        facts = {"dimension": config.hidden_size, "tokens_per_text": max_tokens}
+        direction = settings.truncation_direction
+        facts = {
+            "dimension": config.hidden_size,
+            "tokens_per_text": max_tokens,
+            "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction),
+        }
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
             facts |= {"prompt_names": prompts.names, "default_prompt_name": prompts.default_name}
@@ -116,8 +122,12 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         torch.cuda.is_available(),
     )
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
-    _, config, route = plan(model_dir, settings.replace(device=device))
-    return {"dimension": config.hidden_size, "route": route.to_dict()}
+    checkpoint, config, route = plan(model_dir, settings.replace(device=device))
+    return {
+        "dimension": config.hidden_size,
+        "route": route.to_dict(),
+        "fingerprint": encoder_fingerprint(checkpoint, route),
+    }
 
 
 def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:

@@ -86,15 +86,82 @@ class TextTokenizer:
         self._head, self._tail = special_tokens(self._tok, model_dir)
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
-        return [ids for ids, _, _ in self._encode(texts, opts, offsets=False)]
+        return self.encode_counted(texts, opts)[0]
+
+    def encode_counted(
+        self, texts: list[str], opts: EmbedOptions
+    ) -> tuple[list[list[int]], list[int]]:
+        """(ids per text, tokens per text before truncation, special tokens included)."""
+        done = list(self._encode(texts, opts, offsets=False))
+        return [e.ids for e in done], [e.input_tokens for e in done]
+
+    def encode_ids(
+        self, id_lists: list[np.ndarray], opts: EmbedOptions
+    ) -> tuple[list[list[int]], list[int]]:
+        """Token ids a client sent (parameter token_ids), taken as given: checked against the
+        vocabulary and cut or refused past max_input_tokens as texts are."""
+        vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        out = []
+        for i, ids in enumerate(id_lists):
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+            if bad.size:
+                raise RequestError(
+                    f"input 'TEXT[{i}]' holds token id {int(ids[bad[0]])} at {int(bad[0])}, "
+                    f"outside this model's vocabulary 0..{vocab - 1}"
+                )
+            out.append(ids[self._cut(i, len(ids), self.max_input_tokens, opts)].tolist())
+        return out, [len(ids) for ids in id_lists]
+
+    def _cut(self, index: int, n: int, budget: int, opts: EmbedOptions) -> slice:
+        """The tokens kept of `n` under `budget`, or RequestError when truncation is off."""
+        if n <= budget:
+            return slice(None)
+        limit = self.max_input_tokens
+        if not opts.truncate:
+            raise RequestError(
+                f"input 'TEXT[{index}]' has {n + limit - budget} tokens, more than "
+                f"the limit of {limit} (send truncate=true to cut it)"
+            )
+        direction = opts.truncation_direction or self.truncation_direction
+        return slice(None, budget) if direction == "right" else slice(n - budget, None)
+
+    def tokens(self, texts: list[str], opts: EmbedOptions) -> list[list[dict]]:
+        """Each text's tokens as the encoder receives them, in TEI's /tokenize shape: id,
+        text, special, and the token's UTF-8 byte offsets [start, stop) in the prompted text
+        (null for special tokens, whose text is the token itself)."""
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        out = []
+        for e in self._encode(texts, opts, offsets=False):
+            spans = [None] * len(self._head) + e.encoding.offsets[e.cut] + [None] * len(self._tail)
+            text = e.prompted.encode()
+            byte_at = np.cumsum([0] + [len(c.encode()) for c in e.prompted])
+            items = []
+            for token_id, span in zip(e.ids, spans, strict=True):
+                if token_id in special or span is None:
+                    items.append(_token_entry(token_id, self._tok.id_to_token(token_id)))
+                    continue
+                start, stop = int(byte_at[span[0]]), int(byte_at[span[1]])
+                piece = text[start:stop].decode("utf-8", errors="replace")
+                items.append(_token_entry(token_id, piece, start, stop))
+            out.append(items)
+        return out
+
+    def decode(self, id_lists: list[list[int]]) -> list[tuple[str, str]]:
+        """Each id list as text: (special tokens skipped, special tokens kept)."""
+        return [
+            (self._tok.decode(ids, skip_special_tokens=True), self._tok.decode(ids, False))
+            for ids in id_lists
+        ]
 
     def encode_chunks(
         self, texts: list[str], opts: EmbedOptions
-    ) -> tuple[list[list[int]], list[TextChunks]]:
-        """Ids as `encode`, and each text's chunks: `chunk_size` tokens of the text at a time,
-        or the `chunk_spans` of its tokens (counted from its first token, after any prompt)."""
-        all_ids, chunks = [], []
-        for i, (ids, first, offsets) in enumerate(self._encode(texts, opts, offsets=True)):
+    ) -> tuple[list[list[int]], list[TextChunks], list[int]]:
+        """Ids and input token counts as `encode_counted`, and each text's chunks: `chunk_size`
+        tokens of the text at a time, or the `chunk_spans` of its tokens (counted from its
+        first token, after any prompt)."""
+        all_ids, chunks, counts = [], [], []
+        for i, e in enumerate(self._encode(texts, opts, offsets=True)):
+            offsets = e.own_offsets
             n = len(offsets)
             if opts.chunk_size is not None:
                 starts = np.arange(0, n, opts.chunk_size)
@@ -115,42 +182,47 @@ class TextTokenizer:
                         f"tokens of input 'TEXT[{i}]'"
                     )
             chars = np.array([(offsets[a][0], offsets[b - 1][1]) for a, b in spans], dtype=np.int32)
-            all_ids.append(ids)
-            chunks.append(TextChunks(spans + first, chars, len(self._tail)))
-        return all_ids, chunks
+            all_ids.append(e.ids)
+            chunks.append(TextChunks(spans + e.first, chars, len(self._tail)))
+            counts.append(e.input_tokens)
+        return all_ids, chunks, counts
 
     def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
-        """Per text: its ids and, with `offsets` (late chunking only: it costs a Python tuple
-        per token), the index of its first own token among them (past the special tokens and
-        prompt before it) and its own tokens' character spans in the text."""
+        """Per text, its _Encoded; with `offsets` (late chunking only: it costs a Python tuple
+        per token) also the index of its first own token among the ids (past the special
+        tokens and prompt before it) and its own tokens' character spans in the text."""
         prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
         if prefix:
             texts = [prefix + t for t in texts]
         skip = len(prefix or "")
-        limit = self.max_input_tokens
-        budget = limit - len(self._head) - len(self._tail)
-        direction = opts.truncation_direction or self.truncation_direction
+        extra = len(self._head) + len(self._tail)
         for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
             ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
-            cut = slice(None)
-            if len(ids) > budget:
-                if not opts.truncate:
-                    raise RequestError(
-                        f"input 'TEXT[{i}]' has {len(ids) + limit - budget} tokens, more than "
-                        f"the limit of {limit} (send truncate=true to cut it)"
-                    )
-                cut = (
-                    slice(None, budget) if direction == "right" else slice(len(ids) - budget, None)
-                )
-                ids = ids[cut]
-            whole = self._head + ids + self._tail
-            if not offsets:
-                yield whole, None, None
-                continue
-            spans = enc.offsets[cut]
-            # A token that straddles the prompt's end counts as the text's.
-            first = next((j for j, (_, end) in enumerate(spans) if end > skip), len(ids))
-            own = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
-            yield whole, len(self._head) + first, own
+            cut = self._cut(i, len(ids), self.max_input_tokens - extra, opts)
+            done = _Encoded(
+                self._head + ids[cut] + self._tail, len(ids) + extra, texts[i], enc, cut
+            )
+            if offsets:
+                spans = enc.offsets[cut]
+                # A token that straddles the prompt's end counts as the text's.
+                first = next((j for j, (_, end) in enumerate(spans) if end > skip), len(spans))
+                done.first = len(self._head) + first
+                done.own_offsets = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
+            yield done
+
+
+@dataclass
+class _Encoded:
+    ids: list[int]  # what the encoder receives
+    input_tokens: int  # before truncation, special tokens included
+    prompted: str  # the text with its prompt, as tokenized
+    encoding: object  # tokenizers.Encoding of `prompted`, without special tokens
+    cut: slice  # the tokens of `encoding` kept
+    first: int = 0
+    own_offsets: list | None = None
+
+
+def _token_entry(token_id: int, text: str, start: int | None = None, stop: int | None = None):
+    return {"id": token_id, "text": text, "special": start is None, "start": start, "stop": stop}

@@ -1,0 +1,70 @@
+"""The model fingerprint: it moves with what fixes the vectors and with nothing else."""
+
+import hashlib
+import os
+import shutil
+from dataclasses import replace
+
+from qwen_embed.engine import plan
+from qwen_embed.fingerprint import checkpoint_digest, encoder_fingerprint, tokenizer_fingerprint
+from qwen_embed.route import Linear
+from qwen_embed.settings import EncoderSettings
+from qwen_embed_client.contract import model_fingerprint
+
+
+def _copy(demo_dir, where):
+    shutil.copytree(demo_dir, where)
+    checkpoint_digest.cache_clear()
+    return where
+
+
+def test_fingerprint_follows_weights_tokenizer_and_route_only(demo_dir, tmp_path):
+    model = _copy(demo_dir, tmp_path / "model")
+    _, _, route = plan(model, EncoderSettings(device="cpu", dtype="float32"))
+    base = encoder_fingerprint(model, route), tokenizer_fingerprint(model, 512, "right")
+    # another route over the same files: another encoder fingerprint
+    bf16 = replace(route, dtype="bfloat16")
+    assert encoder_fingerprint(model, bf16) != base[0]
+    other = replace(route, linear=Linear.INT8)
+    assert encoder_fingerprint(model, other) != base[0]
+    assert tokenizer_fingerprint(model, 256, "right") != base[1]
+    assert tokenizer_fingerprint(model, 512, "left") != base[1]
+    # tuning that leaves the vectors alone: the same
+    tuned = replace(route, prefix_reuse=not route.prefix_reuse)
+    assert encoder_fingerprint(model, tuned) == base[0]
+    (model / "README.md").write_text("# notes")
+    checkpoint_digest.cache_clear()
+    assert encoder_fingerprint(model, route) == base[0]
+    # one byte of the weights: every fingerprint moves
+    weights = next(model.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    checkpoint_digest.cache_clear()
+    assert encoder_fingerprint(model, route) != base[0]
+    assert tokenizer_fingerprint(model, 512, "right") != base[1]
+    assert model_fingerprint({"fingerprint": "a"}, {"fingerprint": "b"}) != model_fingerprint(
+        {"fingerprint": "a"}, {"fingerprint": "c"}
+    )
+    assert model_fingerprint({}, {"fingerprint": "b"}) is None
+
+
+def test_a_hugging_face_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path):
+    """A snapshot's files are links to blobs named by their SHA-256: taken without reading."""
+    model = _copy(demo_dir, tmp_path / "model")
+    expected = checkpoint_digest(model)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    for path in model.iterdir():
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copy(path, blobs / digest)
+        os.symlink(blobs / digest, snapshot / path.name)
+    checkpoint_digest.cache_clear()
+    assert checkpoint_digest(snapshot) == expected
+    # a blob whose name is its hash is not read: a blob edited in place keeps the name's hash
+    big = max(blobs.iterdir(), key=lambda p: p.stat().st_size)
+    big.write_bytes(b"changed")
+    checkpoint_digest.cache_clear()
+    assert checkpoint_digest(snapshot) == expected
