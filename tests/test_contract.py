@@ -127,7 +127,11 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         "default_prompt_name": None,
     }
     _, _, route = plan(demo_dir, EncoderSettings(device="cpu"))
-    assert encoder == {"dimension": 1024, "route": route.to_dict()}
+    assert encoder == {
+        "dimension": 1024,
+        "route": route.to_dict(),
+        "tokens_per_forward": EncoderSettings().max_batch_tokens,
+    }
     params = {n: model_parameters({"model_config": json.dumps(c)}) for n, c in served.items()}
     assert tokenizer_settings(params["tokenizer"]) == TokenizerSettings(model_dir=str(demo_dir))
     assert encoder_parameters(params["encoder"]) == (

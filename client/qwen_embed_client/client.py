@@ -262,6 +262,7 @@ class AsyncEmbeddingClient:
         top_n: int | None = None,
         instruction: str | None = None,
         truncate: bool = True,
+        max_document_tokens: int | None = None,
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
     ) -> RerankResult:
@@ -274,7 +275,11 @@ class AsyncEmbeddingClient:
             isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1
         ):
             raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
-        opts = RerankOptions(truncate, **({"instruction": instruction} if instruction else {}))
+        opts = RerankOptions(
+            truncate,
+            **({"instruction": instruction} if instruction else {}),
+            max_document_tokens=max_document_tokens,
+        )
         params = opts.parameters()
         level = priority_level(priority)
         chunks = await self._split(

@@ -46,14 +46,15 @@ PRIORITIES = {"interactive": 1, "bulk": 2}
 
 # What a served model publishes about itself at load, as parameters of its config (each a JSON
 # text): the tokenizer its dimension, tokens per text and the checkpoint's prompt names and
-# default; the encoder its dimension and arithmetic route; each its fingerprint (what fixes
-# its part of the vectors: qwen_embed.fingerprint).
+# default; the encoder its dimension, arithmetic route and tokens per forward; each its
+# fingerprint (what fixes its part of the vectors: qwen_embed.fingerprint).
 FACTS = (
     "dimension",
     "tokens_per_text",
     "prompt_names",
     "default_prompt_name",
     "route",
+    "tokens_per_forward",
     "fingerprint",
 )
 
@@ -159,6 +160,7 @@ class EmbedOptions(_Options):
 
     truncate: bool = True  # cut a text past max_input_tokens (else refuse it)
     truncation_direction: str | None = None  # "right" or "left"; None: the deployment's
+    max_tokens: int | None = None  # tokens per text for this request, within the deployment's
     prompt_name: str | None = None  # a name in the checkpoint's prompts
     instruction: str | None = None  # the task of the model's own query prompt
     prompt: str | None = None  # a literal prefix
@@ -192,6 +194,9 @@ class EmbedOptions(_Options):
                 "parameter 'instruction' fills the 'query' prompt: it cannot be "
                 f"combined with prompt_name={self.prompt_name!r}"
             )
+        if _optional("max_tokens", self.max_tokens, int, "an integer") is not None:
+            if self.max_tokens < 1:
+                raise RequestError(f"parameter 'max_tokens' must be >= 1, got {self.max_tokens}")
         if _optional("dimensions", self.dimensions, int, "an integer") is not None:
             if self.dimensions < 1:
                 raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
@@ -306,10 +311,14 @@ class RerankOptions(_Options):
 
     truncate: bool = True  # cut the document to fit max_input_tokens (else refuse the pair)
     instruction: str = DEFAULT_TASK
+    max_document_tokens: int | None = None  # each document cut to its first N tokens
 
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")
         _text("instruction", self.instruction)
+        n = _optional("max_document_tokens", self.max_document_tokens, int, "an integer")
+        if n is not None and n < 1:
+            raise RequestError(f"parameter 'max_document_tokens' must be >= 1, got {n}")
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     return {
         "dimension": config.hidden_size,
         "route": route.to_dict(),
+        "tokens_per_forward": settings.max_batch_tokens,
         "fingerprint": encoder_fingerprint(checkpoint, route),
     }
 

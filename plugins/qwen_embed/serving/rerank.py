@@ -36,6 +36,8 @@ class PairTokenizer:
 
     def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
         budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
+        if opts.max_document_tokens is not None:
+            documents = self._first_tokens(documents, opts.max_document_tokens)
         texts = [pair_text(query, d, opts.instruction) for d in documents]
         out, query_checked = [], False
         # Without the post-processor's tokens, as the model card tokenizes the pair: the
@@ -55,6 +57,14 @@ class PairTokenizer:
                 ids = ids[:budget]
             out.append(self._prefix + ids + self._suffix)
         return out
+
+    def _first_tokens(self, documents: list[str], n: int) -> list[str]:
+        """Each document up to the end of its n-th token (tokenized alone)."""
+        encoded = self._tok.encode_batch(documents, add_special_tokens=False)
+        return [
+            doc[: enc.offsets[n - 1][1]] if len(enc.ids) > n else doc
+            for doc, enc in zip(documents, encoded, strict=True)
+        ]
 
     def _check_query_fits(self, query: str, instruction: str, budget: int) -> None:
         # The pair text up to "<Document>:" tokenizes the same with or without a document

@@ -109,14 +109,19 @@ class TextTokenizer:
                     f"input 'TEXT[{i}]' holds token id {int(ids[bad[0]])} at {int(bad[0])}, "
                     f"outside this model's vocabulary 0..{vocab - 1}"
                 )
-            out.append(ids[self._cut(i, len(ids), self.max_input_tokens, opts)].tolist())
+            out.append(ids[self._cut(i, len(ids), self._limit(opts), opts)].tolist())
         return out, [len(ids) for ids in id_lists]
 
+    def _limit(self, opts: EmbedOptions) -> int:
+        """Tokens per text for this request: the deployment's, or fewer (max_tokens)."""
+        return min(self.max_input_tokens, opts.max_tokens or self.max_input_tokens)
+
     def _cut(self, index: int, n: int, budget: int, opts: EmbedOptions) -> slice:
-        """The tokens kept of `n` under `budget`, or RequestError when truncation is off."""
+        """The tokens kept of `n` under `budget` (the request's limit, less the special tokens
+        it must keep), or RequestError when truncation is off."""
         if n <= budget:
             return slice(None)
-        limit = self.max_input_tokens
+        limit = self._limit(opts)
         if not opts.truncate:
             raise RequestError(
                 f"input 'TEXT[{index}]' has {n + limit - budget} tokens, more than "
@@ -200,7 +205,7 @@ class TextTokenizer:
             ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
-            cut = self._cut(i, len(ids), self.max_input_tokens - extra, opts)
+            cut = self._cut(i, len(ids), self._limit(opts) - extra, opts)
             done = _Encoded(
                 self._head + ids[cut] + self._tail, len(ids) + extra, texts[i], enc, cut
             )

@@ -1,0 +1,94 @@
+"""What every front end of the gateway shares: one error record that each API renders in its
+own shape (openai.py, tei.py, cohere.py), and the checks all of them make."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from ..client import EmbeddingError
+from ..contract import EmbedOptions, RequestError
+
+# What went wrong, whatever the API: each API maps a kind to its own status and body.
+INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
+EMPTY = "empty"  # nothing to embed (TEI answers 400 "Empty")
+NOT_FOUND = "not_found"  # a model this gateway does not serve
+UNAUTHORIZED = "unauthorized"
+OVERLOADED = "overloaded"  # the server's queue is full
+UNAVAILABLE = "unavailable"  # the server or model is not there (after the client's retries)
+BACKEND = "backend"  # any other failure of the server
+
+
+class APIError(Exception):
+    def __init__(self, kind: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.param = kind, message, param
+
+
+def invalid(message: str, param: str | None = None) -> APIError:
+    return APIError(INVALID, message, param)
+
+
+def options_checked(**options) -> dict:
+    """Options checked by the request contract (what the server would refuse, refused here
+    with the field named), passed on as given."""
+    try:
+        EmbedOptions(**{k: v for k, v in options.items() if k != "priority"})
+    except RequestError as e:
+        raise invalid(str(e).replace("parameter ", "", 1), body_field(e.field)) from None
+    return options
+
+
+def body_field(option: str | None) -> str | None:
+    """The request body's field of a contract option: the late-chunking ones are `chunks`."""
+    return "chunks" if option in ("chunk_size", "chunk_spans") else option
+
+
+def check_utf8(named_texts: list[tuple[str, str]]) -> None:
+    """JSON may escape a lone surrogate (\\ud800), which no UTF-8 text can hold."""
+    for name, text in named_texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise invalid(
+                f"'{name}' is not valid UTF-8 (a lone surrogate)", name.split("[")[0]
+            ) from None
+
+
+def token_id_lists(value: object) -> list[list[int]] | None:
+    """A list of ints (one input) or a list of such lists -> the lists; None for anything
+    else. Each list must be non-empty (the server checks the ids' range)."""
+
+    def ids(x):
+        return (
+            isinstance(x, list)
+            and len(x) > 0
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+        )
+
+    if ids(value):
+        return [value]
+    if isinstance(value, list) and value and all(ids(x) for x in value):
+        return value
+    return None
+
+
+def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
+    """A failed Triton request as an APIError naming the request field it is about."""
+    message = str(e)
+    if "queue size" in message or "RESOURCE_EXHAUSTED" in str(e.status):
+        return APIError(OVERLOADED, f"server overloaded: {message}")
+    if e.retryable:
+        return APIError(UNAVAILABLE, f"backend unavailable: {message}")
+    if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
+        return APIError(NOT_FOUND, f"the backend does not serve this model: {message}", "model")
+    if "INVALID_ARG" in str(e.status) or e.status in ("400", "StatusCode.INVALID_ARGUMENT"):
+        param = next((p for p in params if p.upper() in message.upper()), None)
+        return invalid(message, body_field(param))
+    return APIError(BACKEND, message)
+
+
+async def json_body(request: Request) -> object:
+    try:
+        return await request.json()
+    except ValueError:
+        raise invalid("request body is not valid JSON") from None

@@ -1,0 +1,329 @@
+"""The OpenAI API: POST /v1/embeddings (texts, or the model's own token ids), GET /v1/models,
+and the Jina/Cohere v1 rerank shape on POST /v1/rerank (also /rerank, shared with TEI's).
+
+Extension fields (the OpenAI SDK keeps unknown fields, pydantic `extra="allow"`): each data
+item's `tokens`, `input_tokens` and `truncated`; `embedding_type`/`embedding_types`,
+`priority` and `chunks` in the request (docs/api.md).
+"""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ..client import EmbeddingError, EmbeddingResult
+from ..contract import EMBEDDING_TYPES, EmbedOptions, priority_level
+from .errors import (
+    BACKEND,
+    EMPTY,
+    INVALID,
+    NOT_FOUND,
+    OVERLOADED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    APIError,
+    backend_error,
+    check_utf8,
+    invalid,
+    json_body,
+    options_checked,
+    token_id_lists,
+)
+from .state import gateway, respond
+
+MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
+
+router = APIRouter(tags=["openai"])
+
+_STATUS = {
+    INVALID: 400,
+    EMPTY: 400,
+    NOT_FOUND: 404,
+    UNAUTHORIZED: 401,
+    OVERLOADED: 429,
+    UNAVAILABLE: 503,
+    BACKEND: 500,
+}
+_CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    server = e.kind in (OVERLOADED, UNAVAILABLE, BACKEND)
+    body = {
+        "message": e.message,
+        "type": "server_error" if server else "invalid_request_error",
+        "param": e.param,
+        "code": _CODES.get(e.kind),
+    }
+    return JSONResponse({"error": body}, status_code=_STATUS[e.kind])
+
+
+def parse_request(body: object, served_model: str) -> tuple[list, dict, str, list[str], bool]:
+    """Validate an OpenAI embeddings request body -> (texts or token id lists, client
+    options, encoding, the embedding types to return, whether the response keys them by
+    name)."""
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    options = {}
+    ids = token_id_lists(inputs)
+    if ids is not None:  # the model's own token ids, as vLLM takes them
+        inputs, options["token_ids"] = ids, True
+    elif not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
+        raise invalid(
+            "'input' must be a string, a non-empty list of strings, or the model's token ids "
+            "(a list of integers or a list of such lists)",
+            "input",
+        )
+    if len(inputs) > MAX_INPUTS:
+        raise invalid(
+            f"'input' holds {len(inputs)} items, more than the limit of {MAX_INPUTS}", "input"
+        )
+    if ids is None:
+        check_utf8([(f"input[{i}]", t) for i, t in enumerate(inputs)])
+    check_model(body.get("model"), served_model)
+    if body.get("dimensions") is not None:
+        options["dimensions"] = body["dimensions"]
+    options.update(priority(body))
+    encoding, kinds, keyed = _embedding_types(body)
+    if "chunks" in body:
+        if kinds != [EmbedOptions.embedding_type] or keyed:
+            raise invalid("'chunks' come as float vectors: send no embedding type", "chunks")
+        options.update(_chunks(body["chunks"]))
+    return inputs, options_checked(**options), encoding, kinds, keyed
+
+
+def _chunks(value: object) -> dict:
+    """The late-chunking extension: {"size": tokens} or {"spans": [[start, end], ...]} over
+    each text's own tokens (the contract checks their form, the server their ranges)."""
+    if isinstance(value, dict) and set(value) in ({"size"}, {"spans"}):
+        key, given = next(iter(value.items()))
+        return {"chunk_size" if key == "size" else "chunk_spans": given}
+    raise invalid('\'chunks\' must be {"size": tokens} or {"spans": [[start, end], ...]}', "chunks")
+
+
+def priority(body: dict) -> dict:
+    """`priority`: "interactive" (default) or "bulk" (Triton's levels 1 and 2; vLLM's
+    integer form is accepted as those levels)."""
+    if "priority" not in body:
+        return {}
+    try:
+        priority_level(body["priority"])
+    except ValueError as e:
+        raise invalid(f"'priority' {e.args[0].removeprefix('priority ')}", "priority") from None
+    return {"priority": body["priority"]}
+
+
+def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
+    """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
+    base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
+    `embedding_types` (Cohere: a list, answered keyed by type)."""
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64", *EMBEDDING_TYPES):
+        raise invalid(
+            f"'encoding_format' must be 'float', 'base64' or one of {list(EMBEDDING_TYPES)}",
+            "encoding_format",
+        )
+    asked = [key for key in ("embedding_type", "embedding_types") if key in body]
+    if encoding not in ("float", "base64"):
+        asked.append("encoding_format")
+    if len(asked) > 1:
+        raise invalid(f"send one of {asked}, not several", asked[1])
+    if "embedding_types" in body:
+        kinds = body["embedding_types"]
+        if (
+            not isinstance(kinds, list)
+            or not kinds
+            or not all(isinstance(k, str) and k in EMBEDDING_TYPES for k in kinds)
+            or len(set(kinds)) != len(kinds)
+        ):
+            raise invalid(
+                f"'embedding_types' must be a list of distinct values from {list(EMBEDDING_TYPES)}",
+                "embedding_types",
+            )
+        return encoding, kinds, True
+    if encoding not in ("float", "base64"):
+        return "float", [encoding], False
+    kind = body.get("embedding_type", EmbedOptions.embedding_type)
+    if kind not in EMBEDDING_TYPES:
+        raise invalid(f"'embedding_type' must be one of {list(EMBEDDING_TYPES)}", "embedding_type")
+    return encoding, [kind], False
+
+
+def check_model(model: object, served_model: str | None) -> None:
+    if not served_model or model != served_model:
+        serves = f"this endpoint serves '{served_model}'" if served_model else "it is off here"
+        raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
+
+
+def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
+    """Validate a Cohere/Jina-style rerank body -> (query, documents, options)."""
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    check_model(body.get("model"), served_model)
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise invalid("'query' must be a non-empty string", "query")
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise invalid(
+            "'documents' must be a non-empty list of strings or {\"text\": ...} objects",
+            "documents",
+        )
+    if len(documents) > MAX_DOCUMENTS:
+        raise invalid(
+            f"'documents' holds {len(documents)} items, more than the limit of {MAX_DOCUMENTS}",
+            "documents",
+        )
+    texts = []
+    for i, doc in enumerate(documents):
+        text = doc.get("text") if isinstance(doc, dict) else doc
+        if not isinstance(text, str):
+            raise invalid(
+                f"'documents[{i}]' must be a string or an object with a string 'text'", "documents"
+            )
+        texts.append(text)
+    check_utf8([("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)])
+    options = {}
+    top_n = body.get("top_n")
+    if top_n is not None:
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise invalid("'top_n' must be an integer >= 1", "top_n")
+        options["top_n"] = top_n
+    instruction = body.get("instruction")
+    if instruction is not None:
+        if not isinstance(instruction, str) or not instruction.strip():
+            raise invalid("'instruction' must be a non-empty string", "instruction")
+        options["instruction"] = instruction
+    return_documents = body.get("return_documents", True)
+    if not isinstance(return_documents, bool):
+        raise invalid("'return_documents' must be a boolean", "return_documents")
+    options["return_documents"] = return_documents
+    options.update(priority(body))
+    return query, texts, options
+
+
+def encode_value(vector, encoding: str):
+    if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
+        return base64.b64encode(vector.astype(vector.dtype.newbyteorder("<")).tobytes()).decode()
+    return vector.tolist()
+
+
+def text_usage(result: EmbeddingResult, i: int) -> dict:
+    """One text's tokens: used, before truncation, and whether it was cut (an extension)."""
+    used, given = int(result.token_counts[i]), int(result.input_tokens[i])
+    return {"tokens": used, "input_tokens": given, "truncated": given > used}
+
+
+def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": model_name, "usage": usage}
+
+
+async def embed(gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",)):
+    """Every type asked for from one computation of the vectors, in one Triton request per
+    chunk of the inputs (the client splits), with the API's own errors."""
+    try:
+        return await gw.client.embed_with_usage(
+            inputs, **options, embedding_type=",".join(kinds), headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise backend_error(e, params) from e
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    gw = gateway(request)
+    served = [{"id": gw.model_name}]
+    facts = await gw.facts()  # published by the tokenizer and encoder models
+    if "prompt_names" in facts:
+        served[0].update(
+            prompt_names=facts["prompt_names"], default_prompt_name=facts["default_prompt_name"]
+        )
+    if facts.get("fingerprint"):
+        served[0]["fingerprint"] = facts["fingerprint"]
+    if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
+        served.append({"id": gw.rerank_model_name})
+    return {
+        "object": "list",
+        "data": [
+            {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
+            for entry in served
+        ],
+    }
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    gw = gateway(request)
+    inputs, options, encoding, kinds, keyed = parse_request(await json_body(request), gw.model_name)
+    if gw.tracing is not None:
+        gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
+    if "chunk_size" in options or "chunk_spans" in options:
+        return await _chunk_embeddings(gw, inputs, options, encoding)
+    result = await embed(gw, inputs, options, kinds)
+    data = []
+    for i in range(len(inputs)):
+        entry = {"object": "embedding", "index": i}
+        if keyed:
+            entry["embeddings"] = {k: encode_value(result.by_type[k][i], encoding) for k in kinds}
+        else:
+            entry["embedding"] = encode_value(result.embeddings[i], encoding)
+        data.append(entry | text_usage(result, i))
+    body = _embeddings_body(data, gw.model_name, result.total_tokens)
+    return await respond(gw, body)
+
+
+async def _chunk_embeddings(gw, texts, options, encoding):
+    """Late chunking: each data item lists its chunks (characters and vector)."""
+    size, spans = options.pop("chunk_size", None), options.pop("chunk_spans", None)
+    try:
+        results = await gw.client.embed_chunks(
+            texts, chunk_size=size, spans=spans, **options, headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise backend_error(e, ("dimensions", "chunk_size", "chunk_spans")) from e
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "chunks": [
+                {"start": int(a), "end": int(b), "embedding": encode_value(v, encoding)}
+                for (a, b), v in zip(r.spans, r.embeddings, strict=True)
+            ],
+        }
+        for i, r in enumerate(results)
+    ]
+    body = _embeddings_body(data, gw.model_name, sum(r.token_count for r in results))
+    return await respond(gw, body)
+
+
+@router.post("/v1/rerank")
+async def rerank(request: Request):
+    return await rerank_response(gateway(request), await json_body(request))
+
+
+async def rerank_response(gw, body: object) -> dict:
+    """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}."""
+    query, documents, options = parse_rerank_request(body, gw.rerank_model_name)
+    return_documents = options.pop("return_documents")
+    try:
+        result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise backend_error(e, ("query", "documents", "instruction")) from e
+    results = []
+    for index, score in result.ranking:
+        item = {"index": index, "relevance_score": score}
+        if return_documents:
+            item["document"] = {"text": documents[index]}
+        results.append(item)
+    return {
+        "model": gw.rerank_model_name,
+        "results": results,
+        "usage": {"total_tokens": result.total_tokens},
+    }

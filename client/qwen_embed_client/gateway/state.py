@@ -1,0 +1,70 @@
+"""What every handler shares: the Gateway state (app.state.gateway) and the response with the
+model fingerprint."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ..client import AsyncEmbeddingClient
+from ..contract import ensemble_steps, model_fingerprint
+from .errors import UNAUTHORIZED, APIError
+
+FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
+FINGERPRINT_HEADER = "x-model-fingerprint"
+
+
+@dataclass
+class Gateway:
+    """What the handlers share: the Triton client, the names served, the models' facts."""
+
+    client: AsyncEmbeddingClient
+    model_name: str
+    api_key: str | None
+    rerank_model_name: str | None
+    triton_rerank_model: str
+    tracing: object | None  # tracing.Tracing
+    created: int = field(default_factory=lambda: int(time.time()))
+    _facts: tuple[float, dict] | None = None
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(UNAUTHORIZED, "Incorrect API key provided")
+
+    def outgoing(self) -> dict | None:
+        """Headers for the Triton requests: the current span's trace context."""
+        return self.tracing.outgoing_headers() if self.tracing is not None else None
+
+    async def facts(self) -> dict:
+        """The embed model's published facts: the tokenizer's (dimension, tokens per text,
+        prompt names), the encoder's (route, tokens per forward) and the model fingerprint."""
+        now = time.monotonic()
+        if self._facts is None or now - self._facts[0] > FACTS_TTL_S:
+            tokenizer, encoder = ensemble_steps(self.client.model)
+            steps = [await self.client.model_facts(name) for name in (tokenizer, encoder)]
+            facts = {**steps[1], **steps[0], "fingerprint": model_fingerprint(*steps)}
+            self._facts = (now, facts)
+        return self._facts[1]
+
+
+def gateway(request: Request) -> Gateway:
+    """The request's Gateway, once its API key is checked."""
+    state = request.app.state.gateway
+    state.check_key(request)
+    return state
+
+
+async def respond(gw: Gateway, body, headers: dict | None = None) -> JSONResponse:
+    """An embedding response, with the model fingerprint header when the model publishes one."""
+    fingerprint = (await gw.facts()).get("fingerprint")
+    headers = dict(headers or {})
+    if fingerprint:
+        headers[FINGERPRINT_HEADER] = fingerprint
+    return JSONResponse(body, headers=headers)

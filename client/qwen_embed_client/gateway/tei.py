@@ -1,0 +1,246 @@
+"""Hugging Face Text Embeddings Inference's API, with TEI's shapes, status codes and error body
+({"error", "error_type"}): what `huggingface_hub.InferenceClient`, LlamaIndex's and
+LangChain's TEI integrations speak.
+
+POST / and /embed -> [[float]]; /rerank with `texts` -> [{index, score, text?}] (the same path
+takes the Jina/Cohere v1 shape, `documents`, told apart by that field); /tokenize; /decode;
+GET /info. TEI ignores fields it does not know, and so do these routes. TEI's bodies are bare
+arrays, so the extensions travel as headers: x-tokens and x-input-tokens (per text, comma
+separated: tokens used, and before truncation) and x-model-fingerprint.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib.metadata import version
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from ..client import EmbeddingError
+from .errors import (
+    BACKEND,
+    EMPTY,
+    INVALID,
+    NOT_FOUND,
+    OVERLOADED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    APIError,
+    backend_error,
+    check_utf8,
+    invalid,
+    json_body,
+    options_checked,
+    token_id_lists,
+)
+from .openai import MAX_DOCUMENTS, MAX_INPUTS, embed, rerank_response
+from .state import gateway, respond
+
+router = APIRouter(tags=["tei"])
+
+# TEI's ErrorType and the status it answers with (router/src/http/server.rs).
+_ERRORS = {
+    INVALID: (422, "Validation"),
+    EMPTY: (400, "Empty"),
+    NOT_FOUND: (424, "Backend"),  # TEI: "model is not a re-ranker model"
+    OVERLOADED: (429, "Overloaded"),
+    UNAVAILABLE: (503, "Unhealthy"),
+    BACKEND: (424, "Backend"),
+}
+_POOLING = {"last": "last_token", "mean": "mean", "cls": "cls"}
+
+
+def error_response(e: APIError) -> Response:
+    if e.kind == UNAUTHORIZED:  # TEI answers a bare 401
+        return Response(status_code=401)
+    status, error_type = _ERRORS[e.kind]
+    return JSONResponse({"error": e.message, "error_type": error_type}, status_code=status)
+
+
+def _body(value: object) -> dict:
+    if not isinstance(value, dict):
+        raise invalid("request body must be a JSON object")
+    return value
+
+
+def _inputs(body: dict, name: str = "inputs") -> tuple[list, bool]:
+    """`inputs`: a string, a list of strings, token ids or a list of id lists ->
+    (items, whether they are token ids)."""
+    value = body.get(name)
+    if value == []:
+        raise APIError(EMPTY, f"`{name}` cannot be empty", name)
+    ids = token_id_lists(value)
+    items = [value] if isinstance(value, str) else value
+    if ids is None and not (isinstance(items, list) and all(isinstance(t, str) for t in items)):
+        raise invalid(
+            f"`{name}` must be a string, a list of strings, token ids or a list of token id "
+            "lists (not a mix of texts and ids)",
+            name,
+        )
+    items = ids if ids is not None else items
+    if len(items) > MAX_INPUTS:
+        raise invalid(f"batch size {len(items)} > maximum allowed batch size {MAX_INPUTS}", name)
+    if ids is None:
+        check_utf8([(f"{name}[{i}]", t) for i, t in enumerate(items)])
+    return items, ids is not None
+
+
+def _truncation(body: dict) -> dict:
+    """TEI's `truncate` (null: the server's default, which cuts) and `truncation_direction`
+    ("Left"/"Right", either case)."""
+    options = {}
+    if body.get("truncate") is not None:
+        options["truncate"] = body["truncate"]
+    direction = body.get("truncation_direction")
+    if direction is not None:
+        if not isinstance(direction, str) or direction.lower() not in ("left", "right"):
+            raise invalid(
+                "`truncation_direction` must be 'Left' or 'Right'", "truncation_direction"
+            )
+        options["truncation_direction"] = direction.lower()
+    return options
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise invalid(f"`{name}` must be a boolean", name)
+    return value
+
+
+def _int_list(values) -> str:
+    return ",".join(str(int(v)) for v in values)
+
+
+@router.post("/")
+@router.post("/embed")
+async def embed_route(request: Request):
+    gw = gateway(request)
+    body = _body(await json_body(request))
+    items, ids = _inputs(body)
+    options = _truncation(body)
+    options["normalize"] = _flag(body, "normalize", True)
+    for name in ("prompt_name", "dimensions"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if ids:
+        options["token_ids"] = True
+    result = await embed(gw, items, options_checked(**options), ["float"])
+    headers = {
+        "x-compute-tokens": str(result.total_tokens),
+        "x-tokens": _int_list(result.token_counts),
+        "x-input-tokens": _int_list(result.input_tokens),
+    }
+    return await respond(gw, result.embeddings.tolist(), headers)
+
+
+@router.post("/rerank")
+async def rerank_route(request: Request):
+    """TEI's shape ({query, texts}) or, without `texts`, the Jina/Cohere v1 one (openai.py)."""
+    gw = gateway(request)
+    body = await json_body(request)
+    if not (isinstance(body, dict) and "texts" in body):
+        try:
+            return await rerank_response(gw, body)
+        except APIError as e:
+            e.api = "openai"  # rendered as that API's error
+            raise
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise invalid("`query` must be a non-empty string", "query")
+    texts = body["texts"]
+    if texts == []:
+        raise APIError(EMPTY, "`texts` cannot be empty", "texts")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise invalid("`texts` must be a list of strings", "texts")
+    if len(texts) > MAX_DOCUMENTS:
+        raise invalid(f"batch size {len(texts)} > maximum allowed batch size {MAX_DOCUMENTS}")
+    check_utf8([("query", query)] + [(f"texts[{i}]", t) for i, t in enumerate(texts)])
+    truncation = _truncation(body)
+    if truncation.get("truncation_direction") == "left":
+        raise invalid(
+            "a reranker cuts the end of each text (the query and template stay whole): "
+            "`truncation_direction` must be 'Right'",
+            "truncation_direction",
+        )
+    if not gw.rerank_model_name:
+        raise APIError(NOT_FOUND, "model is not a re-ranker model")
+    raw, return_text = _flag(body, "raw_scores", False), _flag(body, "return_text", False)
+    try:
+        result = await gw.client.rerank(
+            query, texts, truncate=truncation.get("truncate", True), headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise backend_error(e, ("query", "texts")) from e
+    ranks = []
+    for index, score in result.ranking:
+        # raw: the model's logit, log(p / (1 - p)) of its yes/no softmax
+        value = math.log(score / (1 - score)) if raw and 0 < score < 1 else score
+        ranks.append(
+            {"index": index, "score": value} | ({"text": texts[index]} if return_text else {})
+        )
+    return ranks
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    gw = gateway(request)
+    body = _body(await json_body(request))
+    texts, ids = _inputs(body)
+    if ids:
+        raise invalid("`inputs` of /tokenize must be texts", "inputs")
+    options = {} if body.get("prompt_name") is None else {"prompt_name": body["prompt_name"]}
+    keep_special = _flag(body, "add_special_tokens", True)
+    try:
+        tokens = await gw.client.tokenize(texts, **options_checked(**options))
+    except EmbeddingError as e:
+        raise backend_error(e, ("prompt_name",)) from e
+    if not keep_special:
+        tokens = [[t for t in text if not t["special"]] for text in tokens]
+    return tokens
+
+
+@router.post("/decode")
+async def decode(request: Request):
+    gw = gateway(request)
+    body = _body(await json_body(request))
+    id_lists = token_id_lists(body.get("ids"))
+    if id_lists is None:
+        raise invalid("`ids` must be a list of token ids or a list of such lists", "ids")
+    if len(id_lists) > MAX_INPUTS:
+        raise invalid(f"batch size {len(id_lists)} > maximum allowed batch size {MAX_INPUTS}")
+    try:
+        return await gw.client.decode(id_lists, _flag(body, "skip_special_tokens", True))
+    except EmbeddingError as e:
+        raise backend_error(e, ("ids",)) from e
+
+
+@router.get("/info")
+async def info(request: Request):
+    """TEI's Info, from the facts the served models publish. Of TEI's fields, model_sha,
+    max_batch_requests, sha and docker_label are null, and max_concurrent_requests and
+    tokenization_workers (the gateway sets neither) are left out."""
+    gw = gateway(request)
+    facts = await gw.facts()
+    route = facts.get("route", {})
+    return {
+        "model_id": gw.model_name,
+        "model_sha": None,
+        "model_dtype": route.get("dtype"),
+        "served_model_name": gw.model_name,
+        "model_type": {"embedding": {"pooling": _POOLING.get(route.get("pooling"), "last_token")}},
+        "max_input_length": facts.get("tokens_per_text"),
+        "max_batch_tokens": facts.get("tokens_per_forward"),
+        "max_batch_requests": None,
+        "max_client_batch_size": MAX_INPUTS,
+        "auto_truncate": True,
+        "version": version("qwen-embed-client"),
+        "sha": None,
+        "docker_label": None,
+        # extensions
+        "fingerprint": facts.get("fingerprint"),
+        "dimension": facts.get("dimension"),
+        "prompt_names": facts.get("prompt_names"),
+        "rerank_model": gw.rerank_model_name,
+    }
