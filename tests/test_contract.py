@@ -150,6 +150,7 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         EmbedOptions(embedding_type="int8,float,ubinary"),
         EmbedOptions(chunk_spans=[[0, 3], [3, 9]]),
         EmbedOptions(chunk_size=128),
+        EmbedOptions(token_ids=True, max_tokens=64, truncation_direction="left"),
     ],
 )
 def test_options_cross_as_parameters_unchanged(options):
@@ -178,6 +179,10 @@ def test_options_cross_as_parameters_unchanged(options):
         ({"chunk_size": 4, "chunk_spans": "[[0, 1]]"}, "exclude each other"),
         ({"chunk_size": 4, "embedding_type": "int8"}, "must be 'float' with chunks"),
         ({"dimension": 4}, r"unknown parameter\(s\) \['dimension'\]"),
+        ({"max_tokens": 0}, "parameter 'max_tokens' must be >= 1"),
+        ({"token_ids": 1}, "parameter 'token_ids' must be a boolean"),
+        ({"token_ids": True, "prompt_name": "query"}, "cannot be combined with 'prompt_name'"),
+        ({"token_ids": True, "chunk_size": 8}, "cannot be combined with 'chunks'"),
     ],
 )
 def test_a_broken_rule_names_the_field_and_the_limit(params, message):
@@ -196,8 +201,10 @@ def test_model_facts_are_checked_by_the_tokenizer_only():
 
 def test_rerank_options():
     assert RerankOptions().parameters() == {}
-    options = RerankOptions(truncate=False, instruction="Judge code")
+    options = RerankOptions(truncate=False, instruction="Judge code", max_document_tokens=8)
     assert RerankOptions.from_parameters(options.parameters()) == options
+    with pytest.raises(RequestError, match="parameter 'max_document_tokens' must be >= 1"):
+        RerankOptions(max_document_tokens=0)
     with pytest.raises(RequestError, match=r"unknown parameter\(s\) \['dimensions'\]"):
         RerankOptions.from_parameters({"dimensions": 4})
 

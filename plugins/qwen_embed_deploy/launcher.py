@@ -22,8 +22,8 @@
 - `--otlp-endpoint URL` (or $OTEL_EXPORTER_OTLP_ENDPOINT, an OTLP/HTTP collector's base URL)
   turns Triton's OpenTelemetry tracing on (one in `--trace-rate` requests, and every request
   that carries a trace context) and the gateway's (trace_args).
-- `--gateway-port N` also starts the OpenAI-compatible gateway (qwen_embed_client.gateway:
-  /v1/embeddings, /v1/rerank) on the same host once Triton is ready, and stops it on exit.
+- `--gateway-port N` also starts the HTTP gateway (qwen_embed_client.gateway: the OpenAI, TEI
+  and Cohere APIs) on the same host once Triton is ready, and stops it on exit.
 - `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
 - SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
   flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
@@ -301,7 +301,8 @@ def start_gateway(
     rerank: bool,
     otlp_endpoint: str | None = None,
 ) -> subprocess.Popen:
-    """The OpenAI-compatible gateway in front of this server's gRPC port (same interpreter)."""
+    """The HTTP gateway (OpenAI, TEI and Cohere APIs) in front of this server's gRPC port
+    (same interpreter)."""
     cmd = [
         sys.executable,
         "-m",
@@ -317,7 +318,10 @@ def start_gateway(
         cmd += ["--rerank-model-name", ""]
     if otlp_endpoint:
         cmd += ["--otlp-endpoint", otlp_endpoint]
-    log(f"gateway: http://{host}:{port}/v1/embeddings" + (" and /v1/rerank" if rerank else ""))
+    log(
+        f"gateway: http://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
+        + (", and their rerank routes)" if rerank else ")")
+    )
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
 
@@ -363,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway-port",
         type=int,
         default=0,
-        help="also serve the OpenAI gateway on this port (0: off)",
+        help="also serve the HTTP gateway (OpenAI, TEI, Cohere APIs) on this port (0: off)",
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument(

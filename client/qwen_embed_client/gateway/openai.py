@@ -2,8 +2,8 @@
 and the Jina/Cohere v1 rerank shape on POST /v1/rerank (also /rerank, shared with TEI's).
 
 Extension fields (the OpenAI SDK keeps unknown fields, pydantic `extra="allow"`): each data
-item's `tokens`, `input_tokens` and `truncated`; `embedding_type`/`embedding_types`,
-`priority` and `chunks` in the request (docs/api.md).
+item's `tokens`, `input_tokens` and `truncated`; in the request, `embedding_type` /
+`embedding_types`, `priority`, `chunks` and the contract's EXTENSION_OPTIONS (docs/api.md).
 """
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ from .errors import (
 from .state import gateway, respond
 
 MAX_INPUTS = 2048
+# Request options of the contract taken as extension fields of the body (docs/api.md).
+EXTENSION_OPTIONS = (
+    "prompt_name",
+    "instruction",
+    "prompt",
+    "normalize",
+    "truncate",
+    "truncation_direction",
+    "max_tokens",
+)
 MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
 
 router = APIRouter(tags=["openai"])
@@ -87,8 +97,7 @@ def parse_request(body: object, served_model: str) -> tuple[list, dict, str, lis
     if ids is None:
         check_utf8([(f"input[{i}]", t) for i, t in enumerate(inputs)])
     check_model(body.get("model"), served_model)
-    if body.get("dimensions") is not None:
-        options["dimensions"] = body["dimensions"]
+    options |= {k: body[k] for k in ("dimensions", *EXTENSION_OPTIONS) if body.get(k) is not None}
     options.update(priority(body))
     encoding, kinds, keyed = _embedding_types(body)
     if "chunks" in body:

@@ -1,0 +1,351 @@
+"""The gateway as a drop-in for the clients retrieval stacks already use: TEI's API through
+`huggingface_hub.InferenceClient` and LlamaIndex's TEI integration, Cohere's v2 API through the
+`cohere` SDK, OpenAI token-id inputs through the `openai` SDK, the per-text token extensions and
+the model fingerprint. A real tritonserver serves the demo embedder (fp32) and the demo
+reranker; the gateway runs as its own process with an API key, as in production.
+
+Every vector a drop-in route gives must equal the OpenAI route's for the same text and options
+within 1e-6 (the same Triton request underneath); scores equal the client library's.
+"""
+
+import base64
+import json
+import math
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import cohere
+import numpy as np
+import openai
+import pytest
+from huggingface_hub import InferenceClient
+from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+from test_rerank_serving import wait_for
+
+from qwen_embed_client import EmbeddingClient
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
+API_KEY = "drop-in-key"
+SAME = 1e-6  # one Triton request underneath every route
+TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
+TEXTS = ["Hello, world!", "北京是中华人民共和国的首都。", "naïve café — emoji 🎉"]
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, reranker, tmp_path_factory):
+    """(server, gateway base URL)."""
+    where = tmp_path_factory.mktemp("drop-in")
+    overrides = {
+        "encoder": {"dtype": "float32"},
+        "tokenizer": {"max_input_tokens": str(TOKENS_PER_TEXT)},
+    }
+    repo = render(where / "repo", {"embed": demo_dir}, overrides, rerankers={"rerank": reranker})
+    port = free_port()
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
+            + [server.grpc_url, "--port", str(port), "--api-key", API_KEY]
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_for(f"{base}/health")
+            yield server, base
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=10)
+
+
+def post(base: str, path: str, body: dict, key: str = API_KEY) -> tuple[int, object, dict]:
+    """(status, JSON body or None, headers)."""
+    request = urllib.request.Request(
+        f"{base}{path}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, json.loads(raw) if raw else None, dict(e.headers)
+
+
+def openai_vectors(base: str, texts, **extra) -> np.ndarray:
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
+    response = api.embeddings.create(
+        input=texts, model="embed", encoding_format="float", extra_body=extra or None
+    )
+    return np.array([d.embedding for d in response.data], dtype=np.float32)
+
+
+def test_tei_clients_get_the_openai_routes_vectors(stack):
+    """huggingface_hub's feature_extraction (TEI's POST /) and LlamaIndex's TEI embedding
+    (POST /embed), unchanged but for the URL, with TEI's options."""
+    _, base = stack
+    hub = InferenceClient(model=base, token=API_KEY)
+    expected = openai_vectors(base, TEXTS)
+    assert np.abs(hub.feature_extraction(TEXTS) - expected).max() <= SAME
+    got = hub.feature_extraction(TEXTS[0], prompt_name="query", dimensions=32)
+    assert (
+        np.abs(got - openai_vectors(base, TEXTS[:1], prompt_name="query", dimensions=32)).max()
+        <= SAME
+    )
+    raw = hub.feature_extraction(TEXTS[1], normalize=False)
+    assert np.abs(raw - openai_vectors(base, TEXTS[1:2], normalize=False)).max() <= SAME
+    assert np.linalg.norm(raw) > 1.5  # really not normalised
+    llama = TextEmbeddingsInference(base_url=base, model_name="embed", auth_token=API_KEY)
+    got = np.array(llama.get_text_embedding_batch(TEXTS), dtype=np.float32)
+    assert np.abs(got - expected).max() <= SAME
+
+
+def test_tei_rerank_tokenize_decode_and_info(stack):
+    server, base = stack
+    query, documents = "Which city is the capital of China?", TEXTS
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, documents)
+        tokens = client.tokenize(TEXTS, prompt_name="query")
+        plain = client.embed_with_usage(TEXTS, prompt_name="query")
+    status, ranks, _ = post(
+        base, "/rerank", {"query": query, "texts": documents, "return_text": True}
+    )
+    assert status == 200
+    assert [r["index"] for r in ranks] == [i for i, _ in want.ranking]
+    assert all(abs(r["score"] - s) <= SAME for r, (_, s) in zip(ranks, want.ranking, strict=True))
+    assert [r["text"] for r in ranks] == [documents[r["index"]] for r in ranks]
+    _, raw, _ = post(base, "/rerank", {"query": query, "texts": documents, "raw_scores": True})
+    for r, (_, s) in zip(raw, want.ranking, strict=True):
+        assert abs(r["score"] - math.log(s / (1 - s))) <= 1e-4 and "text" not in r
+    # the Jina/Cohere v1 shape on the same path, told apart by `documents`
+    status, answer, _ = post(
+        base, "/rerank", {"model": "rerank", "query": query, "documents": documents}
+    )
+    assert status == 200 and answer["results"][0]["index"] == want.ranking[0][0]
+
+    status, got, _ = post(base, "/tokenize", {"inputs": TEXTS, "prompt_name": "query"})
+    assert status == 200 and got == tokens
+    assert [len(t) for t in got] == plain.token_counts.tolist()  # what the encoder receives
+    prompted = (
+        "Instruct: Given a web search query, retrieve relevant passages that answer "
+        "the query\nQuery:" + TEXTS[2]
+    ).encode()
+    for token in got[2]:  # TEI's byte offsets into the prompted text
+        if not token["special"]:
+            assert prompted[token["start"] : token["stop"]].decode() == token["text"]
+    assert got[2][-1] == {
+        "id": 151643,
+        "text": "<|endoftext|>",
+        "special": True,
+        "start": None,
+        "stop": None,
+    }
+    _, bare, _ = post(base, "/tokenize", {"inputs": TEXTS[0], "add_special_tokens": False})
+    assert [t["id"] for t in bare[0]] == [9707, 11, 1879, 0]  # the real Qwen vocabulary's ids
+    ids = [t["id"] for t in got[0]]
+    _, decoded, _ = post(base, "/decode", {"ids": ids})
+    assert decoded == [prompted.decode().replace(TEXTS[2], TEXTS[0])]
+    _, kept, _ = post(base, "/decode", {"ids": [ids], "skip_special_tokens": False})
+    assert kept == [decoded[0] + "<|endoftext|>"]
+
+    status, info, _ = urllib_get(base, "/info")
+    assert status == 200
+    assert info["max_input_length"] == TOKENS_PER_TEXT and info["model_dtype"] == "float32"
+    assert info["model_type"] == {"embedding": {"pooling": "last_token"}}
+    assert info["dimension"] == 1024 and info["prompt_names"] == ["document", "query"]
+
+
+def urllib_get(base: str, path: str):
+    request = urllib.request.Request(
+        f"{base}{path}", headers={"Authorization": f"Bearer {API_KEY}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return r.status, json.loads(r.read()), dict(r.headers)
+
+
+def test_tei_errors_have_teis_statuses_and_body(stack):
+    _, base = stack
+    for path, body, status, error_type in [
+        ("/embed", {"inputs": []}, 400, "Empty"),
+        ("/embed", {"inputs": "x", "dimensions": 0}, 422, "Validation"),
+        ("/embed", {"inputs": ["x", [1, 2]]}, 422, "Validation"),  # texts and ids mixed
+        ("/embed", {"inputs": "x", "prompt_name": "passage"}, 422, "Validation"),  # the server's
+        ("/embed", {"inputs": [[1, 99999999]]}, 422, "Validation"),  # an id past the vocabulary
+        ("/embed", {"inputs": "long " * 200, "truncate": False}, 422, "Validation"),
+        ("/", {"inputs": "x", "normalize": "yes"}, 422, "Validation"),
+        ("/rerank", {"query": "q", "texts": []}, 400, "Empty"),
+        (
+            "/rerank",
+            {"query": "q", "texts": ["a"], "truncation_direction": "Left"},
+            422,
+            "Validation",
+        ),
+        ("/tokenize", {"inputs": [1, 2]}, 422, "Validation"),
+        ("/decode", {"ids": "abc"}, 422, "Validation"),
+    ]:
+        got, answer, _ = post(base, path, body)
+        assert (got, answer["error_type"]) == (status, error_type), (path, body, answer)
+        assert set(answer) == {"error", "error_type"} and answer["error"]
+    assert post(base, "/embed", {"inputs": "x"}, key="wrong")[0] == 401
+
+
+def test_cohere_sdk_embed_maps_input_types_to_the_checkpoints_prompts(stack):
+    server, base = stack
+    co = cohere.ClientV2(base_url=base, api_key=API_KEY)
+    kinds = ["float", "int8", "ubinary", "base64"]
+    before = server.metric("qwen_embed_texts_total", model="encoder")
+    response = co.embed(
+        model="embed",
+        texts=TEXTS,
+        input_type="search_query",
+        embedding_types=kinds,
+        output_dimension=64,
+    )
+    # every type from one computation of the vectors
+    assert server.metric("qwen_embed_texts_total", model="encoder") - before == len(TEXTS)
+    expected = openai_vectors(base, TEXTS, prompt_name="query", dimensions=64)
+    assert np.abs(np.array(response.embeddings.float_) - expected).max() <= SAME
+    for kind in ("int8", "ubinary"):
+        want = post(
+            base,
+            "/v1/embeddings",
+            {
+                "model": "embed",
+                "input": TEXTS,
+                "prompt_name": "query",
+                "dimensions": 64,
+                "embedding_type": kind,
+            },
+        )[1]
+        assert getattr(response.embeddings, kind) == [d["embedding"] for d in want["data"]]
+    decoded = [np.frombuffer(base64.b64decode(b), "<f4") for b in response.embeddings.base64]
+    assert np.abs(np.stack(decoded) - expected).max() <= SAME
+    assert response.texts == TEXTS and response.meta.billed_units.input_tokens > 0
+    assert response.text_tokens[0] == {"tokens": 24, "input_tokens": 24, "truncated": False}
+    for input_type, options in [
+        ("search_document", {"prompt_name": "document"}),
+        ("classification", {"instruction": "Classify the given text"}),
+        ("clustering", {"instruction": "Identify the topic or theme of the given text"}),
+    ]:
+        got = co.embed(
+            model="embed", texts=TEXTS[:1], input_type=input_type, embedding_types=["float"]
+        )
+        assert (
+            np.abs(
+                np.array(got.embeddings.float_) - openai_vectors(base, TEXTS[:1], **options)
+            ).max()
+            <= SAME
+        )
+    inputs = [{"content": [{"type": "text", "text": TEXTS[0]}]}]
+    got = co.embed(
+        model="embed", inputs=inputs, input_type="search_document", embedding_types=["float"]
+    )
+    assert (
+        np.abs(
+            np.array(got.embeddings.float_)
+            - openai_vectors(base, TEXTS[:1], prompt_name="document")
+        ).max()
+        <= SAME
+    )
+
+
+def test_cohere_sdk_rerank_and_errors(stack):
+    server, base = stack
+    co = cohere.ClientV2(base_url=base, api_key=API_KEY)
+    query = "Which city is the capital of China?"
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, TEXTS, top_n=2)
+        short = client.rerank(query, TEXTS, max_document_tokens=2)
+    got = co.rerank(model="rerank", query=query, documents=TEXTS, top_n=2)
+    assert [(r.index, round(r.relevance_score, 6)) for r in got.results] == [
+        (i, round(s, 6)) for i, s in want.ranking
+    ]
+    cut = co.rerank(model="rerank", query=query, documents=TEXTS, max_tokens_per_doc=2)
+    assert [r.relevance_score for r in cut.results] == pytest.approx(
+        [s for _, s in short.ranking], abs=SAME
+    )
+    assert not np.allclose(short.scores, want.scores)  # the cap changed what was scored
+    with pytest.raises(cohere.errors.BadRequestError, match="input_type must be one of"):
+        co.embed(model="embed", texts=["x"], input_type="image", embedding_types=["float"])
+    with pytest.raises(cohere.errors.NotFoundError):
+        co.embed(model="embed-v4.0", texts=["x"], input_type="search_query")
+    with pytest.raises(cohere.errors.UnauthorizedError):
+        cohere.ClientV2(base_url=base, api_key="wrong").rerank(
+            model="rerank", query="q", documents=["d"]
+        )
+    for path, body, field in [
+        ("/v2/embed", {"model": "embed", "texts": []}, "'texts'"),
+        ("/v2/embed", {"model": "embed", "texts": ["x"], "truncate": "MIDDLE"}, "truncate"),
+        (
+            "/v2/embed",
+            {"model": "embed", "texts": ["x"], "embedding_types": ["int4"]},
+            "embedding_types",
+        ),
+        ("/v2/embed", {"model": "embed", "texts": ["x"], "output_dimension": 4096}, "dimensions"),
+        (
+            "/v2/embed",
+            {"model": "embed", "texts": ["long " * 200], "truncate": "NONE"},
+            "limit of 96",
+        ),
+        (
+            "/v2/embed",
+            {"model": "embed", "inputs": [{"content": [{"type": "image_url"}]}]},
+            "images",
+        ),
+        ("/v2/rerank", {"model": "rerank", "query": "q", "documents": ["d"], "top_n": 0}, "top_n"),
+        ("/v2/rerank", {"model": "rerank", "query": "", "documents": ["d"]}, "query"),
+    ]:
+        status, answer, _ = post(base, path, body)
+        assert status == 400 and field in answer["message"] and answer["id"], (body, answer)
+
+
+def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
+    server, base = stack
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
+    with EmbeddingClient(server.grpc_url) as client:
+        (tokens,) = client.tokenize(TEXTS[:1])
+        fingerprint = client.model_fingerprint()
+    ids = [t["id"] for t in tokens]
+    by_ids = api.embeddings.create(input=[ids, ids[:-1]], model="embed", encoding_format="float")
+    by_text = openai_vectors(base, TEXTS[:1])
+    # the tokenizer's own ids (end-of-text included) give the text's vector
+    assert np.abs(np.array(by_ids.data[0].embedding) - by_text[0]).max() <= SAME
+    assert by_ids.usage.total_tokens == 2 * len(ids) - 1
+    single = api.embeddings.create(input=ids, model="embed", encoding_format="float")
+    assert np.abs(np.array(single.data[0].embedding) - by_text[0]).max() <= SAME
+    with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
+        api.embeddings.create(input=[[151643, 10**7]], model="embed")
+    with pytest.raises(openai.BadRequestError, match="prompts and chunks are for texts"):
+        api.embeddings.create(input=[ids], model="embed", extra_body={"prompt_name": "query"})
+    # truncation reported per text: the SDK keeps the extension fields
+    long_text = "word " * 300
+    response = api.embeddings.create(input=[TEXTS[0], long_text], model="embed")
+    first, second = (d.model_extra for d in response.data)
+    assert first == {"tokens": 5, "input_tokens": 5, "truncated": False}
+    assert second["tokens"] == TOKENS_PER_TEXT and second["truncated"]
+    assert second["input_tokens"] == 302  # 300 words, the trailing space, end-of-text
+    status, _, headers = post(base, "/embed", {"inputs": [TEXTS[0], long_text]})
+    assert headers["x-tokens"] == f"5,{TOKENS_PER_TEXT}" and headers["x-input-tokens"] == "5,302"
+    # the fingerprint: one value on every route and in /info and /v1/models
+    assert fingerprint and len(fingerprint) == 32
+    raw = api.embeddings.with_raw_response.create(input="x", model="embed")
+    assert raw.headers["x-model-fingerprint"] == fingerprint == headers["x-model-fingerprint"]
+    assert urllib_get(base, "/info")[1]["fingerprint"] == fingerprint
+    assert api.models.list().data[0].model_extra["fingerprint"] == fingerprint
+    status, _, headers = post(base, "/v2/embed", {"model": "embed", "texts": ["x"]})
+    assert status == 200 and headers["x-model-fingerprint"] == fingerprint
+
+
+def test_every_api_gives_one_vector_per_text(stack):
+    """The same texts through the four ways in: one vector each, equal across routes."""
+    server, base = stack
+    expected = openai_vectors(base, TEXTS, dimensions=48)
+    _, tei, _ = post(base, "/embed", {"inputs": TEXTS, "dimensions": 48})
+    _, co, _ = post(base, "/v2/embed", {"model": "embed", "texts": TEXTS, "output_dimension": 48})
+    with EmbeddingClient(server.grpc_url) as client:
+        library = client.embed(TEXTS, dimensions=48)
+    for got in (np.array(tei), np.array(co["embeddings"]["float"]), library):
+        assert got.shape == (len(TEXTS), 48) and np.abs(got - expected).max() <= SAME

@@ -1,0 +1,71 @@
+"""The tokenizer's per-request views on the real Qwen vocabulary (the demo checkpoint's
+tokenizer.json): token-id inputs, the request's own token limit, TEI's /tokenize tokens,
+decoding, and the reranker's per-document cap."""
+
+import numpy as np
+import pytest
+
+from qwen_embed.serving.rerank import PairTokenizer
+from qwen_embed.serving.tokenizer import TextTokenizer, load_tokenizer
+from qwen_embed_client.contract import EmbedOptions, RequestError, RerankOptions
+
+EOS = 151643
+HELLO = [9707, 11, 1879, 0]  # "Hello, world!"
+
+
+@pytest.fixture(scope="module")
+def tok(demo_dir):
+    return TextTokenizer(demo_dir, 32)
+
+
+def test_token_ids_are_taken_as_given_within_the_same_limits(tok):
+    ids, counts = tok.encode_ids([np.array(HELLO + [EOS], np.int32)], EmbedOptions(token_ids=True))
+    assert ids == [HELLO + [EOS]] and counts == [5]
+    long = np.arange(100, 140, dtype=np.int32)
+    (right,), _ = tok.encode_ids([long], EmbedOptions(token_ids=True))
+    (left,), _ = tok.encode_ids([long], EmbedOptions(token_ids=True, truncation_direction="left"))
+    assert right == list(range(100, 132)) and left == list(range(108, 140))
+    with pytest.raises(RequestError, match=r"has 40 tokens, more than the limit of 32"):
+        tok.encode_ids([long], EmbedOptions(token_ids=True, truncate=False))
+    with pytest.raises(RequestError, match="outside this model's vocabulary"):
+        tok.encode_ids([np.array([1, -5], np.int32)], EmbedOptions(token_ids=True))
+
+
+def test_max_tokens_is_the_requests_own_limit(tok):
+    text = "word " * 50
+    ids, counts = tok.encode_counted([text], EmbedOptions(max_tokens=8))
+    assert len(ids[0]) == 8 and ids[0][-1] == EOS and counts == [52]  # the special token kept
+    assert (
+        tok.encode([text], EmbedOptions(max_tokens=1000))[0]
+        == tok.encode([text], EmbedOptions())[0]
+    )
+    with pytest.raises(RequestError, match="more than the limit of 8"):
+        tok.encode([text], EmbedOptions(max_tokens=8, truncate=False))
+
+
+def test_tokens_are_teis_shape_with_byte_offsets(tok):
+    (tokens,) = tok.tokens(["naïve café"], EmbedOptions(prompt="t: "))
+    text = "t: naïve café".encode()
+    assert [t["id"] for t in tokens] == tok.encode(["naïve café"], EmbedOptions(prompt="t: "))[0]
+    for t in tokens[:-1]:
+        assert text[t["start"] : t["stop"]].decode() == t["text"] and not t["special"]
+    assert tokens[-1] == {
+        "id": EOS,
+        "text": "<|endoftext|>",
+        "special": True,
+        "start": None,
+        "stop": None,
+    }
+    assert tok.decode([[t["id"] for t in tokens]]) == [
+        ("t: naïve café", "t: naïve café<|endoftext|>")
+    ]
+
+
+def test_a_reranker_document_cut_to_its_first_tokens(demo_dir):
+    pairs = PairTokenizer(demo_dir, 512)
+    document = "Beijing is the capital of China and its second largest city."
+    whole = pairs.encode("q", [document], RerankOptions())[0]
+    cut = pairs.encode("q", [document], RerankOptions(max_document_tokens=2))[0]
+    end = load_tokenizer(demo_dir).encode(document, add_special_tokens=False).offsets[1][1]
+    first_two = pairs.encode("q", [document[:end]], RerankOptions())[0]
+    assert cut == first_two and len(cut) < len(whole)
