@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows gpu-report perf-priority perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -183,6 +183,11 @@ perf-prefix: setup
 perf-priority: setup
 	cd perf && ../$(PY) bench_priority.py
 
+# 1-text query latency through the gateway with no batch running, then while a Batch API batch
+# runs (batch.md).
+perf-batch: setup
+	cd perf && ../$(PY) bench_batch.py
+
 # One text of 8K, 16K and 32K tokens in process: tokens/s and peak memory (long.md).
 perf-long: setup
 	cd perf && ../$(PY) bench_long.py
@@ -224,25 +229,27 @@ RESPONSE_CACHE_MB ?= 0
 # An OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318): traces from
 # Triton and the gateway (docs/deployment.md); empty: no tracing.
 OTLP_ENDPOINT ?=
+# The gateway's Batch API state (SQLite and files), kept across restarts.
+BATCH_DIR ?= .cache/batches
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
-	@if [ "$(GATEWAY)" != 0 ]; then echo "OpenAI-compatible gateway  http://localhost:$(GATEWAY_PORT)/v1/embeddings  /v1/rerank"; fi
+	@if [ "$(GATEWAY)" != 0 ]; then echo "HTTP gateway  http://localhost:$(GATEWAY_PORT): OpenAI /v1/embeddings /v1/rerank /v1/batches, TEI /embed /rerank, Cohere /v2/embed /v2/rerank"; fi
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\":\"embed\",\"input\":[\"Hello, world!\"]}'"
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/rerank -H 'Content-Type: application/json' -d '{\"model\":\"rerank\",\"query\":\"capital of China?\",\"documents\":[\"Beijing is the capital.\",\"Gravity.\"]}'"
 	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} \
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
-	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_deploy.launcher \
+	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)
 
-# The OpenAI-compatible gateway alone, in front of a running server (make serve GATEWAY=0).
-# API_KEY is optional (make serve takes it too).
+# The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
+# API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
 gateway: setup
-	QWEN_EMBED_API_KEY=$(API_KEY) $(PY) -m qwen_embed_client.gateway \
+	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
 		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT))
 

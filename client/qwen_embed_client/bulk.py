@@ -28,6 +28,28 @@ MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
+class Shards:
+    """`count` items in shards of `size`, in order: the unit a job writes, and redoes after an
+    interruption. Shared by the CLI's bulk jobs and the gateway's Batch API."""
+
+    count: int
+    size: int
+
+    def __len__(self) -> int:
+        return -(-self.count // self.size)
+
+    def span(self, k: int) -> range:
+        return range(k * self.size, min(self.count, (k + 1) * self.size))
+
+
+def write_atomic(path: Path, save) -> None:
+    """`save(tmp)` then rename: a file that exists under its name is complete."""
+    tmp = path.with_name(path.name + ".partial")
+    save(tmp)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
 class Job:
     out: Path
     texts: list[str]
@@ -37,7 +59,7 @@ class Job:
 
     @property
     def shards(self) -> int:
-        return -(-len(self.texts) // self.shard_size)
+        return len(Shards(len(self.texts), self.shard_size))
 
     def vectors_path(self, k: int) -> Path:
         return self.out / f"shard-{k:05d}.npy"
@@ -76,13 +98,7 @@ def prepare(job: Job) -> None:
                 "use another output directory"
             )
         return
-    _write(path, lambda tmp: tmp.write_text(json.dumps(wanted, indent=1)))
-
-
-def _write(path: Path, save) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    save(tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(wanted, indent=1)))
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -90,7 +106,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         with open(tmp, "wb") as f:
             np.save(f, array)
 
-    _write(path, save)
+    write_atomic(path, save)
 
 
 def id_array(ids: list) -> np.ndarray:
@@ -149,7 +165,7 @@ def run(job: Job, embed, show: bool) -> int:
 
 
 def _span(job: Job, k: int) -> range:
-    return range(k * job.shard_size, min(len(job.texts), (k + 1) * job.shard_size))
+    return Shards(len(job.texts), job.shard_size).span(k)
 
 
 def load(out: str | Path) -> tuple[np.ndarray, np.ndarray]:

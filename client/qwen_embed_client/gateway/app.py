@@ -8,14 +8,17 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
-from . import cohere, openai, tei
+from . import batches, cohere, openai, tei
+from .batches import BatchRunner, BatchSettings
 from .errors import APIError
 from .state import Gateway
 
@@ -38,12 +41,15 @@ def create_app(
     triton_urls: list[str],
     *,
     model_name: str = "embed",
-    api_key: str | None = None,
+    api_keys: tuple[str, ...] = (),
     triton_model: str = "embed",
     rerank_model_name: str | None = "rerank",
     triton_rerank_model: str = "rerank",
     otlp_endpoint: str | None = None,
+    batch_dir: Path | None = None,
+    batch_settings: BatchSettings | None = None,
 ) -> FastAPI:
+    """The gateway; `batch_dir` None turns the Batch API off."""
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
@@ -54,8 +60,14 @@ def create_app(
         tracing = Tracing(otlp_endpoint)
 
     @asynccontextmanager
-    async def lifespan(_app):
+    async def lifespan(app):
+        runner = app.state.batches
+        task = None if runner is None else asyncio.create_task(runner.run_forever())
         yield
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            runner.close()
         await client.close()
         if tracing is not None:
             tracing.shutdown()
@@ -64,16 +76,20 @@ def create_app(
     app.state.gateway = Gateway(
         client=client,
         model_name=model_name,
-        api_key=api_key,
+        api_keys=tuple(api_keys),
         rerank_model_name=rerank_model_name,
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
     )
+    app.state.batches = None
+    if batch_dir is not None:
+        settings = batch_settings or BatchSettings()
+        app.state.batches = BatchRunner(app.state.gateway, Path(batch_dir), settings)
     app.add_exception_handler(APIError, _api_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
     app.get("/health")(_health)
-    for api in (openai, cohere, tei):  # tei last: its POST / and /rerank dispatch by body
+    for api in (openai, batches, cohere, tei):  # tei last: POST / and /rerank go by body
         app.include_router(api.router)
     return app
 
@@ -106,7 +122,28 @@ def main() -> None:
         default="rerank",
         help="model id /v1/rerank clients send ('' turns the rerank routes off)",
     )
-    p.add_argument("--api-key", default=os.environ.get("QWEN_EMBED_API_KEY"))
+    p.add_argument(
+        "--api-key",
+        action="append",
+        help="a key clients must send as 'Authorization: Bearer KEY', repeatable "
+        "(default: $QWEN_EMBED_API_KEY, comma separated); each key sees its own batches",
+    )
+    p.add_argument(
+        "--batch-dir",
+        default=os.environ.get("QWEN_EMBED_BATCH_DIR", "batches"),
+        help="where the Batch API keeps its files and state, created on its first use "
+        "($QWEN_EMBED_BATCH_DIR; '' turns the Batch API off)",
+    )
+    defaults = BatchSettings()
+    p.add_argument("--batch-max-file-bytes", type=int, default=defaults.max_file_bytes)
+    p.add_argument("--batch-max-lines", type=int, default=defaults.max_lines)
+    p.add_argument("--batch-max-line-bytes", type=int, default=defaults.max_line_bytes)
+    p.add_argument(
+        "--batch-shard-lines",
+        type=int,
+        default=defaults.shard_lines,
+        help="lines answered together, and redone after a restart",
+    )
     p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -118,8 +155,19 @@ def main() -> None:
     app = create_app(
         args.triton_url or ["localhost:8001"],
         model_name=args.model_name,
-        api_key=args.api_key or None,
+        api_keys=tuple(args.api_key or _env_keys()),
         rerank_model_name=args.rerank_model_name or None,
         otlp_endpoint=args.otlp_endpoint or None,
+        batch_dir=Path(args.batch_dir) if args.batch_dir else None,
+        batch_settings=BatchSettings(
+            max_file_bytes=args.batch_max_file_bytes,
+            max_lines=args.batch_max_lines,
+            max_line_bytes=args.batch_max_line_bytes,
+            shard_lines=args.batch_shard_lines,
+        ),
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def _env_keys() -> list[str]:
+    return [k for k in os.environ.get("QWEN_EMBED_API_KEY", "").split(",") if k.strip()]

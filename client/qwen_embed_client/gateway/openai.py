@@ -270,7 +270,12 @@ async def models(request: Request):
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
     gw = gateway(request)
-    inputs, options, encoding, kinds, keyed = parse_request(await json_body(request), gw.model_name)
+    return await respond(gw, await embeddings_body(gw, await json_body(request)))
+
+
+async def embeddings_body(gw, body: object) -> dict:
+    """The answer to an embeddings request body (the route's, and a batch line's)."""
+    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_name)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
@@ -284,8 +289,7 @@ async def embeddings(request: Request):
         else:
             entry["embedding"] = encode_value(result.embeddings[i], encoding)
         data.append(entry | text_usage(result, i))
-    body = _embeddings_body(data, gw.model_name, result.total_tokens)
-    return await respond(gw, body)
+    return _embeddings_body(data, gw.model_name, result.total_tokens)
 
 
 async def _chunk_embeddings(gw, texts, options, encoding):
@@ -308,8 +312,7 @@ async def _chunk_embeddings(gw, texts, options, encoding):
         }
         for i, r in enumerate(results)
     ]
-    body = _embeddings_body(data, gw.model_name, sum(r.token_count for r in results))
-    return await respond(gw, body)
+    return _embeddings_body(data, gw.model_name, sum(r.token_count for r in results))
 
 
 @router.post("/v1/rerank")

@@ -3,6 +3,7 @@ model fingerprint."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ class Gateway:
 
     client: AsyncEmbeddingClient
     model_name: str
-    api_key: str | None
+    api_keys: tuple[str, ...]  # empty: no key needed
     rerank_model_name: str | None
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
@@ -32,11 +33,19 @@ class Gateway:
     _facts: tuple[float, dict] | None = None
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is None:
+        if not self.api_keys:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        given = request.headers.get("authorization", "").encode()
+        # every key compared, in constant time each: no early exit tells which one was close
+        matches = [hmac.compare_digest(given, f"Bearer {k}".encode()) for k in self.api_keys]
+        if not any(matches):
             raise APIError(UNAUTHORIZED, "Incorrect API key provided")
+
+    def owner(self, request: Request) -> str:
+        """Whose files and batches a request may see: its key's digest ("" with keys off)."""
+        if not self.api_keys:
+            return ""
+        return hashlib.sha256(request.headers["authorization"].encode()).hexdigest()[:32]
 
     def outgoing(self) -> dict | None:
         """Headers for the Triton requests: the current span's trace context."""

@@ -1,0 +1,429 @@
+"""OpenAI's Batch API for /v1/embeddings and /v1/rerank: files in, a batch that runs in the
+background at the bulk priority level, files out.
+
+POST /v1/files (multipart `file`, `purpose` "batch": JSONL, one request per line), GET
+/v1/files/{id}, GET /v1/files/{id}/content, POST /v1/batches, GET /v1/batches/{id}, POST
+/v1/batches/{id}/cancel, GET /v1/batches, with OpenAI's objects and statuses. Each line
+({"custom_id", "method": "POST", "url", "body"}) is answered as its route answers the body,
+at bulk priority, so interactive requests keep their latency while a batch runs. A line that
+fails (bad JSON, a refused body) becomes a line of the error file; the batch goes on.
+
+The lines run in shards (bulk.Shards, the CLI's bulk-job machinery): a shard's answers are
+written to one file at once (bulk.write_atomic) when all its lines are done, so after a gateway
+restart the batch resumes at the first missing shard and its output holds every line exactly
+once. A shard that cannot reach the server (unavailable or overloaded, after the client's own
+retries) is tried again after a pause; it is never turned into error lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+
+from ..bulk import Shards, write_atomic
+from . import openai
+from .batch_store import FILE_PURPOSES, BatchStore, new_id
+from .errors import NOT_FOUND, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
+from .state import gateway
+
+log = logging.getLogger("qwen_embed.batches")
+router = APIRouter(tags=["openai"])
+
+ENDPOINTS = ("/v1/embeddings", "/v1/rerank")
+COMPLETION_WINDOW_S = {"24h": 24 * 3600}
+RETRY_PAUSE_S = 2.0  # before a shard the server could not take is tried again
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Limits of the Batch API (gateway flags --batch-*)."""
+
+    max_file_bytes: int = 200 * 2**20
+    max_lines: int = 50_000
+    max_line_bytes: int = 8 * 2**20
+    shard_lines: int = 64  # lines answered, and redone after a restart, together
+    lines_in_flight: int = 16  # a shard's lines sent at once (Triton batches them)
+
+
+class BatchRunner:
+    """Runs the unfinished batches one after another, in the gateway's event loop. The store
+    is opened on the Batch API's first use (or at start where it already exists, to resume),
+    so a gateway that never sees a batch writes nothing."""
+
+    def __init__(self, gw, root: Path, settings: BatchSettings):
+        self.gw, self.root, self.settings = gw, Path(root), settings
+        self._store: BatchStore | None = None
+        self.wake = asyncio.Event()
+
+    @property
+    def store(self) -> BatchStore:
+        if self._store is None:
+            self._store = BatchStore(self.root)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    async def run_forever(self) -> None:
+        while True:
+            exists = self._store is not None or BatchStore.exists(self.root)
+            batch = self.store.next_unfinished() if exists else None
+            if batch is None:
+                await self.wake.wait()
+                self.wake.clear()
+                continue
+            try:
+                await self._run(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a defect, not a bad line: the batch fails, others go on
+                log.exception("batch %s failed", batch["id"])
+                self._finish(batch, "failed", errors=[{"code": "server_error", "message": str(e)}])
+
+    async def _run(self, batch: dict) -> None:
+        if batch["status"] == "validating":
+            batch.update(status="in_progress", in_progress_at=int(time.time()))
+            self.store.save_batch(batch)
+        if batch["status"] == "in_progress":
+            await self._run_shards(batch)
+        batch = self.store.batch(batch["id"], None)
+        if batch["status"] == "cancelling":
+            self._finish(batch, "cancelled")
+        elif batch["status"] in ("in_progress", "finalizing"):
+            self._finish(batch, "expired" if _expired(batch) else "completed")
+
+    async def _run_shards(self, batch: dict) -> None:
+        offsets = _line_offsets(self.store.file_path(batch["input_file_id"]))
+        shards = Shards(len(offsets), self.settings.shard_lines)
+        work = self.store.work_dir(batch["id"])
+        work.mkdir(parents=True, exist_ok=True)
+        self._recount(batch["id"])  # a restart may have come between a shard and its count
+        for k in range(len(shards)):
+            path = work / f"shard-{k:05d}.jsonl"
+            if path.exists():
+                continue
+            current = self.store.batch(batch["id"], None)
+            if current["status"] != "in_progress" or _expired(current):
+                return
+            lines = _read_lines(
+                self.store.file_path(batch["input_file_id"]), offsets, shards.span(k)
+            )
+            answers = await self._answer_shard(batch, lines)
+            text = "".join(json.dumps(a) + "\n" for a in answers)
+            write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
+            self._recount(batch["id"])
+        current = self.store.batch(batch["id"], None)
+        if current["status"] == "in_progress":
+            current.update(status="finalizing", finalizing_at=int(time.time()))
+            self.store.save_batch(current)
+
+    def _recount(self, batch_id: str) -> None:
+        """request_counts from the finished shards."""
+        answers = [a for path in self._shard_files(batch_id) for a in _read_answers(path)]
+        batch = self.store.batch(batch_id, None)
+        failed = sum(1 for a in answers if not _succeeded(a))
+        batch["request_counts"].update(completed=len(answers) - failed, failed=failed)
+        self.store.save_batch(batch)
+
+    def _shard_files(self, batch_id: str) -> list[Path]:
+        return sorted(self.store.work_dir(batch_id).glob("shard-*.jsonl"))
+
+    async def _answer_shard(self, batch: dict, lines: list[bytes]) -> list[dict]:
+        """Every line's answer; a shard the server cannot take now is tried again."""
+        gate = asyncio.Semaphore(self.settings.lines_in_flight)
+
+        async def one(line: bytes) -> dict:
+            async with gate:
+                return await self._answer(batch["endpoint"], line)
+
+        while True:
+            try:
+                return await asyncio.gather(*(one(line) for line in lines))
+            except APIError as e:  # unavailable or overloaded: the batch waits, loses nothing
+                log.warning("batch %s: %s; retrying its shard", batch["id"], e.message)
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _answer(self, endpoint: str, line: bytes) -> dict:
+        """One output line: the route's answer to the line's body, or why there is none."""
+        request_id = new_id("batch_req_")
+        custom_id = None
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a line must be a JSON object")
+            custom_id = request.get("custom_id")
+            _check_line(request, endpoint)
+        except ValueError as e:
+            error = {"code": "invalid_request", "message": str(e)}
+            return {"id": request_id, "custom_id": custom_id, "response": None, "error": error}
+        body = {**request["body"], "priority": "bulk"}
+        try:
+            if endpoint == "/v1/embeddings":
+                answer, status = await openai.embeddings_body(self.gw, body), 200
+            else:
+                answer, status = await openai.rerank_response(self.gw, body), 200
+        except APIError as e:
+            if e.kind in (UNAVAILABLE, OVERLOADED):
+                raise
+            rendered = openai.error_response(e)
+            answer, status = json.loads(rendered.body), rendered.status_code
+        response = {"status_code": status, "request_id": request_id, "body": answer}
+        return {"id": request_id, "custom_id": custom_id, "response": response, "error": None}
+
+    def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
+        """Gather the finished shards into the output and error files; the final status."""
+        outputs, failures = [], []
+        for path in self._shard_files(batch["id"]):
+            for answer in _read_answers(path):
+                (outputs if _succeeded(answer) else failures).append(json.dumps(answer) + "\n")
+        owner = self.store.owner_of(batch["id"])
+        for key, lines, name in (
+            ("output_file_id", outputs, "output"),
+            ("error_file_id", failures, "error"),
+        ):
+            if lines:
+                tmp = _temp_file(self.store.root, "".join(lines))
+                filename = f"{batch['id']}_{name}.jsonl"
+                batch[key] = self.store.add_file(owner, filename, "batch_output", tmp)["id"]
+        now = int(time.time())
+        batch.update(status=status, **{f"{status}_at": now})
+        if errors:
+            batch["errors"] = {"object": "list", "data": errors}
+        self.store.save_batch(batch)
+        shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
+
+
+def _read_answers(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _succeeded(answer: dict) -> bool:
+    return answer["response"] is not None and answer["response"]["status_code"] == 200
+
+
+def _check_line(request: dict, endpoint: str) -> None:
+    if not isinstance(request.get("custom_id"), str):
+        raise ValueError("'custom_id' must be a string")
+    if request.get("method") != "POST":
+        raise ValueError("'method' must be POST")
+    if request.get("url") != endpoint:
+        raise ValueError(f"'url' must be this batch's endpoint, {endpoint}")
+    if not isinstance(request.get("body"), dict):
+        raise ValueError("'body' must be a JSON object")
+
+
+def _expired(batch: dict) -> bool:
+    return time.time() > batch["expires_at"]
+
+
+def _line_offsets(path: Path) -> list[tuple[int, int]]:
+    """(start, length) of each non-blank line."""
+    offsets, start = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                offsets.append((start, len(line)))
+            start += len(line)
+    return offsets
+
+
+def _read_lines(path: Path, offsets: list[tuple[int, int]], span: range) -> list[bytes]:
+    with open(path, "rb") as f:
+        out = []
+        for i in span:
+            f.seek(offsets[i][0])
+            out.append(f.read(offsets[i][1]))
+        return out
+
+
+def _temp_file(root: Path, text: str) -> Path:
+    with tempfile.NamedTemporaryFile("w", dir=root, delete=False, suffix=".partial") as f:
+        f.write(text)
+    return Path(f.name)
+
+
+def _state(request: Request) -> tuple[BatchRunner, str]:
+    """(the runner, the caller's owner id), once the caller's key is checked."""
+    gw = gateway(request)
+    runner = request.app.state.batches
+    if runner is None:
+        raise APIError(NOT_FOUND, "the Batch API is off on this gateway (no --batch-dir)")
+    return runner, gw.owner(request)
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request):
+    runner, owner = _state(request)
+    settings = runner.settings
+    form = await request.form()
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose not in FILE_PURPOSES:
+        raise invalid(f"'purpose' must be one of {list(FILE_PURPOSES)}, got {purpose!r}", "purpose")
+    if upload is None or isinstance(upload, str):
+        raise invalid("'file' must be an uploaded file", "file")
+    tmp = _temp_file(runner.store.root, "")
+    try:
+        size, lines = 0, 0
+        with open(tmp, "wb") as out:
+            pending = b""
+            while chunk := await upload.read(2**20):
+                size += len(chunk)
+                if size > settings.max_file_bytes:
+                    raise invalid(
+                        f"the file is larger than the limit of {settings.max_file_bytes} bytes",
+                        "file",
+                    )
+                out.write(chunk)
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                lines += _count_lines(complete, lines, settings)
+                if len(pending) > settings.max_line_bytes:
+                    raise invalid(_line_too_long(lines + 1, settings), "file")
+            lines += _count_lines([pending], lines, settings)
+        if lines == 0:
+            raise invalid("the file holds no request lines", "file")
+        return runner.store.add_file(owner, upload.filename or "input.jsonl", purpose, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _count_lines(lines: list[bytes], before: int, settings: BatchSettings) -> int:
+    count = 0
+    for line in lines:
+        if len(line) > settings.max_line_bytes:
+            raise invalid(_line_too_long(before + count + 1, settings), "file")
+        if line.strip():
+            count += 1
+            if before + count > settings.max_lines:
+                raise invalid(f"the file holds more than {settings.max_lines} lines", "file")
+    return count
+
+
+def _line_too_long(number: int, settings: BatchSettings) -> str:
+    return f"line {number} is longer than the limit of {settings.max_line_bytes} bytes"
+
+
+def _file(runner: BatchRunner, owner: str, file_id: str) -> dict:
+    found = runner.store.file(file_id, owner)
+    if found is None:
+        raise APIError(NOT_FOUND, f"No such File object: {file_id}", "file_id")
+    return found
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(request: Request, file_id: str):
+    runner, owner = _state(request)
+    return _file(runner, owner, file_id)
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(request: Request, file_id: str):
+    runner, owner = _state(request)
+    found = _file(runner, owner, file_id)
+    return FileResponse(
+        runner.store.file_path(file_id), media_type="application/jsonl", filename=found["filename"]
+    )
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request):
+    runner, owner = _state(request)
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    endpoint = body.get("endpoint")
+    if endpoint not in ENDPOINTS:
+        raise invalid(f"'endpoint' must be one of {list(ENDPOINTS)}, got {endpoint!r}", "endpoint")
+    window = body.get("completion_window")
+    if window not in COMPLETION_WINDOW_S:
+        raise invalid(
+            f"'completion_window' must be one of {list(COMPLETION_WINDOW_S)}", "completion_window"
+        )
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise invalid("'metadata' must map strings to strings", "metadata")
+    source = _file(runner, owner, str(body.get("input_file_id")))
+    if source["purpose"] != "batch":
+        raise invalid(
+            "'input_file_id' must name a file uploaded with purpose 'batch'", "input_file_id"
+        )
+    total = len(_line_offsets(runner.store.file_path(source["id"])))
+    now = int(time.time())
+    batch = {
+        "id": new_id("batch_"),
+        "object": "batch",
+        "endpoint": endpoint,
+        "errors": None,
+        "input_file_id": source["id"],
+        "completion_window": window,
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + COMPLETION_WINDOW_S[window],
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": total, "completed": 0, "failed": 0},
+        "metadata": metadata,
+    }
+    runner.store.add_batch(owner, batch)
+    runner.wake.set()
+    return batch
+
+
+def _batch(runner: BatchRunner, owner: str, batch_id: str) -> dict:
+    found = runner.store.batch(batch_id, owner)
+    if found is None:
+        raise APIError(NOT_FOUND, f"No such Batch object: {batch_id}", "batch_id")
+    return found
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(request: Request, batch_id: str):
+    runner, owner = _state(request)
+    return _batch(runner, owner, batch_id)
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: str):
+    runner, owner = _state(request)
+    batch = _batch(runner, owner, batch_id)
+    if batch["status"] in ("validating", "in_progress", "finalizing"):
+        batch.update(status="cancelling", cancelling_at=int(time.time()))
+        runner.store.save_batch(batch)
+        runner.wake.set()
+    elif batch["status"] not in ("cancelling", "cancelled"):
+        raise invalid(f"a batch that is {batch['status']} cannot be cancelled", "batch_id")
+    return batch
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request, limit: int = 20, after: str | None = None):
+    runner, owner = _state(request)
+    if not 1 <= limit <= 100:
+        raise invalid("'limit' must be in 1..100", "limit")
+    page, more = runner.store.batches(owner, limit, after)
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": more,
+    }

@@ -1,0 +1,262 @@
+"""OpenAI's Batch API on the gateway, driven by the `openai` SDK's files and batches calls: every
+line answered once with the direct route's answer, bad lines as error lines, a gateway killed
+mid-batch and started again, a cancel, the limits, and files kept to the key that made them.
+A real tritonserver serves the demo embedder (fp32) and reranker; each gateway runs as its own
+process with two API keys and its state in a temporary directory."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import openai
+import pytest
+from test_rerank_serving import wait_for
+
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer, free_port
+
+pytestmark = pytest.mark.server  # starts tritonserver or other processes
+
+KEY, OTHER_KEY = "batch-key", "other-key"
+SAME = 1e-6  # the same Triton request underneath
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, reranker, tmp_path_factory):
+    where = tmp_path_factory.mktemp("batch-triton")
+    repo = render(
+        where / "repo",
+        {"embed": demo_dir},
+        {"encoder": {"dtype": "float32"}},
+        rerankers={"rerank": reranker},
+    )
+    with TritonServer(repo, log_path=where / "server.log") as s:
+        yield s
+
+
+class Gateway:
+    """A gateway process over `batch_dir`, started again on the same port by `restart`."""
+
+    def __init__(self, server, batch_dir, *extra):
+        self.port, self.args = free_port(), [str(a) for a in extra]
+        self.server, self.batch_dir = server, batch_dir
+        self.process = None
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
+            + [self.server.grpc_url, "--port", str(self.port), "--batch-dir", str(self.batch_dir)]
+            + ["--api-key", KEY, "--api-key", OTHER_KEY, *self.args]
+        )
+        wait_for(f"http://127.0.0.1:{self.port}/health")
+
+    def kill(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def api(self, key=KEY) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0
+        )
+
+
+@pytest.fixture
+def gateway(server, tmp_path):
+    g = Gateway(server, tmp_path / "batches", "--batch-shard-lines", 4)
+    yield g
+    g.stop()
+
+
+def upload(api, lines: list) -> str:
+    text = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
+    return api.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch").id
+
+
+def embed_line(i: int, **body) -> dict:
+    body = {"model": "embed", "input": [f"text number {i}", f"another {i}"], **body}
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+def wait(api, batch_id, done=("completed", "failed", "cancelled", "expired"), timeout=300):
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = api.batches.retrieve(batch_id)
+        if batch.status in done:
+            return batch
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+
+
+def answers(api, file_id) -> list[dict]:
+    return [json.loads(line) for line in api.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
+    api = gateway.api()
+    lines = [embed_line(i, dimensions=32) for i in range(10)]
+    lines += [
+        "{not json",
+        {"custom_id": "wrong-url", "method": "POST", "url": "/v1/rerank", "body": {}},
+        embed_line(99, dimensions=0),  # refused by the route: an error line with its answer
+        {"custom_id": "rerank-in-embed", "method": "GET", "url": "/v1/embeddings", "body": {}},
+    ]
+    source = upload(api, lines)
+    assert api.files.retrieve(source).purpose == "batch"
+    batch = api.batches.create(
+        input_file_id=source,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata={"job": "test"},
+    )
+    assert batch.status == "validating" and batch.request_counts.total == 14
+    batch = wait(api, batch.id)
+    assert batch.status == "completed" and batch.metadata == {"job": "test"}
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 4)
+    done = answers(api, batch.output_file_id)
+    assert sorted(a["custom_id"] for a in done) == sorted(f"req-{i}" for i in range(10))
+    for a in done:
+        i = int(a["custom_id"].split("-")[1])
+        direct = api.embeddings.create(
+            model="embed",
+            input=[f"text number {i}", f"another {i}"],
+            dimensions=32,
+            encoding_format="float",
+        )
+        got = np.array([d["embedding"] for d in a["response"]["body"]["data"]])
+        assert a["response"]["status_code"] == 200 and a["error"] is None
+        assert np.abs(got - np.array([d.embedding for d in direct.data])).max() <= SAME
+    failed = {a["custom_id"]: a for a in answers(api, batch.error_file_id)}
+    assert set(failed) == {None, "wrong-url", "req-99", "rerank-in-embed"}
+    assert failed[None]["error"]["code"] == "invalid_request" and failed[None]["response"] is None
+    assert "endpoint" in failed["wrong-url"]["error"]["message"]
+    assert failed["req-99"]["response"]["status_code"] == 400
+    assert failed["req-99"]["response"]["body"]["error"]["param"] == "dimensions"
+    listed = api.batches.list(limit=5)
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+def test_rerank_batches_and_files_are_kept_to_their_key(gateway):
+    api = gateway.api()
+    line = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/rerank",
+        "body": {
+            "model": "rerank",
+            "query": "capital of China?",
+            "documents": ["Beijing", "Paris"],
+        },
+    }
+    batch = api.batches.create(
+        input_file_id=upload(api, [line]), endpoint="/v1/rerank", completion_window="24h"
+    )
+    batch = wait(api, batch.id)
+    (answer,) = answers(api, batch.output_file_id)
+    direct = api.post("/rerank", body=line["body"], cast_to=object)
+    assert answer["response"]["body"]["results"] == direct["results"]
+    other = gateway.api(OTHER_KEY)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(batch.output_file_id)
+    assert other.batches.list().data == []
+    with pytest.raises(openai.AuthenticationError):
+        gateway.api("wrong").batches.list()
+
+
+def test_a_batch_survives_a_gateway_killed_mid_batch(gateway):
+    """SIGKILL while shards are being written; the next gateway on the same directory resumes
+    and the output holds every line exactly once."""
+    api = gateway.api()
+    lines = [embed_line(i, dimensions=16) for i in range(60)]
+    batch = api.batches.create(
+        input_file_id=upload(api, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 300
+    while api.batches.retrieve(batch.id).request_counts.completed < 8:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    gateway.kill()
+    gateway.start()
+    api = gateway.api()
+    before = api.batches.retrieve(batch.id)
+    assert before.status == "in_progress" and before.request_counts.completed < 60
+    batch = wait(api, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 60
+    done = answers(api, batch.output_file_id)
+    assert sorted(a["custom_id"] for a in done) == sorted(f"req-{i}" for i in range(60))
+    assert len({a["id"] for a in done}) == 60
+
+
+def test_cancel_keeps_what_was_done(gateway):
+    api = gateway.api()
+    lines = [embed_line(i) for i in range(200)]
+    batch = api.batches.create(
+        input_file_id=upload(api, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    while api.batches.retrieve(batch.id).request_counts.completed == 0:
+        time.sleep(0.05)
+    assert api.batches.cancel(batch.id).status == "cancelling"
+    batch = wait(api, batch.id)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    kept = answers(api, batch.output_file_id)
+    assert 0 < len(kept) == batch.request_counts.completed < 200
+    with pytest.raises(openai.BadRequestError, match="cannot be cancelled"):
+        api.batches.cancel(
+            wait(
+                api,
+                api.batches.create(
+                    input_file_id=upload(api, lines[:1]),
+                    endpoint="/v1/embeddings",
+                    completion_window="24h",
+                ).id,
+            ).id
+        )
+
+
+def test_limits_and_bad_batches_get_clear_400s(server, tmp_path):
+    gateway = Gateway(
+        server,
+        tmp_path / "batches",
+        "--batch-max-lines",
+        3,
+        "--batch-max-line-bytes",
+        200,
+        "--batch-max-file-bytes",
+        2000,
+    )
+    try:
+        api = gateway.api()
+        with pytest.raises(openai.BadRequestError, match="more than 3 lines"):
+            upload(api, [embed_line(i) for i in range(4)])
+        with pytest.raises(openai.BadRequestError, match="line 1 is longer than the limit of 200"):
+            upload(api, [embed_line(0, input="x" * 300)])
+        with pytest.raises(openai.BadRequestError, match="'purpose' must be one of"):
+            api.files.create(file=("a.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+        source = upload(api, [embed_line(0)])
+        with pytest.raises(openai.BadRequestError, match="'endpoint' must be one of"):
+            api.batches.create(
+                input_file_id=source, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        with pytest.raises(openai.BadRequestError, match="'completion_window'"):
+            api.batches.create(
+                input_file_id=source, endpoint="/v1/embeddings", completion_window="1h"
+            )
+        with pytest.raises(openai.NotFoundError, match="No such File"):
+            api.batches.create(
+                input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"
+            )
+    finally:
+        gateway.stop()
+    assert os.path.isfile(tmp_path / "batches" / "state.sqlite")
