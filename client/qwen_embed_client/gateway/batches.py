@@ -121,7 +121,7 @@ class BatchRunner:
             answers = await self._answer_shard(batch, lines)
             text = "".join(json.dumps(a) + "\n" for a in answers)
             write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
-            self._recount(batch["id"])
+            self._count(batch["id"], answers)
         current = self.store.batch(batch["id"], None)
         if current["status"] == "in_progress":
             current.update(status="finalizing", finalizing_at=int(time.time()))
@@ -129,10 +129,18 @@ class BatchRunner:
 
     def _recount(self, batch_id: str) -> None:
         """request_counts from the finished shards."""
-        answers = [a for path in self._shard_files(batch_id) for a in _read_answers(path)]
+        batch = self.store.batch(batch_id, None)
+        batch["request_counts"].update(completed=0, failed=0)
+        self.store.save_batch(batch)
+        for path in self._shard_files(batch_id):
+            self._count(batch_id, _read_answers(path))
+
+    def _count(self, batch_id: str, answers: list[dict]) -> None:
         batch = self.store.batch(batch_id, None)
         failed = sum(1 for a in answers if not _succeeded(a))
-        batch["request_counts"].update(completed=len(answers) - failed, failed=failed)
+        counts = batch["request_counts"]
+        counts.update(completed=counts["completed"] + len(answers) - failed)
+        counts.update(failed=counts["failed"] + failed)
         self.store.save_batch(batch)
 
     def _shard_files(self, batch_id: str) -> list[Path]:
@@ -182,19 +190,23 @@ class BatchRunner:
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
         """Gather the finished shards into the output and error files; the final status."""
-        outputs, failures = [], []
-        for path in self._shard_files(batch["id"]):
-            for answer in _read_answers(path):
-                (outputs if _succeeded(answer) else failures).append(json.dumps(answer) + "\n")
+        temps = {"output": _temp_file(self.store.root), "error": _temp_file(self.store.root)}
+        written = {"output": 0, "error": 0}
+        with open(temps["output"], "w") as ok, open(temps["error"], "w") as failed:
+            for path in self._shard_files(batch["id"]):  # one shard in memory at a time
+                for answer in _read_answers(path):
+                    name = "output" if _succeeded(answer) else "error"
+                    (ok if name == "output" else failed).write(json.dumps(answer) + "\n")
+                    written[name] += 1
         owner = self.store.owner_of(batch["id"])
-        for key, lines, name in (
-            ("output_file_id", outputs, "output"),
-            ("error_file_id", failures, "error"),
-        ):
-            if lines:
-                tmp = _temp_file(self.store.root, "".join(lines))
+        for name, tmp in temps.items():
+            if written[name]:
                 filename = f"{batch['id']}_{name}.jsonl"
-                batch[key] = self.store.add_file(owner, filename, "batch_output", tmp)["id"]
+                batch[f"{name}_file_id"] = self.store.add_file(
+                    owner, filename, "batch_output", tmp
+                )["id"]
+            else:
+                tmp.unlink()
         now = int(time.time())
         batch.update(status=status, **{f"{status}_at": now})
         if errors:
@@ -246,10 +258,9 @@ def _read_lines(path: Path, offsets: list[tuple[int, int]], span: range) -> list
         return out
 
 
-def _temp_file(root: Path, text: str) -> Path:
-    with tempfile.NamedTemporaryFile("w", dir=root, delete=False, suffix=".partial") as f:
-        f.write(text)
-    return Path(f.name)
+def _temp_file(root: Path) -> Path:
+    with tempfile.NamedTemporaryFile(dir=root, delete=False, suffix=".partial") as f:
+        return Path(f.name)
 
 
 def _state(request: Request) -> tuple[BatchRunner, str]:
@@ -271,7 +282,7 @@ async def upload_file(request: Request):
         raise invalid(f"'purpose' must be one of {list(FILE_PURPOSES)}, got {purpose!r}", "purpose")
     if upload is None or isinstance(upload, str):
         raise invalid("'file' must be an uploaded file", "file")
-    tmp = _temp_file(runner.store.root, "")
+    tmp = _temp_file(runner.store.root)
     try:
         size, lines = 0, 0
         with open(tmp, "wb") as out:
