@@ -283,6 +283,23 @@ def priority(r: dict) -> list[str]:
     return [head, ""] + grid(runs, columns)
 
 
+def batch(r: dict) -> list[str]:
+    columns = [
+        ("gateway", "gateway", ""),
+        ("1-text queries served", "queries", ""),
+        ("p50 ms", "p50_ms", ".0f"),
+        ("p99 ms", "p99_ms", ".0f"),
+        ("batch texts/s", "batch_texts_per_s", ".1f"),
+    ]
+    runs = [{"gateway": name, **x} for name, x in r["results"].items()]
+    head = (
+        f"{r['query_clients']} query clients x 1 text through /v1/embeddings, {r['seconds']} s "
+        f"alone, then beside a Batch API batch of {r['lines']} lines x {r['texts_per_line']} "
+        "texts, per value of the gateway's --batch-texts-in-flight"
+    )
+    return [head, ""] + grid(runs, columns)
+
+
 def prepack(r: dict) -> list[str]:
     columns = [
         ("dtype", "dtype", ""),
@@ -415,6 +432,7 @@ def perf_analyzer(r: dict) -> list[str]:
 RENDER = {
     "adaptive_split": adaptive_split,
     "attention": attention,
+    "batch": batch,
     "engine": engine,
     "gemm_rows": gemm_rows,
     "lengths": lengths,

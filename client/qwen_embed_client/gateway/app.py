@@ -139,6 +139,13 @@ def main() -> None:
     p.add_argument("--batch-max-lines", type=int, default=defaults.max_lines)
     p.add_argument("--batch-max-line-bytes", type=int, default=defaults.max_line_bytes)
     p.add_argument(
+        "--batch-texts-in-flight",
+        type=int,
+        default=defaults.texts_in_flight,
+        help="texts of batch lines sent at once (more: faster batches, slower interactive "
+        "requests)",
+    )
+    p.add_argument(
         "--batch-shard-lines",
         type=int,
         default=defaults.shard_lines,
@@ -164,6 +171,7 @@ def main() -> None:
             max_lines=args.batch_max_lines,
             max_line_bytes=args.batch_max_line_bytes,
             shard_lines=args.batch_shard_lines,
+            texts_in_flight=args.batch_texts_in_flight,
         ),
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

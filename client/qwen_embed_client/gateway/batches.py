@@ -51,7 +51,10 @@ class BatchSettings:
     max_lines: int = 50_000
     max_line_bytes: int = 8 * 2**20
     shard_lines: int = 64  # lines answered, and redone after a restart, together
-    lines_in_flight: int = 16  # a shard's lines sent at once (Triton batches them)
+    # Texts of a shard's lines sent at once (a bigger line goes alone). Few: the encoder cannot
+    # stop a batch it has begun, so an interactive request waits for the bulk texts in flight
+    # (perf/results/batch.md).
+    texts_in_flight: int = 16
 
 
 class BatchRunner:
@@ -147,33 +150,37 @@ class BatchRunner:
         return sorted(self.store.work_dir(batch_id).glob("shard-*.jsonl"))
 
     async def _answer_shard(self, batch: dict, lines: list[bytes]) -> list[dict]:
-        """Every line's answer; a shard the server cannot take now is tried again."""
-        gate = asyncio.Semaphore(self.settings.lines_in_flight)
+        """Every line's answer, with at most `texts_in_flight` texts sent at once (a bigger
+        line goes alone); a shard the server cannot take now is tried again."""
+        budget, in_flight = self.settings.texts_in_flight, 0
+        room = asyncio.Condition()
+        parsed = [_parse(line, batch["endpoint"]) for line in lines]
 
-        async def one(line: bytes) -> dict:
-            async with gate:
-                return await self._answer(batch["endpoint"], line)
+        async def one(request: dict | InvalidLine) -> dict:
+            nonlocal in_flight
+            if isinstance(request, InvalidLine):
+                error = {"code": "invalid_request", "message": request.message}
+                return _output_line(request.custom_id, None, error)
+            size = _texts_in(request["body"])
+            async with room:
+                await room.wait_for(lambda: in_flight == 0 or in_flight + size <= budget)
+                in_flight += size
+            try:
+                return await self._ask(batch["endpoint"], request)
+            finally:
+                async with room:
+                    in_flight -= size
+                    room.notify_all()
 
         while True:
             try:
-                return await asyncio.gather(*(one(line) for line in lines))
+                return await asyncio.gather(*(one(request) for request in parsed))
             except APIError as e:  # unavailable or overloaded: the batch waits, loses nothing
                 log.warning("batch %s: %s; retrying its shard", batch["id"], e.message)
                 await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def _answer(self, endpoint: str, line: bytes) -> dict:
-        """One output line: the route's answer to the line's body, or why there is none."""
-        request_id = new_id("batch_req_")
-        custom_id = None
-        try:
-            request = json.loads(line)
-            if not isinstance(request, dict):
-                raise ValueError("a line must be a JSON object")
-            custom_id = request.get("custom_id")
-            _check_line(request, endpoint)
-        except ValueError as e:
-            error = {"code": "invalid_request", "message": str(e)}
-            return {"id": request_id, "custom_id": custom_id, "response": None, "error": error}
+    async def _ask(self, endpoint: str, request: dict) -> dict:
+        """The route's answer to the line's body, at bulk priority."""
         body = {**request["body"], "priority": "bulk"}
         try:
             if endpoint == "/v1/embeddings":
@@ -185,8 +192,7 @@ class BatchRunner:
                 raise
             rendered = openai.error_response(e)
             answer, status = json.loads(rendered.body), rendered.status_code
-        response = {"status_code": status, "request_id": request_id, "body": answer}
-        return {"id": request_id, "custom_id": custom_id, "response": response, "error": None}
+        return _output_line(request["custom_id"], (status, answer))
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
         """Gather the finished shards into the output and error files; the final status."""
@@ -215,23 +221,53 @@ class BatchRunner:
         shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class InvalidLine:
+    custom_id: str | None
+    message: str
+
+
+def _parse(line: bytes, endpoint: str) -> dict | InvalidLine:
+    """A line's request, or why it is none."""
+    try:
+        request = json.loads(line)
+    except ValueError as e:
+        return InvalidLine(None, f"not JSON: {e}")
+    if not isinstance(request, dict):
+        return InvalidLine(None, "a line must be a JSON object")
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str):
+        return InvalidLine(None, "'custom_id' must be a string")
+    if request.get("method") != "POST":
+        return InvalidLine(custom_id, "'method' must be POST")
+    if request.get("url") != endpoint:
+        return InvalidLine(custom_id, f"'url' must be this batch's endpoint, {endpoint}")
+    if not isinstance(request.get("body"), dict):
+        return InvalidLine(custom_id, "'body' must be a JSON object")
+    return request
+
+
+def _output_line(custom_id: str | None, response: tuple[int, dict] | None, error=None) -> dict:
+    """One output line: the route's (status, body), or the line's own error."""
+    request_id = new_id("batch_req_")
+    if response is not None:
+        status, body = response
+        response = {"status_code": status, "request_id": request_id, "body": body}
+    return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}
+
+
+def _texts_in(body: dict) -> int:
+    """The texts a line's body sends (its share of texts_in_flight)."""
+    items = body.get("input", body.get("documents"))
+    return len(items) if isinstance(items, list) and items else 1
+
+
 def _read_answers(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _succeeded(answer: dict) -> bool:
     return answer["response"] is not None and answer["response"]["status_code"] == 200
-
-
-def _check_line(request: dict, endpoint: str) -> None:
-    if not isinstance(request.get("custom_id"), str):
-        raise ValueError("'custom_id' must be a string")
-    if request.get("method") != "POST":
-        raise ValueError("'method' must be POST")
-    if request.get("url") != endpoint:
-        raise ValueError(f"'url' must be this batch's endpoint, {endpoint}")
-    if not isinstance(request.get("body"), dict):
-        raise ValueError("'body' must be a JSON object")
 
 
 def _expired(batch: dict) -> bool:
