@@ -185,6 +185,7 @@ def test_tei_errors_have_teis_statuses_and_body(stack):
         ),
         ("/tokenize", {"inputs": [1, 2]}, 422, "Validation"),
         ("/decode", {"ids": "abc"}, 422, "Validation"),
+        ("/decode", {"ids": [1, 2**40]}, 422, "Validation"),
     ]:
         got, answer, _ = post(base, path, body)
         assert (got, answer["error_type"]) == (status, error_type), (path, body, answer)
@@ -318,6 +319,8 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
     assert np.abs(np.array(single.data[0].embedding) - by_text[0]).max() <= SAME
     with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
         api.embeddings.create(input=[[151643, 10**7]], model="embed")
+    with pytest.raises(openai.BadRequestError, match="outside any vocabulary"):
+        api.embeddings.create(input=[[1, 2**40]], model="embed")  # past int32: the gateway's
     with pytest.raises(openai.BadRequestError, match="prompts and chunks are for texts"):
         api.embeddings.create(input=[ids], model="embed", extra_body={"prompt_name": "query"})
     # truncation reported per text: the SDK keeps the extension fields

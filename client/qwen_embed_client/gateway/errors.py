@@ -54,9 +54,13 @@ def check_utf8(named_texts: list[tuple[str, str]]) -> None:
             ) from None
 
 
-def token_id_lists(value: object) -> list[list[int]] | None:
+INT32 = 2**31
+
+
+def token_id_lists(value: object, name: str) -> list[list[int]] | None:
     """A list of ints (one input) or a list of such lists -> the lists; None for anything
-    else. Each list must be non-empty (the server checks the ids' range)."""
+    else. Each list must be non-empty; ids past int32, which no vocabulary reaches and the
+    wire cannot carry, are refused here (the server checks the vocabulary's range)."""
 
     def ids(x):
         return (
@@ -66,10 +70,16 @@ def token_id_lists(value: object) -> list[list[int]] | None:
         )
 
     if ids(value):
-        return [value]
-    if isinstance(value, list) and value and all(ids(x) for x in value):
-        return value
-    return None
+        lists = [value]
+    elif isinstance(value, list) and value and all(ids(x) for x in value):
+        lists = value
+    else:
+        return None
+    for i, ids_ in enumerate(lists):
+        bad = next((t for t in ids_ if not -INT32 <= t < INT32), None)
+        if bad is not None:
+            raise invalid(f"'{name}[{i}]' holds token id {bad}, outside any vocabulary", name)
+    return lists
 
 
 def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:

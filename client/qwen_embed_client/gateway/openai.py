@@ -81,7 +81,7 @@ def parse_request(body: object, served_model: str) -> tuple[list, dict, str, lis
     if isinstance(inputs, str):
         inputs = [inputs]
     options = {}
-    ids = token_id_lists(inputs)
+    ids = token_id_lists(inputs, "input")
     if ids is not None:  # the model's own token ids, as vLLM takes them
         inputs, options["token_ids"] = ids, True
     elif not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):

@@ -70,7 +70,7 @@ def _inputs(body: dict, name: str = "inputs") -> tuple[list, bool]:
     value = body.get(name)
     if value == []:
         raise APIError(EMPTY, f"`{name}` cannot be empty", name)
-    ids = token_id_lists(value)
+    ids = token_id_lists(value, name)
     items = [value] if isinstance(value, str) else value
     if ids is None and not (isinstance(items, list) and all(isinstance(t, str) for t in items)):
         raise invalid(
@@ -205,7 +205,7 @@ async def tokenize(request: Request):
 async def decode(request: Request):
     gw = gateway(request)
     body = _body(await json_body(request))
-    id_lists = token_id_lists(body.get("ids"))
+    id_lists = token_id_lists(body.get("ids"), "ids")
     if id_lists is None:
         raise invalid("`ids` must be a list of token ids or a list of such lists", "ids")
     if len(id_lists) > MAX_INPUTS:
