@@ -122,6 +122,8 @@ class BatchRunner:
                 self.store.file_path(batch["input_file_id"]), offsets, shards.span(k)
             )
             answers = await self._answer_shard(batch, lines)
+            if answers is None:  # cancelled or expired while the servers were away
+                return
             text = "".join(json.dumps(a) + "\n" for a in answers)
             write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
             self._count(batch["id"], answers)
@@ -149,9 +151,10 @@ class BatchRunner:
     def _shard_files(self, batch_id: str) -> list[Path]:
         return sorted(self.store.work_dir(batch_id).glob("shard-*.jsonl"))
 
-    async def _answer_shard(self, batch: dict, lines: list[bytes]) -> list[dict]:
+    async def _answer_shard(self, batch: dict, lines: list[bytes]) -> list[dict] | None:
         """Every line's answer, with at most `texts_in_flight` texts sent at once (a bigger
-        line goes alone); a shard the server cannot take now is tried again."""
+        line goes alone); a shard the server cannot take now is tried again, until the batch
+        is cancelled or expires (None)."""
         budget, in_flight = self.settings.texts_in_flight, 0
         room = asyncio.Condition()
         parsed = [_parse(line, batch["endpoint"]) for line in lines]
@@ -178,6 +181,9 @@ class BatchRunner:
             except APIError as e:  # unavailable or overloaded: the batch waits, loses nothing
                 log.warning("batch %s: %s; retrying its shard", batch["id"], e.message)
                 await asyncio.sleep(RETRY_PAUSE_S)
+                current = self.store.batch(batch["id"], None)
+                if current["status"] != "in_progress" or _expired(current):
+                    return None
 
     async def _ask(self, endpoint: str, request: dict) -> dict:
         """The route's answer to the line's body, at bulk priority."""
