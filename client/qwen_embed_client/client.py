@@ -222,10 +222,14 @@ class AsyncEmbeddingClient:
         )
         return result.as_numpy(output)
 
+    async def served_facts(self) -> dict:
+        """The embed model's facts: its tokenizer's and encoder's (contract.FACTS), with
+        `fingerprint` the whole model's (contract.model_fingerprint; None if unpublished)."""
+        tokenizer, encoder = [await self.model_facts(m) for m in ensemble_steps(self.model)]
+        return {**encoder, **tokenizer, "fingerprint": model_fingerprint(tokenizer, encoder)}
+
     async def model_fingerprint(self) -> str | None:
-        """The served model's fingerprint (contract.model_fingerprint); None if unpublished."""
-        tokenizer, encoder = ensemble_steps(self.model)
-        return model_fingerprint(await self.model_facts(tokenizer), await self.model_facts(encoder))
+        return (await self.served_facts())["fingerprint"]
 
     async def embed_chunks(
         self,

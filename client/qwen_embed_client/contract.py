@@ -358,12 +358,9 @@ def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
     return Finish(dims or None, bool(normalize), kinds)
 
 
-def decode_texts(
-    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
-) -> list[str]:
-    """A BYTES input [n, 1] -> n strings. Refuses n = 0, n > max_texts, texts longer than
-    max_text_bytes (checked before tokenizing, so a huge text costs nothing), invalid UTF-8,
-    NUL characters and empty texts."""
+def _elements(raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str) -> list[bytes]:
+    """A BYTES input [n, 1] -> its n elements as bytes, refusing n = 0, n > max_texts and an
+    element longer than max_text_bytes (checked before any decoding)."""
     flat = raw.reshape(-1)
     if flat.size == 0:
         raise RequestError(f"input '{name}' must hold at least 1 text, got 0")
@@ -372,14 +369,24 @@ def decode_texts(
             f"input '{name}' holds {flat.size} texts, more than the limit of "
             f"{max_texts} per request"
         )
-    texts = []
-    for i, item in enumerate(flat):
-        item = item if isinstance(item, bytes) else str(item).encode()
+    items = [item if isinstance(item, bytes) else str(item).encode() for item in flat]
+    for i, item in enumerate(items):
         if len(item) > max_text_bytes:
             raise RequestError(
                 f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
                 f"{max_text_bytes} bytes per text"
             )
+    return items
+
+
+def decode_texts(
+    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
+) -> list[str]:
+    """A BYTES input [n, 1] -> n strings. Refuses n = 0, n > max_texts, texts longer than
+    max_text_bytes (checked before tokenizing, so a huge text costs nothing), invalid UTF-8,
+    NUL characters and empty texts."""
+    texts = []
+    for i, item in enumerate(_elements(raw, max_texts, max_text_bytes, name)):
         try:
             text = item.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -401,19 +408,8 @@ def decode_id_lists(
 ) -> list[np.ndarray]:
     """A BYTES input [n, 1] of packed token ids (parameter token_ids) -> n int32 arrays, with
     decode_texts' limits on n and on each element's bytes."""
-    flat = raw.reshape(-1)
-    if not 0 < flat.size <= max_texts:
-        raise RequestError(
-            f"input '{name}' must hold 1..{max_texts} token id lists, got {flat.size}"
-        )
     lists = []
-    for i, item in enumerate(flat):
-        item = item if isinstance(item, bytes) else str(item).encode()
-        if len(item) > max_text_bytes:
-            raise RequestError(
-                f"input '{name}[{i}]' is {len(item)} bytes, more than the limit of "
-                f"{max_text_bytes} bytes per text"
-            )
+    for i, item in enumerate(_elements(raw, max_texts, max_text_bytes, name)):
         if len(item) == 0 or len(item) % 4:
             raise RequestError(
                 f"input '{name}[{i}]' must be a non-empty list of token ids packed as int32 "

@@ -33,7 +33,7 @@ _RENDERERS = {
 async def _api_error(request: Request, e: APIError) -> JSONResponse:
     route = request.scope.get("route")
     tags = getattr(route, "tags", None) or ["openai"]
-    api = getattr(e, "api", None) or tags[0]
+    api = e.api or tags[0]
     return _RENDERERS[api](e)
 
 

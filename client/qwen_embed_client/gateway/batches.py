@@ -366,11 +366,15 @@ def _line_too_long(number: int, settings: BatchSettings) -> str:
     return f"line {number} is longer than the limit of {settings.max_line_bytes} bytes"
 
 
-def _file(runner: BatchRunner, owner: str, file_id: str) -> dict:
-    found = runner.store.file(file_id, owner)
+def _owned(found: dict | None, what: str, object_id: str) -> dict:
+    """The caller's File or Batch object, else 404 (another key's is not found either)."""
     if found is None:
-        raise APIError(NOT_FOUND, f"No such File object: {file_id}", "file_id")
+        raise APIError(NOT_FOUND, f"No such {what} object: {object_id}", f"{what.lower()}_id")
     return found
+
+
+def _file(runner: BatchRunner, owner: str, file_id: str) -> dict:
+    return _owned(runner.store.file(file_id, owner), "File", file_id)
 
 
 @router.get("/v1/files/{file_id}")
@@ -442,10 +446,7 @@ async def create_batch(request: Request):
 
 
 def _batch(runner: BatchRunner, owner: str, batch_id: str) -> dict:
-    found = runner.store.batch(batch_id, owner)
-    if found is None:
-        raise APIError(NOT_FOUND, f"No such Batch object: {batch_id}", "batch_id")
-    return found
+    return _owned(runner.store.batch(batch_id, owner), "Batch", batch_id)
 
 
 @router.get("/v1/batches/{batch_id}")

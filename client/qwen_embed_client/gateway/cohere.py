@@ -22,13 +22,7 @@ from fastapi.responses import JSONResponse
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES
 from .errors import (
-    BACKEND,
-    EMPTY,
-    INVALID,
-    NOT_FOUND,
-    OVERLOADED,
-    UNAUTHORIZED,
-    UNAVAILABLE,
+    STATUS,
     APIError,
     backend_error,
     check_utf8,
@@ -41,15 +35,6 @@ from .state import gateway, respond
 
 router = APIRouter(tags=["cohere"])
 
-_STATUS = {
-    INVALID: 400,
-    EMPTY: 400,
-    NOT_FOUND: 404,
-    UNAUTHORIZED: 401,
-    OVERLOADED: 429,
-    UNAVAILABLE: 503,
-    BACKEND: 500,
-}
 INPUT_TYPES = ("search_query", "search_document", "classification", "clustering")
 INPUT_TYPE_PROMPTS = {"search_query": "query", "search_document": "document"}
 INPUT_TYPE_TASKS = {
@@ -61,9 +46,7 @@ API_META = {"api_version": {"version": "2"}}
 
 
 def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(
-        {"id": str(uuid.uuid4()), "message": e.message}, status_code=_STATUS[e.kind]
-    )
+    return JSONResponse({"id": str(uuid.uuid4()), "message": e.message}, status_code=STATUS[e.kind])
 
 
 def _object(value: object) -> dict:

@@ -18,10 +18,25 @@ UNAVAILABLE = "unavailable"  # the server or model is not there (after the clien
 BACKEND = "backend"  # any other failure of the server
 
 
+# The HTTP status of each kind in OpenAI's and Cohere's APIs (TEI has its own: tei.py).
+STATUS = {
+    INVALID: 400,
+    EMPTY: 400,
+    NOT_FOUND: 404,
+    UNAUTHORIZED: 401,
+    OVERLOADED: 429,
+    UNAVAILABLE: 503,
+    BACKEND: 500,
+}
+
+
 class APIError(Exception):
-    def __init__(self, kind: str, message: str, param: str | None = None):
+    """`api`: the API whose shape renders it, where not the route's own (tei.py's /rerank
+    serves the Jina/Cohere v1 shape too)."""
+
+    def __init__(self, kind: str, message: str, param: str | None = None, api: str | None = None):
         super().__init__(message)
-        self.kind, self.message, self.param = kind, message, param
+        self.kind, self.message, self.param, self.api = kind, message, param, api
 
 
 def invalid(message: str, param: str | None = None) -> APIError:

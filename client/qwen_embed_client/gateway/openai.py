@@ -17,10 +17,9 @@ from ..client import EmbeddingError, EmbeddingResult
 from ..contract import EMBEDDING_TYPES, EmbedOptions, priority_level
 from .errors import (
     BACKEND,
-    EMPTY,
-    INVALID,
     NOT_FOUND,
     OVERLOADED,
+    STATUS,
     UNAUTHORIZED,
     UNAVAILABLE,
     APIError,
@@ -48,15 +47,6 @@ MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Trit
 
 router = APIRouter(tags=["openai"])
 
-_STATUS = {
-    INVALID: 400,
-    EMPTY: 400,
-    NOT_FOUND: 404,
-    UNAUTHORIZED: 401,
-    OVERLOADED: 429,
-    UNAVAILABLE: 503,
-    BACKEND: 500,
-}
 _CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
 
 
@@ -68,7 +58,7 @@ def error_response(e: APIError) -> JSONResponse:
         "param": e.param,
         "code": _CODES.get(e.kind),
     }
-    return JSONResponse({"error": body}, status_code=_STATUS[e.kind])
+    return JSONResponse({"error": body}, status_code=STATUS[e.kind])
 
 
 def parse_request(body: object, served_model: str) -> tuple[list, dict, str, list[str], bool]:

@@ -12,7 +12,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
-from ..contract import ensemble_steps, model_fingerprint
 from .errors import UNAUTHORIZED, APIError
 
 FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
@@ -56,10 +55,7 @@ class Gateway:
         prompt names), the encoder's (route, tokens per forward) and the model fingerprint."""
         now = time.monotonic()
         if self._facts is None or now - self._facts[0] > FACTS_TTL_S:
-            tokenizer, encoder = ensemble_steps(self.client.model)
-            steps = [await self.client.model_facts(name) for name in (tokenizer, encoder)]
-            facts = {**steps[1], **steps[0], "fingerprint": model_fingerprint(*steps)}
-            self._facts = (now, facts)
+            self._facts = (now, await self.client.served_facts())
         return self._facts[1]
 
 

@@ -144,8 +144,7 @@ async def rerank_route(request: Request):
         try:
             return await rerank_response(gw, body)
         except APIError as e:
-            e.api = "openai"  # rendered as that API's error
-            raise
+            raise APIError(e.kind, e.message, e.param, api="openai") from None
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise invalid("`query` must be a non-empty string", "query")

@@ -84,6 +84,7 @@ class TextTokenizer:
         self.truncation_direction = truncation_direction
         self.prompts = PromptSet.from_dir(model_dir)
         self._head, self._tail = special_tokens(self._tok, model_dir)
+        self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
         return self.encode_counted(texts, opts)[0]
@@ -134,7 +135,6 @@ class TextTokenizer:
         """Each text's tokens as the encoder receives them, in TEI's /tokenize shape: id,
         text, special, and the token's UTF-8 byte offsets [start, stop) in the prompted text
         (null for special tokens, whose text is the token itself)."""
-        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         out = []
         for e in self._encode(texts, opts, offsets=False):
             spans = [None] * len(self._head) + e.encoding.offsets[e.cut] + [None] * len(self._tail)
@@ -142,7 +142,7 @@ class TextTokenizer:
             byte_at = np.cumsum([0] + [len(c.encode()) for c in e.prompted])
             items = []
             for token_id, span in zip(e.ids, spans, strict=True):
-                if token_id in special or span is None:
+                if token_id in self._special or span is None:
                     items.append(_token_entry(token_id, self._tok.id_to_token(token_id)))
                     continue
                 start, stop = int(byte_at[span[0]]), int(byte_at[span[1]])
