@@ -1,22 +1,35 @@
-"""Our side of the GPU attention kernels' contracts, checked on CPU: NOT a GPU run.
+"""Our side of the GPU libraries' contracts, checked on CPU: NOT a GPU run.
 
 The calls our GPU backends make (flash-attn's `flash_attn_varlen_func`, PyTorch's
-`varlen_attn`, flashinfer's ragged prefill `plan`/`run`) go to stand-ins that enforce what those
-libraries check before they launch a kernel, each check quoting the source line it comes from,
-and then compute the attention with a plain math path (bottom-right causal, as FlashAttention
-2.1+ and flashinfer align it). They run for every layout the planner makes: plain varlen
-batches, shared prefixes (fewer queries than keys), the pruned last layer (one query row per
-text), one-token texts, GQA, head sizes 64 and 128 (flashinfer: 128), causal and bidirectional.
-The backends' outputs are compared with the torch backend's per-segment SDPA loop on the same
-inputs. NCCL groups are not covered here.
+`varlen_attn`, flashinfer's ragged prefill `plan`/`run`, torch's NCCL process group) go to
+stand-ins that enforce what those libraries check before they launch a kernel, and then compute
+with a plain math path (attention bottom-right causal, as FlashAttention 2.1+ and flashinfer
+align it; all-reduces over gloo). Each check cites the source line it comes from, at the
+versions we pin: flash-attn v2.7.4 (`csrc/flash_attn/flash_api.cpp`, `flash_attn_interface.py`),
+flashinfer v0.2.5 (`flashinfer/prefill.py`, `flashinfer/utils.py`), torch 2.13.0
+(`torch/nn/attention/varlen.py` and `torch/include/torch/csrc/distributed/c10d/
+ProcessGroupNCCL.hpp` as the wheel ships them; `ProcessGroupNCCL.cpp` ships in no wheel, so its
+tensor checks are quoted by function and message).
+
+They run for every layout the planner makes: plain varlen batches, shared prefixes (fewer
+queries than keys), the pruned last layer (one query row per text), one-token texts, late
+chunking's read-outs, GQA, head sizes 64 and 128 (flashinfer: 128), causal and bidirectional;
+the outputs are compared with the torch backend's per-segment SDPA loop. The NCCL stand-in runs
+a two-rank forward over the same kinds of batches and compares both ranks' collectives.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from datetime import timedelta
+
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
+from qwen_embed import parallel
 from qwen_embed.attention import AttentionSpec, create_backend
 from qwen_embed.attention.base import AttentionBackend
 from qwen_embed.attention.flash_attn import FlashAttention
@@ -24,7 +37,12 @@ from qwen_embed.attention.flashinfer import FlashInferAttention
 from qwen_embed.attention.flashinfer_limits import FLASHINFER_HEAD_DIMS
 from qwen_embed.batch import flatten
 from qwen_embed.chunking import ChunkedText, ChunkForward
-from qwen_embed.segments import Planner
+from qwen_embed.engine import TORCH_DTYPES, build_model
+from qwen_embed.engine import plan as engine_plan
+from qwen_embed.layers import TPGroup
+from qwen_embed.parallel import RankSpec
+from qwen_embed.segments import MIN_PREFIX_TOKENS, Planner
+from qwen_embed.settings import EncoderSettings
 
 from reference import random_sequences
 
@@ -32,30 +50,33 @@ HEADS, KV_HEADS = 8, 2
 
 
 def _flash_preconditions(q, k, v, cu_q, cu_k, max_q, max_k) -> None:
-    """What FlashAttention-2's varlen forward checks (flash-attn csrc/flash_attn/flash_api.cpp,
-    mha_varlen_fwd; PyTorch's varlen_attn reaches the same checks in ATen's copy of it)."""
-    # TORCH_CHECK(q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16, ...)
+    """What FlashAttention-2's varlen forward checks (flash_api.cpp `mha_varlen_fwd`, line 515;
+    PyTorch's varlen_attn reaches the same checks in ATen's copy of it)."""
+    # :545 TORCH_CHECK(q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16, ...)
     assert q.dtype in (torch.float16, torch.bfloat16), q.dtype
-    # TORCH_CHECK(k.dtype() == q_dtype, ...); TORCH_CHECK(v.dtype() == q_dtype, ...)
+    # :547-548 TORCH_CHECK(k.dtype() == q_dtype, ...); TORCH_CHECK(v.dtype() == q_dtype, ...)
     assert k.dtype == q.dtype and v.dtype == q.dtype
-    # TORCH_CHECK(cu_seqlens_q.dtype() == torch::kInt32, "cu_seqlens_q must have dtype int32")
+    # :549-550 TORCH_CHECK(cu_seqlens_q.dtype() == torch::kInt32, "cu_seqlens_q must have ...")
     assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
-    # CHECK_DEVICE(q); CHECK_DEVICE(k); CHECK_DEVICE(v); CHECK_DEVICE(cu_seqlens_q); ...
+    # :552-554 CHECK_DEVICE(q); CHECK_DEVICE(k); CHECK_DEVICE(v); CHECK_DEVICE(cu_seqlens_q); ...
     assert len({t.device for t in (q, k, v, cu_q, cu_k)}) == 1, "offsets on the tensors' device"
-    # TORCH_CHECK(q.stride(-1) == 1, "Input tensor must have contiguous last dimension")
+    # :565-567 TORCH_CHECK(q.stride(-1) == 1, "Input tensor must have contiguous last dimension")
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-    # CHECK_CONTIGUOUS(cu_seqlens_q); CHECK_CONTIGUOUS(cu_seqlens_k);
+    # :568-569 CHECK_CONTIGUOUS(cu_seqlens_q); CHECK_CONTIGUOUS(cu_seqlens_k);
     assert cu_q.is_contiguous() and cu_k.is_contiguous()
-    # CHECK_SHAPE(q, total_q, num_heads, head_size_og); CHECK_SHAPE(k, total_k, num_heads_k, ...)
+    # :611, :614-615 CHECK_SHAPE(q, total_q, num_heads, head_size); CHECK_SHAPE(k, total_k, ...)
     assert q.dim() == 3 and k.dim() == 3 and v.shape == k.shape and q.shape[2] == k.shape[2]
-    # TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at
-    # most 256"); head sizes not a multiple of 8 are padded (a copy): ours never are.
+    # :604 TORCH_CHECK(head_size <= 256, "FlashAttention forward only supports head dimension at
+    # most 256"); :605 head_size % 8 == 0 (flash_attn_interface.py:548-552 pads other sizes,
+    # a copy: ours never are)
     assert q.shape[2] <= 256 and q.shape[2] % 8 == 0
-    # TORCH_CHECK(num_heads % num_heads_k == 0, "Number of heads in key/value must divide ...")
+    # :606 TORCH_CHECK(num_heads % num_heads_k == 0, "Number of heads in key/value must divide
+    # number of heads in query")
     assert q.shape[1] % k.shape[1] == 0
-    # CHECK_SHAPE(cu_seqlens_q, batch_size + 1); CHECK_SHAPE(cu_seqlens_k, batch_size + 1);
+    # :622-623 CHECK_SHAPE(cu_seqlens_q, batch_size + 1); CHECK_SHAPE(cu_seqlens_k, ...)
     assert cu_q.shape == cu_k.shape and cu_q.dim() == 1
-    # int max_seqlen_q, const int max_seqlen_k: host ints, at least every segment's length
+    # :525-526 int max_seqlen_q, const int max_seqlen_k: host ints, at least every segment's
+    # length (the kernels size their grids by them)
     assert type(max_q) is int and type(max_k) is int
     lens_q, lens_k = cu_q.diff(), cu_k.diff()
     assert int(cu_q[-1]) == q.shape[0] and int(cu_k[-1]) == k.shape[0]
@@ -85,9 +106,9 @@ def _math_attention(q, k, v, cu_q, cu_k, causal: bool, scale: float) -> torch.Te
 def flash_attn_varlen_func(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal
 ):
-    """flash-attn 2.7's signature (flash_attn_interface.py), keywords as our backend passes them:
-    "If causal=True, the causal mask is aligned to the bottom right corner of the attention
-    matrix" when seqlen_q != seqlen_k (its docstring, 2.1 and later)."""
+    """flash-attn 2.7.4's signature (flash_attn_interface.py:1375), keywords as our backend
+    passes them: "If causal=True, the causal mask is aligned to the bottom right corner of the
+    attention matrix" when seqlen_q != seqlen_k (its docstring, :1399)."""
     _flash_preconditions(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return _math_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
 
@@ -95,22 +116,24 @@ def flash_attn_varlen_func(
 def varlen_attn(
     query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size, enable_gqa
 ):
-    """torch 2.13's torch/nn/attention/varlen.py `varlen_attn`."""
-    # if not enable_gqa and num_heads_q != num_heads_k: raise ValueError(...)
-    # if enable_gqa and num_heads_q % num_heads_k != 0: raise ValueError(...)
+    """torch 2.13's torch/nn/attention/varlen.py `varlen_attn` (line 176)."""
+    # :295 if not enable_gqa and num_heads_q != num_heads_k: raise ValueError(...)
+    # :301 if enable_gqa and num_heads_q % num_heads_k != 0: raise ValueError(...)
     assert enable_gqa == (query.shape[1] != key.shape[1])
-    # is_causal = window_size == (-1, 0); other windows are sliding windows
+    # :307 is_causal = window_size == (-1, 0); other windows are sliding windows
     assert window_size in ((-1, 0), (-1, -1)), window_size
     _flash_preconditions(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
     return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
 
 
 class RaggedPrefillWrapper:
-    """flashinfer 0.2's BatchPrefillWithRaggedKVCacheWrapper (flashinfer/prefill.py): `plan`
-    once per batch with the indptrs and the problem's shape, then `run(q, k, v)` per layer."""
+    """flashinfer 0.2.5's BatchPrefillWithRaggedKVCacheWrapper (prefill.py:1721): `plan`
+    (:1947) once per batch with the indptrs and the problem's shape, then `run(q, k, v)`
+    (:2227) per layer."""
 
     def __init__(self, device: torch.device):
-        self.device = device  # its workspace's: "the same as the device of the input tensors"
+        # :1831 its workspace "buffer should be the same as the device of the input tensors"
+        self.device = device
         self.planned = None
 
     def plan(
@@ -125,15 +148,15 @@ class RaggedPrefillWrapper:
         sm_scale,
         q_data_type,
     ):
-        # _compute_mask_indptr / plan: if len(qo_indptr) != len(kv_indptr): raise ValueError(
-        # "The length of qo_indptr and kv_indptr should be the same.")
+        # :2057-2061 if len(kv_indptr) != batch_size + 1: raise ValueError("The kv_indptr
+        # length should be equal to mask_indptr length.")
         assert len(qo_indptr) == len(kv_indptr)
-        # plan copies the indptrs to the host (qo_indptr.to("cpu")): host ones cost no sync
+        # :2073-2074 qo_indptr.to("cpu"), kv_indptr.to("cpu"): host indptrs cost no sync
         assert qo_indptr.device.type == "cpu" and kv_indptr.device.type == "cpu"
         assert qo_indptr.dtype == torch.int32 and kv_indptr.dtype == torch.int32
-        # the kernels take whole groups of query heads per kv head (GQA group size)
+        # :2041 "The num_qo_heads must be a multiple of num_kv_heads"
         assert num_qo_heads % num_kv_heads == 0
-        # prebuilt (AOT) kernels exist for these head sizes only (flashinfer_limits.py)
+        # setup.py:30 FLASHINFER_HEAD_DIMS "128,256": the prebuilt (AOT) kernels' head sizes
         assert head_dim in FLASHINFER_HEAD_DIMS
         assert bool(((qo_indptr.diff()) <= kv_indptr.diff()).all())
         self.planned = (
@@ -150,13 +173,15 @@ class RaggedPrefillWrapper:
     def run(self, q, k, v):
         assert self.planned is not None, "run before plan"
         qo, kv, heads, kv_heads, head_dim, causal, scale, dtype = self.planned
-        # q [nnz_qo, num_qo_heads, head_dim], k/v [nnz_kv, num_kv_heads, head_dim] ("NHD")
+        # :2243-2247 q [qo_indptr[-1], num_qo_heads, head_dim_qk], k/v [kv_indptr[-1],
+        # num_kv_heads, head_dim] ("NHD")
         assert q.shape == (int(qo[-1]), heads, head_dim)
         assert k.shape == v.shape == (int(kv[-1]), kv_heads, head_dim)
+        # :2266 _check_cached_qkv_data_type (utils.py:196-206): q and k as planned
         assert q.dtype == dtype and k.dtype == dtype and v.dtype == dtype
         assert q.device == k.device == v.device == self.device
         # causal=True equals a custom mask torch.tril(..., diagonal=kv_len - qo_len) (its
-        # docstring's example): bottom-right aligned
+        # docstring's example, :1776-1778): bottom-right aligned
         return _math_attention(q, k, v, qo, kv, causal, scale)
 
 
@@ -271,3 +296,177 @@ def test_the_stand_ins_refuse_what_the_kernels_refuse():
             flash_attn_varlen_func(*args, 0.125, True)
     with pytest.raises(AssertionError):  # heads differ without enable_gqa
         varlen_attn(q, k, k, cu, cu, 4, 4, scale=0.125, window_size=(-1, 0), enable_gqa=False)
+
+
+# torch 2.13.0's ProcessGroupNCCL.hpp, as the wheel ships it; the .cpp checks by function.
+NCCL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32)
+
+
+class NCCLOptions:
+    """ProcessGroupNCCL.Options (hpp:512, `struct Options : Backend::Options`): its `timeout`
+    (Backend.hpp:48) is bound to Python as `_timeout`, a timedelta."""
+
+    def __init__(self):
+        self._timeout = None
+
+
+class ProcessGroupNCCL:
+    """What torch's NCCL group takes and checks, reduced over gloo; the forward it serves runs
+    on CPU in place of the device the group is bound to. Records every collective, so that
+    the test can compare the ranks' sequences: NCCL itself checks nothing across ranks, and
+    ranks that issue different collectives hang or reduce each other's garbage."""
+
+    Options = NCCLOptions
+    bound: dict[int, torch.device] = {}  # rank -> device, one group of this test at a time
+
+    def __init__(self, store, rank, size, options):
+        # hpp:762-766 ProcessGroupNCCL(c10::intrusive_ptr<Store> store, int rank, int size,
+        # c10::intrusive_ptr<Options> options)
+        assert isinstance(store, dist.Store)
+        assert 0 <= rank < size
+        assert isinstance(options, NCCLOptions) and isinstance(options._timeout, timedelta)
+        self.store, self.rank, self.size, self.timeout = store, rank, size, options._timeout
+        self.device, self._gloo = None, None
+        self.calls: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def eager_connect_single_device(self, device):
+        # hpp:987 eagerConnectSingleDevice(at::Device device): the communicator of this rank's
+        # GPU; NCCL refuses two ranks of one communicator on one GPU (ncclInvalidUsage,
+        # "Duplicate GPU detected")
+        assert isinstance(device, torch.device) and device.type == "cuda"
+        assert device.index is not None
+        taken = {d for r, d in ProcessGroupNCCL.bound.items() if r != self.rank}
+        assert device not in taken, f"{device} taken twice"
+        ProcessGroupNCCL.bound[self.rank] = self.device = device
+
+    def allreduce(self, tensors):
+        # ours: the communicator exists at load, before the first forward
+        assert self.device is not None, "no eager_connect_single_device before the forward"
+        # hpp:842-844 allreduce(std::vector<at::Tensor>& tensors, ...); the .cpp's
+        # check_gpu_single_tensor: one tensor, "Tensors must be CUDA and dense" (CPU here, in
+        # place of the bound GPU), "Tensors must be contiguous"; reduced in place
+        assert isinstance(tensors, list) and len(tensors) == 1
+        (t,) = tensors
+        assert t.layout == torch.strided and t.is_contiguous(), "dense and contiguous"
+        # the .cpp's getNcclDataType: no other types reach a kernel
+        assert t.dtype in NCCL_DTYPES, t.dtype
+        call = (tuple(t.shape), t.dtype)
+        self._same_on_every_rank(len(self.calls), repr(call))
+        self.calls.append(call)
+        if self._gloo is None:
+            self._gloo = dist.ProcessGroupGloo(self.store, self.rank, self.size, self.timeout)
+        return self._gloo.allreduce(tensors)
+
+    def _same_on_every_rank(self, n: int, call: str) -> None:
+        """The n-th collective of every rank is this one, checked before it runs: over gloo a
+        mismatch aborts the process, over NCCL it hangs or mixes up data."""
+        self.store.set(f"call/{n}/{self.rank}", call)
+        for r in range(self.size):
+            self.store.wait([f"call/{n}/{r}"], timedelta(seconds=60))
+            theirs = self.store.get(f"call/{n}/{r}").decode()
+            assert theirs == call, f"collective {n}: rank {self.rank} {call}, rank {r} {theirs}"
+
+
+def _nccl_specs(model_dir, dtype: str) -> tuple[RankSpec, RankSpec]:
+    """(the GPU spec `_make_groups` sees, the CPU spec the stand-in's forward runs): tp 2,
+    prefix reuse and pruning on."""
+    settings = EncoderSettings(
+        tp_size=2, dtype=dtype, prefix_reuse="on", max_batch_tokens=512, device="cpu"
+    )
+    model_dir, _, route = engine_plan(model_dir, settings)
+    cpu = RankSpec(str(model_dir), settings, route)
+    return replace(cpu, route=replace(route, device="cuda:1")), cpu
+
+
+def _nccl_batches() -> list[list[list[int]]]:
+    prefix = random_sequences([MIN_PREFIX_TOKENS + 8], seed=51)[0]
+    return [
+        random_sequences([1, 9, 77, 200], seed=52),  # plain
+        [prefix + t for t in random_sequences([1, 5, 30], seed=53)],  # computes the prefix
+        [prefix + t for t in random_sequences([2, 1], seed=54)] + [[4, 5]],  # reuses it
+    ]
+
+
+def _chunked() -> list[ChunkedText]:
+    bodies = random_sequences([40, 90], seed=55)
+    spans = [np.array([(0, len(b)), (0, len(b) // 2)]) for b in bodies]
+    return [ChunkedText(np.array(b + [7]), s, 1) for b, s in zip(bodies, spans, strict=True)]
+
+
+def _run_rank(model, batches, chunks) -> list[torch.Tensor]:
+    """What a rank runs per batch (parallel.serve_rank): plan, forward, commit."""
+    outs = []
+    planner = model.planner
+    with torch.inference_mode():
+        contexts = [lambda b=b: planner.plan(*flatten([np.asarray(t) for t in b])) for b in batches]
+        contexts.append(
+            lambda: ChunkForward(chunks, planner.readout, planner.prune, planner.device).context
+        )
+        for make in contexts:
+            ctx = make()
+            outs.append(model(ctx).float().clone())
+            planner.commit(ctx)
+        outs.append(torch.tensor(planner.cache.hits))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tensor_parallel_keeps_nccls_contract(checkpoint, monkeypatch, dtype):
+    """Two ranks' groups built as for GPUs (`parallel._make_groups`), then a forward over plain
+    batches, a shared prefix computed and reused, pruned last layers and late chunking, with the
+    stand-in as the data group: every collective is one dense contiguous tensor of an NCCL type,
+    both ranks issue the same collectives in the same order, the control group stays gloo, and
+    rank 0's output is the one-rank model's."""
+    monkeypatch.setattr(parallel.dist, "ProcessGroupNCCL", ProcessGroupNCCL, raising=False)
+    monkeypatch.setattr(ProcessGroupNCCL, "bound", {})
+    gpu_spec, cpu_spec = _nccl_specs(checkpoint("qwen3"), dtype)
+    assert cpu_spec.route.prefix_reuse and cpu_spec.route.prune
+    store = dist.HashStore()
+    batches, chunks = _nccl_batches(), _chunked()
+
+    def rank(r: int):
+        control, tp = parallel._make_groups(gpu_spec, r, store)
+        assert isinstance(control, dist.ProcessGroupGloo)  # CPU tensors, idle waits
+        assert isinstance(tp.group, ProcessGroupNCCL) and (tp.rank, tp.size) == (r, 2)
+        model = build_model(cpu_spec, tp)
+        return tp.group, _run_rank(model, batches, chunks)
+
+    with ThreadPoolExecutor(2) as pool:
+        (group0, outs0), (group1, outs1) = pool.map(rank, range(2))
+    single = _run_rank(build_model(cpu_spec, TPGroup()), batches, chunks)
+
+    assert ProcessGroupNCCL.bound == {0: torch.device("cuda", 1), 1: torch.device("cuda", 2)}
+    assert group0.calls == group1.calls  # warm-up and every forward alike
+    assert {dt for _, dt in group0.calls} == {TORCH_DTYPES[dtype]}
+    assert len({shape for shape, _ in group0.calls}) > 2  # full, pruned and chunked rows
+    assert int(outs0[-1]) == int(outs1[-1]) > 0  # the prefix hit on both ranks
+    tolerance = 1e-5 if dtype == "float32" else 3e-2
+    for got, want in zip(outs0[:-1], single[:-1], strict=True):
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
+def test_the_nccl_stand_in_refuses_what_nccl_refuses(monkeypatch):
+    monkeypatch.setattr(ProcessGroupNCCL, "bound", {})
+    options = NCCLOptions()
+    options._timeout = timedelta(seconds=5)
+    group = ProcessGroupNCCL(dist.HashStore(), 0, 1, options)
+    with pytest.raises(AssertionError):  # before the communicator
+        group.allreduce([torch.ones(4)])
+    group.eager_connect_single_device(torch.device("cuda", 0))
+    group.allreduce([torch.ones(4)]).wait()
+    bad = [
+        [torch.ones(4), torch.ones(4)],  # two tensors
+        [torch.ones(4, 4).t()],  # not contiguous
+        [torch.ones(4).to_sparse()],  # sparse
+        [torch.ones(4, dtype=torch.int64).bool()],  # no NCCL type
+    ]
+    for tensors in bad:
+        with pytest.raises(AssertionError):
+            group.allreduce(tensors)
+    other = ProcessGroupNCCL(dist.HashStore(), 1, 2, options)
+    with pytest.raises(AssertionError):  # one GPU for two ranks
+        other.eager_connect_single_device(torch.device("cuda", 0))
+    with pytest.raises(AssertionError):  # a CPU device
+        other.eager_connect_single_device(torch.device("cpu"))
+    with pytest.raises(AssertionError):  # options without a timeout
+        ProcessGroupNCCL(dist.HashStore(), 0, 1, NCCLOptions())
