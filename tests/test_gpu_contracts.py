@@ -435,6 +435,7 @@ def test_tensor_parallel_keeps_nccls_contract(checkpoint, monkeypatch, dtype):
         (group0, outs0), (group1, outs1) = pool.map(rank, range(2))
     single = _run_rank(build_model(cpu_spec, TPGroup()), batches, chunks)
 
+    assert torch.get_default_dtype() == torch.float32  # two models built at once restore it
     assert ProcessGroupNCCL.bound == {0: torch.device("cuda", 1), 1: torch.device("cuda", 2)}
     assert group0.calls == group1.calls  # warm-up and every forward alike
     assert {dt for _, dt in group0.calls} == {TORCH_DTYPES[dtype]}

@@ -106,6 +106,9 @@ def _prepare_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
+_DEFAULT_DTYPE = threading.Lock()
+
+
 def _instantiate(
     config: ModelConfig, spec: RankSpec, tp: TPGroup, device: torch.device
 ) -> nn.Module:
@@ -138,13 +141,16 @@ def _instantiate(
     head = None
     if route.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
         head = build_score_head(config, spec.model_dir).to(device)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return model_class(config.family)(config, tp, backend, planner, head)
-    finally:
-        torch.set_default_dtype(previous)
+    # The default dtype is the process's: models built in several threads at once (ranks of a
+    # test, encoders loaded side by side) must not restore each other's.
+    with _DEFAULT_DTYPE:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                return model_class(config.family)(config, tp, backend, planner, head)
+        finally:
+            torch.set_default_dtype(previous)
 
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
