@@ -298,8 +298,12 @@ def test_the_stand_ins_refuse_what_the_kernels_refuse():
         varlen_attn(q, k, k, cu, cu, 4, 4, scale=0.125, window_size=(-1, 0), enable_gqa=False)
 
 
-# torch 2.13.0's ProcessGroupNCCL.hpp, as the wheel ships it; the .cpp checks by function.
-NCCL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32)
+# The types ProcessGroupNCCL.cpp's getNcclDataType maps to NCCL's (bool as uint8); any other
+# is refused ("Unsupported data type for NCCL process group").
+NCCL_DTYPES = (
+    *(torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool),
+    *(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+)
 
 
 class NCCLOptions:
@@ -348,7 +352,6 @@ class ProcessGroupNCCL:
         assert isinstance(tensors, list) and len(tensors) == 1
         (t,) = tensors
         assert t.layout == torch.strided and t.is_contiguous(), "dense and contiguous"
-        # the .cpp's getNcclDataType: no other types reach a kernel
         assert t.dtype in NCCL_DTYPES, t.dtype
         call = (tuple(t.shape), t.dtype)
         self._same_on_every_rank(len(self.calls), repr(call))
@@ -459,7 +462,7 @@ def test_the_nccl_stand_in_refuses_what_nccl_refuses(monkeypatch):
         [torch.ones(4), torch.ones(4)],  # two tensors
         [torch.ones(4, 4).t()],  # not contiguous
         [torch.ones(4).to_sparse()],  # sparse
-        [torch.ones(4, dtype=torch.int64).bool()],  # no NCCL type
+        [torch.ones(4, dtype=torch.complex64)],  # no NCCL type (torch's Python API splits it)
     ]
     for tensors in bad:
         with pytest.raises(AssertionError):
