@@ -44,7 +44,7 @@ def test_max_tokens_is_the_requests_own_limit(tok):
 
 
 def test_tokens_are_teis_shape_with_byte_offsets(tok):
-    (tokens,) = tok.tokens(["naïve café"], EmbedOptions(prompt="t: "))
+    (tokens,) = tok.tokens(tok.encoded(["naïve café"], EmbedOptions(prompt="t: ")))
     text = "t: naïve café".encode()
     assert [t["id"] for t in tokens] == tok.encode(["naïve café"], EmbedOptions(prompt="t: "))[0]
     for t in tokens[:-1]:

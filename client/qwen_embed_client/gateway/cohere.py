@@ -26,6 +26,7 @@ from .errors import (
     APIError,
     backend_error,
     check_utf8,
+    distinct_choices,
     invalid,
     json_body,
     options_checked,
@@ -112,18 +113,12 @@ def _priority(body: dict) -> dict:
 def _embedding_types(body: dict) -> tuple[list[str], list[str]]:
     """(the types asked for, the server's types that give them: `base64`, the float vectors'
     bytes, comes from float)."""
-    asked = body.get("embedding_types", ["float"])
-    allowed = (*EMBEDDING_TYPES, "base64")
-    if (
-        not isinstance(asked, list)
-        or not asked
-        or not all(isinstance(k, str) and k in allowed for k in asked)
-        or len(set(asked)) != len(asked)
-    ):
-        raise invalid(
-            f"invalid request: embedding_types must be distinct values from {list(allowed)}",
-            "embedding_types",
-        )
+    asked = distinct_choices(
+        body.get("embedding_types", ["float"]),
+        (*EMBEDDING_TYPES, "base64"),
+        "invalid request: embedding_types must be distinct values from",
+        "embedding_types",
+    )
     server = {"float" if k == "base64" else k for k in asked}
     return asked, [k for k in EMBEDDING_TYPES if k in server]
 

@@ -43,6 +43,18 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 
 
+def distinct_choices(value: object, allowed: tuple[str, ...], message: str, param: str) -> list:
+    """`value` as a non-empty list of distinct strings from `allowed`, else `message`."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(k, str) and k in allowed for k in value)
+        or len(set(value)) != len(value)
+    ):
+        raise invalid(f"{message} {list(allowed)}", param)
+    return value
+
+
 def options_checked(**options) -> dict:
     """Options checked by the request contract (what the server would refuse, refused here
     with the field named), passed on as given."""

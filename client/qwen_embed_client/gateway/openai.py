@@ -25,6 +25,7 @@ from .errors import (
     APIError,
     backend_error,
     check_utf8,
+    distinct_choices,
     invalid,
     json_body,
     options_checked,
@@ -134,17 +135,12 @@ def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
     if len(asked) > 1:
         raise invalid(f"send one of {asked}, not several", asked[1])
     if "embedding_types" in body:
-        kinds = body["embedding_types"]
-        if (
-            not isinstance(kinds, list)
-            or not kinds
-            or not all(isinstance(k, str) and k in EMBEDDING_TYPES for k in kinds)
-            or len(set(kinds)) != len(kinds)
-        ):
-            raise invalid(
-                f"'embedding_types' must be a list of distinct values from {list(EMBEDDING_TYPES)}",
-                "embedding_types",
-            )
+        kinds = distinct_choices(
+            body["embedding_types"],
+            EMBEDDING_TYPES,
+            "'embedding_types' must be a list of distinct values from",
+            "embedding_types",
+        )
         return encoding, kinds, True
     if encoding not in ("float", "base64"):
         return "float", [encoding], False

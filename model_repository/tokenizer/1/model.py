@@ -77,11 +77,7 @@ class TritonPythonModel:
         else:
             texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
         extra = [pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(texts)))]
-        # Asked for only by a direct call (the /tokenize and /decode routes), never by the
-        # ensembles: nothing to compute on the embedding path.
-        if "TOKENS" in asked and not opts.token_ids:
-            tokens = [json.dumps(t).encode() for t in self.tokenizer.tokens(texts, opts)]
-            extra.append(pb_utils.Tensor("TOKENS", np.array(tokens, np.object_).reshape(-1, 1)))
+        encoded = None
         if opts.chunked:
             ids, chunks, counts = self.tokenizer.encode_chunks(texts, opts)
             packed = np.array([[pack_chunks(c.tail, c.tokens)] for c in chunks], np.object_)
@@ -90,9 +86,18 @@ class TritonPythonModel:
             extra += [pb_utils.Tensor("CHUNKS", packed), pb_utils.Tensor("CHUNK_SPANS", spans)]
         else:  # CHUNKS is always sent: the encoder step waits for it
             if not opts.token_ids:
-                ids, counts = self.tokenizer.encode_counted(texts, opts)
+                encoded = self.tokenizer.encoded(texts, opts)
+                ids, counts = [e.ids for e in encoded], [e.input_tokens for e in encoded]
             none = np.array([[b""]] * len(ids), dtype=np.object_)
             extra.append(pb_utils.Tensor("CHUNKS", none))
+        # Asked for only by a direct call (the /tokenize and /decode routes), never by the
+        # ensembles: nothing to compute on the embedding path.
+        if "TOKENS" in asked and not opts.token_ids:
+            views = self.tokenizer.tokens(
+                encoded if encoded is not None else self.tokenizer.encoded(texts, opts)
+            )
+            tokens = np.array([json.dumps(t).encode() for t in views], np.object_)
+            extra.append(pb_utils.Tensor("TOKENS", tokens.reshape(-1, 1)))
         if "DECODED" in asked:
             decoded = [[a.encode(), b.encode()] for a, b in self.tokenizer.decode(ids)]
             extra.append(pb_utils.Tensor("DECODED", np.array(decoded, dtype=np.object_)))

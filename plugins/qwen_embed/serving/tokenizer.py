@@ -93,8 +93,12 @@ class TextTokenizer:
         self, texts: list[str], opts: EmbedOptions
     ) -> tuple[list[list[int]], list[int]]:
         """(ids per text, tokens per text before truncation, special tokens included)."""
-        done = list(self._encode(texts, opts, offsets=False))
+        done = self.encoded(texts, opts)
         return [e.ids for e in done], [e.input_tokens for e in done]
+
+    def encoded(self, texts: list[str], opts: EmbedOptions) -> list[Encoded]:
+        """Each text's Encoded: its ids, counts and what `tokens` shows of it."""
+        return list(self._encode(texts, opts, offsets=False))
 
     def encode_ids(
         self, id_lists: list[np.ndarray], opts: EmbedOptions
@@ -131,12 +135,12 @@ class TextTokenizer:
         direction = opts.truncation_direction or self.truncation_direction
         return slice(None, budget) if direction == "right" else slice(n - budget, None)
 
-    def tokens(self, texts: list[str], opts: EmbedOptions) -> list[list[dict]]:
-        """Each text's tokens as the encoder receives them, in TEI's /tokenize shape: id,
-        text, special, and the token's UTF-8 byte offsets [start, stop) in the prompted text
-        (null for special tokens, whose text is the token itself)."""
+    def tokens(self, encoded: list[Encoded]) -> list[list[dict]]:
+        """Each encoded text's tokens as the encoder receives them, in TEI's /tokenize shape:
+        id, text, special, and the token's UTF-8 byte offsets [start, stop) in the prompted
+        text (null for special tokens, whose text is the token itself)."""
         out = []
-        for e in self._encode(texts, opts, offsets=False):
+        for e in encoded:
             spans = [None] * len(self._head) + e.encoding.offsets[e.cut] + [None] * len(self._tail)
             text = e.prompted.encode()
             byte_at = np.cumsum([0] + [len(c.encode()) for c in e.prompted])
@@ -193,7 +197,7 @@ class TextTokenizer:
         return all_ids, chunks, counts
 
     def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
-        """Per text, its _Encoded; with `offsets` (late chunking only: it costs a Python tuple
+        """Per text, its Encoded; with `offsets` (late chunking only: it costs a Python tuple
         per token) also the index of its first own token among the ids (past the special
         tokens and prompt before it) and its own tokens' character spans in the text."""
         prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
@@ -206,9 +210,7 @@ class TextTokenizer:
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
             cut = self._cut(i, len(ids), self._limit(opts) - extra, opts)
-            done = _Encoded(
-                self._head + ids[cut] + self._tail, len(ids) + extra, texts[i], enc, cut
-            )
+            done = Encoded(self._head + ids[cut] + self._tail, len(ids) + extra, texts[i], enc, cut)
             if offsets:
                 spans = enc.offsets[cut]
                 # A token that straddles the prompt's end counts as the text's.
@@ -219,7 +221,7 @@ class TextTokenizer:
 
 
 @dataclass
-class _Encoded:
+class Encoded:
     ids: list[int]  # what the encoder receives
     input_tokens: int  # before truncation, special tokens included
     prompted: str  # the text with its prompt, as tokenized
