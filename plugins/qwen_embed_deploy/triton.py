@@ -11,6 +11,7 @@ libpython.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -120,10 +121,18 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     ], env
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket stays bound until all are chosen, else the kernel
+    may hand the same port out twice."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class TritonServer:
@@ -145,9 +154,10 @@ class TritonServer:
         exit_timeout_s: int = 30,
         launcher_args: list[str] | None = None,
     ):
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        free = iter(free_ports(3))
+        self.http_port = http_port or next(free)
+        self.grpc_port = grpc_port or next(free)
+        self.metrics_port = metrics_port or next(free)
         self.admin_key = secrets.token_urlsafe(16)
         self.status_file = Path(tempfile.mkstemp(prefix="qwen-embed-launcher-", suffix=".json")[1])
         self.cmd = [
