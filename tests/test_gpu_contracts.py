@@ -126,6 +126,18 @@ def varlen_attn(
     return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
 
 
+def varlen_attn_2_11(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale, window_size
+):
+    """torch 2.11's `varlen_attn`, as it behaved on an H200: `scale` and `window_size` taken,
+    `enable_gqa` a TypeError (2.11's source is not in the stored references: what it checks of
+    head counts is assumed to be 2.13's check without GQA, equal heads)."""
+    assert query.shape[1] == key.shape[1] == value.shape[1]
+    assert window_size in ((-1, 0), (-1, -1)), window_size
+    _flash_preconditions(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+    return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
+
+
 class RaggedPrefillWrapper:
     """flashinfer 0.2.5's BatchPrefillWithRaggedKVCacheWrapper (prefill.py:1721): `plan`
     (:1947) once per batch with the indptrs and the problem's shape, then `run(q, k, v)`
@@ -190,9 +202,14 @@ def _backends(spec: AttentionSpec) -> dict[str, AttentionBackend]:
     flash = FlashAttention.__new__(FlashAttention)
     AttentionBackend.__init__(flash, spec)  # FlashAttention's own __init__ imports the wheel
     flash._kernel = flash_attn_varlen_func
-    varlen = create_backend("torch", spec)
-    varlen._varlen = varlen_attn
-    backends = {"flash_attn": flash, "torch varlen_attn": varlen}
+    varlen, varlen_2_11 = create_backend("torch", spec), create_backend("torch", spec)
+    varlen.use_varlen(varlen_attn)
+    varlen_2_11.use_varlen(varlen_attn_2_11)
+    backends = {
+        "flash_attn": flash,
+        "torch varlen_attn": varlen,
+        "torch 2.11 varlen_attn": varlen_2_11,
+    }
     if spec.head_dim in FLASHINFER_HEAD_DIMS:
         flashinfer = FlashInferAttention.__new__(FlashInferAttention)
         AttentionBackend.__init__(flashinfer, spec)  # its __init__ imports the wheel

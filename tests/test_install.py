@@ -58,3 +58,33 @@ def test_an_installed_wheel_serves_without_the_checkout(tmp_path, demo_dir):
     for step in ("tokenizer", "encoder", "rerank_tokenizer", "rerank_encoder"):
         assert (out / step / "1" / "model.py").is_file()
     assert str(demo_dir) in (out / "encoder" / "config.pbtxt").read_text()
+
+
+def test_a_stub_of_another_python_is_replaced_without_a_download(tmp_path, monkeypatch):
+    """A checkout whose venv moved to another Python (3.11 to 3.12, as on a GPU machine's
+    image) keeps its unpacked server; the Python backend gets this Python's stub, since one
+    built for another cannot load its libpython."""
+    from qwen_embed_deploy import triton
+
+    monkeypatch.setattr(triton, "CACHE", tmp_path)
+    server = triton.local_server_dir()
+    stubs = server / "python_backend_stubs"
+    for version in ("3.8", triton.PY_VERSION):
+        (stubs / version).mkdir(parents=True)
+        (stubs / version / "triton_python_backend_stub").write_text(f"stub for {version}")
+    (server / "bin").mkdir()
+    (server / "bin" / "tritonserver").write_text("server")
+    installed = server / "backends" / "python" / "triton_python_backend_stub"
+    installed.parent.mkdir(parents=True)
+    installed.write_text("stub for 3.8")
+
+    def no_download():
+        raise AssertionError("the server files are there: nothing to download")
+
+    monkeypatch.setattr(triton, "_unpack_server", no_download)
+    assert triton.install() == server
+    assert installed.read_text() == f"stub for {triton.PY_VERSION}"
+    assert os.access(installed, os.X_OK)
+    installed.chmod(0o600)  # this Python's stub already in place: left as it is
+    triton.install()
+    assert not os.access(installed, os.X_OK)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import filecmp
 import json
 import os
 import re
@@ -60,11 +61,23 @@ def local_server_dir() -> Path:
 
 
 def install() -> Path:
-    """Unpack the server files of the pytriton wheel into CACHE (idempotent)."""
+    """Unpack the server files of the pytriton wheel into CACHE once, and put this Python's
+    stub in the Python backend (again when the interpreter changed since: a stub built for
+    another Python cannot load its libpython)."""
     server = local_server_dir()
+    if not (server / "bin" / "tritonserver").is_file():
+        _unpack_server()
     stub = server / "backends" / "python" / "triton_python_backend_stub"
-    if stub.is_file():
-        return server
+    ours = server / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub"
+    if not ours.is_file():
+        raise RuntimeError(f"the pytriton wheel has no Python backend stub for Python {PY_VERSION}")
+    if not stub.is_file() or not filecmp.cmp(stub, ours, shallow=False):
+        shutil.copy(ours, stub)
+        stub.chmod(0o755)
+    return server
+
+
+def _unpack_server() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [
@@ -88,9 +101,6 @@ def install() -> Path:
                 mode = (m.external_attr >> 16) & 0o777
                 if mode:
                     target.chmod(mode)
-    shutil.copy(server / "python_backend_stubs" / PY_VERSION / "triton_python_backend_stub", stub)
-    stub.chmod(0o755)
-    return server
 
 
 def server_command() -> tuple[list[str], dict[str, str]]:

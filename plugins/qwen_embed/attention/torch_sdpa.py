@@ -3,6 +3,8 @@ per layer); elsewhere (CPU, fp32, older GPUs) SDPA, one call per segment."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +21,14 @@ class TorchAttention(AttentionBackend):
         if varlen_problem(str(spec.device), dtype, spec.head_dim) is None:
             from torch.nn.attention.varlen import varlen_attn
 
-            self._varlen = varlen_attn
+            self.use_varlen(varlen_attn)
+
+    def use_varlen(self, varlen_attn) -> None:
+        """Call `varlen_attn` for every layer. Before torch 2.13 it takes no `enable_gqa`
+        (torch 2.11's raised TypeError on it, seen on an H200): there the key and value heads
+        are repeated to the query heads' count."""
+        self._varlen = varlen_attn
+        self._gqa_keyword = "enable_gqa" in inspect.signature(varlen_attn).parameters
 
     def prepare(self, layout: AttentionLayout) -> None:
         if self._varlen is not None:
@@ -42,6 +51,10 @@ class TorchAttention(AttentionBackend):
     ) -> torch.Tensor:
         gqa = self.spec.num_heads != self.spec.num_kv_heads
         if self._varlen is not None:
+            gqa_keyword = {"enable_gqa": gqa} if self._gqa_keyword else {}
+            if gqa and not self._gqa_keyword:
+                group = self.spec.num_heads // self.spec.num_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs.
             return self._varlen(
                 q,
@@ -53,7 +66,7 @@ class TorchAttention(AttentionBackend):
                 layout.max_k,
                 scale=self.spec.scale,
                 window_size=(-1, 0) if self.spec.causal else (-1, -1),
-                enable_gqa=gqa,
+                **gqa_keyword,
             )
         out = torch.empty_like(q)
         # Slices of the flat stream seen as [1, heads, len, dim]: no padding.
