@@ -22,6 +22,7 @@ from harness import (
     RESULTS,
     cosine_check,
     drive,
+    fmt,
     markdown_table,
     new_record,
     triton_sender,
@@ -70,6 +71,7 @@ def main() -> None:
     counts = np.array([len(i) for i in ids])
     engine_args = {k: params[k] for k in ("dtype", "device", "attn_backend") if k in params}
     with Encoder.from_pretrained(args.model_dir, **engine_args) as enc:
+        device = str(enc.device)
         enc.embed(ids[:8])
         check = cosine_check(enc.embed(ids))
 
@@ -104,7 +106,7 @@ def main() -> None:
     # Compare at 16 clients (the reference point) when that level ran.
     top = next((r for r in rows if r["concurrency"] == 16), rows[-1])
     ratio = top["tokens_per_s"] / engine["tokens_per_s"]
-    record = new_record(encoder_params=params, levels=rows, engine_alone=engine)
+    record = new_record(encoder_params=params, device=device, levels=rows, engine_alone=engine)
     notes = [
         f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, "
         f"{per_request} texts per request, {args.seconds:.0f} s per level; texts: 80% 16-64 "
@@ -113,6 +115,7 @@ def main() -> None:
     header = [
         "clients",
         "requests",
+        "failed",
         "texts/s",
         "tokens/s",
         "p50 s",
@@ -126,11 +129,12 @@ def main() -> None:
             [
                 r["concurrency"],
                 r["requests"],
+                r["failed_requests"],
                 f"{r['texts_per_s']:.1f}",
                 f"{r['tokens_per_s']:.0f}",
-                f"{r['p50_s']:.2f}",
-                f"{r['p99_s']:.2f}",
-                f"{r['min_check']:.5f}",
+                fmt(r["p50_s"], ".2f"),  # None where every request of a level failed
+                fmt(r["p99_s"], ".2f"),
+                fmt(r["min_check"], ".5f"),
                 f"{r['requests_per_execute']:.1f}",
             ]
             for r in rows

@@ -57,8 +57,12 @@ KIND_ORDER = (
 
 
 def cpu_kind(record: dict) -> str:
-    """The CPU kind from what the record says about the machine."""
+    """The CPU kind from what the record says about the machine; a run on a GPU (the record's
+    device a CUDA one) is filed under the GPU, after every CPU kind."""
     machine, cpu = record.get("machine", ""), record.get("cpu") or ""
+    gpu = re.search(r", GPU ([^,]+)", machine)
+    if gpu and str(record.get("device", "")).startswith("cuda"):
+        return f"GPU: {gpu.group(1)}"
     notes = " ".join(record.get("notes") or [])
     family = re.search(r"family (\d+)", machine)
     if "instruction sets capped" in machine and "AVX2" in machine.split("capped", 1)[1]:
@@ -376,12 +380,20 @@ def engine(r: dict) -> list[str]:
     return [f"dtype {r['dtype']}", ""] + grid(r["results"], columns)
 
 
+def _ms(level: dict, name: str) -> float | None:
+    """A latency in ms: older reports wrote NAME_ms, newer ones NAME_s."""
+    if level.get(f"{name}_ms") is not None:
+        return level[f"{name}_ms"]
+    seconds = level.get(f"{name}_s")
+    return None if seconds is None else seconds * 1000
+
+
 def serving(r: dict) -> list[str]:
     columns = [
         ("clients", "concurrency", ""),
         ("tokens/s", "tokens_per_s", ".0f"),
-        ("p50 ms", "p50_ms", ".0f"),
-        ("p99 ms", "p99_ms", ".0f"),
+        ("p50 ms", lambda level: _ms(level, "p50"), ".0f"),
+        ("p99 ms", lambda level: _ms(level, "p99"), ".0f"),
         ("requests per encoder execute", "requests_per_execute", ".1f"),
     ]
     alone = r["engine_alone"]["tokens_per_s"]
@@ -508,7 +520,8 @@ def main() -> None:
     for record in sorted(records, key=lambda r: r["date"]):
         latest[(record["_kind"], record["_benchmark"])] = record
     out = [HEADER]
-    for kind in KIND_ORDER:
+    gpus = sorted({k for k, _ in latest if k not in KIND_ORDER})
+    for kind in (*KIND_ORDER, *gpus):
         shown = sorted(
             (r for (k, _), r in latest.items() if k == kind), key=lambda r: r["_benchmark"]
         )
