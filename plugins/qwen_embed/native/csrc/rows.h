@@ -57,6 +57,10 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
     for (int64_t h = 0; h < heads; ++h) {
       const T* src = x + i * x_stride + h * d;
       T* dst = out + (i * heads + h) * d;
+      // The next row's head, a stride away (q and k are slices of q|k|v rows): the hardware
+      // prefetchers follow contiguous rows, not these.
+      for (int64_t j = 0; i + 1 < rows && j < d; j += 64 / static_cast<int64_t>(sizeof(T)))
+        __builtin_prefetch(src + x_stride + j);
       const float scale = norm_weight ? scales[h] : 1.0f;
       for (int64_t j = 0; j < whole; j += 16) {
         F16 x1 = load16(src + j), x2 = load16(src + j + half);
