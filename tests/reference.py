@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from qwen_embed.attention import choose_backend
-from qwen_embed.attention.torch_varlen import flash_problem, varlen_problem
+from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_problem
 from qwen_embed.config import ModelConfig
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
@@ -108,7 +108,9 @@ def route_for(
 
     def attention(device, head_dim, dtype):
         def gpu_problem(*args):
-            return varlen_problem(*args, capability=lambda d: capability, has_varlen=lambda: True)
+            return varlen_problem(
+                *args, capability=lambda d: capability, keywords=lambda: frozenset(KEYWORDS)
+            )
 
         return choose_backend(
             device,

@@ -7,7 +7,7 @@ import torch
 from qwen_embed import Encoder, native
 from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
 from qwen_embed.attention.native_cpu import AUTO_ISAS
-from qwen_embed.attention.torch_varlen import flash_problem, varlen_problem
+from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_problem
 from qwen_embed.engine import check_gpu_group
 from qwen_embed.serving.config import encoder_device
 
@@ -54,7 +54,7 @@ def test_auto_backend_choice():
             head_dim,
             dtype=dtype,
             import_problem=lambda m: None if m in installed else f"no {m}",
-            gpu_problem=lambda *a: varlen_problem(*a, lambda d: capability, lambda: True),
+            gpu_problem=lambda *a: varlen_problem(*a, lambda d: capability, lambda: KEYWORDS),
             flash_attn_problem=lambda *a: flash_problem(*a, lambda d: capability),
         )
 
@@ -91,16 +91,24 @@ def test_flash_problem_states_the_kernels_limits():
     assert "CUDA only" in problem(device="cpu")
 
 
+KEYWORDS_2_13 = frozenset({"return_aux", "scale", "window_size", "enable_gqa", "seqused_k"})
+
+
 def test_varlen_problem():
-    def problem(device="cuda:0", dtype="bfloat16", head_dim=128, capability=(8, 0), has=True):
-        return varlen_problem(device, dtype, head_dim, lambda d: capability, lambda: has)
+    def problem(
+        device="cuda:0", dtype="bfloat16", head_dim=128, capability=(8, 0), keywords=KEYWORDS_2_13
+    ):
+        return varlen_problem(device, dtype, head_dim, lambda d: capability, lambda: keywords)
 
     assert problem() is None and problem(dtype="float16", head_dim=256) is None
     assert "CUDA only" in problem(device="cpu")
     assert "not float32" in problem(dtype="float32")
     assert "not 512" in problem(head_dim=512)
     assert "8.0+" in problem(capability=(7, 5))
-    assert "no torch.nn.attention.varlen" in problem(has=False)
+    assert "no torch.nn.attention.varlen" in problem(keywords=None)
+    assert problem(keywords=KEYWORDS_2_13 - {"enable_gqa"}) is None  # 2.11's: heads repeated
+    # 2.9's signature (is_causal, no scale or window): the per-segment SDPA loop instead
+    assert "takes no scale, window_size" in problem(keywords={"is_causal", "return_aux"})
     # This torch has it (2.13): on a GPU the torch backend needs no attention wheel.
     assert varlen_problem("cuda", "bfloat16", 128, lambda d: (9, 0)) is None
 

@@ -24,9 +24,9 @@ class TorchAttention(AttentionBackend):
             self.use_varlen(varlen_attn)
 
     def use_varlen(self, varlen_attn) -> None:
-        """Call `varlen_attn` for every layer. Before torch 2.13 it takes no `enable_gqa`
-        (torch 2.11's raised TypeError on it, seen on an H200): there the key and value heads
-        are repeated to the query heads' count."""
+        """Call `varlen_attn` for every layer. Where it takes no `enable_gqa` (torch 2.11's
+        raised TypeError on it, seen on an H200) the key and value heads are repeated to the
+        query heads' count."""
         self._varlen = varlen_attn
         self._gqa_keyword = "enable_gqa" in inspect.signature(varlen_attn).parameters
 

@@ -18,8 +18,20 @@ def _capability(device: str) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _has_varlen() -> bool:
-    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+# The keywords our call passes that every torch since 2.11 takes (enable_gqa, since 2.13, is
+# optional: torch_sdpa.py repeats the key/value heads without it).
+KEYWORDS = frozenset({"scale", "window_size"})
+
+
+def _varlen_keywords() -> frozenset[str] | None:
+    """The parameter names of this torch's varlen_attn (None where it has none)."""
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        return None
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def flash_problem(
@@ -46,9 +58,14 @@ def varlen_problem(
     dtype: str,
     head_dim: int,
     capability=_capability,
-    has_varlen=_has_varlen,
+    keywords=_varlen_keywords,
 ) -> str | None:
     """Why varlen_attn cannot serve this device, dtype and head size (None when it can)."""
-    if device.startswith("cuda") and not has_varlen():
-        return "this torch has no torch.nn.attention.varlen (added in the 2.9 line)"
+    if device.startswith("cuda"):
+        takes = keywords()
+        if takes is None:
+            return "this torch has no torch.nn.attention.varlen (added in the 2.9 line)"
+        if KEYWORDS - takes:
+            missing = ", ".join(sorted(KEYWORDS - takes))
+            return f"this torch's varlen_attn takes no {missing} (torch 2.11 and newer do)"
     return flash_problem(device, dtype, head_dim, capability, name="varlen_attn")
