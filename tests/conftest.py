@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,15 @@ from qwen_embed_deploy.repository import render  # noqa: E402
 from qwen_embed_deploy.triton import TritonServer  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
+
+
+def pytest_configure(config):
+    """Outside a GPU run (`make test-gpu`: `-m gpu`), GPUs are hidden from this process and the
+    servers it starts: the suite is the CPU suite on any host, so `device: auto` means the CPU
+    its tests expect. Set before anything initialises CUDA, which reads it once."""
+    markers = config.option.markexpr or ""
+    if "gpu" not in markers or "not gpu" in markers:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture(scope="session")
