@@ -108,9 +108,7 @@ def route_for(
 
     def attention(device, head_dim, dtype):
         def gpu_problem(*args):
-            return varlen_problem(
-                *args, capability=lambda d: capability, keywords=lambda: frozenset(KEYWORDS)
-            )
+            return varlen_problem(*args, capability=lambda d: capability, keywords=lambda: KEYWORDS)
 
         return choose_backend(
             device,
