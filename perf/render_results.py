@@ -35,8 +35,9 @@ the script, not this file. How to run and read each benchmark:
 [docs/benchmarks.md](../docs/benchmarks.md); which figures back which knob:
 [docs/tuning.md](../docs/tuning.md).
 
-Every machine here has 2 cores, shared with other tenants: figures move by 5-30% between runs
-hours apart, so compare systems within one report. The model of record for the peer comparison
+Every CPU machine here has 2 cores, shared with other tenants: figures move by 5-30% between
+runs hours apart, so compare systems within one report. GPU sections come from lent GPU
+machines (their host CPU in the machine line). The model of record for the peer comparison
 (`bench_peers.py`) is a 4-layer model of Qwen3-Embedding-0.6B's shape with random weights
 (`.cache/bench-model-4l`), 512 mixed texts (80% of 16-64 words, 20% of 256-1024; 79,333 tokens),
 8 clients x 8 texts per request, every vector checked against our fp32 engine ("min cosine");
