@@ -130,9 +130,7 @@ def test_int8_linear_is_close_to_the_float_product():
 def test_int8_matches_transformers(checkpoint, config_name, dtype):
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
-    with Encoder.from_pretrained(
-        checkpoint(config_name), dtype=dtype, quantization="int8", device="cpu"
-    ) as enc:
+    with Encoder.from_pretrained(checkpoint(config_name), dtype=dtype, quantization="int8") as enc:
         linears = {n: m for n, m in enc.model.named_modules() if isinstance(m, _Linear)}
         assert linears and all(
             isinstance(m.kernel, int8.Int8Weight) == int8.quantizes(n) and m.weight is None
@@ -149,9 +147,10 @@ def test_int8_on_the_demo_model_shape(demo_dir):
     MLP's down and the attention's output projections stay in floats (int8.FLOAT_LAYERS);
     quantising them too gives ~0.9987 (docs/tuning.md)."""
     seqs = random_sequences([5, 17, 40, 90, 128, 200, 300, 511, 33, 64], vocab_size=151643, seed=3)
-    settings = dict(dtype="float32", prefix_reuse=False, device="cpu")
-    with Encoder.from_pretrained(demo_dir, **settings) as enc:
+    with Encoder.from_pretrained(demo_dir, dtype="float32", prefix_reuse=False) as enc:
         reference = enc.embed(seqs)
-    with Encoder.from_pretrained(demo_dir, quantization="int8", **settings) as enc:
+    with Encoder.from_pretrained(
+        demo_dir, dtype="float32", prefix_reuse=False, quantization="int8"
+    ) as enc:
         out = enc.embed(seqs)
     assert cosine(out, reference).min() >= INT8_COSINE

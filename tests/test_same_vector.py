@@ -57,7 +57,7 @@ def test_alone_among_others_and_after_a_cached_prefix(demo_dir, dtype, quantizat
     prefix = random_sequences([PREFIX], vocab_size=151643, seed=22)[0]
     tails = random_sequences([5, 30, 77], vocab_size=151643, seed=23)
     prefixed = [prefix + t for t in tails]
-    settings = dict(dtype=dtype, quantization=quantization, device="cpu")  # CPU kernels
+    settings = dict(dtype=dtype, quantization=quantization)
     with Encoder.from_pretrained(demo_dir, prefix_reuse=False, **settings) as enc:
         assert enc.route.attn_backend in ("native", "torch")
         together = enc.embed(mixed + prefixed)

@@ -87,9 +87,7 @@ def test_late_chunking_tp2_equals_tp1(checkpoint, name):
 
 
 @pytest.mark.parametrize(
-    "route",
-    [dict(dtype="bfloat16"), dict(quantization="int8", device="cpu")],
-    ids=["bf16", "int8"],
+    "route", [dict(dtype="bfloat16"), dict(quantization="int8")], ids=["bf16", "int8"]
 )
 def test_tp2_routes_match_transformers(checkpoint, route):
     # int8 scales are per output channel of each rank's shard: still >= 0.999 of fp32

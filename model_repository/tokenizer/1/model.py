@@ -14,7 +14,7 @@ from qwen_embed.host import gpu_count
 from qwen_embed.placement import read_topology, tokenizer_placement
 from qwen_embed.serving.config import model_parameters, tokenizer_checkpoint, tokenizer_settings
 from qwen_embed.serving.rerank import PairTokenizer
-from qwen_embed.serving.tokenizer import TextTokenizer
+from qwen_embed.serving.tokenizer import TextTokenizer, ids_and_counts
 from qwen_embed_client.contract import (
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
@@ -87,7 +87,7 @@ class TritonPythonModel:
         else:  # CHUNKS is always sent: the encoder step waits for it
             if not opts.token_ids:
                 encoded = self.tokenizer.encoded(texts, opts)
-                ids, counts = [e.ids for e in encoded], [e.input_tokens for e in encoded]
+                ids, counts = ids_and_counts(encoded)
             none = np.array([[b""]] * len(ids), dtype=np.object_)
             extra.append(pb_utils.Tensor("CHUNKS", none))
         # Asked for only by a direct call (the /tokenize and /decode routes), never by the

@@ -3,14 +3,12 @@ per layer); elsewhere (CPU, fp32, older GPUs) SDPA, one call per segment."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
 from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec
-from .torch_varlen import varlen_problem
+from .torch_varlen import keywords_of, varlen_problem
 
 
 class TorchAttention(AttentionBackend):
@@ -28,7 +26,7 @@ class TorchAttention(AttentionBackend):
         raised TypeError on it, seen on an H200) the key and value heads are repeated to the
         query heads' count."""
         self._varlen = varlen_attn
-        self._gqa_keyword = "enable_gqa" in inspect.signature(varlen_attn).parameters
+        self._gqa_keyword = "enable_gqa" in keywords_of(varlen_attn)
 
     def prepare(self, layout: AttentionLayout) -> None:
         if self._varlen is not None:

@@ -5,6 +5,7 @@ batch, separate query/key offsets, GQA): known without importing anything CUDA."
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 # Its FlashAttention kernels: Ampere and newer, half precision, head sizes up to 256 in
 # multiples of 8.
@@ -23,15 +24,18 @@ def _capability(device: str) -> tuple[int, int]:
 KEYWORDS = frozenset({"scale", "window_size"})
 
 
+def keywords_of(varlen_attn) -> frozenset[str]:
+    """The parameter names a varlen_attn takes (torch's, or a stand-in's)."""
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _varlen_keywords() -> frozenset[str] | None:
     """The parameter names of this torch's varlen_attn (None where it has none)."""
     if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return None
-    import inspect
-
     from torch.nn.attention.varlen import varlen_attn
 
-    return frozenset(inspect.signature(varlen_attn).parameters)
+    return keywords_of(varlen_attn)
 
 
 def flash_problem(

@@ -93,8 +93,7 @@ class TextTokenizer:
         self, texts: list[str], opts: EmbedOptions
     ) -> tuple[list[list[int]], list[int]]:
         """(ids per text, tokens per text before truncation, special tokens included)."""
-        done = self.encoded(texts, opts)
-        return [e.ids for e in done], [e.input_tokens for e in done]
+        return ids_and_counts(self.encoded(texts, opts))
 
     def encoded(self, texts: list[str], opts: EmbedOptions) -> list[Encoded]:
         """Each text's Encoded: its ids, counts and what `tokens` shows of it."""
@@ -218,6 +217,11 @@ class TextTokenizer:
                 done.first = len(self._head) + first
                 done.own_offsets = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
             yield done
+
+
+def ids_and_counts(encoded: list[Encoded]) -> tuple[list[list[int]], list[int]]:
+    """(ids per text, tokens per text before truncation), as `encode_counted` gives them."""
+    return [e.ids for e in encoded], [e.input_tokens for e in encoded]
 
 
 @dataclass
