@@ -125,8 +125,9 @@ def linear_params(config: dict) -> dict[str, int]:
     h, inter = config["hidden_size"], config["intermediate_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    per_layer = {
-        "self_attn.qkv_proj": h * (q + 2 * kv),
+    per_layer = {  # q|k and v apart, as the int8 route splits them (int8.FLOAT_SHARDS)
+        "self_attn.qk_proj": h * (q + kv),
+        "self_attn.v_proj": h * kv,
         "self_attn.o_proj": q * h,
         "mlp.gate_up_proj": 2 * h * inter,
         "mlp.down_proj": inter * h,

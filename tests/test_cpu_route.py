@@ -136,16 +136,22 @@ def test_int8_matches_transformers(checkpoint, config_name, dtype):
             isinstance(m.kernel, int8.Int8Weight) == int8.quantizes(n) and m.weight is None
             for n, m in linears.items()
         )
-        # per layer the MLP's down and the attention's output projection stay in floats
+        # per layer the attention's values and output projection stay in floats; q|k and the
+        # MLP's projections are int8, their inputs rotated
         assert sum(map(int8.quantizes, linears)) == len(linears) - 2 * len(enc.model.layers)
+        first = enc.model.layers[0]
+        assert first.self_attn.projections == (("q", "k"), ("v",))
+        assert isinstance(first.self_attn.qk_proj.kernel, int8.Int8Weight)
+        assert isinstance(first.mlp.down_proj.kernel, int8.Int8Weight)
+        assert first.mlp.down_proj.kernel.rotation > 1
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= INT8_COSINE
 
 
 def test_int8_on_the_demo_model_shape(demo_dir):
     """Qwen3-Embedding-0.6B's widths, texts of random ids: the int8 route against fp32. The
-    MLP's down and the attention's output projections stay in floats (int8.FLOAT_LAYERS);
-    quantising them too gives ~0.9987 (docs/tuning.md)."""
+    attention's values and output projection stay in floats (int8.FLOAT_LAYERS); quantising
+    them too gives ~0.9990 (docs/tuning.md)."""
     seqs = random_sequences([5, 17, 40, 90, 128, 200, 300, 511, 33, 64], vocab_size=151643, seed=3)
     with Encoder.from_pretrained(demo_dir, dtype="float32", prefix_reuse=False) as enc:
         reference = enc.embed(seqs)

@@ -1,5 +1,6 @@
 """The native int8 linear operator (native/csrc/int8_vnni.cpp) against the torch route it
-replaces: the same integer arithmetic, so the same numbers, for the layouts the model hands it."""
+replaces: the same integer arithmetic, so the same numbers, for the layouts the model hands it,
+with and without the rows' Hadamard rotation."""
 
 from __future__ import annotations
 
@@ -21,19 +22,37 @@ def _random(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The route's arithmetic in torch ops: int8 codes, an int32 product, the two scales."""
+def reference(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, rotation: int = 1
+) -> torch.Tensor:
+    """The route's arithmetic in torch ops: rows rotated (hadamard_rows, checked against the
+    matrix below), int8 codes, an int32 product, the two scales."""
+    dtype = x.dtype
+    if rotation > 1:
+        x, w = int8.hadamard_rows(x.float(), rotation), int8.hadamard_rows(w.double(), rotation)
     xq, xs = int8.quantize_rows(x)
     wq, ws = int8.quantize_rows(w)
+    ws = ws / rotation
     rows = x.shape[0]
     acc = torch._int_mm(F.pad(xq, (0, 0, 0, max(0, 17 - rows))), wq.t())[:rows]  # _int_mm: > 16
     out = acc.float() * xs * ws.view(1, -1)
-    return (out if bias is None else out + bias).to(x.dtype)
+    return (out if bias is None else out + bias).to(dtype)
 
 
 def native(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     packed, offset, scale = int8.pack(*int8.quantize_rows(w))
     return torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, bias, w.shape[0])
+
+
+def sylvester(n: int) -> torch.Tensor:
+    """The unnormalised n x n Walsh-Hadamard matrix: H[i, j] = (-1) ** popcount(i & j)."""
+    i = torch.arange(n)
+    bits = torch.bitwise_and(i.view(-1, 1), i.view(1, -1))
+    parity = torch.zeros_like(bits)
+    while bits.any():
+        parity ^= bits & 1
+        bits >>= 1
+    return 1.0 - 2.0 * parity.float()
 
 
 @DTYPES
@@ -67,10 +86,40 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(dtype):
         assert torch.equal(native(x[rows], w), full[rows])
 
 
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+def test_the_rotation_is_the_hadamard_matrix(block):
+    h = sylvester(block)
+    assert torch.equal(h @ h.T, block * torch.eye(block))
+    x = _random(5, 3 * block, seed=0)
+    expected = (x.double().view(5, 3, block) @ h.double()).view(5, -1)
+    assert torch.allclose(int8.hadamard_rows(x, block).double(), expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_features,block", [(4, 1), (10, 1), (48, 16), (64, 64), (1024, 128)])
+def test_rotation_blocks(in_features, block):
+    assert int8.rotation_block(in_features) == block
+
+
+@DTYPES
+@pytest.mark.parametrize("rows,out_features,in_features", [(7, 33, 48), (97, 80, 64), *SHAPES[-1:]])
+def test_rotated_rows_equal_the_integer_arithmetic(dtype, rows, out_features, in_features):
+    """The kernel's in-register transform gives the floats of the torch route's butterflies
+    (the same operations in the same order), so the same codes; and the product stays within
+    int8's error of the float one."""
+    x = _random(rows, in_features, seed=0).to(dtype)
+    w = _random(out_features, in_features, seed=1)
+    layer = int8.Int8Weight(w)
+    assert layer.native and layer.rotation == int8.rotation_block(in_features) > 1
+    out = layer(x)
+    assert torch.equal(out, reference(x, w, rotation=layer.rotation))
+    exact = x.double() @ w.double().T
+    assert (out.double() - exact).abs().max() < 0.02 * exact.abs().max()
+
+
 def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
     w, x = _random(96, 256, seed=1), _random(37, 256, seed=0).to(torch.bfloat16)
     layer = int8.Int8Weight(w)
-    assert layer.native and layer.packed.shape == (6, 64, 16, 4)
+    assert layer.native and layer.packed.shape == (6, 64, 16, 4) and layer.rotation == 128
     monkeypatch.setattr(int8, "native_kernel", lambda: False)
     torch_route = int8.Int8Weight(w)
     assert not torch_route.native and torch_route.qweight.dtype == torch.int8
@@ -88,3 +137,6 @@ def test_bad_operands_are_refused():
         torch.ops.qwen_embed.int8_linear(x, packed, offset[:16], scale, None, 32)
     with pytest.raises(RuntimeError, match="bias"):
         torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, torch.zeros(31), 32)
+    for rotation in (8, 48, 128):  # below a vector, not a power of two, not dividing 64
+        with pytest.raises(RuntimeError, match="rotation must be"):
+            torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 32, rotation)

@@ -88,8 +88,8 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     _prepare_device(device)
     model = _instantiate(config, spec, tp, device)
     load_weights(model, spec.model_dir)
-    if route.prune:  # before repacking: the last layer's q is split from k|v
-        model.prune_last_layer()
+    apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
+    model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
     model.eval()
     _warm_up(model)

@@ -1,17 +1,21 @@
 """The int8 linear route: weights per output channel at load, activations per token at run time.
 
 `x @ W.T` becomes `(xs * ws) * (q(x) @ q(W).T)`, with q() symmetric int8 and the product
-accumulated in int32. On CPUs with AVX512_VNNI the native kernel does all of it in one operator
-(native/csrc/int8_vnni.cpp): weights packed for it once here, each row quantised, multiplied and
-rescaled to the model dtype while its sums are in registers, so no int32 matrix is written.
+accumulated in int32. Each layer first rotates its input rows and its weight rows by the same
+block Walsh-Hadamard transform H (`x @ W.T == (x @ H) @ (W @ H).T / block`): an outlier
+spreads over its block, so the one scale per row or channel fits the other values better.
+On CPUs with AVX512_VNNI the native kernel does all of it in one operator
+(native/csrc/int8_vnni.cpp): weights packed for it once here, each row rotated in registers,
+quantised, multiplied and rescaled to the model dtype while its sums are in registers, so no
+int32 matrix is written.
 Elsewhere `torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it
 are compiled (compiled.py: Inductor fuses each into one loop; eager where compiling fails).
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
-Embeddings, norms, attention, pooling and the layers in FLOAT_LAYERS stay in floats: the MLP's
-down projection (its input, silu(gate) * up, has the heaviest-tailed tokens of any linear input)
-and the attention's output projection lose the most to per-token int8 (docs/tuning.md).
+Embeddings, norms, attention, pooling and the layers in FLOAT_LAYERS stay in floats: the
+attention's output projection and its values (the q|k|v projection runs as q|k in int8 and v
+apart, FLOAT_SHARDS) lose the most to int8 (docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -23,12 +27,33 @@ from . import native
 from .compiled import CompiledSet
 
 _QMAX = 127.0
-FLOAT_LAYERS = ("mlp.down_proj", "self_attn.o_proj")  # module name endings kept in floats
+FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
+FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
 CHANNELS, GROUP = 16, 4  # the native kernel's weight blocks: 16 channels x 4 input values
+# The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
+# native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
+MAX_ROTATION, MIN_ROTATION = 128, 16
 
 
 def quantizes(module_name: str) -> bool:
     return not module_name.endswith(FLOAT_LAYERS)
+
+
+def rotation_block(in_features: int) -> int:
+    block = min(in_features & -in_features, MAX_ROTATION)
+    return block if block >= MIN_ROTATION else 1
+
+
+def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [rows, k] times the unnormalised block Walsh-Hadamard matrix (entries +-1; H @ H.T ==
+    block * I), as butterflies (a + b, a - b) on pairs h apart, h = 1, 2, 4, ..., the native
+    kernel's order: the same floats."""
+    rows, k = x.shape
+    for h in (1 << i for i in range(block.bit_length() - 1)):
+        pairs = x.reshape(rows, k // (2 * h), 2, h)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        x = torch.stack((a + b, a - b), dim=2)
+    return x.reshape(rows, k)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,15 +73,26 @@ def _rescale(
     return (acc.float() * x_scale * w_scale).to(dtype)
 
 
+def _rotate_and_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rows(hadamard_rows(x.float(), block))
+
+
 def _warmup() -> None:
-    weight, w_scale = torch.ones(8, 16, dtype=torch.int8), torch.ones(1, 8)
+    # two blocks a row: one would be specialised as a size-1 dimension
+    weight, w_scale = torch.ones(8, 2 * MAX_ROTATION, dtype=torch.int8), torch.ones(1, 8)
     for rows in (2, 1):  # 1 row is specialised separately by dynamic shapes
         for dtype in (torch.float32, torch.bfloat16):
-            q, s = KERNELS.quantize(torch.ones(rows, 16, dtype=dtype))
+            x = torch.ones(rows, 2 * MAX_ROTATION, dtype=dtype)
+            KERNELS.quantize(x)
+            q, s = KERNELS.rotate_and_quantize(x, MAX_ROTATION)  # every Qwen width's block
             KERNELS.rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
 
 
-KERNELS = CompiledSet("int8 route", {"quantize": quantize_rows, "rescale": _rescale}, _warmup)
+KERNELS = CompiledSet(
+    "int8 route",
+    {"quantize": quantize_rows, "rotate_and_quantize": _rotate_and_quantize, "rescale": _rescale},
+    _warmup,
+)
 
 
 def prepare() -> None:
@@ -82,12 +118,17 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 class Int8Weight(nn.Module):
-    """A linear layer's weight as int8 [out, in] plus one fp32 scale per output channel, packed
-    for the native kernel where it runs."""
+    """A linear layer's weight, rotated (rotation_block), as int8 [out, in] plus one fp32 scale
+    per output channel, packed for the native kernel where it runs."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
-        q, scale = quantize_rows(weight.detach())
+        self.rotation = rotation_block(weight.shape[1])
+        w = weight.detach()
+        if self.rotation > 1:  # exact in float64; the 1 / block goes into the scales (exact)
+            w = hadamard_rows(w.double(), self.rotation)
+        q, scale = quantize_rows(w)
+        scale /= self.rotation
         self.out_features = q.shape[0]
         self.native = native_kernel() and weight.device.type == "cpu"
         if self.native:
@@ -105,10 +146,14 @@ class Int8Weight(nn.Module):
         if self.native:
             bias = None if bias is None else bias.float()
             out = torch.ops.qwen_embed.int8_linear(
-                x2, self.packed, self.offset, self.scale, bias, self.out_features
+                x2, self.packed, self.offset, self.scale, bias, self.out_features, self.rotation
             )
         else:
-            xq, x_scale = KERNELS.quantize(x2)
+            xq, x_scale = (
+                KERNELS.rotate_and_quantize(x2, self.rotation)
+                if self.rotation > 1
+                else KERNELS.quantize(x2)
+            )
             out = KERNELS.rescale(torch._int_mm(xq, self.qweight.t()), x_scale, self.scale, x.dtype)
             if bias is not None:
                 out.add_(bias.to(out.dtype))

@@ -50,8 +50,8 @@ class Route:
         linear = {
             Linear.FLOAT: self.dtype,
             Linear.FP32_GEMM: f"{self.dtype} as fp32 GEMM",
-            Linear.INT8: "int8 (per-channel weights, per-token activations; MLP down "
-            "projection in floats)",
+            Linear.INT8: "int8 (per-channel weights, per-token activations, Hadamard-rotated "
+            "rows; the attention's values and output projection in floats)",
         }[self.linear]
         if self.prepacked:
             linear += ", oneDNN-packed weights"

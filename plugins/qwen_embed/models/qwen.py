@@ -73,13 +73,32 @@ class QwenAttention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.has_qk_norm = config.has_qk_norm
         self.backend = backend
+        # the q|k|v projection's shard groups, each computed by the layer named after it
+        self.projections: tuple[tuple[str, ...], ...] = (("q", "k", "v"),)
 
-    def split_queries(self) -> None:
-        """The packed q|k|v projection as q and k|v (after loading, before repacking): with
-        last-layer pruning the last layer needs keys and values of every row but queries only
-        of the pooled ones, and q is half of q|k|v's work in Qwen3-Embedding's shapes."""
-        self.q_proj, self.kv_proj = self.qkv_proj.split(("q",), ("k", "v"))
+    def split_projection(self, *groups: tuple[str, ...]) -> None:
+        """The packed q|k|v projection as one layer per group of consecutive shards, named
+        after it (`q_proj`, `kv_proj`, ...), after loading and before repacking: for a route
+        that multiplies the groups differently, or computes q for some rows only."""
+        for group, layer in zip(groups, self.qkv_proj.split(*groups), strict=True):
+            setattr(self, _projection_name(group), layer)
+        self.projections = groups
         self.qkv_proj = None
+
+    def _project(
+        self, x: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (of `rows` only, when given), k and v of x."""
+        d, out = self.head_dim, {}
+        widths = {"q": self.num_heads * d, "k": self.num_kv_heads * d, "v": self.num_kv_heads * d}
+        q_alone = rows is not None and ("q",) in self.projections
+        for group in self.projections:
+            y = getattr(self, _projection_name(group))(
+                x[rows] if group == ("q",) and q_alone else x
+            )
+            out.update(zip(group, y.split([widths[s] for s in group], dim=-1), strict=True))
+        q = out["q"] if rows is None or q_alone else out["q"][rows]
+        return q, out["k"], out["v"]
 
     def forward(
         self,
@@ -92,13 +111,7 @@ class QwenAttention(nn.Module):
     ) -> torch.Tensor:
         """Keys/values for every row; queries (and the output) only for `rows` if given."""
         t, d = x.shape[0], self.head_dim
-        kv = [self.num_kv_heads * d] * 2
-        if self.qkv_proj is None:  # split_queries: q only for the rows that are read
-            q = self.q_proj(x if rows is None else x[rows])
-            k, v = self.kv_proj(x).split(kv, dim=-1)
-        else:
-            q, k, v = self.qkv_proj(x).split([self.num_heads * d, *kv], dim=-1)
-            q = q if rows is None else q[rows]
+        q, k, v = self._project(x, rows)
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
         q_norm, k_norm = (self.q_norm, self.k_norm) if self.has_qk_norm else (None, None)
         q = norm_rotary(q, cos_q, sin_q, d, q_norm)
@@ -107,6 +120,23 @@ class QwenAttention(nn.Module):
         k, v = ctx.keys(self.layer_index, k, v, layout)
         out = self.backend.forward(q, k, v, layout)
         return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
+
+
+def _projection_name(group: tuple[str, ...]) -> str:
+    return "".join(group) + "_proj"
+
+
+def projection_groups(apart: set[str]) -> tuple[tuple[str, ...], ...]:
+    """q|k|v cut into groups of consecutive shards, each shard in `apart` a group of its own."""
+    groups: list[tuple[str, ...]] = []
+    run: list[str] = []
+    for shard in ("q", "k", "v"):
+        if shard in apart:
+            groups += [tuple(run), (shard,)] if run else [(shard,)]
+            run = []
+        else:
+            run.append(shard)
+    return tuple(groups + [tuple(run)] if run else groups)
 
 
 class QwenMLP(nn.Module):
@@ -173,10 +203,16 @@ class QwenModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def prune_last_layer(self) -> None:
-        """Before the weights are repacked, where the forwards will prune (ctx.last): the
-        last layer projects queries for the pooled rows only."""
-        self.layers[-1].self_attn.split_queries()
+    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
+        """Before the weights are repacked: the q|k|v projections cut where the route needs.
+        The shards in `apart` are layers of their own (int8.FLOAT_SHARDS: in floats beside the
+        int8 rest); where the forwards prune (ctx.last), the last layer projects q for the
+        pooled rows only (q is half of q|k|v's work in Qwen3-Embedding's shapes)."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            groups = projection_groups(set(apart) | ({"q"} if prune and i == last else set()))
+            if len(groups) > 1:
+                layer.self_attn.split_projection(*groups)
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:

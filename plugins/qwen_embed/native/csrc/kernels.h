@@ -54,13 +54,14 @@ struct Int8Gemm {
   int64_t k_pad, n, ldo;
 };
 
-// Rows of activations -> codes and scales (quantize), and the GEMM over rows [row0, row1) and
+// Rows of activations -> codes and scales (quantize; block > 1: each row rotated first by a
+// Walsh-Hadamard transform per `block` values), and the GEMM over rows [row0, row1) and
 // channels [col0, col1), col0 a multiple of kInt8Panel.
 struct Int8Kernels {
   void (*quantize_f32)(const float* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad,
-                       uint8_t* codes, float* scale);
+                       int64_t block, uint8_t* codes, float* scale);
   void (*quantize_bf16)(const uint16_t* x, int64_t stride, int64_t rows, int64_t k,
-                        int64_t k_pad, uint8_t* codes, float* scale);
+                        int64_t k_pad, int64_t block, uint8_t* codes, float* scale);
   void (*gemm_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
                    int64_t col1);
   void (*gemm_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,

@@ -184,7 +184,7 @@ bool int8_supported() {
 constexpr int64_t kInt8TaskRows = 96, kInt8TaskChannels = 256;
 
 template <typename T>
-void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k) {
+void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) {
   const auto& kern = vnni::kernels;
   const int64_t m = rows.size(0), stride = rows.stride(0);
   at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
@@ -193,9 +193,9 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k) {
     const T* x = ptr<T>(rows) + b * stride;
     uint8_t* q = ptr<uint8_t>(codes) + b * g.k_pad;
     if constexpr (std::is_same_v<T, float>)
-      kern.quantize_f32(x, stride, e - b, k, g.k_pad, q, ptr<float>(scales) + b);
+      kern.quantize_f32(x, stride, e - b, k, g.k_pad, block, q, ptr<float>(scales) + b);
     else
-      kern.quantize_bf16(x, stride, e - b, k, g.k_pad, q, ptr<float>(scales) + b);
+      kern.quantize_bf16(x, stride, e - b, k, g.k_pad, block, q, ptr<float>(scales) + b);
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
@@ -215,10 +215,12 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k) {
 
 // x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
 // [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
-// dtype, plus bias (fp32 [n]) when given.
+// dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
+// Walsh-Hadamard transform per `rotation` values (a power of two from 16 dividing k), as the
+// weights were before packing.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
-                       int64_t n) {
+                       int64_t n, int64_t rotation) {
   TORCH_CHECK(int8_supported(), "the int8 kernels need AVX-512 with VNNI");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
@@ -234,6 +236,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   if (bias)
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
+  TORCH_CHECK(rotation == 1 || (rotation >= 16 && (rotation & (rotation - 1)) == 0 &&
+                                k % rotation == 0),
+              "rotation must be 1 or a power of two from 16 dividing ", k, ", got ", rotation);
   at::Tensor rows = as_rows(x, k);
   auto sizes = x.sizes().vec();
   sizes.back() = n;
@@ -244,9 +249,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
         bias ? ptr<float>(*bias) : nullptr, out_ptr, packed.size(1) * 4, n, n};
   };
   if (x.scalar_type() == at::kBFloat16)
-    int8_gemm(operands(ptr<uint16_t>(out)), rows, k);
+    int8_gemm(operands(ptr<uint16_t>(out)), rows, k, rotation);
   else
-    int8_gemm(operands(ptr<float>(out)), rows, k);
+    int8_gemm(operands(ptr<float>(out)), rows, k, rotation);
   return out;
 }
 
@@ -388,8 +393,8 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def(
-      "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n) "
-      "-> Tensor");
+      "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
+      "int rotation=1) -> Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
       "float scale) -> Tensor");
