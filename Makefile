@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-attention perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -121,6 +121,11 @@ gpu-report: setup-gpu
 # (perf/results/prepack.md).
 perf-prepack: setup
 	cd perf && ../$(PY) bench_prepack.py
+
+# The int8 route's layout (which layers in int8, rows rotated or not): tokens/s and cosine
+# against fp32, in process, beside the float route (perf/results/int8-<cpu>.md).
+perf-int8: setup
+	cd perf && ../$(PY) bench_int8.py --out results/int8-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
 
 # The native attention operator alone vs PyTorch SDPA per sequence vs vLLM's CPU kernel (in its
 # venv, installed as for perf-peers) by text length, then the engine's tokens/s by text length.

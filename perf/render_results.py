@@ -324,6 +324,25 @@ def prepack(r: dict) -> list[str]:
     return grid(r["rows"], columns) + head + grid(r["row_plans"], plans)
 
 
+def int8(r: dict) -> list[str]:
+    columns = [
+        ("layout", lambda x: x["layout"].replace("|", "\\|"), ""),
+        ("tokens/s", "tok_s", ".0f"),
+        ("x float route", "x_float", ".2f"),
+        (
+            "min / mean cosine, documents",
+            lambda x: pair(x["documents min"], x["documents mean"], ".5f"),
+            "",
+        ),
+        (
+            "min / mean cosine, random ids",
+            lambda x: pair(x["random ids min"], x["random ids mean"], ".5f"),
+            "",
+        ),
+    ]
+    return grid(r["rows"], columns)
+
+
 def gemm_rows(r: dict) -> list[str]:
     columns = [
         ("shape", "shape", ""),
@@ -448,6 +467,7 @@ RENDER = {
     "batch": batch,
     "engine": engine,
     "gemm_rows": gemm_rows,
+    "int8": int8,
     "lengths": lengths,
     "long": long,
     "neighbour": neighbour,

@@ -6,7 +6,9 @@
 // (int8.py), with each channel's sum times 128 subtracted from its int32 total to undo the
 // offset. Integer sums are exact, so a row's outputs never depend on the rows computed beside
 // it; the rescale (row scale, then channel scale), the bias and the rounding to the output dtype
-// happen while the sums are still in registers, so no int32 matrix ever reaches memory.
+// happen while the sums are still in registers, so no int32 matrix ever reaches memory. A layer
+// may rotate its rows first (a block Walsh-Hadamard transform, int8.py), as it rotated its
+// weights at load: an outlier spreads over its block and the row's scale fits the rest better.
 #include <immintrin.h>
 
 #include <vector>
