@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_cpu_route import ZEN4
 
-from qwen_embed import native
+from qwen_embed import int8, native
 from qwen_embed.layers import (
     RMSNorm,
     norm_rotary,
@@ -90,6 +90,21 @@ def test_silu_mul_matches_torch(isa, dtype):
     gate_up[0, :8] = torch.tensor([-200.0, -88.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
     expected = torch_silu_mul(gate_up.double()).to(dtype)
     torch.testing.assert_close(OPS.silu_mul(gate_up), expected, **TOLERANCE[dtype])
+
+
+@DTYPES
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+def test_the_int8_rotation_is_the_torch_butterflies_bitwise(isa, dtype, block):
+    """int8.py's rotation: the native kernels take the butterflies in the torch order, so the
+    same floats (the int8 codes of a row must not depend on the instruction set)."""
+    wide = _random(9, 3 * block + 40, dtype=dtype)
+    x = wide[:, 40:]  # strided rows
+    out = OPS.hadamard_rows(x, block)
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    assert torch.equal(out, int8.torch_hadamard_rows(x.float(), block))
+    assert torch.equal(OPS.hadamard_rows(x.reshape(3, 3, -1), block).view(9, -1), out)
+    with pytest.raises(RuntimeError, match="rotation must be"):
+        OPS.hadamard_rows(x[:, 1:], block)
 
 
 @DTYPES

@@ -8,8 +8,9 @@ On CPUs with AVX512_VNNI the native kernel does all of it in one operator
 (native/csrc/int8_vnni.cpp): weights packed for it once here, each row rotated in registers,
 quantised, multiplied and rescaled to the model dtype while its sums are in registers, so no
 int32 matrix is written.
-Elsewhere `torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it
-are compiled (compiled.py: Inductor fuses each into one loop; eager where compiling fails).
+Elsewhere the native rotation (any instruction set) or the same butterflies in torch, then
+`torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it are compiled
+(compiled.py: Inductor fuses each into one loop; eager where compiling fails).
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
@@ -46,8 +47,14 @@ def rotation_block(in_features: int) -> int:
 
 def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     """x [rows, k] times the unnormalised block Walsh-Hadamard matrix (entries +-1; H @ H.T ==
-    block * I), as butterflies (a + b, a - b) on pairs h apart, h = 1, 2, 4, ..., the native
-    kernel's order: the same floats."""
+    block * I), in fp32 (float64 stays float64), as butterflies (a + b, a - b) on pairs h
+    apart, h = 1, 2, 4, ...: the native kernels' order, so the same floats. Native where built."""
+    if native.handles(x):
+        return torch.ops.qwen_embed.hadamard_rows(x, block)
+    return torch_hadamard_rows(x.float() if x.dtype != torch.float64 else x, block)
+
+
+def torch_hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     rows, k = x.shape
     for h in (1 << i for i in range(block.bit_length() - 1)):
         pairs = x.reshape(rows, k // (2 * h), 2, h)
@@ -73,26 +80,15 @@ def _rescale(
     return (acc.float() * x_scale * w_scale).to(dtype)
 
 
-def _rotate_and_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_rows(hadamard_rows(x.float(), block))
-
-
 def _warmup() -> None:
-    # two blocks a row: one would be specialised as a size-1 dimension
-    weight, w_scale = torch.ones(8, 2 * MAX_ROTATION, dtype=torch.int8), torch.ones(1, 8)
+    weight, w_scale = torch.ones(8, 16, dtype=torch.int8), torch.ones(1, 8)
     for rows in (2, 1):  # 1 row is specialised separately by dynamic shapes
         for dtype in (torch.float32, torch.bfloat16):
-            x = torch.ones(rows, 2 * MAX_ROTATION, dtype=dtype)
-            KERNELS.quantize(x)
-            q, s = KERNELS.rotate_and_quantize(x, MAX_ROTATION)  # every Qwen width's block
+            q, s = KERNELS.quantize(torch.ones(rows, 16, dtype=dtype))
             KERNELS.rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
 
 
-KERNELS = CompiledSet(
-    "int8 route",
-    {"quantize": quantize_rows, "rotate_and_quantize": _rotate_and_quantize, "rescale": _rescale},
-    _warmup,
-)
+KERNELS = CompiledSet("int8 route", {"quantize": quantize_rows, "rescale": _rescale}, _warmup)
 
 
 def prepare() -> None:
@@ -149,10 +145,8 @@ class Int8Weight(nn.Module):
                 x2, self.packed, self.offset, self.scale, bias, self.out_features, self.rotation
             )
         else:
-            xq, x_scale = (
-                KERNELS.rotate_and_quantize(x2, self.rotation)
-                if self.rotation > 1
-                else KERNELS.quantize(x2)
+            xq, x_scale = KERNELS.quantize(
+                hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
             )
             out = KERNELS.rescale(torch._int_mm(xq, self.qweight.t()), x_scale, self.scale, x.dtype)
             if bias is not None:

@@ -54,64 +54,8 @@ void codes(const T* row, int64_t k, int64_t k_pad, float amax, uint8_t* dst, flo
   }
 }
 
-// The butterfly (a + b, a - b) on lanes h apart inside a vector, h = 1, 2, 4, 8: `swapped` is x
-// with each lane's partner in its place, `upper` the lanes holding the b of their pair.
-inline __m512 butterfly(__m512 x, __m512 swapped, __mmask16 upper) {
-  return _mm512_mask_sub_ps(_mm512_add_ps(x, swapped), upper, swapped, x);
-}
-
-// V vectors of a row (one block of 16 V values) -> their unnormalised Walsh-Hadamard transform
-// in dst, in registers: butterflies (a + b, a - b) on pairs h apart for h = 1, 2, 4, ... as
-// int8.hadamard_rows takes them, so the same floats. Returns the block's largest magnitude.
-template <int V, typename T>
-__m512 hadamard_block(const T* src, float* dst) {
-  __m512 x[V];
-#pragma GCC unroll 8
-  for (int v = 0; v < V; ++v) {
-    __m512 y = load16(src + 16 * v, 0xffff);
-    y = butterfly(y, _mm512_permute_ps(y, 0xb1), 0xaaaa);
-    y = butterfly(y, _mm512_permute_ps(y, 0x4e), 0xcccc);
-    y = butterfly(y, _mm512_shuffle_f32x4(y, y, 0xb1), 0xf0f0);
-    x[v] = butterfly(y, _mm512_shuffle_f32x4(y, y, 0x4e), 0xff00);
-  }
-#pragma GCC unroll 8
-  for (int h = 1; h < V; h *= 2)
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j)
-      if (!(j & h)) {
-        const __m512 a = x[j], b = x[j + h];
-        x[j] = _mm512_add_ps(a, b);
-        x[j + h] = _mm512_sub_ps(a, b);
-      }
-  __m512 amax = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int v = 0; v < V; ++v) {
-    _mm512_storeu_ps(dst + 16 * v, x[v]);
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(x[v]));
-  }
-  return amax;
-}
-
-// A row of k values rotated block by block (block 16, 32, 64 or 128 dividing k) into dst;
-// returns its largest magnitude.
-template <typename T>
-float hadamard(const T* row, int64_t k, int64_t block, float* dst) {
-  __m512 amax = _mm512_setzero_ps();
-  for (int64_t j = 0; j < k; j += block) {
-    __m512 m;
-    switch (block) {
-      case 16: m = hadamard_block<1>(row + j, dst + j); break;
-      case 32: m = hadamard_block<2>(row + j, dst + j); break;
-      case 64: m = hadamard_block<4>(row + j, dst + j); break;
-      default: m = hadamard_block<8>(row + j, dst + j); break;
-    }
-    amax = _mm512_max_ps(amax, m);
-  }
-  return _mm512_reduce_max_ps(amax);
-}
-
-// Row i of x -> its codes and scale; with block > 1 the row is rotated first (hadamard), in
-// fp32, as the weights were at load (int8.py).
+// Row i of x -> its codes and scale; with block > 1 the row is rotated first (hadamard_row,
+// numerics.h), in fp32, as the weights were at load (int8.py).
 template <typename T>
 void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad, int64_t block,
               uint8_t* q, float* scale) {
@@ -120,7 +64,7 @@ void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad
   for (int64_t i = 0; i < rows; ++i) {
     const T* row = x + i * stride;
     if (block > 1) {
-      const float amax = hadamard(row, k, block, rotated.data());
+      const float amax = hadamard_row(row, k, block, rotated.data());
       codes(rotated.data(), k, k_pad, amax, q + i * k_pad, scale + i);
       continue;
     }

@@ -34,6 +34,8 @@ struct Kernels {
                     const uint16_t*, float, uint16_t*, int64_t, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
+  void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
+  void (*hadamard_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
   AttentionKernels<float> attention_f32;
   AttentionKernels<uint16_t> attention_bf16;
 };

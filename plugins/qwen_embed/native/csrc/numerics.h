@@ -39,6 +39,7 @@ inline float round_to(float v) {
 typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16x32 __attribute__((vector_size(64)));
 typedef uint16_t U16x16 __attribute__((vector_size(32)));
+constexpr int kVector = 16;  // values of an F16
 
 inline U16x16 to_bf16(F16 v) {
 #if defined(__AVX512BF16__)
@@ -81,6 +82,71 @@ template <typename T>
 inline F16 round16(F16 v) {
   if constexpr (sizeof(T) == sizeof(uint16_t)) return from_bf16(to_bf16(v));
   return v;
+}
+
+// The int8 route's rotation (int8.py): an unnormalised Walsh-Hadamard transform of each block
+// of `block` values (16, 32, 64 or 128, dividing k) of a row into dst, as butterflies (a + b,
+// a - b) on pairs h apart for h = 1, 2, 4, ..., the order int8.hadamard_rows takes them, so the
+// same floats in every instruction set. A block stays in registers; returns the row's largest
+// magnitude.
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+inline F16 butterflies16(F16 x) {  // pairs 1, 2, 4 and 8 lanes apart
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#pragma GCC unroll 4
+  for (int h = 1; h < 16; h *= 2) {
+    const F16 partner = __builtin_shuffle(x, lane ^ h);
+    x = (lane & h) ? partner - x : x + partner;
+  }
+  return x;
+}
+
+inline F16 abs16(F16 v) {
+  return reinterpret_cast<F16>(reinterpret_cast<U16x32>(v) & 0x7fffffffu);
+}
+
+template <int V, typename T>
+inline F16 hadamard_block(const T* src, float* dst) {
+  F16 x[V];
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) x[v] = butterflies16(load16(src + 16 * v));
+#pragma GCC unroll 8
+  for (int h = 1; h < V; h *= 2)
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j)
+      if (!(j & h)) {
+        const F16 a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  F16 amax = {};
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    store16(dst + 16 * v, x[v]);
+    const F16 m = abs16(x[v]);
+    amax = m > amax ? m : amax;
+  }
+  return amax;
+}
+
+template <typename T>
+inline float hadamard_row(const T* src, int64_t k, int64_t block, float* dst) {
+  F16 amax = {};
+  for (int64_t j = 0; j < k; j += block) {
+    F16 m;
+    switch (block) {
+      case 16: m = hadamard_block<1>(src + j, dst + j); break;
+      case 32: m = hadamard_block<2>(src + j, dst + j); break;
+      case 64: m = hadamard_block<4>(src + j, dst + j); break;
+      default: m = hadamard_block<8>(src + j, dst + j); break;
+    }
+    amax = m > amax ? m : amax;
+  }
+  float lanes[kVector];
+  __builtin_memcpy(lanes, &amax, sizeof lanes);
+  float most = 0.0f;
+  for (float l : lanes) most = l > most ? l : most;
+  return most;
 }
 
 // Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector

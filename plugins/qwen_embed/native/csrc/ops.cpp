@@ -174,6 +174,34 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+void check_rotation(int64_t block, int64_t k) {
+  TORCH_CHECK(block == 1 || ((block == 16 || block == 32 || block == 64 || block == 128) &&
+                             k % block == 0),
+              "rotation must be 1 or 16, 32, 64 or 128 dividing ", k, ", got ", block);
+}
+
+// x [..., k] (fp32 or bf16) -> fp32 [..., k]: each row's blocks of `block` values rotated by an
+// unnormalised Walsh-Hadamard transform (the int8 route's rotation, int8.py).
+at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
+  const int64_t k = x.size(-1);
+  check_rotation(block, k);
+  TORCH_CHECK(block > 1, "rotation block must be from 16");
+  at::Tensor rows = as_rows(x, k);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  const int64_t stride = rows.stride(0);
+  const auto& kern = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(k), [&](int64_t b, int64_t end) {
+    if (bf16)
+      kern.hadamard_bf16(ptr<uint16_t>(rows) + b * stride, stride, end - b, k, block,
+                         ptr<float>(out) + b * k);
+    else
+      kern.hadamard_f32(ptr<float>(rows) + b * stride, stride, end - b, k, block,
+                        ptr<float>(out) + b * k);
+  });
+  return out;
+}
+
 bool int8_supported() {
   __builtin_cpu_init();
   return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
@@ -216,7 +244,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
 // x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
 // [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
 // dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
-// Walsh-Hadamard transform per `rotation` values (a power of two from 16 dividing k), as the
+// Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
 // weights were before packing.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
@@ -236,9 +264,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   if (bias)
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
-  TORCH_CHECK(rotation == 1 || (rotation >= 16 && (rotation & (rotation - 1)) == 0 &&
-                                k % rotation == 0),
-              "rotation must be 1 or a power of two from 16 dividing ", k, ", got ", rotation);
+  check_rotation(rotation, k);
   at::Tensor rows = as_rows(x, k);
   auto sizes = x.sizes().vec();
   sizes.back() = n;
@@ -391,6 +417,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
@@ -404,6 +431,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("rms_norm", &qe::rms_norm);
   m.impl("rope", &qe::rope);
   m.impl("silu_mul", &qe::silu_mul);
+  m.impl("hadamard_rows", &qe::hadamard_rows);
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("varlen_attention", &qe::varlen_attention);
 }

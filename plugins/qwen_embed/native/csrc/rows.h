@@ -106,6 +106,13 @@ void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t n)
   }
 }
 
+// The int8 route's rotation of `rows` rows (hadamard_row) into out [rows, k] in fp32.
+template <typename T>
+void hadamard_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t block,
+                   float* out) {
+  for (int64_t i = 0; i < rows; ++i) hadamard_row(x + i * stride, k, block, out + i * k);
+}
+
 }  // namespace
 }  // namespace QE_ISA
 }  // namespace qe

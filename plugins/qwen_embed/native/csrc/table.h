@@ -19,6 +19,8 @@ extern const Kernels kernels = {
     rope<uint16_t>,
     silu_mul<float>,
     silu_mul<uint16_t>,
+    hadamard_rows<float>,
+    hadamard_rows<uint16_t>,
     {pack<float>, attend<float>, kChunk, sizeof(float)},
 #if defined(QE_AMX)
     {pack_tiles, attend_tiles, kTileKeys, sizeof(uint16_t)},
