@@ -121,7 +121,7 @@ class Int8Weight(nn.Module):
         super().__init__()
         self.rotation = rotation_block(weight.shape[1])
         w = weight.detach()
-        if self.rotation > 1:  # exact in float64; the 1 / block goes into the scales (exact)
+        if self.rotation > 1:  # in float64; the 1 / block goes into the scales (exact)
             w = hadamard_rows(w.double(), self.rotation)
         q, scale = quantize_rows(w)
         scale /= self.rotation

@@ -1,6 +1,6 @@
-// Numerics shared by the kernels of one instruction set (rows.h, attention.h): bf16 <-> fp32 as
-// torch converts, a fixed-order lane sum, and a vectorisable exp. Included into each
-// kernels_<isa>.cpp, whose flags decide the instructions.
+// Numerics shared by the kernels of one instruction set (rows.h, attention.h, int8_vnni.cpp):
+// bf16 <-> fp32 as torch converts, a fixed-order lane sum, a vectorisable exp and the int8
+// route's rotation. Included into each kernels_<isa>.cpp, whose flags decide the instructions.
 #pragma once
 #include <stdint.h>
 #if defined(__AVX512F__)
@@ -39,7 +39,6 @@ inline float round_to(float v) {
 typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16x32 __attribute__((vector_size(64)));
 typedef uint16_t U16x16 __attribute__((vector_size(32)));
-constexpr int kVector = 16;  // values of an F16
 
 inline U16x16 to_bf16(F16 v) {
 #if defined(__AVX512BF16__)
@@ -82,6 +81,41 @@ template <typename T>
 inline F16 round16(F16 v) {
   if constexpr (sizeof(T) == sizeof(uint16_t)) return from_bf16(to_bf16(v));
   return v;
+}
+
+// Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector
+// width. The lanes are explicit vectors: as an array GCC kept them in memory.
+constexpr int kLanes = 16;
+
+template <typename T>
+inline float sum_squares(const T* x, int64_t n) {
+  // Four vectors of lanes, so that consecutive multiply-adds do not wait for each other.
+  F16 lanes[4] = {};
+  const int64_t whole = n - n % (4 * kLanes), part = n - n % kLanes;
+  for (int64_t j = 0; j < whole; j += 4 * kLanes)
+    for (int a = 0; a < 4; ++a) {
+      const F16 v = load16(x + j + a * kLanes);
+      lanes[a] += v * v;
+    }
+  for (int64_t j = whole; j < part; j += kLanes) {
+    const F16 v = load16(x + j);
+    lanes[0] += v * v;
+  }
+  F16 sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (int64_t l = 0; l < n - part; ++l) {
+    float v = to_float(x[part + l]);
+    sum[l] += v * v;
+  }
+  float tree[kLanes];
+  __builtin_memcpy(tree, &sum, sizeof tree);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) tree[l] += tree[l + width];
+  return tree[0];
+}
+
+template <typename T>
+inline float inverse_rms(const T* x, int64_t n, float eps) {
+  return 1.0f / __builtin_sqrtf(sum_squares(x, n) / static_cast<float>(n) + eps);
 }
 
 // The int8 route's rotation (int8.py): an unnormalised Walsh-Hadamard transform of each block
@@ -142,46 +176,11 @@ inline float hadamard_row(const T* src, int64_t k, int64_t block, float* dst) {
     }
     amax = m > amax ? m : amax;
   }
-  float lanes[kVector];
+  float lanes[kLanes];
   __builtin_memcpy(lanes, &amax, sizeof lanes);
   float most = 0.0f;
   for (float l : lanes) most = l > most ? l : most;
   return most;
-}
-
-// Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector
-// width. The lanes are explicit vectors: as an array GCC kept them in memory.
-constexpr int kLanes = 16;
-
-template <typename T>
-inline float sum_squares(const T* x, int64_t n) {
-  // Four vectors of lanes, so that consecutive multiply-adds do not wait for each other.
-  F16 lanes[4] = {};
-  const int64_t whole = n - n % (4 * kLanes), part = n - n % kLanes;
-  for (int64_t j = 0; j < whole; j += 4 * kLanes)
-    for (int a = 0; a < 4; ++a) {
-      const F16 v = load16(x + j + a * kLanes);
-      lanes[a] += v * v;
-    }
-  for (int64_t j = whole; j < part; j += kLanes) {
-    const F16 v = load16(x + j);
-    lanes[0] += v * v;
-  }
-  F16 sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (int64_t l = 0; l < n - part; ++l) {
-    float v = to_float(x[part + l]);
-    sum[l] += v * v;
-  }
-  float tree[kLanes];
-  __builtin_memcpy(tree, &sum, sizeof tree);
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) tree[l] += tree[l + width];
-  return tree[0];
-}
-
-template <typename T>
-inline float inverse_rms(const T* x, int64_t n, float eps) {
-  return 1.0f / __builtin_sqrtf(sum_squares(x, n) / static_cast<float>(n) + eps);
 }
 
 // exp for silu: Cephes' range reduction and polynomial (about 2 ulp), vectorisable. The clamp
