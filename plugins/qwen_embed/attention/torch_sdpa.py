@@ -15,6 +15,7 @@ class TorchAttention(AttentionBackend):
     def __init__(self, spec: AttentionSpec):
         super().__init__(spec)
         self._varlen = None
+        self._gqa = spec.num_heads != spec.num_kv_heads
         dtype = str(spec.dtype).removeprefix("torch.")
         if varlen_problem(str(spec.device), dtype, spec.head_dim) is None:
             from torch.nn.attention.varlen import varlen_attn
@@ -26,7 +27,10 @@ class TorchAttention(AttentionBackend):
         raised TypeError on it, seen on an H200) the key and value heads are repeated to the
         query heads' count."""
         self._varlen = varlen_attn
-        self._gqa_keyword = "enable_gqa" in keywords_of(varlen_attn)
+        takes_gqa = "enable_gqa" in keywords_of(varlen_attn)
+        # decided once: the keyword passed to every call, or the heads' repeat factor
+        self._varlen_gqa = {"enable_gqa": self._gqa} if takes_gqa else {}
+        self._kv_repeat = self.spec.num_heads // self.spec.num_kv_heads if not takes_gqa else 1
 
     def prepare(self, layout: AttentionLayout) -> None:
         if self._varlen is not None:
@@ -47,12 +51,10 @@ class TorchAttention(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        gqa = self.spec.num_heads != self.spec.num_kv_heads
         if self._varlen is not None:
-            gqa_keyword = {"enable_gqa": gqa} if self._gqa_keyword else {}
-            if gqa and not self._gqa_keyword:
-                group = self.spec.num_heads // self.spec.num_kv_heads
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            if self._kv_repeat > 1:
+                k = k.repeat_interleave(self._kv_repeat, dim=1)
+                v = v.repeat_interleave(self._kv_repeat, dim=1)
             # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs.
             return self._varlen(
                 q,
@@ -64,7 +66,7 @@ class TorchAttention(AttentionBackend):
                 layout.max_k,
                 scale=self.spec.scale,
                 window_size=(-1, 0) if self.spec.causal else (-1, -1),
-                **gqa_keyword,
+                **self._varlen_gqa,
             )
         out = torch.empty_like(q)
         # Slices of the flat stream seen as [1, heads, len, dim]: no padding.
@@ -77,6 +79,6 @@ class TorchAttention(AttentionBackend):
                 attn_mask=mask,
                 is_causal=is_causal,
                 scale=self.spec.scale,
-                enable_gqa=gqa,
+                enable_gqa=self._gqa,
             )[0].transpose(0, 1)
         return out

@@ -75,6 +75,7 @@ class QwenAttention(nn.Module):
         self.backend = backend
         # the q|k|v projection's shard groups, each computed by the layer named after it
         self.projections: tuple[tuple[str, ...], ...] = (("q", "k", "v"),)
+        self.widths = dict(self.qkv_proj.local)  # this rank's width of each shard
 
     def split_projection(self, *groups: tuple[str, ...]) -> None:
         """The packed q|k|v projection as one layer per group of consecutive shards, named
@@ -89,14 +90,13 @@ class QwenAttention(nn.Module):
         self, x: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (of `rows` only, when given), k and v of x."""
-        d, out = self.head_dim, {}
-        widths = {"q": self.num_heads * d, "k": self.num_kv_heads * d, "v": self.num_kv_heads * d}
+        out = {}
         q_alone = rows is not None and ("q",) in self.projections
         for group in self.projections:
             y = getattr(self, _projection_name(group))(
                 x[rows] if group == ("q",) and q_alone else x
             )
-            out.update(zip(group, y.split([widths[s] for s in group], dim=-1), strict=True))
+            out.update(zip(group, y.split([self.widths[s] for s in group], dim=-1), strict=True))
         q = out["q"] if rows is None or q_alone else out["q"][rows]
         return q, out["k"], out["v"]
 
