@@ -257,7 +257,11 @@ def rows(r: dict) -> list[str]:
         ("GB/s", "GBps", ".1f"),
         ("of copy", "of_copy", ".0%"),
     ]
-    head = f"kernels `{r['isa']}`, {r['tokens']:,} tokens, {r['threads']} threads"
+    if isinstance(r["tokens"], list):  # several token counts: a column of its own
+        columns.insert(0, ("tokens", "tokens", ","))
+        head = f"kernels `{r['isa']}`, {r['threads']} threads"
+    else:
+        head = f"kernels `{r['isa']}`, {r['tokens']:,} tokens, {r['threads']} threads"
     return [head, ""] + grid(r["rows"], columns)
 
 

@@ -45,10 +45,11 @@ def _random(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 
 
 @DTYPES
-def test_rms_norm_matches_torch_on_strided_rows(isa, dtype):
+@pytest.mark.parametrize("width", [1024, 1000])  # 1,000: the kernels' scalar tail too
+def test_rms_norm_matches_torch_on_strided_rows(isa, dtype, width):
     wide = _random(37, 1536, dtype=dtype)
-    x = wide[:, 100:1124]  # rows of 1,024 with a row stride of 1,536
-    weight = _random(1024, dtype=dtype, seed=1)
+    x = wide[:, 100 : 100 + width]  # rows with a row stride of 1,536
+    weight = _random(width, dtype=dtype, seed=1)
     torch.testing.assert_close(
         OPS.rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), **TOLERANCE[dtype]
     )
@@ -60,7 +61,7 @@ def test_rms_norm_matches_torch_on_strided_rows(isa, dtype):
 
 
 @DTYPES
-@pytest.mark.parametrize("head_dim", [64, 128, 96])
+@pytest.mark.parametrize("head_dim", [64, 128, 96, 32])  # 96 and 32: scalar tails
 @pytest.mark.parametrize("with_norm", [True, False])
 def test_rotary_matches_torch_on_a_qkv_slice(isa, dtype, head_dim, with_norm):
     """q is a strided slice of the packed q|k|v projection, as the attention layer has it."""
@@ -85,8 +86,9 @@ def test_rotary_matches_torch_on_a_qkv_slice(isa, dtype, head_dim, with_norm):
 
 
 @DTYPES
-def test_silu_mul_matches_torch(isa, dtype):
-    gate_up = _random(23, 2 * 3072, dtype=dtype)
+@pytest.mark.parametrize("width", [3072, 1000])
+def test_silu_mul_matches_torch(isa, dtype, width):
+    gate_up = _random(23, 2 * width, dtype=dtype)
     gate_up[0, :8] = torch.tensor([-200.0, -88.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
     expected = torch_silu_mul(gate_up.double()).to(dtype)
     torch.testing.assert_close(OPS.silu_mul(gate_up), expected, **TOLERANCE[dtype])

@@ -83,9 +83,104 @@ inline F16 round16(F16 v) {
   return v;
 }
 
+// 32 values at a time as two vectors, in the lane order that `Rounds` roundings to the model
+// dtype left them in. With AVX512_BF16, a bf16 load splits even and odd values with two bit
+// operations, and a rounding packs both vectors with one vcvtne2ps2bf16 and splits again: the
+// values move between lanes in a fixed way, but no conversion shuffles lanes on its own; the
+// store puts them back in memory order with one vpermw. Values that meet (weights, cos/sin) take
+// as many roundings, which leaves dtype values unchanged and their lanes matching; the type
+// keeps the count, so values in different orders cannot meet. Elsewhere lanes keep memory order.
+template <int Rounds>
+struct V32 {
+  F16 a, b;
+};
+template <int R>
+inline V32<R> operator+(V32<R> x, V32<R> y) { return {x.a + y.a, x.b + y.b}; }
+template <int R>
+inline V32<R> operator-(V32<R> x, V32<R> y) { return {x.a - y.a, x.b - y.b}; }
+template <int R>
+inline V32<R> operator*(V32<R> x, V32<R> y) { return {x.a * y.a, x.b * y.b}; }
+template <int R>
+inline V32<R> operator*(V32<R> x, float s) { return {x.a * s, x.b * s}; }
+
+#if defined(__AVX512BF16__)
+// 32 bf16 in one register -> even values (low halves of the 32-bit lanes) and odd ones
+inline V32<0> split(__m512i w) {
+  const U16x32 u = reinterpret_cast<U16x32>(w);
+  return {reinterpret_cast<F16>(u << 16), reinterpret_cast<F16>(u & 0xffff0000u)};
+}
+inline __m512i pack(F16 a, F16 b) {  // words 0-15: a rounded, 16-31: b rounded
+  return reinterpret_cast<__m512i>(
+      _mm512_cvtne2ps_pbh(reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(a)));
+}
+// Where each position (a's lanes, then b's) holds the value of memory position `element`
+// after Rounds + 1 splits, and the store's vpermw index: memory word e <- position index[e].
+template <int Rounds>
+struct LaneOrder {
+  short index[32];
+  constexpr LaneOrder() : index() {
+    int element[32], next[32];
+    for (int p = 0; p < 32; ++p) element[p] = p;
+    for (int r = 0; r <= Rounds; ++r) {
+      for (int p = 0; p < 32; ++p) next[p] = element[p < 16 ? 2 * p : 2 * (p - 16) + 1];
+      for (int p = 0; p < 32; ++p) element[p] = next[p];
+    }
+    for (int p = 0; p < 32; ++p) index[element[p]] = static_cast<short>(p);
+  }
+};
+template <int Rounds>
+constexpr LaneOrder<Rounds> kLaneOrder{};
+#endif
+
+inline V32<0> load32(const float* p) { return {load16(p), load16(p + 16)}; }
+inline V32<0> load32(const uint16_t* p) {
+#if defined(__AVX512BF16__)
+  return split(_mm512_loadu_si512(p));
+#else
+  return {load16(p), load16(p + 16)};
+#endif
+}
+
+template <typename T, int R>
+inline V32<R + 1> round32(V32<R> v) {
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(T) == sizeof(uint16_t)) {
+    const V32<0> s = split(pack(v.a, v.b));
+    return {s.a, s.b};
+  }
+#endif
+  return {round16<T>(v.a), round16<T>(v.b)};
+}
+
+// `Rounds` roundings of values already in the dtype (weights, cos/sin): their lanes, not values
+template <typename T, int Rounds>
+inline V32<Rounds> load32_as(const T* p) {
+  if constexpr (Rounds == 0)
+    return load32(p);
+  else
+    return round32<T>(load32_as<T, Rounds - 1>(p));
+}
+
+template <int R>
+inline void store32(float* p, V32<R> v) {
+  store16(p, v.a);
+  store16(p + 16, v.b);
+}
+template <int R>
+inline void store32(uint16_t* p, V32<R> v) {
+#if defined(__AVX512BF16__)
+  const __m512i index = _mm512_loadu_si512(kLaneOrder<R>.index);
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(index, pack(v.a, v.b)));
+#else
+  store16(p, v.a);
+  store16(p + 16, v.b);
+#endif
+}
+
 // Sum of squares in 16 x 4 fixed lanes and a fixed tree: the same order whatever the vector
 // width. The lanes are explicit vectors: as an array GCC kept them in memory.
 constexpr int kLanes = 16;
+typedef int32_t I16 __attribute__((vector_size(64)));
 
 template <typename T>
 inline float sum_squares(const T* x, int64_t n) {
@@ -106,11 +201,12 @@ inline float sum_squares(const T* x, int64_t n) {
     float v = to_float(x[part + l]);
     sum[l] += v * v;
   }
-  float tree[kLanes];
-  __builtin_memcpy(tree, &sum, sizeof tree);
+  // lane l += lane l + width, for width 8, 4, 2, 1: shuffles in registers
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#pragma GCC unroll 4
   for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) tree[l] += tree[l + width];
-  return tree[0];
+    sum += __builtin_shuffle(sum, (lane + width) % kLanes);
+  return sum[0];
 }
 
 template <typename T>
@@ -123,8 +219,6 @@ inline float inverse_rms(const T* x, int64_t n, float eps) {
 // a - b) on pairs h apart for h = 1, 2, 4, ..., the order int8.hadamard_rows takes them, so the
 // same floats in every instruction set. A block stays in registers; returns the row's largest
 // magnitude.
-typedef int32_t I16 __attribute__((vector_size(64)));
-
 inline F16 butterflies16(F16 x) {  // pairs 1, 2, 4 and 8 lanes apart
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #pragma GCC unroll 4
@@ -183,23 +277,51 @@ inline float hadamard_row(const T* src, int64_t k, int64_t block, float* dst) {
   return most;
 }
 
-// exp for silu: Cephes' range reduction and polynomial (about 2 ulp), vectorisable. The clamp
-// stays below the float range's top so that no lane of silu's division makes a denormal (a
-// slow microcode path).
-inline float exp_approx(float x) {
+// exp for silu: Cephes' range reduction and polynomial (about 2 ulp), for one value or 16. The
+// clamp stays below the float range's top so that no lane of silu's division makes a denormal
+// (a slow microcode path).
+inline float floor_of(float x) { return __builtin_floorf(x); }
+inline F16 floor_of(F16 x) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<F16>(
+      _mm512_roundscale_ps(reinterpret_cast<__m512>(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+#else
+  const F16 t = __builtin_convertvector(__builtin_convertvector(x, I16), F16);  // toward zero
+  return t > x ? t - 1.0f : t;
+#endif
+}
+// p * 2^k for whole k that keep the result normal
+inline float times_pow2(float p, float k) {
+  return p * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+}
+inline F16 times_pow2(F16 p, F16 k) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<F16>(
+      _mm512_scalef_ps(reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(k)));
+#else
+  return p * reinterpret_cast<F16>((__builtin_convertvector(k, I16) + 127) << 23);
+#endif
+}
+
+template <typename V>
+inline V exp_approx(V x) {
   x = x > -87.0f ? x : -87.0f;
   x = x < 80.0f ? x : 80.0f;
-  float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - k * 0.693359375f;
+  const V k = floor_of(x * 1.44269504088896341f + 0.5f);
+  V r = x - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+  return times_pow2(p, k);
+}
+
+template <typename V>
+inline V silu(V g) {
+  return g / (1.0f + exp_approx(-g));
 }
 
 }  // namespace

@@ -14,45 +14,50 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
-// RMSNorm and the rotary kernel run 16 values at a time as explicit vectors (numerics.h), with
-// scalar tails where a width is not a multiple of 16; silu_mul is a plain loop GCC vectorises.
+// The kernels run 32 values at a time (numerics.h's V32), with scalar tails where a width is
+// not a multiple of 32.
 
 template <typename T>
 void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t rows, int64_t n,
               float eps) {
-  const int64_t whole = n - n % 16;
+  const int64_t whole = n - n % 32;
   for (int64_t i = 0; i < rows; ++i) {
     const T* row = x + i * x_stride;
     T* dst = out + i * n;
     const float scale = inverse_rms(row, n, eps);
-    for (int64_t j = 0; j < whole; j += 16)
-      store16(dst + j, round16<T>(load16(row + j) * scale) * load16(weight + j));
+    for (int64_t j = 0; j < whole; j += 32)
+      store32(dst + j, round32<T>(load32(row + j) * scale) * load32_as<T, 1>(weight + j));
     for (int64_t j = whole; j < n; ++j)
       store(dst + j, round_to<T>(to_float(row[j]) * scale) * to_float(weight[j]));
   }
 }
 
 // Neox rotation of each head of d values (halves x1, x2): x1 c - x2 s, x2 c + x1 s, with the
-// head first RMS-normalised by `norm_weight` when given (Qwen3's q/k norm). D > 0 fixes d at
-// compile time (the common head sizes), so the compiler unrolls the short per-head loops.
-template <typename T, int64_t D>
+// head first RMS-normalised by `norm_weight` when Normed (Qwen3's q/k norm), which rounds twice.
+// D > 0 fixes d at compile time (the common head sizes), so the compiler unrolls the short
+// per-head loops.
+template <typename T, int64_t D, bool Normed>
 void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* norm_weight,
                 float eps, T* out, int64_t rows, int64_t heads, int64_t runtime_d) {
-  const int64_t d = D > 0 ? D : runtime_d, half = d / 2, whole = half - half % 16;
-  float w[kMaxHeadDim];  // the norm's weights, converted once
-  for (int64_t j = 0; norm_weight && j < d; ++j) w[j] = to_float(norm_weight[j]);
-  auto normed = [&](F16 v, float scale, int64_t j) {
-    return round16<T>(round16<T>(v * scale) * load16(w + j));
-  };
+  constexpr int R = Normed ? 2 : 0;  // roundings of a rotated value
+  const int64_t d = D > 0 ? D : runtime_d, half = d / 2, whole = half - half % 32;
+  V32<1> w1[kMaxHeadDim / 64], w2[kMaxHeadDim / 64];  // the norm's weights, in the lanes they meet
+  for (int64_t j = 0; Normed && j < whole; j += 32) {
+    w1[j / 32] = load32_as<T, 1>(norm_weight + j);
+    w2[j / 32] = load32_as<T, 1>(norm_weight + half + j);
+  }
   auto normed1 = [&](float v, float scale, int64_t j) {
-    return round_to<T>(round_to<T>(v * scale) * w[j]);
+    return Normed ? round_to<T>(round_to<T>(v * scale) * to_float(norm_weight[j])) : v;
   };
   float scales[kMaxHeads];
+  V32<R> c[kMaxHeadDim / 64], s[kMaxHeadDim / 64];
   for (int64_t i = 0; i < rows; ++i) {
-    const T* c = cos + i * half;
-    const T* s = sin + i * half;
+    for (int64_t j = 0; j < whole; j += 32) {
+      c[j / 32] = load32_as<T, R>(cos + i * half + j);
+      s[j / 32] = load32_as<T, R>(sin + i * half + j);
+    }
     // The heads' norms first: independent reductions, which the core overlaps.
-    for (int64_t h = 0; h < heads && norm_weight; ++h)
+    for (int64_t h = 0; h < heads && Normed; ++h)
       scales[h] = inverse_rms(x + i * x_stride + h * d, d, eps);
     for (int64_t h = 0; h < heads; ++h) {
       const T* src = x + i * x_stride + h * d;
@@ -61,24 +66,23 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
       // prefetchers follow contiguous rows, not these.
       for (int64_t j = 0; i + 1 < rows && j < d; j += 64 / static_cast<int64_t>(sizeof(T)))
         __builtin_prefetch(src + x_stride + j);
-      const float scale = norm_weight ? scales[h] : 1.0f;
-      for (int64_t j = 0; j < whole; j += 16) {
-        F16 x1 = load16(src + j), x2 = load16(src + j + half);
-        if (norm_weight) {
-          x1 = normed(x1, scale, j);
-          x2 = normed(x2, scale, j + half);
-        }
-        const F16 cj = load16(c + j), sj = load16(s + j);
-        store16(dst + j, x1 * cj - x2 * sj);
-        store16(dst + j + half, x2 * cj + x1 * sj);
+      const float scale = Normed ? scales[h] : 1.0f;
+      auto load = [&](const T* p, V32<1> weight) {
+        if constexpr (Normed)
+          return round32<T>(round32<T>(load32(p) * scale) * weight);
+        else
+          return load32(p);
+      };
+      for (int64_t j = 0; j < whole; j += 32) {
+        const V32<R> x1 = load(src + j, w1[j / 32]), x2 = load(src + j + half, w2[j / 32]);
+        const V32<R> cj = c[j / 32], sj = s[j / 32];
+        store32(dst + j, x1 * cj - x2 * sj);
+        store32(dst + j + half, x2 * cj + x1 * sj);
       }
       for (int64_t j = whole; j < half; ++j) {
-        float x1 = to_float(src[j]), x2 = to_float(src[j + half]);
-        if (norm_weight) {
-          x1 = normed1(x1, scale, j);
-          x2 = normed1(x2, scale, j + half);
-        }
-        const float cj = to_float(c[j]), sj = to_float(s[j]);
+        const float x1 = normed1(to_float(src[j]), scale, j);
+        const float x2 = normed1(to_float(src[j + half]), scale, j + half);
+        const float cj = to_float(cos[i * half + j]), sj = to_float(sin[i * half + j]);
         store(dst + j, x1 * cj - x2 * sj);
         store(dst + j + half, x2 * cj + x1 * sj);
       }
@@ -89,20 +93,27 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
 template <typename T>
 void rope(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* norm_weight,
           float eps, T* out, int64_t rows, int64_t heads, int64_t d) {
-  auto run = d == 128 ? rope_heads<T, 128> : d == 64 ? rope_heads<T, 64> : rope_heads<T, 0>;
+  auto run = norm_weight ? (d == 128  ? rope_heads<T, 128, true>
+                            : d == 64 ? rope_heads<T, 64, true>
+                                      : rope_heads<T, 0, true>)
+                         : (d == 128  ? rope_heads<T, 128, false>
+                            : d == 64 ? rope_heads<T, 64, false>
+                                      : rope_heads<T, 0, false>);
   run(x, x_stride, cos, sin, norm_weight, eps, out, rows, heads, d);
 }
 
 template <typename T>
 void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t n) {
+  const int64_t whole = n - n % 32;
   for (int64_t i = 0; i < rows; ++i) {
     const T* gate = gate_up + i * stride;
     const T* up = gate + n;
     T* dst = out + i * n;
-    for (int64_t j = 0; j < n; ++j) {
-      float g = to_float(gate[j]);
-      store(dst + j, g / (1.0f + exp_approx(-g)) * to_float(up[j]));
+    for (int64_t j = 0; j < whole; j += 32) {
+      const V32<0> g = load32(gate + j), u = load32(up + j);
+      store32(dst + j, V32<0>{silu(g.a), silu(g.b)} * u);
     }
+    for (int64_t j = whole; j < n; ++j) store(dst + j, silu(to_float(gate[j])) * to_float(up[j]));
   }
 }
 
