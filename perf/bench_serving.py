@@ -8,13 +8,22 @@ that are one Qwen token each, so a text of N words is about N + 1 tokens. Each r
 back to back for --seconds, every answer checked against the engine's vectors. Requests per
 encoder execute come from the server's own metric (qwen_embed_encoder_requests_per_execute).
 The engine alone (in this process, all texts per call) is the ceiling the table compares with.
+
+Where a level's wall time goes: the share in encoder calls (qwen_embed_encode_seconds) and in
+encoder executes (Triton's model statistics; the rest of an execute is reading requests and
+writing responses, the rest of the wall is the encoder waiting for work), and the cores each
+process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
+clients (this process).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +41,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed_deploy.launcher import stub_processes
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
@@ -43,6 +53,44 @@ PER_EXECUTE = "qwen_embed_encoder_requests_per_execute"
 def executes(server: TritonServer) -> tuple[float, float]:
     """(requests, executes) the encoder has seen, from its requests-per-execute histogram."""
     return server.metric(PER_EXECUTE + "_sum"), server.metric(PER_EXECUTE + "_count")
+
+
+def encoder_seconds(server: TritonServer) -> tuple[float, float]:
+    """(seconds in encoder calls, seconds in encoder executes) so far."""
+    calls = server.metric("qwen_embed_encode_seconds_sum")
+    url = f"http://{server.http_url}/v2/models/encoder/stats"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        stats = json.load(response)["model_stats"]
+    executes = sum(b["compute_infer"]["ns"] for m in stats for b in m.get("batch_stats", []))
+    return calls, executes / 1e9
+
+
+def cpu_seconds(server: TritonServer) -> dict[str, float]:
+    """CPU seconds so far of the server's processes, by role, and of the clients (this one)."""
+    server_pid = server.status()["server_pid"]
+    roles = {"tritonserver": [server_pid], "clients": [os.getpid()]}
+    for pid, model in stub_processes(server_pid).items():
+        roles.setdefault(model, []).append(pid)
+    return {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def time_split(server: TritonServer, run) -> tuple[dict, dict]:
+    """run()'s result and where its wall time went: shares in encoder calls and executes, and
+    the cores each role kept busy."""
+    start, seconds, cpu = time.perf_counter(), encoder_seconds(server), cpu_seconds(server)
+    result = run()
+    wall = time.perf_counter() - start
+    calls, executes = (b - a for a, b in zip(seconds, encoder_seconds(server), strict=True))
+    cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in cpu_seconds(server).items()}
+    return result, {"calls_share": calls / wall, "executes_share": executes / wall, "cores": cores}
 
 
 def main() -> None:
@@ -94,12 +142,20 @@ def main() -> None:
         drive(make, counts, check, clients=4, per_request=per_request, seconds=0, max_requests=8)
         for c in args.concurrency:
             before = executes(server)
-            stats = drive(
-                make, counts, check, clients=c, per_request=per_request, seconds=args.seconds
+            stats, split = time_split(
+                server,
+                lambda c=c: drive(
+                    make, counts, check, clients=c, per_request=per_request, seconds=args.seconds
+                ),
             )
             requests, runs = (a - b for a, b in zip(executes(server), before, strict=True))
             rows.append(
-                {"concurrency": c, **stats, "requests_per_execute": requests / runs if runs else 0}
+                {
+                    "concurrency": c,
+                    **stats,
+                    "requests_per_execute": requests / runs if runs else 0,
+                    **split,
+                }
             )
             print(json.dumps(rows[-1]), flush=True)
 
@@ -122,6 +178,8 @@ def main() -> None:
         "p99 s",
         "min cosine",
         "requests per encoder execute",
+        "wall in encoder calls / executes",
+        "cores: encoder / tokenizer / tritonserver / clients",
     ]
     table = markdown_table(
         header,
@@ -136,6 +194,8 @@ def main() -> None:
                 fmt(r["p99_s"], ".2f"),
                 fmt(r["min_check"], ".5f"),
                 f"{r['requests_per_execute']:.1f}",
+                f"{r['calls_share']:.0%} / {r['executes_share']:.0%}",
+                cores(r["cores"]),
             ]
             for r in rows
         ],
@@ -148,6 +208,11 @@ def main() -> None:
     ]
     title = "End to end through Triton (`embed` ensemble, gRPC) vs the engine alone"
     write_report(args.out, record, title, notes, table)
+
+
+def cores(used: dict[str, float]) -> str:
+    roles = ("encoder", "tokenizer", "tritonserver", "clients")
+    return " / ".join(f"{used.get(role, 0.0):.2f}" for role in roles)
 
 
 if __name__ == "__main__":

