@@ -96,7 +96,7 @@ cpu)
 	step "native kernels"
 	timeout "$(left 120)" python3 -m qwen_embed.native.build || exit 1
 	step "kernel and same-vector tests"
-	timeout "$(left 120)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
+	timeout "$(left 180)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
 		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_same_vector.py
 	cd perf
 	kind=$(python3 -c "from bench_peers import cpu_tag; print(cpu_tag())")  # e.g. amx
