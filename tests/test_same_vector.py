@@ -2,10 +2,11 @@
 another order, or after its shared prefix was cached (reuse on == off), on the native kernels of
 each instruction set the CPU runs. Every elementwise op and the attention operator compute each
 row alone in a fixed order, and GEMMs never run one row (onednn.planned_rows), so what remains
-is each row of a GEMM coming out the same at any row count. That holds in fp32, and in bf16 for oneDNN's kernels on AVX-512 CPUs without AMX; on AMX
-CPUs oneDNN's bf16 kernels accumulate differently for different row counts (docs/tuning.md has
-the cost of forcing one count), which this test bounds instead. The int8 route's quantised
-layers are exact integer sums over per-row codes: the same at any row count."""
+is each row of a GEMM coming out the same at any row count. That holds in fp32, and in bf16 for
+oneDNN's kernels on AVX-512 CPUs without AMX; on AMX CPUs oneDNN's bf16 kernels accumulate
+differently for different row counts (docs/tuning.md has the cost of forcing one count), which
+this test bounds instead. The int8 route's quantised layers are exact integer sums over per-row
+codes: the same at any row count."""
 
 import numpy as np
 import pytest
