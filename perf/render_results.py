@@ -420,7 +420,7 @@ def serving(r: dict) -> list[str]:
         ("p99 ms", lambda level: _ms(level, "p99"), ".0f"),
         ("requests per encoder execute", "requests_per_execute", ".1f"),
     ]
-    if "calls_share" in r["levels"][0]:  # where the wall time went (later records)
+    if "calls_share" in r["levels"][0]:  # records that say where the wall time went
         columns += [
             ("wall in encoder calls", "calls_share", ".0%"),
             ("in executes", "executes_share", ".0%"),
