@@ -22,7 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
-from harness import RESULTS, new_record, write_report
+from harness import RESULTS, cosines, new_record, write_report
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, int8
@@ -49,10 +49,6 @@ def random_texts(vocab_size: int, seed: int = 3) -> list[list[int]]:
     lengths = [5, 17, 40, 90, 128, 200, 300, 511, 33, 64, 7, 250, 1000, 3]
     lengths += [3 + (i * 53) % 700 for i in range(40)]
     return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def main() -> None:

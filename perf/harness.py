@@ -35,12 +35,17 @@ Check = Callable[[list[int], np.ndarray], float]
 # ---------------------------------------------------------------- load
 
 
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The cosine of each row of a with the same row of b."""
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(1) / (norms + 1e-12)
+
+
 def cosine_check(reference: np.ndarray) -> Check:
-    """The lowest cosine of an answer's vectors against the reference rows (unit vectors)."""
+    """The lowest cosine of an answer's vectors against the reference rows."""
 
     def check(idx: list[int], vectors: np.ndarray) -> float:
-        ref = reference[idx]
-        return float(((vectors * ref).sum(1) / (np.linalg.norm(vectors, axis=1) + 1e-12)).min())
+        return float(cosines(vectors, reference[idx]).min())
 
     return check
 

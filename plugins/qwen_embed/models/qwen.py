@@ -73,9 +73,8 @@ class QwenAttention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.has_qk_norm = config.has_qk_norm
         self.backend = backend
-        # the q|k|v projection's shard groups, each computed by the layer named after it
-        self.projections: tuple[tuple[str, ...], ...] = (("q", "k", "v"),)
         self.widths = dict(self.qkv_proj.local)  # this rank's width of each shard
+        self._projections(("q", "k", "v"))
 
     def split_projection(self, *groups: tuple[str, ...]) -> None:
         """The packed q|k|v projection as one layer per group of consecutive shards, named
@@ -83,21 +82,25 @@ class QwenAttention(nn.Module):
         that multiplies the groups differently, or computes q for some rows only."""
         for group, layer in zip(groups, self.qkv_proj.split(*groups), strict=True):
             setattr(self, _projection_name(group), layer)
-        self.projections = groups
         self.qkv_proj = None
+        self._projections(*groups)
+
+    def _projections(self, *groups: tuple[str, ...]) -> None:
+        """The q|k|v projection's shard groups, each computed by the layer named after it, and
+        what _project runs, decided once: each group's layer, shards and their widths."""
+        self.projections = groups
+        self._plan = [(_projection_name(g), g, [self.widths[s] for s in g]) for g in groups]
+        self.q_alone = ("q",) in groups  # a layer of its own: run on the read rows only
 
     def _project(
         self, x: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (of `rows` only, when given), k and v of x."""
         out = {}
-        q_alone = rows is not None and ("q",) in self.projections
-        for group in self.projections:
-            y = getattr(self, _projection_name(group))(
-                x[rows] if group == ("q",) and q_alone else x
-            )
-            out.update(zip(group, y.split([self.widths[s] for s in group], dim=-1), strict=True))
-        q = out["q"] if rows is None or q_alone else out["q"][rows]
+        for name, group, widths in self._plan:
+            y = getattr(self, name)(x[rows] if rows is not None and group == ("q",) else x)
+            out.update(zip(group, y.split(widths, dim=-1), strict=True))
+        q = out["q"] if rows is None or self.q_alone else out["q"][rows]
         return q, out["k"], out["v"]
 
     def forward(
