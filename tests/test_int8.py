@@ -1,6 +1,7 @@
-"""The native int8 linear operator (native/csrc/int8_vnni.cpp) against the torch route it
-replaces: the same integer arithmetic, so the same numbers, for the layouts the model hands it,
-with and without the rows' Hadamard rotation."""
+"""The native int8 linear operator (native/csrc/int8_rows.cpp around oneDNN's brgemm
+micro-kernel, ops.cpp) against the torch route it replaces: the same integer arithmetic, so the
+same numbers, for the layouts the model hands it, with and without the rows' Hadamard
+rotation."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ pytestmark = pytest.mark.skipif(
     not int8.native_kernel(), reason="the native int8 kernel needs AVX512_VNNI and the build"
 )
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# (rows, out, in): one row, paddings of both widths, more rows than a task, the demo's widths
+# (rows, out, in): one row, paddings of both widths, more rows than a task and than a call of the
+# micro-kernel (a tail of each), the demo's widths
 SHAPES = [(1, 16, 4), (7, 33, 10), (13, 100, 64), (97, 80, 130), (200, 1024, 1024)]
 
 
@@ -119,7 +121,7 @@ def test_rotated_rows_equal_the_integer_arithmetic(dtype, rows, out_features, in
 def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
     w, x = _random(96, 256, seed=1), _random(37, 256, seed=0).to(torch.bfloat16)
     layer = int8.Int8Weight(w)
-    assert layer.native and layer.packed.shape == (6, 64, 16, 4) and layer.rotation == 128
+    assert layer.native and layer.packed.shape == (2, 64, 64, 4) and layer.rotation == 128
     monkeypatch.setattr(int8, "native_kernel", lambda: False)
     torch_route = int8.Int8Weight(w)
     assert not torch_route.native and torch_route.qweight.dtype == torch.int8
@@ -129,10 +131,10 @@ def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
 def test_bad_operands_are_refused():
     packed, offset, scale = int8.pack(*int8.quantize_rows(_random(32, 64, seed=1)))
     x = _random(4, 64, seed=0)
-    with pytest.raises(RuntimeError, match="packed must be"):
-        torch.ops.qwen_embed.int8_linear(
-            x[:, :60].contiguous(), packed[:1], offset, scale, None, 32
-        )
+    with pytest.raises(RuntimeError, match="packed must be"):  # more channels than packed
+        torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 65)
+    with pytest.raises(RuntimeError, match="packed must be"):  # longer rows than packed
+        torch.ops.qwen_embed.int8_linear(_random(4, 72, seed=0), packed, offset, scale, None, 32)
     with pytest.raises(RuntimeError, match="offset"):
         torch.ops.qwen_embed.int8_linear(x, packed, offset[:16], scale, None, 32)
     with pytest.raises(RuntimeError, match="bias"):
@@ -140,3 +142,11 @@ def test_bad_operands_are_refused():
     for rotation in (8, 48, 128):  # below a vector, not a power of two, not dividing 64
         with pytest.raises(RuntimeError, match="rotation must be"):
             torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 32, rotation)
+
+
+def test_the_operator_needs_onednn(monkeypatch):
+    """Its integer GEMM is oneDNN's micro-kernel: with oneDNN off, layers take the torch route."""
+    assert int8.native_kernel()
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert not int8.native_kernel()
+    assert not int8.Int8Weight(_random(32, 64, seed=1)).native

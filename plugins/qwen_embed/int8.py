@@ -4,10 +4,11 @@
 accumulated in int32. Each layer first rotates its input rows and its weight rows by the same
 block Walsh-Hadamard transform H (`x @ W.T == (x @ H) @ (W @ H).T / block`): an outlier
 spreads over its block, so the one scale per row or channel fits the other values better.
-On CPUs with AVX512_VNNI the native kernel does all of it in one operator
-(native/csrc/int8_vnni.cpp): weights packed for it once here, each row rotated in registers,
-quantised, multiplied and rescaled to the model dtype while its sums are in registers, so no
-int32 matrix is written.
+On CPUs with AVX512_VNNI the native operator does all of it (native/csrc/int8_rows.cpp,
+ops.cpp): weights packed for it once here, each row rotated in registers and quantised, the
+integer GEMM on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them, VNNI
+elsewhere), the sums rescaled to the model dtype while they are in cache, so no int32 matrix
+is written.
 Elsewhere the native rotation (any instruction set) or the same butterflies in torch, then
 `torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it are compiled
 (compiled.py: Inductor fuses each into one loop; eager where compiling fails).
@@ -30,7 +31,7 @@ from .compiled import CompiledSet
 _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
 FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
-CHANNELS, GROUP = 16, 4  # the native kernel's weight blocks: 16 channels x 4 input values
+PANEL, GROUP = 64, 4  # the native operator's weight blocks: 64 channels x 4 input values
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
@@ -70,7 +71,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def native_kernel() -> bool:
-    """Whether the native int8 operator runs here (built, and an AVX512_VNNI CPU)."""
+    """Whether the native int8 operator runs here (built, an AVX512_VNNI CPU, torch's oneDNN)."""
     return native.isa() is not None and torch.ops.qwen_embed.int8_supported()
 
 
@@ -99,14 +100,14 @@ def prepare() -> None:
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """int8 weights [n, k] and their scales [n, 1] in the native kernel's layout: (packed int8
-    [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad] = 128 x each channel's sum, which
+    """int8 weights [n, k] and their scales [n, 1] in the native operator's layout: (packed int8
+    [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad] = 128 x each channel's sum, which
     undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros."""
     n, k = q.shape
-    n_pad, k_pad = -(-n // CHANNELS) * CHANNELS, -(-k // GROUP) * GROUP
+    n_pad, k_pad = -(-n // PANEL) * PANEL, -(-k // GROUP) * GROUP
     w = torch.zeros(n_pad, k_pad, dtype=torch.int8)
     w[:n, :k] = q
-    packed = w.view(n_pad // CHANNELS, CHANNELS, k_pad // GROUP, GROUP).permute(0, 2, 1, 3)
+    packed = w.view(n_pad // PANEL, PANEL, k_pad // GROUP, GROUP).permute(0, 2, 1, 3)
     offset = w.sum(dim=1, dtype=torch.int32).mul_(128)
     padded_scale = torch.zeros(n_pad)
     padded_scale[:n] = scale.view(-1)
@@ -115,7 +116,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 class Int8Weight(nn.Module):
     """A linear layer's weight, rotated (rotation_block), as int8 [out, in] plus one fp32 scale
-    per output channel, packed for the native kernel where it runs."""
+    per output channel, packed for the native operator where it runs."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()

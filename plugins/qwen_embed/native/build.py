@@ -32,8 +32,7 @@ ISA_FLAGS = {
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
     "kernels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
-    # GCC's partial-redundancy elimination keeps a copy of the tile's sums on the stack
-    "int8_vnni.cpp": [*AVX512, "-mavx512vnni", "-fno-tree-pre"],
+    "int8_rows.cpp": AVX512,
     AMX_SOURCE: [
         *AVX512,
         "-mavx512bf16",

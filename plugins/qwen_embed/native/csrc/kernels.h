@@ -40,9 +40,12 @@ struct Kernels {
   AttentionKernels<uint16_t> attention_bf16;
 };
 
-// One int8 linear layer's operands (int8_vnni.cpp): `a` rows of k_pad uint8 codes (the
-// activation / a_scale rounded, + 128), `packed` the int8 weights as [n_pad / 16][k_pad / 4][16]
-// [4], `offset` 128 x each channel's weight sum, `w_scale` per channel, `bias` fp32 or null;
+constexpr int64_t kInt8Panel = 64;  // channels per panel of packed int8 weights
+
+// One int8 linear layer's operands (int8_rows.cpp, ops.cpp): `a` rows of k_pad uint8 codes (the
+// activation / a_scale rounded, + 128), `packed` the int8 weights in panels of kInt8Panel
+// channels, [n_pad / kInt8Panel][k_pad / 4][kInt8Panel][4], `offset` 128 x each channel's weight
+// sum, `w_scale` per channel, `bias` fp32 or null;
 // out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
 template <typename T>
 struct Int8Gemm {
@@ -57,19 +60,18 @@ struct Int8Gemm {
 };
 
 // Rows of activations -> codes and scales (quantize; block > 1: each row rotated first by a
-// Walsh-Hadamard transform per `block` values), and the GEMM over rows [row0, row1) and
-// channels [col0, col1), col0 a multiple of kInt8Panel.
+// Walsh-Hadamard transform per `block` values), and the GEMM's int32 sums -> outputs (finish:
+// `rows` rows x `cols` channels from `row`, `col`, `ld` sums per row).
 struct Int8Kernels {
   void (*quantize_f32)(const float* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad,
                        int64_t block, uint8_t* codes, float* scale);
   void (*quantize_bf16)(const uint16_t* x, int64_t stride, int64_t rows, int64_t k,
                         int64_t k_pad, int64_t block, uint8_t* codes, float* scale);
-  void (*gemm_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
-                   int64_t col1);
-  void (*gemm_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,
-                    int64_t col1);
+  void (*finish_f32)(const Int8Gemm<float>& g, const int32_t* sums, int64_t ld, int64_t row,
+                     int64_t rows, int64_t col, int64_t cols);
+  void (*finish_bf16)(const Int8Gemm<uint16_t>& g, const int32_t* sums, int64_t ld, int64_t row,
+                      int64_t rows, int64_t col, int64_t cols);
 };
-constexpr int64_t kInt8Panel = 64;  // channels a tile computes together
 
 constexpr int64_t kBlockQ = 32;     // query rows computed together
 constexpr int64_t kTaskRows = 512;  // query rows per attention task (blocks sharing keys)
@@ -79,6 +81,6 @@ namespace avx2 { extern const Kernels kernels; }
 namespace avx512 { extern const Kernels kernels; }
 namespace avx512bf16 { extern const Kernels kernels; }
 namespace amx { extern const Kernels kernels; }
-namespace vnni { extern const Int8Kernels kernels; }
+namespace int8 { extern const Int8Kernels kernels; }
 
 }  // namespace qe

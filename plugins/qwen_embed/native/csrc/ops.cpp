@@ -3,6 +3,7 @@
 // names the widest the CPU has; the tests name others).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
 #include <cpuid.h>
@@ -202,18 +203,68 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
   return out;
 }
 
+// oneDNN's int8 micro-kernel through torch (older torch builds lack it): a probe call, since
+// oneDNN may run below the CPU's instruction sets (ONEDNN_MAX_CPU_ISA) or be off
+// (torch.backends.mkldnn), and then refuses.
+bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, int64_t ld_c,
+                 const uint8_t* a, const int8_t* b, int32_t* c) {
+#ifdef CPUBLAS_BRGEMM_U8I8I32
+  at::native::cpublas::brgemm(m, n, k, ld_a, ld_b, ld_c, false, a, b, c);
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool int8_brgemm_runs() {
+  static const bool runs = [] {
+    uint8_t a[4] = {};
+    int8_t b[4 * kInt8Panel] = {};
+    int32_t c[kInt8Panel];
+    try {
+      return int8_brgemm(1, kInt8Panel, 4, 4, kInt8Panel, kInt8Panel, a, b, c);
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return runs;
+}
+
+// The int8 operator: our row kernels need AVX-512, oneDNN's int8 micro-kernel VNNI (or AMX).
 bool int8_supported() {
   __builtin_cpu_init();
-  return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
+  return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni") &&
+         at::globalContext().userEnabledMkldnn() && int8_brgemm_runs();
 }
 
 // Rows per GEMM task, and channels per task (a multiple of kInt8Panel): a task's codes and its
-// weights stay in the core's L2 cache while its tiles run.
+// weights stay in the core's L2 cache while it runs.
 constexpr int64_t kInt8TaskRows = 96, kInt8TaskChannels = 256;
+
+// One GEMM task on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them,
+// AVX512_VNNI elsewhere), one call per panel of the task's channels: its
+// int32 sums land in a block in cache, and `finish` rescales and stores them. The tile state is
+// released after each task: the AMX attention kernels configure the tiles their own way, and
+// oneDNN reconfigures only after a release.
+template <typename T>
+void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  int32_t sums[kInt8TaskRows * kInt8Panel];
+  const int64_t rows = row1 - row0;
+  for (int64_t col = col0; col < col1; col += kInt8Panel) {
+    const int64_t cols = std::min(kInt8Panel, g.n - col);
+    int8_brgemm(rows, kInt8Panel, g.k_pad, g.k_pad, kInt8Panel, kInt8Panel, g.a + row0 * g.k_pad,
+                g.packed + col * g.k_pad, sums);
+    if constexpr (std::is_same_v<T, float>)
+      int8::kernels.finish_f32(g, sums, kInt8Panel, row0, rows, col, cols);
+    else
+      int8::kernels.finish_bf16(g, sums, kInt8Panel, row0, rows, col, cols);
+  }
+  at::native::cpublas::brgemm_release();
+}
 
 template <typename T>
 void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) {
-  const auto& kern = vnni::kernels;
+  const auto& kern = int8::kernels;
   const int64_t m = rows.size(0), stride = rows.stride(0);
   at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
   at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
@@ -232,31 +283,26 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
     const int64_t r = t / channel_tasks * kInt8TaskRows;
     const int64_t c = t % channel_tasks * kInt8TaskChannels;
-    const int64_t r_end = std::min(m, r + kInt8TaskRows);
-    const int64_t c_end = std::min(g.n, c + kInt8TaskChannels);
-    if constexpr (std::is_same_v<T, float>)
-      kern.gemm_f32(g, r, r_end, c, c_end);
-    else
-      kern.gemm_bf16(g, r, r_end, c, c_end);
+    brgemm_task(g, r, std::min(m, r + kInt8TaskRows), c, std::min(g.n, c + kInt8TaskChannels));
   });
 }
 
 // x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
-// [n_pad / 16, k_pad / 4, 16, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
+// [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
 // dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
 // Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
 // weights were before packing.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
                        int64_t n, int64_t rotation) {
-  TORCH_CHECK(int8_supported(), "the int8 kernels need AVX-512 with VNNI");
+  TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
-                  packed.size(2) == 16 && packed.size(3) == 4 && packed.size(1) * 4 >= k &&
-                  packed.size(0) * 16 >= n,
-              "packed must be the int8 [n_pad / 16, k_pad / 4, 16, 4] weights of ", n,
+                  packed.size(2) == kInt8Panel && packed.size(3) == 4 &&
+                  packed.size(1) * 4 >= k && packed.size(0) * kInt8Panel >= n,
+              "packed must be the int8 [n_pad / 64, k_pad / 4, 64, 4] weights of ", n,
               " channels of ", k, " values");
-  const int64_t n_pad = packed.size(0) * 16;
+  const int64_t n_pad = packed.size(0) * kInt8Panel;
   TORCH_CHECK(offset.scalar_type() == at::kInt && offset.is_contiguous() &&
                   offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous() && w_scale.numel() == n_pad,

@@ -1,0 +1,105 @@
+// The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on oneDNN's brgemm
+// micro-kernel: AMX int8 tiles where the CPU has them, AVX512_VNNI elsewhere), compiled with
+// AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
+//
+// Activations are quantized per row (symmetric, 127 levels) and stored as uint8 codes + 128;
+// weights are int8 per output channel, packed at load in panels of 64 channels as
+// [n / 64][k / 4][64 channels][4 k] (int8.py, brgemm's VNNI layout), with each channel's sum
+// times 128 subtracted from its int32 total to undo the offset. Integer sums are exact, so a
+// row's outputs never depend on the rows computed beside it; `finish` rescales (row scale, then
+// channel scale), adds the bias and rounds to the output dtype while a block of sums is in
+// cache, so no int32 matrix ever reaches memory. A layer may rotate its rows first (a block
+// Walsh-Hadamard transform, int8.py), as it rotated its weights at load: an outlier spreads
+// over its block and the row's scale fits the rest better.
+#include <immintrin.h>
+
+#include <vector>
+
+#define QE_ISA int8
+#include "numerics.h"
+
+namespace qe {
+namespace int8 {
+namespace {
+
+constexpr int64_t kChannels = 16;  // output channels per vector of int32 sums
+
+// Masked forms of numerics.h's 16-lane loads and stores (bf16 converted as there).
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+  return reinterpret_cast<__m512>(
+      from_bf16(reinterpret_cast<U16x16>(_mm256_maskz_loadu_epi16(m, p))));
+}
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
+}
+
+inline __mmask16 first(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// One row of k values, whose largest magnitude is amax -> k_pad codes (the padding codes stand
+// for 0) and its scale.
+template <typename T>
+void codes(const T* row, int64_t k, int64_t k_pad, float amax, uint8_t* dst, float* scale) {
+  const float s = __builtin_fmaxf(amax, 1e-12f) / 127.0f;
+  *scale = s;
+  const __m512 sv = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t j = 0; j < k_pad; j += 16) {
+    __m512 v = _mm512_div_ps(load16(row + j, j < k ? first(k - j) : 0), sv);
+    v = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT), lo), hi);
+    __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(128));
+    _mm_mask_storeu_epi8(dst + j, first(k_pad - j), _mm512_cvtepi32_epi8(c));
+  }
+}
+
+// Row i of x -> its codes and scale; with block > 1 the row is rotated first (hadamard_row,
+// numerics.h), in fp32, as the weights were at load (int8.py).
+template <typename T>
+void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad, int64_t block,
+              uint8_t* q, float* scale) {
+  thread_local std::vector<float> rotated;
+  if (block > 1) rotated.resize(k);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = x + i * stride;
+    if (block > 1) {
+      const float amax = hadamard_row(row, k, block, rotated.data());
+      codes(rotated.data(), k, k_pad, amax, q + i * k_pad, scale + i);
+      continue;
+    }
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j += 16)
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(load16(row + j, first(k - j))));
+    codes(row, k, k_pad, _mm512_reduce_max_ps(amax), q + i * k_pad, scale + i);
+  }
+}
+
+// Rows [row, row + rows) x channels [col, col + cols) from their int32 sums (`sums`, ld values
+// per row, from channel col): (sum - offset) * row scale * channel scale + bias, rounded.
+template <typename T>
+void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, int64_t rows,
+            int64_t col, int64_t cols) {
+  for (int64_t j = 0; j < cols; j += kChannels) {
+    const int64_t c = col + j;
+    const __mmask16 m = first(g.n - c);
+    const __m512i offset = _mm512_maskz_loadu_epi32(m, g.offset + c);
+    const __m512 w_scale = _mm512_maskz_loadu_ps(m, g.w_scale + c);
+    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(m, g.bias + c) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512i sum = _mm512_maskz_loadu_epi32(m, sums + r * ld + j);
+      __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset));
+      y = _mm512_mul_ps(_mm512_mul_ps(y, _mm512_set1_ps(g.a_scale[row + r])), w_scale);
+      if (g.bias) y = _mm512_add_ps(y, bias);
+      store16(g.out + (row + r) * g.ldo + c, y, m);
+    }
+  }
+}
+
+}  // namespace
+
+extern const Int8Kernels kernels = {quantize<float>, quantize<uint16_t>, finish<float>,
+                                   finish<uint16_t>};
+
+}  // namespace int8
+}  // namespace qe
