@@ -203,9 +203,9 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
   return out;
 }
 
-// oneDNN's int8 micro-kernel through torch (older torch builds lack it): a probe call, since
-// oneDNN may run below the CPU's instruction sets (ONEDNN_MAX_CPU_ISA) or be off
-// (torch.backends.mkldnn), and then refuses.
+// oneDNN's int8 micro-kernel through torch: m rows of uint8 codes times n packed int8 channels
+// -> int32 sums; false where this torch build lacks it. `int8_brgemm_release` ends a thread's
+// run of calls (the AMX tile state).
 bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, int64_t ld_c,
                  const uint8_t* a, const int8_t* b, int32_t* c) {
 #ifdef CPUBLAS_BRGEMM_U8I8I32
@@ -216,13 +216,23 @@ bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, in
 #endif
 }
 
+void int8_brgemm_release() {
+#ifdef CPUBLAS_BRGEMM_U8I8I32
+  at::native::cpublas::brgemm_release();
+#endif
+}
+
+// Whether the micro-kernel runs here, by a probe call: oneDNN may run below the CPU's
+// instruction sets (ONEDNN_MAX_CPU_ISA), and then refuses.
 bool int8_brgemm_runs() {
   static const bool runs = [] {
     uint8_t a[4] = {};
     int8_t b[4 * kInt8Panel] = {};
     int32_t c[kInt8Panel];
     try {
-      return int8_brgemm(1, kInt8Panel, 4, 4, kInt8Panel, kInt8Panel, a, b, c);
+      const bool ran = int8_brgemm(1, kInt8Panel, 4, 4, kInt8Panel, kInt8Panel, a, b, c);
+      int8_brgemm_release();
+      return ran;
     } catch (const c10::Error&) {
       return false;
     }
@@ -242,10 +252,10 @@ bool int8_supported() {
 constexpr int64_t kInt8TaskRows = 96, kInt8TaskChannels = 256;
 
 // One GEMM task on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them,
-// AVX512_VNNI elsewhere), one call per panel of the task's channels: its
-// int32 sums land in a block in cache, and `finish` rescales and stores them. The tile state is
-// released after each task: the AMX attention kernels configure the tiles their own way, and
-// oneDNN reconfigures only after a release.
+// AVX512_VNNI elsewhere), one call per panel of the task's channels: the call's int32 sums land
+// in a block in cache, and `finish` rescales and stores them. The tile state is released after
+// each task: the AMX attention kernels configure the tiles their own way, and oneDNN
+// reconfigures only after a release.
 template <typename T>
 void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
   int32_t sums[kInt8TaskRows * kInt8Panel];
@@ -259,7 +269,7 @@ void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
     else
       int8::kernels.finish_bf16(g, sums, kInt8Panel, row0, rows, col, cols);
   }
-  at::native::cpublas::brgemm_release();
+  int8_brgemm_release();
 }
 
 template <typename T>
