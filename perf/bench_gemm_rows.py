@@ -75,7 +75,9 @@ def brgemm_module():
         "gemm_rows_brgemm",
         BRGEMM_SOURCE,
         functions=["linear"],
-        extra_cflags=["-O3", "-mavx2"],
+        # at::parallel_for is OpenMP code compiled into the extension: without -fopenmp, one thread
+        extra_cflags=["-O3", "-mavx2", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
         build_directory=str(build),
     )
 
