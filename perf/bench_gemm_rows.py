@@ -31,7 +31,7 @@ SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down
 FIXED = 256
 
 
-PANEL, BRGEMM_ROWS = 64, 32
+PANEL = 64  # channels per packed panel of the probe's weights
 BRGEMM_SOURCE = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from qwen_embed import int8
 
 pytestmark = pytest.mark.skipif(
-    not int8.native_kernel(), reason="the native int8 kernel needs AVX512_VNNI and the build"
+    not int8.native_kernel(),
+    reason="the native int8 operator needs AVX512_VNNI, the build and torch's oneDNN brgemm",
 )
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# (rows, out, in): one row, paddings of both widths, more rows than a task and than a call of the
-# micro-kernel (a tail of each), the demo's widths
+# (rows, out, in): one row, paddings of both widths, more rows than a task (a tail), the demo's
+# widths
 SHAPES = [(1, 16, 4), (7, 33, 10), (13, 100, 64), (97, 80, 130), (200, 1024, 1024)]
 
 
