@@ -107,7 +107,7 @@ cpu)
 	timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind"
 	step "where the Triton path's time goes"
-	timeout "$(left 90)" $pin python3 bench_serving.py --model-dir ../.cache/bench-model-4l \
+	timeout "$(left 150)" $pin python3 bench_serving.py --model-dir ../.cache/bench-model-4l \
 		--concurrency 16 --seconds 15 --out "$out/serving-$kind"
 	step "row-wise kernels"
 	timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
