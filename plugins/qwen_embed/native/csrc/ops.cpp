@@ -241,10 +241,13 @@ bool int8_brgemm_runs() {
 }
 
 // The int8 operator: our row kernels need AVX-512, oneDNN's int8 micro-kernel VNNI (or AMX).
+// Asked on every call of the operator: the CPU's part is decided once, oneDNN's switch each time.
 bool int8_supported() {
-  __builtin_cpu_init();
-  return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni") &&
-         at::globalContext().userEnabledMkldnn() && int8_brgemm_runs();
+  static const bool cpu = [] {
+    __builtin_cpu_init();
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return cpu && at::globalContext().userEnabledMkldnn() && int8_brgemm_runs();
 }
 
 // Rows per GEMM task, and channels per task (a multiple of kInt8Panel): a task's codes and its
