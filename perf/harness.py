@@ -250,7 +250,11 @@ def machine() -> str:
     if "model name" in fields:
         family, model = fields.get("cpu family"), fields.get("model")
         cpu = f"{fields['model name']} (family {family}, model {model})"
-    described = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    cores = f"{os.cpu_count()} cores"
+    usable = len(os.sched_getaffinity(0))
+    if usable < (os.cpu_count() or 0):  # pinned to some of them (taskset)
+        cores += f" ({usable} in use)"
+    described = f"{cpu}, {cores}, Python {platform.python_version()}"
     try:
         import torch
 
