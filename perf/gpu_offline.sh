@@ -122,7 +122,7 @@ cpu_int8() {
 }
 cpu_peers() {
 	step "ours against the GEMM bounds"
-	(cd perf && timeout "$(left 300)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
+	(cd perf && timeout "$(left 420)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind")
 }
 cpu_serving() {
@@ -159,8 +159,8 @@ cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 			lane cpu "$a" cpu_tests cpu_int8 cpu_peers cpu_serving cpu_rows cpu_gemm_rows \
 				cpu_attention cpu_profile
 		else
-			lane peers "$a" cpu_peers cpu_profile &
-			lane kernels "$b" cpu_tests cpu_attention cpu_rows &
+			lane peers "$a" cpu_peers &
+			lane kernels "$b" cpu_tests cpu_attention cpu_rows cpu_profile &
 			lane gemm "$c" cpu_gemm_rows cpu_int8 cpu_serving &
 			wait
 		fi
