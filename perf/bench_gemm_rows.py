@@ -8,90 +8,23 @@ call, bitwise; then the cost of running every GEMM as fixed 256-row calls (which
 result independent of its batch: a fixed shape takes one kernel): a 20-row forward padded to
 256 rows, and 1,024 rows as four 256-row calls, each against the plain call (best of 20).
 
-bf16 also on oneDNN's brgemm micro-kernel (torch's cpublas::brgemm; AMX tiles where the CPU
-has them): the whole K in one call per 32 rows x 64 channels, so a row's sums never depend on
-the rows beside it. The same row counts are checked, and its 20 and 1,024 rows timed against
-the packed GEMM: what a row-invariant bf16 GEMM would cost. That GEMM is compiled here at run
-time (torch.utils.cpp_extension, into .cache/), a probe for this benchmark, not a route.
+bf16 also on the native operator over oneDNN's brgemm micro-kernel (onednn.BrgemmWeight, AMX
+tiles where the CPU has them, the bf16 route's GEMM there): the whole K in one call per block
+of rows, so a row's sums never depend on the rows beside it. The same row counts are checked,
+and its 20 and 1,024 rows timed against the packed GEMM.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 
 import torch
 from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
 
-from qwen_embed.onednn import PackedWeight
-
-from bench_peers import REPO
+from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 FIXED = 256
-
-
-PANEL = 64  # channels per packed panel of the probe's weights
-BRGEMM_SOURCE = r"""
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/native/CPUBlas.h>
-#include <cstring>
-
-// x [m, k] bf16 times weights packed [n / 64][k / 2][64][2] bf16 -> [m, n] bf16.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  const int64_t m = x.size(0), k = x.size(1), row_blocks = (m + 31) / 32;
-  at::Tensor out = at::empty({m, n}, x.options());
-  auto a = reinterpret_cast<const at::BFloat16*>(x.data_ptr());
-  auto b = reinterpret_cast<const at::BFloat16*>(packed.data_ptr());
-  auto o = reinterpret_cast<uint16_t*>(out.data_ptr());
-  at::parallel_for(0, row_blocks * (n / 64), 1, [&](int64_t begin, int64_t end) {
-    float sums[32 * 64];
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t row = t % row_blocks * 32, col = t / row_blocks * 64;
-      const int64_t rows = std::min<int64_t>(32, m - row);
-      at::native::cpublas::brgemm(rows, 64, k, k, 64, 64, false, a + row * k, b + col * k, sums);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < 64; ++j) {  // fp32 -> bf16, round to nearest even
-          uint32_t u;
-          std::memcpy(&u, &sums[r * 64 + j], 4);
-          o[(row + r) * n + col + j] = uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-        }
-    }
-    at::native::cpublas::brgemm_release();
-  });
-  return out;
-}
-"""
-
-
-@functools.cache
-def brgemm_module():
-    from torch.utils.cpp_extension import load_inline
-
-    build = REPO / ".cache" / "torch_extensions" / "gemm_rows_brgemm"
-    build.mkdir(parents=True, exist_ok=True)
-    return load_inline(
-        "gemm_rows_brgemm",
-        BRGEMM_SOURCE,
-        functions=["linear"],
-        # at::parallel_for is OpenMP code compiled into the extension: without -fopenmp, one thread
-        extra_cflags=["-O3", "-mavx2", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build),
-    )
-
-
-class BrgemmWeight:
-    """A bf16 weight packed once for the brgemm probe; calls run `linear` above."""
-
-    def __init__(self, weight: torch.Tensor):
-        n, k = weight.shape
-        self.n = n
-        self.packed = weight.view(n // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return brgemm_module().linear(x, self.packed, self.n)
 
 
 def best_ms(call) -> float:
@@ -110,7 +43,7 @@ def measure(name: str, dtype: torch.dtype) -> dict:
     padded = torch.zeros(FIXED, in_features, dtype=dtype)
     padded[:20] = x[:20]
     brgemm = {}
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 and brgemm_runs():
         probe = BrgemmWeight(weight)
         whole = probe(x)
         exact = x.float() @ weight.float().T
@@ -118,7 +51,7 @@ def measure(name: str, dtype: torch.dtype) -> dict:
             "brgemm_counts_differing": sum(
                 not torch.equal(probe(x[:m]), whole[:m]) for m in counts
             ),
-            # against the fp32 product, beside the packed GEMM's: the probe computes the same
+            # against the fp32 product, beside the packed GEMM's
             "brgemm_max_abs": float((whole.float() - exact).abs().max()),
             "max_abs": float((full.float() - exact).abs().max()),
             "brgemm_rows20_ms": best_ms(lambda: probe(x[:20])),
@@ -175,7 +108,7 @@ def main() -> None:
     if probed:
         table += [
             "",
-            "bf16 on the brgemm micro-kernel (whole K per call), against the packed GEMM:",
+            "bf16 on the brgemm operator (onednn.BrgemmWeight), against the packed GEMM:",
             "",
             *markdown_table(
                 [

@@ -9,6 +9,8 @@
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
 #
+# LANES="cpu_x cpu_y|cpu_z|..." runs those cpu_* steps in up to three lanes instead.
+#
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
 # it our packages and NumPy 1 (only in the stub: Ubuntu's own sitecustomize shadows one of
@@ -114,7 +116,8 @@ cpu_prepare() {
 cpu_tests() {
 	step "kernel and same-vector tests"
 	timeout "$(left 180)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
-		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_same_vector.py
+		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_bf16_gemm.py \
+		tests/test_same_vector.py
 }
 cpu_int8() {
 	step "int8 layouts"
@@ -124,6 +127,11 @@ cpu_peers() {
 	step "ours against the GEMM bounds"
 	(cd perf && timeout "$(left 420)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind")
+}
+cpu_bf16_gemm() {
+	step "bf16 GEMM: brgemm operator against oneDNN, end to end"
+	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py --rounds 4 \
+		--out "$out/bf16_gemm-$kind-$(echo ${pin#taskset -c } | tr , _)")
 }
 cpu_serving() {
 	step "where the Triton path's time goes"
@@ -155,7 +163,13 @@ cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
 		cpu_prepare
 		read -r a b c _ <<<"$1"
-		if [ -z "$b" ]; then
+		if [ -n "${LANES:-}" ] && [ -n "$b" ]; then  # "steps|steps|steps": other lanes
+			IFS='|' read -r la lb lc <<<"$LANES"
+			lane 1 "$a" $la &
+			[ -n "$lb" ] && lane 2 "$b" $lb &
+			[ -n "$lc" ] && lane 3 "$c" $lc &
+			wait
+		elif [ -z "$b" ]; then
 			lane cpu "$a" cpu_tests cpu_int8 cpu_peers cpu_serving cpu_rows cpu_gemm_rows \
 				cpu_attention cpu_profile
 		else
@@ -215,7 +229,7 @@ all)
 	step done
 	;;
 *)
-	sed -n 2,18p "$0"
+	sed -n 2,20p "$0"
 	exit 2
 	;;
 esac

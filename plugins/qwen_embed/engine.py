@@ -26,8 +26,8 @@ from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
-from .onednn import PackedWeight
 from .onednn import available as onednn_available
+from .onednn import row_invariant_kernel
 from .parallel import RankSpec, TPLauncher, wait_for_device
 from .pooling import finish, pool
 from .route import Linear, Route, choose_route
@@ -165,7 +165,7 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
             module.to(weight_dtype)
     if route.prepacked:
         for module in linears.values():
-            module.repack(PackedWeight)
+            module.repack(row_invariant_kernel(module.weight))
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:

@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
+from .cpu import cpu_features
+
 # Row counts up to UNPADDED_ROWS run as they are (few counts anyway); above, up to each limit,
 # they are padded to a multiple of its step: steps grow with the count so that the padding
 # stays a small share of the rows, since a GEMM's time grows with its rows.
@@ -70,3 +73,44 @@ class PackedWeight(nn.Module):
             x2 = F.pad(x2, (0, 0, 0, padded - rows))
         out = torch.ops.mkldnn._linear_pointwise(x2, self.packed, bias, "none", [], "")
         return out[:rows].view(*shape[:-1], self.out_features)
+
+
+PANEL = 64  # channels per panel of BrgemmWeight's layout
+
+
+def brgemm_runs() -> bool:
+    """The native bf16 operator runs here (built, AVX-512, torch's oneDNN)."""
+    return native.isa() is not None and torch.ops.qwen_embed.bf16_supported()
+
+
+class BrgemmWeight(nn.Module):
+    """A bf16 linear weight for the native operator on oneDNN's brgemm micro-kernel (AMX tiles):
+    the whole input width in one call per block of rows, so a row's result is the same at any
+    row count, which oneDNN's own AMX GEMM is not. Packed once, [n_pad / 64, k / 2, 64, 2]."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        n, k = weight.shape
+        n_pad = -(-n // PANEL) * PANEL
+        w = torch.zeros(n_pad, k, dtype=torch.bfloat16)
+        w[:n] = weight.detach()
+        self.out_features = n
+        self.packed = w.view(n_pad // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        bias = None if bias is None else bias.float()
+        return torch.ops.qwen_embed.bf16_linear(x, self.packed, bias, self.out_features)
+
+
+def row_invariant_kernel(weight: torch.Tensor) -> type[nn.Module]:
+    """The packed kernel for this weight: BrgemmWeight for bf16 on AMX CPUs, where oneDNN's GEMM
+    sums a row in another order at other row counts; PackedWeight elsewhere (row-invariant
+    there already, and as fast or faster: docs/tuning.md)."""
+    if (
+        weight.dtype == torch.bfloat16
+        and weight.shape[1] % 2 == 0
+        and cpu_features().amx_bf16
+        and brgemm_runs()
+    ):
+        return BrgemmWeight
+    return PackedWeight

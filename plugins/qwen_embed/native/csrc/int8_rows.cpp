@@ -96,10 +96,23 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
   }
 }
 
+void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+                uint16_t* out, int64_t ldo) {
+  for (int64_t j = 0; j < cols; j += kChannels) {
+    const __mmask16 m = first(cols - j);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + j) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 y = _mm512_maskz_loadu_ps(m, sums + r * ld + j);
+      if (bias) y = _mm512_add_ps(y, b);
+      store16(out + r * ldo + j, y, m);
+    }
+  }
+}
+
 }  // namespace
 
 extern const Int8Kernels kernels = {quantize<float>, quantize<uint16_t>, finish<float>,
-                                   finish<uint16_t>};
+                                   finish<uint16_t>, store_sums};
 
 }  // namespace int8
 }  // namespace qe

@@ -71,6 +71,10 @@ struct Int8Kernels {
                      int64_t rows, int64_t col, int64_t cols);
   void (*finish_bf16)(const Int8Gemm<uint16_t>& g, const int32_t* sums, int64_t ld, int64_t row,
                       int64_t rows, int64_t col, int64_t cols);
+  // The bf16 GEMM's fp32 sums (`ld` per row) -> `rows` x `cols` bf16 outputs at row stride ldo,
+  // plus bias (fp32, or null) before rounding.
+  void (*store_sums)(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+                     uint16_t* out, int64_t ldo);
 };
 
 constexpr int64_t kBlockQ = 32;     // query rows computed together

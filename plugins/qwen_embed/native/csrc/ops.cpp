@@ -340,6 +340,77 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
+// The bf16 GEMM on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the CPU has them): the
+// whole K in one call per task and panel, so a row's sums never depend on the rows beside it
+// (oneDNN's own AMX GEMM blocks K differently for different row counts). Same tasks as int8.
+bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, const at::BFloat16* a,
+                 const at::BFloat16* b, float* c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm(m, kInt8Panel, k, ld_a, kInt8Panel, kInt8Panel, false, a, b, c);
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool bf16_supported() {
+  static const bool runs = [] {
+    if (!cpu_has("avx512")) return false;  // store_sums
+    at::BFloat16 a[2] = {}, b[2 * kInt8Panel] = {};
+    float c[kInt8Panel];
+    try {
+      const bool ran = bf16_brgemm(1, 2, 2, a, b, c);
+      int8_brgemm_release();
+      return ran;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return runs && at::globalContext().userEnabledMkldnn();
+}
+
+// x [..., k] bf16 times bf16 weights packed [n_pad / 64, k / 2, 64, 2] (onednn.BrgemmWeight)
+// -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(bf16_supported(), "the bf16 operator needs AVX-512 and torch's oneDNN");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(2) == kInt8Panel &&
+                  packed.size(3) == 2 && packed.size(1) * 2 == k &&
+                  packed.size(0) * kInt8Panel >= n,
+              "packed must be the bf16 [n_pad / 64, k / 2, 64, 2] weights of ", n,
+              " channels of ", k, " values");
+  if (bias)
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "bias must be float32 [", n, "]");
+  at::Tensor rows = as_rows(x, k);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t m = rows.size(0), lda = rows.stride(0);
+  const auto* a = ptr<at::BFloat16>(rows);
+  const auto* b = ptr<at::BFloat16>(packed);
+  const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
+  uint16_t* o = ptr<uint16_t>(out);
+  const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
+  const int64_t channel_tasks = (n + kInt8TaskChannels - 1) / kInt8TaskChannels;
+  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
+    float sums[kInt8TaskRows * kInt8Panel];
+    const int64_t row = t / channel_tasks * kInt8TaskRows, rows_here = std::min(kInt8TaskRows, m - row);
+    const int64_t col0 = t % channel_tasks * kInt8TaskChannels;
+    const int64_t col1 = std::min(n, col0 + kInt8TaskChannels);
+    for (int64_t col = col0; col < col1; col += kInt8Panel) {
+      bf16_brgemm(rows_here, k, lda, a + row * lda, b + col * k, sums);
+      int8::kernels.store_sums(sums, kInt8Panel, rows_here, std::min(kInt8Panel, n - col),
+                               bias_ptr ? bias_ptr + col : nullptr, o + row * n + col, n);
+    }
+    int8_brgemm_release();
+  });
+  return out;
+}
+
 // Segments of up to kShortKeys keys: one task per (segment, kv head) packs its keys and values
 // into the thread's scratch, still in cache, and attends every query of the heads that share
 // them. Longer segments (and batches of too few short ones to keep the threads busy): every
@@ -478,6 +549,8 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
+  m.def("bf16_supported() -> bool", &qe::bf16_supported);
+  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
       "int rotation=1) -> Tensor");
@@ -492,5 +565,6 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("silu_mul", &qe::silu_mul);
   m.impl("hadamard_rows", &qe::hadamard_rows);
   m.impl("int8_linear", &qe::int8_linear);
+  m.impl("bf16_linear", &qe::bf16_linear);
   m.impl("varlen_attention", &qe::varlen_attention);
 }

@@ -1,0 +1,113 @@
+"""The bf16 route's GEMM on AMX CPUs, end to end: the native operator on oneDNN's brgemm
+micro-kernel (onednn.BrgemmWeight, row-invariant) against oneDNN's packed GEMM (PackedWeight).
+
+    python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4]
+
+In process, dtype bfloat16, one encoder per GEMM, taking turns for `rounds` rounds: 64 mixed
+documents (workload.make_texts) in one call, and 16 short texts one call each; best tokens/s
+of each. Then the same-vector check of each: the 16 texts alone against the same texts among
+the documents, bitwise (rows differing, max-abs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+from harness import RESULTS, markdown_table, new_record, write_report
+from tokenizers import Tokenizer
+
+from qwen_embed import Encoder, engine
+from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs
+
+from bench_peers import REPO, ensure_model
+from workload import make_texts
+
+BRGEMM, ONEDNN = "brgemm (onednn.BrgemmWeight)", "oneDNN packed (onednn.PackedWeight)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--out", default=str(RESULTS / "bf16_gemm"))
+    args = p.parse_args()
+    if not brgemm_runs():
+        raise SystemExit("the native bf16 operator does not run here (AVX-512 and oneDNN)")
+    model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
+    shorts = [e.ids for e in tok.encode_batch(make_texts(16, 1))]
+    tokens, short_tokens = sum(map(len, docs)), sum(map(len, shorts))
+    with contextlib.ExitStack() as stack:
+        encoders = {}
+        with mock.patch.object(engine, "row_invariant_kernel", lambda w: PackedWeight):
+            encoders[ONEDNN] = stack.enter_context(
+                Encoder.from_pretrained(model_dir, dtype="bfloat16")
+            )
+        with mock.patch.object(engine, "row_invariant_kernel", lambda w: BrgemmWeight):
+            encoders[BRGEMM] = stack.enter_context(
+                Encoder.from_pretrained(model_dir, dtype="bfloat16")
+            )
+        best = {name: [0.0, 0.0] for name in encoders}
+        for _ in range(args.rounds):
+            for name, enc in encoders.items():
+                enc.embed(docs[:2])
+                began = time.perf_counter()
+                enc.embed(docs)
+                best[name][0] = max(best[name][0], tokens / (time.perf_counter() - began))
+                began = time.perf_counter()
+                for s in shorts:
+                    enc.embed([s])
+                best[name][1] = max(best[name][1], short_tokens / (time.perf_counter() - began))
+        rows = []
+        for name, enc in encoders.items():
+            alone = np.stack([enc.embed([s])[0] for s in shorts])
+            among = enc.embed(shorts + docs)[: len(shorts)]
+            differ = int((alone != among).any(axis=1).sum())
+            rows.append(
+                {
+                    "gemm": name,
+                    "docs_tok_s": best[name][0],
+                    "short_tok_s": best[name][1],
+                    "rows_differing": differ,
+                    "max_abs": float(np.abs(alone - among).max()),
+                }
+            )
+            print(rows[-1], flush=True)
+    base = rows[0]
+    table = markdown_table(
+        [
+            "GEMM",
+            "64 documents tokens/s",
+            "16 short texts, one call each, tokens/s",
+            "texts alone differing from among documents (of 16)",
+            "max-abs",
+        ],
+        [
+            [
+                r["gemm"],
+                f"{r['docs_tok_s']:.0f} ({r['docs_tok_s'] / base['docs_tok_s']:.2f}x)",
+                f"{r['short_tok_s']:.0f} ({r['short_tok_s'] / base['short_tok_s']:.2f}x)",
+                r["rows_differing"],
+                f"{r['max_abs']:.3g}",
+            ]
+            for r in rows
+        ],
+    )
+    notes = [
+        f"{model_dir.name}, bfloat16; 64 mixed documents ({tokens} tokens) per call and 16 short "
+        f"texts ({short_tokens} tokens) one call each; best of {args.rounds} turns"
+    ]
+    record = new_record(model_dir=str(model_dir), rounds=args.rounds, rows=rows)
+    print(
+        write_report(args.out, record, "bf16 GEMM: brgemm operator vs oneDNN packed", notes, table)
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The bf16 linear operator on oneDNN's brgemm micro-kernel (ops.cpp, onednn.BrgemmWeight): the
+bf16 route's GEMM on AMX CPUs, where oneDNN's own GEMM sums a row in another order at other row
+counts. Against the fp32 product (one bf16 rounding), a row the same at every row count, and
+chosen only where it is needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen_embed import onednn
+from qwen_embed.cpu import CpuFeatures
+from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs, row_invariant_kernel
+
+pytestmark = pytest.mark.skipif(
+    not brgemm_runs(), reason="the native bf16 operator needs AVX-512, the build and oneDNN"
+)
+AMX = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, "Xeon")
+ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14")
+
+
+def _random(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def _rounded_product(x, w, bias=None):
+    y = x.float() @ w.float().T
+    return (y if bias is None else y + bias).bfloat16()
+
+
+# (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths
+@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (7, 100, 48), (97, 80, 130), (200, 1024, 1024)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_one_rounding_of_the_fp32_product(rows, n, k, with_bias):
+    x, w = _random(rows, k, seed=0), _random(n, k, seed=1)
+    bias = torch.randn(n) if with_bias else None
+    out = BrgemmWeight(w)(x, bias)
+    ref = _rounded_product(x, w, bias)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    # fp32 sums in another order (an error up to ~k fp32 steps of the terms' magnitudes), then
+    # one rounding: at most one bf16 step apart beyond that
+    magnitude = x.float().abs() @ w.float().abs().T
+    bound = ref.float().abs() * 2**-7 + magnitude * 2**-16
+    assert ((out.float() - ref.float()).abs() <= bound).all()
+
+
+def test_a_row_is_the_same_at_every_row_count_and_stride():
+    w = _random(300, 256, seed=2)
+    wide = _random(400, 300, seed=3)
+    x = wide[:, :256]  # strided rows
+    layer = BrgemmWeight(w)
+    full = layer(x.contiguous())
+    for m in (1, 2, 3, 17, 95, 96, 97, 191, 250, 400):
+        assert torch.equal(layer(x[:m]), full[:m]), m
+    assert torch.equal(layer(x.reshape(4, 100, 256))[1], full[100:200])
+
+
+def test_chosen_for_bf16_on_amx_only(monkeypatch):
+    w = _random(64, 32, seed=4)
+    monkeypatch.setattr(onednn, "cpu_features", lambda: AMX)
+    assert row_invariant_kernel(w) is BrgemmWeight
+    assert row_invariant_kernel(w.float()) is PackedWeight
+    monkeypatch.setattr(onednn, "cpu_features", lambda: ZEN4)
+    assert row_invariant_kernel(w) is PackedWeight
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    monkeypatch.setattr(onednn, "cpu_features", lambda: AMX)
+    assert row_invariant_kernel(w) is PackedWeight  # the operator refuses without oneDNN
+
+
+def test_bad_operands_are_refused():
+    layer = BrgemmWeight(_random(64, 32, seed=5))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        layer(torch.randn(3, 32))
+    with pytest.raises(RuntimeError, match="packed"):
+        layer(_random(3, 34, seed=6))
