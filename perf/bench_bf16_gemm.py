@@ -1,9 +1,10 @@
 """The bf16 route's GEMM on AMX CPUs, end to end: the native operator on oneDNN's brgemm
 micro-kernel (onednn.BrgemmWeight, row-invariant) against oneDNN's packed GEMM (PackedWeight).
 
-    python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4]
+    python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4] [--k-blocks 256]
 
-In process, dtype bfloat16, one encoder per GEMM, taking turns for `rounds` rounds: 64 mixed
+In process, dtype bfloat16, one encoder per GEMM (brgemm once per blocking of K in
+--k-blocks, 0 for all of K in one call), taking turns for `rounds` rounds: 64 mixed
 documents (workload.make_texts) in one call, and 16 short texts one call each; best tokens/s
 of each. Then the same-vector check of each: the 16 texts alone against the same texts among
 the documents, bitwise (rows differing, max-abs).
@@ -21,19 +22,20 @@ import numpy as np
 from harness import RESULTS, markdown_table, new_record, write_report
 from tokenizers import Tokenizer
 
-from qwen_embed import Encoder, engine
+from qwen_embed import Encoder, engine, onednn
 from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs
 
 from bench_peers import REPO, ensure_model
 from workload import make_texts
 
-BRGEMM, ONEDNN = "brgemm (onednn.BrgemmWeight)", "oneDNN packed (onednn.PackedWeight)"
+ONEDNN = "oneDNN packed (onednn.PackedWeight)"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--k-blocks", type=int, nargs="+", default=[onednn.BRGEMM_K_BLOCK])
     p.add_argument("--out", default=str(RESULTS / "bf16_gemm"))
     args = p.parse_args()
     if not brgemm_runs():
@@ -49,10 +51,14 @@ def main() -> None:
             encoders[ONEDNN] = stack.enter_context(
                 Encoder.from_pretrained(model_dir, dtype="bfloat16")
             )
-        with mock.patch.object(engine, "row_invariant_kernel", lambda w: BrgemmWeight):
-            encoders[BRGEMM] = stack.enter_context(
-                Encoder.from_pretrained(model_dir, dtype="bfloat16")
-            )
+        for k_block in args.k_blocks:
+            with (
+                mock.patch.object(engine, "row_invariant_kernel", lambda w: BrgemmWeight),
+                mock.patch.object(onednn, "BRGEMM_K_BLOCK", k_block),
+            ):
+                encoders[f"brgemm (onednn.BrgemmWeight), K in blocks of {k_block or 'all'}"] = (
+                    stack.enter_context(Encoder.from_pretrained(model_dir, dtype="bfloat16"))
+                )
         best = {name: [0.0, 0.0] for name in encoders}
         for _ in range(args.rounds):
             for name, enc in encoders.items():

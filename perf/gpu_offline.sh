@@ -119,6 +119,11 @@ cpu_tests() {
 		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_bf16_gemm.py \
 		tests/test_same_vector.py
 }
+cpu_same_vector() {
+	step "same-vector tests"
+	timeout "$(left 120)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
+		tests/test_bf16_gemm.py tests/test_same_vector.py
+}
 cpu_int8() {
 	step "int8 layouts"
 	(cd perf && timeout "$(left 120)" $pin python3 bench_int8.py --rounds 2 --out "$out/int8-$kind")
@@ -130,7 +135,7 @@ cpu_peers() {
 }
 cpu_bf16_gemm() {
 	step "bf16 GEMM: brgemm operator against oneDNN, end to end"
-	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py --rounds 4 \
+	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py ${BF16_GEMM_ARGS:---rounds 4} \
 		--out "$out/bf16_gemm-$kind-$(echo ${pin#taskset -c } | tr , _)")
 }
 cpu_serving() {

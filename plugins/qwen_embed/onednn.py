@@ -76,6 +76,9 @@ class PackedWeight(nn.Module):
 
 
 PANEL = 64  # channels per panel of BrgemmWeight's layout
+# BrgemmWeight's fixed blocking of the input width: each block of K against all of a task's
+# panels while it is in cache; a row's sums are the same at any row count for any fixed value.
+BRGEMM_K_BLOCK = 256
 
 
 def brgemm_runs() -> bool:
@@ -95,11 +98,14 @@ class BrgemmWeight(nn.Module):
         w = torch.zeros(n_pad, k, dtype=torch.bfloat16)
         w[:n] = weight.detach()
         self.out_features = n
+        self.k_block = BRGEMM_K_BLOCK
         self.packed = w.view(n_pad // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()
-        return torch.ops.qwen_embed.bf16_linear(x, self.packed, bias, self.out_features)
+        return torch.ops.qwen_embed.bf16_linear(
+            x, self.packed, bias, self.out_features, self.k_block
+        )
 
 
 def row_invariant_kernel(weight: torch.Tensor) -> type[nn.Module]:
