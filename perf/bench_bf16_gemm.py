@@ -1,13 +1,13 @@
-"""The bf16 route's GEMM on AMX CPUs, end to end: the native operator on oneDNN's brgemm
-micro-kernel (onednn.BrgemmWeight, row-invariant) against oneDNN's packed GEMM (PackedWeight).
+"""What batch_invariant "on" costs: the bf16 route's GEMM on the native brgemm operator
+(onednn.BrgemmWeight, a row the same at any batch) against oneDNN's packed GEMM (the default),
+end to end.
 
-    python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4] [--k-blocks 256]
+    python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4]
 
-In process, dtype bfloat16, one encoder per GEMM (brgemm once per blocking of K in
---k-blocks, 0 for all of K in one call), taking turns for `rounds` rounds: 64 mixed
+In process, dtype bfloat16, one encoder each, taking turns for `rounds` rounds: 64 mixed
 documents (workload.make_texts) in one call, and 16 short texts one call each; best tokens/s
 of each. Then the same-vector check of each: the 16 texts alone against the same texts among
-the documents, bitwise (rows differing, max-abs).
+the documents, bitwise (texts differing, max-abs).
 """
 
 from __future__ import annotations
@@ -16,26 +16,27 @@ import argparse
 import contextlib
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 from harness import RESULTS, markdown_table, new_record, write_report
 from tokenizers import Tokenizer
 
-from qwen_embed import Encoder, engine, onednn
-from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs
+from qwen_embed import Encoder
+from qwen_embed.onednn import brgemm_runs
 
 from bench_peers import REPO, ensure_model
 from workload import make_texts
 
-ONEDNN = "oneDNN packed (onednn.PackedWeight)"
+GEMMS = {
+    "off": "oneDNN packed (batch_invariant off, the default)",
+    "on": "brgemm operator (batch_invariant on)",
+}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--k-blocks", type=int, nargs="+", default=[onednn.BRGEMM_K_BLOCK])
     p.add_argument("--out", default=str(RESULTS / "bf16_gemm"))
     args = p.parse_args()
     if not brgemm_runs():
@@ -46,19 +47,12 @@ def main() -> None:
     shorts = [e.ids for e in tok.encode_batch(make_texts(16, 1))]
     tokens, short_tokens = sum(map(len, docs)), sum(map(len, shorts))
     with contextlib.ExitStack() as stack:
-        encoders = {}
-        with mock.patch.object(engine, "row_invariant_kernel", lambda w: PackedWeight):
-            encoders[ONEDNN] = stack.enter_context(
-                Encoder.from_pretrained(model_dir, dtype="bfloat16")
+        encoders = {
+            name: stack.enter_context(
+                Encoder.from_pretrained(model_dir, dtype="bfloat16", batch_invariant=switch)
             )
-        for k_block in args.k_blocks:
-            with (
-                mock.patch.object(engine, "row_invariant_kernel", lambda w: BrgemmWeight),
-                mock.patch.object(onednn, "BRGEMM_K_BLOCK", k_block),
-            ):
-                encoders[f"brgemm (onednn.BrgemmWeight), K in blocks of {k_block or 'all'}"] = (
-                    stack.enter_context(Encoder.from_pretrained(model_dir, dtype="bfloat16"))
-                )
+            for switch, name in GEMMS.items()
+        }
         best = {name: [0.0, 0.0] for name in encoders}
         for _ in range(args.rounds):
             for name, enc in encoders.items():
@@ -110,9 +104,7 @@ def main() -> None:
         f"texts ({short_tokens} tokens) one call each; best of {args.rounds} turns"
     ]
     record = new_record(model_dir=str(model_dir), rounds=args.rounds, rows=rows)
-    print(
-        write_report(args.out, record, "bf16 GEMM: brgemm operator vs oneDNN packed", notes, table)
-    )
+    print(write_report(args.out, record, "batch_invariant: the bf16 GEMM it runs", notes, table))
 
 
 if __name__ == "__main__":

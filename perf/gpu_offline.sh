@@ -134,7 +134,7 @@ cpu_peers() {
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind")
 }
 cpu_bf16_gemm() {
-	step "bf16 GEMM: brgemm operator against oneDNN, end to end"
+	step "batch_invariant: the brgemm operator against oneDNN, end to end"
 	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py ${BF16_GEMM_ARGS:---rounds 4} \
 		--out "$out/bf16_gemm-$kind-$(echo ${pin#taskset -c } | tr , _)")
 }

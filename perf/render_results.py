@@ -370,6 +370,17 @@ def gemm_rows(r: dict) -> list[str]:
     return grid(r["rows"], columns)
 
 
+def bf16_gemm(r: dict) -> list[str]:
+    columns = [
+        ("GEMM", "gemm", ""),
+        ("64 documents tokens/s", "docs_tok_s", ".0f"),
+        ("16 short texts tokens/s", "short_tok_s", ".0f"),
+        ("texts alone differing from among documents (of 16)", "rows_differing", ""),
+        ("max-abs", "max_abs", ".3g"),
+    ]
+    return grid(r["rows"], columns)
+
+
 def adaptive_split(r: dict) -> list[str]:
     columns = [
         ("adaptive s", "adaptive_s", ".2f"),
@@ -484,6 +495,7 @@ RENDER = {
     "adaptive_split": adaptive_split,
     "attention": attention,
     "batch": batch,
+    "bf16_gemm": bf16_gemm,
     "engine": engine,
     "gemm_rows": gemm_rows,
     "int8": int8,

@@ -1,22 +1,26 @@
 """The bf16 linear operator on oneDNN's brgemm micro-kernel (ops.cpp, onednn.BrgemmWeight): the
-bf16 route's GEMM on AMX CPUs, where oneDNN's own GEMM sums a row in another order at other row
-counts. Against the fp32 product (one bf16 rounding), a row the same at every row count, and
-chosen only where it is needed."""
+GEMM of batch_invariant "on", since on AMX CPUs oneDNN's own GEMM sums a row in another order at
+other row counts. Against the fp32 product (one bf16 rounding), a row the same at every row
+count and stride, and the route that chooses it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qwen_embed import onednn
+from qwen_embed.config import ModelConfig
 from qwen_embed.cpu import CpuFeatures
-from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs, row_invariant_kernel
+from qwen_embed.onednn import BrgemmWeight, brgemm_runs
+from qwen_embed.route import choose_route
+from qwen_embed.settings import EncoderSettings
 
-pytestmark = pytest.mark.skipif(
+from reference import model_config
+
+NEEDS_OPERATOR = pytest.mark.skipif(
     not brgemm_runs(), reason="the native bf16 operator needs AVX-512, the build and oneDNN"
 )
 AMX = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, "Xeon")
-ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14")
+AVX2 = CpuFeatures.from_flags({"avx2"}, "AMD EPYC 7B12")
 
 
 def _random(*shape: int, seed: int) -> torch.Tensor:
@@ -28,7 +32,34 @@ def _rounded_product(x, w, bias=None):
     return (y if bias is None else y + bias).bfloat16()
 
 
+def route(features=AMX, device="cpu", runs=True, config: ModelConfig | None = None, **settings):
+    return choose_route(
+        EncoderSettings(batch_invariant="on", **settings),
+        config or model_config(),
+        device,
+        features,
+        brgemm_runs=lambda: runs,
+    )
+
+
+def test_batch_invariant_routes_bf16_linears_to_the_operator():
+    assert route().row_invariant
+    assert route(quantization="int8").row_invariant  # the layers int8 keeps in floats
+    assert not route(dtype="float32").row_invariant  # fp32 GEMMs are row-invariant already
+    assert not route(AVX2).row_invariant  # bf16 runs as fp32 GEMMs there
+    assert "batch-invariant brgemm" in route().describe()
+    off = choose_route(EncoderSettings(), model_config(), "cpu", AMX, brgemm_runs=lambda: True)
+    assert not off.row_invariant
+    with pytest.raises(ValueError, match="CPU only"):
+        route(device="cuda:0")
+    with pytest.raises(ValueError, match="native bf16 operator"):
+        route(runs=False)
+    with pytest.raises(ValueError, match="batch_invariant must be one of"):
+        EncoderSettings(batch_invariant="auto")
+
+
 # (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths
+@NEEDS_OPERATOR
 @pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (7, 100, 48), (97, 80, 130), (200, 1024, 1024)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_one_rounding_of_the_fp32_product(rows, n, k, with_bias):
@@ -44,6 +75,7 @@ def test_one_rounding_of_the_fp32_product(rows, n, k, with_bias):
     assert ((out.float() - ref.float()).abs() <= bound).all()
 
 
+@NEEDS_OPERATOR
 def test_a_row_is_the_same_at_every_row_count_and_stride():
     w = _random(300, 256, seed=2)
     wide = _random(400, 300, seed=3)
@@ -55,18 +87,15 @@ def test_a_row_is_the_same_at_every_row_count_and_stride():
     assert torch.equal(layer(x.reshape(4, 100, 256))[1], full[100:200])
 
 
-def test_chosen_for_bf16_on_amx_only(monkeypatch):
-    w = _random(64, 32, seed=4)
-    monkeypatch.setattr(onednn, "cpu_features", lambda: AMX)
-    assert row_invariant_kernel(w) is BrgemmWeight
-    assert row_invariant_kernel(w.float()) is PackedWeight
-    monkeypatch.setattr(onednn, "cpu_features", lambda: ZEN4)
-    assert row_invariant_kernel(w) is PackedWeight
+@NEEDS_OPERATOR
+def test_the_operator_needs_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
-    monkeypatch.setattr(onednn, "cpu_features", lambda: AMX)
-    assert row_invariant_kernel(w) is PackedWeight  # the operator refuses without oneDNN
+    assert not brgemm_runs()
+    with pytest.raises(RuntimeError, match="oneDNN"):
+        BrgemmWeight(_random(64, 32, seed=4))(_random(3, 32, seed=5))
 
 
+@NEEDS_OPERATOR
 def test_bad_operands_are_refused():
     layer = BrgemmWeight(_random(64, 32, seed=5))
     with pytest.raises(RuntimeError, match="bfloat16"):

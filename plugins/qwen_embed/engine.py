@@ -26,8 +26,8 @@ from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
+from .onednn import BrgemmWeight, PackedWeight
 from .onednn import available as onednn_available
-from .onednn import row_invariant_kernel
 from .parallel import RankSpec, TPLauncher, wait_for_device
 from .pooling import finish, pool
 from .route import Linear, Route, choose_route
@@ -163,9 +163,12 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
     if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears.values():
             module.to(weight_dtype)
-    if route.prepacked:
+    if route.row_invariant:
         for module in linears.values():
-            module.repack(row_invariant_kernel(module.weight))
+            module.repack(BrgemmWeight)
+    elif route.prepacked:
+        for module in linears.values():
+            module.repack(PackedWeight)
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import native
-from .cpu import cpu_features
 
 # Row counts up to UNPADDED_ROWS run as they are (few counts anyway); above, up to each limit,
 # they are padded to a multiple of its step: steps grow with the count so that the padding
@@ -76,9 +75,6 @@ class PackedWeight(nn.Module):
 
 
 PANEL = 64  # channels per panel of BrgemmWeight's layout
-# BrgemmWeight's fixed blocking of the input width: each block of K against all of a task's
-# panels while it is in cache; a row's sums are the same at any row count for any fixed value.
-BRGEMM_K_BLOCK = 256
 
 
 def brgemm_runs() -> bool:
@@ -87,9 +83,10 @@ def brgemm_runs() -> bool:
 
 
 class BrgemmWeight(nn.Module):
-    """A bf16 linear weight for the native operator on oneDNN's brgemm micro-kernel (AMX tiles):
-    the whole input width in one call per block of rows, so a row's result is the same at any
-    row count, which oneDNN's own AMX GEMM is not. Packed once, [n_pad / 64, k / 2, 64, 2]."""
+    """A bf16 linear weight for the batch-invariant route (settings.batch_invariant): the native
+    operator on oneDNN's brgemm micro-kernel (AMX tiles where the CPU has them) takes the whole
+    input width in one call per block of rows, so a row's result is the same at any row count,
+    which oneDNN's own GEMM is not on AMX CPUs. Packed once, [n_pad / 64, k / 2, 64, 2]."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -98,25 +95,8 @@ class BrgemmWeight(nn.Module):
         w = torch.zeros(n_pad, k, dtype=torch.bfloat16)
         w[:n] = weight.detach()
         self.out_features = n
-        self.k_block = BRGEMM_K_BLOCK
         self.packed = w.view(n_pad // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()
-        return torch.ops.qwen_embed.bf16_linear(
-            x, self.packed, bias, self.out_features, self.k_block
-        )
-
-
-def row_invariant_kernel(weight: torch.Tensor) -> type[nn.Module]:
-    """The packed kernel for this weight: BrgemmWeight for bf16 on AMX CPUs, where oneDNN's GEMM
-    sums a row in another order at other row counts; PackedWeight elsewhere (row-invariant
-    there already, and as fast or faster: docs/tuning.md)."""
-    if (
-        weight.dtype == torch.bfloat16
-        and weight.shape[1] % 2 == 0
-        and cpu_features().amx_bf16
-        and brgemm_runs()
-    ):
-        return BrgemmWeight
-    return PackedWeight
+        return torch.ops.qwen_embed.bf16_linear(x, self.packed, bias, self.out_features)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import native
+from . import native, onednn
 from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures
@@ -37,6 +37,9 @@ class Route:
     dtype: str  # activations, embeddings, norms
     linear: Linear
     prepacked: bool  # float linear weights packed for oneDNN at load (onednn.py)
+    # bf16 linear layers on the row-invariant brgemm operator (onednn.BrgemmWeight), for
+    # settings.batch_invariant
+    row_invariant: bool
     attn_backend: str
     task: str  # "embed" | "rerank"
     pooling: str
@@ -53,7 +56,9 @@ class Route:
             Linear.INT8: "int8 (per-channel weights, per-token activations, Hadamard-rotated "
             "rows; the attention's values and output projection in floats)",
         }[self.linear]
-        if self.prepacked:
+        if self.row_invariant:
+            linear += ", batch-invariant brgemm GEMM"
+        elif self.prepacked:
             linear += ", oneDNN-packed weights"
         return (
             f"{self.device}, dtype {self.dtype}, linear layers {linear}: {self.reason}; "
@@ -86,13 +91,15 @@ def choose_route(
     choose_attention: Callable[..., tuple[str, str]] = choose_backend,
     native_isa: Callable[[], str | None] = native.isa,
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
+    brgemm_runs: Callable[[], bool] = onednn.brgemm_runs,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
     fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
-    linear weights for oneDNN where torch has it. Prefix reuse needs causal attention and
+    linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
+    on the native brgemm operator instead (`brgemm_runs()`). Prefix reuse needs causal attention and
     last-token pooling; pruning, last-token pooling. Norms, rotary and silu run as native
     kernels on CPU where they are built (native/)."""
     s = settings
@@ -119,6 +126,16 @@ def choose_route(
     if s.prepack_weights == "on" and not (cpu and onednn):
         raise ValueError("prepack_weights needs a CPU device and a torch with oneDNN")
     prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
+    # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
+    # brgemm operator runs wherever the native build has AVX-512, so the same route everywhere
+    row_invariant = s.batch_invariant == "on" and dtype == "bfloat16" and linear != Linear.FP32_GEMM
+    if s.batch_invariant == "on" and not cpu:
+        raise ValueError("batch_invariant 'on' runs on CPU only")
+    if row_invariant and not brgemm_runs():
+        raise ValueError(
+            "batch_invariant 'on' with bf16 needs the native bf16 operator (make setup builds "
+            "it; AVX-512 and torch's oneDNN)"
+        )
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device, config.head_dim, dtype=dtype)
@@ -128,6 +145,7 @@ def choose_route(
         dtype=dtype,
         linear=linear,
         prepacked=prepacked,
+        row_invariant=row_invariant,
         attn_backend=backend,
         task=task,
         pooling=s.pooling,

@@ -340,15 +340,14 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-// The bf16 GEMM on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the CPU has them). K runs
-// in fixed blocks of k_block values (0: all of K), each block's products added to the fp32 sums
-// of the blocks before it, so a row's sums never depend on the rows beside it (oneDNN's own AMX
-// GEMM blocks K differently for different row counts). A task's rows x channels as for int8;
-// within a task, each block of K is multiplied against all its panels while it is in cache.
-bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, int64_t ld_b, bool add, const at::BFloat16* a,
-                 const at::BFloat16* b, float* c) {
+// The bf16 GEMM on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the CPU has them) for
+// the batch-invariant route: the whole K in one call per task and panel, so a row's sums never
+// depend on the rows beside it (oneDNN's own AMX GEMM blocks K differently for different row
+// counts). Tasks as for int8.
+bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, const at::BFloat16* a, const at::BFloat16* b,
+                 float* c) {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
-  at::native::cpublas::brgemm(m, kInt8Panel, k, ld_a, kInt8Panel, kInt8Panel, add, a, b, c);
+  at::native::cpublas::brgemm(m, kInt8Panel, k, ld_a, kInt8Panel, kInt8Panel, false, a, b, c);
   return true;
 #else
   return false;
@@ -361,7 +360,7 @@ bool bf16_supported() {
     at::BFloat16 a[2] = {}, b[2 * kInt8Panel] = {};
     float c[kInt8Panel];
     try {
-      const bool ran = bf16_brgemm(1, 2, 2, kInt8Panel, false, a, b, c);
+      const bool ran = bf16_brgemm(1, 2, 2, a, b, c);
       int8_brgemm_release();
       return ran;
     } catch (const c10::Error&) {
@@ -371,12 +370,10 @@ bool bf16_supported() {
   return runs && at::globalContext().userEnabledMkldnn();
 }
 
-constexpr int64_t kBf16TaskPanels = kInt8TaskChannels / kInt8Panel;
-
 // x [..., k] bf16 times bf16 weights packed [n_pad / 64, k / 2, 64, 2] (onednn.BrgemmWeight)
 // -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
-                       const std::optional<at::Tensor>& bias, int64_t n, int64_t k_block) {
+                       const std::optional<at::Tensor>& bias, int64_t n) {
   TORCH_CHECK(bf16_supported(), "the bf16 operator needs AVX-512 and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
@@ -386,7 +383,6 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                   packed.size(0) * kInt8Panel >= n,
               "packed must be the bf16 [n_pad / 64, k / 2, 64, 2] weights of ", n,
               " channels of ", k, " values");
-  TORCH_CHECK(k_block >= 0 && k_block % 2 == 0, "k_block must be even (0: all of k)");
   if (bias)
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
@@ -395,7 +391,6 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   sizes.back() = n;
   at::Tensor out = at::empty(sizes, x.options());
   const int64_t m = rows.size(0), lda = rows.stride(0);
-  const int64_t kb = k_block == 0 ? k : std::min(k, k_block);
   const auto* a = ptr<at::BFloat16>(rows);
   const auto* b = ptr<at::BFloat16>(packed);
   const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
@@ -403,20 +398,15 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
   const int64_t channel_tasks = (n + kInt8TaskChannels - 1) / kInt8TaskChannels;
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    static thread_local std::vector<float> sums(kBf16TaskPanels * kInt8TaskRows * kInt8Panel);
+    float sums[kInt8TaskRows * kInt8Panel];
     const int64_t row = t / channel_tasks * kInt8TaskRows;
     const int64_t rows_here = std::min(kInt8TaskRows, m - row);
     const int64_t col0 = t % channel_tasks * kInt8TaskChannels;
-    const int64_t col1 = std::min(n, col0 + kInt8TaskChannels);
-    for (int64_t k0 = 0; k0 < k; k0 += kb)
-      for (int64_t col = col0, p = 0; col < col1; col += kInt8Panel, ++p)
-        bf16_brgemm(rows_here, std::min(kb, k - k0), lda, kInt8Panel, k0 > 0,
-                    a + row * lda + k0, b + col * k + k0 * kInt8Panel,
-                    sums.data() + p * kInt8TaskRows * kInt8Panel);
-    for (int64_t col = col0, p = 0; col < col1; col += kInt8Panel, ++p)
-      int8::kernels.store_sums(sums.data() + p * kInt8TaskRows * kInt8Panel, kInt8Panel,
-                               rows_here, std::min(kInt8Panel, n - col),
+    for (int64_t col = col0; col < std::min(n, col0 + kInt8TaskChannels); col += kInt8Panel) {
+      bf16_brgemm(rows_here, k, lda, a + row * lda, b + col * k, sums);
+      int8::kernels.store_sums(sums, kInt8Panel, rows_here, std::min(kInt8Panel, n - col),
                                bias_ptr ? bias_ptr + col : nullptr, o + row * n + col, n);
+    }
     int8_brgemm_release();
   });
   return out;
@@ -561,7 +551,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
-  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int k_block) -> Tensor");
+  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
       "int rotation=1) -> Tensor");
