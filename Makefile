@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-gemm-rows perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-gemm-rows perf-bf16-gemm perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -133,10 +133,14 @@ perf-attention: setup
 	perf/peers/install.sh vllm
 	cd perf && ../$(PY) bench_attention.py && ../$(PY) bench_lengths.py
 
-# Whether a row of a packed oneDNN GEMM is the same at every row count, and a row-invariant bf16
-# GEMM on oneDNN's brgemm micro-kernel beside it (perf/results/gemm_rows-<cpu>.md).
+# Whether a row of a packed oneDNN GEMM is the same at every row count, and the bf16 brgemm
+# operator of batch_invariant on beside it (perf/results/gemm_rows-<cpu>.md).
 perf-gemm-rows: setup
 	cd perf && ../$(PY) bench_gemm_rows.py --dtypes bfloat16 --out results/gemm_rows-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
+
+# What batch_invariant on costs end to end (perf/results/bf16_gemm-<cpu>.md).
+perf-bf16-gemm: setup
+	cd perf && ../$(PY) bench_bf16_gemm.py --out results/bf16_gemm-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
 
 # The row-wise kernels' GB/s against a copy of the same bytes (perf/results/rows-<cpu>.md).
 perf-rows: setup
