@@ -9,8 +9,8 @@ result independent of its batch: a fixed shape takes one kernel): a 20-row forwa
 256 rows, and 1,024 rows as four 256-row calls, each against the plain call (best of 20).
 
 bf16 also on the native operator over oneDNN's brgemm micro-kernel (onednn.BrgemmWeight, AMX
-tiles where the CPU has them, the bf16 route's GEMM there): the whole K in one call per block
-of rows, so a row's sums never depend on the rows beside it. The same row counts are checked,
+tiles where the CPU has them: the GEMM of batch_invariant "on"): the whole K in one call per
+block of rows, so a row's sums never depend on the rows beside it. The same row counts are checked,
 and its 20 and 1,024 rows timed against the packed GEMM.
 """
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen_embed.config import ModelConfig
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.onednn import BrgemmWeight, brgemm_runs
 from qwen_embed.route import choose_route
@@ -32,14 +31,9 @@ def _rounded_product(x, w, bias=None):
     return (y if bias is None else y + bias).bfloat16()
 
 
-def route(features=AMX, device="cpu", runs=True, config: ModelConfig | None = None, **settings):
-    return choose_route(
-        EncoderSettings(batch_invariant="on", **settings),
-        config or model_config(),
-        device,
-        features,
-        brgemm_runs=lambda: runs,
-    )
+def route(features=AMX, device="cpu", runs=True, **settings):
+    settings = EncoderSettings(batch_invariant="on", **settings)
+    return choose_route(settings, model_config(), device, features, brgemm_runs=lambda: runs)
 
 
 def test_batch_invariant_routes_bf16_linears_to_the_operator():

@@ -99,9 +99,9 @@ def choose_route(
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
     linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
-    on the native brgemm operator instead (`brgemm_runs()`). Prefix reuse needs causal attention and
-    last-token pooling; pruning, last-token pooling. Norms, rotary and silu run as native
-    kernels on CPU where they are built (native/)."""
+    on the native brgemm operator instead (`brgemm_runs()`). Prefix reuse needs causal
+    attention and last-token pooling; pruning, last-token pooling. Norms, rotary and silu run
+    as native kernels on CPU where they are built (native/)."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:

@@ -1,6 +1,7 @@
 // The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on oneDNN's brgemm
-// micro-kernel: AMX int8 tiles where the CPU has them, AVX512_VNNI elsewhere), compiled with
-// AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
+// micro-kernel: AMX int8 tiles where the CPU has them, AVX512_VNNI elsewhere), and the store of
+// the bf16 brgemm GEMM's sums (batch_invariant), compiled with AVX-512 flags (native/build.py)
+// and chosen at run time (ops.cpp).
 //
 // Activations are quantized per row (symmetric, 127 levels) and stored as uint8 codes + 128;
 // weights are int8 per output channel, packed at load in panels of 64 channels as
