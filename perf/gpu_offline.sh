@@ -176,11 +176,11 @@ cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 			wait
 		elif [ -z "$b" ]; then
 			lane cpu "$a" cpu_tests cpu_int8 cpu_peers cpu_serving cpu_rows cpu_gemm_rows \
-				cpu_attention cpu_profile
+				cpu_bf16_gemm cpu_attention cpu_profile
 		else
 			lane peers "$a" cpu_peers &
 			lane kernels "$b" cpu_tests cpu_attention cpu_rows cpu_profile &
-			lane gemm "$c" cpu_gemm_rows cpu_int8 cpu_serving &
+			lane gemm "$c" cpu_gemm_rows cpu_bf16_gemm cpu_int8 cpu_serving &
 			wait
 		fi
 	)
