@@ -9,7 +9,7 @@
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
 #
-# LANES="cpu_x cpu_y|cpu_z|..." runs those cpu_* steps in up to three lanes instead.
+# LANES="cpu_x cpu_y|cpu_z|..." runs other cpu_* steps in the (up to three) lanes.
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
@@ -163,24 +163,20 @@ cpu_profile() {
 	(cd perf && timeout "$(left 60)" $pin python3 profile_engine.py \
 		--model-dir ../.cache/bench-model-4l --dtype auto --out "$out/profile-$kind")
 }
+# Three lanes' steps in priority order; on a host of fewer cores all of them in one lane.
+LANES=${LANES:-"cpu_peers|cpu_tests cpu_attention cpu_rows cpu_profile|cpu_gemm_rows cpu_bf16_gemm cpu_int8 cpu_serving"}
 cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 	(
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
 		cpu_prepare
 		read -r a b c _ <<<"$1"
-		if [ -n "${LANES:-}" ] && [ -n "$b" ]; then  # "steps|steps|steps": other lanes
+		if [ -z "$b" ]; then
+			lane 1 "$a" ${LANES//|/ }
+		else
 			IFS='|' read -r la lb lc <<<"$LANES"
 			lane 1 "$a" $la &
 			[ -n "$lb" ] && lane 2 "$b" $lb &
 			[ -n "$lc" ] && lane 3 "$c" $lc &
-			wait
-		elif [ -z "$b" ]; then
-			lane cpu "$a" cpu_tests cpu_int8 cpu_peers cpu_serving cpu_rows cpu_gemm_rows \
-				cpu_bf16_gemm cpu_attention cpu_profile
-		else
-			lane peers "$a" cpu_peers &
-			lane kernels "$b" cpu_tests cpu_attention cpu_rows cpu_profile &
-			lane gemm "$c" cpu_gemm_rows cpu_bf16_gemm cpu_int8 cpu_serving &
 			wait
 		fi
 	)

@@ -31,7 +31,7 @@ from .compiled import CompiledSet
 _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
 FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
-PANEL, GROUP = 64, 4  # the native operator's weight blocks: 64 channels x 4 input values
+GROUP = 4  # input values per int8 dot product (native.pack_panels)
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
@@ -103,15 +103,14 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """int8 weights [n, k] and their scales [n, 1] in the native operator's layout: (packed int8
     [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad] = 128 x each channel's sum, which
     undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros."""
-    n, k = q.shape
-    n_pad, k_pad = -(-n // PANEL) * PANEL, -(-k // GROUP) * GROUP
-    w = torch.zeros(n_pad, k_pad, dtype=torch.int8)
-    w[:n, :k] = q
-    packed = w.view(n_pad // PANEL, PANEL, k_pad // GROUP, GROUP).permute(0, 2, 1, 3)
-    offset = w.sum(dim=1, dtype=torch.int32).mul_(128)
+    n = q.shape[0]
+    packed = native.pack_panels(q, GROUP)
+    n_pad = packed.shape[0] * native.PANEL
+    offset = torch.zeros(n_pad, dtype=torch.int32)
+    offset[:n] = q.sum(dim=1, dtype=torch.int32).mul_(128)
     padded_scale = torch.zeros(n_pad)
     padded_scale[:n] = scale.view(-1)
-    return packed.contiguous(), offset, padded_scale
+    return packed, offset, padded_scale
 
 
 class Int8Weight(nn.Module):

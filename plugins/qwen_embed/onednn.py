@@ -74,9 +74,6 @@ class PackedWeight(nn.Module):
         return out[:rows].view(*shape[:-1], self.out_features)
 
 
-PANEL = 64  # channels per panel of BrgemmWeight's layout
-
-
 def brgemm_runs() -> bool:
     """The native bf16 operator runs here (built, AVX-512, torch's oneDNN)."""
     return native.isa() is not None and torch.ops.qwen_embed.bf16_supported()
@@ -90,12 +87,8 @@ class BrgemmWeight(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
-        n, k = weight.shape
-        n_pad = -(-n // PANEL) * PANEL
-        w = torch.zeros(n_pad, k, dtype=torch.bfloat16)
-        w[:n] = weight.detach()
-        self.out_features = n
-        self.packed = w.view(n_pad // PANEL, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        self.out_features = weight.shape[0]
+        self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()

@@ -26,6 +26,7 @@ STAMP = BUILD / "sources.sha256"  # which sources the library was built from
 DTYPES = (torch.float32, torch.bfloat16)
 ISAS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
+PANEL = 64  # output channels per panel of the GEMM operators' packed weights (csrc: kPanel)
 
 
 _state: dict[str, str | None] = {}  # "isa" once the library was looked for
@@ -93,4 +94,17 @@ def handles(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
         and x.dtype in DTYPES
         and all(w is None or w.dtype == x.dtype for w in weights)
         and isa() is not None
+    )
+
+
+def pack_panels(w: torch.Tensor, group: int) -> torch.Tensor:
+    """Weights [n, k] as the GEMM operators (int8_linear, bf16_linear) read them, oneDNN brgemm's
+    layout: [n_pad / PANEL, k_pad / group, PANEL, group], n and k padded with zeros up to
+    multiples of PANEL and `group` (the input values one dot-product instruction takes)."""
+    n, k = w.shape
+    n_pad, k_pad = -(-n // PANEL) * PANEL, -(-k // group) * group
+    padded = torch.zeros(n_pad, k_pad, dtype=w.dtype)
+    padded[:n, :k] = w
+    return (
+        padded.view(n_pad // PANEL, PANEL, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
     )

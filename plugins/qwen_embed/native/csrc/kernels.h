@@ -40,11 +40,11 @@ struct Kernels {
   AttentionKernels<uint16_t> attention_bf16;
 };
 
-constexpr int64_t kInt8Panel = 64;  // channels per panel of packed int8 weights
+constexpr int64_t kPanel = 64;  // channels per panel of packed GEMM weights (int8, bf16)
 
 // One int8 linear layer's operands (int8_rows.cpp, ops.cpp): `a` rows of k_pad uint8 codes (the
-// activation / a_scale rounded, + 128), `packed` the int8 weights in panels of kInt8Panel
-// channels, [n_pad / kInt8Panel][k_pad / 4][kInt8Panel][4], `offset` 128 x each channel's weight
+// activation / a_scale rounded, + 128), `packed` the int8 weights in panels of kPanel
+// channels, [n_pad / kPanel][k_pad / 4][kPanel][4], `offset` 128 x each channel's weight
 // sum, `w_scale` per channel, `bias` fp32 or null;
 // out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
 template <typename T>

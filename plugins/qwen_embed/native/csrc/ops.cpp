@@ -204,8 +204,7 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
 }
 
 // oneDNN's int8 micro-kernel through torch: m rows of uint8 codes times n packed int8 channels
-// -> int32 sums; false where this torch build lacks it. `int8_brgemm_release` ends a thread's
-// run of calls (the AMX tile state).
+// -> int32 sums; false where this torch build lacks it.
 bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, int64_t ld_c,
                  const uint8_t* a, const int8_t* b, int32_t* c) {
 #ifdef CPUBLAS_BRGEMM_U8I8I32
@@ -216,63 +215,96 @@ bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, in
 #endif
 }
 
-void int8_brgemm_release() {
-#ifdef CPUBLAS_BRGEMM_U8I8I32
+// The same for bf16 rows times one panel of packed bf16 channels -> fp32 sums.
+bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, const at::BFloat16* a, const at::BFloat16* b,
+                 float* c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm(m, kPanel, k, ld_a, kPanel, kPanel, false, a, b, c);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Ends a thread's run of micro-kernel calls (the AMX tile state): the AMX attention kernels
+// configure the tiles their own way, and oneDNN reconfigures only after a release.
+void brgemm_release() {
+#if defined(CPUBLAS_BRGEMM_U8I8I32) || defined(CPUBLAS_BRGEMM_BF16BF16F32)
   at::native::cpublas::brgemm_release();
 #endif
 }
 
-// Whether the micro-kernel runs here, by a probe call: oneDNN may run below the CPU's
-// instruction sets (ONEDNN_MAX_CPU_ISA), and then refuses.
-bool int8_brgemm_runs() {
-  static const bool runs = [] {
-    uint8_t a[4] = {};
-    int8_t b[4 * kInt8Panel] = {};
-    int32_t c[kInt8Panel];
-    try {
-      const bool ran = int8_brgemm(1, kInt8Panel, 4, 4, kInt8Panel, kInt8Panel, a, b, c);
-      int8_brgemm_release();
-      return ran;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return runs;
+// Whether a micro-kernel runs here, by a probe call: oneDNN may run below the CPU's instruction
+// sets (ONEDNN_MAX_CPU_ISA), and then refuses.
+template <typename Call>
+bool brgemm_probe(const Call& call) {
+  try {
+    const bool ran = call();
+    brgemm_release();
+    return ran;
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 // The int8 operator: our row kernels need AVX-512, oneDNN's int8 micro-kernel VNNI (or AMX).
 // Asked on every call of the operator: the CPU's part is decided once, oneDNN's switch each time.
 bool int8_supported() {
-  static const bool cpu = [] {
+  static const bool runs = [] {
     __builtin_cpu_init();
-    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
+    uint8_t a[4] = {};
+    int8_t b[4 * kPanel] = {};
+    int32_t c[kPanel];
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni") &&
+           brgemm_probe([&] { return int8_brgemm(1, kPanel, 4, 4, kPanel, kPanel, a, b, c); });
   }();
-  return cpu && at::globalContext().userEnabledMkldnn() && int8_brgemm_runs();
+  return runs && at::globalContext().userEnabledMkldnn();
 }
 
-// Rows per GEMM task, and channels per task (a multiple of kInt8Panel): a task's codes and its
-// weights stay in the core's L2 cache while it runs.
-constexpr int64_t kInt8TaskRows = 96, kInt8TaskChannels = 256;
+// The bf16 operator (batch_invariant): our store needs AVX-512; likewise asked on every call.
+bool bf16_supported() {
+  static const bool runs = [] {
+    at::BFloat16 a[2] = {}, b[2 * kPanel] = {};
+    float c[kPanel];
+    return cpu_has("avx512") && brgemm_probe([&] { return bf16_brgemm(1, 2, 2, a, b, c); });
+  }();
+  return runs && at::globalContext().userEnabledMkldnn();
+}
 
-// One GEMM task on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them,
+// Rows per GEMM task, and channels per task (a multiple of kPanel): a task's rows and its
+// weights stay in the core's L2 cache while it runs.
+constexpr int64_t kGemmTaskRows = 96, kGemmTaskChannels = 256;
+
+// The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
+// to the next free thread; `task` ends with brgemm_release.
+template <typename Task>
+void gemm_tasks(int64_t m, int64_t n, const Task& task) {
+  const int64_t row_tasks = (m + kGemmTaskRows - 1) / kGemmTaskRows;
+  const int64_t channel_tasks = (n + kGemmTaskChannels - 1) / kGemmTaskChannels;
+  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
+    const int64_t r = t / channel_tasks * kGemmTaskRows;
+    const int64_t c = t % channel_tasks * kGemmTaskChannels;
+    task(r, std::min(m, r + kGemmTaskRows), c, std::min(n, c + kGemmTaskChannels));
+    brgemm_release();
+  });
+}
+
+// One int8 GEMM task on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them,
 // AVX512_VNNI elsewhere), one call per panel of the task's channels: the call's int32 sums land
-// in a block in cache, and `finish` rescales and stores them. The tile state is released after
-// each task: the AMX attention kernels configure the tiles their own way, and oneDNN
-// reconfigures only after a release.
+// in a block in cache, and `finish` rescales and stores them.
 template <typename T>
 void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  int32_t sums[kInt8TaskRows * kInt8Panel];
+  int32_t sums[kGemmTaskRows * kPanel];
   const int64_t rows = row1 - row0;
-  for (int64_t col = col0; col < col1; col += kInt8Panel) {
-    const int64_t cols = std::min(kInt8Panel, g.n - col);
-    int8_brgemm(rows, kInt8Panel, g.k_pad, g.k_pad, kInt8Panel, kInt8Panel, g.a + row0 * g.k_pad,
+  for (int64_t col = col0; col < col1; col += kPanel) {
+    const int64_t cols = std::min(kPanel, g.n - col);
+    int8_brgemm(rows, kPanel, g.k_pad, g.k_pad, kPanel, kPanel, g.a + row0 * g.k_pad,
                 g.packed + col * g.k_pad, sums);
     if constexpr (std::is_same_v<T, float>)
-      int8::kernels.finish_f32(g, sums, kInt8Panel, row0, rows, col, cols);
+      int8::kernels.finish_f32(g, sums, kPanel, row0, rows, col, cols);
     else
-      int8::kernels.finish_bf16(g, sums, kInt8Panel, row0, rows, col, cols);
+      int8::kernels.finish_bf16(g, sums, kPanel, row0, rows, col, cols);
   }
-  int8_brgemm_release();
 }
 
 template <typename T>
@@ -291,12 +323,8 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
-  const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
-  const int64_t channel_tasks = (g.n + kInt8TaskChannels - 1) / kInt8TaskChannels;
-  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    const int64_t r = t / channel_tasks * kInt8TaskRows;
-    const int64_t c = t % channel_tasks * kInt8TaskChannels;
-    brgemm_task(g, r, std::min(m, r + kInt8TaskRows), c, std::min(g.n, c + kInt8TaskChannels));
+  gemm_tasks(m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    brgemm_task(g, r0, r1, c0, c1);
   });
 }
 
@@ -311,11 +339,11 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
-                  packed.size(2) == kInt8Panel && packed.size(3) == 4 &&
-                  packed.size(1) * 4 >= k && packed.size(0) * kInt8Panel >= n,
+                  packed.size(2) == kPanel && packed.size(3) == 4 &&
+                  packed.size(1) * 4 >= k && packed.size(0) * kPanel >= n,
               "packed must be the int8 [n_pad / 64, k_pad / 4, 64, 4] weights of ", n,
               " channels of ", k, " values");
-  const int64_t n_pad = packed.size(0) * kInt8Panel;
+  const int64_t n_pad = packed.size(0) * kPanel;
   TORCH_CHECK(offset.scalar_type() == at::kInt && offset.is_contiguous() &&
                   offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous() && w_scale.numel() == n_pad,
@@ -340,36 +368,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-// The bf16 GEMM on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the CPU has them) for
-// the batch-invariant route: the whole K in one call per task and panel, so a row's sums never
-// depend on the rows beside it (oneDNN's own AMX GEMM blocks K differently for different row
-// counts). Tasks as for int8.
-bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, const at::BFloat16* a, const at::BFloat16* b,
-                 float* c) {
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
-  at::native::cpublas::brgemm(m, kInt8Panel, k, ld_a, kInt8Panel, kInt8Panel, false, a, b, c);
-  return true;
-#else
-  return false;
-#endif
-}
-
-bool bf16_supported() {
-  static const bool runs = [] {
-    if (!cpu_has("avx512")) return false;  // store_sums
-    at::BFloat16 a[2] = {}, b[2 * kInt8Panel] = {};
-    float c[kInt8Panel];
-    try {
-      const bool ran = bf16_brgemm(1, 2, 2, a, b, c);
-      int8_brgemm_release();
-      return ran;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return runs && at::globalContext().userEnabledMkldnn();
-}
-
+// The bf16 GEMM of batch_invariant, on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the
+// CPU has them): the whole K in one call per task and panel, so a row's sums never depend on
+// the rows beside it (oneDNN's own AMX GEMM blocks K differently for different row counts).
 // x [..., k] bf16 times bf16 weights packed [n_pad / 64, k / 2, 64, 2] (onednn.BrgemmWeight)
 // -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
@@ -378,9 +379,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t k = x.size(-1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == kInt8Panel &&
+                  packed.is_contiguous() && packed.size(2) == kPanel &&
                   packed.size(3) == 2 && packed.size(1) * 2 == k &&
-                  packed.size(0) * kInt8Panel >= n,
+                  packed.size(0) * kPanel >= n,
               "packed must be the bf16 [n_pad / 64, k / 2, 64, 2] weights of ", n,
               " channels of ", k, " values");
   if (bias)
@@ -395,19 +396,13 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* b = ptr<at::BFloat16>(packed);
   const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
   uint16_t* o = ptr<uint16_t>(out);
-  const int64_t row_tasks = (m + kInt8TaskRows - 1) / kInt8TaskRows;
-  const int64_t channel_tasks = (n + kInt8TaskChannels - 1) / kInt8TaskChannels;
-  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    float sums[kInt8TaskRows * kInt8Panel];
-    const int64_t row = t / channel_tasks * kInt8TaskRows;
-    const int64_t rows_here = std::min(kInt8TaskRows, m - row);
-    const int64_t col0 = t % channel_tasks * kInt8TaskChannels;
-    for (int64_t col = col0; col < std::min(n, col0 + kInt8TaskChannels); col += kInt8Panel) {
-      bf16_brgemm(rows_here, k, lda, a + row * lda, b + col * k, sums);
-      int8::kernels.store_sums(sums, kInt8Panel, rows_here, std::min(kInt8Panel, n - col),
-                               bias_ptr ? bias_ptr + col : nullptr, o + row * n + col, n);
+  gemm_tasks(m, n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float sums[kGemmTaskRows * kPanel];
+    for (int64_t col = c0; col < c1; col += kPanel) {
+      bf16_brgemm(r1 - r0, k, lda, a + r0 * lda, b + col * k, sums);
+      int8::kernels.store_sums(sums, kPanel, r1 - r0, std::min(kPanel, n - col),
+                               bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col, n);
     }
-    int8_brgemm_release();
   });
   return out;
 }
