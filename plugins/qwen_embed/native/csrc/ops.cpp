@@ -271,20 +271,28 @@ bool bf16_supported() {
   return runs && at::globalContext().userEnabledMkldnn();
 }
 
-// Rows per GEMM task, and channels per task (a multiple of kPanel): a task's rows and its
-// weights stay in the core's L2 cache while it runs.
-constexpr int64_t kGemmTaskRows = 96, kGemmTaskChannels = 256;
+// How a GEMM is cut into tasks: rows x channels (a multiple of kPanel) per task, and whether
+// consecutive tasks share their channels (their weights stay in cache while the rows change)
+// or their rows. int8: a task's rows and weights stay in the core's L2 cache. bf16: tasks of
+// one 32-row micro-kernel call per panel, channels outermost, were the fastest blocking on AMX
+// (perf/bench_gemm_rows.py, docs/tuning.md).
+struct GemmBlocking {
+  int64_t rows, channels;
+  bool channels_outer;
+};
+constexpr GemmBlocking kInt8Blocking{96, 256, false}, kBf16Blocking{32, 256, true};
 
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
 // to the next free thread; `task` ends with brgemm_release.
 template <typename Task>
-void gemm_tasks(int64_t m, int64_t n, const Task& task) {
-  const int64_t row_tasks = (m + kGemmTaskRows - 1) / kGemmTaskRows;
-  const int64_t channel_tasks = (n + kGemmTaskChannels - 1) / kGemmTaskChannels;
+void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, const Task& task) {
+  const int64_t row_tasks = (m + blocking.rows - 1) / blocking.rows;
+  const int64_t channel_tasks = (n + blocking.channels - 1) / blocking.channels;
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    const int64_t r = t / channel_tasks * kGemmTaskRows;
-    const int64_t c = t % channel_tasks * kGemmTaskChannels;
-    task(r, std::min(m, r + kGemmTaskRows), c, std::min(n, c + kGemmTaskChannels));
+    const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * blocking.rows;
+    const int64_t c =
+        (blocking.channels_outer ? t / row_tasks : t % channel_tasks) * blocking.channels;
+    task(r, std::min(m, r + blocking.rows), c, std::min(n, c + blocking.channels));
     brgemm_release();
   });
 }
@@ -294,7 +302,7 @@ void gemm_tasks(int64_t m, int64_t n, const Task& task) {
 // in a block in cache, and `finish` rescales and stores them.
 template <typename T>
 void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  int32_t sums[kGemmTaskRows * kPanel];
+  int32_t sums[kInt8Blocking.rows * kPanel];
   const int64_t rows = row1 - row0;
   for (int64_t col = col0; col < col1; col += kPanel) {
     const int64_t cols = std::min(kPanel, g.n - col);
@@ -323,7 +331,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
-  gemm_tasks(m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  gemm_tasks(kInt8Blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     brgemm_task(g, r0, r1, c0, c1);
   });
 }
@@ -396,8 +404,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* b = ptr<at::BFloat16>(packed);
   const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
   uint16_t* o = ptr<uint16_t>(out);
-  gemm_tasks(m, n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    float sums[kGemmTaskRows * kPanel];
+  gemm_tasks(kBf16Blocking, m, n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float sums[kBf16Blocking.rows * kPanel];
     for (int64_t col = c0; col < c1; col += kPanel) {
       bf16_brgemm(r1 - r0, k, lda, a + r0 * lda, b + col * k, sums);
       int8::kernels.store_sums(sums, kPanel, r1 - r0, std::min(kPanel, n - col),
