@@ -138,6 +138,10 @@ cpu_bf16_gemm() {
 	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py ${BF16_GEMM_ARGS:---rounds 4} \
 		--out "$out/bf16_gemm-$kind-$(echo ${pin#taskset -c } | tr , _)")
 }
+cpu_bf16_blocking() {
+	step "batch_invariant: the brgemm operator's blockings"
+	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_blocking.py --out "$out/bf16_blocking-$kind")
+}
 cpu_serving() {
 	step "where the Triton path's time goes"
 	(cd perf && timeout "$(left 150)" $pin python3 bench_serving.py \
@@ -164,7 +168,7 @@ cpu_profile() {
 		--model-dir ../.cache/bench-model-4l --dtype auto --out "$out/profile-$kind")
 }
 # Three lanes' steps in priority order; on a host of fewer cores all of them in one lane.
-LANES=${LANES:-"cpu_peers|cpu_tests cpu_attention cpu_rows cpu_profile|cpu_gemm_rows cpu_bf16_gemm cpu_int8 cpu_serving"}
+LANES=${LANES:-"cpu_peers|cpu_tests cpu_attention cpu_rows cpu_profile|cpu_gemm_rows cpu_bf16_blocking cpu_bf16_gemm cpu_int8 cpu_serving"}
 cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 	(
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2

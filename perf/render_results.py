@@ -381,6 +381,18 @@ def bf16_gemm(r: dict) -> list[str]:
     return grid(r["rows"], columns)
 
 
+def bf16_blocking(r: dict) -> list[str]:
+    columns = [
+        ("GEMM", "shape", ""),
+        ("rows", "rows", ""),
+        ("oneDNN ms", "onednn_ms", ".3f"),
+        ("default ms", "default_ms", ".3f"),
+        ("fastest blocking", "best", ""),
+        ("its ms", "best_ms", ".3f"),
+    ]
+    return grid(r["rows"], columns)
+
+
 def adaptive_split(r: dict) -> list[str]:
     columns = [
         ("adaptive s", "adaptive_s", ".2f"),
@@ -495,6 +507,7 @@ RENDER = {
     "adaptive_split": adaptive_split,
     "attention": attention,
     "batch": batch,
+    "bf16_blocking": bf16_blocking,
     "bf16_gemm": bf16_gemm,
     "engine": engine,
     "gemm_rows": gemm_rows,

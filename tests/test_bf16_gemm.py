@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qwen_embed import native
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.onednn import BrgemmWeight, brgemm_runs
 from qwen_embed.route import choose_route
@@ -96,3 +97,23 @@ def test_bad_operands_are_refused():
         layer(torch.randn(3, 32))
     with pytest.raises(RuntimeError, match="packed"):
         layer(_random(3, 34, seed=6))
+
+
+@NEEDS_OPERATOR
+@pytest.mark.parametrize(
+    "panel,task_rows,task_channels,channels_outer",
+    [(64, 96, 256, False), (128, 64, 512, True), (256, 17, 256, False), (512, 32, 512, True)],
+)
+def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, channels_outer):
+    """Panels per call and tasks are free choices (bench_bf16_blocking.py tries them): each row
+    is still one whole-K call per panel, so the bits are the default blocking's."""
+    w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
+    bias = torch.randn(700)
+    default = BrgemmWeight(w)(x, bias)
+    packed = native.pack_panels(w, 2, panel)
+    out = torch.ops.qwen_embed.bf16_linear(
+        x, packed, bias, 700, task_rows, task_channels, channels_outer
+    )
+    assert torch.equal(out, default)
+    with pytest.raises(RuntimeError, match="multiple of the panel"):
+        torch.ops.qwen_embed.bf16_linear(x, packed, None, 700, 32, panel + 16, True)

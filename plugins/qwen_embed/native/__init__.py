@@ -97,14 +97,15 @@ def handles(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
     )
 
 
-def pack_panels(w: torch.Tensor, group: int) -> torch.Tensor:
+def pack_panels(w: torch.Tensor, group: int, panel: int = PANEL) -> torch.Tensor:
     """Weights [n, k] as the GEMM operators (int8_linear, bf16_linear) read them, oneDNN brgemm's
-    layout: [n_pad / PANEL, k_pad / group, PANEL, group], n and k padded with zeros up to
-    multiples of PANEL and `group` (the input values one dot-product instruction takes)."""
+    layout: [n_pad / panel, k_pad / group, panel, group], n and k padded with zeros up to
+    multiples of `panel` (PANEL for int8_linear; any multiple of 16 for bf16_linear) and `group`
+    (the input values one dot-product instruction takes)."""
     n, k = w.shape
-    n_pad, k_pad = -(-n // PANEL) * PANEL, -(-k // group) * group
+    n_pad, k_pad = -(-n // panel) * panel, -(-k // group) * group
     padded = torch.zeros(n_pad, k_pad, dtype=w.dtype)
     padded[:n, :k] = w
     return (
-        padded.view(n_pad // PANEL, PANEL, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
+        padded.view(n_pad // panel, panel, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
     )

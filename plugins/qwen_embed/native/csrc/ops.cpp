@@ -216,10 +216,10 @@ bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, in
 }
 
 // The same for bf16 rows times one panel of packed bf16 channels -> fp32 sums.
-bool bf16_brgemm(int64_t m, int64_t k, int64_t ld_a, const at::BFloat16* a, const at::BFloat16* b,
-                 float* c) {
+bool bf16_brgemm(int64_t m, int64_t panel, int64_t k, int64_t ld_a, const at::BFloat16* a,
+                 const at::BFloat16* b, float* c) {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
-  at::native::cpublas::brgemm(m, kPanel, k, ld_a, kPanel, kPanel, false, a, b, c);
+  at::native::cpublas::brgemm(m, panel, k, ld_a, panel, panel, false, a, b, c);
   return true;
 #else
   return false;
@@ -266,21 +266,21 @@ bool bf16_supported() {
   static const bool runs = [] {
     at::BFloat16 a[2] = {}, b[2 * kPanel] = {};
     float c[kPanel];
-    return cpu_has("avx512") && brgemm_probe([&] { return bf16_brgemm(1, 2, 2, a, b, c); });
+    return cpu_has("avx512") && brgemm_probe([&] { return bf16_brgemm(1, kPanel, 2, 2, a, b, c); });
   }();
   return runs && at::globalContext().userEnabledMkldnn();
 }
 
-// How a GEMM is cut into tasks: rows x channels (a multiple of kPanel) per task, and whether
-// consecutive tasks share their channels (their weights stay in cache while the rows change)
-// or their rows. int8: a task's rows and weights stay in the core's L2 cache. bf16: tasks of
-// one 32-row micro-kernel call per panel, channels outermost, were the fastest blocking on AMX
-// (perf/bench_gemm_rows.py, docs/tuning.md).
+// How a GEMM is cut into tasks: rows x channels (a multiple of the weights' panel) per task,
+// and whether consecutive tasks share their channels (their weights stay in cache while the
+// rows change) or their rows. int8: a task's rows and weights stay in the core's L2 cache.
+// bf16 (bf16_linear's defaults): one 32-row micro-kernel call per panel, channels outermost,
+// the fastest blocking of a sweep on AMX (perf/bench_bf16_blocking.py, docs/tuning.md).
 struct GemmBlocking {
   int64_t rows, channels;
   bool channels_outer;
 };
-constexpr GemmBlocking kInt8Blocking{96, 256, false}, kBf16Blocking{32, 256, true};
+constexpr GemmBlocking kInt8Blocking{96, 256, false};
 
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
 // to the next free thread; `task` ends with brgemm_release.
@@ -379,19 +379,24 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 // The bf16 GEMM of batch_invariant, on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the
 // CPU has them): the whole K in one call per task and panel, so a row's sums never depend on
 // the rows beside it (oneDNN's own AMX GEMM blocks K differently for different row counts).
-// x [..., k] bf16 times bf16 weights packed [n_pad / 64, k / 2, 64, 2] (onednn.BrgemmWeight)
-// -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
+// x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2] (onednn.BrgemmWeight:
+// panels of 64) -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
+// Tasks of task_rows x task_channels, one call per task and panel: any blocking gives the same
+// bits; the defaults were the fastest on AMX, and perf/bench_bf16_blocking.py tries others.
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
-                       const std::optional<at::Tensor>& bias, int64_t n) {
+                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
+                       int64_t task_channels, bool channels_outer) {
   TORCH_CHECK(bf16_supported(), "the bf16 operator needs AVX-512 and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
+  const int64_t panel = packed.dim() == 4 ? packed.size(2) : 0;
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == kPanel &&
-                  packed.size(3) == 2 && packed.size(1) * 2 == k &&
-                  packed.size(0) * kPanel >= n,
-              "packed must be the bf16 [n_pad / 64, k / 2, 64, 2] weights of ", n,
-              " channels of ", k, " values");
+                  packed.is_contiguous() && panel > 0 && panel % 16 == 0 && packed.size(3) == 2 &&
+                  packed.size(1) * 2 == k && packed.size(0) * panel >= n,
+              "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
+              " channels of ", k, " values, panel a multiple of 16");
+  TORCH_CHECK(task_rows > 0 && task_channels > 0 && task_channels % panel == 0,
+              "a task takes rows > 0 and a multiple of the panel's ", panel, " channels");
   if (bias)
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
@@ -404,14 +409,17 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* b = ptr<at::BFloat16>(packed);
   const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
   uint16_t* o = ptr<uint16_t>(out);
-  gemm_tasks(kBf16Blocking, m, n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    float sums[kBf16Blocking.rows * kPanel];
-    for (int64_t col = c0; col < c1; col += kPanel) {
-      bf16_brgemm(r1 - r0, k, lda, a + r0 * lda, b + col * k, sums);
-      int8::kernels.store_sums(sums, kPanel, r1 - r0, std::min(kPanel, n - col),
-                               bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col, n);
-    }
-  });
+  gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+               thread_local std::vector<float> sums;
+               sums.resize(task_rows * panel);
+               for (int64_t col = c0; col < c1; col += panel) {
+                 bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());
+                 int8::kernels.store_sums(sums.data(), panel, r1 - r0, std::min(panel, n - col),
+                                          bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col,
+                                          n);
+               }
+             });
   return out;
 }
 
@@ -554,7 +562,9 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
-  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
+  m.def(
+      "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=32, "
+      "int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
       "int rotation=1) -> Tensor");

@@ -1,0 +1,123 @@
+"""How batch_invariant's bf16 GEMM is best cut on this CPU: blockings of the native brgemm
+operator against oneDNN's packed GEMM, per GEMM shape and row count.
+
+    python bench_bf16_blocking.py [--rows 20 128 1024 4096] [--rounds 3]
+
+The operator (ops.cpp bf16_linear) makes one whole-K micro-kernel call per task and panel, so
+every blocking gives a row the same bits (checked here against the default for each): the
+weights' panel (channels per call, 64 as shipped), rows and channels per task, and whether
+consecutive tasks share channels or rows. Per shape (Qwen3-Embedding-0.6B's widths) and row
+count: every blocking once (best of 3), then the 4 fastest, the default and oneDNN taking
+turns for --rounds rounds (median of each's best of 2). The default is the operator's own
+(32 rows x 256 channels, channels outermost, panels of 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import torch
+from bench_gemm_rows import SHAPES
+from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
+
+from qwen_embed import native
+from qwen_embed.onednn import PackedWeight, brgemm_runs
+
+DEFAULT = (64, 32, 256, True)  # panel, task rows, task channels, channels outermost
+PANELS = (64, 128, 256, 512)
+
+
+def blockings() -> list[tuple]:
+    grid = itertools.product(PANELS, (32, 64), (256, 512, 1024), (True, False))
+    return [b for b in grid if b[2] % b[0] == 0]
+
+
+def label(b: tuple) -> str:
+    panel, rows, channels, channels_outer = b
+    return f"{rows}x{channels} {'channels' if channels_outer else 'rows'} outer, panel {panel}"
+
+
+def measure(name: str, m: int, rounds: int) -> dict:
+    n, k = SHAPES[name]
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    packs = {panel: native.pack_panels(w, 2, panel) for panel in PANELS}
+    onednn = PackedWeight(w)
+
+    def call(b: tuple):
+        panel, rows, channels, channels_outer = b
+        return lambda: torch.ops.qwen_embed.bf16_linear(
+            x, packs[panel], None, n, rows, channels, channels_outer
+        )
+
+    reference = call(DEFAULT)()
+    once = {}
+    for b in blockings():
+        assert torch.equal(call(b)(), reference), f"{label(b)} gave other bits"
+        once[b] = best_seconds(call(b), 3)
+    top = sorted(once, key=once.get)[:4]
+    turns = {"oneDNN": lambda: onednn(x), DEFAULT: call(DEFAULT), **{b: call(b) for b in top}}
+    times = {key: [] for key in turns}
+    for _ in range(rounds):
+        for key, fn in turns.items():
+            times[key].append(best_seconds(fn, 2) * 1e3)
+    ms = {key: statistics.median(t) for key, t in times.items()}
+    best = min(top, key=ms.get)
+    row = {
+        "shape": f"{name} {n}x{k}",
+        "rows": m,
+        "blockings": len(once),
+        "onednn_ms": ms["oneDNN"],
+        "default_ms": ms[DEFAULT],
+        "best": label(best),
+        "best_ms": ms[best],
+        "top": {label(b): ms[b] for b in top},
+    }
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[20, 128, 1024, 4096])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=str(RESULTS / "bf16_blocking"))
+    args = p.parse_args()
+    if not brgemm_runs():
+        raise SystemExit("the native bf16 operator does not run here (AVX-512 and oneDNN)")
+    rows = [measure(name, m, args.rounds) for m in args.rows for name in SHAPES]
+    table = markdown_table(
+        [
+            "GEMM",
+            "rows",
+            "oneDNN ms",
+            "default ms (x oneDNN)",
+            "fastest blocking",
+            "its ms (x oneDNN)",
+        ],
+        [
+            [
+                r["shape"],
+                r["rows"],
+                f"{r['onednn_ms']:.3f}",
+                f"{r['default_ms']:.3f} ({r['default_ms'] / r['onednn_ms']:.2f}x)",
+                r["best"],
+                f"{r['best_ms']:.3f} ({r['best_ms'] / r['onednn_ms']:.2f}x)",
+            ]
+            for r in rows
+        ],
+    )
+    notes = [
+        f"{torch.get_num_threads()} threads; {rows[0]['blockings']} blockings, every one the "
+        f"same bits as the default; default: {label(DEFAULT)}"
+    ]
+    write_report(
+        args.out, new_record(rows=rows), "batch_invariant's bf16 GEMM: blockings", notes, table
+    )
+
+
+if __name__ == "__main__":
+    main()
