@@ -83,9 +83,21 @@ def measure(name: str, m: int, rounds: int) -> dict:
         "best": label(best),
         "best_ms": ms[best],
         "top": {label(b): ms[b] for b in top},
+        "screened": {label(b): seconds * 1e3 for b, seconds in once.items()},
     }
-    print(row, flush=True)
+    print({key: v for key, v in row.items() if key != "screened"}, flush=True)
     return row
+
+
+def one_blocking(rows: list[dict], m: int) -> str:
+    """The blocking fastest over all shapes at `m` rows (screening times summed)."""
+    at_m = [r for r in rows if r["rows"] == m]
+    total = {b: sum(r["screened"][b] for r in at_m) for b in at_m[0]["screened"]}
+    best, default = min(total, key=total.get), total[label(default_blocking())]
+    return (
+        f"{m} rows, all shapes: fastest one blocking {best}, {total[best]:.2f} ms screened "
+        f"against the default's {default:.2f} ({total[best] / default:.2f}x)"
+    )
 
 
 def main() -> None:
@@ -121,7 +133,7 @@ def main() -> None:
     notes = [
         f"{torch.get_num_threads()} threads; {rows[0]['blockings']} blockings, every one the "
         f"same bits as the default; default: {label(default_blocking())}"
-    ]
+    ] + [one_blocking(rows, m) for m in args.rows]
     write_report(
         args.out, new_record(rows=rows), "batch_invariant's bf16 GEMM: blockings", notes, table
     )

@@ -164,8 +164,9 @@ cpu_attention() {
 }
 cpu_profile() {
 	step profile
-	(cd perf && timeout "$(left 60)" $pin python3 profile_engine.py \
-		--model-dir ../.cache/bench-model-4l --dtype auto --out "$out/profile-$kind")
+	(cd perf && timeout "$(left 200)" $pin python3 profile_engine.py \
+		--model-dir ../.cache/bench-model-4l --dtype auto --texts 512 --texts-per-call 64 512 \
+		--out "$out/profile-$kind")
 }
 # Three lanes' steps in priority order; on a host of fewer cores all of them in one lane.
 LANES=${LANES:-"cpu_peers|cpu_tests cpu_attention cpu_rows cpu_profile|cpu_gemm_rows cpu_bf16_blocking cpu_bf16_gemm cpu_int8 cpu_serving"}

@@ -1,14 +1,20 @@
-"""Where the engine's time goes: torch.profiler over one embed() of the mixed workload.
+"""Where the engine's time goes: torch.profiler over embed() of the mixed workload.
 
     python perf/profile_engine.py [--model-dir .cache/demo-model] [--dtype float32]
+                                  [--texts 64] [--texts-per-call N ...] [--rounds 3]
 
-Writes the operators by self time (perf/results/profile.md and .json), grouped into GEMMs, attention
-and the rest, so optimisation starts from a measurement.
+Writes the operators by self time (perf/results/profile.md and .json), grouped into GEMMs,
+attention and the rest, so optimisation starts from a measurement. With several
+--texts-per-call the same texts are embedded in calls of each size (a Triton execute holds a few
+requests' texts; the engine alone takes them all at once): tokens/s per size, the sizes taking
+turns for --rounds rounds unprofiled, then one profiled pass each, milliseconds per group.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from pathlib import Path
 
 from harness import RESULTS, markdown_table, new_record, write_report
@@ -41,58 +47,117 @@ GROUPS = {  # operator name fragments -> what they are; the first group that mat
 }
 
 
+def group_of(key: str) -> str:
+    return next((g for g, keys in GROUPS.items() if any(k in key for k in keys)), "everything else")
+
+
+def passes(encoder, seqs: list, per_call: int):
+    """One pass over `seqs` in calls of `per_call` texts."""
+
+    def run():
+        for i in range(0, len(seqs), per_call):
+            encoder.embed(seqs[i : i + per_call])
+
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     p.add_argument("--texts", type=int, default=64)
+    p.add_argument("--texts-per-call", type=int, nargs="+", help="default: all in one call")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=RESULTS / "profile")
     args = p.parse_args()
     seqs = workload("mixed", args.texts, 0, 0)
+    tokens = sum(map(len, seqs))
+    sizes = args.texts_per_call or [len(seqs)]
     with Encoder.from_pretrained(
         args.model_dir, dtype=args.dtype, quantization=args.quantization
     ) as encoder:
+        runs = {size: passes(encoder, seqs, size) for size in sizes}
         encoder.embed(seqs[:4])
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            encoder.embed(seqs)
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(e.self_cpu_time_total for e in events)
-    grouped = dict.fromkeys([*GROUPS, "everything else"], 0.0)
-    for e in events:
-        group = next(
-            (g for g, keys in GROUPS.items() if any(k in e.key for k in keys)), "everything else"
+        seconds = {size: [] for size in sizes}
+        for _ in range(args.rounds if len(sizes) > 1 else 0):
+            for size, run in runs.items():
+                started = time.perf_counter()
+                run()
+                seconds[size].append(time.perf_counter() - started)
+        profiles = {}
+        for size, run in runs.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                started = time.perf_counter()
+                run()
+                wall = time.perf_counter() - started
+            events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+            profiles[size] = (wall, events)
+    per_size = []
+    for size, (wall, events) in profiles.items():
+        grouped = dict.fromkeys([*GROUPS, "everything else"], 0.0)
+        for e in events:
+            grouped[group_of(e.key)] += e.self_cpu_time_total / 1e3
+        timed = statistics.median(seconds[size]) if seconds[size] else None
+        per_size.append(
+            {
+                "texts_per_call": size,
+                "tokens_per_s": tokens / timed if timed else None,
+                "profiled_wall_ms": wall * 1e3,
+                "group_ms": grouped,
+                "operators": [
+                    {"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3}
+                    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]
+                ],
+            }
         )
-        grouped[group] += e.self_cpu_time_total
-    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]
-    tokens = sum(map(len, seqs))
+    first = per_size[0]
+    total = sum(first["group_ms"].values())
     record = new_record(
         dtype=args.dtype,
         quantization=args.quantization,
         texts=len(seqs),
         tokens=tokens,
-        shares={g: t / total for g, t in grouped.items()},
-        operators=[
-            {"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3} for e in top
-        ],
+        shares={g: t / total for g, t in first["group_ms"].items()},
+        operators=first["operators"],
+        per_call_size=per_size,
     )
     notes = [
-        f"work: one embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, "
-        f"quantization {args.quantization}"
+        f"work: embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, "
+        f"quantization {args.quantization}, in calls of {', '.join(map(str, sizes))} texts",
+        "self CPU time on the calling thread (an operator's wall time, its OpenMP threads inside "
+        "it), one profiled pass per size",
     ]
     table = markdown_table(
-        ["where", "share"], [[g, f"{t / total:.1%}"] for g, t in grouped.items()]
+        ["where", *[f"{r['texts_per_call']} texts/call: ms (share)" for r in per_size]],
+        [
+            [g]
+            + [
+                f"{r['group_ms'][g]:.1f} ({r['group_ms'][g] / sum(r['group_ms'].values()):.1%})"
+                for r in per_size
+            ]
+            for g in first["group_ms"]
+        ]
+        + [["profiled pass, wall ms"] + [f"{r['profiled_wall_ms']:.1f}" for r in per_size]],
     )
+    if len(sizes) > 1:
+        best = max(r["tokens_per_s"] for r in per_size)
+        table += [""] + markdown_table(
+            ["texts per call", "tokens/s (median of rounds, unprofiled)", "x the best"],
+            [
+                [
+                    r["texts_per_call"],
+                    f"{r['tokens_per_s']:.0f}",
+                    f"{r['tokens_per_s'] / best:.2f}x",
+                ]
+                for r in per_size
+            ],
+        )
     table += [""] + markdown_table(
         ["operator", "calls", "self ms", "share"],
         [
-            [
-                f"`{e.key}`",
-                e.count,
-                f"{e.self_cpu_time_total / 1e3:.1f}",
-                f"{e.self_cpu_time_total / total:.1%}",
-            ]
-            for e in top
+            [f"`{o['name']}`", o["calls"], f"{o['self_ms']:.1f}", f"{o['self_ms'] / total:.1%}"]
+            for o in first["operators"]
         ],
     )
     write_report(args.out, record, "Engine profile (torch.profiler, self CPU time)", notes, table)
