@@ -103,6 +103,7 @@ def main() -> None:
             {
                 "texts_per_call": size,
                 "tokens_per_s": tokens / timed if timed else None,
+                "round_seconds": seconds[size],
                 "profiled_wall_ms": wall * 1e3,
                 "group_ms": grouped,
                 "operators": [
