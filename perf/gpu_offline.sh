@@ -9,7 +9,8 @@
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
 #
-# LANES="cpu_x cpu_y|cpu_z|..." runs other cpu_* steps in the (up to three) lanes.
+# LANES="cpu_x cpu_y|cpu_z|..." runs other cpu_* steps in the (up to three) lanes. Lanes share
+# the host's caches and memory: timings to compare come from one lane (LANES without "|").
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -371,10 +372,25 @@ def gemm_rows(r: dict) -> list[str]:
 
 
 def bf16_gemm(r: dict) -> list[str]:
+    default = r["rows"][0].get("rounds_tok_s")
+
+    def per_round(which: int):
+        """The median over rounds of this GEMM's tokens/s over the default's (newer reports)."""
+
+        def median_ratio(x: dict) -> float | None:
+            if default is None or "rounds_tok_s" not in x:
+                return None
+            mine = [a[which] / b[which] for a, b in zip(x["rounds_tok_s"], default, strict=True)]
+            return statistics.median(mine)
+
+        return median_ratio
+
     columns = [
         ("GEMM", "gemm", ""),
         ("64 documents tokens/s", "docs_tok_s", ".0f"),
+        ("x default, median of rounds", per_round(0), ".2f"),
         ("16 short texts tokens/s", "short_tok_s", ".0f"),
+        ("x default, median of rounds", per_round(1), ".2f"),
         ("texts alone differing from among documents (of 16)", "rows_differing", ""),
         ("max-abs", "max_abs", ".3g"),
     ]
