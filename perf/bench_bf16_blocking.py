@@ -1,7 +1,7 @@
 """How batch_invariant's bf16 GEMM is best cut on this CPU: blockings of the native brgemm
 operator against oneDNN's packed GEMM, per GEMM shape and row count.
 
-    python bench_bf16_blocking.py [--rows 20 128 1024 4096] [--rounds 3]
+    python bench_bf16_blocking.py [--rows 20 128 1024 16384] [--rounds 3]
 
 The operator (ops.cpp bf16_linear) makes one whole-K micro-kernel call per task and panel, so
 every blocking gives a row the same bits (checked here against the default for each): the
@@ -102,7 +102,7 @@ def one_blocking(rows: list[dict], m: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[20, 128, 1024, 4096])
+    p.add_argument("--rows", type=int, nargs="+", default=[20, 128, 1024, 16384])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=str(RESULTS / "bf16_blocking"))
     args = p.parse_args()

@@ -9,8 +9,10 @@
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
 #
-# LANES="cpu_x cpu_y|cpu_z|..." runs other cpu_* steps in the (up to three) lanes. Lanes share
-# the host's caches and memory: timings to compare come from one lane (LANES without "|").
+# `cpu` runs, by default, the comparisons of record one after another in one lane: lanes share
+# the host's caches and memory, and beside another lane a comparison moved by a third or more. LANES
+# runs other cpu_* steps, "|" between up to three lanes at once, for checks and coverage, e.g.
+#     LANES="cpu_tests|cpu_gemm_rows cpu_rows|cpu_attention cpu_int8 cpu_serving"
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
@@ -141,7 +143,7 @@ cpu_bf16_gemm() {
 }
 cpu_bf16_blocking() {
 	step "batch_invariant: the brgemm operator's blockings"
-	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_blocking.py --out "$out/bf16_blocking-$kind")
+	(cd perf && timeout "$(left 240)" $pin python3 bench_bf16_blocking.py --out "$out/bf16_blocking-$kind")
 }
 cpu_serving() {
 	step "where the Triton path's time goes"
@@ -169,8 +171,8 @@ cpu_profile() {
 		--model-dir ../.cache/bench-model-4l --dtype auto --texts 512 --texts-per-call 64 512 \
 		--out "$out/profile-$kind")
 }
-# Three lanes' steps in priority order; on a host of fewer cores all of them in one lane.
-LANES=${LANES:-"cpu_peers|cpu_tests cpu_attention cpu_rows cpu_profile|cpu_gemm_rows cpu_bf16_blocking cpu_bf16_gemm cpu_int8 cpu_serving"}
+# Steps in priority order, "|" between lanes; on a host of fewer cores all of them in one lane.
+LANES=${LANES:-"cpu_peers cpu_bf16_gemm cpu_profile cpu_bf16_blocking"}
 cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 	(
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
