@@ -172,7 +172,7 @@ cpu_profile() {
 		--out "$out/profile-$kind")
 }
 # Steps in priority order, "|" between lanes; on a host of fewer cores all of them in one lane.
-LANES=${LANES:-"cpu_peers cpu_bf16_gemm cpu_profile cpu_bf16_blocking"}
+LANES=${LANES:-"cpu_peers cpu_bf16_blocking cpu_bf16_gemm cpu_profile"}
 cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 	(
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2
