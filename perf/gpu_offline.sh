@@ -145,6 +145,10 @@ cpu_bf16_blocking() {
 	step "batch_invariant: the brgemm operator's blockings"
 	(cd perf && timeout "$(left 240)" $pin python3 bench_bf16_blocking.py --out "$out/bf16_blocking-$kind")
 }
+cpu_int8_blocking() {
+	step "the int8 operator's blockings"
+	(cd perf && timeout "$(left 240)" $pin python3 bench_int8_blocking.py --out "$out/int8_blocking-$kind")
+}
 cpu_serving() {
 	step "where the Triton path's time goes"
 	(cd perf && timeout "$(left 150)" $pin python3 bench_serving.py \
@@ -172,7 +176,7 @@ cpu_profile() {
 		--out "$out/profile-$kind")
 }
 # Steps in priority order, "|" between lanes; on a host of fewer cores all of them in one lane.
-LANES=${LANES:-"cpu_peers cpu_bf16_blocking cpu_bf16_gemm cpu_profile"}
+LANES=${LANES:-"cpu_peers cpu_bf16_blocking cpu_int8_blocking cpu_bf16_gemm cpu_profile"}
 cpu_lanes() {  # CPU sets; CUDA hidden from every CPU step
 	(
 		export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=2

@@ -397,11 +397,16 @@ def bf16_gemm(r: dict) -> list[str]:
     return grid(r["rows"], columns)
 
 
-def bf16_blocking(r: dict) -> list[str]:
+def blocking(baseline: str):
+    """The table of bench_bf16_blocking.py or bench_int8_blocking.py against its baseline."""
+    return lambda r: blocking_table(r, baseline)
+
+
+def blocking_table(r: dict, baseline: str) -> list[str]:
     columns = [
         ("GEMM", "shape", ""),
         ("rows", "rows", ""),
-        ("oneDNN ms", "onednn_ms", ".3f"),
+        (f"{baseline} ms", "onednn_ms", ".3f"),
         ("default ms", "default_ms", ".3f"),
         ("fastest blocking", "best", ""),
         ("its ms", "best_ms", ".3f"),
@@ -523,11 +528,12 @@ RENDER = {
     "adaptive_split": adaptive_split,
     "attention": attention,
     "batch": batch,
-    "bf16_blocking": bf16_blocking,
+    "bf16_blocking": blocking("oneDNN"),
     "bf16_gemm": bf16_gemm,
     "engine": engine,
     "gemm_rows": gemm_rows,
     "int8": int8,
+    "int8_blocking": blocking("bf16 GEMM"),
     "lengths": lengths,
     "long": long,
     "neighbour": neighbour,

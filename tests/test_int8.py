@@ -89,6 +89,25 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(dtype):
         assert torch.equal(native(x[rows], w), full[rows])
 
 
+@DTYPES
+@pytest.mark.parametrize(
+    "task_rows,task_channels,channels_outer", [(32, 64, True), (17, 512, False), (256, 128, True)]
+)
+def test_every_blocking_gives_the_same_bits(dtype, task_rows, task_channels, channels_outer):
+    """Rows and channels per task are free choices (bench_int8_blocking.py tries them): a row's
+    sums are exact integers rescaled per row and channel, so the bits are the default's."""
+    x, w = _random(150, 128, seed=0).to(dtype), _random(700, 128, seed=1)
+    bias = torch.randn(700)
+    packed, offset, scale = int8.pack(*int8.quantize_rows(w))
+    default = torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, bias, 700, 128)
+    out = torch.ops.qwen_embed.int8_linear(
+        x, packed, offset, scale, bias, 700, 128, task_rows, task_channels, channels_outer
+    )
+    assert torch.equal(out, default)
+    with pytest.raises(RuntimeError, match="multiple of the panel"):
+        torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 700, 1, 96, 96)
+
+
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 def test_the_rotation_is_the_hadamard_matrix(block):
     h = sylvester(block)

@@ -273,14 +273,18 @@ bool bf16_supported() {
 
 // How a GEMM is cut into tasks: rows x channels (a multiple of the weights' panel) per task,
 // and whether consecutive tasks share their channels (their weights stay in cache while the
-// rows change) or their rows. int8: a task's rows and weights stay in the core's L2 cache.
-// bf16 (bf16_linear's defaults): one 32-row micro-kernel call per panel, channels outermost,
-// the fastest blocking of a sweep on AMX (perf/bench_bf16_blocking.py, docs/tuning.md).
+// rows change) or their rows. Both operators take it as arguments (perf/bench_*_blocking.py
+// try others); their defaults: int8, a task's rows and weights in the core's L2 cache; bf16, one
+// 32-row micro-kernel call per panel, channels outermost, the fastest of a sweep on AMX.
 struct GemmBlocking {
   int64_t rows, channels;
   bool channels_outer;
 };
-constexpr GemmBlocking kInt8Blocking{96, 256, false};
+
+void check_blocking(int64_t task_rows, int64_t task_channels, int64_t panel) {
+  TORCH_CHECK(task_rows > 0 && task_channels > 0 && task_channels % panel == 0,
+              "a task takes rows > 0 and a multiple of the panel's ", panel, " channels");
+}
 
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
 // to the next free thread; `task` ends with brgemm_release.
@@ -302,8 +306,10 @@ void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, const Task& 
 // in a block in cache, and `finish` rescales and stores them.
 template <typename T>
 void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  int32_t sums[kInt8Blocking.rows * kPanel];
   const int64_t rows = row1 - row0;
+  thread_local std::vector<int32_t> buffer;
+  buffer.resize(rows * kPanel);
+  int32_t* sums = buffer.data();
   for (int64_t col = col0; col < col1; col += kPanel) {
     const int64_t cols = std::min(kPanel, g.n - col);
     int8_brgemm(rows, kPanel, g.k_pad, g.k_pad, kPanel, kPanel, g.a + row0 * g.k_pad,
@@ -316,7 +322,8 @@ void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
 }
 
 template <typename T>
-void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) {
+void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
+               const GemmBlocking& blocking) {
   const auto& kern = int8::kernels;
   const int64_t m = rows.size(0), stride = rows.stride(0);
   at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
@@ -331,7 +338,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
-  gemm_tasks(kInt8Blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  gemm_tasks(blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     brgemm_task(g, r0, r1, c0, c1);
   });
 }
@@ -340,10 +347,12 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block) 
 // [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
 // dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
 // Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
-// weights were before packing.
+// weights were before packing. Tasks of task_rows x task_channels: any blocking gives the same
+// bits.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
-                       int64_t n, int64_t rotation) {
+                       int64_t n, int64_t rotation, int64_t task_rows, int64_t task_channels,
+                       bool channels_outer) {
   TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
@@ -360,6 +369,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
   check_rotation(rotation, k);
+  check_blocking(task_rows, task_channels, kPanel);
   at::Tensor rows = as_rows(x, k);
   auto sizes = x.sizes().vec();
   sizes.back() = n;
@@ -369,10 +379,11 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
         nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
         bias ? ptr<float>(*bias) : nullptr, out_ptr, packed.size(1) * 4, n, n};
   };
+  const GemmBlocking blocking{task_rows, task_channels, channels_outer};
   if (x.scalar_type() == at::kBFloat16)
-    int8_gemm(operands(ptr<uint16_t>(out)), rows, k, rotation);
+    int8_gemm(operands(ptr<uint16_t>(out)), rows, k, rotation, blocking);
   else
-    int8_gemm(operands(ptr<float>(out)), rows, k, rotation);
+    int8_gemm(operands(ptr<float>(out)), rows, k, rotation, blocking);
   return out;
 }
 
@@ -395,8 +406,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                   packed.size(1) * 2 == k && packed.size(0) * panel >= n,
               "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
               " channels of ", k, " values, panel a multiple of 16");
-  TORCH_CHECK(task_rows > 0 && task_channels > 0 && task_channels % panel == 0,
-              "a task takes rows > 0 and a multiple of the panel's ", panel, " channels");
+  check_blocking(task_rows, task_channels, panel);
   if (bias)
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "bias must be float32 [", n, "]");
@@ -567,7 +577,8 @@ TORCH_LIBRARY(qwen_embed, m) {
       "int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
-      "int rotation=1) -> Tensor");
+      "int rotation=1, int task_rows=96, int task_channels=256, bool channels_outer=False) -> "
+      "Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
       "float scale) -> Tensor");
