@@ -84,7 +84,6 @@ def rerank(server, query, documents, protocol="http", **params):
     """One `rerank` request; returns (SCORES [n], TOKEN_COUNT [n])."""
     module = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
-    client = module.InferenceServerClient(url)
     q = np.array([query if isinstance(query, bytes) else query.encode()], dtype=object)
     d = np.array([[x if isinstance(x, bytes) else x.encode()] for x in documents], dtype=object)
     inputs = [
@@ -93,7 +92,10 @@ def rerank(server, query, documents, protocol="http", **params):
     ]
     inputs[0].set_data_from_numpy(q)
     inputs[1].set_data_from_numpy(d.reshape(len(documents), 1))
-    result = client.infer("rerank", inputs, parameters=params or None)
+    # Closed after the call: an open keep-alive connection holds tritonserver's shutdown for
+    # its whole exit timeout.
+    with module.InferenceServerClient(url) as client:
+        result = client.infer("rerank", inputs, parameters=params or None)
     return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
 
@@ -254,13 +256,13 @@ def test_bad_input_is_invalid_arg_and_the_server_stays_correct(stack, expected, 
 
 def test_zero_documents_is_refused(stack):
     server, _ = stack
-    client = httpclient.InferenceServerClient(server.http_url)
     q = httpclient.InferInput("QUERY", [1], "BYTES")
     q.set_data_from_numpy(np.array([b"q"], dtype=object))
     d = httpclient.InferInput("DOCUMENTS", [0, 1], "BYTES")
     d.set_data_from_numpy(np.zeros((0, 1), dtype=object))
-    with pytest.raises(InferenceServerException, match="DOCUMENTS' must hold at least 1"):
-        client.infer("rerank", [q, d])
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        with pytest.raises(InferenceServerException, match="DOCUMENTS' must hold at least 1"):
+            client.infer("rerank", [q, d])
 
 
 GATEWAY_BAD = [
