@@ -11,7 +11,7 @@ from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingEr
 from qwen_embed_client.scheduler import MIN_CHUNK, ServerState
 from qwen_embed_deploy.demo import build_demo_model
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, free_port
+from qwen_embed_deploy.triton import TritonServer, free_port, servers_together
 
 from triton_helpers import copies_busy_for, infer, wait_until
 
@@ -133,7 +133,7 @@ def test_two_servers_of_unequal_speed_share_a_job(demo_dir, tmp_path):
     slow_repo = render(tmp_path / "slow-repo", {"embed": slow_model})
     fast = TritonServer(fast_repo, log_path=tmp_path / "fast.log", cpus="0")
     slow = TritonServer(slow_repo, log_path=tmp_path / "slow.log", cpus="1")
-    with fast, slow:
+    with servers_together(fast, slow):
         with EmbeddingClient([fast.grpc_url, slow.grpc_url], requests_in_flight=2) as client:
             client.embed(texts[:16])  # learn the speeds (kept for later calls)
             learned = client.stats()

@@ -216,10 +216,17 @@ class TritonServer:
         return metric_sum(scrape(self.metrics_url), name, **labels)
 
     def start(self, timeout: float = 180.0) -> TritonServer:
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """The launcher started, without waiting for it (wait_ready)."""
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def wait_ready(self, timeout: float = 180.0) -> TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -269,6 +276,19 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def servers_together(*servers: TritonServer):
+    """Several servers started at once (each loads its models while the others do), stopped
+    on exit."""
+    with contextlib.ExitStack() as stack:
+        for server in servers:
+            server.launch()
+            stack.callback(server.stop)
+        for server in servers:
+            server.wait_ready()
+        yield servers
 
 
 def main() -> None:
