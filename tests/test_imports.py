@@ -1,7 +1,10 @@
-"""The packages' module-level imports form no cycle, and the engine never imports the tooling
-beside it (qwen_embed_deploy) or anything that installs software."""
+"""The packages' module-level imports form no cycle, the engine never imports the tooling
+beside it (qwen_embed_deploy) or anything that installs software, and the tokenizer models never
+import torch."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from qwen_embed.serving.config import REPO
@@ -69,3 +72,23 @@ def test_the_engine_imports_no_tooling():
     assert len(engine) > 20
     for module in engine:
         assert not any(t.startswith("qwen_embed_deploy") for t in graph[module]), module
+
+
+def test_the_tokenizer_models_import_no_torch():
+    """The tokenizer models (several instances per server) load the light modules only: torch
+    would double each one's memory and its start-up time."""
+    modules = set()
+    for name in ("tokenizer", "rerank_tokenizer"):
+        tree = ast.parse((REPO / "model_repository" / name / "1" / "model.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                modules |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules.add(node.module)
+    modules.discard("triton_python_backend_utils")  # the stub's own, not importable here
+    assert {"qwen_embed.serving.tokenizer", "qwen_embed.serving.config"} <= modules
+    code = f"import sys\nfor m in {sorted(modules)!r}: __import__(m)\nprint('torch' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "False"

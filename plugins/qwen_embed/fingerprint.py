@@ -16,8 +16,10 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .route import Route
+if TYPE_CHECKING:  # the tokenizer models read fingerprints without importing torch
+    from .route import Route
 
 _NOT_READ = re.compile(r"(\.md|\.png|\.jpg|\.jpeg|\.gif|\.svg|\.gitattributes|LICENSE.*)$", re.I)
 _BLOB = re.compile(r"[0-9a-f]{64}")
