@@ -6,11 +6,11 @@ Per dtype: one encoder loaded with packed weights, which also keeps its plain we
 comparison; the two take turns (perf/workload.alternate: the machine's drift falls on both) on
 three workloads: 64 mixed documents (80% 16-64 tokens, 20% 256-1024) as one call, and
 Qwen3-Embedding queries (default instruction) 8 and 1 per call, prefix reuse off. oneDNN's
-primitive cache is bounded as the launcher runs Triton (onednn.PRIMITIVE_CACHE_CAPACITY) unless
+primitive cache is bounded as the launcher runs Triton (row_plans.PRIMITIVE_CACHE_CAPACITY) unless
 the environment sets it. Reports the best tokens/s of each, their ratio and the max abs
 difference of the vectors.
 
-Then the planned row counts of the packed GEMMs (onednn.planned_rows): the present ladder of
+Then the planned row counts of the packed GEMMs (row_plans.planned_rows): the present ladder of
 steps vs one 16-row step, on one packed encoder with prefix reuse on (as served), over the same
 128 queries cut into forwards of 1-16 queries: many row counts, as Triton's batches bring.
 """
@@ -19,23 +19,21 @@ from __future__ import annotations
 
 import os
 
-# Read when oneDNN starts, so before torch: the launcher's value (checked below).
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
+
+# Read when oneDNN starts, so before torch: the launcher's value.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from bench_prefix import make_queries  # noqa: E402
+from harness import RESULTS, new_record, write_report  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from qwen_embed import Encoder, onednn  # noqa: E402
+from qwen_embed import Encoder, row_plans  # noqa: E402
 from qwen_embed.layers import _Linear  # noqa: E402
-from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY  # noqa: E402
-
-assert PRIMITIVE_CACHE_CAPACITY == 512, "keep the default above equal to the launcher's"
-
-from harness import RESULTS, new_record, write_report  # noqa: E402
 
 from bench_peers import REPO, ensure_model  # noqa: E402
 from workload import alternate, alternate_forwards, make_texts  # noqa: E402
@@ -49,7 +47,7 @@ def switch(linears, packed, plain, on: bool):
     return use
 
 
-ONE_STEP = ((onednn.PADDED_ROWS_MAX, 16),)  # what the ladder replaced
+ONE_STEP = ((row_plans.PADDED_ROWS_MAX, 16),)  # what the ladder replaced
 
 
 def row_plans(
@@ -57,10 +55,10 @@ def row_plans(
 ) -> list[dict]:
     """Ladder vs one 16-row step, taking turns; best ms per forward of each over `rounds`
     (the first turn also plans the row counts it meets)."""
-    ladder, rows = onednn.ROW_STEPS, []
+    ladder, rows = row_plans.ROW_STEPS, []
     variants = {
-        "ladder": lambda: setattr(onednn, "ROW_STEPS", ladder),
-        "16-row step": lambda: setattr(onednn, "ROW_STEPS", ONE_STEP),
+        "ladder": lambda: setattr(row_plans, "ROW_STEPS", ladder),
+        "16-row step": lambda: setattr(row_plans, "ROW_STEPS", ONE_STEP),
     }
     try:
         with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
@@ -78,7 +76,7 @@ def row_plans(
                 )
                 print(rows[-1], flush=True)
     finally:
-        onednn.ROW_STEPS = ladder
+        row_plans.ROW_STEPS = ladder
     return rows
 
 

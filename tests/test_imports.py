@@ -1,11 +1,13 @@
 """The packages' module-level imports form no cycle, the engine never imports the tooling
-beside it (qwen_embed_deploy) or anything that installs software, and the tokenizer models never
-import torch."""
+beside it (qwen_embed_deploy) or anything that installs software, and the processes beside the
+encoder never import torch."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from qwen_embed.serving.config import REPO
 
@@ -74,9 +76,8 @@ def test_the_engine_imports_no_tooling():
         assert not any(t.startswith("qwen_embed_deploy") for t in graph[module]), module
 
 
-def test_the_tokenizer_models_import_no_torch():
-    """The tokenizer models (several instances per server) load the light modules only: torch
-    would double each one's memory and its start-up time."""
+def tokenizer_model_imports() -> set[str]:
+    """The modules the tokenizer models' model.py files import."""
     modules = set()
     for name in ("tokenizer", "rerank_tokenizer"):
         tree = ast.parse((REPO / "model_repository" / name / "1" / "model.py").read_text())
@@ -87,7 +88,17 @@ def test_the_tokenizer_models_import_no_torch():
                 modules.add(node.module)
     modules.discard("triton_python_backend_utils")  # the stub's own, not importable here
     assert {"qwen_embed.serving.tokenizer", "qwen_embed.serving.config"} <= modules
-    code = f"import sys\nfor m in {sorted(modules)!r}: __import__(m)\nprint('torch' in sys.modules)"
+    return modules
+
+
+@pytest.mark.parametrize(
+    "process", ["tokenizer models", "qwen_embed_deploy.launcher", "qwen_embed_client.gateway"]
+)
+def test_the_processes_beside_the_encoder_import_no_torch(process):
+    """The tokenizer models (several instances per server), the launcher and the gateway load
+    the light modules only: torch would double each one's memory and its start-up time."""
+    modules = sorted(tokenizer_model_imports()) if process == "tokenizer models" else [process]
+    code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules)"
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

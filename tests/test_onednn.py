@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwen_embed import Encoder, onednn
+from qwen_embed import Encoder
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.layers import _Linear
-from qwen_embed.onednn import PackedWeight, available, planned_rows
+from qwen_embed.onednn import PackedWeight, available
+from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY, planned_rows
 
 from reference import cosine, random_sequences, reference_embeddings, route_for
 
@@ -51,7 +52,7 @@ def test_row_counts_are_padded_so_that_onednn_plans_repeat():
     assert planned_rows(513) == 513 and planned_rows(5000) == 5000  # planning is cheap there
     planned = [planned_rows(n) for n in range(1, 513)]
     assert len(set(planned)) == 71  # few plans per GEMM shape: the launcher's cache holds them
-    assert onednn.PRIMITIVE_CACHE_CAPACITY >= 6 * 71  # q|k|v, o, gate|up, down, q, k|v
+    assert PRIMITIVE_CACHE_CAPACITY >= 6 * 71  # q|k|v, o, gate|up, down, q, k|v
     assert all(n <= p <= max(2, 1.11 * n) for n, p in enumerate(planned, 1))  # little extra work
 
 

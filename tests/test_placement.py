@@ -217,7 +217,7 @@ def test_server_environment_spins_briefly_unless_a_wait_policy_is_set(monkeypatc
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     env = server_command()[1]
     assert env["GOMP_SPINCOUNT"] == "20000" and "OMP_WAIT_POLICY" not in env
-    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"  # bounded (onednn.py)
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"  # bounded (row_plans.py)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     env = server_command()[1]
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env

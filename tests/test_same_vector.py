@@ -1,7 +1,7 @@
 """A text's vector does not depend on the batch it arrives in: alone, among 64 other texts, in
 another order, or after its shared prefix was cached (reuse on == off), on the native kernels of
 each instruction set the CPU runs. Every elementwise op and the attention operator compute each
-row alone in a fixed order, and GEMMs never run one row (onednn.planned_rows), so what remains
+row alone in a fixed order, and GEMMs never run one row (row_plans.planned_rows), so what remains
 is each row of a GEMM coming out the same at any row count. That holds in fp32, and in bf16 for
 oneDNN's kernels on AVX-512 CPUs without AMX. On AMX CPUs oneDNN's bf16 kernels accumulate
 differently for different row counts: there the default route's vectors are bounded instead,

@@ -29,7 +29,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from qwen_embed.onednn import PRIMITIVE_CACHE_CAPACITY
+from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY
 from qwen_embed.serving.config import DATA_DIR, MODEL_REPOSITORY
 
 CACHE = DATA_DIR / "triton"
@@ -115,7 +115,7 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     if "OMP_WAIT_POLICY" not in env:
         env.setdefault("GOMP_SPINCOUNT", "20000")
     # oneDNN keeps a plan per GEMM shape in its primitive cache; the packed weights pad row
-    # counts so that plans repeat (onednn.py), and a bounded cache keeps its memory small.
+    # counts so that plans repeat (row_plans.py), and a bounded cache keeps its memory small.
     # Read at process start: set here.
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
     found = shutil.which("tritonserver")
