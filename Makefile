@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -145,6 +145,10 @@ perf-bf16-gemm: setup
 # batch_invariant's bf16 GEMM cut other ways, per shape and row count (perf/results/bf16_blocking-<cpu>.md).
 perf-bf16-blocking: setup
 	cd perf && ../$(PY) bench_bf16_blocking.py --out results/bf16_blocking-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
+
+# Seconds until a server is ready and each process's resident memory (perf/results/startup.md).
+perf-startup: setup
+	cd perf && ../$(PY) bench_startup.py
 
 # The int8 route's GEMM blockings against the bf16 GEMM (perf/results/int8_blocking-<cpu>.md).
 perf-int8-blocking: setup

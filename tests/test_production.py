@@ -1,5 +1,6 @@
-"""Production behaviour on real tritonservers: closed admin APIs, bind address, a killed stub
-recovered by the watchdog under load, a bounded queue, SIGTERM draining in-flight requests."""
+"""Production behaviour on real tritonservers: closed admin APIs, bind address, torch only in
+the encoders, a killed stub recovered by the watchdog under load, a bounded queue, SIGTERM
+draining in-flight requests."""
 
 import json
 import os
@@ -85,6 +86,24 @@ def listening_addresses(port):
 def test_endpoints_bind_the_configured_address(server):
     for port in (server.http_port, server.grpc_port, server.metrics_port):
         assert listening_addresses(port) == ["127.0.0.1"], port
+
+
+def test_only_the_encoders_load_torch(server):
+    """The processes beside the encoders never load torch: the tokenizer stubs (several per
+    server) and the launcher, whose encoder facts are worked out in a child process that ends."""
+
+    def maps_torch(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    server_pid = server.status()["server_pid"]
+    stat = Path(f"/proc/{server_pid}/stat").read_text()
+    launcher = int(stat.rsplit(")", 1)[1].split()[1])  # tritonserver's parent
+    stubs = stub_processes(server_pid)
+    assert {"encoder", "tokenizer"} <= set(stubs.values())
+    assert not maps_torch(launcher)
+    assert {model for pid, model in stubs.items() if maps_torch(pid)} == {
+        model for model in stubs.values() if model.endswith("encoder")
+    }
 
 
 def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):

@@ -35,6 +35,7 @@ import argparse
 import atexit
 import ctypes
 import json
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -44,13 +45,15 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 from qwen_embed.host import gpu_count
 from qwen_embed.placement import gpu_instance_groups, read_topology
-from qwen_embed.serving.config import MODEL_REPOSITORY
+from qwen_embed.serving.config import MODEL_REPOSITORY, model_facts
 
 from .repository import (
     Edit,
@@ -407,7 +410,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.response_cache_mb:
         what.append("the response cache on")
     edit = served_edits(count, args.cpu_instances == "auto", groups, args.response_cache_mb > 0)
-    served = edited_copy(args.model_repository, edit, publish_facts)
+    # An encoder's facts name its route, which takes torch to find: they are worked out in a
+    # child process, so that the launcher, alive as long as the server, stays without torch.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+
+        def facts_apart(params: dict, kind: str, tokenizer: bool) -> dict:
+            if tokenizer:
+                return model_facts(params, kind, tokenizer)
+            return child.submit(model_facts, params, kind, tokenizer).result()
+
+        served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts_apart))
     if served != args.model_repository:
         what = ", ".join(["the models' facts", *what])
         log(f"serving a copy with {what}: {served}")
@@ -456,9 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     while proc.poll() is None:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []
-            partial = args.status_file.with_suffix(".partial")  # readers never see half a file
-            partial.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
-            os.replace(partial, args.status_file)
+            unfinished = args.status_file.with_suffix(".partial")  # never read half written
+            unfinished.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
+            os.replace(unfinished, args.status_file)
         time.sleep(0.5)
     if gateway is not None and gateway.poll() is None:
         gateway.terminate()

@@ -108,11 +108,12 @@ def edited_copy(model_repository: Path, *edits: Edit) -> Path:
     return copy
 
 
-def publish_facts(name: str, config: ModelConfig) -> None:
+def publish_facts(name: str, config: ModelConfig, facts=model_facts) -> None:
     """An Edit: a tokenizer or encoder model's facts (contract.FACTS: dimension, tokens per
     text, prompt names, route) written into its parameters, where Triton clients read a
     model's config. Triton keeps no parameter a Python model's auto_complete_config adds, so
-    the served config carries them from the start."""
+    the served config carries them from the start. `facts` computes them (model_facts'
+    arguments)."""
     names = {t.name for t in config.output} | {t.name for t in config.input}
     if config.backend != "python" or "TOKEN_IDS" not in names:
         return
@@ -120,7 +121,7 @@ def publish_facts(name: str, config: ModelConfig) -> None:
     group = config.instance_group[0] if config.instance_group else ModelInstanceGroup()
     kind = ModelInstanceGroup.Kind.Name(group.kind)
     tokenizer = "TOKEN_IDS" in {t.name for t in config.output}
-    for key, value in model_facts(params, kind, tokenizer).items():
+    for key, value in facts(params, kind, tokenizer).items():
         set_parameter(config, key, json.dumps(value))
 
 
