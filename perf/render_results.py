@@ -414,6 +414,23 @@ def blocking_table(r: dict, baseline: str) -> list[str]:
     return grid(r["rows"], columns)
 
 
+def startup(r: dict) -> list[str]:
+    """Medians over the starts: seconds until ready, the launcher's and each stub's memory."""
+    runs = r["rounds"]
+    stubs = sorted({m for run in runs for m in run["stubs_mb"]})
+    columns = [("ready s", "ready_s", ".1f"), ("launcher MB", "launcher_mb", ".0f")] + [
+        (f"{model} stub MB", model, ".0f") for model in stubs
+    ]
+    row = {
+        "ready_s": statistics.median(x["ready_s"] for x in runs),
+        "launcher_mb": statistics.median(x["launcher_mb"] for x in runs),
+        **{
+            m: statistics.median(mb for x in runs for mb in x["stubs_mb"].get(m, [])) for m in stubs
+        },
+    }
+    return grid([row], columns)
+
+
 def adaptive_split(r: dict) -> list[str]:
     columns = [
         ("adaptive s", "adaptive_s", ".2f"),
@@ -547,6 +564,7 @@ RENDER = {
     "run_locust": run_locust,
     "serving": serving,
     "soak": soak,
+    "startup": startup,
     "tokenizer": tokenizer,
 }
 
