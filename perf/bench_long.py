@@ -21,16 +21,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
+from harness import RESULTS, best_seconds, markdown_table, new_record, status_mib, write_report
 
 from bench_peers import REPO, ensure_model
-
-
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def measure(model_dir: str, length: int, reps: int, chunk_size: int) -> dict:
@@ -40,9 +33,9 @@ def measure(model_dir: str, length: int, reps: int, chunk_size: int) -> dict:
     rng = np.random.default_rng(length)
     ids = rng.integers(0, ENDOFTEXT_ID, size=length - 1).tolist() + [ENDOFTEXT_ID]
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:
-        loaded = peak_rss_mib()
+        loaded = status_mib("VmHWM")
         best = best_seconds(lambda: enc.embed([ids]), reps)
-        plain_peak = peak_rss_mib()
+        plain_peak = status_mib("VmHWM")
         starts = np.arange(0, length - 1, chunk_size)
         spans = np.stack([starts, np.minimum(starts + chunk_size, length - 1)], axis=1)
         text = ChunkedText(np.array(ids), spans, tail=1)
@@ -55,7 +48,7 @@ def measure(model_dir: str, length: int, reps: int, chunk_size: int) -> dict:
             "peak_rss_mib": plain_peak,
             "chunks": len(spans),
             "chunked_tokens_per_s": length / chunked,
-            "chunked_peak_rss_mib": peak_rss_mib(),
+            "chunked_peak_rss_mib": status_mib("VmHWM"),
             "route": enc.route.describe(),
         }
 

@@ -41,7 +41,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.serving.config import DEMO_MODEL_DIR
-from qwen_embed_deploy.launcher import stub_processes
+from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
@@ -76,7 +76,7 @@ def cpu_seconds(server: TritonServer) -> dict[str, float]:
 
 def _cpu_seconds(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_stat(pid)
     except OSError:  # gone
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

@@ -18,22 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, markdown_table, new_record, status_mib, write_report
 
-from qwen_embed_deploy.launcher import stub_processes
+from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.triton import TritonServer
-
-
-def resident_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"no VmRSS for {pid}")
-
-
-def parent(pid: int) -> int:
-    """stat is "pid (comm) state ppid ...": comm may hold spaces, so split after ')'."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def one_start(log_dir: Path) -> dict:
@@ -45,11 +33,11 @@ def one_start(log_dir: Path) -> dict:
         server_pid = server.status()["server_pid"]
         stubs: dict[str, list[float]] = {}
         for pid, model in stub_processes(server_pid).items():
-            stubs.setdefault(model, []).append(resident_mb(pid))
+            stubs.setdefault(model, []).append(status_mib("VmRSS", pid))
         return {
             "ready_s": ready_s,
-            "launcher_mb": resident_mb(parent(server_pid)),  # tritonserver's parent
-            "tritonserver_mb": resident_mb(server_pid),
+            "launcher_mb": status_mib("VmRSS", int(proc_stat(server_pid)[1])),  # its parent
+            "tritonserver_mb": status_mib("VmRSS", server_pid),
             "stubs_mb": stubs,
         }
 

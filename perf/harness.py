@@ -59,6 +59,14 @@ def score_check(reference: np.ndarray) -> Check:
     return check
 
 
+def status_mib(field: str, pid: int | str = "self") -> float:
+    """A memory field of /proc/PID/status (VmRSS: resident now, VmHWM: its peak) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no {field} in /proc/{pid}/status")
+
+
 def best_seconds(call: Callable[[], object], reps: int) -> float:
     """The fastest of `reps` calls after one warm-up call, in seconds (microbenchmarks)."""
     call()

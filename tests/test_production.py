@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, EmbeddingError
-from qwen_embed_deploy.launcher import stub_processes
+from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
@@ -96,8 +96,7 @@ def test_only_the_encoders_load_torch(server):
         return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
     server_pid = server.status()["server_pid"]
-    stat = Path(f"/proc/{server_pid}/stat").read_text()
-    launcher = int(stat.rsplit(")", 1)[1].split()[1])  # tritonserver's parent
+    launcher = int(proc_stat(server_pid)[1])  # tritonserver's parent
     stubs = stub_processes(server_pid)
     assert {"encoder", "tokenizer"} <= set(stubs.values())
     assert not maps_torch(launcher)
@@ -302,7 +301,7 @@ def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
 def process_gone(pid):
     """Exited: no such process, or a zombie its parent has not reaped yet."""
     try:
-        return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+        return proc_stat(pid)[0] == "Z"
     except FileNotFoundError:
         return True
 

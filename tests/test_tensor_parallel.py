@@ -10,6 +10,7 @@ import pytest
 
 from qwen_embed import CheckpointError, ChunkedText, Encoder, EncoderBroken
 from qwen_embed.parallel import wait_for_device
+from qwen_embed_deploy.launcher import proc_stat
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -27,8 +28,7 @@ def worker_pids() -> set[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            ppid = int(proc_stat(entry)[1])
         except OSError:
             continue
         if b"qwen_embed.worker" in cmd and ppid == os.getpid():

@@ -205,6 +205,12 @@ def gpu_instances(requested: str) -> int | None:
     return int(requested)
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """A process's /proc stat fields after its name: [state, ppid, ...] (stat is "pid (comm)
+    state ppid ...", and comm may hold spaces, so it is split after the last ')')."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def stub_processes(server_pid: int) -> dict[int, str]:
     """Live Python stubs of this server: pid -> model name (from the model.py path they run)."""
     stubs = {}
@@ -212,12 +218,10 @@ def stub_processes(server_pid: int) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            state, ppid = proc_stat(entry.name)[:2]
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # exited while we looked
             continue
-        # stat is "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
         if int(ppid) != server_pid or state == "Z" or not args[0].endswith(STUB_NAME.encode()):
             continue
         stubs[int(entry.name)] = Path(args[1].decode()).parent.parent.name
@@ -410,14 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.response_cache_mb:
         what.append("the response cache on")
     edit = served_edits(count, args.cpu_instances == "auto", groups, args.response_cache_mb > 0)
-    # An encoder's facts name its route, which takes torch to find: they are worked out in a
-    # child process, so that the launcher, alive as long as the server, stays without torch.
+    # An encoder's facts name its route, which takes torch to find: the facts are worked out in
+    # a child process, so that the launcher, alive as long as the server, stays without torch.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
 
-        def facts_apart(params: dict, kind: str, tokenizer: bool) -> dict:
-            if tokenizer:
-                return model_facts(params, kind, tokenizer)
-            return child.submit(model_facts, params, kind, tokenizer).result()
+        def facts_apart(*model_facts_args) -> dict:
+            return child.submit(model_facts, *model_facts_args).result()
 
         served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts_apart))
     if served != args.model_repository:
