@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, markdown_table, new_record, round_ratios, write_report
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -86,10 +86,7 @@ def main() -> None:
 
     def ratios(r: dict, which: int) -> str:
         """This GEMM's tokens/s over the default's, round by round: their median and range."""
-        per_round = [
-            mine[which] / theirs[which]
-            for mine, theirs in zip(r["rounds_tok_s"], base["rounds_tok_s"], strict=True)
-        ]
+        per_round = round_ratios(r["rounds_tok_s"], base["rounds_tok_s"], which)
         low, high = min(per_round), max(per_round)
         return f"{statistics.median(per_round):.2f}x ({low:.2f}-{high:.2f}x)"
 

@@ -59,6 +59,12 @@ def score_check(reference: np.ndarray) -> Check:
     return check
 
 
+def round_ratios(mine: list, theirs: list, which: int = 0) -> list[float]:
+    """Round by round, one variant's rate over another's (entry `which` of each round's rates,
+    as two variants taking turns recorded them)."""
+    return [a[which] / b[which] for a, b in zip(mine, theirs, strict=True)]
+
+
 def status_mib(field: str, pid: int | str = "self") -> float:
     """A memory field of /proc/PID/status (VmRSS: resident now, VmHWM: its peak) in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -17,7 +17,10 @@ import re
 import shlex
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
+
+from harness import round_ratios
 
 from systems import SYSTEMS
 
@@ -380,8 +383,7 @@ def bf16_gemm(r: dict) -> list[str]:
         def median_ratio(x: dict) -> float | None:
             if default is None or "rounds_tok_s" not in x:
                 return None
-            mine = [a[which] / b[which] for a, b in zip(x["rounds_tok_s"], default, strict=True)]
-            return statistics.median(mine)
+            return statistics.median(round_ratios(x["rounds_tok_s"], default, which))
 
         return median_ratio
 
@@ -397,12 +399,8 @@ def bf16_gemm(r: dict) -> list[str]:
     return grid(r["rows"], columns)
 
 
-def blocking(baseline: str):
+def blocking(r: dict, baseline: str) -> list[str]:
     """The table of bench_bf16_blocking.py or bench_int8_blocking.py against its baseline."""
-    return lambda r: blocking_table(r, baseline)
-
-
-def blocking_table(r: dict, baseline: str) -> list[str]:
     columns = [
         ("GEMM", "shape", ""),
         ("rows", "rows", ""),
@@ -545,12 +543,12 @@ RENDER = {
     "adaptive_split": adaptive_split,
     "attention": attention,
     "batch": batch,
-    "bf16_blocking": blocking("oneDNN"),
+    "bf16_blocking": partial(blocking, baseline="oneDNN"),
     "bf16_gemm": bf16_gemm,
     "engine": engine,
     "gemm_rows": gemm_rows,
     "int8": int8,
-    "int8_blocking": blocking("bf16 GEMM"),
+    "int8_blocking": partial(blocking, baseline="bf16 GEMM"),
     "lengths": lengths,
     "long": long,
     "neighbour": neighbour,
