@@ -103,7 +103,8 @@ def route_for(
     features, device="cpu", checkpoint_dtype=None, onednn=True, gpu_bf16=True, **settings
 ):
     """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
-    has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels)."""
+    has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels; the
+    native bf16 operator runs where oneDNN does)."""
     capability = (9, 0) if gpu_bf16 else (7, 5)
 
     def attention(device, head_dim, dtype):
@@ -127,6 +128,7 @@ def route_for(
         onednn,
         choose_attention=attention,
         gpu_bf16=lambda device: gpu_bf16,
+        brgemm_runs=lambda: onednn,
     )
 
 

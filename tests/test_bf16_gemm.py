@@ -43,14 +43,42 @@ def test_batch_invariant_routes_bf16_linears_to_the_operator():
     assert not route(dtype="float32").row_invariant  # fp32 GEMMs are row-invariant already
     assert not route(AVX2).row_invariant  # bf16 runs as fp32 GEMMs there
     assert "batch-invariant brgemm" in route().describe()
-    off = choose_route(EncoderSettings(), model_config(), "cpu", AMX, brgemm_runs=lambda: True)
-    assert not off.row_invariant
+    off = EncoderSettings(batch_invariant="off")
+    assert not choose_route(off, model_config(), "cpu", AMX, brgemm_runs=lambda: True).row_invariant
     with pytest.raises(ValueError, match="CPU only"):
         route(device="cuda:0")
     with pytest.raises(ValueError, match="native bf16 operator"):
         route(runs=False)
     with pytest.raises(ValueError, match="batch_invariant must be one of"):
-        EncoderSettings(batch_invariant="auto")
+        EncoderSettings(batch_invariant="always")
+
+
+AVX512BF16 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9R14")
+
+
+def test_auto_takes_the_operator_on_amx_only():
+    """The default: the operator where oneDNN's bf16 GEMM is not row-invariant (AMX) and it
+    runs; oneDNN elsewhere, without an error where the operator cannot run."""
+    assert EncoderSettings().batch_invariant == "auto"
+
+    def auto(features=AMX, device="cpu", runs=True, **settings):
+        return choose_route(
+            EncoderSettings(**settings),
+            model_config(),
+            device,
+            features,
+            brgemm_runs=lambda: runs,
+            choose_attention=lambda *_, **__: ("torch", "test"),
+            gpu_bf16=lambda _: True,
+        )
+
+    assert auto().row_invariant
+    assert auto(quantization="int8").row_invariant
+    assert not auto(runs=False).row_invariant
+    assert not auto(AVX512BF16).row_invariant
+    assert not auto(dtype="float32").row_invariant
+    assert not auto(device="cuda:0").row_invariant
+    assert not auto(batch_invariant="off").row_invariant
 
 
 # (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths

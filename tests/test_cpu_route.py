@@ -36,7 +36,10 @@ def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
     route = route_for(features, checkpoint_dtype="bfloat16")
     assert (route.dtype, route.linear, route.prepacked) == ("bfloat16", Linear.FLOAT, True)
     assert "native bf16" in route.reason and features.model in route.reason
-    assert "oneDNN-packed weights" in route.describe()
+    # batch_invariant "auto": the row-invariant operator where oneDNN's GEMM is not (AMX)
+    assert route.row_invariant == features.amx_bf16
+    gemm = "batch-invariant brgemm GEMM" if features.amx_bf16 else "oneDNN-packed weights"
+    assert gemm in route.describe()
 
 
 def test_auto_is_fp32_without_bf16_instructions():

@@ -57,14 +57,18 @@ def test_fp32_matches_transformers(checkpoint, config_name, case):
 
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["fp32_gemm", "bf16_kernel"])
 def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeypatch):
-    # Both CPU routes for bf16 linear layers (layers.linear_weight_dtype), whatever this CPU has.
+    # Both CPU routes for bf16 linear layers (layers.linear_weight_dtype), whatever this CPU has;
+    # the bf16 one as batch_invariant "auto" takes it here (the brgemm operator on AMX CPUs).
     monkeypatch.setattr(layers, "has_native_bf16", lambda: native_bf16)
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)
-    with Encoder.from_pretrained(checkpoint(config_name), dtype="bfloat16") as enc:
+    invariant = "auto" if native_bf16 else "off"  # fp32 GEMMs are row-invariant already
+    with Encoder.from_pretrained(
+        checkpoint(config_name), dtype="bfloat16", batch_invariant=invariant
+    ) as enc:
         linears = (layers.ColumnParallelLinear, layers.RowParallelLinear)
         held = [m.kernel or m.weight for m in enc.model.modules() if isinstance(m, linears)]
-        weights = {w.dtype for w in held}  # a oneDNN-packed weight keeps its dtype
+        weights = {w.dtype for w in held}  # a packed weight keeps its dtype
         assert weights == {torch.bfloat16 if native_bf16 else torch.float32}
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= BF16_COSINE

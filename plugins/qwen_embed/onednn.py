@@ -60,6 +60,7 @@ class BrgemmWeight(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
+        self.dtype = torch.bfloat16
         self.out_features = weight.shape[0]
         self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2)
 

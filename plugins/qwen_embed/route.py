@@ -99,7 +99,8 @@ def choose_route(
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
     linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
-    on the native brgemm operator instead (`brgemm_runs()`). Prefix reuse needs causal
+    on the native brgemm operator instead (`brgemm_runs()`), and "auto" does on AMX CPUs
+    where it runs. Prefix reuse needs causal
     attention and last-token pooling; pruning, last-token pooling. Norms, rotary and silu run
     as native kernels on CPU where they are built (native/)."""
     s = settings
@@ -127,8 +128,13 @@ def choose_route(
         raise ValueError("prepack_weights needs a CPU device and a torch with oneDNN")
     prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
-    # brgemm operator runs wherever the native build has AVX-512, so the same route everywhere
-    row_invariant = s.batch_invariant == "on" and dtype == "bfloat16" and linear != Linear.FP32_GEMM
+    # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
+    # everywhere, and "auto" takes it where oneDNN's is not
+    bf16_gemm = dtype == "bfloat16" and linear != Linear.FP32_GEMM
+    row_invariant = bf16_gemm and (
+        s.batch_invariant == "on"
+        or (s.batch_invariant == "auto" and cpu and features.amx_bf16 and brgemm_runs())
+    )
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
     if row_invariant and not brgemm_runs():

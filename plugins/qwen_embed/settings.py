@@ -52,9 +52,10 @@ class EncoderSettings:
     prefix_cache_mb: float = 256.0  # keys/values of shared prefixes kept between batches
     # "auto": on CPU float routes (where torch has oneDNN) linear weights are packed at load.
     prepack_weights: str = "auto"
-    # "on": a text's vector is bitwise the same whatever batch it runs in, also where the fast
-    # bf16 GEMM (oneDNN's on AMX CPUs) is not (CPU only; costs speed there: docs/tuning.md).
-    batch_invariant: str = "off"
+    # "on": a text's vector is bitwise the same whatever batch it runs in, also where oneDNN's
+    # bf16 GEMM (on AMX CPUs) is not (CPU only). "auto": on for bf16 on AMX CPUs where the native
+    # operator runs (faster there under a server's load: docs/tuning.md), else off.
+    batch_invariant: str = "auto"
     dist_addr: str = "127.0.0.1:0"  # tensor-parallel rendezvous; port 0 picks a free one
     dist_timeout_s: float = 300.0
 
@@ -66,7 +67,7 @@ class EncoderSettings:
         _one_of("quantization", self.quantization, QUANTIZATIONS)
         _one_of("pooling", self.pooling, POOLING_METHODS)
         _one_of("task", self.task, TASKS)
-        _one_of("batch_invariant", self.batch_invariant, ("on", "off"))
+        _one_of("batch_invariant", self.batch_invariant, ("auto", "on", "off"))
         for name, least in (("tp_size", 1), ("max_batch_tokens", 1), ("prefix_cache_mb", 0)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
