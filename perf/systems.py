@@ -9,6 +9,7 @@ SYSTEMS = {
     "llama": "llama.cpp as built",
     "llama-best": "llama.cpp, output head skipped",
     "triton-int8": "ours: Triton ensemble, int8",
+    "triton-onednn": "ours: Triton ensemble, oneDNN's GEMM",
     "engine-int8": "ours: engine in-process, int8",
     "llama-q8": "llama.cpp as built, q8_0",
     "llama-q8-best": "llama.cpp, output head skipped, q8_0",
