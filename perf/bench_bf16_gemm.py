@@ -1,12 +1,12 @@
 """What batch_invariant "on" costs: the bf16 route's GEMM on the native brgemm operator
-(onednn.BrgemmWeight, a row the same at any batch) against oneDNN's packed GEMM (the default),
-end to end.
+(onednn.BrgemmWeight, a row the same at any batch; the default on AMX CPUs) against oneDNN's
+packed GEMM ("off"; the default elsewhere), end to end.
 
     python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4]
 
 In process, dtype bfloat16, one encoder each, taking turns for `rounds` rounds: 64 mixed
 documents (workload.make_texts) in one call, and 16 short texts one call each; best tokens/s
-of each and its ratio to the default round by round. Then the same-vector check of each: the
+of each and its ratio to off round by round. Then the same-vector check of each: the
 16 texts alone against the same texts among the documents, bitwise (texts differing, max-abs).
 """
 
@@ -29,8 +29,8 @@ from bench_peers import REPO, ensure_model
 from workload import make_texts
 
 GEMMS = {
-    "off": "oneDNN packed (batch_invariant off, the default)",
-    "on": "brgemm operator (batch_invariant on)",
+    "off": "oneDNN packed (batch_invariant off; the default without AMX)",
+    "on": "brgemm operator (batch_invariant on; the default on AMX)",
 }
 
 
@@ -85,7 +85,7 @@ def main() -> None:
     base = rows[0]
 
     def ratios(r: dict, which: int) -> str:
-        """This GEMM's tokens/s over the default's, round by round: their median and range."""
+        """This GEMM's tokens/s over off's, round by round: their median and range."""
         per_round = round_ratios(r["rounds_tok_s"], base["rounds_tok_s"], which)
         low, high = min(per_round), max(per_round)
         return f"{statistics.median(per_round):.2f}x ({low:.2f}-{high:.2f}x)"
@@ -94,9 +94,9 @@ def main() -> None:
         [
             "GEMM",
             "64 documents, best tokens/s",
-            "per round x the default: median (range)",
+            "per round x off: median (range)",
             "16 short texts, one call each, best tokens/s",
-            "per round x the default: median (range)",
+            "per round x off: median (range)",
             "texts alone differing from among documents (of 16)",
             "max-abs",
         ],
