@@ -9,8 +9,8 @@ The operator (ops.cpp int8_linear) makes one whole-K micro-kernel call per task 
 rows and channels per task, and whether consecutive tasks share channels or rows. Per shape of
 the route's int8 layers (Qwen3-Embedding-0.6B's widths) and row count: every blocking once
 (best of 3), then the 4 fastest, the default and the bf16 GEMM taking turns (as
-bench_bf16_blocking.py). The default is the operator's own (96 rows x 256 channels, rows
-outermost).
+bench_bf16_blocking.py). The default is the operator's own (96 rows x 1,024 channels,
+channels outermost).
 """
 
 from __future__ import annotations

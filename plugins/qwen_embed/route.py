@@ -100,9 +100,9 @@ def choose_route(
     swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
     linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
     on the native brgemm operator instead (`brgemm_runs()`), and "auto" does on AMX CPUs
-    where it runs. Prefix reuse needs causal
-    attention and last-token pooling; pruning, last-token pooling. Norms, rotary and silu run
-    as native kernels on CPU where they are built (native/)."""
+    where it runs. Prefix reuse needs causal attention and last-token pooling; pruning,
+    last-token pooling. Norms, rotary and silu run as native kernels on CPU where they are
+    built (native/)."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
