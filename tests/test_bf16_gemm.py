@@ -5,6 +5,8 @@ count and stride, and the route that chooses it."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -32,9 +34,16 @@ def _rounded_product(x, w, bias=None):
     return (y if bias is None else y + bias).bfloat16()
 
 
-def route(features=AMX, device="cpu", runs=True, **settings):
-    settings = EncoderSettings(batch_invariant="on", **settings)
-    return choose_route(settings, model_config(), device, features, brgemm_runs=lambda: runs)
+def route(features=AMX, device="cpu", runs=True, batch_invariant="on", **settings):
+    return choose_route(
+        EncoderSettings(batch_invariant=batch_invariant, **settings),
+        model_config(),
+        device,
+        features,
+        brgemm_runs=lambda: runs,
+        choose_attention=lambda *_, **__: ("torch", "test"),
+        gpu_bf16=lambda _: True,
+    )
 
 
 def test_batch_invariant_routes_bf16_linears_to_the_operator():
@@ -43,8 +52,7 @@ def test_batch_invariant_routes_bf16_linears_to_the_operator():
     assert not route(dtype="float32").row_invariant  # fp32 GEMMs are row-invariant already
     assert not route(AVX2).row_invariant  # bf16 runs as fp32 GEMMs there
     assert "batch-invariant brgemm" in route().describe()
-    off = EncoderSettings(batch_invariant="off")
-    assert not choose_route(off, model_config(), "cpu", AMX, brgemm_runs=lambda: True).row_invariant
+    assert not route(batch_invariant="off").row_invariant
     with pytest.raises(ValueError, match="CPU only"):
         route(device="cuda:0")
     with pytest.raises(ValueError, match="native bf16 operator"):
@@ -60,18 +68,7 @@ def test_auto_takes_the_operator_on_amx_only():
     """The default: the operator where oneDNN's bf16 GEMM is not row-invariant (AMX) and it
     runs; oneDNN elsewhere, without an error where the operator cannot run."""
     assert EncoderSettings().batch_invariant == "auto"
-
-    def auto(features=AMX, device="cpu", runs=True, **settings):
-        return choose_route(
-            EncoderSettings(**settings),
-            model_config(),
-            device,
-            features,
-            brgemm_runs=lambda: runs,
-            choose_attention=lambda *_, **__: ("torch", "test"),
-            gpu_bf16=lambda _: True,
-        )
-
+    auto = partial(route, batch_invariant="auto")
     assert auto().row_invariant
     assert auto(quantization="int8").row_invariant
     assert not auto(runs=False).row_invariant

@@ -130,18 +130,19 @@ def choose_route(
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
     # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
     # everywhere, and "auto" takes it where oneDNN's is not
-    bf16_gemm = dtype == "bfloat16" and linear != Linear.FP32_GEMM
-    row_invariant = bf16_gemm and (
-        s.batch_invariant == "on"
-        or (s.batch_invariant == "auto" and cpu and features.amx_bf16 and brgemm_runs())
-    )
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
-    if row_invariant and not brgemm_runs():
-        raise ValueError(
-            "batch_invariant 'on' with bf16 needs the native bf16 operator (make setup builds "
-            "it; AVX-512 and torch's oneDNN)"
-        )
+    bf16_gemm = dtype == "bfloat16" and linear != Linear.FP32_GEMM
+    if s.batch_invariant == "on":
+        row_invariant = bf16_gemm
+        if bf16_gemm and not brgemm_runs():
+            raise ValueError(
+                "batch_invariant 'on' with bf16 needs the native bf16 operator (make setup "
+                "builds it; AVX-512 and torch's oneDNN)"
+            )
+    else:
+        auto = s.batch_invariant == "auto" and cpu and features.amx_bf16
+        row_invariant = bf16_gemm and auto and brgemm_runs()
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device, config.head_dim, dtype=dtype)
