@@ -130,6 +130,8 @@ def test_bad_layouts_are_refused():
         OPS.varlen_attention(q[..., :48], k[..., :48], v[..., :48], cu, cu, True, 0.125)
     with pytest.raises(RuntimeError, match="one dtype"):
         OPS.varlen_attention(q, k.bfloat16(), v, cu, cu, True, 0.125)
+    with pytest.raises(RuntimeError, match="scale must be positive"):
+        OPS.varlen_attention(q, k, v, cu, cu, True, 0.0)
 
 
 def test_instruction_set_is_a_function_of_the_cpu_features():

@@ -198,7 +198,8 @@ inline void write_rows(const RowBlocks& rb, const float* o, int64_t rows, T* out
                        int64_t out_stride) {
   for (int64_t i = 0; i < rows; ++i) {
     const float inverse = 1.0f / rb.sum[i / kBlockQ][i % kBlockQ];
-    for (int d = 0; d < D; ++d) store(out + i * out_stride + d, o[i * D + d] * inverse);
+    for (int d = 0; d < D; d += 16)
+      store16(out + i * out_stride + d, load16(o + i * D + d) * inverse);
   }
 }
 

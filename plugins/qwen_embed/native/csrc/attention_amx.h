@@ -58,6 +58,12 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
+// Asks for a row of D bf16 values before it is read (or, ET0, written).
+template <int D, _mm_hint Hint = _MM_HINT_T0>
+inline void prefetch_row(const uint16_t* row) {
+  for (int l = 0; l < D * 2; l += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + l, Hint);
+}
+
 // A segment's keys of one kv head -> blocks of [D/2][32 keys][2] (the right operand of Q K^T,
 // a transpose of the keys' value pairs), its values -> blocks of [16 key pairs][D][2] (of P V,
 // each two keys' rows interleaved); keys past n_k are zeros.
@@ -84,6 +90,10 @@ void pack_tile_heads(const uint16_t* k, int64_t k_stride, const uint16_t* v, int
     for (int64_t j = 0; j < K; ++j) {
       keys[j] = start + j < n_k ? k + (start + j) * k_stride : zeros;
       values[j] = start + j < n_k ? v + (start + j) * v_stride : zeros;
+      if (start + K + j < n_k) {  // the next chunk's rows, strided: no hardware prefetch
+        prefetch_row<D>(k + (start + K + j) * k_stride);
+        prefetch_row<D>(v + (start + K + j) * v_stride);
+      }
     }
     for (int64_t j0 = 0; j0 < K; j0 += 16)
       for (int64_t d0 = 0; d0 < D; d0 += 32) {  // 16 keys x 16 value pairs
@@ -111,12 +121,63 @@ void pack_tiles(const uint16_t* k, int64_t k_stride, const uint16_t* v, int64_t 
   });
 }
 
-// 16 fp32 values -> bf16, rounded to nearest even.
-inline void to_bf16(Vec x, uint16_t* out) {
-  __m512 v;
-  __builtin_memcpy(&v, &x, sizeof v);
-  const __m256bh half = _mm512_cvtneps_pbh(v);
-  __builtin_memcpy(out, &half, sizeof half);
+// 2^x where the result is rounded to bf16 next (P for P V): a degree-3 polynomial for 2^f, f in
+// [-0.5, 0.5], within 1e-4 of it (a bf16 step is 2^-8), and the integer part by scalef.
+inline __m512 exp2_for_bf16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));  // no denormals
+  const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, k);
+  __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(5.5175911635e-02f),
+                             _mm512_set1_ps(2.4261151254e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9326019287e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.9992799759e-01f));
+  return _mm512_scalef_ps(p, k);
+}
+
+inline __mmask16 lanes_below(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// softmax_span (attention.h) for the tile path, in two light passes over the row's n scores
+// (n a multiple of 32): the largest of its first `valid` raw scores, then
+// p = 2^(s log2(e) scale - max) by one FMA and exp2_for_bf16, stored to p as bf16 and summed
+// in a fixed order (key j in a fixed lane). The same running max, sum and returned factor.
+inline float softmax_span_bf16(const float* s, int64_t n, int64_t valid, float scale, float& max,
+                               float& sum, uint16_t* p) {
+  const float scale2 = scale * 1.44269504088896341f;  // log2(e)
+  const int64_t seen = valid < n ? valid : n;
+  __m512 top0 = _mm512_set1_ps(kNegInf), top1 = top0;
+  int64_t c = 0;
+  for (; c + 32 <= seen; c += 32) {
+    top0 = _mm512_max_ps(top0, _mm512_loadu_ps(s + c));
+    top1 = _mm512_max_ps(top1, _mm512_loadu_ps(s + c + 16));
+  }
+  for (; c < seen; c += 16)
+    top0 = _mm512_mask_max_ps(top0, lanes_below(seen - c), top0, _mm512_loadu_ps(s + c));
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(top0, top1));
+  // scale > 0 (the operator checks it), so the largest scaled score is the largest score scaled.
+  const float block_max = top * scale2;
+  const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
+  const float alpha = max == kNegInf   ? 0.0f
+                      : max == new_max ? 1.0f
+                                       : exp2_vec(Vec{} + (max - new_max))[0];
+  const __m512 step = _mm512_set1_ps(scale2), shift = _mm512_set1_ps(-new_max);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+  for (c = 0; c < n; c += 32) {
+    __m512 p0 = exp2_for_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(s + c), step, shift));
+    __m512 p1 = exp2_for_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(s + c + 16), step, shift));
+    if (c + 32 > seen) {
+      p0 = _mm512_maskz_mov_ps(lanes_below(seen - c), p0);
+      p1 = _mm512_maskz_mov_ps(lanes_below(seen - c - 16), p1);
+    }
+    store16(p + c, reinterpret_cast<F16>(p0));
+    store16(p + c + 16, reinterpret_cast<F16>(p1));
+    sum0 = _mm512_add_ps(sum0, p0);
+    sum1 = _mm512_add_ps(sum1, p1);
+  }
+  max = new_max;
+  sum = sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  return alpha;
 }
 
 // Scores of the query tile (two 16-row halves, or one when `half`) against `chunks` chunks of
@@ -209,6 +270,7 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
   RowBlocks rb(rows, 16, first_pos, n_k, causal);  // one or two 16-row tiles per block
   for (int64_t b = 0; b < rb.count; ++b)
     for (int64_t i = 0; i < rb.used[b]; ++i) {  // the queries, contiguous (tiles reread them)
+      if (b * R + i + 8 < rows) prefetch_row<D>(q + (b * R + i + 8) * q_stride);
       if (b * R + i < rows)
         __builtin_memcpy(qb[b] + i * D, q + (b * R + i) * q_stride, D * 2);
       else
@@ -218,6 +280,9 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
   for (int64_t start = 0; start < rb.last; start += kSpan)
     for (int64_t b = 0; b < rb.count; ++b) {
       if (start >= rb.end[b]) continue;
+      if (start + kSpan >= rb.end[b])  // its last span: fetch the rows it writes at the end
+        for (int64_t i = b * R; i < b * R + R && i < rows; ++i)
+          prefetch_row<D, _MM_HINT_ET0>(out + i * out_stride);
       const bool half = rb.used[b] == 16;
       const int64_t chunks = ((rb.end[b] - start < kSpan ? rb.end[b] - start : kSpan) + K - 1) / K;
       tile_scores<D>(qb[b], kp + start * D, chunks, half, s);
@@ -228,9 +293,8 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
           __builtin_memset(p, 0, chunks * K * 2);
           continue;
         }
-        const float alpha =
-            softmax_span(s + i * kSpan, chunks * K, valid, scale, rb.max[b][i], rb.sum[b][i],
-                         [&](int64_t j, Vec x) { to_bf16(x, p + j); });
+        const float alpha = softmax_span_bf16(s + i * kSpan, chunks * K, valid, scale,
+                                              rb.max[b][i], rb.sum[b][i], p);
         if (start > 0 && alpha != 1.0f)
           for (int d = 0; d < D; ++d) o[b][i * D + d] *= alpha;
       }

@@ -533,6 +533,7 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "k and v must be [tokens, kv_heads, ", d, "] with heads a multiple of kv_heads");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
               "qwen_embed attention takes float32 or bfloat16, not ", q.scalar_type());
+  TORCH_CHECK(scale > 0, "scale must be positive, got ", scale);
   auto heads_of = [&](const at::Tensor& t) {  // rows of heads, each head's d values contiguous
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == q.scalar_type(),
                 "q, k and v must be CPU tensors of one dtype");
