@@ -5,7 +5,8 @@ size 128).
     python bench_attention.py [--lengths 32 128 256 1024 4096 8192] [--dtypes bfloat16 float32]
 
 Per text length L: one call over ~8,192 tokens of causal texts of L tokens each (one text for
-L >= 8,192), the best of --reps calls after a warm-up, with the encoder's threads. vLLM's kernel
+L >= 8,192), the best of --reps calls after a warm-up, with the encoder's threads; with
+--rounds N the three kernels take turns N times and the medians are reported. vLLM's kernel
 runs in its own venv (perf/peers/vllm_attention.py; `make perf-peers` installs it) on the same
 shapes, timed without its KV-cache write; it is left out where that venv is absent.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 
 import torch
@@ -55,7 +57,14 @@ def vllm_seconds(lens: list[int], dtype: str, reps: int) -> tuple[float | None, 
     return result["seconds"], result["seconds_with_cache_write"]
 
 
-def measure(length: int, dtype: str, reps: int) -> dict:
+def ratios(rounds: list[dict], key: str) -> list[float] | None:
+    """Per round, `key`'s time over the native operator's (None where `key` was not run)."""
+    if any(r[key] is None for r in rounds):
+        return None
+    return [r[key] / r["native"] for r in rounds]
+
+
+def measure(length: int, dtype: str, reps: int, rounds: int) -> dict:
     lens = [length] * max(1, TOKENS // length)
     t = sum(lens)
     g = torch.Generator().manual_seed(0)
@@ -66,24 +75,40 @@ def measure(length: int, dtype: str, reps: int) -> dict:
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     layout = AttentionLayout(tuple(lens), tuple(lens), cu, cu, cu, cu, None)
     spec = AttentionSpec(HEADS, KV_HEADS, HEAD_DIM, True, torch.device("cpu"), torch_dtype)
-    seconds, outputs = {}, {}
+    backends, outputs = {}, {}
     for name in ("native", "torch"):
-        backend = create_backend(name, spec)
-        backend.prepare(layout)
-        outputs[name] = backend.forward(q, k, v, layout)
-        seconds[name] = best_seconds(lambda b=backend: b.forward(q, k, v, layout), reps)
-    vllm, vllm_write = vllm_seconds(lens, dtype, reps)
+        backends[name] = create_backend(name, spec)
+        backends[name].prepare(layout)
+        outputs[name] = backends[name].forward(q, k, v, layout)
+    per_round = []  # the systems take turns: this host's speed drifts over minutes
+    for _ in range(rounds):
+        seconds = {
+            name: best_seconds(lambda b=backend: b.forward(q, k, v, layout), reps)
+            for name, backend in backends.items()
+        }
+        seconds["vllm"], seconds["vllm_write"] = vllm_seconds(lens, dtype, reps)
+        per_round.append(seconds)
+
+    def median_ms(key: str) -> float | None:
+        times = [r[key] for r in per_round]
+        return None if None in times else statistics.median(times) * 1e3
+
+    vs = {key: ratios(per_round, key) for key in ("torch", "vllm", "vllm_write")}
     row = {
         "dtype": dtype,
         "length": length,
         "texts": len(lens),
-        "native_ms": seconds["native"] * 1e3,
-        "torch_ms": seconds["torch"] * 1e3,
-        "vllm_ms": None if vllm is None else vllm * 1e3,
-        "vllm_with_write_ms": None if vllm_write is None else vllm_write * 1e3,
-        "vs_torch": seconds["torch"] / seconds["native"],
-        "vs_vllm": None if vllm is None else vllm / seconds["native"],
-        "vs_vllm_with_write": None if vllm_write is None else vllm_write / seconds["native"],
+        "rounds": rounds,
+        "native_ms": median_ms("native"),
+        "torch_ms": median_ms("torch"),
+        "vllm_ms": median_ms("vllm"),
+        "vllm_with_write_ms": median_ms("vllm_write"),
+        "vs_torch": statistics.median(vs["torch"]),
+        "vs_vllm": None if vs["vllm"] is None else statistics.median(vs["vllm"]),
+        "vs_vllm_range": None if vs["vllm"] is None else [min(vs["vllm"]), max(vs["vllm"])],
+        "vs_vllm_with_write": None
+        if vs["vllm_write"] is None
+        else statistics.median(vs["vllm_write"]),
         "max_abs_vs_torch": (outputs["native"].float() - outputs["torch"].float())
         .abs()
         .max()
@@ -98,6 +123,7 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256, 1024, 4096, 8192])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1, help="turns of native, torch and vLLM")
     p.add_argument("--isa", default="", help="run the native kernels of this instruction set")
     p.add_argument("--out", default=str(RESULTS / "attention"))
     args = p.parse_args()
@@ -105,7 +131,9 @@ def main() -> None:
         raise SystemExit("the native kernels are not built: make setup")
     native.select(args.isa)
     keep_freed_memory()  # as the encoder runs: no fresh pages for every call's buffers
-    rows = [measure(n, dtype, args.reps) for dtype in args.dtypes for n in args.lengths]
+    rows = [
+        measure(n, dtype, args.reps, args.rounds) for dtype in args.dtypes for n in args.lengths
+    ]
     record = new_record(isa=native.isa(), threads=torch.get_num_threads(), rows=rows)
     table = markdown_table(
         [
@@ -131,7 +159,12 @@ def main() -> None:
                 fmt(r["vllm_ms"], ".2f"),
                 fmt(r["vllm_with_write_ms"], ".2f"),
                 f"{r['vs_torch']:.2f}x",
-                fmt(r["vs_vllm"], ".2f"),
+                fmt(r["vs_vllm"], ".2f")
+                + (
+                    ""
+                    if r["rounds"] == 1 or r["vs_vllm"] is None
+                    else " ({:.2f}-{:.2f})".format(*r["vs_vllm_range"])
+                ),
                 fmt(r["vs_vllm_with_write"], ".2f"),
                 fmt(r["max_abs_vs_torch"], ".1e"),
             ]
@@ -143,7 +176,9 @@ def main() -> None:
         f"one layer: {HEADS} heads, {KV_HEADS} kv heads, head size {HEAD_DIM}, causal",
         "vLLM: torch.ops._C.cpu_attention_with_kv_cache in vLLM's venv (perf/peers/"
         "vllm_attention.py), alone and with its KV-cache write (which packs keys/values as ours "
-        "does inside its call); best of --reps calls each",
+        "does inside its call); best of --reps calls each, per round; with --rounds > 1 the "
+        "three take turns and the table gives medians (times, and ratios within a round, with "
+        "their range)",
     ]
     write_report(args.out, record, "Attention operator: native vs torch SDPA vs vLLM", notes, table)
 
