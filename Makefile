@@ -180,14 +180,17 @@ perf-analyzer: setup
 # llama.cpp compiles, vllm compiles at start-up). PEER_DTYPE=float32|bfloat16 forces a dtype;
 # PEER_SYSTEMS names the systems instead: opt-in ones are triton-onednn (Triton on oneDNN's GEMM,
 # against the default's brgemm operator on AMX), infinity and naive (perf/peers/install.sh first).
+# PEER_ROUNDS=N: the systems take turns N times and the ratios are medians within a round, for
+# hosts whose speed drifts over minutes.
 PEER_SECONDS ?= 60
 PEER_DTYPE   ?= auto
 PEER_SYSTEMS ?=
+PEER_ROUNDS  ?= 1
 perf-peers: setup
 	perf/peers/install.sh vllm
 	perf/peers/install_llama_cpp.sh
 	cd perf && ../$(PY) bench_peers.py --dtype $(PEER_DTYPE) --seconds $(PEER_SECONDS) \
-		$(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
+		--rounds $(PEER_ROUNDS) $(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
 
 # A busy loop on one core beside the server: tokens/s per encoder layout, loaded over quiet.
 perf-neighbour: setup

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -83,7 +84,7 @@ TARGETS = {
         (("triton-onednn",), None),
     ),
     "engine": ((("vllm",), None), (("llama", "llama-best"), None), (("vllm-gpu",), None)),
-    "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5),),
+    "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5), (("triton",), 1.3)),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
 }
 
@@ -457,6 +458,19 @@ def report_lines(r: dict) -> tuple[list[str], list[str]]:
         f"{r['gemm_tokens_per_s']['int8']:.0f} tokens/s for the int8 route (its float layers at "
         f"the float rate) ({2 * sum(r['linear_params'].values()) / 1e6:.0f} MFLOP per token)",
     ]
+    if r.get("rounds"):
+        notes.append(
+            f"{len(r['rounds'])} rounds, the systems taking turns (each round starting one "
+            "system later): the table gives each system's median round by tokens/s, the "
+            "targets the median of the ratios within a round; tokens/s per round: "
+            + "; ".join(
+                f"{SYSTEMS[name]} "
+                + ", ".join(f"{t['tokens_per_s'].get(name, 0):.0f}" for t in r["rounds"])
+                for name in r["rounds"][0]["tokens_per_s"]
+            )
+            + "; GEMM bound per round: "
+            + ", ".join(f"{t['gemm_tokens_per_s']['float']:.0f}" for t in r["rounds"])
+        )
     rows = []
     for o in r["systems"]:
         s = o["stats"]
@@ -618,6 +632,30 @@ def ratios(results: dict[str, Outcome], gemm_tps: dict[str, float]) -> tuple[dic
     return found, text
 
 
+def median_round(rounds: list[tuple]) -> tuple:
+    """One round's (gemm, gemm_tps, results, ratios, text) as is; of several, each system's
+    outcome from its median round by tokens/s, each ratio the median of the ratios within a
+    round (the systems of a round ran minutes apart), with the rounds' range in the text."""
+    if len(rounds) == 1:
+        return rounds[0]
+    gemm, gemm_tps = rounds[0][0], rounds[0][1]
+    results = {}
+    for name in rounds[0][2]:
+        ran = [r[2][name] for r in rounds if r[2][name].status == "ok"]
+        ran.sort(key=lambda o: o.stats["tokens_per_s"])
+        results[name] = ran[(len(ran) - 1) // 2] if ran else rounds[0][2][name]
+    found, text = {}, []
+    for key in rounds[0][3]:
+        values = [r[3][key] for r in rounds if key in r[3]]
+        found[key] = statistics.median(values)
+        found[f"{key}_rounds"] = values
+        text.append(
+            f"{key}: median {found[key]:.2f} over {len(values)} rounds "
+            f"({', '.join(f'{v:.2f}' for v in values)})"
+        )
+    return gemm, gemm_tps, results, found, text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -634,6 +672,13 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--texts-per-request", type=int, default=8)
     p.add_argument("--seconds", type=float, default=60)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="turns of every system (each round starting one system later): ratios within a "
+        "round, medians reported, for hosts whose speed drifts",
+    )
     p.add_argument("--passes", type=int, default=0, help="full passes over the texts, at least")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a peer to start")
@@ -672,29 +717,37 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     params = linear_params(config)
     int8_wanted = any(name.endswith("-int8") for name in args.systems)
-    gemm = {
-        "float": gemm_peak(dtype, device=args.device),
-        "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0,
-    }
-    gemm_tps = bound_tokens_per_s(params, gemm)
-    print(
-        f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
-        f"int8 {gemm['int8'] / 1e9:.0f} GFLOP/s, the int8 route's bound {gemm_tps['int8']:.0f}",
-        flush=True,
-    )
     cache = PEERS / f"reference-{model_dir.name}-{args.texts}-{args.seed}.npy"
     reference = reference_vectors(model_dir, ids, cache)
 
-    results: dict[str, Outcome] = {}
-    for name in args.systems:
-        print(f"--- {SYSTEMS[name]}", flush=True)
-        try:
-            results[name] = run_system(
-                name, model_dir, args.dtype, texts, ids, counts, reference, args
-            )
-        except Exception as exc:  # one broken peer must not lose the others' numbers
-            results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
-        print(json.dumps(results[name].__dict__), flush=True)
+    rounds = []
+    for turn in range(args.rounds):
+        gemm = {
+            "float": gemm_peak(dtype, device=args.device),
+            "int8": gemm_peak(dtype, int8=True) if int8_wanted else 0,
+        }
+        gemm_tps = bound_tokens_per_s(params, gemm)
+        print(
+            f"GEMM peak {gemm['float'] / 1e9:.0f} GFLOP/s = {gemm_tps['float']:.0f} tokens/s; "
+            f"int8 {gemm['int8'] / 1e9:.0f} GFLOP/s, the int8 route's bound "
+            f"{gemm_tps['int8']:.0f}",
+            flush=True,
+        )
+        order = args.systems[turn % len(args.systems) :] + args.systems[: turn % len(args.systems)]
+        results: dict[str, Outcome] = {}
+        for name in order:
+            suffix = f" (round {turn + 1})" if args.rounds > 1 else ""
+            print(f"--- {SYSTEMS[name]}{suffix}", flush=True)
+            try:
+                results[name] = run_system(
+                    name, model_dir, args.dtype, texts, ids, counts, reference, args
+                )
+            except Exception as exc:  # one broken peer must not lose the others' numbers
+                results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
+            print(json.dumps(results[name].__dict__), flush=True)
+        results = {name: results[name] for name in args.systems}
+        rounds.append((gemm, gemm_tps, results, *ratios(results, gemm_tps)))
+    gemm, gemm_tps, results, found, text = median_round(rounds)
 
     versions = {
         n: (PEERS / n / "versions.txt").read_text().strip()
@@ -704,7 +757,6 @@ def main() -> None:
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
     if any(name.startswith("llama") for name in args.systems):
         versions["llama.cpp"] = llama_cpp.versions().replace("\n", "; ")
-    found, text = ratios(results, gemm_tps)
     record = new_record(
         device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         dtype=args.dtype,
@@ -725,6 +777,18 @@ def main() -> None:
         ratios=found,
         ratios_text=text,
         notes=run_notes(results, args.dtype),
+        rounds=[
+            {
+                "gemm_tokens_per_s": r[1],
+                "tokens_per_s": {
+                    k: o.stats["tokens_per_s"] for k, o in r[2].items() if o.status == "ok"
+                },
+                "ratios": r[3],
+            }
+            for r in rounds
+        ]
+        if len(rounds) > 1
+        else None,
     )
     out = Path(args.out) if args.out else RESULTS / f"peers-{args.dtype}-{cpu_tag()}"
     notes, table = report_lines(record)

@@ -156,6 +156,18 @@ def peers(r: dict) -> list[str]:
         f"dtype {r['dtype']}; GEMM peak of the linear layers {peak:.0f} tokens/s; the engine in "
         "process embeds every text in one call per pass (its latency is per pass)"
     )
+    if r.get("rounds"):  # tokens/s from each system's median round; ratios within a round
+        ratios = r["ratios"]
+        head += (
+            f"; {len(r['rounds'])} rounds taking turns, each system's median round below; "
+            "medians of the ratios within a round: "
+            + ", ".join(
+                f"{key.replace('_over_', ' / ')} {ratios[key]:.2f}x "
+                f"({min(ratios[key + '_rounds']):.2f}-{max(ratios[key + '_rounds']):.2f})"
+                for key in ratios
+                if "_over_" in key and not key.endswith("_rounds") and "p99" not in key
+            )
+        )
     return [head, ""] + grid(r["systems"], columns)
 
 
