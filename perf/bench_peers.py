@@ -32,6 +32,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -632,28 +633,39 @@ def ratios(results: dict[str, Outcome], gemm_tps: dict[str, float]) -> tuple[dic
     return found, text
 
 
-def median_round(rounds: list[tuple]) -> tuple:
-    """One round's (gemm, gemm_tps, results, ratios, text) as is; of several, each system's
-    outcome from its median round by tokens/s, each ratio the median of the ratios within a
-    round (the systems of a round ran minutes apart), with the rounds' range in the text."""
+class Round(NamedTuple):
+    """Every system once, with the GEMM probe taken before them."""
+
+    gemm: dict[str, float]
+    gemm_tps: dict[str, float]
+    results: dict[str, Outcome]
+    found: dict
+    text: list[str]
+
+
+def median_round(rounds: list[Round]) -> Round:
+    """One round as is; of several, each system's outcome from its median round by tokens/s
+    and each ratio the median of the ratios within a round (the systems of a round ran minutes
+    apart), with every round's value in the text. The probe is the first round's."""
     if len(rounds) == 1:
         return rounds[0]
-    gemm, gemm_tps = rounds[0][0], rounds[0][1]
     results = {}
-    for name in rounds[0][2]:
-        ran = [r[2][name] for r in rounds if r[2][name].status == "ok"]
-        ran.sort(key=lambda o: o.stats["tokens_per_s"])
-        results[name] = ran[(len(ran) - 1) // 2] if ran else rounds[0][2][name]
+    for name, first in rounds[0].results.items():
+        ran = sorted(
+            (r.results[name] for r in rounds if r.results[name].status == "ok"),
+            key=lambda o: o.stats["tokens_per_s"],
+        )
+        results[name] = ran[(len(ran) - 1) // 2] if ran else first
     found, text = {}, []
-    for key in rounds[0][3]:
-        values = [r[3][key] for r in rounds if key in r[3]]
+    for key in rounds[0].found:
+        values = [r.found[key] for r in rounds if key in r.found]
         found[key] = statistics.median(values)
         found[f"{key}_rounds"] = values
         text.append(
             f"{key}: median {found[key]:.2f} over {len(values)} rounds "
             f"({', '.join(f'{v:.2f}' for v in values)})"
         )
-    return gemm, gemm_tps, results, found, text
+    return Round(rounds[0].gemm, rounds[0].gemm_tps, results, found, text)
 
 
 def main() -> None:
@@ -746,7 +758,7 @@ def main() -> None:
                 results[name] = Outcome(name, "failed", f"{type(exc).__name__}: {exc}"[:500])
             print(json.dumps(results[name].__dict__), flush=True)
         results = {name: results[name] for name in args.systems}
-        rounds.append((gemm, gemm_tps, results, *ratios(results, gemm_tps)))
+        rounds.append(Round(gemm, gemm_tps, results, *ratios(results, gemm_tps)))
     gemm, gemm_tps, results, found, text = median_round(rounds)
 
     versions = {
@@ -779,11 +791,11 @@ def main() -> None:
         notes=run_notes(results, args.dtype),
         rounds=[
             {
-                "gemm_tokens_per_s": r[1],
+                "gemm_tokens_per_s": r.gemm_tps,
                 "tokens_per_s": {
-                    k: o.stats["tokens_per_s"] for k, o in r[2].items() if o.status == "ok"
+                    k: o.stats["tokens_per_s"] for k, o in r.results.items() if o.status == "ok"
                 },
-                "ratios": r[3],
+                "ratios": r.found,
             }
             for r in rounds
         ]
