@@ -90,6 +90,21 @@ inline Vec exp2_vec(Vec x) {
   return p * scale;
 }
 
+// A row's running max (base 2) after a span whose largest scaled score is block_max: it moves
+// only when the span's exceeds it by kLazyMax (until then the probabilities may grow up to
+// 2^kLazyMax, and nothing summed before needs rescaling). Returns the factor that rescales what
+// was summed before (0 for the row's first span).
+inline float raise_max(float& max, float block_max) {
+  if (max == kNegInf) {
+    max = block_max;
+    return 0.0f;
+  }
+  if (block_max <= max + kLazyMax) return 1.0f;
+  const float alpha = exp2_vec(Vec{} + (max - block_max))[0];
+  max = block_max;
+  return alpha;
+}
+
 // One row's n scores (n a multiple of 2 kVec) -> probabilities exp(scale * s - max) for its first
 // `valid` keys (0 beyond), handed 16 at a time to put(j, p); updates the row's running max and
 // sum (both in base 2) and returns the factor that rescales what was summed before. Key j goes
@@ -118,16 +133,11 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   top0 = top0 > top1 ? top0 : top1;
   float block_max = kNegInf;
   for (int l = 0; l < kVec; ++l) block_max = block_max > top0[l] ? block_max : top0[l];
-  // The running max moves only when the span's exceeds it by kLazyMax: until then the
-  // probabilities may grow up to 2^kLazyMax, and nothing summed before needs rescaling.
-  const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
-  const float alpha = max == kNegInf   ? 0.0f
-                      : max == new_max ? 1.0f
-                                       : exp2_vec(Vec{} + (max - new_max))[0];
+  const float alpha = raise_max(max, block_max);
   Vec sum0 = {}, sum1 = {};
   for (int64_t c = 0; c < n; c += 2 * kVec) {
-    const Vec p0 = masked(exp2_vec(load(s + c) - new_max), c, 0.0f);
-    const Vec p1 = masked(exp2_vec(load(s + c + kVec) - new_max), c + kVec, 0.0f);
+    const Vec p0 = masked(exp2_vec(load(s + c) - max), c, 0.0f);
+    const Vec p1 = masked(exp2_vec(load(s + c + kVec) - max), c + kVec, 0.0f);
     put(c, p0);
     put(c + kVec, p1);
     sum0 += p0;
@@ -137,7 +147,6 @@ inline float softmax_span(float* s, int64_t n, int64_t valid, float scale, float
   store(total, sum0 + sum1);
   for (int width = kVec / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) total[l] += total[l + width];
-  max = new_max;
   sum = sum * alpha + total[0];
   return alpha;
 }

@@ -134,14 +134,10 @@ inline __m512 exp2_for_bf16(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-inline __mmask16 lanes_below(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
-
 // softmax_span (attention.h) for the tile path, in two light passes over the row's n scores
 // (n a multiple of 32): the largest of its first `valid` raw scores, then
 // p = 2^(s log2(e) scale - max) by one FMA and exp2_for_bf16, stored to p as bf16 and summed
-// in a fixed order (key j in a fixed lane). The same running max, sum and returned factor.
+// in a fixed order (key j in a fixed lane); the running max as there (raise_max).
 inline float softmax_span_bf16(const float* s, int64_t n, int64_t valid, float scale, float& max,
                                float& sum, uint16_t* p) {
   const float scale2 = scale * 1.44269504088896341f;  // log2(e)
@@ -153,29 +149,24 @@ inline float softmax_span_bf16(const float* s, int64_t n, int64_t valid, float s
     top1 = _mm512_max_ps(top1, _mm512_loadu_ps(s + c + 16));
   }
   for (; c < seen; c += 16)
-    top0 = _mm512_mask_max_ps(top0, lanes_below(seen - c), top0, _mm512_loadu_ps(s + c));
+    top0 = _mm512_mask_max_ps(top0, first_lanes(seen - c), top0, _mm512_loadu_ps(s + c));
   const float top = _mm512_reduce_max_ps(_mm512_max_ps(top0, top1));
   // scale > 0 (the operator checks it), so the largest scaled score is the largest score scaled.
-  const float block_max = top * scale2;
-  const float new_max = max == kNegInf || block_max > max + kLazyMax ? block_max : max;
-  const float alpha = max == kNegInf   ? 0.0f
-                      : max == new_max ? 1.0f
-                                       : exp2_vec(Vec{} + (max - new_max))[0];
-  const __m512 step = _mm512_set1_ps(scale2), shift = _mm512_set1_ps(-new_max);
+  const float alpha = raise_max(max, top * scale2);
+  const __m512 step = _mm512_set1_ps(scale2), shift = _mm512_set1_ps(-max);
   __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
   for (c = 0; c < n; c += 32) {
     __m512 p0 = exp2_for_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(s + c), step, shift));
     __m512 p1 = exp2_for_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(s + c + 16), step, shift));
     if (c + 32 > seen) {
-      p0 = _mm512_maskz_mov_ps(lanes_below(seen - c), p0);
-      p1 = _mm512_maskz_mov_ps(lanes_below(seen - c - 16), p1);
+      p0 = _mm512_maskz_mov_ps(first_lanes(seen - c), p0);
+      p1 = _mm512_maskz_mov_ps(first_lanes(seen - c - 16), p1);
     }
     store16(p + c, reinterpret_cast<F16>(p0));
     store16(p + c + 16, reinterpret_cast<F16>(p1));
     sum0 = _mm512_add_ps(sum0, p0);
     sum1 = _mm512_add_ps(sum1, p1);
   }
-  max = new_max;
   sum = sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
   return alpha;
 }

@@ -36,10 +36,6 @@ inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
 }
 
-inline __mmask16 first(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-}
-
 // One row of k values, whose largest magnitude is amax -> k_pad codes (the padding codes stand
 // for 0) and its scale.
 template <typename T>
@@ -48,10 +44,10 @@ void codes(const T* row, int64_t k, int64_t k_pad, float amax, uint8_t* dst, flo
   *scale = s;
   const __m512 sv = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   for (int64_t j = 0; j < k_pad; j += 16) {
-    __m512 v = _mm512_div_ps(load16(row + j, j < k ? first(k - j) : 0), sv);
+    __m512 v = _mm512_div_ps(load16(row + j, j < k ? first_lanes(k - j) : 0), sv);
     v = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT), lo), hi);
     __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(128));
-    _mm_mask_storeu_epi8(dst + j, first(k_pad - j), _mm512_cvtepi32_epi8(c));
+    _mm_mask_storeu_epi8(dst + j, first_lanes(k_pad - j), _mm512_cvtepi32_epi8(c));
   }
 }
 
@@ -71,7 +67,7 @@ void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad
     }
     __m512 amax = _mm512_setzero_ps();
     for (int64_t j = 0; j < k; j += 16)
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(load16(row + j, first(k - j))));
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(load16(row + j, first_lanes(k - j))));
     codes(row, k, k_pad, _mm512_reduce_max_ps(amax), q + i * k_pad, scale + i);
   }
 }
@@ -83,7 +79,7 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
             int64_t col, int64_t cols) {
   for (int64_t j = 0; j < cols; j += kChannels) {
     const int64_t c = col + j;
-    const __mmask16 m = first(g.n - c);
+    const __mmask16 m = first_lanes(g.n - c);
     const __m512i offset = _mm512_maskz_loadu_epi32(m, g.offset + c);
     const __m512 w_scale = _mm512_maskz_loadu_ps(m, g.w_scale + c);
     const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(m, g.bias + c) : _mm512_setzero_ps();
@@ -100,7 +96,7 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
 void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
                 uint16_t* out, int64_t ldo) {
   for (int64_t j = 0; j < cols; j += kChannels) {
-    const __mmask16 m = first(cols - j);
+    const __mmask16 m = first_lanes(cols - j);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + j) : _mm512_setzero_ps();
     for (int64_t r = 0; r < rows; ++r) {
       __m512 y = _mm512_maskz_loadu_ps(m, sums + r * ld + j);

@@ -60,6 +60,13 @@ inline F16 from_bf16(U16x16 h) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// The first n of 16 lanes (none for n <= 0): masked loads and stores of a row's tail.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+#endif
+
 inline F16 load16(const float* p) {
   F16 v;
   __builtin_memcpy(&v, p, sizeof v);
