@@ -133,7 +133,8 @@ cpu_int8() {
 }
 cpu_peers() {
 	step "ours against the GEMM bounds"
-	(cd perf && timeout "$(left 420)" $pin python3 bench_peers.py --dtype auto --seconds 40 \
+	(cd perf && timeout "$(left 420)" $pin python3 bench_peers.py --dtype auto \
+		--seconds ${PEER_SECONDS:-40} --rounds ${PEER_ROUNDS:-1} \
 		--systems triton engine triton-int8 --out "$out/peers-auto-$kind")
 }
 cpu_bf16_gemm() {

@@ -65,9 +65,11 @@ def torch_hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: (q int8 [rows, k], scale fp32 [rows, 1]) with x ~= q * scale."""
+    """Symmetric per-row int8: (q int8 [rows, k], scale fp32 [rows, 1]) with x ~= q * scale.
+    The values are multiplied by the scale's reciprocal (the native kernel's arithmetic)."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / _QMAX
-    return torch.round(x.float() / scale).clamp(-_QMAX, _QMAX).to(torch.int8), scale
+    codes = torch.round(x.float() * scale.reciprocal())
+    return codes.clamp(-_QMAX, _QMAX).to(torch.int8), scale
 
 
 def native_kernel() -> bool:
