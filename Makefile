@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-native-ab perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -126,6 +126,13 @@ perf-prepack: setup
 # against fp32, in process, beside the float route (perf/results/int8-<cpu>.md).
 perf-int8: setup
 	cd perf && ../$(PY) bench_int8.py --out results/int8-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
+
+# A kernel change measured against a base revision (BASE, default HEAD: the uncommitted change):
+# both builds loaded in one process, each measurement a pair of calls taking turns
+# (perf/results/native_ab-<cpu>.md).
+BASE ?= HEAD
+perf-native-ab: setup
+	cd perf && ../$(PY) bench_native_ab.py --base $(BASE) --out results/native_ab-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
 
 # The native attention operator alone vs PyTorch SDPA per sequence vs vLLM's CPU kernel (in its
 # venv, installed as for perf-peers) by text length, then the engine's tokens/s by text length.
