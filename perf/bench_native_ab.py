@@ -2,8 +2,8 @@
 
     python bench_native_ab.py [--base HEAD] [--ops int8 bf16 attention] [--pairs 15]
 
-Timings taken in separate processes or minutes apart move more on a drifting host (the AMX VMs
-moved 2x within minutes) than most kernel changes do. Here the base revision's csrc/ is built
+Timings taken in separate processes or minutes apart move more on a drifting host than most
+kernel changes do. Here the base revision's csrc/ is built (with this checkout's compiler flags)
 into a second library (in .cache/native-ab/<commit>/) whose operators register as
 `qwen_embed_base`, both libraries are loaded, and each measurement is a pair of calls on the
 same operands, one per build, the order alternating. The report gives, per operator and shape,

@@ -38,7 +38,7 @@ inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
 
 // One row of k values, whose largest magnitude is amax -> k_pad codes (the padding codes stand
 // for 0) and its scale. Values are multiplied by the scale's reciprocal, as int8.quantize_rows
-// does: a division per vector was most of this pass.
+// does: a vector division costs many multiplies' time.
 template <typename T>
 void codes(const T* row, int64_t k, int64_t k_pad, float amax, uint8_t* dst, float* scale) {
   const float s = __builtin_fmaxf(amax, 1e-12f) / 127.0f;
