@@ -64,15 +64,21 @@ def ratios(rounds: list[dict], key: str) -> list[float] | None:
     return [r[key] / r["native"] for r in rounds]
 
 
-def measure(length: int, dtype: str, reps: int, rounds: int) -> dict:
-    lens = [length] * max(1, TOKENS // length)
+def attention_inputs(length: int, tokens: int, dtype: torch.dtype) -> tuple:
+    """Texts of `length` tokens filling ~`tokens`: (lens, q, k, v, cu offsets int32)."""
+    lens = [length] * max(1, tokens // length)
     t = sum(lens)
     g = torch.Generator().manual_seed(0)
-    torch_dtype = getattr(torch, dtype)
-    q = torch.randn(t, HEADS, HEAD_DIM, generator=g).to(torch_dtype)
-    k = torch.randn(t, KV_HEADS, HEAD_DIM, generator=g).to(torch_dtype)
-    v = torch.randn(t, KV_HEADS, HEAD_DIM, generator=g).to(torch_dtype)
+    q = torch.randn(t, HEADS, HEAD_DIM, generator=g).to(dtype)
+    k = torch.randn(t, KV_HEADS, HEAD_DIM, generator=g).to(dtype)
+    v = torch.randn(t, KV_HEADS, HEAD_DIM, generator=g).to(dtype)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return lens, q, k, v, cu
+
+
+def measure(length: int, dtype: str, reps: int, rounds: int) -> dict:
+    torch_dtype = getattr(torch, dtype)
+    lens, q, k, v, cu = attention_inputs(length, TOKENS, torch_dtype)
     layout = AttentionLayout(tuple(lens), tuple(lens), cu, cu, cu, cu, None)
     spec = AttentionSpec(HEADS, KV_HEADS, HEAD_DIM, True, torch.device("cpu"), torch_dtype)
     backends, outputs = {}, {}

@@ -25,7 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import RESULTS, new_record, write_report
+from bench_attention import HEAD_DIM, attention_inputs
+from bench_gemm_rows import SHAPES as BF16_SHAPES
+from bench_int8_blocking import SHAPES as INT8_SHAPES
+from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import cpu, int8, native
 from qwen_embed.native import build
@@ -34,7 +37,6 @@ from bench_peers import REPO
 
 CSRC = "plugins/qwen_embed/native/csrc"
 BASE_OPS = "qwen_embed_base"
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 16, 8, 128, 3072
 TEXT_TOKENS = (128, 1024, 8192)
 
 
@@ -73,15 +75,11 @@ def base_library(revision: str) -> Path:
 
 def int8_cases(rows: int) -> dict[str, Callable]:
     cases = {}
-    for k, n in (
-        (HIDDEN, (HEADS + KV_HEADS) * HEAD_DIM),
-        (HIDDEN, 2 * INTERMEDIATE),
-        (INTERMEDIATE, HIDDEN),
-    ):
+    for name, (n, k) in INT8_SHAPES.items():
         packed, offset, scale = int8.pack(*int8.quantize_rows(torch.randn(n, k)))
         x = torch.randn(rows, k, dtype=torch.bfloat16)
         rotation = int8.rotation_block(k)
-        cases[f"int8_linear {k} -> {n}"] = (
+        cases[f"int8_linear {name} {k} -> {n}"] = (
             lambda ops, x=x, p=packed, o=offset, s=scale, n=n, r=rotation: ops.int8_linear(
                 x, p, o, s, None, n, r
             )
@@ -91,16 +89,10 @@ def int8_cases(rows: int) -> dict[str, Callable]:
 
 def bf16_cases(rows: int) -> dict[str, Callable]:
     cases = {}
-    qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
-    for k, n in (
-        (HIDDEN, qkv),
-        (HEADS * HEAD_DIM, HIDDEN),
-        (HIDDEN, 2 * INTERMEDIATE),
-        (INTERMEDIATE, HIDDEN),
-    ):
+    for name, (n, k) in BF16_SHAPES.items():
         packed = native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2)
         x = torch.randn(rows, k, dtype=torch.bfloat16)
-        cases[f"bf16_linear {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.bf16_linear(
+        cases[f"bf16_linear {name} {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.bf16_linear(
             x, p, None, n
         )
     return cases
@@ -109,16 +101,9 @@ def bf16_cases(rows: int) -> dict[str, Callable]:
 def attention_cases(rows: int) -> dict[str, Callable]:
     cases = {}
     for length in TEXT_TOKENS:
-        lens = [length] * max(1, rows // length)
-        t = sum(lens)
-        q = torch.randn(t, HEADS, HEAD_DIM, dtype=torch.bfloat16)
-        k, v = (torch.randn(t, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-        scale = HEAD_DIM**-0.5
-        cases[f"varlen_attention {len(lens)} x {length}"] = (
-            lambda ops, q=q, k=k, v=v, cu=cu, s=scale: ops.varlen_attention(
-                q, k, v, cu, cu, True, s
-            )
+        lens, q, k, v, cu = attention_inputs(length, rows, torch.bfloat16)
+        cases[f"varlen_attention {len(lens)} x {length}"] = lambda ops, q=q, k=k, v=v, cu=cu: (
+            ops.varlen_attention(q, k, v, cu, cu, True, HEAD_DIM**-0.5)
         )
     return cases
 
@@ -173,16 +158,15 @@ def main() -> None:
             }
             rows.append(row)
             print(row, flush=True)
-    table = [
-        "| operator, shape | checkout / base time (median of pairs) | quartiles | base ms "
-        "| same bits |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    table += [
-        f"| {r['op']} | {r['ratio']:.3f} | {r['q1']:.3f}-{r['q3']:.3f} | {r['base_ms']:.1f} | "
-        f"{'yes' if r['same_bits'] else 'no'} |"
-        for r in rows
-    ]
+    header = ["operator, shape", "checkout / base time (median of pairs)", "quartiles"]
+    table = markdown_table(
+        [*header, "base ms", "same bits"],
+        [
+            [r["op"], f"{r['ratio']:.3f}", f"{r['q1']:.3f}-{r['q3']:.3f}", f"{r['base_ms']:.1f}"]
+            + ["yes" if r["same_bits"] else "no"]
+            for r in rows
+        ],
+    )
     record = new_record(base=args.base, isa=native.isa(), rows_per_call=args.rows, rows=rows)
     notes = [
         f"base: {args.base}; native kernels {native.isa()}, {torch.get_num_threads()} threads; "
