@@ -79,33 +79,41 @@ void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad
 template <typename T>
 void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, int64_t rows,
             int64_t col, int64_t cols) {
-  for (int64_t j = 0; j < cols; j += kChannels) {
-    const int64_t c = col + j;
-    const __mmask16 m = first_lanes(g.n - c);
-    const __m512i offset = _mm512_maskz_loadu_epi32(m, g.offset + c);
-    const __m512 w_scale = _mm512_maskz_loadu_ps(m, g.w_scale + c);
-    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(m, g.bias + c) : _mm512_setzero_ps();
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m512i sum = _mm512_maskz_loadu_epi32(m, sums + r * ld + j);
-      __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset));
-      y = _mm512_mul_ps(_mm512_mul_ps(y, _mm512_set1_ps(g.a_scale[row + r])), w_scale);
-      if (g.bias) y = _mm512_add_ps(y, bias);
-      store16(g.out + (row + r) * g.ldo + c, y, m);
+  // a row's channels together: whole cache lines of the output, written once
+  constexpr int64_t kGroups = kPanel / kChannels;
+  __m512i offset[kGroups];
+  __m512 w_scale[kGroups], bias[kGroups];
+  __mmask16 mask[kGroups];
+  const int64_t groups = (cols + kChannels - 1) / kChannels;
+  for (int64_t j = 0; j < groups; ++j) {
+    const int64_t c = col + j * kChannels;
+    mask[j] = first_lanes(g.n - c);
+    offset[j] = _mm512_maskz_loadu_epi32(mask[j], g.offset + c);
+    w_scale[j] = _mm512_maskz_loadu_ps(mask[j], g.w_scale + c);
+    bias[j] = g.bias ? _mm512_maskz_loadu_ps(mask[j], g.bias + c) : _mm512_setzero_ps();
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 a_scale = _mm512_set1_ps(g.a_scale[row + r]);
+    T* out = g.out + (row + r) * g.ldo + col;
+    for (int64_t j = 0; j < groups; ++j) {
+      const __m512i sum = _mm512_maskz_loadu_epi32(mask[j], sums + r * ld + j * kChannels);
+      __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset[j]));
+      y = _mm512_mul_ps(_mm512_mul_ps(y, a_scale), w_scale[j]);
+      if (g.bias) y = _mm512_add_ps(y, bias[j]);
+      store16(out + j * kChannels, y, mask[j]);
     }
   }
 }
 
 void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
                 uint16_t* out, int64_t ldo) {
-  for (int64_t j = 0; j < cols; j += kChannels) {
-    const __mmask16 m = first_lanes(cols - j);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + j) : _mm512_setzero_ps();
-    for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r)  // as finish: a row's channels together
+    for (int64_t j = 0; j < cols; j += kChannels) {
+      const __mmask16 m = first_lanes(cols - j);
       __m512 y = _mm512_maskz_loadu_ps(m, sums + r * ld + j);
-      if (bias) y = _mm512_add_ps(y, b);
+      if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, bias + j));
       store16(out + r * ldo + j, y, m);
     }
-  }
 }
 
 }  // namespace
