@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-native-ab perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-native-ab perf-gemm-bound perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -126,6 +126,13 @@ perf-prepack: setup
 # against fp32, in process, beside the float route (perf/results/int8-<cpu>.md).
 perf-int8: setup
 	cd perf && ../$(PY) bench_int8.py --out results/int8-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
+
+# The engine against its linear layers alone on oneDNN's packed GEMM, in one process taking
+# turns, float and int8 routes (perf/results/gemm_bound-<cpu>.md, gemm_bound-int8-<cpu>.md).
+perf-gemm-bound: setup
+	cd perf && tag=$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())") && \
+		../$(PY) bench_gemm_bound.py --out results/gemm_bound-$$tag && \
+		../$(PY) bench_gemm_bound.py --quantization int8 --out results/gemm_bound-int8-$$tag
 
 # A kernel change measured against a base revision (BASE, default HEAD: the uncommitted change):
 # both builds loaded in one process, each measurement a pair of calls taking turns

@@ -124,19 +124,24 @@ def cpu_tag() -> str:
     )
 
 
-def linear_params(config: dict) -> dict[str, int]:
-    """Weights of the per-layer matmuls by module name (the embedding is a lookup)."""
+def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """One layer's matmuls by module name: (out, in) features (the embedding is a lookup)."""
     h, inter = config["hidden_size"], config["intermediate_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    per_layer = {  # q|k and v apart, as the int8 route splits them (int8.FLOAT_SHARDS)
-        "self_attn.qk_proj": h * (q + kv),
-        "self_attn.v_proj": h * kv,
-        "self_attn.o_proj": q * h,
-        "mlp.gate_up_proj": 2 * h * inter,
-        "mlp.down_proj": inter * h,
+    return {  # q|k and v apart, as the int8 route splits them (int8.FLOAT_SHARDS)
+        "self_attn.qk_proj": (q + kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_up_proj": (2 * inter, h),
+        "mlp.down_proj": (h, inter),
     }
-    return {name: config["num_hidden_layers"] * n for name, n in per_layer.items()}
+
+
+def linear_params(config: dict) -> dict[str, int]:
+    """Weights of all layers' matmuls by module name."""
+    layers = config["num_hidden_layers"]
+    return {name: layers * n * k for name, (n, k) in linear_shapes(config).items()}
 
 
 def bound_tokens_per_s(params: dict[str, int], gemm: dict[str, float]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from systems import SYSTEMS
 PERF = Path(__file__).resolve().parent
 RESULTS = PERF / "results"
 DOCS = PERF.parent / "docs"
-VARIANT_OPTIONS = ("--dtype", "--encoder-instances")
+VARIANT_OPTIONS = ("--dtype", "--encoder-instances", "--quantization")
 
 HEADER = """\
 # Results
@@ -363,6 +363,26 @@ def int8(r: dict) -> list[str]:
     return grid(r["rows"], columns)
 
 
+def gemm_bound(r: dict) -> list[str]:
+    def tokens_per_s(name: str) -> float:
+        return r["tokens"] / statistics.median(r["seconds"][name])
+
+    f = r["fraction"]
+    row = {
+        "engine": tokens_per_s("engine"),
+        "layers": tokens_per_s("linear layers"),
+        "median": f["median"],
+        "quartiles": f"{f['q1']:.2f} - {f['q3']:.2f}",
+    }
+    columns = [
+        ("engine tokens/s", "engine", ".0f"),
+        ("linear layers alone: tokens/s", "layers", ".0f"),
+        ("fraction (median)", "median", ".2f"),
+        ("quartiles", "quartiles", ""),
+    ]
+    return grid([row], columns)
+
+
 def gemm_rows(r: dict) -> list[str]:
     columns = [
         ("shape", "shape", ""),
@@ -559,6 +579,7 @@ RENDER = {
     "bf16_blocking": partial(blocking, baseline="oneDNN"),
     "bf16_gemm": bf16_gemm,
     "engine": engine,
+    "gemm_bound": gemm_bound,
     "gemm_rows": gemm_rows,
     "int8": int8,
     "int8_blocking": partial(blocking, baseline="bf16 GEMM"),
