@@ -21,6 +21,10 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+// A score row's floats: one cache line past kSpan's 2 KB, so that the 16 rows of a tile store
+// fall in 16 L1 sets; 2 KB apart they met in two, and the stores took longer than the products.
+constexpr int64_t kScoreStride = kSpan + 16;
+
 // Tiles 0-3: fp32 results (16 x 16); 4-5: the left operand's two 16-row halves; 6-7: right.
 inline void configure_tiles() {
   TileConfig config;
@@ -172,7 +176,7 @@ inline float softmax_span_bf16(const float* s, int64_t n, int64_t valid, float s
 }
 
 // Scores of the query tile (two 16-row halves, or one when `half`) against `chunks` chunks of
-// 32 packed keys -> s [32][kSpan] fp32.
+// 32 packed keys -> s [32][kScoreStride] fp32.
 template <int D>
 inline void tile_scores(const uint16_t* q, const uint16_t* kb, int64_t chunks, bool half,
                         float* s) {
@@ -195,11 +199,11 @@ inline void tile_scores(const uint16_t* q, const uint16_t* kb, int64_t chunks, b
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-    _tile_stored(0, s + ch * K, kSpan * 4);
-    _tile_stored(1, s + ch * K + 16, kSpan * 4);
+    _tile_stored(0, s + ch * K, kScoreStride * 4);
+    _tile_stored(1, s + ch * K + 16, kScoreStride * 4);
     if (!half) {
-      _tile_stored(2, s + 16 * kSpan + ch * K, kSpan * 4);
-      _tile_stored(3, s + 16 * kSpan + ch * K + 16, kSpan * 4);
+      _tile_stored(2, s + 16 * kScoreStride + ch * K, kScoreStride * 4);
+      _tile_stored(3, s + 16 * kScoreStride + ch * K + 16, kScoreStride * 4);
     }
   }
 }
@@ -257,7 +261,7 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
                        int64_t first_pos, int64_t n_k, bool causal, float scale) {
   constexpr int64_t R = kBlockQ, K = kTileKeys, G = kTaskRows / kBlockQ;
   alignas(64) static thread_local uint16_t qb[G][R * D], pb[R * kSpan];
-  alignas(64) static thread_local float s[R * kSpan], o[G][R * D];
+  alignas(64) static thread_local float s[R * kScoreStride], o[G][R * D];
   RowBlocks rb(rows, 16, first_pos, n_k, causal);  // one or two 16-row tiles per block
   for (int64_t b = 0; b < rb.count; ++b)
     for (int64_t i = 0; i < rb.used[b]; ++i) {  // the queries, contiguous (tiles reread them)
@@ -284,7 +288,7 @@ void attend_tile_heads(const uint16_t* q, int64_t q_stride, const uint16_t* kp,
           __builtin_memset(p, 0, chunks * K * 2);
           continue;
         }
-        const float alpha = softmax_span_bf16(s + i * kSpan, chunks * K, valid, scale,
+        const float alpha = softmax_span_bf16(s + i * kScoreStride, chunks * K, valid, scale,
                                               rb.max[b][i], rb.sum[b][i], p);
         if (start > 0 && alpha != 1.0f)
           for (int d = 0; d < D; ++d) o[b][i * D + d] *= alpha;
