@@ -22,7 +22,7 @@ struct TileConfig {
 };
 
 // A score row's floats: one cache line past kSpan's 2 KB, so that the 16 rows of a tile store
-// fall in 16 L1 sets; 2 KB apart they met in two, and the stores took longer than the products.
+// fall in 16 L1 sets; 2 KB apart they met in two, which made the stores slow.
 constexpr int64_t kScoreStride = kSpan + 16;
 
 // Tiles 0-3: fp32 results (16 x 16); 4-5: the left operand's two 16-row halves; 6-7: right.
