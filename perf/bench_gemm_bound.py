@@ -19,21 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, new_record, taking_turns, write_report
+from render_results import gemm_bound
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder, int8
+from qwen_embed.engine import TORCH_DTYPES
 from qwen_embed.layers import linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
 
 from bench_peers import REPO, ensure_model, linear_shapes
 from workload import make_texts
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def linear_layers(config: dict, rows: int, dtype: torch.dtype, quantization: str) -> list:
@@ -72,24 +71,11 @@ def main() -> None:
                     layer(x)
 
         calls = {"engine": lambda: enc.embed(docs), "linear layers": gemms}
-        for call in calls.values():
-            call()  # warm-up: plans, packed buffers, freed memory kept
-        seconds: dict[str, list[float]] = {name: [] for name in calls}
-        for i in range(args.pairs):
-            for name in list(calls)[:: 1 if i % 2 else -1]:
-                began = time.perf_counter()
-                calls[name]()
-                seconds[name].append(time.perf_counter() - began)
+        seconds = taking_turns(calls, args.pairs)
         route = enc.route.describe()
 
     fractions = [g / e for g, e in zip(seconds["linear layers"], seconds["engine"], strict=True)]
     q1, median, q3 = statistics.quantiles(fractions, n=4)
-    engine_tps = tokens / statistics.median(seconds["engine"])
-    bound_tps = tokens / statistics.median(seconds["linear layers"])
-    table = markdown_table(
-        ["engine tokens/s", "linear layers alone: tokens/s", "fraction (median)", "quartiles"],
-        [[f"{engine_tps:.0f}", f"{bound_tps:.0f}", f"{median:.2f}", f"{q1:.2f} - {q3:.2f}"]],
-    )
     record = new_record(
         model_dir=str(model_dir),
         route=route,
@@ -104,6 +90,7 @@ def main() -> None:
         f"{args.pairs} pairs taking turns; the fraction per pair is the linear layers' time "
         "(oneDNN-packed weights; int8: the route's int8 layers) over the engine's",
     ]
+    table = gemm_bound(record)  # the results page's table
     print(write_report(args.out, record, "The engine against its GEMM bound", notes, table))
 
 

@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 from bench_attention import HEAD_DIM, attention_inputs
 from bench_gemm_rows import SHAPES as BF16_SHAPES
 from bench_int8_blocking import SHAPES as INT8_SHAPES
-from harness import RESULTS, markdown_table, new_record, write_report
+from harness import RESULTS, markdown_table, new_record, taking_turns, write_report
 
 from qwen_embed import cpu, int8, native
 from qwen_embed.native import build
@@ -112,21 +111,12 @@ CASES = {"int8": int8_cases, "bf16": bf16_cases, "attention": attention_cases}
 
 
 def pair_ratios(call: Callable, pairs: int) -> tuple[list[float], list[float]]:
-    """`pairs` pairs of calls (base, checkout), the order alternating: checkout / base time per
-    pair, and the base's times."""
-    builds = (getattr(torch.ops, BASE_OPS), torch.ops.qwen_embed)
-    for ops in builds:
-        call(ops)
-    ratios, base_seconds = [], []
-    for i in range(pairs):
-        seconds = {}
-        for which in (0, 1) if i % 2 == 0 else (1, 0):
-            began = time.perf_counter()
-            call(builds[which])
-            seconds[which] = time.perf_counter() - began
-        ratios.append(seconds[1] / seconds[0])
-        base_seconds.append(seconds[0])
-    return ratios, base_seconds
+    """`pairs` turns of the base's call and the checkout's: checkout / base time per turn, and
+    the base's times."""
+    base, checkout = getattr(torch.ops, BASE_OPS), torch.ops.qwen_embed
+    seconds = taking_turns({"base": lambda: call(base), "checkout": lambda: call(checkout)}, pairs)
+    ratios = [c / b for c, b in zip(seconds["checkout"], seconds["base"], strict=True)]
+    return ratios, seconds["base"]
 
 
 def main() -> None:

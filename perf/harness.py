@@ -84,6 +84,21 @@ def best_seconds(call: Callable[[], object], reps: int) -> float:
     return best
 
 
+def taking_turns(calls: dict[str, Callable[[], object]], turns: int) -> dict[str, list[float]]:
+    """Each call once to warm up, then `turns` turns of every call, the order reversed every
+    other turn: the seconds of each call per turn. On a host whose speed drifts, the calls of
+    one turn share its phase, so their ratios hold where separate timings do not."""
+    for call in calls.values():
+        call()
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for turn in range(turns):
+        for name in list(calls)[:: -1 if turn % 2 else 1]:
+            start = time.perf_counter()
+            calls[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
 def drive(
     make_sender: Callable[[], Callable[[list[int]], tuple[np.ndarray, int | None]]],
     counts: np.ndarray,
