@@ -141,7 +141,7 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
 
         # A guard against a hang, not a speed check: a reload under the full suite's load
         # takes a while on two cores.
-        wait_until(recovered, "answers after the reload", timeout=180)
+        wait_until(recovered, "answers after the reload", timeout=180, log=server.log_path)
         stop.set()
         for t in threads:
             t.join(timeout=60)
@@ -207,7 +207,13 @@ def test_no_request_lost_to_a_killed_encoder_stub(demo_dir, tmp_path):
         (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
         os.kill(encoder_pid, signal.SIGKILL)
         done_before = len(results)
-        wait_until(lambda: server.status()["reloads"], "the watchdog's reload", timeout=60)
+        # Guards against a hang, as above.
+        wait_until(
+            lambda: server.status()["reloads"],
+            "the watchdog's reload",
+            timeout=180,
+            log=server.log_path,
+        )
         wait_until(lambda: len(results) >= done_before + 8, "answers after the reload", timeout=60)
         stop.set()
         for t in threads:
@@ -221,6 +227,31 @@ def test_no_request_lost_to_a_killed_encoder_stub(demo_dir, tmp_path):
         assert {route for route, _ in results} == {"client", "gateway"}
     finally:
         stop.set()
+        server.stop()
+
+
+def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):
+    """A reload that fails (here: the served config unreadable to Triton for a while) is tried
+    again every round until one succeeds; the encoder then answers."""
+    server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
+    try:
+        config = Path(server.status()["model_repository"]) / "encoder" / "config.pbtxt"
+        good = config.read_text()
+        config.write_text("this is not a model config {")
+        stubs = stub_processes(server.status()["server_pid"])
+        (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
+        os.kill(encoder_pid, signal.SIGKILL)
+
+        def failed_reloads():
+            return server.log_path.read_text().count("watchdog: reloading 'encoder' failed")
+
+        wait_until(lambda: failed_reloads() >= 2, "two failed reloads", log=server.log_path)
+        assert server.status()["reloads"] == []
+        config.write_text(good)
+        wait_until(lambda: server.status()["reloads"], "the reload", log=server.log_path)
+        assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
+        assert infer(server, ["after recovery"], "grpc")[0].shape == (1, 1024)
+    finally:
         server.stop()
 
 

@@ -3,6 +3,7 @@
 import math
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,10 +57,12 @@ def run_clients(count, target):
         raise errors[0]
 
 
-def wait_until(condition, what: str, timeout: float = 120.0) -> None:
-    """Poll `condition` until it holds (the timeout only stops a hang; it is not a check)."""
+def wait_until(condition, what: str, timeout: float = 120.0, log: Path | None = None) -> None:
+    """Poll `condition` until it holds (the timeout only stops a hang; it is not a check). On
+    giving up, the end of `log` (a server's) says what the server was doing."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {timeout:.0f} s waiting for {what}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log else ""
+            pytest.fail(f"gave up after {timeout:.0f} s waiting for {what}\n{tail}".rstrip())
         time.sleep(0.05)

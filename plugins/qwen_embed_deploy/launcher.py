@@ -48,6 +48,7 @@ import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
+from urllib.error import HTTPError
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
@@ -269,19 +270,24 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         known = stub_processes(self.server_pid)
+        pending: set[str] = set()  # models whose stub died and that are not reloaded yet
         while not self.stopping.wait(self.interval_s):
             alive = stub_processes(self.server_pid)
             dead = {model for pid, model in known.items() if pid not in alive}
-            for model in sorted(dead):
+            for model in sorted(dead - pending):
+                log(f"watchdog: a Python stub of {model!r} died; reloading it")
+            pending |= dead
+            reloading = bool(pending)
+            for model in sorted(pending):
                 if self.stopping.is_set():
                     return
-                log(f"watchdog: a Python stub of {model!r} died; reloading it")
                 try:
                     self.reload(model)
-                except OSError as e:  # e.g. the server is shutting down: try again next round
-                    log(f"watchdog: reloading {model!r} failed: {e}")
-                    continue
-            known = stub_processes(self.server_pid) if dead else alive
+                    pending.discard(model)
+                except OSError as e:  # the server shutting down, a load that failed: next round
+                    said = e.read().decode(errors="replace") if isinstance(e, HTTPError) else ""
+                    log(f"watchdog: reloading {model!r} failed: {e} {said}".rstrip())
+            known = stub_processes(self.server_pid) if reloading else alive
 
 
 def log(message: str) -> None:
@@ -357,7 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exit-timeout-secs", type=int, default=30)
     p.add_argument("--watchdog-interval", type=float, default=1.0, help="0 turns it off")
     p.add_argument("--startup-timeout", type=float, default=600)
-    p.add_argument("--status-file", type=Path, help="JSON with the server pid and reloads")
+    p.add_argument(
+        "--status-file",
+        type=Path,
+        help="JSON with the server pid, the repository it serves and the watchdog's reloads",
+    )
     p.add_argument(
         "--cpu-instances",
         default="auto",
@@ -471,7 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.status_file and ready:
             reloads = watchdog.reloads if watchdog else []
             unfinished = args.status_file.with_suffix(".partial")  # never read half written
-            unfinished.write_text(json.dumps({"server_pid": proc.pid, "reloads": reloads}))
+            status = {
+                "server_pid": proc.pid,
+                "model_repository": str(args.model_repository),
+                "reloads": reloads,
+            }
+            unfinished.write_text(json.dumps(status))
             os.replace(unfinished, args.status_file)
         time.sleep(0.5)
     if gateway is not None and gateway.poll() is None:

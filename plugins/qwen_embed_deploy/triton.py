@@ -195,7 +195,8 @@ class TritonServer:
         self.proc: subprocess.Popen | None = None
 
     def status(self) -> dict:
-        """{"server_pid": ..., "reloads": [[model, seconds], ...]} once the watchdog runs."""
+        """{"server_pid": ..., "model_repository": the one served, "reloads": [[model, seconds],
+        ...]} once the watchdog runs."""
         text = self.status_file.read_text()
         return json.loads(text) if text else {}
 
