@@ -214,7 +214,12 @@ def test_no_request_lost_to_a_killed_encoder_stub(demo_dir, tmp_path):
             timeout=180,
             log=server.log_path,
         )
-        wait_until(lambda: len(results) >= done_before + 8, "answers after the reload", timeout=60)
+        wait_until(
+            lambda: len(results) >= done_before + 8,
+            "answers after the reload",
+            timeout=180,
+            log=server.log_path,
+        )
         stop.set()
         for t in threads:
             t.join(timeout=120)
