@@ -237,7 +237,7 @@ def test_no_request_lost_to_a_killed_encoder_stub(demo_dir, tmp_path):
 
 def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):
     """A reload that fails (here: the served config unreadable to Triton for a while) is tried
-    again every round until one succeeds; the encoder then answers."""
+    again, after waits that double, until one succeeds; the encoder then answers."""
     server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
     try:
         config = Path(server.status()["model_repository"]) / "encoder" / "config.pbtxt"

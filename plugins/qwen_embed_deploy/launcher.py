@@ -229,6 +229,9 @@ def stub_processes(server_pid: int) -> dict[int, str]:
     return stubs
 
 
+RELOAD_BACKOFF_MAX_S = 30.0
+
+
 class Watchdog(threading.Thread):
     """Reloads (unload + load over the repository API) any model one of whose stubs vanished."""
 
@@ -270,24 +273,31 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         known = stub_processes(self.server_pid)
-        pending: set[str] = set()  # models whose stub died and that are not reloaded yet
+        # Models whose stub died and that are not reloaded yet: (when to try, the wait after a
+        # failed try, doubling up to RELOAD_BACKOFF_MAX_S so a load that keeps failing is not
+        # logged every second).
+        pending: dict[str, tuple[float, float]] = {}
         while not self.stopping.wait(self.interval_s):
             alive = stub_processes(self.server_pid)
             dead = {model for pid, model in known.items() if pid not in alive}
-            for model in sorted(dead - pending):
+            for model in sorted(dead - pending.keys()):
                 log(f"watchdog: a Python stub of {model!r} died; reloading it")
-            pending |= dead
-            reloading = bool(pending)
-            for model in sorted(pending):
+                pending[model] = (0.0, self.interval_s)
+            reloading = False
+            for model, (due, wait) in sorted(pending.items()):
                 if self.stopping.is_set():
                     return
+                if time.monotonic() < due:
+                    continue
+                reloading = True
                 try:
                     self.reload(model)
-                    pending.discard(model)
-                except OSError as e:  # the server shutting down, a load that failed: next round
+                    del pending[model]
+                except OSError as e:  # the server shutting down, a load that failed: later
                     said = e.read().decode(errors="replace") if isinstance(e, HTTPError) else ""
                     log(f"watchdog: reloading {model!r} failed: {e} {said}".rstrip())
-            known = stub_processes(self.server_pid) if reloading else alive
+                    pending[model] = (time.monotonic() + wait, min(2 * wait, RELOAD_BACKOFF_MAX_S))
+            known = stub_processes(self.server_pid) if dead or reloading else alive
 
 
 def log(message: str) -> None:
