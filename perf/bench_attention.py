@@ -182,7 +182,8 @@ def main() -> None:
         f"one layer: {HEADS} heads, {KV_HEADS} kv heads, head size {HEAD_DIM}, causal",
         "vLLM: torch.ops._C.cpu_attention_with_kv_cache in vLLM's venv (perf/peers/"
         "vllm_attention.py), alone and with its KV-cache write (which packs keys/values as ours "
-        "does inside its call); best of --reps calls each, per round; with --rounds > 1 the "
+        "does inside its call), allocating its output per call as ours does (and as vLLM's "
+        "Attention layer does); best of --reps calls each, per round; with --rounds > 1 the "
         "three take turns and the table gives medians (times, and ratios within a round, with "
         "their range)",
     ]
