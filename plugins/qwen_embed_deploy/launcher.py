@@ -297,7 +297,8 @@ class Watchdog(threading.Thread):
                     said = e.read().decode(errors="replace") if isinstance(e, HTTPError) else ""
                     log(f"watchdog: reloading {model!r} failed: {e} {said}".rstrip())
                     pending[model] = (time.monotonic() + wait, min(2 * wait, RELOAD_BACKOFF_MAX_S))
-            known = stub_processes(self.server_pid) if dead or reloading else alive
+            # after a reload, its new stubs; a newly dead model is always tried at once
+            known = stub_processes(self.server_pid) if reloading else alive
 
 
 def log(message: str) -> None:
