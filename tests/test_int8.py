@@ -1,7 +1,7 @@
-"""The native int8 linear operator (native/csrc/int8_rows.cpp around oneDNN's brgemm
-micro-kernel, ops.cpp) against the torch route it replaces: the same integer arithmetic, so the
-same numbers, for the layouts the model hands it, with and without the rows' Hadamard
-rotation."""
+"""The native int8 linear operator (native/csrc/int8_rows.cpp around our AMX int8 tile kernel,
+int8_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere; ops.cpp)
+against the torch route it replaces: the same integer arithmetic, so the same numbers, for the
+layouts the model hands it, with and without the rows' Hadamard rotation."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif(
 )
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # (rows, out, in): one row, paddings of both widths, more rows than a task (a tail), the demo's
-# widths
-SHAPES = [(1, 16, 4), (7, 33, 10), (13, 100, 64), (97, 80, 130), (200, 1024, 1024)]
+# widths, and wider than 1,024 values (the AMX tile kernel then walks channels outermost)
+SHAPES = [(1, 16, 4), (7, 33, 10), (13, 100, 64), (97, 80, 130), (200, 1024, 1024), (45, 100, 2048)]
 
 
 def _random(*shape: int, seed: int) -> torch.Tensor:
@@ -123,7 +123,7 @@ def test_rotation_blocks(in_features, block):
 
 
 @DTYPES
-@pytest.mark.parametrize("rows,out_features,in_features", [(7, 33, 48), (97, 80, 64), *SHAPES[-1:]])
+@pytest.mark.parametrize("rows,out_features,in_features", [(7, 33, 48), (97, 80, 64), *SHAPES[-2:]])
 def test_rotated_rows_equal_the_integer_arithmetic(dtype, rows, out_features, in_features):
     """The kernel's in-register transform gives the floats of the torch route's butterflies
     (the same operations in the same order), so the same codes; and the product stays within

@@ -26,19 +26,20 @@ AVX512 = [
     "-mfma",
     *QUIET_INTRINSICS,
 ]
-AMX_SOURCE = "kernels_amx.cpp"
+AMX_SOURCES = ("kernels_amx.cpp", "int8_amx.cpp")
 ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
     "kernels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
     "int8_rows.cpp": AVX512,
-    AMX_SOURCE: [
+    "kernels_amx.cpp": [
         *AVX512,
         "-mavx512bf16",
         "-mamx-tile",
         "-mamx-bf16",
     ],
+    "int8_amx.cpp": [*AVX512, "-mamx-tile", "-mamx-int8"],  # int8_rows.cpp's flags + tiles
 }
 COMMON = [
     "-O3",
@@ -88,9 +89,10 @@ def build(compiler: str | None = None) -> Path:
         built = dict(
             zip(ISA_FLAGS, pool.map(compile_one, ISA_FLAGS, ISA_FLAGS.values()), strict=True)
         )
-    if built[AMX_SOURCE] is None:  # a compiler without AMX intrinsics: the rest still runs
+    if None in (built[s] for s in AMX_SOURCES):  # a compiler without AMX: the rest still runs
         print("AMX kernels not built (this compiler lacks -mamx-tile)", file=sys.stderr)
-        del built[AMX_SOURCE]
+        for source in AMX_SOURCES:
+            del built[source]
         torch_compile = [*torch_compile, "-DQE_NO_AMX"]
     objects = [compile_one("ops.cpp", torch_compile), *built.values()]
     if None in objects:

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include "attention.h"
+#include "tiles.h"
 
 namespace qe {
 namespace QE_ISA {
@@ -15,25 +16,9 @@ namespace {
 constexpr int64_t kTileKeys = 32;  // a chunk of keys: the depth of one tile product
 static_assert(kBlockQ == 32, "two tiles of 16 query rows");
 
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // A score row's floats: one cache line past kSpan's 2 KB, so that the 16 rows of a tile store
 // fall in 16 L1 sets; 2 KB apart they met in two, which made the stores slow.
 constexpr int64_t kScoreStride = kSpan + 16;
-
-// Tiles 0-3: fp32 results (16 x 16); 4-5: the left operand's two 16-row halves; 6-7: right.
-inline void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
 
 // r[i] = lane i of the 16 inputs: a 16 x 16 transpose of 32-bit values.
 inline void transpose16(__m512i r[16]) {

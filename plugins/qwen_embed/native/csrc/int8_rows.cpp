@@ -1,7 +1,7 @@
-// The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on oneDNN's brgemm
-// micro-kernel: AMX int8 tiles where the CPU has them, AVX512_VNNI elsewhere), and the store of
-// the bf16 brgemm GEMM's sums (batch_invariant), compiled with AVX-512 flags (native/build.py)
-// and chosen at run time (ops.cpp).
+// The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on our AMX int8 tile
+// kernel, int8_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
+// AVX512_VNNI elsewhere), and the store of the bf16 brgemm GEMM's sums (batch_invariant),
+// compiled with AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
 //
 // Activations are quantized per row (symmetric, 127 levels) and stored as uint8 codes + 128;
 // weights are int8 per output channel, packed at load in panels of 64 channels as
@@ -12,29 +12,13 @@
 // cache, so no int32 matrix ever reaches memory. A layer may rotate its rows first (a block
 // Walsh-Hadamard transform, int8.py), as it rotated its weights at load: an outlier spreads
 // over its block and the row's scale fits the rest better.
-#include <immintrin.h>
-
 #include <vector>
 
-#define QE_ISA int8
-#include "numerics.h"
+#include "int8_finish.h"
 
 namespace qe {
 namespace int8 {
 namespace {
-
-constexpr int64_t kChannels = 16;  // output channels per vector of int32 sums
-
-// Masked forms of numerics.h's 16-lane loads and stores (bf16 converted as there).
-inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16(const uint16_t* p, __mmask16 m) {
-  return reinterpret_cast<__m512>(
-      from_bf16(reinterpret_cast<U16x16>(_mm256_maskz_loadu_epi16(m, p))));
-}
-inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
-}
 
 // One row of k values, whose largest magnitude is amax -> k_pad codes (the padding codes stand
 // for 0) and its scale. Values are multiplied by the scale's reciprocal, as int8.quantize_rows
@@ -81,27 +65,14 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
             int64_t col, int64_t cols) {
   // a row's channels together: whole cache lines of the output, written once
   constexpr int64_t kGroups = kPanel / kChannels;
-  __m512i offset[kGroups];
-  __m512 w_scale[kGroups], bias[kGroups];
-  __mmask16 mask[kGroups];
+  ChannelGroup group[kGroups];
   const int64_t groups = (cols + kChannels - 1) / kChannels;
-  for (int64_t j = 0; j < groups; ++j) {
-    const int64_t c = col + j * kChannels;
-    mask[j] = first_lanes(g.n - c);
-    offset[j] = _mm512_maskz_loadu_epi32(mask[j], g.offset + c);
-    w_scale[j] = _mm512_maskz_loadu_ps(mask[j], g.w_scale + c);
-    bias[j] = g.bias ? _mm512_maskz_loadu_ps(mask[j], g.bias + c) : _mm512_setzero_ps();
-  }
+  for (int64_t j = 0; j < groups; ++j) group[j] = channel_group(g, col + j * kChannels);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 a_scale = _mm512_set1_ps(g.a_scale[row + r]);
     T* out = g.out + (row + r) * g.ldo + col;
-    for (int64_t j = 0; j < groups; ++j) {
-      const __m512i sum = _mm512_maskz_loadu_epi32(mask[j], sums + r * ld + j * kChannels);
-      __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset[j]));
-      y = _mm512_mul_ps(_mm512_mul_ps(y, a_scale), w_scale[j]);
-      if (g.bias) y = _mm512_add_ps(y, bias[j]);
-      store16(out + j * kChannels, y, mask[j]);
-    }
+    for (int64_t j = 0; j < groups; ++j)
+      finish16(g, sums + r * ld + j * kChannels, a_scale, group[j], out + j * kChannels);
   }
 }
 

@@ -77,6 +77,15 @@ struct Int8Kernels {
                      uint16_t* out, int64_t ldo);
 };
 
+// The int8 GEMM on AMX int8 tiles (int8_amx.cpp): rows [row0, row1) x channels [col0, col1)
+// of out from `a` (whole 32-row blocks) and `packed`; k_pad a multiple of 64.
+struct Int8Tiles {
+  void (*gemm_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
+                   int64_t col1);
+  void (*gemm_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,
+                    int64_t col1);
+};
+
 constexpr int64_t kBlockQ = 32;     // query rows computed together
 constexpr int64_t kTaskRows = 512;  // query rows per attention task (blocks sharing keys)
 
@@ -85,6 +94,9 @@ namespace avx2 { extern const Kernels kernels; }
 namespace avx512 { extern const Kernels kernels; }
 namespace avx512bf16 { extern const Kernels kernels; }
 namespace amx { extern const Kernels kernels; }
-namespace int8 { extern const Int8Kernels kernels; }
+namespace int8 {
+extern const Int8Kernels kernels;
+extern const Int8Tiles tiles;  // where the AMX kernels are built
+}  // namespace int8
 
 }  // namespace qe

@@ -38,6 +38,10 @@ bool cpu_has(const std::string& isa) {
     // Linux hands a process the tile registers' state only when asked (ARCH_REQ_XCOMP_PERM).
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   }
+  if (isa == "amx_int8") {  // CPUID leaf 7: EDX bit 25 AMX-INT8, with the rest of "amx"
+    unsigned a, b, c, d;
+    return cpu_has("amx") && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+  }
   if (isa == "avx512") return avx512;
   if (isa == "avx512bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -302,9 +306,9 @@ void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, const Task& 
   });
 }
 
-// One int8 GEMM task on oneDNN's brgemm micro-kernel (AMX int8 tiles where the CPU has them,
-// AVX512_VNNI elsewhere), one call per panel of the task's channels: the call's int32 sums land
-// in a block in cache, and `finish` rescales and stores them.
+// One int8 GEMM task on oneDNN's brgemm micro-kernel (AVX512_VNNI; int8_tiles decides where
+// our AMX kernel runs instead), one call per panel of the task's channels: the call's int32
+// sums land in a block in cache, and `finish` rescales and stores them.
 template <typename T>
 void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
   const int64_t rows = row1 - row0;
@@ -322,12 +326,28 @@ void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
   }
 }
 
+// Whether the int8 GEMM runs on our AMX int8 tile kernel (int8_amx.cpp) rather than oneDNN's
+// micro-kernel: where the CPU and the build have the tiles and the tiles' depth divides k_pad.
+// Ours rescales a block's sums while the tiles compute the next (the micro-kernel's call and
+// our rescale after it leave each unit idle in turn): docs/tuning.md has the figures.
+bool int8_tiles(int64_t k_pad) {
+#ifdef QE_NO_AMX
+  return false;
+#else
+  static const bool runs = cpu_has("amx_int8");
+  return runs && k_pad % 64 == 0;
+#endif
+}
+
 template <typename T>
 void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
                const GemmBlocking& blocking) {
   const auto& kern = int8::kernels;
   const int64_t m = rows.size(0), stride = rows.stride(0);
-  at::Tensor codes = at::empty({m, g.k_pad}, rows.options().dtype(at::kByte));
+  const bool tiles = int8_tiles(g.k_pad);
+  // the tile kernel reads whole blocks of 32 rows of codes (the rows past m are never stored)
+  at::Tensor codes =
+      at::empty({tiles ? (m + 31) / 32 * 32 : m, g.k_pad}, rows.options().dtype(at::kByte));
   at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
   at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
     const T* x = ptr<T>(rows) + b * stride;
@@ -339,6 +359,19 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   });
   g.a = ptr<uint8_t>(codes);
   g.a_scale = ptr<float>(scales);
+#ifndef QE_NO_AMX
+  if (tiles) {
+    const GemmBlocking whole_blocks{(blocking.rows + 31) / 32 * 32, blocking.channels,
+                                    blocking.channels_outer};
+    gemm_tasks(whole_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      if constexpr (std::is_same_v<T, float>)
+        int8::tiles.gemm_f32(g, r0, r1, c0, c1);
+      else
+        int8::tiles.gemm_bf16(g, r0, r1, c0, c1);
+    });
+    return;
+  }
+#endif
   gemm_tasks(blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     brgemm_task(g, r0, r1, c0, c1);
   });

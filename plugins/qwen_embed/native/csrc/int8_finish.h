@@ -1,0 +1,56 @@
+// The int8 route's rescale of one row's 16 channel sums, shared by the brgemm route
+// (int8_rows.cpp) and the AMX tile GEMM (int8_amx.cpp), both compiled with the same vector
+// flags, so both give the same bits: (sum - offset) * row scale * channel scale + bias, rounded.
+#pragma once
+#include <immintrin.h>
+
+#define QE_ISA int8
+#include "numerics.h"
+
+namespace qe {
+namespace int8 {
+namespace {
+
+constexpr int64_t kChannels = 16;  // output channels per vector of int32 sums
+
+// Masked forms of numerics.h's 16-lane loads and stores (bf16 converted as there).
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+  return reinterpret_cast<__m512>(
+      from_bf16(reinterpret_cast<U16x16>(_mm256_maskz_loadu_epi16(m, p))));
+}
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
+}
+
+// One group of 16 output channels from channel c: what their rescale needs.
+struct ChannelGroup {
+  __m512i offset;
+  __m512 w_scale, bias;
+  __mmask16 mask;
+};
+
+template <typename T>
+inline ChannelGroup channel_group(const Int8Gemm<T>& g, int64_t c) {
+  ChannelGroup group;
+  group.mask = first_lanes(g.n - c);
+  group.offset = _mm512_maskz_loadu_epi32(group.mask, g.offset + c);
+  group.w_scale = _mm512_maskz_loadu_ps(group.mask, g.w_scale + c);
+  group.bias = g.bias ? _mm512_maskz_loadu_ps(group.mask, g.bias + c) : _mm512_setzero_ps();
+  return group;
+}
+
+template <typename T>
+inline void finish16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
+                     const ChannelGroup& group, T* out) {
+  const __m512i sum = _mm512_maskz_loadu_epi32(group.mask, sums);
+  __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, group.offset));
+  y = _mm512_mul_ps(_mm512_mul_ps(y, a_scale), group.w_scale);
+  if (g.bias) y = _mm512_add_ps(y, group.bias);
+  store16(out, y, group.mask);
+}
+
+}  // namespace
+}  // namespace int8
+}  // namespace qe
