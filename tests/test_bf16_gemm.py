@@ -1,7 +1,8 @@
-"""The bf16 linear operator on oneDNN's brgemm micro-kernel (ops.cpp, onednn.BrgemmWeight): the
-GEMM of batch_invariant "on", since on AMX CPUs oneDNN's own GEMM sums a row in another order at
-other row counts. Against the fp32 product (one bf16 rounding), a row the same at every row
-count and stride, and the route that chooses it."""
+"""The bf16 linear operator (ops.cpp, onednn.BrgemmWeight) on our AMX tile kernel
+(gemm_amx.cpp) or oneDNN's brgemm micro-kernel: the GEMM of batch_invariant "on", since on AMX
+CPUs oneDNN's own GEMM sums a row in another order at other row counts. Against the fp32 product
+(one bf16 rounding), a row the same at every row count and stride, the two kernels the same
+bits, and the route that chooses it."""
 
 from __future__ import annotations
 
@@ -78,9 +79,12 @@ def test_auto_takes_the_operator_on_amx_only():
     assert not auto(batch_invariant="off").row_invariant
 
 
-# (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths
+# (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths,
+# the attention's output projection's width
 @NEEDS_OPERATOR
-@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (7, 100, 48), (97, 80, 130), (200, 1024, 1024)])
+@pytest.mark.parametrize(
+    "rows,n,k", [(1, 64, 32), (7, 100, 48), (97, 80, 130), (200, 1024, 1024), (45, 100, 2048)]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_one_rounding_of_the_fp32_product(rows, n, k, with_bias):
     x, w = _random(rows, k, seed=0), _random(n, k, seed=1)
@@ -131,7 +135,9 @@ def test_bad_operands_are_refused():
 )
 def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, channels_outer):
     """Panels per call and tasks are free choices (bench_bf16_blocking.py tries them): each row
-    is still one whole-K call per panel, so the bits are the default blocking's."""
+    is still summed over the whole K in ascending tile products, so the bits are the default
+    blocking's. On AMX CPUs the default's 64-channel panels run our tile kernel and the wider
+    ones oneDNN's micro-kernel: the two agree bitwise."""
     w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
     bias = torch.randn(700)
     default = BrgemmWeight(w)(x, bias)

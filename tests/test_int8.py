@@ -1,5 +1,5 @@
 """The native int8 linear operator (native/csrc/int8_rows.cpp around our AMX int8 tile kernel,
-int8_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere; ops.cpp)
+gemm_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere; ops.cpp)
 against the torch route it replaces: the same integer arithmetic, so the same numbers, for the
 layouts the model hands it, with and without the rows' Hadamard rotation."""
 

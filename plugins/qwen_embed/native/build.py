@@ -26,7 +26,7 @@ AVX512 = [
     "-mfma",
     *QUIET_INTRINSICS,
 ]
-AMX_SOURCES = ("kernels_amx.cpp", "int8_amx.cpp")
+AMX_SOURCES = ("kernels_amx.cpp", "gemm_amx.cpp")
 ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
@@ -39,7 +39,7 @@ ISA_FLAGS = {
         "-mamx-tile",
         "-mamx-bf16",
     ],
-    "int8_amx.cpp": [*AVX512, "-mamx-tile", "-mamx-int8"],  # int8_rows.cpp's flags + tiles
+    "gemm_amx.cpp": [*AVX512, "-mamx-tile", "-mamx-int8", "-mamx-bf16"],  # int8_rows.cpp's + tiles
 }
 COMMON = [
     "-O3",

@@ -1,5 +1,5 @@
 // The int8 route's rescale of one row's 16 channel sums, shared by the brgemm route
-// (int8_rows.cpp) and the AMX tile GEMM (int8_amx.cpp), both compiled with the same vector
+// (int8_rows.cpp) and the AMX tile GEMM (gemm_amx.cpp), both compiled with the same vector
 // flags, so both give the same bits: (sum - offset) * row scale * channel scale + bias, rounded.
 #pragma once
 #include <immintrin.h>

@@ -1,5 +1,5 @@
 // The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on our AMX int8 tile
-// kernel, int8_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
+// kernel, gemm_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
 // AVX512_VNNI elsewhere), and the store of the bf16 brgemm GEMM's sums (batch_invariant),
 // compiled with AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
 //

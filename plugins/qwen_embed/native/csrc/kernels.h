@@ -77,13 +77,30 @@ struct Int8Kernels {
                      uint16_t* out, int64_t ldo);
 };
 
-// The int8 GEMM on AMX int8 tiles (int8_amx.cpp): rows [row0, row1) x channels [col0, col1)
-// of out from `a` (whole 32-row blocks) and `packed`; k_pad a multiple of 64.
-struct Int8Tiles {
-  void (*gemm_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
+// batch_invariant's bf16 GEMM on AMX tiles (ops.cpp bf16_linear): rows packed by pack_rows (k bf16
+// values each) times weights packed [n_pad / kPanel][k / 2][kPanel][2] -> out (row stride ldo)
+// + bias (fp32 or null).
+struct Bf16Gemm {
+  const uint16_t* a;
+  int64_t k;
+  const uint16_t* packed;
+  const float* bias;
+  uint16_t* out;
+  int64_t ldo, n;
+};
+
+// The GEMMs on AMX tiles (gemm_amx.cpp): rows [row0, row1) x channels [col0, col1) of out, row0
+// and col0 multiples of 32. int8: `a` holds whole 32-row blocks of codes and k_pad is a
+// multiple of 64; bf16: k a multiple of 32.
+struct GemmTiles {
+  void (*int8_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
                    int64_t col1);
-  void (*gemm_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,
+  void (*int8_bf16)(const Int8Gemm<uint16_t>& g, int64_t row0, int64_t row1, int64_t col0,
                     int64_t col1);
+  // bf16: rows [row0, row1) of x packed into 32-row blocks for `bf16` (`a` = the blocks)
+  void (*pack_rows)(const uint16_t* x, int64_t lda, int64_t m, int64_t k, int64_t row0,
+                    int64_t row1, uint16_t* out);
+  void (*bf16)(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
 };
 
 constexpr int64_t kBlockQ = 32;     // query rows computed together
@@ -96,7 +113,7 @@ namespace avx512bf16 { extern const Kernels kernels; }
 namespace amx { extern const Kernels kernels; }
 namespace int8 {
 extern const Int8Kernels kernels;
-extern const Int8Tiles tiles;  // where the AMX kernels are built
+extern const GemmTiles tiles;  // where the AMX kernels are built
 }  // namespace int8
 
 }  // namespace qe

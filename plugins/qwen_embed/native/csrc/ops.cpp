@@ -278,9 +278,9 @@ bool bf16_supported() {
 // How a GEMM is cut into tasks: rows x channels (a multiple of the weights' panel) per task,
 // and whether consecutive tasks share their channels (their weights stay in cache while the
 // rows change) or their rows. Both operators take it as arguments (perf/bench_*_blocking.py
-// try others); their defaults, channels outermost, were the fastest of sweeps on AMX: int8, 96
-// rows x 1,024 channels (the rows read once per 1,024 channels); bf16, one 32-row micro-kernel
-// call per panel, 256 channels per task.
+// try others); their defaults, channels outermost, were the fastest on AMX: int8, 96 rows x
+// 1,024 channels (the rows read once per 1,024 channels); bf16, on the tile kernel, 64 rows x
+// 512 channels.
 struct GemmBlocking {
   int64_t rows, channels;
   bool channels_outer;
@@ -326,7 +326,7 @@ void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
   }
 }
 
-// Whether the int8 GEMM runs on our AMX int8 tile kernel (int8_amx.cpp) rather than oneDNN's
+// Whether the int8 GEMM runs on our AMX int8 tile kernel (gemm_amx.cpp) rather than oneDNN's
 // micro-kernel: where the CPU and the build have the tiles and the tiles' depth divides k_pad.
 // Ours rescales a block's sums while the tiles compute the next (the micro-kernel's call and
 // our rescale after it leave each unit idle in turn): docs/tuning.md has the figures.
@@ -336,6 +336,18 @@ bool int8_tiles(int64_t k_pad) {
 #else
   static const bool runs = cpu_has("amx_int8");
   return runs && k_pad % 64 == 0;
+#endif
+}
+
+// The same for batch_invariant's bf16 GEMM (gemm_amx.cpp): AMX bf16 tiles, 64-channel panels,
+// k a multiple of the tiles' 32 values. The same bits as the micro-kernel, which also sums the
+// whole width in ascending tile products.
+bool bf16_tiles(int64_t k, int64_t panel) {
+#ifdef QE_NO_AMX
+  return false;
+#else
+  static const bool runs = cpu_has("amx");
+  return runs && panel == kPanel && k % 32 == 0;
 #endif
 }
 
@@ -365,9 +377,9 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
                                     blocking.channels_outer};
     gemm_tasks(whole_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       if constexpr (std::is_same_v<T, float>)
-        int8::tiles.gemm_f32(g, r0, r1, c0, c1);
+        int8::tiles.int8_f32(g, r0, r1, c0, c1);
       else
-        int8::tiles.gemm_bf16(g, r0, r1, c0, c1);
+        int8::tiles.int8_bf16(g, r0, r1, c0, c1);
     });
     return;
   }
@@ -421,13 +433,14 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-// The bf16 GEMM of batch_invariant, on oneDNN's brgemm micro-kernel (AMX bf16 tiles where the
-// CPU has them): the whole K in one call per task and panel, so a row's sums never depend on
-// the rows beside it (oneDNN's own AMX GEMM blocks K differently for different row counts).
+// The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (gemm_amx.cpp, bf16_tiles),
+// elsewhere oneDNN's brgemm micro-kernel; either way the whole K in ascending tile products per
+// block of rows, so a row's sums never depend on the rows beside it (oneDNN's own AMX GEMM
+// blocks K differently for different row counts).
 // x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2] (onednn.BrgemmWeight:
 // panels of 64) -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
-// Tasks of task_rows x task_channels, one call per task and panel: any blocking gives the same
-// bits; the defaults were the fastest on AMX, and perf/bench_bf16_blocking.py tries others.
+// Tasks of task_rows x task_channels: any blocking gives the same bits; perf/bench_bf16_blocking.py
+// tries others.
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                        int64_t task_channels, bool channels_outer) {
@@ -453,6 +466,22 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* b = ptr<at::BFloat16>(packed);
   const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
   uint16_t* o = ptr<uint16_t>(out);
+#ifndef QE_NO_AMX
+  if (bf16_tiles(k, panel)) {
+    const int64_t blocks = (m + 31) / 32;
+    at::Tensor packed_rows = at::empty({blocks * 32, k}, rows.options());
+    auto* pr = ptr<uint16_t>(packed_rows);
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      int8::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, b0 * 32, b1 * 32, pr);
+    });
+    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n};
+    gemm_tasks({(task_rows + 31) / 32 * 32, task_channels, channels_outer}, m, n,
+               [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                 int8::tiles.bf16(g, r0, r1, c0, c1);
+               });
+    return out;
+  }
+#endif
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                thread_local std::vector<float> sums;
@@ -608,8 +637,8 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
   m.def(
-      "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=32, "
-      "int task_channels=256, bool channels_outer=True) -> Tensor");
+      "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
+      "int task_channels=512, bool channels_outer=True) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
       "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True) -> "
