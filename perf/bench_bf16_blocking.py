@@ -1,15 +1,16 @@
-"""How batch_invariant's bf16 GEMM is best cut on this CPU: blockings of the native brgemm
+"""How batch_invariant's bf16 GEMM is best cut on this CPU: blockings of the native bf16
 operator against oneDNN's packed GEMM, per GEMM shape and row count.
 
     python bench_bf16_blocking.py [--rows 20 128 1024 16384] [--rounds 3]
 
-The operator (ops.cpp bf16_linear) makes one whole-K micro-kernel call per task and panel, so
-every blocking gives a row the same bits (checked here against the default for each): the
-weights' panel (channels per call, 64 as shipped), rows and channels per task, and whether
+The operator (ops.cpp bf16_linear) sums each row over the whole K per task and panel (our AMX
+tile kernel for panels of 64 on AMX CPUs, oneDNN's micro-kernel otherwise), so every blocking
+gives a row the same bits (checked here against the default for each): the weights' panel
+(channels per call, 64 as shipped), rows and channels per task, and whether
 consecutive tasks share channels or rows. Per shape (Qwen3-Embedding-0.6B's widths) and row
 count: every blocking once (best of 3), then the 4 fastest, the default and oneDNN taking
 turns for --rounds rounds (median of each's best of 2). The default is the operator's own
-(32 rows x 256 channels, channels outermost, panels of 64). bench_int8_blocking.py does the
+(64 rows x 512 channels, channels outermost, panels of 64). bench_int8_blocking.py does the
 same for the int8 operator.
 """
 
