@@ -52,7 +52,7 @@ def test_batch_invariant_routes_bf16_linears_to_the_operator():
     assert route(quantization="int8").row_invariant  # the layers int8 keeps in floats
     assert not route(dtype="float32").row_invariant  # fp32 GEMMs are row-invariant already
     assert not route(AVX2).row_invariant  # bf16 runs as fp32 GEMMs there
-    assert "batch-invariant brgemm" in route().describe()
+    assert "batch-invariant native GEMM" in route().describe()
     assert not route(batch_invariant="off").row_invariant
     with pytest.raises(ValueError, match="CPU only"):
         route(device="cuda:0")

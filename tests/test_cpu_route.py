@@ -38,7 +38,7 @@ def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
     assert "native bf16" in route.reason and features.model in route.reason
     # batch_invariant "auto": the row-invariant operator where oneDNN's GEMM is not (AMX)
     assert route.row_invariant == features.amx_bf16
-    gemm = "batch-invariant brgemm GEMM" if features.amx_bf16 else "oneDNN-packed weights"
+    gemm = "batch-invariant native GEMM" if features.amx_bf16 else "oneDNN-packed weights"
     assert gemm in route.describe()
 
 

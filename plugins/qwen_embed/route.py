@@ -57,7 +57,7 @@ class Route:
             "rows; the attention's values and output projection in floats)",
         }[self.linear]
         if self.row_invariant:
-            linear += ", batch-invariant brgemm GEMM"
+            linear += ", batch-invariant native GEMM"
         elif self.prepacked:
             linear += ", oneDNN-packed weights"
         return (
