@@ -1,6 +1,7 @@
-// The int8 route's rescale of one row's 16 channel sums, shared by the brgemm route
-// (int8_rows.cpp) and the AMX tile GEMM (gemm_amx.cpp), both compiled with the same vector
-// flags, so both give the same bits: (sum - offset) * row scale * channel scale + bias, rounded.
+// The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
+// scale + bias, rounded, and the masked 16-lane stores that round to bf16: shared by the brgemm
+// routes (int8_rows.cpp) and the AMX tile GEMMs (gemm_amx.cpp), both compiled with the same
+// vector flags, so both give the same bits.
 #pragma once
 #include <immintrin.h>
 
