@@ -138,29 +138,17 @@ void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, i
   tile_task<true>(t, row0, row1, col0, col1, finish);
 }
 
-// bf16: the fp32 sums plus bias, rounded (as int8_rows.cpp's store_sums).
+// bf16: the fp32 sums plus bias, rounded (int8_finish.h, as the brgemm route stores them).
 struct Bf16Finish {
   const Bf16Gemm& g;
-  __m512 bias[2];
-  __mmask16 mask[2];
 
-  void start(int64_t c) {
-    for (int h = 0; h < 2; ++h) {
-      mask[h] = first_lanes(g.n - c - h * kChannels);
-      bias[h] = g.bias ? _mm512_maskz_loadu_ps(mask[h], g.bias + c + h * kChannels)
-                       : _mm512_setzero_ps();
-    }
-  }
+  void start(int64_t) {}
   void rows(const Pending& p, int64_t i0, int64_t i1) const {
     const auto* sums = static_cast<const float*>(p.sums);
-    for (int64_t i = i0; i < i1 && i < p.rows; ++i) {
-      uint16_t* out = g.out + (p.row + i) * g.ldo + p.col;
-      for (int h = 0; h < 2; ++h) {
-        __m512 y = _mm512_maskz_loadu_ps(mask[h], sums + i * kBlock + h * kChannels);
-        if (g.bias) y = _mm512_add_ps(y, bias[h]);
-        store16(out + h * kChannels, y, mask[h]);
-      }
-    }
+    for (int64_t i = i0; i < i1 && i < p.rows; ++i)
+      for (int64_t c = p.col; c < p.col + kBlock && c < g.n; c += kChannels)
+        store_sums16(sums + i * kBlock + (c - p.col), g.bias ? g.bias + c : nullptr,
+                     first_lanes(g.n - c), g.out + (p.row + i) * g.ldo + c);
   }
 };
 
@@ -169,13 +157,13 @@ struct Bf16Finish {
 // where rows 2-6 KB apart would meet in a few L1 sets.
 void pack_rows(const uint16_t* x, int64_t lda, int64_t m, int64_t k, int64_t row0, int64_t row1,
                uint16_t* out) {
-  const int64_t steps = k / 32;
+  constexpr int64_t step = kStep / 2;  // bf16 values per tile step
   for (int64_t r = row0; r < row1; ++r) {
-    uint16_t* dst = out + (r / kBlock) * kBlock * k + (r % kBlock) * 32;
-    for (int64_t s = 0; s < steps; ++s) {
+    uint16_t* dst = out + (r / kBlock) * kBlock * k + (r % kBlock) * step;
+    for (int64_t s = 0; s < k / step; ++s) {
       const __m512i values =
-          r < m ? _mm512_loadu_si512(x + r * lda + s * 32) : _mm512_setzero_si512();
-      _mm512_storeu_si512(dst + s * kBlock * 32, values);
+          r < m ? _mm512_loadu_si512(x + r * lda + s * step) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + s * kBlock * step, values);
     }
   }
 }
@@ -185,7 +173,7 @@ void bf16_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int6
   const int64_t width = g.k * 2;
   const TileOperands t{reinterpret_cast<const uint8_t*>(g.a), kStep, kBlock * kStep,
                        kBlock * width, reinterpret_cast<const uint8_t*>(g.packed), width};
-  Bf16Finish finish{g, {}, {}};
+  Bf16Finish finish{g};
   tile_task<false>(t, row0, row1, col0, col1, finish);
 }
 

@@ -1,5 +1,5 @@
 // The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
-// scale + bias, rounded, and the masked 16-lane stores that round to bf16: shared by the brgemm
+// scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the brgemm
 // routes (int8_rows.cpp) and the AMX tile GEMMs (gemm_amx.cpp), both compiled with the same
 // vector flags, so both give the same bits.
 #pragma once
@@ -50,6 +50,13 @@ inline void finish16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
   y = _mm512_mul_ps(_mm512_mul_ps(y, a_scale), group.w_scale);
   if (g.bias) y = _mm512_add_ps(y, group.bias);
   store16(out, y, group.mask);
+}
+
+// The bf16 routes' store: 16 fp32 sums plus bias (fp32, or null), rounded.
+inline void store_sums16(const float* sums, const float* bias, __mmask16 mask, uint16_t* out) {
+  __m512 y = _mm512_maskz_loadu_ps(mask, sums);
+  if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, bias));
+  store16(out, y, mask);
 }
 
 }  // namespace

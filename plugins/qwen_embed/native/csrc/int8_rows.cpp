@@ -79,12 +79,9 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
 void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
                 uint16_t* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r)  // as finish: a row's channels together
-    for (int64_t j = 0; j < cols; j += kChannels) {
-      const __mmask16 m = first_lanes(cols - j);
-      __m512 y = _mm512_maskz_loadu_ps(m, sums + r * ld + j);
-      if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, bias + j));
-      store16(out + r * ldo + j, y, m);
-    }
+    for (int64_t j = 0; j < cols; j += kChannels)
+      store_sums16(sums + r * ld + j, bias ? bias + j : nullptr, first_lanes(cols - j),
+                   out + r * ldo + j);
 }
 
 }  // namespace

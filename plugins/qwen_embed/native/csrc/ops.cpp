@@ -351,6 +351,9 @@ bool bf16_tiles(int64_t k, int64_t panel) {
 #endif
 }
 
+// Rows rounded up to the tile kernels' blocks of 32.
+int64_t whole_blocks(int64_t rows) { return (rows + 31) / 32 * 32; }
+
 template <typename T>
 void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
                const GemmBlocking& blocking) {
@@ -359,7 +362,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   const bool tiles = int8_tiles(g.k_pad);
   // the tile kernel reads whole blocks of 32 rows of codes (the rows past m are never stored)
   at::Tensor codes =
-      at::empty({tiles ? (m + 31) / 32 * 32 : m, g.k_pad}, rows.options().dtype(at::kByte));
+      at::empty({tiles ? whole_blocks(m) : m, g.k_pad}, rows.options().dtype(at::kByte));
   at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
   at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
     const T* x = ptr<T>(rows) + b * stride;
@@ -373,9 +376,9 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   g.a_scale = ptr<float>(scales);
 #ifndef QE_NO_AMX
   if (tiles) {
-    const GemmBlocking whole_blocks{(blocking.rows + 31) / 32 * 32, blocking.channels,
-                                    blocking.channels_outer};
-    gemm_tasks(whole_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
+                                 blocking.channels_outer};
+    gemm_tasks(in_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       if constexpr (std::is_same_v<T, float>)
         int8::tiles.int8_f32(g, r0, r1, c0, c1);
       else
@@ -468,14 +471,13 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   uint16_t* o = ptr<uint16_t>(out);
 #ifndef QE_NO_AMX
   if (bf16_tiles(k, panel)) {
-    const int64_t blocks = (m + 31) / 32;
-    at::Tensor packed_rows = at::empty({blocks * 32, k}, rows.options());
+    at::Tensor packed_rows = at::empty({whole_blocks(m), k}, rows.options());
     auto* pr = ptr<uint16_t>(packed_rows);
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      int8::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, b0 * 32, b1 * 32, pr);
+    at::parallel_for(0, whole_blocks(m), 32, [&](int64_t r0, int64_t r1) {
+      int8::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
     });
     const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n};
-    gemm_tasks({(task_rows + 31) / 32 * 32, task_channels, channels_outer}, m, n,
+    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  int8::tiles.bf16(g, r0, r1, c0, c1);
                });
