@@ -37,7 +37,7 @@ $(TRITON): $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
 	@if [ -f $(VENV)/.installed-gpu ]; then \
-		grep -v -E '^torch[=<> ]' requirements.txt > $(VENV)/requirements-beside-gpu.txt; \
+		grep -v -E '^(torch|triton)[=<> ]' requirements.txt > $(VENV)/requirements-beside-gpu.txt; \
 		$(VENV)/bin/pip install --quiet -r $(VENV)/requirements-beside-gpu.txt \
 		&& $(PY) -m qwen_embed_deploy.gpu_stack check --stack $$(cat $(VENV)/.installed-gpu); \
 	else $(VENV)/bin/pip install --quiet -r requirements.txt; fi
@@ -103,7 +103,7 @@ perf-gpu: setup-gpu $(GPU_MODEL)/config.json
 	$(PY) -m qwen_embed_deploy.gpu_stack doctor
 	for backend in $(GPU_BACKENDS); do \
 		$(PY) perf/bench_engine.py --model-dir $(GPU_MODEL) --dtype bfloat16 --device cuda \
-			--attn-backend $$backend --mixed-texts 1024 --uniform-texts 1024 \
+			--attn-backend $$backend --workloads mixed short long --mixed-texts 1024 \
 			--out perf/results/gpu_engine_$$backend || exit 1; done
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(GPU_MODEL) --concurrency 1 16 64 \
 		--encoder-param dtype=bfloat16 \

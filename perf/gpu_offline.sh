@@ -96,10 +96,11 @@ gpu_steps() {
 	timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.gpu_stack doctor
 	step "tests marked gpu"
 	timeout "$(left 240)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py
-	step "engine vs transformers"
+		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py \
+		tests/test_kernels.py tests/test_device_io.py
+	step "engine vs transformers and the linear layers' bound"
 	timeout "$(left 150)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
-		--device cuda --mixed-texts 1024 --uniform-texts 1024 --out "$out/gpu-engine"
+		--device cuda --workloads mixed short long --mixed-texts 1024 --out "$out/gpu-engine"
 	step "through Triton"
 	(cd perf && timeout "$(left 170)" $pin python3 bench_serving.py --model-dir ../$model \
 		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")

@@ -1,8 +1,26 @@
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def _selects_gpu_tests(args: list[str]) -> bool:
+    """Whether this run selects the tests marked gpu (`-m gpu`, as `make test-gpu` runs them).
+    Read from the command line: it must be known before anything imports torch or Triton."""
+    exprs = [a[2:] for a in args if a.startswith("-m") and len(a) > 2]
+    exprs += [expr for flag, expr in zip(args, args[1:], strict=False) if flag == "-m"]
+    return any("gpu" in e and "not gpu" not in e for e in exprs)
+
+
+# Outside a GPU run, GPUs are hidden from this process and the servers it starts: the suite is
+# the CPU suite on any host, so `device: auto` means the CPU its tests expect (set before
+# anything initialises CUDA, which reads it once). Triton-language kernels then run under
+# Triton's interpreter on CPU tensors (set before Triton is imported: transformers imports it).
+if not _selects_gpu_tests(sys.argv[1:] + shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))):
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["TRITON_INTERPRET"] = "1"
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -13,15 +31,6 @@ from qwen_embed_deploy.repository import render  # noqa: E402
 from qwen_embed_deploy.triton import TritonServer  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
-
-
-def pytest_configure(config):
-    """Outside a GPU run (`make test-gpu`: `-m gpu`), GPUs are hidden from this process and the
-    servers it starts: the suite is the CPU suite on any host, so `device: auto` means the CPU
-    its tests expect. Set before anything initialises CUDA, which reads it once."""
-    markers = config.option.markexpr or ""
-    if "gpu" not in markers or "not gpu" in markers:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture(scope="session")

@@ -135,19 +135,20 @@ def route_for(
 # The GPU tests' head sizes (64: flash-attn only, flashinfer ships no prebuilt kernels for it;
 # 128), not the CPU suite.
 GPU_CONFIGS = {
-    f"qwen3_head{d}": dict(
+    f"qwen3_head{d}" + ("" if layers == 2 else f"_{layers}layers"): dict(
         family="qwen3",
         hidden_size=256,
         num_attention_heads=4,
         head_dim=d,
         num_key_value_heads=2,
         intermediate_size=384,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         vocab_size=512,
         max_position_embeddings=2048,
         rope_theta=1000000.0,
     )
     for d in (64, 128)
+    for layers in (2, 4)  # 4: launches per layer, counted as the difference
 }
 
 _CLASSES = {

@@ -106,7 +106,7 @@ def test_varlen_problem():
     assert "not 512" in problem(head_dim=512)
     assert "8.0+" in problem(capability=(7, 5))
     assert "no torch.nn.attention.varlen" in problem(keywords=None)
-    assert problem(keywords=KEYWORDS_2_13 - {"enable_gqa"}) is None  # 2.11's: heads repeated
+    assert problem(keywords=KEYWORDS_2_13 - {"enable_gqa"}) is None  # 2.11's
     # 2.9's signature (is_causal, no scale or window): the per-segment SDPA loop instead
     assert "takes no scale, window_size" in problem(keywords={"is_causal", "return_aux"})
     # This torch has it (2.13): on a GPU the torch backend needs no attention wheel.

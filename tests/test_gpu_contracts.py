@@ -130,9 +130,11 @@ def varlen_attn_2_11(
     query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale, window_size
 ):
     """torch 2.11's `varlen_attn`, as it behaved on an H200: `scale` and `window_size` taken,
-    `enable_gqa` a TypeError (2.11's source is not in the stored references: what it checks of
-    head counts is assumed to be 2.13's check without GQA, equal heads)."""
-    assert query.shape[1] == key.shape[1] == value.shape[1]
+    `enable_gqa` a TypeError, and 8 key/value heads beside 16 query heads read as groups (the
+    same bits as with the key/value heads repeated; 2.11's source is not in the stored
+    references, so its head check is assumed to be FlashAttention's: a whole number of query
+    heads per key/value head)."""
+    assert key.shape[1] == value.shape[1] and query.shape[1] % key.shape[1] == 0
     assert window_size in ((-1, 0), (-1, -1)), window_size
     _flash_preconditions(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
     return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)

@@ -175,8 +175,10 @@ def test_gpu_targets_depend_on_the_gpu_install():
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile[makefile.index("$(VENV)/.installed: requirements.txt") :]
     recipe = recipe[: recipe.index("\n\n")]
-    # A re-run of the CPU install keeps a GPU stack's torch and checks that stack afterwards.
-    assert "if [ -f $(VENV)/.installed-gpu ]" in recipe and "grep -v -E '^torch[=<> ]'" in recipe
+    # A re-run of the CPU install keeps a GPU stack's torch (and the triton it pins) and checks
+    # that stack afterwards.
+    assert "if [ -f $(VENV)/.installed-gpu ]" in recipe
+    assert "grep -v -E '^(torch|triton)[=<> ]'" in recipe
     assert "gpu_stack check --stack $$(cat $(VENV)/.installed-gpu)" in recipe
     test_gpu = makefile[makefile.index("test-gpu: setup-gpu") :].split("\n\n")[0]
     assert test_gpu.index("gpu_stack doctor") < test_gpu.index("pytest -m gpu")

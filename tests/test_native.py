@@ -10,15 +10,8 @@ import torch
 from test_cpu_route import ZEN4
 
 from qwen_embed import int8, native
-from qwen_embed.layers import (
-    RMSNorm,
-    norm_rotary,
-    rms_norm,
-    silu_mul,
-    torch_rms_norm,
-    torch_rotary,
-    torch_silu_mul,
-)
+from qwen_embed.kernels import native_cpu, reference
+from qwen_embed.layers import RMSNorm
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 
@@ -51,13 +44,15 @@ def test_rms_norm_matches_torch_on_strided_rows(isa, dtype, width):
     x = wide[:, 100 : 100 + width]  # rows with a row stride of 1,536
     weight = _random(width, dtype=dtype, seed=1)
     torch.testing.assert_close(
-        OPS.rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), **TOLERANCE[dtype]
+        OPS.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), **TOLERANCE[dtype]
     )
     three_d = _random(5, 4, 128, dtype=dtype)
     head_weight = _random(128, dtype=dtype, seed=2)
     out = OPS.rms_norm(three_d, head_weight, 1e-6)
     assert out.shape == three_d.shape
-    torch.testing.assert_close(out, torch_rms_norm(three_d, head_weight, 1e-6), **TOLERANCE[dtype])
+    torch.testing.assert_close(
+        out, reference.rms_norm(three_d, head_weight, 1e-6), **TOLERANCE[dtype]
+    )
 
 
 @DTYPES
@@ -78,9 +73,9 @@ def test_rotary_matches_torch_on_a_qkv_slice(isa, dtype, head_dim, with_norm):
     out = OPS.rope(q, cos, sin, head_dim, weight, 1e-6)
     heads_in = q.reshape(t, heads, head_dim)
     # normalised and rounded to the dtype by torch's ops, as transformers does
-    normed = torch_rms_norm(heads_in, norm.weight, 1e-6) if norm else heads_in
+    normed = reference.rms_norm(heads_in, norm.weight, 1e-6) if norm else heads_in
     # The rotation in float64, rounded once: the kernel's fp32 expression may differ by a step.
-    expected = torch_rotary(normed.double(), cos.double(), sin.double()).to(dtype)
+    expected = reference.rotary(normed.double(), cos.double(), sin.double()).to(dtype)
     assert out.shape == (t, heads, head_dim) and out.is_contiguous()
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
@@ -90,7 +85,7 @@ def test_rotary_matches_torch_on_a_qkv_slice(isa, dtype, head_dim, with_norm):
 def test_silu_mul_matches_torch(isa, dtype, width):
     gate_up = _random(23, 2 * width, dtype=dtype)
     gate_up[0, :8] = torch.tensor([-200.0, -88.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
-    expected = torch_silu_mul(gate_up.double()).to(dtype)
+    expected = reference.silu_mul(gate_up.double()).to(dtype)
     torch.testing.assert_close(OPS.silu_mul(gate_up), expected, **TOLERANCE[dtype])
 
 
@@ -125,25 +120,30 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(isa, dtype):
         assert torch.equal(alone, OPS.rope(qk, cos, sin, 128, norm_w, 1e-6)[rows])
 
 
-def test_layers_run_the_kernels_on_cpu_and_torch_elsewhere():
-    """layers.py hands CPU fp32/bf16 to the kernels and anything else to torch's ops."""
+def test_the_native_table_runs_the_kernels_on_cpu_and_torch_elsewhere():
+    """kernels/native_cpu.py hands CPU fp32/bf16 to the kernels and anything else to torch's
+    ops."""
     if native.isa() is None:
         pytest.skip("native kernels not built")
     x = _random(8, 256, dtype=torch.bfloat16)
     w = _random(256, dtype=torch.bfloat16, seed=1)
-    assert torch.equal(rms_norm(x, w, 1e-6), OPS.rms_norm(x, w, 1e-6))
-    assert torch.equal(silu_mul(x), OPS.silu_mul(x))
+    assert torch.equal(native_cpu.rms_norm(x, w, 1e-6), OPS.rms_norm(x, w, 1e-6))
+    assert torch.equal(native_cpu.silu_mul(x), OPS.silu_mul(x))
     cos, sin = _random(8, 32, dtype=torch.bfloat16), _random(8, 32, dtype=torch.bfloat16)
-    assert torch.equal(norm_rotary(x, cos, sin, 64), OPS.rope(x, cos, sin, 64, None, 0.0))
+    rotated = native_cpu.norm_rotary(x, cos, sin, 64, None, 1e-6)
+    assert torch.equal(rotated, OPS.rope(x, cos, sin, 64, None, 0.0))
     half = x.half()  # no fp16 kernels: torch's ops
-    assert torch.equal(rms_norm(half, w.half(), 1e-6), torch_rms_norm(half, w.half(), 1e-6))
+    assert torch.equal(
+        native_cpu.rms_norm(half, w.half(), 1e-6), reference.rms_norm(half, w.half(), 1e-6)
+    )
     assert not native.handles(x, w.float())  # mixed dtypes: torch's ops
 
 
 def test_route_names_the_kernels():
     config = model_config()
     route = choose_route(EncoderSettings(), config, "cpu", ZEN4, native_isa=lambda: "avx2")
-    assert route.elementwise == "native avx2" and "elementwise ops native avx2" in route.describe()
+    assert (route.elementwise, route.native_isa) == ("native", "avx2")
+    assert "elementwise ops native avx2" in route.describe()
     assert (
         choose_route(EncoderSettings(), config, "cpu", ZEN4, native_isa=lambda: None).elementwise
         == "torch"
@@ -151,7 +151,17 @@ def test_route_names_the_kernels():
     fp16 = choose_route(
         EncoderSettings(dtype="float16"), config, "cpu", ZEN4, native_isa=lambda: "avx2"
     )
-    assert fp16.elementwise == "torch"
+    assert (fp16.elementwise, fp16.native_isa) == ("torch", None)
+    gpu = choose_route(
+        EncoderSettings(),
+        config,
+        "cuda:0",
+        ZEN4,
+        choose_attention=lambda *a, **k: ("torch", "a stand-in"),
+        gpu_bf16=lambda d: True,
+        has_triton=lambda: True,
+    )
+    assert gpu.elementwise == "triton" and gpu.describe().endswith("elementwise ops triton")
 
 
 def test_an_unknown_or_unsupported_instruction_set_is_refused():

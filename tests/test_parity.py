@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder, layers
+from qwen_embed.cpu import cpu_features
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -63,8 +64,13 @@ def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeyp
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)
     invariant = "auto" if native_bf16 else "off"  # fp32 GEMMs are row-invariant already
+    # oneDNN packs bf16 weights with AVX-512 only: elsewhere the bf16 kernel is F.linear's
+    prepack = "auto" if cpu_features().avx512 else "off"
     with Encoder.from_pretrained(
-        checkpoint(config_name), dtype="bfloat16", batch_invariant=invariant
+        checkpoint(config_name),
+        dtype="bfloat16",
+        batch_invariant=invariant,
+        prepack_weights=prepack,
     ) as enc:
         linears = (layers.ColumnParallelLinear, layers.RowParallelLinear)
         held = [m.kernel or m.weight for m in enc.model.modules() if isinstance(m, linears)]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
+from qwen_embed.layers import linear_weight_dtype
 from qwen_embed.onednn import PackedWeight, available
 
 from reference import cosine, random_sequences
@@ -34,7 +35,9 @@ def gemm_rows_independent(dtype: torch.dtype) -> bool:
     for the demo model's GEMM shapes (q|k|v, o, gate|up, down)."""
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)):
+        # the weights as the route holds them (fp32 where the CPU has no bf16 instructions)
         w = torch.randn(out_features, in_features, generator=g).to(dtype)
+        w = w.to(linear_weight_dtype(dtype, torch.device("cpu")))
         x = torch.randn(600, in_features, generator=g).to(dtype)
         layer = PackedWeight(w)
         full = layer(x)
@@ -80,7 +83,7 @@ def test_alone_among_others_and_after_a_cached_prefix(
         batch_invariant=batch_invariant,
     )
     with Encoder.from_pretrained(demo_dir, prefix_reuse=False, **settings) as enc:
-        assert enc.route.elementwise == f"native {isa}"
+        assert (enc.route.elementwise, enc.route.native_isa) == ("native", isa)
         together = enc.embed(mixed + prefixed)
         alone = np.stack([enc.embed([s])[0] for s in mixed[:16] + prefixed])
         again = enc.embed((mixed + prefixed)[::-1])[::-1]  # other neighbours in each forward

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .device_io import to_device
+
 
 @dataclass(frozen=True)
 class VarlenBatch:
@@ -38,9 +40,9 @@ class VarlenBatch:
         lens = np.diff(cu)
         positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lens)
         return cls(
-            input_ids=input_ids.to(device),
-            positions=torch.from_numpy(positions).to(device),
-            cu_seqlens=cu_seqlens.to(device),
+            input_ids=to_device(input_ids, device),
+            positions=to_device(torch.from_numpy(positions), device),
+            cu_seqlens=to_device(cu_seqlens, device),
             cu_seqlens_host=cu_seqlens,
             seq_lens=tuple(int(n) for n in lens),
         )
@@ -53,9 +55,9 @@ class VarlenBatch:
         past 0); `seg_lens` split them into the plan's query segments."""
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seg_lens)]), dtype=torch.int32)
         return cls(
-            input_ids=torch.from_numpy(input_ids).to(device),
-            positions=torch.from_numpy(positions).to(device),
-            cu_seqlens=cu.to(device),
+            input_ids=to_device(torch.from_numpy(input_ids), device),
+            positions=to_device(torch.from_numpy(positions), device),
+            cu_seqlens=to_device(cu, device),
             cu_seqlens_host=cu,
             seq_lens=tuple(int(n) for n in seg_lens),
         )

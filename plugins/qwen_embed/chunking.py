@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .batch import VarlenBatch, flatten
+from .device_io import to_device
 from .segments import AttentionLayout, ForwardContext
 
 GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations
@@ -191,7 +192,7 @@ class ChunkForward:
             np.concatenate(keys),
             device,
         )
-        rows = torch.tensor([r for _, r in read_segments], dtype=torch.long, device=device)
+        rows = to_device(torch.tensor([r for _, r in read_segments], dtype=torch.long), device)
         return last, rows
 
     def pool(self, hidden: torch.Tensor) -> list[np.ndarray]:

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import int8
+from . import int8, kernels
 from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
+from .device_io import HostResult
 from .heads import build_score_head
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
@@ -148,7 +149,9 @@ def _instantiate(
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                return model_class(config.family)(config, tp, backend, planner, head)
+                return model_class(config.family)(
+                    config, tp, backend, planner, head, kernels.load(route.elementwise)
+                )
         finally:
             torch.set_default_dtype(previous)
 
@@ -364,11 +367,18 @@ class Encoder:
 
     def _run(self, sequences: list[np.ndarray], out: np.ndarray, head) -> np.ndarray:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
-        `out`."""
+        `out`. A batch's result is read after the next batch is queued: a GPU never waits
+        for the host to read results or plan the next batch."""
         lengths = [len(s) for s in sequences]
         with self._lock:
+            queued: list[tuple[list[int], HostResult]] = []
             for indices in plan_batches(lengths, self.max_batch_tokens):
-                out[indices] = self._forward([sequences[i] for i in indices], head)
+                queued.append((indices, self._forward([sequences[i] for i in indices], head)))
+                if len(queued) == 2:
+                    rows, result = queued.pop(0)
+                    out[rows] = result.numpy()
+            for rows, result in queued:
+                out[rows] = result.numpy()
         return out
 
     def check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
@@ -418,13 +428,13 @@ class Encoder:
             self._launcher.close(graceful=False)
             raise EncoderBroken(self._broken) from e
 
-    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, *, head) -> np.ndarray:
+    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, *, head) -> HostResult:
         """pruned: the model returned the pooled rows; pooling works in fp32 either way. A plan
         (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches."""
         pooled = (
             hidden.float() if ctx.last is not None else pool(hidden, ctx.batch, self.route.pooling)
         )
-        return head(pooled).cpu().numpy()  # the one device-to-host copy of this batch
+        return HostResult(head(pooled))  # the one device-to-host copy of this batch
 
     def _compute(self, ctx: ForwardContext, finish):
         with torch.inference_mode():

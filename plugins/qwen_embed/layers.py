@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import native
 from .cpu import has_native_bf16
+from .kernels import RowOps, reference
 
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -76,75 +76,19 @@ def _replicated_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMSNorm of x, or with `residual` the norm of x + residual and that sum (written over x),
+    in the kernels of the route's row-op table (kernels/)."""
+
+    def __init__(self, dim: int, eps: float, ops: RowOps = reference):
         super().__init__()
         self.eps = eps
+        self.ops = ops
         self.weight = _param(dim, loader=_replicated_loader)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As transformers: normalise in fp32, scale in the model dtype; row by row, so a text's
-    result never depends on the batch it came in. Native kernel on CPU (native/)."""
-    if native.handles(x, weight):
-        return torch.ops.qwen_embed.rms_norm(x, weight, eps)
-    return torch_rms_norm(x, weight, eps)
-
-
-def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # In-place steps and a reduction instead of x.pow(2): fewer activation-sized tensors.
-    dtype = x.dtype
-    out = x.to(torch.float32, copy=True)
-    mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    out.mul_(mean_sq.add_(eps).rsqrt_())
-    return out.to(dtype).mul_(weight)
-
-
-def norm_rotary(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    head_dim: int,
-    norm: RMSNorm | None = None,
-) -> torch.Tensor:
-    """Heads of x [T, heads * head_dim] (rows may be strided), each RMS-normalised by `norm`
-    when given (Qwen3's q/k norm), then rotated by cos/sin [T, head_dim // 2]: a contiguous
-    [T, heads, head_dim]."""
-    weight = None if norm is None else norm.weight
-    if native.handles(x, cos, weight):
-        eps = 0.0 if norm is None else norm.eps
-        return torch.ops.qwen_embed.rope(x, cos, sin, head_dim, weight, eps)
-    heads = x.reshape(x.shape[0], -1, head_dim)
-    if norm is not None:
-        heads = norm(heads)
-    return torch_rotary(heads, cos, sin)
-
-
-def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2]: the same
-    arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated tables, in
-    fewer passes over memory."""
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    out = torch.empty_like(x)
-    o1, o2 = out.chunk(2, dim=-1)
-    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
-    torch.mul(x2, c, out=o2).addcmul_(x1, s)
-    return out
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for the packed [T, 2 * inter] projection."""
-    if native.handles(gate_up):
-        return torch.ops.qwen_embed.silu_mul(gate_up)
-    return torch_silu_mul(gate_up)
-
-
-def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)  # in place in the gate half
-    return F.silu(gate, inplace=True).mul_(up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class VocabParallelEmbedding(nn.Module):

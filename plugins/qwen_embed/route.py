@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import native, onednn
+from . import kernels, native, onednn
 from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures
@@ -45,7 +45,8 @@ class Route:
     pooling: str
     prefix_reuse: bool  # shared prefixes computed once (segments.py)
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
-    elementwise: str  # "native <isa>" (native/, CPU fp32/bf16) or "torch"
+    elementwise: str  # the row-op table (kernels.TABLES): "native", "triton" or "torch"
+    native_isa: str | None  # the native CPU kernels' instruction set (native/), None if unused
     reason: str  # why this dtype and linear route
     attention_reason: str
 
@@ -64,7 +65,8 @@ class Route:
             f"{self.device}, dtype {self.dtype}, linear layers {linear}: {self.reason}; "
             f"attention {self.attn_backend} ({self.attention_reason}); prefix reuse "
             f"{'on' if self.prefix_reuse else 'off'}, last-layer pruning "
-            f"{'on' if self.prune else 'off'}; elementwise ops {self.elementwise}"
+            f"{'on' if self.prune else 'off'}; elementwise ops "
+            + " ".join(filter(None, (self.elementwise, self.native_isa)))
         )
 
     def labels(self) -> dict[str, str]:
@@ -92,6 +94,7 @@ def choose_route(
     native_isa: Callable[[], str | None] = native.isa,
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
     brgemm_runs: Callable[[], bool] = onednn.brgemm_runs,
+    has_triton: Callable[[], bool] = kernels.has_triton,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
@@ -101,8 +104,8 @@ def choose_route(
     linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
     on the native brgemm operator instead (`brgemm_runs()`), and "auto" does on AMX CPUs
     where it runs. Prefix reuse needs causal attention and last-token pooling; pruning,
-    last-token pooling. Norms, rotary and silu run as native kernels on CPU where they are
-    built (native/)."""
+    last-token pooling. Norms, rotary and silu run in the row-op table kernels.choose picks:
+    native kernels on CPU where they are built (native/), Triton's on CUDA."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
@@ -132,7 +135,8 @@ def choose_route(
     # everywhere, and "auto" takes it where oneDNN's is not
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
-    bf16_gemm = dtype == "bfloat16" and linear != Linear.FP32_GEMM
+    # bf16 weights where the CPU multiplies bf16 (the int8 route's float layers included)
+    bf16_gemm = dtype == "bfloat16" and (not cpu or features.native_bf16)
     if s.batch_invariant == "on":
         row_invariant = bf16_gemm
         if bf16_gemm and not brgemm_runs():
@@ -158,7 +162,8 @@ def choose_route(
         pooling=s.pooling,
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
         prune=s.pooling == "last",
-        elementwise=f"native {isa}" if isa else "torch",
+        elementwise=kernels.choose(device, isa, has_triton),
+        native_isa=isa,
         reason=reason,
         attention_reason=why,
     )

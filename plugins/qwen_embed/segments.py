@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .batch import VarlenBatch
+from .device_io import to_device
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
@@ -55,11 +56,11 @@ class AttentionLayout:
         return cls(
             tuple(int(n) for n in q_lens),
             tuple(int(n) for n in k_lens),
-            cu_q.to(device),
-            cu_k.to(device),
+            to_device(cu_q, device),
+            to_device(cu_k, device),
             cu_q,
             cu_k,
-            torch.from_numpy(kv_index).to(device),
+            to_device(torch.from_numpy(kv_index), device),
         )
 
     @classmethod
@@ -70,7 +71,7 @@ class AttentionLayout:
         if not last_only:
             return cls(lens, lens, cu, cu, cu_host, cu_host, None)
         cu_q = torch.arange(len(lens) + 1, dtype=torch.int32)
-        return cls((1,) * len(lens), lens, cu_q.to(cu.device), cu, cu_q, cu_host, None)
+        return cls((1,) * len(lens), lens, to_device(cu_q, cu.device), cu, cu_q, cu_host, None)
 
     @property
     def max_q(self) -> int:
@@ -365,7 +366,7 @@ class Planner:
             plan.input_ids, plan.positions, plan.layout.q_lens, self.device
         )
         last = plan.last_layout(self.device) if self.prune else None
-        rows = torch.from_numpy(plan.pool_rows).to(self.device)
+        rows = to_device(torch.from_numpy(plan.pool_rows), self.device)
         return ForwardContext(batch, plan.layout, last, rows, plan)
 
     def commit(self, ctx: ForwardContext) -> None:

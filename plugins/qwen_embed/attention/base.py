@@ -32,7 +32,9 @@ class AttentionBackend(ABC):
 
     `prepare(layout)` runs once per layout and forward batch (kernel planning; state goes on
     the layout); `forward` runs in every layer with q [Tq, num_heads, head_dim] and k, v
-    [Tk, num_kv_heads, head_dim] split by the layout's q_lens / k_lens. A segment with fewer
+    [Tk, num_kv_heads, head_dim] split by the layout's q_lens / k_lens. Their last dimension
+    is contiguous; v's rows may be a stride apart (a view of the q|k|v projection's rows): a
+    kernel that needs dense rows copies them. A segment with fewer
     queries than keys holds its last queries (causal masks align bottom-right: a shared prefix's
     keys come first).
     """

@@ -55,4 +55,4 @@ class FlashInferAttention(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
-        return layout.state["flashinfer"].run(q, k, v)
+        return layout.state["flashinfer"].run(q, k, v.contiguous())

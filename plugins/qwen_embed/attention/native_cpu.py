@@ -48,5 +48,11 @@ class NativeAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
         return torch.ops.qwen_embed.varlen_attention(
-            q, k, v, layout.cu_q_host, layout.cu_k_host, self.spec.causal, self.spec.scale
+            q,
+            k,
+            v.contiguous(),
+            layout.cu_q_host,
+            layout.cu_k_host,
+            self.spec.causal,
+            self.spec.scale,
         )

@@ -23,14 +23,12 @@ class TorchAttention(AttentionBackend):
             self.use_varlen(varlen_attn)
 
     def use_varlen(self, varlen_attn) -> None:
-        """Call `varlen_attn` for every layer. Where it takes no `enable_gqa` (torch 2.11's
-        raised TypeError on it, seen on an H200) the key and value heads are repeated to the
-        query heads' count."""
+        """Call `varlen_attn` for every layer, key and value heads as they are (GQA, never
+        repeated): torch 2.13's takes `enable_gqa`; 2.11's has no such keyword (a TypeError)
+        and reads fewer key/value heads than query heads as groups (seen on an H200)."""
         self._varlen = varlen_attn
         takes_gqa = "enable_gqa" in keywords_of(varlen_attn)
-        # decided once: the keyword passed to every call, or the heads' repeat factor
-        self._varlen_gqa = {"enable_gqa": self._gqa} if takes_gqa else {}
-        self._kv_repeat = self.spec.num_heads // self.spec.num_kv_heads if not takes_gqa else 1
+        self._varlen_gqa = {"enable_gqa": self._gqa} if takes_gqa else {}  # decided once
 
     def prepare(self, layout: AttentionLayout) -> None:
         if self._varlen is not None:
@@ -52,9 +50,6 @@ class TorchAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
         if self._varlen is not None:
-            if self._kv_repeat > 1:
-                k = k.repeat_interleave(self._kv_repeat, dim=1)
-                v = v.repeat_interleave(self._kv_repeat, dim=1)
             # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs.
             return self._varlen(
                 q,

@@ -12,15 +12,14 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import ModelConfig
+from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
     RMSNorm,
     RowParallelLinear,
     TPGroup,
     VocabParallelEmbedding,
-    norm_rotary,
     rotary_cos_sin,
-    silu_mul,
 )
 from ..segments import AttentionLayout, ForwardContext, Planner
 
@@ -50,7 +49,12 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
 
 class QwenAttention(nn.Module):
     def __init__(
-        self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend, layer_index: int
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        layer_index: int,
+        ops: RowOps = reference,
     ):
         super().__init__()
         self.layer_index = layer_index  # where a shared prefix's keys/values are kept
@@ -72,6 +76,8 @@ class QwenAttention(nn.Module):
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.has_qk_norm = config.has_qk_norm
+        self.eps = config.rms_norm_eps
+        self.ops = ops
         self.backend = backend
         self.widths = dict(self.qkv_proj.local)  # this rank's width of each shard
         self._projections(("q", "k", "v"))
@@ -116,10 +122,12 @@ class QwenAttention(nn.Module):
         t, d = x.shape[0], self.head_dim
         q, k, v = self._project(x, rows)
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        q_norm, k_norm = (self.q_norm, self.k_norm) if self.has_qk_norm else (None, None)
-        q = norm_rotary(q, cos_q, sin_q, d, q_norm)
-        k = norm_rotary(k, cos, sin, d, k_norm)
-        v = v.reshape(t, self.num_kv_heads, d).contiguous()
+        q_norm, k_norm = (
+            (self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)
+        )
+        q = self.ops.norm_rotary(q, cos_q, sin_q, d, q_norm, self.eps)
+        k = self.ops.norm_rotary(k, cos, sin, d, k_norm, self.eps)
+        v = v.reshape(t, self.num_kv_heads, d)  # a view of the q|k|v rows
         k, v = ctx.keys(self.layer_index, k, v, layout)
         out = self.backend.forward(q, k, v, layout)
         return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
@@ -143,8 +151,9 @@ def projection_groups(apart: set[str]) -> tuple[tuple[str, ...], ...]:
 
 
 class QwenMLP(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup):
+    def __init__(self, config: ModelConfig, tp: TPGroup, ops: RowOps = reference):
         super().__init__()
+        self.ops = ops
         n = config.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(
             config.hidden_size, {"gate": n, "up": n}, tp, bias=False
@@ -152,37 +161,55 @@ class QwenMLP(nn.Module):
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
 
 
 class QwenDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup, backend: AttentionBackend, index: int):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        index: int,
+        ops: RowOps = reference,
+    ):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = QwenAttention(config, tp, backend, index)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = QwenMLP(config, tp)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, ops)
+        self.self_attn = QwenAttention(config, tp, backend, index, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops)
+        self.mlp = QwenMLP(config, tp, ops)
 
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         ctx: ForwardContext,
         layout: AttentionLayout,
         rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        # Residual adds land in the fresh sublayer outputs: no new activation-sized tensors.
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, ctx, layout, rows)
-        x = attn.add_(x if rows is None else x[rows])
-        return self.mlp(self.post_attention_layernorm(x)).add_(x)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it) from the previous layer's
+        (the embeddings and None in the first layer). Each residual add is fused into the norm
+        after it and lands in the fresh sublayer output: no new activation-sized tensors."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        attn = self.self_attn(x, cos, sin, ctx, layout, rows)
+        x, residual = self.post_attention_layernorm(
+            attn, residual if rows is None else residual[rows]
+        )
+        return self.mlp(x), residual
 
 
 class QwenModel(nn.Module):
     """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head.
 
     `planner` turns batches into forward contexts for this shard (segments.Planner);
-    `score_head` (rerank, rank 0) turns last-token hidden states into scores (heads.py)."""
+    `score_head` (rerank, rank 0) turns last-token hidden states into scores (heads.py);
+    `ops` is the route's row-op table (kernels/)."""
 
     packed_modules = PACKED_MODULES
 
@@ -193,6 +220,7 @@ class QwenModel(nn.Module):
         backend: AttentionBackend,
         planner: Planner,
         score_head: nn.Module | None = None,
+        ops: RowOps = reference,
     ):
         super().__init__()
         check_tp_split(config, tp.size)
@@ -202,9 +230,9 @@ class QwenModel(nn.Module):
         self.score_head = score_head
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            QwenDecoderLayer(config, tp, backend, i) for i in range(config.num_layers)
+            QwenDecoderLayer(config, tp, backend, i, ops) for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
         """Before the weights are repacked: the q|k|v projections cut where the route needs.
@@ -229,10 +257,10 @@ class QwenModel(nn.Module):
         cos, sin = rotary_cos_sin(
             batch.positions, self.config.head_dim, self.config.rope_theta, x.dtype
         )
-        last = len(self.layers) - 1
+        last, residual = len(self.layers) - 1, None
         for i, layer in enumerate(self.layers):
             if i == last and ctx.last is not None:
-                x = layer(x, cos, sin, ctx, ctx.last, ctx.last_rows)
+                x, residual = layer(x, residual, cos, sin, ctx, ctx.last, ctx.last_rows)
             else:
-                x = layer(x, cos, sin, ctx, ctx.layout)
-        return self.norm(x)
+                x, residual = layer(x, residual, cos, sin, ctx, ctx.layout)
+        return self.norm(x, residual)[0]

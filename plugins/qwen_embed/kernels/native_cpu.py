@@ -1,0 +1,46 @@
+"""The row-wise operations on the native CPU kernels (native/: one pass over memory each, fp32
+arithmetic, rounded once); what they do not take (fp16, mixed dtypes) runs in torch's ops."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import native
+from . import reference
+
+NAME = "native"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if native.handles(x, weight):
+        return torch.ops.qwen_embed.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch's add rounds the sum once, as a fused kernel would: the same bits either way.
+    summed = x.add_(residual)
+    return rms_norm(summed, weight, eps), summed
+
+
+def norm_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    if native.handles(x, cos, weight):
+        return torch.ops.qwen_embed.rope(
+            x, cos, sin, head_dim, weight, 0.0 if weight is None else eps
+        )
+    return reference.norm_rotary(x, cos, sin, head_dim, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if native.handles(gate_up):
+        return torch.ops.qwen_embed.silu_mul(gate_up)
+    return reference.silu_mul(gate_up)

@@ -1,0 +1,67 @@
+"""The row-wise operations in torch's ops: the numerical reference of the other tables, and what
+runs where no other table does (fp16 on CPU, GPUs without Triton).
+
+The arithmetic is transformers': RMSNorm normalises in fp32, rounds to the model dtype, then
+scales by the weight in the model dtype; residual sums round to the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAME = "torch"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In-place steps and a reduction instead of x.pow(2): fewer activation-sized tensors.
+    dtype = x.dtype
+    out = x.to(torch.float32, copy=True)
+    mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    out.mul_(mean_sq.add_(eps).rsqrt_())
+    return out.to(dtype).mul_(weight)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); the sum is written over x, a sublayer's fresh
+    output that the caller hands over."""
+    summed = x.add_(residual)
+    return rms_norm(summed, weight, eps), summed
+
+
+def norm_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """Heads of x [T, heads * head_dim] (rows may be strided), each RMS-normalised with
+    `weight` when given (Qwen3's q/k norm), then rotated by cos/sin [T, head_dim // 2]: a
+    contiguous [T, heads, head_dim]."""
+    heads = x.reshape(x.shape[0], x.shape[1] // head_dim, head_dim)
+    if weight is not None:
+        heads = rms_norm(heads, weight, eps)
+    return rotary(heads, cos, sin)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotation of x [T, heads, head_dim] by cos/sin [T, head_dim // 2]: the same
+    arithmetic as transformers' `x * cos + rotate_half(x) * sin` on the duplicated tables, in
+    fewer passes over memory."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    out = torch.empty_like(x)
+    o1, o2 = out.chunk(2, dim=-1)
+    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=o2).addcmul_(x1, s)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for the packed [T, 2 * inter] projection."""
+    gate, up = gate_up.chunk(2, dim=-1)  # in place in the gate half
+    return F.silu(gate, inplace=True).mul_(up)

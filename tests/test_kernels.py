@@ -1,0 +1,194 @@
+"""The row-op tables (qwen_embed/kernels) against torch's reference ops, on the layouts the
+model hands them: Qwen2 (no q/k norm) and Qwen3 (q/k norm), head sizes 64 and 128, bf16, fp16
+and fp32. The Triton kernels run on a GPU where there is one (tests marked `gpu`) and under
+Triton's interpreter on CPU tensors everywhere else."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from qwen_embed import Encoder, kernels, native
+from qwen_embed.kernels import reference
+
+from reference import cosine, random_sequences, reference_embeddings
+
+# Against the reference's ops, which round some steps twice where a kernel rounds once: a value
+# may land a step of the dtype away.
+TOLERANCE = {
+    torch.float32: dict(rtol=2e-6, atol=1e-6),
+    torch.bfloat16: dict(rtol=2**-7, atol=1e-3),
+    torch.float16: dict(rtol=2**-10, atol=1e-4),
+}
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+GPU = pytest.mark.gpu
+
+
+def _tables(reference_too: bool = True):
+    """(table, device) pairs this machine runs: torch everywhere, native where built, Triton
+    on CUDA (marked gpu) and interpreted on CPU."""
+    pairs = [pytest.param("torch", "cpu", id="torch")] if reference_too else []
+    if native.isa() is not None:
+        pairs.append(pytest.param("native", "cpu", id="native"))
+    pairs.append(pytest.param("triton", "cpu", id="triton-interpreted"))
+    pairs.append(pytest.param("triton", "cuda", id="triton-cuda", marks=GPU))
+    return pairs
+
+
+TABLES = pytest.mark.parametrize(("table", "device"), _tables())
+KERNELS = pytest.mark.parametrize(("table", "device"), _tables(reference_too=False))
+
+
+def _ops(table: str, device: str):
+    """The table, where this process runs it on `device`: Triton's interpreter is on or off for
+    the whole process (conftest.py: on, except in a GPU run)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if table == "triton" and interpreted != (device == "cpu"):
+        pytest.skip(f"Triton's interpreter is {'on' if interpreted else 'off'} in this run")
+    return kernels.load(table)
+
+
+def _random(*shape: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * 2).to(dtype).to(device)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), **TOLERANCE[dtype])
+
+
+@TABLES
+@DTYPES
+@pytest.mark.parametrize("width", [1024, 1000])  # 1,000: a masked tail
+def test_add_rms_norm_sums_exactly_and_normalises_the_sum(table, device, dtype, width):
+    ops = _ops(table, device)
+    x = _random(37, width, dtype=dtype, device=device)
+    residual = _random(37, width, dtype=dtype, device=device, seed=1)
+    weight = _random(width, dtype=dtype, device=device, seed=2)
+    expected_sum = x + residual  # torch rounds the sum once: so must every table
+    normed, summed = ops.add_rms_norm(x.clone(), residual, weight, 1e-6)
+    assert torch.equal(summed, expected_sum)
+    _close(normed, reference.rms_norm(expected_sum, weight, 1e-6), dtype)
+    _close(ops.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), dtype)
+
+
+@KERNELS  # the reference's rotation rounds twice: a step away where the terms cancel
+@DTYPES
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])  # q/k norm only in Qwen3
+def test_norm_rotary_on_the_qkv_rows(table, device, dtype, head_dim, family):
+    """q and k are strided slices of the packed q|k|v projection, as the attention has them."""
+    ops = _ops(table, device)
+    if table == "native" and dtype == torch.float16:
+        pytest.skip("no fp16 native kernels: the table runs the reference's ops")
+    t, heads, kv_heads = 19, 4, 2
+    qkv = _random(t, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=device)
+    q, k = qkv[:, : heads * head_dim], qkv[:, heads * head_dim : (heads + kv_heads) * head_dim]
+    angles = torch.arange(t).float()[:, None] * torch.rand(head_dim // 2)
+    cos, sin = angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+    weight = _random(head_dim, dtype=dtype, device=device, seed=3) if family == "qwen3" else None
+    for x, n in ((q, heads), (k, kv_heads)):
+        out = ops.norm_rotary(x, cos, sin, head_dim, weight, 1e-6)
+        assert out.shape == (t, n, head_dim) and out.is_contiguous()
+        heads_in = x.reshape(t, n, head_dim)
+        normed = reference.rms_norm(heads_in, weight, 1e-6) if weight is not None else heads_in
+        # the rotation in float64, rounded once
+        rotated = reference.rotary(normed.double(), cos.double(), sin.double()).to(dtype)
+        _close(out, rotated, dtype)
+
+
+@TABLES
+@DTYPES
+@pytest.mark.parametrize("width", [3072, 1000])
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's, at -200
+def test_silu_mul(table, device, dtype, width):
+    ops = _ops(table, device)
+    gate_up = _random(23, 2 * width, dtype=dtype, device=device)
+    gate_up[0, :8] = torch.tensor([-200.0, -88.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
+    expected = reference.silu_mul(gate_up.double()).to(dtype)
+    _close(ops.silu_mul(gate_up), expected, dtype)
+
+
+@TABLES
+def test_no_rows_is_no_launch(table, device):
+    ops = _ops(table, device)
+    empty = torch.empty(0, 256, dtype=torch.bfloat16, device=device)
+    w = torch.ones(256, dtype=torch.bfloat16, device=device)
+    assert ops.rms_norm(empty, w, 1e-6).shape == (0, 256)
+    assert ops.silu_mul(empty).shape == (0, 128)
+    cos = torch.empty(0, 32, dtype=torch.bfloat16, device=device)
+    assert ops.norm_rotary(empty, cos, cos, 64, None, 1e-6).shape == (0, 4, 64)
+
+
+def test_each_route_names_its_table():
+    assert kernels.choose("cpu", "avx2") == "native"
+    assert kernels.choose("cpu", None) == "torch"
+    assert kernels.choose("cuda:0", None, has_triton=lambda: True) == "triton"
+    assert kernels.choose("cuda:1", None, has_triton=lambda: False) == "torch"
+    for name in kernels.TABLES:
+        table = kernels.load(name)
+        assert table.NAME == name
+        for op in ("rms_norm", "add_rms_norm", "norm_rotary", "silu_mul"):
+            assert callable(getattr(table, op)), (name, op)
+    with pytest.raises(ValueError, match="unknown row-op table 'cuda'"):
+        kernels.load("cuda")
+
+
+@pytest.mark.parametrize("table", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])  # q/k/v bias; q/k norm and head_dim 32
+def test_the_model_on_a_table_matches_transformers(checkpoint, name, table, dtype, monkeypatch):
+    """The whole forward with a table forced onto the CPU route (the Triton one interpreted,
+    a program at a time: few tokens): the residual adds fused into the norms, the pruned last
+    layer."""
+    if table == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is off in this run")
+    monkeypatch.setattr(kernels, "choose", lambda *args: table)
+    seqs = random_sequences([1, 12, 20], seed=5)
+    torch_dtype = getattr(torch, dtype)
+    ref = reference_embeddings(checkpoint(name), seqs, dtype=torch_dtype)
+    with Encoder.from_pretrained(checkpoint(name), dtype=dtype) as enc:
+        assert enc.route.elementwise == table
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= (0.99999 if dtype == "float32" else 0.999)
+
+
+def _kernel_launches(enc: Encoder, seqs) -> int:
+    """CUDA kernels one embed() launches (copies and memsets not counted), after a warm-up."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    enc.embed(seqs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        enc.embed(seqs)
+        torch.cuda.synchronize()
+    return sum(
+        e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        for e in prof.events()
+    )
+
+
+MAX_LAUNCHES_PER_LAYER = 12
+
+
+@GPU
+def test_a_layer_launches_few_kernels(checkpoint):
+    """A middle layer's kernels, counted as the difference between a 4- and a 2-layer model
+    of the same shape (the first and the pruned last layer are in both)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    seqs = random_sequences([40, 100, 7, 300], seed=1)
+    launches = {}
+    for layers, name in ((2, "qwen3_head128"), (4, "qwen3_head128_4layers")):
+        with Encoder.from_pretrained(checkpoint(name), dtype="bfloat16", device="cuda:0") as enc:
+            assert enc.route.elementwise == "triton"
+            launches[layers] = _kernel_launches(enc, seqs)
+    per_layer = (launches[4] - launches[2]) / 2
+    print(f"kernel launches: {launches}, {per_layer} per layer")
+    assert 0 < per_layer <= MAX_LAUNCHES_PER_LAYER
