@@ -32,7 +32,7 @@ from harness import (
 )
 from tokenizers import Tokenizer
 
-from qwen_embed.placement import read_topology
+from qwen_embed_deploy.placement import read_topology
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 

@@ -28,10 +28,10 @@ from harness import RESULTS, drive, new_record, rerank_sender, score_check, writ
 from qwen_embed import ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
-from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts

@@ -40,9 +40,9 @@ from harness import (
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.triton import TritonServer
 
 from workload import make_texts

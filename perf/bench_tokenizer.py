@@ -20,10 +20,10 @@ from harness import RESULTS, markdown_table, new_record, write_report  # noqa: E
 from tiktoken.load import load_tiktoken_bpe  # noqa: E402
 
 from qwen_embed import Encoder  # noqa: E402
-from qwen_embed.serving.config import DEMO_MODEL_DIR  # noqa: E402
-from qwen_embed.serving.tokenizer import TextTokenizer  # noqa: E402
 from qwen_embed_client.contract import EmbedOptions  # noqa: E402
 from qwen_embed_deploy.demo import ENDOFTEXT, ENDOFTEXT_ID, qwen_tiktoken_file  # noqa: E402
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR  # noqa: E402
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer  # noqa: E402
 
 from workload import make_texts  # noqa: E402
 

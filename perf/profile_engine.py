@@ -21,8 +21,8 @@ from harness import RESULTS, markdown_table, new_record, write_report
 from torch.profiler import ProfilerActivity, profile
 
 from qwen_embed import Encoder
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.settings import QUANTIZATIONS
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 
 from bench_engine import workload
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness import RESULTS, markdown_table, new_record, write_report
 
-from qwen_embed.serving.config import DEMO_MODEL_DIR
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.triton import TritonServer
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")

@@ -25,8 +25,8 @@ from pathlib import Path
 from harness import RESULTS, new_record, write_report
 from run_locust import run_locust
 
-from qwen_embed.serving.config import DEMO_MODEL_DIR
 from qwen_embed.settings import EncoderSettings
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.triton import TritonServer
 
 from workload import WORDS

@@ -25,9 +25,9 @@ if not _selects_gpu_tests(sys.argv[1:] + shlex.split(os.environ.get("PYTEST_ADDO
 sys.path.insert(0, str(Path(__file__).parent))
 
 from qwen_embed import native  # noqa: E402
-from qwen_embed.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
 from qwen_embed_deploy.demo import build_demo_model  # noqa: E402
 from qwen_embed_deploy.repository import render  # noqa: E402
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
 from qwen_embed_deploy.triton import TritonServer  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402

@@ -9,7 +9,7 @@ from qwen_embed.attention import AttentionSpec, available_backends, choose_backe
 from qwen_embed.attention.native_cpu import AUTO_ISAS
 from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_problem
 from qwen_embed.engine import check_gpu_group
-from qwen_embed.serving.config import encoder_device
+from qwen_embed_deploy.serving.config import encoder_device
 
 from reference import cosine, random_sequences, reference_embeddings
 

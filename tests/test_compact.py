@@ -4,8 +4,8 @@ documented definition, written here independently, element by element."""
 import numpy as np
 import pytest
 
-from qwen_embed.compact import compact, outputs
 from qwen_embed_client.contract import EMBEDDING_TYPES
+from qwen_embed_deploy.compact import compact, outputs
 
 
 def reference(vector: np.ndarray, embedding_type: str) -> list[int]:

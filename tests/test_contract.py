@@ -12,16 +12,7 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc.model_config_pb2 import DataType
 
 from qwen_embed import ModelConfig
-from qwen_embed.compact import compact
 from qwen_embed.engine import plan
-from qwen_embed.serving.config import (
-    MODEL_REPOSITORY,
-    EncoderServing,
-    TokenizerSettings,
-    encoder_parameters,
-    model_parameters,
-    tokenizer_settings,
-)
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import (
     EMBEDDING_OUTPUTS,
@@ -37,11 +28,20 @@ from qwen_embed_client.contract import (
     read_facts,
     read_finish,
 )
+from qwen_embed_deploy.compact import compact
 from qwen_embed_deploy.repository import (
     publish_facts,
     read_config,
     repository_configs,
     set_parameter,
+)
+from qwen_embed_deploy.serving.config import (
+    MODEL_REPOSITORY,
+    EncoderServing,
+    TokenizerSettings,
+    encoder_parameters,
+    model_parameters,
+    tokenizer_settings,
 )
 
 CONFIGS = repository_configs(MODEL_REPOSITORY)

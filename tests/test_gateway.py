@@ -13,9 +13,9 @@ import numpy as np
 import openai
 import pytest
 
-from qwen_embed.compact import compact
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import EMBEDDING_TYPES
+from qwen_embed_deploy.compact import compact
 from qwen_embed_deploy.triton import free_port
 
 from triton_helpers import infer

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from qwen_embed.attention.flashinfer_limits import flashinfer_problem
-from qwen_embed.host import gpu_count, gpu_present
 from qwen_embed_deploy import gpu_stack
 from qwen_embed_deploy.gpu_stack import PYTHONS, UnsupportedStack
+from qwen_embed_deploy.host import gpu_count, gpu_present
 
 DOCKER_PINS = Path(__file__).parents[1] / "docker" / "requirements-gpu.txt"
 

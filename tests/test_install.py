@@ -31,7 +31,7 @@ def test_an_installed_wheel_serves_without_the_checkout(tmp_path, demo_dir):
         [
             sys.executable,
             "-c",
-            "import qwen_embed.serving.config as c; "
+            "import qwen_embed_deploy.serving.config as c; "
             "print(c.__file__, c.MODEL_REPOSITORY, c.DATA_DIR, sep='\\n')",
         ],
         cwd=elsewhere,

@@ -10,7 +10,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.placement import (
+from qwen_embed_deploy.launcher import (
+    cpu_instances,
+    gpu_instances,
+    served_edits,
+    stub_processes,
+)
+from qwen_embed_deploy.placement import (
     Placement,
     encoder_placement,
     gpu_instance_groups,
@@ -19,14 +25,8 @@ from qwen_embed.placement import (
     read_topology,
     tokenizer_placement,
 )
-from qwen_embed.serving.config import REPO
-from qwen_embed_deploy.launcher import (
-    cpu_instances,
-    gpu_instances,
-    served_edits,
-    stub_processes,
-)
 from qwen_embed_deploy.repository import edited_copy, instance_group, read_config, render
+from qwen_embed_deploy.serving.config import REPO
 from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import infer

@@ -11,9 +11,9 @@ import pytest
 import ray
 import ray.data
 
-from qwen_embed.ray_data import EngineEmbedder
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.ray_data import TritonEmbedder
+from qwen_embed_deploy.ray_data import EngineEmbedder
 from qwen_embed_deploy.repository import MODEL_REPOSITORY, render
 from qwen_embed_deploy.triton import TritonServer
 

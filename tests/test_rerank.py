@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
-from qwen_embed.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
+from qwen_embed_deploy.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
 
 from reference import make_reranker, model_card_pairs, reference_scores
 
@@ -127,9 +127,9 @@ def test_task_is_checked(reranker):
 @pytest.mark.server
 def test_no_rerank_leaves_every_reranking_model_unloaded(demo_dir, reranker, tmp_path):
     """`--no-rerank` finds the reranking models by their task, whatever they are named."""
-    from qwen_embed.serving.config import REPO
     from qwen_embed_deploy.launcher import repository_models
     from qwen_embed_deploy.repository import render
+    from qwen_embed_deploy.serving.config import REPO
 
     checked_in = REPO / "model_repository"
     assert repository_models(checked_in, rerank=False) == ["embed", "encoder", "tokenizer"]

@@ -20,10 +20,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from qwen_embed.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import RERANKER_CONFIG, model_card_pairs, reference_scores

@@ -10,14 +10,14 @@ import pytest
 from qwen_embed import EncoderSettings
 from qwen_embed.cpu import CpuFeatures
 from qwen_embed.parallel import RankSpec
-from qwen_embed.serving.config import (
+from qwen_embed.worker import threads_per_rank
+from qwen_embed_deploy.repository import get_parameter, read_config, render
+from qwen_embed_deploy.serving.config import (
     MODEL_REPOSITORY,
     EncoderServing,
     encoder_parameters,
     model_parameters,
 )
-from qwen_embed.worker import threads_per_rank
-from qwen_embed_deploy.repository import get_parameter, read_config, render
 
 from reference import route_for
 

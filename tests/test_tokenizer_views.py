@@ -5,9 +5,9 @@ decoding, and the reranker's per-document cap."""
 import numpy as np
 import pytest
 
-from qwen_embed.serving.rerank import PairTokenizer
-from qwen_embed.serving.tokenizer import TextTokenizer, load_tokenizer
 from qwen_embed_client.contract import EmbedOptions, RequestError, RerankOptions
+from qwen_embed_deploy.serving.rerank import PairTokenizer
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer, load_tokenizer
 
 EOS = 151643
 HELLO = [9707, 11, 1879, 0]  # "Hello, world!"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-# Where each embedding type travels (its codes: qwen_embed.compact); a response holds only the
-# outputs of the types it asked for.
+# Where each embedding type travels (its codes: qwen_embed_deploy.compact); a response holds
+# only the outputs of the types it asked for.
 EMBEDDING_OUTPUTS = {
     "float": "EMBEDDING",
     "int8": "EMBEDDING_INT8",

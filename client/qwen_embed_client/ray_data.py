@@ -12,7 +12,7 @@ adaptive scheduler and retried as the client retries them (a dead model process,
 a server restarting). The batch keeps its columns and gains `output_column`, one vector per
 row. Ray's actors, backpressure and retries of failed tasks do the rest. Needs `ray[data]`
 (not a dependency of this package). The engine-in-each-actor variant, for clusters without
-Triton, is `qwen_embed.ray_data.EngineEmbedder`.
+Triton, is `qwen_embed_deploy.ray_data.EngineEmbedder`.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # perf/workload.py
-from qwen_embed.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
-from qwen_embed.serving.tokenizer import TextTokenizer  # noqa: E402
 from qwen_embed_client.contract import EmbedOptions, pack_ids  # noqa: E402
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer  # noqa: E402
 
 from workload import LONG_FRACTION, LONG_WORDS, SHORT_WORDS, make_texts  # noqa: E402
 

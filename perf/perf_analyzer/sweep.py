@@ -41,7 +41,7 @@ from harness import RESULTS, new_record, stamp, write_report  # noqa: E402
 from make_inputs import DEFAULT_OUT as INPUTS  # noqa: E402
 from make_inputs import write_inputs  # noqa: E402
 
-from qwen_embed.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
+from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR, REPO  # noqa: E402
 from qwen_embed_deploy.triton import TritonServer  # noqa: E402
 
 PERF_ANALYZER = REPO / ".cache" / "perf_analyzer" / "perf_analyzer"

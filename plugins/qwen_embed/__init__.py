@@ -1,7 +1,8 @@
 """qwen_embed: a tensor-parallel Qwen2/Qwen3 varlen embedding engine, usable without Triton.
 
-The names below load on first use, so a process that needs only the light modules (the
-tokenizer models: qwen_embed.serving, host, placement) never imports torch."""
+The names below load on first use, so a process that needs only the light modules never
+imports torch. The engine imports neither the client (qwen_embed_client) nor the Triton
+adapter and tooling beside it (qwen_embed_deploy)."""
 
 from importlib import import_module
 

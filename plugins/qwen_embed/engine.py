@@ -349,7 +349,7 @@ class Encoder:
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
         Only for task "rerank"; building the template is the caller's (or the Triton
-        tokenizer's) job, see qwen_embed.serving.rerank."""
+        tokenizer's) job, see qwen_embed_deploy.serving.rerank."""
         self._require("rerank")
         return self.score_checked([self.check_sequence(i, s) for i, s in enumerate(token_id_lists)])
 

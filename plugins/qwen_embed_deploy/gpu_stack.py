@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from qwen_embed.attention.flashinfer_limits import flashinfer_problem, version_tuple
-from qwen_embed.host import gpu_present
+from qwen_embed_deploy.host import gpu_present
 
 STACKS = ("torch", "kernels")
 TORCH = "2.13.0"  # = requirements.txt; PyPI's Linux x86_64 wheel of it is the CUDA 13.0 build

@@ -52,9 +52,9 @@ from urllib.error import HTTPError
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from qwen_embed.host import gpu_count
-from qwen_embed.placement import gpu_instance_groups, read_topology
-from qwen_embed.serving.config import MODEL_REPOSITORY, model_facts
+from qwen_embed_deploy.host import gpu_count
+from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
+from qwen_embed_deploy.serving.config import MODEL_REPOSITORY, model_facts
 
 from .repository import (
     Edit,

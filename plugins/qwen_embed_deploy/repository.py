@@ -28,8 +28,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from qwen_embed.serving.config import MODEL_REPOSITORY, model_facts
 from qwen_embed_client.contract import FACTS
+from qwen_embed_deploy.serving.config import MODEL_REPOSITORY, model_facts
 
 TEMPLATE = MODEL_REPOSITORY
 STEPS = ("tokenizer", "encoder")

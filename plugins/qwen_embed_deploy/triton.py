@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY
-from qwen_embed.serving.config import DATA_DIR, MODEL_REPOSITORY
+from qwen_embed_deploy.serving.config import DATA_DIR, MODEL_REPOSITORY
 
 CACHE = DATA_DIR / "triton"
 PYTRITON_WHEEL = "nvidia-pytriton==0.7.0"

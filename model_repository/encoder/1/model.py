@@ -16,16 +16,16 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.batch import plan_requests
 from qwen_embed.chunking import check_chunks
-from qwen_embed.compact import outputs as compact_outputs
-from qwen_embed.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed.pooling import finish
-from qwen_embed.serving.config import (
+from qwen_embed_client.contract import read_finish, stack_ragged, unpack_chunks, unpack_ids
+from qwen_embed_deploy.compact import outputs as compact_outputs
+from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
+from qwen_embed_deploy.serving.config import (
     encoder_device,
     encoder_parameters,
     model_parameters,
     resolve_model_dir,
 )
-from qwen_embed_client.contract import read_finish, stack_ragged, unpack_chunks, unpack_ids
 
 
 def _error(message):

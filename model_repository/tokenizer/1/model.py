@@ -1,7 +1,7 @@
 """Triton adapter for the tokenizer step of both ensembles (parameter `task`):
-embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed.serving.tokenizer), and for
+embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed_deploy.serving.tokenizer), and for
 a direct call the TOKENS or DECODED views;
-rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed.serving.rerank)."""
+rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank)."""
 
 import json
 import os
@@ -10,11 +10,6 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from qwen_embed.host import gpu_count
-from qwen_embed.placement import read_topology, tokenizer_placement
-from qwen_embed.serving.config import model_parameters, tokenizer_checkpoint, tokenizer_settings
-from qwen_embed.serving.rerank import PairTokenizer
-from qwen_embed.serving.tokenizer import TextTokenizer, ids_and_counts
 from qwen_embed_client.contract import (
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
@@ -27,6 +22,15 @@ from qwen_embed_client.contract import (
     pack_ids,
     stack_ragged,
 )
+from qwen_embed_deploy.host import gpu_count
+from qwen_embed_deploy.placement import read_topology, tokenizer_placement
+from qwen_embed_deploy.serving.config import (
+    model_parameters,
+    tokenizer_checkpoint,
+    tokenizer_settings,
+)
+from qwen_embed_deploy.serving.rerank import PairTokenizer
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts
 
 
 class TritonPythonModel:

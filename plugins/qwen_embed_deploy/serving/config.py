@@ -13,12 +13,12 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from qwen_embed.config import ModelConfig
+from qwen_embed.fingerprint import encoder_fingerprint, tokenizer_fingerprint
+from qwen_embed.hub import resolve_checkpoint
+from qwen_embed.settings import EncoderSettings, from_parameters
 from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
 
-from ..config import ModelConfig
-from ..fingerprint import encoder_fingerprint, tokenizer_fingerprint
-from ..hub import resolve_checkpoint
-from ..settings import EncoderSettings, from_parameters
 from .prompts import PromptSet
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         return facts
     import torch
 
-    from ..engine import plan
+    from qwen_embed.engine import plan
 
     serving, settings = encoder_parameters(params)
     device = encoder_device(
