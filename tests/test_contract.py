@@ -18,12 +18,15 @@ from qwen_embed_client.contract import (
     EMBEDDING_OUTPUTS,
     EMBEDDING_TYPES,
     FACTS,
+    MAX_DOCUMENTS,
+    MAX_INPUTS,
     MAX_TEXTS_PER_REQUEST,
     PRIORITIES,
     EmbedOptions,
     Finish,
     RequestError,
     RerankOptions,
+    at_least_one,
     finish_rows,
     read_facts,
     read_finish,
@@ -217,3 +220,16 @@ def test_rendered_copies_keep_the_contract(tmp_path):
         rendered = read_config(repo / name / "config.pbtxt")
         assert rendered.max_batch_size == MAX_TEXTS_PER_REQUEST
         assert [o.name for o in rendered.output] == [o.name for o in CONFIGS[name].output]
+
+
+def test_counts_and_limits_of_the_http_edge_are_the_contracts():
+    """top_n and max_document_tokens: one rule for the client and every API of the gateway."""
+    assert at_least_one("top_n", None) is None and at_least_one("top_n", 3) == 3
+    for bad, message in (
+        (0, "must be >= 1, got 0"),
+        (True, "must be an integer"),
+        (2.0, "must be an integer"),
+    ):
+        with pytest.raises(RequestError, match=f"parameter 'top_n' {message}"):
+            at_least_one("top_n", bad)
+    assert MAX_INPUTS >= MAX_TEXTS_PER_REQUEST and MAX_DOCUMENTS >= 1

@@ -21,6 +21,7 @@ from .contract import (
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
     RerankOptions,
+    at_least_one,
     ensemble_steps,
     model_fingerprint,
     pack_ids,
@@ -275,10 +276,7 @@ class AsyncEmbeddingClient:
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
-        if top_n is not None and (
-            isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1
-        ):
-            raise ValueError(f"top_n must be an integer >= 1, got {top_n!r}")
+        at_least_one("top_n", top_n)
         opts = RerankOptions(
             truncate,
             **({"instruction": instruction} if instruction else {}),

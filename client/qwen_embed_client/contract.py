@@ -37,6 +37,10 @@ TRUNCATION_DIRECTIONS = ("right", "left")
 MAX_TEXTS_PER_REQUEST = 256
 MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may lower it)
 MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
+# What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
+# documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
+MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1000
 # Qwen3-Embedding's default task: its query prompt and the reranker's default instruction.
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 # Triton priority levels of the models (1 is served first): a batch takes every waiting
@@ -112,6 +116,14 @@ def _expect(name: str, value, kind: type, what: str):
 
 def _optional(name: str, value, kind: type, what: str):
     return None if value is None else _expect(name, value, kind, what)
+
+
+def at_least_one(name: str, value) -> int | None:
+    """An optional integer >= 1 (`top_n`, `max_document_tokens`): None where not given."""
+    n = _optional(name, value, int, "an integer")
+    if n is not None and n < 1:
+        raise RequestError(f"parameter '{name}' must be >= 1, got {n}")
+    return n
 
 
 def _text(name: str, value) -> str | None:
@@ -316,9 +328,7 @@ class RerankOptions(_Options):
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")
         _text("instruction", self.instruction)
-        n = _optional("max_document_tokens", self.max_document_tokens, int, "an integer")
-        if n is not None and n < 1:
-            raise RequestError(f"parameter 'max_document_tokens' must be >= 1, got {n}")
+        at_least_one("max_document_tokens", self.max_document_tokens)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
 from . import batches, cohere, openai, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
-from .state import Gateway
+from .state import Gateway, require_key
 
 # The renderer of each API's errors, by the tag of the router that served the request.
 _RENDERERS = {
@@ -88,9 +88,9 @@ def create_app(
     app.add_exception_handler(APIError, _api_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
-    app.get("/health")(_health)
+    app.get("/health")(_health)  # probes carry no key
     for api in (openai, batches, cohere, tei):  # tei last: POST / and /rerank go by body
-        app.include_router(api.router)
+        app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 
 

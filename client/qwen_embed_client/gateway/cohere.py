@@ -20,18 +20,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
-from ..contract import EMBEDDING_TYPES
+from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS, at_least_one
+from .common import check_model, embed, encode_value, text_usage
 from .errors import (
     STATUS,
     APIError,
     backend_error,
     check_utf8,
+    contract_field,
     distinct_choices,
     invalid,
     json_body,
     options_checked,
 )
-from .openai import MAX_DOCUMENTS, MAX_INPUTS, check_model, embed, encode_value, text_usage
 from .state import gateway, respond
 
 router = APIRouter(tags=["cohere"])
@@ -189,10 +190,7 @@ async def rerank_v2(request: Request):
     check_utf8([("query", query)] + [(f"documents[{i}]", d) for i, d in enumerate(documents)])
     options = _priority(body)
     for field, option in (("top_n", "top_n"), ("max_tokens_per_doc", "max_document_tokens")):
-        value = body.get(field)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise invalid(f"invalid request: {field} must be an integer >= 1", field)
+        if (value := contract_field(at_least_one, body, field)) is not None:
             options[option] = value
     try:
         result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())

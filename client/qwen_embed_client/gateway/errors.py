@@ -65,6 +65,15 @@ def options_checked(**options) -> dict:
     return options
 
 
+def contract_field(check, body: dict, field: str):
+    """`check(field, body[field])` of the contract (None where the field is absent), its
+    refusal answered naming the field."""
+    try:
+        return check(field, body.get(field))
+    except RequestError as e:
+        raise invalid(str(e).replace("parameter ", "", 1), field) from None
+
+
 def body_field(option: str | None) -> str | None:
     """The request body's field of a contract option: the late-chunking ones are `chunks`."""
     return "chunks" if option in ("chunk_size", "chunk_spans") else option

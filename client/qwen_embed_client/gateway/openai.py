@@ -8,13 +8,19 @@ item's `tokens`, `input_tokens` and `truncated`; in the request, `embedding_type
 
 from __future__ import annotations
 
-import base64
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..client import EmbeddingError, EmbeddingResult
-from ..contract import EMBEDDING_TYPES, EmbedOptions, priority_level
+from ..client import EmbeddingError
+from ..contract import (
+    EMBEDDING_TYPES,
+    MAX_DOCUMENTS,
+    MAX_INPUTS,
+    EmbedOptions,
+    at_least_one,
+    priority_level,
+)
+from .common import check_model, embed, encode_value, text_usage
 from .errors import (
     BACKEND,
     NOT_FOUND,
@@ -25,6 +31,7 @@ from .errors import (
     APIError,
     backend_error,
     check_utf8,
+    contract_field,
     distinct_choices,
     invalid,
     json_body,
@@ -33,7 +40,6 @@ from .errors import (
 )
 from .state import gateway, respond
 
-MAX_INPUTS = 2048
 # Request options of the contract taken as extension fields of the body (docs/api.md).
 EXTENSION_OPTIONS = (
     "prompt_name",
@@ -44,7 +50,6 @@ EXTENSION_OPTIONS = (
     "truncation_direction",
     "max_tokens",
 )
-MAX_DOCUMENTS = 1000  # per /v1/rerank request; the client splits them over Triton requests
 
 router = APIRouter(tags=["openai"])
 
@@ -150,12 +155,6 @@ def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
     return encoding, [kind], False
 
 
-def check_model(model: object, served_model: str | None) -> None:
-    if not served_model or model != served_model:
-        serves = f"this endpoint serves '{served_model}'" if served_model else "it is off here"
-        raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
-
-
 def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
     """Validate a Cohere/Jina-style rerank body -> (query, documents, options)."""
     if not isinstance(body, dict):
@@ -184,12 +183,7 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, l
             )
         texts.append(text)
     check_utf8([("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)])
-    options = {}
-    top_n = body.get("top_n")
-    if top_n is not None:
-        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
-            raise invalid("'top_n' must be an integer >= 1", "top_n")
-        options["top_n"] = top_n
+    options = {"top_n": contract_field(at_least_one, body, "top_n")}
     instruction = body.get("instruction")
     if instruction is not None:
         if not isinstance(instruction, str) or not instruction.strip():
@@ -203,32 +197,9 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, l
     return query, texts, options
 
 
-def encode_value(vector, encoding: str):
-    if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
-        return base64.b64encode(vector.astype(vector.dtype.newbyteorder("<")).tobytes()).decode()
-    return vector.tolist()
-
-
-def text_usage(result: EmbeddingResult, i: int) -> dict:
-    """One text's tokens: used, before truncation, and whether it was cut (an extension)."""
-    used, given = int(result.token_counts[i]), int(result.input_tokens[i])
-    return {"tokens": used, "input_tokens": given, "truncated": given > used}
-
-
 def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return {"object": "list", "data": data, "model": model_name, "usage": usage}
-
-
-async def embed(gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",)):
-    """Every type asked for from one computation of the vectors, in one Triton request per
-    chunk of the inputs (the client splits), with the API's own errors."""
-    try:
-        return await gw.client.embed_with_usage(
-            inputs, **options, embedding_type=",".join(kinds), headers=gw.outgoing()
-        )
-    except EmbeddingError as e:
-        raise backend_error(e, params) from e
 
 
 @router.get("/v1/models")

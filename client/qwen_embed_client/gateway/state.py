@@ -59,11 +59,15 @@ class Gateway:
         return self._facts[1]
 
 
+def require_key(request: Request) -> None:
+    """A dependency of every API router (app.py): the request's API key, checked before any
+    handler runs, so a new route cannot forget it."""
+    request.app.state.gateway.check_key(request)
+
+
 def gateway(request: Request) -> Gateway:
-    """The request's Gateway, once its API key is checked."""
-    state = request.app.state.gateway
-    state.check_key(request)
-    return state
+    """The request's Gateway (its key already checked: require_key)."""
+    return request.app.state.gateway
 
 
 async def respond(gw: Gateway, body, headers: dict | None = None) -> JSONResponse:

@@ -18,6 +18,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
+from ..contract import MAX_DOCUMENTS, MAX_INPUTS
+from .common import embed
 from .errors import (
     BACKEND,
     EMPTY,
@@ -34,7 +36,7 @@ from .errors import (
     options_checked,
     token_id_lists,
 )
-from .openai import MAX_DOCUMENTS, MAX_INPUTS, embed, rerank_response
+from .openai import rerank_response
 from .state import gateway, respond
 
 router = APIRouter(tags=["tei"])

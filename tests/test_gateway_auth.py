@@ -1,0 +1,69 @@
+"""With API keys set, every route of the gateway app refuses a request without a key (or with
+a wrong one) before its handler runs: authentication is a dependency of every API router
+(gateway/app.py), so a new route cannot forget it. No Triton is needed: nothing gets past it."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from qwen_embed_client.gateway.app import create_app
+
+OPEN = {"/health"}  # liveness probes carry no key
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    return create_app(
+        ["127.0.0.1:1"], api_keys=("right-key",), batch_dir=tmp_path_factory.mktemp("batches")
+    )
+
+
+def _routes(app) -> list[tuple[str, str]]:
+    """(method, path) of every API route, from the app's OpenAPI schema (which lists the
+    routers' routes however they are nested), path parameters filled in."""
+    out = []
+    for path, operations in app.openapi()["paths"].items():
+        if path not in OPEN:
+            filled = path.replace("{file_id}", "file-x").replace("{batch_id}", "batch-x")
+            out += [(method.upper(), filled) for method in sorted(operations)]
+    return out
+
+
+def test_every_route_refuses_a_request_without_the_key(app):
+    routes = _routes(app)
+    paths = {p for _, p in routes}
+    # the four APIs' routes are all there: a check over no routes would pass vacuously
+    assert {"/v1/embeddings", "/v1/batches", "/v2/embed", "/embed", "/info"} <= paths
+    client = TestClient(app)  # no lifespan: nothing starts, nothing reaches Triton
+    for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}):
+        for method, path in routes:
+            response = client.request(method, path, headers=headers, json={})
+            assert response.status_code == 401, (method, path, headers, response.text)
+
+
+def test_the_probe_needs_no_key_and_a_refusal_speaks_its_api(app):
+    client = TestClient(app)
+    assert client.get("/health").status_code == 200
+    openai = client.post("/v1/embeddings", json={}).json()
+    assert openai["error"]["code"] == "invalid_api_key"
+    tei = client.post("/embed", json={})
+    assert tei.status_code == 401 and tei.content == b""  # TEI answers a bare 401
+
+
+def test_a_route_added_to_a_router_later_needs_the_key_too(tmp_path):
+    """A handler that never asks for the key is still behind it."""
+    from qwen_embed_client.gateway import openai
+
+    @openai.router.get("/v1/forgetful")
+    async def forgetful():
+        return {"ok": True}
+
+    try:
+        app = create_app(["127.0.0.1:1"], api_keys=("right-key",), batch_dir=tmp_path)
+        client = TestClient(app)
+        assert client.get("/v1/forgetful").status_code == 401
+        ok = client.get("/v1/forgetful", headers={"Authorization": "Bearer right-key"})
+        assert ok.status_code == 200 and ok.json() == {"ok": True}
+    finally:
+        openai.router.routes[:] = [r for r in openai.router.routes if r.path != "/v1/forgetful"]
