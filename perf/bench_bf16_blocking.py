@@ -40,7 +40,7 @@ def schema_blocking(op) -> tuple:
 
 def default_blocking() -> tuple:
     """(panel, task rows, task channels, channels outermost) as the engine runs the operator:
-    onednn.BrgemmWeight's panel and the operator's own defaults."""
+    onednn.NativeBf16Weight's panel and the operator's own defaults."""
     return (native.PANEL, *schema_blocking(torch.ops.qwen_embed.bf16_linear))
 
 

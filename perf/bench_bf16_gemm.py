@@ -1,5 +1,5 @@
 """What batch_invariant "on" costs: the bf16 route's GEMM on the native brgemm operator
-(onednn.BrgemmWeight, a row the same at any batch; the default on AMX CPUs) against oneDNN's
+(onednn.NativeBf16Weight, a row the same at any batch; the default on AMX CPUs) against oneDNN's
 packed GEMM ("off"; the default elsewhere), end to end.
 
     python bench_bf16_gemm.py [--model-dir .cache/bench-model-4l] [--rounds 4]

@@ -8,7 +8,7 @@ call, bitwise; then the cost of running every GEMM as fixed 256-row calls (which
 result independent of its batch: a fixed shape takes one kernel): a 20-row forward padded to
 256 rows, and 1,024 rows as four 256-row calls, each against the plain call (best of 20).
 
-bf16 also on the native operator over oneDNN's brgemm micro-kernel (onednn.BrgemmWeight, AMX
+bf16 also on the native operator over oneDNN's brgemm micro-kernel (onednn.NativeBf16Weight, AMX
 tiles where the CPU has them: the GEMM of batch_invariant "on"): the whole K in one call per
 block of rows, so a row's sums never depend on the rows beside it. The same row counts are checked,
 and its 20 and 1,024 rows timed against the packed GEMM.
@@ -21,7 +21,7 @@ import argparse
 import torch
 from harness import RESULTS, best_seconds, markdown_table, new_record, write_report
 
-from qwen_embed.onednn import BrgemmWeight, PackedWeight, brgemm_runs
+from qwen_embed.onednn import NativeBf16Weight, PackedWeight, brgemm_runs
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 FIXED = 256
@@ -44,7 +44,7 @@ def measure(name: str, dtype: torch.dtype) -> dict:
     padded[:20] = x[:20]
     brgemm = {}
     if dtype == torch.bfloat16 and brgemm_runs():
-        probe = BrgemmWeight(weight)
+        probe = NativeBf16Weight(weight)
         whole = probe(x)
         exact = x.float() @ weight.float().T
         brgemm = {
@@ -108,7 +108,7 @@ def main() -> None:
     if probed:
         table += [
             "",
-            "bf16 on the brgemm operator (onednn.BrgemmWeight), against the packed GEMM:",
+            "bf16 on the brgemm operator (onednn.NativeBf16Weight), against the packed GEMM:",
             "",
             *markdown_table(
                 [

@@ -1,4 +1,4 @@
-"""The bf16 linear operator (ops.cpp, onednn.BrgemmWeight) on our AMX tile kernel
+"""The bf16 linear operator (ops.cpp, onednn.NativeBf16Weight) on our AMX tile kernel
 (gemm_amx.cpp) or oneDNN's brgemm micro-kernel: the GEMM of batch_invariant "on", since on AMX
 CPUs oneDNN's own GEMM sums a row in another order at other row counts. Against the fp32 product
 (one bf16 rounding), a row the same at every row count and stride, the two kernels the same
@@ -13,8 +13,8 @@ import torch
 
 from qwen_embed import native
 from qwen_embed.cpu import CpuFeatures
-from qwen_embed.onednn import BrgemmWeight, brgemm_runs
-from qwen_embed.route import choose_route
+from qwen_embed.onednn import NativeBf16Weight, brgemm_runs
+from qwen_embed.route import Gemm, choose_route
 from qwen_embed.settings import EncoderSettings
 
 from reference import model_config
@@ -48,12 +48,13 @@ def route(features=AMX, device="cpu", runs=True, batch_invariant="on", **setting
 
 
 def test_batch_invariant_routes_bf16_linears_to_the_operator():
-    assert route().row_invariant
-    assert route(quantization="int8").row_invariant  # the layers int8 keeps in floats
-    assert not route(dtype="float32").row_invariant  # fp32 GEMMs are row-invariant already
-    assert not route(AVX2).row_invariant  # bf16 runs as fp32 GEMMs there
+    assert route().gemm is Gemm.NATIVE_BF16
+    assert route(quantization="int8").gemm is Gemm.NATIVE_BF16  # int8's layers in floats
+    # fp32 GEMMs are row-invariant already
+    assert route(dtype="float32").gemm is not Gemm.NATIVE_BF16
+    assert route(AVX2).gemm is not Gemm.NATIVE_BF16  # bf16 runs as fp32 GEMMs there
     assert "batch-invariant native GEMM" in route().describe()
-    assert not route(batch_invariant="off").row_invariant
+    assert route(batch_invariant="off").gemm is not Gemm.NATIVE_BF16
     with pytest.raises(ValueError, match="CPU only"):
         route(device="cuda:0")
     with pytest.raises(ValueError, match="native bf16 operator"):
@@ -70,13 +71,13 @@ def test_auto_takes_the_operator_on_amx_only():
     runs; oneDNN elsewhere, without an error where the operator cannot run."""
     assert EncoderSettings().batch_invariant == "auto"
     auto = partial(route, batch_invariant="auto")
-    assert auto().row_invariant
-    assert auto(quantization="int8").row_invariant
-    assert not auto(runs=False).row_invariant
-    assert not auto(AVX512BF16).row_invariant
-    assert not auto(dtype="float32").row_invariant
-    assert not auto(device="cuda:0").row_invariant
-    assert not auto(batch_invariant="off").row_invariant
+    assert auto().gemm is Gemm.NATIVE_BF16
+    assert auto(quantization="int8").gemm is Gemm.NATIVE_BF16
+    assert auto(runs=False).gemm is not Gemm.NATIVE_BF16
+    assert auto(AVX512BF16).gemm is not Gemm.NATIVE_BF16
+    assert auto(dtype="float32").gemm is not Gemm.NATIVE_BF16
+    assert auto(device="cuda:0").gemm is not Gemm.NATIVE_BF16
+    assert auto(batch_invariant="off").gemm is not Gemm.NATIVE_BF16
 
 
 # (rows, out, in): one row, a channel tail, more rows than a task (a tail), the demo's widths,
@@ -89,7 +90,7 @@ def test_auto_takes_the_operator_on_amx_only():
 def test_one_rounding_of_the_fp32_product(rows, n, k, with_bias):
     x, w = _random(rows, k, seed=0), _random(n, k, seed=1)
     bias = torch.randn(n) if with_bias else None
-    out = BrgemmWeight(w)(x, bias)
+    out = NativeBf16Weight(w)(x, bias)
     ref = _rounded_product(x, w, bias)
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
     # fp32 sums in another order (an error up to ~k fp32 steps of the terms' magnitudes), then
@@ -104,7 +105,7 @@ def test_a_row_is_the_same_at_every_row_count_and_stride():
     w = _random(300, 256, seed=2)
     wide = _random(400, 300, seed=3)
     x = wide[:, :256]  # strided rows
-    layer = BrgemmWeight(w)
+    layer = NativeBf16Weight(w)
     full = layer(x.contiguous())
     for m in (1, 2, 3, 17, 95, 96, 97, 191, 250, 400):
         assert torch.equal(layer(x[:m]), full[:m]), m
@@ -116,12 +117,12 @@ def test_the_operator_needs_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     assert not brgemm_runs()
     with pytest.raises(RuntimeError, match="oneDNN"):
-        BrgemmWeight(_random(64, 32, seed=4))(_random(3, 32, seed=5))
+        NativeBf16Weight(_random(64, 32, seed=4))(_random(3, 32, seed=5))
 
 
 @NEEDS_OPERATOR
 def test_bad_operands_are_refused():
-    layer = BrgemmWeight(_random(64, 32, seed=5))
+    layer = NativeBf16Weight(_random(64, 32, seed=5))
     with pytest.raises(RuntimeError, match="bfloat16"):
         layer(torch.randn(3, 32))
     with pytest.raises(RuntimeError, match="packed"):
@@ -140,7 +141,7 @@ def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, cha
     ones oneDNN's micro-kernel: the two agree bitwise."""
     w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
     bias = torch.randn(700)
-    default = BrgemmWeight(w)(x, bias)
+    default = NativeBf16Weight(w)(x, bias)
     packed = native.pack_panels(w, 2, panel)
     out = torch.ops.qwen_embed.bf16_linear(
         x, packed, bias, 700, task_rows, task_channels, channels_outer

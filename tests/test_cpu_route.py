@@ -8,7 +8,7 @@ from qwen_embed import Encoder, int8
 from qwen_embed.config import ModelConfig
 from qwen_embed.cpu import CpuFeatures, cpu_features
 from qwen_embed.layers import _Linear
-from qwen_embed.route import Linear, Route, choose_route
+from qwen_embed.route import Gemm, Linear, Route, choose_route
 from qwen_embed.settings import EncoderSettings
 
 from reference import cosine, model_config, random_sequences, reference_embeddings, route_for
@@ -34,18 +34,17 @@ def test_features_from_cpuinfo_flags():
 @pytest.mark.parametrize("features", [ZEN4, SAPPHIRE], ids=["avx512_bf16", "amx"])
 def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
     route = route_for(features, checkpoint_dtype="bfloat16")
-    assert (route.dtype, route.linear, route.prepacked) == ("bfloat16", Linear.FLOAT, True)
+    assert (route.dtype, route.linear) == ("bfloat16", Linear.FLOAT)
     assert "native bf16" in route.reason and features.model in route.reason
     # batch_invariant "auto": the row-invariant operator where oneDNN's GEMM is not (AMX)
-    assert route.row_invariant == features.amx_bf16
-    gemm = "batch-invariant native GEMM" if features.amx_bf16 else "oneDNN-packed weights"
-    assert gemm in route.describe()
+    assert route.gemm is (Gemm.NATIVE_BF16 if features.amx_bf16 else Gemm.ONEDNN)
+    assert route.gemm.value in route.describe()
 
 
 def test_auto_is_fp32_without_bf16_instructions():
     # whatever the checkpoint says: bf16 would be emulated
     route = route_for(EPYC_AVX2, checkpoint_dtype="bfloat16")
-    assert (route.dtype, route.linear, route.prepacked) == ("float32", Linear.FLOAT, True)
+    assert (route.dtype, route.linear, route.gemm) == ("float32", Linear.FLOAT, Gemm.ONEDNN)
     assert "no bf16 instructions" in route.reason
 
 
@@ -68,7 +67,7 @@ def test_explicit_dtype_and_gpu_auto():
         "bfloat16"
     )
     assert "float32 checkpoint runs in bfloat16" in route_for(EPYC_AVX2, "cuda:0").reason
-    assert not route_for(EPYC_AVX2, "cuda:0").prepacked
+    assert route_for(EPYC_AVX2, "cuda:0").gemm is Gemm.TORCH
     # Nothing beyond torch on a GPU: varlen_attn where the GPU runs it, else the per-segment loop.
     route = route_for(EPYC_AVX2, "cuda:0")
     assert (route.attn_backend, route.attention_reason) == (
@@ -81,7 +80,8 @@ def test_explicit_dtype_and_gpu_auto():
 
 def test_int8_route_and_refusals():
     route = route_for(ZEN4, quantization="int8")
-    assert route.dtype == "bfloat16" and route.linear is Linear.INT8 and route.prepacked
+    assert route.dtype == "bfloat16" and route.linear is Linear.INT8
+    assert route.gemm is Gemm.ONEDNN  # the layers int8 keeps in floats
     assert route_for(EPYC_AVX2, quantization="int8").dtype == "float32"
     with pytest.raises(ValueError, match="CPU only"):
         route_for(ZEN4, "cuda:0", quantization="int8")
@@ -106,7 +106,7 @@ def test_route_is_plain_data_that_travels_whole():
     route = route_for(ZEN4)
     assert Route.from_dict(route.to_dict()) == route
     labels = route.labels()
-    assert labels["linear"] == "float" and labels["prepacked"] == "True"
+    assert labels["linear"] == "float" and labels["gemm"] == Gemm.ONEDNN.value
     assert labels["dtype"] in route.describe() and route.attention_reason in route.describe()
 
 
@@ -151,6 +151,7 @@ def test_int8_matches_transformers(checkpoint, config_name, dtype):
     assert cosine(out, ref).min() >= INT8_COSINE
 
 
+@pytest.mark.server  # full size: the fast tier has the tiny configs' int8 tests
 def test_int8_on_the_demo_model_shape(demo_dir):
     """Qwen3-Embedding-0.6B's widths, texts of random ids: the int8 route against fp32. The
     attention's values and output projection stay in floats (int8.FLOAT_LAYERS); quantising

@@ -85,6 +85,7 @@ def test_head_size_256_and_strided_inputs(isa, dtype):
     assert (out.double() - reference(q, k, v, cu, cu, True)).abs().max() <= TOLERANCE[dtype]
 
 
+@pytest.mark.server  # full size: the fast tier has the shorter segments
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_long_8k_segment(dtype):
     """One 8,192-token text (the widest kernels only: the reference alone is 2 x 8K x 8K)."""

@@ -9,6 +9,7 @@ from qwen_embed import Encoder
 from qwen_embed.cpu import CpuFeatures, cpu_features
 from qwen_embed.layers import _Linear
 from qwen_embed.onednn import PackedWeight, available
+from qwen_embed.route import Gemm
 from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY, planned_rows
 
 from reference import cosine, random_sequences, reference_embeddings, route_for
@@ -18,12 +19,12 @@ ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14
 
 
 def test_route_packs_cpu_float_weights_only():
-    assert route_for(ZEN4).prepacked
-    assert route_for(ZEN4, dtype="float32").prepacked
-    assert route_for(ZEN4, quantization="int8").prepacked  # the layers int8 keeps in floats
-    assert not route_for(ZEN4, prepack_weights=False).prepacked
-    assert not route_for(ZEN4, onednn=False).prepacked
-    assert not route_for(ZEN4, "cuda:0", "bfloat16").prepacked
+    assert route_for(ZEN4).gemm is Gemm.ONEDNN
+    assert route_for(ZEN4, dtype="float32").gemm is Gemm.ONEDNN
+    assert route_for(ZEN4, quantization="int8").gemm is Gemm.ONEDNN  # int8's float layers
+    assert route_for(ZEN4, prepack_weights=False).gemm is Gemm.TORCH
+    assert route_for(ZEN4, onednn=False).gemm is Gemm.TORCH
+    assert route_for(ZEN4, "cuda:0", "bfloat16").gemm is Gemm.TORCH
     with pytest.raises(ValueError, match="prepack_weights needs"):
         route_for(ZEN4, "cuda:0", prepack_weights=True)
     with pytest.raises(ValueError, match="oneDNN"):
@@ -71,7 +72,7 @@ def test_packed_encoder_matches_plain_and_transformers(checkpoint, config_name, 
         ) as enc:
             linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
             assert linears and all(isinstance(m.kernel, PackedWeight) == packed for m in linears)
-            assert enc.route.prepacked == packed
+            assert enc.route.gemm is (Gemm.ONEDNN if packed else Gemm.TORCH)
             out[packed] = enc.embed(seqs)
     if dtype == "float32":
         assert float(abs(out[True] - out[False]).max()) <= 1e-5

@@ -27,11 +27,11 @@ from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
 from .models import model_class
-from .onednn import BrgemmWeight, PackedWeight
+from .onednn import NativeBf16Weight, PackedWeight
 from .onednn import available as onednn_available
 from .parallel import RankSpec, TPLauncher, wait_for_device
 from .pooling import finish, pool
-from .route import Linear, Route, choose_route
+from .route import Gemm, Linear, Route, choose_route
 from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
 from .settings import EncoderSettings
 
@@ -156,6 +156,10 @@ def _instantiate(
             torch.set_default_dtype(previous)
 
 
+# The float linear layers' kernel for each Gemm; None: F.linear on the weight as held.
+FLOAT_GEMMS = {Gemm.TORCH: None, Gemm.ONEDNN: PackedWeight, Gemm.NATIVE_BF16: NativeBf16Weight}
+
+
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
     """The linear layers' weights in the form the route multiplies them in."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
@@ -166,12 +170,9 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
     if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears.values():
             module.to(weight_dtype)
-    if route.row_invariant:
+    if (kernel := FLOAT_GEMMS[route.gemm]) is not None:
         for module in linears.values():
-            module.repack(BrgemmWeight)
-    elif route.prepacked:
-        for module in linears.values():
-            module.repack(PackedWeight)
+            module.repack(kernel)
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:

@@ -52,7 +52,7 @@ def brgemm_runs() -> bool:
     return native.isa() is not None and torch.ops.qwen_embed.bf16_supported()
 
 
-class BrgemmWeight(nn.Module):
+class NativeBf16Weight(nn.Module):
     """A bf16 linear weight for the batch-invariant route (settings.batch_invariant): the native
     operator on oneDNN's brgemm micro-kernel (AMX tiles where the CPU has them) takes the whole
     input width in one call per block of rows, so a row's result is the same at any row count,

@@ -22,13 +22,25 @@ from .settings import EncoderSettings
 
 
 class Linear(enum.Enum):
-    """How the linear layers multiply."""
+    """What the linear layers compute in (this fixes the vectors; `Gemm` says on what)."""
 
     FLOAT = "float"  # in the activation dtype
     # bf16 activations on a CPU without bf16 instructions: the bf16 weights are held in fp32
     # and multiplied by one fp32 GEMM, because torch emulates bf16 GEMMs there, far slower.
     FP32_GEMM = "fp32 GEMM"
-    INT8 = "int8"  # per-channel int8 weights, per-token int8 activations (int8.py)
+    # q|k, gate|up and down: per-channel int8 weights, per-token int8 activations on
+    # int8.Int8Weight; the layers int8.FLOAT_LAYERS names stay in floats, on the route's Gemm
+    INT8 = "int8"
+
+
+class Gemm(enum.Enum):
+    """The one kernel the float linear layers multiply on (engine.FLOAT_GEMMS holds each)."""
+
+    TORCH = "F.linear"  # on the weights as held: cuBLAS on a GPU; CPUs without oneDNN
+    ONEDNN = "oneDNN GEMM on packed weights"  # onednn.PackedWeight, packed once at load
+    # bf16 on the native operator (onednn.NativeBf16Weight): a row's result the same at any
+    # row count, which oneDNN's bf16 GEMM is not on AMX CPUs (settings.batch_invariant)
+    NATIVE_BF16 = "batch-invariant native GEMM"
 
 
 @dataclass(frozen=True)
@@ -36,10 +48,7 @@ class Route:
     device: str  # rank 0's device; rank r of a GPU group uses cuda:(index + r)
     dtype: str  # activations, embeddings, norms
     linear: Linear
-    prepacked: bool  # float linear weights packed for oneDNN at load (onednn.py)
-    # bf16 linear layers on the row-invariant brgemm operator (onednn.BrgemmWeight), for
-    # settings.batch_invariant
-    row_invariant: bool
+    gemm: Gemm
     attn_backend: str
     task: str  # "embed" | "rerank"
     pooling: str
@@ -57,10 +66,7 @@ class Route:
             Linear.INT8: "int8 (per-channel weights, per-token activations, Hadamard-rotated "
             "rows; the attention's values and output projection in floats)",
         }[self.linear]
-        if self.row_invariant:
-            linear += ", batch-invariant native GEMM"
-        elif self.prepacked:
-            linear += ", oneDNN-packed weights"
+        linear += f", {self.gemm.value}"
         return (
             f"{self.device}, dtype {self.dtype}, linear layers {linear}: {self.reason}; "
             f"attention {self.attn_backend} ({self.attention_reason}); prefix reuse "
@@ -70,14 +76,14 @@ class Route:
         )
 
     def labels(self) -> dict[str, str]:
-        return {k: str(v.value if isinstance(v, Linear) else v) for k, v in asdict(self).items()}
+        return {k: str(v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "linear": self.linear.value}
+        return {**asdict(self), "linear": self.linear.value, "gemm": self.gemm.value}
 
     @classmethod
     def from_dict(cls, data: dict) -> Route:
-        return cls(**{**data, "linear": Linear(data["linear"])})
+        return cls(**{**data, "linear": Linear(data["linear"]), "gemm": Gemm(data["gemm"])})
 
 
 def _cuda_has_bf16(device: str) -> bool:
@@ -100,12 +106,13 @@ def choose_route(
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
     fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
-    swaps the linear layers' GEMM (int8.quantizes says which); CPU routes pack their float
-    linear weights for oneDNN where torch has it; batch_invariant "on" multiplies bf16 ones
-    on the native brgemm operator instead (`brgemm_runs()`), and "auto" does on AMX CPUs
-    where it runs. Prefix reuse needs causal attention and last-token pooling; pruning,
-    last-token pooling. Norms, rotary and silu run in the row-op table kernels.choose picks:
-    native kernels on CPU where they are built (native/), Triton's on CUDA."""
+    swaps the linear layers' GEMM (int8.quantizes says which). The float layers' one `Gemm`:
+    batch_invariant "on" multiplies bf16 ones on the native operator (`brgemm_runs()`), and
+    "auto" does on AMX CPUs where it runs; else CPU routes take oneDNN's GEMM on weights
+    packed at load where torch has oneDNN (prepack_weights), and F.linear elsewhere. Prefix
+    reuse needs causal attention and last-token pooling; pruning, last-token pooling. Norms,
+    rotary and silu run in the row-op table kernels.choose picks: native kernels on CPU where
+    they are built (native/), Triton's on CUDA."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
@@ -129,7 +136,7 @@ def choose_route(
         linear = Linear.FLOAT
     if s.prepack_weights == "on" and not (cpu and onednn):
         raise ValueError("prepack_weights needs a CPU device and a torch with oneDNN")
-    prepacked = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
+    prepack = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
     # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
     # everywhere, and "auto" takes it where oneDNN's is not
@@ -138,7 +145,7 @@ def choose_route(
     # bf16 weights where the CPU multiplies bf16 (the int8 route's float layers included)
     bf16_gemm = dtype == "bfloat16" and (not cpu or features.native_bf16)
     if s.batch_invariant == "on":
-        row_invariant = bf16_gemm
+        native_gemm = bf16_gemm
         if bf16_gemm and not brgemm_runs():
             raise ValueError(
                 "batch_invariant 'on' with bf16 needs the native bf16 operator (make setup "
@@ -146,7 +153,8 @@ def choose_route(
             )
     else:
         auto = s.batch_invariant == "auto" and cpu and features.amx_bf16
-        row_invariant = bf16_gemm and auto and brgemm_runs()
+        native_gemm = bf16_gemm and auto and brgemm_runs()
+    gemm = Gemm.NATIVE_BF16 if native_gemm else Gemm.ONEDNN if prepack else Gemm.TORCH
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device, config.head_dim, dtype=dtype)
@@ -155,8 +163,7 @@ def choose_route(
         device=device,
         dtype=dtype,
         linear=linear,
-        prepacked=prepacked,
-        row_invariant=row_invariant,
+        gemm=gemm,
         attn_backend=backend,
         task=task,
         pooling=s.pooling,
