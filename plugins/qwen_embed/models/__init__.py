@@ -1,21 +1,62 @@
-"""Model families registered by name; ModelConfig.family picks one."""
+"""Model families registered by name; ModelConfig.family picks one.
+
+`EmbeddingModel` is what the engine asks of a family's model: a new family provides it, and
+registers its class in `_MODELS`."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
+import torch
 from torch import nn
 
 from .qwen import QwenModel
 
-_MODELS: dict[str, type[nn.Module]] = {
+if TYPE_CHECKING:
+    from ..attention import AttentionBackend
+    from ..config import ModelConfig
+    from ..kernels import RowOps
+    from ..layers import TPGroup
+    from ..segments import ForwardContext, Planner
+
+
+class EmbeddingModel(Protocol):
+    """What the engine (engine.py, loader.py, parallel.py) uses of a model shard."""
+
+    # checkpoint module name -> (our packed module, shard id): loader.py maps keys with it
+    packed_modules: dict[str, tuple[str, str]]
+    planner: Planner  # turns flat batches into this shard's forward contexts (segments.py)
+    score_head: nn.Module | None  # rerank, rank 0: last-token hidden states -> scores
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        planner: Planner,
+        score_head: nn.Module | None,
+        ops: RowOps,
+    ): ...
+
+    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
+        """After loading, before repacking: projections cut as the route needs (QwenModel's
+        docstring says how)."""
+
+    def __call__(self, ctx: ForwardContext) -> torch.Tensor:
+        """Final-norm hidden states of the computed rows, or of the pooled rows where the
+        forward prunes (ctx.last)."""
+
+
+_MODELS: dict[str, type[EmbeddingModel]] = {
     "qwen2": QwenModel,
     "qwen3": QwenModel,
 }
 
 
-def model_class(family: str) -> type[nn.Module]:
+def model_class(family: str) -> type[EmbeddingModel]:
     if family not in _MODELS:
         raise ValueError(f"no model registered for family {family!r}; known: {sorted(_MODELS)}")
     return _MODELS[family]
 
 
-__all__ = ["model_class"]
+__all__ = ["EmbeddingModel", "model_class"]
