@@ -128,9 +128,11 @@ def choose_route(
         )
     half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
     dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
+    # bf16 float weights held in fp32 (layers.linear_weight_dtype), the int8 route's too
+    fp32_held = dtype == "bfloat16" and cpu and not features.native_bf16
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
-    elif dtype == "bfloat16" and cpu and not features.native_bf16:
+    elif fp32_held:
         linear = Linear.FP32_GEMM
     else:
         linear = Linear.FLOAT
@@ -142,8 +144,7 @@ def choose_route(
     # everywhere, and "auto" takes it where oneDNN's is not
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
-    # bf16 weights where the CPU multiplies bf16 (the int8 route's float layers included)
-    bf16_gemm = dtype == "bfloat16" and (not cpu or features.native_bf16)
+    bf16_gemm = dtype == "bfloat16" and not fp32_held
     if s.batch_invariant == "on":
         native_gemm = bf16_gemm
         if bf16_gemm and not brgemm_runs():

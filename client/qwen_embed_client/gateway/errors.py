@@ -61,7 +61,7 @@ def options_checked(**options) -> dict:
     try:
         EmbedOptions(**{k: v for k, v in options.items() if k != "priority"})
     except RequestError as e:
-        raise invalid(str(e).replace("parameter ", "", 1), body_field(e.field)) from None
+        raise _refused(e, body_field(e.field)) from None
     return options
 
 
@@ -71,7 +71,13 @@ def contract_field(check, body: dict, field: str):
     try:
         return check(field, body.get(field))
     except RequestError as e:
-        raise invalid(str(e).replace("parameter ", "", 1), field) from None
+        raise _refused(e, field) from None
+
+
+def _refused(e: RequestError, field: str | None) -> APIError:
+    """A contract refusal as the API's 400, the body field named (the message without the
+    contract's "parameter " prefix)."""
+    return invalid(str(e).replace("parameter ", "", 1), field)
 
 
 def body_field(option: str | None) -> str | None:
