@@ -69,11 +69,12 @@ from prepare_model import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".cache" / "peers"
-OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn")
+OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn", "st-32", "st-256")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in OPT_IN_SYSTEMS]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
 PREFIX_REUSE = {"off": "off", "on": "auto"}
-GPU_SYSTEMS = ("triton", "engine", "vllm-gpu")  # what runs with --device cuda
+GPU_SYSTEMS = ("triton", "engine", "vllm-gpu", "st-32", "st-256")  # what runs with --device cuda
+ST_SYSTEMS = {"st-32": 32, "st-256": 256}  # sentence-transformers in process, its batch size
 # our system -> (its peers, the target ratio over the best of them)
 TARGETS = {
     "triton": (
@@ -83,8 +84,14 @@ TARGETS = {
         (("naive",), None),
         (("vllm-gpu",), None),
         (("triton-onednn",), None),
+        (("st-32", "st-256"), 4.0),
     ),
-    "engine": ((("vllm",), None), (("llama", "llama-best"), None), (("vllm-gpu",), None)),
+    "engine": (
+        (("vllm",), None),
+        (("llama", "llama-best"), None),
+        (("vllm-gpu",), None),
+        (("st-32", "st-256"), 4.0),
+    ),
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5), (("triton",), 1.3)),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
 }
@@ -368,6 +375,33 @@ def run_engine(model_dir, dtype, quantization, ids, counts, check, args) -> dict
         )
 
 
+def run_sentence_transformers(model_dir, dtype, texts, counts, check, batch, args) -> dict:
+    """What a user would run instead: sentence-transformers' `encode` on every text in one call
+    per pass (it sorts them by length and pads each batch of `batch`), SDPA attention."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(
+        str(prepare(model_dir, PEERS, "st")),
+        device=args.device,
+        model_kwargs={"dtype": getattr(torch, dtype), "attn_implementation": "sdpa"},
+    )
+
+    def send(idx):
+        vectors = model.encode([texts[i] for i in idx], batch_size=batch, normalize_embeddings=True)
+        return vectors.astype(np.float32), None
+
+    send(list(range(8)))  # warm-up
+    return drive(
+        lambda: send,
+        counts,
+        check,
+        clients=1,
+        per_request=len(texts),
+        seconds=args.seconds,
+        passes=max(args.passes, 1),
+    )
+
+
 def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> Outcome:
     out = Outcome(name)
     load = {
@@ -388,6 +422,11 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
     check = cosine_check(reference)
     if name.startswith("engine"):
         out.stats = run_engine(model_dir, dtype, quantization, ids, counts, check, args)
+        return out
+    if name in ST_SYSTEMS:
+        out.stats = run_sentence_transformers(
+            model_dir, dtype, texts, counts, check, ST_SYSTEMS[name], args
+        )
         return out
     if name.startswith("triton"):
         encoder = {
@@ -563,6 +602,10 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "torch.compile at start-up (defaults).",
         "llama-q8": "llama.cpp q8_0 (blocks of 32 weights with one scale), the int8 peer.",
         "llama-q8-best": "llama.cpp q8_0, patched build.",
+        "st-32": "sentence-transformers in process: `SentenceTransformer.encode` on all texts "
+        "in one call per pass (it sorts them by length and pads each batch; tokenization "
+        "included), SDPA attention, module files from prepare_model.py; batches of 32.",
+        "st-256": "sentence-transformers as st-32, batches of 256.",
     }
     lines = [notes[k] for k in results]
     # bf16 matmul is emulated (slow) on CPUs without these; it decides what a bf16 run means.

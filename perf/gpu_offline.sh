@@ -89,21 +89,28 @@ lane() {
 model=.cache/qwen3-0.6b-shape
 gpu_steps() {
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-	python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+	python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
 	timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.demo $model --layers 28
 	step doctor
 	timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.gpu_stack doctor
-	step "tests marked gpu"
-	timeout "$(left 240)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_attention_backends.py tests/test_gpu_serving.py tests/test_gpu_contracts.py \
-		tests/test_kernels.py tests/test_device_io.py
-	step "engine vs transformers and the linear layers' bound"
+	step "engine vs transformers (length-sorted batches too) and the linear layers' bound"
 	timeout "$(left 150)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 		--device cuda --workloads mixed short long --mixed-texts 1024 --out "$out/gpu-engine"
+	step "where the GPU's time goes"
+	(cd perf && timeout "$(left 60)" $pin python3 profile_engine.py --model-dir ../$model \
+		--dtype bfloat16 --device cuda --texts 1024 --texts-per-call 1024 64 --rounds 1 \
+		--out "$out/gpu-profile")
+	step "tests marked gpu"
+	timeout "$(left 180)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+		tests/test_kernels.py tests/test_device_io.py tests/test_gpu_contracts.py \
+		tests/test_attention_backends.py tests/test_gpu_serving.py
 	step "through Triton"
-	(cd perf && timeout "$(left 170)" $pin python3 bench_serving.py --model-dir ../$model \
-		--concurrency 1 16 64 --seconds 15 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
+	(cd perf && timeout "$(left 150)" $pin python3 bench_serving.py --model-dir ../$model \
+		--concurrency 1 16 64 --seconds 10 --encoder-param dtype=bfloat16 --out "$out/gpu-serving")
+	step "sentence-transformers beside the engine"
+	(cd perf && timeout "$(left 90)" $pin python3 bench_peers.py --device cuda --dtype bfloat16 \
+		--model-dir ../$model --systems engine st-32 st-256 --seconds 5 --out "$out/gpu-peers")
 }
 
 # The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the

@@ -15,4 +15,6 @@ SYSTEMS = {
     "llama-q8-best": "llama.cpp, output head skipped, q8_0",
     "infinity": "infinity-emb (torch)",
     "naive": "naive transformers padded server",
+    "st-32": "sentence-transformers, batches of 32",
+    "st-256": "sentence-transformers, batches of 256",
 }

@@ -11,6 +11,7 @@ are shared and all peers read exactly the same tensors. Writes OUT_ROOT/NAME-PEE
   sentence-transformers, which takes pooling from module files: last token, then normalise.
 - llama (llama.cpp's convert_hf_to_gguf.py): the Qwen3 class is chosen by architecture name,
   and its transformers 4.x does not know tokenizer class TokenizersBackend.
+- st: sentence-transformers itself (in process), the module files as for infinity.
 - naive: unchanged.
 """
 
@@ -20,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-PEERS = ("vllm", "infinity", "naive", "llama")
+PEERS = ("vllm", "infinity", "naive", "llama", "st")
 
 # sentence-transformers pipeline: transformer -> last-token pooling -> L2 normalisation.
 ST_MODULES = [
@@ -54,7 +55,7 @@ def edited_files(peer: str, src: Path) -> dict[str, dict]:
             "config.json": {**config, "architectures": [arch]},
             "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
         }
-    if peer != "infinity":
+    if peer not in ("infinity", "st"):
         return {}
     rope = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", rope.get("rope_theta", 10000.0))

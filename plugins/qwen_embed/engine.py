@@ -233,7 +233,7 @@ class Encoder:
         self._broken: str | None = None  # why a TP forward failed; then every call fails
         self._lock = threading.Lock()
         # Tokens sent in vs tokens the forward computed (fewer when prefixes are shared).
-        self.stats = {"received_tokens": 0, "computed_tokens": 0}
+        self.stats = {"received_tokens": 0, "computed_tokens": 0, "forwards": 0}
         # Workers are stopped even if the caller forgets close().
         self._finalizer = weakref.finalize(self, launcher.close) if launcher else None
 
@@ -452,6 +452,7 @@ class Encoder:
     def _count(self, ctx: ForwardContext) -> None:
         self.stats["received_tokens"] += ctx.received_tokens
         self.stats["computed_tokens"] += ctx.computed_tokens
+        self.stats["forwards"] += 1
 
     @property
     def prefix_cache(self):
