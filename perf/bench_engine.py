@@ -116,6 +116,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--attn-backend", default="torch", help="torch, flash_attn or flashinfer")
+    p.add_argument("--cuda-graph-tokens", type=int, help="default: the setting's default")
     p.add_argument("--workloads", nargs="+", default=["mixed", "uniform"], choices=WORKLOADS)
     p.add_argument("--mixed-texts", type=int, default=96)
     p.add_argument("--uniform-texts", type=int, default=96)
@@ -130,8 +131,13 @@ def main() -> None:
     args = p.parse_args()
 
     dtype = getattr(torch, args.dtype)
+    graphs = {} if args.cuda_graph_tokens is None else {"cuda_graph_tokens": args.cuda_graph_tokens}
     encoder = Encoder.from_pretrained(
-        args.model_dir, dtype=args.dtype, device=args.device, attn_backend=args.attn_backend
+        args.model_dir,
+        dtype=args.dtype,
+        device=args.device,
+        attn_backend=args.attn_backend,
+        **graphs,
     )
     reference = transformers_model(args.model_dir, dtype).to(args.device)
     config = ModelConfig.from_dir(args.model_dir)
@@ -177,6 +183,7 @@ def main() -> None:
         dtype=args.dtype,
         device=args.device,
         attn_backend=args.attn_backend,
+        route=encoder.route.describe(),
         model_dir=args.model_dir,
         model=config.__dict__,
         results=rows,
@@ -187,6 +194,7 @@ def main() -> None:
         f"transformers batches of {args.batch_size} in input order; length-sorted batches of "
         f"{args.sorted_batch_sizes} (sentence-transformers' order, one run each); engine best "
         f"of {args.reps}",
+        f"route: {encoder.route.describe()}",
     ]
     if gpu:
         notes.append(

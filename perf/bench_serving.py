@@ -40,6 +40,7 @@ from harness import (
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
@@ -109,6 +110,9 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="encoder config parameter, e.g. attn_backend=flash_attn dtype=bfloat16",
     )
+    p.add_argument(
+        "--encoder-instances", help="its instance_group, e.g. 'count: 2, kind: KIND_GPU'"
+    )
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
     per_request = args.texts_per_request
@@ -117,8 +121,10 @@ def main() -> None:
     tok = Tokenizer.from_file(str(Path(args.model_dir) / "tokenizer.json"))
     ids = [e.ids for e in tok.encode_batch(texts)]
     counts = np.array([len(i) for i in ids])
-    engine_args = {k: params[k] for k in ("dtype", "device", "attn_backend") if k in params}
-    with Encoder.from_pretrained(args.model_dir, **engine_args) as enc:
+    engine_settings = EncoderSettings.from_parameters(
+        {k: v for k, v in params.items() if k in EncoderSettings.__dataclass_fields__}
+    )
+    with Encoder.from_pretrained(args.model_dir, engine_settings) as enc:
         device = str(enc.device)
         enc.embed(ids[:8])
         check = cosine_check(enc.embed(ids))
@@ -135,7 +141,10 @@ def main() -> None:
     rows = []
     env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve())}
     repo = render(
-        tempfile.mkdtemp(prefix="bench-serving-"), {"embed": args.model_dir}, {"encoder": params}
+        tempfile.mkdtemp(prefix="bench-serving-"),
+        {"embed": args.model_dir},
+        {"encoder": params},
+        args.encoder_instances,
     )
     with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
         make = triton_sender(server.grpc_url, texts)
@@ -162,9 +171,16 @@ def main() -> None:
     # Compare at 16 clients (the reference point) when that level ran.
     top = next((r for r in rows if r["concurrency"] == 16), rows[-1])
     ratio = top["tokens_per_s"] / engine["tokens_per_s"]
-    record = new_record(encoder_params=params, device=device, levels=rows, engine_alone=engine)
+    record = new_record(
+        encoder_params=params,
+        encoder_instances=args.encoder_instances,
+        device=device,
+        levels=rows,
+        engine_alone=engine,
+    )
     notes = [
-        f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, "
+        f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, encoder "
+        f"instances {args.encoder_instances or 'as shipped'}, "
         f"{per_request} texts per request, {args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]

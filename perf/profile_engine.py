@@ -109,6 +109,7 @@ def main() -> None:
     p.add_argument("--texts-per-call", type=int, nargs="+", help="default: all in one call")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--cuda-graph-tokens", type=int, help="default: the setting's default")
     p.add_argument("--out", type=Path, default=RESULTS / "profile")
     args = p.parse_args()
     seqs = workload("mixed", args.texts, 0, 0)
@@ -116,9 +117,15 @@ def main() -> None:
     sizes = args.texts_per_call or [len(seqs)]
     gpu = args.device.startswith("cuda")
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
+    graphs = {} if args.cuda_graph_tokens is None else {"cuda_graph_tokens": args.cuda_graph_tokens}
     with Encoder.from_pretrained(
-        args.model_dir, dtype=args.dtype, quantization=args.quantization, device=args.device
+        args.model_dir,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        device=args.device,
+        **graphs,
     ) as encoder:
+        route = encoder.route.describe()
         runs = {size: passes(encoder, seqs, size) for size in sizes}
         encoder.embed(seqs[:4])
         seconds = {size: [] for size in sizes}
@@ -165,6 +172,7 @@ def main() -> None:
     record = new_record(
         dtype=args.dtype,
         device=args.device,
+        route=route,
         quantization=args.quantization,
         texts=len(seqs),
         tokens=tokens,
@@ -175,6 +183,7 @@ def main() -> None:
     notes = [
         f"work: embed() of {len(seqs)} mixed texts, {tokens} tokens, {args.dtype}, "
         f"quantization {args.quantization}, in calls of {', '.join(map(str, sizes))} texts",
+        f"route: {route}",
         "self CPU time on the calling thread (an operator's wall time, its OpenMP threads inside "
         "it), one profiled pass per size",
     ]

@@ -20,6 +20,7 @@ from .batch import flatten, plan_batches
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
+from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .device_io import HostResult
 from .heads import build_score_head
 from .hub import resolve_checkpoint
@@ -94,6 +95,9 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
     model.eval()
     _warm_up(model)
+    if route.cuda_graph_tokens:
+        buckets = buckets_up_to(route.cuda_graph_tokens)
+        model.graphs = TokenGraphs(model, buckets, cuda_capture(device))
     if device.type == "cpu":  # after loading: its temporaries go back first
         keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
         model.register_forward_hook(HeapTrimmer(keep))

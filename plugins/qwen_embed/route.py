@@ -56,6 +56,7 @@ class Route:
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
     elementwise: str  # the row-op table (kernels.TABLES): "native", "triton" or "torch"
     native_isa: str | None  # the native CPU kernels' instruction set (native/), None if unused
+    cuda_graph_tokens: int  # forwards up to this many tokens replay CUDA graphs; 0: none
     reason: str  # why this dtype and linear route
     attention_reason: str
 
@@ -73,6 +74,10 @@ class Route:
             f"{'on' if self.prefix_reuse else 'off'}, last-layer pruning "
             f"{'on' if self.prune else 'off'}; elementwise ops "
             + " ".join(filter(None, (self.elementwise, self.native_isa)))
+            + (
+                f"; CUDA graphs up to {self.cuda_graph_tokens} tokens"
+                * bool(self.cuda_graph_tokens)
+            )
         )
 
     def labels(self) -> dict[str, str]:
@@ -172,6 +177,7 @@ def choose_route(
         prune=s.pooling == "last",
         elementwise=kernels.choose(device, isa, has_triton),
         native_isa=isa,
+        cuda_graph_tokens=0 if cpu or s.tp_size > 1 else s.cuda_graph_tokens,
         reason=reason,
         attention_reason=why,
     )

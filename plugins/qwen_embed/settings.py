@@ -56,6 +56,9 @@ class EncoderSettings:
     # bf16 GEMM (on AMX CPUs) is not (CPU only). "auto": on for bf16 on AMX CPUs where the native
     # operator runs (faster there under a server's load: docs/tuning.md), else off.
     batch_invariant: str = "auto"
+    # GPU, tp_size 1: forwards of up to this many tokens replay CUDA graphs captured at load
+    # (cuda_graphs.py); 0: none.
+    cuda_graph_tokens: int = 8192
     dist_addr: str = "127.0.0.1:0"  # tensor-parallel rendezvous; port 0 picks a free one
     dist_timeout_s: float = 300.0
 
@@ -68,7 +71,12 @@ class EncoderSettings:
         _one_of("pooling", self.pooling, POOLING_METHODS)
         _one_of("task", self.task, TASKS)
         _one_of("batch_invariant", self.batch_invariant, ("auto", "on", "off"))
-        for name, least in (("tp_size", 1), ("max_batch_tokens", 1), ("prefix_cache_mb", 0)):
+        for name, least in (
+            ("tp_size", 1),
+            ("max_batch_tokens", 1),
+            ("prefix_cache_mb", 0),
+            ("cuda_graph_tokens", 0),
+        ):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.dist_addr.rpartition(":")[0] == "":

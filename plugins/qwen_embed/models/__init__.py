@@ -27,6 +27,9 @@ class EmbeddingModel(Protocol):
     packed_modules: dict[str, tuple[str, str]]
     planner: Planner  # turns flat batches into this shard's forward contexts (segments.py)
     score_head: nn.Module | None  # rerank, rank 0: last-token hidden states -> scores
+    # cuda_graphs.TokenGraphs where the route captures CUDA graphs (engine.build_model sets
+    # it; None until then): the forward replays them where the batch fits
+    graphs: object | None
 
     def __init__(
         self,

@@ -109,6 +109,34 @@ class QwenAttention(nn.Module):
         q = out["q"] if rows is None or self.q_alone else out["q"][rows]
         return q, out["k"], out["v"]
 
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q [t, heads, d] (of `rows` only, when given), k and v [T, kv heads, d]: the
+        token-wise half of attention (no batch layout needed: CUDA graphs capture it)."""
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self._project(x, rows)
+        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
+        q_norm, k_norm = (
+            (self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)
+        )
+        q = self.ops.norm_rotary(q, cos_q, sin_q, d, q_norm, self.eps)
+        k = self.ops.norm_rotary(k, cos, sin, d, k_norm, self.eps)
+        return q, k, v.reshape(t, self.num_kv_heads, d)  # v: a view of the q|k|v rows
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: ForwardContext,
+        layout: AttentionLayout,
+    ) -> torch.Tensor:
+        """The attention output [t, heads * d] before the output projection."""
+        k, v = ctx.keys(self.layer_index, k, v, layout)
+        out = self.backend.forward(q, k, v, layout)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -119,18 +147,8 @@ class QwenAttention(nn.Module):
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Keys/values for every row; queries (and the output) only for `rows` if given."""
-        t, d = x.shape[0], self.head_dim
-        q, k, v = self._project(x, rows)
-        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        q_norm, k_norm = (
-            (self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)
-        )
-        q = self.ops.norm_rotary(q, cos_q, sin_q, d, q_norm, self.eps)
-        k = self.ops.norm_rotary(k, cos, sin, d, k_norm, self.eps)
-        v = v.reshape(t, self.num_kv_heads, d)  # a view of the q|k|v rows
-        k, v = ctx.keys(self.layer_index, k, v, layout)
-        out = self.backend.forward(q, k, v, layout)
-        return self.o_proj(out.reshape(q.shape[0], self.num_heads * d))
+        q, k, v = self.project(x, cos, sin, rows)
+        return self.o_proj(self.attend(q, k, v, ctx, layout))
 
 
 def _projection_name(group: tuple[str, ...]) -> str:
@@ -180,6 +198,32 @@ class QwenDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops)
         self.mlp = QwenMLP(config, tp, ops)
 
+    def before_attention(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v, the residual stream) from the previous layer's (MLP output, residual)
+        (the embeddings and None in the first layer). Each residual add is fused into the norm
+        after it and lands in the fresh sublayer output: no new activation-sized tensors."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        return *self.self_attn.project(x, cos, sin, rows), residual
+
+    def after_attention(
+        self, attn: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it) from the attention output."""
+        x, residual = self.post_attention_layernorm(
+            self.self_attn.o_proj(attn), residual if rows is None else residual[rows]
+        )
+        return self.mlp(x), residual
+
     def forward(
         self,
         x: torch.Tensor,
@@ -190,18 +234,9 @@ class QwenDecoderLayer(nn.Module):
         layout: AttentionLayout,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the residual stream before it) from the previous layer's
-        (the embeddings and None in the first layer). Each residual add is fused into the norm
-        after it and lands in the fresh sublayer output: no new activation-sized tensors."""
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        attn = self.self_attn(x, cos, sin, ctx, layout, rows)
-        x, residual = self.post_attention_layernorm(
-            attn, residual if rows is None else residual[rows]
-        )
-        return self.mlp(x), residual
+        q, k, v, residual = self.before_attention(x, residual, cos, sin, rows)
+        attn = self.self_attn.attend(q, k, v, ctx, layout)
+        return self.after_attention(attn, residual, rows)
 
 
 class QwenModel(nn.Module):
@@ -233,6 +268,7 @@ class QwenModel(nn.Module):
             QwenDecoderLayer(config, tp, backend, i, ops) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.graphs = None  # cuda_graphs.TokenGraphs, where the route captures them
 
     def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
         """Before the weights are repacked: the q|k|v projections cut where the route needs.
@@ -249,18 +285,26 @@ class QwenModel(nn.Module):
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
+        if self.graphs is not None and (hidden := self.graphs.forward(ctx)) is not None:
+            return hidden
         self.backend.prepare(ctx.layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
-        batch = ctx.batch
-        x = self.embed_tokens(batch.input_ids)
-        cos, sin = rotary_cos_sin(
-            batch.positions, self.config.head_dim, self.config.rope_theta, x.dtype
-        )
-        last, residual = len(self.layers) - 1, None
-        for i, layer in enumerate(self.layers):
+        x, cos, sin = self.stem(ctx.batch.input_ids, ctx.batch.positions)
+        return self.layers_from(0, x, None, cos, sin, ctx)
+
+    def stem(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """(embeddings, rotary cos, sin) of the rows."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        return x, cos, sin
+
+    def layers_from(self, first: int, x, residual, cos, sin, ctx: ForwardContext) -> torch.Tensor:
+        """The layers from `first` on and the final norm (the last layer pruned where ctx says)."""
+        last = len(self.layers) - 1
+        for i in range(first, last + 1):
             if i == last and ctx.last is not None:
-                x, residual = layer(x, residual, cos, sin, ctx, ctx.last, ctx.last_rows)
+                x, residual = self.layers[i](x, residual, cos, sin, ctx, ctx.last, ctx.last_rows)
             else:
-                x, residual = layer(x, residual, cos, sin, ctx, ctx.layout)
+                x, residual = self.layers[i](x, residual, cos, sin, ctx, ctx.layout)
         return self.norm(x, residual)[0]
