@@ -42,6 +42,7 @@ from tokenizers import Tokenizer
 from qwen_embed import Encoder
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.launcher import proc_stat, stub_processes
+from qwen_embed_deploy.placement import gpu_instance_groups
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.triton import TritonServer
@@ -140,11 +141,16 @@ def main() -> None:
 
     rows = []
     env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve())}
+    groups = (args.encoder_instances, None)
+    if device.startswith("cuda") and args.encoder_instances is None:
+        cpus = len(os.sched_getaffinity(0))
+        groups = gpu_instance_groups(1, cpus, args.gpu_instances)
     repo = render(
         tempfile.mkdtemp(prefix="bench-serving-"),
         {"embed": args.model_dir},
         {"encoder": params},
-        args.encoder_instances,
+        encoder_instances=groups[0],
+        tokenizer_instances=groups[1],
     )
     with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
         make = triton_sender(server.grpc_url, texts)
@@ -173,14 +179,15 @@ def main() -> None:
     ratio = top["tokens_per_s"] / engine["tokens_per_s"]
     record = new_record(
         encoder_params=params,
-        encoder_instances=args.encoder_instances,
+        encoder_instances=groups[0],
+        tokenizer_instances=groups[1],
         device=device,
         levels=rows,
         engine_alone=engine,
     )
     notes = [
-        f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, encoder "
-        f"instances {args.encoder_instances or 'as shipped'}, "
+        f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, instance "
+        f"groups: encoder {groups[0] or 'as shipped'}, tokenizer {groups[1] or 'as shipped'}, "
         f"{per_request} texts per request, {args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]

@@ -112,15 +112,11 @@ gpu_steps() {
 	for instances in 1 2; do
 		step "through Triton, $instances encoder instance(s)"
 		levels="1 16 64" && ((instances > 1)) && levels="16 64"
-		(cd perf && timeout "$(left 60)" $pin python3 bench_serving.py --model-dir ../$model \
+		(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency $levels --seconds 6 --encoder-param dtype=bfloat16 \
-			${off:+--encoder-param cuda_graph_tokens=0} \
-			--encoder-instances "count: $instances, kind: KIND_GPU" \
+			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances $instances \
 			--out "$out/gpu-serving-$instances")
 	done
-	[ -f $BUNDLE/attn_probe.py ] || return 0
-	step "attention probe"
-	timeout "$(left 40)" python3 $BUNDLE/attn_probe.py
 }
 
 # The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the

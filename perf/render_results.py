@@ -27,7 +27,7 @@ from systems import SYSTEMS
 PERF = Path(__file__).resolve().parent
 RESULTS = PERF / "results"
 DOCS = PERF.parent / "docs"
-VARIANT_OPTIONS = ("--dtype", "--encoder-instances", "--quantization")
+VARIANT_OPTIONS = ("--dtype", "--encoder-instances", "--quantization", "--cuda-graph-tokens")
 
 HEADER = """\
 # Results
@@ -66,7 +66,7 @@ def cpu_kind(record: dict) -> str:
     device a CUDA one) is filed under the GPU, after every CPU kind."""
     machine, cpu = record.get("machine", ""), record.get("cpu") or ""
     gpu = re.search(r", GPU ([^,]+)", machine)
-    if gpu and str(record.get("device", "")).startswith("cuda"):
+    if gpu and str(record.get("device", "cpu")) != "cpu":  # "cuda:0", or the GPU's name
         return f"GPU: {gpu.group(1)}"
     notes = " ".join(record.get("notes") or [])
     family = re.search(r"family (\d+)", machine)
@@ -499,7 +499,46 @@ def engine(r: dict) -> list[str]:
         ("engine / transformers", "ratio", ".2f"),
         ("min cosine", "min_cosine", ".6f"),
     ]
-    return [f"dtype {r['dtype']}", ""] + grid(r["results"], columns)
+    results = r["results"]
+    if all("linear_bound_tokens_per_s" in x for x in results):  # a GPU run
+        results = [
+            {**x, **{f"sorted_{b}": v for b, v in x["sorted_tokens_per_s"].items()}}
+            for x in results
+        ]
+        sizes = list(results[0]["sorted_tokens_per_s"])
+        columns[3:6] = [
+            columns[4],
+            *[
+                (f"sentence-transformers' order, batches of {b}", f"sorted_{b}", ".0f")
+                for b in sizes
+            ],
+            ("linear layers' cuBLAS bound", "linear_bound_tokens_per_s", ".0f"),
+            ("engine / bound", "fraction_of_bound", ".0%"),
+        ]
+    return [f"dtype {r['dtype']}", ""] + grid(results, columns)
+
+
+def profile_engine(r: dict) -> list[str]:
+    """The GPU's side of a profile: per call size, tokens/s, launches and where kernels ran."""
+    calls = r.get("per_call_size", [])
+    if not calls or not calls[0].get("gpu"):
+        return ["(CPU profile: see the report)"]
+    groups = list(calls[0]["gpu"]["kernel_ms"])
+    header = ["texts per call", "tokens/s", "launches per layer", "GPU idle", *groups]
+    rows = []
+    for c in calls:
+        k = c["gpu"]
+        busy = k["kernel_busy_ms"] or 1e-9
+        rows.append(
+            [
+                c["texts_per_call"],
+                "" if c["tokens_per_s"] is None else f"{c['tokens_per_s']:.0f}",
+                f"{k['launches_per_layer']:.1f}",
+                f"{k['idle_share']:.0%}",
+                *[f"{k['kernel_ms'][g] / busy:.0%}" for g in groups],
+            ]
+        )
+    return [f"route: {r.get('route', 'not recorded')}", ""] + table(header, rows)
 
 
 def _ms(level: dict, name: str) -> float | None:
@@ -590,6 +629,7 @@ RENDER = {
     "perf_analyzer": perf_analyzer,
     "prefix": prefix,
     "prepack": prepack,
+    "profile_engine": profile_engine,
     "priority": priority,
     "rerank": rerank,
     "rows": rows,

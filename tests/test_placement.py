@@ -165,6 +165,16 @@ def test_launcher_repository_for_a_gpu_host(tmp_path):
     shutil.rmtree(tp_copy.parent)
 
 
+def test_render_takes_both_instance_groups(tmp_path):
+    """What bench_serving renders on a GPU: the launcher's groups for both steps."""
+    encoder, tokenizer = gpu_instance_groups(1, 16, per_gpu=2)
+    repo = render(
+        tmp_path, {"embed": REPO}, encoder_instances=encoder, tokenizer_instances=tokenizer
+    )
+    assert groups(repo, "encoder") == [instance_group("count: 2, kind: KIND_GPU")]
+    assert groups(repo, "tokenizer") == [instance_group("count: 14, kind: KIND_CPU")]
+
+
 def _allowed(pid: int) -> set[int]:
     status = Path(f"/proc/{pid}/status").read_text()
     return set(parse_cpu_list(re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)))

@@ -138,14 +138,20 @@ def render(
     encoder_instances: str | None = None,
     max_queue_size: int | None = None,
     rerankers: dict[str, str | Path] | None = None,
+    tokenizer_instances: str | None = None,
 ) -> Path:
     """Write one tokenizer/encoder/ensemble trio per deployment (and reranker) name into
-    out_dir; `overrides` ({"tokenizer"|"encoder": {key: value}}) apply to both kinds."""
+    out_dir; `overrides` ({"tokenizer"|"encoder": {key: value}}) apply to both kinds, as do
+    the instance groups ('count: 2, kind: KIND_GPU')."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     named = [("embed", n, d) for n, d in deployments.items()]
     named += [("rerank", n, d) for n, d in (rerankers or {}).items()]
-    group = instance_group(encoder_instances) if encoder_instances else None
+    groups = {
+        step: instance_group(text)
+        for step, text in (("encoder", encoder_instances), ("tokenizer", tokenizer_instances))
+        if text
+    }
     for kind, name, model_dir in named:
         ensemble_template, templates = KINDS[kind]
         names = {s: t if name == ensemble_template else f"{name}_{s}" for s, t in templates.items()}
@@ -162,8 +168,8 @@ def render(
             set_parameter(config, "model_dir", _pinned(model_dir))
             for key, value in (overrides or {}).get(step, {}).items():
                 set_parameter(config, key, value)
-            if step == "encoder" and group is not None:
-                set_instance_group(config, group)
+            if step in groups:
+                set_instance_group(config, groups[step])
             if step == "encoder" and max_queue_size is not None:
                 config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size
             write_config(target / "config.pbtxt", config)
