@@ -32,6 +32,22 @@ from qwen_embed_deploy.triton import TritonServer  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
 
+SERVER_MODULE = "pytestmark = pytest.mark.server"  # the convention: a module of server tests
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """A module of server tests (its `pytestmark` line) is not even imported where the marker
+    expression leaves `server` out (the fast tier): their client libraries are slow to import."""
+    expr = config.option.markexpr
+    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    from _pytest.mark.expression import Expression
+
+    if Expression.compile(expr).evaluate(lambda name, **_: name == "server"):
+        return None
+    lines = collection_path.read_text().splitlines()
+    return True if any(line.startswith(SERVER_MODULE) for line in lines) else None
+
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):

