@@ -360,19 +360,22 @@ def run_engine(model_dir, dtype, quantization, ids, counts, check, args) -> dict
         prefix_reuse=PREFIX_REUSE[args.prefix_caching],
     ) as enc:
         enc.embed(ids[:8])  # warm-up
-
-        def make():
-            return lambda idx: (enc.embed([ids[i] for i in idx]), None)
-
-        return drive(
-            make,
-            counts,
-            check,
-            clients=1,
-            per_request=len(ids),
-            seconds=args.seconds,
-            passes=max(args.passes, 1),
+        return all_in_one_call(
+            lambda idx: (enc.embed([ids[i] for i in idx]), None), counts, check, args
         )
+
+
+def all_in_one_call(send, counts, check, args) -> dict:
+    """An in-process system driven with every text in one call per pass, one client."""
+    return drive(
+        lambda: send,
+        counts,
+        check,
+        clients=1,
+        per_request=len(counts),
+        seconds=args.seconds,
+        passes=max(args.passes, 1),
+    )
 
 
 def run_sentence_transformers(model_dir, dtype, texts, counts, check, batch, args) -> dict:
@@ -391,15 +394,7 @@ def run_sentence_transformers(model_dir, dtype, texts, counts, check, batch, arg
         return vectors.astype(np.float32), None
 
     send(list(range(8)))  # warm-up
-    return drive(
-        lambda: send,
-        counts,
-        check,
-        clients=1,
-        per_request=len(texts),
-        seconds=args.seconds,
-        passes=max(args.passes, 1),
-    )
+    return all_in_one_call(send, counts, check, args)
 
 
 def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> Outcome:

@@ -76,7 +76,8 @@ class Route:
             + " ".join(filter(None, (self.elementwise, self.native_isa)))
             + (
                 f"; CUDA graphs up to {self.cuda_graph_tokens} tokens"
-                * bool(self.cuda_graph_tokens)
+                if self.cuda_graph_tokens
+                else ""
             )
         )
 
