@@ -75,6 +75,9 @@ def test_empty_input_list_gives_empty_matrix(checkpoint):
         ([[1, 2], []], {}, r"token_ids\[1\] is empty"),
         ([[1, 600]], {}, r"token_ids\[0\] holds ids outside 0\.\.511"),
         ([[-1]], {}, r"outside"),
+        # ids checked over every list at once, the culprit named after
+        ([[1, 2], [3, 4], [5, 600]], {}, r"token_ids\[2\] holds ids outside 0\.\.511"),
+        ([[1, 2], [True, False]], {}, r"token_ids\[1\] must be a flat list of integers"),
         ([list(range(10)) * 52], {}, r"520 tokens, more than the model's limit of 512"),
         ([[1.5, 2.0]], {}, r"flat list of integers"),
         ([[1, 2**70]], {}, r"token_ids\[0\] must be a flat list of integers"),

@@ -282,8 +282,7 @@ class Encoder:
     ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
         self._check_dimensions(dimensions)
-        sequences = [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
-        pooled = torch.from_numpy(self.pool_checked(sequences))
+        pooled = torch.from_numpy(self.pool_checked(self.check_sequences(token_id_lists)))
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
     def _check_dimensions(self, dimensions) -> None:
@@ -356,7 +355,7 @@ class Encoder:
         Only for task "rerank"; building the template is the caller's (or the Triton
         tokenizer's) job, see qwen_embed_deploy.serving.rerank."""
         self._require("rerank")
-        return self.score_checked([self.check_sequence(i, s) for i, s in enumerate(token_id_lists)])
+        return self.score_checked(self.check_sequences(token_id_lists))
 
     def score_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
         """`score` for sequences that already passed `check_sequence`."""
@@ -385,6 +384,28 @@ class Encoder:
             for rows, result in queued:
                 out[rows] = result.numpy()
         return out
+
+    def check_sequences(self, token_id_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """`check_sequence` of each list, the id range checked over all of them at once (a
+        list's own checks, naming it, run only where something is wrong)."""
+        arrays = []
+        for seq in token_id_lists:
+            try:
+                arr = np.asarray(seq)
+            except (OverflowError, ValueError):
+                break
+            if (
+                arr.ndim != 1
+                or arr.dtype.kind not in "iu"
+                or not 0 < arr.size <= self.max_input_tokens
+            ):
+                break
+            arrays.append(arr)
+        else:
+            flat = np.concatenate(arrays) if arrays else np.zeros(1, dtype=np.int64)
+            if flat.min() >= 0 and flat.max() < self.config.vocab_size:
+                return arrays
+        return [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
 
     def check_sequence(self, index: int, seq: Sequence[int]) -> np.ndarray:
         """Validate one token id list (ValueError naming it and the limit); returns it as array."""

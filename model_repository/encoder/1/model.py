@@ -86,12 +86,11 @@ class TritonPythonModel:
             try:
                 opts = self._finish(request)
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
-                seqs = [
-                    self.encoder.check_sequence(j, unpack_ids(b, j))
-                    for j, b in enumerate(blobs.reshape(-1))
-                ]
+                seqs = self.encoder.check_sequences(
+                    [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
+                )
                 chunks = self._chunks(request, seqs)
-            except ValueError as e:  # RequestError is one; check_sequence raises the others
+            except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
             if chunks is None:
