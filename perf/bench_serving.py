@@ -112,8 +112,12 @@ def main() -> None:
         help="encoder config parameter, e.g. attn_backend=flash_attn dtype=bfloat16",
     )
     p.add_argument(
-        "--encoder-instances", help="its instance_group, e.g. 'count: 2, kind: KIND_GPU'"
+        "--encoder-instances",
+        help="its instance_group, e.g. 'count: 2, kind: KIND_MODEL'; on a GPU the default is "
+        "what the launcher serves (placement.gpu_instance_groups: --gpu-instances per GPU, "
+        "tokenizers scaled to the CPUs)",
     )
+    p.add_argument("--gpu-instances", type=int, default=1, help="encoder instances per GPU")
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
     per_request = args.texts_per_request
