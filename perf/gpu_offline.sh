@@ -98,7 +98,8 @@ gpu_steps() {
 	graphs=$?  # where graphs fail, the figures below are the eager forward's
 	((graphs == 0)) && off="" || off=0
 	timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_cuda_graphs.py -k "not eager_vectors" tests/test_kernels.py tests/test_device_io.py
+		tests/test_cuda_graphs.py -k "not eager_vectors" tests/test_kernels.py tests/test_device_io.py \
+		tests/test_gpu_contracts.py tests/test_attention_backends.py
 	step "engine vs transformers (length-sorted batches too) and the linear layers' bound"
 	timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 		--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
