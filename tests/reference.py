@@ -151,6 +151,23 @@ GPU_CONFIGS = {
     for layers in (2, 4)  # 4: launches per layer, counted as the difference
 }
 
+# Qwen3-Embedding-0.6B's widths (the demo model's) with a small vocabulary: GEMMs of the real
+# shapes in a checkpoint that loads in a fraction of the demo model's time.
+WIDE_CONFIGS = {
+    "demo_widths": dict(
+        family="qwen3",
+        hidden_size=1024,
+        num_attention_heads=16,
+        head_dim=128,
+        num_key_value_heads=8,
+        intermediate_size=3072,
+        num_hidden_layers=3,
+        vocab_size=2048,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+    )
+}
+
 _CLASSES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3Model),
@@ -166,7 +183,7 @@ def make_checkpoint(
     max_shard_size: str | None = None,
 ) -> Path:
     """Save a seeded random model; every weight (norms and biases too) gets noise."""
-    spec = dict({**TINY_CONFIGS, **GPU_CONFIGS}[name])
+    spec = dict({**TINY_CONFIGS, **GPU_CONFIGS, **WIDE_CONFIGS}[name])
     family = spec.pop("family")
     config_cls, lm_cls, _ = _CLASSES[family]
     rope_theta = spec.pop("rope_theta")

@@ -19,11 +19,12 @@ from qwen_embed import Encoder, int8
 from qwen_embed.layers import linear_weight_dtype
 from qwen_embed.onednn import PackedWeight, available
 
-from reference import cosine, random_sequences
+from reference import WIDE_CONFIGS, cosine, random_sequences
 
-# The demo model's shapes (Qwen3-Embedding-0.6B's widths), where the GEMM kernels a small
-# and a large batch take could differ. The fast tier's texts (about 800 rows with the prefixed
-# ones) against one alone; the server tier's 64 texts, about 8K rows, a full forward's.
+# The demo model's widths (Qwen3-Embedding-0.6B's), where the GEMM kernels a small and a large
+# batch take could differ; a small vocabulary (reference.WIDE_CONFIGS) loads faster. The fast
+# tier's texts (about 800 rows with the prefixed ones) against one alone; the server tier's 64
+# texts, about 8K rows, a full forward's.
 LENGTHS = {
     "small": [3, 9, 17, 20, 33, 64, 128, 257],
     "full": [3, 9, 17, 20, 33, 48, 64, 90, 128, 140, 200, 257, 300, 17, 5, 512] * 4,
@@ -75,16 +76,18 @@ def assert_same(a: np.ndarray, b: np.ndarray, exact: bool, quantization: str) ->
 )
 @pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.server)])
 def test_alone_among_others_and_after_a_cached_prefix(
-    isa, demo_dir, dtype, quantization, batch_invariant, size
+    isa, checkpoint, dtype, quantization, batch_invariant, size
 ):
     """On the native kernels (attention included) of every instruction set this CPU runs."""
     if quantization == "int8" and size == "small" and not int8.native_kernel():
         pytest.skip("int8 without the native operator compiles at every load: the server tier")
     # "auto" (the default) takes the operator exactly where oneDNN's GEMM is not row-invariant
     exact = batch_invariant != "off" or gemm_rows_independent(getattr(torch, dtype))
-    mixed = random_sequences(LENGTHS[size], vocab_size=151643, seed=21)
-    prefix = random_sequences([PREFIX], vocab_size=151643, seed=22)[0]
-    tails = random_sequences([5, 30, 77], vocab_size=151643, seed=23)
+    model_dir = checkpoint("demo_widths")
+    vocab = WIDE_CONFIGS["demo_widths"]["vocab_size"]
+    mixed = random_sequences(LENGTHS[size], vocab_size=vocab, seed=21)
+    prefix = random_sequences([PREFIX], vocab_size=vocab, seed=22)[0]
+    tails = random_sequences([5, 30, 77], vocab_size=vocab, seed=23)
     prefixed = [prefix + t for t in tails]
     settings = dict(
         dtype=dtype,
@@ -92,12 +95,12 @@ def test_alone_among_others_and_after_a_cached_prefix(
         attn_backend="native",
         batch_invariant=batch_invariant,
     )
-    with Encoder.from_pretrained(demo_dir, prefix_reuse=False, **settings) as enc:
+    with Encoder.from_pretrained(model_dir, prefix_reuse=False, **settings) as enc:
         assert (enc.route.elementwise, enc.route.native_isa) == ("native", isa)
         together = enc.embed(mixed + prefixed)
         alone = np.stack([enc.embed([s])[0] for s in mixed[:8] + prefixed])
         again = enc.embed((mixed + prefixed)[::-1])[::-1]  # other neighbours in each forward
-    with Encoder.from_pretrained(demo_dir, prefix_reuse=True, **settings) as enc:
+    with Encoder.from_pretrained(model_dir, prefix_reuse=True, **settings) as enc:
         enc.embed(prefixed[1:])  # their shared prefix is found and cached
         cached = np.stack([enc.embed([s])[0] for s in prefixed])
         assert enc.prefix_cache.hits >= len(prefixed)
