@@ -20,6 +20,7 @@ from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_pr
 from qwen_embed.config import ModelConfig
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
+from qwen_embed_deploy.demo import DEFAULT_LAYERS, DEMO_CONFIG
 
 # Shapes chosen to exercise each path while staying fast on 2 CPU cores.
 TINY_CONFIGS = {
@@ -151,20 +152,25 @@ GPU_CONFIGS = {
     for layers in (2, 4)  # 4: launches per layer, counted as the difference
 }
 
-# Qwen3-Embedding-0.6B's widths (the demo model's) with a small vocabulary: GEMMs of the real
+# The demo model's widths (Qwen3-Embedding-0.6B's) with a small vocabulary: GEMMs of the real
 # shapes in a checkpoint that loads in a fraction of the demo model's time.
 WIDE_CONFIGS = {
     "demo_widths": dict(
         family="qwen3",
-        hidden_size=1024,
-        num_attention_heads=16,
-        head_dim=128,
-        num_key_value_heads=8,
-        intermediate_size=3072,
-        num_hidden_layers=3,
+        **{
+            k: DEMO_CONFIG[k]
+            for k in (
+                "hidden_size",
+                "num_attention_heads",
+                "head_dim",
+                "num_key_value_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "rope_theta",
+            )
+        },
+        num_hidden_layers=DEFAULT_LAYERS,
         vocab_size=2048,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
     )
 }
 

@@ -402,8 +402,8 @@ class Encoder:
                 break
             arrays.append(arr)
         else:
-            flat = np.concatenate(arrays) if arrays else np.zeros(1, dtype=np.int64)
-            if flat.min() >= 0 and flat.max() < self.config.vocab_size:
+            flat = np.concatenate(arrays) if arrays else None
+            if flat is None or (flat.min() >= 0 and flat.max() < self.config.vocab_size):
                 return arrays
         return [self.check_sequence(i, s) for i, s in enumerate(token_id_lists)]
 
