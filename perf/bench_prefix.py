@@ -32,7 +32,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, cosine_check, drive, new_record, triton_sender, write_report
+from harness import (
+    REPO,
+    RESULTS,
+    cosine_check,
+    drive,
+    ensure_model,
+    new_record,
+    triton_sender,
+    write_report,
+)
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -40,7 +49,6 @@ from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, metric_sum, scrape
 
-from bench_peers import REPO, ensure_model
 from workload import WORDS, alternate, alternate_forwards, make_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))

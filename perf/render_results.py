@@ -15,18 +15,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import statistics
 import sys
-from functools import partial
 from pathlib import Path
-
-from harness import round_ratios
-
-from systems import SYSTEMS
 
 PERF = Path(__file__).resolve().parent
 RESULTS = PERF / "results"
 DOCS = PERF.parent / "docs"
+SUBCOMMANDS = ("kernels", "routes", "load")  # scripts of several benchmarks, one report each
 VARIANT_OPTIONS = ("--dtype", "--encoder-instances", "--quantization", "--cuda-graph-tokens")
 
 HEADER = """\
@@ -88,12 +83,15 @@ def cpu_kind(record: dict) -> str:
 
 
 def benchmark(record: dict, path: Path) -> str:
-    """The script's name (bench_ and .py dropped) plus the options of VARIANT_OPTIONS."""
+    """The script's name (bench_ and .py dropped), or its subcommand where it has them, plus the
+    options of VARIANT_OPTIONS."""
     command = record.get("command")
     if not command:  # perf_analyzer's summary: named by its folder
         return path.parent.name
     words = shlex.split(command)[1:]
     name = Path(words[0]).stem.removeprefix("bench_")
+    if name in SUBCOMMANDS and len(words) > 1:
+        name = words[1]
     for option in VARIANT_OPTIONS:
         if option in words and words.index(option) + 1 < len(words):
             value = words[words.index(option) + 1]
@@ -102,543 +100,25 @@ def benchmark(record: dict, path: Path) -> str:
     return name
 
 
-# ---------------------------------------------------------------- tables, one per benchmark
+# ---------------------------------------------------------------- a report's key table
 
 
-def table(header: list[str], rows: list[list]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" for _ in header) + " |",
-        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
-    ]
-
-
-def grid(items: list[dict], columns: list[tuple]) -> list[str]:
-    """A table with one row per item; a column is (header, field or function of the item,
-    format spec)."""
-    rows = []
-    for item in items:
-        row = []
-        for _, field, spec in columns:
-            value = field(item) if callable(field) else item.get(field)
-            row.append("" if value is None else format(value, spec))
-        rows.append(row)
-    return table([c[0] for c in columns], rows)
-
-
-def pair(a, b, spec: str) -> str | None:
-    return None if a is None or b is None else f"{a:{spec}} / {b:{spec}}"
-
-
-def ratio(a, b) -> float | None:
-    return None if a is None or b is None else a / b
-
-
-def peers(r: dict) -> list[str]:
-    def outcome(s: dict, field: str):
-        return s["stats"].get(field) if s["status"] == "ok" else None
-
-    columns = [
-        ("system", lambda s: SYSTEMS.get(s["system"], s["system"]), ""),
-        ("tokens/s", lambda s: outcome(s, "tokens_per_s"), ".0f"),
-        ("p50 / p99 s", lambda s: pair(outcome(s, "p50_s"), outcome(s, "p99_s"), ".1f"), ""),
-        # older reports call it min_cosine
-        (
-            "min cosine vs fp32",
-            lambda s: outcome(s, "min_check") or outcome(s, "min_cosine"),
-            ".5f",
-        ),
-        ("failed", lambda s: None if s["status"] == "ok" else s["reason"].split(";")[0], ""),
-    ]
-    peak = r["gemm_tokens_per_s"]
-    peak = peak["float"] if isinstance(peak, dict) else peak
-    head = (
-        f"dtype {r['dtype']}; GEMM peak of the linear layers {peak:.0f} tokens/s; the engine in "
-        "process embeds every text in one call per pass (its latency is per pass)"
-    )
-    if r.get("rounds"):  # tokens/s from each system's median round; ratios within a round
-        ratios = r["ratios"]
-        head += (
-            f"; {len(r['rounds'])} rounds taking turns, each system's median round below; "
-            "medians of the ratios within a round: "
-            + ", ".join(
-                f"{key.replace('_over_', ' / ')} {ratios[key]:.2f}x "
-                f"({min(ratios[key + '_rounds']):.2f}-{max(ratios[key + '_rounds']):.2f})"
-                for key in ratios
-                if "_over_" in key and not key.endswith("_rounds") and "p99" not in key
-            )
-        )
-    return [head, ""] + grid(r["systems"], columns)
-
-
-def prefix(r: dict) -> list[str]:
-    pairs: dict[tuple, dict] = {}
-    for row in r["rows"]:
-        key = (row["workload"], row.get("driver") or "python")
-        pairs.setdefault(key, {"workload": key[0], "load": key[1]})
-        pairs[key]["off" if row["prefix_reuse"] == "off" else "on"] = row
-
-    def both(field: str, spec: str):
-        return lambda p: pair(p.get("on", {}).get(field), p.get("off", {}).get(field), spec)
-
-    columns = [
-        ("workload", "workload", ""),
-        ("load generator", "load", ""),
-        ("tokens/s reuse on / off", both("tokens_per_s", ".0f"), ""),
-        ("on / off", lambda p: ratio(p["on"]["tokens_per_s"], p["off"]["tokens_per_s"]), ".2f"),
-        ("computed per received (on)", lambda p: p["on"].get("computed_per_received"), ".2f"),
-        ("p99 s on / off", both("p99_s", ".2f"), ""),
-        ("encoder busy on / off", both("encoder_busy", ".2f"), ""),
-    ]
-    lines = grid(list(pairs.values()), columns)
-    if r.get("pruning"):
-        columns = [
-            ("model", "model", ""),
-            ("pruned tokens/s", "pruned_tok_s", ".0f"),
-            ("full tokens/s", "full_tok_s", ".0f"),
-            ("pruned / full", "ratio", ".2f"),
-            ("min cosine", "min_cosine", ".6f"),
+def key_table(record: dict) -> list[str]:
+    """The first markdown table of the report beside the record, as its benchmark wrote it (a
+    benchmark declares its columns once, in its own report); a report without one gives its
+    notes."""
+    report = record["_path"].with_suffix(".md")
+    lines = report.read_text().splitlines() if report.exists() else []
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if start is None:
+        body = [ln for ln in lines[1:] if ln and not ln.startswith(("- date:", "- machine:"))]
+        return [ln for ln in body if not ln.startswith(("- CPU flags:", "- command:"))] or [
+            "(no table in this report)"
         ]
-        models = [{"model": name, **p} for name, p in r["pruning"].items()]
-        lines += ["", "Last-layer pruning in process:", ""] + grid(models, columns)
-    return lines
-
-
-def attention(r: dict) -> list[str]:
-    columns = [
-        ("dtype", "dtype", ""),
-        ("text tokens", "length", ","),
-        ("native ms", "native_ms", ".1f"),
-        ("torch SDPA ms", "torch_ms", ".1f"),
-        ("vLLM ms", "vllm_ms", ".1f"),
-        ("vLLM + write ms", "vllm_with_write_ms", ".1f"),
-        ("native vs torch", "vs_torch", ".2f"),
-        ("vs vLLM", "vs_vllm", ".2f"),
-        ("vs vLLM + write", "vs_vllm_with_write", ".2f"),
-    ]
-    return [f"kernels `{r['isa']}`, {r['threads']} threads", ""] + grid(r["rows"], columns)
-
-
-MIX = "perf-peers text mix"
-
-
-def lengths(r: dict) -> list[str]:
-    columns = [
-        ("text tokens", lambda x: MIX if x["length"] == "mixed" else f"{x['length']:,}", ""),
-        ("native tokens/s", "native_tok_s", ".0f"),
-        ("torch SDPA tokens/s", "torch_tok_s", ".0f"),
-        ("native vs torch", lambda x: ratio(x["native_tok_s"], x["torch_tok_s"]), ".2f"),
-    ]
-    head = f"{r['route']}; {r['tokens_per_call']:,} tokens per call"
-    return [head, ""] + grid(r["rows"], columns)
-
-
-def long(r: dict) -> list[str]:
-    columns = [
-        ("text tokens", "tokens", ","),
-        ("tokens/s", "tokens_per_s", ".0f"),
-        ("seconds", "seconds", ".2f"),
-        (
-            "peak RSS loaded / after, MiB",
-            lambda x: pair(x["peak_rss_loaded_mib"], x["peak_rss_mib"], ".0f"),
-            "",
-        ),
-        ("chunks", "chunks", ""),
-        ("chunked tokens/s", "chunked_tokens_per_s", ".0f"),
-        (
-            "chunked vs plain",
-            lambda x: ratio(x.get("chunked_tokens_per_s"), x["tokens_per_s"]),
-            ".2f",
-        ),
-        ("peak RSS chunked, MiB", "chunked_peak_rss_mib", ".0f"),
-    ]
-    return [f"chunks of {r.get('chunk_size')} tokens", ""] + grid(r["results"], columns)
-
-
-def neighbour(r: dict) -> list[str]:
-    columns = [
-        ("encoder layout", "layout", ""),
-        ("neighbour", "load", ""),
-        ("tokens/s", "tokens_per_s", ".0f"),
-        ("x quiet", "over_quiet", ".2f"),
-        ("p50 / p99 s", lambda x: pair(x["p50_s"], x["p99_s"], ".1f"), ""),
-    ]
-    return grid(r["rows"], columns)
-
-
-def rows(r: dict) -> list[str]:
-    columns = [
-        ("op", "op", ""),
-        ("dtype", "dtype", ""),
-        ("GB/s", "GBps", ".1f"),
-        ("of copy", "of_copy", ".0%"),
-    ]
-    if isinstance(r["tokens"], list):  # several token counts: a column of its own
-        columns.insert(0, ("tokens", "tokens", ","))
-        head = f"kernels `{r['isa']}`, {r['threads']} threads"
-    else:
-        head = f"kernels `{r['isa']}`, {r['tokens']:,} tokens, {r['threads']} threads"
-    return [head, ""] + grid(r["rows"], columns)
-
-
-def rerank(r: dict) -> list[str]:
-    columns = [
-        ("path", "path", ""),
-        ("clients", "clients", ""),
-        ("pairs/s", "pairs_per_s", ".2f"),
-        ("max abs vs transformers", "max_abs", ".1e"),
-    ]
-    head = f"{r['dtype']}, one query with {r['documents']} documents"
-    return [head, ""] + grid(r["rows"], columns)
-
-
-def priority(r: dict) -> list[str]:
-    columns = [
-        ("server", "server", ""),
-        ("1-text queries served", "queries", ""),
-        ("p50 ms", "p50_ms", ".0f"),
-        ("p99 ms", "p99_ms", ".0f"),
-        ("bulk texts/s", "bulk_texts_per_s", ".1f"),
-    ]
-    runs = [{"server": name, **x} for name, xs in r["results"].items() for x in xs]
-    head = (
-        f"{r['query_clients']} query clients x 1 text beside {r['bulk_clients']} bulk clients "
-        f"x 256 texts, {r['seconds']} s per server"
-    )
-    return [head, ""] + grid(runs, columns)
-
-
-def batch(r: dict) -> list[str]:
-    columns = [
-        ("gateway", "gateway", ""),
-        ("1-text queries served", "queries", ""),
-        ("p50 ms", "p50_ms", ".0f"),
-        ("p99 ms", "p99_ms", ".0f"),
-        ("batch texts/s", "batch_texts_per_s", ".1f"),
-    ]
-    runs = [{"gateway": name, **x} for name, x in r["results"].items()]
-    head = (
-        f"{r['query_clients']} query clients x 1 text through /v1/embeddings, {r['seconds']} s "
-        f"alone, then beside a Batch API batch of {r['lines']} lines x {r['texts_per_line']} "
-        "texts, per value of the gateway's --batch-texts-in-flight"
-    )
-    return [head, ""] + grid(runs, columns)
-
-
-def prepack(r: dict) -> list[str]:
-    columns = [
-        ("dtype", "dtype", ""),
-        ("workload", "workload", ""),
-        ("packed tokens/s", "packed_tok_s", ".0f"),
-        ("plain tokens/s", "plain_tok_s", ".0f"),
-        ("packed / plain", "ratio", ".2f"),
-    ]
-    plans = [
-        ("dtype", "dtype", ""),
-        ("queries per forward", "queries_per_forward", ""),
-        ("ladder ms", "ladder_ms", ".1f"),
-        ("one 16-row step ms", "step16_ms", ".1f"),
-        ("speed-up", "speedup", ".2f"),
-    ]
-    head = ["", "Planned row counts (the ladder) vs one 16-row step:", ""]
-    return grid(r["rows"], columns) + head + grid(r["row_plans"], plans)
-
-
-def int8(r: dict) -> list[str]:
-    columns = [
-        ("layout", lambda x: x["layout"].replace("|", "\\|"), ""),
-        ("tokens/s", "tok_s", ".0f"),
-        ("x float route", "x_float", ".2f"),
-        (
-            "min / mean cosine, documents",
-            lambda x: pair(x["documents min"], x["documents mean"], ".5f"),
-            "",
-        ),
-        (
-            "min / mean cosine, random ids",
-            lambda x: pair(x["random ids min"], x["random ids mean"], ".5f"),
-            "",
-        ),
-    ]
-    return grid(r["rows"], columns)
-
-
-def gemm_bound(r: dict) -> list[str]:
-    def tokens_per_s(name: str) -> float:
-        return r["tokens"] / statistics.median(r["seconds"][name])
-
-    f = r["fraction"]
-    row = {
-        "engine": tokens_per_s("engine"),
-        "layers": tokens_per_s("linear layers"),
-        "median": f["median"],
-        "quartiles": f"{f['q1']:.2f} - {f['q3']:.2f}",
-    }
-    columns = [
-        ("engine tokens/s", "engine", ".0f"),
-        ("linear layers alone: tokens/s", "layers", ".0f"),
-        ("fraction (median)", "median", ".2f"),
-        ("quartiles", "quartiles", ""),
-    ]
-    return grid([row], columns)
-
-
-def gemm_rows(r: dict) -> list[str]:
-    columns = [
-        ("shape", "shape", ""),
-        ("dtype", "dtype", ""),
-        (
-            "row counts where a row's result differs",
-            lambda x: f"{x['counts_differing']} of {x['counts_tested']}",
-            "",
-        ),
-        ("20 rows ms", "rows20_ms", ".2f"),
-        ("20 rows padded to 256 ms", "rows20_padded_ms", ".2f"),
-        ("1,024 rows ms", "rows1024_ms", ".2f"),
-        ("1,024 as 4 x 256 ms", "rows1024_fixed_ms", ".2f"),
-        ("brgemm: row counts where it differs", "brgemm_counts_differing", ""),
-        (
-            "brgemm 20 / 1,024 rows ms",
-            lambda x: pair(x.get("brgemm_rows20_ms"), x.get("brgemm_rows1024_ms"), ".2f"),
-            "",
-        ),
-    ]
-    return grid(r["rows"], columns)
-
-
-def bf16_gemm(r: dict) -> list[str]:
-    off = r["rows"][0].get("rounds_tok_s")
-
-    def per_round(which: int):
-        """The median over rounds of this GEMM's tokens/s over oneDNN's (batch_invariant off;
-        newer reports)."""
-
-        def median_ratio(x: dict) -> float | None:
-            if off is None or "rounds_tok_s" not in x:
-                return None
-            return statistics.median(round_ratios(x["rounds_tok_s"], off, which))
-
-        return median_ratio
-
-    columns = [
-        ("GEMM", "gemm", ""),
-        ("64 documents tokens/s", "docs_tok_s", ".0f"),
-        ("x off, median of rounds", per_round(0), ".2f"),
-        ("16 short texts tokens/s", "short_tok_s", ".0f"),
-        ("x off, median of rounds", per_round(1), ".2f"),
-        ("texts alone differing from among documents (of 16)", "rows_differing", ""),
-        ("max-abs", "max_abs", ".3g"),
-    ]
-    return grid(r["rows"], columns)
-
-
-def blocking(r: dict, baseline: str) -> list[str]:
-    """The table of bench_bf16_blocking.py or bench_int8_blocking.py against its baseline."""
-    columns = [
-        ("GEMM", "shape", ""),
-        ("rows", "rows", ""),
-        (f"{baseline} ms", "onednn_ms", ".3f"),
-        ("default ms", "default_ms", ".3f"),
-        ("fastest blocking", "best", ""),
-        ("its ms", "best_ms", ".3f"),
-    ]
-    return grid(r["rows"], columns)
-
-
-def startup(r: dict) -> list[str]:
-    """Medians over the starts: seconds until ready, the launcher's and each stub's memory."""
-    runs = r["rounds"]
-    stubs = sorted({m for run in runs for m in run["stubs_mb"]})
-    columns = [("ready s", "ready_s", ".1f"), ("launcher MB", "launcher_mb", ".0f")] + [
-        (f"{model} stub MB", model, ".0f") for model in stubs
-    ]
-    row = {
-        "ready_s": statistics.median(x["ready_s"] for x in runs),
-        "launcher_mb": statistics.median(x["launcher_mb"] for x in runs),
-        **{
-            m: statistics.median(mb for x in runs for mb in x["stubs_mb"].get(m, [])) for m in stubs
-        },
-    }
-    return grid([row], columns)
-
-
-def adaptive_split(r: dict) -> list[str]:
-    columns = [
-        ("adaptive s", "adaptive_s", ".2f"),
-        ("even s", "even_s", ".2f"),
-        ("even / adaptive", "ratio", ".2f"),
-        ("texts to the fast server", "fast_texts", ""),
-        ("to the slow one", "slow_texts", ""),
-    ]
-    return grid(r["rows"], columns)
-
-
-def soak(r: dict) -> list[str]:
-    columns = [
-        ("seconds", "seconds", ".0f"),
-        ("users", "users", ""),
-        ("requests", "requests", ""),
-        ("failures", "failures", ""),
-        ("tokens/s", "tokens_per_s", ".0f"),
-        ("p50 / p99 ms", lambda x: pair(x["p50_ms"], x["p99_ms"], ".0f"), ""),
-        ("peak RSS growth after warm-up", "growth_after_warmup", "+.1%"),
-        ("limit", "max_growth", ".0%"),
-        ("result", lambda x: "PASS" if x["passed"] else "FAIL", ""),
-    ]
-    return grid([{**r, **r["locust"]}], columns)
-
-
-def engine(r: dict) -> list[str]:
-    columns = [
-        ("workload", "workload", ""),
-        ("texts", "texts", ""),
-        ("tokens", "tokens", ""),
-        ("padded tokens (transformers)", "padded_tokens", ""),
-        ("engine tokens/s", "engine_tokens_per_s", ".0f"),
-        ("transformers tokens/s", "transformers_tokens_per_s", ".0f"),
-        ("engine / transformers", "ratio", ".2f"),
-        ("min cosine", "min_cosine", ".6f"),
-    ]
-    results = r["results"]
-    if all("linear_bound_tokens_per_s" in x for x in results):  # a GPU run
-        results = [
-            {**x, **{f"sorted_{b}": v for b, v in x["sorted_tokens_per_s"].items()}}
-            for x in results
-        ]
-        sizes = list(results[0]["sorted_tokens_per_s"])
-        columns[3:6] = [
-            columns[4],
-            *[
-                (f"sentence-transformers' order, batches of {b}", f"sorted_{b}", ".0f")
-                for b in sizes
-            ],
-            ("linear layers' cuBLAS bound", "linear_bound_tokens_per_s", ".0f"),
-            ("engine / bound", "fraction_of_bound", ".0%"),
-        ]
-    return [f"dtype {r['dtype']}", ""] + grid(results, columns)
-
-
-def profile_engine(r: dict) -> list[str]:
-    """The GPU's side of a profile: per call size, tokens/s, launches and where kernels ran."""
-    calls = r.get("per_call_size", [])
-    if not calls or not calls[0].get("gpu"):
-        return ["(CPU profile: see the report)"]
-    groups = list(calls[0]["gpu"]["kernel_ms"])
-    header = ["texts per call", "tokens/s", "launches per layer", "GPU idle", *groups]
-    rows = []
-    for c in calls:
-        k = c["gpu"]
-        busy = k["kernel_busy_ms"] or 1e-9
-        rows.append(
-            [
-                c["texts_per_call"],
-                "" if c["tokens_per_s"] is None else f"{c['tokens_per_s']:.0f}",
-                f"{k['launches_per_layer']:.1f}",
-                f"{k['idle_share']:.0%}",
-                *[f"{k['kernel_ms'][g] / busy:.0%}" for g in groups],
-            ]
-        )
-    return [f"route: {r.get('route', 'not recorded')}", ""] + table(header, rows)
-
-
-def _ms(level: dict, name: str) -> float | None:
-    """A latency in ms: older reports wrote NAME_ms, newer ones NAME_s."""
-    if level.get(f"{name}_ms") is not None:
-        return level[f"{name}_ms"]
-    seconds = level.get(f"{name}_s")
-    return None if seconds is None else seconds * 1000
-
-
-def serving(r: dict) -> list[str]:
-    columns = [
-        ("clients", "concurrency", ""),
-        ("tokens/s", "tokens_per_s", ".0f"),
-        ("p50 ms", lambda level: _ms(level, "p50"), ".0f"),
-        ("p99 ms", lambda level: _ms(level, "p99"), ".0f"),
-        ("requests per encoder execute", "requests_per_execute", ".1f"),
-    ]
-    if "calls_share" in r["levels"][0]:  # records that say where the wall time went
-        columns += [
-            ("wall in encoder calls", "calls_share", ".0%"),
-            ("in executes", "executes_share", ".0%"),
-            ("encoder cores", lambda level: level["cores"].get("encoder", 0.0), ".2f"),
-            ("tokenizer cores", lambda level: level["cores"].get("tokenizer", 0.0), ".2f"),
-            ("tritonserver cores", lambda level: level["cores"]["tritonserver"], ".2f"),
-            ("client cores", lambda level: level["cores"]["clients"], ".2f"),
-        ]
-    alone = r["engine_alone"]["tokens_per_s"]
-    tail = ["", f"The engine alone, in process, on the same texts: {alone:.0f} tokens/s."]
-    return grid(r["levels"], columns) + tail
-
-
-def tokenizer(r: dict) -> list[str]:
-    columns = [
-        ("HF tokenizers (the `tokenizer` model), one core", "hf_tokens_per_s_per_core", ",.0f"),
-        ("tiktoken on Qwen's ranks, one core", "tiktoken_tokens_per_s_per_core", ",.0f"),
-        ("encoder, demo model fp32, both cores", "encoder_tokens_per_s_fp32", ",.0f"),
-        ("HF tokenizers / encoder", "hf_over_encoder", ".0f"),
-        ("texts with different ids", "id_mismatches", ""),
-    ]
-    return ["tokens/s", ""] + grid([r], columns)
-
-
-def run_locust(r: dict) -> list[str]:
-    columns = [
-        ("users", "users", ""),
-        ("requests", "requests", ""),
-        ("failures", "failures", ""),
-        ("tokens/s", "tokens_per_s", ".0f"),
-        ("p50 ms", "p50_ms", ".0f"),
-        ("p99 ms", "p99_ms", ".0f"),
-    ]
-    return grid(r["levels"], columns)
-
-
-def perf_analyzer(r: dict) -> list[str]:
-    """tokens/s, one row per model and texts per request, one column per load level."""
-    by_row: dict[str, dict] = {}
-    for x in r["levels"]:
-        level = f"c={x['concurrency']}" if x.get("concurrency") else f"{x['rate']} req/s"
-        name = f"{x['model']}, {x['texts']} texts per request"
-        by_row.setdefault(name, {"": name})[level] = x["tokens_per_s"]
-    levels = sorted(
-        {k for row in by_row.values() for k in row if k},
-        key=lambda k: (k.endswith("req/s"), float(k.removeprefix("c=").split()[0])),
-    )
-    columns = [("", "", "")] + [(level, level, ".0f") for level in levels]
-    return ["tokens/s per concurrency (c=N) or request rate", ""] + grid(
-        [by_row[name] for name in sorted(by_row)], columns
-    )
-
-
-RENDER = {
-    "adaptive_split": adaptive_split,
-    "attention": attention,
-    "batch": batch,
-    "bf16_blocking": partial(blocking, baseline="oneDNN"),
-    "bf16_gemm": bf16_gemm,
-    "engine": engine,
-    "gemm_bound": gemm_bound,
-    "gemm_rows": gemm_rows,
-    "int8": int8,
-    "int8_blocking": partial(blocking, baseline="bf16 GEMM"),
-    "lengths": lengths,
-    "long": long,
-    "neighbour": neighbour,
-    "peers": peers,
-    "perf_analyzer": perf_analyzer,
-    "prefix": prefix,
-    "prepack": prepack,
-    "profile_engine": profile_engine,
-    "priority": priority,
-    "rerank": rerank,
-    "rows": rows,
-    "run_locust": run_locust,
-    "serving": serving,
-    "soak": soak,
-    "startup": startup,
-    "tokenizer": tokenizer,
-}
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
 
 
 # ---------------------------------------------------------------- the page
@@ -686,9 +166,7 @@ def section(record: dict) -> list[str]:
         f"Machine: {record['machine']}" + (f"; CPU: {record['cpu']}" if record.get("cpu") else ""),
         "",
     ]
-    render = RENDER.get(name.split()[0])
-    lines += render(record) if render else ["(no table for this benchmark: see the report)"]
-    return lines + [""]
+    return lines + key_table(record) + [""]
 
 
 def main() -> None:

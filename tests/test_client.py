@@ -110,7 +110,7 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
 
 
 def test_chunks_follow_each_servers_measured_speed():
-    """The split policy on given measurements (perf/bench_adaptive_split.py times it)."""
+    """The split policy on given measurements (perf/bench_load.py adaptive_split times it)."""
     fast, slow, fresh = ServerState(), ServerState(), ServerState()
     fast.record(texts=40, seconds=1.0)
     slow.record(texts=40, seconds=20.0)

@@ -155,7 +155,7 @@ def test_int8_matches_transformers(checkpoint, config_name, dtype):
 def test_int8_on_the_demo_model_shape(demo_dir):
     """Qwen3-Embedding-0.6B's widths, texts of random ids: the int8 route against fp32. The
     attention's values and output projection stay in floats (int8.FLOAT_LAYERS); quantising
-    the values too gives ~0.9990 on the 4-layer benchmark model (perf/bench_int8.py)."""
+    the values too gives ~0.9990 on the 4-layer benchmark model (perf/bench_routes.py int8)."""
     seqs = random_sequences([5, 17, 40, 90, 128, 200, 300, 511, 33, 64], vocab_size=151643, seed=3)
     with Encoder.from_pretrained(demo_dir, dtype="float32", prefix_reuse=False) as enc:
         reference = enc.embed(seqs)
