@@ -2,6 +2,7 @@
 client's tables (outputs, types, limits, priorities) agree with the config.pbtxt files the
 server loads, and every option travels as parameters and back unchanged."""
 
+import argparse
 import json
 import re
 from dataclasses import fields
@@ -233,3 +234,36 @@ def test_counts_and_limits_of_the_http_edge_are_the_contracts():
         with pytest.raises(RequestError, match=f"parameter 'top_n' {message}"):
             at_least_one("top_n", bad)
     assert MAX_INPUTS >= MAX_TEXTS_PER_REQUEST and MAX_DOCUMENTS >= 1
+
+
+def test_the_cli_flags_are_the_contracts_options():
+    """Every option of the contract a user sets by hand is a flag of the CLI, named, typed and
+    limited as the field is; what the flags give back is a valid option record."""
+    from qwen_embed_client import cli
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    embed, rerank = sub.add_parser("embed"), sub.add_parser("rerank")
+    for options, p in ((EmbedOptions, embed), (RerankOptions, rerank)):
+        for flag, keywords in cli.option_flags(options):
+            p.add_argument(flag, **keywords)
+    flags = {a.dest: a for a in embed._actions}
+    # what a user types on the command line: everything but the wire-only fields
+    assert {f.name for f in fields(EmbedOptions)} - set(flags) == {"chunk_spans", "token_ids"}
+    assert flags["max_tokens"].type is int and flags["dimensions"].type is int
+    assert flags["normalize"].option_strings == ["--no-normalize"]
+    assert flags["truncation_direction"].choices == ["right", "left"]
+    assert flags["embedding_type"].choices == list(EMBEDDING_TYPES)
+
+    args = parser.parse_args(
+        ["embed", "--max-tokens", "7", "--no-normalize", "--truncation-direction", "left"]
+    )
+    options = EmbedOptions(**cli.options_from_flags(EmbedOptions, args))
+    assert options == EmbedOptions(max_tokens=7, normalize=False, truncation_direction="left")
+    assert parser.parse_args(["embed"]).normalize is True
+    with pytest.raises(SystemExit):  # argparse refuses what the contract's choices exclude
+        parser.parse_args(["embed", "--truncation-direction", "up"])
+
+    args = parser.parse_args(["rerank", "--max-document-tokens", "32", "--no-truncate"])
+    options = RerankOptions(**cli.options_from_flags(RerankOptions, args))
+    assert options == RerankOptions(max_document_tokens=32, truncate=False)

@@ -21,7 +21,15 @@ from tritonclient.utils import InferenceServerException
 
 from . import bulk
 from .client import EmbeddingClient, EmbeddingError
-from .contract import EMBEDDING_TYPES, FACTS, PRIORITIES, EmbedOptions, read_facts
+from .contract import (
+    FACTS,
+    PRIORITIES,
+    EmbedOptions,
+    RerankOptions,
+    option_flags,
+    options_from_flags,
+    read_facts,
+)
 
 PROGRESS_CHUNK = 1024  # texts per client call when a progress bar is shown
 
@@ -77,20 +85,12 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     texts, ids = read_records(args)
     if not texts:
         raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
-    options = {
-        "prompt_name": args.prompt_name,
-        "instruction": args.instruction,
-        "prompt": args.prompt,
-        "dimensions": args.dimensions,
-        "normalize": not args.no_normalize,
-        "truncate": not args.no_truncate,
-        "truncation_direction": args.truncation_direction,
-        "embedding_type": args.embedding_type,
-        # A file is a bulk job: it yields to interactive queries on a shared server.
-        "priority": args.priority or ("bulk" if args.input else "interactive"),
-    }
-    if args.chunk_size is not None:
-        write_chunks(args, client, texts, options)
+    options = options_from_flags(EmbedOptions, args)
+    # A file is a bulk job: it yields to interactive queries on a shared server.
+    options["priority"] = args.priority or ("bulk" if args.input else "interactive")
+    chunk_size = options.pop("chunk_size")
+    if chunk_size is not None:
+        write_chunks(args, client, texts, chunk_size, options)
         return
     if args.output and not args.output.endswith((".npy", ".jsonl")):
         # What the vectors depend on, kept in the manifest (the priority is not).
@@ -119,11 +119,13 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
 
 
-def write_chunks(args, client: EmbeddingClient, texts: list[str], options: dict) -> None:
+def write_chunks(
+    args, client: EmbeddingClient, texts: list[str], chunk_size: int, options: dict
+) -> None:
     """Late chunking: a JSON line per text with its chunks' characters and vectors."""
     if args.output and not args.output.endswith(".jsonl"):
         raise EmbeddingError("--chunk-size writes JSONL: give -o FILE.jsonl or none (stdout)")
-    results = client.embed_chunks(texts, chunk_size=args.chunk_size, **options)
+    results = client.embed_chunks(texts, chunk_size=chunk_size, **options)
     lines = [
         json.dumps(
             {
@@ -148,7 +150,8 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     documents = read_texts(args)
     if not documents:
         raise EmbeddingError(f"no documents in {args.documents}")
-    result = client.rerank(args.query, documents, top_n=args.top_n, instruction=args.instruction)
+    options = options_from_flags(RerankOptions, args)
+    result = client.rerank(args.query, documents, top_n=args.top_n, **options)
     for index, score in result.ranking:
         line = {"index": index, "relevance_score": score, "document": documents[index]}
         sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -220,25 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--id-field", default="id", help="JSONL field holding a text's id")
     e.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     e.add_argument("--timeout", type=float, default=120.0)
-    e.add_argument("--prompt-name")
-    e.add_argument("--instruction")
-    e.add_argument("--prompt", help="a literal prefix for every text")
-    e.add_argument("--truncation-direction", choices=["right", "left"])
-    e.add_argument("--dimensions", type=int)
-    e.add_argument("--no-normalize", action="store_true")
-    e.add_argument(
-        "--embedding-type",
-        choices=list(EMBEDDING_TYPES),
-        default=EmbedOptions.embedding_type,
-        help="float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
-    )
-    e.add_argument("--no-truncate", action="store_true")
-    e.add_argument(
-        "--chunk-size",
-        type=int,
-        help="late chunking: one vector per this many tokens of each text, each in the "
-        "context of the whole text (JSONL of chunks)",
-    )
+    for flag, keywords in option_flags(EmbedOptions):
+        e.add_argument(flag, **keywords)
     e.add_argument(
         "--priority",
         choices=list(PRIORITIES),
@@ -249,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("query")
     r.add_argument("documents", help="text file (one document per line), .jsonl, or - for stdin")
     r.add_argument("--text-field", default="text", help="JSONL field holding the document")
-    r.add_argument("--top-n", type=int)
-    r.add_argument("--instruction")
+    r.add_argument("--top-n", type=int, help="the best N documents only")
+    for flag, keywords in option_flags(RerankOptions):
+        r.add_argument(flag, **keywords)
     r.add_argument("--rerank-model", default="rerank")
     r.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     r.add_argument("--timeout", type=float, default=120.0)

@@ -6,7 +6,8 @@ default and limit. Clients (client.py, the gateway, the CLI) build one and send 
 checks what needs the model (`check_model`: its dimension and prompt names). The part of the
 options the encoder step needs crosses the ensemble as FINISH rows (`finish_rows` /
 `read_finish`); token ids and late chunking's spans as packed int32 BYTES elements. A new
-request option is a field here and a row in docs/api.md.
+request option is a field here (its help text too: the CLI's flags are made from the fields,
+`option_flags`) and a row in docs/api.md.
 
 numpy only: clients never import torch. A broken rule raises RequestError (a ValueError) with a
 message naming the field and the limit; the Triton models answer it as INVALID_ARG for that
@@ -18,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -137,6 +138,40 @@ def _one_of(name: str, value, allowed: tuple) -> None:
         raise RequestError(f"parameter '{name}' must be one of {list(allowed)}, got {value!r}")
 
 
+def _option(default, help: str, choices: tuple[str, ...] | None = None):
+    """A request option's field, with what a user is told of it (the CLI's help)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def option_flags(options: type[_Options]) -> list[tuple[str, dict]]:
+    """argparse flags for the fields of `options` that have help text: (flag, keywords), the
+    flag's destination the field's name. A boolean that defaults to true becomes --no-NAME."""
+    flags = []
+    for f in fields(options):
+        if "help" not in f.metadata:
+            continue
+        name, keywords = f.name.replace("_", "-"), {"dest": f.name, "help": f.metadata["help"]}
+        if isinstance(f.default, bool):
+            flag = f"--no-{name}" if f.default else f"--{name}"
+            keywords["action"] = "store_false" if f.default else "store_true"
+            if f.default:
+                keywords["help"] = f"off (on by default): {keywords['help']}"
+        else:
+            flag = f"--{name}"
+            keywords["default"] = f.default
+            if f.metadata["choices"]:
+                keywords["choices"] = list(f.metadata["choices"])
+            elif "int" in str(f.type):
+                keywords["type"] = int
+        flags.append((flag, keywords))
+    return flags
+
+
+def options_from_flags(options: type[_Options], args) -> dict:
+    """The values of `option_flags(options)` that argparse filled in `args`."""
+    return {f.name: getattr(args, f.name) for f in fields(options) if "help" in f.metadata}
+
+
 class _Options:
     """Shared by both option records: Triton request parameters in and out."""
 
@@ -170,20 +205,30 @@ class _Options:
 class EmbedOptions(_Options):
     """Options of one `embed` request (docs/api.md)."""
 
-    truncate: bool = True  # cut a text past max_input_tokens (else refuse it)
-    truncation_direction: str | None = None  # "right" or "left"; None: the deployment's
-    max_tokens: int | None = None  # tokens per text for this request, within the deployment's
-    prompt_name: str | None = None  # a name in the checkpoint's prompts
-    instruction: str | None = None  # the task of the model's own query prompt
-    prompt: str | None = None  # a literal prefix
-    dimensions: int | None = None  # Matryoshka: the first N dimensions
-    normalize: bool = True
-    # One of EMBEDDING_TYPES, or several separated by commas: each from one computation of the
-    # vectors, in its own output.
-    embedding_type: str = "float"
+    truncate: bool = _option(True, "cut a text past max_input_tokens (else refuse it)")
+    truncation_direction: str | None = _option(
+        None, "which end a cut text loses (default: the deployment's)", TRUNCATION_DIRECTIONS
+    )
+    max_tokens: int | None = _option(
+        None, "tokens per text for this request, within the deployment's limit"
+    )
+    prompt_name: str | None = _option(None, "a name among the checkpoint's prompts")
+    instruction: str | None = _option(None, "the task of the model's own query prompt")
+    prompt: str | None = _option(None, "a literal prefix for every text")
+    dimensions: int | None = _option(None, "Matryoshka: the first N dimensions")
+    normalize: bool = _option(True, "unit-length vectors")
+    embedding_type: str = _option(
+        "float",
+        "float32, or compact codes: int8, uint8, binary/ubinary (8 dimensions a byte)",
+        EMBEDDING_TYPES,
+    )  # or several separated by commas: each from one computation, in its own output
     # Late chunking: chunks of this many of a text's own tokens, or these [start, end) spans
     # of them; one vector per chunk.
-    chunk_size: int | None = None
+    chunk_size: int | None = _option(
+        None,
+        "late chunking: one vector per this many tokens of each text, each in the context of "
+        "the whole text",
+    )
     chunk_spans: tuple[tuple[int, int], ...] | None = None
     # Each TEXT element holds the model's own token ids (pack_ids), taken as given: no
     # prompt, no special tokens added; the same limits as texts.
@@ -321,9 +366,9 @@ def _spans(value) -> tuple[tuple[int, int], ...]:
 class RerankOptions(_Options):
     """Options of one `rerank` request (docs/api.md); `top_n` is the client's own."""
 
-    truncate: bool = True  # cut the document to fit max_input_tokens (else refuse the pair)
-    instruction: str = DEFAULT_TASK
-    max_document_tokens: int | None = None  # each document cut to its first N tokens
+    truncate: bool = _option(True, "cut the document to fit max_input_tokens (else refuse it)")
+    instruction: str = _option(DEFAULT_TASK, "the task the query states")
+    max_document_tokens: int | None = _option(None, "each document cut to its first N tokens")
 
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")

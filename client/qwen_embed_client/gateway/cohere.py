@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
-from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS, at_least_one
-from .common import check_model, embed, encode_value, text_usage
+from ..contract import EMBEDDING_TYPES, MAX_INPUTS, at_least_one
+from .common import check_model, embed, encode_value, rerank_inputs, text_usage
 from .errors import (
     STATUS,
     APIError,
@@ -173,21 +173,7 @@ async def rerank_v2(request: Request):
     gw = gateway(request)
     body = _object(await json_body(request))
     check_model(body.get("model"), gw.rerank_model_name)
-    query, documents = body.get("query"), body.get("documents")
-    if not isinstance(query, str) or not query.strip():
-        raise invalid("invalid request: query must be a non-empty string", "query")
-    if (
-        not isinstance(documents, list)
-        or not documents
-        or not all(isinstance(d, str) for d in documents)
-    ):
-        raise invalid("invalid request: documents must be a non-empty list of strings", "documents")
-    if len(documents) > MAX_DOCUMENTS:
-        raise invalid(
-            f"invalid request: {len(documents)} documents, more than the limit of {MAX_DOCUMENTS}",
-            "documents",
-        )
-    check_utf8([("query", query)] + [(f"documents[{i}]", d) for i, d in enumerate(documents)])
+    query, documents = rerank_inputs(body, "documents", "invalid request: {}".format)
     options = _priority(body)
     for field, option in (("top_n", "top_n"), ("max_tokens_per_doc", "max_document_tokens")):
         if (value := contract_field(at_least_one, body, field)) is not None:

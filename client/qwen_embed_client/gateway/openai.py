@@ -14,13 +14,12 @@ from fastapi.responses import JSONResponse
 from ..client import EmbeddingError
 from ..contract import (
     EMBEDDING_TYPES,
-    MAX_DOCUMENTS,
     MAX_INPUTS,
     EmbedOptions,
     at_least_one,
     priority_level,
 )
-from .common import check_model, embed, encode_value, text_usage
+from .common import check_model, embed, encode_value, rerank_inputs, text_usage
 from .errors import (
     BACKEND,
     NOT_FOUND,
@@ -160,29 +159,7 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, l
     if not isinstance(body, dict):
         raise invalid("request body must be a JSON object")
     check_model(body.get("model"), served_model)
-    query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise invalid("'query' must be a non-empty string", "query")
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents:
-        raise invalid(
-            "'documents' must be a non-empty list of strings or {\"text\": ...} objects",
-            "documents",
-        )
-    if len(documents) > MAX_DOCUMENTS:
-        raise invalid(
-            f"'documents' holds {len(documents)} items, more than the limit of {MAX_DOCUMENTS}",
-            "documents",
-        )
-    texts = []
-    for i, doc in enumerate(documents):
-        text = doc.get("text") if isinstance(doc, dict) else doc
-        if not isinstance(text, str):
-            raise invalid(
-                f"'documents[{i}]' must be a string or an object with a string 'text'", "documents"
-            )
-        texts.append(text)
-    check_utf8([("query", query)] + [(f"documents[{i}]", t) for i, t in enumerate(texts)])
+    query, texts = rerank_inputs(body, "documents", "'{}'".format, objects=True)
     options = {"top_n": contract_field(at_least_one, body, "top_n")}
     instruction = body.get("instruction")
     if instruction is not None:

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
-from ..contract import MAX_DOCUMENTS, MAX_INPUTS
-from .common import embed
+from ..contract import MAX_INPUTS
+from .common import embed, rerank_inputs
 from .errors import (
     BACKEND,
     EMPTY,
@@ -147,17 +147,9 @@ async def rerank_route(request: Request):
             return await rerank_response(gw, body)
         except APIError as e:
             raise APIError(e.kind, e.message, e.param, api="openai") from None
-    query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise invalid("`query` must be a non-empty string", "query")
-    texts = body["texts"]
-    if texts == []:
+    if body["texts"] == []:
         raise APIError(EMPTY, "`texts` cannot be empty", "texts")
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise invalid("`texts` must be a list of strings", "texts")
-    if len(texts) > MAX_DOCUMENTS:
-        raise invalid(f"batch size {len(texts)} > maximum allowed batch size {MAX_DOCUMENTS}")
-    check_utf8([("query", query)] + [(f"texts[{i}]", t) for i, t in enumerate(texts)])
+    query, texts = rerank_inputs(body, "texts", "`{}`".format)
     truncation = _truncation(body)
     if truncation.get("truncation_direction") == "left":
         raise invalid(
