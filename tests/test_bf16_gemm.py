@@ -1,5 +1,5 @@
-"""The bf16 linear operator (ops.cpp, onednn.NativeBf16Weight) on our AMX tile kernel
-(gemm_amx.cpp) or oneDNN's brgemm micro-kernel: the GEMM of batch_invariant "on", since on AMX
+"""The bf16 linear operator (native/csrc/gemm/, onednn.NativeBf16Weight) on our AMX tile
+kernel or oneDNN's brgemm micro-kernel: the GEMM of batch_invariant "on", since on AMX
 CPUs oneDNN's own GEMM sums a row in another order at other row counts. Against the fp32 product
 (one bf16 rounding), a row the same at every row count and stride, the two kernels the same
 bits, and the route that chooses it."""
@@ -135,10 +135,10 @@ def test_bad_operands_are_refused():
     [(64, 96, 256, False), (128, 64, 512, True), (256, 17, 256, False), (512, 32, 512, True)],
 )
 def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, channels_outer):
-    """Panels per call and tasks are free choices (bench_bf16_blocking.py tries them): each row
-    is still summed over the whole K in ascending tile products, so the bits are the default
-    blocking's. On AMX CPUs the default's 64-channel panels run our tile kernel and the wider
-    ones oneDNN's micro-kernel: the two agree bitwise."""
+    """Panels per call and tasks are free choices (`bench_kernels.py bf16_blocking` tries them):
+    each row is still summed over the whole K in ascending tile products, so the bits are the
+    default blocking's. On AMX CPUs the default's 64-channel panels run our tile kernel and the
+    wider ones oneDNN's micro-kernel: the two agree bitwise."""
     w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
     bias = torch.randn(700)
     default = NativeBf16Weight(w)(x, bias)

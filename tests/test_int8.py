@@ -1,5 +1,5 @@
-"""The native int8 linear operator (native/csrc/int8_rows.cpp around our AMX int8 tile kernel,
-gemm_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere; ops.cpp)
+"""The native int8 linear operator (native/csrc/gemm/: rows.cpp around our AMX int8 tile
+kernel, tiles_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere)
 against the torch route it replaces: the same integer arithmetic, so the same numbers, for the
 layouts the model hands it, with and without the rows' Hadamard rotation."""
 
@@ -94,8 +94,8 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(dtype):
     "task_rows,task_channels,channels_outer", [(32, 64, True), (17, 512, False), (256, 128, True)]
 )
 def test_every_blocking_gives_the_same_bits(dtype, task_rows, task_channels, channels_outer):
-    """Rows and channels per task are free choices (bench_int8_blocking.py tries them): a row's
-    sums are exact integers rescaled per row and channel, so the bits are the default's."""
+    """Rows and channels per task are free choices (`bench_kernels.py int8_blocking` tries them):
+    a row's sums are exact integers rescaled per row and channel, so the bits are the default's."""
     x, w = _random(150, 128, seed=0).to(dtype), _random(700, 128, seed=1)
     bias = torch.randn(700)
     packed, offset, scale = int8.pack(*int8.quantize_rows(w))

@@ -4,11 +4,11 @@
 accumulated in int32. Each layer first rotates its input rows and its weight rows by the same
 block Walsh-Hadamard transform H (`x @ W.T == (x @ H) @ (W @ H).T / block`): an outlier
 spreads over its block, so the one scale per row or channel fits the other values better.
-On CPUs with AVX512_VNNI the native operator does all of it (native/csrc/int8_rows.cpp,
-ops.cpp): weights packed for it once here, each row rotated in registers and quantised, the
-integer GEMM on our AMX int8 tile kernel where the CPU has the tiles (native/csrc/gemm_amx.cpp)
-and on oneDNN's brgemm micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype
-while they are in cache, so no int32 matrix is written.
+On CPUs with AVX512_VNNI the native operator does all of it (native/csrc/gemm/): weights
+packed for it once here, each row rotated in registers and quantised, the integer GEMM on our
+AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on oneDNN's brgemm
+micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype while they are in cache,
+so no int32 matrix is written.
 Elsewhere the native rotation (any instruction set) or the same butterflies in torch, then
 `torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it are compiled
 (compiled.py: Inductor fuses each into one loop; eager where compiling fails).

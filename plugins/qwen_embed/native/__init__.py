@@ -66,8 +66,8 @@ def isa_for(features: CpuFeatures) -> str:
 
 def sources_digest() -> str:
     h = hashlib.sha256()
-    for path in sorted(CSRC.iterdir()):
-        h.update(path.name.encode() + path.read_bytes())
+    for path in sorted(p for p in CSRC.rglob("*") if p.is_file()):
+        h.update(path.relative_to(CSRC).as_posix().encode() + path.read_bytes())
     return h.hexdigest()
 
 

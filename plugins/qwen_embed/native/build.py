@@ -2,7 +2,7 @@
 
 Each instruction set's copy of the kernels is compiled with its own flags, never
 `-march=native`, so one build runs on any x86-64 CPU and picks its kernels at run time
-(ops.cpp). Where there is no compiler the build says so and the engine keeps torch's ops.
+(cpu_features.cpp). Where there is no compiler the build says so and the engine keeps torch's ops.
 """
 
 from __future__ import annotations
@@ -26,21 +26,29 @@ AVX512 = [
     "-mfma",
     *QUIET_INTRINSICS,
 ]
-AMX_SOURCES = ("kernels_amx.cpp", "gemm_amx.cpp")
+AMX_SOURCES = ("kernels_amx.cpp", "gemm/tiles_amx.cpp")
 ISA_FLAGS = {
     "kernels_generic.cpp": [],
     "kernels_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
     "kernels_avx512.cpp": AVX512,
     "kernels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
-    "int8_rows.cpp": AVX512,
+    "gemm/rows.cpp": AVX512,
     "kernels_amx.cpp": [
         *AVX512,
         "-mavx512bf16",
         "-mamx-tile",
         "-mamx-bf16",
     ],
-    "gemm_amx.cpp": [*AVX512, "-mamx-tile", "-mamx-int8", "-mamx-bf16"],  # int8_rows.cpp's + tiles
+    "gemm/tiles_amx.cpp": [*AVX512, "-mamx-tile", "-mamx-int8", "-mamx-bf16"],  # rows.cpp's + tiles
 }
+# The operators over the kernels, compiled with torch's headers and OpenMP.
+OPERATOR_SOURCES = (
+    "cpu_features.cpp",
+    "row_ops.cpp",
+    "attention_ops.cpp",
+    "gemm/ops.cpp",
+    "bindings.cpp",
+)
 COMMON = [
     "-O3",
     "-fPIC",
@@ -57,7 +65,7 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    # at::parallel_for is OpenMP code compiled into ops.cpp; torch ships the libgomp it uses.
+    # at::parallel_for is OpenMP code compiled into the operators; torch ships the libgomp it uses.
     compile_flags = [
         "-fopenmp",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
@@ -81,7 +89,7 @@ def build(compiler: str | None = None) -> Path:
     BUILD.mkdir(exist_ok=True)
 
     def compile_one(name: str, flags: list[str]) -> Path | None:
-        obj = BUILD / (Path(name).stem + ".o")
+        obj = BUILD / (name.removesuffix(".cpp").replace("/", "_") + ".o")
         cmd = [compiler, *COMMON, *flags, "-c", str(CSRC / name), "-o", str(obj)]
         return obj if subprocess.run(cmd).returncode == 0 else None
 
@@ -95,7 +103,11 @@ def build(compiler: str | None = None) -> Path:
         for source in amx:
             del built[source]
         torch_compile = [*torch_compile, "-DQE_NO_AMX"]
-    objects = [compile_one("ops.cpp", torch_compile), *built.values()]
+    with ThreadPoolExecutor() as pool:
+        operators = list(
+            pool.map(compile_one, OPERATOR_SOURCES, [torch_compile] * len(OPERATOR_SOURCES))
+        )
+    objects = [*operators, *built.values()]
     if None in objects:
         raise RuntimeError("the kernels did not compile (see the compiler's messages above)")
     subprocess.run(

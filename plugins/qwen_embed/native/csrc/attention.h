@@ -1,6 +1,6 @@
 // Varlen attention, written once and compiled per instruction set like rows.h: a segment's keys
 // and values of one kv head are packed (keys transposed, fp32), then a task attends up to
-// kTaskRows query rows of one head to them (ops.cpp decides the tasks and spreads them over
+// kTaskRows query rows of one head to them (attention_ops.cpp decides the tasks and spreads them over
 // torch's threads; attention_amx.h is the same on AMX tiles).
 //
 // fp32 arithmetic and an online softmax over spans of keys that start at multiples of kSpan

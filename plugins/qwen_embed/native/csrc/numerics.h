@@ -1,4 +1,4 @@
-// Numerics shared by the kernels of one instruction set (rows.h, attention.h, int8_rows.cpp):
+// Numerics shared by the kernels of one instruction set (rows.h, attention.h, gemm/rows.cpp):
 // bf16 <-> fp32 as torch converts, a fixed-order lane sum, a vectorisable exp and the int8
 // route's rotation. Included into each kernels_<isa>.cpp, whose flags decide the instructions.
 #pragma once

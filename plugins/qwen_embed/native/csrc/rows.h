@@ -1,5 +1,5 @@
 // Row-wise elementwise kernels of a decoder layer, written once and compiled once per
-// instruction set (kernels_<isa>.cpp sets QE_ISA and the compiler flags; ops.cpp chooses at run
+// instruction set (kernels_<isa>.cpp sets QE_ISA and the compiler flags; cpu_features.cpp chooses at run
 // time). GCC vector types, 32 values at a time (numerics.h's V32), with scalar tails where a
 // width is not a multiple of 32; no torch or C++ library headers, so nothing inline compiled for
 // a wider instruction set can be shared with code that runs on a narrower one.

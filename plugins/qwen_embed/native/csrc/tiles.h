@@ -1,4 +1,4 @@
-// AMX tile configuration shared by the tile kernels (attention_amx.h, gemm_amx.cpp).
+// AMX tile configuration shared by the tile kernels (attention_amx.h, gemm/tiles_amx.cpp).
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>

@@ -1,15 +1,17 @@
 // The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
 // scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the brgemm
-// routes (int8_rows.cpp) and the AMX tile GEMMs (gemm_amx.cpp), both compiled with the same
+// routes (rows.cpp) and the AMX tile GEMMs (tiles_amx.cpp), both compiled with the same
 // vector flags, so both give the same bits.
 #pragma once
 #include <immintrin.h>
 
-#define QE_ISA int8
-#include "numerics.h"
+// numerics.h's helpers for these sources' flags, in a namespace of their own (qe::gemm)
+#define QE_ISA gemm
+#include "../numerics.h"
+#include "gemm.h"
 
 namespace qe {
-namespace int8 {
+namespace gemm {
 namespace {
 
 constexpr int64_t kChannels = 16;  // output channels per vector of int32 sums
@@ -60,5 +62,5 @@ inline void store_sums16(const float* sums, const float* bias, __mmask16 mask, u
 }
 
 }  // namespace
-}  // namespace int8
+}  // namespace gemm
 }  // namespace qe

@@ -1,5 +1,5 @@
 // The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on our AMX int8 tile
-// kernel, gemm_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
+// kernel, tiles_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
 // AVX512_VNNI elsewhere), and the store of the bf16 brgemm GEMM's sums (batch_invariant),
 // compiled with AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
 //
@@ -14,10 +14,10 @@
 // over its block and the row's scale fits the rest better.
 #include <vector>
 
-#include "int8_finish.h"
+#include "finish.h"
 
 namespace qe {
-namespace int8 {
+namespace gemm {
 namespace {
 
 // One row of k values, whose largest magnitude is amax -> k_pad codes (the padding codes stand
@@ -76,7 +76,7 @@ void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, 
   }
 }
 
-void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+void store_bf16(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
                 uint16_t* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r)  // as finish: a row's channels together
     for (int64_t j = 0; j < cols; j += kChannels)
@@ -86,8 +86,8 @@ void store_sums(const float* sums, int64_t ld, int64_t rows, int64_t cols, const
 
 }  // namespace
 
-extern const Int8Kernels kernels = {quantize<float>, quantize<uint16_t>, finish<float>,
-                                   finish<uint16_t>, store_sums};
+extern const RowKernels rows = {quantize<float>, quantize<uint16_t>, finish<float>,
+                                finish<uint16_t>, store_bf16};
 
-}  // namespace int8
+}  // namespace gemm
 }  // namespace qe

@@ -3,15 +3,15 @@
 // 32-bit result tiles, each product one 64-byte step of the rows (64 int8 or 32 bf16 values),
 // along the whole input width in ascending order, so a row's sums depend on that row and the
 // weights only. A block's sums go to a buffer in L1, and their rescale and rounding (the
-// brgemm routes' own arithmetic: int8_finish.h, store16) run while the next block's tile products
+// brgemm routes' own arithmetic: finish.h, store16) run while the next block's tile products
 // do: the tile unit works beside the vector units, where a micro-kernel call followed by its
-// store leaves each idle in turn. Compiled with int8_rows.cpp's vector flags plus AMX
+// store leaves each idle in turn. Compiled with rows.cpp's vector flags plus AMX
 // (native/build.py), so the rounding is the same instructions.
-#include "int8_finish.h"
-#include "tiles.h"
+#include "../tiles.h"
+#include "finish.h"
 
 namespace qe {
-namespace int8 {
+namespace gemm {
 namespace {
 
 constexpr int64_t kBlock = 32;               // rows and channels of a block: 2 x 2 result tiles
@@ -108,7 +108,7 @@ void tile_task(const TileOperands& t, int64_t row0, int64_t row1, int64_t col0, 
   if (pending.sums) finish.rows(pending, 0, kBlock);
 }
 
-// int8: (sum - offset) * row scale * channel scale + bias, rounded (int8_finish.h).
+// int8: (sum - offset) * row scale * channel scale + bias, rounded (finish.h).
 template <typename T>
 struct Int8Finish {
   const Int8Gemm<T>& g;
@@ -138,7 +138,7 @@ void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, i
   tile_task<true>(t, row0, row1, col0, col1, finish);
 }
 
-// bf16: the fp32 sums plus bias, rounded (int8_finish.h, as the brgemm route stores them).
+// bf16: the fp32 sums plus bias, rounded (finish.h, as the brgemm route stores them).
 struct Bf16Finish {
   const Bf16Gemm& g;
 
@@ -181,5 +181,5 @@ void bf16_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int6
 
 extern const GemmTiles tiles = {int8_task<float>, int8_task<uint16_t>, pack_rows, bf16_task};
 
-}  // namespace int8
+}  // namespace gemm
 }  // namespace qe

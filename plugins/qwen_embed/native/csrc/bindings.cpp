@@ -1,0 +1,36 @@
+// The torch operators of the library: qwen_embed::select_isa, the row-wise ops, the GEMMs and
+// varlen attention, CPU tensors (qwen_embed.native loads the library and chooses the kernels).
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(qwen_embed, m) {
+  m.def("select_isa(str requested) -> str", &qe::select_isa);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("hadamard_rows(Tensor x, int block) -> Tensor");
+  m.def("int8_supported() -> bool", &qe::int8_supported);
+  m.def("bf16_supported() -> bool", &qe::bf16_supported);
+  m.def(
+      "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
+      "int task_channels=512, bool channels_outer=True) -> Tensor");
+  m.def(
+      "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
+      "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True) -> "
+      "Tensor");
+  m.def(
+      "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
+      "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
+  m.impl("rms_norm", &qe::rms_norm);
+  m.impl("rope", &qe::rope);
+  m.impl("silu_mul", &qe::silu_mul);
+  m.impl("hadamard_rows", &qe::hadamard_rows);
+  m.impl("int8_linear", &qe::int8_linear);
+  m.impl("bf16_linear", &qe::bf16_linear);
+  m.impl("varlen_attention", &qe::varlen_attention);
+}
+

@@ -1,0 +1,319 @@
+// The GEMM operators: the int8 route's (qwen_embed::int8_linear) and batch_invariant's bf16
+// one (qwen_embed::bf16_linear), each cut into tasks of rows x channels on torch's threads, on
+// our AMX tile kernels (tiles_amx.cpp) or oneDNN's brgemm micro-kernel, with the row work of
+// rows.cpp around them.
+#include <ATen/native/CPUBlas.h>
+
+#include <type_traits>
+#include <vector>
+
+#include "../ops.h"
+#include "gemm.h"
+
+namespace qe {
+
+using gemm::Bf16Gemm;
+using gemm::Int8Gemm;
+using gemm::kPanel;
+
+namespace {
+
+// oneDNN's int8 micro-kernel through torch: m rows of uint8 codes times n packed int8 channels
+// -> int32 sums; false where this torch build lacks it.
+bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, int64_t ld_c,
+                 const uint8_t* a, const int8_t* b, int32_t* c) {
+#ifdef CPUBLAS_BRGEMM_U8I8I32
+  at::native::cpublas::brgemm(m, n, k, ld_a, ld_b, ld_c, false, a, b, c);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The same for bf16 rows times one panel of packed bf16 channels -> fp32 sums.
+bool bf16_brgemm(int64_t m, int64_t panel, int64_t k, int64_t ld_a, const at::BFloat16* a,
+                 const at::BFloat16* b, float* c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm(m, panel, k, ld_a, panel, panel, false, a, b, c);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Ends a thread's run of micro-kernel calls (the AMX tile state): the AMX attention kernels
+// configure the tiles their own way, and oneDNN reconfigures only after a release.
+void brgemm_release() {
+#if defined(CPUBLAS_BRGEMM_U8I8I32) || defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  at::native::cpublas::brgemm_release();
+#endif
+}
+
+// Whether a micro-kernel runs here, by a probe call: oneDNN may run below the CPU's instruction
+// sets (ONEDNN_MAX_CPU_ISA), and then refuses.
+template <typename Call>
+bool brgemm_probe(const Call& call) {
+  try {
+    const bool ran = call();
+    brgemm_release();
+    return ran;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+// The int8 operator: our row kernels need AVX-512, oneDNN's int8 micro-kernel VNNI (or AMX).
+// Asked on every call of the operator: the CPU's part is decided once, oneDNN's switch each time.
+bool int8_supported() {
+  static const bool runs = [] {
+    __builtin_cpu_init();
+    uint8_t a[4] = {};
+    int8_t b[4 * kPanel] = {};
+    int32_t c[kPanel];
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni") &&
+           brgemm_probe([&] { return int8_brgemm(1, kPanel, 4, 4, kPanel, kPanel, a, b, c); });
+  }();
+  return runs && at::globalContext().userEnabledMkldnn();
+}
+
+// The bf16 operator (batch_invariant): our store needs AVX-512; likewise asked on every call.
+bool bf16_supported() {
+  static const bool runs = [] {
+    at::BFloat16 a[2] = {}, b[2 * kPanel] = {};
+    float c[kPanel];
+    return cpu_has("avx512") && brgemm_probe([&] { return bf16_brgemm(1, kPanel, 2, 2, a, b, c); });
+  }();
+  return runs && at::globalContext().userEnabledMkldnn();
+}
+
+namespace {
+
+// How a GEMM is cut into tasks: rows x channels (a multiple of the weights' panel) per task,
+// and whether consecutive tasks share their channels (their weights stay in cache while the
+// rows change) or their rows. Both operators take it as arguments (perf/bench_kernels.py
+// *_blocking try others); their defaults, channels outermost, were the fastest on AMX: int8, 96 rows x
+// 1,024 channels (the rows read once per 1,024 channels); bf16, on the tile kernel, 64 rows x
+// 512 channels.
+struct GemmBlocking {
+  int64_t rows, channels;
+  bool channels_outer;
+};
+
+void check_blocking(int64_t task_rows, int64_t task_channels, int64_t panel) {
+  TORCH_CHECK(task_rows > 0 && task_channels > 0 && task_channels % panel == 0,
+              "a task takes rows > 0 and a multiple of the panel's ", panel, " channels");
+}
+
+// The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
+// to the next free thread; `task` ends with brgemm_release.
+template <typename Task>
+void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, const Task& task) {
+  const int64_t row_tasks = (m + blocking.rows - 1) / blocking.rows;
+  const int64_t channel_tasks = (n + blocking.channels - 1) / blocking.channels;
+  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
+    const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * blocking.rows;
+    const int64_t c =
+        (blocking.channels_outer ? t / row_tasks : t % channel_tasks) * blocking.channels;
+    task(r, std::min(m, r + blocking.rows), c, std::min(n, c + blocking.channels));
+    brgemm_release();
+  });
+}
+
+// One int8 GEMM task on oneDNN's brgemm micro-kernel (AVX512_VNNI; int8_tiles decides where
+// our AMX kernel runs instead), one call per panel of the task's channels: the call's int32
+// sums land in a block in cache, and `finish` rescales and stores them.
+template <typename T>
+void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  const int64_t rows = row1 - row0;
+  thread_local std::vector<int32_t> buffer;
+  buffer.resize(rows * kPanel);
+  int32_t* sums = buffer.data();
+  for (int64_t col = col0; col < col1; col += kPanel) {
+    const int64_t cols = std::min(kPanel, g.n - col);
+    int8_brgemm(rows, kPanel, g.k_pad, g.k_pad, kPanel, kPanel, g.a + row0 * g.k_pad,
+                g.packed + col * g.k_pad, sums);
+    if constexpr (std::is_same_v<T, float>)
+      gemm::rows.finish_int8_f32(g, sums, kPanel, row0, rows, col, cols);
+    else
+      gemm::rows.finish_int8_bf16(g, sums, kPanel, row0, rows, col, cols);
+  }
+}
+
+// Whether the int8 GEMM runs on our AMX int8 tile kernel (tiles_amx.cpp) rather than oneDNN's
+// micro-kernel: where the CPU and the build have the tiles and the tiles' depth divides k_pad.
+// Ours rescales a block's sums while the tiles compute the next (the micro-kernel's call and
+// our rescale after it leave each unit idle in turn): docs/tuning.md has the figures.
+bool int8_tiles(int64_t k_pad) {
+#ifdef QE_NO_AMX
+  return false;
+#else
+  static const bool runs = cpu_has("amx_int8");
+  return runs && k_pad % 64 == 0;
+#endif
+}
+
+// The same for batch_invariant's bf16 GEMM (tiles_amx.cpp): AMX bf16 tiles, 64-channel panels,
+// k a multiple of the tiles' 32 values. The same bits as the micro-kernel, which also sums the
+// whole width in ascending tile products.
+bool bf16_tiles(int64_t k, int64_t panel) {
+#ifdef QE_NO_AMX
+  return false;
+#else
+  static const bool runs = cpu_has("amx");
+  return runs && panel == kPanel && k % 32 == 0;
+#endif
+}
+
+// Rows rounded up to the tile kernels' blocks of 32.
+int64_t whole_blocks(int64_t rows) { return (rows + 31) / 32 * 32; }
+
+template <typename T>
+void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
+               const GemmBlocking& blocking) {
+  const auto& kern = gemm::rows;
+  const int64_t m = rows.size(0), stride = rows.stride(0);
+  const bool tiles = int8_tiles(g.k_pad);
+  // the tile kernel reads whole blocks of 32 rows of codes (the rows past m are never stored)
+  at::Tensor codes =
+      at::empty({tiles ? whole_blocks(m) : m, g.k_pad}, rows.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
+  at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
+    const T* x = ptr<T>(rows) + b * stride;
+    uint8_t* q = ptr<uint8_t>(codes) + b * g.k_pad;
+    if constexpr (std::is_same_v<T, float>)
+      kern.quantize_f32(x, stride, e - b, k, g.k_pad, block, q, ptr<float>(scales) + b);
+    else
+      kern.quantize_bf16(x, stride, e - b, k, g.k_pad, block, q, ptr<float>(scales) + b);
+  });
+  g.a = ptr<uint8_t>(codes);
+  g.a_scale = ptr<float>(scales);
+#ifndef QE_NO_AMX
+  if (tiles) {
+    const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
+                                 blocking.channels_outer};
+    gemm_tasks(in_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      if constexpr (std::is_same_v<T, float>)
+        gemm::tiles.int8_f32(g, r0, r1, c0, c1);
+      else
+        gemm::tiles.int8_bf16(g, r0, r1, c0, c1);
+    });
+    return;
+  }
+#endif
+  gemm_tasks(blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    brgemm_task(g, r0, r1, c0, c1);
+  });
+}
+
+}  // namespace
+
+// x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
+// [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
+// dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
+// Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
+// weights were before packing. Tasks of task_rows x task_channels: any blocking gives the same
+// bits.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
+                       const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
+                       int64_t n, int64_t rotation, int64_t task_rows, int64_t task_channels,
+                       bool channels_outer) {
+  TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI and torch's oneDNN");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.size(2) == kPanel && packed.size(3) == 4 &&
+                  packed.size(1) * 4 >= k && packed.size(0) * kPanel >= n,
+              "packed must be the int8 [n_pad / 64, k_pad / 4, 64, 4] weights of ", n,
+              " channels of ", k, " values");
+  const int64_t n_pad = packed.size(0) * kPanel;
+  TORCH_CHECK(offset.scalar_type() == at::kInt && offset.is_contiguous() &&
+                  offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
+                  w_scale.is_contiguous() && w_scale.numel() == n_pad,
+              "offset (int32) and w_scale (float32) must have ", n_pad, " values");
+  if (bias)
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "bias must be float32 [", n, "]");
+  check_rotation(rotation, k);
+  check_blocking(task_rows, task_channels, kPanel);
+  at::Tensor rows = as_rows(x, k);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  auto operands = [&](auto* out_ptr) {
+    return Int8Gemm<std::remove_pointer_t<decltype(out_ptr)>>{
+        nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
+        bias ? ptr<float>(*bias) : nullptr, out_ptr, packed.size(1) * 4, n, n};
+  };
+  const GemmBlocking blocking{task_rows, task_channels, channels_outer};
+  if (x.scalar_type() == at::kBFloat16)
+    int8_gemm(operands(ptr<uint16_t>(out)), rows, k, rotation, blocking);
+  else
+    int8_gemm(operands(ptr<float>(out)), rows, k, rotation, blocking);
+  return out;
+}
+
+// The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (tiles_amx.cpp, bf16_tiles),
+// elsewhere oneDNN's brgemm micro-kernel; either way the whole K in ascending tile products per
+// block of rows, so a row's sums never depend on the rows beside it (oneDNN's own AMX GEMM
+// blocks K differently for different row counts).
+// x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2] (onednn.BrgemmWeight:
+// panels of 64) -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
+// Tasks of task_rows x task_channels: any blocking gives the same bits; perf/bench_kernels.py
+// bf16_blocking tries others.
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
+                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
+                       int64_t task_channels, bool channels_outer) {
+  TORCH_CHECK(bf16_supported(), "the bf16 operator needs AVX-512 and torch's oneDNN");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
+  const int64_t panel = packed.dim() == 4 ? packed.size(2) : 0;
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.is_contiguous() && panel > 0 && panel % 16 == 0 && packed.size(3) == 2 &&
+                  packed.size(1) * 2 == k && packed.size(0) * panel >= n,
+              "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
+              " channels of ", k, " values, panel a multiple of 16");
+  check_blocking(task_rows, task_channels, panel);
+  if (bias)
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "bias must be float32 [", n, "]");
+  at::Tensor rows = as_rows(x, k);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t m = rows.size(0), lda = rows.stride(0);
+  const auto* a = ptr<at::BFloat16>(rows);
+  const auto* b = ptr<at::BFloat16>(packed);
+  const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
+  uint16_t* o = ptr<uint16_t>(out);
+#ifndef QE_NO_AMX
+  if (bf16_tiles(k, panel)) {
+    at::Tensor packed_rows = at::empty({whole_blocks(m), k}, rows.options());
+    auto* pr = ptr<uint16_t>(packed_rows);
+    at::parallel_for(0, whole_blocks(m), 32, [&](int64_t r0, int64_t r1) {
+      gemm::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
+    });
+    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n};
+    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n,
+               [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                 gemm::tiles.bf16(g, r0, r1, c0, c1);
+               });
+    return out;
+  }
+#endif
+  gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+               thread_local std::vector<float> sums;
+               sums.resize(task_rows * panel);
+               for (int64_t col = c0; col < c1; col += panel) {
+                 bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());
+                 gemm::rows.store_bf16(sums.data(), panel, r1 - r0, std::min(panel, n - col),
+                                          bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col,
+                                          n);
+               }
+             });
+  return out;
+}
+
+
+}  // namespace qe

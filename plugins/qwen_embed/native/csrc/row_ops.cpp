@@ -1,0 +1,105 @@
+// The row-wise operators over the kernel table (rows.h): RMSNorm, q/k norm + rotary, SiLU
+// gating, and the int8 route's Walsh-Hadamard rotation of rows; fp32 and bf16 CPU tensors.
+#include "ops.h"
+
+namespace qe {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t n = x.size(-1);
+  at::Tensor rows = as_rows(x, n);
+  same_dtype(x, weight, "weight");
+  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for rows of ", n);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const int64_t stride = rows.stride(0);
+  const auto& k = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(n), [&](int64_t begin, int64_t end) {
+    if (bf16)
+      k.rms_norm_bf16(ptr<uint16_t>(rows) + begin * stride, stride, ptr<uint16_t>(weight),
+                      ptr<uint16_t>(out) + begin * n, end - begin, n, static_cast<float>(eps));
+    else
+      k.rms_norm_f32(ptr<float>(rows) + begin * stride, stride, ptr<float>(weight),
+                     ptr<float>(out) + begin * n, end - begin, n, static_cast<float>(eps));
+  });
+  return out;
+}
+
+// x [T, heads * head_dim] (rows may be strided), cos/sin [T, head_dim / 2] -> [T, heads, head_dim]
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                int64_t head_dim, const std::optional<at::Tensor>& norm_weight, double eps) {
+  TORCH_CHECK(head_dim % 2 == 0 && head_dim <= kMaxHeadDim, "head_dim ", head_dim,
+              " must be even and at most ", kMaxHeadDim);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % head_dim == 0, "x must be [tokens, heads * head_dim]");
+  at::Tensor rows = as_rows(x, x.size(1));
+  const int64_t t = rows.size(0), heads = rows.size(1) / head_dim, half = head_dim / 2;
+  TORCH_CHECK(heads <= kMaxHeads, "at most ", kMaxHeads, " heads per token, not ", heads);
+  same_dtype(x, cos, "cos");
+  same_dtype(x, sin, "sin");
+  TORCH_CHECK(cos.numel() == t * half && sin.numel() == t * half, "cos/sin must be [", t, ", ",
+              half, "]");
+  if (norm_weight) {
+    same_dtype(x, *norm_weight, "norm_weight");
+    TORCH_CHECK(norm_weight->numel() == head_dim, "norm_weight must have head_dim values");
+  }
+  at::Tensor out = at::empty({t, heads, head_dim}, x.options());
+  const int64_t stride = rows.stride(0);
+  const auto& k = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, t, grain(heads * head_dim), [&](int64_t b, int64_t end) {
+    if (bf16)
+      k.rope_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(cos) + b * half,
+                  ptr<uint16_t>(sin) + b * half,
+                  norm_weight ? ptr<uint16_t>(*norm_weight) : nullptr, e,
+                  ptr<uint16_t>(out) + b * heads * head_dim, end - b, heads, head_dim);
+    else
+      k.rope_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(cos) + b * half,
+                 ptr<float>(sin) + b * half, norm_weight ? ptr<float>(*norm_weight) : nullptr, e,
+                 ptr<float>(out) + b * heads * head_dim, end - b, heads, head_dim);
+  });
+  return out;
+}
+
+// gate_up [T, 2n] -> silu(gate) * up [T, n]
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "gate_up's last dimension must be even");
+  at::Tensor rows = as_rows(gate_up, gate_up.size(-1));
+  const int64_t n = rows.size(1) / 2, stride = rows.stride(0);
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, gate_up.options());
+  const auto& k = kernels();
+  const bool bf16 = gate_up.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(2 * n), [&](int64_t b, int64_t end) {
+    if (bf16)
+      k.silu_mul_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(out) + b * n,
+                      end - b, n);
+    else
+      k.silu_mul_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * n, end - b, n);
+  });
+  return out;
+}
+
+// x [..., k] (fp32 or bf16) -> fp32 [..., k]: each row's blocks of `block` values rotated by an
+// unnormalised Walsh-Hadamard transform (the int8 route's rotation, int8.py).
+at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
+  const int64_t k = x.size(-1);
+  check_rotation(block, k);
+  TORCH_CHECK(block > 1, "rotation block must be from 16");
+  at::Tensor rows = as_rows(x, k);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  const int64_t stride = rows.stride(0);
+  const auto& kern = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(k), [&](int64_t b, int64_t end) {
+    if (bf16)
+      kern.hadamard_bf16(ptr<uint16_t>(rows) + b * stride, stride, end - b, k, block,
+                         ptr<float>(out) + b * k);
+    else
+      kern.hadamard_f32(ptr<float>(rows) + b * stride, stride, end - b, k, block,
+                        ptr<float>(out) + b * k);
+  });
+  return out;
+}
+
+}  // namespace qe
