@@ -129,6 +129,7 @@ def test_int8_linear_is_close_to_the_float_product():
     assert torch.equal(int8.quantize_rows(x)[0], int8.quantize_rows(x)[0])  # deterministic
 
 
+@pytest.mark.server  # without the native operator the int8 route compiles at every load
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_matches_transformers(checkpoint, config_name, dtype):
     seqs = random_sequences([1, 17, 90, 200], seed=3)

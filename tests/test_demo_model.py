@@ -68,6 +68,7 @@ def test_demo_model_embeds(demo_dir):
     assert abs(float(out[0] @ out[1])) < 0.99  # distinct texts, distinct vectors
 
 
+@pytest.mark.server  # whole-model runs: seconds each
 def test_demo_build_is_deterministic(demo_dir, tmp_path):
     again = build_demo_model(tmp_path, layers=1)
     assert (again / "model.safetensors").read_bytes() == (

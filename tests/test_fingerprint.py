@@ -5,6 +5,8 @@ import os
 import shutil
 from dataclasses import replace
 
+import pytest
+
 from qwen_embed.engine import plan
 from qwen_embed.fingerprint import checkpoint_digest, encoder_fingerprint, tokenizer_fingerprint
 from qwen_embed.route import Linear
@@ -18,6 +20,7 @@ def _copy(demo_dir, where):
     return where
 
 
+@pytest.mark.server  # whole-model runs: seconds each
 def test_fingerprint_follows_weights_tokenizer_and_route_only(demo_dir, tmp_path):
     model = _copy(demo_dir, tmp_path / "model")
     _, _, route = plan(model, EncoderSettings(device="cpu", dtype="float32"))

@@ -118,6 +118,7 @@ def test_install_replaces_a_cpu_build_of_the_same_version():
     assert f"torch==={gpu_stack.KERNELS_TORCH}" in kernels and len(kernels) == 7
 
 
+@pytest.mark.server  # the doctor in a child process: seconds
 def test_doctor_fails_where_a_gpu_cannot_run_cuda():
     """make test-gpu stops here rather than skipping every GPU test."""
     assert gpu_stack.cuda_problem(False, None, None) is None  # no GPU: the tests skip

@@ -144,9 +144,9 @@ def test_each_route_names_its_table():
     [
         ("torch", "float32"),
         ("torch", "bfloat16"),
-        ("triton", "float32"),
-        # bf16 rounding in the kernels is checked bitwise above; interpreted, a whole bf16
-        # forward is slow (a program at a time): the server tier's
+        # the kernels' rounding is checked bitwise above; interpreted, a whole forward is slow
+        # (a program at a time): the server tier's
+        pytest.param("triton", "float32", marks=pytest.mark.server),
         pytest.param("triton", "bfloat16", marks=pytest.mark.server),
     ],
 )

@@ -153,6 +153,7 @@ def test_bf16(model_dir, tok):
     assert cosine(out, ref).min() >= 0.999
 
 
+@pytest.mark.server  # whole-model runs: seconds each
 def test_reranker_template_is_shared(reranker):
     """Pairs of one query share the whole template up to the document."""
     pairs = model_card_pairs(

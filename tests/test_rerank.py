@@ -49,6 +49,7 @@ def test_pair_tokenizer_builds_the_model_card_ids(reranker, pairs):
     assert lengths[0] < 80 < lengths[-1]  # mixed lengths, as the cases below need
 
 
+@pytest.mark.server  # whole-model runs: seconds each
 def test_truncation_cuts_the_document_like_the_model_card(reranker):
     limit = 150
     ours = PairTokenizer(reranker, limit).encode(QUERY, DOCUMENTS, RerankOptions())
@@ -73,6 +74,7 @@ def test_truncation_cuts_the_document_like_the_model_card(reranker):
         PairTokenizer(reranker, limit).encode("long query " * 60, ["d"], RerankOptions())
 
 
+@pytest.mark.server  # whole-model runs: seconds each
 def test_instruction_changes_the_ids_and_the_score(reranker):
     tok = PairTokenizer(reranker, 8192)
     custom = tok.encode(QUERY, DOCUMENTS[:1], RerankOptions(instruction="Find the city"))
