@@ -74,6 +74,11 @@ of every query is kept, and the bulk texts/s. Results: perf/results/priority.{md
 DEMO = REPO / ".cache" / "demo-model"
 
 
+def latency_cells(r: dict) -> list:
+    """The 1-text queries' columns of the priority and batch tables: count, p50, p99, mean ms."""
+    return [r["queries"], f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['mean_ms']:.0f}"]
+
+
 def checkout(rev: str) -> Path:
     """A worktree of `rev` whose Python models import its own plugins, with this checkout's
     native kernels and Triton install."""
@@ -196,14 +201,7 @@ def priority(args: argparse.Namespace) -> None:
         results=results,
     )
     rows = [
-        [
-            name,
-            r["queries"],
-            f"{r['p50_ms']:.0f}",
-            f"{r['p99_ms']:.0f}",
-            f"{r['mean_ms']:.0f}",
-            f"{r['bulk_texts_per_s']:.1f}",
-        ]
+        [name, *latency_cells(r), f"{r['bulk_texts_per_s']:.1f}"]
         for name, runs in results.items()
         for r in runs
     ]
@@ -377,10 +375,7 @@ def batch(args: argparse.Namespace) -> None:
     rows = [
         [
             name,
-            r["queries"],
-            f"{r['p50_ms']:.0f}",
-            f"{r['p99_ms']:.0f}",
-            f"{r['mean_ms']:.0f}",
+            *latency_cells(r),
             f"{r['batch_texts_per_s']:.1f}" if "batch_texts_per_s" in r else "",
         ]
         for name, r in results.items()
