@@ -103,6 +103,23 @@ def test_tei_clients_get_the_openai_routes_vectors(stack):
     assert np.abs(got - expected).max() <= SAME
 
 
+def test_tei_sentence_similarity_is_the_cosine_of_the_vectors(stack):
+    """huggingface_hub's sentence_similarity (TEI's body, posted to /) and POST /similarity with
+    TEI's parameters: each sentence's cosine with the source, from the OpenAI route's vectors
+    of the same texts (those equal sentence-transformers': test_checkpoints.py)."""
+    _, base = stack
+    hub = InferenceClient(model=base, token=API_KEY)
+    vectors = openai_vectors(base, TEXTS).astype(np.float64)
+    got = np.array(hub.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:]))
+    assert np.abs(got - vectors[1:] @ vectors[0]).max() <= SAME
+    assert got.max() - got.min() > 1e-3  # the sentences really differ
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    status, answer, _ = post(base, "/similarity", body | {"parameters": {"prompt_name": "query"}})
+    queries = openai_vectors(base, TEXTS, prompt_name="query").astype(np.float64)
+    assert status == 200 and np.abs(np.array(answer) - queries[1:] @ queries[0]).max() <= SAME
+    assert np.abs(np.array(answer) - got).max() > 1e-4  # the prompt was applied
+
+
 def test_tei_rerank_tokenize_decode_and_info(stack):
     server, base = stack
     query, documents = "Which city is the capital of China?", TEXTS
@@ -177,6 +194,9 @@ def test_tei_errors_have_teis_statuses_and_body(stack):
         ("/embed", {"inputs": "long " * 200, "truncate": False}, 422, "Validation"),
         ("/", {"inputs": "x", "normalize": "yes"}, 422, "Validation"),
         ("/rerank", {"query": "q", "texts": []}, 400, "Empty"),
+        ("/similarity", {"inputs": {"source_sentence": "q", "sentences": []}}, 400, "Empty"),
+        ("/similarity", {"inputs": {"sentences": ["a"]}}, 422, "Validation"),
+        ("/", {"inputs": {"source_sentence": "q", "sentences": [1]}}, 422, "Validation"),
         (
             "/rerank",
             {"query": "q", "texts": ["a"], "truncation_direction": "Left"},
