@@ -33,6 +33,7 @@ pytestmark = pytest.mark.server  # starts tritonserver or other processes
 API_KEY = "drop-in-key"
 SAME = 1e-6  # one Triton request underneath every route
 TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
+ALIAS = "Qwen/Qwen3-Embedding-0.6B"  # a second served name of the embed model
 TEXTS = ["Hello, world!", "北京是中华人民共和国的首都。", "naïve café — emoji 🎉"]
 
 
@@ -50,6 +51,7 @@ def stack(demo_dir, reranker, tmp_path_factory):
         gateway = subprocess.Popen(
             [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
             + [server.grpc_url, "--port", str(port), "--api-key", API_KEY]
+            + ["--served-model-name", "embed", ALIAS]
         )
         try:
             base = f"http://127.0.0.1:{port}"
@@ -118,6 +120,27 @@ def test_tei_sentence_similarity_is_the_cosine_of_the_vectors(stack):
     queries = openai_vectors(base, TEXTS, prompt_name="query").astype(np.float64)
     assert status == 200 and np.abs(np.array(answer) - queries[1:] @ queries[0]).max() <= SAME
     assert np.abs(np.array(answer) - got).max() > 1e-4  # the prompt was applied
+
+
+def test_served_model_names_are_aliases_of_one_model(stack):
+    """--served-model-name embed ALIAS: /v1/models lists both, the OpenAI and Cohere routes take
+    either and answer the same vectors under the first name; another name is refused, the
+    served ones named."""
+    _, base = stack
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
+    listed = [m.id for m in api.models.list().data]
+    assert listed[:2] == ["embed", ALIAS] and "rerank" in listed
+    by_alias = api.embeddings.create(input=TEXTS, model=ALIAS)
+    assert by_alias.model == "embed"
+    got = np.array([d.embedding for d in by_alias.data], dtype=np.float32)
+    assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+    co = cohere.ClientV2(base_url=base, api_key=API_KEY)
+    answer = co.embed(
+        model=ALIAS, texts=TEXTS[:1], input_type="search_document", embedding_types=["float"]
+    )
+    assert len(answer.embeddings.float_[0]) == got.shape[1]
+    with pytest.raises(openai.NotFoundError, match=f"'embed' or '{ALIAS}'"):
+        api.embeddings.create(input=TEXTS, model="Qwen3-Embedding-8B")
 
 
 def test_tei_rerank_tokenize_decode_and_info(stack):
