@@ -220,6 +220,8 @@ RESPONSE_CACHE_MB ?= 0
 OTLP_ENDPOINT ?=
 # The gateway's Batch API state (SQLite and files), kept across restarts.
 BATCH_DIR ?= .cache/batches
+# The gateway's names of the embed model, one or more separated by spaces (default: embed).
+SERVED_MODEL_NAME ?=
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
@@ -233,14 +235,16 @@ serve: setup
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
-		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank)
+		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
+		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))
 
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
 gateway: setup
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
-		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT))
+		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
+		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.server  # starts tritonserver or other processes
 API_KEY = "drop-in-key"
 SAME = 1e-6  # one Triton request underneath every route
 TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
+ALIAS = "Qwen/Qwen3-Embedding-0.6B"  # a second served name of the embed model
 TEXTS = ["Hello, world!", "北京是中华人民共和国的首都。", "naïve café — emoji 🎉"]
 
 
@@ -50,6 +51,7 @@ def stack(demo_dir, reranker, tmp_path_factory):
         gateway = subprocess.Popen(
             [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
             + [server.grpc_url, "--port", str(port), "--api-key", API_KEY]
+            + ["--served-model-name", "embed", ALIAS]
         )
         try:
             base = f"http://127.0.0.1:{port}"
@@ -101,6 +103,44 @@ def test_tei_clients_get_the_openai_routes_vectors(stack):
     llama = TextEmbeddingsInference(base_url=base, model_name="embed", auth_token=API_KEY)
     got = np.array(llama.get_text_embedding_batch(TEXTS), dtype=np.float32)
     assert np.abs(got - expected).max() <= SAME
+
+
+def test_tei_sentence_similarity_is_the_cosine_of_the_vectors(stack):
+    """huggingface_hub's sentence_similarity (TEI's body, posted to /) and POST /similarity with
+    TEI's parameters: each sentence's cosine with the source, from the OpenAI route's vectors
+    of the same texts (those equal sentence-transformers': test_checkpoints.py)."""
+    _, base = stack
+    hub = InferenceClient(model=base, token=API_KEY)
+    vectors = openai_vectors(base, TEXTS).astype(np.float64)
+    got = np.array(hub.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:]))
+    assert np.abs(got - vectors[1:] @ vectors[0]).max() <= SAME
+    assert got.max() - got.min() > 1e-3  # the sentences really differ
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    status, answer, _ = post(base, "/similarity", body | {"parameters": {"prompt_name": "query"}})
+    queries = openai_vectors(base, TEXTS, prompt_name="query").astype(np.float64)
+    assert status == 200 and np.abs(np.array(answer) - queries[1:] @ queries[0]).max() <= SAME
+    assert np.abs(np.array(answer) - got).max() > 1e-4  # the prompt was applied
+
+
+def test_served_model_names_are_aliases_of_one_model(stack):
+    """--served-model-name embed ALIAS: /v1/models lists both, the OpenAI and Cohere routes take
+    either and answer the same vectors under the first name; another name is refused, the
+    served ones named."""
+    _, base = stack
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
+    listed = [m.id for m in api.models.list().data]
+    assert listed[:2] == ["embed", ALIAS] and "rerank" in listed
+    by_alias = api.embeddings.create(input=TEXTS, model=ALIAS)
+    assert by_alias.model == "embed"
+    got = np.array([d.embedding for d in by_alias.data], dtype=np.float32)
+    assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+    co = cohere.ClientV2(base_url=base, api_key=API_KEY)
+    answer = co.embed(
+        model=ALIAS, texts=TEXTS[:1], input_type="search_document", embedding_types=["float"]
+    )
+    assert len(answer.embeddings.float_[0]) == got.shape[1]
+    with pytest.raises(openai.NotFoundError, match=f"'embed' or '{ALIAS}'"):
+        api.embeddings.create(input=TEXTS, model="Qwen3-Embedding-8B")
 
 
 def test_tei_rerank_tokenize_decode_and_info(stack):
@@ -177,6 +217,9 @@ def test_tei_errors_have_teis_statuses_and_body(stack):
         ("/embed", {"inputs": "long " * 200, "truncate": False}, 422, "Validation"),
         ("/", {"inputs": "x", "normalize": "yes"}, 422, "Validation"),
         ("/rerank", {"query": "q", "texts": []}, 400, "Empty"),
+        ("/similarity", {"inputs": {"source_sentence": "q", "sentences": []}}, 400, "Empty"),
+        ("/similarity", {"inputs": {"sentences": ["a"]}}, 422, "Validation"),
+        ("/", {"inputs": {"source_sentence": "q", "sentences": [1]}}, 422, "Validation"),
         (
             "/rerank",
             {"query": "q", "texts": ["a"], "truncation_direction": "Left"},

@@ -324,6 +324,7 @@ def start_gateway(
     grpc_port: int,
     rerank: bool,
     otlp_endpoint: str | None = None,
+    served_model_names: list[str] | None = None,
 ) -> subprocess.Popen:
     """The HTTP gateway (OpenAI, TEI and Cohere APIs) in front of this server's gRPC port
     (same interpreter)."""
@@ -340,6 +341,8 @@ def start_gateway(
     ]
     if not rerank:
         cmd += ["--rerank-model-name", ""]
+    if served_model_names:
+        cmd += ["--served-model-name", *served_model_names]
     if otlp_endpoint:
         cmd += ["--otlp-endpoint", otlp_endpoint]
     log(
@@ -396,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="also serve the HTTP gateway (OpenAI, TEI, Cohere APIs) on this port (0: off)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        help="the gateway's names of the embed model, one or more (default: embed); the first "
+        "is the one responses give",
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument(
@@ -487,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             args.grpc_port,
             rerank,
             args.otlp_endpoint,
+            args.served_model_name,
         )
     while proc.poll() is None:
         if args.status_file and ready:

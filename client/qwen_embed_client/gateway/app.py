@@ -1,7 +1,8 @@
 """The gateway's application: the state every handler shares, the API routers, main().
 
 python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
-    [--host 127.0.0.1] [--port 8080] [--model-name embed] [--rerank-model-name rerank]
+    [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
+    [--rerank-model-name rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
 """
 
@@ -40,7 +41,7 @@ async def _api_error(request: Request, e: APIError) -> JSONResponse:
 def create_app(
     triton_urls: list[str],
     *,
-    model_name: str = "embed",
+    model_names: tuple[str, ...] = ("embed",),
     api_keys: tuple[str, ...] = (),
     triton_model: str = "embed",
     rerank_model_name: str | None = "rerank",
@@ -75,7 +76,7 @@ def create_app(
     app = FastAPI(title="qwen-embed gateway (OpenAI, TEI and Cohere APIs)", lifespan=lifespan)
     app.state.gateway = Gateway(
         client=client,
-        model_name=model_name,
+        model_names=tuple(model_names),
         api_keys=tuple(api_keys),
         rerank_model_name=rerank_model_name,
         triton_rerank_model=triton_rerank_model,
@@ -116,7 +117,15 @@ def main() -> None:
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--model-name", default="embed", help="model id clients send")
+    p.add_argument(
+        "--served-model-name",
+        "--model-name",
+        dest="model_names",
+        nargs="+",
+        default=["embed"],
+        help="the embed model's ids clients send, one or more: the first is the one responses "
+        "name, any is taken (/v1/models lists each)",
+    )
     p.add_argument(
         "--rerank-model-name",
         default="rerank",
@@ -161,7 +170,7 @@ def main() -> None:
 
     app = create_app(
         args.triton_url or ["localhost:8001"],
-        model_name=args.model_name,
+        model_names=tuple(args.model_names),
         api_keys=tuple(args.api_key or _env_keys()),
         rerank_model_name=args.rerank_model_name or None,
         otlp_endpoint=args.otlp_endpoint or None,

@@ -128,7 +128,7 @@ def _embedding_types(body: dict) -> tuple[list[str], list[str]]:
 async def embed_v2(request: Request):
     gw = gateway(request)
     body = _object(await json_body(request))
-    check_model(body.get("model"), gw.model_name)
+    check_model(body.get("model"), gw.model_names)
     texts = _texts(body)
     truncate = body.get("truncate", "END")
     if truncate not in TRUNCATE:

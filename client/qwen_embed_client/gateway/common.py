@@ -12,9 +12,11 @@ from ..contract import MAX_DOCUMENTS
 from .errors import NOT_FOUND, APIError, backend_error, check_utf8, invalid
 
 
-def check_model(model: object, served_model: str | None) -> None:
-    if not served_model or model != served_model:
-        serves = f"this endpoint serves '{served_model}'" if served_model else "it is off here"
+def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
+    """`model` must be one of the served names (an endpoint serving none is off)."""
+    names = (served,) if isinstance(served, str) else tuple(served or ())
+    if model not in names:
+        serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
 
 

@@ -66,7 +66,9 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=STATUS[e.kind])
 
 
-def parse_request(body: object, served_model: str) -> tuple[list, dict, str, list[str], bool]:
+def parse_request(
+    body: object, served_model: str | tuple[str, ...]
+) -> tuple[list, dict, str, list[str], bool]:
     """Validate an OpenAI embeddings request body -> (texts or token id lists, client
     options, encoding, the embedding types to return, whether the response keys them by
     name)."""
@@ -182,14 +184,15 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 @router.get("/v1/models")
 async def models(request: Request):
     gw = gateway(request)
-    served = [{"id": gw.model_name}]
     facts = await gw.facts()  # published by the tokenizer and encoder models
+    embed_facts = {}
     if "prompt_names" in facts:
-        served[0].update(
+        embed_facts.update(
             prompt_names=facts["prompt_names"], default_prompt_name=facts["default_prompt_name"]
         )
     if facts.get("fingerprint"):
-        served[0]["fingerprint"] = facts["fingerprint"]
+        embed_facts["fingerprint"] = facts["fingerprint"]
+    served = [{"id": name, **embed_facts} for name in gw.model_names]
     if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
         served.append({"id": gw.rerank_model_name})
     return {
@@ -209,7 +212,7 @@ async def embeddings(request: Request):
 
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
-    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_name)
+    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:

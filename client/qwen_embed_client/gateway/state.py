@@ -23,13 +23,17 @@ class Gateway:
     """What the handlers share: the Triton client, the names served, the models' facts."""
 
     client: AsyncEmbeddingClient
-    model_name: str
+    model_names: tuple[str, ...]  # the embed model's served names: the first answers, any is taken
     api_keys: tuple[str, ...]  # empty: no key needed
     rerank_model_name: str | None
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
     created: int = field(default_factory=lambda: int(time.time()))
     _facts: tuple[float, dict] | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
 
     def check_key(self, request: Request) -> None:
         if not self.api_keys:

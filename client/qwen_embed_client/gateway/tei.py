@@ -2,11 +2,12 @@
 ({"error", "error_type"}): what `huggingface_hub.InferenceClient`, LlamaIndex's and
 LangChain's TEI integrations speak.
 
-POST / and /embed -> [[float]]; /rerank with `texts` -> [{index, score, text?}] (the same path
-takes the Jina/Cohere v1 shape, `documents`, told apart by that field); /tokenize; /decode;
-GET /info. TEI ignores fields it does not know, and so do these routes. TEI's bodies are bare
-arrays, so the extensions travel as headers: x-tokens and x-input-tokens (per text, comma
-separated: tokens used, and before truncation) and x-model-fingerprint.
+POST / and /embed -> [[float]]; /similarity (and / with `inputs` an object, where
+`InferenceClient.sentence_similarity` posts) -> [float]; /rerank with `texts` -> [{index, score,
+text?}] (the same path takes the Jina/Cohere v1 shape, `documents`, told apart by that field);
+/tokenize; /decode; GET /info. TEI ignores fields it does not know, and so do these routes.
+TEI's bodies are bare arrays, so the extensions travel as headers: x-tokens and x-input-tokens
+(per text, comma separated: tokens used, and before truncation) and x-model-fingerprint.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from importlib.metadata import version
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -120,6 +122,8 @@ def _int_list(values) -> str:
 async def embed_route(request: Request):
     gw = gateway(request)
     body = _body(await json_body(request))
+    if request.url.path == "/" and isinstance(body.get("inputs"), dict):
+        return await _similarity(gw, body)
     items, ids = _inputs(body)
     options = _truncation(body)
     options["normalize"] = _flag(body, "normalize", True)
@@ -135,6 +139,39 @@ async def embed_route(request: Request):
         "x-input-tokens": _int_list(result.input_tokens),
     }
     return await respond(gw, result.embeddings.tolist(), headers)
+
+
+@router.post("/similarity")
+async def similarity_route(request: Request):
+    return await _similarity(gateway(request), _body(await json_body(request)))
+
+
+async def _similarity(gw, body: dict):
+    """TEI's sentence similarity: {"inputs": {"source_sentence", "sentences"}, "parameters":
+    {prompt_name, truncate, truncation_direction}} -> the cosine of each sentence's vector with
+    the source's, all of them from one request."""
+    inputs = body.get("inputs")
+    source = inputs.get("source_sentence") if isinstance(inputs, dict) else None
+    sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+    if not isinstance(source, str):
+        raise invalid("`inputs` must be {source_sentence: string, sentences: [string]}", "inputs")
+    if sentences == []:
+        raise APIError(EMPTY, "`inputs.sentences` cannot be empty", "inputs")
+    if not isinstance(sentences, list) or not all(isinstance(t, str) for t in sentences):
+        raise invalid("`inputs.sentences` must be a list of strings", "inputs")
+    texts = [source, *sentences]
+    if len(texts) > MAX_INPUTS:
+        limit = f"batch size {len(texts)} > maximum allowed batch size {MAX_INPUTS}"
+        raise invalid(limit, "inputs")
+    check_utf8([("inputs.source_sentence", source)])
+    check_utf8([(f"inputs.sentences[{i}]", t) for i, t in enumerate(sentences)])
+    parameters = _body(body.get("parameters") or {})
+    options = _truncation(parameters) | {"normalize": True}
+    if parameters.get("prompt_name") is not None:
+        options["prompt_name"] = parameters["prompt_name"]
+    vectors = (await embed(gw, texts, options_checked(**options), ["float"])).embeddings
+    unit = vectors.astype(np.float64)  # normalised: the dot product is the cosine
+    return await respond(gw, (unit[1:] @ unit[0]).tolist())
 
 
 @router.post("/rerank")
