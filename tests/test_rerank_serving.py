@@ -55,7 +55,10 @@ def stack(demo_dir, reranker, tmp_path_factory):
     )
     port = free_port()
     with TritonServer(
-        repo, log_path=where / "server.log", launcher_args=["--gateway-port", str(port)]
+        repo,
+        log_path=where / "server.log",
+        # the embed model under a second name too: the launcher passes them to the gateway
+        launcher_args=["--gateway-port", str(port), "--served-model-name", "embed", "qwen3"],
     ) as server:
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/health")
@@ -153,11 +156,12 @@ def test_gateway_cohere_request(stack, expected):
     assert "document" not in body["results"][0]
     scores = [r["relevance_score"] for r in body["results"]]
     assert scores == sorted(scores, reverse=True)
-    status, body = post(f"{base}/v1/embeddings", {"model": "embed", "input": ["hello"]})
+    status, body = post(f"{base}/v1/embeddings", {"model": "qwen3", "input": ["hello"]})
     assert status == 200 and len(body["data"][0]["embedding"]) == 1024
+    assert body["model"] == "embed"  # the first served name answers
     with urllib.request.urlopen(f"{base}/v1/models") as r:
         models = json.loads(r.read())["data"]
-    assert [m["id"] for m in models] == ["embed", "rerank"]
+    assert [m["id"] for m in models] == ["embed", "qwen3", "rerank"]
     assert models[0]["prompt_names"] == ["document", "query"]  # the demo embedder's
 
 
