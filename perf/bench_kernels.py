@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 from harness import (
     REPO,
-    RESULTS,
     best_seconds,
     fmt,
     markdown_table,
@@ -112,7 +111,6 @@ def rows_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[2048, 16384])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--reps", type=int, default=30, help="at 16,384 tokens; more at fewer")
-    p.add_argument("--out", default=str(RESULTS / "rows"))
 
 
 def rows(args: argparse.Namespace) -> None:
@@ -283,7 +281,6 @@ def attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="turns of native, torch and vLLM")
     p.add_argument("--isa", default="", help="run the native kernels of this instruction set")
-    p.add_argument("--out", default=str(RESULTS / "attention"))
 
 
 def attention(args: argparse.Namespace) -> None:
@@ -552,14 +549,12 @@ def measure_int8(name: str, m: int, rounds: int) -> dict:
 def blocking_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[20, 128, 1024, 16384])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=None, help="results/<subcommand> by default")
 
 
 def bf16_blocking(args: argparse.Namespace) -> None:
     keep_freed_memory()  # as the engine does: no page faults in the timings
     if not brgemm_runs():
         raise SystemExit("the native bf16 operator does not run here (AVX-512 and oneDNN)")
-    args.out = args.out or str(RESULTS / "bf16_blocking")
     rows = [measure_bf16(name, m, args.rounds) for m in args.rows for name in BF16_SHAPES]
     title = "batch_invariant's bf16 GEMM: blockings"
     blocking_report(args, rows, title, "oneDNN", label(bf16_default()))
@@ -569,7 +564,6 @@ def int8_blocking(args: argparse.Namespace) -> None:
     keep_freed_memory()
     if not int8.native_kernel():
         raise SystemExit("the native int8 operator does not run here (AVX512_VNNI and oneDNN)")
-    args.out = args.out or str(RESULTS / "int8_blocking")
     rows = [measure_int8(name, m, args.rounds) for m in args.rows for name in INT8_SHAPES]
     title = "The int8 route's GEMM: blockings"
     blocking_report(args, rows, title, "bf16 GEMM", label(int8_default()))
@@ -698,7 +692,6 @@ def native_ab_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--rows", type=int, default=12800, help="rows per GEMM, tokens per attention")
     p.add_argument("--pairs", type=int, default=15)
-    p.add_argument("--out", default=str(RESULTS / "native_ab"))
 
 
 def native_ab(args: argparse.Namespace) -> None:

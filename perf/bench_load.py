@@ -30,7 +30,6 @@ import openai
 import tritonclient.grpc as grpcclient
 from harness import (
     REPO,
-    RESULTS,
     cosine_check,
     drive,
     ensure_model,
@@ -74,8 +73,11 @@ of every query is kept, and the bulk texts/s. Results: perf/results/priority.{md
 DEMO = REPO / ".cache" / "demo-model"
 
 
+LATENCY_HEADER = ["1-text queries", "p50 ms", "p99 ms", "mean ms"]
+
+
 def latency_cells(r: dict) -> list:
-    """The 1-text queries' columns of the priority and batch tables: count, p50, p99, mean ms."""
+    """The 1-text queries' columns of the priority and batch tables (LATENCY_HEADER)."""
     return [r["queries"], f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['mean_ms']:.0f}"]
 
 
@@ -161,7 +163,6 @@ def priority_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bulk-clients", type=int, default=2)
     p.add_argument("--query-clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--out", default=str(RESULTS / "priority"))
 
 
 def priority(args: argparse.Namespace) -> None:
@@ -205,9 +206,7 @@ def priority(args: argparse.Namespace) -> None:
         for name, runs in results.items()
         for r in runs
     ]
-    table = markdown_table(
-        ["server", "1-text queries", "p50 ms", "p99 ms", "mean ms", "bulk texts/s"], rows
-    )
+    table = markdown_table(["server", *LATENCY_HEADER, "bulk texts/s"], rows)
     notes = [
         "this checkout with bulk requests at the default priority (interactive, as without "
         "priority levels) and at priority 2 (bulk); each request answered when its own texts "
@@ -343,7 +342,6 @@ def batch_arguments(p: argparse.ArgumentParser) -> None:
         default="16,256",
         help="the gateway's --batch-texts-in-flight values to compare, comma separated",
     )
-    p.add_argument("--out", default=str(RESULTS / "batch"))
 
 
 def batch(args: argparse.Namespace) -> None:
@@ -380,9 +378,7 @@ def batch(args: argparse.Namespace) -> None:
         ]
         for name, r in results.items()
     ]
-    table = markdown_table(
-        ["gateway", "1-text queries", "p50 ms", "p99 ms", "mean ms", "batch texts/s"], rows
-    )
+    table = markdown_table(["gateway", *LATENCY_HEADER, "batch texts/s"], rows)
     notes = [
         f"{args.query_clients} query clients x 1 text through /v1/embeddings, {args.seconds:.0f}"
         " s with no batch, then the same while a Batch API batch runs at the bulk priority level, "
@@ -447,7 +443,6 @@ def neighbour_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--texts", type=int, default=512)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--texts-per-request", type=int, default=8)
-    p.add_argument("--out", default=str(RESULTS / "neighbour"))
     p.add_argument("--layouts", nargs="*", help="names (substrings) of the layouts to run")
 
 
@@ -572,7 +567,6 @@ def adaptive_split_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--texts", type=int, default=96)
     p.add_argument("--slow-layers", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(RESULTS / "adaptive_split"))
 
 
 def adaptive_split(args: argparse.Namespace) -> None:

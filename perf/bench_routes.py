@@ -32,7 +32,6 @@ import torch  # noqa: E402
 from bench_prefix import make_queries  # noqa: E402
 from harness import (  # noqa: E402
     REPO,
-    RESULTS,
     best_seconds,
     cosines,
     ensure_model,
@@ -135,7 +134,6 @@ def prepack_arguments(p: argparse.ArgumentParser) -> None:
         default=[1, 2, 4, 8, 16],
         help="queries per forward of the row-plan comparison",
     )
-    p.add_argument("--out", default=str(RESULTS / "prepack"))
 
 
 def prepack(args: argparse.Namespace) -> None:
@@ -244,7 +242,6 @@ GEMMS = {
 def bf16_gemm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--out", default=str(RESULTS / "bf16_gemm"))
 
 
 def bf16_gemm(args: argparse.Namespace) -> None:
@@ -377,7 +374,6 @@ def random_texts(vocab_size: int, seed: int = 3) -> list[list[int]]:
 def int8_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=str(RESULTS / "int8"))
 
 
 def int8_layouts(args: argparse.Namespace) -> None:
@@ -476,7 +472,6 @@ def gemm_bound_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default="none", choices=["none", "int8"])
     p.add_argument("--texts", type=int, default=64)
     p.add_argument("--pairs", type=int, default=15)
-    p.add_argument("--out", default=str(RESULTS / "gemm_bound"))
 
 
 def gemm_bound(args: argparse.Namespace) -> None:
@@ -564,7 +559,6 @@ def lengths_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--isa", default="", help="run the native kernels of this instruction set")
-    p.add_argument("--out", default=str(RESULTS / "lengths"))
 
 
 def lengths(args: argparse.Namespace) -> None:
@@ -697,7 +691,6 @@ def long_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--chunk-size", type=int, default=512, help="late chunking's chunk tokens")
-    p.add_argument("--out", default=str(RESULTS / "long"))
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the per-length child process
 
 

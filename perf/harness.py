@@ -10,7 +10,8 @@ N clients for S seconds, scrape its metrics, and write the report in one format.
   (qwen_embed_deploy.triton) read Triton's Prometheus page.
 - fixtures: `REPO`, `ensure_model(path, layers)` (a demo-shaped model built once), `cpu_tag()`
   (this CPU kind's short name for report file names).
-- `run_subcommands(doc, commands)`: a script of several benchmarks, one subcommand each.
+- `run_subcommands(doc, commands)`: a script of several benchmarks, one subcommand each, each
+  writing its report to `--out` (results/<subcommand> by default).
 - `new_record(**fields)` and `write_report(out, record, title, notes, table)`: OUT.json (the
   record: date, machine, CPU flags, command, then the benchmark's fields) and OUT.md.
 """
@@ -52,15 +53,12 @@ def ensure_model(path: Path, layers: int) -> Path:
 
 
 def cpu_tag() -> str:
-    """Short name of this CPU kind for result file names: results per kind stay side by side."""
+    """Short name of this CPU kind for result file names (the widest native kernels it runs):
+    results per kind stay side by side."""
     from qwen_embed.cpu import cpu_features
+    from qwen_embed.native import isa_for
 
-    f = cpu_features()
-    if f.amx_bf16:
-        return "amx"
-    if f.avx512_bf16:
-        return "avx512bf16"
-    return "avx512" if f.avx512 else ("avx2" if f.avx2 else "cpu")
+    return isa_for(cpu_features())
 
 
 def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]]) -> None:
@@ -76,6 +74,7 @@ def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         arguments(sub)
+        sub.add_argument("--out", default=str(RESULTS / name), help="the report, without suffix")
         sub.set_defaults(run=run)
     args = p.parse_args()
     args.run(args)

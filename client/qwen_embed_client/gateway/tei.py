@@ -163,9 +163,13 @@ async def _similarity(gw, body: dict):
     if len(texts) > MAX_INPUTS:
         limit = f"batch size {len(texts)} > maximum allowed batch size {MAX_INPUTS}"
         raise invalid(limit, "inputs")
-    check_utf8([("inputs.source_sentence", source)])
-    check_utf8([(f"inputs.sentences[{i}]", t) for i, t in enumerate(sentences)])
-    parameters = _body(body.get("parameters") or {})
+    check_utf8(
+        [("inputs.source_sentence", source)]
+        + [(f"inputs.sentences[{i}]", t) for i, t in enumerate(sentences)]
+    )
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise invalid("`parameters` must be an object", "parameters")
     options = _truncation(parameters) | {"normalize": True}
     if parameters.get("prompt_name") is not None:
         options["prompt_name"] = parameters["prompt_name"]
