@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3Model
+from safetensors.torch import load_file, save_file
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3Model
 
 from qwen_embed_deploy.demo import write_tokenizer
 
@@ -45,39 +46,35 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
-def _sentence_transformers_files(directory: Path, prompts: dict, default: str | None) -> None:
-    """Transformer -> last-token Pooling -> Normalize, as both real models ship it."""
+def _modules(directory: Path, *types: tuple[str, str]) -> None:
+    """modules.json listing (path, type) after the Transformer."""
+    modules = [{"path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules += [{"path": path, "type": kind} for path, kind in types]
     _write_json(
         directory / "modules.json",
-        [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {
-                "idx": 1,
-                "name": "1",
-                "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling",
-            },
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            },
-        ],
+        [{"idx": i, "name": str(i), **module} for i, module in enumerate(modules)],
     )
+
+
+def _pooling(directory: Path, mode: str, width: int) -> None:
+    modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+    modes += ("weightedmean_tokens", "lasttoken")
     _write_json(
         directory / "1_Pooling" / "config.json",
-        {
-            "word_embedding_dimension": TINY["hidden_size"],
-            "pooling_mode_cls_token": False,
-            "pooling_mode_mean_tokens": False,
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
-            "pooling_mode_weightedmean_tokens": False,
-            "pooling_mode_lasttoken": True,
-            "include_prompt": True,
-        },
+        {"word_embedding_dimension": width}
+        | {f"pooling_mode_{m}": m == mode for m in modes}
+        | {"include_prompt": True},
     )
+
+
+POOLING = ("1_Pooling", "sentence_transformers.models.Pooling")
+NORMALIZE = ("2_Normalize", "sentence_transformers.models.Normalize")
+
+
+def _sentence_transformers_files(directory: Path, prompts: dict, default: str | None) -> None:
+    """Transformer -> last-token Pooling -> Normalize, as both real models ship it."""
+    _modules(directory, POOLING, NORMALIZE)
+    _pooling(directory, "lasttoken", TINY["hidden_size"])
     (directory / "2_Normalize").mkdir(exist_ok=True)
     _write_json(
         directory / "sentence_bert_config.json", {"max_seq_length": 8192, "do_lower_case": False}
@@ -162,4 +159,82 @@ def gte_qwen2(directory: Path, *, seed: int = 1) -> Path:
         },
     )
     _sentence_transformers_files(directory, {"query": QWEN3_QUERY + " "}, None)
+    return directory
+
+
+VOYAGE_PROMPTS = {
+    "query": "Represent the query for retrieving supporting documents: ",
+    "document": "Represent the document for retrieval: ",
+}
+
+
+def voyage_4_nano(directory: Path, *, seed: int = 2, projection: int = 96) -> Path:
+    """voyage-4-nano's layout: a Qwen3ForCausalLM config with `use_bidirectional_attention:
+    true` and `num_labels` (the projection's width; 2048 in the real model), tied embeddings,
+    bf16 tensors prefixed `model.` plus a top-level `linear.weight` [num_labels, hidden] (its
+    remote code applies it to every token after the final norm, before pooling); a tokenizer
+    that appends nothing; sentence-transformers' mean Pooling (over the projected width) and
+    Normalize; its query and document prompts; `auto_map` naming its remote code."""
+    config = Qwen3Config(
+        **TINY,
+        head_dim=32,  # 128 in the real models: one the native attention operator has
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen3ForCausalLM(config)
+    _noise(model, seed)
+    model.to(torch.bfloat16).save_pretrained(directory)
+    tensors = load_file(directory / "model.safetensors")
+    assert all(name.startswith("model.") for name in tensors)
+    generator = torch.Generator().manual_seed(seed)
+    linear = torch.randn(projection, TINY["hidden_size"], generator=generator) * 0.1
+    tensors["linear.weight"] = linear.to(torch.bfloat16)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    hf = json.loads((directory / "config.json").read_text())
+    hf |= {
+        "architectures": ["Qwen3ForCausalLM"],
+        "use_bidirectional_attention": True,
+        "num_labels": projection,
+        "auto_map": {"AutoModel": "modeling_qwen3_bidirectional.Qwen3BidirectionalModel"},
+    }
+    _write_json(directory / "config.json", hf)
+    write_tokenizer(directory, append_eos=False)
+    _modules(directory, POOLING, NORMALIZE)
+    _pooling(directory, "mean_tokens", projection)
+    _write_json(directory / "sentence_bert_config.json", {"max_seq_length": 32768})
+    _write_json(directory / "config_sentence_transformers.json", {"prompts": VOYAGE_PROMPTS})
+    return directory
+
+
+def pplx_embed(directory: Path, *, seed: int = 3) -> Path:
+    """pplx-embed-v1's layout: architecture PPLXQwen3Model (model_type
+    bidirectional_pplx_qwen3, remote code), `use_bidirectional_attention: true`, float32
+    tensors of the bare Qwen3Model (no prefix); a tokenizer that appends nothing; mean Pooling
+    then its `st_quantize.FlexibleQuantizer` module (int8 codes round(127 tanh(x))), no
+    Normalize, no prompts file."""
+    config = Qwen3Config(
+        **TINY,
+        head_dim=32,  # 128 in the real models: one the native attention operator has
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen3Model(config)
+    _noise(model, seed)
+    model.save_pretrained(directory)
+    hf = json.loads((directory / "config.json").read_text())
+    hf |= {
+        "architectures": ["PPLXQwen3Model"],
+        "model_type": "bidirectional_pplx_qwen3",
+        "use_bidirectional_attention": True,
+        "auto_map": {
+            "AutoConfig": "configuration.PPLXQwen3Config",
+            "AutoModel": "modeling.PPLXQwen3Model",
+        },
+    }
+    _write_json(directory / "config.json", hf)
+    write_tokenizer(directory, append_eos=False)
+    _modules(directory, POOLING, ("", "st_quantize.FlexibleQuantizer"))
+    _pooling(directory, "mean_tokens", TINY["hidden_size"])
     return directory

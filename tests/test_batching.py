@@ -98,7 +98,7 @@ def test_bad_input_is_a_clear_error(checkpoint, seqs, kwargs, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"pooling": "cls"}, "pooling must be one of"),
+        ({"pooling": "max"}, "pooling must be one of"),
         ({"dtype": "float64"}, "dtype must be one of \\['auto'"),
         ({"attn_backend": "xformers"}, "unknown attention backend 'xformers'"),
         ({"max_batch_tokens": 0}, "max_batch_tokens"),

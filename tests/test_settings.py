@@ -62,7 +62,7 @@ def test_bad_parameters_are_refused_by_name():
     with pytest.raises(ValueError, match="max_batch_tokens must be >= 1"):
         EncoderSettings(max_batch_tokens=0)
     with pytest.raises(ValueError, match="pooling must be one of"):
-        EncoderSettings(pooling="cls")
+        EncoderSettings(pooling="max")
 
 
 def test_python_switches_and_json_round_trip():

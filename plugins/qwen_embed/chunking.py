@@ -195,14 +195,14 @@ class ChunkForward:
         rows = to_device(torch.tensor([r for _, r in read_segments], dtype=torch.long), device)
         return last, rows
 
-    def pool(self, hidden: torch.Tensor) -> list[np.ndarray]:
+    def pool(self, hidden: torch.Tensor, head) -> list[np.ndarray]:
         """Final hidden states of every row (pruned: of the pooled rows) -> per text, its
-        chunks' vectors float32 [k, H]."""
+        chunks' vectors float32 [k, H], each through `head` (the model's projections)."""
+        counts = [len(ranges) for ranges in self.pool_ranges]
         if self.pruned:
-            counts = [len(ranges) for ranges in self.pool_ranges]
-            return [part.float().cpu().numpy() for part in hidden.split(counts)]
-        out = []
-        for ranges in self.pool_ranges:
-            rows = [hidden[a:b].float().mean(0) for a, b in ranges]
-            out.append(torch.stack(rows).cpu().numpy())
-        return out
+            pooled = hidden.float()
+        else:
+            pooled = torch.stack(
+                [hidden[a:b].float().mean(0) for ranges in self.pool_ranges for a, b in ranges]
+            )
+        return [part.cpu().numpy() for part in head(pooled).split(counts)]

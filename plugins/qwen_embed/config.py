@@ -1,4 +1,5 @@
-"""One frozen description of a Qwen2/Qwen3 checkpoint, read once from config.json.
+"""One frozen description of a Qwen2/Qwen3 checkpoint, read once from config.json (and what
+follows the transformer, from its sentence-transformers modules: sentence_modules.py).
 
 Every difference between the architectures becomes an explicit field here, so the model code
 never probes the Hugging Face config with scattered `getattr` defaults.
@@ -6,9 +7,12 @@ never probes the Hugging Face config with scattered `getattr` defaults.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from .sentence_modules import SentenceModules
 
 # architecture name in config.json -> model family registered in qwen_embed.models
 SUPPORTED_ARCHITECTURES = {
@@ -16,6 +20,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2Model": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3Model": "qwen3",
+    # pplx-embed-v1: Qwen3Model with bidirectional attention (use_bidirectional_attention)
+    "PPLXQwen3Model": "qwen3",
     # Converted cross-encoders: a `score` head of one row on the last token (rerank only).
     "Qwen2ForSequenceClassification": "qwen2",
     "Qwen3ForSequenceClassification": "qwen3",
@@ -46,13 +52,21 @@ class ModelConfig:
     is_classifier: bool = False  # *ForSequenceClassification: `score.weight` [num_labels, H]
     num_labels: int = 0
     tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
+    sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
+
+    @property
+    def embedding_size(self) -> int:
+        """The width of the vectors an embedder returns (before Matryoshka truncation)."""
+        return self.sentence.output_size or self.hidden_size
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        return cls.from_hf(json.loads(path.read_text()))
+        config = cls.from_hf(json.loads(path.read_text()))
+        sentence = SentenceModules.from_dir(model_dir, config.hidden_size)
+        return dataclasses.replace(config, sentence=sentence)
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
@@ -87,7 +101,9 @@ class ModelConfig:
             # Qwen2 always has q/k/v biases; Qwen3 has them only if attention_bias says so.
             has_qkv_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
             has_qk_norm=family == "qwen3",
-            is_causal=bool(hf.get("is_causal", True)),
+            # gte-Qwen2 says is_causal false; voyage-4-nano and pplx-embed, bidirectional
+            is_causal=bool(hf.get("is_causal", True))
+            and not hf.get("use_bidirectional_attention", False),
             checkpoint_dtype=hf.get("dtype") or hf.get("torch_dtype"),
             is_classifier=any(a.endswith("ForSequenceClassification") for a in architectures),
             num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),

@@ -22,7 +22,7 @@ from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .device_io import HostResult
-from .heads import build_score_head
+from .heads import build_head
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
@@ -117,7 +117,7 @@ _DEFAULT_DTYPE = threading.Lock()
 def _instantiate(
     config: ModelConfig, spec: RankSpec, tp: TPGroup, device: torch.device
 ) -> nn.Module:
-    """The empty model with its attention backend, planner and (rerank, rank 0) score head."""
+    """The empty model with its attention backend, planner and (rank 0) task head."""
     route, settings = spec.route, spec.settings
     dtype = TORCH_DTYPES[route.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
@@ -144,8 +144,9 @@ def _instantiate(
         device=device,
     )
     head = None
-    if route.task == "rerank" and tp.rank == 0:  # only rank 0 reads the last hidden states
-        head = build_score_head(config, spec.model_dir).to(device)
+    if tp.rank == 0:  # only rank 0 reads the final hidden states
+        head = build_head(route.task, config, spec.model_dir)
+        head = head.to(device) if head is not None else None
     # The default dtype is the process's: models built in several threads at once (ranks of a
     # test, encoders loaded side by side) must not restore each other's.
     with _DEFAULT_DTYPE:
@@ -266,8 +267,9 @@ class Encoder:
         return cls(model, config, settings, route, launcher)
 
     @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
+    def embedding_size(self) -> int:
+        """The width of the vectors `embed` returns without `dimensions`."""
+        return self.config.embedding_size
 
     @property
     def max_input_tokens(self) -> int:
@@ -280,7 +282,8 @@ class Encoder:
         normalize: bool = True,
         dimensions: int | None = None,
     ) -> np.ndarray:
-        """Embed each token id list; returns float32 [n, dimensions or hidden] in input order."""
+        """Embed each token id list; returns float32 [n, dimensions or embedding_size] in input
+        order."""
         self._check_dimensions(dimensions)
         pooled = torch.from_numpy(self.pool_checked(self.check_sequences(token_id_lists)))
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
@@ -290,19 +293,23 @@ class Encoder:
         if dimensions is not None and (
             isinstance(dimensions, bool)
             or not isinstance(dimensions, (int, np.integer))
-            or not 1 <= dimensions <= self.hidden_size
+            or not 1 <= dimensions <= self.embedding_size
         ):
             raise ValueError(
-                f"dimensions must be an integer in 1..{self.hidden_size}, got {dimensions!r}"
+                f"dimensions must be an integer in 1..{self.embedding_size}, got {dimensions!r}"
             )
 
     def pool_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
-        """Pooled hidden states float32 [n, hidden] (not truncated, not normalised: `finish`
-        does that per request) of sequences that already passed `check_sequence`: callers
-        that validate per request (the Triton encoder) do not pay for it twice."""
+        """Pooled (and projected: heads.py) vectors float32 [n, embedding_size], not truncated,
+        not normalised (`finish` does that per request), of sequences that already passed
+        `check_sequence`: callers that validate per request (the Triton encoder) do not pay
+        for it twice."""
         self._require("embed")
-        out = np.empty((len(sequences), self.hidden_size), dtype=np.float32)
-        return self._run(sequences, out, lambda pooled: pooled)
+        out = np.empty((len(sequences), self.embedding_size), dtype=np.float32)
+        return self._run(sequences, out, self._embedding_head)
+
+    def _embedding_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled if self.model.head is None else self.model.head(pooled)
 
     def embed_chunks(
         self,
@@ -311,7 +318,8 @@ class Encoder:
         normalize: bool = True,
         dimensions: int | None = None,
     ) -> list[np.ndarray]:
-        """Late chunking (chunking.py): for each text, float32 [chunks, dimensions or hidden],
+        """Late chunking (chunking.py): for each text, float32 [chunks, dimensions or
+        embedding_size],
         every chunk pooled in the context of its whole text."""
         self._check_dimensions(dimensions)
         checked = [
@@ -335,7 +343,7 @@ class Encoder:
             for i, text in enumerate(texts)
             for piece, chunks in text.pieces(readout, self.max_batch_tokens)
         ]
-        out = [np.empty((len(t.spans), self.hidden_size), np.float32) for t in texts]
+        out = [np.empty((len(t.spans), self.embedding_size), np.float32) for t in texts]
         costs = [piece.cost(readout) for _, piece, _ in pieces]
         with self._lock:
             for group in plan_batches(costs, self.max_batch_tokens):
@@ -344,7 +352,8 @@ class Encoder:
                 send = None
                 if self._launcher is not None:
                     send = partial(self._launcher.send_chunks, pack_texts(chosen))
-                pooled = self._forward_context(forward.context, forward.pool, send)
+                pool = partial(forward.pool, head=self._embedding_head)
+                pooled = self._forward_context(forward.context, pool, send)
                 for g, vectors in zip(group, pooled, strict=True):
                     i, _, chunks = pieces[g]
                     out[i][chunks] = vectors
@@ -361,7 +370,7 @@ class Encoder:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
         out = np.empty(len(sequences), dtype=np.float32)
-        return self._run(sequences, out, self.model.score_head)
+        return self._run(sequences, out, self.model.head)
 
     def _require(self, task: str) -> None:
         if self.task != task:

@@ -1,14 +1,17 @@
-"""Task heads beside pooling: what a forward's last-token hidden states turn into.
+"""Task heads beside pooling: what a forward's pooled hidden states turn into.
 
-`embed` pools and normalises (pooling.py). `rerank` scores a (query, document) sequence:
+`embed` pools (pooling.py), then applies the checkpoint's own projections where it has any
+(sentence_modules.py: a top-level `linear`, sentence-transformers' Dense modules), then
+truncates and normalises per request. `rerank` scores a (query, document) sequence:
 - a causal-LM reranker (Qwen3-Reranker) reads two rows of its output head, "yes" and "no", at the
   last token; score = softmax over that pair = sigmoid(logit_yes - logit_no). Only those two rows
   are loaded (from `lm_head.weight`, or `embed_tokens.weight` when the embeddings are tied): the
   151k-row head is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
-The rows are tiny (2 x hidden), so rank 0 holds them whole and applies them to the final hidden
-states, which every rank has in full.
+Heads are small (2 x hidden for a reranker, a few million weights for a projection), so rank 0
+holds them whole, in fp32, and applies them to the final hidden states, which every rank has
+in full.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from safetensors import safe_open
 from torch import nn
 
 from .config import ModelConfig
+from .sentence_modules import SentenceModules
 
 # Qwen3-Reranker's answer tokens: the model is asked for "yes" or "no".
 ANSWER_TOKENS = ("yes", "no")
@@ -85,3 +91,49 @@ def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
         return ScoreHead(config.hidden_size, "score.weight", None)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     return ScoreHead(config.hidden_size, name, answer_token_ids(model_dir))
+
+
+ACTIVATION_FUNCTIONS = {
+    "identity": nn.Identity(),
+    "tanh": nn.Tanh(),
+    "relu": nn.ReLU(),
+    "gelu": nn.GELU(),
+    "sigmoid": nn.Sigmoid(),
+}
+
+
+class ProjectionHead(nn.Module):
+    """The checkpoint's dense projections of pooled vectors, in order, in fp32, then its final
+    activation (sentence_modules.SentenceModules). Its weights are buffers read here from
+    their own files, not parameters for the checkpoint loader."""
+
+    def __init__(self, modules: SentenceModules):
+        super().__init__()
+        self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in modules.dense]
+        self.final = ACTIVATION_FUNCTIONS[modules.final_activation]
+        for i, d in enumerate(modules.dense):
+            with safe_open(d.weights, framework="pt", device="cpu") as f:
+                shapes = {"weight": (d.out_features, d.in_features), "bias": (d.out_features,)}
+                for part in ("weight", "bias") if d.bias else ("weight",):
+                    tensor = f.get_tensor(d.prefix + part)
+                    if tuple(tensor.shape) != shapes[part]:
+                        raise ValueError(
+                            f"{d.weights}: {d.prefix + part} has shape {tuple(tensor.shape)}, "
+                            f"expected {shapes[part]}"
+                        )
+                    self.register_buffer(f"{part}{i}", tensor.float())
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        x = pooled.float()
+        for i, activation in enumerate(self.activations):
+            x = activation(
+                F.linear(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}", None))
+            )
+        return self.final(x)
+
+
+def build_head(task: str, config: ModelConfig, model_dir: str | Path) -> nn.Module | None:
+    """Rank 0's head for the task; None where an embedder's pooled vectors are its answer."""
+    if task == "rerank":
+        return build_score_head(config, model_dir)
+    return ProjectionHead(config.sentence) if config.sentence.has_head else None

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from safetensors import safe_open
-from torch import nn
 
-# Present in causal-LM / classifier checkpoints; skipped unless a task head asks for them.
+if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_modules.py)
+    from torch import nn
+
+# Present in causal-LM / classifier checkpoints and top-level projections (voyage-4-nano's
+# `linear`, which heads.ProjectionHead reads itself); skipped unless a task head asks for them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_IGNORED_PREFIXES = ("lm_head.", "score.")
+_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.")
 
 
 class CheckpointError(ValueError):

@@ -13,6 +13,8 @@ def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:
     """hidden [T, H] -> [n, H] float32, without a Python loop over sequences."""
     if method == "last":
         return hidden[batch.cu_seqlens[1:].long() - 1].float()
+    if method == "cls":  # the first token: a bidirectional encoder's summary row
+        return hidden[batch.cu_seqlens[:-1].long()].float()
     if method == "mean":
         lengths = torch.diff(batch.cu_seqlens).long()
         seq_of_token = torch.repeat_interleave(

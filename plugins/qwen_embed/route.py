@@ -124,13 +124,12 @@ def choose_route(
     if s.quantization == "int8" and not cpu:
         raise ValueError("quantization 'int8' runs on CPU only; use dtype bfloat16 on GPUs")
     task = resolve_task(s.task, config)
-    if task == "rerank" and s.pooling != "last":
-        raise ValueError("a reranker scores the last token: pooling must be 'last'")
-    reuse_valid = config.is_causal and s.pooling == "last"
+    pooling = resolve_pooling(s.pooling, task, config)
+    reuse_valid = config.is_causal and pooling == "last"
     if s.prefix_reuse == "on" and not reuse_valid:
         raise ValueError(
             "prefix_reuse needs causal attention and last-token pooling "
-            f"(is_causal={config.is_causal}, pooling={s.pooling!r})"
+            f"(is_causal={config.is_causal}, pooling={pooling!r})"
         )
     half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
     dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
@@ -173,15 +172,25 @@ def choose_route(
         gemm=gemm,
         attn_backend=backend,
         task=task,
-        pooling=s.pooling,
+        pooling=pooling,
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
-        prune=s.pooling == "last",
+        prune=pooling == "last",
         elementwise=kernels.choose(device, isa, has_triton),
         native_isa=isa,
         cuda_graph_tokens=0 if cpu or s.tp_size > 1 else s.cuda_graph_tokens,
         reason=reason,
         attention_reason=why,
     )
+
+
+def resolve_pooling(setting: str, task: str, config: ModelConfig) -> str:
+    """ "auto" is the checkpoint's pooling (sentence_modules.py), else the last token, which a
+    reranker always scores."""
+    if task == "rerank":
+        if setting not in ("auto", "last"):
+            raise ValueError("a reranker scores the last token: pooling must be 'last'")
+        return "last"
+    return (config.sentence.pooling or "last") if setting == "auto" else setting
 
 
 def _dtype(

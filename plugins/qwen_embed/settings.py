@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8")
-POOLING_METHODS = ("last", "mean")
+POOLING_METHODS = ("last", "mean", "cls")
 TASKS = ("auto", "embed", "rerank")
 SWITCH = ("auto", "on", "off")
 
@@ -45,7 +45,8 @@ class EncoderSettings:
     quantization: str = "none"  # "int8" (CPU only): int8 linear layers
     attn_backend: str = "auto"  # "auto", "native", "torch", "flash_attn", "flashinfer"
     task: str = "auto"  # "embed", "rerank", "auto": rerank for sequence classifiers
-    pooling: str = "last"
+    # "auto": the checkpoint's (sentence-transformers' Pooling module), else the last token
+    pooling: str = "auto"
     max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone
     # "auto": a prefix that texts share is computed once (causal models, last-token pooling).
     prefix_reuse: str = "auto"
@@ -68,7 +69,7 @@ class EncoderSettings:
             set_(self, name, switch(getattr(self, name), name))
         _one_of("dtype", self.dtype, ("auto", *DTYPES))
         _one_of("quantization", self.quantization, QUANTIZATIONS)
-        _one_of("pooling", self.pooling, POOLING_METHODS)
+        _one_of("pooling", self.pooling, ("auto", *POOLING_METHODS))
         _one_of("task", self.task, TASKS)
         _one_of("batch_invariant", self.batch_invariant, ("auto", "on", "off"))
         for name, least in (

@@ -46,7 +46,7 @@ class EngineEmbedder:
 
     def __call__(self, batch):
         opts = self.options
-        opts.check_model(self.encoder.config.hidden_size, self.tokenizer.prompts.names)
+        opts.check_model(self.encoder.embedding_size, self.tokenizer.prompts.names)
         ids = self.tokenizer.encode(texts_of(batch, self.column), opts)
         vectors = self.encoder.embed(ids, normalize=opts.normalize, dimensions=opts.dimensions)
         return with_column(batch, self.output_column, compact(vectors, opts.embedding_type))

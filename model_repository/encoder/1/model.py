@@ -162,7 +162,7 @@ class TritonPythonModel:
         if self.task == "rerank":
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
-        return read_finish(None if rows is None else rows.as_numpy(), self.encoder.hidden_size)
+        return read_finish(None if rows is None else rows.as_numpy(), self.encoder.embedding_size)
 
     def _chunks(self, request, seqs):
         """Late chunking's texts (chunking.ChunkedText) when the tokenizer sent chunks."""

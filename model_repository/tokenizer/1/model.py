@@ -42,7 +42,7 @@ class TritonPythonModel:
         if spare is not None and settings.cpu_pinning != "off":
             os.sched_setaffinity(0, spare.cpus)
         self.task = settings.task
-        self.hidden_size = config.hidden_size
+        self.embedding_size = config.embedding_size
         # Texts per request: the batching tokenizer's max_batch_size (Triton refuses more).
         batch = json.loads(args["model_config"]).get("max_batch_size", 0)
         self.max_texts = batch or MAX_TEXTS_PER_REQUEST
@@ -71,7 +71,7 @@ class TritonPythonModel:
 
     def _texts(self, request, params):
         opts = EmbedOptions.from_parameters(params)
-        opts.check_model(self.hidden_size, self.tokenizer.prompts.names)
+        opts.check_model(self.embedding_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
         if opts.token_ids:

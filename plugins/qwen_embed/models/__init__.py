@@ -26,7 +26,8 @@ class EmbeddingModel(Protocol):
     # checkpoint module name -> (our packed module, shard id): loader.py maps keys with it
     packed_modules: dict[str, tuple[str, str]]
     planner: Planner  # turns flat batches into this shard's forward contexts (segments.py)
-    score_head: nn.Module | None  # rerank, rank 0: last-token hidden states -> scores
+    # rank 0: pooled hidden states -> scores (rerank) or projected vectors (heads.py)
+    head: nn.Module | None
     # cuda_graphs.TokenGraphs where the route captures CUDA graphs (engine.build_model sets
     # it; None until then): the forward replays them where the batch fits
     graphs: object | None
@@ -37,7 +38,7 @@ class EmbeddingModel(Protocol):
         tp: TPGroup,
         backend: AttentionBackend,
         planner: Planner,
-        score_head: nn.Module | None,
+        head: nn.Module | None,
         ops: RowOps,
     ): ...
 

@@ -243,7 +243,7 @@ class QwenModel(nn.Module):
     """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head.
 
     `planner` turns batches into forward contexts for this shard (segments.Planner);
-    `score_head` (rerank, rank 0) turns last-token hidden states into scores (heads.py);
+    `head` (rank 0) turns pooled hidden states into scores or projected vectors (heads.py);
     `ops` is the route's row-op table (kernels/)."""
 
     packed_modules = PACKED_MODULES
@@ -254,7 +254,7 @@ class QwenModel(nn.Module):
         tp: TPGroup,
         backend: AttentionBackend,
         planner: Planner,
-        score_head: nn.Module | None = None,
+        head: nn.Module | None = None,
         ops: RowOps = reference,
     ):
         super().__init__()
@@ -262,7 +262,7 @@ class QwenModel(nn.Module):
         self.config = config
         self.backend = backend
         self.planner = planner
-        self.score_head = score_head
+        self.head = head
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
             QwenDecoderLayer(config, tp, backend, i, ops) for i in range(config.num_layers)

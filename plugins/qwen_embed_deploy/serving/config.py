@@ -101,7 +101,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
         direction = settings.truncation_direction
         facts = {
-            "dimension": config.hidden_size,
+            "dimension": config.embedding_size,
             "tokens_per_text": max_tokens,
             "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction),
         }
@@ -124,7 +124,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
     checkpoint, config, route = plan(model_dir, settings.replace(device=device))
     return {
-        "dimension": config.hidden_size,
+        "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
         "fingerprint": encoder_fingerprint(checkpoint, route),

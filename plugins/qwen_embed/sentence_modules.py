@@ -1,0 +1,163 @@
+"""What a checkpoint does after its transformer: pooling and dense projections.
+
+Read from the checkpoint's own files, so a model runs as its authors publish it:
+- sentence-transformers' `modules.json`: the Pooling module's mode (`1_Pooling/config.json`)
+  and each `Dense` module (`2_Dense/config.json` with its weights in the folder's
+  `model.safetensors`), applied to the pooled vector in the listed order;
+- a projection saved beside the transformer's own tensors as a top-level `linear.weight`
+  (voyage-4-nano: hidden 1024 -> 2048 after the final norm). Without an activation it commutes
+  with pooling, so it runs on the pooled vector, before any Dense module.
+- pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
+  pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
+  codes, as for every model).
+A checkpoint without these files pools its last token (Qwen3-Embedding's recipe).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from .loader import checkpoint_files
+
+# 1_Pooling/config.json's modes -> pooling.POOLING_METHODS
+POOLING_MODES = {
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
+# sentence-transformers Dense activations this engine applies (torch.nn names)
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
+ROOT_PROJECTION = "linear.weight"
+# custom modules after pooling known by their class -> the activation that stands for them
+QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
+
+
+class SentenceModulesError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Dense:
+    """One projection of the pooled vector: `weights` (a safetensors file) holds
+    `{prefix}weight` [out, in] and, with `bias`, `{prefix}bias`."""
+
+    weights: str
+    prefix: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # a value of ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class SentenceModules:
+    pooling: str | None  # None: the checkpoint does not say
+    dense: tuple[Dense, ...] = ()
+    final_activation: str = "identity"  # after the dense layers (QUANTIZERS)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, hidden_size: int) -> SentenceModules:
+        model_dir = Path(model_dir)
+        modules = _read_json(model_dir / "modules.json", default=[])
+        pooling, dense, final = None, [], "identity"
+        root = _root_projection(model_dir)
+        if root is not None:
+            dense.append(root)
+        for module in modules:
+            kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+            folder = model_dir / module.get("path", "")
+            if kind == "Pooling":
+                pooling = _pooling_mode(folder / "config.json")
+            elif kind == "Dense":
+                dense.append(_dense(folder))
+            elif module.get("type") in QUANTIZERS:
+                final = QUANTIZERS[module["type"]]
+        width = hidden_size
+        for layer in dense:
+            if layer.in_features != width:
+                raise SentenceModulesError(
+                    f"{layer.weights}: a projection from {layer.in_features} features follows "
+                    f"a vector of {width}"
+                )
+            width = layer.out_features
+        return cls(pooling, tuple(dense), final)
+
+    @property
+    def has_head(self) -> bool:
+        return bool(self.dense) or self.final_activation != "identity"
+
+    @property
+    def output_size(self) -> int | None:
+        return self.dense[-1].out_features if self.dense else None
+
+
+def _read_json(path: Path, default=None):
+    if not path.is_file():
+        if default is not None:
+            return default
+        raise SentenceModulesError(f"{path} is missing")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SentenceModulesError(f"{path} is not JSON: {e}") from None
+
+
+def _pooling_mode(path: Path) -> str:
+    config = _read_json(path)
+    chosen = [key for key, value in config.items() if key.startswith("pooling_mode") and value]
+    if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
+        raise SentenceModulesError(
+            f"{path}: pooling {chosen} is not supported; one of {sorted(POOLING_MODES)}"
+        )
+    if POOLING_MODES[chosen[0]] == "mean" and config.get("include_prompt") is False:
+        raise SentenceModulesError(
+            f"{path}: mean pooling without the prompt's tokens (include_prompt false) is "
+            "not supported"
+        )
+    return POOLING_MODES[chosen[0]]
+
+
+def _dense(folder: Path) -> Dense:
+    config = _read_json(folder / "config.json")
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise SentenceModulesError(
+            f"{folder} has no model.safetensors; only safetensors weights are loaded"
+        )
+    activation = config.get("activation_function", "torch.nn.modules.linear.Identity")
+    if activation not in ACTIVATIONS:
+        raise SentenceModulesError(
+            f"{folder}: activation {activation!r} is not supported; one of {sorted(ACTIVATIONS)}"
+        )
+    return Dense(
+        weights=str(weights),
+        prefix="linear.",
+        in_features=int(config["in_features"]),
+        out_features=int(config["out_features"]),
+        bias=bool(config.get("bias", True)),
+        activation=ACTIVATIONS[activation],
+    )
+
+
+def _root_projection(model_dir: Path) -> Dense | None:
+    """The top-level `linear.weight` (and `linear.bias`) among the checkpoint's tensors."""
+    if not any(model_dir.glob("*.safetensors")):
+        return None
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="numpy") as f:  # names and shapes only
+            names = set(f.keys())
+            if ROOT_PROJECTION in names:
+                out_features, in_features = f.get_slice(ROOT_PROJECTION).get_shape()
+                bias = "linear.bias" in names
+                return Dense(str(path), "linear.", in_features, out_features, bias, "identity")
+    return None

@@ -1,0 +1,175 @@
+"""Other vendors' embedders on the Qwen3 architecture, as published (tests/replicas.py):
+
+- voyage-4-nano: `use_bidirectional_attention`, a top-level `linear` projection to a wider
+  vector (2048 in the real model) after the final norm, mean pooling, its prompts;
+- pplx-embed-v1: architecture PPLXQwen3Model, bidirectional, mean pooling, then its
+  sentence-transformers quantizer (int8 codes round(127 tanh(x))), no prompts.
+
+Their reference is their remote code's recipe, written out with transformers' Qwen3Model
+(the remote code is not downloadable here): every layer attending both ways (`is_causal`
+false), voyage's `linear` on every token, the mean over the tokens, pplx's tanh. Vectors must
+reach cosine >= 0.9999 in fp32 and >= 0.999 in bf16, on each CPU attention backend, through
+Triton (HTTP and gRPC) and through the gateway.
+"""
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from transformers import Qwen3Config, Qwen3Model
+
+from qwen_embed import Encoder
+from qwen_embed.config import ModelConfig
+from qwen_embed_client.gateway.app import create_app
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.prompts import PromptSet
+from qwen_embed_deploy.triton import TritonServer
+
+from reference import cosine
+from replicas import VOYAGE_PROMPTS, pplx_embed, voyage_4_nano
+from triton_helpers import infer
+
+FP32_COSINE = 0.9999
+BF16_COSINE = 0.999
+PROJECTION = 96  # the replica's num_labels (hidden 64)
+TEXTS = [
+    "Which planet is known as the Red Planet?",
+    "Mars is often called the Red Planet because of its iron oxide surface.",
+    "naïve café — emoji 🎉 你好",
+]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bidirectional")
+    return {
+        "voyage": voyage_4_nano(root / "voyage-4-nano", projection=PROJECTION),
+        "pplx": pplx_embed(root / "pplx-embed-v1-0.6b"),
+    }
+
+
+def token_ids(model_dir, texts, prefix=""):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return [tok.encode(prefix + t).ids for t in texts]
+
+
+def _qwen3(model_dir, dtype=torch.float32, causal=False) -> Qwen3Model:
+    config = Qwen3Config.from_pretrained(model_dir)
+    config.is_causal = causal  # what their remote code sets on every layer
+    return Qwen3Model.from_pretrained(
+        model_dir, config=config, dtype=dtype, attn_implementation="eager"
+    ).eval()
+
+
+def reference(model_dir, sequences, *, causal=False, dtype=torch.float32) -> np.ndarray:
+    """The checkpoint's remote-code recipe in transformers, one unpadded sequence at a time,
+    L2-normalised."""
+    model = _qwen3(model_dir, dtype, causal)
+    tensors = load_file(model_dir / "model.safetensors")
+    linear = tensors.get("linear.weight")
+    quantized = "pplx" in model_dir.name
+    rows = []
+    with torch.no_grad():
+        for ids in sequences:
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            if linear is not None:
+                hidden = hidden @ linear.to(hidden.dtype).t()
+            pooled = hidden.float().mean(0)
+            rows.append(torch.tanh(pooled) if quantized else pooled)
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+def test_the_checkpoints_say_what_follows_their_transformer(dirs):
+    voyage = ModelConfig.from_dir(dirs["voyage"])
+    assert not voyage.is_causal and voyage.family == "qwen3"
+    assert voyage.sentence.pooling == "mean" and voyage.embedding_size == PROJECTION
+    (dense,) = voyage.sentence.dense
+    assert (dense.in_features, dense.out_features, dense.bias) == (64, PROJECTION, False)
+    pplx = ModelConfig.from_dir(dirs["pplx"])
+    assert not pplx.is_causal and pplx.embedding_size == pplx.hidden_size == 64
+    assert (pplx.sentence.pooling, pplx.sentence.final_activation) == ("mean", "tanh")
+    assert PromptSet.from_dir(dirs["voyage"]).prompts == VOYAGE_PROMPTS
+
+
+@pytest.mark.parametrize("attn_backend", ["native", "torch"])
+@pytest.mark.parametrize("name", ["voyage", "pplx"])
+def test_vectors_match_the_reference_recipe(dirs, name, attn_backend):
+    model_dir = dirs[name]
+    seqs = token_ids(model_dir, TEXTS, VOYAGE_PROMPTS["query"] if name == "voyage" else "")
+    ref = reference(model_dir, seqs)
+    with Encoder.from_pretrained(model_dir, dtype="float32", attn_backend=attn_backend) as enc:
+        assert enc.route.pooling == "mean" and not enc.route.prefix_reuse
+        vectors = enc.embed(seqs)
+        half = enc.embed(seqs, dimensions=PROJECTION // 2 if name == "voyage" else 32)
+    assert vectors.shape == (len(TEXTS), PROJECTION if name == "voyage" else 64)
+    assert cosine(vectors, ref).min() >= FP32_COSINE
+    # Matryoshka: truncated after the projection, then normalised
+    assert cosine(half, ref[:, : half.shape[1]]).min() >= FP32_COSINE
+    # the mask matters: the causal recipe is far from it, so this test can fail
+    assert cosine(vectors, reference(model_dir, seqs, causal=True)).min() < 0.99
+
+
+@pytest.mark.parametrize("name", ["voyage", "pplx"])
+def test_bf16_vectors_match_the_bf16_reference(dirs, name):
+    model_dir = dirs[name]
+    seqs = token_ids(model_dir, TEXTS)
+    ref = reference(model_dir, seqs, dtype=torch.bfloat16)
+    with Encoder.from_pretrained(model_dir, dtype="bfloat16") as enc:
+        assert cosine(enc.embed(seqs), ref).min() >= BF16_COSINE
+
+
+def test_pplx_codes_are_its_quantizers(dirs):
+    """normalize=false gives tanh of the mean: x 127, rounded, the quantizer's int8 codes."""
+    seqs = token_ids(dirs["pplx"], TEXTS)
+    model = _qwen3(dirs["pplx"])
+    with torch.no_grad():
+        pooled = torch.stack(
+            [model(input_ids=torch.tensor([s])).last_hidden_state[0].mean(0) for s in seqs]
+        )
+    codes = torch.clamp(torch.round(torch.tanh(pooled) * 127), -128, 127).numpy()
+    with Encoder.from_pretrained(dirs["pplx"], dtype="float32") as enc:
+        ours = np.clip(np.rint(enc.embed(seqs, normalize=False) * 127), -128, 127)
+    assert np.abs(ours - codes).max() <= 1  # a value at a rounding boundary may go either way
+    assert (ours == codes).mean() >= 0.99
+
+
+@pytest.mark.server
+def test_a_projection_under_tensor_parallelism(dirs):
+    """tp_size 2: rank 0 holds the projection and applies it to the gathered hidden states."""
+    seqs = token_ids(dirs["voyage"], TEXTS)
+    with Encoder.from_pretrained(dirs["voyage"], dtype="float32", tp_size=2) as enc:
+        assert cosine(enc.embed(seqs), reference(dirs["voyage"], seqs)).min() >= FP32_COSINE
+
+
+@pytest.fixture(scope="module")
+def server(dirs, tmp_path_factory):
+    where = tmp_path_factory.mktemp("bidirectional-triton")
+    repo = render(where / "repo", dict(dirs), {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as s:
+        yield s
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", ["voyage", "pplx"])
+def test_served_through_triton_and_the_gateway(server, dirs, name):
+    model_dir = dirs[name]
+    prompt = "query" if name == "voyage" else None
+    seqs = token_ids(model_dir, TEXTS, VOYAGE_PROMPTS["query"] if prompt else "")
+    ref = reference(model_dir, seqs)
+    params = {"prompt_name": prompt} if prompt else {}
+    for protocol in ("http", "grpc"):
+        vectors, counts = infer(server, TEXTS, protocol, model=name, **params)
+        assert cosine(vectors, ref).min() >= FP32_COSINE, protocol
+        assert counts.reshape(-1).tolist() == [len(s) for s in seqs]
+    app = create_app([server.grpc_url], model_names=(name,), triton_model=name)
+    with TestClient(app) as client:
+        body = {"input": TEXTS, "model": name} | ({"prompt_name": prompt} if prompt else {})
+        response = client.post("/v1/embeddings", json=body)
+        assert response.status_code == 200, response.text
+        got = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+        info = client.get("/info").json()
+    assert cosine(got, ref).min() >= FP32_COSINE
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert got.shape[1] == (PROJECTION if name == "voyage" else 64)
