@@ -238,3 +238,32 @@ def pplx_embed(directory: Path, *, seed: int = 3) -> Path:
     _modules(directory, POOLING, ("", "st_quantize.FlexibleQuantizer"))
     _pooling(directory, "mean_tokens", TINY["hidden_size"])
     return directory
+
+
+def with_dense(directory: Path, out_features: int, *, seed: int = 4) -> Path:
+    """A sentence-transformers Dense module (bias, Tanh) between a replica's Pooling and
+    Normalize, as `2_Dense/` holds it: config.json and model.safetensors (linear.weight,
+    linear.bias)."""
+    width = json.loads((directory / "1_Pooling" / "config.json").read_text())
+    width = width["word_embedding_dimension"]
+    generator = torch.Generator().manual_seed(seed)
+    (directory / "2_Dense").mkdir()
+    save_file(
+        {
+            "linear.weight": torch.randn(out_features, width, generator=generator) * 0.2,
+            "linear.bias": torch.randn(out_features, generator=generator) * 0.1,
+        },
+        directory / "2_Dense" / "model.safetensors",
+    )
+    _write_json(
+        directory / "2_Dense" / "config.json",
+        {
+            "in_features": width,
+            "out_features": out_features,
+            "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh",
+        },
+    )
+    dense = ("2_Dense", "sentence_transformers.models.Dense")
+    _modules(directory, POOLING, dense, ("3_Normalize", NORMALIZE[1]))
+    return directory

@@ -2,7 +2,8 @@
 
 `config_sentence_transformers.json` names prompts (`{"prompts": {"query": "...", ...},
 "default_prompt_name": ...}`); sentence-transformers prepends the chosen one to every text, and so
-do we. Without that file a checkpoint gets Qwen3-Embedding's prompts. `instruction` fills the task
+do we. A sentence-transformers checkpoint without that file (a `modules.json` alone, as
+pplx-embed ships) has no prompts; a bare transformers checkpoint gets Qwen3-Embedding's. `instruction` fills the task
 slot of the model's own query prompt (`Instruct: {task}\\nQuery:` plus whatever the model puts
 after it); a raw `prompt` is a literal prefix for everything else.
 """
@@ -32,6 +33,8 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
+            if (Path(model_dir) / "modules.json").is_file():
+                return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
             return cls(dict(QWEN3_EMBEDDING_PROMPTS), None, "Qwen3-Embedding's prompts")
         config = json.loads(path.read_text())
         prompts = config.get("prompts") or {}

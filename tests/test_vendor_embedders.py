@@ -1,4 +1,4 @@
-"""Other vendors' embedders on the Qwen3 architecture, as published (tests/replicas.py):
+"""Embedders on the Qwen3 architecture beyond Qwen's own, as published (tests/replicas.py):
 
 - voyage-4-nano: `use_bidirectional_attention`, a top-level `linear` projection to a wider
   vector (2048 in the real model) after the final norm, mean pooling, its prompts;
@@ -10,6 +10,9 @@ Their reference is their remote code's recipe, written out with transformers' Qw
 false), voyage's `linear` on every token, the mean over the tokens, pplx's tanh. Vectors must
 reach cosine >= 0.9999 in fp32 and >= 0.999 in bf16, on each CPU attention backend, through
 Triton (HTTP and gRPC) and through the gateway.
+
+A sentence-transformers `Dense` module after the Pooling (any checkpoint may carry one) is
+checked against sentence-transformers itself.
 """
 
 import numpy as np
@@ -17,6 +20,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
+from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
@@ -28,7 +32,14 @@ from qwen_embed_deploy.serving.prompts import PromptSet
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from replicas import VOYAGE_PROMPTS, pplx_embed, voyage_4_nano
+from replicas import (
+    QWEN3_QUERY,
+    VOYAGE_PROMPTS,
+    pplx_embed,
+    qwen3_embedding,
+    voyage_4_nano,
+    with_dense,
+)
 from triton_helpers import infer
 
 FP32_COSINE = 0.9999
@@ -47,6 +58,7 @@ def dirs(tmp_path_factory):
     return {
         "voyage": voyage_4_nano(root / "voyage-4-nano", projection=PROJECTION),
         "pplx": pplx_embed(root / "pplx-embed-v1-0.6b"),
+        "dense": with_dense(qwen3_embedding(root / "qwen3-dense"), 48),
     }
 
 
@@ -91,6 +103,7 @@ def test_the_checkpoints_say_what_follows_their_transformer(dirs):
     assert not pplx.is_causal and pplx.embedding_size == pplx.hidden_size == 64
     assert (pplx.sentence.pooling, pplx.sentence.final_activation) == ("mean", "tanh")
     assert PromptSet.from_dir(dirs["voyage"]).prompts == VOYAGE_PROMPTS
+    assert PromptSet.from_dir(dirs["pplx"]).prompts == {}  # none; not Qwen3-Embedding's
 
 
 @pytest.mark.parametrize("attn_backend", ["native", "torch"])
@@ -135,6 +148,17 @@ def test_pplx_codes_are_its_quantizers(dirs):
     assert (ours == codes).mean() >= 0.99
 
 
+def test_a_dense_module_as_sentence_transformers_applies_it(dirs):
+    st = SentenceTransformer(str(dirs["dense"]), device="cpu")
+    expected = st.encode(TEXTS, prompt_name="query")
+    seqs = [st.tokenizer(QWEN3_QUERY + t)["input_ids"] for t in TEXTS]
+    with Encoder.from_pretrained(dirs["dense"], dtype="float32") as enc:
+        assert enc.route.pooling == "last" and enc.embedding_size == 48
+        vectors = enc.embed(seqs)
+    assert vectors.shape == expected.shape == (len(TEXTS), 48)
+    assert cosine(vectors, expected).min() >= FP32_COSINE
+
+
 @pytest.mark.server
 def test_a_projection_under_tensor_parallelism(dirs):
     """tp_size 2: rank 0 holds the projection and applies it to the gathered hidden states."""
@@ -146,7 +170,8 @@ def test_a_projection_under_tensor_parallelism(dirs):
 @pytest.fixture(scope="module")
 def server(dirs, tmp_path_factory):
     where = tmp_path_factory.mktemp("bidirectional-triton")
-    repo = render(where / "repo", dict(dirs), {"encoder": {"dtype": "float32"}})
+    deployments = {name: dirs[name] for name in ("voyage", "pplx")}
+    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as s:
         yield s
 
