@@ -359,6 +359,48 @@ class Encoder:
                     out[i][chunks] = vectors
         return out
 
+    def embed_tokens(
+        self,
+        token_id_lists: Sequence[Sequence[int]],
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> list[np.ndarray]:
+        """One vector per token (late interaction, custom pooling): for each list, its final
+        hidden states float32 [tokens, dimensions or hidden_size], after the final norm and
+        before pooling and the checkpoint's projections; truncated and normalised per token."""
+        self._require("embed")
+        if dimensions is not None and not 1 <= dimensions <= self.config.hidden_size:
+            raise ValueError(
+                f"dimensions must be an integer in 1..{self.config.hidden_size} for token "
+                f"vectors, got {dimensions!r}"
+            )
+        states = self.token_states_checked(self.check_sequences(token_id_lists))
+        return [
+            finish(torch.from_numpy(s), normalize=normalize, dimensions=dimensions).numpy()
+            for s in states
+        ]
+
+    def token_states_checked(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
+        """`embed_tokens` before truncation and normalisation, for sequences that passed
+        `check_sequence`: forwards planned by the token budget that compute every row (no
+        shared prefix, no pruned last layer)."""
+        self._require("embed")
+        out: list[np.ndarray] = [None] * len(sequences)
+        with self._lock:
+            for indices in plan_batches([len(s) for s in sequences], self.max_batch_tokens):
+                flat = flatten([sequences[i] for i in indices])
+                ctx = self.model.planner.plan(*flat, every_row=True)
+                send = None
+                if self._launcher is not None:
+                    send = partial(self._launcher.send_batch, *flat, every_row=True)
+                rows = self._forward_context(ctx, lambda hidden: HostResult(hidden.float()), send)
+                bounds = flat[1].tolist()
+                states = rows.numpy()
+                for i, a, b in zip(indices, bounds[:-1], bounds[1:], strict=True):
+                    out[i] = states[a:b]
+        return out
+
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
         Only for task "rerank"; building the template is the caller's (or the Triton

@@ -26,7 +26,7 @@ from .layers import TPGroup
 from .route import Route
 from .settings import EncoderSettings
 
-CMD_STOP, CMD_FORWARD, CMD_CHUNKS = 0, 1, 2
+CMD_STOP, CMD_FORWARD, CMD_CHUNKS, CMD_EVERY_ROW = 0, 1, 2, 3
 # Rank 0 waiting for its GPU: how often it asks whether the work is done, and how often
 # whether a worker failed (a store round trip).
 _POLL_S, _CHECK_EVERY_S = 2e-4, 0.01
@@ -181,8 +181,12 @@ class TPLauncher:
         self.control, tp = _make_groups(self.args, 0, self.store)
         return tp
 
-    def send_batch(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
-        header = torch.tensor([CMD_FORWARD, input_ids.numel(), cu_seqlens.numel()])
+    def send_batch(
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, every_row: bool = False
+    ) -> None:
+        """A forward of a flat batch (Planner.plan's arguments)."""
+        command = CMD_EVERY_ROW if every_row else CMD_FORWARD
+        header = torch.tensor([command, input_ids.numel(), cu_seqlens.numel()])
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
@@ -272,7 +276,7 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 texts = unpack_texts(packed)
                 ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
             else:
-                ctx = planner.plan(input_ids, cu_seqlens)
+                ctx = planner.plan(input_ids, cu_seqlens, every_row=cmd == CMD_EVERY_ROW)
             model(ctx)
             planner.commit(ctx)
         except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit

@@ -347,18 +347,21 @@ class Planner:
         self.device = device
         self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
 
-    def plan(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> ForwardContext:
+    def plan(
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, every_row: bool = False
+    ) -> ForwardContext:
         """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
-        forward computes."""
+        forward computes; `every_row`: the final hidden states of every token (per-token
+        vectors), so neither a shared prefix nor the last layer is skipped."""
         plan = None
-        if self.prefix_reuse:
+        if self.prefix_reuse and not every_row:
             ids, bounds = input_ids.numpy(), cu_seqlens.tolist()
             sequences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
             plan = plan_segments(sequences, self.cache, self.device)
         if plan is None:  # nothing shared: the plain varlen batch
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
-            if not self.prune:
+            if not self.prune or every_row:
                 return ForwardContext(batch, layout, None, None, None)
             last = AttentionLayout.for_batch(batch, last_only=True)
             return ForwardContext(batch, layout, last, batch.cu_seqlens[1:].long() - 1, None)
