@@ -20,13 +20,19 @@ import cohere
 import numpy as np
 import openai
 import pytest
+import torch
 from huggingface_hub import InferenceClient
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from test_rerank_serving import wait_for
+from transformers import Qwen3Model
+from tritonclient.utils import InferenceServerException
 
-from qwen_embed_client import EmbeddingClient
+from qwen_embed_client import EmbeddingClient, maxsim_scores
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
+
+from reference import cosine
+from triton_helpers import infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -395,3 +401,38 @@ def test_every_api_gives_one_vector_per_text(stack):
         library = client.embed(TEXTS, dimensions=48)
     for got in (np.array(tei), np.array(co["embeddings"]["float"]), library):
         assert got.shape == (len(TEXTS), 48) and np.abs(got - expected).max() <= SAME
+
+
+def test_token_vectors_and_late_interaction_scores(stack, demo_dir):
+    """TEI's /embed_all (every token's final hidden state) and the client library's
+    embed_tokens: transformers' last_hidden_state for the same tokens; /v1/score: MaxSim of
+    those vectors, normalised; an answer past the per-request byte limit refused by name."""
+    server, base = stack
+    status, states, headers = post(base, "/embed_all", {"inputs": TEXTS})
+    assert status == 200 and len(states) == len(TEXTS)
+    with EmbeddingClient(server.grpc_url) as client:
+        ids = [[t["id"] for t in text] for text in client.tokenize(TEXTS)]
+        library = client.embed_tokens(TEXTS, normalize=False)
+        queries = client.embed_tokens(TEXTS[:1], prompt_name="query")
+        documents = client.embed_tokens(TEXTS[1:])
+    model = Qwen3Model.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = [model(input_ids=torch.tensor([i])).last_hidden_state[0].numpy() for i in ids]
+    assert headers["x-tokens"] == ",".join(str(len(i)) for i in ids)
+    for got, mine, want in zip(states, library, expected, strict=True):
+        got = np.array(got, dtype=np.float32)
+        assert got.shape == mine.shape == want.shape
+        assert cosine(got, want).min() >= 0.9999 and np.abs(got - mine).max() <= SAME
+    body = {"model": "embed", "text_1": TEXTS[0], "text_2": TEXTS[1:], "prompt_name": "query"}
+    status, scored, _ = post(base, "/v1/score", body)
+    assert status == 200 and [d["index"] for d in scored["data"]] == [0, 1]
+    want = maxsim_scores(queries[0], documents)
+    assert np.abs(np.array([d["score"] for d in scored["data"]]) - want).max() <= 1e-4
+    assert scored["usage"]["total_tokens"] == sum(len(v) for v in queries + documents)
+    # 256 texts of 96 tokens x 1024 dimensions: 96 MiB of float32, past the 64 MiB limit: one
+    # Triton request is refused by the encoder, an HTTP request (several) by the gateway
+    long = ["word " * 200] * 256
+    with pytest.raises(InferenceServerException, match=r"parameter 'per_token': 256 texts"):
+        infer(server, long, "grpc", model="embed", per_token=True)
+    status, error, _ = post(base, "/embed_all", {"inputs": long})
+    assert status == 422 and "per-token vectors" in error["error"] and "64 MiB" in error["error"]

@@ -35,6 +35,7 @@ def test_every_route_refuses_a_request_without_the_key(app):
     paths = {p for _, p in routes}
     # the four APIs' routes are all there: a check over no routes would pass vacuously
     assert {"/v1/embeddings", "/v1/batches", "/v2/embed", "/embed", "/info"} <= paths
+    assert {"/v1/score", "/embed_all"} <= paths
     client = TestClient(app)  # no lifespan: nothing starts, nothing reaches Triton
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}):
         for method, path in routes:

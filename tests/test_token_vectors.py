@@ -19,8 +19,7 @@ def last_hidden_states(model_dir, sequences) -> list[np.ndarray]:
     model = _CLASSES[family][2].from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return [
-            model(input_ids=torch.tensor([list(s)])).last_hidden_state[0].numpy()
-            for s in sequences
+            model(input_ids=torch.tensor([list(s)])).last_hidden_state[0].numpy() for s in sequences
         ]
 
 

@@ -8,6 +8,7 @@ from .client import (
     EmbeddingResult,
     RerankResult,
 )
+from .maxsim import maxsim, maxsim_scores
 
 __all__ = [
     "AsyncEmbeddingClient",
@@ -16,4 +17,6 @@ __all__ = [
     "EmbeddingError",
     "EmbeddingResult",
     "RerankResult",
+    "maxsim",
+    "maxsim_scores",
 ]

@@ -4,6 +4,7 @@ qwen-embed embed "some text" "another" [--url HOST:PORT ...] [-o out.npy|out.jso
 qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or - for stdin
 qwen-embed embed --input big.jsonl -o out/                # shards, resumed after Ctrl-C
 qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSONL of chunks
+qwen-embed embed "a query" --per-token                    # a vector per token: JSONL
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT
@@ -92,6 +93,9 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     if chunk_size is not None:
         write_chunks(args, client, texts, chunk_size, options)
         return
+    if options.pop("per_token"):
+        write_token_vectors(args, client, texts, options)
+        return
     if args.output and not args.output.endswith((".npy", ".jsonl")):
         # What the vectors depend on, kept in the manifest (the priority is not).
         result_options = {k: v for k, v in options.items() if k != "priority"}
@@ -119,12 +123,31 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
 
 
+def write_jsonl(args, lines: list[str]) -> None:
+    if args.output:
+        Path(args.output).write_text("".join(lines), encoding="utf-8")
+    else:
+        sys.stdout.writelines(lines)
+
+
+def _jsonl_only(args, flag: str) -> None:
+    if args.output and not args.output.endswith(".jsonl"):
+        raise EmbeddingError(f"{flag} writes JSONL: give -o FILE.jsonl or none (stdout)")
+
+
+def write_token_vectors(args, client: EmbeddingClient, texts: list[str], options: dict) -> None:
+    """A JSON line per text: its token count and a vector per token."""
+    _jsonl_only(args, "--per-token")
+    vectors = client.embed_tokens(texts, **options)
+    lines = [json.dumps({"tokens": len(v), "embeddings": v.tolist()}) + "\n" for v in vectors]
+    write_jsonl(args, lines)
+
+
 def write_chunks(
     args, client: EmbeddingClient, texts: list[str], chunk_size: int, options: dict
 ) -> None:
     """Late chunking: a JSON line per text with its chunks' characters and vectors."""
-    if args.output and not args.output.endswith(".jsonl"):
-        raise EmbeddingError("--chunk-size writes JSONL: give -o FILE.jsonl or none (stdout)")
+    _jsonl_only(args, "--chunk-size")
     results = client.embed_chunks(texts, chunk_size=chunk_size, **options)
     lines = [
         json.dumps(
@@ -139,10 +162,7 @@ def write_chunks(
         + "\n"
         for r in results
     ]
-    if args.output:
-        Path(args.output).write_text("".join(lines), encoding="utf-8")
-    else:
-        sys.stdout.writelines(lines)
+    write_jsonl(args, lines)
 
 
 def cmd_rerank(args, client: EmbeddingClient) -> None:

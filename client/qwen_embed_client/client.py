@@ -259,6 +259,31 @@ class AsyncEmbeddingClient:
         )
         return [text for part in parts for text in part]
 
+    async def embed_tokens(
+        self,
+        texts: list[str],
+        *,
+        priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **options,
+    ) -> list[np.ndarray]:
+        """One vector per token of each text, float32 [tokens, dim]: the model's final hidden
+        states (prompt and special tokens included, before pooling), for late interaction
+        (`maxsim`) or a pooling of your own; `normalize` and `dimensions` apply per token.
+        Other options as `embed` (embedding_type stays float)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("texts must not be empty")
+        opts = EmbedOptions(**{**options, "per_token": True})
+        level = priority_level(priority)
+
+        async def send(server, start, end):
+            vectors, counts, _ = await self._send(server, texts[start:end], opts, level, headers)
+            return [vectors["float"][i, :count] for i, count in enumerate(counts)]
+
+        parts = await self._split(len(texts), send)
+        return [text for part in parts for text in part]
+
     async def rerank(
         self,
         query: str,
@@ -469,6 +494,9 @@ class EmbeddingClient:
 
     def embed_chunks(self, texts: list[str], **options) -> list[ChunkedEmbedding]:
         return self._run(self._async.embed_chunks(texts, **options))
+
+    def embed_tokens(self, texts: list[str], **options) -> list[np.ndarray]:
+        return self._run(self._async.embed_tokens(texts, **options))
 
     def rerank(self, query: str, documents: list[str], **options) -> RerankResult:
         return self._run(self._async.rerank(query, documents, **options))

@@ -38,6 +38,8 @@ TRUNCATION_DIRECTIONS = ("right", "left")
 MAX_TEXTS_PER_REQUEST = 256
 MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may lower it)
 MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
+# What one per_token request may return (its TOKEN_EMBEDDING, padded to its longest text).
+MAX_TOKEN_VECTOR_BYTES = 64 * 2**20
 # What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
 # documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
 MAX_INPUTS = 2048
@@ -230,6 +232,11 @@ class EmbedOptions(_Options):
         "the whole text",
     )
     chunk_spans: tuple[tuple[int, int], ...] | None = None
+    per_token: bool = _option(
+        False,
+        "one vector per token (the final hidden states, for late interaction) instead of one "
+        "per text",
+    )
     # Each TEXT element holds the model's own token ids (pack_ids), taken as given: no
     # prompt, no special tokens added; the same limits as texts.
     token_ids: bool = False
@@ -259,6 +266,13 @@ class EmbedOptions(_Options):
                 raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
         self._check_types()
         self._check_chunks()
+        if _expect("per_token", self.per_token, bool, "a boolean"):
+            if self.chunked or self.embedding_types != ("float",):
+                raise RequestError(
+                    "parameter 'per_token' gives float vectors of every token: it cannot be "
+                    "combined with chunks or embedding_type "
+                    f"{self.embedding_type!r}"
+                )
         if _expect("token_ids", self.token_ids, bool, "a boolean"):
             given = [n for n in ("prompt_name", "instruction", "prompt") if getattr(self, n)]
             if given or self.chunked:
@@ -304,6 +318,8 @@ class EmbedOptions(_Options):
         """embedding type -> the Triton output that carries its vectors."""
         if self.chunked:
             return {"float": "CHUNK_EMBEDDING"}
+        if self.per_token:
+            return {"float": "TOKEN_EMBEDDING"}
         return {k: EMBEDDING_OUTPUTS[k] for k in self.embedding_types}
 
     def check_model(self, dimension: int, prompt_names: list[str]) -> EmbedOptions:
@@ -335,7 +351,7 @@ class EmbedOptions(_Options):
         return json.dumps([list(s) for s in value]) if name == "chunk_spans" else value
 
     def finish(self) -> Finish:
-        return Finish(self.dimensions, self.normalize, self.embedding_types)
+        return Finish(self.dimensions, self.normalize, self.embedding_types, self.per_token)
 
 
 _SPANS = f"a JSON list of at most {MAX_CHUNKS} [start, end] token spans"
@@ -383,15 +399,17 @@ class Finish:
     dimensions: int | None = None  # None: all
     normalize: bool = True
     embedding_types: tuple[str, ...] = ("float",)  # in EMBEDDING_TYPES order
+    per_token: bool = False  # a vector per token (TOKEN_EMBEDDING), not per text
 
 
 def finish_rows(finish: Finish, n: int) -> np.ndarray:
-    """FINISH int32 [n, 3] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
-    the embedding types as bits, 1 << their index in EMBEDDING_TYPES). Options are parsed
+    """FINISH int32 [n, 4] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
+    the embedding types as bits, 1 << their index in EMBEDDING_TYPES; per_token 0/1). Options
+    are parsed
     once, in the tokenizer; the encoder's answer depends on its inputs alone (so Triton's
     response cache, which hashes inputs, never mixes two requests' options)."""
     types = sum(1 << EMBEDDING_TYPES.index(k) for k in finish.embedding_types)
-    row = (finish.dimensions or 0, int(finish.normalize), types)
+    row = (finish.dimensions or 0, int(finish.normalize), types, int(finish.per_token))
     return np.tile(np.array(row, dtype=np.int32), (n, 1))
 
 
@@ -399,18 +417,23 @@ def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
     """FINISH rows back (absent: every dimension, normalised, float)."""
     if rows is None:
         return Finish()
-    if rows.ndim != 2 or rows.shape[1] != 3 or len(rows) == 0 or (rows != rows[0]).any():
-        raise RequestError("input 'FINISH' must be [n, 3], the same row for every text")
-    dims, normalize, types = (int(v) for v in rows[0])
+    if rows.ndim != 2 or rows.shape[1] != 4 or len(rows) == 0 or (rows != rows[0]).any():
+        raise RequestError("input 'FINISH' must be [n, 4], the same row for every text")
+    dims, normalize, types, per_token = (int(v) for v in rows[0])
     all_types = (1 << len(EMBEDDING_TYPES)) - 1
-    if not 0 <= dims <= dimension or normalize not in (0, 1) or not 0 < types <= all_types:
+    if (
+        not 0 <= dims <= dimension
+        or normalize not in (0, 1)
+        or not 0 < types <= all_types
+        or per_token not in (0, 1)
+    ):
         raise RequestError(
             f"input 'FINISH' must hold (dimensions in 0..{dimension}, normalize 0 or 1, "
-            f"embedding types as bits in 1..{all_types}), "
-            f"got ({dims}, {normalize}, {types})"
+            f"embedding types as bits in 1..{all_types}, per_token 0 or 1), "
+            f"got ({dims}, {normalize}, {types}, {per_token})"
         )
     kinds = tuple(k for i, k in enumerate(EMBEDDING_TYPES) if types >> i & 1)
-    return Finish(dims or None, bool(normalize), kinds)
+    return Finish(dims or None, bool(normalize), kinds, bool(per_token))
 
 
 def _elements(raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str) -> list[bytes]:

@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, openai, tei
+from . import batches, cohere, openai, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
 from .state import Gateway, require_key
@@ -90,7 +90,8 @@ def create_app(
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
     app.get("/health")(_health)  # probes carry no key
-    for api in (openai, batches, cohere, tei):  # tei last: POST / and /rerank go by body
+    # tei last: POST / and /rerank go by body
+    for api in (openai, score, batches, cohere, tei):
         app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 

@@ -8,7 +8,7 @@ import base64
 from collections.abc import Callable
 
 from ..client import EmbeddingError, EmbeddingResult
-from ..contract import MAX_DOCUMENTS
+from ..contract import MAX_DOCUMENTS, MAX_TOKEN_VECTOR_BYTES
 from .errors import NOT_FOUND, APIError, backend_error, check_utf8, invalid
 
 
@@ -57,6 +57,25 @@ async def embed(gw, inputs: list, options: dict, kinds: list[str], params=("dime
         )
     except EmbeddingError as e:
         raise backend_error(e, params) from e
+
+
+async def embed_tokens(gw, inputs: list, options: dict, params=("dimensions",)) -> list:
+    """Every token's vector of each input (the client's `embed_tokens`), with the API's own
+    errors. The encoder bounds each Triton request's answer; the inputs of one HTTP request
+    travel in several, so their sum is bounded here too (after the fact: the forwards ran, but
+    no answer past the limit is built)."""
+    try:
+        vectors = await gw.client.embed_tokens(inputs, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise backend_error(e, params) from e
+    size = sum(v.nbytes for v in vectors)
+    if size > MAX_TOKEN_VECTOR_BYTES:
+        raise invalid(
+            f"per-token vectors of {len(inputs)} inputs are {size / 2**20:.1f} MiB of float32, "
+            f"more than the {MAX_TOKEN_VECTOR_BYTES // 2**20} MiB one request may return; "
+            "send fewer or shorter inputs, or fewer dimensions"
+        )
+    return vectors
 
 
 def encode_value(vector, encoding: str):

@@ -2,12 +2,14 @@
 ({"error", "error_type"}): what `huggingface_hub.InferenceClient`, LlamaIndex's and
 LangChain's TEI integrations speak.
 
-POST / and /embed -> [[float]]; /similarity (and / with `inputs` an object, where
-`InferenceClient.sentence_similarity` posts) -> [float]; /rerank with `texts` -> [{index, score,
-text?}] (the same path takes the Jina/Cohere v1 shape, `documents`, told apart by that field);
-/tokenize; /decode; GET /info. TEI ignores fields it does not know, and so do these routes.
-TEI's bodies are bare arrays, so the extensions travel as headers: x-tokens and x-input-tokens
-(per text, comma separated: tokens used, and before truncation) and x-model-fingerprint.
+POST / and /embed -> [[float]]; /embed_all -> [[[float]]] (every token's final hidden state,
+not normalised unless `normalize` says so); /similarity (and / with `inputs` an object, where
+`InferenceClient.sentence_similarity` posts) -> [float]; /rerank with `texts` -> [{index,
+score, text?}] (the same path takes the Jina/Cohere v1 shape, `documents`, told apart by that
+field); /tokenize; /decode; GET /info. TEI ignores fields it does not know, and so do these
+routes. TEI's bodies are bare arrays, so the extensions travel as headers: x-tokens and
+x-input-tokens (per text, comma separated: tokens used, and before truncation) and
+x-model-fingerprint.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
 from ..contract import MAX_INPUTS
-from .common import embed, rerank_inputs
+from .common import embed, embed_tokens, rerank_inputs
 from .errors import (
     BACKEND,
     EMPTY,
@@ -139,6 +141,22 @@ async def embed_route(request: Request):
         "x-input-tokens": _int_list(result.input_tokens),
     }
     return await respond(gw, result.embeddings.tolist(), headers)
+
+
+@router.post("/embed_all")
+async def embed_all_route(request: Request):
+    gw = gateway(request)
+    body = _body(await json_body(request))
+    items, ids = _inputs(body)
+    options = _truncation(body) | {"normalize": _flag(body, "normalize", False)}
+    for name in ("prompt_name", "dimensions"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if ids:
+        options["token_ids"] = True
+    vectors = await embed_tokens(gw, items, options_checked(**options, per_token=True))
+    headers = {"x-tokens": _int_list(len(v) for v in vectors)}
+    return await respond(gw, [v.tolist() for v in vectors], headers)
 
 
 @router.post("/similarity")

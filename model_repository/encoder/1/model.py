@@ -1,7 +1,8 @@
 """Triton adapter for qwen_embed.Encoder: TOKEN_IDS of many requests -> one varlen batch.
 
 Parameter `task`: "embed" answers EMBEDDING [n, dim] (or the compact type's output; with the
-tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]); "rerank" (the
+tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]; with FINISH's per_token,
+TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states); "rerank" (the
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head."""
 
 import json
@@ -17,7 +18,14 @@ from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.batch import plan_requests
 from qwen_embed.chunking import check_chunks
 from qwen_embed.pooling import finish
-from qwen_embed_client.contract import read_finish, stack_ragged, unpack_chunks, unpack_ids
+from qwen_embed_client.contract import (
+    MAX_TOKEN_VECTOR_BYTES,
+    RequestError,
+    read_finish,
+    stack_ragged,
+    unpack_chunks,
+    unpack_ids,
+)
 from qwen_embed_deploy.compact import outputs as compact_outputs
 from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed_deploy.serving.config import (
@@ -77,6 +85,7 @@ class TritonPythonModel:
 
         accepted = []  # (index, options, token id arrays)
         chunked = []  # (index, options, chunked texts): late chunking, one call each
+        per_token = []  # (index, options, token id arrays): every token's vector
         for i, request in enumerate(requests):
             if request.is_cancelled():  # the client gave up while it queued: skip the work
                 self.metrics.cancelled.increment(1)
@@ -90,21 +99,25 @@ class TritonPythonModel:
                     [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
                 )
                 chunks = self._chunks(request, seqs)
+                if opts is not None and opts.per_token:
+                    self._check_token_bytes(seqs, opts)
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
-            if chunks is None:
-                accepted.append((i, opts, seqs))
-            else:
+            if chunks is not None:
                 chunked.append((i, opts, chunks))
-        if not accepted and not chunked:
+            elif opts is not None and opts.per_token:
+                per_token.append((i, opts, seqs))
+            else:
+                accepted.append((i, opts, seqs))
+        if not accepted and not chunked and not per_token:
             return None
-        unanswered = {i for i, _, _ in accepted + chunked}
+        unanswered = {i for i, _, _ in accepted + chunked + per_token}
         # Every metric moves before the answers it covers leave: a client that reads the
         # metrics after its response sees its own request.
-        all_seqs = [s for _, _, seqs in accepted for s in seqs]
+        all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
         all_seqs += [t.ids for _, _, texts in chunked for t in texts]
-        self.metrics.observe_batch(len(accepted) + len(chunked), all_seqs)
+        self.metrics.observe_batch(len(accepted) + len(chunked) + len(per_token), all_seqs)
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
@@ -127,9 +140,22 @@ class TritonPythonModel:
                 pooled = self.encoder.pool_chunks_checked(texts)
                 self.metrics.seconds.observe(time.perf_counter() - started)
                 self.metrics.count([t.ids for t in texts])
-                outputs = [pb_utils.Tensor("CHUNK_EMBEDDING", self._chunk_rows(pooled, opts))]
+                outputs = [pb_utils.Tensor("CHUNK_EMBEDDING", self._ragged_rows(pooled, opts))]
                 answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
                 unanswered.discard(i)
+            if per_token:  # one call: its forwards planned by the token budget together
+                group_seqs = [s for _, _, seqs in per_token for s in seqs]
+                started = time.perf_counter()
+                states = self.encoder.token_states_checked(group_seqs)
+                self.metrics.seconds.observe(time.perf_counter() - started)
+                self.metrics.count(group_seqs)
+                start = 0
+                for i, opts, seqs in per_token:
+                    rows = self._ragged_rows(states[start : start + len(seqs)], opts)
+                    start += len(seqs)
+                    outputs = [pb_utils.Tensor("TOKEN_EMBEDDING", rows)]
+                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
+                    unanswered.discard(i)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
             return None
@@ -162,7 +188,29 @@ class TritonPythonModel:
         if self.task == "rerank":
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
-        return read_finish(None if rows is None else rows.as_numpy(), self.encoder.embedding_size)
+        pooled, hidden = self.encoder.embedding_size, self.encoder.config.hidden_size
+        finish = read_finish(None if rows is None else rows.as_numpy(), max(pooled, hidden))
+        limit = hidden if finish.per_token else pooled  # token vectors are not projected
+        if (finish.dimensions or 0) > limit:
+            what = "per-token vectors" if finish.per_token else "vectors"
+            raise RequestError(
+                f"parameter 'dimensions' must be in 1..{limit} for this model's {what}, "
+                f"got {finish.dimensions}"
+            )
+        return finish
+
+    def _check_token_bytes(self, seqs, opts):
+        """A per_token answer is [texts, longest text, dimensions] float32: refused past
+        MAX_TOKEN_VECTOR_BYTES, before any work."""
+        dims = opts.dimensions or self.encoder.config.hidden_size
+        size = len(seqs) * max(len(s) for s in seqs) * dims * 4
+        if size > MAX_TOKEN_VECTOR_BYTES:
+            raise RequestError(
+                f"parameter 'per_token': {len(seqs)} texts of up to {max(len(s) for s in seqs)} "
+                f"tokens x {dims} dimensions are {size / 2**20:.1f} MiB of float32, more than "
+                f"the {MAX_TOKEN_VECTOR_BYTES // 2**20} MiB one request may return; send fewer "
+                "or shorter texts, or fewer dimensions"
+            )
 
     def _chunks(self, request, seqs):
         """Late chunking's texts (chunking.ChunkedText) when the tokenizer sent chunks."""
@@ -178,12 +226,13 @@ class TritonPythonModel:
             for j, (seq, (tail, spans)) in enumerate(zip(seqs, parsed, strict=True))
         ]
 
-    def _chunk_rows(self, pooled, opts):
-        """Per-text chunk vectors -> [n, most chunks, dim], zeros past a text's own."""
+    def _ragged_rows(self, per_text, opts):
+        """Per-text vectors (chunks', tokens') -> [n, most rows, dim], each finished with the
+        request's options, zeros past a text's own."""
         dimensions, normalize = opts.dimensions, opts.normalize
         finished = [
             finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
-            for p in pooled
+            for p in per_text
         ]
         return stack_ragged(finished, 0.0, np.float32)
 
