@@ -130,3 +130,65 @@ def test_rope_theta_from_either_place():
     with pytest.raises(UnsupportedModelError, match="rope_type 'yarn'"):
         ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
     assert ModelConfig.from_hf(base).has_qkv_bias and not ModelConfig.from_hf(base).has_qk_norm
+
+
+def _sentence_files(directory, pooling: dict, dense: dict | None = None) -> None:
+    modules = [{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules.append({"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    if dense is not None:
+        modules.append({"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        (directory / "2_Dense").mkdir()
+        (directory / "2_Dense" / "config.json").write_text(json.dumps(dense))
+        weights = {"linear.weight": torch.ones(dense["out_features"], dense["in_features"])}
+        save_file(weights, directory / "2_Dense" / "model.safetensors")
+    (directory / "modules.json").write_text(json.dumps(modules))
+
+
+def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tmp_path):
+    """sentence_modules.py: the Pooling mode, a top-level `linear` and Dense modules chained by
+    width; what it cannot apply is refused by name, not ignored."""
+    from qwen_embed.config import ModelConfig
+    from qwen_embed.sentence_modules import SentenceModulesError
+
+    cases = {
+        "mean": ({"pooling_mode_mean_tokens": True}, None, None),
+        "dense": (
+            {"pooling_mode_cls_token": True},
+            {"in_features": 128, "out_features": 32, "bias": False},
+            None,
+        ),
+        "chain": (
+            {"pooling_mode_lasttoken": True},
+            {"in_features": 96, "out_features": 32, "bias": False},
+            "a projection from 96 features follows a vector of 128",
+        ),
+        "max": ({"pooling_mode_max_tokens": True}, None, r"pooling \['pooling_mode_max_tokens'\]"),
+        "prompt": (
+            {"pooling_mode_mean_tokens": True, "include_prompt": False},
+            None,
+            "include_prompt false",
+        ),
+        "tanh?": (
+            {"pooling_mode_lasttoken": True},
+            {"in_features": 128, "out_features": 8, "activation_function": "my.Swish"},
+            "activation 'my.Swish' is not supported",
+        ),
+    }
+    for name, (pooling, dense, error) in cases.items():
+        (tmp_path / name).mkdir()
+        directory = copy_checkpoint(checkpoint("qwen3"), tmp_path / name)
+        tensors = load_file(directory / "model.safetensors")
+        tensors["linear.weight"] = torch.zeros(128, 96)  # hidden 96 -> 128, voyage's way
+        save_file(tensors, directory / "model.safetensors")
+        _sentence_files(directory, pooling, dense)
+        if error:
+            with pytest.raises(SentenceModulesError, match=error):
+                ModelConfig.from_dir(directory)
+            continue
+        config = ModelConfig.from_dir(directory)
+        widths = [(d.in_features, d.out_features) for d in config.sentence.dense]
+        expected = {"mean": ("mean", [(96, 128)]), "dense": ("cls", [(96, 128), (128, 32)])}
+        assert (config.sentence.pooling, widths) == expected[name]
+        assert config.embedding_size == widths[-1][1]

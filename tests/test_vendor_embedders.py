@@ -42,6 +42,9 @@ from replicas import (
 )
 from triton_helpers import infer
 
+# Three replicas with the real vocabulary take ~10 s to build: the server tier's.
+pytestmark = pytest.mark.server
+
 FP32_COSINE = 0.9999
 BF16_COSINE = 0.999
 PROJECTION = 96  # the replica's num_labels (hidden 64)
@@ -159,7 +162,6 @@ def test_a_dense_module_as_sentence_transformers_applies_it(dirs):
     assert cosine(vectors, expected).min() >= FP32_COSINE
 
 
-@pytest.mark.server
 def test_a_projection_under_tensor_parallelism(dirs):
     """tp_size 2: rank 0 holds the projection and applies it to the gathered hidden states."""
     seqs = token_ids(dirs["voyage"], TEXTS)
@@ -176,7 +178,6 @@ def server(dirs, tmp_path_factory):
         yield s
 
 
-@pytest.mark.server
 @pytest.mark.parametrize("name", ["voyage", "pplx"])
 def test_served_through_triton_and_the_gateway(server, dirs, name):
     model_dir = dirs[name]
