@@ -293,6 +293,33 @@ def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -
     return directory
 
 
+def make_classifier(directory: Path, labels=("negative", "neutral", "positive"), seed=0) -> Path:
+    """A seeded Qwen3ForSequenceClassification of several labels (id2label), with the real
+    Qwen tokenizer (appending nothing)."""
+    from transformers import Qwen3ForSequenceClassification
+
+    from qwen_embed_deploy.demo import write_tokenizer
+
+    config = Qwen3Config(
+        **RERANKER_CONFIG,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        pad_token_id=151643,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForSequenceClassification(config)
+    with torch.no_grad():
+        for p_name, p in model.named_parameters():
+            if p_name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_((0.5 if "score" in p_name else 0.05) * torch.randn_like(p))
+    model.save_pretrained(directory)
+    write_tokenizer(directory, append_eos=False)
+    return directory
+
+
 def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndarray:
     """transformers, one sequence at a time: P("yes") from the softmax over the ("no", "yes")
     logits of the full output head at the last position (Qwen3-Reranker's model card), or the

@@ -3,6 +3,7 @@
 from .client import (
     AsyncEmbeddingClient,
     ChunkedEmbedding,
+    Classification,
     EmbeddingClient,
     EmbeddingError,
     EmbeddingResult,
@@ -13,6 +14,7 @@ from .maxsim import maxsim, maxsim_scores
 __all__ = [
     "AsyncEmbeddingClient",
     "ChunkedEmbedding",
+    "Classification",
     "EmbeddingClient",
     "EmbeddingError",
     "EmbeddingResult",

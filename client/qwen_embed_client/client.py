@@ -92,6 +92,24 @@ class ChunkedEmbedding:
 
 
 @dataclass
+class Classification:
+    """A sequence classifier's answer: logits per text and the labels they belong to."""
+
+    logits: np.ndarray  # float32 [n, labels]
+    labels: list[str]  # the checkpoint's id2label, in column order
+    token_counts: np.ndarray  # int32 [n]
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """Softmax over the labels (sigmoid for a one-label classifier), float64 [n, labels]."""
+        logits = self.logits.astype(np.float64)
+        if logits.shape[1] == 1:
+            return 1.0 / (1.0 + np.exp(-logits))
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+@dataclass
 class RerankResult:
     scores: np.ndarray  # float32 [n]: relevance in [0, 1], in document order
     token_counts: np.ndarray  # int32 [n]: tokens per templated (query, document) pair
@@ -283,6 +301,39 @@ class AsyncEmbeddingClient:
 
         parts = await self._split(len(texts), send)
         return [text for part in parts for text in part]
+
+    async def classify(
+        self,
+        texts: list[str],
+        *,
+        priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **options,
+    ) -> Classification:
+        """A sequence-classification checkpoint served as the embed model: each text's logits
+        and the labels (the encoder's `labels` fact). Options as `embed`'s (truncation,
+        prompts; the vector options do not apply)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("texts must not be empty")
+        opts = EmbedOptions(**options)
+        level = priority_level(priority)
+        labels = (await self.served_facts()).get("labels")
+        if not labels:
+            raise EmbeddingError(f"model {self.model!r} is not a sequence classifier (no labels)")
+
+        async def send(server, start, end):
+            inp = self._text_input(texts[start:end], opts)
+            params = opts.parameters()
+            result = await self._infer(server, self.model, [inp], params, level, headers)
+            return result.as_numpy("LOGITS"), result.as_numpy("TOKEN_COUNT").reshape(-1)
+
+        parts = await self._split(len(texts), send)
+        return Classification(
+            logits=np.concatenate([p[0] for p in parts]),
+            labels=list(labels),
+            token_counts=np.concatenate([p[1] for p in parts]),
+        )
 
     async def rerank(
         self,
@@ -497,6 +548,9 @@ class EmbeddingClient:
 
     def embed_tokens(self, texts: list[str], **options) -> list[np.ndarray]:
         return self._run(self._async.embed_tokens(texts, **options))
+
+    def classify(self, texts: list[str], **options) -> Classification:
+        return self._run(self._async.classify(texts, **options))
 
     def rerank(self, query: str, documents: list[str], **options) -> RerankResult:
         return self._run(self._async.rerank(query, documents, **options))

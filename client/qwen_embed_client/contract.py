@@ -53,8 +53,9 @@ PRIORITIES = {"interactive": 1, "bulk": 2}
 
 # What a served model publishes about itself at load, as parameters of its config (each a JSON
 # text): the tokenizer its dimension, tokens per text and the checkpoint's prompt names and
-# default; the encoder its dimension, arithmetic route and tokens per forward; each its
-# fingerprint (what fixes its part of the vectors: qwen_embed.fingerprint).
+# default; the encoder its dimension, arithmetic route (with its task) and tokens per forward,
+# a sequence classifier its labels (LOGITS' columns); each its fingerprint (what fixes its part
+# of the vectors: qwen_embed.fingerprint).
 FACTS = (
     "dimension",
     "tokens_per_text",
@@ -62,6 +63,7 @@ FACTS = (
     "default_prompt_name",
     "route",
     "tokens_per_forward",
+    "labels",
     "fingerprint",
 )
 

@@ -51,6 +51,7 @@ class ModelConfig:
     checkpoint_dtype: str | None  # e.g. "bfloat16"; None when config.json does not say
     is_classifier: bool = False  # *ForSequenceClassification: `score.weight` [num_labels, H]
     num_labels: int = 0
+    labels: tuple[str, ...] = ()  # id2label's names in id order (classifiers)
     tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
     sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
 
@@ -107,8 +108,16 @@ class ModelConfig:
             checkpoint_dtype=hf.get("dtype") or hf.get("torch_dtype"),
             is_classifier=any(a.endswith("ForSequenceClassification") for a in architectures),
             num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),
+            labels=_labels(hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )
+
+
+def _labels(hf: dict) -> tuple[str, ...]:
+    """id2label ({"0": "negative", ...}) as names in id order; LABEL_i where it is absent."""
+    id2label = {int(k): str(v) for k, v in (hf.get("id2label") or {}).items()}
+    count = len(id2label) or int(hf.get("num_labels", 0) or 0)
+    return tuple(id2label.get(i, f"LABEL_{i}") for i in range(count))
 
 
 def _rope_theta(hf: dict) -> float:

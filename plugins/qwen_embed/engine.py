@@ -414,6 +414,17 @@ class Encoder:
         out = np.empty(len(sequences), dtype=np.float32)
         return self._run(sequences, out, self.model.head)
 
+    def classify(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are
+        `config.labels`)."""
+        return self.classify_checked(self.check_sequences(token_id_lists))
+
+    def classify_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """`classify` for sequences that already passed `check_sequence`."""
+        self._require("classify")
+        out = np.empty((len(sequences), self.config.num_labels), dtype=np.float32)
+        return self._run(sequences, out, self.model.head)
+
     def _require(self, task: str) -> None:
         if self.task != task:
             raise ValueError(

@@ -31,11 +31,18 @@ ANSWER_TOKENS = ("yes", "no")
 
 
 def resolve_task(task: str, config: ModelConfig) -> str:
-    """`auto` is rerank for sequence-classification checkpoints, else embed. A causal LM can be
-    either (the architecture cannot tell an embedder from a reranker): the deployment says
-    (settings.TASKS)."""
+    """`auto` is rerank for a sequence-classification checkpoint of one label (a converted
+    cross-encoder), classify for one of several, else embed. A causal LM can be an embedder or
+    a reranker (the architecture cannot tell): the deployment says (settings.TASKS)."""
     if task == "auto":
-        return "rerank" if config.is_classifier else "embed"
+        if config.is_classifier:
+            return "rerank" if config.num_labels == 1 else "classify"
+        return "embed"
+    if task == "classify" and not (config.is_classifier and config.num_labels > 1):
+        raise ValueError(
+            "task 'classify' needs a sequence-classification checkpoint with several labels "
+            f"(id2label); this one has {config.num_labels}"
+        )
     return task
 
 
@@ -56,10 +63,12 @@ def answer_token_ids(model_dir: str | Path) -> list[int]:
 class ScoreHead(nn.Module):
     """Selected rows of an output head -> one relevance score in [0, 1] per sequence."""
 
-    def __init__(self, hidden_size: int, checkpoint_name: str, rows: list[int] | None):
+    def __init__(
+        self, hidden_size: int, checkpoint_name: str, rows: list[int] | None, labels: int = 1
+    ):
         super().__init__()
         self.rows = rows  # vocabulary rows to keep (None: the whole tensor, a `score` head)
-        count = len(rows) if rows is not None else 1
+        count = len(rows) if rows is not None else labels
         # float32 whatever the model's dtype: two rows cost nothing and scores stay precise.
         self.weight = nn.Parameter(
             torch.empty(count, hidden_size, dtype=torch.float32), requires_grad=False
@@ -80,6 +89,14 @@ class ScoreHead(nn.Module):
         if logits.shape[1] == 2:  # yes, no
             logits = logits[:, 0] - logits[:, 1]
         return torch.sigmoid(logits.reshape(-1))
+
+
+class ClassifierHead(ScoreHead):
+    """A sequence classifier's `score` head: last-token hidden states -> logits [n, labels]
+    (softmax or sigmoid is the caller's: TEI's raw_scores asks for the logits)."""
+
+    def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return last_hidden.float() @ self.weight.t()
 
 
 def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
@@ -136,4 +153,6 @@ def build_head(task: str, config: ModelConfig, model_dir: str | Path) -> nn.Modu
     """Rank 0's head for the task; None where an embedder's pooled vectors are its answer."""
     if task == "rerank":
         return build_score_head(config, model_dir)
+    if task == "classify":
+        return ClassifierHead(config.hidden_size, "score.weight", None, config.num_labels)
     return ProjectionHead(config.sentence) if config.sentence.has_head else None

@@ -50,7 +50,7 @@ class Route:
     linear: Linear
     gemm: Gemm
     attn_backend: str
-    task: str  # "embed" | "rerank"
+    task: str  # "embed" | "rerank" | "classify"
     pooling: str
     prefix_reuse: bool  # shared prefixes computed once (segments.py)
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
@@ -184,11 +184,11 @@ def choose_route(
 
 
 def resolve_pooling(setting: str, task: str, config: ModelConfig) -> str:
-    """ "auto" is the checkpoint's pooling (sentence_modules.py), else the last token, which a
-    reranker always scores."""
-    if task == "rerank":
+    """`auto` is the checkpoint's pooling (sentence_modules.py), else the last token, which a
+    reranker or a classifier always reads."""
+    if task in ("rerank", "classify"):
         if setting not in ("auto", "last"):
-            raise ValueError("a reranker scores the last token: pooling must be 'last'")
+            raise ValueError(f"task {task!r} reads the last token: pooling must be 'last'")
         return "last"
     return (config.sentence.pooling or "last") if setting == "auto" else setting
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8")
 POOLING_METHODS = ("last", "mean", "cls")
-TASKS = ("auto", "embed", "rerank")
+TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
 
 
@@ -44,7 +44,9 @@ class EncoderSettings:
     dtype: str = "auto"
     quantization: str = "none"  # "int8" (CPU only): int8 linear layers
     attn_backend: str = "auto"  # "auto", "native", "torch", "flash_attn", "flashinfer"
-    task: str = "auto"  # "embed", "rerank", "auto": rerank for sequence classifiers
+    # "embed", "rerank", "classify"; "auto": a sequence classifier's one label reranks, its
+    # several labels classify; any other checkpoint embeds
+    task: str = "auto"
     # "auto": the checkpoint's (sentence-transformers' Pooling module), else the last token
     pooling: str = "auto"
     max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone

@@ -4,12 +4,13 @@ LangChain's TEI integrations speak.
 
 POST / and /embed -> [[float]]; /embed_all -> [[[float]]] (every token's final hidden state,
 not normalised unless `normalize` says so); /similarity (and / with `inputs` an object, where
-`InferenceClient.sentence_similarity` posts) -> [float]; /rerank with `texts` -> [{index,
-score, text?}] (the same path takes the Jina/Cohere v1 shape, `documents`, told apart by that
-field); /tokenize; /decode; GET /info. TEI ignores fields it does not know, and so do these
-routes. TEI's bodies are bare arrays, so the extensions travel as headers: x-tokens and
-x-input-tokens (per text, comma separated: tokens used, and before truncation) and
-x-model-fingerprint.
+`InferenceClient.sentence_similarity` posts) -> [float]; /predict (and / where the model is a
+sequence classifier, where `InferenceClient.text_classification` posts) -> [{score, label}];
+/rerank with `texts` -> [{index, score, text?}] (the same path takes the Jina/Cohere v1 shape,
+`documents`, told apart by that field); /tokenize; /decode; GET /info. TEI ignores fields it
+does not know, and so do these routes. TEI's bodies are bare arrays, so the extensions travel
+as headers: x-tokens and x-input-tokens (per text, comma separated: tokens used, and before
+truncation) and x-model-fingerprint.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ async def embed_route(request: Request):
     body = _body(await json_body(request))
     if request.url.path == "/" and isinstance(body.get("inputs"), dict):
         return await _similarity(gw, body)
+    if request.url.path == "/" and (await gw.facts()).get("labels"):
+        return await _predict(gw, body, nested=True)
     items, ids = _inputs(body)
     options = _truncation(body)
     options["normalize"] = _flag(body, "normalize", True)
@@ -157,6 +160,60 @@ async def embed_all_route(request: Request):
     vectors = await embed_tokens(gw, items, options_checked(**options, per_token=True))
     headers = {"x-tokens": _int_list(len(v) for v in vectors)}
     return await respond(gw, [v.tolist() for v in vectors], headers)
+
+
+@router.post("/predict")
+async def predict_route(request: Request):
+    return await _predict(gateway(request), _body(await json_body(request)), nested=False)
+
+
+_SCORES = ("softmax", "sigmoid", "none")
+
+
+async def _predict(gw, body: dict, nested: bool):
+    """TEI's /predict for a sequence classifier served as the embed model: `inputs` (a text or
+    a list of texts; pairs are refused: the tokenizer builds single texts), `raw_scores`
+    (logits), `truncate`, `truncation_direction`; with huggingface_hub's `parameters`
+    (`function_to_apply`, `top_k`) as the Inference API takes them. Per text, every label with
+    its score, best first; a single text answers a flat list unless `nested` (POST /, as the
+    Inference API answers)."""
+    inputs = body.get("inputs")
+    if isinstance(inputs, list) and any(isinstance(t, list) for t in inputs):
+        raise invalid("`inputs` pairs are not supported: send texts", "inputs")
+    items, ids = _inputs(body)
+    if ids:
+        raise invalid("`inputs` must be texts for /predict", "inputs")
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise invalid("`parameters` must be an object", "parameters")
+    function = parameters.get("function_to_apply") or "softmax"
+    if _flag(body, "raw_scores", False):
+        function = "none"
+    if function not in _SCORES:
+        raise invalid(f"`function_to_apply` must be one of {list(_SCORES)}", "parameters")
+    top_k = parameters.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise invalid("`top_k` must be an integer >= 1", "parameters")
+    try:
+        result = await gw.client.classify(
+            items, **options_checked(**_truncation(body)), headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise backend_error(e, ()) from e
+    logits = result.logits.astype(np.float64)
+    scores = {  # softmax: a one-label classifier's sigmoid, as TEI's
+        "softmax": result.probabilities,
+        "sigmoid": 1 / (1 + np.exp(-logits)),
+        "none": logits,
+    }[function]
+    answers = []
+    for row in scores:
+        pairs = zip(row.tolist(), result.labels, strict=True)
+        ranked = sorted(pairs, key=lambda p: -p[0])[:top_k]
+        answers.append([{"score": score, "label": label} for score, label in ranked])
+    if isinstance(inputs, str) and not nested:
+        answers = answers[0]
+    return await respond(gw, answers, {"x-tokens": _int_list(result.token_counts)})
 
 
 @router.post("/similarity")

@@ -2,7 +2,8 @@
 
 Parameter `task`: "embed" answers EMBEDDING [n, dim] (or the compact type's output; with the
 tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]; with FINISH's per_token,
-TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states); "rerank" (the
+TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states), or for a sequence classifier
+(task "classify") LOGITS [n, labels]; "rerank" (the
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head."""
 
 import json
@@ -34,6 +35,8 @@ from qwen_embed_deploy.serving.config import (
     model_parameters,
     resolve_model_dir,
 )
+
+_NOT_EMBEDDING = "parameter '{}' needs an embedding model; this one is a sequence classifier"
 
 
 def _error(message):
@@ -99,6 +102,8 @@ class TritonPythonModel:
                     [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
                 )
                 chunks = self._chunks(request, seqs)
+                if chunks is not None and self.task != "embed":
+                    raise RequestError(_NOT_EMBEDDING.format("chunk_size' or 'chunk_spans"))
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
             except ValueError as e:  # RequestError is one; check_sequences raises the others
@@ -170,6 +175,8 @@ class TritonPythonModel:
     def _encode(self, seqs):
         if self.task == "rerank":
             return self.encoder.score_checked(seqs)
+        if self.task == "classify":
+            return self.encoder.classify_checked(seqs)
         return self.encoder.pool_checked(seqs)
 
     def _broken(self, message, unanswered, answer):
@@ -190,6 +197,10 @@ class TritonPythonModel:
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
         pooled, hidden = self.encoder.embedding_size, self.encoder.config.hidden_size
         finish = read_finish(None if rows is None else rows.as_numpy(), max(pooled, hidden))
+        if self.task == "classify":  # logits: nothing to finish
+            if finish.per_token:
+                raise RequestError(_NOT_EMBEDDING.format("per_token"))
+            return None
         limit = hidden if finish.per_token else pooled  # token vectors are not projected
         if (finish.dimensions or 0) > limit:
             what = "per-token vectors" if finish.per_token else "vectors"
@@ -239,6 +250,8 @@ class TritonPythonModel:
     def _outputs(self, rows, opts):
         if self.task == "rerank":
             return [pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]
+        if self.task == "classify":
+            return [pb_utils.Tensor("LOGITS", rows)]
         # Matryoshka truncation and normalisation, once, with this request's options; then
         # the compact codes it asked for, in their own output only.
         rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)

@@ -123,12 +123,15 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     )
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
     checkpoint, config, route = plan(model_dir, settings.replace(device=device))
-    return {
+    facts = {
         "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
         "fingerprint": encoder_fingerprint(checkpoint, route),
     }
+    if route.task == "classify":  # LOGITS' columns
+        facts["labels"] = list(config.labels)
+    return facts
 
 
 def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:

@@ -3,9 +3,9 @@
 `config_sentence_transformers.json` names prompts (`{"prompts": {"query": "...", ...},
 "default_prompt_name": ...}`); sentence-transformers prepends the chosen one to every text, and so
 do we. A sentence-transformers checkpoint without that file (a `modules.json` alone, as
-pplx-embed ships) has no prompts; a bare transformers checkpoint gets Qwen3-Embedding's. `instruction` fills the task
-slot of the model's own query prompt (`Instruct: {task}\\nQuery:` plus whatever the model puts
-after it); a raw `prompt` is a literal prefix for everything else.
+pplx-embed ships) has no prompts; a bare transformers checkpoint gets Qwen3-Embedding's.
+`instruction` fills the task slot of the model's own query prompt (`Instruct: {task}\\nQuery:`
+plus whatever the model puts after it); a raw `prompt` is a literal prefix for everything else.
 """
 
 from __future__ import annotations
