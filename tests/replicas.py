@@ -267,3 +267,58 @@ def with_dense(directory: Path, out_features: int, *, seed: int = 4) -> Path:
     dense = ("2_Dense", "sentence_transformers.models.Dense")
     _modules(directory, POOLING, dense, ("3_Normalize", NORMALIZE[1]))
     return directory
+
+
+JINA_TASKS = ("retrieval", "text-matching", "classification", "clustering")
+
+
+def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path:
+    """jina-embeddings-v5-text-small's layout: a Qwen3 base model (architecture
+    JinaEmbeddingsV5Model, model_type jina_embeddings_v5, remote code, its `task_names`), bf16,
+    and beside it one LoRA adapter per task under adapters/{task}/ as peft saves them (the
+    checkpoint's code selects one at run time); a tokenizer that appends nothing; one custom
+    sentence-transformers module (last-token pooling and normalisation inside it) and its
+    "Query: " / "Document: " prompts."""
+    from peft import LoraConfig, get_peft_model
+
+    config = Qwen3Config(
+        **TINY,
+        head_dim=32,
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen3Model(config)
+    _noise(model, seed)
+    model.to(torch.bfloat16).save_pretrained(directory)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for i, task in enumerate(JINA_TASKS):
+        lora = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, lora_dropout=0.1)
+        adapted = get_peft_model(Qwen3Model(config), lora)
+        generator = torch.Generator().manual_seed(seed * 100 + i)
+        with torch.no_grad():
+            for name, p in adapted.named_parameters():
+                if "lora_" in name:  # trained: B is no longer zero
+                    p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+        adapted.save_pretrained(directory / "adapters" / task)
+    hf = json.loads((directory / "config.json").read_text())
+    hf |= {
+        "architectures": ["JinaEmbeddingsV5Model"],
+        "model_type": "jina_embeddings_v5",
+        "task_names": list(JINA_TASKS),
+        "auto_map": {
+            "AutoConfig": "configuration_jina_embeddings_v5.JinaEmbeddingsV5Config",
+            "AutoModel": "modeling_jina_embeddings_v5.JinaEmbeddingsV5Model",
+        },
+    }
+    _write_json(directory / "config.json", hf)
+    write_tokenizer(directory, append_eos=False)
+    _write_json(
+        directory / "modules.json",
+        [{"idx": 0, "name": "transformer", "path": "", "type": "custom_st.Transformer"}],
+    )
+    _write_json(
+        directory / "config_sentence_transformers.json",
+        {"prompts": {"query": "Query: ", "document": "Document: "}, "default_prompt_name": None},
+    )
+    return directory

@@ -99,7 +99,7 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         UnsupportedModelError,
-        match="supported: PPLXQwen3Model, Qwen2ForCausalLM, "
+        match="supported: JinaEmbeddingsV5Model, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, Qwen3ForCausalLM, "
         "Qwen3ForSequenceClassification, Qwen3Model",
     ):

@@ -3,7 +3,10 @@
 - voyage-4-nano: `use_bidirectional_attention`, a top-level `linear` projection to a wider
   vector (2048 in the real model) after the final norm, mean pooling, its prompts;
 - pplx-embed-v1: architecture PPLXQwen3Model, bidirectional, mean pooling, then its
-  sentence-transformers quantizer (int8 codes round(127 tanh(x))), no prompts.
+  sentence-transformers quantizer (int8 codes round(127 tanh(x))), no prompts;
+- jina-embeddings-v5-text-small: a causal Qwen3 with one LoRA adapter per task beside it
+  (`adapter` picks one, merged at load; its reference is peft's unmerged forward), last-token
+  pooling, its "Query: " prompt.
 
 Their reference is their remote code's recipe, written out with transformers' Qwen3Model
 (the remote code is not downloadable here): every layer attending both ways (`is_causal`
@@ -25,6 +28,7 @@ from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
 from qwen_embed import Encoder
+from qwen_embed.adapters import adapter_names
 from qwen_embed.config import ModelConfig
 from qwen_embed_client.gateway.app import create_app
 from qwen_embed_deploy.repository import render
@@ -33,8 +37,10 @@ from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
 from replicas import (
+    JINA_TASKS,
     QWEN3_QUERY,
     VOYAGE_PROMPTS,
+    jina_embeddings_v5,
     pplx_embed,
     qwen3_embedding,
     voyage_4_nano,
@@ -199,3 +205,48 @@ def test_served_through_triton_and_the_gateway(server, dirs, name):
     assert cosine(got, ref).min() >= FP32_COSINE
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert got.shape[1] == (PROJECTION if name == "voyage" else 64)
+
+
+@pytest.fixture(scope="module")
+def jina(tmp_path_factory):
+    return jina_embeddings_v5(tmp_path_factory.mktemp("jina") / "jina-embeddings-v5-text-small")
+
+
+def jina_reference(model_dir, sequences, task) -> np.ndarray:
+    """peft's forward of the task's adapter on the base model (unmerged), last token."""
+    from peft import PeftModel
+
+    base = Qwen3Model.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(base, model_dir / "adapters" / task).eval()
+    with torch.no_grad():
+        rows = [model(input_ids=torch.tensor([s])).last_hidden_state[0, -1] for s in sequences]
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+def test_task_adapters_are_merged_at_load(jina):
+    seqs = token_ids(jina, TEXTS, "Query: ")
+    for task in ("retrieval", "clustering"):
+        ref = jina_reference(jina, seqs, task)
+        with Encoder.from_pretrained(jina, dtype="float32", adapter=task) as enc:
+            assert enc.route.adapter == task and enc.route.pooling == "last"
+            assert cosine(enc.embed(seqs), ref).min() >= FP32_COSINE
+    with Encoder.from_pretrained(jina, dtype="float32") as enc:  # auto: retrieval
+        assert enc.route.adapter == "retrieval"
+        retrieval = enc.embed(seqs)
+    with Encoder.from_pretrained(jina, dtype="float32", adapter="none") as enc:
+        base = enc.embed(seqs)
+    assert cosine(retrieval, base).max() < 0.99  # the adapter matters: this can fail
+    with pytest.raises(ValueError, match=r"adapter 'summaries' is not among the checkpoint's"):
+        Encoder.from_pretrained(jina, adapter="summaries")
+    assert adapter_names(jina) == sorted(JINA_TASKS)
+
+
+def test_an_adapter_through_triton(jina, tmp_path):
+    seqs = token_ids(jina, TEXTS, "Query: ")
+    ref = jina_reference(jina, seqs, "text-matching")
+    overrides = {"encoder": {"dtype": "float32", "adapter": "text-matching"}}
+    repo = render(tmp_path / "repo", {"jina": jina}, overrides)
+    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+        vectors, counts = infer(server, TEXTS, "grpc", model="jina", prompt_name="query")
+    assert cosine(vectors, ref).min() >= FP32_COSINE
+    assert counts.reshape(-1).tolist() == [len(s) for s in seqs]

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adapters import adapter_names
 from .sentence_modules import SentenceModules
 
 # architecture name in config.json -> model family registered in qwen_embed.models
@@ -22,6 +23,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3Model": "qwen3",
     # pplx-embed-v1: Qwen3Model with bidirectional attention (use_bidirectional_attention)
     "PPLXQwen3Model": "qwen3",
+    # jina-embeddings-v5-text-small: a causal Qwen3 with LoRA adapters per task (adapters.py)
+    "JinaEmbeddingsV5Model": "qwen3",
     # Converted cross-encoders: a `score` head of one row on the last token (rerank only).
     "Qwen2ForSequenceClassification": "qwen2",
     "Qwen3ForSequenceClassification": "qwen3",
@@ -54,6 +57,7 @@ class ModelConfig:
     labels: tuple[str, ...] = ()  # id2label's names in id order (classifiers)
     tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
     sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
+    adapters: tuple[str, ...] = ()  # task adapters beside the weights (adapters.py, from_dir)
 
     @property
     def embedding_size(self) -> int:
@@ -67,7 +71,8 @@ class ModelConfig:
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
         config = cls.from_hf(json.loads(path.read_text()))
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size)
-        return dataclasses.replace(config, sentence=sentence)
+        adapters = tuple(adapter_names(model_dir))
+        return dataclasses.replace(config, sentence=sentence, adapters=adapters)
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import int8, kernels
+from .adapters import lora_deltas
 from .attention import AttentionSpec, create_backend
 from .batch import flatten, plan_batches
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
@@ -89,7 +90,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     route, device = spec.route, spec.device_for(tp.rank)
     _prepare_device(device)
     model = _instantiate(config, spec, tp, device)
-    load_weights(model, spec.model_dir)
+    load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter))
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)

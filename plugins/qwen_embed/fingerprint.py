@@ -63,14 +63,15 @@ def tokenizer_fingerprint(model_dir: Path, tokens_per_text: int, truncation_dire
 
 
 def encoder_fingerprint(model_dir: Path, route: Route) -> str:
-    return fingerprint(
-        {
-            "checkpoint": checkpoint_digest(Path(model_dir)),
-            "device": route.device.split(":")[0],
-            "dtype": route.dtype,
-            "linear": route.linear.value,
-            "attention": route.attn_backend,
-            "pooling": route.pooling,
-            "task": route.task,
-        }
-    )
+    parts = {
+        "checkpoint": checkpoint_digest(Path(model_dir)),
+        "device": route.device.split(":")[0],
+        "dtype": route.dtype,
+        "linear": route.linear.value,
+        "attention": route.attn_backend,
+        "pooling": route.pooling,
+        "task": route.task,
+    }
+    if route.adapter is not None:  # absent otherwise: earlier fingerprints stay what they were
+        parts["adapter"] = route.adapter
+    return fingerprint(parts)

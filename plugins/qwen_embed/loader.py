@@ -64,7 +64,10 @@ def _normalise(key: str) -> str:
     return key[len("model.") :] if key.startswith("model.") else key
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+def load_weights(model: nn.Module, model_dir: str | Path, deltas: dict | None = None) -> None:
+    """Every parameter from the checkpoint's tensors; `deltas` (adapters.lora_deltas: name ->
+    fp32 tensor) are added to theirs as they are read."""
+    deltas = deltas or {}
     expected = _checkpoint_names(model)
     seen: set[str] = set()
     for path in checkpoint_files(model_dir):
@@ -80,12 +83,17 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                 if name in seen:
                     raise CheckpointError(f"tensor {key!r} appears more than once")
                 full = f.get_tensor(key)
+                if name in deltas:
+                    full = (full.float() + deltas[name]).to(full.dtype)
                 for param, shard_id in expected[name]:
                     try:
                         param.weight_loader(param, full, shard_id)
                     except ValueError as e:
                         raise CheckpointError(f"tensor {key!r}: {e}") from e
                 seen.add(name)
+    unused = sorted(set(deltas) - seen)
+    if unused:
+        raise CheckpointError(f"an adapter changes tensors the checkpoint lacks: {unused[:5]}")
     missing = sorted(set(expected) - seen)
     if missing:
         shown = ", ".join(missing[:5]) + (

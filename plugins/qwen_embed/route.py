@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import kernels, native, onednn
+from .adapters import resolve_adapter
 from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures
@@ -52,6 +53,7 @@ class Route:
     attn_backend: str
     task: str  # "embed" | "rerank" | "classify"
     pooling: str
+    adapter: str | None  # the task adapter merged into the weights (adapters.py)
     prefix_reuse: bool  # shared prefixes computed once (segments.py)
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
     elementwise: str  # the row-op table (kernels.TABLES): "native", "triton" or "torch"
@@ -79,6 +81,7 @@ class Route:
                 if self.cuda_graph_tokens
                 else ""
             )
+            + (f"; task adapter {self.adapter!r} merged" if self.adapter else "")
         )
 
     def labels(self) -> dict[str, str]:
@@ -173,6 +176,7 @@ def choose_route(
         attn_backend=backend,
         task=task,
         pooling=pooling,
+        adapter=resolve_adapter(s.adapter, config.adapters),
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
         prune=pooling == "last",
         elementwise=kernels.choose(device, isa, has_triton),

@@ -82,6 +82,12 @@ class SentenceModules:
                 dense.append(_dense(folder))
             elif module.get("type") in QUANTIZERS:
                 final = QUANTIZERS[module["type"]]
+            elif kind not in ("Transformer", "Normalize"):  # normalising is per request
+                raise SentenceModulesError(
+                    f"{model_dir / 'modules.json'}: module {module.get('type')!r} is not "
+                    "supported (Transformer, Pooling, Dense, Normalize and "
+                    f"{sorted(QUANTIZERS)} are)"
+                )
         width = hidden_size
         for layer in dense:
             if layer.in_features != width:

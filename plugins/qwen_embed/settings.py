@@ -50,6 +50,9 @@ class EncoderSettings:
     # "auto": the checkpoint's (sentence-transformers' Pooling module), else the last token
     pooling: str = "auto"
     max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone
+    # A task adapter the checkpoint ships (adapters/{name}/, jina-embeddings-v5), merged into
+    # the weights at load; "auto": `retrieval` where there are adapters; "none": base weights.
+    adapter: str = "auto"
     # "auto": a prefix that texts share is computed once (causal models, last-token pooling).
     prefix_reuse: str = "auto"
     prefix_cache_mb: float = 256.0  # keys/values of shared prefixes kept between batches

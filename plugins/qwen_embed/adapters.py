@@ -1,0 +1,77 @@
+"""Task adapters a checkpoint ships beside its weights, merged into them at load.
+
+jina-embeddings-v5 keeps one LoRA adapter per task under `adapters/{task}/` (peft's
+`adapter_config.json` and `adapter_model.safetensors`) and selects one at run time. Merged,
+an adapted linear weight is W + (lora_alpha / r) B A (alpha / sqrt(r) with rsLoRA): the forward
+then costs what the base model's does, on every route (int8, packed, TP shards) unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safetensors import safe_open
+
+if TYPE_CHECKING:  # adapter_names serves processes without torch (config.py)
+    import torch
+
+ADAPTERS = "adapters"
+# peft's key prefixes before the base model's own tensor names
+_PREFIXES = ("base_model.model.", "model.")
+
+
+class AdapterError(ValueError):
+    pass
+
+
+def adapter_names(model_dir: str | Path) -> list[str]:
+    root = Path(model_dir) / ADAPTERS
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.name for p in root.glob("*/adapter_config.json"))
+
+
+def resolve_adapter(setting: str, names: tuple[str, ...]) -> str | None:
+    """settings.adapter as one of the checkpoint's adapter `names`, or None for the base
+    weights: "auto" takes `retrieval` (jina-embeddings-v5's default) where there are adapters."""
+    if setting == "none" or (setting == "auto" and not names):
+        return None
+    chosen = "retrieval" if setting == "auto" else setting
+    if chosen not in names:
+        raise AdapterError(
+            f"adapter {chosen!r} is not among the checkpoint's ({list(names) or 'none'}); "
+            "set adapter to one of them or 'none'"
+        )
+    return chosen
+
+
+def lora_deltas(model_dir: str | Path, task: str | None) -> dict[str, torch.Tensor]:
+    """Checkpoint tensor name (without `model.`) -> the fp32 delta its adapter adds."""
+    if task is None:
+        return {}
+    folder = Path(model_dir) / ADAPTERS / task
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if config.get("use_dora") or config.get("fan_in_fan_out"):
+        raise AdapterError(f"{folder}: DoRA and fan_in_fan_out adapters are not supported")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"{folder}: adapters that train biases are not supported")
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scale = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            name = key
+            for prefix in _PREFIXES:
+                name = name.removeprefix(prefix)
+            module, _, part = name.rpartition(".lora_")
+            if part not in ("A.weight", "B.weight"):
+                raise AdapterError(f"{folder}: unexpected adapter tensor {key!r}")
+            pairs.setdefault(f"{module}.weight", {})[part[0]] = f.get_tensor(key).float()
+    deltas = {}
+    for name, pair in pairs.items():
+        if set(pair) != {"A", "B"}:
+            raise AdapterError(f"{folder}: {name} has lora_{''.join(pair)} without its pair")
+        deltas[name] = scale * (pair["B"] @ pair["A"])
+    return deltas
