@@ -271,8 +271,6 @@ def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -
     Qwen3ForSequenceClassification (one-label `score` head), with the real Qwen tokenizer."""
     from transformers import Qwen3ForSequenceClassification
 
-    from qwen_embed_deploy.demo import write_tokenizer
-
     config = Qwen3Config(
         **RERANKER_CONFIG,
         tie_word_embeddings=not classifier,
@@ -280,8 +278,17 @@ def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -
         num_labels=1,
         pad_token_id=151643,
     )
+    cls = Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM
+    return _save_seeded(directory, cls, config, seed)
+
+
+def _save_seeded(directory: Path, cls, config, seed: int) -> Path:
+    """`cls(config)` built after seeding, seeded noise on every weight (a `score` head's
+    larger), saved with the real Qwen tokenizer (appending nothing)."""
+    from qwen_embed_deploy.demo import write_tokenizer
+
     torch.manual_seed(seed)
-    model = (Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM)(config)
+    model = cls(config)
     with torch.no_grad():
         for p_name, p in model.named_parameters():
             if p_name.endswith("norm.weight"):
@@ -298,8 +305,6 @@ def make_classifier(directory: Path, labels=("negative", "neutral", "positive"),
     Qwen tokenizer (appending nothing)."""
     from transformers import Qwen3ForSequenceClassification
 
-    from qwen_embed_deploy.demo import write_tokenizer
-
     config = Qwen3Config(
         **RERANKER_CONFIG,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
@@ -307,17 +312,7 @@ def make_classifier(directory: Path, labels=("negative", "neutral", "positive"),
         label2id={label: i for i, label in enumerate(labels)},
         pad_token_id=151643,
     )
-    torch.manual_seed(seed)
-    model = Qwen3ForSequenceClassification(config)
-    with torch.no_grad():
-        for p_name, p in model.named_parameters():
-            if p_name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.copy_((0.5 if "score" in p_name else 0.05) * torch.randn_like(p))
-    model.save_pretrained(directory)
-    write_tokenizer(directory, append_eos=False)
-    return directory
+    return _save_seeded(directory, Qwen3ForSequenceClassification, config, seed)
 
 
 def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndarray:

@@ -162,6 +162,18 @@ def gte_qwen2(directory: Path, *, seed: int = 1) -> Path:
     return directory
 
 
+def _tied_qwen3() -> Qwen3Config:
+    """The vendor replicas' Qwen3: TINY with the real vocabulary, tied embeddings and head_dim
+    32 (128 in the real models: one the native attention operator has)."""
+    return Qwen3Config(
+        **TINY,
+        head_dim=32,
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+
+
 VOYAGE_PROMPTS = {
     "query": "Represent the query for retrieving supporting documents: ",
     "document": "Represent the document for retrieval: ",
@@ -175,13 +187,7 @@ def voyage_4_nano(directory: Path, *, seed: int = 2, projection: int = 96) -> Pa
     remote code applies it to every token after the final norm, before pooling); a tokenizer
     that appends nothing; sentence-transformers' mean Pooling (over the projected width) and
     Normalize; its query and document prompts; `auto_map` naming its remote code."""
-    config = Qwen3Config(
-        **TINY,
-        head_dim=32,  # 128 in the real models: one the native attention operator has
-        vocab_size=151669,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-    )
+    config = _tied_qwen3()
     model = Qwen3ForCausalLM(config)
     _noise(model, seed)
     model.to(torch.bfloat16).save_pretrained(directory)
@@ -213,13 +219,7 @@ def pplx_embed(directory: Path, *, seed: int = 3) -> Path:
     tensors of the bare Qwen3Model (no prefix); a tokenizer that appends nothing; mean Pooling
     then its `st_quantize.FlexibleQuantizer` module (int8 codes round(127 tanh(x))), no
     Normalize, no prompts file."""
-    config = Qwen3Config(
-        **TINY,
-        head_dim=32,  # 128 in the real models: one the native attention operator has
-        vocab_size=151669,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-    )
+    config = _tied_qwen3()
     model = Qwen3Model(config)
     _noise(model, seed)
     model.save_pretrained(directory)
@@ -281,13 +281,7 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
     "Query: " / "Document: " prompts."""
     from peft import LoraConfig, get_peft_model
 
-    config = Qwen3Config(
-        **TINY,
-        head_dim=32,
-        vocab_size=151669,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-    )
+    config = _tied_qwen3()
     model = Qwen3Model(config)
     _noise(model, seed)
     model.to(torch.bfloat16).save_pretrained(directory)

@@ -15,10 +15,11 @@ import time
 import numpy as np
 import openai
 import pytest
-from test_rerank_serving import wait_for
 
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
+
+from triton_helpers import wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 

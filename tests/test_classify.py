@@ -5,8 +5,6 @@ text_classification` posts) ranks them. Logits must match transformers' model on
 (max-abs <= 1e-4 in fp32); TEI's scores are their softmax."""
 
 import json
-import subprocess
-import sys
 import urllib.request
 
 import numpy as np
@@ -14,7 +12,6 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from huggingface_hub import InferenceClient
-from test_rerank_serving import wait_for
 from tokenizers import Tokenizer
 from transformers import Qwen3ForSequenceClassification
 from tritonclient.utils import InferenceServerException
@@ -22,10 +19,10 @@ from tritonclient.utils import InferenceServerException
 from qwen_embed import Encoder
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, free_port
+from qwen_embed_deploy.triton import TritonServer
 
 from reference import make_classifier, make_reranker, random_sequences
-from triton_helpers import text_input
+from triton_helpers import gateway_process, text_input
 
 LABELS = ("negative", "neutral", "positive")
 TEXTS = ["I loved this film.", "It was fine, I suppose.", "Dreadful from start to end. 😞"]
@@ -70,19 +67,9 @@ def stack(classifier, tmp_path_factory):
     """(server, gateway base URL): the classifier as the embed model, fp32."""
     where = tmp_path_factory.mktemp("classify-serving")
     repo = render(where / "repo", {"embed": classifier}, {"encoder": {"dtype": "float32"}})
-    port = free_port()
     with TritonServer(repo, log_path=where / "server.log") as server:
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
-            + [server.grpc_url, "--port", str(port), "--rerank-model-name", ""]
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_for(f"{base}/health")
+        with gateway_process(server, "--rerank-model-name", "") as base:
             yield server, base
-        finally:
-            gateway.terminate()
-            gateway.wait(timeout=10)
 
 
 @pytest.mark.server

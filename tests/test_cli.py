@@ -66,6 +66,23 @@ def test_embed_chunks_to_jsonl(server, tmp_path):
     assert r.returncode != 0 and "--chunk-size writes JSONL" in r.stderr
 
 
+def test_embed_per_token_to_jsonl(server, tmp_path):
+    texts = ["hello world", "a vector per token"]
+    with EmbeddingClient(server.grpc_url) as client:
+        expected = client.embed_tokens(texts, dimensions=16)
+    out = tmp_path / "tokens.jsonl"
+    args = ["--url", server.grpc_url, "--dimensions", "16", "--per-token", "-o", str(out)]
+    r = cli("embed", *texts, *args)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row, want in zip(rows, expected, strict=True):
+        assert (
+            row["tokens"] == len(want) and np.abs(np.array(row["embeddings"]) - want).max() < 1e-6
+        )
+    r = cli("embed", "x", "--url", server.grpc_url, "--per-token", "-o", str(tmp_path / "x.npy"))
+    assert r.returncode != 0 and "--per-token writes JSONL" in r.stderr
+
+
 def test_embed_compact_types_through_client_and_cli(server, tmp_path):
     floats = infer(server, ["hello", "world"], "grpc", dimensions=32)[0]
     with EmbeddingClient(server.grpc_url) as client:

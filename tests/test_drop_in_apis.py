@@ -11,8 +11,6 @@ within 1e-6 (the same Triton request underneath); scores equal the client librar
 import base64
 import json
 import math
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -23,16 +21,15 @@ import pytest
 import torch
 from huggingface_hub import InferenceClient
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
-from test_rerank_serving import wait_for
 from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, maxsim_scores
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, free_port
+from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from triton_helpers import infer
+from triton_helpers import gateway_process, infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -52,20 +49,10 @@ def stack(demo_dir, reranker, tmp_path_factory):
         "tokenizer": {"max_input_tokens": str(TOKENS_PER_TEXT)},
     }
     repo = render(where / "repo", {"embed": demo_dir}, overrides, rerankers={"rerank": reranker})
-    port = free_port()
     with TritonServer(repo, log_path=where / "server.log") as server:
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url"]
-            + [server.grpc_url, "--port", str(port), "--api-key", API_KEY]
-            + ["--served-model-name", "embed", ALIAS]
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_for(f"{base}/health")
+        names = ["--served-model-name", "embed", ALIAS]
+        with gateway_process(server, "--api-key", API_KEY, *names) as base:
             yield server, base
-        finally:
-            gateway.terminate()
-            gateway.wait(timeout=10)
 
 
 def post(base: str, path: str, body: dict, key: str = API_KEY) -> tuple[int, object, dict]:

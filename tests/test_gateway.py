@@ -3,9 +3,6 @@ gateway process and tritonserver."""
 
 import base64
 import json
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -16,9 +13,8 @@ import pytest
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import EMBEDDING_TYPES
 from qwen_embed_deploy.compact import compact
-from qwen_embed_deploy.triton import free_port
 
-from triton_helpers import infer
+from triton_helpers import gateway_process, infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -27,34 +23,8 @@ API_KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def stack(server):
-    port = free_port()
-    gateway = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "qwen_embed_client.gateway",
-            "--triton-url",
-            server.grpc_url,
-            "--port",
-            str(port),
-            "--api-key",
-            API_KEY,
-        ]
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or gateway.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        yield server, f"http://127.0.0.1:{port}/v1"
-    finally:
-        gateway.terminate()
-        gateway.wait(timeout=10)
+    with gateway_process(server, "--api-key", API_KEY) as base:
+        yield server, f"{base}/v1"
 
 
 def test_values_and_usage_equal_the_triton_path(stack):

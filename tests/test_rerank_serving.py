@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -27,7 +26,7 @@ from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
-from triton_helpers import infer, run_clients
+from triton_helpers import infer, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -63,18 +62,6 @@ def stack(demo_dir, reranker, tmp_path_factory):
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/health")
         yield server, base
-
-
-def wait_for(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")

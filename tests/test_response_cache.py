@@ -84,6 +84,29 @@ def test_repeats_hit_and_other_options_miss(server):
     assert counts(server) == (4, 5)
 
 
+def test_token_vectors_are_cached_apart_from_pooled_vectors(server):
+    """per_token is an encoder input too (FINISH): its TOKEN_EMBEDDING answer is cached on its
+    own key, never given to a pooled request, and a repeat hits (Triton counts its bytes
+    against --response-cache-mb like any response)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    texts = ["The cache keeps a vector per token."]
+
+    def tokens():
+        inputs = [text_input(grpcclient, texts)]
+        return client.infer("embed", inputs, parameters={"per_token": True})
+
+    hits, misses = counts(server)
+    first = tokens()
+    assert counts(server) == (hits, misses + 1)
+    again = tokens()
+    assert counts(server) == (hits + 1, misses + 1)
+    states = first.as_numpy("TOKEN_EMBEDDING")
+    assert np.array_equal(again.as_numpy("TOKEN_EMBEDDING"), states)
+    assert states.shape == (1, first.as_numpy("TOKEN_COUNT")[0, 0], 1024)
+    pooled, _ = infer(server, texts, "grpc")
+    assert counts(server) == (hits + 1, misses + 2) and pooled.shape == (1, 1024)
+
+
 def server_codes(server, embedding_type):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     inputs = [text_input(grpcclient, TEXT)]

@@ -233,6 +233,8 @@ def test_task_adapters_are_merged_at_load(jina):
     with Encoder.from_pretrained(jina, dtype="float32") as enc:  # auto: retrieval
         assert enc.route.adapter == "retrieval"
         retrieval = enc.embed(seqs)
+    with Encoder.from_pretrained(jina, dtype="bfloat16") as enc:  # merged in fp32, then cast
+        assert cosine(enc.embed(seqs), retrieval).min() >= BF16_COSINE
     with Encoder.from_pretrained(jina, dtype="float32", adapter="none") as enc:
         base = enc.embed(seqs)
     assert cosine(retrieval, base).max() < 0.99  # the adapter matters: this can fail

@@ -1,14 +1,20 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
 import math
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from qwen_embed_deploy.triton import free_port
 
 
 def text_input(module, texts):
@@ -66,3 +72,33 @@ def wait_until(condition, what: str, timeout: float = 120.0, log: Path | None = 
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log else ""
             pytest.fail(f"gave up after {timeout:.0f} s waiting for {what}\n{tail}".rstrip())
         time.sleep(0.05)
+
+
+def wait_for(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@contextmanager
+def gateway_process(server, *args: str):
+    """The gateway as its own process in front of `server`, as production runs it (`args`: its
+    options); yields its base URL once /health answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", server.grpc_url]
+        + ["--port", str(port), *args]
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(f"{base}/health")
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
