@@ -123,6 +123,8 @@ def test_task_is_checked(reranker):
     with pytest.raises(ValueError, match="pooling must be 'last'"):
         Encoder.from_pretrained(reranker, task="rerank", pooling="mean")
     with pytest.raises(ValueError, match="task must be one of"):
+        Encoder.from_pretrained(reranker, task="summarize")
+    with pytest.raises(ValueError, match="task 'classify' needs a sequence-classification"):
         Encoder.from_pretrained(reranker, task="classify")
 
 
