@@ -24,6 +24,9 @@ from qwen_embed_deploy.triton import TritonServer
 from reference import make_classifier, make_reranker, random_sequences
 from triton_helpers import gateway_process, text_input
 
+# A real-vocabulary replica and transformers' model: seconds to build, the server tier's.
+pytestmark = pytest.mark.server
+
 LABELS = ("negative", "neutral", "positive")
 TEXTS = ["I loved this film.", "It was fine, I suppose.", "Dreadful from start to end. 😞"]
 FP32_ABS = 1e-4
@@ -72,7 +75,6 @@ def stack(classifier, tmp_path_factory):
             yield server, base
 
 
-@pytest.mark.server
 def test_served_logits_and_teis_predict(stack, classifier):
     server, base = stack
     tok = Tokenizer.from_file(str(classifier / "tokenizer.json"))
@@ -108,7 +110,6 @@ def test_served_logits_and_teis_predict(stack, classifier):
     assert len(batch) == len(TEXTS) and all(len(b) == len(LABELS) for b in batch)
 
 
-@pytest.mark.server
 def test_bad_input_to_a_classifier_is_refused_for_that_request(stack):
     """A chunked request names its field; a good request beside it is answered."""
     server, _ = stack
