@@ -57,6 +57,8 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> dict[str, torch.Tens
         raise AdapterError(f"{folder}: DoRA and fan_in_fan_out adapters are not supported")
     if config.get("bias", "none") != "none":
         raise AdapterError(f"{folder}: adapters that train biases are not supported")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise AdapterError(f"{folder}: per-module ranks (rank_pattern) are not supported")
     rank, alpha = int(config["r"]), float(config["lora_alpha"])
     scale = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
     pairs: dict[str, dict[str, torch.Tensor]] = {}

@@ -320,8 +320,7 @@ class Encoder:
         dimensions: int | None = None,
     ) -> list[np.ndarray]:
         """Late chunking (chunking.py): for each text, float32 [chunks, dimensions or
-        embedding_size],
-        every chunk pooled in the context of its whole text."""
+        embedding_size], every chunk pooled in the context of its whole text."""
         self._check_dimensions(dimensions)
         checked = [
             check_chunks(i, self.check_sequence(i, t.ids), t.spans, t.tail)

@@ -9,6 +9,7 @@ truncates and normalises per request. `rerank` scores a (query, document) sequen
   151k-row head is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
+`classify` (a sequence classifier of several labels) answers the logits of its `score` head.
 Heads are small (2 x hidden for a reranker, a few million weights for a projection), so rank 0
 holds them whole, in fp32, and applies them to the final hidden states, which every rank has
 in full.
