@@ -289,16 +289,16 @@ class Encoder:
         pooled = torch.from_numpy(self.pool_checked(self.check_sequences(token_id_lists)))
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
-    def _check_dimensions(self, dimensions) -> None:
+    def _check_dimensions(self, dimensions, limit: int | None = None) -> None:
+        """`dimensions` within `limit` (default: the pooled vectors' width)."""
         self._require("embed")
+        limit = limit or self.embedding_size
         if dimensions is not None and (
             isinstance(dimensions, bool)
             or not isinstance(dimensions, (int, np.integer))
-            or not 1 <= dimensions <= self.embedding_size
+            or not 1 <= dimensions <= limit
         ):
-            raise ValueError(
-                f"dimensions must be an integer in 1..{self.embedding_size}, got {dimensions!r}"
-            )
+            raise ValueError(f"dimensions must be an integer in 1..{limit}, got {dimensions!r}")
 
     def pool_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Pooled (and projected: heads.py) vectors float32 [n, embedding_size], not truncated,
@@ -369,12 +369,7 @@ class Encoder:
         """One vector per token (late interaction, custom pooling): for each list, its final
         hidden states float32 [tokens, dimensions or hidden_size], after the final norm and
         before pooling and the checkpoint's projections; truncated and normalised per token."""
-        self._require("embed")
-        if dimensions is not None and not 1 <= dimensions <= self.config.hidden_size:
-            raise ValueError(
-                f"dimensions must be an integer in 1..{self.config.hidden_size} for token "
-                f"vectors, got {dimensions!r}"
-            )
+        self._check_dimensions(dimensions, self.config.hidden_size)  # not projected
         states = self.token_states_checked(self.check_sequences(token_id_lists))
         return [
             finish(torch.from_numpy(s), normalize=normalize, dimensions=dimensions).numpy()

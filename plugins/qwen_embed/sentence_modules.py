@@ -159,7 +159,12 @@ def _root_projection(model_dir: Path) -> Dense | None:
     """The top-level `linear.weight` (and `linear.bias`) among the checkpoint's tensors."""
     if not any(model_dir.glob("*.safetensors")):
         return None
-    for path in checkpoint_files(model_dir):
+    index = model_dir / "model.safetensors.index.json"
+    paths = checkpoint_files(model_dir)
+    if index.is_file():  # the shard that holds it, without opening every shard
+        shard = json.loads(index.read_text())["weight_map"].get(ROOT_PROJECTION)
+        paths = [model_dir / shard] if shard else []
+    for path in paths:
         with safe_open(str(path), framework="numpy") as f:  # names and shapes only
             names = set(f.keys())
             if ROOT_PROJECTION in names:

@@ -201,11 +201,10 @@ async def _predict(gw, body: dict, nested: bool):
     except EmbeddingError as e:
         raise backend_error(e, ()) from e
     logits = result.logits.astype(np.float64)
-    scores = {  # softmax: a one-label classifier's sigmoid, as TEI's
-        "softmax": result.probabilities,
-        "sigmoid": 1 / (1 + np.exp(-logits)),
-        "none": logits,
-    }[function]
+    if function == "softmax":  # a one-label classifier's sigmoid, as TEI's
+        scores = result.probabilities
+    else:
+        scores = 1 / (1 + np.exp(-logits)) if function == "sigmoid" else logits
     answers = []
     for row in scores:
         pairs = zip(row.tolist(), result.labels, strict=True)
