@@ -27,8 +27,7 @@ from qwen_embed import Encoder
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import EmbedOptions, RequestError
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.serving.prompts import PromptSet
-from qwen_embed_deploy.serving.tokenizer import TextTokenizer
+from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine

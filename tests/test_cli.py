@@ -13,7 +13,7 @@ from qwen_embed.cpu import cpu_features
 from qwen_embed.route import Route, choose_route
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.bulk import load
-from qwen_embed_deploy.compact import compact
+from qwen_embed_client.contract import compact
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
 from qwen_embed_deploy.triton import free_port
 

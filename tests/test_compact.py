@@ -4,8 +4,7 @@ documented definition, written here independently, element by element."""
 import numpy as np
 import pytest
 
-from qwen_embed_client.contract import EMBEDDING_TYPES
-from qwen_embed_deploy.compact import compact, outputs
+from qwen_embed_client.contract import EMBEDDING_TYPES, coded_outputs, compact
 
 
 def reference(vector: np.ndarray, embedding_type: str) -> list[int]:
@@ -53,7 +52,7 @@ def test_int8_codes_keep_the_ranking():
 
 def test_each_type_in_its_own_output():
     vectors = np.ones((3, 16), np.float32)
-    names = {t: list(outputs(vectors, (t,))) for t in EMBEDDING_TYPES}
+    names = {t: list(coded_outputs(vectors, (t,))) for t in EMBEDDING_TYPES}
     assert names == {
         "float": ["EMBEDDING"],
         "int8": ["EMBEDDING_INT8"],
@@ -61,8 +60,8 @@ def test_each_type_in_its_own_output():
         "uint8": ["EMBEDDING_UINT8"],
         "ubinary": ["EMBEDDING_UBINARY"],
     }
-    assert outputs(vectors, ("binary",))["EMBEDDING_BINARY"].tolist() == [[127, 127]] * 3
-    several = outputs(vectors, EMBEDDING_TYPES)  # every type, each in its own output
+    assert coded_outputs(vectors, ("binary",))["EMBEDDING_BINARY"].tolist() == [[127, 127]] * 3
+    several = coded_outputs(vectors, EMBEDDING_TYPES)  # every type, each in its own output
     assert {k: v.dtype.name for k, v in several.items()} == {
         "EMBEDDING": "float32",
         "EMBEDDING_INT8": "int8",

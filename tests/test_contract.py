@@ -28,11 +28,11 @@ from qwen_embed_client.contract import (
     RequestError,
     RerankOptions,
     at_least_one,
+    compact,
     finish_rows,
     read_facts,
     read_finish,
 )
-from qwen_embed_deploy.compact import compact
 from qwen_embed_deploy.repository import (
     publish_facts,
     read_config,

@@ -77,6 +77,7 @@ def test_shared_prefixes_under_graphs(checkpoint):
         _same(g, e)
 
 
+@pytest.mark.server  # a reranker replica's build and two engines: seconds
 def test_late_chunks_and_rerank_scores_under_graphs(checkpoint, reranker):
     """Late chunking's read-out rows and a reranker's last-token scores through the graphs."""
     body = random_sequences([70], seed=6)[0]

@@ -9,6 +9,9 @@ from tokenizers import Tokenizer
 from qwen_embed import Encoder
 from qwen_embed_deploy.demo import DEMO_CONFIG, ENDOFTEXT_ID, build_demo_model
 
+# A demo model's build (its real 151K-token vocabulary) and tiktoken's: seconds.
+pytestmark = pytest.mark.server
+
 MULTILINGUAL = [
     "Hello, world!",
     "The quick brown fox jumps over the lazy dog. 1234567890",
@@ -68,7 +71,6 @@ def test_demo_model_embeds(demo_dir):
     assert abs(float(out[0] @ out[1])) < 0.99  # distinct texts, distinct vectors
 
 
-@pytest.mark.server  # whole-model runs: seconds each
 def test_demo_build_is_deterministic(demo_dir, tmp_path):
     again = build_demo_model(tmp_path, layers=1)
     assert (again / "model.safetensors").read_bytes() == (

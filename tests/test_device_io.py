@@ -1,4 +1,4 @@
-"""Host <-> device copies (qwen_embed/device_io.py) and the engine's queue of forwards: on CPU
+"""Host <-> device copies (qwen_embed/batch.py) and the engine's queue of forwards: on CPU
 the tensors themselves; on a GPU (tests marked `gpu`) no forward waits for the host."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
-from qwen_embed.device_io import HostResult, to_device
+from qwen_embed.batch import HostResult, to_device
 
 from reference import random_sequences
 

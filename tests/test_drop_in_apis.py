@@ -314,7 +314,7 @@ def test_cohere_sdk_rerank_and_errors(stack):
             model="rerank", query="q", documents=["d"]
         )
     for path, body, field in [
-        ("/v2/embed", {"model": "embed", "texts": []}, "'texts'"),
+        ("/v2/embed", {"model": "embed", "texts": []}, "texts cannot be empty"),
         ("/v2/embed", {"model": "embed", "texts": ["x"], "truncate": "MIDDLE"}, "truncate"),
         (
             "/v2/embed",

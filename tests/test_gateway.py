@@ -11,8 +11,7 @@ import openai
 import pytest
 
 from qwen_embed_client import EmbeddingClient
-from qwen_embed_client.contract import EMBEDDING_TYPES
-from qwen_embed_deploy.compact import compact
+from qwen_embed_client.contract import EMBEDDING_TYPES, compact
 
 from triton_helpers import gateway_process, infer
 
@@ -125,7 +124,7 @@ def test_errors_map_to_openai_shapes(stack):
         api.embeddings.create(input="x", model="embed", dimensions=4096)  # the model's, served
     with pytest.raises(openai.BadRequestError, match="more than the limit of 2048"):
         api.embeddings.create(input=["x"] * 2049, model="embed")
-    with pytest.raises(openai.BadRequestError, match="'input' must be"):
+    with pytest.raises(openai.BadRequestError, match="'input' cannot be empty"):
         api.embeddings.create(input=[], model="embed")
     with pytest.raises(openai.NotFoundError, match="does not exist") as e:
         api.embeddings.create(input="x", model="text-embedding-3-small")

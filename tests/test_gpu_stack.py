@@ -2,6 +2,7 @@
 refusals where it does not exist, flashinfer's version and kernel checks, and every pinned file
 present on its index (skipped where that index cannot be reached from here)."""
 
+import functools
 import re
 import subprocess
 import sys
@@ -192,6 +193,7 @@ def test_docker_image_pins_the_default_stack():
         assert artefact.requirement in lines, artefact.name
 
 
+@functools.cache
 def _pip_index() -> str:
     """The index pip is configured with (pip's own default where nothing is set)."""
     run = subprocess.run(
@@ -233,9 +235,17 @@ def test_pinned_file_exists(stack, python, name):
         assert _exists(artefact.url), artefact.url
         return
     page = f"{_pip_index()}/{name}/"
+    listing = _listing(page)
+    if listing is None:
+        pytest.skip(f"index unreachable from here: {page}")
+    assert artefact.pypi_file in listing, artefact.pypi_file
+
+
+@functools.cache
+def _listing(page: str) -> str | None:
+    """A project's simple page, fetched once for every pinned file of that project."""
     try:
         with urllib.request.urlopen(page, timeout=20) as response:
-            listing = response.read().decode()
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        pytest.skip(f"index unreachable from here: {page} ({e})")
-    assert artefact.pypi_file in listing, artefact.pypi_file
+            return response.read().decode()
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return None

@@ -84,6 +84,7 @@ def test_instruction_changes_the_ids_and_the_score(reranker):
         assert abs(float(enc.score(custom)[0]) - float(base[0])) > 1e-6
 
 
+@pytest.mark.server  # whole-model runs against transformers': seconds each
 @pytest.mark.parametrize("max_batch_tokens", [16384, 128])  # 128: several forward batches
 def test_fp32_scores_match_transformers(reranker, pairs, expected, max_batch_tokens):
     with Encoder.from_pretrained(
@@ -95,6 +96,7 @@ def test_fp32_scores_match_transformers(reranker, pairs, expected, max_batch_tok
     assert np.ptp(expected) > 1e-3  # the replica tells documents apart
 
 
+@pytest.mark.server
 def test_bf16_scores_match_transformers(reranker, pairs, expected):
     with Encoder.from_pretrained(reranker, task="rerank", dtype="bfloat16") as enc:
         assert np.abs(enc.score(pairs) - expected).max() <= BF16_ABS
@@ -106,6 +108,7 @@ def test_tp2_scores_match_transformers(reranker, pairs, expected):
         assert np.abs(enc.score(pairs) - expected).max() <= FP32_ABS
 
 
+@pytest.mark.server
 def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, pairs):
     expected = reference_scores(classifier, pairs)
     with Encoder.from_pretrained(classifier, dtype="float32") as enc:  # task auto -> rerank

@@ -10,7 +10,7 @@ import tritonclient.grpc as grpcclient
 from test_rerank_serving import rerank
 from tritonclient.utils import InferenceServerException
 
-from qwen_embed_deploy.compact import compact
+from qwen_embed_client.contract import compact
 from qwen_embed_deploy.launcher import cache_args, served_edits
 from qwen_embed_deploy.repository import edited_copy, read_config, render
 from qwen_embed_deploy.serving.config import MODEL_REPOSITORY

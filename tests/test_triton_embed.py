@@ -14,9 +14,8 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
-from qwen_embed_client.contract import DEFAULT_TASK, EMBEDDING_TYPES, PRIORITIES
+from qwen_embed_client.contract import DEFAULT_TASK, EMBEDDING_TYPES, PRIORITIES, compact
 from qwen_embed_client.contract import EMBEDDING_OUTPUTS as OUTPUTS
-from qwen_embed_deploy.compact import compact
 
 from reference import cosine, reference_embeddings
 from triton_helpers import copies_busy_for, infer, run_clients, text_input, wait_until
@@ -92,7 +91,7 @@ def test_options(server, tokenizer, engine):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_compact_vectors(server, protocol):
     """Each embedding_type in its own output, the codes of the float vectors the same request
-    gets without it (qwen_embed_deploy.compact, checked against its definition in test_compact.py);
+    gets without it (contract.compact, checked against its definition in test_compact.py);
     with dimensions, the codes of the truncated, renormalised vector."""
     module = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url

@@ -32,7 +32,7 @@ from qwen_embed.adapters import adapter_names
 from qwen_embed.config import ModelConfig
 from qwen_embed_client.gateway.app import create_app
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.serving.prompts import PromptSet
+from qwen_embed_deploy.serving.tokenizer import PromptSet
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine

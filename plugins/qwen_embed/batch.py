@@ -1,7 +1,16 @@
-"""Flattened variable-length batches and the token-budget planner.
+"""Flattened variable-length batches: the token-budget planners, the flat batch on the
+device, pooling over it, and the copies that keep a GPU busy.
 
 A batch is one token stream: no padding anywhere. Sequence i owns tokens
-`cu_seqlens[i]:cu_seqlens[i + 1]`; its last token is at `cu_seqlens[i + 1] - 1`.
+`cu_seqlens[i]:cu_seqlens[i + 1]`; its last token is at `cu_seqlens[i + 1] - 1`. Pooling reads
+it without a Python loop over sequences, then `finish` applies Matryoshka truncation and L2
+normalisation.
+
+Copies: inputs go up from pinned memory without blocking the host (a copy from pageable memory
+makes the host wait until the GPU has finished everything queued before it, so the next batch
+could not be planned while the current one runs); results come back into pinned memory and are
+waited for only when the host reads them, after the next forward is queued. On CPU both are the
+tensors themselves.
 """
 
 from __future__ import annotations
@@ -11,8 +20,36 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from .device_io import to_device
+from .settings import POOLING_METHODS
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU from pinned memory, without waiting for the copy."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+class HostResult:
+    """A tensor's copy on its way to the host: `numpy()` waits for it (a GPU tensor's copy is
+    queued behind the work that makes it)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._done = None
+        if t.device.type == "cuda":
+            self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._host.copy_(t, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host = t
+
+    def numpy(self) -> np.ndarray:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.numpy()
 
 
 @dataclass(frozen=True)
@@ -106,3 +143,29 @@ def _pack(order: list[int], sizes: Sequence[int], budget: int) -> list[list[int]
     if current:
         groups.append(current)
     return groups
+
+
+def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:
+    """hidden [T, H] -> [n, H] float32, without a Python loop over sequences."""
+    if method == "last":
+        return hidden[batch.cu_seqlens[1:].long() - 1].float()
+    if method == "cls":  # the first token: a bidirectional encoder's summary row
+        return hidden[batch.cu_seqlens[:-1].long()].float()
+    if method == "mean":
+        lengths = torch.diff(batch.cu_seqlens).long()
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(batch.num_seqs, device=hidden.device), lengths
+        )
+        sums = torch.zeros(
+            batch.num_seqs, hidden.shape[1], device=hidden.device, dtype=torch.float32
+        )
+        sums.index_add_(0, seq_of_token, hidden.float())
+        return sums / lengths.unsqueeze(1)
+    raise ValueError(f"unknown pooling {method!r}; choose one of {POOLING_METHODS}")
+
+
+def finish(pooled: torch.Tensor, *, normalize: bool, dimensions: int | None) -> torch.Tensor:
+    """Matryoshka: truncate first, then normalise the truncated vector."""
+    if dimensions is not None:
+        pooled = pooled[:, :dimensions]
+    return F.normalize(pooled, p=2, dim=-1) if normalize else pooled

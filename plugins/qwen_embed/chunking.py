@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import VarlenBatch, flatten
-from .device_io import to_device
+from .batch import VarlenBatch, flatten, to_device
 from .segments import AttentionLayout, ForwardContext
 
 GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations

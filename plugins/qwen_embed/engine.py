@@ -17,12 +17,11 @@ from torch import nn
 from . import int8, kernels
 from .adapters import lora_deltas
 from .attention import AttentionSpec, create_backend
-from .batch import flatten, plan_batches
+from .batch import HostResult, finish, flatten, plan_batches, pool
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
-from .device_io import HostResult
 from .heads import build_head
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
@@ -32,7 +31,6 @@ from .models import model_class
 from .onednn import NativeBf16Weight, PackedWeight
 from .onednn import available as onednn_available
 from .parallel import RankSpec, TPLauncher, wait_for_device
-from .pooling import finish, pool
 from .route import Gemm, Linear, Route, choose_route
 from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
 from .settings import EncoderSettings

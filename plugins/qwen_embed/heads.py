@@ -1,6 +1,6 @@
 """Task heads beside pooling: what a forward's pooled hidden states turn into.
 
-`embed` pools (pooling.py), then applies the checkpoint's own projections where it has any
+`embed` pools (batch.py), then applies the checkpoint's own projections where it has any
 (sentence_modules.py: a top-level `linear`, sentence-transformers' Dense modules), then
 truncates and normalises per request. `rerank` scores a (query, document) sequence:
 - a causal-LM reranker (Qwen3-Reranker) reads two rows of its output head, "yes" and "no", at the

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .batch import VarlenBatch
-from .device_io import to_device
+from .batch import VarlenBatch, to_device
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix

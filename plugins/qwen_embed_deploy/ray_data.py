@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from qwen_embed.engine import Encoder
 from qwen_embed.hub import resolve_checkpoint
-from qwen_embed_client.contract import EmbedOptions
+from qwen_embed_client.contract import EmbedOptions, compact
 from qwen_embed_client.ray_data import texts_of, with_column
 
-from .compact import compact
 from .serving.tokenizer import TextTokenizer
 
 

@@ -15,24 +15,18 @@ unknown fields).
 from __future__ import annotations
 
 import uuid
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
-from ..contract import EMBEDDING_TYPES, MAX_INPUTS, at_least_one
-from .common import check_model, embed, encode_value, rerank_inputs, text_usage
-from .errors import (
-    STATUS,
-    APIError,
-    backend_error,
-    check_utf8,
-    contract_field,
-    distinct_choices,
-    invalid,
-    json_body,
-    options_checked,
-)
+from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
+from .bodies import Body, NonBlank, Text, Texts, at_most, described, distinct
+from .common import check_model, embed, encode_value, text_usage
+from .errors import STATUS, APIError, backend_error, json_body, options_checked, rerank_checked
 from .state import gateway, respond
 
 router = APIRouter(tags=["cohere"])
@@ -51,49 +45,75 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse({"id": str(uuid.uuid4()), "message": e.message}, status_code=STATUS[e.kind])
 
 
-def _object(value: object) -> dict:
-    if not isinstance(value, dict):
-        raise invalid("invalid request: body must be a JSON object")
-    return value
+class CohereBody(Body):
+    QUOTE, PREFIX = "{}", "invalid request: "
 
 
-def _texts(body: dict) -> list[str]:
-    """`texts`, or `inputs` whose content is text parts only."""
-    if ("texts" in body) == ("inputs" in body):
-        raise invalid("invalid request: send one of 'texts' and 'inputs'", "texts")
-    if "texts" in body:
-        texts = body["texts"]
-    else:
-        texts = []
-        for i, item in enumerate(body["inputs"] if isinstance(body["inputs"], list) else [None]):
-            parts = item.get("content") if isinstance(item, dict) else None
-            if not isinstance(parts, list) or not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                for p in parts
-            ):
-                raise invalid(
-                    f"invalid request: inputs[{i}].content must be a list of "
-                    '{"type": "text", "text": ...} parts (images are not supported)',
-                    "inputs",
-                )
-            texts.append("".join(p["text"] for p in parts))
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid("invalid request: 'texts' must be a non-empty list of strings", "texts")
-    if len(texts) > MAX_INPUTS:
-        raise invalid(f"invalid request: {len(texts)} texts, more than the limit of {MAX_INPUTS}")
-    check_utf8([(f"texts[{i}]", t) for i, t in enumerate(texts)])
-    return texts
+class TextPart(CohereBody):
+    type: Literal["text"]
+    text: Text
 
 
-def prompt_options(input_type: object, prompt_names: list[str]) -> dict:
+class Input(CohereBody):
+    content: described(
+        list[TextPart],
+        'must be a list of {"type": "text", "text": ...} parts (images are not supported)',
+    )
+
+
+Priority = Annotated[int, Field(ge=0)]  # 0 first
+
+
+class EmbedRequest(CohereBody):
+    """POST /v2/embed: `texts`, or `inputs` whose content is text parts only."""
+
+    model: str | None = None
+    texts: Texts | None = None
+    inputs: Annotated[list[Input], at_most(MAX_INPUTS)] | None = None
+    input_type: Literal[INPUT_TYPES] | None = None
+    truncate: Literal[tuple(TRUNCATE)] = "END"
+    output_dimension: int | None = None
+    max_tokens: int | None = None
+    embedding_types: distinct(Literal[(*EMBEDDING_TYPES, "base64")]) = ["float"]
+    priority: Priority | None = None
+
+    @model_validator(mode="after")
+    def _one_input_field(self):
+        if (self.texts is None) == (self.inputs is None):
+            raise PydanticCustomError("one_of", "send one of 'texts' and 'inputs'")
+        return self
+
+    @property
+    def text_list(self) -> list[str]:
+        if self.texts is not None:
+            return self.texts
+        return ["".join(p.text for p in item.content) for item in self.inputs]
+
+    def server_types(self) -> list[str]:
+        """The server's types that give the asked ones: `base64`, the float vectors' bytes,
+        comes from float."""
+        server = {"float" if k == "base64" else k for k in self.embedding_types}
+        return [k for k in EMBEDDING_TYPES if k in server]
+
+
+class RerankRequest(CohereBody):
+    model: str | None = None
+    query: NonBlank
+    documents: Annotated[list[Text], at_most(MAX_DOCUMENTS)]
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    priority: Priority | None = None
+
+
+def _priority(value: int | None) -> dict:
+    """Cohere's `priority` (0 first): 0 the interactive level, anything higher bulk."""
+    return {} if value is None else {"priority": "interactive" if value == 0 else "bulk"}
+
+
+def prompt_options(input_type: str | None, prompt_names: list[str]) -> dict:
     """The request options that give `input_type` its prompt (module docstring)."""
     if input_type is None:
         return {}
-    if input_type not in INPUT_TYPES:
-        raise invalid(
-            f"invalid request: input_type must be one of {list(INPUT_TYPES)}, got {input_type!r}",
-            "input_type",
-        )
     if input_type in prompt_names:
         return {"prompt_name": input_type}
     name = INPUT_TYPE_PROMPTS.get(input_type)
@@ -102,45 +122,18 @@ def prompt_options(input_type: object, prompt_names: list[str]) -> dict:
     return {"instruction": INPUT_TYPE_TASKS[input_type]}
 
 
-def _priority(body: dict) -> dict:
-    value = body.get("priority")
-    if value is None:
-        return {}
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid("invalid request: priority must be an integer >= 0", "priority")
-    return {"priority": "interactive" if value == 0 else "bulk"}
-
-
-def _embedding_types(body: dict) -> tuple[list[str], list[str]]:
-    """(the types asked for, the server's types that give them: `base64`, the float vectors'
-    bytes, comes from float)."""
-    asked = distinct_choices(
-        body.get("embedding_types", ["float"]),
-        (*EMBEDDING_TYPES, "base64"),
-        "invalid request: embedding_types must be distinct values from",
-        "embedding_types",
-    )
-    server = {"float" if k == "base64" else k for k in asked}
-    return asked, [k for k in EMBEDDING_TYPES if k in server]
-
-
 @router.post("/v2/embed")
 async def embed_v2(request: Request):
     gw = gateway(request)
-    body = _object(await json_body(request))
-    check_model(body.get("model"), gw.model_names)
-    texts = _texts(body)
-    truncate = body.get("truncate", "END")
-    if truncate not in TRUNCATE:
-        raise invalid("invalid request: truncate must be one of NONE, START, END", "truncate")
-    options = {**TRUNCATE[truncate], **_priority(body)}
-    if body.get("output_dimension") is not None:
-        options["dimensions"] = body["output_dimension"]
-    if body.get("max_tokens") is not None:
-        options["max_tokens"] = body["max_tokens"]
+    asked = EmbedRequest.parse(await json_body(request))
+    check_model(asked.model, gw.model_names)
+    texts, kinds = asked.text_list, asked.server_types()
+    options = {**TRUNCATE[asked.truncate], **_priority(asked.priority)}
+    if asked.output_dimension is not None:
+        options["dimensions"] = asked.output_dimension
+    options |= asked.given("max_tokens")
     facts = await gw.facts()
-    options |= prompt_options(body.get("input_type"), facts.get("prompt_names", []))
-    asked, kinds = _embedding_types(body)
+    options |= prompt_options(asked.input_type, facts.get("prompt_names", []))
     try:
         options = options_checked(**options)
     except APIError as e:
@@ -148,7 +141,7 @@ async def embed_v2(request: Request):
         raise
     result = await embed(gw, texts, options, kinds, ("dimensions", "max_tokens"))
     embeddings = {}
-    for kind in asked:
+    for kind in asked.embedding_types:
         vectors = result.by_type["float" if kind == "base64" else kind]
         encoding = "base64" if kind == "base64" else "float"
         embeddings[kind] = [encode_value(v, encoding) for v in vectors]
@@ -171,13 +164,17 @@ async def embed_v2(request: Request):
 @router.post("/v2/rerank")
 async def rerank_v2(request: Request):
     gw = gateway(request)
-    body = _object(await json_body(request))
-    check_model(body.get("model"), gw.rerank_model_name)
-    query, documents = rerank_inputs(body, "documents", "invalid request: {}".format)
-    options = _priority(body)
-    for field, option in (("top_n", "top_n"), ("max_tokens_per_doc", "max_document_tokens")):
-        if (value := contract_field(at_least_one, body, field)) is not None:
-            options[option] = value
+    asked = RerankRequest.parse(await json_body(request))
+    check_model(asked.model, gw.rerank_model_name)
+    query, documents = asked.query, asked.documents
+    options = _priority(asked.priority) | asked.given("top_n")
+    if asked.max_tokens_per_doc is not None:
+        options["max_document_tokens"] = asked.max_tokens_per_doc
+    try:
+        options = rerank_checked(**options)
+    except APIError as e:
+        e.message = f"invalid request: {e.message}"
+        raise
     try:
         result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())
     except EmbeddingError as e:

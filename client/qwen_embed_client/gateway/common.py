@@ -1,15 +1,14 @@
 """What the APIs' handlers share (openai.py, tei.py, cohere.py and the Batch API): the model
-check, a rerank body's query and documents, the call to the Triton client with the API's own
-errors, and the encodings of a vector and of a text's usage."""
+check, the call to the Triton client with the API's own errors, and the encodings of a vector
+and of a text's usage."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
 
 from ..client import EmbeddingError, EmbeddingResult
-from ..contract import MAX_DOCUMENTS, MAX_TOKEN_VECTOR_BYTES
-from .errors import NOT_FOUND, APIError, backend_error, check_utf8, invalid
+from ..contract import MAX_TOKEN_VECTOR_BYTES
+from .errors import NOT_FOUND, APIError, backend_error, invalid
 
 
 def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
@@ -18,34 +17,6 @@ def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
     if model not in names:
         serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
-
-
-def rerank_inputs(
-    body: dict, documents: str, say: Callable[[str], str], objects: bool = False
-) -> tuple[str, list[str]]:
-    """(query, documents) of a rerank body, as every API takes them: a non-empty query string
-    and a non-empty list of at most MAX_DOCUMENTS strings (or {"text": ...} objects where
-    `objects`) under the API's name `documents`, all valid UTF-8. `say` writes a field's name as
-    the API's messages do."""
-    query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise invalid(f"{say('query')} must be a non-empty string", "query")
-    items = body.get(documents)
-    kinds = 'strings or {"text": ...} objects' if objects else "strings"
-    if not isinstance(items, list) or not items:
-        raise invalid(f"{say(documents)} must be a non-empty list of {kinds}", documents)
-    if len(items) > MAX_DOCUMENTS:
-        raise invalid(
-            f"{say(documents)} holds {len(items)} items, more than the limit of {MAX_DOCUMENTS}",
-            documents,
-        )
-    texts = [item.get("text") if objects and isinstance(item, dict) else item for item in items]
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            what = "a string or an object with a string 'text'" if objects else "a string"
-            raise invalid(f"{say(f'{documents}[{i}]')} must be {what}", documents)
-    check_utf8([("query", query)] + [(f"{documents}[{i}]", t) for i, t in enumerate(texts)])
-    return query, texts
 
 
 async def embed(gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",)):

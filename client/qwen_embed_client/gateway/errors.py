@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from ..client import EmbeddingError
-from ..contract import EmbedOptions, RequestError
+from ..contract import EmbedOptions, RequestError, RerankOptions, at_least_one
 
 # What went wrong, whatever the API: each API maps a kind to its own status and body.
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
@@ -43,23 +43,21 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 
 
-def distinct_choices(value: object, allowed: tuple[str, ...], message: str, param: str) -> list:
-    """`value` as a non-empty list of distinct strings from `allowed`, else `message`."""
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(k, str) and k in allowed for k in value)
-        or len(set(value)) != len(value)
-    ):
-        raise invalid(f"{message} {list(allowed)}", param)
-    return value
-
-
 def options_checked(**options) -> dict:
-    """Options checked by the request contract (what the server would refuse, refused here
-    with the field named), passed on as given."""
+    """Embed options checked by the request contract (what the server would refuse, refused
+    here with the field named), passed on as given."""
+    return _checked(EmbedOptions, options)
+
+
+def rerank_checked(**options) -> dict:
+    """Rerank options checked by the contract (RerankOptions, and `top_n` >= 1)."""
+    contract_field(at_least_one, options, "top_n")
+    return _checked(RerankOptions, options)
+
+
+def _checked(contract: type, options: dict) -> dict:
     try:
-        EmbedOptions(**{k: v for k, v in options.items() if k != "priority"})
+        contract(**{k: v for k, v in options.items() if k not in ("priority", "top_n")})
     except RequestError as e:
         raise _refused(e, body_field(e.field)) from None
     return options
@@ -83,45 +81,6 @@ def _refused(e: RequestError, field: str | None) -> APIError:
 def body_field(option: str | None) -> str | None:
     """The request body's field of a contract option: the late-chunking ones are `chunks`."""
     return "chunks" if option in ("chunk_size", "chunk_spans") else option
-
-
-def check_utf8(named_texts: list[tuple[str, str]]) -> None:
-    """JSON may escape a lone surrogate (\\ud800), which no UTF-8 text can hold."""
-    for name, text in named_texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise invalid(
-                f"'{name}' is not valid UTF-8 (a lone surrogate)", name.split("[")[0]
-            ) from None
-
-
-INT32 = 2**31
-
-
-def token_id_lists(value: object, name: str) -> list[list[int]] | None:
-    """A list of ints (one input) or a list of such lists -> the lists; None for anything
-    else. Each list must be non-empty; ids past int32, which no vocabulary reaches and the
-    wire cannot carry, are refused here (the server checks the vocabulary's range)."""
-
-    def ids(x):
-        return (
-            isinstance(x, list)
-            and len(x) > 0
-            and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
-        )
-
-    if ids(value):
-        lists = [value]
-    elif isinstance(value, list) and value and all(ids(x) for x in value):
-        lists = value
-    else:
-        return None
-    for i, ids_ in enumerate(lists):
-        bad = next((t for t in ids_ if not -INT32 <= t < INT32), None)
-        if bad is not None:
-            raise invalid(f"'{name}[{i}]' holds token id {bad}, outside any vocabulary", name)
-    return lists
 
 
 def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:

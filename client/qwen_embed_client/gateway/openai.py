@@ -8,18 +8,27 @@ item's `tokens`, `input_tokens` and `truncated`; in the request, `embedding_type
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, ConfigDict, create_model
+from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
-from ..contract import (
-    EMBEDDING_TYPES,
-    MAX_INPUTS,
-    EmbedOptions,
-    at_least_one,
-    priority_level,
+from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, EmbedOptions, priority_level
+from .bodies import (
+    Body,
+    Inputs,
+    NonBlank,
+    Text,
+    at_most,
+    contract_options,
+    described,
+    distinct,
+    token_ids,
 )
-from .common import check_model, embed, encode_value, rerank_inputs, text_usage
+from .common import check_model, embed, encode_value, text_usage
 from .errors import (
     BACKEND,
     NOT_FOUND,
@@ -29,13 +38,10 @@ from .errors import (
     UNAVAILABLE,
     APIError,
     backend_error,
-    check_utf8,
-    contract_field,
-    distinct_choices,
     invalid,
     json_body,
     options_checked,
-    token_id_lists,
+    rerank_checked,
 )
 from .state import gateway, respond
 
@@ -49,6 +55,9 @@ EXTENSION_OPTIONS = (
     "truncation_direction",
     "max_tokens",
 )
+
+# `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
+ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
 
 router = APIRouter(tags=["openai"])
 
@@ -66,114 +75,127 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=STATUS[e.kind])
 
 
+def _priority(value: str | int | None) -> str | int | None:
+    """`priority`: "interactive" (default) or "bulk" (Triton's levels 1 and 2; vLLM's
+    integer form is accepted as those levels)."""
+    try:
+        priority_level(value)
+    except ValueError as e:
+        raise PydanticCustomError("priority", e.args[0].removeprefix("priority ")) from None
+    return value
+
+
+Priority = Annotated[str | int | None, AfterValidator(_priority)]
+
+
+class ChunkSize(Body):
+    model_config = ConfigDict(extra="forbid")
+    size: int
+
+
+class ChunkSpans(Body):
+    model_config = ConfigDict(extra="forbid")
+    spans: list[list[int]]
+
+
+class _Embeddings(Body):
+    """POST /v1/embeddings (and a Batch API line's body); EXTENSION_OPTIONS are added from
+    the contract (EmbeddingsRequest)."""
+
+    model: str | None = None
+    input: Inputs
+    encoding_format: Literal[ENCODINGS] = "float"
+    embedding_type: Literal[EMBEDDING_TYPES] | None = None
+    embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
+    priority: Priority = None
+    # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
+    # tokens (the contract checks their form, the server their ranges)
+    chunks: (
+        described(
+            ChunkSize | ChunkSpans, 'must be {"size": tokens} or {"spans": [[start, end], ...]}'
+        )
+        | None
+    ) = None
+
+    def options(self) -> dict:
+        options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
+        if token_ids(self.input):  # the model's own token ids, as vLLM takes them
+            options["token_ids"] = True
+        if isinstance(self.chunks, ChunkSize):
+            options["chunk_size"] = self.chunks.size
+        elif self.chunks is not None:
+            options["chunk_spans"] = self.chunks.spans
+        return options_checked(**options)
+
+    def kinds(self) -> tuple[str, list[str], bool]:
+        """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
+        base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
+        `embedding_types` (Cohere: a list, answered keyed by type)."""
+        asked = [k for k in ("embedding_type", "embedding_types") if getattr(self, k)]
+        if self.encoding_format not in ("float", "base64"):
+            asked.append("encoding_format")
+        if len(asked) > 1:
+            raise invalid(f"send one of {asked}, not several", asked[1])
+        if self.embedding_types:
+            encoding, kinds, keyed = self.encoding_format, self.embedding_types, True
+        elif asked == ["encoding_format"]:
+            encoding, kinds, keyed = "float", [self.encoding_format], False
+        else:
+            kinds = [self.embedding_type or EmbedOptions.embedding_type]
+            encoding, keyed = self.encoding_format, False
+        if self.chunks is not None and (kinds != ["float"] or keyed):
+            raise invalid("'chunks' come as float vectors: send no embedding type", "chunks")
+        return encoding, kinds, keyed
+
+
+EmbeddingsRequest = create_model(
+    "EmbeddingsRequest",
+    __base__=_Embeddings,
+    **contract_options(EmbedOptions, ("dimensions", *EXTENSION_OPTIONS)),
+)
+
+
 def parse_request(
     body: object, served_model: str | tuple[str, ...]
 ) -> tuple[list, dict, str, list[str], bool]:
     """Validate an OpenAI embeddings request body -> (texts or token id lists, client
     options, encoding, the embedding types to return, whether the response keys them by
     name)."""
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
-    inputs = body.get("input")
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    options = {}
-    ids = token_id_lists(inputs, "input")
-    if ids is not None:  # the model's own token ids, as vLLM takes them
-        inputs, options["token_ids"] = ids, True
-    elif not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
-        raise invalid(
-            "'input' must be a string, a non-empty list of strings, or the model's token ids "
-            "(a list of integers or a list of such lists)",
-            "input",
-        )
-    if len(inputs) > MAX_INPUTS:
-        raise invalid(
-            f"'input' holds {len(inputs)} items, more than the limit of {MAX_INPUTS}", "input"
-        )
-    if ids is None:
-        check_utf8([(f"input[{i}]", t) for i, t in enumerate(inputs)])
-    check_model(body.get("model"), served_model)
-    options |= {k: body[k] for k in ("dimensions", *EXTENSION_OPTIONS) if body.get(k) is not None}
-    options.update(priority(body))
-    encoding, kinds, keyed = _embedding_types(body)
-    if "chunks" in body:
-        if kinds != [EmbedOptions.embedding_type] or keyed:
-            raise invalid("'chunks' come as float vectors: send no embedding type", "chunks")
-        options.update(_chunks(body["chunks"]))
-    return inputs, options_checked(**options), encoding, kinds, keyed
+    request = EmbeddingsRequest.parse(body)
+    check_model(request.model, served_model)
+    encoding, kinds, keyed = request.kinds()
+    return request.input, request.options(), encoding, kinds, keyed
 
 
-def _chunks(value: object) -> dict:
-    """The late-chunking extension: {"size": tokens} or {"spans": [[start, end], ...]} over
-    each text's own tokens (the contract checks their form, the server their ranges)."""
-    if isinstance(value, dict) and set(value) in ({"size"}, {"spans"}):
-        key, given = next(iter(value.items()))
-        return {"chunk_size" if key == "size" else "chunk_spans": given}
-    raise invalid('\'chunks\' must be {"size": tokens} or {"spans": [[start, end], ...]}', "chunks")
+class Document(Body):
+    text: Text
 
 
-def priority(body: dict) -> dict:
-    """`priority`: "interactive" (default) or "bulk" (Triton's levels 1 and 2; vLLM's
-    integer form is accepted as those levels)."""
-    if "priority" not in body:
-        return {}
-    try:
-        priority_level(body["priority"])
-    except ValueError as e:
-        raise invalid(f"'priority' {e.args[0].removeprefix('priority ')}", "priority") from None
-    return {"priority": body["priority"]}
+class RerankRequest(Body):
+    """POST /v1/rerank, the Cohere v1 / Jina shape."""
 
+    model: str | None = None
+    query: NonBlank
+    documents: Annotated[
+        list[described(Text | Document, "must be a string or an object with a string 'text'")],
+        at_most(MAX_DOCUMENTS),
+    ]
+    top_n: int | None = None
+    instruction: str | None = None
+    return_documents: bool = True
+    priority: Priority = None
 
-def _embedding_types(body: dict) -> tuple[str, list[str], bool]:
-    """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
-    base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
-    `embedding_types` (Cohere: a list, answered keyed by type)."""
-    encoding = body.get("encoding_format", "float")
-    if encoding not in ("float", "base64", *EMBEDDING_TYPES):
-        raise invalid(
-            f"'encoding_format' must be 'float', 'base64' or one of {list(EMBEDDING_TYPES)}",
-            "encoding_format",
-        )
-    asked = [key for key in ("embedding_type", "embedding_types") if key in body]
-    if encoding not in ("float", "base64"):
-        asked.append("encoding_format")
-    if len(asked) > 1:
-        raise invalid(f"send one of {asked}, not several", asked[1])
-    if "embedding_types" in body:
-        kinds = distinct_choices(
-            body["embedding_types"],
-            EMBEDDING_TYPES,
-            "'embedding_types' must be a list of distinct values from",
-            "embedding_types",
-        )
-        return encoding, kinds, True
-    if encoding not in ("float", "base64"):
-        return "float", [encoding], False
-    kind = body.get("embedding_type", EmbedOptions.embedding_type)
-    if kind not in EMBEDDING_TYPES:
-        raise invalid(f"'embedding_type' must be one of {list(EMBEDDING_TYPES)}", "embedding_type")
-    return encoding, [kind], False
+    @property
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
 
 
 def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
     """Validate a Cohere/Jina-style rerank body -> (query, documents, options)."""
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
-    check_model(body.get("model"), served_model)
-    query, texts = rerank_inputs(body, "documents", "'{}'".format, objects=True)
-    options = {"top_n": contract_field(at_least_one, body, "top_n")}
-    instruction = body.get("instruction")
-    if instruction is not None:
-        if not isinstance(instruction, str) or not instruction.strip():
-            raise invalid("'instruction' must be a non-empty string", "instruction")
-        options["instruction"] = instruction
-    return_documents = body.get("return_documents", True)
-    if not isinstance(return_documents, bool):
-        raise invalid("'return_documents' must be a boolean", "return_documents")
-    options["return_documents"] = return_documents
-    options.update(priority(body))
-    return query, texts, options
+    request = RerankRequest.parse(body)
+    check_model(request.model, served_model)
+    options = rerank_checked(**request.given("top_n", "instruction", "priority"))
+    return request.query, request.texts, options | {"return_documents": request.return_documents}
 
 
 def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:

@@ -16,46 +16,39 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from ..contract import MAX_INPUTS
 from ..maxsim import maxsim
+from .bodies import Body, TextInputs
 from .common import check_model, embed_tokens
-from .errors import check_utf8, invalid, json_body, options_checked
+from .errors import invalid, json_body, options_checked
 from .state import gateway, respond
 
 router = APIRouter(tags=["openai"])
 
 
-def _texts(body: dict, name: str) -> list[str]:
-    value = body.get(name)
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid(f"'{name}' must be a string or a non-empty list of strings", name)
-    if len(texts) > MAX_INPUTS:
-        raise invalid(f"'{name}' holds {len(texts)} texts, more than the limit of {MAX_INPUTS}")
-    check_utf8([(f"{name}[{i}]", t) for i, t in enumerate(texts)])
-    return texts
+class ScoreRequest(Body):
+    model: str | None = None
+    text_1: TextInputs
+    text_2: TextInputs
+    dimensions: int | None = None
+    prompt_name: str | None = None
 
 
 @router.post("/v1/score")
 @router.post("/score")
 async def score(request: Request):
     gw = gateway(request)
-    body = await json_body(request)
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
-    check_model(body.get("model"), gw.model_names)
-    queries, documents = _texts(body, "text_1"), _texts(body, "text_2")
+    asked = ScoreRequest.parse(await json_body(request))
+    check_model(asked.model, gw.model_names)
+    queries, documents = asked.text_1, asked.text_2
     if len(queries) != 1 and len(queries) != len(documents):
         raise invalid(
             f"'text_1' must be one text or as many as 'text_2' ({len(documents)}), "
             f"got {len(queries)}",
             "text_1",
         )
-    common = {"normalize": True}
-    if body.get("dimensions") is not None:
-        common["dimensions"] = body["dimensions"]
-    asked = {"prompt_name": body["prompt_name"]} if body.get("prompt_name") is not None else {}
-    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **asked))
+    common = {"normalize": True} | asked.given("dimensions")
+    prompt = asked.given("prompt_name")
+    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **prompt))
     document_vectors = await embed_tokens(gw, documents, options_checked(**common))
     if len(queries) == 1:
         query_vectors = query_vectors * len(documents)

@@ -17,14 +17,29 @@ from __future__ import annotations
 
 import math
 from importlib.metadata import version
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
-from ..contract import MAX_INPUTS
-from .common import embed, embed_tokens, rerank_inputs
+from ..contract import MAX_DOCUMENTS, MAX_INPUTS
+from .bodies import (
+    Body,
+    Inputs,
+    NonBlank,
+    Text,
+    TextInputs,
+    TokenIds,
+    at_most,
+    batch,
+    described,
+    token_ids,
+)
+from .common import embed, embed_tokens
 from .errors import (
     BACKEND,
     EMPTY,
@@ -35,11 +50,9 @@ from .errors import (
     UNAVAILABLE,
     APIError,
     backend_error,
-    check_utf8,
     invalid,
     json_body,
     options_checked,
-    token_id_lists,
 )
 from .openai import rerank_response
 from .state import gateway, respond
@@ -65,55 +78,87 @@ def error_response(e: APIError) -> Response:
     return JSONResponse({"error": e.message, "error_type": error_type}, status_code=status)
 
 
-def _body(value: object) -> dict:
-    if not isinstance(value, dict):
-        raise invalid("request body must be a JSON object")
-    return value
+class TEIBody(Body):
+    QUOTE = "`{}`"
 
 
-def _inputs(body: dict, name: str = "inputs") -> tuple[list, bool]:
-    """`inputs`: a string, a list of strings, token ids or a list of id lists ->
-    (items, whether they are token ids)."""
-    value = body.get(name)
-    if value == []:
-        raise APIError(EMPTY, f"`{name}` cannot be empty", name)
-    ids = token_id_lists(value, name)
-    items = [value] if isinstance(value, str) else value
-    if ids is None and not (isinstance(items, list) and all(isinstance(t, str) for t in items)):
-        raise invalid(
-            f"`{name}` must be a string, a list of strings, token ids or a list of token id "
-            "lists (not a mix of texts and ids)",
-            name,
-        )
-    items = ids if ids is not None else items
-    if len(items) > MAX_INPUTS:
-        raise invalid(f"batch size {len(items)} > maximum allowed batch size {MAX_INPUTS}", name)
-    if ids is None:
-        check_utf8([(f"{name}[{i}]", t) for i, t in enumerate(items)])
-    return items, ids is not None
+def _direction(value: str | None) -> str | None:
+    if value is not None and value.lower() not in ("left", "right"):
+        raise PydanticCustomError("direction", "must be 'Left' or 'Right'")
+    return None if value is None else value.lower()
 
 
-def _truncation(body: dict) -> dict:
+class Truncation(TEIBody):
     """TEI's `truncate` (null: the server's default, which cuts) and `truncation_direction`
     ("Left"/"Right", either case)."""
-    options = {}
-    if body.get("truncate") is not None:
-        options["truncate"] = body["truncate"]
-    direction = body.get("truncation_direction")
-    if direction is not None:
-        if not isinstance(direction, str) or direction.lower() not in ("left", "right"):
-            raise invalid(
-                "`truncation_direction` must be 'Left' or 'Right'", "truncation_direction"
-            )
-        options["truncation_direction"] = direction.lower()
-    return options
+
+    truncate: bool | None = None
+    truncation_direction: Annotated[str | None, AfterValidator(_direction)] = None
+
+    def truncation(self) -> dict:
+        return self.given("truncate", "truncation_direction")
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise invalid(f"`{name}` must be a boolean", name)
-    return value
+class EmbedRequest(Truncation):
+    """POST / and /embed; /embed_all (whose `normalize` defaults to false)."""
+
+    inputs: Inputs
+    normalize: bool | None = None
+    prompt_name: str | None = None
+    dimensions: int | None = None
+
+    def options(self, normalize: bool, **more) -> dict:
+        options = self.truncation() | self.given("prompt_name", "dimensions") | more
+        options["normalize"] = normalize if self.normalize is None else self.normalize
+        if token_ids(self.inputs):
+            options["token_ids"] = True
+        return options_checked(**options)
+
+
+class PredictParameters(TEIBody):
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = None
+
+
+class PredictRequest(Truncation):
+    inputs: TextInputs  # pairs are refused: the tokenizer builds single texts
+    raw_scores: bool = False
+    parameters: PredictParameters | None = None
+
+
+class SimilarityInputs(TEIBody):
+    source_sentence: Text
+    sentences: Annotated[list[Text], at_most(MAX_INPUTS - 1)]
+
+
+class SimilarityParameters(Truncation):
+    prompt_name: str | None = None
+
+
+class SimilarityRequest(TEIBody):
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+
+
+class RerankRequest(Truncation):
+    query: NonBlank
+    texts: Annotated[list[Text], at_most(MAX_DOCUMENTS)]
+    raw_scores: bool = False
+    return_text: bool = False
+
+
+class TokenizeRequest(TEIBody):
+    inputs: TextInputs
+    prompt_name: str | None = None
+    add_special_tokens: bool = True
+
+
+class DecodeRequest(TEIBody):
+    ids: Annotated[
+        described(TokenIds | list[TokenIds], "must be a list of token ids or a list of such lists"),
+        AfterValidator(batch),
+    ]
+    skip_special_tokens: bool = True
 
 
 def _int_list(values) -> str:
@@ -124,20 +169,14 @@ def _int_list(values) -> str:
 @router.post("/embed")
 async def embed_route(request: Request):
     gw = gateway(request)
-    body = _body(await json_body(request))
-    if request.url.path == "/" and isinstance(body.get("inputs"), dict):
-        return await _similarity(gw, body)
-    if request.url.path == "/" and (await gw.facts()).get("labels"):
-        return await _predict(gw, body, nested=True)
-    items, ids = _inputs(body)
-    options = _truncation(body)
-    options["normalize"] = _flag(body, "normalize", True)
-    for name in ("prompt_name", "dimensions"):
-        if body.get(name) is not None:
-            options[name] = body[name]
-    if ids:
-        options["token_ids"] = True
-    result = await embed(gw, items, options_checked(**options), ["float"])
+    body = await json_body(request)
+    if request.url.path == "/" and isinstance(body, dict):
+        if isinstance(body.get("inputs"), dict):
+            return await _similarity(gw, body)
+        if (await gw.facts()).get("labels"):
+            return await _predict(gw, body, nested=True)
+    asked = EmbedRequest.parse(body)
+    result = await embed(gw, asked.inputs, asked.options(normalize=True), ["float"])
     headers = {
         "x-compute-tokens": str(result.total_tokens),
         "x-tokens": _int_list(result.token_counts),
@@ -149,54 +188,29 @@ async def embed_route(request: Request):
 @router.post("/embed_all")
 async def embed_all_route(request: Request):
     gw = gateway(request)
-    body = _body(await json_body(request))
-    items, ids = _inputs(body)
-    options = _truncation(body) | {"normalize": _flag(body, "normalize", False)}
-    for name in ("prompt_name", "dimensions"):
-        if body.get(name) is not None:
-            options[name] = body[name]
-    if ids:
-        options["token_ids"] = True
-    vectors = await embed_tokens(gw, items, options_checked(**options, per_token=True))
+    asked = EmbedRequest.parse(await json_body(request))
+    vectors = await embed_tokens(gw, asked.inputs, asked.options(normalize=False, per_token=True))
     headers = {"x-tokens": _int_list(len(v) for v in vectors)}
     return await respond(gw, [v.tolist() for v in vectors], headers)
 
 
 @router.post("/predict")
 async def predict_route(request: Request):
-    return await _predict(gateway(request), _body(await json_body(request)), nested=False)
+    return await _predict(gateway(request), await json_body(request), nested=False)
 
 
-_SCORES = ("softmax", "sigmoid", "none")
-
-
-async def _predict(gw, body: dict, nested: bool):
+async def _predict(gw, body: object, nested: bool):
     """TEI's /predict for a sequence classifier served as the embed model: `inputs` (a text or
-    a list of texts; pairs are refused: the tokenizer builds single texts), `raw_scores`
-    (logits), `truncate`, `truncation_direction`; with huggingface_hub's `parameters`
-    (`function_to_apply`, `top_k`) as the Inference API takes them. Per text, every label with
-    its score, best first; a single text answers a flat list unless `nested` (POST /, as the
-    Inference API answers)."""
-    inputs = body.get("inputs")
-    if isinstance(inputs, list) and any(isinstance(t, list) for t in inputs):
-        raise invalid("`inputs` pairs are not supported: send texts", "inputs")
-    items, ids = _inputs(body)
-    if ids:
-        raise invalid("`inputs` must be texts for /predict", "inputs")
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise invalid("`parameters` must be an object", "parameters")
-    function = parameters.get("function_to_apply") or "softmax"
-    if _flag(body, "raw_scores", False):
-        function = "none"
-    if function not in _SCORES:
-        raise invalid(f"`function_to_apply` must be one of {list(_SCORES)}", "parameters")
-    top_k = parameters.get("top_k")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise invalid("`top_k` must be an integer >= 1", "parameters")
+    a list of texts), `raw_scores` (logits), `truncate`, `truncation_direction`; with
+    huggingface_hub's `parameters` (`function_to_apply`, `top_k`) as the Inference API takes
+    them. Per text, every label with its score, best first; a single text answers a flat list
+    unless `nested` (POST /, as the Inference API answers)."""
+    asked = PredictRequest.parse(body)
+    parameters = asked.parameters or PredictParameters()
+    function = "none" if asked.raw_scores else parameters.function_to_apply or "softmax"
     try:
         result = await gw.client.classify(
-            items, **options_checked(**_truncation(body)), headers=gw.outgoing()
+            asked.inputs, **options_checked(**asked.truncation()), headers=gw.outgoing()
         )
     except EmbeddingError as e:
         raise backend_error(e, ()) from e
@@ -208,45 +222,26 @@ async def _predict(gw, body: dict, nested: bool):
     answers = []
     for row in scores:
         pairs = zip(row.tolist(), result.labels, strict=True)
-        ranked = sorted(pairs, key=lambda p: -p[0])[:top_k]
+        ranked = sorted(pairs, key=lambda p: -p[0])[: parameters.top_k]
         answers.append([{"score": score, "label": label} for score, label in ranked])
-    if isinstance(inputs, str) and not nested:
+    if isinstance(body["inputs"], str) and not nested:
         answers = answers[0]
     return await respond(gw, answers, {"x-tokens": _int_list(result.token_counts)})
 
 
 @router.post("/similarity")
 async def similarity_route(request: Request):
-    return await _similarity(gateway(request), _body(await json_body(request)))
+    return await _similarity(gateway(request), await json_body(request))
 
 
-async def _similarity(gw, body: dict):
+async def _similarity(gw, body: object):
     """TEI's sentence similarity: {"inputs": {"source_sentence", "sentences"}, "parameters":
     {prompt_name, truncate, truncation_direction}} -> the cosine of each sentence's vector with
     the source's, all of them from one request."""
-    inputs = body.get("inputs")
-    source = inputs.get("source_sentence") if isinstance(inputs, dict) else None
-    sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
-    if not isinstance(source, str):
-        raise invalid("`inputs` must be {source_sentence: string, sentences: [string]}", "inputs")
-    if sentences == []:
-        raise APIError(EMPTY, "`inputs.sentences` cannot be empty", "inputs")
-    if not isinstance(sentences, list) or not all(isinstance(t, str) for t in sentences):
-        raise invalid("`inputs.sentences` must be a list of strings", "inputs")
-    texts = [source, *sentences]
-    if len(texts) > MAX_INPUTS:
-        limit = f"batch size {len(texts)} > maximum allowed batch size {MAX_INPUTS}"
-        raise invalid(limit, "inputs")
-    check_utf8(
-        [("inputs.source_sentence", source)]
-        + [(f"inputs.sentences[{i}]", t) for i, t in enumerate(sentences)]
-    )
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise invalid("`parameters` must be an object", "parameters")
-    options = _truncation(parameters) | {"normalize": True}
-    if parameters.get("prompt_name") is not None:
-        options["prompt_name"] = parameters["prompt_name"]
+    asked = SimilarityRequest.parse(body)
+    parameters = asked.parameters or SimilarityParameters()
+    options = parameters.truncation() | parameters.given("prompt_name") | {"normalize": True}
+    texts = [asked.inputs.source_sentence, *asked.inputs.sentences]
     vectors = (await embed(gw, texts, options_checked(**options), ["float"])).embeddings
     unit = vectors.astype(np.float64)  # normalised: the dot product is the cosine
     return await respond(gw, (unit[1:] @ unit[0]).tolist())
@@ -262,11 +257,8 @@ async def rerank_route(request: Request):
             return await rerank_response(gw, body)
         except APIError as e:
             raise APIError(e.kind, e.message, e.param, api="openai") from None
-    if body["texts"] == []:
-        raise APIError(EMPTY, "`texts` cannot be empty", "texts")
-    query, texts = rerank_inputs(body, "texts", "`{}`".format)
-    truncation = _truncation(body)
-    if truncation.get("truncation_direction") == "left":
+    asked = RerankRequest.parse(body)
+    if asked.truncation_direction == "left":
         raise invalid(
             "a reranker cuts the end of each text (the query and template stay whole): "
             "`truncation_direction` must be 'Right'",
@@ -274,37 +266,32 @@ async def rerank_route(request: Request):
         )
     if not gw.rerank_model_name:
         raise APIError(NOT_FOUND, "model is not a re-ranker model")
-    raw, return_text = _flag(body, "raw_scores", False), _flag(body, "return_text", False)
+    query, texts = asked.query, asked.texts
+    truncate = True if asked.truncate is None else asked.truncate
     try:
-        result = await gw.client.rerank(
-            query, texts, truncate=truncation.get("truncate", True), headers=gw.outgoing()
-        )
+        result = await gw.client.rerank(query, texts, truncate=truncate, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("query", "texts")) from e
     ranks = []
     for index, score in result.ranking:
         # raw: the model's logit, log(p / (1 - p)) of its yes/no softmax
-        value = math.log(score / (1 - score)) if raw and 0 < score < 1 else score
-        ranks.append(
-            {"index": index, "score": value} | ({"text": texts[index]} if return_text else {})
-        )
+        value = math.log(score / (1 - score)) if asked.raw_scores and 0 < score < 1 else score
+        text = {"text": texts[index]} if asked.return_text else {}
+        ranks.append({"index": index, "score": value} | text)
     return ranks
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request):
     gw = gateway(request)
-    body = _body(await json_body(request))
-    texts, ids = _inputs(body)
-    if ids:
-        raise invalid("`inputs` of /tokenize must be texts", "inputs")
-    options = {} if body.get("prompt_name") is None else {"prompt_name": body["prompt_name"]}
-    keep_special = _flag(body, "add_special_tokens", True)
+    asked = TokenizeRequest.parse(await json_body(request))
     try:
-        tokens = await gw.client.tokenize(texts, **options_checked(**options))
+        tokens = await gw.client.tokenize(
+            asked.inputs, **options_checked(**asked.given("prompt_name"))
+        )
     except EmbeddingError as e:
         raise backend_error(e, ("prompt_name",)) from e
-    if not keep_special:
+    if not asked.add_special_tokens:
         tokens = [[t for t in text if not t["special"]] for text in tokens]
     return tokens
 
@@ -312,14 +299,9 @@ async def tokenize(request: Request):
 @router.post("/decode")
 async def decode(request: Request):
     gw = gateway(request)
-    body = _body(await json_body(request))
-    id_lists = token_id_lists(body.get("ids"), "ids")
-    if id_lists is None:
-        raise invalid("`ids` must be a list of token ids or a list of such lists", "ids")
-    if len(id_lists) > MAX_INPUTS:
-        raise invalid(f"batch size {len(id_lists)} > maximum allowed batch size {MAX_INPUTS}")
+    asked = DecodeRequest.parse(await json_body(request))
     try:
-        return await gw.client.decode(id_lists, _flag(body, "skip_special_tokens", True))
+        return await gw.client.decode(asked.ids, asked.skip_special_tokens)
     except EmbeddingError as e:
         raise backend_error(e, ("ids",)) from e
 

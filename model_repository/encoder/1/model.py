@@ -16,18 +16,17 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed import Encoder, EncoderBroken
-from qwen_embed.batch import plan_requests
+from qwen_embed.batch import finish, plan_requests
 from qwen_embed.chunking import check_chunks
-from qwen_embed.pooling import finish
 from qwen_embed_client.contract import (
     MAX_TOKEN_VECTOR_BYTES,
     RequestError,
+    coded_outputs,
     read_finish,
     stack_ragged,
     unpack_chunks,
     unpack_ids,
 )
-from qwen_embed_deploy.compact import outputs as compact_outputs
 from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed_deploy.serving.config import (
     encoder_device,
@@ -255,7 +254,7 @@ class TritonPythonModel:
         # Matryoshka truncation and normalisation, once, with this request's options; then
         # the compact codes it asked for, in their own output only.
         rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
-        codes = compact_outputs(rows.contiguous().numpy(), opts.embedding_types)
+        codes = coded_outputs(rows.contiguous().numpy(), opts.embedding_types)
         return [pb_utils.Tensor(name, array) for name, array in codes.items()]
 
     def finalize(self):

@@ -19,7 +19,7 @@ from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.settings import EncoderSettings, from_parameters
 from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
 
-from .prompts import PromptSet
+from .tokenizer import PromptSet
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO = PACKAGE_DIR.parents[1]  # the checkout root, when this is one

@@ -1,0 +1,138 @@
+"""The gateway's request bodies (gateway/bodies.py and each API's models): what a body may
+hold, each refusal naming its field in the API's words, and the mapping onto the request
+contract. The routes themselves, against a real server: test_gateway.py, test_drop_in_apis.py."""
+
+import typing
+
+import pytest
+
+from qwen_embed_client.contract import MAX_DOCUMENTS, MAX_INPUTS, EmbedOptions
+from qwen_embed_client.gateway import cohere, openai, score, tei
+from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
+
+EMBED = ("embed",)
+
+
+def refusal(parse, body) -> APIError:
+    with pytest.raises(APIError) as e:
+        parse(body)
+    return e.value
+
+
+def embeddings(body: dict):
+    return openai.parse_request({"model": "embed", **body}, EMBED)
+
+
+def test_openai_embeddings_map_onto_the_contract():
+    texts, options, encoding, kinds, keyed = embeddings(
+        {"input": "hi", "dimensions": 8, "instruction": "find", "priority": "bulk"}
+    )
+    assert (texts, encoding, kinds, keyed) == (["hi"], "float", ["float"], False)
+    assert options == {"dimensions": 8, "instruction": "find", "priority": "bulk"}
+    ids, options, *_ = embeddings({"input": [[1, 2], [3]]})
+    assert ids == [[1, 2], [3]] and options == {"token_ids": True}
+    assert embeddings({"input": [5, 6]})[0] == [[5, 6]]  # one id list
+    _, options, *_ = embeddings({"input": ["a"], "chunks": {"spans": [[0, 2], [2, 4]]}})
+    assert options == {"chunk_spans": [[0, 2], [2, 4]]}
+    assert embeddings({"input": "x", "encoding_format": "int8"})[2:] == ("float", ["int8"], False)
+    keyed = embeddings({"input": "x", "embedding_types": ["binary", "float"]})
+    assert keyed[2:] == ("float", ["binary", "float"], True)
+
+
+def test_every_extension_option_is_typed_as_the_contract_types_it():
+    hints = typing.get_type_hints(EmbedOptions)
+    fields = openai.EmbeddingsRequest.model_fields
+    for name in ("dimensions", *openai.EXTENSION_OPTIONS):
+        assert fields[name].annotation == hints[name] | None, name
+
+
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"input": []}, "input", "'input' cannot be empty"),
+        ({"input": ["a"] * (MAX_INPUTS + 1)}, "input", f"more than the limit of {MAX_INPUTS}"),
+        ({"input": ["a", 3]}, "input", "not a mix of texts and ids"),
+        ({"input": [[1], [2**40]]}, "input", "'input[1]' holds token id"),
+        ({"input": ["ok", "\ud800"]}, "input", "'input[1]' is not valid UTF-8"),
+        ({"input": "x", "dimensions": "8"}, "dimensions", "must be an integer"),  # no coercion
+        ({"input": "x", "dimensions": True}, "dimensions", "must be an integer"),
+        ({"input": "x", "dimensions": 0}, "dimensions", "must be >= 1"),  # the contract's rule
+        ({"input": "x", "normalize": "yes"}, "normalize", "must be a boolean"),
+        ({"input": "x", "truncation_direction": "up"}, "truncation_direction", "one of"),
+        ({"input": "x", "encoding_format": "hex"}, "encoding_format", "'base64'"),
+        ({"input": "x", "embedding_types": ["int8", "int8"]}, "embedding_types", "distinct"),
+        ({"input": "x", "priority": "urgent"}, "priority", "'interactive'"),
+        ({"input": "x", "chunks": {"size": 4, "more": 1}}, "chunks", '{"size": tokens}'),
+        ({"input": "x", "chunks": {"size": 4}, "embedding_type": "int8"}, "chunks", "float"),
+        ({"input": "x", "prompt": "p", "instruction": "i"}, "prompt", "send one of them"),
+    ],
+)
+def test_openai_embeddings_refusals_name_the_field(body, param, words):
+    e = refusal(embeddings, body)
+    assert e.param == param and words in e.message, e.message
+    assert e.kind == (EMPTY if body["input"] == [] else INVALID)
+
+
+def test_a_body_that_is_not_an_object_or_lacks_a_field():
+    assert "must be a JSON object" in refusal(lambda b: openai.parse_request(b, EMBED), [1]).message
+    assert refusal(embeddings, {}).message == "'input' is required"
+
+
+def rerank_v1(body: dict):
+    return openai.parse_rerank_request({"model": "rerank", **body}, "rerank")
+
+
+def test_rerank_bodies_of_every_api():
+    query, texts, options = rerank_v1({"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1})
+    assert (query, texts, options) == ("q", ["a", "b"], {"top_n": 1, "return_documents": True})
+    assert refusal(rerank_v1, {"query": "q", "documents": ["a"], "top_n": 0}).param == "top_n"
+    assert refusal(rerank_v1, {"query": " ", "documents": ["a"]}).param == "query"
+    e = refusal(rerank_v1, {"query": "q", "documents": ["a"] * (MAX_DOCUMENTS + 1)})
+    assert e.param == "documents" and f"limit of {MAX_DOCUMENTS}" in e.message
+    e = refusal(tei.RerankRequest.parse, {"query": "q", "texts": ["a", 2]})
+    assert e.message == "`texts[1]` must be a string"  # TEI's quotes
+    e = refusal(cohere.RerankRequest.parse, {"query": "q", "documents": []})
+    assert e.kind == EMPTY and e.message == "invalid request: documents cannot be empty"
+    e = refusal(cohere.RerankRequest.parse, {"query": "q", "documents": ["a"], "priority": -1})
+    assert e.param == "priority" and ">= 0" in e.message
+
+
+def test_tei_bodies():
+    asked = tei.EmbedRequest.parse({"inputs": "x", "truncation_direction": "Left"})
+    assert asked.options(normalize=True) == {"truncation_direction": "left", "normalize": True}
+    assert tei.EmbedRequest.parse({"inputs": [1, 2]}).options(False)["token_ids"] is True
+    e = refusal(tei.EmbedRequest.parse, {"inputs": []})
+    assert e.kind == EMPTY and e.message == "`inputs` cannot be empty"
+    e = refusal(tei.EmbedRequest.parse, {"inputs": "x", "truncation_direction": "Up"})
+    assert e.param == "truncation_direction" and "'Left' or 'Right'" in e.message
+    e = refusal(tei.PredictRequest.parse, {"inputs": [["a", "b"]]})  # a pair
+    assert e.param == "inputs"
+    e = refusal(tei.PredictRequest.parse, {"inputs": "a", "parameters": {"top_k": 0}})
+    assert e.message == "`parameters.top_k` must be >= 1"
+    e = refusal(tei.SimilarityRequest.parse, {"inputs": {"source_sentence": "a"}})
+    assert e.message == "`inputs.sentences` is required"
+    assert tei.DecodeRequest.parse({"ids": [1, 2]}).ids == [[1, 2]]
+    assert refusal(tei.TokenizeRequest.parse, {"inputs": [1, 2]}).param == "inputs"
+
+
+def test_cohere_embed_body():
+    asked = cohere.EmbedRequest.parse(
+        {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    )
+    assert asked.text_list == ["ab"] and asked.server_types() == ["float"]
+    asked = cohere.EmbedRequest.parse({"texts": ["a"], "embedding_types": ["base64", "int8"]})
+    assert asked.server_types() == ["float", "int8"]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    e = refusal(cohere.EmbedRequest.parse, {"inputs": [{"content": [image]}]})
+    assert e.message.startswith("invalid request: inputs[0].content") and "images" in e.message
+    e = refusal(cohere.EmbedRequest.parse, {"texts": ["a"], "input_type": "poem"})
+    assert "input_type must be one of ['search_query'" in e.message
+    for both_or_neither in ({"texts": ["a"], "inputs": [{"content": []}]}, {}):
+        e = refusal(cohere.EmbedRequest.parse, both_or_neither)
+        assert e.message == "invalid request: send one of 'texts' and 'inputs'"
+
+
+def test_score_body():
+    asked = score.ScoreRequest.parse({"text_1": "q", "text_2": ["a", "b"]})
+    assert (asked.text_1, asked.text_2) == (["q"], ["a", "b"])
+    assert refusal(score.ScoreRequest.parse, {"text_1": "q", "text_2": []}).param == "text_2"
