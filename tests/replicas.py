@@ -316,3 +316,58 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
         {"prompts": {"query": "Query: ", "document": "Document: "}, "default_prompt_name": None},
     )
     return directory
+
+
+# Qwen3-VL's special tokens as the real vocabulary numbers them; a tiny-vocabulary replica
+# puts them at its end (qwen3_vl's `vocab_size`).
+QWEN3_VL_TOKENS = {
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+}
+
+
+def qwen3_vl(directory: Path, *, vocab_size: int = 1000, seed: int = 6, layers: int = 4) -> Path:
+    """Qwen3-VL-Embedding's layout (`Qwen3VLForConditionalGeneration`: `text_config` and
+    `vision_config`, tensors under `model.language_model.` and `model.visual.`, tied
+    embeddings as the 2B), tiny: text hidden 64 with head_dim 64 (the native CPU attention's
+    size), a 3-block vision tower with DeepStack after each block, 4x4 patches. Below the
+    real vocabulary's size the vision tokens are its last ids."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    tokens = dict(QWEN3_VL_TOKENS)
+    if vocab_size <= max(tokens.values()):
+        tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
+    text = dict(
+        TINY,
+        vocab_size=vocab_size,
+        num_hidden_layers=layers,
+        head_dim=64,
+        rope_theta=5e6,
+        rope_scaling={"rope_type": "default", "mrope_section": [12, 10, 10]},
+        tie_word_embeddings=True,
+    )
+    vision = dict(
+        depth=3,
+        hidden_size=64,
+        num_heads=1,
+        intermediate_size=128,
+        out_hidden_size=64,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0, 1, 2],
+    )
+    config = Qwen3VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens
+    )
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # every norm's scale near 1 (the vision tower's are norm1, norm2)
+        for name, p in model.named_parameters():
+            scale = "norm" in name and name.endswith("weight")
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return Path(directory)

@@ -28,11 +28,96 @@ SUPPORTED_ARCHITECTURES = {
     # Converted cross-encoders: a `score` head of one row on the last token (rerank only).
     "Qwen2ForSequenceClassification": "qwen2",
     "Qwen3ForSequenceClassification": "qwen3",
+    # Qwen3-VL-Embedding / -Reranker: a Qwen3 text model (`text_config`) and a vision tower
+    "Qwen3VLForConditionalGeneration": "qwen3",
+    "Qwen3VLModel": "qwen3",
 }
 
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Qwen3-VL's vision tower (models/vision.py)."""
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int  # the text model's hidden size
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    in_channels: int
+    num_position_embeddings: int
+    deepstack_visual_indexes: tuple[int, ...]
+    hidden_act: str
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> VisionConfig:
+        rope = hf.get("rope_parameters") or {}
+        return cls(
+            depth=hf["depth"],
+            hidden_size=hf["hidden_size"],
+            num_heads=hf["num_heads"],
+            intermediate_size=hf["intermediate_size"],
+            out_hidden_size=hf["out_hidden_size"],
+            patch_size=hf["patch_size"],
+            temporal_patch_size=hf["temporal_patch_size"],
+            spatial_merge_size=hf["spatial_merge_size"],
+            in_channels=hf.get("in_channels", 3),
+            num_position_embeddings=hf["num_position_embeddings"],
+            deepstack_visual_indexes=tuple(hf.get("deepstack_visual_indexes") or ()),
+            hidden_act=hf.get("hidden_act", "gelu_pytorch_tanh"),
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """The values of one patch: channels x temporal_patch x patch x patch."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def merge_unit(self) -> int:
+        """Patches per text token."""
+        return self.spatial_merge_size**2
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """What a multimodal checkpoint adds to its text model: the vision tower, the tokens that
+    stand for images and video in the text, and multimodal rotary's sections (how many of
+    the rotary frequencies turn with time, rows and columns; interleaved: frequency j turns
+    with rows where j % 3 == 1, columns where j % 3 == 2, within three times each section)."""
+
+    vision: VisionConfig
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    mrope_section: tuple[int, int, int]
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> MediaConfig | None:
+        if "vision_config" not in hf:
+            return None
+        text = hf.get("text_config") or {}
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        if not rope.get("mrope_interleaved", True):
+            raise UnsupportedModelError("only interleaved multimodal rotary is implemented")
+        return cls(
+            vision=VisionConfig.from_hf(hf["vision_config"]),
+            image_token_id=hf["image_token_id"],
+            video_token_id=hf["video_token_id"],
+            vision_start_token_id=hf["vision_start_token_id"],
+            mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +143,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
     sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
     adapters: tuple[str, ...] = ()  # task adapters beside the weights (adapters.py, from_dir)
+    media: MediaConfig | None = None  # a multimodal checkpoint's vision side (Qwen3-VL)
 
     @property
     def embedding_size(self) -> int:
@@ -77,6 +163,10 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
         architectures = hf.get("architectures") or []
+        media = MediaConfig.from_hf(hf)
+        if "text_config" in hf:  # a multimodal checkpoint: its text model's own config
+            top = {k: hf[k] for k in ("tie_word_embeddings", "dtype", "torch_dtype") if k in hf}
+            hf = {**hf["text_config"], **top}
         family = next(
             (SUPPORTED_ARCHITECTURES[a] for a in architectures if a in SUPPORTED_ARCHITECTURES),
             None,
@@ -115,6 +205,7 @@ class ModelConfig:
             num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),
             labels=_labels(hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            media=media,
         )
 
 

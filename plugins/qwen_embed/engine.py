@@ -16,7 +16,7 @@ from torch import nn
 
 from . import int8, kernels
 from .adapters import lora_deltas
-from .attention import AttentionSpec, create_backend
+from .attention import AttentionSpec, choose_backend, create_backend
 from .batch import HostResult, finish, flatten, plan_batches, pool
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
@@ -27,7 +27,9 @@ from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
+from .media import MediaForward, MediaText, visual_blocks
 from .models import model_class
+from .models.vision import VisionTower
 from .onednn import NativeBf16Weight, PackedWeight
 from .onednn import available as onednn_available
 from .parallel import RankSpec, TPLauncher, wait_for_device
@@ -153,9 +155,14 @@ def _instantiate(
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                return model_class(config.family)(
+                model = model_class(config.family)(
                     config, tp, backend, planner, head, kernels.load(route.elementwise)
                 )
+                if config.media is not None:
+                    vision = config.media.vision
+                    name, _ = choose_backend(str(device), vision.head_dim, dtype=route.dtype)
+                    model.visual = VisionTower(vision, name, device, dtype)
+                return model
         finally:
             torch.set_default_dtype(previous)
 
@@ -392,6 +399,62 @@ class Encoder:
                 states = rows.numpy()
                 for i, a, b in zip(indices, bounds[:-1], bounds[1:], strict=True):
                     out[i] = states[a:b]
+        return out
+
+    def embed_media(
+        self,
+        texts: Sequence[MediaText],
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """Embed texts with images and video (a multimodal checkpoint: media.py says how a
+        text holds them); float32 [n, dimensions or embedding_size] in input order."""
+        self._check_dimensions(dimensions)
+        pooled = torch.from_numpy(self.pool_media_checked(self.check_media(texts)))
+        return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
+
+    def check_media(self, texts: Sequence[MediaText]) -> list[MediaText]:
+        """Each text's ids (`check_sequence`) and its visuals against its placeholders."""
+        media = self.config.media
+        if media is None:
+            raise ValueError(
+                "this checkpoint has no vision tower: images and video need a multimodal "
+                "checkpoint (Qwen3-VL)"
+            )
+        if self._launcher is not None:
+            raise ValueError("images and video are embedded with tp_size 1")
+        checked = []
+        for i, text in enumerate(texts):
+            ids = self.check_sequence(i, text.ids)
+            try:
+                visual_blocks(text, media)
+                for j, visual in enumerate(text.visuals):
+                    t, h, w = visual.grid
+                    want = (t * h * w, media.vision.patch_dim)
+                    if np.shape(visual.pixels) != want:
+                        raise ValueError(
+                            f"visual {j}: pixels must be {list(want)} for grid {visual.grid}, "
+                            f"got {list(np.shape(visual.pixels))}"
+                        )
+            except ValueError as e:
+                raise ValueError(f"texts[{i}]: {e}") from None
+            checked.append(MediaText(ids, tuple(text.visuals)))
+        return checked
+
+    def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
+        """`embed_media` before truncation and normalisation, for texts that passed
+        `check_media`: forwards planned by the token budget, each running the vision tower
+        once over all of its visuals."""
+        self._require("embed")
+        out = np.empty((len(texts), self.embedding_size), dtype=np.float32)
+        with self._lock:
+            for indices in plan_batches([len(t.ids) for t in texts], self.max_batch_tokens):
+                chosen = [texts[i] for i in indices]
+                media = MediaForward(chosen, self.config.media, self.device)
+                ctx = self.model.planner.plan(*flatten([t.ids for t in chosen]), media=media)
+                pooled = partial(self._pooled, ctx, head=self._embedding_head)
+                out[indices] = self._forward_context(ctx, pooled, None).numpy()
         return out
 
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:

@@ -71,7 +71,7 @@ def _param(*shape: int, loader) -> nn.Parameter:
     return p
 
 
-def _replicated_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+def replicated_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
     _copy(param, full)
 
 
@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.ops = ops
-        self.weight = _param(dim, loader=_replicated_loader)
+        self.weight = _param(dim, loader=replicated_loader)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:

@@ -61,7 +61,10 @@ def _checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, st
 
 
 def _normalise(key: str) -> str:
-    return key[len("model.") :] if key.startswith("model.") else key
+    """A checkpoint key as our modules name it: without "model." (and a multimodal
+    checkpoint's "language_model." before its text model; its tower is `visual.`)."""
+    key = key[len("model.") :] if key.startswith("model.") else key
+    return key[len("language_model.") :] if key.startswith("language_model.") else key
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, deltas: dict | None = None) -> None:

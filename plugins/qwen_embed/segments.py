@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .batch import VarlenBatch, to_device
+
+if TYPE_CHECKING:
+    from .media import MediaForward
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
@@ -303,6 +307,7 @@ class ForwardContext:
     last: AttentionLayout | None  # None: the last layer computes every row
     last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
     plan: SegmentPlan | None  # None: no prefix shared (a plain batch, or late chunking's)
+    media: MediaForward | None = None  # the batch's images and video (media.py)
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         """Each segment's keys/values as `layout` reads them: gathered where its segments
@@ -347,13 +352,18 @@ class Planner:
         self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
 
     def plan(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, every_row: bool = False
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        every_row: bool = False,
+        media: MediaForward | None = None,
     ) -> ForwardContext:
         """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
         forward computes; `every_row`: the final hidden states of every token (per-token
-        vectors), so neither a shared prefix nor the last layer is skipped."""
+        vectors), so neither a shared prefix nor the last layer is skipped. With `media` no
+        prefix is shared (placeholder ids are the same for every image)."""
         plan = None
-        if self.prefix_reuse and not every_row:
+        if self.prefix_reuse and not every_row and media is None:
             ids, bounds = input_ids.numpy(), cu_seqlens.tolist()
             sequences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
             plan = plan_segments(sequences, self.cache, self.device)
@@ -361,9 +371,10 @@ class Planner:
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
             if not self.prune or every_row:
-                return ForwardContext(batch, layout, None, None, None)
+                return ForwardContext(batch, layout, None, None, None, media)
             last = AttentionLayout.for_batch(batch, last_only=True)
-            return ForwardContext(batch, layout, last, batch.cu_seqlens[1:].long() - 1, None)
+            rows = batch.cu_seqlens[1:].long() - 1
+            return ForwardContext(batch, layout, last, rows, None, media)
         batch = VarlenBatch.from_rows(
             plan.input_ids, plan.positions, plan.layout.q_lens, self.device
         )

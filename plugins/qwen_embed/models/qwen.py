@@ -269,6 +269,7 @@ class QwenModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.graphs = None  # cuda_graphs.TokenGraphs, where the route captures them
+        self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
 
     def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
         """Before the weights are repacked: the q|k|v projections cut where the route needs.
@@ -285,26 +286,32 @@ class QwenModel(nn.Module):
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
-        if self.graphs is not None and (hidden := self.graphs.forward(ctx)) is not None:
+        graphs = self.graphs if ctx.media is None else None
+        if graphs is not None and (hidden := graphs.forward(ctx)) is not None:
             return hidden
         self.backend.prepare(ctx.layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
-        x, cos, sin = self.stem(ctx.batch.input_ids, ctx.batch.positions)
+        x, cos, sin = self.stem(ctx.batch.input_ids, ctx.batch.positions, ctx.media)
         return self.layers_from(0, x, None, cos, sin, ctx)
 
-    def stem(self, input_ids: torch.Tensor, positions: torch.Tensor):
-        """(embeddings, rotary cos, sin) of the rows."""
+    def stem(self, input_ids: torch.Tensor, positions: torch.Tensor, media=None):
+        """(embeddings, rotary cos, sin) of the rows; with `media` (media.MediaForward) the
+        visuals' tokens at their placeholders and rotary on three axes."""
         x = self.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
-        return x, cos, sin
+        head_dim, theta = self.config.head_dim, self.config.rope_theta
+        if media is not None:
+            return media.embed(self.visual, x), *media.cos_sin(head_dim, theta, x.dtype)
+        return x, *rotary_cos_sin(positions, head_dim, theta, x.dtype)
 
     def layers_from(self, first: int, x, residual, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         """The layers from `first` on and the final norm (the last layer pruned where ctx says)."""
         last = len(self.layers) - 1
         for i in range(first, last + 1):
-            if i == last and ctx.last is not None:
+            if i == last and ctx.last is not None:  # the pooled rows only: no visual tokens
                 x, residual = self.layers[i](x, residual, cos, sin, ctx, ctx.last, ctx.last_rows)
             else:
                 x, residual = self.layers[i](x, residual, cos, sin, ctx, ctx.layout)
+                if ctx.media is not None:
+                    x = ctx.media.after_layer(i, x)
         return self.norm(x, residual)[0]

@@ -1,0 +1,150 @@
+"""Images and video in a text model's forward (Qwen3-VL): the texts' placeholder tokens become
+the vision tower's tokens, rotary turns with time, rows and columns, and the DeepStack
+features are added to the first layers' outputs at those tokens.
+
+A `MediaText` is a text's token ids with its visuals in the order of their placeholders: an
+image's run of `image_token_id`s, or for a video one run of `video_token_id`s per temporal
+patch (the processor writes a timestamp between them). A forward over such texts
+(`MediaForward`) runs the vision tower once over every visual of the batch, as one flat stream
+of frames.
+
+Multimodal rotary (`mrope_positions`): text tokens take one position on all three axes,
+counting on from the last; a placeholder run of (h, w) merged patches starting at p takes
+(p, p + row, p + column), and the text after it continues at p + max(h, w). For text alone the
+three axes agree and the rotary is the ordinary one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .batch import to_device
+from .config import MediaConfig
+from .models.vision import Grid
+
+
+@dataclass(frozen=True)
+class Visual:
+    """One image or video as the checkpoint's processor gives it: pixels [t * h * w,
+    channels x temporal_patch x patch x patch], the patches of each merge block consecutive."""
+
+    pixels: np.ndarray
+    grid: Grid
+    video: bool = False
+
+
+@dataclass(frozen=True)
+class MediaText:
+    ids: np.ndarray
+    visuals: tuple[Visual, ...] = ()
+
+
+def placeholder_runs(ids: np.ndarray, config: MediaConfig) -> list[tuple[int, int, int]]:
+    """(start, end, token id) of each run of image or video placeholders."""
+    marks = np.isin(ids, (config.image_token_id, config.video_token_id))
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], marks.astype(np.int8), [0]])))
+    return [(int(a), int(b), int(ids[a])) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def visual_blocks(text: MediaText, config: MediaConfig) -> list[tuple[int, int, int, int]]:
+    """(start, end, merged rows, merged columns) of each placeholder run, checked against the
+    text's visuals (ValueError naming what does not match)."""
+    merge = config.vision.spatial_merge_size
+    expected = []
+    for i, visual in enumerate(text.visuals):
+        t, h, w = visual.grid
+        if h % merge or w % merge or t < 1:
+            raise ValueError(f"visual {i}: grid {visual.grid} is not whole merge blocks of {merge}")
+        token = config.video_token_id if visual.video else config.image_token_id
+        if not visual.video and t != 1:
+            raise ValueError(f"visual {i}: an image has one temporal patch, got grid {visual.grid}")
+        expected += [(token, h // merge, w // merge)] * t
+    runs = placeholder_runs(text.ids, config)
+    if len(runs) != len(expected):
+        raise ValueError(
+            f"the text holds {len(runs)} runs of image/video tokens for {len(expected)} "
+            "image blocks and video frames"
+        )
+    blocks = []
+    for (start, end, token), (want, rows, cols) in zip(runs, expected, strict=True):
+        if token != want or end - start != rows * cols:
+            raise ValueError(
+                f"the placeholder run at token {start} has {end - start} tokens; its visual "
+                f"needs {rows * cols}"
+            )
+        blocks.append((start, end, rows, cols))
+    return blocks
+
+
+def mrope_positions(length: int, blocks: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """Positions [length, 3] (time, row, column) of a text with these placeholder blocks."""
+    out = np.empty((length, 3), dtype=np.int64)
+    cursor, at = 0, 0
+    for start, end, rows, cols in [*blocks, (length, length, 0, 0)]:
+        out[at:start] = (cursor + np.arange(start - at))[:, None]
+        cursor += start - at
+        if end > start:
+            r, c = np.divmod(np.arange(rows * cols), cols)
+            out[start:end, 0] = cursor
+            out[start:end, 1] = cursor + r
+            out[start:end, 2] = cursor + c
+            cursor += max(rows, cols)
+        at = end
+    return out
+
+
+def mrope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, section: tuple, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, head_dim // 2] of positions [T, 3], fp32 then cast (as rotary_cos_sin):
+    frequency j turns with rows where j % 3 == 1 and j < 3 * section[1], with columns where
+    j % 3 == 2 and j < 3 * section[2], else with time."""
+    half = head_dim // 2
+    j = torch.arange(half, device=positions.device)
+    axis = torch.zeros(half, dtype=torch.long, device=positions.device)
+    axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+    axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+    inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
+    freqs = positions[:, axis].float() * inv_freq
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+class MediaForward:
+    """A forward batch's visuals: where their tokens go in the flat batch, the batch's
+    positions on three axes, and (once the tower has run, `embed`) the tokens and DeepStack
+    features."""
+
+    def __init__(self, texts: list[MediaText], config: MediaConfig, device):
+        self.config = config
+        self.visuals = [v for text in texts for v in text.visuals]
+        rows, positions, offset = [], [], 0
+        for text in texts:
+            blocks = visual_blocks(text, config)
+            positions.append(mrope_positions(len(text.ids), blocks))
+            rows += [np.arange(offset + a, offset + b) for a, b, _, _ in blocks]
+            offset += len(text.ids)
+        flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])
+        self.rows = to_device(torch.from_numpy(flat_rows), device)
+        self.positions = to_device(torch.from_numpy(np.concatenate(positions)), device)
+        self.deepstack: list[torch.Tensor] = []
+
+    def embed(self, tower, x: torch.Tensor) -> torch.Tensor:
+        """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders."""
+        if not self.visuals:
+            return x
+        pixels = torch.from_numpy(np.concatenate([v.pixels for v in self.visuals]))
+        tokens, self.deepstack = tower(pixels, [v.grid for v in self.visuals])
+        return x.index_copy(0, self.rows, tokens.to(x.dtype))
+
+    def cos_sin(self, head_dim: int, theta: float, dtype: torch.dtype):
+        return mrope_cos_sin(self.positions, head_dim, theta, self.config.mrope_section, dtype)
+
+    def after_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """DeepStack: the layer's output at the visual tokens plus that level's features."""
+        if layer >= len(self.deepstack):
+            return x
+        return x.index_add(0, self.rows, self.deepstack[layer].to(x.dtype))

@@ -1,0 +1,206 @@
+"""Qwen3-VL's vision tower: image and video patches -> the text model's visual tokens, and the
+DeepStack features its first layers add at those tokens.
+
+Images are segments like texts: the patches of every image (and of every frame of a video) of
+a batch travel as one flat stream, each frame attends to its own patches only (bidirectional,
+through the engine's attention backends), and the 2x2 patch merger turns each block of four
+patches into one token of the text model. Patches arrive as the checkpoint's processor lays
+them out: [patches, channels x temporal_patch x patch x patch], the patches of each 2x2 merge
+block consecutive.
+
+Per frame of (h, w) patches: a learned position table (a square grid) resampled bilinearly to
+(h, w) with aligned corners; 2-D rotary on every block's attention (the first half of the
+rotated dimensions turn with the patch's row, the second with its column); after the blocks
+named by `deepstack_visual_indexes`, a merger of their own gives the DeepStack features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend, AttentionSpec, create_backend
+from ..config import VisionConfig
+from ..layers import replicated_loader
+from ..segments import AttentionLayout
+
+Grid = tuple[int, int, int]  # (temporal patches, rows, columns) of patches
+
+
+_ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "silu": F.silu,
+}
+
+
+def patch_coordinates(grid: Grid, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of each patch of a frame, in the processor's order: 2x2 merge blocks row
+    by row, the patches of a block row by row."""
+    _, h, w = grid
+    rows = np.arange(h).reshape(h // merge, merge, 1, 1)
+    cols = np.arange(w).reshape(1, 1, w // merge, merge)
+    rows, cols = np.broadcast_arrays(rows, cols)  # [h/m, m, w/m, m]
+    order = (0, 2, 1, 3)  # block row, block column, row in block, column in block
+    return rows.transpose(order).reshape(-1), cols.transpose(order).reshape(-1)
+
+
+def _bilinear_taps(coord: np.ndarray, length: int, side: int):
+    """Aligned-corner bilinear taps along one axis: `length` points over `side` table rows."""
+    scale = (side - 1) / (length - 1) if length > 1 else 0.0
+    x = coord * scale
+    lo = np.floor(x).astype(np.int64)
+    hi = np.minimum(lo + 1, side - 1)
+    frac = x - lo
+    return lo, hi, 1.0 - frac, frac
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, config: VisionConfig, attention: AttentionBackend):
+        super().__init__()
+        hidden = config.hidden_size
+        self.norm1 = nn.LayerNorm(hidden, eps=1e-6)
+        self.norm2 = nn.LayerNorm(hidden, eps=1e-6)
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(hidden, 3 * hidden)
+        self.attn.proj = nn.Linear(hidden, hidden)
+        self.mlp = nn.Module()
+        self.mlp.linear_fc1 = nn.Linear(hidden, config.intermediate_size)
+        self.mlp.linear_fc2 = nn.Linear(config.intermediate_size, hidden)
+        self.act = _ACTIVATIONS[config.hidden_act]
+        self.heads, self.head_dim = config.num_heads, config.head_dim
+        self.attention = attention
+
+    def forward(self, x, cos, sin, layout: AttentionLayout):
+        q, k, v = self.attn.qkv(self.norm1(x)).view(len(x), 3, self.heads, self.head_dim).unbind(1)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        attended = self.attention.forward(q, k, v.contiguous(), layout)
+        x = x + self.attn.proj(attended.reshape(len(x), -1))
+        return x + self.mlp.linear_fc2(self.act(self.mlp.linear_fc1(self.norm2(x))))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary in fp32 over the whole head (halves rotated against each other)."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class PatchMerger(nn.Module):
+    """Each merge block's patches side by side -> one text-model token. The main merger
+    normalises each patch first; DeepStack's mergers normalise the block (`after_shuffle`)."""
+
+    def __init__(self, config: VisionConfig, after_shuffle: bool):
+        super().__init__()
+        width = config.hidden_size * config.merge_unit
+        self.width, self.after_shuffle = width, after_shuffle
+        self.norm = nn.LayerNorm(width if after_shuffle else config.hidden_size, eps=1e-6)
+        self.linear_fc1 = nn.Linear(width, width)
+        self.linear_fc2 = nn.Linear(width, config.out_hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.view(-1, self.width)) if self.after_shuffle else self.norm(x)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x.view(-1, self.width))))
+
+
+class VisionTower(nn.Module):
+    """Checkpoint names under `visual.` (Qwen3-VL's `model.visual.*`)."""
+
+    def __init__(self, config: VisionConfig, attn_backend: str, device, dtype):
+        super().__init__()
+        self.config = config
+        attention = create_backend(
+            attn_backend,
+            AttentionSpec(
+                num_heads=config.num_heads,
+                num_kv_heads=config.num_heads,
+                head_dim=config.head_dim,
+                causal=False,
+                device=torch.device(device),
+                dtype=dtype,
+            ),
+        )
+        self.attention = attention
+        self.patch_embed = nn.Module()
+        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
+        self.patch_embed.proj = nn.Conv3d(
+            config.in_channels, config.hidden_size, kernel, stride=kernel
+        )
+        self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(config, attention) for _ in range(config.depth))
+        self.merger = PatchMerger(config, after_shuffle=False)
+        self.deepstack_merger_list = nn.ModuleList(
+            PatchMerger(config, after_shuffle=True) for _ in config.deepstack_visual_indexes
+        )
+        for param in self.parameters():  # every rank holds the whole tower
+            param.requires_grad_(False)
+            param.weight_loader = replicated_loader
+        head_quarter = config.head_dim // 4  # frequencies per axis
+        exponents = torch.arange(0, 2 * head_quarter, 2, dtype=torch.float32) / (2 * head_quarter)
+        self.register_buffer("inv_freq", 1.0 / config.rope_theta**exponents, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pos_embed.weight.dtype
+
+    def forward(
+        self, pixels: torch.Tensor, grids: list[Grid]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """pixels [patches, patch_dim] of `grids` in order -> (tokens [patches / merge_unit,
+        out_hidden_size], one DeepStack feature of the same shape per deepstack index)."""
+        config, device = self.config, self.pos_embed.weight.device
+        expected = sum(t * h * w for t, h, w in grids)
+        if pixels.shape != (expected, config.patch_dim):
+            raise ValueError(
+                f"pixels must be [{expected}, {config.patch_dim}] for grids {grids}, "
+                f"got {list(pixels.shape)}"
+            )
+        weight = self.patch_embed.proj.weight
+        x = F.linear(pixels.to(device, self.dtype), weight.view(len(weight), -1))
+        x = x + self.patch_embed.proj.bias
+        rows, cols, taps, tap_weights = self._positions(grids)
+        table = self.pos_embed(taps.to(device)).float()  # [patches, 4, hidden]
+        x = x + (table * tap_weights.to(device)[:, :, None]).sum(1).to(x.dtype)
+        angles = torch.cat(
+            [rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1
+        ).to(device)
+        angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # [patches, 1, head_dim]
+        cos, sin = angles.cos(), angles.sin()
+        frames = [h * w for t, h, w in grids for _ in range(t)]
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(frames)]), dtype=torch.int32)
+        layout = AttentionLayout(
+            tuple(frames), tuple(frames), cu.to(device), cu.to(device), cu, cu, None
+        )
+        self.attention.prepare(layout)
+        features = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, layout)
+            if i in config.deepstack_visual_indexes:
+                merger = self.deepstack_merger_list[config.deepstack_visual_indexes.index(i)]
+                features.append(merger(x))
+        return self.merger(x), features
+
+    def _positions(self, grids: list[Grid]):
+        """Each patch's (row, column) and its four taps into the position table."""
+        merge, side = self.config.spatial_merge_size, int(self.config.num_position_embeddings**0.5)
+        rows, cols, taps, weights = [], [], [], []
+        for grid in grids:
+            t, h, w = grid
+            r, c = patch_coordinates(grid, merge)
+            r0, r1, rw0, rw1 = _bilinear_taps(r, h, side)
+            c0, c1, cw0, cw1 = _bilinear_taps(c, w, side)
+            frame_taps = np.stack([r0 * side + c0, r0 * side + c1, r1 * side + c0, r1 * side + c1])
+            frame_weights = np.stack([rw0 * cw0, rw0 * cw1, rw1 * cw0, rw1 * cw1])
+            rows.append(np.tile(r, t))
+            cols.append(np.tile(c, t))
+            taps.append(np.tile(frame_taps.T, (t, 1)))
+            weights.append(np.tile(frame_weights.T, (t, 1)))
+        return (
+            torch.from_numpy(np.concatenate(rows)).float(),
+            torch.from_numpy(np.concatenate(cols)).float(),
+            torch.from_numpy(np.concatenate(taps)),
+            torch.from_numpy(np.concatenate(weights)).float(),
+        )

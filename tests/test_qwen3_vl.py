@@ -1,0 +1,188 @@
+"""Qwen3-VL checkpoints (Qwen3-VL-Embedding): the vision tower (models/vision.py), images and
+video in the text model's forward (media.py) and the text path, against transformers'
+Qwen3-VL classes on a replica of the published layout (replicas.qwen3_vl)."""
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.qwen3_vl.modeling_qwen3_vl import (
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLVisionModel,
+)
+
+from qwen_embed import Encoder
+from qwen_embed.config import ModelConfig, VisionConfig
+from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
+from qwen_embed.models.vision import VisionTower
+
+from replicas import qwen3_vl
+
+FP32_COSINE, BF16_COSINE = 0.9999, 0.999
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    return qwen3_vl(tmp_path_factory.mktemp("qwen3-vl"))
+
+
+@pytest.fixture(scope="module")
+def media(replica):
+    return ModelConfig.from_dir(replica).media
+
+
+@pytest.fixture(scope="module")
+def reference_model(replica):
+    return Qwen3VLForConditionalGeneration.from_pretrained(replica, dtype=torch.float32).eval()
+
+
+class Texts:
+    """Texts with visuals in Qwen3-VL's form: <vision_start> placeholders <vision_end> per
+    image and per temporal patch of a video (a timestamp's tokens between them)."""
+
+    def __init__(self, media, seed=0):
+        self.media, self.rng = media, np.random.default_rng(seed)
+
+    def visual(self, h, w, t=1):
+        pixels = self.rng.standard_normal((t * h * w, self.media.vision.patch_dim))
+        return Visual(pixels.astype(np.float32), (t, h, w), video=t > 1)
+
+    def text(self, *parts) -> MediaText:
+        m, ids, visuals = self.media, [], []
+        for part in parts:
+            if isinstance(part, Visual):
+                t, h, w = part.grid
+                token = m.video_token_id if part.video else m.image_token_id
+                for frame in range(t):
+                    ids += list(self.rng.integers(5, 900, 2)) if frame else []
+                    ids += [m.vision_start_token_id] + [token] * (h * w // m.vision.merge_unit)
+                    ids += [m.vision_start_token_id + 1]  # vision_end
+                visuals.append(part)
+            else:
+                ids += list(self.rng.integers(5, 900, part))
+        return MediaText(np.array(ids), tuple(visuals))
+
+
+def reference_vector(model, media, text: MediaText) -> np.ndarray:
+    """transformers' Qwen3VLModel, its last token's final hidden state, normalised (the
+    official recipe's pooling)."""
+    ids = torch.tensor(text.ids)[None]
+    types = (ids == media.image_token_id).int() + 2 * (ids == media.video_token_id).int()
+    inputs = {}
+    for kind, video in (("", False), ("_videos", True)):
+        chosen = [v for v in text.visuals if v.video == video]
+        if chosen:
+            inputs[f"pixel_values{kind}"] = torch.from_numpy(
+                np.concatenate([v.pixels for v in chosen])
+            )
+            inputs[f"{'video' if video else 'image'}_grid_thw"] = torch.tensor(
+                [v.grid for v in chosen]
+            )
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
+    return torch.nn.functional.normalize(hidden[0, -1].float(), dim=-1).numpy()
+
+
+def cases(media) -> dict[str, MediaText]:
+    t = Texts(media)
+    return {
+        "text alone": t.text(9),
+        "an image alone": t.text(2, t.visual(4, 6), 2),
+        "text with an image": t.text(12, t.visual(6, 4), 9),
+        "two images": t.text(4, t.visual(4, 4), 3, t.visual(2, 6), 5),
+        "a short video": t.text(5, t.visual(4, 4, t=2), 4),
+    }
+
+
+def test_the_vision_tower_matches_transformers(media):
+    torch.manual_seed(0)
+    from transformers import Qwen3VLConfig
+
+    config = Qwen3VLConfig(
+        vision_config=dict(media.vision.__dict__, deepstack_visual_indexes=[0, 2])
+    )
+    reference = Qwen3VLVisionModel(config.vision_config).eval()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.normal_(0, 0.2)
+    t = Texts(media)
+    visuals = [t.visual(4, 6), t.visual(2, 4, t=2), t.visual(8, 2)]  # frames attend apart
+    pixels = torch.from_numpy(np.concatenate([v.pixels for v in visuals]))
+    grids = [v.grid for v in visuals]
+    with torch.no_grad():
+        want = reference(pixels, grid_thw=torch.tensor(grids))
+    vision = VisionConfig.from_hf(config.vision_config.to_dict())
+    tower = VisionTower(vision, "torch", "cpu", torch.float32)
+    tower.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        tokens, deepstack = tower(pixels, grids)
+    assert tokens.shape == (sum(t * h * w for t, h, w in grids) // 4, vision.out_hidden_size)
+    assert torch.allclose(tokens, want.pooler_output, atol=1e-5)
+    assert len(deepstack) == 2
+    for ours, theirs in zip(deepstack, want.deepstack_features, strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_positions_are_transformers_rope_index(media, reference_model):
+    text = cases(media)["two images"]
+    video = cases(media)["a short video"]
+    for sample in (text, video):
+        ids = torch.tensor(sample.ids)[None]
+        types = (ids == media.image_token_id).int() + 2 * (ids == media.video_token_id).int()
+        grids = {
+            key: torch.tensor([v.grid for v in sample.visuals if v.video == video_])
+            for key, video_ in (("image_grid_thw", False), ("video_grid_thw", True))
+            if any(v.video == video_ for v in sample.visuals)
+        }
+        want, _ = reference_model.model.get_rope_index(ids, types, **grids)
+        ours = mrope_positions(len(sample.ids), visual_blocks(sample, media))
+        assert np.array_equal(ours.T, want[:, 0].numpy())
+
+
+@pytest.mark.server  # whole-model runs against transformers': seconds
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("attn_backend", ["torch", "native"])
+def test_vectors_match_transformers(replica, media, reference_model, dtype, attn_backend):
+    texts = cases(media)
+    want = {name: reference_vector(reference_model, media, t) for name, t in texts.items()}
+    try:
+        encoder = Encoder.from_pretrained(replica, dtype=dtype, attn_backend=attn_backend)
+    except RuntimeError as e:  # the native operator not built for this dtype here
+        pytest.skip(str(e))
+    with encoder:
+        together = encoder.embed_media(list(texts.values()))
+        alone = [encoder.embed_media([t])[0] for t in texts.values()]
+        plain = encoder.embed([texts["text alone"].ids])[0]  # the text path, 1-D rotary
+    floor = FP32_COSINE if dtype == "float32" else BF16_COSINE
+    for (name, vector), batched, single in zip(want.items(), together, alone, strict=True):
+        assert float(vector @ batched) >= floor, name
+        assert float(vector @ single) >= floor, name
+    assert float(want["text alone"] @ plain) >= floor
+    # the pixels matter: the same text with another image is another vector
+    t = Texts(media, seed=1)
+    other = t.text(12, t.visual(6, 4), 9)
+    other = MediaText(texts["text with an image"].ids, other.visuals)
+    with Encoder.from_pretrained(replica, dtype=dtype, attn_backend="torch") as encoder:
+        assert float(encoder.embed_media([other])[0] @ want["text with an image"]) < 0.999
+
+
+def test_media_refusals(replica, media, checkpoint):
+    t = Texts(media)
+    good = t.text(3, t.visual(4, 4), 2)
+    with Encoder.from_pretrained(replica, dtype="float32", attn_backend="torch") as encoder:
+        with pytest.raises(ValueError, match=r"texts\[0\]: the text holds 1 runs .* for 0"):
+            encoder.embed_media([MediaText(good.ids)])
+        wrong_size = Visual(good.visuals[0].pixels, (1, 2, 4))
+        with pytest.raises(ValueError, match="has 4 tokens; its visual needs 2"):
+            encoder.embed_media([MediaText(good.ids, (wrong_size,))])
+        short = Visual(good.visuals[0].pixels[:-1], (1, 4, 4))
+        with pytest.raises(ValueError, match=r"pixels must be \[16, 96\]"):
+            encoder.embed_media([MediaText(good.ids, (short,))])
+        # prefixes are not shared where texts hold images: placeholders are the same ids
+        prefix = list(range(10, 40))
+        texts = [MediaText(np.array(prefix + list(good.ids)), good.visuals)] * 2
+        before = dict(encoder.stats)
+        encoder.embed_media(texts)
+        assert encoder.stats["computed_tokens"] - before["computed_tokens"] == 2 * len(texts[0].ids)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32") as text_only:
+        with pytest.raises(ValueError, match="no vision tower"):
+            text_only.embed_media([good])
