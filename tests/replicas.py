@@ -328,14 +328,20 @@ QWEN3_VL_TOKENS = {
 }
 
 
-def qwen3_vl(directory: Path, *, vocab_size: int = 1000, seed: int = 6, layers: int = 4) -> Path:
+def qwen3_vl(
+    directory: Path, *, vocab_size: int = 1000, seed: int = 6, layers: int = 4, files: bool = False
+) -> Path:
     """Qwen3-VL-Embedding's layout (`Qwen3VLForConditionalGeneration`: `text_config` and
     `vision_config`, tensors under `model.language_model.` and `model.visual.`, tied
     embeddings as the 2B), tiny: text hidden 64 with head_dim 64 (the native CPU attention's
     size), a 3-block vision tower with DeepStack after each block, 4x4 patches. Below the
-    real vocabulary's size the vision tokens are its last ids."""
+    real vocabulary's size the vision tokens are its last ids. `files`: what a server reads
+    besides the weights, as published: Qwen's tokenizer (the real vocabulary, its vision
+    tokens) and preprocessor_config.json."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+    if files:
+        vocab_size = 151936
     tokens = dict(QWEN3_VL_TOKENS)
     if vocab_size <= max(tokens.values()):
         tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
@@ -370,4 +376,16 @@ def qwen3_vl(directory: Path, *, vocab_size: int = 1000, seed: int = 6, layers: 
             scale = "norm" in name and name.endswith("weight")
             p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
     model.save_pretrained(directory)
+    if files:
+        write_tokenizer(Path(directory))
+        processor = {
+            "image_processor_type": "Qwen2VLImageProcessorFast",
+            "patch_size": 4,
+            "temporal_patch_size": 2,
+            "merge_size": 2,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "size": {"shortest_edge": 4096, "longest_edge": 1843200},
+        }
+        _write_json(Path(directory) / "preprocessor_config.json", processor)
     return Path(directory)

@@ -2,6 +2,8 @@
 video in the text model's forward (media.py) and the text path, against transformers'
 Qwen3-VL classes on a replica of the published layout (replicas.qwen3_vl)."""
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -186,3 +188,104 @@ def test_media_refusals(replica, media, checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32") as text_only:
         with pytest.raises(ValueError, match="no vision tower"):
             text_only.embed_media([good])
+
+
+# Through Triton: the tokenizer writes every text in the chat template and resizes the images
+# (serving/images.py), the encoder runs the tower; against the official recipe written here.
+
+
+def image_files() -> dict[str, bytes]:
+    """Small real image files: a PNG and a JPEG of drawn shapes, a PNG with an alpha channel."""
+    from PIL import Image, ImageDraw
+
+    files = {}
+    for name, size, mode, fmt in (
+        ("png", (90, 60), "RGB", "PNG"),
+        ("jpeg", (48, 120), "RGB", "JPEG"),
+        ("alpha", (70, 70), "RGBA", "PNG"),
+    ):
+        image = Image.new(mode, size, (30, 90, 160) + ((128,) if mode == "RGBA" else ()))
+        draw = ImageDraw.Draw(image)
+        draw.ellipse((5, 5, size[0] // 2, size[1] // 2), fill=(250, 200, 20))
+        draw.rectangle((size[0] // 3, size[1] // 2, size[0] - 4, size[1] - 4), fill=(20, 160, 60))
+        out = io.BytesIO()
+        image.save(out, fmt)
+        files[name] = out.getvalue()
+    return files
+
+
+def official_vector(model, model_dir, text: str, images: list[bytes]) -> np.ndarray:
+    """Qwen3-VL-Embedding's recipe with transformers: the chat template with the default
+    instruction, images resized and patched by Qwen2-VL's image processor within the
+    script's pixel budget, the last token's final hidden state, normalised."""
+    from PIL import Image
+    from tokenizers import Tokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    inputs, pad = {}, ""
+    if images:
+        processor = Qwen2VLImageProcessorPil(
+            patch_size=4,
+            merge_size=2,
+            temporal_patch_size=2,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+            size={"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32},
+        )
+        pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+        features = processor(images=pil, return_tensors="pt")
+        inputs = {
+            "pixel_values": features["pixel_values"],
+            "image_grid_thw": features["image_grid_thw"],
+        }
+        pad = "".join(
+            "<|vision_start|>" + "<|image_pad|>" * (int(g.prod()) // 4) + "<|vision_end|>"
+            for g in features["image_grid_thw"]
+        )
+    prompt = (
+        "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n"
+        f"{pad}{text}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = torch.tensor(Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(prompt).ids)[
+        None
+    ]
+    types = (ids == 151655).int()
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
+    return torch.nn.functional.normalize(hidden[0, -1].float(), dim=-1).numpy()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from qwen_embed_deploy.repository import render
+    from qwen_embed_deploy.triton import TritonServer
+
+    where = tmp_path_factory.mktemp("qwen3-vl-served")
+    model_dir = qwen3_vl(where / "model", files=True)
+    repo = render(where / "repo", {"embed": model_dir}, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield model_dir, server
+
+
+@pytest.mark.server
+def test_images_through_triton_match_the_official_recipe(served):
+    from qwen_embed_client import EmbeddingClient
+
+    model_dir, server = served
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    files = image_files()
+    cases = [
+        ("a query about a yellow circle", []),
+        ("", [files["png"]]),
+        ("a chart with a legend", [files["jpeg"]]),
+        ("two pictures", [files["png"], files["alpha"]]),
+    ]
+    want = np.stack([official_vector(model, model_dir, t, im) for t, im in cases])
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with EmbeddingClient(url, protocol=protocol) as client:
+            got = client.embed([t for t, _ in cases], images=[im for _, im in cases])
+        cosines = (got * want).sum(axis=1)
+        assert cosines.min() >= FP32_COSINE, (protocol, cosines)
+    assert float(want[1] @ want[2]) < 0.999  # the images tell the vectors apart

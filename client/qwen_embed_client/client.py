@@ -25,6 +25,7 @@ from .contract import (
     ensemble_steps,
     model_fingerprint,
     pack_ids,
+    pack_images,
     priority_level,
     read_facts,
 )
@@ -190,20 +191,27 @@ class AsyncEmbeddingClient:
         *,
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
+        images: list[list[bytes]] | None = None,
         **options,
     ) -> EmbeddingResult:
         """`priority`: "interactive" (the server's default) or "bulk" (served after every
         waiting interactive request); `headers` go with every Triton request (e.g. a W3C
-        `traceparent`); the other options are the server's request parameters. With
-        `token_ids=True`, `texts` are lists of the model's own token ids."""
+        `traceparent`); `images` (a multimodal model): per text, its image files (PNG, JPEG,
+        ...; the text may then be ""); the other options are the server's request
+        parameters. With `token_ids=True`, `texts` are lists of the model's own token ids."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
         level = priority_level(priority)
         if not texts:
             raise ValueError("texts must not be empty")
-        chunks = await self._split(
-            len(texts), lambda s, a, b: self._send(s, texts[a:b], opts, level, headers)
-        )
+        if images is not None and len(images) != len(texts):
+            raise ValueError(f"images must hold a list per text ({len(texts)}), got {len(images)}")
+
+        def send(server, a, b):
+            batch = None if images is None else images[a:b]
+            return self._send(server, texts[a:b], opts, level, headers, batch)
+
+        chunks = await self._split(len(texts), send)
         kinds = opts.embedding_type.split(",")  # as asked: the first is `embeddings`
         by_type = {k: np.concatenate([c[0][k] for c in chunks]) for k in kinds}
         return EmbeddingResult(
@@ -419,9 +427,15 @@ class AsyncEmbeddingClient:
         inp.set_data_from_numpy(data)
         return inp
 
-    async def _send(self, server: _Server, texts: list, opts: EmbedOptions, priority, headers):
-        inp = self._text_input(texts, opts)
-        result = await self._infer(server, self.model, [inp], opts.parameters(), priority, headers)
+    async def _send(
+        self, server: _Server, texts: list, opts: EmbedOptions, priority, headers, images=None
+    ):
+        inputs = [self._text_input(texts, opts)]
+        if images is not None and any(images):
+            data = np.array([[pack_images(list(files))] for files in images], dtype=np.object_)
+            inputs.append(self._module.InferInput("IMAGES", [len(texts), 1], "BYTES"))
+            inputs[-1].set_data_from_numpy(data)
+        result = await self._infer(server, self.model, inputs, opts.parameters(), priority, headers)
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
         before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it

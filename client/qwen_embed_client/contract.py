@@ -53,6 +53,12 @@ MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may
 MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
 # What one per_token request may return (its TOKEN_EMBEDDING, padded to its longest text).
 MAX_TOKEN_VECTOR_BYTES = 64 * 2**20
+# Images (a multimodal checkpoint): per text, in the request's IMAGES input (pack_images),
+# each an encoded file (PNG, JPEG, WebP, ...) of at most MAX_IMAGE_BYTES, decoded only up to
+# MAX_DECODED_PIXELS (then resized to the checkpoint's pixel budget).
+MAX_IMAGES_PER_TEXT = 16
+MAX_IMAGE_BYTES = 20 * 2**20
+MAX_DECODED_PIXELS = 64 * 2**20
 # What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
 # documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
 MAX_INPUTS = 2048
@@ -473,11 +479,15 @@ def _elements(raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str) -
 
 
 def decode_texts(
-    raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str = "TEXT"
+    raw: np.ndarray,
+    max_texts: int,
+    max_text_bytes: int,
+    name: str = "TEXT",
+    may_be_empty: frozenset[int] = frozenset(),
 ) -> list[str]:
     """A BYTES input [n, 1] -> n strings. Refuses n = 0, n > max_texts, texts longer than
     max_text_bytes (checked before tokenizing, so a huge text costs nothing), invalid UTF-8,
-    NUL characters and empty texts."""
+    NUL characters and empty texts (but those in `may_be_empty`: texts with images)."""
     texts = []
     for i, item in enumerate(_elements(raw, max_texts, max_text_bytes, name)):
         try:
@@ -490,7 +500,7 @@ def decode_texts(
             raise RequestError(
                 f"input '{name}[{i}]' contains a NUL character (byte {item.index(0)})"
             )
-        if not text.strip():
+        if not text.strip() and i not in may_be_empty:
             raise RequestError(f"input '{name}[{i}]' is empty or only whitespace")
         texts.append(text)
     return texts
@@ -510,6 +520,69 @@ def decode_id_lists(
             )
         lists.append(np.frombuffer(item, dtype="<i4"))
     return lists
+
+
+def pack_images(images: list[bytes]) -> bytes:
+    """A text's images for the IMAGES input (one BYTES element per text; b"" for none):
+    int32 count, int32 byte length of each, then the files one after another."""
+    if not images:
+        return b""
+    head = np.array([len(images), *(len(b) for b in images)], dtype="<i4").tobytes()
+    return head + b"".join(images)
+
+
+def unpack_images(blob: bytes, index: int, name: str = "IMAGES") -> list[bytes]:
+    """pack_images' files back, refusing more than MAX_IMAGES_PER_TEXT images, a file over
+    MAX_IMAGE_BYTES and a malformed element (checked before anything is decoded)."""
+    if not blob:
+        return []
+    where = f"input '{name}[{index}]'"
+    count = int(np.frombuffer(blob[:4], "<i4")[0]) if len(blob) >= 4 else -1
+    if not 0 < count <= MAX_IMAGES_PER_TEXT:
+        raise RequestError(
+            f"{where} must hold 1 to {MAX_IMAGES_PER_TEXT} images (pack_images), got {count}"
+        )
+    if len(blob) < 4 * (count + 1):
+        raise RequestError(f"{where} is not packed images (pack_images)")
+    sizes = np.frombuffer(blob[4 : 4 * (count + 1)], "<i4")
+    if (sizes <= 0).any() or 4 * (count + 1) + int(sizes.sum()) != len(blob):
+        raise RequestError(f"{where} is not packed images (pack_images)")
+    big = np.flatnonzero(sizes > MAX_IMAGE_BYTES)
+    if big.size:
+        raise RequestError(
+            f"{where} image {int(big[0])} is {int(sizes[big[0]])} bytes, more than the limit "
+            f"of {MAX_IMAGE_BYTES} bytes per image"
+        )
+    ends = 4 * (count + 1) + np.cumsum(sizes)
+    return [blob[int(b - n) : int(b)] for n, b in zip(sizes, ends, strict=True)]
+
+
+def pack_media(images: list[np.ndarray]) -> bytes:
+    """A text's images for the encoder (MEDIA, one BYTES element per text; b"" for none),
+    each resized RGB uint8 [height, width, 3]: int32 count, (height, width) of each, then
+    their pixels."""
+    if not images:
+        return b""
+    head = np.array([len(images)] + [d for im in images for d in im.shape[:2]], "<i4")
+    return head.tobytes() + b"".join(np.ascontiguousarray(im, np.uint8).tobytes() for im in images)
+
+
+def unpack_media(blob: bytes, index: int) -> list[np.ndarray]:
+    """pack_media's images back (views of the element's bytes)."""
+    if not blob:
+        return []
+    count = int(np.frombuffer(blob[:4], "<i4")[0]) if len(blob) >= 4 else 0
+    shapes = np.frombuffer(blob[4 : 4 + 8 * count], "<i4").reshape(-1, 2) if count > 0 else None
+    if shapes is None or len(shapes) != count or (shapes <= 0).any():
+        raise RequestError(f"input 'MEDIA[{index}]' is not packed images (pack_media)")
+    ends = 4 + 8 * count + np.cumsum(shapes[:, 0] * shapes[:, 1] * 3)
+    if int(ends[-1]) != len(blob):
+        raise RequestError(f"input 'MEDIA[{index}]' is not packed images (pack_media)")
+    pixels = np.frombuffer(blob, np.uint8)
+    return [
+        pixels[int(end) - h * w * 3 : int(end)].reshape(h, w, 3)
+        for (h, w), end in zip(shapes.tolist(), ends, strict=True)
+    ]
 
 
 def pack_ids(ids) -> bytes:

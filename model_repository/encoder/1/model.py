@@ -2,7 +2,8 @@
 
 Parameter `task`: "embed" answers EMBEDDING [n, dim] (or the compact type's output; with the
 tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]; with FINISH's per_token,
-TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states), or for a sequence classifier
+TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states; with the tokenizer's MEDIA, a
+multimodal checkpoint's texts with their images), or for a sequence classifier
 (task "classify") LOGITS [n, labels]; "rerank" (the
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head."""
 
@@ -18,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.batch import finish, plan_requests
 from qwen_embed.chunking import check_chunks
+from qwen_embed.media import MediaText, Visual
 from qwen_embed_client.contract import (
     MAX_TOKEN_VECTOR_BYTES,
     RequestError,
@@ -26,6 +28,7 @@ from qwen_embed_client.contract import (
     stack_ragged,
     unpack_chunks,
     unpack_ids,
+    unpack_media,
 )
 from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed_deploy.serving.config import (
@@ -34,6 +37,7 @@ from qwen_embed_deploy.serving.config import (
     model_parameters,
     resolve_model_dir,
 )
+from qwen_embed_deploy.serving.images import ImageSettings, patchify
 
 _NOT_EMBEDDING = "parameter '{}' needs an embedding model; this one is a sequence classifier"
 
@@ -65,6 +69,7 @@ class TritonPythonModel:
         model_dir = resolve_model_dir(serving.model_dir, settings.task)
         self.encoder = Encoder.from_pretrained(model_dir, settings.replace(device=device))
         self.task = self.encoder.task
+        self.image_settings = ImageSettings.from_dir(model_dir)
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device
         pb_utils.Logger.log_info(f"{instance}: {self.encoder.route.describe()}; {where}")
@@ -88,6 +93,7 @@ class TritonPythonModel:
         accepted = []  # (index, options, token id arrays)
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
+        with_media = []  # (index, options, media.MediaText): texts with images, one call
         for i, request in enumerate(requests):
             if request.is_cancelled():  # the client gave up while it queued: skip the work
                 self.metrics.cancelled.increment(1)
@@ -105,23 +111,27 @@ class TritonPythonModel:
                     raise RequestError(_NOT_EMBEDDING.format("chunk_size' or 'chunk_spans"))
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
+                media = self._media(request, seqs)
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
-            if chunks is not None:
+            if media is not None:
+                with_media.append((i, opts, media))
+            elif chunks is not None:
                 chunked.append((i, opts, chunks))
             elif opts is not None and opts.per_token:
                 per_token.append((i, opts, seqs))
             else:
                 accepted.append((i, opts, seqs))
-        if not accepted and not chunked and not per_token:
+        if not accepted and not chunked and not per_token and not with_media:
             return None
-        unanswered = {i for i, _, _ in accepted + chunked + per_token}
+        unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media}
         # Every metric moves before the answers it covers leave: a client that reads the
         # metrics after its response sees its own request.
         all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
-        all_seqs += [t.ids for _, _, texts in chunked for t in texts]
-        self.metrics.observe_batch(len(accepted) + len(chunked) + len(per_token), all_seqs)
+        all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
+        requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
+        self.metrics.observe_batch(requests_in, all_seqs)
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
@@ -158,6 +168,18 @@ class TritonPythonModel:
                     rows = self._ragged_rows(states[start : start + len(seqs)], opts)
                     start += len(seqs)
                     outputs = [pb_utils.Tensor("TOKEN_EMBEDDING", rows)]
+                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
+                    unanswered.discard(i)
+            if with_media:  # one call: the vision tower runs once per forward's images
+                texts = [t for _, _, media in with_media for t in media]
+                started = time.perf_counter()
+                rows = self.encoder.pool_media_checked(texts)
+                self.metrics.seconds.observe(time.perf_counter() - started)
+                self.metrics.count([t.ids for t in texts])
+                start = 0
+                for i, opts, media in with_media:
+                    outputs = self._outputs(rows[start : start + len(media)], opts)
+                    start += len(media)
                     answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
                     unanswered.discard(i)
         except EncoderBroken as e:
@@ -235,6 +257,19 @@ class TritonPythonModel:
             check_chunks(j, seq, spans, tail)
             for j, (seq, (tail, spans)) in enumerate(zip(seqs, parsed, strict=True))
         ]
+
+    def _media(self, request, seqs):
+        """The texts with their images (media.MediaText) when the tokenizer sent any."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "MEDIA")
+        blobs = [] if tensor is None else tensor.as_numpy().reshape(-1)
+        images = [unpack_media(b, j) for j, b in enumerate(blobs)]
+        if not any(images):
+            return None
+        if self.task != "embed" or len(images) != len(seqs):
+            raise RequestError("input 'MEDIA' needs an embedding model and one element per text")
+        visuals = [[Visual(*patchify(rgb, self.image_settings)) for rgb in im] for im in images]
+        texts = [MediaText(seq, tuple(v)) for seq, v in zip(seqs, visuals, strict=True)]
+        return self.encoder.check_media(texts)
 
     def _ragged_rows(self, per_text, opts):
         """Per-text vectors (chunks', tokens') -> [n, most rows, dim], each finished with the

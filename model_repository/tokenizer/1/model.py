@@ -1,6 +1,7 @@
 """Triton adapter for the tokenizer step of both ensembles (parameter `task`):
 embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed_deploy.serving.tokenizer), and for
-a direct call the TOKENS or DECODED views;
+a direct call the TOKENS or DECODED views; for a multimodal checkpoint every text in its chat
+template, with the images of IMAGES resized and sent on as MEDIA (serving/images.py);
 rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank)."""
 
 import json
@@ -11,6 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from qwen_embed_client.contract import (
+    MAX_DECODED_PIXELS,
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
     RequestError,
@@ -20,7 +22,9 @@ from qwen_embed_client.contract import (
     finish_rows,
     pack_chunks,
     pack_ids,
+    pack_media,
     stack_ragged,
+    unpack_images,
 )
 from qwen_embed_deploy.host import gpu_count
 from qwen_embed_deploy.placement import read_topology, tokenizer_placement
@@ -29,6 +33,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_checkpoint,
     tokenizer_settings,
 )
+from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
 from qwen_embed_deploy.serving.rerank import PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts
 
@@ -53,6 +58,7 @@ class TritonPythonModel:
         else:
             self.tokenizer = TextTokenizer(model_dir, max_tokens, settings.truncation_direction)
             self._tokenize = self._texts
+            self.image_settings = ImageSettings.from_dir(model_dir)
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
             name="qwen_embed_tokenize_seconds",
@@ -74,6 +80,10 @@ class TritonPythonModel:
         opts.check_model(self.embedding_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
+        images = pb_utils.get_input_tensor_by_name(request, "IMAGES")
+        blobs = [] if images is None else list(images.as_numpy().reshape(-1))
+        if self.tokenizer.chat is not None or any(blobs):
+            return self._chat(raw, blobs, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
             ids, counts = self.tokenizer.encode_ids(lists, opts)
@@ -106,7 +116,55 @@ class TritonPythonModel:
             decoded = [[a.encode(), b.encode()] for a, b in self.tokenizer.decode(ids)]
             extra.append(pb_utils.Tensor("DECODED", np.array(decoded, dtype=np.object_)))
         counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
-        return ids, [pb_utils.Tensor("INPUT_TOKENS", counts), *extra]
+        none = np.array([[b""]] * len(ids), dtype=np.object_)  # the encoder step waits for it
+        return ids, [
+            pb_utils.Tensor("INPUT_TOKENS", counts),
+            pb_utils.Tensor("MEDIA", none),
+            *extra,
+        ]
+
+    def _chat(self, raw, blobs, opts):
+        """A multimodal checkpoint's texts, with the images of IMAGES (`blobs`: one element
+        per text), in its chat template; MEDIA carries each text's resized images to the
+        encoder."""
+        if blobs and len(blobs) != raw.size:
+            raise RequestError(
+                f"input 'IMAGES' must hold one element per text ({raw.size}), got {len(blobs)}"
+            )
+        files = [unpack_images(b, i) for i, b in enumerate(blobs)] or [[]] * raw.size
+        if any(files) and self.tokenizer.chat is None:
+            raise RequestError("input 'IMAGES' holds images, and this model reads text only")
+        if any(files) and (opts.token_ids or opts.chunked or opts.per_token):
+            raise RequestError(
+                "input 'IMAGES' goes with texts: not with token_ids, chunks or per_token"
+            )
+        if opts.token_ids or opts.chunked:
+            raise RequestError(
+                "parameters 'token_ids', 'chunk_size' and 'chunk_spans' are not available "
+                "for a multimodal model, whose texts are written in its chat template"
+            )
+        with_images = frozenset(i for i, f in enumerate(files) if f)
+        texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_images)
+        images = [
+            [self._image(i, j, data) for j, data in enumerate(f)] for i, f in enumerate(files)
+        ]
+        tokens = [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
+        ids, counts = self.tokenizer.encode_media(texts, tokens, opts)
+        media = np.array([[pack_media(im)] for im in images], dtype=np.object_)
+        counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
+        none = np.array([[b""]] * len(ids), dtype=np.object_)
+        return ids, [
+            pb_utils.Tensor("INPUT_TOKENS", counts),
+            pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(ids))),
+            pb_utils.Tensor("CHUNKS", none),
+            pb_utils.Tensor("MEDIA", media),
+        ]
+
+    def _image(self, text, index, data):
+        try:
+            return resized(decode(data, MAX_DECODED_PIXELS), self.image_settings)
+        except ValueError as e:
+            raise RequestError(f"input 'IMAGES[{text}]' image {index} {e}") from None
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)

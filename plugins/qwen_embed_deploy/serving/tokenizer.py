@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from qwen_embed.config import ModelConfig
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
     MAX_CHUNKS,
@@ -85,6 +87,31 @@ class PromptSet:
             return self.instruction_prompt(instruction)
         name = prompt_name if prompt_name is not None else self.default_name
         return self.prompts[name] if name is not None else ""
+
+
+# Qwen3-VL-Embedding's script: the instruction is the system turn (a full stop added where it
+# ends without punctuation); the user turn holds the images, then the text.
+DEFAULT_MEDIA_INSTRUCTION = "Represent the user's input."
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How a multimodal checkpoint's texts are written (Qwen3-VL-Embedding's script): every
+    text, with images or without, in one chat turn after the instruction, ending where the
+    assistant's answer would begin."""
+
+    image_token: str = "<|image_pad|>"
+
+    def before(self, instruction: str, image_tokens: list[int]) -> str:
+        instruction = instruction.strip()
+        if instruction and unicodedata.category(instruction[-1])[0] != "P":
+            instruction += "."
+        images = "".join(
+            f"<|vision_start|>{self.image_token * n}<|vision_end|>" for n in image_tokens
+        )
+        return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{images}"
+
+    after: str = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -149,6 +176,11 @@ class TextTokenizer:
         self.max_input_tokens = max_input_tokens
         self.truncation_direction = truncation_direction
         self.prompts = PromptSet.from_dir(model_dir)
+        # A multimodal checkpoint writes every text in its chat template; its prompts (where
+        # it names any) are instructions.
+        self.chat = ChatTemplate() if ModelConfig.from_dir(model_dir).media else None
+        if self.chat is not None and self.prompts.source == "Qwen3-Embedding's prompts":
+            self.prompts = PromptSet({}, None, "Qwen3-VL's chat template")
         self._head, self._tail = special_tokens(self._tok, model_dir)
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
@@ -260,6 +292,38 @@ class TextTokenizer:
             chunks.append(TextChunks(spans + e.first, chars, len(self._tail)))
             counts.append(e.input_tokens)
         return all_ids, chunks, counts
+
+    def encode_media(
+        self, texts: list[str], image_tokens: list[list[int]], opts: EmbedOptions
+    ) -> tuple[list[list[int]], list[int]]:
+        """Ids and input token counts of texts written in the checkpoint's chat template with
+        their images' placeholders (`image_tokens`: each image's count); a text too long
+        loses its own tokens only (the template and images stay whole)."""
+        if self.chat is None:
+            raise RequestError("input 'IMAGES' holds images, and this model reads text only")
+        if opts.prompt_name is not None:
+            instruction = self.prompts.prompts[opts.prompt_name]
+        else:
+            instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
+        after, extra = self.chat.after, len(self._head) + len(self._tail)
+        out, counts = [], []
+        for i, (text, images) in enumerate(zip(texts, image_tokens, strict=True)):
+            before = self.chat.before(instruction, images) + (opts.prompt or "")
+            fixed = len(self._tok.encode(before + after, add_special_tokens=False).ids)
+            own = self._tok.encode(text, add_special_tokens=False)
+            budget = self._limit(opts) - extra - fixed
+            if budget < 0:
+                raise RequestError(
+                    f"input 'IMAGES[{i}]' takes {fixed + extra} tokens with the template, "
+                    f"more than the limit of {self._limit(opts)}"
+                )
+            cut = self._cut(i, len(own.ids), budget, opts)
+            kept = own.offsets[cut]
+            text = text[kept[0][0] : kept[-1][1]] if kept else ""
+            ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
+            out.append(self._head + ids + self._tail)
+            counts.append(fixed + extra + len(own.ids))
+        return out, counts
 
     def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
         """Per text, its Encoded; with `offsets` (late chunking only: it costs a Python tuple

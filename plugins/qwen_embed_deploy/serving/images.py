@@ -1,0 +1,123 @@
+"""Image bytes -> the vision tower's patches, as Qwen3-VL-Embedding's own scripts prepare them
+(numpy and Pillow only: this runs in the tokenizer's processes, beside the GPU worker).
+
+An image is decoded (PNG, JPEG, WebP, GIF's first frame, ...), converted to RGB, resized to
+whole merge blocks within a pixel budget keeping its aspect ratio (`fit`: each side rounded to
+a multiple of patch x merge, the area scaled into [min_pixels, max_pixels]; bicubic), scaled to
+[0, 1], normalised with the checkpoint's mean and std, and cut into patches in the order the
+tower reads them: merge blocks row by row, each block's patches row by row, each patch its
+channels x temporal_patch (the frame repeated) x patch x patch values.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+# Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
+# 32 x 32 block of pixels), whatever the processor's own defaults say.
+MIN_PIXELS = 4 * 32 * 32
+MAX_PIXELS = 1800 * 32 * 32
+MAX_ASPECT = 200  # longest side / shortest side, as the processor allows
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
+        """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
+        and std); the pixel budget is the embedding script's unless `changes` give one."""
+        path = Path(model_dir) / "preprocessor_config.json"
+        hf = json.loads(path.read_text()) if path.is_file() else {}
+        known = {
+            "patch_size": hf.get("patch_size"),
+            "temporal_patch_size": hf.get("temporal_patch_size"),
+            "merge_size": hf.get("merge_size"),
+            "mean": tuple(hf["image_mean"]) if "image_mean" in hf else None,
+            "std": tuple(hf["image_std"]) if "image_std" in hf else None,
+        }
+        return cls(**{k: v for k, v in known.items() if v is not None}, **changes)
+
+    @property
+    def factor(self) -> int:
+        """Pixels per side of one text-model token."""
+        return self.patch_size * self.merge_size
+
+
+def fit(height: int, width: int, settings: ImageSettings) -> tuple[int, int]:
+    """The size an image is resized to: whole merge blocks, within the pixel budget."""
+    factor = settings.factor
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise ValueError(f"is {width}x{height}: the aspect ratio must be at most {MAX_ASPECT}")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > settings.max_pixels:
+        beta = math.sqrt(height * width / settings.max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < settings.min_pixels:
+        beta = math.sqrt(settings.min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def decode(data: bytes, max_decoded_pixels: int) -> Image.Image:
+    """Image bytes -> an RGB image; ValueError for what cannot be read or is too large to
+    decode (checked from the header, before the pixels are decoded)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            if image.width * image.height > max_decoded_pixels:
+                raise ValueError(
+                    f"is {image.width}x{image.height}, more than the limit of "
+                    f"{max_decoded_pixels} pixels"
+                )
+            image.load()
+    except ValueError:
+        raise
+    except (OSError, Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ValueError(f"is not a readable image ({type(e).__name__}: {e})") from None
+    return image.convert("RGB")
+
+
+def resized(image: Image.Image, settings: ImageSettings) -> np.ndarray:
+    """An RGB image at the size `fit` gives it: uint8 [height, width, 3] (the tokenizer's
+    part, what travels to the encoder)."""
+    height, width = fit(image.height, image.width, settings)
+    return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC), dtype=np.uint8)
+
+
+def patchify(rgb: np.ndarray, settings: ImageSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """A resized image uint8 [height, width, 3] -> (pixels [patches, 3 x temporal_patch x
+    patch x patch] float32, grid (1, rows, columns) of patches): the encoder's part."""
+    x = rgb.astype(np.float32) / 255.0
+    x = (x - np.asarray(settings.mean, np.float32)) / np.asarray(settings.std, np.float32)
+    p, m, t = settings.patch_size, settings.merge_size, settings.temporal_patch_size
+    rows, cols = rgb.shape[0] // p, rgb.shape[1] // p
+    if rows * p != rgb.shape[0] or cols * p != rgb.shape[1] or rows % m or cols % m:
+        raise ValueError(f"an image of {rgb.shape[:2]} pixels is not whole merge blocks")
+    # [H, W, C] -> (block row, block column, row in block, column in block, C, py, px)
+    x = x.reshape(rows // m, m, p, cols // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, p, p))
+    return np.ascontiguousarray(x).reshape(rows * cols, 3 * t * p * p), (1, rows, cols)
+
+
+def tokens_of(rgb: np.ndarray, settings: ImageSettings) -> int:
+    """The text model's tokens of a resized image (its placeholders)."""
+    return rgb.shape[0] * rgb.shape[1] // settings.factor**2
