@@ -339,6 +339,12 @@ def test_cohere_sdk_rerank_and_errors(stack):
         assert status == 400 and field in answer["message"] and answer["id"], (body, answer)
 
 
+# A 1x1 PNG (the smallest real image file).
+ONE_PIXEL_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
+)
+
+
 def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
     server, base = stack
     api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
@@ -359,6 +365,14 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
         api.embeddings.create(input=[[1, 2**40]], model="embed")  # past int32: the gateway's
     with pytest.raises(openai.BadRequestError, match="prompts and chunks are for texts"):
         api.embeddings.create(input=[ids], model="embed", extra_body={"prompt_name": "query"})
+    # an image for a model that reads text only: refused by the server, naming IMAGES
+    png = "data:image/png;base64," + base64.b64encode(ONE_PIXEL_PNG).decode()
+    image = {"type": "image_url", "image_url": {"url": png}}
+    with pytest.raises(
+        openai.BadRequestError, match="'IMAGES' holds images, and this model reads text only"
+    ) as e:
+        api.embeddings.create(input=[[{"type": "text", "text": "x"}, image]], model="embed")
+    assert e.value.body["param"] == "input"
     # truncation reported per text: the SDK keeps the extension fields
     long_text = "word " * 300
     response = api.embeddings.create(input=[TEXTS[0], long_text], model="embed")

@@ -2,7 +2,9 @@
 video in the text model's forward (media.py) and the text path, against transformers'
 Qwen3-VL classes on a replica of the published layout (replicas.qwen3_vl)."""
 
+import base64
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -289,3 +291,81 @@ def test_images_through_triton_match_the_official_recipe(served):
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= FP32_COSINE, (protocol, cosines)
     assert float(want[1] @ want[2]) < 0.999  # the images tell the vectors apart
+
+
+def data_url(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
+@pytest.mark.server
+def test_images_through_the_gateway_with_openai_and_cohere(served):
+    import cohere
+    import httpx
+    import openai
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    files = image_files()
+    png, jpeg = data_url(files["png"]), data_url(files["jpeg"], "jpeg")
+    want_png = official_vector(model, model_dir, "", [files["png"]])
+    want_chart = official_vector(model, model_dir, "a chart with a legend", [files["jpeg"]])
+    image_part = {"type": "image_url", "image_url": {"url": png}}
+    chart = [
+        {"type": "text", "text": "a chart with a legend"},
+        {"type": "image_url", "image_url": {"url": jpeg}},
+    ]
+    with gateway_process(server) as base:
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        answer = api.embeddings.create(model="embed", input=[[image_part], chart])
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert float(got[0] @ want_png) >= FP32_COSINE
+        assert float(got[1] @ want_chart) >= FP32_COSINE
+        # vLLM's form: one conversation, its user turn the input
+        body = {"model": "embed", "messages": [{"role": "user", "content": chart}]}
+        vllm = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60).json()
+        assert float(np.array(vllm["data"][0]["embedding"]) @ want_chart) >= FP32_COSINE
+
+        co = cohere.ClientV2(base_url=base, api_key="unused")
+        inputs = [{"content": chart}, {"content": [image_part]}]
+        by_inputs = co.embed(
+            model="embed", inputs=inputs, input_type="search_document", embedding_types=["float"]
+        )
+        by_images = co.embed(
+            model="embed", images=[png], input_type="image", embedding_types=["float"]
+        )
+        got = np.array(by_inputs.embeddings.float_, dtype=np.float32)
+        assert float(got[0] @ want_chart) >= FP32_COSINE
+        assert float(got[1] @ want_png) >= FP32_COSINE
+        assert float(np.array(by_images.embeddings.float_[0]) @ want_png) >= FP32_COSINE
+
+        # Bad input: a 400 naming the field, for that request only.
+        too_many = [{"type": "image_url", "image_url": {"url": png}}] * 17
+        for bad, words in [
+            (
+                [[{"type": "image_url", "image_url": {"url": data_url(b"not an image")}}]],
+                "readable image",
+            ),
+            (
+                [[{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]],
+                "remote",
+            ),
+            ([too_many], "more than the limit of 16"),
+            ([[{"type": "audio", "audio": "x"}]], "content parts"),
+        ]:
+            with pytest.raises(openai.BadRequestError, match=words) as e:
+                api.embeddings.create(model="embed", input=bad)
+            assert e.value.body["param"] == "input", e.value.body
+
+        def one(i):
+            if i % 3 == 2:  # a broken image among good requests
+                bad = [[{"type": "image_url", "image_url": {"url": data_url(b"GIF89a broken")}}]]
+                with pytest.raises(openai.BadRequestError):
+                    api.embeddings.create(model="embed", input=bad)
+                return None
+            return api.embeddings.create(model="embed", input=[chart]).data[0].embedding
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = [a for a in pool.map(one, range(6)) if a is not None]
+        assert all(float(np.array(a) @ want_chart) >= FP32_COSINE for a in answers)

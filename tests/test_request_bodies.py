@@ -2,12 +2,13 @@
 hold, each refusal naming its field in the API's words, and the mapping onto the request
 contract. The routes themselves, against a real server: test_gateway.py, test_drop_in_apis.py."""
 
+import asyncio
 import typing
 
 import pytest
 
 from qwen_embed_client.contract import MAX_DOCUMENTS, MAX_INPUTS, EmbedOptions
-from qwen_embed_client.gateway import cohere, openai, score, tei
+from qwen_embed_client.gateway import cohere, media, openai, score, tei
 from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
 
 EMBED = ("embed",)
@@ -75,7 +76,7 @@ def test_openai_embeddings_refusals_name_the_field(body, param, words):
 
 def test_a_body_that_is_not_an_object_or_lacks_a_field():
     assert "must be a JSON object" in refusal(lambda b: openai.parse_request(b, EMBED), [1]).message
-    assert refusal(embeddings, {}).message == "'input' is required"
+    assert refusal(embeddings, {}).message == "send one of 'input' and 'messages'"
 
 
 def rerank_v1(body: dict):
@@ -119,17 +120,58 @@ def test_cohere_embed_body():
     asked = cohere.EmbedRequest.parse(
         {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     )
-    assert asked.text_list == ["ab"] and asked.server_types() == ["float"]
+    assert [[p.text for p in item] for item in asked.items] == [["a", "b"]]
+    assert asked.server_types() == ["float"]
     asked = cohere.EmbedRequest.parse({"texts": ["a"], "embedding_types": ["base64", "int8"]})
-    assert asked.server_types() == ["float", "int8"]
+    assert asked.items == ["a"] and asked.server_types() == ["float", "int8"]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
-    e = refusal(cohere.EmbedRequest.parse, {"inputs": [{"content": [image]}]})
-    assert e.message.startswith("invalid request: inputs[0].content") and "images" in e.message
+    asked = cohere.EmbedRequest.parse({"inputs": [{"content": [image]}]})
+    assert asked.items[0][0].image_url.url == image["image_url"]["url"]
+    asked = cohere.EmbedRequest.parse({"images": ["data:image/png;base64,AA=="]})
+    assert asked.items[0][0].image_url.url == "data:image/png;base64,AA=="
+    e = refusal(cohere.EmbedRequest.parse, {"inputs": [{"content": [{"type": "audio"}]}]})
+    assert e.message.startswith("invalid request: inputs[0].content[0]"), e.message
     e = refusal(cohere.EmbedRequest.parse, {"texts": ["a"], "input_type": "poem"})
     assert "input_type must be one of ['search_query'" in e.message
-    for both_or_neither in ({"texts": ["a"], "inputs": [{"content": []}]}, {}):
+    for both_or_neither in ({"texts": ["a"], "images": ["data:,"]}, {}):
         e = refusal(cohere.EmbedRequest.parse, both_or_neither)
-        assert e.message == "invalid request: send one of 'texts' and 'inputs'"
+        assert e.message == "invalid request: send one of 'texts', 'inputs' and 'images'"
+
+
+def test_openai_content_parts_and_messages():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    inputs, options, *_ = embeddings({"input": ["plain", [{"type": "text", "text": "t"}, image]]})
+    assert inputs[0] == "plain" and [p.type for p in inputs[1]] == ["text", "image_url"]
+    assert options == {}
+    body = {
+        "messages": [
+            {"role": "system", "content": "Find the chart."},
+            {"role": "user", "content": [image]},
+        ]
+    }
+    inputs, options, *_ = embeddings(body)
+    assert [p.type for p in inputs[0]] == ["image_url"]
+    assert options == {"instruction": "Find the chart."}
+    e = refusal(embeddings, {"input": "x", "messages": body["messages"]})
+    assert e.message == "send one of 'input' and 'messages'"
+    e = refusal(embeddings, {"input": [[image]], "chunks": {"size": 4}})
+    assert e.param == "chunks"
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("data:image/png;base64,@@", "not valid base64"),
+        ("data:image/png,plain", "must be base64"),
+        ("ftp://example.com/a.png", "must be a data URL"),
+        ("https://example.com/a.png", "remote image URLs are not allowed"),
+    ],
+)
+def test_image_urls(url, words):
+    with pytest.raises(APIError, match=words) as e:
+        asyncio.run(media.image_bytes(url, "input[0]", allow_remote=False))
+    assert e.value.param == "input"
+    assert asyncio.run(media.image_bytes("data:image/png;base64,QUJD", "x", False)) == b"ABC"
 
 
 def test_score_body():

@@ -4,6 +4,7 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
     [--rerank-model-name rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
+    [--allow-remote-images]
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def create_app(
     otlp_endpoint: str | None = None,
     batch_dir: Path | None = None,
     batch_settings: BatchSettings | None = None,
+    allow_remote_images: bool = False,
 ) -> FastAPI:
-    """The gateway; `batch_dir` None turns the Batch API off."""
+    """The gateway; `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
+    http(s) image URLs (else only data URLs are taken)."""
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
@@ -81,6 +84,7 @@ def create_app(
         rerank_model_name=rerank_model_name,
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
+        allow_remote_images=allow_remote_images,
     )
     app.state.batches = None
     if batch_dir is not None:
@@ -162,6 +166,12 @@ def main() -> None:
         help="lines answered together, and redone after a restart",
     )
     p.add_argument(
+        "--allow-remote-images",
+        action="store_true",
+        help="fetch http(s) image URLs in requests (a multimodal model); otherwise images "
+        "come as data URLs only",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
@@ -175,6 +185,7 @@ def main() -> None:
         api_keys=tuple(args.api_key or _env_keys()),
         rerank_model_name=args.rerank_model_name or None,
         otlp_endpoint=args.otlp_endpoint or None,
+        allow_remote_images=args.allow_remote_images,
         batch_dir=Path(args.batch_dir) if args.batch_dir else None,
         batch_settings=BatchSettings(
             max_file_bytes=args.batch_max_file_bytes,

@@ -132,7 +132,7 @@ def distinct(kind):
 
 def token_ids(items: list) -> bool:
     """Whether validated `Inputs` are token id lists."""
-    return isinstance(items[0], list)
+    return isinstance(items[0], list) and isinstance(items[0][0], int)
 
 
 def contract_options(options: type, names: tuple[str, ...]) -> dict:

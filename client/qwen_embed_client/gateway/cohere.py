@@ -4,9 +4,10 @@ and the RAG frameworks built on it speak. Errors are Cohere's {"id", "message"}.
 `input_type` picks the checkpoint's prompt: a prompt named like the input type if the
 checkpoint has one; else search_query -> the `query` prompt, search_document -> the `document`
 prompt (no prompt if the checkpoint has none), classification and clustering -> the query
-prompt with the task Qwen3-Embedding's evaluation uses for them (INPUT_TYPE_TASKS); without
-`input_type`, the checkpoint's default prompt. Cohere's `priority` (0 first) maps 0 to the
-interactive level and anything higher to bulk.
+prompt with the task Qwen3-Embedding's evaluation uses for them (INPUT_TYPE_TASKS), image ->
+the model's default; without `input_type`, the checkpoint's default prompt. Cohere's
+`priority` (0 first) maps 0 to the interactive level and anything higher to bulk. A
+multimodal model takes images: `image_url` parts in `inputs`, or `images` (media.py).
 
 Extension: `text_tokens`, per text {tokens, input_tokens, truncated} (the SDK's models keep
 unknown fields).
@@ -24,14 +25,15 @@ from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
-from .bodies import Body, NonBlank, Text, Texts, at_most, described, distinct
+from .bodies import Body, NonBlank, Text, Texts, at_most, distinct
 from .common import check_model, embed, encode_value, text_usage
 from .errors import STATUS, APIError, backend_error, json_body, options_checked, rerank_checked
+from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_images
 from .state import gateway, respond
 
 router = APIRouter(tags=["cohere"])
 
-INPUT_TYPES = ("search_query", "search_document", "classification", "clustering")
+INPUT_TYPES = ("search_query", "search_document", "classification", "clustering", "image")
 INPUT_TYPE_PROMPTS = {"search_query": "query", "search_document": "document"}
 INPUT_TYPE_TASKS = {
     "classification": "Classify the given text",
@@ -49,27 +51,21 @@ class CohereBody(Body):
     QUOTE, PREFIX = "{}", "invalid request: "
 
 
-class TextPart(CohereBody):
-    type: Literal["text"]
-    text: Text
-
-
 class Input(CohereBody):
-    content: described(
-        list[TextPart],
-        'must be a list of {"type": "text", "text": ...} parts (images are not supported)',
-    )
+    content: Parts  # text parts and (a multimodal model) image_url parts
 
 
 Priority = Annotated[int, Field(ge=0)]  # 0 first
 
 
 class EmbedRequest(CohereBody):
-    """POST /v2/embed: `texts`, or `inputs` whose content is text parts only."""
+    """POST /v2/embed: `texts`, `inputs` of content parts, or (a multimodal model) `images`
+    as data URLs, one vector each."""
 
     model: str | None = None
     texts: Texts | None = None
     inputs: Annotated[list[Input], at_most(MAX_INPUTS)] | None = None
+    images: Annotated[list[str], at_most(MAX_INPUTS)] | None = None
     input_type: Literal[INPUT_TYPES] | None = None
     truncate: Literal[tuple(TRUNCATE)] = "END"
     output_dimension: int | None = None
@@ -79,15 +75,18 @@ class EmbedRequest(CohereBody):
 
     @model_validator(mode="after")
     def _one_input_field(self):
-        if (self.texts is None) == (self.inputs is None):
-            raise PydanticCustomError("one_of", "send one of 'texts' and 'inputs'")
+        if [self.texts, self.inputs, self.images].count(None) != 2:
+            raise PydanticCustomError("one_of", "send one of 'texts', 'inputs' and 'images'")
         return self
 
     @property
-    def text_list(self) -> list[str]:
+    def items(self) -> list:
+        """Texts, or lists of content parts (media.py), one per vector."""
         if self.texts is not None:
             return self.texts
-        return ["".join(p.text for p in item.content) for item in self.inputs]
+        if self.images is not None:
+            return [[ImagePart(type="image_url", image_url=ImageURL(url=u))] for u in self.images]
+        return [item.content for item in self.inputs]
 
     def server_types(self) -> list[str]:
         """The server's types that give the asked ones: `base64`, the float vectors' bytes,
@@ -119,7 +118,9 @@ def prompt_options(input_type: str | None, prompt_names: list[str]) -> dict:
     name = INPUT_TYPE_PROMPTS.get(input_type)
     if name is not None:
         return {"prompt_name": name} if name in prompt_names else {}
-    return {"instruction": INPUT_TYPE_TASKS[input_type]}
+    if input_type in INPUT_TYPE_TASKS:
+        return {"instruction": INPUT_TYPE_TASKS[input_type]}
+    return {}  # image: the model's own default
 
 
 @router.post("/v2/embed")
@@ -127,7 +128,9 @@ async def embed_v2(request: Request):
     gw = gateway(request)
     asked = EmbedRequest.parse(await json_body(request))
     check_model(asked.model, gw.model_names)
-    texts, kinds = asked.text_list, asked.server_types()
+    texts, kinds, images = asked.items, asked.server_types(), None
+    if has_parts(texts):
+        texts, images = await texts_and_images(texts, "inputs", gw.allow_remote_images)
     options = {**TRUNCATE[asked.truncate], **_priority(asked.priority)}
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
@@ -139,7 +142,8 @@ async def embed_v2(request: Request):
     except APIError as e:
         e.message = f"invalid request: {e.message}"
         raise
-    result = await embed(gw, texts, options, kinds, ("dimensions", "max_tokens"))
+    params = ("dimensions", "max_tokens") + (("inputs",) if images else ())
+    result = await embed(gw, texts, options, kinds, params, images=images)
     embeddings = {}
     for kind in asked.embedding_types:
         vectors = result.by_type["float" if kind == "base64" else kind]

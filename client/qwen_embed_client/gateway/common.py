@@ -19,12 +19,19 @@ def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
 
 
-async def embed(gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",)):
+async def embed(
+    gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",), images=None
+):
     """Every type asked for from one computation of the vectors, in one Triton request per
-    chunk of the inputs (the client splits), with the API's own errors."""
+    chunk of the inputs (the client splits), with the API's own errors; `images`: each
+    input's image files (a multimodal model)."""
     try:
         return await gw.client.embed_with_usage(
-            inputs, **options, embedding_type=",".join(kinds), headers=gw.outgoing()
+            inputs,
+            **options,
+            embedding_type=",".join(kinds),
+            headers=gw.outgoing(),
+            images=images,
         )
     except EmbeddingError as e:
         raise backend_error(e, params) from e

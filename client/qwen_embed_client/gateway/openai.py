@@ -12,17 +12,18 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, ConfigDict, create_model
+from pydantic import AfterValidator, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, EmbedOptions, priority_level
 from .bodies import (
     Body,
-    Inputs,
     NonBlank,
     Text,
+    TokenIds,
     at_most,
+    batch,
     contract_options,
     described,
     distinct,
@@ -43,6 +44,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
+from .media import Message, Parts, has_parts, texts_and_images
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -58,6 +60,15 @@ EXTENSION_OPTIONS = (
 
 # `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
 ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
+MediaInputs = Annotated[
+    described(
+        Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts],
+        "must be a string, a list of strings, the model's token ids (a list of integers), a "
+        "list of such lists (not a mix of texts and ids), or a list of inputs each a string "
+        'or a list of content parts ({"type": "text", ...}, {"type": "image_url", ...})',
+    ),
+    AfterValidator(batch),
+]
 
 router = APIRouter(tags=["openai"])
 
@@ -103,7 +114,10 @@ class _Embeddings(Body):
     the contract (EmbeddingsRequest)."""
 
     model: str | None = None
-    input: Inputs
+    # texts or token ids; for a multimodal model also inputs of content parts (media.py), or
+    # vLLM's `messages` (one input, its system turn the instruction)
+    input: MediaInputs | None = None
+    messages: Annotated[list[Message], Field(min_length=1, max_length=2)] | None = None
     encoding_format: Literal[ENCODINGS] = "float"
     embedding_type: Literal[EMBEDDING_TYPES] | None = None
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
@@ -117,9 +131,33 @@ class _Embeddings(Body):
         | None
     ) = None
 
+    @model_validator(mode="after")
+    def _one_input_field(self):
+        if (self.input is None) == (self.messages is None):
+            raise PydanticCustomError("one_of", "send one of 'input' and 'messages'")
+        return self
+
+    @property
+    def inputs(self) -> list:
+        """Texts, token id lists, or content part lists (one per vector)."""
+        if self.input is not None:
+            return self.input
+        users = [m.content for m in self.messages if m.role == "user"]
+        if len(users) != 1:
+            raise invalid("'messages' must hold one user message (and a system one)", "messages")
+        return users
+
     def options(self) -> dict:
         options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
-        if token_ids(self.input):  # the model's own token ids, as vLLM takes them
+        system = [m.content for m in self.messages or () if m.role == "system"]
+        if system:
+            if not isinstance(system[0], str) or "instruction" in options:
+                raise invalid(
+                    "the system message is the instruction: a string, and no 'instruction'",
+                    "messages",
+                )
+            options["instruction"] = system[0]
+        if token_ids(self.inputs):  # the model's own token ids, as vLLM takes them
             options["token_ids"] = True
         if isinstance(self.chunks, ChunkSize):
             options["chunk_size"] = self.chunks.size
@@ -164,7 +202,10 @@ def parse_request(
     request = EmbeddingsRequest.parse(body)
     check_model(request.model, served_model)
     encoding, kinds, keyed = request.kinds()
-    return request.input, request.options(), encoding, kinds, keyed
+    inputs = request.inputs
+    if has_parts(inputs) and request.chunks is not None:
+        raise invalid("'chunks' are for texts, not inputs with images", "chunks")
+    return inputs, request.options(), encoding, kinds, keyed
 
 
 class Document(Body):
@@ -239,7 +280,11 @@ async def embeddings_body(gw, body: object) -> dict:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
         return await _chunk_embeddings(gw, inputs, options, encoding)
-    result = await embed(gw, inputs, options, kinds)
+    images = None
+    if has_parts(inputs):
+        inputs, images = await texts_and_images(inputs, "input", gw.allow_remote_images)
+    params = ("dimensions",) if images is None else ("dimensions", "input")
+    result = await embed(gw, inputs, options, kinds, params, images=images)
     data = []
     for i in range(len(inputs)):
         entry = {"object": "embedding", "index": i}

@@ -28,6 +28,7 @@ class Gateway:
     rerank_model_name: str | None
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
+    allow_remote_images: bool = False  # fetch http(s) image URLs (media.py)
     created: int = field(default_factory=lambda: int(time.time()))
     _facts: tuple[float, dict] | None = None
 

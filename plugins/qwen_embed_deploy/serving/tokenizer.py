@@ -11,7 +11,8 @@ The prompts a checkpoint defines are read as sentence-transformers reads them (`
 `config_sentence_transformers.json` names prompts (`{"prompts": {"query": "...", ...},
 "default_prompt_name": ...}`); sentence-transformers prepends the chosen one to every text, and so
 do we. A sentence-transformers checkpoint without that file (a `modules.json` alone, as
-pplx-embed ships) has no prompts; a bare transformers checkpoint gets Qwen3-Embedding's.
+pplx-embed ships) has no prompts, nor has a multimodal one (its texts are written in its chat
+template); a bare transformers checkpoint gets Qwen3-Embedding's.
 `instruction` fills the task slot of the model's own query prompt (`Instruct: {task}\\nQuery:`
 plus whatever the model puts after it); a raw `prompt` is a literal prefix for everything else.
 """
@@ -51,6 +52,8 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
+            if ModelConfig.from_dir(model_dir).media is not None:
+                return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
                 return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
             return cls(dict(QWEN3_EMBEDDING_PROMPTS), None, "Qwen3-Embedding's prompts")
@@ -179,8 +182,6 @@ class TextTokenizer:
         # A multimodal checkpoint writes every text in its chat template; its prompts (where
         # it names any) are instructions.
         self.chat = ChatTemplate() if ModelConfig.from_dir(model_dir).media else None
-        if self.chat is not None and self.prompts.source == "Qwen3-Embedding's prompts":
-            self.prompts = PromptSet({}, None, "Qwen3-VL's chat template")
         self._head, self._tail = special_tokens(self._tok, model_dir)
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
