@@ -369,3 +369,32 @@ def test_images_through_the_gateway_with_openai_and_cohere(served):
         with ThreadPoolExecutor(6) as pool:
             answers = [a for a in pool.map(one, range(6)) if a is not None]
         assert all(float(np.array(a) @ want_chart) >= FP32_COSINE for a in answers)
+
+
+@pytest.mark.server
+def test_the_cli_embeds_a_text_with_images(served, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    model_dir, server = served
+    files = image_files()
+    (tmp_path / "a.png").write_bytes(files["png"])
+    (tmp_path / "b.jpg").write_bytes(files["jpeg"])
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "two pictures"]
+    command += ["--image", str(tmp_path / "a.png"), "--image", str(tmp_path / "b.jpg")]
+    run = subprocess.run(
+        command + ["--url", server.grpc_url], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    (row,) = [json.loads(line) for line in run.stdout.splitlines()]
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    want = official_vector(model, model_dir, "two pictures", [files["png"], files["jpeg"]])
+    assert float(np.array(row["embedding"]) @ want) >= FP32_COSINE
+    missing = subprocess.run(
+        command[:5] + ["--image", str(tmp_path / "none.png"), "--url", server.grpc_url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode != 0 and "none.png" in missing.stderr

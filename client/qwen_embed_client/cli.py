@@ -5,6 +5,7 @@ qwen-embed embed --input texts.jsonl -o vectors.npy       # or a text file, or -
 qwen-embed embed --input big.jsonl -o out/                # shards, resumed after Ctrl-C
 qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSONL of chunks
 qwen-embed embed "a query" --per-token                    # a vector per token: JSONL
+qwen-embed embed "a caption" --image photo.jpg             # a multimodal model: text + image
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT
@@ -83,6 +84,9 @@ def progress(done: int, total: int) -> None:
 
 
 def cmd_embed(args, client: EmbeddingClient) -> None:
+    if args.image:
+        embed_with_images(args, client)
+        return
     texts, ids = read_records(args)
     if not texts:
         raise EmbeddingError("no texts given (arguments, --input FILE, or stdin)")
@@ -121,6 +125,23 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
         if show:
             progress(min(len(texts), start + step), len(texts))
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
+
+
+def embed_with_images(args, client: EmbeddingClient) -> None:
+    """One input of a multimodal model: the image files of --image and the text given (or
+    none), one vector."""
+    if args.input or len(args.texts) > 1:
+        raise EmbeddingError("--image goes with one input: at most one text, no --input")
+    try:
+        files = [Path(path).read_bytes() for path in args.image]
+    except OSError as e:
+        raise EmbeddingError(f"--image: {e}") from None
+    options = options_from_flags(EmbedOptions, args)
+    if options.pop("chunk_size") is not None or options.pop("per_token"):
+        raise EmbeddingError("--image takes neither --chunk-size nor --per-token")
+    texts = list(args.texts) or [""]
+    result = client.embed_with_usage(texts, images=[files], priority=args.priority, **options)
+    write_vectors(args.output, result.embeddings, result.token_counts)
 
 
 def write_jsonl(args, lines: list[str]) -> None:
@@ -251,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's queue level (default: bulk with --input, else interactive)",
     )
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="an image file (a multimodal model), repeatable: embeds one input, these images "
+        "and the text given",
+    )
     r = sub.add_parser("rerank", parents=[common], help="score documents against a query")
     r.add_argument("query")
     r.add_argument("documents", help="text file (one document per line), .jsonl, or - for stdin")
