@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-startup gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-startup gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -88,6 +88,11 @@ test-gpu: setup-gpu
 
 perf-engine: setup
 	$(PY) perf/bench_engine.py --model-dir $(DEMO_DIR) --dtype $(DTYPE)
+
+# Inputs with an image each on a small Qwen3-VL replica (built on first use), vs transformers.
+perf-images: setup
+	tag=$(CPU_TAG) && $(PY) perf/bench_engine.py --images 32 --batch-size 8 \
+		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_images-$$tag
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)

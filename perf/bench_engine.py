@@ -4,14 +4,16 @@
 
 Workloads (seeded, `--workloads`): "mixed" = 80% texts of 16-64 tokens and 20% of 256-1024, in
 random order; "uniform" = every text the same length; "short" = queries of 8-40 tokens; "long" =
-texts of 2,048-4,096 tokens. Token ids are drawn uniformly from the BPE vocabulary and end with
-<|endoftext|>, like the tokenizer's output (compute does not depend on which ids).
-transformers runs Qwen3Model/Qwen2Model with SDPA attention on left-padded batches of 32 in
-input order and takes the last position (Qwen3-Embedding's recipe); beside it, as
-sentence-transformers batches, texts sorted by length (longest first) in batches of each
-`--sorted-batch-sizes`. The engine gets the whole list at once. All must agree (cosine) so the
-comparison is of equal work. On a GPU the run also times the model's linear layers alone
-(F.linear: cuBLAS) at the engine's batch rows, the bound the engine's tokens/s is a fraction of.
+texts of 2,048-4,096 tokens. `--images N`: inputs with an image each, Qwen3-VL, through
+`Encoder.embed_media` and transformers' Qwen3VLModel (images/s and tokens/s). Token ids are
+drawn uniformly from the BPE vocabulary and end with <|endoftext|>, like the tokenizer's output
+(compute does not depend on which ids). transformers runs Qwen3Model/Qwen2Model with SDPA
+attention on left-padded batches of 32 in input order and takes the last position
+(Qwen3-Embedding's recipe); beside it, as sentence-transformers batches, texts sorted by length
+(longest first) in batches of each `--sorted-batch-sizes`. The engine gets the whole list at
+once. All must agree (cosine) so the comparison is of equal work. On a GPU the run also times
+the model's linear layers alone (F.linear: cuBLAS) at the engine's batch rows, the bound the
+engine's tokens/s is a fraction of.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -101,6 +104,154 @@ def linear_bound(config: ModelConfig, rows: int, dtype: torch.dtype, device, rep
     return rows / timed(layers, reps)[0]
 
 
+# --images: a small Qwen3-VL replica of the real patch and merge sizes (random weights).
+VL_TEXT = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    rope_theta=5e6,
+    rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20]},
+    tie_word_embeddings=True,
+)
+VL_VISION = dict(
+    depth=4,
+    hidden_size=1024,
+    num_heads=16,
+    intermediate_size=4096,
+    out_hidden_size=1024,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=2304,
+    deepstack_visual_indexes=[1, 2, 3],
+)
+IMAGE_SIZES = [(224, 224), (320, 240), (448, 336), (512, 384)]
+
+
+def vl_replica(path: Path) -> Path:
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    if not (path / "config.json").is_file():
+        config = Qwen3VLConfig(
+            text_config=VL_TEXT, vision_config=VL_VISION, tie_word_embeddings=True
+        )
+        torch.manual_seed(0)
+        Qwen3VLForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def image_workload(n: int, seed: int, media) -> list:
+    """n inputs: Qwen3-VL-Embedding's template around 16-64 text tokens and one image of a
+    size from IMAGE_SIZES (random pixels, resized and patched as the server does)."""
+    from PIL import Image
+
+    from qwen_embed.media import MediaText, Visual
+    from qwen_embed_deploy.serving.images import ImageSettings, patchify, resized
+
+    rng = np.random.default_rng(seed)
+    settings = ImageSettings()
+    texts = []
+    for i in range(n):
+        w, h = IMAGE_SIZES[i % len(IMAGE_SIZES)]
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        pixels, grid = patchify(resized(image, settings), settings)
+        pads = grid[1] * grid[2] // 4
+        words = rng.integers(0, 151000, int(rng.integers(16, 65))).tolist()
+        ids = [151644] + words[:4] + [151645, 151644, 151652] + [media.image_token_id] * pads
+        ids += [151653] + words[4:] + [151645, 151644, ENDOFTEXT_ID]
+        texts.append(MediaText(np.array(ids), (Visual(pixels, grid),)))
+    return texts
+
+
+def transformers_media(model, texts: list, batch_size: int, image_token: int) -> np.ndarray:
+    """Qwen3VLModel on left-padded batches, the last position pooled (the official script)."""
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(texts), batch_size):
+            chunk = texts[i : i + batch_size]
+            width = max(len(t.ids) for t in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros(len(chunk), width, dtype=torch.long)
+            for row, t in enumerate(chunk):
+                ids[row, width - len(t.ids) :] = torch.from_numpy(t.ids)
+                mask[row, width - len(t.ids) :] = 1
+            visuals = [v for t in chunk for v in t.visuals]
+            hidden = model.model(
+                input_ids=ids,
+                attention_mask=mask,
+                mm_token_type_ids=(ids == image_token).int(),
+                pixel_values=torch.from_numpy(np.concatenate([v.pixels for v in visuals])),
+                image_grid_thw=torch.tensor([v.grid for v in visuals]),
+            ).last_hidden_state[:, -1]
+            out.append(F.normalize(hidden.float(), dim=-1).numpy())
+    return np.concatenate(out)
+
+
+def images_main(args) -> None:
+    """--images: inputs with one image each through Encoder.embed_media and transformers."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model_dir = vl_replica(Path(args.model_dir))
+    dtype = getattr(torch, args.dtype)
+    encoder = Encoder.from_pretrained(model_dir, dtype=args.dtype, attn_backend=args.attn_backend)
+    reference = Qwen3VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation="sdpa"
+    ).eval()
+    media = encoder.config.media
+    texts = image_workload(args.images, args.seed, media)
+    tokens = sum(len(t.ids) for t in texts)
+    encoder.embed_media(texts[:2])  # warm-up
+    engine_s, ours = timed(lambda: encoder.embed_media(texts), args.reps)
+    hf_s, theirs = timed(
+        lambda: transformers_media(reference, texts, args.batch_size, media.image_token_id), 1
+    )
+    row = {
+        "inputs": len(texts),
+        "tokens": tokens,
+        "patches": sum(len(t.visuals[0].pixels) for t in texts),
+        "engine_images_per_s": len(texts) / engine_s,
+        "engine_tokens_per_s": tokens / engine_s,
+        "transformers_images_per_s": len(texts) / hf_s,
+        "ratio": hf_s / engine_s,
+        "min_cosine": float((ours * theirs).sum(1).min()),
+    }
+    print(json.dumps(row), flush=True)
+    record = new_record(dtype=args.dtype, device="cpu", model=str(model_dir), results=[row])
+    notes = [
+        f"model: a Qwen3-VL replica (random weights): text {VL_TEXT['num_hidden_layers']} "
+        f"layers hidden {VL_TEXT['hidden_size']}, vision {VL_VISION['depth']} blocks hidden "
+        f"{VL_VISION['hidden_size']}, patch 16, merge 2; dtype {args.dtype}",
+        f"inputs: one image each of {IMAGE_SIZES} pixels in turn and 16-64 text tokens in "
+        "Qwen3-VL-Embedding's template; transformers: Qwen3VLModel, SDPA, left-padded "
+        f"batches of {args.batch_size}, one run; engine: embed_media on the whole list, best "
+        f"of {args.reps}",
+        f"route: {encoder.route.describe()}",
+    ]
+    header = ["inputs", "tokens", "patches", "engine images/s", "engine tok/s"]
+    header += ["transformers images/s", "engine / transformers", "min cosine"]
+    table = markdown_table(
+        header,
+        [
+            [
+                row["inputs"],
+                row["tokens"],
+                row["patches"],
+                f"{row['engine_images_per_s']:.2f}",
+                f"{row['engine_tokens_per_s']:.0f}",
+                f"{row['transformers_images_per_s']:.2f}",
+                f"{row['ratio']:.2f}x",
+                f"{row['min_cosine']:.6f}",
+            ]
+        ],
+    )
+    write_report(args.out, record, "Engine vs transformers: inputs with images", notes, table)
+    encoder.close()
+
+
 def timed(fn, reps: int) -> tuple[float, np.ndarray]:
     best, result = float("inf"), None
     for _ in range(reps):
@@ -128,7 +279,16 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "engine_vs_transformers"))
+    p.add_argument(
+        "--images",
+        type=int,
+        help="N inputs with an image each on a small Qwen3-VL replica (built at --model-dir "
+        "if missing) instead of the text workloads",
+    )
     args = p.parse_args()
+    if args.images:
+        images_main(args)
+        return
 
     dtype = getattr(torch, args.dtype)
     graphs = {} if args.cuda_graph_tokens is None else {"cuda_graph_tokens": args.cuda_graph_tokens}

@@ -38,6 +38,9 @@ class UnsupportedModelError(ValueError):
     pass
 
 
+Grid = tuple[int, int, int]  # an image's or video's (temporal patches, rows, columns) of patches
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """Qwen3-VL's vision tower (models/vision.py)."""

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from .batch import to_device
-from .config import MediaConfig
-from .models.vision import Grid
+from .config import Grid, MediaConfig
 
 
 @dataclass(frozen=True)

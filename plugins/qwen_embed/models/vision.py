@@ -22,12 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionSpec, create_backend
-from ..config import VisionConfig
+from ..config import Grid, VisionConfig
 from ..layers import replicated_loader
 from ..segments import AttentionLayout
-
-Grid = tuple[int, int, int]  # (temporal patches, rows, columns) of patches
-
 
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
