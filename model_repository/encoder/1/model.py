@@ -133,55 +133,26 @@ class TritonPythonModel:
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
         self.metrics.observe_batch(requests_in, all_seqs)
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
+
+        def call(members, compute, outputs):
+            self._call(members, compute, outputs, answer, unanswered)
+
+        def token_rows(rows, opts):
+            return [pb_utils.Tensor("TOKEN_EMBEDDING", self._ragged_rows(rows, opts))]
+
+        def chunk_rows(rows, opts):
+            return [pb_utils.Tensor("CHUNK_EMBEDDING", self._ragged_rows(rows, opts))]
+
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                members = [accepted[g] for g in group]
-                group_seqs = [s for _, _, seqs in members for s in seqs]
-                started = time.perf_counter()
-                rows = self._encode(group_seqs)
-                self.metrics.seconds.observe(time.perf_counter() - started)
-                self.metrics.observe_reuse(self.encoder)
-                self.metrics.count(group_seqs)
-                start = 0
-                for i, opts, seqs in members:
-                    outputs = self._outputs(rows[start : start + len(seqs)], opts)
-                    start += len(seqs)
-                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
-                    unanswered.discard(i)
-            for i, opts, texts in chunked:
-                started = time.perf_counter()
-                pooled = self.encoder.pool_chunks_checked(texts)
-                self.metrics.seconds.observe(time.perf_counter() - started)
-                self.metrics.count([t.ids for t in texts])
-                outputs = [pb_utils.Tensor("CHUNK_EMBEDDING", self._ragged_rows(pooled, opts))]
-                answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
-                unanswered.discard(i)
+                call([accepted[g] for g in group], self._encode, self._outputs)
+            for member in chunked:  # one call each
+                call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
-                group_seqs = [s for _, _, seqs in per_token for s in seqs]
-                started = time.perf_counter()
-                states = self.encoder.token_states_checked(group_seqs)
-                self.metrics.seconds.observe(time.perf_counter() - started)
-                self.metrics.count(group_seqs)
-                start = 0
-                for i, opts, seqs in per_token:
-                    rows = self._ragged_rows(states[start : start + len(seqs)], opts)
-                    start += len(seqs)
-                    outputs = [pb_utils.Tensor("TOKEN_EMBEDDING", rows)]
-                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
-                    unanswered.discard(i)
+                call(per_token, self.encoder.token_states_checked, token_rows)
             if with_media:  # one call: the vision tower runs once per forward's images
-                texts = [t for _, _, media in with_media for t in media]
-                started = time.perf_counter()
-                rows = self.encoder.pool_media_checked(texts)
-                self.metrics.seconds.observe(time.perf_counter() - started)
-                self.metrics.count([t.ids for t in texts])
-                start = 0
-                for i, opts, media in with_media:
-                    outputs = self._outputs(rows[start : start + len(media)], opts)
-                    start += len(media)
-                    answer(i, pb_utils.InferenceResponse(output_tensors=outputs))
-                    unanswered.discard(i)
+                call(with_media, self.encoder.pool_media_checked, self._outputs)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
             return None
@@ -192,6 +163,23 @@ class TritonPythonModel:
                 answer(i, pb_utils.InferenceResponse(error=error))
             return None
         return None
+
+    def _call(self, members, compute, outputs, answer, unanswered):
+        """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
+        gives their rows in order; each request is answered with `outputs(its rows, options)`
+        as soon as the call ends."""
+        texts = [t for _, _, texts in members for t in texts]
+        started = time.perf_counter()
+        rows = compute(texts)
+        self.metrics.seconds.observe(time.perf_counter() - started)
+        self.metrics.observe_reuse(self.encoder)
+        self.metrics.count([getattr(t, "ids", t) for t in texts])
+        start = 0
+        for i, opts, own in members:
+            response = outputs(rows[start : start + len(own)], opts)
+            start += len(own)
+            answer(i, pb_utils.InferenceResponse(output_tensors=response))
+            unanswered.discard(i)
 
     def _encode(self, seqs):
         if self.task == "rerank":
