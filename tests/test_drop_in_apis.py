@@ -306,7 +306,7 @@ def test_cohere_sdk_rerank_and_errors(stack):
     )
     assert not np.allclose(short.scores, want.scores)  # the cap changed what was scored
     with pytest.raises(cohere.errors.BadRequestError, match="input_type must be one of"):
-        co.embed(model="embed", texts=["x"], input_type="image", embedding_types=["float"])
+        co.embed(model="embed", texts=["x"], input_type="poem", embedding_types=["float"])
     with pytest.raises(cohere.errors.NotFoundError):
         co.embed(model="embed-v4.0", texts=["x"], input_type="search_query")
     with pytest.raises(cohere.errors.UnauthorizedError):
@@ -330,7 +330,7 @@ def test_cohere_sdk_rerank_and_errors(stack):
         (
             "/v2/embed",
             {"model": "embed", "inputs": [{"content": [{"type": "image_url"}]}]},
-            "images",
+            "inputs[0].content[0].image_url is required",
         ),
         ("/v2/rerank", {"model": "rerank", "query": "q", "documents": ["d"], "top_n": 0}, "top_n"),
         ("/v2/rerank", {"model": "rerank", "query": "", "documents": ["d"]}, "query"),

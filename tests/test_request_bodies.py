@@ -129,6 +129,8 @@ def test_cohere_embed_body():
     assert asked.items[0][0].image_url.url == image["image_url"]["url"]
     asked = cohere.EmbedRequest.parse({"images": ["data:image/png;base64,AA=="]})
     assert asked.items[0][0].image_url.url == "data:image/png;base64,AA=="
+    e = refusal(cohere.EmbedRequest.parse, {"inputs": [{"content": [{"type": "image_url"}]}]})
+    assert e.message == "invalid request: inputs[0].content[0].image_url is required"
     e = refusal(cohere.EmbedRequest.parse, {"inputs": [{"content": [{"type": "audio"}]}]})
     assert e.message.startswith("invalid request: inputs[0].content[0]"), e.message
     e = refusal(cohere.EmbedRequest.parse, {"texts": ["a"], "input_type": "poem"})

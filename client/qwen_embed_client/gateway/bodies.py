@@ -159,7 +159,9 @@ class Body(BaseModel):
 
     @classmethod
     def _refusal(cls, error: dict) -> APIError:
-        loc = [str(part) for part in error["loc"]]
+        # a content part's tag ("text", "image_url") enters the path before its field of
+        # the same name: said once
+        loc = [str(p) for i, p in enumerate(error["loc"]) if i == 0 or p != error["loc"][i - 1]]
         if not loc:  # the body itself: not an object, or a rule across its fields
             whole = error["type"] in ("model_type", "model_attributes_type", "dict_type")
             message = "request body must be a JSON object" if whole else error["msg"]

@@ -52,7 +52,8 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
-            if ModelConfig.from_dir(model_dir).media is not None:
+            config = Path(model_dir) / "config.json"
+            if config.is_file() and "vision_config" in json.loads(config.read_text()):
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
                 return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
