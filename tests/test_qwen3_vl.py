@@ -322,6 +322,8 @@ def test_images_through_the_gateway_with_openai_and_cohere(served):
         got = np.array([d.embedding for d in answer.data], dtype=np.float32)
         assert float(got[0] @ want_png) >= FP32_COSINE
         assert float(got[1] @ want_chart) >= FP32_COSINE
+        tokenize = httpx.post(f"{base}/tokenize", json={"inputs": "x"}, timeout=60)
+        assert tokenize.status_code == 422 and "not available" in tokenize.json()["error"]
         # vLLM's form: one conversation, its user turn the input
         body = {"model": "embed", "messages": [{"role": "user", "content": chart}]}
         vllm = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60).json()

@@ -83,6 +83,11 @@ class TritonPythonModel:
         images = pb_utils.get_input_tensor_by_name(request, "IMAGES")
         blobs = [] if images is None else list(images.as_numpy().reshape(-1))
         if self.tokenizer.chat is not None or any(blobs):
+            if asked & {"TOKENS", "DECODED"}:
+                raise RequestError(
+                    "outputs 'TOKENS' and 'DECODED' are not available for a multimodal model, "
+                    "whose texts are written in its chat template"
+                )
             return self._chat(raw, blobs, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
