@@ -58,18 +58,24 @@ def transformers_model(model_dir: str, dtype: torch.dtype):
     return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
 
 
+def left_padded(seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [n, longest] of id sequences, padded on the left: the last
+    position of every row is its own last token."""
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, width - len(s) :] = torch.as_tensor(s)
+        mask[row, width - len(s) :] = 1
+    return ids, mask
+
+
 def transformers_embed(model, seqs: list[list[int]], batch_size: int) -> np.ndarray:
     device = next(model.parameters()).device
     out = []
     with torch.inference_mode():
         for i in range(0, len(seqs), batch_size):
-            chunk = seqs[i : i + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            mask = torch.zeros(len(chunk), width, dtype=torch.long)
-            for row, s in enumerate(chunk):  # left padding: the last position is real
-                ids[row, width - len(s) :] = torch.tensor(s)
-                mask[row, width - len(s) :] = 1
+            ids, mask = left_padded(seqs[i : i + batch_size])
             hidden = model(input_ids=ids.to(device), attention_mask=mask.to(device))
             last = hidden.last_hidden_state[:, -1].float()
             out.append(torch.nn.functional.normalize(last, dim=-1).cpu().numpy())
@@ -173,12 +179,7 @@ def transformers_media(model, texts: list, batch_size: int, image_token: int) ->
     with torch.inference_mode():
         for i in range(0, len(texts), batch_size):
             chunk = texts[i : i + batch_size]
-            width = max(len(t.ids) for t in chunk)
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            mask = torch.zeros(len(chunk), width, dtype=torch.long)
-            for row, t in enumerate(chunk):
-                ids[row, width - len(t.ids) :] = torch.from_numpy(t.ids)
-                mask[row, width - len(t.ids) :] = 1
+            ids, mask = left_padded([t.ids for t in chunk])
             visuals = [v for t in chunk for v in t.visuals]
             hidden = model.model(
                 input_ids=ids,

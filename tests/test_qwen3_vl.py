@@ -175,7 +175,7 @@ def test_media_refusals(replica, media, checkpoint):
     with Encoder.from_pretrained(replica, dtype="float32", attn_backend="torch") as encoder:
         with pytest.raises(ValueError, match=r"texts\[0\]: the text holds 1 runs .* for 0"):
             encoder.embed_media([MediaText(good.ids)])
-        wrong_size = Visual(good.visuals[0].pixels, (1, 2, 4))
+        wrong_size = Visual(good.visuals[0].pixels[:8], (1, 2, 4))  # right pixels, wrong run
         with pytest.raises(ValueError, match="has 4 tokens; its visual needs 2"):
             encoder.embed_media([MediaText(good.ids, (wrong_size,))])
         short = Visual(good.visuals[0].pixels[:-1], (1, 4, 4))

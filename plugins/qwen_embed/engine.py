@@ -27,7 +27,7 @@ from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
-from .media import MediaForward, MediaText, visual_blocks
+from .media import MediaForward, MediaText
 from .models import model_class
 from .models.vision import VisionTower
 from .onednn import NativeBf16Weight, PackedWeight
@@ -415,37 +415,39 @@ class Encoder:
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
     def check_media(self, texts: Sequence[MediaText]) -> list[MediaText]:
-        """Each text's ids (`check_sequence`) and its visuals against its placeholders."""
-        media = self.config.media
-        if media is None:
+        """Each text's ids (`check_sequences`), then its visuals (`check_visuals`)."""
+        self._media_config()  # a text-only model refuses before any text is looked at
+        seqs = self.check_sequences([t.ids for t in texts])
+        return self.check_visuals(
+            [MediaText(s, t.visuals) for s, t in zip(seqs, texts, strict=True)]
+        )
+
+    def check_visuals(self, texts: Sequence[MediaText]) -> list[MediaText]:
+        """Texts whose ids passed `check_sequence`, with their visuals checked against their
+        placeholders (`MediaText.checked`; ValueError naming the text)."""
+        media = self._media_config()
+        checked = []
+        for i, text in enumerate(texts):
+            try:
+                checked.append(text.checked(media))
+            except ValueError as e:
+                raise ValueError(f"texts[{i}]: {e}") from None
+        return checked
+
+    def _media_config(self):
+        if self.config.media is None:
             raise ValueError(
                 "this checkpoint has no vision tower: images and video need a multimodal "
                 "checkpoint (Qwen3-VL)"
             )
         if self._launcher is not None:
             raise ValueError("images and video are embedded with tp_size 1")
-        checked = []
-        for i, text in enumerate(texts):
-            ids = self.check_sequence(i, text.ids)
-            try:
-                visual_blocks(text, media)
-                for j, visual in enumerate(text.visuals):
-                    t, h, w = visual.grid
-                    want = (t * h * w, media.vision.patch_dim)
-                    if np.shape(visual.pixels) != want:
-                        raise ValueError(
-                            f"visual {j}: pixels must be {list(want)} for grid {visual.grid}, "
-                            f"got {list(np.shape(visual.pixels))}"
-                        )
-            except ValueError as e:
-                raise ValueError(f"texts[{i}]: {e}") from None
-            checked.append(MediaText(ids, tuple(text.visuals)))
-        return checked
+        return self.config.media
 
     def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
         """`embed_media` before truncation and normalisation, for texts that passed
-        `check_media`: forwards planned by the token budget, each running the vision tower
-        once over all of its visuals."""
+        `check_media` (or `check_visuals`): forwards planned by the token budget, each running
+        the vision tower once over all of its visuals."""
         self._require("embed")
         out = np.empty((len(texts), self.embedding_size), dtype=np.float32)
         with self._lock:

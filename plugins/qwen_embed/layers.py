@@ -218,10 +218,24 @@ class RowParallelLinear(_Linear):
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    section: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [T, head_dim // 2], computed in fp32 then cast, as transformers does."""
+    """cos/sin [T, head_dim // 2], computed in fp32 then cast, as transformers does, of
+    positions [T]; or of positions [T, 3] (time, row, column: Qwen3-VL's interleaved
+    multimodal rotary), where frequency j turns with rows where j % 3 == 1 and
+    j < 3 * section[1], with columns where j % 3 == 2 and j < 3 * section[2], else with time."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
     inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
-    freqs = positions.float().unsqueeze(-1) * inv_freq
+    if positions.ndim == 1:
+        freqs = positions.float().unsqueeze(-1) * inv_freq
+    else:
+        j = torch.arange(head_dim // 2, device=positions.device)
+        axis = torch.zeros_like(j)
+        axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+        axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        freqs = positions[:, axis].float() * inv_freq
     return freqs.cos().to(dtype), freqs.sin().to(dtype)

@@ -8,10 +8,11 @@ patch (the processor writes a timestamp between them). A forward over such texts
 (`MediaForward`) runs the vision tower once over every visual of the batch, as one flat stream
 of frames.
 
-Multimodal rotary (`mrope_positions`): text tokens take one position on all three axes,
-counting on from the last; a placeholder run of (h, w) merged patches starting at p takes
-(p, p + row, p + column), and the text after it continues at p + max(h, w). For text alone the
-three axes agree and the rotary is the ordinary one.
+Multimodal rotary (`mrope_positions`, turned into cos/sin by layers.rotary_cos_sin): text
+tokens take one position on all three axes, counting on from the last; a placeholder run of
+(h, w) merged patches starting at p takes (p, p + row, p + column), and the text after it
+continues at p + max(h, w). For text alone the three axes agree and the rotary is the ordinary
+one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class Visual:
 class MediaText:
     ids: np.ndarray
     visuals: tuple[Visual, ...] = ()
+    # (start, end, merged rows, merged columns) of each placeholder run: set by
+    # `checked`, which every text passes before a forward
+    blocks: tuple[tuple[int, int, int, int], ...] | None = None
+
+    def checked(self, config: MediaConfig) -> MediaText:
+        """This text with its blocks (`visual_blocks`; ValueError naming what is wrong)."""
+        return MediaText(self.ids, tuple(self.visuals), tuple(visual_blocks(self, config)))
 
 
 def placeholder_runs(ids: np.ndarray, config: MediaConfig) -> list[tuple[int, int, int]]:
@@ -60,6 +68,12 @@ def visual_blocks(text: MediaText, config: MediaConfig) -> list[tuple[int, int, 
         token = config.video_token_id if visual.video else config.image_token_id
         if not visual.video and t != 1:
             raise ValueError(f"visual {i}: an image has one temporal patch, got grid {visual.grid}")
+        want = (t * h * w, config.vision.patch_dim)
+        if np.shape(visual.pixels) != want:
+            raise ValueError(
+                f"visual {i}: pixels must be {list(want)} for grid {visual.grid}, "
+                f"got {list(np.shape(visual.pixels))}"
+            )
         expected += [(token, h // merge, w // merge)] * t
     runs = placeholder_runs(text.ids, config)
     if len(runs) != len(expected):
@@ -95,40 +109,24 @@ def mrope_positions(length: int, blocks: list[tuple[int, int, int, int]]) -> np.
     return out
 
 
-def mrope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, section: tuple, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [T, head_dim // 2] of positions [T, 3], fp32 then cast (as rotary_cos_sin):
-    frequency j turns with rows where j % 3 == 1 and j < 3 * section[1], with columns where
-    j % 3 == 2 and j < 3 * section[2], else with time."""
-    half = head_dim // 2
-    j = torch.arange(half, device=positions.device)
-    axis = torch.zeros(half, dtype=torch.long, device=positions.device)
-    axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
-    axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
-    inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
-    freqs = positions[:, axis].float() * inv_freq
-    return freqs.cos().to(dtype), freqs.sin().to(dtype)
-
-
 class MediaForward:
     """A forward batch's visuals: where their tokens go in the flat batch, the batch's
     positions on three axes, and (once the tower has run, `embed`) the tokens and DeepStack
     features."""
 
     def __init__(self, texts: list[MediaText], config: MediaConfig, device):
+        """`texts` that passed `MediaText.checked`."""
         self.config = config
         self.visuals = [v for text in texts for v in text.visuals]
         rows, positions, offset = [], [], 0
         for text in texts:
-            blocks = visual_blocks(text, config)
-            positions.append(mrope_positions(len(text.ids), blocks))
-            rows += [np.arange(offset + a, offset + b) for a, b, _, _ in blocks]
+            positions.append(mrope_positions(len(text.ids), text.blocks))
+            rows += [np.arange(offset + a, offset + b) for a, b, _, _ in text.blocks]
             offset += len(text.ids)
         flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])
         self.rows = to_device(torch.from_numpy(flat_rows), device)
         self.positions = to_device(torch.from_numpy(np.concatenate(positions)), device)
+        self.device = device
         self.deepstack: list[torch.Tensor] = []
 
     def embed(self, tower, x: torch.Tensor) -> torch.Tensor:
@@ -136,11 +134,10 @@ class MediaForward:
         if not self.visuals:
             return x
         pixels = torch.from_numpy(np.concatenate([v.pixels for v in self.visuals]))
-        tokens, self.deepstack = tower(pixels, [v.grid for v in self.visuals])
+        tokens, self.deepstack = tower(
+            to_device(pixels, self.device), [v.grid for v in self.visuals]
+        )
         return x.index_copy(0, self.rows, tokens.to(x.dtype))
-
-    def cos_sin(self, head_dim: int, theta: float, dtype: torch.dtype):
-        return mrope_cos_sin(self.positions, head_dim, theta, self.config.mrope_section, dtype)
 
     def after_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """DeepStack: the layer's output at the visual tokens plus that level's features."""

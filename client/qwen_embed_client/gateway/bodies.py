@@ -142,6 +142,13 @@ def contract_options(options: type, names: tuple[str, ...]) -> dict:
     return {name: (hints[name] | None, None) for name in names}
 
 
+def one_of(body: BaseModel, *names: str) -> None:
+    """Exactly one of the fields `names` given (a model validator's check)."""
+    if [getattr(body, n) for n in names].count(None) != len(names) - 1:
+        quoted = ", ".join(f"'{n}'" for n in names[:-1]) + f" and '{names[-1]}'"
+        raise PydanticCustomError("one_of", f"send one of {quoted}")
+
+
 class Body(BaseModel):
     """A request body: JSON types as sent (no coercion: "8" is not a dimension), unknown
     fields ignored (as each API's own server does)."""

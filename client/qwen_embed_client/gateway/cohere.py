@@ -21,11 +21,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
-from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
-from .bodies import Body, NonBlank, Text, Texts, at_most, distinct
+from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
 from .common import check_model, embed, encode_value, text_usage
 from .errors import STATUS, APIError, backend_error, json_body, options_checked, rerank_checked
 from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_images
@@ -75,8 +74,7 @@ class EmbedRequest(CohereBody):
 
     @model_validator(mode="after")
     def _one_input_field(self):
-        if [self.texts, self.inputs, self.images].count(None) != 2:
-            raise PydanticCustomError("one_of", "send one of 'texts', 'inputs' and 'images'")
+        one_of(self, "texts", "inputs", "images")
         return self
 
     @property

@@ -27,6 +27,7 @@ from .bodies import (
     contract_options,
     described,
     distinct,
+    one_of,
     token_ids,
 )
 from .common import check_model, embed, encode_value, text_usage
@@ -133,8 +134,7 @@ class _Embeddings(Body):
 
     @model_validator(mode="after")
     def _one_input_field(self):
-        if (self.input is None) == (self.messages is None):
-            raise PydanticCustomError("one_of", "send one of 'input' and 'messages'")
+        one_of(self, "input", "messages")
         return self
 
     @property

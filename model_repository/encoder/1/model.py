@@ -257,7 +257,7 @@ class TritonPythonModel:
             raise RequestError("input 'MEDIA' needs an embedding model and one element per text")
         visuals = [[Visual(*patchify(rgb, self.image_settings)) for rgb in im] for im in images]
         texts = [MediaText(seq, tuple(v)) for seq, v in zip(seqs, visuals, strict=True)]
-        return self.encoder.check_media(texts)
+        return self.encoder.check_visuals(texts)  # the ids were checked with the others
 
     def _ragged_rows(self, per_text, opts):
         """Per-text vectors (chunks', tokens') -> [n, most rows, dim], each finished with the

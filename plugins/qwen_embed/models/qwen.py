@@ -300,9 +300,11 @@ class QwenModel(nn.Module):
         visuals' tokens at their placeholders and rotary on three axes."""
         x = self.embed_tokens(input_ids)
         head_dim, theta = self.config.head_dim, self.config.rope_theta
-        if media is not None:
-            return media.embed(self.visual, x), *media.cos_sin(head_dim, theta, x.dtype)
-        return x, *rotary_cos_sin(positions, head_dim, theta, x.dtype)
+        if media is None:
+            return x, *rotary_cos_sin(positions, head_dim, theta, x.dtype)
+        section = media.config.mrope_section
+        cos_sin = rotary_cos_sin(media.positions, head_dim, theta, x.dtype, section)
+        return media.embed(self.visual, x), *cos_sin
 
     def layers_from(self, first: int, x, residual, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         """The layers from `first` on and the final norm (the last layer pruned where ctx says)."""

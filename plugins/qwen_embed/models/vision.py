@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionSpec, create_backend
+from ..batch import to_device
 from ..config import Grid, VisionConfig
+from ..kernels import reference
 from ..layers import replicated_loader
 from ..segments import AttentionLayout
 
@@ -79,11 +81,8 @@ class VisionBlock(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary in fp32 over the whole head (halves rotated against each other)."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    """Rotary over the whole head in fp32, as transformers' vision attention does."""
+    return reference.rotary(x.float(), cos, sin).to(x.dtype)
 
 
 class PatchMerger(nn.Module):
@@ -158,19 +157,16 @@ class VisionTower(nn.Module):
         weight = self.patch_embed.proj.weight
         x = F.linear(pixels.to(device, self.dtype), weight.view(len(weight), -1))
         x = x + self.patch_embed.proj.bias
-        rows, cols, taps, tap_weights = self._positions(grids)
-        table = self.pos_embed(taps.to(device)).float()  # [patches, 4, hidden]
-        x = x + (table * tap_weights.to(device)[:, :, None]).sum(1).to(x.dtype)
-        angles = torch.cat(
-            [rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1
-        ).to(device)
-        angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # [patches, 1, head_dim]
+        rows, cols, taps, tap_weights = (to_device(t, device) for t in self._positions(grids))
+        table = self.pos_embed(taps).float()  # [patches, 4, hidden]
+        x = x + (table * tap_weights[:, :, None]).sum(1).to(x.dtype)
+        # [patches, head_dim // 2]: the first half of the frequencies turn with the row
+        angles = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], -1)
         cos, sin = angles.cos(), angles.sin()
         frames = [h * w for t, h, w in grids for _ in range(t)]
         cu = torch.tensor(np.concatenate([[0], np.cumsum(frames)]), dtype=torch.int32)
-        layout = AttentionLayout(
-            tuple(frames), tuple(frames), cu.to(device), cu.to(device), cu, cu, None
-        )
+        cu_device = to_device(cu, device)
+        layout = AttentionLayout(tuple(frames), tuple(frames), cu_device, cu_device, cu, cu, None)
         self.attention.prepare(layout)
         features = []
         for i, block in enumerate(self.blocks):

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen_embed.config import ModelConfig
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
     MAX_CHUNKS,
@@ -42,6 +41,12 @@ QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "docume
 _TASK_SLOT = re.compile(r"^Instruct: (?P<task>.*)\nQuery:(?P<tail>[ \t]*)$", re.S)
 
 
+def multimodal(model_dir: str | Path) -> bool:
+    """Whether the checkpoint has a vision side (config.json's `vision_config`: Qwen3-VL)."""
+    path = Path(model_dir) / "config.json"
+    return path.is_file() and "vision_config" in json.loads(path.read_text())
+
+
 @dataclass(frozen=True)
 class PromptSet:
     prompts: dict[str, str]
@@ -52,8 +57,7 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
-            config = Path(model_dir) / "config.json"
-            if config.is_file() and "vision_config" in json.loads(config.read_text()):
+            if multimodal(model_dir):
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
                 return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
@@ -182,7 +186,7 @@ class TextTokenizer:
         self.prompts = PromptSet.from_dir(model_dir)
         # A multimodal checkpoint writes every text in its chat template; its prompts (where
         # it names any) are instructions.
-        self.chat = ChatTemplate() if ModelConfig.from_dir(model_dir).media else None
+        self.chat = ChatTemplate() if multimodal(model_dir) else None
         self._head, self._tail = special_tokens(self._tok, model_dir)
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
@@ -300,31 +304,39 @@ class TextTokenizer:
     ) -> tuple[list[list[int]], list[int]]:
         """Ids and input token counts of texts written in the checkpoint's chat template with
         their images' placeholders (`image_tokens`: each image's count); a text too long
-        loses its own tokens only (the template and images stay whole)."""
+        loses its own tokens only (the template and images stay whole). One tokenization
+        per text unless it must be cut."""
         if self.chat is None:
             raise RequestError("input 'IMAGES' holds images, and this model reads text only")
         if opts.prompt_name is not None:
             instruction = self.prompts.prompts[opts.prompt_name]
         else:
             instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
-        after, extra = self.chat.after, len(self._head) + len(self._tail)
+        after, extra, limit = self.chat.after, len(self._head) + len(self._tail), self._limit(opts)
+        template = None  # the template's own tokens (no images), counted where a text is cut
         out, counts = [], []
         for i, (text, images) in enumerate(zip(texts, image_tokens, strict=True)):
             before = self.chat.before(instruction, images) + (opts.prompt or "")
-            fixed = len(self._tok.encode(before + after, add_special_tokens=False).ids)
-            own = self._tok.encode(text, add_special_tokens=False)
-            budget = self._limit(opts) - extra - fixed
-            if budget < 0:
-                raise RequestError(
-                    f"input 'IMAGES[{i}]' takes {fixed + extra} tokens with the template, "
-                    f"more than the limit of {self._limit(opts)}"
-                )
-            cut = self._cut(i, len(own.ids), budget, opts)
-            kept = own.offsets[cut]
-            text = text[kept[0][0] : kept[-1][1]] if kept else ""
             ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
+            count = len(ids) + extra
+            if count > limit:
+                if template is None:
+                    plain = self.chat.before(instruction, []) + (opts.prompt or "") + after
+                    template = len(self._tok.encode(plain, add_special_tokens=False).ids)
+                # each image: its placeholders between <|vision_start|> and <|vision_end|>
+                fixed = template + sum(n + 2 for n in images) + extra
+                if fixed > limit:
+                    raise RequestError(
+                        f"input 'IMAGES[{i}]' takes {fixed} tokens with the template, more "
+                        f"than the limit of {limit}"
+                    )
+                own = self._tok.encode(text, add_special_tokens=False)
+                kept = own.offsets[self._cut(i, len(own.ids), limit - fixed, opts)]
+                text = text[kept[0][0] : kept[-1][1]] if kept else ""
+                ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
+                count = fixed + len(own.ids)
             out.append(self._head + ids + self._tail)
-            counts.append(fixed + extra + len(own.ids))
+            counts.append(count)
         return out, counts
 
     def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
