@@ -113,8 +113,15 @@ def build_tokenizer(append_eos: bool = True):
     return tok
 
 
+@functools.cache
+def _tokenizer_json(append_eos: bool) -> str:
+    # Converting Qwen's ranks takes seconds: a process that writes several tokenizers (set-up,
+    # the tests' replicas) converts them once.
+    return build_tokenizer(append_eos).to_str(pretty=True)
+
+
 def write_tokenizer(directory: Path, append_eos: bool = True) -> None:
-    build_tokenizer(append_eos).save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer.json").write_text(_tokenizer_json(append_eos), encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
             {
