@@ -31,7 +31,7 @@ from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
+from qwen_embed_deploy.serving.rerank import PREFIX, TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts
@@ -67,13 +67,14 @@ def transformers_scores(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
     prefix = tok.encode(PREFIX, add_special_tokens=False)
-    suffix = tok.encode(SUFFIX, add_special_tokens=False)
+    suffix = tok.encode(TEXT_PAIRS.suffix, add_special_tokens=False)
     scores = []
     began = time.perf_counter()
     with torch.inference_mode():
         for start in range(0, len(documents), batch_size):
             pairs = [
-                pair_text(QUERY, d, DEFAULT_TASK) for d in documents[start : start + batch_size]
+                TEXT_PAIRS.middle(DEFAULT_TASK, QUERY, d)
+                for d in documents[start : start + batch_size]
             ]
             enc = tok(
                 pairs,

@@ -329,7 +329,13 @@ QWEN3_VL_TOKENS = {
 
 
 def qwen3_vl(
-    directory: Path, *, vocab_size: int = 1000, seed: int = 6, layers: int = 4, files: bool = False
+    directory: Path,
+    *,
+    vocab_size: int = 1000,
+    seed: int = 6,
+    layers: int = 4,
+    files: bool = False,
+    tied: bool = True,
 ) -> Path:
     """Qwen3-VL-Embedding's layout (`Qwen3VLForConditionalGeneration`: `text_config` and
     `vision_config`, tensors under `model.language_model.` and `model.visual.`, tied
@@ -337,7 +343,8 @@ def qwen3_vl(
     size), a 3-block vision tower with DeepStack after each block, 4x4 patches. Below the
     real vocabulary's size the vision tokens are its last ids. `files`: what a server reads
     besides the weights, as published: Qwen's tokenizer (the real vocabulary, its vision
-    tokens) and preprocessor_config.json."""
+    tokens) and preprocessor_config.json. `tied=False`: an output head of its own, as the 8B
+    (a reranker reads its "yes" and "no" rows)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     if files:
@@ -352,7 +359,7 @@ def qwen3_vl(
         head_dim=64,
         rope_theta=5e6,
         rope_scaling={"rope_type": "default", "mrope_section": [12, 10, 10]},
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     vision = dict(
         depth=3,
@@ -367,7 +374,7 @@ def qwen3_vl(
         deepstack_visual_indexes=[0, 1, 2],
     )
     config = Qwen3VLConfig(
-        text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens
+        text_config=text, vision_config=vision, tie_word_embeddings=tied, **tokens
     )
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()

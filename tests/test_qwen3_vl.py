@@ -16,6 +16,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import (
 
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig, VisionConfig
+from qwen_embed.heads import answer_token_ids
 from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
 
@@ -69,6 +70,17 @@ class Texts:
 def reference_vector(model, media, text: MediaText) -> np.ndarray:
     """transformers' Qwen3VLModel, its last token's final hidden state, normalised (the
     official recipe's pooling)."""
+    return torch.nn.functional.normalize(reference_hidden(model, media, text), dim=-1).numpy()
+
+
+def reference_score(model, media, text: MediaText, yes: int, no: int) -> float:
+    """Qwen3-VL-Reranker's score: sigmoid of the last hidden state through the output
+    head's "yes" row minus its "no" row."""
+    head = model.lm_head.weight.detach()
+    return float(torch.sigmoid(reference_hidden(model, media, text) @ (head[yes] - head[no])))
+
+
+def reference_hidden(model, media, text: MediaText) -> torch.Tensor:
     ids = torch.tensor(text.ids)[None]
     types = (ids == media.image_token_id).int() + 2 * (ids == media.video_token_id).int()
     inputs = {}
@@ -83,7 +95,7 @@ def reference_vector(model, media, text: MediaText) -> np.ndarray:
             )
     with torch.no_grad():
         hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
-    return torch.nn.functional.normalize(hidden[0, -1].float(), dim=-1).numpy()
+    return hidden[0, -1].float()
 
 
 def cases(media) -> dict[str, MediaText]:
@@ -169,6 +181,34 @@ def test_vectors_match_transformers(replica, media, reference_model, dtype, attn
         assert float(encoder.embed_media([other])[0] @ want["text with an image"]) < 0.999
 
 
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory):
+    """Qwen3-VL-Reranker's layout: the embedder's, with an output head of its own (the 8B's;
+    the 2B ties it to the embeddings, as the text path's tests cover) read for "yes" and
+    "no", and the tokenizer that names them."""
+    return qwen3_vl(tmp_path_factory.mktemp("qwen3-vl-reranker"), files=True, tied=False, seed=7)
+
+
+@pytest.mark.server  # whole-model runs against transformers': seconds
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reranker_scores_match_transformers(reranker_dir, dtype):
+    
+    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
+    media = ModelConfig.from_dir(reranker_dir).media
+    texts = cases(media)
+    yes, no = answer_token_ids(reranker_dir)
+    want = np.array([reference_score(model.eval(), media, t, yes, no) for t in texts.values()])
+    with Encoder.from_pretrained(reranker_dir, task="rerank", dtype=dtype) as encoder:
+        together = encoder.score_media(list(texts.values()))
+        alone = np.concatenate([encoder.score_media([t]) for t in texts.values()])
+        with pytest.raises(ValueError, match="task='embed'"):
+            encoder.pool_media_checked(list(texts.values()))
+    tolerance = 1e-4 if dtype == "float32" else 1e-2
+    assert np.abs(together - want).max() <= tolerance, (together, want)
+    assert np.abs(alone - want).max() <= tolerance, (alone, want)
+    assert np.ptp(want) > 0.05  # the cases score apart: a check that can fail
+
+
 def test_media_refusals(replica, media, checkpoint):
     t = Texts(media)
     good = t.text(3, t.visual(4, 4), 2)
@@ -216,47 +256,81 @@ def image_files() -> dict[str, bytes]:
     return files
 
 
-def official_vector(model, model_dir, text: str, images: list[bytes]) -> np.ndarray:
-    """Qwen3-VL-Embedding's recipe with transformers: the chat template with the default
-    instruction, images resized and patched by Qwen2-VL's image processor within the
-    script's pixel budget, the last token's final hidden state, normalised."""
+def official_features(images: list[bytes]) -> tuple[dict, list[str]]:
+    """The official scripts' images: Qwen2-VL's image processor within their pixel budget ->
+    the model's inputs, and each image's placeholders as the chat template writes them."""
     from PIL import Image
-    from tokenizers import Tokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
 
-    inputs, pad = {}, ""
-    if images:
-        processor = Qwen2VLImageProcessorPil(
-            patch_size=4,
-            merge_size=2,
-            temporal_patch_size=2,
-            image_mean=[0.5] * 3,
-            image_std=[0.5] * 3,
-            size={"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32},
-        )
-        pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
-        features = processor(images=pil, return_tensors="pt")
-        inputs = {
-            "pixel_values": features["pixel_values"],
-            "image_grid_thw": features["image_grid_thw"],
-        }
-        pad = "".join(
-            "<|vision_start|>" + "<|image_pad|>" * (int(g.prod()) // 4) + "<|vision_end|>"
-            for g in features["image_grid_thw"]
-        )
-    prompt = (
-        "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n"
-        f"{pad}{text}<|im_end|>\n<|im_start|>assistant\n"
+    if not images:
+        return {}, []
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=4,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        size={"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32},
     )
-    ids = torch.tensor(Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(prompt).ids)[
-        None
+    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+    features = processor(images=pil, return_tensors="pt")
+    inputs = {k: features[k] for k in ("pixel_values", "image_grid_thw")}
+    pads = [
+        "<|vision_start|>" + "<|image_pad|>" * (int(g.prod()) // 4) + "<|vision_end|>"
+        for g in features["image_grid_thw"]
     ]
+    return inputs, pads
+
+
+def official_last_hidden(model, model_dir, prompt: str, inputs: dict) -> torch.Tensor:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = torch.tensor(tok.encode(prompt).ids)[None]
     types = (ids == 151655).int()
     with torch.no_grad():
         hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
-    return torch.nn.functional.normalize(hidden[0, -1].float(), dim=-1).numpy()
+    return hidden[0, -1].float()
+
+
+def official_vector(model, model_dir, text: str, images: list[bytes]) -> np.ndarray:
+    """Qwen3-VL-Embedding's recipe with transformers: the chat template with the default
+    instruction, the images before the text, the last token's final hidden state,
+    normalised."""
+    inputs, pads = official_features(images)
+    prompt = (
+        "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n"
+        f"{''.join(pads)}{text}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    hidden = official_last_hidden(model, model_dir, prompt, inputs)
+    return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+
+
+RERANK_INSTRUCTION = "Given a search query, retrieve relevant candidates that answer the query."
+
+
+def official_score(model, model_dir, query, query_images, document, document_images) -> float:
+    """Qwen3-VL-Reranker's script with transformers: the pair in one user turn (each side's
+    images before its text), the last token's hidden state through the output head's "yes"
+    row minus its "no" row, sigmoid."""
+    from tokenizers import Tokenizer
+
+    inputs, pads = official_features(query_images + document_images)
+    split = len(query_images)
+    prompt = (
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+        'Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+        "<|im_end|>\n<|im_start|>user\n"
+        f"<Instruct>: {RERANK_INSTRUCTION}<Query>:{''.join(pads[:split])}{query}\n"
+        f"<Document>:{''.join(pads[split:])}{document}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    hidden = official_last_hidden(model, model_dir, prompt, inputs)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    head = model.lm_head.weight.detach()
+    yes, no = head[tok.token_to_id("yes")], head[tok.token_to_id("no")]
+    return float(torch.sigmoid(hidden @ (yes - no).float()))
 
 
 @pytest.fixture(scope="module")

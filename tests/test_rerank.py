@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
-from qwen_embed_deploy.serving.rerank import PREFIX, SUFFIX, PairTokenizer, RerankOptions, pair_text
+from qwen_embed_deploy.serving.rerank import PREFIX, TEXT_PAIRS, PairTokenizer, RerankOptions
 
 from reference import make_reranker, model_card_pairs, reference_scores
 
@@ -60,10 +60,10 @@ def test_truncation_cuts_the_document_like_the_model_card(reranker):
     long = max(range(len(full)), key=lambda i: len(full[i]))
     # The template's end survives the cut, and everything up to the document is whole.
     tok = Tokenizer.from_file(str(reranker / "tokenizer.json"))
-    tail = len(tok.encode(SUFFIX, add_special_tokens=False).ids)
+    tail = len(tok.encode(TEXT_PAIRS.suffix, add_special_tokens=False).ids)
     head = len(
         tok.encode(
-            PREFIX + pair_text(QUERY, "", DEFAULT_TASK).rstrip(), add_special_tokens=False
+            PREFIX + TEXT_PAIRS.middle(DEFAULT_TASK, QUERY, "").rstrip(), add_special_tokens=False
         ).ids
     )
     assert ours[long][-tail:] == full[long][-tail:]

@@ -354,12 +354,21 @@ class AsyncEmbeddingClient:
         max_document_tokens: int | None = None,
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
+        query_images: list[bytes] | None = None,
+        document_images: list[list[bytes]] | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
-        split over requests and servers like `embed`'s texts."""
+        split over requests and servers like `embed`'s texts. A multimodal reranker takes
+        the query's image files (`query_images`) and each document's (`document_images`, a
+        list per document); a text with images may be ""."""
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
+        if document_images is not None and len(document_images) != len(documents):
+            raise ValueError(
+                f"document_images must hold a list per document ({len(documents)}), "
+                f"got {len(document_images)}"
+            )
         at_least_one("top_n", top_n)
         opts = RerankOptions(
             truncate,
@@ -370,7 +379,16 @@ class AsyncEmbeddingClient:
         level = priority_level(priority)
         chunks = await self._split(
             len(documents),
-            lambda s, a, b: self._send_pairs(s, query, documents[a:b], params, level, headers),
+            lambda s, a, b: self._send_pairs(
+                s,
+                query,
+                documents[a:b],
+                params,
+                level,
+                headers,
+                query_images,
+                None if document_images is None else document_images[a:b],
+            ),
         )
         return RerankResult(
             scores=np.concatenate([c[0] for c in chunks]),
@@ -432,14 +450,19 @@ class AsyncEmbeddingClient:
     ):
         inputs = [self._text_input(texts, opts)]
         if images is not None and any(images):
-            data = np.array([[pack_images(list(files))] for files in images], dtype=np.object_)
-            inputs.append(self._module.InferInput("IMAGES", [len(texts), 1], "BYTES"))
-            inputs[-1].set_data_from_numpy(data)
+            inputs.append(self._images_input("IMAGES", images, [len(texts), 1]))
         result = await self._infer(server, self.model, inputs, opts.parameters(), priority, headers)
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
         before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it
         return vectors, counts, counts if before is None else before.reshape(-1)
+
+    def _images_input(self, name: str, images: list[list[bytes]], shape: list[int]):
+        """Per element, its image files packed into one BYTES element (contract.pack_images)."""
+        data = np.array([pack_images(list(files)) for files in images], dtype=np.object_)
+        inp = self._module.InferInput(name, shape, "BYTES")
+        inp.set_data_from_numpy(data.reshape(shape))
+        return inp
 
     async def _send_chunks(self, server: _Server, texts: list[str], params, priority, headers):
         inp = self._bytes_input("TEXT", texts, [len(texts), 1])
@@ -452,11 +475,26 @@ class AsyncEmbeddingClient:
             out.append(ChunkedEmbedding(vectors[i, :k], spans[i, :k], int(counts[i])))
         return out
 
-    async def _send_pairs(self, server: _Server, query, documents, params, priority, headers):
+    async def _send_pairs(
+        self,
+        server: _Server,
+        query,
+        documents,
+        params,
+        priority,
+        headers,
+        query_images=None,
+        document_images=None,
+    ):
         inputs = [
             self._bytes_input("QUERY", [query], [1]),
             self._bytes_input("DOCUMENTS", documents, [len(documents), 1]),
         ]
+        if query_images:
+            inputs.append(self._images_input("QUERY_IMAGES", [query_images], [1]))
+        if document_images is not None and any(document_images):
+            shape = [len(documents), 1]
+            inputs.append(self._images_input("DOCUMENT_IMAGES", document_images, shape))
         result = await self._infer(server, self.rerank_model, inputs, params, priority, headers)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 

@@ -404,7 +404,9 @@ class RerankOptions(_Options):
     """Options of one `rerank` request (docs/api.md); `top_n` is the client's own."""
 
     truncate: bool = _option(True, "cut the document to fit max_input_tokens (else refuse it)")
-    instruction: str = _option(DEFAULT_TASK, "the task the query states")
+    instruction: str | None = _option(
+        None, "the task the query states (None: the reranker's own default)"
+    )
     max_document_tokens: int | None = _option(None, "each document cut to its first N tokens")
 
     def __post_init__(self):

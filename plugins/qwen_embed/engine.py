@@ -446,16 +446,30 @@ class Encoder:
 
     def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
         """`embed_media` before truncation and normalisation, for texts that passed
-        `check_media` (or `check_visuals`): forwards planned by the token budget, each running
-        the vision tower once over all of its visuals."""
+        `check_media` (or `check_visuals`)."""
         self._require("embed")
         out = np.empty((len(texts), self.embedding_size), dtype=np.float32)
+        return self._run_media(texts, out, self._embedding_head)
+
+    def score_media(self, texts: Sequence[MediaText]) -> np.ndarray:
+        """Relevance of templated (query, document) pairs with their images (a multimodal
+        reranker, Qwen3-VL-Reranker): float32 [n] in [0, 1]."""
+        return self.score_media_checked(self.check_media(texts))
+
+    def score_media_checked(self, texts: list[MediaText]) -> np.ndarray:
+        """`score_media` for pairs that passed `check_media` (or `check_visuals`)."""
+        self._require("rerank")
+        return self._run_media(texts, np.empty(len(texts), dtype=np.float32), self.model.head)
+
+    def _run_media(self, texts: list[MediaText], out: np.ndarray, head) -> np.ndarray:
+        """Forwards planned by the token budget, each running the vision tower once over all
+        of its visuals; `head(pooled)` -> rows of `out`."""
         with self._lock:
             for indices in plan_batches([len(t.ids) for t in texts], self.max_batch_tokens):
                 chosen = [texts[i] for i in indices]
                 media = MediaForward(chosen, self.config.media, self.device)
                 ctx = self.model.planner.plan(*flatten([t.ids for t in chosen]), media=media)
-                pooled = partial(self._pooled, ctx, head=self._embedding_head)
+                pooled = partial(self._pooled, ctx, head=head)
                 out[indices] = self._forward_context(ctx, pooled, None).numpy()
         return out
 

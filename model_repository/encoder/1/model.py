@@ -5,7 +5,8 @@ tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]; with FINIS
 TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states; with the tokenizer's MEDIA, a
 multimodal checkpoint's texts with their images), or for a sequence classifier
 (task "classify") LOGITS [n, labels]; "rerank" (the
-rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head."""
+rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head (with
+MEDIA, of pairs with their images)."""
 
 import json
 import os
@@ -152,7 +153,7 @@ class TritonPythonModel:
             if per_token:  # one call: its forwards planned by the token budget together
                 call(per_token, self.encoder.token_states_checked, token_rows)
             if with_media:  # one call: the vision tower runs once per forward's images
-                call(with_media, self.encoder.pool_media_checked, self._outputs)
+                call(with_media, self._encode_media, self._outputs)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
             return None
@@ -187,6 +188,11 @@ class TritonPythonModel:
         if self.task == "classify":
             return self.encoder.classify_checked(seqs)
         return self.encoder.pool_checked(seqs)
+
+    def _encode_media(self, texts):
+        if self.task == "rerank":
+            return self.encoder.score_media_checked(texts)
+        return self.encoder.pool_media_checked(texts)
 
     def _broken(self, message, unanswered, answer):
         """A tensor-parallel group failed: answer this batch, then end the stub so that the
@@ -253,8 +259,10 @@ class TritonPythonModel:
         images = [unpack_media(b, j) for j, b in enumerate(blobs)]
         if not any(images):
             return None
-        if self.task != "embed" or len(images) != len(seqs):
-            raise RequestError("input 'MEDIA' needs an embedding model and one element per text")
+        if self.task == "classify" or len(images) != len(seqs):
+            raise RequestError(
+                "input 'MEDIA' needs an embedding model or a reranker, and one element per text"
+            )
         visuals = [[Visual(*patchify(rgb, self.image_settings)) for rgb in im] for im in images]
         texts = [MediaText(seq, tuple(v)) for seq, v in zip(seqs, visuals, strict=True)]
         return self.encoder.check_visuals(texts)  # the ids were checked with the others

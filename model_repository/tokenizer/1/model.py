@@ -2,7 +2,9 @@
 embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed_deploy.serving.tokenizer), and for
 a direct call the TOKENS or DECODED views; for a multimodal checkpoint every text in its chat
 template, with the images of IMAGES resized and sent on as MEDIA (serving/images.py);
-rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank)."""
+rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank),
+for a multimodal reranker with the images of QUERY_IMAGES and DOCUMENT_IMAGES in each pair's
+MEDIA."""
 
 import json
 import os
@@ -34,7 +36,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
-from qwen_embed_deploy.serving.rerank import PairTokenizer
+from qwen_embed_deploy.serving.rerank import VISION_PAIRS, PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts
 
 
@@ -58,7 +60,7 @@ class TritonPythonModel:
         else:
             self.tokenizer = TextTokenizer(model_dir, max_tokens, settings.truncation_direction)
             self._tokenize = self._texts
-            self.image_settings = ImageSettings.from_dir(model_dir)
+        self.image_settings = ImageSettings.from_dir(model_dir)
         # Kept on self: a MetricFamily must outlive its Metric.
         self.seconds_family = pb_utils.MetricFamily(
             name="qwen_embed_tokenize_seconds",
@@ -80,15 +82,14 @@ class TritonPythonModel:
         opts.check_model(self.embedding_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
-        images = pb_utils.get_input_tensor_by_name(request, "IMAGES")
-        blobs = [] if images is None else list(images.as_numpy().reshape(-1))
-        if self.tokenizer.chat is not None or any(blobs):
+        files = self._files(request, "IMAGES", raw.size)
+        if self.tokenizer.chat is not None or any(files):
             if asked & {"TOKENS", "DECODED"}:
                 raise RequestError(
                     "outputs 'TOKENS' and 'DECODED' are not available for a multimodal model, "
                     "whose texts are written in its chat template"
                 )
-            return self._chat(raw, blobs, opts)
+            return self._chat(raw, files, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
             ids, counts = self.tokenizer.encode_ids(lists, opts)
@@ -128,15 +129,10 @@ class TritonPythonModel:
             *extra,
         ]
 
-    def _chat(self, raw, blobs, opts):
-        """A multimodal checkpoint's texts, with the images of IMAGES (`blobs`: one element
-        per text), in its chat template; MEDIA carries each text's resized images to the
+    def _chat(self, raw, files, opts):
+        """A multimodal checkpoint's texts, with the images of IMAGES (`files`: per text, its
+        image files), in its chat template; MEDIA carries each text's resized images to the
         encoder."""
-        if blobs and len(blobs) != raw.size:
-            raise RequestError(
-                f"input 'IMAGES' must hold one element per text ({raw.size}), got {len(blobs)}"
-            )
-        files = [unpack_images(b, i) for i, b in enumerate(blobs)] or [[]] * raw.size
         if any(files) and self.tokenizer.chat is None:
             raise RequestError("input 'IMAGES' holds images, and this model reads text only")
         if any(files) and (opts.token_ids or opts.chunked or opts.per_token):
@@ -150,10 +146,8 @@ class TritonPythonModel:
             )
         with_images = frozenset(i for i, f in enumerate(files) if f)
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_images)
-        images = [
-            [self._image(i, j, data) for j, data in enumerate(f)] for i, f in enumerate(files)
-        ]
-        tokens = [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
+        images = self._images(files, "IMAGES")
+        tokens = self._tokens(images)
         ids, counts = self.tokenizer.encode_media(texts, tokens, opts)
         media = np.array([[pack_media(im)] for im in images], dtype=np.object_)
         counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
@@ -165,19 +159,66 @@ class TritonPythonModel:
             pb_utils.Tensor("MEDIA", media),
         ]
 
-    def _image(self, text, index, data):
+    def _images(self, files, name):
+        """Each element's image files -> their resized RGB arrays."""
+        return [
+            [self._image(name, i, j, data) for j, data in enumerate(f)] for i, f in enumerate(files)
+        ]
+
+    def _image(self, name, element, index, data):
         try:
             return resized(decode(data, MAX_DECODED_PIXELS), self.image_settings)
         except ValueError as e:
-            raise RequestError(f"input 'IMAGES[{text}]' image {index} {e}") from None
+            raise RequestError(f"input '{name}[{element}]' image {index} {e}") from None
+
+    def _tokens(self, images):
+        return [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)
-        raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
-        (query,) = decode_texts(raw, 1, self.max_text_bytes, name="QUERY")  # exactly one
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
-        documents = decode_texts(raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS")
-        return self.tokenizer.encode(query, documents, opts), []
+        query_files = self._files(request, "QUERY_IMAGES", 1)
+        document_files = self._files(request, "DOCUMENT_IMAGES", raw.size)
+        with_images = frozenset(i for i, f in enumerate(document_files) if f)
+        documents = decode_texts(
+            raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS", may_be_empty=with_images
+        )
+        raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        (query,) = decode_texts(  # exactly one
+            raw,
+            1,
+            self.max_text_bytes,
+            name="QUERY",
+            may_be_empty=frozenset([0] if query_files[0] else []),
+        )
+        if not query_files[0] and not with_images:
+            none = np.array([[b""]] * len(documents), dtype=np.object_)
+            return self.tokenizer.encode(query, documents, opts), [pb_utils.Tensor("MEDIA", none)]
+        if self.tokenizer.template is not VISION_PAIRS:
+            name = "QUERY_IMAGES" if query_files[0] else "DOCUMENT_IMAGES"
+            raise RequestError(f"input '{name}' holds images, and this reranker reads text only")
+        (query_images,) = self._images(query_files, "QUERY_IMAGES")
+        document_images = self._images(document_files, "DOCUMENT_IMAGES")
+        (query_tokens,) = self._tokens([query_images])
+        ids = self.tokenizer.encode(
+            query, documents, opts, query_tokens, self._tokens(document_images)
+        )
+        # Each pair's MEDIA holds its images in the order of their placeholders.
+        media = [[pack_media(query_images + im)] for im in document_images]
+        return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
+
+    def _files(self, request, name, count):
+        """An optional input of packed image files (contract.pack_images): per element, its
+        files ([] where absent)."""
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return [[]] * count
+        blobs = tensor.as_numpy().reshape(-1)
+        if len(blobs) != count:
+            raise RequestError(
+                f"input '{name}' must hold one element per text ({count}), got {len(blobs)}"
+            )
+        return [unpack_images(b, i, name) for i, b in enumerate(blobs)]
 
     def _one(self, request):
         try:

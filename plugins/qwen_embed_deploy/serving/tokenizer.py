@@ -102,21 +102,24 @@ class PromptSet:
 DEFAULT_MEDIA_INSTRUCTION = "Represent the user's input."
 
 
+def image_blocks(image_tokens: list[int]) -> str:
+    """Images in a Qwen3-VL prompt, each its placeholders (`image_tokens`: their counts)
+    between <|vision_start|> and <|vision_end|>, as its chat template and processor write
+    them."""
+    return "".join(f"<|vision_start|>{'<|image_pad|>' * n}<|vision_end|>" for n in image_tokens)
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """How a multimodal checkpoint's texts are written (Qwen3-VL-Embedding's script): every
     text, with images or without, in one chat turn after the instruction, ending where the
     assistant's answer would begin."""
 
-    image_token: str = "<|image_pad|>"
-
     def before(self, instruction: str, image_tokens: list[int]) -> str:
         instruction = instruction.strip()
         if instruction and unicodedata.category(instruction[-1])[0] != "P":
             instruction += "."
-        images = "".join(
-            f"<|vision_start|>{self.image_token * n}<|vision_end|>" for n in image_tokens
-        )
+        images = image_blocks(image_tokens)
         return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{images}"
 
     after: str = "<|im_end|>\n<|im_start|>assistant\n"
