@@ -384,7 +384,7 @@ def qwen3_vl(
             p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
     model.save_pretrained(directory)
     if files:
-        write_tokenizer(Path(directory))
+        write_tokenizer(Path(directory), append_eos=False)  # as Qwen3-VL's: no <|endoftext|>
         processor = {
             "image_processor_type": "Qwen2VLImageProcessorFast",
             "patch_size": 4,

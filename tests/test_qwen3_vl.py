@@ -192,7 +192,7 @@ def reranker_dir(tmp_path_factory):
 @pytest.mark.server  # whole-model runs against transformers': seconds
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_reranker_scores_match_transformers(reranker_dir, dtype):
-    
+
     model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
     media = ModelConfig.from_dir(reranker_dir).media
     texts = cases(media)
@@ -334,13 +334,18 @@ def official_score(model, model_dir, query, query_images, document, document_ima
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, reranker_dir):
     from qwen_embed_deploy.repository import render
     from qwen_embed_deploy.triton import TritonServer
 
     where = tmp_path_factory.mktemp("qwen3-vl-served")
     model_dir = qwen3_vl(where / "model", files=True)
-    repo = render(where / "repo", {"embed": model_dir}, {"encoder": {"dtype": "float32"}})
+    repo = render(
+        where / "repo",
+        {"embed": model_dir},
+        {"encoder": {"dtype": "float32"}},
+        rerankers={"rerank": reranker_dir},
+    )
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield model_dir, server
 
@@ -365,6 +370,46 @@ def test_images_through_triton_match_the_official_recipe(served):
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= FP32_COSINE, (protocol, cosines)
     assert float(want[1] @ want[2]) < 0.999  # the images tell the vectors apart
+
+
+@pytest.mark.server
+def test_reranking_with_images_through_triton_matches_the_official_script(served, reranker_dir):
+    from qwen_embed_client import EmbeddingClient, EmbeddingError
+
+    _, server = served
+    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
+    files = image_files()
+    documents = [
+        ("a yellow circle over blue", []),
+        ("", [files["png"]]),
+        ("a chart with a legend", [files["jpeg"]]),
+        ("two pictures", [files["png"], files["alpha"]]),
+    ]
+    queries = [("which picture has a yellow circle?", []), ("", [files["jpeg"]])]
+    for query, query_images in queries:
+        want = np.array(
+            [
+                official_score(model.eval(), reranker_dir, query, query_images, d, im)
+                for d, im in documents
+            ]
+        )
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            with EmbeddingClient(url, protocol=protocol) as client:
+                got = client.rerank(
+                    query,
+                    [d for d, _ in documents],
+                    query_images=query_images,
+                    document_images=[im for _, im in documents],
+                )
+            assert np.abs(got.scores - want).max() <= 1e-4, (protocol, got.scores, want)
+        assert np.ptp(want) > 0.05  # the images move the scores: a check that can fail
+    with EmbeddingClient(server.grpc_url) as client:
+        text_only = client.rerank("a query", ["a document"])  # no images: the text pair
+        assert text_only.token_counts[0] > 0
+        with pytest.raises(EmbeddingError, match=r"DOCUMENT_IMAGES\[0\]' image 0 is not a"):
+            client.rerank("q", [""], document_images=[[b"not an image"]])
+        with pytest.raises(EmbeddingError, match=r"DOCUMENTS\[1\]' is empty"):
+            client.rerank("q", ["a", ""], document_images=[[files["png"]], []])
 
 
 def data_url(data: bytes, kind: str = "png") -> str:
