@@ -209,6 +209,39 @@ def test_reranker_scores_match_transformers(reranker_dir, dtype):
     assert np.ptp(want) > 0.05  # the cases score apart: a check that can fail
 
 
+def test_the_pair_tokenizer_writes_the_official_template(reranker_dir, reranker):
+    from tokenizers import Tokenizer
+
+    from qwen_embed_client.contract import RequestError, RerankOptions
+    from qwen_embed_deploy.serving.rerank import PairTokenizer
+
+    tok = Tokenizer.from_file(str(reranker_dir / "tokenizer.json"))
+    pad = "<|image_pad|>"
+    query, documents = "which picture?", ["a yellow circle over blue " * 8, ""]
+    images = [[6], [2, 4]]
+    ours = PairTokenizer(reranker_dir, 8192).encode(query, documents, RerankOptions(), [4], images)
+    for pair, document, counts in zip(ours, documents, images, strict=True):
+        blocks = "".join(f"<|vision_start|>{pad * n}<|vision_end|>" for n in counts)
+        prompt = (
+            "<|im_start|>system\nJudge whether the Document meets the requirements based on "
+            'the Query and the Instruct provided. Note that the answer can only be "yes" or '
+            '"no".<|im_end|>\n<|im_start|>user\n'
+            f"<Instruct>: {RERANK_INSTRUCTION}<Query>:<|vision_start|>{pad * 4}<|vision_end|>"
+            f"{query}\n<Document>:{blocks}{document}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        assert pair == tok.encode(prompt).ids
+    # Truncation cuts the document's text only: every placeholder and the template's end stay.
+    limit = len(ours[0]) - 20
+    cut = PairTokenizer(reranker_dir, limit).encode(query, documents, RerankOptions(), [4], images)
+    pad_id = tok.token_to_id(pad)
+    assert len(cut[0]) == limit and cut[0].count(pad_id) == 10
+    assert cut[0][-5:] == ours[0][-5:] and cut[1] == ours[1]
+    with pytest.raises(RequestError, match=r"'DOCUMENT_IMAGES\[0\]' with 'QUERY'.*no room"):
+        PairTokenizer(reranker_dir, 90).encode(query, documents, RerankOptions(), [4], [[60], []])
+    with pytest.raises(RequestError, match="reads text only"):
+        PairTokenizer(reranker, 8192).encode(query, documents, RerankOptions(), [4], images)
+
+
 def test_media_refusals(replica, media, checkpoint):
     t = Texts(media)
     good = t.text(3, t.visual(4, 4), 2)
@@ -490,6 +523,51 @@ def test_images_through_the_gateway_with_openai_and_cohere(served):
         with ThreadPoolExecutor(6) as pool:
             answers = [a for a in pool.map(one, range(6)) if a is not None]
         assert all(float(np.array(a) @ want_chart) >= FP32_COSINE for a in answers)
+
+
+@pytest.mark.server
+def test_reranking_with_images_through_the_gateway(served, reranker_dir):
+    import httpx
+
+    from triton_helpers import gateway_process
+
+    _, server = served
+    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
+    files = image_files()
+    png, jpeg = data_url(files["png"]), data_url(files["jpeg"], "jpeg")
+
+    def image(url):
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    query = "which picture has a yellow circle?"
+    want = [
+        official_score(model.eval(), reranker_dir, query, [], d, im)
+        for d, im in [("a chart", [files["jpeg"]]), ("", [files["png"]]), ("plain text", [])]
+    ]
+    with gateway_process(server) as base:
+        documents = [[{"type": "text", "text": "a chart"}, image(jpeg)], [image(png)], "plain text"]
+        body = {"model": "rerank", "query": query, "documents": documents}
+        answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=120).json()
+        got = {r["index"]: r["relevance_score"] for r in answer["results"]}
+        assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)
+        first = next(r for r in answer["results"] if r["index"] == 0)
+        assert first["document"] == {"text": "a chart", "multi_modal": [image(jpeg)]}
+        # vLLM's form: {"content": [...]}, one document per part; an image as the query
+        body = {"model": "rerank", "query": {"content": [image(png)]}}
+        body["documents"] = {"content": [image(jpeg)]}
+        answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=120).json()
+        score = official_score(model, reranker_dir, "", [files["png"]], "", [files["jpeg"]])
+        assert abs(answer["results"][0]["relevance_score"] - score) <= 1e-4
+        for documents, words in [
+            ([[image(data_url(b"not an image"))]], "readable image"),
+            ([[image("https://example.com/a.png")]], "remote"),
+            ([[{"type": "audio", "audio": "x"}]], "content parts"),
+        ]:
+            body = {"model": "rerank", "query": query, "documents": ["fine", *documents]}
+            refused = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "documents" and words in error["message"], error
 
 
 @pytest.mark.server

@@ -84,8 +84,21 @@ def rerank_v1(body: dict):
 
 
 def test_rerank_bodies_of_every_api():
-    query, texts, options = rerank_v1({"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1})
-    assert (query, texts, options) == ("q", ["a", "b"], {"top_n": 1, "return_documents": True})
+    request, options = rerank_v1({"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1})
+    assert (request.inputs, options) == (("q", ["a", "b"]), {"top_n": 1})
+    # content parts (a multimodal reranker): per document, or vLLM's one document per part
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    request, _ = rerank_v1(
+        {"query": [image], "documents": [[image, {"type": "text", "text": "c"}]]}
+    )
+    query, (document,) = request.inputs
+    assert [p.type for p in query] == ["image_url"]
+    assert [p.type for p in document] == ["image_url", "text"]
+    request, _ = rerank_v1({"query": {"content": [image]}, "documents": {"content": [image] * 2}})
+    assert [[p.type for p in d] for d in request.inputs[1]] == [["image_url"], ["image_url"]]
+    e = refusal(rerank_v1, {"query": "q", "documents": [[{"type": "audio", "audio": "x"}]]})
+    assert e.param == "documents", e.message
+    assert refusal(rerank_v1, {"query": {"content": []}, "documents": ["a"]}).param == "query"
     assert refusal(rerank_v1, {"query": "q", "documents": ["a"], "top_n": 0}).param == "top_n"
     assert refusal(rerank_v1, {"query": " ", "documents": ["a"]}).param == "query"
     e = refusal(rerank_v1, {"query": "q", "documents": ["a"] * (MAX_DOCUMENTS + 1)})

@@ -79,8 +79,10 @@ def _refused(e: RequestError, field: str | None) -> APIError:
 
 
 def body_field(option: str | None) -> str | None:
-    """The request body's field of a contract option: the late-chunking ones are `chunks`."""
-    return "chunks" if option in ("chunk_size", "chunk_spans") else option
+    """The request body's field of a contract option or Triton input: the late-chunking
+    options are `chunks`, the documents' images are in `documents`."""
+    fields = {"chunk_size": "chunks", "chunk_spans": "chunks", "document_images": "documents"}
+    return fields.get(option, option)
 
 
 def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:

@@ -45,7 +45,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import Message, Parts, has_parts, texts_and_images
+from .media import ImagePart, Message, Parts, has_parts, texts_and_images
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -213,12 +213,20 @@ class Document(Body):
 
 
 class RerankRequest(Body):
-    """POST /v1/rerank, the Cohere v1 / Jina shape."""
+    """POST /v1/rerank, the Cohere v1 / Jina shape; for a multimodal reranker, the query and
+    each document may be content parts (as /v1/embeddings' inputs), or vLLM's
+    {"content": [parts]}: a query's parts are the one query, a document list's are one
+    document each."""
 
     model: str | None = None
-    query: NonBlank
+    query: described(NonBlank | Parts, "must be a string or content parts")
     documents: Annotated[
-        list[described(Text | Document, "must be a string or an object with a string 'text'")],
+        list[
+            described(
+                Text | Document | Parts,
+                "must be a string, an object with a string 'text', or content parts",
+            )
+        ],
         at_most(MAX_DOCUMENTS),
     ]
     top_n: int | None = None
@@ -226,17 +234,31 @@ class RerankRequest(Body):
     return_documents: bool = True
     priority: Priority = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_content(cls, body):
+        if not isinstance(body, dict):
+            return body
+        body = dict(body)
+        if isinstance(body.get("query"), dict) and "content" in body["query"]:
+            body["query"] = body["query"]["content"]
+        documents = body.get("documents")
+        if isinstance(documents, dict) and isinstance(documents.get("content"), list):
+            body["documents"] = [[part] for part in documents["content"]]
+        return body
+
     @property
-    def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]
+    def inputs(self) -> tuple[str | list, list[str | list]]:
+        """The query and the documents, each a text or a list of content parts."""
+        return self.query, [d.text if isinstance(d, Document) else d for d in self.documents]
 
 
-def parse_rerank_request(body: object, served_model: str | None) -> tuple[str, list[str], dict]:
-    """Validate a Cohere/Jina-style rerank body -> (query, documents, options)."""
+def parse_rerank_request(body: object, served_model: str | None) -> tuple[RerankRequest, dict]:
+    """Validate a Cohere/Jina-style rerank body -> (the request, its options)."""
     request = RerankRequest.parse(body)
     check_model(request.model, served_model)
     options = rerank_checked(**request.given("top_n", "instruction", "priority"))
-    return request.query, request.texts, options | {"return_documents": request.return_documents}
+    return request, options
 
 
 def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
@@ -326,17 +348,26 @@ async def rerank(request: Request):
 
 async def rerank_response(gw, body: object) -> dict:
     """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}."""
-    query, documents, options = parse_rerank_request(body, gw.rerank_model_name)
-    return_documents = options.pop("return_documents")
+    request, options = parse_rerank_request(body, gw.rerank_model_name)
+    query, documents = request.inputs
+    allow = gw.allow_remote_images
+    (query,), (query_images,) = await texts_and_images([query], "query", allow)
+    texts, images = await texts_and_images(documents, "documents", allow)
+    if query_images or any(images):
+        options |= {"query_images": query_images, "document_images": images}
     try:
-        result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())
+        result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
-        raise backend_error(e, ("query", "documents", "instruction")) from e
+        params = ("query", "document_images", "documents", "instruction")
+        raise backend_error(e, params) from e
     results = []
     for index, score in result.ranking:
         item = {"index": index, "relevance_score": score}
-        if return_documents:
-            item["document"] = {"text": documents[index]}
+        if request.return_documents:
+            item["document"] = {"text": texts[index]}
+            if images[index]:  # as sent: the image parts (vLLM's multi_modal)
+                parts = [p for p in documents[index] if isinstance(p, ImagePart)]
+                item["document"]["multi_modal"] = [p.model_dump() for p in parts]
         results.append(item)
     return {
         "model": gw.rerank_model_name,
