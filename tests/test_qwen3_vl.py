@@ -597,3 +597,36 @@ def test_the_cli_embeds_a_text_with_images(served, tmp_path):
         timeout=300,
     )
     assert missing.returncode != 0 and "none.png" in missing.stderr
+
+
+@pytest.mark.server
+def test_the_cli_reranks_documents_with_images(served, reranker_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    _, server = served
+    files = image_files()
+    (tmp_path / "query.png").write_bytes(files["png"])
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "chart.jpg").write_bytes(files["jpeg"])
+    lines = [{"text": "a yellow circle"}, {"images": ["pages/chart.jpg"]}]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    command = [
+        sys.executable,
+        "-m",
+        "qwen_embed_client",
+        "rerank",
+        "",
+        str(tmp_path / "docs.jsonl"),
+    ]
+    command += ["--query-image", str(tmp_path / "query.png"), "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
+    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
+    want = [
+        official_score(model.eval(), reranker_dir, "", [files["png"]], "a yellow circle", []),
+        official_score(model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]),
+    ]
+    assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)

@@ -7,6 +7,7 @@ qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSON
 qwen-embed embed "a query" --per-token                    # a vector per token: JSONL
 qwen-embed embed "a caption" --image photo.jpg             # a multimodal model: text + image
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
+qwen-embed rerank "" pages.jsonl --query-image q.png     # {"text", "images": [files]} per line
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT
 """
@@ -44,20 +45,41 @@ def read_records(args) -> tuple[list[str], list]:
     """(texts, ids): a JSONL object's --id-field where it has one, else the text's index."""
     if args.texts:
         return list(args.texts), list(range(len(args.texts)))
-    source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
-    with source:
-        lines = [line.rstrip("\n") for line in source if line.strip()]
-    name = args.input or ""
-    if not name.endswith(".jsonl"):
-        return lines, list(range(len(lines)))
+    records = read_lines(args)
+    if not (args.input or "").endswith(".jsonl"):
+        return records, list(range(len(records)))
     texts, ids = [], []
     id_field = getattr(args, "id_field", "id")
-    for index, line in enumerate(lines):  # {"text": ...} per line, or a bare JSON string
-        record = json.loads(line)
-        texts.append(record if isinstance(record, str) else record[args.text_field])
+    image_field = getattr(args, "image_field", None)
+    for index, record in enumerate(records):  # {"text": ...} per line, or a bare JSON string
+        if isinstance(record, str):
+            texts.append(record)
+        else:  # a record with images may have no text
+            texts.append(
+                record.get(args.text_field, "")
+                if image_field in record
+                else record[args.text_field]
+            )
         has_id = isinstance(record, dict) and id_field in record
         ids.append(record[id_field] if has_id else index)
     return texts, ids
+
+
+def read_lines(args) -> list:
+    """The input's non-blank lines; of a .jsonl file, each line's JSON value."""
+    source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
+    with source:
+        lines = [line.rstrip("\n") for line in source if line.strip()]
+    if not (args.input or "").endswith(".jsonl"):
+        return lines
+    return [json.loads(line) for line in lines]
+
+
+def read_images(paths: list[str], flag: str, base: Path = Path()) -> list[bytes]:
+    try:
+        return [(base / path).read_bytes() for path in paths]
+    except OSError as e:
+        raise EmbeddingError(f"{flag}: {e}") from None
 
 
 def write_vectors(path: str | None, vectors: np.ndarray, counts: np.ndarray) -> None:
@@ -132,10 +154,7 @@ def embed_with_images(args, client: EmbeddingClient) -> None:
     none), one vector."""
     if args.input or len(args.texts) > 1:
         raise EmbeddingError("--image goes with one input: at most one text, no --input")
-    try:
-        files = [Path(path).read_bytes() for path in args.image]
-    except OSError as e:
-        raise EmbeddingError(f"--image: {e}") from None
+    files = read_images(args.image, "--image")
     options = options_from_flags(EmbedOptions, args)
     if options.pop("chunk_size") is not None or options.pop("per_token"):
         raise EmbeddingError("--image takes neither --chunk-size nor --per-token")
@@ -192,6 +211,18 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     if not documents:
         raise EmbeddingError(f"no documents in {args.documents}")
     options = options_from_flags(RerankOptions, args)
+    if args.query_image:
+        options["query_images"] = read_images(args.query_image, "--query-image")
+    if args.documents.endswith(".jsonl"):  # each record's images, paths beside the file
+        base = Path(args.documents).parent
+        images = [
+            read_images(r.get(args.image_field, []), f"{args.documents} line {i + 1}", base)
+            if isinstance(r, dict)
+            else []
+            for i, r in enumerate(read_lines(args))
+        ]
+        if any(images):
+            options["document_images"] = images
     result = client.rerank(args.query, documents, top_n=args.top_n, **options)
     for index, score in result.ranking:
         line = {"index": index, "relevance_score": score, "document": documents[index]}
@@ -283,6 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("query")
     r.add_argument("documents", help="text file (one document per line), .jsonl, or - for stdin")
     r.add_argument("--text-field", default="text", help="JSONL field holding the document")
+    r.add_argument(
+        "--image-field",
+        default="images",
+        help="JSONL field holding a document's image files (a multimodal reranker; paths "
+        "relative to the JSONL file)",
+    )
+    r.add_argument(
+        "--query-image",
+        action="append",
+        metavar="FILE",
+        help="an image of the query (a multimodal reranker), repeatable",
+    )
     r.add_argument("--top-n", type=int, help="the best N documents only")
     for flag, keywords in option_flags(RerankOptions):
         r.add_argument(flag, **keywords)
