@@ -36,7 +36,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
-from qwen_embed_deploy.serving.rerank import VISION_PAIRS, PairTokenizer
+from qwen_embed_deploy.serving.rerank import PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts
 
 
@@ -194,9 +194,6 @@ class TritonPythonModel:
         if not query_files[0] and not with_images:
             none = np.array([[b""]] * len(documents), dtype=np.object_)
             return self.tokenizer.encode(query, documents, opts), [pb_utils.Tensor("MEDIA", none)]
-        if self.tokenizer.template is not VISION_PAIRS:
-            name = "QUERY_IMAGES" if query_files[0] else "DOCUMENT_IMAGES"
-            raise RequestError(f"input '{name}' holds images, and this reranker reads text only")
         (query_images,) = self._images(query_files, "QUERY_IMAGES")
         document_images = self._images(document_files, "DOCUMENT_IMAGES")
         (query_tokens,) = self._tokens([query_images])

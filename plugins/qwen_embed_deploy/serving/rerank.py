@@ -88,7 +88,8 @@ class PairTokenizer:
         if document_images is None:
             document_images = [[]] * len(documents)
         if (query_images or any(document_images)) and self.template is not VISION_PAIRS:
-            raise RequestError("images were sent, and this reranker reads text only")
+            name = "QUERY_IMAGES" if query_images else "DOCUMENT_IMAGES"
+            raise RequestError(f"input '{name}' holds images, and this reranker reads text only")
         blocks = image_blocks(query_images)
         texts = [
             self.template.middle(instruction, query, d, blocks, image_blocks(images))
