@@ -16,7 +16,6 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import (
 
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig, VisionConfig
-from qwen_embed.heads import answer_token_ids
 from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
 
@@ -73,11 +72,15 @@ def reference_vector(model, media, text: MediaText) -> np.ndarray:
     return torch.nn.functional.normalize(reference_hidden(model, media, text), dim=-1).numpy()
 
 
-def reference_score(model, media, text: MediaText, yes: int, no: int) -> float:
-    """Qwen3-VL-Reranker's score: sigmoid of the last hidden state through the output
+def yes_minus_no(model, model_dir, hidden: torch.Tensor) -> float:
+    """Qwen3-VL-Reranker's score of a last hidden state: sigmoid of it through the output
     head's "yes" row minus its "no" row."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     head = model.lm_head.weight.detach()
-    return float(torch.sigmoid(reference_hidden(model, media, text) @ (head[yes] - head[no])))
+    yes, no = head[tok.token_to_id("yes")], head[tok.token_to_id("no")]
+    return float(torch.sigmoid(hidden @ (yes - no).float()))
 
 
 def reference_hidden(model, media, text: MediaText) -> torch.Tensor:
@@ -189,15 +192,23 @@ def reranker_dir(tmp_path_factory):
     return qwen3_vl(tmp_path_factory.mktemp("qwen3-vl-reranker"), files=True, tied=False, seed=7)
 
 
+@pytest.fixture(scope="module")
+def reranker_model(reranker_dir):
+    return Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32).eval()
+
+
 @pytest.mark.server  # whole-model runs against transformers': seconds
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_reranker_scores_match_transformers(reranker_dir, dtype):
+def test_reranker_scores_match_transformers(reranker_dir, reranker_model, dtype):
 
-    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
     media = ModelConfig.from_dir(reranker_dir).media
     texts = cases(media)
-    yes, no = answer_token_ids(reranker_dir)
-    want = np.array([reference_score(model.eval(), media, t, yes, no) for t in texts.values()])
+    want = np.array(
+        [
+            yes_minus_no(reranker_model, reranker_dir, reference_hidden(reranker_model, media, t))
+            for t in texts.values()
+        ]
+    )
     with Encoder.from_pretrained(reranker_dir, task="rerank", dtype=dtype) as encoder:
         together = encoder.score_media(list(texts.values()))
         alone = np.concatenate([encoder.score_media([t]) for t in texts.values()])
@@ -348,8 +359,6 @@ def official_score(model, model_dir, query, query_images, document, document_ima
     """Qwen3-VL-Reranker's script with transformers: the pair in one user turn (each side's
     images before its text), the last token's hidden state through the output head's "yes"
     row minus its "no" row, sigmoid."""
-    from tokenizers import Tokenizer
-
     inputs, pads = official_features(query_images + document_images)
     split = len(query_images)
     prompt = (
@@ -359,11 +368,7 @@ def official_score(model, model_dir, query, query_images, document, document_ima
         f"<Instruct>: {RERANK_INSTRUCTION}<Query>:{''.join(pads[:split])}{query}\n"
         f"<Document>:{''.join(pads[split:])}{document}<|im_end|>\n<|im_start|>assistant\n"
     )
-    hidden = official_last_hidden(model, model_dir, prompt, inputs)
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    head = model.lm_head.weight.detach()
-    yes, no = head[tok.token_to_id("yes")], head[tok.token_to_id("no")]
-    return float(torch.sigmoid(hidden @ (yes - no).float()))
+    return yes_minus_no(model, model_dir, official_last_hidden(model, model_dir, prompt, inputs))
 
 
 @pytest.fixture(scope="module")
@@ -406,11 +411,12 @@ def test_images_through_triton_match_the_official_recipe(served):
 
 
 @pytest.mark.server
-def test_reranking_with_images_through_triton_matches_the_official_script(served, reranker_dir):
+def test_reranking_with_images_through_triton_matches_the_official_script(
+    served, reranker_dir, reranker_model
+):
     from qwen_embed_client import EmbeddingClient, EmbeddingError
 
     _, server = served
-    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
     files = image_files()
     documents = [
         ("a yellow circle over blue", []),
@@ -422,7 +428,7 @@ def test_reranking_with_images_through_triton_matches_the_official_script(served
     for query, query_images in queries:
         want = np.array(
             [
-                official_score(model.eval(), reranker_dir, query, query_images, d, im)
+                official_score(reranker_model, reranker_dir, query, query_images, d, im)
                 for d, im in documents
             ]
         )
@@ -526,13 +532,12 @@ def test_images_through_the_gateway_with_openai_and_cohere(served):
 
 
 @pytest.mark.server
-def test_reranking_with_images_through_the_gateway(served, reranker_dir):
+def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranker_model):
     import httpx
 
     from triton_helpers import gateway_process
 
     _, server = served
-    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
     files = image_files()
     png, jpeg = data_url(files["png"]), data_url(files["jpeg"], "jpeg")
 
@@ -541,7 +546,7 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir):
 
     query = "which picture has a yellow circle?"
     want = [
-        official_score(model.eval(), reranker_dir, query, [], d, im)
+        official_score(reranker_model, reranker_dir, query, [], d, im)
         for d, im in [("a chart", [files["jpeg"]]), ("", [files["png"]]), ("plain text", [])]
     ]
     with gateway_process(server) as base:
@@ -556,7 +561,9 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir):
         body = {"model": "rerank", "query": {"content": [image(png)]}}
         body["documents"] = {"content": [image(jpeg)]}
         answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=120).json()
-        score = official_score(model, reranker_dir, "", [files["png"]], "", [files["jpeg"]])
+        score = official_score(
+            reranker_model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]
+        )
         assert abs(answer["results"][0]["relevance_score"] - score) <= 1e-4
         for documents, words in [
             ([[image(data_url(b"not an image"))]], "readable image"),
@@ -600,7 +607,7 @@ def test_the_cli_embeds_a_text_with_images(served, tmp_path):
 
 
 @pytest.mark.server
-def test_the_cli_reranks_documents_with_images(served, reranker_dir, tmp_path):
+def test_the_cli_reranks_documents_with_images(served, reranker_dir, reranker_model, tmp_path):
     import json
     import subprocess
     import sys
@@ -624,9 +631,8 @@ def test_the_cli_reranks_documents_with_images(served, reranker_dir, tmp_path):
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
-    model = Qwen3VLForConditionalGeneration.from_pretrained(reranker_dir, dtype=torch.float32)
     want = [
-        official_score(model.eval(), reranker_dir, "", [files["png"]], "a yellow circle", []),
-        official_score(model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]),
+        official_score(reranker_model, reranker_dir, "", [files["png"]], "a yellow circle", []),
+        official_score(reranker_model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]),
     ]
     assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)
