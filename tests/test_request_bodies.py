@@ -7,7 +7,12 @@ import typing
 
 import pytest
 
-from qwen_embed_client.contract import MAX_DOCUMENTS, MAX_INPUTS, EmbedOptions
+from qwen_embed_client.contract import (
+    MAX_DOCUMENTS,
+    MAX_INPUTS,
+    MAX_VIDEOS_PER_TEXT,
+    EmbedOptions,
+)
 from qwen_embed_client.gateway import cohere, media, openai, score, tei
 from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
 
@@ -173,20 +178,33 @@ def test_openai_content_parts_and_messages():
     assert e.param == "chunks"
 
 
+@pytest.mark.parametrize("kind", ["image", "video"])
 @pytest.mark.parametrize(
     "url, words",
     [
-        ("data:image/png;base64,@@", "not valid base64"),
-        ("data:image/png,plain", "must be base64"),
-        ("ftp://example.com/a.png", "must be a data URL"),
-        ("https://example.com/a.png", "remote image URLs are not allowed"),
+        ("data:{kind}/png;base64,@@", "{kind} data URL is not valid base64"),
+        ("data:{kind}/png,plain", "{kind} data URL must be base64"),
+        ("ftp://example.com/a.png", "{kind} URL must be a data URL"),
+        ("https://example.com/a.png", "remote {kind} URLs are not allowed"),
     ],
 )
-def test_image_urls(url, words):
-    with pytest.raises(APIError, match=words) as e:
-        asyncio.run(media.image_bytes(url, "input[0]", allow_remote=False))
+def test_image_and_video_urls(url, words, kind):
+    with pytest.raises(APIError, match=words.format(kind=kind)) as e:
+        asyncio.run(media.file_bytes(url.format(kind=kind), "input[0]", kind, allow_remote=False))
     assert e.value.param == "input"
-    assert asyncio.run(media.image_bytes("data:image/png;base64,QUJD", "x", False)) == b"ABC"
+    assert asyncio.run(media.file_bytes("data:image/png;base64,QUJD", "x", kind, False)) == b"ABC"
+
+
+def test_video_parts_are_taken_as_vllm_writes_them():
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJD"}}
+    parts = [{"type": "text", "text": "a clip"}, video, video]
+    inputs = embeddings({"input": [parts, "plain"]})[0]
+    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    assert (texts, images, videos) == (["a clip", "plain"], [[], []], [[b"ABC", b"ABC"], []])
+    too_many = [video] * (MAX_VIDEOS_PER_TEXT + 1)
+    inputs = embeddings({"input": [too_many]})[0]
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    assert "5 videos, more than the limit of 4" in e.message and e.param == "input"
 
 
 def test_score_body():

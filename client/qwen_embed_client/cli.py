@@ -6,6 +6,7 @@ qwen-embed embed --input big.jsonl -o out/                # shards, resumed afte
 qwen-embed embed --input docs.jsonl --chunk-size 256       # late chunking: JSONL of chunks
 qwen-embed embed "a query" --per-token                    # a vector per token: JSONL
 qwen-embed embed "a caption" --image photo.jpg             # a multimodal model: text + image
+qwen-embed embed "what happens" --video clip.mp4            # ... or a video
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed rerank "" pages.jsonl --query-image q.png     # {"text", "images": [files]} per line
 qwen-embed health --url HOST:PORT
@@ -106,8 +107,8 @@ def progress(done: int, total: int) -> None:
 
 
 def cmd_embed(args, client: EmbeddingClient) -> None:
-    if args.image:
-        embed_with_images(args, client)
+    if args.image or args.video:
+        embed_with_media(args, client)
         return
     texts, ids = read_records(args)
     if not texts:
@@ -149,17 +150,20 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     write_vectors(args.output, np.concatenate(vectors), np.concatenate(counts))
 
 
-def embed_with_images(args, client: EmbeddingClient) -> None:
-    """One input of a multimodal model: the image files of --image and the text given (or
-    none), one vector."""
+def embed_with_media(args, client: EmbeddingClient) -> None:
+    """One input of a multimodal model: the video files of --video, the image files of
+    --image and the text given (or none), one vector."""
     if args.input or len(args.texts) > 1:
-        raise EmbeddingError("--image goes with one input: at most one text, no --input")
-    files = read_images(args.image, "--image")
+        raise EmbeddingError("--image and --video go with one input: at most one text, no --input")
+    images = read_images(args.image or [], "--image")
+    videos = read_images(args.video or [], "--video")
     options = options_from_flags(EmbedOptions, args)
     if options.pop("chunk_size") is not None or options.pop("per_token"):
-        raise EmbeddingError("--image takes neither --chunk-size nor --per-token")
+        raise EmbeddingError("--image and --video take neither --chunk-size nor --per-token")
     texts = list(args.texts) or [""]
-    result = client.embed_with_usage(texts, images=[files], priority=args.priority, **options)
+    result = client.embed_with_usage(
+        texts, images=[images], videos=[videos], priority=args.priority, **options
+    )
     write_vectors(args.output, result.embeddings, result.token_counts)
 
 
@@ -309,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="an image file (a multimodal model), repeatable: embeds one input, these images "
         "and the text given",
+    )
+    e.add_argument(
+        "--video",
+        action="append",
+        metavar="FILE",
+        help="a video file (MP4, WebM, ...; a multimodal model), repeatable: embeds one input, "
+        "these videos, the images and the text given",
     )
     r = sub.add_parser("rerank", parents=[common], help="score documents against a query")
     r.add_argument("query")

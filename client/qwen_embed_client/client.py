@@ -192,23 +192,29 @@ class AsyncEmbeddingClient:
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
         images: list[list[bytes]] | None = None,
+        videos: list[list[bytes]] | None = None,
         **options,
     ) -> EmbeddingResult:
         """`priority`: "interactive" (the server's default) or "bulk" (served after every
         waiting interactive request); `headers` go with every Triton request (e.g. a W3C
-        `traceparent`); `images` (a multimodal model): per text, its image files (PNG, JPEG,
-        ...; the text may then be ""); the other options are the server's request
-        parameters. With `token_ids=True`, `texts` are lists of the model's own token ids."""
+        `traceparent`); `images` and `videos` (a multimodal model): per text, its image files
+        (PNG, JPEG, ...) and video files (MP4, WebM, ...; the text may then be ""); the other
+        options are the server's request parameters. With `token_ids=True`, `texts` are lists
+        of the model's own token ids."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
         level = priority_level(priority)
         if not texts:
             raise ValueError("texts must not be empty")
-        if images is not None and len(images) != len(texts):
-            raise ValueError(f"images must hold a list per text ({len(texts)}), got {len(images)}")
+        media = {"IMAGES": images, "VIDEOS": videos}
+        for name, files in media.items():
+            if files is not None and len(files) != len(texts):
+                raise ValueError(
+                    f"{name.lower()} must hold a list per text ({len(texts)}), got {len(files)}"
+                )
 
         def send(server, a, b):
-            batch = None if images is None else images[a:b]
+            batch = {k: v[a:b] for k, v in media.items() if v is not None}
             return self._send(server, texts[a:b], opts, level, headers, batch)
 
         chunks = await self._split(len(texts), send)
@@ -446,11 +452,13 @@ class AsyncEmbeddingClient:
         return inp
 
     async def _send(
-        self, server: _Server, texts: list, opts: EmbedOptions, priority, headers, images=None
+        self, server: _Server, texts: list, opts: EmbedOptions, priority, headers, media=None
     ):
+        """`media`: IMAGES and VIDEOS, per text its files."""
         inputs = [self._text_input(texts, opts)]
-        if images is not None and any(images):
-            inputs.append(self._images_input("IMAGES", images, [len(texts), 1]))
+        for name, files in (media or {}).items():
+            if any(files):
+                inputs.append(self._images_input(name, files, [len(texts), 1]))
         result = await self._infer(server, self.model, inputs, opts.parameters(), priority, headers)
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
@@ -458,7 +466,8 @@ class AsyncEmbeddingClient:
         return vectors, counts, counts if before is None else before.reshape(-1)
 
     def _images_input(self, name: str, images: list[list[bytes]], shape: list[int]):
-        """Per element, its image files packed into one BYTES element (contract.pack_images)."""
+        """Per element, its image (or video) files packed into one BYTES element
+        (contract.pack_images)."""
         data = np.array([pack_images(list(files)) for files in images], dtype=np.object_)
         inp = self._module.InferInput(name, shape, "BYTES")
         inp.set_data_from_numpy(data.reshape(shape))

@@ -59,6 +59,11 @@ MAX_TOKEN_VECTOR_BYTES = 64 * 2**20
 MAX_IMAGES_PER_TEXT = 16
 MAX_IMAGE_BYTES = 20 * 2**20
 MAX_DECODED_PIXELS = 64 * 2**20
+# Videos, in the VIDEOS input (pack_images again): each a video file (MP4, WebM, ...) of at most
+# MAX_VIDEO_BYTES holding at most MAX_VIDEO_FRAMES frames (each decoded to find the ones kept).
+MAX_VIDEOS_PER_TEXT = 4
+MAX_VIDEO_BYTES = 64 * 2**20
+MAX_VIDEO_FRAMES = 7200
 # What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
 # documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
 MAX_INPUTS = 2048
@@ -534,56 +539,63 @@ def pack_images(images: list[bytes]) -> bytes:
 
 
 def unpack_images(blob: bytes, index: int, name: str = "IMAGES") -> list[bytes]:
-    """pack_images' files back, refusing more than MAX_IMAGES_PER_TEXT images, a file over
-    MAX_IMAGE_BYTES and a malformed element (checked before anything is decoded)."""
+    """pack_images' files back, refusing more than MAX_IMAGES_PER_TEXT images (for VIDEOS:
+    MAX_VIDEOS_PER_TEXT videos), a file over MAX_IMAGE_BYTES (MAX_VIDEO_BYTES) and a malformed
+    element (checked before anything is decoded)."""
     if not blob:
         return []
+    kind, most, max_bytes = (
+        ("videos", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES)
+        if name == "VIDEOS"
+        else ("images", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES)
+    )
     where = f"input '{name}[{index}]'"
     count = int(np.frombuffer(blob[:4], "<i4")[0]) if len(blob) >= 4 else -1
-    if not 0 < count <= MAX_IMAGES_PER_TEXT:
-        raise RequestError(
-            f"{where} must hold 1 to {MAX_IMAGES_PER_TEXT} images (pack_images), got {count}"
-        )
+    if not 0 < count <= most:
+        raise RequestError(f"{where} must hold 1 to {most} {kind} (pack_images), got {count}")
     if len(blob) < 4 * (count + 1):
-        raise RequestError(f"{where} is not packed images (pack_images)")
+        raise RequestError(f"{where} is not packed {kind} (pack_images)")
     sizes = np.frombuffer(blob[4 : 4 * (count + 1)], "<i4")
     if (sizes <= 0).any() or 4 * (count + 1) + int(sizes.sum()) != len(blob):
-        raise RequestError(f"{where} is not packed images (pack_images)")
-    big = np.flatnonzero(sizes > MAX_IMAGE_BYTES)
+        raise RequestError(f"{where} is not packed {kind} (pack_images)")
+    big = np.flatnonzero(sizes > max_bytes)
     if big.size:
         raise RequestError(
-            f"{where} image {int(big[0])} is {int(sizes[big[0]])} bytes, more than the limit "
-            f"of {MAX_IMAGE_BYTES} bytes per image"
+            f"{where} {kind[:-1]} {int(big[0])} is {int(sizes[big[0]])} bytes, more than the "
+            f"limit of {max_bytes} bytes per {kind[:-1]}"
         )
     ends = 4 * (count + 1) + np.cumsum(sizes)
     return [blob[int(b - n) : int(b)] for n, b in zip(sizes, ends, strict=True)]
 
 
-def pack_media(images: list[np.ndarray]) -> bytes:
-    """A text's images for the encoder (MEDIA, one BYTES element per text; b"" for none),
-    each resized RGB uint8 [height, width, 3]: int32 count, (height, width) of each, then
-    their pixels."""
-    if not images:
+def pack_media(visuals: list[np.ndarray]) -> bytes:
+    """A text's images and videos for the encoder (MEDIA, one BYTES element per text; b"" for
+    none) in the order of their placeholders, each resized RGB uint8: an image [height, width,
+    3], a video's frames [frames, height, width, 3]. int32 count, (frames, height, width) of
+    each (frames 0: an image), then their pixels."""
+    if not visuals:
         return b""
-    head = np.array([len(images)] + [d for im in images for d in im.shape[:2]], "<i4")
-    return head.tobytes() + b"".join(np.ascontiguousarray(im, np.uint8).tobytes() for im in images)
+    shapes = [(0, *v.shape[:2]) if v.ndim == 3 else v.shape[:3] for v in visuals]
+    head = np.array([len(visuals)] + [d for shape in shapes for d in shape], "<i4")
+    return head.tobytes() + b"".join(np.ascontiguousarray(v, np.uint8).tobytes() for v in visuals)
 
 
 def unpack_media(blob: bytes, index: int) -> list[np.ndarray]:
-    """pack_media's images back (views of the element's bytes)."""
+    """pack_media's images and videos back (views of the element's bytes)."""
     if not blob:
         return []
     count = int(np.frombuffer(blob[:4], "<i4")[0]) if len(blob) >= 4 else 0
-    shapes = np.frombuffer(blob[4 : 4 + 8 * count], "<i4").reshape(-1, 2) if count > 0 else None
-    if shapes is None or len(shapes) != count or (shapes <= 0).any():
+    shapes = np.frombuffer(blob[4 : 4 + 12 * count], "<i4").reshape(-1, 3) if count > 0 else None
+    if shapes is None or len(shapes) != count or (shapes < 0).any() or (shapes[:, 1:] == 0).any():
         raise RequestError(f"input 'MEDIA[{index}]' is not packed images (pack_media)")
-    ends = 4 + 8 * count + np.cumsum(shapes[:, 0] * shapes[:, 1] * 3)
+    sizes = np.maximum(shapes[:, 0], 1) * shapes[:, 1] * shapes[:, 2] * 3
+    ends = 4 + 12 * count + np.cumsum(sizes)
     if int(ends[-1]) != len(blob):
         raise RequestError(f"input 'MEDIA[{index}]' is not packed images (pack_media)")
     pixels = np.frombuffer(blob, np.uint8)
     return [
-        pixels[int(end) - h * w * 3 : int(end)].reshape(h, w, 3)
-        for (h, w), end in zip(shapes.tolist(), ends, strict=True)
+        pixels[int(end - size) : int(end)].reshape(*([t] if t else []), h, w, 3)
+        for (t, h, w), size, end in zip(shapes.tolist(), sizes, ends, strict=True)
     ]
 
 

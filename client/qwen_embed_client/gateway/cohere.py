@@ -27,7 +27,7 @@ from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
 from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
 from .common import check_model, embed, encode_value, text_usage
 from .errors import STATUS, APIError, backend_error, json_body, options_checked, rerank_checked
-from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_images
+from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_media
 from .state import gateway, respond
 
 router = APIRouter(tags=["cohere"])
@@ -126,9 +126,9 @@ async def embed_v2(request: Request):
     gw = gateway(request)
     asked = EmbedRequest.parse(await json_body(request))
     check_model(asked.model, gw.model_names)
-    texts, kinds, images = asked.items, asked.server_types(), None
+    texts, kinds, images, videos = asked.items, asked.server_types(), None, None
     if has_parts(texts):
-        texts, images = await texts_and_images(texts, "inputs", gw.allow_remote_images)
+        texts, images, videos = await texts_and_media(texts, "inputs", gw.allow_remote_images)
     options = {**TRUNCATE[asked.truncate], **_priority(asked.priority)}
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
@@ -141,7 +141,7 @@ async def embed_v2(request: Request):
         e.message = f"invalid request: {e.message}"
         raise
     params = ("dimensions", "max_tokens") + (("inputs",) if images else ())
-    result = await embed(gw, texts, options, kinds, params, images=images)
+    result = await embed(gw, texts, options, kinds, params, images=images, videos=videos)
     embeddings = {}
     for kind in asked.embedding_types:
         vectors = result.by_type["float" if kind == "base64" else kind]

@@ -20,11 +20,17 @@ def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
 
 
 async def embed(
-    gw, inputs: list, options: dict, kinds: list[str], params=("dimensions",), images=None
+    gw,
+    inputs: list,
+    options: dict,
+    kinds: list[str],
+    params=("dimensions",),
+    images=None,
+    videos=None,
 ):
     """Every type asked for from one computation of the vectors, in one Triton request per
-    chunk of the inputs (the client splits), with the API's own errors; `images`: each
-    input's image files (a multimodal model)."""
+    chunk of the inputs (the client splits), with the API's own errors; `images`, `videos`:
+    each input's image and video files (a multimodal model)."""
     try:
         return await gw.client.embed_with_usage(
             inputs,
@@ -32,6 +38,7 @@ async def embed(
             embedding_type=",".join(kinds),
             headers=gw.outgoing(),
             images=images,
+            videos=videos,
         )
     except EmbeddingError as e:
         raise backend_error(e, params) from e

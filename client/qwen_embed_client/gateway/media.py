@@ -1,12 +1,12 @@
-"""Images in request bodies, for a multimodal model: content parts as OpenAI's chat API and
-vLLM's multimodal embeddings write them ({"type": "text", "text"} and {"type": "image_url",
-"image_url": {"url"}}), as Cohere v2's `inputs` do. Each input becomes one text (its text parts
-joined) and its images, which the server places before the text as the model's own script
-does.
+"""Images and videos in request bodies, for a multimodal model: content parts as OpenAI's chat
+API and vLLM's multimodal embeddings write them ({"type": "text", "text"}, {"type":
+"image_url", "image_url": {"url"}} and vLLM's {"type": "video_url", "video_url": {"url"}}), as
+Cohere v2's `inputs` do. Each input becomes one text (its text parts joined), its images and its
+videos, which the server places before the text as the model's own script does.
 
-An image URL is a data URL (`data:image/png;base64,...`), always taken; a remote one
-(http/https) is fetched only where the gateway was started with --allow-remote-images, within
-MAX_IMAGE_BYTES and a timeout.
+A URL is a data URL (`data:image/png;base64,...`, `data:video/mp4;base64,...`), always taken; a
+remote one (http/https) is fetched only where the gateway was started with
+--allow-remote-images, within MAX_IMAGE_BYTES (MAX_VIDEO_BYTES) and a timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..contract import MAX_IMAGE_BYTES, MAX_IMAGES_PER_TEXT
+from ..contract import MAX_IMAGE_BYTES, MAX_IMAGES_PER_TEXT, MAX_VIDEO_BYTES, MAX_VIDEOS_PER_TEXT
 from .bodies import Body, Text
 from .errors import invalid
 
@@ -44,7 +44,12 @@ class ImagePart(Body):
     image_url: ImageURL
 
 
-Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class VideoPart(Body):
+    type: Literal["video_url"]
+    video_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
 Parts = Annotated[list[Part], Field(min_length=1)]
 
 
@@ -61,70 +66,81 @@ def has_parts(items: list) -> bool:
     return any(isinstance(item, list) and item and isinstance(item[0], Body) for item in items)
 
 
-async def texts_and_images(
+# Per kind: its part's class and URL field, the files one input may hold, each one's bytes.
+KINDS = {
+    "image": (ImagePart, "image_url", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES),
+    "video": (VideoPart, "video_url", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES),
+}
+
+
+async def texts_and_media(
     items: list, name: str, allow_remote: bool
-) -> tuple[list[str], list[list[bytes]]]:
-    """Inputs (texts, or lists of content parts) -> (texts, each one's image files)."""
-    texts, images = [], []
+) -> tuple[list[str], list[list[bytes]], list[list[bytes]]]:
+    """Inputs (texts, or lists of content parts) -> (texts, each one's image files, each
+    one's video files)."""
+    texts, files = [], {kind: [] for kind in KINDS}
     for i, item in enumerate(items):
         if isinstance(item, str):
             texts.append(item)
-            images.append([])
+            for found in files.values():
+                found.append([])
             continue
-        urls = [p.image_url.url for p in item if isinstance(p, ImagePart)]
-        if len(urls) > MAX_IMAGES_PER_TEXT:
-            raise invalid(
-                f"'{name}[{i}]' holds {len(urls)} images, more than the limit of "
-                f"{MAX_IMAGES_PER_TEXT}",
-                name,
-            )
         texts.append("".join(p.text for p in item if isinstance(p, TextPart)))
-        images.append([await image_bytes(u, f"{name}[{i}]", allow_remote) for u in urls])
-    return texts, images
+        for kind, (part, field, most, _) in KINDS.items():
+            urls = [getattr(p, field).url for p in item if isinstance(p, part)]
+            if len(urls) > most:
+                raise invalid(
+                    f"'{name}[{i}]' holds {len(urls)} {kind}s, more than the limit of {most}",
+                    name,
+                )
+            where = f"{name}[{i}]"
+            files[kind].append([await file_bytes(u, where, kind, allow_remote) for u in urls])
+    return texts, files["image"], files["video"]
 
 
-async def image_bytes(url: str, where: str, allow_remote: bool) -> bytes:
-    """An image URL's file: a data URL's bytes, or a remote file where that is allowed."""
+async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> bytes:
+    """An image's or video's URL -> its file: a data URL's bytes, or a remote file where that
+    is allowed."""
+    field = where.split("[")[0]
     data = _DATA_URL.match(url)
     if data is not None:
         if ";base64" not in data.group("params"):
-            raise invalid(f"'{where}' image data URL must be base64", where.split("[")[0])
+            raise invalid(f"'{where}' {kind} data URL must be base64", field)
         try:
             raw = base64.b64decode(data.group("data"), validate=True)
         except (binascii.Error, ValueError):
-            message = f"'{where}' image data URL is not valid base64"
-            raise invalid(message, where.split("[")[0]) from None
-        return _within_limit(raw, where)
+            raise invalid(f"'{where}' {kind} data URL is not valid base64", field) from None
+        return _within_limit(raw, where, kind)
     if not url.startswith(("http://", "https://")):
         raise invalid(
-            f"'{where}' image URL must be a data URL (data:image/...;base64,...) or http(s)",
-            where.split("[")[0],
+            f"'{where}' {kind} URL must be a data URL (data:{kind}/...;base64,...) or http(s)",
+            field,
         )
     if not allow_remote:
         raise invalid(
-            f"'{where}' remote image URLs are not allowed here (the gateway's "
-            "--allow-remote-images); send the image as a data URL",
-            where.split("[")[0],
+            f"'{where}' remote {kind} URLs are not allowed here (the gateway's "
+            f"--allow-remote-images); send the {kind} as a data URL",
+            field,
         )
     try:
-        raw = await asyncio.to_thread(_fetch, url)
+        raw = await asyncio.to_thread(_fetch, url, KINDS[kind][3])
     except OSError as e:
-        raise invalid(f"'{where}' image could not be fetched: {e}", where.split("[")[0]) from None
-    return _within_limit(raw, where)
+        raise invalid(f"'{where}' {kind} could not be fetched: {e}", field) from None
+    return _within_limit(raw, where, kind)
 
 
-def _fetch(url: str) -> bytes:
+def _fetch(url: str, limit: int) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": "qwen-embed-gateway"})
     with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
-        return response.read(MAX_IMAGE_BYTES + 1)
+        return response.read(limit + 1)
 
 
-def _within_limit(raw: bytes, where: str) -> bytes:
-    if len(raw) > MAX_IMAGE_BYTES:
+def _within_limit(raw: bytes, where: str, kind: str) -> bytes:
+    limit = KINDS[kind][3]
+    if len(raw) > limit:
         raise invalid(
-            f"'{where}' image is more than the limit of {MAX_IMAGE_BYTES} bytes",
-            where.split("[")[0],
+            f"'{where}' {kind} is more than the limit of {limit} bytes", where.split("[")[0]
         )
     if not raw:
-        raise invalid(f"'{where}' image is empty", where.split("[")[0])
+        raise invalid(f"'{where}' {kind} is empty", where.split("[")[0])
     return raw

@@ -45,7 +45,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import ImagePart, Message, Parts, has_parts, texts_and_images
+from .media import ImagePart, Message, Parts, has_parts, texts_and_media
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -302,11 +302,11 @@ async def embeddings_body(gw, body: object) -> dict:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
         return await _chunk_embeddings(gw, inputs, options, encoding)
-    images = None
+    images = videos = None
     if has_parts(inputs):
-        inputs, images = await texts_and_images(inputs, "input", gw.allow_remote_images)
+        inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
     params = ("dimensions",) if images is None else ("dimensions", "input")
-    result = await embed(gw, inputs, options, kinds, params, images=images)
+    result = await embed(gw, inputs, options, kinds, params, images=images, videos=videos)
     data = []
     for i in range(len(inputs)):
         entry = {"object": "embedding", "index": i}
@@ -351,8 +351,12 @@ async def rerank_response(gw, body: object) -> dict:
     request, options = parse_rerank_request(body, gw.rerank_model_name)
     query, documents = request.inputs
     allow = gw.allow_remote_images
-    (query,), (query_images,) = await texts_and_images([query], "query", allow)
-    texts, images = await texts_and_images(documents, "documents", allow)
+    (query,), (query_images,), (query_videos,) = await texts_and_media([query], "query", allow)
+    texts, images, videos = await texts_and_media(documents, "documents", allow)
+    for name, given in (("query", [query_videos]), ("documents", videos)):
+        if any(given):
+            where = f"{name}[{next(i for i, v in enumerate(given) if v)}]"
+            raise invalid(f"'{where}' holds a video: reranking reads text and images", name)
     if query_images or any(images):
         options |= {"query_images": query_images, "document_images": images}
     try:

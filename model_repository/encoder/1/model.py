@@ -32,6 +32,7 @@ from qwen_embed_client.contract import (
     unpack_media,
 )
 from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
+from qwen_embed_deploy.serving import videos
 from qwen_embed_deploy.serving.config import (
     encoder_device,
     encoder_parameters,
@@ -253,7 +254,8 @@ class TritonPythonModel:
         ]
 
     def _media(self, request, seqs):
-        """The texts with their images (media.MediaText) when the tokenizer sent any."""
+        """The texts with their images and videos (media.MediaText) when the tokenizer sent
+        any: an image's pixels [h, w, 3], a video's [frames, h, w, 3] (contract.pack_media)."""
         tensor = pb_utils.get_input_tensor_by_name(request, "MEDIA")
         blobs = [] if tensor is None else tensor.as_numpy().reshape(-1)
         images = [unpack_media(b, j) for j, b in enumerate(blobs)]
@@ -263,9 +265,14 @@ class TritonPythonModel:
             raise RequestError(
                 "input 'MEDIA' needs an embedding model or a reranker, and one element per text"
             )
-        visuals = [[Visual(*patchify(rgb, self.image_settings)) for rgb in im] for im in images]
+        visuals = [[self._visual(rgb) for rgb in im] for im in images]
         texts = [MediaText(seq, tuple(v)) for seq, v in zip(seqs, visuals, strict=True)]
         return self.encoder.check_visuals(texts)  # the ids were checked with the others
+
+    def _visual(self, rgb):
+        if rgb.ndim == 4:
+            return Visual(*videos.patchify(rgb, self.image_settings), video=True)
+        return Visual(*patchify(rgb, self.image_settings))
 
     def _ragged_rows(self, per_text, opts):
         """Per-text vectors (chunks', tokens') -> [n, most rows, dim], each finished with the

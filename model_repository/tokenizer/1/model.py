@@ -1,7 +1,8 @@
 """Triton adapter for the tokenizer step of both ensembles (parameter `task`):
 embed: TEXT -> TOKEN_IDS, TOKEN_COUNT, INPUT_TOKENS (qwen_embed_deploy.serving.tokenizer), and for
 a direct call the TOKENS or DECODED views; for a multimodal checkpoint every text in its chat
-template, with the images of IMAGES resized and sent on as MEDIA (serving/images.py);
+template, with the videos of VIDEOS and the images of IMAGES resized and sent on as MEDIA
+(serving/videos.py, serving/images.py);
 rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank),
 for a multimodal reranker with the images of QUERY_IMAGES and DOCUMENT_IMAGES in each pair's
 MEDIA."""
@@ -16,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed_client.contract import (
     MAX_DECODED_PIXELS,
     MAX_TEXTS_PER_REQUEST,
+    MAX_VIDEO_FRAMES,
     EmbedOptions,
     RequestError,
     RerankOptions,
@@ -30,6 +32,7 @@ from qwen_embed_client.contract import (
 )
 from qwen_embed_deploy.host import gpu_count
 from qwen_embed_deploy.placement import read_topology, tokenizer_placement
+from qwen_embed_deploy.serving import videos
 from qwen_embed_deploy.serving.config import (
     model_parameters,
     tokenizer_checkpoint,
@@ -37,7 +40,7 @@ from qwen_embed_deploy.serving.config import (
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
 from qwen_embed_deploy.serving.rerank import PairTokenizer
-from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts, image_blocks
 
 
 class TritonPythonModel:
@@ -83,13 +86,14 @@ class TritonPythonModel:
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
         files = self._files(request, "IMAGES", raw.size)
-        if self.tokenizer.chat is not None or any(files):
+        video_files = self._files(request, "VIDEOS", raw.size)
+        if self.tokenizer.chat is not None or any(files) or any(video_files):
             if asked & {"TOKENS", "DECODED"}:
                 raise RequestError(
                     "outputs 'TOKENS' and 'DECODED' are not available for a multimodal model, "
                     "whose texts are written in its chat template"
                 )
-            return self._chat(raw, files, opts)
+            return self._chat(raw, files, video_files, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
             ids, counts = self.tokenizer.encode_ids(lists, opts)
@@ -129,27 +133,41 @@ class TritonPythonModel:
             *extra,
         ]
 
-    def _chat(self, raw, files, opts):
-        """A multimodal checkpoint's texts, with the images of IMAGES (`files`: per text, its
-        image files), in its chat template; MEDIA carries each text's resized images to the
-        encoder."""
-        if any(files) and self.tokenizer.chat is None:
-            raise RequestError("input 'IMAGES' holds images, and this model reads text only")
-        if any(files) and (opts.token_ids or opts.chunked or opts.per_token):
-            raise RequestError(
-                "input 'IMAGES' goes with texts: not with token_ids, chunks or per_token"
-            )
+    def _chat(self, raw, files, video_files, opts):
+        """A multimodal checkpoint's texts, with the videos of VIDEOS and the images of IMAGES
+        (`video_files`, `files`: per text, its files), in its chat template; MEDIA carries
+        each text's resized frames and images to the encoder, in that order (the script's)."""
+        for name, given in (("VIDEOS", video_files), ("IMAGES", files)):
+            kind = name.lower()
+            if any(given) and self.tokenizer.chat is None:
+                raise RequestError(f"input '{name}' holds {kind}, and this model reads text only")
+            if any(given) and (opts.token_ids or opts.chunked or opts.per_token):
+                raise RequestError(
+                    f"input '{name}' goes with texts: not with token_ids, chunks or per_token"
+                )
         if opts.token_ids or opts.chunked:
             raise RequestError(
                 "parameters 'token_ids', 'chunk_size' and 'chunk_spans' are not available "
                 "for a multimodal model, whose texts are written in its chat template"
             )
-        with_images = frozenset(i for i, f in enumerate(files) if f)
-        texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_images)
+        with_media = frozenset(
+            i for i, (f, v) in enumerate(zip(files, video_files, strict=True)) if f or v
+        )
+        texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_media)
+        clips = [
+            [self._video(i, j, data) for j, data in enumerate(f)] for i, f in enumerate(video_files)
+        ]
         images = self._images(files, "IMAGES")
-        tokens = self._tokens(images)
-        ids, counts = self.tokenizer.encode_media(texts, tokens, opts)
-        media = np.array([[pack_media(im)] for im in images], dtype=np.object_)
+        visuals = [
+            "".join(videos.placeholders(v, self.image_settings) for v in vs) + image_blocks(n)
+            for vs, n in zip(clips, self._tokens(images), strict=True)
+        ]
+        fields = ["VIDEOS" if v else "IMAGES" for v in video_files]
+        ids, counts = self.tokenizer.encode_media(texts, visuals, opts, fields)
+        media = [
+            [pack_media([v.frames for v in vs] + im)] for vs, im in zip(clips, images, strict=True)
+        ]
+        media = np.array(media, dtype=np.object_)
         counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
         none = np.array([[b""]] * len(ids), dtype=np.object_)
         return ids, [
@@ -170,6 +188,12 @@ class TritonPythonModel:
             return resized(decode(data, MAX_DECODED_PIXELS), self.image_settings)
         except ValueError as e:
             raise RequestError(f"input '{name}[{element}]' image {index} {e}") from None
+
+    def _video(self, element, index, data):
+        try:
+            return videos.read(data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS)
+        except ValueError as e:
+            raise RequestError(f"input 'VIDEOS[{element}]' video {index} {e}") from None
 
     def _tokens(self, images):
         return [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
@@ -205,8 +229,8 @@ class TritonPythonModel:
         return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
 
     def _files(self, request, name, count):
-        """An optional input of packed image files (contract.pack_images): per element, its
-        files ([] where absent)."""
+        """An optional input of packed image or video files (contract.pack_images): per
+        element, its files ([] where absent)."""
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
             return [[]] * count

@@ -98,7 +98,7 @@ class PromptSet:
 
 
 # Qwen3-VL-Embedding's script: the instruction is the system turn (a full stop added where it
-# ends without punctuation); the user turn holds the images, then the text.
+# ends without punctuation); the user turn holds the videos, the images, then the text.
 DEFAULT_MEDIA_INSTRUCTION = "Represent the user's input."
 
 
@@ -112,15 +112,15 @@ def image_blocks(image_tokens: list[int]) -> str:
 @dataclass(frozen=True)
 class ChatTemplate:
     """How a multimodal checkpoint's texts are written (Qwen3-VL-Embedding's script): every
-    text, with images or without, in one chat turn after the instruction, ending where the
-    assistant's answer would begin."""
+    text, with images and videos or without, in one chat turn after the instruction, ending
+    where the assistant's answer would begin."""
 
-    def before(self, instruction: str, image_tokens: list[int]) -> str:
+    def before(self, instruction: str, visuals: str = "") -> str:
+        """The turn up to the text: `visuals` are its videos' and images' placeholders."""
         instruction = instruction.strip()
         if instruction and unicodedata.category(instruction[-1])[0] != "P":
             instruction += "."
-        images = image_blocks(image_tokens)
-        return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{images}"
+        return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
 
     after: str = "<|im_end|>\n<|im_start|>assistant\n"
 
@@ -303,12 +303,12 @@ class TextTokenizer:
         return all_ids, chunks, counts
 
     def encode_media(
-        self, texts: list[str], image_tokens: list[list[int]], opts: EmbedOptions
+        self, texts: list[str], visuals: list[str], opts: EmbedOptions, fields: list[str]
     ) -> tuple[list[list[int]], list[int]]:
-        """Ids and input token counts of texts written in the checkpoint's chat template with
-        their images' placeholders (`image_tokens`: each image's count); a text too long
-        loses its own tokens only (the template and images stay whole). One tokenization
-        per text unless it must be cut."""
+        """Ids and input token counts of texts written in the checkpoint's chat template after
+        their videos' and images' placeholders (`visuals`: per text, the placeholder text;
+        `fields`: the input a refusal names); a text too long loses its own tokens only (the
+        template and its visuals stay whole). One tokenization per text unless it must be cut."""
         if self.chat is None:
             raise RequestError("input 'IMAGES' holds images, and this model reads text only")
         if opts.prompt_name is not None:
@@ -316,22 +316,19 @@ class TextTokenizer:
         else:
             instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
         after, extra, limit = self.chat.after, len(self._head) + len(self._tail), self._limit(opts)
-        template = None  # the template's own tokens (no images), counted where a text is cut
         out, counts = [], []
-        for i, (text, images) in enumerate(zip(texts, image_tokens, strict=True)):
-            before = self.chat.before(instruction, images) + (opts.prompt or "")
+        for i, (text, visual) in enumerate(zip(texts, visuals, strict=True)):
+            before = self.chat.before(instruction, visual) + (opts.prompt or "")
             ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
             count = len(ids) + extra
             if count > limit:
-                if template is None:
-                    plain = self.chat.before(instruction, []) + (opts.prompt or "") + after
-                    template = len(self._tok.encode(plain, add_special_tokens=False).ids)
-                # each image: its placeholders between <|vision_start|> and <|vision_end|>
-                fixed = template + sum(n + 2 for n in images) + extra
+                # the template's and the visuals' tokens, kept whole where the text is cut
+                fixed = len(self._tok.encode(before + after, add_special_tokens=False).ids)
+                fixed += extra
                 if fixed > limit:
                     raise RequestError(
-                        f"input 'IMAGES[{i}]' takes {fixed} tokens with the template, more "
-                        f"than the limit of {limit}"
+                        f"input '{fields[i]}[{i}]' takes {fixed} tokens with the template, "
+                        f"more than the limit of {limit}"
                     )
                 own = self._tok.encode(text, add_special_tokens=False)
                 kept = own.offsets[self._cut(i, len(own.ids), limit - fixed, opts)]

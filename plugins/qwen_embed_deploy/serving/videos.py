@@ -1,0 +1,169 @@
+"""Video bytes -> frames for the vision tower, as Qwen3-VL-Embedding's script prepares a video
+file (its qwen-vl-utils, then Qwen3-VL's processor without resizing).
+
+A file (MP4, WebM, MKV, ...: whatever FFmpeg reads, through PyAV) is read for its frame count
+and rate; `FPS` frames per second of it are kept, at least `MIN_FRAMES`, at most `MAX_FRAMES`,
+in whole temporal patches (`frame_count`), evenly spaced (`frame_indices`); they are decoded to
+RGB and resized together to one size of whole merge blocks (images.fit with a per-frame budget
+of 128 to 768 text-model tokens, and less where many frames share `TOTAL_TOKENS`), bicubic with
+antialiasing as torchvision resizes tensors. Each temporal patch (two frames) is one run of
+placeholders after its timestamp, the mean of its frames' times (`placeholders`). The frames
+travel to the encoder as uint8 like an image's, and are cut into patches there (`patchify`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .images import ImageSettings, fit
+
+FPS = 1.0  # frames kept per second of video (the embedding script's)
+MIN_FRAMES, MAX_FRAMES = 4, 64
+FRAME_MIN_TOKENS, FRAME_MAX_TOKENS = 128, 768  # per frame, before temporal merging
+TOTAL_TOKENS = 115_200  # qwen-vl-utils' budget for a video's frames (0.9 x 128K)
+
+
+@dataclass(frozen=True)
+class Video:
+    """A video's kept frames, resized: uint8 [frames, height, width, 3], and the time of each
+    (seconds)."""
+
+    frames: np.ndarray
+    times: tuple[float, ...]
+
+
+def frame_count(total: int, fps: float, temporal: int) -> int:
+    """Frames kept of a video of `total` frames at `fps` (qwen-vl-utils' smart_nframes)."""
+    low = math.ceil(MIN_FRAMES / temporal) * temporal
+    high = math.floor(MAX_FRAMES / temporal) * temporal
+    n = min(min(max(total / fps * FPS, low), high), total)
+    n = math.floor(n / temporal) * temporal
+    if not temporal <= n <= total:
+        raise ValueError(f"has {total} frames: a video needs at least {temporal}")
+    return n
+
+
+def frame_indices(total: int, count: int) -> list[int]:
+    """`count` frames evenly spaced from the first to the last, as qwen-vl-utils picks them
+    (torch's float32 linspace, rounded half to even)."""
+    import torch
+
+    return torch.linspace(0, total - 1, count).round().long().tolist()
+
+
+def frame_size(height: int, width: int, count: int, settings: ImageSettings) -> tuple[int, int]:
+    """The size every kept frame is resized to (qwen-vl-utils' fetch_video)."""
+    per_token = settings.factor**2
+    low = FRAME_MIN_TOKENS * per_token
+    high = max(min(FRAME_MAX_TOKENS * per_token, TOTAL_TOKENS * per_token / count * 2), low * 1.05)
+    return fit(height, width, replace(settings, min_pixels=low, max_pixels=int(high)))
+
+
+def read(data: bytes, settings: ImageSettings, max_frames: int, max_pixels: int) -> Video:
+    """Video file bytes -> its kept frames, resized; ValueError for what cannot be read, a
+    video of more than `max_frames` frames or frames of more than `max_pixels` pixels."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise ValueError("holds no video stream")
+            stream = container.streams.video[0]
+            height, width = stream.codec_context.height, stream.codec_context.width
+            if height * width > max_pixels:
+                raise ValueError(
+                    f"is {width}x{height}, more than the limit of {max_pixels} pixels per frame"
+                )
+            rate = float(stream.average_rate or 0)
+            total = stream.frames or sum(1 for _ in container.decode(stream))
+            if total > max_frames:
+                raise ValueError(f"has {total} frames, more than the limit of {max_frames}")
+            if rate <= 0:
+                raise ValueError("has no frame rate")
+            count = frame_count(total, rate, settings.temporal_patch_size)
+            wanted = frame_indices(total, count)
+            frames = _decode(container, stream, set(wanted))
+    except ValueError:
+        raise
+    except (av.FFmpegError, OSError) as e:
+        raise ValueError(f"is not a readable video ({type(e).__name__}: {e})") from None
+    if not frames or max(wanted) not in frames:
+        raise ValueError(f"is not a readable video (frame {max(wanted)} of {total} not decoded)")
+    picked = np.stack([frames[i] for i in wanted])
+    size = frame_size(picked.shape[1], picked.shape[2], count, settings)
+    return Video(resized(picked, size), tuple(i / rate for i in wanted))
+
+
+def _decode(container, stream, wanted: set[int]) -> dict[int, np.ndarray]:
+    """The wanted frames (by their index in decoding order) as RGB uint8 [h, w, 3]."""
+    container.seek(0)
+    out = {}
+    for index, frame in enumerate(container.decode(stream)):
+        if index in wanted:
+            out[index] = frame.to_ndarray(format="rgb24")
+        if len(out) == len(wanted):
+            break
+    return out
+
+
+def resized(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [n, h, w, 3] -> uint8 [n, size, 3]: bicubic with antialiasing in float32, clamped
+    and rounded (torchvision's resize of a uint8 tensor)."""
+    import torch
+
+    if frames.shape[1:3] == size:
+        return np.ascontiguousarray(frames)
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = torch.nn.functional.interpolate(
+        x, size=size, mode="bicubic", align_corners=False, antialias=True
+    )
+    x = x.clamp(0, 255).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def timestamps(times: tuple[float, ...], temporal: int) -> list[float]:
+    """Each temporal patch's time: the mean of its first and last frame's (Qwen3-VL's
+    processor; a last patch short of frames repeats the last)."""
+    t = list(times) + [times[-1]] * (-len(times) % temporal)
+    return [(t[i] + t[i + temporal - 1]) / 2 for i in range(0, len(t), temporal)]
+
+
+def placeholders(video: Video, settings: ImageSettings) -> str:
+    """The video in a Qwen3-VL prompt: per temporal patch its timestamp, then its
+    placeholders between <|vision_start|> and <|vision_end|> (Qwen3-VL's processor)."""
+    _, h, w, _ = video.frames.shape
+    pads = "<|video_pad|>" * (h * w // settings.factor**2)
+    return "".join(
+        f"<{t:.1f} seconds><|vision_start|>{pads}<|vision_end|>"
+        for t in timestamps(video.times, settings.temporal_patch_size)
+    )
+
+
+def patchify(
+    frames: np.ndarray, settings: ImageSettings
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Resized frames uint8 [n, height, width, 3] -> (pixels [patches, 3 x temporal_patch x
+    patch x patch] float32, grid (temporal patches, rows, columns)): the encoder's part, as
+    images.patchify with each patch's frames its own instead of one repeated."""
+    t = settings.temporal_patch_size
+    frames = np.concatenate([frames, np.repeat(frames[-1:], -len(frames) % t, axis=0)])
+    p, m = settings.patch_size, settings.merge_size
+    n, height, width, _ = frames.shape
+    rows, cols = height // p, width // p
+    if rows * p != height or cols * p != width or rows % m or cols % m:
+        raise ValueError(f"frames of {(height, width)} pixels are not whole merge blocks")
+    x = frames.astype(np.float32) / 255.0
+    x = (x - np.asarray(settings.mean, np.float32)) / np.asarray(settings.std, np.float32)
+    # [T, H, W, C] -> (time patch, block row, block column, row in block, column in block, C,
+    # frame in patch, py, px)
+    x = x.reshape(n // t, t, rows // m, m, p, cols // m, m, p, 3)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return np.ascontiguousarray(x).reshape(n // t * rows * cols, 3 * t * p * p), (
+        n // t,
+        rows,
+        cols,
+    )
