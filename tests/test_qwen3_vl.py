@@ -5,6 +5,7 @@ Qwen3-VL classes on a replica of the published layout (replicas.qwen3_vl)."""
 import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig, VisionConfig
 from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
+from qwen_embed_deploy.serving import videos
 
 from replicas import qwen3_vl
 
@@ -332,8 +334,14 @@ def official_last_hidden(model, model_dir, prompt: str, inputs: dict) -> torch.T
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    ids = torch.tensor(tok.encode(prompt).ids)[None]
-    types = (ids == 151655).int()
+    return last_hidden_of_ids(model, tok.encode(prompt).ids, inputs)
+
+
+def last_hidden_of_ids(model, ids, inputs: dict) -> torch.Tensor:
+    """The text model's last hidden state at the last token (images' and videos' placeholders
+    typed as transformers' processor types them)."""
+    ids = torch.as_tensor(np.asarray(ids))[None]
+    types = (ids == 151655).int() + 2 * (ids == 151656).int()
     with torch.no_grad():
         hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
     return hidden[0, -1].float()
@@ -451,8 +459,8 @@ def test_reranking_with_images_through_triton_matches_the_official_script(
             client.rerank("q", ["a", ""], document_images=[[files["png"]], []])
 
 
-def data_url(data: bytes, kind: str = "png") -> str:
-    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+def data_url(data: bytes, kind: str = "png", media: str = "image") -> str:
+    return f"data:{media}/{kind};base64," + base64.b64encode(data).decode()
 
 
 @pytest.mark.server
@@ -636,3 +644,164 @@ def test_the_cli_reranks_documents_with_images(served, reranker_dir, reranker_mo
         official_score(reranker_model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]),
     ]
     assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)
+
+
+def write_video(path: Path, frames: int, fps: int, size: tuple[int, int]) -> Path:
+    """A small real video file (MP4, MPEG-4 part 2): a yellow bar moving over a blue gradient."""
+    import av
+
+    height, width = size
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            rgb = np.zeros((height, width, 3), np.uint8)
+            rgb[..., 2] = np.linspace(0, 255, width, dtype=np.uint8)
+            x = (i * 5) % width
+            rgb[:, x : x + 10] = (250, 200, 20)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    where = tmp_path_factory.mktemp("clips")
+    return {
+        "bar": write_video(where / "bar.mp4", 10, 4, (48, 64)),  # 4 frames kept
+        "wide": write_video(where / "wide.mp4", 23, 3, (60, 100)),  # 6 frames kept
+    }
+
+
+@pytest.mark.parametrize(
+    "total, fps, kept",
+    [(10, 4, 4), (23, 3, 6), (300, 30, 10), (7200, 30, 64), (3, 30, 2), (5, 1, 4)],
+)
+def test_frames_kept_of_a_video_follow_qwen_vl_utils(total, fps, kept):
+    """1 frame per second, at least 4 and at most 64, whole temporal patches (smart_nframes)."""
+    assert videos.frame_count(total, fps, 2) == kept
+    indices = videos.frame_indices(total, kept)
+    assert len(indices) == kept and indices[0] == 0 and indices[-1] == total - 1
+
+
+def test_a_video_is_read_resized_and_cut_like_two_frame_images(clips):
+    from qwen_embed_client.contract import pack_media, unpack_media
+    from qwen_embed_deploy.serving.images import ImageSettings, patchify
+
+    settings = ImageSettings(patch_size=4)  # the replica's (replicas.qwen3_vl)
+    video = videos.read(clips["wide"].read_bytes(), settings, 100, 10**6)
+    # 6 of 23 frames at 3 fps; 60x100 grows to the 128-token floor per frame (8x8 pixels each)
+    assert video.frames.shape == (6, 72, 120, 3) and video.frames.dtype == np.uint8
+    assert video.times == tuple(i / 3 for i in (0, 4, 9, 13, 18, 22))
+    assert np.allclose(videos.timestamps(video.times, 2), [2 / 3, 11 / 3, 20 / 3])
+    text = videos.placeholders(video, settings)
+    assert text.startswith("<0.7 seconds><|vision_start|>" + "<|video_pad|>" * 135)
+    assert text.count("<|vision_start|>") == 3 and "<6.7 seconds>" in text
+    # a video of one frame twice is an image: the same patches, one temporal patch
+    still = np.repeat(video.frames[:1], 2, axis=0)
+    pixels, grid = videos.patchify(still, settings)
+    image_pixels, image_grid = patchify(video.frames[0], settings)
+    assert grid == image_grid == (1, 18, 30) and np.array_equal(pixels, image_pixels)
+    # MEDIA carries an image and a video's frames in their order
+    back = unpack_media(pack_media([video.frames, video.frames[0]]), 0)
+    assert np.array_equal(back[0], video.frames) and np.array_equal(back[1], video.frames[0])
+
+
+def test_unreadable_and_oversized_videos_are_refused(clips):
+    from qwen_embed_deploy.serving.images import ImageSettings
+
+    settings = ImageSettings(patch_size=4)
+    data = clips["bar"].read_bytes()
+    for bad, limits, words in [
+        (b"not a video", (100, 10**6), "not a readable video"),
+        (data[: len(data) // 3], (100, 10**6), "readable video"),
+        (data, (9, 10**6), "has 10 frames, more than the limit of 9"),
+        (data, (100, 1000), "is 64x48, more than the limit of 1000 pixels per frame"),
+        (image_files()["png"], (100, 10**6), "a video needs at least 2"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            videos.read(bad, settings, *limits)
+
+
+def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> np.ndarray:
+    """Qwen3-VL-Embedding's recipe for inputs with videos (tests/video_reference.py: its
+    qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the model as
+    official_vector runs it."""
+    import video_reference
+
+    spec = [
+        {"text": c["text"], "videos": [str(v) for v in c["videos"]], "images": []} for c in cases
+    ]
+    for i, case in enumerate(cases):  # images as files beside the videos
+        for j, data in enumerate(case["images"]):
+            path = work / f"image-{i}-{j}.png"
+            path.write_bytes(data)
+            spec[i]["images"].append(str(path))
+    vectors = []
+    for found in video_reference.official_inputs(model_dir, spec, work):
+        ids = found.pop("ids")
+        inputs = {k: torch.from_numpy(v) for k, v in found.items()}
+        hidden = last_hidden_of_ids(model, ids, inputs)
+        vectors.append(torch.nn.functional.normalize(hidden, dim=-1).numpy())
+    return np.stack(vectors)
+
+
+@pytest.mark.server
+@pytest.mark.skipif(
+    not __import__("video_reference").available(),
+    reason="the video recipe's stack (make setup: .venv/video-reference) is not installed",
+)
+def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe(
+    served, clips, tmp_path
+):
+    import json
+    import subprocess
+    import sys
+
+    import openai
+
+    from qwen_embed_client import EmbeddingClient
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    png = image_files()["png"]
+    cases = [
+        {"text": "a yellow bar moving right", "videos": [clips["bar"]], "images": []},
+        {"text": "", "videos": [clips["wide"]], "images": []},
+        {"text": "a clip and a picture", "videos": [clips["bar"]], "images": [png]},
+        {"text": "two clips", "videos": [clips["wide"], clips["bar"]], "images": []},
+    ]
+    want = official_video_vectors(model, model_dir, cases, tmp_path)
+    assert float(want[0] @ want[2]) < 0.999  # the image tells the vectors apart
+    texts = [c["text"] for c in cases]
+    files = [[v.read_bytes() for v in c["videos"]] for c in cases]
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with EmbeddingClient(url, protocol=protocol) as client:
+            got = client.embed(texts, videos=files, images=[c["images"] for c in cases])
+        cosines = (got * want).sum(axis=1)
+        assert cosines.min() >= FP32_COSINE, (protocol, cosines)
+
+    # vLLM's video_url content part, as a base64 data URL
+    clip = {"type": "video_url", "video_url": {"url": data_url(files[0][0], "mp4", "video")}}
+    with gateway_process(server) as base:
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        parts = [{"type": "text", "text": texts[0]}, clip]
+        answer = api.embeddings.create(model="embed", input=[parts, [clip]])
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert float(got[0] @ want[0]) >= FP32_COSINE
+        unreadable = {"type": "video_url", "video_url": {"url": data_url(png, "mp4", "video")}}
+        with pytest.raises(openai.BadRequestError, match="VIDEOS.0.' video 0 has 1 frames") as e:
+            api.embeddings.create(model="embed", input=[[unreadable]])
+        assert e.value.body["param"] == "input", e.value.body
+        # the same request's answer is unchanged after a refused one
+        again = api.embeddings.create(model="embed", input=[parts]).data[0].embedding
+        assert float(np.array(again) @ want[0]) >= FP32_COSINE
+
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", texts[0]]
+    command += ["--video", str(clips["bar"]), "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (row,) = [json.loads(line) for line in run.stdout.splitlines()]
+    assert float(np.array(row["embedding"]) @ want[0]) >= FP32_COSINE

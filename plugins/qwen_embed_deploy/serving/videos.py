@@ -87,9 +87,7 @@ def read(data: bytes, settings: ImageSettings, max_frames: int, max_pixels: int)
             count = frame_count(total, rate, settings.temporal_patch_size)
             wanted = frame_indices(total, count)
             frames = _decode(container, stream, set(wanted))
-    except ValueError:
-        raise
-    except (av.FFmpegError, OSError) as e:
+    except (av.FFmpegError, OSError) as e:  # FFmpeg's errors; ours pass through
         raise ValueError(f"is not a readable video ({type(e).__name__}: {e})") from None
     if not frames or max(wanted) not in frames:
         raise ValueError(f"is not a readable video (frame {max(wanted)} of {total} not decoded)")
