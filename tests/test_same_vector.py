@@ -82,10 +82,11 @@ def test_alone_among_others_and_after_a_cached_prefix(
 ):
     """On the native kernels (attention included) of every instruction set this CPU runs."""
     if quantization == "int8" and not int8.native_kernel():
-        if size == "small":
-            pytest.skip("int8 without the native operator compiles at every load: the server tier")
-        if isa != WIDEST:  # the other instruction sets' kernels: the cases without int8
-            pytest.skip("int8 without the native operator is one compiled GEMM on every ISA")
+        # torch's int8 GEMM (oneDNN without VNNI) is the same exact integer sums on every ISA
+        # and at any row count, and far slower than the float GEMMs: the small size on the
+        # widest ISA covers the route; the float layers at full size are the cases without int8
+        if size == "full" or isa != WIDEST:
+            pytest.skip("int8 without the native operator: the small size on the widest ISA")
     if size == "small" and isa != WIDEST:
         pytest.skip("the small size on the widest instruction set; every one at full size")
     # "auto" (the default) takes the operator exactly where oneDNN's GEMM is not row-invariant
