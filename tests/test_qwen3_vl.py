@@ -186,6 +186,24 @@ def test_vectors_match_transformers(replica, media, reference_model, dtype, attn
         assert float(encoder.embed_media([other])[0] @ want["text with an image"]) < 0.999
 
 
+def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
+    """A visual met twice in a forward (a rerank query's image in every pair) is run once; each
+    text's vector is the one it has alone."""
+    t = Texts(media, seed=5)
+    image, other, clip = t.visual(4, 4), t.visual(2, 6), t.visual(2, 4, t=2)
+    texts = [t.text(3, image, 5), t.text(image, 2), t.text(4, other, image, 1), t.text(clip, 6)]
+    texts.append(t.text(clip, image, 2))
+    with Encoder.from_pretrained(replica, dtype="float32", attn_backend="torch") as encoder:
+        alone = np.stack([encoder.embed_media([x])[0] for x in texts])
+        patches = []
+        tower = encoder.model.visual
+        run = tower.forward
+        tower.forward = lambda pixels, grids: patches.append(len(pixels)) or run(pixels, grids)
+        together = encoder.embed_media(texts)
+    assert patches == [4 * 4 + 2 * 6 + 2 * 2 * 4]  # one forward, each visual once
+    assert np.abs(together - alone).max() <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory):
     """Qwen3-VL-Reranker's layout: the embedder's, with an output head of its own (the 8B's;

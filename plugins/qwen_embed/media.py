@@ -17,6 +17,7 @@ one.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,13 +131,17 @@ class MediaForward:
         self.deepstack: list[torch.Tensor] = []
 
     def embed(self, tower, x: torch.Tensor) -> torch.Tensor:
-        """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders."""
+        """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders.
+        The tower runs once per distinct visual: a rerank query's image comes with every pair."""
         if not self.visuals:
             return x
-        pixels = torch.from_numpy(np.concatenate([v.pixels for v in self.visuals]))
-        tokens, self.deepstack = tower(
-            to_device(pixels, self.device), [v.grid for v in self.visuals]
-        )
+        distinct, copies = distinct_visuals(self.visuals, self.config.vision.spatial_merge_size)
+        pixels = torch.from_numpy(np.concatenate([v.pixels for v in distinct]))
+        tokens, self.deepstack = tower(to_device(pixels, self.device), [v.grid for v in distinct])
+        if copies is not None:
+            index = to_device(torch.from_numpy(copies), self.device)
+            tokens = tokens.index_select(0, index)
+            self.deepstack = [d.index_select(0, index) for d in self.deepstack]
         return x.index_copy(0, self.rows, tokens.to(x.dtype))
 
     def after_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -144,3 +149,23 @@ class MediaForward:
         if layer >= len(self.deepstack):
             return x
         return x.index_add(0, self.rows, self.deepstack[layer].to(x.dtype))
+
+
+def distinct_visuals(visuals: list[Visual], merge: int) -> tuple[list[Visual], np.ndarray | None]:
+    """The distinct visuals (same grid, kind and pixels: one) and, where some repeat, for each
+    visual's tokens in turn the row of the distinct visuals' tokens that gives it (None: all
+    distinct)."""
+    found: dict[tuple, int] = {}
+    distinct, which = [], []
+    for v in visuals:
+        key = (v.grid, v.video, hashlib.blake2b(np.ascontiguousarray(v.pixels)).digest())
+        if key not in found:
+            found[key] = len(distinct)
+            distinct.append(v)
+        which.append(found[key])
+    if len(distinct) == len(visuals):
+        return distinct, None
+    sizes = [int(np.prod(v.grid)) // merge**2 for v in distinct]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    rows = [np.arange(starts[i], starts[i] + sizes[i]) for i in which]
+    return distinct, np.concatenate(rows)
