@@ -103,7 +103,9 @@ perf-engine: setup
 # Inputs with an image each on a small Qwen3-VL replica (built on first use), vs transformers.
 perf-images: setup
 	tag=$(CPU_TAG) && $(PY) perf/bench_engine.py --images 32 --batch-size 8 \
-		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_images-$$tag
+		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_images-$$tag \
+	&& $(PY) perf/bench_engine.py --videos 8 --batch-size 4 \
+		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_videos-$$tag
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)

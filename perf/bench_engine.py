@@ -4,8 +4,9 @@
 
 Workloads (seeded, `--workloads`): "mixed" = 80% texts of 16-64 tokens and 20% of 256-1024, in
 random order; "uniform" = every text the same length; "short" = queries of 8-40 tokens; "long" =
-texts of 2,048-4,096 tokens. `--images N`: inputs with an image each, Qwen3-VL, through
-`Encoder.embed_media` and transformers' Qwen3VLModel (images/s and tokens/s). Token ids are
+texts of 2,048-4,096 tokens. `--images N` (`--videos N`): inputs with an image (a video of 8
+kept frames) each, Qwen3-VL, through `Encoder.embed_media` and transformers' Qwen3VLModel
+(images or videos/s and tokens/s). Token ids are
 drawn uniformly from the BPE vocabulary and end with <|endoftext|>, like the tokenizer's output
 (compute does not depend on which ids). transformers runs Qwen3Model/Qwen2Model with SDPA
 attention on left-padded batches of 32 in input order and takes the last position
@@ -136,6 +137,7 @@ VL_VISION = dict(
     deepstack_visual_indexes=[1, 2, 3],
 )
 IMAGE_SIZES = [(224, 224), (320, 240), (448, 336), (512, 384)]
+VIDEO_FRAMES = 8  # kept frames per video (4 temporal patches)
 
 
 def vl_replica(path: Path) -> Path:
@@ -173,7 +175,33 @@ def image_workload(n: int, seed: int, media) -> list:
     return texts
 
 
-def transformers_media(model, texts: list, batch_size: int, image_token: int) -> np.ndarray:
+def video_workload(n: int, seed: int, media) -> list:
+    """n inputs: the template around 16-64 text tokens and one video of VIDEO_FRAMES random
+    frames of a size from IMAGE_SIZES, resized and patched as the server does; 4 random ids
+    stand for each temporal patch's timestamp."""
+    from qwen_embed.media import MediaText, Visual
+    from qwen_embed_deploy.serving import videos
+    from qwen_embed_deploy.serving.images import ImageSettings
+
+    rng = np.random.default_rng(seed)
+    settings = ImageSettings()
+    texts = []
+    for i in range(n):
+        w, h = IMAGE_SIZES[i % len(IMAGE_SIZES)]
+        frames = rng.integers(0, 256, (VIDEO_FRAMES, h, w, 3), dtype=np.uint8)
+        size = videos.frame_size(h, w, VIDEO_FRAMES, settings)
+        pixels, grid = videos.patchify(videos.resized(frames, size), settings)
+        words = rng.integers(0, 151000, int(rng.integers(16, 65))).tolist()
+        ids = [151644] + words[:4] + [151645, 151644]
+        for _ in range(grid[0]):
+            ids += rng.integers(0, 151000, 4).tolist() + [151652]
+            ids += [media.video_token_id] * (grid[1] * grid[2] // 4) + [151653]
+        ids += words[4:] + [151645, 151644, ENDOFTEXT_ID]
+        texts.append(MediaText(np.array(ids), (Visual(pixels, grid, video=True),)))
+    return texts
+
+
+def transformers_media(model, texts: list, batch_size: int, media) -> np.ndarray:
     """Qwen3VLModel on left-padded batches, the last position pooled (the official script)."""
     out = []
     with torch.inference_mode():
@@ -181,19 +209,28 @@ def transformers_media(model, texts: list, batch_size: int, image_token: int) ->
             chunk = texts[i : i + batch_size]
             ids, mask = left_padded([t.ids for t in chunk])
             visuals = [v for t in chunk for v in t.visuals]
+            kind = "_videos" if visuals[0].video else ""
             hidden = model.model(
                 input_ids=ids,
                 attention_mask=mask,
-                mm_token_type_ids=(ids == image_token).int(),
-                pixel_values=torch.from_numpy(np.concatenate([v.pixels for v in visuals])),
-                image_grid_thw=torch.tensor([v.grid for v in visuals]),
+                mm_token_type_ids=(ids == media.image_token_id).int()
+                + 2 * (ids == media.video_token_id).int(),
+                **{
+                    f"pixel_values{kind}": torch.from_numpy(
+                        np.concatenate([v.pixels for v in visuals])
+                    ),
+                    f"{'video' if kind else 'image'}_grid_thw": torch.tensor(
+                        [v.grid for v in visuals]
+                    ),
+                },
             ).last_hidden_state[:, -1]
             out.append(F.normalize(hidden.float(), dim=-1).numpy())
     return np.concatenate(out)
 
 
 def images_main(args) -> None:
-    """--images: inputs with one image each through Encoder.embed_media and transformers."""
+    """--images (--videos): inputs with one image (video) each through Encoder.embed_media and
+    transformers."""
     from transformers import Qwen3VLForConditionalGeneration
 
     model_dir = vl_replica(Path(args.model_dir))
@@ -203,37 +240,44 @@ def images_main(args) -> None:
         model_dir, dtype=dtype, attn_implementation="sdpa"
     ).eval()
     media = encoder.config.media
-    texts = image_workload(args.images, args.seed, media)
+    kind = "videos" if args.videos else "images"
+    if args.videos:
+        texts = video_workload(args.videos, args.seed, media)
+    else:
+        texts = image_workload(args.images, args.seed, media)
     tokens = sum(len(t.ids) for t in texts)
     encoder.embed_media(texts[:2])  # warm-up
     engine_s, ours = timed(lambda: encoder.embed_media(texts), args.reps)
-    hf_s, theirs = timed(
-        lambda: transformers_media(reference, texts, args.batch_size, media.image_token_id), 1
-    )
+    hf_s, theirs = timed(lambda: transformers_media(reference, texts, args.batch_size, media), 1)
     row = {
         "inputs": len(texts),
         "tokens": tokens,
         "patches": sum(len(t.visuals[0].pixels) for t in texts),
-        "engine_images_per_s": len(texts) / engine_s,
+        f"engine_{kind}_per_s": len(texts) / engine_s,
         "engine_tokens_per_s": tokens / engine_s,
-        "transformers_images_per_s": len(texts) / hf_s,
+        f"transformers_{kind}_per_s": len(texts) / hf_s,
         "ratio": hf_s / engine_s,
         "min_cosine": float((ours * theirs).sum(1).min()),
     }
     print(json.dumps(row), flush=True)
     record = new_record(dtype=args.dtype, device="cpu", model=str(model_dir), results=[row])
+    each = (
+        f"a video of {VIDEO_FRAMES} kept frames (4 temporal patches) each, the frames of"
+        if args.videos
+        else "one image each of"
+    )
     notes = [
         f"model: a Qwen3-VL replica (random weights): text {VL_TEXT['num_hidden_layers']} "
         f"layers hidden {VL_TEXT['hidden_size']}, vision {VL_VISION['depth']} blocks hidden "
         f"{VL_VISION['hidden_size']}, patch 16, merge 2; dtype {args.dtype}",
-        f"inputs: one image each of {IMAGE_SIZES} pixels in turn and 16-64 text tokens in "
+        f"inputs: {each} {IMAGE_SIZES} pixels in turn (random) and 16-64 text tokens in "
         "Qwen3-VL-Embedding's template; transformers: Qwen3VLModel, SDPA, left-padded "
         f"batches of {args.batch_size}, one run; engine: embed_media on the whole list, best "
         f"of {args.reps}",
         f"route: {encoder.route.describe()}",
     ]
-    header = ["inputs", "tokens", "patches", "engine images/s", "engine tok/s"]
-    header += ["transformers images/s", "engine / transformers", "min cosine"]
+    header = ["inputs", "tokens", "patches", f"engine {kind}/s", "engine tok/s"]
+    header += [f"transformers {kind}/s", "engine / transformers", "min cosine"]
     table = markdown_table(
         header,
         [
@@ -241,15 +285,16 @@ def images_main(args) -> None:
                 row["inputs"],
                 row["tokens"],
                 row["patches"],
-                f"{row['engine_images_per_s']:.2f}",
+                f"{row[f'engine_{kind}_per_s']:.2f}",
                 f"{row['engine_tokens_per_s']:.0f}",
-                f"{row['transformers_images_per_s']:.2f}",
+                f"{row[f'transformers_{kind}_per_s']:.2f}",
                 f"{row['ratio']:.2f}x",
                 f"{row['min_cosine']:.6f}",
             ]
         ],
     )
-    write_report(args.out, record, "Engine vs transformers: inputs with images", notes, table)
+    title = f"Engine vs transformers: inputs with {kind}"
+    write_report(args.out, record, title, notes, table)
     encoder.close()
 
 
@@ -286,8 +331,13 @@ def main() -> None:
         help="N inputs with an image each on a small Qwen3-VL replica (built at --model-dir "
         "if missing) instead of the text workloads",
     )
+    p.add_argument(
+        "--videos",
+        type=int,
+        help="N inputs with a video each on the same replica instead of the text workloads",
+    )
     args = p.parse_args()
-    if args.images:
+    if args.images or args.videos:
         images_main(args)
         return
 

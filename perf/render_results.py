@@ -22,7 +22,14 @@ PERF = Path(__file__).resolve().parent
 RESULTS = PERF / "results"
 DOCS = PERF.parent / "docs"
 SUBCOMMANDS = ("kernels", "routes", "load")  # scripts of several benchmarks, one report each
-VARIANT_OPTIONS = ("--dtype", "--encoder-instances", "--quantization", "--cuda-graph-tokens")
+VARIANT_OPTIONS = (
+    "--dtype",
+    "--encoder-instances",
+    "--quantization",
+    "--cuda-graph-tokens",
+    "--images",
+    "--videos",
+)
 
 HEADER = """\
 # Results
