@@ -53,6 +53,8 @@ def test_dockerfile_matches_the_repository():
     assert "numpy==1." in requirements  # the 2.51 stub needs NumPy 1.x
     # The GPU stack's pins (tests/test_gpu_stack.py) and the build-time check of its kernels.
     assert "torch===2.13.0" in requirements  # exactly the CUDA wheel (gpu_stack)
+    # what the tokenizer model imports to read a multimodal checkpoint's images and videos
+    assert "pillow==" in requirements and "av==" in requirements
     assert "python3 -m qwen_embed_deploy.gpu_stack check" in text
 
 
