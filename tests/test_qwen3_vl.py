@@ -245,32 +245,39 @@ def test_the_pair_tokenizer_writes_the_official_template(reranker_dir, reranker)
 
     from qwen_embed_client.contract import RequestError, RerankOptions
     from qwen_embed_deploy.serving.rerank import PairTokenizer
+    from qwen_embed_deploy.serving.tokenizer import image_blocks
 
     tok = Tokenizer.from_file(str(reranker_dir / "tokenizer.json"))
     pad = "<|image_pad|>"
     query, documents = "which picture?", ["a yellow circle over blue " * 8, ""]
     images = [[6], [2, 4]]
-    ours = PairTokenizer(reranker_dir, 8192).encode(query, documents, RerankOptions(), [4], images)
+    blocks = [image_blocks(counts) for counts in images]
+    encode = PairTokenizer(reranker_dir, 8192).encode
+    ours = encode(query, documents, RerankOptions(), image_blocks([4]), blocks)
     for pair, document, counts in zip(ours, documents, images, strict=True):
-        blocks = "".join(f"<|vision_start|>{pad * n}<|vision_end|>" for n in counts)
+        written = "".join(f"<|vision_start|>{pad * n}<|vision_end|>" for n in counts)
         prompt = (
             "<|im_start|>system\nJudge whether the Document meets the requirements based on "
             'the Query and the Instruct provided. Note that the answer can only be "yes" or '
             '"no".<|im_end|>\n<|im_start|>user\n'
             f"<Instruct>: {RERANK_INSTRUCTION}<Query>:<|vision_start|>{pad * 4}<|vision_end|>"
-            f"{query}\n<Document>:{blocks}{document}<|im_end|>\n<|im_start|>assistant\n"
+            f"{query}\n<Document>:{written}{document}<|im_end|>\n<|im_start|>assistant\n"
         )
         assert pair == tok.encode(prompt).ids
     # Truncation cuts the document's text only: every placeholder and the template's end stay.
     limit = len(ours[0]) - 20
-    cut = PairTokenizer(reranker_dir, limit).encode(query, documents, RerankOptions(), [4], images)
+    cut = PairTokenizer(reranker_dir, limit).encode(
+        query, documents, RerankOptions(), image_blocks([4]), blocks
+    )
     pad_id = tok.token_to_id(pad)
     assert len(cut[0]) == limit and cut[0].count(pad_id) == 10
     assert cut[0][-5:] == ours[0][-5:] and cut[1] == ours[1]
     with pytest.raises(RequestError, match=r"'DOCUMENT_IMAGES\[0\]' with 'QUERY'.*no room"):
-        PairTokenizer(reranker_dir, 90).encode(query, documents, RerankOptions(), [4], [[60], []])
+        PairTokenizer(reranker_dir, 90).encode(
+            query, documents, RerankOptions(), image_blocks([4]), [image_blocks([60]), ""]
+        )
     with pytest.raises(RequestError, match="reads text only"):
-        PairTokenizer(reranker, 8192).encode(query, documents, RerankOptions(), [4], images)
+        PairTokenizer(reranker, 8192).encode(query, documents, RerankOptions(), "", blocks)
 
 
 def test_media_refusals(replica, media, checkpoint):
@@ -741,27 +748,47 @@ def test_unreadable_and_oversized_videos_are_refused(clips):
             videos.read(bad, settings, *limits)
 
 
-def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> np.ndarray:
-    """Qwen3-VL-Embedding's recipe for inputs with videos (tests/video_reference.py: its
-    qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the model as
-    official_vector runs it."""
+def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[torch.Tensor]:
+    """Each (prompt, visuals) through the official recipe (tests/video_reference.py: the
+    scripts' qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the
+    model's last hidden state at the last token. `visuals`: ("video", path) or ("image",
+    file bytes) in the prompt's order; the prompt holds video_reference.VIDEO and IMAGE."""
     import video_reference
 
-    spec = [
-        {"text": c["text"], "videos": [str(v) for v in c["videos"]], "images": []} for c in cases
-    ]
-    for i, case in enumerate(cases):  # images as files beside the videos
-        for j, data in enumerate(case["images"]):
-            path = work / f"image-{i}-{j}.png"
-            path.write_bytes(data)
-            spec[i]["images"].append(str(path))
-    vectors = []
+    spec = []
+    for i, (prompt, visuals) in enumerate(cases):
+        listed = []
+        for j, (kind, item) in enumerate(visuals):
+            if kind == "image":  # a file beside the videos
+                path = work / f"image-{i}-{j}.png"
+                path.write_bytes(item)
+                item = path
+            listed.append({kind: str(item)})
+        spec.append({"prompt": prompt, "visuals": listed})
+    hidden = []
     for found in video_reference.official_inputs(model_dir, spec, work):
         ids = found.pop("ids")
         inputs = {k: torch.from_numpy(v) for k, v in found.items()}
-        hidden = last_hidden_of_ids(model, ids, inputs)
-        vectors.append(torch.nn.functional.normalize(hidden, dim=-1).numpy())
-    return np.stack(vectors)
+        hidden.append(last_hidden_of_ids(model, ids, inputs))
+    return hidden
+
+
+def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> np.ndarray:
+    """Qwen3-VL-Embedding's recipe for inputs with videos: the user turn its videos, its
+    images, then its text; the last token's final hidden state, normalised."""
+    from video_reference import IMAGE, VIDEO
+
+    prompts = []
+    for c in cases:
+        pads = VIDEO * len(c["videos"]) + IMAGE * len(c["images"])
+        prompt = (
+            "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n"
+            f"{pads}{c['text']}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        visuals = [("video", v) for v in c["videos"]] + [("image", b) for b in c["images"]]
+        prompts.append((prompt, visuals))
+    hidden = official_video_hidden(model, model_dir, prompts, work)
+    return np.stack([torch.nn.functional.normalize(h, dim=-1).numpy() for h in hidden])
 
 
 @pytest.mark.server
@@ -823,3 +850,84 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     assert run.returncode == 0, run.stderr
     (row,) = [json.loads(line) for line in run.stdout.splitlines()]
     assert float(np.array(row["embedding"]) @ want[0]) >= FP32_COSINE
+
+
+def official_video_scores(model, model_dir, pairs: list, work: Path) -> np.ndarray:
+    """Qwen3-VL-Reranker's script for pairs with videos: each side's videos, images, then its
+    text in the pair template; sigmoid(yes - no) at the last token. `pairs`: (query, its
+    visuals, document, its visuals), visuals as official_video_hidden takes them."""
+    from video_reference import IMAGE, VIDEO
+
+    def pads(visuals):
+        return "".join(VIDEO if kind == "video" else IMAGE for kind, _ in visuals)
+
+    cases = []
+    for query, query_visuals, document, document_visuals in pairs:
+        prompt = (
+            "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+            'Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+            "<|im_end|>\n<|im_start|>user\n"
+            f"<Instruct>: {RERANK_INSTRUCTION}<Query>:{pads(query_visuals)}{query}\n"
+            f"<Document>:{pads(document_visuals)}{document}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        cases.append((prompt, query_visuals + document_visuals))
+    hidden = official_video_hidden(model, model_dir, cases, work)
+    return np.array([yes_minus_no(model, model_dir, h) for h in hidden])
+
+
+@pytest.mark.server
+@pytest.mark.skipif(
+    not __import__("video_reference").available(),
+    reason="the video recipe's stack (make setup: .venv/video-reference) is not installed",
+)
+def test_reranking_with_videos_matches_the_official_script(
+    served, clips, reranker_dir, reranker_model, tmp_path
+):
+    import httpx
+
+    from qwen_embed_client import EmbeddingClient
+
+    from triton_helpers import gateway_process
+
+    _, server = served
+    png = image_files()["png"]
+    bar, wide = clips["bar"], clips["wide"]
+    documents = [
+        ("a yellow bar moves right", []),
+        ("", [("video", bar)]),
+        ("a wider clip", [("video", wide), ("image", png)]),
+    ]
+    queries = [("which clip shows a moving bar?", []), ("", [("video", bar)])]
+    pairs = [(q, qv, d, dv) for q, qv in queries for d, dv in documents]
+    want = official_video_scores(reranker_model, reranker_dir, pairs, tmp_path).reshape(2, 3)
+    assert np.ptp(want) > 0.05  # the pairs score apart: a check that can fail
+
+    def files(visuals, kind):
+        return [item.read_bytes() if kind == "video" else item for k, item in visuals if k == kind]
+
+    with EmbeddingClient(server.grpc_url, protocol="grpc") as client:
+        for (query, query_visuals), row in zip(queries, want, strict=True):
+            got = client.rerank(
+                query,
+                [d for d, _ in documents],
+                query_videos=files(query_visuals, "video"),
+                document_videos=[files(v, "video") for _, v in documents],
+                document_images=[files(v, "image") for _, v in documents],
+            )
+            scores = dict(got.ranking)
+            assert max(abs(scores[i] - w) for i, w in enumerate(row)) <= 1e-4, (scores, row)
+
+    clip = {"type": "video_url", "video_url": {"url": data_url(bar.read_bytes(), "mp4", "video")}}
+    with gateway_process(server) as base:
+        body = {"model": "rerank", "query": queries[0][0], "return_documents": True}
+        body["documents"] = [documents[0][0], [clip]]
+        answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=120).json()
+        scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
+        assert abs(scores[1] - want[0, 1]) <= 1e-4, (scores, want)
+        returned = {r["index"]: r["document"] for r in answer["results"]}
+        assert returned[1]["multi_modal"] == [clip]
+        body["documents"] = [[{"type": "video_url", "video_url": {"url": data_url(png)}}]]
+        refused = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "documents" and "DOCUMENT_VIDEOS[0]" in error["message"], error

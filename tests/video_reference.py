@@ -8,8 +8,10 @@ CPU torch, so its operator registrations are left out; the Python code the recip
 tensor resize, the v2 functional transforms) runs as published.
 
     python video_reference.py MODEL_DIR CASES.json OUT.npz
-CASES.json: [{"text", "videos": [paths], "images": [paths]}, ...]; OUT.npz: per case i,
-`ids_i` and the processor's tensors as `<name>_i`.
+CASES.json: [{"prompt", "visuals": [{"video": path} or {"image": path}, ...]}, ...]: the prompt
+as the chat template writes it (`VIDEO` and `IMAGE` stand for a video's and an image's
+placeholders), the visuals in their order; OUT.npz: per case i, `ids_i` and the processor's
+tensors as `<name>_i`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from pathlib import Path
 import numpy as np
 
 STACK = Path(__file__).resolve().parents[1] / ".venv" / "video-reference"
-SYSTEM = "Represent the user's input."
+# The chat template writes a video as <|vision_start|><|video_pad|><|vision_end|>, and the
+# recipe's processor (transformers 4.57, as vLLM's and SGLang's) replaced all three with the
+# timestamped frames; transformers 5's expands the video token alone and keeps the two around
+# them. The bare token gives 4.57's text from either.
+VIDEO = "<|video_pad|>"
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 # The embedding script's per-image pixel budget (its IMAGE_FACTOR is 32 whatever the patch).
 IMAGE_PIXELS = {"min_pixels": 4 * 32 * 32, "max_pixels": 1800 * 32 * 32}
 
@@ -73,22 +80,14 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
     )
     arrays = {}
     for i, case in enumerate(cases):
-        # the script's user turn: its videos (at 1 frame per second, at most 64 frames), its
-        # images, then its text, each as the chat template writes it
+        # as the scripts give them: a video at 1 frame per second, at most 64 frames
         content = [
-            {"type": "video", "video": "file://" + v, "fps": 1.0, "max_frames": 64}
-            for v in case["videos"]
-        ] + [{"type": "image", "image": "file://" + p, **IMAGE_PIXELS} for p in case["images"]]
-        # The chat template writes a video as <|vision_start|><|video_pad|><|vision_end|>, and
-        # the recipe's processor (transformers 4.57, as vLLM's and SGLang's) replaced all three
-        # with the timestamped frames; transformers 5's expands the video token alone and
-        # keeps the two around them. The bare token gives 4.57's text from either.
-        pads = "<|video_pad|>" * len(case["videos"])
-        pads += "<|vision_start|><|image_pad|><|vision_end|>" * len(case["images"])
-        prompt = (
-            f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{pads}{case['text']}"
-            "<|im_end|>\n<|im_start|>assistant\n"
-        )
+            {"type": "video", "video": "file://" + v["video"], "fps": 1.0, "max_frames": 64}
+            if "video" in v
+            else {"type": "image", "image": "file://" + v["image"], **IMAGE_PIXELS}
+            for v in case["visuals"]
+        ]
+        prompt = case["prompt"]
         images, videos, video_kwargs = process_vision_info(
             [{"role": "user", "content": content}],
             image_patch_size=sizes["patch_size"],

@@ -362,19 +362,25 @@ class AsyncEmbeddingClient:
         headers: dict[str, str] | None = None,
         query_images: list[bytes] | None = None,
         document_images: list[list[bytes]] | None = None,
+        query_videos: list[bytes] | None = None,
+        document_videos: list[list[bytes]] | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
         split over requests and servers like `embed`'s texts. A multimodal reranker takes
-        the query's image files (`query_images`) and each document's (`document_images`, a
-        list per document); a text with images may be ""."""
+        the query's image and video files (`query_images`, `query_videos`) and each
+        document's (`document_images`, `document_videos`: a list per document); a text with
+        images or videos may be ""."""
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
-        if document_images is not None and len(document_images) != len(documents):
-            raise ValueError(
-                f"document_images must hold a list per document ({len(documents)}), "
-                f"got {len(document_images)}"
-            )
+        per_document = {"DOCUMENT_IMAGES": document_images, "DOCUMENT_VIDEOS": document_videos}
+        for name, files in per_document.items():
+            if files is not None and len(files) != len(documents):
+                raise ValueError(
+                    f"{name.lower()} must hold a list per document ({len(documents)}), "
+                    f"got {len(files)}"
+                )
+        query_media = {"QUERY_IMAGES": query_images, "QUERY_VIDEOS": query_videos}
         at_least_one("top_n", top_n)
         opts = RerankOptions(
             truncate,
@@ -392,8 +398,7 @@ class AsyncEmbeddingClient:
                 params,
                 level,
                 headers,
-                query_images,
-                None if document_images is None else document_images[a:b],
+                query_media | {k: v[a:b] for k, v in per_document.items() if v is not None},
             ),
         )
         return RerankResult(
@@ -492,18 +497,19 @@ class AsyncEmbeddingClient:
         params,
         priority,
         headers,
-        query_images=None,
-        document_images=None,
+        media=None,
     ):
+        """`media`: QUERY_IMAGES and QUERY_VIDEOS (the query's files), DOCUMENT_IMAGES and
+        DOCUMENT_VIDEOS (per document, its files)."""
         inputs = [
             self._bytes_input("QUERY", [query], [1]),
             self._bytes_input("DOCUMENTS", documents, [len(documents), 1]),
         ]
-        if query_images:
-            inputs.append(self._images_input("QUERY_IMAGES", [query_images], [1]))
-        if document_images is not None and any(document_images):
-            shape = [len(documents), 1]
-            inputs.append(self._images_input("DOCUMENT_IMAGES", document_images, shape))
+        for name, files in (media or {}).items():
+            if name.startswith("QUERY") and files:
+                inputs.append(self._images_input(name, [files], [1]))
+            elif name.startswith("DOCUMENT") and files is not None and any(files):
+                inputs.append(self._images_input(name, files, [len(documents), 1]))
         result = await self._infer(server, self.rerank_model, inputs, params, priority, headers)
         return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 

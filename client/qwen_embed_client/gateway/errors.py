@@ -80,8 +80,9 @@ def _refused(e: RequestError, field: str | None) -> APIError:
 
 def body_field(option: str | None) -> str | None:
     """The request body's field of a contract option or Triton input: the late-chunking
-    options are `chunks`, the documents' images are in `documents`."""
-    fields = {"chunk_size": "chunks", "chunk_spans": "chunks", "document_images": "documents"}
+    options are `chunks`, the documents' images and videos are in `documents`."""
+    fields = {"chunk_size": "chunks", "chunk_spans": "chunks"}
+    fields |= {"document_images": "documents", "document_videos": "documents"}
     return fields.get(option, option)
 
 

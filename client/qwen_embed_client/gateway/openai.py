@@ -45,7 +45,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import ImagePart, Message, Parts, has_parts, texts_and_media
+from .media import ImagePart, Message, Parts, VideoPart, has_parts, texts_and_media
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -353,24 +353,21 @@ async def rerank_response(gw, body: object) -> dict:
     allow = gw.allow_remote_images
     (query,), (query_images,), (query_videos,) = await texts_and_media([query], "query", allow)
     texts, images, videos = await texts_and_media(documents, "documents", allow)
-    for name, given in (("query", [query_videos]), ("documents", videos)):
-        if any(given):
-            where = f"{name}[{next(i for i, v in enumerate(given) if v)}]"
-            raise invalid(f"'{where}' holds a video: reranking reads text and images", name)
-    if query_images or any(images):
+    if query_images or any(images) or query_videos or any(videos):
         options |= {"query_images": query_images, "document_images": images}
+        options |= {"query_videos": query_videos, "document_videos": videos}
     try:
         result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
-        params = ("query", "document_images", "documents", "instruction")
+        params = ("query", "document_images", "document_videos", "documents", "instruction")
         raise backend_error(e, params) from e
     results = []
     for index, score in result.ranking:
         item = {"index": index, "relevance_score": score}
         if request.return_documents:
             item["document"] = {"text": texts[index]}
-            if images[index]:  # as sent: the image parts (vLLM's multi_modal)
-                parts = [p for p in documents[index] if isinstance(p, ImagePart)]
+            if images[index] or videos[index]:  # as sent: the parts (vLLM's multi_modal)
+                parts = [p for p in documents[index] if isinstance(p, ImagePart | VideoPart)]
                 item["document"]["multi_modal"] = [p.model_dump() for p in parts]
         results.append(item)
     return {

@@ -39,7 +39,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
-from qwen_embed_deploy.serving.rerank import PairTokenizer
+from qwen_embed_deploy.serving.rerank import VISION_PAIRS, PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts, image_blocks
 
 
@@ -154,20 +154,10 @@ class TritonPythonModel:
             i for i, (f, v) in enumerate(zip(files, video_files, strict=True)) if f or v
         )
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_media)
-        clips = [
-            [self._video(i, j, data) for j, data in enumerate(f)] for i, f in enumerate(video_files)
-        ]
-        images = self._images(files, "IMAGES")
-        visuals = [
-            "".join(videos.placeholders(v, self.image_settings) for v in vs) + image_blocks(n)
-            for vs, n in zip(clips, self._tokens(images), strict=True)
-        ]
+        visuals, arrays = self._visuals(video_files, files, "VIDEOS", "IMAGES")
         fields = ["VIDEOS" if v else "IMAGES" for v in video_files]
         ids, counts = self.tokenizer.encode_media(texts, visuals, opts, fields)
-        media = [
-            [pack_media([v.frames for v in vs] + im)] for vs, im in zip(clips, images, strict=True)
-        ]
-        media = np.array(media, dtype=np.object_)
+        media = np.array([[pack_media(a)] for a in arrays], dtype=np.object_)
         counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
         none = np.array([[b""]] * len(ids), dtype=np.object_)
         return ids, [
@@ -189,11 +179,11 @@ class TritonPythonModel:
         except ValueError as e:
             raise RequestError(f"input '{name}[{element}]' image {index} {e}") from None
 
-    def _video(self, element, index, data):
+    def _video(self, name, element, index, data):
         try:
             return videos.read(data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS)
         except ValueError as e:
-            raise RequestError(f"input 'VIDEOS[{element}]' video {index} {e}") from None
+            raise RequestError(f"input '{name}[{element}]' video {index} {e}") from None
 
     def _tokens(self, images):
         return [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
@@ -201,32 +191,62 @@ class TritonPythonModel:
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)
         raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
-        query_files = self._files(request, "QUERY_IMAGES", 1)
-        document_files = self._files(request, "DOCUMENT_IMAGES", raw.size)
-        with_images = frozenset(i for i, f in enumerate(document_files) if f)
+        given = {
+            name: self._files(request, name, 1 if name.startswith("QUERY") else raw.size)
+            for name in ("QUERY_VIDEOS", "QUERY_IMAGES", "DOCUMENT_VIDEOS", "DOCUMENT_IMAGES")
+        }
+        with_media = frozenset(
+            i
+            for i, (v, im) in enumerate(
+                zip(given["DOCUMENT_VIDEOS"], given["DOCUMENT_IMAGES"], strict=True)
+            )
+            if v or im
+        )
         documents = decode_texts(
-            raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS", may_be_empty=with_images
+            raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS", may_be_empty=with_media
         )
         raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        query_media = given["QUERY_VIDEOS"][0] or given["QUERY_IMAGES"][0]
         (query,) = decode_texts(  # exactly one
             raw,
             1,
             self.max_text_bytes,
             name="QUERY",
-            may_be_empty=frozenset([0] if query_files[0] else []),
+            may_be_empty=frozenset([0] if query_media else []),
         )
-        if not query_files[0] and not with_images:
+        if not query_media and not with_media:
             none = np.array([[b""]] * len(documents), dtype=np.object_)
             return self.tokenizer.encode(query, documents, opts), [pb_utils.Tensor("MEDIA", none)]
-        (query_images,) = self._images(query_files, "QUERY_IMAGES")
-        document_images = self._images(document_files, "DOCUMENT_IMAGES")
-        (query_tokens,) = self._tokens([query_images])
-        ids = self.tokenizer.encode(
-            query, documents, opts, query_tokens, self._tokens(document_images)
+        if self.tokenizer.template is not VISION_PAIRS:
+            name = next(n for n, files in given.items() if any(files))
+            kind = "videos" if name.endswith("VIDEOS") else "images"
+            raise RequestError(f"input '{name}' holds {kind}, and this reranker reads text only")
+        (query_visuals,), (query_arrays,) = self._visuals(
+            given["QUERY_VIDEOS"], given["QUERY_IMAGES"], "QUERY_VIDEOS", "QUERY_IMAGES"
         )
-        # Each pair's MEDIA holds its images in the order of their placeholders.
-        media = [[pack_media(query_images + im)] for im in document_images]
+        document_visuals, document_arrays = self._visuals(
+            given["DOCUMENT_VIDEOS"], given["DOCUMENT_IMAGES"], "DOCUMENT_VIDEOS", "DOCUMENT_IMAGES"
+        )
+        fields = [f"DOCUMENT_{'VIDEOS' if v else 'IMAGES'}" for v in given["DOCUMENT_VIDEOS"]]
+        ids = self.tokenizer.encode(query, documents, opts, query_visuals, document_visuals, fields)
+        # Each pair's MEDIA holds its visuals in the order of their placeholders.
+        media = [[pack_media(query_arrays + arrays)] for arrays in document_arrays]
         return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
+
+    def _visuals(self, video_files, image_files, video_name, image_name):
+        """Per element, its videos and images (the files of inputs `video_name` and
+        `image_name`) -> (its placeholder text, videos first; its resized frames and images
+        for MEDIA in that order)."""
+        clips = [
+            [self._video(video_name, i, j, data) for j, data in enumerate(files)]
+            for i, files in enumerate(video_files)
+        ]
+        images = self._images(image_files, image_name)
+        texts = [
+            "".join(videos.placeholders(v, self.image_settings) for v in vs) + image_blocks(n)
+            for vs, n in zip(clips, self._tokens(images), strict=True)
+        ]
+        return texts, [[v.frames for v in vs] + im for vs, im in zip(clips, images, strict=True)]
 
     def _files(self, request, name, count):
         """An optional input of packed image or video files (contract.pack_images): per

@@ -5,9 +5,9 @@ build it:
 
 Qwen3-Reranker (TEXT_PAIRS): middle = "<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>:
 {document}". Qwen3-VL-Reranker (VISION_PAIRS, a multimodal checkpoint): "<Instruct>:
-{instruction}<Query>:{query's images}{query}\\n<Document>:{document's images}{document}", each
-image its placeholders (tokenizer.image_blocks), and no thinking block after the assistant's
-turn begins.
+{instruction}<Query>:{query's videos and images}{query}\\n<Document>:{document's videos and
+images}{document}", each its placeholders (videos.placeholders, tokenizer.image_blocks), and no
+thinking block after the assistant's turn begins.
 
 The middle part is tokenized as one text (as the model card does), so BPE merges at the
 `<Document>: ` boundary are the model's own. Truncation cuts the end of that part, i.e. the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError, RerankOptions
 
-from .tokenizer import image_blocks, load_tokenizer, multimodal
+from .tokenizer import load_tokenizer, multimodal
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -76,24 +76,25 @@ class PairTokenizer:
         query: str,
         documents: list[str],
         opts: RerankOptions,
-        query_images: list[int] = (),
-        document_images: list[list[int]] | None = None,
+        query_visuals: str = "",
+        document_visuals: list[str] | None = None,
+        fields: list[str] | None = None,
     ) -> list[list[int]]:
-        """One sequence per document; `query_images` and `document_images` (a multimodal
-        checkpoint): each image's placeholder count, the query's in every pair."""
+        """One sequence per document; `query_visuals` and `document_visuals` (a multimodal
+        checkpoint): each side's videos' and images' placeholder text (videos.placeholders,
+        tokenizer.image_blocks), the query's in every pair; `fields`: per document, the input
+        a refusal names (DOCUMENT_IMAGES by default)."""
         budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
         instruction = opts.instruction or self.template.default_instruction
         if opts.max_document_tokens is not None:
             documents = self._first_tokens(documents, opts.max_document_tokens)
-        if document_images is None:
-            document_images = [[]] * len(documents)
-        if (query_images or any(document_images)) and self.template is not VISION_PAIRS:
-            name = "QUERY_IMAGES" if query_images else "DOCUMENT_IMAGES"
-            raise RequestError(f"input '{name}' holds images, and this reranker reads text only")
-        blocks = image_blocks(query_images)
+        if document_visuals is None:
+            document_visuals = [""] * len(documents)
+        if (query_visuals or any(document_visuals)) and self.template is not VISION_PAIRS:
+            raise RequestError("this reranker reads text only: it takes no images or videos")
         texts = [
-            self.template.middle(instruction, query, d, blocks, image_blocks(images))
-            for d, images in zip(documents, document_images, strict=True)
+            self.template.middle(instruction, query, d, query_visuals, visuals)
+            for d, visuals in zip(documents, document_visuals, strict=True)
         ]
         out, heads = [], {}
         # Without the post-processor's tokens, as the model card tokenizes the pair: the
@@ -102,10 +103,11 @@ class PairTokenizer:
             ids = enc.ids
             if len(ids) > budget:
                 # Only pairs over the limit need the length of what truncation must keep.
-                images = tuple(document_images[i])
-                if images not in heads:
-                    heads[images] = self._head_tokens(instruction, query, blocks, images)
-                self._check_head_fits(i, heads[images], budget, images)
+                visuals = document_visuals[i]
+                if visuals not in heads:
+                    heads[visuals] = self._head_tokens(instruction, query, query_visuals, visuals)
+                field = (fields or ["DOCUMENT_IMAGES"] * len(documents))[i]
+                self._check_head_fits(i, heads[visuals], budget, field if visuals else None)
                 if not opts.truncate:
                     raise RequestError(
                         f"input 'DOCUMENTS[{i}]' makes a pair of "
@@ -124,16 +126,16 @@ class PairTokenizer:
             for doc, enc in zip(documents, encoded, strict=True)
         ]
 
-    def _head_tokens(self, instruction: str, query: str, blocks: str, images: tuple) -> int:
+    def _head_tokens(self, instruction: str, query: str, query_visuals: str, visuals: str) -> int:
         # The pair text up to the document's text tokenizes the same with or without the text
-        # after it (the pre-tokenizer splits at the space; an image ends in a special token):
+        # after it (the pre-tokenizer splits at the space; a visual ends in a special token):
         # the part truncation must keep.
-        head = self.template.middle(instruction, query, "", blocks, image_blocks(images))
+        head = self.template.middle(instruction, query, "", query_visuals, visuals)
         return len(self._tok.encode(head.rstrip(" "), add_special_tokens=False).ids)
 
-    def _check_head_fits(self, index: int, head: int, budget: int, images: tuple) -> None:
+    def _check_head_fits(self, index: int, head: int, budget: int, field: str | None) -> None:
         if head >= budget:
-            what = f"'DOCUMENT_IMAGES[{index}]' with 'QUERY'" if images else "'QUERY'"
+            what = f"'{field}[{index}]' with 'QUERY'" if field else "'QUERY'"
             raise RequestError(
                 f"input {what} with the template and instruction takes "
                 f"{head + len(self._prefix) + len(self._suffix)} tokens, leaving no room "
