@@ -931,3 +931,17 @@ def test_reranking_with_videos_matches_the_official_script(
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"] == "documents" and "DOCUMENT_VIDEOS[0]" in error["message"], error
+
+    # the CLI: a JSONL of documents, each record's videos beside it
+    import json
+    import subprocess
+    import sys
+
+    lines = [{"text": documents[0][0]}, {"videos": [bar.name]}]
+    (bar.parent / "docs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    command = [sys.executable, "-m", "qwen_embed_client", "rerank", queries[0][0]]
+    command += [str(bar.parent / "docs.jsonl"), "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
+    assert max(abs(got[i] - want[0, i]) for i in range(2)) <= 1e-4, (got, want)

@@ -9,6 +9,7 @@ qwen-embed embed "a caption" --image photo.jpg             # a multimodal model:
 qwen-embed embed "what happens" --video clip.mp4            # ... or a video
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed rerank "" pages.jsonl --query-image q.png     # {"text", "images": [files]} per line
+qwen-embed rerank "a goal" clips.jsonl                   # ... {"text", "videos": [files]} per line
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT
 """
@@ -51,14 +52,14 @@ def read_records(args) -> tuple[list[str], list]:
         return records, list(range(len(records)))
     texts, ids = [], []
     id_field = getattr(args, "id_field", "id")
-    image_field = getattr(args, "image_field", None)
+    media_fields = {getattr(args, "image_field", None), getattr(args, "video_field", None)}
     for index, record in enumerate(records):  # {"text": ...} per line, or a bare JSON string
         if isinstance(record, str):
             texts.append(record)
-        else:  # a record with images may have no text
+        else:  # a record with images or videos may have no text
             texts.append(
                 record.get(args.text_field, "")
-                if image_field in record
+                if media_fields & record.keys()
                 else record[args.text_field]
             )
         has_id = isinstance(record, dict) and id_field in record
@@ -217,16 +218,23 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     options = options_from_flags(RerankOptions, args)
     if args.query_image:
         options["query_images"] = read_images(args.query_image, "--query-image")
-    if args.documents.endswith(".jsonl"):  # each record's images, paths beside the file
+    if args.query_video:
+        options["query_videos"] = read_images(args.query_video, "--query-video")
+    if args.documents.endswith(".jsonl"):  # each record's images and videos, beside the file
         base = Path(args.documents).parent
-        images = [
-            read_images(r.get(args.image_field, []), f"{args.documents} line {i + 1}", base)
-            if isinstance(r, dict)
-            else []
-            for i, r in enumerate(read_lines(args))
-        ]
-        if any(images):
-            options["document_images"] = images
+        records = list(enumerate(read_lines(args)))
+        for field, option in (
+            (args.image_field, "document_images"),
+            (args.video_field, "document_videos"),
+        ):
+            files = [
+                read_images(r.get(field, []), f"{args.documents} line {i + 1}", base)
+                if isinstance(r, dict)
+                else []
+                for i, r in records
+            ]
+            if any(files):
+                options[option] = files
     result = client.rerank(args.query, documents, top_n=args.top_n, **options)
     for index, score in result.ranking:
         line = {"index": index, "relevance_score": score, "document": documents[index]}
@@ -336,6 +344,17 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="FILE",
         help="an image of the query (a multimodal reranker), repeatable",
+    )
+    r.add_argument(
+        "--query-video",
+        action="append",
+        metavar="FILE",
+        help="a video of the query (a multimodal reranker), repeatable",
+    )
+    r.add_argument(
+        "--video-field",
+        default="videos",
+        help="JSONL field holding a document's video files (paths relative to the JSONL file)",
     )
     r.add_argument("--top-n", type=int, help="the best N documents only")
     for flag, keywords in option_flags(RerankOptions):
