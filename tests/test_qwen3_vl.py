@@ -421,12 +421,19 @@ def served(tmp_path_factory, reranker_dir):
         yield model_dir, server
 
 
+@pytest.fixture(scope="module")
+def served_model(served):
+    """transformers' model of the served embedder, loaded once for the module's references."""
+    model_dir, _ = served
+    return Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
 @pytest.mark.server
-def test_images_through_triton_match_the_official_recipe(served):
+def test_images_through_triton_match_the_official_recipe(served, served_model):
     from qwen_embed_client import EmbeddingClient
 
     model_dir, server = served
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = served_model
     files = image_files()
     cases = [
         ("a query about a yellow circle", []),
@@ -489,7 +496,7 @@ def data_url(data: bytes, kind: str = "png", media: str = "image") -> str:
 
 
 @pytest.mark.server
-def test_images_through_the_gateway_with_openai_and_cohere(served):
+def test_images_through_the_gateway_with_openai_and_cohere(served, served_model):
     import cohere
     import httpx
     import openai
@@ -497,7 +504,7 @@ def test_images_through_the_gateway_with_openai_and_cohere(served):
     from triton_helpers import gateway_process
 
     model_dir, server = served
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = served_model
     files = image_files()
     png, jpeg = data_url(files["png"]), data_url(files["jpeg"], "jpeg")
     want_png = official_vector(model, model_dir, "", [files["png"]])
@@ -611,12 +618,13 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranke
 
 
 @pytest.mark.server
-def test_the_cli_embeds_a_text_with_images(served, tmp_path):
+def test_the_cli_embeds_a_text_with_images(served, served_model, tmp_path):
     import json
     import subprocess
     import sys
 
     model_dir, server = served
+    model = served_model
     files = image_files()
     (tmp_path / "a.png").write_bytes(files["png"])
     (tmp_path / "b.jpg").write_bytes(files["jpeg"])
@@ -627,7 +635,6 @@ def test_the_cli_embeds_a_text_with_images(served, tmp_path):
     )
     assert run.returncode == 0, run.stderr
     (row,) = [json.loads(line) for line in run.stdout.splitlines()]
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     want = official_vector(model, model_dir, "two pictures", [files["png"], files["jpeg"]])
     assert float(np.array(row["embedding"]) @ want) >= FP32_COSINE
     missing = subprocess.run(
@@ -797,7 +804,7 @@ def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> n
     reason="the video recipe's stack (make setup: .venv/video-reference) is not installed",
 )
 def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe(
-    served, clips, tmp_path
+    served, served_model, clips, tmp_path
 ):
     import json
     import subprocess
@@ -810,7 +817,7 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     from triton_helpers import gateway_process
 
     model_dir, server = served
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = served_model
     png = image_files()["png"]
     cases = [
         {"text": "a yellow bar moving right", "videos": [clips["bar"]], "images": []},

@@ -4,8 +4,8 @@ a direct call the TOKENS or DECODED views; for a multimodal checkpoint every tex
 template, with the videos of VIDEOS and the images of IMAGES resized and sent on as MEDIA
 (serving/videos.py, serving/images.py);
 rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank),
-for a multimodal reranker with the images of QUERY_IMAGES and DOCUMENT_IMAGES in each pair's
-MEDIA."""
+for a multimodal reranker with the videos and images of QUERY_VIDEOS, QUERY_IMAGES,
+DOCUMENT_VIDEOS and DOCUMENT_IMAGES in each pair's MEDIA."""
 
 import json
 import os
@@ -85,15 +85,14 @@ class TritonPythonModel:
         opts.check_model(self.embedding_size, self.tokenizer.prompts.names)
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
-        files = self._files(request, "IMAGES", raw.size)
-        video_files = self._files(request, "VIDEOS", raw.size)
-        if self.tokenizer.chat is not None or any(files) or any(video_files):
+        given = {name: self._files(request, name, raw.size) for name in ("VIDEOS", "IMAGES")}
+        if self.tokenizer.chat is not None or any(map(any, given.values())):
             if asked & {"TOKENS", "DECODED"}:
                 raise RequestError(
                     "outputs 'TOKENS' and 'DECODED' are not available for a multimodal model, "
                     "whose texts are written in its chat template"
                 )
-            return self._chat(raw, files, video_files, opts)
+            return self._chat(raw, given, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
             ids, counts = self.tokenizer.encode_ids(lists, opts)
@@ -133,15 +132,15 @@ class TritonPythonModel:
             *extra,
         ]
 
-    def _chat(self, raw, files, video_files, opts):
+    def _chat(self, raw, given, opts):
         """A multimodal checkpoint's texts, with the videos of VIDEOS and the images of IMAGES
-        (`video_files`, `files`: per text, its files), in its chat template; MEDIA carries
-        each text's resized frames and images to the encoder, in that order (the script's)."""
-        for name, given in (("VIDEOS", video_files), ("IMAGES", files)):
+        (`given`: per input, per text its files), in its chat template; MEDIA carries each
+        text's resized frames and images to the encoder, in that order (the script's)."""
+        for name, files in given.items():
             kind = name.lower()
-            if any(given) and self.tokenizer.chat is None:
+            if any(files) and self.tokenizer.chat is None:
                 raise RequestError(f"input '{name}' holds {kind}, and this model reads text only")
-            if any(given) and (opts.token_ids or opts.chunked or opts.per_token):
+            if any(files) and (opts.token_ids or opts.chunked or opts.per_token):
                 raise RequestError(
                     f"input '{name}' goes with texts: not with token_ids, chunks or per_token"
                 )
@@ -151,11 +150,11 @@ class TritonPythonModel:
                 "for a multimodal model, whose texts are written in its chat template"
             )
         with_media = frozenset(
-            i for i, (f, v) in enumerate(zip(files, video_files, strict=True)) if f or v
+            i for i, (v, im) in enumerate(zip(*given.values(), strict=True)) if v or im
         )
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_media)
-        visuals, arrays = self._visuals(video_files, files, "VIDEOS", "IMAGES")
-        fields = ["VIDEOS" if v else "IMAGES" for v in video_files]
+        visuals, arrays = self._visuals(given)
+        fields = ["VIDEOS" if v else "IMAGES" for v in given["VIDEOS"]]
         ids, counts = self.tokenizer.encode_media(texts, visuals, opts, fields)
         media = np.array([[pack_media(a)] for a in arrays], dtype=np.object_)
         counts = np.array(counts, dtype=np.int32).reshape(-1, 1)
@@ -165,12 +164,6 @@ class TritonPythonModel:
             pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(ids))),
             pb_utils.Tensor("CHUNKS", none),
             pb_utils.Tensor("MEDIA", media),
-        ]
-
-    def _images(self, files, name):
-        """Each element's image files -> their resized RGB arrays."""
-        return [
-            [self._image(name, i, j, data) for j, data in enumerate(f)] for i, f in enumerate(files)
         ]
 
     def _image(self, name, element, index, data):
@@ -184,9 +177,6 @@ class TritonPythonModel:
             return videos.read(data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS)
         except ValueError as e:
             raise RequestError(f"input '{name}[{element}]' video {index} {e}") from None
-
-    def _tokens(self, images):
-        return [[tokens_of(rgb, self.image_settings) for rgb in im] for im in images]
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)
@@ -221,30 +211,31 @@ class TritonPythonModel:
             name = next(n for n, files in given.items() if any(files))
             kind = "videos" if name.endswith("VIDEOS") else "images"
             raise RequestError(f"input '{name}' holds {kind}, and this reranker reads text only")
-        (query_visuals,), (query_arrays,) = self._visuals(
-            given["QUERY_VIDEOS"], given["QUERY_IMAGES"], "QUERY_VIDEOS", "QUERY_IMAGES"
-        )
-        document_visuals, document_arrays = self._visuals(
-            given["DOCUMENT_VIDEOS"], given["DOCUMENT_IMAGES"], "DOCUMENT_VIDEOS", "DOCUMENT_IMAGES"
-        )
+        (query_visuals,), (query_arrays,) = self._visuals(given, "QUERY_")
+        document_visuals, document_arrays = self._visuals(given, "DOCUMENT_")
         fields = [f"DOCUMENT_{'VIDEOS' if v else 'IMAGES'}" for v in given["DOCUMENT_VIDEOS"]]
         ids = self.tokenizer.encode(query, documents, opts, query_visuals, document_visuals, fields)
         # Each pair's MEDIA holds its visuals in the order of their placeholders.
         media = [[pack_media(query_arrays + arrays)] for arrays in document_arrays]
         return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
 
-    def _visuals(self, video_files, image_files, video_name, image_name):
-        """Per element, its videos and images (the files of inputs `video_name` and
-        `image_name`) -> (its placeholder text, videos first; its resized frames and images
+    def _visuals(self, given, side=""):
+        """Per element of inputs `{side}VIDEOS` and `{side}IMAGES` (`given`: per input, per
+        element its files): (its placeholder text, videos first; its resized frames and images
         for MEDIA in that order)."""
+        videos_in, images_in = f"{side}VIDEOS", f"{side}IMAGES"
         clips = [
-            [self._video(video_name, i, j, data) for j, data in enumerate(files)]
-            for i, files in enumerate(video_files)
+            [self._video(videos_in, i, j, data) for j, data in enumerate(files)]
+            for i, files in enumerate(given[videos_in])
         ]
-        images = self._images(image_files, image_name)
+        images = [
+            [self._image(images_in, i, j, data) for j, data in enumerate(files)]
+            for i, files in enumerate(given[images_in])
+        ]
         texts = [
-            "".join(videos.placeholders(v, self.image_settings) for v in vs) + image_blocks(n)
-            for vs, n in zip(clips, self._tokens(images), strict=True)
+            "".join(videos.placeholders(v, self.image_settings) for v in vs)
+            + image_blocks([tokens_of(rgb, self.image_settings) for rgb in im])
+            for vs, im in zip(clips, images, strict=True)
         ]
         return texts, [[v.frames for v in vs] + im for vs, im in zip(clips, images, strict=True)]
 

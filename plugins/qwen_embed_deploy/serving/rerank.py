@@ -39,11 +39,11 @@ class PairTemplate:
     after_colon: str  # after "<Query>:" and "<Document>:"
 
     def middle(
-        self, instruction: str, query: str, document: str, query_images="", document_images=""
+        self, instruction: str, query: str, document: str, query_visuals="", document_visuals=""
     ) -> str:
         return (
             f"<Instruct>: {instruction}{self.after_instruction}<Query>:{self.after_colon}"
-            f"{query_images}{query}\n<Document>:{self.after_colon}{document_images}{document}"
+            f"{query_visuals}{query}\n<Document>:{self.after_colon}{document_visuals}{document}"
         )
 
 
@@ -106,8 +106,8 @@ class PairTokenizer:
                 visuals = document_visuals[i]
                 if visuals not in heads:
                     heads[visuals] = self._head_tokens(instruction, query, query_visuals, visuals)
-                field = (fields or ["DOCUMENT_IMAGES"] * len(documents))[i]
-                self._check_head_fits(i, heads[visuals], budget, field if visuals else None)
+                field = (fields[i] if fields else "DOCUMENT_IMAGES") if visuals else None
+                self._check_head_fits(i, heads[visuals], budget, field)
                 if not opts.truncate:
                     raise RequestError(
                         f"input 'DOCUMENTS[{i}]' makes a pair of "

@@ -160,8 +160,5 @@ def patchify(
     # frame in patch, py, px)
     x = x.reshape(n // t, t, rows // m, m, p, cols // m, m, p, 3)
     x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    return np.ascontiguousarray(x).reshape(n // t * rows * cols, 3 * t * p * p), (
-        n // t,
-        rows,
-        cols,
-    )
+    grid = (n // t, rows, cols)
+    return np.ascontiguousarray(x).reshape(grid[0] * rows * cols, 3 * t * p * p), grid
