@@ -204,6 +204,32 @@ def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
     assert np.abs(together - alone).max() <= 1e-5
 
 
+@pytest.mark.server  # starts the rank-1 worker process
+def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
+    """tp_size 2: rank 0 runs the tower and sends the visuals' tokens to rank 1, which loads no
+    tower; every case and a batch split over forwards give one process's vectors and scores
+    (fp32: the all-reduces' summation order differs)."""
+    texts = list(cases(media).values())
+    t = Texts(media, seed=3)
+    texts += [t.text(t.visual(2, 4, t=2), 3, t.visual(4, 2), 2), t.text(7, t.visual(2, 2), 1)]
+    runs = {}
+    for tp_size in (1, 2):
+        with Encoder.from_pretrained(
+            replica, tp_size=tp_size, dtype="float32", attn_backend="torch", max_batch_tokens=64
+        ) as encoder:
+            runs[tp_size] = encoder.embed_media(texts)
+        with Encoder.from_pretrained(
+            reranker_dir, task="rerank", tp_size=tp_size, dtype="float32", max_batch_tokens=64
+        ) as encoder:
+            runs[tp_size, "scores"] = encoder.score_media(
+                list(cases(encoder.config.media).values())
+            )
+            runs[tp_size, "text"] = encoder.score([texts[0].ids])
+    assert np.abs(runs[2] - runs[1]).max() <= 1e-5
+    assert np.abs(runs[2, "scores"] - runs[1, "scores"]).max() <= 1e-5
+    assert np.abs(runs[2, "text"] - runs[1, "text"]).max() <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory):
     """Qwen3-VL-Reranker's layout: the embedder's, with an output head of its own (the 8B's;

@@ -90,7 +90,9 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     route, device = spec.route, spec.device_for(tp.rank)
     _prepare_device(device)
     model = _instantiate(config, spec, tp, device)
-    load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter))
+    # The vision tower runs on rank 0 (media.MediaForward.embed shares its tokens).
+    skip = ("visual.",) if tp.rank else ()
+    load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
@@ -158,7 +160,7 @@ def _instantiate(
                 model = model_class(config.family)(
                     config, tp, backend, planner, head, kernels.load(route.elementwise)
                 )
-                if config.media is not None:
+                if config.media is not None and tp.rank == 0:
                     vision = config.media.vision
                     name, _ = choose_backend(str(device), vision.head_dim, dtype=route.dtype)
                     model.visual = VisionTower(vision, name, device, dtype)
@@ -440,8 +442,6 @@ class Encoder:
                 "this checkpoint has no vision tower: images and video need a multimodal "
                 "checkpoint (Qwen3-VL)"
             )
-        if self._launcher is not None:
-            raise ValueError("images and video are embedded with tp_size 1")
         return self.config.media
 
     def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
@@ -467,10 +467,14 @@ class Encoder:
         with self._lock:
             for indices in plan_batches([len(t.ids) for t in texts], self.max_batch_tokens):
                 chosen = [texts[i] for i in indices]
-                media = MediaForward(chosen, self.config.media, self.device)
-                ctx = self.model.planner.plan(*flatten([t.ids for t in chosen]), media=media)
+                media = MediaForward.of_texts(chosen, self.config.media, self.device)
+                flat = flatten([t.ids for t in chosen])
+                ctx = self.model.planner.plan(*flat, media=media)
+                send = None
+                if self._launcher is not None:
+                    send = partial(self._launcher.send_media, *flat, media)
                 pooled = partial(self._pooled, ctx, head=head)
-                out[indices] = self._forward_context(ctx, pooled, None).numpy()
+                out[indices] = self._forward_context(ctx, pooled, send).numpy()
         return out
 
     def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:

@@ -50,6 +50,12 @@ class TPGroup:
             self.group.allreduce([t]).wait()
         return t
 
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `t` on every rank, in place."""
+        if self.size > 1:
+            self.group.broadcast(t, 0).wait()
+        return t
+
 
 def _shard(full: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
     if full.shape[dim] % size:

@@ -67,10 +67,14 @@ def _normalise(key: str) -> str:
     return key[len("language_model.") :] if key.startswith("language_model.") else key
 
 
-def load_weights(model: nn.Module, model_dir: str | Path, deltas: dict | None = None) -> None:
+def load_weights(
+    model: nn.Module, model_dir: str | Path, deltas: dict | None = None, skip: tuple[str, ...] = ()
+) -> None:
     """Every parameter from the checkpoint's tensors; `deltas` (adapters.lora_deltas: name ->
-    fp32 tensor) are added to theirs as they are read."""
+    fp32 tensor) are added to theirs as they are read. Tensors under the prefixes in `skip`
+    are not read (a part of the checkpoint this process does not hold)."""
     deltas = deltas or {}
+    ignored = _IGNORED_PREFIXES + skip
     expected = _checkpoint_names(model)
     seen: set[str] = set()
     for path in checkpoint_files(model_dir):
@@ -78,7 +82,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, deltas: dict | None = 
             for key in f.keys():
                 name = _normalise(key)
                 if name not in expected and (
-                    name.startswith(_IGNORED_PREFIXES) or name.endswith(_IGNORED_SUFFIXES)
+                    name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)
                 ):
                     continue
                 if name not in expected:

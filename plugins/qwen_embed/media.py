@@ -25,6 +25,7 @@ import torch
 
 from .batch import to_device
 from .config import Grid, MediaConfig
+from .layers import TPGroup
 
 
 @dataclass(frozen=True)
@@ -113,42 +114,71 @@ def mrope_positions(length: int, blocks: list[tuple[int, int, int, int]]) -> np.
 class MediaForward:
     """A forward batch's visuals: where their tokens go in the flat batch, the batch's
     positions on three axes, and (once the tower has run, `embed`) the tokens and DeepStack
-    features."""
+    features. Under tensor parallelism rank 0 holds the visuals and the tower; the other ranks
+    know the layout (`of_flat_ids`) and receive the tokens from it."""
 
-    def __init__(self, texts: list[MediaText], config: MediaConfig, device):
-        """`texts` that passed `MediaText.checked`."""
+    def __init__(self, config: MediaConfig, rows: np.ndarray, positions: np.ndarray, device):
         self.config = config
-        self.visuals = [v for text in texts for v in text.visuals]
+        self.visuals: list[Visual] = []
+        self.positions_host = positions  # [T, 3], what rank 0 sends to the other ranks
+        self.count = len(rows)
+        self.rows = to_device(torch.from_numpy(rows), device)
+        self.positions = to_device(torch.from_numpy(positions), device)
+        self.deepstack: list[torch.Tensor] = []
+
+    @classmethod
+    def of_texts(cls, texts: list[MediaText], config: MediaConfig, device) -> MediaForward:
+        """The batch of `texts` that passed `MediaText.checked`, in order."""
         rows, positions, offset = [], [], 0
         for text in texts:
             positions.append(mrope_positions(len(text.ids), text.blocks))
             rows += [np.arange(offset + a, offset + b) for a, b, _, _ in text.blocks]
             offset += len(text.ids)
         flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])
-        self.rows = to_device(torch.from_numpy(flat_rows), device)
-        self.positions = to_device(torch.from_numpy(np.concatenate(positions)), device)
-        self.device = device
-        self.deepstack: list[torch.Tensor] = []
+        media = cls(config, flat_rows, np.concatenate(positions), device)
+        media.visuals = [v for text in texts for v in text.visuals]
+        return media
 
-    def embed(self, tower, x: torch.Tensor) -> torch.Tensor:
-        """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders.
-        The tower runs once per distinct visual: a rerank query's image comes with every pair."""
-        if not self.visuals:
+    @classmethod
+    def of_flat_ids(
+        cls, ids: np.ndarray, positions: np.ndarray, config: MediaConfig, device
+    ) -> MediaForward:
+        """A rank without the visuals: their rows are the placeholders in the flat ids (every
+        run is one visual block, as `checked` made sure on rank 0)."""
+        rows = np.flatnonzero(np.isin(ids, (config.image_token_id, config.video_token_id)))
+        return cls(config, rows, positions, device)
+
+    def embed(self, tower, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+        """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders:
+        from `tower` where this rank holds it, else broadcast by rank 0."""
+        if not self.count:
             return x
-        distinct, copies = distinct_visuals(self.visuals, self.config.vision.spatial_merge_size)
+        if tower is not None:
+            features = torch.stack(self._through(tower)).to(x.dtype)
+        else:
+            levels = 1 + len(self.config.vision.deepstack_visual_indexes)
+            features = x.new_empty(levels, self.count, x.shape[1])
+        tp.broadcast(features)
+        self.deepstack = list(features[1:])
+        return x.index_copy(0, self.rows, features[0])
+
+    def _through(self, tower) -> list[torch.Tensor]:
+        """The visuals' tokens, then each DeepStack level's features [count, hidden]. The
+        tower runs once per distinct visual: a rerank query's image comes with every pair."""
+        merge = self.config.vision.spatial_merge_size
+        distinct, copies = distinct_visuals(self.visuals, merge)
         pixels = torch.from_numpy(np.concatenate([v.pixels for v in distinct]))
-        tokens, self.deepstack = tower(to_device(pixels, self.device), [v.grid for v in distinct])
-        if copies is not None:
-            index = to_device(torch.from_numpy(copies), self.device)
-            tokens = tokens.index_select(0, index)
-            self.deepstack = [d.index_select(0, index) for d in self.deepstack]
-        return x.index_copy(0, self.rows, tokens.to(x.dtype))
+        tokens, deepstack = tower(to_device(pixels, self.rows.device), [v.grid for v in distinct])
+        if copies is None:
+            return [tokens, *deepstack]
+        index = to_device(torch.from_numpy(copies), self.rows.device)
+        return [t.index_select(0, index) for t in (tokens, *deepstack)]
 
     def after_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """DeepStack: the layer's output at the visual tokens plus that level's features."""
         if layer >= len(self.deepstack):
             return x
-        return x.index_add(0, self.rows, self.deepstack[layer].to(x.dtype))
+        return x.index_add(0, self.rows, self.deepstack[layer])
 
 
 def distinct_visuals(visuals: list[Visual], merge: int) -> tuple[list[Visual], np.ndarray | None]:

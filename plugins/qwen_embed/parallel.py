@@ -23,10 +23,11 @@ import torch.distributed as dist
 
 from .chunking import ChunkForward, unpack_texts
 from .layers import TPGroup
+from .media import MediaForward
 from .route import Route
 from .settings import EncoderSettings
 
-CMD_STOP, CMD_FORWARD, CMD_CHUNKS, CMD_EVERY_ROW = 0, 1, 2, 3
+CMD_STOP, CMD_FORWARD, CMD_CHUNKS, CMD_EVERY_ROW, CMD_MEDIA = 0, 1, 2, 3, 4
 # Rank 0 waiting for its GPU: how often it asks whether the work is done, and how often
 # whether a worker failed (a store round trip).
 _POLL_S, _CHECK_EVERY_S = 2e-4, 0.01
@@ -191,6 +192,18 @@ class TPLauncher:
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
 
+    def send_media(
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, media: MediaForward
+    ) -> None:
+        """A forward of a flat batch with images and video: its ids and positions on three
+        axes; rank 0 runs the tower and broadcasts the visuals' tokens inside the forward
+        (MediaForward.embed)."""
+        header = torch.tensor([CMD_MEDIA, input_ids.numel(), cu_seqlens.numel()])
+        self.control.broadcast(header, 0).wait()
+        self.control.broadcast(input_ids, 0).wait()
+        self.control.broadcast(cu_seqlens, 0).wait()
+        self.control.broadcast(torch.from_numpy(media.positions_host), 0).wait()
+
     def send_chunks(self, packed: torch.Tensor) -> None:
         """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on
         every rank."""
@@ -269,6 +282,13 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
             cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
             control.broadcast(input_ids, 0).wait()
             control.broadcast(cu_seqlens, 0).wait()
+            media = None
+            if cmd == CMD_MEDIA:
+                positions = torch.empty(num_tokens, 3, dtype=torch.int64)
+                control.broadcast(positions, 0).wait()
+                media = MediaForward.of_flat_ids(
+                    input_ids.numpy(), positions.numpy(), model.config.media, model.planner.device
+                )
         # The same batch through the same planner as rank 0: the same prefix hits and misses.
         try:
             planner = model.planner
@@ -276,7 +296,9 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 texts = unpack_texts(packed)
                 ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
             else:
-                ctx = planner.plan(input_ids, cu_seqlens, every_row=cmd == CMD_EVERY_ROW)
+                ctx = planner.plan(
+                    input_ids, cu_seqlens, every_row=cmd == CMD_EVERY_ROW, media=media
+                )
             model(ctx)
             planner.commit(ctx)
         except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit

@@ -304,7 +304,7 @@ class QwenModel(nn.Module):
             return x, *rotary_cos_sin(positions, head_dim, theta, x.dtype)
         section = media.config.mrope_section
         cos_sin = rotary_cos_sin(media.positions, head_dim, theta, x.dtype, section)
-        return media.embed(self.visual, x), *cos_sin
+        return media.embed(self.visual, x, self.embed_tokens.tp), *cos_sin
 
     def layers_from(self, first: int, x, residual, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         """The layers from `first` on and the final norm (the last layer pruned where ctx says)."""
