@@ -204,6 +204,38 @@ def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
     assert np.abs(together - alone).max() <= 1e-5
 
 
+def prefixed(prefix: list[int], texts: list[MediaText]) -> list[MediaText]:
+    return [MediaText(np.array(prefix + list(t.ids)), t.visuals) for t in texts]
+
+
+def test_a_shared_prefix_ends_before_the_first_visual(replica, media):
+    """Texts that begin alike (an instruction) share that beginning up to their first visual,
+    in a batch and from the cache: the placeholders are the same ids whatever the pixels, so
+    what follows is each text's own. The vectors are those computed without sharing."""
+    t = Texts(media, seed=9)
+    start = [media.vision_start_token_id]
+    prefix = list(range(10, 40))  # each text's next token is a visual's start
+    batch = prefixed(prefix, [t.text(t.visual(4, 4), 2), t.text(t.visual(2, 4), 5, t.visual(4, 2))])
+    later = prefixed(prefix, [t.text(t.visual(2, 6, t=2), 3)])
+    runs = {}
+    for reuse in (False, True):
+        with Encoder.from_pretrained(
+            replica, dtype="float32", attn_backend="torch", prefix_reuse=reuse
+        ) as encoder:
+            first = encoder.embed_media(batch)
+            computed = encoder.stats["computed_tokens"]
+            second = encoder.embed_media(later)
+            runs[reuse] = first, second, computed, encoder.stats["computed_tokens"] - computed
+    shared = len(prefix + start)
+    assert runs[False][2:] == (sum(len(x.ids) for x in batch), len(later[0].ids))
+    assert runs[True][2:] == (
+        shared + sum(len(x.ids) - shared for x in batch),
+        len(later[0].ids) - shared,
+    )
+    assert np.abs(runs[True][0] - runs[False][0]).max() <= 1e-5
+    assert np.abs(runs[True][1] - runs[False][1]).max() <= 1e-5
+
+
 @pytest.mark.server  # starts the rank-1 worker process
 def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
     """tp_size 2: rank 0 runs the tower and sends the visuals' tokens to rank 1, which loads no
@@ -212,6 +244,7 @@ def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
     texts = list(cases(media).values())
     t = Texts(media, seed=3)
     texts += [t.text(t.visual(2, 4, t=2), 3, t.visual(4, 2), 2), t.text(7, t.visual(2, 2), 1)]
+    texts += prefixed(list(range(10, 30)), [t.text(t.visual(2, 2), 3), t.text(t.visual(4, 2))])
     runs = {}
     for tp_size in (1, 2):
         with Encoder.from_pretrained(
@@ -318,12 +351,6 @@ def test_media_refusals(replica, media, checkpoint):
         short = Visual(good.visuals[0].pixels[:-1], (1, 4, 4))
         with pytest.raises(ValueError, match=r"pixels must be \[16, 96\]"):
             encoder.embed_media([MediaText(good.ids, (short,))])
-        # prefixes are not shared where texts hold images: placeholders are the same ids
-        prefix = list(range(10, 40))
-        texts = [MediaText(np.array(prefix + list(good.ids)), good.visuals)] * 2
-        before = dict(encoder.stats)
-        encoder.embed_media(texts)
-        assert encoder.stats["computed_tokens"] - before["computed_tokens"] == 2 * len(texts[0].ids)
     with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32") as text_only:
         with pytest.raises(ValueError, match="no vision tower"):
             text_only.embed_media([good])

@@ -121,6 +121,7 @@ class MediaForward:
         self.config = config
         self.visuals: list[Visual] = []
         self.positions_host = positions  # [T, 3], what rank 0 sends to the other ranks
+        self.rows_host = rows
         self.count = len(rows)
         self.rows = to_device(torch.from_numpy(rows), device)
         self.positions = to_device(torch.from_numpy(positions), device)
@@ -147,6 +148,26 @@ class MediaForward:
         run is one visual block, as `checked` made sure on rank 0)."""
         rows = np.flatnonzero(np.isin(ids, (config.image_token_id, config.video_token_id)))
         return cls(config, rows, positions, device)
+
+    def visual_starts(self, bounds: list[int]) -> list[int]:
+        """Each text's first visual token, counted in the text (its length where it has none),
+        of the flat batch whose texts start and end at `bounds`."""
+        firsts = np.searchsorted(self.rows_host, bounds[:-1])
+        return [
+            int(self.rows_host[k]) - a if k < self.count and self.rows_host[k] < b else b - a
+            for k, a, b in zip(firsts, bounds[:-1], bounds[1:], strict=True)
+        ]
+
+    def computed(self, source: np.ndarray) -> MediaForward:
+        """This batch's visuals in the rows a segment plan computes (`source`: each one's row in
+        the flat batch; a shared prefix holds no visual token, so each of them is computed
+        once)."""
+        at = np.full(len(self.positions_host), -1, dtype=np.int64)
+        at[source] = np.arange(len(source))
+        rows, positions = at[self.rows_host], self.positions_host[source]
+        media = MediaForward(self.config, rows, positions, self.rows.device)
+        media.visuals = self.visuals
+        return media
 
     def embed(self, tower, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
         """The text embeddings x [T, hidden] with the visuals' tokens at their placeholders:

@@ -119,12 +119,12 @@ class PrefixCache:
     def fits(self, length: int) -> bool:
         return length * self.bytes_per_token <= self.capacity_bytes
 
-    def find(self, seq: tuple[int, ...]) -> PrefixEntry | None:
-        """The longest cached prefix of `seq` that leaves it at least one token."""
+    def find(self, seq: tuple[int, ...], limit: int) -> PrefixEntry | None:
+        """The longest cached prefix of `seq` of at most `limit` tokens."""
         best = None
         for ids in self._by_head.get(seq[:MIN_PREFIX_TOKENS], ()):
             n = len(ids)
-            if n < len(seq) and seq[:n] == ids and (best is None or n > len(best.ids)):
+            if n <= limit and seq[:n] == ids and (best is None or n > len(best.ids)):
                 best = self.entries[ids]
         return best
 
@@ -171,6 +171,7 @@ class SegmentPlan:
     layout: AttentionLayout
     kv_index: np.ndarray  # host copy of layout.kv_index
     pool_rows: np.ndarray  # int64 [n]: each sequence's last row (what last pooling reads)
+    source: np.ndarray  # int64 [T_computed]: each computed row's row in the flat batch
     used: list[PrefixEntry]  # cached prefixes whose keys/values come first in every layer
     new: list[tuple[PrefixEntry, int]]  # prefixes computed here: (entry, first row) to store
     received_tokens: int
@@ -208,17 +209,23 @@ class SegmentPlan:
         )
 
 
-def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> SegmentPlan | None:
+def plan_segments(
+    sequences: list[np.ndarray], cache: PrefixCache, device, visual_starts: list[int] | None = None
+) -> SegmentPlan | None:
     """Group sequences by shared prefixes (in this batch, in the cache, or with a recent
     sequence) and lay out the computed rows; None when nothing is shared. Deterministic given
-    the ids and the cache."""
+    the ids and the cache. A prefix ends by each sequence's `visual_starts` (its first image
+    or video token; placeholders are the same ids whatever the pixels), and leaves it at
+    least one token of its own."""
     seqs = [tuple(np.asarray(s).tolist()) for s in sequences]
     n = len(seqs)
+    starts = visual_starts or [len(seq) for seq in seqs]
+    limits = [min(len(seq) - 1, start) for seq, start in zip(seqs, starts, strict=True)]
     prefix_of: list[tuple[int, ...] | None] = [None] * n
     cached: dict[tuple[int, ...], PrefixEntry] = {}
     for i, seq in enumerate(seqs):
         cache.lookups += 1
-        entry = cache.find(seq)
+        entry = cache.find(seq, limits[i])
         if entry is not None:
             cache.hits += 1
             cache.touch(entry)
@@ -231,13 +238,12 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
         if prefix_of[i] is None and len(seq) > MIN_PREFIX_TOKENS:
             groups.setdefault(seq[:MIN_PREFIX_TOKENS], []).append(i)
     for head, members in groups.items():
-        # Leave every member at least one token of its own.
-        limit = min(len(seqs[i]) for i in members) - 1
+        limit = min(limits[i] for i in members)
         if len(members) > 1:
             length = min(_common_prefix(seqs[members[0]], seqs[i]) for i in members[1:])
         else:  # alone: a prefix shared with a recent sequence, worth computing if kept
             seq, recent = seqs[members[0]], cache.recent(head)
-            length = 0 if recent is None else _common_prefix(seq, recent)
+            length = 0 if recent is None else min(_common_prefix(seq, recent), starts[members[0]])
             # Only where the two go on differently: a repeated text (or one that is the start
             # of another) is not a shared prefix, and caching whole texts would churn the cache.
             if recent is None or not cache.fits(length) or length >= min(len(seq), len(recent)):
@@ -259,14 +265,19 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
     new_prefixes = sorted(
         {p for p in prefix_of if p is not None and p not in cached}, key=lambda p: (len(p), p)
     )
-    ids, positions, q_lens, k_lens, kv_index, new = [], [], [], [], [], []
+    ids, positions, q_lens, k_lens, kv_index, new, source = [], [], [], [], [], [], []
     row = 0
     num_layers = cache.num_layers
+    flat_starts = np.concatenate([[0], np.cumsum([len(seq) for seq in seqs])])
+    first_with: dict[tuple[int, ...], int] = {}  # a sequence whose rows a new prefix's are
+    for i, p in enumerate(prefix_of):
+        first_with.setdefault(p, i)
     for p in new_prefixes:
         offsets[p] = total + row
         new.append((PrefixEntry(p, num_layers), row))
         ids.append(np.asarray(p))
         positions.append(np.arange(len(p)))
+        source.append(flat_starts[first_with[p]] + np.arange(len(p)))
         q_lens.append(len(p))
         k_lens.append(len(p))
         kv_index.append(total + row + np.arange(len(p)))
@@ -277,6 +288,7 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
         own = np.asarray(seq[len(p) :])
         ids.append(own)
         positions.append(len(p) + np.arange(len(own)))
+        source.append(flat_starts[i] + len(p) + np.arange(len(own)))
         q_lens.append(len(own))
         k_lens.append(len(p) + len(own))
         if p:
@@ -291,6 +303,7 @@ def plan_segments(sequences: list[np.ndarray], cache: PrefixCache, device) -> Se
         layout=AttentionLayout.build(q_lens, k_lens, index, device),
         kv_index=index,
         pool_rows=pool_rows,
+        source=np.concatenate(source).astype(np.int64),
         used=used,
         new=new,
         received_tokens=sum(len(s) for s in seqs),
@@ -360,13 +373,14 @@ class Planner:
     ) -> ForwardContext:
         """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
         forward computes; `every_row`: the final hidden states of every token (per-token
-        vectors), so neither a shared prefix nor the last layer is skipped. With `media` no
-        prefix is shared (placeholder ids are the same for every image)."""
+        vectors), so neither a shared prefix nor the last layer is skipped. With `media` a
+        shared prefix ends before a text's first visual."""
         plan = None
-        if self.prefix_reuse and not every_row and media is None:
+        if self.prefix_reuse and not every_row:
             ids, bounds = input_ids.numpy(), cu_seqlens.tolist()
             sequences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-            plan = plan_segments(sequences, self.cache, self.device)
+            starts = None if media is None else media.visual_starts(bounds)
+            plan = plan_segments(sequences, self.cache, self.device, starts)
         if plan is None:  # nothing shared: the plain varlen batch
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
@@ -380,7 +394,8 @@ class Planner:
         )
         last = plan.last_layout(self.device) if self.prune else None
         rows = to_device(torch.from_numpy(plan.pool_rows), self.device)
-        return ForwardContext(batch, plan.layout, last, rows, plan)
+        media = None if media is None else media.computed(plan.source)
+        return ForwardContext(batch, plan.layout, last, rows, plan, media)
 
     def commit(self, ctx: ForwardContext) -> None:
         if ctx.plan is not None:
