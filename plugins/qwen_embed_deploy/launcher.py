@@ -100,6 +100,9 @@ def triton_args(
         f"--metrics-address={host}",
         f"--metrics-port={metrics}",
         "--model-control-mode=explicit",
+        # The configs are complete; Triton's completion would start a Python stub per model (a
+        # full import of model.py) before its instances, on every load and reload.
+        "--disable-auto-complete-config",
         *(f"--load-model={m}" for m in repository_models(model_repository, rerank)),
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
