@@ -76,6 +76,8 @@ def cpu_kind(record: dict) -> str:
         return KIND_ORDER[3]  # a wider CPU with every library held to AVX2: a stand-in
     if "AMX" in cpu and "no AMX" not in cpu:
         return KIND_ORDER[0]
+    if "AVX2" in cpu and "no AVX-512" in cpu:  # before the family: Zen 3 is family 25 too
+        return KIND_ORDER[3]
     if family and family.group(1) == "26":
         return KIND_ORDER[2]
     if family and family.group(1) == "25":
@@ -84,7 +86,7 @@ def cpu_kind(record: dict) -> str:
     # them with AVX512_BF16 are the Zen 4 machine (family 25).
     if "AMD" in cpu and "AVX512_BF16" in cpu and "no AVX512_BF16" not in cpu:
         return KIND_ORDER[1]
-    if "avx512f no" in notes or ("AVX2" in cpu and "no AVX-512" in cpu):
+    if "avx512f no" in notes:
         return KIND_ORDER[3]
     return KIND_ORDER[4]
 
