@@ -156,6 +156,7 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         EmbedOptions(chunk_spans=[[0, 3], [3, 9]]),
         EmbedOptions(chunk_size=128),
         EmbedOptions(token_ids=True, max_tokens=64, truncation_direction="left"),
+        EmbedOptions(video_fps=2.5, video_max_frames=16),
     ],
 )
 def test_options_cross_as_parameters_unchanged(options):
@@ -188,6 +189,12 @@ def test_options_cross_as_parameters_unchanged(options):
         ({"token_ids": 1}, "parameter 'token_ids' must be a boolean"),
         ({"token_ids": True, "prompt_name": "query"}, "cannot be combined with 'prompt_name'"),
         ({"token_ids": True, "chunk_size": 8}, "cannot be combined with 'chunks'"),
+        ({"video_fps": 0}, "parameter 'video_fps' must be a number > 0, got 0"),
+        ({"video_fps": "2"}, "parameter 'video_fps' must be a number > 0"),
+        ({"video_fps": True}, "parameter 'video_fps' must be a number > 0"),
+        ({"video_max_frames": 1}, r"parameter 'video_max_frames' must be in 2..256, got 1"),
+        ({"video_max_frames": 257}, r"parameter 'video_max_frames' must be in 2..256"),
+        ({"video_max_frames": 8.0}, "parameter 'video_max_frames' must be an integer"),
     ],
 )
 def test_a_broken_rule_names_the_field_and_the_limit(params, message):
@@ -210,6 +217,10 @@ def test_rerank_options():
     assert RerankOptions.from_parameters(options.parameters()) == options
     with pytest.raises(RequestError, match="parameter 'max_document_tokens' must be >= 1"):
         RerankOptions(max_document_tokens=0)
+    sampled = RerankOptions(video_fps=0.5, video_max_frames=8)
+    assert RerankOptions.from_parameters(sampled.parameters()) == sampled
+    with pytest.raises(RequestError, match="parameter 'video_max_frames' must be in 2..256"):
+        RerankOptions(video_max_frames=0)
     with pytest.raises(RequestError, match=r"unknown parameter\(s\) \['dimensions'\]"):
         RerankOptions.from_parameters({"dimensions": 4})
 
@@ -252,6 +263,7 @@ def test_the_cli_flags_are_the_contracts_options():
     # what a user types on the command line: everything but the wire-only fields
     assert {f.name for f in fields(EmbedOptions)} - set(flags) == {"chunk_spans", "token_ids"}
     assert flags["max_tokens"].type is int and flags["dimensions"].type is int
+    assert flags["video_fps"].type is float and flags["video_max_frames"].type is int
     assert flags["normalize"].option_strings == ["--no-normalize"]
     assert flags["truncation_direction"].choices == ["right", "left"]
     assert flags["embedding_type"].choices == list(EMBEDDING_TYPES)

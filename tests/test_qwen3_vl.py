@@ -759,12 +759,25 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize(
-    "total, fps, kept",
-    [(10, 4, 4), (23, 3, 6), (300, 30, 10), (7200, 30, 64), (3, 30, 2), (5, 1, 4)],
+    "total, rate, sampling, kept",
+    [
+        (10, 4, (), 4),
+        (23, 3, (), 6),
+        (300, 30, (), 10),
+        (7200, 30, (), 64),
+        (3, 30, (), 2),
+        (5, 1, (), 4),
+        (23, 3, (2.0, 10), 10),  # a request's video_fps and video_max_frames
+        (23, 3, (2.0, 64), 14),
+        (300, 30, (0.5, 64), 4),
+        (300, 30, (1.0, 7), 6),
+        (10, 4, (1.0, 2), 2),
+    ],
 )
-def test_frames_kept_of_a_video_follow_qwen_vl_utils(total, fps, kept):
-    """1 frame per second, at least 4 and at most 64, whole temporal patches (smart_nframes)."""
-    assert videos.frame_count(total, fps, 2) == kept
+def test_frames_kept_of_a_video_follow_qwen_vl_utils(total, rate, sampling, kept):
+    """1 frame per second (or the request's video_fps), at least 4 and at most 64 (or its
+    video_max_frames), whole temporal patches (smart_nframes)."""
+    assert videos.frame_count(total, rate, 2, *sampling) == kept
     indices = videos.frame_indices(total, kept)
     assert len(indices) == kept and indices[0] == 0 and indices[-1] == total - 1
 
@@ -811,19 +824,20 @@ def test_unreadable_and_oversized_videos_are_refused(clips):
 def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[torch.Tensor]:
     """Each (prompt, visuals) through the official recipe (tests/video_reference.py: the
     scripts' qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the
-    model's last hidden state at the last token. `visuals`: ("video", path) or ("image",
-    file bytes) in the prompt's order; the prompt holds video_reference.VIDEO and IMAGE."""
+    model's last hidden state at the last token. `visuals`: ("video", path, optionally its
+    "fps" and "max_frames") or ("image", file bytes) in the prompt's order; the prompt holds
+    video_reference.VIDEO and IMAGE."""
     import video_reference
 
     spec = []
     for i, (prompt, visuals) in enumerate(cases):
         listed = []
-        for j, (kind, item) in enumerate(visuals):
+        for j, (kind, item, *sampling) in enumerate(visuals):
             if kind == "image":  # a file beside the videos
                 path = work / f"image-{i}-{j}.png"
                 path.write_bytes(item)
                 item = path
-            listed.append({kind: str(item)})
+            listed.append({kind: str(item), **(sampling[0] if sampling else {})})
         spec.append({"prompt": prompt, "visuals": listed})
     hidden = []
     for found in video_reference.official_inputs(model_dir, spec, work):
@@ -835,7 +849,8 @@ def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[tor
 
 def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> np.ndarray:
     """Qwen3-VL-Embedding's recipe for inputs with videos: the user turn its videos, its
-    images, then its text; the last token's final hidden state, normalised."""
+    images, then its text (a case's "sampling": its videos' fps and max_frames); the last
+    token's final hidden state, normalised."""
     from video_reference import IMAGE, VIDEO
 
     prompts = []
@@ -845,7 +860,8 @@ def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> n
             "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n"
             f"{pads}{c['text']}<|im_end|>\n<|im_start|>assistant\n"
         )
-        visuals = [("video", v) for v in c["videos"]] + [("image", b) for b in c["images"]]
+        visuals = [("video", v, c.get("sampling", {})) for v in c["videos"]]
+        visuals += [("image", b) for b in c["images"]]
         prompts.append((prompt, visuals))
     hidden = official_video_hidden(model, model_dir, prompts, work)
     return np.stack([torch.nn.functional.normalize(h, dim=-1).numpy() for h in hidden])
@@ -878,15 +894,24 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
         {"text": "a clip and a picture", "videos": [clips["bar"]], "images": [png]},
         {"text": "two clips", "videos": [clips["wide"], clips["bar"]], "images": []},
     ]
-    want = official_video_vectors(model, model_dir, cases, tmp_path)
+    # 10 frames of the 23 kept (6 by default): the request's video_fps and video_max_frames
+    sampled = {"text": "denser", "videos": [clips["wide"]], "images": []}
+    sampled["sampling"] = {"fps": 2.0, "max_frames": 10}
+    want = official_video_vectors(model, model_dir, [*cases, sampled], tmp_path)
+    want, want_sampled = want[:-1], want[-1]
     assert float(want[0] @ want[2]) < 0.999  # the image tells the vectors apart
     texts = [c["text"] for c in cases]
     files = [[v.read_bytes() for v in c["videos"]] for c in cases]
+    wide = clips["wide"].read_bytes()
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with EmbeddingClient(url, protocol=protocol) as client:
             got = client.embed(texts, videos=files, images=[c["images"] for c in cases])
+            denser = client.embed(["denser"], videos=[[wide]], video_fps=2.0, video_max_frames=10)
+            default = client.embed(["denser"], videos=[[wide]])
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= FP32_COSINE, (protocol, cosines)
+        assert float(denser[0] @ want_sampled) >= FP32_COSINE
+        assert float(default[0] @ want_sampled) < 0.999  # the frames kept matter
 
     # vLLM's video_url content part, as a base64 data URL
     clip = {"type": "video_url", "video_url": {"url": data_url(files[0][0], "mp4", "video")}}
@@ -903,13 +928,21 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
         # the same request's answer is unchanged after a refused one
         again = api.embeddings.create(model="embed", input=[parts]).data[0].embedding
         assert float(np.array(again) @ want[0]) >= FP32_COSINE
+        clip = {"type": "video_url", "video_url": {"url": data_url(wide, "mp4", "video")}}
+        parts = [{"type": "text", "text": "denser"}, clip]
+        sampling = {"video_fps": 2, "video_max_frames": 10}
+        answer = api.embeddings.create(model="embed", input=[parts], extra_body=sampling)
+        assert float(np.array(answer.data[0].embedding) @ want_sampled) >= FP32_COSINE
+        with pytest.raises(openai.BadRequestError, match="must be in 2..256, got 1") as e:
+            api.embeddings.create(model="embed", input=[parts], extra_body={"video_max_frames": 1})
+        assert e.value.body["param"] == "video_max_frames", e.value.body
 
-    command = [sys.executable, "-m", "qwen_embed_client", "embed", texts[0]]
-    command += ["--video", str(clips["bar"]), "--url", server.grpc_url]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "denser"]
+    command += ["--video", str(clips["wide"]), "--video-fps", "2", "--video-max-frames", "10"]
+    run = subprocess.run(command + ["--url", server.grpc_url], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     (row,) = [json.loads(line) for line in run.stdout.splitlines()]
-    assert float(np.array(row["embedding"]) @ want[0]) >= FP32_COSINE
+    assert float(np.array(row["embedding"]) @ want_sampled) >= FP32_COSINE
 
 
 def official_video_scores(model, model_dir, pairs: list, work: Path) -> np.ndarray:
@@ -919,7 +952,7 @@ def official_video_scores(model, model_dir, pairs: list, work: Path) -> np.ndarr
     from video_reference import IMAGE, VIDEO
 
     def pads(visuals):
-        return "".join(VIDEO if kind == "video" else IMAGE for kind, _ in visuals)
+        return "".join(VIDEO if kind == "video" else IMAGE for kind, *_ in visuals)
 
     cases = []
     for query, query_visuals, document, document_visuals in pairs:
@@ -959,7 +992,11 @@ def test_reranking_with_videos_matches_the_official_script(
     ]
     queries = [("which clip shows a moving bar?", []), ("", [("video", bar)])]
     pairs = [(q, qv, d, dv) for q, qv in queries for d, dv in documents]
-    want = official_video_scores(reranker_model, reranker_dir, pairs, tmp_path).reshape(2, 3)
+    # and a video document sampled as the request asks (10 frames of 23; 6 by default)
+    sampling = {"fps": 2.0, "max_frames": 10}
+    pairs.append((queries[0][0], [], "", [("video", clips["wide"], sampling)]))
+    found = official_video_scores(reranker_model, reranker_dir, pairs, tmp_path)
+    want, want_sampled = found[:-1].reshape(2, 3), found[-1]
     assert np.ptp(want) > 0.05  # the pairs score apart: a check that can fail
 
     def files(visuals, kind):
@@ -976,6 +1013,11 @@ def test_reranking_with_videos_matches_the_official_script(
             )
             scores = dict(got.ranking)
             assert max(abs(scores[i] - w) for i, w in enumerate(row)) <= 1e-4, (scores, row)
+        wide = [[clips["wide"].read_bytes()]]
+        got = client.rerank(
+            queries[0][0], [""], document_videos=wide, video_fps=2.0, video_max_frames=10
+        )
+        assert abs(got.ranking[0][1] - want_sampled) <= 1e-4, (got.ranking, want_sampled)
 
     clip = {"type": "video_url", "video_url": {"url": data_url(bar.read_bytes(), "mp4", "video")}}
     with gateway_process(server) as base:
@@ -991,6 +1033,9 @@ def test_reranking_with_videos_matches_the_official_script(
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"] == "documents" and "DOCUMENT_VIDEOS[0]" in error["message"], error
+        body["video_max_frames"] = 1
+        refused = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "video_max_frames"
 
     # the CLI: a JSONL of documents, each record's videos beside it
     import json

@@ -8,7 +8,8 @@ CPU torch, so its operator registrations are left out; the Python code the recip
 tensor resize, the v2 functional transforms) runs as published.
 
     python video_reference.py MODEL_DIR CASES.json OUT.npz
-CASES.json: [{"prompt", "visuals": [{"video": path} or {"image": path}, ...]}, ...]: the prompt
+CASES.json: [{"prompt", "visuals": [{"video": path, optional "fps", "max_frames"} or {"image":
+path}, ...]}, ...]: the prompt
 as the chat template writes it (`VIDEO` and `IMAGE` stand for a video's and an image's
 placeholders), the visuals in their order; OUT.npz: per case i, `ids_i` and the processor's
 tensors as `<name>_i`.
@@ -80,9 +81,15 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
     )
     arrays = {}
     for i, case in enumerate(cases):
-        # as the scripts give them: a video at 1 frame per second, at most 64 frames
+        # as the scripts give them: a video at 1 frame per second, at most 64 frames, unless
+        # the input says otherwise
         content = [
-            {"type": "video", "video": "file://" + v["video"], "fps": 1.0, "max_frames": 64}
+            {
+                "type": "video",
+                "video": "file://" + v["video"],
+                "fps": v.get("fps", 1.0),
+                "max_frames": v.get("max_frames", 64),
+            }
             if "video" in v
             else {"type": "image", "image": "file://" + v["image"], **IMAGE_PIXELS}
             for v in case["visuals"]

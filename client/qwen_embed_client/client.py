@@ -364,12 +364,15 @@ class AsyncEmbeddingClient:
         document_images: list[list[bytes]] | None = None,
         query_videos: list[bytes] | None = None,
         document_videos: list[list[bytes]] | None = None,
+        video_fps: float | None = None,
+        video_max_frames: int | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
         split over requests and servers like `embed`'s texts. A multimodal reranker takes
         the query's image and video files (`query_images`, `query_videos`) and each
         document's (`document_images`, `document_videos`: a list per document); a text with
-        images or videos may be ""."""
+        images or videos may be "". `video_fps` and `video_max_frames`: how many frames of
+        each video are kept (default 1 per second, at most 64)."""
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
@@ -386,6 +389,8 @@ class AsyncEmbeddingClient:
             truncate,
             **({"instruction": instruction} if instruction else {}),
             max_document_tokens=max_document_tokens,
+            video_fps=video_fps,
+            video_max_frames=video_max_frames,
         )
         params = opts.parameters()
         level = priority_level(priority)

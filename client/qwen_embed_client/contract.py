@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field, fields
 
@@ -64,6 +65,10 @@ MAX_DECODED_PIXELS = 64 * 2**20
 MAX_VIDEOS_PER_TEXT = 4
 MAX_VIDEO_BYTES = 64 * 2**20
 MAX_VIDEO_FRAMES = 7200
+# Frames kept of each video: `video_fps` per second of it, at most `video_max_frames` (request
+# options, the scripts' per-input `fps` and `max_frames`; default 1 and 64), up to
+# MAX_KEPT_FRAMES; in whole temporal patches of 2.
+MAX_KEPT_FRAMES = 256
 # What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
 # documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
 MAX_INPUTS = 2048
@@ -166,6 +171,23 @@ def _one_of(name: str, value, allowed: tuple) -> None:
         raise RequestError(f"parameter '{name}' must be one of {list(allowed)}, got {value!r}")
 
 
+def _video_sampling(opts) -> None:
+    fps = opts.video_fps
+    if fps is not None and (
+        isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < math.inf
+    ):
+        raise RequestError(f"parameter 'video_fps' must be a number > 0, got {fps!r}")
+    n = _optional("video_max_frames", opts.video_max_frames, int, "an integer")
+    if n is not None and not 2 <= n <= MAX_KEPT_FRAMES:
+        raise RequestError(f"parameter 'video_max_frames' must be in 2..{MAX_KEPT_FRAMES}, got {n}")
+
+
+_VIDEO_FPS_HELP = "frames kept per second of each video (default 1)"
+_VIDEO_MAX_FRAMES_HELP = (
+    f"at most N frames kept of each video (default 64, up to {MAX_KEPT_FRAMES})"
+)
+
+
 def _option(default, help: str, choices: tuple[str, ...] | None = None):
     """A request option's field, with what a user is told of it (the CLI's help)."""
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -191,6 +213,8 @@ def option_flags(options: type[_Options]) -> list[tuple[str, dict]]:
                 keywords["choices"] = list(f.metadata["choices"])
             elif "int" in str(f.type):
                 keywords["type"] = int
+            elif "float" in str(f.type):
+                keywords["type"] = float
         flags.append((flag, keywords))
     return flags
 
@@ -263,6 +287,8 @@ class EmbedOptions(_Options):
         "one vector per token (the final hidden states, for late interaction) instead of one "
         "per text",
     )
+    video_fps: float | None = _option(None, _VIDEO_FPS_HELP)
+    video_max_frames: int | None = _option(None, _VIDEO_MAX_FRAMES_HELP)
     # Each TEXT element holds the model's own token ids (pack_ids), taken as given: no
     # prompt, no special tokens added; the same limits as texts.
     token_ids: bool = False
@@ -292,6 +318,7 @@ class EmbedOptions(_Options):
                 raise RequestError(f"parameter 'dimensions' must be >= 1, got {self.dimensions}")
         self._check_types()
         self._check_chunks()
+        _video_sampling(self)
         if _expect("per_token", self.per_token, bool, "a boolean"):
             if self.chunked or self.embedding_types != ("float",):
                 raise RequestError(
@@ -413,11 +440,14 @@ class RerankOptions(_Options):
         None, "the task the query states (None: the reranker's own default)"
     )
     max_document_tokens: int | None = _option(None, "each document cut to its first N tokens")
+    video_fps: float | None = _option(None, _VIDEO_FPS_HELP)
+    video_max_frames: int | None = _option(None, _VIDEO_MAX_FRAMES_HELP)
 
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")
         _text("instruction", self.instruction)
         at_least_one("max_document_tokens", self.max_document_tokens)
+        _video_sampling(self)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ EXTENSION_OPTIONS = (
     "truncate",
     "truncation_direction",
     "max_tokens",
+    "video_fps",
+    "video_max_frames",
 )
 
 # `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
@@ -233,6 +235,8 @@ class RerankRequest(Body):
     instruction: str | None = None
     return_documents: bool = True
     priority: Priority = None
+    video_fps: float | None = None
+    video_max_frames: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -257,7 +261,8 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[Rerank
     """Validate a Cohere/Jina-style rerank body -> (the request, its options)."""
     request = RerankRequest.parse(body)
     check_model(request.model, served_model)
-    options = rerank_checked(**request.given("top_n", "instruction", "priority"))
+    asked = request.given("top_n", "instruction", "priority", "video_fps", "video_max_frames")
+    options = rerank_checked(**asked)
     return request, options
 
 

@@ -153,7 +153,7 @@ class TritonPythonModel:
             i for i, (v, im) in enumerate(zip(*given.values(), strict=True)) if v or im
         )
         texts = decode_texts(raw, self.max_texts, self.max_text_bytes, may_be_empty=with_media)
-        visuals, arrays = self._visuals(given)
+        visuals, arrays = self._visuals(given, opts)
         fields = ["VIDEOS" if v else "IMAGES" for v in given["VIDEOS"]]
         ids, counts = self.tokenizer.encode_media(texts, visuals, opts, fields)
         media = np.array([[pack_media(a)] for a in arrays], dtype=np.object_)
@@ -172,9 +172,12 @@ class TritonPythonModel:
         except ValueError as e:
             raise RequestError(f"input '{name}[{element}]' image {index} {e}") from None
 
-    def _video(self, name, element, index, data):
+    def _video(self, name, element, index, data, opts):
+        sampling = (opts.video_fps, opts.video_max_frames)
         try:
-            return videos.read(data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS)
+            return videos.read(
+                data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS, sampling
+            )
         except ValueError as e:
             raise RequestError(f"input '{name}[{element}]' video {index} {e}") from None
 
@@ -211,21 +214,21 @@ class TritonPythonModel:
             name = next(n for n, files in given.items() if any(files))
             kind = "videos" if name.endswith("VIDEOS") else "images"
             raise RequestError(f"input '{name}' holds {kind}, and this reranker reads text only")
-        (query_visuals,), (query_arrays,) = self._visuals(given, "QUERY_")
-        document_visuals, document_arrays = self._visuals(given, "DOCUMENT_")
+        (query_visuals,), (query_arrays,) = self._visuals(given, opts, "QUERY_")
+        document_visuals, document_arrays = self._visuals(given, opts, "DOCUMENT_")
         fields = [f"DOCUMENT_{'VIDEOS' if v else 'IMAGES'}" for v in given["DOCUMENT_VIDEOS"]]
         ids = self.tokenizer.encode(query, documents, opts, query_visuals, document_visuals, fields)
         # Each pair's MEDIA holds its visuals in the order of their placeholders.
         media = [[pack_media(query_arrays + arrays)] for arrays in document_arrays]
         return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
 
-    def _visuals(self, given, side=""):
+    def _visuals(self, given, opts, side=""):
         """Per element of inputs `{side}VIDEOS` and `{side}IMAGES` (`given`: per input, per
-        element its files): (its placeholder text, videos first; its resized frames and images
-        for MEDIA in that order)."""
+        element its files; `opts` the request's, its video sampling): (its placeholder text,
+        videos first; its resized frames and images for MEDIA in that order)."""
         videos_in, images_in = f"{side}VIDEOS", f"{side}IMAGES"
         clips = [
-            [self._video(videos_in, i, j, data) for j, data in enumerate(files)]
+            [self._video(videos_in, i, j, data, opts) for j, data in enumerate(files)]
             for i, files in enumerate(given[videos_in])
         ]
         images = [

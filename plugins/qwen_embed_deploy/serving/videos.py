@@ -2,8 +2,9 @@
 file (its qwen-vl-utils, then Qwen3-VL's processor without resizing).
 
 A file (MP4, WebM, MKV, ...: whatever FFmpeg reads, through PyAV) is read for its frame count
-and rate; `FPS` frames per second of it are kept, at least `MIN_FRAMES`, at most `MAX_FRAMES`,
-in whole temporal patches (`frame_count`), evenly spaced (`frame_indices`); they are decoded to
+and rate; `fps` frames per second of it are kept (default `FPS`), at least `MIN_FRAMES`, at most
+`max_frames` (default `MAX_FRAMES`), in whole temporal patches (`frame_count`), evenly spaced
+(`frame_indices`); they are decoded to
 RGB and resized together to one size of whole merge blocks (images.fit with a per-frame budget
 of 128 to 768 text-model tokens, and less where many frames share `TOTAL_TOKENS`), bicubic with
 antialiasing as torchvision resizes tensors. Each temporal patch (two frames) is one run of
@@ -21,7 +22,7 @@ import numpy as np
 
 from .images import ImageSettings, fit
 
-FPS = 1.0  # frames kept per second of video (the embedding script's)
+FPS = 1.0  # frames kept per second of video (the scripts' defaults; a request may ask others)
 MIN_FRAMES, MAX_FRAMES = 4, 64
 FRAME_MIN_TOKENS, FRAME_MAX_TOKENS = 128, 768  # per frame, before temporal merging
 TOTAL_TOKENS = 115_200  # qwen-vl-utils' budget for a video's frames (0.9 x 128K)
@@ -36,11 +37,14 @@ class Video:
     times: tuple[float, ...]
 
 
-def frame_count(total: int, fps: float, temporal: int) -> int:
-    """Frames kept of a video of `total` frames at `fps` (qwen-vl-utils' smart_nframes)."""
+def frame_count(
+    total: int, rate: float, temporal: int, fps: float = FPS, max_frames: int = MAX_FRAMES
+) -> int:
+    """Frames kept of a video of `total` frames at `rate` per second: `fps` per second, at most
+    `max_frames` (qwen-vl-utils' smart_nframes)."""
     low = math.ceil(MIN_FRAMES / temporal) * temporal
-    high = math.floor(MAX_FRAMES / temporal) * temporal
-    n = min(min(max(total / fps * FPS, low), high), total)
+    high = math.floor(max_frames / temporal) * temporal
+    n = min(min(max(total / rate * fps, low), high), total)
     n = math.floor(n / temporal) * temporal
     if not temporal <= n <= total:
         raise ValueError(f"has {total} frames: a video needs at least {temporal}")
@@ -63,9 +67,17 @@ def frame_size(height: int, width: int, count: int, settings: ImageSettings) -> 
     return fit(height, width, replace(settings, min_pixels=low, max_pixels=int(high)))
 
 
-def read(data: bytes, settings: ImageSettings, max_frames: int, max_pixels: int) -> Video:
-    """Video file bytes -> its kept frames, resized; ValueError for what cannot be read, a
-    video of more than `max_frames` frames or frames of more than `max_pixels` pixels."""
+def read(
+    data: bytes,
+    settings: ImageSettings,
+    max_frames: int,
+    max_pixels: int,
+    sampling: tuple[float | None, int | None] = (None, None),
+) -> Video:
+    """Video file bytes -> its kept frames (`sampling`: fps and the most frames kept, None for
+    the defaults), resized; ValueError for what cannot be read, a video of more than
+    `max_frames` frames or frames of more than `max_pixels` pixels."""
+    fps, keep = sampling
     import av
 
     try:
@@ -84,7 +96,8 @@ def read(data: bytes, settings: ImageSettings, max_frames: int, max_pixels: int)
                 raise ValueError(f"has {total} frames, more than the limit of {max_frames}")
             if rate <= 0:
                 raise ValueError("has no frame rate")
-            count = frame_count(total, rate, settings.temporal_patch_size)
+            temporal = settings.temporal_patch_size
+            count = frame_count(total, rate, temporal, fps or FPS, keep or MAX_FRAMES)
             wanted = frame_indices(total, count)
             frames = _decode(container, stream, set(wanted))
     except (av.FFmpegError, OSError) as e:  # FFmpeg's errors; ours pass through
