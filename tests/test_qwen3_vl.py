@@ -339,6 +339,21 @@ def test_the_pair_tokenizer_writes_the_official_template(reranker_dir, reranker)
         PairTokenizer(reranker, 8192).encode(query, documents, RerankOptions(), "", blocks)
 
 
+def test_a_video_that_leaves_no_room_is_refused_saying_how_to_fit_it(reranker_dir):
+    from qwen_embed_client.contract import EmbedOptions, RequestError, RerankOptions
+    from qwen_embed_deploy.serving.rerank import PairTokenizer
+    from qwen_embed_deploy.serving.tokenizer import TextTokenizer
+
+    clip = "<0.5 seconds><|vision_start|>" + "<|video_pad|>" * 80 + "<|vision_end|>"
+    fewer = "a video keeps fewer frames with the options 'video_fps' and 'video_max_frames'"
+    embed = TextTokenizer(reranker_dir, 64).encode_media
+    with pytest.raises(RequestError, match=rf"'VIDEOS\[1\]' takes \d+ .* limit of 64; {fewer}$"):
+        embed(["a", "b"], ["", clip], EmbedOptions(), ["IMAGES", "VIDEOS"])
+    pairs = PairTokenizer(reranker_dir, 64).encode
+    with pytest.raises(RequestError, match=rf"'DOCUMENT_VIDEOS\[0\]' with 'QUERY'.* 64; {fewer}$"):
+        pairs("q", ["d"], RerankOptions(), "", [clip], ["DOCUMENT_VIDEOS"])
+
+
 def test_media_refusals(replica, media, checkpoint):
     t = Texts(media)
     good = t.text(3, t.visual(4, 4), 2)

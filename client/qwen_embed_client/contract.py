@@ -69,6 +69,7 @@ MAX_VIDEO_FRAMES = 7200
 # options, the scripts' per-input `fps` and `max_frames`; default 1 and 64), up to
 # MAX_KEPT_FRAMES; in whole temporal patches of 2.
 MAX_KEPT_FRAMES = 256
+FEWER_FRAMES = "a video keeps fewer frames with the options 'video_fps' and 'video_max_frames'"
 # What one HTTP request may carry at the gateway (every API): texts or token id lists to embed,
 # documents to rerank; the client splits them over Triton requests of MAX_TEXTS_PER_REQUEST.
 MAX_INPUTS = 2048

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_embed_client.contract import DEFAULT_TASK, RequestError, RerankOptions
+from qwen_embed_client.contract import DEFAULT_TASK, FEWER_FRAMES, RequestError, RerankOptions
 
 from .tokenizer import load_tokenizer, multimodal
 
@@ -136,8 +136,9 @@ class PairTokenizer:
     def _check_head_fits(self, index: int, head: int, budget: int, field: str | None) -> None:
         if head >= budget:
             what = f"'{field}[{index}]' with 'QUERY'" if field else "'QUERY'"
+            hint = f"; {FEWER_FRAMES}" if field and field.endswith("VIDEOS") else ""
             raise RequestError(
                 f"input {what} with the template and instruction takes "
                 f"{head + len(self._prefix) + len(self._suffix)} tokens, leaving no room "
-                f"for a document within the limit of {self.max_input_tokens}"
+                f"for a document within the limit of {self.max_input_tokens}{hint}"
             )

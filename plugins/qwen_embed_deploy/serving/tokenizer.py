@@ -29,6 +29,7 @@ import numpy as np
 
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
+    FEWER_FRAMES,
     MAX_CHUNKS,
     TRUNCATION_DIRECTIONS,
     EmbedOptions,
@@ -326,9 +327,10 @@ class TextTokenizer:
                 fixed = len(self._tok.encode(before + after, add_special_tokens=False).ids)
                 fixed += extra
                 if fixed > limit:
+                    hint = f"; {FEWER_FRAMES}" if fields[i] == "VIDEOS" else ""
                     raise RequestError(
                         f"input '{fields[i]}[{i}]' takes {fixed} tokens with the template, "
-                        f"more than the limit of {limit}"
+                        f"more than the limit of {limit}{hint}"
                     )
                 own = self._tok.encode(text, add_special_tokens=False)
                 kept = own.offsets[self._cut(i, len(own.ids), limit - fixed, opts)]
