@@ -183,7 +183,7 @@ def test_bulk_job_resumes_after_ctrl_c_and_a_crash(server, tmp_path):
     run: every text once, in order, with its id; complete shards are not embedded again."""
     rng = np.random.default_rng(4)
     words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet"]
-    texts = [f"{i} " + " ".join(rng.choice(words, 80)) for i in range(320)]
+    texts = [f"{i} " + " ".join(rng.choice(words, 30)) for i in range(320)]
     source = tmp_path / "big.jsonl"
     source.write_text(
         "".join(json.dumps({"id": f"doc-{i}", "text": t}) + "\n" for i, t in enumerate(texts))

@@ -132,7 +132,7 @@ def test_interactive_requests_overtake_queued_bulk_ones(server, high):
     rng = np.random.default_rng(1)
     words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet", "engine"]
     # 256 texts (max_batch_size): one execute each, with no room to add the query beside them.
-    texts = [" ".join(rng.choice(words, 40)) for _ in range(256)]
+    texts = [" ".join(rng.choice(words, 12)) for _ in range(256)]
     finished = []
 
     def send(tag, batch, priority):
@@ -183,8 +183,8 @@ def test_short_requests_are_answered_before_long_ones_of_the_same_execute(server
 
     finished = []
     # Over the token budget (16,384): calls of its own after the short ones.
-    long_ids = [list(range(10 + i, 10 + i + 4000)) for i in range(5)]
-    blocker = threading.Thread(target=send, args=("blocker", long_ids))
+    long_ids = [list(range(10 + i, 10 + i + 1000)) for i in range(17)]
+    blocker = threading.Thread(target=send, args=("blocker", long_ids[:8]))
     blocker.start()
     wait_until(lambda: server.metric(EXECUTING) >= 1, "the blocker inside the encoder")
     threads = [threading.Thread(target=send, args=("long", [ids[::-1] for ids in long_ids]))]
