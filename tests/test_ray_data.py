@@ -14,8 +14,7 @@ import ray.data
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.ray_data import TritonEmbedder
 from qwen_embed_deploy.ray_data import EngineEmbedder
-from qwen_embed_deploy.repository import MODEL_REPOSITORY, render
-from qwen_embed_deploy.triton import TritonServer
+from qwen_embed_deploy.repository import MODEL_REPOSITORY
 
 sys.path.insert(0, str(MODEL_REPOSITORY.parent / "client" / "examples"))
 from ray_parquet import embed_files  # noqa: E402
@@ -24,14 +23,6 @@ pytestmark = pytest.mark.server  # starts tritonserver and a Ray instance
 
 TEXTS = [f"document {i}: " + "word " * (i % 7) for i in range(40)]
 SAME = 1e-5  # fp32 on both sides; batches of other sizes
-
-
-@pytest.fixture(scope="module")
-def server(demo_dir, tmp_path_factory):
-    where = tmp_path_factory.mktemp("ray-triton")
-    repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
-    with TritonServer(repo, log_path=where / "server.log") as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
