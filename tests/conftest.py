@@ -85,16 +85,17 @@ def demo_dir():
 
 
 @pytest.fixture(scope="session")
-def server(demo_dir, tmp_path_factory):
-    """A real tritonserver on free ports serving model_repository/ with the demo model, one for
-    every module that asks for it (tests read its counters as differences). The encoder in
+def server(demo_dir, reranker, tmp_path_factory):
+    """A real tritonserver on free ports serving model_repository/ with the demo model and the
+    tiny reranker, one for every module that asks for it (tests read its counters as
+    differences). The encoder in
     fp32: tests compare its vectors with fp32 references at fp32 tolerances, and dtype auto
     would be bf16 on CPUs with bf16 instructions (test_placement serves auto). Texts are capped
     at 8,192 tokens (the default is the model's 32,768): the truncation tests embed a text at
     the cap, which at 32K would take minutes in fp32 on 2 cores."""
     where = tmp_path_factory.mktemp("triton")
     overrides = {"encoder": {"dtype": "float32"}, "tokenizer": {"max_input_tokens": "8192"}}
-    repo = render(where / "repo", {"embed": demo_dir}, overrides)
+    repo = render(where / "repo", {"embed": demo_dir}, overrides, rerankers={"rerank": reranker})
     with TritonServer(repo, log_path=where / "server.log") as s:
         yield s
 

@@ -16,8 +16,7 @@ import numpy as np
 import openai
 import pytest
 
-from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, free_port
+from qwen_embed_deploy.triton import free_port
 
 from triton_helpers import wait_for
 
@@ -25,19 +24,6 @@ pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 KEY, OTHER_KEY = "batch-key", "other-key"
 SAME = 1e-6  # the same Triton request underneath
-
-
-@pytest.fixture(scope="module")
-def server(demo_dir, reranker, tmp_path_factory):
-    where = tmp_path_factory.mktemp("batch-triton")
-    repo = render(
-        where / "repo",
-        {"embed": demo_dir},
-        {"encoder": {"dtype": "float32"}},
-        rerankers={"rerank": reranker},
-    )
-    with TritonServer(repo, log_path=where / "server.log") as s:
-        yield s
 
 
 class Gateway:

@@ -60,7 +60,8 @@ def test_admin_apis_need_the_key(server):
     # gRPC metadata keys carry Triton's prefix.
     key = {"triton-grpc-protocol-admin-key": server.admin_key}
     index = client.get_model_repository_index(headers=key)
-    assert {m.name for m in index.models} == {"embed", "encoder", "tokenizer"}
+    served = {"embed", "encoder", "tokenizer", "rerank", "rerank_encoder", "rerank_tokenizer"}
+    assert {m.name for m in index.models} == served
     # Inference, health, metadata and config stay open.
     assert client.is_server_ready() and client.get_model_config("embed")
     assert infer(server, ["still open"], "grpc")[0].shape == (1, 1024)
