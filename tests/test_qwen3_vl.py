@@ -186,6 +186,22 @@ def test_vectors_match_transformers(replica, media, reference_model, dtype, attn
         assert float(encoder.embed_media([other])[0] @ want["text with an image"]) < 0.999
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attn_backend", ["auto", "torch"])
+def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, attn_backend):
+    """The text model and the vision tower on the GPU in bf16 (the chosen attention backend and
+    torch's), against transformers in fp32 on the CPU."""
+    texts = cases(media)
+    want = {name: reference_vector(reference_model, media, t) for name, t in texts.items()}
+    with Encoder.from_pretrained(
+        replica, dtype="bfloat16", device="cuda", attn_backend=attn_backend
+    ) as encoder:
+        got = encoder.embed_media(list(texts.values()))
+    for (name, vector), row in zip(want.items(), got, strict=True):
+        assert float(vector @ row) >= BF16_COSINE, name
+
+
 def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
     """A visual met twice in a forward (a rerank query's image in every pair) is run once; each
     text's vector is the one it has alone."""
