@@ -781,11 +781,22 @@ def write_video(path: Path, frames: int, fps: int, size: tuple[int, int]) -> Pat
 
 
 @pytest.fixture(scope="module")
-def clips(tmp_path_factory) -> dict[str, Path]:
+def clips(tmp_path_factory) -> dict:
+    """Two video files, and "frames": a video as 5 PNG files of its frames."""
+    from PIL import Image
+
     where = tmp_path_factory.mktemp("clips")
+    frames = []
+    for i in range(5):
+        rgb = np.zeros((52, 70, 3), np.uint8)
+        rgb[..., 0] = np.linspace(0, 255, 70, dtype=np.uint8)
+        rgb[i * 10 : i * 10 + 8] = (30, 220, 90)
+        frames.append(where / f"frame-{i}.png")
+        Image.fromarray(rgb).save(frames[-1])
     return {
         "bar": write_video(where / "bar.mp4", 10, 4, (48, 64)),  # 4 frames kept
         "wide": write_video(where / "wide.mp4", 23, 3, (60, 100)),  # 6 frames kept
+        "frames": frames,
     }
 
 
@@ -852,6 +863,37 @@ def test_unreadable_and_oversized_videos_are_refused(clips):
             videos.read(bad, settings, *limits)
 
 
+def test_a_video_given_as_frames_is_sampled_resized_and_refused_like_the_script(clips):
+    """The script's list of frames: at most max_frames kept (numpy's linspace, truncated), an
+    odd count made even, frames half a second apart; what cannot be read is named."""
+    from qwen_embed_client.contract import (
+        MAX_VIDEO_FRAMES,
+        RequestError,
+        pack_frames,
+        unpack_frames,
+    )
+    from qwen_embed_deploy.serving.images import ImageSettings
+
+    for count, keep in [(5, 64), (64, 64), (65, 64), (300, 7), (10, 2)]:
+        want = np.linspace(0, count - 1, keep, dtype=int).tolist() if count > keep else None
+        assert videos.sample_frames(count, keep) == (want or list(range(count)))
+    settings = ImageSettings(patch_size=4)
+    files = [f.read_bytes() for f in clips["frames"]]
+    video = videos.read_frames(files, settings, 10**6)
+    assert video.frames.shape[0] == 6 and video.times == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
+    assert np.array_equal(video.frames[5], video.frames[4])  # the last frame again
+    assert videos.read_frames(files, settings, 10**6, keep=2).frames.shape[0] == 2
+    assert unpack_frames(pack_frames(files), "v") == files
+    assert unpack_frames(clips["bar"].read_bytes(), "v") is None  # a video file
+    with pytest.raises(ValueError, match="frame 2 is not a readable image"):
+        videos.read_frames(files[:2] + [b"not an image"] + files[3:], settings, 10**6)
+    wider = image_files()["png"]
+    with pytest.raises(ValueError, match="has frames of 2 sizes once resized"):
+        videos.read_frames(files + [wider], settings, 10**6)
+    with pytest.raises(RequestError, match=f"v must hold 1 to {MAX_VIDEO_FRAMES} frames"):
+        unpack_frames(pack_frames([b"x"] * (MAX_VIDEO_FRAMES + 1)), "v")
+
+
 def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[torch.Tensor]:
     """Each (prompt, visuals) through the official recipe (tests/video_reference.py: the
     scripts' qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the
@@ -868,7 +910,8 @@ def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[tor
                 path = work / f"image-{i}-{j}.png"
                 path.write_bytes(item)
                 item = path
-            listed.append({kind: str(item), **(sampling[0] if sampling else {})})
+            item = [str(f) for f in item] if isinstance(item, list) else str(item)
+            listed.append({kind: item, **(sampling[0] if sampling else {})})
         spec.append({"prompt": prompt, "visuals": listed})
     hidden = []
     for found in video_reference.official_inputs(model_dir, spec, work):
@@ -928,8 +971,11 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     # 10 frames of the 23 kept (6 by default): the request's video_fps and video_max_frames
     sampled = {"text": "denser", "videos": [clips["wide"]], "images": []}
     sampled["sampling"] = {"fps": 2.0, "max_frames": 10}
-    want = official_video_vectors(model, model_dir, [*cases, sampled], tmp_path)
-    want, want_sampled = want[:-1], want[-1]
+    # a video given as its frames' files: 5 frames (made 6, the last again), half a second apart
+    frames = clips["frames"]
+    listed = {"text": "frames", "videos": [frames], "images": []}
+    want = official_video_vectors(model, model_dir, [*cases, sampled, listed], tmp_path)
+    want, want_sampled, want_listed = want[:-2], want[-2], want[-1]
     assert float(want[0] @ want[2]) < 0.999  # the image tells the vectors apart
     texts = [c["text"] for c in cases]
     files = [[v.read_bytes() for v in c["videos"]] for c in cases]
@@ -939,10 +985,12 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
             got = client.embed(texts, videos=files, images=[c["images"] for c in cases])
             denser = client.embed(["denser"], videos=[[wide]], video_fps=2.0, video_max_frames=10)
             default = client.embed(["denser"], videos=[[wide]])
+            listed = client.embed(["frames"], videos=[[[f.read_bytes() for f in frames]]])
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= FP32_COSINE, (protocol, cosines)
         assert float(denser[0] @ want_sampled) >= FP32_COSINE
         assert float(default[0] @ want_sampled) < 0.999  # the frames kept matter
+        assert float(listed[0] @ want_listed) >= FP32_COSINE
 
     # vLLM's video_url content part, as a base64 data URL
     clip = {"type": "video_url", "video_url": {"url": data_url(files[0][0], "mp4", "video")}}
@@ -974,6 +1022,12 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     assert run.returncode == 0, run.stderr
     (row,) = [json.loads(line) for line in run.stdout.splitlines()]
     assert float(np.array(row["embedding"]) @ want_sampled) >= FP32_COSINE
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "frames", "--video-frames"]
+    command += [*map(str, frames), "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    (row,) = [json.loads(line) for line in run.stdout.splitlines()]
+    assert float(np.array(row["embedding"]) @ want_listed) >= FP32_COSINE
 
 
 def official_video_scores(model, model_dir, pairs: list, work: Path) -> np.ndarray:

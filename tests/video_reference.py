@@ -8,8 +8,8 @@ CPU torch, so its operator registrations are left out; the Python code the recip
 tensor resize, the v2 functional transforms) runs as published.
 
     python video_reference.py MODEL_DIR CASES.json OUT.npz
-CASES.json: [{"prompt", "visuals": [{"video": path, optional "fps", "max_frames"} or {"image":
-path}, ...]}, ...]: the prompt
+CASES.json: [{"prompt", "visuals": [{"video": path or a list of frames' paths, optional "fps",
+"max_frames"} or {"image": path}, ...]}, ...]: the prompt
 as the chat template writes it (`VIDEO` and `IMAGE` stand for a video's and an image's
 placeholders), the visuals in their order; OUT.npz: per case i, `ids_i` and the processor's
 tensors as `<name>_i`.
@@ -35,6 +35,7 @@ VIDEO = "<|video_pad|>"
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 # The embedding script's per-image pixel budget (its IMAGE_FACTOR is 32 whatever the patch).
 IMAGE_PIXELS = {"min_pixels": 4 * 32 * 32, "max_pixels": 1800 * 32 * 32}
+TOTAL_PIXELS = 10 * 768 * 32 * 32  # the embedding script's total_pixels (a list of frames)
 
 
 def available() -> bool:
@@ -54,6 +55,23 @@ def official_inputs(model_dir: Path, cases: list[dict], work: Path) -> list[dict
             {k.rsplit("_", 1)[0]: found[k] for k in found.files if k.endswith(f"_{i}")}
             for i in range(len(cases))
         ]
+
+
+def video(visual: dict) -> dict:
+    """A video as the embedding script hands it to qwen-vl-utils: a file at 1 frame per second,
+    at most 64 frames, unless the input says otherwise; a list of frames' files cut to its
+    max_frames (the script's sample_frames), with the script's total_pixels."""
+    if isinstance(visual["video"], str):
+        return {
+            "type": "video",
+            "video": "file://" + visual["video"],
+            "fps": visual.get("fps", 1.0),
+            "max_frames": visual.get("max_frames", 64),
+        }
+    frames, keep = visual["video"], visual.get("max_frames", 64)
+    if len(frames) > keep:
+        frames = [frames[i] for i in np.linspace(0, len(frames) - 1, keep, dtype=int)]
+    return {"type": "video", "video": ["file://" + f for f in frames], "total_pixels": TOTAL_PIXELS}
 
 
 def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
@@ -81,15 +99,8 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
     )
     arrays = {}
     for i, case in enumerate(cases):
-        # as the scripts give them: a video at 1 frame per second, at most 64 frames, unless
-        # the input says otherwise
         content = [
-            {
-                "type": "video",
-                "video": "file://" + v["video"],
-                "fps": v.get("fps", 1.0),
-                "max_frames": v.get("max_frames", 64),
-            }
+            video(v)
             if "video" in v
             else {"type": "image", "image": "file://" + v["image"], **IMAGE_PIXELS}
             for v in case["visuals"]

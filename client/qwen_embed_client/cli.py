@@ -108,7 +108,7 @@ def progress(done: int, total: int) -> None:
 
 
 def cmd_embed(args, client: EmbeddingClient) -> None:
-    if args.image or args.video:
+    if args.image or args.video or args.video_frames:
         embed_with_media(args, client)
         return
     texts, ids = read_records(args)
@@ -152,12 +152,13 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
 
 
 def embed_with_media(args, client: EmbeddingClient) -> None:
-    """One input of a multimodal model: the video files of --video, the image files of
-    --image and the text given (or none), one vector."""
+    """One input of a multimodal model: the video files of --video, the videos of
+    --video-frames, the image files of --image and the text given (or none), one vector."""
     if args.input or len(args.texts) > 1:
         raise EmbeddingError("--image and --video go with one input: at most one text, no --input")
     images = read_images(args.image or [], "--image")
     videos = read_images(args.video or [], "--video")
+    videos += [read_images(frames, "--video-frames") for frames in args.video_frames or []]
     options = options_from_flags(EmbedOptions, args)
     if options.pop("chunk_size") is not None or options.pop("per_token"):
         raise EmbeddingError("--image and --video take neither --chunk-size nor --per-token")
@@ -328,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="a video file (MP4, WebM, ...; a multimodal model), repeatable: embeds one input, "
         "these videos, the images and the text given",
+    )
+    e.add_argument(
+        "--video-frames",
+        action="append",
+        nargs="+",
+        metavar="FILE",
+        help="a video given as its frames' image files, in order (a multimodal model), "
+        "repeatable: one video each time",
     )
     r = sub.add_parser("rerank", parents=[common], help="score documents against a query")
     r.add_argument("query")

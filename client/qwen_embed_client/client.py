@@ -24,6 +24,7 @@ from .contract import (
     at_least_one,
     ensemble_steps,
     model_fingerprint,
+    pack_frames,
     pack_ids,
     pack_images,
     priority_level,
@@ -192,15 +193,15 @@ class AsyncEmbeddingClient:
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
         images: list[list[bytes]] | None = None,
-        videos: list[list[bytes]] | None = None,
+        videos: list[list[bytes | list[bytes]]] | None = None,
         **options,
     ) -> EmbeddingResult:
         """`priority`: "interactive" (the server's default) or "bulk" (served after every
         waiting interactive request); `headers` go with every Triton request (e.g. a W3C
         `traceparent`); `images` and `videos` (a multimodal model): per text, its image files
-        (PNG, JPEG, ...) and video files (MP4, WebM, ...; the text may then be ""); the other
-        options are the server's request parameters. With `token_ids=True`, `texts` are lists
-        of the model's own token ids."""
+        (PNG, JPEG, ...) and videos, each a file (MP4, WebM, ...) or the list of its frames'
+        image files (the text may then be ""); the other options are the server's request
+        parameters. With `token_ids=True`, `texts` are lists of the model's own token ids."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         opts = EmbedOptions(**options)
         level = priority_level(priority)
@@ -362,8 +363,8 @@ class AsyncEmbeddingClient:
         headers: dict[str, str] | None = None,
         query_images: list[bytes] | None = None,
         document_images: list[list[bytes]] | None = None,
-        query_videos: list[bytes] | None = None,
-        document_videos: list[list[bytes]] | None = None,
+        query_videos: list[bytes | list[bytes]] | None = None,
+        document_videos: list[list[bytes | list[bytes]]] | None = None,
         video_fps: float | None = None,
         video_max_frames: int | None = None,
     ) -> RerankResult:
@@ -475,10 +476,17 @@ class AsyncEmbeddingClient:
         before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it
         return vectors, counts, counts if before is None else before.reshape(-1)
 
-    def _images_input(self, name: str, images: list[list[bytes]], shape: list[int]):
+    def _images_input(self, name: str, images: list[list], shape: list[int]):
         """Per element, its image (or video) files packed into one BYTES element
-        (contract.pack_images)."""
-        data = np.array([pack_images(list(files)) for files in images], dtype=np.object_)
+        (contract.pack_images); a video given as a list of frame files goes as one entry
+        (contract.pack_frames)."""
+        data = np.array(
+            [
+                pack_images([pack_frames(f) if isinstance(f, (list, tuple)) else f for f in files])
+                for files in images
+            ],
+            dtype=np.object_,
+        )
         inp = self._module.InferInput(name, shape, "BYTES")
         inp.set_data_from_numpy(data.reshape(shape))
         return inp

@@ -575,12 +575,34 @@ def unpack_images(blob: bytes, index: int, name: str = "IMAGES") -> list[bytes]:
     element (checked before anything is decoded)."""
     if not blob:
         return []
-    kind, most, max_bytes = (
-        ("videos", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES)
-        if name == "VIDEOS"
-        else ("images", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES)
-    )
-    where = f"input '{name}[{index}]'"
+    if name == "VIDEOS":
+        return _unpack(
+            blob, f"input '{name}[{index}]'", "videos", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES
+        )
+    return _unpack(blob, f"input '{name}[{index}]'", "images", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES)
+
+
+# A video given as its frames (image files, in order) rather than a file: this prefix, then
+# the frames packed as pack_images packs files. At most MAX_VIDEO_FRAMES frames, each at most
+# MAX_IMAGE_BYTES, the whole within MAX_VIDEO_BYTES.
+FRAMES_PREFIX = b"qwen-embed frames\n"
+
+
+def pack_frames(frames: list[bytes]) -> bytes:
+    """A video as the image files of its frames, one entry of a VIDEOS element's list."""
+    if not frames:
+        raise ValueError("a video given as frames needs at least one frame")
+    return FRAMES_PREFIX + pack_images(frames)
+
+
+def unpack_frames(video: bytes, where: str) -> list[bytes] | None:
+    """pack_frames' image files back; None for a video file."""
+    if not video.startswith(FRAMES_PREFIX):
+        return None
+    return _unpack(video[len(FRAMES_PREFIX) :], where, "frames", MAX_VIDEO_FRAMES, MAX_IMAGE_BYTES)
+
+
+def _unpack(blob: bytes, where: str, kind: str, most: int, max_bytes: int) -> list[bytes]:
     count = int(np.frombuffer(blob[:4], "<i4")[0]) if len(blob) >= 4 else -1
     if not 0 < count <= most:
         raise RequestError(f"{where} must hold 1 to {most} {kind} (pack_images), got {count}")

@@ -28,6 +28,7 @@ from qwen_embed_client.contract import (
     pack_ids,
     pack_media,
     stack_ragged,
+    unpack_frames,
     unpack_images,
 )
 from qwen_embed_deploy.host import gpu_count
@@ -173,13 +174,18 @@ class TritonPythonModel:
             raise RequestError(f"input '{name}[{element}]' image {index} {e}") from None
 
     def _video(self, name, element, index, data, opts):
-        sampling = (opts.video_fps, opts.video_max_frames)
+        where = f"input '{name}[{element}]' video {index}"
+        frames = unpack_frames(data, where)  # None: a video file
         try:
+            if frames is not None:
+                keep = opts.video_max_frames
+                return videos.read_frames(frames, self.image_settings, MAX_DECODED_PIXELS, keep)
+            sampling = (opts.video_fps, opts.video_max_frames)
             return videos.read(
                 data, self.image_settings, MAX_VIDEO_FRAMES, MAX_DECODED_PIXELS, sampling
             )
         except ValueError as e:
-            raise RequestError(f"input '{name}[{element}]' video {index} {e}") from None
+            raise RequestError(f"{where} {e}") from None
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)

@@ -10,6 +10,12 @@ of 128 to 768 text-model tokens, and less where many frames share `TOTAL_TOKENS`
 antialiasing as torchvision resizes tensors. Each temporal patch (two frames) is one run of
 placeholders after its timestamp, the mean of its frames' times (`placeholders`). The frames
 travel to the encoder as uint8 like an image's, and are cut into patches there (`patchify`).
+
+A video may also come as its frames (image files, contract.pack_frames), the scripts' list of
+frames (`read_frames`): at most `max_frames` of them kept, evenly spaced (`sample_frames`), each
+resized as an image of 4 to 16,384 tokens, an odd count made even with the last frame again,
+then all resized together as a video's frames within the script's budget for such a list
+(`FRAME_LIST_TOTAL_TOKENS`); the frames are half a second apart (qwen-vl-utils' sample_fps).
 """
 
 from __future__ import annotations
@@ -20,12 +26,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import images
 from .images import ImageSettings, fit
 
 FPS = 1.0  # frames kept per second of video (the scripts' defaults; a request may ask others)
 MIN_FRAMES, MAX_FRAMES = 4, 64
 FRAME_MIN_TOKENS, FRAME_MAX_TOKENS = 128, 768  # per frame, before temporal merging
 TOTAL_TOKENS = 115_200  # qwen-vl-utils' budget for a video's frames (0.9 x 128K)
+# A list of frames: the embedding script's total_pixels (10 frames of 768 tokens), each frame
+# first resized as an image of 4 to 16,384 tokens, FRAME_LIST_FPS frames a second.
+FRAME_LIST_TOTAL_TOKENS = 10 * FRAME_MAX_TOKENS
+FRAME_IMAGE_TOKENS = (4, 16_384)
+FRAME_LIST_FPS = 2.0
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,14 @@ def frame_indices(total: int, count: int) -> list[int]:
     return torch.linspace(0, total - 1, count).round().long().tolist()
 
 
-def frame_size(height: int, width: int, count: int, settings: ImageSettings) -> tuple[int, int]:
-    """The size every kept frame is resized to (qwen-vl-utils' fetch_video)."""
+def frame_size(
+    height: int, width: int, count: int, settings: ImageSettings, total: int = TOTAL_TOKENS
+) -> tuple[int, int]:
+    """The size every kept frame is resized to, `total` tokens' pixels shared by the `count`
+    frames (qwen-vl-utils' fetch_video)."""
     per_token = settings.factor**2
     low = FRAME_MIN_TOKENS * per_token
-    high = max(min(FRAME_MAX_TOKENS * per_token, TOTAL_TOKENS * per_token / count * 2), low * 1.05)
+    high = max(min(FRAME_MAX_TOKENS * per_token, total * per_token / count * 2), low * 1.05)
     return fit(height, width, replace(settings, min_pixels=low, max_pixels=int(high)))
 
 
@@ -107,6 +122,38 @@ def read(
     picked = np.stack([frames[i] for i in wanted])
     size = frame_size(picked.shape[1], picked.shape[2], count, settings)
     return Video(resized(picked, size), tuple(i / rate for i in wanted))
+
+
+def sample_frames(count: int, keep: int) -> list[int]:
+    """The frames kept of a list of `count`: every one up to `keep`, else `keep` evenly spaced
+    (the embedding script's sample_frames: numpy's linspace, truncated)."""
+    if count <= keep:
+        return list(range(count))
+    return np.linspace(0, count - 1, keep, dtype=int).tolist()
+
+
+def read_frames(
+    files: list[bytes], settings: ImageSettings, max_pixels: int, keep: int | None = None
+) -> Video:
+    """A video given as its frames' image files -> its kept frames (at most `keep`, default
+    MAX_FRAMES), resized; ValueError naming the frame that cannot be read or is over
+    `max_pixels`, or frames of different sizes."""
+    per_token = settings.factor**2
+    low, high = FRAME_IMAGE_TOKENS
+    as_image = replace(settings, min_pixels=low * per_token, max_pixels=high * per_token)
+    frames = []
+    for i in sample_frames(len(files), keep or MAX_FRAMES):
+        try:
+            frames.append(images.resized(images.decode(files[i], max_pixels), as_image))
+        except ValueError as e:
+            raise ValueError(f"frame {i} {e}") from None
+    sizes = sorted({f.shape[:2] for f in frames})
+    if len(sizes) > 1:
+        raise ValueError(f"has frames of {len(sizes)} sizes once resized ({sizes[0]}, ...): one")
+    frames += [frames[-1]] * (-len(frames) % settings.temporal_patch_size)
+    picked = np.stack(frames)
+    size = frame_size(*picked.shape[1:3], len(picked), settings, FRAME_LIST_TOTAL_TOKENS)
+    return Video(resized(picked, size), tuple(i / FRAME_LIST_FPS for i in range(len(picked))))
 
 
 def _decode(container, stream, wanted: set[int]) -> dict[int, np.ndarray]:
