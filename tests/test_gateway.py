@@ -12,6 +12,8 @@ import pytest
 
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import EMBEDDING_TYPES, compact
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import gateway_process, infer
 
@@ -21,9 +23,14 @@ API_KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
-def stack(server):
-    with gateway_process(server, "--api-key", API_KEY) as base:
-        yield server, f"{base}/v1"
+def stack(demo_dir, tmp_path_factory):
+    """A server of the demo model alone (no reranker: /v1/rerank has nothing behind it) and
+    the gateway in front of it."""
+    where = tmp_path_factory.mktemp("gateway-triton")
+    repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        with gateway_process(server, "--api-key", API_KEY) as base:
+            yield server, f"{base}/v1"
 
 
 def test_values_and_usage_equal_the_triton_path(stack):
