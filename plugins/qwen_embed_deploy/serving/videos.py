@@ -114,14 +114,13 @@ def read(
             temporal = settings.temporal_patch_size
             count = frame_count(total, rate, temporal, fps or FPS, keep or MAX_FRAMES)
             wanted = frame_indices(total, count)
-            frames = _decode(container, stream, set(wanted))
+            size = frame_size(height, width, count, settings)
+            frames = _decode(container, stream, set(wanted), size)
     except (av.FFmpegError, OSError) as e:  # FFmpeg's errors; ours pass through
         raise ValueError(f"is not a readable video ({type(e).__name__}: {e})") from None
     if not frames or max(wanted) not in frames:
         raise ValueError(f"is not a readable video (frame {max(wanted)} of {total} not decoded)")
-    picked = np.stack([frames[i] for i in wanted])
-    size = frame_size(picked.shape[1], picked.shape[2], count, settings)
-    return Video(resized(picked, size), tuple(i / rate for i in wanted))
+    return Video(np.stack([frames[i] for i in wanted]), tuple(i / rate for i in wanted))
 
 
 def sample_frames(count: int, keep: int) -> list[int]:
@@ -141,28 +140,34 @@ def read_frames(
     per_token = settings.factor**2
     low, high = FRAME_IMAGE_TOKENS
     as_image = replace(settings, min_pixels=low * per_token, max_pixels=high * per_token)
-    frames = []
-    for i in sample_frames(len(files), keep or MAX_FRAMES):
+    kept = sample_frames(len(files), keep or MAX_FRAMES)
+    count = len(kept) + -len(kept) % settings.temporal_patch_size  # the last again if odd
+    frames, first = [], None
+    for i in kept:
         try:
-            frames.append(images.resized(images.decode(files[i], max_pixels), as_image))
+            frame = images.resized(images.decode(files[i], max_pixels), as_image)
         except ValueError as e:
             raise ValueError(f"frame {i} {e}") from None
-    sizes = sorted({f.shape[:2] for f in frames})
-    if len(sizes) > 1:
-        raise ValueError(f"has frames of {len(sizes)} sizes once resized ({sizes[0]}, ...): one")
-    frames += [frames[-1]] * (-len(frames) % settings.temporal_patch_size)
-    picked = np.stack(frames)
-    size = frame_size(*picked.shape[1:3], len(picked), settings, FRAME_LIST_TOTAL_TOKENS)
-    return Video(resized(picked, size), tuple(i / FRAME_LIST_FPS for i in range(len(picked))))
+        if first is None:
+            first = frame.shape[:2]
+            size = frame_size(*first, count, settings, FRAME_LIST_TOTAL_TOKENS)
+        elif frame.shape[:2] != first:
+            raise ValueError(
+                f"frame {i} is {frame.shape[:2]} once resized, frame 0 {first}: one size"
+            )
+        frames.append(resized(frame[None], size)[0])  # as it comes: no full-size frames held
+    frames += frames[-1:] * (count - len(frames))
+    return Video(np.stack(frames), tuple(i / FRAME_LIST_FPS for i in range(count)))
 
 
-def _decode(container, stream, wanted: set[int]) -> dict[int, np.ndarray]:
-    """The wanted frames (by their index in decoding order) as RGB uint8 [h, w, 3]."""
+def _decode(container, stream, wanted: set[int], size: tuple[int, int]) -> dict[int, np.ndarray]:
+    """The wanted frames (by their index in decoding order) as RGB uint8 [size, 3], each
+    resized as it is decoded: the kept frames are never all held at full size."""
     container.seek(0)
     out = {}
     for index, frame in enumerate(container.decode(stream)):
         if index in wanted:
-            out[index] = frame.to_ndarray(format="rgb24")
+            out[index] = resized(frame.to_ndarray(format="rgb24")[None], size)[0]
         if len(out) == len(wanted):
             break
     return out
