@@ -90,8 +90,8 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     route, device = spec.route, spec.device_for(tp.rank)
     _prepare_device(device)
     model = _instantiate(config, spec, tp, device)
-    # The vision tower runs on rank 0 (media.MediaForward.embed shares its tokens).
-    skip = ("visual.",) if tp.rank else ()
+    # A rank without the vision tower (_instantiate) leaves its weights unread.
+    skip = ("visual.",) if config.media is not None and model.visual is None else ()
     load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
@@ -160,6 +160,7 @@ def _instantiate(
                 model = model_class(config.family)(
                     config, tp, backend, planner, head, kernels.load(route.elementwise)
                 )
+                # rank 0 runs the tower (media.MediaForward.embed sends its tokens on)
                 if config.media is not None and tp.rank == 0:
                     vision = config.media.vision
                     name, _ = choose_backend(str(device), vision.head_dim, dtype=route.dtype)

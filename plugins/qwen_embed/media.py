@@ -17,6 +17,7 @@ one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -123,9 +124,18 @@ class MediaForward:
         self.positions_host = positions  # [T, 3], what rank 0 sends to the other ranks
         self.rows_host = rows
         self.count = len(rows)
-        self.rows = to_device(torch.from_numpy(rows), device)
-        self.positions = to_device(torch.from_numpy(positions), device)
+        self.device = device
         self.deepstack: list[torch.Tensor] = []
+
+    # On the device when the forward first reads them: a batch a segment plan lays out again
+    # (`computed`) never copies its own.
+    @functools.cached_property
+    def rows(self) -> torch.Tensor:
+        return to_device(torch.from_numpy(self.rows_host), self.device)
+
+    @functools.cached_property
+    def positions(self) -> torch.Tensor:
+        return to_device(torch.from_numpy(self.positions_host), self.device)
 
     @classmethod
     def of_texts(cls, texts: list[MediaText], config: MediaConfig, device) -> MediaForward:
@@ -165,7 +175,7 @@ class MediaForward:
         at = np.full(len(self.positions_host), -1, dtype=np.int64)
         at[source] = np.arange(len(source))
         rows, positions = at[self.rows_host], self.positions_host[source]
-        media = MediaForward(self.config, rows, positions, self.rows.device)
+        media = MediaForward(self.config, rows, positions, self.device)
         media.visuals = self.visuals
         return media
 
@@ -175,12 +185,13 @@ class MediaForward:
         if not self.count:
             return x
         if tower is not None:
-            features = torch.stack(self._through(tower)).to(x.dtype)
+            features = [t.to(x.dtype).contiguous() for t in self._through(tower)]
         else:
             levels = 1 + len(self.config.vision.deepstack_visual_indexes)
-            features = x.new_empty(levels, self.count, x.shape[1])
-        tp.broadcast(features)
-        self.deepstack = list(features[1:])
+            features = [x.new_empty(self.count, x.shape[1]) for _ in range(levels)]
+        for t in features:
+            tp.broadcast(t)
+        self.deepstack = features[1:]
         return x.index_copy(0, self.rows, features[0])
 
     def _through(self, tower) -> list[torch.Tensor]:
@@ -189,10 +200,10 @@ class MediaForward:
         merge = self.config.vision.spatial_merge_size
         distinct, copies = distinct_visuals(self.visuals, merge)
         pixels = torch.from_numpy(np.concatenate([v.pixels for v in distinct]))
-        tokens, deepstack = tower(to_device(pixels, self.rows.device), [v.grid for v in distinct])
+        tokens, deepstack = tower(to_device(pixels, self.device), [v.grid for v in distinct])
         if copies is None:
             return [tokens, *deepstack]
-        index = to_device(torch.from_numpy(copies), self.rows.device)
+        index = to_device(torch.from_numpy(copies), self.device)
         return [t.index_select(0, index) for t in (tokens, *deepstack)]
 
     def after_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
