@@ -9,6 +9,9 @@
   knows, i.e. those APIs are closed.
 - A watchdog reloads a model whose Python stub process died: Triton 2.51 neither restarts it nor
   stops answering ready, it just fails every request to that model.
+- A tritonserver that exits unasked after it was ready is started again on the same ports (up
+  to RESTART_LIMIT times in RESTART_WINDOW_S): its Python backend aborts the whole server when a
+  stub dies holding a lock of their shared memory (triton-inference-server/server#8882).
 - It serves an edited copy of the repository (repository.edited_copy): the edits below and each
   tokenizer's and encoder's facts (repository.publish_facts), where Triton clients read them.
 - On a host without GPUs, `--cpu-instances auto` (default) serves one encoder instance per
@@ -48,6 +51,7 @@ import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 from urllib.error import HTTPError
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
@@ -87,7 +91,8 @@ def triton_args(
     ports: tuple[int, int, int],
     admin_key: str,
     exit_timeout_s: int,
-    rerank: bool = True,
+    rerank: bool,
+    shm_prefix: str,
 ) -> list[str]:
     http, grpc, metrics = ports
     restricted = f"{RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"
@@ -107,6 +112,7 @@ def triton_args(
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         f"--exit-timeout-secs={exit_timeout_s}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
     ]
 
 
@@ -215,8 +221,22 @@ def proc_stat(pid: int | str) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+class Stub(NamedTuple):
+    model: str  # from the model.py path it runs
+    region: str  # its shared memory, /dev/shm/{region}
+
+
 def stub_processes(server_pid: int) -> dict[int, str]:
-    """Live Python stubs of this server: pid -> model name (from the model.py path they run)."""
+    """Live Python stubs of this server: pid -> model name."""
+    return {pid: stub.model for pid, stub in server_stubs(server_pid).items()}
+
+
+def server_stubs(server_pid: int) -> dict[int, Stub]:
+    return _stubs(lambda ppid, region: ppid == server_pid)
+
+
+def _stubs(chosen) -> dict[int, Stub]:
+    """Live Python stubs for which chosen(parent pid, shared-memory region) holds."""
     stubs = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -226,13 +246,35 @@ def stub_processes(server_pid: int) -> dict[int, str]:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # exited while we looked
             continue
-        if int(ppid) != server_pid or state == "Z" or not args[0].endswith(STUB_NAME.encode()):
+        if state == "Z" or not args[0].endswith(STUB_NAME.encode()) or len(args) < 3:
             continue
-        stubs[int(entry.name)] = Path(args[1].decode()).parent.parent.name
+        if chosen(int(ppid), args[2].decode()):
+            stubs[int(entry.name)] = Stub(
+                Path(args[1].decode()).parent.parent.name, args[2].decode()
+            )
     return stubs
 
 
+def clear_dead_server(shm_prefix: str) -> None:
+    """What a tritonserver that died leaves behind: stubs (one can hang in its exit, holding
+    its model's memory) and their regions in /dev/shm. Both are known by the prefix the
+    launcher gave this server's regions, which every stub's command line names."""
+    for pid in _stubs(lambda ppid, region: region.startswith(shm_prefix)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    remove_regions(region.name for region in Path("/dev/shm").glob(f"{shm_prefix}*"))
+
+
+def remove_regions(names) -> None:
+    for name in names:
+        (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
 RELOAD_BACKOFF_MAX_S = 30.0
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 600.0
 
 
 class Watchdog(threading.Thread):
@@ -245,6 +287,7 @@ class Watchdog(threading.Thread):
         admin_key: str,
         interval_s: float,
         model_repository: Path,
+        reloads: list[tuple[str, float]],
     ):
         super().__init__(daemon=True, name="stub-watchdog")
         self.server_pid = server_pid
@@ -253,7 +296,7 @@ class Watchdog(threading.Thread):
         self.admin_key = admin_key
         self.interval_s = interval_s
         self.stopping = threading.Event()
-        self.reloads: list[tuple[str, float]] = []
+        self.reloads = reloads  # (model, seconds), appended to; kept across server restarts
 
     def _call(self, path: str, body: dict | None = None, timeout: float = 300) -> bytes:
         request = urllib.request.Request(
@@ -275,15 +318,20 @@ class Watchdog(threading.Thread):
         log(f"watchdog: reloaded {model!r} in {time.monotonic() - start:.1f}s")
 
     def run(self) -> None:
-        known = stub_processes(self.server_pid)
+        known = server_stubs(self.server_pid)
         # Models whose stub died and that are not reloaded yet: (when to try, the wait after a
         # failed try, doubling up to RELOAD_BACKOFF_MAX_S so a load that keeps failing is not
         # logged every second).
         pending: dict[str, tuple[float, float]] = {}
+        # The dead stubs' shared memory, which Triton leaves behind: removed once the model is
+        # reloaded (Triton has let go of the old instance by then).
+        left: dict[str, list[str]] = {}
         while not self.stopping.wait(self.interval_s):
-            alive = stub_processes(self.server_pid)
-            dead = {model for pid, model in known.items() if pid not in alive}
-            for model in sorted(dead - pending.keys()):
+            alive = server_stubs(self.server_pid)
+            dead = [stub for pid, stub in known.items() if pid not in alive]
+            for stub in dead:
+                left.setdefault(stub.model, []).append(stub.region)
+            for model in sorted({stub.model for stub in dead} - pending.keys()):
                 log(f"watchdog: a Python stub of {model!r} died; reloading it")
                 pending[model] = (0.0, self.interval_s)
             reloading = False
@@ -296,12 +344,13 @@ class Watchdog(threading.Thread):
                 try:
                     self.reload(model)
                     del pending[model]
+                    remove_regions(left.pop(model, []))
                 except OSError as e:  # the server shutting down, a load that failed: later
                     said = e.read().decode(errors="replace") if isinstance(e, HTTPError) else ""
                     log(f"watchdog: reloading {model!r} failed: {e} {said}".rstrip())
                     pending[model] = (time.monotonic() + wait, min(2 * wait, RELOAD_BACKOFF_MAX_S))
             # after a reload, its new stubs; a newly dead model is always tried at once
-            known = stub_processes(self.server_pid) if reloading else alive
+            known = server_stubs(self.server_pid) if reloading else alive
 
 
 def log(message: str) -> None:
@@ -462,18 +511,31 @@ def main(argv: list[str] | None = None) -> int:
         args.model_repository = served
     cmd, env = server_command()
     rerank = not args.no_rerank
+    shm_prefix = f"qwen_embed_{os.getpid()}_"  # this server's own, to remove after a crash
     cmd += triton_args(
-        args.model_repository, args.host, ports, admin_key, args.exit_timeout_secs, rerank
+        args.model_repository,
+        args.host,
+        ports,
+        admin_key,
+        args.exit_timeout_secs,
+        rerank,
+        shm_prefix,
     )
     cmd += cache_args(args.response_cache_mb)
     cmd += trace_args(args.otlp_endpoint, args.trace_rate)
-    proc = subprocess.Popen(
-        cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
-    )
+
+    def start_server() -> subprocess.Popen:
+        return subprocess.Popen(
+            cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+
+    proc = start_server()
     watchdog = None
     gateway = None
+    asked_to_stop = threading.Event()
 
     def forward(signum, _frame):
+        asked_to_stop.set()
         if watchdog is not None:
             watchdog.stopping.set()  # stubs exit on shutdown: that is no reason to reload
         if gateway is not None and gateway.poll() is None:
@@ -485,13 +547,23 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     local = f"127.0.0.1:{args.http_port}"
-    ready = wait_ready(local, proc, args.startup_timeout)
-    if ready and args.watchdog_interval > 0:
-        watchdog = Watchdog(
-            proc.pid, local, admin_key, args.watchdog_interval, args.model_repository
+    reloads: list[tuple[str, float]] = []
+    restarts: list[tuple[float, float]] = []  # (when, seconds until ready again)
+
+    def start_watchdog() -> Watchdog | None:
+        if args.watchdog_interval <= 0:
+            return None
+        dog = Watchdog(
+            proc.pid, local, admin_key, args.watchdog_interval, args.model_repository, reloads
         )
-        watchdog.start()
-        log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
+        dog.start()
+        return dog
+
+    ready = wait_ready(local, proc, args.startup_timeout)
+    if ready:
+        watchdog = start_watchdog()
+        if watchdog:
+            log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
         gateway = start_gateway(
             args.host,
@@ -501,22 +573,62 @@ def main(argv: list[str] | None = None) -> int:
             args.otlp_endpoint,
             args.served_model_name,
         )
-    while proc.poll() is None:
-        if args.status_file and ready:
-            reloads = watchdog.reloads if watchdog else []
-            unfinished = args.status_file.with_suffix(".partial")  # never read half written
-            status = {
-                "server_pid": proc.pid,
-                "model_repository": str(args.model_repository),
-                "reloads": reloads,
-            }
-            unfinished.write_text(json.dumps(status))
-            os.replace(unfinished, args.status_file)
-        time.sleep(0.5)
+    while ready:
+        while proc.poll() is None:
+            if args.status_file:
+                write_status(args.status_file, proc.pid, args.model_repository, reloads, restarts)
+            time.sleep(0.5)
+        if asked_to_stop.is_set():
+            break
+        status = exit_status(proc.returncode)
+        recent = [when for when, _ in restarts if when > time.monotonic() - RESTART_WINDOW_S]
+        if len(recent) >= RESTART_LIMIT:
+            log(f"tritonserver exited unasked ({status}) after {len(recent)} restarts: giving up")
+            break
+        log(f"tritonserver exited unasked ({status}): starting it again")
+        if watchdog is not None:
+            watchdog.stopping.set()
+        clear_dead_server(shm_prefix)
+        began = time.monotonic()
+        proc = start_server()
+        ready = wait_ready(local, proc, args.startup_timeout)
+        if ready:
+            restarts.append((began, round(time.monotonic() - began, 1)))
+            log(f"tritonserver ready again in {restarts[-1][1]}s")
+            watchdog = start_watchdog()
     if gateway is not None and gateway.poll() is None:
         gateway.terminate()
-        gateway.wait(timeout=10)
-    return proc.returncode
+        try:
+            gateway.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # requests it was still sending again
+            gateway.kill()
+    returncode = proc.wait()
+    clear_dead_server(shm_prefix)
+    return returncode
+
+
+def exit_status(returncode: int) -> str:
+    if returncode < 0:
+        return f"signal {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
+def write_status(
+    path: Path,
+    server_pid: int,
+    model_repository: Path,
+    reloads: list[tuple[str, float]],
+    restarts: list[tuple[float, float]],
+) -> None:
+    unfinished = path.with_suffix(".partial")  # never read half written
+    status = {
+        "server_pid": server_pid,
+        "model_repository": str(model_repository),
+        "reloads": reloads,
+        "restarts": [seconds for _, seconds in restarts],
+    }
+    unfinished.write_text(json.dumps(status))
+    os.replace(unfinished, path)
 
 
 if __name__ == "__main__":

@@ -196,7 +196,8 @@ class TritonServer:
 
     def status(self) -> dict:
         """{"server_pid": ..., "model_repository": the one served, "reloads": [[model, seconds],
-        ...]} once the watchdog runs."""
+        ...], "restarts": [seconds, ...]} once the server is ready: the watchdog's reloads of a
+        model whose stub died, and the launcher's restarts of a tritonserver that died."""
         text = self.status_file.read_text()
         return json.loads(text) if text else {}
 
