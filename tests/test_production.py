@@ -109,7 +109,7 @@ def test_only_the_encoders_load_torch(server):
 
 def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
     """Requests fail only while the watchdog reloads the encoder; no client hangs."""
-    server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
+    server = start_server(demo_dir, tmp_path, exit_timeout_s=1)
     results = []  # (start, end, error or None)
     stop = threading.Event()
     try:
@@ -181,7 +181,7 @@ def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
     and removes the dead server's shared memory)."""
     gateway_port = free_port()
     server = start_server(
-        demo_dir, tmp_path, exit_timeout_s=5, launcher_args=["--gateway-port", str(gateway_port)]
+        demo_dir, tmp_path, exit_timeout_s=1, launcher_args=["--gateway-port", str(gateway_port)]
     )
     results = []  # (route, error or None)
     stop = threading.Event()
@@ -287,9 +287,11 @@ def processes_naming(words: set[str]) -> list[int]:
 
 def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):
     """A reload that fails (here: the served config unreadable to Triton for a while) is tried
-    again, after waits that double, until one succeeds; the encoder then answers."""
-    server = start_server(demo_dir, tmp_path, exit_timeout_s=5)
+    again, after waits that double, until one succeeds; the encoder then answers. Meanwhile
+    Triton 2.51 still says ready, and the liveness probe, made for recovery that fails, fails."""
+    server = start_server(demo_dir, tmp_path, exit_timeout_s=1)
     try:
+        assert run_probe(server).returncode == 0
         config = Path(server.status()["model_repository"]) / "encoder" / "config.pbtxt"
         good = config.read_text()
         config.write_text("this is not a model config {")
@@ -302,10 +304,14 @@ def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):
 
         wait_until(lambda: failed_reloads() >= 2, "two failed reloads", log=server.log_path)
         assert server.status()["reloads"] == []
+        assert server.ready()
+        failed = run_probe(server)
+        assert failed.returncode == 1 and "not healthy" in failed.stderr, failed.stderr
         config.write_text(good)
         wait_until(lambda: server.status()["reloads"], "the reload", log=server.log_path)
         assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
         assert infer(server, ["after recovery"], "grpc")[0].shape == (1, 1024)
+        assert run_probe(server).returncode == 0
     finally:
         server.stop()
 
@@ -384,33 +390,9 @@ def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
     server.stop()
 
 
-def process_gone(pid):
-    """Exited: no such process, or a zombie its parent has not reaped yet."""
-    try:
-        return proc_stat(pid)[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def run_probe(server):
     cmd = [sys.executable, "-m", "qwen_embed_deploy.probe", "--url", server.http_url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-
-
-def test_liveness_probe_catches_a_dead_stub(demo_dir, tmp_path):
-    """With the watchdog off, ready stays 200 after the encoder's stub dies; the probe fails."""
-    server = start_server(demo_dir, tmp_path, watchdog_interval=0, exit_timeout_s=5)
-    try:
-        assert run_probe(server).returncode == 0
-        stubs = stub_processes(server.status()["server_pid"])
-        (pid,) = [p for p, m in stubs.items() if m == "encoder"]
-        os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: process_gone(pid), "the killed stub to exit")
-        assert server.ready()  # Triton 2.51 still says ready ...
-        failed = run_probe(server)
-        assert failed.returncode == 1 and "not healthy" in failed.stderr, failed.stderr
-    finally:
-        server.stop()
 
 
 def test_failed_tensor_parallel_group_is_reloaded(demo_dir, tmp_path):
@@ -418,7 +400,7 @@ def test_failed_tensor_parallel_group_is_reloaded(demo_dir, tmp_path):
     UNAVAILABLE naming the rank, the stub exits instead of failing every later request while
     Triton reports ready, and the watchdog loads it again."""
     repo = render(tmp_path / "repo", {"embed": demo_dir}, {"encoder": {"tp_size": "2"}})
-    server = start_server(demo_dir, tmp_path, model_repository=repo, exit_timeout_s=5)
+    server = start_server(demo_dir, tmp_path, model_repository=repo, exit_timeout_s=1)
     try:
         assert infer(server, ["before"], "grpc")[0].shape == (1, 1024)
         stubs = stub_processes(server.status()["server_pid"])
