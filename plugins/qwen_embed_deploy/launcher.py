@@ -608,9 +608,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_status(returncode: int) -> str:
-    if returncode < 0:
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
         return f"signal {signal.Signals(-returncode).name}"
-    return f"exit status {returncode}"
+    except ValueError:  # a number Python has no name for
+        return f"signal {-returncode}"
 
 
 def write_status(
