@@ -20,7 +20,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, EmbeddingError
-from qwen_embed_deploy.launcher import proc_stat, server_stubs, stub_processes
+from qwen_embed_deploy.launcher import (
+    RESTART_LIMIT,
+    RESTART_WINDOW_S,
+    may_restart,
+    proc_stat,
+    server_stubs,
+    stub_processes,
+)
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
@@ -271,6 +278,14 @@ def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
     finally:
         stop.set()
         server.stop()
+
+
+def test_a_server_that_keeps_dying_is_not_restarted_for_ever():
+    restarted_at = [float(i) for i in range(RESTART_LIMIT)]
+    assert may_restart([], now=0.0)
+    assert may_restart(restarted_at[:-1], now=RESTART_LIMIT)
+    assert not may_restart(restarted_at, now=RESTART_LIMIT)
+    assert may_restart(restarted_at, now=RESTART_WINDOW_S + 0.5)  # the first fell out of it
 
 
 def shm_regions(server_pid: int) -> set[str]:

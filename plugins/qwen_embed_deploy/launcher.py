@@ -581,9 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         if asked_to_stop.is_set():
             break
         status = exit_status(proc.returncode)
-        recent = [when for when, _ in restarts if when > time.monotonic() - RESTART_WINDOW_S]
-        if len(recent) >= RESTART_LIMIT:
-            log(f"tritonserver exited unasked ({status}) after {len(recent)} restarts: giving up")
+        if not may_restart([when for when, _ in restarts], time.monotonic()):
+            log(f"tritonserver exited unasked ({status}), restarted too often: giving up")
             break
         log(f"tritonserver exited unasked ({status}): starting it again")
         if watchdog is not None:
@@ -605,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     returncode = proc.wait()
     clear_dead_server(shm_prefix)
     return returncode
+
+
+def may_restart(restarted_at: list[float], now: float) -> bool:
+    """Whether a server that died may start again: fewer than RESTART_LIMIT restarts in the last
+    RESTART_WINDOW_S, so one that keeps dying is left to the orchestrator."""
+    return sum(when > now - RESTART_WINDOW_S for when in restarted_at) < RESTART_LIMIT
 
 
 def exit_status(returncode: int) -> str:
