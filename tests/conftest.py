@@ -28,7 +28,7 @@ from qwen_embed import native  # noqa: E402
 from qwen_embed_deploy.demo import build_demo_model  # noqa: E402
 from qwen_embed_deploy.repository import render  # noqa: E402
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
-from qwen_embed_deploy.triton import TritonServer  # noqa: E402
+from qwen_embed_deploy.triton import TritonServer, wait_for_stops  # noqa: E402
 
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
 
@@ -82,6 +82,15 @@ def demo_dir():
     if not (DEMO_RERANKER_DIR / "config.json").is_file():
         build_demo_model(DEMO_RERANKER_DIR, reranker=True)
     return DEMO_MODEL_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def servers_stop_in_background():
+    """A test's server shuts down while the next test runs; the session waits for all at its
+    end. (No test times anything, and each server has ports of its own.)"""
+    TritonServer.stop_in_background = True
+    yield
+    wait_for_stops()
 
 
 @pytest.fixture(scope="session")

@@ -261,10 +261,22 @@ class TritonServer:
         except OSError:
             return False
 
+    # The test suite's choice: a stop sends SIGTERM and returns, and the shutdown (seconds of
+    # Triton unloading its instances) overlaps what comes next; wait_for_stops() finishes them.
+    stop_in_background = False
+
     def stop(self, timeout: float = 60) -> int | None:
-        """SIGTERM (the launcher drains, then exits); returns the exit status."""
+        """SIGTERM (the launcher drains, then exits); returns the exit status, or None where
+        the stop goes on in the background."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
+        if self.stop_in_background:
+            _stopping.append((self, timeout))
+            return None
+        return self._stopped(timeout)
+
+    def _stopped(self, timeout: float) -> int | None:
+        if self.proc and self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -278,6 +290,16 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_stopping: list[tuple[TritonServer, float]] = []  # stopped in the background, not yet waited for
+
+
+def wait_for_stops() -> None:
+    """Waits for the servers stopped in the background (TritonServer.stop_in_background)."""
+    while _stopping:
+        server, timeout = _stopping.pop()
+        server._stopped(timeout)
 
 
 @contextlib.contextmanager
