@@ -23,6 +23,7 @@ from qwen_embed_client import EmbeddingClient, EmbeddingError
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
+    find_stubs,
     may_restart,
     proc_stat,
     server_stubs,
@@ -272,7 +273,7 @@ def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
         # have one region each.
         serving = server.status()["server_pid"]
         assert serving != crashed
-        assert not processes_naming(regions)
+        assert not find_stubs(lambda ppid, region: region in regions)
         assert all(not (Path("/dev/shm") / r).exists() for r in regions)
         assert shm_regions(serving) == {stub.region for stub in server_stubs(serving).values()}
     finally:
@@ -292,12 +293,6 @@ def shm_regions(server_pid: int) -> set[str]:
     """The /dev/shm regions of a server's Python stubs, by the prefix the launcher gave it."""
     (prefix,) = re.findall(r"shm-region-prefix-name=(\S+)", cmdline(server_pid))
     return {region.name for region in Path("/dev/shm").glob(f"{prefix}*")}
-
-
-def processes_naming(words: set[str]) -> list[int]:
-    """Processes whose command line holds one of `words` (a stub names its region)."""
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    return [pid for pid in pids if any(w in cmdline(pid) for w in words)]
 
 
 def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):

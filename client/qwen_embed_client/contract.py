@@ -575,11 +575,12 @@ def unpack_images(blob: bytes, index: int, name: str = "IMAGES") -> list[bytes]:
     element (checked before anything is decoded)."""
     if not blob:
         return []
-    if name == "VIDEOS":
-        return _unpack(
-            blob, f"input '{name}[{index}]'", "videos", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES
-        )
-    return _unpack(blob, f"input '{name}[{index}]'", "images", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES)
+    kind, most, max_bytes = (
+        ("videos", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES)
+        if name == "VIDEOS"
+        else ("images", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES)
+    )
+    return _unpack(blob, f"input '{name}[{index}]'", kind, most, max_bytes)
 
 
 # A video given as its frames (image files, in order) rather than a file: this prefix, then

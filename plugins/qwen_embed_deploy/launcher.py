@@ -232,10 +232,10 @@ def stub_processes(server_pid: int) -> dict[int, str]:
 
 
 def server_stubs(server_pid: int) -> dict[int, Stub]:
-    return _stubs(lambda ppid, region: ppid == server_pid)
+    return find_stubs(lambda ppid, region: ppid == server_pid)
 
 
-def _stubs(chosen) -> dict[int, Stub]:
+def find_stubs(chosen) -> dict[int, Stub]:
     """Live Python stubs for which chosen(parent pid, shared-memory region) holds."""
     stubs = {}
     for entry in Path("/proc").iterdir():
@@ -259,12 +259,13 @@ def clear_dead_server(shm_prefix: str) -> None:
     """What a tritonserver that died leaves behind: stubs (one can hang in its exit, holding
     its model's memory) and their regions in /dev/shm. Both are known by the prefix the
     launcher gave this server's regions, which every stub's command line names."""
-    for pid in _stubs(lambda ppid, region: region.startswith(shm_prefix)):
+    for pid in find_stubs(lambda ppid, region: region.startswith(shm_prefix)):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    remove_regions(region.name for region in Path("/dev/shm").glob(f"{shm_prefix}*"))
+    for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
+        region.unlink(missing_ok=True)
 
 
 def remove_regions(names) -> None:
