@@ -1015,6 +1015,16 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
         with pytest.raises(openai.BadRequestError, match="must be in 2..256, got 1") as e:
             api.embeddings.create(model="embed", input=[parts], extra_body={"video_max_frames": 1})
         assert e.value.body["param"] == "video_max_frames", e.value.body
+        # the frames' files as Qwen's API writes a list of frames
+        listed = {"type": "video", "video": [data_url(f.read_bytes()) for f in frames]}
+        answer = api.embeddings.create(
+            model="embed", input=[[{"type": "text", "text": "frames"}, listed]]
+        )
+        assert float(np.array(answer.data[0].embedding) @ want_listed) >= FP32_COSINE
+        listed["video"][2] = data_url(b"not an image")
+        with pytest.raises(openai.BadRequestError, match="video 0 frame 2 is not a readable") as e:
+            api.embeddings.create(model="embed", input=[[listed]])
+        assert e.value.body["param"] == "input", e.value.body
 
     command = [sys.executable, "-m", "qwen_embed_client", "embed", "denser"]
     command += ["--video", str(clips["wide"]), "--video-fps", "2", "--video-max-frames", "10"]
@@ -1080,8 +1090,12 @@ def test_reranking_with_videos_matches_the_official_script(
     # and a video document sampled as the request asks (10 frames of 23; 6 by default)
     sampling = {"fps": 2.0, "max_frames": 10}
     pairs.append((queries[0][0], [], "", [("video", clips["wide"], sampling)]))
+    # a video given as its frames' files, as a document and as the query
+    frames = clips["frames"]
+    pairs.append((queries[0][0], [], "", [("video", frames)]))
+    pairs.append(("", [("video", frames)], documents[0][0], []))
     found = official_video_scores(reranker_model, reranker_dir, pairs, tmp_path)
-    want, want_sampled = found[:-1].reshape(2, 3), found[-1]
+    want, want_sampled, want_frames = found[:6].reshape(2, 3), found[6], found[7:]
     assert np.ptp(want) > 0.05  # the pairs score apart: a check that can fail
 
     def files(visuals, kind):
@@ -1103,6 +1117,9 @@ def test_reranking_with_videos_matches_the_official_script(
             queries[0][0], [""], document_videos=wide, video_fps=2.0, video_max_frames=10
         )
         assert abs(got.ranking[0][1] - want_sampled) <= 1e-4, (got.ranking, want_sampled)
+        listed = [f.read_bytes() for f in frames]
+        got = client.rerank(queries[0][0], [""], document_videos=[[listed]])
+        assert abs(got.ranking[0][1] - want_frames[0]) <= 1e-4, (got.ranking, want_frames)
 
     clip = {"type": "video_url", "video_url": {"url": data_url(bar.read_bytes(), "mp4", "video")}}
     with gateway_process(server) as base:
@@ -1113,6 +1130,13 @@ def test_reranking_with_videos_matches_the_official_script(
         assert abs(scores[1] - want[0, 1]) <= 1e-4, (scores, want)
         returned = {r["index"]: r["document"] for r in answer["results"]}
         assert returned[1]["multi_modal"] == [clip]
+        listed = {"type": "video", "video": [data_url(f.read_bytes()) for f in frames]}
+        answer = httpx.post(
+            f"{base}/v1/rerank", json={**body, "documents": [[listed]]}, timeout=120
+        )
+        result = answer.json()["results"][0]
+        assert abs(result["relevance_score"] - want_frames[0]) <= 1e-4, (result, want_frames)
+        assert result["document"]["multi_modal"] == [listed]
         body["documents"] = [[{"type": "video_url", "video_url": {"url": data_url(png)}}]]
         refused = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)
         assert refused.status_code == 400, refused.text
@@ -1127,7 +1151,12 @@ def test_reranking_with_videos_matches_the_official_script(
     import subprocess
     import sys
 
-    lines = [{"text": documents[0][0]}, {"videos": [bar.name]}]
+    # (a video as a list of its frames' files)
+    lines = [
+        {"text": documents[0][0]},
+        {"videos": [bar.name]},
+        {"videos": [[f.name for f in frames]]},
+    ]
     (bar.parent / "docs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     command = [sys.executable, "-m", "qwen_embed_client", "rerank", queries[0][0]]
     command += [str(bar.parent / "docs.jsonl"), "--url", server.grpc_url]
@@ -1135,3 +1164,19 @@ def test_reranking_with_videos_matches_the_official_script(
     assert run.returncode == 0, run.stderr
     got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
     assert max(abs(got[i] - want[0, i]) for i in range(2)) <= 1e-4, (got, want)
+    assert abs(got[2] - want_frames[0]) <= 1e-4, (got, want_frames)
+    # the query's video as its frames' files
+    (bar.parent / "text.txt").write_text(documents[0][0] + "\n")
+    command = [
+        sys.executable,
+        "-m",
+        "qwen_embed_client",
+        "rerank",
+        "",
+        str(bar.parent / "text.txt"),
+    ]
+    command += ["--query-video-frames", *map(str, frames), "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (row,) = map(json.loads, run.stdout.splitlines())
+    assert abs(row["relevance_score"] - want_frames[1]) <= 1e-4, (row, want_frames)

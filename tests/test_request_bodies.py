@@ -207,6 +207,37 @@ def test_video_parts_are_taken_as_vllm_writes_them():
     assert "5 videos, more than the limit of 4" in e.message and e.param == "input"
 
 
+def test_a_video_as_its_frames_is_taken_as_qwens_api_writes_it():
+    """{"type": "video", "video": [frame URLs]}: one video, its frames' files in order, beside
+    vLLM's video_url parts in the order given; a bad frame is named."""
+    frames = {
+        "type": "video",
+        "video": ["data:image/png;base64,QUJD", "data:image/png;base64,REVG"],
+    }
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJD"}}
+    inputs = embeddings({"input": [[video, {"type": "text", "text": "clips"}, frames]]})[0]
+    texts, _, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    assert (texts, videos) == (["clips"], [[b"ABC", [b"ABC", b"DEF"]]])
+    frames["video"][1] = "data:image/png;base64,@@"
+    inputs = embeddings({"input": [[video, frames]]})[0]
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    assert e.message == "'input[0] video 1 frame 1' image data URL is not valid base64"
+    assert e.param == "input"
+    assert refusal(embeddings, {"input": [[{"type": "video", "video": []}]]}).param == "input"
+    too_many = [video, frames, frames, video, frames]
+    inputs = embeddings({"input": [too_many]})[0]
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    assert "5 videos, more than the limit of 4" in e.message
+
+
+def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):
+    monkeypatch.setattr(media, "MAX_VIDEO_BYTES", 5)
+    frames = {"type": "video", "video": ["data:image/png;base64,QUJD"] * 2}  # 3 bytes each
+    inputs = embeddings({"input": [[frames]]})[0]
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    assert e.message == "'input[0] video 0' frames are more than the limit of 5 bytes together"
+
+
 def test_score_body():
     asked = score.ScoreRequest.parse({"text_1": "q", "text_2": ["a", "b"]})
     assert (asked.text_1, asked.text_2) == (["q"], ["a", "b"])

@@ -9,7 +9,7 @@ qwen-embed embed "a caption" --image photo.jpg             # a multimodal model:
 qwen-embed embed "what happens" --video clip.mp4            # ... or a video
 qwen-embed rerank "a query" documents.txt [--top-n 5] [--instruction ...]   # JSONL, best first
 qwen-embed rerank "" pages.jsonl --query-image q.png     # {"text", "images": [files]} per line
-qwen-embed rerank "a goal" clips.jsonl                   # ... {"text", "videos": [files]} per line
+qwen-embed rerank "a goal" clips.jsonl    # ... {"text", "videos": [file, [frame files]]} per line
 qwen-embed health --url HOST:PORT
 qwen-embed info --url HOST:PORT
 """
@@ -82,6 +82,16 @@ def read_images(paths: list[str], flag: str, base: Path = Path()) -> list[bytes]
         return [(base / path).read_bytes() for path in paths]
     except OSError as e:
         raise EmbeddingError(f"{flag}: {e}") from None
+
+
+def read_videos(entries: list, flag: str, base: Path = Path()) -> list[bytes | list[bytes]]:
+    """Videos named by a JSONL record: each a file's path, or a list of its frames' paths."""
+    return [
+        read_images(entry, flag, base)
+        if isinstance(entry, list)
+        else read_images([entry], flag, base)[0]
+        for entry in entries
+    ]
 
 
 def write_vectors(path: str | None, vectors: np.ndarray, counts: np.ndarray) -> None:
@@ -219,17 +229,21 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     options = options_from_flags(RerankOptions, args)
     if args.query_image:
         options["query_images"] = read_images(args.query_image, "--query-image")
-    if args.query_video:
-        options["query_videos"] = read_images(args.query_video, "--query-video")
+    query_videos = read_images(args.query_video or [], "--query-video")
+    query_videos += [
+        read_images(frames, "--query-video-frames") for frames in args.query_video_frames or []
+    ]
+    if query_videos:
+        options["query_videos"] = query_videos
     if args.documents.endswith(".jsonl"):  # each record's images and videos, beside the file
         base = Path(args.documents).parent
         records = list(enumerate(read_lines(args)))
-        for field, option in (
-            (args.image_field, "document_images"),
-            (args.video_field, "document_videos"),
+        for field, option, read in (
+            (args.image_field, "document_images", read_images),
+            (args.video_field, "document_videos", read_videos),
         ):
             files = [
-                read_images(r.get(field, []), f"{args.documents} line {i + 1}", base)
+                read(r.get(field, []), f"{args.documents} line {i + 1}", base)
                 if isinstance(r, dict)
                 else []
                 for i, r in records
@@ -361,9 +375,17 @@ def main(argv: list[str] | None = None) -> int:
         help="a video of the query (a multimodal reranker), repeatable",
     )
     r.add_argument(
+        "--query-video-frames",
+        action="append",
+        nargs="+",
+        metavar="FILE",
+        help="a video of the query given as its frames' image files, in order, repeatable",
+    )
+    r.add_argument(
         "--video-field",
         default="videos",
-        help="JSONL field holding a document's video files (paths relative to the JSONL file)",
+        help="JSONL field holding a document's videos: each a video file's path, or a list of "
+        "its frames' image files (paths relative to the JSONL file)",
     )
     r.add_argument("--top-n", type=int, help="the best N documents only")
     for flag, keywords in option_flags(RerankOptions):

@@ -1,8 +1,10 @@
 """Images and videos in request bodies, for a multimodal model: content parts as OpenAI's chat
 API and vLLM's multimodal embeddings write them ({"type": "text", "text"}, {"type":
 "image_url", "image_url": {"url"}} and vLLM's {"type": "video_url", "video_url": {"url"}}), as
-Cohere v2's `inputs` do. Each input becomes one text (its text parts joined), its images and its
-videos, which the server places before the text as the model's own script does.
+Cohere v2's `inputs` do, and a video as its frames as Qwen's own API takes it ({"type": "video",
+"video": [url of each frame's image, ...]}). Each input becomes one text (its text parts joined),
+its images and its videos (a file's bytes, or a list of its frames' files), which the server
+places before the text as the model's own script does.
 
 A URL is a data URL (`data:image/png;base64,...`, `data:video/mp4;base64,...`), always taken; a
 remote one (http/https) is fetched only where the gateway was started with
@@ -20,7 +22,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..contract import MAX_IMAGE_BYTES, MAX_IMAGES_PER_TEXT, MAX_VIDEO_BYTES, MAX_VIDEOS_PER_TEXT
+from ..contract import (
+    MAX_IMAGE_BYTES,
+    MAX_IMAGES_PER_TEXT,
+    MAX_VIDEO_BYTES,
+    MAX_VIDEO_FRAMES,
+    MAX_VIDEOS_PER_TEXT,
+)
 from .bodies import Body, Text
 from .errors import invalid
 
@@ -49,7 +57,15 @@ class VideoPart(Body):
     video_url: ImageURL
 
 
-Part = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
+class FramesPart(Body):
+    """A video as its frames' image URLs, in order (the scripts' list of frames)."""
+
+    type: Literal["video"]
+    video: Annotated[list[str], Field(min_length=1, max_length=MAX_VIDEO_FRAMES)]
+
+
+Part = Annotated[TextPart | ImagePart | VideoPart | FramesPart, Field(discriminator="type")]
+MEDIA_PARTS = (ImagePart, VideoPart, FramesPart)
 Parts = Annotated[list[Part], Field(min_length=1)]
 
 
@@ -66,36 +82,67 @@ def has_parts(items: list) -> bool:
     return any(isinstance(item, list) and item and isinstance(item[0], Body) for item in items)
 
 
-# Per kind: its part's class and URL field, the files one input may hold, each one's bytes.
+# Per kind: the files one input may hold, each one's bytes.
 KINDS = {
-    "image": (ImagePart, "image_url", MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES),
-    "video": (VideoPart, "video_url", MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES),
+    "image": (MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES),
+    "video": (MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES),
 }
 
 
 async def texts_and_media(
     items: list, name: str, allow_remote: bool
-) -> tuple[list[str], list[list[bytes]], list[list[bytes]]]:
+) -> tuple[list[str], list[list[bytes]], list[list[bytes | list[bytes]]]]:
     """Inputs (texts, or lists of content parts) -> (texts, each one's image files, each
-    one's video files)."""
-    texts, files = [], {kind: [] for kind in KINDS}
+    one's videos: a file, or the list of its frames' files)."""
+    texts, images, videos = [], [], []
     for i, item in enumerate(items):
         if isinstance(item, str):
             texts.append(item)
-            for found in files.values():
-                found.append([])
+            images.append([])
+            videos.append([])
             continue
+        where = f"{name}[{i}]"
         texts.append("".join(p.text for p in item if isinstance(p, TextPart)))
-        for kind, (part, field, most, _) in KINDS.items():
-            urls = [getattr(p, field).url for p in item if isinstance(p, part)]
-            if len(urls) > most:
+        found = {
+            "image": [p for p in item if isinstance(p, ImagePart)],
+            "video": [p for p in item if isinstance(p, VideoPart | FramesPart)],
+        }
+        for kind, parts in found.items():
+            if len(parts) > KINDS[kind][0]:
                 raise invalid(
-                    f"'{name}[{i}]' holds {len(urls)} {kind}s, more than the limit of {most}",
+                    f"'{where}' holds {len(parts)} {kind}s, more than the limit of "
+                    f"{KINDS[kind][0]}",
                     name,
                 )
-            where = f"{name}[{i}]"
-            files[kind].append([await file_bytes(u, where, kind, allow_remote) for u in urls])
-    return texts, files["image"], files["video"]
+        images.append(
+            [
+                await file_bytes(p.image_url.url, where, "image", allow_remote)
+                for p in found["image"]
+            ]
+        )
+        videos.append(
+            [
+                await frame_files(p.video, f"{where} video {j}", allow_remote)
+                if isinstance(p, FramesPart)
+                else await file_bytes(p.video_url.url, where, "video", allow_remote)
+                for j, p in enumerate(found["video"])
+            ]
+        )
+    return texts, images, videos
+
+
+async def frame_files(urls: list[str], where: str, allow_remote: bool) -> list[bytes]:
+    """A video's frames' image URLs -> their files, together within MAX_VIDEO_BYTES."""
+    files, total = [], 0
+    for k, url in enumerate(urls):
+        files.append(await file_bytes(url, f"{where} frame {k}", "image", allow_remote))
+        total += len(files[-1])
+        if total > MAX_VIDEO_BYTES:
+            raise invalid(
+                f"'{where}' frames are more than the limit of {MAX_VIDEO_BYTES} bytes together",
+                where.split("[")[0],
+            )
+    return files
 
 
 async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> bytes:
@@ -123,7 +170,7 @@ async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> byt
             field,
         )
     try:
-        raw = await asyncio.to_thread(_fetch, url, KINDS[kind][3])
+        raw = await asyncio.to_thread(_fetch, url, KINDS[kind][1])
     except OSError as e:
         raise invalid(f"'{where}' {kind} could not be fetched: {e}", field) from None
     return _within_limit(raw, where, kind)
@@ -136,7 +183,7 @@ def _fetch(url: str, limit: int) -> bytes:
 
 
 def _within_limit(raw: bytes, where: str, kind: str) -> bytes:
-    limit = KINDS[kind][3]
+    limit = KINDS[kind][1]
     if len(raw) > limit:
         raise invalid(
             f"'{where}' {kind} is more than the limit of {limit} bytes", where.split("[")[0]

@@ -45,7 +45,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import ImagePart, Message, Parts, VideoPart, has_parts, texts_and_media
+from .media import MEDIA_PARTS, Message, Parts, has_parts, texts_and_media
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -372,7 +372,7 @@ async def rerank_response(gw, body: object) -> dict:
         if request.return_documents:
             item["document"] = {"text": texts[index]}
             if images[index] or videos[index]:  # as sent: the parts (vLLM's multi_modal)
-                parts = [p for p in documents[index] if isinstance(p, ImagePart | VideoPart)]
+                parts = [p for p in documents[index] if isinstance(p, MEDIA_PARTS)]
                 item["document"]["multi_modal"] = [p.model_dump() for p in parts]
         results.append(item)
     return {
