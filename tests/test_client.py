@@ -9,7 +9,6 @@ import pytest
 
 from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 from qwen_embed_client.scheduler import MIN_CHUNK, ServerState
-from qwen_embed_deploy.demo import build_demo_model
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port, servers_together
 
@@ -123,14 +122,15 @@ def test_chunks_follow_each_servers_measured_speed():
     assert fast.texts_done == 40 and slow.texts_done == 80
 
 
-def test_two_servers_of_unequal_speed_share_a_job(demo_dir, tmp_path):
-    """A deeper model (slower server) beside the demo model: every text is embedded once, by
-    one of them, and both servers' speeds are measured. Each server is pinned to its own core.
-    (How many texts each gets follows their speeds: tested above on given measurements.)"""
-    slow_model = build_demo_model(tmp_path / "deep", layers=12, seed=2)
+def test_two_servers_share_a_job(demo_dir, tmp_path):
+    """Two servers, each pinned to its own core (one runs each text alone): every text is
+    embedded once, by one of them, and both servers' speeds are measured. (How many texts each
+    gets follows their speeds: tested above on given measurements, which a real pair of
+    servers gives only noisily.)"""
     texts = [f"document {i} " + "about many things " * 12 for i in range(96)]
     fast_repo = render(tmp_path / "fast-repo", {"embed": demo_dir})
-    slow_repo = render(tmp_path / "slow-repo", {"embed": slow_model})
+    one_text = {"encoder": {"max_batch_tokens": "16"}}  # shorter than any text: one per forward
+    slow_repo = render(tmp_path / "slow-repo", {"embed": demo_dir}, one_text)
     fast = TritonServer(fast_repo, log_path=tmp_path / "fast.log", cpus="0")
     slow = TritonServer(slow_repo, log_path=tmp_path / "slow.log", cpus="1")
     with servers_together(fast, slow):

@@ -430,9 +430,9 @@ def test_token_vectors_and_late_interaction_scores(stack, demo_dir):
     want = maxsim_scores(queries[0], documents)
     assert np.abs(np.array([d["score"] for d in scored["data"]]) - want).max() <= 1e-4
     assert scored["usage"]["total_tokens"] == sum(len(v) for v in queries + documents)
-    # 256 texts of 96 tokens x 1024 dimensions: 96 MiB of float32, past the 64 MiB limit: one
-    # Triton request is refused by the encoder, an HTTP request (several) by the gateway
-    long = ["word " * 200] * 256
+    # 256 texts of 66 tokens x 1024 dimensions: 66 MiB of float32, just past the 64 MiB limit:
+    # one Triton request is refused by the encoder, an HTTP request (several) by the gateway
+    long = ["word " * 64] * 256
     with pytest.raises(InferenceServerException, match=r"parameter 'per_token': 256 texts"):
         infer(server, long, "grpc", model="embed", per_token=True)
     status, error, _ = post(base, "/embed_all", {"inputs": long})
