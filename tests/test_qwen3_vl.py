@@ -733,8 +733,6 @@ def test_the_cli_embeds_a_text_with_images(served, served_model, tmp_path):
 @pytest.mark.server
 def test_the_cli_reranks_documents_with_images(served, reranker_dir, reranker_model, tmp_path):
     import json
-    import subprocess
-    import sys
 
     _, server = served
     files = image_files()
@@ -743,23 +741,29 @@ def test_the_cli_reranks_documents_with_images(served, reranker_dir, reranker_mo
     (tmp_path / "pages" / "chart.jpg").write_bytes(files["jpeg"])
     lines = [{"text": "a yellow circle"}, {"images": ["pages/chart.jpg"]}]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    command = [
-        sys.executable,
-        "-m",
-        "qwen_embed_client",
-        "rerank",
-        "",
-        str(tmp_path / "docs.jsonl"),
-    ]
-    command += ["--query-image", str(tmp_path / "query.png"), "--url", server.grpc_url]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
+    got = cli_rerank(
+        server, "", tmp_path / "docs.jsonl", "--query-image", str(tmp_path / "query.png")
+    )
     want = [
         official_score(reranker_model, reranker_dir, "", [files["png"]], "a yellow circle", []),
         official_score(reranker_model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]),
     ]
     assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)
+
+
+def cli_rerank(server, query: str, documents: Path, *flags: str) -> dict[int, float]:
+    """`qwen-embed rerank` against the server: each document's score by its index."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "qwen_embed_client", "rerank", query, str(documents)]
+    command += [*flags, "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return {
+        row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())
+    }
 
 
 def write_video(path: Path, frames: int, fps: int, size: tuple[int, int]) -> Path:
@@ -1148,8 +1152,6 @@ def test_reranking_with_videos_matches_the_official_script(
 
     # the CLI: a JSONL of documents, each record's videos beside it
     import json
-    import subprocess
-    import sys
 
     # (a video as a list of its frames' files)
     lines = [
@@ -1158,25 +1160,10 @@ def test_reranking_with_videos_matches_the_official_script(
         {"videos": [[f.name for f in frames]]},
     ]
     (bar.parent / "docs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    command = [sys.executable, "-m", "qwen_embed_client", "rerank", queries[0][0]]
-    command += [str(bar.parent / "docs.jsonl"), "--url", server.grpc_url]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
+    got = cli_rerank(server, queries[0][0], bar.parent / "docs.jsonl")
     assert max(abs(got[i] - want[0, i]) for i in range(2)) <= 1e-4, (got, want)
     assert abs(got[2] - want_frames[0]) <= 1e-4, (got, want_frames)
     # the query's video as its frames' files
     (bar.parent / "text.txt").write_text(documents[0][0] + "\n")
-    command = [
-        sys.executable,
-        "-m",
-        "qwen_embed_client",
-        "rerank",
-        "",
-        str(bar.parent / "text.txt"),
-    ]
-    command += ["--query-video-frames", *map(str, frames), "--url", server.grpc_url]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    (row,) = map(json.loads, run.stdout.splitlines())
-    assert abs(row["relevance_score"] - want_frames[1]) <= 1e-4, (row, want_frames)
+    got = cli_rerank(server, "", bar.parent / "text.txt", "--query-video-frames", *map(str, frames))
+    assert abs(got[0] - want_frames[1]) <= 1e-4, (got, want_frames)

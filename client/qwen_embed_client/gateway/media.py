@@ -82,11 +82,9 @@ def has_parts(items: list) -> bool:
     return any(isinstance(item, list) and item and isinstance(item[0], Body) for item in items)
 
 
-# Per kind: the files one input may hold, each one's bytes.
-KINDS = {
-    "image": (MAX_IMAGES_PER_TEXT, MAX_IMAGE_BYTES),
-    "video": (MAX_VIDEOS_PER_TEXT, MAX_VIDEO_BYTES),
-}
+# Per kind: the files one input may hold, and each one's bytes.
+MOST = {"image": MAX_IMAGES_PER_TEXT, "video": MAX_VIDEOS_PER_TEXT}
+LARGEST = {"image": MAX_IMAGE_BYTES, "video": MAX_VIDEO_BYTES}
 
 
 async def texts_and_media(
@@ -108,10 +106,9 @@ async def texts_and_media(
             "video": [p for p in item if isinstance(p, VideoPart | FramesPart)],
         }
         for kind, parts in found.items():
-            if len(parts) > KINDS[kind][0]:
+            if len(parts) > MOST[kind]:
                 raise invalid(
-                    f"'{where}' holds {len(parts)} {kind}s, more than the limit of "
-                    f"{KINDS[kind][0]}",
+                    f"'{where}' holds {len(parts)} {kind}s, more than the limit of {MOST[kind]}",
                     name,
                 )
         images.append(
@@ -170,7 +167,7 @@ async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> byt
             field,
         )
     try:
-        raw = await asyncio.to_thread(_fetch, url, KINDS[kind][1])
+        raw = await asyncio.to_thread(_fetch, url, LARGEST[kind])
     except OSError as e:
         raise invalid(f"'{where}' {kind} could not be fetched: {e}", field) from None
     return _within_limit(raw, where, kind)
@@ -183,7 +180,7 @@ def _fetch(url: str, limit: int) -> bytes:
 
 
 def _within_limit(raw: bytes, where: str, kind: str) -> bytes:
-    limit = KINDS[kind][1]
+    limit = LARGEST[kind]
     if len(raw) > limit:
         raise invalid(
             f"'{where}' {kind} is more than the limit of {limit} bytes", where.split("[")[0]
