@@ -84,6 +84,12 @@ def read_images(paths: list[str], flag: str, base: Path = Path()) -> list[bytes]
         raise EmbeddingError(f"{flag}: {e}") from None
 
 
+def flag_videos(files: list[str] | None, frame_lists: list[list[str]] | None, flag: str) -> list:
+    """The videos of a flag (files) and of its -frames twin (each a list of frame files)."""
+    videos = read_images(files or [], flag)
+    return videos + [read_images(frames, f"{flag}-frames") for frames in frame_lists or []]
+
+
 def read_videos(entries: list, flag: str, base: Path = Path()) -> list[bytes | list[bytes]]:
     """Videos named by a JSONL record: each a file's path, or a list of its frames' paths."""
     return [
@@ -167,8 +173,7 @@ def embed_with_media(args, client: EmbeddingClient) -> None:
     if args.input or len(args.texts) > 1:
         raise EmbeddingError("--image and --video go with one input: at most one text, no --input")
     images = read_images(args.image or [], "--image")
-    videos = read_images(args.video or [], "--video")
-    videos += [read_images(frames, "--video-frames") for frames in args.video_frames or []]
+    videos = flag_videos(args.video, args.video_frames, "--video")
     options = options_from_flags(EmbedOptions, args)
     if options.pop("chunk_size") is not None or options.pop("per_token"):
         raise EmbeddingError("--image and --video take neither --chunk-size nor --per-token")
@@ -229,10 +234,7 @@ def cmd_rerank(args, client: EmbeddingClient) -> None:
     options = options_from_flags(RerankOptions, args)
     if args.query_image:
         options["query_images"] = read_images(args.query_image, "--query-image")
-    query_videos = read_images(args.query_video or [], "--query-video")
-    query_videos += [
-        read_images(frames, "--query-video-frames") for frames in args.query_video_frames or []
-    ]
+    query_videos = flag_videos(args.query_video, args.query_video_frames, "--query-video")
     if query_videos:
         options["query_videos"] = query_videos
     if args.documents.endswith(".jsonl"):  # each record's images and videos, beside the file
