@@ -82,7 +82,10 @@ def test_int8_route_and_refusals():
     route = route_for(ZEN4, quantization="int8")
     assert route.dtype == "bfloat16" and route.linear is Linear.INT8
     assert route.gemm is Gemm.ONEDNN  # the layers int8 keeps in floats
-    assert route_for(EPYC_AVX2, quantization="int8").dtype == "float32"
+    assert "no VNNI" not in route.reason
+    # without VNNI the route says what it costs
+    route = route_for(EPYC_AVX2, quantization="int8")
+    assert route.dtype == "float32" and "no VNNI on this CPU" in route.reason
     with pytest.raises(ValueError, match="CPU only"):
         route_for(ZEN4, "cuda:0", quantization="int8")
     with pytest.raises(ValueError, match="quantization must be one of"):
@@ -129,7 +132,20 @@ def test_int8_linear_is_close_to_the_float_product():
     assert torch.equal(int8.quantize_rows(x)[0], int8.quantize_rows(x)[0])  # deterministic
 
 
-@pytest.mark.server  # without the native operator the int8 route compiles at every load
+def test_int8_products_without_vnni_are_torchs_int8_gemm():
+    """The float64 products CPUs without VNNI take give torch's int32 sums bit for bit, at the
+    largest codes too (|sum| up to 3,072 x 127 x 127), any row count."""
+    g = torch.Generator().manual_seed(1)
+    for rows, k in ((1, 16), (5, 1024), (33, 3072)):
+        xq = torch.randint(-127, 128, (rows, k), generator=g, dtype=torch.int8)
+        wq = torch.randint(-127, 128, (24, k), generator=g, dtype=torch.int8)
+        xq[0], wq[0], wq[1] = 127, 127, -127  # the extreme sums
+        want = torch._int_mm(xq, wq.t())
+        got = int8.integer_products(xq, wq, vnni=False)
+        assert torch.equal(got, want.double()), (rows, k)
+        assert torch.equal(int8.integer_products(xq, wq, vnni=True), want)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_matches_transformers(checkpoint, config_name, dtype):
     seqs = random_sequences([1, 17, 90, 200], seed=3)

@@ -92,10 +92,9 @@ def test_alone_among_others_and_after_a_cached_prefix(
     """On the native kernels (attention included) of every instruction set this CPU runs."""
     lengths = LENGTHS[size]
     if quantization == "int8" and not int8.native_kernel():
-        # torch's int8 GEMM (oneDNN without VNNI) is the same exact integer sums on every ISA
-        # and at any row count, and far slower than the float GEMMs: the small size's shortest
-        # texts on the widest ISA cover the route; the float layers at full size are the cases
-        # without int8
+        # the integer products (int8.integer_products) are the same exact sums on every ISA
+        # and at any row count: the small size's shortest texts on the widest ISA cover the
+        # route; the float layers at full size are the cases without int8
         if size == "full" or isa != WIDEST:
             pytest.skip("int8 without the native operator: the small size on the widest ISA")
         lengths = lengths[:5]

@@ -180,7 +180,6 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
     if route.linear is Linear.INT8:
         for name in [n for n in linears if int8.quantizes(n)]:
             linears.pop(name).repack(Int8Weight)
-        int8.prepare()
     if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
         for module in linears.values():
             module.to(weight_dtype)

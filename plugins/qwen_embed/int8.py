@@ -9,9 +9,8 @@ packed for it once here, each row rotated in registers and quantised, the intege
 AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on oneDNN's brgemm
 micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype while they are in cache,
 so no int32 matrix is written.
-Elsewhere the native rotation (any instruction set) or the same butterflies in torch, then
-`torch._int_mm` (oneDNN) multiplies, and the quantise and rescale passes around it are compiled
-(compiled.py: Inductor fuses each into one loop; eager where compiling fails).
+Elsewhere the native rotation (any instruction set) or the same butterflies in torch, torch's
+quantise pass, the integer products (integer_products), then torch's rescale.
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from . import native
-from .compiled import CompiledSet
+from .cpu import cpu_features
 
 _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
@@ -77,28 +76,19 @@ def native_kernel() -> bool:
     return native.isa() is not None and torch.ops.qwen_embed.int8_supported()
 
 
+def integer_products(xq: torch.Tensor, qweight: torch.Tensor, vnni: bool) -> torch.Tensor:
+    """xq [rows, k] @ qweight [n, k].T of int8 codes, as exact integer sums: torch's int8 GEMM
+    (oneDNN) where the CPU has VNNI. Without VNNI that GEMM runs far slower than a float64 one,
+    whose sums of int8 products are exact too (below 2**53)."""
+    if vnni:
+        return torch._int_mm(xq, qweight.t())
+    return xq.double() @ qweight.double().t()
+
+
 def _rescale(
     acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     return (acc.float() * x_scale * w_scale).to(dtype)
-
-
-def _warmup() -> None:
-    weight, w_scale = torch.ones(8, 16, dtype=torch.int8), torch.ones(1, 8)
-    for rows in (2, 1):  # 1 row is specialised separately by dynamic shapes
-        for dtype in (torch.float32, torch.bfloat16):
-            q, s = KERNELS.quantize(torch.ones(rows, 16, dtype=dtype))
-            KERNELS.rescale(torch._int_mm(q, weight.t()), s, w_scale, dtype)
-
-
-KERNELS = CompiledSet("int8 route", {"quantize": quantize_rows, "rescale": _rescale}, _warmup)
-
-
-def prepare() -> None:
-    """Once the layers exist: compile the torch route's passes where the native kernel cannot
-    run (a no-op where it can)."""
-    if not native_kernel():
-        KERNELS.ensure_compiled()
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -137,6 +127,7 @@ class Int8Weight(nn.Module):
         else:
             self.register_buffer("qweight", q)
             self.register_buffer("scale", scale.view(1, -1))
+            self.vnni = cpu_features().vnni
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
@@ -147,10 +138,10 @@ class Int8Weight(nn.Module):
                 x2, self.packed, self.offset, self.scale, bias, self.out_features, self.rotation
             )
         else:
-            xq, x_scale = KERNELS.quantize(
-                hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
-            )
-            out = KERNELS.rescale(torch._int_mm(xq, self.qweight.t()), x_scale, self.scale, x.dtype)
+            rotated = hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
+            xq, x_scale = quantize_rows(rotated)
+            products = integer_products(xq, self.qweight, self.vnni)
+            out = _rescale(products, x_scale, self.scale, x.dtype)
             if bias is not None:
                 out.add_(bias.to(out.dtype))
         return out.view(*shape[:-1], self.out_features)
