@@ -5,11 +5,13 @@ Qwen3-VL classes on a replica of the published layout (replicas.qwen3_vl)."""
 import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer
 from transformers.models.qwen3_vl.modeling_qwen3_vl import (
     Qwen3VLForConditionalGeneration,
     Qwen3VLVisionModel,
@@ -74,12 +76,16 @@ def reference_vector(model, media, text: MediaText) -> np.ndarray:
     return torch.nn.functional.normalize(reference_hidden(model, media, text), dim=-1).numpy()
 
 
+@lru_cache(maxsize=4)
+def tokenizer_of(model_dir: Path) -> Tokenizer:
+    """The checkpoint's tokenizer.json, read once: the references score many inputs."""
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
 def yes_minus_no(model, model_dir, hidden: torch.Tensor) -> float:
     """Qwen3-VL-Reranker's score of a last hidden state: sigmoid of it through the output
     head's "yes" row minus its "no" row."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok = tokenizer_of(model_dir)
     head = model.lm_head.weight.detach()
     yes, no = head[tok.token_to_id("yes")], head[tok.token_to_id("no")]
     return float(torch.sigmoid(hidden @ (yes - no).float()))
@@ -316,13 +322,11 @@ def test_reranker_scores_match_transformers(reranker_dir, reranker_model, dtype)
 
 
 def test_the_pair_tokenizer_writes_the_official_template(reranker_dir, reranker):
-    from tokenizers import Tokenizer
-
     from qwen_embed_client.contract import RequestError, RerankOptions
     from qwen_embed_deploy.serving.rerank import PairTokenizer
     from qwen_embed_deploy.serving.tokenizer import image_blocks
 
-    tok = Tokenizer.from_file(str(reranker_dir / "tokenizer.json"))
+    tok = tokenizer_of(reranker_dir)
     pad = "<|image_pad|>"
     query, documents = "which picture?", ["a yellow circle over blue " * 8, ""]
     images = [[6], [2, 4]]
@@ -440,10 +444,7 @@ def official_features(images: list[bytes]) -> tuple[dict, list[str]]:
 
 
 def official_last_hidden(model, model_dir, prompt: str, inputs: dict) -> torch.Tensor:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    return last_hidden_of_ids(model, tok.encode(prompt).ids, inputs)
+    return last_hidden_of_ids(model, tokenizer_of(model_dir).encode(prompt).ids, inputs)
 
 
 def last_hidden_of_ids(model, ids, inputs: dict) -> torch.Tensor:
@@ -898,37 +899,61 @@ def test_a_video_given_as_frames_is_sampled_resized_and_refused_like_the_script(
         unpack_frames(pack_frames([b"x"] * (MAX_VIDEO_FRAMES + 1)), "v")
 
 
-def official_video_hidden(model, model_dir, cases: list, work: Path) -> list[torch.Tensor]:
-    """Each (prompt, visuals) through the official recipe (tests/video_reference.py: the
-    scripts' qwen-vl-utils and Qwen3-VL's processor, in a process of their own), then the
-    model's last hidden state at the last token. `visuals`: ("video", path, optionally its
-    "fps" and "max_frames") or ("image", file bytes) in the prompt's order; the prompt holds
-    video_reference.VIDEO and IMAGE."""
+def official_video_hidden(groups: list, work: Path) -> list[list[torch.Tensor]]:
+    """Each group's (prompt, visuals) through the official recipe (tests/video_reference.py:
+    the scripts' qwen-vl-utils and Qwen3-VL's processor, in one process of their own), then
+    its model's last hidden state at the last token. `groups`: (model, its directory, its
+    cases); `visuals`: ("video", path, optionally its "fps" and "max_frames") or ("image",
+    file bytes) in the prompt's order; the prompt holds video_reference.VIDEO and IMAGE."""
     import video_reference
 
-    spec = []
-    for i, (prompt, visuals) in enumerate(cases):
-        listed = []
-        for j, (kind, item, *sampling) in enumerate(visuals):
-            if kind == "image":  # a file beside the videos
-                path = work / f"image-{i}-{j}.png"
-                path.write_bytes(item)
-                item = path
-            item = [str(f) for f in item] if isinstance(item, list) else str(item)
-            listed.append({kind: item, **(sampling[0] if sampling else {})})
-        spec.append({"prompt": prompt, "visuals": listed})
+    spec, models = [], []
+    for model, model_dir, cases in groups:
+        for prompt, visuals in cases:
+            listed = []
+            for kind, item, *sampling in visuals:
+                if kind == "image":  # a file beside the videos
+                    path = work / f"image-{len(spec)}-{len(listed)}.png"
+                    path.write_bytes(item)
+                    item = path
+                item = [str(f) for f in item] if isinstance(item, list) else str(item)
+                listed.append({kind: item, **(sampling[0] if sampling else {})})
+            spec.append({"model_dir": str(model_dir), "prompt": prompt, "visuals": listed})
+            models.append(model)
     hidden = []
-    for found in video_reference.official_inputs(model_dir, spec, work):
+    for model, found in zip(models, video_reference.official_inputs(spec, work), strict=True):
         ids = found.pop("ids")
         inputs = {k: torch.from_numpy(v) for k, v in found.items()}
         hidden.append(last_hidden_of_ids(model, ids, inputs))
-    return hidden
+    each = iter(hidden)
+    return [[next(each) for _ in cases] for *_, cases in groups]
 
 
-def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> np.ndarray:
+def video_embedding_cases(clips) -> list[dict]:
+    """The embedding test's inputs with videos: text, videos, images, and a case's "sampling"
+    (its videos' fps and max_frames)."""
+    png = image_files()["png"]
+    return [
+        {"text": "a yellow bar moving right", "videos": [clips["bar"]], "images": []},
+        {"text": "", "videos": [clips["wide"]], "images": []},
+        {"text": "a clip and a picture", "videos": [clips["bar"]], "images": [png]},
+        {"text": "two clips", "videos": [clips["wide"], clips["bar"]], "images": []},
+        # 10 frames of the 23 kept (6 by default): the request's video_fps and video_max_frames
+        {
+            "text": "denser",
+            "videos": [clips["wide"]],
+            "images": [],
+            "sampling": {"fps": 2.0, "max_frames": 10},
+        },
+        # a video given as its frames' files: 5 frames (made 6, the last again), half a second
+        # apart
+        {"text": "frames", "videos": [clips["frames"]], "images": []},
+    ]
+
+
+def embedding_prompts(cases: list[dict]) -> list[tuple]:
     """Qwen3-VL-Embedding's recipe for inputs with videos: the user turn its videos, its
-    images, then its text (a case's "sampling": its videos' fps and max_frames); the last
-    token's final hidden state, normalised."""
+    images, then its text."""
     from video_reference import IMAGE, VIDEO
 
     prompts = []
@@ -941,8 +966,68 @@ def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> n
         visuals = [("video", v, c.get("sampling", {})) for v in c["videos"]]
         visuals += [("image", b) for b in c["images"]]
         prompts.append((prompt, visuals))
-    hidden = official_video_hidden(model, model_dir, prompts, work)
-    return np.stack([torch.nn.functional.normalize(h, dim=-1).numpy() for h in hidden])
+    return prompts
+
+
+def video_rerank_inputs(clips) -> tuple[list, list, list]:
+    """The reranking test's (documents, queries, pairs): each side as (text, visuals), a pair
+    as (query, its visuals, document, its visuals), visuals as official_video_hidden takes
+    them. The first 6 pairs are every query with every document."""
+    png = image_files()["png"]
+    bar, wide, frames = clips["bar"], clips["wide"], clips["frames"]
+    documents = [
+        ("a yellow bar moves right", []),
+        ("", [("video", bar)]),
+        ("a wider clip", [("video", wide), ("image", png)]),
+    ]
+    queries = [("which clip shows a moving bar?", []), ("", [("video", bar)])]
+    pairs = [(q, qv, d, dv) for q, qv in queries for d, dv in documents]
+    # and a video document sampled as the request asks (10 frames of 23; 6 by default)
+    pairs.append((queries[0][0], [], "", [("video", wide, {"fps": 2.0, "max_frames": 10})]))
+    # a video given as its frames' files, as a document and as the query
+    pairs.append((queries[0][0], [], "", [("video", frames)]))
+    pairs.append(("", [("video", frames)], documents[0][0], []))
+    return documents, queries, pairs
+
+
+def rerank_prompts(pairs: list) -> list[tuple]:
+    """Qwen3-VL-Reranker's script for pairs with videos: each side's videos, images, then its
+    text in the pair template."""
+    from video_reference import IMAGE, VIDEO
+
+    def pads(visuals):
+        return "".join(VIDEO if kind == "video" else IMAGE for kind, *_ in visuals)
+
+    cases = []
+    for query, query_visuals, document, document_visuals in pairs:
+        prompt = (
+            "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+            'Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+            "<|im_end|>\n<|im_start|>user\n"
+            f"<Instruct>: {RERANK_INSTRUCTION}<Query>:{pads(query_visuals)}{query}\n"
+            f"<Document>:{pads(document_visuals)}{document}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        cases.append((prompt, query_visuals + document_visuals))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def official_videos(served, served_model, reranker_dir, reranker_model, clips, tmp_path_factory):
+    """The video tests' references from one run of the recipe's process: the embedding cases'
+    vectors (the last token's final hidden state, normalised) and the rerank pairs' scores
+    (sigmoid(yes - no) at the last token)."""
+    model_dir, _ = served
+    vectors, scores = official_video_hidden(
+        [
+            (served_model, model_dir, embedding_prompts(video_embedding_cases(clips))),
+            (reranker_model, reranker_dir, rerank_prompts(video_rerank_inputs(clips)[2])),
+        ],
+        tmp_path_factory.mktemp("official-videos"),
+    )
+    return (
+        np.stack([torch.nn.functional.normalize(h, dim=-1).numpy() for h in vectors]),
+        np.array([yes_minus_no(reranker_model, reranker_dir, h) for h in scores]),
+    )
 
 
 @pytest.mark.server
@@ -951,7 +1036,7 @@ def official_video_vectors(model, model_dir, cases: list[dict], work: Path) -> n
     reason="the video recipe's stack (make setup: .venv/video-reference) is not installed",
 )
 def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe(
-    served, served_model, clips, tmp_path
+    served, clips, official_videos
 ):
     import json
     import subprocess
@@ -963,23 +1048,11 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
 
     from triton_helpers import gateway_process
 
-    model_dir, server = served
-    model = served_model
+    _, server = served
     png = image_files()["png"]
-    cases = [
-        {"text": "a yellow bar moving right", "videos": [clips["bar"]], "images": []},
-        {"text": "", "videos": [clips["wide"]], "images": []},
-        {"text": "a clip and a picture", "videos": [clips["bar"]], "images": [png]},
-        {"text": "two clips", "videos": [clips["wide"], clips["bar"]], "images": []},
-    ]
-    # 10 frames of the 23 kept (6 by default): the request's video_fps and video_max_frames
-    sampled = {"text": "denser", "videos": [clips["wide"]], "images": []}
-    sampled["sampling"] = {"fps": 2.0, "max_frames": 10}
-    # a video given as its frames' files: 5 frames (made 6, the last again), half a second apart
+    cases = video_embedding_cases(clips)[:4]  # then the sampled video's and the frame list's
     frames = clips["frames"]
-    listed = {"text": "frames", "videos": [frames], "images": []}
-    want = official_video_vectors(model, model_dir, [*cases, sampled, listed], tmp_path)
-    want, want_sampled, want_listed = want[:-2], want[-2], want[-1]
+    want, want_sampled, want_listed = official_videos[0][:4], *official_videos[0][4:]
     assert float(want[0] @ want[2]) < 0.999  # the image tells the vectors apart
     texts = [c["text"] for c in cases]
     files = [[v.read_bytes() for v in c["videos"]] for c in cases]
@@ -1044,37 +1117,12 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     assert float(np.array(row["embedding"]) @ want_listed) >= FP32_COSINE
 
 
-def official_video_scores(model, model_dir, pairs: list, work: Path) -> np.ndarray:
-    """Qwen3-VL-Reranker's script for pairs with videos: each side's videos, images, then its
-    text in the pair template; sigmoid(yes - no) at the last token. `pairs`: (query, its
-    visuals, document, its visuals), visuals as official_video_hidden takes them."""
-    from video_reference import IMAGE, VIDEO
-
-    def pads(visuals):
-        return "".join(VIDEO if kind == "video" else IMAGE for kind, *_ in visuals)
-
-    cases = []
-    for query, query_visuals, document, document_visuals in pairs:
-        prompt = (
-            "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
-            'Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
-            "<|im_end|>\n<|im_start|>user\n"
-            f"<Instruct>: {RERANK_INSTRUCTION}<Query>:{pads(query_visuals)}{query}\n"
-            f"<Document>:{pads(document_visuals)}{document}<|im_end|>\n<|im_start|>assistant\n"
-        )
-        cases.append((prompt, query_visuals + document_visuals))
-    hidden = official_video_hidden(model, model_dir, cases, work)
-    return np.array([yes_minus_no(model, model_dir, h) for h in hidden])
-
-
 @pytest.mark.server
 @pytest.mark.skipif(
     not __import__("video_reference").available(),
     reason="the video recipe's stack (make setup: .venv/video-reference) is not installed",
 )
-def test_reranking_with_videos_matches_the_official_script(
-    served, clips, reranker_dir, reranker_model, tmp_path
-):
+def test_reranking_with_videos_matches_the_official_script(served, clips, official_videos):
     import httpx
 
     from qwen_embed_client import EmbeddingClient
@@ -1083,22 +1131,9 @@ def test_reranking_with_videos_matches_the_official_script(
 
     _, server = served
     png = image_files()["png"]
-    bar, wide = clips["bar"], clips["wide"]
-    documents = [
-        ("a yellow bar moves right", []),
-        ("", [("video", bar)]),
-        ("a wider clip", [("video", wide), ("image", png)]),
-    ]
-    queries = [("which clip shows a moving bar?", []), ("", [("video", bar)])]
-    pairs = [(q, qv, d, dv) for q, qv in queries for d, dv in documents]
-    # and a video document sampled as the request asks (10 frames of 23; 6 by default)
-    sampling = {"fps": 2.0, "max_frames": 10}
-    pairs.append((queries[0][0], [], "", [("video", clips["wide"], sampling)]))
-    # a video given as its frames' files, as a document and as the query
-    frames = clips["frames"]
-    pairs.append((queries[0][0], [], "", [("video", frames)]))
-    pairs.append(("", [("video", frames)], documents[0][0], []))
-    found = official_video_scores(reranker_model, reranker_dir, pairs, tmp_path)
+    bar, frames = clips["bar"], clips["frames"]
+    documents, queries, _ = video_rerank_inputs(clips)
+    found = official_videos[1]
     want, want_sampled, want_frames = found[:6].reshape(2, 3), found[6], found[7:]
     assert np.ptp(want) > 0.05  # the pairs score apart: a check that can fail
 

@@ -7,12 +7,13 @@ Makefile), and PyPI's torchvision is a CUDA build whose C++ operators do not loa
 CPU torch, so its operator registrations are left out; the Python code the recipe uses (the
 tensor resize, the v2 functional transforms) runs as published.
 
-    python video_reference.py MODEL_DIR CASES.json OUT.npz
-CASES.json: [{"prompt", "visuals": [{"video": path or a list of frames' paths, optional "fps",
-"max_frames"} or {"image": path}, ...]}, ...]: the prompt
-as the chat template writes it (`VIDEO` and `IMAGE` stand for a video's and an image's
-placeholders), the visuals in their order; OUT.npz: per case i, `ids_i` and the processor's
-tensors as `<name>_i`.
+    python video_reference.py CASES.json OUT.npz
+CASES.json: [{"model_dir", "prompt", "visuals": [{"video": path or a list of frames' paths,
+optional "fps", "max_frames"} or {"image": path}, ...]}, ...]: the checkpoint whose processor
+reads the case, the prompt as the chat template writes it (`VIDEO` and `IMAGE` stand for a
+video's and an image's placeholders), the visuals in their order; OUT.npz: per case i, `ids_i`
+and the processor's tensors as `<name>_i`. One process takes every case: most of its time is
+its imports.
 """
 
 from __future__ import annotations
@@ -42,14 +43,12 @@ def available() -> bool:
     return (STACK / ".installed").is_file()
 
 
-def official_inputs(model_dir: Path, cases: list[dict], work: Path) -> list[dict]:
+def official_inputs(cases: list[dict], work: Path) -> list[dict]:
     """Each case's input ids and processor tensors (numpy), from the recipe in its process."""
     spec, out = work / "cases.json", work / "official.npz"
     spec.write_text(json.dumps(cases))
     env = {**os.environ, "FORCE_QWENVL_VIDEO_READER": "decord"}
-    subprocess.run(
-        [sys.executable, __file__, str(model_dir), str(spec), str(out)], check=True, env=env
-    )
+    subprocess.run([sys.executable, __file__, str(spec), str(out)], check=True, env=env)
     with np.load(out) as found:
         return [
             {k.rsplit("_", 1)[0]: found[k] for k in found.files if k.endswith(f"_{i}")}
@@ -74,10 +73,8 @@ def video(visual: dict) -> dict:
     return {"type": "video", "video": ["file://" + f for f in frames], "total_pixels": TOTAL_PIXELS}
 
 
-def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
-    sys.path.insert(0, str(STACK))
-    sys.modules["torchvision._meta_registrations"] = types.ModuleType("absent")
-    from qwen_vl_utils import process_vision_info
+def _processor(model_dir: Path):
+    """Qwen3-VL's processor as the recipe builds it from a checkpoint's files."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -97,8 +94,21 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
         video_processor=Qwen3VLVideoProcessor(**sizes, **norm),
         tokenizer=tokenizer,
     )
+    return processor, sizes["patch_size"]
+
+
+def _run(cases: list[dict], out: Path) -> None:
+    sys.path.insert(0, str(STACK))
+    sys.modules["torchvision._meta_registrations"] = types.ModuleType("absent")
+    from qwen_vl_utils import process_vision_info
+
+    processors = {}
     arrays = {}
     for i, case in enumerate(cases):
+        model_dir = case["model_dir"]
+        if model_dir not in processors:
+            processors[model_dir] = _processor(Path(model_dir))
+        processor, patch_size = processors[model_dir]
         content = [
             video(v)
             if "video" in v
@@ -108,7 +118,7 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
         prompt = case["prompt"]
         images, videos, video_kwargs = process_vision_info(
             [{"role": "user", "content": content}],
-            image_patch_size=sizes["patch_size"],
+            image_patch_size=patch_size,
             return_video_metadata=True,
             return_video_kwargs=True,
         )
@@ -130,5 +140,5 @@ def _run(model_dir: Path, cases: list[dict], out: Path) -> None:
 
 
 if __name__ == "__main__":
-    model_dir, spec, out = sys.argv[1:]
-    _run(Path(model_dir), json.loads(Path(spec).read_text()), Path(out))
+    spec, out = sys.argv[1:]
+    _run(json.loads(Path(spec).read_text()), Path(out))
