@@ -180,7 +180,8 @@ def resized(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
     if frames.shape[1:3] == size:
         return np.ascontiguousarray(frames)
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    # in float32 first: a new array, so frames read from a request's buffer may stay read-only
+    x = torch.from_numpy(frames.astype(np.float32)).permute(0, 3, 1, 2)
     x = torch.nn.functional.interpolate(
         x, size=size, mode="bicubic", align_corners=False, antialias=True
     )
