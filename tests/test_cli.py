@@ -183,14 +183,14 @@ def test_bulk_job_resumes_after_ctrl_c_and_a_crash(server, tmp_path):
     run: every text once, in order, with its id; complete shards are not embedded again."""
     rng = np.random.default_rng(4)
     words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet"]
-    texts = [f"{i} " + " ".join(rng.choice(words, 30)) for i in range(320)]
+    texts = [f"{i} " + " ".join(rng.choice(words, 30)) for i in range(160)]
     source = tmp_path / "big.jsonl"
     source.write_text(
         "".join(json.dumps({"id": f"doc-{i}", "text": t}) + "\n" for i, t in enumerate(texts))
     )
     out = tmp_path / "out"
     command = [sys.executable, "-m", "qwen_embed_client", "embed", "--input", str(source)]
-    command += ["-o", str(out), "--shard-size", "16", "--url", server.grpc_url]
+    command += ["-o", str(out), "--shard-size", "8", "--url", server.grpc_url]
 
     def interrupted(sig):
         # A shell's background job (make test &) ignores SIGINT, and Python then never turns
@@ -218,14 +218,14 @@ def test_bulk_job_resumes_after_ctrl_c_and_a_crash(server, tmp_path):
     sent_before = server.metric("qwen_embed_texts_total")
     r = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "320/320 texts" in r.stderr and "tokens/s" in r.stderr
+    assert "160/160 texts" in r.stderr and "tokens/s" in r.stderr
     # Only the shards not yet written were embedded (at most a shard in flight is redone).
-    assert server.metric("qwen_embed_texts_total") - sent_before == 320 - 16 * done
+    assert server.metric("qwen_embed_texts_total") - sent_before == 160 - 8 * done
     ids, vectors = load(out)
-    assert ids.tolist() == [f"doc-{i}" for i in range(320)]
+    assert ids.tolist() == [f"doc-{i}" for i in range(160)]
     with EmbeddingClient(server.grpc_url) as client:
         expected = client.embed(texts)
-    assert vectors.shape == (320, 1024) and np.abs(vectors - expected).max() <= 1e-5
+    assert vectors.shape == (160, 1024) and np.abs(vectors - expected).max() <= 1e-5
     # A finished job reruns as a no-op; another input in the same directory is refused.
     sent_before = server.metric("qwen_embed_texts_total")
     assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0

@@ -189,7 +189,7 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
     with TritonServer(
         env={"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
         log_path=tmp_path / "log",
-        launcher_args=["--cpu-instances", "2"],
+        launcher_args=["--cpu-instances", "2", "--no-rerank"],
     ) as server:
         stubs = stub_processes(server.status()["server_pid"])
         encoders = [pid for pid, model in stubs.items() if model == "encoder"]
@@ -201,7 +201,6 @@ def test_two_encoder_instances_each_on_its_own_cores(demo_dir, tmp_path):
         assert not (sets[0] & sets[1])
         with urllib.request.urlopen(server.metrics_url) as r:
             metrics = r.read().decode()
-        # the embed encoder's two instances (the rerank encoder has its own)
         prefix = "qwen_embed_encoder_route{"
         routes = [
             line

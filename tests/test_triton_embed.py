@@ -184,7 +184,7 @@ def test_short_requests_are_answered_before_long_ones_of_the_same_execute(server
     finished = []
     # Over the token budget (16,384): calls of its own after the short ones.
     long_ids = [list(range(10 + i, 10 + i + 1000)) for i in range(17)]
-    blocker = threading.Thread(target=send, args=("blocker", long_ids[:8]))
+    blocker = threading.Thread(target=send, args=("blocker", long_ids[:4]))
     blocker.start()
     wait_until(lambda: server.metric(EXECUTING) >= 1, "the blocker inside the encoder")
     threads = [threading.Thread(target=send, args=("long", [ids[::-1] for ids in long_ids]))]
