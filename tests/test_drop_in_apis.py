@@ -413,6 +413,7 @@ def test_token_vectors_and_late_interaction_scores(stack, demo_dir):
     assert status == 200 and len(states) == len(TEXTS)
     with EmbeddingClient(server.grpc_url) as client:
         ids = [[t["id"] for t in text] for text in client.tokenize(TEXTS)]
+        assert client.count_tokens(TEXTS).tolist() == [len(i) for i in ids]
         library = client.embed_tokens(TEXTS, normalize=False)
         queries = client.embed_tokens(TEXTS[:1], prompt_name="query")
         documents = client.embed_tokens(TEXTS[1:])
@@ -431,9 +432,14 @@ def test_token_vectors_and_late_interaction_scores(stack, demo_dir):
     assert np.abs(np.array([d["score"] for d in scored["data"]]) - want).max() <= 1e-4
     assert scored["usage"]["total_tokens"] == sum(len(v) for v in queries + documents)
     # 256 texts of 66 tokens x 1024 dimensions: 66 MiB of float32, just past the 64 MiB limit:
-    # one Triton request is refused by the encoder, an HTTP request (several) by the gateway
+    # one Triton request is refused by the encoder, an HTTP request (several) by the gateway,
+    # each before any forward (the encoder's texts counter does not move)
     long = ["word " * 64] * 256
+    embedded = server.metric("qwen_embed_texts_total")
     with pytest.raises(InferenceServerException, match=r"parameter 'per_token': 256 texts"):
         infer(server, long, "grpc", model="embed", per_token=True)
     status, error, _ = post(base, "/embed_all", {"inputs": long})
-    assert status == 422 and "per-token vectors" in error["error"] and "64 MiB" in error["error"]
+    assert status == 422 and "are at least 66.0 MiB" in error["error"], error
+    status, error, _ = post(base, "/embed_all", {"inputs": long * 8})  # over 2 Triton requests
+    assert status == 422 and "2048 inputs are at least 528.0 MiB" in error["error"], error
+    assert server.metric("qwen_embed_texts_total") == embedded

@@ -236,13 +236,29 @@ class AsyncEmbeddingClient:
         result = await self._tokenizer_call(texts, EmbedOptions(**options), "TOKENS")
         return [json.loads(item) for item in result.reshape(-1)]
 
+    async def count_tokens(
+        self, texts: list[str], *, headers: dict[str, str] | None = None, **options
+    ) -> np.ndarray:
+        """Each text's token count as the model would receive it (prompt and special tokens
+        included, after truncation), int [n]: the tokenizer step alone, no forward. Options
+        as `embed`'s."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        opts, step = EmbedOptions(**options), self.max_texts_per_request
+        counts = [
+            await self._tokenizer_call(texts[i : i + step], opts, "TOKEN_COUNT", headers)
+            for i in range(0, len(texts), step)
+        ]
+        return np.concatenate(counts).reshape(-1)
+
     async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list:
         """Each list of the model's token ids as text."""
         opts = EmbedOptions(token_ids=True, truncate=False)
         result = await self._tokenizer_call(list(id_lists), opts, "DECODED")
         return [row[0 if skip_special_tokens else 1].decode() for row in result]
 
-    async def _tokenizer_call(self, items: list, opts: EmbedOptions, output: str) -> np.ndarray:
+    async def _tokenizer_call(
+        self, items: list, opts: EmbedOptions, output: str, headers=None
+    ) -> np.ndarray:
         """The served model's tokenizer step, called directly for one of its views."""
         if not items:
             raise ValueError("nothing to tokenize")
@@ -251,7 +267,9 @@ class AsyncEmbeddingClient:
         inp = self._text_input(items, opts)
         requested = [self._module.InferRequestedOutput(output)]
         result = await self._with_retries(
-            lambda: self._infer(server, tokenizer, [inp], opts.parameters(), outputs=requested),
+            lambda: self._infer(
+                server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
+            ),
             self.retry_deadline_s,
         )
         return result.as_numpy(output)
@@ -637,6 +655,9 @@ class EmbeddingClient:
 
     def tokenize(self, texts: list[str], **options) -> list[list[dict]]:
         return self._run(self._async.tokenize(texts, **options))
+
+    def count_tokens(self, texts: list[str], **options) -> np.ndarray:
+        return self._run(self._async.count_tokens(texts, **options))
 
     def decode(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self._run(self._async.decode(id_lists, skip_special_tokens))

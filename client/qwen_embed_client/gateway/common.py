@@ -47,20 +47,27 @@ async def embed(
 async def embed_tokens(gw, inputs: list, options: dict, params=("dimensions",)) -> list:
     """Every token's vector of each input (the client's `embed_tokens`), with the API's own
     errors. The encoder bounds each Triton request's answer; the inputs of one HTTP request
-    travel in several, so their sum is bounded here too (after the fact: the forwards ran, but
-    no answer past the limit is built)."""
+    travel in several, so their sum is bounded here: before any forward from the token counts
+    at the served dimension (a lower bound: a projecting checkpoint's token vectors are wider),
+    and exactly once the vectors are back."""
     try:
+        counts = await gw.client.count_tokens(inputs, **options, headers=gw.outgoing())
+        width = options.get("dimensions") or (await gw.facts()).get("dimension") or 0
+        _check_token_bytes(len(inputs), int(counts.sum()) * width * 4, "at least ")
         vectors = await gw.client.embed_tokens(inputs, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, params) from e
-    size = sum(v.nbytes for v in vectors)
+    _check_token_bytes(len(inputs), sum(v.nbytes for v in vectors))
+    return vectors
+
+
+def _check_token_bytes(inputs: int, size: int, bound: str = "") -> None:
     if size > MAX_TOKEN_VECTOR_BYTES:
         raise invalid(
-            f"per-token vectors of {len(inputs)} inputs are {size / 2**20:.1f} MiB of float32, "
+            f"per-token vectors of {inputs} inputs are {bound}{size / 2**20:.1f} MiB of float32, "
             f"more than the {MAX_TOKEN_VECTOR_BYTES // 2**20} MiB one request may return; "
             "send fewer or shorter inputs, or fewer dimensions"
         )
-    return vectors
 
 
 def encode_value(vector, encoding: str):
