@@ -183,6 +183,13 @@ def test_tei_rerank_tokenize_decode_and_info(stack):
     assert decoded == [prompted.decode().replace(TEXTS[2], TEXTS[0])]
     _, kept, _ = post(base, "/decode", {"ids": [ids], "skip_special_tokens": False})
     assert kept == [decoded[0] + "<|endoftext|>"]
+    # more inputs than one tokenizer request takes (its max_batch_size): several, in order
+    many = [f"{i} {TEXTS[i % len(TEXTS)]}" for i in range(300)]
+    status, got, _ = post(base, "/tokenize", {"inputs": many})
+    assert status == 200 and len(got) == 300, got
+    assert got[299][0]["text"] == "2"
+    status, texts, _ = post(base, "/decode", {"ids": [[t["id"] for t in g] for g in got]})
+    assert status == 200 and texts == many
 
     status, info, _ = urllib_get(base, "/info")
     assert status == 200

@@ -243,12 +243,8 @@ class AsyncEmbeddingClient:
         included, after truncation), int [n]: the tokenizer step alone, no forward. Options
         as `embed`'s."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        opts, step = EmbedOptions(**options), self.max_texts_per_request
-        counts = [
-            await self._tokenizer_call(texts[i : i + step], opts, "TOKEN_COUNT", headers)
-            for i in range(0, len(texts), step)
-        ]
-        return np.concatenate(counts).reshape(-1)
+        opts = EmbedOptions(**options)
+        return (await self._tokenizer_call(texts, opts, "TOKEN_COUNT", headers)).reshape(-1)
 
     async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list:
         """Each list of the model's token ids as text."""
@@ -259,20 +255,24 @@ class AsyncEmbeddingClient:
     async def _tokenizer_call(
         self, items: list, opts: EmbedOptions, output: str, headers=None
     ) -> np.ndarray:
-        """The served model's tokenizer step, called directly for one of its views."""
+        """The served model's tokenizer step, called directly for one of its views, in requests
+        of at most max_texts_per_request items (what one tokenizer request takes)."""
         if not items:
             raise ValueError("nothing to tokenize")
         tokenizer, _ = ensemble_steps(self.model)
         server = self._connect()[0]
-        inp = self._text_input(items, opts)
         requested = [self._module.InferRequestedOutput(output)]
-        result = await self._with_retries(
-            lambda: self._infer(
-                server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
-            ),
-            self.retry_deadline_s,
-        )
-        return result.as_numpy(output)
+        parts = []
+        for start in range(0, len(items), self.max_texts_per_request):
+            inp = self._text_input(items[start : start + self.max_texts_per_request], opts)
+            result = await self._with_retries(
+                lambda inp=inp: self._infer(
+                    server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
+                ),
+                self.retry_deadline_s,
+            )
+            parts.append(result.as_numpy(output))
+        return np.concatenate(parts)
 
     async def served_facts(self) -> dict:
         """The embed model's facts: its tokenizer's and encoder's (contract.FACTS), with
