@@ -447,6 +447,6 @@ def test_token_vectors_and_late_interaction_scores(stack, demo_dir):
         infer(server, long, "grpc", model="embed", per_token=True)
     status, error, _ = post(base, "/embed_all", {"inputs": long})
     assert status == 422 and "are at least 66.0 MiB" in error["error"], error
-    status, error, _ = post(base, "/embed_all", {"inputs": long * 8})  # over 2 Triton requests
+    status, error, _ = post(base, "/embed_all", {"inputs": long * 8})  # 8 tokenizer requests
     assert status == 422 and "2048 inputs are at least 528.0 MiB" in error["error"], error
     assert server.metric("qwen_embed_texts_total") == embedded
