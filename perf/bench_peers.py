@@ -171,8 +171,6 @@ def gemm_peak(
     the two counts; with `int8`, the int8 route's layer: quantise, int8 GEMM, rescale)."""
     best, stored = 0.0, linear_weight_dtype(dtype, torch.device(device))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    if int8:
-        int8_route.prepare()
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
         a = torch.randn(2048, k, dtype=dtype, device=device)
         w = torch.randn(n, k, dtype=dtype, device=device).to(stored)

@@ -49,7 +49,8 @@ async def embed_tokens(gw, inputs: list, options: dict, params=("dimensions",)) 
     errors. The encoder bounds each Triton request's answer; the inputs of one HTTP request
     travel in several, so their sum is bounded here: before any forward from the token counts
     at the served dimension (a lower bound: a projecting checkpoint's token vectors are wider),
-    and exactly once the vectors are back."""
+    and exactly once the vectors are back. Counting tokenizes the texts a second time, but an
+    accepted request holds at most 64 MiB / (4 x width) tokens, a small share of its forwards."""
     try:
         counts = await gw.client.count_tokens(inputs, **options, headers=gw.outgoing())
         width = options.get("dimensions") or (await gw.facts()).get("dimension") or 0
