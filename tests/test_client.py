@@ -52,6 +52,23 @@ def test_server_error_is_raised_with_its_message_and_not_retried(server):
     assert attempts() - before == 1  # sent once, never retried
 
 
+def test_an_error_names_the_item_by_its_index_in_the_callers_list(server):
+    """A refused text, document or token list in a later request of a split job is named at
+    its place in what the caller sent, not in its Triton request."""
+    texts = [f"text {i}" for i in range(10)]
+    with EmbeddingClient(server.grpc_url, max_texts_per_request=4) as client:
+        for call, item in [
+            (lambda t: client.embed(t), "TEXT"),
+            (lambda t: client.count_tokens(t), "TEXT"),  # the tokenizer step alone
+            (lambda t: client.rerank("q", t), "DOCUMENTS"),
+        ]:
+            with pytest.raises(EmbeddingError, match=rf"'{item}\[6\]' is empty"):
+                call(texts[:6] + [" "] + texts[7:])
+        ids = [[1, 2]] * 9 + [[1, 10**7]]
+        with pytest.raises(EmbeddingError, match=r"'TEXT\[9\]' holds token id 10000000 at 1"):
+            client.embed(ids, token_ids=True)
+
+
 def test_unreachable_server_retries_then_fails():
     with EmbeddingClient(
         f"127.0.0.1:{free_port()}", retry_deadline_s=0.5, backoff_s=0.05, timeout=5

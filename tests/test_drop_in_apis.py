@@ -236,6 +236,40 @@ def test_tei_errors_have_teis_statuses_and_body(stack):
     assert post(base, "/embed", {"inputs": "x"}, key="wrong")[0] == 401
 
 
+def test_a_refused_input_is_named_as_the_body_names_it(stack):
+    """Each API names a refused text by its own field and its index in the body, also past
+    the first Triton request of a split one (256 texts each), and a body without `model`
+    asks the served one."""
+    _, base = stack
+    texts = [f"t{i}" for i in range(300)]
+    bad = texts[:260] + [" "] + texts[261:]
+    for path, body, field in [
+        ("/v1/embeddings", {"model": "embed", "input": bad}, "input[260]"),
+        ("/v1/embeddings", {"input": [[7]] * 270 + [[-1]]}, "input[270]"),
+        ("/embed", {"inputs": bad}, "inputs[260]"),
+        ("/tokenize", {"inputs": bad}, "inputs[260]"),
+        (
+            "/similarity",
+            {"inputs": {"source_sentence": "q", "sentences": ["a", ""]}},
+            "inputs.sentences[1]",
+        ),
+        ("/v2/embed", {"model": "embed", "texts": bad}, "texts[260]"),
+        ("/v1/score", {"model": "embed", "text_1": "q", "text_2": ["a", ""]}, "text_2[1]"),
+        ("/v1/rerank", {"query": "q", "documents": bad}, "documents[260]"),
+        ("/rerank", {"query": "q", "texts": bad}, "texts[260]"),
+        ("/v2/rerank", {"model": "rerank", "query": "q", "documents": bad}, "documents[260]"),
+    ]:
+        status, answer, _ = post(base, path, body)
+        assert status in (400, 422), (path, answer)
+        error = answer.get("error", answer.get("message"))
+        message = error["message"] if isinstance(error, dict) else error
+        assert f"'{field}'" in message and "ensemble" not in message, (path, message)
+        if path.startswith("/v1/"):
+            assert error["param"] == field.split("[")[0], (path, error)
+    status, answer, _ = post(base, "/v1/embeddings", {"input": "x", "dimensions": 8})
+    assert status == 200 and answer["model"] == "embed" and len(answer["data"][0]["embedding"]) == 8
+
+
 def test_cohere_sdk_embed_maps_input_types_to_the_checkpoints_prompts(stack):
     server, base = stack
     co = cohere.ClientV2(base_url=base, api_key=API_KEY)

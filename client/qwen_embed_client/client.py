@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import json
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from .contract import (
+    ITEM_INPUTS,
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
     RerankOptions,
@@ -46,6 +48,7 @@ RETRYABLE_STATUSES = {
 # watchdog loads the model again within seconds.
 DEAD_STUB = "is not healthy"
 MAX_BACKOFF_S = 2.0
+_ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
 FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves to another
 
 
@@ -60,6 +63,14 @@ class EmbeddingError(Exception):
     @property
     def retryable(self) -> bool:
         return self.status is None or self.status in RETRYABLE_STATUSES or DEAD_STUB in str(self)
+
+    def counted_from(self, start: int) -> EmbeddingError:
+        """The error of a request that carried the caller's items from `start` on, its items
+        named by their index in the caller's list."""
+        if not start:
+            return self
+        message = _ITEM.sub(lambda m: f"'{m[1]}[{int(m[2]) + start}]'", str(self))
+        return EmbeddingError(message, self.status, self.url)
 
 
 @dataclass
@@ -270,6 +281,7 @@ class AsyncEmbeddingClient:
                     server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
                 ),
                 self.retry_deadline_s,
+                start,
             )
             parts.append(result.as_numpy(output))
         return np.concatenate(parts)
@@ -443,16 +455,17 @@ class AsyncEmbeddingClient:
             count,
             [s.state for s in servers],
             send=lambda index, start, end: self._with_retries(
-                lambda: send(servers[index], start, end), window
+                lambda: send(servers[index], start, end), window, start
             ),
             max_chunk=self.max_texts_per_request,
             slots_per_server=self.requests_in_flight,
             bench_s=self.bench_s,
         )
 
-    async def _with_retries(self, call, window_s: float):
+    async def _with_retries(self, call, window_s: float, start: int = 0):
         """`call()`, sent again after a retryable failure (backoff from `backoff_s`, doubling
-        up to MAX_BACKOFF_S, jittered) until `window_s` after the first try."""
+        up to MAX_BACKOFF_S, jittered) until `window_s` after the first try; `start`: the first
+        of the caller's items the call carries (its errors name the caller's indices)."""
         deadline = time.monotonic() + window_s
         wait = self.backoff_s
         while True:
@@ -461,7 +474,7 @@ class AsyncEmbeddingClient:
             except EmbeddingError as e:
                 pause = wait * (0.5 + random.random())
                 if not e.retryable or time.monotonic() + pause > deadline:
-                    raise
+                    raise e.counted_from(start) from None
             await asyncio.sleep(pause)
             wait = min(2 * wait, MAX_BACKOFF_S)
 

@@ -50,6 +50,9 @@ EMBEDDING_TYPES = tuple(EMBEDDING_OUTPUTS)
 TRUNCATION_DIRECTIONS = ("right", "left")
 # Texts per request: every served model's max_batch_size (a test checks the repository).
 MAX_TEXTS_PER_REQUEST = 256
+# The inputs holding one element per item of a request (a text, a document): an error about one
+# names it 'NAME[i]', i counted within that Triton request.
+ITEM_INPUTS = ("TEXT", "DOCUMENTS", "IMAGES", "VIDEOS", "DOCUMENT_IMAGES", "DOCUMENT_VIDEOS")
 MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may lower it)
 MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
 # What one per_token request may return (its TOKEN_EMBEDDING, padded to its longest text).

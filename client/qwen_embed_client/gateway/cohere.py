@@ -140,8 +140,9 @@ async def embed_v2(request: Request):
     except APIError as e:
         e.message = f"invalid request: {e.message}"
         raise
-    params = ("dimensions", "max_tokens") + (("inputs",) if images else ())
-    result = await embed(gw, texts, options, kinds, params, images=images, videos=videos)
+    items = next(k for k in ("texts", "images", "inputs") if getattr(asked, k) is not None)
+    params = ("dimensions", "max_tokens")
+    result = await embed(gw, texts, options, kinds, items, params, images=images, videos=videos)
     embeddings = {}
     for kind in asked.embedding_types:
         vectors = result.by_type["float" if kind == "base64" else kind]
@@ -180,7 +181,7 @@ async def rerank_v2(request: Request):
     try:
         result = await gw.client.rerank(query, documents, **options, headers=gw.outgoing())
     except EmbeddingError as e:
-        raise backend_error(e, ("query", "documents")) from e
+        raise backend_error(e, (), "documents") from e
     return {
         "id": str(uuid.uuid4()),
         "results": [{"index": i, "relevance_score": s} for i, s in result.ranking],

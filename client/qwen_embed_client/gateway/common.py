@@ -8,13 +8,14 @@ import base64
 
 from ..client import EmbeddingError, EmbeddingResult
 from ..contract import MAX_TOKEN_VECTOR_BYTES
-from .errors import NOT_FOUND, APIError, backend_error, invalid
+from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
 
 
 def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
-    """`model` must be one of the served names (an endpoint serving none is off)."""
+    """`model` must be one of the served names, or absent (the served model, as vLLM and
+    TEI take it); an endpoint serving none is off."""
     names = (served,) if isinstance(served, str) else tuple(served or ())
-    if model not in names:
+    if model not in names and not (model is None and names):
         serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
 
@@ -24,13 +25,15 @@ async def embed(
     inputs: list,
     options: dict,
     kinds: list[str],
+    items: Items,
     params=("dimensions",),
     images=None,
     videos=None,
 ):
     """Every type asked for from one computation of the vectors, in one Triton request per
-    chunk of the inputs (the client splits), with the API's own errors; `images`, `videos`:
-    each input's image and video files (a multimodal model)."""
+    chunk of the inputs (the client splits), with the API's own errors (`items`: the body's
+    field of the inputs, backend_error); `images`, `videos`: each input's image and video
+    files (a multimodal model)."""
     try:
         return await gw.client.embed_with_usage(
             inputs,
@@ -41,10 +44,10 @@ async def embed(
             videos=videos,
         )
     except EmbeddingError as e:
-        raise backend_error(e, params) from e
+        raise backend_error(e, params, items) from e
 
 
-async def embed_tokens(gw, inputs: list, options: dict, params=("dimensions",)) -> list:
+async def embed_tokens(gw, inputs: list, options: dict, items: Items) -> list:
     """Every token's vector of each input (the client's `embed_tokens`), with the API's own
     errors. The encoder bounds each Triton request's answer; the inputs of one HTTP request
     travel in several, so their sum is bounded here: before any forward from the token counts
@@ -57,7 +60,7 @@ async def embed_tokens(gw, inputs: list, options: dict, params=("dimensions",)) 
         _check_token_bytes(len(inputs), int(counts.sum()) * width * 4, "at least ")
         vectors = await gw.client.embed_tokens(inputs, **options, headers=gw.outgoing())
     except EmbeddingError as e:
-        raise backend_error(e, params) from e
+        raise backend_error(e, ("dimensions",), items) from e
     _check_token_bytes(len(inputs), sum(v.nbytes for v in vectors))
     return vectors
 

@@ -3,10 +3,13 @@ own shape (openai.py, tei.py, cohere.py), and the checks all of them make."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 from fastapi import Request
 
 from ..client import EmbeddingError
-from ..contract import EmbedOptions, RequestError, RerankOptions, at_least_one
+from ..contract import ITEM_INPUTS, EmbedOptions, RequestError, RerankOptions, at_least_one
 
 # What went wrong, whatever the API: each API maps a kind to its own status and body.
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
@@ -86,9 +89,23 @@ def body_field(option: str | None) -> str | None:
     return fields.get(option, option)
 
 
-def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
-    """A failed Triton request as an APIError naming the request field it is about."""
-    message = str(e)
+# A Triton input the server's message names ("input 'TEXT[3]'", "'QUERY'"), and Triton's
+# prefix for an error in an ensemble's step.
+_INPUT = re.compile(rf"(?:input )?'(QUERY|{'|'.join(ITEM_INPUTS)})(?:\[(\d+)\])?'")
+_ENSEMBLE = re.compile(r"^in ensemble '[^']*', ")
+
+# The body field of a request's items: one name ("input" -> 'input[3]'), or per item index
+# its whole path.
+Items = str | Callable[[int], str]
+
+
+def backend_error(
+    e: EmbeddingError, params: tuple[str, ...] = (), items: Items | None = None
+) -> APIError:
+    """A failed Triton request as an APIError naming the request field it is about: one of
+    `params` its message names as a parameter, else the body's item (`items`) or query where
+    it names a Triton input, else one of `params` it mentions."""
+    message = _ENSEMBLE.sub("", str(e))
     if "queue size" in message or "RESOURCE_EXHAUSTED" in str(e.status):
         return APIError(OVERLOADED, f"server overloaded: {message}")
     if e.retryable:
@@ -96,9 +113,35 @@ def backend_error(e: EmbeddingError, params: tuple[str, ...]) -> APIError:
     if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
         return APIError(NOT_FOUND, f"the backend does not serve this model: {message}", "model")
     if "INVALID_ARG" in str(e.status) or e.status in ("400", "StatusCode.INVALID_ARGUMENT"):
-        param = next((p for p in params if p.upper() in message.upper()), None)
+        message, field = _body_inputs(message, items)
+        named = [p for p in params if f"parameter '{p}'" in message]
+        loose = [p for p in params if p.upper() in message.upper()]
+        param = next(iter(named + ([field] if field else []) + loose), None)
         return invalid(message, body_field(param))
     return APIError(BACKEND, message)
+
+
+def _body_inputs(message: str, items: Items | None) -> tuple[str, str | None]:
+    """The message with the Triton inputs it names written as the body's fields, and the
+    first of those fields (without its index)."""
+    named = []
+
+    def field(m: re.Match) -> str:
+        name, index = m[1], m[2]
+        if name == "QUERY":
+            path = "query"
+        elif items is None:
+            return m[0]
+        elif isinstance(items, str):
+            path = items if index is None else f"{items}[{index}]"
+        elif index is None:
+            return m[0]
+        else:
+            path = items(int(index))
+        named.append(re.split(r"[.\[]", path)[0])
+        return f"'{path}'"
+
+    return _INPUT.sub(field, message), next(iter(named), None)
 
 
 async def json_body(request: Request) -> object:

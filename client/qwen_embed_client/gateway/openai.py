@@ -310,8 +310,7 @@ async def embeddings_body(gw, body: object) -> dict:
     images = videos = None
     if has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
-    params = ("dimensions",) if images is None else ("dimensions", "input")
-    result = await embed(gw, inputs, options, kinds, params, images=images, videos=videos)
+    result = await embed(gw, inputs, options, kinds, "input", images=images, videos=videos)
     data = []
     for i in range(len(inputs)):
         entry = {"object": "embedding", "index": i}
@@ -331,7 +330,7 @@ async def _chunk_embeddings(gw, texts, options, encoding):
             texts, chunk_size=size, spans=spans, **options, headers=gw.outgoing()
         )
     except EmbeddingError as e:
-        raise backend_error(e, ("dimensions", "chunk_size", "chunk_spans")) from e
+        raise backend_error(e, ("dimensions", "chunk_size", "chunk_spans"), "input") from e
     data = [
         {
             "object": "embedding",
@@ -364,8 +363,7 @@ async def rerank_response(gw, body: object) -> dict:
     try:
         result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
-        params = ("query", "document_images", "document_videos", "documents", "instruction")
-        raise backend_error(e, params) from e
+        raise backend_error(e, ("instruction",), "documents") from e
     results = []
     for index, score in result.ranking:
         item = {"index": index, "relevance_score": score}

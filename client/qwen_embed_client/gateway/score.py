@@ -48,8 +48,8 @@ async def score(request: Request):
         )
     common = {"normalize": True} | asked.given("dimensions")
     prompt = asked.given("prompt_name")
-    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **prompt))
-    document_vectors = await embed_tokens(gw, documents, options_checked(**common))
+    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **prompt), "text_1")
+    document_vectors = await embed_tokens(gw, documents, options_checked(**common), "text_2")
     if len(queries) == 1:
         query_vectors = query_vectors * len(documents)
     data = [

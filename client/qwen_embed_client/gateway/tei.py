@@ -176,7 +176,7 @@ async def embed_route(request: Request):
         if (await gw.facts()).get("labels"):
             return await _predict(gw, body, nested=True)
     asked = EmbedRequest.parse(body)
-    result = await embed(gw, asked.inputs, asked.options(normalize=True), ["float"])
+    result = await embed(gw, asked.inputs, asked.options(normalize=True), ["float"], "inputs")
     headers = {
         "x-compute-tokens": str(result.total_tokens),
         "x-tokens": _int_list(result.token_counts),
@@ -189,7 +189,8 @@ async def embed_route(request: Request):
 async def embed_all_route(request: Request):
     gw = gateway(request)
     asked = EmbedRequest.parse(await json_body(request))
-    vectors = await embed_tokens(gw, asked.inputs, asked.options(normalize=False, per_token=True))
+    options = asked.options(normalize=False, per_token=True)
+    vectors = await embed_tokens(gw, asked.inputs, options, "inputs")
     headers = {"x-tokens": _int_list(len(v) for v in vectors)}
     return await respond(gw, [v.tolist() for v in vectors], headers)
 
@@ -213,7 +214,7 @@ async def _predict(gw, body: object, nested: bool):
             asked.inputs, **options_checked(**asked.truncation()), headers=gw.outgoing()
         )
     except EmbeddingError as e:
-        raise backend_error(e, ()) from e
+        raise backend_error(e, (), "inputs") from e
     logits = result.logits.astype(np.float64)
     if function == "softmax":  # a one-label classifier's sigmoid, as TEI's
         scores = result.probabilities
@@ -242,7 +243,11 @@ async def _similarity(gw, body: object):
     parameters = asked.parameters or SimilarityParameters()
     options = parameters.truncation() | parameters.given("prompt_name") | {"normalize": True}
     texts = [asked.inputs.source_sentence, *asked.inputs.sentences]
-    vectors = (await embed(gw, texts, options_checked(**options), ["float"])).embeddings
+
+    def sentence(i: int) -> str:
+        return "inputs.source_sentence" if i == 0 else f"inputs.sentences[{i - 1}]"
+
+    vectors = (await embed(gw, texts, options_checked(**options), ["float"], sentence)).embeddings
     unit = vectors.astype(np.float64)  # normalised: the dot product is the cosine
     return await respond(gw, (unit[1:] @ unit[0]).tolist())
 
@@ -271,7 +276,7 @@ async def rerank_route(request: Request):
     try:
         result = await gw.client.rerank(query, texts, truncate=truncate, headers=gw.outgoing())
     except EmbeddingError as e:
-        raise backend_error(e, ("query", "texts")) from e
+        raise backend_error(e, (), "texts") from e
     ranks = []
     for index, score in result.ranking:
         # raw: the model's logit, log(p / (1 - p)) of its yes/no softmax
@@ -290,7 +295,7 @@ async def tokenize(request: Request):
             asked.inputs, **options_checked(**asked.given("prompt_name"))
         )
     except EmbeddingError as e:
-        raise backend_error(e, ("prompt_name",)) from e
+        raise backend_error(e, ("prompt_name",), "inputs") from e
     if not asked.add_special_tokens:
         tokens = [[t for t in text if not t["special"]] for text in tokens]
     return tokens
@@ -303,7 +308,7 @@ async def decode(request: Request):
     try:
         return await gw.client.decode(asked.ids, asked.skip_special_tokens)
     except EmbeddingError as e:
-        raise backend_error(e, ("ids",)) from e
+        raise backend_error(e, (), "ids") from e
 
 
 @router.get("/info")
