@@ -157,6 +157,30 @@ def test_progress_bar_for_large_jobs(server, tmp_path):
     assert np.load(tmp_path / "m.npy").shape == (1100, 1024)
 
 
+def test_a_refused_text_is_named_by_its_place_in_the_input(server, tmp_path):
+    """Past the first client call (progress chunks of 1,024 texts, or a job's shards), a
+    refused text is named by its record's index in the input file."""
+    for count, bad, out, more in [
+        (1030, 1027, "v.npy", []),
+        (30, 21, "job", ["--shard-size", "8"]),
+    ]:
+        texts = [f"line {i}" for i in range(count)]
+        texts[bad] = " "
+        source = tmp_path / f"texts-{count}.jsonl"
+        source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        r = cli(
+            "embed",
+            "--input",
+            str(source),
+            "-o",
+            str(tmp_path / out),
+            *more,
+            "--url",
+            server.grpc_url,
+        )
+        assert r.returncode == 1 and f"'TEXT[{bad}]' is empty" in r.stderr, (out, r.stderr)
+
+
 def test_health_info_and_errors(server):
     r = cli("health", "--url", server.grpc_url)
     assert r.returncode == 0 and "ready" in r.stdout

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .client import EmbeddingError
+
 MANIFEST = "manifest.json"
 
 
@@ -155,7 +157,10 @@ def run(job: Job, embed, show: bool) -> int:
         if k in done:
             continue
         span = _span(job, k)
-        result = embed([job.texts[i] for i in span])
+        try:
+            result = embed([job.texts[i] for i in span])
+        except EmbeddingError as e:
+            raise e.counted_from(span.start) from None
         _save_npy(job.ids_path(k), id_array([job.ids[i] for i in span]))
         _save_npy(job.vectors_path(k), result.embeddings)
         written += 1

@@ -159,7 +159,10 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     vectors, counts = [], []
     step = PROGRESS_CHUNK if show else len(texts)
     for start in range(0, len(texts), step):
-        result = client.embed_with_usage(texts[start : start + step], **options)
+        try:
+            result = client.embed_with_usage(texts[start : start + step], **options)
+        except EmbeddingError as e:
+            raise e.counted_from(start) from None
         vectors.append(result.embeddings)
         counts.append(result.token_counts)
         if show:
