@@ -29,7 +29,7 @@ def stack(demo_dir, tmp_path_factory):
     where = tmp_path_factory.mktemp("gateway-triton")
     repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
-        with gateway_process(server, "--api-key", API_KEY) as base:
+        with gateway_process(server, "--api-key", API_KEY, "--max-body-mb", "1") as base:
             yield server, f"{base}/v1"
 
 
@@ -140,6 +140,31 @@ def test_errors_map_to_openai_shapes(stack):
         openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).embeddings.create(
             input="x", model="embed"
         )
+
+
+def test_a_body_over_the_limit_is_refused_unread(stack):
+    """--max-body-mb 1: a larger body is a 413 in the API's shape, whether it declares its
+    length or comes in chunks; a body just under the limit is read and checked."""
+    _, base_url = stack
+    texts = ["x" * 500] * 2100  # about 1.03 MiB
+    body = json.dumps({"model": "embed", "input": texts}).encode()
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    root = base_url.removesuffix("/v1")
+    for path, data in [
+        ("/v1/embeddings", body),
+        ("/v1/embeddings", iter([body[:700_000], body[700_000:]])),  # chunked, no length
+        ("/embed", json.dumps({"inputs": texts}).encode()),  # TEI
+    ]:
+        request = urllib.request.Request(f"{root}{path}", data=data, headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=60)
+        answer = json.loads(e.value.read())
+        assert e.value.code == 413, answer
+        message = answer["error"] if path == "/embed" else answer["error"]["message"]
+        assert "larger than the limit of 1048576 bytes" in message
+    # 2,049 texts just under the limit: read, then refused by the contract (no Triton request)
+    status, answer = _post(base_url, "embeddings", {"model": "embed", "input": texts[:2049]})
+    assert status == 400 and "more than the limit of 2048" in answer["error"]["message"]
 
 
 def test_a_lone_surrogate_is_a_400_not_a_500(stack):

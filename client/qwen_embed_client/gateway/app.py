@@ -22,7 +22,7 @@ from ..client import AsyncEmbeddingClient
 from . import batches, cohere, openai, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
-from .state import Gateway, require_key
+from .state import MAX_BODY_BYTES, Gateway, require_key
 
 # The renderer of each API's errors, by the tag of the router that served the request.
 _RENDERERS = {
@@ -51,9 +51,11 @@ def create_app(
     batch_dir: Path | None = None,
     batch_settings: BatchSettings | None = None,
     allow_remote_images: bool = False,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The gateway; `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
-    http(s) image URLs (else only data URLs are taken)."""
+    http(s) image URLs (else only data URLs are taken); `max_body_bytes`: the largest JSON
+    body read."""
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
@@ -85,6 +87,7 @@ def create_app(
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
         allow_remote_images=allow_remote_images,
+        max_body_bytes=max_body_bytes,
     )
     app.state.batches = None
     if batch_dir is not None:
@@ -172,6 +175,13 @@ def main() -> None:
         "come as data URLs only",
     )
     p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=MAX_BODY_BYTES / 2**20,
+        help="the largest JSON request body in MiB; a larger one is answered 413 unread "
+        "(Batch API uploads have their own limits)",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
@@ -186,6 +196,7 @@ def main() -> None:
         rerank_model_name=args.rerank_model_name or None,
         otlp_endpoint=args.otlp_endpoint or None,
         allow_remote_images=args.allow_remote_images,
+        max_body_bytes=int(args.max_body_mb * 2**20),
         batch_dir=Path(args.batch_dir) if args.batch_dir else None,
         batch_settings=BatchSettings(
             max_file_bytes=args.batch_max_file_bytes,

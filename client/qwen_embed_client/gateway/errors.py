@@ -3,6 +3,7 @@ own shape (openai.py, tei.py, cohere.py), and the checks all of them make."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from ..contract import ITEM_INPUTS, EmbedOptions, RequestError, RerankOptions, a
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
 EMPTY = "empty"  # nothing to embed (TEI answers 400 "Empty")
 NOT_FOUND = "not_found"  # a model this gateway does not serve
+TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full
 UNAVAILABLE = "unavailable"  # the server or model is not there (after the client's retries)
@@ -26,6 +28,7 @@ STATUS = {
     INVALID: 400,
     EMPTY: 400,
     NOT_FOUND: 404,
+    TOO_LARGE: 413,
     UNAUTHORIZED: 401,
     OVERLOADED: 429,
     UNAVAILABLE: 503,
@@ -145,7 +148,22 @@ def _body_inputs(message: str, items: Items | None) -> tuple[str, str | None]:
 
 
 async def json_body(request: Request) -> object:
+    """The request's JSON, read only while within the gateway's `max_body_bytes`: parsed,
+    a body holds several times its size in memory, and one client must not take the
+    gateway's from every other."""
+    limit = request.app.state.gateway.max_body_bytes
+    too_large = APIError(
+        TOO_LARGE, f"the request body is larger than the limit of {limit} bytes (--max-body-mb)"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
     try:
-        return await request.json()
+        return json.loads(body)
     except ValueError:
         raise invalid("request body is not valid JSON") from None

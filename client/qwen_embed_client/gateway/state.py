@@ -15,6 +15,9 @@ from ..client import AsyncEmbeddingClient
 from .errors import UNAUTHORIZED, APIError
 
 FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
+# A JSON body's limit: room for a request of images at the contract's size per image
+# (MAX_IMAGE_BYTES, base64 in a data URL).
+MAX_BODY_BYTES = 64 * 2**20
 FINGERPRINT_HEADER = "x-model-fingerprint"
 
 
@@ -29,6 +32,7 @@ class Gateway:
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
     allow_remote_images: bool = False  # fetch http(s) image URLs (media.py)
+    max_body_bytes: int = MAX_BODY_BYTES  # larger JSON bodies are refused unread (413)
     created: int = field(default_factory=lambda: int(time.time()))
     _facts: tuple[float, dict] | None = None
 

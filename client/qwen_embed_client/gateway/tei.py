@@ -46,6 +46,7 @@ from .errors import (
     INVALID,
     NOT_FOUND,
     OVERLOADED,
+    TOO_LARGE,
     UNAUTHORIZED,
     UNAVAILABLE,
     APIError,
@@ -64,6 +65,7 @@ _ERRORS = {
     INVALID: (422, "Validation"),
     EMPTY: (400, "Empty"),
     NOT_FOUND: (424, "Backend"),  # TEI: "model is not a re-ranker model"
+    TOO_LARGE: (413, "Validation"),  # TEI: its --payload-limit
     OVERLOADED: (429, "Overloaded"),
     UNAVAILABLE: (503, "Unhealthy"),
     BACKEND: (424, "Backend"),
