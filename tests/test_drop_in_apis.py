@@ -362,7 +362,16 @@ def test_cohere_sdk_rerank_and_errors(stack):
             {"model": "embed", "texts": ["x"], "embedding_types": ["int4"]},
             "embedding_types",
         ),
-        ("/v2/embed", {"model": "embed", "texts": ["x"], "output_dimension": 4096}, "dimensions"),
+        (
+            "/v2/embed",
+            {"model": "embed", "texts": ["x"], "output_dimension": 4096},
+            "'output_dimension' must be in 1..1024",  # the server's check, in Cohere's words
+        ),
+        (
+            "/v2/rerank",
+            {"model": "rerank", "query": "q", "documents": ["d"], "max_tokens_per_doc": 0},
+            "'max_tokens_per_doc' must be >= 1",
+        ),
         (
             "/v2/embed",
             {"model": "embed", "texts": ["long " * 200], "truncate": "NONE"},
@@ -406,11 +415,11 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
         api.embeddings.create(input=[[1, 2**40]], model="embed")  # past int32: the gateway's
     with pytest.raises(openai.BadRequestError, match="prompts and chunks are for texts"):
         api.embeddings.create(input=[ids], model="embed", extra_body={"prompt_name": "query"})
-    # an image for a model that reads text only: refused by the server, naming IMAGES
+    # an image for a model that reads text only: refused by the server, naming the field
     png = "data:image/png;base64," + base64.b64encode(ONE_PIXEL_PNG).decode()
     image = {"type": "image_url", "image_url": {"url": png}}
     with pytest.raises(
-        openai.BadRequestError, match="'IMAGES' holds images, and this model reads text only"
+        openai.BadRequestError, match="'input' holds images, and this model reads text only"
     ) as e:
         api.embeddings.create(input=[[{"type": "text", "text": "x"}, image]], model="embed")
     assert e.value.body["param"] == "input"

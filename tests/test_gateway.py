@@ -227,12 +227,13 @@ def test_late_chunking_extension(stack):
     got = np.array([c["embedding"] for c in answer["data"][0]["chunks"]])
     assert status == 200 and np.abs(got - one.embeddings).max() <= 1e-6
     client.close()
-    for bad, param in [
-        ({"chunks": {"size": "6"}}, "chunks"),
-        ({"chunks": {"size": 6, "spans": [[0, 1]]}}, "chunks"),
-        ({"chunks": {"size": 6}, "embedding_type": "int8"}, "chunks"),
-        ({"chunks": {"size": 0}}, "chunks"),  # refused by the gateway's contract check
-        ({"chunks": {"spans": [[0, 99]]}}, "chunks"),  # by the server, past the text's end
+    for bad, words in [
+        ({"chunks": {"size": "6"}}, "'chunks'"),
+        ({"chunks": {"size": 6, "spans": [[0, 1]]}}, "'chunks'"),
+        ({"chunks": {"size": 6}, "embedding_type": "int8"}, "'chunks'"),
+        ({"chunks": {"size": 0}}, "'chunks.size' must be >= 1"),  # the gateway's contract check
+        ({"chunks": {"spans": [[0, 99]]}}, "'chunks.spans'[0] = [0, 99] goes past"),  # the server
     ]:
         status, answer = _post(base_url, "embeddings", {"model": "embed", "input": texts, **bad})
-        assert status == 400 and answer["error"]["param"] == param, (bad, answer)
+        assert status == 400 and answer["error"]["param"] == "chunks", (bad, answer)
+        assert words in answer["error"]["message"], (bad, answer)

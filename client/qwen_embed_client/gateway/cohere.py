@@ -26,7 +26,15 @@ from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
 from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
 from .common import check_model, embed, encode_value, text_usage
-from .errors import STATUS, APIError, backend_error, json_body, options_checked, rerank_checked
+from .errors import (
+    STATUS,
+    APIError,
+    backend_error,
+    in_body_words,
+    json_body,
+    options_checked,
+    rerank_checked,
+)
 from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_media
 from .state import gateway, respond
 
@@ -42,8 +50,13 @@ TRUNCATE = {"END": {}, "START": {"truncation_direction": "left"}, "NONE": {"trun
 API_META = {"api_version": {"version": "2"}}
 
 
+# The contract's options that Cohere's body names otherwise.
+_FIELDS = {"dimensions": "output_dimension", "max_document_tokens": "max_tokens_per_doc"}
+
+
 def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse({"id": str(uuid.uuid4()), "message": e.message}, status_code=STATUS[e.kind])
+    message = in_body_words(e.message, _FIELDS)
+    return JSONResponse({"id": str(uuid.uuid4()), "message": message}, status_code=STATUS[e.kind])
 
 
 class CohereBody(Body):

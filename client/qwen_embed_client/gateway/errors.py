@@ -45,6 +45,14 @@ class APIError(Exception):
         self.kind, self.message, self.param, self.api = kind, message, param, api
 
 
+def in_body_words(message: str, fields: dict[str, str]) -> str:
+    """The message with the contract's option names (`'dimensions'`) written as the API's
+    body fields (Cohere's `'output_dimension'`)."""
+    for option, field in fields.items():
+        message = message.replace(f"'{option}'", f"'{field}'")
+    return message
+
+
 def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 

@@ -40,6 +40,7 @@ from .errors import (
     UNAVAILABLE,
     APIError,
     backend_error,
+    in_body_words,
     invalid,
     json_body,
     options_checked,
@@ -78,10 +79,14 @@ router = APIRouter(tags=["openai"])
 _CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
 
 
+# The contract's options that the body holds otherwise (late chunking's `chunks`).
+_FIELDS = {"chunk_size": "chunks.size", "chunk_spans": "chunks.spans"}
+
+
 def error_response(e: APIError) -> JSONResponse:
     server = e.kind in (OVERLOADED, UNAVAILABLE, BACKEND)
     body = {
-        "message": e.message,
+        "message": in_body_words(e.message, _FIELDS),
         "type": "server_error" if server else "invalid_request_error",
         "param": e.param,
         "code": _CODES.get(e.kind),
