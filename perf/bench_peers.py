@@ -162,9 +162,13 @@ def bound_tokens_per_s(params: dict[str, int], gemm: dict[str, float]) -> dict[s
 
 
 def gemm_peak(
-    dtype: torch.dtype, int8: bool = False, seconds: float = 2.0, device: str = "cpu"
+    dtype: torch.dtype,
+    int8: bool = False,
+    seconds: float = 2.0,
+    device: str = "cpu",
+    rows: int = 2048,
 ) -> float:
-    """Best FLOP/s of a linear layer over this model's projection shapes (2048 tokens), run
+    """Best FLOP/s of a linear layer over this model's projection shapes (`rows` tokens), run
     as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
     an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower, and
     on CPU also with the weights packed for oneDNN, the engine's default there: the better of
@@ -172,7 +176,7 @@ def gemm_peak(
     best, stored = 0.0, linear_weight_dtype(dtype, torch.device(device))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
-        a = torch.randn(2048, k, dtype=dtype, device=device)
+        a = torch.randn(rows, k, dtype=dtype, device=device)
         w = torch.randn(n, k, dtype=dtype, device=device).to(stored)
         if int8:
             candidates = [int8_route.Int8Weight(w)]
@@ -190,7 +194,7 @@ def gemm_peak(
                 sync()
                 reps += 10
                 elapsed = time.perf_counter() - start
-            best = max(best, 2 * 2048 * k * n * reps / elapsed)
+            best = max(best, 2 * rows * k * n * reps / elapsed)
     return best
 
 

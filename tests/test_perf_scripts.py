@@ -1,0 +1,60 @@
+"""The benchmarks' own code, at toy sizes (their figures come from `make perf-*`): every
+script under perf/ parses `--help` (its imports and arguments hold), and bench_peers' GEMM
+bound, the yardstick of its reports, runs at both routes, float and int8, on this CPU."""
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+PERF = Path(__file__).resolve().parents[1] / "perf"
+SCRIPTS = sorted(  # the scripts with a command line (render_results.py takes none)
+    p.name
+    for p in PERF.glob("*.py")
+    if 'if __name__ == "__main__"' in (text := p.read_text()) and "import argparse" in text
+)
+
+
+@pytest.fixture
+def perf_imports(monkeypatch):
+    """perf/ importable as the scripts expect; the environment they set at import kept from
+    this process's (the scripts set tuning variables that the other tests must not see)."""
+    monkeypatch.syspath_prepend(str(PERF))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_answers_help(script, perf_imports, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(PERF / script), run_name="__main__")
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_peers_gemm_bound_at_both_routes(perf_imports):
+    import bench_peers
+
+    config = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+    }
+    params = bench_peers.linear_params(config)
+    assert sum(params.values()) == 2 * 64 * (96 + 32 + 64 + 256 + 128)
+    peaks = {
+        "float": bench_peers.gemm_peak(torch.float32, seconds=0.01, rows=8),
+        "int8": bench_peers.gemm_peak(torch.float32, int8=True, seconds=0.01, rows=8),
+    }
+    assert peaks["float"] > 0 and peaks["int8"] > 0, peaks
+    bound = bench_peers.bound_tokens_per_s(params, peaks)
+    # the int8 route keeps some layers in floats: its bound lies between the two rates'
+    flops = 2 * sum(params.values())
+    low, high = sorted((peaks["float"] / flops, peaks["int8"] / flops))
+    assert bound["float"] == pytest.approx(peaks["float"] / flops)
+    assert low * (1 - 1e-9) <= bound["int8"] <= high * (1 + 1e-9), (bound, low, high)
