@@ -123,6 +123,10 @@ def test_served_model_names_are_aliases_of_one_model(stack):
     api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
     listed = [m.id for m in api.models.list().data]
     assert listed[:2] == ["embed", ALIAS] and "rerank" in listed
+    for name in listed:  # one model's entry, as listed (the alias holds a "/")
+        assert api.models.retrieve(name).id == name
+    with pytest.raises(openai.NotFoundError, match=f"'embed' or '{ALIAS}' or 'rerank'"):
+        api.models.retrieve("Qwen3-Embedding-8B")
     by_alias = api.embeddings.create(input=TEXTS, model=ALIAS)
     assert by_alias.model == "embed"
     got = np.array([d.embedding for d in by_alias.data], dtype=np.float32)

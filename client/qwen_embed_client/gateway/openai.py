@@ -278,7 +278,20 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 
 @router.get("/v1/models")
 async def models(request: Request):
-    gw = gateway(request)
+    return {"object": "list", "data": await _served_models(gateway(request))}
+
+
+@router.get("/v1/models/{model:path}")  # a Hugging Face id as a served name holds a "/"
+async def one_model(request: Request, model: str):
+    served = {entry["id"]: entry for entry in await _served_models(gateway(request))}
+    if model not in served:
+        check_model(model, tuple(served))
+    return served[model]
+
+
+async def _served_models(gw) -> list[dict]:
+    """/v1/models' entries: the embed model's names (with its prompts and fingerprint), and
+    the reranker's while Triton serves it."""
     facts = await gw.facts()  # published by the tokenizer and encoder models
     embed_facts = {}
     if "prompt_names" in facts:
@@ -290,13 +303,10 @@ async def models(request: Request):
     served = [{"id": name, **embed_facts} for name in gw.model_names]
     if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
         served.append({"id": gw.rerank_model_name})
-    return {
-        "object": "list",
-        "data": [
-            {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
-            for entry in served
-        ],
-    }
+    return [
+        {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
+        for entry in served
+    ]
 
 
 @router.post("/v1/embeddings")
