@@ -167,6 +167,52 @@ def test_a_body_over_the_limit_is_refused_unread(stack):
     assert status == 400 and "more than the limit of 2048" in answer["error"]["message"]
 
 
+def _metrics(base_url: str) -> dict[str, float]:
+    """The gateway's /metrics samples by name and labels (no key: scrapers carry none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{base_url.removesuffix('/v1')}/metrics").read().decode()
+    return {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_the_requests_triton_never_sees(stack):
+    """Answered, refused by the contract, unauthenticated and too large requests each counted
+    by route template, API and status; their durations observed; none left in flight."""
+    _, base_url = stack
+    before = _metrics(base_url)
+    assert _post(base_url, "embeddings", {"model": "embed", "input": "x"})[0] == 200
+    assert (
+        _post(base_url, "embeddings", {"model": "embed", "input": "x", "dimensions": 0})[0] == 400
+    )
+    assert _post(base_url, "embeddings", {"input": "x" * 2**21})[0] == 413
+    for _ in range(2):
+        wrong = urllib.request.Request(
+            f"{base_url}/models/embed", headers={"Authorization": "Bearer wrong"}
+        )
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(wrong)
+    after = _metrics(base_url)
+
+    def added(name: str, **labels) -> float:
+        key = name + json.dumps(labels, sort_keys=True)
+        return after.get(key, 0) - before.get(key, 0)
+
+    requests = "qwen_embed_gateway_requests_total"
+    for status, count in [("200", 1), ("400", 1), ("413", 1)]:
+        labels = {"route": "/v1/embeddings", "api": "openai", "status": status}
+        assert added(requests, **labels) == count, (status, after)
+    models = {"route": "/v1/models/{model:path}", "api": "openai", "status": "401"}
+    assert added(requests, **models) == 2, after
+    seconds = "qwen_embed_gateway_request_duration_seconds_count"
+    assert added(seconds, route="/v1/embeddings") == 3
+    assert after["qwen_embed_gateway_requests_in_flight{}"] == 0
+    assert not any("metrics" in key or "health" in key for key in after)  # scrapes uncounted
+
+
 def test_a_lone_surrogate_is_a_400_not_a_500(stack):
     # Valid JSON (an escaped lone surrogate) that no UTF-8 text can hold.
     _, base_url = stack

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from qwen_embed_client.gateway.app import create_app
 
-OPEN = {"/health"}  # liveness probes carry no key
+OPEN = {"/health"}  # liveness probes carry no key (and /metrics, outside the schema)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,7 @@ def test_every_route_refuses_a_request_without_the_key(app):
 def test_the_probe_needs_no_key_and_a_refusal_speaks_its_api(app):
     client = TestClient(app)
     assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 200  # scrapes carry no key either
     openai = client.post("/v1/embeddings", json={}).json()
     assert openai["error"]["code"] == "invalid_api_key"
     tei = client.post("/embed", json={})

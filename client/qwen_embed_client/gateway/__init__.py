@@ -7,10 +7,12 @@ request contract (contract.py) and one Triton request per API request.
   GET /info, with TEI's error body.
 - Cohere v2 (cohere.py): POST /v2/embed, /v2/rerank.
 
-Each API renders errors in its own shape from one APIError (errors.py). Embedding responses
+Each API renders errors in its own shape from one APIError (errors.py). GET /metrics: the
+gateway's own request counts and durations (metrics.py). Embedding responses
 carry the model fingerprint (header x-model-fingerprint) and, per text, the tokens used and
 whether the text was cut (docs/api.md). Needs the `gateway` extra (fastapi, uvicorn,
-opentelemetry). Run: python -m qwen_embed_client.gateway (app.py lists the options).
+opentelemetry, prometheus-client). Run: python -m qwen_embed_client.gateway (app.py lists
+the options).
 """
 
 from .app import Gateway, create_app, main

@@ -22,6 +22,7 @@ from ..client import AsyncEmbeddingClient
 from . import batches, cohere, openai, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
+from .metrics import GatewayMetrics
 from .state import MAX_BODY_BYTES, Gateway, require_key
 
 # The renderer of each API's errors, by the tag of the router that served the request.
@@ -96,6 +97,7 @@ def create_app(
     app.add_exception_handler(APIError, _api_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
+    GatewayMetrics().install(app)  # /metrics, like /health, carries no key
     app.get("/health")(_health)  # probes carry no key
     # tei last: POST / and /rerank go by body
     for api in (openai, score, batches, cohere, tei):
