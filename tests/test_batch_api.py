@@ -244,6 +244,18 @@ def test_limits_and_bad_batches_get_clear_400s(server, tmp_path):
             api.batches.create(
                 input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"
             )
+        # A custom_id on two lines fails the batch in validation, before any line runs.
+        sent = server.metric("qwen_embed_texts_total")
+        twice = upload(api, [embed_line(0), embed_line(1), embed_line(0)])
+        batch = api.batches.create(
+            input_file_id=twice, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        batch = wait(api, batch.id)
+        assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
+        (error,) = batch.errors.data
+        assert (error.code, error.line, error.param) == ("duplicate_custom_id", 3, "custom_id")
+        assert "'req-0' of line 3 is line 1's" in error.message
+        assert server.metric("qwen_embed_texts_total") == sent
     finally:
         gateway.stop()
     assert os.path.isfile(tmp_path / "batches" / "state.sqlite")

@@ -6,7 +6,9 @@ POST /v1/files (multipart `file`, `purpose` "batch": JSONL, one request per line
 /v1/batches/{id}/cancel, GET /v1/batches, with OpenAI's objects and statuses. Each line
 ({"custom_id", "method": "POST", "url", "body"}) is answered as its route answers the body,
 at bulk priority, so interactive requests keep their latency while a batch runs. A line that
-fails (bad JSON, a refused body) becomes a line of the error file; the batch goes on.
+fails (bad JSON, a refused body) becomes a line of the error file; the batch goes on. Only
+what would make the answers ambiguous fails a whole batch before any line runs, as OpenAI's
+validation does: a custom_id on more than one line.
 
 The lines run in shards (bulk.Shards, the CLI's bulk-job machinery): a shard's answers are
 written to one file at once (bulk.write_atomic) when all its lines are done, so after a gateway
@@ -41,6 +43,7 @@ router = APIRouter(tags=["openai"])
 ENDPOINTS = ("/v1/embeddings", "/v1/rerank")
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
 RETRY_PAUSE_S = 2.0  # before a shard the server could not take is tried again
+MAX_ERRORS = 100  # validation errors a failed batch lists
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,11 @@ class BatchRunner:
 
     async def _run(self, batch: dict) -> None:
         if batch["status"] == "validating":
+            path = self.store.file_path(batch["input_file_id"])
+            errors = await asyncio.to_thread(_repeated_ids, path)  # the loop serves requests
+            if errors:
+                self._finish(batch, "failed", errors)
+                return
             batch.update(status="in_progress", in_progress_at=int(time.time()))
             self.store.save_batch(batch)
         if batch["status"] == "in_progress":
@@ -225,6 +233,32 @@ class BatchRunner:
             batch["errors"] = {"object": "list", "data": errors}
         self.store.save_batch(batch)
         shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
+
+
+def _repeated_ids(path: Path) -> list[dict]:
+    """OpenAI's validation errors for the lines whose custom_id an earlier line holds (the
+    first MAX_ERRORS of them); lines that are not requests are left to the error file."""
+    first: dict[str, int] = {}
+    errors = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                request = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            custom_id = request.get("custom_id") if isinstance(request, dict) else None
+            if not isinstance(custom_id, str):
+                continue
+            if custom_id not in first:
+                first[custom_id] = number
+            elif len(errors) < MAX_ERRORS:
+                message = (
+                    f"custom_id {custom_id!r} of line {number} is line {first[custom_id]}'s too: "
+                    "each request of a batch needs its own"
+                )
+                error = {"code": "duplicate_custom_id", "message": message, "line": number}
+                errors.append(error | {"param": "custom_id"})
+    return errors
 
 
 @dataclass(frozen=True)
