@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from harness import (
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.batch import flatten
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, metric_sum, scrape
@@ -296,6 +298,27 @@ def engine_ratios(
     return out
 
 
+def planner_host_ms(model_dir: Path, ids: list[list[int]], size: int, rounds: int = 5) -> dict:
+    """Host milliseconds to plan one forward of `size` texts (batch.flatten and Planner.plan:
+    shared prefixes, the layout, its copies to the device), prefix reuse on (cache warm) and
+    off, taking turns: what a GPU waits for before a call's first forward. Median of `rounds`
+    passes over the batches."""
+    batches = [ids[i : i + size] for i in range(0, len(ids) - size + 1, size)]
+    times = {True: [], False: []}
+    with Encoder.from_pretrained(model_dir) as enc:
+        planner = enc.model.planner
+        for _ in range(rounds):
+            for reuse in times:
+                planner.prefix_reuse = reuse
+                start = time.perf_counter()
+                for batch in batches:
+                    planner.plan(*flatten([np.asarray(x) for x in batch]))
+                times[reuse].append((time.perf_counter() - start) / len(batches) * 1e3)
+    tokens = sum(len(x) for x in ids[: len(batches) * size]) / len(batches)
+    on, off = (statistics.median(times[r]) for r in (True, False))
+    return {"texts": size, "tokens": tokens, "reuse_on_ms": on, "reuse_off_ms": off}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
@@ -365,6 +388,13 @@ def main() -> None:
         model_dir, cases, args.seconds, args.rounds, args.drivers, args.encoder_instances
     )
     engine = [] if args.no_engine else engine_ratios(model_dir, query_ids, args.forward_sizes)
+    planner = {}
+    if not args.no_engine:  # queries (with the instruction) and documents taking turns
+        doc_ids = [e.ids for e in tok.encode_batch(documents)]
+        pairs = zip(query_ids[: len(doc_ids)], doc_ids, strict=True)
+        mixed = [x for pair in pairs for x in pair]
+        planner = planner_host_ms(model_dir, mixed, 64)
+        print(planner, flush=True)
     prune = {}
     if not args.no_pruning:
         doc_ids = [e.ids for e in tok.encode_batch(documents[:64])]
@@ -376,13 +406,13 @@ def main() -> None:
         )
         print(prune, flush=True)
 
-    record = new_record(rows=rows, engine=engine, pruning=prune)
+    record = new_record(rows=rows, engine=engine, pruning=prune, planner=planner)
     write_report(
         args.out,
         record,
         "Shared-prefix reuse and last-layer pruning, on vs off",
         notes(args, model_dir.name, layers),
-        tables(rows, engine, prune),
+        tables(rows, engine, prune, planner),
     )
 
 
@@ -390,7 +420,7 @@ def either(value, form: str) -> str:
     return "-" if value is None else format(value, form)
 
 
-def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
+def tables(rows: list[dict], engine: list[dict], prune: dict, planner: dict) -> list[str]:
     by = {(r["workload"], r["driver"], r["prefix_reuse"]): r for r in rows}
     table = [
         "| workload | load generator | tokens/s reuse on | tokens/s off | on / off "
@@ -398,6 +428,8 @@ def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
         "| p99 s on / off | min cosine on | encoder busy on / off | tokenizer busy on / off |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    if not rows:  # --seconds 0: no serving cases
+        table = []
     for name, driver, reuse in by:
         if reuse != "auto":
             continue
@@ -440,6 +472,17 @@ def tables(rows: list[dict], engine: list[dict], prune: dict) -> list[str]:
             f"| {name} | {r['pruned_tok_s']:.0f} | {r['full_tok_s']:.0f} | "
             f"{r['ratio']:.3f} | {r['min_cosine']:.6f} |"
         )
+    if planner:
+        table += [
+            "",
+            f"Host time to plan one forward of {planner['texts']} texts (half queries with the "
+            f"instruction, half documents; {planner['tokens']:.0f} tokens), the time a GPU waits "
+            "before a call's first forward:",
+            "",
+            "| prefix reuse on (cache warm) | off |",
+            "| --- | --- |",
+            f"| {planner['reuse_on_ms']:.2f} ms | {planner['reuse_off_ms']:.2f} ms |",
+        ]
     return table
 
 

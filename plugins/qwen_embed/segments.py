@@ -119,12 +119,13 @@ class PrefixCache:
     def fits(self, length: int) -> bool:
         return length * self.bytes_per_token <= self.capacity_bytes
 
-    def find(self, seq: tuple[int, ...], limit: int) -> PrefixEntry | None:
-        """The longest cached prefix of `seq` of at most `limit` tokens."""
+    def find(self, seq: np.ndarray, head: tuple[int, ...], limit: int) -> PrefixEntry | None:
+        """The longest cached prefix of `seq` (which begins with `head`) of at most `limit`
+        tokens."""
         best = None
-        for ids in self._by_head.get(seq[:MIN_PREFIX_TOKENS], ()):
+        for ids in self._by_head.get(head, ()):
             n = len(ids)
-            if n <= limit and seq[:n] == ids and (best is None or n > len(best.ids)):
+            if n <= limit and (best is None or n > len(best.ids)) and _starts_with(seq, ids):
                 best = self.entries[ids]
         return best
 
@@ -147,18 +148,21 @@ class PrefixCache:
     def recent(self, head: tuple[int, ...]) -> np.ndarray | None:
         return self.history.get(head)
 
-    def remember(self, seq: tuple[int, ...]) -> None:
-        head = seq[:MIN_PREFIX_TOKENS]
-        self.history[head] = np.asarray(seq, dtype=np.int32)
+    def remember(self, head: tuple[int, ...], seq: np.ndarray) -> None:
+        self.history[head] = seq.astype(np.int32)
         self.history.move_to_end(head)
         if len(self.history) > HISTORY:
             self.history.popitem(last=False)
 
 
-def _common_prefix(a, b) -> int:
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if diff.size else n
+
+
+def _starts_with(seq: np.ndarray, ids: tuple[int, ...]) -> bool:
+    return len(seq) >= len(ids) and seq[: len(ids)].tolist() == list(ids)
 
 
 @dataclass
@@ -217,7 +221,9 @@ def plan_segments(
     the ids and the cache. A prefix ends by each sequence's `visual_starts` (its first image
     or video token; placeholders are the same ids whatever the pixels), and leaves it at
     least one token of its own."""
-    seqs = [tuple(np.asarray(s).tolist()) for s in sequences]
+    # Arrays for the arithmetic; token ids as tuples only where they key a prefix.
+    seqs = [np.asarray(s) for s in sequences]
+    heads = [tuple(seq[:MIN_PREFIX_TOKENS].tolist()) for seq in seqs]
     n = len(seqs)
     starts = visual_starts or [len(seq) for seq in seqs]
     limits = [min(len(seq) - 1, start) for seq, start in zip(seqs, starts, strict=True)]
@@ -225,7 +231,7 @@ def plan_segments(
     cached: dict[tuple[int, ...], PrefixEntry] = {}
     for i, seq in enumerate(seqs):
         cache.lookups += 1
-        entry = cache.find(seq, limits[i])
+        entry = cache.find(seq, heads[i], limits[i])
         if entry is not None:
             cache.hits += 1
             cache.touch(entry)
@@ -236,7 +242,7 @@ def plan_segments(
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, seq in enumerate(seqs):
         if prefix_of[i] is None and len(seq) > MIN_PREFIX_TOKENS:
-            groups.setdefault(seq[:MIN_PREFIX_TOKENS], []).append(i)
+            groups.setdefault(heads[i], []).append(i)
     for head, members in groups.items():
         limit = min(limits[i] for i in members)
         if len(members) > 1:
@@ -250,10 +256,11 @@ def plan_segments(
                 length = 0
         length = min(length, limit)
         if length >= MIN_PREFIX_TOKENS:
+            shared = tuple(seqs[members[0]][:length].tolist())
             for i in members:
-                prefix_of[i] = seqs[members[0]][:length]
-    for seq in seqs:
-        cache.remember(seq)
+                prefix_of[i] = shared
+    for head, seq in zip(heads, seqs, strict=True):
+        cache.remember(head, seq)
     if not any(prefix_of):
         return None
     # Layout: cached prefixes' keys first (in `used` order), then this batch's computed rows.
@@ -275,27 +282,36 @@ def plan_segments(
     for p in new_prefixes:
         offsets[p] = total + row
         new.append((PrefixEntry(p, num_layers), row))
-        ids.append(np.asarray(p))
+        ids.append(seqs[first_with[p]][: len(p)])
         positions.append(np.arange(len(p)))
         source.append(flat_starts[first_with[p]] + np.arange(len(p)))
         q_lens.append(len(p))
         k_lens.append(len(p))
         kv_index.append(total + row + np.arange(len(p)))
         row += len(p)
-    pool_rows = np.empty(n, dtype=np.int64)
-    for i, seq in enumerate(seqs):
-        p = prefix_of[i] or ()
-        own = np.asarray(seq[len(p) :])
-        ids.append(own)
-        positions.append(len(p) + np.arange(len(own)))
-        source.append(flat_starts[i] + len(p) + np.arange(len(own)))
-        q_lens.append(len(own))
-        k_lens.append(len(p) + len(own))
-        if p:
-            kv_index.append(offsets[p] + np.arange(len(p)))
-        kv_index.append(total + row + np.arange(len(own)))
-        row += len(own)
-        pool_rows[i] = row - 1
+    # Each sequence's own rows, all at once over the flat batch: a row is the sequence's own
+    # past its prefix; its keys are the prefix's rows, then its own computed rows.
+    lens = np.array([len(seq) for seq in seqs])
+    shared = np.array([len(p) if p else 0 for p in prefix_of])
+    own = lens - shared
+    flat = np.concatenate(seqs)
+    at = np.arange(len(flat)) - np.repeat(flat_starts[:-1], lens)  # position in its sequence
+    shared_of_row = np.repeat(shared, lens)
+    mine = at >= shared_of_row
+    first_own = total + row + np.concatenate([[0], np.cumsum(own)[:-1]])
+    prefix_at = np.array([offsets[p] if p else 0 for p in prefix_of])
+    keys = np.where(
+        mine,
+        np.repeat(first_own, lens) + at - shared_of_row,
+        np.repeat(prefix_at, lens) + at,
+    )
+    ids.append(flat[mine])
+    positions.append(at[mine])
+    source.append(np.flatnonzero(mine))
+    q_lens += own.tolist()
+    k_lens += lens.tolist()
+    kv_index.append(keys)
+    pool_rows = row + np.cumsum(own) - 1
     index = np.concatenate(kv_index).astype(np.int64)
     return SegmentPlan(
         input_ids=np.concatenate(ids).astype(np.int64),
@@ -306,7 +322,7 @@ def plan_segments(
         source=np.concatenate(source).astype(np.int64),
         used=used,
         new=new,
-        received_tokens=sum(len(s) for s in seqs),
+        received_tokens=len(flat),
     )
 
 
