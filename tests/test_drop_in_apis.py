@@ -219,6 +219,7 @@ def test_tei_errors_have_teis_statuses_and_body(stack):
         ("/embed", {"inputs": "x", "prompt_name": "passage"}, 422, "Validation"),  # the server's
         ("/embed", {"inputs": [[1, 99999999]]}, 422, "Validation"),  # an id past the vocabulary
         ("/embed", {"inputs": "long " * 200, "truncate": False}, 422, "Validation"),
+        ("/predict", {"inputs": "x"}, 424, "Backend"),  # an embedder: TEI's "not a classifier"
         ("/", {"inputs": "x", "normalize": "yes"}, 422, "Validation"),
         ("/rerank", {"query": "q", "texts": []}, 400, "Empty"),
         ("/similarity", {"inputs": {"source_sentence": "q", "sentences": []}}, 400, "Empty"),

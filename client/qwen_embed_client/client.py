@@ -364,8 +364,8 @@ class AsyncEmbeddingClient:
         opts = EmbedOptions(**options)
         level = priority_level(priority)
         labels = (await self.served_facts()).get("labels")
-        if not labels:
-            raise EmbeddingError(f"model {self.model!r} is not a sequence classifier (no labels)")
+        if not labels:  # not the server's failure: nothing to retry
+            raise ValueError(f"model {self.model!r} is not a sequence classifier (no labels)")
 
         async def send(server, start, end):
             inp = self._text_input(texts[start:end], opts)

@@ -209,6 +209,8 @@ async def _predict(gw, body: object, nested: bool):
     them. Per text, every label with its score, best first; a single text answers a flat list
     unless `nested` (POST /, as the Inference API answers)."""
     asked = PredictRequest.parse(body)
+    if not (await gw.facts()).get("labels"):
+        raise APIError(NOT_FOUND, "model is not a classifier model")  # TEI's words and status
     parameters = asked.parameters or PredictParameters()
     function = "none" if asked.raw_scores else parameters.function_to_apply or "softmax"
     try:
