@@ -48,8 +48,9 @@ RETRYABLE_STATUSES = {
 # watchdog loads the model again within seconds.
 DEAD_STUB = "is not healthy"
 MAX_BACKOFF_S = 2.0
-_ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
 FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves to another
+# An item a server's error names, 'TEXT[3]': its index within that Triton request.
+_ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
 
 
 class EmbeddingError(Exception):

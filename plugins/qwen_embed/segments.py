@@ -256,9 +256,9 @@ def plan_segments(
                 length = 0
         length = min(length, limit)
         if length >= MIN_PREFIX_TOKENS:
-            shared = tuple(seqs[members[0]][:length].tolist())
+            common = tuple(seqs[members[0]][:length].tolist())
             for i in members:
-                prefix_of[i] = shared
+                prefix_of[i] = common
     for head, seq in zip(heads, seqs, strict=True):
         cache.remember(head, seq)
     if not any(prefix_of):
