@@ -242,3 +242,39 @@ def test_score_body():
     asked = score.ScoreRequest.parse({"text_1": "q", "text_2": ["a", "b"]})
     assert (asked.text_1, asked.text_2) == (["q"], ["a", "b"])
     assert refusal(score.ScoreRequest.parse, {"text_1": "q", "text_2": []}).param == "text_2"
+
+
+def test_a_servers_refusal_is_written_in_the_bodys_fields():
+    """backend_error: Triton's input names as the body's fields at the body's index (an item
+    field, or a path per index), the query as `query`, Triton's ensemble prefix dropped; the
+    param a message names as a parameter wins over the item it mentions."""
+    from qwen_embed_client.client import EmbeddingError
+    from qwen_embed_client.gateway.errors import backend_error
+
+    def refused(message, params=(), items=None):
+        e = backend_error(EmbeddingError(message, "StatusCode.INVALID_ARGUMENT"), params, items)
+        assert e.kind == INVALID
+        return e.message, e.param
+
+    assert refused("in ensemble 'embed', input 'TEXT[7]' is empty", items="input") == (
+        "'input[7]' is empty",
+        "input",
+    )
+    sentences = lambda i: f"inputs.sentences[{i - 1}]"  # noqa: E731
+    assert refused("input 'TEXT[3]' is empty", items=sentences) == (
+        "'inputs.sentences[2]' is empty",
+        "inputs",
+    )
+    assert refused(
+        "input 'DOCUMENT_VIDEOS[2]' with 'QUERY' takes 99 tokens", items="documents"
+    ) == ("'documents[2]' with 'query' takes 99 tokens", "documents")
+    assert refused("input 'IMAGES' holds images", items="input") == (
+        "'input' holds images",
+        "input",
+    )
+    message, param = refused(
+        "parameter 'chunk_size' = 9 cuts input 'TEXT[0]'", ("chunk_size",), "input"
+    )
+    assert (message, param) == ("parameter 'chunk_size' = 9 cuts 'input[0]'", "chunks")
+    # without `items`, Triton's names stay as they are
+    assert refused("input 'TEXT[1]' is empty")[0] == "input 'TEXT[1]' is empty"
