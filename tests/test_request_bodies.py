@@ -41,6 +41,8 @@ def test_openai_embeddings_map_onto_the_contract():
     _, options, *_ = embeddings({"input": ["a"], "chunks": {"spans": [[0, 2], [2, 4]]}})
     assert options == {"chunk_spans": [[0, 2], [2, 4]]}
     assert embeddings({"input": "x", "encoding_format": "int8"})[2:] == ("float", ["int8"], False)
+    # null is the default, as OpenAI takes it (LiteLLM sends it when none is set)
+    assert embeddings({"input": "x", "encoding_format": None})[2:] == ("float", ["float"], False)
     keyed = embeddings({"input": "x", "embedding_types": ["binary", "float"]})
     assert keyed[2:] == ("float", ["binary", "float"], True)
 

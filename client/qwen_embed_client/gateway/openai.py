@@ -12,7 +12,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
@@ -126,7 +133,10 @@ class _Embeddings(Body):
     # vLLM's `messages` (one input, its system turn the instruction)
     input: MediaInputs | None = None
     messages: Annotated[list[Message], Field(min_length=1, max_length=2)] | None = None
-    encoding_format: Literal[ENCODINGS] = "float"
+    # null is the default, as OpenAI takes it (LiteLLM sends null when none is set)
+    encoding_format: Annotated[
+        Literal[ENCODINGS], BeforeValidator(lambda v: "float" if v is None else v)
+    ] = "float"
     embedding_type: Literal[EMBEDDING_TYPES] | None = None
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
