@@ -29,7 +29,8 @@ def stack(demo_dir, tmp_path_factory):
     where = tmp_path_factory.mktemp("gateway-triton")
     repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
-        with gateway_process(server, "--api-key", API_KEY, "--max-body-mb", "1") as base:
+        limit = {"QWEN_EMBED_MAX_BODY_MB": "1"}  # as the launcher's gateway takes it
+        with gateway_process(server, "--api-key", API_KEY, env=limit) as base:
             yield server, f"{base}/v1"
 
 
@@ -143,8 +144,8 @@ def test_errors_map_to_openai_shapes(stack):
 
 
 def test_a_body_over_the_limit_is_refused_unread(stack):
-    """--max-body-mb 1: a larger body is a 413 in the API's shape, whether it declares its
-    length or comes in chunks; a body just under the limit is read and checked."""
+    """A 1 MiB limit ($QWEN_EMBED_MAX_BODY_MB): a larger body is a 413 in the API's shape,
+    whether it declares its length or comes in chunks; a body just under it is read."""
     _, base_url = stack
     texts = ["x" * 500] * 2100  # about 1.03 MiB
     body = json.dumps({"model": "embed", "input": texts}).encode()

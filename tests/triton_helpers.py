@@ -1,6 +1,7 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -87,13 +88,14 @@ def wait_for(url: str, timeout: float = 60) -> None:
 
 
 @contextmanager
-def gateway_process(server, *args: str):
+def gateway_process(server, *args: str, env: dict[str, str] | None = None):
     """The gateway as its own process in front of `server`, as production runs it (`args`: its
-    options); yields its base URL once /health answers."""
+    options; `env`: added to its environment); yields its base URL once /health answers."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", server.grpc_url]
-        + ["--port", str(port), *args]
+        + ["--port", str(port), *args],
+        env={**os.environ, **(env or {})},
     )
     try:
         base = f"http://127.0.0.1:{port}"

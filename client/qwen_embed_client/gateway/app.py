@@ -179,9 +179,10 @@ def main() -> None:
     p.add_argument(
         "--max-body-mb",
         type=float,
-        default=MAX_BODY_BYTES / 2**20,
-        help="the largest JSON request body in MiB; a larger one is answered 413 unread "
-        "(Batch API uploads have their own limits)",
+        default=float(os.environ.get("QWEN_EMBED_MAX_BODY_MB", MAX_BODY_BYTES / 2**20)),
+        help="the largest JSON request body in MiB ($QWEN_EMBED_MAX_BODY_MB, which reaches the "
+        "gateway the launcher starts); a larger one is answered 413 unread (Batch API uploads "
+        "have their own limits)",
     )
     p.add_argument(
         "--otlp-endpoint",
