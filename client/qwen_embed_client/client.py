@@ -267,25 +267,22 @@ class AsyncEmbeddingClient:
     async def _tokenizer_call(
         self, items: list, opts: EmbedOptions, output: str, headers=None
     ) -> np.ndarray:
-        """The served model's tokenizer step, called directly for one of its views, in requests
-        of at most max_texts_per_request items (what one tokenizer request takes)."""
+        """The served model's tokenizer step, called directly for one of its views, the items
+        split over requests and servers as `embed`'s texts (one request takes at most
+        max_texts_per_request)."""
         if not items:
             raise ValueError("nothing to tokenize")
         tokenizer, _ = ensemble_steps(self.model)
-        server = self._connect()[0]
         requested = [self._module.InferRequestedOutput(output)]
-        parts = []
-        for start in range(0, len(items), self.max_texts_per_request):
-            inp = self._text_input(items[start : start + self.max_texts_per_request], opts)
-            result = await self._with_retries(
-                lambda inp=inp: self._infer(
-                    server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
-                ),
-                self.retry_deadline_s,
-                start,
+
+        async def send(server, start, end):
+            inp = self._text_input(items[start:end], opts)
+            result = await self._infer(
+                server, tokenizer, [inp], opts.parameters(), headers=headers, outputs=requested
             )
-            parts.append(result.as_numpy(output))
-        return np.concatenate(parts)
+            return result.as_numpy(output)
+
+        return np.concatenate(await self._split(len(items), send))
 
     async def served_facts(self) -> dict:
         """The embed model's facts: its tokenizer's and encoder's (contract.FACTS), with
@@ -452,21 +449,25 @@ class AsyncEmbeddingClient:
         window = (
             self.retry_deadline_s if len(servers) == 1 else min(self.retry_deadline_s, FAILOVER_S)
         )
+
+        async def chunk(index: int, start: int, end: int):
+            try:
+                return await self._with_retries(lambda: send(servers[index], start, end), window)
+            except EmbeddingError as e:  # named by the caller's indices, not the chunk's
+                raise e.counted_from(start) from None
+
         return await run_job(
             count,
             [s.state for s in servers],
-            send=lambda index, start, end: self._with_retries(
-                lambda: send(servers[index], start, end), window, start
-            ),
+            send=chunk,
             max_chunk=self.max_texts_per_request,
             slots_per_server=self.requests_in_flight,
             bench_s=self.bench_s,
         )
 
-    async def _with_retries(self, call, window_s: float, start: int = 0):
+    async def _with_retries(self, call, window_s: float):
         """`call()`, sent again after a retryable failure (backoff from `backoff_s`, doubling
-        up to MAX_BACKOFF_S, jittered) until `window_s` after the first try; `start`: the first
-        of the caller's items the call carries (its errors name the caller's indices)."""
+        up to MAX_BACKOFF_S, jittered) until `window_s` after the first try."""
         deadline = time.monotonic() + window_s
         wait = self.backoff_s
         while True:
@@ -475,7 +476,7 @@ class AsyncEmbeddingClient:
             except EmbeddingError as e:
                 pause = wait * (0.5 + random.random())
                 if not e.retryable or time.monotonic() + pause > deadline:
-                    raise e.counted_from(start) from None
+                    raise
             await asyncio.sleep(pause)
             wait = min(2 * wait, MAX_BACKOFF_S)
 

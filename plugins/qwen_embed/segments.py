@@ -214,15 +214,20 @@ class SegmentPlan:
 
 
 def plan_segments(
-    sequences: list[np.ndarray], cache: PrefixCache, device, visual_starts: list[int] | None = None
+    flat: np.ndarray,
+    bounds: list[int],
+    cache: PrefixCache,
+    device,
+    visual_starts: list[int] | None = None,
 ) -> SegmentPlan | None:
-    """Group sequences by shared prefixes (in this batch, in the cache, or with a recent
-    sequence) and lay out the computed rows; None when nothing is shared. Deterministic given
-    the ids and the cache. A prefix ends by each sequence's `visual_starts` (its first image
-    or video token; placeholders are the same ids whatever the pixels), and leaves it at
-    least one token of its own."""
+    """Group the sequences of a flat batch (`flat` ids, split at `bounds`, its cu_seqlens) by
+    shared prefixes (in this batch, in the cache, or with a recent sequence) and lay out the
+    computed rows; None when nothing is shared. Deterministic given the ids and the cache. A
+    prefix ends by each sequence's `visual_starts` (its first image or video token;
+    placeholders are the same ids whatever the pixels), and leaves it at least one token of
+    its own."""
     # Arrays for the arithmetic; token ids as tuples only where they key a prefix.
-    seqs = [np.asarray(s) for s in sequences]
+    seqs = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     heads = [tuple(seq[:MIN_PREFIX_TOKENS].tolist()) for seq in seqs]
     n = len(seqs)
     starts = visual_starts or [len(seq) for seq in seqs]
@@ -275,7 +280,8 @@ def plan_segments(
     ids, positions, q_lens, k_lens, kv_index, new, source = [], [], [], [], [], [], []
     row = 0
     num_layers = cache.num_layers
-    flat_starts = np.concatenate([[0], np.cumsum([len(seq) for seq in seqs])])
+    flat_starts = np.asarray(bounds)
+    lens = np.diff(flat_starts)
     first_with: dict[tuple[int, ...], int] = {}  # a sequence whose rows a new prefix's are
     for i, p in enumerate(prefix_of):
         first_with.setdefault(p, i)
@@ -291,10 +297,8 @@ def plan_segments(
         row += len(p)
     # Each sequence's own rows, all at once over the flat batch: a row is the sequence's own
     # past its prefix; its keys are the prefix's rows, then its own computed rows.
-    lens = np.array([len(seq) for seq in seqs])
     shared = np.array([len(p) if p else 0 for p in prefix_of])
     own = lens - shared
-    flat = np.concatenate(seqs)
     at = np.arange(len(flat)) - np.repeat(flat_starts[:-1], lens)  # position in its sequence
     shared_of_row = np.repeat(shared, lens)
     mine = at >= shared_of_row
@@ -393,10 +397,9 @@ class Planner:
         shared prefix ends before a text's first visual."""
         plan = None
         if self.prefix_reuse and not every_row:
-            ids, bounds = input_ids.numpy(), cu_seqlens.tolist()
-            sequences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            bounds = cu_seqlens.tolist()
             starts = None if media is None else media.visual_starts(bounds)
-            plan = plan_segments(sequences, self.cache, self.device, starts)
+            plan = plan_segments(input_ids.numpy(), bounds, self.cache, self.device, starts)
         if plan is None:  # nothing shared: the plain varlen batch
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)

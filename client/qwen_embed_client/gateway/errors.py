@@ -160,18 +160,21 @@ async def json_body(request: Request) -> object:
     a body holds several times its size in memory, and one client must not take the
     gateway's from every other."""
     limit = request.app.state.gateway.max_body_bytes
-    too_large = APIError(
-        TOO_LARGE, f"the request body is larger than the limit of {limit} bytes (--max-body-mb)"
-    )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise too_large
+            raise _too_large(limit)
     try:
         return json.loads(body)
     except ValueError:
         raise invalid("request body is not valid JSON") from None
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(
+        TOO_LARGE, f"the request body is larger than the limit of {limit} bytes (--max-body-mb)"
+    )
