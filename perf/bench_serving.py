@@ -1,6 +1,6 @@
 """End-to-end throughput of the `embed` ensemble on a real tritonserver vs the engine alone.
 
-    python perf/bench_serving.py [--concurrency 1 16 64] [--seconds 20]
+    python perf/bench_serving.py [--concurrency 1 16 64] [--seconds 20] [--direct]
 
 Texts (seeded): 80% of 16-64 words and 20% of 256-1024 words drawn from common English words
 that are one Qwen token each, so a text of N words is about N + 1 tokens. Each request carries
@@ -13,7 +13,8 @@ Where a level's wall time goes: the share in encoder calls (qwen_embed_encode_se
 encoder executes (Triton's model statistics; the rest of an execute is reading requests and
 writing responses, the rest of the wall is the encoder waiting for work), and the cores each
 process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
-clients (this process).
+clients (this process). With --direct the requests carry token ids (TOKEN_IDS) straight to the
+`encoder` model, as a client that tokenizes for itself sends them: no tokenizer step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from harness import (
     RESULTS,
     cosine_check,
     drive,
+    encoder_sender,
     fmt,
     markdown_table,
     new_record,
@@ -118,6 +120,9 @@ def main() -> None:
         "tokenizers scaled to the CPUs)",
     )
     p.add_argument("--gpu-instances", type=int, default=1, help="encoder instances per GPU")
+    p.add_argument(
+        "--direct", action="store_true", help="token ids straight to `encoder` (no tokenizer)"
+    )
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
     per_request = args.texts_per_request
@@ -157,7 +162,10 @@ def main() -> None:
         tokenizer_instances=groups[1],
     )
     with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
-        make = triton_sender(server.grpc_url, texts)
+        if args.direct:
+            make = encoder_sender(server.grpc_url, ids)
+        else:
+            make = triton_sender(server.grpc_url, texts)
         drive(make, counts, check, clients=4, per_request=per_request, seconds=0, max_requests=8)
         for c in args.concurrency:
             before = executes(server)
@@ -186,13 +194,16 @@ def main() -> None:
         encoder_instances=groups[0],
         tokenizer_instances=groups[1],
         device=device,
+        direct=args.direct,
         levels=rows,
         engine_alone=engine,
     )
     notes = [
         f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, instance "
         f"groups: encoder {groups[0] or 'as shipped'}, tokenizer {groups[1] or 'as shipped'}, "
-        f"{per_request} texts per request, {args.seconds:.0f} s per level; texts: 80% 16-64 "
+        f"{per_request} texts per request"
+        f"{' of token ids straight to `encoder`' if args.direct else ''}, "
+        f"{args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]
     header = [
@@ -217,8 +228,8 @@ def main() -> None:
                 r["failed_requests"],
                 f"{r['texts_per_s']:.1f}",
                 f"{r['tokens_per_s']:.0f}",
-                fmt(r["p50_s"], ".2f"),  # None where every request of a level failed
-                fmt(r["p99_s"], ".2f"),
+                fmt(r["p50_s"], ".3f"),  # None where every request of a level failed
+                fmt(r["p99_s"], ".3f"),
                 fmt(r["min_check"], ".5f"),
                 f"{r['requests_per_execute']:.1f}",
                 f"{r['calls_share']:.0%} / {r['executes_share']:.0%}",
@@ -233,7 +244,8 @@ def main() -> None:
         f"{engine['texts_per_s']:.1f} texts/s, {engine['tokens_per_s']:.0f} tokens/s; Triton "
         f"end to end at {top['concurrency']} clients = {ratio:.2f}x the engine.",
     ]
-    title = "End to end through Triton (`embed` ensemble, gRPC) vs the engine alone"
+    path = "`encoder` model, token ids" if args.direct else "`embed` ensemble"
+    title = f"End to end through Triton ({path}, gRPC) vs the engine alone"
     write_report(args.out, record, title, notes, table)
 
 

@@ -264,6 +264,26 @@ def triton_sender(url: str, texts: list[str], model: str = "embed", **parameters
     return make
 
 
+def encoder_sender(url: str, id_lists: list[list[int]], model: str = "encoder"):
+    """gRPC to a Triton `encoder` model, pre-tokenized: (EMBEDDING, None)."""
+    import tritonclient.grpc as grpcclient
+
+    from qwen_embed_client.contract import pack_ids
+
+    def make():
+        client = grpcclient.InferenceServerClient(url)
+
+        def send(idx):
+            inp = grpcclient.InferInput("TOKEN_IDS", [len(idx), 1], "BYTES")
+            inp.set_data_from_numpy(np.array([[pack_ids(id_lists[i])] for i in idx], object))
+            result = client.infer(model, [inp], client_timeout=1800)
+            return result.as_numpy("EMBEDDING"), None
+
+        return send
+
+    return make
+
+
 def rerank_sender(url: str, query: str, documents: list[str], model: str = "rerank"):
     """gRPC to a Triton `rerank` model: (SCORES of the documents, total TOKEN_COUNT)."""
     import tritonclient.grpc as grpcclient

@@ -44,7 +44,7 @@ def test_max_tokens_is_the_requests_own_limit(tok):
 
 
 def test_tokens_are_teis_shape_with_byte_offsets(tok):
-    (tokens,) = tok.tokens(tok.encoded(["naïve café"], EmbedOptions(prompt="t: ")))
+    (tokens,) = tok.tokens(tok.encoded(["naïve café"], EmbedOptions(prompt="t: "), offsets=True))
     text = "t: naïve café".encode()
     assert [t["id"] for t in tokens] == tok.encode(["naïve café"], EmbedOptions(prompt="t: "))[0]
     for t in tokens[:-1]:
@@ -59,6 +59,14 @@ def test_tokens_are_teis_shape_with_byte_offsets(tok):
     assert tok.decode([[t["id"] for t in tokens]]) == [
         ("t: naïve café", "t: naïve café<|endoftext|>")
     ]
+    # Ids alone skip the offsets: the same ids, and no token view made of zero offsets.
+    texts = ["naïve café", "你好，世界！", "tabs\tand\nnewlines", "emoji 🎉", "  a  b  ", "x" * 300]
+    plain = tok.encoded(texts, EmbedOptions(prompt="t: "))
+    full = tok.encoded(texts, EmbedOptions(prompt="t: "), offsets=True)
+    assert [e.ids for e in plain] == [e.ids for e in full]
+    assert plain[0].ids == [t["id"] for t in tokens]
+    with pytest.raises(ValueError, match="encoded with offsets"):
+        tok.tokens(plain)
 
 
 def test_a_reranker_document_cut_to_its_first_tokens(demo_dir):

@@ -80,18 +80,14 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self.metrics.executing.increment(len(requests))
+        answer = _Answers(requests)
         try:
-            return self._execute(requests)
+            self._execute(requests, answer)
         finally:
             self.metrics.executing.increment(-len(requests))
+        return answer.held()
 
-    def _execute(self, requests):
-        # Each request is answered through its own sender as soon as its texts are done.
-        senders = [request.get_response_sender() for request in requests]
-
-        def answer(i, response):
-            senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
+    def _execute(self, requests, answer):
         accepted = []  # (index, options, token id arrays)
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
@@ -126,7 +122,7 @@ class TritonPythonModel:
             else:
                 accepted.append((i, opts, seqs))
         if not accepted and not chunked and not per_token and not with_media:
-            return None
+            return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media}
         # Every metric moves before the answers it covers leave: a client that reads the
         # metrics after its response sees its own request.
@@ -157,19 +153,17 @@ class TritonPythonModel:
                 call(with_media, self._encode_media, self._outputs)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
-            return None
         except Exception as e:  # every request still gets its one response
             pb_utils.Logger.log_error(f"encoder execute failed: {type(e).__name__}: {e}")
             error = pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)
             for i in sorted(unanswered):
                 answer(i, pb_utils.InferenceResponse(error=error))
-            return None
-        return None
 
     def _call(self, members, compute, outputs, answer, unanswered):
         """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
         gives their rows in order; each request is answered with `outputs(its rows, options)`
         as soon as the call ends."""
+        answer.send_held()  # what is answered already never waits for this call
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
         rows = compute(texts)
@@ -297,6 +291,31 @@ class TritonPythonModel:
 
     def finalize(self):
         self.encoder.close()
+
+
+class _Answers:
+    """`answer(i, response)` holds request i's response until execute() returns them all in
+    one message to Triton; `send_held()`, called before each call's work starts, sends those
+    held through their requests' own senders (a message each) instead, so that no response
+    waits for a later call."""
+
+    def __init__(self, requests):
+        self._requests = requests
+        self._held = [None] * len(requests)
+
+    def __call__(self, i, response):
+        self._held[i] = response
+
+    def send_held(self):
+        for i, response in enumerate(self._held):
+            if response is not None:
+                sender = self._requests[i].get_response_sender()
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self._held[i] = None
+
+    def held(self):
+        """execute()'s return: the responses not sent yet, None for those sent."""
+        return self._held
 
 
 class _Metrics:

@@ -110,7 +110,7 @@ class TritonPythonModel:
             extra += [pb_utils.Tensor("CHUNKS", packed), pb_utils.Tensor("CHUNK_SPANS", spans)]
         else:  # CHUNKS is always sent: the encoder step waits for it
             if not opts.token_ids:
-                encoded = self.tokenizer.encoded(texts, opts)
+                encoded = self.tokenizer.encoded(texts, opts, offsets="TOKENS" in asked)
                 ids, counts = ids_and_counts(encoded)
             none = np.array([[b""]] * len(ids), dtype=np.object_)
             extra.append(pb_utils.Tensor("CHUNKS", none))
@@ -118,7 +118,7 @@ class TritonPythonModel:
         # ensembles: nothing to compute on the embedding path.
         if "TOKENS" in asked and not opts.token_ids:
             views = self.tokenizer.tokens(
-                encoded if encoded is not None else self.tokenizer.encoded(texts, opts)
+                encoded if encoded is not None else self.tokenizer.encoded(texts, opts, True)
             )
             tokens = np.array([json.dumps(t).encode() for t in views], np.object_)
             extra.append(pb_utils.Tensor("TOKENS", tokens.reshape(-1, 1)))

@@ -99,7 +99,7 @@ class PairTokenizer:
         out, heads = [], {}
         # Without the post-processor's tokens, as the model card tokenizes the pair: the
         # template carries its own special tokens.
-        for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
+        for i, enc in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
             ids = enc.ids
             if len(ids) > budget:
                 # Only pairs over the limit need the length of what truncation must keep.

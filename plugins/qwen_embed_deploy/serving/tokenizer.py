@@ -203,9 +203,10 @@ class TextTokenizer:
         """(ids per text, tokens per text before truncation, special tokens included)."""
         return ids_and_counts(self.encoded(texts, opts))
 
-    def encoded(self, texts: list[str], opts: EmbedOptions) -> list[Encoded]:
-        """Each text's Encoded: its ids, counts and what `tokens` shows of it."""
-        return list(self._encode(texts, opts, offsets=False))
+    def encoded(self, texts: list[str], opts: EmbedOptions, offsets: bool = False) -> list[Encoded]:
+        """Each text's Encoded: its ids and counts; with `offsets`, what `tokens` shows of
+        it."""
+        return list(self._encode(texts, opts, offsets))
 
     def encode_ids(
         self, id_lists: list[np.ndarray], opts: EmbedOptions
@@ -248,6 +249,8 @@ class TextTokenizer:
         text (null for special tokens, whose text is the token itself)."""
         out = []
         for e in encoded:
+            if e.own_offsets is None:
+                raise ValueError("tokens() needs texts encoded with offsets")
             spans = [None] * len(self._head) + e.encoding.offsets[e.cut] + [None] * len(self._tail)
             text = e.prompted.encode()
             byte_at = np.cumsum([0] + [len(c.encode()) for c in e.prompted])
@@ -342,15 +345,17 @@ class TextTokenizer:
         return out, counts
 
     def _encode(self, texts: list[str], opts: EmbedOptions, offsets: bool):
-        """Per text, its Encoded; with `offsets` (late chunking only: it costs a Python tuple
-        per token) also the index of its first own token among the ids (past the special
-        tokens and prompt before it) and its own tokens' character spans in the text."""
+        """Per text, its Encoded; with `offsets` (the `tokens` view and late chunking: they
+        cost a Python tuple per token) also its tokens' character spans, the index of its first
+        own token among the ids (past the special tokens and prompt before it) and its own
+        tokens' character spans in the text. Without, the tokenizer skips them altogether."""
         prefix = self.prompts.resolve(opts.prompt_name, opts.instruction, opts.prompt)
         if prefix:
             texts = [prefix + t for t in texts]
         skip = len(prefix or "")
         extra = len(self._head) + len(self._tail)
-        for i, enc in enumerate(self._tok.encode_batch(texts, add_special_tokens=False)):
+        encode = self._tok.encode_batch if offsets else self._tok.encode_batch_fast
+        for i, enc in enumerate(encode(texts, add_special_tokens=False)):
             ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
@@ -375,7 +380,8 @@ class Encoded:
     ids: list[int]  # what the encoder receives
     input_tokens: int  # before truncation, special tokens included
     prompted: str  # the text with its prompt, as tokenized
-    encoding: object  # tokenizers.Encoding of `prompted`, without special tokens
+    encoding: object  # tokenizers.Encoding of `prompted`, without special tokens; its
+    # offsets are zeros unless encoded with offsets
     cut: slice  # the tokens of `encoding` kept
     first: int = 0
     own_offsets: list | None = None
