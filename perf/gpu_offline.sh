@@ -122,6 +122,10 @@ gpu_steps() {
 			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances $instances \
 			--out "$out/gpu-serving-$instances")
 	done
+	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance"
+	(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
+		--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
+		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
 }
 
 vl_model=.cache/qwen3-vl-2b-shape
