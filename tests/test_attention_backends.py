@@ -5,9 +5,20 @@ import pytest
 import torch
 
 from qwen_embed import Encoder, native
-from qwen_embed.attention import AttentionSpec, available_backends, choose_backend, create_backend
+from qwen_embed.attention import (
+    VARLEN_REASON,
+    AttentionSpec,
+    available_backends,
+    choose_backend,
+    create_backend,
+)
 from qwen_embed.attention.native_cpu import AUTO_ISAS
-from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_problem
+from qwen_embed.attention.torch_varlen import (
+    KEYWORDS,
+    flash_problem,
+    kernel_keywords,
+    varlen_problem,
+)
 from qwen_embed.engine import check_gpu_group
 from qwen_embed_deploy.serving.config import encoder_device
 
@@ -61,11 +72,12 @@ def test_auto_backend_choice():
     assert choose("cpu", 128, "flash_attn")[0] in ("native", "torch")
     assert choose("cuda:1", 128, "flash_attn", "flashinfer")[0] == "flash_attn"
     assert choose("cuda", 64, "flash_attn")[0] == "flash_attn"
-    # Nothing beyond PyPI's torch: varlen_attn, one call per layer. flashinfer only by name.
+    # Nothing beyond PyPI's torch: its varlen FlashAttention, one call per layer. flashinfer
+    # only by name.
     for head_dim in (64, 128):
         name, reason = choose("cuda", head_dim, "flashinfer")
-        assert (name, reason) == ("torch", "auto: PyTorch varlen_attn, one call per layer")
-    # Where varlen_attn cannot: the per-segment loop, saying why.
+        assert (name, reason) == ("torch", VARLEN_REASON)
+    # Where that cannot run: the per-segment loop, saying why.
     name, reason = choose("cuda", 128, capability=(7, 5))
     assert name == "torch" and "per segment" in reason and "7.5" in reason
     name, reason = choose("cuda", 100)
@@ -91,12 +103,16 @@ def test_flash_problem_states_the_kernels_limits():
     assert "CUDA only" in problem(device="cpu")
 
 
-KEYWORDS_2_13 = frozenset({"return_aux", "scale", "window_size", "enable_gqa", "seqused_k"})
+# aten::_flash_attention_forward's keywords in torch 2.5.1 (native_functions.yaml); 2.13 adds
+# block_table and num_splits.
+KEYWORDS_2_5 = frozenset(
+    {"scale", "window_size_left", "window_size_right", "seqused_k", "alibi_slopes"}
+)
 
 
 def test_varlen_problem():
     def problem(
-        device="cuda:0", dtype="bfloat16", head_dim=128, capability=(8, 0), keywords=KEYWORDS_2_13
+        device="cuda:0", dtype="bfloat16", head_dim=128, capability=(8, 0), keywords=KEYWORDS_2_5
     ):
         return varlen_problem(device, dtype, head_dim, lambda d: capability, lambda: keywords)
 
@@ -105,11 +121,11 @@ def test_varlen_problem():
     assert "not float32" in problem(dtype="float32")
     assert "not 512" in problem(head_dim=512)
     assert "8.0+" in problem(capability=(7, 5))
-    assert "no torch.nn.attention.varlen" in problem(keywords=None)
-    assert problem(keywords=KEYWORDS_2_13 - {"enable_gqa"}) is None  # 2.11's
-    # 2.9's signature (is_causal, no scale or window): the per-segment SDPA loop instead
-    assert "takes no scale, window_size" in problem(keywords={"is_causal", "return_aux"})
+    assert "no aten::_flash_attention_forward" in problem(keywords=None)
+    # An operator without sliding windows: the per-segment SDPA loop instead
+    assert "takes no window_size_left, window_size_right" in problem(keywords={"scale"})
     # This torch has it (2.13): on a GPU the torch backend needs no attention wheel.
+    assert KEYWORDS_2_5 <= kernel_keywords()
     assert varlen_problem("cuda", "bfloat16", 128, lambda d: (9, 0)) is None
 
 
@@ -195,7 +211,9 @@ def test_varlen_path_equals_the_per_segment_loop(causal):
     device = torch.device("cuda", 0)
     spec = AttentionSpec(8, 2, 128, causal, device, torch.bfloat16)
     varlen, loop = create_backend("torch", spec), create_backend("torch", spec)
-    assert varlen._varlen is not None, "varlen_attn should serve a bf16 head-128 spec here"
+    assert varlen._varlen is not None, (
+        "the varlen FlashAttention should serve a bf16 head-128 spec here"
+    )
     loop._varlen = None
     gen = torch.Generator(device).manual_seed(3)
     for q_lens, k_lens in [((1, 17, 300), (1, 17, 300)), ((5, 1, 40), (70, 33, 40))]:

@@ -68,11 +68,12 @@ def test_explicit_dtype_and_gpu_auto():
     )
     assert "float32 checkpoint runs in bfloat16" in route_for(EPYC_AVX2, "cuda:0").reason
     assert route_for(EPYC_AVX2, "cuda:0").gemm is Gemm.TORCH
-    # Nothing beyond torch on a GPU: varlen_attn where the GPU runs it, else the per-segment loop.
+    # Nothing beyond torch on a GPU: its varlen FlashAttention where the GPU runs it, else the
+    # per-segment loop.
     route = route_for(EPYC_AVX2, "cuda:0")
     assert (route.attn_backend, route.attention_reason) == (
         "torch",
-        "auto: PyTorch varlen_attn, one call per layer",
+        "auto: PyTorch's varlen FlashAttention, one call per layer",
     )
     assert "per segment" in route_for(EPYC_AVX2, "cuda:0", gpu_bf16=False).attention_reason
     assert "per segment" in route_for(EPYC_AVX2, "cuda:0", dtype="float32").attention_reason

@@ -1,7 +1,8 @@
 """Our side of the GPU libraries' contracts, checked on CPU: NOT a GPU run.
 
 The calls our GPU backends make (flash-attn's `flash_attn_varlen_func`, PyTorch's
-`varlen_attn`, flashinfer's ragged prefill `plan`/`run`, torch's NCCL process group) go to
+`aten::_flash_attention_forward`, flashinfer's ragged prefill `plan`/`run`, torch's NCCL
+process group) go to
 stand-ins that enforce what those libraries check before they launch a kernel, and then compute
 with a plain math path (attention bottom-right causal, as FlashAttention 2.1+ and flashinfer
 align it; all-reduces over gloo). Each check cites the source line it comes from, at the
@@ -51,7 +52,7 @@ HEADS, KV_HEADS = 8, 2
 
 def _flash_preconditions(q, k, v, cu_q, cu_k, max_q, max_k) -> None:
     """What FlashAttention-2's varlen forward checks (flash_api.cpp `mha_varlen_fwd`, line 515;
-    PyTorch's varlen_attn reaches the same checks in ATen's copy of it)."""
+    PyTorch's aten::_flash_attention_forward reaches the same checks in ATen's copy of it)."""
     # :545 TORCH_CHECK(q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16, ...)
     assert q.dtype in (torch.float16, torch.bfloat16), q.dtype
     # :547-548 TORCH_CHECK(k.dtype() == q_dtype, ...); TORCH_CHECK(v.dtype() == q_dtype, ...)
@@ -113,31 +114,25 @@ def flash_attn_varlen_func(
     return _math_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
 
 
-def varlen_attn(
-    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size, enable_gqa
+def flash_attention_forward(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, dropout_p, is_causal, debug, **kw
 ):
-    """torch 2.13's torch/nn/attention/varlen.py `varlen_attn` (line 176)."""
-    # :295 if not enable_gqa and num_heads_q != num_heads_k: raise ValueError(...)
-    # :301 if enable_gqa and num_heads_q % num_heads_k != 0: raise ValueError(...)
-    assert enable_gqa == (query.shape[1] != key.shape[1])
-    # :307 is_causal = window_size == (-1, 0); other windows are sliding windows
-    assert window_size in ((-1, 0), (-1, -1)), window_size
+    """PyTorch's `aten::_flash_attention_forward`: the call bound to this torch's own schema
+    and its shapes checked by the operator's meta kernel (the real operator, on the meta
+    device), then FlashAttention's checks, then the math path. torch 2.13's varlen_attn makes
+    the same call (varlen.py:109): no dropout, no debug mask, causal as window (-1, 0); 8
+    key/value heads beside 16 query heads are read as groups (seen on an H200 through 2.11's
+    varlen_attn)."""
+    meta = [t.to("meta") for t in (query, key, value, cu_seq_q, cu_seq_k)]
+    out = torch.ops.aten._flash_attention_forward(
+        *meta, max_q, max_k, dropout_p, is_causal, debug, **kw
+    )[0]
+    assert out.shape == query.shape and out.dtype == query.dtype
+    assert dropout_p == 0.0 and not debug
+    assert (kw["window_size_left"], kw["window_size_right"]) == (-1, 0 if is_causal else -1)
     _flash_preconditions(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
-    return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
-
-
-def varlen_attn_2_11(
-    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale, window_size
-):
-    """torch 2.11's `varlen_attn`, as it behaved on an H200: `scale` and `window_size` taken,
-    `enable_gqa` a TypeError, and 8 key/value heads beside 16 query heads read as groups (the
-    same bits as with the key/value heads repeated; 2.11's source is not in the stored
-    references, so its head check is assumed to be FlashAttention's: a whole number of query
-    heads per key/value head)."""
-    assert key.shape[1] == value.shape[1] and query.shape[1] % key.shape[1] == 0
-    assert window_size in ((-1, 0), (-1, -1)), window_size
-    _flash_preconditions(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
-    return _math_attention(query, key, value, cu_seq_q, cu_seq_k, window_size == (-1, 0), scale)
+    attended = _math_attention(query, key, value, cu_seq_q, cu_seq_k, is_causal, kw["scale"])
+    return attended, None, None, None, None
 
 
 class RaggedPrefillWrapper:
@@ -204,14 +199,9 @@ def _backends(spec: AttentionSpec) -> dict[str, AttentionBackend]:
     flash = FlashAttention.__new__(FlashAttention)
     AttentionBackend.__init__(flash, spec)  # FlashAttention's own __init__ imports the wheel
     flash._kernel = flash_attn_varlen_func
-    varlen, varlen_2_11 = create_backend("torch", spec), create_backend("torch", spec)
-    varlen.use_varlen(varlen_attn)
-    varlen_2_11.use_varlen(varlen_attn_2_11)
-    backends = {
-        "flash_attn": flash,
-        "torch varlen_attn": varlen,
-        "torch 2.11 varlen_attn": varlen_2_11,
-    }
+    varlen = create_backend("torch", spec)
+    varlen.use_varlen(flash_attention_forward)
+    backends = {"flash_attn": flash, "torch varlen FlashAttention": varlen}
     if spec.head_dim in FLASHINFER_HEAD_DIMS:
         flashinfer = FlashInferAttention.__new__(FlashInferAttention)
         AttentionBackend.__init__(flashinfer, spec)  # its __init__ imports the wheel
@@ -313,8 +303,14 @@ def test_the_stand_ins_refuse_what_the_kernels_refuse():
     for args in bad:
         with pytest.raises(AssertionError):
             flash_attn_varlen_func(*args, 0.125, True)
-    with pytest.raises(AssertionError):  # heads differ without enable_gqa
-        varlen_attn(q, k, k, cu, cu, 4, 4, scale=0.125, window_size=(-1, 0), enable_gqa=False)
+    window = {"scale": 0.125, "window_size_left": -1, "window_size_right": 0}
+    flash_attention_forward(q, k, k, cu, cu, 4, 4, 0.0, True, False, **window)
+    with pytest.raises(AssertionError):  # causal without its window
+        flash_attention_forward(
+            q, k, k, cu, cu, 4, 4, 0.0, True, False, **window | {"window_size_right": -1}
+        )
+    with pytest.raises((TypeError, RuntimeError)):  # a keyword the operator does not take
+        flash_attention_forward(q, k, k, cu, cu, 4, 4, 0.0, True, False, window_size=(-1, 0))
 
 
 # The types ProcessGroupNCCL.cpp's getNcclDataType maps to NCCL's (bool as uint8); any other

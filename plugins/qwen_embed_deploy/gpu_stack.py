@@ -2,8 +2,8 @@
 
 - "torch" (the default): PyPI's torch at the version the CPU set pins (requirements.txt), one
   torch for CPU and GPU. Its Linux x86_64 wheel is the CUDA 13.0 build (NVIDIA driver 580+,
-  compute capability 7.5+, Blackwell included); its `varlen_attn` is the torch backend's GPU
-  path, so no attention wheel is needed.
+  compute capability 7.5+, Blackwell included); its varlen FlashAttention is the torch backend's
+  GPU path, so no attention wheel is needed.
 - "kernels": flash-attn and flashinfer beside the torch their prebuilt wheels are made for.
   flash-attn on PyPI is a source package that builds CUDA for an hour, its release wheels stop
   at older torch minors, and flashinfer's torch-specific prebuilt wheels stop at 0.2.5 (torch

@@ -13,6 +13,8 @@ from .base import AttentionBackend, AttentionSpec
 from .native_cpu import native_problem
 from .torch_varlen import flash_problem, varlen_problem
 
+VARLEN_REASON = "auto: PyTorch's varlen FlashAttention, one call per layer"
+
 _BACKENDS = {
     "torch": "qwen_embed.attention.torch_sdpa:TorchAttention",
     "native": "qwen_embed.attention.native_cpu:NativeAttention",
@@ -49,10 +51,10 @@ def choose_backend(
     for the dtype and head size with kernels measured faster (AVX-512, AMX), else the
     per-segment torch loop. On CUDA flash-attn where it is installed, imports and takes the
     GPU, dtype and head size (a deployer who installed it asked for it), else torch:
-    PyTorch's varlen_attn where the GPU, dtype and head size allow (the same FlashAttention
-    kernels, nothing beyond PyPI's torch), else its per-segment loop. flashinfer runs when
-    asked for by name. A pure function of the device, the head size, the dtype and what is
-    installed."""
+    PyTorch's varlen FlashAttention where the GPU, dtype and head size allow (the same
+    FlashAttention kernels, nothing beyond PyPI's torch), else its per-segment loop.
+    flashinfer runs when asked for by name. A pure function of the device, the head size, the
+    dtype and what is installed."""
     if not device.startswith("cuda"):
         why = cpu_problem(device, dtype, head_dim, auto=True)
         if why is None:
@@ -63,7 +65,7 @@ def choose_backend(
         return "flash_attn", "auto: flash-attn is installed"
     why = gpu_problem(device, dtype, head_dim)
     if why is None:
-        return "torch", "auto: PyTorch varlen_attn, one call per layer"
+        return "torch", VARLEN_REASON
     return "torch", f"auto: PyTorch SDPA per segment ({why})"
 
 

@@ -1,5 +1,5 @@
-"""PyTorch's attention: on GPUs that run it, `varlen_attn` over the whole flat batch (one call
-per layer); elsewhere (CPU, fp32, older GPUs) SDPA, one call per segment."""
+"""PyTorch's attention: on GPUs that run it, its varlen FlashAttention over the whole flat
+batch (one call per layer); elsewhere (CPU, fp32, older GPUs) SDPA, one call per segment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ..segments import AttentionLayout
 from .base import AttentionBackend, AttentionSpec
-from .torch_varlen import keywords_of, varlen_problem
+from .torch_varlen import varlen_problem
 
 
 class TorchAttention(AttentionBackend):
@@ -18,17 +18,13 @@ class TorchAttention(AttentionBackend):
         self._gqa = spec.num_heads != spec.num_kv_heads
         dtype = str(spec.dtype).removeprefix("torch.")
         if varlen_problem(str(spec.device), dtype, spec.head_dim) is None:
-            from torch.nn.attention.varlen import varlen_attn
+            self.use_varlen(torch.ops.aten._flash_attention_forward)
 
-            self.use_varlen(varlen_attn)
-
-    def use_varlen(self, varlen_attn) -> None:
-        """Call `varlen_attn` for every layer, key and value heads as they are (GQA, never
-        repeated): torch 2.13's takes `enable_gqa`; 2.11's has no such keyword (a TypeError)
-        and reads fewer key/value heads than query heads as groups (seen on an H200)."""
-        self._varlen = varlen_attn
-        takes_gqa = "enable_gqa" in keywords_of(varlen_attn)
-        self._varlen_gqa = {"enable_gqa": self._gqa} if takes_gqa else {}  # decided once
+    def use_varlen(self, kernel) -> None:
+        """Call `kernel` (`aten::_flash_attention_forward`, torch_varlen.py) for every layer,
+        key and value heads as they are: FlashAttention reads fewer key/value heads than query
+        heads as groups (GQA, never repeated)."""
+        self._varlen = kernel
 
     def prepare(self, layout: AttentionLayout) -> None:
         if self._varlen is not None:
@@ -50,7 +46,9 @@ class TorchAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
         if self._varlen is not None:
-            # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs.
+            # FlashAttention aligns the causal mask bottom-right, as a shared prefix needs;
+            # varlen_attn makes the same call (no dropout, no debug mask, window (-1, 0)).
+            causal = self.spec.causal
             return self._varlen(
                 q,
                 k,
@@ -59,10 +57,13 @@ class TorchAttention(AttentionBackend):
                 layout.cu_k,
                 layout.max_q,
                 layout.max_k,
+                0.0,
+                causal,
+                False,
                 scale=self.spec.scale,
-                window_size=(-1, 0) if self.spec.causal else (-1, -1),
-                **self._varlen_gqa,
-            )
+                window_size_left=-1,
+                window_size_right=0 if causal else -1,
+            )[0]
         out = torch.empty_like(q)
         # Slices of the flat stream seen as [1, heads, len, dim]: no padding.
         # (The 4-D form takes PyTorch's fused CPU kernel; 3-D inputs fall back to the math path.)

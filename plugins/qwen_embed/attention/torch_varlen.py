@@ -1,16 +1,20 @@
-"""When the torch backend can take PyTorch's packed varlen attention on a GPU
-(`torch.nn.attention.varlen.varlen_attn`: one FlashAttention call per layer over the whole flat
-batch, separate query/key offsets, GQA): known without importing anything CUDA."""
+"""When the torch backend can run PyTorch's FlashAttention varlen kernel on a GPU
+(`aten::_flash_attention_forward` with offsets: one call per layer over the whole flat batch,
+separate query/key offsets, GQA as FlashAttention reads it): known without importing anything
+CUDA. The backend calls the ATen operator itself: `torch.nn.attention.varlen.varlen_attn`
+reaches the same kernel through a Python custom op that adds host time and a zero-filled
+tensor (one more kernel) to every layer."""
 
 from __future__ import annotations
-
-import importlib.util
-import inspect
 
 # Its FlashAttention kernels: Ampere and newer, half precision, head sizes up to 256 in
 # multiples of 8.
 MIN_CAPABILITY = (8, 0)
 MAX_HEAD_DIM = 256
+KERNEL = "aten::_flash_attention_forward"
+
+# The keywords our call passes: torch 2.5 and newer take them.
+KEYWORDS = frozenset({"scale", "window_size_left", "window_size_right"})
 
 
 def _capability(device: str) -> tuple[int, int]:
@@ -19,31 +23,23 @@ def _capability(device: str) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-# The keywords our call passes that every torch since 2.11 takes (enable_gqa, since 2.13, is
-# optional: torch_sdpa.py repeats the key/value heads without it).
-KEYWORDS = frozenset({"scale", "window_size"})
+def kernel_keywords() -> frozenset[str] | None:
+    """The keyword-only parameters of this torch's `aten::_flash_attention_forward` (None
+    where it has none)."""
+    import torch
 
-
-def keywords_of(varlen_attn) -> frozenset[str]:
-    """The parameter names a varlen_attn takes (torch's, or a stand-in's)."""
-    return frozenset(inspect.signature(varlen_attn).parameters)
-
-
-def _varlen_keywords() -> frozenset[str] | None:
-    """The parameter names of this torch's varlen_attn (None where it has none)."""
-    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
         return None
-    from torch.nn.attention.varlen import varlen_attn
-
-    return keywords_of(varlen_attn)
+    schema = torch.ops.aten._flash_attention_forward.default._schema
+    return frozenset(a.name for a in schema.arguments if a.kwarg_only)
 
 
 def flash_problem(
     device: str, dtype: str, head_dim: int, capability=_capability, name: str = "flash-attn"
 ) -> str | None:
-    """Why FlashAttention-2 kernels (flash-attn's own, and those under torch's varlen_attn)
-    cannot serve this device, dtype and head size (None when they can): flash-attn's
-    flash_api.cpp checks the same (sm8x/sm90, fp16/bf16, head size <= 256)."""
+    """Why FlashAttention-2 kernels (flash-attn's own, and PyTorch's copy of them) cannot
+    serve this device, dtype and head size (None when they can): flash-attn's flash_api.cpp
+    checks the same (sm8x/sm90, fp16/bf16, head size <= 256)."""
     if not device.startswith("cuda"):
         return f"{name} runs on CUDA only"
     if dtype not in ("float16", "bfloat16"):
@@ -62,14 +58,15 @@ def varlen_problem(
     dtype: str,
     head_dim: int,
     capability=_capability,
-    keywords=_varlen_keywords,
+    keywords=kernel_keywords,
 ) -> str | None:
-    """Why varlen_attn cannot serve this device, dtype and head size (None when it can)."""
+    """Why PyTorch's varlen FlashAttention cannot serve this device, dtype and head size
+    (None when it can)."""
     if device.startswith("cuda"):
         takes = keywords()
         if takes is None:
-            return "this torch has no torch.nn.attention.varlen (added in the 2.9 line)"
+            return f"this torch has no {KERNEL}"
         if KEYWORDS - takes:
             missing = ", ".join(sorted(KEYWORDS - takes))
-            return f"this torch's varlen_attn takes no {missing} (torch 2.11 and newer do)"
-    return flash_problem(device, dtype, head_dim, capability, name="varlen_attn")
+            return f"this torch's {KERNEL} takes no {missing} (torch 2.5 and newer do)"
+    return flash_problem(device, dtype, head_dim, capability, name="PyTorch's FlashAttention")
