@@ -117,9 +117,9 @@ class TritonPythonModel:
         # Asked for only by a direct call (the /tokenize and /decode routes), never by the
         # ensembles: nothing to compute on the embedding path.
         if "TOKENS" in asked and not opts.token_ids:
-            views = self.tokenizer.tokens(
-                encoded if encoded is not None else self.tokenizer.encoded(texts, opts, True)
-            )
+            if encoded is None:
+                encoded = self.tokenizer.encoded(texts, opts, offsets=True)
+            views = self.tokenizer.tokens(encoded)
             tokens = np.array([json.dumps(t).encode() for t in views], np.object_)
             extra.append(pb_utils.Tensor("TOKENS", tokens.reshape(-1, 1)))
         if "DECODED" in asked:
