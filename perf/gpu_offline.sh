@@ -108,7 +108,7 @@ gpu_steps() {
 	timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 		--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
 		--out "$out/gpu-engine"
-	for tokens in ${off:-8192} 0; do
+	for tokens in ${off:-8192 16384} 0; do
 		step "where the GPU's time goes, cuda_graph_tokens $tokens"
 		(cd perf && timeout "$(left 45)" $pin python3 profile_engine.py --model-dir ../$model \
 			--dtype bfloat16 --device cuda --texts 256 --texts-per-call 8 64 256 --rounds 2 \
