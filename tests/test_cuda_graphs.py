@@ -17,6 +17,7 @@ from qwen_embed import Encoder
 from qwen_embed.chunking import ChunkedText
 from qwen_embed.cpu import cpu_features
 from qwen_embed.cuda_graphs import BUCKETS, TokenGraphs, buckets_up_to
+from qwen_embed.settings import MAX_GRAPH_TOKENS, EncoderSettings
 
 from reference import cosine, random_sequences, reference_embeddings, route_for
 
@@ -99,9 +100,14 @@ def test_late_chunks_and_rerank_scores_under_graphs(checkpoint, reranker):
 
 def test_buckets():
     assert buckets_up_to(0) == []
-    assert buckets_up_to(100) == [16, 32, 64]
-    assert buckets_up_to(8192)[-1] == 8192 == BUCKETS[-1]
-    assert all(b / a <= 2 for a, b in zip(BUCKETS, BUCKETS[1:], strict=False))
+    assert buckets_up_to(100) == [16, 32, 64, 100]  # the setting is the largest
+    assert buckets_up_to(8192)[-1] == 8192 and buckets_up_to(16384)[-2:] == [12288, 16384]
+    assert BUCKETS[-1] == MAX_GRAPH_TOKENS
+    for tokens in (17, 100, 8192, 10000, 16384, MAX_GRAPH_TOKENS):
+        steps = buckets_up_to(tokens)
+        assert all(b / a <= 2 for a, b in zip(steps, steps[1:], strict=False)), tokens
+    with pytest.raises(ValueError, match="cuda_graph_tokens must be <= 65536"):
+        EncoderSettings(cuda_graph_tokens=MAX_GRAPH_TOKENS + 1)
 
 
 def test_the_route_takes_graphs_on_a_single_gpu_only():

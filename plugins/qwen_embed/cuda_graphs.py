@@ -25,14 +25,17 @@ from functools import partial
 import torch
 
 from .segments import ForwardContext
+from .settings import MAX_GRAPH_TOKENS
 
-# Rows of each bucket, up to the route's cuda_graph_tokens (steps of about 1.5x: the padding
-# a forward computes in vain stays under half of it).
+# Rows of each bucket (steps of about 1.5x: the padding a forward computes in vain stays under
+# half of it); the route's cuda_graph_tokens, at most MAX_GRAPH_TOKENS, is the largest.
 BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+BUCKETS += (12288, 16384, 24576, 32768, 49152, MAX_GRAPH_TOKENS)
 
 
 def buckets_up_to(tokens: int) -> list[int]:
-    return [b for b in BUCKETS if b <= tokens]
+    """The buckets below `tokens` and `tokens` itself: forwards of up to that many rows."""
+    return [b for b in BUCKETS if b < tokens] + [tokens] if tokens > 0 else []
 
 
 def cuda_capture(device: torch.device) -> Callable[[Callable[[], None]], Callable[[], None]]:

@@ -18,6 +18,9 @@ QUANTIZATIONS = ("none", "int8")
 POOLING_METHODS = ("last", "mean", "cls")
 TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
+# The largest cuda_graph_tokens: graphs' static buffers are sized for it, and forwards never
+# hold more than max_batch_tokens rows but for one text longer than that.
+MAX_GRAPH_TOKENS = 65536
 
 
 def switch(value: bool | str | None, name: str) -> str:
@@ -85,6 +88,10 @@ class EncoderSettings:
         ):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        if self.cuda_graph_tokens > MAX_GRAPH_TOKENS:
+            raise ValueError(
+                f"cuda_graph_tokens must be <= {MAX_GRAPH_TOKENS}, got {self.cuda_graph_tokens}"
+            )
         if self.dist_addr.rpartition(":")[0] == "":
             raise ValueError(f"dist_addr must be host:port, got {self.dist_addr!r}")
 
