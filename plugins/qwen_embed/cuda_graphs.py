@@ -29,8 +29,10 @@ from .settings import MAX_GRAPH_TOKENS
 
 # Rows of each bucket (steps of about 1.5x: the padding a forward computes in vain stays under
 # half of it); the route's cuda_graph_tokens, at most MAX_GRAPH_TOKENS, is the largest.
-BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-BUCKETS += (12288, 16384, 24576, 32768, 49152, MAX_GRAPH_TOKENS)
+BUCKETS = (
+    *(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192),
+    *(12288, 16384, 24576, 32768, 49152, MAX_GRAPH_TOKENS),
+)
 
 
 def buckets_up_to(tokens: int) -> list[int]:

@@ -18,8 +18,8 @@ QUANTIZATIONS = ("none", "int8")
 POOLING_METHODS = ("last", "mean", "cls")
 TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
-# The largest cuda_graph_tokens: graphs' static buffers are sized for it, and forwards never
-# hold more than max_batch_tokens rows but for one text longer than that.
+# The largest cuda_graph_tokens (the graphs' static buffers are sized for the setting; a
+# forward holds at most max_batch_tokens rows but for one text longer than that).
 MAX_GRAPH_TOKENS = 65536
 
 
