@@ -13,8 +13,10 @@ Where a level's wall time goes: the share in encoder calls (qwen_embed_encode_se
 encoder executes (Triton's model statistics; the rest of an execute is reading requests and
 writing responses, the rest of the wall is the encoder waiting for work), and the cores each
 process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
-clients (this process). With --direct the requests carry token ids (TOKEN_IDS) straight to the
-`encoder` model, as a client that tokenizes for itself sends them: no tokenizer step.
+clients (this process); per model (embed, tokenizer, encoder) the ms a request spent in it
+and, of that, queued (Triton's statistics). With --direct the requests carry token ids
+(TOKEN_IDS) straight to the `encoder` model, as a client that tokenizes for itself sends them:
+no tokenizer step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from qwen_embed_deploy.triton import TritonServer
 from workload import make_texts
 
 PER_EXECUTE = "qwen_embed_encoder_requests_per_execute"
+MODELS = ("embed", "tokenizer", "encoder")
 
 
 def executes(server: TritonServer) -> tuple[float, float]:
@@ -67,6 +70,19 @@ def encoder_seconds(server: TritonServer) -> tuple[float, float]:
         stats = json.load(response)["model_stats"]
     executes = sum(b["compute_infer"]["ns"] for m in stats for b in m.get("batch_stats", []))
     return calls, executes / 1e9
+
+
+def model_times(server: TritonServer) -> dict[str, tuple[int, int, int]]:
+    """Per model of MODELS: (requests, ns they spent in it, ns of that queued) so far, from
+    Triton's statistics."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats", timeout=30) as r:
+        stats = json.load(r)["model_stats"]
+    times = {}
+    for m in stats:
+        if m["name"] in MODELS:
+            done, queued = m["inference_stats"]["success"], m["inference_stats"]["queue"]
+            times[m["name"]] = (int(done["count"]), int(done["ns"]), int(queued["ns"]))
+    return times
 
 
 def cpu_seconds(server: TritonServer) -> dict[str, float]:
@@ -87,14 +103,24 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def time_split(server: TritonServer, run) -> tuple[dict, dict]:
-    """run()'s result and where its wall time went: shares in encoder calls and executes, and
-    the cores each role kept busy."""
+    """run()'s result and where its wall time went: shares in encoder calls and executes, the
+    cores each role kept busy, and per model the ms a request spent in it (and queued)."""
     start, seconds, cpu = time.perf_counter(), encoder_seconds(server), cpu_seconds(server)
+    before = model_times(server)
     result = run()
     wall = time.perf_counter() - start
     calls, executes = (b - a for a, b in zip(seconds, encoder_seconds(server), strict=True))
     cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in cpu_seconds(server).items()}
-    return result, {"calls_share": calls / wall, "executes_share": executes / wall, "cores": cores}
+    server_ms = {}
+    for name, (n, ns, queued) in model_times(server).items():
+        n0, ns0, queued0 = before.get(name, (0, 0, 0))
+        if n > n0:
+            server_ms[name] = {
+                "in": (ns - ns0) / (n - n0) / 1e6,
+                "queued": (queued - queued0) / (n - n0) / 1e6,
+            }
+    split = {"calls_share": calls / wall, "executes_share": executes / wall, "cores": cores}
+    return result, {**split, "server_ms": server_ms}
 
 
 def main() -> None:
@@ -218,6 +244,7 @@ def main() -> None:
         "requests per encoder execute",
         "wall in encoder calls / executes",
         "cores: encoder / tokenizer / tritonserver / clients",
+        "ms per request in embed / tokenizer / encoder (queued)",
     ]
     table = markdown_table(
         header,
@@ -234,6 +261,7 @@ def main() -> None:
                 f"{r['requests_per_execute']:.1f}",
                 f"{r['calls_share']:.0%} / {r['executes_share']:.0%}",
                 cores(r["cores"]),
+                in_models(r["server_ms"]),
             ]
             for r in rows
         ],
@@ -247,6 +275,15 @@ def main() -> None:
     path = "`encoder` model, token ids" if args.direct else "`embed` ensemble"
     title = f"End to end through Triton ({path}, gRPC) vs the engine alone"
     write_report(args.out, record, title, notes, table)
+
+
+def in_models(server_ms: dict[str, dict[str, float]]) -> str:
+    """Each model's ms per request, queued time in brackets; n/a where none reached it."""
+    cells = []
+    for name in MODELS:
+        t = server_ms.get(name)
+        cells.append(f"{t['in']:.1f} ({t['queued']:.1f})" if t else "n/a")
+    return " / ".join(cells)
 
 
 def cores(used: dict[str, float]) -> str:
