@@ -422,14 +422,16 @@ def either(value, form: str) -> str:
 
 def tables(rows: list[dict], engine: list[dict], prune: dict, planner: dict) -> list[str]:
     by = {(r["workload"], r["driver"], r["prefix_reuse"]): r for r in rows}
-    table = [
-        "| workload | load generator | tokens/s reuse on | tokens/s off | on / off "
-        "| on / off per round | computed per received (on) | cache hit rate (on) "
-        "| p99 s on / off | min cosine on | encoder busy on / off | tokenizer busy on / off |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    if not rows:  # --seconds 0: no serving cases
-        table = []
+    table = (
+        [
+            "| workload | load generator | tokens/s reuse on | tokens/s off | on / off "
+            "| on / off per round | computed per received (on) | cache hit rate (on) "
+            "| p99 s on / off | min cosine on | encoder busy on / off | tokenizer busy on / off |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        if rows
+        else []  # --seconds 0: no serving cases
+    )
     for name, driver, reuse in by:
         if reuse != "auto":
             continue

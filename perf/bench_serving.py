@@ -55,6 +55,7 @@ from workload import make_texts
 
 PER_EXECUTE = "qwen_embed_encoder_requests_per_execute"
 MODELS = ("embed", "tokenizer", "encoder")
+ENCODE_SECONDS = "qwen_embed_encode_seconds_sum"  # the encoder's calls, summed
 
 
 def executes(server: TritonServer) -> tuple[float, float]:
@@ -62,26 +63,17 @@ def executes(server: TritonServer) -> tuple[float, float]:
     return server.metric(PER_EXECUTE + "_sum"), server.metric(PER_EXECUTE + "_count")
 
 
-def encoder_seconds(server: TritonServer) -> tuple[float, float]:
-    """(seconds in encoder calls, seconds in encoder executes) so far."""
-    calls = server.metric("qwen_embed_encode_seconds_sum")
-    url = f"http://{server.http_url}/v2/models/encoder/stats"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        stats = json.load(response)["model_stats"]
-    executes = sum(b["compute_infer"]["ns"] for m in stats for b in m.get("batch_stats", []))
-    return calls, executes / 1e9
-
-
-def model_times(server: TritonServer) -> dict[str, tuple[int, int, int]]:
-    """Per model of MODELS: (requests, ns they spent in it, ns of that queued) so far, from
-    Triton's statistics."""
+def model_times(server: TritonServer) -> dict[str, tuple[int, int, int, int]]:
+    """Per model of MODELS, so far, from Triton's statistics: (requests, ns they spent in it,
+    ns of that queued, ns in its executes)."""
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats", timeout=30) as r:
         stats = json.load(r)["model_stats"]
     times = {}
     for m in stats:
         if m["name"] in MODELS:
             done, queued = m["inference_stats"]["success"], m["inference_stats"]["queue"]
-            times[m["name"]] = (int(done["count"]), int(done["ns"]), int(queued["ns"]))
+            executes = sum(int(b["compute_infer"]["ns"]) for b in m.get("batch_stats", []))
+            times[m["name"]] = (int(done["count"]), int(done["ns"]), int(queued["ns"]), executes)
     return times
 
 
@@ -105,20 +97,22 @@ def _cpu_seconds(pid: int) -> float:
 def time_split(server: TritonServer, run) -> tuple[dict, dict]:
     """run()'s result and where its wall time went: shares in encoder calls and executes, the
     cores each role kept busy, and per model the ms a request spent in it (and queued)."""
-    start, seconds, cpu = time.perf_counter(), encoder_seconds(server), cpu_seconds(server)
-    before = model_times(server)
+    start, cpu = time.perf_counter(), cpu_seconds(server)
+    calls, before = server.metric(ENCODE_SECONDS), model_times(server)
     result = run()
     wall = time.perf_counter() - start
-    calls, executes = (b - a for a, b in zip(seconds, encoder_seconds(server), strict=True))
+    calls = server.metric(ENCODE_SECONDS) - calls
     cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in cpu_seconds(server).items()}
-    server_ms = {}
-    for name, (n, ns, queued) in model_times(server).items():
-        n0, ns0, queued0 = before.get(name, (0, 0, 0))
-        if n > n0:
-            server_ms[name] = {
-                "in": (ns - ns0) / (n - n0) / 1e6,
-                "queued": (queued - queued0) / (n - n0) / 1e6,
-            }
+    spent = {
+        name: [b - a for a, b in zip(before.get(name, (0, 0, 0, 0)), now, strict=True)]
+        for name, now in model_times(server).items()
+    }
+    executes = spent["encoder"][3] / 1e9
+    server_ms = {
+        name: {"in": ns / n / 1e6, "queued": queued / n / 1e6}
+        for name, (n, ns, queued, _) in spent.items()
+        if n
+    }
     split = {"calls_share": calls / wall, "executes_share": executes / wall, "cores": cores}
     return result, {**split, "server_ms": server_ms}
 
