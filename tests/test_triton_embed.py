@@ -325,7 +325,6 @@ def test_cancelled_requests_are_skipped(server):
 
     copies = copies_busy_for(8.0, lambda: send(1, 100))
     texts_before = server.metric("qwen_embed_texts_total")
-    cancelled_before = server.metric("qwen_embed_cancelled_requests_total")
     busy = threading.Thread(target=send, args=(copies, 1000))
     busy.start()
     wait_until(lambda: server.metric(EXECUTING) >= 1, "the long request inside the encoder")
@@ -344,12 +343,9 @@ def test_cancelled_requests_are_skipped(server):
         ),
         "the encoder to finish with the cancelled requests",
     )
-    # None of the 4 was embedded. Since the encoder has a queue policy, Triton drops cancelled
-    # requests from its queue before execute (seen: all 4); one cancelled after being handed to
-    # execute() is skipped there and counted in qwen_embed_cancelled_requests_total.
+    # None of the 4 was embedded: Triton's dynamic batcher drops cancelled requests from the
+    # encoder's queue before they reach execute().
     assert server.metric("qwen_embed_texts_total") - texts_before == copies
-    skipped = server.metric("qwen_embed_cancelled_requests_total") - cancelled_before
-    assert 0 <= skipped <= 4
 
 
 def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):

@@ -8,6 +8,8 @@ multimodal checkpoint's texts with their images), or for a sequence classifier
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head (with
 MEDIA, of pairs with their images)."""
 
+import functools
+import itertools
 import json
 import os
 import threading
@@ -75,12 +77,12 @@ class TritonPythonModel:
         instance = args.get("model_instance_name", "")
         where = placement.describe() if placement else device
         pb_utils.Logger.log_info(f"{instance}: {self.encoder.route.describe()}; {where}")
-        self.metrics = _Metrics(args["model_name"])
+        self.metrics = _Metrics(args["model_name"], self.encoder)
         self.metrics.set_route(instance, self.encoder.route, placement)
 
     def execute(self, requests):
         self.metrics.executing.increment(len(requests))
-        answer = _Answers(requests)
+        answer = _Answers(requests, before_sending=self.metrics.flush)
         try:
             self._execute(requests, answer)
         finally:
@@ -92,12 +94,10 @@ class TritonPythonModel:
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
         with_media = []  # (index, options, media.MediaText): texts with images, one call
+        # No is_cancelled() here (a message to Triton per request): Triton's dynamic batcher
+        # drops requests cancelled while queued, and does not pass an ensemble request's
+        # cancellation on to this step.
         for i, request in enumerate(requests):
-            if request.is_cancelled():  # the client gave up while it queued: skip the work
-                self.metrics.cancelled.increment(1)
-                error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-                answer(i, pb_utils.InferenceResponse(error=error))
-                continue
             try:
                 opts = self._finish(request)
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
@@ -124,8 +124,8 @@ class TritonPythonModel:
         if not accepted and not chunked and not per_token and not with_media:
             return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media}
-        # Every metric moves before the answers it covers leave: a client that reads the
-        # metrics after its response sees its own request.
+        # Every metric moves before the answers it covers leave (_Answers calls
+        # metrics.flush): a client that reads the metrics after its response sees its request.
         all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
         all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
@@ -135,12 +135,8 @@ class TritonPythonModel:
         def call(members, compute, outputs):
             self._call(members, compute, outputs, answer, unanswered)
 
-        def token_rows(rows, opts):
-            return [pb_utils.Tensor("TOKEN_EMBEDDING", self._ragged_rows(rows, opts))]
-
-        def chunk_rows(rows, opts):
-            return [pb_utils.Tensor("CHUNK_EMBEDDING", self._ragged_rows(rows, opts))]
-
+        chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
+        token_rows = functools.partial(self._ragged_outputs, "TOKEN_EMBEDDING")
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests).
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
@@ -161,19 +157,15 @@ class TritonPythonModel:
 
     def _call(self, members, compute, outputs, answer, unanswered):
         """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
-        gives their rows in order; each request is answered with `outputs(its rows, options)`
-        as soon as the call ends."""
+        gives their rows in order, `outputs(rows, members)` each member's output tensors;
+        each request is answered as soon as the call ends."""
         answer.send_held()  # what is answered already never waits for this call
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
         rows = compute(texts)
         self.metrics.seconds.observe(time.perf_counter() - started)
-        self.metrics.observe_reuse(self.encoder)
-        self.metrics.count([getattr(t, "ids", t) for t in texts])
-        start = 0
-        for i, opts, own in members:
-            response = outputs(rows[start : start + len(own)], opts)
-            start += len(own)
+        self.metrics.add_call([getattr(t, "ids", t) for t in texts])
+        for (i, _, _), response in zip(members, outputs(rows, members), strict=True):
             answer(i, pb_utils.InferenceResponse(output_tensors=response))
             unanswered.discard(i)
 
@@ -268,45 +260,78 @@ class TritonPythonModel:
             return Visual(*videos.patchify(rgb, self.image_settings), video=True)
         return Visual(*patchify(rgb, self.image_settings))
 
-    def _ragged_rows(self, per_text, opts):
-        """Per-text vectors (chunks', tokens') -> [n, most rows, dim], each finished with the
-        request's options, zeros past a text's own."""
-        dimensions, normalize = opts.dimensions, opts.normalize
-        finished = [
-            finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
-            for p in per_text
-        ]
-        return stack_ragged(finished, 0.0, np.float32)
+    def _ragged_outputs(self, name, rows, members):
+        """Per-text vectors (chunks', tokens') -> each member's [n, most rows, dim], each
+        finished with the request's options, zeros past a text's own."""
+        outputs = []
+        for start, stop, opts in _spans(members):
+            finished = [
+                finish(torch.from_numpy(p), normalize=opts.normalize, dimensions=opts.dimensions)
+                for p in rows[start:stop]
+            ]
+            ragged = stack_ragged([f.numpy() for f in finished], 0.0, np.float32)
+            outputs.append([pb_utils.Tensor(name, ragged)])
+        return outputs
 
-    def _outputs(self, rows, opts):
+    def _outputs(self, rows, members):
+        """Each member's output tensors from the call's rows [texts, ...]."""
+        spans = _spans(members)
         if self.task == "rerank":
-            return [pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]
+            return [[pb_utils.Tensor("SCORES", rows[a:b].reshape(-1, 1))] for a, b, _ in spans]
         if self.task == "classify":
-            return [pb_utils.Tensor("LOGITS", rows)]
-        # Matryoshka truncation and normalisation, once, with this request's options; then
-        # the compact codes it asked for, in their own output only.
-        rows = finish(torch.from_numpy(rows), normalize=opts.normalize, dimensions=opts.dimensions)
-        codes = coded_outputs(rows.contiguous().numpy(), opts.embedding_types)
-        return [pb_utils.Tensor(name, array) for name, array in codes.items()]
+            return [[pb_utils.Tensor("LOGITS", rows[a:b])] for a, b, _ in spans]
+        # Matryoshka truncation and normalisation with each request's options, in one op over
+        # each run of requests that share them (torch's per-op cost would otherwise be paid
+        # per request); then the compact codes each asked for, in their own output only.
+        outputs = []
+        for (normalize, dimensions), run in itertools.groupby(spans, key=_finishing):
+            run = list(run)
+            first, last = run[0][0], run[-1][1]
+            done = finish(
+                torch.from_numpy(rows[first:last]), normalize=normalize, dimensions=dimensions
+            )
+            done = done.contiguous().numpy()
+            for start, stop, opts in run:
+                codes = coded_outputs(done[start - first : stop - first], opts.embedding_types)
+                outputs.append([pb_utils.Tensor(name, array) for name, array in codes.items()])
+        return outputs
 
     def finalize(self):
         self.encoder.close()
+
+
+def _spans(members):
+    """(start, stop, options) of each member ((index, options, texts)) in its call's rows."""
+    spans, start = [], 0
+    for _, opts, texts in members:
+        spans.append((start, start + len(texts), opts))
+        start += len(texts)
+    return spans
+
+
+def _finishing(span):
+    """How a span's rows are finished: (normalize, dimensions)."""
+    return span[2].normalize, span[2].dimensions
 
 
 class _Answers:
     """`answer(i, response)` holds request i's response until execute() returns them all in
     one message to Triton; `send_held()`, called before each call's work starts, sends those
     held through their requests' own senders (a message each) instead, so that no response
-    waits for a later call."""
+    waits for a later call. `before_sending()` runs before any of them leaves."""
 
-    def __init__(self, requests):
+    def __init__(self, requests, before_sending):
         self._requests = requests
         self._held = [None] * len(requests)
+        self._before_sending = before_sending
 
     def __call__(self, i, response):
         self._held[i] = response
 
     def send_held(self):
+        if not any(r is not None for r in self._held):
+            return
+        self._before_sending()
         for i, response in enumerate(self._held):
             if response is not None:
                 sender = self._requests[i].get_response_sender()
@@ -315,6 +340,7 @@ class _Answers:
 
     def held(self):
         """execute()'s return: the responses not sent yet, None for those sent."""
+        self._before_sending()
         return self._held
 
 
@@ -327,7 +353,7 @@ class _Metrics:
         "tokens": [64, 256, 1024, 4096, 16384, 65536],
     }
 
-    def __init__(self, model_name):
+    def __init__(self, model_name, encoder):
         self.model = model_name
         labels = {"model": model_name}
         self.families = []  # a MetricFamily must outlive its Metric objects
@@ -352,11 +378,6 @@ class _Metrics:
         self.executing = self._metric(
             "qwen_embed_executing_requests", "requests inside an encoder execute() now", gauge
         )
-        self.cancelled = self._metric(
-            "qwen_embed_cancelled_requests_total",
-            "requests skipped: cancelled by the client",
-            counter,
-        )
         self.computed = self._metric(
             "qwen_embed_tokens_computed_total",
             "tokens the forwards computed (fewer than received when prefixes are shared)",
@@ -375,7 +396,9 @@ class _Metrics:
         self.cache_bytes = self._metric(
             "qwen_embed_prefix_cache_bytes", "keys/values held by the prefix cache", gauge
         )
-        self._seen = {"computed_tokens": 0, "hits": 0, "lookups": 0}
+        self.encoder = encoder
+        self._pending = {"texts": 0, "tokens": 0}  # counted by calls, not sent yet
+        self._sent = {"computed": 0, "hits": 0, "lookups": 0, "cache_bytes": 0}
         self.route = pb_utils.MetricFamily(
             name="qwen_embed_encoder_route",
             description="1, labelled with the arithmetic route and the cores of each instance",
@@ -400,26 +423,34 @@ class _Metrics:
         self.route_gauge = self.route.Metric(labels=labels)
         self.route_gauge.set(1)
 
-    def observe_reuse(self, encoder):
-        """Counters from the engine's running totals (increments since the last execute)."""
-        cache = encoder.prefix_cache
-        now = {
-            "computed_tokens": encoder.stats["computed_tokens"],
+    def add_call(self, seqs):
+        """A call's texts and tokens, sent by the next flush()."""
+        self._pending["texts"] += len(seqs)
+        self._pending["tokens"] += int(sum(len(s) for s in seqs))
+
+    def flush(self):
+        """What moved since the last flush, a message to Triton each; nothing for what did not
+        (each pb_utils metric call is a round trip). The engine's are running totals."""
+        for name, count in self._pending.items():
+            if count:
+                getattr(self, name).increment(count)
+                self._pending[name] = 0
+        cache = self.encoder.prefix_cache
+        totals = {
+            "computed": self.encoder.stats["computed_tokens"],
             "hits": cache.hits,
             "lookups": cache.lookups,
         }
-        self.computed.increment(now["computed_tokens"] - self._seen["computed_tokens"])
-        self.hits.increment(now["hits"] - self._seen["hits"])
-        self.lookups.increment(now["lookups"] - self._seen["lookups"])
-        self.cache_bytes.set(cache.bytes_in_use)
-        self._seen = now
+        for name, total in totals.items():
+            if total != self._sent[name]:
+                getattr(self, name).increment(total - self._sent[name])
+                self._sent[name] = total
+        if cache.bytes_in_use != self._sent["cache_bytes"]:
+            self.cache_bytes.set(cache.bytes_in_use)
+            self._sent["cache_bytes"] = cache.bytes_in_use
 
     def observe_batch(self, num_requests, seqs):
         """The shape of one execute."""
         self.histograms["requests"].observe(num_requests)
         self.histograms["texts"].observe(len(seqs))
         self.histograms["tokens"].observe(int(sum(len(s) for s in seqs)))
-
-    def count(self, seqs):
-        self.texts.increment(len(seqs))
-        self.tokens.increment(int(sum(len(s) for s in seqs)))
