@@ -49,7 +49,7 @@ from qwen_embed import Encoder
 from qwen_embed.batch import flatten
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, metric_sum, scrape
+from qwen_embed_deploy.triton import TritonServer, execute_seconds, metric_sum, scrape
 
 from workload import WORDS, alternate, alternate_forwards, make_texts
 
@@ -70,14 +70,16 @@ def make_queries(n: int, seed: int = 1) -> list[str]:
     return [PROMPT + " ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(4, 31, n)]
 
 
-# Seconds spent in each step's execute (histogram sums, every instance): model -> metric.
-BUSY = {"tokenizer": "qwen_embed_tokenize_seconds_sum", "encoder": "qwen_embed_encode_seconds_sum"}
+BUSY = ("tokenizer", "encoder")
 
 
-def metrics(url: str) -> dict[str, float]:
-    samples = scrape(url)
+def metrics(server: TritonServer) -> dict[str, float]:
+    """The encoder's counters, and the seconds each step was busy so far (every instance):
+    the tokenizer's executes (Triton's statistics), the encoder's calls (its own metric)."""
+    samples = scrape(server.metrics_url)
     out = {name: metric_sum(samples, name, model="encoder") for name in METRICS}
-    out.update({f"{m} busy": metric_sum(samples, name, model=m) for m, name in BUSY.items()})
+    out["tokenizer busy"] = execute_seconds(server.model_stats()["tokenizer"])
+    out["encoder busy"] = metric_sum(samples, "qwen_embed_encode_seconds_sum", model="encoder")
     return out
 
 
@@ -159,11 +161,11 @@ def serve_round(server, case, seconds) -> dict:
         passes=0,
         max_requests=4,
     )  # warm-up
-    before = metrics(server.metrics_url)
+    before = metrics(server)
     stats = drive(
         make, counts, check, clients=clients, per_request=per_request, seconds=seconds, passes=1
     )
-    after = metrics(server.metrics_url)
+    after = metrics(server)
     return {**stats, "metrics": {k: after[k] - before[k] for k in after}}
 
 
@@ -199,9 +201,9 @@ def analyzer_round(server, inputs: Path, case, seconds, warm_up: float = 3) -> d
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(warm_up)
-        before, began = metrics(server.metrics_url), time.perf_counter()
+        before, began = metrics(server), time.perf_counter()
         time.sleep(seconds)
-        after, wall = metrics(server.metrics_url), time.perf_counter() - began
+        after, wall = metrics(server), time.perf_counter() - began
     finally:
         proc.kill()
         _, err = proc.communicate()
@@ -498,7 +500,7 @@ def notes(args, model_name: str, layers: int) -> list[str]:
         "vectors checked against the engine (min cosine); perf_analyzer = C++, tokens/s from "
         "the server's token count over the window, vectors not checked",
         "busy: seconds inside that step's execute() per second of the run, all its instances "
-        "(the encoder's forward and pooling; the tokenizers' encode); the rest of the two "
+        "(the encoder's forward and pooling; the tokenizers' executes); the rest of the two "
         "cores goes to Triton, gRPC, the Python stubs' IPC and the load-generating clients",
     ]
 

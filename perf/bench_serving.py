@@ -26,7 +26,6 @@ import json
 import os
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +48,7 @@ from qwen_embed_deploy.launcher import proc_stat, stub_processes
 from qwen_embed_deploy.placement import gpu_instance_groups
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
-from qwen_embed_deploy.triton import TritonServer
+from qwen_embed_deploy.triton import TritonServer, execute_seconds
 
 from workload import make_texts
 
@@ -66,14 +65,12 @@ def executes(server: TritonServer) -> tuple[float, float]:
 def model_times(server: TritonServer) -> dict[str, tuple[int, int, int, int]]:
     """Per model of MODELS, so far, from Triton's statistics: (requests, ns they spent in it,
     ns of that queued, ns in its executes)."""
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats", timeout=30) as r:
-        stats = json.load(r)["model_stats"]
     times = {}
-    for m in stats:
-        if m["name"] in MODELS:
+    for name, m in server.model_stats().items():
+        if name in MODELS:
             done, queued = m["inference_stats"]["success"], m["inference_stats"]["queue"]
-            executes = sum(int(b["compute_infer"]["ns"]) for b in m.get("batch_stats", []))
-            times[m["name"]] = (int(done["count"]), int(done["ns"]), int(queued["ns"]), executes)
+            executes = round(execute_seconds(m) * 1e9)
+            times[name] = (int(done["count"]), int(done["ns"]), int(queued["ns"]), executes)
     return times
 
 

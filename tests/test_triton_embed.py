@@ -299,7 +299,6 @@ def test_metrics_exposed(server):
     for name in (
         "qwen_embed_texts_total",
         "qwen_embed_tokens_total",
-        "qwen_embed_tokenize_seconds_count",
         "qwen_embed_encode_seconds_count",
         "qwen_embed_encoder_texts_per_execute_count",
         "qwen_embed_encoder_tokens_per_execute_count",

@@ -56,6 +56,12 @@ def metric_sum(samples: list[tuple[str, dict[str, str], float]], name: str, **la
     )
 
 
+def execute_seconds(stats: dict) -> float:
+    """Seconds a model's executes took so far, from its Triton statistics
+    (TritonServer.model_stats): each execute once, however many requests it held."""
+    return sum(int(b["compute_infer"]["ns"]) for b in stats.get("batch_stats", [])) / 1e9
+
+
 def local_server_dir() -> Path:
     return CACHE / "pytriton" / "tritonserver"
 
@@ -216,6 +222,11 @@ class TritonServer:
     def metric(self, name: str, **labels: str) -> float:
         """The sum of metric `name` over the series whose labels include `labels`."""
         return metric_sum(scrape(self.metrics_url), name, **labels)
+
+    def model_stats(self) -> dict[str, dict]:
+        """Triton's statistics so far (/v2/models/stats), by model name."""
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/stats", timeout=30) as r:
+            return {m["name"]: m for m in json.load(r)["model_stats"]}
 
     def start(self, timeout: float = 180.0) -> TritonServer:
         self.launch()
