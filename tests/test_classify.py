@@ -110,6 +110,23 @@ def test_served_logits_and_teis_predict(stack, classifier):
     assert len(batch) == len(TEXTS) and all(len(b) == len(LABELS) for b in batch)
 
 
+def test_labels_are_read_once_for_repeated_calls(stack):
+    """classify names its columns from the encoder's `labels` fact: the two steps' configs are
+    read once, not on every call (client.FACTS_TTL_S)."""
+    server, _ = stack
+    with EmbeddingClient(server.grpc_url) as client:
+        reads, read = [], client._async.model_facts
+
+        async def counted(model):
+            reads.append(model)
+            return await read(model)
+
+        client._async.model_facts = counted
+        results = [client.classify(TEXTS[:1]) for _ in range(3)]
+    assert reads == ["tokenizer", "encoder"]
+    assert all(r.labels == list(LABELS) for r in results)
+
+
 def test_bad_input_to_a_classifier_is_refused_for_that_request(stack):
     """A chunked request names its field; a good request beside it is answered."""
     server, _ = stack

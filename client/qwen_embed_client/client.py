@@ -49,6 +49,7 @@ RETRYABLE_STATUSES = {
 DEAD_STUB = "is not healthy"
 MAX_BACKOFF_S = 2.0
 FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves to another
+FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
 # An item a server's error names, 'TEXT[3]': its index within that Triton request.
 _ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
 
@@ -184,6 +185,7 @@ class AsyncEmbeddingClient:
         self.backoff_s = backoff_s
         self.bench_s = bench_s
         self._servers: list[_Server] | None = None
+        self._facts: tuple[float, dict] | None = None  # (when read, served_facts)
 
     def _connect(self) -> list[_Server]:
         # Created lazily, inside the loop that will use them (aio clients bind to it).
@@ -286,9 +288,16 @@ class AsyncEmbeddingClient:
 
     async def served_facts(self) -> dict:
         """The embed model's facts: its tokenizer's and encoder's (contract.FACTS), with
-        `fingerprint` the whole model's (contract.model_fingerprint; None if unpublished)."""
+        `fingerprint` the whole model's (contract.model_fingerprint; None if unpublished).
+        Two config reads, remembered for FACTS_TTL_S once both steps answered."""
+        now = time.monotonic()
+        if self._facts is not None and now - self._facts[0] <= FACTS_TTL_S:
+            return self._facts[1]
         tokenizer, encoder = [await self.model_facts(m) for m in ensemble_steps(self.model)]
-        return {**encoder, **tokenizer, "fingerprint": model_fingerprint(tokenizer, encoder)}
+        facts = {**encoder, **tokenizer, "fingerprint": model_fingerprint(tokenizer, encoder)}
+        if tokenizer and encoder:
+            self._facts = (now, facts)
+        return facts
 
     async def model_fingerprint(self) -> str | None:
         return (await self.served_facts())["fingerprint"]

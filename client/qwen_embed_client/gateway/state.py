@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from ..client import AsyncEmbeddingClient
 from .errors import UNAUTHORIZED, APIError
 
-FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
 # A JSON body's limit: room for a request of images at the contract's size per image
 # (MAX_IMAGE_BYTES, base64 in a data URL).
 MAX_BODY_BYTES = 64 * 2**20
@@ -34,7 +33,6 @@ class Gateway:
     allow_remote_images: bool = False  # fetch http(s) image URLs (media.py)
     max_body_bytes: int = MAX_BODY_BYTES  # larger JSON bodies are refused unread (413)
     created: int = field(default_factory=lambda: int(time.time()))
-    _facts: tuple[float, dict] | None = None
 
     @property
     def model_name(self) -> str:
@@ -62,10 +60,7 @@ class Gateway:
     async def facts(self) -> dict:
         """The embed model's published facts: the tokenizer's (dimension, tokens per text,
         prompt names), the encoder's (route, tokens per forward) and the model fingerprint."""
-        now = time.monotonic()
-        if self._facts is None or now - self._facts[0] > FACTS_TTL_S:
-            self._facts = (now, await self.client.served_facts())
-        return self._facts[1]
+        return await self.client.served_facts()  # remembered there for a few seconds
 
 
 def require_key(request: Request) -> None:
