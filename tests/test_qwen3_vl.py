@@ -611,6 +611,20 @@ def test_images_through_the_gateway_with_openai_and_cohere(served, served_model)
         body = {"model": "embed", "messages": [{"role": "user", "content": chart}]}
         vllm = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60).json()
         assert float(np.array(vllm["data"][0]["embedding"]) @ want_chart) >= FP32_COSINE
+        # the official scripts' inputs (Jina's API writes its single-part ones the same way)
+        qwen = [{"image": png}, {"text": "a chart with a legend", "image": [jpeg]}]
+        answer = httpx.post(f"{base}/v1/embeddings", json={"input": qwen}, timeout=60).json()
+        got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        assert float(got[0] @ want_png) >= FP32_COSINE
+        assert float(got[1] @ want_chart) >= FP32_COSINE
+        for bad, words in [
+            ({"text": "x", "instruction": "Find charts"}, "send 'instruction' beside the inputs"),
+            ({}, "holds no 'text', 'image' or 'video'"),
+            ({"text": "x", "audio": "y"}, "content parts"),
+        ]:
+            refused = httpx.post(f"{base}/v1/embeddings", json={"input": [bad]}, timeout=60)
+            assert refused.status_code == 400 and words in refused.text, refused.text
+            assert refused.json()["error"]["param"] == "input"
 
         co = cohere.ClientV2(base_url=base, api_key="unused")
         inputs = [{"content": chart}, {"content": [image_part]}]
@@ -1042,6 +1056,7 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
     import subprocess
     import sys
 
+    import httpx
     import openai
 
     from qwen_embed_client import EmbeddingClient
@@ -1098,6 +1113,10 @@ def test_videos_through_triton_the_gateway_and_the_cli_match_the_official_recipe
             model="embed", input=[[{"type": "text", "text": "frames"}, listed]]
         )
         assert float(np.array(answer.data[0].embedding) @ want_listed) >= FP32_COSINE
+        # the same as the official scripts write it: a list of frames is one video
+        qwen = {"text": "frames", "video": listed["video"]}
+        answer = httpx.post(f"{base}/v1/embeddings", json={"input": [qwen]}, timeout=120).json()
+        assert float(np.array(answer["data"][0]["embedding"]) @ want_listed) >= FP32_COSINE
         listed["video"][2] = data_url(b"not an image")
         with pytest.raises(openai.BadRequestError, match="video 0 frame 2 is not a readable") as e:
             api.embeddings.create(model="embed", input=[[listed]])

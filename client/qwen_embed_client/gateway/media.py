@@ -2,9 +2,10 @@
 API and vLLM's multimodal embeddings write them ({"type": "text", "text"}, {"type":
 "image_url", "image_url": {"url"}} and vLLM's {"type": "video_url", "video_url": {"url"}}), as
 Cohere v2's `inputs` do, and a video as its frames as Qwen's own API takes it ({"type": "video",
-"video": [url of each frame's image, ...]}). Each input becomes one text (its text parts joined),
-its images and its videos (a file's bytes, or a list of its frames' files), which the server
-places before the text as the model's own script does.
+"video": [url of each frame's image, ...]}), or an input as Qwen3-VL-Embedding's own scripts
+write it ({"text", "image", "video"}: QwenInput). Each input becomes one text (its text parts
+joined), its images and its videos (a file's bytes, or a list of its frames' files), which the
+server places before the text as the model's own script does.
 
 A URL is a data URL (`data:image/png;base64,...`, `data:video/mp4;base64,...`), always taken; a
 remote one (http/https) is fetched only where the gateway was started with
@@ -20,7 +21,8 @@ import re
 import urllib.request
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..contract import (
     MAX_IMAGE_BYTES,
@@ -67,6 +69,80 @@ class FramesPart(Body):
 Part = Annotated[TextPart | ImagePart | VideoPart | FramesPart, Field(discriminator="type")]
 MEDIA_PARTS = (ImagePart, VideoPart, FramesPart)
 Parts = Annotated[list[Part], Field(min_length=1)]
+
+
+class QwenInput(Body):
+    """An input as Qwen3-VL-Embedding's scripts write one (format_model_input): `text`,
+    `image` and `video`, each one or a list; a video is a file's URL or a list of its frames'
+    image URLs, and a list whose first URL is an image's is one video's frames, as there. It
+    stands for the same content parts (the server puts videos, then images, before the
+    text, as the scripts do). The scripts' per-input `instruction`, `fps` and `max_frames`
+    are the request's options here."""
+
+    model_config = ConfigDict(extra="forbid")  # a content part ({"type": ...}) is not one
+    text: Text | list[Text] | None = None
+    image: str | list[str] | None = None
+    video: str | list[str | list[str]] | None = None
+    instruction: object = None
+    fps: object = None
+    max_frames: object = None
+
+    @model_validator(mode="after")
+    def _checked(self):
+        for name, option in REQUEST_OPTIONS.items():
+            if getattr(self, name) is not None:
+                raise PydanticCustomError(
+                    "qwen_input",
+                    f"'{name}' is an option of the whole request here: send '{option}' "
+                    "beside the inputs",
+                )
+        if not (self.text or self.image or self.video):
+            raise PydanticCustomError("qwen_input", "holds no 'text', 'image' or 'video'")
+        return self
+
+    def parts(self) -> list[TextPart | ImagePart | VideoPart | FramesPart]:
+        videos = [] if self.video is None else _videos(self.video)
+        parts = [
+            FramesPart(type="video", video=v)
+            if isinstance(v, list)
+            else VideoPart(type="video_url", video_url=ImageURL(url=v))
+            for v in videos
+        ]
+        images = [self.image] if isinstance(self.image, str) else self.image or []
+        parts += [ImagePart(type="image_url", image_url=ImageURL(url=u)) for u in images]
+        texts = [self.text] if isinstance(self.text, str) else self.text or []
+        return parts + [TextPart(type="text", text=t) for t in texts]
+
+
+# QwenInput's per-input options -> the request option that holds each here.
+REQUEST_OPTIONS = {
+    "instruction": "instruction",
+    "fps": "video_fps",
+    "max_frames": "video_max_frames",
+}
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tiff", ".svg")
+
+
+def _videos(video: str | list) -> list[str | list[str]]:
+    """QwenInput's `video` -> its videos (a file's URL, or a list of frames' URLs)."""
+    if isinstance(video, str):
+        return [video]
+    if video and isinstance(video[0], str) and _is_image(video[0]):
+        if not all(isinstance(v, str) for v in video):
+            raise PydanticCustomError("qwen_input", "'video' mixes frames and videos")
+        return [video]  # one video, as its frames
+    return video
+
+
+def _is_image(url: str) -> bool:
+    """An image's URL: a data URL of an image/ type, or a path with an image's suffix."""
+    data = _DATA_URL.match(url)
+    if data is not None:
+        return (data.group("type") or "").startswith("image/")
+    return url.split("?")[0].lower().endswith(_IMAGE_SUFFIXES)
+
+
+QwenParts = Annotated[QwenInput, AfterValidator(QwenInput.parts)]
 
 
 class Message(Body):

@@ -53,7 +53,7 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import MEDIA_PARTS, Message, Parts, has_parts, texts_and_media
+from .media import MEDIA_PARTS, Message, Parts, QwenParts, has_parts, texts_and_media
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -73,10 +73,11 @@ EXTENSION_OPTIONS = (
 ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
 MediaInputs = Annotated[
     described(
-        Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts],
+        Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts | QwenParts],
         "must be a string, a list of strings, the model's token ids (a list of integers), a "
-        "list of such lists (not a mix of texts and ids), or a list of inputs each a string "
-        'or a list of content parts ({"type": "text", ...}, {"type": "image_url", ...})',
+        "list of such lists (not a mix of texts and ids), or a list of inputs each a string, "
+        'a list of content parts ({"type": "text", ...}, {"type": "image_url", ...}) or an '
+        'object as Qwen3-VL-Embedding\'s scripts take one ({"text", "image", "video"})',
     ),
     AfterValidator(batch),
 ]
