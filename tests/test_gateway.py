@@ -67,6 +67,17 @@ def _post(base_url, path, body):
         return e.code, json.loads(e.read())
 
 
+def test_text_objects_embed_as_their_texts(stack):
+    """{"text": ...} inputs (Qwen3-VL-Embedding's scripts, Jina's API) on a text model."""
+    server, base_url = stack
+    texts = ["Hello, world!", "a second text"]
+    expected, _ = infer(server, texts, "grpc")
+    status, body = _post(base_url, "embeddings", {"input": [{"text": t} for t in texts]})
+    assert status == 200, body
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert np.abs(got - expected).max() <= 1e-4
+
+
 def test_compact_vectors_each_way_clients_ask(stack):
     """embedding_type (ours), encoding_format with a type's name (vLLM, NIM) and Cohere's
     embedding_types list (answered keyed by type): the server's codes of its float vectors."""

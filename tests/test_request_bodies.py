@@ -232,6 +232,36 @@ def test_a_video_as_its_frames_is_taken_as_qwens_api_writes_it():
     assert "5 videos, more than the limit of 4" in e.message
 
 
+def test_an_input_as_qwens_scripts_write_it_is_its_content_parts():
+    """{"text", "image", "video"}, each one or a list (format_model_input's): a list of URLs
+    whose first is an image's is one video's frames, else a list of videos; the per-input
+    options of those scripts are refused, naming the request's; a content part is not one."""
+    png, mp4 = "data:image/png;base64,QUJD", "data:video/mp4;base64,REVG"
+    inputs = embeddings(
+        {
+            "input": [
+                {"text": ["a ", "chart"], "image": png},
+                {"video": [png, png]},
+                {"video": [mp4, [png]], "image": [png, png]},
+                "plain",
+            ]
+        }
+    )[0]
+    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    assert texts == ["a chart", "", "", "plain"]
+    assert images == [[b"ABC"], [], [b"ABC", b"ABC"], []]
+    assert videos == [[], [[b"ABC", b"ABC"]], [b"DEF", [b"ABC"]], []]
+    for item, words in [
+        ({"text": "x", "instruction": "find"}, "send 'instruction' beside the inputs"),
+        ({"video": mp4, "fps": 2}, "send 'video_fps' beside the inputs"),
+        ({"text": ""}, "holds no 'text', 'image' or 'video'"),
+        ({"video": [png, [png]]}, "'video' mixes frames and videos"),
+        ({"type": "text", "text": "x"}, "content parts"),
+    ]:
+        e = refusal(embeddings, {"input": [item]})
+        assert words in e.message and e.param == "input", e.message
+
+
 def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):
     monkeypatch.setattr(media, "MAX_VIDEO_BYTES", 5)
     frames = {"type": "video", "video": ["data:image/png;base64,QUJD"] * 2}  # 3 bytes each
