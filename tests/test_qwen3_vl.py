@@ -704,10 +704,17 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranke
             reranker_model, reranker_dir, "", [files["png"]], "", [files["jpeg"]]
         )
         assert abs(answer["results"][0]["relevance_score"] - score) <= 1e-4
+        # Qwen3-VL-Reranker's scripts' form: objects of text, image and video
+        body = {"model": "rerank", "query": {"text": query}}
+        body["documents"] = [{"text": "a chart", "image": jpeg}, {"image": [png]}, "plain text"]
+        answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=120).json()
+        got = {r["index"]: r["relevance_score"] for r in answer["results"]}
+        assert max(abs(got[i] - w) for i, w in enumerate(want)) <= 1e-4, (got, want)
         for documents, words in [
             ([[image(data_url(b"not an image"))]], "readable image"),
             ([[image("https://example.com/a.png")]], "remote"),
             ([[{"type": "audio", "audio": "x"}]], "content parts"),
+            ([{"text": "x", "instruction": "y"}], "send 'instruction' beside the inputs"),
         ]:
             body = {"model": "rerank", "query": query, "documents": ["fine", *documents]}
             refused = httpx.post(f"{base}/v1/rerank", json=body, timeout=120)

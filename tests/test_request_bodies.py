@@ -262,6 +262,28 @@ def test_an_input_as_qwens_scripts_write_it_is_its_content_parts():
         assert words in e.message and e.param == "input", e.message
 
 
+def test_rerank_objects_as_qwens_scripts_write_them():
+    """A query, or a document with an image or a video, of the scripts' fields is its
+    content parts; a document of Cohere's and Jina's {"text", ...} stays a text; the
+    scripts' per-input options are refused."""
+    png = "data:image/png;base64,QUJD"
+    body = {
+        "query": {"text": "q", "image": png},
+        "documents": [{"text": "a", "title": "kept out"}, {"text": "b", "image": png}, "c"],
+    }
+    request, _ = openai.parse_rerank_request(body, "rerank")
+    query, documents = request.inputs
+    assert [type(p).__name__ for p in query] == ["ImagePart", "TextPart"]
+    assert documents[0] == "a" and documents[2] == "c"
+    assert [type(p).__name__ for p in documents[1]] == ["ImagePart", "TextPart"]
+    for body, param in [
+        ({"query": {"text": "q", "fps": 2}, "documents": ["a"]}, "query"),
+        ({"query": "q", "documents": [{"text": "a", "max_frames": 8}]}, "documents"),
+    ]:
+        e = refusal(lambda b: openai.parse_rerank_request(b, "rerank"), body)
+        assert "beside the inputs" in e.message and e.param == param, e.message
+
+
 def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):
     monkeypatch.setattr(media, "MAX_VIDEO_BYTES", 5)
     frames = {"type": "video", "video": ["data:image/png;base64,QUJD"] * 2}  # 3 bytes each

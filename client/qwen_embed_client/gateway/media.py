@@ -89,13 +89,7 @@ class QwenInput(Body):
 
     @model_validator(mode="after")
     def _checked(self):
-        for name, option in REQUEST_OPTIONS.items():
-            if getattr(self, name) is not None:
-                raise PydanticCustomError(
-                    "qwen_input",
-                    f"'{name}' is an option of the whole request here: send '{option}' "
-                    "beside the inputs",
-                )
+        refuse_input_options(self)
         if not (self.text or self.image or self.video):
             raise PydanticCustomError("qwen_input", "holds no 'text', 'image' or 'video'")
         return self
@@ -114,12 +108,26 @@ class QwenInput(Body):
         return parts + [TextPart(type="text", text=t) for t in texts]
 
 
-# QwenInput's per-input options -> the request option that holds each here.
+# The scripts' per-input options -> the request option that holds each here.
 REQUEST_OPTIONS = {
     "instruction": "instruction",
     "fps": "video_fps",
     "max_frames": "video_max_frames",
 }
+
+
+def refuse_input_options(item: Body) -> None:
+    """An input object (QwenInput, a rerank document) that carries one of the scripts'
+    per-input options is refused, naming the request's option."""
+    for name, option in REQUEST_OPTIONS.items():
+        if getattr(item, name) is not None:
+            raise PydanticCustomError(
+                "qwen_input",
+                f"'{name}' is an option of the whole request here: send '{option}' beside "
+                "the inputs",
+            )
+
+
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tiff", ".svg")
 
 

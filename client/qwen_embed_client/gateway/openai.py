@@ -53,7 +53,15 @@ from .errors import (
     options_checked,
     rerank_checked,
 )
-from .media import MEDIA_PARTS, Message, Parts, QwenParts, has_parts, texts_and_media
+from .media import (
+    MEDIA_PARTS,
+    Message,
+    Parts,
+    QwenParts,
+    has_parts,
+    refuse_input_options,
+    texts_and_media,
+)
 from .state import gateway, respond
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
@@ -227,22 +235,44 @@ def parse_request(
 
 
 class Document(Body):
+    """Cohere's and Jina's document object (other fields ignored, as theirs are); one with
+    an image or a video is a QwenInput."""
+
     text: Text
+    image: object = None
+    video: object = None
+    instruction: object = None  # Qwen's scripts' per-input options: refused
+    fps: object = None
+    max_frames: object = None
+
+    @model_validator(mode="after")
+    def _checked(self):
+        if self.image is not None or self.video is not None:
+            raise ValueError("not a text document")
+        refuse_input_options(self)
+        return self
 
 
 class RerankRequest(Body):
     """POST /v1/rerank, the Cohere v1 / Jina shape; for a multimodal reranker, the query and
-    each document may be content parts (as /v1/embeddings' inputs), or vLLM's
+    each document may be content parts (as /v1/embeddings' inputs), objects as
+    Qwen3-VL-Reranker's scripts write them ({"text", "image", "video"}), or vLLM's
     {"content": [parts]}: a query's parts are the one query, a document list's are one
     document each."""
 
     model: str | None = None
-    query: described(NonBlank | Parts, "must be a string or content parts")
+    query: described(
+        NonBlank | Parts | QwenParts,
+        "must be a string, content parts, or an object of 'text', 'image' and 'video'",
+    )
     documents: Annotated[
         list[
             described(
-                Text | Document | Parts,
-                "must be a string, an object with a string 'text', or content parts",
+                # left to right: {"text", ...} is Cohere's and Jina's text document, one with
+                # an image or a video the scripts' input
+                Annotated[Text | Parts | Document | QwenParts, Field(union_mode="left_to_right")],
+                "must be a string, an object with a string 'text' (and, for a multimodal "
+                "reranker, 'image' or 'video'), or content parts",
             )
         ],
         at_most(MAX_DOCUMENTS),
