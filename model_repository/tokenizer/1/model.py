@@ -66,8 +66,8 @@ class TritonPythonModel:
         self.image_settings = ImageSettings.from_dir(model_dir)
 
     def execute(self, requests):
-        # No metric of its own: Triton's nv_inference_compute_infer_duration_us times each
-        # execute, and a pb_utils metric call is a round trip to the server per execute.
+        # No timer of its own: Triton's statistics time each execute (batch_stats), and a
+        # pb_utils metric call is a round trip to the server.
         return [self._one(request) for request in requests]
 
     def _texts(self, request, params):
