@@ -62,15 +62,19 @@ def executes(server: TritonServer) -> tuple[float, float]:
     return server.metric(PER_EXECUTE + "_sum"), server.metric(PER_EXECUTE + "_count")
 
 
-def model_times(server: TritonServer) -> dict[str, tuple[int, int, int, int]]:
+def model_times(server: TritonServer) -> dict[str, tuple[int, int, int, float]]:
     """Per model of MODELS, so far, from Triton's statistics: (requests, ns they spent in it,
-    ns of that queued, ns in its executes)."""
+    ns of that queued, seconds in its executes)."""
     times = {}
     for name, m in server.model_stats().items():
         if name in MODELS:
             done, queued = m["inference_stats"]["success"], m["inference_stats"]["queue"]
-            executes = round(execute_seconds(m) * 1e9)
-            times[name] = (int(done["count"]), int(done["ns"]), int(queued["ns"]), executes)
+            times[name] = (
+                int(done["count"]),
+                int(done["ns"]),
+                int(queued["ns"]),
+                execute_seconds(m),
+            )
     return times
 
 
@@ -104,7 +108,7 @@ def time_split(server: TritonServer, run) -> tuple[dict, dict]:
         name: [b - a for a, b in zip(before.get(name, (0, 0, 0, 0)), now, strict=True)]
         for name, now in model_times(server).items()
     }
-    executes = spent["encoder"][3] / 1e9
+    executes = spent["encoder"][3]
     server_ms = {
         name: {"in": ns / n / 1e6, "queued": queued / n / 1e6}
         for name, (n, ns, queued, _) in spent.items()
