@@ -126,6 +126,10 @@ gpu_steps() {
 	(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
 		--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
 		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
+	step "one graph per forward, attention inside, against the engine's graphs (a probe)"
+	(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
+		--dtype bfloat16 --device cuda --texts-per-call 8 64 --calls 24 --rounds 2 \
+		--out "$out/gpu-whole-graphs")
 }
 
 vl_model=.cache/qwen3-vl-2b-shape

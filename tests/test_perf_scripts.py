@@ -1,14 +1,20 @@
 """The benchmarks' own code, at toy sizes (their figures come from `make perf-*`): every
-script under perf/ parses `--help` (its imports and arguments hold), and bench_peers' GEMM
-bound, the yardstick of its reports, runs at both routes, float and int8, on this CPU."""
+script under perf/ parses `--help` (its imports and arguments hold), bench_peers' GEMM
+bound, the yardstick of its reports, runs at both routes, float and int8, on this CPU, and the
+GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbing, on CPU)."""
 
 import os
 import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+
+from qwen_embed import Encoder
+
+from reference import random_sequences
 
 PERF = Path(__file__).resolve().parents[1] / "perf"
 SCRIPTS = sorted(  # the scripts with a command line (render_results.py takes none)
@@ -58,3 +64,29 @@ def test_peers_gemm_bound_at_both_routes(perf_imports):
     low, high = sorted((peaks["float"] / flops, peaks["int8"] / flops))
     assert bound["float"] == pytest.approx(peaks["float"] / flops)
     assert low * (1 - 1e-9) <= bound["int8"] <= high * (1 + 1e-9), (bound, low, high)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, name):
+    """probe_whole_graphs' forwards (on CPU the captured function runs as it is): static
+    buffers that a later batch of the same bucket finds with stale rows and texts past its own,
+    empty texts padding the offsets, the pruned last layer; a batch past the largest bucket
+    runs eagerly."""
+    from probe_whole_graphs import WholeGraphs, _run_as_is
+
+    batches = [
+        random_sequences([5, 30, 11], seed=1),  # 46 rows, 3 texts: bucket (64, 4, 64)
+        random_sequences([3], seed=2),  # (16, 1, 16)
+        random_sequences([20, 12, 9], seed=3),  # (64, 4, 64) again, fewer rows
+        random_sequences([60] * 5, seed=4),  # 300 rows: eager
+    ]
+    settings = {"dtype": "float32", "prefix_reuse": "off", "attn_backend": "torch"}
+    with Encoder.from_pretrained(checkpoint(name), **settings) as enc:
+        eager = [enc.embed(seqs) for seqs in batches]
+        whole = WholeGraphs(enc.model, 128, _run_as_is)
+        enc.model.graphs = whole
+        graphed = [enc.embed(seqs) for seqs in batches]
+    assert whole.replays == 3
+    assert sorted(whole.entries) == [(16, 1, 16), (64, 4, 64)]
+    for g, e in zip(graphed, eager, strict=True):
+        np.testing.assert_allclose(g, e, atol=2e-5)
