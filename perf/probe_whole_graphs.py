@@ -71,7 +71,7 @@ class WholeGraphs:
         b["positions"][:t].copy_(ctx.batch.positions)
         b["cu"][: s + 1].copy_(ctx.batch.cu_seqlens)
         b["cu"][s + 1 :].fill_(t)  # the padding texts: empty, at the end
-        b["cu_last"][s + 1 :].fill_(s)
+        torch.clamp(b["texts"], max=s, out=b["cu_last"])  # one pooled row per text
         b["last"][:s].copy_(ctx.last_rows)
         if not self.static:  # nothing captured: attention plans each batch's own segments
             lens = ctx.batch.seq_lens
@@ -104,6 +104,7 @@ class WholeGraphs:
             "positions": torch.zeros(rows, dtype=torch.int64, device=device),
             "cu": torch.zeros(texts + 1, dtype=torch.int32, device=device),
             "cu_last": torch.arange(texts + 1, dtype=torch.int32, device=device),
+            "texts": torch.arange(texts + 1, dtype=torch.int32, device=device),
             "last": torch.zeros(texts, dtype=torch.int64, device=device),
         }
         entry = {"buffers": b, "layouts": self._layouts(b, (longest,), (1,), texts)}

@@ -70,14 +70,14 @@ def test_peers_gemm_bound_at_both_routes(perf_imports):
 def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, name):
     """probe_whole_graphs' forwards (on CPU the captured function runs as it is): static
     buffers that a later batch of the same bucket finds with stale rows and texts past its own,
-    empty texts padding the offsets, the pruned last layer; a batch past the largest bucket
-    runs eagerly."""
+    empty texts padding the offsets (what a GPU's attention reads), the pruned last layer; a
+    batch past the largest bucket runs eagerly."""
     from probe_whole_graphs import WholeGraphs, _run_as_is
 
     batches = [
-        random_sequences([5, 30, 11], seed=1),  # 46 rows, 3 texts: bucket (64, 4, 64)
+        random_sequences([5, 9, 11, 7, 6], seed=1),  # 38 rows, 5 texts: bucket (64, 8, 64)
         random_sequences([3], seed=2),  # (16, 1, 16)
-        random_sequences([20, 12, 9], seed=3),  # (64, 4, 64) again, fewer rows
+        random_sequences([3, 4, 8, 10, 6, 9], seed=3),  # (64, 8, 64) again: more texts
         random_sequences([60] * 5, seed=4),  # 300 rows: eager
     ]
     settings = {"dtype": "float32", "prefix_reuse": "off", "attn_backend": "torch"}
@@ -87,6 +87,12 @@ def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, nam
         enc.model.graphs = whole
         graphed = [enc.embed(seqs) for seqs in batches]
     assert whole.replays == 3
-    assert sorted(whole.entries) == [(16, 1, 16), (64, 4, 64)]
+    assert sorted(whole.entries) == [(16, 1, 16), (64, 8, 64)]
     for g, e in zip(graphed, eager, strict=True):
         np.testing.assert_allclose(g, e, atol=2e-5)
+    # The offsets of the third batch (the engine runs a batch's texts longest first), two
+    # empty texts after its six.
+    buffers = whole.entries[(64, 8, 64)]["buffers"]
+    assert buffers["cu"].tolist() == [0, 10, 19, 27, 33, 37, 40, 40, 40]
+    assert buffers["cu_last"].tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 6]
+    assert buffers["last"][:6].tolist() == [9, 18, 26, 32, 36, 39]
