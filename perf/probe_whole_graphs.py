@@ -187,9 +187,17 @@ def main() -> None:
             worst = min(
                 cosine(vectors[(n, name, i)], vectors[(n, "eager", i)]) for i in range(args.calls)
             )
-            rows.append([n, name, f"{got:.2f}", f"{eager / got:.2f}x", f"{engine / got:.2f}x"])
-            rows[-1].append(f"{worst:.6f}")
-    forwards = args.calls * len(calls) * (args.rounds + 1)
+            rows.append(
+                [
+                    n,
+                    name,
+                    f"{got:.2f}",
+                    f"{eager / got:.2f}x",
+                    f"{engine / got:.2f}x",
+                    f"{worst:.6f}",
+                ]
+            )
+    embeds = args.calls * len(calls) * (args.rounds + 1)
     record = new_record(
         model_dir=args.model_dir,
         dtype=args.dtype,
@@ -197,7 +205,7 @@ def main() -> None:
         route=enc.route.describe(),
         ms_per_call={f"{n} {v}": t for (n, v), t in ms.items()},
         whole_graph_replays=whole.replays,
-        whole_graph_forwards=forwards,
+        whole_graph_embeds=embeds,
         graphs_captured=sorted(whole.entries),
         capture_s=whole.capture_s,
         memory_reserved_bytes=reserved,
@@ -207,9 +215,10 @@ def main() -> None:
         f"{args.rounds} rounds, the variants taking turns; median ms per call "
         "(embed(): planning, forward, pooling, the copy to the host)",
         f"route: {record['route']}",
-        f"one graph per forward: {whole.replays} of {forwards} forwards replayed; "
+        f"one graph per forward: {whole.replays} forwards replayed in {embeds} embed() calls; "
         f"{len(whole.entries)} graphs (rows, texts, longest) captured in {whole.capture_s:.1f} s; "
-        f"GPU memory reserved by the probe's graphs {reserved / 2**20:.0f} MiB",
+        f"GPU memory reserved during the probe (its graphs' pool, the eager forwards' "
+        f"activations) {reserved / 2**20:.0f} MiB",
     ]
     table = markdown_table(
         ["texts per call", "forward", "ms per call", "x eager", "x engine's graphs", "min cosine"],
