@@ -128,7 +128,7 @@ gpu_steps() {
 		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
 	step "one graph per forward, attention inside, against the engine's graphs (a probe)"
 	(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
-		--dtype bfloat16 --device cuda --texts-per-call 8 64 --calls 24 --rounds 2 \
+		--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
 		--out "$out/gpu-whole-graphs")
 }
 
