@@ -32,6 +32,7 @@ import torch
 from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder
+from qwen_embed.attention import VARLEN_REASON
 from qwen_embed.cuda_graphs import BUCKETS, cuda_capture
 from qwen_embed.segments import AttentionLayout, ForwardContext
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR
@@ -151,8 +152,8 @@ def main() -> None:
         args.model_dir, dtype=args.dtype, device=args.device, prefix_reuse="off", **attention
     ) as enc:
         model = enc.model
-        if gpu and getattr(model.backend, "_varlen", None) is None:
-            raise SystemExit("the probe needs PyTorch's varlen FlashAttention (the torch backend)")
+        if gpu and enc.route.attention_reason != VARLEN_REASON:
+            raise SystemExit(f"the probe needs PyTorch's varlen FlashAttention: {enc.route}")
         capture = cuda_capture(model.norm.weight.device) if gpu else _run_as_is
         variants = {"eager": None, "engine's graphs": model.graphs}
         variants["one graph per forward"] = WholeGraphs(model, args.max_rows, capture)
