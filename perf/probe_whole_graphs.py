@@ -153,7 +153,8 @@ def main() -> None:
     ) as enc:
         model = enc.model
         if gpu and enc.route.attention_reason != VARLEN_REASON:
-            raise SystemExit(f"the probe needs PyTorch's varlen FlashAttention: {enc.route}")
+            route = enc.route.describe()
+            raise SystemExit(f"the probe needs PyTorch's varlen FlashAttention; route: {route}")
         capture = cuda_capture(model.norm.weight.device) if gpu else _run_as_is
         variants = {"eager": None, "engine's graphs": model.graphs}
         variants["one graph per forward"] = WholeGraphs(model, args.max_rows, capture)
