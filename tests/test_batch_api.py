@@ -240,10 +240,11 @@ def test_limits_and_bad_batches_get_clear_400s(server, tmp_path):
             api.batches.create(
                 input_file_id=source, endpoint="/v1/embeddings", completion_window="1h"
             )
-        with pytest.raises(openai.NotFoundError, match="No such File"):
+        with pytest.raises(openai.NotFoundError, match="No such File") as e:
             api.batches.create(
                 input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"
             )
+        assert e.value.code is None  # not model_not_found: no model is missing
         # A custom_id on two lines fails the batch in validation, before any line runs.
         sent = server.metric("qwen_embed_texts_total")
         twice = upload(api, [embed_line(0), embed_line(1), embed_line(0)])

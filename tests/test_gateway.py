@@ -141,6 +141,9 @@ def test_errors_map_to_openai_shapes(stack):
         api.embeddings.create(input="x", model="embed", dimensions=0)
     with pytest.raises(openai.BadRequestError, match=r"'dimensions' must be in 1\.\.1024"):
         api.embeddings.create(input="x", model="embed", dimensions=4096)  # the model's, served
+    # past int64, which Triton's request parameters cannot carry: refused before sending
+    with pytest.raises(openai.BadRequestError, match=r"'dimensions' must be an integer below"):
+        api.embeddings.create(input="x", model="embed", dimensions=2**63)
     with pytest.raises(openai.BadRequestError, match="more than the limit of 2048"):
         api.embeddings.create(input=["x"] * 2049, model="embed")
     with pytest.raises(openai.BadRequestError, match="'input' cannot be empty"):

@@ -149,6 +149,9 @@ def _expect(name: str, value, kind: type, what: str):
     # bool is an int in Python: keep the two apart so `dimensions=true` is refused.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RequestError(f"parameter '{name}' must be {what}, got {value!r}")
+    # Triton carries an integer parameter as int64: a wider one cannot even be sent.
+    if kind is int and not -(2**63) <= value < 2**63:
+        raise RequestError(f"parameter '{name}' must be {what} below 2**63, got {value}")
     return value
 
 

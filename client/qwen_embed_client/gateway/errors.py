@@ -15,7 +15,7 @@ from ..contract import ITEM_INPUTS, EmbedOptions, RequestError, RerankOptions, a
 # What went wrong, whatever the API: each API maps a kind to its own status and body.
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
 EMPTY = "empty"  # nothing to embed (TEI answers 400 "Empty")
-NOT_FOUND = "not_found"  # a model this gateway does not serve
+NOT_FOUND = "not_found"  # a model this gateway does not serve, a file or batch it does not hold
 TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full

@@ -95,6 +95,14 @@ router = APIRouter(tags=["openai"])
 _CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
 
 
+def _code(e: APIError) -> str | None:
+    """OpenAI's error code: `model_not_found` only for a model (a missing file or batch has
+    none)."""
+    if e.kind == NOT_FOUND and e.param != "model":
+        return None
+    return _CODES.get(e.kind)
+
+
 # The contract's options that the body holds otherwise (late chunking's `chunks`).
 _FIELDS = {"chunk_size": "chunks.size", "chunk_spans": "chunks.spans"}
 
@@ -105,7 +113,7 @@ def error_response(e: APIError) -> JSONResponse:
         "message": in_body_words(e.message, _FIELDS),
         "type": "server_error" if server else "invalid_request_error",
         "param": e.param,
-        "code": _CODES.get(e.kind),
+        "code": _code(e),
     }
     return JSONResponse({"error": body}, status_code=STATUS[e.kind])
 
