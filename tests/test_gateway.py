@@ -2,7 +2,9 @@
 gateway process and tritonserver."""
 
 import base64
+import collections
 import json
+import random
 import urllib.error
 import urllib.request
 
@@ -244,6 +246,77 @@ def test_a_lone_surrogate_is_a_400_not_a_500(stack):
             urllib.request.urlopen(request, timeout=30)
         assert e.value.code == 400
         assert "not valid UTF-8" in json.loads(e.value.read())["error"]["message"]
+
+
+def _status(url: str, body: dict) -> int:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
+    """The contract at the HTTP edge: each route of the embed model with each field replaced by
+    odd values (other types, empty, integers past 64 bits, content parts on a text model), then
+    seeded random bodies of nested ones, answers below 500; the server embeds as before."""
+    server, base_url = stack
+    root = base_url.removesuffix("/v1")
+    routes = {
+        "/v1/embeddings": (
+            {"model": "embed", "input": ["hello"]},
+            ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"],
+        ),
+        "/embed": (
+            {"inputs": "hello"},
+            ["inputs", "normalize", "truncate", "truncation_direction", "dimensions"],
+        ),
+        "/v2/embed": (
+            {"model": "embed", "texts": ["hello"], "input_type": "search_query"},
+            ["texts", "inputs", "input_type", "embedding_types", "output_dimension"],
+        ),
+        "/tokenize": ({"inputs": "hello"}, ["inputs", "add_special_tokens", "prompt_name"]),
+        "/decode": ({"ids": [1, 2, 3]}, ["ids", "skip_special_tokens"]),
+        "/similarity": ({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, ["inputs"]),
+    }
+    odd = [None, True, 0, -1, 2**63, 2**64, -(2**70), 1.5, "", "x", "\u00e9", [], [None]]
+    odd += [[1, "a"], [[1], "b"], {}, {"text": 1}, [{"type": "image_url"}], "data:,AAAA"]
+    rng = random.Random(0)
+
+    def value(depth=0):
+        if depth > 2 or rng.random() < 0.6:
+            return rng.choice(odd)
+        if rng.random() < 0.5:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["text", "type", "image_url", "inputs"]): value(depth + 1)}
+
+    with EmbeddingClient(server.grpc_url) as client:
+        before = client.embed(["hello"])
+    # Every field with every odd value, then random bodies of nested ones.
+    bodies = [
+        (path, {**body, field: odd_value})
+        for path, (body, fields) in routes.items()
+        for field in fields
+        for odd_value in odd
+    ]
+    for _ in range(150):
+        path = rng.choice(sorted(routes))
+        body, fields = routes[path]
+        chosen = rng.sample(fields, rng.randint(1, min(2, len(fields))))
+        bodies.append((path, {**body, **{f: value() for f in chosen}}))
+    statuses = collections.Counter()
+    for path, body in bodies:
+        status = _status(root + path, body)
+        assert status < 500, (path, body, status)
+        statuses[status] += 1
+    assert sum(n for s, n in statuses.items() if s >= 400) > 100, statuses
+    with EmbeddingClient(server.grpc_url) as client:
+        assert np.array_equal(client.embed(["hello"]), before)
 
 
 def test_rerank_without_a_triton_reranker_is_404(stack):
