@@ -26,7 +26,7 @@ from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
-from triton_helpers import infer, run_clients, wait_for
+from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -276,6 +276,37 @@ def test_gateway_bad_requests_get_4xx_naming_the_field(stack, expected):
         got, answer = post(f"{base}/v1/rerank", {"model": "rerank", **body})
         assert got == status, (body, answer)
         assert answer["error"]["param"] == param, (body, answer)
+    status, body = post(
+        f"{base}/v1/rerank", {"model": "rerank", "query": QUERY, "documents": DOCUMENTS}
+    )
+    assert status == 200
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert max(abs(got[i] - float(s)) for i, s in enumerate(expected[0])) <= FP32_ABS
+
+
+def test_odd_bodies_get_a_4xx_never_a_5xx(stack, expected):
+    """The rerank routes (OpenAI/Jina, TEI, Cohere, vLLM's score) with each field replaced by odd
+    values, then seeded random bodies of nested ones (triton_helpers.odd_bodies): answered below
+    500; the reranker scores as before."""
+    _, base = stack
+    routes = {
+        "/v1/rerank": (
+            {"model": "rerank", "query": "q", "documents": ["a", "b"]},
+            ["query", "documents", "top_n", "return_documents", "instruction", "model"],
+        ),
+        "/rerank": ({"query": "q", "texts": ["a"]}, ["query", "texts", "raw_scores", "truncate"]),
+        "/v2/rerank": (
+            {"model": "rerank", "query": "q", "documents": ["a"]},
+            ["query", "documents", "top_n", "max_tokens_per_doc"],
+        ),
+        "/v1/score": ({"model": "embed", "text_1": "a", "text_2": ["b"]}, ["text_1", "text_2"]),
+    }
+    refused = 0
+    for path, body in odd_bodies(routes, seed=1):
+        status = http_status(base + path, body)
+        assert status < 500, (path, body, status)
+        refused += status >= 400
+    assert refused > 100
     status, body = post(
         f"{base}/v1/rerank", {"model": "rerank", "query": QUERY, "documents": DOCUMENTS}
     )

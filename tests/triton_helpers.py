@@ -1,11 +1,14 @@
 """Plain tritonclient calls to a test server: what every serving test compares against."""
 
+import json
 import math
 import os
+import random
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,3 +107,48 @@ def gateway_process(server, *args: str, env: dict[str, str] | None = None):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# What a client may send in place of any field: other types, empty, integers past 64 bits,
+# nesting, content parts on a text model.
+ODD_VALUES = [None, True, 0, -1, 2**63, 2**64, -(2**70), 1.5, "", "x", "\u00e9", [], [None]]
+ODD_VALUES += [[1, "a"], [[1], "b"], {}, {"text": 1}, [{"type": "image_url"}], "data:,AAAA"]
+
+
+def odd_bodies(routes: dict, seed: int = 0, nested: int = 150) -> list[tuple[str, dict]]:
+    """(path, body) for `routes` ({path: (a valid body, its fields)}): each field with each of
+    ODD_VALUES, then `nested` seeded random bodies with one or two fields of nested odd
+    values."""
+    rng = random.Random(seed)
+
+    def value(depth=0):
+        if depth > 2 or rng.random() < 0.6:
+            return rng.choice(ODD_VALUES)
+        if rng.random() < 0.5:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["text", "type", "image_url", "inputs"]): value(depth + 1)}
+
+    bodies = [
+        (path, {**body, field: odd})
+        for path, (body, fields) in routes.items()
+        for field in fields
+        for odd in ODD_VALUES
+    ]
+    for _ in range(nested):
+        path = rng.choice(sorted(routes))
+        body, fields = routes[path]
+        chosen = rng.sample(fields, rng.randint(1, min(2, len(fields))))
+        bodies.append((path, {**body, **{f: value() for f in chosen}}))
+    return bodies
+
+
+def http_status(url: str, body: dict, headers: dict | None = None) -> int:
+    """The HTTP status of POSTing `body` as JSON."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
