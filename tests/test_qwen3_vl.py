@@ -724,6 +724,56 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranke
 
 
 @pytest.mark.server
+def test_odd_media_get_a_4xx_never_a_5xx(served):
+    """Images and videos in every shape the gateway takes (content parts, Qwen's own input
+    objects, Cohere's inputs, rerank documents), their URL, part or list replaced by odd values
+    and broken media: answered below 500; a good image embeds as before."""
+    from triton_helpers import ODD_VALUES, gateway_process, http_status, odd_bodies
+
+    _, server = served
+    png = data_url(image_files()["png"])
+    broken = ["data:image/png;base64,!!", "data:image/png;base64,AAAA", png[:100], png]
+    broken += ["data:video/mp4;base64,AAAA", "data:text/plain;base64,aGk=", "http://127.0.0.1:9/a"]
+    urls = ODD_VALUES + broken
+
+    def part(kind, url):
+        return {"type": kind, kind: {"url": url}}
+
+    good = {"model": "embed", "input": [[{"type": "text", "text": "a"}, part("image_url", png)]]}
+    shapes = [
+        *([part("image_url", u)] for u in urls),
+        *([part("video_url", u)] for u in urls),
+        *([{"type": "image_url", "image_url": u}] for u in urls),
+        *([{"type": "video", "video": [u, u]}] for u in urls),
+        *({"image": u} for u in urls),
+        *({"text": "a", "video": u} for u in urls),
+    ]
+    routes = {
+        "/v1/embeddings": (good, ["input"]),
+        "/v2/embed": ({"model": "embed", "input_type": "image", "inputs": []}, ["inputs"]),
+        "/v1/rerank": ({"model": "rerank", "query": "q", "documents": ["d"]}, ["documents"]),
+    }
+    bodies = [
+        (path, {**body, field: [shape]})
+        for path, (body, (field,)) in routes.items()
+        for shape in shapes
+    ]
+    bodies += [
+        ("/v2/embed", {"model": "embed", "input_type": "image", "inputs": [{"content": [s]}]})
+        for s in shapes
+        if isinstance(s, list)
+    ]
+    bodies += odd_bodies(routes, seed=2, nested=60)
+    with gateway_process(server) as base:
+        statuses = [http_status(base + path, body) for path, body in bodies]
+        assert all(s < 500 for s in statuses), [
+            (b, s) for b, s in zip(bodies, statuses, strict=True) if s >= 500
+        ][:3]
+        assert sum(s >= 400 for s in statuses) > len(bodies) // 2
+        assert http_status(f"{base}/v1/embeddings", good) == 200
+
+
+@pytest.mark.server
 def test_the_cli_embeds_a_text_with_images(served, served_model, tmp_path):
     import json
     import subprocess
