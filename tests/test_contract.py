@@ -171,8 +171,8 @@ def test_options_cross_as_parameters_unchanged(options):
     [
         ({"dimensions": True}, "parameter 'dimensions' must be an integer"),
         ({"dimensions": 0}, "parameter 'dimensions' must be >= 1"),
-        ({"dimensions": 2**63}, r"parameter 'dimensions' must be an integer below 2\*\*63"),
-        ({"max_tokens": -(2**64)}, r"parameter 'max_tokens' must be an integer below 2\*\*63"),
+        ({"dimensions": 2**63}, "parameter 'dimensions' must be an integer of at most 64 bits"),
+        ({"max_tokens": -(2**64)}, "parameter 'max_tokens' must be an integer of at most 64"),
         ({"embedding_type": "int4"}, "parameter 'embedding_type' must be one of"),
         ({"embedding_type": "int8,int8"}, "or several of them separated by commas"),
         ({"embedding_type": "float,"}, "or several of them separated by commas"),

@@ -143,7 +143,7 @@ def test_errors_map_to_openai_shapes(stack):
     with pytest.raises(openai.BadRequestError, match=r"'dimensions' must be in 1\.\.1024"):
         api.embeddings.create(input="x", model="embed", dimensions=4096)  # the model's, served
     # past int64, which Triton's request parameters cannot carry: refused before sending
-    with pytest.raises(openai.BadRequestError, match=r"'dimensions' must be an integer below"):
+    with pytest.raises(openai.BadRequestError, match="'dimensions' must be an integer of at"):
         api.embeddings.create(input="x", model="embed", dimensions=2**63)
     with pytest.raises(openai.BadRequestError, match="more than the limit of 2048"):
         api.embeddings.create(input=["x"] * 2049, model="embed")

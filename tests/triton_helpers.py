@@ -1,4 +1,5 @@
-"""Plain tritonclient calls to a test server: what every serving test compares against."""
+"""Plain tritonclient calls to a test server: what every serving test compares against; and
+odd request bodies for the contract at the HTTP edge."""
 
 import json
 import math

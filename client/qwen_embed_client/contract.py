@@ -151,7 +151,7 @@ def _expect(name: str, value, kind: type, what: str):
         raise RequestError(f"parameter '{name}' must be {what}, got {value!r}")
     # Triton carries an integer parameter as int64: a wider one cannot even be sent.
     if kind is int and not -(2**63) <= value < 2**63:
-        raise RequestError(f"parameter '{name}' must be {what} below 2**63, got {value}")
+        raise RequestError(f"parameter '{name}' must be {what} of at most 64 bits, got {value}")
     return value
 
 
