@@ -34,7 +34,7 @@ from fastapi.responses import FileResponse
 from ..bulk import Shards, write_atomic
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
-from .errors import NOT_FOUND, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
+from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
 from .state import gateway
 
 log = logging.getLogger("qwen_embed.batches")
@@ -344,7 +344,7 @@ def _state(request: Request) -> tuple[BatchRunner, str]:
     gw = gateway(request)
     runner = request.app.state.batches
     if runner is None:
-        raise APIError(NOT_FOUND, "the Batch API is off on this gateway (no --batch-dir)")
+        raise APIError(MISSING, "the Batch API is off on this gateway (no --batch-dir)")
     return runner, gw.owner(request)
 
 
@@ -403,7 +403,7 @@ def _line_too_long(number: int, settings: BatchSettings) -> str:
 def _owned(found: dict | None, what: str, object_id: str) -> dict:
     """The caller's File or Batch object, else 404 (another key's is not found either)."""
     if found is None:
-        raise APIError(NOT_FOUND, f"No such {what} object: {object_id}", f"{what.lower()}_id")
+        raise APIError(MISSING, f"No such {what} object: {object_id}", f"{what.lower()}_id")
     return found
 
 

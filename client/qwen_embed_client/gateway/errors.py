@@ -15,7 +15,8 @@ from ..contract import ITEM_INPUTS, EmbedOptions, RequestError, RerankOptions, a
 # What went wrong, whatever the API: each API maps a kind to its own status and body.
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
 EMPTY = "empty"  # nothing to embed (TEI answers 400 "Empty")
-NOT_FOUND = "not_found"  # a model this gateway does not serve, a file or batch it does not hold
+NOT_FOUND = "not_found"  # a model this gateway does not serve
+MISSING = "missing"  # a file or batch this gateway does not hold, or its Batch API is off
 TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full
@@ -28,6 +29,7 @@ STATUS = {
     INVALID: 400,
     EMPTY: 400,
     NOT_FOUND: 404,
+    MISSING: 404,
     TOO_LARGE: 413,
     UNAUTHORIZED: 401,
     OVERLOADED: 429,

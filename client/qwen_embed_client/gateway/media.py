@@ -71,25 +71,48 @@ MEDIA_PARTS = (ImagePart, VideoPart, FramesPart)
 Parts = Annotated[list[Part], Field(min_length=1)]
 
 
-class QwenInput(Body):
-    """An input as Qwen3-VL-Embedding's scripts write one (format_model_input): `text`,
-    `image` and `video`, each one or a list; a video is a file's URL or a list of its frames'
-    image URLs, and a list whose first URL is an image's is one video's frames, as there. It
-    stands for the same content parts (the server puts videos, then images, before the
-    text, as the scripts do). The scripts' per-input `instruction`, `fps` and `max_frames`
-    are the request's options here."""
+# The scripts' per-input options -> the request option that holds each here.
+REQUEST_OPTIONS = {
+    "instruction": "instruction",
+    "fps": "video_fps",
+    "max_frames": "video_max_frames",
+}
 
-    model_config = ConfigDict(extra="forbid")  # a content part ({"type": ...}) is not one
-    text: Text | list[Text] | None = None
-    image: str | list[str] | None = None
-    video: str | list[str | list[str]] | None = None
+
+class ScriptInput(Body):
+    """An input object that Qwen3-VL's scripts could have written (QwenInput, a rerank
+    document): their per-input options are refused, naming the request's option."""
+
     instruction: object = None
     fps: object = None
     max_frames: object = None
 
     @model_validator(mode="after")
+    def _no_input_options(self):
+        for name, option in REQUEST_OPTIONS.items():
+            if getattr(self, name) is not None:
+                raise PydanticCustomError(
+                    "qwen_input",
+                    f"'{name}' is an option of the whole request here: send '{option}' beside "
+                    "the inputs",
+                )
+        return self
+
+
+class QwenInput(ScriptInput):
+    """An input as Qwen3-VL-Embedding's scripts write one (format_model_input): `text`,
+    `image` and `video`, each one or a list; a video is a file's URL or a list of its frames'
+    image URLs, and a list whose first URL is an image's is one video's frames, as there. It
+    stands for the same content parts (the server puts videos, then images, before the
+    text, as the scripts do)."""
+
+    model_config = ConfigDict(extra="forbid")  # a content part ({"type": ...}) is not one
+    text: Text | list[Text] | None = None
+    image: str | list[str] | None = None
+    video: str | list[str | list[str]] | None = None
+
+    @model_validator(mode="after")
     def _checked(self):
-        refuse_input_options(self)
         if not (self.text or self.image or self.video):
             raise PydanticCustomError("qwen_input", "holds no 'text', 'image' or 'video'")
         return self
@@ -106,26 +129,6 @@ class QwenInput(Body):
         parts += [ImagePart(type="image_url", image_url=ImageURL(url=u)) for u in images]
         texts = [self.text] if isinstance(self.text, str) else self.text or []
         return parts + [TextPart(type="text", text=t) for t in texts]
-
-
-# The scripts' per-input options -> the request option that holds each here.
-REQUEST_OPTIONS = {
-    "instruction": "instruction",
-    "fps": "video_fps",
-    "max_frames": "video_max_frames",
-}
-
-
-def refuse_input_options(item: Body) -> None:
-    """An input object (QwenInput, a rerank document) that carries one of the scripts'
-    per-input options is refused, naming the request's option."""
-    for name, option in REQUEST_OPTIONS.items():
-        if getattr(item, name) is not None:
-            raise PydanticCustomError(
-                "qwen_input",
-                f"'{name}' is an option of the whole request here: send '{option}' beside "
-                "the inputs",
-            )
 
 
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tiff", ".svg")

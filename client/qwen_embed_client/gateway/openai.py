@@ -58,8 +58,8 @@ from .media import (
     Message,
     Parts,
     QwenParts,
+    ScriptInput,
     has_parts,
-    refuse_input_options,
     texts_and_media,
 )
 from .state import gateway, respond
@@ -95,14 +95,6 @@ router = APIRouter(tags=["openai"])
 _CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
 
 
-def _code(e: APIError) -> str | None:
-    """OpenAI's error code: `model_not_found` only for a model (a missing file or batch has
-    none)."""
-    if e.kind == NOT_FOUND and e.param != "model":
-        return None
-    return _CODES.get(e.kind)
-
-
 # The contract's options that the body holds otherwise (late chunking's `chunks`).
 _FIELDS = {"chunk_size": "chunks.size", "chunk_spans": "chunks.spans"}
 
@@ -113,7 +105,7 @@ def error_response(e: APIError) -> JSONResponse:
         "message": in_body_words(e.message, _FIELDS),
         "type": "server_error" if server else "invalid_request_error",
         "param": e.param,
-        "code": _code(e),
+        "code": _CODES.get(e.kind),
     }
     return JSONResponse({"error": body}, status_code=STATUS[e.kind])
 
@@ -242,22 +234,18 @@ def parse_request(
     return inputs, request.options(), encoding, kinds, keyed
 
 
-class Document(Body):
+class Document(ScriptInput):
     """Cohere's and Jina's document object (other fields ignored, as theirs are); one with
     an image or a video is a QwenInput."""
 
     text: Text
     image: object = None
     video: object = None
-    instruction: object = None  # Qwen's scripts' per-input options: refused
-    fps: object = None
-    max_frames: object = None
 
     @model_validator(mode="after")
     def _checked(self):
         if self.image is not None or self.video is not None:
             raise ValueError("not a text document")
-        refuse_input_options(self)
         return self
 
 
