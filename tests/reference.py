@@ -15,6 +15,7 @@ from transformers import (
     Qwen3Model,
 )
 
+from qwen_embed import native
 from qwen_embed.attention import choose_backend
 from qwen_embed.attention.torch_varlen import KEYWORDS, flash_problem, varlen_problem
 from qwen_embed.config import ModelConfig
@@ -101,7 +102,13 @@ def model_config(**changes) -> ModelConfig:
 
 
 def route_for(
-    features, device="cpu", checkpoint_dtype=None, onednn=True, gpu_bf16=True, **settings
+    features,
+    device="cpu",
+    checkpoint_dtype=None,
+    onednn=True,
+    gpu_bf16=True,
+    native_isa=native.isa,
+    **settings,
 ):
     """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
     has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels; the
@@ -130,6 +137,7 @@ def route_for(
         choose_attention=attention,
         gpu_bf16=lambda device: gpu_bf16,
         brgemm_runs=lambda: onednn,
+        native_isa=native_isa,
     )
 
 

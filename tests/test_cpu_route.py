@@ -84,9 +84,13 @@ def test_int8_route_and_refusals():
     assert route.dtype == "bfloat16" and route.linear is Linear.INT8
     assert route.gemm is Gemm.ONEDNN  # the layers int8 keeps in floats
     assert "no VNNI" not in route.reason
-    # without VNNI the route says what it costs
-    route = route_for(EPYC_AVX2, quantization="int8")
+    # without VNNI the route says what multiplies: the native AVX2 operator where it is built
+    route = route_for(EPYC_AVX2, quantization="int8", native_isa=lambda: "avx2")
     assert route.dtype == "float32" and "no VNNI on this CPU" in route.reason
+    assert "native AVX2 operator" in route.reason
+    assert (
+        "float64 GEMMs" in route_for(EPYC_AVX2, quantization="int8", native_isa=lambda: None).reason
+    )
     with pytest.raises(ValueError, match="CPU only"):
         route_for(ZEN4, "cuda:0", quantization="int8")
     with pytest.raises(ValueError, match="quantization must be one of"):

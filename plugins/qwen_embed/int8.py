@@ -10,7 +10,9 @@ AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on one
 micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype while they are in cache,
 so no int32 matrix is written.
 Elsewhere the native rotation (any instruction set) or the same butterflies in torch, torch's
-quantise pass, the integer products (integer_products), then torch's rescale.
+quantise pass, then the integer products and the rescale: on CPUs with AVX2 the native AVX2
+operator (native/csrc/gemm/pairs_avx2.cpp: the codes as int16 pairs, weights packed once
+here), else torch's integer products (integer_products) and rescale, the same bits.
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
@@ -31,6 +33,7 @@ _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
 FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
 GROUP = 4  # input values per int8 dot product (native.pack_panels)
+PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (csrc: kPairsPanel)
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
@@ -76,6 +79,12 @@ def native_kernel() -> bool:
     return native.isa() is not None and torch.ops.qwen_embed.int8_supported()
 
 
+def avx2_kernel() -> bool:
+    """Whether the native AVX2 int8 GEMM runs here (built, a CPU with AVX2); the layers take it
+    where the native int8 operator does not run."""
+    return native.isa() is not None and torch.ops.qwen_embed.int8_avx2_supported()
+
+
 def integer_products(xq: torch.Tensor, qweight: torch.Tensor, vnni: bool) -> torch.Tensor:
     """xq [rows, k] @ qweight [n, k].T of int8 codes, as exact integer sums: torch's int8 GEMM
     (oneDNN) where the CPU has VNNI. Without VNNI that GEMM runs far slower than a float64 one,
@@ -105,9 +114,20 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return packed, offset, padded_scale
 
 
+def pack_pairs(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights [n, k] and their scales [n, 1] in the AVX2 operator's layout: (int16
+    [n_pad / 16, k_pad / 2, 16, 2], vpmaddwd's pairs of input values; scale fp32 [n_pad]),
+    padding zeros."""
+    packed = native.pack_panels(q.to(torch.int16), 2, PAIRS_PANEL)
+    padded_scale = torch.zeros(packed.shape[0] * PAIRS_PANEL)
+    padded_scale[: q.shape[0]] = scale.view(-1)
+    return packed, padded_scale
+
+
 class Int8Weight(nn.Module):
     """A linear layer's weight, rotated (rotation_block), as int8 [out, in] plus one fp32 scale
-    per output channel, packed for the native operator where it runs."""
+    per output channel, packed for the native operator where it runs (widened to int16 pairs for
+    the AVX2 one)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -118,11 +138,17 @@ class Int8Weight(nn.Module):
         q, scale = quantize_rows(w)
         scale /= self.rotation
         self.out_features = q.shape[0]
-        self.native = native_kernel() and weight.device.type == "cpu"
+        cpu = weight.device.type == "cpu"
+        self.native = native_kernel() and cpu
+        self.avx2 = not self.native and avx2_kernel() and cpu
         if self.native:
             packed, offset, scale = pack(q, scale)
             self.register_buffer("packed", packed)
             self.register_buffer("offset", offset)
+            self.register_buffer("scale", scale)
+        elif self.avx2:
+            packed, scale = pack_pairs(q, scale)
+            self.register_buffer("packed", packed)
             self.register_buffer("scale", scale)
         else:
             self.register_buffer("qweight", q)
@@ -140,8 +166,13 @@ class Int8Weight(nn.Module):
         else:
             rotated = hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
             xq, x_scale = quantize_rows(rotated)
-            products = integer_products(xq, self.qweight, self.vnni)
-            out = _rescale(products, x_scale, self.scale, x.dtype)
+            if self.avx2:
+                out = torch.ops.qwen_embed.int8_gemm_avx2(
+                    xq, x_scale.view(-1), self.packed, self.scale, self.out_features
+                ).to(x.dtype)
+            else:
+                products = integer_products(xq, self.qweight, self.vnni)
+                out = _rescale(products, x_scale, self.scale, x.dtype)
             if bias is not None:
                 out.add_(bias.to(out.dtype))
         return out.view(*shape[:-1], self.out_features)

@@ -140,8 +140,12 @@ def choose_route(
     fp32_held = dtype == "bfloat16" and cpu and not features.native_bf16
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
-        if cpu and not features.vnni:  # int8.integer_products
-            reason += " (no VNNI on this CPU: its int8 products run as float64 GEMMs)"
+        if cpu and not features.vnni:  # int8.Int8Weight
+            reason += (
+                " (no VNNI on this CPU: its int8 products run on the native AVX2 operator)"
+                if features.avx2 and native_isa() is not None
+                else " (no VNNI on this CPU: its int8 products run as float64 GEMMs)"
+            )
     elif fp32_held:
         linear = Linear.FP32_GEMM
     else:

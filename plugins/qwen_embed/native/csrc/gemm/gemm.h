@@ -1,8 +1,10 @@
 // The GEMM operators' operands and kernels (namespace qe::gemm): the int8 route's and
 // batch_invariant's bf16 GEMM. rows.cpp and tiles_amx.cpp are compiled with AVX-512 flags (and
-// AMX for the tiles, native/build.py); ops.cpp schedules them.
+// AMX for the tiles), pairs_avx2.cpp with AVX2's (native/build.py); ops.cpp schedules them.
 #pragma once
 #include <stdint.h>
+
+#include <algorithm>
 
 namespace qe {
 namespace gemm {
@@ -71,7 +73,25 @@ struct GemmTiles {
   void (*bf16)(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
 };
 
+// The int8 route's GEMM on AVX2 without VNNI (pairs_avx2.cpp): rows of k_pad int16 codes (`a`,
+// int8 values widened, k_pad even) times int16 weights packed in panels of kPairsPanel channels
+// [n_pad / 16][k_pad / 2][16][2] (vpmaddwd's pairs of input values), exact int32 sums;
+// out[row][c] = float(sum) * a_scale[row] * w_scale[c] (w_scale padded to n_pad), row stride n.
+constexpr int64_t kPairsPanel = 16;
+struct PairsGemm {
+  const int16_t* a;
+  const float* a_scale;
+  const int16_t* packed;
+  const float* w_scale;
+  float* out;
+  int64_t k_pad, n;
+};
+// rows [row0, row1) x channels [col0, col1) of out, col0 a multiple of kPairsPanel
+using PairsKernel = void (*)(const PairsGemm& g, int64_t row0, int64_t row1, int64_t col0,
+                             int64_t col1);
+
 extern const RowKernels rows;
+extern const PairsKernel pairs_avx2;
 extern const GemmTiles tiles;  // where the AMX kernels are built
 
 }  // namespace gemm

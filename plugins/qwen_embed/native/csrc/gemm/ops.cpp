@@ -253,6 +253,48 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
+// The int8 route's GEMM where the CPU has AVX2 but no VNNI (int8.py runs int8_linear where it
+// has VNNI).
+bool int8_avx2_supported() {
+  static const bool runs = cpu_has("avx2");
+  return runs;
+}
+
+// int8 codes [m, k] (int8.quantize_rows: each row's values over its scale, a_scale fp32 [m])
+// times int8 weights widened to int16 and packed by qwen_embed.int8 ([n_pad / 16, k_pad / 2, 16,
+// 2], k_pad = k rounded up to even; w_scale fp32 [n_pad]) -> fp32 [m, n], each sum times its
+// row's scale, then its channel's: torch's bits for the same arithmetic. Tasks of task_rows x
+// task_channels: any blocking gives the same bits.
+at::Tensor int8_gemm_avx2(const at::Tensor& codes, const at::Tensor& a_scale,
+                          const at::Tensor& packed, const at::Tensor& w_scale, int64_t n,
+                          int64_t task_rows, int64_t task_channels, bool channels_outer) {
+  TORCH_CHECK(int8_avx2_supported(), "the int8 AVX2 operator needs a CPU with AVX2 and FMA");
+  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 2 && codes.scalar_type() == at::kChar,
+              "codes must be int8 [rows, k] on the CPU");
+  const int64_t m = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kShort && packed.is_contiguous() &&
+                  packed.size(2) == gemm::kPairsPanel && packed.size(3) == 2 &&
+                  packed.size(1) == (k + 1) / 2 && packed.size(0) * gemm::kPairsPanel >= n,
+              "packed must be the int16 [n_pad / 16, k_pad / 2, 16, 2] weights of ", n,
+              " channels of ", k, " values");
+  const int64_t n_pad = packed.size(0) * gemm::kPairsPanel, k_pad = packed.size(1) * 2;
+  TORCH_CHECK(a_scale.scalar_type() == at::kFloat && a_scale.is_contiguous() &&
+                  a_scale.numel() == m && w_scale.scalar_type() == at::kFloat &&
+                  w_scale.is_contiguous() && w_scale.numel() == n_pad,
+              "a_scale must be float32 with ", m, " values and w_scale float32 with ", n_pad);
+  check_blocking(task_rows, task_channels, gemm::kPairsPanel);
+  at::Tensor wide = at::zeros({m, k_pad}, codes.options().dtype(at::kShort));
+  wide.narrow(1, 0, k).copy_(codes);
+  at::Tensor out = at::empty({m, n}, codes.options().dtype(at::kFloat));
+  const gemm::PairsGemm g{ptr<int16_t>(wide), ptr<float>(a_scale), ptr<int16_t>(packed),
+                          ptr<float>(w_scale), ptr<float>(out), k_pad, n};
+  gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+               gemm::pairs_avx2(g, r0, r1, c0, c1);
+             });
+  return out;
+}
+
 // The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (tiles_amx.cpp, bf16_tiles),
 // elsewhere oneDNN's brgemm micro-kernel; either way the whole K in ascending tile products per
 // block of rows, so a row's sums never depend on the rows beside it (oneDNN's own AMX GEMM
