@@ -9,10 +9,11 @@ packed for it once here, each row rotated in registers and quantised, the intege
 AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on oneDNN's brgemm
 micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype while they are in cache,
 so no int32 matrix is written.
-Elsewhere the native rotation (any instruction set) or the same butterflies in torch, torch's
-quantise pass, then the integer products and the rescale: on CPUs with AVX2 the native AVX2
-operator (native/csrc/gemm/pairs_avx2.cpp: the codes as int16 pairs, weights packed once
-here), else torch's integer products (integer_products) and rescale, the same bits.
+Without VNNI, on CPUs with AVX2, another native operator (native/csrc/gemm/pairs_avx2.cpp):
+each row rotated in registers and quantised, the codes multiplied as int16 pairs on weights
+packed once here, the rescale in torch's order, so the torch route's bits. Elsewhere that
+torch route: the native rotation (any instruction set) or the same butterflies in torch,
+torch's quantise pass, the integer products (integer_products), then torch's rescale.
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
@@ -164,13 +165,13 @@ class Int8Weight(nn.Module):
                 x2, self.packed, self.offset, self.scale, bias, self.out_features, self.rotation
             )
         else:
-            rotated = hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
-            xq, x_scale = quantize_rows(rotated)
-            if self.avx2:
-                out = torch.ops.qwen_embed.int8_gemm_avx2(
-                    xq, x_scale.view(-1), self.packed, self.scale, self.out_features
+            if self.avx2:  # the torch route's bits below, up to its cast and bias
+                out = torch.ops.qwen_embed.int8_linear_avx2(
+                    x2, self.packed, self.scale, self.out_features, self.rotation
                 ).to(x.dtype)
             else:
+                rotated = hadamard_rows(x2, self.rotation) if self.rotation > 1 else x2
+                xq, x_scale = quantize_rows(rotated)
                 products = integer_products(xq, self.qweight, self.vnni)
                 out = _rescale(products, x_scale, self.scale, x.dtype)
             if bias is not None:

@@ -21,7 +21,7 @@ TORCH_LIBRARY(qwen_embed, m) {
       "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True) -> "
       "Tensor");
   m.def(
-      "int8_gemm_avx2(Tensor codes, Tensor a_scale, Tensor packed, Tensor w_scale, int n, "
+      "int8_linear_avx2(Tensor x, Tensor packed, Tensor w_scale, int n, int rotation=1, "
       "int task_rows=96, int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
@@ -35,7 +35,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("hadamard_rows", &qe::hadamard_rows);
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("bf16_linear", &qe::bf16_linear);
-  m.impl("int8_gemm_avx2", &qe::int8_gemm_avx2);
+  m.impl("int8_linear_avx2", &qe::int8_linear_avx2);
   m.impl("varlen_attention", &qe::varlen_attention);
 }
 

@@ -38,9 +38,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                        int64_t task_channels, bool channels_outer);
 bool int8_avx2_supported();
-at::Tensor int8_gemm_avx2(const at::Tensor& codes, const at::Tensor& a_scale,
-                          const at::Tensor& packed, const at::Tensor& w_scale, int64_t n,
-                          int64_t task_rows, int64_t task_channels, bool channels_outer);
+at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
+                            const at::Tensor& w_scale, int64_t n, int64_t rotation,
+                            int64_t task_rows, int64_t task_channels, bool channels_outer);
 
 // attention_ops.cpp
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

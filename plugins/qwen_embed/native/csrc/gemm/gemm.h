@@ -74,7 +74,7 @@ struct GemmTiles {
 };
 
 // The int8 route's GEMM on AVX2 without VNNI (pairs_avx2.cpp): rows of k_pad int16 codes (`a`,
-// int8 values widened, k_pad even) times int16 weights packed in panels of kPairsPanel channels
+// int8 values, k_pad even) times int16 weights packed in panels of kPairsPanel channels
 // [n_pad / 16][k_pad / 2][16][2] (vpmaddwd's pairs of input values), exact int32 sums;
 // out[row][c] = float(sum) * a_scale[row] * w_scale[c] (w_scale padded to n_pad), row stride n.
 constexpr int64_t kPairsPanel = 16;
@@ -86,12 +86,19 @@ struct PairsGemm {
   float* out;
   int64_t k_pad, n;
 };
-// rows [row0, row1) x channels [col0, col1) of out, col0 a multiple of kPairsPanel
-using PairsKernel = void (*)(const PairsGemm& g, int64_t row0, int64_t row1, int64_t col0,
-                             int64_t col1);
+struct PairsKernels {
+  // rows of x (fp32, bf16) -> codes [rows][k_pad] and their scales, each row rotated first per
+  // `block` values when block > 1 (int8.hadamard_rows, then int8.quantize_rows: their bits)
+  void (*quantize_f32)(const float* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad,
+                       int64_t block, int16_t* codes, float* scale);
+  void (*quantize_bf16)(const uint16_t* x, int64_t stride, int64_t rows, int64_t k,
+                        int64_t k_pad, int64_t block, int16_t* codes, float* scale);
+  // rows [row0, row1) x channels [col0, col1) of out, col0 a multiple of kPairsPanel
+  void (*gemm)(const PairsGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
+};
 
 extern const RowKernels rows;
-extern const PairsKernel pairs_avx2;
+extern const PairsKernels pairs_avx2;
 extern const GemmTiles tiles;  // where the AMX kernels are built
 
 }  // namespace gemm

@@ -260,38 +260,48 @@ bool int8_avx2_supported() {
   return runs;
 }
 
-// int8 codes [m, k] (int8.quantize_rows: each row's values over its scale, a_scale fp32 [m])
-// times int8 weights widened to int16 and packed by qwen_embed.int8 ([n_pad / 16, k_pad / 2, 16,
-// 2], k_pad = k rounded up to even; w_scale fp32 [n_pad]) -> fp32 [m, n], each sum times its
-// row's scale, then its channel's: torch's bits for the same arithmetic. Tasks of task_rows x
-// task_channels: any blocking gives the same bits.
-at::Tensor int8_gemm_avx2(const at::Tensor& codes, const at::Tensor& a_scale,
-                          const at::Tensor& packed, const at::Tensor& w_scale, int64_t n,
-                          int64_t task_rows, int64_t task_channels, bool channels_outer) {
+// x [..., k] (fp32 or bf16) times int8 weights widened to int16 and packed by qwen_embed.int8
+// ([n_pad / 16, k_pad / 2, 16, 2], k_pad = k rounded up to even; w_scale fp32 [n_pad]) ->
+// fp32 [..., n]: each row rotated (rotation > 1) and quantised as int8.Int8Weight does in torch,
+// the exact integer sums, each times its row's scale, then its channel's: the torch route's
+// bits before its cast to the input's dtype and its bias. Tasks of task_rows x task_channels:
+// any blocking gives the same bits.
+at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
+                            const at::Tensor& w_scale, int64_t n, int64_t rotation,
+                            int64_t task_rows, int64_t task_channels, bool channels_outer) {
   TORCH_CHECK(int8_avx2_supported(), "the int8 AVX2 operator needs a CPU with AVX2 and FMA");
-  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 2 && codes.scalar_type() == at::kChar,
-              "codes must be int8 [rows, k] on the CPU");
-  const int64_t m = codes.size(0), k = codes.size(1);
+  const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kShort && packed.is_contiguous() &&
                   packed.size(2) == gemm::kPairsPanel && packed.size(3) == 2 &&
                   packed.size(1) == (k + 1) / 2 && packed.size(0) * gemm::kPairsPanel >= n,
               "packed must be the int16 [n_pad / 16, k_pad / 2, 16, 2] weights of ", n,
               " channels of ", k, " values");
   const int64_t n_pad = packed.size(0) * gemm::kPairsPanel, k_pad = packed.size(1) * 2;
-  TORCH_CHECK(a_scale.scalar_type() == at::kFloat && a_scale.is_contiguous() &&
-                  a_scale.numel() == m && w_scale.scalar_type() == at::kFloat &&
-                  w_scale.is_contiguous() && w_scale.numel() == n_pad,
-              "a_scale must be float32 with ", m, " values and w_scale float32 with ", n_pad);
+  TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous() &&
+                  w_scale.numel() == n_pad,
+              "w_scale must be float32 with ", n_pad, " values");
+  check_rotation(rotation, k);
   check_blocking(task_rows, task_channels, gemm::kPairsPanel);
-  at::Tensor wide = at::zeros({m, k_pad}, codes.options().dtype(at::kShort));
-  wide.narrow(1, 0, k).copy_(codes);
-  at::Tensor out = at::empty({m, n}, codes.options().dtype(at::kFloat));
-  const gemm::PairsGemm g{ptr<int16_t>(wide), ptr<float>(a_scale), ptr<int16_t>(packed),
+  at::Tensor rows = as_rows(x, k);
+  const int64_t m = rows.size(0), stride = rows.stride(0);
+  at::Tensor codes = at::empty({m, k_pad}, rows.options().dtype(at::kShort));
+  at::Tensor scales = at::empty({m}, rows.options().dtype(at::kFloat));
+  const auto& kern = gemm::pairs_avx2;
+  at::parallel_for(0, m, grain(k), [&](int64_t b, int64_t e) {
+    int16_t* q = ptr<int16_t>(codes) + b * k_pad;
+    float* s = ptr<float>(scales) + b;
+    if (rows.scalar_type() == at::kBFloat16)
+      kern.quantize_bf16(ptr<uint16_t>(rows) + b * stride, stride, e - b, k, k_pad, rotation, q, s);
+    else
+      kern.quantize_f32(ptr<float>(rows) + b * stride, stride, e - b, k, k_pad, rotation, q, s);
+  });
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options().dtype(at::kFloat));
+  const gemm::PairsGemm g{ptr<int16_t>(codes), ptr<float>(scales), ptr<int16_t>(packed),
                           ptr<float>(w_scale), ptr<float>(out), k_pad, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
-             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-               gemm::pairs_avx2(g, r0, r1, c0, c1);
-             });
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) { kern.gemm(g, r0, r1, c0, c1); });
   return out;
 }
 
