@@ -365,7 +365,9 @@ same for the int8 operator.
 INT8_BLOCKING_DOC = """\
 How the int8 route's GEMM is best cut on this CPU: blockings of the native int8 operator
 (quantised rows, the brgemm micro-kernel's integer sums, the rescale) per GEMM shape and row
-count, against the float route's bf16 GEMM (oneDNN's packed) of the same shape.
+count, against the float route's bf16 GEMM (oneDNN's packed) of the same shape; on CPUs without
+VNNI, of the AVX2 operator (gemm/pairs_avx2.cpp: 16-channel panels, 96 rows x 256 channels by
+default) against the fp32 GEMM.
 
     python bench_kernels.py int8_blocking [--rows 20 128 1024 16384] [--rounds 3]
 
@@ -512,38 +514,43 @@ def blocking_report(args, rows: list[dict], title: str, baseline: str, default: 
 INT8_SHAPES = {"qk": (3072, 1024), "gate_up": (6144, 1024), "down": (1024, 3072)}
 
 
-def int8_default() -> tuple:
-    return (native.PANEL, *schema_blocking(torch.ops.qwen_embed.int8_linear))
+def int8_operator(layer: int8.Int8Weight) -> tuple:
+    """The operator an int8 layer runs here, its panel and its input dtype: the VNNI one on
+    bf16 rows, or the AVX2 one on fp32 rows (the float route's dtype on CPUs without VNNI)."""
+    if layer.native:
+        return torch.ops.qwen_embed.int8_linear, native.PANEL, torch.bfloat16
+    return torch.ops.qwen_embed.int8_linear_avx2, int8.PAIRS_PANEL, torch.float32
 
 
-def int8_blockings() -> list[tuple]:
-    return list(itertools.product((native.PANEL,), (32, 96, 256), (256, 512, 1024), (True, False)))
+def int8_default(op, panel: int) -> tuple:
+    return (panel, *schema_blocking(op))
+
+
+def int8_blockings(panel: int) -> list[tuple]:
+    channels = (256, 512, 1024) if panel == native.PANEL else (64, 256, 1024)
+    return list(itertools.product((panel,), (32, 96, 256), channels, (True, False)))
 
 
 def measure_int8(name: str, m: int, rounds: int) -> dict:
     n, k = INT8_SHAPES[name]
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g)
-    x = torch.randn(m, k, generator=g).bfloat16()
-    layer, bf16 = int8.Int8Weight(w), PackedWeight(w.bfloat16())
+    layer = int8.Int8Weight(w)
+    op, panel, dtype = int8_operator(layer)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    float_gemm = PackedWeight(w.to(dtype))
+    if layer.native:
+        operands = (x, layer.packed, layer.offset, layer.scale, None, n, layer.rotation)
+    else:
+        operands = (x, layer.packed, layer.scale, n, layer.rotation)
 
     def call(b: tuple):
         _, rows, channels, channels_outer = b
-        return lambda: torch.ops.qwen_embed.int8_linear(
-            x,
-            layer.packed,
-            layer.offset,
-            layer.scale,
-            None,
-            n,
-            layer.rotation,
-            rows,
-            channels,
-            channels_outer,
-        )
+        return lambda: op(*operands, rows, channels, channels_outer)
 
     shape = f"{name} {n}x{k}"
-    return compare(shape, m, call, int8_blockings(), int8_default(), lambda: bf16(x), rounds)
+    default = int8_default(op, panel)
+    return compare(shape, m, call, int8_blockings(panel), default, lambda: float_gemm(x), rounds)
 
 
 def blocking_arguments(p: argparse.ArgumentParser) -> None:
@@ -562,11 +569,13 @@ def bf16_blocking(args: argparse.Namespace) -> None:
 
 def int8_blocking(args: argparse.Namespace) -> None:
     keep_freed_memory()
-    if not int8.native_kernel():
-        raise SystemExit("the native int8 operator does not run here (AVX512_VNNI and oneDNN)")
+    if not (int8.native_kernel() or int8.avx2_kernel()):
+        raise SystemExit("no native int8 operator runs here (the build; AVX2, or AVX512_VNNI)")
     rows = [measure_int8(name, m, args.rounds) for m in args.rows for name in INT8_SHAPES]
+    op, panel, dtype = int8_operator(int8.Int8Weight(torch.randn(64, 64)))
     title = "The int8 route's GEMM: blockings"
-    blocking_report(args, rows, title, "bf16 GEMM", label(int8_default()))
+    baseline = f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} GEMM"
+    blocking_report(args, rows, title, baseline, label(int8_default(op, panel)))
 
 
 # ---------------------------------------------------------------- native_ab

@@ -158,8 +158,8 @@ cpu_prepare() {
 cpu_tests() {
 	step "kernel and same-vector tests"
 	timeout "$(left 300)" $pin python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
-		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_bf16_gemm.py \
-		tests/test_same_vector.py
+		tests/test_native.py tests/test_native_attention.py tests/test_int8.py tests/test_int8_avx2.py \
+		tests/test_bf16_gemm.py tests/test_same_vector.py
 }
 cpu_same_vector() {
 	step "same-vector tests"
