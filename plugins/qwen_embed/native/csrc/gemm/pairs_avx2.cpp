@@ -1,10 +1,11 @@
-// The int8 route's GEMM on CPUs with AVX2 and no VNNI (ops.cpp int8_gemm_avx2), compiled with
-// AVX2 flags (native/build.py). Without VNNI there is no int8 dot-product instruction that
-// cannot saturate, but vpmaddwd multiplies int16 pairs and adds each pair's two products into
-// int32 exactly: the int8 codes travel as int16, two input values per lane, and the sums are
-// the same exact integers as any other int8 GEMM's. The rescale follows torch's order of the
-// route's arithmetic (int8._rescale: sum as fp32, times the row's scale, times the channel's),
-// so the outputs are torch's bits.
+// The int8 route's row work and GEMM on CPUs with AVX2 and no VNNI (ops.cpp int8_linear_avx2),
+// compiled with AVX2 flags (native/build.py). Without VNNI there is no int8 dot-product
+// instruction that cannot saturate, but vpmaddwd multiplies int16 pairs and adds each pair's
+// two products into int32 exactly: the int8 codes travel as int16, two input values per lane,
+// and the sums are the same exact integers as any other int8 GEMM's. The rotation, the
+// quantisation and the rescale repeat torch's operations in torch's order (int8.hadamard_rows,
+// quantize_rows, _rescale: sum as fp32, times the row's scale, times the channel's), so the
+// outputs are the torch route's bits.
 #include <immintrin.h>
 #include <string.h>
 
