@@ -92,11 +92,12 @@ def test_alone_among_others_and_after_a_cached_prefix(
     """On the native kernels (attention included) of every instruction set this CPU runs."""
     lengths = LENGTHS[size]
     if quantization == "int8" and not int8.native_kernel():
-        # the integer products (int8.integer_products) are the same exact sums on every ISA
-        # and at any row count: the small size's shortest texts on the widest ISA cover the
-        # route; the float layers at full size are the cases without int8
+        # the integer products (the AVX2 operator's, test_int8_avx2.py, or torch's
+        # int8.integer_products) are the same exact sums whatever kernels the row ops take and
+        # at any row count: the small size's shortest texts on the widest ISA cover the route;
+        # the float layers at full size are the cases without int8
         if size == "full" or isa != WIDEST:
-            pytest.skip("int8 without the native operator: the small size on the widest ISA")
+            pytest.skip("int8 without the VNNI operator: the small size on the widest ISA")
         lengths = lengths[:5]
     held_fp32 = linear_weight_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
     if batch_invariant == "on" and held_fp32:
