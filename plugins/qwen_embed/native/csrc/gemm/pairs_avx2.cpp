@@ -81,12 +81,14 @@ void quantize_row(const T* row, int64_t k, int64_t k_pad, int64_t block, float* 
     if constexpr (sizeof(T) == sizeof(float)) {
       values = row;
     } else {
-      for (int64_t j = 0; j < k; ++j) rotated[j] = __builtin_bit_cast(float, uint32_t{row[j]} << 16);
+      for (int64_t j = 0; j < k; ++j)
+        rotated[j] = __builtin_bit_cast(float, uint32_t{row[j]} << 16);
       values = rotated;
     }
     const __m256 sign = _mm256_set1_ps(-0.0f);
     int64_t j = 0;
-    for (; j + 8 <= k; j += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8(values + j)));
+    for (; j + 8 <= k; j += 8)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8(values + j)));
     float tail = 0.0f;
     for (; j < k; ++j) tail = std::max(tail, __builtin_fabsf(values[j]));
     amax = _mm256_max_ps(amax, _mm256_set1_ps(tail));
@@ -98,7 +100,8 @@ void quantize_row(const T* row, int64_t k, int64_t k_pad, int64_t block, float* 
   const float s = std::max(most, 1e-12f) / 127.0f;
   *scale = s;
   const float inv = 1.0f / s;
-  const __m256 inv8 = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 inv8 = _mm256_set1_ps(inv);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   int64_t j = 0;
   for (; j + 16 <= k; j += 16) {
     __m256i c[2];
