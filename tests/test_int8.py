@@ -143,6 +143,7 @@ def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
     layer = int8.Int8Weight(w)
     assert layer.native and layer.packed.shape == (2, 64, 64, 4) and layer.rotation == 128
     monkeypatch.setattr(int8, "native_kernel", lambda: False)
+    monkeypatch.setattr(int8, "avx2_kernel", lambda: False)  # test_int8_avx2.py has that one
     torch_route = int8.Int8Weight(w)
     assert not torch_route.native and torch_route.qweight.dtype == torch.int8
     assert torch.equal(layer(x), torch_route(x))
@@ -165,7 +166,8 @@ def test_bad_operands_are_refused():
 
 
 def test_the_operator_needs_onednn(monkeypatch):
-    """Its integer GEMM is oneDNN's micro-kernel: with oneDNN off, layers take the torch route."""
+    """Its integer GEMM is oneDNN's micro-kernel: with oneDNN off, layers take another (the AVX2
+    operator, which needs no oneDNN, or the torch route)."""
     assert int8.native_kernel()
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     assert not int8.native_kernel()
