@@ -514,10 +514,10 @@ def blocking_report(args, rows: list[dict], title: str, baseline: str, default: 
 INT8_SHAPES = {"qk": (3072, 1024), "gate_up": (6144, 1024), "down": (1024, 3072)}
 
 
-def int8_operator(layer: int8.Int8Weight) -> tuple:
-    """The operator an int8 layer runs here, its panel and its input dtype: the VNNI one on
-    bf16 rows, or the AVX2 one on fp32 rows (the float route's dtype on CPUs without VNNI)."""
-    if layer.native:
+def int8_operator(vnni: bool) -> tuple:
+    """The int8 layers' operator, its panel and its input dtype: the VNNI one on bf16 rows, or
+    the AVX2 one on fp32 rows (the float route's dtype on CPUs without VNNI)."""
+    if vnni:
         return torch.ops.qwen_embed.int8_linear, native.PANEL, torch.bfloat16
     return torch.ops.qwen_embed.int8_linear_avx2, int8.PAIRS_PANEL, torch.float32
 
@@ -536,7 +536,7 @@ def measure_int8(name: str, m: int, rounds: int) -> dict:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g)
     layer = int8.Int8Weight(w)
-    op, panel, dtype = int8_operator(layer)
+    op, panel, dtype = int8_operator(layer.native)
     x = torch.randn(m, k, generator=g).to(dtype)
     float_gemm = PackedWeight(w.to(dtype))
     if layer.native:
@@ -572,7 +572,7 @@ def int8_blocking(args: argparse.Namespace) -> None:
     if not (int8.native_kernel() or int8.avx2_kernel()):
         raise SystemExit("no native int8 operator runs here (the build; AVX2, or AVX512_VNNI)")
     rows = [measure_int8(name, m, args.rounds) for m in args.rows for name in INT8_SHAPES]
-    op, panel, dtype = int8_operator(int8.Int8Weight(torch.randn(64, 64)))
+    op, panel, dtype = int8_operator(int8.native_kernel())
     title = "The int8 route's GEMM: blockings"
     baseline = f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} GEMM"
     blocking_report(args, rows, title, baseline, label(int8_default(op, panel)))

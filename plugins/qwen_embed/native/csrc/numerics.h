@@ -3,7 +3,7 @@
 // route's rotation. Included into each kernels_<isa>.cpp, whose flags decide the instructions.
 #pragma once
 #include <stdint.h>
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -226,13 +226,34 @@ inline float inverse_rms(const T* x, int64_t n, float eps) {
 // a - b) on pairs h apart for h = 1, 2, 4, ..., the order int8.hadamard_rows takes them, so the
 // same floats in every instruction set. A block stays in registers; returns the row's largest
 // magnitude.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// GCC's generic shuffles of a 16-lane vector are many times slower on AVX2 than these: lanes l
+// with l & h set become lo - hi, the others lo + hi, for pairs h = 1, 2 or 4 lanes apart.
+template <int h>
+inline __m256 butterflies8(__m256 x) {
+  const __m256 partner = h == 4   ? _mm256_permute2f128_ps(x, x, 1)
+                         : h == 2 ? _mm256_permute_ps(x, 0x4E)
+                                  : _mm256_permute_ps(x, 0xB1);
+  constexpr int upper = h == 4 ? 0xF0 : h == 2 ? 0xCC : 0xAA;
+  return _mm256_blend_ps(_mm256_add_ps(x, partner), _mm256_sub_ps(partner, x), upper);
+}
+#endif
+
 inline F16 butterflies16(F16 x) {  // pairs 1, 2, 4 and 8 lanes apart
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  __m256 half[2];
+  __builtin_memcpy(half, &x, sizeof x);
+  for (__m256& v : half) v = butterflies8<4>(butterflies8<2>(butterflies8<1>(v)));
+  const __m256 out[2] = {_mm256_add_ps(half[0], half[1]), _mm256_sub_ps(half[0], half[1])};
+  __builtin_memcpy(&x, out, sizeof x);
+#else
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #pragma GCC unroll 4
   for (int h = 1; h < 16; h *= 2) {
     const F16 partner = __builtin_shuffle(x, lane ^ h);
     x = (lane & h) ? partner - x : x + partner;
   }
+#endif
   return x;
 }
 

@@ -13,48 +13,28 @@
 
 #include "gemm.h"
 
+// numerics.h's helpers (the rotation, bf16 values) for these sources' flags, in a namespace of
+// their own (qe::gemm)
+#define QE_ISA gemm
+#include "../numerics.h"
+
 namespace qe {
 namespace gemm {
 namespace {
 
-// 8 values from fp32 or bf16 (bf16 widened exactly, as torch's .float()).
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) {
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-}
-
-// Lanes l of x (l & h set) become lo - hi, the others lo + hi, for pairs h = 1, 2 or 4 lanes
-// apart in one vector: int8.hadamard_rows's butterfly (a + b, a - b) on the same floats.
-template <int h>
-inline __m256 butterfly(__m256 x) {
-  const __m256 partner = h == 4   ? _mm256_permute2f128_ps(x, x, 1)
-                         : h == 2 ? _mm256_permute_ps(x, 0x4E)
-                                  : _mm256_permute_ps(x, 0xB1);
-  constexpr int upper = h == 4 ? 0xF0 : h == 2 ? 0xCC : 0xAA;
-  return _mm256_blend_ps(_mm256_add_ps(x, partner), _mm256_sub_ps(partner, x), upper);
-}
-
-// One block of V x 8 values rotated (pairs 1, 2, 4, ... apart, as int8.hadamard_rows takes
-// them) into dst; returns the lanes' largest magnitudes.
-template <int V, typename T>
-inline __m256 hadamard_block(const T* src, float* dst) {
-  __m256 x[V];
-  for (int v = 0; v < V; ++v) x[v] = butterfly<4>(butterfly<2>(butterfly<1>(load8(src + 8 * v))));
-  for (int h = 1; h < V; h *= 2)
-    for (int j = 0; j < V; ++j)
-      if (!(j & h)) {
-        const __m256 a = x[j], b = x[j + h];
-        x[j] = _mm256_add_ps(a, b);
-        x[j + h] = _mm256_sub_ps(a, b);
-      }
+// The largest magnitude of k values.
+inline float largest_magnitude(const float* values, int64_t k) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps();
-  for (int v = 0; v < V; ++v) {
-    _mm256_storeu_ps(dst + 8 * v, x[v]);
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[v]));
-  }
-  return amax;
+  int64_t j = 0;
+  for (; j + 8 <= k; j += 8)
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(values + j)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, amax);
+  float most = 0.0f;
+  for (float l : lanes) most = std::max(most, l);
+  for (; j < k; ++j) most = std::max(most, __builtin_fabsf(values[j]));
+  return most;
 }
 
 // A row of k values (rotated first per `block` values when block > 1, into `rotated`) -> k_pad
@@ -63,40 +43,17 @@ inline __m256 hadamard_block(const T* src, float* dst) {
 template <typename T>
 void quantize_row(const T* row, int64_t k, int64_t k_pad, int64_t block, float* rotated,
                   int16_t* codes, float* scale) {
-  const float* values;
-  __m256 amax = _mm256_setzero_ps();
+  const float* values = rotated;
+  float most;
   if (block > 1) {
-    for (int64_t j = 0; j < k; j += block) {
-      __m256 m;
-      switch (block) {
-        case 16: m = hadamard_block<2>(row + j, rotated + j); break;
-        case 32: m = hadamard_block<4>(row + j, rotated + j); break;
-        case 64: m = hadamard_block<8>(row + j, rotated + j); break;
-        default: m = hadamard_block<16>(row + j, rotated + j); break;
-      }
-      amax = _mm256_max_ps(amax, m);
-    }
-    values = rotated;
+    most = hadamard_row(row, k, block, rotated);  // numerics.h, as the other kernels rotate
   } else {
-    if constexpr (sizeof(T) == sizeof(float)) {
+    if constexpr (sizeof(T) == sizeof(float))
       values = row;
-    } else {
-      for (int64_t j = 0; j < k; ++j)
-        rotated[j] = __builtin_bit_cast(float, uint32_t{row[j]} << 16);
-      values = rotated;
-    }
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    int64_t j = 0;
-    for (; j + 8 <= k; j += 8)
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8(values + j)));
-    float tail = 0.0f;
-    for (; j < k; ++j) tail = std::max(tail, __builtin_fabsf(values[j]));
-    amax = _mm256_max_ps(amax, _mm256_set1_ps(tail));
+    else
+      for (int64_t j = 0; j < k; ++j) rotated[j] = to_float(row[j]);
+    most = largest_magnitude(values, k);
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, amax);
-  float most = 0.0f;
-  for (float l : lanes) most = l > most ? l : most;
   const float s = std::max(most, 1e-12f) / 127.0f;
   *scale = s;
   const float inv = 1.0f / s;
@@ -106,7 +63,7 @@ void quantize_row(const T* row, int64_t k, int64_t k_pad, int64_t block, float* 
   for (; j + 16 <= k; j += 16) {
     __m256i c[2];
     for (int h = 0; h < 2; ++h) {
-      __m256 v = _mm256_round_ps(_mm256_mul_ps(load8(values + j + 8 * h), inv8),
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(values + j + 8 * h), inv8),
                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       c[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
     }
