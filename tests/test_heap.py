@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qwen_embed import Encoder
-from qwen_embed.cpu import HeapTrimmer, keep_freed_memory, resident_bytes
+from qwen_embed.cpu import HeapTrimmer, anonymous_bytes, keep_freed_memory
 from qwen_embed.engine import forward_bytes
 
 MB = 2**20
@@ -38,11 +38,11 @@ def test_trims_only_beyond_what_it_keeps(glibc):
     churn(400)  # kept by glibc (no mmap, no trim), beyond the bound
     held = trimmer.free_resident_bytes()
     assert held > 64 * MB
-    before = resident_bytes()
+    before = anonymous_bytes()
     trimmer()
     assert trimmer.trims == 1
     assert trimmer.free_resident_bytes() < 64 * MB
-    assert resident_bytes() < before - (held - 64 * MB) // 2
+    assert anonymous_bytes() < before - (held - 64 * MB) // 2
 
 
 def test_cpu_encoders_trim_after_forwards(glibc, checkpoint):
@@ -72,3 +72,17 @@ def test_asks_malloc_only_when_resident_memory_grew(glibc, monkeypatch):
     trimmer()
     assert len(asked) == 1
     del grown
+
+
+def test_pages_of_mapped_files_are_not_freed_heap(glibc, tmp_path):
+    """A mapped file's pages (a checkpoint's embedding table, layers.VocabParallelEmbedding)
+    grow resident memory as they are read, but trimming the heap cannot give them back."""
+    path = tmp_path / "table.bin"
+    np.ones(192 * MB // 8).tofile(path)
+    trimmer = HeapTrimmer(64 * MB)
+    held = trimmer.free_resident_bytes()
+    mapped = np.memmap(path, dtype=np.float64, mode="r")
+    assert mapped.sum() == len(mapped)  # every page read
+    assert trimmer.free_resident_bytes() < held + 16 * MB
+    trimmer()
+    assert trimmer.trims == 0

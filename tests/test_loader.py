@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +67,43 @@ def rewrite_tensors(directory, change):
     tensors = load_file(path)
     change(tensors)
     save_file(tensors, path, metadata={"format": "pt"})
+
+
+def mapped_file(address: int):
+    """The file mapped at `address` in this process (None for anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        start, end = (int(a, 16) for a in fields[0].split("-"))
+        if start <= address < end:
+            return Path(fields[5]) if len(fields) > 5 and fields[5].startswith("/") else None
+    return None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
+    """On CPU a bf16 checkpoint's embedding table is not copied where the model's dtype holds
+    its values exactly (fp32, bf16): the rows are the file's mapping, read from disk only for
+    the tokens met and shared by every process through the page cache; the rows gathered are
+    the table's, widened to the model's dtype."""
+    make_checkpoint(tmp_path, "qwen3", dtype=torch.bfloat16)
+    table = load_file(tmp_path / "model.safetensors")["model.embed_tokens.weight"]
+    ids = torch.tensor(SEQS[1] + [0, 511])
+    with Encoder.from_pretrained(tmp_path, dtype=dtype) as enc:
+        module = enc.model.embed_tokens
+        rows = module(ids)
+        mapped = mapped_file(module.weight.data_ptr())
+    assert rows.dtype == getattr(torch, dtype)
+    torch.testing.assert_close(rows, table[ids].to(rows.dtype), rtol=0, atol=0)
+    assert mapped == (tmp_path / "model.safetensors").resolve()
+    assert module.weight.dtype == torch.bfloat16
+
+
+def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    name = "model.embed_tokens.weight"
+    rewrite_tensors(tmp_path, lambda t: t.update({name: t[name][:500].clone()}))
+    with pytest.raises(CheckpointError, match=r"at least 512 rows of 96.*\(500, 96\)"):
+        embed(tmp_path)
 
 
 def test_missing_tensor_is_named(checkpoint, tmp_path):

@@ -68,14 +68,18 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def resident_bytes() -> int:
+def anonymous_bytes() -> int:
+    """Resident memory that is the process's own (heap, stacks): not pages of mapped files,
+    such as a checkpoint's embedding table (layers.VocabParallelEmbedding), which the kernel
+    shares and drops at will."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
+        resident, shared = f.read().split()[1:3]
+    return (int(resident) - int(shared)) * _PAGE
 
 
 class HeapTrimmer:
     """Bounds the memory keep_freed_memory keeps: after a forward, when the process holds
-    more than `keep_bytes` of freed heap (its resident memory beyond what malloc has in use
+    more than `keep_bytes` of freed heap (its anonymous memory beyond what malloc has in use
     and what it held at the start), hand the free pages back (malloc_trim). Varlen forwards
     bring new sizes every time, so freed blocks fragment and the heap creeps up; `keep_bytes`
     (one full-budget forward's activations) stays for reuse, so trims are rare and the next
@@ -94,8 +98,8 @@ class HeapTrimmer:
         if self.active:
             self._libc.mallinfo2.restype = _MallInfo2
             self._libc.malloc_trim(0)  # what was freed before (loading) goes back first
-            self._other = resident_bytes() - self._in_use()  # code, libraries, file maps
-            self._seen = resident_bytes()  # resident bytes when mallinfo2 was last asked
+            self._other = anonymous_bytes() - self._in_use()  # Python's arenas, stacks
+            self._seen = anonymous_bytes()  # when mallinfo2 was last asked
 
     @property
     def active(self) -> bool:
@@ -107,22 +111,22 @@ class HeapTrimmer:
 
     def free_resident_bytes(self, resident: int | None = None) -> int:
         """Freed heap memory still resident (0 without mallinfo2); `resident`: a fresh
-        reading of resident_bytes() the caller already has."""
+        reading of anonymous_bytes() the caller already has."""
         if not self.active:
             return 0
-        resident = resident_bytes() if resident is None else resident
+        resident = anonymous_bytes() if resident is None else resident
         return max(0, resident - self._in_use() - self._other)
 
     def __call__(self, *_) -> None:  # also usable as a forward hook
         if not self.active:
             return
-        resident = resident_bytes()
+        resident = anonymous_bytes()
         if resident <= self._seen + self.keep_bytes // self.LOOK_AFTER_GROWTH:
             return  # not grown: what was free at the last look is held, not added to
         if self.free_resident_bytes(resident) > self.keep_bytes:
             self._libc.malloc_trim(0)
             self.trims += 1
-            resident = resident_bytes()
+            resident = anonymous_bytes()
         self._seen = resident
 
 

@@ -98,7 +98,12 @@ class RMSNorm(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Each rank holds a contiguous slice of the vocabulary; one all-reduce joins the rows."""
+    """Each rank holds a contiguous slice of the vocabulary; one all-reduce joins the rows.
+
+    On CPU the slice is the checkpoint's tensor itself wherever the model's dtype holds its
+    values exactly (bf16 rows in an fp32 model, or the same dtype): safetensors maps the file,
+    so only the rows of tokens met are ever read into memory, and every process serving the
+    checkpoint shares them (the page cache). Rows are widened once gathered: the same bits."""
 
     def __init__(self, vocab_size: int, dim: int, tp: TPGroup):
         super().__init__()
@@ -107,17 +112,27 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * per_rank
         self.end = min(vocab_size, self.start + per_rank)
         self.weight = _param(per_rank, dim, loader=self._load)
+        self.dtype = self.weight.dtype  # of the rows it returns
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
         part = full[self.start : self.end]
+        if full.shape[1:] != param.shape[1:] or len(full) < self.end:
+            raise ValueError(
+                f"shape mismatch: the vocabulary needs at least {self.end} rows of "
+                f"{param.shape[1]}, the checkpoint's table is {tuple(full.shape)}"
+            )
+        on_cpu = param.device.type == full.device.type == "cpu"
+        if on_cpu and torch.promote_types(full.dtype, param.dtype) == param.dtype:
+            param.data = part  # ids outside [start, end) are masked in forward: no padding
+            return
         param.data.zero_()  # rows past the vocabulary (uneven split) stay zero
         param.data[: part.shape[0]].copy_(part)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return F.embedding(ids, self.weight).to(self.dtype)
         mine = (ids >= self.start) & (ids < self.end)
-        out = F.embedding((ids - self.start) * mine, self.weight)
+        out = F.embedding((ids - self.start) * mine, self.weight).to(self.dtype)
         out.mul_(mine.unsqueeze(-1).to(out.dtype))
         return self.tp.all_reduce(out)
 
