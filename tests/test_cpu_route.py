@@ -53,6 +53,9 @@ def test_explicit_dtype_and_gpu_auto():
     route = route_for(EPYC_AVX2, dtype="bfloat16")
     assert route.linear is Linear.FP32_GEMM and "as fp32 GEMM" in route.describe()
     assert "set by the deployment" in route.reason
+    # fp16 on any CPU: oneDNN packs fp16 weights only where the CPU converts fp16 itself
+    for features in (EPYC_AVX2, ZEN4, SAPPHIRE):
+        assert route_for(features, dtype="float16").linear is Linear.FP32_GEMM
     assert route_for(EPYC_AVX2, "cuda:0", "bfloat16").dtype == "bfloat16"
     # an fp32 checkpoint on a GPU runs in bf16 (fp16 where the GPU has no bf16), fp32 if asked
     assert route_for(EPYC_AVX2, "cuda:0").dtype == "bfloat16"

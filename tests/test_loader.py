@@ -79,12 +79,12 @@ def mapped_file(address: int):
     return None
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
     """On CPU a bf16 checkpoint's embedding table is not copied where the model's dtype holds
     its values exactly (fp32, bf16): the rows are the file's mapping, read from disk only for
     the tokens met and shared by every process through the page cache; the rows gathered are
-    the table's, widened to the model's dtype."""
+    the table's, widened to the model's dtype. fp16 cannot hold every bf16 value: a copy."""
     make_checkpoint(tmp_path, "qwen3", dtype=torch.bfloat16)
     table = load_file(tmp_path / "model.safetensors")["model.embed_tokens.weight"]
     ids = torch.tensor(SEQS[1] + [0, 511])
@@ -94,8 +94,11 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
         mapped = mapped_file(module.weight.data_ptr())
     assert rows.dtype == getattr(torch, dtype)
     torch.testing.assert_close(rows, table[ids].to(rows.dtype), rtol=0, atol=0)
-    assert mapped == (tmp_path / "model.safetensors").resolve()
-    assert module.weight.dtype == torch.bfloat16
+    if dtype == "float16":
+        assert mapped is None and module.weight.dtype == torch.float16
+    else:
+        assert mapped == (tmp_path / "model.safetensors").resolve()
+        assert module.weight.dtype == torch.bfloat16
 
 
 def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):

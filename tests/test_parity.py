@@ -1,7 +1,7 @@
 """Engine vs transformers' Qwen2Model/Qwen3Model (one unpadded sequence at a time).
 
 Tolerances: fp32 cosine >= 0.99999 per text and max-abs <= 1e-4 (on unit vectors, or relative
-to the largest reference component without normalisation); bf16 cosine >= 0.999.
+to the largest reference component without normalisation); bf16 and fp16 cosine >= 0.999.
 """
 
 import json
@@ -76,6 +76,20 @@ def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeyp
         held = [m.kernel or m.weight for m in enc.model.modules() if isinstance(m, linears)]
         weights = {w.dtype for w in held}  # a packed weight keeps its dtype
         assert weights == {torch.bfloat16 if native_bf16 else torch.float32}
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= BF16_COSINE
+
+
+def test_fp16_matches_transformers(checkpoint, config_name):
+    """fp16 on CPU: the weights held in fp32 (oneDNN packs fp16 ones only on CPUs that
+    convert fp16 themselves, and torch's emulated fp16 GEMM is slower than fp32's), the
+    activations, norms and attention in fp16."""
+    seqs = random_sequences([1, 17, 90, 200], seed=3)
+    ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.float16)
+    with Encoder.from_pretrained(checkpoint(config_name), dtype="float16") as enc:
+        linears = (layers.ColumnParallelLinear, layers.RowParallelLinear)
+        held = [m.kernel or m.weight for m in enc.model.modules() if isinstance(m, linears)]
+        assert {w.dtype for w in held} == {torch.float32}
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= BF16_COSINE
 

@@ -20,18 +20,19 @@ from .kernels import RowOps, reference
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
 
-    bf16 on a CPU without bf16 instructions: fp32 holding the same bf16 values, because torch's
-    emulated bf16 GEMM is far slower than fp32 there (route.Linear.FP32_GEMM). Converted once at
-    load, so no request pays for the upcast; the price is fp32 weight memory.
+    bf16 on a CPU without bf16 instructions, fp16 on any CPU: fp32 holding the same values,
+    because torch's emulated GEMM in those dtypes is far slower than fp32 (route.Linear.FP32_GEMM).
+    Converted once at load, so no request pays for the upcast; the price is fp32 weight memory.
     """
-    if dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
+    half = dtype == torch.float16 or (dtype == torch.bfloat16 and not has_native_bf16())
+    if half and device.type == "cpu":
         return torch.float32
     return dtype
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; bf16 activations against fp32-stored bf16 weights (linear_weight_dtype) run
-    as one fp32 GEMM rounded back to bf16: a bf16 GEMM's bf16-in, fp32-accumulate, bf16-out."""
+    """F.linear; 16-bit activations against fp32-held weights (linear_weight_dtype) run as one
+    fp32 GEMM rounded back: a 16-bit GEMM's 16-bit in, fp32 accumulation, 16-bit out."""
     if x.dtype != weight.dtype:
         return F.linear(x.float(), weight, bias).to(x.dtype)
     return F.linear(x, weight, bias)

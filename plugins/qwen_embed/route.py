@@ -26,8 +26,9 @@ class Linear(enum.Enum):
     """What the linear layers compute in (this fixes the vectors; `Gemm` says on what)."""
 
     FLOAT = "float"  # in the activation dtype
-    # bf16 activations on a CPU without bf16 instructions: the bf16 weights are held in fp32
-    # and multiplied by one fp32 GEMM, because torch emulates bf16 GEMMs there, far slower.
+    # bf16 activations on a CPU without bf16 instructions, fp16 ones on any CPU: the weights
+    # are held in fp32 and multiplied by one fp32 GEMM, because torch emulates those GEMMs
+    # (far slower) and oneDNN packs fp16 weights only where the CPU converts fp16 itself.
     FP32_GEMM = "fp32 GEMM"
     # q|k, gate|up and down: per-channel int8 weights, per-token int8 activations on
     # int8.Int8Weight; the layers int8.FLOAT_LAYERS names stay in floats, on the route's Gemm
@@ -136,8 +137,8 @@ def choose_route(
         )
     half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
     dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
-    # bf16 float weights held in fp32 (layers.linear_weight_dtype), the int8 route's too
-    fp32_held = dtype == "bfloat16" and cpu and not features.native_bf16
+    # 16-bit float weights held in fp32 (layers.linear_weight_dtype), the int8 route's too
+    fp32_held = cpu and (dtype == "float16" or dtype == "bfloat16" and not features.native_bf16)
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
         if cpu and not features.vnni:  # int8.Int8Weight
