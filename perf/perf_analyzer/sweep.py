@@ -83,10 +83,17 @@ def metric_sum(server: TritonServer, name: str) -> float:
     return sum(float(x) for x in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
 
 
+def busy(server: TritonServer) -> float:
+    """Requests queued anywhere, and inside an encoder's execute (no longer queued)."""
+    return metric_sum(server, "nv_inference_pending_request_count") + metric_sum(
+        server, "qwen_embed_executing_requests"
+    )
+
+
 def wait_idle(server: TritonServer, timeout: float = 900) -> None:
-    # Requests left queued by one level would slow the next one down.
+    # Requests left by one level, queued or running, would slow the next one down.
     deadline = time.monotonic() + timeout
-    while metric_sum(server, "nv_inference_pending_request_count") and time.monotonic() < deadline:
+    while busy(server) and time.monotonic() < deadline:
         time.sleep(1)
 
 
