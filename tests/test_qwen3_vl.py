@@ -17,7 +17,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import (
     Qwen3VLVisionModel,
 )
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, layers
 from qwen_embed.config import ModelConfig, VisionConfig
 from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
@@ -139,7 +139,10 @@ def test_the_vision_tower_matches_transformers(media):
         want = reference(pixels, grid_thw=torch.tensor(grids))
     vision = VisionConfig.from_hf(config.vision_config.to_dict())
     tower = VisionTower(vision, "torch", "cpu", torch.float32)
-    tower.load_state_dict(reference.state_dict())
+    params, state = dict(tower.named_parameters()), reference.state_dict()
+    assert set(params) <= set(state)
+    for name, param in params.items():  # through the loaders, as loader.load_weights does
+        param.weight_loader(param, state[name])
     with torch.no_grad():
         tokens, deepstack = tower(pixels, grids)
     assert tokens.shape == (sum(t * h * w for t, h, w in grids) // 4, vision.out_hidden_size)
@@ -206,6 +209,25 @@ def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, at
         got = encoder.embed_media(list(texts.values()))
     for (name, vector), row in zip(want.items(), got, strict=True):
         assert float(vector @ row) >= BF16_COSINE, name
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantization):
+    """Every linear layer of the tower (its patch embedding too) is held and multiplied as the
+    text model's float layers are: bf16 weights in fp32 on a CPU without bf16 instructions
+    (torch's emulated bf16 GEMM ran the tower several times slower), packed for oneDNN where
+    the route packs; under int8 the tower stays in floats."""
+    with Encoder.from_pretrained(replica, dtype="bfloat16", quantization=quantization) as enc:
+        linears = {n: m for n, m in enc.model.named_modules() if isinstance(m, layers._Linear)}
+        o_proj = enc.model.layers[0].self_attn.o_proj  # a float layer on every route
+        tower = {n: m for n, m in linears.items() if n.startswith("visual.")}
+    vision = media.vision
+    assert len(tower) == 1 + 4 * vision.depth + 2 * (1 + len(vision.deepstack_visual_indexes))
+
+    def held(m):  # the GEMM's weight form and dtype
+        return type(m.kernel), (m.weight if m.kernel is None else m.kernel).dtype
+
+    assert {held(m) for m in tower.values()} == {held(o_proj)}
 
 
 def test_a_repeated_visual_goes_through_the_tower_once(replica, media):

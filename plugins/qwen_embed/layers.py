@@ -139,7 +139,7 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class _Linear(nn.Module):
-    """What both parallel linears share: the multiply (route.py decides which): F.linear on
+    """What every linear layer shares: the multiply (route.py decides which): F.linear on
     the float weight, or a GEMM that holds the weight in its own form (int8.Int8Weight,
     onednn.PackedWeight) once `repack` handed it over."""
 
@@ -219,6 +219,18 @@ class ShardLinear(_Linear):
         super().__init__()
         self.weight = nn.Parameter(weight.clone(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+
+class ReplicatedLinear(_Linear):
+    """A whole linear layer on each rank that holds it (the vision tower's, on rank 0)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.weight = _param(out_features, in_features, loader=replicated_loader)
+        self.bias = _param(out_features, loader=replicated_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)

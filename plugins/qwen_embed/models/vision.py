@@ -25,7 +25,7 @@ from ..attention import AttentionBackend, AttentionSpec, create_backend
 from ..batch import to_device
 from ..config import Grid, VisionConfig
 from ..kernels import reference
-from ..layers import replicated_loader
+from ..layers import ReplicatedLinear, replicated_loader
 from ..segments import AttentionLayout
 
 _ACTIVATIONS = {
@@ -56,6 +56,12 @@ def _bilinear_taps(coord: np.ndarray, length: int, side: int):
     return lo, hi, 1.0 - frac, frac
 
 
+def _kernel_as_matrix(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+    """A Conv3d kernel [out, channels, time, height, width] as [out, channels x time x
+    height x width]: the order of a patch's pixels."""
+    replicated_loader(param, full.reshape(len(full), -1))
+
+
 class VisionBlock(nn.Module):
     def __init__(self, config: VisionConfig, attention: AttentionBackend):
         super().__init__()
@@ -63,11 +69,11 @@ class VisionBlock(nn.Module):
         self.norm1 = nn.LayerNorm(hidden, eps=1e-6)
         self.norm2 = nn.LayerNorm(hidden, eps=1e-6)
         self.attn = nn.Module()
-        self.attn.qkv = nn.Linear(hidden, 3 * hidden)
-        self.attn.proj = nn.Linear(hidden, hidden)
+        self.attn.qkv = ReplicatedLinear(hidden, 3 * hidden)
+        self.attn.proj = ReplicatedLinear(hidden, hidden)
         self.mlp = nn.Module()
-        self.mlp.linear_fc1 = nn.Linear(hidden, config.intermediate_size)
-        self.mlp.linear_fc2 = nn.Linear(config.intermediate_size, hidden)
+        self.mlp.linear_fc1 = ReplicatedLinear(hidden, config.intermediate_size)
+        self.mlp.linear_fc2 = ReplicatedLinear(config.intermediate_size, hidden)
         self.act = _ACTIVATIONS[config.hidden_act]
         self.heads, self.head_dim = config.num_heads, config.head_dim
         self.attention = attention
@@ -94,8 +100,8 @@ class PatchMerger(nn.Module):
         width = config.hidden_size * config.merge_unit
         self.width, self.after_shuffle = width, after_shuffle
         self.norm = nn.LayerNorm(width if after_shuffle else config.hidden_size, eps=1e-6)
-        self.linear_fc1 = nn.Linear(width, width)
-        self.linear_fc2 = nn.Linear(width, config.out_hidden_size)
+        self.linear_fc1 = ReplicatedLinear(width, width)
+        self.linear_fc2 = ReplicatedLinear(width, config.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x.view(-1, self.width)) if self.after_shuffle else self.norm(x)
@@ -121,10 +127,8 @@ class VisionTower(nn.Module):
         )
         self.attention = attention
         self.patch_embed = nn.Module()
-        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.patch_embed.proj = nn.Conv3d(
-            config.in_channels, config.hidden_size, kernel, stride=kernel
-        )
+        # The checkpoint's Conv3d strides by its kernel: a linear layer over each patch's pixels
+        self.patch_embed.proj = ReplicatedLinear(config.patch_dim, config.hidden_size)
         self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(config, attention) for _ in range(config.depth))
         self.merger = PatchMerger(config, after_shuffle=False)
@@ -134,6 +138,7 @@ class VisionTower(nn.Module):
         for param in self.parameters():  # every rank holds the whole tower
             param.requires_grad_(False)
             param.weight_loader = replicated_loader
+        self.patch_embed.proj.weight.weight_loader = _kernel_as_matrix
         head_quarter = config.head_dim // 4  # frequencies per axis
         exponents = torch.arange(0, 2 * head_quarter, 2, dtype=torch.float32) / (2 * head_quarter)
         self.register_buffer("inv_freq", 1.0 / config.rope_theta**exponents, persistent=False)
@@ -154,9 +159,7 @@ class VisionTower(nn.Module):
                 f"pixels must be [{expected}, {config.patch_dim}] for grids {grids}, "
                 f"got {list(pixels.shape)}"
             )
-        weight = self.patch_embed.proj.weight
-        x = F.linear(pixels.to(device, self.dtype), weight.view(len(weight), -1))
-        x = x + self.patch_embed.proj.bias
+        x = self.patch_embed.proj(pixels.to(device, self.dtype))
         rows, cols, taps, tap_weights = (to_device(t, device) for t in self._positions(grids))
         table = self.pos_embed(taps).float()  # [patches, 4, hidden]
         x = x + (table * tap_weights[:, :, None]).sum(1).to(x.dtype)
