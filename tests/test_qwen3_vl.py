@@ -213,10 +213,10 @@ def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, at
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantization):
-    """Every linear layer of the tower (its patch embedding too) is held and multiplied as the
-    text model's float layers are: bf16 weights in fp32 on a CPU without bf16 instructions
-    (torch's emulated bf16 GEMM ran the tower several times slower), packed for oneDNN where
-    the route packs; under int8 the tower stays in floats."""
+    """Every linear layer of the tower (its patch embedding too) holds its weights as the text
+    model's float layers do: bf16 ones in fp32 on a CPU without bf16 instructions (torch's
+    emulated bf16 GEMM ran the tower several times slower); they stay F.linear's (the tower's
+    GEMMs have many rows, where packed weights do not pay) and in floats under int8."""
     with Encoder.from_pretrained(replica, dtype="bfloat16", quantization=quantization) as enc:
         linears = {n: m for n, m in enc.model.named_modules() if isinstance(m, layers._Linear)}
         o_proj = enc.model.layers[0].self_attn.o_proj  # a float layer on every route
@@ -224,10 +224,8 @@ def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantizat
     vision = media.vision
     assert len(tower) == 1 + 4 * vision.depth + 2 * (1 + len(vision.deepstack_visual_indexes))
 
-    def held(m):  # the GEMM's weight form and dtype
-        return type(m.kernel), (m.weight if m.kernel is None else m.kernel).dtype
-
-    assert {held(m) for m in tower.values()} == {held(o_proj)}
+    text_dtype = (o_proj.weight if o_proj.kernel is None else o_proj.kernel).dtype
+    assert {(m.kernel, m.weight.dtype) for m in tower.values()} == {(None, text_dtype)}
 
 
 def test_a_repeated_visual_goes_through_the_tower_once(replica, media):

@@ -172,6 +172,9 @@ def _instantiate(
 
 # The float linear layers' kernel for each Gemm; None: F.linear on the weight as held.
 FLOAT_GEMMS = {Gemm.TORCH: None, Gemm.ONEDNN: PackedWeight, Gemm.NATIVE_BF16: NativeBf16Weight}
+# The vision tower's GEMMs always have many rows (a visual's patches), where weights packed
+# for oneDNN lose to F.linear's on AVX2 CPUs (docs/tuning.md): they keep F.linear.
+MANY_ROWS = ("visual.",)
 
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
@@ -184,8 +187,9 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
         for module in linears.values():
             module.to(weight_dtype)
     if (kernel := FLOAT_GEMMS[route.gemm]) is not None:
-        for module in linears.values():
-            module.repack(kernel)
+        for name, module in linears.items():
+            if not name.startswith(MANY_ROWS):
+                module.repack(kernel)
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:
