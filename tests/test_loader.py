@@ -1,6 +1,7 @@
 """Checkpoint loading: shards, key prefixes, missing/unexpected tensors, architectures."""
 
 import json
+import resource
 import shutil
 from pathlib import Path
 
@@ -69,14 +70,15 @@ def rewrite_tensors(directory, change):
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def mapped_file(address: int):
-    """The file mapped at `address` in this process (None for anonymous memory)."""
+def mappings() -> list[tuple[int, int, Path | None]]:
+    """This process's memory mappings: (start, end, the file mapped or None)."""
+    found = []
     for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split(maxsplit=5)
         start, end = (int(a, 16) for a in fields[0].split("-"))
-        if start <= address < end:
-            return Path(fields[5]) if len(fields) > 5 and fields[5].startswith("/") else None
-    return None
+        named = len(fields) > 5 and fields[5].startswith("/")
+        found.append((start, end, Path(fields[5]) if named else None))
+    return found
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -84,21 +86,26 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
     """On CPU a bf16 checkpoint's embedding table is not copied where the model's dtype holds
     its values exactly (fp32, bf16): the rows are the file's mapping, read from disk only for
     the tokens met and shared by every process through the page cache; the rows gathered are
-    the table's, widened to the model's dtype. fp16 cannot hold every bf16 value: a copy."""
+    the table's, widened to the model's dtype. Only the table's bytes stay mapped (the other
+    tensors' pages, read at load, go with them). fp16 cannot hold every bf16 value: a copy."""
     make_checkpoint(tmp_path, "qwen3", dtype=torch.bfloat16)
-    table = load_file(tmp_path / "model.safetensors")["model.embed_tokens.weight"]
+    weights = (tmp_path / "model.safetensors").resolve()
     ids = torch.tensor(SEQS[1] + [0, 511])
     with Encoder.from_pretrained(tmp_path, dtype=dtype) as enc:
         module = enc.model.embed_tokens
         rows = module(ids)
-        mapped = mapped_file(module.weight.data_ptr())
+        address = module.weight.data_ptr()
+        held = [(start, end) for start, end, path in mappings() if path == weights]
+    table = load_file(weights)["model.embed_tokens.weight"]
     assert rows.dtype == getattr(torch, dtype)
     torch.testing.assert_close(rows, table[ids].to(rows.dtype), rtol=0, atol=0)
     if dtype == "float16":
-        assert mapped is None and module.weight.dtype == torch.float16
+        assert held == [] and module.weight.dtype == torch.float16
     else:
-        assert mapped == (tmp_path / "model.safetensors").resolve()
-        assert module.weight.dtype == torch.bfloat16
+        ((start, end),) = held
+        assert start <= address < end and module.weight.dtype == torch.bfloat16
+        page = resource.getpagesize()
+        assert table.nbytes <= end - start <= table.nbytes + 2 * page
 
 
 def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):

@@ -102,7 +102,7 @@ class VocabParallelEmbedding(nn.Module):
     """Each rank holds a contiguous slice of the vocabulary; one all-reduce joins the rows.
 
     On CPU the slice is the checkpoint's tensor itself wherever the model's dtype holds its
-    values exactly (bf16 rows in an fp32 model, or the same dtype): safetensors maps the file,
+    values exactly (bf16 rows in an fp32 model, or the same dtype): the loader maps its bytes,
     so only the rows of tokens met are ever read into memory, and every process serving the
     checkpoint shares them (the page cache). Rows are widened once gathered: the same bits."""
 

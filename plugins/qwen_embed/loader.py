@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safetensors import safe_open
-
 if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_modules.py)
     from torch import nn
 
@@ -60,6 +58,46 @@ def _checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, st
     return names
 
 
+def _mapped_tensors(path: Path):
+    """(key, tensor) for each tensor of a safetensors file, each its own copy-on-write mapping
+    of its bytes, read from disk as they are touched. A tensor a model keeps as it is (the
+    embedding table on CPU, layers.VocabParallelEmbedding) holds the mapping of its own bytes
+    only: the pages of the others, read while copying them, go when their tensors do."""
+    import numpy as np
+    import torch
+
+    dtypes = {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
+    }
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path.name} is not a safetensors file: {e!r}") from e
+    for key, (name, shape, begin, end) in sorted(entries.items()):
+        if (dtype := dtypes.get(name)) is None:
+            raise CheckpointError(f"tensor {key!r} in {path.name} has dtype {name}, not read here")
+        if end == begin:
+            yield key, torch.empty(shape, dtype=dtype)
+            continue
+        raw = np.memmap(path, dtype=np.uint8, mode="c", offset=8 + size + begin, shape=end - begin)
+        yield key, torch.from_numpy(raw).view(dtype).reshape(shape)
+
+
 def _normalise(key: str) -> str:
     """A checkpoint key as our modules name it: without "model." (and a multimodal
     checkpoint's "language_model." before its text model; its tower is `visual.`)."""
@@ -78,26 +116,24 @@ def load_weights(
     expected = _checkpoint_names(model)
     seen: set[str] = set()
     for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                name = _normalise(key)
-                if name not in expected and (
-                    name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)
-                ):
-                    continue
-                if name not in expected:
-                    raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
-                if name in seen:
-                    raise CheckpointError(f"tensor {key!r} appears more than once")
-                full = f.get_tensor(key)
-                if name in deltas:
-                    full = (full.float() + deltas[name]).to(full.dtype)
-                for param, shard_id in expected[name]:
-                    try:
-                        param.weight_loader(param, full, shard_id)
-                    except ValueError as e:
-                        raise CheckpointError(f"tensor {key!r}: {e}") from e
-                seen.add(name)
+        for key, full in _mapped_tensors(path):
+            name = _normalise(key)
+            if name not in expected and (
+                name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)
+            ):
+                continue
+            if name not in expected:
+                raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
+            if name in seen:
+                raise CheckpointError(f"tensor {key!r} appears more than once")
+            if name in deltas:
+                full = (full.float() + deltas[name]).to(full.dtype)
+            for param, shard_id in expected[name]:
+                try:
+                    param.weight_loader(param, full, shard_id)
+                except ValueError as e:
+                    raise CheckpointError(f"tensor {key!r}: {e}") from e
+            seen.add(name)
     unused = sorted(set(deltas) - seen)
     if unused:
         raise CheckpointError(f"an adapter changes tensors the checkpoint lacks: {unused[:5]}")
