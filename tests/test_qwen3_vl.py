@@ -223,7 +223,6 @@ def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantizat
         tower = {n: m for n, m in linears.items() if n.startswith("visual.")}
     vision = media.vision
     assert len(tower) == 1 + 4 * vision.depth + 2 * (1 + len(vision.deepstack_visual_indexes))
-
     text_dtype = (o_proj.weight if o_proj.kernel is None else o_proj.kernel).dtype
     assert {(m.kernel, m.weight.dtype) for m in tower.values()} == {(None, text_dtype)}
 
