@@ -108,6 +108,15 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
         assert table.nbytes <= end - start <= table.nbytes + 2 * page
 
 
+def test_a_truncated_file_names_the_tensor_past_its_end(checkpoint, tmp_path):
+    from qwen_embed.loader import _mapped_tensors
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes((checkpoint("qwen3") / "model.safetensors").read_bytes()[:-5000])
+    with pytest.raises(CheckpointError, match="lies past the end of model.safetensors"):
+        list(_mapped_tensors(path))
+
+
 def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
     name = "model.embed_tokens.weight"

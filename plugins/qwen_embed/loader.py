@@ -94,7 +94,10 @@ def _mapped_tensors(path: Path):
         if end == begin:
             yield key, torch.empty(shape, dtype=dtype)
             continue
-        raw = np.memmap(path, dtype=np.uint8, mode="c", offset=8 + size + begin, shape=end - begin)
+        try:
+            raw = np.memmap(path, np.uint8, mode="c", offset=8 + size + begin, shape=end - begin)
+        except ValueError as e:  # bytes past the file's end: a truncated download
+            raise CheckpointError(f"tensor {key!r} lies past the end of {path.name}") from e
         yield key, torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
