@@ -196,3 +196,11 @@ def cpu_features() -> CpuFeatures:
 
 def has_native_bf16() -> bool:
     return cpu_features().native_bf16
+
+
+def fp32_gemm(dtype: str, native_bf16: bool) -> bool:
+    """Whether a CPU multiplies `dtype` linear layers as one fp32 GEMM on fp32 copies of their
+    16-bit weights: fp16 on every CPU (oneDNN packs fp16 weights only where the CPU converts
+    fp16 itself), bf16 without bf16 instructions; torch's emulated GEMMs in those dtypes are
+    far slower than fp32's."""
+    return dtype == "float16" or (dtype == "bfloat16" and not native_bf16)

@@ -91,7 +91,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     _prepare_device(device)
     model = _instantiate(config, spec, tp, device)
     # A rank without the vision tower (_instantiate) leaves its weights unread.
-    skip = ("visual.",) if config.media is not None and model.visual is None else ()
+    skip = (TOWER,) if config.media is not None and model.visual is None else ()
     load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
@@ -172,24 +172,26 @@ def _instantiate(
 
 # The float linear layers' kernel for each Gemm; None: F.linear on the weight as held.
 FLOAT_GEMMS = {Gemm.TORCH: None, Gemm.ONEDNN: PackedWeight, Gemm.NATIVE_BF16: NativeBf16Weight}
-# The vision tower's GEMMs always have many rows (a visual's patches), where weights packed
-# for oneDNN lose to F.linear's on AVX2 CPUs (docs/tuning.md): they keep F.linear.
-MANY_ROWS = ("visual.",)
+TOWER = "visual."  # the vision tower's modules (models/vision.py)
 
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
-    """The linear layers' weights in the form the route multiplies them in."""
+    """The linear layers' weights in the form the route multiplies them in. The vision
+    tower's are only held in the route's weight dtype: they stay in floats under int8 (its
+    accuracy there is unmeasured) and keep F.linear, since its GEMMs always have many rows (a
+    visual's patches), where weights packed for oneDNN lose to F.linear's on AVX2 CPUs
+    (docs/tuning.md)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
+    tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     if route.linear is Linear.INT8:
         for name in [n for n in linears if int8.quantizes(n)]:
             linears.pop(name).repack(Int8Weight)
     if (weight_dtype := linear_weight_dtype(dtype, device)) != dtype:
-        for module in linears.values():
+        for module in [*linears.values(), *tower.values()]:
             module.to(weight_dtype)
     if (kernel := FLOAT_GEMMS[route.gemm]) is not None:
-        for name, module in linears.items():
-            if not name.startswith(MANY_ROWS):
-                module.repack(kernel)
+        for module in linears.values():
+            module.repack(kernel)
 
 
 def forward_bytes(config: ModelConfig, max_batch_tokens: int, dtype: str, tp_size: int) -> int:

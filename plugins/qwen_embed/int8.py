@@ -17,8 +17,8 @@ torch's quantise pass, the integer products (integer_products), then torch's res
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 
-Embeddings, norms, attention, pooling, the vision tower (FLOAT_MODULES) and the layers in
-FLOAT_LAYERS stay in floats: the attention's output projection and its values (the q|k|v
+Embeddings, norms, attention, pooling, a vision tower (engine._convert_linears) and the layers
+in FLOAT_LAYERS stay in floats: the attention's output projection and its values (the q|k|v
 projection runs as q|k in int8 and v apart, FLOAT_SHARDS) lose the most to int8
 (docs/tuning.md).
 """
@@ -34,7 +34,6 @@ from .cpu import cpu_features
 _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
 FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
-FLOAT_MODULES = ("visual.",)  # the vision tower's layers: int8's accuracy there is unmeasured
 GROUP = 4  # input values per int8 dot product (native.pack_panels)
 PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (csrc: kPairsPanel)
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
@@ -43,7 +42,7 @@ MAX_ROTATION, MIN_ROTATION = 128, 16
 
 
 def quantizes(module_name: str) -> bool:
-    return not module_name.endswith(FLOAT_LAYERS) and not module_name.startswith(FLOAT_MODULES)
+    return not module_name.endswith(FLOAT_LAYERS)
 
 
 def rotation_block(in_features: int) -> int:

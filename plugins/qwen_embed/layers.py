@@ -13,19 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu import has_native_bf16
+from .cpu import fp32_gemm, has_native_bf16
 from .kernels import RowOps, reference
 
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
 
-    bf16 on a CPU without bf16 instructions, fp16 on any CPU: fp32 holding the same values,
-    because torch's emulated GEMM in those dtypes is far slower than fp32 (route.Linear.FP32_GEMM).
-    Converted once at load, so no request pays for the upcast; the price is fp32 weight memory.
+    fp32 holding the same values where cpu.fp32_gemm says (route.Linear.FP32_GEMM). Converted
+    once at load, so no request pays for the upcast; the price is fp32 weight memory.
     """
-    half = dtype == torch.float16 or (dtype == torch.bfloat16 and not has_native_bf16())
-    if half and device.type == "cpu":
+    name = str(dtype).removeprefix("torch.")
+    if device.type == "cpu" and fp32_gemm(name, has_native_bf16()):
         return torch.float32
     return dtype
 

@@ -17,7 +17,7 @@ from . import kernels, native, onednn
 from .adapters import resolve_adapter
 from .attention import choose_backend
 from .config import ModelConfig
-from .cpu import CpuFeatures
+from .cpu import CpuFeatures, fp32_gemm
 from .heads import resolve_task
 from .settings import EncoderSettings
 
@@ -138,7 +138,7 @@ def choose_route(
     half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
     dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
     # 16-bit float weights held in fp32 (layers.linear_weight_dtype), the int8 route's too
-    fp32_held = cpu and (dtype == "float16" or dtype == "bfloat16" and not features.native_bf16)
+    fp32_held = cpu and fp32_gemm(dtype, features.native_bf16)
     if s.quantization == "int8":
         linear, reason = Linear.INT8, reason + "; int8 linear layers set by the deployment"
         if cpu and not features.vnni:  # int8.Int8Weight
