@@ -45,9 +45,10 @@ from harness import (  # noqa: E402
 )
 from tokenizers import Tokenizer  # noqa: E402
 
-from qwen_embed import Encoder, native, row_plans  # noqa: E402
+from qwen_embed import Encoder, avx2_gemm, native, row_plans  # noqa: E402
 from qwen_embed import int8 as int8_route  # noqa: E402
 from qwen_embed.attention import create_backend  # noqa: E402
+from qwen_embed.avx2_gemm import Avx2F32Weight  # noqa: E402
 from qwen_embed.engine import TORCH_DTYPES  # noqa: E402
 from qwen_embed.layers import _Linear, linear_weight_dtype  # noqa: E402
 from qwen_embed.onednn import PackedWeight, brgemm_runs  # noqa: E402
@@ -60,17 +61,19 @@ from workload import alternate, alternate_forwards, make_texts  # noqa: E402
 # ---------------------------------------------------------------- prepack
 
 PREPACK_DOC = """\
-Linear weights packed for oneDNN at load (onednn.py) vs plain F.linear, on one encoder.
+The float route's GEMMs on one encoder: weights packed for oneDNN at load (onednn.py) vs plain
+F.linear, and, where it runs (fp32 weights, a CPU with AVX2), the native AVX2 operator on its own
+packed weights (avx2_gemm.py, the default fp32 GEMM on CPUs with AVX2 and no AVX-512).
 
     python bench_routes.py prepack [--model-dir .cache/demo-model] [--dtypes bfloat16 float32]
 
 Per dtype: one encoder loaded with packed weights, which also keeps its plain weights for the
-comparison; the two take turns (perf/workload.alternate: the machine's drift falls on both) on
+comparison; the GEMMs take turns (perf/workload.alternate: the machine's drift falls on all) on
 three workloads: 64 mixed documents (80% 16-64 tokens, 20% 256-1024) as one call, and
 Qwen3-Embedding queries (default instruction) 8 and 1 per call, prefix reuse off. oneDNN's
 primitive cache is bounded as the launcher runs Triton (row_plans.PRIMITIVE_CACHE_CAPACITY) unless
-the environment sets it. Reports the best tokens/s of each, their ratio and the max abs
-difference of the vectors.
+the environment sets it. Reports the best tokens/s of each, their ratios and the max abs
+difference of the vectors against the packed ones.
 
 Then the planned row counts of the packed GEMMs (row_plans.planned_rows): the present ladder of
 steps vs one 16-row step, on one packed encoder with prefix reuse on (as served), over the same
@@ -82,10 +85,12 @@ steps vs one 16-row step, on one packed encoder with prefix reuse on (as served)
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 
-def switch(linears, packed, plain, on: bool):
+def switch(linears, kernels, plain):
+    """Sets each linear layer's kernel (None: F.linear on its plain weight)."""
+
     def use():
-        for m, k, w in zip(linears, packed, plain, strict=True):
-            m.kernel, m.weight = (k, None) if on else (None, w)
+        for m, k, w in zip(linears, kernels, plain, strict=True):
+            m.kernel, m.weight = (k, None) if k is not None else (None, w)
 
     return use
 
@@ -156,13 +161,22 @@ def prepack(args: argparse.Namespace) -> None:
             # The plain weights back from the packed ones (oneDNN's layout -> dense).
             plain = [torch.nn.Parameter(k.packed.to_dense(), requires_grad=False) for k in packed]
 
+            # the native AVX2 operator where it runs on these weights (fp32-held)
+            natives = (
+                [Avx2F32Weight(w) for w in plain]
+                if avx2_gemm.runs() and plain[0].dtype == torch.float32
+                else None
+            )
             for name, ids, repeats in workloads:
                 variants = {
-                    "packed": switch(linears, packed, plain, True),
-                    "plain": switch(linears, packed, plain, False),
+                    "packed": switch(linears, packed, plain),
+                    "plain": switch(linears, [None] * len(plain), plain),
                 }
+                if natives:
+                    variants["native"] = switch(linears, natives, plain)
                 runs = alternate(enc, ids, variants, repeats, rounds=args.rounds)
                 on, off = runs["packed"], runs["plain"]
+                native_run = runs.get("native")
                 rows.append(
                     {
                         "dtype": dtype,
@@ -170,20 +184,30 @@ def prepack(args: argparse.Namespace) -> None:
                         "tokens": sum(map(len, ids)),
                         "packed_tok_s": on["tok_s"],
                         "plain_tok_s": off["tok_s"],
+                        "native_tok_s": native_run and native_run["tok_s"],
                         "ratio": on["tok_s"] / off["tok_s"],
                         "max_abs": float(abs(on["vectors"] - off["vectors"]).max()),
+                        "native_max_abs": native_run
+                        and float(abs(native_run["vectors"] - on["vectors"]).max()),
                     }
                 )
                 print(rows[-1], flush=True)
     table = [
-        "| dtype | workload | tokens/s packed | plain | packed / plain | max abs diff |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| dtype | workload | tokens/s packed | plain | native AVX2 | packed / plain "
+        "| native / packed | max abs diff plain, native |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        native_cells = (
+            (f"{r['native_tok_s']:.0f}", f"{r['native_tok_s'] / r['packed_tok_s']:.3f}")
+            if r["native_tok_s"]
+            else ("-", "-")
+        )
+        native_diff = f", {r['native_max_abs']:.1e}" if r["native_tok_s"] else ""
         table.append(
             f"| {r['dtype']} | {r['workload']} | {r['packed_tok_s']:.0f} | "
-            f"{r['plain_tok_s']:.0f} | {r['ratio']:.3f} | "
-            f"{r['max_abs']:.1e} |"
+            f"{r['plain_tok_s']:.0f} | {native_cells[0]} | {r['ratio']:.3f} | "
+            f"{native_cells[1]} | {r['max_abs']:.1e}{native_diff} |"
         )
     many = [e.ids for e in tok.encode_batch(make_queries(128))]
     plans = [
@@ -211,7 +235,7 @@ def prepack(args: argparse.Namespace) -> None:
     write_report(
         args.out,
         new_record(rows=rows, row_plans=plans),
-        "oneDNN-packed linear weights vs plain",
+        "The float route's GEMMs: oneDNN-packed, plain F.linear, native AVX2",
         [note],
         table,
     )

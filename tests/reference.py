@@ -108,11 +108,13 @@ def route_for(
     onednn=True,
     gpu_bf16=True,
     native_isa=native.isa,
+    avx2_f32=True,
     **settings,
 ):
     """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
     has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels; the
-    native bf16 operator runs where oneDNN does)."""
+    native bf16 operator runs where oneDNN does; the native AVX2 fp32 one unless avx2_f32 is
+    False)."""
     capability = (9, 0) if gpu_bf16 else (7, 5)
 
     def attention(device, head_dim, dtype):
@@ -138,6 +140,7 @@ def route_for(
         gpu_bf16=lambda device: gpu_bf16,
         brgemm_runs=lambda: onednn,
         native_isa=native_isa,
+        avx2_f32_runs=lambda: avx2_f32,
     )
 
 

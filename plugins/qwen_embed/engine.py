@@ -17,6 +17,7 @@ from torch import nn
 from . import int8, kernels
 from .adapters import lora_deltas
 from .attention import AttentionSpec, choose_backend, create_backend
+from .avx2_gemm import Avx2F32Weight
 from .batch import HostResult, finish, flatten, plan_batches, pool
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
@@ -171,7 +172,12 @@ def _instantiate(
 
 
 # The float linear layers' kernel for each Gemm; None: F.linear on the weight as held.
-FLOAT_GEMMS = {Gemm.TORCH: None, Gemm.ONEDNN: PackedWeight, Gemm.NATIVE_BF16: NativeBf16Weight}
+FLOAT_GEMMS = {
+    Gemm.TORCH: None,
+    Gemm.ONEDNN: PackedWeight,
+    Gemm.NATIVE_BF16: NativeBf16Weight,
+    Gemm.NATIVE_F32: Avx2F32Weight,
+}
 TOWER = "visual."  # the vision tower's modules (models/vision.py)
 
 

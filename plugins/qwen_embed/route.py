@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import kernels, native, onednn
+from . import avx2_gemm, kernels, native, onednn
 from .adapters import resolve_adapter
 from .attention import choose_backend
 from .config import ModelConfig
@@ -43,6 +43,8 @@ class Gemm(enum.Enum):
     # bf16 on the native operator (onednn.NativeBf16Weight): a row's result the same at any
     # row count, which oneDNN's bf16 GEMM is not on AMX CPUs (settings.batch_invariant)
     NATIVE_BF16 = "batch-invariant native GEMM"
+    # fp32 on CPUs with AVX2 and no AVX-512 (avx2_gemm.Avx2F32Weight), packed once at load
+    NATIVE_F32 = "native AVX2 fp32 GEMM on packed weights"
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def choose_route(
     native_isa: Callable[[], str | None] = native.isa,
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
     brgemm_runs: Callable[[], bool] = onednn.brgemm_runs,
+    avx2_f32_runs: Callable[[], bool] = avx2_gemm.runs,
     has_triton: Callable[[], bool] = kernels.has_triton,
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
@@ -118,8 +121,10 @@ def choose_route(
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which). The float layers' one `Gemm`:
     batch_invariant "on" multiplies bf16 ones on the native operator (`brgemm_runs()`), and
-    "auto" does on AMX CPUs where it runs; else CPU routes take oneDNN's GEMM on weights
-    packed at load where torch has oneDNN (prepack_weights), and F.linear elsewhere. Prefix
+    "auto" does on AMX CPUs where it runs; fp32 ones on CPUs with AVX2 and no AVX-512 take the
+    native AVX2 operator (`avx2_f32_runs()`; prepack_weights "auto"); else CPU routes take
+    oneDNN's GEMM on weights packed at load where torch has oneDNN (prepack_weights), and
+    F.linear elsewhere. Prefix
     reuse needs causal attention and last-token pooling; pruning, last-token pooling. Norms,
     rotary and silu run in the row-op table kernels.choose picks: native kernels on CPU where
     they are built (native/), Triton's on CUDA."""
@@ -170,7 +175,21 @@ def choose_route(
     else:
         auto = s.batch_invariant == "auto" and cpu and features.amx_bf16
         native_gemm = bf16_gemm and auto and brgemm_runs()
-    gemm = Gemm.NATIVE_BF16 if native_gemm else Gemm.ONEDNN if prepack else Gemm.TORCH
+    # where oneDNN's fp32 GEMM loses to MKL's on many rows and MKL's to oneDNN's on few
+    avx2_f32 = (
+        s.prepack_weights == "auto"
+        and cpu
+        and (dtype == "float32" or fp32_held)
+        and features.avx2
+        and not features.avx512
+        and avx2_f32_runs()
+    )
+    if native_gemm:
+        gemm = Gemm.NATIVE_BF16
+    elif avx2_f32:
+        gemm = Gemm.NATIVE_F32
+    else:
+        gemm = Gemm.ONEDNN if prepack else Gemm.TORCH
     backend, why = s.attn_backend, "set by the deployment"
     if backend == "auto":
         backend, why = choose_attention(device, config.head_dim, dtype=dtype)

@@ -13,6 +13,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
   m.def("int8_avx2_supported() -> bool", &qe::int8_avx2_supported);
+  m.def("f32_avx2_supported() -> bool", &qe::f32_avx2_supported);
   m.def(
       "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
       "int task_channels=512, bool channels_outer=True) -> Tensor");
@@ -23,6 +24,9 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def(
       "int8_linear_avx2(Tensor x, Tensor packed, Tensor w_scale, int n, int rotation=1, "
       "int task_rows=96, int task_channels=256, bool channels_outer=True) -> Tensor");
+  m.def(
+      "f32_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=96, "
+      "int task_channels=256, bool channels_outer=False) -> Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
       "float scale) -> Tensor");
@@ -36,6 +40,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("bf16_linear", &qe::bf16_linear);
   m.impl("int8_linear_avx2", &qe::int8_linear_avx2);
+  m.impl("f32_linear", &qe::f32_linear);
   m.impl("varlen_attention", &qe::varlen_attention);
 }
 

@@ -38,6 +38,10 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                        int64_t task_channels, bool channels_outer);
 bool int8_avx2_supported();
+bool f32_avx2_supported();
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
+                      const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
+                      int64_t task_channels, bool channels_outer);
 at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& w_scale, int64_t n, int64_t rotation,
                             int64_t task_rows, int64_t task_channels, bool channels_outer);

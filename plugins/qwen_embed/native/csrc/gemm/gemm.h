@@ -1,6 +1,7 @@
-// The GEMM operators' operands and kernels (namespace qe::gemm): the int8 route's and
-// batch_invariant's bf16 GEMM. rows.cpp and tiles_amx.cpp are compiled with AVX-512 flags (and
-// AMX for the tiles), pairs_avx2.cpp with AVX2's (native/build.py); ops.cpp schedules them.
+// The GEMM operators' operands and kernels (namespace qe::gemm): the int8 route's,
+// batch_invariant's bf16 GEMM and the fp32 GEMM of AVX2 CPUs. rows.cpp and tiles_amx.cpp are
+// compiled with AVX-512 flags (and AMX for the tiles), pairs_avx2.cpp and floats_avx2.cpp with
+// AVX2's (native/build.py); ops.cpp schedules them.
 #pragma once
 #include <stdint.h>
 
@@ -97,8 +98,26 @@ struct PairsKernels {
   void (*gemm)(const PairsGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
 };
 
+// The fp32 GEMM on AVX2 (floats_avx2.cpp): rows of k fp32 values (`a`, row stride lda) times
+// fp32 weights packed in panels of kFloatPanel channels [n_pad / 16][k][16] -> out (row stride
+// ldo) + bias (fp32 [n], or null); each output one chain of multiply-adds in input order.
+constexpr int64_t kFloatPanel = 16;
+struct FloatGemm {
+  const float* a;
+  int64_t lda;
+  const float* packed;
+  const float* bias;
+  float* out;
+  int64_t ldo, k, n;
+};
+struct FloatKernels {
+  // rows [row0, row1) x channels [col0, col1) of out, col0 a multiple of kFloatPanel
+  void (*gemm)(const FloatGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
+};
+
 extern const RowKernels rows;
 extern const PairsKernels pairs_avx2;
+extern const FloatKernels floats_avx2;
 extern const GemmTiles tiles;  // where the AMX kernels are built
 
 }  // namespace gemm

@@ -305,6 +305,44 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
+// The fp32 GEMM of CPUs with AVX2 and no AVX-512 (avx2_gemm.py chooses it there).
+bool f32_avx2_supported() {
+  static const bool runs = cpu_has("avx2");
+  return runs;
+}
+
+// x [..., k] fp32 times fp32 weights packed [n_pad / 16, k, 16] (avx2_gemm.Avx2F32Weight) ->
+// [..., n] fp32, plus bias (fp32 [n]) when given. Each output is one chain of multiply-adds in
+// input order, so a row's result is the same at any row count and under any blocking; tasks
+// of task_rows x task_channels (perf/bench_kernels.py f32_blocking tries others).
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
+                      const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
+                      int64_t task_channels, bool channels_outer) {
+  TORCH_CHECK(f32_avx2_supported(), "the fp32 AVX2 operator needs a CPU with AVX2 and FMA");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "f32_linear takes float32 rows");
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
+                  packed.size(2) == gemm::kFloatPanel && packed.size(1) == k &&
+                  packed.size(0) * gemm::kFloatPanel >= n,
+              "packed must be the float32 [n_pad / 16, k, 16] weights of ", n, " channels of ",
+              k, " values");
+  check_blocking(task_rows, task_channels, gemm::kFloatPanel);
+  if (bias)
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "bias must be float32 [", n, "]");
+  at::Tensor rows = as_rows(x, k);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed),
+                          bias ? ptr<float>(*bias) : nullptr, ptr<float>(out), n, k, n};
+  gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n,
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+               gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
+             });
+  return out;
+}
+
 // The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (tiles_amx.cpp, bf16_tiles),
 // elsewhere oneDNN's brgemm micro-kernel; either way the whole K in ascending tile products per
 // block of rows, so a row's sums never depend on the rows beside it (oneDNN's own AMX GEMM

@@ -1,0 +1,114 @@
+"""The fp32 GEMM of CPUs with AVX2 and no AVX-512 (native/csrc/gemm/floats_avx2.cpp,
+avx2_gemm.Avx2F32Weight): against the float64 product (fp32 rounding of one chain of
+multiply-adds), a row the same at every row count, stride and blocking, channel tails and depth
+blocks, the operator's refusals, and the route that chooses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_cpu_route import EPYC_AVX2, SAPPHIRE, ZEN4
+
+from qwen_embed import Encoder, avx2_gemm
+from qwen_embed.avx2_gemm import Avx2F32Weight
+from qwen_embed.layers import _Linear
+from qwen_embed.route import Gemm, Linear
+
+from reference import route_for
+
+NEEDS_OPERATOR = pytest.mark.skipif(
+    not avx2_gemm.runs(), reason="the native fp32 operator needs the build and AVX2"
+)
+
+
+def _random(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _product(x, w, bias=None):
+    y = x.double() @ w.double().T
+    return y if bias is None else y + bias.double()
+
+
+@NEEDS_OPERATOR
+@pytest.mark.parametrize(
+    "n, k",
+    [(64, 32), (1000, 777), (40, 1024), (16, 300), (8, 5)],
+    ids=["one-block", "tails", "depth-blocks", "one-panel", "narrow"],
+)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_matches_the_float64_product(n, k, with_bias):
+    w, x = _random(n, k, seed=1) * 0.05, _random(37, k, seed=2)
+    bias = _random(n, seed=3) if with_bias else None
+    out = Avx2F32Weight(w)(x, bias)
+    assert out.shape == (37, n) and out.dtype == torch.float32
+    # fp32 rounding of k products: well inside sqrt(k) ulps of the sums' magnitude
+    torch.testing.assert_close(out.double(), _product(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+@NEEDS_OPERATOR
+def test_a_row_is_the_same_at_every_row_count_stride_and_blocking():
+    w, bias = _random(1000, 777, seed=4) * 0.05, _random(1000, seed=5)
+    layer = Avx2F32Weight(w)
+    wide = _random(300, 800, seed=6)
+    x = wide[:, :777]  # rows 800 values apart
+    all_rows = layer(x, bias)
+    for m in range(1, 14):
+        assert torch.equal(layer(x[:m], bias), all_rows[:m]), m
+        assert torch.equal(layer(x[-m:].contiguous(), bias), all_rows[-m:]), m
+    for blocking in [(1, 16, False), (7, 32, True), (200, 1024, False), (6, 992, True)]:
+        out = torch.ops.qwen_embed.f32_linear(x, layer.packed, bias, 1000, *blocking)
+        assert torch.equal(out, all_rows), blocking
+    # batched inputs are rows too
+    assert torch.equal(layer(x[:12].reshape(3, 4, 777), bias), all_rows[:12].reshape(3, 4, 1000))
+
+
+@NEEDS_OPERATOR
+def test_16_bit_rows_widen_and_round_back():
+    w, x = _random(48, 64, seed=7) * 0.1, _random(5, 64, seed=8).bfloat16()
+    layer = Avx2F32Weight(w)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, layer(x.float()).bfloat16())
+
+
+@NEEDS_OPERATOR
+def test_the_operator_names_what_it_refuses():
+    packed, x = Avx2F32Weight(_random(32, 16, seed=9)).packed, _random(2, 16, seed=1)
+    f32_linear = torch.ops.qwen_embed.f32_linear
+    with pytest.raises(RuntimeError, match="float32 rows"):
+        f32_linear(x.double(), packed, None, 32)
+    with pytest.raises(RuntimeError, match=r"\[n_pad / 16, k, 16\] weights of 32 channels of 8"):
+        f32_linear(x[:, :8], packed, None, 32)
+    with pytest.raises(RuntimeError, match=r"bias must be float32 \[32\]"):
+        f32_linear(x, packed, _random(31, seed=2), 32)
+    with pytest.raises(RuntimeError, match="multiple of the panel's 16 channels"):
+        f32_linear(x, packed, None, 32, 8, 24)
+
+
+def test_fp32_gemms_on_avx2_cpus_take_the_operator():
+    assert route_for(EPYC_AVX2).gemm is Gemm.NATIVE_F32  # fp32 by default there
+    assert "native AVX2 fp32 GEMM" in route_for(EPYC_AVX2).describe()
+    # bf16 and fp16 weights held in fp32 there, and int8's float layers, multiply on it too
+    for settings in ({"dtype": "bfloat16"}, {"dtype": "float16"}, {"quantization": "int8"}):
+        assert route_for(EPYC_AVX2, **settings).gemm is Gemm.NATIVE_F32, settings
+    # prepack_weights "on" asks for oneDNN's packing, "off" for F.linear
+    assert route_for(EPYC_AVX2, prepack_weights=True).gemm is Gemm.ONEDNN
+    assert route_for(EPYC_AVX2, prepack_weights=False).gemm is Gemm.TORCH
+    assert route_for(EPYC_AVX2, avx2_f32=False).gemm is Gemm.ONEDNN  # not built here
+    # AVX-512 CPUs keep oneDNN's GEMM (unmeasured there), in fp32 and in fp32-held fp16
+    for features in (ZEN4, SAPPHIRE):
+        assert route_for(features, dtype="float32").gemm is Gemm.ONEDNN
+        route = route_for(features, dtype="float16")
+        assert (route.linear, route.gemm) == (Linear.FP32_GEMM, Gemm.ONEDNN)
+    assert route_for(EPYC_AVX2, "cuda:0", dtype="float32").gemm is Gemm.TORCH
+
+
+@NEEDS_OPERATOR
+def test_an_avx2_encoder_multiplies_every_text_layer_on_it(checkpoint):
+    with Encoder.from_pretrained(checkpoint("qwen3"), device="cpu", dtype="float32") as enc:
+        if enc.route.gemm is not Gemm.NATIVE_F32:
+            pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+        linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
+        assert linears and all(isinstance(m.kernel, Avx2F32Weight) for m in linears)
+        assert all(m.weight is None for m in linears)  # the packed copy is the only one
