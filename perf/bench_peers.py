@@ -52,8 +52,9 @@ from harness import (
 )
 from tokenizers import Tokenizer
 
-from qwen_embed import Encoder, ModelConfig
+from qwen_embed import Encoder, ModelConfig, avx2_gemm
 from qwen_embed import int8 as int8_route
+from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.cpu import cpu_features, has_native_bf16
 from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
@@ -168,11 +169,12 @@ def gemm_peak(
     device: str = "cpu",
     rows: int = 2048,
 ) -> float:
-    """Best FLOP/s of a linear layer over this model's projection shapes (`rows` tokens), run
-    as our engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as
-    an fp32 GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower, and
-    on CPU also with the weights packed for oneDNN, the engine's default there: the better of
-    the two counts; with `int8`, the int8 route's layer: quantise, int8 GEMM, rescale)."""
+    """Best FLOP/s of a linear layer over this model's projection shapes (`rows` tokens), run as our
+    engine runs it (`layers.linear` on weights stored as `linear_weight_dtype`: bf16 as an fp32
+    GEMM on CPUs without bf16 units, where torch's own bf16 matmul is far slower, and on CPU
+    also with the weights packed for oneDNN and, for fp32 weights where it runs, for our AVX2
+    operator, the engine's defaults there: the best of them counts; with `int8`, the int8
+    route's layer: quantise, int8 GEMM, rescale)."""
     best, stored = 0.0, linear_weight_dtype(dtype, torch.device(device))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for k, n in ((1024, 4096), (1024, 3072), (3072, 1024)):
@@ -184,6 +186,8 @@ def gemm_peak(
             candidates = [lambda a, w=w: linear(a, w)]
             if device == "cpu" and onednn_available():
                 candidates.append(PackedWeight(w))
+            if device == "cpu" and stored == torch.float32 and avx2_gemm.runs():
+                candidates.append(Avx2F32Weight(w))
         for layer in candidates:
             layer(a)  # warm-up: first call sets up the kernel and its buffers
             sync()
@@ -489,7 +493,8 @@ def report_lines(r: dict) -> tuple[list[str], list[str]]:
         f"{lengths['short_16_65']} of 16-65 tokens, {lengths['long_257_1025']} of 257-1025 "
         f"({lengths['share_of_tokens_in_long']:.0%} of the tokens)",
         f"our route: {r['route']}",
-        f"GEMM peak (torch {r['dtype']} matmul, plain or oneDNN-packed weights, the better; "
+        f"GEMM peak (torch {r['dtype']} matmul on plain or oneDNN-packed weights, or fp32 on "
+        "AVX2 on our AVX2 GEMM's, the best; "
         f"this process): {r['gemm_flops']['float'] / 1e9:.0f} GFLOP/s = "
         f"{r['gemm_tokens_per_s']['float']:.0f} tokens/s for this model's linear layers; "
         f"int8 route's layer: {r['gemm_flops']['int8'] / 1e9:.0f} GFLOP/s, so "

@@ -49,7 +49,7 @@ from qwen_embed import Encoder, avx2_gemm, native, row_plans  # noqa: E402
 from qwen_embed import int8 as int8_route  # noqa: E402
 from qwen_embed.attention import create_backend  # noqa: E402
 from qwen_embed.avx2_gemm import Avx2F32Weight  # noqa: E402
-from qwen_embed.engine import TORCH_DTYPES  # noqa: E402
+from qwen_embed.engine import FLOAT_GEMMS, TORCH_DTYPES  # noqa: E402
 from qwen_embed.layers import _Linear, linear_weight_dtype  # noqa: E402
 from qwen_embed.onednn import PackedWeight, brgemm_runs  # noqa: E402
 from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
@@ -468,23 +468,27 @@ bench_peers.py divides the engine's tokens/s by a GEMM probe run minutes apart; 
 speed drifts 2x within minutes that ratio is mostly the drift. Here each pair times the engine's
 embed() of 64 mixed documents (workload.make_texts) and, right beside it, the model's linear
 layers alone on as many rows: every layer's weights at their shapes, in the route's dtype,
-through oneDNN's packed GEMM (onednn.PackedWeight), the fastest CPU GEMM the engine has
-(`--quantization int8`: the int8 route's quantised layers through int8.Int8Weight, its float
-layers packed). The order alternates. The fraction is the layers' time over the engine's, the
-median of the pairs with its quartiles. The bound counts every layer whole, as bench_peers'
-does, although the engine computes only the pooled rows past the last layer's keys and values.
+through the route's float GEMM (engine.FLOAT_GEMMS: our AVX2 operator for fp32 layers on CPUs
+with AVX2 and no AVX-512, else oneDNN's packed GEMM) (`--quantization int8`: the int8 route's
+quantised layers through int8.Int8Weight, its float layers on that GEMM). The order alternates.
+The fraction is the layers' time over the engine's, the median of the pairs with its quartiles.
+The bound counts every layer whole, as bench_peers' does, although the engine computes only the
+pooled rows past the last layer's keys and values.
 """
 
 
-def linear_layers(config: dict, rows: int, dtype: torch.dtype, quantization: str) -> list:
-    """One layer's matmuls as the route runs them, each with `rows` random input rows."""
+def linear_layers(
+    config: dict, rows: int, dtype: torch.dtype, quantization: str, float_kernel
+) -> list:
+    """One layer's matmuls as the route runs them (its float layers on `float_kernel`), each
+    with `rows` random input rows."""
     layers = []
     for name, (n, k) in linear_shapes(config).items():
         w = torch.randn(n, k, dtype=dtype).to(linear_weight_dtype(dtype, torch.device("cpu")))
         quantised = quantization == "int8" and int8_route.quantizes(name)
         layers.append(
             (
-                int8_route.Int8Weight(w) if quantised else PackedWeight(w),
+                int8_route.Int8Weight(w) if quantised else float_kernel(w),
                 torch.randn(rows, k).to(dtype),
             )
         )
@@ -507,7 +511,8 @@ def gemm_bound(args: argparse.Namespace) -> None:
 
     with Encoder.from_pretrained(model_dir, quantization=args.quantization) as enc:
         dtype = TORCH_DTYPES[enc.route.dtype]
-        layers = linear_layers(config, tokens, dtype, args.quantization)
+        float_kernel = FLOAT_GEMMS[enc.route.gemm] or PackedWeight
+        layers = linear_layers(config, tokens, dtype, args.quantization, float_kernel)
 
         def gemms() -> None:
             for _ in range(config["num_hidden_layers"]):
@@ -532,7 +537,7 @@ def gemm_bound(args: argparse.Namespace) -> None:
         f"{model_dir.name}, {args.texts} mixed documents ({tokens} tokens) per call",
         f"route: {route}",
         f"{args.pairs} pairs taking turns; the fraction per pair is the linear layers' time "
-        "(oneDNN-packed weights; int8: the route's int8 layers) over the engine's",
+        f"({float_kernel.__name__}; int8: the route's int8 layers) over the engine's",
     ]
     per_s = {name: tokens / statistics.median(t) for name, t in seconds.items()}
     table = markdown_table(

@@ -30,6 +30,7 @@ class Avx2F32Weight(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
+        self.dtype = torch.float32
         self.out_features = weight.shape[0]
         # A plain attribute, as the other packed weights: out of state_dict and .to().
         self.packed = native.pack_panels(weight.detach().float(), 1, PANEL).squeeze(-1)
