@@ -124,10 +124,9 @@ def choose_route(
     "auto" does on AMX CPUs where it runs; fp32 ones on CPUs with AVX2 and no AVX-512 take the
     native AVX2 operator (`avx2_f32_runs()`; prepack_weights "auto"); else CPU routes take
     oneDNN's GEMM on weights packed at load where torch has oneDNN (prepack_weights), and
-    F.linear elsewhere. Prefix
-    reuse needs causal attention and last-token pooling; pruning, last-token pooling. Norms,
-    rotary and silu run in the row-op table kernels.choose picks: native kernels on CPU where
-    they are built (native/), Triton's on CUDA."""
+    F.linear elsewhere. Prefix reuse needs causal attention and last-token pooling; pruning,
+    last-token pooling. Norms, rotary and silu run in the row-op table kernels.choose picks:
+    native kernels on CPU where they are built (native/), Triton's on CUDA."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
@@ -175,7 +174,7 @@ def choose_route(
     else:
         auto = s.batch_invariant == "auto" and cpu and features.amx_bf16
         native_gemm = bf16_gemm and auto and brgemm_runs()
-    # where oneDNN's fp32 GEMM loses to MKL's on many rows and MKL's to oneDNN's on few
+    # there oneDNN's fp32 GEMM loses to MKL's on many rows and MKL's to oneDNN's on few
     avx2_f32 = (
         s.prepack_weights == "auto"
         and cpu

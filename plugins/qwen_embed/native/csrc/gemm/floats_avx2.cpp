@@ -2,8 +2,8 @@
 // (native/build.py). Each output is one chain of fused multiply-adds over the input values in
 // ascending order, then its bias: the depth is cut into blocks for the caches, but a block's
 // partial sums go to the output and come back unchanged, so a row's result never depends on
-// the rows or the threads beside it (oneDNN's and MKL's GEMMs pick other orders for other row
-// counts).
+// the rows or the threads beside it, with no rows padded (oneDNN's packed GEMM needs its one-row
+// path avoided: row_plans.py).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -106,6 +106,21 @@ void check_blocking(int64_t task_rows, int64_t task_channels, int64_t panel) {
               "a task takes rows > 0 and a multiple of the panel's ", panel, " channels");
 }
 
+// A GEMM's bias: fp32, one value per channel, or none.
+const float* bias_values(const std::optional<at::Tensor>& bias, int64_t n) {
+  if (!bias) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+              "bias must be float32 [", n, "]");
+  return ptr<float>(*bias);
+}
+
+// A GEMM's output: x's leading dimensions, n channels each.
+at::Tensor output_for(const at::Tensor& x, int64_t n, at::ScalarType dtype) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return at::empty(sizes, x.options().dtype(dtype));
+}
+
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
 // to the next free thread; `task` ends with brgemm_release.
 template <typename Task>
@@ -231,19 +246,15 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                   offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous() && w_scale.numel() == n_pad,
               "offset (int32) and w_scale (float32) must have ", n_pad, " values");
-  if (bias)
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "bias must be float32 [", n, "]");
+  const float* bias_ptr = bias_values(bias, n);
   check_rotation(rotation, k);
   check_blocking(task_rows, task_channels, kPanel);
   at::Tensor rows = as_rows(x, k);
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor out = at::empty(sizes, x.options());
+  at::Tensor out = output_for(x, n, x.scalar_type());
   auto operands = [&](auto* out_ptr) {
     return Int8Gemm<std::remove_pointer_t<decltype(out_ptr)>>{
         nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
-        bias ? ptr<float>(*bias) : nullptr, out_ptr, packed.size(1) * 4, n, n};
+        bias_ptr, out_ptr, packed.size(1) * 4, n, n};
   };
   const GemmBlocking blocking{task_rows, task_channels, channels_outer};
   if (x.scalar_type() == at::kBFloat16)
@@ -295,9 +306,7 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
     else
       kern.quantize_f32(ptr<float>(rows) + b * stride, stride, e - b, k, k_pad, rotation, q, s);
   });
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor out = at::empty(sizes, x.options().dtype(at::kFloat));
+  at::Tensor out = output_for(x, n, at::kFloat);
   const gemm::PairsGemm g{ptr<int16_t>(codes), ptr<float>(scales), ptr<int16_t>(packed),
                           ptr<float>(w_scale), ptr<float>(out), k_pad, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
@@ -305,7 +314,7 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-// The fp32 GEMM of CPUs with AVX2 and no AVX-512 (avx2_gemm.py chooses it there).
+// The fp32 GEMM of CPUs with AVX2 and no AVX-512 (route.py chooses it there).
 bool f32_avx2_supported() {
   static const bool runs = cpu_has("avx2");
   return runs;
@@ -313,8 +322,8 @@ bool f32_avx2_supported() {
 
 // x [..., k] fp32 times fp32 weights packed [n_pad / 16, k, 16] (avx2_gemm.Avx2F32Weight) ->
 // [..., n] fp32, plus bias (fp32 [n]) when given. Each output is one chain of multiply-adds in
-// input order, so a row's result is the same at any row count and under any blocking; tasks
-// of task_rows x task_channels (perf/bench_kernels.py f32_blocking tries others).
+// input order, so a row's result is the same at any row count and under any blocking of
+// task_rows x task_channels.
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                       int64_t task_channels, bool channels_outer) {
@@ -327,15 +336,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
               "packed must be the float32 [n_pad / 16, k, 16] weights of ", n, " channels of ",
               k, " values");
   check_blocking(task_rows, task_channels, gemm::kFloatPanel);
-  if (bias)
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "bias must be float32 [", n, "]");
+  const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor out = at::empty(sizes, x.options());
-  const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed),
-                          bias ? ptr<float>(*bias) : nullptr, ptr<float>(out), n, k, n};
+  at::Tensor out = output_for(x, n, at::kFloat);
+  const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed), bias_ptr,
+                          ptr<float>(out), n, k, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
@@ -364,17 +369,12 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
               "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
               " channels of ", k, " values, panel a multiple of 16");
   check_blocking(task_rows, task_channels, panel);
-  if (bias)
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "bias must be float32 [", n, "]");
+  const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor out = at::empty(sizes, x.options());
+  at::Tensor out = output_for(x, n, at::kBFloat16);
   const int64_t m = rows.size(0), lda = rows.stride(0);
   const auto* a = ptr<at::BFloat16>(rows);
   const auto* b = ptr<at::BFloat16>(packed);
-  const float* bias_ptr = bias ? ptr<float>(*bias) : nullptr;
   uint16_t* o = ptr<uint16_t>(out);
 #ifndef QE_NO_AMX
   if (bf16_tiles(k, panel)) {
