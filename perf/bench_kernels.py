@@ -38,6 +38,7 @@ from harness import (
 
 from qwen_embed import cpu, int8, native
 from qwen_embed.attention import AttentionSpec, create_backend
+from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.cpu import keep_freed_memory
 from qwen_embed.kernels import native_cpu
 from qwen_embed.native import build
@@ -583,7 +584,7 @@ def int8_blocking(args: argparse.Namespace) -> None:
 NATIVE_AB_DOC = """\
 The native operators of this checkout against another revision's, in one process, in pairs.
 
-    python bench_kernels.py native_ab [--base HEAD] [--ops int8 bf16 attention] [--pairs 15]
+    python bench_kernels.py native_ab [--base HEAD] [--ops int8 bf16 f32 attention] [--pairs 15]
 
 Timings taken in separate processes or minutes apart move more on a drifting host than most
 kernel changes do. Here the base revision's csrc/ is built (with this checkout's compiler flags)
@@ -592,8 +593,9 @@ into a second library (in .cache/native-ab/<commit>/) whose operators register a
 same operands, one per build, the order alternating. The report gives, per operator and shape,
 the median of the pairs' time ratios (checkout / base) with their quartiles, the base's median
 time, and whether both builds gave the same bits. Shapes: the 4-layer model's linear layers at
---rows rows (int8: the int8 route's q|k, gate|up and down; bf16: q|k|v, o, gate|up, down) and
-the attention of ~--rows tokens of texts of 128, 1,024 and 8,192 tokens, in bf16.
+--rows rows (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2 operator):
+q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024 and 8,192
+tokens, in bf16.
 """
 
 
@@ -674,6 +676,17 @@ def bf16_cases(rows: int) -> dict[str, Callable]:
     return cases
 
 
+def f32_cases(rows: int) -> dict[str, Callable]:
+    cases = {}
+    for name, (n, k) in BF16_SHAPES.items():
+        packed = Avx2F32Weight(torch.randn(n, k)).packed
+        x = torch.randn(rows, k)
+        cases[f"f32_linear {name} {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.f32_linear(
+            x, p, None, n
+        )
+    return cases
+
+
 def attention_cases(rows: int) -> dict[str, Callable]:
     cases = {}
     for length in TEXT_TOKENS:
@@ -684,7 +697,7 @@ def attention_cases(rows: int) -> dict[str, Callable]:
     return cases
 
 
-CASES = {"int8": int8_cases, "bf16": bf16_cases, "attention": attention_cases}
+CASES = {"int8": int8_cases, "bf16": bf16_cases, "f32": f32_cases, "attention": attention_cases}
 
 
 def pair_ratios(call: Callable, pairs: int) -> tuple[list[float], list[float]]:
