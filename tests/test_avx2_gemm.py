@@ -33,7 +33,7 @@ def _product(x, w, bias=None):
 @NEEDS_OPERATOR
 @pytest.mark.parametrize(
     "n, k",
-    [(64, 32), (1000, 777), (40, 1024), (16, 300), (8, 5)],
+    [(64, 32), (1000, 777), (40, 2500), (16, 300), (8, 5)],
     ids=["one-block", "tails", "depth-blocks", "one-panel", "narrow"],
 )
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
@@ -48,10 +48,10 @@ def test_matches_the_float64_product(n, k, with_bias):
 
 @NEEDS_OPERATOR
 def test_a_row_is_the_same_at_every_row_count_stride_and_blocking():
-    w, bias = _random(1000, 777, seed=4) * 0.05, _random(1000, seed=5)
+    w, bias = _random(1000, 1100, seed=4) * 0.05, _random(1000, seed=5)  # two depth blocks
     layer = Avx2F32Weight(w)
-    wide = _random(300, 800, seed=6)
-    x = wide[:, :777]  # rows 800 values apart
+    wide = _random(300, 1200, seed=6)
+    x = wide[:, :1100]  # rows 1,200 values apart
     all_rows = layer(x, bias)
     for m in range(1, 14):
         assert torch.equal(layer(x[:m], bias), all_rows[:m]), m
@@ -60,7 +60,7 @@ def test_a_row_is_the_same_at_every_row_count_stride_and_blocking():
         out = torch.ops.qwen_embed.f32_linear(x, layer.packed, bias, 1000, *blocking)
         assert torch.equal(out, all_rows), blocking
     # batched inputs are rows too
-    assert torch.equal(layer(x[:12].reshape(3, 4, 777), bias), all_rows[:12].reshape(3, 4, 1000))
+    assert torch.equal(layer(x[:12].reshape(3, 4, 1100), bias), all_rows[:12].reshape(3, 4, 1000))
 
 
 @NEEDS_OPERATOR

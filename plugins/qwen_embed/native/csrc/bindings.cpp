@@ -26,7 +26,7 @@ TORCH_LIBRARY(qwen_embed, m) {
       "int task_rows=96, int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "f32_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=96, "
-      "int task_channels=256, bool channels_outer=False) -> Tensor");
+      "int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "
       "float scale) -> Tensor");
