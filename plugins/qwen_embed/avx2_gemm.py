@@ -20,7 +20,7 @@ PANEL = 16  # channels per packed panel (gemm.h kFloatPanel): two AVX2 vectors
 
 def runs() -> bool:
     """The operator runs here: the native build is loaded and the CPU has AVX2 and FMA."""
-    return native.isa() is not None and torch.ops.qwen_embed.f32_avx2_supported()
+    return native.isa() is not None and torch.ops.qwen_embed.avx2_supported()
 
 
 class Avx2F32Weight(nn.Module):

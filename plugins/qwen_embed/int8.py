@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import native
+from . import avx2_gemm, native
 from .cpu import cpu_features
 
 _QMAX = 127.0
@@ -84,7 +84,7 @@ def native_kernel() -> bool:
 def avx2_kernel() -> bool:
     """Whether the native AVX2 int8 GEMM runs here (built, a CPU with AVX2); the layers take it
     where the native int8 operator does not run."""
-    return native.isa() is not None and torch.ops.qwen_embed.int8_avx2_supported()
+    return avx2_gemm.runs()
 
 
 def integer_products(xq: torch.Tensor, qweight: torch.Tensor, vnni: bool) -> torch.Tensor:

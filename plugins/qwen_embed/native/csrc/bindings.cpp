@@ -12,8 +12,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
-  m.def("int8_avx2_supported() -> bool", &qe::int8_avx2_supported);
-  m.def("f32_avx2_supported() -> bool", &qe::f32_avx2_supported);
+  m.def("avx2_supported() -> bool", &qe::avx2_supported);
   m.def(
       "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
       "int task_channels=512, bool channels_outer=True) -> Tensor");

@@ -37,8 +37,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                        int64_t task_channels, bool channels_outer);
-bool int8_avx2_supported();
-bool f32_avx2_supported();
+bool avx2_supported();
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                       int64_t task_channels, bool channels_outer);

@@ -264,9 +264,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
-// The int8 route's GEMM where the CPU has AVX2 but no VNNI (int8.py runs int8_linear where it
-// has VNNI).
-bool int8_avx2_supported() {
+// The AVX2 GEMM operators run here: the int8 route's where the CPU has no VNNI (int8.py runs
+// int8_linear where it has VNNI) and the fp32 one of CPUs without AVX-512 (route.py).
+bool avx2_supported() {
   static const bool runs = cpu_has("avx2");
   return runs;
 }
@@ -280,7 +280,7 @@ bool int8_avx2_supported() {
 at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& w_scale, int64_t n, int64_t rotation,
                             int64_t task_rows, int64_t task_channels, bool channels_outer) {
-  TORCH_CHECK(int8_avx2_supported(), "the int8 AVX2 operator needs a CPU with AVX2 and FMA");
+  TORCH_CHECK(avx2_supported(), "the int8 AVX2 operator needs a CPU with AVX2 and FMA");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kShort && packed.is_contiguous() &&
                   packed.size(2) == gemm::kPairsPanel && packed.size(3) == 2 &&
@@ -314,12 +314,7 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-// The fp32 GEMM of CPUs with AVX2 and no AVX-512 (route.py chooses it there).
-bool f32_avx2_supported() {
-  static const bool runs = cpu_has("avx2");
-  return runs;
-}
-
+// The fp32 GEMM of CPUs with AVX2 and no AVX-512 (route.py chooses it there):
 // x [..., k] fp32 times fp32 weights packed [n_pad / 16, k, 16] (avx2_gemm.Avx2F32Weight) ->
 // [..., n] fp32, plus bias (fp32 [n]) when given. Each output is one chain of multiply-adds in
 // input order, so a row's result is the same at any row count and under any blocking of
@@ -327,7 +322,7 @@ bool f32_avx2_supported() {
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                       int64_t task_channels, bool channels_outer) {
-  TORCH_CHECK(f32_avx2_supported(), "the fp32 AVX2 operator needs a CPU with AVX2 and FMA");
+  TORCH_CHECK(avx2_supported(), "the fp32 AVX2 operator needs a CPU with AVX2 and FMA");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "f32_linear takes float32 rows");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
