@@ -213,18 +213,21 @@ def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, at
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantization):
-    """Every linear layer of the tower (its patch embedding too) holds its weights as the text
-    model's float layers do: bf16 ones in fp32 on a CPU without bf16 instructions (torch's
-    emulated bf16 GEMM ran the tower several times slower); they stay F.linear's (the tower's
-    GEMMs have many rows, where packed weights do not pay) and in floats under int8."""
+    """Every linear layer of the tower (its patch embedding too) multiplies as the text model's
+    float layers do: in the same GEMM on weights of the same dtype (bf16 ones in fp32 on a CPU
+    without bf16 instructions: torch's emulated bf16 GEMM ran the tower several times slower),
+    in floats under int8."""
     with Encoder.from_pretrained(replica, dtype="bfloat16", quantization=quantization) as enc:
         linears = {n: m for n, m in enc.model.named_modules() if isinstance(m, layers._Linear)}
         o_proj = enc.model.layers[0].self_attn.o_proj  # a float layer on every route
         tower = {n: m for n, m in linears.items() if n.startswith("visual.")}
     vision = media.vision
     assert len(tower) == 1 + 4 * vision.depth + 2 * (1 + len(vision.deepstack_visual_indexes))
-    text_dtype = (o_proj.weight if o_proj.kernel is None else o_proj.kernel).dtype
-    assert {(m.kernel, m.weight.dtype) for m in tower.values()} == {(None, text_dtype)}
+
+    def gemm(m: layers._Linear) -> tuple:
+        return (None, m.weight.dtype) if m.kernel is None else (type(m.kernel), m.kernel.dtype)
+
+    assert {gemm(m) for m in tower.values()} == {gemm(o_proj)}
 
 
 def test_a_repeated_visual_goes_through_the_tower_once(replica, media):

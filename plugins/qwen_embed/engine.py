@@ -183,10 +183,8 @@ TOWER = "visual."  # the vision tower's modules (models/vision.py)
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
     """The linear layers' weights in the form the route multiplies them in. The vision
-    tower's are only held in the route's weight dtype: they stay in floats under int8 (its
-    accuracy there is unmeasured) and keep F.linear, since its GEMMs always have many rows (a
-    visual's patches), where weights packed for oneDNN lost to F.linear's on AVX2 CPUs
-    (docs/tuning.md); the AVX2 fp32 GEMM is not measured on the tower."""
+    tower's take the route's float GEMM as the text model's float layers do, and stay in
+    floats under int8 (its accuracy there is unmeasured)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     if route.linear is Linear.INT8:
@@ -196,7 +194,7 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
         for module in [*linears.values(), *tower.values()]:
             module.to(weight_dtype)
     if (kernel := FLOAT_GEMMS[route.gemm]) is not None:
-        for module in linears.values():
+        for module in [*linears.values(), *tower.values()]:
             module.repack(kernel)
 
 
