@@ -103,6 +103,31 @@ def test_norm_rotary_on_the_qkv_rows(table, device, dtype, head_dim, family):
 
 
 @TABLES
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 72, 128])  # 72: Qwen3-VL-8B's tower, a scalar tail
+def test_norm_rotary_with_fp32_tables_rotates_in_fp32(table, device, dtype, head_dim):
+    """The vision tower's rotation: fp32 cos/sin, q and k slices of its q|k|v rows in the model
+    dtype, the rotation in fp32 rounded once (transformers' vision attention)."""
+    ops = _ops(table, device)
+    t, heads = 37, 3
+    qkv = _random(t, 3 * heads * head_dim, dtype=dtype, device=device)
+    angles = torch.arange(t).float()[:, None] * torch.rand(head_dim // 2)
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    for x in (qkv[:, : heads * head_dim], qkv[:, heads * head_dim : 2 * heads * head_dim]):
+        out = ops.norm_rotary(x, cos, sin, head_dim, None, 0.0)
+        assert out.shape == (t, heads, head_dim) and out.is_contiguous() and out.dtype == dtype
+        heads_in = x.reshape(t, heads, head_dim).double()
+        want = reference.rotary(heads_in, cos.double(), sin.double()).to(dtype)
+        # fp32 arithmetic against float64, rounded to the dtype: at most a step apart
+        torch.testing.assert_close(out.cpu(), want.cpu(), **TOLERANCE[dtype])
+        # bitwise the expression it stands for, where fp32 rounds alike (not the fused path)
+        if dtype != torch.float32:
+            fp32 = reference.rotary(x.reshape(t, heads, head_dim).float(), cos, sin).to(dtype)
+            mismatched = (out.cpu() != fp32.cpu()).float().mean().item()
+            assert mismatched < 0.01, mismatched
+
+
+@TABLES
 @DTYPES
 @pytest.mark.parametrize("width", [3072, 1000])
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's, at -200

@@ -17,7 +17,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import (
     Qwen3VLVisionModel,
 )
 
-from qwen_embed import Encoder, layers
+from qwen_embed import Encoder, kernels, layers, native
 from qwen_embed.config import ModelConfig, VisionConfig
 from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
@@ -120,7 +120,10 @@ def cases(media) -> dict[str, MediaText]:
     }
 
 
-def test_the_vision_tower_matches_transformers(media):
+@pytest.mark.parametrize("table", ["torch", "native"])
+def test_the_vision_tower_matches_transformers(media, table):
+    if table == "native" and native.isa() is None:
+        pytest.skip("the native kernels are not built here")
     torch.manual_seed(0)
     from transformers import Qwen3VLConfig
 
@@ -138,7 +141,7 @@ def test_the_vision_tower_matches_transformers(media):
     with torch.no_grad():
         want = reference(pixels, grid_thw=torch.tensor(grids))
     vision = VisionConfig.from_hf(config.vision_config.to_dict())
-    tower = VisionTower(vision, "torch", "cpu", torch.float32)
+    tower = VisionTower(vision, "torch", "cpu", torch.float32, kernels.load(table))
     params, state = dict(tower.named_parameters()), reference.state_dict()
     assert set(params) <= set(state)
     for name, param in params.items():  # through the loaders, as loader.load_weights does

@@ -158,14 +158,13 @@ def _instantiate(
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                model = model_class(config.family)(
-                    config, tp, backend, planner, head, kernels.load(route.elementwise)
-                )
+                ops = kernels.load(route.elementwise)
+                model = model_class(config.family)(config, tp, backend, planner, head, ops)
                 # rank 0 runs the tower (media.MediaForward.embed sends its tokens on)
                 if config.media is not None and tp.rank == 0:
                     vision = config.media.vision
                     name, _ = choose_backend(str(device), vision.head_dim, dtype=route.dtype)
-                    model.visual = VisionTower(vision, name, device, dtype)
+                    model.visual = VisionTower(vision, name, device, dtype, ops)
                 return model
         finally:
             torch.set_default_dtype(previous)

@@ -50,7 +50,9 @@ class RowOps(Protocol):
         eps: float,
     ) -> torch.Tensor:
         """Heads of x [T, heads * head_dim] (rows may be strided), RMS-normalised by `weight`
-        when given, rotated by cos/sin [T, head_dim // 2]: a contiguous [T, heads, head_dim]."""
+        when given, rotated by cos/sin [T, head_dim // 2]: a contiguous [T, heads, head_dim].
+        Tables in x's dtype rotate as transformers' text models do; fp32 tables (the vision
+        tower's) rotate in fp32, rounded once."""
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for the packed [T, 2 * inter] projection."""

@@ -33,7 +33,9 @@ def norm_rotary(
     weight: torch.Tensor | None,
     eps: float,
 ) -> torch.Tensor:
-    if native.handles(x, cos, weight):
+    # fp32 tables (the vision tower's) rotate bf16 rows without a norm
+    fp32_tables = x.dtype == torch.bfloat16 and cos.dtype == torch.float32 and weight is None
+    if native.handles(x, weight) and (fp32_tables or native.handles(x, cos)):
         return torch.ops.qwen_embed.rope(
             x, cos, sin, head_dim, weight, 0.0 if weight is None else eps
         )

@@ -41,10 +41,13 @@ def norm_rotary(
 ) -> torch.Tensor:
     """Heads of x [T, heads * head_dim] (rows may be strided), each RMS-normalised with
     `weight` when given (Qwen3's q/k norm), then rotated by cos/sin [T, head_dim // 2]: a
-    contiguous [T, heads, head_dim]."""
+    contiguous [T, heads, head_dim]; with fp32 tables and 16-bit x the rotation is in fp32,
+    rounded once (transformers' vision attention)."""
     heads = x.reshape(x.shape[0], x.shape[1] // head_dim, head_dim)
     if weight is not None:
         heads = rms_norm(heads, weight, eps)
+    if cos.dtype != heads.dtype:
+        return rotary(heads.to(cos.dtype), cos, sin).to(heads.dtype)
     return rotary(heads, cos, sin)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from ..attention import AttentionBackend, AttentionSpec, create_backend
 from ..batch import to_device
 from ..config import Grid, VisionConfig
-from ..kernels import reference
+from ..kernels import RowOps
 from ..layers import ReplicatedLinear, replicated_loader
 from ..segments import AttentionLayout
 
@@ -63,7 +63,7 @@ def _kernel_as_matrix(param: torch.Tensor, full: torch.Tensor, shard_id=None) ->
 
 
 class VisionBlock(nn.Module):
-    def __init__(self, config: VisionConfig, attention: AttentionBackend):
+    def __init__(self, config: VisionConfig, attention: AttentionBackend, ops: RowOps):
         super().__init__()
         hidden = config.hidden_size
         self.norm1 = nn.LayerNorm(hidden, eps=1e-6)
@@ -77,18 +77,18 @@ class VisionBlock(nn.Module):
         self.act = _ACTIVATIONS[config.hidden_act]
         self.heads, self.head_dim = config.num_heads, config.head_dim
         self.attention = attention
+        self.ops = ops
 
     def forward(self, x, cos, sin, layout: AttentionLayout):
-        q, k, v = self.attn.qkv(self.norm1(x)).view(len(x), 3, self.heads, self.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        attended = self.attention.forward(q, k, v.contiguous(), layout)
+        """cos/sin in fp32: the rotation in fp32, rounded once, as transformers' vision
+        attention rotates."""
+        q, k, v = self.attn.qkv(self.norm1(x)).view(len(x), 3, -1).unbind(1)
+        q = self.ops.norm_rotary(q, cos, sin, self.head_dim, None, 0.0)
+        k = self.ops.norm_rotary(k, cos, sin, self.head_dim, None, 0.0)
+        v = v.reshape(len(x), self.heads, self.head_dim)
+        attended = self.attention.forward(q, k, v, layout)
         x = x + self.attn.proj(attended.reshape(len(x), -1))
         return x + self.mlp.linear_fc2(self.act(self.mlp.linear_fc1(self.norm2(x))))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary over the whole head in fp32, as transformers' vision attention does."""
-    return reference.rotary(x.float(), cos, sin).to(x.dtype)
 
 
 class PatchMerger(nn.Module):
@@ -111,7 +111,7 @@ class PatchMerger(nn.Module):
 class VisionTower(nn.Module):
     """Checkpoint names under `visual.` (Qwen3-VL's `model.visual.*`)."""
 
-    def __init__(self, config: VisionConfig, attn_backend: str, device, dtype):
+    def __init__(self, config: VisionConfig, attn_backend: str, device, dtype, ops: RowOps):
         super().__init__()
         self.config = config
         attention = create_backend(
@@ -130,7 +130,9 @@ class VisionTower(nn.Module):
         # The checkpoint's Conv3d strides by its kernel: a linear layer over each patch's pixels
         self.patch_embed.proj = ReplicatedLinear(config.patch_dim, config.hidden_size)
         self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
-        self.blocks = nn.ModuleList(VisionBlock(config, attention) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(
+            VisionBlock(config, attention, ops) for _ in range(config.depth)
+        )
         self.merger = PatchMerger(config, after_shuffle=False)
         self.deepstack_merger_list = nn.ModuleList(
             PatchMerger(config, after_shuffle=True) for _ in config.deepstack_visual_indexes

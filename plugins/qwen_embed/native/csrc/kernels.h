@@ -32,6 +32,9 @@ struct Kernels {
                    float*, int64_t, int64_t, int64_t);
   void (*rope_bf16)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*,
                     const uint16_t*, float, uint16_t*, int64_t, int64_t, int64_t);
+  // bf16 rows, fp32 tables, no norm (the vision tower's rotation)
+  void (*rope_bf16_f32)(const uint16_t*, int64_t, const float*, const float*, const uint16_t*,
+                        float, uint16_t*, int64_t, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
   void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);

@@ -148,6 +148,22 @@ inline V32<0> load32(const uint16_t* p) {
 #endif
 }
 
+// 32 fp32 values (a rotation's fp32 tables) in the lanes where load32 puts 32 values of T: even
+// and odd values apart, as a bf16 load splits them, with AVX512_BF16; memory order elsewhere.
+template <typename T>
+inline V32<0> load32_in_lanes_of(const float* p) {
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(T) == sizeof(uint16_t)) {
+    const __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    return {reinterpret_cast<F16>(_mm512_permutex2var_ps(lo, even, hi)),
+            reinterpret_cast<F16>(_mm512_permutex2var_ps(lo, odd, hi))};
+  }
+#endif
+  return load32(p);
+}
+
 template <typename T, int R>
 inline V32<R + 1> round32(V32<R> v) {
 #if defined(__AVX512BF16__)

@@ -24,7 +24,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-// x [T, heads * head_dim] (rows may be strided), cos/sin [T, head_dim / 2] -> [T, heads, head_dim]
+// x [T, heads * head_dim] (rows may be strided), cos/sin [T, head_dim / 2] -> [T, heads, head_dim];
+// the tables in x's dtype, or fp32 with bf16 rows and no norm (the rotation in fp32, rounded
+// once: the vision tower's)
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                 int64_t head_dim, const std::optional<at::Tensor>& norm_weight, double eps) {
   TORCH_CHECK(head_dim % 2 == 0 && head_dim <= kMaxHeadDim, "head_dim ", head_dim,
@@ -33,8 +35,16 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   at::Tensor rows = as_rows(x, x.size(1));
   const int64_t t = rows.size(0), heads = rows.size(1) / head_dim, half = head_dim / 2;
   TORCH_CHECK(heads <= kMaxHeads, "at most ", kMaxHeads, " heads per token, not ", heads);
-  same_dtype(x, cos, "cos");
-  same_dtype(x, sin, "sin");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const bool f32_tables = bf16 && cos.scalar_type() == at::kFloat;
+  if (f32_tables) {
+    TORCH_CHECK(sin.scalar_type() == at::kFloat, "sin must be fp32, as cos is");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous");
+    TORCH_CHECK(!norm_weight, "fp32 cos/sin rotate bf16 rows without a norm_weight");
+  } else {
+    same_dtype(x, cos, "cos");
+    same_dtype(x, sin, "sin");
+  }
   TORCH_CHECK(cos.numel() == t * half && sin.numel() == t * half, "cos/sin must be [", t, ", ",
               half, "]");
   if (norm_weight) {
@@ -44,10 +54,13 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   at::Tensor out = at::empty({t, heads, head_dim}, x.options());
   const int64_t stride = rows.stride(0);
   const auto& k = kernels();
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
   const float e = static_cast<float>(eps);
   at::parallel_for(0, t, grain(heads * head_dim), [&](int64_t b, int64_t end) {
-    if (bf16)
+    if (f32_tables)
+      k.rope_bf16_f32(ptr<uint16_t>(rows) + b * stride, stride, ptr<float>(cos) + b * half,
+                      ptr<float>(sin) + b * half, nullptr, 0.0f,
+                      ptr<uint16_t>(out) + b * heads * head_dim, end - b, heads, head_dim);
+    else if (bf16)
       k.rope_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(cos) + b * half,
                   ptr<uint16_t>(sin) + b * half,
                   norm_weight ? ptr<uint16_t>(*norm_weight) : nullptr, e,

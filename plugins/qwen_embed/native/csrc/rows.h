@@ -32,11 +32,13 @@ void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t row
 
 // Neox rotation of each head of d values (halves x1, x2): x1 c - x2 s, x2 c + x1 s, with the
 // head first RMS-normalised by `norm_weight` when Normed (Qwen3's q/k norm), which rounds twice.
-// D > 0 fixes d at compile time (the common head sizes), so the compiler unrolls the short
-// per-head loops.
-template <typename T, int64_t D, bool Normed>
-void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* norm_weight,
+// The tables (C) are in the rows' dtype, or fp32 for 16-bit rows without a norm (the vision
+// tower's rotation, in fp32). D > 0 fixes d at compile time (the common head sizes), so the
+// compiler unrolls the short per-head loops.
+template <typename T, typename C, int64_t D, bool Normed>
+void rope_heads(const T* x, int64_t x_stride, const C* cos, const C* sin, const T* norm_weight,
                 float eps, T* out, int64_t rows, int64_t heads, int64_t runtime_d) {
+  static_assert(sizeof(C) == sizeof(T) || !Normed, "fp32 tables rotate rows without a norm");
   constexpr int R = Normed ? 2 : 0;  // roundings of a rotated value
   const int64_t d = D > 0 ? D : runtime_d, half = d / 2, whole = half - half % 32;
   V32<1> w1[kMaxHeadDim / 64], w2[kMaxHeadDim / 64];  // the norm's weights, in the lanes they meet
@@ -51,8 +53,13 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
   V32<R> c[kMaxHeadDim / 64], s[kMaxHeadDim / 64];
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < whole; j += 32) {
-      c[j / 32] = load32_as<T, R>(cos + i * half + j);
-      s[j / 32] = load32_as<T, R>(sin + i * half + j);
+      if constexpr (sizeof(C) == sizeof(T)) {
+        c[j / 32] = load32_as<T, R>(cos + i * half + j);
+        s[j / 32] = load32_as<T, R>(sin + i * half + j);
+      } else {
+        c[j / 32] = load32_in_lanes_of<T>(cos + i * half + j);
+        s[j / 32] = load32_in_lanes_of<T>(sin + i * half + j);
+      }
     }
     // The heads' norms first: independent reductions, which the core overlaps.
     for (int64_t h = 0; h < heads && Normed; ++h)
@@ -88,15 +95,18 @@ void rope_heads(const T* x, int64_t x_stride, const T* cos, const T* sin, const 
   }
 }
 
-template <typename T>
-void rope(const T* x, int64_t x_stride, const T* cos, const T* sin, const T* norm_weight,
+template <typename T, typename C = T>
+void rope(const T* x, int64_t x_stride, const C* cos, const C* sin, const T* norm_weight,
           float eps, T* out, int64_t rows, int64_t heads, int64_t d) {
-  auto run = norm_weight ? (d == 128  ? rope_heads<T, 128, true>
-                            : d == 64 ? rope_heads<T, 64, true>
-                                      : rope_heads<T, 0, true>)
-                         : (d == 128  ? rope_heads<T, 128, false>
-                            : d == 64 ? rope_heads<T, 64, false>
-                                      : rope_heads<T, 0, false>);
+  auto plain = d == 128 ? rope_heads<T, C, 128, false>
+               : d == 64 ? rope_heads<T, C, 64, false>
+                         : rope_heads<T, C, 0, false>;
+  auto run = plain;
+  if constexpr (sizeof(C) == sizeof(T))
+    if (norm_weight)
+      run = d == 128 ? rope_heads<T, C, 128, true>
+            : d == 64 ? rope_heads<T, C, 64, true>
+                      : rope_heads<T, C, 0, true>;
   run(x, x_stride, cos, sin, norm_weight, eps, out, rows, heads, d);
 }
 

@@ -17,6 +17,7 @@ extern const Kernels kernels = {
     rms_norm<uint16_t>,
     rope<float>,
     rope<uint16_t>,
+    rope<uint16_t, float>,
     silu_mul<float>,
     silu_mul<uint16_t>,
     hadamard_rows<float>,
