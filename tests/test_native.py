@@ -181,3 +181,45 @@ def test_a_clang_build_says_why_it_stops(tmp_path):
     clang.chmod(0o755)
     with pytest.raises(RuntimeError, match="is clang; the kernels use GCC's vector extensions"):
         build(str(clang))
+
+
+GEMM_PANELS = {  # channels per panel of each GEMM operator's packed weights, as the engine packs
+    "f32_linear": 16,
+    "int8_linear_avx2": int8.PAIRS_PANEL,
+    "int8_linear": native.PANEL,
+    "bf16_linear": native.PANEL,
+}
+
+
+@pytest.mark.skipif(OPS is None, reason="the native kernels are not built here")
+@pytest.mark.parametrize("op", sorted(GEMM_PANELS))
+@pytest.mark.parametrize("threads", [1, 2, 8, 64])
+@pytest.mark.parametrize("m, n", [(1, 1024), (20, 1024), (20, 3072), (300, 1024), (12800, 6144)])
+def test_gemm_tasks_give_every_thread_work_where_the_panels_allow(op, threads, m, n):
+    """A GEMM's tasks (rows x channels) number at least the threads when its panels allow: a
+    short query's 1,024-channel layer is not left to a few threads of a many-core host; where
+    the default blocking has enough tasks it stays (any blocking gives a row the same bits)."""
+    defaults = {a.name: a.default_value for a in getattr(OPS, op).default._schema.arguments}
+    rows, channels, panel = defaults["task_rows"], defaults["task_channels"], GEMM_PANELS[op]
+    got = OPS.gemm_task_channels(m, n, rows, channels, panel, threads)
+    row_tasks = -(-m // rows)
+    assert got % panel == 0 and panel <= got <= channels
+    assert row_tasks * -(-n // got) >= min(threads, row_tasks * -(-n // panel))
+    if row_tasks * -(-n // channels) >= threads:
+        assert got == channels
+
+
+@pytest.mark.skipif(OPS is None or not OPS.avx2_supported(), reason="needs the AVX2 operators")
+def test_a_gemm_cut_for_more_threads_gives_the_same_bits():
+    x = _random(5, 768, dtype=torch.float32)
+    w = _random(1024, 768, dtype=torch.float32, seed=1)
+    packed = native.pack_panels(w, 1, 16).squeeze(-1)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = OPS.f32_linear(x, packed, None, 1024)
+        torch.set_num_threads(16)  # 16 tasks of 64 channels instead of 4 of 256
+        assert OPS.gemm_task_channels(5, 1024, 96, 256, 16, 16) == 64
+        assert torch.equal(OPS.f32_linear(x, packed, None, 1024), one)
+    finally:
+        torch.set_num_threads(previous)

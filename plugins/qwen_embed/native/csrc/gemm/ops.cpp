@@ -121,17 +121,38 @@ at::Tensor output_for(const at::Tensor& x, int64_t n, at::ScalarType dtype) {
   return at::empty(sizes, x.options().dtype(dtype));
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// Channels per task of an m x n GEMM: the blocking's, or fewer, in whole panels, where its
+// tasks would leave some of the threads idle (a short query's narrow layers on a many-core
+// host). Every operator gives a row the same bits under any blocking.
+int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task_channels,
+                           int64_t panel, int64_t threads) {
+  const int64_t row_tasks = ceil_div(m, task_rows);
+  if (m <= 0 || row_tasks * ceil_div(n, task_channels) >= threads) return task_channels;
+  const int64_t wanted = ceil_div(threads, row_tasks);  // channel tasks per row task
+  const int64_t panels = std::max<int64_t>(1, ceil_div(n, panel) / wanted);
+  return std::min(task_channels, panels * panel);
+}
+
+namespace {
+
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
-// to the next free thread; `task` ends with brgemm_release.
+// to the next free thread (gemm_task_channels: at least one per thread where the panels of
+// `panel` channels allow); `task` ends with brgemm_release.
 template <typename Task>
-void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, const Task& task) {
-  const int64_t row_tasks = (m + blocking.rows - 1) / blocking.rows;
-  const int64_t channel_tasks = (n + blocking.channels - 1) / blocking.channels;
+void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t panel,
+                const Task& task) {
+  const int64_t rows = blocking.rows;
+  const int64_t channels =
+      gemm_task_channels(m, n, rows, blocking.channels, panel, at::get_num_threads());
+  const int64_t row_tasks = ceil_div(m, rows), channel_tasks = ceil_div(n, channels);
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * blocking.rows;
-    const int64_t c =
-        (blocking.channels_outer ? t / row_tasks : t % channel_tasks) * blocking.channels;
-    task(r, std::min(m, r + blocking.rows), c, std::min(n, c + blocking.channels));
+    const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * rows;
+    const int64_t c = (blocking.channels_outer ? t / row_tasks : t % channel_tasks) * channels;
+    task(r, std::min(m, r + rows), c, std::min(n, c + channels));
     brgemm_release();
   });
 }
@@ -208,7 +229,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   if (tiles) {
     const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
                                  blocking.channels_outer};
-    gemm_tasks(in_blocks, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    gemm_tasks(in_blocks, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       if constexpr (std::is_same_v<T, float>)
         gemm::tiles.int8_f32(g, r0, r1, c0, c1);
       else
@@ -217,7 +238,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
     return;
   }
 #endif
-  gemm_tasks(blocking, m, g.n, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  gemm_tasks(blocking, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     brgemm_task(g, r0, r1, c0, c1);
   });
 }
@@ -309,7 +330,7 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor out = output_for(x, n, at::kFloat);
   const gemm::PairsGemm g{ptr<int16_t>(codes), ptr<float>(scales), ptr<int16_t>(packed),
                           ptr<float>(w_scale), ptr<float>(out), k_pad, n};
-  gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
+  gemm_tasks({task_rows, task_channels, channels_outer}, m, n, gemm::kPairsPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) { kern.gemm(g, r0, r1, c0, c1); });
   return out;
 }
@@ -336,7 +357,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor out = output_for(x, n, at::kFloat);
   const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed), bias_ptr,
                           ptr<float>(out), n, k, n};
-  gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n,
+  gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n, gemm::kFloatPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
              });
@@ -379,14 +400,14 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
       gemm::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
     });
     const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n};
-    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n,
+    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n, panel,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  gemm::tiles.bf16(g, r0, r1, c0, c1);
                });
     return out;
   }
 #endif
-  gemm_tasks({task_rows, task_channels, channels_outer}, m, n,
+  gemm_tasks({task_rows, task_channels, channels_outer}, m, n, panel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                thread_local std::vector<float> sums;
                sums.resize(task_rows * panel);
