@@ -155,7 +155,8 @@ inline V32<0> load32_in_lanes_of(const float* p) {
 #if defined(__AVX512BF16__)
   if constexpr (sizeof(T) == sizeof(uint16_t)) {
     const __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i even = _mm512_slli_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     return {reinterpret_cast<F16>(_mm512_permutex2var_ps(lo, even, hi)),
             reinterpret_cast<F16>(_mm512_permutex2var_ps(lo, odd, hi))};
