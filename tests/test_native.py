@@ -9,7 +9,8 @@ import pytest
 import torch
 from test_cpu_route import ZEN4
 
-from qwen_embed import int8, native
+from qwen_embed import avx2_gemm, int8, native
+from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.kernels import native_cpu, reference
 from qwen_embed.layers import RMSNorm
 from qwen_embed.route import choose_route
@@ -184,7 +185,7 @@ def test_a_clang_build_says_why_it_stops(tmp_path):
 
 
 GEMM_PANELS = {  # channels per panel of each GEMM operator's packed weights, as the engine packs
-    "f32_linear": 16,
+    "f32_linear": avx2_gemm.PANEL,
     "int8_linear_avx2": int8.PAIRS_PANEL,
     "int8_linear": native.PANEL,
     "bf16_linear": native.PANEL,
@@ -213,7 +214,7 @@ def test_gemm_tasks_give_every_thread_work_where_the_panels_allow(op, threads, m
 def test_a_gemm_cut_for_more_threads_gives_the_same_bits():
     x = _random(5, 768, dtype=torch.float32)
     w = _random(1024, 768, dtype=torch.float32, seed=1)
-    packed = native.pack_panels(w, 1, 16).squeeze(-1)
+    packed = Avx2F32Weight(w).packed
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -98,10 +98,9 @@ void rope_heads(const T* x, int64_t x_stride, const C* cos, const C* sin, const 
 template <typename T, typename C = T>
 void rope(const T* x, int64_t x_stride, const C* cos, const C* sin, const T* norm_weight,
           float eps, T* out, int64_t rows, int64_t heads, int64_t d) {
-  auto plain = d == 128 ? rope_heads<T, C, 128, false>
-               : d == 64 ? rope_heads<T, C, 64, false>
-                         : rope_heads<T, C, 0, false>;
-  auto run = plain;
+  auto run = d == 128 ? rope_heads<T, C, 128, false>
+             : d == 64 ? rope_heads<T, C, 64, false>
+                       : rope_heads<T, C, 0, false>;
   if constexpr (sizeof(C) == sizeof(T))
     if (norm_weight)
       run = d == 128 ? rope_heads<T, C, 128, true>
