@@ -192,22 +192,51 @@ GEMM_PANELS = {  # channels per panel of each GEMM operator's packed weights, as
 }
 
 
+def schedule_span(m, n, rows, channels, threads):
+    """When the last task of an m x n GEMM ends, its tasks of `rows` x `channels` (channels
+    outermost) each taken by the first free thread, a task's cost its rows x channels."""
+    free = [0] * threads
+    for c in range(0, n, channels):
+        for r in range(0, m, rows):
+            first = free.index(min(free))
+            free[first] += min(rows, m - r) * min(channels, n - c)
+    return max(free)
+
+
 @pytest.mark.skipif(OPS is None, reason="the native kernels are not built here")
 @pytest.mark.parametrize("op", sorted(GEMM_PANELS))
-@pytest.mark.parametrize("threads", [1, 2, 8, 64])
-@pytest.mark.parametrize("m, n", [(1, 1024), (20, 1024), (20, 3072), (300, 1024), (12800, 6144)])
-def test_gemm_tasks_give_every_thread_work_where_the_panels_allow(op, threads, m, n):
-    """A GEMM's tasks (rows x channels) number at least the threads when its panels allow: a
-    short query's 1,024-channel layer is not left to a few threads of a many-core host; where
-    the default blocking has enough tasks it stays (any blocking gives a row the same bits)."""
+@pytest.mark.parametrize("threads", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize(
+    "m, n", [(1, 1024), (20, 1024), (20, 3072), (128, 1024), (300, 1024), (12800, 6144)]
+)
+def test_gemm_tasks_end_soonest_where_they_are_few(op, threads, m, n):
+    """A GEMM's tasks (rows x channels) keep the threads busy: where they are few (a short
+    query's layers), the channels per task are the most, in whole panels, whose tasks end
+    soonest; a short query's 1,024-channel layer is not left to a few threads of a many-core
+    host, nor 3 tasks to 2 threads. Where they are many, the default blocking stays (any
+    blocking gives a row the same bits)."""
     defaults = {a.name: a.default_value for a in getattr(OPS, op).default._schema.arguments}
     rows, channels, panel = defaults["task_rows"], defaults["task_channels"], GEMM_PANELS[op]
     got = OPS.gemm_task_channels(m, n, rows, channels, panel, threads)
     row_tasks = -(-m // rows)
     assert got % panel == 0 and panel <= got <= channels
-    assert row_tasks * -(-n // got) >= min(threads, row_tasks * -(-n // panel))
-    if row_tasks * -(-n // channels) >= threads:
+    if row_tasks * -(-n // channels) > 4 * threads:
         assert got == channels
+    else:
+        candidates = range(panel, channels + 1, panel)
+        spans = {c: schedule_span(m, n, rows, c, threads) for c in candidates}
+        few = [c for c in spans if c == channels or row_tasks * -(-n // c) <= 4 * threads]
+        assert spans[got] == min(spans[c] for c in few)
+        assert all(spans[c] > spans[got] for c in spans if c > got)
+
+
+@pytest.mark.skipif(OPS is None, reason="the native kernels are not built here")
+def test_a_short_querys_int8_layers_split_evenly_over_two_threads():
+    # q|k (3,072 channels) at 20 rows: 4 tasks of 768 rather than 3 of 1,024 on 2 threads;
+    # down (1,024 channels) at 128 rows: 96 and 32 rows, each in 2 tasks of 512 channels
+    assert OPS.gemm_task_channels(20, 3072, 96, 1024, native.PANEL, 2) == 768
+    assert OPS.gemm_task_channels(128, 1024, 96, 1024, native.PANEL, 2) == 512
+    assert OPS.gemm_task_channels(20, 6144, 96, 1024, native.PANEL, 2) == 1024
 
 
 @pytest.mark.skipif(OPS is None or not OPS.avx2_supported(), reason="needs the AVX2 operators")

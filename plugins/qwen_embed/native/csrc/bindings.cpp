@@ -28,7 +28,7 @@ TORCH_LIBRARY(qwen_embed, m) {
       "int task_channels=256, bool channels_outer=True) -> Tensor");
   m.def(
       "gemm_task_channels(int m, int n, int task_rows, int task_channels, int panel, "
-      "int threads) -> int",
+      "int threads, bool channels_outer=True) -> int",
       &qe::gemm_task_channels);
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, bool causal, "

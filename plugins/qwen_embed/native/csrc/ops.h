@@ -42,7 +42,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                       int64_t task_channels, bool channels_outer);
 int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task_channels,
-                           int64_t panel, int64_t threads);
+                           int64_t panel, int64_t threads, bool channels_outer);
 at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& w_scale, int64_t n, int64_t rotation,
                             int64_t task_rows, int64_t task_channels, bool channels_outer);

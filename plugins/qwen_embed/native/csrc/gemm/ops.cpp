@@ -4,6 +4,12 @@
 // rows.cpp around them.
 #include <ATen/native/CPUBlas.h>
 
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <queue>
 #include <type_traits>
 #include <vector>
 
@@ -93,9 +99,9 @@ namespace {
 // How a GEMM is cut into tasks: rows x channels (a multiple of the weights' panel) per task,
 // and whether consecutive tasks share their channels (their weights stay in cache while the
 // rows change) or their rows. Both operators take it as arguments (perf/bench_kernels.py
-// *_blocking try others); their defaults, channels outermost, were the fastest on AMX: int8, 96 rows x
-// 1,024 channels (the rows read once per 1,024 channels); bf16, on the tile kernel, 64 rows x
-// 512 channels.
+// *_blocking try others); their defaults, channels outermost, were the fastest on AMX: int8,
+// 96 rows x 1,024 channels (the rows read once per 1,024 channels); bf16, on the tile kernel,
+// 64 rows x 512 channels.
 struct GemmBlocking {
   int64_t rows, channels;
   bool channels_outer;
@@ -123,31 +129,70 @@ at::Tensor output_for(const at::Tensor& x, int64_t n, at::ScalarType dtype) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// When the last of an m x n GEMM's tasks (rows x channels) ends, each task taken by the next
+// free thread in the operators' order and costing its rows x channels: in_parallel's schedule.
+int64_t tasks_span(int64_t m, int64_t n, int64_t task_rows, int64_t channels,
+                   bool channels_outer, int64_t threads) {
+  const int64_t row_tasks = ceil_div(m, task_rows), channel_tasks = ceil_div(n, channels);
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> free_at;
+  for (int64_t t = 0; t < threads; ++t) free_at.push(0);
+  int64_t span = 0;
+  for (int64_t t = 0; t < row_tasks * channel_tasks; ++t) {
+    const int64_t r = (channels_outer ? t % row_tasks : t / channel_tasks) * task_rows;
+    const int64_t c = (channels_outer ? t / row_tasks : t % channel_tasks) * channels;
+    const int64_t end = free_at.top() + std::min(task_rows, m - r) * std::min(channels, n - c);
+    free_at.pop();
+    free_at.push(end);
+    span = std::max(span, end);
+  }
+  return span;
+}
+
+// Beyond this many tasks per thread a GEMM's blocking stays: its tasks keep every thread busy
+// but for the last round, and finer ones would read its rows more often.
+constexpr int64_t kFewTasks = 4;
+
 }  // namespace
 
-// Channels per task of an m x n GEMM: the blocking's, or fewer, in whole panels, where its
-// tasks would leave some of the threads idle (a short query's narrow layers on a many-core
-// host). Every operator gives a row the same bits under any blocking.
+// Channels per task of an m x n GEMM: the blocking's where it has many tasks, else the most
+// channels, in whole panels and at most the blocking's, whose tasks end soonest on `threads`
+// threads (tasks_span): a short query's narrow layers would otherwise be one task, or 3 on 2
+// threads (one of them idle a third of the time). Every operator gives a row the same bits
+// under any blocking.
 int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task_channels,
-                           int64_t panel, int64_t threads) {
+                           int64_t panel, int64_t threads, bool channels_outer) {
   const int64_t row_tasks = ceil_div(m, task_rows);
-  if (m <= 0 || row_tasks * ceil_div(n, task_channels) >= threads) return task_channels;
-  const int64_t wanted = ceil_div(threads, row_tasks);  // channel tasks per row task
-  const int64_t panels = std::max<int64_t>(1, ceil_div(n, panel) / wanted);
-  return std::min(task_channels, panels * panel);
+  if (m <= 0 || threads <= 1 || row_tasks * ceil_div(n, task_channels) > kFewTasks * threads)
+    return task_channels;
+  // The choice per shape, kept: a forward's layers ask the same few.
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 7>, int64_t> chosen;
+  const std::array<int64_t, 7> shape{m, n, task_rows, task_channels, panel, threads,
+                                     channels_outer};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = chosen.find(shape); it != chosen.end()) return it->second;
+  int64_t best = task_channels;
+  int64_t shortest = tasks_span(m, n, task_rows, task_channels, channels_outer, threads);
+  for (int64_t channels = task_channels - panel;
+       channels >= panel && row_tasks * ceil_div(n, channels) <= kFewTasks * threads;
+       channels -= panel) {
+    const int64_t span = tasks_span(m, n, task_rows, channels, channels_outer, threads);
+    if (span < shortest) best = channels, shortest = span;
+  }
+  return chosen[shape] = best;
 }
 
 namespace {
 
 // The GEMM of m rows x n channels as tasks of rows [row0, row1) x channels [col0, col1), each
-// to the next free thread (gemm_task_channels: at least one per thread where the panels of
-// `panel` channels allow); `task` ends with brgemm_release.
+// to the next free thread, the channels per task in whole panels of `panel` channels
+// (gemm_task_channels); `task` ends with brgemm_release.
 template <typename Task>
 void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t panel,
                 const Task& task) {
   const int64_t rows = blocking.rows;
-  const int64_t channels =
-      gemm_task_channels(m, n, rows, blocking.channels, panel, at::get_num_threads());
+  const int64_t channels = gemm_task_channels(m, n, rows, blocking.channels, panel,
+                                              at::get_num_threads(), blocking.channels_outer);
   const int64_t row_tasks = ceil_div(m, rows), channel_tasks = ceil_div(n, channels);
   in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
     const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * rows;
