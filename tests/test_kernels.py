@@ -140,12 +140,26 @@ def test_silu_mul(table, device, dtype, width):
 
 
 @TABLES
+@DTYPES
+@pytest.mark.parametrize("width", [4096, 1000])
+def test_gelu_tanh(table, device, dtype, width):
+    """The vision tower's MLP activation, on strided rows (a slice of wider ones)."""
+    ops = _ops(table, device)
+    x = _random(23, width + 24, dtype=dtype, device=device)[:, 24:]
+    x[0, :10] = torch.tensor([-200.0, -88.0, -30.0, -5.0, -3.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
+    out = ops.gelu_tanh(x)
+    assert out.is_contiguous()
+    _close(out, reference.gelu_tanh(x.double()).to(dtype), dtype)
+
+
+@TABLES
 def test_no_rows_is_no_launch(table, device):
     ops = _ops(table, device)
     empty = torch.empty(0, 256, dtype=torch.bfloat16, device=device)
     w = torch.ones(256, dtype=torch.bfloat16, device=device)
     assert ops.rms_norm(empty, w, 1e-6).shape == (0, 256)
     assert ops.silu_mul(empty).shape == (0, 128)
+    assert ops.gelu_tanh(empty).shape == (0, 256)
     cos = torch.empty(0, 32, dtype=torch.bfloat16, device=device)
     assert ops.norm_rotary(empty, cos, cos, 64, None, 1e-6).shape == (0, 4, 64)
 
@@ -158,7 +172,7 @@ def test_each_route_names_its_table():
     for name in kernels.TABLES:
         table = kernels.load(name)
         assert table.NAME == name
-        for op in ("rms_norm", "add_rms_norm", "norm_rotary", "silu_mul"):
+        for op in ("rms_norm", "add_rms_norm", "norm_rotary", "silu_mul", "gelu_tanh"):
             assert callable(getattr(table, op)), (name, op)
     with pytest.raises(ValueError, match="unknown row-op table 'cuda'"):
         kernels.load("cuda")

@@ -91,6 +91,19 @@ def test_silu_mul_matches_torch(isa, dtype, width):
 
 
 @DTYPES
+@pytest.mark.parametrize("width", [4096, 1000])
+def test_gelu_tanh_matches_torch(isa, dtype, width):
+    """As x sigmoid(2u): no cancellation where torch's 1 + tanh(u) loses digits (x near -5)."""
+    x = _random(23, width, dtype=dtype)
+    x[0, :10] = torch.tensor([-200.0, -88.0, -30.0, -5.0, -3.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
+    expected = reference.gelu_tanh(x.double())
+    out = OPS.gelu_tanh(x)
+    torch.testing.assert_close(out, expected.to(dtype), **TOLERANCE[dtype])
+    if dtype == torch.float32:  # where torch's fp32 cancels, ours keeps 5 digits
+        assert abs(out[0, 3].item() / expected[0, 3].item() - 1) < 1e-5
+
+
+@DTYPES
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 def test_the_int8_rotation_is_the_torch_butterflies_bitwise(isa, dtype, block):
     """int8.py's rotation: the native kernels take the butterflies in the torch order, so the
@@ -117,6 +130,7 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(isa, dtype):
     for rows in (slice(3, 4), slice(0, 7), slice(11, 40)):
         assert torch.equal(OPS.rms_norm(x[rows], w, 1e-6), OPS.rms_norm(x, w, 1e-6)[rows])
         assert torch.equal(OPS.silu_mul(gate_up[rows]), OPS.silu_mul(gate_up)[rows])
+        assert torch.equal(OPS.gelu_tanh(x[rows]), OPS.gelu_tanh(x)[rows])
         alone = OPS.rope(qk[rows], cos[rows], sin[rows], 128, norm_w, 1e-6)
         assert torch.equal(alone, OPS.rope(qk, cos, sin, 128, norm_w, 1e-6)[rows])
 
@@ -130,6 +144,7 @@ def test_the_native_table_runs_the_kernels_on_cpu_and_torch_elsewhere():
     w = _random(256, dtype=torch.bfloat16, seed=1)
     assert torch.equal(native_cpu.rms_norm(x, w, 1e-6), OPS.rms_norm(x, w, 1e-6))
     assert torch.equal(native_cpu.silu_mul(x), OPS.silu_mul(x))
+    assert torch.equal(native_cpu.gelu_tanh(x), OPS.gelu_tanh(x))
     cos, sin = _random(8, 32, dtype=torch.bfloat16), _random(8, 32, dtype=torch.bfloat16)
     rotated = native_cpu.norm_rotary(x, cos, sin, 64, None, 1e-6)
     assert torch.equal(rotated, OPS.rope(x, cos, sin, 64, None, 0.0))

@@ -57,6 +57,9 @@ class RowOps(Protocol):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for the packed [T, 2 * inter] projection."""
 
+    def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU with tanh's approximation (the vision tower's MLP), a new tensor."""
+
 
 def load(name: str) -> RowOps | ModuleType:
     if name not in TABLES:

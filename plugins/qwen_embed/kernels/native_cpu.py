@@ -46,3 +46,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if native.handles(gate_up):
         return torch.ops.qwen_embed.silu_mul(gate_up)
     return reference.silu_mul(gate_up)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    if native.handles(x):
+        return torch.ops.qwen_embed.gelu_tanh(x)
+    return reference.gelu_tanh(x)

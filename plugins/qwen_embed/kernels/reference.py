@@ -68,3 +68,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for the packed [T, 2 * inter] projection."""
     gate, up = gate_up.chunk(2, dim=-1)  # in place in the gate half
     return F.silu(gate, inplace=True).mul_(up)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")

@@ -28,10 +28,10 @@ from ..kernels import RowOps
 from ..layers import ReplicatedLinear, replicated_loader
 from ..segments import AttentionLayout
 
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "silu": F.silu,
+_ACTIVATIONS = {  # config.hidden_act -> the activation of (the route's row ops, x)
+    "gelu_pytorch_tanh": lambda ops, x: ops.gelu_tanh(x),
+    "gelu": lambda ops, x: F.gelu(x),
+    "silu": lambda ops, x: F.silu(x),
 }
 
 
@@ -88,7 +88,7 @@ class VisionBlock(nn.Module):
         v = v.reshape(len(x), self.heads, self.head_dim)
         attended = self.attention.forward(q, k, v, layout)
         x = x + self.attn.proj(attended.reshape(len(x), -1))
-        return x + self.mlp.linear_fc2(self.act(self.mlp.linear_fc1(self.norm2(x))))
+        return x + self.mlp.linear_fc2(self.act(self.ops, self.mlp.linear_fc1(self.norm2(x))))
 
 
 class PatchMerger(nn.Module):

@@ -9,6 +9,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
@@ -39,6 +40,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("rms_norm", &qe::rms_norm);
   m.impl("rope", &qe::rope);
   m.impl("silu_mul", &qe::silu_mul);
+  m.impl("gelu_tanh", &qe::gelu_tanh);
   m.impl("hadamard_rows", &qe::hadamard_rows);
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("bf16_linear", &qe::bf16_linear);

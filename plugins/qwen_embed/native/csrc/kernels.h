@@ -37,6 +37,8 @@ struct Kernels {
                         float, uint16_t*, int64_t, int64_t, int64_t);
   void (*silu_mul_f32)(const float*, int64_t, float*, int64_t, int64_t);
   void (*silu_mul_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
+  void (*gelu_tanh_f32)(const float*, int64_t, float*, int64_t, int64_t);
+  void (*gelu_tanh_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
   void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
   void (*hadamard_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
   AttentionKernels<float> attention_f32;

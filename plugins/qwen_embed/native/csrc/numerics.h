@@ -369,6 +369,14 @@ inline V silu(V g) {
   return g / (1.0f + exp_approx(-g));
 }
 
+// GELU with tanh's approximation, 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
+// as x sigmoid(2u): one exp, and no cancellation where tanh(u) nears -1.
+template <typename V>
+inline V gelu_tanh(V x) {
+  const V two_u = x * (1.5957691216057308f + 0.07135481627260025f * x * x);
+  return x / (1.0f + exp_approx(-two_u));
+}
+
 }  // namespace
 }  // namespace QE_ISA
 }  // namespace qe

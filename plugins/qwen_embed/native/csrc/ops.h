@@ -25,6 +25,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                 int64_t head_dim, const std::optional<at::Tensor>& norm_weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor gelu_tanh(const at::Tensor& x);
 at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
 
 // gemm/ops.cpp

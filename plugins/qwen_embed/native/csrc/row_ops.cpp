@@ -1,5 +1,6 @@
 // The row-wise operators over the kernel table (rows.h): RMSNorm, q/k norm + rotary, SiLU
-// gating, and the int8 route's Walsh-Hadamard rotation of rows; fp32 and bf16 CPU tensors.
+// gating, GELU (tanh), and the int8 route's Walsh-Hadamard rotation of rows; fp32 and bf16 CPU
+// tensors.
 #include "ops.h"
 
 namespace qe {
@@ -89,6 +90,24 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
                       end - b, n);
     else
       k.silu_mul_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * n, end - b, n);
+  });
+  return out;
+}
+
+// x [..., n] (rows may be strided) -> GELU(x) with tanh's approximation, contiguous
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  const int64_t n = x.size(-1);
+  at::Tensor rows = as_rows(x, n);
+  const int64_t stride = rows.stride(0);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const auto& k = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(n), [&](int64_t b, int64_t end) {
+    if (bf16)
+      k.gelu_tanh_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(out) + b * n,
+                       end - b, n);
+    else
+      k.gelu_tanh_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * n, end - b, n);
   });
   return out;
 }

@@ -6,8 +6,8 @@
 //
 // Every row is computed alone, in a fixed order of operations, so a text's values never depend
 // on the rows computed beside it. Values are rounded to the model dtype where transformers'
-// Qwen2/Qwen3 modules round them, except that each rotation and silu(gate) * up is one fp32
-// expression rounded once.
+// Qwen2/Qwen3 modules round them, except that each rotation, silu(gate) * up and GELU is one
+// fp32 expression rounded once.
 #pragma once
 #include "numerics.h"
 
@@ -121,6 +121,20 @@ void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t n)
       store32(dst + j, V32<0>{silu(g.a), silu(g.b)} * u);
     }
     for (int64_t j = whole; j < n; ++j) store(dst + j, silu(to_float(gate[j])) * to_float(up[j]));
+  }
+}
+
+template <typename T>
+void gelu_tanh(const T* x, int64_t stride, T* out, int64_t rows, int64_t n) {
+  const int64_t whole = n - n % 32;
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = x + i * stride;
+    T* dst = out + i * n;
+    for (int64_t j = 0; j < whole; j += 32) {
+      const V32<0> v = load32(row + j);
+      store32(dst + j, V32<0>{gelu_tanh(v.a), gelu_tanh(v.b)});
+    }
+    for (int64_t j = whole; j < n; ++j) store(dst + j, gelu_tanh(to_float(row[j])));
   }
 }
 

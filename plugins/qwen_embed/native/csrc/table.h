@@ -20,6 +20,8 @@ extern const Kernels kernels = {
     rope<uint16_t, float>,
     silu_mul<float>,
     silu_mul<uint16_t>,
+    gelu_tanh<float>,
+    gelu_tanh<uint16_t>,
     hadamard_rows<float>,
     hadamard_rows<uint16_t>,
     {pack<float>, attend<float>, kChunk, sizeof(float)},
