@@ -52,8 +52,8 @@ inline U16x16 to_bf16(F16 v) {
   for (int i = 0; i < 2; ++i) {
     const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8 * i));
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i biased = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i rounded = _mm256_srli_epi32(biased, 16);
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                            _mm256_set1_epi32(0x7f800000));
     half[i] = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
@@ -74,11 +74,12 @@ inline F16 from_bf16(U16x16 h) {
   return reinterpret_cast<F16>(_mm512_slli_epi32(wide, 16));
 #elif defined(__AVX2__)
   const __m256i words = reinterpret_cast<__m256i>(h);
+  const __m128i low = _mm256_castsi256_si128(words), high = _mm256_extracti128_si256(words, 1);
   alignas(64) float lanes[16];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(words)), 16));
+                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(low), 16));
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8),
-                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(words, 1)), 16));
+                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(high), 16));
   F16 v;
   __builtin_memcpy(&v, lanes, sizeof v);
   return v;

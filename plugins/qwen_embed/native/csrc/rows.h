@@ -1,8 +1,9 @@
-// Row-wise elementwise kernels of a decoder layer, written once and compiled once per
-// instruction set (kernels_<isa>.cpp sets QE_ISA and the compiler flags; cpu_features.cpp chooses at run
-// time). GCC vector types, 32 values at a time (numerics.h's V32), with scalar tails where a
-// width is not a multiple of 32; no torch or C++ library headers, so nothing inline compiled for
-// a wider instruction set can be shared with code that runs on a narrower one.
+// Row-wise elementwise kernels of a decoder layer (and the vision tower's GELU), written once
+// and compiled once per instruction set (kernels_<isa>.cpp sets QE_ISA and the compiler flags;
+// cpu_features.cpp chooses at run time). GCC vector types, 32 values at a time (numerics.h's
+// V32), with scalar tails where a width is not a multiple of 32; no torch or C++ library
+// headers, so nothing inline compiled for a wider instruction set can be shared with code that
+// runs on a narrower one.
 //
 // Every row is computed alone, in a fixed order of operations, so a text's values never depend
 // on the rows computed beside it. Values are rounded to the model dtype where transformers'
