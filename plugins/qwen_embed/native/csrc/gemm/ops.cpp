@@ -164,7 +164,9 @@ int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task
   const int64_t row_tasks = ceil_div(m, task_rows);
   if (m <= 0 || threads <= 1 || row_tasks * ceil_div(n, task_channels) > kFewTasks * threads)
     return task_channels;
-  // The choice per shape, kept: a forward's layers ask the same few.
+  // The choice per shape, kept: a forward's layers ask the same few (row counts vary per
+  // forward: at most kKeptShapes kept).
+  constexpr size_t kKeptShapes = 4096;
   static std::mutex mutex;
   static std::map<std::array<int64_t, 7>, int64_t> chosen;
   const std::array<int64_t, 7> shape{m, n, task_rows, task_channels, panel, threads,
@@ -179,6 +181,7 @@ int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task
     const int64_t span = tasks_span(m, n, task_rows, channels, channels_outer, threads);
     if (span < shortest) best = channels, shortest = span;
   }
+  if (chosen.size() >= kKeptShapes) chosen.clear();
   return chosen[shape] = best;
 }
 
