@@ -593,9 +593,9 @@ into a second library (in .cache/native-ab/<commit>/) whose operators register a
 same operands, one per build, the order alternating. The report gives, per operator and shape,
 the median of the pairs' time ratios (checkout / base) with their quartiles, the base's median
 time, and whether both builds gave the same bits. Shapes: the 4-layer model's linear layers at
---rows rows (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2 operator):
-q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024 and 8,192
-tokens, in bf16.
+each of --rows row counts (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2
+operator): q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024
+and 8,192 tokens, in bf16.
 """
 
 
@@ -712,7 +712,9 @@ def pair_ratios(call: Callable, pairs: int) -> tuple[list[float], list[float]]:
 def native_ab_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", default="HEAD", help="git revision to compare against")
     p.add_argument("--ops", nargs="+", choices=list(CASES), default=list(CASES))
-    p.add_argument("--rows", type=int, default=12800, help="rows per GEMM, tokens per attention")
+    p.add_argument(
+        "--rows", type=int, nargs="+", default=[12800], help="rows per GEMM, tokens per attention"
+    )
     p.add_argument("--pairs", type=int, default=15)
 
 
@@ -723,12 +725,13 @@ def native_ab(args: argparse.Namespace) -> None:
     torch.ops.load_library(str(base_library(args.base)))
     getattr(torch.ops, BASE_OPS).select_isa(native.isa())
     rows = []
-    for group in args.ops:
-        for name, call in CASES[group](args.rows).items():
+    for count, group in ((c, g) for c in args.rows for g in args.ops):
+        for name, call in CASES[group](count).items():
             same = torch.equal(call(getattr(torch.ops, BASE_OPS)), call(torch.ops.qwen_embed))
             ratios, base_seconds = pair_ratios(call, args.pairs)
             q1, _, q3 = statistics.quantiles(ratios, n=4)
             row = {
+                "rows": count,
                 "op": name,
                 "ratio": statistics.median(ratios),
                 "q1": q1,
@@ -738,12 +741,12 @@ def native_ab(args: argparse.Namespace) -> None:
             }
             rows.append(row)
             print(row, flush=True)
-    header = ["operator, shape", "checkout / base time (median of pairs)", "quartiles"]
+    header = ["rows", "operator, shape", "checkout / base time (median of pairs)", "quartiles"]
     table = markdown_table(
         [*header, "base ms", "same bits"],
         [
-            [r["op"], f"{r['ratio']:.3f}", f"{r['q1']:.3f}-{r['q3']:.3f}", f"{r['base_ms']:.1f}"]
-            + ["yes" if r["same_bits"] else "no"]
+            [f"{r['rows']:,}", r["op"], f"{r['ratio']:.3f}", f"{r['q1']:.3f}-{r['q3']:.3f}"]
+            + [f"{r['base_ms']:.2f}", "yes" if r["same_bits"] else "no"]
             for r in rows
         ],
     )

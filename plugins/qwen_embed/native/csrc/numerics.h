@@ -40,27 +40,47 @@ typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16x32 __attribute__((vector_size(64)));
 typedef uint16_t U16x16 __attribute__((vector_size(32)));
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// Where no register holds 16 floats, GCC compiles a comparison or a select of 16-float vectors
+// one lane at a time (scalar code) and moves one to unaligned memory piece by piece through
+// general registers: on AVX2 those steps take the two 8-float halves, split and joined through
+// an aligned copy that stays in registers.
+struct Halves {
+  __m256 lo, hi;
+};
+inline Halves halves(F16 v) {
+  alignas(64) float lanes[16];
+  __builtin_memcpy(lanes, &v, sizeof lanes);
+  return {_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)};
+}
+inline F16 joined(__m256 lo, __m256 hi) {
+  alignas(64) float lanes[16];
+  _mm256_store_ps(lanes, lo);
+  _mm256_store_ps(lanes + 8, hi);
+  F16 v;
+  __builtin_memcpy(&v, lanes, sizeof v);
+  return v;
+}
+#endif
+
 inline U16x16 to_bf16(F16 v) {
 #if defined(__AVX512BF16__)
   // vcvtneps2bf16: round to nearest even, NaN stays NaN (denormal inputs count as zero)
   return reinterpret_cast<U16x16>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(v)));
 #elif defined(__AVX2__) && !defined(__AVX512F__)
-  // the same on the two 8-lane halves (GCC compiles the 16-lane select one lane at a time)
-  alignas(64) uint32_t lanes[16];
-  __builtin_memcpy(lanes, &v, sizeof lanes);
-  __m256i half[2];
-  for (int i = 0; i < 2; ++i) {
-    const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8 * i));
+  // the generic steps below on each half
+  auto rounded = [](__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i biased = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
-    const __m256i rounded = _mm256_srli_epi32(biased, 16);
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                            _mm256_set1_epi32(0x7f800000));
-    half[i] = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
-  }
+    return _mm256_blendv_epi8(_mm256_srli_epi32(biased, 16), _mm256_set1_epi32(0x7fc0), nan);
+  };
+  const Halves h = halves(v);
   // vpackusdw packs within 128-bit lanes: quarters 0, 2, 1, 3 are memory order
   return reinterpret_cast<U16x16>(
-      _mm256_permute4x64_epi64(_mm256_packus_epi32(half[0], half[1]), 0xD8));
+      _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded(h.lo), rounded(h.hi)), 0xD8));
 #else
   const U16x32 u = reinterpret_cast<U16x32>(v);
   const U16x32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -74,15 +94,11 @@ inline F16 from_bf16(U16x16 h) {
   return reinterpret_cast<F16>(_mm512_slli_epi32(wide, 16));
 #elif defined(__AVX2__)
   const __m256i words = reinterpret_cast<__m256i>(h);
-  const __m128i low = _mm256_castsi256_si128(words), high = _mm256_extracti128_si256(words, 1);
-  alignas(64) float lanes[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(low), 16));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8),
-                     _mm256_slli_epi32(_mm256_cvtepu16_epi32(high), 16));
-  F16 v;
-  __builtin_memcpy(&v, lanes, sizeof v);
-  return v;
+  auto widened = [](__m128i w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16));
+  };
+  return joined(widened(_mm256_castsi256_si128(words)),
+                widened(_mm256_extracti128_si256(words, 1)));
 #else
   return reinterpret_cast<F16>(__builtin_convertvector(h, U16x32) << 16);
 #endif
@@ -95,34 +111,21 @@ inline __mmask16 first_lanes(int64_t n) {
 }
 #endif
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// GCC compiles a comparison or a select of 16-float vectors one lane at a time (scalar code)
-// where no register holds 16 floats: on AVX2 such steps run on the two 8-float halves.
-template <typename Op>
-inline F16 by_halves(F16 x, F16 y, Op op) {
-  alignas(64) float a[16], b[16];
-  __builtin_memcpy(a, &x, sizeof a);
-  __builtin_memcpy(b, &y, sizeof b);
-  _mm256_store_ps(a, op(_mm256_load_ps(a), _mm256_load_ps(b)));
-  _mm256_store_ps(a + 8, op(_mm256_load_ps(a + 8), _mm256_load_ps(b + 8)));
-  __builtin_memcpy(&x, a, sizeof a);
-  return x;
-}
-#endif
-
 // a > b ? a : b and a < b ? a : b, lane by lane (NaN in a gives b): vmaxps and vminps
 inline float greater_of(float a, float b) { return a > b ? a : b; }
 inline float lesser_of(float a, float b) { return a < b ? a : b; }
 inline F16 greater_of(F16 a, F16 b) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
-  return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); });
+  const Halves x = halves(a), y = halves(b);
+  return joined(_mm256_max_ps(x.lo, y.lo), _mm256_max_ps(x.hi, y.hi));
 #else
   return a > b ? a : b;
 #endif
 }
 inline F16 lesser_of(F16 a, F16 b) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
-  return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_min_ps(x, y); });
+  const Halves x = halves(a), y = halves(b);
+  return joined(_mm256_min_ps(x.lo, y.lo), _mm256_min_ps(x.hi, y.hi));
 #else
   return a < b ? a : b;
 #endif
@@ -141,12 +144,9 @@ inline F16 load16(const uint16_t* p) {
 
 inline void store16(float* p, F16 v) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
-  // through an aligned copy, which stays in registers: GCC moves a 16-float vector to
-  // unaligned memory piece by piece through general registers
-  alignas(64) float lanes[16];
-  __builtin_memcpy(lanes, &v, sizeof lanes);
-  _mm256_storeu_ps(p, _mm256_load_ps(lanes));
-  _mm256_storeu_ps(p + 8, _mm256_load_ps(lanes + 8));
+  const Halves h = halves(v);
+  _mm256_storeu_ps(p, h.lo);
+  _mm256_storeu_ps(p + 8, h.hi);
 #else
   __builtin_memcpy(p, &v, sizeof v);
 #endif
@@ -403,7 +403,8 @@ inline F16 floor_of(F16 x) {
   return reinterpret_cast<F16>(
       _mm512_roundscale_ps(reinterpret_cast<__m512>(x), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
 #elif defined(__AVX2__)
-  return by_halves(x, x, [](__m256 h, __m256) { return _mm256_floor_ps(h); });
+  const Halves h = halves(x);
+  return joined(_mm256_floor_ps(h.lo), _mm256_floor_ps(h.hi));
 #else
   const F16 t = __builtin_convertvector(__builtin_convertvector(x, I16), F16);  // toward zero
   return t > x ? t - 1.0f : t;

@@ -129,18 +129,30 @@ at::Tensor output_for(const at::Tensor& x, int64_t n, at::ScalarType dtype) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// When the last of an m x n GEMM's tasks (rows x channels) ends, each task taken by the next
-// free thread in the operators' order and costing its rows x channels: in_parallel's schedule.
-int64_t tasks_span(int64_t m, int64_t n, int64_t task_rows, int64_t channels,
-                   bool channels_outer, int64_t threads) {
-  const int64_t row_tasks = ceil_div(m, task_rows), channel_tasks = ceil_div(n, channels);
+// An m x n GEMM cut by a blocking: its tasks in the operators' order, task t's rows
+// [row0, row1) and channels [col0, col1).
+struct TaskGrid {
+  int64_t m, n;
+  GemmBlocking b;
+  int64_t row_tasks = ceil_div(m, b.rows), channel_tasks = ceil_div(n, b.channels);
+
+  int64_t count() const { return row_tasks * channel_tasks; }
+  std::array<int64_t, 4> task(int64_t t) const {
+    const int64_t r = (b.channels_outer ? t % row_tasks : t / channel_tasks) * b.rows;
+    const int64_t c = (b.channels_outer ? t / row_tasks : t % channel_tasks) * b.channels;
+    return {r, std::min(m, r + b.rows), c, std::min(n, c + b.channels)};
+  }
+};
+
+// When the last of a grid's tasks ends, each taken by the next free thread in order and
+// costing its rows x channels: in_parallel's schedule.
+int64_t tasks_span(const TaskGrid& grid, int64_t threads) {
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> free_at;
   for (int64_t t = 0; t < threads; ++t) free_at.push(0);
   int64_t span = 0;
-  for (int64_t t = 0; t < row_tasks * channel_tasks; ++t) {
-    const int64_t r = (channels_outer ? t % row_tasks : t / channel_tasks) * task_rows;
-    const int64_t c = (channels_outer ? t / row_tasks : t % channel_tasks) * channels;
-    const int64_t end = free_at.top() + std::min(task_rows, m - r) * std::min(channels, n - c);
+  for (int64_t t = 0; t < grid.count(); ++t) {
+    const auto [row0, row1, col0, col1] = grid.task(t);
+    const int64_t end = free_at.top() + (row1 - row0) * (col1 - col0);
     free_at.pop();
     free_at.push(end);
     span = std::max(span, end);
@@ -173,14 +185,14 @@ int64_t gemm_task_channels(int64_t m, int64_t n, int64_t task_rows, int64_t task
                                      channels_outer};
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = chosen.find(shape); it != chosen.end()) return it->second;
-  int64_t best = task_channels;
-  int64_t shortest = tasks_span(m, n, task_rows, task_channels, channels_outer, threads);
+  auto span = [&](int64_t channels) {
+    return tasks_span({m, n, {task_rows, channels, channels_outer}}, threads);
+  };
+  int64_t best = task_channels, shortest = span(task_channels);
   for (int64_t channels = task_channels - panel;
        channels >= panel && row_tasks * ceil_div(n, channels) <= kFewTasks * threads;
-       channels -= panel) {
-    const int64_t span = tasks_span(m, n, task_rows, channels, channels_outer, threads);
-    if (span < shortest) best = channels, shortest = span;
-  }
+       channels -= panel)
+    if (const int64_t s = span(channels); s < shortest) best = channels, shortest = s;
   if (chosen.size() >= kKeptShapes) chosen.clear();
   return chosen[shape] = best;
 }
@@ -193,14 +205,12 @@ namespace {
 template <typename Task>
 void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t panel,
                 const Task& task) {
-  const int64_t rows = blocking.rows;
-  const int64_t channels = gemm_task_channels(m, n, rows, blocking.channels, panel,
+  const int64_t channels = gemm_task_channels(m, n, blocking.rows, blocking.channels, panel,
                                               at::get_num_threads(), blocking.channels_outer);
-  const int64_t row_tasks = ceil_div(m, rows), channel_tasks = ceil_div(n, channels);
-  in_parallel(row_tasks * channel_tasks, [&](int64_t t) {
-    const int64_t r = (blocking.channels_outer ? t % row_tasks : t / channel_tasks) * rows;
-    const int64_t c = (blocking.channels_outer ? t / row_tasks : t % channel_tasks) * channels;
-    task(r, std::min(m, r + rows), c, std::min(n, c + channels));
+  const TaskGrid grid{m, n, {blocking.rows, channels, blocking.channels_outer}};
+  in_parallel(grid.count(), [&](int64_t t) {
+    const auto [row0, row1, col0, col1] = grid.task(t);
+    task(row0, row1, col0, col1);
     brgemm_release();
   });
 }
