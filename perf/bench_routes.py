@@ -245,8 +245,8 @@ def prepack(args: argparse.Namespace) -> None:
 
 BF16_GEMM_DOC = """\
 What batch_invariant "on" costs: the bf16 route's GEMM on the native brgemm operator
-(onednn.NativeBf16Weight, a row the same at any batch; the default on AMX CPUs) against oneDNN's
-packed GEMM ("off"; the default elsewhere), end to end.
+(onednn.NativeBf16Weight, a row the same at any batch; the default wherever it runs) against
+oneDNN's packed GEMM ("off"), end to end.
 
     python bench_routes.py bf16_gemm [--model-dir .cache/bench-model-4l] [--rounds 4]
 
@@ -258,8 +258,8 @@ of each and its ratio to off round by round. Then the same-vector check of each:
 
 
 GEMMS = {
-    "off": "oneDNN packed (batch_invariant off; the default without AMX)",
-    "on": "brgemm operator (batch_invariant on; the default on AMX)",
+    "off": "oneDNN packed (batch_invariant off)",
+    "on": "brgemm operator (batch_invariant on; the default)",
 }
 
 

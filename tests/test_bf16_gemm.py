@@ -66,15 +66,17 @@ def test_batch_invariant_routes_bf16_linears_to_the_operator():
 AVX512BF16 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9R14")
 
 
-def test_auto_takes_the_operator_on_amx_only():
-    """The default: the operator where oneDNN's bf16 GEMM is not row-invariant (AMX) and it
-    runs; oneDNN elsewhere, without an error where the operator cannot run."""
+def test_auto_takes_the_operator_wherever_it_runs():
+    """The default: bf16 GEMMs on the operator wherever it runs (AMX, AVX512_BF16); oneDNN
+    elsewhere, without an error where the operator cannot run."""
     assert EncoderSettings().batch_invariant == "auto"
     auto = partial(route, batch_invariant="auto")
     assert auto().gemm is Gemm.NATIVE_BF16
+    assert auto(AVX512BF16).gemm is Gemm.NATIVE_BF16
     assert auto(quantization="int8").gemm is Gemm.NATIVE_BF16
-    assert auto(runs=False).gemm is not Gemm.NATIVE_BF16
-    assert auto(AVX512BF16).gemm is not Gemm.NATIVE_BF16
+    assert auto(runs=False).gemm is Gemm.ONEDNN
+    assert auto(AVX512BF16, runs=False).gemm is Gemm.ONEDNN
+    assert auto(AVX2).gemm is not Gemm.NATIVE_BF16  # bf16 runs as fp32 GEMMs there
     assert auto(dtype="float32").gemm is not Gemm.NATIVE_BF16
     assert auto(device="cuda:0").gemm is not Gemm.NATIVE_BF16
     assert auto(batch_invariant="off").gemm is not Gemm.NATIVE_BF16

@@ -36,8 +36,8 @@ def test_auto_is_bf16_where_the_cpu_has_bf16_instructions(features):
     route = route_for(features, checkpoint_dtype="bfloat16")
     assert (route.dtype, route.linear) == ("bfloat16", Linear.FLOAT)
     assert "native bf16" in route.reason and features.model in route.reason
-    # batch_invariant "auto": the row-invariant operator where oneDNN's GEMM is not (AMX)
-    assert route.gemm is (Gemm.NATIVE_BF16 if features.amx_bf16 else Gemm.ONEDNN)
+    # batch_invariant "auto": the native operator (route_for: it runs)
+    assert route.gemm is Gemm.NATIVE_BF16
     assert route.gemm.value in route.describe()
 
 
@@ -85,7 +85,7 @@ def test_explicit_dtype_and_gpu_auto():
 def test_int8_route_and_refusals():
     route = route_for(ZEN4, quantization="int8")
     assert route.dtype == "bfloat16" and route.linear is Linear.INT8
-    assert route.gemm is Gemm.ONEDNN  # the layers int8 keeps in floats
+    assert route.gemm is Gemm.NATIVE_BF16  # the layers int8 keeps in floats
     assert "no VNNI" not in route.reason
     # without VNNI the route says what multiplies: the native AVX2 operator where it is built
     route = route_for(EPYC_AVX2, quantization="int8", native_isa=lambda: "avx2")
@@ -117,7 +117,7 @@ def test_route_is_plain_data_that_travels_whole():
     route = route_for(ZEN4)
     assert Route.from_dict(route.to_dict()) == route
     labels = route.labels()
-    assert labels["linear"] == "float" and labels["gemm"] == Gemm.ONEDNN.value
+    assert labels["linear"] == "float" and labels["gemm"] == Gemm.NATIVE_BF16.value
     assert labels["dtype"] in route.describe() and route.attention_reason in route.describe()
 
 

@@ -19,10 +19,13 @@ ZEN4 = CpuFeatures.from_flags({"avx2", "avx512f", "avx512_bf16"}, "AMD EPYC 9B14
 
 
 def test_route_packs_cpu_float_weights_only():
-    assert route_for(ZEN4).gemm is Gemm.ONEDNN
+    # bf16 on oneDNN where batch_invariant says so (its "auto" takes the native operator)
+    assert route_for(ZEN4, batch_invariant="off").gemm is Gemm.ONEDNN
     assert route_for(ZEN4, dtype="float32").gemm is Gemm.ONEDNN
-    assert route_for(ZEN4, quantization="int8").gemm is Gemm.ONEDNN  # int8's float layers
-    assert route_for(ZEN4, prepack_weights=False).gemm is Gemm.TORCH
+    # int8's float layers
+    assert route_for(ZEN4, quantization="int8", batch_invariant="off").gemm is Gemm.ONEDNN
+    assert route_for(ZEN4, dtype="float32", prepack_weights=False).gemm is Gemm.TORCH
+    assert route_for(ZEN4, prepack_weights=False, batch_invariant="off").gemm is Gemm.TORCH
     assert route_for(ZEN4, onednn=False).gemm is Gemm.TORCH
     assert route_for(ZEN4, "cuda:0", "bfloat16").gemm is Gemm.TORCH
     with pytest.raises(ValueError, match="prepack_weights needs"):
@@ -62,7 +65,8 @@ def test_row_counts_are_padded_so_that_onednn_plans_repeat():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_packed_encoder_matches_plain_and_transformers(checkpoint, config_name, dtype):
     # qwen2 has biased q/k/v projections; both configs run TP-free here, TP in its own tests.
-    # batch_invariant off: oneDNN's GEMM, which "auto" trades for the brgemm operator on AMX.
+    # batch_invariant off: oneDNN's GEMM, which "auto" trades for the brgemm operator where it
+    # runs.
     seqs = random_sequences([1, 17, 90, 200], seed=4)
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
     out = {}

@@ -6,8 +6,9 @@ is each row of a GEMM coming out the same at any row count. That holds in fp32, 
 oneDNN's kernels on AVX-512 CPUs without AMX. On AMX CPUs oneDNN's bf16 kernels accumulate
 differently for different row counts: there batch_invariant "off" gives vectors within a bound
 only, and "auto" (the default) and "on" (bf16 GEMMs on the brgemm operator,
-onednn.NativeBf16Weight) must give them bitwise, as everywhere. The int8 route's quantised layers
-are exact integer sums over per-row codes; its float layers are the route's bf16 GEMMs."""
+onednn.NativeBf16Weight, wherever it runs) must give them bitwise, as everywhere. The int8
+route's quantised layers are exact integer sums over per-row codes; its float layers are the
+route's bf16 GEMMs."""
 
 import functools
 
@@ -109,8 +110,9 @@ def test_alone_among_others_and_after_a_cached_prefix(
     if (dtype, quantization, batch_invariant) == ("bfloat16", "none", "off"):
         routes = [route(model_dir, dtype=dtype, batch_invariant=b) for b in ("off", "auto")]
         if routes[0] == routes[1]:
-            pytest.skip("'off' is the default 'auto' route here (no AMX, or no native operator)")
-    # "auto" (the default) takes the operator exactly where oneDNN's GEMM is not row-invariant
+            pytest.skip("'off' is the default 'auto' route here (no native operator)")
+    # "auto" (the default) takes the operator wherever it runs, "off" oneDNN's GEMM: row-invariant
+    # in fp32, and in bf16 without AMX
     exact = batch_invariant != "off" or gemm_rows_independent(getattr(torch, dtype))
     vocab = WIDE_CONFIGS["demo_widths"]["vocab_size"]
     mixed = random_sequences(lengths, vocab_size=vocab, seed=21)

@@ -121,10 +121,10 @@ def choose_route(
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which). The float layers' one `Gemm`:
     batch_invariant "on" multiplies bf16 ones on the native operator (`brgemm_runs()`), and
-    "auto" does on AMX CPUs where it runs; fp32 ones on CPUs with AVX2 and no AVX-512 take the
-    native AVX2 operator (`avx2_f32_runs()`; prepack_weights "auto"); else CPU routes take
-    oneDNN's GEMM on weights packed at load where torch has oneDNN (prepack_weights), and
-    F.linear elsewhere. Prefix reuse needs causal attention and last-token pooling; pruning,
+    "auto" does wherever it runs (bf16 GEMMs on CPU need bf16 instructions); fp32 ones on CPUs
+    with AVX2 and no AVX-512 take the native AVX2 operator (`avx2_f32_runs()`; prepack_weights
+    "auto"); else CPU routes take oneDNN's GEMM on weights packed at load where torch has
+    oneDNN (prepack_weights), and F.linear elsewhere. Prefix reuse needs causal attention and last-token pooling; pruning,
     last-token pooling. Norms, rotary and silu run in the row-op table kernels.choose picks:
     native kernels on CPU where they are built (native/), Triton's on CUDA."""
     s = settings
@@ -160,7 +160,8 @@ def choose_route(
     prepack = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
     # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
-    # everywhere, and "auto" takes it where oneDNN's is not
+    # everywhere, and "auto" takes it where it runs: row-invariant on AMX, and faster than
+    # oneDNN's bf16 GEMM on AMX and AVX512_BF16 CPUs alike (docs/tuning.md)
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
     bf16_gemm = dtype == "bfloat16" and not fp32_held
@@ -172,8 +173,7 @@ def choose_route(
                 "builds it; AVX-512 and torch's oneDNN)"
             )
     else:
-        auto = s.batch_invariant == "auto" and cpu and features.amx_bf16
-        native_gemm = bf16_gemm and auto and brgemm_runs()
+        native_gemm = bf16_gemm and s.batch_invariant == "auto" and cpu and brgemm_runs()
     # there oneDNN's fp32 GEMM loses to MKL's on many rows and MKL's to oneDNN's on few
     avx2_f32 = (
         s.prepack_weights == "auto"

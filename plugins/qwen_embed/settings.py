@@ -62,8 +62,8 @@ class EncoderSettings:
     # "auto": on CPU float routes (where torch has oneDNN) linear weights are packed at load.
     prepack_weights: str = "auto"
     # "on": a text's vector is bitwise the same whatever batch it runs in, also where oneDNN's
-    # bf16 GEMM (on AMX CPUs) is not (CPU only). "auto": on for bf16 on AMX CPUs where the native
-    # operator runs (faster there under a server's load: docs/tuning.md), else off.
+    # bf16 GEMM (on AMX CPUs) is not (CPU only). "auto": on for bf16 where the native operator
+    # runs (CPUs with AVX512_BF16 or AMX; faster there: docs/tuning.md), else off.
     batch_invariant: str = "auto"
     # GPU, tp_size 1: forwards of up to this many tokens replay CUDA graphs captured at load
     # (cuda_graphs.py); 0: none.
