@@ -124,9 +124,10 @@ def choose_route(
     "auto" does wherever it runs (bf16 GEMMs on CPU need bf16 instructions); fp32 ones on CPUs
     with AVX2 and no AVX-512 take the native AVX2 operator (`avx2_f32_runs()`; prepack_weights
     "auto"); else CPU routes take oneDNN's GEMM on weights packed at load where torch has
-    oneDNN (prepack_weights), and F.linear elsewhere. Prefix reuse needs causal attention and last-token pooling; pruning,
-    last-token pooling. Norms, rotary and silu run in the row-op table kernels.choose picks:
-    native kernels on CPU where they are built (native/), Triton's on CUDA."""
+    oneDNN (prepack_weights), and F.linear elsewhere. Prefix reuse needs causal attention and
+    last-token pooling; pruning, last-token pooling. Norms, rotary and silu run in the row-op
+    table kernels.choose picks: native kernels on CPU where they are built (native/), Triton's
+    on CUDA."""
     s = settings
     cpu = device == "cpu"
     if s.quantization == "int8" and not cpu:
