@@ -155,6 +155,21 @@ def test_the_native_table_runs_the_kernels_on_cpu_and_torch_elsewhere():
     assert not native.handles(x, w.float())  # mixed dtypes: torch's ops
 
 
+@pytest.mark.parametrize("n,k", [(128, 64), (100, 30)], ids=["whole panels", "padded"])
+def test_panels_hold_each_weight_where_the_operators_read_it(n, k):
+    """pack_panels is pure layout (no build needed): [n_pad / panel, k_pad / group, panel,
+    group], value (c, i) of w at [c // panel, i // group, c % panel, i % group], zeros beyond."""
+    w = torch.arange(1, n * k + 1, dtype=torch.float32).view(n, k)
+    packed = native.pack_panels(w, 4, 64)
+    n_pad, k_pad = -(-n // 64) * 64, -(-k // 4) * 4
+    assert packed.shape == (n_pad // 64, k_pad // 4, 64, 4) and packed.is_contiguous()
+    c, i = torch.meshgrid(torch.arange(n_pad), torch.arange(k_pad), indexing="ij")
+    expected = torch.zeros(n_pad, k_pad)
+    expected[:n, :k] = w
+    assert torch.equal(packed[c // 64, i // 4, c % 64, i % 4], expected)
+    assert packed.data_ptr() != w.data_ptr()  # a copy, also where nothing is padded
+
+
 def test_route_names_the_kernels():
     config = model_config()
     route = choose_route(EncoderSettings(), config, "cpu", ZEN4, native_isa=lambda: "avx2")

@@ -104,8 +104,8 @@ def pack_panels(w: torch.Tensor, group: int, panel: int = PANEL) -> torch.Tensor
     (the input values one dot-product instruction takes)."""
     n, k = w.shape
     n_pad, k_pad = -(-n // panel) * panel, -(-k // group) * group
-    padded = torch.zeros(n_pad, k_pad, dtype=w.dtype)
-    padded[:n, :k] = w
-    return (
-        padded.view(n_pad // panel, panel, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
-    )
+    if (n_pad, k_pad) != (n, k):  # a padded copy only where needed: it raises load's peak
+        padded = torch.zeros(n_pad, k_pad, dtype=w.dtype)
+        padded[:n, :k] = w
+        w = padded
+    return w.reshape(n_pad // panel, panel, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
