@@ -117,6 +117,20 @@ def test_the_rotation_is_the_hadamard_matrix(block):
     assert torch.allclose(int8.hadamard_rows(x, block).double(), expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "dtype,block", [(torch.bfloat16, 128), (torch.float32, 128), (torch.bfloat16, 1)]
+)
+def test_weight_codes_by_blocks_of_rows_are_the_whole_weights(dtype, block):
+    """At load a weight is rotated and quantised some rows at a time (bounded float64
+    temporaries): the same codes and scales as the whole weight at once, rows being independent."""
+    w = _random(int8.WEIGHT_ROWS_AT_ONCE * 2 + 300, 256, seed=3).to(dtype)
+    rotated = int8.hadamard_rows(w.double(), block) if block > 1 else w
+    q, scale = int8.quantize_rows(rotated)
+    codes, scales = int8.weight_codes(w, block)
+    assert torch.equal(codes, q) and torch.equal(scales, scale / block)
+    assert codes.dtype == torch.int8 and scales.shape == (len(w), 1)
+
+
 @pytest.mark.parametrize("in_features,block", [(4, 1), (10, 1), (48, 16), (64, 64), (1024, 128)])
 def test_rotation_blocks(in_features, block):
     assert int8.rotation_block(in_features) == block

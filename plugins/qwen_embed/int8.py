@@ -39,6 +39,7 @@ PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (cs
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
+WEIGHT_ROWS_AT_ONCE = 1024  # weight_codes: rows rotated and quantised together at load
 
 
 def quantizes(module_name: str) -> bool:
@@ -74,6 +75,20 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / _QMAX
     codes = torch.round(x.float() * scale.reciprocal())
     return codes.clamp(-_QMAX, _QMAX).to(torch.int8), scale
+
+
+def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows of w's rows rotated in float64 (the 1 / rotation goes into the scales:
+    exact), a block of rows at a time: every step is per row, and the float64 temporaries of a
+    whole 8B-model weight would take gigabytes at load."""
+    codes, scales = [], []
+    for rows in w.split(WEIGHT_ROWS_AT_ONCE):
+        if rotation > 1:
+            rows = hadamard_rows(rows.double(), rotation)
+        q, scale = quantize_rows(rows)
+        codes.append(q)
+        scales.append(scale / rotation)
+    return torch.cat(codes), torch.cat(scales)
 
 
 def native_kernel() -> bool:
@@ -134,11 +149,7 @@ class Int8Weight(nn.Module):
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.rotation = rotation_block(weight.shape[1])
-        w = weight.detach()
-        if self.rotation > 1:  # in float64; the 1 / block goes into the scales (exact)
-            w = hadamard_rows(w.double(), self.rotation)
-        q, scale = quantize_rows(w)
-        scale /= self.rotation
+        q, scale = weight_codes(weight.detach(), self.rotation)
         self.out_features = q.shape[0]
         cpu = weight.device.type == "cpu"
         self.native = native_kernel() and cpu
