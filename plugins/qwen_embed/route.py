@@ -161,8 +161,8 @@ def choose_route(
     prepack = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
     # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
-    # everywhere, and "auto" takes it where it runs: row-invariant on AMX, and faster than
-    # oneDNN's bf16 GEMM on AMX and AVX512_BF16 CPUs alike (docs/tuning.md)
+    # everywhere, and "auto" takes it where it runs: row-invariant on AMX, faster than oneDNN's
+    # bf16 GEMM there, and on AVX512_BF16 CPUs on few rows (the same on many: docs/tuning.md)
     if s.batch_invariant == "on" and not cpu:
         raise ValueError("batch_invariant 'on' runs on CPU only")
     bf16_gemm = dtype == "bfloat16" and not fp32_held
