@@ -4,6 +4,25 @@
 #include "ops.h"
 
 namespace qe {
+namespace {
+
+// Each row of `rows` (fp32 or bf16, strided) through the kernel of its dtype, `f32` or `bf16`
+// (src, stride, dst, rows, width), into out's contiguous rows of `width` values.
+void each_row(const at::Tensor& rows, const at::Tensor& out, int64_t width,
+              void (*f32)(const float*, int64_t, float*, int64_t, int64_t),
+              void (*bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t)) {
+  const int64_t stride = rows.stride(0);
+  const bool is_bf16 = rows.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows.size(0), grain(rows.size(1)), [&](int64_t b, int64_t end) {
+    if (is_bf16)
+      bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(out) + b * width, end - b,
+           width);
+    else
+      f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * width, end - b, width);
+  });
+}
+
+}  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t n = x.size(-1);
@@ -78,37 +97,19 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.size(-1) % 2 == 0, "gate_up's last dimension must be even");
   at::Tensor rows = as_rows(gate_up, gate_up.size(-1));
-  const int64_t n = rows.size(1) / 2, stride = rows.stride(0);
+  const int64_t n = rows.size(1) / 2;
   auto sizes = gate_up.sizes().vec();
   sizes.back() = n;
   at::Tensor out = at::empty(sizes, gate_up.options());
-  const auto& k = kernels();
-  const bool bf16 = gate_up.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, rows.size(0), grain(2 * n), [&](int64_t b, int64_t end) {
-    if (bf16)
-      k.silu_mul_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(out) + b * n,
-                      end - b, n);
-    else
-      k.silu_mul_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * n, end - b, n);
-  });
+  each_row(rows, out, n, kernels().silu_mul_f32, kernels().silu_mul_bf16);
   return out;
 }
 
 // x [..., n] (rows may be strided) -> GELU(x) with tanh's approximation, contiguous
 at::Tensor gelu_tanh(const at::Tensor& x) {
-  const int64_t n = x.size(-1);
-  at::Tensor rows = as_rows(x, n);
-  const int64_t stride = rows.stride(0);
   at::Tensor out = at::empty(x.sizes(), x.options());
-  const auto& k = kernels();
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, rows.size(0), grain(n), [&](int64_t b, int64_t end) {
-    if (bf16)
-      k.gelu_tanh_bf16(ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(out) + b * n,
-                       end - b, n);
-    else
-      k.gelu_tanh_f32(ptr<float>(rows) + b * stride, stride, ptr<float>(out) + b * n, end - b, n);
-  });
+  each_row(as_rows(x, x.size(-1)), out, x.size(-1), kernels().gelu_tanh_f32,
+           kernels().gelu_tanh_bf16);
   return out;
 }
 
