@@ -595,7 +595,9 @@ the median of the pairs' time ratios (checkout / base) with their quartiles, the
 time, and whether both builds gave the same bits. Shapes: the 4-layer model's linear layers at
 each of --rows row counts (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2
 operator): q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024
-and 8,192 tokens, in bf16.
+and 8,192 tokens, in bf16. Those layers' weights stay in cache from call to call; at up to 64
+rows bf16 also runs all 28 layers of Qwen3-Embedding-0.6B's shape, each with weights of its own
+(a short query's forward: the weights stream from memory).
 """
 
 
@@ -665,6 +667,13 @@ def int8_cases(rows: int) -> dict[str, Callable]:
     return cases
 
 
+# Up to this many rows a case also runs every layer of a 28-layer model (Qwen3-Embedding-0.6B's
+# shape) with weights of its own, as a short query's forward does: the weights stream from
+# memory, where the single layers' shapes above find theirs in cache.
+STREAMED_ROWS = 64
+STREAMED_LAYERS = 28
+
+
 def bf16_cases(rows: int) -> dict[str, Callable]:
     cases = {}
     for name, (n, k) in BF16_SHAPES.items():
@@ -673,6 +682,18 @@ def bf16_cases(rows: int) -> dict[str, Callable]:
         cases[f"bf16_linear {name} {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.bf16_linear(
             x, p, None, n
         )
+    if rows <= STREAMED_ROWS:
+        shapes = list(BF16_SHAPES.values()) * STREAMED_LAYERS
+        layers = [native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2) for n, k in shapes]
+        xs = {k: torch.randn(rows, k, dtype=torch.bfloat16) for _, k in shapes}
+
+        def streamed(ops):
+            outs = [
+                ops.bf16_linear(xs[k], p, None, n) for p, (n, k) in zip(layers, shapes, strict=True)
+            ]
+            return torch.cat([o.flatten() for o in outs])
+
+        cases[f"bf16_linear {STREAMED_LAYERS} layers, weights streamed"] = streamed
     return cases
 
 

@@ -1,8 +1,8 @@
 """The bf16 linear operator (native/csrc/gemm/, onednn.NativeBf16Weight) on our AMX tile
-kernel or oneDNN's brgemm micro-kernel: the GEMM of batch_invariant "on", since on AMX
-CPUs oneDNN's own GEMM sums a row in another order at other row counts. Against the fp32 product
-(one bf16 rounding), a row the same at every row count and stride, the two kernels the same
-bits, and the route that chooses it."""
+kernel, our AVX512_BF16 panel kernel or oneDNN's brgemm micro-kernel: the GEMM of
+batch_invariant "on", since on AMX CPUs oneDNN's own GEMM sums a row in another order at other
+row counts. Against the fp32 product (one bf16 rounding), a row the same at every row count and
+stride, the kernels the same bits, and the route that chooses it."""
 
 from __future__ import annotations
 
@@ -115,6 +115,20 @@ def test_a_row_is_the_same_at_every_row_count_and_stride():
 
 
 @NEEDS_OPERATOR
+@pytest.mark.parametrize("k", [2, 66, 1024])
+def test_the_panel_kernel_gives_the_micro_kernels_bits(k):
+    """64-channel panels run our panel kernel on AVX512_BF16 CPUs (rows in blocks of up to 6,
+    the next panel fetched meanwhile; on AMX CPUs our tile kernel where k is a multiple of 32),
+    wider ones oneDNN's micro-kernel: the same bits at every row count, with and without bias."""
+    w, x, bias = _random(200, k, seed=9), _random(70, k, seed=10), torch.randn(200)
+    ours, wide = NativeBf16Weight(w), native.pack_panels(w, 2, 128)
+    for m in [*range(1, 21), 25, 36, 37, 64, 70]:
+        b = bias if m % 2 else None
+        micro = torch.ops.qwen_embed.bf16_linear(x[:m], wide, b, 200)
+        assert torch.equal(ours(x[:m], b), micro), m
+
+
+@NEEDS_OPERATOR
 def test_the_operator_needs_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     assert not brgemm_runs()
@@ -139,8 +153,8 @@ def test_bad_operands_are_refused():
 def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, channels_outer):
     """Panels per call and tasks are free choices (`bench_kernels.py bf16_blocking` tries them):
     each row is still summed over the whole K in ascending tile products, so the bits are the
-    default blocking's. On AMX CPUs the default's 64-channel panels run our tile kernel and the
-    wider ones oneDNN's micro-kernel: the two agree bitwise."""
+    default blocking's. The default's 64-channel panels run our tile kernel on AMX CPUs and our
+    panel kernel on AVX512_BF16 ones, the wider ones oneDNN's micro-kernel: they agree bitwise."""
     w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
     bias = torch.randn(700)
     default = NativeBf16Weight(w)(x, bias)

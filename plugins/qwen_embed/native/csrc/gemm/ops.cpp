@@ -1,7 +1,7 @@
 // The GEMM operators: the int8 route's (qwen_embed::int8_linear) and batch_invariant's bf16
 // one (qwen_embed::bf16_linear), each cut into tasks of rows x channels on torch's threads, on
-// our AMX tile kernels (tiles_amx.cpp) or oneDNN's brgemm micro-kernel, with the row work of
-// rows.cpp around them.
+// our AMX tile kernels (tiles_amx.cpp), our AVX512_BF16 panel kernel (panels_avx512bf16.cpp) or
+// oneDNN's brgemm micro-kernel, with the row work of rows.cpp around them.
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -422,10 +422,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-// The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (tiles_amx.cpp, bf16_tiles),
-// elsewhere oneDNN's brgemm micro-kernel; either way the whole K in ascending tile products per
-// block of rows, so a row's sums never depend on the rows beside it (oneDNN's own AMX GEMM
-// blocks K differently for different row counts).
+// The bf16 GEMM of batch_invariant: on AMX CPUs our tile kernel (tiles_amx.cpp, bf16_tiles), on
+// AVX512_BF16 ones our panel kernel (panels_avx512bf16.cpp), elsewhere oneDNN's brgemm
+// micro-kernel; each the whole K in ascending tile products or pairs per block of rows, so a
+// row's sums never depend on the rows beside it (oneDNN's own AMX GEMM blocks K differently for
+// different row counts), and all three give the same bits.
 // x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2] (onednn.BrgemmWeight:
 // panels of 64) -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
 // Tasks of task_rows x task_channels: any blocking gives the same bits; perf/bench_kernels.py
@@ -465,19 +466,28 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
     return out;
   }
 #endif
+  // our panel kernel where the CPU has AVX512_BF16: the micro-kernel's bits, and faster on the
+  // few rows whose weights stream from memory (panels_avx512bf16.cpp)
+  static const bool panels_run = cpu_has("avx512bf16");
+  const bool ours = panels_run && panel == kPanel;
+  const auto* weights = reinterpret_cast<const uint16_t*>(b);
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n, panel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                thread_local std::vector<float> sums;
                sums.resize(task_rows * panel);
                for (int64_t col = c0; col < c1; col += panel) {
-                 bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());
+                 if (ours)
+                   gemm::bf16_panels.sums(reinterpret_cast<const uint16_t*>(a + r0 * lda), lda,
+                                          r1 - r0, weights + col * k, k,
+                                          col + panel < c1 ? weights + (col + panel) * k : nullptr,
+                                          sums.data());
+                 else
+                   bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());
                  gemm::rows.store_bf16(sums.data(), panel, r1 - r0, std::min(panel, n - col),
-                                          bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col,
-                                          n);
+                                       bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col, n);
                }
              });
   return out;
 }
-
 
 }  // namespace qe
