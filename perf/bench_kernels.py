@@ -596,8 +596,8 @@ time, and whether both builds gave the same bits. Shapes: the 4-layer model's li
 each of --rows row counts (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2
 operator): q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024
 and 8,192 tokens, in bf16. Those layers' weights stay in cache from call to call; at up to 64
-rows bf16 also runs all 28 layers of Qwen3-Embedding-0.6B's shape, each with weights of its own
-(a short query's forward: the weights stream from memory).
+rows each GEMM also runs its layers of all 28 layers of Qwen3-Embedding-0.6B's shape, each with
+weights of its own (a short query's forward: the weights stream from memory).
 """
 
 
@@ -653,59 +653,57 @@ def base_library(revision: str) -> Path:
     return library
 
 
-def int8_cases(rows: int) -> dict[str, Callable]:
-    cases = {}
-    for name, (n, k) in INT8_SHAPES.items():
-        packed, offset, scale = int8.pack(*int8.quantize_rows(torch.randn(n, k)))
-        x = torch.randn(rows, k, dtype=torch.bfloat16)
-        rotation = int8.rotation_block(k)
-        cases[f"int8_linear {name} {k} -> {n}"] = (
-            lambda ops, x=x, p=packed, o=offset, s=scale, n=n, r=rotation: ops.int8_linear(
-                x, p, o, s, None, n, r
-            )
-        )
-    return cases
-
-
 # Up to this many rows a case also runs every layer of a 28-layer model (Qwen3-Embedding-0.6B's
 # shape) with weights of its own, as a short query's forward does: the weights stream from
-# memory, where the single layers' shapes above find theirs in cache.
+# memory, where the single layers' shapes find theirs in cache.
 STREAMED_ROWS = 64
 STREAMED_LAYERS = 28
 
 
-def bf16_cases(rows: int) -> dict[str, Callable]:
+def gemm_cases(op: str, shapes: dict, layer: Callable, dtype: torch.dtype, rows: int) -> dict:
+    """Per shape (n, k), `layer(n, k)` (a call `(ops, x)` on weights of its own) on `rows` rows;
+    up to STREAMED_ROWS rows also every shape in turn, STREAMED_LAYERS times over."""
     cases = {}
-    for name, (n, k) in BF16_SHAPES.items():
-        packed = native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2)
-        x = torch.randn(rows, k, dtype=torch.bfloat16)
-        cases[f"bf16_linear {name} {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.bf16_linear(
-            x, p, None, n
-        )
+    for name, (n, k) in shapes.items():
+        call, x = layer(n, k), torch.randn(rows, k, dtype=dtype)
+        cases[f"{op} {name} {k} -> {n}"] = lambda ops, call=call, x=x: call(ops, x)
     if rows <= STREAMED_ROWS:
-        shapes = list(BF16_SHAPES.values()) * STREAMED_LAYERS
-        layers = [native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2) for n, k in shapes]
-        xs = {k: torch.randn(rows, k, dtype=torch.bfloat16) for _, k in shapes}
+        model = [(layer(n, k), k) for _ in range(STREAMED_LAYERS) for n, k in shapes.values()]
+        xs = {k: torch.randn(rows, k, dtype=dtype) for _, k in shapes.values()}
 
         def streamed(ops):
-            outs = [
-                ops.bf16_linear(xs[k], p, None, n) for p, (n, k) in zip(layers, shapes, strict=True)
-            ]
-            return torch.cat([o.flatten() for o in outs])
+            return torch.cat([call(ops, xs[k]).flatten() for call, k in model])
 
-        cases[f"bf16_linear {STREAMED_LAYERS} layers, weights streamed"] = streamed
+        cases[f"{op} {STREAMED_LAYERS} layers, weights streamed"] = streamed
     return cases
+
+
+def int8_layer(n: int, k: int) -> Callable:
+    packed, offset, scale = int8.pack(*int8.quantize_rows(torch.randn(n, k)))
+    rotation = int8.rotation_block(k)
+    return lambda ops, x: ops.int8_linear(x, packed, offset, scale, None, n, rotation)
+
+
+def bf16_layer(n: int, k: int) -> Callable:
+    packed = native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2)
+    return lambda ops, x: ops.bf16_linear(x, packed, None, n)
+
+
+def f32_layer(n: int, k: int) -> Callable:
+    packed = Avx2F32Weight(torch.randn(n, k)).packed
+    return lambda ops, x: ops.f32_linear(x, packed, None, n)
+
+
+def int8_cases(rows: int) -> dict[str, Callable]:
+    return gemm_cases("int8_linear", INT8_SHAPES, int8_layer, torch.bfloat16, rows)
+
+
+def bf16_cases(rows: int) -> dict[str, Callable]:
+    return gemm_cases("bf16_linear", BF16_SHAPES, bf16_layer, torch.bfloat16, rows)
 
 
 def f32_cases(rows: int) -> dict[str, Callable]:
-    cases = {}
-    for name, (n, k) in BF16_SHAPES.items():
-        packed = Avx2F32Weight(torch.randn(n, k)).packed
-        x = torch.randn(rows, k)
-        cases[f"f32_linear {name} {k} -> {n}"] = lambda ops, x=x, p=packed, n=n: ops.f32_linear(
-            x, p, None, n
-        )
-    return cases
+    return gemm_cases("f32_linear", BF16_SHAPES, f32_layer, torch.float32, rows)
 
 
 def attention_cases(rows: int) -> dict[str, Callable]:

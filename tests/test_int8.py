@@ -1,5 +1,5 @@
 """The native int8 linear operator (native/csrc/gemm/: rows.cpp around our AMX int8 tile
-kernel, tiles_amx.cpp, on CPUs with the tiles, or oneDNN's brgemm micro-kernel elsewhere)
+kernel, tiles_amx.cpp, on CPUs with the tiles, or our VNNI panel kernel, panels_vnni.cpp)
 against the torch route it replaces: the same integer arithmetic, so the same numbers, for the
 layouts the model hands it, with and without the rows' Hadamard rotation."""
 
@@ -13,7 +13,7 @@ from qwen_embed import int8
 
 pytestmark = pytest.mark.skipif(
     not int8.native_kernel(),
-    reason="the native int8 operator needs AVX512_VNNI, the build and torch's oneDNN brgemm",
+    reason="the native int8 operator needs AVX512_VNNI and the build",
 )
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # (rows, out, in): one row, paddings of both widths, more rows than a task (a tail), the demo's
@@ -87,6 +87,14 @@ def test_a_row_is_the_same_whatever_rows_share_its_batch(dtype):
     full = native(x, w)
     for rows in (slice(5, 6), slice(0, 7), slice(11, 200), slice(290, 300)):
         assert torch.equal(native(x[rows], w), full[rows])
+
+
+def test_every_count_of_few_rows():
+    """The panel kernel takes a task's rows in blocks of up to 6 (15 rows: 5 + 5 + 5), several
+    panels per task (the next fetched meanwhile): each count its own blocks, the same numbers."""
+    x, w = _random(25, 256, seed=3).to(torch.bfloat16), _random(320, 256, seed=4)
+    for rows in range(1, 26):
+        assert torch.equal(native(x[:rows], w), reference(x[:rows], w)), rows
 
 
 @DTYPES
@@ -179,10 +187,11 @@ def test_bad_operands_are_refused():
             torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 32, rotation)
 
 
-def test_the_operator_needs_onednn(monkeypatch):
-    """Its integer GEMM is oneDNN's micro-kernel: with oneDNN off, layers take another (the AVX2
-    operator, which needs no oneDNN, or the torch route)."""
-    assert int8.native_kernel()
+def test_the_operator_needs_no_onednn(monkeypatch):
+    """Its kernels are all ours: with torch's oneDNN switched off the layers still take it."""
+    w, x = _random(32, 64, seed=1), _random(3, 64, seed=2)
+    expected = reference(x, w)
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
-    assert not int8.native_kernel()
-    assert not int8.Int8Weight(_random(32, 64, seed=1)).native
+    assert int8.native_kernel()
+    assert int8.Int8Weight(w).native
+    assert torch.equal(native(x, w), expected)

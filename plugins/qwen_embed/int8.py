@@ -6,8 +6,8 @@ block Walsh-Hadamard transform H (`x @ W.T == (x @ H) @ (W @ H).T / block`): an 
 spreads over its block, so the one scale per row or channel fits the other values better.
 On CPUs with AVX512_VNNI the native operator does all of it (native/csrc/gemm/): weights
 packed for it once here, each row rotated in registers and quantised, the integer GEMM on our
-AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on oneDNN's brgemm
-micro-kernel with VNNI elsewhere, the sums rescaled to the model dtype while they are in cache,
+AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on our VNNI panel
+kernel elsewhere (gemm/panels_vnni.cpp), the sums rescaled to the model dtype while they are in cache,
 so no int32 matrix is written.
 Without VNNI, on CPUs with AVX2, another native operator (native/csrc/gemm/pairs_avx2.cpp):
 each row rotated in registers and quantised, the codes multiplied as int16 pairs on weights
@@ -92,7 +92,7 @@ def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Te
 
 
 def native_kernel() -> bool:
-    """Whether the native int8 operator runs here (built, an AVX512_VNNI CPU, torch's oneDNN)."""
+    """Whether the native int8 operator runs here (built, an AVX512_VNNI CPU)."""
     return native.isa() is not None and torch.ops.qwen_embed.int8_supported()
 
 

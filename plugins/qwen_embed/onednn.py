@@ -54,7 +54,7 @@ def brgemm_runs() -> bool:
 
 class NativeBf16Weight(nn.Module):
     """A bf16 linear weight for the batch-invariant route (settings.batch_invariant): the native
-    operator on oneDNN's brgemm micro-kernel (AMX tiles where the CPU has them) takes the whole
+    operator (our AMX tile or AVX512_BF16 panel kernel, elsewhere oneDNN's brgemm) takes the whole
     input width in one call per block of rows, so a row's result is the same at any row count,
     which oneDNN's own GEMM is not on AMX CPUs. Packed once, [n_pad / 64, k / 2, 64, 2]."""
 

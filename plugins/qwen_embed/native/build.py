@@ -34,6 +34,7 @@ ISA_FLAGS = {
     "kernels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
     "gemm/rows.cpp": AVX512,
     "gemm/panels_avx512bf16.cpp": [*AVX512, "-mavx512bf16"],
+    "gemm/panels_vnni.cpp": [*AVX512, "-mavx512vnni"],
     "gemm/pairs_avx2.cpp": ["-mavx2", "-mfma"],
     "gemm/floats_avx2.cpp": ["-mavx2", "-mfma"],
     "kernels_amx.cpp": [

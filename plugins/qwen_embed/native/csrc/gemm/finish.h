@@ -1,5 +1,5 @@
 // The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
-// scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the brgemm
+// scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the panel
 // routes (rows.cpp) and the AMX tile GEMMs (tiles_amx.cpp), both compiled with the same
 // vector flags, so both give the same bits.
 #pragma once

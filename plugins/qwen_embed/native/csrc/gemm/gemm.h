@@ -1,7 +1,8 @@
 // The GEMM operators' operands and kernels (namespace qe::gemm): the int8 route's,
 // batch_invariant's bf16 GEMM and the fp32 GEMM of AVX2 CPUs. rows.cpp and tiles_amx.cpp are
-// compiled with AVX-512 flags (and AMX for the tiles), panels_avx512bf16.cpp with AVX512_BF16's,
-// pairs_avx2.cpp and floats_avx2.cpp with AVX2's (native/build.py); ops.cpp schedules them.
+// compiled with AVX-512 flags (and AMX for the tiles), panels_avx512bf16.cpp and panels_vnni.cpp
+// with AVX512_BF16's and VNNI's, pairs_avx2.cpp and floats_avx2.cpp with AVX2's
+// (native/build.py); ops.cpp schedules them.
 #pragma once
 #include <stdint.h>
 
@@ -115,17 +116,19 @@ struct FloatKernels {
   void (*gemm)(const FloatGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
 };
 
-// batch_invariant's bf16 GEMM on AVX512_BF16 without AMX (panels_avx512bf16.cpp): `rows` rows of
-// `a` (k bf16 values each, row stride lda) times one panel of kPanel channels ([k / 2][kPanel][2]
-// of the packed weights) -> fp32 sums [rows][kPanel], oneDNN brgemm's bits; `next` (or null) the
-// panel to fetch into cache meanwhile.
-struct Bf16Panels {
-  void (*sums)(const uint16_t* a, int64_t lda, int64_t rows, const uint16_t* panel, int64_t k,
-               const uint16_t* next, float* sums);
+// Our panel kernels (panels.h): `rows` rows of `a` (row stride lda) times one panel of kPanel
+// channels of the packed weights, k values per channel -> sums [rows][kPanel], oneDNN brgemm's
+// bits; `next` (or null) the panel to fetch into cache meanwhile. bf16_panels (AVX512_BF16):
+// bf16 rows, fp32 sums; int8_panels (AVX512_VNNI): uint8 codes, int32 sums, k a multiple of 4.
+template <typename A, typename B, typename Sum>
+struct PanelKernel {
+  void (*sums)(const A* a, int64_t lda, int64_t rows, const B* panel, int64_t k, const B* next,
+               Sum* sums);
 };
 
 extern const RowKernels rows;
-extern const Bf16Panels bf16_panels;
+extern const PanelKernel<uint16_t, uint16_t, float> bf16_panels;
+extern const PanelKernel<uint8_t, int8_t, int32_t> int8_panels;
 extern const PairsKernels pairs_avx2;
 extern const FloatKernels floats_avx2;
 extern const GemmTiles tiles;  // where the AMX kernels are built

@@ -1,7 +1,8 @@
 // The GEMM operators: the int8 route's (qwen_embed::int8_linear) and batch_invariant's bf16
 // one (qwen_embed::bf16_linear), each cut into tasks of rows x channels on torch's threads, on
-// our AMX tile kernels (tiles_amx.cpp), our AVX512_BF16 panel kernel (panels_avx512bf16.cpp) or
-// oneDNN's brgemm micro-kernel, with the row work of rows.cpp around them.
+// our AMX tile kernels (tiles_amx.cpp), our panel kernels (panels.h: VNNI, AVX512_BF16) or, for
+// bf16 on AVX-512 CPUs without BF16, oneDNN's brgemm micro-kernel, with the row work of
+// rows.cpp around them.
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -24,19 +25,8 @@ using gemm::kPanel;
 
 namespace {
 
-// oneDNN's int8 micro-kernel through torch: m rows of uint8 codes times n packed int8 channels
-// -> int32 sums; false where this torch build lacks it.
-bool int8_brgemm(int64_t m, int64_t n, int64_t k, int64_t ld_a, int64_t ld_b, int64_t ld_c,
-                 const uint8_t* a, const int8_t* b, int32_t* c) {
-#ifdef CPUBLAS_BRGEMM_U8I8I32
-  at::native::cpublas::brgemm(m, n, k, ld_a, ld_b, ld_c, false, a, b, c);
-  return true;
-#else
-  return false;
-#endif
-}
-
-// The same for bf16 rows times one panel of packed bf16 channels -> fp32 sums.
+// oneDNN's bf16 micro-kernel through torch: bf16 rows times one panel of packed bf16 channels
+// -> fp32 sums; false where this torch build lacks it.
 bool bf16_brgemm(int64_t m, int64_t panel, int64_t k, int64_t ld_a, const at::BFloat16* a,
                  const at::BFloat16* b, float* c) {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
@@ -50,7 +40,7 @@ bool bf16_brgemm(int64_t m, int64_t panel, int64_t k, int64_t ld_a, const at::BF
 // Ends a thread's run of micro-kernel calls (the AMX tile state): the AMX attention kernels
 // configure the tiles their own way, and oneDNN reconfigures only after a release.
 void brgemm_release() {
-#if defined(CPUBLAS_BRGEMM_U8I8I32) || defined(CPUBLAS_BRGEMM_BF16BF16F32)
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
   at::native::cpublas::brgemm_release();
 #endif
 }
@@ -70,21 +60,18 @@ bool brgemm_probe(const Call& call) {
 
 }  // namespace
 
-// The int8 operator: our row kernels need AVX-512, oneDNN's int8 micro-kernel VNNI (or AMX).
-// Asked on every call of the operator: the CPU's part is decided once, oneDNN's switch each time.
+// The int8 operator: our kernels only, the row work on AVX-512, the GEMM on VNNI (or AMX).
 bool int8_supported() {
   static const bool runs = [] {
     __builtin_cpu_init();
-    uint8_t a[4] = {};
-    int8_t b[4 * kPanel] = {};
-    int32_t c[kPanel];
-    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni") &&
-           brgemm_probe([&] { return int8_brgemm(1, kPanel, 4, 4, kPanel, kPanel, a, b, c); });
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   }();
-  return runs && at::globalContext().userEnabledMkldnn();
+  return runs;
 }
 
-// The bf16 operator (batch_invariant): our store needs AVX-512; likewise asked on every call.
+// The bf16 operator (batch_invariant): our store needs AVX-512, oneDNN's micro-kernel where our
+// GEMM kernels do not run. Asked on every call of the operator: the CPU's part is decided once,
+// oneDNN's switch each time.
 bool bf16_supported() {
   static const bool runs = [] {
     at::BFloat16 a[2] = {}, b[2 * kPanel] = {};
@@ -215,19 +202,20 @@ void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t pane
   });
 }
 
-// One int8 GEMM task on oneDNN's brgemm micro-kernel (AVX512_VNNI; int8_tiles decides where
-// our AMX kernel runs instead), one call per panel of the task's channels: the call's int32
-// sums land in a block in cache, and `finish` rescales and stores them.
+// One int8 GEMM task on our VNNI panel kernel (panels_vnni.cpp; int8_tiles decides where our
+// AMX kernel runs instead), one call per panel of the task's channels: the call's int32 sums
+// land in a block in cache, and `finish` rescales and stores them.
 template <typename T>
-void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+void panel_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
   const int64_t rows = row1 - row0;
   thread_local std::vector<int32_t> buffer;
   buffer.resize(rows * kPanel);
   int32_t* sums = buffer.data();
   for (int64_t col = col0; col < col1; col += kPanel) {
     const int64_t cols = std::min(kPanel, g.n - col);
-    int8_brgemm(rows, kPanel, g.k_pad, g.k_pad, kPanel, kPanel, g.a + row0 * g.k_pad,
-                g.packed + col * g.k_pad, sums);
+    const int8_t* weights = g.packed + col * g.k_pad;
+    gemm::int8_panels.sums(g.a + row0 * g.k_pad, g.k_pad, rows, weights, g.k_pad,
+                           col + kPanel < col1 ? weights + kPanel * g.k_pad : nullptr, sums);
     if constexpr (std::is_same_v<T, float>)
       gemm::rows.finish_int8_f32(g, sums, kPanel, row0, rows, col, cols);
     else
@@ -235,10 +223,11 @@ void brgemm_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
   }
 }
 
-// Whether the int8 GEMM runs on our AMX int8 tile kernel (tiles_amx.cpp) rather than oneDNN's
-// micro-kernel: where the CPU and the build have the tiles and the tiles' depth divides k_pad.
-// Ours rescales a block's sums while the tiles compute the next (the micro-kernel's call and
-// our rescale after it leave each unit idle in turn): docs/tuning.md has the figures.
+// Whether the int8 GEMM runs on our AMX int8 tile kernel (tiles_amx.cpp) rather than the VNNI
+// panel kernel: where the CPU and the build have the tiles and the tiles' depth divides k_pad
+// (every Qwen width). It rescales a block's sums while the tiles compute the next (oneDNN's
+// AMX micro-kernel's call and our rescale after it left each unit idle in turn): docs/tuning.md
+// has the figures.
 bool int8_tiles(int64_t k_pad) {
 #ifdef QE_NO_AMX
   return false;
@@ -297,7 +286,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   }
 #endif
   gemm_tasks(blocking, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    brgemm_task(g, r0, r1, c0, c1);
+    panel_task(g, r0, r1, c0, c1);
   });
 }
 
@@ -313,7 +302,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
                        int64_t n, int64_t rotation, int64_t task_rows, int64_t task_channels,
                        bool channels_outer) {
-  TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI and torch's oneDNN");
+  TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI");
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
                   packed.size(2) == kPanel && packed.size(3) == 4 &&

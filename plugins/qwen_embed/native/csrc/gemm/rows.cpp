@@ -1,11 +1,11 @@
 // The int8 route's row work around its integer GEMM (ops.cpp runs the GEMM on our AMX int8 tile
-// kernel, tiles_amx.cpp, where the CPU has the tiles, and on oneDNN's brgemm micro-kernel with
-// AVX512_VNNI elsewhere), and the store of the bf16 brgemm GEMM's sums (batch_invariant),
+// kernel, tiles_amx.cpp, where the CPU has the tiles, and on our VNNI panel kernel elsewhere,
+// panels_vnni.cpp), and the store of the bf16 GEMM's sums (batch_invariant, panel kernels),
 // compiled with AVX-512 flags (native/build.py) and chosen at run time (ops.cpp).
 //
 // Activations are quantized per row (symmetric, 127 levels) and stored as uint8 codes + 128;
 // weights are int8 per output channel, packed at load in panels of 64 channels as
-// [n / 64][k / 4][64 channels][4 k] (int8.py, brgemm's VNNI layout), with each channel's sum
+// [n / 64][k / 4][64 channels][4 k] (int8.py, oneDNN brgemm's VNNI layout), with each channel's sum
 // times 128 subtracted from its int32 total to undo the offset. Integer sums are exact, so a
 // row's outputs never depend on the rows computed beside it; `finish` rescales (row scale, then
 // channel scale), adds the bias and rounds to the output dtype while a block of sums is in

@@ -1,0 +1,93 @@
+// The frame of our panel kernels (panels_avx512bf16.cpp: bf16 pairs, vdpbf16ps; panels_vnni.cpp:
+// int8 quads, vpdpbusd): all of a task's rows times one panel of 64 channels, each step of the
+// width 4 bytes of a row against the panel's 256 bytes for that step (weights packed
+// [n_pad / 64][steps][64][4 bytes]: native.pack_panels, int8.pack), in blocks of up to 6 rows
+// whose 6 x 4 vectors of sums stay in registers; each sum one chain of the step instruction
+// along the whole width from zero, as oneDNN's brgemm micro-kernel sums, so the two give the same
+// bits and a row's sums never depend on the rows beside it. Faster on few rows, whose weights
+// stream from memory: one block's loop is a plain stream of the panel, and where rows take
+// several blocks the next panel is fetched into L2 meanwhile (spread over the blocks), so memory
+// and the vector units work at once; the micro-kernel reads a panel in its first row block and
+// leaves memory idle during the others. Each source includes this with its own flags.
+#pragma once
+#include <immintrin.h>
+#include <string.h>
+
+#include "gemm.h"
+
+namespace qe {
+namespace gemm {
+namespace {
+
+constexpr int kVectors = kPanel / 16;  // vectors of 16 sums per row of a panel
+constexpr int64_t kStepBytes = kPanel * 4;
+constexpr int64_t kLine = 64;
+
+// The next panel's cache lines fetched into L2 a few per step, from `next` to `end`.
+struct Ahead {
+  const char *next, *end;
+  int per_step;
+
+  inline void step() {
+    for (int i = 0; i < per_step && next < end; ++i, next += kLine)
+      _mm_prefetch(next, _MM_HINT_T1);
+  }
+};
+
+// R rows of `a` (4 bytes per step, row stride lda bytes) times one panel -> sums [R][64]. Step:
+// zero() and the vector type of the sums, add(sums, 16 copies of a row's 4 bytes, 16 channels'
+// 4 bytes), store(p, sums), and kMostRows, the most rows per block (6: 6 x 4 sums and 4
+// weight vectors in registers).
+template <typename Step, int R>
+void row_block(const char* a, int64_t lda, const char* panel, int64_t steps, void* out,
+               Ahead ahead) {
+  using Sums = decltype(Step::zero());
+  Sums acc[R][kVectors];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = Step::zero();
+  for (int64_t j = 0; j < steps; ++j) {
+    const char* w = panel + j * kStepBytes;
+    __m512i b[kVectors];
+    for (int v = 0; v < kVectors; ++v) b[v] = _mm512_loadu_si512(w + v * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      memcpy(&quad, a + r * lda + 4 * j, sizeof quad);
+      const __m512i x = _mm512_set1_epi32(quad);
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = Step::add(acc[r][v], x, b[v]);
+    }
+    ahead.step();
+  }
+  char* sums = static_cast<char*>(out);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVectors; ++v) Step::store(sums + (r * kPanel + v * 16) * 4, acc[r][v]);
+}
+
+// `rows` rows of `a` (lda bytes apart) times one panel of `steps` steps -> sums [rows][64] (4
+// bytes each); `next` the panel to fetch meanwhile (or null).
+template <typename Step>
+void panel_sums(const char* a, int64_t lda, int64_t rows, const char* panel, int64_t steps,
+                const char* next, void* out) {
+  using RowBlock = void (*)(const char*, int64_t, const char*, int64_t, void*, Ahead);
+  static constexpr RowBlock blocks_of[] = {row_block<Step, 1>, row_block<Step, 2>,
+                                           row_block<Step, 3>, row_block<Step, 4>,
+                                           row_block<Step, 5>, row_block<Step, 6>};
+  static_assert(Step::kMostRows <= 6);
+  const int64_t blocks = (rows + Step::kMostRows - 1) / Step::kMostRows;
+  // one block reads the panel once, on demand, and the CPU's own prefetch keeps memory busy
+  // (fetching ahead as well made it slower); memory idles while later blocks reread it
+  const int64_t lines = next && blocks > 1 ? steps * kStepBytes / kLine : 0;
+  const int per_step = static_cast<int>((lines + steps * blocks - 1) / (steps * blocks));
+  char* sums = static_cast<char*>(out);
+  for (int64_t i = 0, row = 0; i < blocks; ++i) {
+    // blocks as even as they come: 15 rows are 5 + 5 + 5
+    const int64_t count = rows / blocks + (i < rows % blocks);
+    const char* from = next + lines * i / blocks * kLine;
+    const Ahead ahead{from, next + lines * (i + 1) / blocks * kLine, per_step};
+    blocks_of[count - 1](a + row * lda, lda, panel, steps, sums + row * kPanel * 4, ahead);
+    row += count;
+  }
+}
+
+}  // namespace
+}  // namespace gemm
+}  // namespace qe
