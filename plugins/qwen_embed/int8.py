@@ -7,8 +7,8 @@ spreads over its block, so the one scale per row or channel fits the other value
 On CPUs with AVX512_VNNI the native operator does all of it (native/csrc/gemm/): weights
 packed for it once here, each row rotated in registers and quantised, the integer GEMM on our
 AMX int8 tile kernel where the CPU has the tiles (gemm/tiles_amx.cpp) and on our VNNI panel
-kernel elsewhere (gemm/panels_vnni.cpp), the sums rescaled to the model dtype while they are in cache,
-so no int32 matrix is written.
+kernel elsewhere (gemm/panels_vnni.cpp), the sums rescaled to the model dtype while they are in
+cache, so no int32 matrix is written.
 Without VNNI, on CPUs with AVX2, another native operator (native/csrc/gemm/pairs_avx2.cpp):
 each row rotated in registers and quantised, the codes multiplied as int16 pairs on weights
 packed once here, the rescale in torch's order, so the torch route's bits. Elsewhere that
