@@ -244,7 +244,7 @@ def prepack(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- bf16_gemm
 
 BF16_GEMM_DOC = """\
-What batch_invariant "on" costs: the bf16 route's GEMM on the native brgemm operator
+What batch_invariant "on" costs: the bf16 route's GEMM on the native operator
 (onednn.NativeBf16Weight, a row the same at any batch; the default wherever it runs) against
 oneDNN's packed GEMM ("off"), end to end.
 
@@ -259,7 +259,7 @@ of each and its ratio to off round by round. Then the same-vector check of each:
 
 GEMMS = {
     "off": "oneDNN packed (batch_invariant off)",
-    "on": "brgemm operator (batch_invariant on; the default)",
+    "on": "native operator (batch_invariant on; the default)",
 }
 
 

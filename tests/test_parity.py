@@ -59,7 +59,7 @@ def test_fp32_matches_transformers(checkpoint, config_name, case):
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["fp32_gemm", "bf16_kernel"])
 def test_bf16_matches_transformers(checkpoint, config_name, native_bf16, monkeypatch):
     # Both CPU routes for bf16 linear layers (layers.linear_weight_dtype), whatever this CPU has;
-    # the bf16 one as batch_invariant "auto" takes it here (the brgemm operator where it runs).
+    # the bf16 one as batch_invariant "auto" takes it here (the native bf16 operator where it runs).
     monkeypatch.setattr(layers, "has_native_bf16", lambda: native_bf16)
     seqs = random_sequences([1, 17, 90, 200], seed=3)
     ref = reference_embeddings(checkpoint(config_name), seqs, dtype=torch.bfloat16)

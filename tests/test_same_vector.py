@@ -5,7 +5,7 @@ row alone in a fixed order, and GEMMs never run one row (row_plans.planned_rows)
 is each row of a GEMM coming out the same at any row count. That holds in fp32, and in bf16 for
 oneDNN's kernels on AVX-512 CPUs without AMX. On AMX CPUs oneDNN's bf16 kernels accumulate
 differently for different row counts: there batch_invariant "off" gives vectors within a bound
-only, and "auto" (the default) and "on" (bf16 GEMMs on the brgemm operator,
+only, and "auto" (the default) and "on" (bf16 GEMMs on the native operator,
 onednn.NativeBf16Weight, wherever it runs) must give them bitwise, as everywhere. The int8
 route's quantised layers are exact integer sums over per-row codes; its float layers are the
 route's bf16 GEMMs."""
