@@ -62,10 +62,7 @@ bool brgemm_probe(const Call& call) {
 
 // The int8 operator: our kernels only, the row work on AVX-512, the GEMM on VNNI (or AMX).
 bool int8_supported() {
-  static const bool runs = [] {
-    __builtin_cpu_init();
-    return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
-  }();
+  static const bool runs = cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   return runs;
 }
 

@@ -62,28 +62,31 @@ void row_block(const char* a, int64_t lda, const char* panel, int64_t steps, voi
     for (int v = 0; v < kVectors; ++v) Step::store(sums + (r * kPanel + v * 16) * 4, acc[r][v]);
 }
 
-// `rows` rows of `a` (lda bytes apart) times one panel of `steps` steps -> sums [rows][64] (4
-// bytes each); `next` the panel to fetch meanwhile (or null).
-template <typename Step>
-void panel_sums(const char* a, int64_t lda, int64_t rows, const char* panel, int64_t steps,
-                const char* next, void* out) {
+// gemm.h's PanelKernel::sums on Step: `rows` rows of `a` (lda values apart) times one panel of k
+// values per channel -> sums [rows][64]; `next` the panel to fetch meanwhile (or null).
+template <typename Step, typename A, typename B, typename Sum>
+void panel_sums(const A* a, int64_t lda, int64_t rows, const B* panel, int64_t k, const B* next,
+                Sum* sums) {
   using RowBlock = void (*)(const char*, int64_t, const char*, int64_t, void*, Ahead);
   static constexpr RowBlock blocks_of[] = {row_block<Step, 1>, row_block<Step, 2>,
                                            row_block<Step, 3>, row_block<Step, 4>,
                                            row_block<Step, 5>, row_block<Step, 6>};
   static_assert(Step::kMostRows <= 6);
+  const char* row_bytes = reinterpret_cast<const char*>(a);
+  const char* fetch = reinterpret_cast<const char*>(next);
+  const int64_t stride = lda * sizeof(A), steps = k * sizeof(B) / 4;
   const int64_t blocks = (rows + Step::kMostRows - 1) / Step::kMostRows;
   // one block reads the panel once, on demand, and the CPU's own prefetch keeps memory busy
   // (fetching ahead as well made it slower); memory idles while later blocks reread it
   const int64_t lines = next && blocks > 1 ? steps * kStepBytes / kLine : 0;
   const int per_step = static_cast<int>((lines + steps * blocks - 1) / (steps * blocks));
-  char* sums = static_cast<char*>(out);
   for (int64_t i = 0, row = 0; i < blocks; ++i) {
     // blocks as even as they come: 15 rows are 5 + 5 + 5
     const int64_t count = rows / blocks + (i < rows % blocks);
-    const char* from = next + lines * i / blocks * kLine;
-    const Ahead ahead{from, next + lines * (i + 1) / blocks * kLine, per_step};
-    blocks_of[count - 1](a + row * lda, lda, panel, steps, sums + row * kPanel * 4, ahead);
+    const Ahead ahead{fetch + lines * i / blocks * kLine,
+                      fetch + lines * (i + 1) / blocks * kLine, per_step};
+    blocks_of[count - 1](row_bytes + row * stride, stride, reinterpret_cast<const char*>(panel),
+                         steps, sums + row * kPanel, ahead);
     row += count;
   }
 }

@@ -18,16 +18,9 @@ struct Bf16Pairs {
   static void store(char* p, __m512 sums) { _mm512_storeu_ps(p, sums); }
 };
 
-void bf16_sums(const uint16_t* a, int64_t lda, int64_t rows, const uint16_t* panel, int64_t k,
-               const uint16_t* next, float* sums) {
-  panel_sums<Bf16Pairs>(reinterpret_cast<const char*>(a), lda * 2, rows,
-                        reinterpret_cast<const char*>(panel), k / 2,
-                        reinterpret_cast<const char*>(next), sums);
-}
-
 }  // namespace
 
-extern const PanelKernel<uint16_t, uint16_t, float> bf16_panels = {bf16_sums};
+extern const PanelKernel<uint16_t, uint16_t, float> bf16_panels = {panel_sums<Bf16Pairs>};
 
 }  // namespace gemm
 }  // namespace qe

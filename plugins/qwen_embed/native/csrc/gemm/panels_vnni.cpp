@@ -24,16 +24,9 @@ struct Int8Quads {
   }
 };
 
-void int8_sums(const uint8_t* a, int64_t lda, int64_t rows, const int8_t* panel, int64_t k_pad,
-               const int8_t* next, int32_t* sums) {
-  panel_sums<Int8Quads>(reinterpret_cast<const char*>(a), lda, rows,
-                        reinterpret_cast<const char*>(panel), k_pad / 4,
-                        reinterpret_cast<const char*>(next), sums);
-}
-
 }  // namespace
 
-extern const PanelKernel<uint8_t, int8_t, int32_t> int8_panels = {int8_sums};
+extern const PanelKernel<uint8_t, int8_t, int32_t> int8_panels = {panel_sums<Int8Quads>};
 
 }  // namespace gemm
 }  // namespace qe
