@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-startup gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -152,6 +152,13 @@ perf-routes: setup
 perf-load: setup
 	tag=$(CPU_TAG) && cd perf && for b in $(LOADS); do \
 		../$(PY) bench_load.py $$b --out results/$$b-$$tag || exit 1; done
+
+# This checkout against BASE (a git revision), end to end: short queries and documents in process,
+# one process per revision taking turns (perf/results/revisions-<cpu>.md).
+BASE ?= HEAD
+perf-revisions: setup
+	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_revisions.py --base $(BASE) \
+		--out results/revisions-$$tag
 
 # Seconds until a server is ready and each process's resident memory (perf/results/startup.md).
 perf-startup: setup

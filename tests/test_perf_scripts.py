@@ -96,3 +96,27 @@ def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, nam
     assert buffers["cu"].tolist() == [0, 10, 19, 27, 33, 37, 40, 40, 40]
     assert buffers["cu_last"].tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 6]
     assert buffers["last"][:6].tolist() == [9, 18, 26, 32, 36, 39]
+
+
+def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, checkpoint):
+    """bench_revisions: one side's figures on a tiny replica (this checkout's code, as each
+    measuring process reports), and the report's rows from given figures: each pair's gains
+    (base / checkout time per query, checkout / base tokens/s) and the medians."""
+    import bench_revisions
+
+    figures = bench_revisions.measure(str(checkpoint("qwen3")), "none", 2)
+    assert figures["query_ms"] > 0 and figures["documents_tok_s"] > 0
+    assert Path(figures["code"]).is_relative_to(PERF.parent / "plugins")
+
+    def side(ms, tok_s):
+        return {"query_ms": ms, "documents_tok_s": tok_s}
+
+    pairs = [
+        {"base": side(10.0, 100.0), "checkout": side(8.0, 110.0)},
+        {"base": side(12.0, 90.0), "checkout": side(12.0, 90.0)},
+        {"base": side(9.0, 100.0), "checkout": side(6.0, 150.0)},
+    ]
+    rows = bench_revisions.table_rows("int8", pairs)
+    assert [r[4] for r in rows] == ["1.250", "1.000", "1.500", "1.250"]
+    assert [r[7] for r in rows] == ["1.100", "1.000", "1.500", "1.100"]
+    assert rows[-1][:4] == ["int8", "median", "10.00", "8.00"]
