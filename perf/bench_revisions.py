@@ -80,7 +80,8 @@ def base_plugins(revision: str) -> Path:
         ["git", "rev-parse", revision], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     tree = REPO / ".cache" / "revisions" / commit
-    if not tree.exists():
+    if not tree.exists():  # a tree removed by hand stays registered until pruned
+        subprocess.run(["git", "worktree", "prune"], cwd=REPO, check=True)
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True
         )
