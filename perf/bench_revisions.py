@@ -7,17 +7,17 @@ A kernel change has `bench_kernels.py native_ab` (both builds in one process); a
 engine anywhere, Python or native, can only be timed by running each revision's own code. The
 base revision is checked out once into .cache/revisions/<commit>/ (a git worktree, its native
 kernels built there), and each pair is two processes, one per revision, the order alternating,
-each loading the model (dtype auto) and timing: 1-text calls of 9-40 ids (32 queries, three
-passes, the median ms per call: what one client's query waits for) and --documents texts of
-128-512 ids in one call (tokens/s, the best of two). The report gives each pair's figures per
-quantization, their medians and the median of the pairs' ratios (base / checkout time).
+each loading the model (dtype auto) and timing bench_engine's workloads: 1-text calls of its
+short queries (8-40 ids; 32 queries, three passes, the median ms per call: what one client's
+query waits for) and --documents texts of 256 ids in one call (tokens/s, the best of two). The
+report gives each pair's figures per quantization, their medians and the median of the pairs'
+ratios (base / checkout time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -26,31 +26,20 @@ from pathlib import Path
 
 from harness import REPO, RESULTS, ensure_model, markdown_table, new_record, write_report
 
-# The Qwen tokenizer's <|endoftext|>, each text's last id (qwen_embed_deploy.demo's, not imported:
-# a measuring process imports only its own revision's qwen_embed)
-ENDOFTEXT_ID = 151643
 QUERIES = 32
-
-
-def id_lists(count: int, shortest: int, longest: int, seed: int, vocab: int) -> list[list[int]]:
-    """Texts of random ids ending as the tokenizer's do (a vocabulary smaller than Qwen's, a test
-    replica's: its last id)."""
-    rng = random.Random(seed)
-    last = ENDOFTEXT_ID if ENDOFTEXT_ID < vocab else vocab - 1
-    return [
-        [rng.randrange(vocab // 2) for _ in range(rng.randint(shortest, longest) - 1)] + [last]
-        for _ in range(count)
-    ]
+DOCUMENT_TOKENS = 256
 
 
 def measure(model_dir: str, quantization: str, documents: int) -> dict:
-    """One revision's figures, in this process (qwen_embed from the first entry of sys.path)."""
+    """One revision's figures, in this process (qwen_embed from the first entry of sys.path:
+    bench_engine, imported here, takes that revision's)."""
     import qwen_embed
-    from qwen_embed import Encoder, ModelConfig
+    from qwen_embed import Encoder
+
+    from bench_engine import workload
 
     encoder = Encoder.from_pretrained(model_dir, dtype="auto", quantization=quantization)
-    vocab = ModelConfig.from_dir(model_dir).vocab_size
-    queries = id_lists(QUERIES, 9, 40, seed=0, vocab=vocab)
+    queries = workload("short", QUERIES, seed=0, uniform_len=0)
     for query in queries[:4]:
         encoder.embed([query])
     call_seconds = []
@@ -59,7 +48,7 @@ def measure(model_dir: str, quantization: str, documents: int) -> dict:
             start = time.perf_counter()
             encoder.embed([query])
             call_seconds.append(time.perf_counter() - start)
-    texts = id_lists(documents, 128, 512, seed=1, vocab=vocab)
+    texts = workload("uniform", documents, seed=1, uniform_len=DOCUMENT_TOKENS)
     tokens = sum(map(len, texts))
     encoder.embed(texts[:1])
     rates = []
@@ -152,10 +141,10 @@ def compare(args: argparse.Namespace) -> None:
     header += ["base documents tokens/s", "checkout tokens/s", "checkout / base"]
     record = new_record(base=args.base, model_dir=model_dir, pairs=results)
     notes = [
-        f"base: {args.base}; model {model_dir}, dtype auto; {QUERIES} queries of 9-40 ids one"
-        f" call each (3 passes, median ms per call) and {args.documents} documents of 128-512"
-        f" ids in one call (best of 2); {args.pairs} pairs of processes, one per revision, the"
-        " order alternating"
+        f"base: {args.base}; model {model_dir}, dtype auto; {QUERIES} queries of 8-40 ids one"
+        f" call each (3 passes, median ms per call) and {args.documents} documents of"
+        f" {DOCUMENT_TOKENS} ids in one call (best of 2); {args.pairs} pairs of processes, one"
+        " per revision, the order alternating"
     ]
     title = "This checkout vs a base revision, end to end"
     write_report(args.out, record, title, notes, markdown_table(header, rows))

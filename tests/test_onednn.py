@@ -65,8 +65,8 @@ def test_row_counts_are_padded_so_that_onednn_plans_repeat():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_packed_encoder_matches_plain_and_transformers(checkpoint, config_name, dtype):
     # qwen2 has biased q/k/v projections; both configs run TP-free here, TP in its own tests.
-    # batch_invariant off: oneDNN's GEMM, which "auto" trades for the native bf16 operator where it
-    # runs.
+    # batch_invariant off: oneDNN's GEMM, which "auto" trades for the native bf16 operator
+    # wherever it runs.
     seqs = random_sequences([1, 17, 90, 200], seed=4)
     ref = reference_embeddings(checkpoint(config_name), seqs)  # fp32
     out = {}

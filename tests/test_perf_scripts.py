@@ -98,13 +98,13 @@ def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, nam
     assert buffers["last"][:6].tolist() == [9, 18, 26, 32, 36, 39]
 
 
-def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, checkpoint):
-    """bench_revisions: one side's figures on a tiny replica (this checkout's code, as each
+def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, demo_dir):
+    """bench_revisions: one side's figures on the demo model (this checkout's code, as each
     measuring process reports), and the report's rows from given figures: each pair's gains
     (base / checkout time per query, checkout / base tokens/s) and the medians."""
     import bench_revisions
 
-    figures = bench_revisions.measure(str(checkpoint("qwen3")), "none", 2)
+    figures = bench_revisions.measure(str(demo_dir), "none", 2)
     assert figures["query_ms"] > 0 and figures["documents_tok_s"] > 0
     assert Path(figures["code"]).is_relative_to(PERF.parent / "plugins")
 

@@ -160,7 +160,7 @@ def choose_route(
         raise ValueError("prepack_weights needs a CPU device and a torch with oneDNN")
     prepack = s.prepack_weights == "on" or (s.prepack_weights == "auto" and cpu and onednn)
     # fp32 GEMMs (and oneDNN's bf16 ones on CPUs without AMX) are row-invariant already; the
-    # brgemm operator runs wherever the native build has AVX-512, so "on" is the same route
+    # native operator runs wherever the native build has AVX-512, so "on" is the same route
     # everywhere, and "auto" takes it where it runs: row-invariant on AMX, faster than oneDNN's
     # bf16 GEMM there, and on AVX512_BF16 CPUs on few rows (the same on many: docs/tuning.md)
     if s.batch_invariant == "on" and not cpu:
