@@ -6,7 +6,7 @@ revision's.
     python bench_kernels.py attention [--lengths 32 128 256 1024 4096 8192]
     python bench_kernels.py bf16_blocking [--rows 20 128 1024 16384]
     python bench_kernels.py int8_blocking [--rows 20 128 1024 16384]
-    python bench_kernels.py native_ab [--base HEAD] [--ops int8 bf16 attention]
+    python bench_kernels.py native_ab [--base HEAD] [--ops int8 int8_avx2 bf16 f32 attention]
 
 Each subcommand writes its own report (results/<subcommand>.md and .json by default); `python
 bench_kernels.py SUBCOMMAND --help` says what it measures and how.
@@ -30,6 +30,7 @@ from harness import (
     best_seconds,
     fmt,
     markdown_table,
+    named_revision,
     new_record,
     run_subcommands,
     taking_turns,
@@ -584,7 +585,8 @@ def int8_blocking(args: argparse.Namespace) -> None:
 NATIVE_AB_DOC = """\
 The native operators of this checkout against another revision's, in one process, in pairs.
 
-    python bench_kernels.py native_ab [--base HEAD] [--ops int8 bf16 f32 attention] [--pairs 15]
+    python bench_kernels.py native_ab [--base HEAD] [--ops int8 int8_avx2 bf16 f32 attention]
+        [--pairs 15]
 
 Timings taken in separate processes or minutes apart move more on a drifting host than most
 kernel changes do. Here the base revision's csrc/ is built (with this checkout's compiler flags)
@@ -593,11 +595,12 @@ into a second library (in .cache/native-ab/<commit>/) whose operators register a
 same operands, one per build, the order alternating. The report gives, per operator and shape,
 the median of the pairs' time ratios (checkout / base) with their quartiles, the base's median
 time, and whether both builds gave the same bits. Shapes: the 4-layer model's linear layers at
-each of --rows row counts (int8: the int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2
-operator): q|k|v, o, gate|up, down) and the attention of ~--rows tokens of texts of 128, 1,024
-and 8,192 tokens, in bf16. Those layers' weights stay in cache from call to call; at up to 64
-rows each GEMM also runs its layers of all 28 layers of Qwen3-Embedding-0.6B's shape, each with
-weights of its own (a short query's forward: the weights stream from memory).
+each of --rows row counts (int8 and int8_avx2 (the operator of AVX2 CPUs without VNNI): the
+int8 route's q|k, gate|up and down; bf16 and f32 (the AVX2 operator): q|k|v, o, gate|up, down)
+and the attention of ~--rows tokens of texts of 128, 1,024 and 8,192 tokens, in bf16. Those
+layers' weights stay in cache from call to call; at up to 64 rows each GEMM also runs its
+layers of all 28 layers of Qwen3-Embedding-0.6B's shape, each with weights of its own (a short
+query's forward: the weights stream from memory).
 """
 
 
@@ -684,6 +687,12 @@ def int8_layer(n: int, k: int) -> Callable:
     return lambda ops, x: ops.int8_linear(x, packed, offset, scale, None, n, rotation)
 
 
+def int8_avx2_layer(n: int, k: int) -> Callable:
+    packed, scale = int8.pack_pairs(*int8.quantize_rows(torch.randn(n, k)))
+    rotation = int8.rotation_block(k)
+    return lambda ops, x: ops.int8_linear_avx2(x, packed, scale, n, rotation)
+
+
 def bf16_layer(n: int, k: int) -> Callable:
     packed = native.pack_panels(torch.randn(n, k, dtype=torch.bfloat16), 2)
     return lambda ops, x: ops.bf16_linear(x, packed, None, n)
@@ -696,6 +705,10 @@ def f32_layer(n: int, k: int) -> Callable:
 
 def int8_cases(rows: int) -> dict[str, Callable]:
     return gemm_cases("int8_linear", INT8_SHAPES, int8_layer, torch.bfloat16, rows)
+
+
+def int8_avx2_cases(rows: int) -> dict[str, Callable]:
+    return gemm_cases("int8_linear_avx2", INT8_SHAPES, int8_avx2_layer, torch.float32, rows)
 
 
 def bf16_cases(rows: int) -> dict[str, Callable]:
@@ -716,7 +729,13 @@ def attention_cases(rows: int) -> dict[str, Callable]:
     return cases
 
 
-CASES = {"int8": int8_cases, "bf16": bf16_cases, "f32": f32_cases, "attention": attention_cases}
+CASES = {
+    "int8": int8_cases,
+    "int8_avx2": int8_avx2_cases,
+    "bf16": bf16_cases,
+    "f32": f32_cases,
+    "attention": attention_cases,
+}
 
 
 def pair_ratios(call: Callable, pairs: int) -> tuple[list[float], list[float]]:
@@ -769,9 +788,10 @@ def native_ab(args: argparse.Namespace) -> None:
             for r in rows
         ],
     )
-    record = new_record(base=args.base, isa=native.isa(), rows_per_call=args.rows, rows=rows)
+    base = named_revision(args.base)
+    record = new_record(base=base, isa=native.isa(), rows_per_call=args.rows, rows=rows)
     notes = [
-        f"base: {args.base}; native kernels {native.isa()}, {torch.get_num_threads()} threads; "
+        f"base: {base}; native kernels {native.isa()}, {torch.get_num_threads()} threads; "
         f"{args.pairs} pairs of calls per shape, one per build, the order alternating"
     ]
     print(

@@ -24,7 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness import REPO, RESULTS, ensure_model, markdown_table, new_record, write_report
+from harness import (
+    REPO,
+    RESULTS,
+    ensure_model,
+    markdown_table,
+    named_revision,
+    new_record,
+    write_report,
+)
 
 QUERIES = 32
 DOCUMENT_TOKENS = 256
@@ -139,9 +147,10 @@ def compare(args: argparse.Namespace) -> None:
         rows += table_rows(quantization, pairs)
     header = ["quantization", "pair", "base ms per query", "checkout ms", "base / checkout"]
     header += ["base documents tokens/s", "checkout tokens/s", "checkout / base"]
-    record = new_record(base=args.base, model_dir=model_dir, pairs=results)
+    base = named_revision(args.base)
+    record = new_record(base=base, model_dir=model_dir, pairs=results)
     notes = [
-        f"base: {args.base}; model {model_dir}, dtype auto; {QUERIES} queries of 8-40 ids one"
+        f"base: {base}; model {model_dir}, dtype auto; {QUERIES} queries of 8-40 ids one"
         f" call each (3 passes, median ms per call) and {args.documents} documents of"
         f" {DOCUMENT_TOKENS} ids in one call (best of 2); {args.pairs} pairs of processes, one"
         " per revision, the order alternating"

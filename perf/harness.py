@@ -52,6 +52,15 @@ def ensure_model(path: Path, layers: int) -> Path:
     return path
 
 
+def named_revision(revision: str) -> str:
+    """A git revision as reports name a base: with its commit ("HEAD (f29ac88)"), which a
+    name like HEAD does not keep once later commits land."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", revision], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return revision if not commit or revision == commit else f"{revision} ({commit})"
+
+
 def cpu_tag() -> str:
     """Short name of this CPU kind for result file names (the widest native kernels it runs):
     results per kind stay side by side."""

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../ops.h"
+#include "ahead.h"
 #include "gemm.h"
 
 namespace qe {
@@ -201,9 +202,11 @@ void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t pane
 
 // One int8 GEMM task on our VNNI panel kernel (panels_vnni.cpp; int8_tiles decides where our
 // AMX kernel runs instead), one call per panel of the task's channels: the call's int32 sums
-// land in a block in cache, and `finish` rescales and stores them.
+// land in a block in cache, and `finish` rescales and stores them; `once`: the GEMM reads each
+// panel once (gemm::reads_panels_once), so the next is fetched meanwhile.
 template <typename T>
-void panel_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+void panel_task(const Int8Gemm<T>& g, bool once, int64_t row0, int64_t row1, int64_t col0,
+                int64_t col1) {
   const int64_t rows = row1 - row0;
   thread_local std::vector<int32_t> buffer;
   buffer.resize(rows * kPanel);
@@ -211,8 +214,9 @@ void panel_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, 
   for (int64_t col = col0; col < col1; col += kPanel) {
     const int64_t cols = std::min(kPanel, g.n - col);
     const int8_t* weights = g.packed + col * g.k_pad;
+    const bool ahead = once && col + kPanel < col1;
     gemm::int8_panels.sums(g.a + row0 * g.k_pad, g.k_pad, rows, weights, g.k_pad,
-                           col + kPanel < col1 ? weights + kPanel * g.k_pad : nullptr, sums);
+                           ahead ? weights + kPanel * g.k_pad : nullptr, sums);
     if constexpr (std::is_same_v<T, float>)
       gemm::rows.finish_int8_f32(g, sums, kPanel, row0, rows, col, cols);
     else
@@ -282,8 +286,9 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
     return;
   }
 #endif
+  const bool once = gemm::reads_panels_once(m, blocking.rows);
   gemm_tasks(blocking, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    panel_task(g, r0, r1, c0, c1);
+    panel_task(g, once, r0, r1, c0, c1);
   });
 }
 
@@ -400,7 +405,8 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, at::kFloat);
   const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed), bias_ptr,
-                          ptr<float>(out), n, k, n};
+                          ptr<float>(out), n, k, n,
+                          gemm::reads_panels_once(rows.size(0), task_rows)};
   gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n, gemm::kFloatPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
@@ -455,17 +461,18 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   // our panel kernel where the CPU has AVX512_BF16: the micro-kernel's bits, and faster on the
   // few rows whose weights stream from memory (panels_avx512bf16.cpp)
   static const bool panels_run = cpu_has("avx512bf16");
-  const bool ours = panels_run && panel == kPanel;
+  const bool ours = panels_run && panel == kPanel, once = gemm::reads_panels_once(m, task_rows);
   const auto* weights = reinterpret_cast<const uint16_t*>(b);
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n, panel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                thread_local std::vector<float> sums;
                sums.resize(task_rows * panel);
                for (int64_t col = c0; col < c1; col += panel) {
+                 const bool ahead = once && col + panel < c1;
                  if (ours)
                    gemm::bf16_panels.sums(reinterpret_cast<const uint16_t*>(a + r0 * lda), lda,
                                           r1 - r0, weights + col * k, k,
-                                          col + panel < c1 ? weights + (col + panel) * k : nullptr,
+                                          ahead ? weights + (col + panel) * k : nullptr,
                                           sums.data());
                  else
                    bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());

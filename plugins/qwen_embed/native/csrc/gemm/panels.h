@@ -6,13 +6,14 @@
 // along the whole width from zero, as oneDNN's brgemm micro-kernel sums, so the two give the same
 // bits and a row's sums never depend on the rows beside it. Faster on few rows, whose weights
 // stream from memory: one block's loop is a plain stream of the panel, and where rows take
-// several blocks the next panel is fetched into L2 meanwhile (spread over the blocks), so memory
-// and the vector units work at once; the micro-kernel reads a panel in its first row block and
-// leaves memory idle during the others. Each source includes this with its own flags.
+// several blocks the next panel is fetched into L2 meanwhile (ahead.h), so memory and the
+// vector units work at once, where the micro-kernel leaves memory idle after its first row
+// block. Each source includes this with its own flags.
 #pragma once
 #include <immintrin.h>
 #include <string.h>
 
+#include "ahead.h"
 #include "gemm.h"
 
 namespace qe {
@@ -21,18 +22,6 @@ namespace {
 
 constexpr int kVectors = kPanel / 16;  // vectors of 16 sums per row of a panel
 constexpr int64_t kStepBytes = kPanel * 4;
-constexpr int64_t kLine = 64;
-
-// The next panel's cache lines fetched into L2 a few per step, from `next` to `end`.
-struct Ahead {
-  const char *next, *end;
-  int per_step;
-
-  inline void step() {
-    for (int i = 0; i < per_step && next < end; ++i, next += kLine)
-      _mm_prefetch(next, _MM_HINT_T1);
-  }
-};
 
 // R rows of `a` (4 bytes per step, row stride lda bytes) times one panel -> sums [R][64]. Step:
 // zero() and the vector type of the sums, add(sums, 16 copies of a row's 4 bytes, 16 channels'
@@ -73,20 +62,13 @@ void panel_sums(const A* a, int64_t lda, int64_t rows, const B* panel, int64_t k
                                            row_block<Step, 5>, row_block<Step, 6>};
   static_assert(Step::kMostRows <= 6);
   const char* row_bytes = reinterpret_cast<const char*>(a);
-  const char* fetch = reinterpret_cast<const char*>(next);
   const int64_t stride = lda * sizeof(A), steps = k * sizeof(B) / 4;
   const int64_t blocks = (rows + Step::kMostRows - 1) / Step::kMostRows;
-  // one block reads the panel once, on demand, and the CPU's own prefetch keeps memory busy
-  // (fetching ahead as well made it slower); memory idles while later blocks reread it
-  const int64_t lines = next && blocks > 1 ? steps * kStepBytes / kLine : 0;
-  const int per_step = static_cast<int>((lines + steps * blocks - 1) / (steps * blocks));
   for (int64_t i = 0, row = 0; i < blocks; ++i) {
-    // blocks as even as they come: 15 rows are 5 + 5 + 5
-    const int64_t count = rows / blocks + (i < rows % blocks);
-    const Ahead ahead{fetch + lines * i / blocks * kLine,
-                      fetch + lines * (i + 1) / blocks * kLine, per_step};
+    const int64_t count = block_rows(rows, blocks, i);
     blocks_of[count - 1](row_bytes + row * stride, stride, reinterpret_cast<const char*>(panel),
-                         steps, sums + row * kPanel, ahead);
+                         steps, sums + row * kPanel,
+                         Ahead::share(next, steps * kStepBytes, blocks, i, steps));
     row += count;
   }
 }
