@@ -760,6 +760,7 @@ def native_ab(args: argparse.Namespace) -> None:
     if native.isa() is None:
         raise SystemExit("the native kernels are not built: make setup")
     cpu.keep_freed_memory()  # as the engine does: outputs reuse freed heap, no page faults
+    base = named_revision(args.base)
     torch.ops.load_library(str(base_library(args.base)))
     getattr(torch.ops, BASE_OPS).select_isa(native.isa())
     rows = []
@@ -788,7 +789,6 @@ def native_ab(args: argparse.Namespace) -> None:
             for r in rows
         ],
     )
-    base = named_revision(args.base)
     record = new_record(base=base, isa=native.isa(), rows_per_call=args.rows, rows=rows)
     notes = [
         f"base: {base}; native kernels {native.isa()}, {torch.get_num_threads()} threads; "

@@ -131,6 +131,7 @@ def table_rows(quantization: str, pairs: list[dict]) -> list[list]:
 
 def compare(args: argparse.Namespace) -> None:
     model_dir = str(ensure_model(Path(args.model_dir), 28))
+    base = named_revision(args.base)
     plugins = {"base": base_plugins(args.base), "checkout": REPO / "plugins"}
     rows, results = [], {}
     for quantization in args.quantization:
@@ -147,7 +148,6 @@ def compare(args: argparse.Namespace) -> None:
         rows += table_rows(quantization, pairs)
     header = ["quantization", "pair", "base ms per query", "checkout ms", "base / checkout"]
     header += ["base documents tokens/s", "checkout tokens/s", "checkout / base"]
-    base = named_revision(args.base)
     record = new_record(base=base, model_dir=model_dir, pairs=results)
     notes = [
         f"base: {base}; model {model_dir}, dtype auto; {QUERIES} queries of 8-40 ids one"

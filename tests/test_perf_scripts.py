@@ -120,3 +120,20 @@ def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, demo_dir):
     assert [r[4] for r in rows] == ["1.250", "1.000", "1.500", "1.250"]
     assert [r[7] for r in rows] == ["1.100", "1.000", "1.500", "1.100"]
     assert rows[-1][:4] == ["int8", "median", "10.00", "8.00"]
+
+
+def test_a_base_revision_is_named_with_its_commit(perf_imports):
+    """Reports name a base as given and by its commit, which a name like HEAD loses later."""
+    import subprocess
+
+    from harness import named_revision
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=PERF.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert named_revision("HEAD") == f"HEAD ({commit})"
+    assert named_revision(commit) == commit
