@@ -79,16 +79,15 @@ constexpr Tile kTiles[2][kTileRows + 1] = {
     {nullptr, tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>, tile<5, true>,
      tile<6, true>}};
 
-// Up to 6 rows x one panel's `cols` channels (fewer than 16, the last panel): through a 16-wide
-// copy of the outputs and of the bias, so the tile kernel reads and writes whole vectors.
-void narrow_tile(int rows, const float* a, int64_t lda, const float* w, int64_t depth,
-                 bool first, const float* bias, bool last, float* c, int64_t ldc, int64_t cols,
-                 Ahead ahead) {
+// `tile` on up to 6 rows x one panel's `cols` channels (fewer than 16, the last panel): through
+// a 16-wide copy of the outputs and of the bias, so it reads and writes whole vectors.
+void narrow_tile(Tile tile, int64_t rows, const float* a, int64_t lda, const float* w,
+                 int64_t depth, bool first, const float* bias, bool last, float* c, int64_t ldc,
+                 int64_t cols, Ahead ahead) {
   float sums[kTileRows][kFloatPanel] = {}, bias16[kFloatPanel] = {};
   for (int r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, sums[r]);
   if (bias && last) std::copy(bias, bias + cols, bias16);
-  kTiles[ahead.per_step > 0][rows](a, lda, w, depth, first, bias && last ? bias16 : nullptr,
-                                   sums[0], kFloatPanel, ahead);
+  tile(a, lda, w, depth, first, bias && last ? bias16 : nullptr, sums[0], kFloatPanel, ahead);
   for (int r = 0; r < rows; ++r) std::copy(sums[r], sums[r] + cols, c + r * ldc);
 }
 
@@ -100,12 +99,12 @@ inline void panel_rows(const FloatGemm& g, int64_t row, int64_t rows, int64_t co
   const float* a = g.a + row * g.lda + p0;
   float* c = g.out + row * g.ldo + col;
   const int64_t cols = std::min(kFloatPanel, g.n - col);
+  const Tile tile = kTiles[ahead.per_step > 0][rows];
   if (cols == kFloatPanel)
-    kTiles[ahead.per_step > 0][rows](a, g.lda, w, depth, first,
-                                     g.bias && last ? g.bias + col : nullptr, c, g.ldo, ahead);
+    tile(a, g.lda, w, depth, first, g.bias && last ? g.bias + col : nullptr, c, g.ldo, ahead);
   else
-    narrow_tile(static_cast<int>(rows), a, g.lda, w, depth, first,
-                g.bias ? g.bias + col : nullptr, last, c, g.ldo, cols, ahead);
+    narrow_tile(tile, rows, a, g.lda, w, depth, first, g.bias ? g.bias + col : nullptr, last, c,
+                g.ldo, cols, ahead);
 }
 
 void floats(const FloatGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
