@@ -1,7 +1,8 @@
 """The gateway as a drop-in for the clients retrieval stacks already use: TEI's API through
 `huggingface_hub.InferenceClient` and LlamaIndex's TEI integration, Cohere's v2 API through the
-`cohere` SDK, OpenAI token-id inputs through the `openai` SDK, the per-text token extensions and
-the model fingerprint. A real tritonserver serves the demo embedder (fp32) and the demo
+`cohere` SDK, NVIDIA NIM's API through LangChain's NVIDIAEmbeddings and NVIDIARerank, OpenAI
+token-id inputs through the `openai` SDK, the per-text token extensions and the model
+fingerprint. A real tritonserver serves the demo embedder (fp32) and the demo
 reranker; the gateway runs as its own process with an API key, as in production.
 
 Every vector a drop-in route gives must equal the OpenAI route's for the same text and options
@@ -20,6 +21,8 @@ import openai
 import pytest
 import torch
 from huggingface_hub import InferenceClient
+from langchain_core.documents import Document
+from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
@@ -398,6 +401,64 @@ def test_cohere_sdk_rerank_and_errors(stack):
 ONE_PIXEL_PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
 )
+
+
+def test_nim_embeddings_client_gets_the_query_and_document_prompts(stack):
+    """LangChain's NVIDIAEmbeddings (NIM's client): embed_query sends input_type "query",
+    embed_documents "passage", the checkpoint's query and document prompts; its truncate
+    modes are ours."""
+    _, base = stack
+    nim = NVIDIAEmbeddings(base_url=f"{base}/v1", model="embed", api_key=API_KEY)
+    query = np.array(nim.embed_query(TEXTS[0]))
+    assert np.abs(query - openai_vectors(base, TEXTS[:1], prompt_name="query")[0]).max() <= SAME
+    assert np.abs(query - openai_vectors(base, TEXTS[:1])[0]).max() > 1e-3  # a prompt it is
+    documents = np.array(nim.embed_documents(TEXTS))
+    expected = openai_vectors(base, TEXTS, prompt_name="document")
+    assert np.abs(documents - expected).max() <= SAME
+    small = NVIDIAEmbeddings(base_url=f"{base}/v1", model="embed", api_key=API_KEY, dimensions=32)
+    expected = openai_vectors(base, TEXTS[:1], prompt_name="query", dimensions=32)
+    assert np.abs(np.array(small.embed_query(TEXTS[0])) - expected[0]).max() <= SAME
+    long_text = "word " * 300
+    start = NVIDIAEmbeddings(
+        base_url=f"{base}/v1", model="embed", api_key=API_KEY, truncate="START"
+    )
+    expected = openai_vectors(
+        base, [long_text], prompt_name="document", truncation_direction="left"
+    )
+    assert np.abs(np.array(start.embed_documents([long_text])) - expected).max() <= SAME
+    body = {"model": "embed", "input": [long_text], "input_type": "passage", "truncate": "NONE"}
+    status, answer, _ = post(base, "/v1/embeddings", body)
+    assert status == 400 and f"limit of {TOKENS_PER_TEXT}" in answer["error"]["message"], answer
+    body = {"model": "embed", "input": ["x"], "input_type": "query", "prompt_name": "query"}
+    status, answer, _ = post(base, "/v1/embeddings", body)
+    assert status == 400 and answer["error"]["param"] == "prompt_name", answer
+
+
+def test_nim_rerank_client_ranks_by_the_rerankers_logits(stack):
+    """LangChain's NVIDIARerank on /v1/ranking: the reranker's order, each logit the log-odds
+    of its P("yes")."""
+    server, base = stack
+    query = "Which city is the capital of China?"
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, TEXTS)
+    nim = NVIDIARerank(base_url=f"{base}/v1", model="rerank", api_key=API_KEY, top_n=2)
+    got = nim.compress_documents(query=query, documents=[Document(page_content=t) for t in TEXTS])
+    assert [d.page_content for d in got] == [TEXTS[i] for i, _ in want.ranking[:2]]
+    logits = [math.log(s / (1 - s)) for _, s in want.ranking[:2]]
+    assert [d.metadata["relevance_score"] for d in got] == pytest.approx(logits, abs=1e-5)
+    passages = [{"text": t} for t in TEXTS]
+    body = {"model": "rerank", "query": {"text": query}, "passages": passages, "truncate": "NONE"}
+    status, answer, _ = post(base, "/v1/ranking", body)
+    assert status == 200 and [r["index"] for r in answer["rankings"]] == [
+        i for i, _ in want.ranking
+    ]
+    for body, status_code, param in [
+        ({"model": "rerank", "query": {"text": query}, "passages": []}, 400, "passages"),
+        ({"model": "rerank", "query": {"text": query}, "passages": [{"text": 1}]}, 400, "passages"),
+        ({"model": "nv-rerank-qa", "query": {"text": query}, "passages": passages}, 404, "model"),
+    ]:
+        status, answer, _ = post(base, "/v1/ranking", body)
+        assert status == status_code and answer["error"]["param"] == param, answer
 
 
 def test_openai_token_ids_truncation_fields_and_fingerprint(stack):

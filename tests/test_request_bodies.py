@@ -3,9 +3,11 @@ hold, each refusal naming its field in the API's words, and the mapping onto the
 contract. The routes themselves, against a real server: test_gateway.py, test_drop_in_apis.py."""
 
 import asyncio
+import math
 import typing
 
 import pytest
+import torch
 
 from qwen_embed_client.contract import (
     MAX_DOCUMENTS,
@@ -13,7 +15,8 @@ from qwen_embed_client.contract import (
     MAX_VIDEOS_PER_TEXT,
     EmbedOptions,
 )
-from qwen_embed_client.gateway import cohere, media, openai, score, tei
+from qwen_embed_client.gateway import cohere, media, nim, openai, score, tei
+from qwen_embed_client.gateway.common import log_odds, prompt_options
 from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
 
 EMBED = ("embed",)
@@ -84,6 +87,89 @@ def test_openai_embeddings_refusals_name_the_field(body, param, words):
 def test_a_body_that_is_not_an_object_or_lacks_a_field():
     assert "must be a JSON object" in refusal(lambda b: openai.parse_request(b, EMBED), [1]).message
     assert refusal(embeddings, {}).message == "send one of 'input' and 'messages'"
+
+
+QWEN3_PROMPTS = ["document", "query"]  # Qwen3-Embedding's prompt names
+
+
+def nim_options(body: dict, prompt_names=QWEN3_PROMPTS) -> dict:
+    return openai.parse_request({"model": "embed", "input": "x", **body}, EMBED, prompt_names)[1]
+
+
+def test_nim_input_types_pick_the_checkpoints_prompts():
+    """NVIDIA NIM's `input_type` (its clients send "query" from embed_query, "passage" from
+    embed_documents): the checkpoint's query or document prompt, none where it has none."""
+    assert nim_options({"input_type": "query"}) == {"prompt_name": "query"}
+    assert nim_options({"input_type": "passage"}) == {"prompt_name": "document"}
+    assert nim_options({"input_type": "passage"}, ["query"]) == {}  # no document prompt
+    assert nim_options({"input_type": "passage"}, ["query", "passage"]) == {
+        "prompt_name": "passage"  # a prompt named like the input type comes first
+    }
+    assert nim_options({"input_type": "query"}, []) == {}
+    with_task = nim_options({"input_type": "query", "instruction": "find code"})
+    assert with_task == {"prompt_name": "query", "instruction": "find code"}
+    # Cohere's input types through the same rule, with its tasks
+    tasks = cohere.INPUT_TYPE_TASKS
+    assert prompt_options("clustering", QWEN3_PROMPTS, cohere.INPUT_TYPE_PROMPTS, tasks) == {
+        "instruction": tasks["clustering"]
+    }
+
+
+def test_nim_truncate_modes_are_the_contracts_options():
+    assert nim_options({"truncate": "END"}) == {"truncate": True}
+    assert nim_options({"truncate": "START"}) == {"truncate": True, "truncation_direction": "left"}
+    assert nim_options({"truncate": "NONE", "input_type": "passage"}) == {
+        "truncate": False,
+        "prompt_name": "document",
+    }
+    assert nim_options({"truncate": False}) == {"truncate": False}  # ours, a boolean, still
+
+
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"truncate": "MIDDLE"}, "truncate", "a boolean or one of 'END', 'START', 'NONE'"),
+        ({"truncate": "{x}"}, "truncate", "a boolean or one of"),  # not echoed into a template
+        ({"truncate": "START", "truncation_direction": "left"}, "truncation_direction", "no"),
+        ({"input_type": "document"}, "input_type", "one of ['query', 'passage']"),
+        ({"input_type": "query", "prompt_name": "query"}, "prompt_name", "not both"),
+        ({"input_type": "query", "prompt": "p: "}, "prompt", "not both"),
+        ({"input_type": "passage", "instruction": "i"}, "instruction", "input_type 'query'"),
+    ],
+)
+def test_nim_fields_refusals_name_the_field(body, param, words):
+    e = refusal(nim_options, body)
+    assert e.param == param and words in e.message, e.message
+
+
+def test_nim_ranking_body():
+    asked = nim.RankingRequest.parse(
+        {"model": "rerank", "query": {"text": "q"}, "passages": [{"text": "a"}, {"text": ""}]}
+    )
+    assert (asked.query.text, [p.text for p in asked.passages], asked.truncate) == (
+        "q",
+        ["a", ""],
+        "END",
+    )
+    for body, param in [
+        ({"query": {"text": "q"}, "passages": []}, "passages"),
+        ({"query": {"text": " "}, "passages": [{"text": "a"}]}, "query"),
+        ({"query": "q", "passages": [{"text": "a"}]}, "query"),
+        ({"query": {"text": "q"}, "passages": ["a"]}, "passages"),
+        ({"query": {"text": "q"}, "passages": [{"text": "a"}], "truncate": "START"}, "truncate"),
+    ]:
+        assert refusal(nim.RankingRequest.parse, body).param == param, body
+
+
+def test_log_odds_keep_the_scores_order_and_stay_finite():
+    """A reranker's logit from its float32 P("yes") (NIM's `logit`, TEI's raw scores): the
+    inverse of the sigmoid, and at the saturated 0 and 1 the nearest float32's logit."""
+    logits = [-30.0, -5.0, 0.0, 0.5, 7.0, 10.0]  # near 1, float32 resolves P less finely
+    scores = torch.sigmoid(torch.tensor(logits)).tolist()  # float32, as the encoder gives
+    assert [log_odds(s) for s in scores] == pytest.approx(logits, abs=1e-2)
+    edges = [log_odds(0.0), log_odds(scores[0]), log_odds(scores[-1]), log_odds(1.0)]
+    assert edges == sorted(edges) and all(math.isfinite(x) for x in edges)
+    assert log_odds(1.0) > log_odds(1 - 2**-23) and log_odds(0.0) < log_odds(2**-126)
 
 
 def rerank_v1(body: dict):

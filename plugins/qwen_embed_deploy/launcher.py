@@ -379,7 +379,7 @@ def start_gateway(
     otlp_endpoint: str | None = None,
     served_model_names: list[str] | None = None,
 ) -> subprocess.Popen:
-    """The HTTP gateway (OpenAI, TEI and Cohere APIs) in front of this server's gRPC port
+    """The HTTP gateway (OpenAI, NIM, TEI and Cohere APIs) in front of this server's gRPC port
     (same interpreter)."""
     cmd = [
         sys.executable,
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway-port",
         type=int,
         default=0,
-        help="also serve the HTTP gateway (OpenAI, TEI, Cohere APIs) on this port (0: off)",
+        help="also serve the HTTP gateway (OpenAI, NIM, TEI, Cohere APIs) on this port (0: off)",
     )
     p.add_argument(
         "--served-model-name",

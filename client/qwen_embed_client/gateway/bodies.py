@@ -169,10 +169,11 @@ class Body(BaseModel):
         # a content part's tag ("text", "image_url") enters the path before its field of
         # the same name: said once
         loc = [str(p) for i, p in enumerate(error["loc"]) if i == 0 or p != error["loc"][i - 1]]
-        if not loc:  # the body itself: not an object, or a rule across its fields
+        if not loc:  # the body itself: not an object, or a rule across its fields (its
+            # context may name the field the refusal is about: `param`)
             whole = error["type"] in ("model_type", "model_attributes_type", "dict_type")
             message = "request body must be a JSON object" if whole else error["msg"]
-            return APIError(INVALID, cls.PREFIX + message)
+            return APIError(INVALID, cls.PREFIX + message, (error.get("ctx") or {}).get("param"))
         name = loc[0] + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
         name += (error.get("ctx") or {}).get("item", "")
         # an empty list of what to embed or score (not of an item's parts): nothing to do

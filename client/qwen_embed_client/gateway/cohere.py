@@ -25,7 +25,14 @@ from pydantic import Field, model_validator
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
 from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
-from .common import check_model, embed, encode_value, text_usage
+from .common import (
+    TRUNCATE_MODES,
+    check_model,
+    embed,
+    encode_value,
+    prompt_options,
+    text_usage,
+)
 from .errors import (
     STATUS,
     APIError,
@@ -46,7 +53,6 @@ INPUT_TYPE_TASKS = {
     "classification": "Classify the given text",
     "clustering": "Identify the topic or theme of the given text",
 }
-TRUNCATE = {"END": {}, "START": {"truncation_direction": "left"}, "NONE": {"truncate": False}}
 API_META = {"api_version": {"version": "2"}}
 
 
@@ -79,7 +85,7 @@ class EmbedRequest(CohereBody):
     inputs: Annotated[list[Input], at_most(MAX_INPUTS)] | None = None
     images: Annotated[list[str], at_most(MAX_INPUTS)] | None = None
     input_type: Literal[INPUT_TYPES] | None = None
-    truncate: Literal[tuple(TRUNCATE)] = "END"
+    truncate: Literal[tuple(TRUNCATE_MODES)] = "END"
     output_dimension: int | None = None
     max_tokens: int | None = None
     embedding_types: distinct(Literal[(*EMBEDDING_TYPES, "base64")]) = ["float"]
@@ -120,20 +126,6 @@ def _priority(value: int | None) -> dict:
     return {} if value is None else {"priority": "interactive" if value == 0 else "bulk"}
 
 
-def prompt_options(input_type: str | None, prompt_names: list[str]) -> dict:
-    """The request options that give `input_type` its prompt (module docstring)."""
-    if input_type is None:
-        return {}
-    if input_type in prompt_names:
-        return {"prompt_name": input_type}
-    name = INPUT_TYPE_PROMPTS.get(input_type)
-    if name is not None:
-        return {"prompt_name": name} if name in prompt_names else {}
-    if input_type in INPUT_TYPE_TASKS:
-        return {"instruction": INPUT_TYPE_TASKS[input_type]}
-    return {}  # image: the model's own default
-
-
 @router.post("/v2/embed")
 async def embed_v2(request: Request):
     gw = gateway(request)
@@ -142,12 +134,13 @@ async def embed_v2(request: Request):
     texts, kinds, images, videos = asked.items, asked.server_types(), None, None
     if has_parts(texts):
         texts, images, videos = await texts_and_media(texts, "inputs", gw.allow_remote_images)
-    options = {**TRUNCATE[asked.truncate], **_priority(asked.priority)}
+    options = {**TRUNCATE_MODES[asked.truncate], **_priority(asked.priority)}
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
     options |= asked.given("max_tokens")
     facts = await gw.facts()
-    options |= prompt_options(asked.input_type, facts.get("prompt_names", []))
+    prompt_names = facts.get("prompt_names", [])
+    options |= prompt_options(asked.input_type, prompt_names, INPUT_TYPE_PROMPTS, INPUT_TYPE_TASKS)
     try:
         options = options_checked(**options)
     except APIError as e:

@@ -1,14 +1,27 @@
-"""What the APIs' handlers share (openai.py, tei.py, cohere.py and the Batch API): the model
-check, the call to the Triton client with the API's own errors, and the encodings of a vector
-and of a text's usage."""
+"""What the APIs' handlers share (openai.py, tei.py, cohere.py, nim.py and the Batch API): the
+model check, the call to the Triton client with the API's own errors, the prompt an API's input
+type picks, truncation modes, a reranker's logit, and the encodings of a vector and of a text's
+usage."""
 
 from __future__ import annotations
 
 import base64
+import math
 
 from ..client import EmbeddingError, EmbeddingResult
 from ..contract import MAX_TOKEN_VECTOR_BYTES
 from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
+
+# The truncation modes of Cohere's and NIM's bodies as request options: END cuts a text's end
+# (the default), START its beginning, NONE refuses a text past the model's limit.
+TRUNCATE_MODES = {
+    "END": {},
+    "START": {"truncation_direction": "left"},
+    "NONE": {"truncate": False},
+}
+
+# A float32 P("yes") saturates at 0 and 1; its logit is taken at the nearest float32 values.
+_SMALLEST_SCORE, _LARGEST_SCORE = 2.0**-149, 1.0 - 2.0**-24
 
 
 def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
@@ -18,6 +31,36 @@ def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
     if model not in names and not (model is None and names):
         serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
+
+
+def prompt_options(
+    input_type: str | None,
+    prompt_names: list[str],
+    prompts: dict[str, str],
+    tasks: dict[str, str] | None = None,
+) -> dict:
+    """The request options that give an API's `input_type` its checkpoint's prompt: the
+    prompt named like the input type where the checkpoint has one, else the one `prompts`
+    names for it (none where the checkpoint lacks it), else the query prompt with the task
+    `tasks` gives it; else the checkpoint's default."""
+    if input_type is None:
+        return {}
+    if input_type in prompt_names:
+        return {"prompt_name": input_type}
+    name = prompts.get(input_type)
+    if name is not None:
+        return {"prompt_name": name} if name in prompt_names else {}
+    if input_type in (tasks or {}):
+        return {"instruction": tasks[input_type]}
+    return {}
+
+
+def log_odds(score: float) -> float:
+    """A yes/no reranker's logit, log(p / (1 - p)), from its float32 P("yes") `score`; a
+    saturated score (0 or 1) gives the logit of the nearest float32 inside, so logits keep
+    the scores' order and stay finite."""
+    p = min(max(float(score), _SMALLEST_SCORE), _LARGEST_SCORE)
+    return math.log(p) - math.log1p(-p)
 
 
 async def embed(

@@ -4,6 +4,9 @@ and the Jina/Cohere v1 rerank shape on POST /v1/rerank (also /rerank, shared wit
 Extension fields (the OpenAI SDK keeps unknown fields, pydantic `extra="allow"`): each data
 item's `tokens`, `input_tokens` and `truncated`; in the request, `embedding_type` /
 `embedding_types`, `priority`, `chunks` and the contract's EXTENSION_OPTIONS (docs/api.md).
+NVIDIA NIM's fields, which its clients send to /v1/embeddings: `input_type` ("query" or
+"passage") picks the checkpoint's query or document prompt (common.prompt_options), and
+`truncate` may be one of NIM's modes ("NONE", "START", "END": common.TRUNCATE_MODES).
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ from .bodies import (
     one_of,
     token_ids,
 )
-from .common import check_model, embed, encode_value, text_usage
+from .common import (
+    TRUNCATE_MODES,
+    check_model,
+    embed,
+    encode_value,
+    prompt_options,
+    text_usage,
+)
 from .errors import (
     BACKEND,
     NOT_FOUND,
@@ -76,6 +86,10 @@ EXTENSION_OPTIONS = (
     "video_fps",
     "video_max_frames",
 )
+
+# NIM's `input_type`: its "passage" takes the checkpoint's document prompt (and "query", by
+# name, the query prompt).
+INPUT_TYPE_PROMPTS = {"passage": "document"}
 
 # `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
 ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
@@ -149,6 +163,7 @@ class _Embeddings(Body):
     embedding_type: Literal[EMBEDDING_TYPES] | None = None
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
+    input_type: Literal["query", "passage"] | None = None  # NIM's
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
     # tokens (the contract checks their form, the server their ranges)
     chunks: (
@@ -158,9 +173,51 @@ class _Embeddings(Body):
         | None
     ) = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _truncate_mode(cls, body):
+        """NIM's `truncate` modes as the contract's `truncate` and `truncation_direction`."""
+        if not isinstance(body, dict) or not isinstance(body.get("truncate"), str):
+            return body
+        modes = ", ".join(map(repr, TRUNCATE_MODES))
+        if body["truncate"] not in TRUNCATE_MODES:
+            raise PydanticCustomError(
+                "truncate",
+                "'truncate' must be a boolean or one of {modes}",
+                {"modes": modes, "param": "truncate"},
+            )
+        if body.get("truncation_direction") is not None:
+            raise PydanticCustomError(
+                "truncate",
+                "'truncate' as one of {modes} says the direction: send no "
+                "'truncation_direction' with it",
+                {"modes": modes, "param": "truncation_direction"},
+            )
+        return {**body, "truncate": True, **TRUNCATE_MODES[body["truncate"]]}
+
     @model_validator(mode="after")
     def _one_input_field(self):
         one_of(self, "input", "messages")
+        return self
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        """`input_type` picks a prompt: not beside the fields that name one."""
+        if self.input_type is None:
+            return self
+        named = [n for n in ("prompt_name", "prompt") if getattr(self, n) is not None]
+        if named:
+            raise PydanticCustomError(
+                "input_type",
+                "send 'input_type' or '{param}', not both",
+                {"param": named[0]},
+            )
+        if self.input_type == "passage" and self.instruction is not None:
+            raise PydanticCustomError(
+                "input_type",
+                "'instruction' is a query's task: it goes with input_type 'query', not 'passage'",
+                {"param": "instruction"},
+            )
         return self
 
     @property
@@ -173,8 +230,11 @@ class _Embeddings(Body):
             raise invalid("'messages' must hold one user message (and a system one)", "messages")
         return users
 
-    def options(self) -> dict:
+    def options(self, prompt_names: list[str] = ()) -> dict:
+        """The contract's options; `prompt_names`: the checkpoint's, which `input_type` picks
+        from."""
         options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
+        options |= prompt_options(self.input_type, list(prompt_names), INPUT_TYPE_PROMPTS)
         system = [m.content for m in self.messages or () if m.role == "system"]
         if system:
             if not isinstance(system[0], str) or "instruction" in options:
@@ -220,18 +280,18 @@ EmbeddingsRequest = create_model(
 
 
 def parse_request(
-    body: object, served_model: str | tuple[str, ...]
+    body: object, served_model: str | tuple[str, ...], prompt_names: list[str] = ()
 ) -> tuple[list, dict, str, list[str], bool]:
     """Validate an OpenAI embeddings request body -> (texts or token id lists, client
     options, encoding, the embedding types to return, whether the response keys them by
-    name)."""
+    name); `prompt_names`: the checkpoint's."""
     request = EmbeddingsRequest.parse(body)
     check_model(request.model, served_model)
     encoding, kinds, keyed = request.kinds()
     inputs = request.inputs
     if has_parts(inputs) and request.chunks is not None:
         raise invalid("'chunks' are for texts, not inputs with images", "chunks")
-    return inputs, request.options(), encoding, kinds, keyed
+    return inputs, request.options(prompt_names), encoding, kinds, keyed
 
 
 class Document(ScriptInput):
@@ -354,7 +414,8 @@ async def embeddings(request: Request):
 
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
-    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_names)
+    prompt_names = (await gw.facts()).get("prompt_names", [])
+    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_names, prompt_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:

@@ -15,7 +15,6 @@ truncation) and x-model-fingerprint.
 
 from __future__ import annotations
 
-import math
 from importlib.metadata import version
 from typing import Annotated, Literal
 
@@ -39,7 +38,7 @@ from .bodies import (
     described,
     token_ids,
 )
-from .common import embed, embed_tokens
+from .common import embed, embed_tokens, log_odds
 from .errors import (
     BACKEND,
     EMPTY,
@@ -283,8 +282,7 @@ async def rerank_route(request: Request):
         raise backend_error(e, (), "texts") from e
     ranks = []
     for index, score in result.ranking:
-        # raw: the model's logit, log(p / (1 - p)) of its yes/no softmax
-        value = math.log(score / (1 - score)) if asked.raw_scores and 0 < score < 1 else score
+        value = log_odds(score) if asked.raw_scores else score  # raw: the model's logit
         text = {"text": texts[index]} if asked.return_text else {}
         ranks.append({"index": index, "score": value} | text)
     return ranks

@@ -1,0 +1,52 @@
+"""NVIDIA NIM's reranking API: POST /v1/ranking, {model, query: {text}, passages: [{text}],
+truncate} -> {rankings: [{index, logit}]}, best first, what NIM's clients call (LangChain's and
+LlamaIndex's NVIDIARerank, Haystack's NvidiaRanker). A logit is the reranker's log-odds of
+"yes" (common.log_odds). `truncate`: "END" (the default) cuts a passage's end, "NONE" refuses a
+passage past the model's limit. NIM's embeddings are OpenAI's /v1/embeddings with its
+`input_type` and `truncate` (openai.py). Errors in OpenAI's shape (app.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Request
+
+from ..client import EmbeddingError
+from ..contract import MAX_DOCUMENTS
+from .bodies import Body, NonBlank, Text, at_most
+from .common import TRUNCATE_MODES, check_model, log_odds
+from .errors import backend_error, json_body, rerank_checked
+from .state import gateway
+
+router = APIRouter(tags=["nim"])
+
+
+class Query(Body):
+    text: NonBlank
+
+
+class Passage(Body):
+    text: Text
+
+
+class RankingRequest(Body):
+    model: str | None = None
+    query: Query
+    passages: Annotated[list[Passage], at_most(MAX_DOCUMENTS)]
+    truncate: Literal["NONE", "END"] = "END"
+
+
+@router.post("/v1/ranking")
+async def ranking(request: Request):
+    gw = gateway(request)
+    asked = RankingRequest.parse(await json_body(request))
+    check_model(asked.model, gw.rerank_model_name)
+    options = rerank_checked(**TRUNCATE_MODES[asked.truncate])
+    passages = [p.text for p in asked.passages]
+    try:
+        result = await gw.client.rerank(
+            asked.query.text, passages, **options, headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        raise backend_error(e, (), lambda i: f"passages[{i}].text") from e
+    return {"rankings": [{"index": i, "logit": log_odds(s)} for i, s in result.ranking]}
