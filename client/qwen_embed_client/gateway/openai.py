@@ -414,7 +414,10 @@ async def embeddings(request: Request):
 
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
-    prompt_names = (await gw.facts()).get("prompt_names", [])
+    # the checkpoint's prompt names (config reads before the Triton request) only where NIM's
+    # input_type picks one of them
+    picks = isinstance(body, dict) and body.get("input_type") is not None
+    prompt_names = (await gw.facts()).get("prompt_names", []) if picks else []
     inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_names, prompt_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
