@@ -452,6 +452,8 @@ def test_nim_rerank_client_ranks_by_the_rerankers_logits(stack):
     assert status == 200 and [r["index"] for r in answer["rankings"]] == [
         i for i, _ in want.ranking
     ]
+    with urllib.request.urlopen(f"{base}/v1/health/ready", timeout=10) as r:  # no key
+        assert r.status == 200 and json.loads(r.read())["ready"] is True
     for body, status_code, param in [
         ({"model": "rerank", "query": {"text": query}, "passages": []}, 400, "passages"),
         ({"model": "rerank", "query": {"text": query}, "passages": [{"text": 1}]}, 400, "passages"),

@@ -9,7 +9,8 @@ from fastapi.testclient import TestClient
 
 from qwen_embed_client.gateway.app import create_app
 
-OPEN = {"/health"}  # liveness probes carry no key (and /metrics, outside the schema)
+# liveness and readiness probes carry no key (and /metrics, outside the schema)
+OPEN = {"/health", "/v1/health/live", "/v1/health/ready"}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_every_route_refuses_a_request_without_the_key(app):
     paths = {p for _, p in routes}
     # the four APIs' routes are all there: a check over no routes would pass vacuously
     assert {"/v1/embeddings", "/v1/batches", "/v2/embed", "/embed", "/info"} <= paths
-    assert {"/v1/score", "/embed_all"} <= paths
+    assert {"/v1/score", "/embed_all", "/v1/ranking"} <= paths
     client = TestClient(app)  # no lifespan: nothing starts, nothing reaches Triton
     for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}):
         for method, path in routes:
@@ -46,6 +47,9 @@ def test_every_route_refuses_a_request_without_the_key(app):
 def test_the_probe_needs_no_key_and_a_refusal_speaks_its_api(app):
     client = TestClient(app)
     assert client.get("/health").status_code == 200
+    assert client.get("/v1/health/live").json()["live"] is True  # NIM's probes
+    not_ready = client.get("/v1/health/ready")  # no Triton behind this gateway
+    assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
     assert client.get("/metrics").status_code == 200  # scrapes carry no key either
     openai = client.post("/v1/embeddings", json={}).json()
     assert openai["error"]["code"] == "invalid_api_key"

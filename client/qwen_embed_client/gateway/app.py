@@ -100,6 +100,8 @@ def create_app(
         app.middleware("http")(_traced(tracing))
     GatewayMetrics().install(app)  # /metrics, like /health, carries no key
     app.get("/health")(_health)  # probes carry no key
+    app.get("/v1/health/live")(nim.live)
+    app.get("/v1/health/ready")(nim.ready)
     # tei last: POST / and /rerank go by body
     for api in (openai, nim, score, batches, cohere, tei):
         app.include_router(api.router, dependencies=[Depends(require_key)])

@@ -3,13 +3,16 @@ truncate} -> {rankings: [{index, logit}]}, best first, what NIM's clients call (
 LlamaIndex's NVIDIARerank, Haystack's NvidiaRanker). A logit is the reranker's log-odds of
 "yes" (common.log_odds). `truncate`: "END" (the default) cuts a passage's end, "NONE" refuses a
 passage past the model's limit. NIM's embeddings are OpenAI's /v1/embeddings with its
-`input_type` and `truncate` (openai.py). Errors in OpenAI's shape (app.py)."""
+`input_type` and `truncate` (openai.py). Errors in OpenAI's shape (app.py). NIM's probes,
+GET /v1/health/live and /v1/health/ready (503 until Triton serves the embed model), carry no key
+(app.py mounts them beside /health)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS
@@ -50,3 +53,15 @@ async def ranking(request: Request):
     except EmbeddingError as e:
         raise backend_error(e, (), lambda i: f"passages[{i}].text") from e
     return {"rankings": [{"index": i, "logit": log_odds(s)} for i, s in result.ranking]}
+
+
+async def live():
+    return {"object": "health.response", "message": "live", "live": True}
+
+
+async def ready(request: Request):
+    gw = gateway(request)
+    if await gw.client.model_ready(gw.client.model):
+        return {"object": "health.response", "message": "ready", "ready": True}
+    body = {"object": "health.response", "message": "not ready", "ready": False}
+    return JSONResponse(body, status_code=503)
