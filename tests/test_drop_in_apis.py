@@ -508,6 +508,17 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
     assert api.models.list().data[0].model_extra["fingerprint"] == fingerprint
     status, _, headers = post(base, "/v2/embed", {"model": "embed", "texts": ["x"]})
     assert status == 200 and headers["x-model-fingerprint"] == fingerprint
+    # vLLM's truncation fields are ours
+    for theirs, ours in [
+        ({"truncate_prompt_tokens": 8}, {"max_tokens": 8}),
+        (
+            {"truncate_prompt_tokens": 8, "truncation_side": "left"},
+            {"max_tokens": 8, "truncation_direction": "left"},
+        ),
+    ]:
+        got = openai_vectors(base, [long_text], **theirs)
+        assert np.abs(got - openai_vectors(base, [long_text], **ours)).max() <= SAME
+        assert np.abs(got - openai_vectors(base, [long_text])).max() > 1e-3  # it was cut
 
 
 def test_every_api_gives_one_vector_per_text(stack):

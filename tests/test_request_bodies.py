@@ -125,9 +125,23 @@ def test_nim_truncate_modes_are_the_contracts_options():
     assert nim_options({"truncate": False}) == {"truncate": False}  # ours, a boolean, still
 
 
+def test_vllm_truncation_fields_are_the_contracts_options():
+    assert nim_options({"truncate_prompt_tokens": 8}) == {"max_tokens": 8}
+    assert nim_options({"truncate_prompt_tokens": -1}) == {}  # the model's limit
+    assert nim_options({"truncate_prompt_tokens": 8, "truncation_side": "left"}) == {
+        "max_tokens": 8,
+        "truncation_direction": "left",
+    }
+
+
 @pytest.mark.parametrize(
     "body, param, words",
     [
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "-1 (the model's limit) or >= 1"),
+        ({"truncate_prompt_tokens": 8, "max_tokens": 4}, "truncate_prompt_tokens", "not both"),
+        ({"truncation_side": "left", "truncation_direction": "left"}, "truncation_side", "not"),
+        ({"truncation_side": "up"}, "truncation_side", "one of ['left', 'right']"),
+        ({"truncate": "START", "truncation_side": "left"}, "truncation_side", "send no"),
         ({"truncate": "MIDDLE"}, "truncate", "a boolean or one of 'END', 'START', 'NONE'"),
         ({"truncate": "{x}"}, "truncate", "a boolean or one of"),  # not echoed into a template
         ({"truncate": "START", "truncation_direction": "left"}, "truncation_direction", "no"),
@@ -137,7 +151,7 @@ def test_nim_truncate_modes_are_the_contracts_options():
         ({"input_type": "passage", "instruction": "i"}, "instruction", "input_type 'query'"),
     ],
 )
-def test_nim_fields_refusals_name_the_field(body, param, words):
+def test_nim_and_vllm_fields_refusals_name_the_field(body, param, words):
     e = refusal(nim_options, body)
     assert e.param == param and words in e.message, e.message
 

@@ -6,7 +6,9 @@ item's `tokens`, `input_tokens` and `truncated`; in the request, `embedding_type
 `embedding_types`, `priority`, `chunks` and the contract's EXTENSION_OPTIONS (docs/api.md).
 NVIDIA NIM's fields, which its clients send to /v1/embeddings: `input_type` ("query" or
 "passage") picks the checkpoint's query or document prompt (common.prompt_options), and
-`truncate` may be one of NIM's modes ("NONE", "START", "END": common.TRUNCATE_MODES).
+`truncate` may be one of NIM's modes ("NONE", "START", "END": common.TRUNCATE_MODES). vLLM's:
+`truncate_prompt_tokens` (-1: the model's limit) is `max_tokens`, `truncation_side` is
+`truncation_direction`.
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class _Embeddings(Body):
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
     input_type: Literal["query", "passage"] | None = None  # NIM's
+    truncate_prompt_tokens: int | None = None  # vLLM's
+    truncation_side: Literal["left", "right"] | None = None  # vLLM's
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
     # tokens (the contract checks their form, the server their ranges)
     chunks: (
@@ -186,18 +190,40 @@ class _Embeddings(Body):
                 "'truncate' must be a boolean or one of {modes}",
                 {"modes": modes, "param": "truncate"},
             )
-        if body.get("truncation_direction") is not None:
-            raise PydanticCustomError(
-                "truncate",
-                "'truncate' as one of {modes} says the direction: send no "
-                "'truncation_direction' with it",
-                {"modes": modes, "param": "truncation_direction"},
-            )
+        for side in ("truncation_direction", "truncation_side"):
+            if body.get(side) is not None:
+                raise PydanticCustomError(
+                    "truncate",
+                    "'truncate' as one of {modes} says the direction: send no '{param}' with it",
+                    {"modes": modes, "param": side},
+                )
         return {**body, "truncate": True, **TRUNCATE_MODES[body["truncate"]]}
 
     @model_validator(mode="after")
     def _one_input_field(self):
         one_of(self, "input", "messages")
+        return self
+
+    @model_validator(mode="after")
+    def _one_truncation(self):
+        """vLLM's truncation fields name the contract's: not beside them."""
+        for theirs, ours in (
+            ("truncate_prompt_tokens", "max_tokens"),
+            ("truncation_side", "truncation_direction"),
+        ):
+            if getattr(self, theirs) is not None and getattr(self, ours) is not None:
+                raise PydanticCustomError(
+                    "truncation",
+                    "send '{param}' or '{ours}', not both",
+                    {"param": theirs, "ours": ours},
+                )
+        tokens = self.truncate_prompt_tokens
+        if tokens is not None and tokens != -1 and tokens < 1:
+            raise PydanticCustomError(
+                "truncation",
+                "'truncate_prompt_tokens' must be -1 (the model's limit) or >= 1, got {tokens}",
+                {"param": "truncate_prompt_tokens", "tokens": tokens},
+            )
         return self
 
     @model_validator(mode="after")
@@ -235,6 +261,10 @@ class _Embeddings(Body):
         from."""
         options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
         options |= prompt_options(self.input_type, list(prompt_names), INPUT_TYPE_PROMPTS)
+        if self.truncate_prompt_tokens not in (None, -1):
+            options["max_tokens"] = self.truncate_prompt_tokens
+        if self.truncation_side is not None:
+            options["truncation_direction"] = self.truncation_side
         system = [m.content for m in self.messages or () if m.role == "system"]
         if system:
             if not isinstance(system[0], str) or "instruction" in options:
