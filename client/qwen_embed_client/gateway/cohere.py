@@ -28,6 +28,7 @@ from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
 from .common import (
     TRUNCATE_MODES,
     check_model,
+    checkpoint_prompt_names,
     embed,
     encode_value,
     prompt_options,
@@ -138,8 +139,7 @@ async def embed_v2(request: Request):
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
     options |= asked.given("max_tokens")
-    facts = await gw.facts()
-    prompt_names = facts.get("prompt_names", [])
+    prompt_names = await checkpoint_prompt_names(gw, asked.input_type)
     options |= prompt_options(asked.input_type, prompt_names, INPUT_TYPE_PROMPTS, INPUT_TYPE_TASKS)
     try:
         options = options_checked(**options)

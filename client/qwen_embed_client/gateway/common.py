@@ -55,6 +55,15 @@ def prompt_options(
     return {}
 
 
+async def checkpoint_prompt_names(gw, input_type: str | None) -> list[str]:
+    """The checkpoint's prompt names where an API's `input_type` picks one (prompt_options),
+    else none: reading them is a config read before the request's Triton call, made only
+    where it decides something."""
+    if input_type is None:
+        return []
+    return (await gw.facts()).get("prompt_names", [])
+
+
 def log_odds(score: float) -> float:
     """A yes/no reranker's logit, log(p / (1 - p)), from its float32 P("yes") `score`; a
     saturated score (0 or 1) gives the logit of the nearest float32 inside, so logits keep

@@ -45,6 +45,7 @@ from .bodies import (
 from .common import (
     TRUNCATE_MODES,
     check_model,
+    checkpoint_prompt_names,
     embed,
     encode_value,
     prompt_options,
@@ -309,19 +310,29 @@ EmbeddingsRequest = create_model(
 )
 
 
+def checked_request(body: object, served_model: str | tuple[str, ...]) -> EmbeddingsRequest:
+    """An OpenAI embeddings request body, validated and for a served model."""
+    request = EmbeddingsRequest.parse(body)
+    check_model(request.model, served_model)
+    if has_parts(request.inputs) and request.chunks is not None:
+        raise invalid("'chunks' are for texts, not inputs with images", "chunks")
+    return request
+
+
+def request_plan(
+    request: EmbeddingsRequest, prompt_names: list[str] = ()
+) -> tuple[list, dict, str, list[str], bool]:
+    """(texts or token id lists, client options, encoding, the embedding types to return,
+    whether the response keys them by name); `prompt_names`: the checkpoint's."""
+    encoding, kinds, keyed = request.kinds()
+    return request.inputs, request.options(prompt_names), encoding, kinds, keyed
+
+
 def parse_request(
     body: object, served_model: str | tuple[str, ...], prompt_names: list[str] = ()
 ) -> tuple[list, dict, str, list[str], bool]:
-    """Validate an OpenAI embeddings request body -> (texts or token id lists, client
-    options, encoding, the embedding types to return, whether the response keys them by
-    name); `prompt_names`: the checkpoint's."""
-    request = EmbeddingsRequest.parse(body)
-    check_model(request.model, served_model)
-    encoding, kinds, keyed = request.kinds()
-    inputs = request.inputs
-    if has_parts(inputs) and request.chunks is not None:
-        raise invalid("'chunks' are for texts, not inputs with images", "chunks")
-    return inputs, request.options(prompt_names), encoding, kinds, keyed
+    """checked_request, then its request_plan."""
+    return request_plan(checked_request(body, served_model), prompt_names)
 
 
 class Document(ScriptInput):
@@ -444,11 +455,9 @@ async def embeddings(request: Request):
 
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
-    # the checkpoint's prompt names (config reads before the Triton request) only where NIM's
-    # input_type picks one of them
-    picks = isinstance(body, dict) and body.get("input_type") is not None
-    prompt_names = (await gw.facts()).get("prompt_names", []) if picks else []
-    inputs, options, encoding, kinds, keyed = parse_request(body, gw.model_names, prompt_names)
+    request = checked_request(body, gw.model_names)
+    prompt_names = await checkpoint_prompt_names(gw, request.input_type)
+    inputs, options, encoding, kinds, keyed = request_plan(request, prompt_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
