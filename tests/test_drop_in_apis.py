@@ -521,6 +521,88 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
         assert np.abs(got - openai_vectors(base, [long_text])).max() > 1e-3  # it was cut
 
 
+def data_vectors(body: dict) -> np.ndarray:
+    return np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+
+
+def test_vllm_encoding_and_activation_fields(stack):
+    """vLLM's `embed_dtype` and `endianness` shape a base64 vector's bytes (read back as
+    vLLM's own decoder reads them: torch's type, byte-swapped for big-endian); its
+    `use_activation` false is `normalize` false."""
+    _, base = stack
+    floats = openai_vectors(base, TEXTS[:2])
+    for embed_dtype, like, tolerance in [
+        ("float32", torch.float32, 0),
+        ("bfloat16", torch.bfloat16, 2**-8),
+        ("fp8_e4m3", torch.float8_e4m3fn, 2**-3),
+    ]:
+        for endianness in ("little", "big"):
+            body = {"model": "embed", "input": TEXTS[:2], "encoding_format": "base64"}
+            body |= {"embed_dtype": embed_dtype, "endianness": endianness}
+            status, answer, _ = post(base, "/v1/embeddings", body)
+            assert status == 200, answer
+            for i, item in enumerate(answer["data"]):
+                raw = bytearray(base64.b64decode(item["embedding"]))
+                width = torch.tensor([], dtype=like).element_size()
+                if endianness == "big":
+                    raw = b"".join(raw[j : j + width][::-1] for j in range(0, len(raw), width))
+                got = torch.frombuffer(bytearray(raw), dtype=like).float().numpy()
+                assert np.abs(got - floats[i]).max() <= tolerance * np.abs(floats[i]).max()
+    raw = openai_vectors(base, TEXTS[:2], use_activation=False)
+    assert np.abs(raw - openai_vectors(base, TEXTS[:2], normalize=False)).max() <= SAME
+    assert np.abs(np.linalg.norm(raw, axis=1) - 1).min() > 1e-3  # not unit vectors
+    status, answer, _ = post(
+        base, "/v1/embeddings", {"model": "embed", "input": "x", "add_special_tokens": False}
+    )
+    assert status == 400 and answer["error"]["param"] == "add_special_tokens"
+
+
+def test_jina_fields_and_late_chunking(stack):
+    """Jina's `task`, `normalized` and `embedding_type` "base64" are our prompts and options;
+    `late_chunking` gives each input the vector of the joined text cut after it (a causal
+    model pooled at the last token reads a chunk out as the text up to the chunk's end)."""
+    _, base = stack
+
+    def jina(**fields) -> np.ndarray:
+        status, body, _ = post(base, "/v1/embeddings", {"model": "embed", **fields})
+        assert status == 200, body
+        return body
+
+    assert (
+        np.abs(
+            data_vectors(jina(input=TEXTS, task="retrieval.query"))
+            - openai_vectors(base, TEXTS, prompt_name="query")
+        ).max()
+        <= SAME
+    )
+    matching = data_vectors(jina(input=TEXTS, task="text-matching"))
+    instructed = openai_vectors(base, TEXTS, instruction="Retrieve semantically similar text")
+    assert np.abs(matching - instructed).max() <= SAME
+    raw = data_vectors(jina(input=TEXTS, normalized=False))
+    assert np.abs(raw - openai_vectors(base, TEXTS, normalize=False)).max() <= SAME
+    packed = jina(input=TEXTS, embedding_type="base64")["data"]
+    unpacked = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in packed]
+    assert np.abs(np.array(unpacked) - openai_vectors(base, TEXTS)).max() == 0
+    # late chunking, with the query prompt before the joined text
+    sentences = ["Paris is the capital of France.", "Its tower is made of iron.", "Ünïcode ok"]
+    body = jina(input=sentences, late_chunking=True, task="retrieval.query")
+    cut = [" ".join(sentences[: i + 1]) for i in range(len(sentences))]
+    expected = openai_vectors(base, cut, prompt_name="query")
+    assert np.abs(data_vectors(body) - expected).max() <= 1e-5
+    assert np.abs(np.diff(data_vectors(body), axis=0)).max() > 1e-3  # one vector each
+    with EmbeddingClient(stack[0].grpc_url) as client:
+        (whole,) = client.count_tokens([cut[-1]], prompt_name="query")
+    assert body["usage"]["total_tokens"] == whole
+    # the joined text must fit the model's limit
+    words = ["word " * 40] * 3
+    status, body, _ = post(
+        base, "/v1/embeddings", {"model": "embed", "input": words, "late_chunking": True}
+    )
+    assert status == 400 and body["error"]["param"] == "input", body
+    assert f"more than the limit of {TOKENS_PER_TEXT}" in body["error"]["message"]
+    assert "'late_chunking' reads the 3 inputs as one text of" in body["error"]["message"]
+
+
 def test_every_api_gives_one_vector_per_text(stack):
     """The same texts through the four ways in: one vector each, equal across routes."""
     server, base = stack

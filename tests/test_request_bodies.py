@@ -3,9 +3,11 @@ hold, each refusal naming its field in the API's words, and the mapping onto the
 contract. The routes themselves, against a real server: test_gateway.py, test_drop_in_apis.py."""
 
 import asyncio
+import base64
 import math
 import typing
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,8 +17,8 @@ from qwen_embed_client.contract import (
     MAX_VIDEOS_PER_TEXT,
     EmbedOptions,
 )
-from qwen_embed_client.gateway import cohere, media, nim, openai, score, tei
-from qwen_embed_client.gateway.common import log_odds, prompt_options
+from qwen_embed_client.gateway import cohere, jina, media, nim, openai, score, tei
+from qwen_embed_client.gateway.common import Encoding, log_odds, prompt_options
 from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
 
 EMBED = ("embed",)
@@ -36,18 +38,22 @@ def test_openai_embeddings_map_onto_the_contract():
     texts, options, encoding, kinds, keyed = embeddings(
         {"input": "hi", "dimensions": 8, "instruction": "find", "priority": "bulk"}
     )
-    assert (texts, encoding, kinds, keyed) == (["hi"], "float", ["float"], False)
+    assert (texts, encoding, kinds, keyed) == (["hi"], Encoding("float"), ["float"], False)
     assert options == {"dimensions": 8, "instruction": "find", "priority": "bulk"}
     ids, options, *_ = embeddings({"input": [[1, 2], [3]]})
     assert ids == [[1, 2], [3]] and options == {"token_ids": True}
     assert embeddings({"input": [5, 6]})[0] == [[5, 6]]  # one id list
     _, options, *_ = embeddings({"input": ["a"], "chunks": {"spans": [[0, 2], [2, 4]]}})
     assert options == {"chunk_spans": [[0, 2], [2, 4]]}
-    assert embeddings({"input": "x", "encoding_format": "int8"})[2:] == ("float", ["int8"], False)
+    assert embeddings({"input": "x", "encoding_format": "int8"})[2:] == (
+        Encoding(),
+        ["int8"],
+        False,
+    )
     # null is the default, as OpenAI takes it (LiteLLM sends it when none is set)
-    assert embeddings({"input": "x", "encoding_format": None})[2:] == ("float", ["float"], False)
+    assert embeddings({"input": "x", "encoding_format": None})[2:] == (Encoding(), ["float"], False)
     keyed = embeddings({"input": "x", "embedding_types": ["binary", "float"]})
-    assert keyed[2:] == ("float", ["binary", "float"], True)
+    assert keyed[2:] == (Encoding(), ["binary", "float"], True)
 
 
 def test_every_extension_option_is_typed_as_the_contract_types_it():
@@ -148,12 +154,102 @@ def test_vllm_truncation_fields_are_the_contracts_options():
         ({"input_type": "document"}, "input_type", "one of ['query', 'passage']"),
         ({"input_type": "query", "prompt_name": "query"}, "prompt_name", "not both"),
         ({"input_type": "query", "prompt": "p: "}, "prompt", "not both"),
-        ({"input_type": "passage", "instruction": "i"}, "instruction", "input_type 'query'"),
+        ({"input_type": "passage", "instruction": "i"}, "instruction", "'passage' embeds passages"),
+        ({"use_activation": False, "normalize": False}, "use_activation", "not both"),
+        ({"embed_dtype": "float64"}, "embed_dtype", "one of ['float32', 'float16', 'bfloat16'"),
+        ({"endianness": "middle"}, "endianness", "one of ['native', 'big', 'little']"),
+        ({"embed_dtype": "float16", "encoding_format": "int8"}, "embed_dtype", "'int8'"),
+        ({"add_special_tokens": False}, "add_special_tokens", "not served for texts"),
+        ({"padding": "max_length"}, "padding", "'do_not_pad'"),
+        ({"task": "retrieval"}, "task", "one of ['retrieval.query', 'retrieval.passage'"),
+        ({"task": "retrieval.query", "input_type": "query"}, "task", "not both"),
+        ({"task": "retrieval.query", "prompt_name": "query"}, "prompt_name", "not both"),
+        ({"task": "code.passage", "instruction": "i"}, "instruction", "embeds passages"),
+        ({"task": "text-matching", "instruction": "i"}, "instruction", "gives the instruction"),
+        ({"normalized": True, "normalize": True}, "normalized", "not both"),
+        ({"normalized": "yes"}, "normalized", "a boolean"),
+        ({"embedding_type": "base64", "encoding_format": "int8"}, "encoding_format", "one of"),
+        ({"late_chunking": True, "input": [[1, 2]]}, "input", "must be strings"),
+        ({"late_chunking": True, "input": ["a", " "]}, "input", "'input[1]' is blank"),
+        ({"late_chunking": True, "chunks": {"size": 4}}, "chunks", "send no 'chunks'"),
+        ({"late_chunking": True, "embedding_type": "int8"}, "late_chunking", "float vectors"),
     ],
 )
-def test_nim_and_vllm_fields_refusals_name_the_field(body, param, words):
+def test_nim_vllm_and_jina_fields_refusals_name_the_field(body, param, words):
     e = refusal(nim_options, body)
     assert e.param == param and words in e.message, e.message
+
+
+def test_vllm_activation_and_token_ids_fields():
+    assert nim_options({"use_activation": False}) == {"normalize": False}
+    # ids are taken as given: no special tokens are added to them either way
+    assert nim_options({"input": [[1, 2]], "add_special_tokens": False}) == {"token_ids": True}
+    assert nim_options({"add_special_tokens": True, "padding": "do_not_pad"}) == {}
+
+
+def test_jina_tasks_pick_the_checkpoints_prompts_or_an_instruction():
+    assert nim_options({"task": "retrieval.query"}) == {"prompt_name": "query"}
+    assert nim_options({"task": "retrieval.passage"}) == {"prompt_name": "document"}
+    assert nim_options({"task": "code.passage"}, ["query"]) == {}  # no document prompt
+    for task, instruction in jina.TASK_INSTRUCTIONS_BY_TASK.items():
+        assert nim_options({"task": task}) == {"instruction": instruction}
+    assert nim_options({"task": "retrieval.query", "instruction": "find code"}) == {
+        "prompt_name": "query",
+        "instruction": "find code",
+    }
+    assert nim_options({"normalized": False}) == {"normalize": False}
+    _, _, encoding, kinds, _ = openai.parse_request(
+        {"input": "x", "embedding_type": "base64"}, EMBED
+    )
+    assert (encoding, kinds) == (Encoding("base64"), ["float"])
+
+
+VECTOR = np.concatenate(
+    [  # unit-scale values, tiny and huge ones, and past fp8 e4m3's largest value (448)
+        np.random.default_rng(0).standard_normal(4096).astype(np.float32),
+        np.array([0.0, -0.0, 1e-9, -3e-6, 447.9, 449.0, -1e4, 6e4, 7e4], np.float32),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "embed_dtype, like",
+    [
+        ("float32", torch.float32),
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("fp8_e4m3", torch.float8_e4m3fn),
+        ("fp8_e5m2", torch.float8_e5m2),
+    ],
+)
+@pytest.mark.parametrize("endianness", ["little", "big", "native"])
+def test_vllm_embed_dtype_bytes_are_torchs_cast(embed_dtype, like, endianness):
+    """A base64 vector as vLLM writes one (its serial_utils: torch's cast, viewed as
+    unsigned ints, byte-swapped for an order other than the host's)."""
+    body = {"input": "x", "encoding_format": "base64"}
+    body |= {"embed_dtype": embed_dtype, "endianness": endianness}
+    encoding = openai.parse_request(body, EMBED)[2]
+    cast = torch.from_numpy(VECTOR).to(like)
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[cast.element_size()]
+    expected = cast.view(view).numpy()
+    if endianness == "big":
+        expected = expected.byteswap()  # these hosts are little-endian
+    assert base64.b64decode(encoding(VECTOR)) == expected.tobytes()
+    # a compact type's codes go out as they are
+    codes = np.arange(-3, 4, dtype=np.int8)
+    assert base64.b64decode(Encoding("base64", "float16")(codes)) == codes.tobytes()
+
+
+def test_late_chunking_token_spans_follow_the_byte_offsets():
+    """Each input's tokens in the joined text: a token that begins in the separator before a
+    text is that text's; the prompt's tokens are not counted (a straddling one is the text's)."""
+    texts = ["Hi there.", "Ünï", "x"]  # joined "Hi there. Ünï x": 17 bytes
+    # a 6-byte prompt first: its token (0, 3), then one straddling its end, (3, 7): the
+    # text's; " Ün" begins at the separator before the second text
+    spans = [(0, 3), (3, 7), (7, 8), (8, 14), (14, 15), (15, 19), (19, 21), (21, 23)]
+    special = {"special": True, "start": None, "stop": None}
+    tokens = [special, *({"special": False, "start": a, "stop": b} for a, b in spans), special]
+    assert jina._token_spans(tokens, texts, 17) == [(0, 4), (4, 6), (6, 7)]
 
 
 def test_nim_ranking_body():

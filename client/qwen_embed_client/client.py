@@ -242,12 +242,14 @@ class AsyncEmbeddingClient:
             input_tokens=np.concatenate([c[2] for c in chunks]),
         )
 
-    async def tokenize(self, texts: list[str], **options) -> list[list[dict]]:
+    async def tokenize(
+        self, texts: list[str], *, headers: dict[str, str] | None = None, **options
+    ) -> list[list[dict]]:
         """Each text's tokens as the model receives them (prompt and special tokens included):
         dicts of id, text, special, and start/stop, the token's UTF-8 byte offsets in the
         prompted text (None for special tokens). Options as `embed`'s."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        result = await self._tokenizer_call(texts, EmbedOptions(**options), "TOKENS")
+        result = await self._tokenizer_call(texts, EmbedOptions(**options), "TOKENS", headers)
         return [json.loads(item) for item in result.reshape(-1)]
 
     async def count_tokens(

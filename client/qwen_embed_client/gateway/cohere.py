@@ -26,11 +26,12 @@ from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, MAX_INPUTS
 from .bodies import Body, NonBlank, Text, Texts, at_most, distinct, one_of
 from .common import (
+    TASK_INSTRUCTIONS,
     TRUNCATE_MODES,
+    Encoding,
     check_model,
     checkpoint_prompt_names,
     embed,
-    encode_value,
     prompt_options,
     text_usage,
 )
@@ -50,10 +51,7 @@ router = APIRouter(tags=["cohere"])
 
 INPUT_TYPES = ("search_query", "search_document", "classification", "clustering", "image")
 INPUT_TYPE_PROMPTS = {"search_query": "query", "search_document": "document"}
-INPUT_TYPE_TASKS = {
-    "classification": "Classify the given text",
-    "clustering": "Identify the topic or theme of the given text",
-}
+INPUT_TYPE_TASKS = {k: TASK_INSTRUCTIONS[k] for k in ("classification", "clustering")}
 API_META = {"api_version": {"version": "2"}}
 
 
@@ -152,8 +150,8 @@ async def embed_v2(request: Request):
     embeddings = {}
     for kind in asked.embedding_types:
         vectors = result.by_type["float" if kind == "base64" else kind]
-        encoding = "base64" if kind == "base64" else "float"
-        embeddings[kind] = [encode_value(v, encoding) for v in vectors]
+        encode = Encoding("base64" if kind == "base64" else "float")
+        embeddings[kind] = [encode(v) for v in vectors]
     tokens = result.total_tokens
     answer = {
         "id": str(uuid.uuid4()),

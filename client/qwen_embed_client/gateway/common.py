@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import base64
 import math
+import sys
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
 
 from ..client import EmbeddingError, EmbeddingResult
 from ..contract import MAX_TOKEN_VECTOR_BYTES
@@ -18,6 +23,15 @@ TRUNCATE_MODES = {
     "END": {},
     "START": {"truncation_direction": "left"},
     "NONE": {"truncate": False},
+}
+
+# Tasks given to a checkpoint's query prompt as its instruction where an API names a task
+# rather than a side of retrieval (Cohere's input types, Jina's tasks), as MTEB's evaluations
+# (Qwen3-Embedding's among them) instruct such tasks.
+TASK_INSTRUCTIONS = {
+    "classification": "Classify the given text",
+    "clustering": "Identify the topic or theme of the given text",
+    "similarity": "Retrieve semantically similar text",
 }
 
 # A float32 P("yes") saturates at 0 and 1; its logit is taken at the nearest float32 values.
@@ -126,10 +140,40 @@ def _check_token_bytes(inputs: int, size: int, bound: str = "") -> None:
         )
 
 
-def encode_value(vector, encoding: str):
-    if encoding == "base64":  # the vector's bytes: little-endian float32, or the codes
-        return base64.b64encode(vector.astype(vector.dtype.newbyteorder("<")).tobytes()).decode()
-    return vector.tolist()
+# vLLM's `embed_dtype`: the type a float vector's bytes take in base64.
+EMBED_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+    "fp8_e5m2": ml_dtypes.float8_e5m2,
+}
+# e4m3 has no infinity: torch's cast (vLLM's) saturates at its largest value, not NaN
+_E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a vector goes into JSON: "float", a list of numbers, or "base64", its bytes: a
+    float vector cast to `dtype` (rounded to nearest even, as torch casts), the compact
+    types' codes as they are, in the byte order `byteorder` ("little" or "big")."""
+
+    format: str = "float"
+    dtype: str = "float32"
+    byteorder: str = "little"
+
+    def __call__(self, vector: np.ndarray):
+        if self.format == "float":
+            return vector.tolist()
+        if vector.dtype == np.float32 and self.dtype != "float32":
+            if self.dtype == "fp8_e4m3":
+                vector = np.clip(vector, -_E4M3_MAX, _E4M3_MAX)
+            with np.errstate(over="ignore"):  # past a type's range: infinity, as torch casts
+                vector = vector.astype(EMBED_DTYPES[self.dtype])
+        raw = vector.view(f"u{vector.itemsize}")
+        if self.byteorder != sys.byteorder:
+            raw = raw.byteswap()
+        return base64.b64encode(raw.tobytes()).decode()
 
 
 def text_usage(result: EmbeddingResult, i: int) -> dict:

@@ -8,11 +8,15 @@ NVIDIA NIM's fields, which its clients send to /v1/embeddings: `input_type` ("qu
 "passage") picks the checkpoint's query or document prompt (common.prompt_options), and
 `truncate` may be one of NIM's modes ("NONE", "START", "END": common.TRUNCATE_MODES). vLLM's:
 `truncate_prompt_tokens` (-1: the model's limit) is `max_tokens`, `truncation_side` is
-`truncation_direction`.
+`truncation_direction`, `use_activation` is `normalize`; `embed_dtype` and `endianness` shape a
+base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) and `padding`
+"max_length" are refused, not ignored. Jina's: `task`, `normalized`, `late_chunking` and
+`embedding_type` "base64" (jina.py).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
@@ -43,11 +47,12 @@ from .bodies import (
     token_ids,
 )
 from .common import (
+    EMBED_DTYPES,
     TRUNCATE_MODES,
+    Encoding,
     check_model,
     checkpoint_prompt_names,
     embed,
-    encode_value,
     prompt_options,
     text_usage,
 )
@@ -65,6 +70,13 @@ from .errors import (
     json_body,
     options_checked,
     rerank_checked,
+)
+from .jina import (
+    PASSAGE_TASKS,
+    TASK_INSTRUCTIONS_BY_TASK,
+    TASK_PROMPTS,
+    TASKS,
+    late_chunk_embeddings,
 )
 from .media import (
     MEDIA_PARTS,
@@ -93,6 +105,15 @@ EXTENSION_OPTIONS = (
 # NIM's `input_type`: its "passage" takes the checkpoint's document prompt (and "query", by
 # name, the query prompt).
 INPUT_TYPE_PROMPTS = {"passage": "document"}
+
+# Fields by which other servers name one option: at most one of each group is sent (the
+# contract's name first).
+TWINS = (
+    ("max_tokens", "truncate_prompt_tokens"),  # vLLM's
+    ("truncation_direction", "truncation_side"),  # vLLM's
+    ("normalize", "use_activation", "normalized"),  # vLLM's, Jina's
+    ("input_type", "task"),  # NIM's, Jina's
+)
 
 # `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
 ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
@@ -163,12 +184,22 @@ class _Embeddings(Body):
     encoding_format: Annotated[
         Literal[ENCODINGS], BeforeValidator(lambda v: "float" if v is None else v)
     ] = "float"
-    embedding_type: Literal[EMBEDDING_TYPES] | None = None
+    embedding_type: Literal[(*EMBEDDING_TYPES, "base64")] | None = None  # base64: Jina's
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
     input_type: Literal["query", "passage"] | None = None  # NIM's
     truncate_prompt_tokens: int | None = None  # vLLM's
     truncation_side: Literal["left", "right"] | None = None  # vLLM's
+    # vLLM's: a base64 float vector's type and byte order ("native": this host's); the
+    # pooler's activation (false: vectors not normalized); special tokens; padding
+    embed_dtype: Literal[tuple(EMBED_DTYPES)] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
+    use_activation: bool | None = None
+    add_special_tokens: bool | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    task: Literal[TASKS] | None = None  # Jina's
+    normalized: bool | None = None  # Jina's
+    late_chunking: bool = False  # Jina's: the inputs read as one text, a vector per input
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
     # tokens (the contract checks their form, the server their ranges)
     chunks: (
@@ -206,17 +237,16 @@ class _Embeddings(Body):
         return self
 
     @model_validator(mode="after")
-    def _one_truncation(self):
-        """vLLM's truncation fields name the contract's: not beside them."""
-        for theirs, ours in (
-            ("truncate_prompt_tokens", "max_tokens"),
-            ("truncation_side", "truncation_direction"),
-        ):
-            if getattr(self, theirs) is not None and getattr(self, ours) is not None:
+    def _vllm_fields(self):
+        """Other servers' fields that name the contract's (TWINS): not beside them; vLLM's
+        that would change a vector in ways not served: refused."""
+        for group in TWINS:
+            given = [name for name in group if getattr(self, name) is not None]
+            if len(given) > 1:
                 raise PydanticCustomError(
-                    "truncation",
+                    "twins",
                     "send '{param}' or '{ours}', not both",
-                    {"param": theirs, "ours": ours},
+                    {"param": given[-1], "ours": given[0]},
                 )
         tokens = self.truncate_prompt_tokens
         if tokens is not None and tokens != -1 and tokens < 1:
@@ -225,25 +255,78 @@ class _Embeddings(Body):
                 "'truncate_prompt_tokens' must be -1 (the model's limit) or >= 1, got {tokens}",
                 {"param": "truncate_prompt_tokens", "tokens": tokens},
             )
+        if self.padding == "max_length":
+            raise PydanticCustomError(
+                "padding",
+                "'padding' 'max_length' pads a text to the model's limit, which a model read "
+                "out at a text's last token does not take: send 'do_not_pad' or none",
+                {"param": "padding"},
+            )
+        if self.add_special_tokens is False and self.input and not token_ids(self.input):
+            raise PydanticCustomError(
+                "add_special_tokens",
+                "'add_special_tokens' false is not served for texts: the model reads a text "
+                "out at the special tokens its tokenizer appends (send the model's token ids "
+                "to give every token yourself)",
+                {"param": "add_special_tokens"},
+            )
         return self
 
     @model_validator(mode="after")
     def _one_prompt(self):
-        """`input_type` picks a prompt: not beside the fields that name one."""
-        if self.input_type is None:
+        """`input_type` (NIM's) or `task` (Jina's) picks a prompt: not beside the fields that
+        name one, nor beside an instruction where it is a passage's or gives its own."""
+        picker = "input_type" if self.input_type is not None else "task"
+        picked = getattr(self, picker)
+        if picked is None:
             return self
         named = [n for n in ("prompt_name", "prompt") if getattr(self, n) is not None]
         if named:
             raise PydanticCustomError(
-                "input_type",
-                "send 'input_type' or '{param}', not both",
-                {"param": named[0]},
+                "prompt",
+                "send '{picker}' or '{param}', not both",
+                {"picker": picker, "param": named[0]},
             )
-        if self.input_type == "passage" and self.instruction is not None:
+        if self.instruction is None:
+            return self
+        if picked == "passage" or picked in PASSAGE_TASKS:
             raise PydanticCustomError(
-                "input_type",
-                "'instruction' is a query's task: it goes with input_type 'query', not 'passage'",
-                {"param": "instruction"},
+                "prompt",
+                "'instruction' is a query's task, and {picker} '{picked}' embeds passages",
+                {"picker": picker, "picked": picked, "param": "instruction"},
+            )
+        if picked in TASK_INSTRUCTIONS_BY_TASK:
+            raise PydanticCustomError(
+                "prompt",
+                "task '{picked}' gives the instruction: send no 'instruction' with it",
+                {"picked": picked, "param": "instruction"},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _late_chunking(self):
+        """Jina's late chunking reads texts, and answers float vectors."""
+        if not self.late_chunking:
+            return self
+        if self.chunks is not None or self.messages is not None:
+            other = "chunks" if self.chunks is not None else "messages"
+            raise PydanticCustomError(
+                "late_chunking",
+                "'late_chunking' chunks the texts of 'input': send no '{param}' with it",
+                {"param": other},
+            )
+        if not all(isinstance(item, str) for item in self.input):
+            raise PydanticCustomError(
+                "late_chunking",
+                "'late_chunking' reads texts: 'input' must be strings",
+                {"param": "input"},
+            )
+        blank = next((i for i, text in enumerate(self.input) if not text.strip()), None)
+        if blank is not None:
+            raise PydanticCustomError(
+                "late_chunking",
+                "'input[{i}]' is blank: 'late_chunking' makes a vector of each input's own text",
+                {"i": blank, "param": "input"},
             )
         return self
 
@@ -261,11 +344,19 @@ class _Embeddings(Body):
         """The contract's options; `prompt_names`: the checkpoint's, which `input_type` picks
         from."""
         options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
-        options |= prompt_options(self.input_type, list(prompt_names), INPUT_TYPE_PROMPTS)
+        if self.task is not None:
+            options |= prompt_options(
+                self.task, list(prompt_names), TASK_PROMPTS, TASK_INSTRUCTIONS_BY_TASK
+            )
+        else:
+            options |= prompt_options(self.input_type, list(prompt_names), INPUT_TYPE_PROMPTS)
         if self.truncate_prompt_tokens not in (None, -1):
             options["max_tokens"] = self.truncate_prompt_tokens
         if self.truncation_side is not None:
             options["truncation_direction"] = self.truncation_side
+        for twin in ("use_activation", "normalized"):
+            if getattr(self, twin) is not None:
+                options["normalize"] = getattr(self, twin)
         system = [m.content for m in self.messages or () if m.role == "system"]
         if system:
             if not isinstance(system[0], str) or "instruction" in options:
@@ -282,10 +373,11 @@ class _Embeddings(Body):
             options["chunk_spans"] = self.chunks.spans
         return options_checked(**options)
 
-    def kinds(self) -> tuple[str, list[str], bool]:
+    def kinds(self) -> tuple[Encoding, list[str], bool]:
         """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
         base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
-        `embedding_types` (Cohere: a list, answered keyed by type)."""
+        `embedding_types` (Cohere: a list, answered keyed by type); a base64 float vector's
+        bytes from `embed_dtype` and `endianness` (vLLM's)."""
         asked = [k for k in ("embedding_type", "embedding_types") if getattr(self, k)]
         if self.encoding_format not in ("float", "base64"):
             asked.append("encoding_format")
@@ -295,12 +387,21 @@ class _Embeddings(Body):
             encoding, kinds, keyed = self.encoding_format, self.embedding_types, True
         elif asked == ["encoding_format"]:
             encoding, kinds, keyed = "float", [self.encoding_format], False
+        elif self.embedding_type == "base64":  # Jina's: a float vector in base64
+            encoding, kinds, keyed = "base64", ["float"], False
         else:
             kinds = [self.embedding_type or EmbedOptions.embedding_type]
             encoding, keyed = self.encoding_format, False
-        if self.chunks is not None and (kinds != ["float"] or keyed):
-            raise invalid("'chunks' come as float vectors: send no embedding type", "chunks")
-        return encoding, kinds, keyed
+        chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
+        if chunked and (kinds != ["float"] or keyed):
+            raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
+        if self.embed_dtype != "float32" and kinds != ["float"]:
+            raise invalid(
+                f"'embed_dtype' casts float vectors: send no embedding type {kinds[-1]!r} with it",
+                "embed_dtype",
+            )
+        order = sys.byteorder if self.endianness == "native" else self.endianness
+        return Encoding(encoding, self.embed_dtype, order), kinds, keyed
 
 
 EmbeddingsRequest = create_model(
@@ -321,7 +422,7 @@ def checked_request(body: object, served_model: str | tuple[str, ...]) -> Embedd
 
 def request_plan(
     request: EmbeddingsRequest, prompt_names: list[str] = ()
-) -> tuple[list, dict, str, list[str], bool]:
+) -> tuple[list, dict, Encoding, list[str], bool]:
     """(texts or token id lists, client options, encoding, the embedding types to return,
     whether the response keys them by name); `prompt_names`: the checkpoint's."""
     encoding, kinds, keyed = request.kinds()
@@ -330,7 +431,7 @@ def request_plan(
 
 def parse_request(
     body: object, served_model: str | tuple[str, ...], prompt_names: list[str] = ()
-) -> tuple[list, dict, str, list[str], bool]:
+) -> tuple[list, dict, Encoding, list[str], bool]:
     """checked_request, then its request_plan."""
     return request_plan(checked_request(body, served_model), prompt_names)
 
@@ -456,12 +557,16 @@ async def embeddings(request: Request):
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
     request = checked_request(body, gw.model_names)
-    prompt_names = await checkpoint_prompt_names(gw, request.input_type)
+    prompt_names = await checkpoint_prompt_names(gw, request.input_type or request.task)
     inputs, options, encoding, kinds, keyed = request_plan(request, prompt_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
         return await _chunk_embeddings(gw, inputs, options, encoding)
+    if request.late_chunking:
+        vectors, tokens = await late_chunk_embeddings(gw, inputs, options, encoding)
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        return _embeddings_body(data, gw.model_name, tokens)
     images = videos = None
     if has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
@@ -470,9 +575,9 @@ async def embeddings_body(gw, body: object) -> dict:
     for i in range(len(inputs)):
         entry = {"object": "embedding", "index": i}
         if keyed:
-            entry["embeddings"] = {k: encode_value(result.by_type[k][i], encoding) for k in kinds}
+            entry["embeddings"] = {k: encoding(result.by_type[k][i]) for k in kinds}
         else:
-            entry["embedding"] = encode_value(result.embeddings[i], encoding)
+            entry["embedding"] = encoding(result.embeddings[i])
         data.append(entry | text_usage(result, i))
     return _embeddings_body(data, gw.model_name, result.total_tokens)
 
@@ -491,7 +596,7 @@ async def _chunk_embeddings(gw, texts, options, encoding):
             "object": "embedding",
             "index": i,
             "chunks": [
-                {"start": int(a), "end": int(b), "embedding": encode_value(v, encoding)}
+                {"start": int(a), "end": int(b), "embedding": encoding(v)}
                 for (a, b), v in zip(r.spans, r.embeddings, strict=True)
             ],
         }

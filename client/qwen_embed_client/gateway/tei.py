@@ -293,9 +293,8 @@ async def tokenize(request: Request):
     gw = gateway(request)
     asked = TokenizeRequest.parse(await json_body(request))
     try:
-        tokens = await gw.client.tokenize(
-            asked.inputs, **options_checked(**asked.given("prompt_name"))
-        )
+        options = options_checked(**asked.given("prompt_name"))
+        tokens = await gw.client.tokenize(asked.inputs, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("prompt_name",), "inputs") from e
     if not asked.add_special_tokens:

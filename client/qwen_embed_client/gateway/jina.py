@@ -1,0 +1,91 @@
+"""Jina AI's embeddings fields, which its clients send to /v1/embeddings (openai.py's body takes
+them): `task` picks the checkpoint's prompt (TASK_PROMPTS) or a task for its query prompt
+(TASK_INSTRUCTIONS), `normalized` is `normalize`, `embedding_type` "base64" a float vector in
+base64, and `late_chunking` embeds the inputs as one text (their concatenation, a space between
+two), one vector per input, each computed in the context of the others (late_chunk_embeddings:
+the server's late chunking, docs/api.md)."""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+from ..client import EmbeddingError
+from ..contract import MAX_CHUNKS
+from .common import TASK_INSTRUCTIONS, Encoding
+from .errors import backend_error, invalid
+
+# Jina's tasks: a retrieval side takes the checkpoint's query or document prompt (by name),
+# a symmetric task the query prompt with that task as its instruction.
+TASK_PROMPTS = {
+    "retrieval.query": "query",
+    "retrieval.passage": "document",
+    "code.query": "query",
+    "code.passage": "document",
+}
+TASK_INSTRUCTIONS_BY_TASK = {
+    "text-matching": TASK_INSTRUCTIONS["similarity"],
+    "classification": TASK_INSTRUCTIONS["classification"],
+    "separation": TASK_INSTRUCTIONS["clustering"],
+}
+TASKS = (*TASK_PROMPTS, *TASK_INSTRUCTIONS_BY_TASK)
+PASSAGE_TASKS = ("retrieval.passage", "code.passage")
+SEPARATOR = " "  # between two inputs in the text late chunking reads
+
+_TOO_LONG = re.compile(r"has (\d+) tokens, more than the limit of (\d+)")
+
+
+async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: Encoding):
+    """(one vector per text, the tokens of their joined text): the texts read as one, each
+    text's tokens a chunk of it. The joined text is tokenized first (its tokens' byte offsets
+    say where each text's tokens begin), then embedded whole: it must fit the model's limit."""
+    if len(texts) > MAX_CHUNKS:
+        raise invalid(
+            f"'late_chunking' takes at most {MAX_CHUNKS} inputs, got {len(texts)}", "input"
+        )
+    joined = SEPARATOR.join(texts)
+    whole = {**options, "truncate": False}
+    view = {k: v for k, v in whole.items() if k != "priority"}  # a tokenizer call's options
+    try:
+        (tokens,) = await gw.client.tokenize([joined], **view, headers=gw.outgoing())
+        spans = _token_spans(tokens, texts, len(joined.encode()))
+        (result,) = await gw.client.embed_chunks(
+            [joined], spans=spans, **whole, headers=gw.outgoing()
+        )
+    except EmbeddingError as e:
+        too_long = _TOO_LONG.search(str(e))
+        if too_long is None:
+            raise backend_error(e, ("dimensions",), "input") from e
+        raise invalid(
+            f"'late_chunking' reads the {len(texts)} inputs as one text of {too_long[1]} "
+            f"tokens, more than the limit of {too_long[2]}: send fewer or shorter inputs",
+            "input",
+        ) from e
+    return [encoding(v) for v in result.embeddings], result.token_count
+
+
+def _token_spans(tokens: list[dict], texts: list[str], size: int) -> list[tuple[int, int]]:
+    """Each text's [start, end) among the joined text's own tokens (after any prompt, as the
+    server counts chunk spans); a token that begins in the separator before a text is that
+    text's. `tokens`: the tokenizer's view of the prompted joined text (UTF-8 byte offsets),
+    `size` the joined text's bytes."""
+    starts = [t["start"] for t in tokens if not t["special"]]
+    stops = [t["stop"] for t in tokens if not t["special"]]
+    prompt = stops[-1] - size  # the prompt's bytes: the text ends the prompted text
+    first = next(j for j, stop in enumerate(stops) if stop > prompt)
+    ends, end = [], 0  # each text's end in the joined text (bytes), but the last
+    for text in texts[:-1]:
+        end += len(text.encode())
+        ends.append(end)
+        end += len(SEPARATOR.encode())
+    owner = [bisect.bisect_right(ends, start - prompt) for start in starts[first:]]
+    spans = []
+    for i in range(len(texts)):
+        lo, hi = bisect.bisect_left(owner, i), bisect.bisect_right(owner, i)
+        if lo == hi:
+            raise invalid(
+                f"'input[{i}]' gives no token of its own in the text 'late_chunking' reads",
+                "input",
+            )
+        spans.append((lo, hi))
+    return spans
