@@ -4,6 +4,7 @@ contract. The routes themselves, against a real server: test_gateway.py, test_dr
 
 import asyncio
 import base64
+import functools
 import math
 import typing
 
@@ -98,8 +99,9 @@ def test_a_body_that_is_not_an_object_or_lacks_a_field():
 QWEN3_PROMPTS = ["document", "query"]  # Qwen3-Embedding's prompt names
 
 
-def nim_options(body: dict, prompt_names=QWEN3_PROMPTS) -> dict:
-    return openai.parse_request({"model": "embed", "input": "x", **body}, EMBED, prompt_names)[1]
+def nim_options(body: dict, prompt_names=QWEN3_PROMPTS, route=None) -> dict:
+    facts = {"prompt_names": prompt_names, "route": route or {"adapter": None}}
+    return openai.parse_request({"model": "embed", "input": "x", **body}, EMBED, facts)[1]
 
 
 def test_nim_input_types_pick_the_checkpoints_prompts():
@@ -198,6 +200,15 @@ def test_jina_tasks_pick_the_checkpoints_prompts_or_an_instruction():
         "instruction": "find code",
     }
     assert nim_options({"normalized": False}) == {"normalize": False}
+    # a checkpoint with task adapters (jina-embeddings-v5) serves the task of the one merged
+    retrieval, matching = {"adapter": "retrieval"}, {"adapter": "text-matching"}
+    assert nim_options({"task": "retrieval.passage"}, route=retrieval) == {
+        "prompt_name": "document"
+    }
+    assert nim_options({"task": "text-matching"}, route=matching) == {}  # its default prompt
+    for task, route in [("text-matching", retrieval), ("retrieval.query", matching)]:
+        e = refusal(functools.partial(nim_options, route=route), {"task": task})
+        assert e.param == "task" and f"merged '{route['adapter']}'" in e.message
     _, _, encoding, kinds, _ = openai.parse_request(
         {"input": "x", "embedding_type": "base64"}, EMBED
     )

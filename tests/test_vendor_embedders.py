@@ -250,5 +250,17 @@ def test_an_adapter_through_triton(jina, tmp_path):
     repo = render(tmp_path / "repo", {"jina": jina}, overrides)
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:
         vectors, counts = infer(server, TEXTS, "grpc", model="jina", prompt_name="query")
+        plain, _ = infer(server, TEXTS, "grpc", model="jina")
+        # Jina's `task` on the gateway: the merged adapter's task takes the default prompt,
+        # another adapter's task is refused
+        app = create_app([server.grpc_url], model_names=("jina",), triton_model="jina")
+        with TestClient(app) as client:
+            body = {"input": TEXTS, "model": "jina", "task": "text-matching"}
+            matching = client.post("/v1/embeddings", json=body)
+            refused = client.post("/v1/embeddings", json=body | {"task": "retrieval.query"})
     assert cosine(vectors, ref).min() >= FP32_COSINE
     assert counts.reshape(-1).tolist() == [len(s) for s in seqs]
+    got = np.array([d["embedding"] for d in matching.json()["data"]], dtype=np.float32)
+    assert np.abs(got - plain).max() <= 1e-6
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "task"
+    assert "takes the checkpoint's 'retrieval' adapter" in refused.json()["error"]["message"]

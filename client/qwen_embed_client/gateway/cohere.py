@@ -30,7 +30,7 @@ from .common import (
     TRUNCATE_MODES,
     Encoding,
     check_model,
-    checkpoint_prompt_names,
+    checkpoint_facts,
     embed,
     prompt_options,
     text_usage,
@@ -137,7 +137,7 @@ async def embed_v2(request: Request):
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
     options |= asked.given("max_tokens")
-    prompt_names = await checkpoint_prompt_names(gw, asked.input_type)
+    prompt_names = (await checkpoint_facts(gw, asked.input_type)).get("prompt_names", [])
     options |= prompt_options(asked.input_type, prompt_names, INPUT_TYPE_PROMPTS, INPUT_TYPE_TASKS)
     try:
         options = options_checked(**options)

@@ -69,13 +69,13 @@ def prompt_options(
     return {}
 
 
-async def checkpoint_prompt_names(gw, input_type: str | None) -> list[str]:
-    """The checkpoint's prompt names where an API's `input_type` picks one (prompt_options),
-    else none: reading them is a config read before the request's Triton call, made only
-    where it decides something."""
+async def checkpoint_facts(gw, input_type: str | None) -> dict:
+    """The served checkpoint's facts (its prompt names, its route) where an API's
+    `input_type` picks a prompt (prompt_options), else none: reading them is a config read
+    before the request's Triton call, made only where it decides something."""
     if input_type is None:
-        return []
-    return (await gw.facts()).get("prompt_names", [])
+        return {}
+    return await gw.facts()
 
 
 def log_odds(score: float) -> float:

@@ -1,9 +1,10 @@
 """Jina AI's embeddings fields, which its clients send to /v1/embeddings (openai.py's body takes
 them): `task` picks the checkpoint's prompt (TASK_PROMPTS) or a task for its query prompt
-(TASK_INSTRUCTIONS), `normalized` is `normalize`, `embedding_type` "base64" a float vector in
-base64, and `late_chunking` embeds the inputs as one text (their concatenation, a space between
-two), one vector per input, each computed in the context of the others (late_chunk_embeddings:
-the server's late chunking, docs/api.md)."""
+(TASK_INSTRUCTIONS_BY_TASK), and on a checkpoint with task adapters (jina-embeddings-v5) it
+must name the adapter the deployment merged (task_options); `normalized` is `normalize`,
+`embedding_type` "base64" a float vector in base64; `late_chunking` embeds the inputs as one
+text (their concatenation, a space between two), one vector per input, each computed in the
+context of the others (late_chunk_embeddings: the server's late chunking, docs/api.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import re
 
 from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
-from .common import TASK_INSTRUCTIONS, Encoding
+from .common import TASK_INSTRUCTIONS, Encoding, prompt_options
 from .errors import backend_error, invalid
 
 # Jina's tasks: a retrieval side takes the checkpoint's query or document prompt (by name),
@@ -29,10 +30,37 @@ TASK_INSTRUCTIONS_BY_TASK = {
     "separation": TASK_INSTRUCTIONS["clustering"],
 }
 TASKS = (*TASK_PROMPTS, *TASK_INSTRUCTIONS_BY_TASK)
+# jina-embeddings-v5's adapter for each task (its adapters/ folders)
+TASK_ADAPTERS = {
+    "retrieval.query": "retrieval",
+    "retrieval.passage": "retrieval",
+    "code.query": "code",
+    "code.passage": "code",
+    "text-matching": "text-matching",
+    "classification": "classification",
+    "separation": "clustering",
+}
 PASSAGE_TASKS = ("retrieval.passage", "code.passage")
 SEPARATOR = " "  # between two inputs in the text late chunking reads
 
 _TOO_LONG = re.compile(r"has (\d+) tokens, more than the limit of (\d+)")
+
+
+def task_options(task: str, prompt_names: list[str], route: dict) -> dict:
+    """The request options of a Jina `task` for the served checkpoint (`route`: the encoder's
+    route fact). A checkpoint with task adapters serves the one merged at load: a task of
+    another adapter is refused, and a symmetric task takes the checkpoint's default prompt
+    (its adapter is the task); elsewhere a symmetric task is an instruction."""
+    adapter = route.get("adapter")
+    if adapter is None:
+        return prompt_options(task, prompt_names, TASK_PROMPTS, TASK_INSTRUCTIONS_BY_TASK)
+    if TASK_ADAPTERS[task] != adapter:
+        raise invalid(
+            f"task '{task}' takes the checkpoint's '{TASK_ADAPTERS[task]}' adapter, and this "
+            f"deployment merged '{adapter}' (the encoder's parameter adapter)",
+            "task",
+        )
+    return prompt_options(task, prompt_names, TASK_PROMPTS)
 
 
 async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: Encoding):

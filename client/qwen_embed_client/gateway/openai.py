@@ -51,7 +51,7 @@ from .common import (
     TRUNCATE_MODES,
     Encoding,
     check_model,
-    checkpoint_prompt_names,
+    checkpoint_facts,
     embed,
     prompt_options,
     text_usage,
@@ -74,9 +74,9 @@ from .errors import (
 from .jina import (
     PASSAGE_TASKS,
     TASK_INSTRUCTIONS_BY_TASK,
-    TASK_PROMPTS,
     TASKS,
     late_chunk_embeddings,
+    task_options,
 )
 from .media import (
     MEDIA_PARTS,
@@ -340,16 +340,16 @@ class _Embeddings(Body):
             raise invalid("'messages' must hold one user message (and a system one)", "messages")
         return users
 
-    def options(self, prompt_names: list[str] = ()) -> dict:
-        """The contract's options; `prompt_names`: the checkpoint's, which `input_type` picks
-        from."""
+    def options(self, facts: dict | None = None) -> dict:
+        """The contract's options; `facts`: the checkpoint's (common.checkpoint_facts), which
+        `input_type` and `task` pick a prompt by."""
+        facts = facts or {}
+        prompt_names = facts.get("prompt_names", [])
         options = self.given("dimensions", *EXTENSION_OPTIONS, "priority")
         if self.task is not None:
-            options |= prompt_options(
-                self.task, list(prompt_names), TASK_PROMPTS, TASK_INSTRUCTIONS_BY_TASK
-            )
+            options |= task_options(self.task, prompt_names, facts.get("route", {}))
         else:
-            options |= prompt_options(self.input_type, list(prompt_names), INPUT_TYPE_PROMPTS)
+            options |= prompt_options(self.input_type, prompt_names, INPUT_TYPE_PROMPTS)
         if self.truncate_prompt_tokens not in (None, -1):
             options["max_tokens"] = self.truncate_prompt_tokens
         if self.truncation_side is not None:
@@ -421,19 +421,19 @@ def checked_request(body: object, served_model: str | tuple[str, ...]) -> Embedd
 
 
 def request_plan(
-    request: EmbeddingsRequest, prompt_names: list[str] = ()
+    request: EmbeddingsRequest, facts: dict | None = None
 ) -> tuple[list, dict, Encoding, list[str], bool]:
     """(texts or token id lists, client options, encoding, the embedding types to return,
-    whether the response keys them by name); `prompt_names`: the checkpoint's."""
+    whether the response keys them by name); `facts`: the checkpoint's, where read."""
     encoding, kinds, keyed = request.kinds()
-    return request.inputs, request.options(prompt_names), encoding, kinds, keyed
+    return request.inputs, request.options(facts), encoding, kinds, keyed
 
 
 def parse_request(
-    body: object, served_model: str | tuple[str, ...], prompt_names: list[str] = ()
+    body: object, served_model: str | tuple[str, ...], facts: dict | None = None
 ) -> tuple[list, dict, Encoding, list[str], bool]:
     """checked_request, then its request_plan."""
-    return request_plan(checked_request(body, served_model), prompt_names)
+    return request_plan(checked_request(body, served_model), facts)
 
 
 class Document(ScriptInput):
@@ -557,8 +557,8 @@ async def embeddings(request: Request):
 async def embeddings_body(gw, body: object) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's)."""
     request = checked_request(body, gw.model_names)
-    prompt_names = await checkpoint_prompt_names(gw, request.input_type or request.task)
-    inputs, options, encoding, kinds, keyed = request_plan(request, prompt_names)
+    facts = await checkpoint_facts(gw, request.input_type or request.task)
+    inputs, options, encoding, kinds, keyed = request_plan(request, facts)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
