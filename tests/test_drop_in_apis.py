@@ -23,6 +23,7 @@ import torch
 from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
+from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
@@ -41,6 +42,8 @@ SAME = 1e-6  # one Triton request underneath every route
 TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
 ALIAS = "Qwen/Qwen3-Embedding-0.6B"  # a second served name of the embed model
 TEXTS = ["Hello, world!", "北京是中华人民共和国的首都。", "naïve café — emoji 🎉"]
+# one document's sentences, for late chunking
+SENTENCES = ["Paris is the capital of France.", "Its tower is made of iron.", "Ünïcode ok"]
 
 
 @pytest.fixture(scope="module")
@@ -557,6 +560,34 @@ def test_vllm_encoding_and_activation_fields(stack):
     assert status == 400 and answer["error"]["param"] == "add_special_tokens"
 
 
+def late_chunks(base: str) -> np.ndarray:
+    """SENTENCES' late chunks with the query prompt, as a causal model pooled at the last
+    token reads them out: each the joined text cut after it."""
+    cut = [" ".join(SENTENCES[: i + 1]) for i in range(len(SENTENCES))]
+    return openai_vectors(base, cut, prompt_name="query")
+
+
+def test_jina_client_gets_tasks_binary_codes_and_late_chunks(stack):
+    """LlamaIndex's JinaEmbedding (it sends `task`, `encoding_type`, `late_chunking`)."""
+    _, base = stack
+
+    def jina(**settings) -> JinaEmbedding:
+        embedder = JinaEmbedding(api_key=API_KEY, model="embed", **settings)
+        embedder._api.api_url = f"{base}/v1/embeddings"  # the library takes no base URL
+        return embedder
+
+    query = jina(task="retrieval.query").get_query_embedding(TEXTS[0])
+    assert np.abs(query - openai_vectors(base, TEXTS[:1], prompt_name="query")[0]).max() <= SAME
+    documents = jina(task="retrieval.passage").get_text_embedding_batch(TEXTS)
+    expected = openai_vectors(base, TEXTS, prompt_name="document")
+    assert np.abs(np.array(documents) - expected).max() <= SAME
+    # its binary codes, unpacked by the library: a bit per dimension, set where it is > 0
+    bits = jina(encoding_documents="ubinary").get_text_embedding_batch(TEXTS)
+    assert (np.array(bits) == (openai_vectors(base, TEXTS) > 0)).all()
+    late = jina(task="retrieval.query", late_chunking=True).get_text_embedding_batch(SENTENCES)
+    assert np.abs(np.array(late) - late_chunks(base)).max() <= 1e-5
+
+
 def test_jina_fields_and_late_chunking(stack):
     """Jina's `task`, `normalized` and `embedding_type` "base64" are our prompts and options;
     `late_chunking` gives each input the vector of the joined text cut after it (a causal
@@ -584,14 +615,12 @@ def test_jina_fields_and_late_chunking(stack):
     unpacked = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in packed]
     assert np.abs(np.array(unpacked) - openai_vectors(base, TEXTS)).max() == 0
     # late chunking, with the query prompt before the joined text
-    sentences = ["Paris is the capital of France.", "Its tower is made of iron.", "Ünïcode ok"]
-    body = jina(input=sentences, late_chunking=True, task="retrieval.query")
-    cut = [" ".join(sentences[: i + 1]) for i in range(len(sentences))]
-    expected = openai_vectors(base, cut, prompt_name="query")
+    body = jina(input=SENTENCES, late_chunking=True, task="retrieval.query")
+    expected = late_chunks(base)
     assert np.abs(data_vectors(body) - expected).max() <= 1e-5
     assert np.abs(np.diff(data_vectors(body), axis=0)).max() > 1e-3  # one vector each
     with EmbeddingClient(stack[0].grpc_url) as client:
-        (whole,) = client.count_tokens([cut[-1]], prompt_name="query")
+        (whole,) = client.count_tokens([" ".join(SENTENCES)], prompt_name="query")
     assert body["usage"]["total_tokens"] == whole
     # the joined text must fit the model's limit
     words = ["word " * 40] * 3

@@ -171,6 +171,7 @@ def test_vllm_truncation_fields_are_the_contracts_options():
         ({"normalized": True, "normalize": True}, "normalized", "not both"),
         ({"normalized": "yes"}, "normalized", "a boolean"),
         ({"embedding_type": "base64", "encoding_format": "int8"}, "encoding_format", "one of"),
+        ({"embedding_type": "int8", "encoding_type": "float"}, "encoding_type", "not both"),
         ({"late_chunking": True, "input": [[1, 2]]}, "input", "must be strings"),
         ({"late_chunking": True, "input": ["a", " "]}, "input", "'input[1]' is blank"),
         ({"late_chunking": True, "chunks": {"size": 4}}, "chunks", "send no 'chunks'"),
@@ -209,10 +210,11 @@ def test_jina_tasks_pick_the_checkpoints_prompts_or_an_instruction():
     for task, route in [("text-matching", retrieval), ("retrieval.query", matching)]:
         e = refusal(functools.partial(nim_options, route=route), {"task": task})
         assert e.param == "task" and f"merged '{route['adapter']}'" in e.message
-    _, _, encoding, kinds, _ = openai.parse_request(
-        {"input": "x", "embedding_type": "base64"}, EMBED
-    )
-    assert (encoding, kinds) == (Encoding("base64"), ["float"])
+    for field in ("embedding_type", "encoding_type"):  # Jina's clients send either
+        _, _, encoding, kinds, _ = openai.parse_request({"input": "x", field: "base64"}, EMBED)
+        assert (encoding, kinds) == (Encoding("base64"), ["float"])
+        _, _, encoding, kinds, _ = openai.parse_request({"input": "x", field: "ubinary"}, EMBED)
+        assert (encoding, kinds) == (Encoding("float"), ["ubinary"])
 
 
 VECTOR = np.concatenate(

@@ -113,6 +113,7 @@ TWINS = (
     ("truncation_direction", "truncation_side"),  # vLLM's
     ("normalize", "use_activation", "normalized"),  # vLLM's, Jina's
     ("input_type", "task"),  # NIM's, Jina's
+    ("embedding_type", "encoding_type"),  # Jina's (its clients send either)
 )
 
 # `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
@@ -185,6 +186,7 @@ class _Embeddings(Body):
         Literal[ENCODINGS], BeforeValidator(lambda v: "float" if v is None else v)
     ] = "float"
     embedding_type: Literal[(*EMBEDDING_TYPES, "base64")] | None = None  # base64: Jina's
+    encoding_type: Literal[(*EMBEDDING_TYPES, "base64")] | None = None  # Jina's
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
     input_type: Literal["query", "passage"] | None = None  # NIM's
@@ -375,10 +377,13 @@ class _Embeddings(Body):
 
     def kinds(self) -> tuple[Encoding, list[str], bool]:
         """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
-        base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours) or
-        `embedding_types` (Cohere: a list, answered keyed by type); a base64 float vector's
-        bytes from `embed_dtype` and `endianness` (vLLM's)."""
-        asked = [k for k in ("embedding_type", "embedding_types") if getattr(self, k)]
+        base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours; Jina's, or
+        its `encoding_type`, may be "base64") or `embedding_types` (Cohere: a list, answered
+        keyed by type); a base64 float vector's bytes from `embed_dtype` and `endianness`
+        (vLLM's)."""
+        kinds = ("embedding_type", "encoding_type", "embedding_types")
+        asked = [k for k in kinds if getattr(self, k)]
+        single = self.embedding_type or self.encoding_type
         if self.encoding_format not in ("float", "base64"):
             asked.append("encoding_format")
         if len(asked) > 1:
@@ -387,10 +392,10 @@ class _Embeddings(Body):
             encoding, kinds, keyed = self.encoding_format, self.embedding_types, True
         elif asked == ["encoding_format"]:
             encoding, kinds, keyed = "float", [self.encoding_format], False
-        elif self.embedding_type == "base64":  # Jina's: a float vector in base64
+        elif single == "base64":  # Jina's: a float vector in base64
             encoding, kinds, keyed = "base64", ["float"], False
         else:
-            kinds = [self.embedding_type or EmbedOptions.embedding_type]
+            kinds = [single or EmbedOptions.embedding_type]
             encoding, keyed = self.encoding_format, False
         chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
