@@ -29,6 +29,7 @@ from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, maxsim_scores
+from qwen_embed_client.gateway.common import log_odds
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
@@ -464,6 +465,34 @@ def test_nim_rerank_client_ranks_by_the_rerankers_logits(stack):
     ]:
         status, answer, _ = post(base, "/v1/ranking", body)
         assert status == status_code and answer["error"]["param"] == param, answer
+
+
+def test_vllm_rerank_fields(stack):
+    """vLLM's /v1/rerank fields: `use_activation` false answers the reranker's logits, `top_n`
+    0 every document, `max_tokens_per_doc` and `chat_template_kwargs.instruction` ours."""
+    server, base = stack
+    query, long_document = "Which city is the capital of China?", "Beijing " * 60
+    documents = [*TEXTS, long_document]
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, documents)
+        cut = client.rerank(query, documents, max_document_tokens=8)
+        instructed = client.rerank(query, documents, instruction="Find the city")
+
+    def scores(**fields) -> dict[int, float]:
+        body = {"model": "rerank", "query": query, "documents": documents, **fields}
+        status, answer, _ = post(base, "/v1/rerank", body)
+        assert status == 200, answer
+        return {r["index"]: r["relevance_score"] for r in answer["results"]}
+
+    logits = scores(use_activation=False, top_n=0)
+    assert len(logits) == len(documents)
+    assert [logits[i] for i, _ in want.ranking] == pytest.approx(
+        [log_odds(s) for _, s in want.ranking], abs=1e-6
+    )
+    assert scores(max_tokens_per_doc=8) == pytest.approx(dict(cut.ranking), abs=1e-6)
+    assert dict(cut.ranking)[3] != pytest.approx(dict(want.ranking)[3], abs=1e-4)  # it was cut
+    kwargs = {"chat_template_kwargs": {"instruction": "Find the city"}}
+    assert scores(**kwargs) == pytest.approx(dict(instructed.ranking), abs=1e-6)
 
 
 def test_openai_token_ids_truncation_fields_and_fingerprint(stack):

@@ -315,7 +315,7 @@ def test_rerank_bodies_of_every_api():
     e = refusal(rerank_v1, {"query": "q", "documents": [[{"type": "audio", "audio": "x"}]]})
     assert e.param == "documents", e.message
     assert refusal(rerank_v1, {"query": {"content": []}, "documents": ["a"]}).param == "query"
-    assert refusal(rerank_v1, {"query": "q", "documents": ["a"], "top_n": 0}).param == "top_n"
+    assert refusal(rerank_v1, {"query": "q", "documents": ["a"], "top_n": -1}).param == "top_n"
     assert refusal(rerank_v1, {"query": " ", "documents": ["a"]}).param == "query"
     e = refusal(rerank_v1, {"query": "q", "documents": ["a"] * (MAX_DOCUMENTS + 1)})
     assert e.param == "documents" and f"limit of {MAX_DOCUMENTS}" in e.message
@@ -325,6 +325,27 @@ def test_rerank_bodies_of_every_api():
     assert e.kind == EMPTY and e.message == "invalid request: documents cannot be empty"
     e = refusal(cohere.RerankRequest.parse, {"query": "q", "documents": ["a"], "priority": -1})
     assert e.param == "priority" and ">= 0" in e.message
+
+
+def test_vllm_rerank_fields():
+    """vLLM's rerank fields are ours (top_n 0: every document; a cut per document, 0: none;
+    the chat template's instruction), or refused where they would cut what is not cut."""
+    body = {"query": "q", "documents": ["a"]}
+    assert rerank_v1(body | {"top_n": 0, "max_tokens_per_doc": 0})[1] == {}
+    request, options = rerank_v1(body | {"max_tokens_per_doc": 8, "use_activation": False})
+    assert options == {"max_document_tokens": 8} and request.use_activation is False
+    kwargs = {"chat_template_kwargs": {"instruction": "find"}}
+    assert rerank_v1(body | kwargs)[1] == {"instruction": "find"}
+    assert rerank_v1(body | {"max_tokens_per_query": 0, "truncate_prompt_tokens": -1})[1] == {}
+    for extra, param, words in [
+        ({"max_tokens_per_doc": -1}, "max_tokens_per_doc", ">= 0"),
+        (kwargs | {"instruction": "x"}, "chat_template_kwargs", "not both"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "only"),
+        ({"max_tokens_per_query": 16}, "max_tokens_per_query", "read whole"),
+        ({"truncate_prompt_tokens": 64}, "truncate_prompt_tokens", "'max_tokens_per_doc'"),
+    ]:
+        e = refusal(rerank_v1, body | extra)
+        assert e.param == param and words in e.message, e.message
 
 
 def test_tei_bodies():

@@ -53,6 +53,7 @@ from .common import (
     check_model,
     checkpoint_facts,
     embed,
+    log_odds,
     prompt_options,
     text_usage,
 )
@@ -480,12 +481,50 @@ class RerankRequest(Body):
         ],
         at_most(MAX_DOCUMENTS),
     ]
-    top_n: int | None = None
+    top_n: int | None = None  # vLLM's 0: every document
     instruction: str | None = None
     return_documents: bool = True
     priority: Priority = None
     video_fps: float | None = None
     video_max_frames: int | None = None
+    # vLLM's: false answers the reranker's logit; a cut per document (0: none); the
+    # template's instruction; the cuts not served (0 and -1: none)
+    use_activation: bool | None = None
+    max_tokens_per_doc: Annotated[int, Field(ge=0)] | None = None
+    chat_template_kwargs: dict[str, object] | None = None
+    max_tokens_per_query: int | None = None
+    truncate_prompt_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _vllm_fields(self):
+        kwargs = self.chat_template_kwargs or {}
+        if set(kwargs) - {"instruction"}:
+            raise PydanticCustomError(
+                "vllm",
+                "'chat_template_kwargs' takes 'instruction' only",
+                {"param": "chat_template_kwargs"},
+            )
+        if "instruction" in kwargs and self.instruction is not None:
+            raise PydanticCustomError(
+                "vllm",
+                "send 'instruction' or 'chat_template_kwargs.instruction', not both",
+                {"param": "chat_template_kwargs"},
+            )
+        if self.max_tokens_per_query not in (None, 0):
+            raise PydanticCustomError(
+                "vllm",
+                "'max_tokens_per_query' is not served: a query is read whole (refused past the "
+                "model's limit)",
+                {"param": "max_tokens_per_query"},
+            )
+        if self.truncate_prompt_tokens not in (None, -1):
+            raise PydanticCustomError(
+                "vllm",
+                "'truncate_prompt_tokens' cuts a query and document together, which is not "
+                "served: send 'max_tokens_per_doc'",
+                {"param": "truncate_prompt_tokens"},
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -511,6 +550,11 @@ def parse_rerank_request(body: object, served_model: str | None) -> tuple[Rerank
     request = RerankRequest.parse(body)
     check_model(request.model, served_model)
     asked = request.given("top_n", "instruction", "priority", "video_fps", "video_max_frames")
+    if asked.get("top_n") == 0:  # vLLM's: every document
+        del asked["top_n"]
+    if request.max_tokens_per_doc:  # vLLM's; 0: no cut
+        asked["max_document_tokens"] = request.max_tokens_per_doc
+    asked |= request.chat_template_kwargs or {}
     options = rerank_checked(**asked)
     return request, options
 
@@ -629,9 +673,10 @@ async def rerank_response(gw, body: object) -> dict:
         result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("instruction",), "documents") from e
+    raw = request.use_activation is False  # vLLM's: the reranker's logit, not its score
     results = []
     for index, score in result.ranking:
-        item = {"index": index, "relevance_score": score}
+        item = {"index": index, "relevance_score": log_odds(score) if raw else score}
         if request.return_documents:
             item["document"] = {"text": texts[index]}
             if images[index] or videos[index]:  # as sent: the parts (vLLM's multi_modal)
