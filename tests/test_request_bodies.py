@@ -164,6 +164,7 @@ def test_vllm_truncation_fields_are_the_contracts_options():
         ({"add_special_tokens": False}, "add_special_tokens", "not served for texts"),
         ({"padding": "max_length"}, "padding", "'do_not_pad'"),
         ({"task": "retrieval"}, "task", "one of ['retrieval.query', 'retrieval.passage'"),
+        ({"task": "Code Search.query"}, "task", "NAME.query / NAME.passage"),
         ({"task": "retrieval.query", "input_type": "query"}, "task", "not both"),
         ({"task": "retrieval.query", "prompt_name": "query"}, "prompt_name", "not both"),
         ({"task": "code.passage", "instruction": "i"}, "instruction", "embeds passages"),
@@ -201,6 +202,15 @@ def test_jina_tasks_pick_the_checkpoints_prompts_or_an_instruction():
         "instruction": "find code",
     }
     assert nim_options({"normalized": False}) == {"normalize": False}
+    # NAME.query / NAME.passage: the checkpoint's own NAME_query / NAME_document prompt
+    # (jina-code-embeddings' prompts)
+    code = ["nl2code_document", "nl2code_query", "qa_query"]
+    assert nim_options({"task": "nl2code.query"}, code) == {"prompt_name": "nl2code_query"}
+    assert nim_options({"task": "nl2code.passage"}, code) == {"prompt_name": "nl2code_document"}
+    e = refusal(functools.partial(nim_options, prompt_names=code), {"task": "qa.passage"})
+    assert e.param == "task" and "'qa_document', which this checkpoint lacks" in e.message
+    e = refusal(nim_options, {"task": "nl2code.passage", "instruction": "i"})
+    assert e.param == "instruction"
     # a checkpoint with task adapters (jina-embeddings-v5) serves the task of the one merged
     retrieval, matching = {"adapter": "retrieval"}, {"adapter": "text-matching"}
     assert nim_options({"task": "retrieval.passage"}, route=retrieval) == {

@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 import re
 
+from pydantic_core import PydanticCustomError
+
 from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
 from .common import TASK_INSTRUCTIONS, Encoding, prompt_options
@@ -40,17 +42,47 @@ TASK_ADAPTERS = {
     "classification": "classification",
     "separation": "clustering",
 }
-PASSAGE_TASKS = ("retrieval.passage", "code.passage")
+# A task NAME.query or NAME.passage also names the checkpoint's own prompt NAME_query or
+# NAME_document, where it has one (jina-code-embeddings' nl2code, qa, code2code, ...).
+NAMED_TASK = re.compile(r"^([a-z0-9_]+)\.(query|passage)$")
+SIDES = {"query": "query", "passage": "document"}
 SEPARATOR = " "  # between two inputs in the text late chunking reads
 
 _TOO_LONG = re.compile(r"has (\d+) tokens, more than the limit of (\d+)")
 
 
+def checked_task(task: str) -> str:
+    """A body's `task`: one of Jina's TASKS, or NAME.query / NAME.passage."""
+    if task not in TASKS and not NAMED_TASK.match(task):
+        raise PydanticCustomError(
+            "task",
+            "must be one of {tasks}, or NAME.query / NAME.passage for a checkpoint's prompts "
+            "NAME_query / NAME_document",
+            {"tasks": list(TASKS)},
+        )
+    return task
+
+
+def is_passage_task(task: str) -> bool:
+    return task.endswith(".passage")
+
+
 def task_options(task: str, prompt_names: list[str], route: dict) -> dict:
     """The request options of a Jina `task` for the served checkpoint (`route`: the encoder's
-    route fact). A checkpoint with task adapters serves the one merged at load: a task of
-    another adapter is refused, and a symmetric task takes the checkpoint's default prompt
-    (its adapter is the task); elsewhere a symmetric task is an instruction."""
+    route fact): the checkpoint's own prompt the task names (NAMED_TASK) where it has it; else
+    a task of Jina's: on a checkpoint with task adapters, the one merged at load (a task of
+    another adapter is refused, and a symmetric task takes the checkpoint's default prompt: its
+    adapter is the task), elsewhere a prompt by name or an instruction."""
+    named = NAMED_TASK.match(task)
+    own = named and f"{named[1]}_{SIDES[named[2]]}"
+    if own in prompt_names:
+        return {"prompt_name": own}
+    if task not in TASKS:
+        raise invalid(
+            f"task '{task}' names the prompt '{own}', which this checkpoint lacks (its "
+            f"prompts: {prompt_names})",
+            "task",
+        )
     adapter = route.get("adapter")
     if adapter is None:
         return prompt_options(task, prompt_names, TASK_PROMPTS, TASK_INSTRUCTIONS_BY_TASK)

@@ -73,9 +73,9 @@ from .errors import (
     rerank_checked,
 )
 from .jina import (
-    PASSAGE_TASKS,
     TASK_INSTRUCTIONS_BY_TASK,
-    TASKS,
+    checked_task,
+    is_passage_task,
     late_chunk_embeddings,
     task_options,
 )
@@ -200,7 +200,7 @@ class _Embeddings(Body):
     use_activation: bool | None = None
     add_special_tokens: bool | None = None
     padding: Literal["max_length", "do_not_pad"] | None = None
-    task: Literal[TASKS] | None = None  # Jina's
+    task: Annotated[str, AfterValidator(checked_task)] | None = None  # Jina's
     normalized: bool | None = None  # Jina's
     late_chunking: bool = False  # Jina's: the inputs read as one text, a vector per input
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
@@ -292,7 +292,7 @@ class _Embeddings(Body):
             )
         if self.instruction is None:
             return self
-        if picked == "passage" or picked in PASSAGE_TASKS:
+        if picked == "passage" or is_passage_task(picked):
             raise PydanticCustomError(
                 "prompt",
                 "'instruction' is a query's task, and {picker} '{picked}' embeds passages",
