@@ -2,9 +2,10 @@
 them): `task` picks the checkpoint's prompt (TASK_PROMPTS) or a task for its query prompt
 (TASK_INSTRUCTIONS_BY_TASK), and on a checkpoint with task adapters (jina-embeddings-v5) it
 must name the adapter the deployment merged (task_options); `normalized` is `normalize`,
-`embedding_type` "base64" a float vector in base64; `late_chunking` embeds the inputs as one
-text (their concatenation, a space between two), one vector per input, each computed in the
-context of the others (late_chunk_embeddings: the server's late chunking, docs/api.md)."""
+`embedding_type` (or `encoding_type`) "base64" a float vector in base64 (openai.py's kinds);
+`late_chunking` embeds the inputs as one text (their concatenation, a space between two), one
+vector per input, each computed in the context of the others (late_chunk_embeddings: the
+server's late chunking, docs/api.md)."""
 
 from __future__ import annotations
 

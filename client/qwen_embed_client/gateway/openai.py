@@ -240,7 +240,7 @@ class _Embeddings(Body):
         return self
 
     @model_validator(mode="after")
-    def _vllm_fields(self):
+    def _other_servers_fields(self):
         """Other servers' fields that name the contract's (TWINS): not beside them; vLLM's
         that would change a vector in ways not served: refused."""
         for group in TWINS:
@@ -382,8 +382,8 @@ class _Embeddings(Body):
         its `encoding_type`, may be "base64") or `embedding_types` (Cohere: a list, answered
         keyed by type); a base64 float vector's bytes from `embed_dtype` and `endianness`
         (vLLM's)."""
-        kinds = ("embedding_type", "encoding_type", "embedding_types")
-        asked = [k for k in kinds if getattr(self, k)]
+        fields = ("embedding_type", "encoding_type", "embedding_types")
+        asked = [k for k in fields if getattr(self, k)]
         single = self.embedding_type or self.encoding_type
         if self.encoding_format not in ("float", "base64"):
             asked.append("encoding_format")
