@@ -256,7 +256,8 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
     routes = {
         "/v1/embeddings": (
             {"model": "embed", "input": ["hello"]},
-            ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"],
+            ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"]
+            + ["task", "late_chunking", "embed_dtype", "encoding_type", "use_activation"],
         ),
         "/embed": (
             {"inputs": "hello"},

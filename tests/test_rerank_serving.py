@@ -263,7 +263,7 @@ GATEWAY_BAD = [
     ({"query": "q", "documents": ["d", 3]}, 400, "documents"),
     ({"query": "q", "documents": [{"txt": "d"}]}, 400, "documents"),
     ({"query": "q", "documents": ["d\ud800"]}, 400, "documents"),
-    ({"query": "q", "documents": ["d"], "top_n": 0}, 400, "top_n"),
+    ({"query": "q", "documents": ["d"], "top_n": -1}, 400, "top_n"),
     ({"query": "q", "documents": ["d"], "top_n": True}, 400, "top_n"),
     ({"query": "q", "documents": ["d"], "model": "Qwen3-Reranker-8B"}, 404, "model"),
     ({"query": "q", "documents": ["d" * 300000]}, 400, "documents"),  # Triton's byte limit
@@ -292,7 +292,8 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack, expected):
     routes = {
         "/v1/rerank": (
             {"model": "rerank", "query": "q", "documents": ["a", "b"]},
-            ["query", "documents", "top_n", "return_documents", "instruction", "model"],
+            ["query", "documents", "top_n", "return_documents", "instruction", "model"]
+            + ["use_activation", "max_tokens_per_doc", "chat_template_kwargs"],
         ),
         "/rerank": ({"query": "q", "texts": ["a"]}, ["query", "texts", "raw_scores", "truncate"]),
         "/v2/rerank": (
