@@ -606,10 +606,11 @@ def data_url(data: bytes, kind: str = "png", media: str = "image") -> str:
 
 
 @pytest.mark.server
-def test_images_through_the_gateway_with_openai_and_cohere(served, served_model):
+def test_images_through_the_gateway_with_openai_and_cohere(served, served_model, tmp_path):
     import cohere
     import httpx
     import openai
+    from llama_index.embeddings.jinaai import JinaEmbedding
 
     from triton_helpers import gateway_process
 
@@ -642,7 +643,20 @@ def test_images_through_the_gateway_with_openai_and_cohere(served, served_model)
         got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
         assert float(got[0] @ want_png) >= FP32_COSINE
         assert float(got[1] @ want_chart) >= FP32_COSINE
+        # Jina's: an image as its file's bytes in base64, {"url"} and {"bytes"} objects (what
+        # LlamaIndex's JinaEmbedding sends for a remote and a local file)
+        raw = base64.b64encode(files["png"]).decode()
+        jina = [{"image": raw}, {"url": png}, {"bytes": raw}]
+        answer = httpx.post(f"{base}/v1/embeddings", json={"input": jina}, timeout=60).json()
+        got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        assert (got @ want_png).min() >= FP32_COSINE
+        (tmp_path / "image.png").write_bytes(files["png"])
+        embedder = JinaEmbedding(api_key="unused", model="embed")
+        embedder._api.api_url = f"{base}/v1/embeddings"  # the library takes no base URL
+        got = embedder.get_image_embedding(str(tmp_path / "image.png"))
+        assert float(np.array(got) @ want_png) >= FP32_COSINE
         for bad, words in [
+            ({"url": png, "bytes": raw}, "content parts"),
             ({"text": "x", "instruction": "Find charts"}, "send 'instruction' beside the inputs"),
             ({}, "holds no 'text', 'image' or 'video'"),
             ({"text": "x", "audio": "y"}, "content parts"),

@@ -3,9 +3,11 @@ API and vLLM's multimodal embeddings write them ({"type": "text", "text"}, {"typ
 "image_url", "image_url": {"url"}} and vLLM's {"type": "video_url", "video_url": {"url"}}), as
 Cohere v2's `inputs` do, and a video as its frames as Qwen's own API takes it ({"type": "video",
 "video": [url of each frame's image, ...]}), or an input as Qwen3-VL-Embedding's own scripts
-write it ({"text", "image", "video"}: QwenInput). Each input becomes one text (its text parts
-joined), its images and its videos (a file's bytes, or a list of its frames' files), which the
-server places before the text as the model's own script does.
+write it ({"text", "image", "video"}: QwenInput; Jina's API writes its inputs so too, an image
+also as its file's bytes in base64), or an image as Jina's older inputs and LlamaIndex's
+JinaEmbedding write one ({"url"} or {"bytes"}: JinaImage). Each input becomes one text (its
+text parts joined), its images and its videos (a file's bytes, or a list of its frames'
+files), which the server places before the text as the model's own script does.
 
 A URL is a data URL (`data:image/png;base64,...`, `data:video/mp4;base64,...`), always taken; a
 remote one (http/https) is fetched only where the gateway was started with
@@ -38,6 +40,13 @@ FETCH_TIMEOUT_S = 10.0
 _DATA_URL = re.compile(
     r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*),(?P<data>.*)$", re.S
 )
+# A file's bytes in base64, as Jina's API takes an image (no URL, no path: '.' is not in it)
+_BASE64 = re.compile(r"^[A-Za-z0-9+/\s]{16,}={0,2}$")
+
+
+def _as_url(image: str) -> str:
+    """An image as an input object gives it: a URL, or its bytes in base64 (a data URL)."""
+    return f"data:;base64,{image}" if _BASE64.match(image) else image
 
 
 class ImageURL(Body):
@@ -126,7 +135,7 @@ class QwenInput(ScriptInput):
             for v in videos
         ]
         images = [self.image] if isinstance(self.image, str) else self.image or []
-        parts += [ImagePart(type="image_url", image_url=ImageURL(url=u)) for u in images]
+        parts += [ImagePart(type="image_url", image_url=ImageURL(url=_as_url(u))) for u in images]
         texts = [self.text] if isinstance(self.text, str) else self.text or []
         return parts + [TextPart(type="text", text=t) for t in texts]
 
@@ -154,6 +163,28 @@ def _is_image(url: str) -> bool:
 
 
 QwenParts = Annotated[QwenInput, AfterValidator(QwenInput.parts)]
+
+
+class JinaImage(Body):
+    """An image as Jina's older inputs and LlamaIndex's JinaEmbedding write one: {"url"} or
+    {"bytes": its file in base64}."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str | None = None
+    bytes: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.url is None) == (self.bytes is None):
+            raise PydanticCustomError("jina_image", "send 'url' or 'bytes' (one of them)")
+        return self
+
+    def parts(self) -> list[ImagePart]:
+        url = self.url if self.url is not None else f"data:;base64,{self.bytes}"
+        return [ImagePart(type="image_url", image_url=ImageURL(url=url))]
+
+
+JinaParts = Annotated[JinaImage, AfterValidator(JinaImage.parts)]
 
 
 class Message(Body):

@@ -81,6 +81,7 @@ from .jina import (
 )
 from .media import (
     MEDIA_PARTS,
+    JinaParts,
     Message,
     Parts,
     QwenParts,
@@ -121,11 +122,12 @@ TWINS = (
 ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
 MediaInputs = Annotated[
     described(
-        Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts | QwenParts],
+        Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts | QwenParts | JinaParts],
         "must be a string, a list of strings, the model's token ids (a list of integers), a "
         "list of such lists (not a mix of texts and ids), or a list of inputs each a string, "
-        'a list of content parts ({"type": "text", ...}, {"type": "image_url", ...}) or an '
-        'object as Qwen3-VL-Embedding\'s scripts take one ({"text", "image", "video"})',
+        'a list of content parts ({"type": "text", ...}, {"type": "image_url", ...}), an '
+        'object as Qwen3-VL-Embedding\'s scripts take one ({"text", "image", "video"}) or '
+        'an image as Jina\'s {"url"} or {"bytes"}',
     ),
     AfterValidator(batch),
 ]
