@@ -502,6 +502,22 @@ def test_an_input_as_qwens_scripts_write_it_is_its_content_parts():
         assert words in e.message and e.param == "input", e.message
 
 
+def test_images_as_jina_writes_them():
+    """An input object's image as its file's bytes in base64 (Jina's API), and {"url"} or
+    {"bytes"} (Jina's older inputs, LlamaIndex's JinaEmbedding): images; a path stays a path
+    (refused as one)."""
+    raw = base64.b64encode(b"an image file's bytes").decode()
+    png = "data:image/png;base64," + raw
+    inputs = embeddings({"input": [{"image": raw}, {"url": png}, {"bytes": raw}]})[0]
+    _, images, _ = asyncio.run(media.texts_and_media(inputs, "input", False))
+    assert images == [[b"an image file's bytes"]] * 3
+    inputs = embeddings({"input": [{"image": "/data/images/photo.png"}]})[0]
+    with pytest.raises(APIError, match="must be a data URL"):
+        asyncio.run(media.texts_and_media(inputs, "input", False))
+    for item in [{"url": png, "bytes": raw}, {"url": png, "text": "x"}]:
+        assert refusal(embeddings, {"input": [item]}).param == "input"
+
+
 def test_rerank_objects_as_qwens_scripts_write_them():
     """A query, or a document with an image or a video, of the scripts' fields is its
     content parts; a document of Cohere's and Jina's {"text", ...} stays a text; the
