@@ -17,12 +17,14 @@ import urllib.request
 
 import cohere
 import numpy as np
+import ollama
 import openai
 import pytest
 import torch
 from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
+from langchain_ollama import OllamaEmbeddings
 from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from transformers import Qwen3Model
@@ -659,6 +661,40 @@ def test_jina_fields_and_late_chunking(stack):
     assert status == 400 and body["error"]["param"] == "input", body
     assert f"more than the limit of {TOKENS_PER_TEXT}" in body["error"]["message"]
     assert "'late_chunking' reads the 3 inputs as one text of" in body["error"]["message"]
+
+
+def test_ollama_clients_get_the_openai_routes_vectors(stack):
+    """Ollama's Python library and LangChain's OllamaEmbeddings with the gateway as their host:
+    /api/embed's unit vectors, `dimensions`, `options.num_ctx` as a cut, `truncate` false; the
+    older /api/embeddings' vector not normalized; /api/tags; Ollama's errors."""
+    _, base = stack
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    client = ollama.Client(host=base, headers=auth)
+    got = np.array(client.embed(model="embed", input=TEXTS).embeddings, dtype=np.float32)
+    assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+    answer = client.embed(model=ALIAS, input=TEXTS[0], dimensions=48)
+    assert (
+        np.abs(answer.embeddings[0] - openai_vectors(base, TEXTS[:1], dimensions=48)[0]).max()
+        <= SAME
+    )
+    assert answer.prompt_eval_count == 5 and answer.model == ALIAS
+    long_text = "word " * 300
+    cut = client.embed(model="embed", input=[long_text], options={"num_ctx": 8}).embeddings
+    assert np.abs(cut[0] - openai_vectors(base, [long_text], max_tokens=8)[0]).max() <= SAME
+    assert client.embed(model="embed", input=[]).embeddings == []  # Ollama's preload
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="embed", input=[long_text], truncate=False)
+    assert e.value.status_code == 400 and f"limit of {TOKENS_PER_TEXT}" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="nomic-embed-text", input="x")
+    assert e.value.status_code == 404 and "'nomic-embed-text'" in e.value.error
+    raw = client.embeddings(model="embed", prompt=TEXTS[1]).embedding
+    assert np.abs(raw - openai_vectors(base, TEXTS[1:2], normalize=False)[0]).max() <= 1e-5
+    assert [m.model for m in client.list().models] == ["embed", ALIAS]
+    langchain = OllamaEmbeddings(model="embed", base_url=base, client_kwargs={"headers": auth})
+    documents = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
+    assert np.abs(documents - openai_vectors(base, TEXTS)).max() <= SAME
+    assert np.abs(langchain.embed_query(TEXTS[0]) - documents[0]).max() <= SAME
 
 
 def test_every_api_gives_one_vector_per_text(stack):

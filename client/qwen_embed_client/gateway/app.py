@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, nim, openai, score, tei
+from . import batches, cohere, nim, ollama, openai, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
 from .metrics import GatewayMetrics
@@ -31,6 +31,7 @@ _RENDERERS = {
     "tei": tei.error_response,
     "cohere": cohere.error_response,
     "nim": openai.error_response,  # NIM's API is OpenAI's with more fields and routes
+    "ollama": ollama.error_response,
 }
 
 
@@ -80,7 +81,10 @@ def create_app(
         if tracing is not None:
             tracing.shutdown()
 
-    app = FastAPI(title="qwen-embed gateway (OpenAI, NIM, TEI and Cohere APIs)", lifespan=lifespan)
+    app = FastAPI(
+        title="qwen-embed gateway (OpenAI, NIM, Jina, Ollama, TEI and Cohere APIs)",
+        lifespan=lifespan,
+    )
     app.state.gateway = Gateway(
         client=client,
         model_names=tuple(model_names),
@@ -103,7 +107,7 @@ def create_app(
     app.get("/v1/health/live")(nim.live)
     app.get("/v1/health/ready")(nim.ready)
     # tei last: POST / and /rerank go by body
-    for api in (openai, nim, score, batches, cohere, tei):
+    for api in (openai, nim, score, batches, cohere, ollama, tei):
         app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 
@@ -126,7 +130,9 @@ def _traced(tracing):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="OpenAI-, NIM-, TEI- and Cohere-compatible gateway")
+    p = argparse.ArgumentParser(
+        description="OpenAI-, NIM-, Jina-, Ollama-, TEI- and Cohere-compatible gateway"
+    )
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

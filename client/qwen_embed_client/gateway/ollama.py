@@ -1,0 +1,123 @@
+"""Ollama's embedding API, what its clients (its Python library, LangChain's OllamaEmbeddings,
+LlamaIndex's OllamaEmbedding) call with the gateway's URL as their host:
+
+- POST /api/embed: {model, input: a text or texts, truncate, dimensions, options, keep_alive}
+  -> {model, embeddings, total_duration, load_duration, prompt_eval_count}, unit vectors (as
+  Ollama's); no input (an empty text or list) answers no vectors, as Ollama's does.
+- POST /api/embeddings (Ollama's older route): {model, prompt, options} -> {embedding}, the
+  vector as the model gives it, not normalized (as Ollama's).
+- GET /api/tags and /api/version: the served model's names, and a version.
+
+`options.num_ctx` cuts each text to that many tokens (Ollama's context length; without it, the
+model's own limit, where Ollama defaults to a context of its own); the other options set
+generation and placement, which no vector depends on, and `keep_alive` has nothing to keep.
+Errors are Ollama's {"error": message}.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+from ..contract import MAX_INPUTS
+from .bodies import Body, Text
+from .common import check_model, embed
+from .errors import STATUS, APIError, invalid, json_body, options_checked
+from .state import gateway, respond
+
+router = APIRouter(tags=["ollama"])
+
+VERSION = "0.6.3"  # the Ollama API version these routes follow (its Python library's)
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse({"error": e.message}, status_code=STATUS[e.kind])
+
+
+class EmbedRequest(Body):
+    model: str
+    input: Text | Annotated[list[Text], Field(max_length=MAX_INPUTS)] = ""
+    truncate: bool = True
+    dimensions: Annotated[int, Field(ge=0)] | None = None  # 0: every dimension
+    options: dict[str, object] | None = None
+    keep_alive: str | int | float | None = None
+
+
+class EmbeddingsRequest(Body):
+    model: str
+    prompt: str = ""
+    options: dict[str, object] | None = None
+    keep_alive: str | int | float | None = None
+
+
+def _options(options: dict | None, **asked) -> dict:
+    """The contract's options: `asked` and Ollama's `options.num_ctx` (cuts each text)."""
+    num_ctx = (options or {}).get("num_ctx")
+    if num_ctx is not None:
+        if not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx < 1:
+            raise invalid(f"'options.num_ctx' must be an integer >= 1, got {num_ctx!r}", "options")
+        asked["max_tokens"] = num_ctx
+    return options_checked(**{k: v for k, v in asked.items() if v is not None})
+
+
+@router.post("/api/embed")
+async def embed_route(request: Request):
+    gw = gateway(request)
+    start = time.monotonic_ns()
+    asked = EmbedRequest.parse(await json_body(request))
+    check_model(asked.model, gw.model_names)
+    texts = [asked.input] if isinstance(asked.input, str) else asked.input
+    if texts == [""]:
+        texts = []
+    if not texts:
+        return {"model": asked.model, "embeddings": []}
+    options = _options(asked.options, truncate=asked.truncate, dimensions=asked.dimensions or None)
+    result = await embed(gw, texts, options, ["float"], "input")
+    body = {
+        "model": asked.model,
+        "embeddings": [v.tolist() for v in result.embeddings],
+        "total_duration": time.monotonic_ns() - start,
+        "load_duration": 0,
+        "prompt_eval_count": result.total_tokens,
+    }
+    return await respond(gw, body)
+
+
+@router.post("/api/embeddings")
+async def embeddings_route(request: Request):
+    gw = gateway(request)
+    asked = EmbeddingsRequest.parse(await json_body(request))
+    check_model(asked.model, gw.model_names)
+    if not asked.prompt:
+        return {"embedding": []}
+    options = _options(asked.options, normalize=False)
+    result = await embed(gw, [asked.prompt], options, ["float"], "prompt")
+    return await respond(gw, {"embedding": result.embeddings[0].tolist()})
+
+
+@router.get("/api/tags")
+async def tags(request: Request):
+    gw = gateway(request)
+    facts = await gw.facts()
+    details = {"format": "safetensors", "family": "qwen", "families": ["qwen"]}
+    models = [
+        {
+            "name": name,
+            "model": name,
+            "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(gw.created)),
+            "size": 0,
+            "digest": facts.get("fingerprint") or "",
+            "details": details,
+        }
+        for name in gw.model_names
+    ]
+    return {"models": models}
+
+
+@router.get("/api/version")
+async def version():
+    return {"version": VERSION}
