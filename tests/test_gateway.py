@@ -270,6 +270,11 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
         "/tokenize": ({"inputs": "hello"}, ["inputs", "add_special_tokens", "prompt_name"]),
         "/decode": ({"ids": [1, 2, 3]}, ["ids", "skip_special_tokens"]),
         "/similarity": ({"inputs": {"source_sentence": "a", "sentences": ["b"]}}, ["inputs"]),
+        "/api/embed": (
+            {"model": "embed", "input": ["hello"]},
+            ["input", "model", "truncate", "dimensions", "options", "keep_alive"],
+        ),
+        "/api/embeddings": ({"model": "embed", "prompt": "hello"}, ["prompt", "options"]),
     }
     with EmbeddingClient(server.grpc_url) as client:
         before = client.embed(["hello"])

@@ -18,7 +18,7 @@ from qwen_embed_client.contract import (
     MAX_VIDEOS_PER_TEXT,
     EmbedOptions,
 )
-from qwen_embed_client.gateway import cohere, jina, media, nim, openai, score, tei
+from qwen_embed_client.gateway import cohere, jina, media, nim, ollama, openai, score, tei
 from qwen_embed_client.gateway.common import Encoding, log_odds, prompt_options
 from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
 
@@ -500,6 +500,27 @@ def test_an_input_as_qwens_scripts_write_it_is_its_content_parts():
     ]:
         e = refusal(embeddings, {"input": [item]})
         assert words in e.message and e.param == "input", e.message
+
+
+def test_ollama_bodies():
+    asked = ollama.EmbedRequest.parse({"model": "embed", "input": "x", "keep_alive": "5m"})
+    assert (asked.input, asked.truncate, asked.dimensions) == ("x", True, None)
+    options = {"num_ctx": 64, "temperature": 0.2, "num_gpu": None}  # only num_ctx counts
+    assert ollama._options(options, truncate=False) == {"truncate": False, "max_tokens": 64}
+    assert ollama._options(None, normalize=False) == {"normalize": False}
+    for options in [{"num_ctx": 0}, {"num_ctx": "64"}, {"num_ctx": True}]:
+        e = refusal(lambda o: ollama._options(o), options)
+        assert e.param == "options" and "'options.num_ctx' must be an integer >= 1" in e.message
+    for body, param in [
+        ({"input": "x"}, "model"),
+        ({"model": "embed", "input": [1, 2]}, "input"),
+        ({"model": "embed", "input": "x", "dimensions": -1}, "dimensions"),
+        ({"model": "embed", "input": "x", "truncate": "yes"}, "truncate"),
+    ]:
+        assert refusal(ollama.EmbedRequest.parse, body).param == param
+    assert (
+        refusal(ollama.EmbeddingsRequest.parse, {"model": "embed", "prompt": 3}).param == "prompt"
+    )
 
 
 def test_images_as_jina_writes_them():
