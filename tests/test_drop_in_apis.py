@@ -598,6 +598,43 @@ def late_chunks(base: str) -> np.ndarray:
     return openai_vectors(base, cut, prompt_name="query")
 
 
+def test_vllm_pooling_route_gives_text_and_token_vectors(stack):
+    """vLLM's /pooling: task "embed" is /v1/embeddings' vector, "token_embed" every token's
+    (unit length, as /embed_all with normalize), base64 with vLLM's dtypes too; other tasks
+    are refused."""
+    server, base = stack
+
+    def pool(**fields) -> dict:
+        status, answer, headers = post(base, "/pooling", {"model": "embed", **fields})
+        assert status == 200, answer
+        assert headers["x-model-fingerprint"] and answer["object"] == "list"
+        return answer
+
+    answer = pool(input=TEXTS)  # no task: "embed"
+    got = np.array([d["data"] for d in answer["data"]], dtype=np.float32)
+    assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+    assert pool(input=TEXTS, task="embed", dimensions=48)["data"][0]["data"] == pytest.approx(
+        openai_vectors(base, TEXTS[:1], dimensions=48)[0], abs=SAME
+    )
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.embed_tokens(TEXTS)
+    answer = pool(input=TEXTS, task="token_embed")
+    for item, expected in zip(answer["data"], want, strict=True):
+        assert item["object"] == "pooling"
+        assert np.abs(np.array(item["data"], dtype=np.float32) - expected).max() <= SAME
+    assert answer["usage"]["prompt_tokens"] == sum(len(v) for v in want)
+    packed = pool(input=TEXTS[:1], task="token_embed", encoding_format="base64")
+    raw = np.frombuffer(base64.b64decode(packed["data"][0]["data"]), "<f4")
+    assert np.array_equal(raw.reshape(want[0].shape), want[0])
+    for fields, words in [
+        ({"task": "classify"}, "'task' must be one of ['embed', 'token_embed']"),
+        ({"task": "token_embed", "embedding_type": "int8"}, "float token vectors"),
+    ]:
+        status, answer, _ = post(base, "/pooling", {"model": "embed", "input": "x", **fields})
+        assert status == 400 and words in answer["error"]["message"], answer
+        assert answer["error"]["param"] == "task"
+
+
 def test_jina_client_gets_tasks_binary_codes_and_late_chunks(stack):
     """LlamaIndex's JinaEmbedding (it sends `task`, `encoding_type`, `late_chunking`)."""
     _, base = stack

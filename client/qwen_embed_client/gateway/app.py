@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, nim, ollama, openai, score, tei
+from . import batches, cohere, nim, ollama, openai, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import APIError
 from .metrics import GatewayMetrics
@@ -107,7 +107,7 @@ def create_app(
     app.get("/v1/health/live")(nim.live)
     app.get("/v1/health/ready")(nim.ready)
     # tei last: POST / and /rerank go by body
-    for api in (openai, nim, score, batches, cohere, ollama, tei):
+    for api in (openai, nim, pooling, score, batches, cohere, ollama, tei):
         app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 
