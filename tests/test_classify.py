@@ -110,6 +110,32 @@ def test_served_logits_and_teis_predict(stack, classifier):
     assert len(batch) == len(TEXTS) and all(len(b) == len(LABELS) for b in batch)
 
 
+def test_vllms_classify_and_pooling_routes(stack, classifier):
+    """vLLM's /classify: per text the best label, the softmax of the logits (the logits with
+    use_activation false); /pooling's task classify, the same probabilities."""
+    _, base = stack
+    tok = Tokenizer.from_file(str(classifier / "tokenizer.json"))
+    expected = reference_logits(classifier, [tok.encode(t).ids for t in TEXTS])
+    probabilities = torch.softmax(torch.from_numpy(expected).double(), -1).numpy()
+
+    def post(path, body):
+        request = urllib.request.Request(
+            f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return json.loads(r.read())
+
+    answer = post("/classify", {"model": "embed", "input": TEXTS})
+    assert [d["label"] for d in answer["data"]] == [LABELS[i] for i in expected.argmax(1)]
+    assert np.abs(np.array([d["probs"] for d in answer["data"]]) - probabilities).max() <= 1e-5
+    assert {d["num_classes"] for d in answer["data"]} == {len(LABELS)}
+    raw = post("/classify", {"model": "embed", "input": TEXTS, "use_activation": False})
+    assert np.abs(np.array([d["probs"] for d in raw["data"]]) - expected).max() <= FP32_ABS
+    pooled = post("/pooling", {"model": "embed", "input": TEXTS, "task": "classify"})
+    assert np.abs(np.array([d["data"] for d in pooled["data"]]) - probabilities).max() <= 1e-5
+    assert pooled["usage"]["total_tokens"] == answer["usage"]["total_tokens"] > 0
+
+
 def test_labels_are_read_once_for_repeated_calls(stack):
     """classify names its columns from the encoder's `labels` fact: the two steps' configs are
     read once, not on every call (client.FACTS_TTL_S)."""

@@ -626,13 +626,15 @@ def test_vllm_pooling_route_gives_text_and_token_vectors(stack):
     packed = pool(input=TEXTS[:1], task="token_embed", encoding_format="base64")
     raw = np.frombuffer(base64.b64decode(packed["data"][0]["data"]), "<f4")
     assert np.array_equal(raw.reshape(want[0].shape), want[0])
-    for fields, words in [
-        ({"task": "classify"}, "'task' must be one of ['embed', 'token_embed']"),
-        ({"task": "token_embed", "embedding_type": "int8"}, "float token vectors"),
+    for path, fields, words, param in [
+        ("/pooling", {"task": "plugin"}, "'task' must be one of ['embed', 'token_embed'", "task"),
+        ("/pooling", {"task": "token_embed", "embedding_type": "int8"}, "float token", "task"),
+        ("/pooling", {"task": "classify"}, "not a sequence classifier", "model"),
+        ("/classify", {}, "not a sequence classifier", "model"),
     ]:
-        status, answer, _ = post(base, "/pooling", {"model": "embed", "input": "x", **fields})
+        status, answer, _ = post(base, path, {"model": "embed", "input": "x", **fields})
         assert status == 400 and words in answer["error"]["message"], answer
-        assert answer["error"]["param"] == "task"
+        assert answer["error"]["param"] == param
 
 
 def test_jina_client_gets_tasks_binary_codes_and_late_chunks(stack):

@@ -1,9 +1,14 @@
-"""vLLM's pooling API: POST /pooling, an embeddings request (OpenAI's body, vLLM's fields) with
-vLLM's `task`: "embed" (the default) answers each input's vector, "token_embed" every token's
-(the model's final hidden states, unit length unless `use_activation` is false, as vLLM's token
-pooler gives them) -> {id, object: "list", created, model, data: [{index, object: "pooling",
-data}], usage}. A sequence classifier's logits are TEI's /predict here; vLLM's other tasks are
-refused, naming `task`.
+"""vLLM's pooling-runner APIs beside /v1/embeddings:
+
+- POST /pooling: an embeddings request (OpenAI's body, vLLM's fields) with vLLM's `task`: "embed"
+  (the default) answers each input's vector, "token_embed" every token's (the model's final
+  hidden states, unit length unless `use_activation` is false, as vLLM's token pooler gives
+  them), "classify" a sequence classifier's class probabilities -> {id, object: "list",
+  created, model, data: [{index, object: "pooling", data}], usage}; vLLM's other tasks are
+  refused, naming `task`.
+- POST /classify, for a sequence classifier served as the embed model: {model, input} ->
+  {..., data: [{index, label, probs, num_classes}], usage}, `probs` the softmax of the logits
+  (a one-label classifier's sigmoid), or the logits with `use_activation` false.
 """
 
 from __future__ import annotations
@@ -11,16 +16,18 @@ from __future__ import annotations
 import time
 import uuid
 
+import numpy as np
 from fastapi import APIRouter, Request
 
+from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens
-from .errors import invalid, json_body
+from .errors import backend_error, invalid, json_body
 from .openai import checked_request, embeddings_body, request_plan
 from .state import gateway, respond
 
 router = APIRouter(tags=["openai"])
 
-TASKS = ("embed", "token_embed")
+TASKS = ("embed", "token_embed", "classify")
 
 
 @router.post("/pooling")
@@ -29,27 +36,46 @@ async def pooling(request: Request):
     body = await json_body(request)
     task = body.pop("task", None) if isinstance(body, dict) else None
     if task not in (None, *TASKS):
-        raise invalid(
-            f"'task' must be one of {list(TASKS)} (a classifier's logits: /predict), got {task!r}",
-            "task",
-        )
+        raise invalid(f"'task' must be one of {list(TASKS)}, got {task!r}", "task")
     if task == "token_embed":
         data, tokens = await _token_vectors(gw, body)
+    elif task == "classify":
+        scores, _, tokens = await _class_scores(gw, body)
+        data = scores.tolist()
     else:
         answer = await embeddings_body(gw, body)
         data = [_vector(item) for item in answer["data"]]
         tokens = answer["usage"]["total_tokens"]
-    return await respond(
-        gw,
+    items = [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)]
+    return await respond(gw, _listed(gw, "pool", items, tokens))
+
+
+@router.post("/classify")
+async def classify(request: Request):
+    gw = gateway(request)
+    scores, labels, tokens = await _class_scores(gw, await json_body(request))
+    items = [
         {
-            "id": f"pool-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": gw.model_name,
-            "data": [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        },
-    )
+            "index": i,
+            "label": labels[int(np.argmax(row))],
+            "probs": row.tolist(),
+            "num_classes": len(labels),
+        }
+        for i, row in enumerate(scores)
+    ]
+    return await respond(gw, _listed(gw, "classify", items, tokens))
+
+
+def _listed(gw, kind: str, items: list, tokens: int) -> dict:
+    """vLLM's list response around `items`."""
+    return {
+        "id": f"{kind}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": gw.model_name,
+        "data": items,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def _vector(item: dict):
@@ -61,12 +87,33 @@ def _vector(item: dict):
     raise KeyError(f"an embeddings item of none of the known keys: {sorted(item)}")
 
 
-async def _token_vectors(gw, body: object) -> tuple[list, int]:
-    """Each input's token vectors, encoded as the body asks, and the tokens in all."""
+async def _plan(gw, body: object):
     request = checked_request(body, gw.model_names)
     facts = await checkpoint_facts(gw, request.input_type or request.task)
-    inputs, options, encoding, kinds, keyed = request_plan(request, facts)
+    return request, *request_plan(request, facts)
+
+
+async def _token_vectors(gw, body: object) -> tuple[list, int]:
+    """Each input's token vectors, encoded as the body asks, and the tokens in all."""
+    request, inputs, options, encoding, kinds, keyed = await _plan(gw, body)
     if kinds != ["float"] or keyed or request.late_chunking or request.chunks is not None:
         raise invalid("task 'token_embed' answers float token vectors, unchunked", "task")
     vectors = await embed_tokens(gw, inputs, options, "input")
     return [encoding(v) for v in vectors], sum(len(v) for v in vectors)
+
+
+async def _class_scores(gw, body: object) -> tuple[np.ndarray, list[str], int]:
+    """A sequence classifier's answer to the body's inputs: each input's probabilities (the
+    logits with `use_activation` false), the labels, and the tokens in all."""
+    request, inputs, options, *_ = await _plan(gw, body)
+    if not (await gw.facts()).get("labels"):
+        raise invalid(
+            "this model is not a sequence classifier (its vectors: /v1/embeddings)", "model"
+        )
+    options.pop("normalize", None)  # vLLM's use_activation: the probabilities, here
+    try:
+        result = await gw.client.classify(inputs, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise backend_error(e, (), "input") from e
+    scores = result.logits if request.use_activation is False else result.probabilities
+    return scores, result.labels, int(result.token_counts.sum())
