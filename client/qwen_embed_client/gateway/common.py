@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import math
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -174,6 +176,18 @@ class Encoding:
         if self.byteorder != sys.byteorder:
             raw = raw.byteswap()
         return base64.b64encode(raw.tobytes()).decode()
+
+
+def vllm_list(gw, kind: str, items: list, tokens: int) -> dict:
+    """vLLM's list response around `items` (its score, pooling and classify APIs)."""
+    return {
+        "id": f"{kind}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": gw.model_name,
+        "data": items,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def text_usage(result: EmbeddingResult, i: int) -> dict:

@@ -13,14 +13,11 @@
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import numpy as np
 from fastapi import APIRouter, Request
 
 from ..client import EmbeddingError
-from .common import checkpoint_facts, embed_tokens
+from .common import checkpoint_facts, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body
 from .openai import checked_request, embeddings_body, request_plan
 from .state import gateway, respond
@@ -47,7 +44,7 @@ async def pooling(request: Request):
         data = [_vector(item) for item in answer["data"]]
         tokens = answer["usage"]["total_tokens"]
     items = [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)]
-    return await respond(gw, _listed(gw, "pool", items, tokens))
+    return await respond(gw, vllm_list(gw, "pool", items, tokens))
 
 
 @router.post("/classify")
@@ -63,19 +60,7 @@ async def classify(request: Request):
         }
         for i, row in enumerate(scores)
     ]
-    return await respond(gw, _listed(gw, "classify", items, tokens))
-
-
-def _listed(gw, kind: str, items: list, tokens: int) -> dict:
-    """vLLM's list response around `items`."""
-    return {
-        "id": f"{kind}-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "model": gw.model_name,
-        "data": items,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+    return await respond(gw, vllm_list(gw, "classify", items, tokens))
 
 
 def _vector(item: dict):

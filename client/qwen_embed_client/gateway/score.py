@@ -11,14 +11,11 @@ as `text_2` (scored pairwise); `prompt_name` (an extension) prefixes `text_1`'s 
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from fastapi import APIRouter, Request
 
 from ..maxsim import maxsim
 from .bodies import Body, TextInputs
-from .common import check_model, embed_tokens
+from .common import check_model, embed_tokens, vllm_list
 from .errors import invalid, json_body, options_checked
 from .state import gateway, respond
 
@@ -59,14 +56,4 @@ async def score(request: Request):
     tokens = sum(len(v) for v in query_vectors[: len(queries)]) + sum(
         len(v) for v in document_vectors
     )
-    return await respond(
-        gw,
-        {
-            "id": f"score-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": gw.model_name,
-            "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        },
-    )
+    return await respond(gw, vllm_list(gw, "score", data, tokens))
