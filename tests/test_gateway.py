@@ -275,6 +275,11 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             ["input", "model", "truncate", "dimensions", "options", "keep_alive"],
         ),
         "/api/embeddings": ({"model": "embed", "prompt": "hello"}, ["prompt", "options"]),
+        "/pooling": (
+            {"model": "embed", "input": ["hello"], "task": "token_embed"},
+            ["input", "task", "encoding_format", "use_activation", "embed_dtype"],
+        ),
+        "/classify": ({"model": "embed", "input": ["hello"]}, ["input", "use_activation"]),
     }
     with EmbeddingClient(server.grpc_url) as client:
         before = client.embed(["hello"])
