@@ -64,7 +64,7 @@ def test_an_error_names_the_item_by_its_index_in_the_callers_list(server):
         ]:
             with pytest.raises(EmbeddingError, match=rf"'{item}\[6\]' is empty"):
                 call(texts[:6] + [" "] + texts[7:])
-        ids = [[1, 2]] * 9 + [[1, 10**7]]
+        ids = [[1, 2, 151643]] * 9 + [[1, 10**7, 151643]]
         with pytest.raises(EmbeddingError, match=r"'TEXT\[9\]' holds token id 10000000 at 1"):
             client.embed(ids, token_ids=True)
 

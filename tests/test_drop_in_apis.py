@@ -25,6 +25,7 @@ from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
 from langchain_ollama import OllamaEmbeddings
+from langchain_openai import OpenAIEmbeddings
 from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from transformers import Qwen3Model
@@ -504,11 +505,14 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
         (tokens,) = client.tokenize(TEXTS[:1])
         fingerprint = client.model_fingerprint()
     ids = [t["id"] for t in tokens]
-    by_ids = api.embeddings.create(input=[ids, ids[:-1]], model="embed", encoding_format="float")
+    by_ids = api.embeddings.create(input=[ids, ids], model="embed", encoding_format="float")
     by_text = openai_vectors(base, TEXTS[:1])
     # the tokenizer's own ids (end-of-text included) give the text's vector
     assert np.abs(np.array(by_ids.data[0].embedding) - by_text[0]).max() <= SAME
-    assert by_ids.usage.total_tokens == 2 * len(ids) - 1
+    assert by_ids.usage.total_tokens == 2 * len(ids)
+    # ids without it are another tokenizer's (LangChain's OpenAIEmbeddings sends tiktoken's)
+    with pytest.raises(openai.BadRequestError, match=r"'input\[1\]' token ids must end with"):
+        api.embeddings.create(input=[ids, ids[:-1]], model="embed")
     single = api.embeddings.create(input=ids, model="embed", encoding_format="float")
     assert np.abs(np.array(single.data[0].embedding) - by_text[0]).max() <= SAME
     with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
@@ -734,6 +738,27 @@ def test_ollama_clients_get_the_openai_routes_vectors(stack):
     documents = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
     assert np.abs(documents - openai_vectors(base, TEXTS)).max() <= SAME
     assert np.abs(langchain.embed_query(TEXTS[0]) - documents[0]).max() <= SAME
+
+
+def test_langchain_openai_embeddings_get_the_texts_vectors_or_a_clear_refusal(stack, demo_dir):
+    """LangChain's OpenAIEmbeddings sends tiktoken's token ids by default (cl100k_base's, which
+    cannot be downloaded here: sent below as the SDK sends them), which a Qwen model would read
+    as its own vocabulary's: refused, naming the setting that sends texts. With it, or with
+    the model's own tokenizer in place of tiktoken's, the texts' vectors."""
+    _, base = stack
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
+    cl100k = [[9906, 11, 1917, 0]]  # "Hello, world!" in cl100k_base, as LangChain sends it
+    with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False") as e:
+        api.embeddings.create(input=cl100k, model="embed", encoding_format="base64")
+    assert e.value.body["param"] == "input"
+    settings = {"model": "embed", "base_url": f"{base}/v1", "api_key": API_KEY}
+    expected = openai_vectors(base, TEXTS)
+    for langchain in (
+        OpenAIEmbeddings(**settings, check_embedding_ctx_length=False),
+        OpenAIEmbeddings(**settings, tiktoken_enabled=False, tiktoken_model_name=str(demo_dir)),
+    ):
+        got = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
+        assert np.abs(got - expected).max() <= SAME
 
 
 def test_every_api_gives_one_vector_per_text(stack):

@@ -21,14 +21,28 @@ def tok(demo_dir):
 def test_token_ids_are_taken_as_given_within_the_same_limits(tok):
     ids, counts = tok.encode_ids([np.array(HELLO + [EOS], np.int32)], EmbedOptions(token_ids=True))
     assert ids == [HELLO + [EOS]] and counts == [5]
-    long = np.arange(100, 140, dtype=np.int32)
+    long = np.array([*range(100, 139), EOS], dtype=np.int32)
     (right,), _ = tok.encode_ids([long], EmbedOptions(token_ids=True))
     (left,), _ = tok.encode_ids([long], EmbedOptions(token_ids=True, truncation_direction="left"))
-    assert right == list(range(100, 132)) and left == list(range(108, 140))
+    # cut as a text is: its own tokens, the closing <|endoftext|> kept
+    assert right == [*range(100, 131), EOS] and left == [*range(108, 139), EOS]
     with pytest.raises(RequestError, match=r"has 40 tokens, more than the limit of 32"):
         tok.encode_ids([long], EmbedOptions(token_ids=True, truncate=False))
     with pytest.raises(RequestError, match="outside this model's vocabulary"):
         tok.encode_ids([np.array([1, -5], np.int32)], EmbedOptions(token_ids=True))
+
+
+def test_token_ids_of_another_tokenizer_are_refused(tok):
+    """Ids without the <|endoftext|> this tokenizer closes every text with (tiktoken's, as
+    LangChain's OpenAIEmbeddings sends them) are refused for a vector, and decoded as given."""
+    tiktoken = np.array([9906, 11, 1917, 0], np.int32)  # cl100k_base's "Hello, world!"
+    for ids in (tiktoken, np.array([EOS], np.int32)[:0], np.array([EOS, 1], np.int32)):
+        with pytest.raises(RequestError) as e:
+            tok.encode_ids([ids], EmbedOptions(token_ids=True))
+        assert "'TEXT[0]' token ids must end with [151643] (<|endoftext|>)" in str(e.value)
+        assert "check_embedding_ctx_length=False" in str(e.value)
+    decoded, _ = tok.encode_ids([tiktoken], EmbedOptions(token_ids=True), readout=False)
+    assert decoded == [tiktoken.tolist()]
 
 
 def test_max_tokens_is_the_requests_own_limit(tok):

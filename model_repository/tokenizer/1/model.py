@@ -85,7 +85,7 @@ class TritonPythonModel:
             return self._chat(raw, given, opts)
         if opts.token_ids:
             lists = decode_id_lists(raw, self.max_texts, self.max_text_bytes)
-            ids, counts = self.tokenizer.encode_ids(lists, opts)
+            ids, counts = self.tokenizer.encode_ids(lists, opts, readout="DECODED" not in asked)
             texts = lists
         else:
             texts = decode_texts(raw, self.max_texts, self.max_text_bytes)

@@ -209,11 +209,16 @@ class TextTokenizer:
         return list(self._encode(texts, opts, offsets))
 
     def encode_ids(
-        self, id_lists: list[np.ndarray], opts: EmbedOptions
+        self, id_lists: list[np.ndarray], opts: EmbedOptions, readout: bool = True
     ) -> tuple[list[list[int]], list[int]]:
-        """Token ids a client sent (parameter token_ids), taken as given: checked against the
-        vocabulary and cut or refused past max_input_tokens as texts are."""
+        """Token ids a client sent (parameter token_ids), checked against the vocabulary. Ids
+        the model reads a vector out of (`readout`; not the decode view) must begin and end
+        with the special tokens its tokenizer puts around every text (Qwen3-Embedding's closing
+        <|endoftext|>): ids of another tokenizer (tiktoken's, which LangChain's
+        OpenAIEmbeddings sends) hold none, and would be read as this vocabulary's tokens. Past
+        max_input_tokens they are cut or refused as texts are, those special tokens kept."""
         vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        head, tail = len(self._head), len(self._tail)
         out = []
         for i, ids in enumerate(id_lists):
             bad = np.flatnonzero((ids < 0) | (ids >= vocab))
@@ -222,8 +227,29 @@ class TextTokenizer:
                     f"input 'TEXT[{i}]' holds token id {int(ids[bad[0]])} at {int(bad[0])}, "
                     f"outside this model's vocabulary 0..{vocab - 1}"
                 )
-            out.append(ids[self._cut(i, len(ids), self._limit(opts), opts)].tolist())
+            if not readout:
+                out.append(ids[self._cut(i, len(ids), self._limit(opts), opts)].tolist())
+                continue
+            ends = ids[:head].tolist(), ids[len(ids) - tail :].tolist()
+            if len(ids) < head + tail or ends != (self._head, self._tail):
+                raise RequestError(self._foreign_ids(i))
+            own = ids[head : len(ids) - tail]
+            kept = own[self._cut(i, len(own), self._limit(opts) - head - tail, opts)]
+            out.append(self._head + kept.tolist() + self._tail)
         return out, [len(ids) for ids in id_lists]
+
+    def _foreign_ids(self, index: int) -> str:
+        def named(ids: list[int]) -> str:
+            return f"{ids} ({' '.join(map(self._tok.id_to_token, ids))})"
+
+        where = [f"begin with {named(self._head)}"] if self._head else []
+        where += [f"end with {named(self._tail)}"] if self._tail else []
+        return (
+            f"input 'TEXT[{index}]' token ids must {' and '.join(where)}, as this model's "
+            "tokenizer writes every text: ids of another tokenizer mean nothing to this model "
+            "(LangChain's OpenAIEmbeddings sends tiktoken's unless "
+            "check_embedding_ctx_length=False); send texts, or this tokenizer's ids"
+        )
 
     def _limit(self, opts: EmbedOptions) -> int:
         """Tokens per text for this request: the deployment's, or fewer (max_tokens)."""
