@@ -43,6 +43,7 @@ pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 API_KEY = "drop-in-key"
 SAME = 1e-6  # one Triton request underneath every route
+EOS = 151643  # the <|endoftext|> Qwen3-Embedding's tokenizer closes a text with
 TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
 ALIAS = "Qwen/Qwen3-Embedding-0.6B"  # a second served name of the embed model
 TEXTS = ["Hello, world!", "北京是中华人民共和国的首都。", "naïve café — emoji 🎉"]
@@ -260,7 +261,7 @@ def test_a_refused_input_is_named_as_the_body_names_it(stack):
     bad = texts[:260] + [" "] + texts[261:]
     for path, body, field in [
         ("/v1/embeddings", {"model": "embed", "input": bad}, "input[260]"),
-        ("/v1/embeddings", {"input": [[7]] * 270 + [[-1]]}, "input[270]"),
+        ("/v1/embeddings", {"input": [[7, EOS]] * 270 + [[-1, EOS]]}, "input[270]"),
         ("/embed", {"inputs": bad}, "inputs[260]"),
         ("/tokenize", {"inputs": bad}, "inputs[260]"),
         (
