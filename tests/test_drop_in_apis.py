@@ -346,6 +346,23 @@ def test_cohere_sdk_embed_maps_input_types_to_the_checkpoints_prompts(stack):
     )
 
 
+def test_cohere_v1_client_embed(stack):
+    """Cohere's v1 `Client.embed`: a list of float vectors, or by type when asked."""
+    _, base = stack
+    co = cohere.Client(base_url=base, api_key=API_KEY)
+    floats = co.embed(texts=TEXTS, model="embed", input_type="search_query")
+    assert floats.response_type == "embeddings_floats"
+    expected = openai_vectors(base, TEXTS, prompt_name="query")
+    assert np.abs(np.array(floats.embeddings) - expected).max() <= SAME
+    typed = co.embed(texts=TEXTS, model="embed", embedding_types=["int8", "float"])
+    assert typed.response_type == "embeddings_by_type"
+    assert np.abs(np.array(typed.embeddings.float_) - openai_vectors(base, TEXTS)).max() <= SAME
+    assert np.array(typed.embeddings.int8).shape == expected.shape
+    with pytest.raises(cohere.core.ApiError) as e:
+        co.embed(texts=["word " * 300], model="embed", truncate="NONE")
+    assert e.value.status_code == 400 and "texts[0]" in e.value.body["message"]
+
+
 def test_cohere_sdk_rerank_and_errors(stack):
     server, base = stack
     co = cohere.ClientV2(base_url=base, api_key=API_KEY)

@@ -1,5 +1,7 @@
 """Cohere's v2 API: POST /v2/embed and /v2/rerank, what Cohere's SDK (`ClientV2(base_url=...)`)
-and the RAG frameworks built on it speak. Errors are Cohere's {"id", "message"}.
+and the RAG frameworks built on it speak, and v1's POST /v1/embed (its `Client`: a list of
+float vectors unless `embedding_types` is given; v1's rerank is openai.py's /v1/rerank). Errors
+are Cohere's {"id", "message"}.
 
 `input_type` picks the checkpoint's prompt: a prompt named like the input type if the
 checkpoint has one; else search_query -> the `query` prompt, search_document -> the `document`
@@ -128,7 +130,19 @@ def _priority(value: int | None) -> dict:
 @router.post("/v2/embed")
 async def embed_v2(request: Request):
     gw = gateway(request)
-    asked = EmbedRequest.parse(await json_body(request))
+    return await respond(gw, await _embed(gw, await json_body(request), version=2))
+
+
+@router.post("/v1/embed")
+async def embed_v1(request: Request):
+    """Cohere's v1 embed (its SDK's `Client`): the v2 body, answered as v1 does, a list of
+    float vectors unless `embedding_types` is given."""
+    gw = gateway(request)
+    return await respond(gw, await _embed(gw, await json_body(request), version=1))
+
+
+async def _embed(gw, body: object, version: int) -> dict:
+    asked = EmbedRequest.parse(body)
     check_model(asked.model, gw.model_names)
     texts, kinds, images, videos = asked.items, asked.server_types(), None, None
     if has_parts(texts):
@@ -153,19 +167,19 @@ async def embed_v2(request: Request):
         encode = Encoding("base64" if kind == "base64" else "float")
         embeddings[kind] = [encode(v) for v in vectors]
     tokens = result.total_tokens
-    answer = {
+    by_type = version == 2 or body.get("embedding_types") is not None
+    return {
         "id": str(uuid.uuid4()),
-        "embeddings": embeddings,
+        "embeddings": embeddings if by_type else embeddings["float"],
         "texts": texts,
         "meta": {
-            **API_META,
+            "api_version": {"version": str(version)},
             "billed_units": {"input_tokens": tokens},
             "tokens": {"input_tokens": tokens},
         },
-        "response_type": "embeddings_by_type",
+        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
         "text_tokens": [text_usage(result, i) for i in range(len(texts))],
     }
-    return await respond(gw, answer)
 
 
 @router.post("/v2/rerank")
