@@ -263,18 +263,6 @@ def test_vllm_embed_dtype_bytes_are_torchs_cast(embed_dtype, like, endianness):
     assert base64.b64decode(Encoding("base64", "float16")(codes)) == codes.tobytes()
 
 
-def test_late_chunking_token_spans_follow_the_byte_offsets():
-    """Each input's tokens in the joined text: a token that begins in the separator before a
-    text is that text's; the prompt's tokens are not counted (a straddling one is the text's)."""
-    texts = ["Hi there.", "Ünï", "x"]  # joined "Hi there. Ünï x": 17 bytes
-    # a 6-byte prompt first: its token (0, 3), then one straddling its end, (3, 7): the
-    # text's; " Ün" begins at the separator before the second text
-    spans = [(0, 3), (3, 7), (7, 8), (8, 14), (14, 15), (15, 19), (19, 21), (21, 23)]
-    special = {"special": True, "start": None, "stop": None}
-    tokens = [special, *({"special": False, "start": a, "stop": b} for a, b in spans), special]
-    assert jina._token_spans(tokens, texts, 17) == [(0, 4), (4, 6), (6, 7)]
-
-
 def test_nim_ranking_body():
     asked = nim.RankingRequest.parse(
         {"model": "rerank", "query": {"text": "q"}, "passages": [{"text": "a"}, {"text": ""}]}

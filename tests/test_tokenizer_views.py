@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from qwen_embed_client.contract import EmbedOptions, RequestError, RerankOptions
+from qwen_embed_client.gateway.jina import input_spans
 from qwen_embed_deploy.serving.rerank import PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, load_tokenizer
 
@@ -43,6 +44,30 @@ def test_token_ids_of_another_tokenizer_are_refused(tok):
         assert "check_embedding_ctx_length=False" in str(e.value)
     decoded, _ = tok.encode_ids([tiktoken], EmbedOptions(token_ids=True), readout=False)
     assert decoded == [tiktoken.tolist()]
+
+
+def test_late_chunking_by_characters_takes_the_tokens_that_begin_in_each_span(tok):
+    """Jina's late chunking: each input's tokens in the joined text, a token that begins in the
+    separator before an input being that input's; the prompt's tokens are not counted (one
+    straddling its end begins at the text's 0)."""
+    texts = ["Hi there.", "Ünï", "x"]  # joined "Hi there. Ünï x": 15 characters
+    spans = input_spans(texts)
+    assert spans == [[0, 9], [9, 13], [13, 15]]
+    # the text's own tokens: "H" straddles the prompt's end, " Ün" begins at the separator
+    offsets = [(0, 1), (1, 2), (2, 8), (8, 9), (9, 12), (12, 13), (13, 15)]
+    chunks = TextTokenizer._char_chunks(0, offsets, spans, 15)
+    assert chunks.tolist() == [[0, 4], [4, 6], [6, 7]]
+    with pytest.raises(RequestError, match=r"'chunk_chars'\[0\] = \[0, 16\] goes past the 15"):
+        TextTokenizer._char_chunks(0, offsets, [[0, 16]], 15)
+    with pytest.raises(
+        RequestError, match=r"'chunk_chars'\[1\] = \[10, 12\] holds the start of no"
+    ):
+        TextTokenizer._char_chunks(0, offsets, [[0, 9], [10, 12]], 15)
+    # through the real tokenizer, with Qwen3-Embedding's query prompt before the text
+    opts = EmbedOptions(prompt_name="query", chunk_chars=tuple(map(tuple, spans)))
+    _, (chunks,), _ = tok.encode_chunks([" ".join(texts)], opts)
+    starts, ends = chunks.chars[:, 0].tolist(), chunks.chars[:, 1].tolist()
+    assert ends[-1] == 15 and starts[1:] == ends[:-1]  # the inputs' tokens, one after another
 
 
 def test_max_tokens_is_the_requests_own_limit(tok):

@@ -310,20 +310,24 @@ class AsyncEmbeddingClient:
         *,
         chunk_size: int | None = None,
         spans: list[tuple[int, int]] | None = None,
+        char_spans: list[tuple[int, int]] | None = None,
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
         **options,
     ) -> list[ChunkedEmbedding]:
         """Late chunking: for each text, one vector per chunk, every chunk computed in the
-        context of its whole text (docs/api.md). Chunks of `chunk_size` tokens, or `spans`:
-        [start, end) over the text's own tokens (after any prompt), the same for every text.
+        context of its whole text (docs/api.md). Chunks of `chunk_size` tokens, `spans`:
+        [start, end) over the text's own tokens (after any prompt), or `char_spans` over its
+        characters (a chunk: the tokens that begin in it), the same for every text.
         Other options as `embed` (embedding_type stays float)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ValueError("texts must not be empty")
-        if (chunk_size is None) == (spans is None):
-            raise ValueError("give chunk_size or spans (one of them)")
-        params = EmbedOptions(**options, chunk_size=chunk_size, chunk_spans=spans).parameters()
+        if [chunk_size, spans, char_spans].count(None) != 2:
+            raise ValueError("give chunk_size, spans or char_spans (one of them)")
+        params = EmbedOptions(
+            **options, chunk_size=chunk_size, chunk_spans=spans, chunk_chars=char_spans
+        ).parameters()
         level = priority_level(priority)
         parts = await self._split(
             len(texts),

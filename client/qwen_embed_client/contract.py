@@ -282,13 +282,15 @@ class EmbedOptions(_Options):
         EMBEDDING_TYPES,
     )  # or several separated by commas: each from one computation, in its own output
     # Late chunking: chunks of this many of a text's own tokens, or these [start, end) spans
-    # of them; one vector per chunk.
+    # of them, or of its characters (a chunk: the tokens that begin in it); one vector per
+    # chunk.
     chunk_size: int | None = _option(
         None,
         "late chunking: one vector per this many tokens of each text, each in the context of "
         "the whole text",
     )
     chunk_spans: tuple[tuple[int, int], ...] | None = None
+    chunk_chars: tuple[tuple[int, int], ...] | None = None
     per_token: bool = _option(
         False,
         "one vector per token (the final hidden states, for late interaction) instead of one "
@@ -359,10 +361,12 @@ class EmbedOptions(_Options):
         if _optional("chunk_size", self.chunk_size, int, "an integer") is not None:
             if self.chunk_size < 1:
                 raise RequestError(f"parameter 'chunk_size' must be >= 1, got {self.chunk_size}")
-        if self.chunk_spans is not None:
-            object.__setattr__(self, "chunk_spans", _spans(self.chunk_spans))
-        if self.chunk_size is not None and self.chunk_spans is not None:
-            raise RequestError("parameters 'chunk_size' and 'chunk_spans' exclude each other")
+        for name in SPAN_OPTIONS:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _spans(name, getattr(self, name)))
+        given = [n for n in ("chunk_size", *SPAN_OPTIONS) if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise RequestError(f"parameters {given} exclude each other: send one")
         if self.chunked and self.embedding_types != ("float",):
             raise RequestError(
                 f"parameter 'embedding_type' must be 'float' with chunks, "
@@ -371,7 +375,7 @@ class EmbedOptions(_Options):
 
     @property
     def chunked(self) -> bool:
-        return self.chunk_size is not None or self.chunk_spans is not None
+        return any(getattr(self, n) is not None for n in ("chunk_size", *SPAN_OPTIONS))
 
     @property
     def outputs(self) -> dict[str, str]:
@@ -398,26 +402,32 @@ class EmbedOptions(_Options):
     @classmethod
     def _decode(cls, name: str, value):
         # Triton parameters are scalars: the spans travel as a JSON text.
-        if name == "chunk_spans" and isinstance(value, str):
+        if name in SPAN_OPTIONS and isinstance(value, str):
             try:
                 return json.loads(value)
             except ValueError:
                 raise RequestError(
-                    f"parameter 'chunk_spans' must be {_SPANS}, got {value!r}"
+                    f"parameter '{name}' must be {_spans_form(name)}, got {value!r}"
                 ) from None
         return value
 
     def _encode(self, name: str, value):
-        return json.dumps([list(s) for s in value]) if name == "chunk_spans" else value
+        return json.dumps([list(s) for s in value]) if name in SPAN_OPTIONS else value
 
     def finish(self) -> Finish:
         return Finish(self.dimensions, self.normalize, self.embedding_types, self.per_token)
 
 
-_SPANS = f"a JSON list of at most {MAX_CHUNKS} [start, end] token spans"
+# Late chunking's spans: of a text's own tokens, or of its characters.
+SPAN_OPTIONS = ("chunk_spans", "chunk_chars")
 
 
-def _spans(value) -> tuple[tuple[int, int], ...]:
+def _spans_form(name: str) -> str:
+    unit = "character" if name == "chunk_chars" else "token"
+    return f"a JSON list of at most {MAX_CHUNKS} [start, end] {unit} spans"
+
+
+def _spans(name: str, value) -> tuple[tuple[int, int], ...]:
     ok = (
         isinstance(value, (list, tuple))
         and 0 < len(value) <= MAX_CHUNKS
@@ -429,11 +439,11 @@ def _spans(value) -> tuple[tuple[int, int], ...]:
         )
     )
     if not ok:
-        raise RequestError(f"parameter 'chunk_spans' must be {_SPANS}, got {value!r}")
+        raise RequestError(f"parameter '{name}' must be {_spans_form(name)}, got {value!r}")
     for j, (start, end) in enumerate(value):
         if not 0 <= start < end:
             raise RequestError(
-                f"parameter 'chunk_spans'[{j}] = [{start}, {end}] must have 0 <= start < end"
+                f"parameter '{name}'[{j}] = [{start}, {end}] must have 0 <= start < end"
             )
     return tuple((int(start), int(end)) for start, end in value)
 

@@ -9,9 +9,9 @@ server's late chunking, docs/api.md)."""
 
 from __future__ import annotations
 
-import bisect
 import re
 
+import numpy as np
 from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
@@ -96,22 +96,26 @@ def task_options(task: str, prompt_names: list[str], route: dict) -> dict:
     return prompt_options(task, prompt_names, TASK_PROMPTS)
 
 
+def input_spans(texts: list[str]) -> list[list[int]]:
+    """Each text's [start, end) characters in their joined text, from the previous text's end:
+    the separator before a text is the text's."""
+    ends = np.cumsum([len(t) + len(SEPARATOR) for t in texts]) - len(SEPARATOR)
+    return np.stack([np.concatenate([[0], ends[:-1]]), ends], axis=1).tolist()
+
+
 async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: Encoding):
     """(one vector per text, the tokens of their joined text): the texts read as one, each
-    text's tokens a chunk of it. The joined text is tokenized first (its tokens' byte offsets
-    say where each text's tokens begin), then embedded whole: it must fit the model's limit."""
+    text a chunk of it, given to the server as character spans (a token that begins in the
+    separator before a text is that text's); the joined text must fit the model's limit."""
     if len(texts) > MAX_CHUNKS:
         raise invalid(
             f"'late_chunking' takes at most {MAX_CHUNKS} inputs, got {len(texts)}", "input"
         )
-    joined = SEPARATOR.join(texts)
+    joined, spans = SEPARATOR.join(texts), input_spans(texts)
     whole = {**options, "truncate": False}
-    view = {k: v for k, v in whole.items() if k != "priority"}  # a tokenizer call's options
     try:
-        (tokens,) = await gw.client.tokenize([joined], **view, headers=gw.outgoing())
-        spans = _token_spans(tokens, texts, len(joined.encode()))
         (result,) = await gw.client.embed_chunks(
-            [joined], spans=spans, **whole, headers=gw.outgoing()
+            [joined], char_spans=spans, **whole, headers=gw.outgoing()
         )
     except EmbeddingError as e:
         too_long = _TOO_LONG.search(str(e))
@@ -123,30 +127,3 @@ async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: E
             "input",
         ) from e
     return [encoding(v) for v in result.embeddings], result.token_count
-
-
-def _token_spans(tokens: list[dict], texts: list[str], size: int) -> list[tuple[int, int]]:
-    """Each text's [start, end) among the joined text's own tokens (after any prompt, as the
-    server counts chunk spans); a token that begins in the separator before a text is that
-    text's. `tokens`: the tokenizer's view of the prompted joined text (UTF-8 byte offsets),
-    `size` the joined text's bytes."""
-    starts = [t["start"] for t in tokens if not t["special"]]
-    stops = [t["stop"] for t in tokens if not t["special"]]
-    prompt = stops[-1] - size  # the prompt's bytes: the text ends the prompted text
-    first = next(j for j, stop in enumerate(stops) if stop > prompt)
-    ends, end = [], 0  # each text's end in the joined text (bytes), but the last
-    for text in texts[:-1]:
-        end += len(text.encode())
-        ends.append(end)
-        end += len(SEPARATOR.encode())
-    owner = [bisect.bisect_right(ends, start - prompt) for start in starts[first:]]
-    spans = []
-    for i in range(len(texts)):
-        lo, hi = bisect.bisect_left(owner, i), bisect.bisect_right(owner, i)
-        if lo == hi:
-            raise invalid(
-                f"'input[{i}]' gives no token of its own in the text 'late_chunking' reads",
-                "input",
-            )
-        spans.append((lo, hi))
-    return spans

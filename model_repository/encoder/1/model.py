@@ -106,7 +106,8 @@ class TritonPythonModel:
                 )
                 chunks = self._chunks(request, seqs)
                 if chunks is not None and self.task != "embed":
-                    raise RequestError(_NOT_EMBEDDING.format("chunk_size' or 'chunk_spans"))
+                    chunking = "chunk_size', 'chunk_spans' or 'chunk_chars"
+                    raise RequestError(_NOT_EMBEDDING.format(chunking))
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
                 media = self._media(request, seqs)

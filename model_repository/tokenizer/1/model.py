@@ -136,8 +136,8 @@ class TritonPythonModel:
                 )
         if opts.token_ids or opts.chunked:
             raise RequestError(
-                "parameters 'token_ids', 'chunk_size' and 'chunk_spans' are not available "
-                "for a multimodal model, whose texts are written in its chat template"
+                "parameters 'token_ids', 'chunk_size', 'chunk_spans' and 'chunk_chars' are not "
+                "available for a multimodal model, whose texts are written in its chat template"
             )
         with_media = frozenset(
             i for i, (v, im) in enumerate(zip(*given.values(), strict=True)) if v or im

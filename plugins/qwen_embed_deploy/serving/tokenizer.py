@@ -302,8 +302,9 @@ class TextTokenizer:
         self, texts: list[str], opts: EmbedOptions
     ) -> tuple[list[list[int]], list[TextChunks], list[int]]:
         """Ids and input token counts as `encode_counted`, and each text's chunks: `chunk_size`
-        tokens of the text at a time, or the `chunk_spans` of its tokens (counted from its
-        first token, after any prompt)."""
+        tokens of the text at a time, the `chunk_spans` of its tokens (counted from its first
+        token, after any prompt), or the tokens that begin in each of its `chunk_chars`
+        (character spans of the text)."""
         all_ids, chunks, counts = [], [], []
         for i, e in enumerate(self._encode(texts, opts, offsets=True)):
             offsets = e.own_offsets
@@ -317,6 +318,8 @@ class TextTokenizer:
                         f"({n} tokens) into {len(spans)} chunks, more than the limit of "
                         f"{MAX_CHUNKS}"
                     )
+            elif opts.chunk_chars is not None:
+                spans = self._char_chunks(i, offsets, opts.chunk_chars, len(texts[i]))
             else:
                 spans = np.array(opts.chunk_spans, dtype=np.int64)
                 past = np.flatnonzero(spans[:, 1] > n)
@@ -331,6 +334,29 @@ class TextTokenizer:
             chunks.append(TextChunks(spans + e.first, chars, len(self._tail)))
             counts.append(e.input_tokens)
         return all_ids, chunks, counts
+
+    @staticmethod
+    def _char_chunks(index: int, offsets: list, chars, size: int) -> np.ndarray:
+        """Token spans of the text's own tokens that begin in each [start, end) of `chars`
+        (a token straddling the prompt's end begins at 0); `size`: the text's characters."""
+        chars = np.array(chars, dtype=np.int64)
+        past = np.flatnonzero(chars[:, 1] > size)
+        if past.size:
+            j = int(past[0])
+            raise RequestError(
+                f"parameter 'chunk_chars'[{j}] = {list(chars[j])} goes past the {size} "
+                f"characters of input 'TEXT[{index}]'"
+            )
+        starts = np.array([a for a, _ in offsets], dtype=np.int64)
+        spans = np.searchsorted(starts, chars, side="left")
+        empty = np.flatnonzero(spans[:, 0] == spans[:, 1])
+        if empty.size:
+            j = int(empty[0])
+            raise RequestError(
+                f"parameter 'chunk_chars'[{j}] = {list(chars[j])} holds the start of no token "
+                f"of input 'TEXT[{index}]'"
+            )
+        return spans
 
     def encode_media(
         self, texts: list[str], visuals: list[str], opts: EmbedOptions, fields: list[str]
