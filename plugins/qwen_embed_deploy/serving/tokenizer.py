@@ -321,14 +321,7 @@ class TextTokenizer:
             elif opts.chunk_chars is not None:
                 spans = self._char_chunks(i, offsets, opts.chunk_chars, len(texts[i]))
             else:
-                spans = np.array(opts.chunk_spans, dtype=np.int64)
-                past = np.flatnonzero(spans[:, 1] > n)
-                if past.size:
-                    j = int(past[0])
-                    raise RequestError(
-                        f"parameter 'chunk_spans'[{j}] = {list(spans[j])} goes past the {n} "
-                        f"tokens of input 'TEXT[{i}]'"
-                    )
+                spans = _within("chunk_spans", opts.chunk_spans, n, f"tokens of input 'TEXT[{i}]'")
             chars = np.array([(offsets[a][0], offsets[b - 1][1]) for a, b in spans], dtype=np.int32)
             all_ids.append(e.ids)
             chunks.append(TextChunks(spans + e.first, chars, len(self._tail)))
@@ -339,14 +332,7 @@ class TextTokenizer:
     def _char_chunks(index: int, offsets: list, chars, size: int) -> np.ndarray:
         """Token spans of the text's own tokens that begin in each [start, end) of `chars`
         (a token straddling the prompt's end begins at 0); `size`: the text's characters."""
-        chars = np.array(chars, dtype=np.int64)
-        past = np.flatnonzero(chars[:, 1] > size)
-        if past.size:
-            j = int(past[0])
-            raise RequestError(
-                f"parameter 'chunk_chars'[{j}] = {list(chars[j])} goes past the {size} "
-                f"characters of input 'TEXT[{index}]'"
-            )
+        chars = _within("chunk_chars", chars, size, f"characters of input 'TEXT[{index}]'")
         starts = np.array([a for a, _ in offsets], dtype=np.int64)
         spans = np.searchsorted(starts, chars, side="left")
         empty = np.flatnonzero(spans[:, 0] == spans[:, 1])
@@ -420,6 +406,17 @@ class TextTokenizer:
                 done.first = len(self._head) + first
                 done.own_offsets = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
             yield done
+
+
+def _within(name: str, spans, size: int, of: str) -> np.ndarray:
+    """A late-chunking parameter's [start, end) spans as an array, each within `size` (`of`:
+    what is counted, for the refusal)."""
+    spans = np.array(spans, dtype=np.int64)
+    past = np.flatnonzero(spans[:, 1] > size)
+    if past.size:
+        j = int(past[0])
+        raise RequestError(f"parameter '{name}'[{j}] = {list(spans[j])} goes past the {size} {of}")
+    return spans
 
 
 def ids_and_counts(encoded: list[Encoded]) -> tuple[list[list[int]], list[int]]:
