@@ -31,7 +31,7 @@ from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.serving.rerank import PREFIX, TEXT_PAIRS, PairTokenizer, RerankOptions
+from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts
@@ -66,14 +66,14 @@ def transformers_scores(
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    prefix = tok.encode(PREFIX, add_special_tokens=False)
+    prefix = tok.encode(TEXT_PAIRS.prefix, add_special_tokens=False)
     suffix = tok.encode(TEXT_PAIRS.suffix, add_special_tokens=False)
     scores = []
     began = time.perf_counter()
     with torch.inference_mode():
         for start in range(0, len(documents), batch_size):
             pairs = [
-                TEXT_PAIRS.middle(DEFAULT_TASK, QUERY, d)
+                TEXT_PAIRS.pieces(DEFAULT_TASK, QUERY, d)[0]
                 for d in documents[start : start + batch_size]
             ]
             enc = tok(

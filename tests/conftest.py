@@ -68,6 +68,12 @@ def reranker(tmp_path_factory):
     return make_reranker(tmp_path_factory.mktemp("reranker"))
 
 
+@pytest.fixture(scope="session")
+def mxbai(tmp_path_factory):
+    """A tiny mxbai-rerank-v2 replica (Qwen2ForCausalLM) with the real tokenizer."""
+    return make_reranker(tmp_path_factory.mktemp("mxbai"), family="qwen2", seed=7)
+
+
 @pytest.fixture(params=sorted(TINY_CONFIGS))
 def config_name(request):
     return request.param

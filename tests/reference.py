@@ -277,19 +277,25 @@ RERANKER_CONFIG = dict(
 )
 
 
-def make_reranker(directory: Path, *, classifier: bool = False, seed: int = 0) -> Path:
+def make_reranker(
+    directory: Path, *, classifier: bool = False, seed: int = 0, family: str = "qwen3"
+) -> Path:
     """A seeded Qwen3ForCausalLM (tied head, like Qwen3-Reranker-0.6B) or a converted
-    Qwen3ForSequenceClassification (one-label `score` head), with the real Qwen tokenizer."""
-    from transformers import Qwen3ForSequenceClassification
+    Qwen3ForSequenceClassification (one-label `score` head), with the real Qwen tokenizer;
+    family "qwen2": the same as mxbai-rerank-v2's Qwen2ForCausalLM (tied, q/k/v biases)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3ForSequenceClassification
 
-    config = Qwen3Config(
+    config = (Qwen2Config if family == "qwen2" else Qwen3Config)(
         **RERANKER_CONFIG,
         tie_word_embeddings=not classifier,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         num_labels=1,
         pad_token_id=151643,
     )
-    cls = Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM
+    if family == "qwen2":
+        cls = Qwen2ForCausalLM
+    else:
+        cls = Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM
     return _save_seeded(directory, cls, config, seed)
 
 
@@ -326,17 +332,20 @@ def make_classifier(directory: Path, labels=("negative", "neutral", "positive"),
     return _save_seeded(directory, Qwen3ForSequenceClassification, config, seed)
 
 
-def reference_scores(model_dir: Path, sequences, dtype=torch.float32) -> np.ndarray:
-    """transformers, one sequence at a time: P("yes") from the softmax over the ("no", "yes")
-    logits of the full output head at the last position (Qwen3-Reranker's model card), or the
-    sigmoid of a sequence-classification head."""
+def reference_scores(
+    model_dir: Path, sequences, dtype=torch.float32, answers=("yes", "no")
+) -> np.ndarray:
+    """transformers, one sequence at a time: P(answers[0]) from the softmax over the logits of
+    the two answer tokens from the full output head at the last position (Qwen3-Reranker's
+    model card: "yes"/"no"; mxbai-rerank-v2's: "1"/"0", the sigmoid of its logit difference),
+    or the sigmoid of a sequence-classification head."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
     cls = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    yes, no = tok.convert_tokens_to_ids(list(answers))
     scores = []
     with torch.no_grad():
         for seq in sequences:
@@ -374,3 +383,42 @@ def model_card_pairs(
         max_length=max_length - len(prefix_ids) - len(suffix_ids),
     )
     return [prefix_ids + ids + suffix_ids for ids in enc["input_ids"]]
+
+
+def mxbai_pairs(model_dir: Path, query: str, documents, *, instruction=None) -> list[list[int]]:
+    """Token ids as mxbai-rerank-v2's library (mxbai_rerank.MxbaiRerankV2.prepare_inputs)
+    builds them, written out here apart from the server's code: every part tokenized alone,
+    without special tokens, and joined: chat prefix + query side + separator + document side
+    + separator + task + chat suffix (no truncation: the documents here are short)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    sep = "\n"
+    task = (
+        "You are a search relevance expert who evaluates how well documents match search "
+        "queries. For each query-document pair, carefully analyze the semantic relationship "
+        "between them, then provide your binary relevance judgment (0 for not relevant, 1 for "
+        "relevant).\nRelevance:"
+    )
+    prefix = (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\n"
+    )
+    suffix = "<|im_end|>\n<|im_start|>assistant\n"
+    side = f"query: {query}"
+    if instruction:
+        side = f"instruction: {instruction}{sep}{side}"
+    return [
+        ids(prefix)
+        + ids(side)
+        + ids(sep)
+        + ids(f"document: {d}")
+        + ids(sep)
+        + ids(task)
+        + ids(suffix)
+        for d in documents
+    ]

@@ -11,9 +11,9 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
-from qwen_embed_deploy.serving.rerank import PREFIX, TEXT_PAIRS, PairTokenizer, RerankOptions
+from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 
-from reference import make_reranker, model_card_pairs, reference_scores
+from reference import make_reranker, model_card_pairs, mxbai_pairs, reference_scores
 
 FP32_ABS = 1e-4
 BF16_ABS = 1e-2
@@ -63,7 +63,8 @@ def test_truncation_cuts_the_document_like_the_model_card(reranker):
     tail = len(tok.encode(TEXT_PAIRS.suffix, add_special_tokens=False).ids)
     head = len(
         tok.encode(
-            PREFIX + TEXT_PAIRS.middle(DEFAULT_TASK, QUERY, "").rstrip(), add_special_tokens=False
+            TEXT_PAIRS.prefix + TEXT_PAIRS.pieces(DEFAULT_TASK, QUERY, "")[0].rstrip(),
+            add_special_tokens=False,
         ).ids
     )
     assert ours[long][-tail:] == full[long][-tail:]
@@ -116,6 +117,43 @@ def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, p
         scores = enc.score(pairs)
     assert np.abs(scores - expected).max() <= FP32_ABS
     assert np.ptp(expected) > 1e-3
+
+
+def test_mxbai_pairs_are_its_librarys_ids(mxbai):
+    """A Qwen2 reranker is mxbai-rerank-v2: its library's template, each part tokenized alone
+    (here it matters: "?" and the separator's newline would merge in one text)."""
+    tok = PairTokenizer(mxbai, 8192)
+    assert tok.encode(QUERY, DOCUMENTS, RerankOptions()) == mxbai_pairs(mxbai, QUERY, DOCUMENTS)
+    instructed = tok.encode(QUERY, DOCUMENTS, RerankOptions(instruction="Find the city"))
+    assert instructed == mxbai_pairs(mxbai, QUERY, DOCUMENTS, instruction="Find the city")
+    tok = Tokenizer.from_file(str(mxbai / "tokenizer.json"))
+    apart = [tok.encode(t, add_special_tokens=False).ids for t in (f"query: {QUERY}", "\n")]
+    assert tok.encode(f"query: {QUERY}\n", add_special_tokens=False).ids != sum(apart, [])
+    # A cut keeps the template's end and everything before the document's text: the parts
+    # two documents' pairs share.
+    limit = 130
+    cut = PairTokenizer(mxbai, limit).encode(QUERY, DOCUMENTS, RerankOptions())
+    full = mxbai_pairs(mxbai, QUERY, DOCUMENTS)
+    long = max(range(len(full)), key=lambda i: len(full[i]))
+    assert len(full[long]) > limit == len(cut[long])
+    a, b = mxbai_pairs(mxbai, QUERY, ["", "x"])
+    head = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    tail = next(i for i, (x, y) in enumerate(zip(a[::-1], b[::-1], strict=True)) if x != y)
+    assert tail > 40 and cut[long][-tail:] == full[long][-tail:]
+    assert head > 20 and cut[long][:head] == full[long][:head]
+
+
+@pytest.mark.server
+def test_mxbai_scores_match_transformers(mxbai):
+    """Its score is the sigmoid of the "1" logit minus the "0" logit at the last token."""
+    pairs = mxbai_pairs(mxbai, QUERY, DOCUMENTS)
+    expected = reference_scores(mxbai, pairs, answers=("1", "0"))
+    with Encoder.from_pretrained(mxbai, task="rerank", dtype="float32") as enc:
+        scores = enc.score(pairs)
+    assert np.abs(scores - expected).max() <= FP32_ABS
+    assert np.ptp(expected) > 1e-3
+    # Not Qwen3-Reranker's answer rows: those give other scores.
+    assert np.abs(reference_scores(mxbai, pairs) - expected).max() > 1e-3
 
 
 def test_task_is_checked(reranker):

@@ -25,7 +25,7 @@ from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from reference import RERANKER_CONFIG, model_card_pairs, reference_scores
+from reference import RERANKER_CONFIG, model_card_pairs, mxbai_pairs, reference_scores
 from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -43,14 +43,15 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def stack(demo_dir, reranker, tmp_path_factory):
-    """(server, gateway base url) with the gateway started by the launcher."""
+def stack(demo_dir, reranker, mxbai, tmp_path_factory):
+    """(server, gateway base url) with the gateway started by the launcher; beside the
+    Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble)."""
     where = tmp_path_factory.mktemp("rerank-triton")
     repo = render(
         where / "repo",
         {"embed": demo_dir},
         {"encoder": {"dtype": "float32"}},
-        rerankers={"rerank": reranker},
+        rerankers={"rerank": reranker, "mxbai": mxbai},
     )
     port = free_port()
     with TritonServer(
@@ -70,8 +71,8 @@ def expected(reranker):
     return reference_scores(reranker, pairs), np.array([len(p) for p in pairs])
 
 
-def rerank(server, query, documents, protocol="http", **params):
-    """One `rerank` request; returns (SCORES [n], TOKEN_COUNT [n])."""
+def rerank(server, query, documents, protocol="http", model="rerank", **params):
+    """One request to a rerank ensemble; returns (SCORES [n], TOKEN_COUNT [n])."""
     module = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     q = np.array([query if isinstance(query, bytes) else query.encode()], dtype=object)
@@ -85,7 +86,7 @@ def rerank(server, query, documents, protocol="http", **params):
     # Closed after the call: an open keep-alive connection holds tritonserver's shutdown for
     # its whole exit timeout.
     with module.InferenceServerClient(url) as client:
-        result = client.infer("rerank", inputs, parameters=params or None)
+        result = client.infer(model, inputs, parameters=params or None)
     return result.as_numpy("SCORES").reshape(-1), result.as_numpy("TOKEN_COUNT").reshape(-1)
 
 
@@ -108,6 +109,21 @@ def test_scores_equal_transformers(stack, expected, protocol):
     assert scores.dtype == np.float32 and scores.shape == (len(DOCUMENTS),)
     assert np.abs(scores - want).max() <= FP32_ABS
     assert counts.tolist() == want_counts.tolist()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_mxbai_scores_equal_transformers(stack, mxbai, protocol):
+    """A second reranker of another family in the same server: its own template and answer
+    tokens, its scores transformers' sigmoid("1" logit - "0" logit), with and without an
+    instruction."""
+    server, _ = stack
+    for instruction in (None, "Find the capital city"):
+        pairs = mxbai_pairs(mxbai, QUERY, DOCUMENTS, instruction=instruction)
+        want = reference_scores(mxbai, pairs, answers=("1", "0"))
+        params = {"instruction": instruction} if instruction else {}
+        scores, counts = rerank(server, QUERY, DOCUMENTS, protocol, model="mxbai", **params)
+        assert np.abs(scores - want).max() <= FP32_ABS
+        assert counts.tolist() == [len(p) for p in pairs]
 
 
 def test_instruction_and_truncation_reach_the_tokenizer(stack, reranker):

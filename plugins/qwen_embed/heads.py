@@ -3,10 +3,10 @@
 `embed` pools (batch.py), then applies the checkpoint's own projections where it has any
 (sentence_modules.py: a top-level `linear`, sentence-transformers' Dense modules), then
 truncates and normalises per request. `rerank` scores a (query, document) sequence:
-- a causal-LM reranker (Qwen3-Reranker) reads two rows of its output head, "yes" and "no", at the
-  last token; score = softmax over that pair = sigmoid(logit_yes - logit_no). Only those two rows
-  are loaded (from `lm_head.weight`, or `embed_tokens.weight` when the embeddings are tied): the
-  151k-row head is never built.
+- a causal-LM reranker reads two rows of its output head, its answer tokens (Qwen3-Reranker's
+  "yes" and "no", mxbai-rerank-v2's "1" and "0"), at the last token; score = softmax over that
+  pair = sigmoid(logit_yes - logit_no). Only those two rows are loaded (from `lm_head.weight`,
+  or `embed_tokens.weight` when the embeddings are tied): the 151k-row head is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
 `classify` (a sequence classifier of several labels) answers the logits of its `score` head.
@@ -27,8 +27,10 @@ from torch import nn
 from .config import ModelConfig
 from .sentence_modules import SentenceModules
 
-# Qwen3-Reranker's answer tokens: the model is asked for "yes" or "no".
-ANSWER_TOKENS = ("yes", "no")
+# A causal-LM reranker's answer tokens (relevant, not relevant), by family: Qwen3-Reranker and
+# Qwen3-VL-Reranker are asked for "yes" or "no"; mxbai-rerank-v2, the published Qwen2 reranker,
+# for "1" or "0". The pair templates follow the same families (serving/rerank.pair_template).
+ANSWER_TOKENS = {"qwen3": ("yes", "no"), "qwen2": ("1", "0")}
 
 
 def resolve_task(task: str, config: ModelConfig) -> str:
@@ -47,17 +49,18 @@ def resolve_task(task: str, config: ModelConfig) -> str:
     return task
 
 
-def answer_token_ids(model_dir: str | Path) -> list[int]:
-    """The vocabulary ids of "yes" and "no" from the checkpoint's own tokenizer."""
+def answer_token_ids(model_dir: str | Path, family: str) -> list[int]:
+    """The vocabulary ids of the family's answer tokens from the checkpoint's own tokenizer."""
     from tokenizers import Tokenizer
 
+    answers = ANSWER_TOKENS[family]
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"a reranker needs {path} to find the 'yes'/'no' token ids")
+        raise FileNotFoundError(f"a reranker needs {path} to find the ids of {answers}")
     tok = Tokenizer.from_file(str(path))
-    ids = [tok.token_to_id(t) for t in ANSWER_TOKENS]
+    ids = [tok.token_to_id(t) for t in answers]
     if None in ids:
-        raise ValueError(f"{path} has no single tokens {ANSWER_TOKENS}: not a Qwen3-Reranker")
+        raise ValueError(f"{path} has no single tokens {answers}: not a {family} reranker")
     return ids
 
 
@@ -108,7 +111,7 @@ def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
             )
         return ScoreHead(config.hidden_size, "score.weight", None)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    return ScoreHead(config.hidden_size, name, answer_token_ids(model_dir))
+    return ScoreHead(config.hidden_size, name, answer_token_ids(model_dir, config.family))
 
 
 ACTIVATION_FUNCTIONS = {

@@ -1,18 +1,23 @@
 """(query, documents) -> one templated token sequence per pair, as the reranker's own scripts
 build it:
 
-  prefix + tokens(middle) + suffix
+  prefix + tokens(piece) + tokens(piece) ... + suffix
 
-Qwen3-Reranker (TEXT_PAIRS): middle = "<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>:
-{document}". Qwen3-VL-Reranker (VISION_PAIRS, a multimodal checkpoint): "<Instruct>:
-{instruction}<Query>:{query's videos and images}{query}\\n<Document>:{document's videos and
-images}{document}", each its placeholders (videos.placeholders, tokenizer.image_blocks), and no
-thinking block after the assistant's turn begins.
+Which reranker a checkpoint is follows from its family (`pair_template`; the engine reads the
+same family's answer tokens, heads.ANSWER_TOKENS):
+- Qwen3-Reranker (TEXT_PAIRS): one piece, "<Instruct>: {instruction}\\n<Query>: {query}\\n
+  <Document>: {document}", tokenized as one text (as its model card does), so BPE merges at the
+  `<Document>: ` boundary are the model's own.
+- Qwen3-VL-Reranker (VISION_PAIRS, a multimodal checkpoint): "<Instruct>: {instruction}<Query>:
+  {query's videos and images}{query}\\n<Document>:{document's videos and images}{document}",
+  each its placeholders (videos.placeholders, tokenizer.image_blocks), and no thinking block
+  after the assistant's turn begins.
+- mxbai-rerank-v2 (MXBAI_PAIRS, the Qwen2 reranker): "query: {query}" (after "instruction:
+  {instruction}\\n" when one is given), "\\n" and "document: {document}", each tokenized
+  apart as its library does.
 
-The middle part is tokenized as one text (as the model card does), so BPE merges at the
-`<Document>: ` boundary are the model's own. Truncation cuts the end of that part, i.e. the
-document's text, never the template, the query or an image: a pair with too little room left
-for its document's text is refused.
+Truncation cuts the end of the last piece, i.e. the document's text, never the template, the
+query or an image: a pair with too little room left for its document's text is refused.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen_embed.config import ModelConfig
 from qwen_embed_client.contract import DEFAULT_TASK, FEWER_FRAMES, RequestError, RerankOptions
 
-from .tokenizer import load_tokenizer, multimodal
+from .tokenizer import load_tokenizer
 
-PREFIX = (
+QWEN3_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
     'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
     "<|im_start|>user\n"
@@ -33,27 +39,53 @@ PREFIX = (
 
 @dataclass(frozen=True)
 class PairTemplate:
+    prefix: str
     suffix: str
-    default_instruction: str
+    default_instruction: str | None
+
+    def pieces(
+        self,
+        instruction: str | None,
+        query: str,
+        document: str,
+        query_visuals="",
+        document_visuals="",
+    ) -> tuple[str, ...]:
+        """The texts between prefix and suffix, each tokenized apart; the document's text ends
+        the last."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class QwenPairs(PairTemplate):
     after_instruction: str  # between the instruction and "<Query>:"
     after_colon: str  # after "<Query>:" and "<Document>:"
 
-    def middle(
-        self, instruction: str, query: str, document: str, query_visuals="", document_visuals=""
-    ) -> str:
+    def pieces(self, instruction, query, document, query_visuals="", document_visuals=""):
         return (
             f"<Instruct>: {instruction}{self.after_instruction}<Query>:{self.after_colon}"
-            f"{query_visuals}{query}\n<Document>:{self.after_colon}{document_visuals}{document}"
+            f"{query_visuals}{query}\n<Document>:{self.after_colon}{document_visuals}{document}",
         )
 
 
-TEXT_PAIRS = PairTemplate(
+@dataclass(frozen=True)
+class MxbaiPairs(PairTemplate):
+    def pieces(self, instruction, query, document, query_visuals="", document_visuals=""):
+        side = f"query: {query}"
+        if instruction:
+            side = f"instruction: {instruction}\n{side}"
+        return (side, "\n", f"document: {document}")
+
+
+TEXT_PAIRS = QwenPairs(
+    prefix=QWEN3_PREFIX,
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     default_instruction=DEFAULT_TASK,
     after_instruction="\n",
     after_colon=" ",
 )
-VISION_PAIRS = PairTemplate(
+VISION_PAIRS = QwenPairs(
+    prefix=QWEN3_PREFIX,
     suffix="<|im_end|>\n<|im_start|>assistant\n",
     default_instruction=(
         "Given a search query, retrieve relevant candidates that answer the query."
@@ -61,14 +93,38 @@ VISION_PAIRS = PairTemplate(
     after_instruction="",
     after_colon="",
 )
+MXBAI_PAIRS = MxbaiPairs(
+    prefix=(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\n"
+    ),
+    # The separator, the task and the assistant's turn: one text tokenizes as the three apart
+    # (the separator and "<|im_end|>" end pre-tokens whatever follows).
+    suffix=(
+        "\nYou are a search relevance expert who evaluates how well documents match search "
+        "queries. For each query-document pair, carefully analyze the semantic relationship "
+        "between them, then provide your binary relevance judgment (0 for not relevant, 1 for "
+        "relevant).\nRelevance:<|im_end|>\n<|im_start|>assistant\n"
+    ),
+    default_instruction=None,
+)
+
+
+def pair_template(config: ModelConfig) -> PairTemplate:
+    """The published reranker of the checkpoint's family: Qwen3-Reranker or, multimodal,
+    Qwen3-VL-Reranker; mxbai-rerank-v2 for Qwen2 (its causal LM, or a converted one-label
+    classifier)."""
+    if config.media is not None:
+        return VISION_PAIRS
+    return MXBAI_PAIRS if config.family == "qwen2" else TEXT_PAIRS
 
 
 class PairTokenizer:
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
-        self.template = VISION_PAIRS if multimodal(model_dir) else TEXT_PAIRS
-        self._prefix = self._tok.encode(PREFIX, add_special_tokens=False).ids
+        self.template = pair_template(ModelConfig.from_dir(model_dir))
+        self._prefix = self._tok.encode(self.template.prefix, add_special_tokens=False).ids
         self._suffix = self._tok.encode(self.template.suffix, add_special_tokens=False).ids
 
     def encode(
@@ -92,15 +148,12 @@ class PairTokenizer:
             document_visuals = [""] * len(documents)
         if (query_visuals or any(document_visuals)) and self.template is not VISION_PAIRS:
             raise RequestError("this reranker reads text only: it takes no images or videos")
-        texts = [
-            self.template.middle(instruction, query, d, query_visuals, visuals)
+        pairs = [
+            self.template.pieces(instruction, query, d, query_visuals, visuals)
             for d, visuals in zip(documents, document_visuals, strict=True)
         ]
         out, heads = [], {}
-        # Without the post-processor's tokens, as the model card tokenizes the pair: the
-        # template carries its own special tokens.
-        for i, enc in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
-            ids = enc.ids
+        for i, ids in enumerate(self._tokenized(pairs)):
             if len(ids) > budget:
                 # Only pairs over the limit need the length of what truncation must keep.
                 visuals = document_visuals[i]
@@ -118,6 +171,15 @@ class PairTokenizer:
             out.append(self._prefix + ids + self._suffix)
         return out
 
+    def _tokenized(self, pairs: list[tuple[str, ...]]) -> list[list[int]]:
+        """Each pair's pieces tokenized apart, each distinct text once (the query's side
+        repeats), and joined. Without the post-processor's tokens, as the scripts tokenize
+        them: the template carries its own special tokens."""
+        texts = list(dict.fromkeys(piece for pieces in pairs for piece in pieces))
+        encoded = self._tok.encode_batch_fast(texts, add_special_tokens=False)
+        ids = {text: enc.ids for text, enc in zip(texts, encoded, strict=True)}
+        return [[i for piece in pieces for i in ids[piece]] for pieces in pairs]
+
     def _first_tokens(self, documents: list[str], n: int) -> list[str]:
         """Each document up to the end of its n-th token (tokenized alone)."""
         encoded = self._tok.encode_batch(documents, add_special_tokens=False)
@@ -126,12 +188,12 @@ class PairTokenizer:
             for doc, enc in zip(documents, encoded, strict=True)
         ]
 
-    def _head_tokens(self, instruction: str, query: str, query_visuals: str, visuals: str) -> int:
-        # The pair text up to the document's text tokenizes the same with or without the text
+    def _head_tokens(self, instruction, query: str, query_visuals: str, visuals: str) -> int:
+        # The pieces up to the document's text tokenize the same with or without the text
         # after it (the pre-tokenizer splits at the space; a visual ends in a special token):
         # the part truncation must keep.
-        head = self.template.middle(instruction, query, "", query_visuals, visuals)
-        return len(self._tok.encode(head.rstrip(" "), add_special_tokens=False).ids)
+        *lead, last = self.template.pieces(instruction, query, "", query_visuals, visuals)
+        return len(self._tokenized([(*lead, last.rstrip(" "))])[0])
 
     def _check_head_fits(self, index: int, head: int, budget: int, field: str | None) -> None:
         if head >= budget:
