@@ -74,6 +74,14 @@ def mxbai(tmp_path_factory):
     return make_reranker(tmp_path_factory.mktemp("mxbai"), family="qwen2", seed=7)
 
 
+@pytest.fixture(scope="session")
+def jina(tmp_path_factory):
+    """A tiny jina-reranker-v3 replica (JinaForRanking, listwise) with the real tokenizer."""
+    from replicas import jina_reranker_v3
+
+    return jina_reranker_v3(tmp_path_factory.mktemp("jina-reranker-v3"))
+
+
 @pytest.fixture(params=sorted(TINY_CONFIGS))
 def config_name(request):
     return request.param

@@ -422,3 +422,80 @@ def mxbai_pairs(model_dir: Path, query: str, documents, *, instruction=None) -> 
         + ids(suffix)
         for d in documents
     ]
+
+
+def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
+    """jina-reranker-v3's `rerank` written out here apart from the server's code (its model
+    card's recipe): texts cut (query 512 tokens, documents 2,048, decoded back), blocks of up
+    to 125 documents while more than 2,048 of model_max_length is left after twice the query,
+    one prompt per block; transformers' Qwen3Model in fp32, its projector at the markers,
+    cosines, the blocks' query vectors averaged by their best (1 + cosine) / 2.
+    Returns (scores [n], each block's token ids)."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, Qwen3Model
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = Qwen3Model.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
+        w0, w2 = f.get_tensor("projector.0.weight"), f.get_tensor("projector.2.weight")
+    markers = {"doc": "<|embed_token|>", "query": "<|rerank_token|>"}
+
+    def cut(text, limit):
+        ids = tok(text, truncation=True, max_length=limit)["input_ids"]
+        return (tok.decode(ids) if len(ids) >= limit else text), len(ids)
+
+    def clean(text):
+        return text.replace(markers["doc"], "").replace(markers["query"], "")
+
+    def prompt(docs):
+        q = clean(query)
+        text = (
+            f"I will provide you with {len(docs)} passages, each indicated by a numerical "
+            f"identifier. Rank the passages based on their relevance to query: {q}\n"
+        )
+        if instruction:
+            text += f"<instruct>\n{instruction}\n</instruct>\n"
+        text += "\n".join(
+            f'<passage id="{i}">\n{clean(d)}{markers["doc"]}\n</passage>'
+            for i, d in enumerate(docs)
+        )
+        text += f"\n<query>\n{q}{markers['query']}\n</query>"
+        return (
+            "<|im_start|>system\nYou are a search relevance expert who can determine a ranking "
+            "of the passages based on how relevant they are to the query. If the query is a "
+            "question, how relevant a passage is depends on how well it answers the question. "
+            "If not, try to analyze the intent of the query and assess how well each passage "
+            "satisfies the intent. If an instruction is provided, you should follow the "
+            "instruction when determining the ranking.<|im_end|>\n<|im_start|>user\n"
+            + text
+            + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        )
+
+    query, query_length = cut(query, 512)
+    cut_docs = [cut(d, 2048) for d in documents]
+    blocks, block, room = [], [], tok.model_max_length - 2 * query_length
+    for doc, length in cut_docs:
+        block.append(doc)
+        room -= length
+        if len(block) >= 125 or room <= 2048:
+            blocks.append(block)
+            block, room = [], tok.model_max_length - 2 * query_length
+    blocks += [block] if block else []
+    doc_id, query_id = tok.convert_tokens_to_ids([markers["doc"], markers["query"]])
+    doc_vectors, query_vectors, weights, block_ids = [], [], [], []
+    with torch.no_grad():
+        for docs in blocks:
+            ids = tok(prompt(docs))["input_ids"]
+            block_ids.append(ids)
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            ids = torch.tensor(ids)
+            projected = torch.relu(hidden @ w0.float().T) @ w2.float().T
+            d, q = projected[ids == doc_id], projected[ids == query_id]
+            scores = torch.nn.functional.cosine_similarity(d, q.expand_as(d), dim=-1)
+            doc_vectors.append(d.numpy())
+            query_vectors.append(q[0].numpy())
+            weights.append(float(((1.0 + scores) / 2.0).max()))
+    merged = np.average(np.stack(query_vectors), axis=0, weights=weights)
+    docs = np.concatenate(doc_vectors)
+    scores = docs @ merged / (np.linalg.norm(merged) * np.linalg.norm(docs, axis=1))
+    return scores, block_ids

@@ -25,7 +25,13 @@ from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from reference import RERANKER_CONFIG, model_card_pairs, mxbai_pairs, reference_scores
+from reference import (
+    RERANKER_CONFIG,
+    jina_rerank,
+    model_card_pairs,
+    mxbai_pairs,
+    reference_scores,
+)
 from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -43,15 +49,16 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def stack(demo_dir, reranker, mxbai, tmp_path_factory):
+def stack(demo_dir, reranker, mxbai, jina, tmp_path_factory):
     """(server, gateway base url) with the gateway started by the launcher; beside the
-    Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble)."""
+    Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble) and a listwise
+    jina-reranker-v3 one (`jina`)."""
     where = tmp_path_factory.mktemp("rerank-triton")
     repo = render(
         where / "repo",
         {"embed": demo_dir},
         {"encoder": {"dtype": "float32"}},
-        rerankers={"rerank": reranker, "mxbai": mxbai},
+        rerankers={"rerank": reranker, "mxbai": mxbai, "jina": jina},
     )
     port = free_port()
     with TritonServer(
@@ -124,6 +131,59 @@ def test_mxbai_scores_equal_transformers(stack, mxbai, protocol):
         scores, counts = rerank(server, QUERY, DOCUMENTS, protocol, model="mxbai", **params)
         assert np.abs(scores - want).max() <= FP32_ABS
         assert counts.tolist() == [len(p) for p in pairs]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_listwise_scores_equal_its_recipe(stack, jina, protocol):
+    """jina-reranker-v3 through the same ensemble: one row per document, each block's tokens
+    counted on its first document's row; scores its own `rerank`'s, with an instruction too,
+    and a bad block refused for that request only."""
+    server, _ = stack
+    documents = [d * 40 for d in DOCUMENTS]  # several blocks (the replica's length is 2,800)
+    for instruction in (None, "Prefer code"):
+        want, blocks = jina_rerank(jina, QUERY, documents, instruction)
+        params = {"instruction": instruction} if instruction else {}
+        scores, counts = rerank(server, QUERY, documents, protocol, model="jina", **params)
+        assert len(blocks) >= 2 and np.abs(scores - want).max() <= FP32_ABS
+        assert [c for c in counts.tolist() if c] == [len(b) for b in blocks]
+        assert counts.sum() == sum(len(b) for b in blocks)
+    with pytest.raises(InferenceServerException, match=r"DOCUMENTS\[0\].*2048.*truncate"):
+        rerank(server, QUERY, ["tea " * 2500], protocol, model="jina", truncate=False)
+    scores, _ = rerank(server, QUERY, documents[:1], protocol, model="jina")
+    assert abs(scores[0] - jina_rerank(jina, QUERY, documents[:1])[0][0]) <= FP32_ABS
+
+
+def test_gateway_answers_a_listwise_rerankers_cosines_as_its_raw_scores(stack, jina):
+    """The encoder publishes what its scores are (fact `scores`): where a client asks for raw
+    scores (NIM's logit, TEI's raw_scores, vLLM's use_activation false), a listwise
+    reranker's cosines are answered as they are, not as log-odds of a probability."""
+    from fastapi.testclient import TestClient
+
+    from qwen_embed_client.gateway.app import create_app
+    from qwen_embed_client.gateway.common import log_odds
+
+    server, _ = stack
+    want = jina_rerank(jina, QUERY, DOCUMENTS)[0]
+    app = create_app([server.grpc_url], rerank_model_name="jina", triton_rerank_model="jina")
+    with TestClient(app) as client:
+        nim = client.post(
+            "/v1/ranking",
+            json={"query": {"text": QUERY}, "passages": [{"text": d} for d in DOCUMENTS]},
+        ).json()["rankings"]
+        tei = client.post(
+            "/rerank", json={"query": QUERY, "texts": DOCUMENTS, "raw_scores": True}
+        ).json()
+        vllm = client.post(
+            "/v1/rerank",
+            json={"query": QUERY, "documents": DOCUMENTS, "use_activation": False},
+        ).json()["results"]
+    for got in (
+        {r["index"]: r["logit"] for r in nim},
+        {r["index"]: r["score"] for r in tei},
+        {r["index"]: r["relevance_score"] for r in vllm},
+    ):
+        assert np.abs(np.array([got[i] for i in range(len(DOCUMENTS))]) - want).max() <= FP32_ABS
+    assert all(abs(log_odds(w) - w) > 1e-2 for w in want)  # log-odds would not pass
 
 
 def test_instruction_and_truncation_reach_the_tokenizer(stack, reranker):

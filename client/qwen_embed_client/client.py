@@ -186,6 +186,7 @@ class AsyncEmbeddingClient:
         self.bench_s = bench_s
         self._servers: list[_Server] | None = None
         self._facts: tuple[float, dict] | None = None  # (when read, served_facts)
+        self._score_kind: tuple[float, str] | None = None  # (when read, score_kind)
 
     def _connect(self) -> list[_Server]:
         # Created lazily, inside the loop that will use them (aio clients bind to it).
@@ -301,6 +302,16 @@ class AsyncEmbeddingClient:
             self._facts = (now, facts)
         return facts
 
+    async def score_kind(self) -> str:
+        """What the rerank model's scores are (its encoder's `scores` fact): "probability",
+        P(relevant) in [0, 1], or "cosine" (a listwise reranker's, in [-1, 1]); remembered
+        for FACTS_TTL_S."""
+        now = time.monotonic()
+        if self._score_kind is None or now - self._score_kind[0] > FACTS_TTL_S:
+            facts = await self.model_facts(ensemble_steps(self.rerank_model)[1])
+            self._score_kind = (now, facts.get("scores", "probability"))
+        return self._score_kind[1]
+
     async def model_fingerprint(self) -> str | None:
         return (await self.served_facts())["fingerprint"]
 
@@ -412,7 +423,9 @@ class AsyncEmbeddingClient:
         video_max_frames: int | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
-        split over requests and servers like `embed`'s texts. A multimodal reranker takes
+        split over requests and servers like `embed`'s texts, a listwise reranker's (its
+        `score_kind` "cosine") in requests of max_texts_per_request documents, whose scores
+        it merges. A multimodal reranker takes
         the query's image and video files (`query_images`, `query_videos`) and each
         document's (`document_images`, `document_videos`: a list per document); a text with
         images or videos may be "". `video_fps` and `video_max_frames`: how many frames of
@@ -438,6 +451,7 @@ class AsyncEmbeddingClient:
         )
         params = opts.parameters()
         level = priority_level(priority)
+        listwise = await self.score_kind() == "cosine"
         chunks = await self._split(
             len(documents),
             lambda s, a, b: self._send_pairs(
@@ -449,6 +463,7 @@ class AsyncEmbeddingClient:
                 headers,
                 query_media | {k: v[a:b] for k, v in per_document.items() if v is not None},
             ),
+            whole=listwise,
         )
         return RerankResult(
             scores=np.concatenate([c[0] for c in chunks]),
@@ -456,10 +471,11 @@ class AsyncEmbeddingClient:
             top_n=top_n,
         )
 
-    async def _split(self, count: int, send) -> list:
+    async def _split(self, count: int, send, whole: bool = False) -> list:
         """`send(server, start, end)` for chunks of `count` items over the servers, retried:
         on one server until `retry_deadline_s`; with several, for at most FAILOVER_S before
-        the scheduler moves the chunk to another server."""
+        the scheduler moves the chunk to another server. `whole`: chunks of
+        max_texts_per_request items."""
         servers = self._connect()
         window = (
             self.retry_deadline_s if len(servers) == 1 else min(self.retry_deadline_s, FAILOVER_S)
@@ -478,6 +494,7 @@ class AsyncEmbeddingClient:
             max_chunk=self.max_texts_per_request,
             slots_per_server=self.requests_in_flight,
             bench_s=self.bench_s,
+            whole=whole,
         )
 
     async def _with_retries(self, call, window_s: float):

@@ -97,6 +97,7 @@ FACTS = (
     "route",
     "tokens_per_forward",
     "labels",
+    "scores",
     "fingerprint",
 )
 

@@ -50,8 +50,11 @@ async def run_job(
     slots_per_server: int,
     bench_s: float,
     target_s: float = 1.0,
+    whole: bool = False,
 ) -> list:
-    """Embed texts [0, n) through `send(server, start, end)`; returns results in order."""
+    """Embed texts [0, n) through `send(server, start, end)`; returns results in order.
+    `whole`: chunks of max_chunk texts (a listwise reranker's documents belong together),
+    else sized by each server's rate."""
     results: dict[int, tuple] = {}
     cursor = 0
     retry: deque[tuple[int, int, int]] = deque()  # (start, end, servers tried)
@@ -64,7 +67,8 @@ async def run_job(
         if retry:
             return retry.popleft()
         if cursor < n:
-            start, cursor = cursor, min(n, cursor + state.chunk_size(max_chunk, target_s))
+            size = max_chunk if whole else state.chunk_size(max_chunk, target_s)
+            start, cursor = cursor, min(n, cursor + size)
             return start, cursor, 0
         return None
 

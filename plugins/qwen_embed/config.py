@@ -25,6 +25,9 @@ SUPPORTED_ARCHITECTURES = {
     "PPLXQwen3Model": "qwen3",
     # jina-embeddings-v5-text-small: a causal Qwen3 with LoRA adapters per task (adapters.py)
     "JinaEmbeddingsV5Model": "qwen3",
+    # jina-reranker-v3: a causal Qwen3 reading a query and its documents in one sequence, a
+    # projector over the hidden states at marker tokens (heads.ListwiseHead; rerank only)
+    "JinaForRanking": "qwen3",
     # Converted cross-encoders: a `score` head of one row on the last token (rerank only).
     "Qwen2ForSequenceClassification": "qwen2",
     "Qwen3ForSequenceClassification": "qwen3",
@@ -32,6 +35,11 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3VLForConditionalGeneration": "qwen3",
     "Qwen3VLModel": "qwen3",
 }
+
+
+# jina-reranker-v3's marker tokens (document, query): its hidden states are read after each
+# document and after the query (heads.ListwiseHead, serving/listwise.py).
+LISTWISE_MARKERS = ("<|embed_token|>", "<|rerank_token|>")
 
 
 class UnsupportedModelError(ValueError):
@@ -144,6 +152,7 @@ class ModelConfig:
     num_labels: int = 0
     labels: tuple[str, ...] = ()  # id2label's names in id order (classifiers)
     tie_word_embeddings: bool = False  # the output head is embed_tokens (no lm_head tensor)
+    listwise: bool = False  # JinaForRanking: documents scored together (heads.ListwiseHead)
     sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
     adapters: tuple[str, ...] = ()  # task adapters beside the weights (adapters.py, from_dir)
     media: MediaConfig | None = None  # a multimodal checkpoint's vision side (Qwen3-VL)
@@ -208,6 +217,7 @@ class ModelConfig:
             num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),
             labels=_labels(hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            listwise="JinaForRanking" in architectures,
             media=media,
         )
 

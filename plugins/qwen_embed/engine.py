@@ -23,7 +23,7 @@ from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
-from .heads import build_head
+from .heads import build_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
@@ -352,6 +352,9 @@ class Encoder:
         `check_chunks`: forwards planned by the token budget (chunking.ChunkedText.cost), a
         text split into pieces of its chunks where it alone would gather too many keys."""
         self._require("embed")
+        return self._pool_chunks(texts, self._embedding_head, self.embedding_size)
+
+    def _pool_chunks(self, texts: Sequence[ChunkedText], head, width: int) -> list[np.ndarray]:
         planner = self.model.planner
         readout = planner.readout
         pieces = [
@@ -359,7 +362,7 @@ class Encoder:
             for i, text in enumerate(texts)
             for piece, chunks in text.pieces(readout, self.max_batch_tokens)
         ]
-        out = [np.empty((len(t.spans), self.embedding_size), np.float32) for t in texts]
+        out = [np.empty((len(t.spans), width), np.float32) for t in texts]
         costs = [piece.cost(readout) for _, piece, _ in pieces]
         with self._lock:
             for group in plan_batches(costs, self.max_batch_tokens):
@@ -368,7 +371,7 @@ class Encoder:
                 send = None
                 if self._launcher is not None:
                     send = partial(self._launcher.send_chunks, pack_texts(chosen))
-                pool = partial(forward.pool, head=self._embedding_head)
+                pool = partial(forward.pool, head=head)
                 pooled = self._forward_context(forward.context, pool, send)
                 for g, vectors in zip(group, pooled, strict=True):
                     i, _, chunks = pieces[g]
@@ -496,8 +499,27 @@ class Encoder:
     def score_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
+        if self.config.listwise:
+            raise ValueError("a listwise reranker scores a query's blocks: use rank_blocks")
         out = np.empty(len(sequences), dtype=np.float32)
         return self._run(sequences, out, self.model.head)
+
+    def rank_blocks(self, blocks: Sequence[Sequence[int]]) -> np.ndarray:
+        """A listwise reranker's (jina-reranker-v3) scores of one query's documents: `blocks`
+        are its templated sequences, each the query and a block of documents with their
+        markers (qwen_embed_deploy.serving.listwise builds them); float32 [documents] in
+        order, cosines in [-1, 1] (heads.listwise_scores)."""
+        return self.rank_blocks_checked(self.check_sequences(blocks))
+
+    def rank_blocks_checked(self, blocks: list[np.ndarray]) -> np.ndarray:
+        """`rank_blocks` for sequences that already passed `check_sequence`: one call per
+        query (its blocks' scores are merged), the blocks' markers read out as late chunks."""
+        self._require("rerank")
+        head = self.model.head
+        if not self.config.listwise:
+            raise ValueError("rank_blocks needs a listwise reranker (JinaForRanking)")
+        texts = [ChunkedText(ids, head.spans(ids)) for ids in blocks]
+        return listwise_scores(self._pool_chunks(texts, head, head.second.shape[0]))
 
     def classify(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are

@@ -9,6 +9,10 @@ truncates and normalises per request. `rerank` scores a (query, document) sequen
   or `embed_tokens.weight` when the embeddings are tied): the 151k-row head is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
+- a listwise reranker (jina-reranker-v3) reads a query and a block of documents in one sequence:
+  its projector maps the final hidden states at marker tokens (one after each document, one
+  after the query) to vectors, and a document's score is the cosine of its vector with the
+  query's, merged across blocks as its own `rerank` does (`listwise_scores`).
 `classify` (a sequence classifier of several labels) answers the logits of its `score` head.
 Heads are small (2 x hidden for a reranker, a few million weights for a projection), so rank 0
 holds them whole, in fp32, and applies them to the final hidden states, which every rank has
@@ -19,12 +23,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from .config import ModelConfig
+from .config import LISTWISE_MARKERS, ModelConfig
 from .sentence_modules import SentenceModules
 
 # A causal-LM reranker's answer tokens (relevant, not relevant), by family: Qwen3-Reranker and
@@ -35,12 +40,15 @@ ANSWER_TOKENS = {"qwen3": ("yes", "no"), "qwen2": ("1", "0")}
 
 def resolve_task(task: str, config: ModelConfig) -> str:
     """`auto` is rerank for a sequence-classification checkpoint of one label (a converted
-    cross-encoder), classify for one of several, else embed. A causal LM can be an embedder or
-    a reranker (the architecture cannot tell): the deployment says (settings.TASKS)."""
+    cross-encoder) and for a listwise reranker, classify for a classifier of several labels,
+    else embed. A causal LM can be an embedder or a reranker (the architecture cannot tell):
+    the deployment says (settings.TASKS)."""
     if task == "auto":
         if config.is_classifier:
             return "rerank" if config.num_labels == 1 else "classify"
-        return "embed"
+        return "rerank" if config.listwise else "embed"
+    if config.listwise and task != "rerank":
+        raise ValueError(f"task {task!r}: a listwise reranker (JinaForRanking) only reranks")
     if task == "classify" and not (config.is_classifier and config.num_labels > 1):
         raise ValueError(
             "task 'classify' needs a sequence-classification checkpoint with several labels "
@@ -49,18 +57,17 @@ def resolve_task(task: str, config: ModelConfig) -> str:
     return task
 
 
-def answer_token_ids(model_dir: str | Path, family: str) -> list[int]:
-    """The vocabulary ids of the family's answer tokens from the checkpoint's own tokenizer."""
+def token_ids(model_dir: str | Path, tokens: tuple[str, ...], what: str) -> list[int]:
+    """The vocabulary ids of single tokens from the checkpoint's own tokenizer."""
     from tokenizers import Tokenizer
 
-    answers = ANSWER_TOKENS[family]
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"a reranker needs {path} to find the ids of {answers}")
+        raise FileNotFoundError(f"a reranker needs {path} to find the ids of {tokens}")
     tok = Tokenizer.from_file(str(path))
-    ids = [tok.token_to_id(t) for t in answers]
+    ids = [tok.token_to_id(t) for t in tokens]
     if None in ids:
-        raise ValueError(f"{path} has no single tokens {answers}: not a {family} reranker")
+        raise ValueError(f"{path} has no single tokens {tokens}: not {what}")
     return ids
 
 
@@ -95,6 +102,68 @@ class ScoreHead(nn.Module):
         return torch.sigmoid(logits.reshape(-1))
 
 
+class ListwiseHead(nn.Module):
+    """jina-reranker-v3's projector (Linear, ReLU, Linear, no biases; `projector.0.weight`,
+    `projector.2.weight`), in fp32, over the hidden states at its marker tokens.
+    `document_id`, `query_id`: the markers' ids; `spans(ids)` the chunks (chunking.py) whose
+    last tokens they are."""
+
+    def __init__(self, hidden_size: int, model_dir: str | Path, width: int = 512):
+        super().__init__()
+        self.document_id, self.query_id = token_ids(
+            model_dir, LISTWISE_MARKERS, "jina-reranker-v3's tokenizer"
+        )
+        # Its sizes, as its modeling code builds them: hidden / 2, then 512.
+        self.first = _loaded(torch.empty(hidden_size // 2, hidden_size), "projector.0.weight")
+        self.second = _loaded(torch.empty(width, hidden_size // 2), "projector.2.weight")
+
+    def spans(self, ids: np.ndarray) -> np.ndarray:
+        """(start, end) token spans that end at each marker: the documents' in order, then
+        the query's, which must be the one after them all (ValueError otherwise)."""
+        documents = np.flatnonzero(ids == self.document_id)
+        queries = np.flatnonzero(ids == self.query_id)
+        if len(documents) == 0 or len(queries) != 1 or queries[0] < documents[-1]:
+            raise ValueError(
+                "a listwise block needs document markers followed by one query marker, got "
+                f"{len(documents)} and {len(queries)}"
+            )
+        ends = np.append(documents, queries) + 1
+        return np.stack([np.concatenate([[0], ends[:-1]]), ends], axis=1)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.relu(F.linear(states.float(), self.first)), self.second)
+
+
+def _loaded(tensor: torch.Tensor, checkpoint_name: str) -> nn.Parameter:
+    """An fp32 head parameter the checkpoint loader fills from `checkpoint_name`."""
+
+    def load(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+        if full.shape != param.shape:
+            raise ValueError(f"has shape {tuple(full.shape)}, expected {tuple(param.shape)}")
+        param.data.copy_(full.to(param.dtype))
+
+    param = nn.Parameter(tensor.float(), requires_grad=False)
+    param.checkpoint_name = checkpoint_name
+    param.weight_loader = load
+    return param
+
+
+def listwise_scores(blocks: list[np.ndarray]) -> np.ndarray:
+    """One query's blocks of projected vectors ([documents + 1, width], the query's last) ->
+    every document's score, in order: the cosine of its vector with the query's, where the
+    query's is the mean of its blocks' query vectors, each weighted by its block's best
+    (1 + cosine) / 2 (jina-reranker-v3's `rerank`; one block: that block's cosines)."""
+
+    def cosines(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
+        norms = np.linalg.norm(query) * np.linalg.norm(documents, axis=1)
+        return documents @ query / norms
+
+    queries = np.stack([b[-1] for b in blocks])
+    weights = [((1.0 + cosines(b[-1], b[:-1])) / 2.0).max() for b in blocks]
+    query = np.average(queries, axis=0, weights=weights)
+    return cosines(query, np.concatenate([b[:-1] for b in blocks])).astype(np.float32)
+
+
 class ClassifierHead(ScoreHead):
     """A sequence classifier's `score` head: last-token hidden states -> logits [n, labels]
     (softmax or sigmoid is the caller's: TEI's raw_scores asks for the logits)."""
@@ -103,7 +172,9 @@ class ClassifierHead(ScoreHead):
         return last_hidden.float() @ self.weight.t()
 
 
-def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
+def build_score_head(config: ModelConfig, model_dir: str | Path) -> nn.Module:
+    if config.listwise:
+        return ListwiseHead(config.hidden_size, model_dir)
     if config.is_classifier:
         if config.num_labels != 1:
             raise ValueError(
@@ -111,7 +182,8 @@ def build_score_head(config: ModelConfig, model_dir: str | Path) -> ScoreHead:
             )
         return ScoreHead(config.hidden_size, "score.weight", None)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    return ScoreHead(config.hidden_size, name, answer_token_ids(model_dir, config.family))
+    rows = token_ids(model_dir, ANSWER_TOKENS[config.family], f"a {config.family} reranker's")
+    return ScoreHead(config.hidden_size, name, rows)
 
 
 ACTIVATION_FUNCTIONS = {

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_modules.py)
     from torch import nn
 
-# Present in causal-LM / classifier checkpoints and top-level projections (voyage-4-nano's
-# `linear`, which heads.ProjectionHead reads itself); skipped unless a task head asks for them.
+# Present in causal-LM / classifier checkpoints, top-level projections (voyage-4-nano's
+# `linear`, which heads.ProjectionHead reads itself) and jina-reranker-v3's `projector`; skipped
+# unless a task head asks for them (rank 0's only).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.")
+_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.", "projector.")
 
 
 class CheckpointError(ValueError):

@@ -80,6 +80,12 @@ async def checkpoint_facts(gw, input_type: str | None) -> dict:
     return await gw.facts()
 
 
+async def raw_scores(gw):
+    """score -> the reranker's raw score, what `raw_scores`, `use_activation: false` and NIM's
+    `logit` ask for: a P(relevant)'s logit (log_odds); a listwise reranker's cosine as it is."""
+    return log_odds if await gw.client.score_kind() == "probability" else float
+
+
 def log_odds(score: float) -> float:
     """A yes/no reranker's logit, log(p / (1 - p)), from its float32 P("yes") `score`; a
     saturated score (0 or 1) gives the logit of the nearest float32 inside, so logits keep

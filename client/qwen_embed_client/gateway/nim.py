@@ -1,11 +1,11 @@
 """NVIDIA NIM's reranking API: POST /v1/ranking, {model, query: {text}, passages: [{text}],
 truncate} -> {rankings: [{index, logit}]}, best first, what NIM's clients call (LangChain's and
-LlamaIndex's NVIDIARerank, Haystack's NvidiaRanker). A logit is the reranker's log-odds of
-"yes" (common.log_odds). `truncate`: "END" (the default) cuts a passage's end, "NONE" refuses a
-passage past the model's limit. NIM's embeddings are OpenAI's /v1/embeddings with its
-`input_type` and `truncate` (openai.py). Errors in OpenAI's shape (app.py). NIM's probes,
-GET /v1/health/live and /v1/health/ready (503 until Triton serves the embed model), carry no key
-(app.py mounts them beside /health)."""
+LlamaIndex's NVIDIARerank, Haystack's NvidiaRanker). A logit is the reranker's log-odds of "yes"
+(common.log_odds; a listwise reranker's cosine as it is). `truncate`: "END" (the default) cuts a
+passage's end, "NONE" refuses a passage past the model's limit. NIM's embeddings are OpenAI's
+/v1/embeddings with its `input_type` and `truncate` (openai.py). Errors in OpenAI's shape
+(app.py). NIM's probes, GET /v1/health/live and /v1/health/ready (503 until Triton serves the
+embed model), carry no key (app.py mounts them beside /health)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS
 from .bodies import Body, NonBlank, Text, at_most
-from .common import TRUNCATE_MODES, check_model, log_odds
+from .common import TRUNCATE_MODES, check_model, raw_scores
 from .errors import backend_error, json_body, rerank_checked
 from .state import gateway
 
@@ -52,7 +52,8 @@ async def ranking(request: Request):
         )
     except EmbeddingError as e:
         raise backend_error(e, (), lambda i: f"passages[{i}].text") from e
-    return {"rankings": [{"index": i, "logit": log_odds(s)} for i, s in result.ranking]}
+    raw = await raw_scores(gw)
+    return {"rankings": [{"index": i, "logit": raw(s)} for i, s in result.ranking]}
 
 
 async def live():

@@ -53,8 +53,8 @@ from .common import (
     check_model,
     checkpoint_facts,
     embed,
-    log_odds,
     prompt_options,
+    raw_scores,
     text_usage,
 )
 from .errors import (
@@ -675,10 +675,11 @@ async def rerank_response(gw, body: object) -> dict:
         result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("instruction",), "documents") from e
-    raw = request.use_activation is False  # vLLM's: the reranker's logit, not its score
+    # vLLM's use_activation false: the reranker's logit, not its score
+    raw = await raw_scores(gw) if request.use_activation is False else float
     results = []
     for index, score in result.ranking:
-        item = {"index": index, "relevance_score": log_odds(score) if raw else score}
+        item = {"index": index, "relevance_score": raw(score)}
         if request.return_documents:
             item["document"] = {"text": texts[index]}
             if images[index] or videos[index]:  # as sent: the parts (vLLM's multi_modal)

@@ -38,7 +38,7 @@ from .bodies import (
     described,
     token_ids,
 )
-from .common import embed, embed_tokens, log_odds
+from .common import embed, embed_tokens, raw_scores
 from .errors import (
     BACKEND,
     EMPTY,
@@ -281,8 +281,9 @@ async def rerank_route(request: Request):
     except EmbeddingError as e:
         raise backend_error(e, (), "texts") from e
     ranks = []
+    raw = await raw_scores(gw) if asked.raw_scores else float  # raw: the model's logit
     for index, score in result.ranking:
-        value = log_odds(score) if asked.raw_scores else score  # raw: the model's logit
+        value = raw(score)
         text = {"text": texts[index]} if asked.return_text else {}
         ranks.append({"index": index, "score": value} | text)
     return ranks

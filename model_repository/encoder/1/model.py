@@ -6,7 +6,8 @@ TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states; with the toke
 multimodal checkpoint's texts with their images), or for a sequence classifier
 (task "classify") LOGITS [n, labels]; "rerank" (the
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head (with
-MEDIA, of pairs with their images)."""
+MEDIA, of pairs with their images; for a listwise reranker, of a query's documents from its
+blocks, one call per request)."""
 
 import functools
 import itertools
@@ -94,6 +95,7 @@ class TritonPythonModel:
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
         with_media = []  # (index, options, media.MediaText): texts with images, one call
+        listwise = []  # (index, None, blocks): a listwise reranker's query, one call each
         # No is_cancelled() here (a message to Triton per request): Triton's dynamic batcher
         # drops requests cancelled while queued, and does not pass an ensemble request's
         # cancellation on to this step.
@@ -101,6 +103,9 @@ class TritonPythonModel:
             try:
                 opts = self._finish(request)
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
+                if self.encoder.config.listwise:
+                    listwise.append((i, None, self._blocks(blobs.reshape(-1))))
+                    continue
                 seqs = self.encoder.check_sequences(
                     [unpack_ids(b, j) for j, b in enumerate(blobs.reshape(-1))]
                 )
@@ -122,14 +127,16 @@ class TritonPythonModel:
                 per_token.append((i, opts, seqs))
             else:
                 accepted.append((i, opts, seqs))
-        if not accepted and not chunked and not per_token and not with_media:
+        if not accepted and not chunked and not per_token and not with_media and not listwise:
             return
-        unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media}
+        unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
         # Every metric moves before the answers it covers leave (_Answers calls
         # metrics.flush): a client that reads the metrics after its response sees its request.
         all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
         all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
+        all_seqs += [b for _, _, blocks in listwise for b in blocks]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
+        requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
         tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
 
@@ -148,6 +155,8 @@ class TritonPythonModel:
                 call(per_token, self.encoder.token_states_checked, token_rows)
             if with_media:  # one call: the vision tower runs once per forward's images
                 call(with_media, self._encode_media, self._outputs)
+            for member in listwise:  # one call each: a query's blocks are scored together
+                call([member], self.encoder.rank_blocks_checked, _scores)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
         except Exception as e:  # every request still gets its one response
@@ -240,6 +249,19 @@ class TritonPythonModel:
             for j, (seq, (tail, spans)) in enumerate(zip(seqs, parsed, strict=True))
         ]
 
+    def _blocks(self, blobs):
+        """A listwise reranker's blocks: one row per document, each block's sequence on its
+        first document's row and nothing on the others (serving/listwise.py)."""
+        blocks = self.encoder.check_sequences(
+            [unpack_ids(b, j) for j, b in enumerate(blobs) if len(b) or j == 0]
+        )
+        documents = sum(len(self.encoder.model.head.spans(b)) - 1 for b in blocks)
+        if documents != len(blobs):
+            raise RequestError(
+                f"input 'TOKEN_IDS' holds {len(blobs)} rows for {documents} documents' markers"
+            )
+        return blocks
+
     def _media(self, request, seqs):
         """The texts with their images and videos (media.MediaText) when the tokenizer sent
         any: an image's pixels [h, w, 3], a video's [frames, h, w, 3] (contract.pack_media)."""
@@ -299,6 +321,11 @@ class TritonPythonModel:
 
     def finalize(self):
         self.encoder.close()
+
+
+def _scores(rows, members):
+    """A listwise call's one member: its documents' scores."""
+    return [[pb_utils.Tensor("SCORES", rows.reshape(-1, 1))]]
 
 
 def _spans(members):

@@ -5,7 +5,8 @@ template, with the videos of VIDEOS and the images of IMAGES resized and sent on
 (serving/videos.py, serving/images.py);
 rerank: QUERY + DOCUMENTS -> one templated pair per document (qwen_embed_deploy.serving.rerank),
 for a multimodal reranker with the videos and images of QUERY_VIDEOS, QUERY_IMAGES,
-DOCUMENT_VIDEOS and DOCUMENT_IMAGES in each pair's MEDIA."""
+DOCUMENT_VIDEOS and DOCUMENT_IMAGES in each pair's MEDIA; for a listwise reranker, a row per
+document, each block's sequence on its first document's (serving/listwise.py)."""
 
 import json
 import os
@@ -39,6 +40,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
+from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import VISION_PAIRS, PairTokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts, image_blocks
 
@@ -58,7 +60,8 @@ class TritonPythonModel:
         self.max_texts = batch or MAX_TEXTS_PER_REQUEST
         self.max_text_bytes = settings.max_text_bytes
         if self.task == "rerank":
-            self.tokenizer = PairTokenizer(model_dir, max_tokens)
+            pairs = BlockTokenizer if config.listwise else PairTokenizer
+            self.tokenizer = pairs(model_dir, max_tokens)
             self._tokenize = self._pairs
         else:
             self.tokenizer = TextTokenizer(model_dir, max_tokens, settings.truncation_direction)

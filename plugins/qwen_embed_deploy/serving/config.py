@@ -131,6 +131,8 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     }
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
+    if route.task == "rerank":  # what SCORES are: a listwise reranker's are cosines
+        facts["scores"] = "cosine" if config.listwise else "probability"
     return facts
 
 

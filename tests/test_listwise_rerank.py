@@ -1,0 +1,94 @@
+"""A listwise reranker (jina-reranker-v3, `JinaForRanking`) in the engine against its own recipe.
+
+The reference (reference.jina_rerank) is jina-reranker-v3's `rerank` written out apart from the
+server's code, over transformers' Qwen3Model in fp32. Tolerances: the block token ids exactly;
+fp32 scores (cosines) within 1e-4, bf16 within 2e-2.
+"""
+
+import numpy as np
+import pytest
+
+from qwen_embed import Encoder
+from qwen_embed_client.contract import RequestError, RerankOptions
+from qwen_embed_deploy.serving.listwise import BlockTokenizer
+
+from reference import jina_rerank
+
+FP32_ABS = 1e-4
+BF16_ABS = 2e-2
+QUERY = "What are the health benefits of green tea?"
+DOCUMENTS = [
+    "Green tea contains antioxidants called catechins that may reduce inflammation.",
+    "El precio del café ha aumentado un 20% este año. " * 30,
+    "Studies show that drinking green tea can improve brain function. " * 40,
+    "绿茶富含儿茶素等抗氧化剂，可以降低心脏病风险。",
+    "Basketball is one of the most popular sports in the United States. " * 35,
+    "A passage that mentions the markers <|embed_token|> and <|rerank_token|> itself.",
+    "Le thé vert est riche en antioxydants.",
+]
+
+
+@pytest.fixture(scope="module")
+def expected(jina):
+    return jina_rerank(jina, QUERY, DOCUMENTS)
+
+
+def blocks_of(rows):
+    return [r for r in rows if r]
+
+
+def test_block_ids_are_its_recipes(jina, expected):
+    """The rows: each block's prompt on its first document's row, none on the others; the
+    documents here make several blocks (the replica's tokenizer length is 2,800)."""
+    rows = BlockTokenizer(jina, 4096).encode(QUERY, DOCUMENTS, RerankOptions())
+    assert len(rows) == len(DOCUMENTS)
+    assert blocks_of(rows) == expected[1]
+    assert len(expected[1]) >= 2
+    instructed = BlockTokenizer(jina, 4096).encode(
+        QUERY, DOCUMENTS[:1], RerankOptions(instruction="Prefer short passages")
+    )
+    assert instructed == jina_rerank(jina, QUERY, DOCUMENTS[:1], "Prefer short passages")[1]
+
+
+def test_long_texts_are_cut_as_its_recipe_cuts_them(jina):
+    long = "tea " * 2500  # past the 2,048 tokens a document keeps
+    rows = BlockTokenizer(jina, 4096).encode("green " * 600, [long, "x"], RerankOptions())
+    assert blocks_of(rows) == jina_rerank(jina, "green " * 600, [long, "x"])[1]
+    with pytest.raises(RequestError, match=r"DOCUMENTS\[0\].*2048.*truncate"):
+        BlockTokenizer(jina, 4096).encode(QUERY, [long], RerankOptions(truncate=False))
+    # A limit below the tokenizer's length: smaller blocks, each within it.
+    rows = BlockTokenizer(jina, 1024).encode(QUERY, DOCUMENTS, RerankOptions())
+    assert len(blocks_of(rows)) > len(jina_rerank(jina, QUERY, DOCUMENTS)[1])
+    assert max(len(b) for b in blocks_of(rows)) <= 1024 and len(rows) == len(DOCUMENTS)
+    with pytest.raises(RequestError, match="QUERY.*limit of 300"):
+        BlockTokenizer(jina, 300).encode(QUERY, [long], RerankOptions())
+
+
+@pytest.mark.server  # whole-model runs against transformers': seconds each
+@pytest.mark.parametrize("max_batch_tokens", [16384, 256])  # 256: blocks past the budget
+def test_fp32_scores_match_its_recipe(jina, expected, max_batch_tokens):
+    with Encoder.from_pretrained(jina, dtype="float32", max_batch_tokens=max_batch_tokens) as enc:
+        assert enc.task == "rerank"  # auto: a listwise reranker only reranks
+        scores = enc.rank_blocks(expected[1])
+        with pytest.raises(ValueError, match="rank_blocks"):
+            enc.score(expected[1])
+    assert scores.shape == (len(DOCUMENTS),) and scores.dtype == np.float32
+    assert np.abs(scores - expected[0]).max() <= FP32_ABS
+    assert np.ptp(expected[0]) > 1e-2  # the replica tells documents apart
+
+
+@pytest.mark.server
+def test_bf16_and_tp2_scores(jina, expected):
+    with Encoder.from_pretrained(jina, dtype="bfloat16") as enc:
+        assert np.abs(enc.rank_blocks(expected[1]) - expected[0]).max() <= BF16_ABS
+    with Encoder.from_pretrained(jina, dtype="float32", tp_size=2) as enc:
+        assert np.abs(enc.rank_blocks(expected[1]) - expected[0]).max() <= FP32_ABS
+
+
+def test_a_listwise_reranker_only_reranks_and_needs_its_markers(jina, expected):
+    with pytest.raises(ValueError, match="listwise reranker.*only reranks"):
+        Encoder.from_pretrained(jina, task="embed")
+    with Encoder.from_pretrained(jina, dtype="float32") as enc:
+        block = list(expected[1][0])
+        with pytest.raises(ValueError, match="document markers followed by one query marker"):
+            enc.rank_blocks([block[: len(block) // 3]])
