@@ -712,6 +712,9 @@ class EmbeddingClient:
     def model_fingerprint(self) -> str | None:
         return self._run(self._async.model_fingerprint())
 
+    def score_kind(self) -> str:
+        return self._run(self._async.score_kind())
+
     def stats(self) -> dict[str, dict]:
         return self._async.stats()
 
