@@ -199,9 +199,11 @@ perf-peers: setup
 		--rounds $(PEER_ROUNDS) $(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
 
 # Reranking pairs/s (100 mixed documents per query) through Triton and /v1/rerank against
-# transformers (model card code, and with last-position logits only), same run.
+# transformers (model card code, and with last-position logits only), same run; then a
+# listwise reranker's (jina-reranker-v3's layout) documents/s against its own rerank's work.
 perf-rerank: setup
 	cd perf && ../$(PY) bench_rerank.py
+	cd perf && ../$(PY) bench_rerank.py --listwise
 
 # Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;
 # pruning in process on the demo model and the 28-layer Qwen3-Embedding-0.6B shape; load from

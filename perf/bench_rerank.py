@@ -1,6 +1,7 @@
 """Reranking throughput: pairs/s for one query with 100 mixed-length documents.
 
     python bench_rerank.py [--model-dir DIR] [--dtype auto] [--rounds 3] [--clients 1 4]
+    python bench_rerank.py --listwise [--documents 32] ...
 
 Through Triton (the `rerank` ensemble over gRPC) and through the gateway's /v1/rerank (both
 started by the launcher, as `make serve` does), against transformers computing the same scores
@@ -8,6 +9,12 @@ in the same run: Qwen3-Reranker's model card code (padded batches, full logits a
 position) and the same with `logits_to_keep=1` (only the last position's logits). Documents are
 perf/workload.py's mix (80% 16-64 words, 20% 256-1024). Every path's scores are checked against
 transformers' (max abs difference in the table).
+
+`--listwise`: a listwise reranker (jina-reranker-v3's layout at the same shape, built here from
+the same random weights plus its markers and projector): documents/s through the Triton
+ensemble against its own `rerank`'s work on transformers (one forward per block of the same
+token ids, the projector at the markers, the blocks merged), and beside it the pointwise
+reranker through Triton on the same documents.
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ import torch
 from harness import RESULTS, drive, new_record, rerank_sender, score_check, write_report
 
 from qwen_embed import ModelConfig
+from qwen_embed.config import LISTWISE_MARKERS
 from qwen_embed.cpu import cpu_features
+from qwen_embed.heads import listwise_scores
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
@@ -55,6 +65,149 @@ def ensure_reranker(path: Path, layers: int) -> Path:
             check=True,
         )
     return path
+
+
+def ensure_listwise(path: Path, pointwise: Path) -> Path:
+    """jina-reranker-v3's layout (`JinaForRanking`) from the pointwise reranker's weights: its
+    two marker tokens added to the tokenizer and the embedding table, a seeded projector."""
+    if (path / "config.json").is_file():
+        return path
+    from safetensors.torch import load_file, save_file
+    from tokenizers import AddedToken, Tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer_config.json", "config.json"):
+        (path / name).write_text((pointwise / name).read_text())
+    tok = Tokenizer.from_file(str(pointwise / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in LISTWISE_MARKERS])
+    tok.save(str(path / "tokenizer.json"))
+    weights = load_file(pointwise / "model.safetensors")
+    table = weights["model.embed_tokens.weight"]
+    g = torch.Generator().manual_seed(1)
+
+    def normal(*shape):
+        return (0.03 * torch.randn(*shape, generator=g)).to(table.dtype)
+
+    hidden = table.shape[1]
+    extra = normal(tok.get_vocab_size() - table.shape[0], hidden)
+    weights["model.embed_tokens.weight"] = torch.cat([table, extra])
+    weights["projector.0.weight"] = normal(hidden // 2, hidden)
+    weights["projector.2.weight"] = normal(512, hidden // 2)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config |= {"architectures": ["JinaForRanking"], "vocab_size": tok.get_vocab_size()}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def transformers_listwise(
+    model_dir: Path, blocks: list[list[int]], dtype: torch.dtype
+) -> tuple[np.ndarray, float]:
+    """Its own `rerank`'s work on transformers: a forward per block (as its code runs them,
+    one at a time), the projector at the markers, the blocks merged."""
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+    from transformers import Qwen3Model
+
+    model = Qwen3Model.from_pretrained(model_dir, dtype=dtype).eval()
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        w0, w2 = (f.get_tensor(f"projector.{i}.weight").to(dtype) for i in (0, 2))
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    document, query = (tok.token_to_id(t) for t in LISTWISE_MARKERS)
+    vectors = []
+    began = time.perf_counter()
+    with torch.inference_mode():
+        for ids in blocks:
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            ids = torch.tensor(ids)
+            rows = torch.cat([hidden[ids == document], hidden[ids == query]])
+            vectors.append((torch.relu(rows @ w0.T) @ w2.T).float().numpy())
+    return listwise_scores(vectors), time.perf_counter() - began
+
+
+def listwise(args, pointwise: Path) -> None:
+    model_dir = ensure_listwise(
+        Path(args.model_dir).resolve().with_name("bench-jina-4l"), pointwise
+    )
+    documents = make_texts(args.documents, seed=7)
+    settings = EncoderSettings(dtype=args.dtype, task="rerank")
+    route = choose_route(settings, ModelConfig.from_dir(model_dir), "cpu", cpu_features())
+    rows = BlockTokenizer(model_dir, 32768).encode(QUERY, documents, RerankOptions())
+    blocks = [r for r in rows if r]
+    counts = np.array([len(r) for r in rows])
+    reference, seconds = transformers_listwise(model_dir, blocks, getattr(torch, route.dtype))
+    table_rows = [
+        {
+            "path": "transformers (its rerank)",
+            "clients": 1,
+            "docs_per_s": len(documents) / seconds,
+            "max_abs": 0.0,
+        }
+    ]
+    print(table_rows[-1], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = render(
+            Path(tmp) / "repo",
+            {},
+            {"encoder": {"dtype": route.dtype}},
+            rerankers={"rerank": pointwise, "jina": model_dir},
+        )
+        with TritonServer(repo, log_path=Path(tmp) / "server.log") as server:
+            paths = {
+                "Triton, listwise": ("jina", score_check(reference)),
+                "Triton, pointwise (Qwen3-Reranker layout)": ("rerank", None),
+            }
+            for name, (model, check) in paths.items():
+                make = rerank_sender(server.grpc_url, QUERY, documents, model)
+                n = len(documents)
+                drive(make, counts, None, clients=1, per_request=n, seconds=0, max_requests=1)
+                for clients in args.clients:
+                    stats = drive(
+                        make,
+                        counts,
+                        check,
+                        clients=clients,
+                        per_request=n,
+                        seconds=0,
+                        max_requests=clients * args.rounds,
+                    )
+                    table_rows.append(
+                        {
+                            "path": name,
+                            "clients": clients,
+                            "docs_per_s": stats["texts_per_s"],
+                            "max_abs": None if check is None else 1.0 - stats["min_check"],
+                            "stats": stats,
+                        }
+                    )
+                    print(table_rows[-1], flush=True)
+    base = table_rows[0]["docs_per_s"]
+    record = new_record(
+        model=str(model_dir),
+        dtype=route.dtype,
+        documents=args.documents,
+        rows=table_rows,
+        blocks=[len(b) for b in blocks],
+    )
+    table = [
+        "| path | clients | documents/s | x transformers | max abs vs transformers |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in table_rows:
+        diff = "n/a" if r["max_abs"] is None else f"{r['max_abs']:.2e}"
+        table.append(
+            f"| {r['path']} | {r['clients']} | {r['docs_per_s']:.1f} | "
+            f"{r['docs_per_s'] / base:.2f} | {diff} |"
+        )
+    note = (
+        f"model: {model_dir.name} (jina-reranker-v3's layout at Qwen3-0.6B's shape, "
+        f"{args.layers} layers, random weights), dtype {route.dtype}; {args.documents} documents "
+        f"(perf/workload.py mix) per request in {len(blocks)} block(s) of "
+        f"{', '.join(str(len(b)) for b in blocks)} tokens; {args.rounds} requests per client"
+    )
+    write_report(
+        args.out, record, "Listwise reranking: documents/s, one query per request", [note], table
+    )
 
 
 def transformers_scores(
@@ -118,14 +271,21 @@ def main() -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-reranker-4l"))
     p.add_argument("--layers", type=int, default=4, help="when the model is built here")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--documents", type=int, default=100)
+    p.add_argument("--documents", type=int, default=None, help="100; listwise 32")
+    p.add_argument("--listwise", action="store_true", help="a listwise reranker (jina's)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     p.add_argument("--hf-batch-size", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS / "rerank"))
     args = p.parse_args()
-
+    if args.documents is None:
+        args.documents = 32 if args.listwise else 100
     model_dir = ensure_reranker(Path(args.model_dir).resolve(), args.layers)
+    if args.listwise:
+        if args.out == p.get_default("out"):
+            args.out = str(RESULTS / "rerank-listwise")
+        listwise(args, model_dir)
+        return
     documents = make_texts(args.documents, seed=7)
     settings = EncoderSettings(dtype=args.dtype, task="rerank")
     route = choose_route(settings, ModelConfig.from_dir(model_dir), "cpu", cpu_features())

@@ -30,6 +30,7 @@ VARIANT_OPTIONS = (
     "--images",
     "--videos",
 )
+VARIANT_FLAGS = ("--listwise",)  # the same, without a value
 
 HEADER = """\
 # Results
@@ -93,7 +94,7 @@ def cpu_kind(record: dict) -> str:
 
 def benchmark(record: dict, path: Path) -> str:
     """The script's name (bench_ and .py dropped), or its subcommand where it has them, plus the
-    options of VARIANT_OPTIONS."""
+    options of VARIANT_OPTIONS and VARIANT_FLAGS."""
     command = record.get("command")
     if not command:  # perf_analyzer's summary: named by its folder
         return path.parent.name
@@ -106,7 +107,7 @@ def benchmark(record: dict, path: Path) -> str:
             value = words[words.index(option) + 1]
             if value != "auto":
                 name += f" {option} {value}"
-    return name
+    return name + "".join(f" {flag}" for flag in VARIANT_FLAGS if flag in words)
 
 
 # ---------------------------------------------------------------- a report's key table
