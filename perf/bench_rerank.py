@@ -67,6 +67,31 @@ def ensure_reranker(path: Path, layers: int) -> Path:
     return path
 
 
+def client_rows(name: str, make, counts, check, args, rate: str) -> list[dict]:
+    """After one warm-up request, a row per client count: `rate` (documents per second) over
+    requests of every document, `args.rounds` per client; the largest score difference."""
+    n = len(counts)
+    drive(make, counts, None, clients=1, per_request=n, seconds=0, max_requests=1)
+    rows = []
+    for clients in args.clients:
+        stats = drive(
+            make,
+            counts,
+            check,
+            clients=clients,
+            per_request=n,
+            seconds=0,
+            max_requests=clients * args.rounds,
+        )
+        max_abs = None if check is None else 1.0 - stats["min_check"]
+        rows.append(
+            {"path": name, "clients": clients, rate: stats["texts_per_s"], "max_abs": max_abs}
+            | {"stats": stats}
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def ensure_listwise(path: Path, pointwise: Path) -> Path:
     """jina-reranker-v3's layout (`JinaForRanking`) from the pointwise reranker's weights: its
     two marker tokens added to the tokenizer and the embedding table, a seeded projector."""
@@ -159,28 +184,7 @@ def listwise(args, pointwise: Path) -> None:
             }
             for name, (model, check) in paths.items():
                 make = rerank_sender(server.grpc_url, QUERY, documents, model)
-                n = len(documents)
-                drive(make, counts, None, clients=1, per_request=n, seconds=0, max_requests=1)
-                for clients in args.clients:
-                    stats = drive(
-                        make,
-                        counts,
-                        check,
-                        clients=clients,
-                        per_request=n,
-                        seconds=0,
-                        max_requests=clients * args.rounds,
-                    )
-                    table_rows.append(
-                        {
-                            "path": name,
-                            "clients": clients,
-                            "docs_per_s": stats["texts_per_s"],
-                            "max_abs": None if check is None else 1.0 - stats["min_check"],
-                            "stats": stats,
-                        }
-                    )
-                    print(table_rows[-1], flush=True)
+                table_rows += client_rows(name, make, counts, check, args, "docs_per_s")
     base = table_rows[0]["docs_per_s"]
     record = new_record(
         model=str(model_dir),
@@ -332,29 +336,8 @@ def main() -> None:
                 "gateway /v1/rerank": gateway_sender(base, documents),
             }
             check = score_check(reference)
-            n = len(documents)
             for name, make in paths.items():
-                drive(make, counts, check, clients=1, per_request=4, seconds=0, max_requests=1)
-                for clients in args.clients:
-                    stats = drive(
-                        make,
-                        counts,
-                        check,
-                        clients=clients,
-                        per_request=n,
-                        seconds=0,
-                        max_requests=clients * args.rounds,
-                    )
-                    rows.append(
-                        {
-                            "path": name,
-                            "clients": clients,
-                            "pairs_per_s": stats["texts_per_s"],
-                            "max_abs": 1.0 - stats["min_check"],
-                            "stats": stats,
-                        }
-                    )
-                    print(rows[-1], flush=True)
+                rows += client_rows(name, make, counts, check, args, "pairs_per_s")
     card = rows[0]["pairs_per_s"]
     best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
     record = new_record(
