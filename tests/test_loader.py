@@ -149,6 +149,21 @@ def test_wrong_shape_is_named(checkpoint, tmp_path):
         embed(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"use_sliding_window": True},
+        {"layer_types": ["full_attention", "sliding_attention"]},  # jina-reranker-v3.5's kind
+    ],
+)
+def test_sliding_window_layers_are_refused(checkpoint, tmp_path, change):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention"):
+        embed(tmp_path)
+
+
 def test_unsupported_architecture(checkpoint, tmp_path):
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -188,8 +188,14 @@ class ModelConfig:
                 f"unsupported architectures {architectures}; supported: "
                 + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             )
-        if hf.get("use_sliding_window"):
-            raise UnsupportedModelError("use_sliding_window=true is not supported")
+        # Every layer attends to the whole sequence here: a checkpoint with sliding-window
+        # layers (jina-reranker-v3.5 lists them in layer_types) would be silently wrong.
+        windowed = sorted({t for t in hf.get("layer_types") or () if t != "full_attention"})
+        if hf.get("use_sliding_window") or windowed:
+            raise UnsupportedModelError(
+                "sliding-window attention is not supported (use_sliding_window="
+                f"{bool(hf.get('use_sliding_window'))}, layer_types with {windowed})"
+            )
         hidden = hf["hidden_size"]
         heads = hf["num_attention_heads"]
         # Qwen2 derives head_dim; Qwen3 states it and it may differ from hidden / heads.
