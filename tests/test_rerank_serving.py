@@ -228,6 +228,34 @@ def test_gateway_cohere_request(stack, expected):
     assert models[0]["prompt_names"] == ["document", "query"]  # the demo embedder's
 
 
+def test_vllm_score_api_on_the_reranker(stack, reranker, expected):
+    """vLLM's /score with the reranker's name answers its relevance (what vLLM answers for a
+    cross-encoder): one query against every text_2, or pairwise; its fields named."""
+    _, base = stack
+    want, counts = expected
+    status, body = post(
+        f"{base}/v1/score", {"model": "rerank", "text_1": QUERY, "text_2": DOCUMENTS}
+    )
+    assert status == 200, body
+    assert [d["index"] for d in body["data"]] == list(range(len(DOCUMENTS)))
+    assert np.abs(np.array([d["score"] for d in body["data"]]) - want).max() <= FP32_ABS
+    assert body["usage"]["prompt_tokens"] == int(counts.sum()) and body["model"] == "rerank"
+    other = "Where is the Eiffel Tower?"
+    pairs = {"model": "rerank", "text_1": [QUERY, other], "text_2": DOCUMENTS[:2]}
+    status, body = post(f"{base}/score", pairs)
+    assert status == 200, body
+    ids = model_card_pairs(reranker, QUERY, DOCUMENTS[:1], instruction=DEFAULT_TASK)
+    ids += model_card_pairs(reranker, other, DOCUMENTS[1:2], instruction=DEFAULT_TASK)
+    got = np.array([d["score"] for d in body["data"]])
+    assert np.abs(got - reference_scores(reranker, ids)).max() <= FP32_ABS
+    status, body = post(f"{base}/v1/score", pairs | {"dimensions": 8})
+    assert status == 400 and body["error"]["param"] == "dimensions", body
+    long = pairs | {"text_1": [QUERY, "long query " * 3000]}
+    status, body = post(f"{base}/v1/score", long)
+    assert status == 400 and body["error"]["param"] == "text_1", body
+    assert "'text_1[1]'" in body["error"]["message"], body
+
+
 def test_client_library_splits_and_ranks(stack, expected):
     server, _ = stack
     want, counts = expected
@@ -377,6 +405,10 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack, expected):
             ["query", "documents", "top_n", "max_tokens_per_doc"],
         ),
         "/v1/score": ({"model": "embed", "text_1": "a", "text_2": ["b"]}, ["text_1", "text_2"]),
+        "/score": (  # the same route on the reranker
+            {"model": "rerank", "text_1": ["a", "b"], "text_2": ["c", "d"]},
+            ["text_1", "text_2", "dimensions"],
+        ),
     }
     refused = 0
     for path, body in odd_bodies(routes, seed=1):

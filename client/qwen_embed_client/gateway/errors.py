@@ -113,11 +113,11 @@ Items = str | Callable[[int], str]
 
 
 def backend_error(
-    e: EmbeddingError, params: tuple[str, ...] = (), items: Items | None = None
+    e: EmbeddingError, params: tuple[str, ...] = (), items: Items | None = None, query="query"
 ) -> APIError:
     """A failed Triton request as an APIError naming the request field it is about: one of
-    `params` its message names as a parameter, else the body's item (`items`) or query where
-    it names a Triton input, else one of `params` it mentions."""
+    `params` its message names as a parameter, else the body's item (`items`) or `query`
+    where it names a Triton input, else one of `params` it mentions."""
     message = _ENSEMBLE.sub("", str(e))
     if "queue size" in message or "RESOURCE_EXHAUSTED" in str(e.status):
         return APIError(OVERLOADED, f"server overloaded: {message}")
@@ -126,7 +126,7 @@ def backend_error(
     if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
         return APIError(NOT_FOUND, f"the backend does not serve this model: {message}", "model")
     if "INVALID_ARG" in str(e.status) or e.status in ("400", "StatusCode.INVALID_ARGUMENT"):
-        message, field = _body_inputs(message, items)
+        message, field = _body_inputs(message, items, query)
         named = [p for p in params if f"parameter '{p}'" in message]
         loose = [p for p in params if p.upper() in message.upper()]
         param = next(iter(named + ([field] if field else []) + loose), None)
@@ -134,7 +134,7 @@ def backend_error(
     return APIError(BACKEND, message)
 
 
-def _body_inputs(message: str, items: Items | None) -> tuple[str, str | None]:
+def _body_inputs(message: str, items: Items | None, query: str) -> tuple[str, str | None]:
     """The message with the Triton inputs it names written as the body's fields, and the
     first of those fields (without its index)."""
     named = []
@@ -142,7 +142,7 @@ def _body_inputs(message: str, items: Items | None) -> tuple[str, str | None]:
     def field(m: re.Match) -> str:
         name, index = m[1], m[2]
         if name == "QUERY":
-            path = "query"
+            path = query
         elif items is None:
             return m[0]
         elif isinstance(items, str):

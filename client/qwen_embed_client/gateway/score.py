@@ -1,22 +1,25 @@
-"""Late-interaction scoring on the embed model, in vLLM's score API: POST /v1/score (and
-/score) {model, text_1, text_2} -> {data: [{index, object: "score", score}], usage}.
+"""vLLM's score API: POST /v1/score (and /score) {model, text_1, text_2} -> {data: [{index,
+object: "score", score}], usage}. `text_1` is one query (scored against each of `text_2`) or a
+list as long as `text_2` (scored pairwise).
 
-A score is MaxSim (maxsim.py) over both texts' normalised per-token vectors. It is its own
-route, not a `method` of the rerank routes: those answer with the reranker (a cross-encoder,
-another model, `rerank_model_name`) and its [0, 1] relevance, while MaxSim sums cosines of the
-embed model's tokens. `text_1` is one query (scored against each of `text_2`) or a list as long
-as `text_2` (scored pairwise); `prompt_name` (an extension) prefixes `text_1`'s texts only,
-`dimensions` cuts the token vectors.
+On the embed model, late interaction: a score is MaxSim (maxsim.py) over both texts'
+normalised per-token vectors; `prompt_name` (an extension) prefixes `text_1`'s texts only,
+`dimensions` cuts the token vectors. With `model` the reranker's name (`rerank_model_name`),
+what vLLM answers for a cross-encoder: the reranker's relevance of each pair (one rerank
+request for one query; pairwise, one per pair, as vLLM scores a listwise reranker's pairs).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
+from ..client import EmbeddingError
 from ..maxsim import maxsim
 from .bodies import Body, TextInputs
 from .common import check_model, embed_tokens, vllm_list
-from .errors import invalid, json_body, options_checked
+from .errors import backend_error, invalid, json_body, options_checked
 from .state import gateway, respond
 
 router = APIRouter(tags=["openai"])
@@ -35,7 +38,6 @@ class ScoreRequest(Body):
 async def score(request: Request):
     gw = gateway(request)
     asked = ScoreRequest.parse(await json_body(request))
-    check_model(asked.model, gw.model_names)
     queries, documents = asked.text_1, asked.text_2
     if len(queries) != 1 and len(queries) != len(documents):
         raise invalid(
@@ -43,6 +45,9 @@ async def score(request: Request):
             f"got {len(queries)}",
             "text_1",
         )
+    if gw.rerank_model_name and asked.model == gw.rerank_model_name:
+        return await _reranker_scores(gw, asked)
+    check_model(asked.model, gw.model_names)
     common = {"normalize": True} | asked.given("dimensions")
     prompt = asked.given("prompt_name")
     query_vectors = await embed_tokens(gw, queries, options_checked(**common, **prompt), "text_1")
@@ -57,3 +62,32 @@ async def score(request: Request):
         len(v) for v in document_vectors
     )
     return await respond(gw, vllm_list(gw, "score", data, tokens))
+
+
+async def _reranker_scores(gw, asked: ScoreRequest) -> dict:
+    for name in ("dimensions", "prompt_name"):
+        if getattr(asked, name) is not None:
+            raise invalid(
+                f"'{name}' applies to the embed model's token vectors, not to the reranker "
+                f"{gw.rerank_model_name!r}",
+                name,
+            )
+    queries, documents = asked.text_1, asked.text_2
+    if len(queries) == 1:
+        groups = [(0, queries[0], documents)]
+    else:
+        groups = [(i, q, [d]) for i, (q, d) in enumerate(zip(queries, documents, strict=True))]
+
+    async def scored(start: int, query: str, texts: list[str]):
+        try:
+            return await gw.client.rerank(query, texts, headers=gw.outgoing())
+        except EmbeddingError as e:
+            at = "text_1" if len(queries) == 1 else f"text_1[{start}]"
+            raise backend_error(e, (), lambda i: f"text_2[{start + i}]", at) from e
+
+    results = await asyncio.gather(*(scored(*g) for g in groups))
+    scores = [float(s) for r in results for s in r.scores]
+    data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
+    tokens = sum(int(r.token_counts.sum()) for r in results)
+    body = vllm_list(gw, "score", data, tokens) | {"model": gw.rerank_model_name}
+    return await respond(gw, body)
