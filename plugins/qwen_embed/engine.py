@@ -519,7 +519,7 @@ class Encoder:
         if not self.config.listwise:
             raise ValueError("rank_blocks needs a listwise reranker (JinaForRanking)")
         texts = [ChunkedText(ids, head.spans(ids)) for ids in blocks]
-        return listwise_scores(self._pool_chunks(texts, head, head.second.shape[0]))
+        return listwise_scores(self._pool_chunks(texts, head, head.width))
 
     def classify(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are

@@ -117,6 +117,10 @@ class ListwiseHead(nn.Module):
         self.first = _loaded(torch.empty(hidden_size // 2, hidden_size), "projector.0.weight")
         self.second = _loaded(torch.empty(width, hidden_size // 2), "projector.2.weight")
 
+    @property
+    def width(self) -> int:
+        return self.second.shape[0]
+
     def spans(self, ids: np.ndarray) -> np.ndarray:
         """(start, end) token spans that end at each marker: the documents' in order, then
         the query's, which must be the one after them all (ValueError otherwise)."""
