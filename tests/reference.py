@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -332,6 +333,14 @@ def make_classifier(directory: Path, labels=("negative", "neutral", "positive"),
     return _save_seeded(directory, Qwen3ForSequenceClassification, config, seed)
 
 
+@functools.cache
+def auto_tokenizer(model_dir: Path):
+    """transformers' tokenizer of a checkpoint, loaded once per session (only read here)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 def reference_scores(
     model_dir: Path, sequences, dtype=torch.float32, answers=("yes", "no")
 ) -> np.ndarray:
@@ -339,12 +348,12 @@ def reference_scores(
     the two answer tokens from the full output head at the last position (Qwen3-Reranker's
     model card: "yes"/"no"; mxbai-rerank-v2's: "1"/"0", the sigmoid of its logit difference),
     or the sigmoid of a sequence-classification head."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
     cls = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = auto_tokenizer(model_dir)
     yes, no = tok.convert_tokens_to_ids(list(answers))
     scores = []
     with torch.no_grad():
@@ -363,9 +372,7 @@ def model_card_pairs(
 ) -> list[list[int]]:
     """Token ids exactly as Qwen3-Reranker's model card builds them (written out here, apart
     from the server's code): prefix + tokenizer(pairs, truncation) + suffix."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = auto_tokenizer(model_dir)
     prefix = (
         "<|im_start|>system\nJudge whether the Document meets the requirements based on "
         'the Query and the Instruct provided. Note that the answer can only be "yes" or '
@@ -390,9 +397,7 @@ def mxbai_pairs(model_dir: Path, query: str, documents, *, instruction=None) -> 
     builds them, written out here apart from the server's code: every part tokenized alone,
     without special tokens, and joined: chat prefix + query side + separator + document side
     + separator + task + chat suffix (no truncation: the documents here are short)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = auto_tokenizer(model_dir)
 
     def ids(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]
@@ -424,20 +429,12 @@ def mxbai_pairs(model_dir: Path, query: str, documents, *, instruction=None) -> 
     ]
 
 
-def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
+def jina_blocks(model_dir: Path, query: str, documents, instruction=None) -> list[list[int]]:
     """jina-reranker-v3's `rerank` written out here apart from the server's code (its model
-    card's recipe): texts cut (query 512 tokens, documents 2,048, decoded back), blocks of up
-    to 125 documents while more than 2,048 of model_max_length is left after twice the query,
-    one prompt per block; transformers' Qwen3Model in fp32, its projector at the markers,
-    cosines, the blocks' query vectors averaged by their best (1 + cosine) / 2.
-    Returns (scores [n], each block's token ids)."""
-    from safetensors import safe_open
-    from transformers import AutoTokenizer, Qwen3Model
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = Qwen3Model.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
-        w0, w2 = f.get_tensor("projector.0.weight"), f.get_tensor("projector.2.weight")
+    card's recipe), up to its forwards: texts cut (query 512 tokens, documents 2,048, decoded
+    back), blocks of up to 125 documents while more than 2,048 of model_max_length is left
+    after twice the query, one prompt per block; each block's token ids."""
+    tok = auto_tokenizer(model_dir)
     markers = {"doc": "<|embed_token|>", "query": "<|rerank_token|>"}
 
     def cut(text, limit):
@@ -481,12 +478,24 @@ def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
             blocks.append(block)
             block, room = [], tok.model_max_length - 2 * query_length
     blocks += [block] if block else []
-    doc_id, query_id = tok.convert_tokens_to_ids([markers["doc"], markers["query"]])
-    doc_vectors, query_vectors, weights, block_ids = [], [], [], []
+    return [tok(prompt(docs))["input_ids"] for docs in blocks]
+
+
+def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
+    """jina_blocks, then its forwards: transformers' Qwen3Model in fp32, its projector at the
+    markers, cosines, the blocks' query vectors averaged by their best (1 + cosine) / 2.
+    Returns (scores [n], each block's token ids)."""
+    from safetensors import safe_open
+
+    tok = auto_tokenizer(model_dir)
+    model = Qwen3Model.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
+        w0, w2 = f.get_tensor("projector.0.weight"), f.get_tensor("projector.2.weight")
+    doc_id, query_id = tok.convert_tokens_to_ids(["<|embed_token|>", "<|rerank_token|>"])
+    block_ids = jina_blocks(model_dir, query, documents, instruction)
+    doc_vectors, query_vectors, weights = [], [], []
     with torch.no_grad():
-        for docs in blocks:
-            ids = tok(prompt(docs))["input_ids"]
-            block_ids.append(ids)
+        for ids in block_ids:
             hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
             ids = torch.tensor(ids)
             projected = torch.relu(hidden @ w0.float().T) @ w2.float().T

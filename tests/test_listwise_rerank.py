@@ -12,7 +12,7 @@ from qwen_embed import Encoder
 from qwen_embed_client.contract import RequestError, RerankOptions
 from qwen_embed_deploy.serving.listwise import BlockTokenizer
 
-from reference import jina_rerank
+from reference import jina_blocks, jina_rerank
 
 FP32_ABS = 1e-4
 BF16_ABS = 2e-2
@@ -37,28 +37,29 @@ def blocks_of(rows):
     return [r for r in rows if r]
 
 
-def test_block_ids_are_its_recipes(jina, expected):
+def test_block_ids_are_its_recipes(jina):
     """The rows: each block's prompt on its first document's row, none on the others; the
     documents here make several blocks (the replica's tokenizer length is 2,800)."""
     rows = BlockTokenizer(jina, 4096).encode(QUERY, DOCUMENTS, RerankOptions())
     assert len(rows) == len(DOCUMENTS)
-    assert blocks_of(rows) == expected[1]
-    assert len(expected[1]) >= 2
+    blocks = jina_blocks(jina, QUERY, DOCUMENTS)
+    assert blocks_of(rows) == blocks and len(blocks) >= 2
+    assert [len(r) > 0 for r in rows].count(True) == len(blocks)
     instructed = BlockTokenizer(jina, 4096).encode(
         QUERY, DOCUMENTS[:1], RerankOptions(instruction="Prefer short passages")
     )
-    assert instructed == jina_rerank(jina, QUERY, DOCUMENTS[:1], "Prefer short passages")[1]
+    assert instructed == jina_blocks(jina, QUERY, DOCUMENTS[:1], "Prefer short passages")
 
 
 def test_long_texts_are_cut_as_its_recipe_cuts_them(jina):
     long = "tea " * 2500  # past the 2,048 tokens a document keeps
     rows = BlockTokenizer(jina, 4096).encode("green " * 600, [long, "x"], RerankOptions())
-    assert blocks_of(rows) == jina_rerank(jina, "green " * 600, [long, "x"])[1]
+    assert blocks_of(rows) == jina_blocks(jina, "green " * 600, [long, "x"])
     with pytest.raises(RequestError, match=r"DOCUMENTS\[0\].*2048.*truncate"):
         BlockTokenizer(jina, 4096).encode(QUERY, [long], RerankOptions(truncate=False))
     # A limit below the tokenizer's length: smaller blocks, each within it.
     rows = BlockTokenizer(jina, 1024).encode(QUERY, DOCUMENTS, RerankOptions())
-    assert len(blocks_of(rows)) > len(jina_rerank(jina, QUERY, DOCUMENTS)[1])
+    assert len(blocks_of(rows)) > len(jina_blocks(jina, QUERY, DOCUMENTS))
     assert max(len(b) for b in blocks_of(rows)) <= 1024 and len(rows) == len(DOCUMENTS)
     with pytest.raises(RequestError, match="QUERY.*limit of 300"):
         BlockTokenizer(jina, 300).encode(QUERY, [long], RerankOptions())
@@ -85,10 +86,10 @@ def test_bf16_and_tp2_scores(jina, expected):
         assert np.abs(enc.rank_blocks(expected[1]) - expected[0]).max() <= FP32_ABS
 
 
-def test_a_listwise_reranker_only_reranks_and_needs_its_markers(jina, expected):
+def test_a_listwise_reranker_only_reranks_and_needs_its_markers(jina):
     with pytest.raises(ValueError, match="listwise reranker.*only reranks"):
         Encoder.from_pretrained(jina, task="embed")
     with Encoder.from_pretrained(jina, dtype="float32") as enc:
-        block = list(expected[1][0])
+        block = list(jina_blocks(jina, QUERY, DOCUMENTS)[0])
         with pytest.raises(ValueError, match="document markers followed by one query marker"):
             enc.rank_blocks([block[: len(block) // 3]])
