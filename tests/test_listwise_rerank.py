@@ -57,6 +57,8 @@ def test_long_texts_are_cut_as_its_recipe_cuts_them(jina):
     assert blocks_of(rows) == jina_blocks(jina, "green " * 600, [long, "x"])
     with pytest.raises(RequestError, match=r"DOCUMENTS\[0\].*2048.*truncate"):
         BlockTokenizer(jina, 4096).encode(QUERY, [long], RerankOptions(truncate=False))
+    with pytest.raises(RequestError, match=r"QUERY\[0\].*512.*truncate"):
+        BlockTokenizer(jina, 4096).encode("green " * 600, ["x"], RerankOptions(truncate=False))
     # A limit below the tokenizer's length: smaller blocks, each within it.
     rows = BlockTokenizer(jina, 1024).encode(QUERY, DOCUMENTS, RerankOptions())
     assert len(blocks_of(rows)) > len(jina_blocks(jina, QUERY, DOCUMENTS))

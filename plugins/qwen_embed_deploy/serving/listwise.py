@@ -77,12 +77,9 @@ class BlockTokenizer:
         """Per document a row: its block's token ids on each block's first document, [] on
         the others."""
         if opts.max_document_tokens is not None:
-            documents = [self._cut(d, opts.max_document_tokens)[0] for d in documents]
-        query, query_tokens = self._cut(query, QUERY_TOKENS, opts.truncate, "QUERY")
-        cut = [
-            self._cut(d, DOCUMENT_TOKENS, opts.truncate, f"DOCUMENTS[{i}]")
-            for i, d in enumerate(documents)
-        ]
+            documents = [d for d, _ in self._cut(documents, opts.max_document_tokens)]
+        ((query, query_tokens),) = self._cut([query], QUERY_TOKENS, opts.truncate, "QUERY")
+        cut = self._cut(documents, DOCUMENT_TOKENS, opts.truncate, "DOCUMENTS")
         rows: list[list[int]] = []
         for block in self._blocks([n for _, n in cut], query_tokens):
             for ids, size in self._fitted(query, [cut[i][0] for i in block], opts.instruction):
@@ -90,19 +87,23 @@ class BlockTokenizer:
         return rows
 
     def _cut(
-        self, text: str, limit: int, truncate: bool = True, field: str = ""
-    ) -> tuple[str, int]:
-        """(the text, or its first `limit` tokens decoded back; its token count, at most
-        `limit`) as its `rerank` cuts it."""
-        ids = self._tok.encode(text).ids
-        if len(ids) < limit:
-            return text, len(ids)
-        if len(ids) > limit and not truncate:
-            raise RequestError(
-                f"input '{field}' has {len(ids)} tokens, more than this reranker reads "
-                f"({limit}; send truncate=true to cut it)"
-            )
-        return self._tok.decode(ids[:limit], skip_special_tokens=False), limit
+        self, texts: list[str], limit: int, truncate: bool = True, field: str = ""
+    ) -> list[tuple[str, int]]:
+        """Per text (it, or its first `limit` tokens decoded back; its token count, at most
+        `limit`) as its `rerank` cuts it; `field` (an input) names a text refused without
+        `truncate`."""
+        out = []
+        for i, enc in enumerate(self._tok.encode_batch(texts)):
+            if len(enc.ids) < limit:
+                out.append((texts[i], len(enc.ids)))
+                continue
+            if len(enc.ids) > limit and not truncate:
+                raise RequestError(
+                    f"input '{field}[{i}]' has {len(enc.ids)} tokens, more than this reranker "
+                    f"reads ({limit}; send truncate=true to cut it)"
+                )
+            out.append((self._tok.decode(enc.ids[:limit], skip_special_tokens=False), limit))
+        return out
 
     def _blocks(self, lengths: list[int], query_tokens: int) -> list[list[int]]:
         """Documents' indices per block: a block ends at BLOCK_DOCUMENTS documents or when
