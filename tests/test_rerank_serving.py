@@ -137,7 +137,7 @@ def test_mxbai_scores_equal_transformers(stack, mxbai, protocol):
 def test_listwise_scores_equal_its_recipe(stack, jina, protocol):
     """jina-reranker-v3 through the same ensemble: one row per document, each block's tokens
     counted on its first document's row; scores its own `rerank`'s, with an instruction too,
-    and a bad block refused for that request only."""
+    and a document past its cut without truncate refused for that request only."""
     server, _ = stack
     documents = [d * 40 for d in DOCUMENTS]  # several blocks (the replica's length is 2,800)
     for instruction in (None, "Prefer code"):
