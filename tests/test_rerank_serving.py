@@ -177,6 +177,14 @@ def test_gateway_answers_a_listwise_rerankers_cosines_as_its_raw_scores(stack, j
             "/v1/rerank",
             json={"query": QUERY, "documents": DOCUMENTS, "use_activation": False},
         ).json()["results"]
+        body = {"model": "jina", "text_1": QUERY, "text_2": DOCUMENTS}
+        one = client.post("/v1/score", json=body).json()
+        pairs = {"model": "jina", "text_1": [QUERY, QUERY], "text_2": DOCUMENTS[:2]}
+        pairwise = client.post("/v1/score", json=pairs).json()
+    # /score: one query reads every document with it; pairwise, each pair alone, as vLLM
+    assert np.abs(np.array([d["score"] for d in one["data"]]) - want).max() <= FP32_ABS
+    alone = [jina_rerank(jina, QUERY, [d])[0][0] for d in DOCUMENTS[:2]]
+    assert np.abs(np.array([d["score"] for d in pairwise["data"]]) - alone).max() <= FP32_ABS
     for got in (
         {r["index"]: r["logit"] for r in nim},
         {r["index"]: r["score"] for r in tei},

@@ -185,8 +185,7 @@ class AsyncEmbeddingClient:
         self.backoff_s = backoff_s
         self.bench_s = bench_s
         self._servers: list[_Server] | None = None
-        self._facts: tuple[float, dict] | None = None  # (when read, served_facts)
-        self._score_kind: tuple[float, str] | None = None  # (when read, score_kind)
+        self._facts: dict[str, tuple[float, dict]] = {}  # model -> (when read, served_facts)
 
     def _connect(self) -> list[_Server]:
         # Created lazily, inside the loop that will use them (aio clients bind to it).
@@ -289,28 +288,26 @@ class AsyncEmbeddingClient:
 
         return np.concatenate(await self._split(len(items), send))
 
-    async def served_facts(self) -> dict:
-        """The embed model's facts: its tokenizer's and encoder's (contract.FACTS), with
-        `fingerprint` the whole model's (contract.model_fingerprint; None if unpublished).
-        Two config reads, remembered for FACTS_TTL_S once both steps answered."""
+    async def served_facts(self, model: str | None = None) -> dict:
+        """An ensemble's facts (default the embed model's): its tokenizer's and encoder's
+        (contract.FACTS), with `fingerprint` the whole model's (contract.model_fingerprint;
+        None if unpublished). Two config reads, remembered for FACTS_TTL_S once both steps
+        answered."""
+        model = model or self.model
         now = time.monotonic()
-        if self._facts is not None and now - self._facts[0] <= FACTS_TTL_S:
-            return self._facts[1]
-        tokenizer, encoder = [await self.model_facts(m) for m in ensemble_steps(self.model)]
+        held = self._facts.get(model)
+        if held is not None and now - held[0] <= FACTS_TTL_S:
+            return held[1]
+        tokenizer, encoder = [await self.model_facts(m) for m in ensemble_steps(model)]
         facts = {**encoder, **tokenizer, "fingerprint": model_fingerprint(tokenizer, encoder)}
         if tokenizer and encoder:
-            self._facts = (now, facts)
+            self._facts[model] = (now, facts)
         return facts
 
     async def score_kind(self) -> str:
         """What the rerank model's scores are (its encoder's `scores` fact): "probability",
-        P(relevant) in [0, 1], or "cosine" (a listwise reranker's, in [-1, 1]); remembered
-        for FACTS_TTL_S."""
-        now = time.monotonic()
-        if self._score_kind is None or now - self._score_kind[0] > FACTS_TTL_S:
-            facts = await self.model_facts(ensemble_steps(self.rerank_model)[1])
-            self._score_kind = (now, facts.get("scores", "probability"))
-        return self._score_kind[1]
+        P(relevant) in [0, 1], or "cosine" (a listwise reranker's, in [-1, 1])."""
+        return (await self.served_facts(self.rerank_model)).get("scores", "probability")
 
     async def model_fingerprint(self) -> str | None:
         return (await self.served_facts())["fingerprint"]

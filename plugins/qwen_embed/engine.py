@@ -509,17 +509,21 @@ class Encoder:
         are its templated sequences, each the query and a block of documents with their
         markers (qwen_embed_deploy.serving.listwise builds them); float32 [documents] in
         order, cosines in [-1, 1] (heads.listwise_scores)."""
-        return self.rank_blocks_checked(self.check_sequences(blocks))
+        return self.rank_blocks_checked(self.check_blocks(self.check_sequences(blocks)))
 
-    def rank_blocks_checked(self, blocks: list[np.ndarray]) -> np.ndarray:
-        """`rank_blocks` for sequences that already passed `check_sequence`: one call per
-        query (its blocks' scores are merged), the blocks' markers read out as late chunks."""
+    def check_blocks(self, blocks: list[np.ndarray]) -> list[ChunkedText]:
+        """Sequences that passed `check_sequence` as a listwise reranker's blocks: each with
+        its markers as late chunks, the documents' then the query's (ValueError otherwise)."""
         self._require("rerank")
-        head = self.model.head
         if not self.config.listwise:
             raise ValueError("rank_blocks needs a listwise reranker (JinaForRanking)")
-        texts = [ChunkedText(ids, head.spans(ids)) for ids in blocks]
-        return listwise_scores(self._pool_chunks(texts, head, head.width))
+        return [ChunkedText(ids, self.model.head.spans(ids)) for ids in blocks]
+
+    def rank_blocks_checked(self, blocks: list[ChunkedText]) -> np.ndarray:
+        """`rank_blocks` for one query's blocks from `check_blocks`: one call (its blocks'
+        scores are merged); a block's documents are its chunks but the last."""
+        head = self.model.head
+        return listwise_scores(self._pool_chunks(blocks, head, head.width))
 
     def classify(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are

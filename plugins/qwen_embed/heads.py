@@ -78,22 +78,9 @@ class ScoreHead(nn.Module):
         self, hidden_size: int, checkpoint_name: str, rows: list[int] | None, labels: int = 1
     ):
         super().__init__()
-        self.rows = rows  # vocabulary rows to keep (None: the whole tensor, a `score` head)
+        # `rows`: the vocabulary rows to keep (None: the whole tensor, a `score` head)
         count = len(rows) if rows is not None else labels
-        # float32 whatever the model's dtype: two rows cost nothing and scores stay precise.
-        self.weight = nn.Parameter(
-            torch.empty(count, hidden_size, dtype=torch.float32), requires_grad=False
-        )
-        self.weight.checkpoint_name = checkpoint_name
-        self.weight.weight_loader = self._load
-
-    def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
-        picked = full[self.rows] if self.rows is not None else full
-        if picked.shape != param.shape:
-            raise ValueError(
-                f"head rows have shape {tuple(picked.shape)}, expected {tuple(param.shape)}"
-            )
-        param.data.copy_(picked.to(param.dtype))
+        self.weight = _loaded(torch.empty(count, hidden_size), checkpoint_name, rows)
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
         logits = last_hidden.float() @ self.weight.t()
@@ -138,13 +125,19 @@ class ListwiseHead(nn.Module):
         return F.linear(F.relu(F.linear(states.float(), self.first)), self.second)
 
 
-def _loaded(tensor: torch.Tensor, checkpoint_name: str) -> nn.Parameter:
-    """An fp32 head parameter the checkpoint loader fills from `checkpoint_name`."""
+def _loaded(
+    tensor: torch.Tensor, checkpoint_name: str, rows: list[int] | None = None
+) -> nn.Parameter:
+    """A head parameter the checkpoint loader fills from `checkpoint_name` (its `rows` only,
+    if given), in fp32 whatever the model's dtype: heads are small, and scores stay precise."""
 
     def load(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
-        if full.shape != param.shape:
-            raise ValueError(f"has shape {tuple(full.shape)}, expected {tuple(param.shape)}")
-        param.data.copy_(full.to(param.dtype))
+        picked = full[rows] if rows is not None else full
+        if picked.shape != param.shape:
+            raise ValueError(
+                f"head rows have shape {tuple(picked.shape)}, expected {tuple(param.shape)}"
+            )
+        param.data.copy_(picked.to(param.dtype))
 
     param = nn.Parameter(tensor.float(), requires_grad=False)
     param.checkpoint_name = checkpoint_name

@@ -5,14 +5,16 @@ list as long as `text_2` (scored pairwise).
 On the embed model, late interaction: a score is MaxSim (maxsim.py) over both texts'
 normalised per-token vectors; `prompt_name` (an extension) prefixes `text_1`'s texts only,
 `dimensions` cuts the token vectors. With `model` the reranker's name (`rerank_model_name`),
-what vLLM answers for a cross-encoder: the reranker's relevance of each pair (one rerank
-request for one query; pairwise, one per pair, as vLLM scores a listwise reranker's pairs).
+what vLLM answers for a cross-encoder: the reranker's relevance of each pair (a rerank request
+per distinct query, at most the client's requests in flight at once; per pair for a listwise
+reranker, as vLLM scores its pairs).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 from fastapi import APIRouter, Request
 
 from ..client import EmbeddingError
@@ -73,21 +75,30 @@ async def _reranker_scores(gw, asked: ScoreRequest) -> dict:
                 name,
             )
     queries, documents = asked.text_1, asked.text_2
+    # One rerank request per distinct query; a listwise reranker's pairs one by one (its
+    # score of a document depends on the others read with it), as vLLM scores them.
+    per_pair = len(queries) > 1 and await gw.client.score_kind() == "cosine"
     if len(queries) == 1:
-        groups = [(0, queries[0], documents)]
-    else:
-        groups = [(i, q, [d]) for i, (q, d) in enumerate(zip(queries, documents, strict=True))]
+        queries = queries * len(documents)
+    groups: dict = {}
+    for i, query in enumerate(queries):
+        groups.setdefault(i if per_pair else query, []).append(i)
+    slots = asyncio.Semaphore(gw.client.requests_in_flight)  # Triton's queues are bounded
 
-    async def scored(start: int, query: str, texts: list[str]):
-        try:
-            return await gw.client.rerank(query, texts, headers=gw.outgoing())
-        except EmbeddingError as e:
-            at = "text_1" if len(queries) == 1 else f"text_1[{start}]"
-            raise backend_error(e, (), lambda i: f"text_2[{start + i}]", at) from e
+    async def scored(indices: list[int]):
+        at = "text_1" if len(asked.text_1) == 1 else f"text_1[{indices[0]}]"
+        async with slots:
+            try:
+                texts = [documents[i] for i in indices]
+                result = await gw.client.rerank(queries[indices[0]], texts, headers=gw.outgoing())
+            except EmbeddingError as e:
+                raise backend_error(e, (), lambda j: f"text_2[{indices[j]}]", at) from e
+        return indices, result
 
-    results = await asyncio.gather(*(scored(*g) for g in groups))
-    scores = [float(s) for r in results for s in r.scores]
-    data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
-    tokens = sum(int(r.token_counts.sum()) for r in results)
+    scores, tokens = np.empty(len(documents)), 0
+    for indices, result in await asyncio.gather(*(scored(g) for g in groups.values())):
+        scores[indices] = result.scores
+        tokens += int(result.token_counts.sum())
+    data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
     body = vllm_list(gw, "score", data, tokens) | {"model": gw.rerank_model_name}
     return await respond(gw, body)

@@ -134,7 +134,7 @@ class TritonPythonModel:
         # metrics.flush): a client that reads the metrics after its response sees its request.
         all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
         all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
-        all_seqs += [b for _, _, blocks in listwise for b in blocks]
+        all_seqs += [b.ids for _, _, blocks in listwise for b in blocks]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
         requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
@@ -252,10 +252,12 @@ class TritonPythonModel:
     def _blocks(self, blobs):
         """A listwise reranker's blocks: one row per document, each block's sequence on its
         first document's row and nothing on the others (serving/listwise.py)."""
-        blocks = self.encoder.check_sequences(
-            [unpack_ids(b, j) for j, b in enumerate(blobs) if len(b) or j == 0]
+        blocks = self.encoder.check_blocks(
+            self.encoder.check_sequences(
+                [unpack_ids(b, j) for j, b in enumerate(blobs) if len(b) or j == 0]
+            )
         )
-        documents = sum(len(self.encoder.model.head.spans(b)) - 1 for b in blocks)
+        documents = sum(len(b.spans) - 1 for b in blocks)
         if documents != len(blobs):
             raise RequestError(
                 f"input 'TOKEN_IDS' holds {len(blobs)} rows for {documents} documents' markers"
