@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from qwen_embed.heads import listwise_scores
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.demo import make_listwise
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
@@ -93,35 +95,11 @@ def client_rows(name: str, make, counts, check, args, rate: str) -> list[dict]:
 
 
 def ensure_listwise(path: Path, pointwise: Path) -> Path:
-    """jina-reranker-v3's layout (`JinaForRanking`) from the pointwise reranker's weights: its
-    two marker tokens added to the tokenizer and the embedding table, a seeded projector."""
-    if (path / "config.json").is_file():
-        return path
-    from safetensors.torch import load_file, save_file
-    from tokenizers import AddedToken, Tokenizer
-
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer_config.json", "config.json"):
-        (path / name).write_text((pointwise / name).read_text())
-    tok = Tokenizer.from_file(str(pointwise / "tokenizer.json"))
-    tok.add_special_tokens([AddedToken(t, special=True) for t in LISTWISE_MARKERS])
-    tok.save(str(path / "tokenizer.json"))
-    weights = load_file(pointwise / "model.safetensors")
-    table = weights["model.embed_tokens.weight"]
-    g = torch.Generator().manual_seed(1)
-
-    def normal(*shape):
-        return (0.03 * torch.randn(*shape, generator=g)).to(table.dtype)
-
-    hidden = table.shape[1]
-    extra = normal(tok.get_vocab_size() - table.shape[0], hidden)
-    weights["model.embed_tokens.weight"] = torch.cat([table, extra])
-    weights["projector.0.weight"] = normal(hidden // 2, hidden)
-    weights["projector.2.weight"] = normal(512, hidden // 2)
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((path / "config.json").read_text())
-    config |= {"architectures": ["JinaForRanking"], "vocab_size": tok.get_vocab_size()}
-    (path / "config.json").write_text(json.dumps(config, indent=2))
+    """jina-reranker-v3's layout (`JinaForRanking`) from the pointwise reranker's weights
+    (demo.make_listwise)."""
+    if not (path / "config.json").is_file():
+        shutil.copytree(pointwise, path, dirs_exist_ok=True)
+        make_listwise(path)
     return path
 
 

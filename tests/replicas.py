@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3Model
 
-from qwen_embed.config import LISTWISE_MARKERS
-from qwen_embed_deploy.demo import write_tokenizer
+from qwen_embed_deploy.demo import make_listwise, write_tokenizer
 
 QWEN3_QUERY = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
@@ -405,25 +404,12 @@ def jina_reranker_v3(directory: Path, *, seed: int = 8, length: int = 2800) -> P
     2]), and the Qwen tokenizer with its two marker tokens added. The tokenizer's
     model_max_length (its blocks' length) is small, so a few documents make several blocks."""
     config = _tied_qwen3()
-    config.vocab_size = 151680  # the markers' ids follow Qwen3's added tokens
     config.max_position_embeddings = 4096
     model = Qwen3ForCausalLM(config)
     _noise(model, seed)
     model.save_pretrained(directory)
-    weights = load_file(directory / "model.safetensors")
-    hidden = config.hidden_size
-    g = torch.Generator().manual_seed(seed)
-    weights["projector.0.weight"] = 0.2 * torch.randn(hidden // 2, hidden, generator=g)
-    weights["projector.2.weight"] = 0.2 * torch.randn(512, hidden // 2, generator=g)
-    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
-    path = directory / "config.json"
-    _write_json(path, {**json.loads(path.read_text()), "architectures": ["JinaForRanking"]})
     write_tokenizer(directory, append_eos=False)
-    from tokenizers import AddedToken, Tokenizer
-
-    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    tok.add_special_tokens([AddedToken(t, special=True) for t in LISTWISE_MARKERS])
-    tok.save(str(directory / "tokenizer.json"))
+    make_listwise(directory, seed)
     path = directory / "tokenizer_config.json"
     _write_json(path, {**json.loads(path.read_text()), "model_max_length": length})
     return directory

@@ -195,6 +195,39 @@ def build_demo_model(
     return directory
 
 
+def make_listwise(directory: str | Path, seed: int = 1) -> Path:
+    """A tied Qwen3 reranker checkpoint in `directory` made into jina-reranker-v3's layout
+    (`JinaForRanking`), in place: its two marker tokens added to tokenizer.json and rows for
+    them to the embedding table, a seeded projector (`projector.0.weight` [hidden / 2,
+    hidden], `projector.2.weight` [512, hidden / 2]). Random weights, as every demo's."""
+    from safetensors.torch import load_file
+    from tokenizers import AddedToken, Tokenizer
+
+    from qwen_embed.config import LISTWISE_MARKERS
+
+    directory = Path(directory)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in LISTWISE_MARKERS])
+    tok.save(str(directory / "tokenizer.json"))
+    weights = load_file(directory / "model.safetensors")
+    table = weights["model.embed_tokens.weight"]
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape):
+        return (0.03 * torch.randn(*shape, generator=g)).to(table.dtype)
+
+    hidden = table.shape[1]
+    extra = normal(tok.get_vocab_size() - table.shape[0], hidden)
+    weights["model.embed_tokens.weight"] = torch.cat([table, extra])
+    weights["projector.0.weight"] = normal(hidden // 2, hidden)
+    weights["projector.2.weight"] = normal(512, hidden // 2)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config |= {"architectures": ["JinaForRanking"], "vocab_size": tok.get_vocab_size()}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory")
