@@ -269,6 +269,7 @@ def with_dense(directory: Path, out_features: int, *, seed: int = 4) -> Path:
     return directory
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 JINA_TASKS = ("retrieval", "text-matching", "classification", "clustering")
 
 
@@ -285,9 +286,8 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
     model = Qwen3Model(config)
     _noise(model, seed)
     model.to(torch.bfloat16).save_pretrained(directory)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for i, task in enumerate(JINA_TASKS):
-        lora = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, lora_dropout=0.1)
+        lora = LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS, lora_dropout=0.1)
         adapted = get_peft_model(Qwen3Model(config), lora)
         generator = torch.Generator().manual_seed(seed * 100 + i)
         with torch.no_grad():
@@ -315,6 +315,24 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
         directory / "config_sentence_transformers.json",
         {"prompts": {"query": "Query: ", "document": "Document: "}, "default_prompt_name": None},
     )
+    return directory
+
+
+def lora_finetune(directory: Path, base: Path, *, seed: int = 9, rank: int = 4) -> Path:
+    """A LoRA fine-tune of `base` as sentence-transformers saves one: the adapter (peft's
+    files, `base_model_name_or_path` the base's path), the tokenizer and the sentence-
+    transformers files in version 6's format, no config.json and no base weights."""
+    from peft import LoraConfig
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu")
+    model.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # trained: B is no longer zero
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    model.save_pretrained(str(directory))
     return directory
 
 

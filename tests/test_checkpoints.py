@@ -1,8 +1,9 @@
 """Real checkpoint layouts served through a real tritonserver against sentence-transformers.
 
 Replicas (tests/replicas.py): Qwen3-Embedding-0.6B's layout, gte-Qwen2-1.5B-instruct's layout,
-and a Qwen3 layout with its own prompt set and a default_prompt_name; a fourth deployment names
-the first by a Hugging Face model id resolved from a pre-filled cache with HF_HUB_OFFLINE=1.
+a Qwen3 layout with its own prompt set and a default_prompt_name, and a LoRA fine-tune of the
+first as sentence-transformers saves one (adapter only); two more deployments name the first and
+the fine-tune by Hugging Face model ids resolved from a pre-filled cache with HF_HUB_OFFLINE=1.
 Encoders run fp32; vectors must reach cosine >= 0.9999 against
 `SentenceTransformer(dir).encode(...)` for plain texts, every prompt name, `instruction` and a
 raw `prompt`, and TOKEN_COUNT must equal the reference tokenizer's count.
@@ -14,6 +15,8 @@ Qwen2Model with the EOS appended as that code does, written out here; the same r
 the EOS is checked against sentence-transformers, so only the EOS differs from it.
 """
 
+import json
+import os
 import shutil
 
 import pytest
@@ -24,6 +27,8 @@ from transformers import Qwen2Model
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
+from qwen_embed.adapters import AdapterError
+from qwen_embed.finetunes import ADAPTER_CONFIG
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import EmbedOptions, RequestError
 from qwen_embed_deploy.repository import render
@@ -31,7 +36,7 @@ from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from replicas import QWEN3_QUERY, gte_qwen2, qwen3_embedding
+from replicas import QWEN3_QUERY, gte_qwen2, lora_finetune, qwen3_embedding
 from triton_helpers import infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -50,19 +55,31 @@ CUSTOM_PROMPTS = {
     "query": "Represent this question: ",
 }
 MODEL_ID = "acme/tiny-embed"
+FINETUNE_ID = "acme/tiny-finetune"  # a LoRA fine-tune of MODEL_ID
+
+
+def cache_as(cache, model_id, directory):
+    """`directory` as the Hugging Face cache holds a snapshot of `model_id`."""
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    shutil.copytree(directory, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    return repo / "snapshots" / ("0" * 40)
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     cache = root / "hf-cache"
-    snapshot = cache / "models--acme--tiny-embed" / "snapshots" / ("0" * 40)
     qwen3 = qwen3_embedding(root / "Qwen3-Embedding-0.6B")
-    shutil.copytree(qwen3, snapshot)
-    (cache / "models--acme--tiny-embed" / "refs").mkdir()
-    (cache / "models--acme--tiny-embed" / "refs" / "main").write_text("0" * 40)
+    cache_as(cache, MODEL_ID, qwen3)
+    finetune = lora_finetune(root / "my-finetune", qwen3)
+    by_id = cache_as(cache, FINETUNE_ID, finetune)
+    adapter = json.loads((by_id / ADAPTER_CONFIG).read_text())
+    (by_id / ADAPTER_CONFIG).write_text(json.dumps(adapter | {"base_model_name_or_path": MODEL_ID}))
     return {
         "qwen3": qwen3,
+        "finetune": finetune,
         "gte": gte_qwen2(root / "gte-Qwen2-1.5B-instruct"),
         "custom": qwen3_embedding(
             root / "custom-prompts",
@@ -82,6 +99,8 @@ def server(dirs, tmp_path_factory):
         "gte": dirs["gte"],
         "custom": dirs["custom"],
         "byid": MODEL_ID,
+        "finetune": dirs["finetune"],
+        "finetune_byid": FINETUNE_ID,
     }
     overrides = {"encoder": {"dtype": "float32"}, "tokenizer": {"max_input_tokens": "8192"}}
     repo = render(where / "repo", deployments, overrides)
@@ -97,7 +116,7 @@ def st(dirs):
         name: SentenceTransformer(
             str(dirs[name]), device="cpu", model_kwargs={"dtype": torch.float32}
         )
-        for name in ("qwen3", "gte", "custom")
+        for name in ("qwen3", "gte", "custom", "finetune")
     }
 
 
@@ -163,6 +182,60 @@ def test_qwen3_embedding_layout(server, st, name):
         st_counts(model, TEXTS, "title: "),
         prompt="title: ",
     )
+
+
+@pytest.mark.parametrize("name", ["finetune", "finetune_byid"])
+def test_a_lora_finetune_is_served_over_its_base(server, st, name):
+    """A fine-tune as sentence-transformers saves it (the adapter, its base named by path or
+    by model id) against sentence-transformers loading the same directory: peft's forward."""
+    model = st["finetune"]
+    check(server, name, model.encode(TEXTS), st_counts(model, TEXTS, ""))
+    check(
+        server,
+        name,
+        model.encode(TEXTS, prompt_name="query"),
+        st_counts(model, TEXTS, model.prompts["query"]),
+        prompt_name="query",
+    )
+    base, _ = infer(server, TEXTS, model="qwen3")
+    assert cosine(base, model.encode(TEXTS)).max() < 0.99  # the adapter matters: this can fail
+
+
+def test_a_finetune_is_read_as_one_checkpoint(dirs, st, tmp_path):
+    """finetunes.py: the base's files, the fine-tune's over them and its adapter under
+    adapters/, laid out once per version of their files; what cannot be served is named."""
+    path = resolve_checkpoint(dirs["finetune"])
+    assert resolve_checkpoint(dirs["finetune"]) == path
+    assert (path / "config.json").is_file() and (path / "adapters" / "lora").is_dir()
+    assert not (path / "adapter_model.safetensors").exists()  # not among the base's weights
+    ids = [st["qwen3"].tokenizer(t)["input_ids"] for t in TEXTS]
+    with Encoder.from_pretrained(dirs["finetune"], dtype="float32", adapter="none") as enc:
+        assert enc.route.adapter is None  # the base model itself
+        assert cosine(enc.embed(ids), st["qwen3"].encode(TEXTS)).min() >= MIN_COSINE
+    copy = shutil.copytree(dirs["finetune"], tmp_path / "copy")
+    first = resolve_checkpoint(copy)
+    os.utime(copy / "adapter_model.safetensors", ns=(1, 1))  # another version of the adapter
+    assert resolve_checkpoint(copy) != first != path
+    adapter = json.loads((copy / ADAPTER_CONFIG).read_text())
+    for changes, error, message in [
+        (
+            {"base_model_name_or_path": str(tmp_path / "nowhere")},
+            CheckpointNotFoundError,
+            "is a fine-tune of .*nowhere",
+        ),
+        (
+            {"base_model_name_or_path": str(dirs["finetune"])},
+            AdapterError,
+            "an adapter over adapters",
+        ),
+        ({"peft_type": "IA3"}, AdapterError, "peft_type 'IA3'; only LoRA adapters are merged"),
+    ]:
+        (copy / ADAPTER_CONFIG).write_text(json.dumps(adapter | changes))
+        with pytest.raises(error, match=message):
+            Encoder.from_pretrained(copy, dtype="float32")
+    (copy / "adapter_model.safetensors").unlink()
+    with pytest.raises(AdapterError, match="no adapter_model.safetensors"):
+        resolve_checkpoint(copy)
 
 
 def test_gte_qwen2_layout(server, dirs):

@@ -219,8 +219,9 @@ def _sentence_files(directory, pooling: dict, dense: dict | None = None) -> None
 
 
 def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tmp_path):
-    """sentence_modules.py: the Pooling mode, a top-level `linear` and Dense modules chained by
-    width; what it cannot apply is refused by name, not ignored."""
+    """sentence_modules.py: the Pooling mode (as sentence-transformers before and since 6 write
+    it), a top-level `linear` and Dense modules chained by width; what it cannot apply is
+    refused by name, not ignored."""
     from qwen_embed.config import ModelConfig
     from qwen_embed.sentence_modules import SentenceModulesError
 
@@ -236,7 +237,21 @@ def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tm
             {"in_features": 96, "out_features": 32, "bias": False},
             "a projection from 96 features follows a vector of 128",
         ),
-        "max": ({"pooling_mode_max_tokens": True}, None, r"pooling \['pooling_mode_max_tokens'\]"),
+        "max": ({"pooling_mode_max_tokens": True}, None, r"pooling \['max'\]"),
+        # sentence-transformers 6 writes one `pooling_mode`
+        "mean6": ({"pooling_mode": "mean", "embedding_dimension": 128}, None, None),
+        "weighted6": ({"pooling_mode": "weightedmean"}, None, r"pooling \['weightedmean'\]"),
+        "two6": ({"pooling_mode": ["mean", "max"]}, None, r"pooling \['mean', 'max'\]"),
+        "residual": (
+            {"pooling_mode": "lasttoken"},
+            {"in_features": 128, "out_features": 128, "use_residual": True},
+            "use_residual false",
+        ),
+        "per token": (
+            {"pooling_mode": "lasttoken"},
+            {"in_features": 128, "out_features": 8, "module_input_name": "token_embeddings"},
+            "module_input_name sentence_embedding",
+        ),
         "prompt": (
             {"pooling_mode_mean_tokens": True, "include_prompt": False},
             None,
@@ -262,5 +277,6 @@ def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tm
         config = ModelConfig.from_dir(directory)
         widths = [(d.in_features, d.out_features) for d in config.sentence.dense]
         expected = {"mean": ("mean", [(96, 128)]), "dense": ("cls", [(96, 128), (128, 32)])}
+        expected["mean6"] = expected["mean"]
         assert (config.sentence.pooling, widths) == expected[name]
         assert config.embedding_size == widths[-1][1]

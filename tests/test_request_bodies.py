@@ -220,6 +220,10 @@ def test_jina_tasks_pick_the_checkpoints_prompts_or_an_instruction():
     for task, route in [("text-matching", retrieval), ("retrieval.query", matching)]:
         e = refusal(functools.partial(nim_options, route=route), {"task": task})
         assert e.param == "task" and f"merged '{route['adapter']}'" in e.message
+    # a fine-tune's adapter (qwen_embed.finetunes) is no task of Jina's: tasks take prompts
+    for task in ("retrieval.query", "text-matching"):
+        fine_tuned = nim_options({"task": task}, route={"adapter": "lora"})
+        assert fine_tuned == nim_options({"task": task}) and fine_tuned
     for field in ("embedding_type", "encoding_type"):  # Jina's clients send either
         _, _, encoding, kinds, _ = openai.parse_request({"input": "x", field: "base64"}, EMBED)
         assert (encoding, kinds) == (Encoding("base64"), ["float"])

@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # adapter_names serves processes without torch (config.py)
     import torch
 
 ADAPTERS = "adapters"
-# peft's key prefixes before the base model's own tensor names
-_PREFIXES = ("base_model.model.", "model.")
+# peft's key prefixes before the base model's own tensor names (a multimodal base's text
+# model is its `language_model.`, as loader._normalise reads the checkpoint)
+_PREFIXES = ("base_model.model.", "model.", "language_model.")
 
 
 class AdapterError(ValueError):
@@ -35,10 +36,13 @@ def adapter_names(model_dir: str | Path) -> list[str]:
 
 def resolve_adapter(setting: str, names: tuple[str, ...]) -> str | None:
     """settings.adapter as one of the checkpoint's adapter `names`, or None for the base
-    weights: "auto" takes `retrieval` (jina-embeddings-v5's default) where there are adapters."""
+    weights: "auto" takes the only one (a fine-tune's, finetunes.py), else `retrieval`
+    (jina-embeddings-v5's default) where there are adapters."""
     if setting == "none" or (setting == "auto" and not names):
         return None
-    chosen = "retrieval" if setting == "auto" else setting
+    chosen = setting
+    if setting == "auto":
+        chosen = names[0] if len(names) == 1 else "retrieval"
     if chosen not in names:
         raise AdapterError(
             f"adapter {chosen!r} is not among the checkpoint's ({list(names) or 'none'}); "
@@ -53,6 +57,11 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> dict[str, torch.Tens
         return {}
     folder = Path(model_dir) / ADAPTERS / task
     config = json.loads((folder / "adapter_config.json").read_text())
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(
+            f"{folder}: peft_type {config['peft_type']!r}; only LoRA adapters are merged "
+            "(peft's merge_and_unload() and save_pretrained() make a checkpoint of others)"
+        )
     if config.get("use_dora") or config.get("fan_in_fan_out"):
         raise AdapterError(f"{folder}: DoRA and fan_in_fan_out adapters are not supported")
     if config.get("bias", "none") != "none":

@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from . import finetunes
+
 # configs, tokenizer files and weights: never pickles, never the remote code
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*/config.json", "tokenizer.model", "*.txt"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -36,15 +38,28 @@ def _offline() -> bool:
 
 def resolve_checkpoint(name: str | Path) -> Path:
     """A directory holding config.json: `name` itself, or the cached (else downloaded)
-    snapshot of the Hugging Face model id `name`. Raises CheckpointNotFoundError naming the id
-    and the cache when neither works."""
+    snapshot of the Hugging Face model id `name`; a LoRA fine-tune (either) over its base
+    (finetunes.py). Raises CheckpointNotFoundError naming the id and the cache when neither
+    works."""
+    path = _located(name)
+    if not finetunes.is_finetune(path):
+        return path
+    base = finetunes.base_name(path)
+    try:
+        return finetunes.checkpoint(path, resolve_checkpoint(base))
+    except CheckpointNotFoundError as e:
+        raise CheckpointNotFoundError(f"{name} is a fine-tune of {base}: {e}") from e
+
+
+def _located(name: str | Path) -> Path:
     path = Path(name).expanduser()
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or finetunes.is_finetune(path):
         return path
     if path.exists() or not _REPO_ID.match(str(name)):
         raise CheckpointNotFoundError(
-            f"{name} is neither a checkpoint directory (no config.json there) nor a Hugging "
-            "Face model id like Qwen/Qwen3-Embedding-0.6B"
+            f"{name} is neither a checkpoint directory (no config.json or "
+            f"{finetunes.ADAPTER_CONFIG} there) nor a Hugging Face model id like "
+            "Qwen/Qwen3-Embedding-0.6B"
         )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError

@@ -130,8 +130,8 @@ def load_weights(
                 raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
             if name in seen:
                 raise CheckpointError(f"tensor {key!r} appears more than once")
-            if name in deltas:
-                full = (full.float() + deltas[name]).to(full.dtype)
+            if name in deltas:  # fp32: rounded once, to the parameter's dtype
+                full = full.float() + deltas[name]
             for param, shard_id in expected[name]:
                 try:
                     param.weight_loader(param, full, shard_id)

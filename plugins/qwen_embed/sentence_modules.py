@@ -24,11 +24,17 @@ from safetensors import safe_open
 from .loader import checkpoint_files
 
 # 1_Pooling/config.json's modes -> pooling.POOLING_METHODS
-POOLING_MODES = {
-    "pooling_mode_lasttoken": "last",
+POOLING_MODES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
+# sentence-transformers before 6 wrote a flag per mode instead of one `pooling_mode`
+_POOLING_FLAGS = {
+    "pooling_mode_lasttoken": "lasttoken",
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
 }
+POOLED = "sentence_embedding"  # what a Dense module reads after pooling
 # sentence-transformers Dense activations this engine applies (torch.nn names)
 ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "identity",
@@ -120,7 +126,11 @@ def _read_json(path: Path, default=None):
 
 def _pooling_mode(path: Path) -> str:
     config = _read_json(path)
-    chosen = [key for key, value in config.items() if key.startswith("pooling_mode") and value]
+    chosen = config.get("pooling_mode")
+    if chosen is None:
+        chosen = [_POOLING_FLAGS[key] for key, on in config.items() if key in _POOLING_FLAGS and on]
+    elif isinstance(chosen, str):
+        chosen = [chosen]
     if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
         raise SentenceModulesError(
             f"{path}: pooling {chosen} is not supported; one of {sorted(POOLING_MODES)}"
@@ -139,6 +149,11 @@ def _dense(folder: Path) -> Dense:
     if not weights.is_file():
         raise SentenceModulesError(
             f"{folder} has no model.safetensors; only safetensors weights are loaded"
+        )
+    if config.get("use_residual") or config.get("module_input_name", POOLED) != POOLED:
+        raise SentenceModulesError(
+            f"{folder}: only a Dense module on the pooled vector without a residual "
+            "(module_input_name sentence_embedding, use_residual false) is supported"
         )
     activation = config.get("activation_function", "torch.nn.modules.linear.Identity")
     if activation not in ACTIVATIONS:

@@ -53,8 +53,9 @@ class EncoderSettings:
     # "auto": the checkpoint's (sentence-transformers' Pooling module), else the last token
     pooling: str = "auto"
     max_batch_tokens: int = 16384  # tokens per forward; a longer text runs alone
-    # A task adapter the checkpoint ships (adapters/{name}/, jina-embeddings-v5), merged into
-    # the weights at load; "auto": `retrieval` where there are adapters; "none": base weights.
+    # A task adapter the checkpoint ships (adapters/{name}/: jina-embeddings-v5's, a LoRA
+    # fine-tune's), merged into the weights at load; "auto": the only one, else `retrieval`;
+    # "none": base weights.
     adapter: str = "auto"
     # "auto": a prefix that texts share is computed once (causal models, last-token pooling).
     prefix_reuse: str = "auto"
