@@ -342,17 +342,22 @@ def auto_tokenizer(model_dir: Path):
 
 
 def reference_scores(
-    model_dir: Path, sequences, dtype=torch.float32, answers=("yes", "no")
+    model_dir: Path, sequences, dtype=torch.float32, answers=("yes", "no"), adapter=None
 ) -> np.ndarray:
     """transformers, one sequence at a time: P(answers[0]) from the softmax over the logits of
     the two answer tokens from the full output head at the last position (Qwen3-Reranker's
     model card: "yes"/"no"; mxbai-rerank-v2's: "1"/"0", the sigmoid of its logit difference),
-    or the sigmoid of a sequence-classification head."""
+    or the sigmoid of a sequence-classification head; with peft's `adapter` directory over
+    the model (unmerged)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
     cls = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).eval()
     tok = auto_tokenizer(model_dir)
     yes, no = tok.convert_tokens_to_ids(list(answers))
     scores = []

@@ -327,13 +327,31 @@ def lora_finetune(directory: Path, base: Path, *, seed: int = 9, rank: int = 4) 
 
     model = SentenceTransformer(str(base), device="cpu")
     model.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    _trained(model, seed)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def lora_causal_lm(directory: Path, base: Path, *, seed: int = 10, rank: int = 4) -> Path:
+    """A LoRA fine-tune of a causal LM (a Qwen3-Reranker) as peft saves one: the adapter
+    alone, `base_model_name_or_path` the base's path."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora)
+    _trained(model, seed)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _trained(model: torch.nn.Module, seed: int) -> None:
+    """Seeded LoRA B matrices: peft starts them at zero, training moves them."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_B" in name:  # trained: B is no longer zero
+            if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
-    model.save_pretrained(str(directory))
-    return directory
 
 
 # Qwen3-VL's special tokens as the real vocabulary numbers them; a tiny-vocabulary replica

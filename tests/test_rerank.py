@@ -10,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.hub import resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 
@@ -20,6 +21,7 @@ from reference import (
     mxbai_pairs,
     reference_scores,
 )
+from replicas import lora_causal_lm
 
 FP32_ABS = 1e-4
 BF16_ABS = 1e-2
@@ -123,6 +125,21 @@ def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, p
         scores = enc.score(pairs)
     assert np.abs(scores - expected).max() <= FP32_ABS
     assert np.ptp(expected) > 1e-3
+
+
+@pytest.mark.server
+def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tmp_path):
+    """A reranker fine-tuned with peft and saved as its adapter alone (qwen_embed.finetunes)
+    against peft's unmerged forward over the base; its pairs are the base's template."""
+    finetune = lora_causal_lm(tmp_path / "finetune", reranker)
+    expected = reference_scores(reranker, pairs, adapter=finetune)
+    served = resolve_checkpoint(finetune)
+    assert PairTokenizer(served, 8192).encode(QUERY, DOCUMENTS, RerankOptions()) == pairs
+    with Encoder.from_pretrained(finetune, task="rerank", dtype="float32") as enc:
+        assert enc.route.adapter == "lora"
+        scores = enc.score(pairs)
+    assert np.abs(scores - expected).max() <= FP32_ABS
+    assert np.abs(expected - reference_scores(reranker, pairs)).max() > 1e-3  # it can fail
 
 
 def test_mxbai_pairs_are_its_librarys_ids(mxbai):
