@@ -332,14 +332,16 @@ def lora_finetune(directory: Path, base: Path, *, seed: int = 9, rank: int = 4) 
     return directory
 
 
-def lora_causal_lm(directory: Path, base: Path, *, seed: int = 10, rank: int = 4) -> Path:
-    """A LoRA fine-tune of a causal LM (a Qwen3-Reranker) as peft saves one: the adapter
-    alone, `base_model_name_or_path` the base's path."""
+def lora_model(
+    directory: Path, base: Path, cls=None, *, targets=LORA_TARGETS, seed: int = 10, rank: int = 4
+) -> Path:
+    """A LoRA fine-tune of `cls` (default a causal LM, as a Qwen3-Reranker) as peft saves one:
+    the adapter alone, `base_model_name_or_path` the base's path."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets)
+    model = get_peft_model((cls or AutoModelForCausalLM).from_pretrained(base), lora)
     _trained(model, seed)
     model.save_pretrained(directory)
     return directory

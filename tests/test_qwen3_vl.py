@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from peft import PeftModel
 from tokenizers import Tokenizer
 from transformers.models.qwen3_vl.modeling_qwen3_vl import (
     Qwen3VLForConditionalGeneration,
@@ -23,7 +24,7 @@ from qwen_embed.media import MediaText, Visual, mrope_positions, visual_blocks
 from qwen_embed.models.vision import VisionTower
 from qwen_embed_deploy.serving import videos
 
-from replicas import qwen3_vl
+from replicas import LORA_TARGETS, lora_model, qwen3_vl
 
 FP32_COSINE, BF16_COSINE = 0.9999, 0.999
 
@@ -249,6 +250,28 @@ def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
         together = encoder.embed_media(texts)
     assert patches == [4 * 4 + 2 * 6 + 2 * 2 * 4]  # one forward, each visual once
     assert np.abs(together - alone).max() <= 1e-5
+
+
+def test_a_lora_finetune_over_the_text_model_and_the_tower(replica, media, tmp_path):
+    """A fine-tune saved as peft's adapter alone, over both the text model's and the vision
+    tower's linear layers (their checkpoint names: `model.language_model.`, `model.visual.`),
+    against peft's unmerged forward."""
+    targets = [*LORA_TARGETS, "qkv", "linear_fc1"]
+    finetune = lora_model(
+        tmp_path / "finetune", replica, Qwen3VLForConditionalGeneration, targets=targets
+    )
+    adapted = PeftModel.from_pretrained(
+        Qwen3VLForConditionalGeneration.from_pretrained(replica, dtype=torch.float32), finetune
+    ).eval()
+    texts = cases(media)
+    want = np.stack([reference_vector(adapted.base_model.model, media, t) for t in texts.values()])
+    with Encoder.from_pretrained(finetune, dtype="float32", attn_backend="torch") as encoder:
+        assert encoder.route.adapter == "lora"
+        got = encoder.embed_media(list(texts.values()))
+    assert (got * want).sum(-1).min() >= FP32_COSINE
+    with Encoder.from_pretrained(replica, dtype="float32", attn_backend="torch") as encoder:
+        base = encoder.embed_media(list(texts.values()))
+    assert (base * want).sum(-1).max() < 0.999  # the adapter matters: this can fail
 
 
 def prefixed(prefix: list[int], texts: list[MediaText]) -> list[MediaText]:

@@ -21,7 +21,7 @@ from reference import (
     mxbai_pairs,
     reference_scores,
 )
-from replicas import lora_causal_lm
+from replicas import lora_model
 
 FP32_ABS = 1e-4
 BF16_ABS = 1e-2
@@ -131,7 +131,7 @@ def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, p
 def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tmp_path):
     """A reranker fine-tuned with peft and saved as its adapter alone (qwen_embed.finetunes)
     against peft's unmerged forward over the base; its pairs are the base's template."""
-    finetune = lora_causal_lm(tmp_path / "finetune", reranker)
+    finetune = lora_model(tmp_path / "finetune", reranker)
     expected = reference_scores(reranker, pairs, adapter=finetune)
     served = resolve_checkpoint(finetune)
     assert PairTokenizer(served, 8192).encode(QUERY, DOCUMENTS, RerankOptions()) == pairs
