@@ -75,6 +75,23 @@ def mxbai(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def cross_encoders(reranker, tmp_path_factory):
+    """The Qwen3-Reranker replica as sentence-transformers 6 saves a CrossEncoder of it
+    (replicas.cross_encoder): with its model card's template (`qwen3`), and in zerank's form
+    (`zerank`: the query as the system turn, one answer row, "Yes")."""
+    from replicas import QUERY_AS_SYSTEM_TEMPLATE, QWEN3_RERANKER_TEMPLATE, cross_encoder
+
+    root = tmp_path_factory.mktemp("cross-encoders")
+    zerank = cross_encoder(
+        root / "zerank", reranker, QUERY_AS_SYSTEM_TEMPLATE, ("Yes", None), generation_prompt=True
+    )
+    return {
+        "qwen3": cross_encoder(root / "qwen3", reranker, QWEN3_RERANKER_TEMPLATE),
+        "zerank": zerank,
+    }
+
+
+@pytest.fixture(scope="session")
 def jina(tmp_path_factory):
     """A tiny jina-reranker-v3 replica (JinaForRanking, listwise) with the real tokenizer."""
     from replicas import jina_reranker_v3

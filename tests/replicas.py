@@ -451,3 +451,70 @@ def jina_reranker_v3(directory: Path, *, seed: int = 8, length: int = 2800) -> P
     path = directory / "tokenizer_config.json"
     _write_json(path, {**json.loads(path.read_text()), "model_max_length": length})
     return directory
+
+
+# Qwen3-Reranker's model card prompt as a chat template over sentence-transformers' pair roles
+# (`query`, `document`; a prompt comes as the `system` message): the form a CrossEncoder of it
+# takes. Jinja drops one newline at a template's end, hence the last line's three.
+QWEN3_RERANKER_TEMPLATE = """{%- set ns = namespace(task="Given a web search query, \
+retrieve relevant passages that answer the query") -%}
+{%- for m in messages if m.role == "system" -%}{%- set ns.task = m.content -%}{%- endfor -%}
+<|im_start|>system
+Judge whether the Document meets the requirements based on the Query and the Instruct \
+provided. Note that the answer can only be "yes" or "no".<|im_end|>
+<|im_start|>user
+<Instruct>: {{ ns.task }}
+<Query>: {{ (messages | selectattr("role", "eq", "query") | first).content }}
+<Document>: {{ (messages | selectattr("role", "eq", "document") | first).content }}<|im_end|>
+<|im_start|>assistant
+<think>
+
+</think>
+
+
+"""
+# zerank's form: the query as the system turn, the document as the user's, then the
+# assistant's turn begins (add_generation_prompt)
+QUERY_AS_SYSTEM_TEMPLATE = """{%- for m in messages -%}
+{%- if m.role == "query" -%}<|im_start|>system
+{{ m.content }}<|im_end|>
+{% elif m.role == "document" -%}<|im_start|>user
+{{ m.content }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant
+{% endif -%}"""
+
+
+def cross_encoder(
+    directory: Path,
+    base: Path,
+    template: str,
+    answers: tuple[str, str | None] = ("yes", "no"),
+    generation_prompt: bool = False,
+) -> Path:
+    """A causal-LM reranker as sentence-transformers 6 saves a CrossEncoder of it: the base's
+    weights and tokenizer with `template` as its chat template, the Transformer module's
+    `text-generation` task (with `add_generation_prompt` among its chat-template arguments
+    where asked) and a LogitScore module on the rows of `answers` (relevant, not relevant or
+    None: that row's logit alone)."""
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    source = directory.with_name(directory.name + "-source")
+    shutil.copytree(base, source)
+    (source / "chat_template.jinja").write_text(template)
+    kwargs = {"chat_template": {"add_generation_prompt": True}} if generation_prompt else None
+    transformer = Transformer(
+        str(source), transformer_task="text-generation", processing_kwargs=kwargs
+    )
+    true, false = (
+        None if a is None else transformer.tokenizer.convert_tokens_to_ids(a) for a in answers
+    )
+    model = CrossEncoder(modules=[transformer, LogitScore(true, false)], device="cpu")
+    model.save_pretrained(str(directory))
+    shutil.rmtree(source)
+    return directory

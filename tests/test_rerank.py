@@ -5,14 +5,25 @@ within 1e-2. The token ids come from the model card's own construction (referenc
 server's pair tokenizer must produce exactly those ids.
 """
 
+import json
+import shutil
+
 import numpy as np
 import pytest
+from sentence_transformers import CrossEncoder
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.config import ModelConfig
 from qwen_embed.hub import resolve_checkpoint
+from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG, SentenceModulesError
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
-from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
+from qwen_embed_deploy.serving.rerank import (
+    TEXT_PAIRS,
+    PairTokenizer,
+    RerankOptions,
+    pair_tokenizer,
+)
 
 from reference import (
     auto_tokenizer,
@@ -140,6 +151,61 @@ def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tm
         scores = enc.score(pairs)
     assert np.abs(scores - expected).max() <= FP32_ABS
     assert np.abs(expected - reference_scores(reranker, pairs)).max() > 1e-3  # it can fail
+
+
+@pytest.mark.server  # sentence-transformers' CrossEncoder loads each model
+def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(cross_encoders, reranker):
+    """A reranker in sentence-transformers 6's CrossEncoder form (chat_pairs.py): its chat
+    template's pairs, an instruction as the system message, cut at the limit with the
+    template's tail written back, as `CrossEncoder.preprocess` makes them."""
+    for name, model_dir in cross_encoders.items():
+        for limit in (8192, 60):
+            model = CrossEncoder(str(model_dir), device="cpu", max_length=limit)
+            ours = pair_tokenizer(model_dir, limit)
+            for instruction in (None, "Find the city"):
+                got = ours.encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
+                want = [
+                    model[0].preprocess([(QUERY, d)], prompt=instruction)["input_ids"][0].tolist()
+                    for d in DOCUMENTS
+                ]
+                assert got == want, (name, limit, instruction)
+                if limit == 60:  # the cut is exercised
+                    assert max(map(len, got)) == 60
+    # The model card's template as a chat template gives the model card's ids.
+    qwen3 = pair_tokenizer(cross_encoders["qwen3"], 8192)
+    for instruction in (DEFAULT_TASK, "Find the city"):
+        got = qwen3.encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
+        assert got == model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=instruction)
+    with pytest.raises(RequestError, match=r"DOCUMENTS\[0\]' makes a pair of 85 .*limit of 60"):
+        pair_tokenizer(cross_encoders["qwen3"], 60).encode(
+            QUERY, DOCUMENTS, RerankOptions(truncate=False)
+        )
+
+
+@pytest.mark.server
+def test_a_cross_encoder_scores_as_its_predict(cross_encoders, tmp_path):
+    """Its LogitScore's rows (two: sigmoid of their difference; one: sigmoid of its logit)
+    against `CrossEncoder.predict` (whose default activation is the sigmoid); what cannot be
+    served is named."""
+    scores = {}
+    for name, model_dir in cross_encoders.items():
+        pairs = pair_tokenizer(model_dir, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
+        with Encoder.from_pretrained(model_dir, dtype="float32") as enc:  # task auto: rerank
+            assert enc.task == "rerank"
+            scores[name] = enc.score(pairs)
+        want = CrossEncoder(str(model_dir), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+        assert np.abs(scores[name] - want).max() <= FP32_ABS, name
+        assert np.ptp(want) > 1e-3
+    assert np.abs(scores["qwen3"] - scores["zerank"]).max() > 1e-3  # another head: can fail
+    broken = shutil.copytree(cross_encoders["zerank"], tmp_path / "broken")
+    (broken / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="without a chat template"):
+        pair_tokenizer(broken, 8192)
+    config = json.loads((broken / CROSS_ENCODER_CONFIG).read_text())
+    config["activation_fn"] = "torch.nn.modules.linear.Identity"
+    (broken / CROSS_ENCODER_CONFIG).write_text(json.dumps(config))
+    with pytest.raises(SentenceModulesError, match="activation_fn 'torch.nn.modules.linear"):
+        ModelConfig.from_dir(broken)
 
 
 def test_mxbai_pairs_are_its_librarys_ids(mxbai):

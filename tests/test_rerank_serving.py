@@ -49,16 +49,22 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def stack(demo_dir, reranker, mxbai, jina, tmp_path_factory):
+def stack(demo_dir, reranker, mxbai, jina, cross_encoders, tmp_path_factory):
     """(server, gateway base url) with the gateway started by the launcher; beside the
-    Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble) and a listwise
-    jina-reranker-v3 one (`jina`)."""
+    Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble), a listwise
+    jina-reranker-v3 one (`jina`) and a sentence-transformers CrossEncoder in zerank's form
+    (`zerank`)."""
     where = tmp_path_factory.mktemp("rerank-triton")
     repo = render(
         where / "repo",
         {"embed": demo_dir},
         {"encoder": {"dtype": "float32"}},
-        rerankers={"rerank": reranker, "mxbai": mxbai, "jina": jina},
+        rerankers={
+            "rerank": reranker,
+            "mxbai": mxbai,
+            "jina": jina,
+            "zerank": cross_encoders["zerank"],
+        },
     )
     port = free_port()
     with TritonServer(
@@ -131,6 +137,25 @@ def test_mxbai_scores_equal_transformers(stack, mxbai, protocol):
         scores, counts = rerank(server, QUERY, DOCUMENTS, protocol, model="mxbai", **params)
         assert np.abs(scores - want).max() <= FP32_ABS
         assert counts.tolist() == [len(p) for p in pairs]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cross_encoder_scores_equal_its_predict(stack, cross_encoders, protocol):
+    """A reranker in sentence-transformers 6's CrossEncoder form (its chat template, one
+    LogitScore row): scores and token counts as `CrossEncoder.predict` and `preprocess` make
+    them, an instruction as its system message."""
+    from sentence_transformers import CrossEncoder
+
+    server, _ = stack
+    model = CrossEncoder(str(cross_encoders["zerank"]), device="cpu")
+    for instruction in (None, "Find the capital city"):
+        pairs = [(QUERY, d) for d in DOCUMENTS]
+        want = model.predict(pairs, prompt=instruction)
+        ids = [model[0].preprocess([p], prompt=instruction)["input_ids"][0] for p in pairs]
+        params = {"instruction": instruction} if instruction else {}
+        scores, counts = rerank(server, QUERY, DOCUMENTS, protocol, model="zerank", **params)
+        assert np.abs(scores - want).max() <= FP32_ABS
+        assert counts.tolist() == [len(i) for i in ids]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -4,9 +4,11 @@
 (sentence_modules.py: a top-level `linear`, sentence-transformers' Dense modules), then
 truncates and normalises per request. `rerank` scores a (query, document) sequence:
 - a causal-LM reranker reads two rows of its output head, its answer tokens (Qwen3-Reranker's
-  "yes" and "no", mxbai-rerank-v2's "1" and "0"), at the last token; score = softmax over that
-  pair = sigmoid(logit_yes - logit_no). Only those two rows are loaded (from `lm_head.weight`,
-  or `embed_tokens.weight` when the embeddings are tied): the 151k-row head is never built.
+  "yes" and "no", mxbai-rerank-v2's "1" and "0", or those its sentence-transformers LogitScore
+  names), at the last token; score = softmax over that pair = sigmoid(logit_yes - logit_no),
+  or sigmoid(logit) of a LogitScore's one row. Only those rows are loaded (from
+  `lm_head.weight`, or `embed_tokens.weight` when the embeddings are tied): the 151k-row head
+  is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
 - a listwise reranker (jina-reranker-v3) reads a query and a block of documents in one sequence:
@@ -42,11 +44,13 @@ def resolve_task(task: str, config: ModelConfig) -> str:
     """`auto` is rerank for a sequence-classification checkpoint of one label (a converted
     cross-encoder) and for a listwise reranker, classify for a classifier of several labels,
     else embed. A causal LM can be an embedder or a reranker (the architecture cannot tell):
-    the deployment says (settings.TASKS)."""
+    the deployment says (settings.TASKS), unless a sentence-transformers CrossEncoder's
+    LogitScore says it reranks."""
     if task == "auto":
         if config.is_classifier:
             return "rerank" if config.num_labels == 1 else "classify"
-        return "rerank" if config.listwise else "embed"
+        reranks = config.listwise or config.sentence.logit_score is not None
+        return "rerank" if reranks else "embed"
     if config.listwise and task != "rerank":
         raise ValueError(f"task {task!r}: a listwise reranker (JinaForRanking) only reranks")
     if task == "classify" and not (config.is_classifier and config.num_labels > 1):
@@ -84,7 +88,7 @@ class ScoreHead(nn.Module):
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
         logits = last_hidden.float() @ self.weight.t()
-        if logits.shape[1] == 2:  # yes, no
+        if logits.shape[1] == 2:  # relevant, not relevant
             logits = logits[:, 0] - logits[:, 1]
         return torch.sigmoid(logits.reshape(-1))
 
@@ -179,7 +183,10 @@ def build_score_head(config: ModelConfig, model_dir: str | Path) -> nn.Module:
             )
         return ScoreHead(config.hidden_size, "score.weight", None)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    rows = token_ids(model_dir, ANSWER_TOKENS[config.family], f"a {config.family} reranker's")
+    if config.sentence.logit_score is not None:
+        rows = [i for i in config.sentence.logit_score if i is not None]
+    else:
+        rows = token_ids(model_dir, ANSWER_TOKENS[config.family], f"a {config.family} reranker's")
     return ScoreHead(config.hidden_size, name, rows)
 
 

@@ -9,7 +9,10 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   with pooling, so it runs on the pooled vector, before any Dense module.
 - pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
   pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
-  codes, as for every model).
+  codes, as for every model);
+- a causal-LM reranker in sentence-transformers' CrossEncoder form: its `LogitScore` module
+  (`1_LogitScore/config.json`) names the output head's rows it scores with (heads.py), and its
+  pairs are its chat template's (serving/chat_pairs.py).
 A checkpoint without these files pools its last token (Qwen3-Embedding's recipe).
 """
 
@@ -46,6 +49,9 @@ ACTIVATIONS = {
 ROOT_PROJECTION = "linear.weight"
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
+CROSS_ENCODER_CONFIG = "config_sentence_transformers.json"
+# what a CrossEncoder's `predict` applies to its LogitScore: the probability our scores are
+SIGMOID = "torch.nn.modules.activation.Sigmoid"
 
 
 class SentenceModulesError(ValueError):
@@ -70,12 +76,14 @@ class SentenceModules:
     pooling: str | None  # None: the checkpoint does not say
     dense: tuple[Dense, ...] = ()
     final_activation: str = "identity"  # after the dense layers (QUANTIZERS)
+    # a CrossEncoder's LogitScore: the (relevant, not relevant or None) rows it scores with
+    logit_score: tuple[int, int | None] | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, hidden_size: int) -> SentenceModules:
         model_dir = Path(model_dir)
         modules = _read_json(model_dir / "modules.json", default=[])
-        pooling, dense, final = None, [], "identity"
+        pooling, dense, final, logit_score = None, [], "identity", None
         root = _root_projection(model_dir)
         if root is not None:
             dense.append(root)
@@ -88,10 +96,12 @@ class SentenceModules:
                 dense.append(_dense(folder))
             elif module.get("type") in QUANTIZERS:
                 final = QUANTIZERS[module["type"]]
+            elif kind == "LogitScore":
+                logit_score = _logit_score(model_dir, folder / "config.json")
             elif kind not in ("Transformer", "Normalize"):  # normalising is per request
                 raise SentenceModulesError(
                     f"{model_dir / 'modules.json'}: module {module.get('type')!r} is not "
-                    "supported (Transformer, Pooling, Dense, Normalize and "
+                    "supported (Transformer, Pooling, Dense, Normalize, LogitScore and "
                     f"{sorted(QUANTIZERS)} are)"
                 )
         width = hidden_size
@@ -102,7 +112,7 @@ class SentenceModules:
                     f"a vector of {width}"
                 )
             width = layer.out_features
-        return cls(pooling, tuple(dense), final)
+        return cls(pooling, tuple(dense), final, logit_score)
 
     @property
     def has_head(self) -> bool:
@@ -141,6 +151,20 @@ def _pooling_mode(path: Path) -> str:
             "not supported"
         )
     return POOLING_MODES[chosen[0]]
+
+
+def _logit_score(model_dir: Path, path: Path) -> tuple[int, int | None]:
+    config = _read_json(path)
+    if config.get("module_input_name", "causal_logits") != "causal_logits":
+        raise SentenceModulesError(f"{path}: only a LogitScore on the causal LM's logits is read")
+    activation = _read_json(model_dir / CROSS_ENCODER_CONFIG, default={}).get("activation_fn")
+    if activation not in (None, SIGMOID):
+        raise SentenceModulesError(
+            f"{model_dir / CROSS_ENCODER_CONFIG}: activation_fn {activation!r}; a reranker's "
+            f"scores here are {SIGMOID}'s (raw scores are its log-odds)"
+        )
+    false = config.get("false_token_id")
+    return int(config["true_token_id"]), None if false is None else int(false)
 
 
 def _dense(folder: Path) -> Dense:

@@ -40,8 +40,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
-from qwen_embed_deploy.serving.listwise import BlockTokenizer
-from qwen_embed_deploy.serving.rerank import VISION_PAIRS, PairTokenizer
+from qwen_embed_deploy.serving.rerank import VISION_PAIRS, pair_tokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts, image_blocks
 
 
@@ -60,8 +59,7 @@ class TritonPythonModel:
         self.max_texts = batch or MAX_TEXTS_PER_REQUEST
         self.max_text_bytes = settings.max_text_bytes
         if self.task == "rerank":
-            pairs = BlockTokenizer if config.listwise else PairTokenizer
-            self.tokenizer = pairs(model_dir, max_tokens)
+            self.tokenizer = pair_tokenizer(model_dir, max_tokens)
             self._tokenize = self._pairs
         else:
             self.tokenizer = TextTokenizer(model_dir, max_tokens, settings.truncation_direction)

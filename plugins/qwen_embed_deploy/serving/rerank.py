@@ -3,8 +3,10 @@ build it:
 
   prefix + tokens(piece) + tokens(piece) ... + suffix
 
-Which reranker a checkpoint is follows from its family (`pair_template`; the engine reads the
-same family's answer tokens, heads.ANSWER_TOKENS):
+A reranker in sentence-transformers' CrossEncoder form has its own chat template (chat_pairs.py)
+and jina-reranker-v3 its blocks (listwise.py): `pair_tokenizer` picks. Otherwise which reranker
+a checkpoint is follows from its family (`pair_template`; the engine reads the same family's
+answer tokens, heads.ANSWER_TOKENS):
 - Qwen3-Reranker (TEXT_PAIRS): one piece, "<Instruct>: {instruction}\\n<Query>: {query}\\n
   <Document>: {document}", tokenized as one text (as its model card does), so BPE merges at the
   `<Document>: ` boundary are the model's own.
@@ -28,7 +30,9 @@ from pathlib import Path
 from qwen_embed.config import ModelConfig
 from qwen_embed_client.contract import DEFAULT_TASK, FEWER_FRAMES, RequestError, RerankOptions
 
-from .tokenizer import load_tokenizer
+from .chat_pairs import ChatPairTokenizer
+from .listwise import BlockTokenizer
+from .tokenizer import first_tokens, load_tokenizer
 
 QWEN3_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -119,6 +123,17 @@ def pair_template(config: ModelConfig) -> PairTemplate:
     return MXBAI_PAIRS if config.family == "qwen2" else TEXT_PAIRS
 
 
+def pair_tokenizer(model_dir: str | Path, max_input_tokens: int):
+    """The reranker's tokenizer: jina-reranker-v3's blocks (listwise.py), a sentence-
+    transformers CrossEncoder's chat template (chat_pairs.py), else its family's template."""
+    config = ModelConfig.from_dir(model_dir)
+    if config.listwise:
+        return BlockTokenizer(model_dir, max_input_tokens)
+    if config.sentence.logit_score is not None:
+        return ChatPairTokenizer(model_dir, max_input_tokens)
+    return PairTokenizer(model_dir, max_input_tokens)
+
+
 class PairTokenizer:
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
         self._tok = load_tokenizer(model_dir)
@@ -143,7 +158,7 @@ class PairTokenizer:
         budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
         instruction = opts.instruction or self.template.default_instruction
         if opts.max_document_tokens is not None:
-            documents = self._first_tokens(documents, opts.max_document_tokens)
+            documents = first_tokens(self._tok, documents, opts.max_document_tokens)
         if document_visuals is None:
             document_visuals = [""] * len(documents)
         if (query_visuals or any(document_visuals)) and self.template is not VISION_PAIRS:
@@ -179,14 +194,6 @@ class PairTokenizer:
         encoded = self._tok.encode_batch_fast(texts, add_special_tokens=False)
         ids = {text: enc.ids for text, enc in zip(texts, encoded, strict=True)}
         return [[i for piece in pieces for i in ids[piece]] for pieces in pairs]
-
-    def _first_tokens(self, documents: list[str], n: int) -> list[str]:
-        """Each document up to the end of its n-th token (tokenized alone)."""
-        encoded = self._tok.encode_batch(documents, add_special_tokens=False)
-        return [
-            doc[: enc.offsets[n - 1][1]] if len(enc.ids) > n else doc
-            for doc, enc in zip(documents, encoded, strict=True)
-        ]
 
     def _head_tokens(self, instruction, query: str, query_visuals: str, visuals: str) -> int:
         # The pieces up to the document's text tokenize the same with or without the text

@@ -137,6 +137,15 @@ def load_tokenizer(model_dir: str | Path):
     return tok
 
 
+def first_tokens(tok, texts: list[str], n: int) -> list[str]:
+    """Each text up to the end of its n-th token (tokenized alone)."""
+    encoded = tok.encode_batch(texts, add_special_tokens=False)
+    return [
+        text[: enc.offsets[n - 1][1]] if len(enc.ids) > n else text
+        for text, enc in zip(texts, encoded, strict=True)
+    ]
+
+
 def _token(value) -> str | None:
     """tokenizer_config.json writes a special token as a string or {"content": ...}."""
     return value.get("content") if isinstance(value, dict) else value

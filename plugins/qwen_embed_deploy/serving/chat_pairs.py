@@ -1,0 +1,131 @@
+"""(query, documents) -> token ids for a causal-LM reranker in sentence-transformers'
+CrossEncoder form (modules.json: Transformer, then LogitScore; qwen_embed.sentence_modules),
+formed as its `predict` forms them:
+
+- a pair is two messages, role `query` and role `document`, after a `system` message holding
+  the instruction where there is one (the request's, else the prompt its
+  config_sentence_transformers.json names by default: sentence-transformers passes a prompt so);
+- they are rendered through the checkpoint's chat template (`chat_template.jinja`, else
+  tokenizer_config.json's) by transformers' own renderer, with its special tokens and the
+  keyword arguments sentence_bert_config.json keeps for it (`processing_kwargs.chat_template`,
+  e.g. `add_generation_prompt`), and tokenized whole, without the post-processor's tokens;
+- a pair over the limit is cut there and the template's tail written back over its end: the
+  longest common token suffix of two renders with other contents, so the model still reads
+  its last token where the template puts it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG
+from qwen_embed_client.contract import RequestError, RerankOptions
+
+from .tokenizer import _token, first_tokens, load_tokenizer
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
+# keyword arguments of apply_chat_template that size or pad the output: limits are ours
+_SIZE_KWARGS = ("truncation", "max_length", "padding", "pad_to_multiple_of", "return_tensors")
+# contents that tokenize apart from the template around them, for its tail (as
+# sentence-transformers finds it)
+_FILLERS = ("0", "1 2 3 4")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def chat_template(model_dir: Path) -> str:
+    """The checkpoint's chat template, where transformers finds it."""
+    path = model_dir / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text()
+    template = _json(model_dir / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    if not isinstance(template, str):
+        raise ValueError(
+            f"{model_dir} is a causal-LM CrossEncoder without a chat template "
+            "(chat_template.jinja): its query/document pairs cannot be formed"
+        )
+    return template
+
+
+class ChatPairTokenizer:
+    template = None  # no pair template of ours: it reads text only
+
+    def __init__(self, model_dir: str | Path, max_input_tokens: int):
+        # transformers' renderer (jinja2 as transformers sets it up): imported only here
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        model_dir = Path(model_dir)
+        self._render_jinja = render_jinja_template
+        self._tok = load_tokenizer(model_dir)
+        self.max_input_tokens = max_input_tokens
+        self._template = chat_template(model_dir)
+        config = _json(model_dir / "tokenizer_config.json")
+        specials = {k: _token(config.get(k)) for k in SPECIAL_TOKENS}
+        st = _json(model_dir / "sentence_bert_config.json")
+        kwargs = dict((st.get("processing_kwargs") or {}).get("chat_template") or {})
+        self._restore = kwargs.pop("restore_suffix", True)
+        for key in _SIZE_KWARGS:
+            kwargs.pop(key, None)
+        self._kwargs = {k: v for k, v in specials.items() if v is not None} | kwargs
+        prompts = _json(model_dir / CROSS_ENCODER_CONFIG)
+        self.default_instruction = (prompts.get("prompts") or {}).get(
+            prompts.get("default_prompt_name")
+        )
+        self._tails: dict[str | None, list[int]] = {}
+
+    def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
+        instruction = opts.instruction or self.default_instruction
+        if opts.max_document_tokens is not None:
+            documents = first_tokens(self._tok, documents, opts.max_document_tokens)
+        texts = self._rendered([self._messages(instruction, query, d) for d in documents])
+        out = []
+        for i, enc in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
+            ids = enc.ids
+            if len(ids) > self.max_input_tokens:
+                if not opts.truncate:
+                    raise RequestError(
+                        f"input 'DOCUMENTS[{i}]' makes a pair of {len(ids)} tokens, more than "
+                        f"the limit of {self.max_input_tokens} (send truncate=true to cut it)"
+                    )
+                ids = self._cut(ids, instruction)
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _messages(instruction: str | None, query: str, document: str) -> list[dict]:
+        system = [{"role": "system", "content": instruction}] if instruction else []
+        return system + [
+            {"role": "query", "content": query},
+            {"role": "document", "content": document},
+        ]
+
+    def _rendered(self, conversations: list[list[dict]]) -> list[str]:
+        return self._render_jinja(
+            conversations=conversations, chat_template=self._template, **self._kwargs
+        )[0]
+
+    def _cut(self, ids: list[int], instruction: str | None) -> list[int]:
+        ids = ids[: self.max_input_tokens]
+        if not self._restore:
+            return ids
+        if instruction not in self._tails:
+            self._tails[instruction] = self._tail(instruction)
+        tail = self._tails[instruction][-self.max_input_tokens :]
+        return ids[: len(ids) - len(tail)] + tail
+
+    def _tail(self, instruction: str | None) -> list[int]:
+        """The template's tokens after a pair's contents: what two renders with other
+        contents (the system message kept) end in alike; none where they never differ."""
+        a, b = (
+            self._tok.encode(text, add_special_tokens=False).ids
+            for text in self._rendered([self._messages(instruction, f, f) for f in _FILLERS])
+        )
+        n = 0
+        while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+            n += 1
+        return a[len(a) - n :] if n < min(len(a), len(b)) else []
