@@ -153,14 +153,23 @@ def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tm
     assert np.abs(expected - reference_scores(reranker, pairs)).max() > 1e-3  # it can fail
 
 
+@pytest.fixture(scope="module")
+def st_cross_encoders(cross_encoders):
+    """sentence-transformers' CrossEncoder on each (its own reading of the files)."""
+    return {name: CrossEncoder(str(d), device="cpu") for name, d in cross_encoders.items()}
+
+
 @pytest.mark.server  # sentence-transformers' CrossEncoder loads each model
-def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(cross_encoders, reranker):
+def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(
+    cross_encoders, st_cross_encoders, reranker
+):
     """A reranker in sentence-transformers 6's CrossEncoder form (chat_pairs.py): its chat
     template's pairs, an instruction as the system message, cut at the limit with the
     template's tail written back, as `CrossEncoder.preprocess` makes them."""
     for name, model_dir in cross_encoders.items():
-        for limit in (8192, 60):
-            model = CrossEncoder(str(model_dir), device="cpu", max_length=limit)
+        model = st_cross_encoders[name]
+        for limit in (60, 8192):  # 8192 last: the fixture's own limit after the test
+            model.max_seq_length = limit
             ours = pair_tokenizer(model_dir, limit)
             for instruction in (None, "Find the city"):
                 got = ours.encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
@@ -183,7 +192,7 @@ def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(cross_enc
 
 
 @pytest.mark.server
-def test_a_cross_encoder_scores_as_its_predict(cross_encoders, tmp_path):
+def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders, tmp_path):
     """Its LogitScore's rows (two: sigmoid of their difference; one: sigmoid of its logit)
     against `CrossEncoder.predict` (whose default activation is the sigmoid); what cannot be
     served is named."""
@@ -193,7 +202,7 @@ def test_a_cross_encoder_scores_as_its_predict(cross_encoders, tmp_path):
         with Encoder.from_pretrained(model_dir, dtype="float32") as enc:  # task auto: rerank
             assert enc.task == "rerank"
             scores[name] = enc.score(pairs)
-        want = CrossEncoder(str(model_dir), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+        want = st_cross_encoders[name].predict([(QUERY, d) for d in DOCUMENTS])
         assert np.abs(scores[name] - want).max() <= FP32_ABS, name
         assert np.ptp(want) > 1e-3
     assert np.abs(scores["qwen3"] - scores["zerank"]).max() > 1e-3  # another head: can fail
