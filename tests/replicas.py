@@ -318,14 +318,17 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
     return directory
 
 
-def lora_finetune(directory: Path, base: Path, *, seed: int = 9, rank: int = 4) -> Path:
-    """A LoRA fine-tune of `base` as sentence-transformers saves one: the adapter (peft's
-    files, `base_model_name_or_path` the base's path), the tokenizer and the sentence-
-    transformers files in version 6's format, no config.json and no base weights."""
+def lora_finetune(
+    directory: Path, base: Path, *, seed: int = 9, rank: int = 4, cross_encoder: bool = False
+) -> Path:
+    """A LoRA fine-tune of `base` as sentence-transformers saves one (of a SentenceTransformer,
+    or of a CrossEncoder): the adapter (peft's files, `base_model_name_or_path` the base's
+    path), the tokenizer and the sentence-transformers files in version 6's format, no
+    config.json and no base weights."""
     from peft import LoraConfig
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer
 
-    model = SentenceTransformer(str(base), device="cpu")
+    model = (CrossEncoder if cross_encoder else SentenceTransformer)(str(base), device="cpu")
     model.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
     _trained(model, seed)
     model.save_pretrained(str(directory))

@@ -32,7 +32,7 @@ from reference import (
     mxbai_pairs,
     reference_scores,
 )
-from replicas import lora_model
+from replicas import lora_finetune, lora_model
 
 FP32_ABS = 1e-4
 BF16_ABS = 1e-2
@@ -215,6 +215,25 @@ def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders
     (broken / CROSS_ENCODER_CONFIG).write_text(json.dumps(config))
     with pytest.raises(SentenceModulesError, match="activation_fn 'torch.nn.modules.linear"):
         ModelConfig.from_dir(broken)
+
+
+@pytest.mark.server
+def test_a_lora_finetune_of_a_cross_encoder_scores_as_its_predict(cross_encoders, tmp_path):
+    """A CrossEncoder fine-tuned with a LoRA adapter and saved by sentence-transformers (the
+    adapter, its LogitScore and chat template, no weights): served over its base as
+    `CrossEncoder.predict` scores it."""
+    finetune = lora_finetune(tmp_path / "finetune", cross_encoders["qwen3"], cross_encoder=True)
+    pairs = pair_tokenizer(resolve_checkpoint(finetune), 8192).encode(
+        QUERY, DOCUMENTS, RerankOptions()
+    )
+    with Encoder.from_pretrained(finetune, dtype="float32") as enc:
+        assert (enc.task, enc.route.adapter) == ("rerank", "lora")
+        scores = enc.score(pairs)
+    texts = [(QUERY, d) for d in DOCUMENTS]
+    want = CrossEncoder(str(finetune), device="cpu").predict(texts)
+    assert np.abs(scores - want).max() <= FP32_ABS
+    base = CrossEncoder(str(cross_encoders["qwen3"]), device="cpu").predict(texts)
+    assert np.abs(want - base).max() > 1e-3  # the adapter matters: this can fail
 
 
 def test_mxbai_pairs_are_its_librarys_ids(mxbai):
