@@ -22,7 +22,7 @@ from pathlib import Path
 from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG
 from qwen_embed_client.contract import RequestError, RerankOptions
 
-from .tokenizer import _token, first_tokens, load_tokenizer
+from .tokenizer import first_tokens, load_tokenizer, token_text
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
 # keyword arguments of apply_chat_template that size or pad the output: limits are ours
@@ -65,7 +65,7 @@ class ChatPairTokenizer:
         self.max_input_tokens = max_input_tokens
         self._template = chat_template(model_dir)
         config = _json(model_dir / "tokenizer_config.json")
-        specials = {k: _token(config.get(k)) for k in SPECIAL_TOKENS}
+        specials = {k: token_text(config.get(k)) for k in SPECIAL_TOKENS}
         st = _json(model_dir / "sentence_bert_config.json")
         kwargs = dict((st.get("processing_kwargs") or {}).get("chat_template") or {})
         self._restore = kwargs.pop("restore_suffix", True)

@@ -146,7 +146,7 @@ def first_tokens(tok, texts: list[str], n: int) -> list[str]:
     ]
 
 
-def _token(value) -> str | None:
+def token_text(value) -> str | None:
     """tokenizer_config.json writes a special token as a string or {"content": ...}."""
     return value.get("content") if isinstance(value, dict) else value
 
@@ -160,7 +160,7 @@ def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
     path = model_dir / "tokenizer_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     for flag, key in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
-        name = _token(config.get(key))
+        name = token_text(config.get(key))
         if not config.get(flag) or name is None:
             continue
         token_id = tok.token_to_id(name)
