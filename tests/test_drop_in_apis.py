@@ -577,14 +577,25 @@ def test_openai_token_ids_truncation_fields_and_fingerprint(stack):
         assert np.abs(got - openai_vectors(base, [long_text])).max() > 1e-3  # it was cut
 
 
+def post_raw(base: str, path: str, body: dict) -> tuple[int, bytes, dict]:
+    """(status, the body's bytes, headers with lower-case names)."""
+    request = urllib.request.Request(
+        f"{base}{path}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return r.status, r.read(), {k.lower(): v for k, v in r.headers.items()}
+
+
 def data_vectors(body: dict) -> np.ndarray:
     return np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
 
 
 def test_vllm_encoding_and_activation_fields(stack):
     """vLLM's `embed_dtype` and `endianness` shape a base64 vector's bytes (read back as
-    vLLM's own decoder reads them: torch's type, byte-swapped for big-endian); its
-    `use_activation` false is `normalize` false."""
+    vLLM's own decoder reads them: torch's type, byte-swapped for big-endian), and those of
+    its binary formats; its `use_activation` false is `normalize` false."""
     _, base = stack
     floats = openai_vectors(base, TEXTS[:2])
     for embed_dtype, like, tolerance in [
@@ -606,6 +617,25 @@ def test_vllm_encoding_and_activation_fields(stack):
                 assert np.abs(got - floats[i]).max() <= tolerance * np.abs(floats[i]).max()
     raw = openai_vectors(base, TEXTS[:2], use_activation=False)
     assert np.abs(raw - openai_vectors(base, TEXTS[:2], normalize=False)).max() <= SAME
+    # Its binary formats: the vectors' bytes as the body, their places in the `metadata`
+    # header ("bytes") or nowhere ("bytes_only")
+    for embed_dtype, like, tolerance in [("float32", np.float32, 0), ("float16", ">f2", 2**-10)]:
+        body = {"model": "embed", "input": TEXTS[:2], "encoding_format": "bytes"}
+        body |= {"embed_dtype": embed_dtype, "endianness": "big" if like == ">f2" else "native"}
+        status, content, headers = post_raw(base, "/v1/embeddings", body)
+        assert status == 200 and headers["content-type"] == "application/octet-stream"
+        metadata = json.loads(headers["metadata"])
+        assert metadata["model"] == "embed" and metadata["usage"]["total_tokens"] > 0
+        for i, item in enumerate(metadata["data"]):
+            assert item["index"] == i and item["shape"] == [floats.shape[1]]
+            got = np.frombuffer(content[item["start"] : item["end"]], like).astype(np.float32)
+            assert np.abs(got - floats[i]).max() <= tolerance * np.abs(floats[i]).max()
+    body |= {"encoding_format": "bytes_only", "embed_dtype": "float32", "endianness": "little"}
+    status, content, headers = post_raw(base, "/v1/embeddings", body)
+    assert status == 200 and "metadata" not in headers
+    assert np.array_equal(np.frombuffer(content, "<f4").reshape(floats.shape), floats)
+    status, answer, _ = post(base, "/pooling", body)  # answered on /v1/embeddings alone
+    assert status == 400 and answer["error"]["param"] == "encoding_format"
     assert np.abs(np.linalg.norm(raw, axis=1) - 1).min() > 1e-3  # not unit vectors
     status, answer, _ = post(
         base, "/v1/embeddings", {"model": "embed", "input": "x", "add_special_tokens": False}

@@ -164,7 +164,8 @@ _E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
 class Encoding:
     """How a vector goes into JSON: "float", a list of numbers, or "base64", its bytes: a
     float vector cast to `dtype` (rounded to nearest even, as torch casts), the compact
-    types' codes as they are, in the byte order `byteorder` ("little" or "big")."""
+    types' codes as they are, in the byte order `byteorder` ("little" or "big"); or "bytes",
+    those bytes as they are (vLLM's binary responses)."""
 
     format: str = "float"
     dtype: str = "float32"
@@ -181,6 +182,8 @@ class Encoding:
         raw = vector.view(f"u{vector.itemsize}")
         if self.byteorder != sys.byteorder:
             raw = raw.byteswap()
+        if self.format == "bytes":
+            return raw.tobytes()
         return base64.b64encode(raw.tobytes()).decode()
 
 

@@ -16,9 +16,13 @@ base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) 
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+import uuid
 from typing import Annotated, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import (
@@ -89,7 +93,7 @@ from .media import (
     has_parts,
     texts_and_media,
 )
-from .state import gateway, respond
+from .state import gateway, respond, respond_bytes
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
 EXTENSION_OPTIONS = (
@@ -118,8 +122,11 @@ TWINS = (
     ("embedding_type", "encoding_type"),  # Jina's (its clients send either)
 )
 
-# `encoding_format`: OpenAI's, or a compact type's name (as vLLM and NIM take it).
-ENCODINGS = ("float", "base64", *EMBEDDING_TYPES)
+# `encoding_format`: OpenAI's, a compact type's name (as vLLM and NIM take it), or vLLM's binary
+# formats: the vectors' bytes as the response's body, their layout in its `metadata` header
+# ("bytes") or nowhere ("bytes_only": the client knows it).
+BINARY_FORMATS = ("bytes", "bytes_only")
+ENCODINGS = ("float", "base64", *EMBEDDING_TYPES, *BINARY_FORMATS)
 MediaInputs = Annotated[
     described(
         Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts | QwenParts | JinaParts],
@@ -378,16 +385,20 @@ class _Embeddings(Body):
             options["chunk_spans"] = self.chunks.spans
         return options_checked(**options)
 
+    @property
+    def binary(self) -> bool:
+        return self.encoding_format in BINARY_FORMATS
+
     def kinds(self) -> tuple[Encoding, list[str], bool]:
         """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
         base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours; Jina's, or
         its `encoding_type`, may be "base64") or `embedding_types` (Cohere: a list, answered
         keyed by type); a base64 float vector's bytes from `embed_dtype` and `endianness`
-        (vLLM's)."""
+        (vLLM's), as are a binary format's (BINARY_FORMATS)."""
         fields = ("embedding_type", "encoding_type", "embedding_types")
         asked = [k for k in fields if getattr(self, k)]
         single = self.embedding_type or self.encoding_type
-        if self.encoding_format not in ("float", "base64"):
+        if self.encoding_format not in ("float", "base64", *BINARY_FORMATS):
             asked.append("encoding_format")
         if len(asked) > 1:
             raise invalid(f"send one of {asked}, not several", asked[1])
@@ -403,6 +414,14 @@ class _Embeddings(Body):
         chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
             raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
+        if self.binary and (chunked or kinds != ["float"] or keyed):
+            raise invalid(
+                f"'encoding_format' {self.encoding_format!r} answers float vectors, one per "
+                f"input: not with {chunked or 'embedding types'}",
+                "encoding_format",
+            )
+        if self.binary:
+            encoding = "bytes"
         if self.embed_dtype != "float32" and kinds != ["float"]:
             raise invalid(
                 f"'embed_dtype' casts float vectors: send no embedding type {kinds[-1]!r} with it",
@@ -602,12 +621,54 @@ async def _served_models(gw) -> list[dict]:
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
     gw = gateway(request)
-    return await respond(gw, await embeddings_body(gw, await json_body(request)))
+    answer = await embeddings_body(gw, await json_body(request), binary=True)
+    if "layout" in answer:
+        return await _binary_response(gw, answer)
+    return await respond(gw, answer)
 
 
-async def embeddings_body(gw, body: object) -> dict:
-    """The answer to an embeddings request body (the route's, and a batch line's)."""
+async def _binary_response(gw, answer: dict):
+    """vLLM's binary embeddings response: the vectors' bytes one after another, and (format
+    "bytes") the `metadata` header: {id, created, model, data: [{index, embed_dtype,
+    endianness, start, end, shape}], usage}, each vector's bytes at [start, end)."""
+    layout, items, offset = answer["layout"], [], 0
+    for entry in answer["data"]:
+        size = len(entry["embedding"])
+        shape = [size // np.dtype(EMBED_DTYPES[layout["embed_dtype"]]).itemsize]
+        items.append(
+            {
+                "index": entry["index"],
+                **layout,
+                "start": offset,
+                "end": offset + size,
+                "shape": shape,
+            }
+        )
+        offset += size
+    content = b"".join(entry["embedding"] for entry in answer["data"])
+    if answer["format"] == "bytes_only":
+        return await respond_bytes(gw, content)
+    metadata = {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": answer["model"],
+        "data": items,
+        "usage": answer["usage"],
+    }
+    return await respond_bytes(gw, content, {"metadata": json.dumps(metadata)})
+
+
+async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
+    """The answer to an embeddings request body (the route's, and a batch line's); a binary
+    format's (`binary`: where the answer may be one, the route's) with each vector's bytes and
+    their `layout` and `format`."""
     request = checked_request(body, gw.model_names)
+    if request.binary and not binary:
+        raise invalid(
+            f"'encoding_format' {request.encoding_format!r} is answered on POST /v1/embeddings "
+            "only",
+            "encoding_format",
+        )
     facts = await checkpoint_facts(gw, request.input_type or request.task)
     inputs, options, encoding, kinds, keyed = request_plan(request, facts)
     if gw.tracing is not None:
@@ -630,7 +691,11 @@ async def embeddings_body(gw, body: object) -> dict:
         else:
             entry["embedding"] = encoding(result.embeddings[i])
         data.append(entry | text_usage(result, i))
-    return _embeddings_body(data, gw.model_name, result.total_tokens)
+    answer = _embeddings_body(data, gw.model_name, result.total_tokens)
+    if request.binary:
+        layout = {"embed_dtype": request.embed_dtype, "endianness": request.endianness}
+        answer |= {"layout": layout, "format": request.encoding_format}
+    return answer
 
 
 async def _chunk_embeddings(gw, texts, options, encoding):

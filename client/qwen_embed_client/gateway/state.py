@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from ..client import AsyncEmbeddingClient
 from .errors import UNAUTHORIZED, APIError
@@ -76,8 +76,18 @@ def gateway(request: Request) -> Gateway:
 
 async def respond(gw: Gateway, body, headers: dict | None = None) -> JSONResponse:
     """An embedding response, with the model fingerprint header when the model publishes one."""
+    return JSONResponse(body, headers=await _with_fingerprint(gw, headers))
+
+
+async def respond_bytes(gw: Gateway, content: bytes, headers: dict | None = None) -> Response:
+    """A binary embedding response (vLLM's `bytes` formats), fingerprinted as `respond`'s."""
+    headers = await _with_fingerprint(gw, headers)
+    return Response(content, media_type="application/octet-stream", headers=headers)
+
+
+async def _with_fingerprint(gw: Gateway, headers: dict | None) -> dict:
     fingerprint = (await gw.facts()).get("fingerprint")
     headers = dict(headers or {})
     if fingerprint:
         headers[FINGERPRINT_HEADER] = fingerprint
-    return JSONResponse(body, headers=headers)
+    return headers
