@@ -556,6 +556,26 @@ def test_rerank_objects_as_qwens_scripts_write_them():
         assert "beside the inputs" in e.message and e.param == param, e.message
 
 
+def test_vllm_processor_kwargs_are_the_request_s_video_fps_or_refused():
+    """vLLM's `mm_processor_kwargs`: its `fps` is `video_fps`, on embeddings and rerank
+    bodies; the processor's other arguments (pixel budgets, frame counts) are the server's
+    settings, refused by name rather than silently ignored."""
+    part = {"type": "text", "text": "q"}
+    _, options, *_ = embeddings({"input": [[part]], "mm_processor_kwargs": {"fps": 0.5}})
+    assert options["video_fps"] == 0.5
+    _, options = rerank_v1({"query": "q", "documents": ["a"], "mm_processor_kwargs": {"fps": 2}})
+    assert options["video_fps"] == 2
+    assert embeddings({"input": "x", "mm_processor_kwargs": {}})[1] == {}
+    for body, message in [
+        ({"mm_processor_kwargs": {"max_pixels": 1024}}, "['max_pixels'] are the server's"),
+        ({"mm_processor_kwargs": {"fps": 1}, "video_fps": 2}, "not both"),
+    ]:
+        inputs = {embeddings: {"input": "x"}, rerank_v1: {"query": "q", "documents": ["a"]}}
+        for parse, given in inputs.items():
+            e = refusal(parse, given | body)
+            assert e.param == "mm_processor_kwargs" and message in e.message, e.message
+
+
 def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):
     monkeypatch.setattr(media, "MAX_VIDEO_BYTES", 5)
     frames = {"type": "video", "video": ["data:image/png;base64,QUJD"] * 2}  # 3 bytes each

@@ -88,6 +88,7 @@ from .media import (
     JinaParts,
     Message,
     Parts,
+    ProcessorKwargs,
     QwenParts,
     ScriptInput,
     has_parts,
@@ -182,7 +183,7 @@ class ChunkSpans(Body):
     spans: list[list[int]]
 
 
-class _Embeddings(Body):
+class _Embeddings(ProcessorKwargs):
     """POST /v1/embeddings (and a Batch API line's body); EXTENSION_OPTIONS are added from
     the contract (EmbeddingsRequest)."""
 
@@ -478,7 +479,7 @@ class Document(ScriptInput):
         return self
 
 
-class RerankRequest(Body):
+class RerankRequest(ProcessorKwargs):
     """POST /v1/rerank, the Cohere v1 / Jina shape; for a multimodal reranker, the query and
     each document may be content parts (as /v1/embeddings' inputs), objects as
     Qwen3-VL-Reranker's scripts write them ({"text", "image", "video"}), or vLLM's
