@@ -13,8 +13,16 @@ from pathlib import Path
 
 from . import finetunes
 
-# configs, tokenizer files and weights: never pickles, never the remote code
-CHECKPOINT_FILES = ["*.json", "*.safetensors", "*/config.json", "tokenizer.model", "*.txt"]
+# configs, tokenizer files, chat templates (a CrossEncoder's pairs) and weights: never
+# pickles, never the remote code
+CHECKPOINT_FILES = [
+    "*.json",
+    "*.jinja",
+    "*.safetensors",
+    "*/config.json",
+    "tokenizer.model",
+    "*.txt",
+]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
