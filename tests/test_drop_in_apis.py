@@ -757,7 +757,7 @@ def test_jina_fields_and_late_chunking(stack):
 def test_ollama_clients_get_the_openai_routes_vectors(stack):
     """Ollama's Python library and LangChain's OllamaEmbeddings with the gateway as their host:
     /api/embed's unit vectors, `dimensions`, `options.num_ctx` as a cut, `truncate` false; the
-    older /api/embeddings' vector not normalized; /api/tags; Ollama's errors."""
+    older /api/embeddings' vector not normalized; /api/tags and /api/show; Ollama's errors."""
     _, base = stack
     auth = {"Authorization": f"Bearer {API_KEY}"}
     client = ollama.Client(host=base, headers=auth)
@@ -782,6 +782,14 @@ def test_ollama_clients_get_the_openai_routes_vectors(stack):
     raw = client.embeddings(model="embed", prompt=TEXTS[1]).embedding
     assert np.abs(raw - openai_vectors(base, TEXTS[1:2], normalize=False)[0]).max() <= 1e-5
     assert [m.model for m in client.list().models] == ["embed", ALIAS]
+    shown = client.show(ALIAS)  # what tools ask before they embed
+    assert shown.capabilities == ["embedding"] and shown.details.family == "qwen"
+    dimension = openai_vectors(base, TEXTS[:1]).shape[1]
+    assert shown.modelinfo["qwen.embedding_length"] == dimension
+    assert shown.modelinfo["qwen.context_length"] == TOKENS_PER_TEXT
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("nomic-embed-text")
+    assert e.value.status_code == 404
     langchain = OllamaEmbeddings(model="embed", base_url=base, client_kwargs={"headers": auth})
     documents = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
     assert np.abs(documents - openai_vectors(base, TEXTS)).max() <= SAME

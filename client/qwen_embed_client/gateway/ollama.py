@@ -6,7 +6,9 @@ LlamaIndex's OllamaEmbedding) call with the gateway's URL as their host:
   Ollama's); no input (an empty text or list) answers no vectors, as Ollama's does.
 - POST /api/embeddings (Ollama's older route): {model, prompt, options} -> {embedding}, the
   vector as the model gives it, not normalized (as Ollama's).
-- GET /api/tags and /api/version: the served model's names, and a version.
+- GET /api/tags and /api/version: the served model's names, and a version; POST /api/show
+  {model}: its details as Ollama describes a model (`capabilities` ["embedding"], `model_info`
+  with its vectors' length and tokens per text), what tools ask before they embed.
 
 `options.num_ctx` cuts each text to that many tokens (Ollama's context length; without it, the
 model's own limit, where Ollama defaults to a context of its own); the other options set
@@ -99,23 +101,56 @@ async def embeddings_route(request: Request):
     return await respond(gw, {"embedding": result.embeddings[0].tolist()})
 
 
+DETAILS = {"format": "safetensors", "family": "qwen", "families": ["qwen"]}
+
+
+def _modified_at(gw) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(gw.created))
+
+
 @router.get("/api/tags")
 async def tags(request: Request):
     gw = gateway(request)
     facts = await gw.facts()
-    details = {"format": "safetensors", "family": "qwen", "families": ["qwen"]}
     models = [
         {
             "name": name,
             "model": name,
-            "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(gw.created)),
+            "modified_at": _modified_at(gw),
             "size": 0,
             "digest": facts.get("fingerprint") or "",
-            "details": details,
+            "details": DETAILS,
         }
         for name in gw.model_names
     ]
     return {"models": models}
+
+
+class ShowRequest(Body):
+    model: str
+    verbose: bool = False
+
+
+@router.post("/api/show")
+async def show(request: Request):
+    gw = gateway(request)
+    asked = ShowRequest.parse(await json_body(request))
+    check_model(asked.model, gw.model_names)
+    facts = await gw.facts()
+    info = {"general.architecture": DETAILS["family"]}
+    for key, fact in (("embedding_length", "dimension"), ("context_length", "tokens_per_text")):
+        if facts.get(fact) is not None:
+            info[f"{DETAILS['family']}.{key}"] = facts[fact]
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "license": "",
+        "details": DETAILS,
+        "model_info": info,
+        "capabilities": ["embedding"],
+        "modified_at": _modified_at(gw),
+    }
 
 
 @router.get("/api/version")
