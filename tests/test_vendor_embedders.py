@@ -27,7 +27,7 @@ from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, adapters
 from qwen_embed.adapters import adapter_names
 from qwen_embed.config import ModelConfig
 from qwen_embed_client.gateway.app import create_app
@@ -241,6 +241,22 @@ def test_task_adapters_are_merged_at_load(jina):
     with pytest.raises(ValueError, match=r"adapter 'summaries' is not among the checkpoint's"):
         Encoder.from_pretrained(jina, adapter="summaries")
     assert adapter_names(jina) == sorted(JINA_TASKS)
+
+
+def test_an_adapters_deltas_are_made_one_at_a_time_as_their_tensors_load(jina, monkeypatch):
+    """adapters.LoraDeltas: the loader asks for each adapted tensor's delta once, as it reads
+    that tensor; none is made before (an eager dict of them all would hold an fp32 copy of
+    every adapted weight at once)."""
+    made = []
+    make = adapters.LoraDeltas.__getitem__
+    monkeypatch.setattr(
+        adapters.LoraDeltas, "__getitem__", lambda self, name: made.append(name) or make(self, name)
+    )
+    deltas = adapters.lora_deltas(jina, "retrieval")
+    assert made == [] and len(deltas) == 7 * 2  # q, k, v, o, gate, up, down in 2 layers
+    with Encoder.from_pretrained(jina, dtype="float32", adapter="retrieval"):
+        pass
+    assert sorted(made) == sorted(deltas)
 
 
 def test_an_adapter_through_triton(jina, tmp_path):

@@ -9,6 +9,7 @@ then costs what the base model's does, on every route (int8, packed, TP shards) 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,29 @@ def resolve_adapter(setting: str, names: tuple[str, ...]) -> str | None:
     return chosen
 
 
-def lora_deltas(model_dir: str | Path, task: str | None) -> dict[str, torch.Tensor]:
+class LoraDeltas(Mapping):
+    """Checkpoint tensor name -> the fp32 delta its adapter adds, scale * B @ A, made when the
+    loader reads that tensor and dropped after: all of them at once would be an fp32 copy of
+    every adapted weight, where the adapter itself is its small low-rank pairs."""
+
+    def __init__(self, pairs: dict[str, dict[str, torch.Tensor]], scale: float):
+        self._pairs, self._scale = pairs, scale
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        pair = self._pairs[name]
+        return self._scale * (pair["B"] @ pair["A"])
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would make the delta to see
+        return name in self._pairs
+
+    def __iter__(self):
+        return iter(self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+
+def lora_deltas(model_dir: str | Path, task: str | None) -> Mapping[str, torch.Tensor]:
     """Checkpoint tensor name (without `model.`) -> the fp32 delta its adapter adds."""
     if task is None:
         return {}
@@ -80,9 +103,7 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> dict[str, torch.Tens
             if part not in ("A.weight", "B.weight"):
                 raise AdapterError(f"{folder}: unexpected adapter tensor {key!r}")
             pairs.setdefault(f"{module}.weight", {})[part[0]] = f.get_tensor(key).float()
-    deltas = {}
     for name, pair in pairs.items():
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"{folder}: {name} has lora_{''.join(pair)} without its pair")
-        deltas[name] = scale * (pair["B"] @ pair["A"])
-    return deltas
+    return LoraDeltas(pairs, scale)

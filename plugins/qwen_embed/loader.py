@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,7 +111,10 @@ def _normalise(key: str) -> str:
 
 
 def load_weights(
-    model: nn.Module, model_dir: str | Path, deltas: dict | None = None, skip: tuple[str, ...] = ()
+    model: nn.Module,
+    model_dir: str | Path,
+    deltas: Mapping | None = None,
+    skip: tuple[str, ...] = (),
 ) -> None:
     """Every parameter from the checkpoint's tensors; `deltas` (adapters.lora_deltas: name ->
     fp32 tensor) are added to theirs as they are read. Tensors under the prefixes in `skip`
