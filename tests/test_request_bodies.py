@@ -556,10 +556,11 @@ def test_rerank_objects_as_qwens_scripts_write_them():
         assert "beside the inputs" in e.message and e.param == param, e.message
 
 
-def test_vllm_processor_kwargs_are_the_request_s_video_fps_or_refused():
+def test_vllm_pooling_fields_are_read_or_refused():
     """vLLM's `mm_processor_kwargs`: its `fps` is `video_fps`, on embeddings and rerank
     bodies; the processor's other arguments (pixel budgets, frame counts) are the server's
-    settings, refused by name rather than silently ignored."""
+    settings, and its `cache_salt` (a client's own prefix cache) is not served: refused by
+    name rather than silently ignored."""
     part = {"type": "text", "text": "q"}
     _, options, *_ = embeddings({"input": [[part]], "mm_processor_kwargs": {"fps": 0.5}})
     assert options["video_fps"] == 0.5
@@ -569,11 +570,12 @@ def test_vllm_processor_kwargs_are_the_request_s_video_fps_or_refused():
     for body, message in [
         ({"mm_processor_kwargs": {"max_pixels": 1024}}, "['max_pixels'] are the server's"),
         ({"mm_processor_kwargs": {"fps": 1}, "video_fps": 2}, "not both"),
+        ({"cache_salt": "s" * 43}, "prefix_cache_mb 0"),
     ]:
         inputs = {embeddings: {"input": "x"}, rerank_v1: {"query": "q", "documents": ["a"]}}
         for parse, given in inputs.items():
             e = refusal(parse, given | body)
-            assert e.param == "mm_processor_kwargs" and message in e.message, e.message
+            assert e.param == next(iter(body)) and message in e.message, e.message
 
 
 def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):

@@ -88,38 +88,6 @@ REQUEST_OPTIONS = {
 }
 
 
-class ProcessorKwargs(Body):
-    """vLLM's `mm_processor_kwargs`, the HF processor's arguments for one request: its `fps`
-    is the request's `video_fps`; the others (pixel budgets, sizes, frame counts) are the
-    server's image and video settings here, refused by name rather than ignored."""
-
-    mm_processor_kwargs: dict[str, object] | None = None
-    video_fps: float | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _processor_kwargs(cls, body):
-        kwargs = body.get("mm_processor_kwargs") if isinstance(body, dict) else None
-        if not isinstance(kwargs, dict):  # absent, or not an object: its field says so
-            return body
-        kwargs = dict(kwargs)
-        fps = kwargs.pop("fps", None)
-        if kwargs:
-            raise PydanticCustomError(
-                "vllm",
-                "'mm_processor_kwargs' takes 'fps' only (the video frames per second): {keys} "
-                "are the server's image and video settings",
-                {"param": "mm_processor_kwargs", "keys": sorted(kwargs)},
-            )
-        if fps is not None and body.get("video_fps") is not None:
-            raise PydanticCustomError(
-                "vllm",
-                "send 'video_fps' or 'mm_processor_kwargs.fps', not both",
-                {"param": "mm_processor_kwargs"},
-            )
-        return body if fps is None else body | {"video_fps": fps}
-
-
 class ScriptInput(Body):
     """An input object that Qwen3-VL's scripts could have written (QwenInput, a rerank
     document): their per-input options are refused, naming the request's option."""

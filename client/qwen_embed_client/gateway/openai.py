@@ -88,7 +88,6 @@ from .media import (
     JinaParts,
     Message,
     Parts,
-    ProcessorKwargs,
     QwenParts,
     ScriptInput,
     has_parts,
@@ -183,7 +182,50 @@ class ChunkSpans(Body):
     spans: list[list[int]]
 
 
-class _Embeddings(ProcessorKwargs):
+class _VllmPoolingFields(Body):
+    """Fields vLLM takes on every pooling request (embeddings, rerank), read rather than
+    ignored: `mm_processor_kwargs`, the HF processor's arguments, whose `fps` is the request's
+    `video_fps` (the others, pixel budgets, sizes and frame counts, are the server's image and
+    video settings here, refused by name); `cache_salt`, which isolates a client's cached
+    prefixes in vLLM, refused: this server's prefix cache is one for all clients (the
+    encoder's `prefix_cache_mb` 0 keeps no prefix between batches)."""
+
+    mm_processor_kwargs: dict[str, object] | None = None
+    cache_salt: str | None = None
+    video_fps: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_pooling_fields(cls, body):
+        if isinstance(body, dict) and body.get("cache_salt") is not None:
+            raise PydanticCustomError(
+                "vllm",
+                "'cache_salt' is not served: this server's prefix cache is shared by every "
+                "client (its operator can keep no prefix between batches: prefix_cache_mb 0)",
+                {"param": "cache_salt"},
+            )
+        kwargs = body.get("mm_processor_kwargs") if isinstance(body, dict) else None
+        if not isinstance(kwargs, dict):  # absent, or not an object: its field says so
+            return body
+        kwargs = dict(kwargs)
+        fps = kwargs.pop("fps", None)
+        if kwargs:
+            raise PydanticCustomError(
+                "vllm",
+                "'mm_processor_kwargs' takes 'fps' only (the video frames per second): {keys} "
+                "are the server's image and video settings",
+                {"param": "mm_processor_kwargs", "keys": sorted(kwargs)},
+            )
+        if fps is not None and body.get("video_fps") is not None:
+            raise PydanticCustomError(
+                "vllm",
+                "send 'video_fps' or 'mm_processor_kwargs.fps', not both",
+                {"param": "mm_processor_kwargs"},
+            )
+        return body if fps is None else body | {"video_fps": fps}
+
+
+class _Embeddings(_VllmPoolingFields):
     """POST /v1/embeddings (and a Batch API line's body); EXTENSION_OPTIONS are added from
     the contract (EmbeddingsRequest)."""
 
@@ -479,7 +521,7 @@ class Document(ScriptInput):
         return self
 
 
-class RerankRequest(ProcessorKwargs):
+class RerankRequest(_VllmPoolingFields):
     """POST /v1/rerank, the Cohere v1 / Jina shape; for a multimodal reranker, the query and
     each document may be content parts (as /v1/embeddings' inputs), objects as
     Qwen3-VL-Reranker's scripts write them ({"text", "image", "video"}), or vLLM's
