@@ -571,6 +571,7 @@ def test_vllm_pooling_fields_are_read_or_refused():
         ({"mm_processor_kwargs": {"max_pixels": 1024}}, "['max_pixels'] are the server's"),
         ({"mm_processor_kwargs": {"fps": 1}, "video_fps": 2}, "not both"),
         ({"cache_salt": "s" * 43}, "prefix_cache_mb 0"),
+        ({"chat_template": "{{ messages }}"}, "the checkpoint's own recipe"),
     ]:
         inputs = {embeddings: {"input": "x"}, rerank_v1: {"query": "q", "documents": ["a"]}}
         for parse, given in inputs.items():

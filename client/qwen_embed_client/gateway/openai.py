@@ -188,22 +188,29 @@ class _VllmPoolingFields(Body):
     `video_fps` (the others, pixel budgets, sizes and frame counts, are the server's image and
     video settings here, refused by name); `cache_salt`, which isolates a client's cached
     prefixes in vLLM, refused: this server's prefix cache is one for all clients (the
-    encoder's `prefix_cache_mb` 0 keeps no prefix between batches)."""
+    encoder's `prefix_cache_mb` 0 keeps no prefix between batches); a `chat_template` of the
+    client's, refused: the checkpoint's own recipe forms its inputs."""
 
     mm_processor_kwargs: dict[str, object] | None = None
     cache_salt: str | None = None
+    chat_template: str | None = None
     video_fps: float | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _vllm_pooling_fields(cls, body):
-        if isinstance(body, dict) and body.get("cache_salt") is not None:
-            raise PydanticCustomError(
-                "vllm",
-                "'cache_salt' is not served: this server's prefix cache is shared by every "
-                "client (its operator can keep no prefix between batches: prefix_cache_mb 0)",
-                {"param": "cache_salt"},
-            )
+        refused = {
+            "cache_salt": "this server's prefix cache is shared by every client (its operator "
+            "can keep no prefix between batches: prefix_cache_mb 0)",
+            "chat_template": "the checkpoint's own recipe forms its inputs",
+        }
+        for name, why in refused.items():
+            if isinstance(body, dict) and body.get(name) is not None:
+                raise PydanticCustomError(
+                    "vllm",
+                    "'{name}' is not served: {why}",
+                    {"param": name, "name": name, "why": why},
+                )
         kwargs = body.get("mm_processor_kwargs") if isinstance(body, dict) else None
         if not isinstance(kwargs, dict):  # absent, or not an object: its field says so
             return body
