@@ -216,6 +216,9 @@ def test_a_finetune_is_read_as_one_checkpoint(dirs, st, tmp_path):
     first = resolve_checkpoint(copy)
     os.utime(copy / "adapter_model.safetensors", ns=(1, 1))  # another version of the adapter
     assert resolve_checkpoint(copy) != first != path
+    shutil.copy(dirs["qwen3"] / "config.json", copy)  # as some trainers save the base's
+    with Encoder.from_pretrained(copy, dtype="float32") as enc:
+        assert enc.route.adapter == "lora"
     adapter = json.loads((copy / ADAPTER_CONFIG).read_text())
     for changes, error, message in [
         (

@@ -1,8 +1,8 @@
 """A LoRA fine-tune as peft and sentence-transformers save it, served as a checkpoint.
 
 Such a directory holds the adapter (`adapter_config.json`, `adapter_model.safetensors`), the
-tokenizer and sentence-transformers files, and no weights or config.json of its own: its base
-model is `base_model_name_or_path` (a directory or a Hugging Face id). `checkpoint` lays out a
+tokenizer and sentence-transformers files, and no weights (often no config.json) of its own: its
+base model is `base_model_name_or_path` (a directory or a Hugging Face id). `checkpoint` lays out a
 directory of links that the rest of the server reads as any other checkpoint: the base's files,
 the fine-tune's own files over them, and the adapter under `adapters/` (adapters.py), which the
 encoder merges into the base weights at load.
@@ -28,7 +28,10 @@ _NOT_TAKEN = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".ckpt", ".gguf")
 
 
 def is_finetune(directory: Path) -> bool:
-    return (directory / ADAPTER_CONFIG).is_file() and not (directory / "config.json").is_file()
+    """An adapter without weights of its own (a copy of the base's config.json, which some
+    trainers save beside it, does not make it a checkpoint)."""
+    weights = [p for p in directory.glob("*.safetensors") if p.name != ADAPTER_WEIGHTS]
+    return (directory / ADAPTER_CONFIG).is_file() and not weights
 
 
 def base_name(directory: Path) -> str:
