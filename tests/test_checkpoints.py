@@ -21,6 +21,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from transformers import Qwen2Model
@@ -236,6 +237,12 @@ def test_a_finetune_is_read_as_one_checkpoint(dirs, st, tmp_path):
         (copy / ADAPTER_CONFIG).write_text(json.dumps(adapter | changes))
         with pytest.raises(error, match=message):
             Encoder.from_pretrained(copy, dtype="float32")
+    (copy / ADAPTER_CONFIG).write_text(json.dumps(adapter))
+    tensors = load_file(copy / "adapter_model.safetensors")  # a whole module (modules_to_save)
+    tensors["base_model.model.embed_tokens.weight"] = torch.zeros(8, 4)
+    save_file(tensors, copy / "adapter_model.safetensors")
+    with pytest.raises(AdapterError, match="embed_tokens.weight' is no LoRA pair's"):
+        Encoder.from_pretrained(copy, dtype="float32")
     (copy / "adapter_model.safetensors").unlink()
     with pytest.raises(AdapterError, match="no adapter_model.safetensors"):
         resolve_checkpoint(copy)

@@ -101,7 +101,10 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> Mapping[str, torch.T
                 name = name.removeprefix(prefix)
             module, _, part = name.rpartition(".lora_")
             if part not in ("A.weight", "B.weight"):
-                raise AdapterError(f"{folder}: unexpected adapter tensor {key!r}")
+                raise AdapterError(
+                    f"{folder}: adapter tensor {key!r} is no LoRA pair's (whole modules peft "
+                    "saves, modules_to_save or trainable tokens, are not merged)"
+                )
             pairs.setdefault(f"{module}.weight", {})[part[0]] = f.get_tensor(key).float()
     for name, pair in pairs.items():
         if set(pair) != {"A", "B"}:
