@@ -18,6 +18,7 @@ from qwen_embed.config import ModelConfig
 from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG, SentenceModulesError
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
+from qwen_embed_deploy.serving.chat_pairs import compiled
 from qwen_embed_deploy.serving.rerank import (
     TEXT_PAIRS,
     PairTokenizer,
@@ -32,7 +33,12 @@ from reference import (
     mxbai_pairs,
     reference_scores,
 )
-from replicas import lora_finetune, lora_model
+from replicas import (
+    QUERY_AS_SYSTEM_TEMPLATE,
+    QWEN3_RERANKER_TEMPLATE,
+    lora_finetune,
+    lora_model,
+)
 
 FP32_ABS = 1e-4
 BF16_ABS = 1e-2
@@ -151,6 +157,42 @@ def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tm
         scores = enc.score(pairs)
     assert np.abs(scores - expected).max() <= FP32_ABS
     assert np.abs(expected - reference_scores(reranker, pairs)).max() > 1e-3  # it can fail
+
+
+CHAT_TEMPLATES = [
+    QWEN3_RERANKER_TEMPLATE,
+    QUERY_AS_SYSTEM_TEMPLATE,
+    # what chat templates use beside: loop controls, tojson, dict(), strftime_now, raise_exception
+    "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }}:"
+    "{{ m.content | tojson }}\n{% endfor %}{{ dict(a=1) | tojson }}{{ bos_token or '' }}"
+    "{% if messages[0].role == 'nobody' %}{{ raise_exception('no') }}{% endif %}",
+]
+
+
+def test_chat_templates_render_as_transformers_renders_them():
+    """chat_pairs.compiled: the sandbox transformers renders chat templates in (the production
+    image has no transformers), rendering what its render_jinja_template renders; a namespace
+    attribute that starts with "_" is refused by both."""
+    from jinja2.exceptions import SecurityError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [
+        {"role": "system", "content": "Find the city"},
+        {"role": "query", "content": 'a "quoted" query <b>'},
+        {"role": "document", "content": "naïve café — 北京\n"},
+    ]
+    for template in CHAT_TEMPLATES:
+        for kwargs in ({}, {"add_generation_prompt": True, "bos_token": "<s>"}):
+            ours = compiled(template).render(
+                messages=messages, tools=None, documents=None, **kwargs
+            )
+            want = render_jinja_template([messages], chat_template=template, **kwargs)[0][0]
+            assert ours == want and ours.strip(), (template, kwargs)
+    escape = "{% set ns = namespace(_x=1) %}{{ ns._x }}"
+    with pytest.raises(SecurityError):
+        compiled(escape).render(messages=messages)
+    with pytest.raises(SecurityError):
+        render_jinja_template([messages], chat_template=escape)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,11 @@ formed as its `predict` forms them:
   the instruction where there is one (the request's, else the prompt its
   config_sentence_transformers.json names by default: sentence-transformers passes a prompt so);
 - they are rendered through the checkpoint's chat template (`chat_template.jinja`, else
-  tokenizer_config.json's) by transformers' own renderer, with its special tokens and the
-  keyword arguments sentence_bert_config.json keeps for it (`processing_kwargs.chat_template`,
-  e.g. `add_generation_prompt`), and tokenized whole, without the post-processor's tokens;
+  tokenizer_config.json's) in the sandbox transformers renders chat templates in (`compiled`:
+  jinja2, which torch depends on, so every image that serves has it), with its special tokens
+  and the keyword arguments sentence_bert_config.json keeps for it
+  (`processing_kwargs.chat_template`, e.g. `add_generation_prompt`), and tokenized whole,
+  without the post-processor's tokens;
 - a pair over the limit is cut there and the template's tail written back over its end: the
   longest common token suffix of two renders with other contents, so the model still reads
   its last token where the template puts it.
@@ -17,6 +19,8 @@ formed as its `predict` forms them:
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
 from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG
@@ -34,6 +38,64 @@ _FILLERS = ("0", "1 2 3 4")
 
 def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@lru_cache(maxsize=8)
+def compiled(template: str):
+    """A chat template compiled as transformers compiles one: an immutable sandbox, blocks
+    trimmed, loop controls, its `tojson` (no HTML escapes), `raise_exception`, `strftime_now`,
+    and `dict` / `namespace` that cannot reach Python internals (templates come with the
+    checkpoint)."""
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    major, minor, patch = (int(x) for x in jinja2.__version__.split(".")[:3])
+    if (major, minor, patch) < (3, 1, 6):  # earlier sandboxes can be escaped
+        raise ImportError(f"chat templates need jinja2 >= 3.1.6, this is {jinja2.__version__}")
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    class Dicts:  # dict() and dict.fromkeys() only
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class Namespace(jinja2.utils.Namespace):  # no attribute that starts with "_"
+        def __init__(*args, **kwargs):
+            self, attrs = args[0], dict(*args[1:], **kwargs)
+            for name in attrs:
+                Namespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r}")
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals |= {
+        "raise_exception": raise_exception,
+        "strftime_now": lambda format: datetime.now().strftime(format),
+        "dict": Dicts(),
+        "namespace": Namespace,
+    }
+    return env.from_string(template)
 
 
 def chat_template(model_dir: Path) -> str:
@@ -56,14 +118,10 @@ class ChatPairTokenizer:
     template = None  # no pair template of ours: it reads text only
 
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
-        # transformers' renderer (jinja2 as transformers sets it up): imported only here
-        from transformers.utils.chat_template_utils import render_jinja_template
-
         model_dir = Path(model_dir)
-        self._render_jinja = render_jinja_template
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
-        self._template = chat_template(model_dir)
+        self._template = compiled(chat_template(model_dir))
         config = _json(model_dir / "tokenizer_config.json")
         specials = {k: token_text(config.get(k)) for k in SPECIAL_TOKENS}
         st = _json(model_dir / "sentence_bert_config.json")
@@ -71,7 +129,11 @@ class ChatPairTokenizer:
         self._restore = kwargs.pop("restore_suffix", True)
         for key in _SIZE_KWARGS:
             kwargs.pop(key, None)
-        self._kwargs = {k: v for k, v in specials.items() if v is not None} | kwargs
+        self._kwargs = (
+            {"add_generation_prompt": False}
+            | {k: v for k, v in specials.items() if v is not None}
+            | kwargs
+        )
         prompts = _json(model_dir / CROSS_ENCODER_CONFIG)
         self.default_instruction = (prompts.get("prompts") or {}).get(
             prompts.get("default_prompt_name")
@@ -105,9 +167,11 @@ class ChatPairTokenizer:
         ]
 
     def _rendered(self, conversations: list[list[dict]]) -> list[str]:
-        return self._render_jinja(
-            conversations=conversations, chat_template=self._template, **self._kwargs
-        )[0]
+        """Each conversation rendered as transformers' apply_chat_template renders it."""
+        return [
+            self._template.render(messages=c, tools=None, documents=None, **self._kwargs)
+            for c in conversations
+        ]
 
     def _cut(self, ids: list[int], instruction: str | None) -> list[int]:
         ids = ids[: self.max_input_tokens]
