@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig
 from qwen_embed.hub import resolve_checkpoint
-from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG, SentenceModulesError
+from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG, SentenceModulesError
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
 from qwen_embed_deploy.serving.chat_pairs import compiled
 from qwen_embed_deploy.serving.rerank import (
@@ -252,9 +252,9 @@ def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders
     (broken / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="without a chat template"):
         pair_tokenizer(broken, 8192)
-    config = json.loads((broken / CROSS_ENCODER_CONFIG).read_text())
+    config = json.loads((broken / SENTENCE_TRANSFORMERS_CONFIG).read_text())
     config["activation_fn"] = "torch.nn.modules.linear.Identity"
-    (broken / CROSS_ENCODER_CONFIG).write_text(json.dumps(config))
+    (broken / SENTENCE_TRANSFORMERS_CONFIG).write_text(json.dumps(config))
     with pytest.raises(SentenceModulesError, match="activation_fn 'torch.nn.modules.linear"):
         ModelConfig.from_dir(broken)
 

@@ -53,14 +53,15 @@ def checkpoint(directory: Path, base: Path) -> Path:
             f"{directory}'s base {base} already has adapters ({ADAPTERS}/): an adapter over "
             "adapters is not served; merge the base's first"
         )
-    target = Path(tempfile.gettempdir()) / "qwen-embed-finetunes" / _version(directory, base)
+    files = {root: _files(root) for root in (base, directory)}
+    target = Path(tempfile.gettempdir()) / "qwen-embed-finetunes" / _version(files)
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    for relative, source in _files(base).items():
+    for relative, source in files[base].items():
         _link(building / relative, source)
-    for relative, source in _files(directory).items():
+    for relative, source in files[directory].items():
         if relative.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) and (
             relative.suffix not in _NOT_TAKEN
         ):
@@ -89,12 +90,13 @@ def _link(link: Path, source: Path) -> None:
     link.symlink_to(source)
 
 
-def _version(directory: Path, base: Path) -> str:
-    """A name for the two directories' files as they are now (paths, sizes, times)."""
+def _version(files: dict[Path, dict[Path, Path]]) -> str:
+    """A name for the directories' files (`_files` of each) as they are now: paths, sizes,
+    times."""
     h = hashlib.sha256()
-    for root in (directory, base):
+    for root, listed in files.items():
         h.update(f"{root.resolve()}\n".encode())
-        for relative, path in _files(root).items():
+        for relative, path in listed.items():
             stat = path.stat()
             h.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return h.hexdigest()[:24]

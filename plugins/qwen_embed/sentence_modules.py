@@ -49,7 +49,8 @@ ACTIVATIONS = {
 ROOT_PROJECTION = "linear.weight"
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
-CROSS_ENCODER_CONFIG = "config_sentence_transformers.json"
+# prompts, and a CrossEncoder's activation (serving/tokenizer.PromptSet reads the prompts)
+SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 # what a CrossEncoder's `predict` applies to its LogitScore: the probability our scores are
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
 
@@ -157,11 +158,12 @@ def _logit_score(model_dir: Path, path: Path) -> tuple[int, int | None]:
     config = _read_json(path)
     if config.get("module_input_name", "causal_logits") != "causal_logits":
         raise SentenceModulesError(f"{path}: only a LogitScore on the causal LM's logits is read")
-    activation = _read_json(model_dir / CROSS_ENCODER_CONFIG, default={}).get("activation_fn")
+    st_config = model_dir / SENTENCE_TRANSFORMERS_CONFIG
+    activation = _read_json(st_config, default={}).get("activation_fn")
     if activation not in (None, SIGMOID):
         raise SentenceModulesError(
-            f"{model_dir / CROSS_ENCODER_CONFIG}: activation_fn {activation!r}; a reranker's "
-            f"scores here are {SIGMOID}'s (raw scores are its log-odds)"
+            f"{st_config}: activation_fn {activation!r}; a reranker's scores here are "
+            f"{SIGMOID}'s (raw scores are its log-odds)"
         )
     false = config.get("false_token_id")
     return int(config["true_token_id"]), None if false is None else int(false)

@@ -182,6 +182,14 @@ class ChunkSpans(Body):
     spans: list[list[int]]
 
 
+# vLLM's pooling-request fields refused, and why
+_NOT_SERVED = {
+    "cache_salt": "this server's prefix cache is shared by every client (its operator can keep "
+    "no prefix between batches: prefix_cache_mb 0)",
+    "chat_template": "the checkpoint's own recipe forms its inputs",
+}
+
+
 class _VllmPoolingFields(Body):
     """Fields vLLM takes on every pooling request (embeddings, rerank), read rather than
     ignored: `mm_processor_kwargs`, the HF processor's arguments, whose `fps` is the request's
@@ -199,19 +207,16 @@ class _VllmPoolingFields(Body):
     @model_validator(mode="before")
     @classmethod
     def _vllm_pooling_fields(cls, body):
-        refused = {
-            "cache_salt": "this server's prefix cache is shared by every client (its operator "
-            "can keep no prefix between batches: prefix_cache_mb 0)",
-            "chat_template": "the checkpoint's own recipe forms its inputs",
-        }
-        for name, why in refused.items():
-            if isinstance(body, dict) and body.get(name) is not None:
+        if not isinstance(body, dict):  # the body's own check names it
+            return body
+        for name, why in _NOT_SERVED.items():
+            if body.get(name) is not None:
                 raise PydanticCustomError(
                     "vllm",
                     "'{name}' is not served: {why}",
                     {"param": name, "name": name, "why": why},
                 )
-        kwargs = body.get("mm_processor_kwargs") if isinstance(body, dict) else None
+        kwargs = body.get("mm_processor_kwargs")
         if not isinstance(kwargs, dict):  # absent, or not an object: its field says so
             return body
         kwargs = dict(kwargs)
@@ -464,13 +469,13 @@ class _Embeddings(_VllmPoolingFields):
         chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
             raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
-        if self.binary and (chunked or kinds != ["float"] or keyed):
-            raise invalid(
-                f"'encoding_format' {self.encoding_format!r} answers float vectors, one per "
-                f"input: not with {chunked or 'embedding types'}",
-                "encoding_format",
-            )
         if self.binary:
+            if chunked or kinds != ["float"] or keyed:
+                raise invalid(
+                    f"'encoding_format' {self.encoding_format!r} answers float vectors, one "
+                    f"per input: not with {chunked or 'embedding types'}",
+                    "encoding_format",
+                )
             encoding = "bytes"
         if self.embed_dtype != "float32" and kinds != ["float"]:
             raise invalid(

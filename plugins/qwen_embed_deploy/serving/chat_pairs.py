@@ -19,14 +19,14 @@ formed as its `predict` forms them:
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from qwen_embed.sentence_modules import CROSS_ENCODER_CONFIG
 from qwen_embed_client.contract import RequestError, RerankOptions
 
-from .tokenizer import first_tokens, load_tokenizer, token_text
+from .tokenizer import PromptSet, first_tokens, load_tokenizer, token_text
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
 # keyword arguments of apply_chat_template that size or pad the output: limits are ours
@@ -50,8 +50,8 @@ def compiled(template: str):
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    major, minor, patch = (int(x) for x in jinja2.__version__.split(".")[:3])
-    if (major, minor, patch) < (3, 1, 6):  # earlier sandboxes can be escaped
+    if tuple(int(x) for x in re.findall(r"\d+", jinja2.__version__)[:3]) < (3, 1, 6):
+        # earlier sandboxes can be escaped
         raise ImportError(f"chat templates need jinja2 >= 3.1.6, this is {jinja2.__version__}")
 
     def raise_exception(message):
@@ -134,18 +134,15 @@ class ChatPairTokenizer:
             | {k: v for k, v in specials.items() if v is not None}
             | kwargs
         )
-        prompts = _json(model_dir / CROSS_ENCODER_CONFIG)
-        self.default_instruction = (prompts.get("prompts") or {}).get(
-            prompts.get("default_prompt_name")
-        )
-        self._tails: dict[str | None, list[int]] = {}
+        # sentence-transformers' default prompt, which it passes as the system message
+        self.default_instruction = PromptSet.from_dir(model_dir).resolve(None, None, None) or None
 
     def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
         instruction = opts.instruction or self.default_instruction
         if opts.max_document_tokens is not None:
             documents = first_tokens(self._tok, documents, opts.max_document_tokens)
         texts = self._rendered([self._messages(instruction, query, d) for d in documents])
-        out = []
+        out, tail = [], None
         for i, enc in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
             ids = enc.ids
             if len(ids) > self.max_input_tokens:
@@ -154,7 +151,9 @@ class ChatPairTokenizer:
                         f"input 'DOCUMENTS[{i}]' makes a pair of {len(ids)} tokens, more than "
                         f"the limit of {self.max_input_tokens} (send truncate=true to cut it)"
                     )
-                ids = self._cut(ids, instruction)
+                if tail is None:  # once per request: it depends on the instruction
+                    tail = self._tail(instruction) if self._restore else []
+                ids = ids[: self.max_input_tokens - len(tail)] + tail
             out.append(ids)
         return out
 
@@ -173,15 +172,6 @@ class ChatPairTokenizer:
             for c in conversations
         ]
 
-    def _cut(self, ids: list[int], instruction: str | None) -> list[int]:
-        ids = ids[: self.max_input_tokens]
-        if not self._restore:
-            return ids
-        if instruction not in self._tails:
-            self._tails[instruction] = self._tail(instruction)
-        tail = self._tails[instruction][-self.max_input_tokens :]
-        return ids[: len(ids) - len(tail)] + tail
-
     def _tail(self, instruction: str | None) -> list[int]:
         """The template's tokens after a pair's contents: what two renders with other
         contents (the system message kept) end in alike; none where they never differ."""
@@ -192,4 +182,4 @@ class ChatPairTokenizer:
         n = 0
         while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
             n += 1
-        return a[len(a) - n :] if n < min(len(a), len(b)) else []
+        return a[len(a) - n :][-self.max_input_tokens :] if n < min(len(a), len(b)) else []

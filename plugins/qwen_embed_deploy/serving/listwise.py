@@ -25,7 +25,7 @@ from pathlib import Path
 from qwen_embed.config import LISTWISE_MARKERS
 from qwen_embed_client.contract import RequestError, RerankOptions
 
-from .tokenizer import load_tokenizer
+from .tokenizer import first_tokens, load_tokenizer
 
 QUERY_TOKENS = 512
 DOCUMENT_TOKENS = 2048
@@ -77,7 +77,7 @@ class BlockTokenizer:
         """Per document a row: its block's token ids on each block's first document, [] on
         the others."""
         if opts.max_document_tokens is not None:
-            documents = [d for d, _ in self._cut(documents, opts.max_document_tokens)]
+            documents = first_tokens(self._tok, documents, opts.max_document_tokens)
         ((query, query_tokens),) = self._cut([query], QUERY_TOKENS, opts.truncate, "QUERY")
         cut = self._cut(documents, DOCUMENT_TOKENS, opts.truncate, "DOCUMENTS")
         rows: list[list[int]] = []
@@ -87,7 +87,7 @@ class BlockTokenizer:
         return rows
 
     def _cut(
-        self, texts: list[str], limit: int, truncate: bool = True, field: str = ""
+        self, texts: list[str], limit: int, truncate: bool, field: str
     ) -> list[tuple[str, int]]:
         """Per text (it, or its first `limit` tokens decoded back; its token count, at most
         `limit`) as its `rerank` cuts it; `field` (an input) names a text refused without

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
     FEWER_FRAMES,
@@ -36,7 +37,6 @@ from qwen_embed_client.contract import (
     RequestError,
 )
 
-SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
 # Qwen3-Embedding's and gte-Qwen2's query prompts: a task between "Instruct: " and "\nQuery:".
 _TASK_SLOT = re.compile(r"^Instruct: (?P<task>.*)\nQuery:(?P<tail>[ \t]*)$", re.S)
