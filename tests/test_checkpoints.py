@@ -232,7 +232,7 @@ def test_a_finetune_is_read_as_one_checkpoint(dirs, st, tmp_path):
             AdapterError,
             "an adapter over adapters",
         ),
-        ({"peft_type": "IA3"}, AdapterError, "peft_type 'IA3'; only LoRA adapters are merged"),
+        ({"peft_type": "IA3"}, AdapterError, "peft_type 'IA3'; only LoRA adapters are served"),
     ]:
         (copy / ADAPTER_CONFIG).write_text(json.dumps(adapter | changes))
         with pytest.raises(error, match=message):

@@ -35,12 +35,20 @@ def adapter_names(model_dir: str | Path) -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/adapter_config.json"))
 
 
-def resolve_adapter(setting: str, names: tuple[str, ...]) -> str | None:
+def resolve_adapter(
+    setting: str, names: tuple[str, ...], per_request: tuple[str, ...] = ()
+) -> str | None:
     """settings.adapter as one of the checkpoint's adapter `names`, or None for the base
     weights: "auto" takes the only one (a fine-tune's, finetunes.py), else `retrieval`
-    (jina-embeddings-v5's default) where there are adapters."""
-    if setting == "none" or (setting == "auto" and not names):
+    (jina-embeddings-v5's default) where there are adapters; with adapters `per_request`
+    (lora.py) none: theirs are deltas of the base weights."""
+    if setting == "none" or (setting == "auto" and (not names or per_request)):
         return None
+    if per_request:
+        raise AdapterError(
+            f"adapter {setting!r} merged and lora_modules {list(per_request)} do not mix (a "
+            "request's adapter is trained on the base weights): set adapter to 'none'"
+        )
     chosen = setting
     if setting == "auto":
         chosen = names[0] if len(names) == 1 else "retrieval"
@@ -78,11 +86,17 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> Mapping[str, torch.T
     """Checkpoint tensor name (without `model.`) -> the fp32 delta its adapter adds."""
     if task is None:
         return {}
-    folder = Path(model_dir) / ADAPTERS / task
+    return LoraDeltas(*read_lora(Path(model_dir) / ADAPTERS / task))
+
+
+def read_lora(folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], float]:
+    """A peft LoRA adapter folder's pairs (checkpoint tensor name without `model.` ->
+    {"A": [r, in], "B": [out, r]}, fp32) and its scale (lora_alpha / r, or / sqrt(r) with
+    rsLoRA)."""
     config = json.loads((folder / "adapter_config.json").read_text())
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(
-            f"{folder}: peft_type {config['peft_type']!r}; only LoRA adapters are merged "
+            f"{folder}: peft_type {config['peft_type']!r}; only LoRA adapters are served "
             "(peft's merge_and_unload() and save_pretrained() make a checkpoint of others)"
         )
     if config.get("use_dora") or config.get("fan_in_fan_out"):
@@ -103,10 +117,10 @@ def lora_deltas(model_dir: str | Path, task: str | None) -> Mapping[str, torch.T
             if part not in ("A.weight", "B.weight"):
                 raise AdapterError(
                     f"{folder}: adapter tensor {key!r} is no LoRA pair's (whole modules peft "
-                    "saves, modules_to_save or trainable tokens, are not merged)"
+                    "saves, modules_to_save or trainable tokens, are not served)"
                 )
             pairs.setdefault(f"{module}.weight", {})[part[0]] = f.get_tensor(key).float()
     for name, pair in pairs.items():
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"{folder}: {name} has lora_{''.join(pair)} without its pair")
-    return LoraDeltas(pairs, scale)
+    return pairs, scale

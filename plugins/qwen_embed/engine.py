@@ -28,9 +28,10 @@ from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import load_weights
+from .lora import adapter_folders, attach
 from .media import MediaForward, MediaText
 from .models import model_class
-from .models.vision import VisionTower
+from .models.vision import TOWER, VisionTower
 from .onednn import NativeBf16Weight, PackedWeight
 from .onednn import available as onednn_available
 from .parallel import RankSpec, TPLauncher, wait_for_device
@@ -94,6 +95,9 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     # A rank without the vision tower (_instantiate) leaves its weights unread.
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
     load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
+    if route.lora_names:  # before the q|k|v split and repacking, which carry them
+        folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
+        model.adapters = attach(model, folders, TORCH_DTYPES[route.dtype], device)
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
@@ -177,7 +181,6 @@ FLOAT_GEMMS = {
     Gemm.NATIVE_BF16: NativeBf16Weight,
     Gemm.NATIVE_F32: Avx2F32Weight,
 }
-TOWER = "visual."  # the vision tower's modules (models/vision.py)
 
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
@@ -298,11 +301,13 @@ class Encoder:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or embedding_size] in input
-        order."""
+        order. `adapter`: one of `adapters`, added to the base weights (lora.py)."""
         self._check_dimensions(dimensions)
-        pooled = torch.from_numpy(self.pool_checked(self.check_sequences(token_id_lists)))
+        sequences = self.check_sequences(token_id_lists)
+        pooled = torch.from_numpy(self.pool_checked(sequences, adapter))
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
     def _check_dimensions(self, dimensions, limit: int | None = None) -> None:
@@ -316,14 +321,28 @@ class Encoder:
         ):
             raise ValueError(f"dimensions must be an integer in 1..{limit}, got {dimensions!r}")
 
-    def pool_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The adapters a call may name (settings.lora_modules)."""
+        return self.route.lora_names
+
+    def adapter_index(self, adapter: str | None) -> int | None:
+        """`adapter` as the forward's index (ValueError naming the ones served)."""
+        if adapter is None:
+            return None
+        if adapter not in self.route.lora_names:
+            served = list(self.route.lora_names) or "none: set lora_modules"
+            raise ValueError(f"adapter {adapter!r} is not served here (adapters: {served})")
+        return self.route.lora_names.index(adapter)
+
+    def pool_checked(self, sequences: list[np.ndarray], adapter: str | None = None) -> np.ndarray:
         """Pooled (and projected: heads.py) vectors float32 [n, embedding_size], not truncated,
         not normalised (`finish` does that per request), of sequences that already passed
         `check_sequence`: callers that validate per request (the Triton encoder) do not pay
         for it twice."""
         self._require("embed")
         out = np.empty((len(sequences), self.embedding_size), dtype=np.float32)
-        return self._run(sequences, out, self._embedding_head)
+        return self._run(sequences, out, self._embedding_head, adapter)
 
     def _embedding_head(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled if self.model.head is None else self.model.head(pooled)
@@ -489,20 +508,22 @@ class Encoder:
                 out[indices] = self._forward_context(ctx, pooled, send).numpy()
         return out
 
-    def score(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    def score(
+        self, token_id_lists: Sequence[Sequence[int]], adapter: str | None = None
+    ) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
         Only for task "rerank"; building the template is the caller's (or the Triton
         tokenizer's) job, see qwen_embed_deploy.serving.rerank."""
         self._require("rerank")
-        return self.score_checked(self.check_sequences(token_id_lists))
+        return self.score_checked(self.check_sequences(token_id_lists), adapter)
 
-    def score_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+    def score_checked(self, sequences: list[np.ndarray], adapter: str | None = None) -> np.ndarray:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
         if self.config.listwise:
             raise ValueError("a listwise reranker scores a query's blocks: use rank_blocks")
         out = np.empty(len(sequences), dtype=np.float32)
-        return self._run(sequences, out, self.model.head)
+        return self._run(sequences, out, self.model.head, adapter)
 
     def rank_blocks(self, blocks: Sequence[Sequence[int]]) -> np.ndarray:
         """A listwise reranker's (jina-reranker-v3) scores of one query's documents: `blocks`
@@ -525,16 +546,20 @@ class Encoder:
         head = self.model.head
         return listwise_scores(self._pool_chunks(blocks, head, head.width))
 
-    def classify(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    def classify(
+        self, token_id_lists: Sequence[Sequence[int]], adapter: str | None = None
+    ) -> np.ndarray:
         """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are
         `config.labels`)."""
-        return self.classify_checked(self.check_sequences(token_id_lists))
+        return self.classify_checked(self.check_sequences(token_id_lists), adapter)
 
-    def classify_checked(self, sequences: list[np.ndarray]) -> np.ndarray:
+    def classify_checked(
+        self, sequences: list[np.ndarray], adapter: str | None = None
+    ) -> np.ndarray:
         """`classify` for sequences that already passed `check_sequence`."""
         self._require("classify")
         out = np.empty((len(sequences), self.config.num_labels), dtype=np.float32)
-        return self._run(sequences, out, self.model.head)
+        return self._run(sequences, out, self.model.head, adapter)
 
     def _require(self, task: str) -> None:
         if self.task != task:
@@ -542,15 +567,19 @@ class Encoder:
                 f"this encoder was loaded with task={self.task!r}; {task!r} needs task={task!r}"
             )
 
-    def _run(self, sequences: list[np.ndarray], out: np.ndarray, head) -> np.ndarray:
+    def _run(
+        self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: str | None
+    ) -> np.ndarray:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
         `out`. A batch's result is read after the next batch is queued: a GPU never waits
         for the host to read results or plan the next batch."""
+        index = self.adapter_index(adapter)
         lengths = [len(s) for s in sequences]
         with self._lock:
             queued: list[tuple[list[int], HostResult]] = []
             for indices in plan_batches(lengths, self.max_batch_tokens):
-                queued.append((indices, self._forward([sequences[i] for i in indices], head)))
+                batch = [sequences[i] for i in indices]
+                queued.append((indices, self._forward(batch, head, index)))
                 if len(queued) == 2:
                     rows, result = queued.pop(0)
                     out[rows] = result.numpy()
@@ -601,11 +630,13 @@ class Encoder:
             )
         return arr
 
-    def _forward(self, sequences: list[np.ndarray], head) -> np.ndarray:
+    def _forward(self, sequences: list[np.ndarray], head, adapter: int | None) -> np.ndarray:
         flat = flatten(sequences)  # the one flat host copy every rank plans from
         # Planned before the workers hear of it: a batch rank 0 cannot plan never reaches them.
-        ctx = self.model.planner.plan(*flat)
-        send = None if self._launcher is None else partial(self._launcher.send_batch, *flat)
+        ctx = self.model.planner.plan(*flat, adapter=adapter)
+        send = None
+        if self._launcher is not None:
+            send = partial(self._launcher.send_batch, *flat, adapter=adapter)
         return self._forward_context(ctx, partial(self._pooled, ctx, head=head), send)
 
     def _forward_context(self, ctx: ForwardContext, finish, send):

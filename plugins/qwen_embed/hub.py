@@ -49,7 +49,7 @@ def resolve_checkpoint(name: str | Path) -> Path:
     snapshot of the Hugging Face model id `name`; a LoRA fine-tune (either) over its base
     (finetunes.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
-    path = _located(name)
+    path = locate(name)
     if not finetunes.is_finetune(path):
         return path
     base = finetunes.base_name(path)
@@ -59,7 +59,9 @@ def resolve_checkpoint(name: str | Path) -> Path:
         raise CheckpointNotFoundError(f"{name} is a fine-tune of {base}: {e}") from e
 
 
-def _located(name: str | Path) -> Path:
+def locate(name: str | Path) -> Path:
+    """`name` as a directory (a checkpoint's or a fine-tune's), or the Hub snapshot of the
+    model id `name`."""
     path = Path(name).expanduser()
     if (path / "config.json").is_file() or finetunes.is_finetune(path):
         return path

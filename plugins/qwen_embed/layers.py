@@ -16,6 +16,8 @@ from torch import nn
 from .cpu import fp32_gemm, has_native_bf16
 from .kernels import RowOps, reference
 
+LowRank = tuple[torch.Tensor, torch.Tensor]  # a LoRA pair (A [r, in], B [out, r])
+
 
 def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
@@ -145,11 +147,18 @@ class _Linear(nn.Module):
     def __init__(self):
         super().__init__()
         self.kernel: nn.Module | None = None
+        self.lora = None  # lora.LinearLora: the adapters a request may name
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.kernel is not None:
-            return self.kernel(x, bias)
-        return linear(x, self.weight, bias)
+            y = self.kernel(x, bias)
+        else:
+            y = linear(x, self.weight, bias)
+        return y if self.lora is None else self.lora.add(x, y)
+
+    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
+        """This rank's (A [r, in], B [out, r]) of a whole layer's low-rank pair."""
+        return pairs[None]
 
     def repack(self, kernel: type[nn.Module]) -> None:
         """Replace this rank's (already sharded) float weight by `kernel(weight)`."""
@@ -197,6 +206,20 @@ class ColumnParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
+        """The packed shards' pairs as one: their A stacked [sum r, in], their B this rank's
+        rows of each, placed block-diagonally [out, sum r] (a shard without one: zeros)."""
+        if None in pairs:
+            pairs = {next(iter(self.local)): pairs[None]}
+        a = torch.cat([a for a, _ in pairs.values()])
+        b = a.new_zeros(sum(self.local.values()), a.shape[0])
+        col = 0
+        for key, (a_k, b_k) in pairs.items():
+            rows = _shard(b_k, 0, self._piece(key), self.parts[key])
+            b[self.offsets[key] : self.offsets[key] + self.local[key], col : col + len(a_k)] = rows
+            col += len(a_k)
+        return a, b
+
     def split(self, *groups: tuple[str, ...]) -> list[ShardLinear]:
         """This rank's packed shards as separate layers, one per group of consecutive shards
         (after loading, before repacking), so that a caller can feed each its own rows."""
@@ -208,6 +231,7 @@ class ColumnParallelLinear(_Linear):
             start, size = self.offsets[group[0]], sum(self.local[k] for k in group)
             bias = None if self.bias is None else self.bias.data.narrow(0, start, size)
             out.append(ShardLinear(self.weight.data.narrow(0, start, size), bias))
+            out[-1].lora = None if self.lora is None else self.lora.rows(start, size)
         return out
 
 
@@ -248,6 +272,12 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.matmul(x, None))
+
+    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
+        """A's columns of this rank's input features: its partial (x A^T) B^T is summed by
+        the all-reduce as the base product is."""
+        a, b = pairs[None]
+        return _shard(a, 1, self.tp.rank, self.tp.size), b
 
 
 def rotary_cos_sin(

@@ -40,7 +40,7 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def _checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, str | None]]]:
+def checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, str | None]]]:
     """Checkpoint tensor name (without "model.") -> [(our parameter, packed shard id)].
 
     A parameter with a `checkpoint_name` (a task head) reads that tensor, which may also feed
@@ -121,7 +121,7 @@ def load_weights(
     are not read (a part of the checkpoint this process does not hold)."""
     deltas = deltas or {}
     ignored = _IGNORED_PREFIXES + skip
-    expected = _checkpoint_names(model)
+    expected = checkpoint_names(model)
     seen: set[str] = set()
     for path in checkpoint_files(model_dir):
         for key, full in _mapped_tensors(path):

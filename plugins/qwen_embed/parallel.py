@@ -183,11 +183,15 @@ class TPLauncher:
         return tp
 
     def send_batch(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, every_row: bool = False
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        every_row: bool = False,
+        adapter: int | None = None,
     ) -> None:
         """A forward of a flat batch (Planner.plan's arguments)."""
         command = CMD_EVERY_ROW if every_row else CMD_FORWARD
-        header = torch.tensor([command, input_ids.numel(), cu_seqlens.numel()])
+        header = _header(command, input_ids.numel(), cu_seqlens.numel(), adapter)
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
@@ -198,7 +202,7 @@ class TPLauncher:
         """A forward of a flat batch with images and video: its ids and positions on three
         axes; rank 0 runs the tower and broadcasts the visuals' tokens inside the forward
         (MediaForward.embed)."""
-        header = torch.tensor([CMD_MEDIA, input_ids.numel(), cu_seqlens.numel()])
+        header = _header(CMD_MEDIA, input_ids.numel(), cu_seqlens.numel())
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
@@ -207,7 +211,7 @@ class TPLauncher:
     def send_chunks(self, packed: torch.Tensor) -> None:
         """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on
         every rank."""
-        self.control.broadcast(torch.tensor([CMD_CHUNKS, packed.numel(), 0]), 0).wait()
+        self.control.broadcast(_header(CMD_CHUNKS, packed.numel(), 0), 0).wait()
         self.control.broadcast(packed, 0).wait()
 
     def failure(self, wait_s: float = 2.0) -> str | None:
@@ -233,7 +237,7 @@ class TPLauncher:
             self.control = None
         if self.control is not None:
             try:
-                work = self.control.broadcast(torch.tensor([CMD_STOP, 0, 0]), 0)
+                work = self.control.broadcast(_header(CMD_STOP, 0, 0), 0)
                 work.wait(datetime.timedelta(seconds=5))
             except Exception:  # a dead worker cannot take the stop; it is killed below
                 pass
@@ -245,6 +249,11 @@ class TPLauncher:
                 proc.kill()
                 proc.wait()
         self.procs = []
+
+
+def _header(command: int, num_tokens: int, cu_len: int, adapter: int | None = None):
+    """A command to the workers: (command, tokens, offsets, adapter index or -1)."""
+    return torch.tensor([command, num_tokens, cu_len, -1 if adapter is None else adapter])
 
 
 def serve_rank(args: RankSpec, rank: int, build_model) -> None:
@@ -269,9 +278,10 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
     idle = dist.BroadcastOptions()
     idle.rootRank, idle.timeout = 0, _IDLE_WAIT
     while True:
-        header = torch.zeros(3, dtype=torch.int64)
+        header = _header(0, 0, 0)
         control.broadcast([header], idle).wait()
-        cmd, num_tokens, cu_len = header.tolist()
+        cmd, num_tokens, cu_len, adapter = header.tolist()
+        adapter = None if adapter < 0 else adapter
         if cmd == CMD_STOP:
             return
         if cmd == CMD_CHUNKS:
@@ -296,9 +306,8 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 texts = unpack_texts(packed)
                 ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
             else:
-                ctx = planner.plan(
-                    input_ids, cu_seqlens, every_row=cmd == CMD_EVERY_ROW, media=media
-                )
+                every_row = cmd == CMD_EVERY_ROW
+                ctx = planner.plan(input_ids, cu_seqlens, every_row, media, adapter)
             model(ctx)
             planner.commit(ctx)
         except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit

@@ -19,7 +19,7 @@ from .attention import choose_backend
 from .config import ModelConfig
 from .cpu import CpuFeatures, fp32_gemm
 from .heads import resolve_task
-from .settings import EncoderSettings
+from .settings import EncoderSettings, parse_lora_modules
 
 
 class Linear(enum.Enum):
@@ -57,6 +57,7 @@ class Route:
     task: str  # "embed" | "rerank" | "classify"
     pooling: str
     adapter: str | None  # the task adapter merged into the weights (adapters.py)
+    lora_names: tuple[str, ...]  # the adapters a request may name, kept unmerged (lora.py)
     prefix_reuse: bool  # shared prefixes computed once (segments.py)
     prune: bool  # the last layer computes only the pooled rows (last-token pooling)
     elementwise: str  # the row-op table (kernels.TABLES): "native", "triton" or "torch"
@@ -85,17 +86,30 @@ class Route:
                 else ""
             )
             + (f"; task adapter {self.adapter!r} merged" if self.adapter else "")
+            + (f"; adapters per request: {', '.join(self.lora_names)}" if self.lora_names else "")
         )
 
     def labels(self) -> dict[str, str]:
         return {k: str(v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "linear": self.linear.value, "gemm": self.gemm.value}
+        return {
+            **asdict(self),
+            "linear": self.linear.value,
+            "gemm": self.gemm.value,
+            "lora_names": list(self.lora_names),  # as JSON reads it back (published facts)
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Route:
-        return cls(**{**data, "linear": Linear(data["linear"]), "gemm": Gemm(data["gemm"])})
+        return cls(
+            **{
+                **data,
+                "linear": Linear(data["linear"]),
+                "gemm": Gemm(data["gemm"]),
+                "lora_names": tuple(data["lora_names"]),
+            }
+        )
 
 
 def _cuda_has_bf16(device: str) -> bool:
@@ -133,6 +147,7 @@ def choose_route(
     if s.quantization == "int8" and not cpu:
         raise ValueError("quantization 'int8' runs on CPU only; use dtype bfloat16 on GPUs")
     task = resolve_task(s.task, config)
+    per_request = tuple(name for name, _ in parse_lora_modules(s.lora_modules))
     pooling = resolve_pooling(s.pooling, task, config)
     reuse_valid = config.is_causal and pooling == "last"
     if s.prefix_reuse == "on" and not reuse_valid:
@@ -202,7 +217,8 @@ def choose_route(
         attn_backend=backend,
         task=task,
         pooling=pooling,
-        adapter=resolve_adapter(s.adapter, config.adapters),
+        adapter=resolve_adapter(s.adapter, config.adapters, per_request),
+        lora_names=per_request,
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
         prune=pooling == "last",
         elementwise=kernels.choose(device, isa, has_triton),

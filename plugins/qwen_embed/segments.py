@@ -96,17 +96,21 @@ class PrefixCache:
 
     Sizes are counted in tokens x `bytes_per_token` (the same on every TP rank), so every rank
     evicts the same entries. Capacity 0 keeps nothing (in-batch sharing still works). Entries
-    and the history of recent sequences are indexed by their first MIN_PREFIX_TOKENS ids."""
+    and the history of recent sequences are indexed by their first MIN_PREFIX_TOKENS ids, in
+    the `space` of the weights that computed them (a request's adapter, lora.py): one budget
+    and one order of use for all."""
 
     def __init__(self, capacity_bytes: int, bytes_per_token: int, num_layers: int):
         self.capacity_bytes = capacity_bytes
         self.bytes_per_token = bytes_per_token
         self.num_layers = num_layers
-        self.entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
-        self._by_head: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+        self.space: int | None = None  # set by the Planner for each forward
+        Key = tuple[int | None, tuple[int, ...]]  # (space, ids)
+        self.entries: OrderedDict[Key, PrefixEntry] = OrderedDict()
+        self._by_head: dict[Key, set[tuple[int, ...]]] = {}
         # head -> the latest sequence that began with it, whole (int32): a shared prefix may be
         # as long as the texts, and only the whole sequence tells it from a repeated text.
-        self.history: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+        self.history: OrderedDict[Key, np.ndarray] = OrderedDict()
         self.tokens = 0
         self.hits = 0
         self.lookups = 0
@@ -123,34 +127,34 @@ class PrefixCache:
         """The longest cached prefix of `seq` (which begins with `head`) of at most `limit`
         tokens."""
         best = None
-        for ids in self._by_head.get(head, ()):
+        for ids in self._by_head.get((self.space, head), ()):
             n = len(ids)
             if n <= limit and (best is None or n > len(best.ids)) and _starts_with(seq, ids):
-                best = self.entries[ids]
+                best = self.entries[self.space, ids]
         return best
 
     def touch(self, entry: PrefixEntry) -> None:
-        self.entries.move_to_end(entry.ids)
+        self.entries.move_to_end((self.space, entry.ids))
 
     def add(self, entry: PrefixEntry) -> None:
-        self.entries[entry.ids] = entry
-        self._by_head.setdefault(entry.ids[:MIN_PREFIX_TOKENS], set()).add(entry.ids)
+        self.entries[self.space, entry.ids] = entry
+        self._by_head.setdefault((self.space, entry.ids[:MIN_PREFIX_TOKENS]), set()).add(entry.ids)
         self.tokens += len(entry.ids)
         while self.bytes_in_use > self.capacity_bytes:
-            ids, _ = self.entries.popitem(last=False)
+            (space, ids), _ = self.entries.popitem(last=False)
             self.tokens -= len(ids)
             self.evictions += 1
-            heads = self._by_head[ids[:MIN_PREFIX_TOKENS]]
+            heads = self._by_head[space, ids[:MIN_PREFIX_TOKENS]]
             heads.discard(ids)
             if not heads:
-                del self._by_head[ids[:MIN_PREFIX_TOKENS]]
+                del self._by_head[space, ids[:MIN_PREFIX_TOKENS]]
 
     def recent(self, head: tuple[int, ...]) -> np.ndarray | None:
-        return self.history.get(head)
+        return self.history.get((self.space, head))
 
     def remember(self, head: tuple[int, ...], seq: np.ndarray) -> None:
-        self.history[head] = seq.astype(np.int32)
-        self.history.move_to_end(head)
+        self.history[self.space, head] = seq.astype(np.int32)
+        self.history.move_to_end((self.space, head))
         if len(self.history) > HISTORY:
             self.history.popitem(last=False)
 
@@ -341,6 +345,7 @@ class ForwardContext:
     last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
     plan: SegmentPlan | None  # None: no prefix shared (a plain batch, or late chunking's)
     media: MediaForward | None = None  # the batch's images and video (media.py)
+    adapter: int | None = None  # the adapter the linear layers add (lora.py), by index
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         """Each segment's keys/values as `layout` reads them: gathered where its segments
@@ -390,12 +395,14 @@ class Planner:
         cu_seqlens: torch.Tensor,
         every_row: bool = False,
         media: MediaForward | None = None,
+        adapter: int | None = None,
     ) -> ForwardContext:
         """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
         forward computes; `every_row`: the final hidden states of every token (per-token
         vectors), so neither a shared prefix nor the last layer is skipped. With `media` a
         shared prefix ends before a text's first visual."""
         plan = None
+        self.cache.space = adapter
         if self.prefix_reuse and not every_row:
             bounds = cu_seqlens.tolist()
             starts = None if media is None else media.visual_starts(bounds)
@@ -404,18 +411,19 @@ class Planner:
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
             if not self.prune or every_row:
-                return ForwardContext(batch, layout, None, None, None, media)
+                return ForwardContext(batch, layout, None, None, None, media, adapter)
             last = AttentionLayout.for_batch(batch, last_only=True)
             rows = batch.cu_seqlens[1:].long() - 1
-            return ForwardContext(batch, layout, last, rows, None, media)
+            return ForwardContext(batch, layout, last, rows, None, media, adapter)
         batch = VarlenBatch.from_rows(
             plan.input_ids, plan.positions, plan.layout.q_lens, self.device
         )
         last = plan.last_layout(self.device) if self.prune else None
         rows = to_device(torch.from_numpy(plan.pool_rows), self.device)
         media = None if media is None else media.computed(plan.source)
-        return ForwardContext(batch, plan.layout, last, rows, plan, media)
+        return ForwardContext(batch, plan.layout, last, rows, plan, media, adapter)
 
     def commit(self, ctx: ForwardContext) -> None:
         if ctx.plan is not None:
+            self.cache.space = ctx.adapter
             ctx.plan.commit(self.cache)

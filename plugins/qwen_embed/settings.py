@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, fields
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -18,6 +19,7 @@ QUANTIZATIONS = ("none", "int8")
 POOLING_METHODS = ("last", "mean", "cls")
 TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # The largest cuda_graph_tokens (the graphs' static buffers are sized for the setting; a
 # forward holds at most max_batch_tokens rows but for one text longer than that).
 MAX_GRAPH_TOKENS = 65536
@@ -57,6 +59,10 @@ class EncoderSettings:
     # fine-tune's), merged into the weights at load; "auto": the only one, else `retrieval`;
     # "none": base weights.
     adapter: str = "auto"
+    # LoRA adapters a request names (parameter `adapter`), kept unmerged beside the weights:
+    # "name=path" pairs, comma-separated (a peft adapter folder or fine-tune, local or a Hub
+    # id), or a bare name for the checkpoint's own adapters/{name}/; then nothing is merged.
+    lora_modules: str = ""
     # "auto": a prefix that texts share is computed once (causal models, last-token pooling).
     prefix_reuse: str = "auto"
     prefix_cache_mb: float = 256.0  # keys/values of shared prefixes kept between batches
@@ -93,6 +99,7 @@ class EncoderSettings:
             raise ValueError(
                 f"cuda_graph_tokens must be <= {MAX_GRAPH_TOKENS}, got {self.cuda_graph_tokens}"
             )
+        parse_lora_modules(self.lora_modules)  # the form checked here; the folders at load
         if self.dist_addr.rpartition(":")[0] == "":
             raise ValueError(f"dist_addr must be host:port, got {self.dist_addr!r}")
 
@@ -109,6 +116,23 @@ class EncoderSettings:
     @classmethod
     def from_json(cls, text: str) -> EncoderSettings:
         return cls(**json.loads(text))
+
+
+def parse_lora_modules(text: str) -> tuple[tuple[str, str | None], ...]:
+    """The lora_modules setting as (name, folder or Hub id; None: the checkpoint's own
+    adapters/{name}/) pairs."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, where = (part.strip() for part in item.partition("="))
+        if not _ADAPTER_NAME.fullmatch(name) or ("=" in item and not where):
+            raise ValueError(
+                f"lora_modules must be comma-separated name=path pairs or names (letters, "
+                f"digits, '.', '_', '-'), got {item!r}"
+            )
+        if name in (n for n, _ in pairs):
+            raise ValueError(f"lora_modules names {name!r} twice")
+        pairs.append((name, where or None))
+    return tuple(pairs)
 
 
 def from_parameters(cls, params: dict[str, str], what: str):

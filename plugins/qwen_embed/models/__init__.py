@@ -31,6 +31,8 @@ class EmbeddingModel(Protocol):
     # cuda_graphs.TokenGraphs where the route captures CUDA graphs (engine.build_model sets
     # it; None until then): the forward replays them where the batch fits
     graphs: object | None
+    # lora.AdapterSwitch where settings.lora_modules names adapters (engine.build_model)
+    adapters: object | None
 
     def __init__(
         self,

@@ -270,6 +270,7 @@ class QwenModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.graphs = None  # cuda_graphs.TokenGraphs, where the route captures them
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
+        self.adapters = None  # lora.AdapterSwitch where a request may name an adapter
 
     def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
         """Before the weights are repacked: the q|k|v projections cut where the route needs.
@@ -286,7 +287,10 @@ class QwenModel(nn.Module):
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
-        graphs = self.graphs if ctx.media is None else None
+        if self.adapters is not None:
+            self.adapters.active = ctx.adapter
+        # the graphs hold the base weights' forward: an adapter's runs eagerly
+        graphs = self.graphs if ctx.media is None and ctx.adapter is None else None
         if graphs is not None and (hidden := graphs.forward(ctx)) is not None:
             return hidden
         self.backend.prepare(ctx.layout)

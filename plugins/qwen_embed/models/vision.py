@@ -28,6 +28,8 @@ from ..kernels import RowOps
 from ..layers import ReplicatedLinear, replicated_loader
 from ..segments import AttentionLayout
 
+TOWER = "visual."  # the tower's modules and checkpoint tensors (the text model's beside it)
+
 _ACTIVATIONS = {  # config.hidden_act -> the activation of (the route's row ops, x)
     "gelu_pytorch_tanh": lambda ops, x: ops.gelu_tanh(x),
     "gelu": lambda ops, x: F.gelu(x),
