@@ -10,17 +10,24 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
+from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
 from qwen_embed.adapters import AdapterError
 from qwen_embed.segments import MIN_PREFIX_TOKENS, PrefixCache, PrefixEntry
 from qwen_embed.settings import EncoderSettings, parse_lora_modules
-from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
+from qwen_embed_client.gateway.app import create_app
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.rerank import PairTokenizer
+from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from replicas import lora_finetune, qwen3_embedding
+from replicas import lora_finetune, lora_model, qwen3_embedding
+from triton_helpers import infer, run_clients
 
 FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-5
@@ -173,3 +180,79 @@ def test_the_prefix_cache_keeps_each_adapters_prefixes_apart():
     assert cache.find(seq, head, 49) is not None and cache.evictions == 1
     cache.space = None
     assert cache.find(seq, head, 49) is None
+
+
+@pytest.fixture(scope="module")
+def served(dirs, reranker, tmp_path_factory):
+    """A tritonserver with the base embedder keeping both adapters, and the reranker one."""
+    where = tmp_path_factory.mktemp("lora-triton")
+    finetune = lora_model(where / "rerank-finetune", reranker)
+    embed = {"encoder": {"dtype": "float32", "lora_modules": modules(dirs)}}
+    render(where / "repo", {"embed": dirs["base"]}, embed)
+    rerank = {"encoder": {"dtype": "float32", "lora_modules": f"ft={finetune}"}}
+    repo = render(where / "repo", {}, rerank, rerankers={"rerank": reranker})
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield server, finetune
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_requests_name_their_adapter_through_triton(served, st, protocol):
+    """Clients at once, each naming the base or an adapter: every answer its own fine-tune's
+    (the encoder splits each batch by adapter)."""
+    server, _ = served
+    names = [None, "legal", "code"] * 2
+
+    def one(i):
+        params = {"prompt_name": "query"} if i % 2 else {}
+        if names[i]:
+            params["adapter"] = names[i]
+        got, counts = infer(server, TEXTS, protocol, **params)
+        want = expected(st, names[i] or "base", QUERY if i % 2 else "")
+        assert cosine(got, want).min() >= FP32_COSINE, (i, names[i])
+
+    run_clients(len(names), one)
+
+
+@pytest.mark.server
+def test_what_a_request_cannot_name_is_refused_for_it_alone(served):
+    server, _ = served
+    for params, message in [
+        ({"adapter": "sql"}, r"adapter 'sql' is not served here \(adapters: \['legal', 'code'\]\)"),
+        ({"adapter": 5}, "parameter 'adapter' must be a string"),
+        ({"adapter": "legal", "per_token": True}, "parameter 'adapter' is not served with"),
+        ({"adapter": "legal", "chunk_size": 4}, "parameter 'adapter' is not served with"),
+    ]:
+        with pytest.raises(InferenceServerException, match=message):
+            infer(server, TEXTS, **params)
+    assert infer(server, TEXTS, adapter="legal")[0].shape == (len(TEXTS), 64)
+
+
+@pytest.mark.server
+def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
+    """vLLM's way: `model` names a LoRA module, /v1/models lists them beside their parent."""
+    server, finetune = served
+    app = create_app([server.grpc_url])
+    with TestClient(app) as client:
+        listed = client.get("/v1/models").json()["data"]
+        answer = client.post("/v1/embeddings", json={"model": "code", "input": TEXTS})
+        unknown = client.post("/v1/embeddings", json={"model": "sql", "input": TEXTS})
+        documents = TEXTS[1:]
+        body = {"model": "ft", "query": TEXTS[0], "documents": documents}
+        ranked = client.post("/v1/rerank", json=body)
+        base = client.post("/v1/rerank", json=body | {"model": "rerank"})
+    assert {(m["id"], m.get("parent")) for m in listed} >= {("legal", "embed"), ("code", "embed")}
+    assert answer.status_code == 200 and answer.json()["model"] == "code"
+    got = np.array([d["embedding"] for d in answer.json()["data"]], np.float32)
+    assert cosine(got, expected(st, "code", "")).min() >= FP32_COSINE
+    assert unknown.status_code == 404 and "'legal' or 'code'" in unknown.json()["error"]["message"]
+    assert ranked.status_code == 200, ranked.text
+    assert ranked.json()["model"] == "ft"
+    pairs = PairTokenizer(reranker, 8192).encode(TEXTS[0], documents, RerankOptions())
+    with Encoder.from_pretrained(
+        reranker, task="rerank", dtype="float32", lora_modules=f"ft={finetune}"
+    ) as enc:
+        want, plain = enc.score(pairs, adapter="ft"), enc.score(pairs)
+    for answer, scores in ((ranked, want), (base, plain)):
+        by_index = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+        assert np.abs(np.array([by_index[i] for i in range(len(documents))]) - scores).max() <= 1e-5

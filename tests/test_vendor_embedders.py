@@ -280,3 +280,30 @@ def test_an_adapter_through_triton(jina, tmp_path):
     assert np.abs(got - plain).max() <= 1e-6
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "task"
     assert "takes the checkpoint's 'retrieval' adapter" in refused.json()["error"]["message"]
+
+
+def test_every_task_adapter_per_request(jina, tmp_path):
+    """lora_modules naming the checkpoint's own adapters: one deployment serves every task,
+    the request's parameter `adapter` (or Jina's `task` on the gateway) picking it."""
+    seqs = token_ids(jina, TEXTS, "Query: ")
+    overrides = {"encoder": {"dtype": "float32", "lora_modules": ",".join(JINA_TASKS)}}
+    repo = render(tmp_path / "repo", {"jina": jina}, overrides)
+    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+        queries = {}
+        for task in ("retrieval", "text-matching"):
+            ref = jina_reference(jina, seqs, task)
+            got, _ = infer(server, TEXTS, model="jina", prompt_name="query", adapter=task)
+            assert cosine(got, ref).min() >= FP32_COSINE, task
+            queries[task] = got
+        clustering, _ = infer(server, TEXTS, model="jina", adapter="clustering")
+        app = create_app([server.grpc_url], model_names=("jina",), triton_model="jina")
+        with TestClient(app) as client:
+            for task, expected in (
+                ("retrieval.query", queries["retrieval"]),
+                ("separation", clustering),
+            ):
+                body = {"input": TEXTS, "model": "jina", "task": task}
+                answer = client.post("/v1/embeddings", json=body)
+                assert answer.status_code == 200, answer.text
+                got = np.array([d["embedding"] for d in answer.json()["data"]], np.float32)
+                assert np.abs(got - expected).max() <= 1e-6, task

@@ -418,6 +418,7 @@ class AsyncEmbeddingClient:
         document_videos: list[list[bytes | list[bytes]]] | None = None,
         video_fps: float | None = None,
         video_max_frames: int | None = None,
+        adapter: str | None = None,
     ) -> RerankResult:
         """Score each document against the query (the `rerank` ensemble); the documents are
         split over requests and servers like `embed`'s texts, a listwise reranker's (its
@@ -426,7 +427,8 @@ class AsyncEmbeddingClient:
         the query's image and video files (`query_images`, `query_videos`) and each
         document's (`document_images`, `document_videos`: a list per document); a text with
         images or videos may be "". `video_fps` and `video_max_frames`: how many frames of
-        each video are kept (default 1 per second, at most 64)."""
+        each video are kept (default 1 per second, at most 64). `adapter`: a LoRA adapter the
+        reranker keeps (its encoder's lora_modules)."""
         documents = [documents] if isinstance(documents, str) else list(documents)
         if not documents:
             raise ValueError("documents must not be empty")
@@ -445,6 +447,7 @@ class AsyncEmbeddingClient:
             max_document_tokens=max_document_tokens,
             video_fps=video_fps,
             video_max_frames=video_max_frames,
+            adapter=adapter,
         )
         params = opts.parameters()
         level = priority_level(priority)

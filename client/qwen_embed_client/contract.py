@@ -191,6 +191,7 @@ def _video_sampling(opts) -> None:
 
 
 _VIDEO_FPS_HELP = "frames kept per second of each video (default 1)"
+_ADAPTER_HELP = "a LoRA adapter the server keeps beside the weights (its lora_modules)"
 _VIDEO_MAX_FRAMES_HELP = (
     f"at most N frames kept of each video (default 64, up to {MAX_KEPT_FRAMES})"
 )
@@ -299,6 +300,7 @@ class EmbedOptions(_Options):
     )
     video_fps: float | None = _option(None, _VIDEO_FPS_HELP)
     video_max_frames: int | None = _option(None, _VIDEO_MAX_FRAMES_HELP)
+    adapter: str | None = _option(None, _ADAPTER_HELP)
     # Each TEXT element holds the model's own token ids (pack_ids), taken as given: no
     # prompt, no special tokens added; the same limits as texts.
     token_ids: bool = False
@@ -311,6 +313,7 @@ class EmbedOptions(_Options):
         _optional("prompt_name", self.prompt_name, str, "a string")
         _text("instruction", self.instruction)
         _text("prompt", self.prompt)
+        _text("adapter", self.adapter)
         if self.prompt is not None and (self.prompt_name or self.instruction) is not None:
             raise RequestError(
                 "parameter 'prompt' replaces 'prompt_name' and 'instruction': send one of them"
@@ -460,10 +463,12 @@ class RerankOptions(_Options):
     max_document_tokens: int | None = _option(None, "each document cut to its first N tokens")
     video_fps: float | None = _option(None, _VIDEO_FPS_HELP)
     video_max_frames: int | None = _option(None, _VIDEO_MAX_FRAMES_HELP)
+    adapter: str | None = _option(None, _ADAPTER_HELP)
 
     def __post_init__(self):
         _expect("truncate", self.truncate, bool, "a boolean")
         _text("instruction", self.instruction)
+        _text("adapter", self.adapter)
         at_least_one("max_document_tokens", self.max_document_tokens)
         _video_sampling(self)
 

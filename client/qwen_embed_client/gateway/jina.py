@@ -71,9 +71,10 @@ def is_passage_task(task: str) -> bool:
 def task_options(task: str, prompt_names: list[str], route: dict) -> dict:
     """The request options of a Jina `task` for the served checkpoint (`route`: the encoder's
     route fact): the checkpoint's own prompt the task names (NAMED_TASK) where it has it; else
-    a task of Jina's: on a checkpoint with Jina's task adapters, the one merged at load (a task of
-    another adapter is refused, and a symmetric task takes the checkpoint's default prompt: its
-    adapter is the task), elsewhere a prompt by name or an instruction."""
+    a task of Jina's: on a checkpoint with Jina's task adapters, its adapter where the encoder
+    keeps it per request (lora_modules), else the one merged at load (a task of another adapter
+    is refused; a symmetric task takes the checkpoint's default prompt: its adapter is the
+    task), elsewhere a prompt by name or an instruction."""
     named = NAMED_TASK.match(task)
     own = named and f"{named[1]}_{SIDES[named[2]]}"
     if own in prompt_names:
@@ -84,6 +85,8 @@ def task_options(task: str, prompt_names: list[str], route: dict) -> dict:
             f"prompts: {prompt_names})",
             "task",
         )
+    if TASK_ADAPTERS[task] in route.get("lora_names", ()):
+        return prompt_options(task, prompt_names, TASK_PROMPTS) | {"adapter": TASK_ADAPTERS[task]}
     adapter = route.get("adapter")
     if adapter not in TASK_ADAPTERS.values():  # none, or a fine-tune's (no task of Jina's)
         return prompt_options(task, prompt_names, TASK_PROMPTS, TASK_INSTRUCTIONS_BY_TASK)

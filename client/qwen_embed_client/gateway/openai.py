@@ -57,6 +57,7 @@ from .common import (
     check_model,
     checkpoint_facts,
     embed,
+    model_adapters,
     prompt_options,
     raw_scores,
     text_usage,
@@ -493,22 +494,38 @@ EmbeddingsRequest = create_model(
 )
 
 
-def checked_request(body: object, served_model: str | tuple[str, ...]) -> EmbeddingsRequest:
-    """An OpenAI embeddings request body, validated and for a served model."""
+def checked_request(
+    body: object, served_model: str | tuple[str, ...], adapters: tuple[str, ...] = ()
+) -> EmbeddingsRequest:
+    """An OpenAI embeddings request body, validated and for a served model or one of its
+    `adapters` (common.model_adapters)."""
     request = EmbeddingsRequest.parse(body)
-    check_model(request.model, served_model)
+    check_model(request.model, (*_served(served_model), *adapters))
     if has_parts(request.inputs) and request.chunks is not None:
         raise invalid("'chunks' are for texts, not inputs with images", "chunks")
     return request
 
 
+def _served(served_model: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (served_model,) if isinstance(served_model, str) else served_model
+
+
+async def served_request(gw, body: object) -> EmbeddingsRequest:
+    """checked_request for this gateway's embed model and its adapters."""
+    return checked_request(body, gw.model_names, await model_adapters(gw, body, gw.model_names))
+
+
 def request_plan(
-    request: EmbeddingsRequest, facts: dict | None = None
+    request: EmbeddingsRequest, facts: dict | None = None, served_model: tuple[str, ...] = ()
 ) -> tuple[list, dict, Encoding, list[str], bool]:
     """(texts or token id lists, client options, encoding, the embedding types to return,
-    whether the response keys them by name); `facts`: the checkpoint's, where read."""
+    whether the response keys them by name); `facts`: the checkpoint's, where read. A `model`
+    that is none of the `served_model` names is an adapter (checked_request)."""
     encoding, kinds, keyed = request.kinds()
-    return request.inputs, request.options(facts), encoding, kinds, keyed
+    options = request.options(facts)
+    if request.model is not None and served_model and request.model not in served_model:
+        options["adapter"] = request.model
+    return request.inputs, options, encoding, kinds, keyed
 
 
 def parse_request(
@@ -621,16 +638,21 @@ class RerankRequest(_VllmPoolingFields):
         return self.query, [d.text if isinstance(d, Document) else d for d in self.documents]
 
 
-def parse_rerank_request(body: object, served_model: str | None) -> tuple[RerankRequest, dict]:
-    """Validate a Cohere/Jina-style rerank body -> (the request, its options)."""
+def parse_rerank_request(
+    body: object, served_model: str | None, adapters: tuple[str, ...] = ()
+) -> tuple[RerankRequest, dict]:
+    """Validate a Cohere/Jina-style rerank body -> (the request, its options); a `model` among
+    the reranker's `adapters` (common.model_adapters) is the adapter option."""
     request = RerankRequest.parse(body)
-    check_model(request.model, served_model)
+    check_model(request.model, (served_model, *adapters) if served_model else None)
     asked = request.given("top_n", "instruction", "priority", "video_fps", "video_max_frames")
     if asked.get("top_n") == 0:  # vLLM's: every document
         del asked["top_n"]
     if request.max_tokens_per_doc:  # vLLM's; 0: no cut
         asked["max_document_tokens"] = request.max_tokens_per_doc
     asked |= request.chat_template_kwargs or {}
+    if request.model is not None and request.model != served_model:
+        asked["adapter"] = request.model
     options = rerank_checked(**asked)
     return request, options
 
@@ -665,6 +687,9 @@ async def _served_models(gw) -> list[dict]:
     if facts.get("fingerprint"):
         embed_facts["fingerprint"] = facts["fingerprint"]
     served = [{"id": name, **embed_facts} for name in gw.model_names]
+    # the encoder's adapters, each a model a request names (vLLM lists its LoRA models so)
+    adapters = facts.get("route", {}).get("lora_names", [])
+    served += [{"id": name, "parent": gw.model_name, **embed_facts} for name in adapters]
     if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
         served.append({"id": gw.rerank_model_name})
     return [
@@ -717,7 +742,7 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's); a binary
     format's (`binary`: where the answer may be one, the route's) with each vector's bytes and
     their `layout` and `format`."""
-    request = checked_request(body, gw.model_names)
+    request = await served_request(gw, body)
     if request.binary and not binary:
         raise invalid(
             f"'encoding_format' {request.encoding_format!r} is answered on POST /v1/embeddings "
@@ -725,7 +750,7 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
             "encoding_format",
         )
     facts = await checkpoint_facts(gw, request.input_type or request.task)
-    inputs, options, encoding, kinds, keyed = request_plan(request, facts)
+    inputs, options, encoding, kinds, keyed = request_plan(request, facts, gw.model_names)
     if gw.tracing is not None:
         gw.tracing.set_attributes(**{"qwen_embed.inputs": len(inputs)})
     if "chunk_size" in options or "chunk_spans" in options:
@@ -733,7 +758,7 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
     if request.late_chunking:
         vectors, tokens = await late_chunk_embeddings(gw, inputs, options, encoding)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
-        return _embeddings_body(data, gw.model_name, tokens)
+        return _embeddings_body(data, options.get("adapter", gw.model_name), tokens)
     images = videos = None
     if has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
@@ -746,7 +771,7 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
         else:
             entry["embedding"] = encoding(result.embeddings[i])
         data.append(entry | text_usage(result, i))
-    answer = _embeddings_body(data, gw.model_name, result.total_tokens)
+    answer = _embeddings_body(data, options.get("adapter", gw.model_name), result.total_tokens)
     if request.binary:
         layout = {"embed_dtype": request.embed_dtype, "endianness": request.endianness}
         answer |= {"layout": layout, "format": request.encoding_format}
@@ -773,7 +798,8 @@ async def _chunk_embeddings(gw, texts, options, encoding):
         }
         for i, r in enumerate(results)
     ]
-    return _embeddings_body(data, gw.model_name, sum(r.token_count for r in results))
+    model = options.get("adapter", gw.model_name)
+    return _embeddings_body(data, model, sum(r.token_count for r in results))
 
 
 @router.post("/v1/rerank")
@@ -783,7 +809,9 @@ async def rerank(request: Request):
 
 async def rerank_response(gw, body: object) -> dict:
     """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}."""
-    request, options = parse_rerank_request(body, gw.rerank_model_name)
+    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    adapters = await model_adapters(gw, body, served, triton)
+    request, options = parse_rerank_request(body, served, adapters)
     query, documents = request.inputs
     allow = gw.allow_remote_images
     (query,), (query_images,), (query_videos,) = await texts_and_media([query], "query", allow)
@@ -807,7 +835,7 @@ async def rerank_response(gw, body: object) -> dict:
                 item["document"]["multi_modal"] = [p.model_dump() for p in parts]
         results.append(item)
     return {
-        "model": gw.rerank_model_name,
+        "model": options.get("adapter", gw.rerank_model_name),
         "results": results,
         "usage": {"total_tokens": result.total_tokens},
     }

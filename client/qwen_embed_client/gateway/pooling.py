@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body
-from .openai import checked_request, embeddings_body, request_plan
+from .openai import embeddings_body, request_plan, served_request
 from .state import gateway, respond
 
 router = APIRouter(tags=["openai"])
@@ -73,9 +73,9 @@ def _vector(item: dict):
 
 
 async def _plan(gw, body: object):
-    request = checked_request(body, gw.model_names)
+    request = await served_request(gw, body)
     facts = await checkpoint_facts(gw, request.input_type or request.task)
-    return request, *request_plan(request, facts)
+    return request, *request_plan(request, facts, gw.model_names)
 
 
 async def _token_vectors(gw, body: object) -> tuple[list, int]:

@@ -91,7 +91,7 @@ class TritonPythonModel:
         return answer.held()
 
     def _execute(self, requests, answer):
-        accepted = []  # (index, options, token id arrays)
+        by_adapter = {}  # adapter (lora_modules; None: none) -> [(index, options, token ids)]
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
         with_media = []  # (index, options, media.MediaText): texts with images, one call
@@ -102,8 +102,10 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             try:
                 opts = self._finish(request)
+                adapter = self._adapter(request)
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
                 if self.encoder.config.listwise:
+                    _no_adapter(adapter, "by a listwise reranker")
                     listwise.append((i, None, self._blocks(blobs.reshape(-1))))
                     continue
                 seqs = self.encoder.check_sequences(
@@ -116,6 +118,8 @@ class TritonPythonModel:
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
                 media = self._media(request, seqs)
+                if chunks is not None or media is not None or (opts and opts.per_token):
+                    _no_adapter(adapter, "with late chunking, images, video or per_token")
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
@@ -126,7 +130,8 @@ class TritonPythonModel:
             elif opts is not None and opts.per_token:
                 per_token.append((i, opts, seqs))
             else:
-                accepted.append((i, opts, seqs))
+                by_adapter.setdefault(adapter, []).append((i, opts, seqs))
+        accepted = [member for members in by_adapter.values() for member in members]
         if not accepted and not chunked and not per_token and not with_media and not listwise:
             return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
@@ -138,7 +143,6 @@ class TritonPythonModel:
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
         requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
-        tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
 
         def call(members, compute, outputs):
             self._call(members, compute, outputs, answer, unanswered)
@@ -146,9 +150,13 @@ class TritonPythonModel:
         chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
         token_rows = functools.partial(self._ragged_outputs, "TOKEN_EMBEDDING")
         try:
-            # Calls of whole requests, fewest tokens first (batch.plan_requests).
-            for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                call([accepted[g] for g in group], self._encode, self._outputs)
+            # Calls of whole requests, fewest tokens first (batch.plan_requests), one adapter
+            # each (a forward runs one: lora.py).
+            for adapter, members in by_adapter.items():
+                tokens = [sum(len(s) for s in seqs) for _, _, seqs in members]
+                encode = functools.partial(self._encode, adapter=adapter)
+                for group in plan_requests(tokens, self.encoder.max_batch_tokens):
+                    call([members[g] for g in group], encode, self._outputs)
             for member in chunked:  # one call each
                 call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
@@ -179,12 +187,12 @@ class TritonPythonModel:
             answer(i, pb_utils.InferenceResponse(output_tensors=response))
             unanswered.discard(i)
 
-    def _encode(self, seqs):
+    def _encode(self, seqs, adapter=None):
         if self.task == "rerank":
-            return self.encoder.score_checked(seqs)
+            return self.encoder.score_checked(seqs, adapter)
         if self.task == "classify":
-            return self.encoder.classify_checked(seqs)
-        return self.encoder.pool_checked(seqs)
+            return self.encoder.classify_checked(seqs, adapter)
+        return self.encoder.pool_checked(seqs, adapter)
 
     def _encode_media(self, texts):
         if self.task == "rerank":
@@ -221,6 +229,19 @@ class TritonPythonModel:
                 f"got {finish.dimensions}"
             )
         return finish
+
+    def _adapter(self, request):
+        """The adapter the request names (the tokenizer's ADAPTER rows), checked against the
+        ones served; None: none."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "ADAPTER")
+        names = set() if tensor is None else set(tensor.as_numpy().reshape(-1).tolist())
+        if len(names) > 1:
+            raise RequestError("input 'ADAPTER' must hold the same adapter for every text")
+        name = names.pop().decode("utf-8", "replace") if names else ""
+        if not name:
+            return None
+        self.encoder.adapter_index(name)  # ValueError naming the ones served
+        return name
 
     def _check_token_bytes(self, seqs, opts):
         """A per_token answer is [texts, longest text, dimensions] float32: refused past
@@ -323,6 +344,11 @@ class TritonPythonModel:
 
     def finalize(self):
         self.encoder.close()
+
+
+def _no_adapter(adapter, where):
+    if adapter is not None:
+        raise RequestError(f"parameter 'adapter' is not served {where}")
 
 
 def _scores(rows, members):

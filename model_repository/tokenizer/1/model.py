@@ -252,18 +252,22 @@ class TritonPythonModel:
         return [unpack_images(b, i, name) for i, b in enumerate(blobs)]
 
     def _one(self, request):
+        params = json.loads(request.parameters() or "{}")
         try:
-            ids, extra = self._tokenize(request, json.loads(request.parameters() or "{}"))
+            ids, extra = self._tokenize(request, params)
         except RequestError as e:
             return pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
             )
         packed = np.array([[pack_ids(x)] for x in ids], dtype=np.object_)
         counts = np.array([[len(x)] for x in ids], dtype=np.int32)
+        # checked as an option by _tokenize; the encoder knows which it serves
+        adapter = np.array([[(params.get("adapter") or "").encode()]] * len(ids), np.object_)
         return pb_utils.InferenceResponse(
             output_tensors=[
                 pb_utils.Tensor("TOKEN_IDS", packed),
                 pb_utils.Tensor("TOKEN_COUNT", counts),
+                pb_utils.Tensor("ADAPTER", adapter),
                 *extra,
             ]
         )
