@@ -171,7 +171,7 @@ def test_a_batch_is_planned_before_the_workers_see_it(checkpoint):
     with Encoder.from_pretrained(checkpoint("qwen3"), tp_size=2) as enc:
         planner, plan = enc.model.planner, enc.model.planner.plan
 
-        def failing(*args):
+        def failing(*args, **kwargs):
             raise MemoryError("no room to plan")
 
         planner.plan = failing
