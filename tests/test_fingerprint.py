@@ -50,6 +50,11 @@ def test_fingerprint_follows_weights_tokenizer_and_route_only(demo_dir, tmp_path
         {"fingerprint": "a"}, {"fingerprint": "c"}
     )
     assert model_fingerprint({}, {"fingerprint": "b"}) is None
+    # a request's adapter (lora.py): its own fingerprint with the model's
+    encoder = {"fingerprint": "b", "adapter_fingerprints": {"x": "c", "y": "d"}}
+    tokenizer = {"fingerprint": "a"}
+    by_adapter = {model_fingerprint(tokenizer, encoder, name) for name in (None, "x", "y")}
+    assert len(by_adapter) == 3 and model_fingerprint(tokenizer, encoder, "z") is None
 
 
 def test_a_hugging_face_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path):

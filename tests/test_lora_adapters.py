@@ -236,6 +236,10 @@ def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
     with TestClient(app) as client:
         listed = client.get("/v1/models").json()["data"]
         answer = client.post("/v1/embeddings", json={"model": "code", "input": TEXTS})
+        headers = [
+            client.post("/v1/embeddings", json={"model": m, "input": TEXTS[:1]}).headers
+            for m in ("embed", "legal", "code")
+        ]
         unknown = client.post("/v1/embeddings", json={"model": "sql", "input": TEXTS})
         documents = TEXTS[1:]
         body = {"model": "ft", "query": TEXTS[0], "documents": documents}
@@ -243,6 +247,9 @@ def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
         base = client.post("/v1/rerank", json=body | {"model": "rerank"})
     assert {(m["id"], m.get("parent")) for m in listed} >= {("legal", "embed"), ("code", "embed")}
     assert answer.status_code == 200 and answer.json()["model"] == "code"
+    # each adapter's vectors are fingerprinted apart from the base's and each other's
+    fingerprints = [h["x-model-fingerprint"] for h in headers]
+    assert len(set(fingerprints)) == 3 and answer.headers["x-model-fingerprint"] == fingerprints[2]
     got = np.array([d["embedding"] for d in answer.json()["data"]], np.float32)
     assert cosine(got, expected(st, "code", "")).min() >= FP32_COSINE
     assert unknown.status_code == 404 and "'legal' or 'code'" in unknown.json()["error"]["message"]

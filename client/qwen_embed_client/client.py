@@ -291,8 +291,8 @@ class AsyncEmbeddingClient:
     async def served_facts(self, model: str | None = None) -> dict:
         """An ensemble's facts (default the embed model's): its tokenizer's and encoder's
         (contract.FACTS), with `fingerprint` the whole model's (contract.model_fingerprint;
-        None if unpublished). Two config reads, remembered for FACTS_TTL_S once both steps
-        answered."""
+        None if unpublished) and `adapter_fingerprints` the whole model's with each adapter.
+        Two config reads, remembered for FACTS_TTL_S once both steps answered."""
         model = model or self.model
         now = time.monotonic()
         held = self._facts.get(model)
@@ -300,6 +300,11 @@ class AsyncEmbeddingClient:
             return held[1]
         tokenizer, encoder = [await self.model_facts(m) for m in ensemble_steps(model)]
         facts = {**encoder, **tokenizer, "fingerprint": model_fingerprint(tokenizer, encoder)}
+        if "adapter_fingerprints" in encoder:
+            facts["adapter_fingerprints"] = {
+                name: model_fingerprint(tokenizer, encoder, name)
+                for name in encoder["adapter_fingerprints"]
+            }
         if tokenizer and encoder:
             self._facts[model] = (now, facts)
         return facts

@@ -99,6 +99,7 @@ FACTS = (
     "labels",
     "scores",
     "fingerprint",
+    "adapter_fingerprints",  # an encoder's lora_modules: {name: the adapter's own}
 )
 
 
@@ -110,9 +111,14 @@ def ensemble_steps(model: str) -> tuple[str, str]:
     return f"{model}_tokenizer", f"{model}_encoder"
 
 
-def model_fingerprint(tokenizer_facts: dict, encoder_facts: dict) -> str | None:
-    """The served model's fingerprint: its tokenizer's and encoder's together."""
+def model_fingerprint(
+    tokenizer_facts: dict, encoder_facts: dict, adapter: str | None = None
+) -> str | None:
+    """The served model's fingerprint: its tokenizer's and encoder's together, and with an
+    `adapter` (a request's, lora_modules) that adapter's own."""
     parts = (tokenizer_facts.get("fingerprint"), encoder_facts.get("fingerprint"))
+    if adapter is not None:
+        parts += (encoder_facts.get("adapter_fingerprints", {}).get(adapter),)
     if None in parts:
         return None
     return hashlib.sha256(":".join(parts).encode()).hexdigest()[:32]

@@ -62,6 +62,12 @@ def tokenizer_fingerprint(model_dir: Path, tokens_per_text: int, truncation_dire
     )
 
 
+def adapter_fingerprint(folder: Path) -> str:
+    """A LoRA adapter a request names (lora.py), by its files' content: its vectors' whole
+    fingerprint is its model's and this together (contract.model_fingerprint)."""
+    return fingerprint({"adapter": checkpoint_digest(Path(folder))})
+
+
 def encoder_fingerprint(model_dir: Path, route: Route) -> str:
     parts = {
         "checkpoint": checkpoint_digest(Path(model_dir)),

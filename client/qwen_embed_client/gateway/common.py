@@ -205,13 +205,13 @@ class Encoding:
         return base64.b64encode(raw.tobytes()).decode()
 
 
-def vllm_list(gw, kind: str, items: list, tokens: int) -> dict:
+def vllm_list(gw, kind: str, items: list, tokens: int, adapter: str | None = None) -> dict:
     """vLLM's list response around `items` (its score, pooling and classify APIs)."""
     return {
         "id": f"{kind}-{uuid.uuid4().hex}",
         "object": "list",
         "created": int(time.time()),
-        "model": gw.model_name,
+        "model": adapter or gw.model_name,
         "data": items,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }

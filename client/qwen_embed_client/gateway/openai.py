@@ -94,7 +94,7 @@ from .media import (
     has_parts,
     texts_and_media,
 )
-from .state import gateway, respond, respond_bytes
+from .state import answered_adapter, gateway, respond, respond_bytes
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
 EXTENSION_OPTIONS = (
@@ -704,7 +704,7 @@ async def embeddings(request: Request):
     answer = await embeddings_body(gw, await json_body(request), binary=True)
     if "layout" in answer:
         return await _binary_response(gw, answer)
-    return await respond(gw, answer)
+    return await respond(gw, answer, adapter=answered_adapter(gw, answer))
 
 
 async def _binary_response(gw, answer: dict):
@@ -726,8 +726,9 @@ async def _binary_response(gw, answer: dict):
         )
         offset += size
     content = b"".join(entry["embedding"] for entry in answer["data"])
+    adapter = answered_adapter(gw, answer)
     if answer["format"] == "bytes_only":
-        return await respond_bytes(gw, content)
+        return await respond_bytes(gw, content, adapter=adapter)
     metadata = {
         "id": f"embd-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -735,7 +736,7 @@ async def _binary_response(gw, answer: dict):
         "data": items,
         "usage": answer["usage"],
     }
-    return await respond_bytes(gw, content, {"metadata": json.dumps(metadata)})
+    return await respond_bytes(gw, content, {"metadata": json.dumps(metadata)}, adapter)
 
 
 async def embeddings_body(gw, body: object, binary: bool = False) -> dict:

@@ -19,8 +19,8 @@ from fastapi import APIRouter, Request
 from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body
-from .openai import embeddings_body, request_plan, served_request
-from .state import gateway, respond
+from .openai import checked_request, embeddings_body, request_plan
+from .state import answered_adapter, gateway, respond
 
 router = APIRouter(tags=["openai"])
 
@@ -34,6 +34,7 @@ async def pooling(request: Request):
     task = body.pop("task", None) if isinstance(body, dict) else None
     if task not in (None, *TASKS):
         raise invalid(f"'task' must be one of {list(TASKS)}, got {task!r}", "task")
+    adapter = None
     if task == "token_embed":
         data, tokens = await _token_vectors(gw, body)
     elif task == "classify":
@@ -43,8 +44,9 @@ async def pooling(request: Request):
         answer = await embeddings_body(gw, body)
         data = [_vector(item) for item in answer["data"]]
         tokens = answer["usage"]["total_tokens"]
+        adapter = answered_adapter(gw, answer)
     items = [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)]
-    return await respond(gw, vllm_list(gw, "pool", items, tokens))
+    return await respond(gw, vllm_list(gw, "pool", items, tokens, adapter), adapter=adapter)
 
 
 @router.post("/classify")
@@ -73,9 +75,9 @@ def _vector(item: dict):
 
 
 async def _plan(gw, body: object):
-    request = await served_request(gw, body)
+    request = checked_request(body, gw.model_names)  # the embeddings task alone takes adapters
     facts = await checkpoint_facts(gw, request.input_type or request.task)
-    return request, *request_plan(request, facts, gw.model_names)
+    return request, *request_plan(request, facts)
 
 
 async def _token_vectors(gw, body: object) -> tuple[list, int]:

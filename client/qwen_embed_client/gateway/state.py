@@ -74,19 +74,34 @@ def gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-async def respond(gw: Gateway, body, headers: dict | None = None) -> JSONResponse:
-    """An embedding response, with the model fingerprint header when the model publishes one."""
-    return JSONResponse(body, headers=await _with_fingerprint(gw, headers))
+async def respond(
+    gw: Gateway, body, headers: dict | None = None, adapter: str | None = None
+) -> JSONResponse:
+    """An embedding response, with the model fingerprint header when the model publishes one
+    (with the request's `adapter`, that adapter's)."""
+    return JSONResponse(body, headers=await _with_fingerprint(gw, headers, adapter))
 
 
-async def respond_bytes(gw: Gateway, content: bytes, headers: dict | None = None) -> Response:
+async def respond_bytes(
+    gw: Gateway, content: bytes, headers: dict | None = None, adapter: str | None = None
+) -> Response:
     """A binary embedding response (vLLM's `bytes` formats), fingerprinted as `respond`'s."""
-    headers = await _with_fingerprint(gw, headers)
+    headers = await _with_fingerprint(gw, headers, adapter)
     return Response(content, media_type="application/octet-stream", headers=headers)
 
 
-async def _with_fingerprint(gw: Gateway, headers: dict | None) -> dict:
-    fingerprint = (await gw.facts()).get("fingerprint")
+def answered_adapter(gw: Gateway, answer: dict) -> str | None:
+    """The adapter an embeddings answer came from: the model it names, where that is none of
+    the served names (openai.embeddings_body names the request's adapter)."""
+    return None if answer["model"] in gw.model_names else answer["model"]
+
+
+async def _with_fingerprint(gw: Gateway, headers: dict | None, adapter: str | None) -> dict:
+    facts = await gw.facts()
+    if adapter is None:
+        fingerprint = facts.get("fingerprint")
+    else:
+        fingerprint = facts.get("adapter_fingerprints", {}).get(adapter)
     headers = dict(headers or {})
     if fingerprint:
         headers[FINGERPRINT_HEADER] = fingerprint

@@ -14,7 +14,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from qwen_embed.config import ModelConfig
-from qwen_embed.fingerprint import encoder_fingerprint, tokenizer_fingerprint
+from qwen_embed.fingerprint import (
+    adapter_fingerprint,
+    encoder_fingerprint,
+    tokenizer_fingerprint,
+)
 from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.settings import EncoderSettings, from_parameters
 from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
@@ -112,6 +116,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     import torch
 
     from qwen_embed.engine import plan
+    from qwen_embed.lora import adapter_folders
 
     serving, settings = encoder_parameters(params)
     device = encoder_device(
@@ -129,6 +134,9 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         "tokens_per_forward": settings.max_batch_tokens,
         "fingerprint": encoder_fingerprint(checkpoint, route),
     }
+    if route.lora_names:  # each adapter's vectors are fingerprinted apart
+        folders = adapter_folders(settings.lora_modules, checkpoint)
+        facts["adapter_fingerprints"] = {n: adapter_fingerprint(f) for n, f in folders}
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
     if route.task == "rerank":  # what SCORES are: a listwise reranker's are cosines
