@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -159,6 +159,10 @@ BASE ?= HEAD
 perf-revisions: setup
 	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_revisions.py --base $(BASE) \
 		--out results/revisions-$$tag
+
+# LoRA adapters named per request against the same fine-tune merged (perf/results/adapters-*.md).
+perf-adapters: setup
+	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_adapters.py --out results/adapters-$$tag
 
 # Seconds until a server is ready and each process's resident memory (perf/results/startup.md).
 perf-startup: setup

@@ -43,13 +43,14 @@ _SMALLEST_SCORE, _LARGEST_SCORE = 2.0**-149, 1.0 - 2.0**-24
 def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
     """`model` must be one of the served names, or absent (the served model, as vLLM and
     TEI take it); an endpoint serving none is off."""
-    names = _names(served)
+    names = served_names(served)
     if model not in names and not (model is None and names):
         serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
         raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
 
 
-def _names(served: str | tuple[str, ...] | None) -> tuple[str, ...]:
+def served_names(served: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """An endpoint's served name or names as a tuple (none: off)."""
     return (served,) if isinstance(served, str) else tuple(served or ())
 
 
@@ -60,7 +61,7 @@ async def model_adapters(
     lora_modules), which a body's `model` names as it names vLLM's LoRA models; read only for
     a `model` that is none of the `served` names (a Triton read before a request's first)."""
     model = body.get("model") if isinstance(body, dict) else None
-    names = _names(served)
+    names = served_names(served)
     if model is None or model in names or not names:
         return ()
     facts = await gw.client.served_facts(triton_model)

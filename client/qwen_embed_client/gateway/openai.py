@@ -60,6 +60,7 @@ from .common import (
     model_adapters,
     prompt_options,
     raw_scores,
+    served_names,
     text_usage,
 )
 from .errors import (
@@ -500,14 +501,10 @@ def checked_request(
     """An OpenAI embeddings request body, validated and for a served model or one of its
     `adapters` (common.model_adapters)."""
     request = EmbeddingsRequest.parse(body)
-    check_model(request.model, (*_served(served_model), *adapters))
+    check_model(request.model, (*served_names(served_model), *adapters))
     if has_parts(request.inputs) and request.chunks is not None:
         raise invalid("'chunks' are for texts, not inputs with images", "chunks")
     return request
-
-
-def _served(served_model: str | tuple[str, ...]) -> tuple[str, ...]:
-    return (served_model,) if isinstance(served_model, str) else served_model
 
 
 async def served_request(gw, body: object) -> EmbeddingsRequest:
