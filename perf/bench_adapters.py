@@ -17,13 +17,11 @@ each fine-tune adds, merged (a copy of every linear layer's weights) or per requ
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 from harness import (
     REPO,
     RESULTS,
@@ -33,59 +31,21 @@ from harness import (
     taking_turns,
     write_report,
 )
-from safetensors.torch import save_file
+from safetensors import safe_open
 
 from qwen_embed import Encoder, ModelConfig
+from qwen_embed_deploy.demo import build_demo_adapter
 
 from bench_engine import workload
 
-TARGETS = {
-    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-}
 
-
-def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(out, in) of each adapted linear layer of one decoder layer."""
-    h, d, n = config.hidden_size, config.head_dim, config.intermediate_size
-    q, kv = config.num_heads * d, config.num_kv_heads * d
-    return {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (n, h),
-        "up_proj": (n, h),
-        "down_proj": (h, n),
-    }
-
-
-def write_adapter(folder: Path, base: Path, config: ModelConfig, rank: int, seed: int) -> int:
-    """A peft LoRA adapter of `base` (seeded pairs) in `folder`; returns its pairs' bytes."""
-    generator = torch.Generator().manual_seed(seed)
-    shapes = linear_shapes(config)
-    tensors = {}
-    for layer in range(config.num_layers):
-        for module, names in TARGETS.items():
-            for name in names:
-                out, inp = shapes[name]
-                key = f"base_model.model.layers.{layer}.{module}.{name}"
-                a = torch.randn(rank, inp, generator=generator) / inp**0.5
-                b = torch.randn(out, rank, generator=generator) * 0.02
-                tensors[f"{key}.lora_A.weight"] = a.to(torch.bfloat16)
-                tensors[f"{key}.lora_B.weight"] = b.to(torch.bfloat16)
-    folder.mkdir(parents=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    adapter = {
-        "peft_type": "LORA",
-        "r": rank,
-        "lora_alpha": 2 * rank,
-        "target_modules": [n for names in TARGETS.values() for n in names],
-        "base_model_name_or_path": str(base),
-        "bias": "none",
-    }
-    (folder / "adapter_config.json").write_text(json.dumps(adapter))
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def tensor_bytes(path: Path, suffix: str = "") -> int:
+    """Bytes of the tensors in a safetensors file whose names end with `suffix`, at 2 bytes a
+    weight (bf16, as the demo checkpoints and adapters hold them)."""
+    with safe_open(str(path), framework="pt") as f:
+        return sum(
+            2 * int(np.prod(f.get_slice(k).get_shape())) for k in f.keys() if k.endswith(suffix)
+        )
 
 
 def main() -> None:
@@ -102,8 +62,11 @@ def main() -> None:
     texts = workload("mixed", args.texts, 0, 128)
     tokens = sum(len(t) for t in texts)
     with tempfile.TemporaryDirectory() as tmp:
-        folders = [Path(tmp) / f"adapter{i}" for i in range(args.adapters)]
-        pair_bytes = [write_adapter(f, base, config, args.rank, i) for i, f in enumerate(folders)]
+        folders = [
+            build_demo_adapter(Path(tmp) / f"adapter{i}", base, rank=args.rank, seed=i)
+            for i in range(args.adapters)
+        ]
+        pair_bytes = [tensor_bytes(f / "adapter_model.safetensors") for f in folders]
         modules = ",".join(f"a{i}={f}" for i, f in enumerate(folders))
         per_request = Encoder.from_pretrained(base, lora_modules=modules)
         merged = Encoder.from_pretrained(folders[0])  # the fine-tune's folder: merged at load
@@ -127,8 +90,7 @@ def main() -> None:
         for name, rate in rates.items()
     ]
     n = args.adapters
-    # bf16: 2 bytes a weight, as the checkpoints and the adapters are saved
-    linear_bytes = 2 * config.num_layers * sum(o * i for o, i in linear_shapes(config).values())
+    linear_bytes = sum(tensor_bytes(f, "_proj.weight") for f in base.glob("*.safetensors"))
     memory = [
         ["merged: a copy of the linear layers", f"{linear_bytes / 2**20:.1f} MiB", "1"],
         [

@@ -18,6 +18,7 @@ from qwen_embed.chunking import ChunkedText
 from qwen_embed.cpu import cpu_features
 from qwen_embed.cuda_graphs import BUCKETS, TokenGraphs, buckets_up_to
 from qwen_embed.settings import MAX_GRAPH_TOKENS, EncoderSettings
+from qwen_embed_deploy.demo import build_demo_adapter
 
 from reference import cosine, random_sequences, reference_embeddings, route_for
 
@@ -182,3 +183,27 @@ def test_graphs_leave_few_launches_to_the_host(checkpoint, pooling):
     assert launches[8192]["graphs"] == (layers - 1 if pooling == "last" else layers + 1)
     assert launches[0]["graphs"] == 0
     assert launches[8192]["kernels"] <= launches[0]["kernels"] - 5 * launches[8192]["graphs"]
+
+
+@pytest.mark.gpu
+def test_adapters_on_a_gpu_beside_its_cuda_graphs(checkpoint, tmp_path):
+    """On one GPU an encoder keeping adapters (lora_modules) replays the base's graphs for a
+    call naming none and runs an adapter's forwards eagerly, turn about: the adapter's vectors
+    are the same fine-tune's merged (bf16, cosine >= 0.999), the base's the plain encoder's."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    base = checkpoint("qwen3_head128_4layers")
+    adapter = build_demo_adapter(tmp_path / "adapter", base, rank=8, seed=3)
+    seqs = random_sequences([5, 17, 40, 3, 300], seed=4)
+    settings = {"dtype": "bfloat16", "device": "cuda:0"}
+    with Encoder.from_pretrained(base, lora_modules=f"x={adapter}", **settings) as enc:
+        assert enc.route.cuda_graph_tokens > 0
+        got = [enc.embed(seqs, adapter=a) for a in ("x", None, "x", None)]
+    with Encoder.from_pretrained(adapter, **settings) as enc:  # the fine-tune, merged
+        merged = enc.embed(seqs)
+    with Encoder.from_pretrained(base, **settings) as enc:
+        plain = enc.embed(seqs)
+    for unmerged, own in zip(got[0::2], got[1::2], strict=True):
+        assert cosine(unmerged, merged).min() >= 0.999
+        assert cosine(own, plain).min() >= 0.9999
+    assert cosine(got[0], plain).max() < 0.99  # the adapter matters

@@ -21,11 +21,12 @@ from qwen_embed.segments import MIN_PREFIX_TOKENS, PrefixCache, PrefixEntry
 from qwen_embed.settings import EncoderSettings, parse_lora_modules
 from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
 from qwen_embed_client.gateway.app import create_app
+from qwen_embed_deploy.demo import build_demo_adapter
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.rerank import PairTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
-from reference import cosine
+from reference import cosine, random_sequences
 from replicas import lora_finetune, lora_model, qwen3_embedding
 from triton_helpers import infer, run_clients
 
@@ -263,3 +264,38 @@ def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
     for answer, scores in ((ranked, want), (base, plain)):
         by_index = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
         assert np.abs(np.array([by_index[i] for i in range(len(documents))]) - scores).max() <= 1e-5
+
+
+def _unmerged_and_merged(base, tmp_path, seqs, **settings):
+    """(vectors of a demo adapter named per request over `base`, the same adapter's fine-tune
+    merged at load, the base's own)."""
+    adapter = build_demo_adapter(tmp_path / "adapter", base, rank=8, seed=3)
+    with Encoder.from_pretrained(base, lora_modules=f"x={adapter}", **settings) as enc:
+        unmerged, plain = enc.embed(seqs, adapter="x"), enc.embed(seqs)
+    with Encoder.from_pretrained(adapter, **{**settings, "tp_size": 1}) as enc:
+        assert enc.route.adapter == "lora"
+        merged = enc.embed(seqs)
+    return unmerged, merged, plain
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_an_adapter_per_request_equals_it_merged(checkpoint, tmp_path, name):
+    """Qwen2's q|k|v biases and Qwen3's q/k norms: (x A^T) B^T added per layer is the merged
+    weight's product (fp32, max-abs <= 1e-5)."""
+    seqs = random_sequences([5, 17, 40, 3], seed=1)
+    unmerged, merged, plain = _unmerged_and_merged(
+        checkpoint(name), tmp_path, seqs, dtype="float32"
+    )
+    assert np.abs(unmerged - merged).max() <= FP32_MAX_ABS
+    assert cosine(unmerged, plain).max() < 0.99  # the adapter matters
+
+
+@pytest.mark.server  # starts a tensor-parallel worker
+def test_a_replicated_kv_head_takes_its_adapter_whole(checkpoint, tmp_path):
+    """One kv head over two ranks: each rank holds it whole (ColumnParallelLinear's parts), and
+    its rows of B too."""
+    seqs = random_sequences([5, 17, 40, 3], seed=2)
+    unmerged, merged, _ = _unmerged_and_merged(
+        checkpoint("qwen3_kv1"), tmp_path, seqs, dtype="float32", tp_size=2
+    )
+    assert np.abs(unmerged - merged).max() <= FP32_MAX_ABS

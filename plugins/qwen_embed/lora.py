@@ -3,9 +3,10 @@
 Several fine-tunes of one base then share one copy of its weights: an adapted linear layer
 adds (x A^T) B^T of the forward's adapter to its base product, on whatever GEMM the route
 multiplies the base on. A forward runs one adapter (an Encoder call names one; the Triton
-encoder splits its batch by adapter), so the layers need only know which: `AdapterSwitch`, shared by every adapted layer, set by the model
-from ForwardContext.adapter. Packed layers (q|k|v, gate|up) take their shards' pairs stacked
-(ColumnParallelLinear.lora_pair), row-parallel layers their input features' slice of A.
+encoder splits its batch by adapter), so the layers need only know which: `AdapterSwitch`,
+shared by every adapted layer, set by the model from ForwardContext.adapter. Packed layers
+(q|k|v, gate|up) take their shards' pairs stacked (ColumnParallelLinear.lora_pair),
+row-parallel layers their input features' slice of A.
 """
 
 from __future__ import annotations

