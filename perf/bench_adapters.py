@@ -10,8 +10,9 @@ one holding the base and every adapter per request (a call naming the first adap
 call naming none: the base's cost beside adapters), and one serving the first adapter's
 fine-tune merged at load (what naming the fine-tune's folder as a checkpoint does). Each call
 embeds bench_engine's mixed texts (80% of 16-64 tokens, 20% of 256-1,024); the calls take
-turns (harness.taking_turns), medians of `--rounds`. Memory, from the tensors' sizes: what
-each fine-tune adds, merged (a copy of every linear layer's weights) or per request (its pairs).
+turns (harness.taking_turns), medians of `--rounds` and of the ratios within a round.
+Memory, from the tensors' sizes: what each fine-tune adds, merged (a copy of every linear
+layer's weights) or per request (its pairs).
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ def main() -> None:
         per_request.close()
         merged.close()
     rates = {name: tokens / statistics.median(s) for name, s in seconds.items()}
+    # a round's systems share its phase of the host's drift: ratios within a round
+    ratios = {
+        name: statistics.median(m / x for x, m in zip(s, seconds["fine-tune merged"], strict=True))
+        for name, s in seconds.items()
+    }
     for name, s in seconds.items():
         print(name, [f"{tokens / x:.0f}" for x in s], flush=True)
-    rows = [
-        [name, f"{rate:.0f}", f"{rate / rates['fine-tune merged']:.3f}"]
-        for name, rate in rates.items()
-    ]
+    rows = [[name, f"{rates[name]:.0f}", f"{ratios[name]:.3f}"] for name in rates]
     n = args.adapters
     linear_bytes = sum(tensor_bytes(f, "_proj.weight") for f in base.glob("*.safetensors"))
     memory = [
@@ -108,6 +111,7 @@ def main() -> None:
         rounds=args.rounds,
         route=route,
         tokens_per_s=rates,
+        ratio_to_merged=ratios,
         seconds=seconds,
         min_cosine_per_request_vs_merged=agree,
         linear_bytes=linear_bytes,
@@ -123,7 +127,8 @@ def main() -> None:
         "own copy of every linear layer; per request, its pairs. The base's weights and its "
         "embedding table are held once either way on CPU (mapped, shared between processes)",
     ]
-    table = markdown_table(["system", "tokens/s (median)", "/ merged"], rows)
+    header = ["system", "tokens/s (median)", "/ merged (median within a round)"]
+    table = markdown_table(header, rows)
     table += ["", *markdown_table(["each fine-tune", "weights", "/ merged"], memory)]
     write_report(args.out, record, "LoRA adapters per request against merged", notes, table)
 

@@ -290,6 +290,14 @@ def test_an_adapter_per_request_equals_it_merged(checkpoint, tmp_path, name):
     assert cosine(unmerged, plain).max() < 0.99  # the adapter matters
 
 
+def test_an_adapter_beside_fp32_held_weights(checkpoint, tmp_path):
+    """float16 on a CPU holds the linear weights in fp32 (route.Linear.FP32_GEMM): the pairs
+    too, multiplied in fp32 as the base is."""
+    seqs = random_sequences([5, 17, 40, 3], seed=5)
+    unmerged, merged, _ = _unmerged_and_merged(checkpoint("qwen3"), tmp_path, seqs, dtype="float16")
+    assert cosine(unmerged, merged).min() >= BF16_COSINE
+
+
 @pytest.mark.server  # starts a tensor-parallel worker
 def test_a_replicated_kv_head_takes_its_adapter_whole(checkpoint, tmp_path):
     """One kv head over two ranks: each rank holds it whole (ColumnParallelLinear's parts), and

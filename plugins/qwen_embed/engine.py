@@ -97,7 +97,8 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
     if route.lora_names:  # before the q|k|v split and repacking, which carry them
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
-        model.adapters = attach(model, folders, TORCH_DTYPES[route.dtype], device)
+        dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
+        model.adapters = attach(model, folders, dtype, device)
     apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)

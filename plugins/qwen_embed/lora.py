@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .adapters import ADAPTERS, AdapterError, read_lora
 from .finetunes import ADAPTER_CONFIG
-from .layers import LowRank, _Linear, linear
+from .layers import LowRank, _Linear
 from .loader import checkpoint_names
 from .models.vision import TOWER
 from .settings import parse_lora_modules
@@ -46,7 +47,10 @@ class LinearLora:
         if active is None or (pair := self.pairs[active]) is None:
             return y
         a, b = pair
-        return y.add_(linear(linear(x, a), b))
+        xa = F.linear(x.to(a.dtype), a)
+        if y.dtype == b.dtype:
+            return y.addmm_(xa, b.t())  # summed in the GEMM's accumulator: rounded once
+        return y.add_(F.linear(xa, b))  # pairs held in fp32 (layers.linear_weight_dtype)
 
     def rows(self, start: int, size: int) -> LinearLora:
         """The pairs of output rows [start, start + size) (ColumnParallelLinear.split)."""
@@ -80,8 +84,9 @@ def attach(
     dtype: torch.dtype,
     device: torch.device,
 ) -> AdapterSwitch:
-    """Each adapter's pairs on the linear layers they adapt (after loading, before the q|k|v
-    split and repacking); the switch that selects one."""
+    """Each adapter's pairs, in `dtype` (the linear weights': layers.linear_weight_dtype), on
+    the linear layers they adapt (after loading, before the q|k|v split and repacking); the
+    switch that selects one."""
     switch = AdapterSwitch(tuple(name for name, _ in folders))
     names = checkpoint_names(model)
     owners = {id(m.weight): m for m in model.modules() if isinstance(m, _Linear)}
