@@ -246,6 +246,17 @@ def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
         body = {"model": "ft", "query": TEXTS[0], "documents": documents}
         ranked = client.post("/v1/rerank", json=body)
         base = client.post("/v1/rerank", json=body | {"model": "rerank"})
+        # the other APIs that name a model: Cohere, Ollama, NIM
+        cohere = client.post(
+            "/v2/embed",
+            json={"model": "legal", "texts": TEXTS, "input_type": "search_document"}
+            | {"embedding_types": ["float"]},
+        )
+        ollama = client.post("/api/embed", json={"model": "code", "input": TEXTS})
+        tags = client.get("/api/tags").json()["models"]
+        passages = [{"text": d} for d in documents]
+        body = {"model": "ft", "query": {"text": TEXTS[0]}, "passages": passages}
+        nim = client.post("/v1/ranking", json=body)
     assert {(m["id"], m.get("parent")) for m in listed} >= {("legal", "embed"), ("code", "embed")}
     assert answer.status_code == 200 and answer.json()["model"] == "code"
     # each adapter's vectors are fingerprinted apart from the base's and each other's
@@ -264,6 +275,16 @@ def test_the_gateway_takes_an_adapter_as_the_model(served, dirs, st, reranker):
     for answer, scores in ((ranked, want), (base, plain)):
         by_index = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
         assert np.abs(np.array([by_index[i] for i in range(len(documents))]) - scores).max() <= 1e-5
+    got = np.array(cohere.json()["embeddings"]["float"], np.float32)
+    assert cosine(got, expected(st, "legal", "")).min() >= FP32_COSINE
+    assert cohere.headers["x-model-fingerprint"] == fingerprints[1]
+    got = np.array(ollama.json()["embeddings"], np.float32)
+    assert cosine(got, expected(st, "code", "")).min() >= FP32_COSINE
+    digests = {m["name"]: m["digest"] for m in tags}
+    assert [digests[m] for m in ("embed", "legal", "code")] == fingerprints
+    by_index = {r["index"]: r["logit"] for r in nim.json()["rankings"]}
+    logits = np.log(want / (1 - want))
+    assert np.abs(np.array([by_index[i] for i in range(len(documents))]) - logits).max() <= 1e-3
 
 
 def _unmerged_and_merged(base, tmp_path, seqs, **settings):

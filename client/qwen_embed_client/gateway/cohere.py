@@ -31,9 +31,9 @@ from .common import (
     TASK_INSTRUCTIONS,
     TRUNCATE_MODES,
     Encoding,
-    check_model,
     checkpoint_facts,
     embed,
+    model_adapter,
     prompt_options,
     text_usage,
 )
@@ -130,7 +130,7 @@ def _priority(value: int | None) -> dict:
 @router.post("/v2/embed")
 async def embed_v2(request: Request):
     gw = gateway(request)
-    return await respond(gw, await _embed(gw, await json_body(request), version=2))
+    return await respond(gw, *await _embed(gw, await json_body(request), version=2))
 
 
 @router.post("/v1/embed")
@@ -138,12 +138,13 @@ async def embed_v1(request: Request):
     """Cohere's v1 embed (its SDK's `Client`): the v2 body, answered as v1 does, a list of
     float vectors unless `embedding_types` is given."""
     gw = gateway(request)
-    return await respond(gw, await _embed(gw, await json_body(request), version=1))
+    return await respond(gw, *await _embed(gw, await json_body(request), version=1))
 
 
-async def _embed(gw, body: object, version: int) -> dict:
+async def _embed(gw, body: object, version: int) -> tuple[dict, None, str | None]:
+    """(the answer, no headers, the adapter it came from: common.model_adapter)."""
     asked = EmbedRequest.parse(body)
-    check_model(asked.model, gw.model_names)
+    adapter = await model_adapter(gw, asked.model, gw.model_names)
     texts, kinds, images, videos = asked.items, asked.server_types(), None, None
     if has_parts(texts):
         texts, images, videos = await texts_and_media(texts, "inputs", gw.allow_remote_images)
@@ -151,6 +152,8 @@ async def _embed(gw, body: object, version: int) -> dict:
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension
     options |= asked.given("max_tokens")
+    if adapter is not None:
+        options["adapter"] = adapter
     prompt_names = (await checkpoint_facts(gw, asked.input_type)).get("prompt_names", [])
     options |= prompt_options(asked.input_type, prompt_names, INPUT_TYPE_PROMPTS, INPUT_TYPE_TASKS)
     try:
@@ -168,27 +171,34 @@ async def _embed(gw, body: object, version: int) -> dict:
         embeddings[kind] = [encode(v) for v in vectors]
     tokens = result.total_tokens
     by_type = version == 2 or body.get("embedding_types") is not None
-    return {
-        "id": str(uuid.uuid4()),
-        "embeddings": embeddings if by_type else embeddings["float"],
-        "texts": texts,
-        "meta": {
-            "api_version": {"version": str(version)},
-            "billed_units": {"input_tokens": tokens},
-            "tokens": {"input_tokens": tokens},
+    return (
+        {
+            "id": str(uuid.uuid4()),
+            "embeddings": embeddings if by_type else embeddings["float"],
+            "texts": texts,
+            "meta": {
+                "api_version": {"version": str(version)},
+                "billed_units": {"input_tokens": tokens},
+                "tokens": {"input_tokens": tokens},
+            },
+            "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
+            "text_tokens": [text_usage(result, i) for i in range(len(texts))],
         },
-        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
-        "text_tokens": [text_usage(result, i) for i in range(len(texts))],
-    }
+        None,
+        adapter,
+    )
 
 
 @router.post("/v2/rerank")
 async def rerank_v2(request: Request):
     gw = gateway(request)
     asked = RerankRequest.parse(await json_body(request))
-    check_model(asked.model, gw.rerank_model_name)
+    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    adapter = await model_adapter(gw, asked.model, served, triton)
     query, documents = asked.query, asked.documents
     options = _priority(asked.priority) | asked.given("top_n")
+    if adapter is not None:
+        options["adapter"] = adapter
     if asked.max_tokens_per_doc is not None:
         options["max_document_tokens"] = asked.max_tokens_per_doc
     try:

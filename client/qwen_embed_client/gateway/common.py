@@ -55,17 +55,27 @@ def served_names(served: str | tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 async def model_adapters(
-    gw, body: object, served: str | tuple[str, ...] | None, triton_model: str | None = None
+    gw, model: object, served: str | tuple[str, ...] | None, triton_model: str | None = None
 ) -> tuple[str, ...]:
     """The LoRA adapters the served model keeps beside its weights (its encoder's
-    lora_modules), which a body's `model` names as it names vLLM's LoRA models; read only for
-    a `model` that is none of the `served` names (a Triton read before a request's first)."""
-    model = body.get("model") if isinstance(body, dict) else None
+    lora_modules), which a request's `model` names as it names vLLM's LoRA models; read only
+    for a `model` that is none of the `served` names (a Triton read before a request's
+    first)."""
     names = served_names(served)
     if model is None or model in names or not names:
         return ()
     facts = await gw.client.served_facts(triton_model)
     return tuple(facts.get("route", {}).get("lora_names", ()))
+
+
+async def model_adapter(
+    gw, model: object, served: str | tuple[str, ...] | None, triton_model: str | None = None
+) -> str | None:
+    """check_model, a served model's adapters counted among its names: the adapter `model`
+    names, or None for the served model itself."""
+    adapters = await model_adapters(gw, model, served, triton_model)
+    check_model(model, (*served_names(served), *adapters))
+    return model if model in adapters else None
 
 
 def prompt_options(

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS
 from .bodies import Body, NonBlank, Text, at_most
-from .common import TRUNCATE_MODES, check_model, raw_scores
+from .common import TRUNCATE_MODES, model_adapter, raw_scores
 from .errors import backend_error, json_body, rerank_checked
 from .state import gateway
 
@@ -43,8 +43,10 @@ class RankingRequest(Body):
 async def ranking(request: Request):
     gw = gateway(request)
     asked = RankingRequest.parse(await json_body(request))
-    check_model(asked.model, gw.rerank_model_name)
-    options = rerank_checked(**TRUNCATE_MODES[asked.truncate])
+    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    adapter = await model_adapter(gw, asked.model, served, triton)
+    options = TRUNCATE_MODES[asked.truncate] | ({"adapter": adapter} if adapter else {})
+    options = rerank_checked(**options)
     passages = [p.text for p in asked.passages]
     try:
         result = await gw.client.rerank(

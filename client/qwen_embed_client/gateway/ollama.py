@@ -27,7 +27,7 @@ from pydantic import Field
 
 from ..contract import MAX_INPUTS
 from .bodies import Body, Text
-from .common import check_model, embed
+from .common import embed, model_adapter
 from .errors import STATUS, APIError, invalid, json_body, options_checked
 from .state import gateway, respond
 
@@ -71,13 +71,15 @@ async def embed_route(request: Request):
     gw = gateway(request)
     start = time.monotonic_ns()
     asked = EmbedRequest.parse(await json_body(request))
-    check_model(asked.model, gw.model_names)
+    adapter = await model_adapter(gw, asked.model, gw.model_names)
     texts = [asked.input] if isinstance(asked.input, str) else asked.input
     if texts == [""]:
         texts = []
     if not texts:
         return {"model": asked.model, "embeddings": []}
-    options = _options(asked.options, truncate=asked.truncate, dimensions=asked.dimensions or None)
+    options = _options(
+        asked.options, truncate=asked.truncate, dimensions=asked.dimensions or None, adapter=adapter
+    )
     result = await embed(gw, texts, options, ["float"], "input")
     body = {
         "model": asked.model,
@@ -86,19 +88,20 @@ async def embed_route(request: Request):
         "load_duration": 0,
         "prompt_eval_count": result.total_tokens,
     }
-    return await respond(gw, body)
+    return await respond(gw, body, adapter=adapter)
 
 
 @router.post("/api/embeddings")
 async def embeddings_route(request: Request):
     gw = gateway(request)
     asked = EmbeddingsRequest.parse(await json_body(request))
-    check_model(asked.model, gw.model_names)
+    adapter = await model_adapter(gw, asked.model, gw.model_names)
     if not asked.prompt:
         return {"embedding": []}
-    options = _options(asked.options, normalize=False)
+    options = _options(asked.options, normalize=False, adapter=adapter)
     result = await embed(gw, [asked.prompt], options, ["float"], "prompt")
-    return await respond(gw, {"embedding": result.embeddings[0].tolist()})
+    body = {"embedding": result.embeddings[0].tolist()}
+    return await respond(gw, body, adapter=adapter)
 
 
 DETAILS = {"format": "safetensors", "family": "qwen", "families": ["qwen"]}
@@ -112,16 +115,19 @@ def _modified_at(gw) -> str:
 async def tags(request: Request):
     gw = gateway(request)
     facts = await gw.facts()
+    # the encoder's adapters are models of their own, each with its fingerprint
+    digests = {name: facts.get("fingerprint") for name in gw.model_names}
+    digests |= facts.get("adapter_fingerprints", {})
     models = [
         {
             "name": name,
             "model": name,
             "modified_at": _modified_at(gw),
             "size": 0,
-            "digest": facts.get("fingerprint") or "",
+            "digest": digest or "",
             "details": DETAILS,
         }
-        for name in gw.model_names
+        for name, digest in digests.items()
     ]
     return {"models": models}
 
@@ -135,7 +141,7 @@ class ShowRequest(Body):
 async def show(request: Request):
     gw = gateway(request)
     asked = ShowRequest.parse(await json_body(request))
-    check_model(asked.model, gw.model_names)
+    await model_adapter(gw, asked.model, gw.model_names)
     facts = await gw.facts()
     info = {"general.architecture": DETAILS["family"]}
     for key, fact in (("embedding_length", "dimension"), ("context_length", "tokens_per_text")):

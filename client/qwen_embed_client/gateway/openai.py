@@ -509,7 +509,8 @@ def checked_request(
 
 async def served_request(gw, body: object) -> EmbeddingsRequest:
     """checked_request for this gateway's embed model and its adapters."""
-    return checked_request(body, gw.model_names, await model_adapters(gw, body, gw.model_names))
+    model = body.get("model") if isinstance(body, dict) else None
+    return checked_request(body, gw.model_names, await model_adapters(gw, model, gw.model_names))
 
 
 def request_plan(
@@ -808,7 +809,8 @@ async def rerank(request: Request):
 async def rerank_response(gw, body: object) -> dict:
     """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}."""
     served, triton = gw.rerank_model_name, gw.triton_rerank_model
-    adapters = await model_adapters(gw, body, served, triton)
+    model = body.get("model") if isinstance(body, dict) else None
+    adapters = await model_adapters(gw, model, served, triton)
     request, options = parse_rerank_request(body, served, adapters)
     query, documents = request.inputs
     allow = gw.allow_remote_images
