@@ -203,6 +203,8 @@ def test_requests_name_their_adapter_through_triton(served, st, protocol):
     (the encoder splits each batch by adapter)."""
     server, _ = served
     names = [None, "legal", "code"] * 2
+    counted = {n: server.metric("qwen_embed_adapter_texts_total", adapter=n) for n in names[1:3]}
+    tokens = server.metric("qwen_embed_adapter_tokens_total", adapter="legal")
 
     def one(i):
         params = {"prompt_name": "query"} if i % 2 else {}
@@ -211,8 +213,15 @@ def test_requests_name_their_adapter_through_triton(served, st, protocol):
         got, counts = infer(server, TEXTS, protocol, **params)
         want = expected(st, names[i] or "base", QUERY if i % 2 else "")
         assert cosine(got, want).min() >= FP32_COSINE, (i, names[i])
+        seen[i] = int(counts.sum())
 
+    seen = {}
     run_clients(len(names), one)
+    # each adapter's texts counted apart (two requests of 4 texts each), and its tokens
+    for name, before in counted.items():
+        assert server.metric("qwen_embed_adapter_texts_total", adapter=name) - before == 8
+    legal = server.metric("qwen_embed_adapter_tokens_total", adapter="legal") - tokens
+    assert legal == seen[1] + seen[4]
 
 
 @pytest.mark.server

@@ -144,8 +144,8 @@ class TritonPythonModel:
         requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
 
-        def call(members, compute, outputs):
-            self._call(members, compute, outputs, answer, unanswered)
+        def call(members, compute, outputs, adapter=None):
+            self._call(members, compute, outputs, answer, unanswered, adapter)
 
         chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
         token_rows = functools.partial(self._ragged_outputs, "TOKEN_EMBEDDING")
@@ -156,7 +156,7 @@ class TritonPythonModel:
                 tokens = [sum(len(s) for s in seqs) for _, _, seqs in members]
                 encode = functools.partial(self._encode, adapter=adapter)
                 for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                    call([members[g] for g in group], encode, self._outputs)
+                    call([members[g] for g in group], encode, self._outputs, adapter)
             for member in chunked:  # one call each
                 call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
@@ -173,16 +173,17 @@ class TritonPythonModel:
             for i in sorted(unanswered):
                 answer(i, pb_utils.InferenceResponse(error=error))
 
-    def _call(self, members, compute, outputs, answer, unanswered):
+    def _call(self, members, compute, outputs, answer, unanswered, adapter=None):
         """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
         gives their rows in order, `outputs(rows, members)` each member's output tensors;
-        each request is answered as soon as the call ends."""
+        each request is answered as soon as the call ends. `adapter`: the one it ran with
+        (counted apart)."""
         answer.send_held()  # what is answered already never waits for this call
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
         rows = compute(texts)
         self.metrics.seconds.observe(time.perf_counter() - started)
-        self.metrics.add_call([getattr(t, "ids", t) for t in texts])
+        self.metrics.add_call([getattr(t, "ids", t) for t in texts], adapter)
         for (i, _, _), response in zip(members, outputs(rows, members), strict=True):
             answer(i, pb_utils.InferenceResponse(output_tensors=response))
             unanswered.discard(i)
@@ -452,8 +453,21 @@ class _Metrics:
         self.cache_bytes = self._metric(
             "qwen_embed_prefix_cache_bytes", "keys/values held by the prefix cache", gauge
         )
+        # per adapter a request names (lora_modules): what each fine-tune served
+        self.by_adapter = {}
+        for what in ("texts", "tokens"):
+            family = pb_utils.MetricFamily(
+                name=f"qwen_embed_adapter_{what}_total",
+                description=f"{what} embedded with each adapter (lora_modules)",
+                kind=counter,
+            )
+            self.families.append(family)
+            for name in encoder.adapters:
+                labels = {"model": model_name, "adapter": name}
+                self.by_adapter[what, name] = family.Metric(labels=labels)
         self.encoder = encoder
         self._pending = {"texts": 0, "tokens": 0}  # counted by calls, not sent yet
+        self._pending_by_adapter = dict.fromkeys(self.by_adapter, 0)
         self._sent = {"computed": 0, "hits": 0, "lookups": 0, "cache_bytes": 0}
         self.route = pb_utils.MetricFamily(
             name="qwen_embed_encoder_route",
@@ -479,10 +493,13 @@ class _Metrics:
         self.route_gauge = self.route.Metric(labels=labels)
         self.route_gauge.set(1)
 
-    def add_call(self, seqs):
+    def add_call(self, seqs, adapter=None):
         """A call's texts and tokens, sent by the next flush()."""
         self._pending["texts"] += len(seqs)
         self._pending["tokens"] += int(sum(len(s) for s in seqs))
+        if adapter is not None:
+            self._pending_by_adapter["texts", adapter] += len(seqs)
+            self._pending_by_adapter["tokens", adapter] += int(sum(len(s) for s in seqs))
 
     def flush(self):
         """What moved since the last flush, a message to Triton each; nothing for what did not
@@ -491,6 +508,10 @@ class _Metrics:
             if count:
                 getattr(self, name).increment(count)
                 self._pending[name] = 0
+        for key, count in self._pending_by_adapter.items():
+            if count:
+                self.by_adapter[key].increment(count)
+                self._pending_by_adapter[key] = 0
         cache = self.encoder.prefix_cache
         totals = {
             "computed": self.encoder.stats["computed_tokens"],
