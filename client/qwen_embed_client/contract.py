@@ -197,10 +197,10 @@ def _video_sampling(opts) -> None:
 
 
 _VIDEO_FPS_HELP = "frames kept per second of each video (default 1)"
-_ADAPTER_HELP = "a LoRA adapter the server keeps beside the weights (its lora_modules)"
 _VIDEO_MAX_FRAMES_HELP = (
     f"at most N frames kept of each video (default 64, up to {MAX_KEPT_FRAMES})"
 )
+_ADAPTER_HELP = "a LoRA adapter the server keeps beside the weights (its lora_modules)"
 
 
 def _option(default, help: str, choices: tuple[str, ...] | None = None):
