@@ -188,10 +188,14 @@ def served(dirs, reranker, tmp_path_factory):
     """A tritonserver with the base embedder keeping both adapters, and the reranker one."""
     where = tmp_path_factory.mktemp("lora-triton")
     finetune = lora_model(where / "rerank-finetune", reranker)
-    embed = {"encoder": {"dtype": "float32", "lora_modules": modules(dirs)}}
-    render(where / "repo", {"embed": dirs["base"]}, embed)
-    rerank = {"encoder": {"dtype": "float32", "lora_modules": f"ft={finetune}"}}
-    repo = render(where / "repo", {}, rerank, rerankers={"rerank": reranker})
+    overrides = {
+        "encoder": {"dtype": "float32"},
+        "embed.encoder": {"lora_modules": modules(dirs)},
+        "rerank.encoder": {"lora_modules": f"ft={finetune}"},
+    }
+    repo = render(
+        where / "repo", {"embed": dirs["base"]}, overrides, rerankers={"rerank": reranker}
+    )
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield server, finetune
 

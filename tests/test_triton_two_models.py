@@ -29,6 +29,25 @@ def test_render_gpu_variant(demo_dir, tmp_path):
     assert get_parameter(config, "model_dir") == str(demo_dir.resolve())
 
 
+def test_a_setting_for_one_deployment(demo_dir, tmp_path):
+    """NAME.STEP overrides (the CLI's --set NAME.encoder.KEY=VALUE) reach that deployment only,
+    over the ones for every deployment."""
+    overrides = {
+        "encoder": {"dtype": "float32", "max_batch_tokens": "4096"},
+        "rerank.encoder": {"lora_modules": "ft=/adapters/ft", "dtype": "bfloat16"},
+    }
+    repo = render(tmp_path, {"embed": demo_dir}, overrides, rerankers={"rerank": demo_dir})
+    embed = read_config(repo / "encoder" / "config.pbtxt")
+    rerank = read_config(repo / "rerank_encoder" / "config.pbtxt")
+    assert get_parameter(embed, "lora_modules") == ""
+    assert (get_parameter(embed, "dtype"), get_parameter(rerank, "dtype")) == (
+        "float32",
+        "bfloat16",
+    )
+    assert get_parameter(rerank, "lora_modules") == "ft=/adapters/ft"
+    assert get_parameter(rerank, "max_batch_tokens") == "4096"
+
+
 def test_two_checkpoints_one_server(demo_dir, tmp_path):
     second = build_demo_model(tmp_path / "second", layers=1, seed=1)
     # fp32: an exact comparison (dtype auto is bf16 on bf16 CPUs, where the server's and this

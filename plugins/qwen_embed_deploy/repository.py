@@ -142,7 +142,8 @@ def render(
 ) -> Path:
     """Write one tokenizer/encoder/ensemble trio per deployment (and reranker) name into
     out_dir; `overrides` ({"tokenizer"|"encoder": {key: value}}) apply to both kinds, as do
-    the instance groups ('count: 2, kind: KIND_GPU')."""
+    the instance groups ('count: 2, kind: KIND_GPU'); {"NAME.encoder": {...}} to the one
+    deployment NAME, over those."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     named = [("embed", n, d) for n, d in deployments.items()]
@@ -166,7 +167,11 @@ def render(
             config = read_config(TEMPLATE / template / "config.pbtxt")
             config.name = names[step]
             set_parameter(config, "model_dir", _pinned(model_dir))
-            for key, value in (overrides or {}).get(step, {}).items():
+            mine = {
+                **(overrides or {}).get(step, {}),
+                **(overrides or {}).get(f"{name}.{step}", {}),
+            }
+            for key, value in mine.items():
                 set_parameter(config, key, value)
             if step in groups:
                 set_instance_group(config, groups[step])
@@ -194,14 +199,14 @@ def main() -> None:
         metavar="NAME=MODEL_DIR",
         help="a reranker (Qwen3-Reranker layout or a sequence-classification head)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE")
+    p.add_argument("--set", action="append", default=[], metavar="[NAME.]STEP.KEY=VALUE")
     p.add_argument("--encoder-instances", help="e.g. 'count: 1, kind: KIND_GPU'")
     p.add_argument("--max-queue-size", type=int, help="encoder requests waiting, then UNAVAILABLE")
     args = p.parse_args()
     overrides: dict[str, dict[str, str]] = {}
     for item in args.set:
         target, value = item.split("=", 1)
-        step, key = target.split(".", 1)
+        step, _, key = target.rpartition(".")  # STEP.KEY, or NAME.STEP.KEY for one deployment
         overrides.setdefault(step, {})[key] = value
     deployments = dict(d.split("=", 1) for d in args.deployments)
     rerankers = dict(d.split("=", 1) for d in args.rerank)
