@@ -253,6 +253,10 @@ OTLP_ENDPOINT ?=
 BATCH_DIR ?= .cache/batches
 # The gateway's names of the embed model, one or more separated by spaces (default: embed).
 SERVED_MODEL_NAME ?=
+# LoRA adapters a request names, over the embedder (and the reranker): name=path,... (the
+# encoders' lora_modules, docs/configuration.md); empty: none.
+LORA_MODULES ?=
+RERANK_LORA_MODULES ?=
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
@@ -263,6 +267,7 @@ serve: setup
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/rerank -H 'Content-Type: application/json' -d '{\"model\":\"rerank\",\"query\":\"capital of China?\",\"documents\":[\"Beijing is the capital.\",\"Gravity.\"]}'"
 	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} \
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
+	QWEN_EMBED_LORA_MODULES="$(LORA_MODULES)" QWEN_EMBED_RERANK_LORA_MODULES="$(RERANK_LORA_MODULES)" \
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \

@@ -52,6 +52,18 @@ def test_parameters_build_the_settings_whole():
     assert defaults == EncoderSettings()
 
 
+def test_lora_modules_from_the_environment_where_the_config_is_silent(monkeypatch):
+    """`make serve LORA_MODULES=... RERANK_LORA_MODULES=...`: each encoder its own, and a
+    config's own setting first."""
+    monkeypatch.setenv("QWEN_EMBED_LORA_MODULES", "legal=/a/legal")
+    monkeypatch.setenv("QWEN_EMBED_RERANK_LORA_MODULES", "ft=/a/ft")
+    embed = encoder_parameters({})[1]
+    rerank = encoder_parameters({"task": "rerank"})[1]
+    own = encoder_parameters({"lora_modules": "code=/a/code"})[1]
+    assert (embed.lora_modules, rerank.lora_modules) == ("legal=/a/legal", "ft=/a/ft")
+    assert own.lora_modules == "code=/a/code"
+
+
 def test_bad_parameters_are_refused_by_name():
     with pytest.raises(ValueError, match=r"unknown encoder parameter\(s\) \['compile_elementwise'"):
         EncoderSettings.from_parameters({"compile_elementwise": "on"})

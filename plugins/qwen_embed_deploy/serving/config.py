@@ -49,6 +49,9 @@ _DEFAULT_DIRS = {
     "rerank": (RERANK_MODEL_DIR_ENV, DEMO_RERANKER_DIR),
     "auto": (MODEL_DIR_ENV, DEMO_MODEL_DIR),
 }
+# The encoders' lora_modules where their config leaves it empty (`make serve LORA_MODULES=...`)
+LORA_MODULES_ENV = "QWEN_EMBED_LORA_MODULES"
+RERANK_LORA_MODULES_ENV = "QWEN_EMBED_RERANK_LORA_MODULES"
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,16 @@ def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:
 
 def encoder_parameters(params: dict[str, str]) -> tuple[EncoderServing, EncoderSettings]:
     """An encoder model's parameters (model_parameters): the serving ones and the engine's
-    settings, each built whole (an unknown key is refused)."""
+    settings, each built whole (an unknown key is refused); lora_modules, where they leave it
+    empty, from $QWEN_EMBED_LORA_MODULES (a reranker's: $QWEN_EMBED_RERANK_LORA_MODULES)."""
     params = dict(params)
     serving_keys = {f.name for f in fields(EncoderServing)}
     serving = {k: params.pop(k) for k in list(params) if k in serving_keys}
-    return (
-        from_parameters(EncoderServing, serving, "encoder"),
-        EncoderSettings.from_parameters(params),
-    )
+    settings = EncoderSettings.from_parameters(params)
+    env = RERANK_LORA_MODULES_ENV if settings.task == "rerank" else LORA_MODULES_ENV
+    if not settings.lora_modules and os.environ.get(env):
+        settings = settings.replace(lora_modules=os.environ[env])
+    return from_parameters(EncoderServing, serving, "encoder"), settings
 
 
 def resolve_model_dir(chosen: str, task: str = "embed") -> Path:
