@@ -51,16 +51,15 @@ def dirs(tmp_path_factory):
         "base": base,
         "legal": legal,
         "code": lora_finetune(root / "code", base, seed=2, rank=8),
-        "other": _of_another_base(legal, root / "other"),
     }
 
 
 def _of_another_base(adapter, directory):
-    """`adapter` with pairs for a base of another width (A [r, 96])."""
+    """`adapter` with pairs for a base of another width (A [r, 97])."""
     shutil.copytree(adapter, directory)
     weights = directory / "adapter_model.safetensors"
     pairs = load_file(weights)
-    wide = {k: torch.zeros(len(v), 96) if "lora_A" in k else v for k, v in pairs.items()}
+    wide = {k: torch.zeros(len(v), 97) if "lora_A" in k else v for k, v in pairs.items()}
     save_file(wide, weights)
     return directory
 
@@ -89,6 +88,7 @@ def expected(st, name, prompt):
     return st[name].encode(TEXTS, prompt=prompt)
 
 
+@pytest.mark.server  # whole fine-tunes against sentence-transformers: seconds
 def test_each_request_gets_its_adapter_over_one_base(dirs, st, ids):
     """Calls alternating between the base and two adapters (ranks 4 and 8) on one encoder,
     with and without a shared query prompt: each as its fine-tune. A prefix computed with one
@@ -123,31 +123,36 @@ def test_adapters_on_tensor_parallel_shards_and_in_bf16(dirs, st, ids):
             assert cosine(got, expected(st, name, "")).min() >= BF16_COSINE, name
 
 
-def test_what_is_not_served_is_named(dirs, ids, tmp_path):
-    with Encoder.from_pretrained(dirs["base"], dtype="float32", lora_modules=modules(dirs)) as enc:
+def test_what_is_not_served_is_named(checkpoint, tmp_path):
+    base = checkpoint("qwen3")
+    legal, code = (
+        build_demo_adapter(tmp_path / n, base, rank=4, seed=i)
+        for i, n in enumerate(("legal", "code"))
+    )
+    seqs = random_sequences([5, 9])
+    with Encoder.from_pretrained(base, lora_modules=f"legal={legal},code={code}") as enc:
         with pytest.raises(ValueError, match=r"adapter 'sql' is not served here.*'legal', 'code'"):
-            enc.embed(ids[""], adapter="sql")
-    with Encoder.from_pretrained(dirs["base"], dtype="float32") as enc:
+            enc.embed(seqs, adapter="sql")
+    with Encoder.from_pretrained(base) as enc:
         with pytest.raises(ValueError, match="none: set lora_modules"):
-            enc.embed(ids[""], adapter="legal")
+            enc.embed(seqs, adapter="legal")
+    other = _of_another_base(legal, tmp_path / "other")
     with pytest.raises(AdapterError, match="an adapter of another base"):
-        Encoder.from_pretrained(dirs["base"], dtype="float32", lora_modules=f"x={dirs['other']}")
+        Encoder.from_pretrained(base, lora_modules=f"x={other}")
     with pytest.raises(AdapterError, match="lora_modules: x: .* is neither a checkpoint"):
-        Encoder.from_pretrained(dirs["base"], dtype="float32", lora_modules=f"x={tmp_path}")
+        Encoder.from_pretrained(base, lora_modules=f"x={tmp_path / 'nothing'}")
     with pytest.raises(AdapterError, match="holds no adapter_config.json"):
-        Encoder.from_pretrained(dirs["base"], dtype="float32", lora_modules=f"x={dirs['base']}")
+        Encoder.from_pretrained(base, lora_modules=f"x={base}")
     # a fine-tune served as itself merges its adapter: another on top would be trained on
     # other weights
     with pytest.raises(AdapterError, match="do not mix"):
-        Encoder.from_pretrained(
-            dirs["legal"], dtype="float32", adapter="lora", lora_modules=f"code={dirs['code']}"
-        )
-    bad = dirs["legal"].parent / "dora"
+        Encoder.from_pretrained(legal, adapter="lora", lora_modules=f"code={code}")
+    bad = tmp_path / "dora"
     bad.mkdir()
-    config = json.loads((dirs["legal"] / "adapter_config.json").read_text())
+    config = json.loads((legal / "adapter_config.json").read_text())
     (bad / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
     with pytest.raises(AdapterError, match="DoRA"):
-        Encoder.from_pretrained(dirs["base"], dtype="float32", lora_modules=f"x={bad}")
+        Encoder.from_pretrained(base, lora_modules=f"x={bad}")
 
 
 def test_the_setting_is_read_whole():
