@@ -162,7 +162,7 @@ perf-revisions: setup
 
 # LoRA adapters named per request against the same fine-tune merged (perf/results/adapters-*.md).
 perf-adapters: setup
-	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_adapters.py --out results/adapters-$$tag
+	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_routes.py adapters --out results/adapters-$$tag
 
 # Seconds until a server is ready and each process's resident memory (perf/results/startup.md).
 perf-startup: setup

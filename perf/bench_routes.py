@@ -1,6 +1,7 @@
 """The engine in process on one model, two or more ways of running it taking turns on the same
 texts: what a route choice (packed weights, the batch-invariant GEMM, int8 layouts, the
-attention operator) is worth end to end, the engine against its GEMM bound, and long texts.
+attention operator, LoRA adapters per request or merged) is worth end to end, the engine against
+its GEMM bound, and long texts.
 
     python bench_routes.py prepack [--dtypes bfloat16 float32]
     python bench_routes.py bf16_gemm [--rounds 4]
@@ -8,6 +9,7 @@ attention operator) is worth end to end, the engine against its GEMM bound, and 
     python bench_routes.py gemm_bound [--quantization none|int8] [--pairs 15]
     python bench_routes.py lengths [--lengths 128 512 2048 8192]
     python bench_routes.py long [--lengths 8192 16384 32768]
+    python bench_routes.py adapters [--adapters 3] [--rank 16]
 
 Each subcommand writes its own report (results/<subcommand>.md and .json by default); `python
 bench_routes.py SUBCOMMAND --help` says what it measures and how. The oneDNN primitive cache
@@ -23,6 +25,7 @@ import os
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from unittest import mock  # noqa: E402
@@ -43,6 +46,7 @@ from harness import (  # noqa: E402
     taking_turns,
     write_report,
 )
+from safetensors import safe_open  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from qwen_embed import Encoder, avx2_gemm, native, row_plans  # noqa: E402
@@ -53,7 +57,7 @@ from qwen_embed.engine import FLOAT_GEMMS, TORCH_DTYPES  # noqa: E402
 from qwen_embed.layers import _Linear, linear_weight_dtype  # noqa: E402
 from qwen_embed.onednn import PackedWeight, brgemm_runs  # noqa: E402
 from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
-from qwen_embed_deploy.demo import ENDOFTEXT_ID  # noqa: E402
+from qwen_embed_deploy.demo import ENDOFTEXT_ID, build_demo_adapter  # noqa: E402
 
 from bench_peers import linear_shapes  # noqa: E402
 from workload import alternate, alternate_forwards, make_texts  # noqa: E402
@@ -771,6 +775,115 @@ def long(args: argparse.Namespace) -> None:
     write_report(args.out, record, "One long text", notes, markdown_table(header, rows))
 
 
+# ---------------------------------------------------------------- adapters
+
+ADAPTERS_DOC = """\
+LoRA adapters a request names (setting lora_modules) against the same fine-tune merged at load.
+
+    python bench_routes.py adapters [--model-dir .cache/bench-model-4l] [--adapters 3]
+                             [--rank 16] [--rounds 5]
+
+`--adapters` demo adapters of the model (qwen_embed_deploy.demo.build_demo_adapter: rank
+`--rank` on q, k, v, o, gate, up and down, peft's files). In process, dtype auto: one encoder
+holding the base and every adapter (a call naming the first adapter, and a call naming none:
+the base's cost beside adapters) and one serving the first adapter's fine-tune merged at load
+(its folder as the checkpoint). Each call embeds 64 mixed documents (workload.make_texts); the
+calls take turns (harness.taking_turns), medians of `--rounds` and of the ratios within a round.
+Memory, from the tensors' sizes: what each fine-tune adds, merged (a copy of every linear
+layer's weights) or per request (its pairs).
+"""
+
+MERGED = "fine-tune merged"
+
+
+def safetensors_bytes(path: Path, suffix: str = "") -> int:
+    """Bytes of the tensors in a safetensors file whose names end with `suffix`, at 2 bytes a
+    weight (bf16, as the demo checkpoints and adapters hold them)."""
+    with safe_open(str(path), framework="pt") as f:
+        return sum(
+            2 * int(np.prod(f.get_slice(k).get_shape())) for k in f.keys() if k.endswith(suffix)
+        )
+
+
+def adapters_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
+    p.add_argument("--adapters", type=int, default=3)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=5)
+
+
+def adapters(args: argparse.Namespace) -> None:
+    model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
+    tokens = sum(map(len, docs))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        folders = [
+            build_demo_adapter(Path(tmp) / f"adapter{i}", model_dir, rank=args.rank, seed=i)
+            for i in range(args.adapters)
+        ]
+        modules = ",".join(f"a{i}={f}" for i, f in enumerate(folders))
+        per_request = stack.enter_context(Encoder.from_pretrained(model_dir, lora_modules=modules))
+        merged = stack.enter_context(Encoder.from_pretrained(folders[0]))
+        calls = {
+            "adapter per request": lambda: per_request.embed(docs, adapter="a0"),
+            "base beside adapters": lambda: per_request.embed(docs),
+            MERGED: lambda: merged.embed(docs),
+        }
+        agree = float(cosines(per_request.embed(docs, adapter="a0"), merged.embed(docs)).min())
+        seconds = taking_turns(calls, args.rounds)
+        route = per_request.route.describe()
+        pair_bytes = safetensors_bytes(folders[0] / "adapter_model.safetensors")
+    linear_bytes = sum(
+        safetensors_bytes(f, "_proj.weight") for f in model_dir.glob("*.safetensors")
+    )
+    rates = {name: tokens / statistics.median(s) for name, s in seconds.items()}
+    # a round's systems share its phase of the host's drift: ratios within a round
+    ratios = {
+        name: statistics.median(m / x for x, m in zip(s, seconds[MERGED], strict=True))
+        for name, s in seconds.items()
+    }
+    for name, s in seconds.items():
+        print(name, [f"{tokens / x:.0f}" for x in s], flush=True)
+    rows = [[name, f"{rates[name]:.0f}", f"{ratios[name]:.3f}"] for name in rates]
+    table = markdown_table(
+        ["system", "tokens/s (median)", "/ merged (median within a round)"], rows
+    )
+    memory = [
+        ["merged: a copy of the linear layers", f"{linear_bytes / 2**20:.1f} MiB", "1"],
+        [
+            f"per request: its pairs (rank {args.rank})",
+            f"{pair_bytes / 2**20:.2f} MiB",
+            f"{pair_bytes / linear_bytes:.4f}",
+        ],
+    ]
+    table += ["", *markdown_table(["each fine-tune", "weights", "/ merged"], memory)]
+    record = new_record(
+        model_dir=str(model_dir),
+        adapters=args.adapters,
+        rank=args.rank,
+        tokens=tokens,
+        rounds=args.rounds,
+        route=route,
+        tokens_per_s=rates,
+        ratio_to_merged=ratios,
+        seconds=seconds,
+        min_cosine_per_request_vs_merged=agree,
+        linear_bytes=linear_bytes,
+        pair_bytes=pair_bytes,
+    )
+    notes = [
+        f"{model_dir.name}, {args.adapters} adapters of rank {args.rank} on the 7 linear layers; "
+        f"64 mixed documents ({tokens} tokens) per call, {args.rounds} rounds taking turns",
+        f"route: {route}",
+        f"an adapter per request against its fine-tune merged: min cosine {agree:.6f}",
+        "memory each fine-tune adds (bf16, from the tensors' sizes, not measured): merged, its "
+        "own copy of every linear layer; per request, its pairs. The base's weights and its "
+        "embedding table are held once either way on CPU (mapped, shared between processes)",
+    ]
+    write_report(args.out, record, "LoRA adapters per request against merged", notes, table)
+
+
 COMMANDS = {
     "prepack": (PREPACK_DOC, prepack_arguments, prepack),
     "bf16_gemm": (BF16_GEMM_DOC, bf16_gemm_arguments, bf16_gemm),
@@ -778,6 +891,7 @@ COMMANDS = {
     "gemm_bound": (GEMM_BOUND_DOC, gemm_bound_arguments, gemm_bound),
     "lengths": (LENGTHS_DOC, lengths_arguments, lengths),
     "long": (LONG_DOC, long_arguments, long),
+    "adapters": (ADAPTERS_DOC, adapters_arguments, adapters),
 }
 
 

@@ -156,10 +156,6 @@ class _Linear(nn.Module):
             y = linear(x, self.weight, bias)
         return y if self.lora is None else self.lora.add(x, y)
 
-    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
-        """This rank's (A [r, in], B [out, r]) of a whole layer's low-rank pair."""
-        return pairs[None]
-
     def repack(self, kernel: type[nn.Module]) -> None:
         """Replace this rank's (already sharded) float weight by `kernel(weight)`."""
         self.kernel = kernel(self.weight)

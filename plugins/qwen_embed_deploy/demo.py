@@ -139,11 +139,27 @@ def write_tokenizer(directory: Path, append_eos: bool = True) -> None:
     )
 
 
+def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """(out, in) features of a Qwen layer's linear layers, by their checkpoint names."""
+    h, n = config["hidden_size"], config["intermediate_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    return {
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (n, h),
+        "mlp.up_proj": (n, h),
+        "mlp.down_proj": (h, n),
+    }
+
+
 def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """Seeded N(0, 0.02) matrices and near-1 norms, keyed like a Qwen3ForCausalLM checkpoint."""
     g = torch.Generator().manual_seed(seed)
-    h, n, d = config["hidden_size"], config["intermediate_size"], config["head_dim"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    h, d = config["hidden_size"], config["head_dim"]
+    shapes = linear_shapes(config)
 
     def normal(*shape):
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
@@ -161,15 +177,15 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
             {
                 p + "input_layernorm.weight": norm(h),
                 p + "post_attention_layernorm.weight": norm(h),
-                p + "self_attn.q_proj.weight": normal(q, h),
-                p + "self_attn.k_proj.weight": normal(kv, h),
-                p + "self_attn.v_proj.weight": normal(kv, h),
-                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "self_attn.q_proj.weight": normal(*shapes["self_attn.q_proj"]),
+                p + "self_attn.k_proj.weight": normal(*shapes["self_attn.k_proj"]),
+                p + "self_attn.v_proj.weight": normal(*shapes["self_attn.v_proj"]),
+                p + "self_attn.o_proj.weight": normal(*shapes["self_attn.o_proj"]),
                 p + "self_attn.q_norm.weight": norm(d),
                 p + "self_attn.k_norm.weight": norm(d),
-                p + "mlp.gate_proj.weight": normal(n, h),
-                p + "mlp.up_proj.weight": normal(n, h),
-                p + "mlp.down_proj.weight": normal(h, n),
+                p + "mlp.gate_proj.weight": normal(*shapes["mlp.gate_proj"]),
+                p + "mlp.up_proj.weight": normal(*shapes["mlp.up_proj"]),
+                p + "mlp.down_proj.weight": normal(*shapes["mlp.down_proj"]),
             }
         )
     return weights
@@ -198,12 +214,6 @@ def build_demo_model(
     return directory
 
 
-LORA_MODULES = {
-    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-}
-
-
 def build_demo_adapter(directory: str | Path, base: str | Path, *, rank: int = 16, seed: int = 0):
     """A LoRA adapter of the Qwen checkpoint `base` on its 7 linear layers, seeded (A scaled
     as Kaiming's, B small), in peft's files: `adapter_config.json` (naming `base`) and
@@ -211,36 +221,22 @@ def build_demo_adapter(directory: str | Path, base: str | Path, *, rank: int = 1
     directory, base = Path(directory), Path(base)
     config = json.loads((base / "config.json").read_text())
     config = config.get("text_config", config)
-    h, n = config["hidden_size"], config["intermediate_size"]
-    d = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    shapes = {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (n, h),
-        "up_proj": (n, h),
-        "down_proj": (h, n),
-    }
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
-        for module, names in LORA_MODULES.items():
-            for name in names:
-                out, inp = shapes[name]
-                key = f"base_model.model.layers.{layer}.{module}.{name}"
-                a = torch.randn(rank, inp, generator=g) / inp**0.5
-                tensors[f"{key}.lora_A.weight"] = a.to(torch.bfloat16)
-                b = 0.02 * torch.randn(out, rank, generator=g)
-                tensors[f"{key}.lora_B.weight"] = b.to(torch.bfloat16)
+        for name, (out, inp) in linear_shapes(config).items():
+            key = f"base_model.model.layers.{layer}.{name}"
+            a = torch.randn(rank, inp, generator=g) / inp**0.5
+            tensors[f"{key}.lora_A.weight"] = a.to(torch.bfloat16)
+            b = 0.02 * torch.randn(out, rank, generator=g)
+            tensors[f"{key}.lora_B.weight"] = b.to(torch.bfloat16)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     adapter = {
         "peft_type": "LORA",
         "r": rank,
         "lora_alpha": 2 * rank,
-        "target_modules": [name for names in LORA_MODULES.values() for name in names],
+        "target_modules": [name.split(".")[1] for name in linear_shapes(config)],
         "base_model_name_or_path": str(base.resolve()),
         "bias": "none",
     }
