@@ -47,27 +47,20 @@ from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
 from qwen_embed.batch import flatten
-from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, execute_seconds, metric_sum, scrape
 
-from workload import WORDS, alternate, alternate_forwards, make_texts
+from workload import alternate, alternate_forwards, make_queries, make_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
 from sweep import PERF_ANALYZER, wait_idle  # noqa: E402
 
-PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
 METRICS = (
     "qwen_embed_tokens_total",
     "qwen_embed_tokens_computed_total",
     "qwen_embed_prefix_cache_hits_total",
     "qwen_embed_prefix_cache_lookups_total",
 )
-
-
-def make_queries(n: int, seed: int = 1) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [PROMPT + " ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(4, 31, n)]
 
 
 BUSY = ("tokenizer", "encoder")

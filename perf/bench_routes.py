@@ -32,7 +32,6 @@ from unittest import mock  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_prefix import make_queries  # noqa: E402
 from harness import (  # noqa: E402
     REPO,
     best_seconds,
@@ -60,7 +59,7 @@ from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
 from qwen_embed_deploy.demo import ENDOFTEXT_ID, build_demo_adapter  # noqa: E402
 
 from bench_peers import linear_shapes  # noqa: E402
-from workload import alternate, alternate_forwards, make_texts  # noqa: E402
+from workload import alternate, alternate_forwards, make_queries, make_texts  # noqa: E402
 
 # ---------------------------------------------------------------- prepack
 
@@ -789,11 +788,16 @@ holding the base and every adapter (a call naming the first adapter, and a call 
 the base's cost beside adapters) and one serving the first adapter's fine-tune merged at load
 (its folder as the checkpoint). Each call embeds 64 mixed documents (workload.make_texts); the
 calls take turns (harness.taking_turns), medians of `--rounds` and of the ratios within a round.
+Then 16 short queries with the query instruction, named in turn the base and each adapter
+(what a Triton execute holds of several clients' queries): one call naming each text's
+adapter (one forward) against one call per adapter (one forward each), taking turns.
 Memory, from the tensors' sizes: what each fine-tune adds, merged (a copy of every linear
 layer's weights) or per request (its pairs).
 """
 
 MERGED = "fine-tune merged"
+MIXED = "one call, each text's adapter"
+SPLIT = "one call per adapter"
 
 
 def safetensors_bytes(path: Path, suffix: str = "") -> int:
@@ -832,6 +836,17 @@ def adapters(args: argparse.Namespace) -> None:
         }
         agree = float(cosines(per_request.embed(docs, adapter="a0"), merged.embed(docs)).min())
         seconds = taking_turns(calls, args.rounds)
+        queries = [e.ids for e in tok.encode_batch(make_queries(16))]
+        names = [
+            None if i % (args.adapters + 1) == 0 else f"a{i % (args.adapters + 1) - 1}"
+            for i in range(len(queries))
+        ]
+        by_name = {n: [q for q, m in zip(queries, names, strict=True) if m == n] for n in names}
+        query_calls = {
+            MIXED: lambda: per_request.embed(queries, adapter=names),
+            SPLIT: lambda: [per_request.embed(q, adapter=n) for n, q in by_name.items()],
+        }
+        mixed_seconds = taking_turns(query_calls, args.rounds)
         route = per_request.route.describe()
         pair_bytes = safetensors_bytes(folders[0] / "adapter_model.safetensors")
     linear_bytes = sum(
@@ -849,6 +864,28 @@ def adapters(args: argparse.Namespace) -> None:
     table = markdown_table(
         ["system", "tokens/s (median)", "/ merged (median within a round)"], rows
     )
+    query_tokens = sum(map(len, queries))
+    query_rates = {n: query_tokens / statistics.median(s) for n, s in mixed_seconds.items()}
+    mixed_ratio = statistics.median(
+        split / mixed
+        for mixed, split in zip(mixed_seconds[MIXED], mixed_seconds[SPLIT], strict=True)
+    )
+    for name, s in mixed_seconds.items():
+        print(name, [f"{query_tokens / x:.0f}" for x in s], flush=True)
+    rows = [
+        [n, f"{r:.0f}", f"{mixed_ratio if n == MIXED else 1:.3f}"] for n, r in query_rates.items()
+    ]
+    table += [
+        "",
+        *markdown_table(
+            [
+                f"{len(queries)} queries ({query_tokens} tokens)",
+                "tokens/s (median)",
+                "speed / one call per adapter (median within a round)",
+            ],
+            rows,
+        ),
+    ]
     memory = [
         ["merged: a copy of the linear layers", f"{linear_bytes / 2**20:.1f} MiB", "1"],
         [
@@ -868,6 +905,10 @@ def adapters(args: argparse.Namespace) -> None:
         tokens_per_s=rates,
         ratio_to_merged=ratios,
         seconds=seconds,
+        query_tokens=query_tokens,
+        query_tokens_per_s=query_rates,
+        mixed_speedup=mixed_ratio,
+        query_seconds=mixed_seconds,
         min_cosine_per_request_vs_merged=agree,
         linear_bytes=linear_bytes,
         pair_bytes=pair_bytes,
@@ -877,6 +918,9 @@ def adapters(args: argparse.Namespace) -> None:
         f"64 mixed documents ({tokens} tokens) per call, {args.rounds} rounds taking turns",
         f"route: {route}",
         f"an adapter per request against its fine-tune merged: min cosine {agree:.6f}",
+        f"{len(queries)} queries (workload.make_queries) naming in turn the base and each "
+        "adapter: one call naming each text's (one forward) against one call per adapter (one "
+        "forward each, as the Triton encoder ran them before a forward took several adapters)",
         "memory each fine-tune adds (bf16, from the tensors' sizes, not measured): merged, its "
         "own copy of every linear layer; per request, its pairs. The base's weights and its "
         "embedding table are held once either way on CPU (mapped, shared between processes)",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from qwen_embed_client.contract import DEFAULT_TASK
+
 WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at "
     "which but have an they you were her she there one all we their can has more when will "
@@ -17,6 +19,8 @@ WORDS = (
     "also any these may then two first like over such our man me even most made after "
     "way many must well should"
 ).split()
+# Qwen3-Embedding's query instruction (its recipe's default task), which queries begin with
+PROMPT = f"Instruct: {DEFAULT_TASK}\nQuery:"
 SHORT_WORDS = (16, 64)
 LONG_WORDS = (256, 1024)
 LONG_FRACTION = 0.2
@@ -78,3 +82,9 @@ def alternate_forwards(
             seconds = (time.perf_counter() - began) / len(chunks)
             best[name] = min(best.get(name, seconds), seconds)
     return best
+
+
+def make_queries(n: int, seed: int = 1) -> list[str]:
+    """Short queries of 4-30 words after the query instruction."""
+    rng = np.random.default_rng(seed)
+    return [PROMPT + " ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(4, 31, n)]

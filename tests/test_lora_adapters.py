@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
 from qwen_embed.adapters import AdapterError
-from qwen_embed.segments import MIN_PREFIX_TOKENS, PrefixCache, PrefixEntry
+from qwen_embed.segments import BASE, MIN_PREFIX_TOKENS, PrefixCache, PrefixEntry
 from qwen_embed.settings import EncoderSettings, parse_lora_modules
 from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
 from qwen_embed_client.gateway.app import create_app
@@ -104,19 +104,32 @@ def test_each_request_gets_its_adapter_over_one_base(dirs, st, ids):
                 assert np.abs(got - want).max() <= FP32_MAX_ABS, (name, prompt)
         assert enc.prefix_cache.hits >= 2 * len(TEXTS)  # each adapter's second round
         legal = enc.embed(ids[""], adapter="legal")
+        # one call, one forward, a text of each in turn
+        names = ["legal", None, "code", "legal"]
+        forwards = enc.stats["forwards"]
+        got = enc.embed(ids[QUERY], adapter=names)
+        assert enc.stats["forwards"] == forwards + 1
+        for i, name in enumerate(names):
+            want = expected(st, name or "base", QUERY)[i : i + 1]
+            assert cosine(got[i : i + 1], want).min() >= FP32_COSINE, (i, name)
     assert cosine(legal, expected(st, "base", "")).max() < 0.99  # the adapter matters
 
 
 @pytest.mark.server  # starts a tensor-parallel worker
 def test_adapters_on_tensor_parallel_shards_and_in_bf16(dirs, st, ids):
     """Column shards take their rows of B, row shards their columns of A (the all-reduce
-    sums their partial products as it sums the base's)."""
+    sums their partial products as it sums the base's); the workers hear each text's adapter."""
     with Encoder.from_pretrained(
         dirs["base"], dtype="float32", tp_size=2, lora_modules=modules(dirs)
     ) as enc:
         for name in ("legal", "code"):
             got = enc.embed(ids[QUERY], adapter=name)
             assert cosine(got, expected(st, name, QUERY)).min() >= FP32_COSINE, name
+        names = ["code", "legal", None, "code"]
+        got = enc.embed(ids[""], adapter=names)
+        for i, name in enumerate(names):
+            want = expected(st, name or "base", "")[i : i + 1]
+            assert cosine(got[i : i + 1], want).min() >= FP32_COSINE, (i, name)
     with Encoder.from_pretrained(dirs["base"], dtype="bfloat16", lora_modules=modules(dirs)) as enc:
         for name in ("legal", "code"):
             got = enc.embed(ids[""], adapter=name)
@@ -177,15 +190,54 @@ def test_the_prefix_cache_keeps_each_adapters_prefixes_apart():
     seq = np.arange(50)
     head = ids[:MIN_PREFIX_TOKENS]
     cache.add(PrefixEntry(ids, 1))
-    assert cache.find(seq, head, 49) is not None
-    cache.space = 0  # the first adapter's forwards
-    assert cache.find(seq, head, 49) is None
-    cache.add(PrefixEntry(ids, 1))
-    assert cache.find(seq, head, 49) is not None and cache.tokens == 80
+    assert cache.find(BASE, seq, head, 49) is not None
+    assert cache.find(0, seq, head, 49) is None  # the first adapter's
+    cache.add(PrefixEntry(ids, 1, space=0))
+    assert cache.find(0, seq, head, 49).space == 0 and cache.tokens == 80
     cache.add(PrefixEntry(tuple(range(100, 1050)), 1))  # past the budget: the oldest leaves
-    assert cache.find(seq, head, 49) is not None and cache.evictions == 1
-    cache.space = None
-    assert cache.find(seq, head, 49) is None
+    assert cache.find(0, seq, head, 49) is not None and cache.evictions == 1
+    assert cache.find(BASE, seq, head, 49) is None
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_texts_of_several_adapters_share_a_forward(checkpoint, tmp_path, name):
+    """One call naming an adapter per text (the base's texts among them) runs one forward,
+    each text as a call of its adapter alone computes it without prefix reuse (fp32, max-abs
+    <= 1e-5): a prompt every text begins with is computed once per adapter in that forward,
+    never shared across adapters, and later calls find each adapter's again; also where
+    every text computes one row of its own past the cached prompt (the pruned last layer's
+    rows are then the computed ones)."""
+    base = checkpoint(name)
+    a, b = (build_demo_adapter(tmp_path / n, base, rank=4, seed=i) for i, n in enumerate("ab"))
+    prompt = random_sequences([12], seed=5)[0]
+    long = [prompt + s for s in random_sequences([5, 17, 3, 9, 30, 1], seed=2)]
+    short = [prompt + s for s in random_sequences([1] * 6, seed=3)]
+    names = ["a", None, "b", "b", None, "a"]
+    settings = {"dtype": "float32", "lora_modules": f"a={a},b={b}"}
+
+    def alone(enc, seqs):
+        out = np.empty((len(seqs), enc.embedding_size), np.float32)
+        for adapter in ("a", "b", None):
+            picked = [i for i, n in enumerate(names) if n == adapter]
+            out[picked] = enc.embed([seqs[i] for i in picked], adapter=adapter)
+        return out
+
+    with Encoder.from_pretrained(base, prefix_reuse="off", **settings) as enc:
+        want = {"long": alone(enc, long), "short": alone(enc, short)}
+        plain = enc.embed(long)
+    with Encoder.from_pretrained(base, **settings) as enc:
+        assert enc.route.prefix_reuse
+        got = enc.embed(long, adapter=names)
+        assert enc.stats["forwards"] == 1 and enc.prefix_cache.hits == 0
+        assert enc.stats["computed_tokens"] == sum(map(len, long)) - 3 * len(prompt)
+        assert np.abs(got - want["long"]).max() <= FP32_MAX_ABS
+        assert np.abs(alone(enc, long) - want["long"]).max() <= FP32_MAX_ABS
+        assert enc.prefix_cache.hits == len(long)  # each adapter's prompt, found by its own
+        got = enc.embed(short, adapter=names)
+        assert enc.stats["computed_tokens"] == sum(map(len, long)) * 2 - 9 * len(prompt) + 6
+        assert np.abs(got - want["short"]).max() <= FP32_MAX_ABS
+    adapted = [i for i, n in enumerate(names) if n]
+    assert cosine(want["long"][adapted], plain[adapted]).max() < 0.99  # the adapters matter
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +261,7 @@ def served(dirs, reranker, tmp_path_factory):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_requests_name_their_adapter_through_triton(served, st, protocol):
     """Clients at once, each naming the base or an adapter: every answer its own fine-tune's
-    (the encoder splits each batch by adapter)."""
+    (the encoder's forwards take several requests' adapters)."""
     server, _ = served
     names = [None, "legal", "code"] * 2
     counted = {n: server.metric("qwen_embed_adapter_texts_total", adapter=n) for n in names[1:3]}

@@ -36,11 +36,13 @@ from .onednn import NativeBf16Weight, PackedWeight
 from .onednn import available as onednn_available
 from .parallel import RankSpec, TPLauncher, wait_for_device
 from .route import Gemm, Linear, Route, choose_route
-from .segments import MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
+from .segments import BASE, MIN_PREFIX_TOKENS, ForwardContext, Planner, PrefixCache
 from .settings import EncoderSettings
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
+# A call's adapters (lora.py): one name for all its texts, or one per text; None: the base.
+Adapters = str | Sequence[str | None] | None
 # Activation-sized rows one forward holds per token, in units of hidden_size, beside the MLP's
 # gate|up output and its product (3 x intermediate_size): residual, norms, q|k|v, attention
 # output, rotary copies and the allocator's slack. Sizes the freed memory a CPU rank keeps.
@@ -302,10 +304,11 @@ class Encoder:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
-        adapter: str | None = None,
+        adapter: Adapters = None,
     ) -> np.ndarray:
         """Embed each token id list; returns float32 [n, dimensions or embedding_size] in input
-        order. `adapter`: one of `adapters`, added to the base weights (lora.py)."""
+        order. `adapter`: one of `adapters`, added to the base weights (lora.py), or one per
+        list (None: the base); a forward takes texts of several adapters."""
         self._check_dimensions(dimensions)
         sequences = self.check_sequences(token_id_lists)
         pooled = torch.from_numpy(self.pool_checked(sequences, adapter))
@@ -327,16 +330,30 @@ class Encoder:
         """The adapters a call may name (settings.lora_modules)."""
         return self.route.lora_names
 
-    def adapter_index(self, adapter: str | None) -> int | None:
-        """`adapter` as the forward's index (ValueError naming the ones served)."""
+    def adapter_index(self, adapter: str | None) -> int:
+        """`adapter` as the layers' index, segments.BASE for None (ValueError naming the
+        ones served)."""
         if adapter is None:
-            return None
+            return BASE
         if adapter not in self.route.lora_names:
             served = list(self.route.lora_names) or "none: set lora_modules"
             raise ValueError(f"adapter {adapter!r} is not served here (adapters: {served})")
         return self.route.lora_names.index(adapter)
 
-    def pool_checked(self, sequences: list[np.ndarray], adapter: str | None = None) -> np.ndarray:
+    def adapter_indices(self, adapter: Adapters, n: int) -> np.ndarray | None:
+        """Each of `n` sequences' adapter index (`adapter`: one name for all, or one per
+        sequence); None where none names one."""
+        if adapter is None:
+            return None
+        if isinstance(adapter, str):
+            return np.full(n, self.adapter_index(adapter), dtype=np.int64)
+        names = list(adapter)
+        if len(names) != n:
+            raise ValueError(f"adapter: {len(names)} names for {n} texts (one, or one per text)")
+        indices = np.array([self.adapter_index(name) for name in names], dtype=np.int64)
+        return None if (indices == BASE).all() else indices
+
+    def pool_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """Pooled (and projected: heads.py) vectors float32 [n, embedding_size], not truncated,
         not normalised (`finish` does that per request), of sequences that already passed
         `check_sequence`: callers that validate per request (the Triton encoder) do not pay
@@ -510,7 +527,7 @@ class Encoder:
         return out
 
     def score(
-        self, token_id_lists: Sequence[Sequence[int]], adapter: str | None = None
+        self, token_id_lists: Sequence[Sequence[int]], adapter: Adapters = None
     ) -> np.ndarray:
         """Relevance of each templated (query, document) token id list: float32 [n] in [0, 1].
         Only for task "rerank"; building the template is the caller's (or the Triton
@@ -518,7 +535,7 @@ class Encoder:
         self._require("rerank")
         return self.score_checked(self.check_sequences(token_id_lists), adapter)
 
-    def score_checked(self, sequences: list[np.ndarray], adapter: str | None = None) -> np.ndarray:
+    def score_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
         if self.config.listwise:
@@ -548,15 +565,13 @@ class Encoder:
         return listwise_scores(self._pool_chunks(blocks, head, head.width))
 
     def classify(
-        self, token_id_lists: Sequence[Sequence[int]], adapter: str | None = None
+        self, token_id_lists: Sequence[Sequence[int]], adapter: Adapters = None
     ) -> np.ndarray:
         """A sequence classifier's logits float32 [n, labels] (task "classify"; the names are
         `config.labels`)."""
         return self.classify_checked(self.check_sequences(token_id_lists), adapter)
 
-    def classify_checked(
-        self, sequences: list[np.ndarray], adapter: str | None = None
-    ) -> np.ndarray:
+    def classify_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """`classify` for sequences that already passed `check_sequence`."""
         self._require("classify")
         out = np.empty((len(sequences), self.config.num_labels), dtype=np.float32)
@@ -568,19 +583,20 @@ class Encoder:
                 f"this encoder was loaded with task={self.task!r}; {task!r} needs task={task!r}"
             )
 
-    def _run(
-        self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: str | None
-    ) -> np.ndarray:
+    def _run(self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: Adapters):
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
         `out`. A batch's result is read after the next batch is queued: a GPU never waits
         for the host to read results or plan the next batch."""
-        index = self.adapter_index(adapter)
+        adapters = self.adapter_indices(adapter, len(sequences))
         lengths = [len(s) for s in sequences]
         with self._lock:
             queued: list[tuple[list[int], HostResult]] = []
             for indices in plan_batches(lengths, self.max_batch_tokens):
+                if adapters is not None:  # each adapter's texts one run of rows (lora.py)
+                    indices = sorted(indices, key=lambda i: adapters[i])
                 batch = [sequences[i] for i in indices]
-                queued.append((indices, self._forward(batch, head, index)))
+                batch_adapters = None if adapters is None else adapters[indices]
+                queued.append((indices, self._forward(batch, head, batch_adapters)))
                 if len(queued) == 2:
                     rows, result = queued.pop(0)
                     out[rows] = result.numpy()
@@ -631,13 +647,14 @@ class Encoder:
             )
         return arr
 
-    def _forward(self, sequences: list[np.ndarray], head, adapter: int | None) -> np.ndarray:
+    def _forward(self, sequences: list[np.ndarray], head, adapters: np.ndarray | None):
+        """`adapters`: each sequence's index (segments.BASE: none), or None: none."""
         flat = flatten(sequences)  # the one flat host copy every rank plans from
         # Planned before the workers hear of it: a batch rank 0 cannot plan never reaches them.
-        ctx = self.model.planner.plan(*flat, adapter=adapter)
+        ctx = self.model.planner.plan(*flat, adapters=adapters)
         send = None
         if self._launcher is not None:
-            send = partial(self._launcher.send_batch, *flat, adapter=adapter)
+            send = partial(self._launcher.send_batch, *flat, adapters=adapters)
         return self._forward_context(ctx, partial(self._pooled, ctx, head=head), send)
 
     def _forward_context(self, ctx: ForwardContext, finish, send):

@@ -227,7 +227,7 @@ class ColumnParallelLinear(_Linear):
             start, size = self.offsets[group[0]], sum(self.local[k] for k in group)
             bias = None if self.bias is None else self.bias.data.narrow(0, start, size)
             out.append(ShardLinear(self.weight.data.narrow(0, start, size), bias))
-            out[-1].lora = None if self.lora is None else self.lora.rows(start, size)
+            out[-1].lora = None if self.lora is None else self.lora.outputs(start, size)
         return out
 
 

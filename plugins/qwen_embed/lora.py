@@ -1,12 +1,14 @@
 """LoRA adapters a request names, kept unmerged beside the base weights (settings.lora_modules).
 
 Several fine-tunes of one base then share one copy of its weights: an adapted linear layer
-adds (x A^T) B^T of the forward's adapter to its base product, on whatever GEMM the route
-multiplies the base on. A forward runs one adapter (an Encoder call names one; the Triton
-encoder splits its batch by adapter), so the layers need only know which: `AdapterSwitch`,
-shared by every adapted layer, set by the model from ForwardContext.adapter. Packed layers
-(q|k|v, gate|up) take their shards' pairs stacked (ColumnParallelLinear.lora_pair),
-row-parallel layers their input features' slice of A.
+adds (x A^T) B^T of each row's adapter to its base product, on whatever GEMM the route
+multiplies the base on. The rows of one forward may name different adapters (texts of
+several requests, each its own): the base GEMM runs once over all of them, and each run of
+rows with one adapter adds its product (segments.AdapterRows, which the engine keeps few by
+ordering a forward's texts by adapter). `AdapterSwitch`, shared by every adapted layer, holds
+the forward's runs, set by the model from ForwardContext.adapters. Packed layers (q|k|v,
+gate|up) take their shards' pairs stacked (ColumnParallelLinear.lora_pair), row-parallel
+layers their input features' slice of A.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from .finetunes import ADAPTER_CONFIG
 from .layers import LowRank, _Linear
 from .loader import checkpoint_names
 from .models.vision import TOWER
+from .segments import AdapterRows
 from .settings import parse_lora_modules
 
 
 class AdapterSwitch:
-    """Which adapter (an index into `names`) the adapted layers add this forward; None: none."""
+    """Which adapter (an index into `names`) each row of this forward adds; None: none."""
 
     def __init__(self, names: tuple[str, ...]):
         self.names = names
-        self.active: int | None = None
+        self.rows: AdapterRows | None = None
 
 
 class LinearLora:
@@ -43,17 +46,23 @@ class LinearLora:
         self.pairs = pairs
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        active = self.switch.active
-        if active is None or (pair := self.pairs[active]) is None:
+        """y [rows, out] (x's base product) plus each row's adapter product, in place."""
+        rows = self.switch.rows
+        if rows is None:
             return y
-        a, b = pair
-        xa = F.linear(x.to(a.dtype), a)
-        if y.dtype == b.dtype:
-            return y.addmm_(xa, b.t())  # summed in the GEMM's accumulator: rounded once
-        return y.add_(F.linear(xa, b))  # pairs held in fp32 (layers.linear_weight_dtype)
+        for adapter, start, stop in rows.runs(x.shape[0]):
+            if (pair := self.pairs[adapter]) is None:
+                continue
+            a, b = pair
+            xa = F.linear(x[start:stop].to(a.dtype), a)
+            if y.dtype == b.dtype:  # summed in the GEMM's accumulator: rounded once
+                y[start:stop].addmm_(xa, b.t())
+            else:  # pairs held in fp32 (layers.linear_weight_dtype)
+                y[start:stop].add_(F.linear(xa, b))
+        return y
 
-    def rows(self, start: int, size: int) -> LinearLora:
-        """The pairs of output rows [start, start + size) (ColumnParallelLinear.split)."""
+    def outputs(self, start: int, size: int) -> LinearLora:
+        """The pairs of output features [start, start + size) (ColumnParallelLinear.split)."""
         cut = [None if p is None else (p[0], p[1].narrow(0, start, size)) for p in self.pairs]
         return LinearLora(self.switch, cut)
 

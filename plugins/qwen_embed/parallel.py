@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -187,14 +188,16 @@ class TPLauncher:
         input_ids: torch.Tensor,
         cu_seqlens: torch.Tensor,
         every_row: bool = False,
-        adapter: int | None = None,
+        adapters: np.ndarray | None = None,
     ) -> None:
         """A forward of a flat batch (Planner.plan's arguments)."""
         command = CMD_EVERY_ROW if every_row else CMD_FORWARD
-        header = _header(command, input_ids.numel(), cu_seqlens.numel(), adapter)
+        header = _header(command, input_ids.numel(), cu_seqlens.numel(), adapters is not None)
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
+        if adapters is not None:
+            self.control.broadcast(torch.from_numpy(adapters), 0).wait()
 
     def send_media(
         self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, media: MediaForward
@@ -251,9 +254,10 @@ class TPLauncher:
         self.procs = []
 
 
-def _header(command: int, num_tokens: int, cu_len: int, adapter: int | None = None):
-    """A command to the workers: (command, tokens, offsets, adapter index or -1)."""
-    return torch.tensor([command, num_tokens, cu_len, -1 if adapter is None else adapter])
+def _header(command: int, num_tokens: int, cu_len: int, adapters: bool = False):
+    """A command to the workers: (command, tokens, offsets, 1 where each sequence's adapter
+    follows the offsets)."""
+    return torch.tensor([command, num_tokens, cu_len, int(adapters)])
 
 
 def serve_rank(args: RankSpec, rank: int, build_model) -> None:
@@ -280,8 +284,7 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
     while True:
         header = _header(0, 0, 0)
         control.broadcast([header], idle).wait()
-        cmd, num_tokens, cu_len, adapter = header.tolist()
-        adapter = None if adapter < 0 else adapter
+        cmd, num_tokens, cu_len, with_adapters = header.tolist()
         if cmd == CMD_STOP:
             return
         if cmd == CMD_CHUNKS:
@@ -292,6 +295,11 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
             cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
             control.broadcast(input_ids, 0).wait()
             control.broadcast(cu_seqlens, 0).wait()
+            adapters = None
+            if with_adapters:
+                adapters = torch.empty(cu_len - 1, dtype=torch.int64)
+                control.broadcast(adapters, 0).wait()
+                adapters = adapters.numpy()
             media = None
             if cmd == CMD_MEDIA:
                 positions = torch.empty(num_tokens, 3, dtype=torch.int64)
@@ -307,7 +315,7 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
             else:
                 every_row = cmd == CMD_EVERY_ROW
-                ctx = planner.plan(input_ids, cu_seqlens, every_row, media, adapter)
+                ctx = planner.plan(input_ids, cu_seqlens, every_row, media, adapters)
             model(ctx)
             planner.commit(ctx)
         except Exception as e:  # told to rank 0, then exit: its collectives fail on the exit

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 MIN_PREFIX_TOKENS = 8  # shorter common prefixes are not worth a segment
 HISTORY = 64  # recent sequences a new one is compared with to discover a shared prefix
+BASE = -1  # the adapter of rows that add none (an adapter is its index in lora.AdapterSwitch)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,11 @@ class AttentionLayout:
 
 
 class PrefixEntry:
-    def __init__(self, ids: tuple[int, ...], num_layers: int):
+    """A prefix's keys/values per layer, computed with the weights of adapter `space`."""
+
+    def __init__(self, ids: tuple[int, ...], num_layers: int, space: int = BASE):
         self.ids = ids
+        self.space = space
         self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
 
 
@@ -97,15 +101,14 @@ class PrefixCache:
     Sizes are counted in tokens x `bytes_per_token` (the same on every TP rank), so every rank
     evicts the same entries. Capacity 0 keeps nothing (in-batch sharing still works). Entries
     and the history of recent sequences are indexed by their first MIN_PREFIX_TOKENS ids, in
-    the `space` of the weights that computed them (a request's adapter, lora.py): one budget
-    and one order of use for all."""
+    the space of the weights that computed them (a sequence's adapter, lora.py; BASE: none):
+    one budget and one order of use for all."""
 
     def __init__(self, capacity_bytes: int, bytes_per_token: int, num_layers: int):
         self.capacity_bytes = capacity_bytes
         self.bytes_per_token = bytes_per_token
         self.num_layers = num_layers
-        self.space: int | None = None  # set by the Planner for each forward
-        Key = tuple[int | None, tuple[int, ...]]  # (space, ids)
+        Key = tuple[int, tuple[int, ...]]  # (space, ids)
         self.entries: OrderedDict[Key, PrefixEntry] = OrderedDict()
         self._by_head: dict[Key, set[tuple[int, ...]]] = {}
         # head -> the latest sequence that began with it, whole (int32): a shared prefix may be
@@ -123,22 +126,24 @@ class PrefixCache:
     def fits(self, length: int) -> bool:
         return length * self.bytes_per_token <= self.capacity_bytes
 
-    def find(self, seq: np.ndarray, head: tuple[int, ...], limit: int) -> PrefixEntry | None:
-        """The longest cached prefix of `seq` (which begins with `head`) of at most `limit`
-        tokens."""
+    def find(
+        self, space: int, seq: np.ndarray, head: tuple[int, ...], limit: int
+    ) -> PrefixEntry | None:
+        """The longest prefix of `seq` (which begins with `head`) of at most `limit` tokens
+        cached in `space`."""
         best = None
-        for ids in self._by_head.get((self.space, head), ()):
+        for ids in self._by_head.get((space, head), ()):
             n = len(ids)
             if n <= limit and (best is None or n > len(best.ids)) and _starts_with(seq, ids):
-                best = self.entries[self.space, ids]
+                best = self.entries[space, ids]
         return best
 
     def touch(self, entry: PrefixEntry) -> None:
-        self.entries.move_to_end((self.space, entry.ids))
+        self.entries.move_to_end((entry.space, entry.ids))
 
     def add(self, entry: PrefixEntry) -> None:
-        self.entries[self.space, entry.ids] = entry
-        self._by_head.setdefault((self.space, entry.ids[:MIN_PREFIX_TOKENS]), set()).add(entry.ids)
+        self.entries[entry.space, entry.ids] = entry
+        self._by_head.setdefault((entry.space, entry.ids[:MIN_PREFIX_TOKENS]), set()).add(entry.ids)
         self.tokens += len(entry.ids)
         while self.bytes_in_use > self.capacity_bytes:
             (space, ids), _ = self.entries.popitem(last=False)
@@ -149,12 +154,12 @@ class PrefixCache:
             if not heads:
                 del self._by_head[space, ids[:MIN_PREFIX_TOKENS]]
 
-    def recent(self, head: tuple[int, ...]) -> np.ndarray | None:
-        return self.history.get((self.space, head))
+    def recent(self, space: int, head: tuple[int, ...]) -> np.ndarray | None:
+        return self.history.get((space, head))
 
-    def remember(self, head: tuple[int, ...], seq: np.ndarray) -> None:
-        self.history[self.space, head] = seq.astype(np.int32)
-        self.history.move_to_end((self.space, head))
+    def remember(self, space: int, head: tuple[int, ...], seq: np.ndarray) -> None:
+        self.history[space, head] = seq.astype(np.int32)
+        self.history.move_to_end((space, head))
         if len(self.history) > HISTORY:
             self.history.popitem(last=False)
 
@@ -223,41 +228,45 @@ def plan_segments(
     cache: PrefixCache,
     device,
     visual_starts: list[int] | None = None,
+    spaces: np.ndarray | None = None,
 ) -> SegmentPlan | None:
     """Group the sequences of a flat batch (`flat` ids, split at `bounds`, its cu_seqlens) by
     shared prefixes (in this batch, in the cache, or with a recent sequence) and lay out the
     computed rows; None when nothing is shared. Deterministic given the ids and the cache. A
     prefix ends by each sequence's `visual_starts` (its first image or video token;
     placeholders are the same ids whatever the pixels), and leaves it at least one token of
-    its own."""
+    its own. Sequences share a prefix only within one of `spaces` (each sequence's adapter;
+    None: all BASE): other weights, other keys and values."""
     # Arrays for the arithmetic; token ids as tuples only where they key a prefix.
     seqs = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     heads = [tuple(seq[:MIN_PREFIX_TOKENS].tolist()) for seq in seqs]
     n = len(seqs)
+    space_of = [BASE] * n if spaces is None else [int(a) for a in spaces]
     starts = visual_starts or [len(seq) for seq in seqs]
     limits = [min(len(seq) - 1, start) for seq, start in zip(seqs, starts, strict=True)]
-    prefix_of: list[tuple[int, ...] | None] = [None] * n
-    cached: dict[tuple[int, ...], PrefixEntry] = {}
+    Key = tuple[int, tuple[int, ...]]  # (space, prefix ids), as the cache keys them
+    prefix_of: list[Key | None] = [None] * n
+    cached: dict[Key, PrefixEntry] = {}
     for i, seq in enumerate(seqs):
         cache.lookups += 1
-        entry = cache.find(seq, heads[i], limits[i])
+        entry = cache.find(space_of[i], seq, heads[i], limits[i])
         if entry is not None:
             cache.hits += 1
             cache.touch(entry)
-            prefix_of[i] = entry.ids
-            cached[entry.ids] = entry
+            prefix_of[i] = (entry.space, entry.ids)
+            cached[prefix_of[i]] = entry
     # In-batch sharing (and discovery against recent sequences) among the others, grouped by
-    # their first MIN_PREFIX_TOKENS tokens.
-    groups: dict[tuple[int, ...], list[int]] = {}
+    # their space and first MIN_PREFIX_TOKENS tokens.
+    groups: dict[Key, list[int]] = {}
     for i, seq in enumerate(seqs):
         if prefix_of[i] is None and len(seq) > MIN_PREFIX_TOKENS:
-            groups.setdefault(heads[i], []).append(i)
-    for head, members in groups.items():
+            groups.setdefault((space_of[i], heads[i]), []).append(i)
+    for (space, head), members in groups.items():
         limit = min(limits[i] for i in members)
         if len(members) > 1:
             length = min(_common_prefix(seqs[members[0]], seqs[i]) for i in members[1:])
         else:  # alone: a prefix shared with a recent sequence, worth computing if kept
-            seq, recent = seqs[members[0]], cache.recent(head)
+            seq, recent = seqs[members[0]], cache.recent(space, head)
             length = 0 if recent is None else min(_common_prefix(seq, recent), starts[members[0]])
             # Only where the two go on differently: a repeated text (or one that is the start
             # of another) is not a shared prefix, and caching whole texts would churn the cache.
@@ -265,43 +274,45 @@ def plan_segments(
                 length = 0
         length = min(length, limit)
         if length >= MIN_PREFIX_TOKENS:
-            common = tuple(seqs[members[0]][:length].tolist())
+            common = (space, tuple(seqs[members[0]][:length].tolist()))
             for i in members:
                 prefix_of[i] = common
-    for head, seq in zip(heads, seqs, strict=True):
-        cache.remember(head, seq)
+    for space, head, seq in zip(space_of, heads, seqs, strict=True):
+        cache.remember(space, head, seq)
     if not any(prefix_of):
         return None
     # Layout: cached prefixes' keys first (in `used` order), then this batch's computed rows.
     used = list(cached.values())
     offsets, total = {}, 0
-    for entry in used:
-        offsets[entry.ids] = total
+    for key, entry in cached.items():
+        offsets[key] = total
         total += len(entry.ids)
     new_prefixes = sorted(
-        {p for p in prefix_of if p is not None and p not in cached}, key=lambda p: (len(p), p)
+        {p for p in prefix_of if p is not None and p not in cached},
+        key=lambda p: (p[0], len(p[1]), p[1]),  # an adapter's rows together
     )
     ids, positions, q_lens, k_lens, kv_index, new, source = [], [], [], [], [], [], []
     row = 0
     num_layers = cache.num_layers
     flat_starts = np.asarray(bounds)
     lens = np.diff(flat_starts)
-    first_with: dict[tuple[int, ...], int] = {}  # a sequence whose rows a new prefix's are
+    first_with: dict[Key, int] = {}  # a sequence whose rows a new prefix's are
     for i, p in enumerate(prefix_of):
         first_with.setdefault(p, i)
     for p in new_prefixes:
+        space, prefix = p
         offsets[p] = total + row
-        new.append((PrefixEntry(p, num_layers), row))
-        ids.append(seqs[first_with[p]][: len(p)])
-        positions.append(np.arange(len(p)))
-        source.append(flat_starts[first_with[p]] + np.arange(len(p)))
-        q_lens.append(len(p))
-        k_lens.append(len(p))
-        kv_index.append(total + row + np.arange(len(p)))
-        row += len(p)
+        new.append((PrefixEntry(prefix, num_layers, space), row))
+        ids.append(seqs[first_with[p]][: len(prefix)])
+        positions.append(np.arange(len(prefix)))
+        source.append(flat_starts[first_with[p]] + np.arange(len(prefix)))
+        q_lens.append(len(prefix))
+        k_lens.append(len(prefix))
+        kv_index.append(total + row + np.arange(len(prefix)))
+        row += len(prefix)
     # Each sequence's own rows, all at once over the flat batch: a row is the sequence's own
     # past its prefix; its keys are the prefix's rows, then its own computed rows.
-    shared = np.array([len(p) if p else 0 for p in prefix_of])
+    shared = np.array([len(p[1]) if p else 0 for p in prefix_of])
     own = lens - shared
     at = np.arange(len(flat)) - np.repeat(flat_starts[:-1], lens)  # position in its sequence
     shared_of_row = np.repeat(shared, lens)
@@ -334,6 +345,41 @@ def plan_segments(
     )
 
 
+@dataclass(frozen=True)
+class AdapterRows:
+    """Which adapter each row of a forward adds to its linear layers (lora.py): runs
+    (adapter, start, stop) over the computed rows, and over the pooled rows, which the pruned
+    last layer computes beyond keys/values; rows of no run add none. A layer's row count tells
+    which: where the counts are equal every sequence computes one row, its pooled one, in
+    sequence order both ways, so the runs agree."""
+
+    computed: tuple[tuple[int, int, int], ...]
+    pooled: tuple[tuple[int, int, int], ...]
+    num_computed: int
+
+    @classmethod
+    def of(cls, computed: np.ndarray, pooled: np.ndarray) -> AdapterRows | None:
+        """From each computed row's and each sequence's adapter (BASE: none); None where no
+        row adds one."""
+        if (pooled == BASE).all():
+            return None
+        return cls(_runs(computed), _runs(pooled), len(computed))
+
+    def runs(self, rows: int) -> tuple[tuple[int, int, int], ...]:
+        return self.computed if rows == self.num_computed else self.pooled
+
+
+def _runs(adapters: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """(adapter, start, stop) of each run of equal adapters but BASE."""
+    cuts = np.flatnonzero(np.diff(adapters)) + 1
+    starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(adapters)]])
+    return tuple(
+        (int(adapters[a]), int(a), int(b))
+        for a, b in zip(starts, stops, strict=True)
+        if adapters[a] != BASE
+    )
+
+
 @dataclass
 class ForwardContext:
     """Everything a forward needs besides the weights: the rows to compute, how they attend,
@@ -345,7 +391,7 @@ class ForwardContext:
     last_rows: torch.Tensor | None  # [n] rows the last layer keeps, in sequence order
     plan: SegmentPlan | None  # None: no prefix shared (a plain batch, or late chunking's)
     media: MediaForward | None = None  # the batch's images and video (media.py)
-    adapter: int | None = None  # the adapter the linear layers add (lora.py), by index
+    adapters: AdapterRows | None = None  # the adapters rows add (lora.py); None: none
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         """Each segment's keys/values as `layout` reads them: gathered where its segments
@@ -395,35 +441,40 @@ class Planner:
         cu_seqlens: torch.Tensor,
         every_row: bool = False,
         media: MediaForward | None = None,
-        adapter: int | None = None,
+        adapters: np.ndarray | None = None,
     ) -> ForwardContext:
         """A flat host batch (batch.flatten's form, what every TP rank holds) -> what the
         forward computes; `every_row`: the final hidden states of every token (per-token
         vectors), so neither a shared prefix nor the last layer is skipped. With `media` a
-        shared prefix ends before a text's first visual."""
+        shared prefix ends before a text's first visual. `adapters`: each sequence's (lora.py,
+        BASE for none; None: none at all)."""
         plan = None
-        self.cache.space = adapter
         if self.prefix_reuse and not every_row:
             bounds = cu_seqlens.tolist()
             starts = None if media is None else media.visual_starts(bounds)
-            plan = plan_segments(input_ids.numpy(), bounds, self.cache, self.device, starts)
+            flat = input_ids.numpy()
+            plan = plan_segments(flat, bounds, self.cache, self.device, starts, adapters)
+        rows_of = None
+        if adapters is not None:
+            lens = np.diff(cu_seqlens.numpy())
+            per_row = np.repeat(adapters, lens)
+            rows_of = AdapterRows.of(per_row if plan is None else per_row[plan.source], adapters)
         if plan is None:  # nothing shared: the plain varlen batch
             batch = VarlenBatch.from_flat(input_ids, cu_seqlens, self.device)
             layout = AttentionLayout.for_batch(batch)
             if not self.prune or every_row:
-                return ForwardContext(batch, layout, None, None, None, media, adapter)
+                return ForwardContext(batch, layout, None, None, None, media, rows_of)
             last = AttentionLayout.for_batch(batch, last_only=True)
             rows = batch.cu_seqlens[1:].long() - 1
-            return ForwardContext(batch, layout, last, rows, None, media, adapter)
+            return ForwardContext(batch, layout, last, rows, None, media, rows_of)
         batch = VarlenBatch.from_rows(
             plan.input_ids, plan.positions, plan.layout.q_lens, self.device
         )
         last = plan.last_layout(self.device) if self.prune else None
         rows = to_device(torch.from_numpy(plan.pool_rows), self.device)
         media = None if media is None else media.computed(plan.source)
-        return ForwardContext(batch, plan.layout, last, rows, plan, media, adapter)
+        return ForwardContext(batch, plan.layout, last, rows, plan, media, rows_of)
 
     def commit(self, ctx: ForwardContext) -> None:
         if ctx.plan is not None:
-            self.cache.space = ctx.adapter
             ctx.plan.commit(self.cache)

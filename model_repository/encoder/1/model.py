@@ -91,7 +91,8 @@ class TritonPythonModel:
         return answer.held()
 
     def _execute(self, requests, answer):
-        by_adapter = {}  # adapter (lora_modules; None: none) -> [(index, options, token ids)]
+        accepted = []  # (index, options, token ids), their calls' texts in any forward
+        adapters = {}  # index -> the adapter it names (lora_modules; absent: none)
         chunked = []  # (index, options, chunked texts): late chunking, one call each
         per_token = []  # (index, options, token id arrays): every token's vector
         with_media = []  # (index, options, media.MediaText): texts with images, one call
@@ -130,8 +131,9 @@ class TritonPythonModel:
             elif opts is not None and opts.per_token:
                 per_token.append((i, opts, seqs))
             else:
-                by_adapter.setdefault(adapter, []).append((i, opts, seqs))
-        accepted = [member for members in by_adapter.values() for member in members]
+                accepted.append((i, opts, seqs))
+                if adapter is not None:
+                    adapters[i] = adapter
         if not accepted and not chunked and not per_token and not with_media and not listwise:
             return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
@@ -144,19 +146,20 @@ class TritonPythonModel:
         requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
 
-        def call(members, compute, outputs, adapter=None):
-            self._call(members, compute, outputs, answer, unanswered, adapter)
+        def call(members, compute, outputs, adapters=None):
+            self._call(members, compute, outputs, answer, unanswered, adapters)
 
         chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
         token_rows = functools.partial(self._ragged_outputs, "TOKEN_EMBEDDING")
         try:
-            # Calls of whole requests, fewest tokens first (batch.plan_requests), one adapter
-            # each (a forward runs one: lora.py).
-            for adapter, members in by_adapter.items():
-                tokens = [sum(len(s) for s in seqs) for _, _, seqs in members]
-                encode = functools.partial(self._encode, adapter=adapter)
-                for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                    call([members[g] for g in group], encode, self._outputs, adapter)
+            # Calls of whole requests, fewest tokens first (batch.plan_requests), whatever
+            # adapters they name (a forward adds each text's own: lora.py).
+            tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
+            for group in plan_requests(tokens, self.encoder.max_batch_tokens):
+                members = [accepted[g] for g in group]
+                names = [adapters.get(i) for i, _, seqs in members for _ in seqs]
+                encode = functools.partial(self._encode, adapters=names)
+                call(members, encode, self._outputs, names)
             for member in chunked:  # one call each
                 call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
@@ -173,27 +176,27 @@ class TritonPythonModel:
             for i in sorted(unanswered):
                 answer(i, pb_utils.InferenceResponse(error=error))
 
-    def _call(self, members, compute, outputs, answer, unanswered, adapter=None):
+    def _call(self, members, compute, outputs, answer, unanswered, adapters=None):
         """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
         gives their rows in order, `outputs(rows, members)` each member's output tensors;
-        each request is answered as soon as the call ends. `adapter`: the one it ran with
-        (counted apart)."""
+        each request is answered as soon as the call ends. `adapters`: each text's (None:
+        none; counted apart)."""
         answer.send_held()  # what is answered already never waits for this call
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
         rows = compute(texts)
         self.metrics.seconds.observe(time.perf_counter() - started)
-        self.metrics.add_call([getattr(t, "ids", t) for t in texts], adapter)
+        self.metrics.add_call([getattr(t, "ids", t) for t in texts], adapters)
         for (i, _, _), response in zip(members, outputs(rows, members), strict=True):
             answer(i, pb_utils.InferenceResponse(output_tensors=response))
             unanswered.discard(i)
 
-    def _encode(self, seqs, adapter=None):
+    def _encode(self, seqs, adapters=None):
         if self.task == "rerank":
-            return self.encoder.score_checked(seqs, adapter)
+            return self.encoder.score_checked(seqs, adapters)
         if self.task == "classify":
-            return self.encoder.classify_checked(seqs, adapter)
-        return self.encoder.pool_checked(seqs, adapter)
+            return self.encoder.classify_checked(seqs, adapters)
+        return self.encoder.pool_checked(seqs, adapters)
 
     def _encode_media(self, texts):
         if self.task == "rerank":
@@ -493,13 +496,15 @@ class _Metrics:
         self.route_gauge = self.route.Metric(labels=labels)
         self.route_gauge.set(1)
 
-    def add_call(self, seqs, adapter=None):
-        """A call's texts and tokens, sent by the next flush()."""
+    def add_call(self, seqs, adapters=None):
+        """A call's texts and tokens (`adapters`: each text's, None: none), sent by the next
+        flush()."""
         self._pending["texts"] += len(seqs)
         self._pending["tokens"] += int(sum(len(s) for s in seqs))
-        if adapter is not None:
-            self._pending_by_adapter["texts", adapter] += len(seqs)
-            self._pending_by_adapter["tokens", adapter] += int(sum(len(s) for s in seqs))
+        for seq, adapter in zip(seqs, adapters or [None] * len(seqs), strict=True):
+            if adapter is not None:
+                self._pending_by_adapter["texts", adapter] += 1
+                self._pending_by_adapter["tokens", adapter] += len(seq)
 
     def flush(self):
         """What moved since the last flush, a message to Triton each; nothing for what did not

@@ -288,9 +288,9 @@ class QwenModel(nn.Module):
         """Final-norm hidden states of the computed rows [T, hidden], or with last-layer
         pruning (ctx.last) of the pooled rows only [n, hidden], in sequence order."""
         if self.adapters is not None:
-            self.adapters.active = ctx.adapter
-        # the graphs hold the base weights' forward: an adapter's runs eagerly
-        graphs = self.graphs if ctx.media is None and ctx.adapter is None else None
+            self.adapters.rows = ctx.adapters
+        # the graphs hold the base weights' forward: one with adapters runs eagerly
+        graphs = self.graphs if ctx.media is None and ctx.adapters is None else None
         if graphs is not None and (hidden := graphs.forward(ctx)) is not None:
             return hidden
         self.backend.prepare(ctx.layout)
