@@ -158,6 +158,7 @@ class TritonPythonModel:
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
                 members = [accepted[g] for g in group]
                 names = [adapters.get(i) for i, _, seqs in members for _ in seqs]
+                names = names if any(names) else None
                 encode = functools.partial(self._encode, adapters=names)
                 call(members, encode, self._outputs, names)
             for member in chunked:  # one call each
