@@ -17,7 +17,13 @@ from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
 from qwen_embed.adapters import AdapterError
-from qwen_embed.segments import BASE, MIN_PREFIX_TOKENS, PrefixCache, PrefixEntry
+from qwen_embed.segments import (
+    BASE,
+    MIN_PREFIX_TOKENS,
+    AdapterRows,
+    PrefixCache,
+    PrefixEntry,
+)
 from qwen_embed.settings import EncoderSettings, parse_lora_modules
 from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
 from qwen_embed_client.gateway.app import create_app
@@ -197,6 +203,17 @@ def test_the_prefix_cache_keeps_each_adapters_prefixes_apart():
     cache.add(PrefixEntry(tuple(range(100, 1050)), 1))  # past the budget: the oldest leaves
     assert cache.find(0, seq, head, 49) is not None and cache.evictions == 1
     assert cache.find(BASE, seq, head, 49) is None
+
+
+def test_a_forwards_rows_add_their_adapters_in_runs():
+    """Runs of rows with one adapter over the computed rows and over the pooled rows; a layer
+    of any other row count is refused, not given another's runs."""
+    rows = AdapterRows.of(np.array([0, 0, BASE, 1, 1, 1, 0]), np.array([0, BASE, 1, 0]))
+    assert rows.runs(7) == ((0, 0, 2), (1, 3, 6), (0, 6, 7))
+    assert rows.runs(4) == ((0, 0, 1), (1, 2, 3), (0, 3, 4))
+    with pytest.raises(ValueError, match="5 rows"):
+        rows.runs(5)
+    assert AdapterRows.of(np.array([BASE] * 3), np.array([BASE, BASE])) is None
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])

@@ -356,6 +356,7 @@ class AdapterRows:
     computed: tuple[tuple[int, int, int], ...]
     pooled: tuple[tuple[int, int, int], ...]
     num_computed: int
+    num_pooled: int
 
     @classmethod
     def of(cls, computed: np.ndarray, pooled: np.ndarray) -> AdapterRows | None:
@@ -363,10 +364,17 @@ class AdapterRows:
         row adds one."""
         if (pooled == BASE).all():
             return None
-        return cls(_runs(computed), _runs(pooled), len(computed))
+        return cls(_runs(computed), _runs(pooled), len(computed), len(pooled))
 
     def runs(self, rows: int) -> tuple[tuple[int, int, int], ...]:
-        return self.computed if rows == self.num_computed else self.pooled
+        if rows == self.num_computed:
+            return self.computed
+        if rows == self.num_pooled:
+            return self.pooled
+        raise ValueError(
+            f"a linear layer of {rows} rows in a forward of {self.num_computed} computed and "
+            f"{self.num_pooled} pooled rows: whose adapters are they?"
+        )
 
 
 def _runs(adapters: np.ndarray) -> tuple[tuple[int, int, int], ...]:

@@ -502,7 +502,7 @@ class _Metrics:
         flush()."""
         self._pending["texts"] += len(seqs)
         self._pending["tokens"] += int(sum(len(s) for s in seqs))
-        for seq, adapter in zip(seqs, adapters or [None] * len(seqs), strict=True):
+        for seq, adapter in zip(seqs, adapters, strict=True) if adapters else ():
             if adapter is not None:
                 self._pending_by_adapter["texts", adapter] += 1
                 self._pending_by_adapter["tokens", adapter] += len(seq)
