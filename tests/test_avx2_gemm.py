@@ -53,7 +53,7 @@ def test_a_row_is_the_same_at_every_row_count_stride_and_blocking():
     wide = _random(300, 1200, seed=6)
     x = wide[:, :1100]  # rows 1,200 values apart
     all_rows = layer(x, bias)
-    for m in range(1, 26):  # up to 5 blocks of rows, each panel fetched during the last's
+    for m in range(1, 26):  # up to 5 blocks of 6 rows, the last one short
         assert torch.equal(layer(x[:m], bias), all_rows[:m]), m
         assert torch.equal(layer(x[-m:].contiguous(), bias), all_rows[-m:]), m
     for blocking in [(1, 16, False), (7, 32, True), (200, 1024, False), (6, 992, True)]:

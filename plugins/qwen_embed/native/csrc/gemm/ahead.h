@@ -1,10 +1,10 @@
-// Fetching the next panel into L2 while a task's row blocks reread the current one (panels.h,
-// floats_avx2.cpp): with few rows a GEMM's weights stream from memory once, and a kernel that
-// reads a panel in its first row block leaves memory idle during the others. Each block of
-// rows fetches its share of the next panel's lines, a few per step: only where one task of
-// rows holds all of a GEMM's rows (reads_panels_once: with more, fetching the panels that the
-// next tasks reread from cache measured slower), and not with one block of rows, where the
-// CPU's own prefetch does better (measured).
+// Fetching the next panel into L2 while a task's row blocks reread the current one (panels.h;
+// not the AVX2 fp32 GEMM, where it measured no gain): with few rows a GEMM's weights stream
+// from memory once, and a kernel that reads a panel in its first row block leaves memory idle
+// during the others. Each block of rows fetches its share of the next panel's lines, a few
+// per step: only where one task of rows holds all of a GEMM's rows (reads_panels_once: with
+// more, fetching the panels that the next tasks reread from cache measured slower), and not
+// with one block of rows, where the CPU's own prefetch does better (measured).
 #pragma once
 #include <stdint.h>
 #include <xmmintrin.h>

@@ -3,13 +3,11 @@
 // ascending order, then its bias: the depth is cut into blocks for the caches, but a block's
 // partial sums go to the output and come back unchanged, so a row's result never depends on
 // the rows or the threads beside it, with no rows padded (oneDNN's packed GEMM needs its one-row
-// path avoided: row_plans.py). In a GEMM whose rows fit one task (fetch_ahead), the rows go in
-// even blocks and the next panel is fetched into L2 while they reread this one (ahead.h).
+// path avoided: row_plans.py).
 #include <immintrin.h>
 
 #include <algorithm>
 
-#include "ahead.h"
 #include "gemm.h"
 
 namespace qe {
@@ -23,12 +21,11 @@ constexpr int kTileRows = 6;  // 12 sums, 2 weight vectors, 1 input value: 15 of
 
 // Rows [0, R) of `a` (row stride lda) x the 16 channels of a panel block `w` ([depth][16]),
 // over `depth` input values, into c (row stride ldc): started from zero when `first`, else from
-// c; plus bias (16 values) when given; with Fetch, `ahead` fetches its lines meanwhile (a copy
-// without, so that a task of many rows keeps the plain loop). The sums live in 2R named
-// registers (GCC keeps an array of them in memory).
-template <int R, bool Fetch>
+// c; plus bias (16 values) when given. The sums live in 2R named registers (GCC keeps an array
+// of them in memory).
+template <int R>
 void tile(const float* a, int64_t lda, const float* w, int64_t depth, bool first,
-          const float* bias, float* c, int64_t ldc, Ahead ahead) {
+          const float* bias, float* c, int64_t ldc) {
   static_assert(R >= 1 && R <= kTileRows);
   const __m256 zero = _mm256_setzero_ps();
   __m256 s00 = zero, s01 = zero, s10 = zero, s11 = zero, s20 = zero, s21 = zero, s30 = zero,
@@ -53,7 +50,6 @@ void tile(const float* a, int64_t lda, const float* w, int64_t depth, bool first
     QE_FMA(0, s00, s01) QE_FMA(1, s10, s11) QE_FMA(2, s20, s21)
     QE_FMA(3, s30, s31) QE_FMA(4, s40, s41) QE_FMA(5, s50, s51)
 #undef QE_FMA
-    if constexpr (Fetch) ahead.step();
   }
   __m256 b0 = zero, b1 = zero;
   if (bias) {
@@ -71,63 +67,38 @@ void tile(const float* a, int64_t lda, const float* w, int64_t depth, bool first
 }
 
 using Tile = void (*)(const float*, int64_t, const float*, int64_t, bool, const float*, float*,
-                      int64_t, Ahead);
-// [fetching][rows]
-constexpr Tile kTiles[2][kTileRows + 1] = {
-    {nullptr, tile<1, false>, tile<2, false>, tile<3, false>, tile<4, false>, tile<5, false>,
-     tile<6, false>},
-    {nullptr, tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>, tile<5, true>,
-     tile<6, true>}};
+                      int64_t);
+constexpr Tile kTiles[kTileRows + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,
+                                        tile<4>, tile<5>, tile<6>};
 
-// `tile` on up to 6 rows x one panel's `cols` channels (fewer than 16, the last panel): through
-// a 16-wide copy of the outputs and of the bias, so it reads and writes whole vectors.
-void narrow_tile(Tile tile, int64_t rows, const float* a, int64_t lda, const float* w,
-                 int64_t depth, bool first, const float* bias, bool last, float* c, int64_t ldc,
-                 int64_t cols, Ahead ahead) {
+// Up to 6 rows x one panel's `cols` channels (fewer than 16, the last panel): through a 16-wide
+// copy of the outputs and of the bias, so the tile kernel reads and writes whole vectors.
+void narrow_tile(int rows, const float* a, int64_t lda, const float* w, int64_t depth,
+                 bool first, const float* bias, bool last, float* c, int64_t ldc, int64_t cols) {
   float sums[kTileRows][kFloatPanel] = {}, bias16[kFloatPanel] = {};
   for (int r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, sums[r]);
   if (bias && last) std::copy(bias, bias + cols, bias16);
-  tile(a, lda, w, depth, first, bias && last ? bias16 : nullptr, sums[0], kFloatPanel, ahead);
+  kTiles[rows](a, lda, w, depth, first, bias && last ? bias16 : nullptr, sums[0], kFloatPanel);
   for (int r = 0; r < rows; ++r) std::copy(sums[r], sums[r] + cols, c + r * ldc);
 }
 
-// Rows [row, row + rows) x the panel at `col`, over the depth block [p0, p0 + depth).
-inline void panel_rows(const FloatGemm& g, int64_t row, int64_t rows, int64_t col, int64_t p0,
-                       int64_t depth, Ahead ahead) {
-  const bool first = p0 == 0, last = p0 + depth == g.k;
-  const float* w = g.packed + col * g.k + p0 * kFloatPanel;  // panel [k][16], from p0
-  const float* a = g.a + row * g.lda + p0;
-  float* c = g.out + row * g.ldo + col;
-  const int64_t cols = std::min(kFloatPanel, g.n - col);
-  const Tile tile = kTiles[ahead.per_step > 0][rows];
-  if (cols == kFloatPanel)
-    tile(a, g.lda, w, depth, first, g.bias && last ? g.bias + col : nullptr, c, g.ldo, ahead);
-  else
-    narrow_tile(tile, rows, a, g.lda, w, depth, first, g.bias ? g.bias + col : nullptr, last, c,
-                g.ldo, cols, ahead);
-}
-
 void floats(const FloatGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  const int64_t blocks = (row1 - row0 + kTileRows - 1) / kTileRows;
   for (int64_t p0 = 0; p0 < g.k; p0 += kDepthBlock) {
     const int64_t depth = std::min(kDepthBlock, g.k - p0);
+    const bool first = p0 == 0, last = p0 + depth == g.k;
     for (int64_t col = col0; col < col1; col += kFloatPanel) {
-      if (!g.fetch_ahead) {  // the plain loop (the fetching one's bookkeeping measured slower)
-        for (int64_t row = row0; row < row1; row += kTileRows)
-          panel_rows(g, row, std::min<int64_t>(kTileRows, row1 - row), col, p0, depth, {});
-        continue;
-      }
-      // the block to fetch meanwhile: the next panel's, else the first panel's next block
-      const int64_t next_col = col + kFloatPanel < col1 ? col + kFloatPanel : col0;
-      const int64_t next_p0 = next_col == col0 ? p0 + depth : p0;
-      const float* next =
-          next_p0 < g.k ? g.packed + next_col * g.k + next_p0 * kFloatPanel : nullptr;
-      const int64_t next_bytes = std::min(kDepthBlock, g.k - next_p0) * kFloatPanel * 4;
-      for (int64_t i = 0, row = row0; i < blocks; ++i) {
-        const int64_t rows = block_rows(row1 - row0, blocks, i);
-        panel_rows(g, row, rows, col, p0, depth,
-                   Ahead::share(next, next_bytes, blocks, i, depth));
-        row += rows;
+      const float* w = g.packed + col * g.k + p0 * kFloatPanel;  // panel [k][16], from p0
+      const float* bias = g.bias && last ? g.bias + col : nullptr;
+      const int64_t cols = std::min(kFloatPanel, g.n - col);
+      for (int64_t row = row0; row < row1; row += kTileRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, row1 - row));
+        const float* a = g.a + row * g.lda + p0;
+        float* c = g.out + row * g.ldo + col;
+        if (cols == kFloatPanel)
+          kTiles[rows](a, g.lda, w, depth, first, bias, c, g.ldo);
+        else
+          narrow_tile(rows, a, g.lda, w, depth, first, g.bias ? g.bias + col : nullptr, last, c,
+                      g.ldo, cols);
       }
     }
   }

@@ -101,8 +101,7 @@ struct PairsKernels {
 
 // The fp32 GEMM on AVX2 (floats_avx2.cpp): rows of k fp32 values (`a`, row stride lda) times
 // fp32 weights packed in panels of kFloatPanel channels [n_pad / 16][k][16] -> out (row stride
-// ldo) + bias (fp32 [n], or null); each output one chain of multiply-adds in input order;
-// fetch_ahead: the next panel fetched while the rows reread this one (ahead.h).
+// ldo) + bias (fp32 [n], or null); each output one chain of multiply-adds in input order.
 constexpr int64_t kFloatPanel = 16;
 struct FloatGemm {
   const float* a;
@@ -111,7 +110,6 @@ struct FloatGemm {
   const float* bias;
   float* out;
   int64_t ldo, k, n;
-  bool fetch_ahead;
 };
 struct FloatKernels {
   // rows [row0, row1) x channels [col0, col1) of out, col0 a multiple of kFloatPanel

@@ -405,8 +405,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, at::kFloat);
   const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed), bias_ptr,
-                          ptr<float>(out), n, k, n,
-                          gemm::reads_panels_once(rows.size(0), task_rows)};
+                          ptr<float>(out), n, k, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n, gemm::kFloatPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
