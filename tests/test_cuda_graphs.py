@@ -189,7 +189,8 @@ def test_graphs_leave_few_launches_to_the_host(checkpoint, pooling):
 def test_adapters_on_a_gpu_beside_its_cuda_graphs(checkpoint, tmp_path):
     """On one GPU an encoder keeping adapters (lora_modules) replays the base's graphs for a
     call naming none and runs an adapter's forwards eagerly, turn about: the adapter's vectors
-    are the same fine-tune's merged (bf16, cosine >= 0.999), the base's the plain encoder's."""
+    are the same fine-tune's merged (bf16, cosine >= 0.999), the base's the plain encoder's;
+    one call naming the adapter for every other text alike."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     base = checkpoint("qwen3_head128_4layers")
@@ -199,6 +200,8 @@ def test_adapters_on_a_gpu_beside_its_cuda_graphs(checkpoint, tmp_path):
     with Encoder.from_pretrained(base, lora_modules=f"x={adapter}", **settings) as enc:
         assert enc.route.cuda_graph_tokens > 0
         got = [enc.embed(seqs, adapter=a) for a in ("x", None, "x", None)]
+        names = ["x", None] * 2 + ["x"]
+        mixed = enc.embed(seqs, adapter=names)
     with Encoder.from_pretrained(adapter, **settings) as enc:  # the fine-tune, merged
         merged = enc.embed(seqs)
     with Encoder.from_pretrained(base, **settings) as enc:
@@ -207,3 +210,6 @@ def test_adapters_on_a_gpu_beside_its_cuda_graphs(checkpoint, tmp_path):
         assert cosine(unmerged, merged).min() >= 0.999
         assert cosine(own, plain).min() >= 0.9999
     assert cosine(got[0], plain).max() < 0.99  # the adapter matters
+    for i, name in enumerate(names):
+        want = (merged if name else plain)[i : i + 1]
+        assert cosine(mixed[i : i + 1], want).min() >= (0.999 if name else 0.9999), (i, name)
