@@ -920,8 +920,9 @@ def adapters(args: argparse.Namespace) -> None:
         f"an adapter per request against its fine-tune merged: min cosine {agree:.6f}",
         f"{len(queries)} queries (workload.make_queries) naming in turn the base and each "
         "adapter: one call naming each text's (one forward) against one call per adapter (one "
-        "forward each, as the Triton encoder ran them before a forward took several adapters)",
-        "memory each fine-tune adds (bf16, from the tensors' sizes, not measured): merged, its "
+        "forward each: what serving each adapter's texts apart costs)",
+        "memory each fine-tune adds (at 2 bytes a value, from the tensors' sizes, not measured; "
+        "twice both where the route holds fp32, the same ratio): merged, its "
         "own copy of every linear layer; per request, its pairs. The base's weights and its "
         "embedding table are held once either way on CPU (mapped, shared between processes)",
     ]
