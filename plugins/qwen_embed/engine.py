@@ -350,7 +350,8 @@ class Encoder:
         names = list(adapter)
         if len(names) != n:
             raise ValueError(f"adapter: {len(names)} names for {n} texts (one, or one per text)")
-        indices = np.array([self.adapter_index(name) for name in names], dtype=np.int64)
+        index = {name: self.adapter_index(name) for name in dict.fromkeys(names)}  # once each
+        indices = np.array([index[name] for name in names], dtype=np.int64)
         return None if (indices == BASE).all() else indices
 
     def pool_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:

@@ -30,10 +30,9 @@ from .settings import parse_lora_modules
 
 
 class AdapterSwitch:
-    """Which adapter (an index into `names`) each row of this forward adds; None: none."""
+    """Which adapter (lora_modules' index) each row of this forward adds; None: none."""
 
-    def __init__(self, names: tuple[str, ...]):
-        self.names = names
+    def __init__(self):
         self.rows: AdapterRows | None = None
 
 
@@ -96,7 +95,7 @@ def attach(
     """Each adapter's pairs, in `dtype` (the linear weights': layers.linear_weight_dtype), on
     the linear layers they adapt (after loading, before the q|k|v split and repacking); the
     switch that selects one."""
-    switch = AdapterSwitch(tuple(name for name, _ in folders))
+    switch = AdapterSwitch()
     names = checkpoint_names(model)
     owners = {id(m.weight): m for m in model.modules() if isinstance(m, _Linear)}
     per_layer: dict[_Linear, list[LowRank | None]] = {}

@@ -157,8 +157,9 @@ class TritonPythonModel:
             tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
                 members = [accepted[g] for g in group]
-                names = [adapters.get(i) for i, _, seqs in members for _ in seqs]
-                names = names if any(names) else None
+                names = None  # each text's adapter, where a request of the call names one
+                if any(i in adapters for i, _, _ in members):
+                    names = [adapters.get(i) for i, _, seqs in members for _ in seqs]
                 encode = functools.partial(self._encode, adapters=names)
                 call(members, encode, self._outputs, names)
             for member in chunked:  # one call each
