@@ -1,8 +1,9 @@
 """The int8 route's native AVX2 GEMM (native/csrc/gemm/pairs_avx2.cpp: the codes as int16
-pairs, vpmaddwd), which CPUs without VNNI multiply on, against the torch route's integer
-arithmetic it replaces (int8.integer_products and the rescale): exact integer sums and the
-same rescale, so the same bits, for the layouts the model hands it. It runs on any AVX2 CPU,
-so every CI machine tests it, also those whose layers take the VNNI operator."""
+pairs, vpmaddwd, on weights held as int8), which CPUs without VNNI multiply on, against the
+torch route's integer arithmetic it replaces (int8.integer_products and the rescale): exact
+integer sums and the same rescale, so the same bits, for the layouts the model hands it. It
+runs on any AVX2 CPU, so every CI machine tests it, also those whose layers take the VNNI
+operator."""
 
 from __future__ import annotations
 
@@ -111,14 +112,14 @@ def test_every_blocking_gives_the_same_bits(task_rows, task_channels, channels_o
 def test_the_layer_takes_it_without_the_vnni_operator(
     monkeypatch, dtype, rows, out_features, in_features, with_bias
 ):
-    """Int8Weight where the VNNI operator does not run: rotated rows, the AVX2 GEMM, the bias;
-    bitwise the layer of the torch route (no native GEMM at all)."""
+    """Int8Weight where the VNNI operator does not run: rotated rows, the AVX2 GEMM on weights
+    of one byte each, the bias; bitwise the layer of the torch route (no native GEMM at all)."""
     monkeypatch.setattr(int8, "native_kernel", lambda: False)
     w = _random(out_features, in_features, seed=1)
     x = _random(rows, in_features, seed=0).to(dtype)
     bias = _random(out_features, seed=2) if with_bias else None
     layer = int8.Int8Weight(w)
-    assert layer.avx2 and not layer.native and layer.packed.dtype == torch.int16
+    assert layer.avx2 and not layer.native and layer.packed.dtype == torch.int8
     assert layer.rotation == int8.rotation_block(in_features) > 1
     monkeypatch.setattr(int8, "avx2_kernel", lambda: False)
     plain = int8.Int8Weight(w)
@@ -137,6 +138,8 @@ def test_bad_operands_are_refused():
         op(x, packed, scale, 33)
     with pytest.raises(RuntimeError, match="packed must be"):  # other widths than packed
         op(_random(4, 72, seed=0), packed, scale, 32)
+    with pytest.raises(RuntimeError, match="packed must be the int8"):  # weights of 2 bytes
+        op(x, packed.to(torch.int16), scale, 32)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         op(x.double(), packed, scale, 32)
     with pytest.raises(RuntimeError, match="w_scale"):

@@ -11,7 +11,8 @@ kernel elsewhere (gemm/panels_vnni.cpp), the sums rescaled to the model dtype wh
 cache, so no int32 matrix is written.
 Without VNNI, on CPUs with AVX2, another native operator (native/csrc/gemm/pairs_avx2.cpp):
 each row rotated in registers and quantised, the codes multiplied as int16 pairs on weights
-packed once here, the rescale in torch's order, so the torch route's bits. Elsewhere that
+packed once here (int8 in memory, widened as they are loaded), the rescale in torch's order, so
+the torch route's bits. Elsewhere that
 torch route: the native rotation (any instruction set) or the same butterflies in torch,
 torch's quantise pass, the integer products (integer_products), then torch's rescale.
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
@@ -132,10 +133,10 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def pack_pairs(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 weights [n, k] and their scales [n, 1] in the AVX2 operator's layout: (int16
-    [n_pad / 16, k_pad / 2, 16, 2], vpmaddwd's pairs of input values; scale fp32 [n_pad]),
-    padding zeros."""
-    packed = native.pack_panels(q.to(torch.int16), 2, PAIRS_PANEL)
+    """int8 weights [n, k] and their scales [n, 1] in the AVX2 operator's layout: (int8
+    [n_pad / 16, k_pad / 2, 16, 2], vpmaddwd's pairs of input values once widened; scale fp32
+    [n_pad]), padding zeros."""
+    packed = native.pack_panels(q, 2, PAIRS_PANEL)
     padded_scale = torch.zeros(packed.shape[0] * PAIRS_PANEL)
     padded_scale[: q.shape[0]] = scale.view(-1)
     return packed, padded_scale
@@ -143,8 +144,8 @@ def pack_pairs(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torc
 
 class Int8Weight(nn.Module):
     """A linear layer's weight, rotated (rotation_block), as int8 [out, in] plus one fp32 scale
-    per output channel, packed for the native operator where it runs (widened to int16 pairs for
-    the AVX2 one)."""
+    per output channel, packed for the native operator where it runs (in pairs for the AVX2
+    one)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()

@@ -341,7 +341,7 @@ bool avx2_supported() {
   return runs;
 }
 
-// x [..., k] (fp32 or bf16) times int8 weights widened to int16 and packed by qwen_embed.int8
+// x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 in vpmaddwd's pairs
 // ([n_pad / 16, k_pad / 2, 16, 2], k_pad = k rounded up to even; w_scale fp32 [n_pad]) ->
 // fp32 [..., n]: each row rotated (rotation > 1) and quantised as int8.Int8Weight does in torch,
 // the exact integer sums, each times its row's scale, then its channel's: the torch route's
@@ -352,10 +352,10 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
                             int64_t task_rows, int64_t task_channels, bool channels_outer) {
   TORCH_CHECK(avx2_supported(), "the int8 AVX2 operator needs a CPU with AVX2 and FMA");
   const int64_t k = x.size(-1);
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kShort && packed.is_contiguous() &&
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
                   packed.size(2) == gemm::kPairsPanel && packed.size(3) == 2 &&
                   packed.size(1) == (k + 1) / 2 && packed.size(0) * gemm::kPairsPanel >= n,
-              "packed must be the int16 [n_pad / 16, k_pad / 2, 16, 2] weights of ", n,
+              "packed must be the int8 [n_pad / 16, k_pad / 2, 16, 2] weights of ", n,
               " channels of ", k, " values");
   const int64_t n_pad = packed.size(0) * gemm::kPairsPanel, k_pad = packed.size(1) * 2;
   TORCH_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous() &&
@@ -377,7 +377,7 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
       kern.quantize_f32(ptr<float>(rows) + b * stride, stride, e - b, k, k_pad, rotation, q, s);
   });
   at::Tensor out = output_for(x, n, at::kFloat);
-  const gemm::PairsGemm g{ptr<int16_t>(codes), ptr<float>(scales), ptr<int16_t>(packed),
+  const gemm::PairsGemm g{ptr<int16_t>(codes), ptr<float>(scales), ptr<int8_t>(packed),
                           ptr<float>(w_scale), ptr<float>(out), k_pad, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n, gemm::kPairsPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) { kern.gemm(g, r0, r1, c0, c1); });

@@ -2,10 +2,11 @@
 // compiled with AVX2 flags (native/build.py). Without VNNI there is no int8 dot-product
 // instruction that cannot saturate, but vpmaddwd multiplies int16 pairs and adds each pair's
 // two products into int32 exactly: the int8 codes travel as int16, two input values per lane,
-// and the sums are the same exact integers as any other int8 GEMM's. The rotation, the
-// quantisation and the rescale repeat torch's operations in torch's order (int8.hadamard_rows,
-// quantize_rows, _rescale: sum as fp32, times the row's scale, times the channel's), so the
-// outputs are the torch route's bits.
+// and the sums are the same exact integers as any other int8 GEMM's. The weights stay int8 in
+// memory and are widened as they are loaded: on few rows, where they stream from memory, half
+// the bytes to read. The rotation, the quantisation and the rescale repeat torch's operations
+// in torch's order (int8.hadamard_rows, quantize_rows, _rescale: sum as fp32, times the row's
+// scale, times the channel's), so the outputs are the torch route's bits.
 #include <immintrin.h>
 #include <string.h>
 
@@ -104,6 +105,11 @@ inline void store8(float* out, __m256i sums, float a_scale, __m256 w_scale, __m2
   _mm256_maskstore_ps(out, mask, _mm256_mul_ps(v, w_scale));
 }
 
+// 8 channels' pairs of int8 weights, widened to int16.
+inline __m256i weights_at(const int8_t* w) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+
 // Rows [row, row + R) x the 16 channels of the panel at `col`, over the whole depth: the sums
 // stay in 2R named registers (GCC keeps an array of them in memory), then the rescale and a
 // store of the channels below `cols`.
@@ -111,13 +117,13 @@ template <int R>
 void block(const PairsGemm& g, int64_t row, int64_t col, int64_t cols) {
   static_assert(R >= 1 && R <= 4);
   const int64_t k = g.k_pad;
-  const int16_t* w = g.packed + col * k;  // the panel: [k_pad / 2][16][2]
+  const int8_t* w = g.packed + col * k;  // the panel: [k_pad / 2][16][2]
   const int16_t* a = g.a + row * k;
   __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00,
           s30 = s00, s31 = s00;
   for (int64_t p = 0; p < k; p += 2) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 16));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 16 + 16));
+    const __m256i w0 = weights_at(w + p * 16);
+    const __m256i w1 = weights_at(w + p * 16 + 16);
     __m256i x = pair_at(a, p);
     multiply_add(s00, x, w0);
     multiply_add(s01, x, w1);
