@@ -1,7 +1,8 @@
 """The fp32 GEMM of CPUs with AVX2 and no AVX-512 (native/csrc/gemm/floats_avx2.cpp,
 avx2_gemm.Avx2F32Weight): against the float64 product (fp32 rounding of one chain of
 multiply-adds), a row the same at every row count, stride and blocking, channel tails and depth
-blocks, the operator's refusals, and the route that chooses it."""
+blocks, weights that are bf16 values held in bf16 with the same bits, the operator's refusals,
+and the route that chooses it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import pytest
 import torch
 from test_cpu_route import EPYC_AVX2, SAPPHIRE, ZEN4
 
-from qwen_embed import Encoder, avx2_gemm
+from qwen_embed import Encoder, avx2_gemm, native
 from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.layers import _Linear
 from qwen_embed.route import Gemm, Linear
 
-from reference import route_for
+from reference import make_checkpoint, route_for
 
 NEEDS_OPERATOR = pytest.mark.skipif(
     not avx2_gemm.runs(), reason="the native fp32 operator needs the build and AVX2"
@@ -28,6 +29,11 @@ def _random(*shape: int, seed: int) -> torch.Tensor:
 def _product(x, w, bias=None):
     y = x.double() @ w.double().T
     return y if bias is None else y + bias.double()
+
+
+def _fp32_held(w: torch.Tensor) -> torch.Tensor:
+    """The operator's fp32 layout of any weights, bf16 values included."""
+    return native.pack_panels(w.float(), 1, avx2_gemm.PANEL).squeeze(-1)
 
 
 @NEEDS_OPERATOR
@@ -64,6 +70,36 @@ def test_a_row_is_the_same_at_every_row_count_stride_and_blocking():
 
 
 @NEEDS_OPERATOR
+@pytest.mark.parametrize(
+    "n, k",
+    [(64, 32), (1000, 777), (40, 2500), (16, 300), (8, 5)],
+    ids=["one-block", "tails", "depth-blocks", "one-panel", "narrow"],
+)
+def test_bf16_values_are_held_in_bf16_with_the_same_bits(n, k):
+    """A 16-bit checkpoint's weights, served in fp32: held in half the bytes, widened exactly
+    as they are loaded, so every output is the fp32-held weights' to the bit."""
+    w = (_random(n, k, seed=1) * 0.05).bfloat16()
+    x, bias = _random(37, k, seed=2), _random(n, seed=3)
+    layer = Avx2F32Weight(w.float())
+    assert layer.packed.dtype == torch.bfloat16
+    assert layer.packed.nbytes * 2 == _fp32_held(w).nbytes
+    assert torch.equal(Avx2F32Weight(w).packed, layer.packed)  # held as bf16 or as fp32 values
+    for rows in (1, 5, 37):
+        out = layer(x[:rows], bias)
+        f32 = torch.ops.qwen_embed.f32_linear(x[:rows], _fp32_held(w), bias, n)
+        assert torch.equal(out, f32), rows
+    torch.testing.assert_close(out.double(), _product(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+@NEEDS_OPERATOR
+def test_weights_past_bf16_stay_in_fp32():
+    w = (_random(48, 64, seed=4) * 0.05).bfloat16().float()
+    w[17, 33] += 2**-20  # one value between two bf16 ones
+    layer = Avx2F32Weight(w)
+    assert layer.packed.dtype == torch.float32 and torch.equal(layer.packed, _fp32_held(w))
+
+
+@NEEDS_OPERATOR
 def test_16_bit_rows_widen_and_round_back():
     w, x = _random(48, 64, seed=7) * 0.1, _random(5, 64, seed=8).bfloat16()
     layer = Avx2F32Weight(w)
@@ -80,6 +116,8 @@ def test_the_operator_names_what_it_refuses():
         f32_linear(x.double(), packed, None, 32)
     with pytest.raises(RuntimeError, match=r"\[n_pad / 16, k, 16\] weights of 32 channels of 8"):
         f32_linear(x[:, :8], packed, None, 32)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        f32_linear(x, packed.half(), None, 32)
     with pytest.raises(RuntimeError, match=r"bias must be float32 \[32\]"):
         f32_linear(x, packed, _random(31, seed=2), 32)
     with pytest.raises(RuntimeError, match="multiple of the panel's 16 channels"):
@@ -112,3 +150,22 @@ def test_an_avx2_encoder_multiplies_every_text_layer_on_it(checkpoint):
         linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
         assert linears and all(isinstance(m.kernel, Avx2F32Weight) for m in linears)
         assert all(m.weight is None for m in linears)  # the packed copy is the only one
+
+
+@NEEDS_OPERATOR
+def test_a_bf16_checkpoint_in_fp32_holds_its_layers_in_bf16(tmp_path, monkeypatch):
+    """Served in fp32, a checkpoint saved in bf16 keeps every text layer's weights in bf16 and
+    gives the vectors of the same weights held in fp32, to the bit."""
+    ckpt = make_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
+    ids = [list(range(3, 3 + n)) for n in (1, 9, 40)]
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32") as enc:
+        if enc.route.gemm is not Gemm.NATIVE_F32:
+            pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+        kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
+        assert kernels and all(k.packed.dtype == torch.bfloat16 for k in kernels)
+        held = enc.embed(ids)
+    monkeypatch.setattr(avx2_gemm, "pack", _fp32_held)
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32") as enc:
+        kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
+        assert all(k.packed.dtype == torch.float32 for k in kernels)
+        assert torch.equal(torch.as_tensor(enc.embed(ids)), torch.as_tensor(held))

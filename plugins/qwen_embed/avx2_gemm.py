@@ -5,7 +5,9 @@ There oneDNN's GEMM on packed weights loses to MKL's plain F.linear on documents
 packs the weights on every call, which costs it the short queries; the native operator keeps
 both wins. Each output is one chain of multiply-adds in input order, so a row's result is the
 same at any row count without padding rows (onednn.PackedWeight pads to planned counts).
-Measurements: docs/tuning.md.
+A layer whose weights are all bf16 values (a 16-bit checkpoint's, served in fp32) keeps them in
+bf16, widened exactly as the operator loads them: the same products, half the memory and half
+the bytes each forward reads. Measurements: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -23,17 +25,28 @@ def runs() -> bool:
     return native.isa() is not None and torch.ops.qwen_embed.avx2_supported()
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """Weights [n, k] as the operator reads them, [n_pad / 16, k, 16]: in bf16 where every
+    value is one (each depth's channels in the order 0, 8, 1, 9, ..., 7, 15: gemm.h), else fp32."""
+    held = weight.to(torch.bfloat16)
+    if not torch.equal(held.float(), weight.float()):
+        return native.pack_panels(weight.float(), 1, PANEL).squeeze(-1)
+    panels = native.pack_panels(held, 1, PANEL).squeeze(-1)  # [n_pad / 16, k, 16]
+    halves = panels.unflatten(-1, (2, PANEL // 2)).transpose(-1, -2)
+    return halves.flatten(-2).contiguous()
+
+
 class Avx2F32Weight(nn.Module):
-    """A linear layer's weight packed for the operator, [n_pad / 16, k, 16];
-    `forward(x, bias)` is `F.linear` in fp32 (16-bit activations, of fp32-held 16-bit weights,
-    widened and rounded back, as layers.linear does)."""
+    """A linear layer's weight packed for the operator (`pack`); `forward(x, bias)` is
+    `F.linear` in fp32 (16-bit activations, of fp32-held 16-bit weights, widened and rounded
+    back, as layers.linear does)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.dtype = torch.float32
         self.out_features = weight.shape[0]
         # A plain attribute, as the other packed weights: out of state_dict and .to().
-        self.packed = native.pack_panels(weight.detach().float(), 1, PANEL).squeeze(-1)
+        self.packed = pack(weight.detach())
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()

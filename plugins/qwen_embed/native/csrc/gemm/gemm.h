@@ -101,13 +101,17 @@ struct PairsKernels {
 };
 
 // The fp32 GEMM on AVX2 (floats_avx2.cpp): rows of k fp32 values (`a`, row stride lda) times
-// fp32 weights packed in panels of kFloatPanel channels [n_pad / 16][k][16] -> out (row stride
-// ldo) + bias (fp32 [n], or null); each output one chain of multiply-adds in input order.
+// weights packed in panels of kFloatPanel channels [n_pad / 16][k][16] -> out (row stride ldo)
+// + bias (fp32 [n], or null); each output one chain of multiply-adds in input order. The
+// weights are fp32 (`packed`) or, where each is a bf16 value, bf16 (`packed_bf16`, the other
+// null) with each depth's 16 channels in the order 0, 8, 1, 9, ..., 7, 15 (a 32-bit lane holds
+// channels c and c + 8), widened exactly as they are loaded.
 constexpr int64_t kFloatPanel = 16;
 struct FloatGemm {
   const float* a;
   int64_t lda;
   const float* packed;
+  const uint16_t* packed_bf16;
   const float* bias;
   float* out;
   int64_t ldo, k, n;

@@ -385,27 +385,35 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& packed,
 }
 
 // The fp32 GEMM of CPUs with AVX2 and no AVX-512 (route.py chooses it there):
-// x [..., k] fp32 times fp32 weights packed [n_pad / 16, k, 16] (avx2_gemm.Avx2F32Weight) ->
-// [..., n] fp32, plus bias (fp32 [n]) when given. Each output is one chain of multiply-adds in
-// input order, so a row's result is the same at any row count and under any blocking of
-// task_rows x task_channels.
+// x [..., k] fp32 times weights packed [n_pad / 16, k, 16] (avx2_gemm.Avx2F32Weight: fp32, or
+// bf16 in gemm.h's order) -> [..., n] fp32, plus bias (fp32 [n]) when given. Each output is one
+// chain of multiply-adds in input order, so a row's result is the same at any row count and
+// under any blocking of task_rows x task_channels.
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                       int64_t task_channels, bool channels_outer) {
   TORCH_CHECK(avx2_supported(), "the fp32 AVX2 operator needs a CPU with AVX2 and FMA");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "f32_linear takes float32 rows");
   const int64_t k = x.size(-1);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                  packed.size(2) == gemm::kFloatPanel && packed.size(1) == k &&
-                  packed.size(0) * gemm::kFloatPanel >= n,
-              "packed must be the float32 [n_pad / 16, k, 16] weights of ", n, " channels of ",
-              k, " values");
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(packed.dim() == 3 && (bf16 || packed.scalar_type() == at::kFloat) &&
+                  packed.is_contiguous() && packed.size(2) == gemm::kFloatPanel &&
+                  packed.size(1) == k && packed.size(0) * gemm::kFloatPanel >= n,
+              "packed must be the float32 or bfloat16 [n_pad / 16, k, 16] weights of ", n,
+              " channels of ", k, " values");
   check_blocking(task_rows, task_channels, gemm::kFloatPanel);
   const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, at::kFloat);
-  const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0), ptr<float>(packed), bias_ptr,
-                          ptr<float>(out), n, k, n};
+  const gemm::FloatGemm g{ptr<float>(rows),
+                          rows.stride(0),
+                          bf16 ? nullptr : ptr<float>(packed),
+                          bf16 ? ptr<uint16_t>(packed) : nullptr,
+                          bias_ptr,
+                          ptr<float>(out),
+                          n,
+                          k,
+                          n};
   gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n, gemm::kFloatPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
