@@ -46,6 +46,7 @@ GROUPS = {  # operator name fragments -> what they are; the first group that mat
         "_int_mm",
         "qwen_embed::int8_linear",
         "qwen_embed::bf16_linear",
+        "qwen_embed::f32_linear",
     ),
     "row-wise kernels (native)": ("qwen_embed::",),
 }

@@ -66,6 +66,28 @@ def test_peers_gemm_bound_at_both_routes(perf_imports):
     assert low * (1 - 1e-9) <= bound["int8"] <= high * (1 + 1e-9), (bound, low, high)
 
 
+def test_the_profile_files_each_native_operator_under_what_it_does(perf_imports):
+    import profile_engine
+
+    from qwen_embed import native
+
+    if native.isa() is None:
+        pytest.skip("the native kernels are not built")
+    ops = torch._C._dispatch_get_registrations_for_dispatch_key("CPU")
+    ours = sorted({n for n in ops if n.startswith("qwen_embed::")})
+    gemms = [n for n in ours if n.endswith(("_linear", "_linear_avx2"))]
+    assert len(gemms) >= 4, ours  # int8 (VNNI, AVX2), bf16, fp32
+    for name in ours:
+        expected = (
+            "GEMM (linear layers)"
+            if name in gemms
+            else "attention"
+            if "attention" in name
+            else "row-wise kernels (native)"
+        )
+        assert profile_engine.group_of(name) == expected, name
+
+
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
 def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, name):
     """probe_whole_graphs' forwards (on CPU the captured function runs as it is): static
