@@ -23,7 +23,8 @@ def linear_weight_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype
     """The dtype linear-layer weights are stored in for a model of `dtype` on `device`.
 
     fp32 holding the same values where cpu.fp32_gemm says (route.Linear.FP32_GEMM). Converted
-    once at load, so no request pays for the upcast; the price is fp32 weight memory.
+    once at load, so no request pays for the upcast; the price is fp32 weight memory, except
+    where our AVX2 GEMM packs them (avx2_gemm.pack keeps bf16 values in bf16).
     """
     name = str(dtype).removeprefix("torch.")
     if device.type == "cpu" and fp32_gemm(name, has_native_bf16()):
