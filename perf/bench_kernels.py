@@ -699,7 +699,12 @@ def bf16_layer(n: int, k: int) -> Callable:
 
 
 def f32_layer(n: int, k: int) -> Callable:
-    packed = Avx2F32Weight(torch.randn(n, k)).packed
+    packed = Avx2F32Weight(torch.randn(n, k)).packed  # fp32 values: held in fp32
+    return lambda ops, x: ops.f32_linear(x, packed, None, n)
+
+
+def f32_bf16_layer(n: int, k: int) -> Callable:
+    packed = Avx2F32Weight(torch.randn(n, k).bfloat16()).packed  # a bf16 checkpoint's: in bf16
     return lambda ops, x: ops.f32_linear(x, packed, None, n)
 
 
@@ -719,6 +724,10 @@ def f32_cases(rows: int) -> dict[str, Callable]:
     return gemm_cases("f32_linear", BF16_SHAPES, f32_layer, torch.float32, rows)
 
 
+def f32_bf16_cases(rows: int) -> dict[str, Callable]:
+    return gemm_cases("f32_linear bf16-held", BF16_SHAPES, f32_bf16_layer, torch.float32, rows)
+
+
 def attention_cases(rows: int) -> dict[str, Callable]:
     cases = {}
     for length in TEXT_TOKENS:
@@ -734,6 +743,7 @@ CASES = {
     "int8_avx2": int8_avx2_cases,
     "bf16": bf16_cases,
     "f32": f32_cases,
+    "f32_bf16": f32_bf16_cases,  # bases from 70c0184 on (older ones hold fp32 weights only)
     "attention": attention_cases,
 }
 

@@ -12,9 +12,9 @@ cache, so no int32 matrix is written.
 Without VNNI, on CPUs with AVX2, another native operator (native/csrc/gemm/pairs_avx2.cpp):
 each row rotated in registers and quantised, the codes multiplied as int16 pairs on weights
 packed once here (int8 in memory, widened as they are loaded), the rescale in torch's order, so
-the torch route's bits. Elsewhere that
-torch route: the native rotation (any instruction set) or the same butterflies in torch,
-torch's quantise pass, the integer products (integer_products), then torch's rescale.
+the torch route's bits. Elsewhere that torch route: the native rotation (any instruction set)
+or the same butterflies in torch, torch's quantise pass, the integer products
+(integer_products), then torch's rescale.
 Integer sums are exact and the scales per row, so either way a text's vector does not depend
 on its batch.
 

@@ -77,9 +77,9 @@ struct GemmTiles {
 
 // The int8 route's GEMM on AVX2 without VNNI (pairs_avx2.cpp): rows of k_pad int16 codes (`a`,
 // int8 values, k_pad even) times int8 weights packed in panels of kPairsPanel channels
-// [n_pad / 16][k_pad / 2][16][2] (vpmaddwd's pairs of input values, once widened), exact int32
-// sums;
-// out[row][c] = float(sum) * a_scale[row] * w_scale[c] (w_scale padded to n_pad), row stride n.
+// [n_pad / 16][k_pad / 2][16][2] (vpmaddwd's pairs of input values, once widened), exact
+// int32 sums; out[row][c] = float(sum) * a_scale[row] * w_scale[c] (w_scale padded to n_pad),
+// row stride n.
 constexpr int64_t kPairsPanel = 16;
 struct PairsGemm {
   const int16_t* a;
