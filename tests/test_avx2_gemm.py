@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from test_cpu_route import EPYC_AVX2, SAPPHIRE, ZEN4
 
-from qwen_embed import Encoder, avx2_gemm, native
+from qwen_embed import Encoder, avx2_gemm, engine, native
 from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.layers import _Linear
+from qwen_embed.loader import load_weights
 from qwen_embed.route import Gemm, Linear
+from qwen_embed_deploy.demo import build_demo_adapter
 
 from reference import make_checkpoint, route_for
 
@@ -153,19 +156,65 @@ def test_an_avx2_encoder_multiplies_every_text_layer_on_it(checkpoint):
 
 
 @NEEDS_OPERATOR
+def _loaded_as(monkeypatch) -> dict[str, torch.dtype]:
+    """What each linear weight's storage is as the checkpoint is loaded into it."""
+    seen = {}
+
+    def spy(model, *args, **kwargs):
+        seen.update({n: m.weight.dtype for n, m in model.named_modules() if isinstance(m, _Linear)})
+        return load_weights(model, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "load_weights", spy)
+    return seen
+
+
+@NEEDS_OPERATOR
 def test_a_bf16_checkpoint_in_fp32_holds_its_layers_in_bf16(tmp_path, monkeypatch):
-    """Served in fp32, a checkpoint saved in bf16 keeps every text layer's weights in bf16 and
-    gives the vectors of the same weights held in fp32, to the bit."""
+    """Served in fp32, a checkpoint saved in bf16 loads every text layer's weights into bf16
+    (never the fp32 model), keeps them in bf16, and gives the vectors of the same weights
+    loaded and held in fp32, to the bit."""
     ckpt = make_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
     ids = [list(range(3, 3 + n)) for n in (1, 9, 40)]
+    loaded = _loaded_as(monkeypatch)
     with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32") as enc:
         if enc.route.gemm is not Gemm.NATIVE_F32:
             pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+        assert loaded and set(loaded.values()) == {torch.bfloat16}, loaded
         kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
         assert kernels and all(k.packed.dtype == torch.bfloat16 for k in kernels)
         held = enc.embed(ids)
     monkeypatch.setattr(avx2_gemm, "pack", _fp32_held)
+    monkeypatch.setattr(engine, "_linears_as_stored", lambda *_: None)
+    loaded.clear()
     with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32") as enc:
+        assert set(loaded.values()) == {torch.float32}
         kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
         assert all(k.packed.dtype == torch.float32 for k in kernels)
         assert torch.equal(torch.as_tensor(enc.embed(ids)), torch.as_tensor(held))
+
+
+@NEEDS_OPERATOR
+def test_layers_fed_by_other_dtypes_load_in_fp32(tmp_path, monkeypatch):
+    """A linear weight fed by any tensor not stored in bf16 (here one of the q|k|v shards in
+    fp32), every layer of the int8 route, and every layer under a merged adapter load in fp32
+    as before."""
+    ckpt = make_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
+    path = ckpt / "model.safetensors"
+    tensors = load_file(path)
+    key = next(k for k in tensors if k.endswith("layers.0.self_attn.k_proj.weight"))
+    tensors[key] = tensors[key].float()
+    save_file(tensors, path, metadata={"format": "pt"})
+    loaded = _loaded_as(monkeypatch)
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32") as enc:
+        if enc.route.gemm is not Gemm.NATIVE_F32:
+            pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+    fp32 = {n for n, d in loaded.items() if d == torch.float32}
+    assert fp32 == {"layers.0.self_attn.qkv_proj"}, loaded
+    loaded.clear()
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32", quantization="int8"):
+        assert loaded and set(loaded.values()) == {torch.float32}, loaded
+    loaded.clear()
+    adapter = build_demo_adapter(tmp_path / "adapter", ckpt, rank=4, seed=1)
+    with Encoder.from_pretrained(adapter, device="cpu", dtype="float32") as enc:
+        assert enc.route.adapter == "lora"  # merged at load: its layers' values are fp32 ones
+        assert loaded and set(loaded.values()) == {torch.float32}, loaded

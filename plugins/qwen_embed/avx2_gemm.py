@@ -29,7 +29,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """Weights [n, k] as the operator reads them, [n_pad / 16, k, 16]: in bf16 where every
     value is one (each depth's channels in the order 0, 8, 1, 9, ..., 7, 15: gemm.h), else fp32."""
     held = weight.to(torch.bfloat16)
-    if not torch.equal(held.float(), weight.float()):
+    if weight.dtype != torch.bfloat16 and not torch.equal(held.float(), weight.float()):
         return native.pack_panels(weight.float(), 1, PANEL).squeeze(-1)
     panels = native.pack_panels(held, 1, PANEL).squeeze(-1)  # [n_pad / 16, k, 16]
     halves = panels.unflatten(-1, (2, PANEL // 2)).transpose(-1, -2)

@@ -27,7 +27,7 @@ from .heads import build_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
-from .loader import load_weights
+from .loader import checkpoint_dtypes, checkpoint_names, load_weights
 from .lora import adapter_folders, attach
 from .media import MediaForward, MediaText
 from .models import model_class
@@ -96,7 +96,10 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     model = _instantiate(config, spec, tp, device)
     # A rank without the vision tower (_instantiate) leaves its weights unread.
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
-    load_weights(model, spec.model_dir, lora_deltas(spec.model_dir, route.adapter), skip)
+    deltas = lora_deltas(spec.model_dir, route.adapter)
+    if not deltas and (route.gemm, route.linear, route.dtype) == (*_PACKS_BF16, "float32"):
+        _linears_as_stored(model, spec.model_dir)
+    load_weights(model, spec.model_dir, deltas, skip)
     if route.lora_names:  # before the q|k|v split and repacking, which carry them
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
         dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
@@ -113,6 +116,28 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
         keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
         model.register_forward_hook(HeapTrimmer(keep))
     return model
+
+
+# The route whose GEMM keeps bf16 values in bf16 (avx2_gemm.pack) from fp32 layers.
+_PACKS_BF16 = (Gemm.NATIVE_F32, Linear.FLOAT)
+
+
+def _linears_as_stored(model: nn.Module, model_dir: str) -> None:
+    """Before loading, for an fp32 model on our AVX2 GEMM: each linear weight whose checkpoint
+    tensors are all bf16 gets bf16 storage, as the GEMM will hold it, so the load never holds
+    the fp32 model (the fp32 storage it replaces was never touched). A layer fed by any other
+    dtype, or changed by merged adapters (not called then), loads in fp32 as before."""
+    stored = checkpoint_dtypes(model_dir)
+    sources: dict[int, list] = {}
+    for name, targets in checkpoint_names(model).items():
+        for param, _ in targets:
+            sources.setdefault(id(param), []).append(stored.get(name))
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, _Linear) and weight is not None and weight.device.type == "cpu":
+            dtypes = sources.get(id(weight), [])
+            if dtypes and all(d == torch.bfloat16 for d in dtypes):
+                weight.data = torch.empty(weight.shape, dtype=torch.bfloat16)
 
 
 def _prepare_device(device: torch.device) -> None:

@@ -60,15 +60,10 @@ def checkpoint_names(model: nn.Module) -> dict[str, list[tuple[nn.Parameter, str
     return names
 
 
-def _mapped_tensors(path: Path):
-    """(key, tensor) for each tensor of a safetensors file, each its own copy-on-write mapping
-    of its bytes, read from disk as they are touched. A tensor a model keeps as it is (the
-    embedding table on CPU, layers.VocabParallelEmbedding) holds the mapping of its own bytes
-    only: the pages of the others, read while copying them, go when their tensors do."""
-    import numpy as np
+def _dtypes() -> dict:
     import torch
 
-    dtypes = {
+    return {
         "F64": torch.float64,
         "F32": torch.float32,
         "F16": torch.float16,
@@ -82,6 +77,11 @@ def _mapped_tensors(path: Path):
         "F8_E4M3": torch.float8_e4m3fn,
         "F8_E5M2": torch.float8_e5m2,
     }
+
+
+def _header(path: Path) -> tuple[int, dict]:
+    """A safetensors file's header size and its entries: key -> (dtype name, shape, begin,
+    end)."""
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
@@ -90,6 +90,30 @@ def _mapped_tensors(path: Path):
         entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path.name} is not a safetensors file: {e!r}") from e
+    return size, entries
+
+
+def checkpoint_dtypes(model_dir: str | Path) -> dict:
+    """Each tensor's dtype (torch's; None where not read here) by our name, from the files'
+    headers alone."""
+    dtypes = _dtypes()
+    return {
+        _normalise(key): dtypes.get(entry[0])
+        for path in checkpoint_files(model_dir)
+        for key, entry in _header(path)[1].items()
+    }
+
+
+def _mapped_tensors(path: Path):
+    """(key, tensor) for each tensor of a safetensors file, each its own copy-on-write mapping
+    of its bytes, read from disk as they are touched. A tensor a model keeps as it is (the
+    embedding table on CPU, layers.VocabParallelEmbedding) holds the mapping of its own bytes
+    only: the pages of the others, read while copying them, go when their tensors do."""
+    import numpy as np
+    import torch
+
+    dtypes = _dtypes()
+    size, entries = _header(path)
     for key, (name, shape, begin, end) in sorted(entries.items()):
         if (dtype := dtypes.get(name)) is None:
             raise CheckpointError(f"tensor {key!r} in {path.name} has dtype {name}, not read here")
