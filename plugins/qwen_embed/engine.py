@@ -134,7 +134,7 @@ def _linears_as_stored(model: nn.Module, model_dir: str) -> None:
             sources.setdefault(id(param), []).append(stored.get(name))
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if isinstance(module, _Linear) and weight is not None and weight.device.type == "cpu":
+        if isinstance(module, _Linear) and weight is not None:
             dtypes = sources.get(id(weight), [])
             if dtypes and all(d == torch.bfloat16 for d in dtypes):
                 weight.data = torch.empty(weight.shape, dtype=torch.bfloat16)
