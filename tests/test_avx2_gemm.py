@@ -196,8 +196,7 @@ def test_a_bf16_checkpoint_in_fp32_holds_its_layers_in_bf16(tmp_path, monkeypatc
 @NEEDS_OPERATOR
 def test_layers_fed_by_other_dtypes_load_in_fp32(tmp_path, monkeypatch):
     """A linear weight fed by any tensor not stored in bf16 (here one of the q|k|v shards in
-    fp32), every layer of the int8 route, and every layer under a merged adapter load in fp32
-    as before."""
+    fp32) and every layer under a merged adapter load in fp32 as before."""
     ckpt = make_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
     path = ckpt / "model.safetensors"
     tensors = load_file(path)
@@ -211,10 +210,27 @@ def test_layers_fed_by_other_dtypes_load_in_fp32(tmp_path, monkeypatch):
     fp32 = {n for n, d in loaded.items() if d == torch.float32}
     assert fp32 == {"layers.0.self_attn.qkv_proj"}, loaded
     loaded.clear()
-    with Encoder.from_pretrained(ckpt, device="cpu", dtype="float32", quantization="int8"):
-        assert loaded and set(loaded.values()) == {torch.float32}, loaded
-    loaded.clear()
     adapter = build_demo_adapter(tmp_path / "adapter", ckpt, rank=4, seed=1)
     with Encoder.from_pretrained(adapter, device="cpu", dtype="float32") as enc:
         assert enc.route.adapter == "lora"  # merged at load: its layers' values are fp32 ones
         assert loaded and set(loaded.values()) == {torch.float32}, loaded
+
+
+@NEEDS_OPERATOR
+def test_the_int8_route_quantises_bf16_storage_as_its_fp32_copy(tmp_path, monkeypatch):
+    """The int8 route on AVX2 loads a bf16 checkpoint into bf16 storage too: the same codes,
+    scales and vectors as from the fp32 copies it loaded before."""
+    ckpt = make_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
+    ids = [list(range(3, 3 + n)) for n in (1, 9, 40)]
+    loaded = _loaded_as(monkeypatch)
+    settings = {"device": "cpu", "dtype": "float32", "quantization": "int8"}
+    with Encoder.from_pretrained(ckpt, **settings) as enc:
+        if enc.route.gemm is not Gemm.NATIVE_F32:
+            pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+        assert loaded and set(loaded.values()) == {torch.bfloat16}, loaded
+        held = enc.embed(ids)
+    monkeypatch.setattr(engine, "_linears_as_stored", lambda *_: None)
+    loaded.clear()
+    with Encoder.from_pretrained(ckpt, **settings) as enc:
+        assert set(loaded.values()) == {torch.float32}
+        assert torch.equal(torch.as_tensor(enc.embed(ids)), torch.as_tensor(held))

@@ -97,7 +97,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     # A rank without the vision tower (_instantiate) leaves its weights unread.
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
     deltas = lora_deltas(spec.model_dir, route.adapter)
-    if not deltas and (route.gemm, route.linear, route.dtype) == (*_PACKS_BF16, "float32"):
+    if not deltas and (route.gemm, route.dtype) == (Gemm.NATIVE_F32, "float32"):
         _linears_as_stored(model, spec.model_dir)
     load_weights(model, spec.model_dir, deltas, skip)
     if route.lora_names:  # before the q|k|v split and repacking, which carry them
@@ -118,13 +118,10 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     return model
 
 
-# The route whose GEMM keeps bf16 values in bf16 (avx2_gemm.pack) from fp32 layers.
-_PACKS_BF16 = (Gemm.NATIVE_F32, Linear.FLOAT)
-
-
 def _linears_as_stored(model: nn.Module, model_dir: str) -> None:
-    """Before loading, for an fp32 model on our AVX2 GEMM: each linear weight whose checkpoint
-    tensors are all bf16 gets bf16 storage, as the GEMM will hold it, so the load never holds
+    """Before loading, for an fp32 model on our AVX2 GEMM (which keeps bf16 values in bf16:
+    avx2_gemm.pack; the int8 route quantises them as it would their fp32 copies): each linear
+    weight whose checkpoint tensors are all bf16 gets bf16 storage, so the load never holds
     the fp32 model (the fp32 storage it replaces was never touched). A layer fed by any other
     dtype, or changed by merged adapters (not called then), loads in fp32 as before."""
     stored = checkpoint_dtypes(model_dir)
