@@ -405,15 +405,10 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
   const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, at::kFloat);
-  const gemm::FloatGemm g{ptr<float>(rows),
-                          rows.stride(0),
+  const gemm::FloatGemm g{ptr<float>(rows), rows.stride(0),
                           bf16 ? nullptr : ptr<float>(packed),
                           bf16 ? ptr<uint16_t>(packed) : nullptr,
-                          bias_ptr,
-                          ptr<float>(out),
-                          n,
-                          k,
-                          n};
+                          bias_ptr, ptr<float>(out), n, k, n};
   gemm_tasks({task_rows, task_channels, channels_outer}, rows.size(0), n, gemm::kFloatPanel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                gemm::floats_avx2.gemm(g, r0, r1, c0, c1);
