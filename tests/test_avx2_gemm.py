@@ -234,3 +234,27 @@ def test_the_int8_route_quantises_bf16_storage_as_its_fp32_copy(tmp_path, monkey
     with Encoder.from_pretrained(ckpt, **settings) as enc:
         assert set(loaded.values()) == {torch.float32}
         assert torch.equal(torch.as_tensor(enc.embed(ids)), torch.as_tensor(held))
+
+
+@NEEDS_OPERATOR
+def test_a_bf16_model_packs_its_layers_without_widening_them(tmp_path, monkeypatch):
+    """dtype bfloat16 on the AVX2 GEMM (its layers held for one fp32 GEMM): every layer
+    reaches the packing in bf16, none widened to fp32 first (the load never holds the fp32
+    copies), with the vectors of the layers widened first, to the bit (Qwen2: q|k|v bias)."""
+    ckpt = make_checkpoint(tmp_path / "bf16", "qwen2", dtype=torch.bfloat16)
+    ids = [list(range(3, 3 + n)) for n in (1, 9, 40)]
+    packed_from, pack = [], avx2_gemm.pack
+    monkeypatch.setattr(avx2_gemm, "pack", lambda w: packed_from.append(w.dtype) or pack(w))
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="bfloat16") as enc:
+        if enc.route.gemm is not Gemm.NATIVE_F32:
+            pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
+        assert enc.route.linear is Linear.FP32_GEMM
+        assert packed_from and set(packed_from) == {torch.bfloat16}, packed_from
+        kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
+        assert all(k.packed.dtype == torch.bfloat16 for k in kernels)
+        unwidened = enc.embed(ids)
+    monkeypatch.setattr(engine, "Avx2F32Weight", None)  # widened first, as for other GEMMs
+    packed_from.clear()
+    with Encoder.from_pretrained(ckpt, device="cpu", dtype="bfloat16") as enc:
+        assert packed_from and set(packed_from) == {torch.float32}, packed_from
+        assert torch.equal(torch.as_tensor(enc.embed(ids)), torch.as_tensor(unwidened))
