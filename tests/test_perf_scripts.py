@@ -5,7 +5,9 @@ GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbin
 
 import os
 import runpy
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +161,56 @@ def test_a_base_revision_is_named_with_its_commit(perf_imports):
     ).stdout.strip()
     assert named_revision("HEAD") == f"HEAD ({commit})"
     assert named_revision(commit) == commit
+
+
+def test_stack_shares_count_each_of_our_functions_once_per_sample(perf_imports):
+    """bench_serving --spy: py-spy's raw stacks as shares of the wall (rate x seconds x stubs):
+    our functions inclusive (once per sample, recursion or not), where samples ended (any
+    code), and the share inside an execute."""
+    from bench_serving import stack_shares
+
+    execute = "TritonPythonModel.execute (model.py:84)"
+    call = "TritonPythonModel._call (model.py:181)"
+    engine = "Encoder._run (qwen_embed/engine.py:613)"
+    torch_op = "OpOverloadPacket.__call__ (torch/_ops.py:1267)"
+    lines = [
+        f"{execute};{call};{engine};{engine};{torch_op} 30",  # recursion: counted once
+        f"{execute};{call} 10",
+        "main (threading.py:1) 20",  # another thread, not our code
+    ]
+    shares = stack_shares(lines, wall_samples=100)
+    assert shares["sampled"] == pytest.approx(0.6)
+    assert shares["in_execute"] == pytest.approx(0.4)
+    assert dict(shares["inclusive"]) == pytest.approx({execute: 0.4, call: 0.4, engine: 0.3})
+    assert dict(shares["self"]) == pytest.approx(
+        {torch_op: 0.3, call: 0.1, "main (threading.py:1)": 0.2}
+    )
+
+
+def test_the_stub_sampler_records_a_running_process(perf_imports, tmp_path):
+    """bench_serving --spy's py-spy (requirements.txt) attached to a process that spends its
+    time in a `TritonPythonModel.execute` of a file named model.py, as a stub does."""
+    from bench_serving import StubSampler, py_spy
+
+    if py_spy() is None:
+        pytest.skip("py-spy is not installed (make setup installs it)")
+    (tmp_path / "model.py").write_text(
+        "import time\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, seconds):\n"
+        "        end = time.perf_counter() + seconds\n"
+        "        while time.perf_counter() < end:\n"
+        "            sum(range(1000))\n"
+        "TritonPythonModel().execute(30)\n"
+    )
+    busy = subprocess.Popen([sys.executable, "model.py"], cwd=tmp_path)
+    try:
+        time.sleep(0.5)
+        sampler = StubSampler([busy.pid], tmp_path)
+        time.sleep(1.5)
+        shares = sampler.stop()
+    finally:
+        busy.kill()
+    assert "error" not in shares, shares["error"]
+    assert shares["in_execute"] > 0.5, shares
+    assert any(f.startswith("TritonPythonModel.execute (model.py:") for f, _ in shares["inclusive"])
