@@ -209,11 +209,12 @@ FLOAT_GEMMS = {
 
 
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
-    """The linear layers' weights in the form the route multiplies them in, a layer at a time:
-    a 16-bit model held in fp32 (linear_weight_dtype) never holds all its fp32 copies at once,
-    and our AVX2 GEMM takes 16-bit weights as they are (it keeps bf16 values in bf16:
-    avx2_gemm.pack). The vision tower's take the route's float GEMM as the text model's float
-    layers do, and stay in floats under int8 (its accuracy there is unmeasured)."""
+    """The linear layers' weights in the form the route multiplies them in, converted and
+    packed a layer at a time: a 16-bit model whose layers a packing GEMM holds for fp32 math
+    (linear_weight_dtype) never holds every layer's fp32 copy at once, and our AVX2 GEMM takes
+    16-bit weights as they are (it keeps bf16 values in bf16: avx2_gemm.pack). The vision
+    tower's take the route's float GEMM as the text model's float layers do, and stay in
+    floats under int8 (its accuracy there is unmeasured)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     if route.linear is Linear.INT8:
