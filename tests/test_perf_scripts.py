@@ -213,5 +213,5 @@ def test_the_stub_sampler_records_a_running_process(perf_imports, tmp_path):
     finally:
         busy.kill()
     assert "error" not in shares, shares["error"]
-    assert shares["in_execute"] > 0.3, shares  # about 0.9: py-spy's start is in the wall
+    assert shares["in_execute"] > 0.3, shares  # 0.97 here: py-spy's start is in the wall
     assert any(f.startswith("TritonPythonModel.execute (model.py:") for f, _ in shares["inclusive"])
