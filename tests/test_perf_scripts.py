@@ -206,12 +206,12 @@ def test_the_stub_sampler_records_a_running_process(perf_imports, tmp_path):
     )
     busy = subprocess.Popen([sys.executable, "model.py"], cwd=tmp_path)
     try:
-        time.sleep(0.5)
+        time.sleep(0.3)
         sampler = StubSampler([busy.pid], tmp_path)
-        time.sleep(1.5)
+        time.sleep(0.8)
         shares = sampler.stop()
     finally:
         busy.kill()
     assert "error" not in shares, shares["error"]
-    assert shares["in_execute"] > 0.3, shares  # 0.97 here: py-spy's start is in the wall
+    assert shares["in_execute"] > 0.3, shares  # 0.90-0.97 here: py-spy's start is in the wall
     assert any(f.startswith("TritonPythonModel.execute (model.py:") for f, _ in shares["inclusive"])
