@@ -15,6 +15,7 @@ bench_kernels.py SUBCOMMAND --help` says what it measures and how.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -698,13 +699,9 @@ def bf16_layer(n: int, k: int) -> Callable:
     return lambda ops, x: ops.bf16_linear(x, packed, None, n)
 
 
-def f32_layer(n: int, k: int) -> Callable:
-    packed = Avx2F32Weight(torch.randn(n, k)).packed  # fp32 values: held in fp32
-    return lambda ops, x: ops.f32_linear(x, packed, None, n)
-
-
-def f32_bf16_layer(n: int, k: int) -> Callable:
-    packed = Avx2F32Weight(torch.randn(n, k).bfloat16()).packed  # a bf16 checkpoint's: in bf16
+def f32_layer(n: int, k: int, weights: torch.dtype = torch.float32) -> Callable:
+    """fp32 values are held in fp32, a bf16 checkpoint's (`weights` bf16) in bf16."""
+    packed = Avx2F32Weight(torch.randn(n, k).to(weights)).packed
     return lambda ops, x: ops.f32_linear(x, packed, None, n)
 
 
@@ -725,7 +722,8 @@ def f32_cases(rows: int) -> dict[str, Callable]:
 
 
 def f32_bf16_cases(rows: int) -> dict[str, Callable]:
-    return gemm_cases("f32_linear bf16-held", BF16_SHAPES, f32_bf16_layer, torch.float32, rows)
+    layer = functools.partial(f32_layer, weights=torch.bfloat16)
+    return gemm_cases("f32_linear bf16-held", BF16_SHAPES, layer, torch.float32, rows)
 
 
 def attention_cases(rows: int) -> dict[str, Callable]:

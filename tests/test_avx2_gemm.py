@@ -250,10 +250,13 @@ def test_a_bf16_model_packs_its_layers_without_widening_them(tmp_path, monkeypat
             pytest.skip(f"this CPU takes {enc.route.gemm.value} ({enc.route.reason})")
         assert enc.route.linear is Linear.FP32_GEMM
         assert packed_from and set(packed_from) == {torch.bfloat16}, packed_from
-        kernels = [m.kernel for m in enc.model.modules() if isinstance(m, _Linear)]
-        assert all(k.packed.dtype == torch.bfloat16 for k in kernels)
+        linears = [m for m in enc.model.modules() if isinstance(m, _Linear)]
+        assert all(m.kernel.packed.dtype == torch.bfloat16 for m in linears)
+        biases = [b for m in linears if (b := getattr(m, "bias", None)) is not None]  # at load
+        assert biases and all(b.dtype == torch.float32 for b in biases)
         unwidened = enc.embed(ids)
-    monkeypatch.setattr(engine, "Avx2F32Weight", None)  # widened first, as for other GEMMs
+    # widened first, as for the other GEMMs
+    monkeypatch.setattr(Avx2F32Weight, "takes_16_bit_weights", False)
     packed_from.clear()
     with Encoder.from_pretrained(ckpt, device="cpu", dtype="bfloat16") as enc:
         assert packed_from and set(packed_from) == {torch.float32}, packed_from

@@ -41,6 +41,9 @@ class Avx2F32Weight(nn.Module):
     `F.linear` in fp32 (16-bit activations, of fp32-held 16-bit weights, widened and rounded
     back, as layers.linear does)."""
 
+    # 16-bit weights go to `pack` as they are (bf16 values stay in bf16): nothing to widen first
+    takes_16_bit_weights = True
+
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.dtype = torch.float32

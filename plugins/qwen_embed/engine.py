@@ -97,7 +97,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     # A rank without the vision tower (_instantiate) leaves its weights unread.
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
     deltas = lora_deltas(spec.model_dir, route.adapter)
-    if not deltas and (route.gemm, route.dtype) == (Gemm.NATIVE_F32, "float32"):
+    if not deltas and route.dtype == "float32" and _takes_16_bit(FLOAT_GEMMS[route.gemm]):
         _linears_as_stored(model, spec.model_dir)
     load_weights(model, spec.model_dir, deltas, skip)
     if route.lora_names:  # before the q|k|v split and repacking, which carry them
@@ -208,13 +208,19 @@ FLOAT_GEMMS = {
 }
 
 
+def _takes_16_bit(kernel: type[nn.Module] | None) -> bool:
+    """A float GEMM that packs 16-bit weights itself (avx2_gemm.Avx2F32Weight), where the
+    others need the fp32 copies linear_weight_dtype asks for."""
+    return getattr(kernel, "takes_16_bit_weights", False)
+
+
 def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
     """The linear layers' weights in the form the route multiplies them in, converted and
     packed a layer at a time: a 16-bit model whose layers a packing GEMM holds for fp32 math
-    (linear_weight_dtype) never holds every layer's fp32 copy at once, and our AVX2 GEMM takes
-    16-bit weights as they are (it keeps bf16 values in bf16: avx2_gemm.pack). The vision
-    tower's take the route's float GEMM as the text model's float layers do, and stay in
-    floats under int8 (its accuracy there is unmeasured)."""
+    (linear_weight_dtype) never holds every layer's fp32 copy at once, and a GEMM that packs
+    16-bit weights itself gets them before the widening, which then reaches the bias alone.
+    The vision tower's take the route's float GEMM as the text model's float layers do, and
+    stay in floats under int8 (its accuracy there is unmeasured)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     if route.linear is Linear.INT8:
@@ -222,11 +228,12 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
             linears.pop(name).repack(Int8Weight)
     kernel = FLOAT_GEMMS[route.gemm]
     weight_dtype = linear_weight_dtype(dtype, device)
-    widen = weight_dtype != dtype and kernel is not Avx2F32Weight
     for module in [*linears.values(), *tower.values()]:
-        if widen:
-            module.to(weight_dtype)
-        if kernel is not None:
+        if _takes_16_bit(kernel):
+            module.repack(kernel)
+        if weight_dtype != dtype:
+            module.to(weight_dtype)  # the weight where not packed yet, and the bias
+        if kernel is not None and module.weight is not None:
             module.repack(kernel)
 
 
