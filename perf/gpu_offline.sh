@@ -10,6 +10,9 @@
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
+#     perf/gpu_offline.sh dry FILE           # here: the command lines of run, vl and every cpu
+#                                            # step, recorded in FILE instead of run (checked
+#                                            # against their scripts by tests/test_perf_scripts.py)
 #
 # `cpu` runs, by default, the comparisons of record one after another in one lane: lanes share
 # the host's caches and memory, and beside another lane a comparison moved by a third or more. LANES
@@ -286,8 +289,32 @@ all)
 	wait $gpu
 	step done
 	;;
+dry)
+	record=$(realpath "${2:?dry FILE}")
+	real=$(command -v python3)
+	out=$(mktemp -d)
+	stubs=$out/bin
+	mkdir "$stubs"
+	# The script's own helpers (python3 -c: the lanes, the CPU's tag) run; every other command
+	# line is recorded as JSON [cwd, arguments...].
+	cat >"$stubs/python3" <<EOF
+#!/bin/bash
+[ "\$1" = -c ] && exec "$real" "\$@"
+exec "$real" -c 'import json, os, sys; print(json.dumps([os.getcwd(), *sys.argv[2:]]), file=open(sys.argv[1], "a"))' "$record" "\$@"
+EOF
+	printf '#!/bin/sh\necho "dry run: no GPU"\n' >"$stubs/nvidia-smi"
+	chmod +x "$stubs/python3" "$stubs/nvidia-smi"
+	export PATH=$stubs:$PATH
+	end=$(($(date +%s) + 600))
+	pin=""
+	gpu_steps
+	gpu_vl_steps
+	LANES=$(declare -F | awk '$3 ~ /^cpu_/ && $3 != "cpu_prepare" && $3 != "cpu_lanes" {print $3}' | xargs)
+	cpu_lanes "0,1"
+	rm -rf "$out"
+	;;
 *)
-	sed -n 2,20p "$0"
+	sed -n 2,23p "$0"
 	exit 2
 	;;
 esac

@@ -1,9 +1,13 @@
 """The benchmarks' own code, at toy sizes (their figures come from `make perf-*`): every
 script under perf/ parses `--help` (its imports and arguments hold), bench_peers' GEMM
 bound, the yardstick of its reports, runs at both routes, float and int8, on this CPU, the
-GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbing, on CPU), and
-bench_serving --spy reads py-spy's stacks as shares of the wall and records a live process."""
+GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbing, on CPU),
+bench_serving --spy reads py-spy's stacks as shares of the wall and records a live process, and
+the GPU script's command lines are all taken by their scripts."""
 
+import argparse
+import importlib.util
+import json
 import os
 import runpy
 import subprocess
@@ -215,3 +219,73 @@ def test_the_stub_sampler_records_a_running_process(perf_imports, tmp_path):
     assert "error" not in shares, shares["error"]
     assert shares["in_execute"] > 0.3, shares  # 0.90-0.97 here: py-spy's start is in the wall
     assert any(f.startswith("TritonPythonModel.execute (model.py:") for f, _ in shares["inclusive"])
+
+
+class _Parsed(Exception):
+    """Raised in place of running a script, once its parser took the command line."""
+
+
+@pytest.mark.server
+def test_the_gpu_script_runs_only_command_lines_its_scripts_take(perf_imports, tmp_path):
+    """perf/gpu_offline.sh dry: every command line of its GPU, Qwen3-VL and CPU steps, recorded
+    instead of run, is taken by its script's own parser (unknown options, values of the wrong
+    type or choice fail), and each pytest selection collects tests: a lent GPU's few minutes are
+    not spent on an option renamed since its last run."""
+    record = tmp_path / "commands.jsonl"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    subprocess.run(
+        ["bash", "perf/gpu_offline.sh", "dry", str(record)],
+        cwd=PERF.parent,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    commands = [json.loads(line) for line in record.read_text().splitlines()]
+    scripts = {Path(argv[0]).name for _, *argv in commands if argv[0].endswith(".py")}
+    assert {"bench_engine.py", "bench_serving.py", "profile_engine.py"} <= scripts, scripts
+    collections = []
+    for cwd, *argv in commands:
+        if argv[:2] == ["-m", "pytest"]:
+            collections.append(
+                subprocess.Popen(
+                    [sys.executable, *argv, "--collect-only"],
+                    cwd=cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        else:
+            _parse_only(cwd, argv)
+    for collection in collections:
+        out = collection.communicate(timeout=300)[0]
+        assert collection.returncode == 0, f"{collection.args}: {out[-2000:]}"
+
+
+def _parse_only(cwd: str, argv: list[str]) -> None:
+    """`python3 argv...` run from `cwd` up to its parser's answer: _Parsed where it took the
+    arguments; a module without a parser must be given none."""
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_args(parser, args=None, namespace=None):
+        real(parser, args, namespace)
+        raise _Parsed
+
+    where = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+            if argv[0] == "-m":
+                spec = importlib.util.find_spec(argv[1])
+                assert spec is not None, argv
+                if "argparse" not in Path(spec.origin).read_text():
+                    assert argv[2:] == [], f"{argv[1]} takes no arguments: {argv}"
+                    return
+                argv = [spec.origin, *argv[2:]]
+            patch.setattr(sys, "argv", argv)
+            with pytest.raises(_Parsed):
+                runpy.run_path(argv[0], run_name="__main__")
+    finally:
+        os.chdir(where)
