@@ -244,23 +244,30 @@ def test_the_gpu_script_runs_only_command_lines_its_scripts_take(perf_imports, t
     commands = [json.loads(line) for line in record.read_text().splitlines()]
     scripts = {Path(argv[0]).name for _, *argv in commands if argv[0].endswith(".py")}
     assert {"bench_engine.py", "bench_serving.py", "profile_engine.py"} <= scripts, scripts
-    collections = []
+    selections = [argv[2:] for _, *argv in commands if argv[:2] == ["-m", "pytest"]]
+    assert {cwd for cwd, *argv in commands if argv[:2] == ["-m", "pytest"]} == {str(PERF.parent)}
+    collect = subprocess.Popen(  # one process: the imports behind every selection made once
+        [sys.executable, "-c", _COLLECT, json.dumps(selections)],
+        cwd=PERF.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for cwd, *argv in commands:
-        if argv[:2] == ["-m", "pytest"]:
-            collections.append(
-                subprocess.Popen(
-                    [sys.executable, *argv, "--collect-only"],
-                    cwd=cwd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        else:
+        if argv[:2] != ["-m", "pytest"]:
             _parse_only(cwd, argv)
-    for collection in collections:
-        out = collection.communicate(timeout=300)[0]
-        assert collection.returncode == 0, f"{collection.args}: {out[-2000:]}"
+    out = collect.communicate(timeout=300)[0]
+    codes = json.loads(out.splitlines()[-1])
+    failed = [" ".join(s) for s, code in zip(selections, codes, strict=True) if code]
+    assert not failed, f"pytest selections that collect nothing or fail: {failed}"
+
+
+# Each pytest selection (a JSON list of argument lists) collected in turn; the exit codes last.
+_COLLECT = """
+import json, sys, pytest
+codes = [int(pytest.main(args + ["--collect-only"])) for args in json.loads(sys.argv[1])]
+print(json.dumps(codes))
+"""
 
 
 def _parse_only(cwd: str, argv: list[str]) -> None:
