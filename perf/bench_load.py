@@ -36,6 +36,7 @@ from harness import (
     markdown_table,
     new_record,
     run_subcommands,
+    start_gateway,
     triton_sender,
     write_report,
 )
@@ -45,7 +46,7 @@ from qwen_embed_client import EmbeddingClient
 from qwen_embed_deploy.demo import build_demo_model
 from qwen_embed_deploy.placement import read_topology
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, free_port
+from qwen_embed_deploy.triton import TritonServer
 
 from bench_peers import reference_vectors
 from workload import WORDS, make_texts
@@ -295,21 +296,12 @@ class Gateway:
     """A gateway process in front of `server` with its own Batch API state."""
 
     def __init__(self, server: TritonServer, texts_in_flight: int, state: str):
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", server.grpc_url]
-            + ["--port", str(self.port), "--rerank-model-name", "", "--batch-dir", state]
-            + ["--batch-texts-in-flight", str(texts_in_flight)]
+        self.process, port = start_gateway(
+            server.grpc_url,
+            *("--rerank-model-name", "", "--batch-dir", state),
+            *("--batch-texts-in-flight", str(texts_in_flight)),
         )
-        self.api = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.api.models.list()
-                return
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline and self.process.poll() is None
-                time.sleep(0.3)
+        self.api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 
     def stop(self) -> None:
         self.process.terminate()

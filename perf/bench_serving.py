@@ -1,6 +1,6 @@
 """End-to-end throughput of the `embed` ensemble on a real tritonserver vs the engine alone.
 
-    python perf/bench_serving.py [--concurrency 1 16 64] [--seconds 20] [--direct]
+    python perf/bench_serving.py [--concurrency 1 16 64] [--seconds 20] [--direct | --gateway]
 
 Texts (seeded): 80% of 16-64 words and 20% of 256-1024 words drawn from common English words
 that are one Qwen token each, so a text of N words is about N + 1 tokens. Each request carries
@@ -19,12 +19,14 @@ Python stacks while each level runs (without pausing them): the share of the wal
 functions was on the stack (inclusive) and the frames the samples ended in (self), where the
 time outside the engine's forward goes. With --direct the requests carry token ids
 (TOKEN_IDS) straight to the `encoder` model, as a client that tokenizes for itself sends them:
-no tokenizer step.
+no tokenizer step. With --gateway they are OpenAI embeddings requests (JSON, float vectors) to
+the HTTP gateway in front of the server, whose process's cores the table adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +48,8 @@ from harness import (
     fmt,
     markdown_table,
     new_record,
+    openai_sender,
+    start_gateway,
     triton_sender,
     write_report,
 )
@@ -87,10 +91,13 @@ def model_times(server: TritonServer) -> dict[str, tuple[int, int, int, float]]:
     return times
 
 
-def cpu_seconds(server: TritonServer) -> dict[str, float]:
-    """CPU seconds so far of the server's processes, by role, and of the clients (this one)."""
+def cpu_seconds(server: TritonServer, gateway: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of the server's processes, by role, of the clients (this one) and of
+    the `gateway` process where there is one."""
     server_pid = server.status()["server_pid"]
     roles = {"tritonserver": [server_pid], "clients": [os.getpid()]}
+    if gateway is not None:
+        roles["gateway"] = [gateway]
     for pid, model in stub_processes(server_pid).items():
         roles.setdefault(model, []).append(pid)
     return {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
@@ -104,15 +111,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def time_split(server: TritonServer, run) -> tuple[dict, dict]:
+def time_split(server: TritonServer, run, gateway: int | None = None) -> tuple[dict, dict]:
     """run()'s result and where its wall time went: shares in encoder calls and executes, the
     cores each role kept busy, and per model the ms a request spent in it (and queued)."""
-    start, cpu = time.perf_counter(), cpu_seconds(server)
+    start, cpu = time.perf_counter(), cpu_seconds(server, gateway)
     calls, before = server.metric(ENCODE_SECONDS), model_times(server)
     result = run()
     wall = time.perf_counter() - start
     calls = server.metric(ENCODE_SECONDS) - calls
-    cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in cpu_seconds(server).items()}
+    now = cpu_seconds(server, gateway)
+    cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in now.items()}
     spent = {
         name: [b - a for a, b in zip(before.get(name, (0, 0, 0, 0)), now, strict=True)]
         for name, now in model_times(server).items()
@@ -260,8 +268,12 @@ def main() -> None:
         "tokenizers scaled to the CPUs)",
     )
     p.add_argument("--gpu-instances", type=int, default=1, help="encoder instances per GPU")
-    p.add_argument(
+    path = p.add_mutually_exclusive_group()
+    path.add_argument(
         "--direct", action="store_true", help="token ids straight to `encoder` (no tokenizer)"
+    )
+    path.add_argument(
+        "--gateway", action="store_true", help="OpenAI embeddings requests through the gateway"
     )
     p.add_argument(
         "--spy", action="store_true", help="sample the encoder stubs' stacks with py-spy"
@@ -304,11 +316,17 @@ def main() -> None:
         encoder_instances=groups[0],
         tokenizer_instances=groups[1],
     )
-    with TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server:
+    with (
+        TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server,
+        gateway_in_front(server, args.gateway) as gateway,
+    ):
         if args.direct:
             make = encoder_sender(server.grpc_url, ids)
+        elif gateway is not None:
+            make = openai_sender(gateway[1], "/v1/embeddings", "embed", texts)
         else:
             make = triton_sender(server.grpc_url, texts)
+        gateway_pid = gateway[0].pid if gateway else None
         drive(make, counts, check, clients=4, per_request=per_request, seconds=0, max_requests=8)
         stubs = stub_processes(server.status()["server_pid"]).items()
         encoders = [pid for pid, model in stubs if model == "encoder"]
@@ -320,6 +338,7 @@ def main() -> None:
                 lambda c=c: drive(
                     make, counts, check, clients=c, per_request=per_request, seconds=args.seconds
                 ),
+                gateway_pid,
             )
             requests, runs = (a - b for a, b in zip(executes(server), before, strict=True))
             rows.append(
@@ -342,6 +361,7 @@ def main() -> None:
         tokenizer_instances=groups[1],
         device=device,
         direct=args.direct,
+        gateway=args.gateway,
         levels=rows,
         engine_alone=engine,
     )
@@ -349,7 +369,8 @@ def main() -> None:
         f"model: {args.model_dir}, encoder parameters {params or 'as shipped'}, instance "
         f"groups: encoder {groups[0] or 'as shipped'}, tokenizer {groups[1] or 'as shipped'}, "
         f"{per_request} texts per request"
-        f"{' of token ids straight to `encoder`' if args.direct else ''}, "
+        f"{' of token ids straight to `encoder`' if args.direct else ''}"
+        f"{' as OpenAI embeddings requests to the gateway' if args.gateway else ''}, "
         f"{args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]
@@ -364,7 +385,7 @@ def main() -> None:
         "min cosine",
         "requests per encoder execute",
         "wall in encoder calls / executes",
-        "cores: encoder / tokenizer / tritonserver / clients",
+        f"cores: {' / '.join(roles(args.gateway))}",
         "ms per request in embed / tokenizer / encoder (queued)",
     ]
     table = markdown_table(
@@ -381,7 +402,7 @@ def main() -> None:
                 fmt(r["min_check"], ".5f"),
                 f"{r['requests_per_execute']:.1f}",
                 f"{r['calls_share']:.0%} / {r['executes_share']:.0%}",
-                cores(r["cores"]),
+                " / ".join(f"{r['cores'].get(role, 0.0):.2f}" for role in roles(args.gateway)),
                 in_models(r["server_ms"]),
             ]
             for r in rows
@@ -394,8 +415,10 @@ def main() -> None:
         f"end to end at {top['concurrency']} clients = {ratio:.2f}x the engine.",
         *spy_tables(rows),
     ]
-    path = "`encoder` model, token ids" if args.direct else "`embed` ensemble"
-    title = f"End to end through Triton ({path}, gRPC) vs the engine alone"
+    path = "`encoder` model, token ids, gRPC" if args.direct else "`embed` ensemble, gRPC"
+    if args.gateway:
+        path = "the gateway's /v1/embeddings, then the `embed` ensemble"
+    title = f"End to end through Triton ({path}) vs the engine alone"
     write_report(args.out, record, title, notes, table)
 
 
@@ -408,9 +431,23 @@ def in_models(server_ms: dict[str, dict[str, float]]) -> str:
     return " / ".join(cells)
 
 
-def cores(used: dict[str, float]) -> str:
-    roles = ("encoder", "tokenizer", "tritonserver", "clients")
-    return " / ".join(f"{used.get(role, 0.0):.2f}" for role in roles)
+def roles(gateway: bool) -> tuple[str, ...]:
+    """The processes whose cores a level's row gives."""
+    return ("encoder", "tokenizer", "tritonserver", *(("gateway",) * gateway), "clients")
+
+
+@contextlib.contextmanager
+def gateway_in_front(server: TritonServer, wanted: bool):
+    """(process, port) of a gateway in front of `server` while the block runs, where wanted."""
+    if not wanted:
+        yield None
+        return
+    process, port = start_gateway(server.grpc_url, "--rerank-model-name", "")
+    try:
+        yield process, port
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 if __name__ == "__main__":

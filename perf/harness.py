@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -253,6 +254,28 @@ def drive(
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
     }
+
+
+def start_gateway(grpc_url: str, *args: str) -> tuple[subprocess.Popen, int]:
+    """The HTTP gateway as its own process in front of Triton's gRPC `grpc_url`, as the
+    launcher runs it (`args`: its options), once its /health answers: (process, port)."""
+    from qwen_embed_deploy.triton import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", grpc_url]
+        + ["--port", str(port), *args]
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return process, port
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"the gateway did not come up on port {port}") from None
+            time.sleep(0.3)
 
 
 def triton_sender(url: str, texts: list[str], model: str = "embed", **parameters):

@@ -35,7 +35,7 @@ from ..bulk import Shards, write_atomic
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
 from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
-from .state import gateway
+from .state import dumps, gateway
 
 log = logging.getLogger("qwen_embed.batches")
 router = APIRouter(tags=["openai"])
@@ -132,7 +132,7 @@ class BatchRunner:
             answers = await self._answer_shard(batch, lines)
             if answers is None:  # cancelled or expired while the servers were away
                 return
-            text = "".join(json.dumps(a) + "\n" for a in answers)
+            text = "".join(dumps(a).decode() + "\n" for a in answers)
             write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
             self._count(batch["id"], answers)
         current = self.store.batch(batch["id"], None)
@@ -216,7 +216,7 @@ class BatchRunner:
             for path in self._shard_files(batch["id"]):  # one shard in memory at a time
                 for answer in _read_answers(path):
                     name = "output" if _succeeded(answer) else "error"
-                    (ok if name == "output" else failed).write(json.dumps(answer) + "\n")
+                    (ok if name == "output" else failed).write(dumps(answer).decode() + "\n")
                     written[name] += 1
         owner = self.store.owner_of(batch["id"])
         for name, tmp in temps.items():

@@ -191,7 +191,8 @@ _E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
 
 @dataclass(frozen=True)
 class Encoding:
-    """How a vector goes into JSON: "float", a list of numbers, or "base64", its bytes: a
+    """How a vector goes into JSON: "float", its numbers (the array, state.dumps writes it), or
+    "base64", its bytes: a
     float vector cast to `dtype` (rounded to nearest even, as torch casts), the compact
     types' codes as they are, in the byte order `byteorder` ("little" or "big"); or "bytes",
     those bytes as they are (vLLM's binary responses)."""
@@ -202,7 +203,7 @@ class Encoding:
 
     def __call__(self, vector: np.ndarray):
         if self.format == "float":
-            return vector.tolist()
+            return vector
         if vector.dtype == np.float32 and self.dtype != "float32":
             if self.dtype == "fp8_e4m3":
                 vector = np.clip(vector, -_E4M3_MAX, _E4M3_MAX)

@@ -83,7 +83,7 @@ async def embed_route(request: Request):
     result = await embed(gw, texts, options, ["float"], "input")
     body = {
         "model": asked.model,
-        "embeddings": [v.tolist() for v in result.embeddings],
+        "embeddings": result.embeddings,
         "total_duration": time.monotonic_ns() - start,
         "load_duration": 0,
         "prompt_eval_count": result.total_tokens,
@@ -100,7 +100,7 @@ async def embeddings_route(request: Request):
         return {"embedding": []}
     options = _options(asked.options, normalize=False, adapter=adapter)
     result = await embed(gw, [asked.prompt], options, ["float"], "prompt")
-    body = {"embedding": result.embeddings[0].tolist()}
+    body = {"embedding": result.embeddings[0]}
     return await respond(gw, body, adapter=adapter)
 
 

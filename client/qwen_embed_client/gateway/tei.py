@@ -183,7 +183,7 @@ async def embed_route(request: Request):
         "x-tokens": _int_list(result.token_counts),
         "x-input-tokens": _int_list(result.input_tokens),
     }
-    return await respond(gw, result.embeddings.tolist(), headers)
+    return await respond(gw, result.embeddings, headers)
 
 
 @router.post("/embed_all")
@@ -193,7 +193,7 @@ async def embed_all_route(request: Request):
     options = asked.options(normalize=False, per_token=True)
     vectors = await embed_tokens(gw, asked.inputs, options, "inputs")
     headers = {"x-tokens": _int_list(len(v) for v in vectors)}
-    return await respond(gw, [v.tolist() for v in vectors], headers)
+    return await respond(gw, list(vectors), headers)
 
 
 @router.post("/predict")
