@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -49,29 +49,41 @@ class GatewayMetrics:
 
     def install(self, app: FastAPI) -> None:
         """Count every request but scrapes and probes; serve GET /metrics."""
-
-        async def measure(request: Request, call_next):
-            if request.url.path in UNCOUNTED:
-                return await call_next(request)
-            start = time.perf_counter()
-            self.in_flight.inc()
-            status = 500  # an exception no handler answered
-            try:
-                response = await call_next(request)
-                status = response.status_code
-                return response
-            finally:
-                self.in_flight.dec()
-                # the template, not the path: a path per model id or batch id would make a
-                # series per value
-                route = request.scope.get("route")
-                template = getattr(route, "path", "unmatched")
-                api = (getattr(route, "tags", None) or ["none"])[0]
-                self.requests.labels(template, api, str(status)).inc()
-                self.seconds.labels(template).observe(time.perf_counter() - start)
-
-        app.middleware("http")(measure)
+        app.add_middleware(_Measured, metrics=self)
 
         @app.get("/metrics", include_in_schema=False)
         async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _Measured:
+    """GatewayMetrics' count and time of each request, as plain ASGI middleware (Starlette's
+    BaseHTTPMiddleware, behind app.middleware("http"), streams every response through a task
+    group of its own: a tenth of the gateway's CPU per request)."""
+
+    def __init__(self, app, metrics: GatewayMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED:
+            return await self.app(scope, receive, send)
+        m, start, status = self.metrics, time.perf_counter(), 500  # 500: no handler answered
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        m.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            m.in_flight.dec()
+            # the template, not the path: a path per model id or batch id would make a series
+            # per value
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            api = (getattr(route, "tags", None) or ["none"])[0]
+            m.requests.labels(template, api, str(status)).inc()
+            m.seconds.labels(template).observe(time.perf_counter() - start)
