@@ -119,8 +119,8 @@ def time_split(server: TritonServer, run, gateway: int | None = None) -> tuple[d
     result = run()
     wall = time.perf_counter() - start
     calls = server.metric(ENCODE_SECONDS) - calls
-    now = cpu_seconds(server, gateway)
-    cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in now.items()}
+    cpu_now = cpu_seconds(server, gateway)
+    cores = {role: (used - cpu.get(role, 0.0)) / wall for role, used in cpu_now.items()}
     spent = {
         name: [b - a for a, b in zip(before.get(name, (0, 0, 0, 0)), now, strict=True)]
         for name, now in model_times(server).items()
@@ -433,7 +433,9 @@ def in_models(server_ms: dict[str, dict[str, float]]) -> str:
 
 def roles(gateway: bool) -> tuple[str, ...]:
     """The processes whose cores a level's row gives."""
-    return ("encoder", "tokenizer", "tritonserver", *(("gateway",) * gateway), "clients")
+    return (
+        ("encoder", "tokenizer", "tritonserver") + (("gateway",) if gateway else ()) + ("clients",)
+    )
 
 
 @contextlib.contextmanager

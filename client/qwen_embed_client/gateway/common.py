@@ -191,11 +191,10 @@ _E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
 
 @dataclass(frozen=True)
 class Encoding:
-    """How a vector goes into JSON: "float", its numbers (the array, state.dumps writes it), or
-    "base64", its bytes: a
-    float vector cast to `dtype` (rounded to nearest even, as torch casts), the compact
-    types' codes as they are, in the byte order `byteorder` ("little" or "big"); or "bytes",
-    those bytes as they are (vLLM's binary responses)."""
+    """How a vector goes into JSON: "float", its numbers (the array as it is: state.dumps
+    writes it), or "base64", its bytes: a float vector cast to `dtype` (rounded to nearest
+    even, as torch casts), the compact types' codes as they are, in the byte order `byteorder`
+    ("little" or "big"); or "bytes", those bytes as they are (vLLM's binary responses)."""
 
     format: str = "float"
     dtype: str = "float32"

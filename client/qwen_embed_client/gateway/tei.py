@@ -193,7 +193,7 @@ async def embed_all_route(request: Request):
     options = asked.options(normalize=False, per_token=True)
     vectors = await embed_tokens(gw, asked.inputs, options, "inputs")
     headers = {"x-tokens": _int_list(len(v) for v in vectors)}
-    return await respond(gw, list(vectors), headers)
+    return await respond(gw, vectors, headers)
 
 
 @router.post("/predict")
