@@ -5,7 +5,9 @@ contract. The routes themselves, against a real server: test_gateway.py, test_dr
 import asyncio
 import base64
 import functools
+import json
 import math
+import re
 import typing
 
 import numpy as np
@@ -20,7 +22,8 @@ from qwen_embed_client.contract import (
 )
 from qwen_embed_client.gateway import cohere, jina, media, nim, ollama, openai, score, tei
 from qwen_embed_client.gateway.common import Encoding, log_odds, prompt_options
-from qwen_embed_client.gateway.errors import EMPTY, INVALID, APIError
+from qwen_embed_client.gateway.errors import BACKEND, EMPTY, INVALID, APIError
+from qwen_embed_client.gateway.state import check_finite, dumps
 
 EMBED = ("embed",)
 
@@ -268,6 +271,34 @@ def test_vllm_embed_dtype_bytes_are_torchs_cast(embed_dtype, like, endianness):
     # a compact type's codes go out as they are
     codes = np.arange(-3, 4, dtype=np.int8)
     assert base64.b64decode(Encoding("base64", "float16")(codes)) == codes.tobytes()
+
+
+def test_a_body_is_written_with_each_float32_value_as_it_is():
+    """state.dumps: a float vector's values in their shortest text (no float32 needs more
+    than 9 significant digits), read back as float32 bit for bit; codes as integers, arrays
+    in a body's lists and dicts, views that are not contiguous too. A body with NaN or
+    infinity in a float array is refused (check_finite), where JSON would write null."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3, 1024)).astype(np.float32)
+    vectors[0, :4] = [1e-30, 3.4028235e38, -0.0, 1.0]
+    codes = np.arange(-3, 4, dtype=np.int8)
+    body = {"data": [{"embedding": v} for v in vectors], "codes": codes, "odd": vectors[:, ::2]}
+    check_finite(body)
+    text = dumps(body)
+    read = json.loads(text)
+    got = np.array([d["embedding"] for d in read["data"]], np.float32)
+    assert np.array_equal(got.view(np.int32), vectors.view(np.int32))
+    assert np.array_equal(np.array(read["odd"], np.float32), vectors[:, ::2])
+    assert read["codes"] == codes.tolist()
+    mantissas = re.findall(rb"([0-9.]+)(?:e[-+]?[0-9]+)?", text)
+    assert max(len(m.replace(b".", b"").lstrip(b"0")) for m in mantissas) <= 9  # digits
+    for bad in (np.nan, np.inf):
+        broken = vectors.copy()
+        broken[2, 7] = bad
+        with pytest.raises(APIError) as e:
+            check_finite({"data": [{"embedding": v} for v in broken]})
+        assert e.value.kind == BACKEND and "NaN or infinity" in e.value.message
+    check_finite({"codes": codes, "scores": [0.5, 1.0]})  # integers and Python floats pass
 
 
 def test_nim_ranking_body():

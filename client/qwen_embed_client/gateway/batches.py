@@ -35,7 +35,7 @@ from ..bulk import Shards, write_atomic
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
 from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
-from .state import dumps, gateway
+from .state import check_finite, dumps, gateway
 
 log = logging.getLogger("qwen_embed.batches")
 router = APIRouter(tags=["openai"])
@@ -199,6 +199,7 @@ class BatchRunner:
         try:
             if endpoint == "/v1/embeddings":
                 answer, status = await openai.embeddings_body(self.gw, body), 200
+                check_finite(answer)
             else:
                 answer, status = await openai.rerank_response(self.gw, body), 200
         except APIError as e:

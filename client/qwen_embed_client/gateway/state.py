@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..client import AsyncEmbeddingClient
-from .errors import UNAUTHORIZED, APIError
+from .errors import BACKEND, UNAUTHORIZED, APIError
 
 # A JSON body's limit: room for a request of images at the contract's size per image
 # (MAX_IMAGE_BYTES, base64 in a data URL).
@@ -85,6 +85,20 @@ def dumps(body) -> bytes:
     )
 
 
+def check_finite(body) -> None:
+    """A body whose float arrays hold NaN or infinity (a model that overflowed: fp16 on a GPU
+    without bf16) is refused with that said, where JSON would carry nulls in their place."""
+    if isinstance(body, np.ndarray):
+        if body.dtype.kind == "f" and not np.isfinite(body).all():
+            raise APIError(BACKEND, "the model's output holds NaN or infinity")
+    elif isinstance(body, dict):
+        for value in body.values():
+            check_finite(value)
+    elif isinstance(body, list | tuple):
+        for value in body:
+            check_finite(value)
+
+
 def _plain(value):
     """What orjson leaves to us: arrays that are not C-contiguous (a copy that is)."""
     if isinstance(value, np.ndarray):
@@ -104,6 +118,7 @@ async def respond(
 ) -> JSONResponse:
     """An embedding response, with the model fingerprint header when the model publishes one
     (with the request's `adapter`, that adapter's)."""
+    check_finite(body)
     return VectorResponse(body, headers=await _with_fingerprint(gw, headers, adapter))
 
 
