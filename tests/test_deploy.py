@@ -1,12 +1,10 @@
 """The deployment files, checked without a Docker engine or a cluster: the Dockerfile linted
 (hadolint) and consistent with the repository, compose and Kubernetes manifests valid."""
 
-import ast
 import re
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import kubernetes_validate
@@ -94,57 +92,3 @@ def test_manifests_fit_together():
     assert grace > 30  # longer than the launcher's default --exit-timeout-secs
     metric = docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric in docs["ConfigMap"]["data"]["config.yaml"]
-
-
-def test_the_image_has_what_the_gateway_imports():
-    """Every package the gateway's modules import (python -m qwen_embed_client.gateway, their
-    imports within qwen_embed_client followed) is pinned in docker/requirements-gpu.txt, or is
-    FastAPI's own: the image installs the client with --no-deps."""
-    pins = (DOCKER / "requirements-gpu.txt").read_text().splitlines()
-    pinned = {_dist(re.split(r"[\[=<>]", line)[0]) for line in pins if line and line[0] != "#"}
-    owners = metadata.packages_distributions()
-    imported = _third_party_imports("qwen_embed_client.gateway.__main__") - FASTAPI_S
-    dists = {module: {_dist(d) for d in owners.get(module, [module])} for module in imported}
-    missing = sorted(module for module in imported if not dists[module] & pinned)
-    assert not missing, f"imported by the gateway, absent from the image: {missing}"
-
-
-# What FastAPI itself depends on, so the image has it with FastAPI's pin.
-FASTAPI_S = {"pydantic", "pydantic_core", "starlette"}
-
-
-def _dist(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _third_party_imports(start: str) -> set[str]:
-    """The top-level names of what `start` and the qwen_embed_client modules it reaches import
-    at module level from outside the standard library."""
-    root, seen, found, todo = REPO / "client", set(), set(), [start]
-    while todo:
-        name = todo.pop()
-        path = root / (name.replace(".", "/") + ".py")
-        if name in seen or not path.is_file():
-            path = root / name.replace(".", "/") / "__init__.py"
-            if name in seen or not path.is_file():
-                continue
-        seen.add(name)
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level:
-                base = package.rsplit(".", node.level - 1)[0]
-                base = f"{base}.{node.module}" if node.module else base
-                modules = [base] + [f"{base}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module]
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                if top == "qwen_embed_client":
-                    todo.append(module)
-                elif top not in sys.stdlib_module_names and top != "__future__":
-                    found.add(top)
-    return found

@@ -3,8 +3,10 @@ the adapter and tooling beside it (qwen_embed_deploy) or anything that installs 
 the processes beside the encoder never import torch."""
 
 import ast
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,8 @@ def module_name(path: Path, package: str, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_imports() -> dict[str, set[str]]:
-    """module -> the project modules it imports at module level (not inside functions)."""
+def all_imports() -> dict[str, set[str]]:
+    """project module -> every module it imports at module level (not inside functions)."""
     graph = {}
     for package, root in PACKAGES.items():
         for path in root.rglob("*.py"):
@@ -48,6 +50,12 @@ def module_imports() -> dict[str, set[str]]:
                     found.add(target)
                     found |= {f"{target}.{a.name}" for a in node.names}
             graph[name] = found
+    return graph
+
+
+def module_imports() -> dict[str, set[str]]:
+    """module -> the project modules it imports at module level."""
+    graph = all_imports()
     return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
 
 
@@ -113,3 +121,33 @@ def test_the_processes_beside_the_encoder_import_no_torch(process):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+# What FastAPI itself depends on, so the image has it with FastAPI's pin.
+FASTAPI_S = {"pydantic", "pydantic_core", "starlette"}
+
+
+def test_the_image_has_what_the_gateway_imports():
+    """Every package the gateway's modules import (python -m qwen_embed_client.gateway, their
+    imports within the project followed) is pinned in docker/requirements-gpu.txt, or is
+    FastAPI's own: the image installs the client with --no-deps."""
+    graph = all_imports()
+    seen, third_party, todo = set(), set(), ["qwen_embed_client.gateway.__main__"]
+    while todo:
+        module = todo.pop()
+        if module in graph and module not in seen:
+            seen.add(module)
+            todo += graph[module]
+        elif module not in graph and module.split(".")[0] not in PACKAGES:
+            third_party.add(module.split(".")[0])
+    imported = third_party - set(sys.stdlib_module_names) - {"__future__"} - FASTAPI_S
+    assert {"fastapi", "numpy", "orjson", "tritonclient"} <= imported, imported
+    pins = (REPO / "docker" / "requirements-gpu.txt").read_text().splitlines()
+    pinned = {_dist(re.split(r"[\[=<>]", line)[0]) for line in pins if line and line[0] != "#"}
+    owners = metadata.packages_distributions()
+    missing = sorted(m for m in imported if not {_dist(d) for d in owners.get(m, [m])} & pinned)
+    assert not missing, f"imported by the gateway, absent from the image: {missing}"
+
+
+def _dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

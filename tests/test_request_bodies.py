@@ -23,7 +23,7 @@ from qwen_embed_client.contract import (
 from qwen_embed_client.gateway import cohere, jina, media, nim, ollama, openai, score, tei
 from qwen_embed_client.gateway.common import Encoding, log_odds, prompt_options
 from qwen_embed_client.gateway.errors import BACKEND, EMPTY, INVALID, APIError
-from qwen_embed_client.gateway.state import check_finite, dumps
+from qwen_embed_client.gateway.state import VectorResponse, check_finite, dumps
 
 EMBED = ("embed",)
 
@@ -298,6 +298,9 @@ def test_a_body_is_written_with_each_float32_value_as_it_is():
         with pytest.raises(APIError) as e:
             check_finite({"data": [{"embedding": v} for v in broken]})
         assert e.value.kind == BACKEND and "NaN or infinity" in e.value.message
+        with pytest.raises(APIError):  # a response's rendering, where the null shows
+            VectorResponse({"data": [{"embedding": v} for v in broken]})
+    assert VectorResponse({"code": None, "v": vectors[0]}).status_code == 200  # a real null
     check_finite({"codes": codes, "scores": [0.5, 1.0]})  # integers and Python floats pass
 
 

@@ -107,10 +107,14 @@ def _plain(value):
 
 
 class VectorResponse(JSONResponse):
-    """A JSON response rendered by `dumps`."""
+    """A JSON response rendered by `dumps`, refused where that wrote a NaN or an infinity as
+    null (check_finite walks the body only where the text holds a null)."""
 
     def render(self, content) -> bytes:
-        return dumps(content)
+        text = dumps(content)
+        if b"null" in text:
+            check_finite(content)
+        return text
 
 
 async def respond(
@@ -118,7 +122,6 @@ async def respond(
 ) -> JSONResponse:
     """An embedding response, with the model fingerprint header when the model publishes one
     (with the request's `adapter`, that adapter's)."""
-    check_finite(body)
     return VectorResponse(body, headers=await _with_fingerprint(gw, headers, adapter))
 
 
