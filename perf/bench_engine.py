@@ -14,7 +14,8 @@ attention on left-padded batches of 32 in input order and takes the last positio
 (longest first) in batches of each `--sorted-batch-sizes`. The engine gets the whole list at
 once. All must agree (cosine) so the comparison is of equal work. On a GPU the run also times
 the model's linear layers alone (F.linear: cuBLAS) at the engine's batch rows, the bound the
-engine's tokens/s is a fraction of.
+engine's tokens/s is a fraction of (`--quantization fp8`: the fp8 route's layers on
+torch._scaled_mm, v and o on F.linear).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder, ModelConfig
+from qwen_embed.settings import QUANTIZATIONS
 from qwen_embed_deploy.demo import ENDOFTEXT_ID
 
 WORKLOADS = ("mixed", "uniform", "short", "long")
@@ -92,13 +94,21 @@ def sorted_embed(model, seqs: list[list[int]], batch_size: int) -> np.ndarray:
     return out
 
 
-def linear_bound(config: ModelConfig, rows: int, dtype: torch.dtype, device, reps: int) -> float:
+def linear_bound(
+    config: ModelConfig, rows: int, dtype: torch.dtype, device, reps: int, fp8: bool = False
+) -> float:
     """Tokens/s of the model's linear layers alone at `rows` rows: every layer's q|k|v, o,
-    gate|up and down, random weights, F.linear (cuBLAS on a GPU)."""
+    gate|up and down, random weights, F.linear (cuBLAS on a GPU); `fp8`: the fp8 route's, q|k,
+    gate|up and down on torch._scaled_mm, v and o on F.linear."""
     h, d = config.hidden_size, config.head_dim
     q, kv, inter = config.num_heads * d, config.num_kv_heads * d, config.intermediate_size
-    shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
-    return rows / linear_seconds(shapes, config.num_layers, rows, dtype, device, reps)
+    if not fp8:
+        shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+        return rows / linear_seconds(shapes, config.num_layers, rows, dtype, device, reps)
+    seconds = linear_seconds([(kv, h), (h, q)], config.num_layers, rows, dtype, device, reps)
+    fp8_shapes = [(q + kv, h), (2 * inter, h), (h, inter)]
+    seconds += linear_seconds(fp8_shapes, config.num_layers, rows, dtype, device, reps, fp8=True)
+    return rows / seconds
 
 
 def vision_linear_bound(vision, rows: int, dtype: torch.dtype, device, reps: int) -> float:
@@ -108,16 +118,29 @@ def vision_linear_bound(vision, rows: int, dtype: torch.dtype, device, reps: int
     return rows / linear_seconds(shapes, vision.depth, rows, dtype, device, reps)
 
 
-def linear_seconds(shapes, layers: int, rows: int, dtype: torch.dtype, device, reps: int) -> float:
+def linear_seconds(
+    shapes, layers: int, rows: int, dtype: torch.dtype, device, reps: int, fp8: bool = False
+) -> float:
     """Seconds of `layers` rounds of F.linear over `rows` rows with weights of `shapes` (out,
-    in), random, on a GPU: best of `reps`."""
+    in), random, on a GPU: best of `reps`; `fp8`: e4m3 codes on torch._scaled_mm, a scale per
+    row and per channel, out in `dtype`."""
     weights = [torch.randn(n, k, dtype=dtype, device=device) / k**0.5 for n, k in shapes]
     inputs = {k: torch.randn(rows, k, dtype=dtype, device=device) for _, k in shapes}
+    product = F.linear
+    if fp8:
+        weights = [w.to(torch.float8_e4m3fn) for w in weights]
+        inputs = {k: x.to(torch.float8_e4m3fn) for k, x in inputs.items()}
+        row_scale = torch.ones(rows, 1, device=device)
+        channel_scales = {n: torch.ones(1, n, device=device) for n, _ in shapes}
+
+        def product(x, w):
+            scale_b = channel_scales[w.shape[0]]
+            return torch._scaled_mm(x, w.t(), scale_a=row_scale, scale_b=scale_b, out_dtype=dtype)
 
     def run() -> None:
         for _ in range(layers):
             for w in weights:
-                F.linear(inputs[w.shape[1]], w)
+                product(inputs[w.shape[1]], w)
         torch.cuda.synchronize(device)
 
     run()
@@ -378,7 +401,9 @@ def main() -> None:
     p.add_argument("--uniform-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--sorted-batch-sizes", type=int, nargs="*", default=[32, 256])
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--transformers-reps", type=int, help="default: --reps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "engine_vs_transformers"))
     p.add_argument(
@@ -410,11 +435,13 @@ def main() -> None:
         dtype=args.dtype,
         device=args.device,
         attn_backend=args.attn_backend,
+        quantization=args.quantization,
         **graphs,
     )
     reference = transformers_model(args.model_dir, dtype).to(args.device)
     config = ModelConfig.from_dir(args.model_dir)
     gpu = encoder.device.type == "cuda"
+    fp8 = args.quantization == "fp8"
     rows = []
     for kind in args.workloads:
         n = getattr(args, f"{kind}_texts")
@@ -426,7 +453,8 @@ def main() -> None:
         transformers_embed(reference, seqs[:4], args.batch_size)
         engine_s, ours = timed(lambda s=seqs: encoder.embed(s), args.reps)
         hf_s, theirs = timed(
-            lambda s=seqs: transformers_embed(reference, s, args.batch_size), args.reps
+            lambda s=seqs: transformers_embed(reference, s, args.batch_size),
+            args.transformers_reps or args.reps,
         )
         cos = float((ours * theirs).sum(1).min())
         row = {
@@ -446,7 +474,7 @@ def main() -> None:
             row["min_cosine"] = min(row["min_cosine"], float((ours * vectors).sum(1).min()))
         if gpu:
             bound_rows = min(tokens, encoder.max_batch_tokens)
-            bound = linear_bound(config, bound_rows, dtype, encoder.device, args.reps)
+            bound = linear_bound(config, bound_rows, dtype, encoder.device, args.reps, fp8)
             row["linear_bound_tokens_per_s"] = bound
             row["fraction_of_bound"] = row["engine_tokens_per_s"] / bound
         rows.append(row)
@@ -454,6 +482,7 @@ def main() -> None:
 
     record = new_record(
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         attn_backend=args.attn_backend,
         route=encoder.route.describe(),
@@ -463,16 +492,19 @@ def main() -> None:
     )
     notes = [
         f"model: {args.model_dir} ({config.num_layers} layers, hidden {config.hidden_size}), "
-        f"dtype {args.dtype}, device {args.device}, attention {args.attn_backend}, "
-        f"transformers batches of {args.batch_size} in input order; length-sorted batches of "
+        f"dtype {args.dtype}, quantization {args.quantization}, device {args.device}, "
+        f"attention {args.attn_backend}, transformers batches of {args.batch_size} in input "
+        f"order (best of {args.transformers_reps or args.reps}); length-sorted batches of "
         f"{args.sorted_batch_sizes} (sentence-transformers' order, one run each); engine best "
         f"of {args.reps}",
         f"route: {encoder.route.describe()}",
     ]
     if gpu:
         notes.append(
-            "bound: the model's linear layers alone (F.linear, cuBLAS) at min(tokens, "
-            f"max_batch_tokens = {encoder.max_batch_tokens}) rows, best of {args.reps}"
+            "bound: the model's linear layers alone (F.linear, cuBLAS"
+            + ("; q|k, gate|up and down as fp8 on torch._scaled_mm" if fp8 else "")
+            + f") at min(tokens, max_batch_tokens = {encoder.max_batch_tokens}) rows, best of "
+            f"{args.reps}"
         )
     header = [
         "workload",

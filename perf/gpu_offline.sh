@@ -107,11 +107,16 @@ gpu_steps() {
 	((graphs == 0)) && off="" || off=0
 	timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 		tests/test_cuda_graphs.py -k "not eager_vectors" tests/test_kernels.py tests/test_device_io.py \
-		tests/test_gpu_contracts.py tests/test_attention_backends.py
+		tests/test_gpu_contracts.py tests/test_attention_backends.py tests/test_fp8.py
 	step "engine vs transformers (length-sorted batches too) and the linear layers' bound"
 	timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 		--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
 		--out "$out/gpu-engine"
+	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)"
+	timeout "$(left 75)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+		--quantization fp8 --device cuda --workloads mixed short long --mixed-texts 1024 \
+		--transformers-reps 1 --sorted-batch-sizes ${off:+--cuda-graph-tokens 0} \
+		--out "$out/gpu-engine-fp8"
 	for tokens in ${off:-8192 16384} 0; do
 		step "where the GPU's time goes, cuda_graph_tokens $tokens"
 		(cd perf && timeout "$(left 45)" $pin python3 profile_engine.py --model-dir ../$model \

@@ -113,7 +113,7 @@ def route_for(
     **settings,
 ):
     """choose_route for settings given as keywords, on the tiny config's shape (a GPU device
-    has bf16, compute capability 9.0, unless told otherwise: 7.5; no attention wheels; the
+    has bf16 and fp8, compute capability 9.0, unless told otherwise: 7.5; no attention wheels; the
     native bf16 operator runs where oneDNN does; the native AVX2 fp32 one unless avx2_f32 is
     False)."""
     capability = (9, 0) if gpu_bf16 else (7, 5)
@@ -139,6 +139,7 @@ def route_for(
         onednn,
         choose_attention=attention,
         gpu_bf16=lambda device: gpu_bf16,
+        gpu_fp8=lambda device: capability >= (8, 9),
         brgemm_runs=lambda: onednn,
         native_isa=native_isa,
         avx2_f32_runs=lambda: avx2_f32,

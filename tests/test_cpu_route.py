@@ -102,6 +102,25 @@ def test_int8_route_and_refusals():
         route_for(ZEN4, dtype="fp8")
 
 
+def test_fp8_route_and_refusals():
+    """fp8 computes around bf16 on GPUs with fp8 tensor cores, and runs on any CPU to check."""
+    gpu = route_for(EPYC_AVX2, "cuda:0", quantization="fp8", checkpoint_dtype="float16")
+    assert (gpu.dtype, gpu.linear, gpu.gemm) == ("bfloat16", Linear.FP8, Gemm.TORCH)
+    assert "fp8 e4m3" in gpu.describe() and "set by the deployment" in gpu.reason
+    for features in (EPYC_AVX2, ZEN4):
+        cpu = route_for(features, quantization="fp8")
+        assert (cpu.dtype, cpu.linear) == ("bfloat16", Linear.FP8)
+        assert "to check the route" in cpu.reason
+    # on AVX2 the layers kept in floats are bf16 held in fp32, as dtype bfloat16's are
+    assert route_for(EPYC_AVX2, quantization="fp8").gemm is Gemm.NATIVE_F32
+    assert route_for(EPYC_AVX2, quantization="fp8", dtype="bfloat16").linear is Linear.FP8
+    with pytest.raises(ValueError, match="fp8 tensor cores"):
+        route_for(EPYC_AVX2, "cuda:0", gpu_bf16=False, quantization="fp8")
+    for dtype in ("float32", "float16"):
+        with pytest.raises(ValueError, match="dtype must be auto or bfloat16"):
+            route_for(EPYC_AVX2, "cuda:0", quantization="fp8", dtype=dtype)
+
+
 def test_reuse_and_pruning_follow_the_model_and_pooling():
     assert route_for(ZEN4).prefix_reuse and route_for(ZEN4).prune
     assert not route_for(ZEN4, prefix_reuse=False).prefix_reuse

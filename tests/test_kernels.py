@@ -152,6 +152,33 @@ def test_gelu_tanh(table, device, dtype, width):
     _close(out, reference.gelu_tanh(x.double()).to(dtype), dtype)
 
 
+TRITON = pytest.mark.parametrize(
+    ("table", "device"),
+    [p for p in _tables(reference_too=False) if p.values[0] == "triton"],
+)
+
+
+@TRITON
+@DTYPES
+@pytest.mark.parametrize("width", [64, 1000, 5000])  # 5,000: a row in three steps
+def test_quantize_fp8_gives_the_references_codes(table, device, dtype, width):
+    """The fp8 route's activation codes and scales, bit for bit: rows of every magnitude, a
+    zero row, a row of ties to even (its largest value 448: scale 1), strided rows."""
+    ops = _ops(table, device)
+    x = _random(6, width + 8, dtype=dtype, device="cpu")
+    x *= torch.logspace(-6, 3, 6).view(-1, 1).to(dtype)
+    x[1] = 0
+    ties = [448.0, 1.0625, 1.1875, -1.0625, 100.0, 17.0, 1.5 * 2**-9, 2.5 * 2**-9, 0.5 * 2**-9]
+    x[2] = 0
+    x[2, : len(ties)] = torch.tensor(ties)
+    rows = x.to(device)[:, :width]
+    codes, scale = ops.quantize_fp8(rows)
+    want_codes, want_scale = reference.quantize_fp8(x[:, :width])
+    assert codes.dtype == torch.float8_e4m3fn and scale.shape == (6, 1)
+    assert torch.equal(codes.cpu().view(torch.uint8), want_codes.view(torch.uint8))
+    assert torch.equal(scale.cpu(), want_scale)
+
+
 @TABLES
 def test_no_rows_is_no_launch(table, device):
     ops = _ops(table, device)
@@ -162,6 +189,7 @@ def test_no_rows_is_no_launch(table, device):
     assert ops.gelu_tanh(empty).shape == (0, 256)
     cos = torch.empty(0, 32, dtype=torch.bfloat16, device=device)
     assert ops.norm_rotary(empty, cos, cos, 64, None, 1e-6).shape == (0, 4, 64)
+    assert [t.shape for t in ops.quantize_fp8(empty)] == [(0, 256), (0, 1)]
 
 
 def test_each_route_names_its_table():
@@ -172,7 +200,14 @@ def test_each_route_names_its_table():
     for name in kernels.TABLES:
         table = kernels.load(name)
         assert table.NAME == name
-        for op in ("rms_norm", "add_rms_norm", "norm_rotary", "silu_mul", "gelu_tanh"):
+        for op in (
+            "rms_norm",
+            "add_rms_norm",
+            "norm_rotary",
+            "silu_mul",
+            "gelu_tanh",
+            "quantize_fp8",
+        ):
             assert callable(getattr(table, op)), (name, op)
     with pytest.raises(ValueError, match="unknown row-op table 'cuda'"):
         kernels.load("cuda")

@@ -23,6 +23,7 @@ from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
+from .fp8 import Fp8Weight
 from .heads import build_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
@@ -104,7 +105,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
         dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
         model.adapters = attach(model, folders, dtype, device)
-    apart = int8.FLOAT_SHARDS if route.linear is Linear.INT8 else ()
+    apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else ()
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
     model.eval()
@@ -220,12 +221,16 @@ def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device)
     (linear_weight_dtype) never holds every layer's fp32 copy at once, and a GEMM that packs
     16-bit weights itself gets them before the widening, which then reaches the bias alone.
     The vision tower's take the route's float GEMM as the text model's float layers do, and
-    stay in floats under int8 (its accuracy there is unmeasured)."""
+    stay in floats under int8 and fp8 (their accuracy there is unmeasured)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
-    if route.linear is Linear.INT8:
+    quantized = {
+        Linear.INT8: Int8Weight,
+        Linear.FP8: partial(Fp8Weight, ops=kernels.load(route.elementwise)),
+    }.get(route.linear)
+    if quantized is not None:
         for name in [n for n in linears if int8.quantizes(n)]:
-            linears.pop(name).repack(Int8Weight)
+            linears.pop(name).repack(quantized)
     kernel = FLOAT_GEMMS[route.gemm]
     weight_dtype = linear_weight_dtype(dtype, device)
     for module in [*linears.values(), *tower.values()]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import avx2_gemm, kernels, native, onednn
+from . import avx2_gemm, fp8, kernels, native, onednn
 from .adapters import resolve_adapter
 from .attention import choose_backend
 from .config import ModelConfig
@@ -33,6 +33,9 @@ class Linear(enum.Enum):
     # q|k, gate|up and down: per-channel int8 weights, per-token int8 activations on
     # int8.Int8Weight; the layers int8.FLOAT_LAYERS names stay in floats, on the route's Gemm
     INT8 = "int8"
+    # the layers int8 quantises: per-channel e4m3 weights, per-token e4m3 activations, bf16
+    # out, on fp8.Fp8Weight (torch._scaled_mm); the rest in bf16
+    FP8 = "fp8"
 
 
 class Gemm(enum.Enum):
@@ -72,6 +75,8 @@ class Route:
             Linear.FP32_GEMM: f"{self.dtype} as fp32 GEMM",
             Linear.INT8: "int8 (per-channel weights, per-token activations, Hadamard-rotated "
             "rows; the attention's values and output projection in floats)",
+            Linear.FP8: "fp8 e4m3 (per-channel weights, per-token activations, bf16 out; the "
+            "attention's values and output projection in bf16)",
         }[self.linear]
         linear += f", {self.gemm.value}"
         return (
@@ -125,6 +130,7 @@ def choose_route(
     choose_attention: Callable[..., tuple[str, str]] = choose_backend,
     native_isa: Callable[[], str | None] = native.isa,
     gpu_bf16: Callable[[str], bool] = _cuda_has_bf16,
+    gpu_fp8: Callable[[str], bool] = fp8.gpu_runs,
     brgemm_runs: Callable[[], bool] = onednn.brgemm_runs,
     avx2_f32_runs: Callable[[], bool] = avx2_gemm.runs,
     has_triton: Callable[[], bool] = kernels.has_triton,
@@ -133,7 +139,9 @@ def choose_route(
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
     fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
-    swaps the linear layers' GEMM (int8.quantizes says which). The float layers' one `Gemm`:
+    swaps the linear layers' GEMM (int8.quantizes says which), "fp8" the same layers' around
+    bf16 (GPUs with fp8 tensor cores, `gpu_fp8(device)`; on CPU to check it). The float
+    layers' one `Gemm`:
     batch_invariant "on" multiplies bf16 ones on the native operator (`brgemm_runs()`), and
     "auto" does wherever it runs (bf16 GEMMs on CPU need bf16 instructions); fp32 ones on CPUs
     with AVX2 and no AVX-512 take the native AVX2 operator (`avx2_f32_runs()`; prepack_weights
@@ -155,8 +163,11 @@ def choose_route(
             "prefix_reuse needs causal attention and last-token pooling "
             f"(is_causal={config.is_causal}, pooling={pooling!r})"
         )
-    half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
-    dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
+    if s.quantization == "fp8":
+        dtype, reason = _fp8_dtype(s.dtype, device, gpu_fp8)
+    else:
+        half = None if cpu or s.dtype != "auto" else gpu_bf16(device)
+        dtype, reason = _dtype(s.dtype, cpu, device, config.checkpoint_dtype, features, half)
     # 16-bit float weights held in fp32 (layers.linear_weight_dtype), the int8 route's too
     fp32_held = cpu and fp32_gemm(dtype, features.native_bf16)
     if s.quantization == "int8":
@@ -167,6 +178,8 @@ def choose_route(
                 if features.avx2 and native_isa() is not None
                 else " (no VNNI on this CPU: its int8 products run as float64 GEMMs)"
             )
+    elif s.quantization == "fp8":
+        linear = Linear.FP8
     elif fp32_held:
         linear = Linear.FP32_GEMM
     else:
@@ -227,6 +240,27 @@ def choose_route(
         reason=reason,
         attention_reason=why,
     )
+
+
+def _fp8_dtype(requested: str, device: str, gpu_fp8: Callable[[str], bool]) -> tuple[str, str]:
+    """bf16 around the fp8 layers (their GEMM writes bf16), on a device that runs them."""
+    if requested not in ("auto", "bfloat16"):
+        raise ValueError(
+            f"quantization 'fp8' computes in bfloat16: dtype must be auto or bfloat16, "
+            f"not {requested!r}"
+        )
+    if device == "cpu":
+        return "bfloat16", (
+            "fp8 linear layers set by the deployment, on torch's fp8 GEMM: on CPU to check the "
+            "route, slower than the float routes (int8 is the CPU's quantised route)"
+        )
+    if not gpu_fp8(device):
+        raise ValueError(
+            "quantization 'fp8' needs fp8 tensor cores (compute capability 8.9 or later: Ada, "
+            f"Hopper, Blackwell) and torch's scaled fp8 GEMM on them: {device} does not run it; "
+            "use dtype bfloat16"
+        )
+    return "bfloat16", "fp8 linear layers set by the deployment, bf16 around them"
 
 
 def resolve_pooling(setting: str, task: str, config: ModelConfig) -> str:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, fields
 
 DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "fp8")
 POOLING_METHODS = ("last", "mean", "cls")
 TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
@@ -47,7 +47,9 @@ class EncoderSettings:
     # "auto": bf16 on CPUs with bf16 instructions, else fp32; on GPUs the checkpoint's 16-bit
     # dtype, bf16 (or fp16) for an fp32 checkpoint.
     dtype: str = "auto"
-    quantization: str = "none"  # "int8" (CPU only): int8 linear layers
+    # "int8" (CPU only): int8 linear layers; "fp8" (GPUs with fp8 tensor cores; CPUs only to
+    # check it): e4m3 linear layers, bf16 elsewhere
+    quantization: str = "none"
     attn_backend: str = "auto"  # "auto", "native", "torch", "flash_attn", "flashinfer"
     # "embed", "rerank", "classify"; "auto": a sequence classifier's one label reranks, its
     # several labels classify; any other checkpoint embeds

@@ -60,6 +60,10 @@ class RowOps(Protocol):
     def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
         """GELU with tanh's approximation (the vision tower's MLP), a new tensor."""
 
+    def quantize_fp8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of x [T, k] (contiguous values) as float8_e4m3fn codes [T, k] and fp32 scales
+        [T, 1] (the fp8 route's activations, fp8.py), reference.quantize_fp8's arithmetic."""
+
 
 def load(name: str) -> RowOps | ModuleType:
     if name not in TABLES:

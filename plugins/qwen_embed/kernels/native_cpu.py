@@ -52,3 +52,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     if native.handles(x):
         return torch.ops.qwen_embed.gelu_tanh(x)
     return reference.gelu_tanh(x)
+
+
+# fp8 codes on CPU are for checking the fp8 route (fp8.py), not for speed: torch's ops.
+quantize_fp8 = reference.quantize_fp8

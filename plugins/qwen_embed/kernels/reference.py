@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 NAME = "torch"
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,3 +74,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of x [T, k] as float8_e4m3fn codes and one fp32 scale per row [T, 1], x ~= codes *
+    scale: each row's largest magnitude becomes 448, the codes rounded to nearest even. Every
+    step is one IEEE fp32 operation (448 / amax divided, not a reciprocal multiplied), so that
+    kernels can give the same codes."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min_(1e-12)
+    codes = x.to(torch.float32, copy=True).mul_(torch.full_like(amax, FP8_MAX).div_(amax))
+    return codes.clamp_(-FP8_MAX, FP8_MAX).to(FP8), amax.div_(FP8_MAX)

@@ -117,6 +117,40 @@ def _silu_mul_rows(gate_up_ptr, out_ptr, gate_up_stride, out_stride, width, BLOC
     tl.store(out_ptr + row * out_stride + cols, _round(out, out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _round_e4m3(x):
+    """fp32 x (|x| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, still in
+    fp32, so that any cast then is exact (Triton's interpreter truncates): normal values keep
+    3 mantissa bits; below 2**-6 the steps are 2**-9, which adding and taking away 1.5 * 2**14
+    rounds to."""
+    bits = x.to(tl.uint32, bitcast=True)
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    small = ((tl.abs(x) + 24576.0) - 24576.0).to(tl.uint32, bitcast=True)
+    small = small | (bits & 0x80000000)  # the sign, a zero's too
+    return tl.where(tl.abs(x) < 0.015625, small, normal).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp8_rows(x_ptr, codes_ptr, scale_ptr, x_stride, width, BLOCK: tl.constexpr):
+    """One row: its largest magnitude, then its codes (reference.quantize_fp8's steps)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < width, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    largest = tl.maximum(tl.max(amax, axis=0), 1e-12)
+    inverse = tl.math.div_rn(448.0, largest)
+    for start in range(0, width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < width
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        codes = _round_e4m3(tl.clamp(x * inverse, -448.0, 448.0))
+        tl.store(codes_ptr + row * width + cols, codes.to(codes_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, tl.math.div_rn(largest, 448.0))
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as 2-D rows with contiguous values (a view where it can be)."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
@@ -209,3 +243,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # torch's CUDA GELU is already one pass over memory, with fp32 arithmetic in registers.
 gelu_tanh = reference.gelu_tanh
+
+
+FP8_BLOCK = 2048  # values of a row per step: a 1,024-wide row in one
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = _rows(x)
+    codes = torch.empty(rows.shape, dtype=reference.FP8, device=x.device)
+    scale = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=x.device)
+    if rows.shape[0]:
+        block = min(FP8_BLOCK, triton.next_power_of_2(rows.shape[1]))
+        _fp8_rows[(rows.shape[0],)](
+            rows, codes, scale, rows.stride(0), rows.shape[1], BLOCK=block, num_warps=_warps(block)
+        )
+    return codes, scale
