@@ -215,12 +215,12 @@ def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, at
         assert float(vector @ row) >= BF16_COSINE, name
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "fp8"])
 def test_the_towers_linear_layers_take_the_routes_gemm(replica, media, quantization):
     """Every linear layer of the tower (its patch embedding too) multiplies as the text model's
     float layers do: in the same GEMM on weights of the same dtype (bf16 ones in fp32 on a CPU
     without bf16 instructions: torch's emulated bf16 GEMM ran the tower several times slower),
-    in floats under int8."""
+    in floats under int8 and fp8."""
     with Encoder.from_pretrained(replica, dtype="bfloat16", quantization=quantization) as enc:
         linears = {n: m for n, m in enc.model.named_modules() if isinstance(m, layers._Linear)}
         o_proj = enc.model.layers[0].self_attn.o_proj  # a float layer on every route
