@@ -4,8 +4,8 @@ token at run time, one scaled GEMM per layer.
 `x @ W.T` becomes `(xs * ws) * (q(x) @ q(W).T)`, each q() scaled so that its row's largest
 magnitude is 448 (e4m3's largest finite value) and rounded to nearest even, the product
 accumulated in fp32 and written in bf16 by `torch._scaled_mm`: cuBLASLt on GPUs with fp8
-tensor cores (compute capability 8.9 and later: Ada, Hopper, Blackwell), where it halves the
-linear layers' weight memory and their tensor-core time against bf16; torch's own fp8 GEMM on
+tensor cores (compute capability 8.9 and later: Ada, Hopper, Blackwell: twice bf16's peak
+rate there), in half the weight memory of bf16 layers; torch's own fp8 GEMM on
 CPU, slower than the float routes, where the route runs so that its logic is checked (int8.py
 is the CPU's quantised route). The activations' codes come from the route's row-op table
 (kernels/: one Triton pass per row on CUDA). Scales are per row and per channel, so a text's

@@ -139,9 +139,9 @@ def choose_route(
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
     fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
     has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
-    swaps the linear layers' GEMM (int8.quantizes says which), "fp8" the same layers' around
-    bf16 (GPUs with fp8 tensor cores, `gpu_fp8(device)`; on CPU to check it). The float
-    layers' one `Gemm`:
+    swaps the linear layers' GEMM (int8.quantizes says which); "fp8" runs the same layers in
+    fp8 and the rest in bf16 (GPUs with fp8 tensor cores, `gpu_fp8(device)`; on CPU to check
+    it). The float layers' one `Gemm`:
     batch_invariant "on" multiplies bf16 ones on the native operator (`brgemm_runs()`), and
     "auto" does wherever it runs (bf16 GEMMs on CPU need bf16 instructions); fp32 ones on CPUs
     with AVX2 and no AVX-512 take the native AVX2 operator (`avx2_f32_runs()`; prepack_weights
