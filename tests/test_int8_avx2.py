@@ -16,10 +16,10 @@ pytestmark = pytest.mark.skipif(
     not int8.avx2_kernel(), reason="the AVX2 int8 operator needs the native build and AVX2"
 )
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# (rows, out, in): one row, an odd width (padded to a pair), every tail of the 4-row blocks and
+# (rows, out, in): one row, an odd width (padded to a pair), every tail of the 6-row blocks and
 # 16-channel panels, the demo's widths, and down_proj's 3,072 inputs
 SHAPES = [(1, 16, 4), (2, 33, 3), (3, 17, 10), (7, 100, 64), (97, 80, 130), (200, 1024, 1024)]
-SHAPES += [(45, 100, 3072)]
+SHAPES += [(45, 100, 3072), (10, 48, 66), (11, 33, 20)]
 
 
 def _random(*shape: int, seed: int) -> torch.Tensor:

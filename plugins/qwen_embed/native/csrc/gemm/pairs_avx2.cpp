@@ -115,12 +115,12 @@ inline __m256i weights_at(const int8_t* w) {
 // store of the channels below `cols`.
 template <int R>
 void block(const PairsGemm& g, int64_t row, int64_t col, int64_t cols) {
-  static_assert(R >= 1 && R <= 4);
+  static_assert(R >= 1 && R <= 6);
   const int64_t k = g.k_pad;
   const int8_t* w = g.packed + col * k;  // the panel: [k_pad / 2][16][2]
   const int16_t* a = g.a + row * k;
   __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00,
-          s30 = s00, s31 = s00;
+          s30 = s00, s31 = s00, s40 = s00, s41 = s00, s50 = s00, s51 = s00;
   for (int64_t p = 0; p < k; p += 2) {
     const __m256i w0 = weights_at(w + p * 16);
     const __m256i w1 = weights_at(w + p * 16 + 16);
@@ -142,12 +142,23 @@ void block(const PairsGemm& g, int64_t row, int64_t col, int64_t cols) {
       multiply_add(s30, x, w0);
       multiply_add(s31, x, w1);
     }
+    if constexpr (R > 4) {
+      x = pair_at(a + 4 * k, p);
+      multiply_add(s40, x, w0);
+      multiply_add(s41, x, w1);
+    }
+    if constexpr (R > 5) {
+      x = pair_at(a + 5 * k, p);
+      multiply_add(s50, x, w0);
+      multiply_add(s51, x, w1);
+    }
   }
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
   const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
   const __m256 ws0 = _mm256_loadu_ps(g.w_scale + col), ws1 = _mm256_loadu_ps(g.w_scale + col + 8);
-  const __m256i sums[4][2] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}};
+  const __m256i sums[6][2] = {{s00, s01}, {s10, s11}, {s20, s21},
+                              {s30, s31}, {s40, s41}, {s50, s51}};
   for (int r = 0; r < R; ++r) {
     float* out = g.out + (row + r) * g.n + col;
     store8(out, sums[r][0], g.a_scale[row + r], ws0, m0);
@@ -159,8 +170,10 @@ void pairs(const PairsGemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t
   for (int64_t col = col0; col < col1; col += kPairsPanel) {
     const int64_t cols = std::min<int64_t>(kPairsPanel, g.n - col);
     int64_t row = row0;
-    for (; row + 4 <= row1; row += 4) block<4>(g, row, col, cols);
+    for (; row + 6 <= row1; row += 6) block<6>(g, row, col, cols);
     switch (row1 - row) {
+      case 5: block<5>(g, row, col, cols); break;
+      case 4: block<4>(g, row, col, cols); break;
       case 3: block<3>(g, row, col, cols); break;
       case 2: block<2>(g, row, col, cols); break;
       case 1: block<1>(g, row, col, cols); break;
