@@ -164,6 +164,25 @@ def test_sliding_window_layers_are_refused(checkpoint, tmp_path, change):
         embed(tmp_path)
 
 
+@pytest.mark.parametrize("nested", [False, True])  # a multimodal config's text_config
+def test_quantized_checkpoints_are_refused(checkpoint, tmp_path, nested):
+    """An fp8 checkpoint as llm-compressor saves it would otherwise fail on its first scale
+    tensor as an unexpected one, or, scales elsewhere, load its codes as weights."""
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    quantized = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+    if nested:
+        config["text_config"] = {"quantization_config": quantized}
+    else:
+        config["quantization_config"] = quantized
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        UnsupportedModelError,
+        match="quantized checkpoints are not read .*'compressed-tensors'.*quantization fp8",
+    ):
+        embed(tmp_path)
+
+
 def test_unsupported_architecture(checkpoint, tmp_path):
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

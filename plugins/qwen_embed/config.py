@@ -175,6 +175,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
         architectures = hf.get("architectures") or []
+        _refuse_quantized(hf)
         media = MediaConfig.from_hf(hf)
         if "text_config" in hf:  # a multimodal checkpoint: its text model's own config
             top = {k: hf[k] for k in ("tie_word_embeddings", "dtype", "torch_dtype") if k in hf}
@@ -225,6 +226,21 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             listwise="JinaForRanking" in architectures,
             media=media,
+        )
+
+
+def _refuse_quantized(hf: dict) -> None:
+    """A checkpoint saved quantized (fp8, GPTQ, AWQ, bitsandbytes...) holds codes whose scales
+    only its own format gives: read as plain weights they would give wrong vectors."""
+    quantized = hf.get("quantization_config") or (hf.get("text_config") or {}).get(
+        "quantization_config"
+    )
+    if quantized:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+        raise UnsupportedModelError(
+            f"quantized checkpoints are not read (quantization_config, quant_method {method!r}): "
+            "serve the checkpoint it was made from, with the encoder setting quantization fp8 "
+            "(GPU) or int8 (CPU) to quantise it at load"
         )
 
 
