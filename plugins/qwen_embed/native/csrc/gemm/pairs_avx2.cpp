@@ -124,34 +124,15 @@ void block(const PairsGemm& g, int64_t row, int64_t col, int64_t cols) {
   for (int64_t p = 0; p < k; p += 2) {
     const __m256i w0 = weights_at(w + p * 16);
     const __m256i w1 = weights_at(w + p * 16 + 16);
-    __m256i x = pair_at(a, p);
-    multiply_add(s00, x, w0);
-    multiply_add(s01, x, w1);
-    if constexpr (R > 1) {
-      x = pair_at(a + k, p);
-      multiply_add(s10, x, w0);
-      multiply_add(s11, x, w1);
-    }
-    if constexpr (R > 2) {
-      x = pair_at(a + 2 * k, p);
-      multiply_add(s20, x, w0);
-      multiply_add(s21, x, w1);
-    }
-    if constexpr (R > 3) {
-      x = pair_at(a + 3 * k, p);
-      multiply_add(s30, x, w0);
-      multiply_add(s31, x, w1);
-    }
-    if constexpr (R > 4) {
-      x = pair_at(a + 4 * k, p);
-      multiply_add(s40, x, w0);
-      multiply_add(s41, x, w1);
-    }
-    if constexpr (R > 5) {
-      x = pair_at(a + 5 * k, p);
-      multiply_add(s50, x, w0);
-      multiply_add(s51, x, w1);
-    }
+#define QE_PAIRS(i, lo, hi)                  \
+  if constexpr (R > i) {                     \
+    const __m256i x = pair_at(a + i * k, p); \
+    multiply_add(lo, x, w0);                 \
+    multiply_add(hi, x, w1);                 \
+  }
+    QE_PAIRS(0, s00, s01) QE_PAIRS(1, s10, s11) QE_PAIRS(2, s20, s21)
+    QE_PAIRS(3, s30, s31) QE_PAIRS(4, s40, s41) QE_PAIRS(5, s50, s51)
+#undef QE_PAIRS
   }
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
