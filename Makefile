@@ -257,6 +257,9 @@ SERVED_MODEL_NAME ?=
 # encoders' lora_modules, docs/configuration.md); empty: none.
 LORA_MODULES ?=
 RERANK_LORA_MODULES ?=
+# Encoder settings for both encoders where their config leaves them empty: key=value,... (e.g.
+# quantization=int8; docs/configuration.md); empty: the configs' own.
+ENCODER_SETTINGS ?=
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
@@ -268,6 +271,7 @@ serve: setup
 	QWEN_EMBED_MODEL_DIR=$${MODEL_DIR:-$(abspath $(DEMO_DIR))} \
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
 	QWEN_EMBED_LORA_MODULES="$(LORA_MODULES)" QWEN_EMBED_RERANK_LORA_MODULES="$(RERANK_LORA_MODULES)" \
+	QWEN_EMBED_ENCODER_SETTINGS="$(ENCODER_SETTINGS)" \
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \

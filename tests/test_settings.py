@@ -64,6 +64,25 @@ def test_lora_modules_from_the_environment_where_the_config_is_silent(monkeypatc
     assert own.lora_modules == "code=/a/code"
 
 
+def test_encoder_settings_from_the_environment_where_the_config_is_silent(monkeypatch):
+    """`make serve ENCODER_SETTINGS=...`: every encoder takes them, a config's own value first,
+    a misspelt key or a pair without "=" refused by name."""
+    monkeypatch.setenv("QWEN_EMBED_ENCODER_SETTINGS", " quantization=int8 , max_batch_tokens=4096")
+    serving, settings = encoder_parameters({"max_batch_tokens": "", "dtype": "float32"})
+    assert (settings.quantization, settings.max_batch_tokens) == ("int8", 4096)
+    assert settings.dtype == "float32"
+    assert encoder_parameters({"max_batch_tokens": "2048"})[1].max_batch_tokens == 2048
+    assert encoder_parameters({"task": "rerank"})[1].quantization == "int8"
+    monkeypatch.setenv("QWEN_EMBED_ENCODER_SETTINGS", "cpu_pinning=off")  # a serving one
+    assert encoder_parameters({})[0].cpu_pinning == "off"
+    monkeypatch.setenv("QWEN_EMBED_ENCODER_SETTINGS", "quantisation=int8")
+    with pytest.raises(ValueError, match=r"unknown encoder parameter\(s\) \['quantisation'\]"):
+        encoder_parameters({})
+    monkeypatch.setenv("QWEN_EMBED_ENCODER_SETTINGS", "int8")
+    with pytest.raises(ValueError, match="takes key=value pairs, got \\['int8'\\]"):
+        encoder_parameters({})
+
+
 def test_bad_parameters_are_refused_by_name():
     with pytest.raises(ValueError, match=r"unknown encoder parameter\(s\) \['compile_elementwise'"):
         EncoderSettings.from_parameters({"compile_elementwise": "on"})

@@ -52,6 +52,9 @@ _DEFAULT_DIRS = {
 # The encoders' lora_modules where their config leaves it empty (`make serve LORA_MODULES=...`)
 LORA_MODULES_ENV = "QWEN_EMBED_LORA_MODULES"
 RERANK_LORA_MODULES_ENV = "QWEN_EMBED_RERANK_LORA_MODULES"
+# Every encoder's parameters where its config leaves them empty, "key=value,key=value"
+# (`make serve ENCODER_SETTINGS=quantization=int8`)
+ENCODER_SETTINGS_ENV = "QWEN_EMBED_ENCODER_SETTINGS"
 
 
 @dataclass(frozen=True)
@@ -153,9 +156,10 @@ def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:
 
 def encoder_parameters(params: dict[str, str]) -> tuple[EncoderServing, EncoderSettings]:
     """An encoder model's parameters (model_parameters): the serving ones and the engine's
-    settings, each built whole (an unknown key is refused); lora_modules, where they leave it
-    empty, from $QWEN_EMBED_LORA_MODULES (a reranker's: $QWEN_EMBED_RERANK_LORA_MODULES)."""
-    params = dict(params)
+    settings, each built whole (an unknown key is refused); where they leave a key empty, its
+    value in $QWEN_EMBED_ENCODER_SETTINGS, and lora_modules from $QWEN_EMBED_LORA_MODULES (a
+    reranker's: $QWEN_EMBED_RERANK_LORA_MODULES)."""
+    params = {**environment_settings(), **{k: v for k, v in params.items() if v != ""}}
     serving_keys = {f.name for f in fields(EncoderServing)}
     serving = {k: params.pop(k) for k in list(params) if k in serving_keys}
     settings = EncoderSettings.from_parameters(params)
@@ -163,6 +167,16 @@ def encoder_parameters(params: dict[str, str]) -> tuple[EncoderServing, EncoderS
     if not settings.lora_modules and os.environ.get(env):
         settings = settings.replace(lora_modules=os.environ[env])
     return from_parameters(EncoderServing, serving, "encoder"), settings
+
+
+def environment_settings() -> dict[str, str]:
+    """$QWEN_EMBED_ENCODER_SETTINGS as parameters: "quantization=int8, dtype=bfloat16"."""
+    text = os.environ.get(ENCODER_SETTINGS_ENV, "")
+    pairs = [item.strip() for item in text.split(",") if item.strip()]
+    malformed = [item for item in pairs if "=" not in item]
+    if malformed:
+        raise ValueError(f"${ENCODER_SETTINGS_ENV} takes key=value pairs, got {malformed}")
+    return dict((k.strip(), v.strip()) for k, v in (item.split("=", 1) for item in pairs))
 
 
 def resolve_model_dir(chosen: str, task: str = "embed") -> Path:
