@@ -5,7 +5,7 @@ its GEMM bound, and long texts.
 
     python bench_routes.py prepack [--dtypes bfloat16 float32]
     python bench_routes.py bf16_gemm [--rounds 4]
-    python bench_routes.py int8 [--rounds 3]
+    python bench_routes.py int8 [--rounds 3] [--quantization fp8]
     python bench_routes.py gemm_bound [--quantization none|int8] [--pairs 15]
     python bench_routes.py lengths [--lengths 128 512 2048 8192]
     python bench_routes.py long [--lengths 8192 16384 32768]
@@ -370,6 +370,9 @@ In process, dtype auto, one encoder per layout (the int8 route loaded with `int8
 The encoders take turns for `rounds` rounds over 64 mixed documents (workload.make_texts) in one
 call each: best tokens/s. Accuracy: min and mean cosine against the fp32 float route on those
 documents and on 54 texts of random ids (the tests' measure), on a model with random weights.
+`--quantization fp8`: the fp8 route's layouts instead (it quantises the layers int8 does, never
+rotated; on CPU its products run on torch's fp8 GEMM, so its tokens/s say nothing of a GPU's):
+the route (v and o in bf16), every projection in fp8, and down in bf16 as well as v and o.
 """
 
 
@@ -388,7 +391,14 @@ LAYOUTS = {
 }
 
 
-FLOAT = "float route (no int8)"
+FP8_LAYOUTS = {
+    "q|k, gate|up, down (the route)": {"FLOAT_SHARDS": int8_route.FLOAT_SHARDS},
+    "every projection": {"FLOAT_SHARDS": (), "FLOAT_LAYERS": ()},
+    "q|k, gate|up": {"FLOAT_LAYERS": (*int8_route.FLOAT_LAYERS, "mlp.down_proj")},
+}
+
+
+FLOAT = "float route (not quantised)"
 
 
 def random_texts(vocab_size: int, seed: int = 3) -> list[list[int]]:
@@ -401,6 +411,7 @@ def random_texts(vocab_size: int, seed: int = 3) -> list[list[int]]:
 def int8_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quantization", default="int8", choices=["int8", "fp8"])
 
 
 def int8_layouts(args: argparse.Namespace) -> None:
@@ -414,10 +425,11 @@ def int8_layouts(args: argparse.Namespace) -> None:
         fp32 = stack.enter_context(Encoder.from_pretrained(model_dir, dtype="float32"))
         reference = {"documents": fp32.embed(docs), "random ids": fp32.embed(randoms)}
         encoders = {FLOAT: stack.enter_context(Encoder.from_pretrained(model_dir))}
-        for name, changes in LAYOUTS.items():
+        layouts = FP8_LAYOUTS if args.quantization == "fp8" else LAYOUTS
+        for name, changes in layouts.items():
             with mock.patch.multiple(int8_route, **changes):
                 encoders[name] = stack.enter_context(
-                    Encoder.from_pretrained(model_dir, quantization="int8")
+                    Encoder.from_pretrained(model_dir, quantization=args.quantization)
                 )
         best = dict.fromkeys(encoders, 0.0)
         for _ in range(args.rounds):
@@ -449,14 +461,22 @@ def int8_layouts(args: argparse.Namespace) -> None:
             f"{r['random ids min']:.5f} / {r['random ids mean']:.5f} |"
         )
     record = new_record(
-        model_dir=str(model_dir), dtype=dtype, rounds=args.rounds, tokens=tokens, rows=rows
+        model_dir=str(model_dir),
+        dtype=dtype,
+        quantization=args.quantization,
+        rounds=args.rounds,
+        tokens=tokens,
+        rows=rows,
     )
     notes = [
-        f"{model_dir.name}, dtype {dtype}; 64 mixed documents ({tokens} tokens) per call, "
+        f"{model_dir.name}, dtype {dtype}"
+        + ("; the fp8 layouts around bf16" if args.quantization == "fp8" else "")
+        + f"; 64 mixed documents ({tokens} tokens) per call, "
         f"best of {args.rounds} turns; cosines against fp32 (random weights: accuracy on "
         "trained checkpoints is not measured here)"
     ]
-    print(write_report(args.out, record, "int8 layouts (int8.py)", notes, table))
+    title = f"{args.quantization} layouts ({args.quantization}.py)"
+    print(write_report(args.out, record, title, notes, table))
 
 
 # ---------------------------------------------------------------- gemm_bound

@@ -70,10 +70,9 @@ class Fp8Weight(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.ops = ops
-        self.out_features = out_features
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
+        shape, out_features = x.shape, self.codes.shape[0]
         rows = x.reshape(-1, shape[-1])
         if rows.shape[0]:
             codes, scale = self.ops.quantize_fp8(rows)
@@ -81,7 +80,7 @@ class Fp8Weight(nn.Module):
                 codes, self.codes.t(), scale_a=scale, scale_b=self.scale, out_dtype=x.dtype
             )
         else:
-            out = rows.new_empty(0, self.out_features)
+            out = rows.new_empty(0, out_features)
         if bias is not None:
             out.add_(bias.to(out.dtype))
-        return out.view(*shape[:-1], self.out_features)
+        return out.view(*shape[:-1], out_features)
