@@ -1,6 +1,7 @@
 """The model fingerprint: it moves with what fixes the vectors and with nothing else."""
 
 import hashlib
+import json
 import os
 import shutil
 from dataclasses import replace
@@ -8,7 +9,12 @@ from dataclasses import replace
 import pytest
 
 from qwen_embed.engine import plan
-from qwen_embed.fingerprint import checkpoint_digest, encoder_fingerprint, tokenizer_fingerprint
+from qwen_embed.fingerprint import (
+    KnownHashes,
+    checkpoint_digest,
+    encoder_fingerprint,
+    tokenizer_fingerprint,
+)
 from qwen_embed.route import Linear
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import model_fingerprint
@@ -76,3 +82,53 @@ def test_a_hugging_face_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path):
     big.write_bytes(b"changed")
     checkpoint_digest.cache_clear()
     assert checkpoint_digest(snapshot) == expected
+
+
+def test_a_large_files_hash_is_kept_until_the_file_changes(tmp_path):
+    """KnownHashes: a restart takes a weight file's hash from the kept entry while its size,
+    times and inode are the same; any change and the file is read again."""
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(os.urandom(KnownHashes.MIN_BYTES + 7))
+    (model / "config.json").write_text("{}")
+    kept = tmp_path / "cache" / "hashes.json"
+    plain = checkpoint_digest(model)
+    assert checkpoint_digest(model, KnownHashes(kept)) == plain
+    entries = json.loads(kept.read_text())
+    assert list(entries) == [str(weights.resolve())]  # small files are not kept
+    assert entries[str(weights.resolve())][4] == hashlib.sha256(weights.read_bytes()).hexdigest()
+
+    # a kept entry is taken without reading the file: one planted for it is what the digest uses
+    entries[str(weights.resolve())][4] = "0" * 64
+    kept.write_text(json.dumps(entries))
+    checkpoint_digest.cache_clear()
+    assert checkpoint_digest(model, KnownHashes(kept)) != plain
+
+    # the same size and modification time, other bytes: the status-change time moved, read again
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[0] ^= 1
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    checkpoint_digest.cache_clear()
+    changed = checkpoint_digest(model)
+    assert changed != plain
+    assert checkpoint_digest(model, KnownHashes(kept)) == changed
+
+    # a file that is gone leaves the kept file at its next write
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    checkpoint_digest.cache_clear()
+    checkpoint_digest(other, KnownHashes(kept))
+    assert len(json.loads(kept.read_text())) == 2
+    shutil.rmtree(model)
+    (other / "model.safetensors").write_bytes(os.urandom(KnownHashes.MIN_BYTES))
+    checkpoint_digest.cache_clear()
+    checkpoint_digest(other, KnownHashes(kept))
+    assert list(json.loads(kept.read_text())) == [str((other / "model.safetensors").resolve())]
+
+    # nowhere to keep them: the digest all the same
+    checkpoint_digest.cache_clear()
+    nowhere = KnownHashes(tmp_path / "cache" / "hashes.json" / "below-a-file.json")
+    assert checkpoint_digest(other, nowhere) == checkpoint_digest(other)

@@ -6,13 +6,17 @@ prompts, pooling: everything but documentation), hashed by content, and the serv
 that change the numbers (tokens per text and truncation side; dtype, linear route, attention
 backend, pooling, device kind). Tuning that leaves the vectors alone (batch sizes, instance
 counts, prefix reuse, pruning) is left out. A weight file in the Hugging Face cache is a link to
-a blob named by its SHA-256, which is taken as its hash without reading it.
+a blob named by its SHA-256, which is taken as its hash without reading it; other large files'
+hashes are kept across processes (KnownHashes), so a server that starts again on the same
+checkpoint does not read its weights through once more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -31,8 +35,56 @@ def fingerprint(parts: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+class KnownHashes:
+    """Large files' SHA-256 kept in one JSON file (`path`), each under its resolved path with
+    what moves when its content may have changed (size, modification and status-change times,
+    inode: git's test of a changed file). The times are read before the content, so a file
+    written during its hash is hashed again next time. Where the file cannot be written, the
+    hashes are only this process's."""
+
+    MIN_BYTES = 1 << 20  # smaller files (configs, prompts) are hashed anew: less to keep
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries = self._read()
+
+    def _read(self) -> dict[str, list]:
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def sha256(self, real: Path) -> str:
+        st = real.stat()
+        if st.st_size < self.MIN_BYTES:
+            return _sha256(real)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        entry = self.entries.get(str(real))
+        if isinstance(entry, list) and entry[:4] == stamp:
+            return entry[4]
+        digest = _sha256(real)
+        self.entries[str(real)] = [*stamp, digest]
+        self._write()
+        return digest
+
+    def _write(self) -> None:
+        """The entries merged over the file's (other servers write it too), those of files
+        that are gone left out, written whole or not at all."""
+        merged = {**self._read(), **self.entries}
+        self.entries = {p: e for p, e in merged.items() if os.path.exists(p)}
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(self.entries))
+            os.replace(partial, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+
+
 @lru_cache(maxsize=8)
-def checkpoint_digest(model_dir: Path) -> str:
+def checkpoint_digest(model_dir: Path, known: KnownHashes | None = None) -> str:
     """SHA-256 over the checkpoint's files that fix the vectors: each name and content hash."""
     h = hashlib.sha256()
     for path in sorted(Path(model_dir).rglob("*")):
@@ -40,37 +92,46 @@ def checkpoint_digest(model_dir: Path) -> str:
         hidden = any(part.startswith(".") for part in relative.parts)
         if hidden or not path.is_file() or _NOT_READ.search(path.name):
             continue
-        h.update(f"{relative.as_posix()}\0{_file_hash(path)}\n".encode())
+        h.update(f"{relative.as_posix()}\0{_file_hash(path, known)}\n".encode())
     return h.hexdigest()
 
 
-def _file_hash(path: Path) -> str:
+def _file_hash(path: Path, known: KnownHashes | None) -> str:
     real = path.resolve()
     if real.parent.name == "blobs" and _BLOB.fullmatch(real.name):
         return real.name
-    with open(real, "rb") as f:
+    return known.sha256(real) if known else _sha256(real)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def tokenizer_fingerprint(model_dir: Path, tokens_per_text: int, truncation_direction: str) -> str:
+def tokenizer_fingerprint(
+    model_dir: Path,
+    tokens_per_text: int,
+    truncation_direction: str,
+    known: KnownHashes | None = None,
+) -> str:
     return fingerprint(
         {
-            "checkpoint": checkpoint_digest(Path(model_dir)),
+            "checkpoint": checkpoint_digest(Path(model_dir), known),
             "tokens_per_text": tokens_per_text,
             "truncation_direction": truncation_direction,
         }
     )
 
 
-def adapter_fingerprint(folder: Path) -> str:
+def adapter_fingerprint(folder: Path, known: KnownHashes | None = None) -> str:
     """A LoRA adapter a request names (lora.py), by its files' content: its vectors' whole
     fingerprint is its model's and this together (contract.model_fingerprint)."""
-    return fingerprint({"adapter": checkpoint_digest(Path(folder))})
+    return fingerprint({"adapter": checkpoint_digest(Path(folder), known)})
 
 
-def encoder_fingerprint(model_dir: Path, route: Route) -> str:
+def encoder_fingerprint(model_dir: Path, route: Route, known: KnownHashes | None = None) -> str:
     parts = {
-        "checkpoint": checkpoint_digest(Path(model_dir)),
+        "checkpoint": checkpoint_digest(Path(model_dir), known),
         "device": route.device.split(":")[0],
         "dtype": route.dtype,
         "linear": route.linear.value,

@@ -69,7 +69,7 @@ from .repository import (
     rerank_models,
     set_instance_group,
 )
-from .triton import server_command
+from .triton import READY_POLL_S, server_command
 
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 ADMIN_HEADER = "admin-key"
@@ -367,7 +367,7 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
                     return True
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(READY_POLL_S)
     return False
 
 

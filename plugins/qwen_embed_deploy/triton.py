@@ -151,6 +151,11 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+# A start takes seconds and each look is one local request: looked for often, so that a
+# server is taken as ready soon after it is
+READY_POLL_S = 0.1
+
+
 class TritonServer:
     """tritonserver under our launcher (launcher.py) on the given (or free) ports, bound to
     127.0.0.1; a context manager. `admin_key` opens the restricted APIs."""
@@ -248,7 +253,7 @@ class TritonServer:
                 )
             if self.ready() and self.status():
                 return self
-            time.sleep(0.5)
+            time.sleep(READY_POLL_S)
         self.stop()
         raise TimeoutError(f"tritonserver not ready in {timeout}s; log: {self.log_path}")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from qwen_embed.config import ModelConfig
 from qwen_embed.fingerprint import (
+    KnownHashes,
     adapter_fingerprint,
     encoder_fingerprint,
     tokenizer_fingerprint,
@@ -40,6 +41,8 @@ else:
     MODEL_REPOSITORY = PACKAGE_DIR / "model_repository"
     DATA_DIR = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "qwen-embed"
 DEMO_MODEL_DIR = DATA_DIR / "demo-model"
+# Checkpoint files' hashes (the fingerprints' content) kept between starts
+KNOWN_HASHES = DATA_DIR / "file-hashes.json"
 DEMO_RERANKER_DIR = DATA_DIR / "demo-reranker"
 MODEL_DIR_ENV = "QWEN_EMBED_MODEL_DIR"
 RERANK_MODEL_DIR_ENV = "QWEN_EMBED_RERANK_MODEL_DIR"
@@ -106,6 +109,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     """What a tokenizer or encoder model will be, from its config parameters and its first
     instance group's kind, without loading it: the facts (contract.FACTS) the launcher writes
     into the served config, where clients read them."""
+    known = KnownHashes(KNOWN_HASHES)
     if tokenizer:
         settings = tokenizer_settings(params)
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
@@ -113,7 +117,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         facts = {
             "dimension": config.embedding_size,
             "tokens_per_text": max_tokens,
-            "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction),
+            "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction, known),
         }
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
@@ -138,11 +142,11 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
-        "fingerprint": encoder_fingerprint(checkpoint, route),
+        "fingerprint": encoder_fingerprint(checkpoint, route, known),
     }
     if route.lora_names:  # each adapter's vectors are fingerprinted apart
         folders = adapter_folders(settings.lora_modules, checkpoint)
-        facts["adapter_fingerprints"] = {n: adapter_fingerprint(f) for n, f in folders}
+        facts["adapter_fingerprints"] = {n: adapter_fingerprint(f, known) for n, f in folders}
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
     if route.task == "rerank":  # what SCORES are: a listwise reranker's are cosines
