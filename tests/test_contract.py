@@ -5,6 +5,8 @@ server loads, and every option travels as parameters and back unchanged."""
 import argparse
 import json
 import re
+import subprocess
+import sys
 from dataclasses import fields
 
 import numpy as np
@@ -34,6 +36,7 @@ from qwen_embed_client.contract import (
     read_finish,
 )
 from qwen_embed_deploy.repository import (
+    facts_question,
     publish_facts,
     read_config,
     repository_configs,
@@ -44,6 +47,7 @@ from qwen_embed_deploy.serving.config import (
     EncoderServing,
     TokenizerSettings,
     encoder_parameters,
+    model_facts,
     model_parameters,
     tokenizer_settings,
 )
@@ -143,6 +147,35 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         EncoderServing(model_dir=str(demo_dir)),
         EncoderSettings(),
     )
+
+
+# The launcher's facts (launcher.facts_ahead) in a process of its own, as the launcher runs
+_FACTS_AHEAD = """
+import json, sys
+from qwen_embed_deploy.launcher import facts_ahead
+from qwen_embed_deploy.repository import facts_question, repository_configs
+from qwen_embed_deploy.serving.config import MODEL_REPOSITORY
+facts = facts_ahead(MODEL_REPOSITORY, lambda name, config: None)
+configs = repository_configs(MODEL_REPOSITORY).items()
+answers = {n: facts(*q) for n, c in configs if (q := facts_question(c)) is not None}
+print(json.dumps({"torch": "torch" in sys.modules, "answers": answers}))
+"""
+
+
+@pytest.mark.server  # a child process imports torch: seconds
+def test_the_launchers_facts_are_each_models_own():
+    """facts_ahead works out every tokenizer's and encoder's facts at once (the encoders' in a
+    child process, the tokenizers' in the launcher's): each is model_facts' answer for that
+    model, and the launcher is left without torch."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FACTS_AHEAD], capture_output=True, text=True, check=True
+    )
+    ahead = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ahead["torch"] is False
+    configs = repository_configs(MODEL_REPOSITORY)
+    expected = {n: model_facts(*q) for n, c in configs.items() if (q := facts_question(c))}
+    assert set(expected) == {"tokenizer", "encoder", "rerank_tokenizer", "rerank_encoder"}
+    assert ahead["answers"] == expected
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ import hashlib
 import json
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +49,7 @@ class KnownHashes:
     def __init__(self, path: Path):
         self.path = path
         self.entries = self._read()
+        self._lock = threading.Lock()  # checkpoint_digest hashes files in threads
 
     def _read(self) -> dict[str, list]:
         try:
@@ -64,8 +67,9 @@ class KnownHashes:
         if isinstance(entry, list) and entry[:4] == stamp:
             return entry[4]
         digest = _sha256(real)
-        self.entries[str(real)] = [*stamp, digest]
-        self._write()
+        with self._lock:
+            self.entries[str(real)] = [*stamp, digest]
+            self._write()
         return digest
 
     def _write(self) -> None:
@@ -85,14 +89,22 @@ class KnownHashes:
 
 @lru_cache(maxsize=8)
 def checkpoint_digest(model_dir: Path, known: KnownHashes | None = None) -> str:
-    """SHA-256 over the checkpoint's files that fix the vectors: each name and content hash."""
-    h = hashlib.sha256()
+    """SHA-256 over the checkpoint's files that fix the vectors: each name and content hash.
+    The files are hashed in threads (hashlib lets go of the GIL): a sharded checkpoint's
+    shards at once."""
+    files = []
     for path in sorted(Path(model_dir).rglob("*")):
         relative = path.relative_to(model_dir)
         hidden = any(part.startswith(".") for part in relative.parts)
         if hidden or not path.is_file() or _NOT_READ.search(path.name):
             continue
-        h.update(f"{relative.as_posix()}\0{_file_hash(path, known)}\n".encode())
+        files.append((relative.as_posix(), path))
+    workers = max(1, min(len(files), len(os.sched_getaffinity(0)), 8))
+    with ThreadPoolExecutor(workers) as pool:
+        hashes = pool.map(lambda file: _file_hash(file[1], known), files)
+        h = hashlib.sha256()
+        for (relative, _), digest in zip(files, hashes, strict=True):
+            h.update(f"{relative}\0{digest}\n".encode())
     return h.hexdigest()
 
 

@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -63,9 +64,11 @@ from qwen_embed_deploy.serving.config import MODEL_REPOSITORY, model_facts
 from .repository import (
     Edit,
     edited_copy,
+    facts_question,
     get_parameter,
     instance_group,
     publish_facts,
+    repository_configs,
     rerank_models,
     set_instance_group,
 )
@@ -354,6 +357,28 @@ class Watchdog(threading.Thread):
             known = server_stubs(self.server_pid) if reloading else alive
 
 
+def facts_ahead(model_repository: Path, edit: Edit) -> Callable[..., dict]:
+    """The facts of every tokenizer and encoder of the repository as `edit` leaves them,
+    worked out at once; publish_facts' `facts` (a lookup of them). An encoder's facts name its
+    route, which takes torch to find: they are worked out in a child process, so that the
+    launcher, alive as long as the server, stays without torch; the tokenizers' here meanwhile,
+    so the checkpoints' files are hashed while the child imports torch."""
+    questions = []
+    for name, config in repository_configs(model_repository).items():
+        edit(name, config)
+        if (question := facts_question(config)) is not None:
+            questions.append(question)
+
+    def key(params: dict, kind: str, tokenizer: bool) -> str:
+        return json.dumps([params, kind, tokenizer], sort_keys=True)
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        later = {key(*q): child.submit(model_facts, *q) for q in questions if not q[2]}
+        answers = {key(*q): model_facts(*q) for q in questions if q[2]}
+        answers |= {k: future.result() for k, future in later.items()}
+    return lambda *question: answers[key(*question)]
+
+
 def log(message: str) -> None:
     print(f"[qwen-embed launcher] {message}", file=sys.stderr, flush=True)
 
@@ -497,14 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.response_cache_mb:
         what.append("the response cache on")
     edit = served_edits(count, args.cpu_instances == "auto", groups, args.response_cache_mb > 0)
-    # An encoder's facts name its route, which takes torch to find: the facts are worked out in
-    # a child process, so that the launcher, alive as long as the server, stays without torch.
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-
-        def facts_apart(*model_facts_args) -> dict:
-            return child.submit(model_facts, *model_facts_args).result()
-
-        served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts_apart))
+    facts = facts_ahead(args.model_repository, edit)
+    served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts))
     if served != args.model_repository:
         what = ", ".join(["the models' facts", *what])
         log(f"serving a copy with {what}: {served}")

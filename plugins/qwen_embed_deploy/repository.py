@@ -108,20 +108,28 @@ def edited_copy(model_repository: Path, *edits: Edit) -> Path:
     return copy
 
 
+def facts_question(config: ModelConfig) -> tuple[dict[str, str], str, bool] | None:
+    """model_facts' arguments for a tokenizer or encoder model (its parameters but the facts,
+    its first instance group's kind, whether it is a tokenizer); None for any other model."""
+    names = {t.name for t in config.output} | {t.name for t in config.input}
+    if config.backend != "python" or "TOKEN_IDS" not in names:
+        return None
+    params = {k: v.string_value for k, v in config.parameters.items() if k not in FACTS}
+    group = config.instance_group[0] if config.instance_group else ModelInstanceGroup()
+    kind = ModelInstanceGroup.Kind.Name(group.kind)
+    return params, kind, "TOKEN_IDS" in {t.name for t in config.output}
+
+
 def publish_facts(name: str, config: ModelConfig, facts=model_facts) -> None:
     """An Edit: a tokenizer or encoder model's facts (contract.FACTS: dimension, tokens per
     text, prompt names, route) written into its parameters, where Triton clients read a
     model's config. Triton keeps no parameter a Python model's auto_complete_config adds, so
     the served config carries them from the start. `facts` computes them (model_facts'
-    arguments)."""
-    names = {t.name for t in config.output} | {t.name for t in config.input}
-    if config.backend != "python" or "TOKEN_IDS" not in names:
+    arguments: facts_question's)."""
+    question = facts_question(config)
+    if question is None:
         return
-    params = {k: v.string_value for k, v in config.parameters.items() if k not in FACTS}
-    group = config.instance_group[0] if config.instance_group else ModelInstanceGroup()
-    kind = ModelInstanceGroup.Kind.Name(group.kind)
-    tokenizer = "TOKEN_IDS" in {t.name for t in config.output}
-    for key, value in facts(params, kind, tokenizer).items():
+    for key, value in facts(*question).items():
         set_parameter(config, key, json.dumps(value))
 
 

@@ -109,7 +109,6 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     """What a tokenizer or encoder model will be, from its config parameters and its first
     instance group's kind, without loading it: the facts (contract.FACTS) the launcher writes
     into the served config, where clients read them."""
-    known = KnownHashes(KNOWN_HASHES)
     if tokenizer:
         settings = tokenizer_settings(params)
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
@@ -117,7 +116,9 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         facts = {
             "dimension": config.embedding_size,
             "tokens_per_text": max_tokens,
-            "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction, known),
+            "fingerprint": tokenizer_fingerprint(
+                model_dir, max_tokens, direction, KnownHashes(KNOWN_HASHES)
+            ),
         }
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
@@ -138,6 +139,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     )
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
     checkpoint, config, route = plan(model_dir, settings.replace(device=device))
+    known = KnownHashes(KNOWN_HASHES)  # read now: what a process beside this one kept meanwhile
     facts = {
         "dimension": config.embedding_size,
         "route": route.to_dict(),
