@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--out", default=str(RESULTS / "startup"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        KNOWN_HASHES.unlink(missing_ok=True)
+        KNOWN_HASHES.path.unlink(missing_ok=True)
         first = one_start(Path(tmp))
         runs = [one_start(Path(tmp)) for _ in range(args.rounds)]
     for run in [first, *runs]:

@@ -41,14 +41,15 @@ class KnownHashes:
     """Large files' SHA-256 kept in one JSON file (`path`), each under its resolved path with
     what moves when its content may have changed (size, modification and status-change times,
     inode: git's test of a changed file). The times are read before the content, so a file
-    written during its hash is hashed again next time. Where the file cannot be written, the
-    hashes are only this process's."""
+    written during its hash is hashed again next time. A file not known here is looked up in
+    the kept file first (another process may have hashed it meanwhile). Where the file cannot
+    be written, the hashes are only this process's."""
 
     MIN_BYTES = 1 << 20  # smaller files (configs, prompts) are hashed anew: less to keep
 
     def __init__(self, path: Path):
         self.path = path
-        self.entries = self._read()
+        self.entries: dict[str, list] = {}
         self._lock = threading.Lock()  # checkpoint_digest hashes files in threads
 
     def _read(self) -> dict[str, list]:
@@ -63,9 +64,10 @@ class KnownHashes:
         if st.st_size < self.MIN_BYTES:
             return _sha256(real)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        entry = self.entries.get(str(real))
-        if isinstance(entry, list) and entry[:4] == stamp:
-            return entry[4]
+        for entries in (self.entries, self._read()):
+            entry = entries.get(str(real))
+            if isinstance(entry, list) and entry[:4] == stamp:
+                return entry[4]
         digest = _sha256(real)
         with self._lock:
             self.entries[str(real)] = [*stamp, digest]

@@ -42,7 +42,7 @@ else:
     DATA_DIR = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "qwen-embed"
 DEMO_MODEL_DIR = DATA_DIR / "demo-model"
 # Checkpoint files' hashes (the fingerprints' content) kept between starts
-KNOWN_HASHES = DATA_DIR / "file-hashes.json"
+KNOWN_HASHES = KnownHashes(DATA_DIR / "file-hashes.json")
 DEMO_RERANKER_DIR = DATA_DIR / "demo-reranker"
 MODEL_DIR_ENV = "QWEN_EMBED_MODEL_DIR"
 RERANK_MODEL_DIR_ENV = "QWEN_EMBED_RERANK_MODEL_DIR"
@@ -116,9 +116,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         facts = {
             "dimension": config.embedding_size,
             "tokens_per_text": max_tokens,
-            "fingerprint": tokenizer_fingerprint(
-                model_dir, max_tokens, direction, KnownHashes(KNOWN_HASHES)
-            ),
+            "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction, KNOWN_HASHES),
         }
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
@@ -139,16 +137,17 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     )
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
     checkpoint, config, route = plan(model_dir, settings.replace(device=device))
-    known = KnownHashes(KNOWN_HASHES)  # read now: what a process beside this one kept meanwhile
     facts = {
         "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
-        "fingerprint": encoder_fingerprint(checkpoint, route, known),
+        "fingerprint": encoder_fingerprint(checkpoint, route, KNOWN_HASHES),
     }
     if route.lora_names:  # each adapter's vectors are fingerprinted apart
         folders = adapter_folders(settings.lora_modules, checkpoint)
-        facts["adapter_fingerprints"] = {n: adapter_fingerprint(f, known) for n, f in folders}
+        facts["adapter_fingerprints"] = {
+            n: adapter_fingerprint(f, KNOWN_HASHES) for n, f in folders
+        }
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
     if route.task == "rerank":  # what SCORES are: a listwise reranker's are cosines
