@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import openai
@@ -51,6 +53,19 @@ class Gateway:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+    def post(self, path: str, body: dict, key=KEY) -> tuple[int, dict]:
+        """The status and `error` of POSTing `body` (as JSON's ASCII escapes) to `path`."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.load(response).get("error")
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)["error"]
 
     def api(self, key=KEY) -> openai.OpenAI:
         return openai.OpenAI(
@@ -97,6 +112,8 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
         {"custom_id": "wrong-url", "method": "POST", "url": "/v1/rerank", "body": {}},
         embed_line(99, dimensions=0),  # refused by the route: an error line with its answer
         {"custom_id": "rerank-in-embed", "method": "GET", "url": "/v1/embeddings", "body": {}},
+        embed_line(98, model="\ud800"),  # a lone surrogate (JSON's escape) in the route's answer
+        {**embed_line(97), "custom_id": "\ud800"},  # nor can an output line hold one
     ]
     source = upload(api, lines)
     assert api.files.retrieve(source).purpose == "batch"
@@ -106,10 +123,10 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
         completion_window="24h",
         metadata={"job": "test"},
     )
-    assert batch.status == "validating" and batch.request_counts.total == 14
+    assert batch.status == "validating" and batch.request_counts.total == 16
     batch = wait(api, batch.id)
     assert batch.status == "completed" and batch.metadata == {"job": "test"}
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 4)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 6)
     done = answers(api, batch.output_file_id)
     assert sorted(a["custom_id"] for a in done) == sorted(f"req-{i}" for i in range(10))
     for a in done:
@@ -123,12 +140,21 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
         got = np.array([d["embedding"] for d in a["response"]["body"]["data"]])
         assert a["response"]["status_code"] == 200 and a["error"] is None
         assert np.abs(got - np.array([d.embedding for d in direct.data])).max() <= SAME
-    failed = {a["custom_id"]: a for a in answers(api, batch.error_file_id)}
-    assert set(failed) == {None, "wrong-url", "req-99", "rerank-in-embed"}
+    errors = answers(api, batch.error_file_id)
+    failed = {a["custom_id"]: a for a in errors}
+    assert set(failed) == {None, "wrong-url", "req-99", "rerank-in-embed", "req-98"}
+    nameless = sorted(a["error"]["message"] for a in errors if a["custom_id"] is None)
+    assert nameless[0] == "'custom_id' must be a string of valid UTF-8"
+    assert nameless[1].startswith("not JSON") and len(nameless) == 2
     assert failed[None]["error"]["code"] == "invalid_request" and failed[None]["response"] is None
     assert "endpoint" in failed["wrong-url"]["error"]["message"]
     assert failed["req-99"]["response"]["status_code"] == 400
     assert failed["req-99"]["response"]["body"]["error"]["param"] == "dimensions"
+    unknown = failed["req-98"]["response"]
+    assert (
+        unknown["status_code"] == 404
+        and "'\\ud800' does not exist" in unknown["body"]["error"]["message"]
+    )
     listed = api.batches.list(limit=5)
     assert [b.id for b in listed.data] == [batch.id]
 
@@ -236,10 +262,33 @@ def test_limits_and_bad_batches_get_clear_400s(server, tmp_path):
             api.batches.create(
                 input_file_id=source, endpoint="/v1/chat/completions", completion_window="24h"
             )
-        with pytest.raises(openai.BadRequestError, match="'completion_window'"):
-            api.batches.create(
-                input_file_id=source, endpoint="/v1/embeddings", completion_window="1h"
-            )
+        for window in ("1h", ["24h"], {}):
+            with pytest.raises(openai.BadRequestError, match="'completion_window'"):
+                api.batches.create(
+                    input_file_id=source, endpoint="/v1/embeddings", completion_window=window
+                )
+        # OpenAI's limits on metadata; a lone surrogate (JSON's escape), which no UTF-8 answer
+        # could list again, refused as well (sent as bytes: the SDK cannot encode it).
+        created = {
+            "input_file_id": source,
+            "endpoint": "/v1/embeddings",
+            "completion_window": "24h",
+        }
+        odd = [
+            ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "17 pairs, more than 16"),
+            ({"metadata": {"k": "v" * 513}}, "metadata", "values 512: the pair of 'k'"),
+            ({"metadata": {"k": "\ud800"}}, "metadata", "valid UTF-8"),
+            ({"metadata": {"\ud800": "v"}}, "metadata", "valid UTF-8"),
+            ({"input_file_id": 7}, "input_file_id", "must be a string"),
+        ]
+        for fields, param, message in odd:
+            status, error = gateway.post("/v1/batches", {**created, **fields})
+            assert (status, error["param"]) == (400, param) and message in error["message"]
+        status, error = gateway.post("/v1/batches", {**created, "input_file_id": "\ud800"})
+        assert status == 404 and error["message"] == "No such File object: \\ud800"
+        with pytest.raises(openai.BadRequestError, match="'limit' must be in 1..100"):
+            api.batches.list(limit="many")
+        assert api.batches.list().data == []  # nothing above was kept
         with pytest.raises(openai.NotFoundError, match="No such File") as e:
             api.batches.create(
                 input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"

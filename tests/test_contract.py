@@ -212,6 +212,9 @@ def test_options_cross_as_parameters_unchanged(options):
         ({"truncation_direction": "up"}, "parameter 'truncation_direction' must be one of"),
         ({"normalize": "yes"}, "parameter 'normalize' must be a boolean"),
         ({"prompt": " "}, "parameter 'prompt' must not be empty"),
+        # a lone surrogate (JSON's escape "\\ud800"): no UTF-8 parameter can carry it
+        ({"prompt_name": "\ud800"}, "parameter 'prompt_name' is not valid UTF-8"),
+        ({"instruction": "x\udfff"}, "parameter 'instruction' is not valid UTF-8"),
         ({"prompt": "p", "prompt_name": "query"}, "parameter 'prompt' replaces"),
         ({"instruction": "x", "prompt_name": "document"}, "parameter 'instruction' fills"),
         ({"chunk_size": 0}, "parameter 'chunk_size' must be >= 1"),

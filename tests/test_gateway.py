@@ -262,11 +262,12 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
         ),
         "/embed": (
             {"inputs": "hello"},
-            ["inputs", "normalize", "truncate", "truncation_direction", "dimensions"],
+            ["inputs", "normalize", "truncate", "truncation_direction", "dimensions"]
+            + ["prompt_name"],
         ),
         "/v2/embed": (
             {"model": "embed", "texts": ["hello"], "input_type": "search_query"},
-            ["texts", "inputs", "input_type", "embedding_types", "output_dimension"],
+            ["texts", "inputs", "input_type", "embedding_types", "output_dimension", "model"],
         ),
         "/tokenize": ({"inputs": "hello"}, ["inputs", "add_special_tokens", "prompt_name"]),
         "/decode": ({"ids": [1, 2, 3]}, ["ids", "skip_special_tokens"]),
@@ -275,12 +276,12 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             {"model": "embed", "input": ["hello"]},
             ["input", "model", "truncate", "dimensions", "options", "keep_alive"],
         ),
-        "/api/embeddings": ({"model": "embed", "prompt": "hello"}, ["prompt", "options"]),
+        "/api/embeddings": ({"model": "embed", "prompt": "hello"}, ["prompt", "options", "model"]),
         "/pooling": (
             {"model": "embed", "input": ["hello"], "task": "token_embed"},
-            ["input", "task", "encoding_format", "use_activation", "embed_dtype"],
+            ["input", "task", "encoding_format", "use_activation", "embed_dtype", "model"],
         ),
-        "/classify": ({"model": "embed", "input": ["hello"]}, ["input", "use_activation"]),
+        "/classify": ({"model": "embed", "input": ["hello"]}, ["input", "use_activation", "model"]),
     }
     with EmbeddingClient(server.grpc_url) as client:
         before = client.embed(["hello"])

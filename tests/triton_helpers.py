@@ -111,8 +111,10 @@ def gateway_process(server, *args: str, env: dict[str, str] | None = None):
 
 
 # What a client may send in place of any field: other types, empty, integers past 64 bits,
-# nesting, content parts on a text model.
-ODD_VALUES = [None, True, 0, -1, 2**63, 2**64, -(2**70), 1.5, "", "x", "\u00e9", [], [None]]
+# a lone surrogate (JSON's escape "\\ud800", which no UTF-8 text holds), nesting, content parts
+# on a text model.
+ODD_VALUES = [None, True, 0, -1, 2**63, 2**64, -(2**70), 1.5, "", "x", "\u00e9", "\ud800"]
+ODD_VALUES += [[], [None]]
 ODD_VALUES += [[1, "a"], [[1], "b"], {}, {"text": 1}, [{"type": "image_url"}], "data:,AAAA"]
 
 

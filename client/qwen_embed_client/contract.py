@@ -159,7 +159,19 @@ def _expect(name: str, value, kind: type, what: str):
     # Triton carries an integer parameter as int64: a wider one cannot even be sent.
     if kind is int and not -(2**63) <= value < 2**63:
         raise RequestError(f"parameter '{name}' must be {what} of at most 64 bits, got {value}")
+    if kind is str and not is_utf8(value):
+        raise RequestError(f"parameter '{name}' is not valid UTF-8 (a lone surrogate)")
     return value
+
+
+def is_utf8(text: str) -> bool:
+    """False for a text with a lone surrogate (JSON may escape one, \\ud800), which no UTF-8
+    text can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _optional(name: str, value, kind: type, what: str):

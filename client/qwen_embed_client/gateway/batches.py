@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from ..bulk import Shards, write_atomic
+from ..contract import is_utf8
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
 from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
@@ -44,6 +45,7 @@ ENDPOINTS = ("/v1/embeddings", "/v1/rerank")
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
 RETRY_PAUSE_S = 2.0  # before a shard the server could not take is tried again
 MAX_ERRORS = 100  # validation errors a failed batch lists
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,31 @@ def _repeated_ids(path: Path) -> list[dict]:
     return errors
 
 
+def _metadata(metadata) -> dict | None:
+    """A batch's `metadata` as OpenAI limits it: at most 16 pairs of strings, keys of at most
+    64 characters, values of at most 512, each valid UTF-8 (the batch is listed and read back
+    as JSON)."""
+    if metadata is None:
+        return None
+    pairs = metadata.items() if isinstance(metadata, dict) else ()
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for _, v in pairs):
+        raise invalid("'metadata' must map strings to strings", "metadata")
+    if len(metadata) > METADATA_PAIRS:
+        raise invalid(
+            f"'metadata' holds {len(metadata)} pairs, more than {METADATA_PAIRS}", "metadata"
+        )
+    for key, value in pairs:
+        if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
+            raise invalid(
+                f"'metadata' keys may hold {METADATA_KEY_CHARS} characters and values "
+                f"{METADATA_VALUE_CHARS}: the pair of {key[:METADATA_KEY_CHARS]!r} is longer",
+                "metadata",
+            )
+        if not (is_utf8(key) and is_utf8(value)):
+            raise invalid("'metadata' must hold valid UTF-8 (no lone surrogate)", "metadata")
+    return metadata
+
+
 @dataclass(frozen=True)
 class InvalidLine:
     custom_id: str | None
@@ -277,8 +304,8 @@ def _parse(line: bytes, endpoint: str) -> dict | InvalidLine:
     if not isinstance(request, dict):
         return InvalidLine(None, "a line must be a JSON object")
     custom_id = request.get("custom_id")
-    if not isinstance(custom_id, str):
-        return InvalidLine(None, "'custom_id' must be a string")
+    if not isinstance(custom_id, str) or not is_utf8(custom_id):
+        return InvalidLine(None, "'custom_id' must be a string of valid UTF-8")
     if request.get("method") != "POST":
         return InvalidLine(custom_id, "'method' must be POST")
     if request.get("url") != endpoint:
@@ -409,7 +436,8 @@ def _owned(found: dict | None, what: str, object_id: str) -> dict:
 
 
 def _file(runner: BatchRunner, owner: str, file_id: str) -> dict:
-    return _owned(runner.store.file(file_id, owner), "File", file_id)
+    found = runner.store.file(file_id, owner) if is_utf8(file_id) else None  # sqlite's text
+    return _owned(found, "File", file_id)
 
 
 @router.get("/v1/files/{file_id}")
@@ -437,16 +465,17 @@ async def create_batch(request: Request):
     if endpoint not in ENDPOINTS:
         raise invalid(f"'endpoint' must be one of {list(ENDPOINTS)}, got {endpoint!r}", "endpoint")
     window = body.get("completion_window")
-    if window not in COMPLETION_WINDOW_S:
+    if not isinstance(window, str) or window not in COMPLETION_WINDOW_S:
         raise invalid(
             f"'completion_window' must be one of {list(COMPLETION_WINDOW_S)}", "completion_window"
         )
-    metadata = body.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
-    ):
-        raise invalid("'metadata' must map strings to strings", "metadata")
-    source = _file(runner, owner, str(body.get("input_file_id")))
+    metadata = _metadata(body.get("metadata"))
+    source_id = body.get("input_file_id")
+    if not isinstance(source_id, str):
+        raise invalid(
+            "'input_file_id' must be a string, the id of an uploaded file", "input_file_id"
+        )
+    source = _file(runner, owner, source_id)
     if source["purpose"] != "batch":
         raise invalid(
             "'input_file_id' must name a file uploaded with purpose 'batch'", "input_file_id"
@@ -504,8 +533,10 @@ async def cancel_batch(request: Request, batch_id: str):
 
 
 @router.get("/v1/batches")
-async def list_batches(request: Request, limit: int = 20, after: str | None = None):
+async def list_batches(request: Request, limit: str = "20", after: str | None = None):
     runner, owner = _state(request)
+    # Read here, not by FastAPI: its refusal would not be in OpenAI's error shape.
+    limit = int(limit) if limit.isdigit() and len(limit) <= 3 else 0
     if not 1 <= limit <= 100:
         raise invalid("'limit' must be in 1..100", "limit")
     page, more = runner.store.batches(owner, limit, after)

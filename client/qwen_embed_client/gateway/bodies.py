@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..contract import MAX_INPUTS
+from ..contract import MAX_INPUTS, is_utf8
 from .errors import EMPTY, INVALID, APIError
 
 INT32 = 2**31
@@ -48,11 +48,8 @@ def described(kind, message: str):
 
 
 def _utf8(text: str) -> str:
-    # JSON may escape a lone surrogate (\ud800), which no UTF-8 text can hold.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PydanticCustomError("utf8", "is not valid UTF-8 (a lone surrogate)") from None
+    if not is_utf8(text):
+        raise PydanticCustomError("utf8", "is not valid UTF-8 (a lone surrogate)")
     return text
 
 

@@ -43,6 +43,9 @@ class APIError(Exception):
     serves the Jina/Cohere v1 shape too)."""
 
     def __init__(self, kind: str, message: str, param: str | None = None, api: str | None = None):
+        # A message may quote what the client sent (a model's name), which JSON can carry with
+        # a lone surrogate that no UTF-8 response can: such a character is quoted escaped.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.kind, self.message, self.param, self.api = kind, message, param, api
 

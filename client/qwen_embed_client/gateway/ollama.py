@@ -51,7 +51,7 @@ class EmbedRequest(Body):
 
 class EmbeddingsRequest(Body):
     model: str
-    prompt: str = ""
+    prompt: Text = ""
     options: dict[str, object] | None = None
     keep_alive: str | int | float | None = None
 
