@@ -182,6 +182,14 @@ CASES = [
         [text("x")],
         {"instruction": 5},
     ),
+    Case(
+        "chunk_spans nested past the JSON parser's depth",
+        r"parameter 'chunk_spans' must be a JSON list of at most \d+ \[start, end\] token spans, "
+        r"got "
+        r"'\[\[\[.*\.\.\. \(100002 characters\)",
+        [text("x")],
+        {"chunk_spans": "[" * 50_000 + "]" * 50_000},
+    ),
     Case("unknown model", r"unknown model|embedd", [text("x")], model="embedd"),
     Case("unknown version", r"version|embed", [text("x")], version="7"),
     Case(

@@ -114,6 +114,7 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
         {"custom_id": "rerank-in-embed", "method": "GET", "url": "/v1/embeddings", "body": {}},
         embed_line(98, model="\ud800"),  # a lone surrogate (JSON's escape) in the route's answer
         {**embed_line(97), "custom_id": "\ud800"},  # nor can an output line hold one
+        "[" * 100_000 + "]" * 100_000,  # JSON nested deeper than the parser recurses
     ]
     source = upload(api, lines)
     assert api.files.retrieve(source).purpose == "batch"
@@ -123,10 +124,10 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
         completion_window="24h",
         metadata={"job": "test"},
     )
-    assert batch.status == "validating" and batch.request_counts.total == 16
+    assert batch.status == "validating" and batch.request_counts.total == 17
     batch = wait(api, batch.id)
     assert batch.status == "completed" and batch.metadata == {"job": "test"}
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 6)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 7)
     done = answers(api, batch.output_file_id)
     assert sorted(a["custom_id"] for a in done) == sorted(f"req-{i}" for i in range(10))
     for a in done:
@@ -145,7 +146,8 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
     assert set(failed) == {None, "wrong-url", "req-99", "rerank-in-embed", "req-98"}
     nameless = sorted(a["error"]["message"] for a in errors if a["custom_id"] is None)
     assert nameless[0] == "'custom_id' must be a string of valid UTF-8"
-    assert nameless[1].startswith("not JSON") and len(nameless) == 2
+    assert nameless[1].startswith("not JSON: Expecting")
+    assert nameless[2] == "not JSON: JSON nested too deeply" and len(nameless) == 3
     assert failed[None]["error"]["code"] == "invalid_request" and failed[None]["response"] is None
     assert "endpoint" in failed["wrong-url"]["error"]["message"]
     assert failed["req-99"]["response"]["status_code"] == 400

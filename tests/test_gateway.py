@@ -230,6 +230,25 @@ def test_metrics_count_the_requests_triton_never_sees(stack):
     assert not any("metrics" in key or "health" in key for key in after)  # scrapes uncounted
 
 
+def test_json_nested_past_the_parsers_depth_is_a_400_not_a_500(stack):
+    """JSON nested deeper than Python's parser recurses is the client's mistake on every route
+    that reads a body."""
+    _, base_url = stack
+    root = base_url.removesuffix("/v1")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    routes = ["/v1/embeddings", "/embed", "/v2/embed", "/api/embed", "/pooling", "/tokenize"]
+    for path in routes + ["/classify", "/similarity", "/decode", "/api/embeddings"]:
+        request = urllib.request.Request(
+            root + path,
+            data=deep,
+            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        assert 400 <= e.value.code < 500, (path, e.value.code)
+        assert "not valid JSON" in e.value.read().decode(), path
+
+
 def test_a_lone_surrogate_is_a_400_not_a_500(stack):
     # Valid JSON (an escaped lone surrogate) that no UTF-8 text can hold.
     _, base_url = stack

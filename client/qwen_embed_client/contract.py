@@ -155,13 +155,22 @@ def priority_level(priority: str | int | None) -> int:
 def _expect(name: str, value, kind: type, what: str):
     # bool is an int in Python: keep the two apart so `dimensions=true` is refused.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RequestError(f"parameter '{name}' must be {what}, got {value!r}")
+        raise RequestError(f"parameter '{name}' must be {what}, got {_got(value)}")
     # Triton carries an integer parameter as int64: a wider one cannot even be sent.
     if kind is int and not -(2**63) <= value < 2**63:
         raise RequestError(f"parameter '{name}' must be {what} of at most 64 bits, got {value}")
     if kind is str and not is_utf8(value):
         raise RequestError(f"parameter '{name}' is not valid UTF-8 (a lone surrogate)")
     return value
+
+
+def parse_json(text: str | bytes):
+    """json.loads, with a text nested deeper than Python's recursion limit refused as JSON
+    that is not valid (a ValueError), as any other client's mistake."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def is_utf8(text: str) -> bool:
@@ -172,6 +181,12 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _got(value, limit: int = 100) -> str:
+    """The value a message quotes, cut to `limit` characters: a client's megabyte stays out."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
 
 
 def _optional(name: str, value, kind: type, what: str):
@@ -194,7 +209,7 @@ def _text(name: str, value) -> str | None:
 
 def _one_of(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
-        raise RequestError(f"parameter '{name}' must be one of {list(allowed)}, got {value!r}")
+        raise RequestError(f"parameter '{name}' must be one of {list(allowed)}, got {_got(value)}")
 
 
 def _video_sampling(opts) -> None:
@@ -370,7 +385,7 @@ class EmbedOptions(_Options):
         if not all(k in EMBEDDING_TYPES for k in kinds) or len(set(kinds)) != len(kinds):
             raise RequestError(
                 f"parameter 'embedding_type' must be one of {list(EMBEDDING_TYPES)}, or several "
-                f"of them separated by commas, got {self.embedding_type!r}"
+                f"of them separated by commas, got {_got(self.embedding_type)}"
             )
 
     @property
@@ -392,7 +407,7 @@ class EmbedOptions(_Options):
         if self.chunked and self.embedding_types != ("float",):
             raise RequestError(
                 f"parameter 'embedding_type' must be 'float' with chunks, "
-                f"got {self.embedding_type!r}"
+                f"got {_got(self.embedding_type)}"
             )
 
     @property
@@ -417,7 +432,7 @@ class EmbedOptions(_Options):
         if self.prompt_name is not None and self.prompt_name not in prompt_names:
             raise RequestError(
                 f"parameter 'prompt_name' must be one of {sorted(prompt_names)} (the "
-                f"prompts of this model), got {self.prompt_name!r}"
+                f"prompts of this model), got {_got(self.prompt_name)}"
             )
         return self
 
@@ -426,10 +441,10 @@ class EmbedOptions(_Options):
         # Triton parameters are scalars: the spans travel as a JSON text.
         if name in SPAN_OPTIONS and isinstance(value, str):
             try:
-                return json.loads(value)
+                return parse_json(value)
             except ValueError:
                 raise RequestError(
-                    f"parameter '{name}' must be {_spans_form(name)}, got {value!r}"
+                    f"parameter '{name}' must be {_spans_form(name)}, got {_got(value)}"
                 ) from None
         return value
 
@@ -461,7 +476,7 @@ def _spans(name: str, value) -> tuple[tuple[int, int], ...]:
         )
     )
     if not ok:
-        raise RequestError(f"parameter '{name}' must be {_spans_form(name)}, got {value!r}")
+        raise RequestError(f"parameter '{name}' must be {_spans_form(name)}, got {_got(value)}")
     for j, (start, end) in enumerate(value):
         if not 0 <= start < end:
             raise RequestError(

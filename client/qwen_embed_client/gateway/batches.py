@@ -32,7 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from ..bulk import Shards, write_atomic
-from ..contract import is_utf8
+from ..contract import is_utf8, parse_json
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
 from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
@@ -246,7 +246,7 @@ def _repeated_ids(path: Path) -> list[dict]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             try:
-                request = json.loads(line) if line.strip() else None
+                request = parse_json(line) if line.strip() else None
             except ValueError:
                 continue
             custom_id = request.get("custom_id") if isinstance(request, dict) else None
@@ -298,7 +298,7 @@ class InvalidLine:
 def _parse(line: bytes, endpoint: str) -> dict | InvalidLine:
     """A line's request, or why it is none."""
     try:
-        request = json.loads(line)
+        request = parse_json(line)
     except ValueError as e:
         return InvalidLine(None, f"not JSON: {e}")
     if not isinstance(request, dict):

@@ -3,14 +3,20 @@ own shape (openai.py, tei.py, cohere.py), and the checks all of them make."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 
 from fastapi import Request
 
 from ..client import EmbeddingError
-from ..contract import ITEM_INPUTS, EmbedOptions, RequestError, RerankOptions, at_least_one
+from ..contract import (
+    ITEM_INPUTS,
+    EmbedOptions,
+    RequestError,
+    RerankOptions,
+    at_least_one,
+    parse_json,
+)
 
 # What went wrong, whatever the API: each API maps a kind to its own status and body.
 INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
@@ -174,7 +180,7 @@ async def json_body(request: Request) -> object:
         if len(body) > limit:
             raise _too_large(limit)
     try:
-        return json.loads(body)
+        return parse_json(body)
     except ValueError:
         raise invalid("request body is not valid JSON") from None
 
