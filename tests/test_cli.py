@@ -181,6 +181,29 @@ def test_a_refused_text_is_named_by_its_place_in_the_input(server, tmp_path):
         assert r.returncode == 1 and f"'TEXT[{bad}]' is empty" in r.stderr, (out, r.stderr)
 
 
+def test_a_jsonl_line_it_cannot_take_is_named_by_its_number(server, tmp_path):
+    """A JSONL input's line that is not JSON, not a string or object, without its text field
+    or with fields of other types: one line on stderr naming the file's line (blank lines
+    counted), exit 1, no traceback, for embed and for rerank's documents and their media."""
+    cases = [
+        ("embed", '{"text": "a"}\n\n{bad', "line 3 is not JSON: Expecting property name"),
+        ("embed", "[" * 100_000 + "]" * 100_000, "line 1 is not JSON: JSON nested too deeply"),
+        ("embed", "5", "line 1: each line must be a JSON string or object"),
+        ("embed", '["a", "b"]', "line 1: each line must be a JSON string or object"),
+        ("embed", '{"txt": "a"}', "line 1: the object has no 'text' field (--text-field)"),
+        ("embed", '{"text": 5}', "line 1: 'text' must be a string"),
+        ("rerank", '"a"\n{"text": "b", "images": "x.png"}', "line 2: 'images' must be a list"),
+        ("rerank", '{"videos": [["f.png", 3]]}', "line 1: 'videos' must be a list of file paths,"),
+    ]
+    for command, text, message in cases:
+        source = tmp_path / "in.jsonl"
+        source.write_text(text + "\n")
+        where = ["--input", str(source)] if command == "embed" else ["a query", str(source)]
+        r = cli(command, *where, "--url", server.grpc_url)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, (text[:40], r.stderr)
+        assert r.stderr.startswith(f"qwen-embed: error: {source} {message}"), r.stderr
+
+
 def test_health_info_and_errors(server):
     r = cli("health", "--url", server.grpc_url)
     assert r.returncode == 0 and "ready" in r.stdout

@@ -33,6 +33,7 @@ from .contract import (
     RerankOptions,
     option_flags,
     options_from_flags,
+    parse_json,
     read_facts,
 )
 
@@ -52,29 +53,54 @@ def read_records(args) -> tuple[list[str], list]:
         return records, list(range(len(records)))
     texts, ids = [], []
     id_field = getattr(args, "id_field", "id")
-    media_fields = {getattr(args, "image_field", None), getattr(args, "video_field", None)}
     for index, record in enumerate(records):  # {"text": ...} per line, or a bare JSON string
-        if isinstance(record, str):
-            texts.append(record)
-        else:  # a record with images or videos may have no text
-            texts.append(
-                record.get(args.text_field, "")
-                if media_fields & record.keys()
-                else record[args.text_field]
-            )
-        has_id = isinstance(record, dict) and id_field in record
-        ids.append(record[id_field] if has_id else index)
+        is_object = isinstance(record, dict)  # one with images or videos may have no text
+        texts.append(record.get(args.text_field, "") if is_object else record)
+        ids.append(record[id_field] if is_object and id_field in record else index)
     return texts, ids
 
 
 def read_lines(args) -> list:
-    """The input's non-blank lines; of a .jsonl file, each line's JSON value."""
+    """The input's non-blank lines; of a .jsonl file, each line's JSON value, a string or an
+    object with its text (and media) fields of their types, else refused naming the line."""
     source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
     with source:
-        lines = [line.rstrip("\n") for line in source if line.strip()]
+        lines = [(n, line.rstrip("\n")) for n, line in enumerate(source, 1) if line.strip()]
     if not (args.input or "").endswith(".jsonl"):
-        return lines
-    return [json.loads(line) for line in lines]
+        return [line for _, line in lines]
+    records = []
+    for n, line in lines:
+        where = f"{args.input} line {n}"
+        try:
+            value = parse_json(line)
+        except ValueError as e:
+            raise EmbeddingError(f"{where} is not JSON: {e}") from None
+        records.append(_record(value, args, where))
+    return records
+
+
+def _record(record, args, where: str):
+    """A JSONL line's value as read_records and the reranker's media take it."""
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        raise EmbeddingError(f"{where}: each line must be a JSON string or object")
+    media = [getattr(args, "image_field", None), getattr(args, "video_field", None)]
+    if args.text_field not in record and not any(f in record for f in media if f):
+        raise EmbeddingError(f"{where}: the object has no {args.text_field!r} field (--text-field)")
+    if not isinstance(record.get(args.text_field, ""), str):
+        raise EmbeddingError(f"{where}: {args.text_field!r} must be a string")
+    for field, video in zip(media, (False, True), strict=True):
+        paths = record.get(field, []) if field else []
+        if not isinstance(paths, list) or not all(_media_path(p, video) for p in paths):
+            what = "file paths, or lists of a video's frame files" if video else "file paths"
+            raise EmbeddingError(f"{where}: {field!r} must be a list of {what}")
+    return record
+
+
+def _media_path(entry, video: bool) -> bool:
+    frames = video and isinstance(entry, list) and all(isinstance(f, str) for f in entry)
+    return isinstance(entry, str) or frames
 
 
 def read_images(paths: list[str], flag: str, base: Path = Path()) -> list[bytes]:
