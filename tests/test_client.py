@@ -69,6 +69,37 @@ def test_an_error_names_the_item_by_its_index_in_the_callers_list(server):
             client.embed(ids, token_ids=True)
 
 
+def test_what_no_server_could_be_sent_is_refused_before_any_request(server):
+    """Texts that are not strings (or not token lists with token_ids), or strings with a lone
+    surrogate, which no UTF-8 request can carry, are refused by the client itself, named by
+    their place in the caller's list: no request reaches the server."""
+
+    def requests():
+        return server.metric("nv_inference_request_success", model="tokenizer")
+
+    before = requests()
+    with EmbeddingClient(server.grpc_url) as client:
+        calls = [
+            (lambda: client.embed(None), TypeError, "texts must be a str or a list of str"),
+            (lambda: client.embed(b"x"), TypeError, "texts must be a str or a list of str"),
+            (lambda: client.embed([]), ValueError, "texts must not be empty"),
+            (lambda: client.embed(["a", 5]), TypeError, r"texts\[1\] must be a str, got int"),
+            (lambda: client.embed([[1, 2]]), TypeError, r"got list \(token ids go with token_"),
+            (lambda: client.embed(["a", "b\ud800"]), ValueError, r"texts\[1\] is not valid UTF"),
+            (lambda: client.embed(["a"], token_ids=True), TypeError, "list of token ids"),
+            (lambda: client.count_tokens([None]), TypeError, r"texts\[0\] must be a str"),
+            (lambda: client.embed_chunks([3], chunk_size=4), TypeError, r"texts\[0\] must be"),
+            (lambda: client.rerank(None, ["a"]), TypeError, "query must be a str"),
+            (lambda: client.rerank("\udfff", ["a"]), ValueError, "query is not valid UTF-8"),
+            (lambda: client.rerank("q", ["a", None]), TypeError, r"documents\[1\] must be"),
+        ]
+        for call, error, message in calls:
+            with pytest.raises(error, match=message):
+                call()
+        assert client.embed(("a", "b")).shape == (2, 1024)  # any iterable of strings
+    assert requests() - before == 1  # the last call's
+
+
 def test_unreachable_server_retries_then_fails():
     with EmbeddingClient(
         f"127.0.0.1:{free_port()}", retry_deadline_s=0.5, backoff_s=0.05, timeout=5

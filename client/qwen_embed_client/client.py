@@ -25,6 +25,7 @@ from .contract import (
     RerankOptions,
     at_least_one,
     ensemble_steps,
+    is_utf8,
     model_fingerprint,
     pack_frames,
     pack_ids,
@@ -52,6 +53,33 @@ FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves 
 FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
 # An item a server's error names, 'TEXT[3]': its index within that Triton request.
 _ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
+
+
+def listed(texts, what: str, token_ids: bool = False) -> list:
+    """`texts` (one string: one text) as a list, each refused here, named by its place, where
+    the server could not even be sent it: other than a str (with `token_ids`, other than a
+    list of ids), or a str with a lone surrogate."""
+    texts = [texts] if isinstance(texts, str) else texts
+    if isinstance(texts, (bytes, dict)) or not hasattr(texts, "__iter__"):
+        raise TypeError(f"{what} must be a str or a list of str, got {type(texts).__name__}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"{what} must not be empty")
+    for i, text in enumerate(texts):
+        if not token_ids:
+            ids = what == "texts" and isinstance(text, (list, tuple))
+            text_checked(text, f"{what}[{i}]", " (token ids go with token_ids=True)" if ids else "")
+        elif isinstance(text, (str, bytes)) or not hasattr(text, "__len__"):
+            raise TypeError(f"{what}[{i}] must be a list of token ids (token_ids=True)")
+    return texts
+
+
+def text_checked(text, what: str, hint: str = "") -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, got {type(text).__name__}{hint}")
+    if not is_utf8(text):
+        raise ValueError(f"{what} is not valid UTF-8 (a lone surrogate)")
+    return text
 
 
 class EmbeddingError(Exception):
@@ -216,11 +244,9 @@ class AsyncEmbeddingClient:
         (PNG, JPEG, ...) and videos, each a file (MP4, WebM, ...) or the list of its frames'
         image files (the text may then be ""); the other options are the server's request
         parameters. With `token_ids=True`, `texts` are lists of the model's own token ids."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**options)
         level = priority_level(priority)
-        if not texts:
-            raise ValueError("texts must not be empty")
         media = {"IMAGES": images, "VIDEOS": videos}
         for name, files in media.items():
             if files is not None and len(files) != len(texts):
@@ -248,7 +274,7 @@ class AsyncEmbeddingClient:
         """Each text's tokens as the model receives them (prompt and special tokens included):
         dicts of id, text, special, and start/stop, the token's UTF-8 byte offsets in the
         prompted text (None for special tokens). Options as `embed`'s."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = listed(texts, "texts", options.get("token_ids", False))
         result = await self._tokenizer_call(texts, EmbedOptions(**options), "TOKENS", headers)
         return [json.loads(item) for item in result.reshape(-1)]
 
@@ -258,7 +284,7 @@ class AsyncEmbeddingClient:
         """Each text's token count as the model would receive it (prompt and special tokens
         included, after truncation), int [n]: the tokenizer step alone, no forward. Options
         as `embed`'s."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**options)
         return (await self._tokenizer_call(texts, opts, "TOKEN_COUNT", headers)).reshape(-1)
 
@@ -333,9 +359,7 @@ class AsyncEmbeddingClient:
         [start, end) over the text's own tokens (after any prompt), or `char_spans` over its
         characters (a chunk: the tokens that begin in it), the same for every text.
         Other options as `embed` (embedding_type stays float)."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("texts must not be empty")
+        texts = listed(texts, "texts", options.get("token_ids", False))
         if [chunk_size, spans, char_spans].count(None) != 2:
             raise ValueError("give chunk_size, spans or char_spans (one of them)")
         params = EmbedOptions(
@@ -360,9 +384,7 @@ class AsyncEmbeddingClient:
         states (prompt and special tokens included, before pooling), for late interaction
         (`maxsim`) or a pooling of your own; `normalize` and `dimensions` apply per token.
         Other options as `embed` (embedding_type stays float)."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("texts must not be empty")
+        texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**{**options, "per_token": True})
         level = priority_level(priority)
 
@@ -384,9 +406,7 @@ class AsyncEmbeddingClient:
         """A sequence-classification checkpoint served as the embed model: each text's logits
         and the labels (the encoder's `labels` fact). Options as `embed`'s (truncation,
         prompts; the vector options do not apply)."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("texts must not be empty")
+        texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**options)
         level = priority_level(priority)
         labels = (await self.served_facts()).get("labels")
@@ -434,9 +454,8 @@ class AsyncEmbeddingClient:
         images or videos may be "". `video_fps` and `video_max_frames`: how many frames of
         each video are kept (default 1 per second, at most 64). `adapter`: a LoRA adapter the
         reranker keeps (its encoder's lora_modules)."""
-        documents = [documents] if isinstance(documents, str) else list(documents)
-        if not documents:
-            raise ValueError("documents must not be empty")
+        documents = listed(documents, "documents")
+        text_checked(query, "query")
         per_document = {"DOCUMENT_IMAGES": document_images, "DOCUMENT_VIDEOS": document_videos}
         for name, files in per_document.items():
             if files is not None and len(files) != len(documents):
