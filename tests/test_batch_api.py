@@ -11,8 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import openai
@@ -20,7 +18,7 @@ import pytest
 
 from qwen_embed_deploy.triton import free_port
 
-from triton_helpers import wait_for
+from triton_helpers import post_json, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -54,18 +52,11 @@ class Gateway:
             self.process.terminate()
             self.process.wait(timeout=10)
 
-    def post(self, path: str, body: dict, key=KEY) -> tuple[int, dict]:
-        """The status and `error` of POSTing `body` (as JSON's ASCII escapes) to `path`."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, json.load(response).get("error")
-        except urllib.error.HTTPError as e:
-            return e.code, json.load(e)["error"]
+    def post(self, path: str, body: dict, key=KEY) -> tuple[int, dict | None]:
+        """The status and `error` of POSTing `body` to `path`."""
+        url, auth = f"http://127.0.0.1:{self.port}{path}", {"Authorization": f"Bearer {key}"}
+        status, answer, _ = post_json(url, body, auth)
+        return status, (answer or {}).get("error")
 
     def api(self, key=KEY) -> openai.OpenAI:
         return openai.OpenAI(

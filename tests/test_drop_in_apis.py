@@ -37,7 +37,7 @@ from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from triton_helpers import gateway_process, infer
+from triton_helpers import gateway_process, infer, post_json
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -68,17 +68,7 @@ def stack(demo_dir, reranker, tmp_path_factory):
 
 def post(base: str, path: str, body: dict, key: str = API_KEY) -> tuple[int, object, dict]:
     """(status, JSON body or None, headers)."""
-    request = urllib.request.Request(
-        f"{base}{path}",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            return r.status, json.loads(r.read()), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        return e.code, json.loads(raw) if raw else None, dict(e.headers)
+    return post_json(f"{base}{path}", body, {"Authorization": f"Bearer {key}"}, timeout=120)
 
 
 def openai_vectors(base: str, texts, **extra) -> np.ndarray:

@@ -147,11 +147,21 @@ def odd_bodies(routes: dict, seed: int = 0, nested: int = 150) -> list[tuple[str
 
 def http_status(url: str, body: dict, headers: dict | None = None) -> int:
     """The HTTP status of POSTing `body` as JSON."""
+    return post_json(url, body, headers)[0]
+
+
+def post_json(url: str, body: dict, headers: dict | None = None, timeout: float = 60):
+    """(status, the answer's JSON or None, its headers) of POSTing `body` as JSON (ASCII
+    escapes: a lone surrogate travels as JSON writes it)."""
     request = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw, status, answered = response.read(), response.status, response.headers
     except urllib.error.HTTPError as e:
-        return e.code
+        raw, status, answered = e.read(), e.code, e.headers
+    try:
+        return status, json.loads(raw) if raw else None, dict(answered)
+    except ValueError:  # not JSON (e.g. a plain-text 500)
+        return status, None, dict(answered)

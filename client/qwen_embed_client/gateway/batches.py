@@ -270,14 +270,13 @@ def _metadata(metadata) -> dict | None:
     as JSON)."""
     if metadata is None:
         return None
-    pairs = metadata.items() if isinstance(metadata, dict) else ()
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for _, v in pairs):
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("'metadata' must map strings to strings", "metadata")
     if len(metadata) > METADATA_PAIRS:
         raise invalid(
             f"'metadata' holds {len(metadata)} pairs, more than {METADATA_PAIRS}", "metadata"
         )
-    for key, value in pairs:
+    for key, value in metadata.items():
         if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
             raise invalid(
                 f"'metadata' keys may hold {METADATA_KEY_CHARS} characters and values "
