@@ -176,9 +176,21 @@ def test_rerank_batches_and_files_are_kept_to_their_key(gateway):
         other.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
         other.files.content(batch.output_file_id)
-    assert other.batches.list().data == []
+    assert other.batches.list().data == [] and other.files.list().data == []
     with pytest.raises(openai.AuthenticationError):
         gateway.api("wrong").batches.list()
+    # Files listed newest first (of a purpose, where asked), and deleted by their key alone.
+    listed = api.files.list()
+    assert [f.id for f in listed.data] == [batch.output_file_id, batch.input_file_id]
+    assert [f.id for f in api.files.list(purpose="batch").data] == [batch.input_file_id]
+    with pytest.raises(openai.NotFoundError):
+        other.files.delete(batch.output_file_id)
+    deleted = api.files.delete(batch.output_file_id)
+    assert (deleted.id, deleted.deleted) == (batch.output_file_id, True)
+    with pytest.raises(openai.NotFoundError):
+        api.files.content(batch.output_file_id)
+    assert [f.id for f in api.files.list().data] == [batch.input_file_id]
+    assert not (gateway.batch_dir / "files" / batch.output_file_id).exists()
 
 
 def test_a_batch_survives_a_gateway_killed_mid_batch(gateway):
@@ -213,9 +225,12 @@ def test_cancel_keeps_what_was_done(gateway):
     )
     while api.batches.retrieve(batch.id).request_counts.completed == 0:
         time.sleep(0.05)
+    with pytest.raises(openai.BadRequestError, match=f"is the input of batch {batch.id}"):
+        api.files.delete(batch.input_file_id)  # the running batch reads it
     assert api.batches.cancel(batch.id).status == "cancelling"
     batch = wait(api, batch.id)
     assert batch.status == "cancelled" and batch.cancelled_at
+    assert api.files.delete(batch.input_file_id).deleted  # once it has ended
     kept = answers(api, batch.output_file_id)
     assert 0 < len(kept) == batch.request_counts.completed < 200
     with pytest.raises(openai.BadRequestError, match="cannot be cancelled"):

@@ -79,6 +79,34 @@ class BatchStore:
         ).fetchone()
         return json.loads(row[0]) if row else None
 
+    def files(
+        self, owner: str, purpose: str | None, limit: int, after: str | None
+    ) -> tuple[list[dict], bool]:
+        """The owner's files (of `purpose`, where given), newest first; (page, more)."""
+        if purpose is None:
+            return self._page("files", owner, limit, after)
+        return self._page(
+            "files", owner, limit, after, ("json_extract(object, '$.purpose')", purpose)
+        )
+
+    def delete_file(self, file_id: str) -> None:
+        self.db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        self.file_path(file_id).unlink(missing_ok=True)
+
+    def _page(self, table: str, owner: str, limit: int, after: str | None, equal=None):
+        """A page of `table`'s objects of `owner`, newest first, after the object `after`;
+        `equal`: (an SQL expression, the value it must equal)."""
+        query, args = f"SELECT object FROM {table} WHERE owner = ?", [owner]
+        if equal is not None:
+            query += f" AND {equal[0]} = ?"
+            args.append(equal[1])
+        if after is not None:
+            query += f" AND rowid < (SELECT rowid FROM {table} WHERE id = ?)"
+            args.append(after)
+        rows = self.db.execute(query + " ORDER BY rowid DESC LIMIT ?", [*args, limit + 1])
+        found = [json.loads(r[0]) for r in rows]
+        return found[:limit], len(found) > limit
+
     # batches
 
     def add_batch(self, owner: str, obj: dict) -> None:
@@ -106,22 +134,20 @@ class BatchStore:
 
     def batches(self, owner: str, limit: int, after: str | None) -> tuple[list[dict], bool]:
         """The owner's batches, newest first, after the batch `after`; (page, more)."""
-        query, args = "SELECT object FROM batches WHERE owner = ?", [owner]
-        if after is not None:
-            query += " AND rowid < (SELECT rowid FROM batches WHERE id = ?)"
-            args.append(after)
-        rows = self.db.execute(query + " ORDER BY rowid DESC LIMIT ?", [*args, limit + 1])
-        found = [json.loads(r[0]) for r in rows]
-        return found[:limit], len(found) > limit
+        return self._page("batches", owner, limit, after)
 
     def next_unfinished(self) -> dict | None:
         """The oldest batch still to run (after a restart, the one that was running)."""
+        unfinished = self.unfinished()
+        return unfinished[0] if unfinished else None
+
+    def unfinished(self) -> list[dict]:
+        """The batches still to run, oldest first."""
         marks = ", ".join("?" * len(UNFINISHED))
-        row = self.db.execute(
-            f"SELECT object FROM batches WHERE status IN ({marks}) ORDER BY rowid LIMIT 1",
-            UNFINISHED,
-        ).fetchone()
-        return json.loads(row[0]) if row else None
+        rows = self.db.execute(
+            f"SELECT object FROM batches WHERE status IN ({marks}) ORDER BY rowid", UNFINISHED
+        )
+        return [json.loads(r[0]) for r in rows]
 
     def work_dir(self, batch_id: str) -> Path:
         return self.root / "work" / batch_id

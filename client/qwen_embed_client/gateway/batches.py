@@ -445,6 +445,30 @@ async def get_file(request: Request, file_id: str):
     return _file(runner, owner, file_id)
 
 
+@router.get("/v1/files")
+async def list_files(
+    request: Request, purpose: str | None = None, limit: str = "10000", after: str | None = None
+):
+    runner, owner = _state(request)
+    return _listed(*runner.store.files(owner, purpose, _limit(limit, 10_000), after))
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str):
+    """A file and its bytes gone; not the input of a batch still running (which reads it)."""
+    runner, owner = _state(request)
+    _file(runner, owner, file_id)
+    running = [b for b in runner.store.unfinished() if b["input_file_id"] == file_id]
+    if running:
+        raise invalid(
+            f"file {file_id} is the input of batch {running[0]['id']}, which is "
+            f"{running[0]['status']}: delete it once the batch has ended (or cancel it)",
+            "file_id",
+        )
+    runner.store.delete_file(file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
 @router.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str):
     runner, owner = _state(request)
@@ -534,11 +558,19 @@ async def cancel_batch(request: Request, batch_id: str):
 @router.get("/v1/batches")
 async def list_batches(request: Request, limit: str = "20", after: str | None = None):
     runner, owner = _state(request)
-    # Read here, not by FastAPI: its refusal would not be in OpenAI's error shape.
-    limit = int(limit) if limit.isdigit() and len(limit) <= 3 else 0
-    if not 1 <= limit <= 100:
-        raise invalid("'limit' must be in 1..100", "limit")
-    page, more = runner.store.batches(owner, limit, after)
+    return _listed(*runner.store.batches(owner, _limit(limit, 100), after))
+
+
+def _limit(text: str, most: int) -> int:
+    """A list's `limit` query parameter, read here, not by FastAPI: its refusal would not be
+    in OpenAI's error shape."""
+    limit = int(text) if text.isdigit() and len(text) <= len(str(most)) else 0
+    if not 1 <= limit <= most:
+        raise invalid(f"'limit' must be in 1..{most}", "limit")
+    return limit
+
+
+def _listed(page: list[dict], more: bool) -> dict:
     return {
         "object": "list",
         "data": page,
