@@ -175,7 +175,10 @@ def parse_json(text: str | bytes):
 
 def is_utf8(text: str) -> bool:
     """False for a text with a lone surrogate (JSON may escape one, \\ud800), which no UTF-8
-    text can hold."""
+    text can hold. An ASCII text (most) is a scan, not an encoding: the client encodes each
+    text once more to send it."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -63,14 +63,20 @@ class KnownHashes:
         st = real.stat()
         if st.st_size < self.MIN_BYTES:
             return _sha256(real)
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        for entries in (self.entries, self._read()):
-            entry = entries.get(str(real))
-            if isinstance(entry, list) and entry[:4] == stamp:
-                return entry[4]
+        stamp, key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], str(real)
+
+        def current(entry) -> bool:
+            return isinstance(entry, list) and entry[:4] == stamp
+
+        entry = self.entries.get(key)
+        if not current(entry):  # the kept file is read only for what this process misses
+            entry = self._read().get(key)
+        if current(entry):
+            self.entries[key] = entry
+            return entry[4]
         digest = _sha256(real)
         with self._lock:
-            self.entries[str(real)] = [*stamp, digest]
+            self.entries[key] = [*stamp, digest]
             self._write()
         return digest
 
