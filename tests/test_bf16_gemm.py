@@ -117,15 +117,30 @@ def test_a_row_is_the_same_at_every_row_count_and_stride():
 @NEEDS_OPERATOR
 @pytest.mark.parametrize("k", [2, 66, 1024])
 def test_the_panel_kernel_gives_the_micro_kernels_bits(k):
-    """64-channel panels run our panel kernel on AVX512_BF16 CPUs (rows in blocks of up to 6,
-    the next panel fetched meanwhile; on AMX CPUs our tile kernel where k is a multiple of 32),
-    wider ones oneDNN's micro-kernel: the same bits at every row count, with and without bias."""
+    """The default layout runs our tile kernel on AMX CPUs where k is a multiple of 32 (16-channel
+    panels; 200 channels: the last block's second tile past them), our panel kernel on
+    AVX512_BF16 CPUs (rows in blocks of up to 6, the next panel fetched meanwhile), wider panels
+    oneDNN's micro-kernel: the same bits at every row count, with and without bias."""
     w, x, bias = _random(200, k, seed=9), _random(70, k, seed=10), torch.randn(200)
     ours, wide = NativeBf16Weight(w), native.pack_panels(w, 2, 128)
     for m in [*range(1, 21), 25, 36, 37, 64, 70]:
         b = bias if m % 2 else None
         micro = torch.ops.qwen_embed.bf16_linear(x[:m], wide, b, 200)
         assert torch.equal(ours(x[:m], b), micro), m
+
+
+@NEEDS_OPERATOR
+def test_the_tile_kernel_reads_weights_in_16_channel_panels():
+    """On AMX CPUs the weights are packed in panels of 16 channels, so that each step's weight
+    tile is 1 KB in a row (a strided tile load is slower); the tile kernel also takes the
+    64-channel panels of the other kernels, with the same bits."""
+    w, x = _random(96, 64, seed=11), _random(40, 64, seed=12)
+    layer = NativeBf16Weight(w)
+    amx = native.isa() == "amx"
+    assert native.bf16_panel() == (16 if amx else native.PANEL)
+    assert layer.packed.shape == (96 // native.bf16_panel(), 32, native.bf16_panel(), 2)
+    wide = torch.ops.qwen_embed.bf16_linear(x, native.pack_panels(w, 2, 64), None, 96)
+    assert torch.equal(layer(x), wide)
 
 
 @NEEDS_OPERATOR
@@ -153,8 +168,9 @@ def test_bad_operands_are_refused():
 def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, channels_outer):
     """Panels per call and tasks are free choices (`bench_kernels.py bf16_blocking` tries them):
     each row is still summed over the whole K in ascending tile products, so the bits are the
-    default blocking's. The default's 64-channel panels run our tile kernel on AMX CPUs and our
-    panel kernel on AVX512_BF16 ones, the wider ones oneDNN's micro-kernel: they agree bitwise."""
+    default blocking's. 64-channel panels run our tile kernel on AMX CPUs (as the default's
+    16-channel ones do) and our panel kernel on AVX512_BF16 ones, the wider ones oneDNN's
+    micro-kernel: they agree bitwise."""
     w, x = _random(700, 192, seed=7), _random(150, 192, seed=8)
     bias = torch.randn(700)
     default = NativeBf16Weight(w)(x, bias)

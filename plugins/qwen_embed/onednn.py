@@ -56,13 +56,14 @@ class NativeBf16Weight(nn.Module):
     """A bf16 linear weight for the batch-invariant route (settings.batch_invariant): the native
     operator (our AMX tile or AVX512_BF16 panel kernel, elsewhere oneDNN's brgemm) takes the whole
     input width in one call per block of rows, so a row's result is the same at any row count,
-    which oneDNN's own GEMM is not on AMX CPUs. Packed once, [n_pad / 64, k / 2, 64, 2]."""
+    which oneDNN's own GEMM is not on AMX CPUs. Packed once, [n_pad / panel, k / 2, panel, 2]
+    (native.bf16_panel: 16 channels for the tile kernel, else 64)."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.dtype = torch.bfloat16
         self.out_features = weight.shape[0]
-        self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2)
+        self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2, native.bf16_panel())
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()

@@ -97,6 +97,12 @@ def handles(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
     )
 
 
+def bf16_panel() -> int:
+    """Channels per panel of the bf16 weights the bf16_linear operator reads fastest here: 16
+    for our AMX tile kernel (a weight tile 1 KB in a row), else PANEL."""
+    return torch.ops.qwen_embed.bf16_panel() if isa() is not None else PANEL
+
+
 def pack_panels(w: torch.Tensor, group: int, panel: int = PANEL) -> torch.Tensor:
     """Weights [n, k] as the GEMM operators (int8_linear, bf16_linear) read them, oneDNN brgemm's
     layout: [n_pad / panel, k_pad / group, panel, group], n and k padded with zeros up to

@@ -12,6 +12,9 @@ namespace qe {
 namespace gemm {
 
 constexpr int64_t kPanel = 64;  // channels per panel of packed GEMM weights (int8, bf16)
+// bf16 weights for the AMX tile kernel: a panel of 16 channels makes each step's weight tile
+// 1 KB in a row, not 16 rows 128 bytes each spread over 4 KB (a strided tile load is slower).
+constexpr int64_t kTilePanel = 16;
 
 // One int8 linear layer's operands (rows.cpp, ops.cpp): `a` rows of k_pad uint8 codes (the
 // activation / a_scale rounded, + 128), `packed` the int8 weights in panels of kPanel
@@ -50,15 +53,15 @@ struct RowKernels {
 };
 
 // batch_invariant's bf16 GEMM on AMX tiles (ops.cpp bf16_linear): rows packed by pack_rows (k bf16
-// values each) times weights packed [n_pad / kPanel][k / 2][kPanel][2] -> out (row stride ldo)
-// + bias (fp32 or null).
+// values each) times weights packed [n_pad / panel][k / 2][panel][2], panel kTilePanel or kPanel,
+// -> out (row stride ldo) + bias (fp32 or null).
 struct Bf16Gemm {
   const uint16_t* a;
   int64_t k;
   const uint16_t* packed;
   const float* bias;
   uint16_t* out;
-  int64_t ldo, n;
+  int64_t ldo, n, panel;
 };
 
 // The GEMMs on AMX tiles (tiles_amx.cpp): rows [row0, row1) x channels [col0, col1) of out, row0

@@ -238,16 +238,20 @@ bool int8_tiles(int64_t k_pad) {
 #endif
 }
 
-// The same for batch_invariant's bf16 GEMM (tiles_amx.cpp): AMX bf16 tiles, 64-channel panels,
-// k a multiple of the tiles' 32 values. The same bits as the micro-kernel, which also sums the
-// whole width in ascending tile products.
-bool bf16_tiles(int64_t k, int64_t panel) {
+// The same for batch_invariant's bf16 GEMM (tiles_amx.cpp): AMX bf16 tiles, weights in panels of
+// kTilePanel channels (bf16_panel: the faster) or kPanel, k a multiple of the tiles' 32 values.
+// The same bits as the micro-kernel, which also sums the whole width in ascending tile products.
+bool bf16_tiles_run() {
 #ifdef QE_NO_AMX
   return false;
 #else
   static const bool runs = cpu_has("amx");
-  return runs && panel == kPanel && k % 32 == 0;
+  return runs;
 #endif
+}
+
+bool bf16_tiles(int64_t k, int64_t panel) {
+  return bf16_tiles_run() && (panel == gemm::kTilePanel || panel == kPanel) && k % 32 == 0;
 }
 
 // Rows rounded up to the tile kernels' blocks of 32.
@@ -293,6 +297,8 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
 }
 
 }  // namespace
+
+int64_t bf16_panel() { return bf16_tiles_run() ? gemm::kTilePanel : kPanel; }
 
 // x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
 // [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
@@ -421,8 +427,9 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
 // micro-kernel; each the whole K in ascending tile products or pairs per block of rows, so a
 // row's sums never depend on the rows beside it (oneDNN's own AMX GEMM blocks K differently for
 // different row counts), and all three give the same bits.
-// x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2] (onednn.BrgemmWeight:
-// panels of 64) -> [..., n] bf16, plus bias (fp32 [n]) when given, added before rounding.
+// x [..., k] bf16 times bf16 weights packed [n_pad / panel, k / 2, panel, 2]
+// (onednn.NativeBf16Weight: bf16_panel's) -> [..., n] bf16, plus bias (fp32 [n]) when given,
+// added before rounding.
 // Tasks of task_rows x task_channels: any blocking gives the same bits; perf/bench_kernels.py
 // bf16_blocking tries others.
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
@@ -437,7 +444,10 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                   packed.size(1) * 2 == k && packed.size(0) * panel >= n,
               "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
               " channels of ", k, " values, panel a multiple of 16");
-  check_blocking(task_rows, task_channels, panel);
+  const bool tiles = bf16_tiles(k, panel);
+  // the tile kernel's blocks of 32 channels
+  const int64_t task_panel = tiles ? std::max<int64_t>(panel, 32) : panel;
+  check_blocking(task_rows, task_channels, task_panel);
   const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, at::kBFloat16);
@@ -446,14 +456,14 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* b = ptr<at::BFloat16>(packed);
   uint16_t* o = ptr<uint16_t>(out);
 #ifndef QE_NO_AMX
-  if (bf16_tiles(k, panel)) {
+  if (tiles) {
     at::Tensor packed_rows = at::empty({whole_blocks(m), k}, rows.options());
     auto* pr = ptr<uint16_t>(packed_rows);
     at::parallel_for(0, whole_blocks(m), 32, [&](int64_t r0, int64_t r1) {
       gemm::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
     });
-    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n};
-    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n, panel,
+    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n, panel};
+    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n, task_panel,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  gemm::tiles.bf16(g, r0, r1, c0, c1);
                });

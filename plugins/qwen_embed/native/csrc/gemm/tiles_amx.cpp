@@ -14,22 +14,28 @@ namespace qe {
 namespace gemm {
 namespace {
 
-constexpr int64_t kBlock = 32;               // rows and channels of a block: 2 x 2 result tiles
-constexpr int64_t kStep = 64;                // bytes of a row per tile product
-constexpr int64_t kPanelBytes = kPanel * 4;  // a panel's bytes per step row (4 int8, 2 bf16)
-constexpr int64_t kPrefetchSteps = 2;        // how far ahead the weights are fetched
-constexpr int64_t kResidentBytes = 1024;     // the widest rows whose 32-row blocks stay in L1
+constexpr int64_t kBlock = 32;            // rows and channels of a block: 2 x 2 result tiles
+constexpr int64_t kStep = 64;             // bytes of a row per tile product
+constexpr int64_t kPrefetchSteps = 2;     // how far ahead strided weights are fetched
+constexpr int64_t kResidentBytes = 1024;  // the widest rows whose 32-row blocks stay in L1
 
 // The operands in bytes. Rows: a tile's 16 rows `stride` apart, a row's 64-byte steps `step`
 // apart, 32-row blocks `block_bytes` apart from row 0; row-major
 // (stride the row pitch, step 64) or packed by pack_rows (stride 64, step 2 KB). Weights in
-// panels of kPanel channels, `width` bytes per channel ([n_pad / 64][width / 4][64][4 bytes]:
-// int8.pack, native.pack_panels).
+// panels of kPanelChannels channels, `width` bytes per channel ([n_pad / panel][width / 4][panel]
+// [4 bytes]: int8.pack, native.pack_panels); channels from `n` on are never stored.
+template <int64_t kPanelChannels>
 struct TileOperands {
+  static constexpr int64_t kPanelBytes = kPanelChannels * 4;  // per step row (4 int8, 2 bf16)
   const uint8_t* a;
   int64_t stride, step, block_bytes;
   const uint8_t* b;
-  int64_t width;
+  int64_t width, n;
+
+  // channel c's first 4 bytes
+  const uint8_t* weights(int64_t c) const {
+    return b + (c / kPanelChannels) * kPanelChannels * width + (c % kPanelChannels) * 4;
+  }
 };
 
 // A finished block whose sums wait for their rescale.
@@ -40,14 +46,19 @@ struct Pending {
 
 // One block: rows [r, r + 32) x channels [c, c + 32) summed into tiles 0-3, then stored to
 // `sums` and left pending. Meanwhile the previous pending block is finished, a share of its
-// rows per step, and the weights two steps ahead are fetched into L1 (a tile load from L2
-// stalls the products behind it).
-template <bool kInt8, typename Finish>
-void block(const TileOperands& t, int64_t r, int64_t c, int64_t row1, void* sums,
-           Pending& pending, Finish& finish) {
-  const int64_t steps = t.width / kStep, b_step = (kStep / 4) * kPanelBytes;
-  const uint8_t* b0 = t.b + (c / kPanel) * kPanel * t.width + (c % kPanel) * 4;
-  const uint8_t* b1 = b0 + kChannels * 4;
+// rows per step. Weights in panels of 16 channels are read in a row, 1 KB a step, as the
+// hardware's prefetcher expects; wider panels' tiles are 64 bytes of each of 16 rows, so
+// those two steps ahead are fetched into L1 (a tile load from L2 stalls the products behind
+// it).
+template <bool kInt8, typename Operands, typename Finish>
+void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pending& pending,
+           Finish& finish) {
+  constexpr int64_t panel_bytes = Operands::kPanelBytes;
+  constexpr bool fetch_ahead = panel_bytes > kStep;
+  const int64_t steps = t.width / kStep, b_step = (kStep / 4) * panel_bytes;
+  const uint8_t* b0 = t.weights(c);
+  // past the last channel any weights do (those channels are never stored)
+  const uint8_t* b1 = c + kChannels < t.n ? t.weights(c + kChannels) : b0;
   const uint8_t* a0 = t.a + r / kBlock * t.block_bytes;
   const uint8_t* a1 = a0 + 16 * t.stride;
   _tile_zero(0);
@@ -57,18 +68,19 @@ void block(const TileOperands& t, int64_t r, int64_t c, int64_t row1, void* sums
   for (int64_t s = 0; s < steps; ++s) {
     // each load between the products that free its tile
     _tile_loadd(4, a0 + s * t.step, t.stride);
-    _tile_loadd(6, b0 + s * b_step, kPanelBytes);
+    _tile_loadd(6, b0 + s * b_step, panel_bytes);
     if constexpr (kInt8) _tile_dpbusd(0, 4, 6); else _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b1 + s * b_step, kPanelBytes);
+    _tile_loadd(7, b1 + s * b_step, panel_bytes);
     if constexpr (kInt8) _tile_dpbusd(1, 4, 7); else _tile_dpbf16ps(1, 4, 7);
     _tile_loadd(5, a1 + s * t.step, t.stride);
     if constexpr (kInt8) _tile_dpbusd(2, 5, 6); else _tile_dpbf16ps(2, 5, 6);
     if constexpr (kInt8) _tile_dpbusd(3, 5, 7); else _tile_dpbf16ps(3, 5, 7);
-    if (s + kPrefetchSteps < steps) {
-      const uint8_t* ahead = b0 + (s + kPrefetchSteps) * b_step;
-      for (int64_t i = 0; i < kStep / 4; ++i) {  // both tiles' rows: 128 bytes of each
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + i * kPanelBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + i * kPanelBytes + 64), _MM_HINT_T0);
+    if (fetch_ahead && s + kPrefetchSteps < steps) {
+      const uint8_t* ahead0 = b0 + (s + kPrefetchSteps) * b_step;
+      const uint8_t* ahead1 = b1 + (s + kPrefetchSteps) * b_step;
+      for (int64_t i = 0; i < kStep / 4; ++i) {  // both tiles' rows
+        _mm_prefetch(reinterpret_cast<const char*>(ahead0 + i * panel_bytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead1 + i * panel_bytes), _MM_HINT_T0);
       }
     }
     if (pending.sums) finish.rows(pending, s * kBlock / steps, (s + 1) * kBlock / steps);
@@ -87,8 +99,8 @@ void block(const TileOperands& t, int64_t r, int64_t c, int64_t row1, void* sums
 // rows fits in L1 beside the weights passing through (rows of up to 1 KB), it stays there while
 // the task's channels stream past; wider, each block of channels serves the task's rows in
 // turn, from L2.
-template <bool kInt8, typename Finish>
-void tile_task(const TileOperands& t, int64_t row0, int64_t row1, int64_t col0, int64_t col1,
+template <bool kInt8, typename Operands, typename Finish>
+void tile_task(const Operands& t, int64_t row0, int64_t row1, int64_t col0, int64_t col1,
                Finish& finish) {
   alignas(64) uint32_t sums[2][kBlock * kBlock];
   Pending pending;
@@ -132,8 +144,9 @@ struct Int8Finish {
 
 template <typename T>
 void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  const TileOperands t{g.a, g.k_pad, kStep, kBlock * g.k_pad,
-                       reinterpret_cast<const uint8_t*>(g.packed), g.k_pad};
+  const TileOperands<kPanel> t{g.a,     g.k_pad, kStep, kBlock * g.k_pad,
+                               reinterpret_cast<const uint8_t*>(g.packed),
+                               g.k_pad, g.n};
   Int8Finish<T> finish{g, {}};
   tile_task<true>(t, row0, row1, col0, col1, finish);
 }
@@ -168,13 +181,27 @@ void pack_rows(const uint16_t* x, int64_t lda, int64_t m, int64_t k, int64_t row
   }
 }
 
-// `a` holds the rows packed by pack_rows.
-void bf16_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+// `a` holds the rows packed by pack_rows; the weights in panels of kTilePanel or kPanel channels.
+template <int64_t kPanelChannels>
+void bf16_panels_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0,
+                      int64_t col1) {
   const int64_t width = g.k * 2;
-  const TileOperands t{reinterpret_cast<const uint8_t*>(g.a), kStep, kBlock * kStep,
-                       kBlock * width, reinterpret_cast<const uint8_t*>(g.packed), width};
+  const TileOperands<kPanelChannels> t{reinterpret_cast<const uint8_t*>(g.a),
+                                       kStep,
+                                       kBlock * kStep,
+                                       kBlock * width,
+                                       reinterpret_cast<const uint8_t*>(g.packed),
+                                       width,
+                                       g.n};
   Bf16Finish finish{g};
   tile_task<false>(t, row0, row1, col0, col1, finish);
+}
+
+void bf16_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  if (g.panel == kTilePanel)
+    bf16_panels_task<kTilePanel>(g, row0, row1, col0, col1);
+  else
+    bf16_panels_task<kPanel>(g, row0, row1, col0, col1);
 }
 
 }  // namespace
