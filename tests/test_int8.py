@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen_embed import int8
+from qwen_embed import native as native_ops
 
 pytestmark = pytest.mark.skipif(
     not int8.native_kernel(),
@@ -112,8 +113,8 @@ def test_every_blocking_gives_the_same_bits(dtype, task_rows, task_channels, cha
         x, packed, offset, scale, bias, 700, 128, task_rows, task_channels, channels_outer
     )
     assert torch.equal(out, default)
-    with pytest.raises(RuntimeError, match="multiple of the panel"):
-        torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 700, 1, 96, 96)
+    with pytest.raises(RuntimeError, match="multiple of the panel"):  # 32-channel tile blocks
+        torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 700, 1, 96, 80)
 
 
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
@@ -163,12 +164,35 @@ def test_rotated_rows_equal_the_integer_arithmetic(dtype, rows, out_features, in
 def test_the_layer_runs_the_kernel_and_matches_the_torch_route(monkeypatch):
     w, x = _random(96, 256, seed=1), _random(37, 256, seed=0).to(torch.bfloat16)
     layer = int8.Int8Weight(w)
-    assert layer.native and layer.packed.shape == (2, 64, 64, 4) and layer.rotation == 128
+    panel = native_ops.int8_panel()
+    assert layer.native and layer.packed.shape == (96 // panel, 64, panel, 4)
+    assert layer.rotation == 128
     monkeypatch.setattr(int8, "native_kernel", lambda: False)
     monkeypatch.setattr(int8, "avx2_kernel", lambda: False)  # test_int8_avx2.py has that one
     torch_route = int8.Int8Weight(w)
     assert not torch_route.native and torch_route.qweight.dtype == torch.int8
     assert torch.equal(layer(x), torch_route(x))
+
+
+@pytest.mark.parametrize("k", [64, 200, 1088])
+def test_the_tile_kernels_16_channel_panels_give_the_same_bits(monkeypatch, k):
+    """On AMX CPUs the weights are packed in panels of 16 channels (a weight tile 1 KB in a
+    row) and k padded to the tiles' 64-value steps, so the tile kernel runs at every width (200:
+    where 64-channel panels leave it to the VNNI panel kernel); 100 channels: the last block's
+    second tile past them. The same bits as 64-channel panels."""
+    w, x = _random(100, k, seed=5), _random(45, k, seed=6).to(torch.bfloat16)
+    q, s = int8.quantize_rows(w)
+    packed, offset, scale = int8.pack(q, s)
+    amx = native_ops.isa() == "amx"
+    assert native_ops.int8_panel() == (16 if amx else native_ops.PANEL)
+    assert packed.shape[2] == native_ops.int8_panel()
+    assert packed.shape[1] * 4 == (-(-k // 64) * 64 if amx else k)
+    monkeypatch.setattr(native_ops, "int8_panel", lambda: native_ops.PANEL)
+    wide = int8.pack(q, s)
+    assert wide[0].shape[2] == 64
+    for rows in (1, 7, 32, 45):
+        out = torch.ops.qwen_embed.int8_linear(x[:rows], packed, offset, scale, None, 100)
+        assert torch.equal(out, torch.ops.qwen_embed.int8_linear(x[:rows], *wide, None, 100))
 
 
 def test_bad_operands_are_refused():
@@ -185,6 +209,10 @@ def test_bad_operands_are_refused():
     for rotation in (8, 48, 128):  # below a vector, not a power of two, not dividing 64
         with pytest.raises(RuntimeError, match="rotation must be"):
             torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, None, 32, rotation)
+    # 16-channel panels are the tile kernel's, whose steps are 64 values
+    narrow = native_ops.pack_panels(int8.quantize_rows(_random(32, 72, seed=2))[0], 4, 16)
+    with pytest.raises(RuntimeError, match="16-channel panels need the AMX tile kernel"):
+        torch.ops.qwen_embed.int8_linear(_random(4, 72, seed=0), narrow, offset, scale, None, 32)
 
 
 def test_the_operator_needs_no_onednn(monkeypatch):

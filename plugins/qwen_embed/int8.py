@@ -36,6 +36,7 @@ _QMAX = 127.0
 FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
 FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
 GROUP = 4  # input values per int8 dot product (native.pack_panels)
+TILE_STEP = 64  # input values per product of the AMX int8 tile kernel
 PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (csrc: kPairsPanel)
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
@@ -120,11 +121,16 @@ def _rescale(
 
 def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """int8 weights [n, k] and their scales [n, 1] in the native operator's layout: (packed int8
-    [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad] = 128 x each channel's sum, which
-    undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros."""
-    n = q.shape[0]
-    packed = native.pack_panels(q, GROUP)
-    n_pad = packed.shape[0] * native.PANEL
+    [n_pad / panel, k_pad / 4, panel, 4], offset int32 [n_pad] = 128 x each channel's sum,
+    which undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros.
+    For our AMX tile kernel (native.int8_panel) panels of 16 channels and k_pad a multiple of
+    its 64-value steps, so that it runs at every width (padding codes stand for 0)."""
+    n, k = q.shape
+    panel = native.int8_panel()
+    if panel != native.PANEL and k % TILE_STEP:
+        q = torch.nn.functional.pad(q, (0, TILE_STEP - k % TILE_STEP))
+    packed = native.pack_panels(q, GROUP, panel)
+    n_pad = packed.shape[0] * panel
     offset = torch.zeros(n_pad, dtype=torch.int32)
     offset[:n] = q.sum(dim=1, dtype=torch.int32).mul_(128)
     padded_scale = torch.zeros(n_pad)

@@ -103,6 +103,11 @@ def bf16_panel() -> int:
     return torch.ops.qwen_embed.bf16_panel() if isa() is not None else PANEL
 
 
+def int8_panel() -> int:
+    """The same for int8_linear's weights (16 where our AMX int8 tile kernel runs)."""
+    return torch.ops.qwen_embed.int8_panel() if isa() is not None else PANEL
+
+
 def pack_panels(w: torch.Tensor, group: int, panel: int = PANEL) -> torch.Tensor:
     """Weights [n, k] as the GEMM operators (int8_linear, bf16_linear) read them, oneDNN brgemm's
     layout: [n_pad / panel, k_pad / group, panel, group], n and k padded with zeros up to

@@ -12,14 +12,14 @@ namespace qe {
 namespace gemm {
 
 constexpr int64_t kPanel = 64;  // channels per panel of packed GEMM weights (int8, bf16)
-// bf16 weights for the AMX tile kernel: a panel of 16 channels makes each step's weight tile
-// 1 KB in a row, not 16 rows 128 bytes each spread over 4 KB (a strided tile load is slower).
+// Weights for the AMX tile kernels: a panel of 16 channels makes each step's weight tile 1 KB
+// in a row, not 64 bytes of each of 16 rows 256 bytes apart (a strided tile load is slower).
 constexpr int64_t kTilePanel = 16;
 
 // One int8 linear layer's operands (rows.cpp, ops.cpp): `a` rows of k_pad uint8 codes (the
-// activation / a_scale rounded, + 128), `packed` the int8 weights in panels of kPanel
-// channels, [n_pad / kPanel][k_pad / 4][kPanel][4], `offset` 128 x each channel's weight
-// sum, `w_scale` per channel, `bias` fp32 or null;
+// activation / a_scale rounded, + 128), `packed` the int8 weights in panels of `panel`
+// channels (kPanel, or kTilePanel for the tile kernel), [n_pad / panel][k_pad / 4][panel][4],
+// `offset` 128 x each channel's weight sum, `w_scale` per channel, `bias` fp32 or null;
 // out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
 template <typename T>
 struct Int8Gemm {
@@ -30,7 +30,7 @@ struct Int8Gemm {
   const float* w_scale;
   const float* bias;
   T* out;
-  int64_t k_pad, n, ldo;
+  int64_t k_pad, n, ldo, panel;
 };
 
 // The row work around the GEMMs (rows.cpp). int8: rows of activations -> codes and scales

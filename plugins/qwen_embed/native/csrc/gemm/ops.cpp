@@ -229,14 +229,16 @@ void panel_task(const Int8Gemm<T>& g, bool once, int64_t row0, int64_t row1, int
 // (every Qwen width). It rescales a block's sums while the tiles compute the next (oneDNN's
 // AMX micro-kernel's call and our rescale after it left each unit idle in turn): docs/tuning.md
 // has the figures.
-bool int8_tiles(int64_t k_pad) {
+bool int8_tiles_run() {
 #ifdef QE_NO_AMX
   return false;
 #else
   static const bool runs = cpu_has("amx_int8");
-  return runs && k_pad % 64 == 0;
+  return runs;
 #endif
 }
+
+bool int8_tiles(int64_t k_pad) { return int8_tiles_run() && k_pad % 64 == 0; }
 
 // The same for batch_invariant's bf16 GEMM (tiles_amx.cpp): AMX bf16 tiles, weights in panels of
 // kTilePanel channels (bf16_panel: the faster) or kPanel, k a multiple of the tiles' 32 values.
@@ -281,7 +283,8 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   if (tiles) {
     const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
                                  blocking.channels_outer};
-    gemm_tasks(in_blocks, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const int64_t task_panel = std::max<int64_t>(g.panel, 32);  // whole 32-channel blocks
+    gemm_tasks(in_blocks, m, g.n, task_panel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       if constexpr (std::is_same_v<T, float>)
         gemm::tiles.int8_f32(g, r0, r1, c0, c1);
       else
@@ -300,8 +303,11 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
 
 int64_t bf16_panel() { return bf16_tiles_run() ? gemm::kTilePanel : kPanel; }
 
+int64_t int8_panel() { return int8_tiles_run() ? gemm::kTilePanel : kPanel; }
+
 // x [..., k] (fp32 or bf16) times int8 weights packed by qwen_embed.int8 (packed int8
-// [n_pad / 64, k_pad / 4, 64, 4], offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
+// [n_pad / panel, k_pad / 4, panel, 4], panel 64 or, for the AMX tile kernel (k_pad a multiple
+// of 64), 16: int8_panel; offset int32 [n_pad], w_scale fp32 [n_pad]) -> [..., n] in x's
 // dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
 // Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
 // weights were before packing. Tasks of task_rows x task_channels: any blocking gives the same
@@ -312,25 +318,29 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                        bool channels_outer) {
   TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI");
   const int64_t k = x.size(-1);
+  const int64_t panel = packed.dim() == 4 ? packed.size(2) : 0;
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
-                  packed.size(2) == kPanel && packed.size(3) == 4 &&
-                  packed.size(1) * 4 >= k && packed.size(0) * kPanel >= n,
-              "packed must be the int8 [n_pad / 64, k_pad / 4, 64, 4] weights of ", n,
-              " channels of ", k, " values");
-  const int64_t n_pad = packed.size(0) * kPanel;
+                  (panel == kPanel || panel == gemm::kTilePanel) && packed.size(3) == 4 &&
+                  packed.size(1) * 4 >= k && packed.size(0) * panel >= n,
+              "packed must be the int8 [n_pad / panel, k_pad / 4, panel, 4] weights of ", n,
+              " channels of ", k, " values, panel 64 or 16");
+  TORCH_CHECK(panel == kPanel || int8_tiles(packed.size(1) * 4),
+              "int8 weights in 16-channel panels need the AMX tile kernel and k_pad a multiple "
+              "of 64 (int8_panel)");
+  const int64_t n_pad = packed.size(0) * panel;
   TORCH_CHECK(offset.scalar_type() == at::kInt && offset.is_contiguous() &&
                   offset.numel() == n_pad && w_scale.scalar_type() == at::kFloat &&
                   w_scale.is_contiguous() && w_scale.numel() == n_pad,
               "offset (int32) and w_scale (float32) must have ", n_pad, " values");
   const float* bias_ptr = bias_values(bias, n);
   check_rotation(rotation, k);
-  check_blocking(task_rows, task_channels, kPanel);
+  check_blocking(task_rows, task_channels, std::max<int64_t>(panel, 32));
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, x.scalar_type());
   auto operands = [&](auto* out_ptr) {
     return Int8Gemm<std::remove_pointer_t<decltype(out_ptr)>>{
         nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
-        bias_ptr, out_ptr, packed.size(1) * 4, n, n};
+        bias_ptr, out_ptr, packed.size(1) * 4, n, n, panel};
   };
   const GemmBlocking blocking{task_rows, task_channels, channels_outer};
   if (x.scalar_type() == at::kBFloat16)

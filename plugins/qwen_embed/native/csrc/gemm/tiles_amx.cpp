@@ -142,13 +142,27 @@ struct Int8Finish {
   }
 };
 
-template <typename T>
-void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  const TileOperands<kPanel> t{g.a,     g.k_pad, kStep, kBlock * g.k_pad,
-                               reinterpret_cast<const uint8_t*>(g.packed),
-                               g.k_pad, g.n};
+template <typename T, int64_t kPanelChannels>
+void int8_panels_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0,
+                      int64_t col1) {
+  const TileOperands<kPanelChannels> t{g.a,
+                                       g.k_pad,
+                                       kStep,
+                                       kBlock * g.k_pad,
+                                       reinterpret_cast<const uint8_t*>(g.packed),
+                                       g.k_pad,
+                                       g.n};
   Int8Finish<T> finish{g, {}};
   tile_task<true>(t, row0, row1, col0, col1, finish);
+}
+
+// The weights in panels of kTilePanel or kPanel channels.
+template <typename T>
+void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  if (g.panel == kTilePanel)
+    int8_panels_task<T, kTilePanel>(g, row0, row1, col0, col1);
+  else
+    int8_panels_task<T, kPanel>(g, row0, row1, col0, col1);
 }
 
 // bf16: the fp32 sums plus bias, rounded (finish.h, as the brgemm route stores them).
@@ -181,7 +195,7 @@ void pack_rows(const uint16_t* x, int64_t lda, int64_t m, int64_t k, int64_t row
   }
 }
 
-// `a` holds the rows packed by pack_rows; the weights in panels of kTilePanel or kPanel channels.
+// `a` holds the rows packed by pack_rows.
 template <int64_t kPanelChannels>
 void bf16_panels_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0,
                       int64_t col1) {
@@ -197,6 +211,7 @@ void bf16_panels_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col
   tile_task<false>(t, row0, row1, col0, col1, finish);
 }
 
+// The weights in panels of kTilePanel or kPanel channels.
 void bf16_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
   if (g.panel == kTilePanel)
     bf16_panels_task<kTilePanel>(g, row0, row1, col0, col1);
