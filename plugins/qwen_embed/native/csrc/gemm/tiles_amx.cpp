@@ -95,7 +95,8 @@ void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pe
 }
 
 // Rows [row0, row1) x channels [col0, col1) (row0 and col0 multiples of 32; `a` holds whole
-// blocks of rows and the weights whole panels, so tiles never read past them). Where a block of
+// blocks of rows and the weights whole panels, and a block's second tile past the last channel
+// reads the first's, so tiles never read past them). Where a block of
 // rows fits in L1 beside the weights passing through (rows of up to 1 KB), it stays there while
 // the task's channels stream past; wider, each block of channels serves the task's rows in
 // turn, from L2.
