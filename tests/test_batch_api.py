@@ -265,6 +265,12 @@ def test_limits_and_bad_batches_get_clear_400s(server, tmp_path):
             upload(api, [embed_line(0, input="x" * 300)])
         with pytest.raises(openai.BadRequestError, match="'purpose' must be one of"):
             api.files.create(file=("a.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+        # a form the gateway cannot parse: OpenAI's error shape, not Starlette's {"detail": ...}
+        url = f"http://127.0.0.1:{gateway.port}/v1/files"
+        form = {"Authorization": f"Bearer {KEY}", "Content-Type": "multipart/form-data"}
+        status, answer, _ = post_json(url, {}, form)
+        assert status == 400 and "boundary" in answer["error"]["message"]
+        assert answer["error"]["type"] == "invalid_request_error"
         source = upload(api, [embed_line(0)])
         with pytest.raises(openai.BadRequestError, match="'endpoint' must be one of"):
             api.batches.create(

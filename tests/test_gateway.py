@@ -16,7 +16,7 @@ from qwen_embed_client.contract import EMBEDDING_TYPES, compact
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
-from triton_helpers import gateway_process, http_status, infer, odd_bodies
+from triton_helpers import gateway_process, http_status, infer, odd_bodies, send_json
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -157,6 +157,29 @@ def test_errors_map_to_openai_shapes(stack):
         openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).embeddings.create(
             input="x", model="embed"
         )
+
+
+def test_routing_refusals_answer_in_the_apis_error_shape(stack):
+    """A path no route serves and a method a route does not take are refused in the route's
+    API's error shape (OpenAI's where no route matched, as OpenAI words them), not
+    Starlette's {"detail": ...}; a 405 says which methods the route takes."""
+    _, base_url = stack
+    base, auth = base_url.removesuffix("/v1"), {"Authorization": f"Bearer {API_KEY}"}
+    status, body, _ = send_json("POST", f"{base}/v1/embedding", {"input": "x"}, auth)
+    assert status == 404
+    assert body["error"]["message"] == "Invalid URL (POST /v1/embedding)"
+    assert body["error"]["type"] == "invalid_request_error"
+    status, body, headers = send_json("GET", f"{base}/v1/embeddings", headers=auth)
+    assert status == 405 and body["error"]["message"] == "Not allowed to GET /v1/embeddings"
+    assert {k.lower(): v for k, v in headers.items()}["allow"] == "POST"
+    status, body, _ = send_json("GET", f"{base}/embed", headers=auth)  # TEI's route
+    assert status == 405
+    assert body == {"error": "Not allowed to GET /embed", "error_type": "Validation"}
+    status, body, _ = send_json("DELETE", f"{base}/v2/embed", headers=auth)  # Cohere's
+    assert status == 405 and body["message"] == "Not allowed to DELETE /v2/embed"
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match=r"Invalid URL \(POST /v1/nowhere\)"):
+        api.post("/nowhere", cast_to=object, body={})
 
 
 def test_a_body_over_the_limit_is_refused_unread(stack):

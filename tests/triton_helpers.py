@@ -153,9 +153,14 @@ def http_status(url: str, body: dict, headers: dict | None = None) -> int:
 def post_json(url: str, body: dict, headers: dict | None = None, timeout: float = 60):
     """(status, the answer's JSON or None, its headers) of POSTing `body` as JSON (ASCII
     escapes: a lone surrogate travels as JSON writes it)."""
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
-    )
+    return send_json("POST", url, body, headers, timeout)
+
+
+def send_json(method: str, url: str, body=None, headers: dict | None = None, timeout: float = 60):
+    """post_json's answer for any method; `body` None: none."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    request = urllib.request.Request(url, data, headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw, status, answered = response.read(), response.status, response.headers

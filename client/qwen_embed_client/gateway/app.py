@@ -17,11 +17,12 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from ..client import AsyncEmbeddingClient
 from . import batches, cohere, nim, ollama, openai, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
-from .errors import APIError
+from .errors import BACKEND, INVALID, METHOD, ROUTE, TOO_LARGE, APIError
 from .metrics import GatewayMetrics
 from .state import MAX_BODY_BYTES, Gateway, require_key
 
@@ -40,6 +41,23 @@ async def _api_error(request: Request, e: APIError) -> JSONResponse:
     tags = getattr(route, "tags", None) or ["openai"]
     api = e.api or tags[0]
     return _RENDERERS[api](e)
+
+
+async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    """Starlette's own refusals (a path no route serves, a method the route does not take, a
+    form it cannot parse) in the route's API's error shape, OpenAI's where no route matched,
+    instead of Starlette's {"detail": ...}."""
+    where = f"{request.method} {request.url.path}"
+    if e.status_code == 404:
+        error = APIError(ROUTE, f"Invalid URL ({where})")
+    elif e.status_code == 405:
+        error = APIError(METHOD, f"Not allowed to {where}")
+    else:
+        kind = {413: TOO_LARGE}.get(e.status_code, INVALID if e.status_code < 500 else BACKEND)
+        error = APIError(kind, str(e.detail))
+    response = await _api_error(request, error)
+    response.headers.update(e.headers or {})  # 405's Allow
+    return response
 
 
 def create_app(
@@ -100,6 +118,7 @@ def create_app(
         settings = batch_settings or BatchSettings()
         app.state.batches = BatchRunner(app.state.gateway, Path(batch_dir), settings)
     app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
     GatewayMetrics().install(app)  # /metrics, like /health, carries no key

@@ -23,6 +23,8 @@ INVALID = "invalid"  # a field breaks a rule (OpenAI 400, TEI 422, Cohere 400)
 EMPTY = "empty"  # nothing to embed (TEI answers 400 "Empty")
 NOT_FOUND = "not_found"  # a model this gateway does not serve
 MISSING = "missing"  # a file or batch this gateway does not hold, or its Batch API is off
+ROUTE = "route"  # a path no route serves
+METHOD = "method"  # a route asked with a method it does not take
 TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full
@@ -36,6 +38,8 @@ STATUS = {
     EMPTY: 400,
     NOT_FOUND: 404,
     MISSING: 404,
+    ROUTE: 404,
+    METHOD: 405,
     TOO_LARGE: 413,
     UNAUTHORIZED: 401,
     OVERLOADED: 429,

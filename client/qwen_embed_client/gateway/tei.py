@@ -43,6 +43,7 @@ from .errors import (
     BACKEND,
     EMPTY,
     INVALID,
+    METHOD,
     NOT_FOUND,
     OVERLOADED,
     TOO_LARGE,
@@ -68,6 +69,7 @@ _ERRORS = {
     OVERLOADED: (429, "Overloaded"),
     UNAVAILABLE: (503, "Unhealthy"),
     BACKEND: (424, "Backend"),
+    METHOD: (405, "Validation"),
 }
 _POOLING = {"last": "last_token", "mean": "mean", "cls": "cls"}
 
