@@ -7,6 +7,7 @@
 TORCH_LIBRARY(qwen_embed, m) {
   m.def("select_isa(str requested) -> str", &qe::select_isa);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) x, Tensor residual, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int head_dim, Tensor? norm_weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh(Tensor x) -> Tensor");
@@ -40,6 +41,7 @@ TORCH_LIBRARY(qwen_embed, m) {
 
 TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("rms_norm", &qe::rms_norm);
+  m.impl("add_rms_norm", &qe::add_rms_norm);
   m.impl("rope", &qe::rope);
   m.impl("silu_mul", &qe::silu_mul);
   m.impl("gelu_tanh", &qe::gelu_tanh);

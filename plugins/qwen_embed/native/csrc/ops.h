@@ -22,6 +22,8 @@ const Kernels& kernels();
 
 // row_ops.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                        double eps);
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                 int64_t head_dim, const std::optional<at::Tensor>& norm_weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);

@@ -44,6 +44,30 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// rms_norm(x + residual), the sum written over x (contiguous rows; residual of x's shape)
+at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                        double eps) {
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && residual.sizes() == x.sizes(),
+              "x and residual must be contiguous and of one shape");
+  same_dtype(x, residual, "residual");
+  same_dtype(x, weight, "weight");
+  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for rows of ", n);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const auto& k = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, n ? x.numel() / n : 0, grain(n), [&](int64_t b, int64_t end) {
+    if (bf16)
+      k.add_rms_norm_bf16(ptr<uint16_t>(x) + b * n, ptr<uint16_t>(residual) + b * n,
+                          ptr<uint16_t>(weight), ptr<uint16_t>(out) + b * n, end - b, n, e);
+    else
+      k.add_rms_norm_f32(ptr<float>(x) + b * n, ptr<float>(residual) + b * n, ptr<float>(weight),
+                         ptr<float>(out) + b * n, end - b, n, e);
+  });
+  return out;
+}
+
 // x [T, heads * head_dim] (rows may be strided), cos/sin [T, head_dim / 2] -> [T, heads, head_dim];
 // the tables in x's dtype, or fp32 with bf16 rows and no norm (the rotation in fp32, rounded
 // once: the vision tower's)

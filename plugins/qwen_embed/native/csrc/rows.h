@@ -31,6 +31,23 @@ void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t row
   }
 }
 
+// The residual add (x + residual rounded to the dtype, as transformers' add rounds it) written
+// over x, then the sum's RMSNorm into out, a row at a time: the sum is read back from L1.
+template <typename T>
+void add_rms_norm(T* x, const T* residual, const T* weight, T* out, int64_t rows, int64_t n,
+                  float eps) {
+  const int64_t whole = n - n % 32;
+  for (int64_t i = 0; i < rows; ++i) {
+    T* row = x + i * n;
+    const T* add = residual + i * n;
+    for (int64_t j = 0; j < whole; j += 32)
+      store32(row + j, round32<T>(load32(row + j) + load32(add + j)));
+    for (int64_t j = whole; j < n; ++j)
+      store(row + j, round_to<T>(to_float(row[j]) + to_float(add[j])));
+    rms_norm(row, n, weight, out + i * n, 1, n, eps);
+  }
+}
+
 // Neox rotation of each head of d values (halves x1, x2): x1 c - x2 s, x2 c + x1 s, with the
 // head first RMS-normalised by `norm_weight` when Normed (Qwen3's q/k norm), which rounds twice.
 // The tables (C) are in the rows' dtype, or fp32 for 16-bit rows without a norm (the vision

@@ -15,6 +15,8 @@ namespace QE_ISA {
 extern const Kernels kernels = {
     rms_norm<float>,
     rms_norm<uint16_t>,
+    add_rms_norm<float>,
+    add_rms_norm<uint16_t>,
     rope<float>,
     rope<uint16_t>,
     rope<uint16_t, float>,
