@@ -132,13 +132,15 @@ def test_the_panel_kernel_gives_the_micro_kernels_bits(k):
 @NEEDS_OPERATOR
 def test_the_tile_kernel_reads_weights_in_16_channel_panels():
     """On AMX CPUs the weights are packed in panels of 16 channels, so that each step's weight
-    tile is 1 KB in a row (a strided tile load is slower); the tile kernel also takes the
-    64-channel panels of the other kernels, with the same bits."""
+    tile is 1 KB in a row (a strided tile load is slower); widths the tiles do not take (not a
+    multiple of 32) keep the panel kernel's 64; the tile kernel also takes 64-channel panels,
+    with the same bits."""
     w, x = _random(96, 64, seed=11), _random(40, 64, seed=12)
     layer = NativeBf16Weight(w)
-    amx = native.isa() == "amx"
-    assert native.bf16_panel() == (16 if amx else native.PANEL)
-    assert layer.packed.shape == (96 // native.bf16_panel(), 32, native.bf16_panel(), 2)
+    panel = 16 if native.isa() == "amx" else native.PANEL
+    assert native.bf16_panel(64) == panel and native.bf16_panel(48) == native.PANEL
+    assert layer.packed.shape == (96 // panel, 32, panel, 2)
+    assert NativeBf16Weight(_random(96, 48, seed=13)).packed.shape[2] == native.PANEL
     wide = torch.ops.qwen_embed.bf16_linear(x, native.pack_panels(w, 2, 64), None, 96)
     assert torch.equal(layer(x), wide)
 

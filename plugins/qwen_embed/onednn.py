@@ -63,7 +63,9 @@ class NativeBf16Weight(nn.Module):
         super().__init__()
         self.dtype = torch.bfloat16
         self.out_features = weight.shape[0]
-        self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2, native.bf16_panel())
+        self.packed = native.pack_panels(
+            weight.detach().to(torch.bfloat16), 2, native.bf16_panel(weight.shape[1])
+        )
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()

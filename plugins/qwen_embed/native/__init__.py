@@ -97,10 +97,11 @@ def handles(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
     )
 
 
-def bf16_panel() -> int:
-    """Channels per panel of the bf16 weights the bf16_linear operator reads fastest here: 16
-    for our AMX tile kernel (a weight tile 1 KB in a row), else PANEL."""
-    return torch.ops.qwen_embed.bf16_panel() if isa() is not None else PANEL
+def bf16_panel(k: int) -> int:
+    """Channels per panel of the bf16 weights of k values each that the bf16_linear operator
+    reads fastest here: 16 where our AMX tile kernel takes them (a weight tile 1 KB in a row;
+    k a multiple of 32), else PANEL (our AVX512_BF16 panel kernel's)."""
+    return torch.ops.qwen_embed.bf16_panel(k) if isa() is not None else PANEL
 
 
 def int8_panel() -> int:

@@ -15,7 +15,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
   m.def("avx2_supported() -> bool", &qe::avx2_supported);
-  m.def("bf16_panel() -> int", &qe::bf16_panel);
+  m.def("bf16_panel(int k) -> int", &qe::bf16_panel);
   m.def("int8_panel() -> int", &qe::int8_panel);
   m.def(
       "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "

@@ -33,9 +33,9 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
 // gemm/ops.cpp
 bool int8_supported();
 bool bf16_supported();
-// Channels per panel of the weights bf16_linear and int8_linear read fastest here
-// (native.pack_panels): 16 for our AMX tile kernels, else 64.
-int64_t bf16_panel();
+// Channels per panel of the weights bf16_linear (of k values each) and int8_linear read fastest
+// here (native.pack_panels): 16 where our AMX tile kernels run, else 64.
+int64_t bf16_panel(int64_t k);
 int64_t int8_panel();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,

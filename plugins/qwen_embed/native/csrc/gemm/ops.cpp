@@ -301,7 +301,9 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
 
 }  // namespace
 
-int64_t bf16_panel() { return bf16_tiles_run() ? gemm::kTilePanel : kPanel; }
+int64_t bf16_panel(int64_t k) {
+  return bf16_tiles(k, gemm::kTilePanel) ? gemm::kTilePanel : kPanel;
+}
 
 int64_t int8_panel() { return int8_tiles_run() ? gemm::kTilePanel : kPanel; }
 
@@ -480,9 +482,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
     return out;
   }
 #endif
-  // our panel kernel where the CPU has AVX512_BF16: the micro-kernel's bits, and faster on the
-  // few rows whose weights stream from memory (panels_avx512bf16.cpp)
-  static const bool panels_run = cpu_has("avx512bf16");
+  // our panel kernel where the CPU has AVX512_BF16 and no AMX: the micro-kernel's bits there,
+  // and faster on the few rows whose weights stream from memory (panels_avx512bf16.cpp); on AMX
+  // CPUs the micro-kernel sums on tiles, whose bits vdpbf16ps does not always give (widths the
+  // tile kernel does not take)
+  static const bool panels_run = cpu_has("avx512bf16") && !bf16_tiles_run();
   const bool ours = panels_run && panel == kPanel, once = gemm::reads_panels_once(m, task_rows);
   const auto* weights = reinterpret_cast<const uint16_t*>(b);
   gemm_tasks({task_rows, task_channels, channels_outer}, m, n, panel,
