@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from ..client import AsyncEmbeddingClient
 from . import batches, cohere, nim, ollama, openai, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
-from .errors import BACKEND, INVALID, METHOD, ROUTE, TOO_LARGE, APIError
+from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
 from .state import MAX_BODY_BYTES, Gateway, require_key
 
@@ -52,9 +52,8 @@ async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
         error = APIError(ROUTE, f"Invalid URL ({where})")
     elif e.status_code == 405:
         error = APIError(METHOD, f"Not allowed to {where}")
-    else:
-        kind = {413: TOO_LARGE}.get(e.status_code, INVALID if e.status_code < 500 else BACKEND)
-        error = APIError(kind, str(e.detail))
+    else:  # Starlette's other refusals are a body it cannot parse: 400s
+        error = APIError(INVALID, str(e.detail))
     response = await _api_error(request, error)
     response.headers.update(e.headers or {})  # 405's Allow
     return response

@@ -21,9 +21,9 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # one pass: the sum rounded once, as torch's add rounds it, so the same bits either way
-    if native.handles(x, residual, weight) and x.shape == residual.shape:
-        if x.is_contiguous() and residual.is_contiguous():
-            return torch.ops.qwen_embed.add_rms_norm(x, residual, weight, eps), x
+    same_rows = x.shape == residual.shape and x.is_contiguous() and residual.is_contiguous()
+    if same_rows and native.handles(x, residual, weight):
+        return torch.ops.qwen_embed.add_rms_norm(x, residual, weight, eps), x
     summed = x.add_(residual)
     return rms_norm(summed, weight, eps), summed
 

@@ -229,13 +229,10 @@ void panel_task(const Int8Gemm<T>& g, bool once, int64_t row0, int64_t row1, int
 // (every Qwen width). It rescales a block's sums while the tiles compute the next (oneDNN's
 // AMX micro-kernel's call and our rescale after it left each unit idle in turn): docs/tuning.md
 // has the figures.
+// (cpu_has: false in a build without the tiles)
 bool int8_tiles_run() {
-#ifdef QE_NO_AMX
-  return false;
-#else
   static const bool runs = cpu_has("amx_int8");
   return runs;
-#endif
 }
 
 bool int8_tiles(int64_t k_pad) { return int8_tiles_run() && k_pad % 64 == 0; }
@@ -244,12 +241,8 @@ bool int8_tiles(int64_t k_pad) { return int8_tiles_run() && k_pad % 64 == 0; }
 // kTilePanel channels (bf16_panel: the faster) or kPanel, k a multiple of the tiles' 32 values.
 // The same bits as the micro-kernel, which also sums the whole width in ascending tile products.
 bool bf16_tiles_run() {
-#ifdef QE_NO_AMX
-  return false;
-#else
   static const bool runs = cpu_has("amx");
   return runs;
-#endif
 }
 
 bool bf16_tiles(int64_t k, int64_t panel) {
@@ -258,6 +251,9 @@ bool bf16_tiles(int64_t k, int64_t panel) {
 
 // Rows rounded up to the tile kernels' blocks of 32.
 int64_t whole_blocks(int64_t rows) { return (rows + 31) / 32 * 32; }
+
+// The channels a tile kernel's tasks are cut in: whole panels, and whole blocks of 32 channels.
+int64_t tile_task_panel(int64_t panel) { return std::max<int64_t>(panel, 32); }
 
 template <typename T>
 void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
@@ -283,13 +279,13 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   if (tiles) {
     const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
                                  blocking.channels_outer};
-    const int64_t task_panel = std::max<int64_t>(g.panel, 32);  // whole 32-channel blocks
-    gemm_tasks(in_blocks, m, g.n, task_panel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      if constexpr (std::is_same_v<T, float>)
-        gemm::tiles.int8_f32(g, r0, r1, c0, c1);
-      else
-        gemm::tiles.int8_bf16(g, r0, r1, c0, c1);
-    });
+    gemm_tasks(in_blocks, m, g.n, tile_task_panel(g.panel),
+               [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                 if constexpr (std::is_same_v<T, float>)
+                   gemm::tiles.int8_f32(g, r0, r1, c0, c1);
+                 else
+                   gemm::tiles.int8_bf16(g, r0, r1, c0, c1);
+               });
     return;
   }
 #endif
@@ -336,7 +332,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
               "offset (int32) and w_scale (float32) must have ", n_pad, " values");
   const float* bias_ptr = bias_values(bias, n);
   check_rotation(rotation, k);
-  check_blocking(task_rows, task_channels, std::max<int64_t>(panel, 32));
+  check_blocking(task_rows, task_channels, tile_task_panel(panel));  // 16 only on the tiles
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n, x.scalar_type());
   auto operands = [&](auto* out_ptr) {
@@ -457,8 +453,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
               "packed must be the bf16 [n_pad / panel, k / 2, panel, 2] weights of ", n,
               " channels of ", k, " values, panel a multiple of 16");
   const bool tiles = bf16_tiles(k, panel);
-  // the tile kernel's blocks of 32 channels
-  const int64_t task_panel = tiles ? std::max<int64_t>(panel, 32) : panel;
+  const int64_t task_panel = tiles ? tile_task_panel(panel) : panel;
   check_blocking(task_rows, task_channels, task_panel);
   const float* bias_ptr = bias_values(bias, n);
   at::Tensor rows = as_rows(x, k);
