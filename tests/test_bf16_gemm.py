@@ -183,3 +183,73 @@ def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, cha
     assert torch.equal(out, default)
     with pytest.raises(RuntimeError, match="multiple of the panel"):
         torch.ops.qwen_embed.bf16_linear(x, packed, None, 700, 32, panel + 16, True)
+
+
+GATES = pytest.mark.skipif(
+    not brgemm_runs() or native.bf16_panel(64) != native.TILE_PANEL,
+    reason="the gated GEMM runs on the AMX bf16 tile kernel",
+)
+
+
+@GATES
+@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (45, 96, 192), (70, 1024, 1024)])
+def test_the_gated_gemm_is_silu_mul_of_the_gemm(rows, n, k):
+    """A gate|up projection's silu(gate) * up in the tile kernel's store: the row ops' silu_mul
+    on the plain GEMM's output, bitwise, at any row count and blocking."""
+    w, x = _random(n, k, seed=14), _random(rows, k, seed=15)
+    layer = NativeBf16Weight(w)
+    assert layer.gates
+    expected = torch.ops.qwen_embed.silu_mul(layer(x))
+    out = layer.silu_gated(x)
+    assert out.shape == (rows, n // 2) and torch.equal(out, expected)
+    for m in (1, 17, rows):
+        assert torch.equal(layer.silu_gated(x[:m]), expected[:m]), m
+    for blocking in ((32, 64, False), (96, 128, True)):
+        gated = torch.ops.qwen_embed.bf16_linear(x, layer.packed, None, n, *blocking, gated=True)
+        assert torch.equal(gated, expected), blocking
+
+
+@GATES
+def test_a_gated_gemm_needs_whole_halves_no_bias_and_the_tiles():
+    x = _random(4, 64, seed=0)
+    layer = NativeBf16Weight(_random(64, 64, seed=1))
+    assert layer.gates and not NativeBf16Weight(_random(48, 64, seed=1)).gates
+    assert not NativeBf16Weight(_random(64, 48, seed=1)).gates  # a width the tiles do not take
+    for n, bias in ((48, None), (64, torch.zeros(64))):  # halves of 24; a bias
+        with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+            torch.ops.qwen_embed.bf16_linear(x, layer.packed, bias, n, gated=True)
+    wide = native.pack_panels(_random(64, 48, seed=1), 2, 64)  # oneDNN's micro-kernel
+    with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+        torch.ops.qwen_embed.bf16_linear(_random(4, 48, seed=0), wide, None, 64, gated=True)
+
+
+@GATES
+def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
+    """QwenMLP's gate|up projection hands silu(gate) * up to its kernel where it gates (the
+    row ops' silu_mul not called, the same bits); a bias or adapters join the product before
+    the gating, so there the GEMM's output goes to silu_mul."""
+    from types import SimpleNamespace
+
+    from qwen_embed.kernels import native_cpu
+    from qwen_embed.layers import ColumnParallelLinear, TPGroup
+    from qwen_embed.lora import LinearLora
+
+    calls = []
+
+    def counted_silu_mul(gate_up):
+        calls.append(gate_up.shape)
+        return native_cpu.silu_mul(gate_up)
+
+    ops = SimpleNamespace(silu_mul=counted_silu_mul)
+    x = _random(10, 64, seed=17)
+    for bias, lora in ((False, False), (True, False), (False, True)):
+        layer = ColumnParallelLinear(64, {"gate": 96, "up": 96}, TPGroup(), bias=bias)
+        layer.weight.data = _random(192, 64, seed=16)
+        if bias:
+            layer.bias.data = torch.randn(192)
+        layer.repack(NativeBf16Weight)
+        layer.lora = LinearLora(SimpleNamespace(rows=None), []) if lora else None
+        expected = native_cpu.silu_mul(layer(x))
+        calls.clear()
+        assert torch.equal(layer.silu_gated(x, ops), expected)
+        assert calls == ([] if not (bias or lora) else [(10, 192)]), (bias, lora)

@@ -223,3 +223,48 @@ def test_the_operator_needs_no_onednn(monkeypatch):
     assert int8.native_kernel()
     assert int8.Int8Weight(w).native
     assert torch.equal(native(x, w), expected)
+
+
+GATES = pytest.mark.skipif(
+    native_ops.int8_panel() != native_ops.TILE_PANEL,
+    reason="the gated GEMM runs on the AMX int8 tile kernel",
+)
+
+
+@GATES
+@DTYPES
+@pytest.mark.parametrize("rows,n,k", [(1, 64, 64), (45, 96, 200), (70, 1024, 1088)])
+def test_the_gated_gemm_is_silu_mul_of_the_gemm(dtype, rows, n, k):
+    """A gate|up projection's silu(gate) * up in the tile kernel's store: the row ops' silu_mul
+    on the plain GEMM's output, bitwise, at any row count and blocking (a task's channels
+    halved: the same weights per task)."""
+    w, x = _random(n, k, seed=7), _random(rows, k, seed=8).to(dtype)
+    layer = int8.Int8Weight(w)
+    assert layer.gates
+    expected = torch.ops.qwen_embed.silu_mul(layer(x))
+    out = layer.silu_gated(x)
+    assert out.shape == (rows, n // 2) and torch.equal(out, expected)
+    for m in (1, 17, rows):
+        assert torch.equal(layer.silu_gated(x[:m]), expected[:m]), m
+    args = (layer.packed, layer.offset, layer.scale, None, n, layer.rotation)
+    for blocking in ((32, 64, False), (96, 128, True)):
+        gated = torch.ops.qwen_embed.int8_linear(x, *args, *blocking, gated=True)
+        assert torch.equal(gated, expected), blocking
+
+
+@GATES
+def test_a_gated_gemm_needs_whole_halves_no_bias_and_the_tiles(monkeypatch):
+    x = _random(4, 64, seed=0)
+    gates = int8.Int8Weight(_random(64, 64, seed=1))
+    assert gates.gates and not int8.Int8Weight(_random(48, 64, seed=1)).gates
+    packed, offset, scale = gates.packed, gates.offset, gates.scale
+    for n, bias in ((48, None), (64, torch.zeros(64))):  # halves of 24; a bias
+        with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+            torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, bias, n, gated=True)
+    monkeypatch.setattr(native_ops, "int8_panel", lambda: native_ops.PANEL)
+    wide = int8.Int8Weight(_random(64, 72, seed=1))  # 64-channel panels: the VNNI kernel
+    assert not wide.gates
+    with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+        torch.ops.qwen_embed.int8_linear(
+            _random(4, 72, seed=0), wide.packed, wide.offset, wide.scale, None, 64, gated=True
+        )

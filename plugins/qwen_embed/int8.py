@@ -161,11 +161,13 @@ class Int8Weight(nn.Module):
         cpu = weight.device.type == "cpu"
         self.native = native_kernel() and cpu
         self.avx2 = not self.native and avx2_kernel() and cpu
+        self.gates = False  # silu_gated: on the native operator's AMX tile kernel
         if self.native:
             packed, offset, scale = pack(q, scale)
             self.register_buffer("packed", packed)
             self.register_buffer("offset", offset)
             self.register_buffer("scale", scale)
+            self.gates = native.gates(packed.shape[2], self.out_features)
         elif self.avx2:
             packed, scale = pack_pairs(q, scale)
             self.register_buffer("packed", packed)
@@ -196,3 +198,17 @@ class Int8Weight(nn.Module):
             if bias is not None:
                 out.add_(bias.to(out.dtype))
         return out.view(*shape[:-1], self.out_features)
+
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a gate|up projection (forward's halves), in the GEMM's store
+        where `gates`: the bits of the row ops' silu_mul on forward's output."""
+        return torch.ops.qwen_embed.int8_linear(
+            x,
+            self.packed,
+            self.offset,
+            self.scale,
+            None,
+            self.out_features,
+            self.rotation,
+            gated=True,
+        )

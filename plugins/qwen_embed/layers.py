@@ -203,6 +203,14 @@ class ColumnParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def silu_gated(self, x: torch.Tensor, ops: RowOps) -> torch.Tensor:
+        """silu(gate) * up of a gate|up projection (its two shards): in the GEMM's store where
+        the kernel does it (`gates`: int8.Int8Weight, onednn.NativeBf16Weight on AMX) and nothing
+        joins the product first (a bias, adapters), else ops.silu_mul after it; the same bits."""
+        if getattr(self.kernel, "gates", False) and self.bias is None and self.lora is None:
+            return self.kernel.silu_gated(x)
+        return ops.silu_mul(self(x))
+
     def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
         """The packed shards' pairs as one: their A stacked [sum r, in], their B this rank's
         rows of each, placed block-diagonally [out, sum r] (a shard without one: zeros)."""

@@ -63,10 +63,15 @@ class NativeBf16Weight(nn.Module):
         super().__init__()
         self.dtype = torch.bfloat16
         self.out_features = weight.shape[0]
-        self.packed = native.pack_panels(
-            weight.detach().to(torch.bfloat16), 2, native.bf16_panel(weight.shape[1])
-        )
+        panel = native.bf16_panel(weight.shape[1])
+        self.packed = native.pack_panels(weight.detach().to(torch.bfloat16), 2, panel)
+        self.gates = native.gates(panel, self.out_features)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         bias = None if bias is None else bias.float()
         return torch.ops.qwen_embed.bf16_linear(x, self.packed, bias, self.out_features)
+
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a gate|up projection (forward's halves), in the GEMM's store
+        where `gates`: the bits of the row ops' silu_mul on forward's output."""
+        return torch.ops.qwen_embed.bf16_linear(x, self.packed, None, self.out_features, gated=True)

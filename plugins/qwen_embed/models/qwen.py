@@ -179,7 +179,7 @@ class QwenMLP(nn.Module):
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_gated(x, self.ops))
 
 
 class QwenDecoderLayer(nn.Module):

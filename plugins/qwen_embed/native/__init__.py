@@ -27,6 +27,16 @@ DTYPES = (torch.float32, torch.bfloat16)
 ISAS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
 PANEL = 64  # output channels per panel of the GEMM operators' packed weights (csrc: kPanel)
+TILE_PANEL = (
+    16  # the same for our AMX tile kernels (csrc: kTilePanel), bf16_panel's and int8_panel's
+)
+
+
+def gates(panel: int, out_features: int) -> bool:
+    """Whether the GEMM operators compute a gate|up projection's silu(gate) * up in their store
+    (`gated`): on the AMX tile kernels (weights in TILE_PANEL channels), each half in whole
+    16-channel blocks."""
+    return panel == TILE_PANEL and out_features % 32 == 0
 
 
 _state: dict[str, str | None] = {}  # "isa" once the library was looked for

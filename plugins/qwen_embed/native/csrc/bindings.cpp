@@ -19,11 +19,11 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("int8_panel() -> int", &qe::int8_panel);
   m.def(
       "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
-      "int task_channels=512, bool channels_outer=True) -> Tensor");
+      "int task_channels=512, bool channels_outer=True, bool gated=False) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
-      "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True) -> "
-      "Tensor");
+      "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True, "
+      "bool gated=False) -> Tensor");
   m.def(
       "int8_linear_avx2(Tensor x, Tensor packed, Tensor w_scale, int n, int rotation=1, "
       "int task_rows=96, int task_channels=256, bool channels_outer=True) -> Tensor");

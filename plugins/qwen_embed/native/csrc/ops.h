@@ -40,10 +40,10 @@ int64_t int8_panel();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
                        int64_t n, int64_t rotation, int64_t task_rows, int64_t task_channels,
-                       bool channels_outer);
+                       bool channels_outer, bool gated);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
-                       int64_t task_channels, bool channels_outer);
+                       int64_t task_channels, bool channels_outer, bool gated);
 bool avx2_supported();
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,

@@ -1,7 +1,8 @@
 // The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
 // scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the panel
 // routes (rows.cpp) and the AMX tile GEMMs (tiles_amx.cpp), both compiled with the same
-// vector flags, so both give the same bits.
+// vector flags, so both give the same bits. And the tile GEMMs' gated store of a gate|up
+// projection, silu(gate) * up.
 #pragma once
 #include <immintrin.h>
 
@@ -45,13 +46,36 @@ inline ChannelGroup channel_group(const Int8Gemm<T>& g, int64_t c) {
 }
 
 template <typename T>
-inline void finish16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
-                     const ChannelGroup& group, T* out) {
+inline __m512 rescale16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
+                        const ChannelGroup& group) {
   const __m512i sum = _mm512_maskz_loadu_epi32(group.mask, sums);
   __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, group.offset));
   y = _mm512_mul_ps(_mm512_mul_ps(y, a_scale), group.w_scale);
-  if (g.bias) y = _mm512_add_ps(y, group.bias);
-  store16(out, y, group.mask);
+  return g.bias ? _mm512_add_ps(y, group.bias) : y;
+}
+
+template <typename T>
+inline void finish16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
+                     const ChannelGroup& group, T* out) {
+  store16(out, rescale16(g, sums, a_scale, group), group.mask);
+}
+
+// silu(gate) * up of 16 channels, each half first rounded to T as the plain GEMM stores it,
+// then the row kernels' silu_mul (rows.h): the unfused route's bits.
+template <typename T>
+inline void store_gated16(__m512 gate, __m512 up, __mmask16 mask, T* out) {
+  const F16 g = round16<T>(reinterpret_cast<F16>(gate));
+  const F16 u = round16<T>(reinterpret_cast<F16>(up));
+  store16(out, reinterpret_cast<__m512>(silu(g) * u), mask);
+}
+
+// The gate|up projection's 16 channels: gate's sums at `sums`, up's kChannels further
+// (groups[0] and [1] their channels).
+template <typename T>
+inline void finish_gated16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
+                           const ChannelGroup* groups, T* out) {
+  store_gated16(rescale16(g, sums, a_scale, groups[0]),
+                rescale16(g, sums + kChannels, a_scale, groups[1]), groups[0].mask, out);
 }
 
 // The bf16 routes' store: 16 fp32 sums plus bias (fp32, or null), rounded.

@@ -15,12 +15,17 @@ constexpr int64_t kPanel = 64;  // channels per panel of packed GEMM weights (in
 // Weights for the AMX tile kernels: a panel of 16 channels makes each step's weight tile 1 KB
 // in a row, not 64 bytes of each of 16 rows 256 bytes apart (a strided tile load is slower).
 constexpr int64_t kTilePanel = 16;
+// Output channels of a gated tile block (a gate|up projection's: 16 gate, 16 up channels).
+constexpr int64_t kGatedChannels = 16;
 
 // One int8 linear layer's operands (rows.cpp, ops.cpp): `a` rows of k_pad uint8 codes (the
 // activation / a_scale rounded, + 128), `packed` the int8 weights in panels of `panel`
 // channels (kPanel, or kTilePanel for the tile kernel), [n_pad / panel][k_pad / 4][panel][4],
 // `offset` 128 x each channel's weight sum, `w_scale` per channel, `bias` fp32 or null;
 // out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
+// `up` > 0 (the tile kernels only): the n channels are a gate|up projection, gate's `up`
+// channels then up's, and out holds silu(gate) * up (up channels), each half rounded to T
+// first: the plain GEMM's output, then the row kernels' silu_mul, fused into the store.
 template <typename T>
 struct Int8Gemm {
   const uint8_t* a;
@@ -31,6 +36,7 @@ struct Int8Gemm {
   const float* bias;
   T* out;
   int64_t k_pad, n, ldo, panel;
+  int64_t up = 0;
 };
 
 // The row work around the GEMMs (rows.cpp). int8: rows of activations -> codes and scales
@@ -54,7 +60,7 @@ struct RowKernels {
 
 // batch_invariant's bf16 GEMM on AMX tiles (ops.cpp bf16_linear): rows packed by pack_rows (k bf16
 // values each) times weights packed [n_pad / panel][k / 2][panel][2], panel kTilePanel or kPanel,
-// -> out (row stride ldo) + bias (fp32 or null).
+// -> out (row stride ldo) + bias (fp32 or null); `up` > 0: a gate|up projection as Int8Gemm's.
 struct Bf16Gemm {
   const uint16_t* a;
   int64_t k;
@@ -62,11 +68,12 @@ struct Bf16Gemm {
   const float* bias;
   uint16_t* out;
   int64_t ldo, n, panel;
+  int64_t up = 0;
 };
 
 // The GEMMs on AMX tiles (tiles_amx.cpp): rows [row0, row1) x channels [col0, col1) of out, row0
-// and col0 multiples of 32. int8: `a` holds whole 32-row blocks of codes and k_pad is a
-// multiple of 64; bf16: k a multiple of 32.
+// a multiple of 32 and col0 of 32 (of 16 where gated). int8: `a` holds whole 32-row blocks of
+// codes and k_pad is a multiple of 64; bf16: k a multiple of 32.
 struct GemmTiles {
   void (*int8_f32)(const Int8Gemm<float>& g, int64_t row0, int64_t row1, int64_t col0,
                    int64_t col1);

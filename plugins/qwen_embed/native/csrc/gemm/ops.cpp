@@ -255,6 +255,28 @@ int64_t whole_blocks(int64_t rows) { return (rows + 31) / 32 * 32; }
 // The channels a tile kernel's tasks are cut in: whole panels, and whole blocks of 32 channels.
 int64_t tile_task_panel(int64_t panel) { return std::max<int64_t>(panel, 32); }
 
+// A gated GEMM (`gated`: n channels of a gate|up projection -> silu(gate) * up, n / 2 of them)
+// runs on the tile kernels only, each block 16 gate and 16 up channels: n / 2 in whole blocks.
+// The gate half's size for the kernels (0: not gated).
+int64_t gated_up(bool gated, bool tiles, int64_t n, bool bias) {
+  if (!gated) return 0;
+  TORCH_CHECK(tiles && n % 32 == 0 && !bias,
+              "gated needs the AMX tile kernel (weights in 16-channel panels: bf16_panel, "
+              "int8_panel), n a multiple of 32 and no bias; got n ", n);
+  return n / 2;
+}
+
+// The tile kernels' tasks over the output, rows in whole blocks: a gated GEMM's (up > 0) take
+// half the blocking's channels, so a task reads as many weights as the plain GEMM's, in whole
+// gated blocks.
+template <typename Task>
+void tile_tasks(GemmBlocking blocking, int64_t m, int64_t n, int64_t panel, int64_t up,
+                const Task& task) {
+  blocking.rows = whole_blocks(blocking.rows);
+  if (up) blocking.channels /= 2;
+  gemm_tasks(blocking, m, up ? up : n, up ? gemm::kGatedChannels : tile_task_panel(panel), task);
+}
+
 template <typename T>
 void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
                const GemmBlocking& blocking) {
@@ -277,9 +299,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   g.a_scale = ptr<float>(scales);
 #ifndef QE_NO_AMX
   if (tiles) {
-    const GemmBlocking in_blocks{whole_blocks(blocking.rows), blocking.channels,
-                                 blocking.channels_outer};
-    gemm_tasks(in_blocks, m, g.n, tile_task_panel(g.panel),
+    tile_tasks(blocking, m, g.n, g.panel, g.up,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  if constexpr (std::is_same_v<T, float>)
                    gemm::tiles.int8_f32(g, r0, r1, c0, c1);
@@ -309,11 +329,11 @@ int64_t int8_panel() { return int8_tiles_run() ? gemm::kTilePanel : kPanel; }
 // dtype, plus bias (fp32 [n]) when given. rotation > 1: each row is rotated first by a
 // Walsh-Hadamard transform per `rotation` values (16, 32, 64 or 128, dividing k), as the
 // weights were before packing. Tasks of task_rows x task_channels: any blocking gives the same
-// bits.
+// bits. gated: silu(gate) * up of a gate|up projection, [..., n / 2] (gated_up).
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offset,
                        const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
                        int64_t n, int64_t rotation, int64_t task_rows, int64_t task_channels,
-                       bool channels_outer) {
+                       bool channels_outer, bool gated) {
   TORCH_CHECK(int8_supported(), "the int8 operator needs AVX-512 with VNNI");
   const int64_t k = x.size(-1);
   const int64_t panel = packed.dim() == 4 ? packed.size(2) : 0;
@@ -333,12 +353,14 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const float* bias_ptr = bias_values(bias, n);
   check_rotation(rotation, k);
   check_blocking(task_rows, task_channels, tile_task_panel(panel));  // 16 only on the tiles
+  const int64_t up = gated_up(gated, int8_tiles(packed.size(1) * 4), n, bias_ptr);
   at::Tensor rows = as_rows(x, k);
-  at::Tensor out = output_for(x, n, x.scalar_type());
+  const int64_t n_out = up ? up : n;
+  at::Tensor out = output_for(x, n_out, x.scalar_type());
   auto operands = [&](auto* out_ptr) {
     return Int8Gemm<std::remove_pointer_t<decltype(out_ptr)>>{
         nullptr, nullptr, ptr<int8_t>(packed), ptr<int32_t>(offset), ptr<float>(w_scale),
-        bias_ptr, out_ptr, packed.size(1) * 4, n, n, panel};
+        bias_ptr, out_ptr, packed.size(1) * 4, n, n_out, panel, up};
   };
   const GemmBlocking blocking{task_rows, task_channels, channels_outer};
   if (x.scalar_type() == at::kBFloat16)
@@ -439,10 +461,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
 // (onednn.NativeBf16Weight: bf16_panel's) -> [..., n] bf16, plus bias (fp32 [n]) when given,
 // added before rounding.
 // Tasks of task_rows x task_channels: any blocking gives the same bits; perf/bench_kernels.py
-// bf16_blocking tries others.
+// bf16_blocking tries others. gated: silu(gate) * up of a gate|up projection, [..., n / 2]
+// (gated_up).
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
-                       int64_t task_channels, bool channels_outer) {
+                       int64_t task_channels, bool channels_outer, bool gated) {
   TORCH_CHECK(bf16_supported(), "the bf16 operator needs AVX-512 and torch's oneDNN");
   const int64_t k = x.size(-1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 rows");
@@ -456,8 +479,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t task_panel = tiles ? tile_task_panel(panel) : panel;
   check_blocking(task_rows, task_channels, task_panel);
   const float* bias_ptr = bias_values(bias, n);
+  const int64_t up = gated_up(gated, tiles, n, bias_ptr);
   at::Tensor rows = as_rows(x, k);
-  at::Tensor out = output_for(x, n, at::kBFloat16);
+  at::Tensor out = output_for(x, up ? up : n, at::kBFloat16);
   const int64_t m = rows.size(0), lda = rows.stride(0);
   const auto* a = ptr<at::BFloat16>(rows);
   const auto* b = ptr<at::BFloat16>(packed);
@@ -469,8 +493,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
     at::parallel_for(0, whole_blocks(m), 32, [&](int64_t r0, int64_t r1) {
       gemm::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
     });
-    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n, n, panel};
-    gemm_tasks({whole_blocks(task_rows), task_channels, channels_outer}, m, n, task_panel,
+    const Bf16Gemm g{
+        pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, up ? up : n, n, panel, up};
+    tile_tasks({task_rows, task_channels, channels_outer}, m, n, panel, up,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  gemm::tiles.bf16(g, r0, r1, c0, c1);
                });

@@ -5,8 +5,10 @@
 // weights only. A block's sums go to a buffer in L1, and their rescale and rounding (the
 // brgemm routes' own arithmetic: finish.h, store16) run while the next block's tile products
 // do: the tile unit works beside the vector units, where a micro-kernel call followed by its
-// store leaves each idle in turn. Compiled with rows.cpp's vector flags plus AMX
-// (native/build.py), so the rounding is the same instructions.
+// store leaves each idle in turn. A gate|up projection's block is 16 gate and the same 16 up
+// channels, stored as silu(gate) * up (gemm.h): the MLP's gating costs no pass of its own.
+// Compiled with rows.cpp's vector flags plus AMX (native/build.py), so the rounding is the
+// same instructions.
 #include "../tiles.h"
 #include "finish.h"
 
@@ -23,14 +25,18 @@ constexpr int64_t kResidentBytes = 1024;  // the widest rows whose 32-row blocks
 // apart, 32-row blocks `block_bytes` apart from row 0; row-major
 // (stride the row pitch, step 64) or packed by pack_rows (stride 64, step 2 KB). Weights in
 // panels of kPanelChannels channels, `width` bytes per channel ([n_pad / panel][width / 4][panel]
-// [4 bytes]: int8.pack, native.pack_panels); channels from `n` on are never stored.
+// [4 bytes]: int8.pack, native.pack_panels); channels from `n` on are never stored. `up` > 0:
+// a gate|up projection, whose block c is gate's channels [c, c + 16) and up's `up` further.
 template <int64_t kPanelChannels>
 struct TileOperands {
   static constexpr int64_t kPanelBytes = kPanelChannels * 4;  // per step row (4 int8, 2 bf16)
   const uint8_t* a;
   int64_t stride, step, block_bytes;
   const uint8_t* b;
-  int64_t width, n;
+  int64_t width, n, up;
+
+  // output channels per block
+  int64_t block_channels() const { return up ? kGatedChannels : kBlock; }
 
   // channel c's first 4 bytes
   const uint8_t* weights(int64_t c) const {
@@ -44,7 +50,8 @@ struct Pending {
   int64_t row = 0, rows = 0, col = 0;
 };
 
-// One block: rows [r, r + 32) x channels [c, c + 32) summed into tiles 0-3, then stored to
+// One block: rows [r, r + 32) x channels [c, c + 32) (gated: gate's and up's 16) summed into
+// tiles 0-3, then stored to
 // `sums` and left pending. Meanwhile the previous pending block is finished, a share of its
 // rows per step. Weights in panels of 16 channels are read in a row, 1 KB a step, as the
 // hardware's prefetcher expects; wider panels' tiles are 64 bytes of each of 16 rows, so
@@ -58,7 +65,9 @@ void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pe
   const int64_t steps = t.width / kStep, b_step = (kStep / 4) * panel_bytes;
   const uint8_t* b0 = t.weights(c);
   // past the last channel any weights do (those channels are never stored)
-  const uint8_t* b1 = c + kChannels < t.n ? t.weights(c + kChannels) : b0;
+  const uint8_t* b1 = t.up                   ? t.weights(t.up + c)
+                      : c + kChannels < t.n ? t.weights(c + kChannels)
+                                            : b0;
   const uint8_t* a0 = t.a + r / kBlock * t.block_bytes;
   const uint8_t* a1 = a0 + 16 * t.stride;
   _tile_zero(0);
@@ -94,7 +103,8 @@ void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pe
   finish.start(c);
 }
 
-// Rows [row0, row1) x channels [col0, col1) (row0 and col0 multiples of 32; `a` holds whole
+// Rows [row0, row1) x channels [col0, col1) of the output (row0 a multiple of 32, col0 of the
+// blocks' channels; `a` holds whole
 // blocks of rows and the weights whole panels, and a block's second tile past the last channel
 // reads the first's, so tiles never read past them). Where a block of
 // rows fits in L1 beside the weights passing through (rows of up to 1 KB), it stays there while
@@ -110,18 +120,20 @@ void tile_task(const Operands& t, int64_t row0, int64_t row1, int64_t col0, int6
     block<kInt8>(t, r, c, row1, sums[buffer], pending, finish);
     buffer ^= 1;
   };
+  const int64_t channels = t.block_channels();
   configure_tiles();
   if (t.width <= kResidentBytes) {
     for (int64_t r = row0; r < row1; r += kBlock)
-      for (int64_t c = col0; c < col1; c += kBlock) next(r, c);
+      for (int64_t c = col0; c < col1; c += channels) next(r, c);
   } else {
-    for (int64_t c = col0; c < col1; c += kBlock)
+    for (int64_t c = col0; c < col1; c += channels)
       for (int64_t r = row0; r < row1; r += kBlock) next(r, c);
   }
   if (pending.sums) finish.rows(pending, 0, kBlock);
 }
 
-// int8: (sum - offset) * row scale * channel scale + bias, rounded (finish.h).
+// int8: (sum - offset) * row scale * channel scale + bias, rounded (finish.h); gated, then
+// silu(gate) * up.
 template <typename T>
 struct Int8Finish {
   const Int8Gemm<T>& g;
@@ -129,13 +141,17 @@ struct Int8Finish {
 
   void start(int64_t c) {
     group[0] = channel_group(g, c);
-    group[1] = channel_group(g, c + kChannels);
+    group[1] = channel_group(g, g.up ? g.up + c : c + kChannels);
   }
   void rows(const Pending& p, int64_t i0, int64_t i1) const {
     const auto* sums = static_cast<const int32_t*>(p.sums);
     for (int64_t i = i0; i < i1 && i < p.rows; ++i) {
       const __m512 a_scale = _mm512_set1_ps(g.a_scale[p.row + i]);
       T* out = g.out + (p.row + i) * g.ldo + p.col;
+      if (g.up) {
+        finish_gated16(g, sums + i * kBlock, a_scale, group, out);
+        continue;
+      }
       finish16(g, sums + i * kBlock, a_scale, group[0], out);
       if (p.col + kChannels < g.n)
         finish16(g, sums + i * kBlock + kChannels, a_scale, group[1], out + kChannels);
@@ -152,7 +168,8 @@ void int8_panels_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t 
                                        kBlock * g.k_pad,
                                        reinterpret_cast<const uint8_t*>(g.packed),
                                        g.k_pad,
-                                       g.n};
+                                       g.n,
+                                       g.up};
   Int8Finish<T> finish{g, {}};
   tile_task<true>(t, row0, row1, col0, col1, finish);
 }
@@ -166,13 +183,21 @@ void int8_task(const Int8Gemm<T>& g, int64_t row0, int64_t row1, int64_t col0, i
     int8_panels_task<T, kPanel>(g, row0, row1, col0, col1);
 }
 
-// bf16: the fp32 sums plus bias, rounded (finish.h, as the brgemm route stores them).
+// bf16: the fp32 sums plus bias, rounded (finish.h, as the brgemm route stores them); gated,
+// then silu(gate) * up (no bias).
 struct Bf16Finish {
   const Bf16Gemm& g;
 
   void start(int64_t) {}
   void rows(const Pending& p, int64_t i0, int64_t i1) const {
     const auto* sums = static_cast<const float*>(p.sums);
+    if (g.up) {
+      for (int64_t i = i0; i < i1 && i < p.rows; ++i)
+        store_gated16(_mm512_loadu_ps(sums + i * kBlock),
+                      _mm512_loadu_ps(sums + i * kBlock + kChannels), first_lanes(g.up - p.col),
+                      g.out + (p.row + i) * g.ldo + p.col);
+      return;
+    }
     for (int64_t i = i0; i < i1 && i < p.rows; ++i)
       for (int64_t c = p.col; c < p.col + kBlock && c < g.n; c += kChannels)
         store_sums16(sums + i * kBlock + (c - p.col), g.bias ? g.bias + c : nullptr,
@@ -207,7 +232,8 @@ void bf16_panels_task(const Bf16Gemm& g, int64_t row0, int64_t row1, int64_t col
                                        kBlock * width,
                                        reinterpret_cast<const uint8_t*>(g.packed),
                                        width,
-                                       g.n};
+                                       g.n,
+                                       g.up};
   Bf16Finish finish{g};
   tile_task<false>(t, row0, row1, col0, col1, finish);
 }
