@@ -355,27 +355,30 @@ operator against oneDNN's packed GEMM, per GEMM shape and row count.
     python bench_kernels.py bf16_blocking [--rows 20 128 1024 16384] [--rounds 3]
 
 The operator (gemm/ops.cpp bf16_linear) sums each row over the whole K per task and panel (our AMX
-tile kernel for panels of 64 on AMX CPUs, oneDNN's micro-kernel otherwise), so every blocking
-gives a row the same bits (checked here against the default for each): the weights' panel
-(channels per call, 64 as shipped), rows and channels per task, and whether
-consecutive tasks share channels or rows. Per shape (Qwen3-Embedding-0.6B's widths) and row
-count: every blocking once (best of 3), then the 4 fastest, the default and oneDNN taking
-turns for --rounds rounds (median of each's best of 2). The default is the operator's own
-(64 rows x 512 channels, channels outermost, panels of 64). `int8_blocking` does the
-same for the int8 operator.
+tile kernel for panels of 16 and 64 on AMX CPUs, our panel kernel or oneDNN's micro-kernel
+otherwise), so every blocking gives a row the same bits (checked here against the default for
+each): the weights' panel (native.bf16_panel's as shipped: 16 on AMX CPUs, else 64), rows and
+channels per task, and whether consecutive tasks share channels or rows. The gate|up
+projection runs gated where the engine gates it (native.gates: silu(gate) * up in the GEMM's
+store), against oneDNN's GEMM and the native SiLU gating after it. Per shape
+(Qwen3-Embedding-0.6B's widths) and row count: every blocking once (best of 3), then the 4
+fastest, the default and oneDNN taking turns for --rounds rounds (median of each's best of 2).
+The default is the operator's own (64 rows x 512 channels, channels outermost) on the shipped
+panel. `int8_blocking` does the same for the int8 operator.
 """
 
 INT8_BLOCKING_DOC = """\
 How the int8 route's GEMM is best cut on this CPU: blockings of the native int8 operator
-(quantised rows, the brgemm micro-kernel's integer sums, the rescale) per GEMM shape and row
+(quantised rows, the integer sums on our AMX tile kernel or VNNI panel kernel, the rescale;
+the gate|up projection gated where the engine gates it, as in `bf16_blocking`) per GEMM shape and row
 count, against the float route's bf16 GEMM (oneDNN's packed) of the same shape; on CPUs without
 VNNI, of the AVX2 operator (gemm/pairs_avx2.cpp: 16-channel panels, 96 rows x 256 channels by
 default) against the fp32 GEMM.
 
     python bench_kernels.py int8_blocking [--rows 20 128 1024 16384] [--rounds 3]
 
-The operator (gemm/ops.cpp int8_linear) makes one whole-K micro-kernel call per task and panel of
-64 channels, so every blocking gives a row the same bits (checked against the default for each):
+The operator (gemm/ops.cpp int8_linear) sums each row over the whole K per task and block of
+channels, so every blocking gives a row the same bits (checked against the default for each):
 rows and channels per task, and whether consecutive tasks share channels or rows. Per shape of
 the route's int8 layers (Qwen3-Embedding-0.6B's widths) and row count: every blocking once
 (best of 3), then the 4 fastest, the default and the bf16 GEMM taking turns (as
@@ -390,7 +393,10 @@ BF16_SHAPES = {
     "gate_up": (6144, 1024),
     "down": (1024, 3072),
 }
-PANELS = (64, 128, 256, 512)
+GATED = "gate_up"  # the projection the engine gates where the operator can (native.gates)
+# the widths are multiples of 32: each shape's panel is bf16_panel(k)'s, the same for all
+DEFAULT_PANEL = native.bf16_panel(1024)
+PANELS = tuple(sorted({DEFAULT_PANEL, 64, 128, 256, 512}))
 
 
 def schema_blocking(op) -> tuple:
@@ -402,7 +408,7 @@ def schema_blocking(op) -> tuple:
 def bf16_default() -> tuple:
     """(panel, task rows, task channels, channels outermost) as the engine runs the operator:
     onednn.NativeBf16Weight's panel and the operator's own defaults."""
-    return (native.PANEL, *schema_blocking(torch.ops.qwen_embed.bf16_linear))
+    return (DEFAULT_PANEL, *schema_blocking(torch.ops.qwen_embed.bf16_linear))
 
 
 def bf16_blockings() -> list[tuple]:
@@ -455,6 +461,11 @@ def compare(
     return row
 
 
+def then_gating(gemm: Callable, gated: bool) -> Callable:
+    """A baseline GEMM, followed by the native SiLU gating where the operator gates."""
+    return (lambda: torch.ops.qwen_embed.silu_mul(gemm())) if gated else gemm
+
+
 def measure_bf16(name: str, m: int, rounds: int) -> dict:
     n, k = BF16_SHAPES[name]
     g = torch.Generator().manual_seed(0)
@@ -462,21 +473,26 @@ def measure_bf16(name: str, m: int, rounds: int) -> dict:
     x = torch.randn(m, k, generator=g).bfloat16()
     packs = {panel: native.pack_panels(w, 2, panel) for panel in PANELS}
     onednn = PackedWeight(w)
+    gated = name == GATED and native.gates(DEFAULT_PANEL, n)
+    # a gated GEMM runs on the tile kernel: 16- and 64-channel panels
+    grid = [b for b in bf16_blockings() if not gated or b[0] in (DEFAULT_PANEL, native.PANEL)]
 
     def call(b: tuple):
         panel, rows, channels, channels_outer = b
         return lambda: torch.ops.qwen_embed.bf16_linear(
-            x, packs[panel], None, n, rows, channels, channels_outer
+            x, packs[panel], None, n, rows, channels, channels_outer, gated
         )
 
-    shape = f"{name} {n}x{k}"
-    return compare(shape, m, call, bf16_blockings(), bf16_default(), lambda: onednn(x), rounds)
+    shape = f"{name} {n}x{k}" + (" gated" if gated else "")
+    baseline = then_gating(lambda: onednn(x), gated)
+    return compare(shape, m, call, grid, bf16_default(), baseline, rounds)
 
 
 def one_blocking(rows: list[dict], m: int, default: str) -> str:
     """The blocking fastest over all shapes at `m` rows (screening times summed)."""
     at_m = [r for r in rows if r["rows"] == m]
-    total = {b: sum(r["screened"][b] for r in at_m) for b in at_m[0]["screened"]}
+    everywhere = set.intersection(*(set(r["screened"]) for r in at_m))  # gated: fewer
+    total = {b: sum(r["screened"][b] for r in at_m) for b in everywhere}
     best = min(total, key=total.get)
     return (
         f"{m} rows, all shapes: fastest one blocking {best}, {total[best]:.2f} ms screened "
@@ -521,7 +537,7 @@ def int8_operator(vnni: bool) -> tuple:
     """The int8 layers' operator, its panel and its input dtype: the VNNI one on bf16 rows, or
     the AVX2 one on fp32 rows (the float route's dtype on CPUs without VNNI)."""
     if vnni:
-        return torch.ops.qwen_embed.int8_linear, native.PANEL, torch.bfloat16
+        return torch.ops.qwen_embed.int8_linear, native.int8_panel(), torch.bfloat16
     return torch.ops.qwen_embed.int8_linear_avx2, int8.PAIRS_PANEL, torch.float32
 
 
@@ -529,8 +545,8 @@ def int8_default(op, panel: int) -> tuple:
     return (panel, *schema_blocking(op))
 
 
-def int8_blockings(panel: int) -> list[tuple]:
-    channels = (256, 512, 1024) if panel == native.PANEL else (64, 256, 1024)
+def int8_blockings(vnni: bool, panel: int) -> list[tuple]:
+    channels = (256, 512, 1024) if vnni else (64, 256, 1024)
     return list(itertools.product((panel,), (32, 96, 256), channels, (True, False)))
 
 
@@ -542,6 +558,7 @@ def measure_int8(name: str, m: int, rounds: int) -> dict:
     op, panel, dtype = int8_operator(layer.native)
     x = torch.randn(m, k, generator=g).to(dtype)
     float_gemm = PackedWeight(w.to(dtype))
+    gated = name == GATED and layer.gates
     if layer.native:
         operands = (x, layer.packed, layer.offset, layer.scale, None, n, layer.rotation)
     else:
@@ -549,11 +566,15 @@ def measure_int8(name: str, m: int, rounds: int) -> dict:
 
     def call(b: tuple):
         _, rows, channels, channels_outer = b
+        if gated:
+            return lambda: op(*operands, rows, channels, channels_outer, gated=True)
         return lambda: op(*operands, rows, channels, channels_outer)
 
-    shape = f"{name} {n}x{k}"
+    shape = f"{name} {n}x{k}" + (" gated" if gated else "")
     default = int8_default(op, panel)
-    return compare(shape, m, call, int8_blockings(panel), default, lambda: float_gemm(x), rounds)
+    blockings = int8_blockings(layer.native, panel)
+    baseline = then_gating(lambda: float_gemm(x), gated)
+    return compare(shape, m, call, blockings, default, baseline, rounds)
 
 
 def blocking_arguments(p: argparse.ArgumentParser) -> None:
