@@ -25,11 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-# The environment each revision's process starts from: this one's as it was given, since
-# importing qwen_embed sets variables of its own (THP_MEM_ALLOC_ENABLE), which a base revision
-# that does not set them must not inherit.
-GIVEN_ENVIRONMENT = dict(os.environ)
-
 from harness import (
     REPO,
     RESULTS,
@@ -39,6 +34,11 @@ from harness import (
     new_record,
     write_report,
 )
+
+# The environment each revision's process starts from: this one's as it was given, since
+# importing qwen_embed sets variables of its own (THP_MEM_ALLOC_ENABLE), which a base revision
+# that does not set them must not inherit.
+GIVEN_ENVIRONMENT = dict(os.environ)
 
 QUERIES = 32
 DOCUMENT_TOKENS = 256
