@@ -371,9 +371,9 @@ INT8_BLOCKING_DOC = """\
 How the int8 route's GEMM is best cut on this CPU: blockings of the native int8 operator
 (quantised rows, the integer sums on our AMX tile kernel or VNNI panel kernel, the rescale;
 the gate|up projection gated where the engine gates it, as in `bf16_blocking`) per GEMM shape
-and row count, against the float route's bf16 GEMM (oneDNN's packed) of the same shape; on CPUs without
-VNNI, of the AVX2 operator (gemm/pairs_avx2.cpp: 16-channel panels, 96 rows x 256 channels by
-default) against the fp32 GEMM.
+and row count, against the float route's bf16 GEMM (oneDNN's packed) of the same shape; on CPUs
+without VNNI, of the AVX2 operator (gemm/pairs_avx2.cpp: 16-channel panels, 96 rows x 256
+channels by default) against the fp32 GEMM.
 
     python bench_kernels.py int8_blocking [--rows 20 128 1024 16384] [--rounds 3]
 
