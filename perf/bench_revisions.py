@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,6 @@ from harness import (
     new_record,
     write_report,
 )
-
-# The environment each revision's process starts from: this one's as it was given, since
-# importing qwen_embed sets variables of its own (THP_MEM_ALLOC_ENABLE), which a base revision
-# that does not set them must not inherit.
-GIVEN_ENVIRONMENT = dict(os.environ)
 
 QUERIES = 32
 DOCUMENT_TOKENS = 256
@@ -96,9 +90,7 @@ def base_plugins(revision: str) -> Path:
 def run_one(plugins: Path, model_dir: str, quantization: str, documents: int) -> dict:
     command = [sys.executable, __file__, "--measure", str(plugins), "--model-dir", model_dir]
     command += ["--quantization", quantization, "--documents", str(documents)]
-    out = subprocess.run(
-        command, capture_output=True, text=True, check=True, env=GIVEN_ENVIRONMENT
-    ).stdout
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     if not Path(figures.pop("code")).is_relative_to(plugins):
         raise SystemExit(f"a measuring process ran another revision's qwen_embed than {plugins}")

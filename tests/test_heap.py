@@ -86,30 +86,3 @@ def test_pages_of_mapped_files_are_not_freed_heap(glibc, tmp_path):
     assert trimmer.free_resident_bytes() < held + 16 * MB
     trimmer()
     assert trimmer.trims == 0
-
-
-def _huge_pages_in_a_fresh_process(code: str, setting: str | None = None) -> bool:
-    """cpu.huge_pages() after `code`, in a new interpreter with THP_MEM_ALLOC_ENABLE unset or
-    `setting`."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    if setting is not None:
-        env["THP_MEM_ALLOC_ENABLE"] = setting
-    probe = f"{code}\nfrom qwen_embed.cpu import huge_pages\nprint(huge_pages())"
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
-    return result.stdout.split()[-1] == "True"
-
-
-def test_the_engine_asks_for_huge_pages_unless_the_deployment_says_no():
-    """torch's allocator reads THP_MEM_ALLOC_ENABLE at its first allocation: importing
-    qwen_embed sets it (unless set), so the engine's large buffers are marked for transparent
-    huge pages; a deployment's 0 wins, and torch allocating before the import leaves it off
-    (the engine then warns)."""
-    assert _huge_pages_in_a_fresh_process("import torch\nimport qwen_embed")
-    assert not _huge_pages_in_a_fresh_process("import qwen_embed", setting="0")
-    assert not _huge_pages_in_a_fresh_process("import torch\ntorch.ones(1)\nimport qwen_embed")

@@ -68,27 +68,6 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def huge_pages() -> bool:
-    """Whether torch's CPU allocator asks for transparent huge pages for its large buffers
-    (THP_MEM_ALLOC_ENABLE when it first allocated: qwen_embed's import sets it): a 4 MB buffer's
-    mapping carries MADV_HUGEPAGE's flag ("hg" in /proc/self/smaps). False where unreadable."""
-    probe = torch.empty(4 << 20, dtype=torch.uint8)
-    address = probe.data_ptr()
-    try:
-        with open("/proc/self/smaps") as f:
-            inside = False
-            for line in f:
-                head = line.split(maxsplit=1)[0]
-                if "-" in head and not head.endswith(":"):  # a mapping's first line
-                    start, end = (int(a, 16) for a in head.split("-"))
-                    inside = start <= address < end
-                elif inside and head == "VmFlags:":
-                    return "hg" in line.split()[1:]
-    except OSError:
-        pass
-    return False
-
-
 def anonymous_bytes() -> int:
     """Resident memory that is the process's own (heap, stacks): not pages of mapped files,
     such as a checkpoint's embedding table (layers.VocabParallelEmbedding), which the kernel

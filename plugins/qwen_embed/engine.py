@@ -21,7 +21,7 @@ from .avx2_gemm import Avx2F32Weight
 from .batch import HostResult, finish, flatten, plan_batches, pool
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import ModelConfig
-from .cpu import HeapTrimmer, cpu_features, huge_pages, keep_freed_memory
+from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .fp8 import Fp8Weight
 from .heads import build_head, listwise_scores
@@ -141,12 +141,6 @@ def _linears_as_stored(model: nn.Module, model_dir: str) -> None:
 def _prepare_device(device: torch.device) -> None:
     if device.type == "cpu":
         keep_freed_memory()
-        if not huge_pages():
-            log.warning(
-                "torch's CPU allocator does not ask for huge pages (THP_MEM_ALLOC_ENABLE was "
-                "not 1 at its first allocation): the linear layers run slower. Import qwen_embed "
-                "before torch allocates, or set THP_MEM_ALLOC_ENABLE=1"
-            )
     else:  # every rank, 0 included: kernels without a device guard launch on the current one
         torch.cuda.set_device(device)
 
