@@ -27,9 +27,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 ISAS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
 PANEL = 64  # output channels per panel of the GEMM operators' packed weights (csrc: kPanel)
-TILE_PANEL = (
-    16  # the same for our AMX tile kernels (csrc: kTilePanel), bf16_panel's and int8_panel's
-)
+# the same for our AMX tile kernels (csrc: kTilePanel): bf16_panel's and int8_panel's there
+TILE_PANEL = 16
 
 
 def gates(panel: int, out_features: int) -> bool:

@@ -261,7 +261,7 @@ int64_t tile_task_panel(int64_t panel) { return std::max<int64_t>(panel, 32); }
 int64_t gated_up(bool gated, bool tiles, int64_t n, bool bias) {
   if (!gated) return 0;
   TORCH_CHECK(tiles && n % 32 == 0 && !bias,
-              "gated needs the AMX tile kernel (weights in 16-channel panels: bf16_panel, "
+              "gated needs the AMX tile kernel (an AMX CPU and the weights of bf16_panel or "
               "int8_panel), n a multiple of 32 and no bias; got n ", n);
   return n / 2;
 }

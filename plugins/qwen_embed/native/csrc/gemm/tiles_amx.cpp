@@ -51,12 +51,11 @@ struct Pending {
 };
 
 // One block: rows [r, r + 32) x channels [c, c + 32) (gated: gate's and up's 16) summed into
-// tiles 0-3, then stored to
-// `sums` and left pending. Meanwhile the previous pending block is finished, a share of its
-// rows per step. Weights in panels of 16 channels are read in a row, 1 KB a step, as the
-// hardware's prefetcher expects; wider panels' tiles are 64 bytes of each of 16 rows, so
-// those two steps ahead are fetched into L1 (a tile load from L2 stalls the products behind
-// it).
+// tiles 0-3, then stored to `sums` and left pending. Meanwhile the previous pending block is
+// finished, a share of its rows per step. Weights in panels of 16 channels are read in a row,
+// 1 KB a step, as the hardware's prefetcher expects; wider panels' tiles are 64 bytes of each
+// of 16 rows, so those two steps ahead are fetched into L1 (a tile load from L2 stalls the
+// products behind it).
 template <bool kInt8, typename Operands, typename Finish>
 void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pending& pending,
            Finish& finish) {
@@ -104,12 +103,11 @@ void block(const Operands& t, int64_t r, int64_t c, int64_t row1, void* sums, Pe
 }
 
 // Rows [row0, row1) x channels [col0, col1) of the output (row0 a multiple of 32, col0 of the
-// blocks' channels; `a` holds whole
-// blocks of rows and the weights whole panels, and a block's second tile past the last channel
-// reads the first's, so tiles never read past them). Where a block of
-// rows fits in L1 beside the weights passing through (rows of up to 1 KB), it stays there while
-// the task's channels stream past; wider, each block of channels serves the task's rows in
-// turn, from L2.
+// blocks' channels; `a` holds whole blocks of rows and the weights whole panels, and a block's
+// second tile past the last channel reads the first's, so tiles never read past them). Where a
+// block of rows fits in L1 beside the weights passing through (rows of up to 1 KB), it stays
+// there while the task's channels stream past; wider, each block of channels serves the task's
+// rows in turn, from L2.
 template <bool kInt8, typename Operands, typename Finish>
 void tile_task(const Operands& t, int64_t row0, int64_t row1, int64_t col0, int64_t col1,
                Finish& finish) {
