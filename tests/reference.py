@@ -514,3 +514,16 @@ def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
     docs = np.concatenate(doc_vectors)
     scores = docs @ merged / (np.linalg.norm(merged) * np.linalg.norm(docs, axis=1))
     return scores, block_ids
+
+
+def gated_as_silu_mul(layer, x: torch.Tensor) -> torch.Tensor:
+    """A gate|up projection's kernel that gates in its GEMM's store (int8.Int8Weight,
+    onednn.NativeBf16Weight with `gates`) against the row ops' SiLU gating on its plain output,
+    bitwise, for all of x and for its first rows; returns that expected output."""
+    assert layer.gates
+    expected = torch.ops.qwen_embed.silu_mul(layer(x))
+    out = layer.silu_gated(x)
+    assert out.shape == (x.shape[0], layer.out_features // 2) and torch.equal(out, expected)
+    for m in (1, 17):
+        assert torch.equal(layer.silu_gated(x[:m]), expected[:m]), m
+    return expected
