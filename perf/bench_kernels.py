@@ -44,7 +44,7 @@ from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.cpu import keep_freed_memory
 from qwen_embed.kernels import native_cpu
 from qwen_embed.native import build
-from qwen_embed.onednn import PackedWeight, brgemm_runs
+from qwen_embed.onednn import NativeBf16Weight, PackedWeight, brgemm_runs
 from qwen_embed.segments import AttentionLayout
 
 # ---------------------------------------------------------------- rows
@@ -473,7 +473,7 @@ def measure_bf16(name: str, m: int, rounds: int) -> dict:
     x = torch.randn(m, k, generator=g).bfloat16()
     packs = {panel: native.pack_panels(w, 2, panel) for panel in PANELS}
     onednn = PackedWeight(w)
-    gated = name == GATED and native.gates(DEFAULT_PANEL, n)
+    gated = name == GATED and NativeBf16Weight(w).gates
     # a gated GEMM runs on the tile kernel: 16- and 64-channel panels
     grid = [b for b in bf16_blockings() if not gated or b[0] in (DEFAULT_PANEL, native.PANEL)]
 

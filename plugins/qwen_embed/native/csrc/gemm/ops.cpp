@@ -266,15 +266,15 @@ int64_t gated_up(bool gated, bool tiles, int64_t n, bool bias) {
   return n / 2;
 }
 
-// The tile kernels' tasks over the output, rows in whole blocks: a gated GEMM's (up > 0) take
-// half the blocking's channels, so a task reads as many weights as the plain GEMM's, in whole
-// gated blocks.
+// The tile kernels' tasks over the n_out output channels, rows in whole blocks: a gated GEMM's
+// take half the blocking's channels, so a task reads as many weights as the plain GEMM's, in
+// whole gated blocks.
 template <typename Task>
-void tile_tasks(GemmBlocking blocking, int64_t m, int64_t n, int64_t panel, int64_t up,
+void tile_tasks(GemmBlocking blocking, int64_t m, int64_t n_out, int64_t panel, bool gated,
                 const Task& task) {
   blocking.rows = whole_blocks(blocking.rows);
-  if (up) blocking.channels /= 2;
-  gemm_tasks(blocking, m, up ? up : n, up ? gemm::kGatedChannels : tile_task_panel(panel), task);
+  if (gated) blocking.channels /= 2;
+  gemm_tasks(blocking, m, n_out, gated ? gemm::kGatedChannels : tile_task_panel(panel), task);
 }
 
 template <typename T>
@@ -299,7 +299,7 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   g.a_scale = ptr<float>(scales);
 #ifndef QE_NO_AMX
   if (tiles) {
-    tile_tasks(blocking, m, g.n, g.panel, g.up,
+    tile_tasks(blocking, m, g.ldo, g.panel, g.up > 0,  // rows of ldo: the output's channels
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  if constexpr (std::is_same_v<T, float>)
                    gemm::tiles.int8_f32(g, r0, r1, c0, c1);
@@ -479,9 +479,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t task_panel = tiles ? tile_task_panel(panel) : panel;
   check_blocking(task_rows, task_channels, task_panel);
   const float* bias_ptr = bias_values(bias, n);
-  const int64_t up = gated_up(gated, tiles, n, bias_ptr);
+  const int64_t up = gated_up(gated, tiles, n, bias_ptr), n_out = up ? up : n;
   at::Tensor rows = as_rows(x, k);
-  at::Tensor out = output_for(x, up ? up : n, at::kBFloat16);
+  at::Tensor out = output_for(x, n_out, at::kBFloat16);
   const int64_t m = rows.size(0), lda = rows.stride(0);
   const auto* a = ptr<at::BFloat16>(rows);
   const auto* b = ptr<at::BFloat16>(packed);
@@ -493,9 +493,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
     at::parallel_for(0, whole_blocks(m), 32, [&](int64_t r0, int64_t r1) {
       gemm::tiles.pack_rows(reinterpret_cast<const uint16_t*>(a), lda, m, k, r0, r1, pr);
     });
-    const Bf16Gemm g{
-        pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, up ? up : n, n, panel, up};
-    tile_tasks({task_rows, task_channels, channels_outer}, m, n, panel, up,
+    const Bf16Gemm g{pr, k, reinterpret_cast<const uint16_t*>(b), bias_ptr, o, n_out, n, panel, up};
+    tile_tasks({task_rows, task_channels, channels_outer}, m, n_out, panel, gated,
                [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                  gemm::tiles.bf16(g, r0, r1, c0, c1);
                });
