@@ -9,7 +9,8 @@ base revision is checked out once into .cache/revisions/<commit>/ (a git worktre
 kernels built there), and each pair is two processes, one per revision, the order alternating,
 each loading the model (dtype auto) and timing bench_engine's workloads: 1-text calls of its
 short queries (8-40 ids; 32 queries, three passes, the median ms per call: what one client's
-query waits for) and --documents texts of 256 ids in one call (tokens/s, the best of two). The
+query waits for) and --documents texts of --document-tokens ids (256; more for a change to
+attention, whose share grows with a text's length) in one call (tokens/s, the best of two). The
 report gives each pair's figures per quantization, their medians and the median of the pairs'
 ratios (base / checkout time).
 """
@@ -35,10 +36,9 @@ from harness import (
 )
 
 QUERIES = 32
-DOCUMENT_TOKENS = 256
 
 
-def measure(model_dir: str, quantization: str, documents: int) -> dict:
+def measure(model_dir: str, quantization: str, documents: int, document_tokens: int = 256) -> dict:
     """One revision's figures, in this process (qwen_embed from the first entry of sys.path:
     bench_engine, imported here, takes that revision's)."""
     import qwen_embed
@@ -56,7 +56,7 @@ def measure(model_dir: str, quantization: str, documents: int) -> dict:
             start = time.perf_counter()
             encoder.embed([query])
             call_seconds.append(time.perf_counter() - start)
-    texts = workload("uniform", documents, seed=1, uniform_len=DOCUMENT_TOKENS)
+    texts = workload("uniform", documents, seed=1, uniform_len=document_tokens)
     tokens = sum(map(len, texts))
     encoder.embed(texts[:1])
     rates = []
@@ -87,9 +87,10 @@ def base_plugins(revision: str) -> Path:
     return plugins
 
 
-def run_one(plugins: Path, model_dir: str, quantization: str, documents: int) -> dict:
+def run_one(plugins: Path, model_dir: str, quantization: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--measure", str(plugins), "--model-dir", model_dir]
-    command += ["--quantization", quantization, "--documents", str(documents)]
+    command += ["--quantization", quantization, "--documents", str(args.documents)]
+    command += ["--document-tokens", str(args.document_tokens)]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     if not Path(figures.pop("code")).is_relative_to(plugins):
@@ -139,8 +140,7 @@ def compare(args: argparse.Namespace) -> None:
         for pair in range(args.pairs):
             order = list(plugins) if pair % 2 == 0 else list(plugins)[::-1]
             figures = {
-                side: run_one(plugins[side], model_dir, quantization, args.documents)
-                for side in order
+                side: run_one(plugins[side], model_dir, quantization, args) for side in order
             }
             print(quantization, pair + 1, figures, flush=True)
             pairs.append(figures)
@@ -152,7 +152,7 @@ def compare(args: argparse.Namespace) -> None:
     notes = [
         f"base: {base}; model {model_dir}, dtype auto; {QUERIES} queries of 8-40 ids one"
         f" call each (3 passes, median ms per call) and {args.documents} documents of"
-        f" {DOCUMENT_TOKENS} ids in one call (best of 2); {args.pairs} pairs of processes, one"
+        f" {args.document_tokens} ids in one call (best of 2); {args.pairs} pairs of processes, one"
         " per revision, the order alternating"
     ]
     title = "This checkout vs a base revision, end to end"
@@ -165,13 +165,17 @@ def main() -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "qwen3-0.6b-shape"))
     p.add_argument("--quantization", nargs="+", default=["none", "int8"])
     p.add_argument("--documents", type=int, default=8)
+    p.add_argument("--document-tokens", type=int, default=256)
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--out", default=str(RESULTS / "revisions"))
     p.add_argument("--measure", metavar="PLUGINS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:  # one side of a pair: that revision's qwen_embed first on the path
         sys.path.insert(0, args.measure)
-        print(json.dumps(measure(args.model_dir, args.quantization[0], args.documents)))
+        figures = measure(
+            args.model_dir, args.quantization[0], args.documents, args.document_tokens
+        )
+        print(json.dumps(figures))
         return
     compare(args)
 
