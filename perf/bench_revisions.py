@@ -36,9 +36,12 @@ from harness import (
 )
 
 QUERIES = 32
+DOCUMENT_TOKENS = 256  # ids per document unless --document-tokens says otherwise
 
 
-def measure(model_dir: str, quantization: str, documents: int, document_tokens: int = 256) -> dict:
+def measure(
+    model_dir: str, quantization: str, documents: int, document_tokens: int = DOCUMENT_TOKENS
+) -> dict:
     """One revision's figures, in this process (qwen_embed from the first entry of sys.path:
     bench_engine, imported here, takes that revision's)."""
     import qwen_embed
@@ -165,7 +168,7 @@ def main() -> None:
     p.add_argument("--model-dir", default=str(REPO / ".cache" / "qwen3-0.6b-shape"))
     p.add_argument("--quantization", nargs="+", default=["none", "int8"])
     p.add_argument("--documents", type=int, default=8)
-    p.add_argument("--document-tokens", type=int, default=256)
+    p.add_argument("--document-tokens", type=int, default=DOCUMENT_TOKENS)
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--out", default=str(RESULTS / "revisions"))
     p.add_argument("--measure", metavar="PLUGINS", help=argparse.SUPPRESS)
