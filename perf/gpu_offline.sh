@@ -135,6 +135,9 @@ gpu_steps() {
 	(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
 		--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
 		--out "$out/gpu-whole-graphs")
+	step "cuDNN's ragged attention against FlashAttention-2 varlen, one layer's rows (a probe)"
+	(cd perf && timeout "$(left 45)" $pin python3 probe_cudnn_attention.py \
+		--out "$out/gpu-cudnn-attention")
 	# last: issue 58's optional item, in the time the steps above leave
 	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)"
 	timeout "$(left 75)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
