@@ -127,6 +127,12 @@ gpu_steps() {
 			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances $instances \
 			--out "$out/gpu-serving-$instances")
 	done
+	if [ -z "$off" ]; then  # 16 clients' executes hold about 12K tokens: past 8,192, eager
+		step "through Triton, 1 encoder instance, graphs up to 16,384 tokens"
+		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+			--concurrency 16 --seconds 6 --encoder-param dtype=bfloat16 \
+			--encoder-param cuda_graph_tokens=16384 --out "$out/gpu-serving-graphs16384")
+	fi
 	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance"
 	(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
 		--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
