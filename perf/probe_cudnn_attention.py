@@ -121,23 +121,18 @@ def variants(args, lengths: list[int], device):
     cu_padded = offsets(lengths, _round_up(texts), device)
     longest_padded = _round_up(longest)
 
-    def heads(k, v):  # repeated where cuDNN refused the grouped ones (args.repeat_heads)
-        if not args.repeat_heads:
-            return k, v
+    def repeat(k, v):
         return k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
 
-    def repeated():
-        return cudnn(
-            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), cu, longest, scale
-        )
+    def rounded():  # heads repeated where cuDNN refused the grouped ones (args.repeat_heads)
+        kv = repeat(kp, vp) if args.repeat_heads else (kp, vp)
+        return cudnn(qp, *kv, cu_padded, longest_padded, scale)
 
     return {
         FLASH: lambda: flash(q, k, v, cu, longest, scale),
         GROUPED: lambda: cudnn(q, k, v, cu, longest, scale),
-        "cuDNN ragged, heads repeated": repeated,
-        "cuDNN ragged, rounded shapes": lambda: cudnn(
-            qp, *heads(kp, vp), cu_padded, longest_padded, scale
-        ),
+        "cuDNN ragged, heads repeated": lambda: cudnn(q, *repeat(k, v), cu, longest, scale),
+        "cuDNN ragged, rounded shapes": rounded,
     }, tokens
 
 
