@@ -27,14 +27,16 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed.batch import plan_batches
+from qwen_embed.settings import EncoderSettings
 
 from bench_engine import workload
 
-FORWARD_TOKENS = 16384  # the engine's max_batch_tokens default
+FORWARD_TOKENS = EncoderSettings().max_batch_tokens  # tokens per forward, as the engine plans
 TEXTS = {"mixed": 1024, "long": 64, "short": 2048}
 FLASH = "FlashAttention-2 varlen (the engine's)"
 GROUPED = "cuDNN ragged, grouped heads"
@@ -52,10 +54,7 @@ def forwards(kind: str, seed: int) -> list[list[int]]:
 
 def offsets(lengths: list[int], texts: int, device) -> torch.Tensor:
     """Cumulative offsets [texts + 1] int32; texts past the real ones are empty."""
-    cum = [0]
-    for n in lengths:
-        cum.append(cum[-1] + n)
-    cum += [cum[-1]] * (texts - len(lengths))
+    cum = np.cumsum([0, *lengths, *[0] * (texts - len(lengths))])
     return torch.tensor(cum, dtype=torch.int32, device=device)
 
 
@@ -102,7 +101,7 @@ def timed(fn, reps: int) -> tuple[float, float, torch.Tensor]:
 
 
 def variants(args, lengths: list[int], device):
-    """name -> a call on one forward's rows, and the rows it answers."""
+    """name -> a call on one forward's rows."""
     tokens, texts, longest = sum(lengths), len(lengths), max(lengths)
     scale = args.head_dim**-0.5
     group = args.heads // args.kv_heads
@@ -133,7 +132,7 @@ def variants(args, lengths: list[int], device):
         GROUPED: lambda: cudnn(q, k, v, cu, longest, scale),
         "cuDNN ragged, heads repeated": lambda: cudnn(q, *repeat(k, v), cu, longest, scale),
         "cuDNN ragged, rounded shapes": rounded,
-    }, tokens
+    }
 
 
 def main() -> None:
@@ -156,13 +155,12 @@ def main() -> None:
     if not args.device.startswith("cuda") or not torch.cuda.is_available():
         raise SystemExit("the probe needs a CUDA GPU (cuDNN's attention runs on CUDA only)")
     device = torch.device(args.device)
-    torch.backends.cudnn.enabled = True
     results, rows = {}, []
     for kind in args.workloads:
         plan = forwards(kind, seed=0)[: args.forwards]
         totals: dict[str, dict] = {}
         for lengths in plan:
-            calls, tokens = variants(args, lengths, device)
+            calls, tokens = variants(args, lengths, device), sum(lengths)
             reference = None
             for name, fn in calls.items():
                 entry = totals.setdefault(name, {"first": [], "ms": [], "err": 0.0, "failed": None})
