@@ -240,6 +240,31 @@ def pplx_embed(directory: Path, *, seed: int = 3) -> Path:
     return directory
 
 
+PPLX_SEPARATOR = "<|endoftext|>"
+
+
+def pplx_embed_context(directory: Path, *, seed: int = 6) -> Path:
+    """pplx-embed-context-v1's layout: pplx-embed-v1's model (model_type
+    bidirectional_pplx_qwen3, float32 tensors of the bare Qwen3Model) under architecture
+    PPLXQwen3ContextualModel, whose remote code's `encode` takes documents as lists of chunks,
+    joins each document's chunks with the tokenizer's sep_token, means each chunk's tokens
+    (the separators in none) and applies its quantizer's tanh; no sentence-transformers
+    modules, no prompts; the tokenizer appends nothing and names <|endoftext|> its sep_token
+    (tokenizer_config.json and special_tokens_map.json)."""
+    pplx_embed(directory, seed=seed)
+    hf = json.loads((directory / "config.json").read_text())
+    hf["architectures"] = ["PPLXQwen3ContextualModel"]
+    hf["auto_map"]["AutoModel"] = "modeling.PPLXQwen3ContextualModel"
+    _write_json(directory / "config.json", hf)
+    for name in ("modules.json", "1_Pooling/config.json"):
+        (directory / name).unlink()
+    (directory / "1_Pooling").rmdir()
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    _write_json(directory / "tokenizer_config.json", config | {"sep_token": PPLX_SEPARATOR})
+    _write_json(directory / "special_tokens_map.json", {"sep_token": PPLX_SEPARATOR})
+    return directory
+
+
 def with_dense(directory: Path, out_features: int, *, seed: int = 4) -> Path:
     """A sentence-transformers Dense module (bias, Tanh) between a replica's Pooling and
     Normalize, as `2_Dense/` holds it: config.json and model.safetensors (linear.weight,

@@ -299,7 +299,7 @@ def test_the_cli_flags_are_the_contracts_options():
             p.add_argument(flag, **keywords)
     flags = {a.dest: a for a in embed._actions}
     # what a user types on the command line: everything but the wire-only fields
-    wire_only = {"chunk_spans", "chunk_chars", "token_ids"}
+    wire_only = {"chunk_spans", "chunk_chars", "chunk_by_separator", "token_ids"}
     assert {f.name for f in fields(EmbedOptions)} - set(flags) == wire_only
     assert flags["max_tokens"].type is int and flags["dimensions"].type is int
     assert flags["video_fps"].type is float and flags["video_max_frames"].type is int

@@ -324,6 +324,10 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             ["input", "task", "encoding_format", "use_activation", "embed_dtype", "model"],
         ),
         "/classify": ({"model": "embed", "input": ["hello"]}, ["input", "use_activation", "model"]),
+        "/v1/contextualizedembeddings": (
+            {"model": "embed", "input": [["hello", "world"]]},
+            ["input", "model", "dimensions", "encoding_format"],
+        ),
     }
     with EmbeddingClient(server.grpc_url) as client:
         before = client.embed(["hello"])

@@ -4,6 +4,11 @@
   vector (2048 in the real model) after the final norm, mean pooling, its prompts;
 - pplx-embed-v1: architecture PPLXQwen3Model, bidirectional, mean pooling, then its
   sentence-transformers quantizer (int8 codes round(127 tanh(x))), no prompts;
+- pplx-embed-context-v1: pplx-embed-v1's model under architecture PPLXQwen3ContextualModel,
+  without sentence-transformers modules: a document's chunks joined by the tokenizer's
+  sep_token, read as one text, one mean (then tanh) per chunk between the separators
+  (`chunk_by_separator`; the client's embed_contextual, Perplexity's
+  /v1/contextualizedembeddings with the `perplexityai` SDK);
 - jina-embeddings-v5-text-small: a causal Qwen3 with one LoRA adapter per task beside it
   (`adapter` picks one, merged at load; its reference is peft's unmerged forward), last-token
   pooling, its "Query: " prompt.
@@ -18,6 +23,8 @@ A sentence-transformers `Dense` module after the Pooling (any checkpoint may car
 checked against sentence-transformers itself.
 """
 
+from base64 import b64decode
+
 import numpy as np
 import pytest
 import torch
@@ -27,26 +34,30 @@ from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3Model
 
-from qwen_embed import Encoder, adapters
+from qwen_embed import ChunkedText, Encoder, adapters
 from qwen_embed.adapters import adapter_names
 from qwen_embed.config import ModelConfig
+from qwen_embed_client import EmbeddingClient, EmbeddingError
+from qwen_embed_client.contract import EmbedOptions, RequestError
 from qwen_embed_client.gateway.app import create_app
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.serving.tokenizer import PromptSet
+from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
 from replicas import (
     JINA_TASKS,
+    PPLX_SEPARATOR,
     QWEN3_QUERY,
     VOYAGE_PROMPTS,
     jina_embeddings_v5,
     pplx_embed,
+    pplx_embed_context,
     qwen3_embedding,
     voyage_4_nano,
     with_dense,
 )
-from triton_helpers import infer
+from triton_helpers import gateway_process, infer, send_json
 
 # Three replicas with the real vocabulary take ~10 s to build: the server tier's.
 pytestmark = pytest.mark.server
@@ -67,6 +78,7 @@ def dirs(tmp_path_factory):
     return {
         "voyage": voyage_4_nano(root / "voyage-4-nano", projection=PROJECTION),
         "pplx": pplx_embed(root / "pplx-embed-v1-0.6b"),
+        "pplx_context": pplx_embed_context(root / "pplx-embed-context-v1-0.6b"),
         "dense": with_dense(qwen3_embedding(root / "qwen3-dense"), 48),
     }
 
@@ -175,10 +187,104 @@ def test_a_projection_under_tensor_parallelism(dirs):
         assert cosine(enc.embed(seqs), reference(dirs["voyage"], seqs)).min() >= FP32_COSINE
 
 
+DOCUMENTS = [
+    [
+        "Mars is the fourth planet from the Sun.",
+        "Its red colour comes from iron oxide on its surface.",
+        "naïve café — emoji 🎉 你好",
+    ],
+    ["Phobos and Deimos are its two small moons."],
+]
+
+
+def contextual_reference(model_dir, documents, dtype=torch.float32) -> list[np.ndarray]:
+    """pplx-embed-context's remote-code `encode` written out in transformers: a document's
+    chunks joined by the tokenizer's sep_token and tokenized as one text, every layer
+    attending both ways, each chunk the mean of its tokens between the separators, then its
+    quantizer's tanh; L2-normalised per chunk."""
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    separator = tok.token_to_id(PPLX_SEPARATOR)
+    model = _qwen3(model_dir, dtype)
+    out = []
+    with torch.no_grad():
+        for chunks in documents:
+            ids = tok.encode(PPLX_SEPARATOR.join(chunks)).ids
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
+            cuts = [i for i, t in enumerate(ids) if t == separator]
+            bounds = zip([0] + [c + 1 for c in cuts], cuts + [len(ids)], strict=True)
+            pooled = torch.tanh(torch.stack([hidden[a:b].mean(0) for a, b in bounds]))
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    return out
+
+
+def separated(model_dir, documents, **options):
+    """The tokenizer model's ids and chunks of the documents joined by the separator."""
+    texts = [PPLX_SEPARATOR.join(chunks) for chunks in documents]
+    opts = EmbedOptions(chunk_by_separator=True, **options)
+    return TextTokenizer(model_dir, 512).encode_chunks(texts, opts)
+
+
+def test_a_contextual_checkpoint_reads_its_chunks_between_its_separators(dirs):
+    model_dir = dirs["pplx_context"]
+    config = ModelConfig.from_dir(model_dir)  # no modules.json: its remote code's mean, tanh
+    assert not config.is_causal and config.embedding_size == 64
+    assert (config.sentence.pooling, config.sentence.final_activation) == ("mean", "tanh")
+    assert PromptSet.from_dir(model_dir).prompts == {}
+    assert TextTokenizer(model_dir, 512).separator == PPLX_SEPARATOR
+    assert TextTokenizer(dirs["pplx"], 512).separator is None
+    ids, chunks, counts = separated(model_dir, DOCUMENTS)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    for chunked, text_ids, count, doc in zip(chunks, ids, counts, DOCUMENTS, strict=True):
+        joined = PPLX_SEPARATOR.join(doc)
+        assert text_ids == tok.encode(joined).ids and count == len(text_ids)
+        # each chunk's characters in the joined text, its tokens alone its own
+        assert [joined[a:b] for a, b in chunked.chars] == doc
+        for (a, b), chunk in zip(chunked.tokens, doc, strict=True):
+            assert text_ids[a:b] == tok.encode(chunk).ids
+
+
+@pytest.mark.parametrize("attn_backend", ["native", "torch"])
+def test_contextual_chunks_match_the_reference_recipe(dirs, attn_backend):
+    model_dir = dirs["pplx_context"]
+    ids, chunks, _ = separated(model_dir, DOCUMENTS)
+    texts = [ChunkedText(np.array(i), c.tokens, c.tail) for i, c in zip(ids, chunks, strict=True)]
+    refs = contextual_reference(model_dir, DOCUMENTS)
+    with Encoder.from_pretrained(model_dir, dtype="float32", attn_backend=attn_backend) as enc:
+        vectors = enc.embed_chunks(texts)
+        half = enc.embed_chunks(texts, dimensions=32)
+    for ours, short, ref, doc in zip(vectors, half, refs, DOCUMENTS, strict=True):
+        assert ours.shape == (len(doc), 64)
+        assert cosine(ours, ref).min() >= FP32_COSINE
+        assert cosine(short, ref[:, :32]).min() >= FP32_COSINE
+    # each chunk sees the others: alone, a chunk's vector is another (this can fail)
+    alone = contextual_reference(model_dir, [[c] for c in DOCUMENTS[0]])
+    assert cosine(vectors[0], np.concatenate(alone)).max() < 0.99
+    with Encoder.from_pretrained(model_dir, dtype="bfloat16") as enc:
+        bf16 = enc.embed_chunks(texts)
+    bf16_refs = contextual_reference(model_dir, DOCUMENTS, torch.bfloat16)
+    for ours, ref in zip(bf16, bf16_refs, strict=True):
+        assert cosine(ours, ref).min() >= BF16_COSINE
+
+
+@pytest.mark.parametrize(
+    ("name", "documents", "options", "message"),
+    [
+        ("pplx", DOCUMENTS, {}, r"'chunk_by_separator' needs a tokenizer with a sep_token"),
+        ("pplx_context", [["a", "", "b"]], {}, r"'TEXT\[0\]' chunk 1 holds no tokens"),
+        ("pplx_context", [["word " * 600]], {}, r"'TEXT\[0\]' has 601 tokens, more than the lim"),
+        ("pplx_context", DOCUMENTS, {"chunk_size": 4}, r"\['chunk_size', 'chunk_by_separator'\]"),
+    ],
+)
+def test_chunks_by_separator_refused_saying_why(dirs, name, documents, options, message):
+    with pytest.raises(RequestError, match=message):
+        separated(dirs[name], documents, **options)
+
+
 @pytest.fixture(scope="module")
 def server(dirs, tmp_path_factory):
     where = tmp_path_factory.mktemp("bidirectional-triton")
     deployments = {name: dirs[name] for name in ("voyage", "pplx")}
+    deployments["embed"] = dirs["pplx_context"]  # what the gateway's process fronts
     repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as s:
         yield s
@@ -205,6 +311,47 @@ def test_served_through_triton_and_the_gateway(server, dirs, name):
     assert cosine(got, ref).min() >= FP32_COSINE
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert got.shape[1] == (PROJECTION if name == "voyage" else 64)
+
+
+def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server, dirs):
+    from perplexity import Perplexity
+
+    refs = contextual_reference(dirs["pplx_context"], DOCUMENTS)
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with EmbeddingClient(url, protocol=protocol) as client:
+            results = client.embed_contextual(DOCUMENTS)
+            raw = client.embed_contextual(DOCUMENTS, normalize=False, dimensions=32)
+        with EmbeddingClient(url, protocol=protocol, model="pplx") as client:
+            with pytest.raises(EmbeddingError, match="has no chunk separator"):
+                client.embed_contextual(DOCUMENTS)
+        for result, ref, doc in zip(results, refs, DOCUMENTS, strict=True):
+            assert cosine(result.embeddings, ref).min() >= FP32_COSINE, protocol
+            joined = PPLX_SEPARATOR.join(doc)
+            assert [joined[a:b] for a, b in result.spans] == doc
+            assert result.token_count == len(token_ids(dirs["pplx_context"], [joined])[0])
+    name = "pplx-embed-context-v1-0.6b"
+    with gateway_process(server, "--served-model-name", name) as base:
+        api = Perplexity(api_key="none", base_url=base)
+        codes = api.contextualized_embeddings.create(input=DOCUMENTS, model=name, dimensions=32)
+        bits = api.contextualized_embeddings.create(
+            input=DOCUMENTS, model=name, encoding_format="base64_binary"
+        )
+        url = f"{base}/v1/contextualizedembeddings"
+        refused = send_json("POST", url, {"model": name, "input": [["a", ""]]})
+        overlong = send_json("POST", url, {"model": name, "input": [["word " * 40000]]})
+    assert codes.usage.total_tokens == sum(r.token_count for r in results)
+    for coded, binary, scaled, ref in zip(codes.data, bits.data, raw, refs, strict=True):
+        assert cosine(scaled.embeddings, ref[:, :32]).min() >= FP32_COSINE  # tanh, unnormalised
+        int8 = np.array([np.frombuffer(b64decode(c.embedding), np.int8) for c in coded.data])
+        expected = np.clip(np.rint(scaled.embeddings * 127), -128, 127)
+        assert int8.shape == expected.shape and np.abs(int8 - expected).max() <= 1
+        assert (int8 == expected).mean() >= 0.99  # a value at a rounding boundary may differ
+        packed = [np.frombuffer(b64decode(c.embedding), np.uint8) for c in binary.data]
+        signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
+        assert signs.shape == ref.shape and (signs == (ref >= 0)).mean() >= 0.99
+    assert refused[0] == 400 and refused[1]["error"]["param"] == "input"
+    assert overlong[0] == 400
+    assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,29 @@ def listed(texts, what: str, token_ids: bool = False) -> list:
     return texts
 
 
+def joined_documents(documents, separator: str) -> list[str]:
+    """Each document (a list of chunks) as one text, its chunks joined by `separator`; a
+    document without chunks, an empty chunk or one holding the separator is refused, named by
+    its place."""
+    if isinstance(documents, (str, bytes, dict)) or not hasattr(documents, "__iter__"):
+        raise TypeError("documents must be a list of lists of str (each document's chunks)")
+    texts = []
+    for i, chunks in enumerate(documents):
+        if isinstance(chunks, (str, bytes, dict)) or not hasattr(chunks, "__iter__"):
+            raise TypeError(f"documents[{i}] must be a list of str (the document's chunks)")
+        chunks = [text_checked(c, f"documents[{i}][{j}]") for j, c in enumerate(chunks)]
+        if not chunks:
+            raise ValueError(f"documents[{i}] must hold at least one chunk")
+        for j, chunk in enumerate(chunks):
+            if not chunk or separator in chunk:
+                why = "empty" if not chunk else f"holding the separator {separator!r}"
+                raise ValueError(f"documents[{i}][{j}] is {why}: each chunk is a text of its own")
+        texts.append(separator.join(chunks))
+    if not texts:
+        raise ValueError("documents must not be empty")
+    return texts
+
+
 def text_checked(text, what: str, hint: str = "") -> str:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a str, got {type(text).__name__}{hint}")
@@ -365,6 +388,36 @@ class AsyncEmbeddingClient:
         params = EmbedOptions(
             **options, chunk_size=chunk_size, chunk_spans=spans, chunk_chars=char_spans
         ).parameters()
+        level = priority_level(priority)
+        parts = await self._split(
+            len(texts),
+            lambda s, a, b: self._send_chunks(s, texts[a:b], params, level, headers),
+        )
+        return [text for part in parts for text in part]
+
+    async def embed_contextual(
+        self,
+        documents: list[list[str]],
+        *,
+        priority: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **options,
+    ) -> list[ChunkedEmbedding]:
+        """Contextual chunk embeddings (pplx-embed-context's): for each document, given as its
+        chunks in order, one vector per chunk, each computed in the context of the document's
+        other chunks: the chunks joined by the model's separator (its tokenizer's sep_token)
+        and late-chunked between the separators (docs/api.md). A result's spans are each
+        chunk's characters in the joined text. Other options as `embed` (embedding_type stays
+        float)."""
+        separator = (await self.served_facts()).get("chunk_separator")
+        if separator is None:
+            raise EmbeddingError(
+                f"model '{self.model}' has no chunk separator (a contextual checkpoint's "
+                "sep_token, as pplx-embed-context's): late-chunk its documents with "
+                "embed_chunks(char_spans=...)"
+            )
+        texts = joined_documents(documents, separator)
+        params = EmbedOptions(**options, chunk_by_separator=True).parameters()
         level = priority_level(priority)
         parts = await self._split(
             len(texts),
@@ -714,6 +767,9 @@ class EmbeddingClient:
 
     def embed_chunks(self, texts: list[str], **options) -> list[ChunkedEmbedding]:
         return self._run(self._async.embed_chunks(texts, **options))
+
+    def embed_contextual(self, documents: list[list[str]], **options) -> list[ChunkedEmbedding]:
+        return self._run(self._async.embed_contextual(documents, **options))
 
     def embed_tokens(self, texts: list[str], **options) -> list[np.ndarray]:
         return self._run(self._async.embed_tokens(texts, **options))

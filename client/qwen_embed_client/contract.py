@@ -100,6 +100,7 @@ FACTS = (
     "scores",
     "fingerprint",
     "adapter_fingerprints",  # an encoder's lora_modules: {name: the adapter's own}
+    "chunk_separator",  # a tokenizer's sep_token, where it has one (chunk_by_separator)
 )
 
 
@@ -329,6 +330,9 @@ class EmbedOptions(_Options):
     )
     chunk_spans: tuple[tuple[int, int], ...] | None = None
     chunk_chars: tuple[tuple[int, int], ...] | None = None
+    # Or each text is a document's chunks joined by the model's separator (its tokenizer's
+    # sep_token, the fact chunk_separator), as pplx-embed-context's recipe joins them.
+    chunk_by_separator: bool = False
     per_token: bool = _option(
         False,
         "one vector per token (the final hidden states, for late interaction) instead of one "
@@ -398,6 +402,7 @@ class EmbedOptions(_Options):
         return tuple(k for k in EMBEDDING_TYPES if k in kinds)
 
     def _check_chunks(self) -> None:
+        _expect("chunk_by_separator", self.chunk_by_separator, bool, "a boolean")
         if _optional("chunk_size", self.chunk_size, int, "an integer") is not None:
             if self.chunk_size < 1:
                 raise RequestError(f"parameter 'chunk_size' must be >= 1, got {self.chunk_size}")
@@ -405,6 +410,7 @@ class EmbedOptions(_Options):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _spans(name, getattr(self, name)))
         given = [n for n in ("chunk_size", *SPAN_OPTIONS) if getattr(self, n) is not None]
+        given += ["chunk_by_separator"] if self.chunk_by_separator else []
         if len(given) > 1:
             raise RequestError(f"parameters {given} exclude each other: send one")
         if self.chunked and self.embedding_types != ("float",):
@@ -415,7 +421,8 @@ class EmbedOptions(_Options):
 
     @property
     def chunked(self) -> bool:
-        return any(getattr(self, n) is not None for n in ("chunk_size", *SPAN_OPTIONS))
+        given = (getattr(self, n) is not None for n in ("chunk_size", *SPAN_OPTIONS))
+        return self.chunk_by_separator or any(given)
 
     @property
     def outputs(self) -> dict[str, str]:

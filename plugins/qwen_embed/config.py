@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import adapter_names
-from .sentence_modules import SentenceModules
+from .sentence_modules import MODULES_FILE, SentenceModules
 
 # architecture name in config.json -> model family registered in qwen_embed.models
 SUPPORTED_ARCHITECTURES = {
@@ -23,6 +23,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3Model": "qwen3",
     # pplx-embed-v1: Qwen3Model with bidirectional attention (use_bidirectional_attention)
     "PPLXQwen3Model": "qwen3",
+    # pplx-embed-context-v1: the same model; its remote code embeds a document's chunks
+    # joined by its tokenizer's sep_token, one mean per chunk (late chunking by separator)
+    "PPLXQwen3ContextualModel": "qwen3",
     # jina-embeddings-v5-text-small: a causal Qwen3 with LoRA adapters per task (adapters.py)
     "JinaEmbeddingsV5Model": "qwen3",
     # jina-reranker-v3: a causal Qwen3 reading a query and its documents in one sequence, a
@@ -36,6 +39,15 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3VLModel": "qwen3",
 }
 
+
+# pplx-embed's remote code (both its models) attends both ways whatever the config says; where
+# a checkpoint ships no modules.json, what follows its transformer is the remote code's own
+# (pooling, final activation): the means and its quantizer's tanh.
+REMOTE_CODE_HEADS = {
+    "PPLXQwen3Model": ("mean", "tanh"),
+    "PPLXQwen3ContextualModel": ("mean", "tanh"),
+}
+BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS)
 
 # jina-reranker-v3's marker tokens (document, query): its hidden states are read after each
 # document and after the query (heads.ListwiseHead, serving/listwise.py).
@@ -167,8 +179,15 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        config = cls.from_hf(json.loads(path.read_text()))
+        hf = json.loads(path.read_text())
+        config = cls.from_hf(hf)
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size)
+        remote = [
+            REMOTE_CODE_HEADS[a] for a in hf.get("architectures") or () if a in REMOTE_CODE_HEADS
+        ]
+        if remote and not (Path(model_dir) / MODULES_FILE).is_file():
+            pooling, activation = remote[0]
+            sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
         adapters = tuple(adapter_names(model_dir))
         return dataclasses.replace(config, sentence=sentence, adapters=adapters)
 
@@ -218,7 +237,8 @@ class ModelConfig:
             has_qk_norm=family == "qwen3",
             # gte-Qwen2 says is_causal false; voyage-4-nano and pplx-embed, bidirectional
             is_causal=bool(hf.get("is_causal", True))
-            and not hf.get("use_bidirectional_attention", False),
+            and not hf.get("use_bidirectional_attention", False)
+            and not BIDIRECTIONAL_ARCHITECTURES.intersection(architectures),
             checkpoint_dtype=hf.get("dtype") or hf.get("torch_dtype"),
             is_classifier=any(a.endswith("ForSequenceClassification") for a in architectures),
             num_labels=len(hf.get("id2label") or {}) or int(hf.get("num_labels", 0) or 0),

@@ -46,6 +46,7 @@ ACTIVATIONS = {
     "torch.nn.modules.activation.GELU": "gelu",
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
 }
+MODULES_FILE = "modules.json"
 ROOT_PROJECTION = "linear.weight"
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
@@ -83,7 +84,7 @@ class SentenceModules:
     @classmethod
     def from_dir(cls, model_dir: str | Path, hidden_size: int) -> SentenceModules:
         model_dir = Path(model_dir)
-        modules = _read_json(model_dir / "modules.json", default=[])
+        modules = _read_json(model_dir / MODULES_FILE, default=[])
         pooling, dense, final, logit_score = None, [], "identity", None
         root = _root_projection(model_dir)
         if root is not None:

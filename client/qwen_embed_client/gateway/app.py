@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, nim, ollama, openai, pooling, score, tei
+from . import batches, cohere, nim, ollama, openai, perplexity, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
@@ -99,7 +99,7 @@ def create_app(
             tracing.shutdown()
 
     app = FastAPI(
-        title="qwen-embed gateway (OpenAI, NIM, Jina, Ollama, TEI and Cohere APIs)",
+        title="qwen-embed gateway (OpenAI, NIM, Jina, Perplexity, Ollama, TEI and Cohere APIs)",
         lifespan=lifespan,
     )
     app.state.gateway = Gateway(
@@ -125,7 +125,7 @@ def create_app(
     app.get("/v1/health/live")(nim.live)
     app.get("/v1/health/ready")(nim.ready)
     # tei last: POST / and /rerank go by body
-    for api in (openai, nim, pooling, score, batches, cohere, ollama, tei):
+    for api in (openai, nim, perplexity, pooling, score, batches, cohere, ollama, tei):
         app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 
@@ -149,7 +149,7 @@ def _traced(tracing):
 
 def main() -> None:
     p = argparse.ArgumentParser(
-        description="OpenAI-, NIM-, Jina-, Ollama-, TEI- and Cohere-compatible gateway"
+        description="OpenAI-, NIM-, Jina-, Perplexity-, Ollama-, TEI- and Cohere-compatible gateway"
     )
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
     p.add_argument("--host", default="127.0.0.1")

@@ -137,7 +137,8 @@ class TritonPythonModel:
                 )
         if opts.token_ids or opts.chunked:
             raise RequestError(
-                "parameters 'token_ids', 'chunk_size', 'chunk_spans' and 'chunk_chars' are not "
+                "parameters 'token_ids', 'chunk_size', 'chunk_spans', 'chunk_chars' and "
+                "'chunk_by_separator' are not "
                 "available for a multimodal model, whose texts are written in its chat template"
             )
         with_media = frozenset(

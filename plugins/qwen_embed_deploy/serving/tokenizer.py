@@ -12,13 +12,15 @@ The prompts a checkpoint defines are read as sentence-transformers reads them (`
 "default_prompt_name": ...}`); sentence-transformers prepends the chosen one to every text, and so
 do we. A sentence-transformers checkpoint without that file (a `modules.json` alone, as
 pplx-embed ships) has no prompts, nor has a multimodal one (its texts are written in its chat
-template); a bare transformers checkpoint gets Qwen3-Embedding's.
+template) or one whose remote code's recipe has none (pplx-embed-context); a bare transformers
+checkpoint gets Qwen3-Embedding's.
 `instruction` fills the task slot of the model's own query prompt (`Instruct: {task}\\nQuery:`
 plus whatever the model puts after it); a raw `prompt` is a literal prefix for everything else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import unicodedata
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen_embed.config import REMOTE_CODE_HEADS
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -42,10 +45,14 @@ QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "docume
 _TASK_SLOT = re.compile(r"^Instruct: (?P<task>.*)\nQuery:(?P<tail>[ \t]*)$", re.S)
 
 
+def _config(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def multimodal(model_dir: str | Path) -> bool:
     """Whether the checkpoint has a vision side (config.json's `vision_config`: Qwen3-VL)."""
-    path = Path(model_dir) / "config.json"
-    return path.is_file() and "vision_config" in json.loads(path.read_text())
+    return "vision_config" in _config(model_dir)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class PromptSet:
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
                 return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
+            if REMOTE_CODE_HEADS.keys() & set(_config(model_dir).get("architectures") or ()):
+                return cls({}, None, f"{model_dir} (its remote code's recipe, without prompts)")
             return cls(dict(QWEN3_EMBEDDING_PROMPTS), None, "Qwen3-Embedding's prompts")
         config = json.loads(path.read_text())
         prompts = config.get("prompts") or {}
@@ -151,6 +160,17 @@ def token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+def sep_token(model_dir: Path) -> str | None:
+    """The tokenizer's sep_token (tokenizer_config.json, else special_tokens_map.json), as
+    transformers reads it: what pplx-embed-context's recipe joins a document's chunks with."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = model_dir / name
+        text = token_text(json.loads(path.read_text()).get("sep_token")) if path.is_file() else None
+        if text is not None:
+            return text
+    return None
+
+
 def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
     """(ids before, ids after) the text's own tokens, as the model's tokenizer adds them."""
     plain = tok.encode("a", add_special_tokens=False).ids
@@ -201,6 +221,12 @@ class TextTokenizer:
         # it names any) are instructions.
         self.chat = ChatTemplate() if multimodal(model_dir) else None
         self._head, self._tail = special_tokens(self._tok, model_dir)
+        self.separator = sep_token(model_dir)
+        self._separator_id = (
+            None if self.separator is None else self._tok.token_to_id(self.separator)
+        )
+        if self.separator is not None and self._separator_id is None:
+            raise ValueError(f"{model_dir}: sep_token {self.separator!r} is not in tokenizer.json")
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
@@ -312,13 +338,23 @@ class TextTokenizer:
     ) -> tuple[list[list[int]], list[TextChunks], list[int]]:
         """Ids and input token counts as `encode_counted`, and each text's chunks: `chunk_size`
         tokens of the text at a time, the `chunk_spans` of its tokens (counted from its first
-        token, after any prompt), or the tokens that begin in each of its `chunk_chars`
-        (character spans of the text)."""
+        token, after any prompt), the tokens that begin in each of its `chunk_chars`
+        (character spans of the text), or with `chunk_by_separator` its tokens between the
+        separators (the separators in no chunk)."""
+        if opts.chunk_by_separator and self.separator is None:
+            raise RequestError(
+                "parameter 'chunk_by_separator' needs a tokenizer with a sep_token to join "
+                "chunks by, and this model's has none: send chunk_chars spans of the chunks"
+            )
+        if opts.chunk_by_separator:  # cut texts are refused below, saying why
+            opts = dataclasses.replace(opts, truncate=True)
         all_ids, chunks, counts = [], [], []
         for i, e in enumerate(self._encode(texts, opts, offsets=True)):
             offsets = e.own_offsets
             n = len(offsets)
-            if opts.chunk_size is not None:
+            if opts.chunk_by_separator:
+                spans = self._separated(i, e, n, self._limit(opts))
+            elif opts.chunk_size is not None:
                 starts = np.arange(0, n, opts.chunk_size)
                 spans = np.stack([starts, np.minimum(starts + opts.chunk_size, n)], axis=1)
                 if len(spans) > MAX_CHUNKS:
@@ -336,6 +372,31 @@ class TextTokenizer:
             chunks.append(TextChunks(spans + e.first, chars, len(self._tail)))
             counts.append(e.input_tokens)
         return all_ids, chunks, counts
+
+    def _separated(self, index: int, e: Encoded, n: int, limit: int) -> np.ndarray:
+        """Token spans of the chunks between the separators among a text's `n` own tokens.
+        A text past the `limit` is refused, not cut: its chunks are embedded together, and a
+        cut would drop chunks."""
+        if e.input_tokens > len(e.ids):
+            raise RequestError(
+                f"input 'TEXT[{index}]' has {e.input_tokens} tokens, more than the limit of "
+                f"{limit}: its chunks are read as one text (send fewer or shorter chunks)"
+            )
+        own = np.asarray(e.ids[e.first : e.first + n])
+        at = np.flatnonzero(own == self._separator_id)
+        spans = np.stack([np.concatenate([[0], at + 1]), np.concatenate([at, [n]])], axis=1)
+        empty = np.flatnonzero(spans[:, 0] == spans[:, 1])
+        if empty.size:
+            raise RequestError(
+                f"input 'TEXT[{index}]' chunk {int(empty[0])} holds no tokens between the "
+                f"separators ({self.separator!r})"
+            )
+        if len(spans) > MAX_CHUNKS:
+            raise RequestError(
+                f"input 'TEXT[{index}]' holds {len(spans)} chunks, more than the limit of "
+                f"{MAX_CHUNKS}"
+            )
+        return spans
 
     @staticmethod
     def _char_chunks(index: int, offsets: list, chars, size: int) -> np.ndarray:

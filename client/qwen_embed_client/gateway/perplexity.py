@@ -1,0 +1,94 @@
+"""Perplexity's contextualized embeddings API, what the `perplexityai` SDK's
+`contextualized_embeddings.create` sends (pplx-embed-context-v1's): POST
+/v1/contextualizedembeddings, {model, input: [[chunk, ...], ...] (each document's chunks, in
+order), dimensions, encoding_format} -> {object: "list", data: [{object: "list", index, data:
+[{object: "embedding", index, embedding}]}], model, usage: {prompt_tokens, total_tokens}}.
+
+A document's chunks are read together (client.embed_contextual: joined by the model's chunk
+separator, one vector per chunk); a model without a separator is refused. A vector is the
+model's own, unnormalised, in Perplexity's encodings: `base64_int8` (the default) its int8
+codes round(127 x), `base64_binary` its signs, one bit a dimension (1: >= 0), least
+significant bit first. Errors in OpenAI's shape (app.py)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from ..client import EmbeddingError
+from ..contract import MAX_CHUNKS
+from .bodies import Body, Text, at_most
+from .common import model_adapter
+from .errors import backend_error, invalid, json_body, options_checked
+from .state import gateway
+
+router = APIRouter(tags=["openai"])
+
+MAX_DOCUMENTS = 512  # per request, as Perplexity's API takes them
+
+
+def int8_codes(vector: np.ndarray) -> str:
+    return base64.b64encode(np.clip(np.rint(vector * 127), -128, 127).astype(np.int8)).decode()
+
+
+def sign_bits(vector: np.ndarray) -> str:
+    return base64.b64encode(np.packbits(vector >= 0, bitorder="little")).decode()
+
+
+ENCODINGS = {"base64_int8": int8_codes, "base64_binary": sign_bits}
+
+Chunk = Annotated[Text, Field(min_length=1)]
+
+
+class ContextualizedRequest(Body):
+    model: str | None = None
+    input: Annotated[list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(MAX_DOCUMENTS)]
+    dimensions: int | None = None
+    encoding_format: Literal["base64_int8", "base64_binary"] = "base64_int8"
+
+
+@router.post("/v1/contextualizedembeddings")
+async def contextualized_embeddings(request: Request):
+    gw = gateway(request)
+    asked = ContextualizedRequest.parse(await json_body(request))
+    adapter = await model_adapter(gw, asked.model, gw.model_names)
+    given = asked.given("dimensions") | ({"adapter": adapter} if adapter else {})
+    options = options_checked(normalize=False, **given)
+    separator = (await gw.client.served_facts()).get("chunk_separator")
+    if separator is None:
+        raise invalid(
+            f"model '{asked.model or gw.model_name}' embeds no contextualized chunks: it has "
+            "no chunk separator (a contextual checkpoint's, as pplx-embed-context's)",
+            "model",
+        )
+    for i, chunks in enumerate(asked.input):
+        j = next((j for j, c in enumerate(chunks) if separator in c), None)
+        if j is not None:
+            raise invalid(f"'input[{i}][{j}]' holds the model's chunk separator", "input")
+    try:
+        results = await gw.client.embed_contextual(asked.input, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise backend_error(e, ("dimensions",), "input") from e
+    encode = ENCODINGS[asked.encoding_format]
+    data = [
+        {
+            "object": "list",
+            "index": i,
+            "data": [
+                {"object": "embedding", "index": j, "embedding": encode(v)}
+                for j, v in enumerate(result.embeddings)
+            ],
+        }
+        for i, result in enumerate(results)
+    ]
+    tokens = sum(r.token_count for r in results)
+    return {
+        "object": "list",
+        "data": data,
+        "model": adapter or gw.model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
