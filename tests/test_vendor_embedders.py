@@ -339,6 +339,7 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         url = f"{base}/v1/contextualizedembeddings"
         refused = send_json("POST", url, {"model": name, "input": [["a", ""]]})
         overlong = send_json("POST", url, {"model": name, "input": [["word " * 40000]]})
+        holding = send_json("POST", url, {"input": [["a", f"b{PPLX_SEPARATOR}c"]]})
     assert codes.usage.total_tokens == sum(r.token_count for r in results)
     for coded, binary, scaled, ref in zip(codes.data, bits.data, raw, refs, strict=True):
         assert cosine(scaled.embeddings, ref[:, :32]).min() >= FP32_COSINE  # tanh, unnormalised
@@ -351,6 +352,8 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         assert signs.shape == ref.shape and (signs == (ref >= 0)).mean() >= 0.99
     assert refused[0] == 400 and refused[1]["error"]["param"] == "input"
     assert overlong[0] == 400
+    assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
+    assert holding[1]["error"]["message"].startswith("'input[0][1]' holds the separator")
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
 
 

@@ -89,8 +89,8 @@ def joined_documents(documents, separator: str) -> list[str]:
             raise ValueError(f"documents[{i}] must hold at least one chunk")
         for j, chunk in enumerate(chunks):
             if not chunk or separator in chunk:
-                why = "empty" if not chunk else f"holding the separator {separator!r}"
-                raise ValueError(f"documents[{i}][{j}] is {why}: each chunk is a text of its own")
+                why = "is empty" if not chunk else f"holds the separator {separator!r}"
+                raise ValueError(f"documents[{i}][{j}] {why}: each chunk is a text of its own")
         texts.append(separator.join(chunks))
     if not texts:
         raise ValueError("documents must not be empty")

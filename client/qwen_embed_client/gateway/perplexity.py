@@ -13,6 +13,7 @@ significant bit first. Errors in OpenAI's shape (app.py)."""
 from __future__ import annotations
 
 import base64
+import re
 from typing import Annotated, Literal
 
 import numpy as np
@@ -28,7 +29,7 @@ from .state import gateway
 
 router = APIRouter(tags=["openai"])
 
-MAX_DOCUMENTS = 512  # per request, as Perplexity's API takes them
+DOCUMENTS_PER_REQUEST = 512  # as Perplexity's API takes them
 
 
 def int8_codes(vector: np.ndarray) -> str:
@@ -46,7 +47,9 @@ Chunk = Annotated[Text, Field(min_length=1)]
 
 class ContextualizedRequest(Body):
     model: str | None = None
-    input: Annotated[list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(MAX_DOCUMENTS)]
+    input: Annotated[
+        list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(DOCUMENTS_PER_REQUEST)
+    ]
     dimensions: int | None = None
     encoding_format: Literal["base64_int8", "base64_binary"] = "base64_int8"
 
@@ -65,14 +68,12 @@ async def contextualized_embeddings(request: Request):
             "no chunk separator (a contextual checkpoint's, as pplx-embed-context's)",
             "model",
         )
-    for i, chunks in enumerate(asked.input):
-        j = next((j for j, c in enumerate(chunks) if separator in c), None)
-        if j is not None:
-            raise invalid(f"'input[{i}][{j}]' holds the model's chunk separator", "input")
     try:
         results = await gw.client.embed_contextual(asked.input, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("dimensions",), "input") from e
+    except ValueError as e:  # a chunk holding the separator (client.joined_documents)
+        raise invalid(re.sub(r"^documents(\S+)", r"'input\1'", str(e)), "input") from e
     encode = ENCODINGS[asked.encoding_format]
     data = [
         {
