@@ -321,6 +321,7 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         with EmbeddingClient(url, protocol=protocol) as client:
             results = client.embed_contextual(DOCUMENTS)
             raw = client.embed_contextual(DOCUMENTS, normalize=False, dimensions=32)
+            whole = client.embed(TEXTS, normalize=False)  # the texts themselves: mean, tanh
         with EmbeddingClient(url, protocol=protocol, model="pplx") as client:
             with pytest.raises(EmbeddingError, match="has no chunk separator"):
                 client.embed_contextual(DOCUMENTS)
@@ -330,16 +331,26 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
             assert [joined[a:b] for a, b in result.spans] == doc
             assert result.token_count == len(token_ids(dirs["pplx_context"], [joined])[0])
     name = "pplx-embed-context-v1-0.6b"
-    with gateway_process(server, "--served-model-name", name) as base:
+    # Perplexity's SDK sends its embeddings API pplx-embed-v1's names only: one is an alias here
+    with gateway_process(server, "--served-model-name", name, "pplx-embed-v1-0.6b") as base:
         api = Perplexity(api_key="none", base_url=base)
         codes = api.contextualized_embeddings.create(input=DOCUMENTS, model=name, dimensions=32)
         bits = api.contextualized_embeddings.create(
             input=DOCUMENTS, model=name, encoding_format="base64_binary"
         )
+        # OpenAI's default format is the route's (floats): Perplexity's codes are asked for
+        plain = api.embeddings.create(
+            input=TEXTS, model="pplx-embed-v1-0.6b", encoding_format="base64_int8"
+        )
+        plain_bits = api.embeddings.create(
+            input=TEXTS, model="pplx-embed-v1-0.6b", encoding_format="base64_binary", dimensions=32
+        )
         url = f"{base}/v1/contextualizedembeddings"
         refused = send_json("POST", url, {"model": name, "input": [["a", ""]]})
         overlong = send_json("POST", url, {"model": name, "input": [["word " * 40000]]})
         holding = send_json("POST", url, {"input": [["a", f"b{PPLX_SEPARATOR}c"]]})
+        twice = {"input": ["a"], "encoding_format": "base64_int8", "embedding_type": "int8"}
+        coded_twice = send_json("POST", f"{base}/v1/embeddings", twice)
     assert codes.usage.total_tokens == sum(r.token_count for r in results)
     for coded, binary, scaled, ref in zip(codes.data, bits.data, raw, refs, strict=True):
         assert cosine(scaled.embeddings, ref[:, :32]).min() >= FP32_COSINE  # tanh, unnormalised
@@ -352,6 +363,16 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         assert signs.shape == ref.shape and (signs == (ref >= 0)).mean() >= 0.99
     assert refused[0] == 400 and refused[1]["error"]["param"] == "input"
     assert overlong[0] == 400
+    # /v1/embeddings in Perplexity's encodings: the unnormalised vectors' codes and signs
+    seqs = token_ids(dirs["pplx_context"], TEXTS)
+    assert cosine(whole, reference(dirs["pplx_context"], seqs)).min() >= FP32_COSINE
+    int8 = np.array([np.frombuffer(b64decode(d.embedding), np.int8) for d in plain.data])
+    assert np.abs(int8 - np.clip(np.rint(whole * 127), -128, 127)).max() <= 1
+    assert plain.usage.total_tokens == sum(map(len, seqs))
+    assert coded_twice[0] == 400 and coded_twice[1]["error"]["param"] == "encoding_format"
+    packed = [np.frombuffer(b64decode(d.embedding), np.uint8) for d in plain_bits.data]
+    signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
+    assert signs.shape == (len(TEXTS), 32) and (signs == (whole[:, :32] >= 0)).mean() >= 0.99
     assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
     assert holding[1]["error"]["message"].startswith("'input[0][1]' holds the separator")
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")

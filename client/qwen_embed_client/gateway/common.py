@@ -19,6 +19,9 @@ from ..client import EmbeddingError, EmbeddingResult
 from ..contract import MAX_TOKEN_VECTOR_BYTES
 from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
 
+# Perplexity's encodings of its models' unnormalised vectors (Encoding)
+PERPLEXITY_FORMATS = ("base64_int8", "base64_binary")
+
 # The truncation modes of Cohere's and NIM's bodies as request options: END cuts a text's end
 # (the default), START its beginning, NONE refuses a text past the model's limit.
 TRUNCATE_MODES = {
@@ -194,7 +197,9 @@ class Encoding:
     """How a vector goes into JSON: "float", its numbers (the array as it is: state.dumps
     writes it), or "base64", its bytes: a float vector cast to `dtype` (rounded to nearest
     even, as torch casts), the compact types' codes as they are, in the byte order `byteorder`
-    ("little" or "big"); or "bytes", those bytes as they are (vLLM's binary responses)."""
+    ("little" or "big"); or "bytes", those bytes as they are (vLLM's binary responses); or
+    Perplexity's (PERPLEXITY_FORMATS), a float vector's int8 codes round(127 x) or its signs
+    (1: x >= 0), one bit a dimension, least significant bit first, in base64."""
 
     format: str = "float"
     dtype: str = "float32"
@@ -203,6 +208,11 @@ class Encoding:
     def __call__(self, vector: np.ndarray):
         if self.format == "float":
             return vector
+        if self.format == "base64_int8":
+            codes = np.clip(np.rint(vector * 127), -128, 127).astype(np.int8)
+            return base64.b64encode(codes).decode()
+        if self.format == "base64_binary":
+            return base64.b64encode(np.packbits(vector >= 0, bitorder="little")).decode()
         if vector.dtype == np.float32 and self.dtype != "float32":
             if self.dtype == "fp8_e4m3":
                 vector = np.clip(vector, -_E4M3_MAX, _E4M3_MAX)

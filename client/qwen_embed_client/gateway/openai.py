@@ -52,6 +52,7 @@ from .bodies import (
 )
 from .common import (
     EMBED_DTYPES,
+    PERPLEXITY_FORMATS,
     TRUNCATE_MODES,
     Encoding,
     check_model,
@@ -124,11 +125,13 @@ TWINS = (
     ("embedding_type", "encoding_type"),  # Jina's (its clients send either)
 )
 
-# `encoding_format`: OpenAI's, a compact type's name (as vLLM and NIM take it), or vLLM's binary
+# `encoding_format`: OpenAI's, a compact type's name (as vLLM and NIM take it), vLLM's binary
 # formats: the vectors' bytes as the response's body, their layout in its `metadata` header
-# ("bytes") or nowhere ("bytes_only": the client knows it).
+# ("bytes") or nowhere ("bytes_only": the client knows it), or Perplexity's (unnormalised
+# vectors, unless the body asks otherwise).
 BINARY_FORMATS = ("bytes", "bytes_only")
-ENCODINGS = ("float", "base64", *EMBEDDING_TYPES, *BINARY_FORMATS)
+VECTOR_FORMATS = ("float", "base64", *BINARY_FORMATS, *PERPLEXITY_FORMATS)
+ENCODINGS = ("float", "base64", *EMBEDDING_TYPES, *BINARY_FORMATS, *PERPLEXITY_FORMATS)
 MediaInputs = Annotated[
     described(
         Text | list[Text] | TokenIds | list[TokenIds] | list[Text | Parts | QwenParts | JinaParts],
@@ -426,6 +429,8 @@ class _Embeddings(_VllmPoolingFields):
         for twin in ("use_activation", "normalized"):
             if getattr(self, twin) is not None:
                 options["normalize"] = getattr(self, twin)
+        if self.encoding_format in PERPLEXITY_FORMATS:
+            options.setdefault("normalize", False)
         system = [m.content for m in self.messages or () if m.role == "system"]
         if system:
             if not isinstance(system[0], str) or "instruction" in options:
@@ -455,7 +460,7 @@ class _Embeddings(_VllmPoolingFields):
         fields = ("embedding_type", "encoding_type", "embedding_types")
         asked = [k for k in fields if getattr(self, k)]
         single = self.embedding_type or self.encoding_type
-        if self.encoding_format not in ("float", "base64", *BINARY_FORMATS):
+        if self.encoding_format not in VECTOR_FORMATS:
             asked.append("encoding_format")
         if len(asked) > 1:
             raise invalid(f"send one of {asked}, not several", asked[1])
@@ -471,6 +476,12 @@ class _Embeddings(_VllmPoolingFields):
         chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
             raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
+        if self.encoding_format in PERPLEXITY_FORMATS and (kinds != ["float"] or keyed):
+            raise invalid(
+                f"'encoding_format' {self.encoding_format!r} codes float vectors: send no "
+                f"embedding type {kinds[-1]!r} with it",
+                "encoding_format",
+            )
         if self.binary:
             if chunked or kinds != ["float"] or keyed:
                 raise invalid(

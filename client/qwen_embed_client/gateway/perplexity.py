@@ -6,24 +6,22 @@ order), dimensions, encoding_format} -> {object: "list", data: [{object: "list",
 
 A document's chunks are read together (client.embed_contextual: joined by the model's chunk
 separator, one vector per chunk); a model without a separator is refused. A vector is the
-model's own, unnormalised, in Perplexity's encodings: `base64_int8` (the default) its int8
-codes round(127 x), `base64_binary` its signs, one bit a dimension (1: >= 0), least
-significant bit first. Errors in OpenAI's shape (app.py)."""
+model's own, unnormalised, in Perplexity's encodings (common.Encoding): `base64_int8` (the
+default) its int8 codes, `base64_binary` its signs. Perplexity's standard embeddings are
+OpenAI's /v1/embeddings with those encodings (openai.py). Errors in OpenAI's shape (app.py)."""
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Annotated, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
 from .bodies import Body, Text, at_most
-from .common import model_adapter
+from .common import PERPLEXITY_FORMATS, Encoding, model_adapter
 from .errors import backend_error, invalid, json_body, options_checked
 from .state import gateway
 
@@ -31,16 +29,6 @@ router = APIRouter(tags=["openai"])
 
 DOCUMENTS_PER_REQUEST = 512  # as Perplexity's API takes them
 
-
-def int8_codes(vector: np.ndarray) -> str:
-    return base64.b64encode(np.clip(np.rint(vector * 127), -128, 127).astype(np.int8)).decode()
-
-
-def sign_bits(vector: np.ndarray) -> str:
-    return base64.b64encode(np.packbits(vector >= 0, bitorder="little")).decode()
-
-
-ENCODINGS = {"base64_int8": int8_codes, "base64_binary": sign_bits}
 
 Chunk = Annotated[Text, Field(min_length=1)]
 
@@ -51,7 +39,7 @@ class ContextualizedRequest(Body):
         list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(DOCUMENTS_PER_REQUEST)
     ]
     dimensions: int | None = None
-    encoding_format: Literal["base64_int8", "base64_binary"] = "base64_int8"
+    encoding_format: Literal[PERPLEXITY_FORMATS] = "base64_int8"
 
 
 @router.post("/v1/contextualizedembeddings")
@@ -74,7 +62,7 @@ async def contextualized_embeddings(request: Request):
         raise backend_error(e, ("dimensions",), "input") from e
     except ValueError as e:  # a chunk holding the separator (client.joined_documents)
         raise invalid(re.sub(r"^documents(\S+)", r"'input\1'", str(e)), "input") from e
-    encode = ENCODINGS[asked.encoding_format]
+    encode = Encoding(asked.encoding_format)
     data = [
         {
             "object": "list",
