@@ -183,6 +183,24 @@ CASES = [
         {"instruction": 5},
     ),
     Case(
+        "chunk_by_separator as string",
+        r"parameter 'chunk_by_separator' must be a boolean",
+        [text("x")],
+        {"chunk_by_separator": "yes"},
+    ),
+    Case(
+        "chunk_by_separator without a separator",
+        r"parameter 'chunk_by_separator' needs a tokenizer with a sep_token .* send chunk_chars",
+        [text("a<|endoftext|>b")],
+        {"chunk_by_separator": True},
+    ),
+    Case(
+        "chunk_by_separator and chunk_size",
+        r"parameters \['chunk_size', 'chunk_by_separator'\] exclude each other",
+        [text("x")],
+        {"chunk_by_separator": True, "chunk_size": 4},
+    ),
+    Case(
         "chunk_spans nested past the JSON parser's depth",
         r"parameter 'chunk_spans' must be a JSON list of at most \d+ \[start, end\] token spans, "
         r"got "
