@@ -23,6 +23,9 @@ A sentence-transformers `Dense` module after the Pooling (any checkpoint may car
 checked against sentence-transformers itself.
 """
 
+import json
+import subprocess
+import sys
 from base64 import b64decode
 
 import numpy as np
@@ -376,6 +379,32 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
     assert holding[1]["error"]["message"].startswith("'input[0][1]' holds the separator")
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
+
+
+def test_contextual_chunks_through_the_cli(server, dirs, tmp_path):
+    """qwen-embed embed --contextual: a JSONL line per document (its chunks, or an object's
+    --text-field holding them), a line of chunk vectors per document."""
+    source = tmp_path / "documents.jsonl"
+    lines = [json.dumps(DOCUMENTS[0]), json.dumps({"text": DOCUMENTS[1], "id": "b"})]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "vectors.jsonl"
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "--url", server.grpc_url]
+    run = subprocess.run(
+        [*command, "--contextual", "--input", str(source), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    refs = contextual_reference(dirs["pplx_context"], DOCUMENTS)
+    for row, ref in zip(rows, refs, strict=True):
+        assert cosine(np.array(row["embeddings"]), ref).min() >= FP32_COSINE
+    source.write_text(json.dumps({"text": "one string"}) + "\n", encoding="utf-8")
+    run = subprocess.run(
+        [*command, "--contextual", "--input", str(source)], capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "line 1: a document must be a list of its chunks" in run.stderr
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,16 @@ def read_lines(args) -> list:
 
 
 def _record(record, args, where: str):
-    """A JSONL line's value as read_records and the reranker's media take it."""
+    """A JSONL line's value as read_records and the reranker's media take it; with
+    --contextual a document's chunks, a list of strings (the line, or its --text-field)."""
+    if getattr(args, "contextual", False):
+        chunks = record.get(args.text_field) if isinstance(record, dict) else record
+        if not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+            raise EmbeddingError(
+                f"{where}: a document must be a list of its chunks (strings), the line or its "
+                f"{args.text_field!r} field (--contextual)"
+            )
+        return record
     if isinstance(record, str):
         return record
     if not isinstance(record, dict):
@@ -159,6 +168,9 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
     options = options_from_flags(EmbedOptions, args)
     # A file is a bulk job: it yields to interactive queries on a shared server.
     options["priority"] = args.priority or ("bulk" if args.input else "interactive")
+    if args.contextual:
+        write_contextual(args, client, texts, options)
+        return
     chunk_size = options.pop("chunk_size")
     if chunk_size is not None:
         write_chunks(args, client, texts, chunk_size, options)
@@ -250,6 +262,21 @@ def write_chunks(
             }
         )
         + "\n"
+        for r in results
+    ]
+    write_jsonl(args, lines)
+
+
+def write_contextual(args, client: EmbeddingClient, documents: list, options: dict) -> None:
+    """Contextual chunks: a JSON line per document, its chunks' vectors and its tokens."""
+    _jsonl_only(args, "--contextual")
+    if args.texts or not (args.input or "").endswith(".jsonl"):
+        raise EmbeddingError("--contextual reads its documents from --input FILE.jsonl")
+    if options.pop("chunk_size") is not None or options.pop("per_token"):
+        raise EmbeddingError("--contextual takes neither --chunk-size nor --per-token")
+    results = client.embed_contextual(documents, **options)
+    lines = [
+        json.dumps({"embeddings": r.embeddings.tolist(), "tokens": r.token_count}) + "\n"
         for r in results
     ]
     write_jsonl(args, lines)
@@ -361,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's queue level (default: bulk with --input, else interactive)",
     )
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.add_argument(
+        "--contextual",
+        action="store_true",
+        help="each JSONL line of --input is a document's chunks (a list of strings, or one "
+        "in --text-field), each embedded in the context of the others (a model with a chunk "
+        "separator: pplx-embed-context); writes a line per document",
+    )
     e.add_argument(
         "--image",
         action="append",
