@@ -374,9 +374,10 @@ class TextTokenizer:
         return all_ids, chunks, counts
 
     def _separated(self, index: int, e: Encoded, n: int, limit: int) -> np.ndarray:
-        """Token spans of the chunks between the separators among a text's `n` own tokens.
-        A text past the `limit` is refused, not cut: its chunks are embedded together, and a
-        cut would drop chunks."""
+        """Token spans of the chunks between the separators among a text's `n` own tokens
+        (pplx-embed-context's recipe splits all of a text's ids; its tokenizer adds no special
+        tokens, so those are its own). A text past the `limit` is refused, not cut: its chunks
+        are embedded together, and a cut would drop chunks."""
         if e.input_tokens > len(e.ids):
             raise RequestError(
                 f"input 'TEXT[{index}]' has {e.input_tokens} tokens, more than the limit of "
