@@ -354,6 +354,8 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         holding = send_json("POST", url, {"input": [["a", f"b{PPLX_SEPARATOR}c"]]})
         twice = {"input": ["a"], "encoding_format": "base64_int8", "embedding_type": "int8"}
         coded_twice = send_json("POST", f"{base}/v1/embeddings", twice)
+        cast = twice | {"embedding_type": None, "embed_dtype": "bfloat16"}
+        coded_cast = send_json("POST", f"{base}/v1/embeddings", cast)
     assert codes.usage.total_tokens == sum(r.token_count for r in results)
     for coded, binary, scaled, ref in zip(codes.data, bits.data, raw, refs, strict=True):
         assert cosine(scaled.embeddings, ref[:, :32]).min() >= FP32_COSINE  # tanh, unnormalised
@@ -373,6 +375,7 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     assert np.abs(int8 - np.clip(np.rint(whole * 127), -128, 127)).max() <= 1
     assert plain.usage.total_tokens == sum(map(len, seqs))
     assert coded_twice[0] == 400 and coded_twice[1]["error"]["param"] == "encoding_format"
+    assert coded_cast[0] == 400 and "send no 'embed_dtype'" in coded_cast[1]["error"]["message"]
     packed = [np.frombuffer(b64decode(d.embedding), np.uint8) for d in plain_bits.data]
     signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
     assert signs.shape == (len(TEXTS), 32) and (signs == (whole[:, :32] >= 0)).mean() >= 0.99

@@ -476,10 +476,13 @@ class _Embeddings(_VllmPoolingFields):
         chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
             raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
-        if self.encoding_format in PERPLEXITY_FORMATS and (kinds != ["float"] or keyed):
+        if self.encoding_format in PERPLEXITY_FORMATS and (
+            kinds != ["float"] or keyed or self.embed_dtype != "float32"
+        ):
+            other = "'embed_dtype'" if kinds == ["float"] else f"embedding type {kinds[-1]!r}"
             raise invalid(
-                f"'encoding_format' {self.encoding_format!r} codes float vectors: send no "
-                f"embedding type {kinds[-1]!r} with it",
+                f"'encoding_format' {self.encoding_format!r} codes float32 vectors: send no "
+                f"{other} with it",
                 "encoding_format",
             )
         if self.binary:
