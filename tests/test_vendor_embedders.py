@@ -352,6 +352,7 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         refused = send_json("POST", url, {"model": name, "input": [["a", ""]]})
         overlong = send_json("POST", url, {"model": name, "input": [["word " * 40000]]})
         holding = send_json("POST", url, {"input": [["a", f"b{PPLX_SEPARATOR}c"]]})
+        listed = send_json("GET", f"{base}/v1/models")[1]["data"]
         twice = {"input": ["a"], "encoding_format": "base64_int8", "embedding_type": "int8"}
         coded_twice = send_json("POST", f"{base}/v1/embeddings", twice)
         cast = twice | {"embedding_type": None, "embed_dtype": "bfloat16"}
@@ -380,6 +381,7 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
     assert signs.shape == (len(TEXTS), 32) and (signs == (whole[:, :32] >= 0)).mean() >= 0.99
     assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
+    assert {m["id"]: m.get("chunk_separator") for m in listed}[name] == PPLX_SEPARATOR
     assert holding[1]["error"]["message"].startswith("'input[0][1]' holds the separator")
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
 

@@ -688,14 +688,16 @@ async def one_model(request: Request, model: str):
 
 
 async def _served_models(gw) -> list[dict]:
-    """/v1/models' entries: the embed model's names (with its prompts and fingerprint), and
-    the reranker's while Triton serves it."""
+    """/v1/models' entries: the embed model's names (with its prompts, chunk separator and
+    fingerprint), and the reranker's while Triton serves it."""
     facts = await gw.facts()  # published by the tokenizer and encoder models
     embed_facts = {}
     if "prompt_names" in facts:
         embed_facts.update(
             prompt_names=facts["prompt_names"], default_prompt_name=facts["default_prompt_name"]
         )
+    if "chunk_separator" in facts:  # it takes /v1/contextualizedembeddings
+        embed_facts["chunk_separator"] = facts["chunk_separator"]
     if facts.get("fingerprint"):
         embed_facts["fingerprint"] = facts["fingerprint"]
     served = [{"id": name, **embed_facts} for name in gw.model_names]
