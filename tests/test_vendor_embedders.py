@@ -353,6 +353,11 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
         overlong = send_json("POST", url, {"model": name, "input": [["word " * 40000]]})
         holding = send_json("POST", url, {"input": [["a", f"b{PPLX_SEPARATOR}c"]]})
         listed = send_json("GET", f"{base}/v1/models")[1]["data"]
+        jina = {"model": name, "input": DOCUMENTS[0], "late_chunking": True}
+        late = send_json("POST", f"{base}/v1/embeddings", jina)
+        jina_holding = send_json(
+            "POST", f"{base}/v1/embeddings", jina | {"input": ["a", f"b{PPLX_SEPARATOR}"]}
+        )
         twice = {"input": ["a"], "encoding_format": "base64_int8", "embedding_type": "int8"}
         coded_twice = send_json("POST", f"{base}/v1/embeddings", twice)
         cast = twice | {"embedding_type": None, "embed_dtype": "bfloat16"}
@@ -382,6 +387,12 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     assert signs.shape == (len(TEXTS), 32) and (signs == (whole[:, :32] >= 0)).mean() >= 0.99
     assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
     assert {m["id"]: m.get("chunk_separator") for m in listed}[name] == PPLX_SEPARATOR
+    # Jina's late chunking on this model: the inputs as one document's contextual chunks
+    assert late[0] == 200, late[1]
+    vectors = np.array([d["embedding"] for d in late[1]["data"]], dtype=np.float32)
+    assert cosine(vectors, refs[0]).min() >= FP32_COSINE
+    assert jina_holding[0] == 400
+    assert jina_holding[1]["error"]["message"].startswith("'input[1]' holds the separator")
     assert holding[1]["error"]["message"].startswith("'input[0][1]' holds the separator")
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
 

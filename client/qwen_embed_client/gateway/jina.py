@@ -5,7 +5,8 @@ must name the adapter the deployment merged (task_options); `normalized` is `nor
 `embedding_type` (or `encoding_type`) "base64" a float vector in base64 (openai.py's kinds);
 `late_chunking` embeds the inputs as one text (their concatenation, a space between two), one
 vector per input, each computed in the context of the others (late_chunk_embeddings: the
-server's late chunking, docs/api.md)."""
+server's late chunking, docs/api.md); on a model with a chunk separator (pplx-embed-context)
+the inputs are one document's chunks, joined by it as the model's recipe joins them."""
 
 from __future__ import annotations
 
@@ -109,17 +110,24 @@ def input_spans(texts: list[str]) -> list[list[int]]:
 async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: Encoding):
     """(one vector per text, the tokens of their joined text): the texts read as one, each
     text a chunk of it, given to the server as character spans (a token that begins in the
-    separator before a text is that text's); the joined text must fit the model's limit."""
+    separator before a text is that text's), or on a model with a chunk separator as one
+    document of contextual chunks; the joined text must fit the model's limit."""
     if len(texts) > MAX_CHUNKS:
         raise invalid(
             f"'late_chunking' takes at most {MAX_CHUNKS} inputs, got {len(texts)}", "input"
         )
     joined, spans = SEPARATOR.join(texts), input_spans(texts)
     whole = {**options, "truncate": False}
+    contextual = "chunk_separator" in await gw.client.served_facts()
     try:
-        (result,) = await gw.client.embed_chunks(
-            [joined], char_spans=spans, **whole, headers=gw.outgoing()
-        )
+        if contextual:  # the model's own recipe: its separator between the inputs
+            (result,) = await gw.client.embed_contextual([texts], **options, headers=gw.outgoing())
+        else:
+            (result,) = await gw.client.embed_chunks(
+                [joined], char_spans=spans, **whole, headers=gw.outgoing()
+            )
+    except ValueError as e:  # an input holding the separator (client.joined_documents)
+        raise invalid(re.sub(r"^documents\[0\](\S+)", r"'input\1'", str(e)), "input") from e
     except EmbeddingError as e:
         too_long = _TOO_LONG.search(str(e))
         if too_long is None:
