@@ -190,7 +190,7 @@ CASES = [
     ),
     Case(
         "chunk_by_separator without a separator",
-        r"parameter 'chunk_by_separator' needs a tokenizer with a sep_token .* send chunk_chars",
+        r"parameter 'chunk_by_separator' needs a model whose recipe joins .* send chunk_chars",
         [text("a<|endoftext|>b")],
         {"chunk_by_separator": True},
     ),

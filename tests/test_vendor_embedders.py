@@ -24,6 +24,7 @@ checked against sentence-transformers itself.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from base64 import b64decode
@@ -227,7 +228,7 @@ def separated(model_dir, documents, **options):
     return TextTokenizer(model_dir, 512).encode_chunks(texts, opts)
 
 
-def test_a_contextual_checkpoint_reads_its_chunks_between_its_separators(dirs):
+def test_a_contextual_checkpoint_reads_its_chunks_between_its_separators(dirs, tmp_path):
     model_dir = dirs["pplx_context"]
     config = ModelConfig.from_dir(model_dir)  # no modules.json: its remote code's mean, tanh
     assert not config.is_causal and config.embedding_size == 64
@@ -235,6 +236,12 @@ def test_a_contextual_checkpoint_reads_its_chunks_between_its_separators(dirs):
     assert PromptSet.from_dir(model_dir).prompts == {}
     assert TextTokenizer(model_dir, 512).separator == PPLX_SEPARATOR
     assert TextTokenizer(dirs["pplx"], 512).separator is None
+    other = tmp_path / "pplx-embed-v1-with-a-sep-token"  # a sep_token alone joins nothing
+    shutil.copytree(dirs["pplx"], other)
+    tokenizer_config = json.loads((other / "tokenizer_config.json").read_text())
+    tokenizer_config["sep_token"] = PPLX_SEPARATOR
+    (other / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert TextTokenizer(other, 512).separator is None
     ids, chunks, counts = separated(model_dir, DOCUMENTS)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     for chunked, text_ids, count, doc in zip(chunks, ids, counts, DOCUMENTS, strict=True):
@@ -272,7 +279,7 @@ def test_contextual_chunks_match_the_reference_recipe(dirs, attn_backend):
 @pytest.mark.parametrize(
     ("name", "documents", "options", "message"),
     [
-        ("pplx", DOCUMENTS, {}, r"'chunk_by_separator' needs a tokenizer with a sep_token"),
+        ("pplx", DOCUMENTS, {}, r"'chunk_by_separator' needs a model whose recipe joins"),
         ("pplx_context", [["a", "", "b"]], {}, r"'TEXT\[0\]' chunk 1 holds no tokens"),
         ("pplx_context", [["word " * 600]], {}, r"'TEXT\[0\]' has 601 tokens, more than the lim"),
         ("pplx_context", DOCUMENTS, {"chunk_size": 4}, r"\['chunk_size', 'chunk_by_separator'\]"),

@@ -405,8 +405,8 @@ class AsyncEmbeddingClient:
     ) -> list[ChunkedEmbedding]:
         """Contextual chunk embeddings (pplx-embed-context's): for each document, given as its
         chunks in order, one vector per chunk, each computed in the context of the document's
-        other chunks: the chunks joined by the model's separator (its tokenizer's sep_token)
-        and late-chunked between the separators (docs/api.md). A result's spans are each
+        other chunks: the chunks joined by the model's separator (a contextual checkpoint's
+        sep_token) and late-chunked between the separators (docs/api.md). A result's spans are each
         chunk's characters in the joined text. Other options as `embed` (embedding_type stays
         float)."""
         separator = (await self.served_facts()).get("chunk_separator")

@@ -100,7 +100,7 @@ FACTS = (
     "scores",
     "fingerprint",
     "adapter_fingerprints",  # an encoder's lora_modules: {name: the adapter's own}
-    "chunk_separator",  # a tokenizer's sep_token, where it has one (chunk_by_separator)
+    "chunk_separator",  # a contextual checkpoint's sep_token (chunk_by_separator)
 )
 
 
@@ -330,8 +330,8 @@ class EmbedOptions(_Options):
     )
     chunk_spans: tuple[tuple[int, int], ...] | None = None
     chunk_chars: tuple[tuple[int, int], ...] | None = None
-    # Or each text is a document's chunks joined by the model's separator (its tokenizer's
-    # sep_token, the fact chunk_separator), as pplx-embed-context's recipe joins them.
+    # Or each text is a document's chunks joined by the model's separator (a contextual
+    # checkpoint's sep_token, the fact chunk_separator), as pplx-embed-context's recipe does.
     chunk_by_separator: bool = False
     per_token: bool = _option(
         False,

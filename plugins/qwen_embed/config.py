@@ -48,6 +48,9 @@ REMOTE_CODE_HEADS = {
     "PPLXQwen3ContextualModel": ("mean", "tanh"),
 }
 BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS)
+# Whose recipe embeds a document's chunks joined by the tokenizer's sep_token (one vector per
+# chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
+CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
 
 # jina-reranker-v3's marker tokens (document, query): its hidden states are read after each
 # document and after the query (heads.ListwiseHead, serving/listwise.py).

@@ -24,7 +24,7 @@ from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.settings import EncoderSettings, from_parameters
 from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
 
-from .tokenizer import PromptSet, sep_token
+from .tokenizer import PromptSet, chunk_separator
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO = PACKAGE_DIR.parents[1]  # the checkout root, when this is one
@@ -121,7 +121,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
             facts |= {"prompt_names": prompts.names, "default_prompt_name": prompts.default_name}
-            if (separator := sep_token(model_dir)) is not None:
+            if (separator := chunk_separator(model_dir)) is not None:
                 facts["chunk_separator"] = separator
         return facts
     import torch

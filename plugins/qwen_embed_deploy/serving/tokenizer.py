@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen_embed.config import REMOTE_CODE_HEADS
+from qwen_embed.config import CONTEXTUAL_ARCHITECTURES, REMOTE_CODE_HEADS
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -160,9 +160,13 @@ def token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def sep_token(model_dir: Path) -> str | None:
-    """The tokenizer's sep_token (tokenizer_config.json, else special_tokens_map.json), as
-    transformers reads it: what pplx-embed-context's recipe joins a document's chunks with."""
+def chunk_separator(model_dir: Path) -> str | None:
+    """What a contextual checkpoint's recipe joins a document's chunks with
+    (CONTEXTUAL_ARCHITECTURES: pplx-embed-context): its tokenizer's sep_token
+    (tokenizer_config.json, else special_tokens_map.json, as transformers reads it); None for
+    every other checkpoint."""
+    if not CONTEXTUAL_ARCHITECTURES & set(_config(model_dir).get("architectures") or ()):
+        return None
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         path = model_dir / name
         text = token_text(json.loads(path.read_text()).get("sep_token")) if path.is_file() else None
@@ -221,7 +225,7 @@ class TextTokenizer:
         # it names any) are instructions.
         self.chat = ChatTemplate() if multimodal(model_dir) else None
         self._head, self._tail = special_tokens(self._tok, model_dir)
-        self.separator = sep_token(model_dir)
+        self.separator = chunk_separator(model_dir)
         self._separator_id = (
             None if self.separator is None else self._tok.token_to_id(self.separator)
         )
@@ -343,8 +347,9 @@ class TextTokenizer:
         separators (the separators in no chunk)."""
         if opts.chunk_by_separator and self.separator is None:
             raise RequestError(
-                "parameter 'chunk_by_separator' needs a tokenizer with a sep_token to join "
-                "chunks by, and this model's has none: send chunk_chars spans of the chunks"
+                "parameter 'chunk_by_separator' needs a model whose recipe joins a document's "
+                "chunks by a separator (pplx-embed-context), and this one has none: send "
+                "chunk_chars spans of the chunks"
             )
         if opts.chunk_by_separator:  # cut texts are refused below, saying why
             opts = dataclasses.replace(opts, truncate=True)
