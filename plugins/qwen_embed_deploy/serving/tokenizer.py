@@ -160,7 +160,7 @@ def token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def chunk_separator(model_dir: Path) -> str | None:
+def chunk_separator(model_dir: str | Path) -> str | None:
     """What a contextual checkpoint's recipe joins a document's chunks with
     (CONTEXTUAL_ARCHITECTURES: pplx-embed-context): its tokenizer's sep_token
     (tokenizer_config.json, else special_tokens_map.json, as transformers reads it); None for
@@ -168,7 +168,7 @@ def chunk_separator(model_dir: Path) -> str | None:
     if not CONTEXTUAL_ARCHITECTURES & set(_config(model_dir).get("architectures") or ()):
         return None
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = model_dir / name
+        path = Path(model_dir) / name
         text = token_text(json.loads(path.read_text()).get("sep_token")) if path.is_file() else None
         if text is not None:
             return text
