@@ -323,6 +323,17 @@ def test_served_through_triton_and_the_gateway(server, dirs, name):
     assert got.shape[1] == (PROJECTION if name == "voyage" else 64)
 
 
+def perplexity_codes(items) -> np.ndarray:
+    """The SDK's base64_int8 embeddings as int8 rows."""
+    return np.array([np.frombuffer(b64decode(item.embedding), np.int8) for item in items])
+
+
+def perplexity_signs(items) -> np.ndarray:
+    """The SDK's base64_binary embeddings as rows of bits (least significant first)."""
+    rows = [np.frombuffer(b64decode(item.embedding), np.uint8) for item in items]
+    return np.array([np.unpackbits(row, bitorder="little") for row in rows])
+
+
 def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server, dirs):
     from perplexity import Perplexity
 
@@ -372,25 +383,23 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     assert codes.usage.total_tokens == sum(r.token_count for r in results)
     for coded, binary, scaled, ref in zip(codes.data, bits.data, raw, refs, strict=True):
         assert cosine(scaled.embeddings, ref[:, :32]).min() >= FP32_COSINE  # tanh, unnormalised
-        int8 = np.array([np.frombuffer(b64decode(c.embedding), np.int8) for c in coded.data])
+        int8 = perplexity_codes(coded.data)
         expected = np.clip(np.rint(scaled.embeddings * 127), -128, 127)
         assert int8.shape == expected.shape and np.abs(int8 - expected).max() <= 1
         assert (int8 == expected).mean() >= 0.99  # a value at a rounding boundary may differ
-        packed = [np.frombuffer(b64decode(c.embedding), np.uint8) for c in binary.data]
-        signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
+        signs = perplexity_signs(binary.data)
         assert signs.shape == ref.shape and (signs == (ref >= 0)).mean() >= 0.99
     assert refused[0] == 400 and refused[1]["error"]["param"] == "input"
     assert overlong[0] == 400
     # /v1/embeddings in Perplexity's encodings: the unnormalised vectors' codes and signs
     seqs = token_ids(dirs["pplx_context"], TEXTS)
     assert cosine(whole, reference(dirs["pplx_context"], seqs)).min() >= FP32_COSINE
-    int8 = np.array([np.frombuffer(b64decode(d.embedding), np.int8) for d in plain.data])
+    int8 = perplexity_codes(plain.data)
     assert np.abs(int8 - np.clip(np.rint(whole * 127), -128, 127)).max() <= 1
     assert plain.usage.total_tokens == sum(map(len, seqs))
     assert coded_twice[0] == 400 and coded_twice[1]["error"]["param"] == "encoding_format"
     assert coded_cast[0] == 400 and "send no 'embed_dtype'" in coded_cast[1]["error"]["message"]
-    packed = [np.frombuffer(b64decode(d.embedding), np.uint8) for d in plain_bits.data]
-    signs = np.array([np.unpackbits(p, bitorder="little") for p in packed])
+    signs = perplexity_signs(plain_bits.data)
     assert signs.shape == (len(TEXTS), 32) and (signs == (whole[:, :32] >= 0)).mean() >= 0.99
     assert holding[0] == 400 and holding[1]["error"]["param"] == "input"
     assert {m["id"]: m.get("chunk_separator") for m in listed}[name] == PPLX_SEPARATOR

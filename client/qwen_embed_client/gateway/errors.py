@@ -72,6 +72,13 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 
 
+def chunk_refusal(e: ValueError, document: str) -> APIError:
+    """A chunk the client refused before sending (client.joined_documents: "documents[i][j]
+    ..."), named as the body's `input` item: `document` is the client's name for the body's
+    documents ("documents": input[i][j]; "documents[0]": one document's chunks, input[j])."""
+    return invalid(re.sub(rf"^{re.escape(document)}(\S+)", r"'input\1'", str(e)), "input")
+
+
 def options_checked(**options) -> dict:
     """Embed options checked by the request contract (what the server would refuse, refused
     here with the field named), passed on as given."""

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
 from .common import TASK_INSTRUCTIONS, Encoding, prompt_options
-from .errors import backend_error, invalid
+from .errors import backend_error, chunk_refusal, invalid
 
 # Jina's tasks: a retrieval side takes the checkpoint's query or document prompt (by name),
 # a symmetric task the query prompt with that task as its instruction.
@@ -127,7 +127,7 @@ async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: E
                 [joined], char_spans=spans, **whole, headers=gw.outgoing()
             )
     except ValueError as e:  # an input holding the separator (client.joined_documents)
-        raise invalid(re.sub(r"^documents\[0\](\S+)", r"'input\1'", str(e)), "input") from e
+        raise chunk_refusal(e, "documents[0]") from e
     except EmbeddingError as e:
         too_long = _TOO_LONG.search(str(e))
         if too_long is None:

@@ -12,7 +12,6 @@ OpenAI's /v1/embeddings with those encodings (openai.py). Errors in OpenAI's sha
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
@@ -22,7 +21,7 @@ from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
 from .bodies import Body, Text, at_most
 from .common import PERPLEXITY_FORMATS, Encoding, model_adapter
-from .errors import backend_error, invalid, json_body, options_checked
+from .errors import backend_error, chunk_refusal, invalid, json_body, options_checked
 from .state import gateway
 
 router = APIRouter(tags=["openai"])
@@ -61,7 +60,7 @@ async def contextualized_embeddings(request: Request):
     except EmbeddingError as e:
         raise backend_error(e, ("dimensions",), "input") from e
     except ValueError as e:  # a chunk holding the separator (client.joined_documents)
-        raise invalid(re.sub(r"^documents(\S+)", r"'input\1'", str(e)), "input") from e
+        raise chunk_refusal(e, "documents") from e
     encode = Encoding(asked.encoding_format)
     data = [
         {
