@@ -464,6 +464,38 @@ def qwen3_vl(
     return Path(directory)
 
 
+COLQWEN3_WIDTH = 24  # tomoro-colqwen3-embed's projection is 320 wide
+
+
+def colqwen3(directory: Path, *, seed: int = 9, files: bool = False) -> Path:
+    """tomoro-colqwen3-embed's layout: a Qwen3-VL (replicas.qwen3_vl's tiny shape) whose
+    tensors sit under `vlm.` (`vlm.model.language_model.`, `vlm.model.visual.`), a top-level
+    `embedding_proj_layer` (weight and bias: an nn.Linear) from the hidden size to `embed_dim`,
+    config.json's `ColQwen3` architecture and `colqwen3` model type beside Qwen3-VL's own
+    fields; its tokenizer's pad token (<|endoftext|>) is the queries' augmentation token."""
+    qwen3_vl(directory, seed=seed, files=files)
+    tensors = load_file(directory / "model.safetensors")
+    tensors = {f"vlm.{name}": t for name, t in tensors.items()}
+    generator = torch.Generator().manual_seed(seed)
+    width, hidden = COLQWEN3_WIDTH, TINY["hidden_size"]
+    tensors["embedding_proj_layer.weight"] = torch.randn(width, hidden, generator=generator) * 0.1
+    tensors["embedding_proj_layer.bias"] = torch.randn(width, generator=generator) * 0.1
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    hf = json.loads((directory / "config.json").read_text())
+    hf |= {
+        "architectures": ["ColQwen3"],
+        "model_type": "colqwen3",
+        "embed_dim": width,
+        "padding_side": "left",
+        "auto_map": {
+            "AutoConfig": "configuration_colqwen3.ColQwen3Config",
+            "AutoModel": "modeling_colqwen3.ColQwen3",
+        },
+    }
+    _write_json(directory / "config.json", hf)
+    return directory
+
+
 def jina_reranker_v3(directory: Path, *, seed: int = 8, length: int = 2800) -> Path:
     """jina-reranker-v3's layout: `JinaForRanking`, a tied Qwen3 with `model.` tensors plus its
     projector (`projector.0.weight` [hidden / 2, hidden], `projector.2.weight` [512, hidden /

@@ -71,10 +71,10 @@ class Texts:
         return MediaText(np.array(ids), tuple(visuals))
 
 
-def reference_vector(model, media, text: MediaText) -> np.ndarray:
+def reference_vector(model, text: MediaText) -> np.ndarray:
     """transformers' Qwen3VLModel, its last token's final hidden state, normalised (the
     official recipe's pooling)."""
-    return torch.nn.functional.normalize(reference_hidden(model, media, text), dim=-1).numpy()
+    return torch.nn.functional.normalize(reference_hidden(model, text), dim=-1).numpy()
 
 
 @lru_cache(maxsize=4)
@@ -92,9 +92,8 @@ def yes_minus_no(model, model_dir, hidden: torch.Tensor) -> float:
     return float(torch.sigmoid(hidden @ (yes - no).float()))
 
 
-def reference_hidden(model, media, text: MediaText) -> torch.Tensor:
-    ids = torch.tensor(text.ids)[None]
-    types = (ids == media.image_token_id).int() + 2 * (ids == media.video_token_id).int()
+def visual_inputs(text: MediaText) -> dict[str, torch.Tensor]:
+    """A text's images and videos as transformers' Qwen3-VL takes them."""
     inputs = {}
     for kind, video in (("", False), ("_videos", True)):
         chosen = [v for v in text.visuals if v.video == video]
@@ -105,9 +104,22 @@ def reference_hidden(model, media, text: MediaText) -> torch.Tensor:
             inputs[f"{'video' if video else 'image'}_grid_thw"] = torch.tensor(
                 [v.grid for v in chosen]
             )
+    return inputs
+
+
+def last_hidden_states(model, ids, inputs: dict) -> torch.Tensor:
+    """transformers' Qwen3VLModel's final hidden states [tokens, hidden] of one text (its
+    images' and videos' placeholders typed as its processor types them)."""
+    config = model.config
+    ids = torch.as_tensor(np.asarray(ids))[None]
+    types = (ids == config.image_token_id).int() + 2 * (ids == config.video_token_id).int()
     with torch.no_grad():
         hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
-    return hidden[0, -1].float()
+    return hidden[0].float()
+
+
+def reference_hidden(model, text: MediaText) -> torch.Tensor:
+    return last_hidden_states(model, text.ids, visual_inputs(text))[-1]
 
 
 def cases(media) -> dict[str, MediaText]:
@@ -177,7 +189,7 @@ def test_positions_are_transformers_rope_index(media, reference_model):
 @pytest.mark.parametrize("attn_backend", ["torch", "native"])
 def test_vectors_match_transformers(replica, media, reference_model, dtype, attn_backend):
     texts = cases(media)
-    want = {name: reference_vector(reference_model, media, t) for name, t in texts.items()}
+    want = {name: reference_vector(reference_model, t) for name, t in texts.items()}
     try:
         encoder = Encoder.from_pretrained(replica, dtype=dtype, attn_backend=attn_backend)
     except RuntimeError as e:  # the native operator not built for this dtype here
@@ -206,7 +218,7 @@ def test_vectors_on_a_gpu_match_transformers(replica, media, reference_model, at
     """The text model and the vision tower on the GPU in bf16 (the chosen attention backend and
     torch's), against transformers in fp32 on the CPU."""
     texts = cases(media)
-    want = {name: reference_vector(reference_model, media, t) for name, t in texts.items()}
+    want = {name: reference_vector(reference_model, t) for name, t in texts.items()}
     with Encoder.from_pretrained(
         replica, dtype="bfloat16", device="cuda", attn_backend=attn_backend
     ) as encoder:
@@ -264,7 +276,7 @@ def test_a_lora_finetune_over_the_text_model_and_the_tower(replica, media, tmp_p
         Qwen3VLForConditionalGeneration.from_pretrained(replica, dtype=torch.float32), finetune
     ).eval()
     texts = cases(media)
-    want = np.stack([reference_vector(adapted.base_model.model, media, t) for t in texts.values()])
+    want = np.stack([reference_vector(adapted.base_model.model, t) for t in texts.values()])
     with Encoder.from_pretrained(finetune, dtype="float32", attn_backend="torch") as encoder:
         assert encoder.route.adapter == "lora"
         got = encoder.embed_media(list(texts.values()))
@@ -354,7 +366,7 @@ def test_reranker_scores_match_transformers(reranker_dir, reranker_model, dtype)
     texts = cases(media)
     want = np.array(
         [
-            yes_minus_no(reranker_model, reranker_dir, reference_hidden(reranker_model, media, t))
+            yes_minus_no(reranker_model, reranker_dir, reference_hidden(reranker_model, t))
             for t in texts.values()
         ]
     )
@@ -463,9 +475,14 @@ def image_files() -> dict[str, bytes]:
     return files
 
 
-def official_features(images: list[bytes]) -> tuple[dict, list[str]]:
-    """The official scripts' images: Qwen2-VL's image processor within their pixel budget ->
-    the model's inputs, and each image's placeholders as the chat template writes them."""
+# The official scripts' pixel budget: 4 to 1,800 tokens of the published models' 32 x 32 pixels
+SCRIPT_PIXELS = {"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32}
+
+
+def official_features(images: list[bytes], size: dict = SCRIPT_PIXELS) -> tuple[dict, list[str]]:
+    """The official scripts' images: Qwen2-VL's image processor within their pixel budget
+    (`size`) -> the model's inputs, and each image's placeholders as the chat template
+    writes them."""
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -479,7 +496,7 @@ def official_features(images: list[bytes]) -> tuple[dict, list[str]]:
         temporal_patch_size=2,
         image_mean=[0.5] * 3,
         image_std=[0.5] * 3,
-        size={"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32},
+        size=size,
     )
     pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
     features = processor(images=pil, return_tensors="pt")
@@ -496,13 +513,8 @@ def official_last_hidden(model, model_dir, prompt: str, inputs: dict) -> torch.T
 
 
 def last_hidden_of_ids(model, ids, inputs: dict) -> torch.Tensor:
-    """The text model's last hidden state at the last token (images' and videos' placeholders
-    typed as transformers' processor types them)."""
-    ids = torch.as_tensor(np.asarray(ids))[None]
-    types = (ids == 151655).int() + 2 * (ids == 151656).int()
-    with torch.no_grad():
-        hidden = model.model(input_ids=ids, mm_token_type_ids=types, **inputs).last_hidden_state
-    return hidden[0, -1].float()
+    """The text model's last hidden state at the last token."""
+    return last_hidden_states(model, ids, inputs)[-1]
 
 
 def official_vector(model, model_dir, text: str, images: list[bytes]) -> np.ndarray:

@@ -74,6 +74,18 @@ def listed(texts, what: str, token_ids: bool = False) -> list:
     return texts
 
 
+def _media_per_text(count: int, images, videos) -> dict:
+    """IMAGES and VIDEOS as the server's inputs name them: per text, its files (None: none
+    given); a list of another length than the texts' is refused."""
+    media = {"IMAGES": images, "VIDEOS": videos}
+    for name, files in media.items():
+        if files is not None and len(files) != count:
+            raise ValueError(
+                f"{name.lower()} must hold a list per text ({count}), got {len(files)}"
+            )
+    return media
+
+
 def joined_documents(documents, separator: str) -> list[str]:
     """Each document (a list of chunks) as one text, its chunks joined by `separator`; a
     document without chunks, an empty chunk or one holding the separator is refused, named by
@@ -270,12 +282,7 @@ class AsyncEmbeddingClient:
         texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**options)
         level = priority_level(priority)
-        media = {"IMAGES": images, "VIDEOS": videos}
-        for name, files in media.items():
-            if files is not None and len(files) != len(texts):
-                raise ValueError(
-                    f"{name.lower()} must hold a list per text ({len(texts)}), got {len(files)}"
-                )
+        media = _media_per_text(len(texts), images, videos)
 
         def send(server, a, b):
             batch = {k: v[a:b] for k, v in media.items() if v is not None}
@@ -431,18 +438,26 @@ class AsyncEmbeddingClient:
         *,
         priority: str | int | None = None,
         headers: dict[str, str] | None = None,
+        images: list[list[bytes]] | None = None,
+        videos: list[list[bytes | list[bytes]]] | None = None,
         **options,
     ) -> list[np.ndarray]:
         """One vector per token of each text, float32 [tokens, dim]: the model's final hidden
-        states (prompt and special tokens included, before pooling), for late interaction
-        (`maxsim`) or a pooling of your own; `normalize` and `dimensions` apply per token.
-        Other options as `embed` (embedding_type stays float)."""
+        states (prompt and special tokens included, before pooling; a multi-vector
+        retriever's, ColQwen3's, through its projection), for late interaction (`maxsim`) or
+        a pooling of your own; `normalize` and `dimensions` apply per token. `images` and
+        `videos` (a multimodal model) and the other options as `embed` (embedding_type
+        stays float)."""
         texts = listed(texts, "texts", options.get("token_ids", False))
         opts = EmbedOptions(**{**options, "per_token": True})
         level = priority_level(priority)
+        media = _media_per_text(len(texts), images, videos)
 
         async def send(server, start, end):
-            vectors, counts, _ = await self._send(server, texts[start:end], opts, level, headers)
+            batch = {k: v[start:end] for k, v in media.items() if v is not None}
+            vectors, counts, _ = await self._send(
+                server, texts[start:end], opts, level, headers, batch
+            )
             return [vectors["float"][i, :count] for i, count in enumerate(counts)]
 
         parts = await self._split(len(texts), send)

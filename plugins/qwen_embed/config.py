@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import adapter_names
-from .sentence_modules import MODULES_FILE, SentenceModules
+from .sentence_modules import MODULES_FILE, TOKEN_PROJECTION, SentenceModules
 
 # architecture name in config.json -> model family registered in qwen_embed.models
 SUPPORTED_ARCHITECTURES = {
@@ -37,6 +37,9 @@ SUPPORTED_ARCHITECTURES = {
     # Qwen3-VL-Embedding / -Reranker: a Qwen3 text model (`text_config`) and a vision tower
     "Qwen3VLForConditionalGeneration": "qwen3",
     "Qwen3VLModel": "qwen3",
+    # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
+    # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
+    "ColQwen3": "qwen3",
 }
 
 
@@ -51,6 +54,12 @@ BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS)
 # Whose recipe embeds a document's chunks joined by the tokenizer's sep_token (one vector per
 # chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
+# Whose vectors are one per token only (ColPali's late interaction): no pooled vector.
+MULTI_VECTOR_ARCHITECTURES = frozenset({"ColQwen3"})
+MULTI_VECTOR_ONLY = (
+    "this model is a multi-vector retriever: its vectors are one per token (for late "
+    "interaction, MaxSim); ask for them with parameter 'per_token'"
+)
 
 # jina-reranker-v3's marker tokens (document, query): its hidden states are read after each
 # document and after the query (heads.ListwiseHead, serving/listwise.py).
@@ -173,8 +182,22 @@ class ModelConfig:
     media: MediaConfig | None = None  # a multimodal checkpoint's vision side (Qwen3-VL)
 
     @property
+    def multi_vector(self) -> bool:
+        """Whether its vectors are one per token only (MULTI_VECTOR_ARCHITECTURES)."""
+        return self.sentence.token_projection is not None
+
+    @property
+    def token_size(self) -> int:
+        """The width of its per-token vectors: projected, or the final hidden states."""
+        projection = self.sentence.token_projection
+        return projection.out_features if projection is not None else self.hidden_size
+
+    @property
     def embedding_size(self) -> int:
-        """The width of the vectors an embedder returns (before Matryoshka truncation)."""
+        """The width of the vectors an embedder returns (before Matryoshka truncation): a
+        multi-vector model's are its tokens'."""
+        if self.multi_vector:
+            return self.token_size
         return self.sentence.output_size or self.hidden_size
 
     @classmethod
@@ -191,6 +214,14 @@ class ModelConfig:
         if remote and not (Path(model_dir) / MODULES_FILE).is_file():
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
+        multi_vector = bool(MULTI_VECTOR_ARCHITECTURES.intersection(hf.get("architectures") or ()))
+        if multi_vector != (sentence.token_projection is not None):
+            raise UnsupportedModelError(
+                f"{model_dir}: a multi-vector retriever ({sorted(MULTI_VECTOR_ARCHITECTURES)}) "
+                f"has a token projection ({TOKEN_PROJECTION}weight), and only it: "
+                f"architectures {hf.get('architectures')}, projection "
+                f"{'found' if sentence.token_projection else 'absent'}"
+            )
         adapters = tuple(adapter_names(model_dir))
         return dataclasses.replace(config, sentence=sentence, adapters=adapters)
 

@@ -20,7 +20,7 @@ from .attention import AttentionSpec, choose_backend, create_backend
 from .avx2_gemm import Avx2F32Weight
 from .batch import HostResult, finish, flatten, plan_batches, pool
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
-from .config import ModelConfig
+from .config import MULTI_VECTOR_ONLY, ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .fp8 import Fp8Weight
@@ -398,7 +398,7 @@ class Encoder:
         not normalised (`finish` does that per request), of sequences that already passed
         `check_sequence`: callers that validate per request (the Triton encoder) do not pay
         for it twice."""
-        self._require("embed")
+        self._require_pooled()
         out = np.empty((len(sequences), self.embedding_size), dtype=np.float32)
         return self._run(sequences, out, self._embedding_head, adapter)
 
@@ -428,7 +428,7 @@ class Encoder:
         """`embed_chunks` before truncation and normalisation, for texts that passed
         `check_chunks`: forwards planned by the token budget (chunking.ChunkedText.cost), a
         text split into pieces of its chunks where it alone would gather too many keys."""
-        self._require("embed")
+        self._require_pooled()
         return self._pool_chunks(texts, self._embedding_head, self.embedding_size)
 
     def _pool_chunks(self, texts: Sequence[ChunkedText], head, width: int) -> list[np.ndarray]:
@@ -457,40 +457,58 @@ class Encoder:
 
     def embed_tokens(
         self,
-        token_id_lists: Sequence[Sequence[int]],
+        texts: Sequence[Sequence[int] | MediaText],
         *,
         normalize: bool = True,
         dimensions: int | None = None,
     ) -> list[np.ndarray]:
-        """One vector per token (late interaction, custom pooling): for each list, its final
-        hidden states float32 [tokens, dimensions or hidden_size], after the final norm and
-        before pooling and the checkpoint's projections; truncated and normalised per token."""
-        self._check_dimensions(dimensions, self.config.hidden_size)  # not projected
-        states = self.token_states_checked(self.check_sequences(token_id_lists))
+        """One vector per token (late interaction, custom pooling): for each token id list
+        (or text with images and video, media.py), its final hidden states float32 [tokens,
+        dimensions or token_size], after the final norm and before pooling and the
+        checkpoint's projections of pooled vectors (a multi-vector retriever's projection of
+        every token applied); truncated and normalised per token."""
+        self._check_dimensions(dimensions, self.config.token_size)
+        if texts and all(isinstance(t, MediaText) for t in texts):
+            checked = self.check_media(texts)
+        else:
+            checked = self.check_sequences(texts)
         return [
             finish(torch.from_numpy(s), normalize=normalize, dimensions=dimensions).numpy()
-            for s in states
+            for s in self.token_states_checked(checked)
         ]
 
-    def token_states_checked(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
+    def token_states_checked(self, texts: list[np.ndarray | MediaText]) -> list[np.ndarray]:
         """`embed_tokens` before truncation and normalisation, for sequences that passed
-        `check_sequence`: forwards planned by the token budget that compute every row (no
-        shared prefix, no pruned last layer)."""
+        `check_sequence` (or texts that passed `check_media`): forwards planned by the token
+        budget that compute every row (no shared prefix, no pruned last layer)."""
         self._require("embed")
-        out: list[np.ndarray] = [None] * len(sequences)
+        media_texts = any(isinstance(t, MediaText) for t in texts)
+        if media_texts:  # one batch may hold both: a plain text is one without visuals
+            texts = [t if isinstance(t, MediaText) else MediaText(t, (), ()) for t in texts]
+        ids = [t.ids for t in texts] if media_texts else texts
+        out: list[np.ndarray] = [None] * len(texts)
         with self._lock:
-            for indices in plan_batches([len(s) for s in sequences], self.max_batch_tokens):
-                flat = flatten([sequences[i] for i in indices])
-                ctx = self.model.planner.plan(*flat, every_row=True)
+            for indices in plan_batches([len(s) for s in ids], self.max_batch_tokens):
+                flat = flatten([ids[i] for i in indices])
+                media = None
+                if media_texts:
+                    chosen = [texts[i] for i in indices]
+                    media = MediaForward.of_texts(chosen, self.config.media, self.device)
+                ctx = self.model.planner.plan(*flat, every_row=True, media=media)
                 send = None
                 if self._launcher is not None:
-                    send = partial(self._launcher.send_batch, *flat, every_row=True)
-                rows = self._forward_context(ctx, lambda hidden: HostResult(hidden.float()), send)
+                    send = partial(self._launcher.send_every_row, *flat, media)
+                rows = self._forward_context(ctx, self._token_states, send)
                 bounds = flat[1].tolist()
                 states = rows.numpy()
                 for i, a, b in zip(indices, bounds[:-1], bounds[1:], strict=True):
                     out[i] = states[a:b]
         return out
+
+    def _token_states(self, hidden: torch.Tensor) -> HostResult:
+        """Every token's final hidden state in fp32, through a multi-vector retriever's
+        projection where the model has one."""
+        return HostResult(self.model.head(hidden) if self.config.multi_vector else hidden.float())
 
     def embed_media(
         self,
@@ -536,7 +554,7 @@ class Encoder:
     def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
         """`embed_media` before truncation and normalisation, for texts that passed
         `check_media` (or `check_visuals`)."""
-        self._require("embed")
+        self._require_pooled()
         out = np.empty((len(texts), self.embedding_size), dtype=np.float32)
         return self._run_media(texts, out, self._embedding_head)
 
@@ -622,6 +640,11 @@ class Encoder:
             raise ValueError(
                 f"this encoder was loaded with task={self.task!r}; {task!r} needs task={task!r}"
             )
+
+    def _require_pooled(self) -> None:
+        self._require("embed")
+        if self.config.multi_vector:
+            raise ValueError(MULTI_VECTOR_ONLY)
 
     def _run(self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: Adapters):
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of

@@ -32,7 +32,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .config import LISTWISE_MARKERS, ModelConfig
-from .sentence_modules import SentenceModules
+from .sentence_modules import Dense
 
 # A causal-LM reranker's answer tokens (relevant, not relevant), by family: Qwen3-Reranker and
 # Qwen3-VL-Reranker are asked for "yes" or "no"; mxbai-rerank-v2, the published Qwen2 reranker,
@@ -51,6 +51,8 @@ def resolve_task(task: str, config: ModelConfig) -> str:
             return "rerank" if config.num_labels == 1 else "classify"
         reranks = config.listwise or config.sentence.logit_score is not None
         return "rerank" if reranks else "embed"
+    if config.multi_vector and task != "embed":
+        raise ValueError(f"task {task!r}: a multi-vector retriever (ColQwen3) only embeds")
     if config.listwise and task != "rerank":
         raise ValueError(f"task {task!r}: a listwise reranker (JinaForRanking) only reranks")
     if task == "classify" and not (config.is_classifier and config.num_labels > 1):
@@ -200,15 +202,16 @@ ACTIVATION_FUNCTIONS = {
 
 
 class ProjectionHead(nn.Module):
-    """The checkpoint's dense projections of pooled vectors, in order, in fp32, then its final
-    activation (sentence_modules.SentenceModules). Its weights are buffers read here from
-    their own files, not parameters for the checkpoint loader."""
+    """The checkpoint's dense projections of pooled vectors (or, for a multi-vector retriever,
+    of every token's final hidden state), in order, in fp32, then its final activation
+    (sentence_modules.SentenceModules). Its weights are buffers read here from their own
+    files, not parameters for the checkpoint loader."""
 
-    def __init__(self, modules: SentenceModules):
+    def __init__(self, dense: tuple[Dense, ...], final_activation: str = "identity"):
         super().__init__()
-        self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in modules.dense]
-        self.final = ACTIVATION_FUNCTIONS[modules.final_activation]
-        for i, d in enumerate(modules.dense):
+        self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in dense]
+        self.final = ACTIVATION_FUNCTIONS[final_activation]
+        for i, d in enumerate(dense):
             with safe_open(d.weights, framework="pt", device="cpu") as f:
                 shapes = {"weight": (d.out_features, d.in_features), "bias": (d.out_features,)}
                 for part in ("weight", "bias") if d.bias else ("weight",):
@@ -220,8 +223,8 @@ class ProjectionHead(nn.Module):
                         )
                     self.register_buffer(f"{part}{i}", tensor.float())
 
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        x = pooled.float()
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        x = states.float()
         for i, activation in enumerate(self.activations):
             x = activation(
                 F.linear(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}", None))
@@ -230,9 +233,13 @@ class ProjectionHead(nn.Module):
 
 
 def build_head(task: str, config: ModelConfig, model_dir: str | Path) -> nn.Module | None:
-    """Rank 0's head for the task; None where an embedder's pooled vectors are its answer."""
+    """Rank 0's head for the task; None where an embedder's pooled vectors are its answer. A
+    multi-vector retriever's is its projection of every token (it pools nothing)."""
     if task == "rerank":
         return build_score_head(config, model_dir)
     if task == "classify":
         return ClassifierHead(config.hidden_size, "score.weight", None, config.num_labels)
-    return ProjectionHead(config.sentence) if config.sentence.has_head else None
+    sentence = config.sentence
+    if config.multi_vector:
+        return ProjectionHead((sentence.token_projection,))
+    return ProjectionHead(sentence.dense, sentence.final_activation) if sentence.has_head else None

@@ -11,10 +11,11 @@ if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_m
     from torch import nn
 
 # Present in causal-LM / classifier checkpoints, top-level projections (voyage-4-nano's
-# `linear`, which heads.ProjectionHead reads itself) and jina-reranker-v3's `projector`; skipped
+# `linear` and ColQwen3's `embedding_proj_layer`, which heads.py reads itself) and
+# jina-reranker-v3's `projector`; skipped
 # unless a task head asks for them (rank 0's only).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.", "projector.")
+_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.", "projector.", "embedding_proj_layer.")
 
 
 class CheckpointError(ValueError):
@@ -129,7 +130,9 @@ def _mapped_tensors(path: Path):
 
 def _normalise(key: str) -> str:
     """A checkpoint key as our modules name it: without "model." (and a multimodal
-    checkpoint's "language_model." before its text model; its tower is `visual.`)."""
+    checkpoint's "language_model." before its text model; its tower is `visual.`; a
+    retriever's "vlm." around them all, ColQwen3's)."""
+    key = key[len("vlm.") :] if key.startswith("vlm.") else key
     key = key[len("model.") :] if key.startswith("model.") else key
     return key[len("language_model.") :] if key.startswith("language_model.") else key
 

@@ -28,7 +28,7 @@ from .media import MediaForward
 from .route import Route
 from .settings import EncoderSettings
 
-CMD_STOP, CMD_FORWARD, CMD_CHUNKS, CMD_EVERY_ROW, CMD_MEDIA = 0, 1, 2, 3, 4
+CMD_STOP, CMD_FORWARD, CMD_CHUNKS, CMD_EVERY_ROW, CMD_MEDIA, CMD_MEDIA_EVERY_ROW = range(6)
 # Rank 0 waiting for its GPU: how often it asks whether the work is done, and how often
 # whether a worker failed (a store round trip).
 _POLL_S, _CHECK_EVERY_S = 2e-4, 0.01
@@ -200,16 +200,30 @@ class TPLauncher:
             self.control.broadcast(torch.from_numpy(adapters), 0).wait()
 
     def send_media(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, media: MediaForward
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        media: MediaForward,
+        every_row: bool = False,
     ) -> None:
         """A forward of a flat batch with images and video: its ids and positions on three
         axes; rank 0 runs the tower and broadcasts the visuals' tokens inside the forward
         (MediaForward.embed)."""
-        header = _header(CMD_MEDIA, input_ids.numel(), cu_seqlens.numel())
+        command = CMD_MEDIA_EVERY_ROW if every_row else CMD_MEDIA
+        header = _header(command, input_ids.numel(), cu_seqlens.numel())
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
         self.control.broadcast(torch.from_numpy(media.positions_host), 0).wait()
+
+    def send_every_row(
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, media: MediaForward | None
+    ) -> None:
+        """A forward whose every row's final hidden state is read (per-token vectors)."""
+        if media is None:
+            self.send_batch(input_ids, cu_seqlens, every_row=True)
+        else:
+            self.send_media(input_ids, cu_seqlens, media, every_row=True)
 
     def send_chunks(self, packed: torch.Tensor) -> None:
         """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on
@@ -301,7 +315,7 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 control.broadcast(adapters, 0).wait()
                 adapters = adapters.numpy()
             media = None
-            if cmd == CMD_MEDIA:
+            if cmd in (CMD_MEDIA, CMD_MEDIA_EVERY_ROW):
                 positions = torch.empty(num_tokens, 3, dtype=torch.int64)
                 control.broadcast(positions, 0).wait()
                 media = MediaForward.of_flat_ids(
@@ -314,7 +328,7 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
                 texts = unpack_texts(packed)
                 ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
             else:
-                every_row = cmd == CMD_EVERY_ROW
+                every_row = cmd in (CMD_EVERY_ROW, CMD_MEDIA_EVERY_ROW)
                 ctx = planner.plan(input_ids, cu_seqlens, every_row, media, adapters)
             model(ctx)
             planner.commit(ctx)

@@ -6,7 +6,10 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   `model.safetensors`), applied to the pooled vector in the listed order;
 - a projection saved beside the transformer's own tensors as a top-level `linear.weight`
   (voyage-4-nano: hidden 1024 -> 2048 after the final norm). Without an activation it commutes
-  with pooling, so it runs on the pooled vector, before any Dense module.
+  with pooling, so it runs on the pooled vector, before any Dense module;
+- a multi-vector retriever's projection of every token, a top-level `embedding_proj_layer`
+  (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
+  only (heads.TokenHead);
 - pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
   pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
   codes, as for every model);
@@ -47,7 +50,8 @@ ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
 }
 MODULES_FILE = "modules.json"
-ROOT_PROJECTION = "linear.weight"
+ROOT_PROJECTION = "linear."
+TOKEN_PROJECTION = "embedding_proj_layer."
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
 # prompts, and a CrossEncoder's activation (serving/tokenizer.PromptSet reads the prompts)
@@ -80,15 +84,23 @@ class SentenceModules:
     final_activation: str = "identity"  # after the dense layers (QUANTIZERS)
     # a CrossEncoder's LogitScore: the (relevant, not relevant or None) rows it scores with
     logit_score: tuple[int, int | None] | None = None
+    # a multi-vector retriever's projection of each token's final hidden state
+    token_projection: Dense | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, hidden_size: int) -> SentenceModules:
         model_dir = Path(model_dir)
         modules = _read_json(model_dir / MODULES_FILE, default=[])
         pooling, dense, final, logit_score = None, [], "identity", None
-        root = _root_projection(model_dir)
-        if root is not None:
-            dense.append(root)
+        top = _top_level_projections(model_dir)
+        if ROOT_PROJECTION in top:
+            dense.append(top[ROOT_PROJECTION])
+        tokens = top.get(TOKEN_PROJECTION)
+        if tokens is not None and tokens.in_features != hidden_size:
+            raise SentenceModulesError(
+                f"{tokens.weights}: a token projection from {tokens.in_features} features "
+                f"follows hidden states of {hidden_size}"
+            )
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
             folder = model_dir / module.get("path", "")
@@ -114,7 +126,7 @@ class SentenceModules:
                     f"a vector of {width}"
                 )
             width = layer.out_features
-        return cls(pooling, tuple(dense), final, logit_score)
+        return cls(pooling, tuple(dense), final, logit_score, tokens)
 
     @property
     def has_head(self) -> bool:
@@ -197,20 +209,27 @@ def _dense(folder: Path) -> Dense:
     )
 
 
-def _root_projection(model_dir: Path) -> Dense | None:
-    """The top-level `linear.weight` (and `linear.bias`) among the checkpoint's tensors."""
+def _top_level_projections(model_dir: Path) -> dict[str, Dense]:
+    """The top-level projections among the checkpoint's tensors (ROOT_PROJECTION,
+    TOKEN_PROJECTION): `{prefix}weight` and, where present, `{prefix}bias`."""
     if not any(model_dir.glob("*.safetensors")):
-        return None
+        return {}
+    wanted = (ROOT_PROJECTION, TOKEN_PROJECTION)
     index = model_dir / "model.safetensors.index.json"
     paths = checkpoint_files(model_dir)
-    if index.is_file():  # the shard that holds it, without opening every shard
-        shard = json.loads(index.read_text())["weight_map"].get(ROOT_PROJECTION)
-        paths = [model_dir / shard] if shard else []
+    if index.is_file():  # the shards that hold them, without opening every shard
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = {weight_map.get(prefix + "weight") for prefix in wanted} - {None}
+        paths = [model_dir / shard for shard in sorted(shards)]
+    found = {}
     for path in paths:
         with safe_open(str(path), framework="numpy") as f:  # names and shapes only
             names = set(f.keys())
-            if ROOT_PROJECTION in names:
-                out_features, in_features = f.get_slice(ROOT_PROJECTION).get_shape()
-                bias = "linear.bias" in names
-                return Dense(str(path), "linear.", in_features, out_features, bias, "identity")
-    return None
+            for prefix in wanted:
+                if prefix + "weight" in names:
+                    out_features, in_features = f.get_slice(prefix + "weight").get_shape()
+                    bias = prefix + "bias" in names
+                    found[prefix] = Dense(
+                        str(path), prefix, in_features, out_features, bias, "identity"
+                    )
+    return found

@@ -23,6 +23,7 @@ import triton_python_backend_utils as pb_utils
 from qwen_embed import Encoder, EncoderBroken
 from qwen_embed.batch import finish, plan_requests
 from qwen_embed.chunking import check_chunks
+from qwen_embed.config import MULTI_VECTOR_ONLY
 from qwen_embed.media import MediaText, Visual
 from qwen_embed_client.contract import (
     MAX_TOKEN_VECTOR_BYTES,
@@ -124,12 +125,12 @@ class TritonPythonModel:
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
-            if media is not None:
+            if opts is not None and opts.per_token:
+                per_token.append((i, opts, seqs if media is None else media))
+            elif media is not None:
                 with_media.append((i, opts, media))
             elif chunks is not None:
                 chunked.append((i, opts, chunks))
-            elif opts is not None and opts.per_token:
-                per_token.append((i, opts, seqs))
             else:
                 accepted.append((i, opts, seqs))
                 if adapter is not None:
@@ -139,7 +140,8 @@ class TritonPythonModel:
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
         # Every metric moves before the answers it covers leave (_Answers calls
         # metrics.flush): a client that reads the metrics after its response sees its request.
-        all_seqs = [s for _, _, seqs in accepted + per_token for s in seqs]
+        all_seqs = [s for _, _, seqs in accepted for s in seqs]
+        all_seqs += [getattr(t, "ids", t) for _, _, texts in per_token for t in texts]
         all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
         all_seqs += [b.ids for _, _, blocks in listwise for b in blocks]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
@@ -221,13 +223,15 @@ class TritonPythonModel:
         if self.task == "rerank":
             return None
         rows = pb_utils.get_input_tensor_by_name(request, "FINISH")
-        pooled, hidden = self.encoder.embedding_size, self.encoder.config.hidden_size
-        finish = read_finish(None if rows is None else rows.as_numpy(), max(pooled, hidden))
+        pooled, tokens = self.encoder.embedding_size, self.encoder.config.token_size
+        finish = read_finish(None if rows is None else rows.as_numpy(), max(pooled, tokens))
         if self.task == "classify":  # logits: nothing to finish
             if finish.per_token:
                 raise RequestError(_NOT_EMBEDDING.format("per_token"))
             return None
-        limit = hidden if finish.per_token else pooled  # token vectors are not projected
+        if self.encoder.config.multi_vector and not finish.per_token:
+            raise RequestError(MULTI_VECTOR_ONLY)
+        limit = tokens if finish.per_token else pooled
         if (finish.dimensions or 0) > limit:
             what = "per-token vectors" if finish.per_token else "vectors"
             raise RequestError(
@@ -252,7 +256,7 @@ class TritonPythonModel:
     def _check_token_bytes(self, seqs, opts):
         """A per_token answer is [texts, longest text, dimensions] float32: refused past
         MAX_TOKEN_VECTOR_BYTES, before any work."""
-        dims = opts.dimensions or self.encoder.config.hidden_size
+        dims = opts.dimensions or self.encoder.config.token_size
         size = len(seqs) * max(len(s) for s in seqs) * dims * 4
         if size > MAX_TOKEN_VECTOR_BYTES:
             raise RequestError(

@@ -127,13 +127,20 @@ class TritonPythonModel:
         """A multimodal checkpoint's texts, with the videos of VIDEOS and the images of IMAGES
         (`given`: per input, per text its files), in its chat template; MEDIA carries each
         text's resized frames and images to the encoder, in that order (the script's)."""
+        template = self.tokenizer.chat
         for name, files in given.items():
             kind = name.lower()
-            if any(files) and self.tokenizer.chat is None:
-                raise RequestError(f"input '{name}' holds {kind}, and this model reads text only")
-            if any(files) and (opts.token_ids or opts.chunked or opts.per_token):
+            if any(files) and (template is None or (kind == "videos" and not template.reads_video)):
+                what = "text only" if template is None else "texts and images"
+                raise RequestError(f"input '{name}' holds {kind}, and this model reads {what}")
+            if any(files) and (opts.token_ids or opts.chunked):
+                raise RequestError(f"input '{name}' goes with texts: not with token_ids or chunks")
+        most = template.visuals_per_text  # videos are read by templates without a limit
+        for i, images in enumerate(given["IMAGES"]):
+            if most is not None and len(images) > most:
                 raise RequestError(
-                    f"input '{name}' goes with texts: not with token_ids, chunks or per_token"
+                    f"input 'IMAGES[{i}]' holds {len(images)} images; this model reads {most} "
+                    "per text"
                 )
         if opts.token_ids or opts.chunked:
             raise RequestError(

@@ -40,6 +40,8 @@ from qwen_embed_client.contract import (
     RequestError,
 )
 
+from .colpali import ColPaliTemplate, colpali
+
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
 # Qwen3-Embedding's and gte-Qwen2's query prompts: a task between "Instruct: " and "\nQuery:".
 _TASK_SLOT = re.compile(r"^Instruct: (?P<task>.*)\nQuery:(?P<tail>[ \t]*)$", re.S)
@@ -65,6 +67,8 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
+            if colpali(model_dir):
+                return cls({}, None, "its ColPali processor's query and document forms")
             if multimodal(model_dir):
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
@@ -125,6 +129,10 @@ class ChatTemplate:
     text, with images and videos or without, in one chat turn after the instruction, ending
     where the assistant's answer would begin."""
 
+    takes_instruction = True
+    visuals_per_text = None  # any number
+    reads_video = True
+
     def before(self, instruction: str, visuals: str = "") -> str:
         """The turn up to the text: `visuals` are its videos' and images' placeholders."""
         instruction = instruction.strip()
@@ -133,6 +141,19 @@ class ChatTemplate:
         return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
 
     after: str = "<|im_end|>\n<|im_start|>assistant\n"
+
+    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(before, the text, after) of a text with its visuals' placeholders."""
+        return self.before(instruction, visuals), text, self.after
+
+
+def media_template(model_dir: Path) -> ChatTemplate | ColPaliTemplate | None:
+    """How the checkpoint writes texts with images and video (None: it reads text only)."""
+    if colpali(model_dir):
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        return ColPaliTemplate.from_dir(model_dir, token_text(config.get("pad_token")))
+    return ChatTemplate() if multimodal(model_dir) else None
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -221,9 +242,10 @@ class TextTokenizer:
         self.max_input_tokens = max_input_tokens
         self.truncation_direction = truncation_direction
         self.prompts = PromptSet.from_dir(model_dir)
-        # A multimodal checkpoint writes every text in its chat template; its prompts (where
-        # it names any) are instructions.
-        self.chat = ChatTemplate() if multimodal(model_dir) else None
+        # A multimodal checkpoint writes every text in its template (a chat turn, or a
+        # ColPali processor's query and document forms); its prompts (where it names any)
+        # are instructions.
+        self.chat = media_template(model_dir)
         self._head, self._tail = special_tokens(self._tok, model_dir)
         self.separator = chunk_separator(model_dir)
         self._separator_id = (
@@ -429,14 +451,20 @@ class TextTokenizer:
         template and its visuals stay whole). One tokenization per text unless it must be cut."""
         if self.chat is None:
             raise RequestError("input 'IMAGES' holds images, and this model reads text only")
+        if opts.instruction is not None and not self.chat.takes_instruction:
+            raise RequestError(
+                "parameter 'instruction' is not read by this model, whose processor writes "
+                "queries and documents its own way; send parameter 'prompt' to prefix the text"
+            )
         if opts.prompt_name is not None:
             instruction = self.prompts.prompts[opts.prompt_name]
         else:
             instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
-        after, extra, limit = self.chat.after, len(self._head) + len(self._tail), self._limit(opts)
+        extra, limit = len(self._head) + len(self._tail), self._limit(opts)
         out, counts = [], []
         for i, (text, visual) in enumerate(zip(texts, visuals, strict=True)):
-            before = self.chat.before(instruction, visual) + (opts.prompt or "")
+            before, text, after = self.chat.parts(instruction, visual, fields[i] == "VIDEOS", text)
+            before += opts.prompt or ""
             ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
             count = len(ids) + extra
             if count > limit:
