@@ -245,3 +245,64 @@ def test_what_it_cannot_answer_is_refused_for_that_request(served):
             client.embed_tokens(["a query"], instruction="Find charts")
         rows = len(tokenizer_of(model_dir).encode("still served").ids) + 10
         assert client.embed_tokens(["still served"])[0].shape == (rows, COLQWEN3_WIDTH)
+
+
+@pytest.mark.server
+def test_late_interaction_through_the_gateway(served):
+    """vLLM's score API scores by MaxSim over the model's token vectors, its pooling API's
+    token_embed answers them for pages given as image parts; OpenAI's embeddings, which
+    want one vector per input, are a 400 naming per_token."""
+    import httpx
+    from test_qwen3_vl import data_url
+
+    from qwen_embed_client import EmbeddingClient, maxsim_scores
+
+    from triton_helpers import gateway_process
+
+    _, server = served
+    files = image_files()
+    query, documents = "a yellow circle", ["a blue square", "yellow circles on a page"]
+    with EmbeddingClient(server.grpc_url) as client:
+        vectors = client.embed_tokens([query, *documents])
+        page = client.embed_tokens([""], images=[[files["png"]]])[0]
+    want = maxsim_scores(vectors[0], vectors[1:])
+    image_part = {"type": "image_url", "image_url": {"url": data_url(files["png"])}}
+    with gateway_process(server) as base:
+        scored = httpx.post(
+            f"{base}/v1/score",
+            json={"model": "embed", "text_1": query, "text_2": documents},
+            timeout=60,
+        )
+        assert scored.status_code == 200, scored.text
+        got = np.array([d["score"] for d in scored.json()["data"]])
+        assert np.abs(got - want).max() <= 1e-4
+        pooled = httpx.post(
+            f"{base}/pooling",
+            json={"model": "embed", "task": "token_embed", "input": [[image_part]]},
+            timeout=60,
+        )
+        assert pooled.status_code == 200, pooled.text
+        tokens = np.array(pooled.json()["data"][0]["data"], dtype=np.float32)
+        assert cosine(tokens, page).min() >= FP32_COSINE
+        refused = httpx.post(f"{base}/v1/embeddings", json={"input": "q"}, timeout=60)
+        assert refused.status_code == 400 and "per_token" in refused.text, refused.text
+
+
+@pytest.mark.server
+def test_the_cli_writes_a_pages_token_vectors(served, tmp_path):
+    import subprocess
+    import sys
+
+    model_dir, server = served
+    files = image_files()
+    want = official_tokens(Recipe(model_dir), model_dir, "page 1", [files["png"]])
+    (tmp_path / "page.png").write_bytes(files["png"])
+    out = tmp_path / "page.jsonl"
+    command = [sys.executable, "-m", "qwen_embed_client", "embed", "page 1", "--per-token"]
+    command += ["--image", str(tmp_path / "page.png"), "--url", server.grpc_url, "-o", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (line,) = out.read_text().splitlines()
+    record = json.loads(line)
+    assert record["tokens"] == len(want)
+    assert cosine(np.array(record["embeddings"], dtype=np.float32), want).min() >= FP32_COSINE

@@ -321,8 +321,8 @@ def test_a_shared_prefix_ends_before_the_first_visual(replica, media):
 @pytest.mark.server  # starts the rank-1 worker process
 def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
     """tp_size 2: rank 0 runs the tower and sends the visuals' tokens to rank 1, which loads no
-    tower; every case and a batch split over forwards give one process's vectors and scores
-    (fp32: the all-reduces' summation order differs)."""
+    tower; every case and a batch split over forwards give one process's vectors, per-token
+    vectors and scores (fp32: the all-reduces' summation order differs)."""
     texts = list(cases(media).values())
     t = Texts(media, seed=3)
     texts += [t.text(t.visual(2, 4, t=2), 3, t.visual(4, 2), 2), t.text(7, t.visual(2, 2), 1)]
@@ -333,6 +333,8 @@ def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
             replica, tp_size=tp_size, dtype="float32", attn_backend="torch", max_batch_tokens=64
         ) as encoder:
             runs[tp_size] = encoder.embed_media(texts)
+            # every row's state, the plain texts beside those with visuals in one call
+            runs[tp_size, "tokens"] = encoder.embed_tokens(texts + [texts[0].ids])
         with Encoder.from_pretrained(
             reranker_dir, task="rerank", tp_size=tp_size, dtype="float32", max_batch_tokens=64
         ) as encoder:
@@ -341,6 +343,8 @@ def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
             )
             runs[tp_size, "text"] = encoder.score([texts[0].ids])
     assert np.abs(runs[2] - runs[1]).max() <= 1e-5
+    for two, one in zip(runs[2, "tokens"], runs[1, "tokens"], strict=True):
+        assert np.abs(two - one).max() <= 1e-5
     assert np.abs(runs[2, "scores"] - runs[1, "scores"]).max() <= 1e-5
     assert np.abs(runs[2, "text"] - runs[1, "text"]).max() <= 1e-5
 

@@ -210,18 +210,21 @@ def cmd_embed(args, client: EmbeddingClient) -> None:
 
 def embed_with_media(args, client: EmbeddingClient) -> None:
     """One input of a multimodal model: the video files of --video, the videos of
-    --video-frames, the image files of --image and the text given (or none), one vector."""
+    --video-frames, the image files of --image and the text given (or none), one vector (a
+    vector per token with --per-token)."""
     if args.input or len(args.texts) > 1:
         raise EmbeddingError("--image and --video go with one input: at most one text, no --input")
     images = read_images(args.image or [], "--image")
     videos = flag_videos(args.video, args.video_frames, "--video")
     options = options_from_flags(EmbedOptions, args)
-    if options.pop("chunk_size") is not None or options.pop("per_token"):
-        raise EmbeddingError("--image and --video take neither --chunk-size nor --per-token")
+    if options.pop("chunk_size") is not None:
+        raise EmbeddingError("--image and --video take no --chunk-size")
     texts = list(args.texts) or [""]
-    result = client.embed_with_usage(
-        texts, images=[images], videos=[videos], priority=args.priority, **options
-    )
+    options |= {"images": [images], "videos": [videos], "priority": args.priority}
+    if options.pop("per_token"):
+        write_token_vectors(args, client, texts, options)
+        return
+    result = client.embed_with_usage(texts, **options)
     write_vectors(args.output, result.embeddings, result.token_counts)
 
 

@@ -468,8 +468,9 @@ class Encoder:
         checkpoint's projections of pooled vectors (a multi-vector retriever's projection of
         every token applied); truncated and normalised per token."""
         self._check_dimensions(dimensions, self.config.token_size)
-        if texts and all(isinstance(t, MediaText) for t in texts):
-            checked = self.check_media(texts)
+        if any(isinstance(t, MediaText) for t in texts):
+            as_media = [t if isinstance(t, MediaText) else MediaText(np.asarray(t)) for t in texts]
+            checked = self.check_media(as_media)
         else:
             checked = self.check_sequences(texts)
         return [

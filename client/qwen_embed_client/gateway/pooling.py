@@ -2,10 +2,10 @@
 
 - POST /pooling: an embeddings request (OpenAI's body, vLLM's fields) with vLLM's `task`: "embed"
   (the default) answers each input's vector, "token_embed" every token's (the model's final
-  hidden states, unit length unless `use_activation` is false, as vLLM's token pooler gives
-  them), "classify" a sequence classifier's class probabilities -> {id, object: "list",
-  created, model, data: [{index, object: "pooling", data}], usage}; vLLM's other tasks are
-  refused, naming `task`.
+  hidden states, a multi-vector retriever's projected, unit length unless `use_activation` is
+  false, as vLLM's token pooler gives them; inputs with images as content parts), "classify"
+  a sequence classifier's class probabilities -> {id, object: "list", created, model, data:
+  [{index, object: "pooling", data}], usage}; vLLM's other tasks are refused, naming `task`.
 - POST /classify, for a sequence classifier served as the embed model: {model, input} ->
   {..., data: [{index, label, probs, num_classes}], usage}, `probs` the softmax of the logits
   (a one-label classifier's sigmoid), or the logits with `use_activation` false.
@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body
+from .media import has_parts, texts_and_media
 from .openai import checked_request, embeddings_body, request_plan
 from .state import answered_adapter, gateway, respond
 
@@ -85,7 +86,10 @@ async def _token_vectors(gw, body: object) -> tuple[list, int]:
     request, inputs, options, encoding, kinds, keyed = await _plan(gw, body)
     if kinds != ["float"] or keyed or request.late_chunking or request.chunks is not None:
         raise invalid("task 'token_embed' answers float token vectors, unchunked", "task")
-    vectors = await embed_tokens(gw, inputs, options, "input")
+    images = videos = None
+    if has_parts(inputs):
+        inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
+    vectors = await embed_tokens(gw, inputs, options, "input", images, videos)
     return [encoding(v) for v in vectors], sum(len(v) for v in vectors)
 
 

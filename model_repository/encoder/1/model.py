@@ -2,8 +2,9 @@
 
 Parameter `task`: "embed" answers EMBEDDING [n, dim] (or the compact type's output; with the
 tokenizer's CHUNKS, late chunking's CHUNK_EMBEDDING [n, chunks, dim]; with FINISH's per_token,
-TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states; with the tokenizer's MEDIA, a
-multimodal checkpoint's texts with their images), or for a sequence classifier
+TOKEN_EMBEDDING [n, tokens, dim], each text's final hidden states (a multi-vector retriever's
+projected, the only vectors it answers); with the tokenizer's MEDIA, a multimodal checkpoint's
+texts with their images), or for a sequence classifier
 (task "classify") LOGITS [n, labels]; "rerank" (the
 rerank_encoder model, same file) answers SCORES [n] from the checkpoint's score head (with
 MEDIA, of pairs with their images; for a listwise reranker, of a query's documents from its
