@@ -249,9 +249,10 @@ def test_what_it_cannot_answer_is_refused_for_that_request(served):
 
 @pytest.mark.server
 def test_late_interaction_through_the_gateway(served):
-    """vLLM's score API scores by MaxSim over the model's token vectors, its pooling API's
-    token_embed answers them for pages given as image parts; OpenAI's embeddings, which
-    want one vector per input, are a 400 naming per_token."""
+    """vLLM's score API scores by MaxSim over the model's token vectors, texts and pages
+    given as image parts (its {"content": [parts]}: one document per part, or one input per
+    item), its pooling API's token_embed answers them; OpenAI's embeddings, which want one
+    vector per input, are a 400 naming per_token."""
     import httpx
     from test_qwen3_vl import data_url
 
@@ -265,9 +266,29 @@ def test_late_interaction_through_the_gateway(served):
     with EmbeddingClient(server.grpc_url) as client:
         vectors = client.embed_tokens([query, *documents])
         page = client.embed_tokens([""], images=[[files["png"]]])[0]
+        chart, bare_chart = client.embed_tokens(
+            ["the chart", ""], images=[[files["jpeg"]], [files["jpeg"]]]
+        )
     want = maxsim_scores(vectors[0], vectors[1:])
     image_part = {"type": "image_url", "image_url": {"url": data_url(files["png"])}}
+    chart_parts = [
+        {"type": "text", "text": "the chart"},
+        {"type": "image_url", "image_url": {"url": data_url(files["jpeg"], "jpeg")}},
+    ]
+    pages = maxsim_scores(vectors[0], [page, chart])
+    bare_pages = maxsim_scores(vectors[0], [page, bare_chart])
+    assert chart.shape[0] > bare_chart.shape[0]  # the text's tokens: one page is not the other
     with gateway_process(server) as base:
+        for text_2, want_pages in (
+            ({"content": [image_part, chart_parts[1]]}, bare_pages),  # a document per part
+            ([{"content": [image_part]}, {"content": chart_parts}], pages),
+            ([[image_part], chart_parts], pages),
+        ):
+            body = {"model": "embed", "text_1": query, "text_2": text_2}
+            scored = httpx.post(f"{base}/v1/score", json=body, timeout=60)
+            assert scored.status_code == 200, scored.text
+            got = np.array([d["score"] for d in scored.json()["data"]])
+            assert np.abs(got - want_pages).max() <= 1e-4, (text_2, got, want_pages)
         scored = httpx.post(
             f"{base}/v1/score",
             json={"model": "embed", "text_1": query, "text_2": documents},
@@ -284,6 +305,8 @@ def test_late_interaction_through_the_gateway(served):
         assert pooled.status_code == 200, pooled.text
         tokens = np.array(pooled.json()["data"][0]["data"], dtype=np.float32)
         assert cosine(tokens, page).min() >= FP32_COSINE
+        (entry,) = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
+        assert entry["multi_vector"] is True
         refused = httpx.post(f"{base}/v1/embeddings", json={"input": "q"}, timeout=60)
         assert refused.status_code == 400 and "per_token" in refused.text, refused.text
 

@@ -18,6 +18,7 @@ import numpy as np
 from ..client import EmbeddingError, EmbeddingResult
 from ..contract import MAX_TOKEN_VECTOR_BYTES
 from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
+from .media import has_parts, texts_and_media
 
 # Perplexity's encodings of its models' unnormalised vectors (Encoding)
 PERPLEXITY_FORMATS = ("base64_int8", "base64_binary")
@@ -153,25 +154,26 @@ async def embed(
         raise backend_error(e, params, items) from e
 
 
-async def embed_tokens(
-    gw, inputs: list, options: dict, items: Items, images=None, videos=None
-) -> list:
-    """Every token's vector of each input (the client's `embed_tokens`; `images`, `videos`:
-    each input's files, a multimodal model), with the API's own errors. The encoder bounds
-    each Triton request's answer; the inputs of one HTTP request travel in several, so their
-    sum is bounded here: before any forward from the token counts at the served dimension (a
-    lower bound: a projecting checkpoint's token vectors are wider; inputs with images or
-    videos are counted once they are back, their tokens known only once resized), and exactly
-    once the vectors are back. Counting tokenizes the texts a second time, but an accepted
-    request holds at most 64 MiB / (4 x width) tokens, a small share of its forwards."""
+async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:
+    """Every token's vector of each input (the client's `embed_tokens`; an input is a text or,
+    for a multimodal model, a list of content parts with its images and videos), with the
+    API's own errors (`items`: the body's field of the inputs). The encoder bounds each Triton
+    request's answer; the inputs of one HTTP request travel in several, so their sum is
+    bounded here: before any forward from the token counts at the served dimension (a lower
+    bound: a projecting checkpoint's token vectors are wider; inputs with images or videos
+    are counted once they are back, their tokens known only once resized), and exactly once
+    the vectors are back. Counting tokenizes the texts a second time, but an accepted request
+    holds at most 64 MiB / (4 x width) tokens, a small share of its forwards."""
+    media = {}
+    if has_parts(inputs):
+        inputs, images, videos = await texts_and_media(inputs, items, gw.allow_remote_images)
+        media = {"images": images, "videos": videos}
     try:
-        if images is None and videos is None:
+        if not media:
             counts = await gw.client.count_tokens(inputs, **options, headers=gw.outgoing())
             width = options.get("dimensions") or (await gw.facts()).get("dimension") or 0
             _check_token_bytes(len(inputs), int(counts.sum()) * width * 4, "at least ")
-        vectors = await gw.client.embed_tokens(
-            inputs, **options, headers=gw.outgoing(), images=images, videos=videos
-        )
+        vectors = await gw.client.embed_tokens(inputs, **options, **media, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("dimensions",), items) from e
     _check_token_bytes(len(inputs), sum(v.nbytes for v in vectors))

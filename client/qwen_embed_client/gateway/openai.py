@@ -688,8 +688,8 @@ async def one_model(request: Request, model: str):
 
 
 async def _served_models(gw) -> list[dict]:
-    """/v1/models' entries: the embed model's names (with its prompts, chunk separator and
-    fingerprint), and the reranker's while Triton serves it."""
+    """/v1/models' entries: the embed model's names (with its prompts, chunk separator, whether
+    it is multi-vector, and fingerprint), and the reranker's while Triton serves it."""
     facts = await gw.facts()  # published by the tokenizer and encoder models
     embed_facts = {}
     if "prompt_names" in facts:
@@ -698,6 +698,8 @@ async def _served_models(gw) -> list[dict]:
         )
     if "chunk_separator" in facts:  # it takes /v1/contextualizedembeddings
         embed_facts["chunk_separator"] = facts["chunk_separator"]
+    if facts.get("multi_vector"):  # its vectors: /pooling's token_embed, /v1/score
+        embed_facts["multi_vector"] = True
     if facts.get("fingerprint"):
         embed_facts["fingerprint"] = facts["fingerprint"]
     served = [{"id": name, **embed_facts} for name in gw.model_names]

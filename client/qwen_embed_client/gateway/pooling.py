@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body
-from .media import has_parts, texts_and_media
 from .openai import checked_request, embeddings_body, request_plan
 from .state import answered_adapter, gateway, respond
 
@@ -86,10 +85,7 @@ async def _token_vectors(gw, body: object) -> tuple[list, int]:
     request, inputs, options, encoding, kinds, keyed = await _plan(gw, body)
     if kinds != ["float"] or keyed or request.late_chunking or request.chunks is not None:
         raise invalid("task 'token_embed' answers float token vectors, unchunked", "task")
-    images = videos = None
-    if has_parts(inputs):
-        inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
-    vectors = await embed_tokens(gw, inputs, options, "input", images, videos)
+    vectors = await embed_tokens(gw, inputs, options, "input")
     return [encoding(v) for v in vectors], sum(len(v) for v in vectors)
 
 

@@ -2,37 +2,72 @@
 object: "score", score}], usage}. `text_1` is one query (scored against each of `text_2`) or a
 list as long as `text_2` (scored pairwise).
 
-On the embed model, late interaction: a score is MaxSim (maxsim.py) over both texts'
-normalised per-token vectors; `prompt_name` (an extension) prefixes `text_1`'s texts only,
-`dimensions` cuts the token vectors. With `model` the reranker's name (`rerank_model_name`),
-what vLLM answers for a cross-encoder: the reranker's relevance of each pair (a rerank request
-per distinct query, at most the client's requests in flight at once; per pair for a listwise
-reranker, as vLLM scores its pairs).
+On the embed model, late interaction: a score is MaxSim (maxsim.py) over both inputs'
+normalised per-token vectors (a multimodal model's inputs may be content parts with images,
+vLLM's {"content": [parts]}: ScoreRequest); `prompt_name` (an extension) prefixes `text_1`'s
+texts only, `dimensions` cuts the token vectors. With `model` the reranker's name
+(`rerank_model_name`), what vLLM answers for a cross-encoder: the reranker's relevance of each
+pair (texts only; a rerank request per distinct query, at most the client's requests in
+flight at once; per pair for a listwise reranker, as vLLM scores its pairs).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Request
+from pydantic import AfterValidator, model_validator
 
 from ..client import EmbeddingError
 from ..maxsim import maxsim
-from .bodies import Body, TextInputs
+from .bodies import Body, Text, batch, described
 from .common import check_model, embed_tokens, vllm_list
 from .errors import backend_error, invalid, json_body, options_checked
+from .media import Parts, has_parts
 from .state import gateway, respond
 
 router = APIRouter(tags=["openai"])
 
 
+# vLLM's score inputs: texts, or (a multimodal model) inputs of content parts
+ScoreInputs = Annotated[
+    described(
+        Text | list[Text | Parts],
+        "must be a string, a list of strings or of content parts, or vLLM's {'content': [parts]}",
+    ),
+    AfterValidator(batch),
+]
+
+
 class ScoreRequest(Body):
     model: str | None = None
-    text_1: TextInputs
-    text_2: TextInputs
+    text_1: ScoreInputs
+    text_2: ScoreInputs
     dimensions: int | None = None
     prompt_name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_content(cls, body):
+        """vLLM's {"content": [parts]}: as `text_1`, the one query of its parts; as `text_2`,
+        each part one document; as an item of a list, that input's parts."""
+        if not isinstance(body, dict):
+            return body
+        body = dict(body)
+        for name in ("text_1", "text_2"):
+            value = body.get(name)
+            if isinstance(value, dict) and isinstance(value.get("content"), list):
+                parts = value["content"]
+                body[name] = [parts] if name == "text_1" else [[part] for part in parts]
+            elif isinstance(value, list):
+                body[name] = [_content(item) for item in value]
+        return body
+
+
+def _content(item):
+    return item["content"] if isinstance(item, dict) and "content" in item else item
 
 
 @router.post("/v1/score")
@@ -75,6 +110,13 @@ async def _reranker_scores(gw, asked: ScoreRequest) -> dict:
                 name,
             )
     queries, documents = asked.text_1, asked.text_2
+    for name, inputs in (("text_1", queries), ("text_2", documents)):
+        if has_parts(inputs):
+            raise invalid(
+                "content parts are scored here by the embed model's late interaction; the "
+                f"reranker {gw.rerank_model_name!r} takes them on /v1/rerank",
+                name,
+            )
     # One rerank request per distinct query; a listwise reranker's pairs one by one (its
     # score of a document depends on the others read with it), as vLLM scores them.
     per_pair = len(queries) > 1 and await gw.client.score_kind() == "cosine"

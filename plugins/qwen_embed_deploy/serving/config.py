@@ -123,6 +123,8 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
             facts |= {"prompt_names": prompts.names, "default_prompt_name": prompts.default_name}
             if (separator := chunk_separator(model_dir)) is not None:
                 facts["chunk_separator"] = separator
+            if config.multi_vector:
+                facts["multi_vector"] = True
         return facts
     import torch
 
