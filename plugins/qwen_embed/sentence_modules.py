@@ -9,7 +9,7 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   with pooling, so it runs on the pooled vector, before any Dense module;
 - a multi-vector retriever's projection of every token, a top-level `embedding_proj_layer`
   (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
-  only (heads.TokenHead);
+  only (heads.build_head: a ProjectionHead over every token);
 - pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
   pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
   codes, as for every model);

@@ -125,7 +125,8 @@ class TritonPythonModel:
 
     def _chat(self, raw, given, opts):
         """A multimodal checkpoint's texts, with the videos of VIDEOS and the images of IMAGES
-        (`given`: per input, per text its files), in its chat template; MEDIA carries each
+        (`given`: per input, per text its files), in its template (serving/tokenizer.py's
+        media_template: a chat turn, or a ColPali processor's forms); MEDIA carries each
         text's resized frames and images to the encoder, in that order (the script's)."""
         template = self.tokenizer.chat
         for name, files in given.items():
