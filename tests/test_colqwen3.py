@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_qwen3_vl import (
+    BF16_COSINE,
+    FP32_COSINE,
     Texts,
     image_files,
     last_hidden_states,
@@ -27,8 +29,6 @@ from qwen_embed_deploy.serving.colpali import ColPaliTemplate
 
 from reference import cosine
 from replicas import COLQWEN3_WIDTH, colqwen3, qwen3_vl
-
-FP32_COSINE, BF16_COSINE = 0.9999, 0.999
 
 
 @pytest.fixture(scope="module")
