@@ -496,6 +496,36 @@ def colqwen3(directory: Path, *, seed: int = 9, files: bool = False) -> Path:
     return directory
 
 
+def nemotron_colembed(directory: Path, *, seed: int = 10, files: bool = False) -> Path:
+    """nemotron-colembed-vl-v2's layout: Qwen3-VL's tensors as Qwen3-VL-Embedding saves them
+    (`model.language_model.`, `model.visual.`), config.json's `Qwen3VLNemotronEmbedModel`
+    architecture and `qwen3_vl_nemotron_embed` model type with its `pooling: colbert`; with
+    `files`, processor_config.json's query and passage prefixes as its processor saves them."""
+    qwen3_vl(directory, seed=seed, files=files)
+    hf = json.loads((directory / "config.json").read_text())
+    hf |= {
+        "architectures": ["Qwen3VLNemotronEmbedModel"],
+        "model_type": "qwen3_vl_nemotron_embed",
+        "pooling": "colbert",
+        "auto_map": {
+            "AutoConfig": "modeling_nemotron_colembed.Qwen3VLNemotronEmbedConfig",
+            "AutoModel": "modeling_nemotron_colembed.Qwen3VLNemotronEmbedModel",
+        },
+    }
+    _write_json(directory / "config.json", hf)
+    if files:
+        processor = {
+            "processor_class": "Qwen3VLNemotronEmbedProcessor",
+            "q_max_length": 512,
+            "p_max_length": 10240,
+            "query_prefix": "query:",
+            "passage_prefix": "passage:",
+            "reserve_tokens_for_images": 100,
+        }
+        _write_json(directory / "processor_config.json", processor)
+    return directory
+
+
 def jina_reranker_v3(directory: Path, *, seed: int = 8, length: int = 2800) -> Path:
     """jina-reranker-v3's layout: `JinaForRanking`, a tied Qwen3 with `model.` tensors plus its
     projector (`projector.0.weight` [hidden / 2, hidden], `projector.2.weight` [512, hidden /

@@ -101,7 +101,7 @@ FACTS = (
     "fingerprint",
     "adapter_fingerprints",  # an encoder's lora_modules: {name: the adapter's own}
     "chunk_separator",  # a contextual checkpoint's sep_token (chunk_by_separator)
-    "multi_vector",  # true: its vectors are one per token only (per_token; ColQwen3)
+    "multi_vector",  # true: its vectors are one per token only (per_token; ColQwen3, ...)
 )
 
 

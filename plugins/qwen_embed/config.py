@@ -40,6 +40,9 @@ SUPPORTED_ARCHITECTURES = {
     # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
     # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
     "ColQwen3": "qwen3",
+    # nemotron-colembed-vl-v2: Qwen3-VL attending both ways, each token's last-layer output
+    # before the final norm (its remote code skips it): a multi-vector retriever
+    "Qwen3VLNemotronEmbedModel": "qwen3",
 }
 
 
@@ -50,12 +53,16 @@ REMOTE_CODE_HEADS = {
     "PPLXQwen3Model": ("mean", "tanh"),
     "PPLXQwen3ContextualModel": ("mean", "tanh"),
 }
-BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS)
+BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS) | {"Qwen3VLNemotronEmbedModel"}
 # Whose recipe embeds a document's chunks joined by the tokenizer's sep_token (one vector per
 # chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
-# Whose vectors are one per token only (ColPali's late interaction): no pooled vector.
-MULTI_VECTOR_ARCHITECTURES = frozenset({"ColQwen3"})
+# Whose vectors are one per token only (ColPali's late interaction): no pooled vector; those
+# of the first set through a projection of every token (sentence_modules.TOKEN_PROJECTION).
+PROJECTED_TOKEN_ARCHITECTURES = frozenset({"ColQwen3"})
+MULTI_VECTOR_ARCHITECTURES = PROJECTED_TOKEN_ARCHITECTURES | {"Qwen3VLNemotronEmbedModel"}
+# Whose vectors are the last layer's output before the final norm.
+PRE_NORM_ARCHITECTURES = frozenset({"Qwen3VLNemotronEmbedModel"})
 MULTI_VECTOR_ONLY = (
     "this model is a multi-vector retriever: its vectors are one per token (for late "
     "interaction, MaxSim); ask for them with parameter 'per_token'"
@@ -180,11 +187,8 @@ class ModelConfig:
     sentence: SentenceModules = SentenceModules(None)  # pooling and projections (from_dir)
     adapters: tuple[str, ...] = ()  # task adapters beside the weights (adapters.py, from_dir)
     media: MediaConfig | None = None  # a multimodal checkpoint's vision side (Qwen3-VL)
-
-    @property
-    def multi_vector(self) -> bool:
-        """Whether its vectors are one per token only (MULTI_VECTOR_ARCHITECTURES)."""
-        return self.sentence.token_projection is not None
+    multi_vector: bool = False  # its vectors are one per token only (MULTI_VECTOR_ARCHITECTURES)
+    final_norm: bool = True  # False: hidden states before the final norm (PRE_NORM_ARCHITECTURES)
 
     @property
     def token_size(self) -> int:
@@ -214,12 +218,12 @@ class ModelConfig:
         if remote and not (Path(model_dir) / MODULES_FILE).is_file():
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
-        multi_vector = bool(MULTI_VECTOR_ARCHITECTURES.intersection(hf.get("architectures") or ()))
-        if multi_vector != (sentence.token_projection is not None):
+        projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(hf.get("architectures") or ()))
+        if projected != (sentence.token_projection is not None):
             raise UnsupportedModelError(
-                f"{model_dir}: a multi-vector retriever ({sorted(MULTI_VECTOR_ARCHITECTURES)}) "
-                f"has a token projection ({TOKEN_PROJECTION}weight), and only it: "
-                f"architectures {hf.get('architectures')}, projection "
+                f"{model_dir}: a projection of every token ({TOKEN_PROJECTION}weight) belongs to "
+                f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
+                f"{hf.get('architectures')}, projection "
                 f"{'found' if sentence.token_projection else 'absent'}"
             )
         adapters = tuple(adapter_names(model_dir))
@@ -280,6 +284,8 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             listwise="JinaForRanking" in architectures,
             media=media,
+            multi_vector=bool(MULTI_VECTOR_ARCHITECTURES.intersection(architectures)),
+            final_norm=not PRE_NORM_ARCHITECTURES.intersection(architectures),
         )
 
 

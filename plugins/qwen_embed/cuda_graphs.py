@@ -108,7 +108,7 @@ class TokenGraphs:
         else:
             x, residual = model.layers[i - 1].after_attention(b["attn"], b["residual"])
         if i == len(model.layers):
-            b["out"].copy_(model.norm(x, residual)[0])
+            b["out"].copy_(model.final(x, residual))
             return
         q, k, v, residual = model.layers[i].before_attention(x, residual, b["cos"], b["sin"])
         for name, t in (("q", q), ("k", k), ("v", v), ("residual", residual)):

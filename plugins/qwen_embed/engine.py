@@ -509,7 +509,8 @@ class Encoder:
     def _token_states(self, hidden: torch.Tensor) -> HostResult:
         """Every token's final hidden state in fp32, through a multi-vector retriever's
         projection where the model has one."""
-        return HostResult(self.model.head(hidden) if self.config.multi_vector else hidden.float())
+        projected = self.config.sentence.token_projection is not None
+        return HostResult(self.model.head(hidden) if projected else hidden.float())
 
     def embed_media(
         self,

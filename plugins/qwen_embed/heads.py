@@ -52,7 +52,7 @@ def resolve_task(task: str, config: ModelConfig) -> str:
         reranks = config.listwise or config.sentence.logit_score is not None
         return "rerank" if reranks else "embed"
     if config.multi_vector and task != "embed":
-        raise ValueError(f"task {task!r}: a multi-vector retriever (ColQwen3) only embeds")
+        raise ValueError(f"task {task!r}: a multi-vector retriever only embeds")
     if config.listwise and task != "rerank":
         raise ValueError(f"task {task!r}: a listwise reranker (JinaForRanking) only reranks")
     if task == "classify" and not (config.is_classifier and config.num_labels > 1):
@@ -234,12 +234,13 @@ class ProjectionHead(nn.Module):
 
 def build_head(task: str, config: ModelConfig, model_dir: str | Path) -> nn.Module | None:
     """Rank 0's head for the task; None where an embedder's pooled vectors are its answer. A
-    multi-vector retriever's is its projection of every token (it pools nothing)."""
+    multi-vector retriever's is its projection of every token (it pools nothing), or None."""
     if task == "rerank":
         return build_score_head(config, model_dir)
     if task == "classify":
         return ClassifierHead(config.hidden_size, "score.weight", None, config.num_labels)
     sentence = config.sentence
-    if config.multi_vector:
-        return ProjectionHead((sentence.token_projection,))
+    if config.multi_vector:  # a projection of every token, where it has one
+        projection = sentence.token_projection
+        return None if projection is None else ProjectionHead((projection,))
     return ProjectionHead(sentence.dense, sentence.final_activation) if sentence.has_head else None

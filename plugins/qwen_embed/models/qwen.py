@@ -240,7 +240,7 @@ class QwenDecoderLayer(nn.Module):
 
 
 class QwenModel(nn.Module):
-    """Token ids [T] -> final-norm hidden states [T, hidden]; no lm_head.
+    """Token ids [T] -> final-norm hidden states [T, hidden] (`final`); no lm_head.
 
     `planner` turns batches into forward contexts for this shard (segments.Planner);
     `head` (rank 0) turns pooled hidden states into scores or projected vectors (heads.py);
@@ -320,4 +320,9 @@ class QwenModel(nn.Module):
                 x, residual = self.layers[i](x, residual, cos, sin, ctx, ctx.layout)
                 if ctx.media is not None:
                     x = ctx.media.after_layer(i, x)
-        return self.norm(x, residual)[0]
+        return self.final(x, residual)
+
+    def final(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The model's output from the last layer's (x, residual): the final norm of their sum,
+        or the sum itself where the checkpoint's vectors precede the norm (config.final_norm)."""
+        return self.norm(x, residual)[0] if self.config.final_norm else x + residual

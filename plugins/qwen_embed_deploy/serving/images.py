@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .colpali import colpali, max_visual_tokens
+from .retrievers import pixel_budget, retriever
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
 # 32 x 32 block of pixels), whatever the processor's own defaults say.
@@ -43,8 +43,8 @@ class ImageSettings:
     @classmethod
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
         """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
-        and std); the pixel budget is the embedding script's (a ColPali retriever's: its
-        processor's, colpali.py) unless `changes` give one."""
+        and std); the pixel budget is the embedding script's (a multi-vector retriever's: its
+        processor's, retrievers.py) unless `changes` give one."""
         path = Path(model_dir) / "preprocessor_config.json"
         hf = json.loads(path.read_text()) if path.is_file() else {}
         known = {
@@ -55,9 +55,11 @@ class ImageSettings:
             "std": tuple(hf["image_std"]) if "image_std" in hf else None,
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
-        if colpali(model_dir):  # the processor's own least size, its token budget at most
-            least = (hf.get("size") or {}).get("shortest_edge", settings.min_pixels)
-            most = max_visual_tokens(model_dir) * settings.factor**2
+        if retriever(model_dir) is not None:  # its processor's budget
+            size = hf.get("size") or {}
+            least = size.get("shortest_edge", settings.min_pixels)
+            most = size.get("longest_edge", settings.max_pixels)
+            least, most = pixel_budget(model_dir, least, most, settings.factor)
             settings = replace(settings, min_pixels=least, max_pixels=most)
         return replace(settings, **changes)
 

@@ -40,7 +40,7 @@ from qwen_embed_client.contract import (
     RequestError,
 )
 
-from .colpali import ColPaliTemplate, colpali
+from .retrievers import retriever, retriever_template
 
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
 # Qwen3-Embedding's and gte-Qwen2's query prompts: a task between "Instruct: " and "\nQuery:".
@@ -67,8 +67,8 @@ class PromptSet:
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
         if not path.is_file():
-            if colpali(model_dir):
-                return cls({}, None, "its ColPali processor's query and document forms")
+            if retriever(model_dir) is not None:
+                return cls({}, None, "its processor's query and page forms (retrievers.py)")
             if multimodal(model_dir):
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
@@ -147,12 +147,14 @@ class ChatTemplate:
         return self.before(instruction, visuals), text, self.after
 
 
-def media_template(model_dir: Path) -> ChatTemplate | ColPaliTemplate | None:
-    """How the checkpoint writes texts with images and video (None: it reads text only)."""
-    if colpali(model_dir):
+def media_template(model_dir: Path):
+    """How the checkpoint writes texts with images and video: a multi-vector retriever's
+    processor's forms (retrievers.py), Qwen3-VL-Embedding's chat turn, or None (it reads text
+    only)."""
+    if retriever(model_dir) is not None:
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        return ColPaliTemplate.from_dir(model_dir, token_text(config.get("pad_token")))
+        return retriever_template(model_dir, token_text(config.get("pad_token")))
     return ChatTemplate() if multimodal(model_dir) else None
 
 
@@ -243,7 +245,7 @@ class TextTokenizer:
         self.truncation_direction = truncation_direction
         self.prompts = PromptSet.from_dir(model_dir)
         # A multimodal checkpoint writes every text in its template (a chat turn, or a
-        # ColPali processor's query and document forms); its prompts (where it names any)
+        # retriever's processor's query and page forms); its prompts (where it names any)
         # are instructions.
         self.chat = media_template(model_dir)
         self._head, self._tail = special_tokens(self._tok, model_dir)

@@ -1,0 +1,122 @@
+"""How a multi-vector retriever's processor writes its inputs (qwen_embed.config.
+MULTI_VECTOR_ARCHITECTURES): a text alone is a query, a text with its image (one per text) a
+document page; videos are not read (their processors sample frames their own ways, which are
+not reproduced here).
+
+- tomoro-colqwen3-embed (ColQwen3Processor, `ColPaliTemplate`): a query is the processor's
+  query prefix (none by default), the text stripped, then ten query-augmentation tokens (the
+  tokenizer's pad token), which the model was trained to fill with what the query implies; a
+  page is one user turn holding the image's placeholders and "Describe the image.", the text
+  after a space where there is one, then `<|im_end|><|endoftext|>` and no assistant turn.
+  processor_config.json may set the prefixes and suffix and the visual token budget
+  (`max_num_visual_tokens`, 1,280 by default), as the processor's own arguments.
+- nemotron-colembed-vl-v2 (Qwen3VLNemotronEmbedProcessor, `NemotronTemplate`): Qwen3-VL's chat
+  turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
+  the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
+  `query:` and `passage:` by default); images within its image processor's budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES
+
+AUGMENTATION_TOKENS = 10
+# ColQwen3Processor.from_pretrained's default: text-model tokens per image at most
+MAX_VISUAL_TOKENS = 1280
+_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+_ANSWER = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def retriever(model_dir: str | Path) -> str | None:
+    """The checkpoint's multi-vector architecture, None for any other model."""
+    architectures = _json(Path(model_dir) / "config.json").get("architectures") or ()
+    return next((a for a in architectures if a in MULTI_VECTOR_ARCHITECTURES), None)
+
+
+def _processor(model_dir: str | Path) -> dict:
+    return _json(Path(model_dir) / "processor_config.json")
+
+
+@dataclass(frozen=True)
+class ColPaliTemplate:
+    query_prefix: str
+    augmentation: str  # the pad token, AUGMENTATION_TOKENS times
+    image_prefix: str = f"<|im_start|>user\n{_IMAGE}Describe the image."
+    image_suffix: str = "<|im_end|><|endoftext|>"
+    takes_instruction = False  # a prompt (parameter 'prompt') goes before the text
+    visuals_per_text = 1
+    reads_video = False
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, pad: str | None) -> ColPaliTemplate:
+        """`pad`: the tokenizer's pad token (tokenizer_config.json)."""
+        if pad is None:
+            raise ValueError(f"{model_dir}: no pad_token, the queries' augmentation token")
+        processor = _processor(model_dir)
+        names = {
+            "query_prefix": "query_prefix",
+            "image_prefix": "visual_prompt_prefix",
+            "image_suffix": "visual_prompt_suffix",
+        }
+        given = {ours: processor[theirs] for ours, theirs in names.items() if processor.get(theirs)}
+        return cls(**{"query_prefix": "", **given, "augmentation": pad * AUGMENTATION_TOKENS})
+
+    def parts(self, instruction, visual: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(before, the text, after) of a text with `visual`, its image's placeholders ("" for
+        none); `instruction` and `video` are not read (takes_instruction, reads_video)."""
+        text = text.strip()
+        if not visual:
+            return self.query_prefix, text, self.augmentation
+        before = self.image_prefix.replace(_IMAGE, visual, 1) + (" " if text else "")
+        return before, text, self.image_suffix
+
+
+@dataclass(frozen=True)
+class NemotronTemplate:
+    query_prefix: str = "query:"
+    passage_prefix: str = "passage:"
+    takes_instruction = False
+    visuals_per_text = 1
+    reads_video = False
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> NemotronTemplate:
+        processor = _processor(model_dir)
+        given = {k: processor[k] for k in ("query_prefix", "passage_prefix") if k in processor}
+        return cls(**given)
+
+    def parts(self, instruction, visual: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(before, the text, after) as its processor's chat turn writes them."""
+        if not visual:
+            prefix = f"{self.query_prefix} " if self.query_prefix else ""
+            return f"<|im_start|>user\nQuery: {prefix}", text, _ANSWER
+        prefix = f"{self.passage_prefix} " if self.passage_prefix else ""
+        return f"<|im_start|>user\n{visual}{prefix}", text, _ANSWER
+
+
+def pixel_budget(model_dir: str | Path, least: int, most: int, factor: int) -> tuple[int, int]:
+    """(least, most) pixels of an image for a multi-vector retriever's processor, from its
+    image processor's (`least`, `most`: preprocessor_config.json's size): ColQwen3's caps it
+    at its token budget (`max_num_visual_tokens` tokens of `factor` x `factor` pixels)."""
+    if retriever(model_dir) == "ColQwen3":
+        tokens = _processor(model_dir).get("max_num_visual_tokens", MAX_VISUAL_TOKENS)
+        return least, int(tokens) * factor**2
+    return least, most
+
+
+def retriever_template(model_dir: str | Path, pad: str | None):
+    """The processor's forms of a multi-vector retriever's checkpoint; None for another."""
+    architecture = retriever(model_dir)
+    if architecture == "ColQwen3":
+        return ColPaliTemplate.from_dir(model_dir, pad)
+    if architecture == "Qwen3VLNemotronEmbedModel":
+        return NemotronTemplate.from_dir(model_dir)
+    return None
