@@ -105,6 +105,8 @@ def test_token_vectors_match_the_recipe(replica, recipe, dtype):
     want = {name: recipe.tokens(t.ids, visual_inputs(t)) for name, t in texts.items()}
     floor = FP32_COSINE if dtype == "float32" else BF16_COSINE
     with Encoder.from_pretrained(replica, dtype=dtype, max_batch_tokens=64) as enc:
+        # every token is computed: no prefix cache kept, no last layer planned pruned
+        assert not enc.route.prefix_reuse and not enc.route.prune
         got = dict(zip(texts, enc.embed_tokens(list(texts.values())), strict=True))
         plain = enc.embed_tokens([texts["text alone"].ids])[0]  # ids alone, no media path
         with pytest.raises(ValueError, match="multi-vector retriever"):

@@ -157,11 +157,14 @@ def choose_route(
     task = resolve_task(s.task, config)
     per_request = tuple(name for name, _ in parse_lora_modules(s.lora_modules))
     pooling = resolve_pooling(s.pooling, task, config)
-    reuse_valid = config.is_causal and pooling == "last"
+    # a multi-vector retriever's forwards compute every token: nothing shared, nothing pruned
+    last_pooled = pooling == "last" and not config.multi_vector
+    reuse_valid = config.is_causal and last_pooled
     if s.prefix_reuse == "on" and not reuse_valid:
         raise ValueError(
             "prefix_reuse needs causal attention and last-token pooling "
-            f"(is_causal={config.is_causal}, pooling={pooling!r})"
+            f"(is_causal={config.is_causal}, pooling={pooling!r}, "
+            f"multi_vector={config.multi_vector})"
         )
     if s.quantization == "fp8":
         dtype, reason = _fp8_dtype(s.dtype, device, gpu_fp8)
@@ -233,7 +236,7 @@ def choose_route(
         adapter=resolve_adapter(s.adapter, config.adapters, per_request),
         lora_names=per_request,
         prefix_reuse=reuse_valid and s.prefix_reuse != "off",
-        prune=pooling == "last",
+        prune=last_pooled,
         elementwise=kernels.choose(device, isa, has_triton),
         native_isa=isa,
         cuda_graph_tokens=0 if cpu or s.tp_size > 1 else s.cuda_graph_tokens,
