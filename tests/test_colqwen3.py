@@ -299,14 +299,26 @@ def test_late_interaction_through_the_gateway(served):
         assert scored.status_code == 200, scored.text
         got = np.array([d["score"] for d in scored.json()["data"]])
         assert np.abs(got - want).max() <= 1e-4
-        pooled = httpx.post(
-            f"{base}/pooling",
-            json={"model": "embed", "task": "token_embed", "input": [[image_part]]},
-            timeout=60,
+        for inputs, want_tokens in (([[image_part]], page), ([query], vectors[0])):
+            body = {"model": "embed", "task": "token_embed", "input": inputs, "priority": "bulk"}
+            pooled = httpx.post(f"{base}/pooling", json=body, timeout=60)
+            assert pooled.status_code == 200, pooled.text
+            tokens = np.array(pooled.json()["data"][0]["data"], dtype=np.float32)
+            assert cosine(tokens, want_tokens).min() >= FP32_COSINE
+        # /v1/rerank with the embed model: its own ranking, MaxSim best first (vLLM's)
+        body = {"model": "embed", "query": query, "documents": [[image_part], chart_parts]}
+        ranked = httpx.post(f"{base}/v1/rerank", json=body | {"return_documents": True}, timeout=60)
+        assert ranked.status_code == 200, ranked.text
+        results = ranked.json()["results"]
+        assert [r["index"] for r in results] == list(np.argsort(-pages, kind="stable"))
+        assert np.abs([r["relevance_score"] for r in results] - np.sort(pages)[::-1]).max() < 1e-4
+        assert results[[r["index"] for r in results].index(1)]["document"]["text"] == "the chart"
+        top = httpx.post(
+            f"{base}/v1/rerank", json=body | {"top_n": 1, "max_tokens_per_doc": 8}, timeout=60
         )
-        assert pooled.status_code == 200, pooled.text
-        tokens = np.array(pooled.json()["data"][0]["data"], dtype=np.float32)
-        assert cosine(tokens, page).min() >= FP32_COSINE
+        assert top.status_code == 400 and "max_tokens_per_doc" in top.text, top.text
+        one = httpx.post(f"{base}/v1/rerank", json=body | {"top_n": 1}, timeout=60)
+        assert len(one.json()["results"]) == 1
         (entry,) = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
         assert entry["multi_vector"] is True
         refused = httpx.post(f"{base}/v1/embeddings", json={"input": "q"}, timeout=60)

@@ -169,8 +169,9 @@ async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:
         inputs, images, videos = await texts_and_media(inputs, items, gw.allow_remote_images)
         media = {"images": images, "videos": videos}
     try:
-        if not media:
-            counts = await gw.client.count_tokens(inputs, **options, headers=gw.outgoing())
+        if not media:  # the tokenizer alone: no priority level to keep
+            counting = {k: v for k, v in options.items() if k != "priority"}
+            counts = await gw.client.count_tokens(inputs, **counting, headers=gw.outgoing())
             width = options.get("dimensions") or (await gw.facts()).get("dimension") or 0
             _check_token_bytes(len(inputs), int(counts.sum()) * width * 4, "at least ")
         vectors = await gw.client.embed_tokens(inputs, **options, **media, headers=gw.outgoing())

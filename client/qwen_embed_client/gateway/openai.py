@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, EmbedOptions, priority_level
+from ..maxsim import maxsim_scores
 from .bodies import (
     Body,
     NonBlank,
@@ -58,6 +59,7 @@ from .common import (
     check_model,
     checkpoint_facts,
     embed,
+    embed_tokens,
     model_adapters,
     prompt_options,
     raw_scores,
@@ -93,6 +95,7 @@ from .media import (
     Parts,
     QwenParts,
     ScriptInput,
+    TextPart,
     has_parts,
     texts_and_media,
 )
@@ -825,9 +828,13 @@ async def rerank(request: Request):
 
 
 async def rerank_response(gw, body: object) -> dict:
-    """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}."""
+    """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}; with
+    `model` the embed model's name where it is a multi-vector retriever, its own ranking
+    (late_interaction_ranking)."""
     served, triton = gw.rerank_model_name, gw.triton_rerank_model
     model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and model in gw.model_names and (await gw.facts()).get("multi_vector"):
+        return await late_interaction_ranking(gw, RerankRequest.parse(body))
     adapters = await model_adapters(gw, model, served, triton)
     request, options = parse_rerank_request(body, served, adapters)
     query, documents = request.inputs
@@ -843,17 +850,52 @@ async def rerank_response(gw, body: object) -> dict:
         raise backend_error(e, ("instruction",), "documents") from e
     # vLLM's use_activation false: the reranker's logit, not its score
     raw = await raw_scores(gw) if request.use_activation is False else float
-    results = []
-    for index, score in result.ranking:
-        item = {"index": index, "relevance_score": raw(score)}
-        if request.return_documents:
-            item["document"] = {"text": texts[index]}
-            if images[index] or videos[index]:  # as sent: the parts (vLLM's multi_modal)
-                parts = [p for p in documents[index] if isinstance(p, MEDIA_PARTS)]
-                item["document"]["multi_modal"] = [p.model_dump() for p in parts]
-        results.append(item)
+    results = _ranked(request, documents, [(i, raw(score)) for i, score in result.ranking])
     return {
         "model": options.get("adapter", gw.rerank_model_name),
         "results": results,
         "usage": {"total_tokens": result.total_tokens},
     }
+
+
+async def late_interaction_ranking(gw, request: RerankRequest) -> dict:
+    """A multi-vector embed model's ranking, as vLLM ranks with one: each document's MaxSim
+    with the query over their normalised token vectors (texts, or content parts with
+    images), best first; `top_n` and `return_documents` as a reranker's, `instruction` as the
+    model takes it (a retriever refuses it), a pair's options refused."""
+    for name in ("max_tokens_per_doc", "chat_template_kwargs"):
+        if getattr(request, name):
+            raise invalid(f"'{name}' applies to a reranker's pairs, not to late interaction", name)
+    query, documents = request.inputs
+    options = options_checked(normalize=True, **request.given("instruction", "priority"))
+    (query_vectors,) = await embed_tokens(gw, [query], options, "query")
+    vectors = await embed_tokens(gw, documents, options, "documents")
+    scores = maxsim_scores(query_vectors, vectors)
+    order = np.argsort(-scores, kind="stable")[: request.top_n or None]
+    tokens = len(query_vectors) + sum(len(v) for v in vectors)
+    return {
+        "model": gw.model_name,
+        "results": _ranked(request, documents, [(int(i), float(scores[i])) for i in order]),
+        "usage": {"total_tokens": tokens},
+    }
+
+
+def _ranked(request: RerankRequest, documents: list, ranking: list[tuple[int, float]]) -> list:
+    """The results of a ranking ((index, score) best first), each with its document as the
+    body sent it where `return_documents` asks: its text, and its image and video parts
+    (vLLM's multi_modal)."""
+    results = []
+    for index, score in ranking:
+        item = {"index": index, "relevance_score": score}
+        if request.return_documents:
+            document = documents[index]
+            if isinstance(document, str):
+                item["document"] = {"text": document}
+            else:
+                text = "".join(p.text for p in document if isinstance(p, TextPart))
+                item["document"] = {"text": text}
+                parts = [p for p in document if isinstance(p, MEDIA_PARTS)]
+                if parts:
+                    item["document"]["multi_modal"] = [p.model_dump() for p in parts]
+        results.append(item)
+    return results
