@@ -176,16 +176,20 @@ def official_tokens(recipe, model_dir, text: str, images: list[bytes]) -> np.nda
     return recipe.tokens(tokenizer_of(model_dir).encode(prompt).ids, inputs)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def serving(where: Path, replica):
+    """A server of `replica(dir, files=True)` as the embed model, fp32: (its dir, the server)."""
     from qwen_embed_deploy.repository import render
     from qwen_embed_deploy.triton import TritonServer
 
-    where = tmp_path_factory.mktemp("colqwen3-served")
-    model_dir = colqwen3(where / "model", files=True)
+    model_dir = replica(where / "model", files=True)
     repo = render(where / "repo", {"embed": model_dir}, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield model_dir, server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from serving(tmp_path_factory.mktemp("colqwen3-served"), colqwen3)
 
 
 def large_page() -> bytes:
@@ -205,19 +209,30 @@ def large_page() -> bytes:
 
 @pytest.mark.server
 def test_queries_and_pages_through_triton_match_the_official_recipe(served):
-    from qwen_embed_client import EmbeddingClient, maxsim_scores
-
     model_dir, server = served
     recipe = Recipe(model_dir)
+    inputs = pages()
+    want = [official_tokens(recipe, model_dir, t, im) for t, im in inputs]
+    assert want[3].shape[0] > 1000  # the budget bit: 1,280 image tokens at most, and used
+    assert_served_tokens(server, inputs, want)
+
+
+def pages() -> list[tuple[str, list[bytes]]]:
+    """A query, then pages: an image alone, one with its text, one over ColQwen3's budget."""
     files = image_files()
-    inputs = [
+    return [
         ("which chart shows a yellow circle?", []),
         ("", [files["png"]]),
         ("quarterly report, page 2", [files["jpeg"]]),
         ("", [large_page()]),
     ]
-    want = [official_tokens(recipe, model_dir, t, im) for t, im in inputs]
-    assert want[3].shape[0] > 1000  # the budget bit: 1,280 image tokens at most, and used
+
+
+def assert_served_tokens(server, inputs: list, want: list[np.ndarray]) -> None:
+    """The server's token vectors of `inputs` (text, images) over HTTP and gRPC are `want`'s
+    (fp32 floor per token), and so are the query's MaxSim scores against the pages."""
+    from qwen_embed_client import EmbeddingClient, maxsim_scores
+
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with EmbeddingClient(url, protocol=protocol) as client:
             got = client.embed_tokens([t for t, _ in inputs], images=[im for _, im in inputs])
@@ -319,6 +334,8 @@ def test_late_interaction_through_the_gateway(served):
         assert top.status_code == 400 and "max_tokens_per_doc" in top.text, top.text
         one = httpx.post(f"{base}/v1/rerank", json=body | {"top_n": 1}, timeout=60)
         assert len(one.json()["results"]) == 1
+        bad = httpx.post(f"{base}/v1/rerank", json=body | {"top_n": -1}, timeout=60)
+        assert bad.status_code == 400 and "top_n" in bad.text, bad.text
         (entry,) = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
         assert entry["multi_vector"] is True
         refused = httpx.post(f"{base}/v1/embeddings", json={"input": "q"}, timeout=60)

@@ -8,12 +8,11 @@ query and page forms (serving/retrievers.py)."""
 import numpy as np
 import pytest
 import torch
-from test_colqwen3 import large_page
+from test_colqwen3 import assert_served_tokens, pages, serving
 from test_qwen3_vl import (
     BF16_COSINE,
     FP32_COSINE,
     Texts,
-    image_files,
     last_hidden_states,
     official_features,
     tokenizer_of,
@@ -110,44 +109,23 @@ def official_prompt(text: str, pads: str | None) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from qwen_embed_deploy.repository import render
-    from qwen_embed_deploy.triton import TritonServer
-
-    where = tmp_path_factory.mktemp("nemotron-colembed-served")
-    model_dir = nemotron_colembed(where / "model", files=True)
-    repo = render(where / "repo", {"embed": model_dir}, {"encoder": {"dtype": "float32"}})
-    with TritonServer(repo, log_path=where / "server.log") as server:
-        yield model_dir, server
+    yield from serving(tmp_path_factory.mktemp("nemotron-colembed-served"), nemotron_colembed)
 
 
 @pytest.mark.server
 def test_queries_and_pages_through_triton_match_the_official_recipe(served):
-    from qwen_embed_client import EmbeddingClient, EmbeddingError, maxsim_scores
+    from qwen_embed_client import EmbeddingClient, EmbeddingError
 
     model_dir, server = served
     model = recipe_model(model_dir)
-    files = image_files()
     # the image processor's own budget (the replica's preprocessor_config.json)
     budget = {"shortest_edge": 4096, "longest_edge": 1843200}
-    inputs = [
-        ("which chart shows a yellow circle?", []),
-        ("", [files["png"]]),
-        ("quarterly report, page 2", [files["jpeg"]]),
-        ("", [large_page()]),
-    ]
-    want = []
+    inputs, want = pages(), []
     for text, images in inputs:
         features, pads = official_features(images, budget)
         prompt = official_prompt(text, pads[0] if images else None)
         want.append(recipe_tokens(model, tokenizer_of(model_dir).encode(prompt).ids, features))
-    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-        with EmbeddingClient(url, protocol=protocol) as client:
-            got = client.embed_tokens([t for t, _ in inputs], images=[im for _, im in inputs])
-        for i, (vectors, expected) in enumerate(zip(got, want, strict=True)):
-            assert vectors.shape == expected.shape, (protocol, i)
-            assert cosine(vectors, expected).min() >= FP32_COSINE, (protocol, i)
-        scores, expected = maxsim_scores(got[0], got[1:]), maxsim_scores(want[0], want[1:])
-        assert np.abs(scores - expected).max() <= 1e-3 * len(want[0])
+    assert_served_tokens(server, inputs, want)
     with EmbeddingClient(server.grpc_url) as client:
         with pytest.raises(EmbeddingError, match="multi-vector retriever.*'per_token'"):
             client.embed(["a query"])

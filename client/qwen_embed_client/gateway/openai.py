@@ -866,6 +866,8 @@ async def late_interaction_ranking(gw, request: RerankRequest) -> dict:
     for name in ("max_tokens_per_doc", "chat_template_kwargs"):
         if getattr(request, name):
             raise invalid(f"'{name}' applies to a reranker's pairs, not to late interaction", name)
+    if request.top_n:  # vLLM's 0: every document
+        rerank_checked(top_n=request.top_n)
     query, documents = request.inputs
     options = options_checked(normalize=True, **request.given("instruction", "priority"))
     (query_vectors,) = await embed_tokens(gw, [query], options, "query")
