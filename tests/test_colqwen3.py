@@ -126,6 +126,20 @@ def test_token_vectors_match_the_recipe(replica, recipe, dtype):
     assert cosine(got["text with an image"][after], alone).min() < 0.99
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_token_vectors_on_a_gpu_match_the_recipe(replica, recipe):
+    """bf16 on the GPU (a text alone through the CUDA graphs, the others through the tower)
+    against the recipe in fp32 on the CPU."""
+    texts = cases(ModelConfig.from_dir(replica).media)
+    want = [recipe.tokens(t.ids, visual_inputs(t)) for t in texts.values()]
+    with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
+        got = enc.embed_tokens(list(texts.values()))
+        got[0] = enc.embed_tokens([texts["text alone"].ids])[0]
+    for vectors, expected in zip(got, want, strict=True):
+        assert cosine(vectors, expected).min() >= BF16_COSINE
+
+
 def test_only_embedding_is_its_task(replica):
     with pytest.raises(ValueError, match="multi-vector retriever only embeds"):
         Encoder.from_pretrained(replica, dtype="float32", task="rerank")

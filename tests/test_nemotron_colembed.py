@@ -82,6 +82,21 @@ def test_token_vectors_match_the_recipe(replica, dtype):
     assert cosine(got[0][:3], recipe_tokens(causal, texts[0].ids, {})[:3]).min() < FP32_COSINE
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_token_vectors_on_a_gpu_match_the_recipe(replica):
+    """bf16 on the GPU (a text alone through the CUDA graphs, whose last stretch leaves the
+    final norm out too) against the recipe in fp32 on the CPU."""
+    model = recipe_model(replica)
+    t = Texts(ModelConfig.from_dir(replica).media, seed=6)
+    texts = [t.text(9), t.text(2, t.visual(4, 6), 5)]
+    want = [recipe_tokens(model, x.ids, visual_inputs(x)) for x in texts]
+    with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
+        got = [enc.embed_tokens([texts[0].ids])[0], enc.embed_tokens([texts[1]])[0]]
+    for vectors, expected in zip(got, want, strict=True):
+        assert cosine(vectors, expected).min() >= BF16_COSINE
+
+
 def test_the_processor_forms(tmp_path):
     query, page = NemotronTemplate(), "<|vision_start|><|image_pad|><|vision_end|>"
     answer = "<|im_end|>\n<|im_start|>assistant\n"
