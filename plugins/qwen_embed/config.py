@@ -212,18 +212,17 @@ class ModelConfig:
         hf = json.loads(path.read_text())
         config = cls.from_hf(hf)
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size)
-        remote = [
-            REMOTE_CODE_HEADS[a] for a in hf.get("architectures") or () if a in REMOTE_CODE_HEADS
-        ]
+        architectures = hf.get("architectures") or ()
+        remote = [REMOTE_CODE_HEADS[a] for a in architectures if a in REMOTE_CODE_HEADS]
         if remote and not (Path(model_dir) / MODULES_FILE).is_file():
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
-        projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(hf.get("architectures") or ()))
+        projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
         if projected != (sentence.token_projection is not None):
             raise UnsupportedModelError(
                 f"{model_dir}: a projection of every token ({TOKEN_PROJECTION}weight) belongs to "
                 f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
-                f"{hf.get('architectures')}, projection "
+                f"{list(architectures)}, projection "
                 f"{'found' if sentence.token_projection else 'absent'}"
             )
         adapters = tuple(adapter_names(model_dir))

@@ -116,15 +116,16 @@ async def late_chunk_embeddings(gw, texts: list[str], options: dict, encoding: E
         raise invalid(
             f"'late_chunking' takes at most {MAX_CHUNKS} inputs, got {len(texts)}", "input"
         )
-    joined, spans = SEPARATOR.join(texts), input_spans(texts)
-    whole = {**options, "truncate": False}
     contextual = "chunk_separator" in await gw.client.served_facts()
     try:
         if contextual:  # the model's own recipe: its separator between the inputs
             (result,) = await gw.client.embed_contextual([texts], **options, headers=gw.outgoing())
         else:
             (result,) = await gw.client.embed_chunks(
-                [joined], char_spans=spans, **whole, headers=gw.outgoing()
+                [SEPARATOR.join(texts)],
+                char_spans=input_spans(texts),
+                **{**options, "truncate": False},  # the joined text whole, or refused
+                headers=gw.outgoing(),
             )
     except ValueError as e:  # an input holding the separator (client.joined_documents)
         raise chunk_refusal(e, "documents[0]") from e

@@ -126,7 +126,7 @@ class TritonPythonModel:
     def _chat(self, raw, given, opts):
         """A multimodal checkpoint's texts, with the videos of VIDEOS and the images of IMAGES
         (`given`: per input, per text its files), in its template (serving/tokenizer.py's
-        media_template: a chat turn, or a ColPali processor's forms); MEDIA carries each
+        media_template: a chat turn, or a retriever's processor's forms); MEDIA carries each
         text's resized frames and images to the encoder, in that order (the script's)."""
         template = self.tokenizer.chat
         for name, files in given.items():
@@ -136,13 +136,14 @@ class TritonPythonModel:
                 raise RequestError(f"input '{name}' holds {kind}, and this model reads {what}")
             if any(files) and (opts.token_ids or opts.chunked):
                 raise RequestError(f"input '{name}' goes with texts: not with token_ids or chunks")
-        most = template.visuals_per_text  # videos are read by templates without a limit
-        for i, images in enumerate(given["IMAGES"]):
-            if most is not None and len(images) > most:
-                raise RequestError(
-                    f"input 'IMAGES[{i}]' holds {len(images)} images; this model reads {most} "
-                    "per text"
-                )
+        most = template.visuals_per_text  # where a template limits them, it reads no video
+        if most is not None:
+            for i, images in enumerate(given["IMAGES"]):
+                if len(images) > most:
+                    raise RequestError(
+                        f"input 'IMAGES[{i}]' holds {len(images)} images; this model reads "
+                        f"{most} per text"
+                    )
         if opts.token_ids or opts.chunked:
             raise RequestError(
                 "parameters 'token_ids', 'chunk_size', 'chunk_spans', 'chunk_chars' and "

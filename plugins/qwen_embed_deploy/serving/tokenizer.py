@@ -133,18 +133,15 @@ class ChatTemplate:
     visuals_per_text = None  # any number
     reads_video = True
 
-    def before(self, instruction: str, visuals: str = "") -> str:
-        """The turn up to the text: `visuals` are its videos' and images' placeholders."""
+    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(the turn up to the text, the text, what follows it) of a text after `visuals`, its
+        videos' and images' placeholders; the instruction ends in punctuation (a full stop
+        added where it has none)."""
         instruction = instruction.strip()
         if instruction and unicodedata.category(instruction[-1])[0] != "P":
             instruction += "."
-        return f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
-
-    after: str = "<|im_end|>\n<|im_start|>assistant\n"
-
-    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
-        """(before, the text, after) of a text with its visuals' placeholders."""
-        return self.before(instruction, visuals), text, self.after
+        before = f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
+        return before, text, "<|im_end|>\n<|im_start|>assistant\n"
 
 
 def media_template(model_dir: Path):
