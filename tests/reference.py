@@ -343,13 +343,18 @@ def auto_tokenizer(model_dir: Path):
 
 
 def reference_scores(
-    model_dir: Path, sequences, dtype=torch.float32, answers=("yes", "no"), adapter=None
+    model_dir: Path,
+    sequences,
+    dtype=torch.float32,
+    answers=("yes", "no"),
+    adapter=None,
+    probability=True,
 ) -> np.ndarray:
     """transformers, one sequence at a time: P(answers[0]) from the softmax over the logits of
     the two answer tokens from the full output head at the last position (Qwen3-Reranker's
     model card: "yes"/"no"; mxbai-rerank-v2's: "1"/"0", the sigmoid of its logit difference),
-    or the sigmoid of a sequence-classification head; with peft's `adapter` directory over
-    the model (unmerged)."""
+    or the sigmoid of a sequence-classification head (without `probability`, the head's
+    logit); with peft's `adapter` directory over the model (unmerged)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     classifier = "SequenceClassification" in (Path(model_dir) / "config.json").read_text()
@@ -366,7 +371,7 @@ def reference_scores(
         for seq in sequences:
             logits = model(input_ids=torch.tensor([list(seq)])).logits.float()
             if classifier:  # [1, num_labels]: the model pooled the last token itself
-                scores.append(torch.sigmoid(logits[0, 0]))
+                scores.append(torch.sigmoid(logits[0, 0]) if probability else logits[0, 0])
             else:
                 logits = logits[0, -1]
                 scores.append(torch.softmax(torch.stack([logits[no], logits[yes]]), 0)[1])

@@ -582,17 +582,20 @@ def cross_encoder(
     template: str,
     answers: tuple[str, str | None] = ("yes", "no"),
     generation_prompt: bool = False,
+    raw_logit: bool = False,
 ) -> Path:
     """A causal-LM reranker as sentence-transformers 6 saves a CrossEncoder of it: the base's
     weights and tokenizer with `template` as its chat template, the Transformer module's
     `text-generation` task (with `add_generation_prompt` among its chat-template arguments
-    where asked) and a LogitScore module on the rows of `answers` (relevant, not relevant or
-    None: that row's logit alone)."""
+    where asked), a LogitScore module on the rows of `answers` (relevant, not relevant or
+    None: that row's logit alone) and, with `raw_logit`, no activation (`predict` answers the
+    logit, not its sigmoid)."""
     import shutil
 
     from sentence_transformers import CrossEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.cross_encoder.modules import LogitScore
+    from torch import nn
 
     source = directory.with_name(directory.name + "-source")
     shutil.copytree(base, source)
@@ -604,7 +607,10 @@ def cross_encoder(
     true, false = (
         None if a is None else transformer.tokenizer.convert_tokens_to_ids(a) for a in answers
     )
-    model = CrossEncoder(modules=[transformer, LogitScore(true, false)], device="cpu")
+    activation = nn.Identity() if raw_logit else None
+    model = CrossEncoder(
+        modules=[transformer, LogitScore(true, false)], device="cpu", activation_fn=activation
+    )
     model.save_pretrained(str(directory))
     shutil.rmtree(source)
     return directory

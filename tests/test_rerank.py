@@ -135,13 +135,24 @@ def test_tp2_scores_match_transformers(reranker, pairs, expected):
 
 
 @pytest.mark.server
-def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, pairs):
+def test_sequence_classification_checkpoint_scores_by_its_own_head(classifier, pairs, tmp_path):
+    """sigmoid(its `score` head), or the logit itself where a CrossEncoder saved by
+    sentence-transformers 4-5 says no activation in config.json (as its `predict`)."""
     expected = reference_scores(classifier, pairs)
     with Encoder.from_pretrained(classifier, dtype="float32") as enc:  # task auto -> rerank
         assert enc.task == "rerank"
         scores = enc.score(pairs)
     assert np.abs(scores - expected).max() <= FP32_ABS
     assert np.ptp(expected) > 1e-3
+    raw = shutil.copytree(classifier, tmp_path / "raw")
+    config = json.loads((raw / "config.json").read_text())
+    config["sentence_transformers"] = {"activation_fn": "torch.nn.modules.linear.Identity"}
+    (raw / "config.json").write_text(json.dumps(config))
+    assert ModelConfig.from_dir(raw).score_kind == "logit"
+    logits = reference_scores(classifier, pairs, probability=False)
+    with Encoder.from_pretrained(raw, dtype="float32") as enc:
+        assert np.abs(enc.score(pairs) - logits).max() <= FP32_ABS
+    assert np.abs(logits - expected).max() > 1e-2  # the logits are not the probabilities
 
 
 @pytest.mark.server
@@ -242,11 +253,12 @@ def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(
 
 @pytest.mark.server
 def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders, tmp_path):
-    """Its LogitScore's rows (two: sigmoid of their difference; one: sigmoid of its logit)
-    against `CrossEncoder.predict` (whose default activation is the sigmoid); what cannot be
-    served is named."""
-    scores = {}
+    """Its LogitScore's rows (two: sigmoid of their difference; one: its logit, as zerank-2's
+    `activation_fn` says, or that logit's sigmoid, the default) against
+    `CrossEncoder.predict`; what cannot be served is named."""
+    scores, kinds = {}, {"qwen3": "probability", "zerank": "logit"}
     for name, model_dir in cross_encoders.items():
+        assert ModelConfig.from_dir(model_dir).score_kind == kinds[name]
         pairs = pair_tokenizer(model_dir, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
         with Encoder.from_pretrained(model_dir, dtype="float32") as enc:  # task auto: rerank
             assert enc.task == "rerank"
@@ -255,15 +267,25 @@ def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders
         assert np.abs(scores[name] - want).max() <= FP32_ABS, name
         assert np.ptp(want) > 1e-3
     assert np.abs(scores["qwen3"] - scores["zerank"]).max() > 1e-3  # another head: can fail
+    # the same files with the default activation: the logit's sigmoid, as its predict
+    sigmoid = shutil.copytree(cross_encoders["zerank"], tmp_path / "sigmoid")
+    config = json.loads((sigmoid / SENTENCE_TRANSFORMERS_CONFIG).read_text())
+    del config["activation_fn"]
+    (sigmoid / SENTENCE_TRANSFORMERS_CONFIG).write_text(json.dumps(config))
+    pairs = pair_tokenizer(sigmoid, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
+    with Encoder.from_pretrained(sigmoid, dtype="float32") as enc:
+        probabilities = enc.score(pairs)
+    want = CrossEncoder(str(sigmoid), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+    assert np.abs(probabilities - want).max() <= FP32_ABS
+    assert np.abs(probabilities - 1 / (1 + np.exp(-scores["zerank"]))).max() <= FP32_ABS
     broken = shutil.copytree(cross_encoders["zerank"], tmp_path / "broken")
     (broken / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="without a chat template"):
         pair_tokenizer(broken, 8192)
-    config = json.loads((broken / SENTENCE_TRANSFORMERS_CONFIG).read_text())
-    config["activation_fn"] = "torch.nn.modules.linear.Identity"
+    config["activation_fn"] = "torch.nn.modules.activation.Tanh"
     (broken / SENTENCE_TRANSFORMERS_CONFIG).write_text(json.dumps(config))
-    with pytest.raises(SentenceModulesError, match="activation_fn 'torch.nn.modules.linear"):
-        ModelConfig.from_dir(broken)
+    with pytest.raises(SentenceModulesError, match="activation_fn 'torch.nn.modules.activation"):
+        Encoder.from_pretrained(broken, dtype="float32")
 
 
 @pytest.mark.server

@@ -178,18 +178,30 @@ def test_listwise_scores_equal_its_recipe(stack, jina, protocol):
     assert abs(scores[0] - jina_rerank(jina, QUERY, documents[:1])[0][0]) <= FP32_ABS
 
 
-def test_gateway_answers_a_listwise_rerankers_cosines_as_its_raw_scores(stack, jina):
+@pytest.mark.parametrize("name, kind", [("jina", "cosine"), ("zerank", "logit")])
+def test_gateway_answers_raw_scores_as_the_model_scores(stack, jina, cross_encoders, name, kind):
     """The encoder publishes what its scores are (fact `scores`): where a client asks for raw
     scores (NIM's logit, TEI's raw_scores, vLLM's use_activation false), a listwise
-    reranker's cosines are answered as they are, not as log-odds of a probability."""
+    reranker's cosines and a CrossEncoder's logits (zerank-2's) are answered as they are,
+    not as log-odds of a probability."""
     from fastapi.testclient import TestClient
+    from sentence_transformers import CrossEncoder
 
     from qwen_embed_client.gateway.app import create_app
     from qwen_embed_client.gateway.common import log_odds
 
     server, _ = stack
-    want = jina_rerank(jina, QUERY, DOCUMENTS)[0]
-    app = create_app([server.grpc_url], rerank_model_name="jina", triton_rerank_model="jina")
+    if name == "jina":
+        want = jina_rerank(jina, QUERY, DOCUMENTS)[0]
+        # a listwise reranker reads every document beside the query; a pair alone differs
+        alone = [jina_rerank(jina, QUERY, [d])[0][0] for d in DOCUMENTS[:2]]
+    else:
+        model = CrossEncoder(str(cross_encoders[name]), device="cpu")
+        want = model.predict([(QUERY, d) for d in DOCUMENTS])
+        alone = want[:2]
+    with EmbeddingClient(server.grpc_url, rerank_model=name) as client:
+        assert client.score_kind() == kind
+    app = create_app([server.grpc_url], rerank_model_name=name, triton_rerank_model=name)
     with TestClient(app) as client:
         nim = client.post(
             "/v1/ranking",
@@ -202,13 +214,12 @@ def test_gateway_answers_a_listwise_rerankers_cosines_as_its_raw_scores(stack, j
             "/v1/rerank",
             json={"query": QUERY, "documents": DOCUMENTS, "use_activation": False},
         ).json()["results"]
-        body = {"model": "jina", "text_1": QUERY, "text_2": DOCUMENTS}
+        body = {"model": name, "text_1": QUERY, "text_2": DOCUMENTS}
         one = client.post("/v1/score", json=body).json()
-        pairs = {"model": "jina", "text_1": [QUERY, QUERY], "text_2": DOCUMENTS[:2]}
+        pairs = {"model": name, "text_1": [QUERY, QUERY], "text_2": DOCUMENTS[:2]}
         pairwise = client.post("/v1/score", json=pairs).json()
     # /score: one query reads every document with it; pairwise, each pair alone, as vLLM
     assert np.abs(np.array([d["score"] for d in one["data"]]) - want).max() <= FP32_ABS
-    alone = [jina_rerank(jina, QUERY, [d])[0][0] for d in DOCUMENTS[:2]]
     assert np.abs(np.array([d["score"] for d in pairwise["data"]]) - alone).max() <= FP32_ABS
     for got in (
         {r["index"]: r["logit"] for r in nim},

@@ -367,7 +367,8 @@ class AsyncEmbeddingClient:
 
     async def score_kind(self) -> str:
         """What the rerank model's scores are (its encoder's `scores` fact): "probability",
-        P(relevant) in [0, 1], or "cosine" (a listwise reranker's, in [-1, 1])."""
+        P(relevant) in [0, 1], "logit" (a CrossEncoder's raw score, as its `predict` gives
+        it) or "cosine" (a listwise reranker's, in [-1, 1])."""
         return (await self.served_facts(self.rerank_model)).get("scores", "probability")
 
     async def model_fingerprint(self) -> str | None:

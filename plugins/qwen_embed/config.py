@@ -197,6 +197,14 @@ class ModelConfig:
         return projection.out_features if projection is not None else self.hidden_size
 
     @property
+    def score_kind(self) -> str:
+        """What a reranker's scores are: "cosine" (a listwise reranker's), "logit" (a
+        CrossEncoder whose activation_fn is none) or "probability"."""
+        if self.listwise:
+            return "cosine"
+        return "logit" if self.sentence.score_activation() == "identity" else "probability"
+
+    @property
     def embedding_size(self) -> int:
         """The width of the vectors an embedder returns (before Matryoshka truncation): a
         multi-vector model's are its tokens'."""
@@ -211,7 +219,7 @@ class ModelConfig:
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
         hf = json.loads(path.read_text())
         config = cls.from_hf(hf)
-        sentence = SentenceModules.from_dir(model_dir, config.hidden_size)
+        sentence = SentenceModules.from_dir(model_dir, config.hidden_size, hf)
         architectures = hf.get("architectures") or ()
         remote = [REMOTE_CODE_HEADS[a] for a in architectures if a in REMOTE_CODE_HEADS]
         if remote and not (Path(model_dir) / MODULES_FILE).is_file():

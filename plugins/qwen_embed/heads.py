@@ -11,6 +11,7 @@ truncates and normalises per request. `rerank` scores a (query, document) sequen
   is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
+  A CrossEncoder whose `activation_fn` is none scores the logit itself (score_kind "logit").
 - a listwise reranker (jina-reranker-v3) reads a query and a block of documents in one sequence:
   its projector maps the final hidden states at marker tokens (one after each document, one
   after the query) to vectors, and a document's score is the cosine of its vector with the
@@ -78,21 +79,29 @@ def token_ids(model_dir: str | Path, tokens: tuple[str, ...], what: str) -> list
 
 
 class ScoreHead(nn.Module):
-    """Selected rows of an output head -> one relevance score in [0, 1] per sequence."""
+    """Selected rows of an output head -> one relevance score per sequence: P(relevant) in
+    [0, 1], or with `probability` false its logit."""
 
     def __init__(
-        self, hidden_size: int, checkpoint_name: str, rows: list[int] | None, labels: int = 1
+        self,
+        hidden_size: int,
+        checkpoint_name: str,
+        rows: list[int] | None,
+        labels: int = 1,
+        probability: bool = True,
     ):
         super().__init__()
         # `rows`: the vocabulary rows to keep (None: the whole tensor, a `score` head)
         count = len(rows) if rows is not None else labels
         self.weight = _loaded(torch.empty(count, hidden_size), checkpoint_name, rows)
+        self.probability = probability
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
         logits = last_hidden.float() @ self.weight.t()
         if logits.shape[1] == 2:  # relevant, not relevant
             logits = logits[:, 0] - logits[:, 1]
-        return torch.sigmoid(logits.reshape(-1))
+        logits = logits.reshape(-1)
+        return torch.sigmoid(logits) if self.probability else logits
 
 
 class ListwiseHead(nn.Module):
@@ -178,18 +187,19 @@ class ClassifierHead(ScoreHead):
 def build_score_head(config: ModelConfig, model_dir: str | Path) -> nn.Module:
     if config.listwise:
         return ListwiseHead(config.hidden_size, model_dir)
+    probability = config.score_kind == "probability"
     if config.is_classifier:
         if config.num_labels != 1:
             raise ValueError(
                 f"a reranking classifier has one label, this one has {config.num_labels}"
             )
-        return ScoreHead(config.hidden_size, "score.weight", None)
+        return ScoreHead(config.hidden_size, "score.weight", None, probability=probability)
     name = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     if config.sentence.logit_score is not None:
         rows = [i for i in config.sentence.logit_score if i is not None]
     else:
         rows = token_ids(model_dir, ANSWER_TOKENS[config.family], f"a {config.family} reranker's")
-    return ScoreHead(config.hidden_size, name, rows)
+    return ScoreHead(config.hidden_size, name, rows, probability=probability)
 
 
 ACTIVATION_FUNCTIONS = {

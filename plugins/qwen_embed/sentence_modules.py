@@ -15,7 +15,9 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   codes, as for every model);
 - a causal-LM reranker in sentence-transformers' CrossEncoder form: its `LogitScore` module
   (`1_LogitScore/config.json`) names the output head's rows it scores with (heads.py), and its
-  pairs are its chat template's (serving/chat_pairs.py).
+  pairs are its chat template's (serving/chat_pairs.py);
+- a CrossEncoder's `activation_fn`, what its `predict` makes of a reranker's one score: the
+  sigmoid (its default, a probability) or none (the raw logit: zerank-2's since May 2026).
 A checkpoint without these files pools its last token (Qwen3-Embedding's recipe).
 """
 
@@ -56,8 +58,11 @@ TOKEN_PROJECTION = "embedding_proj_layer."
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
 # prompts, and a CrossEncoder's activation (serving/tokenizer.PromptSet reads the prompts)
 SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
-# what a CrossEncoder's `predict` applies to its LogitScore: the probability our scores are
-SIGMOID = "torch.nn.modules.activation.Sigmoid"
+# what a CrossEncoder's `predict` applies to a reranker's one score
+SCORE_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+}
 
 
 class SentenceModulesError(ValueError):
@@ -86,9 +91,12 @@ class SentenceModules:
     logit_score: tuple[int, int | None] | None = None
     # a multi-vector retriever's projection of each token's final hidden state
     token_projection: Dense | None = None
+    # a CrossEncoder's activation_fn as saved (None: unsaid, the sigmoid of one label)
+    activation_fn: str | None = None
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, hidden_size: int) -> SentenceModules:
+    def from_dir(cls, model_dir: str | Path, hidden_size: int, hf: dict) -> SentenceModules:
+        """`hf`: the checkpoint's config.json, read."""
         model_dir = Path(model_dir)
         modules = _read_json(model_dir / MODULES_FILE, default=[])
         pooling, dense, final, logit_score = None, [], "identity", None
@@ -111,7 +119,7 @@ class SentenceModules:
             elif module.get("type") in QUANTIZERS:
                 final = QUANTIZERS[module["type"]]
             elif kind == "LogitScore":
-                logit_score = _logit_score(model_dir, folder / "config.json")
+                logit_score = _logit_score(folder / "config.json")
             elif kind not in ("Transformer", "Normalize"):  # normalising is per request
                 raise SentenceModulesError(
                     f"{model_dir / 'modules.json'}: module {module.get('type')!r} is not "
@@ -126,7 +134,20 @@ class SentenceModules:
                     f"a vector of {width}"
                 )
             width = layer.out_features
-        return cls(pooling, tuple(dense), final, logit_score, tokens)
+        activation_fn = _cross_encoder_activation(model_dir, hf)
+        return cls(pooling, tuple(dense), final, logit_score, tokens, activation_fn)
+
+    def score_activation(self) -> str:
+        """What a reranker's one score goes through, as the CrossEncoder's `predict`
+        applies it: "sigmoid" or "identity" (SentenceModulesError for another)."""
+        if self.activation_fn is None:
+            return "sigmoid"
+        if self.activation_fn not in SCORE_ACTIVATIONS:
+            raise SentenceModulesError(
+                f"activation_fn {self.activation_fn!r}: a reranker's scores here are one of "
+                f"{sorted(SCORE_ACTIVATIONS)}"
+            )
+        return SCORE_ACTIVATIONS[self.activation_fn]
 
     @property
     def has_head(self) -> bool:
@@ -167,19 +188,23 @@ def _pooling_mode(path: Path) -> str:
     return POOLING_MODES[chosen[0]]
 
 
-def _logit_score(model_dir: Path, path: Path) -> tuple[int, int | None]:
+def _logit_score(path: Path) -> tuple[int, int | None]:
     config = _read_json(path)
     if config.get("module_input_name", "causal_logits") != "causal_logits":
         raise SentenceModulesError(f"{path}: only a LogitScore on the causal LM's logits is read")
-    st_config = model_dir / SENTENCE_TRANSFORMERS_CONFIG
-    activation = _read_json(st_config, default={}).get("activation_fn")
-    if activation not in (None, SIGMOID):
-        raise SentenceModulesError(
-            f"{st_config}: activation_fn {activation!r}; a reranker's scores here are "
-            f"{SIGMOID}'s (raw scores are its log-odds)"
-        )
     false = config.get("false_token_id")
     return int(config["true_token_id"]), None if false is None else int(false)
+
+
+def _cross_encoder_activation(model_dir: Path, hf: dict) -> str | None:
+    """A CrossEncoder's activation_fn where sentence-transformers looks for it: its own config,
+    then config.json's (`hf`) `sentence_transformers` (a CrossEncoder saved by 4.x-5.x), then
+    the name before 4.0."""
+    saved = _read_json(model_dir / SENTENCE_TRANSFORMERS_CONFIG, default={}).get("activation_fn")
+    if saved is not None:
+        return saved
+    saved = (hf.get("sentence_transformers") or {}).get("activation_fn")
+    return saved if saved is not None else hf.get("sbert_ce_default_activation_function")
 
 
 def _dense(folder: Path) -> Dense:

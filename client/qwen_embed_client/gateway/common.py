@@ -115,7 +115,8 @@ async def checkpoint_facts(gw, input_type: str | None) -> dict:
 
 async def raw_scores(gw):
     """score -> the reranker's raw score, what `raw_scores`, `use_activation: false` and NIM's
-    `logit` ask for: a P(relevant)'s logit (log_odds); a listwise reranker's cosine as it is."""
+    `logit` ask for: a P(relevant)'s logit (log_odds); a logit or a listwise reranker's cosine
+    as it is."""
     return log_odds if await gw.client.score_kind() == "probability" else float
 
 

@@ -154,8 +154,8 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         }
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
-    if route.task == "rerank":  # what SCORES are: a listwise reranker's are cosines
-        facts["scores"] = "cosine" if config.listwise else "probability"
+    if route.task == "rerank":  # what SCORES are (a probability, a logit or a cosine)
+        facts["scores"] = config.score_kind
     return facts
 
 
