@@ -614,3 +614,43 @@ def cross_encoder(
     model.save_pretrained(str(directory))
     shutil.rmtree(source)
     return directory
+
+
+def multi_vector_encoder(
+    directory: Path,
+    base: Path,
+    *,
+    prompts: dict | None = None,
+    query_expansion: dict | None = None,
+    query_length: int | None = None,
+    document_length: int | None = None,
+    projection: int = 24,
+    normalize: bool = True,
+    seed: int = 11,
+) -> Path:
+    """A ColBERT-style model over a Qwen3 backbone as sentence-transformers 6.2 saves a
+    MultiVectorEncoder of it: the base's files with the Transformer module's lengths and query
+    expansion (sentence_bert_config.json), a Dense projection of every token (no bias, seeded),
+    a MultiVectorMask scoring every token, and Normalize per token where asked."""
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    transformer = Transformer(
+        str(base),
+        query_expansion=query_expansion,
+        query_length=query_length,
+        document_length=document_length,
+    )
+    width = transformer.get_embedding_dimension()
+    dense = Dense(width, projection, bias=False, module_input_name="token_embeddings")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        dense.linear.weight.copy_(torch.randn(projection, width) / width**0.5)
+    modules = [transformer, dense, MultiVectorMask()]
+    if normalize:
+        modules.append(Normalize(module_input_name="token_embeddings"))
+    MultiVectorEncoder(modules=modules, prompts=prompts or {}, device="cpu").save_pretrained(
+        str(directory)
+    )
+    return directory

@@ -270,7 +270,7 @@ def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tm
         "per token": (
             {"pooling_mode": "lasttoken"},
             {"in_features": 128, "out_features": 8, "module_input_name": "token_embeddings"},
-            "module_input_name sentence_embedding",
+            "lists no MultiVectorMask",  # a MultiVectorEncoder's projection of every token
         ),
         "prompt": (
             {"pooling_mode_mean_tokens": True, "include_prompt": False},

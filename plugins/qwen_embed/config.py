@@ -226,15 +226,24 @@ class ModelConfig:
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
         projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
-        if projected != (sentence.token_projection is not None):
+        tokens = sentence.token_projection
+        top_level = tokens is not None and tokens.prefix == TOKEN_PROJECTION
+        if projected != top_level:
             raise UnsupportedModelError(
                 f"{model_dir}: a projection of every token ({TOKEN_PROJECTION}weight) belongs to "
                 f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
-                f"{list(architectures)}, projection "
-                f"{'found' if sentence.token_projection else 'absent'}"
+                f"{list(architectures)}, projection {'found' if top_level else 'absent'}"
+            )
+        if sentence.late_interaction and config.media is not None:
+            raise UnsupportedModelError(
+                f"{model_dir}: a sentence-transformers MultiVectorEncoder is served over a text "
+                "model (Qwen2/Qwen3); this one has a vision tower"
             )
         adapters = tuple(adapter_names(model_dir))
-        return dataclasses.replace(config, sentence=sentence, adapters=adapters)
+        multi_vector = config.multi_vector or sentence.late_interaction
+        return dataclasses.replace(
+            config, sentence=sentence, adapters=adapters, multi_vector=multi_vector
+        )
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:

@@ -10,6 +10,10 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
 - a multi-vector retriever's projection of every token, a top-level `embedding_proj_layer`
   (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
   only (heads.build_head: a ProjectionHead over every token);
+- a sentence-transformers MultiVectorEncoder (ColBERT-style late interaction over a Qwen
+  backbone): its `MultiVectorMask` module makes it a multi-vector model, its `Dense` module on
+  `token_embeddings` is that projection of every token (its queries' expansion and lengths are
+  the tokenizer's: serving/late_interaction.py);
 - pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
   pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
   codes, as for every model);
@@ -43,6 +47,7 @@ _POOLING_FLAGS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
 }
 POOLED = "sentence_embedding"  # what a Dense module reads after pooling
+TOKENS = "token_embeddings"  # what a MultiVectorEncoder's Dense module reads: every token
 # sentence-transformers Dense activations this engine applies (torch.nn names)
 ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "identity",
@@ -93,6 +98,8 @@ class SentenceModules:
     token_projection: Dense | None = None
     # a CrossEncoder's activation_fn as saved (None: unsaid, the sigmoid of one label)
     activation_fn: str | None = None
+    # a MultiVectorEncoder's: its vectors are one per token (a MultiVectorMask module)
+    late_interaction: bool = False
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, hidden_size: int, hf: dict) -> SentenceModules:
@@ -103,29 +110,30 @@ class SentenceModules:
         top = _top_level_projections(model_dir)
         if ROOT_PROJECTION in top:
             dense.append(top[ROOT_PROJECTION])
-        tokens = top.get(TOKEN_PROJECTION)
-        if tokens is not None and tokens.in_features != hidden_size:
-            raise SentenceModulesError(
-                f"{tokens.weights}: a token projection from {tokens.in_features} features "
-                f"follows hidden states of {hidden_size}"
-            )
+        token_dense = [top[TOKEN_PROJECTION]] if TOKEN_PROJECTION in top else []
+        late = False
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
             folder = model_dir / module.get("path", "")
             if kind == "Pooling":
                 pooling = _pooling_mode(folder / "config.json")
             elif kind == "Dense":
-                dense.append(_dense(folder))
+                config = _read_json(folder / "config.json")
+                reads = config.get("module_input_name", POOLED)
+                (token_dense if reads == TOKENS else dense).append(_dense(folder, config))
             elif module.get("type") in QUANTIZERS:
                 final = QUANTIZERS[module["type"]]
             elif kind == "LogitScore":
                 logit_score = _logit_score(folder / "config.json")
+            elif kind == "MultiVectorMask":
+                late = _multi_vector_mask(folder / "config.json")
             elif kind not in ("Transformer", "Normalize"):  # normalising is per request
                 raise SentenceModulesError(
                     f"{model_dir / 'modules.json'}: module {module.get('type')!r} is not "
-                    "supported (Transformer, Pooling, Dense, Normalize, LogitScore and "
-                    f"{sorted(QUANTIZERS)} are)"
+                    "supported (Transformer, Pooling, Dense, Normalize, LogitScore, "
+                    f"MultiVectorMask and {sorted(QUANTIZERS)} are)"
                 )
+        tokens = _token_projection(token_dense, hidden_size, late)
         width = hidden_size
         for layer in dense:
             if layer.in_features != width:
@@ -135,7 +143,7 @@ class SentenceModules:
                 )
             width = layer.out_features
         activation_fn = _cross_encoder_activation(model_dir, hf)
-        return cls(pooling, tuple(dense), final, logit_score, tokens, activation_fn)
+        return cls(pooling, tuple(dense), final, logit_score, tokens, activation_fn, late)
 
     def score_activation(self) -> str:
         """What a reranker's one score goes through, as the CrossEncoder's `predict`
@@ -207,17 +215,56 @@ def _cross_encoder_activation(model_dir: Path, hf: dict) -> str | None:
     return saved if saved is not None else hf.get("sbert_ce_default_activation_function")
 
 
-def _dense(folder: Path) -> Dense:
-    config = _read_json(folder / "config.json")
+def _multi_vector_mask(path: Path) -> bool:
+    """A MultiVectorEncoder's scoring mask: every token of a text scored (and a query's
+    expansion, serving/late_interaction.py); a skiplist or an allowlist of token ids, which
+    would leave tokens out of a document's vectors, is refused."""
+    config = _read_json(path, default={})
+    if config.get("skiplist_words") or config.get("keep_only_token_ids"):
+        raise SentenceModulesError(
+            f"{path}: skiplist_words and keep_only_token_ids (tokens left out of scoring) are "
+            "not supported; a MultiVectorMask that scores every token is"
+        )
+    return True
+
+
+def _token_projection(dense: list[Dense], hidden_size: int, late: bool) -> Dense | None:
+    """The one projection of every token: ColQwen3's top-level one, or a MultiVectorEncoder's
+    Dense module on token_embeddings."""
+    if not dense:
+        return None
+    if len(dense) > 1:
+        raise SentenceModulesError(
+            f"{[d.weights for d in dense]}: one projection of every token is supported"
+        )
+    (tokens,) = dense
+    if tokens.prefix != TOKEN_PROJECTION and not late:
+        raise SentenceModulesError(
+            f"{tokens.weights}: a Dense module on {TOKENS} belongs to a MultiVectorEncoder, "
+            "and modules.json lists no MultiVectorMask"
+        )
+    if tokens.in_features != hidden_size:
+        raise SentenceModulesError(
+            f"{tokens.weights}: a token projection from {tokens.in_features} features "
+            f"follows hidden states of {hidden_size}"
+        )
+    return tokens
+
+
+def _dense(folder: Path, config: dict) -> Dense:
+    """A Dense module (`config`: its config.json), on the pooled vector or on every token."""
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise SentenceModulesError(
             f"{folder} has no model.safetensors; only safetensors weights are loaded"
         )
-    if config.get("use_residual") or config.get("module_input_name", POOLED) != POOLED:
+    if config.get("use_residual") or config.get("module_input_name", POOLED) not in (
+        POOLED,
+        TOKENS,
+    ):
         raise SentenceModulesError(
-            f"{folder}: only a Dense module on the pooled vector without a residual "
-            "(module_input_name sentence_embedding, use_residual false) is supported"
+            f"{folder}: only a Dense module on the pooled vector or on every token without a "
+            f"residual (module_input_name {POOLED} or {TOKENS}, use_residual false) is supported"
         )
     activation = config.get("activation_function", "torch.nn.modules.linear.Identity")
     if activation not in ACTIVATIONS:

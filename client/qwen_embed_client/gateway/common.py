@@ -182,6 +182,19 @@ async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:
     return vectors
 
 
+async def late_interaction_prompts(gw, asked: dict) -> tuple[dict, dict]:
+    """(the queries', the documents') prompt options where the embed model's token vectors
+    score queries against documents (/v1/score, a ranking): the request's prompt for the
+    queries; where it names none, a multi-vector model's `query` and `document` prompts
+    (a MultiVectorEncoder's tasks, which every such model serves), else none."""
+    if asked:
+        return asked, {}
+    facts = await gw.facts()
+    if facts.get("multi_vector") and {"query", "document"} <= set(facts.get("prompt_names", ())):
+        return {"prompt_name": "query"}, {"prompt_name": "document"}
+    return {}, {}
+
+
 def _check_token_bytes(inputs: int, size: int, bound: str = "") -> None:
     if size > MAX_TOKEN_VECTOR_BYTES:
         raise invalid(

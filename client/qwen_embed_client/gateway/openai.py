@@ -60,6 +60,7 @@ from .common import (
     checkpoint_facts,
     embed,
     embed_tokens,
+    late_interaction_prompts,
     model_adapters,
     prompt_options,
     raw_scores,
@@ -861,17 +862,21 @@ async def rerank_response(gw, body: object) -> dict:
 async def late_interaction_ranking(gw, request: RerankRequest) -> dict:
     """A multi-vector embed model's ranking, as vLLM ranks with one: each document's MaxSim
     with the query over their normalised token vectors (texts, or content parts with
-    images), best first; `top_n` and `return_documents` as a reranker's, `instruction` as the
-    model takes it (a retriever refuses it), a pair's options refused."""
+    images), best first; `top_n` and `return_documents` as a reranker's, `instruction` for the
+    query as the model takes it (a retriever refuses it; without one, a MultiVectorEncoder's
+    query and document tasks), a pair's options refused."""
     for name in ("max_tokens_per_doc", "chat_template_kwargs"):
         if getattr(request, name):
             raise invalid(f"'{name}' applies to a reranker's pairs, not to late interaction", name)
     if request.top_n:  # vLLM's 0: every document
         rerank_checked(top_n=request.top_n)
     query, documents = request.inputs
-    options = options_checked(normalize=True, **request.given("instruction", "priority"))
-    (query_vectors,) = await embed_tokens(gw, [query], options, "query")
-    vectors = await embed_tokens(gw, documents, options, "documents")
+    options = {"normalize": True} | request.given("priority")
+    query_prompt, document_prompt = await late_interaction_prompts(gw, request.given("instruction"))
+    query_options = options_checked(**options, **query_prompt)
+    (query_vectors,) = await embed_tokens(gw, [query], query_options, "query")
+    document_options = options_checked(**options, **document_prompt)
+    vectors = await embed_tokens(gw, documents, document_options, "documents")
     scores = maxsim_scores(query_vectors, vectors)
     order = np.argsort(-scores, kind="stable")[: request.top_n or None]
     tokens = len(query_vectors) + sum(len(v) for v in vectors)

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, model_validator
 from ..client import EmbeddingError
 from ..maxsim import maxsim
 from .bodies import Body, Text, batch, described
-from .common import check_model, embed_tokens, vllm_list
+from .common import check_model, embed_tokens, late_interaction_prompts, vllm_list
 from .errors import backend_error, invalid, json_body, options_checked
 from .media import Parts, has_parts
 from .state import gateway, respond
@@ -86,9 +86,11 @@ async def score(request: Request):
         return await _reranker_scores(gw, asked)
     check_model(asked.model, gw.model_names)
     common = {"normalize": True} | asked.given("dimensions")
-    prompt = asked.given("prompt_name")
-    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **prompt), "text_1")
-    document_vectors = await embed_tokens(gw, documents, options_checked(**common), "text_2")
+    query, document = await late_interaction_prompts(gw, asked.given("prompt_name"))
+    query_vectors = await embed_tokens(gw, queries, options_checked(**common, **query), "text_1")
+    document_vectors = await embed_tokens(
+        gw, documents, options_checked(**common, **document), "text_2"
+    )
     if len(queries) == 1:
         query_vectors = query_vectors * len(documents)
     data = [

@@ -13,7 +13,8 @@ The prompts a checkpoint defines are read as sentence-transformers reads them (`
 do we. A sentence-transformers checkpoint without that file (a `modules.json` alone, as
 pplx-embed ships) has no prompts, nor has a multimodal one (its texts are written in its chat
 template) or one whose remote code's recipe has none (pplx-embed-context); a bare transformers
-checkpoint gets Qwen3-Embedding's.
+checkpoint gets Qwen3-Embedding's. A MultiVectorEncoder's `query` and `document` prompts name
+its tasks (late_interaction.py), served with an empty prompt where it saves none.
 `instruction` fills the task slot of the model's own query prompt (`Instruct: {task}\\nQuery:`
 plus whatever the model puts after it); a raw `prompt` is a literal prefix for everything else.
 """
@@ -40,6 +41,7 @@ from qwen_embed_client.contract import (
     RequestError,
 )
 
+from .late_interaction import LateInteraction, is_late_interaction
 from .retrievers import retriever, retriever_template
 
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
@@ -83,6 +85,8 @@ class PromptSet:
         default = config.get("default_prompt_name")
         if default is not None and default not in prompts:
             raise ValueError(f"{path}: default_prompt_name {default!r} is not in its prompts")
+        if is_late_interaction(model_dir):  # its tasks, prompted or not
+            prompts = {"query": "", "document": "", **prompts}
         return cls(dict(prompts), default, str(path))
 
     @property
@@ -253,6 +257,7 @@ class TextTokenizer:
         if self.separator is not None and self._separator_id is None:
             raise ValueError(f"{model_dir}: sep_token {self.separator!r} is not in tokenizer.json")
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        self.late = LateInteraction.from_dir(model_dir, self._tok)
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
         return self.encode_counted(texts, opts)[0]
@@ -315,12 +320,14 @@ class TextTokenizer:
         """Tokens per text for this request: the deployment's, or fewer (max_tokens)."""
         return min(self.max_input_tokens, opts.max_tokens or self.max_input_tokens)
 
-    def _cut(self, index: int, n: int, budget: int, opts: EmbedOptions) -> slice:
-        """The tokens kept of `n` under `budget` (the request's limit, less the special tokens
-        it must keep), or RequestError when truncation is off."""
+    def _cut(
+        self, index: int, n: int, budget: int, opts: EmbedOptions, limit: int | None = None
+    ) -> slice:
+        """The tokens kept of `n` under `budget` (the request's `limit`, less the special
+        tokens it must keep), or RequestError when truncation is off."""
         if n <= budget:
             return slice(None)
-        limit = self._limit(opts)
+        limit = limit or self._limit(opts)
         if not opts.truncate:
             raise RequestError(
                 f"input 'TEXT[{index}]' has {n + limit - budget} tokens, more than "
@@ -338,6 +345,8 @@ class TextTokenizer:
             if e.own_offsets is None:
                 raise ValueError("tokens() needs texts encoded with offsets")
             spans = [None] * len(self._head) + e.encoding.offsets[e.cut] + [None] * len(self._tail)
+            expansion = [None] * (len(e.ids) - len(spans))  # a query's (late_interaction.py)
+            spans = expansion + spans if e.expanded_before else spans + expansion
             text = e.prompted.encode()
             byte_at = np.cumsum([0] + [len(c.encode()) for c in e.prompted])
             items = []
@@ -495,18 +504,25 @@ class TextTokenizer:
             texts = [prefix + t for t in texts]
         skip = len(prefix or "")
         extra = len(self._head) + len(self._tail)
+        limit, task = self._limit(opts), None
+        if self.late is not None:  # a MultiVectorEncoder's task: its lengths, its expansion
+            task = self.late.task(opts.prompt_name or self.prompts.default_name)
+            limit = min(limit, self.late.limit(task) or limit)
         encode = self._tok.encode_batch if offsets else self._tok.encode_batch_fast
         for i, enc in enumerate(encode(texts, add_special_tokens=False)):
             ids = enc.ids
             if not ids:
                 raise RequestError(f"input 'TEXT[{i}]' produced no tokens")
-            cut = self._cut(i, len(ids), self._limit(opts) - extra, opts)
-            done = Encoded(self._head + ids[cut] + self._tail, len(ids) + extra, texts[i], enc, cut)
+            cut = self._cut(i, len(ids), limit - extra, opts, limit)
+            kept, before = self._head + ids[cut] + self._tail, 0
+            if task is not None:
+                kept, before = self.late.expanded(kept, task)
+            done = Encoded(kept, len(ids) + extra, texts[i], enc, cut, before)
             if offsets:
                 spans = enc.offsets[cut]
                 # A token that straddles the prompt's end counts as the text's.
                 first = next((j for j, (_, end) in enumerate(spans) if end > skip), len(spans))
-                done.first = len(self._head) + first
+                done.first = before + len(self._head) + first
                 done.own_offsets = [(max(a - skip, 0), b - skip) for a, b in spans[first:]]
             yield done
 
@@ -535,6 +551,7 @@ class Encoded:
     encoding: object  # tokenizers.Encoding of `prompted`, without special tokens; its
     # offsets are zeros unless encoded with offsets
     cut: slice  # the tokens of `encoding` kept
+    expanded_before: int = 0  # a query's expansion tokens before its own (late_interaction.py)
     first: int = 0
     own_offsets: list | None = None
 
