@@ -126,7 +126,8 @@ def test_the_tokenizer_shows_a_querys_expansion(models):
 
 def test_what_it_cannot_read_is_refused(models, tmp_path):
     """A skiplist (tokens left out of a document's vectors), expansion tokens the encoder must
-    not attend to, and a projection of every token without a MultiVectorMask: each named."""
+    not attend to, a projection of every token without a MultiVectorMask and a ColBERT saved by
+    PyLate: each named."""
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
@@ -147,6 +148,13 @@ def test_what_it_cannot_read_is_refused(models, tmp_path):
     (unmasked / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(SentenceModulesError, match="no MultiVectorMask"):
         ModelConfig.from_dir(unmasked)
+    # PyLate's own save: Transformer and its Dense alone, which must not pass for a pooled one
+    pylate = shutil.copytree(models["plain"], tmp_path / "pylate")
+    modules = json.loads((pylate / "modules.json").read_text())[:2]
+    modules[1]["type"] = "pylate.models.Dense.Dense"
+    (pylate / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(SentenceModulesError, match="PyLate"):
+        ModelConfig.from_dir(pylate)
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,13 @@ class SentenceModules:
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
             folder = model_dir / module.get("path", "")
+            if str(module.get("type", "")).startswith("pylate."):
+                # read as a pooled Dense it would give wrong vectors, not a refusal
+                raise SentenceModulesError(
+                    f"{model_dir / MODULES_FILE}: {module['type']} is PyLate's: a ColBERT saved "
+                    "by PyLate (its own markers and skiplist) is not served; a "
+                    "sentence-transformers 6.2 MultiVectorEncoder is"
+                )
             if kind == "Pooling":
                 pooling = _pooling_mode(folder / "config.json")
             elif kind == "Dense":
