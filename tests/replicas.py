@@ -626,12 +626,14 @@ def multi_vector_encoder(
     document_length: int | None = None,
     projection: int = 24,
     normalize: bool = True,
+    skiplist: dict | None = None,
     seed: int = 11,
 ) -> Path:
     """A ColBERT-style model over a Qwen3 backbone as sentence-transformers 6.2 saves a
     MultiVectorEncoder of it: the base's files with the Transformer module's lengths and query
     expansion (sentence_bert_config.json), a Dense projection of every token (no bias, seeded),
-    a MultiVectorMask scoring every token, and Normalize per token where asked."""
+    a MultiVectorMask (with `skiplist`, its skiplist_words and skiplist_tasks), and Normalize
+    per token where asked."""
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
@@ -647,7 +649,7 @@ def multi_vector_encoder(
     torch.manual_seed(seed)
     with torch.no_grad():
         dense.linear.weight.copy_(torch.randn(projection, width) / width**0.5)
-    modules = [transformer, dense, MultiVectorMask()]
+    modules = [transformer, dense, MultiVectorMask(**(skiplist or {}))]
     if normalize:
         modules.append(Normalize(module_input_name="token_embeddings"))
     MultiVectorEncoder(modules=modules, prompts=prompts or {}, device="cpu").save_pretrained(

@@ -226,8 +226,9 @@ CASES = [
     Case(
         "encoder: FINISH dimensions past the model's",
         r"input 'FINISH' must hold \(dimensions in 0\.\.1024, normalize 0 or 1, embedding "
-        r"types as bits in 1\.\.31, per_token 0 or 1\), got \(5000, 1, 1, 0\)",
-        [ids([5, 6]), ("FINISH", "INT32", [1, 4], np.array([[5000, 1, 1, 0]], "<i4").tobytes())],
+        r"types as bits in 1\.\.31, per_token 0 or 1, skiplist 0 or per_token\), "
+        r"got \(5000, 1, 1, 0, 0\)",
+        [ids([5, 6]), ("FINISH", "INT32", [1, 5], np.array([[5000, 1, 1, 0, 0]], "<i4").tobytes())],
         model="encoder",
     ),
     Case(

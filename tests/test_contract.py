@@ -97,6 +97,7 @@ def test_finish_rows_fit_the_declared_input_and_round_trip():
         Finish(None, True, ("uint8",)),
         Finish(8, True, EMBEDDING_TYPES),
         Finish(16, False, ("float",), per_token=True),
+        Finish(per_token=True, skiplist=True),
     ):
         rows = finish_rows(finish, 3)
         assert rows.shape == (3, *finish_input.dims) and rows.dtype == np.int32

@@ -1,6 +1,7 @@
 """ColBERT-style late interaction over a Qwen3 backbone: a sentence-transformers 6.2
 MultiVectorEncoder (its Transformer's lengths and query expansion, a Dense projection of every
-token, MultiVectorMask, Normalize per token), served as a multi-vector model. Every token
+token, MultiVectorMask with or without a skiplist, Normalize per token), served as a
+multi-vector model. Every token
 vector is checked against sentence-transformers' own MultiVectorEncoder on the same directory
 (`encode_query`, `encode_document`, `encode`): fp32 max-abs error 1e-4, bf16 min cosine 0.999.
 """
@@ -26,19 +27,27 @@ FP32_ABS = 1e-4
 BF16_COSINE = 0.999
 PROMPTS = {"query": "[Q] ", "document": "[D] "}
 QUERIES = ["what is the capital of China?", "which river runs through " + "a long query " * 12]
-DOCUMENTS = ["Beijing is the capital of China. " * 4, "Paris", "北京是中华人民共和国的首都。"]
+DOCUMENTS = [
+    "Beijing is the capital of China. " * 4,
+    "Paris, France",
+    "北京是中华人民共和国的首都。",
+]
 # A layout per reading of queries: none, ColBERT's fixed 16 tokens (Qwen's tokenizer pads on
-# the left: the expansion comes first), at least 16 (padded at the end), with their lengths.
+# the left: the expansion comes first), at least 16 (padded at the end), with their lengths
+# and skiplists (PyLate's punctuation for documents; two marks for queries and documents).
 LAYOUTS = {
     "plain": dict(prompts=PROMPTS, document_length=24),
     "fixed": dict(
-        prompts=PROMPTS, query_expansion={"strategy": "fixed", "attend": True, "length": 16}
+        prompts=PROMPTS,
+        query_expansion={"strategy": "fixed", "attend": True, "length": 16},
+        skiplist={"skiplist_words": list(string.punctuation)},
     ),
     # no prompts saved, no Normalize: the tasks still apply; vectors unnormalised
     "min": dict(
         query_expansion={"strategy": "min", "attend": True, "length": 16},
         query_length=20,
         normalize=False,
+        skiplist={"skiplist_words": ["?", ","], "skiplist_tasks": ["query", "document"]},
     ),
 }
 
@@ -63,15 +72,18 @@ def st_vectors(model_dir, dtype=torch.float32) -> dict:
     }
 
 
-def served_vectors(model_dir, dtype="float32", normalize=True) -> dict:
-    """The tokenizer's ids per task (its prompt name) and the engine's token vectors."""
+def served_vectors(model_dir, dtype="float32", normalize=True) -> tuple[dict, dict]:
+    """The tokenizer's ids per task (its prompt name) and the engine's token vectors, its
+    skiplist applied where the tokenizer says (FINISH)."""
     tok = TextTokenizer(model_dir, 8192)
-    out = {}
+    ids, vectors = {}, {}
     with Encoder.from_pretrained(model_dir, dtype=dtype) as enc:
         for task, texts in (("query", QUERIES), ("document", DOCUMENTS), (None, DOCUMENTS)):
-            ids = tok.encode(texts, EmbedOptions(prompt_name=task, per_token=True))
-            out[task] = enc.embed_tokens(ids, normalize=normalize)
-    return out
+            opts = EmbedOptions(prompt_name=task, per_token=True)
+            ids[task] = tok.encode(texts, opts)
+            skiplist = tok.finish(opts).skiplist
+            vectors[task] = enc.embed_tokens(ids[task], normalize=normalize, skiplist=skiplist)
+    return ids, vectors
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -81,19 +93,24 @@ def test_token_vectors_equal_sentence_transformers(models, layout):
     assert config.multi_vector and config.token_size == 24
     normalize = LAYOUTS[layout].get("normalize", True)
     want = st_vectors(model_dir)
-    got = served_vectors(model_dir, normalize=normalize)
+    ids, got = served_vectors(model_dir, normalize=normalize)
     for task in want:
         for i, (ours, theirs) in enumerate(zip(got[task], want[task], strict=True)):
             assert ours.shape == theirs.shape, (task, i)
             assert np.abs(ours - theirs).max() <= FP32_ABS, (task, i)
     # what each reading changes, so that the checks above can fail
-    lengths = [len(v) for v in want["query"]]
+    tokens = {task: [len(i) for i in lists] for task, lists in ids.items()}
+    rows = {task: [len(v) for v in vectors] for task, vectors in want.items()}
     if layout == "fixed":
-        assert lengths == [16, 16]  # the short one expanded, the long one cut
+        assert tokens["query"] == rows["query"] == [16, 16]  # expanded; the long one cut
+        assert rows["document"][0] < tokens["document"][0]  # its full stops left out
+        assert rows[None][0] < tokens[None][0]  # as a document's
     if layout == "min":
-        assert lengths[0] == 16 and lengths[1] == 20  # expanded; cut at query_length
+        assert tokens["query"] == [16, 20]  # expanded; cut at query_length
+        assert rows["query"] == [15, 20] and rows["document"][1] < tokens["document"][1]
     if layout == "plain":
-        assert len(want["document"][0]) == 24 < len(want[None][0])  # document_length
+        assert tokens["document"][0] == 24 < tokens[None][0]  # document_length
+        assert rows == tokens
     # a document's prompt, where one is saved, moves its last token's vector
     moved = np.abs(want["document"][1][-1] - want[None][1][-1]).max() > 1e-3
     assert moved == ("prompts" in LAYOUTS[layout])
@@ -103,7 +120,7 @@ def test_token_vectors_equal_sentence_transformers(models, layout):
 
 def test_bf16_token_vectors(models):
     want = st_vectors(models["fixed"])
-    got = served_vectors(models["fixed"], dtype="bfloat16")
+    _, got = served_vectors(models["fixed"], dtype="bfloat16")
     for task in want:
         for ours, theirs in zip(got[task], want[task], strict=True):
             assert cosine(ours, theirs).min() >= BF16_COSINE
@@ -125,17 +142,15 @@ def test_the_tokenizer_shows_a_querys_expansion(models):
 
 
 def test_what_it_cannot_read_is_refused(models, tmp_path):
-    """A skiplist (tokens left out of a document's vectors), expansion tokens the encoder must
+    """An allowlist of token ids (an image page's patches), expansion tokens the encoder must
     not attend to, a projection of every token without a MultiVectorMask and a ColBERT saved by
     PyLate: each named."""
-    from sentence_transformers import MultiVectorEncoder
-    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
-
-    st = MultiVectorEncoder(str(models["plain"]), device="cpu")
-    st[2] = MultiVectorMask(skiplist_words=list(string.punctuation))
-    st.save_pretrained(str(tmp_path / "skiplist"))
-    with pytest.raises(SentenceModulesError, match="skiplist_words"):
-        ModelConfig.from_dir(tmp_path / "skiplist")
+    allowlist = shutil.copytree(models["plain"], tmp_path / "allowlist")
+    (allowlist / "2_MultiVectorMask" / "config.json").write_text(
+        json.dumps({"keep_only_token_ids": [151655]})
+    )
+    with pytest.raises(SentenceModulesError, match="keep_only_token_ids"):
+        ModelConfig.from_dir(allowlist)
     classic = shutil.copytree(models["fixed"], tmp_path / "classic")
     config = json.loads((classic / "sentence_bert_config.json").read_text())
     config["query_expansion"]["attend"] = False

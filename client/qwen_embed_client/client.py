@@ -456,10 +456,10 @@ class AsyncEmbeddingClient:
 
         async def send(server, start, end):
             batch = {k: v[start:end] for k, v in media.items() if v is not None}
-            vectors, counts, _ = await self._send(
+            vectors, _, _, rows = await self._send(
                 server, texts[start:end], opts, level, headers, batch
             )
-            return [vectors["float"][i, :count] for i, count in enumerate(counts)]
+            return [vectors["float"][i, :n] for i, n in enumerate(rows)]
 
         parts = await self._split(len(texts), send)
         return [text for part in parts for text in part]
@@ -623,7 +623,8 @@ class AsyncEmbeddingClient:
     async def _send(
         self, server: _Server, texts: list, opts: EmbedOptions, priority, headers, media=None
     ):
-        """`media`: IMAGES and VIDEOS, per text its files."""
+        """(vectors by type, TOKEN_COUNT, INPUT_TOKENS, per_token's vectors per text);
+        `media`: IMAGES and VIDEOS, per text its files."""
         inputs = [self._text_input(texts, opts)]
         for name, files in (media or {}).items():
             if any(files):
@@ -632,7 +633,11 @@ class AsyncEmbeddingClient:
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
         before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it
-        return vectors, counts, counts if before is None else before.reshape(-1)
+        # per_token: each text's vectors, fewer than its tokens where a MultiVectorEncoder's
+        # skiplist leaves some out (absent from a server without it: one per token)
+        rows = result.as_numpy("TOKEN_ROWS") if opts.per_token else None
+        rows = counts if rows is None else rows.reshape(-1)
+        return vectors, counts, counts if before is None else before.reshape(-1), rows
 
     def _images_input(self, name: str, images: list[list], shape: list[int]):
         """Per element, its image (or video) files packed into one BYTES element

@@ -525,16 +525,19 @@ class Finish:
     normalize: bool = True
     embedding_types: tuple[str, ...] = ("float",)  # in EMBEDDING_TYPES order
     per_token: bool = False  # a vector per token (TOKEN_EMBEDDING), not per text
+    # per_token: a MultiVectorEncoder's document, its skiplist's tokens left out (TOKEN_ROWS)
+    skiplist: bool = False
 
 
 def finish_rows(finish: Finish, n: int) -> np.ndarray:
-    """FINISH int32 [n, 4] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
-    the embedding types as bits, 1 << their index in EMBEDDING_TYPES; per_token 0/1). Options
-    are parsed
-    once, in the tokenizer; the encoder's answer depends on its inputs alone (so Triton's
-    response cache, which hashes inputs, never mixes two requests' options)."""
+    """FINISH int32 [n, 5] for a request's n texts: (dimensions, 0 for all; normalize 0/1;
+    the embedding types as bits, 1 << their index in EMBEDDING_TYPES; per_token 0/1;
+    skiplist 0/1). Options are parsed once, in the tokenizer; the encoder's answer depends on
+    its inputs alone (so Triton's response cache, which hashes inputs, never mixes two
+    requests' options)."""
     types = sum(1 << EMBEDDING_TYPES.index(k) for k in finish.embedding_types)
     row = (finish.dimensions or 0, int(finish.normalize), types, int(finish.per_token))
+    row += (int(finish.skiplist),)
     return np.tile(np.array(row, dtype=np.int32), (n, 1))
 
 
@@ -542,23 +545,24 @@ def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
     """FINISH rows back (absent: every dimension, normalised, float)."""
     if rows is None:
         return Finish()
-    if rows.ndim != 2 or rows.shape[1] != 4 or len(rows) == 0 or (rows != rows[0]).any():
-        raise RequestError("input 'FINISH' must be [n, 4], the same row for every text")
-    dims, normalize, types, per_token = (int(v) for v in rows[0])
+    if rows.ndim != 2 or rows.shape[1] != 5 or len(rows) == 0 or (rows != rows[0]).any():
+        raise RequestError("input 'FINISH' must be [n, 5], the same row for every text")
+    dims, normalize, types, per_token, skiplist = (int(v) for v in rows[0])
     all_types = (1 << len(EMBEDDING_TYPES)) - 1
     if (
         not 0 <= dims <= dimension
         or normalize not in (0, 1)
         or not 0 < types <= all_types
         or per_token not in (0, 1)
+        or skiplist not in (0, per_token)
     ):
         raise RequestError(
             f"input 'FINISH' must hold (dimensions in 0..{dimension}, normalize 0 or 1, "
-            f"embedding types as bits in 1..{all_types}, per_token 0 or 1), "
-            f"got ({dims}, {normalize}, {types}, {per_token})"
+            f"embedding types as bits in 1..{all_types}, per_token 0 or 1, skiplist 0 or "
+            f"per_token), got ({dims}, {normalize}, {types}, {per_token}, {skiplist})"
         )
     kinds = tuple(k for i, k in enumerate(EMBEDDING_TYPES) if types >> i & 1)
-    return Finish(dims or None, bool(normalize), kinds, bool(per_token))
+    return Finish(dims or None, bool(normalize), kinds, bool(per_token), bool(skiplist))
 
 
 def _elements(raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str) -> list[bytes]:

@@ -461,22 +461,34 @@ class Encoder:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
+        skiplist: bool = False,
     ) -> list[np.ndarray]:
         """One vector per token (late interaction, custom pooling): for each token id list
         (or text with images and video, media.py), its final hidden states float32 [tokens,
         dimensions or token_size], after the final norm and before pooling and the
         checkpoint's projections of pooled vectors (a multi-vector retriever's projection of
-        every token applied); truncated and normalised per token."""
+        every token applied); truncated and normalised per token. With `skiplist`, a
+        MultiVectorEncoder's skiplist tokens' vectors left out (`kept_tokens`; its
+        documents' reading)."""
         self._check_dimensions(dimensions, self.config.token_size)
         if any(isinstance(t, MediaText) for t in texts):
             as_media = [t if isinstance(t, MediaText) else MediaText(np.asarray(t)) for t in texts]
             checked = self.check_media(as_media)
         else:
             checked = self.check_sequences(texts)
+        states = self.token_states_checked(checked)
+        if skiplist:
+            ids = [getattr(t, "ids", t) for t in checked]
+            states = [s[self.kept_tokens(i)] for s, i in zip(states, ids, strict=True)]
         return [
             finish(torch.from_numpy(s), normalize=normalize, dimensions=dimensions).numpy()
-            for s in self.token_states_checked(checked)
+            for s in states
         ]
+
+    def kept_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """Which tokens of a text a MultiVectorEncoder scores where its skiplist applies: all
+        but its skiplist's (bool [tokens])."""
+        return ~np.isin(ids, self.config.sentence.skiplist)
 
     def token_states_checked(self, texts: list[np.ndarray | MediaText]) -> list[np.ndarray]:
         """`embed_tokens` before truncation and normalisation, for sequences that passed

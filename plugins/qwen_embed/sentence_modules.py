@@ -98,8 +98,11 @@ class SentenceModules:
     token_projection: Dense | None = None
     # a CrossEncoder's activation_fn as saved (None: unsaid, the sigmoid of one label)
     activation_fn: str | None = None
-    # a MultiVectorEncoder's: its vectors are one per token (a MultiVectorMask module)
+    # a MultiVectorEncoder's: its vectors are one per token (a MultiVectorMask module), but
+    # for its skiplist's tokens in the texts of its skiplist's tasks
     late_interaction: bool = False
+    skiplist: tuple[int, ...] = ()  # token ids
+    skiplist_tasks: tuple[str, ...] = ("document",)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, hidden_size: int, hf: dict) -> SentenceModules:
@@ -111,7 +114,7 @@ class SentenceModules:
         if ROOT_PROJECTION in top:
             dense.append(top[ROOT_PROJECTION])
         token_dense = [top[TOKEN_PROJECTION]] if TOKEN_PROJECTION in top else []
-        late = False
+        late, mask = False, {}
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
             folder = model_dir / module.get("path", "")
@@ -133,7 +136,7 @@ class SentenceModules:
             elif kind == "LogitScore":
                 logit_score = _logit_score(folder / "config.json")
             elif kind == "MultiVectorMask":
-                late = _multi_vector_mask(folder / "config.json")
+                late, mask = True, _multi_vector_mask(model_dir, folder / "config.json")
             elif kind not in ("Transformer", "Normalize"):  # normalising is per request
                 raise SentenceModulesError(
                     f"{model_dir / 'modules.json'}: module {module.get('type')!r} is not "
@@ -150,7 +153,8 @@ class SentenceModules:
                 )
             width = layer.out_features
         activation_fn = _cross_encoder_activation(model_dir, hf)
-        return cls(pooling, tuple(dense), final, logit_score, tokens, activation_fn, late)
+        fields = (pooling, tuple(dense), final, logit_score, tokens, activation_fn, late)
+        return cls(*fields, **mask)
 
     def score_activation(self) -> str:
         """What a reranker's one score goes through, as the CrossEncoder's `predict`
@@ -222,17 +226,24 @@ def _cross_encoder_activation(model_dir: Path, hf: dict) -> str | None:
     return saved if saved is not None else hf.get("sbert_ce_default_activation_function")
 
 
-def _multi_vector_mask(path: Path) -> bool:
-    """A MultiVectorEncoder's scoring mask: every token of a text scored (and a query's
-    expansion, serving/late_interaction.py); a skiplist or an allowlist of token ids, which
-    would leave tokens out of a document's vectors, is refused."""
+def _multi_vector_mask(model_dir: Path, path: Path) -> dict:
+    """A MultiVectorEncoder's scoring mask: a text's tokens (and a query's expansion,
+    serving/late_interaction.py) but its skiplist's, in the texts of its skiplist's tasks
+    (documents, and texts without a task, by default). Its words are single tokens of the
+    checkpoint's tokenizer (the others are dropped, as sentence-transformers drops them); an
+    allowlist of token ids (an image page's patches) is refused."""
     config = _read_json(path, default={})
-    if config.get("skiplist_words") or config.get("keep_only_token_ids"):
-        raise SentenceModulesError(
-            f"{path}: skiplist_words and keep_only_token_ids (tokens left out of scoring) are "
-            "not supported; a MultiVectorMask that scores every token is"
-        )
-    return True
+    if config.get("keep_only_token_ids"):
+        raise SentenceModulesError(f"{path}: keep_only_token_ids is not supported")
+    words = config.get("skiplist_words") or []
+    ids = ()
+    if words:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        ids = tuple(sorted({i for i in map(tok.token_to_id, words) if i is not None}))
+    tasks = config.get("skiplist_tasks") or ["document"]
+    return {"skiplist": ids, "skiplist_tasks": (tasks,) if isinstance(tasks, str) else tuple(tasks)}
 
 
 def _token_projection(dense: list[Dense], hidden_size: int, late: bool) -> Dense | None:

@@ -319,15 +319,25 @@ class TritonPythonModel:
 
     def _ragged_outputs(self, name, rows, members):
         """Per-text vectors (chunks', tokens') -> each member's [n, most rows, dim], each
-        finished with the request's options, zeros past a text's own."""
+        finished with the request's options, zeros past a text's own; tokens' with each
+        text's count of them (TOKEN_ROWS: fewer than its tokens where a MultiVectorEncoder's
+        skiplist left some out)."""
         outputs = []
-        for start, stop, opts in _spans(members):
+        for (start, stop, opts), (_, _, texts) in zip(_spans(members), members, strict=True):
+            parts = rows[start:stop]
+            if opts.skiplist:
+                kept = [self.encoder.kept_tokens(getattr(t, "ids", t)) for t in texts]
+                parts = [p[k] for p, k in zip(parts, kept, strict=True)]
             finished = [
                 finish(torch.from_numpy(p), normalize=opts.normalize, dimensions=opts.dimensions)
-                for p in rows[start:stop]
+                for p in parts
             ]
             ragged = stack_ragged([f.numpy() for f in finished], 0.0, np.float32)
-            outputs.append([pb_utils.Tensor(name, ragged)])
+            tensors = [pb_utils.Tensor(name, ragged)]
+            if name == "TOKEN_EMBEDDING":
+                counts = np.array([[len(p)] for p in parts], dtype=np.int32)
+                tensors.append(pb_utils.Tensor("TOKEN_ROWS", counts))
+            outputs.append(tensors)
         return outputs
 
     def _outputs(self, rows, members):

@@ -90,7 +90,7 @@ class TritonPythonModel:
             texts = lists
         else:
             texts = decode_texts(raw, self.max_texts, self.max_text_bytes)
-        extra = [pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(texts)))]
+        extra = [pb_utils.Tensor("FINISH", finish_rows(self.tokenizer.finish(opts), len(texts)))]
         encoded = None
         if opts.chunked:
             ids, chunks, counts = self.tokenizer.encode_chunks(texts, opts)

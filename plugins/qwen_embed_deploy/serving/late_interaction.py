@@ -12,7 +12,10 @@ none); a request naming neither is `encode`'s, without a task.
   tokenizer's padding side (Qwen's is the left: the expansion comes first); "min" leaves a
   longer query whole and pads one query alone at its end. The encoder attends to the
   expansion tokens and scores them; a checkpoint whose encoder must not attend to them
-  (`attend` false, classic ColBERT's attention mask) is refused.
+  (`attend` false, classic ColBERT's attention mask) is refused;
+- its MultiVectorMask's skiplist leaves tokens out of the vectors of the texts of its
+  `skiplist_tasks` (documents, and texts without a task, by default): the encoder drops them
+  (FINISH's `skiplist`) and says how many are left (TOKEN_ROWS).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from qwen_embed.config import ModelConfig
 
 MULTI_VECTOR_MASK = "MultiVectorMask"  # the module that makes a MultiVectorEncoder
 
@@ -40,6 +45,7 @@ class LateInteraction:
     fixed: bool  # "fixed": cut to expansion_length as well
     expansion_id: int | None
     expand_before: bool  # "fixed" on a left-padding tokenizer
+    skiplist_tasks: tuple[str, ...] = ()  # where its skiplist applies (none without one)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, tok) -> LateInteraction | None:
@@ -49,9 +55,11 @@ class LateInteraction:
             return None
         config = _read(model_dir / "sentence_bert_config.json")
         expansion = config.get("query_expansion")
-        query_length, document_length = config.get("query_length"), config.get("document_length")
+        lengths = config.get("query_length"), config.get("document_length")
+        sentence = ModelConfig.from_dir(model_dir).sentence
+        skips = sentence.skiplist_tasks if sentence.skiplist else ()
         if expansion is None:
-            return cls(query_length, document_length, None, False, None, False)
+            return cls(*lengths, None, False, None, False, skips)
         where = model_dir / "sentence_bert_config.json"
         if not expansion.get("attend", False):
             raise ValueError(
@@ -75,12 +83,17 @@ class LateInteraction:
             )
         fixed = expansion["strategy"] == "fixed"
         before = fixed and tokenizer_config.get("padding_side", "right") == "left"
-        return cls(query_length, document_length, expansion["length"], fixed, token_id, before)
+        return cls(*lengths, expansion["length"], fixed, token_id, before, skips)
 
     @staticmethod
     def task(prompt_name: str | None) -> str | None:
         """The MultiVectorEncoder task a request's (resolved) prompt name stands for."""
         return prompt_name if prompt_name in ("query", "document") else None
+
+    def skips(self, task: str | None) -> bool:
+        """Whether its skiplist leaves tokens out of a text of `task` (None counts as a
+        document, as sentence-transformers counts it)."""
+        return (task or "document") in self.skiplist_tasks
 
     def limit(self, task: str | None) -> int | None:
         """The most tokens a text of `task` keeps (special tokens included); None: the

@@ -38,6 +38,7 @@ from qwen_embed_client.contract import (
     MAX_CHUNKS,
     TRUNCATION_DIRECTIONS,
     EmbedOptions,
+    Finish,
     RequestError,
 )
 
@@ -261,6 +262,18 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
         return self.encode_counted(texts, opts)[0]
+
+    def finish(self, opts: EmbedOptions) -> Finish:
+        """The encoder's share of the request: its options, and whether a MultiVectorEncoder's
+        skiplist leaves tokens out of its texts' vectors (late_interaction.py)."""
+        finish = opts.finish()
+        if self.late is None or not finish.per_token:
+            return finish
+        return dataclasses.replace(finish, skiplist=self.late.skips(self._task(opts)))
+
+    def _task(self, opts: EmbedOptions) -> str | None:
+        """A MultiVectorEncoder's task for the request: its prompt's name, or the default's."""
+        return self.late.task(opts.prompt_name or self.prompts.default_name)
 
     def encode_counted(
         self, texts: list[str], opts: EmbedOptions
@@ -506,7 +519,7 @@ class TextTokenizer:
         extra = len(self._head) + len(self._tail)
         limit, task = self._limit(opts), None
         if self.late is not None:  # a MultiVectorEncoder's task: its lengths, its expansion
-            task = self.late.task(opts.prompt_name or self.prompts.default_name)
+            task = self._task(opts)
             limit = min(limit, self.late.limit(task) or limit)
         encode = self._tok.encode_batch if offsets else self._tok.encode_batch_fast
         for i, enc in enumerate(encode(texts, add_special_tokens=False)):
