@@ -143,8 +143,8 @@ def test_the_tokenizer_shows_a_querys_expansion(models):
 
 def test_what_it_cannot_read_is_refused(models, tmp_path):
     """An allowlist of token ids (an image page's patches), expansion tokens the encoder must
-    not attend to, a projection of every token without a MultiVectorMask and a ColBERT saved by
-    PyLate: each named."""
+    not attend to, texts written through a chat template, a projection of every token without
+    a MultiVectorMask and a ColBERT saved by PyLate: each named."""
     allowlist = shutil.copytree(models["plain"], tmp_path / "allowlist")
     (allowlist / "2_MultiVectorMask" / "config.json").write_text(
         json.dumps({"keep_only_token_ids": [151655]})
@@ -157,6 +157,12 @@ def test_what_it_cannot_read_is_refused(models, tmp_path):
     (classic / "sentence_bert_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="attend false"):
         TextTokenizer(classic, 8192)
+    chat = shutil.copytree(models["plain"], tmp_path / "chat")
+    config = json.loads((chat / "sentence_bert_config.json").read_text())
+    config["modality_config"] = {"message": {"method": "forward"}}
+    (chat / "sentence_bert_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="chat template"):
+        TextTokenizer(chat, 8192)
     unmasked = shutil.copytree(models["plain"], tmp_path / "unmasked")
     modules = json.loads((unmasked / "modules.json").read_text())
     modules = [m for m in modules if not m["type"].endswith("MultiVectorMask")]

@@ -11,9 +11,9 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
   only (heads.build_head: a ProjectionHead over every token);
 - a sentence-transformers MultiVectorEncoder (ColBERT-style late interaction over a Qwen
-  backbone): its `MultiVectorMask` module makes it a multi-vector model, its `Dense` module on
-  `token_embeddings` is that projection of every token (its queries' expansion and lengths are
-  the tokenizer's: serving/late_interaction.py);
+  backbone): its `MultiVectorMask` module makes it a multi-vector model and names the tokens
+  its skiplist leaves out, its `Dense` module on `token_embeddings` is that projection of every
+  token (its queries' expansion and lengths are the tokenizer's: serving/late_interaction.py);
 - pplx-embed's `st_quantize.FlexibleQuantizer`, whose int8 codes are round(127 tanh(x)) of the
   pooled x: its float counterpart, tanh, ends the head (the request's `embedding_type` makes
   codes, as for every model);

@@ -54,13 +54,18 @@ class LateInteraction:
         if not is_late_interaction(model_dir):
             return None
         config = _read(model_dir / "sentence_bert_config.json")
+        where = model_dir / "sentence_bert_config.json"
+        if "message" in (config.get("modality_config") or {}):
+            raise ValueError(
+                f"{where}: texts written through its chat template (modality 'message') are "
+                "not supported; a MultiVectorEncoder that reads plain text is"
+            )
         expansion = config.get("query_expansion")
         lengths = config.get("query_length"), config.get("document_length")
         sentence = ModelConfig.from_dir(model_dir).sentence
         skips = sentence.skiplist_tasks if sentence.skiplist else ()
         if expansion is None:
             return cls(*lengths, None, False, None, False, skips)
-        where = model_dir / "sentence_bert_config.json"
         if not expansion.get("attend", False):
             raise ValueError(
                 f"{where}: query_expansion with attend false (expansion tokens the encoder "
