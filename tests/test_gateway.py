@@ -328,6 +328,10 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             {"model": "embed", "input": [["hello", "world"]]},
             ["input", "model", "dimensions", "encoding_format"],
         ),
+        "/v1/multi-vector": (
+            {"model": "embed", "input": [{"text": "hello"}], "input_type": "query"},
+            ["input", "model", "input_type", "embedding_type", "dimensions"],
+        ),
     }
     with EmbeddingClient(server.grpc_url) as client:
         before = client.embed(["hello"])

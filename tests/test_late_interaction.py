@@ -6,6 +6,7 @@ vector is checked against sentence-transformers' own MultiVectorEncoder on the s
 (`encode_query`, `encode_document`, `encode`): fp32 max-abs error 1e-4, bf16 min cosine 0.999.
 """
 
+import base64
 import json
 import shutil
 import string
@@ -193,7 +194,8 @@ def served(models, tmp_path_factory):
 def test_through_triton_and_the_gateway(models, served):
     """The client's embed_tokens with prompt_name query / document over HTTP and gRPC; vLLM's
     score API and the embed model's ranking on the gateway (MaxSim of the queries' and the
-    documents' tasks, unless the request names a prompt); pooled vectors refused."""
+    documents' tasks, unless the request names a prompt), Jina's multi-vector API; pooled
+    vectors refused."""
     import httpx
 
     from qwen_embed_client import EmbeddingClient, EmbeddingError, maxsim_scores
@@ -230,3 +232,26 @@ def test_through_triton_and_the_gateway(models, served):
         assert [r["index"] for r in results] == list(np.argsort(-scores, kind="stable")[:2])
         (entry,) = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
         assert entry["multi_vector"] is True
+        # Jina's multi-vector API: input_type names the task; base64 a float32 string per token
+        for input_type, texts in (("query", QUERIES), ("document", DOCUMENTS)):
+            body = {"model": "embed", "input": [{"text": texts[0]}, *texts[1:]]}
+            answer = httpx.post(
+                f"{base}/v1/multi-vector", json=body | {"input_type": input_type}, timeout=60
+            )
+            assert answer.status_code == 200, answer.text
+            reply = answer.json()
+            assert reply["usage"]["total_tokens"] == sum(len(v) for v in want[input_type])
+            for item, theirs in zip(reply["data"], want[input_type], strict=True):
+                assert item["object"] == "embeddings"
+                assert np.abs(np.array(item["embeddings"]) - theirs).max() <= FP32_ABS
+        coded = httpx.post(
+            f"{base}/v1/multi-vector",
+            json={"input": QUERIES[0], "input_type": "query", "embedding_type": "base64"},
+            timeout=60,
+        ).json()["data"][0]["embeddings"]
+        tokens = np.stack([np.frombuffer(base64.b64decode(t), "<f4") for t in coded])
+        assert np.abs(tokens - want["query"][0]).max() <= FP32_ABS
+        bad = httpx.post(
+            f"{base}/v1/multi-vector", json={"input": "q", "embedding_type": "ubinary"}, timeout=60
+        )
+        assert bad.status_code == 400 and "embedding_type" in bad.json()["detail"], bad.text

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, nim, ollama, openai, perplexity, pooling, score, tei
+from . import batches, cohere, multi_vector, nim, ollama, openai, perplexity, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
@@ -33,6 +33,7 @@ _RENDERERS = {
     "cohere": cohere.error_response,
     "nim": openai.error_response,  # NIM's API is OpenAI's with more fields and routes
     "ollama": ollama.error_response,
+    "jina": multi_vector.error_response,
 }
 
 
@@ -125,7 +126,18 @@ def create_app(
     app.get("/v1/health/live")(nim.live)
     app.get("/v1/health/ready")(nim.ready)
     # tei last: POST / and /rerank go by body
-    for api in (openai, nim, perplexity, pooling, score, batches, cohere, ollama, tei):
+    for api in (
+        openai,
+        nim,
+        perplexity,
+        multi_vector,
+        pooling,
+        score,
+        batches,
+        cohere,
+        ollama,
+        tei,
+    ):
         app.include_router(api.router, dependencies=[Depends(require_key)])
     return app
 
