@@ -1,9 +1,9 @@
 """ColBERT-style late interaction over a Qwen3 backbone: a sentence-transformers 6.2
 MultiVectorEncoder (its Transformer's lengths and query expansion, a Dense projection of every
 token, MultiVectorMask with or without a skiplist, Normalize per token), served as a
-multi-vector model. Every token
-vector is checked against sentence-transformers' own MultiVectorEncoder on the same directory
-(`encode_query`, `encode_document`, `encode`): fp32 max-abs error 1e-4, bf16 min cosine 0.999.
+multi-vector model. Every token vector is checked against sentence-transformers' own
+MultiVectorEncoder on the same directory (`encode_query`, `encode_document`, `encode`): fp32
+max-abs error 1e-4, bf16 min cosine 0.999.
 """
 
 import base64
