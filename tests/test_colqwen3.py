@@ -284,6 +284,8 @@ def test_late_interaction_through_the_gateway(served):
     given as image parts (its {"content": [parts]}: one document per part, or one input per
     item), its pooling API's token_embed answers them; OpenAI's embeddings, which want one
     vector per input, are a 400 naming per_token."""
+    import base64
+
     import httpx
     from test_qwen3_vl import data_url
 
@@ -352,6 +354,13 @@ def test_late_interaction_through_the_gateway(served):
         assert bad.status_code == 400 and "top_n" in bad.text, bad.text
         (entry,) = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
         assert entry["multi_vector"] is True
+        # Jina's v4 form (what RAGFlow's JinaMultiVecEmbed sends): an image by its base64 bytes
+        body = {"input": [query, {"image": base64.b64encode(files["png"]).decode()}]}
+        body |= {"task": "retrieval.passage", "truncate": True, "return_multivector": True}
+        answer = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        for item, want_tokens in zip(answer.json()["data"], (vectors[0], page), strict=True):
+            assert cosine(np.array(item["embeddings"]), want_tokens).min() >= FP32_COSINE
         refused = httpx.post(f"{base}/v1/embeddings", json={"input": "q"}, timeout=60)
         assert refused.status_code == 400 and "per_token" in refused.text, refused.text
 

@@ -300,7 +300,8 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
         "/v1/embeddings": (
             {"model": "embed", "input": ["hello"]},
             ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"]
-            + ["task", "late_chunking", "embed_dtype", "encoding_type", "use_activation"],
+            + ["task", "late_chunking", "embed_dtype", "encoding_type", "use_activation"]
+            + ["return_multivector"],
         ),
         "/embed": (
             {"inputs": "hello"},

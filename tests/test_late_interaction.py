@@ -194,8 +194,8 @@ def served(models, tmp_path_factory):
 def test_through_triton_and_the_gateway(models, served):
     """The client's embed_tokens with prompt_name query / document over HTTP and gRPC; vLLM's
     score API and the embed model's ranking on the gateway (MaxSim of the queries' and the
-    documents' tasks, unless the request names a prompt), Jina's multi-vector API; pooled
-    vectors refused."""
+    documents' tasks, unless the request names a prompt), Jina's multi-vector API and its
+    return_multivector; pooled vectors refused."""
     import httpx
 
     from qwen_embed_client import EmbeddingClient, EmbeddingError, maxsim_scores
@@ -255,3 +255,12 @@ def test_through_triton_and_the_gateway(models, served):
             f"{base}/v1/multi-vector", json={"input": "q", "embedding_type": "ubinary"}, timeout=60
         )
         assert bad.status_code == 400 and "embedding_type" in bad.json()["detail"], bad.text
+        # Jina's v4 form: /v1/embeddings with return_multivector, its task naming the prompt
+        body = {"input": QUERIES, "task": "retrieval.query", "return_multivector": True}
+        answer = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        for item, theirs in zip(answer.json()["data"], want["query"], strict=True):
+            assert np.abs(np.array(item["embeddings"]) - theirs).max() <= FP32_ABS
+        for extra in ({"late_chunking": True}, {"embedding_type": "binary"}):
+            refused = httpx.post(f"{base}/v1/embeddings", json=body | extra, timeout=60)
+            assert refused.status_code == 400, refused.text

@@ -10,8 +10,9 @@ NVIDIA NIM's fields, which its clients send to /v1/embeddings: `input_type` ("qu
 `truncate_prompt_tokens` (-1: the model's limit) is `max_tokens`, `truncation_side` is
 `truncation_direction`, `use_activation` is `normalize`; `embed_dtype` and `endianness` shape a
 base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) and `padding`
-"max_length" are refused, not ignored. Jina's: `task`, `normalized`, `late_chunking` and
-`embedding_type` "base64" (jina.py).
+"max_length" are refused, not ignored. Jina's: `task`, `normalized`, `late_chunking`,
+`embedding_type` "base64" (jina.py) and `return_multivector` (a vector per token of each input,
+`data[i].embeddings`, as its v4 API answers).
 """
 
 from __future__ import annotations
@@ -276,6 +277,7 @@ class _Embeddings(_VllmPoolingFields):
     task: Annotated[str, AfterValidator(checked_task)] | None = None  # Jina's
     normalized: bool | None = None  # Jina's
     late_chunking: bool = False  # Jina's: the inputs read as one text, a vector per input
+    return_multivector: bool = False  # Jina's (its v4 API): a vector per token of each input
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
     # tokens (the contract checks their form, the server their ranges)
     chunks: (
@@ -406,6 +408,23 @@ class _Embeddings(_VllmPoolingFields):
             )
         return self
 
+    @model_validator(mode="after")
+    def _multivector(self):
+        """Jina's per-token vectors: of whole inputs, in JSON."""
+        if not self.return_multivector:
+            return self
+        other = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
+        if other is None and self.binary:
+            other = "encoding_format"
+        if other is not None:
+            raise PydanticCustomError(
+                "return_multivector",
+                "'return_multivector' gives a vector per token of each input: send no "
+                "'{param}' with it",
+                {"param": other},
+            )
+        return self
+
     @property
     def inputs(self) -> list:
         """Texts, token id lists, or content part lists (one per vector)."""
@@ -477,7 +496,8 @@ class _Embeddings(_VllmPoolingFields):
         else:
             kinds = [single or EmbedOptions.embedding_type]
             encoding, keyed = self.encoding_format, False
-        chunked = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
+        per_token = ("chunks", "late_chunking", "return_multivector")
+        chunked = next((k for k in per_token if getattr(self, k)), None)
         if chunked and (kinds != ["float"] or keyed):
             raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
         if self.encoding_format in PERPLEXITY_FORMATS and (
@@ -780,6 +800,14 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
         vectors, tokens = await late_chunk_embeddings(gw, inputs, options, encoding)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
         return _embeddings_body(data, options.get("adapter", gw.model_name), tokens)
+    if request.return_multivector:  # Jina's: each input's vectors, one per token
+        vectors = await embed_tokens(gw, inputs, options, "input")
+        data = [
+            {"object": "embeddings", "index": i, "embeddings": [encoding(t) for t in tokens]}
+            for i, tokens in enumerate(vectors)
+        ]
+        total = sum(len(v) for v in vectors)
+        return _embeddings_body(data, options.get("adapter", gw.model_name), total)
     images = videos = None
     if has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
