@@ -410,12 +410,10 @@ class _Embeddings(_VllmPoolingFields):
 
     @model_validator(mode="after")
     def _multivector(self):
-        """Jina's per-token vectors: of whole inputs, in JSON."""
+        """Jina's per-token vectors: of whole inputs (kinds: as floats, in JSON)."""
         if not self.return_multivector:
             return self
         other = next((k for k in ("chunks", "late_chunking") if getattr(self, k)), None)
-        if other is None and self.binary:
-            other = "encoding_format"
         if other is not None:
             raise PydanticCustomError(
                 "return_multivector",
@@ -496,10 +494,10 @@ class _Embeddings(_VllmPoolingFields):
         else:
             kinds = [single or EmbedOptions.embedding_type]
             encoding, keyed = self.encoding_format, False
-        per_token = ("chunks", "late_chunking", "return_multivector")
-        chunked = next((k for k in per_token if getattr(self, k)), None)
-        if chunked and (kinds != ["float"] or keyed):
-            raise invalid(f"'{chunked}' gives float vectors: send no embedding type", chunked)
+        float_only = ("chunks", "late_chunking", "return_multivector")
+        shaped = next((k for k in float_only if getattr(self, k)), None)
+        if shaped and (kinds != ["float"] or keyed):
+            raise invalid(f"'{shaped}' gives float vectors: send no embedding type", shaped)
         if self.encoding_format in PERPLEXITY_FORMATS and (
             kinds != ["float"] or keyed or self.embed_dtype != "float32"
         ):
@@ -510,10 +508,10 @@ class _Embeddings(_VllmPoolingFields):
                 "encoding_format",
             )
         if self.binary:
-            if chunked or kinds != ["float"] or keyed:
+            if shaped or kinds != ["float"] or keyed:
                 raise invalid(
                     f"'encoding_format' {self.encoding_format!r} answers float vectors, one "
-                    f"per input: not with {chunked or 'embedding types'}",
+                    f"per input: not with {shaped or 'embedding types'}",
                     "encoding_format",
                 )
             encoding = "bytes"
