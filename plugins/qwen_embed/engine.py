@@ -468,7 +468,7 @@ class Encoder:
         dimensions or token_size], after the final norm and before pooling and the
         checkpoint's projections of pooled vectors (a multi-vector retriever's projection of
         every token applied); truncated and normalised per token. With `skiplist`, a
-        MultiVectorEncoder's skiplist tokens' vectors left out (`kept_tokens`; its
+        MultiVectorEncoder's skiplist tokens' vectors left out (`without_skiplist`; its
         documents' reading)."""
         self._check_dimensions(dimensions, self.config.token_size)
         if any(isinstance(t, MediaText) for t in texts):
@@ -478,17 +478,18 @@ class Encoder:
             checked = self.check_sequences(texts)
         states = self.token_states_checked(checked)
         if skiplist:
-            ids = [getattr(t, "ids", t) for t in checked]
-            states = [s[self.kept_tokens(i)] for s, i in zip(states, ids, strict=True)]
+            states = self.without_skiplist(states, checked)
         return [
             finish(torch.from_numpy(s), normalize=normalize, dimensions=dimensions).numpy()
             for s in states
         ]
 
-    def kept_tokens(self, ids: np.ndarray) -> np.ndarray:
-        """Which tokens of a text a MultiVectorEncoder scores where its skiplist applies: all
-        but its skiplist's (bool [tokens])."""
-        return ~np.isin(ids, self.config.sentence.skiplist)
+    def without_skiplist(self, states: list[np.ndarray], texts: list) -> list[np.ndarray]:
+        """Each text's token states (`token_states_checked`'s) but those of a
+        MultiVectorEncoder's skiplist tokens, what it scores where its skiplist applies."""
+        skiplist = self.config.sentence.skiplist
+        ids = [getattr(t, "ids", t) for t in texts]
+        return [s[~np.isin(i, skiplist)] for s, i in zip(states, ids, strict=True)]
 
     def token_states_checked(self, texts: list[np.ndarray | MediaText]) -> list[np.ndarray]:
         """`embed_tokens` before truncation and normalisation, for sequences that passed

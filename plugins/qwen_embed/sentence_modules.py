@@ -48,6 +48,7 @@ _POOLING_FLAGS = {
 }
 POOLED = "sentence_embedding"  # what a Dense module reads after pooling
 TOKENS = "token_embeddings"  # what a MultiVectorEncoder's Dense module reads: every token
+MULTI_VECTOR_MASK = "MultiVectorMask"  # the module that makes a MultiVectorEncoder
 # sentence-transformers Dense activations this engine applies (torch.nn names)
 ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "identity",
@@ -135,7 +136,7 @@ class SentenceModules:
                 final = QUANTIZERS[module["type"]]
             elif kind == "LogitScore":
                 logit_score = _logit_score(folder / "config.json")
-            elif kind == "MultiVectorMask":
+            elif kind == MULTI_VECTOR_MASK:
                 late, mask = True, _multi_vector_mask(model_dir, folder / "config.json")
             elif kind not in ("Transformer", "Normalize"):  # normalising is per request
                 raise SentenceModulesError(

@@ -16,11 +16,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator
 
 from .bodies import Body, Text, batch, described
 from .common import Encoding, check_model, embed_tokens
 from .errors import STATUS, APIError, json_body, options_checked
+from .openai import Document
 from .state import gateway, respond
 
 router = APIRouter(tags=["jina"])
@@ -30,19 +31,15 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse({"detail": e.message}, status_code=STATUS[e.kind])
 
 
-class TextDoc(BaseModel):
-    text: Text
-
-
 def _texts(value) -> list[str]:
     """One input or a list of them (batch's limits) -> the texts."""
     items = batch(value if isinstance(value, list) else [value])
-    return [item.text if isinstance(item, TextDoc) else item for item in items]
+    return [item.text if isinstance(item, Document) else item for item in items]
 
 
 MultiVectorInputs = Annotated[
     described(
-        Text | TextDoc | list[Text | TextDoc],
+        Text | Document | list[Text | Document],
         'must be a string, a {"text": ...} document, or a non-empty list of them',
     ),
     AfterValidator(_texts),

@@ -153,7 +153,6 @@ class TritonPythonModel:
             self._call(members, compute, outputs, answer, unanswered, adapters)
 
         chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
-        token_rows = functools.partial(self._ragged_outputs, "TOKEN_EMBEDDING")
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests), whatever
             # adapters they name (a forward adds each text's own: lora.py).
@@ -168,7 +167,7 @@ class TritonPythonModel:
             for member in chunked:  # one call each
                 call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
-                call(per_token, self.encoder.token_states_checked, token_rows)
+                call(per_token, self.encoder.token_states_checked, self._token_outputs)
             if with_media:  # one call: the vision tower runs once per forward's images
                 call(with_media, self._encode_media, self._outputs)
             for member in listwise:  # one call each: a query's blocks are scored together
@@ -319,25 +318,29 @@ class TritonPythonModel:
 
     def _ragged_outputs(self, name, rows, members):
         """Per-text vectors (chunks', tokens') -> each member's [n, most rows, dim], each
-        finished with the request's options, zeros past a text's own; tokens' with each
-        text's count of them (TOKEN_ROWS: fewer than its tokens where a MultiVectorEncoder's
-        skiplist left some out)."""
+        finished with the request's options, zeros past a text's own."""
         outputs = []
-        for (start, stop, opts), (_, _, texts) in zip(_spans(members), members, strict=True):
-            parts = rows[start:stop]
-            if opts.skiplist:
-                kept = [self.encoder.kept_tokens(getattr(t, "ids", t)) for t in texts]
-                parts = [p[k] for p, k in zip(parts, kept, strict=True)]
+        for start, stop, opts in _spans(members):
             finished = [
                 finish(torch.from_numpy(p), normalize=opts.normalize, dimensions=opts.dimensions)
-                for p in parts
+                for p in rows[start:stop]
             ]
             ragged = stack_ragged([f.numpy() for f in finished], 0.0, np.float32)
-            tensors = [pb_utils.Tensor(name, ragged)]
-            if name == "TOKEN_EMBEDDING":
-                counts = np.array([[len(p)] for p in parts], dtype=np.int32)
-                tensors.append(pb_utils.Tensor("TOKEN_ROWS", counts))
-            outputs.append(tensors)
+            outputs.append([pb_utils.Tensor(name, ragged)])
+        return outputs
+
+    def _token_outputs(self, rows, members):
+        """Per-token vectors as _ragged_outputs gives them (a MultiVectorEncoder's skiplist's
+        left out where a request's FINISH says), with each text's count of them
+        (TOKEN_ROWS)."""
+        kept = []
+        for (start, stop, opts), (_, _, texts) in zip(_spans(members), members, strict=True):
+            states = rows[start:stop]
+            kept += self.encoder.without_skiplist(states, texts) if opts.skiplist else states
+        outputs = self._ragged_outputs("TOKEN_EMBEDDING", kept, members)
+        for tensors, (start, stop, _) in zip(outputs, _spans(members), strict=True):
+            counts = np.array([[len(s)] for s in kept[start:stop]], dtype=np.int32)
+            tensors.append(pb_utils.Tensor("TOKEN_ROWS", counts))
         return outputs
 
     def _outputs(self, rows, members):

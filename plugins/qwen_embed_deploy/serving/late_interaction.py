@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_embed.config import ModelConfig
-
-MULTI_VECTOR_MASK = "MultiVectorMask"  # the module that makes a MultiVectorEncoder
+from qwen_embed.sentence_modules import MULTI_VECTOR_MASK
 
 
 def is_late_interaction(model_dir: str | Path) -> bool:
@@ -34,7 +33,7 @@ def is_late_interaction(model_dir: str | Path) -> bool:
     lists a MultiVectorMask)."""
     path = Path(model_dir) / "modules.json"
     modules = json.loads(path.read_text()) if path.is_file() else []
-    return any(str(m.get("type", "")).endswith(MULTI_VECTOR_MASK) for m in modules)
+    return any(str(m.get("type", "")).rsplit(".", 1)[-1] == MULTI_VECTOR_MASK for m in modules)
 
 
 @dataclass(frozen=True)
