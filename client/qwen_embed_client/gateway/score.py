@@ -7,9 +7,9 @@ normalised per-token vectors (a multimodal model's inputs may be content parts w
 vLLM's {"content": [parts]}: ScoreRequest); `prompt_name` (an extension) prefixes `text_1`'s
 texts only (without one, a MultiVectorEncoder's query and document tasks:
 common.late_interaction_prompts), `dimensions` cuts the token vectors. With `model` the
-reranker's name (`rerank_model_name`), what vLLM answers for a cross-encoder: the reranker's relevance of each
-pair (texts only; a rerank request per distinct query, at most the client's requests in
-flight at once; per pair for a listwise reranker, as vLLM scores its pairs).
+reranker's name (`rerank_model_name`), what vLLM answers for a cross-encoder: the reranker's
+relevance of each pair (texts only; a rerank request per distinct query, at most the client's
+requests in flight at once; per pair for a listwise reranker, as vLLM scores its pairs).
 """
 
 from __future__ import annotations
