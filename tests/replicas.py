@@ -496,6 +496,67 @@ def colqwen3(directory: Path, *, seed: int = 9, files: bool = False) -> Path:
     return directory
 
 
+COLQWEN2_WIDTH = 16  # vidore/colqwen2-v1.0-hf's projection is 128 wide
+# Qwen2-VL's image processor (CLIP's mean and std); a tiny replica's 4 x 4 patches
+QWEN2_VL_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 8 * 8 * 4,
+    "max_pixels": 8 * 8 * 60,
+}
+
+
+def colqwen2(directory: Path, *, seed: int = 11, files: bool = False) -> Path:
+    """vidore/colqwen2-v1.0-hf's layout as transformers saves `ColQwen2ForRetrieval`: Qwen2-VL
+    in `vlm_config` (`text_config`, a `vision_config` with its `embed_dim` and `mlp_ratio`),
+    tensors under `vlm.language_model.` and `vlm.visual.`, `embedding_proj_layer` (weight and
+    bias) to `embedding_dim`. Tiny: text hidden 128 in two heads of 64 (sectioned multimodal
+    rotary 8/12/12), a 2-block tower of one 64-wide head, 4x4 patches. `files`: Qwen's
+    tokenizer (its vision tokens at their real ids; <|endoftext|> the pad token) and
+    preprocessor_config.json (a budget of 4 to 60 text-model tokens per image)."""
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
+
+    vocab_size = 151936 if files else 1000
+    tokens = dict(QWEN3_VL_TOKENS)
+    if vocab_size <= max(tokens.values()):
+        tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
+    text = dict(
+        TINY,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=vocab_size,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
+    )
+    vision = dict(
+        depth=2,
+        embed_dim=64,
+        hidden_size=128,
+        mlp_ratio=2,
+        num_heads=1,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    vlm = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+    config = ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=COLQWEN2_WIDTH)
+    torch.manual_seed(seed)
+    model = ColQwen2ForRetrieval(config).eval()
+    with torch.no_grad():  # every norm's scale near 1 (LayerNorm's bias near 0)
+        for name, p in model.named_parameters():
+            scale = ("norm" in name or "ln_q" in name) and name.endswith("weight")
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    if files:
+        write_tokenizer(Path(directory), append_eos=False)
+        _write_json(Path(directory) / "preprocessor_config.json", QWEN2_VL_PROCESSOR)
+    return Path(directory)
+
+
 def nemotron_colembed(directory: Path, *, seed: int = 10, files: bool = False) -> Path:
     """nemotron-colembed-vl-v2's layout: Qwen3-VL's tensors as Qwen3-VL-Embedding saves them
     (`model.language_model.`, `model.visual.`), config.json's `Qwen3VLNemotronEmbedModel`

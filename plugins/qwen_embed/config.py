@@ -37,6 +37,13 @@ SUPPORTED_ARCHITECTURES = {
     # Qwen3-VL-Embedding / -Reranker: a Qwen3 text model (`text_config`) and a vision tower
     "Qwen3VLForConditionalGeneration": "qwen3",
     "Qwen3VLModel": "qwen3",
+    # ColQwen2 as transformers ports it (vidore/colqwen2-v1.0-hf): Qwen2-VL (a Qwen2 text model,
+    # the tower before Qwen3-VL's, multimodal rotary in sections) in `vlm_config`, tensors
+    # under `vlm.`, a projection of every token (`embedding_proj_layer`). Qwen2-VL's own
+    # architectures are not listed: the embedders saved as them (GME, DSE) number an image's
+    # tokens differently (GME's code in sequence, DSE's on three axes), which the files do
+    # not tell.
+    "ColQwen2ForRetrieval": "qwen2",
     # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
     # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
     "ColQwen3": "qwen3",
@@ -59,7 +66,7 @@ BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS) | {"Qwen3VLNemotronEm
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
 # Whose vectors are one per token only (ColPali's late interaction): no pooled vector; those
 # of the first set through a projection of every token (sentence_modules.TOKEN_PROJECTION).
-PROJECTED_TOKEN_ARCHITECTURES = frozenset({"ColQwen3"})
+PROJECTED_TOKEN_ARCHITECTURES = frozenset({"ColQwen3", "ColQwen2ForRetrieval"})
 MULTI_VECTOR_ARCHITECTURES = PROJECTED_TOKEN_ARCHITECTURES | {"Qwen3VLNemotronEmbedModel"}
 # Whose vectors are the last layer's output before the final norm.
 PRE_NORM_ARCHITECTURES = frozenset({"Qwen3VLNemotronEmbedModel"})
@@ -82,7 +89,8 @@ Grid = tuple[int, int, int]  # an image's or video's (temporal patches, rows, co
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """Qwen3-VL's vision tower (models/vision.py)."""
+    """The vision tower (models/vision.py): Qwen3-VL's, or the Qwen2-VL tower it grew from
+    (`generation` "qwen2_vl": no position table, no DeepStack, its modules' own names)."""
 
     depth: int
     hidden_size: int
@@ -93,14 +101,37 @@ class VisionConfig:
     temporal_patch_size: int
     spatial_merge_size: int
     in_channels: int
-    num_position_embeddings: int
+    num_position_embeddings: int  # 0: no learned position table (Qwen2-VL)
     deepstack_visual_indexes: tuple[int, ...]
     hidden_act: str
     rope_theta: float = 10000.0
+    generation: str = "qwen3_vl"  # | "qwen2_vl"
 
     @classmethod
     def from_hf(cls, hf: dict) -> VisionConfig:
         rope = hf.get("rope_parameters") or {}
+        if "window_size" in hf or "fullatt_block_indexes" in hf:
+            raise UnsupportedModelError(
+                "Qwen2.5-VL's vision tower (windowed attention, window_size "
+                f"{hf.get('window_size')}) is not implemented; Qwen2-VL's and Qwen3-VL's are"
+            )
+        if "embed_dim" in hf:  # Qwen2-VL: hidden_size is the text model's, the MLP a ratio
+            return cls(
+                depth=hf["depth"],
+                hidden_size=hf["embed_dim"],
+                num_heads=hf["num_heads"],
+                intermediate_size=int(hf["embed_dim"] * hf.get("mlp_ratio", 4)),
+                out_hidden_size=hf["hidden_size"],
+                patch_size=hf["patch_size"],
+                temporal_patch_size=hf["temporal_patch_size"],
+                spatial_merge_size=hf["spatial_merge_size"],
+                in_channels=hf.get("in_channels", hf.get("in_chans", 3)),
+                num_position_embeddings=0,
+                deepstack_visual_indexes=(),
+                hidden_act=hf.get("hidden_act", "quick_gelu"),
+                rope_theta=float(rope.get("rope_theta", 10000.0)),
+                generation="qwen2_vl",
+            )
         return cls(
             depth=hf["depth"],
             hidden_size=hf["hidden_size"],
@@ -136,30 +167,37 @@ class VisionConfig:
 class MediaConfig:
     """What a multimodal checkpoint adds to its text model: the vision tower, the tokens that
     stand for images and video in the text, and multimodal rotary's sections (how many of
-    the rotary frequencies turn with time, rows and columns; interleaved: frequency j turns
-    with rows where j % 3 == 1, columns where j % 3 == 2, within three times each section)."""
+    the rotary frequencies turn with time, rows and columns). Interleaved (Qwen3-VL):
+    frequency j turns with rows where j % 3 == 1, columns where j % 3 == 2, within three
+    times each section; else (Qwen2-VL) the sections follow each other: time, rows, columns."""
 
     vision: VisionConfig
     image_token_id: int
     video_token_id: int
     vision_start_token_id: int
     mrope_section: tuple[int, int, int]
+    mrope_interleaved: bool = True
 
     @classmethod
     def from_hf(cls, hf: dict) -> MediaConfig | None:
         if "vision_config" not in hf:
             return None
-        text = hf.get("text_config") or {}
+        vision = VisionConfig.from_hf(hf["vision_config"])
+        text = hf.get("text_config") or hf  # Qwen2-VL's saves may keep it at the top level
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-        if not rope.get("mrope_interleaved", True):
-            raise UnsupportedModelError("only interleaved multimodal rotary is implemented")
         return cls(
-            vision=VisionConfig.from_hf(hf["vision_config"]),
+            vision=vision,
             image_token_id=hf["image_token_id"],
             video_token_id=hf["video_token_id"],
             vision_start_token_id=hf["vision_start_token_id"],
             mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
+            mrope_interleaved=rope.get("mrope_interleaved", vision.generation == "qwen3_vl"),
         )
+
+    @property
+    def reads_video(self) -> bool:
+        """Qwen2-VL numbers a video's frames on the time axis its own way: not reproduced."""
+        return self.vision.generation == "qwen3_vl"
 
 
 @dataclass(frozen=True)
@@ -249,6 +287,10 @@ class ModelConfig:
     def from_hf(cls, hf: dict) -> ModelConfig:
         architectures = hf.get("architectures") or []
         _refuse_quantized(hf)
+        if "vlm_config" in hf:  # ColQwen2ForRetrieval: the model it wraps, with its own names
+            outer = ("architectures", "dtype", "torch_dtype")
+            hf = {**hf["vlm_config"], **{k: hf[k] for k in outer if k in hf}}
+            _refuse_quantized(hf)
         media = MediaConfig.from_hf(hf)
         if "text_config" in hf:  # a multimodal checkpoint: its text model's own config
             top = {k: hf[k] for k in ("tie_word_embeddings", "dtype", "torch_dtype") if k in hf}
@@ -331,7 +373,7 @@ def _rope_theta(hf: dict) -> float:
     """rope_theta lives at the top level (transformers 4.x) or in rope_parameters (5.x)."""
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ("default", "mrope"):  # Qwen2-VL's saves name multimodal rotary mrope
         raise UnsupportedModelError(
             f"rope_type {rope_type!r} is not supported; only 'default' RoPE is implemented"
         )

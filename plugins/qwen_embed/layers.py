@@ -291,11 +291,14 @@ def rotary_cos_sin(
     theta: float,
     dtype: torch.dtype,
     section: tuple[int, int, int] | None = None,
+    interleaved: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [T, head_dim // 2], computed in fp32 then cast, as transformers does, of
-    positions [T]; or of positions [T, 3] (time, row, column: Qwen3-VL's interleaved
-    multimodal rotary), where frequency j turns with rows where j % 3 == 1 and
-    j < 3 * section[1], with columns where j % 3 == 2 and j < 3 * section[2], else with time."""
+    positions [T]; or of positions [T, 3] (time, row, column: multimodal rotary). Interleaved
+    (Qwen3-VL): frequency j turns with rows where j % 3 == 1 and j < 3 * section[1], with
+    columns where j % 3 == 2 and j < 3 * section[2], else with time; else (Qwen2-VL) the
+    first section[0] frequencies turn with time, the next section[1] with rows, the rest
+    with columns."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
     inv_freq = 1.0 / (theta ** (exponents.float() / head_dim))
     if positions.ndim == 1:
@@ -303,7 +306,11 @@ def rotary_cos_sin(
     else:
         j = torch.arange(head_dim // 2, device=positions.device)
         axis = torch.zeros_like(j)
-        axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
-        axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        if interleaved:
+            axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+            axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        else:
+            axis[j >= section[0]] = 1
+            axis[j >= section[0] + section[1]] = 2
         freqs = positions[:, axis].float() * inv_freq
     return freqs.cos().to(dtype), freqs.sin().to(dtype)

@@ -69,6 +69,8 @@ def visual_blocks(text: MediaText, config: MediaConfig) -> list[tuple[int, int, 
         if h % merge or w % merge or t < 1:
             raise ValueError(f"visual {i}: grid {visual.grid} is not whole merge blocks of {merge}")
         token = config.video_token_id if visual.video else config.image_token_id
+        if visual.video and not config.reads_video:
+            raise ValueError(f"visual {i}: this checkpoint's videos are not read (Qwen2-VL)")
         if not visual.video and t != 1:
             raise ValueError(f"visual {i}: an image has one temporal patch, got grid {visual.grid}")
         want = (t * h * w, config.vision.patch_dim)

@@ -306,8 +306,8 @@ class QwenModel(nn.Module):
         head_dim, theta = self.config.head_dim, self.config.rope_theta
         if media is None:
             return x, *rotary_cos_sin(positions, head_dim, theta, x.dtype)
-        section = media.config.mrope_section
-        cos_sin = rotary_cos_sin(media.positions, head_dim, theta, x.dtype, section)
+        section, interleaved = media.config.mrope_section, media.config.mrope_interleaved
+        cos_sin = rotary_cos_sin(media.positions, head_dim, theta, x.dtype, section, interleaved)
         return media.embed(self.visual, x, self.embed_tokens.tp), *cos_sin
 
     def layers_from(self, first: int, x, residual, cos, sin, ctx: ForwardContext) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Qwen3-VL's vision tower: image and video patches -> the text model's visual tokens, and the
-DeepStack features its first layers add at those tokens.
+DeepStack features its first layers add at those tokens. Qwen2-VL's tower (VisionConfig.
+generation "qwen2_vl") is the same without the position table and DeepStack, under its own
+module names.
 
 Images are segments like texts: the patches of every image (and of every frame of a video) of
 a batch travel as one flat stream, each frame attends to its own patches only (bidirectional,
@@ -8,10 +10,11 @@ patches into one token of the text model. Patches arrive as the checkpoint's pro
 them out: [patches, channels x temporal_patch x patch x patch], the patches of each 2x2 merge
 block consecutive.
 
-Per frame of (h, w) patches: a learned position table (a square grid) resampled bilinearly to
-(h, w) with aligned corners; 2-D rotary on every block's attention (the first half of the
-rotated dimensions turn with the patch's row, the second with its column); after the blocks
-named by `deepstack_visual_indexes`, a merger of their own gives the DeepStack features.
+Per frame of (h, w) patches: a learned position table (a square grid; Qwen3-VL) resampled
+bilinearly to (h, w) with aligned corners; 2-D rotary on every block's attention (the first
+half of the rotated dimensions turn with the patch's row, the second with its column); after
+the blocks named by `deepstack_visual_indexes`, a merger of their own gives the DeepStack
+features.
 """
 
 from __future__ import annotations
@@ -34,7 +37,24 @@ _ACTIVATIONS = {  # config.hidden_act -> the activation of (the route's row ops,
     "gelu_pytorch_tanh": lambda ops, x: ops.gelu_tanh(x),
     "gelu": lambda ops, x: F.gelu(x),
     "silu": lambda ops, x: F.silu(x),
+    "quick_gelu": lambda ops, x: x * torch.sigmoid(1.702 * x),
 }
+# The checkpoint's names of (a block's MLP layers, the merger's norm and layers) per generation
+_NAMES = {
+    "qwen3_vl": (("linear_fc1", "linear_fc2"), ("norm", "linear_fc1", "linear_fc2")),
+    "qwen2_vl": (("fc1", "fc2"), ("ln_q", "mlp.0", "mlp.2")),
+}
+
+
+def _named(parent: nn.Module, path: str, module: nn.Module) -> nn.Module:
+    """`module` registered under the checkpoint's dotted `path` below `parent`."""
+    *outer, last = path.split(".")
+    for name in outer:
+        if not hasattr(parent, name):
+            parent.add_module(name, nn.Module())
+        parent = getattr(parent, name)
+    parent.add_module(last, module)
+    return module
 
 
 def patch_coordinates(grid: Grid, merge: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +94,11 @@ class VisionBlock(nn.Module):
         self.attn.qkv = ReplicatedLinear(hidden, 3 * hidden)
         self.attn.proj = ReplicatedLinear(hidden, hidden)
         self.mlp = nn.Module()
-        self.mlp.linear_fc1 = ReplicatedLinear(hidden, config.intermediate_size)
-        self.mlp.linear_fc2 = ReplicatedLinear(config.intermediate_size, hidden)
+        fc1, fc2 = _NAMES[config.generation][0]
+        self.fc = [  # a list, not registered twice: the checkpoint names them under mlp.
+            _named(self.mlp, fc1, ReplicatedLinear(hidden, config.intermediate_size)),
+            _named(self.mlp, fc2, ReplicatedLinear(config.intermediate_size, hidden)),
+        ]
         self.act = _ACTIVATIONS[config.hidden_act]
         self.heads, self.head_dim = config.num_heads, config.head_dim
         self.attention = attention
@@ -90,7 +113,8 @@ class VisionBlock(nn.Module):
         v = v.reshape(len(x), self.heads, self.head_dim)
         attended = self.attention.forward(q, k, v, layout)
         x = x + self.attn.proj(attended.reshape(len(x), -1))
-        return x + self.mlp.linear_fc2(self.act(self.ops, self.mlp.linear_fc1(self.norm2(x))))
+        fc1, fc2 = self.fc
+        return x + fc2(self.act(self.ops, fc1(self.norm2(x))))
 
 
 class PatchMerger(nn.Module):
@@ -101,17 +125,23 @@ class PatchMerger(nn.Module):
         super().__init__()
         width = config.hidden_size * config.merge_unit
         self.width, self.after_shuffle = width, after_shuffle
-        self.norm = nn.LayerNorm(width if after_shuffle else config.hidden_size, eps=1e-6)
-        self.linear_fc1 = ReplicatedLinear(width, width)
-        self.linear_fc2 = ReplicatedLinear(width, config.out_hidden_size)
+        norm, fc1, fc2 = _NAMES[config.generation][1]
+        self.layers = [
+            _named(
+                self, norm, nn.LayerNorm(width if after_shuffle else config.hidden_size, eps=1e-6)
+            ),
+            _named(self, fc1, ReplicatedLinear(width, width)),
+            _named(self, fc2, ReplicatedLinear(width, config.out_hidden_size)),
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x.view(-1, self.width)) if self.after_shuffle else self.norm(x)
-        return self.linear_fc2(F.gelu(self.linear_fc1(x.view(-1, self.width))))
+        norm, fc1, fc2 = self.layers
+        x = norm(x.view(-1, self.width)) if self.after_shuffle else norm(x)
+        return fc2(F.gelu(fc1(x.view(-1, self.width))))
 
 
 class VisionTower(nn.Module):
-    """Checkpoint names under `visual.` (Qwen3-VL's `model.visual.*`)."""
+    """Checkpoint names under `visual.` (Qwen3-VL's `model.visual.*`, Qwen2-VL's `visual.*`)."""
 
     def __init__(self, config: VisionConfig, attn_backend: str, device, dtype, ops: RowOps):
         super().__init__()
@@ -130,8 +160,13 @@ class VisionTower(nn.Module):
         self.attention = attention
         self.patch_embed = nn.Module()
         # The checkpoint's Conv3d strides by its kernel: a linear layer over each patch's pixels
-        self.patch_embed.proj = ReplicatedLinear(config.patch_dim, config.hidden_size)
-        self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
+        bias = config.generation == "qwen3_vl"  # Qwen2-VL's patch kernel has none
+        self.patch_embed.proj = ReplicatedLinear(config.patch_dim, config.hidden_size, bias)
+        self.pos_embed = (
+            nn.Embedding(config.num_position_embeddings, config.hidden_size)
+            if config.num_position_embeddings
+            else None
+        )
         self.blocks = nn.ModuleList(
             VisionBlock(config, attention, ops) for _ in range(config.depth)
         )
@@ -149,14 +184,14 @@ class VisionTower(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.pos_embed.weight.dtype
+        return self.blocks[0].norm1.weight.dtype  # a norm: linear weights may be repacked
 
     def forward(
         self, pixels: torch.Tensor, grids: list[Grid]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """pixels [patches, patch_dim] of `grids` in order -> (tokens [patches / merge_unit,
         out_hidden_size], one DeepStack feature of the same shape per deepstack index)."""
-        config, device = self.config, self.pos_embed.weight.device
+        config, device = self.config, self.blocks[0].norm1.weight.device
         expected = sum(t * h * w for t, h, w in grids)
         if pixels.shape != (expected, config.patch_dim):
             raise ValueError(
@@ -165,8 +200,9 @@ class VisionTower(nn.Module):
             )
         x = self.patch_embed.proj(pixels.to(device, self.dtype))
         rows, cols, taps, tap_weights = (to_device(t, device) for t in self._positions(grids))
-        table = self.pos_embed(taps).float()  # [patches, 4, hidden]
-        x = x + (table * tap_weights[:, :, None]).sum(1).to(x.dtype)
+        if self.pos_embed is not None:
+            table = self.pos_embed(taps).float()  # [patches, 4, hidden]
+            x = x + (table * tap_weights[:, :, None]).sum(1).to(x.dtype)
         # [patches, head_dim // 2]: the first half of the frequencies turn with the row
         angles = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], -1)
         cos, sin = angles.cos(), angles.sin()
@@ -185,7 +221,8 @@ class VisionTower(nn.Module):
 
     def _positions(self, grids: list[Grid]):
         """Each patch's (row, column) and its four taps into the position table."""
-        merge, side = self.config.spatial_merge_size, int(self.config.num_position_embeddings**0.5)
+        merge = self.config.spatial_merge_size
+        side = max(1, int(self.config.num_position_embeddings**0.5))  # no table: taps unread
         rows, cols, taps, weights = [], [], [], []
         for grid in grids:
             t, h, w = grid

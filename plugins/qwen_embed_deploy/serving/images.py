@@ -56,9 +56,9 @@ class ImageSettings:
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
         if retriever(model_dir) is not None:  # its processor's budget
-            size = hf.get("size") or {}
-            least = size.get("shortest_edge", settings.min_pixels)
-            most = size.get("longest_edge", settings.max_pixels)
+            size = hf.get("size") or {}  # Qwen2-VL's older saves: min_pixels, max_pixels
+            least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))
+            most = size.get("longest_edge", hf.get("max_pixels", settings.max_pixels))
             least, most = pixel_budget(model_dir, least, most, settings.factor)
             settings = replace(settings, min_pixels=least, max_pixels=most)
         return replace(settings, **changes)

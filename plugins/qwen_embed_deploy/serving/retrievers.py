@@ -10,6 +10,12 @@ not reproduced here).
   after a space where there is one, then `<|im_end|><|endoftext|>` and no assistant turn.
   processor_config.json may set the prefixes and suffix and the visual token budget
   (`max_num_visual_tokens`, 1,280 by default), as the processor's own arguments.
+- ColQwen2 as transformers ports it (vidore/colqwen2-v1.0-hf; ColQwen2Processor, the same
+  `ColPaliTemplate` written its way): a query is `Query: ` (its `query_prefix`), the text as
+  sent, ten augmentation tokens (the pad token) and a newline; a page is its
+  `visual_prompt_prefix` alone (one user turn holding the image's placeholders and "Describe
+  the image.", then `<|im_end|><|endoftext|>`): no text goes with a page. Images within its
+  image processor's budget (preprocessor_config.json's min_pixels and max_pixels).
 - nemotron-colembed-vl-v2 (Qwen3VLNemotronEmbedProcessor, `NemotronTemplate`): Qwen3-VL's chat
   turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
   the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES
+from qwen_embed_client.contract import RequestError
 
 AUGMENTATION_TOKENS = 10
 # ColQwen3Processor.from_pretrained's default: text-model tokens per image at most
@@ -51,6 +58,9 @@ class ColPaliTemplate:
     augmentation: str  # the pad token, AUGMENTATION_TOKENS times
     image_prefix: str = f"<|im_start|>user\n{_IMAGE}Describe the image."
     image_suffix: str = "<|im_end|><|endoftext|>"
+    strip: bool = True  # ColQwen3's processor strips the text; ColQwen2's does not
+    query_end: str = ""  # after the augmentation: ColQwen2's newline
+    page_text: bool = True  # whether a text may go with a page (ColQwen2's: the image alone)
     takes_instruction = False  # a prompt (parameter 'prompt') goes before the text
     visuals_per_text = 1
     reads_video = False
@@ -61,6 +71,19 @@ class ColPaliTemplate:
         if pad is None:
             raise ValueError(f"{model_dir}: no pad_token, the queries' augmentation token")
         processor = _processor(model_dir)
+        if retriever(model_dir) == "ColQwen2ForRetrieval":
+            prefix = processor.get("visual_prompt_prefix") or (
+                f"<|im_start|>user\n{_IMAGE}Describe the image.<|im_end|><|endoftext|>"
+            )
+            return cls(
+                query_prefix=processor.get("query_prefix") or "Query: ",
+                augmentation=pad * AUGMENTATION_TOKENS,
+                image_prefix=prefix,
+                image_suffix="",
+                strip=False,
+                query_end="\n",
+                page_text=False,
+            )
         names = {
             "query_prefix": "query_prefix",
             "image_prefix": "visual_prompt_prefix",
@@ -72,9 +95,14 @@ class ColPaliTemplate:
     def parts(self, instruction, visual: str, video: bool, text: str) -> tuple[str, str, str]:
         """(before, the text, after) of a text with `visual`, its image's placeholders ("" for
         none); `instruction` and `video` are not read (takes_instruction, reads_video)."""
-        text = text.strip()
+        text = text.strip() if self.strip else text
         if not visual:
-            return self.query_prefix, text, self.augmentation
+            return self.query_prefix, text, self.augmentation + self.query_end
+        if text and not self.page_text:
+            raise RequestError(
+                "this model's pages are an image alone (its processor writes no text with "
+                "them): send the text as an input of its own"
+            )
         before = self.image_prefix.replace(_IMAGE, visual, 1) + (" " if text else "")
         return before, text, self.image_suffix
 
@@ -115,7 +143,7 @@ def pixel_budget(model_dir: str | Path, least: int, most: int, factor: int) -> t
 def retriever_template(model_dir: str | Path, pad: str | None):
     """The processor's forms of a multi-vector retriever's checkpoint; None for another."""
     architecture = retriever(model_dir)
-    if architecture == "ColQwen3":
+    if architecture in ("ColQwen3", "ColQwen2ForRetrieval"):
         return ColPaliTemplate.from_dir(model_dir, pad)
     if architecture == "Qwen3VLNemotronEmbedModel":
         return NemotronTemplate.from_dir(model_dir)

@@ -56,8 +56,10 @@ def _config(model_dir: str | Path) -> dict:
 
 
 def multimodal(model_dir: str | Path) -> bool:
-    """Whether the checkpoint has a vision side (config.json's `vision_config`: Qwen3-VL)."""
-    return "vision_config" in _config(model_dir)
+    """Whether the checkpoint has a vision side (config.json's `vision_config`: Qwen3-VL,
+    Qwen2-VL; ColQwen2's within its `vlm_config`)."""
+    config = _config(model_dir)
+    return "vision_config" in config.get("vlm_config", config)
 
 
 @dataclass(frozen=True)
