@@ -199,8 +199,9 @@ class VisionTower(nn.Module):
                 f"got {list(pixels.shape)}"
             )
         x = self.patch_embed.proj(pixels.to(device, self.dtype))
-        rows, cols, taps, tap_weights = (to_device(t, device) for t in self._positions(grids))
+        rows, cols = (to_device(t, device) for t in self._coordinates(grids))
         if self.pos_embed is not None:
+            taps, tap_weights = (to_device(t, device) for t in self._taps(grids))
             table = self.pos_embed(taps).float()  # [patches, 4, hidden]
             x = x + (table * tap_weights[:, :, None]).sum(1).to(x.dtype)
         # [patches, head_dim // 2]: the first half of the frequencies turn with the row
@@ -219,11 +220,23 @@ class VisionTower(nn.Module):
                 features.append(merger(x))
         return self.merger(x), features
 
-    def _positions(self, grids: list[Grid]):
-        """Each patch's (row, column) and its four taps into the position table."""
+    def _coordinates(self, grids: list[Grid]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each patch's row and column (fp32), frame after frame."""
         merge = self.config.spatial_merge_size
-        side = max(1, int(self.config.num_position_embeddings**0.5))  # no table: taps unread
-        rows, cols, taps, weights = [], [], [], []
+        rows, cols = [], []
+        for grid in grids:
+            r, c = patch_coordinates(grid, merge)
+            rows.append(np.tile(r, grid[0]))
+            cols.append(np.tile(c, grid[0]))
+        return (
+            torch.from_numpy(np.concatenate(rows)).float(),
+            torch.from_numpy(np.concatenate(cols)).float(),
+        )
+
+    def _taps(self, grids: list[Grid]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each patch's four taps into the position table and their weights."""
+        merge, side = self.config.spatial_merge_size, int(self.config.num_position_embeddings**0.5)
+        taps, weights = [], []
         for grid in grids:
             t, h, w = grid
             r, c = patch_coordinates(grid, merge)
@@ -231,13 +244,9 @@ class VisionTower(nn.Module):
             c0, c1, cw0, cw1 = _bilinear_taps(c, w, side)
             frame_taps = np.stack([r0 * side + c0, r0 * side + c1, r1 * side + c0, r1 * side + c1])
             frame_weights = np.stack([rw0 * cw0, rw0 * cw1, rw1 * cw0, rw1 * cw1])
-            rows.append(np.tile(r, t))
-            cols.append(np.tile(c, t))
             taps.append(np.tile(frame_taps.T, (t, 1)))
             weights.append(np.tile(frame_weights.T, (t, 1)))
         return (
-            torch.from_numpy(np.concatenate(rows)).float(),
-            torch.from_numpy(np.concatenate(cols)).float(),
             torch.from_numpy(np.concatenate(taps)),
             torch.from_numpy(np.concatenate(weights)).float(),
         )
