@@ -510,14 +510,15 @@ QWEN2_VL_PROCESSOR = {
 }
 
 
-def colqwen2(directory: Path, *, seed: int = 11, files: bool = False) -> Path:
+def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) -> Path:
     """vidore/colqwen2-v1.0-hf's layout as transformers saves `ColQwen2ForRetrieval`: Qwen2-VL
     in `vlm_config` (`text_config`, a `vision_config` with its `embed_dim` and `mlp_ratio`),
     tensors under `vlm.language_model.` and `vlm.visual.`, `embedding_proj_layer` (weight and
     bias) to `embedding_dim`. Tiny: text hidden 128 in two heads of 64 (sectioned multimodal
     rotary 8/12/12), a 2-block tower of one 64-wide head, 4x4 patches. `files`: Qwen's
     tokenizer (its vision tokens at their real ids; <|endoftext|> the pad token) and
-    preprocessor_config.json (a budget of 4 to 60 text-model tokens per image)."""
+    preprocessor_config.json (a budget of 4 to 60 text-model tokens per image). `vlm`: (the
+    VLM's config class, its vision_config) in place of Qwen2-VL's."""
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
 
     vocab_size = 151936 if files else 1000
@@ -542,8 +543,9 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False) -> Path:
         temporal_patch_size=2,
         spatial_merge_size=2,
     )
-    vlm = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
-    config = ColQwen2Config(vlm_config=vlm.to_dict(), embedding_dim=COLQWEN2_WIDTH)
+    vlm_class, vision = vlm or (Qwen2VLConfig, vision)
+    config = vlm_class(text_config=text, vision_config=vision, **tokens)
+    config = ColQwen2Config(vlm_config=config.to_dict(), embedding_dim=COLQWEN2_WIDTH)
     torch.manual_seed(seed)
     model = ColQwen2ForRetrieval(config).eval()
     with torch.no_grad():  # every norm's scale near 1 (LayerNorm's bias near 0)
@@ -555,6 +557,27 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False) -> Path:
         write_tokenizer(Path(directory), append_eos=False)
         _write_json(Path(directory) / "preprocessor_config.json", QWEN2_VL_PROCESSOR)
     return Path(directory)
+
+
+def colqwen2_5(directory: Path, *, seed: int = 12, files: bool = False) -> Path:
+    """A ColQwen2ForRetrieval over Qwen2.5-VL (colqwen2.5 in transformers' format): replicas.
+    colqwen2's shape with Qwen2.5-VL's tower: RMSNorms, a gated MLP of 96, attention windows
+    of 16 pixels (2 x 2 merge blocks) in every block but the second."""
+    from transformers import Qwen2_5_VLConfig
+
+    vision = dict(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=96,
+        out_hidden_size=128,
+        num_heads=1,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        window_size=16,
+        fullatt_block_indexes=[1],
+    )
+    return colqwen2(directory, seed=seed, files=files, vlm=(Qwen2_5_VLConfig, vision))
 
 
 def nemotron_colembed(directory: Path, *, seed: int = 10, files: bool = False) -> Path:

@@ -1,6 +1,8 @@
 """ColQwen2 (vidore/colqwen2-v1.0-hf, transformers' `ColQwen2ForRetrieval`): a multi-vector
 retriever over Qwen2-VL, one vector per token through its `embedding_proj_layer`, normalised,
-for late interaction. On a replica saved by transformers' own class (replicas.colqwen2).
+for late interaction. On replicas saved by transformers' own class (replicas.colqwen2), and
+the same class over Qwen2.5-VL (colqwen2.5 in that format: replicas.colqwen2_5, its tower's
+attention windows).
 
 Its text model numbers an image's tokens on three axes (Qwen2-VL's multimodal rotary, in
 sections), as colpali-engine, which trained the published checkpoints, runs it. transformers'
@@ -25,16 +27,17 @@ from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.layers import rotary_cos_sin
 from qwen_embed.media import MediaText, Visual
+from qwen_embed.models.vision import window_order
 from qwen_embed_client.contract import RequestError
 from qwen_embed_deploy.serving.retrievers import ColPaliTemplate
 
 from reference import cosine
-from replicas import COLQWEN2_WIDTH, colqwen2
+from replicas import COLQWEN2_WIDTH, colqwen2, colqwen2_5
 
 
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory):
-    return colqwen2(tmp_path_factory.mktemp("colqwen2"))
+@pytest.fixture(scope="module", params=[colqwen2, colqwen2_5], ids=["qwen2_vl", "qwen2_5_vl"])
+def replica(tmp_path_factory, request):
+    return request.param(tmp_path_factory.mktemp(request.param.__name__))
 
 
 class Recipe:
@@ -71,15 +74,19 @@ def recipe(replica):
 
 
 def cases(media) -> dict[str, MediaText]:
+    """Texts with images; on Qwen2.5-VL's replica (windows of 2 x 2 merge blocks) the images
+    span several windows, the last ones partial."""
     t = Texts(media, seed=5)
     return {
         "text alone": t.text(9),
-        "an image alone": t.text(2, t.visual(4, 6), 2),
-        "text with an image": t.text(12, t.visual(6, 4), 9),
+        "an image alone": t.text(2, t.visual(6, 10), 2),
+        "text with an image": t.text(12, t.visual(10, 4), 9),
+        "two images": t.text(3, t.visual(4, 4), 2, t.visual(6, 6), 1),
     }
 
 
-def test_the_layout_is_a_multi_vector_qwen2_vl(replica, tmp_path):
+def test_the_layout_is_a_multi_vector_qwen2_vl(tmp_path):
+    replica = colqwen2(tmp_path / "colqwen2")
     config = ModelConfig.from_dir(replica)
     assert config.family == "qwen2" and config.has_qkv_bias and not config.has_qk_norm
     assert config.multi_vector and config.token_size == config.embedding_size == COLQWEN2_WIDTH
@@ -98,10 +105,11 @@ def test_the_layout_is_a_multi_vector_qwen2_vl(replica, tmp_path):
     flat["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
     flat["vision_config"] = {**vlm["vision_config"], "in_chans": 3}
     assert ModelConfig.from_hf({**hf, "vlm_config": flat}) == ModelConfig.from_hf(hf)
-    # Qwen2.5-VL's windowed tower and Qwen2-VL's own architectures are refused by name
-    windowed = {**vlm["vision_config"], "window_size": 112, "fullatt_block_indexes": [1]}
-    with pytest.raises(UnsupportedModelError, match="Qwen2.5-VL's vision tower"):
-        ModelConfig.from_hf({**hf, "vlm_config": {**hf["vlm_config"], "vision_config": windowed}})
+    # over Qwen2.5-VL: its tower's windows of 16 pixels, 2 x 2 merge blocks; its rotary alike
+    over = ModelConfig.from_dir(colqwen2_5(tmp_path / "colqwen2_5")).media
+    assert over.vision.generation == "qwen2_5_vl" and over.vision.window_units == 2
+    assert over.vision.fullatt_block_indexes == (1,) and not over.mrope_interleaved
+    # Qwen2-VL's own architectures are refused: what their embedders run is not in the files
     bare = {**hf["vlm_config"], "architectures": ["Qwen2VLForConditionalGeneration"]}
     with pytest.raises(UnsupportedModelError, match="unsupported architectures"):
         ModelConfig.from_hf(bare)
@@ -126,6 +134,21 @@ def test_sectioned_rotary_is_qwen2_vls():
     assert not torch.allclose(interleaved, cos[0, :, :64], atol=1e-3)  # a check that can fail
 
 
+def test_windows_are_qwen2_5_vls():
+    """Qwen2.5-VL's windows: the merge blocks in transformers' window order, and the windows'
+    lengths its boundaries give, for frames of whole, partial and single windows."""
+    from transformers.vision_utils import get_vision_window_index
+
+    grids = [(1, 10, 6), (1, 4, 4), (2, 6, 10), (1, 2, 18)]
+    order, sizes = window_order(grids, merge=2, window=2)
+    index, bounds = get_vision_window_index(
+        torch.tensor(grids), spatial_merge_size=2, window_size=16, patch_size=4
+    )
+    assert np.array_equal(order, index.numpy())
+    assert np.array_equal(np.cumsum([0, *sizes]), bounds.numpy())
+    assert len(sizes) > len(grids) + 1  # frames of several windows: a check that can fail
+
+
 @pytest.mark.server  # whole-model runs against transformers': seconds
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_token_vectors_match_the_recipe(replica, recipe, dtype):
@@ -148,7 +171,9 @@ def test_token_vectors_match_the_recipe(replica, recipe, dtype):
     text = texts["text alone"]
     assert cosine(recipe.port(text.ids, {}), want["text alone"]).min() >= FP32_COSINE
     page = texts["text with an image"]
-    assert cosine(recipe.port(page.ids, visual_inputs(page)), want[name]).min() < 0.99
+    assert (
+        cosine(recipe.port(page.ids, visual_inputs(page)), want["text with an image"]).min() < 0.99
+    )
 
 
 @pytest.mark.gpu

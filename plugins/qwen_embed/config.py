@@ -38,8 +38,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3VLForConditionalGeneration": "qwen3",
     "Qwen3VLModel": "qwen3",
     # ColQwen2 as transformers ports it (vidore/colqwen2-v1.0-hf): Qwen2-VL (a Qwen2 text model,
-    # the tower before Qwen3-VL's, multimodal rotary in sections) in `vlm_config`, tensors
-    # under `vlm.`, a projection of every token (`embedding_proj_layer`). Qwen2-VL's own
+    # the tower before Qwen3-VL's, multimodal rotary in sections) or Qwen2.5-VL (colqwen2.5)
+    # in `vlm_config`, tensors under `vlm.`, a projection of every token
+    # (`embedding_proj_layer`). Qwen2-VL's own
     # architectures are not listed: the embedders saved as them (GME, DSE) number an image's
     # tokens differently (GME's code in sequence, DSE's on three axes), which the files do
     # not tell.
@@ -90,7 +91,8 @@ Grid = tuple[int, int, int]  # an image's or video's (temporal patches, rows, co
 @dataclass(frozen=True)
 class VisionConfig:
     """The vision tower (models/vision.py): Qwen3-VL's, or the Qwen2-VL tower it grew from
-    (`generation` "qwen2_vl": no position table, no DeepStack, its modules' own names)."""
+    (`generation` "qwen2_vl": no position table, no DeepStack, its modules' own names), or
+    Qwen2.5-VL's ("qwen2_5_vl": Qwen2-VL's with RMSNorms, a gated MLP and windows)."""
 
     depth: int
     hidden_size: int
@@ -105,15 +107,31 @@ class VisionConfig:
     deepstack_visual_indexes: tuple[int, ...]
     hidden_act: str
     rope_theta: float = 10000.0
-    generation: str = "qwen3_vl"  # | "qwen2_vl"
+    generation: str = "qwen3_vl"  # | "qwen2_vl" | "qwen2_5_vl"
+    window_size: int = 0  # Qwen2.5-VL: attention windows of this many pixels a side
+    fullatt_block_indexes: tuple[int, ...] = ()  # the blocks that attend to whole frames
 
     @classmethod
     def from_hf(cls, hf: dict) -> VisionConfig:
         rope = hf.get("rope_parameters") or {}
-        if "window_size" in hf or "fullatt_block_indexes" in hf:
-            raise UnsupportedModelError(
-                "Qwen2.5-VL's vision tower (windowed attention, window_size "
-                f"{hf.get('window_size')}) is not implemented; Qwen2-VL's and Qwen3-VL's are"
+        if hf.get("window_size") and hf.get("fullatt_block_indexes"):  # Qwen2.5-VL's windows
+            return cls(
+                depth=hf["depth"],
+                hidden_size=hf["hidden_size"],
+                num_heads=hf["num_heads"],
+                intermediate_size=hf["intermediate_size"],
+                out_hidden_size=hf["out_hidden_size"],
+                patch_size=hf["patch_size"],
+                temporal_patch_size=hf["temporal_patch_size"],
+                spatial_merge_size=hf["spatial_merge_size"],
+                in_channels=hf.get("in_channels", hf.get("in_chans", 3)),
+                num_position_embeddings=0,
+                deepstack_visual_indexes=(),
+                hidden_act=hf.get("hidden_act", "silu"),
+                rope_theta=float(rope.get("rope_theta", 10000.0)),
+                generation="qwen2_5_vl",
+                window_size=hf["window_size"],
+                fullatt_block_indexes=tuple(hf["fullatt_block_indexes"]),
             )
         if "embed_dim" in hf:  # Qwen2-VL: hidden_size is the text model's, the MLP a ratio
             return cls(
@@ -162,6 +180,11 @@ class VisionConfig:
         """Patches per text token."""
         return self.spatial_merge_size**2
 
+    @property
+    def window_units(self) -> int:
+        """Merge blocks per side of an attention window (Qwen2.5-VL)."""
+        return self.window_size // self.patch_size // self.spatial_merge_size
+
 
 @dataclass(frozen=True)
 class MediaConfig:
@@ -196,7 +219,7 @@ class MediaConfig:
 
     @property
     def reads_video(self) -> bool:
-        """Qwen2-VL numbers a video's frames on the time axis its own way: not reproduced."""
+        """Qwen2(.5)-VL numbers a video's frames on the time axis its own way: not reproduced."""
         return self.vision.generation == "qwen3_vl"
 
 

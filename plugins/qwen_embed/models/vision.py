@@ -1,7 +1,8 @@
 """Qwen3-VL's vision tower: image and video patches -> the text model's visual tokens, and the
 DeepStack features its first layers add at those tokens. Qwen2-VL's tower (VisionConfig.
 generation "qwen2_vl") is the same without the position table and DeepStack, under its own
-module names.
+module names; Qwen2.5-VL's ("qwen2_5_vl") has RMSNorms, a gated MLP, and attends within
+windows in most blocks (below).
 
 Images are segments like texts: the patches of every image (and of every frame of a video) of
 a batch travel as one flat stream, each frame attends to its own patches only (bidirectional,
@@ -15,6 +16,12 @@ bilinearly to (h, w) with aligned corners; 2-D rotary on every block's attention
 half of the rotated dimensions turn with the patch's row, the second with its column); after
 the blocks named by `deepstack_visual_indexes`, a merger of their own gives the DeepStack
 features.
+
+Qwen2.5-VL's windows: each frame's merge blocks are cut into squares of `window_size` pixels
+(the last row and column of squares partial), the patches reordered window by window before
+the blocks (rotary tables alike), each window attending to itself except in the blocks named
+by `fullatt_block_indexes`, which attend to the whole frame; the merged tokens are put back in
+the processor's order.
 """
 
 from __future__ import annotations
@@ -39,11 +46,31 @@ _ACTIVATIONS = {  # config.hidden_act -> the activation of (the route's row ops,
     "silu": lambda ops, x: F.silu(x),
     "quick_gelu": lambda ops, x: x * torch.sigmoid(1.702 * x),
 }
-# The checkpoint's names of (a block's MLP layers, the merger's norm and layers) per generation
+# The checkpoint's names of (a block's MLP layers: in, out, or gate, up, down; the merger's
+# norm and layers) per generation
 _NAMES = {
     "qwen3_vl": (("linear_fc1", "linear_fc2"), ("norm", "linear_fc1", "linear_fc2")),
     "qwen2_vl": (("fc1", "fc2"), ("ln_q", "mlp.0", "mlp.2")),
+    "qwen2_5_vl": (("gate_proj", "up_proj", "down_proj"), ("ln_q", "mlp.0", "mlp.2")),
 }
+
+
+class RMSNorm(nn.Module):
+    """Qwen2.5-VL's tower norms, on the route's row ops."""
+
+    def __init__(self, size: int, ops: RowOps, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.ops, self.eps = ops, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+def _norm(config: VisionConfig, size: int, ops: RowOps) -> nn.Module:
+    if config.generation == "qwen2_5_vl":
+        return RMSNorm(size, ops)
+    return nn.LayerNorm(size, eps=1e-6)
 
 
 def _named(parent: nn.Module, path: str, module: nn.Module) -> nn.Module:
@@ -68,6 +95,29 @@ def patch_coordinates(grid: Grid, merge: int) -> tuple[np.ndarray, np.ndarray]:
     return rows.transpose(order).reshape(-1), cols.transpose(order).reshape(-1)
 
 
+def window_order(grids: list[Grid], merge: int, window: int) -> tuple[np.ndarray, list[int]]:
+    """Qwen2.5-VL's windows: the merge blocks of every frame, numbered in the processor's order,
+    listed window by window (`window` x `window` blocks, row by row; within a window row by
+    row), and each window's length in patches."""
+    order, sizes, offset = [], [], 0
+    for t, h, w in grids:
+        rows, cols = h // merge, w // merge
+        blocks = offset + np.arange(t * rows * cols).reshape(t, rows, cols)
+        for frame in blocks:
+            for top in range(0, rows, window):
+                for left in range(0, cols, window):
+                    square = frame[top : top + window, left : left + window]
+                    order.append(square.reshape(-1))
+                    sizes.append(square.size * merge * merge)
+        offset += t * rows * cols
+    return np.concatenate(order), sizes
+
+
+def _unit_patches(order: np.ndarray, unit: int) -> np.ndarray:
+    """The patches of merge blocks in `order` (each block's `unit` patches consecutive)."""
+    return (order[:, None] * unit + np.arange(unit)).reshape(-1)
+
+
 def _bilinear_taps(coord: np.ndarray, length: int, side: int):
     """Aligned-corner bilinear taps along one axis: `length` points over `side` table rows."""
     scale = (side - 1) / (length - 1) if length > 1 else 0.0
@@ -87,17 +137,17 @@ def _kernel_as_matrix(param: torch.Tensor, full: torch.Tensor, shard_id=None) ->
 class VisionBlock(nn.Module):
     def __init__(self, config: VisionConfig, attention: AttentionBackend, ops: RowOps):
         super().__init__()
-        hidden = config.hidden_size
-        self.norm1 = nn.LayerNorm(hidden, eps=1e-6)
-        self.norm2 = nn.LayerNorm(hidden, eps=1e-6)
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.norm1 = _norm(config, hidden, ops)
+        self.norm2 = _norm(config, hidden, ops)
         self.attn = nn.Module()
         self.attn.qkv = ReplicatedLinear(hidden, 3 * hidden)
         self.attn.proj = ReplicatedLinear(hidden, hidden)
         self.mlp = nn.Module()
-        fc1, fc2 = _NAMES[config.generation][0]
+        *into, out = _NAMES[config.generation][0]  # (fc1 | gate, up), fc2 | down
         self.fc = [  # a list, not registered twice: the checkpoint names them under mlp.
-            _named(self.mlp, fc1, ReplicatedLinear(hidden, config.intermediate_size)),
-            _named(self.mlp, fc2, ReplicatedLinear(config.intermediate_size, hidden)),
+            *(_named(self.mlp, name, ReplicatedLinear(hidden, inner)) for name in into),
+            _named(self.mlp, out, ReplicatedLinear(inner, hidden)),
         ]
         self.act = _ACTIVATIONS[config.hidden_act]
         self.heads, self.head_dim = config.num_heads, config.head_dim
@@ -113,23 +163,27 @@ class VisionBlock(nn.Module):
         v = v.reshape(len(x), self.heads, self.head_dim)
         attended = self.attention.forward(q, k, v, layout)
         x = x + self.attn.proj(attended.reshape(len(x), -1))
+        return x + self._mlp(self.norm2(x))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.fc) == 3:  # gated
+            gate, up, down = self.fc
+            return down(self.act(self.ops, gate(x)) * up(x))
         fc1, fc2 = self.fc
-        return x + fc2(self.act(self.ops, fc1(self.norm2(x))))
+        return fc2(self.act(self.ops, fc1(x)))
 
 
 class PatchMerger(nn.Module):
     """Each merge block's patches side by side -> one text-model token. The main merger
     normalises each patch first; DeepStack's mergers normalise the block (`after_shuffle`)."""
 
-    def __init__(self, config: VisionConfig, after_shuffle: bool):
+    def __init__(self, config: VisionConfig, after_shuffle: bool, ops: RowOps):
         super().__init__()
         width = config.hidden_size * config.merge_unit
         self.width, self.after_shuffle = width, after_shuffle
         norm, fc1, fc2 = _NAMES[config.generation][1]
         self.layers = [
-            _named(
-                self, norm, nn.LayerNorm(width if after_shuffle else config.hidden_size, eps=1e-6)
-            ),
+            _named(self, norm, _norm(config, width if after_shuffle else config.hidden_size, ops)),
             _named(self, fc1, ReplicatedLinear(width, width)),
             _named(self, fc2, ReplicatedLinear(width, config.out_hidden_size)),
         ]
@@ -160,7 +214,7 @@ class VisionTower(nn.Module):
         self.attention = attention
         self.patch_embed = nn.Module()
         # The checkpoint's Conv3d strides by its kernel: a linear layer over each patch's pixels
-        bias = config.generation == "qwen3_vl"  # Qwen2-VL's patch kernel has none
+        bias = config.generation == "qwen3_vl"  # Qwen2(.5)-VL's patch kernel has none
         self.patch_embed.proj = ReplicatedLinear(config.patch_dim, config.hidden_size, bias)
         self.pos_embed = (
             nn.Embedding(config.num_position_embeddings, config.hidden_size)
@@ -170,9 +224,10 @@ class VisionTower(nn.Module):
         self.blocks = nn.ModuleList(
             VisionBlock(config, attention, ops) for _ in range(config.depth)
         )
-        self.merger = PatchMerger(config, after_shuffle=False)
+        self.merger = PatchMerger(config, after_shuffle=False, ops=ops)
         self.deepstack_merger_list = nn.ModuleList(
-            PatchMerger(config, after_shuffle=True) for _ in config.deepstack_visual_indexes
+            PatchMerger(config, after_shuffle=True, ops=ops)
+            for _ in config.deepstack_visual_indexes
         )
         for param in self.parameters():  # every rank holds the whole tower
             param.requires_grad_(False)
@@ -207,18 +262,33 @@ class VisionTower(nn.Module):
         # [patches, head_dim // 2]: the first half of the frequencies turn with the row
         angles = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], -1)
         cos, sin = angles.cos(), angles.sin()
-        frames = [h * w for t, h, w in grids for _ in range(t)]
-        cu = torch.tensor(np.concatenate([[0], np.cumsum(frames)]), dtype=torch.int32)
-        cu_device = to_device(cu, device)
-        layout = AttentionLayout(tuple(frames), tuple(frames), cu_device, cu_device, cu, cu, None)
-        self.attention.prepare(layout)
+        frames = self._layout([h * w for t, h, w in grids for _ in range(t)])
+        windows = None
+        if config.window_size:  # patches window by window; each block its layout
+            order, sizes = window_order(grids, config.spatial_merge_size, config.window_units)
+            unit = config.merge_unit
+            patches = to_device(torch.from_numpy(_unit_patches(order, unit)), device)
+            x, cos, sin = x[patches], cos[patches], sin[patches]
+            windows = self._layout(sizes)
         features = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, layout)
+            full = windows is None or i in config.fullatt_block_indexes
+            x = block(x, cos, sin, frames if full else windows)
             if i in config.deepstack_visual_indexes:
                 merger = self.deepstack_merger_list[config.deepstack_visual_indexes.index(i)]
                 features.append(merger(x))
-        return self.merger(x), features
+        tokens = self.merger(x)
+        if windows is not None:  # back in the processor's order
+            tokens = tokens[to_device(torch.from_numpy(np.argsort(order)), device)]
+        return tokens, features
+
+    def _layout(self, lengths: list[int]) -> AttentionLayout:
+        """Segments of these lengths attending to themselves, prepared on the backend."""
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        cu_device = to_device(cu, self.blocks[0].norm1.weight.device)
+        layout = AttentionLayout(tuple(lengths), tuple(lengths), cu_device, cu_device, cu, cu, None)
+        self.attention.prepare(layout)
+        return layout
 
     def _coordinates(self, grids: list[Grid]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each patch's row and column (fp32), frame after frame."""
