@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-pages perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -106,6 +106,14 @@ perf-images: setup
 		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_images-$$tag \
 	&& $(PY) perf/bench_engine.py --videos 8 --batch-size 4 \
 		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_videos-$$tag
+
+# Document pages through ColQwen2 over Qwen2-VL and Qwen2.5-VL (replicas of the real widths,
+# 4 layers and 4 blocks, built on first use) vs the training recipe with transformers.
+perf-pages: setup
+	tag=$(CPU_TAG) && for vlm in qwen2_vl qwen2_5_vl; do \
+		$(PY) perf/bench_pages.py --vlm $$vlm --dtype bfloat16 \
+			--out perf/results/pages-$$vlm-$$tag || exit 1; \
+	done
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)

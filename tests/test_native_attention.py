@@ -11,6 +11,7 @@ from qwen_embed import Encoder, native
 from qwen_embed.attention import AttentionSpec, choose_backend, create_backend
 from qwen_embed.attention.native_cpu import native_problem
 from qwen_embed.cpu import CpuFeatures
+from qwen_embed.segments import AttentionLayout
 
 from reference import cosine, random_sequences, reference_embeddings
 
@@ -121,6 +122,23 @@ def test_a_segment_gets_the_same_numbers_in_any_batch(isa, dtype):
         assert torch.equal(suffix, together[q0 + n - tail : q0 + n])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("d", "layout"), [(80, "bidirectional"), (48, "causal")])
+def test_a_head_size_without_kernels_runs_padded(isa, dtype, d, layout):
+    """The backend runs head sizes between the kernels' (Qwen2-VL's tower: 80) on the next
+    size's, padded with zeros: the math path's numbers at the true size's scale."""
+    q_lens, k_lens, causal = LAYOUTS[layout]
+    q, k, v, cu_q, cu_k = _inputs(q_lens, k_lens, 4, 2, d, dtype, seed=4)
+    spec = AttentionSpec(4, 2, d, causal, torch.device("cpu"), dtype)
+    backend = create_backend("native", spec)
+    layout = AttentionLayout(tuple(q_lens), tuple(k_lens), cu_q, cu_k, cu_q, cu_k, None)
+    backend.prepare(layout)
+    out = backend.forward(q, k, v, layout)
+    assert out.shape == q.shape and out.dtype == dtype
+    err = (out.double() - reference(q, k, v, cu_q, cu_k, causal)).abs().max().item()
+    assert err <= TOLERANCE[dtype]
+
+
 def test_bad_layouts_are_refused():
     q, k, v, cu, _ = _inputs([4, 4], [4, 4], 2, 1, 64, torch.float32)
     with pytest.raises(RuntimeError, match="run from 0 to the number of query/key rows"):
@@ -158,7 +176,8 @@ def test_auto_chooses_native_on_cpu_where_it_runs(monkeypatch):
     monkeypatch.setitem(native._state, "isa", "generic")
     name, reason = choose_backend("cpu", 128)
     assert name == "torch" and "generic kernels are not measured faster" in reason
-    assert native_problem("cpu", "float16", 128) and native_problem("cpu", "bfloat16", 96)
+    assert native_problem("cpu", "float16", 128) and native_problem("cpu", "bfloat16", 320)
+    assert native_problem("cpu", "bfloat16", 80) is None  # on the 128 kernels, padded
     assert native_problem("cuda", "bfloat16", 128)
     assert native_problem("cpu", "bfloat16", 128) is None
 
