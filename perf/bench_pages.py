@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,8 @@ import torch
 from harness import RESULTS, cpu_tag, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder
+
+from bench_engine import left_padded, timed
 
 # (text model, vision tower) at the published widths; 4 layers and 4 blocks
 SHAPES = {
@@ -96,8 +97,6 @@ def pages(n: int, seed: int, tokenizer, media) -> list:
 
 def transformers_pages(model, texts: list, batch_size: int) -> list[np.ndarray]:
     """The recipe on left-padded batches: each page's token vectors, padding dropped."""
-    from bench_engine import left_padded
-
     config, out = model.config.vlm_config, []
     with torch.inference_mode():
         for i in range(0, len(texts), batch_size):
@@ -113,15 +112,6 @@ def transformers_pages(model, texts: list, batch_size: int) -> list[np.ndarray]:
             vectors = torch.nn.functional.normalize(model.embedding_proj_layer(hidden), dim=-1)
             out += [v[m.bool()].float().numpy() for v, m in zip(vectors, mask, strict=True)]
     return out
-
-
-def timed(fn, reps: int):
-    best, result = float("inf"), None
-    for _ in range(reps):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def main() -> None:

@@ -394,6 +394,23 @@ QWEN3_VL_TOKENS = {
 }
 
 
+def _vision_tokens(vocab_size: int) -> dict[str, int]:
+    """The vision tokens' ids: the real vocabulary's, or below its size a tiny vocabulary's
+    last ids."""
+    tokens = dict(QWEN3_VL_TOKENS)
+    if vocab_size <= max(tokens.values()):
+        tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
+    return tokens
+
+
+def _near_one_norms(model: torch.nn.Module) -> None:
+    """Every norm's scale near 1 (the towers' norm1, norm2, ln_q too), the rest N(0, 0.1)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = ("norm" in name or "ln_q" in name) and name.endswith("weight")
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
+
+
 def qwen3_vl(
     directory: Path,
     *,
@@ -415,9 +432,7 @@ def qwen3_vl(
 
     if files:
         vocab_size = 151936
-    tokens = dict(QWEN3_VL_TOKENS)
-    if vocab_size <= max(tokens.values()):
-        tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
+    tokens = _vision_tokens(vocab_size)
     text = dict(
         TINY,
         vocab_size=vocab_size,
@@ -444,10 +459,7 @@ def qwen3_vl(
     )
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():  # every norm's scale near 1 (the vision tower's are norm1, norm2)
-        for name, p in model.named_parameters():
-            scale = "norm" in name and name.endswith("weight")
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
+    _near_one_norms(model)
     model.save_pretrained(directory)
     if files:
         write_tokenizer(Path(directory), append_eos=False)  # as Qwen3-VL's: no <|endoftext|>
@@ -522,9 +534,7 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) 
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2VLConfig
 
     vocab_size = 151936 if files else 1000
-    tokens = dict(QWEN3_VL_TOKENS)
-    if vocab_size <= max(tokens.values()):
-        tokens = {name: vocab_size - 10 + i for i, name in enumerate(tokens)}
+    tokens = _vision_tokens(vocab_size)
     text = dict(
         TINY,
         hidden_size=128,
@@ -548,10 +558,7 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) 
     config = ColQwen2Config(vlm_config=config.to_dict(), embedding_dim=COLQWEN2_WIDTH)
     torch.manual_seed(seed)
     model = ColQwen2ForRetrieval(config).eval()
-    with torch.no_grad():  # every norm's scale near 1 (LayerNorm's bias near 0)
-        for name, p in model.named_parameters():
-            scale = ("norm" in name or "ln_q" in name) and name.endswith("weight")
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
+    _near_one_norms(model)
     model.save_pretrained(directory)
     if files:
         write_tokenizer(Path(directory), append_eos=False)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_colqwen3 import assert_served_tokens, large_page, serving
+from test_colqwen3 import assert_gpu_tokens, assert_served_tokens, large_page, serving
 from test_qwen3_vl import BF16_COSINE, FP32_COSINE, Texts, image_files, visual_inputs
 from transformers import ColQwen2ForRetrieval, ColQwen2Processor
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
@@ -181,13 +181,7 @@ def test_token_vectors_match_the_recipe(replica, recipe, dtype):
 def test_token_vectors_on_a_gpu_match_the_recipe(replica, recipe):
     """bf16 on the GPU (a text alone through the CUDA graphs, the others through the tower)
     against the recipe in fp32 on the CPU."""
-    texts = cases(ModelConfig.from_dir(replica).media)
-    want = [recipe.tokens(t.ids, visual_inputs(t)) for t in texts.values()]
-    with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
-        got = enc.embed_tokens(list(texts.values()))
-        got[0] = enc.embed_tokens([texts["text alone"].ids])[0]
-    for vectors, expected in zip(got, want, strict=True):
-        assert cosine(vectors, expected).min() >= BF16_COSINE
+    assert_gpu_tokens(replica, recipe, cases(ModelConfig.from_dir(replica).media))
 
 
 def test_the_processor_forms(tmp_path):

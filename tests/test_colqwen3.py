@@ -131,11 +131,16 @@ def test_token_vectors_match_the_recipe(replica, recipe, dtype):
 def test_token_vectors_on_a_gpu_match_the_recipe(replica, recipe):
     """bf16 on the GPU (a text alone through the CUDA graphs, the others through the tower)
     against the recipe in fp32 on the CPU."""
-    texts = cases(ModelConfig.from_dir(replica).media)
+    assert_gpu_tokens(replica, recipe, cases(ModelConfig.from_dir(replica).media))
+
+
+def assert_gpu_tokens(replica, recipe, texts: dict) -> None:
+    """bf16 token vectors on the GPU (`texts`' "text alone" also through the CUDA graphs)
+    against `recipe.tokens` in fp32 on the CPU."""
     want = [recipe.tokens(t.ids, visual_inputs(t)) for t in texts.values()]
     with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
         got = enc.embed_tokens(list(texts.values()))
-        got[0] = enc.embed_tokens([texts["text alone"].ids])[0]
+        got[list(texts).index("text alone")] = enc.embed_tokens([texts["text alone"].ids])[0]
     for vectors, expected in zip(got, want, strict=True):
         assert cosine(vectors, expected).min() >= BF16_COSINE
 

@@ -177,6 +177,7 @@ def test_auto_chooses_native_on_cpu_where_it_runs(monkeypatch):
     name, reason = choose_backend("cpu", 128)
     assert name == "torch" and "generic kernels are not measured faster" in reason
     assert native_problem("cpu", "float16", 128) and native_problem("cpu", "bfloat16", 320)
+    assert native_problem("cpu", "bfloat16", 8)  # below the kernels' sizes: torch's
     assert native_problem("cpu", "bfloat16", 80) is None  # on the 128 kernels, padded
     assert native_problem("cuda", "bfloat16", 128)
     assert native_problem("cpu", "bfloat16", 128) is None

@@ -103,9 +103,9 @@ class VisionConfig:
     temporal_patch_size: int
     spatial_merge_size: int
     in_channels: int
-    num_position_embeddings: int  # 0: no learned position table (Qwen2-VL)
-    deepstack_visual_indexes: tuple[int, ...]
     hidden_act: str
+    num_position_embeddings: int = 0  # 0: no learned position table (Qwen2(.5)-VL)
+    deepstack_visual_indexes: tuple[int, ...] = ()
     rope_theta: float = 10000.0
     generation: str = "qwen3_vl"  # | "qwen2_vl" | "qwen2_5_vl"
     window_size: int = 0  # Qwen2.5-VL: attention windows of this many pixels a side
@@ -114,56 +114,40 @@ class VisionConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> VisionConfig:
         rope = hf.get("rope_parameters") or {}
+        common = dict(
+            depth=hf["depth"],
+            num_heads=hf["num_heads"],
+            patch_size=hf["patch_size"],
+            temporal_patch_size=hf["temporal_patch_size"],
+            spatial_merge_size=hf["spatial_merge_size"],
+            in_channels=hf.get("in_channels", hf.get("in_chans", 3)),
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+        )
+        if "embed_dim" in hf:  # Qwen2-VL: hidden_size is the text model's, the MLP a ratio
+            return cls(
+                **common,
+                hidden_size=hf["embed_dim"],
+                intermediate_size=int(hf["embed_dim"] * hf.get("mlp_ratio", 4)),
+                out_hidden_size=hf["hidden_size"],
+                hidden_act=hf.get("hidden_act", "quick_gelu"),
+                generation="qwen2_vl",
+            )
+        sizes = {k: hf[k] for k in ("hidden_size", "intermediate_size", "out_hidden_size")}
         if hf.get("window_size") and hf.get("fullatt_block_indexes"):  # Qwen2.5-VL's windows
             return cls(
-                depth=hf["depth"],
-                hidden_size=hf["hidden_size"],
-                num_heads=hf["num_heads"],
-                intermediate_size=hf["intermediate_size"],
-                out_hidden_size=hf["out_hidden_size"],
-                patch_size=hf["patch_size"],
-                temporal_patch_size=hf["temporal_patch_size"],
-                spatial_merge_size=hf["spatial_merge_size"],
-                in_channels=hf.get("in_channels", hf.get("in_chans", 3)),
-                num_position_embeddings=0,
-                deepstack_visual_indexes=(),
+                **common,
+                **sizes,
                 hidden_act=hf.get("hidden_act", "silu"),
-                rope_theta=float(rope.get("rope_theta", 10000.0)),
                 generation="qwen2_5_vl",
                 window_size=hf["window_size"],
                 fullatt_block_indexes=tuple(hf["fullatt_block_indexes"]),
             )
-        if "embed_dim" in hf:  # Qwen2-VL: hidden_size is the text model's, the MLP a ratio
-            return cls(
-                depth=hf["depth"],
-                hidden_size=hf["embed_dim"],
-                num_heads=hf["num_heads"],
-                intermediate_size=int(hf["embed_dim"] * hf.get("mlp_ratio", 4)),
-                out_hidden_size=hf["hidden_size"],
-                patch_size=hf["patch_size"],
-                temporal_patch_size=hf["temporal_patch_size"],
-                spatial_merge_size=hf["spatial_merge_size"],
-                in_channels=hf.get("in_channels", hf.get("in_chans", 3)),
-                num_position_embeddings=0,
-                deepstack_visual_indexes=(),
-                hidden_act=hf.get("hidden_act", "quick_gelu"),
-                rope_theta=float(rope.get("rope_theta", 10000.0)),
-                generation="qwen2_vl",
-            )
         return cls(
-            depth=hf["depth"],
-            hidden_size=hf["hidden_size"],
-            num_heads=hf["num_heads"],
-            intermediate_size=hf["intermediate_size"],
-            out_hidden_size=hf["out_hidden_size"],
-            patch_size=hf["patch_size"],
-            temporal_patch_size=hf["temporal_patch_size"],
-            spatial_merge_size=hf["spatial_merge_size"],
-            in_channels=hf.get("in_channels", 3),
+            **common,
+            **sizes,
             num_position_embeddings=hf["num_position_embeddings"],
             deepstack_visual_indexes=tuple(hf.get("deepstack_visual_indexes") or ()),
             hidden_act=hf.get("hidden_act", "gelu_pytorch_tanh"),
-            rope_theta=float(rope.get("rope_theta", 10000.0)),
         )
 
     @property

@@ -17,7 +17,10 @@ HEAD_DIMS = (32, 64, 128, 256)
 
 
 def kernel_head_dim(head_dim: int) -> int | None:
-    """The head size whose kernels run `head_dim` (itself, or the next, padded); None: none."""
+    """The head size whose kernels run `head_dim` (itself, or the next, padded: a size
+    between the kernels' sizes); None: none."""
+    if head_dim < HEAD_DIMS[0]:
+        return None
     return next((d for d in HEAD_DIMS if d >= head_dim), None)
 
 
@@ -33,7 +36,7 @@ def native_problem(device_type: str, dtype: str, head_dim: int, auto: bool = Fal
     if dtype not in native.DTYPE_NAMES:
         return f"the native operator takes float32 or bfloat16, not {dtype}"
     if kernel_head_dim(head_dim) is None:
-        return f"the native operator has no kernels for head size {head_dim} (at most 256)"
+        return f"the native operator has no kernels for head size {head_dim} (32 to 256)"
     if native.isa() is None:
         return "the native kernels are not built (make setup builds them with a C++ compiler)"
     if auto and native.isa() not in AUTO_ISAS:
