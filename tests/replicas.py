@@ -568,13 +568,14 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) 
 
 def colqwen2_5(directory: Path, *, seed: int = 12, files: bool = False) -> Path:
     """A ColQwen2ForRetrieval over Qwen2.5-VL (colqwen2.5 in transformers' format): replicas.
-    colqwen2's shape with Qwen2.5-VL's tower: RMSNorms, a gated MLP of 96, attention windows
-    of 16 pixels (2 x 2 merge blocks) in every block but the second."""
+    colqwen2's shape with Qwen2.5-VL's tower: one head of 80 (the published size, which the
+    native CPU attention runs padded), RMSNorms, a gated MLP of 96, attention windows of 16
+    pixels (2 x 2 merge blocks) in every block but the second."""
     from transformers import Qwen2_5_VLConfig
 
     vision = dict(
         depth=2,
-        hidden_size=64,
+        hidden_size=80,
         intermediate_size=96,
         out_hidden_size=128,
         num_heads=1,

@@ -260,7 +260,7 @@ def test_what_it_cannot_answer_is_refused_for_that_request(served):
     with EmbeddingClient(server.grpc_url) as client:
         with pytest.raises(EmbeddingError, match="multi-vector retriever.*'per_token'"):
             client.embed(["a query"])
-        with pytest.raises(EmbeddingError, match="pages are an image alone"):
+        with pytest.raises(EmbeddingError, match=r"input 'TEXT\[0\]' holds text beside its"):
             client.embed_tokens(["a caption"], images=[[files["png"]]])
         with pytest.raises(EmbeddingError, match="input 'VIDEOS' holds videos.*texts and images"):
             client.embed_tokens(["a clip"], videos=[[[files["png"], files["png"]]]])

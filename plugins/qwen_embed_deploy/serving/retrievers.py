@@ -100,8 +100,8 @@ class ColPaliTemplate:
             return self.query_prefix, text, self.augmentation + self.query_end
         if text and not self.page_text:
             raise RequestError(
-                "this model's pages are an image alone (its processor writes no text with "
-                "them): send the text as an input of its own"
+                "holds text beside its image, and this model's pages are an image alone (its "
+                "processor writes no text with them): send the text as an input of its own"
             )
         before = self.image_prefix.replace(_IMAGE, visual, 1) + (" " if text else "")
         return before, text, self.image_suffix

@@ -486,7 +486,12 @@ class TextTokenizer:
         extra, limit = len(self._head) + len(self._tail), self._limit(opts)
         out, counts = [], []
         for i, (text, visual) in enumerate(zip(texts, visuals, strict=True)):
-            before, text, after = self.chat.parts(instruction, visual, fields[i] == "VIDEOS", text)
+            try:
+                before, text, after = self.chat.parts(
+                    instruction, visual, fields[i] == "VIDEOS", text
+                )
+            except RequestError as e:  # what the template refuses of this text
+                raise RequestError(f"input 'TEXT[{i}]' {e}") from None
             before += opts.prompt or ""
             ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
             count = len(ids) + extra
