@@ -111,8 +111,9 @@ perf-images: setup
 # 4 layers and 4 blocks, built on first use) vs the training recipe with transformers.
 perf-pages: setup
 	tag=$(CPU_TAG) && for vlm in qwen2_vl qwen2_5_vl; do \
-		$(PY) perf/bench_pages.py --vlm $$vlm --dtype bfloat16 \
-			--out perf/results/pages-$$vlm-$$tag || exit 1; \
+		$(PY) perf/bench_engine.py --pages 24 --vlm $$vlm --batch-size 8 --dtype bfloat16 \
+			--model-dir .cache/bench-colqwen2-$$vlm --out perf/results/pages-$$vlm-$$tag \
+			|| exit 1; \
 	done
 
 perf-serving: setup

@@ -6,7 +6,9 @@ Workloads (seeded, `--workloads`): "mixed" = 80% texts of 16-64 tokens and 20% o
 random order; "uniform" = every text the same length; "short" = queries of 8-40 tokens; "long" =
 texts of 2,048-4,096 tokens. `--images N` (`--videos N`): inputs with an image (a video of 8
 kept frames) each, Qwen3-VL, through `Encoder.embed_media` and transformers' Qwen3VLModel
-(images or videos/s and tokens/s). Token ids are
+(images or videos/s and tokens/s). `--pages N --vlm qwen2_vl|qwen2_5_vl`: document pages
+through a ColQwen2 retriever (`Encoder.embed_tokens`, a vector per token) against its training
+recipe with transformers (pages/s and tokens/s). Token ids are
 drawn uniformly from the BPE vocabulary and end with <|endoftext|>, like the tokenizer's output
 (compute does not depend on which ids). transformers runs Qwen3Model/Qwen2Model with SDPA
 attention on left-padded batches of 32 in input order and takes the last position
@@ -377,6 +379,155 @@ def images_main(args) -> None:
     encoder.close()
 
 
+# --pages: ColQwen2ForRetrieval replicas at the published widths of colqwen2-v1.0 (Qwen2-VL-2B)
+# and colqwen2.5 (Qwen2.5-VL-3B): (text model, vision tower), 4 layers and 4 blocks
+PAGE_VLMS = {
+    "qwen2_vl": (
+        dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12),
+        dict(embed_dim=1280, mlp_ratio=4, num_heads=16, hidden_size=1536),
+    ),
+    "qwen2_5_vl": (
+        dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16),
+        dict(
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            window_size=112,
+            fullatt_block_indexes=[3],
+        ),
+    ),
+}
+PAGE_SIZES = [(612, 792), (595, 842), (800, 600), (1024, 1024)]  # letter, A4, slide, square
+PAGE_TOKENS = 768  # colpali-engine's max_num_visual_tokens for ColQwen2
+PAGE_PROMPT = "<|im_start|>user\n<|vision_start|>{}<|vision_end|>Describe the image.<|im_end|>"
+
+
+def colqwen2_replica(path: Path, vlm: str) -> Path:
+    """The ColQwen2 replica over `vlm` (PAGE_VLMS) at `path` with Qwen's tokenizer, built
+    (bf16) unless present."""
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig, Qwen2VLConfig
+
+    from qwen_embed_deploy.demo import write_tokenizer
+
+    if (path / "config.json").is_file():
+        return path
+    text, vision = PAGE_VLMS[vlm]
+    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
+    text = dict(text, num_hidden_layers=4, num_key_value_heads=2, rope_parameters=rope)
+    vision = dict(vision, depth=4, patch_size=14, temporal_patch_size=2, spatial_merge_size=2)
+    vlm_class = Qwen2VLConfig if vlm == "qwen2_vl" else Qwen2_5_VLConfig
+    tokens = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652)
+    config = vlm_class(text_config=dict(text, vocab_size=151936), vision_config=vision, **tokens)
+    torch.manual_seed(0)
+    model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=config.to_dict()))
+    model.to(torch.bfloat16).save_pretrained(path)
+    write_tokenizer(path, append_eos=False)
+    return path
+
+
+def page_workload(n: int, seed: int, model_dir: Path) -> list:
+    """n pages: random pixels of PAGE_SIZES in turn, resized and patched as the server does
+    for ColQwen2 (within PAGE_TOKENS tokens), each in the processor's page prompt."""
+    from PIL import Image
+    from tokenizers import Tokenizer
+
+    from qwen_embed.media import MediaText, Visual
+    from qwen_embed_deploy.serving.images import ImageSettings, patchify, resized
+
+    settings = ImageSettings(
+        patch_size=14,
+        min_pixels=4 * 28 * 28,
+        max_pixels=PAGE_TOKENS * 28 * 28,
+        mean=(0.48145466, 0.4578275, 0.40821073),
+        std=(0.26862954, 0.26130258, 0.27577711),
+    )
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    rng = np.random.default_rng(seed)
+    texts = []
+    for i in range(n):
+        w, h = PAGE_SIZES[i % len(PAGE_SIZES)]
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        pixels, grid = patchify(resized(image, settings), settings)
+        pads = "<|image_pad|>" * (grid[1] * grid[2] // 4)
+        ids = tokenizer.encode(PAGE_PROMPT.format(pads) + "<|endoftext|>").ids
+        texts.append(MediaText(np.array(ids), (Visual(pixels, grid),)))
+    return texts
+
+
+def transformers_pages(model, texts: list, batch_size: int) -> list[np.ndarray]:
+    """ColQwen2's training recipe on left-padded batches (the VLM given the ids and image
+    grids, then the projection, normalised): each page's token vectors, padding dropped."""
+    config, out = model.config.vlm_config, []
+    with torch.inference_mode():
+        for i in range(0, len(texts), batch_size):
+            chunk = texts[i : i + batch_size]
+            ids, mask = left_padded([t.ids for t in chunk])
+            hidden = model.vlm(
+                input_ids=ids,
+                attention_mask=mask,
+                mm_token_type_ids=(ids == config.image_token_id).int(),
+                pixel_values=torch.from_numpy(np.concatenate([t.visuals[0].pixels for t in chunk])),
+                image_grid_thw=torch.tensor([t.visuals[0].grid for t in chunk]),
+            ).last_hidden_state
+            vectors = F.normalize(model.embedding_proj_layer(hidden), dim=-1)
+            out += [v[m.bool()].float().numpy() for v, m in zip(vectors, mask, strict=True)]
+    return out
+
+
+def pages_main(args) -> None:
+    """--pages: document pages through a ColQwen2 replica, Encoder.embed_tokens vs the recipe."""
+    from transformers import ColQwen2ForRetrieval
+
+    model_dir = colqwen2_replica(Path(args.model_dir), args.vlm)
+    encoder = Encoder.from_pretrained(model_dir, dtype=args.dtype)
+    reference = ColQwen2ForRetrieval.from_pretrained(
+        model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+    ).eval()
+    texts = page_workload(args.pages, args.seed, model_dir)
+    tokens = sum(len(t.ids) for t in texts)
+    encoder.embed_tokens(texts[:2])  # warm-up
+    engine_s, ours = timed(lambda: encoder.embed_tokens(texts), args.reps)
+    hf_s, theirs = timed(lambda: transformers_pages(reference, texts, args.batch_size), 1)
+    row = {
+        "pages": len(texts),
+        "tokens": tokens,
+        "engine_pages_per_s": len(texts) / engine_s,
+        "engine_tokens_per_s": tokens / engine_s,
+        "transformers_pages_per_s": len(texts) / hf_s,
+        "ratio": hf_s / engine_s,
+        "min_cosine": float(min((a * b).sum(1).min() for a, b in zip(ours, theirs, strict=True))),
+    }
+    print(json.dumps(row), flush=True)
+    record = new_record(dtype=args.dtype, model=str(model_dir), vlm=args.vlm, results=[row])
+    text, vision = PAGE_VLMS[args.vlm]
+    windows = ", attention windows of 112 pixels, block 3 whole" if args.vlm == "qwen2_5_vl" else ""
+    notes = [
+        f"model: ColQwen2ForRetrieval over {args.vlm} (random weights): text 4 layers hidden "
+        f"{text['hidden_size']}, vision 4 blocks of {vision.get('embed_dim', 1280)}{windows}; "
+        f"dtype {args.dtype}",
+        f"pages: {PAGE_SIZES} pixels in turn (random), within {PAGE_TOKENS} tokens, in the "
+        "processor's page prompt; transformers: the VLM with ids and image grids, SDPA, "
+        f"left-padded batches of {args.batch_size}, one run; engine: embed_tokens on the whole "
+        f"list, best of {args.reps}",
+        f"route: {encoder.route.describe()}",
+    ]
+    header = ["pages", "tokens", "engine pages/s", "engine tok/s", "transformers pages/s"]
+    header += ["engine / transformers", "min cosine"]
+    cells = [
+        row["pages"],
+        row["tokens"],
+        f"{row['engine_pages_per_s']:.2f}",
+        f"{row['engine_tokens_per_s']:.0f}",
+        f"{row['transformers_pages_per_s']:.2f}",
+        f"{row['ratio']:.2f}x",
+        f"{row['min_cosine']:.5f}",
+    ]
+    table = markdown_table(header, [cells])
+    write_report(args.out, record, "ColQwen2 pages: engine vs transformers", notes, table)
+    encoder.close()
+
+
 def timed(fn, reps: int) -> tuple[float, np.ndarray]:
     best, result = float("inf"), None
     for _ in range(reps):
@@ -423,9 +574,19 @@ def main() -> None:
         choices=sorted(VL_SHAPES),
         help="the replica --images and --videos build: small, or Qwen3-VL-Embedding-2B's",
     )
+    p.add_argument(
+        "--pages",
+        type=int,
+        help="N document pages through a ColQwen2 replica over --vlm (built at --model-dir if "
+        "missing) instead of the text workloads",
+    )
+    p.add_argument("--vlm", default="qwen2_5_vl", choices=sorted(PAGE_VLMS))
     args = p.parse_args()
     if args.images or args.videos:
         images_main(args)
+        return
+    if args.pages:
+        pages_main(args)
         return
 
     dtype = getattr(torch, args.dtype)

@@ -29,6 +29,7 @@ VARIANT_OPTIONS = (
     "--cuda-graph-tokens",
     "--images",
     "--videos",
+    "--pages",
     "--vlm",
 )
 VARIANT_FLAGS = ("--listwise",)  # the same, without a value

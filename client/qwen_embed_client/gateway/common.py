@@ -182,6 +182,17 @@ async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:
     return vectors
 
 
+def multi_vector_data(vectors: list, encode) -> tuple[list[dict], int]:
+    """Jina's per-token answer (its /v1/multi-vector, its v4 API's `return_multivector`): one
+    {"object": "embeddings", index, embeddings: [`encode`d vector per token]} per input, and
+    the tokens they hold."""
+    data = [
+        {"object": "embeddings", "index": i, "embeddings": [encode(t) for t in tokens]}
+        for i, tokens in enumerate(vectors)
+    ]
+    return data, sum(len(v) for v in vectors)
+
+
 async def late_interaction_prompts(gw, asked: dict) -> tuple[dict, dict]:
     """(the queries', the documents') prompt options where the embed model's token vectors
     score queries against documents (/v1/score, a ranking): the request's prompt for the

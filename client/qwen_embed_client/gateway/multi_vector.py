@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
 from .bodies import Body, Text, batch, described
-from .common import Encoding, check_model, embed_tokens
+from .common import Encoding, check_model, embed_tokens, multi_vector_data
 from .errors import STATUS, APIError, json_body, options_checked
 from .openai import Document
 from .state import gateway, respond
@@ -63,11 +63,7 @@ async def multi_vector(request: Request):
     prompt = {"prompt_name": asked.input_type} if asked.input_type in names else {}
     options = options_checked(normalize=True, **asked.given("dimensions"), **prompt)
     vectors = await embed_tokens(gw, asked.input, options, "input")
-    encode = Encoding(asked.embedding_type)
-    data = [
-        {"object": "embeddings", "index": i, "embeddings": [encode(t) for t in tokens]}
-        for i, tokens in enumerate(vectors)
-    ]
-    usage = {"total_tokens": sum(len(v) for v in vectors)}
+    data, tokens = multi_vector_data(vectors, Encoding(asked.embedding_type))
+    usage = {"total_tokens": tokens}
     body = {"model": asked.model or gw.model_name, "object": "list", "usage": usage, "data": data}
     return await respond(gw, body)

@@ -63,6 +63,7 @@ from .common import (
     embed_tokens,
     late_interaction_prompts,
     model_adapters,
+    multi_vector_data,
     prompt_options,
     raw_scores,
     served_names,
@@ -800,12 +801,8 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
         return _embeddings_body(data, options.get("adapter", gw.model_name), tokens)
     if request.return_multivector:  # Jina's: each input's vectors, one per token
         vectors = await embed_tokens(gw, inputs, options, "input")
-        data = [
-            {"object": "embeddings", "index": i, "embeddings": [encoding(t) for t in tokens]}
-            for i, tokens in enumerate(vectors)
-        ]
-        total = sum(len(v) for v in vectors)
-        return _embeddings_body(data, options.get("adapter", gw.model_name), total)
+        data, tokens = multi_vector_data(vectors, encoding)
+        return _embeddings_body(data, options.get("adapter", gw.model_name), tokens)
     images = videos = None
     if has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
