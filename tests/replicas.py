@@ -588,6 +588,141 @@ def colqwen2_5(directory: Path, *, seed: int = 12, files: bool = False) -> Path:
     return colqwen2(directory, seed=seed, files=files, vlm=(Qwen2_5_VLConfig, vision))
 
 
+JINA_V4_TASKS = ("retrieval", "text-matching", "code")
+JINA_V4_WIDTH = 16  # jina-embeddings-v4's multi-vector projector is 128 wide
+# its adapter_config.json's targets: the text model's and (the modules' names holding `model`
+# in transformers' layout since 4.52) the tower's MLPs, and the projector
+JINA_V4_TARGETS = (
+    "(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|"
+    ".*(single_vector_projector|multi_vector_projector).*$)"
+)
+
+
+def jina_embeddings_v4(
+    directory: Path, *, seed: int = 13, files: bool = False, rank: int = 4
+) -> Path:
+    """jina-embeddings-v4's layout: a Qwen2.5-VL (replicas.colqwen2_5's shape: windows, a head
+    of 80 in the tower), config.json flat as transformers 4.x saved Qwen2.5-VL (the text
+    model's fields at the top, `vision_config` inside, `rope_scaling` of type mrope) with its
+    architecture JinaEmbeddingsV4Model, remote code and `task_names`; tensors in Qwen2.5-VL's
+    first layout (`model.` the text model, `visual.` the tower: its from_pretrained maps them),
+    bf16, and its top-level `multi_vector_projector` (weight and bias, hidden -> 128); one LoRA
+    adapter under adapters/ holding every task's pairs (its MultiAdapterLinear's
+    `lora_A.{task}.weight`, keyed as peft saves them from the model's tree: `model.
+    language_model.`, `model.visual.`), on the text model's linear layers, the tower's MLPs
+    and the projector. `files`: Qwen's tokenizer and preprocessor_config.json (a budget of 4
+    to 60 text-model tokens per image)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    vocab_size = 151936 if files else 1000
+    text = dict(
+        TINY,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=vocab_size,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
+    )
+    vision = dict(
+        depth=2,
+        hidden_size=80,
+        intermediate_size=96,
+        out_hidden_size=128,
+        num_heads=1,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        window_size=16,
+        fullatt_block_indexes=[1],
+    )
+    tokens = _vision_tokens(vocab_size)
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    _near_one_norms(model)
+    generator = torch.Generator().manual_seed(seed)
+    hidden = text["hidden_size"]
+    tensors = {
+        ("visual." + k.removeprefix("model.visual.") if ".visual." in f".{k}" else k).replace(
+            "model.language_model.", "model."
+        ): t.to(torch.bfloat16)
+        for k, t in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
+    tensors["multi_vector_projector.weight"] = (
+        torch.randn(JINA_V4_WIDTH, hidden, generator=generator) * 0.1
+    ).to(torch.bfloat16)
+    tensors["multi_vector_projector.bias"] = (
+        torch.randn(JINA_V4_WIDTH, generator=generator) * 0.1
+    ).to(torch.bfloat16)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    pairs = {}
+    names = dict(model.named_modules())
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    adapted = [n for n in names if n.endswith(targets) and "model" in n]
+    for name in [*adapted, "multi_vector_projector"]:
+        module = names.get(name)
+        out_features, in_features = (
+            (module.out_features, module.in_features) if module else (JINA_V4_WIDTH, hidden)
+        )
+        for task in JINA_V4_TASKS:
+            key = f"base_model.model.{name}"
+            pairs[f"{key}.lora_A.{task}.weight"] = (
+                torch.randn(rank, in_features, generator=generator) * 0.05
+            )
+            pairs[f"{key}.lora_B.{task}.weight"] = (
+                torch.randn(out_features, rank, generator=generator) * 0.05
+            )
+    adapters = directory / "adapters"
+    adapters.mkdir()
+    save_file(pairs, adapters / "adapter_model.safetensors", metadata={"format": "pt"})
+    _write_json(
+        adapters / "adapter_config.json",
+        {
+            "peft_type": "LORA",
+            "task_type": "FEATURE_EXTRACTION",
+            "base_model_name_or_path": "jinaai/jina-embeddings-v4",
+            "r": rank,
+            "lora_alpha": 2 * rank,
+            "lora_dropout": 0.1,
+            "bias": "none",
+            "use_rslora": False,
+            "use_dora": False,
+            "fan_in_fan_out": False,
+            "target_modules": JINA_V4_TARGETS,
+        },
+    )
+    flat = {k: v for k, v in text.items() if k != "rope_parameters"}
+    hf = {
+        **flat,
+        "architectures": ["JinaEmbeddingsV4Model"],
+        "model_type": "qwen2_5_vl",
+        "auto_map": {
+            "AutoConfig": "configuration_jina_embeddings_v4.JinaEmbeddingsV4Config",
+            "AutoModel": "modeling_jina_embeddings_v4.JinaEmbeddingsV4Model",
+        },
+        "rope_theta": 1e6,
+        "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+        "vision_config": {**vision, "in_chans": 3, "model_type": "qwen2_5_vl"},
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "task_names": list(JINA_V4_TASKS),
+        "matryoshka_dims": [4, 8, 16, 32, 64],
+        "multi_vector_projector_dim": JINA_V4_WIDTH,
+        "single_vector_pool_strategy": "mean",
+        "truncate_dim": None,
+        **tokens,
+    }
+    _write_json(directory / "config.json", hf)
+    if files:
+        write_tokenizer(directory, append_eos=False)
+        _write_json(directory / "preprocessor_config.json", QWEN2_VL_PROCESSOR)
+    return directory
+
+
 def nemotron_colembed(directory: Path, *, seed: int = 10, files: bool = False) -> Path:
     """nemotron-colembed-vl-v2's layout: Qwen3-VL's tensors as Qwen3-VL-Embedding saves them
     (`model.language_model.`, `model.visual.`), config.json's `Qwen3VLNemotronEmbedModel`

@@ -1,7 +1,9 @@
 """Task adapters a checkpoint ships beside its weights, merged into them at load.
 
 jina-embeddings-v5 keeps one LoRA adapter per task under `adapters/{task}/` (peft's
-`adapter_config.json` and `adapter_model.safetensors`) and selects one at run time. Merged,
+`adapter_config.json` and `adapter_model.safetensors`) and selects one at run time;
+jina-embeddings-v4 keeps every task's pairs in one adapter, `adapters/` itself, each module's
+named by task (`lora_A.{task}.weight`, its MultiAdapterLinear's). Merged,
 an adapted linear weight is W + (lora_alpha / r) B A (alpha / sqrt(r) with rsLoRA): the forward
 then costs what the base model's does, on every route (int8, packed, TP shards) unchanged.
 """
@@ -19,6 +21,7 @@ if TYPE_CHECKING:  # adapter_names serves processes without torch (config.py)
     import torch
 
 ADAPTERS = "adapters"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # peft's
 # peft's key prefixes before the base model's own tensor names (a multimodal base's text
 # model is its `language_model.`, as loader._normalise reads the checkpoint)
 _PREFIXES = ("base_model.model.", "model.", "language_model.")
@@ -32,7 +35,30 @@ def adapter_names(model_dir: str | Path) -> list[str]:
     root = Path(model_dir) / ADAPTERS
     if not root.is_dir():
         return []
-    return sorted(p.parent.name for p in root.glob("*/adapter_config.json"))
+    if (root / ADAPTER_FILES[0]).is_file():  # one adapter of several tasks
+        with safe_open(str(root / ADAPTER_FILES[1]), framework="numpy") as f:
+            return sorted({task for key in f.keys() if (task := _pair_part(key)[1])})
+    return sorted(p.parent.name for p in root.glob(f"*/{ADAPTER_FILES[0]}"))
+
+
+def adapter_folder(model_dir: str | Path, name: str) -> tuple[Path, str | None]:
+    """The folder of the checkpoint's adapter `name` and the task to read in it: its own
+    folder (None: its pairs are all the adapter's), or the one adapter of several tasks."""
+    root = Path(model_dir) / ADAPTERS
+    if (root / ADAPTER_FILES[0]).is_file():
+        return root, name
+    return root / name, None
+
+
+def _pair_part(key: str) -> tuple[str, str | None]:
+    """(what of a LoRA pair a tensor name holds: "A" or "B", else "", and its task where the
+    name gives one): `...lora_A.weight`, or a task adapter's `...lora_A.{task}.weight`."""
+    _, _, part = key.rpartition(".lora_")
+    side, _, rest = part.partition(".")
+    if side not in ("A", "B") or not rest.endswith("weight"):
+        return "", None
+    task = rest.removesuffix("weight").removesuffix(".")
+    return side, task or None
 
 
 def resolve_adapter(
@@ -82,17 +108,19 @@ class LoraDeltas(Mapping):
         return len(self._pairs)
 
 
-def lora_deltas(model_dir: str | Path, task: str | None) -> Mapping[str, torch.Tensor]:
+def lora_deltas(model_dir: str | Path, name: str | None) -> Mapping[str, torch.Tensor]:
     """Checkpoint tensor name (without `model.`) -> the fp32 delta its adapter adds."""
-    if task is None:
+    if name is None:
         return {}
-    return LoraDeltas(*read_lora(Path(model_dir) / ADAPTERS / task))
+    return LoraDeltas(*read_lora(*adapter_folder(model_dir, name)))
 
 
-def read_lora(folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], float]:
+def read_lora(
+    folder: Path, task: str | None = None
+) -> tuple[dict[str, dict[str, torch.Tensor]], float]:
     """A peft LoRA adapter folder's pairs (checkpoint tensor name without `model.` ->
     {"A": [r, in], "B": [out, r]}, fp32) and its scale (lora_alpha / r, or / sqrt(r) with
-    rsLoRA)."""
+    rsLoRA); of an adapter of several tasks, `task`'s pairs."""
     config = json.loads((folder / "adapter_config.json").read_text())
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(
@@ -113,13 +141,23 @@ def read_lora(folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], float]:
             name = key
             for prefix in _PREFIXES:
                 name = name.removeprefix(prefix)
-            module, _, part = name.rpartition(".lora_")
-            if part not in ("A.weight", "B.weight"):
+            side, of_task = _pair_part(name)
+            if not side:
                 raise AdapterError(
                     f"{folder}: adapter tensor {key!r} is no LoRA pair's (whole modules peft "
                     "saves, modules_to_save or trainable tokens, are not served)"
                 )
-            pairs.setdefault(f"{module}.weight", {})[part[0]] = f.get_tensor(key).float()
+            if of_task != task:
+                if task is None or of_task is None:
+                    raise AdapterError(
+                        f"{folder}: adapter tensor {key!r} is of task {of_task!r}, read for "
+                        f"{task!r} (an adapter of several tasks is read one task at a time)"
+                    )
+                continue
+            module = name.rpartition(".lora_")[0]
+            pairs.setdefault(f"{module}.weight", {})[side] = f.get_tensor(key).float()
+    if not pairs:
+        raise AdapterError(f"{folder}: no LoRA pairs of task {task!r}")
     for name, pair in pairs.items():
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"{folder}: {name} has lora_{''.join(pair)} without its pair")

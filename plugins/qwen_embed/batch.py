@@ -164,6 +164,18 @@ def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:
     raise ValueError(f"unknown pooling {method!r}; choose one of {POOLING_METHODS}")
 
 
+def pool_spans(hidden: torch.Tensor, spans: np.ndarray) -> torch.Tensor:
+    """hidden [T, H] -> the mean of each span of rows (`spans`: host [n, 2], start and end,
+    non-empty), float32 [n, H]."""
+    lengths = spans[:, 1] - spans[:, 0]
+    rows = np.concatenate([np.arange(a, b) for a, b in spans])
+    of_span = np.repeat(np.arange(len(spans)), lengths)
+    sums = torch.zeros(len(spans), hidden.shape[1], device=hidden.device, dtype=torch.float32)
+    picked = hidden[to_device(torch.from_numpy(rows), hidden.device)].float()
+    sums.index_add_(0, to_device(torch.from_numpy(of_span), hidden.device), picked)
+    return sums / to_device(torch.from_numpy(lengths).float(), hidden.device).unsqueeze(1)
+
+
 def finish(pooled: torch.Tensor, *, normalize: bool, dimensions: int | None) -> torch.Tensor:
     """Matryoshka: truncate first, then normalise the truncated vector."""
     if dimensions is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import adapter_names
-from .sentence_modules import MODULES_FILE, TOKEN_PROJECTION, SentenceModules
+from .sentence_modules import TOKEN_PROJECTION, SentenceModules
 
 # architecture name in config.json -> model family registered in qwen_embed.models
 SUPPORTED_ARCHITECTURES = {
@@ -45,6 +45,11 @@ SUPPORTED_ARCHITECTURES = {
     # tokens differently (GME's code in sequence, DSE's on three axes), which the files do
     # not tell.
     "ColQwen2ForRetrieval": "qwen2",
+    # jina-embeddings-v4: Qwen2.5-VL (its flat layout: `model.`, `visual.`), LoRA adapters of
+    # three tasks in one file (adapters.py), a mean (of an image's span for a text with one,
+    # VISUAL_SPAN_MEAN) and a projection of every token (`multi_vector_projector`) for its
+    # multi-vector side
+    "JinaEmbeddingsV4Model": "qwen2",
     # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
     # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
     "ColQwen3": "qwen3",
@@ -54,14 +59,21 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
-# pplx-embed's remote code (both its models) attends both ways whatever the config says; where
-# a checkpoint ships no modules.json, what follows its transformer is the remote code's own
-# (pooling, final activation): the means and its quantizer's tanh.
+# pplx-embed's remote code (both its models) attends both ways whatever the config says. Where
+# a checkpoint's files name no pooling (no modules.json, or jina-embeddings-v4's one custom
+# module, which pools inside), what follows its transformer is the remote code's own (pooling,
+# final activation): the means, and pplx-embed's quantizer's tanh.
 REMOTE_CODE_HEADS = {
     "PPLXQwen3Model": ("mean", "tanh"),
     "PPLXQwen3ContextualModel": ("mean", "tanh"),
+    "JinaEmbeddingsV4Model": ("mean", "identity"),
 }
-BIDIRECTIONAL_ARCHITECTURES = frozenset(REMOTE_CODE_HEADS) | {"Qwen3VLNemotronEmbedModel"}
+# Whose remote code pools a text with an image over the image's span alone (its vision start
+# to its vision end token, both in), a text without one over every token: jina-embeddings-v4.
+VISUAL_SPAN_MEAN = frozenset({"JinaEmbeddingsV4Model"})
+BIDIRECTIONAL_ARCHITECTURES = frozenset(
+    {"PPLXQwen3Model", "PPLXQwen3ContextualModel", "Qwen3VLNemotronEmbedModel"}
+)
 # Whose recipe embeds a document's chunks joined by the tokenizer's sep_token (one vector per
 # chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
@@ -184,6 +196,7 @@ class MediaConfig:
     vision_start_token_id: int
     mrope_section: tuple[int, int, int]
     mrope_interleaved: bool = True
+    vision_end_token_id: int | None = None
 
     @classmethod
     def from_hf(cls, hf: dict) -> MediaConfig | None:
@@ -199,6 +212,7 @@ class MediaConfig:
             vision_start_token_id=hf["vision_start_token_id"],
             mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
             mrope_interleaved=rope.get("mrope_interleaved", vision.generation == "qwen3_vl"),
+            vision_end_token_id=hf.get("vision_end_token_id"),
         )
 
     @property
@@ -234,6 +248,7 @@ class ModelConfig:
     media: MediaConfig | None = None  # a multimodal checkpoint's vision side (Qwen3-VL)
     multi_vector: bool = False  # its vectors are one per token only (MULTI_VECTOR_ARCHITECTURES)
     final_norm: bool = True  # False: hidden states before the final norm (PRE_NORM_ARCHITECTURES)
+    visual_span_mean: bool = False  # VISUAL_SPAN_MEAN's pooling of a text with an image
 
     @property
     def token_size(self) -> int:
@@ -267,7 +282,7 @@ class ModelConfig:
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size, hf)
         architectures = hf.get("architectures") or ()
         remote = [REMOTE_CODE_HEADS[a] for a in architectures if a in REMOTE_CODE_HEADS]
-        if remote and not (Path(model_dir) / MODULES_FILE).is_file():
+        if remote and sentence.pooling is None:
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
         projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
@@ -351,6 +366,7 @@ class ModelConfig:
             media=media,
             multi_vector=bool(MULTI_VECTOR_ARCHITECTURES.intersection(architectures)),
             final_norm=not PRE_NORM_ARCHITECTURES.intersection(architectures),
+            visual_span_mean=bool(media and VISUAL_SPAN_MEAN.intersection(architectures)),
         )
 
 

@@ -18,19 +18,19 @@ from . import int8, kernels
 from .adapters import lora_deltas
 from .attention import AttentionSpec, choose_backend, create_backend
 from .avx2_gemm import Avx2F32Weight
-from .batch import HostResult, finish, flatten, plan_batches, pool
+from .batch import HostResult, finish, flatten, plan_batches, pool, pool_spans
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import MULTI_VECTOR_ONLY, ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .fp8 import Fp8Weight
-from .heads import build_head, listwise_scores
+from .heads import build_head, build_token_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
 from .loader import checkpoint_dtypes, checkpoint_names, load_weights
 from .lora import adapter_folders, attach
-from .media import MediaForward, MediaText
+from .media import MediaForward, MediaText, visual_spans
 from .models import model_class
 from .models.vision import TOWER, VisionTower
 from .onednn import NativeBf16Weight, PackedWeight
@@ -94,10 +94,10 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     config = ModelConfig.from_dir(spec.model_dir)
     route, device = spec.route, spec.device_for(tp.rank)
     _prepare_device(device)
-    model = _instantiate(config, spec, tp, device)
+    deltas = lora_deltas(spec.model_dir, route.adapter)
+    model = _instantiate(config, spec, tp, device, deltas)
     # A rank without the vision tower (_instantiate) leaves its weights unread.
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
-    deltas = lora_deltas(spec.model_dir, route.adapter)
     if not deltas and route.dtype == "float32" and _takes_16_bit(FLOAT_GEMMS[route.gemm]):
         _linears_as_stored(model, spec.model_dir)
     load_weights(model, spec.model_dir, deltas, skip)
@@ -149,9 +149,10 @@ _DEFAULT_DTYPE = threading.Lock()
 
 
 def _instantiate(
-    config: ModelConfig, spec: RankSpec, tp: TPGroup, device: torch.device
+    config: ModelConfig, spec: RankSpec, tp: TPGroup, device: torch.device, deltas
 ) -> nn.Module:
-    """The empty model with its attention backend, planner and (rank 0) task head."""
+    """The empty model with its attention backend, planner and (rank 0) task heads, the
+    projections among them changed by the merged adapter's `deltas`."""
     route, settings = spec.route, spec.settings
     dtype = TORCH_DTYPES[route.dtype]
     kv_heads = max(1, config.num_kv_heads // tp.size)
@@ -177,10 +178,13 @@ def _instantiate(
         num_layers=config.num_layers,
         device=device,
     )
-    head = None
+    head = token_head = None
     if tp.rank == 0:  # only rank 0 reads the final hidden states
-        head = build_head(route.task, config, spec.model_dir)
+        head = build_head(route.task, config, spec.model_dir, deltas)
         head = head.to(device) if head is not None else None
+        if route.task == "embed":
+            token_head = head if config.multi_vector else build_token_head(config, deltas)
+            token_head = token_head.to(device) if token_head is not None else None
     # The default dtype is the process's: models built in several threads at once (ranks of a
     # test, encoders loaded side by side) must not restore each other's.
     with _DEFAULT_DTYPE:
@@ -190,6 +194,7 @@ def _instantiate(
             with torch.device(device):
                 ops = kernels.load(route.elementwise)
                 model = model_class(config.family)(config, tp, backend, planner, head, ops)
+                model.token_head = token_head
                 # rank 0 runs the tower (media.MediaForward.embed sends its tokens on)
                 if config.media is not None and tp.rank == 0:
                     vision = config.media.vision
@@ -520,10 +525,10 @@ class Encoder:
         return out
 
     def _token_states(self, hidden: torch.Tensor) -> HostResult:
-        """Every token's final hidden state in fp32, through a multi-vector retriever's
-        projection where the model has one."""
-        projected = self.config.sentence.token_projection is not None
-        return HostResult(self.model.head(hidden) if projected else hidden.float())
+        """Every token's final hidden state in fp32, through the checkpoint's projection of
+        every token where it has one (heads.build_token_head)."""
+        head = self.model.token_head
+        return HostResult(head(hidden) if head is not None else hidden.float())
 
     def embed_media(
         self,
@@ -595,7 +600,10 @@ class Encoder:
                 send = None
                 if self._launcher is not None:
                     send = partial(self._launcher.send_media, *flat, media)
-                pooled = partial(self._pooled, ctx, head=head)
+                spans = None
+                if self.config.visual_span_mean and self.route.pooling == "mean":
+                    spans = visual_spans([t.ids for t in chosen], self.config.media)
+                pooled = partial(self._pooled, ctx, head=head, spans=spans)
                 out[indices] = self._forward_context(ctx, pooled, send).numpy()
         return out
 
@@ -754,12 +762,16 @@ class Encoder:
             self._launcher.close(graceful=False)
             raise EncoderBroken(self._broken) from e
 
-    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, *, head) -> HostResult:
+    def _pooled(self, ctx: ForwardContext, hidden: torch.Tensor, *, head, spans=None) -> HostResult:
         """pruned: the model returned the pooled rows; pooling works in fp32 either way. A plan
-        (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches."""
-        pooled = (
-            hidden.float() if ctx.last is not None else pool(hidden, ctx.batch, self.route.pooling)
-        )
+        (shared prefixes) implies last pooling, so pruning: `pool` sees plain batches. `spans`:
+        each text's rows to mean (media.visual_spans) in place of the route's pooling."""
+        if spans is not None:
+            pooled = pool_spans(hidden, spans)
+        elif ctx.last is not None:
+            pooled = hidden.float()
+        else:
+            pooled = pool(hidden, ctx.batch, self.route.pooling)
         return HostResult(head(pooled))  # the one device-to-host copy of this batch
 
     def _compute(self, ctx: ForwardContext, finish):

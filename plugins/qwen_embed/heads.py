@@ -215,23 +215,27 @@ class ProjectionHead(nn.Module):
     """The checkpoint's dense projections of pooled vectors (or, for a multi-vector retriever,
     of every token's final hidden state), in order, in fp32, then its final activation
     (sentence_modules.SentenceModules). Its weights are buffers read here from their own
-    files, not parameters for the checkpoint loader."""
+    files, not parameters for the checkpoint loader; a merged adapter's `deltas` (adapters.
+    lora_deltas, by tensor name) are added to the weights they change."""
 
-    def __init__(self, dense: tuple[Dense, ...], final_activation: str = "identity"):
+    def __init__(self, dense: tuple[Dense, ...], final_activation: str = "identity", deltas=None):
         super().__init__()
+        deltas = deltas or {}
         self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in dense]
         self.final = ACTIVATION_FUNCTIONS[final_activation]
         for i, d in enumerate(dense):
             with safe_open(d.weights, framework="pt", device="cpu") as f:
                 shapes = {"weight": (d.out_features, d.in_features), "bias": (d.out_features,)}
                 for part in ("weight", "bias") if d.bias else ("weight",):
-                    tensor = f.get_tensor(d.prefix + part)
+                    tensor = f.get_tensor(d.prefix + part).float()
+                    if d.prefix + part in deltas:
+                        tensor = tensor + deltas[d.prefix + part]
                     if tuple(tensor.shape) != shapes[part]:
                         raise ValueError(
                             f"{d.weights}: {d.prefix + part} has shape {tuple(tensor.shape)}, "
                             f"expected {shapes[part]}"
                         )
-                    self.register_buffer(f"{part}{i}", tensor.float())
+                    self.register_buffer(f"{part}{i}", tensor)
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         x = states.float()
@@ -242,15 +246,27 @@ class ProjectionHead(nn.Module):
         return self.final(x)
 
 
-def build_head(task: str, config: ModelConfig, model_dir: str | Path) -> nn.Module | None:
+def build_head(
+    task: str, config: ModelConfig, model_dir: str | Path, deltas=None
+) -> nn.Module | None:
     """Rank 0's head for the task; None where an embedder's pooled vectors are its answer. A
-    multi-vector retriever's is its projection of every token (it pools nothing), or None."""
+    multi-vector retriever's is its projection of every token (it pools nothing), or None.
+    `deltas`: a merged adapter's (adapters.lora_deltas), for the projections it changes."""
     if task == "rerank":
         return build_score_head(config, model_dir)
     if task == "classify":
         return ClassifierHead(config.hidden_size, "score.weight", None, config.num_labels)
     sentence = config.sentence
-    if config.multi_vector:  # a projection of every token, where it has one
-        projection = sentence.token_projection
-        return None if projection is None else ProjectionHead((projection,))
-    return ProjectionHead(sentence.dense, sentence.final_activation) if sentence.has_head else None
+    if config.multi_vector:
+        return build_token_head(config, deltas)
+    if not sentence.has_head:
+        return None
+    return ProjectionHead(sentence.dense, sentence.final_activation, deltas)
+
+
+def build_token_head(config: ModelConfig, deltas=None) -> nn.Module | None:
+    """The checkpoint's projection of every token (a multi-vector retriever's, or
+    jina-embeddings-v4's beside its pooling), or None: per-token vectors are then the final
+    hidden states."""
+    projection = config.sentence.token_projection
+    return None if projection is None else ProjectionHead((projection,), deltas=deltas)

@@ -11,11 +11,19 @@ if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_m
     from torch import nn
 
 # Present in causal-LM / classifier checkpoints, top-level projections (voyage-4-nano's
-# `linear` and ColQwen3's `embedding_proj_layer`, which heads.py reads itself) and
+# `linear`, ColQwen3's `embedding_proj_layer`, jina-embeddings-v4's `multi_vector_projector`,
+# which heads.py reads itself) and
 # jina-reranker-v3's `projector`; skipped
 # unless a task head asks for them (rank 0's only).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_IGNORED_PREFIXES = ("lm_head.", "score.", "linear.", "projector.", "embedding_proj_layer.")
+_IGNORED_PREFIXES = (
+    "lm_head.",
+    "score.",
+    "linear.",
+    "projector.",
+    "embedding_proj_layer.",
+    "multi_vector_projector.",
+)
 
 
 class CheckpointError(ValueError):
@@ -150,12 +158,14 @@ def load_weights(
     ignored = _IGNORED_PREFIXES + skip
     expected = checkpoint_names(model)
     seen: set[str] = set()
+    passed: set[str] = set()  # read elsewhere (a head's) or by another rank (the tower)
     for path in checkpoint_files(model_dir):
         for key, full in _mapped_tensors(path):
             name = _normalise(key)
             if name not in expected and (
                 name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)
             ):
+                passed.add(name)
                 continue
             if name not in expected:
                 raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
@@ -169,7 +179,7 @@ def load_weights(
                 except ValueError as e:
                     raise CheckpointError(f"tensor {key!r}: {e}") from e
             seen.add(name)
-    unused = sorted(set(deltas) - seen)
+    unused = sorted(set(deltas) - seen - passed)
     if unused:
         raise CheckpointError(f"an adapter changes tensors the checkpoint lacks: {unused[:5]}")
     missing = sorted(set(expected) - seen)

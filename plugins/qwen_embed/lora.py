@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters import ADAPTERS, AdapterError, read_lora
+from .adapters import ADAPTERS, AdapterError, adapter_folder, read_lora
 from .finetunes import ADAPTER_CONFIG
 from .layers import LowRank, _Linear
 from .loader import checkpoint_names
@@ -73,6 +73,12 @@ def adapter_folders(setting: str, model_dir: Path) -> list[tuple[str, Path]]:
 
     folders = []
     for name, where in parse_lora_modules(setting):
+        if where is None and adapter_folder(model_dir, name)[1] is not None:
+            raise AdapterError(
+                f"lora_modules: {name}: the checkpoint keeps its tasks' adapters in one "
+                "(jina-embeddings-v4's), merged at load one task at a time: set adapter to "
+                f"{name!r} and lora_modules to none"
+            )
         try:
             folder = model_dir / ADAPTERS / name if where is None else locate(where)
         except CheckpointNotFoundError as e:

@@ -97,6 +97,22 @@ def visual_blocks(text: MediaText, config: MediaConfig) -> list[tuple[int, int, 
     return blocks
 
 
+def visual_spans(ids: list[np.ndarray], config: MediaConfig) -> np.ndarray:
+    """The rows [start, end) of the flat batch of texts `ids` that jina-embeddings-v4 means
+    (config.VISUAL_SPAN_MEAN): a text's first vision start token through the first vision end
+    token after it (both in), a text without an image all of its own."""
+    spans, offset = [], 0
+    for text in ids:
+        span = (0, len(text))
+        starts = np.flatnonzero(text == config.vision_start_token_id)
+        if len(starts):
+            ends = np.flatnonzero(text[starts[0] :] == config.vision_end_token_id)
+            span = (int(starts[0]), int(starts[0] + ends[0]) + 1 if len(ends) else len(text))
+        spans.append((offset + span[0], offset + span[1]))
+        offset += len(text)
+    return np.array(spans, dtype=np.int64).reshape(-1, 2)
+
+
 def mrope_positions(length: int, blocks: list[tuple[int, int, int, int]]) -> np.ndarray:
     """Positions [length, 3] (time, row, column) of a text with these placeholder blocks."""
     out = np.empty((length, 3), dtype=np.int64)

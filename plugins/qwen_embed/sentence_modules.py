@@ -9,7 +9,9 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   with pooling, so it runs on the pooled vector, before any Dense module;
 - a multi-vector retriever's projection of every token, a top-level `embedding_proj_layer`
   (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
-  only (heads.build_head: a ProjectionHead over every token);
+  only (heads.build_head: a ProjectionHead over every token); jina-embeddings-v4's
+  `multi_vector_projector` (hidden -> 128 and a bias), its vectors per token beside its pooled
+  ones;
 - a sentence-transformers MultiVectorEncoder (ColBERT-style late interaction over a Qwen
   backbone): its `MultiVectorMask` module makes it a multi-vector model and names the tokens
   its skiplist leaves out, its `Dense` module on `token_embeddings` is that projection of every
@@ -60,6 +62,7 @@ ACTIVATIONS = {
 MODULES_FILE = "modules.json"
 ROOT_PROJECTION = "linear."
 TOKEN_PROJECTION = "embedding_proj_layer."
+MULTI_VECTOR_PROJECTOR = "multi_vector_projector."  # jina-embeddings-v4's, beside its pooling
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
 # prompts, and a CrossEncoder's activation (serving/tokenizer.PromptSet reads the prompts)
@@ -114,7 +117,7 @@ class SentenceModules:
         top = _top_level_projections(model_dir)
         if ROOT_PROJECTION in top:
             dense.append(top[ROOT_PROJECTION])
-        token_dense = [top[TOKEN_PROJECTION]] if TOKEN_PROJECTION in top else []
+        token_dense = [top[p] for p in (TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR) if p in top]
         late, mask = False, {}
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -248,8 +251,8 @@ def _multi_vector_mask(model_dir: Path, path: Path) -> dict:
 
 
 def _token_projection(dense: list[Dense], hidden_size: int, late: bool) -> Dense | None:
-    """The one projection of every token: ColQwen3's top-level one, or a MultiVectorEncoder's
-    Dense module on token_embeddings."""
+    """The one projection of every token: ColQwen3's or jina-embeddings-v4's top-level one, or
+    a MultiVectorEncoder's Dense module on token_embeddings."""
     if not dense:
         return None
     if len(dense) > 1:
@@ -257,7 +260,7 @@ def _token_projection(dense: list[Dense], hidden_size: int, late: bool) -> Dense
             f"{[d.weights for d in dense]}: one projection of every token is supported"
         )
     (tokens,) = dense
-    if tokens.prefix != TOKEN_PROJECTION and not late:
+    if tokens.prefix not in (TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR) and not late:
         raise SentenceModulesError(
             f"{tokens.weights}: a Dense module on {TOKENS} belongs to a MultiVectorEncoder, "
             "and modules.json lists no MultiVectorMask"
@@ -302,10 +305,11 @@ def _dense(folder: Path, config: dict) -> Dense:
 
 def _top_level_projections(model_dir: Path) -> dict[str, Dense]:
     """The top-level projections among the checkpoint's tensors (ROOT_PROJECTION,
-    TOKEN_PROJECTION): `{prefix}weight` and, where present, `{prefix}bias`."""
+    TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR): `{prefix}weight` and, where present,
+    `{prefix}bias`."""
     if not any(model_dir.glob("*.safetensors")):
         return {}
-    wanted = (ROOT_PROJECTION, TOKEN_PROJECTION)
+    wanted = (ROOT_PROJECTION, TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR)
     index = model_dir / "model.safetensors.index.json"
     paths = checkpoint_files(model_dir)
     if index.is_file():  # the shards that hold them, without opening every shard

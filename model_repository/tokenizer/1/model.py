@@ -77,7 +77,8 @@ class TritonPythonModel:
         raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
         asked = set(request.requested_output_names())
         given = {name: self._files(request, name, raw.size) for name in ("VIDEOS", "IMAGES")}
-        if self.tokenizer.chat is not None or any(map(any, given.values())):
+        template = self.tokenizer.chat  # a prompted one writes texts alone as any model's
+        if (template is not None and not template.prompted) or any(map(any, given.values())):
             if asked & {"TOKENS", "DECODED"}:
                 raise RequestError(
                     "outputs 'TOKENS' and 'DECODED' are not available for a multimodal model, "

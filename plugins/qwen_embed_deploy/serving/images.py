@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .retrievers import pixel_budget, retriever
+from .retrievers import own_processor, pixel_budget
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
 # 32 x 32 block of pixels), whatever the processor's own defaults say.
@@ -43,8 +43,8 @@ class ImageSettings:
     @classmethod
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
         """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
-        and std); the pixel budget is the embedding script's (a multi-vector retriever's: its
-        processor's, retrievers.py) unless `changes` give one."""
+        and std); the pixel budget is the embedding script's (a multi-vector retriever's and
+        jina-embeddings-v4's: its processor's, retrievers.py) unless `changes` give one."""
         path = Path(model_dir) / "preprocessor_config.json"
         hf = json.loads(path.read_text()) if path.is_file() else {}
         known = {
@@ -55,7 +55,7 @@ class ImageSettings:
             "std": tuple(hf["image_std"]) if "image_std" in hf else None,
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
-        if retriever(model_dir) is not None:  # its processor's budget
+        if own_processor(model_dir):  # its processor's budget
             size = hf.get("size") or {}  # Qwen2-VL's older saves: min_pixels, max_pixels
             least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))
             most = size.get("longest_edge", hf.get("max_pixels", settings.max_pixels))

@@ -20,6 +20,11 @@ not reproduced here).
   turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
   the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
   `query:` and `passage:` by default); images within its image processor's budget.
+
+jina-embeddings-v4 (JinaEmbeddingsV4Processor, `JinaV4Template`), a pooled embedder with its
+own processor too: a text is its prompt (`Query: ` or `Passage: `, JINA_V4_PROMPTS) and the
+text, as any prompted text; an image is one user turn holding its placeholders and "Describe
+the image.", alone (no text with it), within its image processor's budget.
 """
 
 from __future__ import annotations
@@ -42,10 +47,29 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+JINA_V4 = "JinaEmbeddingsV4Model"
+# its encode_text's prompt names (`query` its default) and prefixes; `document` is the name our
+# APIs give the passage side
+JINA_V4_PROMPTS = {"query": "Query: ", "passage": "Passage: ", "document": "Passage: "}
+
+
+def _architectures(model_dir: str | Path) -> list[str]:
+    return _json(Path(model_dir) / "config.json").get("architectures") or []
+
+
 def retriever(model_dir: str | Path) -> str | None:
     """The checkpoint's multi-vector architecture, None for any other model."""
-    architectures = _json(Path(model_dir) / "config.json").get("architectures") or ()
-    return next((a for a in architectures if a in MULTI_VECTOR_ARCHITECTURES), None)
+    return next((a for a in _architectures(model_dir) if a in MULTI_VECTOR_ARCHITECTURES), None)
+
+
+def is_jina_v4(model_dir: str | Path) -> bool:
+    return JINA_V4 in _architectures(model_dir)
+
+
+def own_processor(model_dir: str | Path) -> bool:
+    """Whether the checkpoint's images are sized by its processor's budget (a multi-vector
+    retriever, jina-embeddings-v4), not Qwen3-VL-Embedding's script's."""
+    return retriever(model_dir) is not None or is_jina_v4(model_dir)
 
 
 def _processor(model_dir: str | Path) -> dict:
@@ -62,6 +86,7 @@ class ColPaliTemplate:
     query_end: str = ""  # after the augmentation: ColQwen2's newline
     page_text: bool = True  # whether a text may go with a page (ColQwen2's: the image alone)
     takes_instruction = False  # a prompt (parameter 'prompt') goes before the text
+    prompted = False
     visuals_per_text = 1
     reads_video = False
 
@@ -112,6 +137,7 @@ class NemotronTemplate:
     query_prefix: str = "query:"
     passage_prefix: str = "passage:"
     takes_instruction = False
+    prompted = False
     visuals_per_text = 1
     reads_video = False
 
@@ -130,6 +156,28 @@ class NemotronTemplate:
         return f"<|im_start|>user\n{visual}{prefix}", text, _ANSWER
 
 
+@dataclass(frozen=True)
+class JinaV4Template:
+    image_text: str = f"<|im_start|>user\n{_IMAGE}Describe the image.<|im_end|>\n"
+    takes_instruction = False
+    # a text alone is its prompt and the text, as any text model's (no template); `parts`
+    # takes the request's prompt (PromptSet.resolve's)
+    prompted = True
+    visuals_per_text = 1
+    reads_video = False
+
+    def parts(self, prompt: str, visual: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(before, the text, after): a text after its prompt, or an image's turn alone."""
+        if not visual:
+            return prompt, text, ""
+        if text:
+            raise RequestError(
+                "holds text beside its image, and this model embeds an image alone (its "
+                "processor writes no text with it): send the text as an input of its own"
+            )
+        return self.image_text.replace(_IMAGE, visual, 1), "", ""
+
+
 def pixel_budget(model_dir: str | Path, least: int, most: int, factor: int) -> tuple[int, int]:
     """(least, most) pixels of an image for a multi-vector retriever's processor, from its
     image processor's (`least`, `most`: preprocessor_config.json's size): ColQwen3's caps it
@@ -141,10 +189,11 @@ def pixel_budget(model_dir: str | Path, least: int, most: int, factor: int) -> t
 
 
 def retriever_template(model_dir: str | Path, pad: str | None):
-    """The processor's forms of a multi-vector retriever's checkpoint; None for another."""
+    """The processor's forms of a multi-vector retriever's checkpoint or jina-embeddings-v4's;
+    None for another."""
     architecture = retriever(model_dir)
     if architecture in ("ColQwen3", "ColQwen2ForRetrieval"):
         return ColPaliTemplate.from_dir(model_dir, pad)
     if architecture == "Qwen3VLNemotronEmbedModel":
         return NemotronTemplate.from_dir(model_dir)
-    return None
+    return JinaV4Template() if is_jina_v4(model_dir) else None

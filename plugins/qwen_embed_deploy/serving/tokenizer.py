@@ -43,7 +43,7 @@ from qwen_embed_client.contract import (
 )
 
 from .late_interaction import LateInteraction, is_late_interaction
-from .retrievers import retriever, retriever_template
+from .retrievers import JINA_V4_PROMPTS, is_jina_v4, own_processor, retriever, retriever_template
 
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
 # Qwen3-Embedding's and gte-Qwen2's query prompts: a task between "Instruct: " and "\nQuery:".
@@ -71,6 +71,8 @@ class PromptSet:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> PromptSet:
         path = Path(model_dir) / SENTENCE_TRANSFORMERS_CONFIG
+        if is_jina_v4(model_dir):  # its remote code's prefixes, whatever the file says
+            return cls(dict(JINA_V4_PROMPTS), "query", "jina-embeddings-v4's encode_text")
         if not path.is_file():
             if retriever(model_dir) is not None:
                 return cls({}, None, "its processor's query and page forms (retrievers.py)")
@@ -137,6 +139,7 @@ class ChatTemplate:
     where the assistant's answer would begin."""
 
     takes_instruction = True
+    prompted = False
     visuals_per_text = None  # any number
     reads_video = True
 
@@ -152,10 +155,10 @@ class ChatTemplate:
 
 
 def media_template(model_dir: Path):
-    """How the checkpoint writes texts with images and video: a multi-vector retriever's
-    processor's forms (retrievers.py), Qwen3-VL-Embedding's chat turn, or None (it reads text
-    only)."""
-    if retriever(model_dir) is not None:
+    """How the checkpoint writes texts with images and video: its processor's forms (a
+    multi-vector retriever's or jina-embeddings-v4's: retrievers.py), Qwen3-VL-Embedding's
+    chat turn, or None (it reads text only)."""
+    if own_processor(model_dir):
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         return retriever_template(model_dir, token_text(config.get("pad_token")))
@@ -479,7 +482,9 @@ class TextTokenizer:
                 "parameter 'instruction' is not read by this model, whose processor writes "
                 "queries and documents its own way; send parameter 'prompt' to prefix the text"
             )
-        if opts.prompt_name is not None:
+        if self.chat.prompted:  # the prompt before a text alone, as any text's
+            instruction = self.prompts.resolve(opts.prompt_name, None, opts.prompt)
+        elif opts.prompt_name is not None:
             instruction = self.prompts.prompts[opts.prompt_name]
         else:
             instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
@@ -492,7 +497,7 @@ class TextTokenizer:
                 )
             except RequestError as e:  # what the template refuses of this text
                 raise RequestError(f"input 'TEXT[{i}]' {e}") from None
-            before += opts.prompt or ""
+            before += "" if self.chat.prompted else opts.prompt or ""
             ids = self._tok.encode(before + text + after, add_special_tokens=False).ids
             count = len(ids) + extra
             if count > limit:
