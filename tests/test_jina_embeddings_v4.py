@@ -262,3 +262,51 @@ def test_what_it_cannot_answer_is_refused_for_that_request(served):
         with pytest.raises(EmbeddingError, match="input 'VIDEOS' holds videos.*texts and images"):
             client.embed(["a clip"], videos=[[[files["png"], files["png"]]]])
         assert client.embed(["still served"]).shape == (1, 128)
+
+
+@pytest.mark.server
+def test_its_apis_through_the_gateway(served):
+    """OpenAI's content parts (an image as a data URL), Jina's fields (`task` picking its
+    prompts, the merged task's only; `return_multivector` its per-token vectors) answer what
+    the client gets from Triton."""
+    import httpx
+    from test_qwen3_vl import data_url
+
+    from qwen_embed_client import EmbeddingClient
+
+    from triton_helpers import gateway_process
+
+    _, server = served
+    files = image_files()
+    query = "a yellow circle"
+    with EmbeddingClient(server.grpc_url) as client:
+        want_query, want_passage = (
+            client.embed([query]),
+            client.embed([query], prompt_name="passage"),
+        )
+        want_image = client.embed([""], images=[[files["png"]]])[0]
+        want_tokens = client.embed_tokens([""], images=[[files["png"]]])[0]
+    image_part = {"type": "image_url", "image_url": {"url": data_url(files["png"])}}
+
+    def vectors(answer) -> np.ndarray:
+        assert answer.status_code == 200, answer.text
+        return np.array([d["embedding"] for d in answer.json()["data"]], dtype=np.float32)
+
+    with gateway_process(server) as base:
+        body = {"model": "embed", "input": [[image_part]]}
+        got = vectors(httpx.post(f"{base}/v1/embeddings", json=body, timeout=60))
+        assert least_cosine(got, want_image) >= FP32_COSINE
+        for task, want in (("retrieval.query", want_query), ("retrieval.passage", want_passage)):
+            body = {"model": "embed", "input": [query], "task": task}
+            got = vectors(httpx.post(f"{base}/v1/embeddings", json=body, timeout=60))
+            assert least_cosine(got, want) >= FP32_COSINE, task
+        body = {"model": "embed", "input": [query], "task": "text-matching"}
+        refused = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
+        assert refused.status_code == 400 and "merged 'retrieval'" in refused.text, refused.text
+        body = {"input": [[image_part]], "task": "retrieval.passage", "return_multivector": True}
+        answer = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        tokens = np.array(answer.json()["data"][0]["embeddings"], dtype=np.float32)
+        assert tokens.shape == want_tokens.shape
+        assert least_cosine(tokens, want_tokens) >= FP32_COSINE
+    assert least_cosine(want_query, want_passage) < 0.999  # the tasks' prompts differ

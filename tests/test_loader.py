@@ -190,7 +190,8 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         UnsupportedModelError,
-        match="supported: ColQwen2ForRetrieval, ColQwen3, JinaEmbeddingsV5Model, JinaForRanking, "
+        match="supported: ColQwen2ForRetrieval, ColQwen3, JinaEmbeddingsV4Model, "
+        "JinaEmbeddingsV5Model, JinaForRanking, "
         "PPLXQwen3ContextualModel, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, "
         "Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model",
