@@ -522,6 +522,42 @@ QWEN2_VL_PROCESSOR = {
 }
 
 
+# Qwen2-VL's and Qwen2.5-VL's shapes in the replicas of their checkpoints: a text model of
+# hidden 128 in two heads of 64 (sectioned multimodal rotary 8/12/12), 2-block towers of one
+# head with 4 x 4 patches; Qwen2.5-VL's a head of 80 (the published size, which the native CPU
+# attention runs padded), RMSNorms, a gated MLP of 96, windows of 16 pixels (2 x 2 merge
+# blocks) in every block but the second.
+QWEN2_VL_TEXT = dict(
+    TINY,
+    hidden_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
+)
+QWEN2_VL_TOWER = dict(
+    depth=2,
+    embed_dim=64,
+    hidden_size=128,
+    mlp_ratio=2,
+    num_heads=1,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+)
+QWEN2_5_VL_TOWER = dict(
+    depth=2,
+    hidden_size=80,
+    intermediate_size=96,
+    out_hidden_size=128,
+    num_heads=1,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    window_size=16,
+    fullatt_block_indexes=[1],
+)
+
+
 def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) -> Path:
     """vidore/colqwen2-v1.0-hf's layout as transformers saves `ColQwen2ForRetrieval`: Qwen2-VL
     in `vlm_config` (`text_config`, a `vision_config` with its `embed_dim` and `mlp_ratio`),
@@ -535,24 +571,8 @@ def colqwen2(directory: Path, *, seed: int = 11, files: bool = False, vlm=None) 
 
     vocab_size = 151936 if files else 1000
     tokens = _vision_tokens(vocab_size)
-    text = dict(
-        TINY,
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=vocab_size,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
-    )
-    vision = dict(
-        depth=2,
-        embed_dim=64,
-        hidden_size=128,
-        mlp_ratio=2,
-        num_heads=1,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-    )
+    text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
+    vision = QWEN2_VL_TOWER
     vlm_class, vision = vlm or (Qwen2VLConfig, vision)
     config = vlm_class(text_config=text, vision_config=vision, **tokens)
     config = ColQwen2Config(vlm_config=config.to_dict(), embedding_dim=COLQWEN2_WIDTH)
@@ -573,19 +593,49 @@ def colqwen2_5(directory: Path, *, seed: int = 12, files: bool = False) -> Path:
     pixels (2 x 2 merge blocks) in every block but the second."""
     from transformers import Qwen2_5_VLConfig
 
-    vision = dict(
-        depth=2,
-        hidden_size=80,
-        intermediate_size=96,
-        out_hidden_size=128,
-        num_heads=1,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        window_size=16,
-        fullatt_block_indexes=[1],
-    )
+    vision = QWEN2_5_VL_TOWER
     return colqwen2(directory, seed=seed, files=files, vlm=(Qwen2_5_VLConfig, vision))
+
+
+def _first_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A Qwen2(.5)-VL's tensors in the layout transformers 4.x saved (and its from_pretrained
+    still maps): `model.` the text model, `visual.` the tower; no output head."""
+    out = {}
+    for key, tensor in model.state_dict().items():
+        if key.startswith("model.visual."):
+            out[key.removeprefix("model.")] = tensor
+        elif key != "lm_head.weight":
+            out[key.replace("model.language_model.", "model.")] = tensor
+    return out
+
+
+def _saved_as_4x(
+    directory: Path, tensors: dict, vision: dict, tokens: dict, files: bool, **fields
+) -> None:
+    """A Qwen2(.5)-VL checkpoint as transformers 4.x saved it, with `fields` (its
+    architecture, remote code): `tensors` (_first_layout's) in bf16, config.json flat (the
+    text model's fields at the top, `vision_config` inside, multimodal rotary named mrope),
+    and with `files` Qwen's tokenizer and preprocessor_config.json (4 to 60 text-model
+    tokens per image)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: t.contiguous().to(torch.bfloat16) for k, t in tensors.items()}
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    text = {k: v for k, v in QWEN2_VL_TEXT.items() if k != "rope_parameters"}
+    rope = QWEN2_VL_TEXT["rope_parameters"]
+    hf = {
+        **text,
+        "vocab_size": 151936 if files else 1000,
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]},
+        "vision_config": {**vision, "in_chans": 3, "model_type": fields["model_type"]},
+        "torch_dtype": "bfloat16",
+        **tokens,
+        **fields,
+    }
+    _write_json(directory / "config.json", hf)
+    if files:
+        write_tokenizer(directory, append_eos=False)
+        _write_json(directory / "preprocessor_config.json", QWEN2_VL_PROCESSOR)
 
 
 JINA_V4_TASKS = ("retrieval", "text-matching", "code")
@@ -615,26 +665,8 @@ def jina_embeddings_v4(
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     vocab_size = 151936 if files else 1000
-    text = dict(
-        TINY,
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=vocab_size,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
-    )
-    vision = dict(
-        depth=2,
-        hidden_size=80,
-        intermediate_size=96,
-        out_hidden_size=128,
-        num_heads=1,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        window_size=16,
-        fullatt_block_indexes=[1],
-    )
+    text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
+    vision = QWEN2_5_VL_TOWER
     tokens = _vision_tokens(vocab_size)
     config = Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens
@@ -644,21 +676,11 @@ def jina_embeddings_v4(
     _near_one_norms(model)
     generator = torch.Generator().manual_seed(seed)
     hidden = text["hidden_size"]
-    tensors = {
-        ("visual." + k.removeprefix("model.visual.") if ".visual." in f".{k}" else k).replace(
-            "model.language_model.", "model."
-        ): t.to(torch.bfloat16)
-        for k, t in model.state_dict().items()
-        if k != "lm_head.weight"
-    }
+    tensors = _first_layout(model)
     tensors["multi_vector_projector.weight"] = (
         torch.randn(JINA_V4_WIDTH, hidden, generator=generator) * 0.1
-    ).to(torch.bfloat16)
-    tensors["multi_vector_projector.bias"] = (
-        torch.randn(JINA_V4_WIDTH, generator=generator) * 0.1
-    ).to(torch.bfloat16)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    )
+    tensors["multi_vector_projector.bias"] = torch.randn(JINA_V4_WIDTH, generator=generator) * 0.1
     pairs = {}
     names = dict(model.named_modules())
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -676,6 +698,25 @@ def jina_embeddings_v4(
             pairs[f"{key}.lora_B.{task}.weight"] = (
                 torch.randn(out_features, rank, generator=generator) * 0.05
             )
+    _saved_as_4x(
+        directory,
+        tensors,
+        vision,
+        tokens,
+        files,
+        architectures=["JinaEmbeddingsV4Model"],
+        model_type="qwen2_5_vl",
+        auto_map={
+            "AutoConfig": "configuration_jina_embeddings_v4.JinaEmbeddingsV4Config",
+            "AutoModel": "modeling_jina_embeddings_v4.JinaEmbeddingsV4Model",
+        },
+        tie_word_embeddings=True,
+        task_names=list(JINA_V4_TASKS),
+        matryoshka_dims=[4, 8, 16, 32, 64],
+        multi_vector_projector_dim=JINA_V4_WIDTH,
+        single_vector_pool_strategy="mean",
+        truncate_dim=None,
+    )
     adapters = directory / "adapters"
     adapters.mkdir()
     save_file(pairs, adapters / "adapter_model.safetensors", metadata={"format": "pt"})
@@ -695,31 +736,46 @@ def jina_embeddings_v4(
             "target_modules": JINA_V4_TARGETS,
         },
     )
-    flat = {k: v for k, v in text.items() if k != "rope_parameters"}
-    hf = {
-        **flat,
-        "architectures": ["JinaEmbeddingsV4Model"],
-        "model_type": "qwen2_5_vl",
-        "auto_map": {
-            "AutoConfig": "configuration_jina_embeddings_v4.JinaEmbeddingsV4Config",
-            "AutoModel": "modeling_jina_embeddings_v4.JinaEmbeddingsV4Model",
-        },
-        "rope_theta": 1e6,
-        "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
-        "vision_config": {**vision, "in_chans": 3, "model_type": "qwen2_5_vl"},
-        "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
-        "task_names": list(JINA_V4_TASKS),
-        "matryoshka_dims": [4, 8, 16, 32, 64],
-        "multi_vector_projector_dim": JINA_V4_WIDTH,
-        "single_vector_pool_strategy": "mean",
-        "truncate_dim": None,
-        **tokens,
+    return directory
+
+
+def jina_reranker_m0(directory: Path, *, seed: int = 14, files: bool = False) -> Path:
+    """jina-reranker-m0's layout: a Qwen2-VL (replicas.colqwen2's shape) saved as transformers
+    4.x saved Qwen2-VL (config.json flat: the text model's fields at the top, `vision_config`
+    with its `embed_dim`, `rope_scaling` of type mrope; tensors `model.` the text model,
+    `visual.` the tower) with its architecture JinaVLForRanking and remote code, and its
+    score MLP (`score.0`: hidden -> hidden, ReLU, `score.2`: hidden -> 1, both with biases);
+    bf16. `files`: Qwen's tokenizer and preprocessor_config.json."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    vocab_size = 151936 if files else 1000
+    hidden = QWEN2_VL_TEXT["hidden_size"]
+    text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
+    vision = QWEN2_VL_TOWER
+    tokens = _vision_tokens(vocab_size)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _near_one_norms(model)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = _first_layout(model)  # its modeling replaces the output head by an identity
+    tensors |= {
+        "score.0.weight": torch.randn(hidden, hidden, generator=generator) / hidden**0.5,
+        "score.0.bias": torch.randn(hidden, generator=generator) * 0.1,
+        "score.2.weight": torch.randn(1, hidden, generator=generator) / hidden**0.5,
+        "score.2.bias": torch.randn(1, generator=generator) * 0.1 + 2.65,
     }
-    _write_json(directory / "config.json", hf)
-    if files:
-        write_tokenizer(directory, append_eos=False)
-        _write_json(directory / "preprocessor_config.json", QWEN2_VL_PROCESSOR)
+    _saved_as_4x(
+        directory,
+        tensors,
+        vision,
+        tokens,
+        files,
+        architectures=["JinaVLForRanking"],
+        model_type="qwen2_vl",
+        auto_map={"AutoModel": "modeling.JinaVLForRanking"},
+        tie_word_embeddings=False,
+    )
     return directory
 
 
