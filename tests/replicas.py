@@ -529,6 +529,7 @@ QWEN2_VL_PROCESSOR = {
 # blocks) in every block but the second.
 QWEN2_VL_TEXT = dict(
     TINY,
+    rms_norm_eps=1e-6,  # the published configs' (transformers' default is 1e-5)
     hidden_size=128,
     num_attention_heads=2,
     num_key_value_heads=1,

@@ -50,6 +50,9 @@ SUPPORTED_ARCHITECTURES = {
     # VISUAL_SPAN_MEAN) and a projection of every token (`multi_vector_projector`) for its
     # multi-vector side
     "JinaEmbeddingsV4Model": "qwen2",
+    # jina-reranker-m0: Qwen2-VL (its flat layout) scoring a (document, query) pair by an MLP on
+    # the last token's hidden state (heads.MlpScoreHead; rerank only)
+    "JinaVLForRanking": "qwen2",
     # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
     # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
     "ColQwen3": "qwen3",
@@ -249,6 +252,7 @@ class ModelConfig:
     multi_vector: bool = False  # its vectors are one per token only (MULTI_VECTOR_ARCHITECTURES)
     final_norm: bool = True  # False: hidden states before the final norm (PRE_NORM_ARCHITECTURES)
     visual_span_mean: bool = False  # VISUAL_SPAN_MEAN's pooling of a text with an image
+    mlp_score: bool = False  # JinaVLForRanking: its `score` MLP reads the last token
 
     @property
     def token_size(self) -> int:
@@ -367,6 +371,7 @@ class ModelConfig:
             multi_vector=bool(MULTI_VECTOR_ARCHITECTURES.intersection(architectures)),
             final_norm=not PRE_NORM_ARCHITECTURES.intersection(architectures),
             visual_span_mean=bool(media and VISUAL_SPAN_MEAN.intersection(architectures)),
+            mlp_score="JinaVLForRanking" in architectures,
         )
 
 

@@ -11,6 +11,8 @@ truncates and normalises per request. `rerank` scores a (query, document) sequen
   is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
+- jina-reranker-m0 has a `score` MLP (Linear, ReLU, Linear, with biases) over the last token
+  (its pairs end in a score token); score = sigmoid(logit - 2.65), its compute_score's.
   A CrossEncoder whose `activation_fn` is none scores the logit itself (score_kind "logit").
 - a listwise reranker (jina-reranker-v3) reads a query and a block of documents in one sequence:
   its projector maps the final hidden states at marker tokens (one after each document, one
@@ -50,7 +52,7 @@ def resolve_task(task: str, config: ModelConfig) -> str:
     if task == "auto":
         if config.is_classifier:
             return "rerank" if config.num_labels == 1 else "classify"
-        reranks = config.listwise or config.sentence.logit_score is not None
+        reranks = config.listwise or config.mlp_score or config.sentence.logit_score is not None
         return "rerank" if reranks else "embed"
     if config.multi_vector and task != "embed":
         raise ValueError(f"task {task!r}: a multi-vector retriever only embeds")
@@ -102,6 +104,26 @@ class ScoreHead(nn.Module):
             logits = logits[:, 0] - logits[:, 1]
         logits = logits.reshape(-1)
         return torch.sigmoid(logits) if self.probability else logits
+
+
+class MlpScoreHead(nn.Module):
+    """jina-reranker-m0's `score` MLP (`score.0`: hidden -> hidden, ReLU, `score.2`: hidden
+    -> 1, with biases) in fp32 over the last token's hidden state -> P(relevant), the sigmoid
+    of its logit less LOGIT_BIAS (its compute_score's normalisation)."""
+
+    LOGIT_BIAS = 2.65
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.first = _loaded(torch.empty(hidden_size, hidden_size), "score.0.weight")
+        self.first_bias = _loaded(torch.empty(hidden_size), "score.0.bias")
+        self.second = _loaded(torch.empty(1, hidden_size), "score.2.weight")
+        self.second_bias = _loaded(torch.empty(1), "score.2.bias")
+
+    def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.linear(last_hidden.float(), self.first, self.first_bias))
+        logits = F.linear(x, self.second, self.second_bias).reshape(-1)
+        return torch.sigmoid(logits - self.LOGIT_BIAS)
 
 
 class ListwiseHead(nn.Module):
@@ -187,6 +209,8 @@ class ClassifierHead(ScoreHead):
 def build_score_head(config: ModelConfig, model_dir: str | Path) -> nn.Module:
     if config.listwise:
         return ListwiseHead(config.hidden_size, model_dir)
+    if config.mlp_score:
+        return MlpScoreHead(config.hidden_size)
     probability = config.score_kind == "probability"
     if config.is_classifier:
         if config.num_labels != 1:

@@ -40,7 +40,7 @@ from qwen_embed_deploy.serving.config import (
     tokenizer_settings,
 )
 from qwen_embed_deploy.serving.images import ImageSettings, decode, resized, tokens_of
-from qwen_embed_deploy.serving.rerank import VISION_PAIRS, pair_tokenizer
+from qwen_embed_deploy.serving.rerank import pair_tokenizer
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer, ids_and_counts, image_blocks
 
 
@@ -217,16 +217,26 @@ class TritonPythonModel:
         if not query_media and not with_media:
             none = np.array([[b""]] * len(documents), dtype=np.object_)
             return self.tokenizer.encode(query, documents, opts), [pb_utils.Tensor("MEDIA", none)]
-        if self.tokenizer.template is not VISION_PAIRS:
-            name = next(n for n, files in given.items() if any(files))
-            kind = "videos" if name.endswith("VIDEOS") else "images"
-            raise RequestError(f"input '{name}' holds {kind}, and this reranker reads text only")
+        tokenizer = self.tokenizer
+        for name, files in given.items():
+            video = name.endswith("VIDEOS")
+            if any(files) and not (tokenizer.reads_video if video else tokenizer.reads_images):
+                kind, reads = ("videos", "images") if video else ("images", "text only")
+                reads = reads if tokenizer.reads_images else "text only"
+                raise RequestError(f"input '{name}' holds {kind}, and this reranker reads {reads}")
         (query_visuals,), (query_arrays,) = self._visuals(given, opts, "QUERY_")
         document_visuals, document_arrays = self._visuals(given, opts, "DOCUMENT_")
         fields = [f"DOCUMENT_{'VIDEOS' if v else 'IMAGES'}" for v in given["DOCUMENT_VIDEOS"]]
-        ids = self.tokenizer.encode(query, documents, opts, query_visuals, document_visuals, fields)
+        ids = tokenizer.encode(query, documents, opts, query_visuals, document_visuals, fields)
         # Each pair's MEDIA holds its visuals in the order of their placeholders.
-        media = [[pack_media(query_arrays + arrays)] for arrays in document_arrays]
+        media = [
+            [
+                pack_media(
+                    arrays + query_arrays if tokenizer.document_first else query_arrays + arrays
+                )
+            ]
+            for arrays in document_arrays
+        ]
         return ids, [pb_utils.Tensor("MEDIA", np.array(media, dtype=np.object_))]
 
     def _visuals(self, given, opts, side=""):

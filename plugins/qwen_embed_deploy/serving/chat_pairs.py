@@ -115,7 +115,7 @@ def chat_template(model_dir: Path) -> str:
 
 
 class ChatPairTokenizer:
-    template = None  # no pair template of ours: it reads text only
+    reads_images = reads_video = document_first = False  # it reads text only
 
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
         model_dir = Path(model_dir)

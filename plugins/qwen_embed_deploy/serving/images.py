@@ -21,13 +21,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .retrievers import own_processor, pixel_budget
+from .retrievers import architectures, own_processor, pixel_budget
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
 # 32 x 32 block of pixels), whatever the processor's own defaults say.
 MIN_PIXELS = 4 * 32 * 32
 MAX_PIXELS = 1800 * 32 * 32
 MAX_ASPECT = 200  # longest side / shortest side, as the processor allows
+# Pixel budgets a checkpoint's own scoring script sets over its processor's: jina-reranker-m0's
+# compute_score loads its processor with min_pixels 3,136 and max_pixels 602,112.
+SCRIPT_BUDGETS = {"JinaVLForRanking": (3136, 602112)}
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class ImageSettings:
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
         """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
         and std); the pixel budget is the embedding script's (a multi-vector retriever's and
-        jina-embeddings-v4's: its processor's, retrievers.py) unless `changes` give one."""
+        jina-embeddings-v4's: its processor's, retrievers.py; SCRIPT_BUDGETS') unless `changes`
+        give one."""
         path = Path(model_dir) / "preprocessor_config.json"
         hf = json.loads(path.read_text()) if path.is_file() else {}
         known = {
@@ -61,6 +65,9 @@ class ImageSettings:
             most = size.get("longest_edge", hf.get("max_pixels", settings.max_pixels))
             least, most = pixel_budget(model_dir, least, most, settings.factor)
             settings = replace(settings, min_pixels=least, max_pixels=most)
+        scripts = [SCRIPT_BUDGETS[a] for a in architectures(model_dir) if a in SCRIPT_BUDGETS]
+        if scripts:
+            settings = replace(settings, min_pixels=scripts[0][0], max_pixels=scripts[0][1])
         return replace(settings, **changes)
 
     @property

@@ -64,7 +64,7 @@ def _clean(text: str) -> str:
 
 
 class BlockTokenizer:
-    template = None  # no pair template: it reads text only
+    reads_images = reads_video = document_first = False  # it reads text only
 
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
         self._tok = load_tokenizer(model_dir)

@@ -17,14 +17,20 @@ answer tokens, heads.ANSWER_TOKENS):
 - mxbai-rerank-v2 (MXBAI_PAIRS, the Qwen2 reranker): "query: {query}" (after "instruction:
   {instruction}\\n" when one is given), "\\n" and "document: {document}", each tokenized
   apart as its library does.
+- jina-reranker-m0 (JINA_M0_PAIRS, `JinaVLForRanking`): its formatting_prompts_func,
+  "**Document**:\\n{document}\\n**Query**:\\n{query}" (after "{instruction}\\n", its
+  prefix_str, when one is given), an image's placeholders standing for its side's text (one
+  image, alone), then its score token (id 100).
 
-Truncation cuts the end of the last piece, i.e. the document's text, never the template, the
-query or an image: a pair with too little room left for its document's text is refused.
+Truncation cuts the document's text, never the template, the query or an image: the end of
+the last piece, or where the document comes first (jina-reranker-m0) its text cut to the
+tokens that fit, as its script cuts a long document; a pair with too little room left for its
+document's text is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from qwen_embed.config import ModelConfig
@@ -46,6 +52,11 @@ class PairTemplate:
     prefix: str
     suffix: str
     default_instruction: str | None
+    _: KW_ONLY
+    suffix_ids: tuple[int, ...] = ()  # token ids after the suffix (jina-reranker-m0's)
+    reads_images: bool = False
+    reads_video: bool = False
+    document_first: bool = False  # the document's text before the query (not at the end)
 
     def pieces(
         self,
@@ -81,6 +92,24 @@ class MxbaiPairs(PairTemplate):
         return (side, "\n", f"document: {document}")
 
 
+@dataclass(frozen=True)
+class JinaM0Pairs(PairTemplate):
+    def pieces(self, instruction, query, document, query_visuals="", document_visuals=""):
+        for side, text, visuals in (
+            ("query", query, query_visuals),
+            ("document", document, document_visuals),
+        ):
+            if visuals and (text or visuals.count("<|vision_start|>") > 1):
+                raise RequestError(
+                    f"holds {'text beside an image' if text else 'several images'} for the "
+                    f"{side}, and this reranker reads an image alone or a text per side"
+                )
+        prompt = (
+            f"**Document**:\n{document_visuals or document}\n**Query**:\n{query_visuals or query}"
+        )
+        return (f"{instruction}\n{prompt}" if instruction else prompt,)
+
+
 TEXT_PAIRS = QwenPairs(
     prefix=QWEN3_PREFIX,
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
@@ -96,6 +125,8 @@ VISION_PAIRS = QwenPairs(
     ),
     after_instruction="",
     after_colon="",
+    reads_images=True,
+    reads_video=True,
 )
 MXBAI_PAIRS = MxbaiPairs(
     prefix=(
@@ -114,10 +145,22 @@ MXBAI_PAIRS = MxbaiPairs(
 )
 
 
+JINA_M0_PAIRS = JinaM0Pairs(
+    prefix="",
+    suffix="",
+    default_instruction=None,
+    suffix_ids=(100,),  # its score token, whose hidden state the MLP reads
+    reads_images=True,
+    document_first=True,
+)
+
+
 def pair_template(config: ModelConfig) -> PairTemplate:
     """The published reranker of the checkpoint's family: Qwen3-Reranker or, multimodal,
     Qwen3-VL-Reranker; mxbai-rerank-v2 for Qwen2 (its causal LM, or a converted one-label
-    classifier)."""
+    classifier); jina-reranker-m0 by its architecture."""
+    if config.mlp_score:
+        return JINA_M0_PAIRS
     if config.media is not None:
         return VISION_PAIRS
     return MXBAI_PAIRS if config.family == "qwen2" else TEXT_PAIRS
@@ -141,6 +184,10 @@ class PairTokenizer:
         self.template = pair_template(ModelConfig.from_dir(model_dir))
         self._prefix = self._tok.encode(self.template.prefix, add_special_tokens=False).ids
         self._suffix = self._tok.encode(self.template.suffix, add_special_tokens=False).ids
+        self._suffix += list(self.template.suffix_ids)
+        self.reads_images = self.template.reads_images
+        self.reads_video = self.template.reads_video
+        self.document_first = self.template.document_first
 
     def encode(
         self,
@@ -161,12 +208,14 @@ class PairTokenizer:
             documents = first_tokens(self._tok, documents, opts.max_document_tokens)
         if document_visuals is None:
             document_visuals = [""] * len(documents)
-        if (query_visuals or any(document_visuals)) and self.template is not VISION_PAIRS:
+        if (query_visuals or any(document_visuals)) and not self.reads_images:
             raise RequestError("this reranker reads text only: it takes no images or videos")
-        pairs = [
-            self.template.pieces(instruction, query, d, query_visuals, visuals)
-            for d, visuals in zip(documents, document_visuals, strict=True)
-        ]
+        pairs = []
+        for i, (d, visuals) in enumerate(zip(documents, document_visuals, strict=True)):
+            try:
+                pairs.append(self.template.pieces(instruction, query, d, query_visuals, visuals))
+            except RequestError as e:
+                raise RequestError(f"input 'DOCUMENTS[{i}]' {e}") from None
         out, heads = [], {}
         for i, ids in enumerate(self._tokenized(pairs)):
             if len(ids) > budget:
@@ -182,9 +231,28 @@ class PairTokenizer:
                         f"{len(ids) + len(self._prefix) + len(self._suffix)} tokens, more than "
                         f"the limit of {self.max_input_tokens} (send truncate=true to cut it)"
                     )
-                ids = ids[:budget]
+                if self.template.document_first:
+                    piece = (instruction, query, documents[i], query_visuals, visuals)
+                    ids = self._document_cut(piece, len(ids) - budget)
+                else:
+                    ids = ids[:budget]
             out.append(self._prefix + ids + self._suffix)
         return out
+
+    def _document_cut(self, piece: tuple, over: int) -> list[int]:
+        """The pair `piece` (pieces' arguments) with its document's text cut by `over` tokens
+        and more until the pair fits (its tokens at the cut may merge otherwise)."""
+        instruction, query, document, query_visuals, visuals = piece
+        own = self._tok.encode(document, add_special_tokens=False)
+        budget = self.max_input_tokens - len(self._prefix) - len(self._suffix)
+        keep = len(own.ids) - over
+        while True:
+            text = document[: own.offsets[keep - 1][1]] if keep > 0 else ""
+            pieces = self.template.pieces(instruction, query, text, query_visuals, visuals)
+            ids = self._tokenized([pieces])[0]
+            if len(ids) <= budget or keep <= 0:
+                return ids
+            keep -= len(ids) - budget
 
     def _tokenized(self, pairs: list[tuple[str, ...]]) -> list[list[int]]:
         """Each pair's pieces tokenized apart, each distinct text once (the query's side

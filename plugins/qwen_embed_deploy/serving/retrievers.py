@@ -53,17 +53,17 @@ JINA_V4 = "JinaEmbeddingsV4Model"
 JINA_V4_PROMPTS = {"query": "Query: ", "passage": "Passage: ", "document": "Passage: "}
 
 
-def _architectures(model_dir: str | Path) -> list[str]:
+def architectures(model_dir: str | Path) -> list[str]:
     return _json(Path(model_dir) / "config.json").get("architectures") or []
 
 
 def retriever(model_dir: str | Path) -> str | None:
     """The checkpoint's multi-vector architecture, None for any other model."""
-    return next((a for a in _architectures(model_dir) if a in MULTI_VECTOR_ARCHITECTURES), None)
+    return next((a for a in architectures(model_dir) if a in MULTI_VECTOR_ARCHITECTURES), None)
 
 
 def is_jina_v4(model_dir: str | Path) -> bool:
-    return JINA_V4 in _architectures(model_dir)
+    return JINA_V4 in architectures(model_dir)
 
 
 def own_processor(model_dir: str | Path) -> bool:
