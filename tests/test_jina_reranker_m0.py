@@ -162,6 +162,8 @@ def test_the_pair_tokenizer_writes_its_formatting(tmp_path):
         encode(query, ["a caption"], RerankOptions(), "", [image_blocks([4])])
     with pytest.raises(RequestError, match=r"'DOCUMENTS\[0\]' holds several images"):
         encode(query, [""], RerankOptions(), "", [image_blocks([4, 4])])
+    with pytest.raises(RequestError, match=r"'QUERY' holds text beside an image"):
+        encode(query, [""], RerankOptions(), image_blocks([4]), [""])
 
 
 # Through Triton: the rerank ensemble writes pairs as its formatting does, with images.

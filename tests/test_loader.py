@@ -191,7 +191,7 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     with pytest.raises(
         UnsupportedModelError,
         match="supported: ColQwen2ForRetrieval, ColQwen3, JinaEmbeddingsV4Model, "
-        "JinaEmbeddingsV5Model, JinaForRanking, "
+        "JinaEmbeddingsV5Model, JinaForRanking, JinaVLForRanking, "
         "PPLXQwen3ContextualModel, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, "
         "Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model",

@@ -221,8 +221,8 @@ class TritonPythonModel:
         for name, files in given.items():
             video = name.endswith("VIDEOS")
             if any(files) and not (tokenizer.reads_video if video else tokenizer.reads_images):
-                kind, reads = ("videos", "images") if video else ("images", "text only")
-                reads = reads if tokenizer.reads_images else "text only"
+                kind = "videos" if video else "images"
+                reads = "images" if tokenizer.reads_images else "text only"
                 raise RequestError(f"input '{name}' holds {kind}, and this reranker reads {reads}")
         (query_visuals,), (query_arrays,) = self._visuals(given, opts, "QUERY_")
         document_visuals, document_arrays = self._visuals(given, opts, "DOCUMENT_")

@@ -70,6 +70,10 @@ class PairTemplate:
         the last."""
         raise NotImplementedError
 
+    def refusal(self, text: str, visuals: str) -> str | None:
+        """Why a side (its text and its visuals' placeholders) cannot be read; None: it can."""
+        return None
+
 
 @dataclass(frozen=True)
 class QwenPairs(PairTemplate):
@@ -94,16 +98,13 @@ class MxbaiPairs(PairTemplate):
 
 @dataclass(frozen=True)
 class JinaM0Pairs(PairTemplate):
+    def refusal(self, text: str, visuals: str) -> str | None:
+        if visuals and (text or visuals.count("<|vision_start|>") > 1):
+            held = "text beside an image" if text else "several images"
+            return f"holds {held}, and this reranker reads an image alone or a text per side"
+        return None
+
     def pieces(self, instruction, query, document, query_visuals="", document_visuals=""):
-        for side, text, visuals in (
-            ("query", query, query_visuals),
-            ("document", document, document_visuals),
-        ):
-            if visuals and (text or visuals.count("<|vision_start|>") > 1):
-                raise RequestError(
-                    f"holds {'text beside an image' if text else 'several images'} for the "
-                    f"{side}, and this reranker reads an image alone or a text per side"
-                )
         prompt = (
             f"**Document**:\n{document_visuals or document}\n**Query**:\n{query_visuals or query}"
         )
@@ -210,12 +211,18 @@ class PairTokenizer:
             document_visuals = [""] * len(documents)
         if (query_visuals or any(document_visuals)) and not self.reads_images:
             raise RequestError("this reranker reads text only: it takes no images or videos")
-        pairs = []
-        for i, (d, visuals) in enumerate(zip(documents, document_visuals, strict=True)):
-            try:
-                pairs.append(self.template.pieces(instruction, query, d, query_visuals, visuals))
-            except RequestError as e:
-                raise RequestError(f"input 'DOCUMENTS[{i}]' {e}") from None
+        sides = [("QUERY", query, query_visuals)]
+        sides += [
+            (f"DOCUMENTS[{i}]", *side)
+            for i, side in enumerate(zip(documents, document_visuals, strict=True))
+        ]
+        for name, text, visuals in sides:
+            if (why := self.template.refusal(text, visuals)) is not None:
+                raise RequestError(f"input '{name}' {why}")
+        pairs = [
+            self.template.pieces(instruction, query, d, query_visuals, visuals)
+            for d, visuals in zip(documents, document_visuals, strict=True)
+        ]
         out, heads = [], {}
         for i, ids in enumerate(self._tokenized(pairs)):
             if len(ids) > budget:
