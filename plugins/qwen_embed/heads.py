@@ -11,9 +11,9 @@ truncates and normalises per request. `rerank` scores a (query, document) sequen
   is never built.
 - a converted sequence-classification checkpoint has a one-row `score` head; score =
   sigmoid(logit).
+  A CrossEncoder whose `activation_fn` is none scores the logit itself (score_kind "logit").
 - jina-reranker-m0 has a `score` MLP (Linear, ReLU, Linear, with biases) over the last token
   (its pairs end in a score token); score = sigmoid(logit - 2.65), its compute_score's.
-  A CrossEncoder whose `activation_fn` is none scores the logit itself (score_kind "logit").
 - a listwise reranker (jina-reranker-v3) reads a query and a block of documents in one sequence:
   its projector maps the final hidden states at marker tokens (one after each document, one
   after the query) to vectors, and a document's score is the cosine of its vector with the
