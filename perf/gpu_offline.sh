@@ -154,10 +154,10 @@ gpu_steps() {
 
 vl_model=.cache/qwen3-vl-2b-shape
 gpu_vl_steps() {
-	step "tests marked gpu: Qwen3-VL and the multi-vector retrievers on the GPU against transformers"
+	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers and Jina's on the GPU against transformers"
 	timeout "$(left 90)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 		tests/test_qwen3_vl.py tests/test_colqwen3.py tests/test_nemotron_colembed.py \
-		tests/test_colqwen2.py
+		tests/test_colqwen2.py tests/test_jina_embeddings_v4.py tests/test_jina_reranker_m0.py
 	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound"
 	timeout "$(left 150)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
 		--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-images"

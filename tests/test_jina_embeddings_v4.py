@@ -151,6 +151,23 @@ def test_vectors_match_the_recipe(replica, dtype):
     assert least_cosine(pooled[3], whole.numpy()) < 0.99
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vectors_on_a_gpu_match_the_recipe(replica):
+    """bf16 on the GPU (a text alone also through the CUDA graphs, the others through the
+    tower) against the recipe in fp32 on the CPU: pooled and per-token vectors."""
+    recipe = Recipe(replica, "retrieval")
+    texts = cases(ModelConfig.from_dir(replica).media)
+    with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
+        pooled = enc.embed_media(list(texts.values()))
+        plain = enc.embed([texts["text alone"].ids])[0]
+        tokens = enc.embed_tokens(list(texts.values()))
+    for (name, text), got, got_tokens in zip(texts.items(), pooled, tokens, strict=True):
+        assert least_cosine(got, recipe.pooled(text)) >= BF16_COSINE, name
+        assert least_cosine(got_tokens, recipe.tokens(text)) >= BF16_COSINE, name
+    assert least_cosine(plain, recipe.pooled(texts["text alone"])) >= BF16_COSINE
+
+
 @pytest.mark.server
 def test_each_task_is_its_adapter(replica):
     """A deployment per task merges that task's pairs (the tower's and the projector's too);

@@ -88,6 +88,23 @@ def test_scores_match_the_recipe(replica, dtype):
     assert np.ptp(want) > 0.05  # the pairs score apart: a check that can fail
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_scores_on_a_gpu_match_the_recipe(replica):
+    """bf16 on the GPU (text pairs also through the CUDA graphs) against the recipe in fp32
+    on the CPU, within 1e-2."""
+    t = Texts(ModelConfig.from_dir(replica).media, seed=4)
+    pairs = [t.text(14, 9), t.text(4, t.visual(6, 4), 11), t.text(3, t.visual(4, 8), 20)]
+    pairs = [MediaText(np.append(p.ids, SCORE_TOKEN), p.visuals) for p in pairs]
+    recipe = Recipe(replica)
+    want = np.array([recipe.score(p) for p in pairs])
+    with Encoder.from_pretrained(replica, dtype="bfloat16", device="cuda") as enc:
+        got = enc.score_media(pairs)
+        text = enc.score([pairs[0].ids])[0]
+    assert np.abs(got - want).max() <= 1e-2, (got, want)
+    assert abs(text - want[0]) <= 1e-2
+
+
 class Official:
     """compute_score's inputs from the served directory: formatting_prompts_func's prompt, its
     processor (the tokenizer; Qwen2-VL's image processor at min_pixels 3,136 and max_pixels
