@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qwen_embed import Encoder
-from qwen_embed.batch import VarlenBatch, flatten, plan_batches, plan_requests
+from qwen_embed.batch import VarlenBatch, flatten, plan_batches, plan_requests, pool_spans
 
 from reference import random_sequences
 
@@ -22,6 +22,13 @@ def test_varlen_batch_layout():
     assert batch.seq_lens == (3, 1, 2)
     with pytest.raises(ValueError):
         flatten([[1], []])
+
+
+def test_pool_spans_means_each_span_of_rows():
+    hidden = torch.randn(20, 4, dtype=torch.bfloat16)
+    spans = np.array([[0, 3], [5, 12], [12, 13], [15, 20]])
+    want = torch.stack([hidden[a:b].float().mean(0) for a, b in spans])
+    assert torch.allclose(pool_spans(hidden, spans), want, atol=1e-6)
 
 
 def test_plan_requests_shortest_first_within_the_budget():

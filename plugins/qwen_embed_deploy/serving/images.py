@@ -46,9 +46,7 @@ class ImageSettings:
     @classmethod
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
         """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
-        and std); the pixel budget is the embedding script's (a multi-vector retriever's and
-        jina-embeddings-v4's: its processor's, retrievers.py; SCRIPT_BUDGETS') unless `changes`
-        give one."""
+        and std); the pixel budget `_budget`'s unless `changes` give one."""
         path = Path(model_dir) / "preprocessor_config.json"
         hf = json.loads(path.read_text()) if path.is_file() else {}
         known = {
@@ -59,21 +57,29 @@ class ImageSettings:
             "std": tuple(hf["image_std"]) if "image_std" in hf else None,
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
-        if own_processor(model_dir):  # its processor's budget
-            size = hf.get("size") or {}  # Qwen2-VL's older saves: min_pixels, max_pixels
-            least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))
-            most = size.get("longest_edge", hf.get("max_pixels", settings.max_pixels))
-            least, most = pixel_budget(model_dir, least, most, settings.factor)
-            settings = replace(settings, min_pixels=least, max_pixels=most)
-        scripts = [SCRIPT_BUDGETS[a] for a in architectures(model_dir) if a in SCRIPT_BUDGETS]
-        if scripts:
-            settings = replace(settings, min_pixels=scripts[0][0], max_pixels=scripts[0][1])
-        return replace(settings, **changes)
+        least, most = _budget(model_dir, hf, settings)
+        return replace(replace(settings, min_pixels=least, max_pixels=most), **changes)
 
     @property
     def factor(self) -> int:
         """Pixels per side of one text-model token."""
         return self.patch_size * self.merge_size
+
+
+def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[int, int]:
+    """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS), else a
+    multi-vector retriever's or jina-embeddings-v4's processor's (`hf`, its
+    preprocessor_config.json: `size`, or Qwen2-VL's older min_pixels and max_pixels;
+    retrievers.pixel_budget), else Qwen3-VL-Embedding's script's (`settings`' defaults)."""
+    for architecture in architectures(model_dir):
+        if architecture in SCRIPT_BUDGETS:
+            return SCRIPT_BUDGETS[architecture]
+    if not own_processor(model_dir):
+        return settings.min_pixels, settings.max_pixels
+    size = hf.get("size") or {}
+    least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))
+    most = size.get("longest_edge", hf.get("max_pixels", settings.max_pixels))
+    return pixel_budget(model_dir, least, most, settings.factor)
 
 
 def fit(height: int, width: int, settings: ImageSettings) -> tuple[int, int]:
