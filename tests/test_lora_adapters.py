@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
@@ -34,7 +35,7 @@ from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine, random_sequences
 from replicas import lora_finetune, lora_model, qwen3_embedding
-from triton_helpers import infer, run_clients
+from triton_helpers import infer, run_clients, text_input
 
 FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-5
@@ -303,12 +304,32 @@ def test_requests_name_their_adapter_through_triton(served, st, protocol):
 
 
 @pytest.mark.server
+def test_per_token_vectors_of_an_adapter(served, st):
+    """per_token with an adapter: each token's vector is its fine-tune's final hidden state
+    (sentence-transformers' token embeddings of that fine-tune), normalised."""
+    server, _ = served
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    params = {"adapter": "legal", "per_token": True}
+    result = client.infer("embed", [text_input(grpcclient, TEXTS)], parameters=params)
+    states, counts = result.as_numpy("TOKEN_EMBEDDING"), result.as_numpy("TOKEN_COUNT")[:, 0]
+    # one text at a time: a batch's token embeddings hold its padding
+    want, base = (
+        [st[name].encode([t], output_value="token_embeddings")[0] for t in TEXTS]
+        for name in ("legal", "base")
+    )
+    for got, count, theirs, plain in zip(states, counts, want, base, strict=True):
+        assert count == len(theirs)
+        assert np.allclose(np.linalg.norm(got[:count], axis=1), 1, atol=1e-5)
+        assert cosine(got[:count], theirs.numpy()).min() >= FP32_COSINE
+        assert cosine(got[:count], plain.numpy()).min() < 0.99  # the adapter matters
+
+
+@pytest.mark.server
 def test_what_a_request_cannot_name_is_refused_for_it_alone(served):
     server, _ = served
     for params, message in [
         ({"adapter": "sql"}, r"adapter 'sql' is not served here \(adapters: \['legal', 'code'\]\)"),
         ({"adapter": 5}, "parameter 'adapter' must be a string"),
-        ({"adapter": "legal", "per_token": True}, "parameter 'adapter' is not served with"),
         ({"adapter": "legal", "chunk_size": 4}, "parameter 'adapter' is not served with"),
     ]:
         with pytest.raises(InferenceServerException, match=message):

@@ -286,6 +286,30 @@ def test_a_lora_finetune_over_the_text_model_and_the_tower(replica, media, tmp_p
     assert (base * want).sum(-1).max() < 0.999  # the adapter matters: this can fail
 
 
+@pytest.mark.server  # whole-model runs: seconds
+def test_an_adapter_a_request_names_with_images_and_per_token(replica, media, tmp_path):
+    """An adapter of the text model a request names (lora_modules), for texts with images and
+    for per-token vectors: each text is what the fine-tune merged at load gives it, texts of
+    the base and of the adapter in one forward; the prefix cache keeps their prefixes apart."""
+    finetune = lora_model(tmp_path / "finetune", replica, Qwen3VLForConditionalGeneration)
+    texts = prefixed(list(range(10, 30)), list(cases(media).values()))
+    names = ["ft", None, "ft", None, "ft"]
+    settings = {"dtype": "float32", "attn_backend": "torch"}
+    with Encoder.from_pretrained(finetune, **settings) as encoder:
+        merged, merged_tokens = encoder.embed_media(texts), encoder.embed_tokens(texts)
+    with Encoder.from_pretrained(replica, lora_modules=f"ft={finetune}", **settings) as encoder:
+        base, base_tokens = encoder.embed_media(texts), encoder.embed_tokens(texts)
+        forwards = encoder.stats["forwards"]
+        got = encoder.embed_media(texts, adapter=names)
+        tokens = encoder.embed_tokens(texts, adapter=names)
+        assert encoder.stats["forwards"] == forwards + 2
+    for i, name in enumerate(names):
+        want, want_tokens = (merged, merged_tokens) if name else (base, base_tokens)
+        assert np.abs(got[i] - want[i]).max() <= 1e-5, i
+        assert np.abs(tokens[i] - want_tokens[i]).max() <= 1e-5, i
+    assert (merged * base).sum(-1).max() < 0.999  # the adapter matters: this can fail
+
+
 def prefixed(prefix: list[int], texts: list[MediaText]) -> list[MediaText]:
     return [MediaText(np.array(prefix + list(t.ids)), t.visuals) for t in texts]
 
@@ -319,10 +343,12 @@ def test_a_shared_prefix_ends_before_the_first_visual(replica, media):
 
 
 @pytest.mark.server  # starts the rank-1 worker process
-def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
+def test_tensor_parallel_equals_one_process(replica, media, reranker_dir, tmp_path):
     """tp_size 2: rank 0 runs the tower and sends the visuals' tokens to rank 1, which loads no
     tower; every case and a batch split over forwards give one process's vectors, per-token
-    vectors and scores (fp32: the all-reduces' summation order differs)."""
+    vectors and scores (fp32: the all-reduces' summation order differs), and so do texts
+    naming an adapter (rank 1 hears each text's)."""
+    finetune = lora_model(tmp_path / "finetune", replica, Qwen3VLForConditionalGeneration)
     texts = list(cases(media).values())
     t = Texts(media, seed=3)
     texts += [t.text(t.visual(2, 4, t=2), 3, t.visual(4, 2), 2), t.text(7, t.visual(2, 2), 1)]
@@ -330,11 +356,19 @@ def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
     runs = {}
     for tp_size in (1, 2):
         with Encoder.from_pretrained(
-            replica, tp_size=tp_size, dtype="float32", attn_backend="torch", max_batch_tokens=64
+            replica,
+            tp_size=tp_size,
+            dtype="float32",
+            attn_backend="torch",
+            max_batch_tokens=64,
+            lora_modules=f"ft={finetune}",
         ) as encoder:
             runs[tp_size] = encoder.embed_media(texts)
             # every row's state, the plain texts beside those with visuals in one call
             runs[tp_size, "tokens"] = encoder.embed_tokens(texts + [texts[0].ids])
+            names = ["ft", None] * (len(texts) // 2) + ["ft"] * (len(texts) % 2)
+            runs[tp_size, "adapted"] = encoder.embed_media(texts, adapter=names)
+            runs[tp_size, "adapted tokens"] = encoder.embed_tokens(texts, adapter=names)
         with Encoder.from_pretrained(
             reranker_dir, task="rerank", tp_size=tp_size, dtype="float32", max_batch_tokens=64
         ) as encoder:
@@ -343,7 +377,13 @@ def test_tensor_parallel_equals_one_process(replica, media, reranker_dir):
             )
             runs[tp_size, "text"] = encoder.score([texts[0].ids])
     assert np.abs(runs[2] - runs[1]).max() <= 1e-5
-    for two, one in zip(runs[2, "tokens"], runs[1, "tokens"], strict=True):
+    assert np.abs(runs[2, "adapted"] - runs[1, "adapted"]).max() <= 1e-5
+    assert (runs[1, "adapted"] * runs[1]).sum(-1).min() < 0.999  # the adapter was added
+    for two, one in zip(
+        runs[2, "tokens"] + runs[2, "adapted tokens"],
+        runs[1, "tokens"] + runs[1, "adapted tokens"],
+        strict=True,
+    ):
         assert np.abs(two - one).max() <= 1e-5
     assert np.abs(runs[2, "scores"] - runs[1, "scores"]).max() <= 1e-5
     assert np.abs(runs[2, "text"] - runs[1, "text"]).max() <= 1e-5
@@ -554,17 +594,28 @@ def official_score(model, model_dir, query, query_images, document, document_ima
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, reranker_dir):
+def served_finetune(tmp_path_factory):
+    """The served embedder's directory and a LoRA fine-tune of its text model (peft's files)."""
+    where = tmp_path_factory.mktemp("qwen3-vl-served")
+    model_dir = qwen3_vl(where / "model", files=True)
+    return model_dir, lora_model(where / "finetune", model_dir, Qwen3VLForConditionalGeneration)
+
+
+@pytest.fixture(scope="module")
+def served(served_finetune, reranker_dir):
+    """tritonserver with the embedder (the fine-tune kept beside it as adapter `ft`) and the
+    reranker."""
     from qwen_embed_deploy.repository import render
     from qwen_embed_deploy.triton import TritonServer
 
-    where = tmp_path_factory.mktemp("qwen3-vl-served")
-    model_dir = qwen3_vl(where / "model", files=True)
+    model_dir, finetune = served_finetune
+    where = model_dir.parent
+    overrides = {
+        "encoder": {"dtype": "float32"},
+        "embed.encoder": {"lora_modules": f"ft={finetune}"},
+    }
     repo = render(
-        where / "repo",
-        {"embed": model_dir},
-        {"encoder": {"dtype": "float32"}},
-        rerankers={"rerank": reranker_dir},
+        where / "repo", {"embed": model_dir}, overrides, rerankers={"rerank": reranker_dir}
     )
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield model_dir, server
@@ -597,6 +648,30 @@ def test_images_through_triton_match_the_official_recipe(served, served_model):
         cosines = (got * want).sum(axis=1)
         assert cosines.min() >= FP32_COSINE, (protocol, cosines)
     assert float(want[1] @ want[2]) < 0.999  # the images tell the vectors apart
+
+
+@pytest.mark.server
+def test_an_adapter_a_request_names_with_images_through_triton(served, served_finetune):
+    """Texts with images naming the adapter `ft` are the fine-tune's (peft's forward of it with
+    the official recipe), those naming none the base's."""
+    from qwen_embed_client import EmbeddingClient
+
+    model_dir, server = served
+    adapted = PeftModel.from_pretrained(
+        Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32),
+        served_finetune[1],
+    ).eval()
+    files = image_files()
+    cases = [("a chart with a legend", [files["jpeg"]]), ("", [files["png"]])]
+    want = np.stack(
+        [official_vector(adapted.base_model.model, model_dir, t, im) for t, im in cases]
+    )
+    with EmbeddingClient(server.grpc_url, protocol="grpc") as client:
+        texts, images = [t for t, _ in cases], [im for _, im in cases]
+        got = client.embed(texts, images=images, adapter="ft")
+        plain = client.embed(texts, images=images)
+    assert (got * want).sum(axis=1).min() >= FP32_COSINE
+    assert (plain * want).sum(axis=1).max() < 0.999  # the adapter matters: this can fail
 
 
 @pytest.mark.server

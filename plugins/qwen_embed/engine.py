@@ -398,6 +398,17 @@ class Encoder:
         indices = np.array([index[name] for name in names], dtype=np.int64)
         return None if (indices == BASE).all() else indices
 
+    def _batches(self, lengths: list[int], adapter: Adapters):
+        """(indices, their adapter indices or None) of each forward planned by the token
+        budget, each adapter's texts one run of rows (lora.py)."""
+        adapters = self.adapter_indices(adapter, len(lengths))
+        for indices in plan_batches(lengths, self.max_batch_tokens):
+            if adapters is None:
+                yield indices, None
+            else:
+                indices = sorted(indices, key=lambda i: adapters[i])
+                yield indices, adapters[indices]
+
     def pool_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """Pooled (and projected: heads.py) vectors float32 [n, embedding_size], not truncated,
         not normalised (`finish` does that per request), of sequences that already passed
@@ -467,6 +478,7 @@ class Encoder:
         normalize: bool = True,
         dimensions: int | None = None,
         skiplist: bool = False,
+        adapter: Adapters = None,
     ) -> list[np.ndarray]:
         """One vector per token (late interaction, custom pooling): for each token id list
         (or text with images and video, media.py), its final hidden states float32 [tokens,
@@ -474,14 +486,14 @@ class Encoder:
         checkpoint's projections of pooled vectors (a multi-vector retriever's projection of
         every token applied); truncated and normalised per token. With `skiplist`, a
         MultiVectorEncoder's skiplist tokens' vectors left out (`without_skiplist`; its
-        documents' reading)."""
+        documents' reading). `adapter` as `embed`'s."""
         self._check_dimensions(dimensions, self.config.token_size)
         if any(isinstance(t, MediaText) for t in texts):
             as_media = [t if isinstance(t, MediaText) else MediaText(np.asarray(t)) for t in texts]
             checked = self.check_media(as_media)
         else:
             checked = self.check_sequences(texts)
-        states = self.token_states_checked(checked)
+        states = self.token_states_checked(checked, adapter)
         if skiplist:
             states = self.without_skiplist(states, checked)
         return [
@@ -496,7 +508,9 @@ class Encoder:
         ids = [getattr(t, "ids", t) for t in texts]
         return [s[~np.isin(i, skiplist)] for s, i in zip(states, ids, strict=True)]
 
-    def token_states_checked(self, texts: list[np.ndarray | MediaText]) -> list[np.ndarray]:
+    def token_states_checked(
+        self, texts: list[np.ndarray | MediaText], adapter: Adapters = None
+    ) -> list[np.ndarray]:
         """`embed_tokens` before truncation and normalisation, for sequences that passed
         `check_sequence` (or texts that passed `check_media`): forwards planned by the token
         budget that compute every row (no shared prefix, no pruned last layer)."""
@@ -506,17 +520,18 @@ class Encoder:
             texts = [t if isinstance(t, MediaText) else MediaText(t, (), ()) for t in texts]
         ids = [t.ids for t in texts] if media_texts else texts
         out: list[np.ndarray] = [None] * len(texts)
+        batches = list(self._batches([len(s) for s in ids], adapter))
         with self._lock:
-            for indices in plan_batches([len(s) for s in ids], self.max_batch_tokens):
+            for indices, adapters in batches:
                 flat = flatten([ids[i] for i in indices])
                 media = None
                 if media_texts:
                     chosen = [texts[i] for i in indices]
                     media = MediaForward.of_texts(chosen, self.config.media, self.device)
-                ctx = self.model.planner.plan(*flat, every_row=True, media=media)
+                ctx = self.model.planner.plan(*flat, every_row=True, media=media, adapters=adapters)
                 send = None
                 if self._launcher is not None:
-                    send = partial(self._launcher.send_every_row, *flat, media)
+                    send = partial(self._launcher.send_every_row, *flat, media, adapters)
                 rows = self._forward_context(ctx, self._token_states, send)
                 bounds = flat[1].tolist()
                 states = rows.numpy()
@@ -536,11 +551,13 @@ class Encoder:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
+        adapter: Adapters = None,
     ) -> np.ndarray:
         """Embed texts with images and video (a multimodal checkpoint: media.py says how a
-        text holds them); float32 [n, dimensions or embedding_size] in input order."""
+        text holds them); float32 [n, dimensions or embedding_size] in input order.
+        `adapter` as `embed`'s."""
         self._check_dimensions(dimensions)
-        pooled = torch.from_numpy(self.pool_media_checked(self.check_media(texts)))
+        pooled = torch.from_numpy(self.pool_media_checked(self.check_media(texts), adapter))
         return finish(pooled, normalize=normalize, dimensions=dimensions).contiguous().numpy()
 
     def check_media(self, texts: Sequence[MediaText]) -> list[MediaText]:
@@ -571,35 +588,39 @@ class Encoder:
             )
         return self.config.media
 
-    def pool_media_checked(self, texts: list[MediaText]) -> np.ndarray:
+    def pool_media_checked(self, texts: list[MediaText], adapter: Adapters = None) -> np.ndarray:
         """`embed_media` before truncation and normalisation, for texts that passed
         `check_media` (or `check_visuals`)."""
         self._require_pooled()
         out = np.empty((len(texts), self.embedding_size), dtype=np.float32)
-        return self._run_media(texts, out, self._embedding_head)
+        return self._run_media(texts, out, self._embedding_head, adapter)
 
-    def score_media(self, texts: Sequence[MediaText]) -> np.ndarray:
+    def score_media(self, texts: Sequence[MediaText], adapter: Adapters = None) -> np.ndarray:
         """Relevance of templated (query, document) pairs with their images (a multimodal
-        reranker, Qwen3-VL-Reranker): float32 [n] in [0, 1]."""
-        return self.score_media_checked(self.check_media(texts))
+        reranker, Qwen3-VL-Reranker): float32 [n] in [0, 1]. `adapter` as `score`'s."""
+        return self.score_media_checked(self.check_media(texts), adapter)
 
-    def score_media_checked(self, texts: list[MediaText]) -> np.ndarray:
+    def score_media_checked(self, texts: list[MediaText], adapter: Adapters = None) -> np.ndarray:
         """`score_media` for pairs that passed `check_media` (or `check_visuals`)."""
         self._require("rerank")
-        return self._run_media(texts, np.empty(len(texts), dtype=np.float32), self.model.head)
+        out = np.empty(len(texts), dtype=np.float32)
+        return self._run_media(texts, out, self.model.head, adapter)
 
-    def _run_media(self, texts: list[MediaText], out: np.ndarray, head) -> np.ndarray:
+    def _run_media(
+        self, texts: list[MediaText], out: np.ndarray, head, adapter: Adapters
+    ) -> np.ndarray:
         """Forwards planned by the token budget, each running the vision tower once over all
         of its visuals; `head(pooled)` -> rows of `out`."""
+        batches = list(self._batches([len(t.ids) for t in texts], adapter))
         with self._lock:
-            for indices in plan_batches([len(t.ids) for t in texts], self.max_batch_tokens):
+            for indices, adapters in batches:
                 chosen = [texts[i] for i in indices]
                 media = MediaForward.of_texts(chosen, self.config.media, self.device)
                 flat = flatten([t.ids for t in chosen])
-                ctx = self.model.planner.plan(*flat, media=media)
+                ctx = self.model.planner.plan(*flat, media=media, adapters=adapters)
                 send = None
                 if self._launcher is not None:
-                    send = partial(self._launcher.send_media, *flat, media)
+                    send = partial(self._launcher.send_media, *flat, media, adapters=adapters)
                 spans = None
                 if self.config.visual_span_mean and self.route.pooling == "mean":
                     spans = visual_spans([t.ids for t in chosen], self.config.media)
@@ -673,16 +694,12 @@ class Encoder:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
         `out`. A batch's result is read after the next batch is queued: a GPU never waits
         for the host to read results or plan the next batch."""
-        adapters = self.adapter_indices(adapter, len(sequences))
-        lengths = [len(s) for s in sequences]
+        batches = list(self._batches([len(s) for s in sequences], adapter))
         with self._lock:
             queued: list[tuple[list[int], HostResult]] = []
-            for indices in plan_batches(lengths, self.max_batch_tokens):
-                if adapters is not None:  # each adapter's texts one run of rows (lora.py)
-                    indices = sorted(indices, key=lambda i: adapters[i])
+            for indices, adapters in batches:
                 batch = [sequences[i] for i in indices]
-                batch_adapters = None if adapters is None else adapters[indices]
-                queued.append((indices, self._forward(batch, head, batch_adapters)))
+                queued.append((indices, self._forward(batch, head, adapters)))
                 if len(queued) == 2:
                     rows, result = queued.pop(0)
                     out[rows] = result.numpy()

@@ -192,6 +192,9 @@ class TPLauncher:
     ) -> None:
         """A forward of a flat batch (Planner.plan's arguments)."""
         command = CMD_EVERY_ROW if every_row else CMD_FORWARD
+        self._send(command, input_ids, cu_seqlens, adapters)
+
+    def _send(self, command: int, input_ids, cu_seqlens, adapters: np.ndarray | None) -> None:
         header = _header(command, input_ids.numel(), cu_seqlens.numel(), adapters is not None)
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(input_ids, 0).wait()
@@ -205,25 +208,27 @@ class TPLauncher:
         cu_seqlens: torch.Tensor,
         media: MediaForward,
         every_row: bool = False,
+        adapters: np.ndarray | None = None,
     ) -> None:
         """A forward of a flat batch with images and video: its ids and positions on three
         axes; rank 0 runs the tower and broadcasts the visuals' tokens inside the forward
         (MediaForward.embed)."""
         command = CMD_MEDIA_EVERY_ROW if every_row else CMD_MEDIA
-        header = _header(command, input_ids.numel(), cu_seqlens.numel())
-        self.control.broadcast(header, 0).wait()
-        self.control.broadcast(input_ids, 0).wait()
-        self.control.broadcast(cu_seqlens, 0).wait()
+        self._send(command, input_ids, cu_seqlens, adapters)
         self.control.broadcast(torch.from_numpy(media.positions_host), 0).wait()
 
     def send_every_row(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, media: MediaForward | None
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        media: MediaForward | None,
+        adapters: np.ndarray | None = None,
     ) -> None:
         """A forward whose every row's final hidden state is read (per-token vectors)."""
         if media is None:
-            self.send_batch(input_ids, cu_seqlens, every_row=True)
+            self.send_batch(input_ids, cu_seqlens, every_row=True, adapters=adapters)
         else:
-            self.send_media(input_ids, cu_seqlens, media, every_row=True)
+            self.send_media(input_ids, cu_seqlens, media, every_row=True, adapters=adapters)
 
     def send_chunks(self, packed: torch.Tensor) -> None:
         """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on

@@ -121,11 +121,13 @@ class TritonPythonModel:
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
                 media = self._media(request, seqs)
-                if chunks is not None or media is not None or (opts and opts.per_token):
-                    _no_adapter(adapter, "with late chunking, images, video or per_token")
+                if chunks is not None:
+                    _no_adapter(adapter, "with late chunking")
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
+            if adapter is not None:
+                adapters[i] = adapter
             if opts is not None and opts.per_token:
                 per_token.append((i, opts, seqs if media is None else media))
             elif media is not None:
@@ -134,8 +136,6 @@ class TritonPythonModel:
                 chunked.append((i, opts, chunks))
             else:
                 accepted.append((i, opts, seqs))
-                if adapter is not None:
-                    adapters[i] = adapter
         if not accepted and not chunked and not per_token and not with_media and not listwise:
             return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
@@ -149,21 +149,22 @@ class TritonPythonModel:
         requests_in += len(listwise)
         self.metrics.observe_batch(requests_in, all_seqs)
 
-        def call(members, compute, outputs, adapters=None):
-            self._call(members, compute, outputs, answer, unanswered, adapters)
+        def call(members, compute, outputs):
+            """Where a member names an adapter, `compute(texts, adapter=...)` with each text's
+            (a forward adds each text's own: lora.py)."""
+            names = None
+            if any(i in adapters for i, _, _ in members):
+                names = [adapters.get(i) for i, _, texts in members for _ in texts]
+                compute = functools.partial(compute, adapter=names)
+            self._call(members, compute, outputs, answer, unanswered, names)
 
         chunk_rows = functools.partial(self._ragged_outputs, "CHUNK_EMBEDDING")
         try:
             # Calls of whole requests, fewest tokens first (batch.plan_requests), whatever
-            # adapters they name (a forward adds each text's own: lora.py).
+            # adapters they name.
             tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                members = [accepted[g] for g in group]
-                names = None  # each text's adapter, where a request of the call names one
-                if any(i in adapters for i, _, _ in members):
-                    names = [adapters.get(i) for i, _, seqs in members for _ in seqs]
-                encode = functools.partial(self._encode, adapters=names)
-                call(members, encode, self._outputs, names)
+                call([accepted[g] for g in group], self._encode, self._outputs)
             for member in chunked:  # one call each
                 call([member], self.encoder.pool_chunks_checked, chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
@@ -195,17 +196,17 @@ class TritonPythonModel:
             answer(i, pb_utils.InferenceResponse(output_tensors=response))
             unanswered.discard(i)
 
-    def _encode(self, seqs, adapters=None):
+    def _encode(self, seqs, adapter=None):
         if self.task == "rerank":
-            return self.encoder.score_checked(seqs, adapters)
+            return self.encoder.score_checked(seqs, adapter)
         if self.task == "classify":
-            return self.encoder.classify_checked(seqs, adapters)
-        return self.encoder.pool_checked(seqs, adapters)
+            return self.encoder.classify_checked(seqs, adapter)
+        return self.encoder.pool_checked(seqs, adapter)
 
-    def _encode_media(self, texts):
+    def _encode_media(self, texts, adapter=None):
         if self.task == "rerank":
-            return self.encoder.score_media_checked(texts)
-        return self.encoder.pool_media_checked(texts)
+            return self.encoder.score_media_checked(texts, adapter)
+        return self.encoder.pool_media_checked(texts, adapter)
 
     def _broken(self, message, unanswered, answer):
         """A tensor-parallel group failed: answer this batch, then end the stub so that the
