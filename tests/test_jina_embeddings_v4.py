@@ -182,8 +182,53 @@ def test_each_task_is_its_adapter(replica):
         assert least_cosine(got[task], recipe.pooled(text)) >= FP32_COSINE, task
         assert least_cosine(tokens, recipe.tokens(text)) >= FP32_COSINE, task
     assert least_cosine(got["text-matching"], got["code"]) < 0.99
-    with pytest.raises(AdapterError, match="set adapter to 'code' and lora_modules to none"):
-        Encoder.from_pretrained(replica, adapter="none", lora_modules="code")
+
+
+@pytest.mark.server  # starts a tensor-parallel worker
+def test_each_request_names_its_task(replica):
+    """One deployment keeping the three tasks per request (`lora_modules`): texts and images
+    of every task (and of none: the base) in one forward, pooled and per token, are what a
+    deployment merging that task gives them: its pairs on the text model, on the tower (per
+    image: the same image under two tasks goes through the tower twice) and on the projector."""
+    media = ModelConfig.from_dir(replica).media
+    texts = list(cases(media).values())
+    texts += [texts[1], texts[1]]  # one image under several tasks
+    names = ["code", "retrieval", "text-matching", None, "code", "retrieval"]
+    settings = {"dtype": "float32", "max_batch_tokens": 4096}
+    merged = {}
+    for task in ("retrieval", "text-matching", "code", "none"):
+        with Encoder.from_pretrained(replica, adapter=task, **settings) as enc:
+            merged[task] = enc.embed_media(texts), enc.embed_tokens(texts)
+    with Encoder.from_pretrained(
+        replica, lora_modules="retrieval,text-matching,code", **settings
+    ) as enc:
+        assert enc.adapters == ("retrieval", "text-matching", "code")
+        assert enc.route.adapter is None
+        patches = []
+        tower = enc.model.visual
+        run = tower.forward
+        tower.forward = lambda pixels, grids: patches.append(len(pixels)) or run(pixels, grids)
+        pooled = enc.embed_media(texts, adapter=names)
+        tokens = enc.embed_tokens(texts, adapter=names)
+        plain = enc.embed([texts[0].ids], adapter="code")[0]
+    image = [len(v.pixels) for v in texts[1].visuals][0]
+    others = sum(len(v.pixels) for t in texts[2:4] for v in t.visuals)
+    # the image of texts 1, 4 and 5 once per task: retrieval's (1 and 5) and code's (4)
+    assert patches == [2 * image + others] * 2
+    for i, name in enumerate(names):
+        want, want_tokens = merged[name or "none"]
+        assert least_cosine(pooled[i], want[i]) >= 0.99999, (i, name)
+        assert least_cosine(tokens[i], want_tokens[i]) >= 0.99999, (i, name)
+    assert least_cosine(plain, merged["code"][0][0]) >= 0.99999
+    assert least_cosine(pooled[1], pooled[5]) >= 0.99999
+    assert least_cosine(pooled[1], pooled[4]) < 0.99  # the tasks differ: this can fail
+    # two ranks: rank 1 holds neither the tower nor the projector, and leaves their pairs
+    with Encoder.from_pretrained(
+        replica, lora_modules="retrieval,text-matching,code", tp_size=2, **settings
+    ) as enc:
+        assert np.abs(enc.embed_media(texts, adapter=names) - pooled).max() <= 1e-5
+        for got, want in zip(enc.embed_tokens(texts, adapter=names), tokens, strict=True):
+            assert np.abs(got - want).max() <= 1e-5
 
 
 def test_the_processor_forms():
@@ -202,6 +247,61 @@ def test_the_processor_forms():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serving(tmp_path_factory.mktemp("jina-v4-served"), jina_embeddings_v4)
+
+
+@pytest.fixture(scope="module")
+def served_tasks(served):
+    """The same directory again, its three tasks kept per request (`lora_modules`), on a
+    server of its own."""
+    from qwen_embed_deploy.repository import render
+    from qwen_embed_deploy.triton import TritonServer
+
+    model_dir, _ = served
+    where = model_dir.parent / "tasks"
+    overrides = {"encoder": {"dtype": "float32", "lora_modules": "retrieval,text-matching,code"}}
+    repo = render(where / "repo", {"embed": model_dir}, overrides)
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield model_dir, server
+
+
+@pytest.mark.server
+def test_each_request_names_its_task_through_triton_and_the_gateway(served_tasks):
+    """Triton's `adapter` and Jina's `task` on the gateway pick a task per request: texts,
+    images and per-token vectors as the recipe with that task's adapter computes them."""
+    import httpx
+    from test_qwen3_vl import data_url
+
+    from qwen_embed_client import EmbeddingClient
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served_tasks
+    processor, files = Processor(model_dir), image_files()
+    recipes = {task: Recipe(model_dir, task) for task in ("retrieval", "text-matching", "code")}
+    query, image = "which chart shows a yellow circle?", processor.image(files["png"])
+    with EmbeddingClient(server.grpc_url) as client:
+        for task, recipe in recipes.items():
+            got = client.embed([query], adapter=task)[0]
+            assert (
+                least_cosine(got, recipe.pooled(processor.text(f"Query: {query}"))) >= FP32_COSINE
+            )
+            got = client.embed([""], images=[[files["png"]]], adapter=task)[0]
+            assert least_cosine(got, recipe.pooled(image)) >= FP32_COSINE, task
+            got = client.embed_tokens([""], images=[[files["png"]]], adapter=task)[0]
+            assert least_cosine(got, recipe.tokens(image)) >= FP32_COSINE, task
+    code_passage = recipes["code"].pooled(processor.text(f"Passage: {query}"))
+    image_part = {"type": "image_url", "image_url": {"url": data_url(files["png"])}}
+    with gateway_process(server) as base:
+        for task, inputs, want in (
+            ("code.passage", [query], code_passage),
+            ("text-matching", [[image_part]], recipes["text-matching"].pooled(image)),
+        ):
+            body = {"model": "embed", "input": inputs, "task": task}
+            answer = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            got = np.array(answer.json()["data"][0]["embedding"], dtype=np.float32)
+            assert least_cosine(got, want) >= FP32_COSINE, task
+    assert least_cosine(recipes["code"].pooled(image), recipes["retrieval"].pooled(image)) < 0.99
 
 
 class Processor:

@@ -527,7 +527,7 @@ class Encoder:
                 media = None
                 if media_texts:
                     chosen = [texts[i] for i in indices]
-                    media = MediaForward.of_texts(chosen, self.config.media, self.device)
+                    media = MediaForward.of_texts(chosen, self.config.media, self.device, adapters)
                 ctx = self.model.planner.plan(*flat, every_row=True, media=media, adapters=adapters)
                 send = None
                 if self._launcher is not None:
@@ -615,7 +615,7 @@ class Encoder:
         with self._lock:
             for indices, adapters in batches:
                 chosen = [texts[i] for i in indices]
-                media = MediaForward.of_texts(chosen, self.config.media, self.device)
+                media = MediaForward.of_texts(chosen, self.config.media, self.device, adapters)
                 flat = flatten([t.ids for t in chosen])
                 ctx = self.model.planner.plan(*flat, media=media, adapters=adapters)
                 send = None

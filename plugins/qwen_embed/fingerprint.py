@@ -143,10 +143,16 @@ def tokenizer_fingerprint(
     )
 
 
-def adapter_fingerprint(folder: Path, known: KnownHashes | None = None) -> str:
-    """A LoRA adapter a request names (lora.py), by its files' content: its vectors' whole
-    fingerprint is its model's and this together (contract.model_fingerprint)."""
-    return fingerprint({"adapter": checkpoint_digest(Path(folder), known)})
+def adapter_fingerprint(
+    folder: Path, known: KnownHashes | None = None, task: str | None = None
+) -> str:
+    """A LoRA adapter a request names (lora.py), by its files' content (and the task it reads
+    of an adapter of several): its vectors' whole fingerprint is its model's and this together
+    (contract.model_fingerprint)."""
+    parts = {"adapter": checkpoint_digest(Path(folder), known)}
+    if task is not None:  # absent otherwise: earlier fingerprints stay what they were
+        parts["task"] = task
+    return fingerprint(parts)
 
 
 def encoder_fingerprint(model_dir: Path, route: Route, known: KnownHashes | None = None) -> str:

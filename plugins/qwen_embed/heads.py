@@ -240,11 +240,14 @@ class ProjectionHead(nn.Module):
     of every token's final hidden state), in order, in fp32, then its final activation
     (sentence_modules.SentenceModules). Its weights are buffers read here from their own
     files, not parameters for the checkpoint loader; a merged adapter's `deltas` (adapters.
-    lora_deltas, by tensor name) are added to the weights they change."""
+    lora_deltas, by tensor name) are added to the weights they change, and adapters a request
+    names (lora.attach) hold their pairs in `loras`, by projection."""
 
     def __init__(self, dense: tuple[Dense, ...], final_activation: str = "identity", deltas=None):
         super().__init__()
         deltas = deltas or {}
+        self.weight_names = [d.prefix + "weight" for d in dense]  # the checkpoint's tensors
+        self.loras: list = [None] * len(dense)  # lora.LinearLora of each projection, or None
         self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in dense]
         self.final = ACTIVATION_FUNCTIONS[final_activation]
         for i, d in enumerate(dense):
@@ -263,10 +266,9 @@ class ProjectionHead(nn.Module):
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         x = states.float()
-        for i, activation in enumerate(self.activations):
-            x = activation(
-                F.linear(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}", None))
-            )
+        for i, (activation, lora) in enumerate(zip(self.activations, self.loras, strict=True)):
+            y = F.linear(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}", None))
+            x = activation(y if lora is None else lora.add(x, y))
         return self.final(x)
 
 

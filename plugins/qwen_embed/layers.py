@@ -263,6 +263,9 @@ class ReplicatedLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
+        return pairs[None]
+
 
 class RowParallelLinear(_Linear):
     """Input features split across ranks; the partial products are summed by one all-reduce."""

@@ -8,7 +8,9 @@ rows with one adapter adds its product (segments.AdapterRows, which the engine k
 ordering a forward's texts by adapter). `AdapterSwitch`, shared by every adapted layer, holds
 the forward's runs, set by the model from ForwardContext.adapters. Packed layers (q|k|v,
 gate|up) take their shards' pairs stacked (ColumnParallelLinear.lora_pair), row-parallel
-layers their input features' slice of A.
+layers their input features' slice of A. The vision tower's layers have a switch of their own,
+whose rows are patches (each image's text's adapter: media.MediaForward), and rank 0's
+projection heads (heads.ProjectionHead) take pairs over the rows they project.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters import ADAPTERS, AdapterError, adapter_folder, read_lora
+from .adapters import AdapterError, adapter_folder, adapter_names, read_lora
 from .finetunes import ADAPTER_CONFIG
+from .heads import ProjectionHead
 from .layers import LowRank, _Linear
 from .loader import checkpoint_names
-from .models.vision import TOWER
 from .segments import AdapterRows
 from .settings import parse_lora_modules
 
@@ -66,21 +68,20 @@ class LinearLora:
         return LinearLora(self.switch, cut)
 
 
-def adapter_folders(setting: str, model_dir: Path) -> list[tuple[str, Path]]:
-    """settings.lora_modules as (name, adapter folder): a path, a Hub id (hub.py), or a bare
-    name's folder under the checkpoint's adapters/."""
+def adapter_folders(setting: str, model_dir: Path) -> list[tuple[str, Path, str | None]]:
+    """settings.lora_modules as (name, adapter folder, task): a path, a Hub id (hub.py), or a
+    bare name's folder under the checkpoint's adapters/ (a task of the one adapter there where
+    it holds several: jina-embeddings-v4's)."""
     from .hub import CheckpointNotFoundError, locate
 
     folders = []
     for name, where in parse_lora_modules(setting):
-        if where is None and adapter_folder(model_dir, name)[1] is not None:
-            raise AdapterError(
-                f"lora_modules: {name}: the checkpoint keeps its tasks' adapters in one "
-                "(jina-embeddings-v4's), merged at load one task at a time: set adapter to "
-                f"{name!r} and lora_modules to none"
-            )
+        task = None
         try:
-            folder = model_dir / ADAPTERS / name if where is None else locate(where)
+            if where is None:
+                folder, task = adapter_folder(model_dir, name)
+            else:
+                folder = locate(where)
         except CheckpointNotFoundError as e:
             raise AdapterError(f"lora_modules: {name}: {e}") from e
         if not (folder / ADAPTER_CONFIG).is_file():
@@ -88,37 +89,54 @@ def adapter_folders(setting: str, model_dir: Path) -> list[tuple[str, Path]]:
                 f"lora_modules: {name}'s {folder} holds no {ADAPTER_CONFIG} (a peft LoRA "
                 "adapter folder, as save_pretrained writes one)"
             )
-        folders.append((name, folder))
+        if task is not None and task not in adapter_names(model_dir):
+            raise AdapterError(
+                f"lora_modules: {name} is none of the tasks of the checkpoint's adapter "
+                f"({adapter_names(model_dir)})"
+            )
+        folders.append((name, folder, task))
     return folders
 
 
 def attach(
     model: nn.Module,
-    folders: Sequence[tuple[str, Path]],
+    folders: Sequence[tuple[str, Path, str | None]],
     dtype: torch.dtype,
     device: torch.device,
 ) -> AdapterSwitch:
     """Each adapter's pairs, in `dtype` (the linear weights': layers.linear_weight_dtype), on
-    the linear layers they adapt (after loading, before the q|k|v split and repacking); the
-    switch that selects one."""
+    the linear layers they adapt (after loading, before the q|k|v split and repacking): the
+    text model's, the vision tower's (its own switch, `tower.adapters`, whose rows are
+    patches: media.MediaForward) and rank 0's projection heads' (fp32, as they compute);
+    the text model's switch, which selects one. A rank without the tower and the heads
+    leaves their pairs to rank 0."""
     switch = AdapterSwitch()
+    tower = model.visual
+    if tower is not None:
+        tower.adapters = AdapterSwitch()
     names = checkpoint_names(model)
     owners = {id(m.weight): m for m in model.modules() if isinstance(m, _Linear)}
+    heads = {id(h): h for h in (model.head, model.token_head) if isinstance(h, ProjectionHead)}
+    by_head = {w: (h, i) for h in heads.values() for i, w in enumerate(h.weight_names)}
+    rank = model.embed_tokens.tp.rank
     per_layer: dict[_Linear, list[LowRank | None]] = {}
-    for index, (name, folder) in enumerate(folders):
-        pairs, scale = read_lora(folder)
+    per_head: dict[tuple[ProjectionHead, int], list[LowRank | None]] = {}
+    for index, (name, folder, task) in enumerate(folders):
+        pairs, scale = read_lora(folder, task)
         shards: dict[_Linear, dict[str | None, LowRank]] = {}
         for tensor, pair in pairs.items():
-            if tensor.startswith(TOWER):
-                raise AdapterError(
-                    f"lora_modules: {name} adapts the vision tower ({tensor}), which adapters "
-                    "per request do not: serve it as a checkpoint of its own (merged)"
-                )
+            if tensor in by_head:
+                a, b = pair["A"], scale * pair["B"]
+                slot = per_head.setdefault(by_head[tensor], [None] * len(folders))
+                slot[index] = (a.to(device).contiguous(), b.to(device).contiguous())
+                continue
             targets = [(owners.get(id(p)), shard) for p, shard in names.get(tensor, [])]
+            if rank > 0 and not targets:  # the tower's or a head's: rank 0 holds them
+                continue
             if not targets or any(layer is None for layer, _ in targets):
                 raise AdapterError(
                     f"lora_modules: {name} adapts {tensor}, which is no linear layer of this "
-                    "checkpoint's text model (is it an adapter of another base?)"
+                    "checkpoint (is it an adapter of another base?)"
                 )
             for layer, shard in targets:
                 shards.setdefault(layer, {})[shard] = (pair["A"], scale * pair["B"])
@@ -135,6 +153,9 @@ def attach(
                 )
             slot = per_layer.setdefault(layer, [None] * len(folders))
             slot[index] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
+    tower_layers = set() if tower is None else set(tower.modules())
     for layer, layer_pairs in per_layer.items():
-        layer.lora = LinearLora(switch, layer_pairs)
+        layer.lora = LinearLora(tower.adapters if layer in tower_layers else switch, layer_pairs)
+    for (head, i), head_pairs in per_head.items():
+        head.loras[i] = LinearLora(switch, head_pairs)
     return switch

@@ -27,6 +27,7 @@ import torch
 from .batch import to_device
 from .config import Grid, MediaConfig
 from .layers import TPGroup
+from .segments import BASE, AdapterRows
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class MediaForward:
         self.count = len(rows)
         self.device = device
         self.deepstack: list[torch.Tensor] = []
+        self.adapters: np.ndarray | None = None  # each visual's text's (lora.py), or None
 
     # On the device when the forward first reads them: a batch a segment plan lays out again
     # (`computed`) never copies its own.
@@ -156,8 +158,11 @@ class MediaForward:
         return to_device(torch.from_numpy(self.positions_host), self.device)
 
     @classmethod
-    def of_texts(cls, texts: list[MediaText], config: MediaConfig, device) -> MediaForward:
-        """The batch of `texts` that passed `MediaText.checked`, in order."""
+    def of_texts(
+        cls, texts: list[MediaText], config: MediaConfig, device, adapters: np.ndarray | None = None
+    ) -> MediaForward:
+        """The batch of `texts` that passed `MediaText.checked`, in order; `adapters`: each
+        text's (lora.py), which its visuals go through the tower with."""
         rows, positions, offset = [], [], 0
         for text in texts:
             positions.append(mrope_positions(len(text.ids), text.blocks))
@@ -166,6 +171,8 @@ class MediaForward:
         flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])
         media = cls(config, flat_rows, np.concatenate(positions), device)
         media.visuals = [v for text in texts for v in text.visuals]
+        if adapters is not None:
+            media.adapters = np.repeat(adapters, [len(t.visuals) for t in texts])
         return media
 
     @classmethod
@@ -194,7 +201,7 @@ class MediaForward:
         at[source] = np.arange(len(source))
         rows, positions = at[self.rows_host], self.positions_host[source]
         media = MediaForward(self.config, rows, positions, self.device)
-        media.visuals = self.visuals
+        media.visuals, media.adapters = self.visuals, self.adapters
         return media
 
     def embed(self, tower, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
@@ -214,9 +221,19 @@ class MediaForward:
 
     def _through(self, tower) -> list[torch.Tensor]:
         """The visuals' tokens, then each DeepStack level's features [count, hidden]. The
-        tower runs once per distinct visual: a rerank query's image comes with every pair."""
+        tower runs once per distinct visual (and adapter): a rerank query's image comes with
+        every pair."""
         merge = self.config.vision.spatial_merge_size
-        distinct, copies = distinct_visuals(self.visuals, merge)
+        adapters = self.adapters
+        if adapters is None:
+            adapters = np.full(len(self.visuals), BASE, dtype=np.int64)
+        distinct, copies = distinct_visuals(self.visuals, merge, adapters)
+        if tower.adapters is not None:  # each visual's patches and tokens add its adapter
+            patches = [int(np.prod(self.visuals[i].grid)) for i in distinct]
+            per_patch = np.repeat(adapters[distinct], patches)
+            per_token = np.repeat(adapters[distinct], [n // merge**2 for n in patches])
+            tower.adapters.rows = AdapterRows.of(per_patch, per_token)
+        distinct = [self.visuals[i] for i in distinct]
         pixels = torch.from_numpy(np.concatenate([v.pixels for v in distinct]))
         tokens, deepstack = tower(to_device(pixels, self.device), [v.grid for v in distinct])
         if copies is None:
@@ -231,21 +248,24 @@ class MediaForward:
         return x.index_add(0, self.rows, self.deepstack[layer])
 
 
-def distinct_visuals(visuals: list[Visual], merge: int) -> tuple[list[Visual], np.ndarray | None]:
-    """The distinct visuals (same grid, kind and pixels: one) and, where some repeat, for each
-    visual's tokens in turn the row of the distinct visuals' tokens that gives it (None: all
-    distinct)."""
+def distinct_visuals(
+    visuals: list[Visual], merge: int, adapters: np.ndarray
+) -> tuple[list[int], np.ndarray | None]:
+    """The indices of the distinct visuals (same grid, kind, pixels and adapter: one) and,
+    where some repeat, for each visual's tokens in turn the row of the distinct visuals'
+    tokens that gives it (None: all distinct)."""
     found: dict[tuple, int] = {}
     distinct, which = [], []
-    for v in visuals:
-        key = (v.grid, v.video, hashlib.blake2b(np.ascontiguousarray(v.pixels)).digest())
+    for i, v in enumerate(visuals):
+        pixels = hashlib.blake2b(np.ascontiguousarray(v.pixels)).digest()
+        key = (v.grid, v.video, pixels, int(adapters[i]))
         if key not in found:
             found[key] = len(distinct)
-            distinct.append(v)
+            distinct.append(i)
         which.append(found[key])
     if len(distinct) == len(visuals):
         return distinct, None
-    sizes = [int(np.prod(v.grid)) // merge**2 for v in distinct]
+    sizes = [int(np.prod(visuals[i].grid)) // merge**2 for i in distinct]
     starts = np.concatenate([[0], np.cumsum(sizes)])
     rows = [np.arange(starts[i], starts[i] + sizes[i]) for i in which]
     return distinct, np.concatenate(rows)

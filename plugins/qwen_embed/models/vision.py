@@ -212,6 +212,7 @@ class VisionTower(nn.Module):
             ),
         )
         self.attention = attention
+        self.adapters = None  # lora.AdapterSwitch over patches where a request names adapters
         self.patch_embed = nn.Module()
         # The checkpoint's Conv3d strides by its kernel: a linear layer over each patch's pixels
         bias = config.generation == "qwen3_vl"  # Qwen2(.5)-VL's patch kernel has none

@@ -150,7 +150,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     if route.lora_names:  # each adapter's vectors are fingerprinted apart
         folders = adapter_folders(settings.lora_modules, checkpoint)
         facts["adapter_fingerprints"] = {
-            n: adapter_fingerprint(f, KNOWN_HASHES) for n, f in folders
+            n: adapter_fingerprint(f, KNOWN_HASHES, task) for n, f, task in folders
         }
     if route.task == "classify":  # LOGITS' columns
         facts["labels"] = list(config.labels)
