@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +37,18 @@ class AdapterSwitch:
 
     def __init__(self):
         self.rows: AdapterRows | None = None
+
+    def select_visuals(
+        self, adapters: np.ndarray | None, patches: list[int], merge_unit: int
+    ) -> None:
+        """A vision tower's forward: each visual's patches, then its merged tokens (a
+        `merge_unit` of patches each), add its adapter (`adapters`: each visual's; None:
+        none)."""
+        if adapters is None:
+            self.rows = None
+            return
+        tokens = [n // merge_unit for n in patches]
+        self.rows = AdapterRows.of(np.repeat(adapters, patches), np.repeat(adapters, tokens))
 
 
 class LinearLora:

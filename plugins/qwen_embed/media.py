@@ -27,7 +27,6 @@ import torch
 from .batch import to_device
 from .config import Grid, MediaConfig
 from .layers import TPGroup
-from .segments import BASE, AdapterRows
 
 
 @dataclass(frozen=True)
@@ -225,14 +224,12 @@ class MediaForward:
         every pair."""
         merge = self.config.vision.spatial_merge_size
         adapters = self.adapters
-        if adapters is None:
-            adapters = np.full(len(self.visuals), BASE, dtype=np.int64)
-        distinct, copies = distinct_visuals(self.visuals, merge, adapters)
+        keys = np.zeros(len(self.visuals), np.int64) if adapters is None else adapters
+        distinct, copies = distinct_visuals(self.visuals, merge, keys)
         if tower.adapters is not None:  # each visual's patches and tokens add its adapter
             patches = [int(np.prod(self.visuals[i].grid)) for i in distinct]
-            per_patch = np.repeat(adapters[distinct], patches)
-            per_token = np.repeat(adapters[distinct], [n // merge**2 for n in patches])
-            tower.adapters.rows = AdapterRows.of(per_patch, per_token)
+            chosen = None if adapters is None else adapters[distinct]
+            tower.adapters.select_visuals(chosen, patches, merge**2)
         distinct = [self.visuals[i] for i in distinct]
         pixels = torch.from_numpy(np.concatenate([v.pixels for v in distinct]))
         tokens, deepstack = tower(to_device(pixels, self.device), [v.grid for v in distinct])
