@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from qwen_embed import Encoder
 from qwen_embed.adapters import AdapterError
+from qwen_embed.chunking import ChunkedText
 from qwen_embed.segments import (
     BASE,
     MIN_PREFIX_TOKENS,
@@ -325,12 +326,28 @@ def test_per_token_vectors_of_an_adapter(served, st):
 
 
 @pytest.mark.server
+def test_late_chunks_of_an_adapter_through_triton(served, st):
+    """Late chunking with an adapter: a text's one chunk (chunk_size past its length), read
+    out as the text's last token is, is its fine-tune's vector of the whole text."""
+    server, _ = served
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def chunks(**params):
+        result = client.infer("embed", [text_input(grpcclient, TEXTS)], parameters=params)
+        return result.as_numpy("CHUNK_EMBEDDING")
+
+    whole = chunks(adapter="legal", chunk_size=512)
+    assert whole.shape[1] == 1
+    assert cosine(whole[:, 0], expected(st, "legal", "")).min() >= FP32_COSINE
+    assert cosine(chunks(chunk_size=512)[:, 0], expected(st, "base", "")).min() >= FP32_COSINE
+
+
+@pytest.mark.server
 def test_what_a_request_cannot_name_is_refused_for_it_alone(served):
     server, _ = served
     for params, message in [
         ({"adapter": "sql"}, r"adapter 'sql' is not served here \(adapters: \['legal', 'code'\]\)"),
         ({"adapter": 5}, "parameter 'adapter' must be a string"),
-        ({"adapter": "legal", "chunk_size": 4}, "parameter 'adapter' is not served with"),
     ]:
         with pytest.raises(InferenceServerException, match=message):
             infer(server, TEXTS, **params)
@@ -417,6 +434,39 @@ def test_an_adapter_per_request_equals_it_merged(checkpoint, tmp_path, name):
     )
     assert np.abs(unmerged - merged).max() <= FP32_MAX_ABS
     assert cosine(unmerged, plain).max() < 0.99  # the adapter matters
+
+
+@pytest.mark.server  # starts a tensor-parallel worker
+def test_late_chunks_of_an_adapter_equal_it_merged(checkpoint, tmp_path):
+    """Late chunking with an adapter per text, the base's texts among them in one forward
+    (their read-out rows after every text's body): each chunk as the fine-tune merged at load
+    gives it (fp32, max-abs <= 1e-5), in one process and on two TP ranks; texts with a
+    read-out tail (the last layer then computes each chunk's read-out row alone) and beside
+    one without (each chunk's last token)."""
+    base = checkpoint("qwen3")
+    adapter = build_demo_adapter(tmp_path / "adapter", base, rank=8, seed=3)
+    bodies = random_sequences([30, 17, 24, 40], seed=6)
+    spans = [np.array([(0, 9), (9, len(b)), (3, 12)]) for b in bodies]
+    texts = [ChunkedText(np.array(b + [7]), s, 1) for b, s in zip(bodies, spans, strict=True)]
+    texts += [ChunkedText(np.array(bodies[0]), spans[0], tail=0)]
+    names = ["x", None, "x", "x", None]
+    with Encoder.from_pretrained(adapter, dtype="float32") as enc:
+        merged = enc.embed_chunks(texts)
+    runs = {}
+    for tp_size in (1, 2):
+        with Encoder.from_pretrained(
+            base, lora_modules=f"x={adapter}", dtype="float32", tp_size=tp_size
+        ) as enc:
+            forwards = enc.stats["forwards"]
+            runs[tp_size] = enc.embed_chunks(texts, adapter=names)
+            assert enc.stats["forwards"] == forwards + 1
+            runs[tp_size, "read out"] = enc.embed_chunks(texts[:4], adapter=names[:4])
+            plain = enc.embed_chunks(texts)
+    for got in runs.values():
+        for i, name in enumerate(names[: len(got)]):
+            want = merged[i] if name else plain[i]
+            assert np.abs(got[i] - want).max() <= FP32_MAX_ABS, (i, name)
+    assert cosine(merged[0], plain[0]).max() < 0.99  # the adapter matters
 
 
 def test_an_adapter_beside_fp32_held_weights(checkpoint, tmp_path):

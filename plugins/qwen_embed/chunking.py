@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .batch import VarlenBatch, flatten, to_device
-from .segments import AttentionLayout, ForwardContext
+from .segments import AdapterRows, AttentionLayout, ForwardContext
 
 GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations
 
@@ -132,17 +132,23 @@ class ChunkForward:
     pooled. Rows: every text's own rows, then every read-out row."""
 
     def __init__(
-        self, texts: Sequence[ChunkedText], readout: bool, prune: bool, device: torch.device
+        self,
+        texts: Sequence[ChunkedText],
+        readout: bool,
+        prune: bool,
+        device: torch.device,
+        adapters: np.ndarray | None = None,
     ):
+        """`adapters`: each text's (lora.py; segments.BASE: none), or None: none at all."""
         ids, cu = flatten([t.forward_ids(readout) for t in texts])
         starts = cu[:-1].tolist()
         body = int(cu[-1])
         lens = [len(t.forward_ids(readout)) for t in texts]
         q_lens, k_lens, index = list(lens), list(lens), [np.arange(body)]
-        extra_ids, extra_positions, read_segments = [], [], []
+        extra_ids, extra_positions, read_segments, extra_texts = [], [], [], []
         self.pool_ranges: list[list[tuple[int, int]]] = []  # per text, per chunk: rows
         row = body
-        for text, start in zip(texts, starts, strict=True):
+        for k, (text, start) in enumerate(zip(texts, starts, strict=True)):
             ends = text.spans[:, 1]
             if not readout:  # mean of the chunk's rows
                 self.pool_ranges.append([(start + a, start + b) for a, b in text.spans])
@@ -150,6 +156,7 @@ class ChunkForward:
                 self.pool_ranges.append([(start + b - 1, start + b) for b in ends])
             else:
                 t = text.tail
+                extra_texts.append(np.full(t * len(ends), k))
                 extra_ids.append(np.tile(text.ids[len(text.ids) - t :], len(ends)))
                 extra_positions.append((ends[:, None] + np.arange(t)).reshape(-1))
                 ranges = []
@@ -177,7 +184,14 @@ class ChunkForward:
         last, last_rows = None, None
         if self.pruned:
             last, last_rows = self._last_layout(layout, kv_index, read_segments, device)
-        self.context = ForwardContext(batch, layout, last, last_rows, None)
+        rows = None
+        if adapters is not None:  # each row, and each chunk, adds its text's adapter
+            per_row = np.concatenate(
+                [np.repeat(adapters, lens), *(adapters[e] for e in extra_texts)]
+            )
+            per_chunk = np.repeat(adapters, [len(t.spans) for t in texts])
+            rows = AdapterRows.of(per_row, per_chunk)
+        self.context = ForwardContext(batch, layout, last, last_rows, None, adapters=rows)
 
     @staticmethod
     def _last_layout(layout: AttentionLayout, kv_index: np.ndarray, read_segments, device):

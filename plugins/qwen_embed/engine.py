@@ -398,10 +398,10 @@ class Encoder:
         indices = np.array([index[name] for name in names], dtype=np.int64)
         return None if (indices == BASE).all() else indices
 
-    def _batches(self, lengths: list[int], adapter: Adapters):
-        """(indices, their adapter indices or None) of each forward planned by the token
-        budget, each adapter's texts one run of rows (lora.py)."""
-        adapters = self.adapter_indices(adapter, len(lengths))
+    def _batches(self, lengths: list[int], adapters: np.ndarray | None):
+        """(indices, their adapters or None) of each forward planned by the token budget
+        (`adapters`: each sequence's index, `adapter_indices`), each adapter's sequences one
+        run of rows (lora.py)."""
         for indices in plan_batches(lengths, self.max_batch_tokens):
             if adapters is None:
                 yield indices, None
@@ -427,9 +427,11 @@ class Encoder:
         *,
         normalize: bool = True,
         dimensions: int | None = None,
+        adapter: Adapters = None,
     ) -> list[np.ndarray]:
         """Late chunking (chunking.py): for each text, float32 [chunks, dimensions or
-        embedding_size], every chunk pooled in the context of its whole text."""
+        embedding_size], every chunk pooled in the context of its whole text. `adapter` as
+        `embed`'s."""
         self._check_dimensions(dimensions)
         checked = [
             check_chunks(i, self.check_sequence(i, t.ids), t.spans, t.tail)
@@ -437,17 +439,21 @@ class Encoder:
         ]
         return [
             finish(torch.from_numpy(p), normalize=normalize, dimensions=dimensions).numpy()
-            for p in self.pool_chunks_checked(checked)
+            for p in self.pool_chunks_checked(checked, adapter)
         ]
 
-    def pool_chunks_checked(self, texts: Sequence[ChunkedText]) -> list[np.ndarray]:
+    def pool_chunks_checked(
+        self, texts: Sequence[ChunkedText], adapter: Adapters = None
+    ) -> list[np.ndarray]:
         """`embed_chunks` before truncation and normalisation, for texts that passed
         `check_chunks`: forwards planned by the token budget (chunking.ChunkedText.cost), a
         text split into pieces of its chunks where it alone would gather too many keys."""
         self._require_pooled()
-        return self._pool_chunks(texts, self._embedding_head, self.embedding_size)
+        return self._pool_chunks(texts, self._embedding_head, self.embedding_size, adapter)
 
-    def _pool_chunks(self, texts: Sequence[ChunkedText], head, width: int) -> list[np.ndarray]:
+    def _pool_chunks(
+        self, texts: Sequence[ChunkedText], head, width: int, adapter: Adapters = None
+    ) -> list[np.ndarray]:
         planner = self.model.planner
         readout = planner.readout
         pieces = [
@@ -455,15 +461,20 @@ class Encoder:
             for i, text in enumerate(texts)
             for piece, chunks in text.pieces(readout, self.max_batch_tokens)
         ]
+        adapters = self.adapter_indices(adapter, len(texts))
+        if adapters is not None:  # each piece its text's
+            adapters = adapters[[i for i, _, _ in pieces]]
         out = [np.empty((len(t.spans), width), np.float32) for t in texts]
         costs = [piece.cost(readout) for _, piece, _ in pieces]
+        batches = list(self._batches(costs, adapters))
         with self._lock:
-            for group in plan_batches(costs, self.max_batch_tokens):
+            for group, group_adapters in batches:
                 chosen = [pieces[g][1] for g in group]
-                forward = ChunkForward(chosen, readout, planner.prune, self.device)
+                forward = ChunkForward(chosen, readout, planner.prune, self.device, group_adapters)
                 send = None
                 if self._launcher is not None:
-                    send = partial(self._launcher.send_chunks, pack_texts(chosen))
+                    packed = pack_texts(chosen)
+                    send = partial(self._launcher.send_chunks, packed, group_adapters)
                 pool = partial(forward.pool, head=head)
                 pooled = self._forward_context(forward.context, pool, send)
                 for g, vectors in zip(group, pooled, strict=True):
@@ -520,7 +531,8 @@ class Encoder:
             texts = [t if isinstance(t, MediaText) else MediaText(t, (), ()) for t in texts]
         ids = [t.ids for t in texts] if media_texts else texts
         out: list[np.ndarray] = [None] * len(texts)
-        batches = list(self._batches([len(s) for s in ids], adapter))
+        lengths = [len(s) for s in ids]
+        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(ids))))
         with self._lock:
             for indices, adapters in batches:
                 flat = flatten([ids[i] for i in indices])
@@ -611,7 +623,8 @@ class Encoder:
     ) -> np.ndarray:
         """Forwards planned by the token budget, each running the vision tower once over all
         of its visuals; `head(pooled)` -> rows of `out`."""
-        batches = list(self._batches([len(t.ids) for t in texts], adapter))
+        lengths = [len(t.ids) for t in texts]
+        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(texts))))
         with self._lock:
             for indices, adapters in batches:
                 chosen = [texts[i] for i in indices]
@@ -694,7 +707,8 @@ class Encoder:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
         `out`. A batch's result is read after the next batch is queued: a GPU never waits
         for the host to read results or plan the next batch."""
-        batches = list(self._batches([len(s) for s in sequences], adapter))
+        lengths = [len(s) for s in sequences]
+        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(sequences))))
         with self._lock:
             queued: list[tuple[list[int], HostResult]] = []
             for indices, adapters in batches:

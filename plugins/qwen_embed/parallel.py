@@ -230,11 +230,15 @@ class TPLauncher:
         else:
             self.send_media(input_ids, cu_seqlens, media, every_row=True, adapters=adapters)
 
-    def send_chunks(self, packed: torch.Tensor) -> None:
-        """A late-chunking forward: the chunked texts (chunking.pack_texts), planned alike on
-        every rank."""
-        self.control.broadcast(_header(CMD_CHUNKS, packed.numel(), 0), 0).wait()
+    def send_chunks(self, packed: torch.Tensor, adapters: np.ndarray | None = None) -> None:
+        """A late-chunking forward: the chunked texts (chunking.pack_texts) and each text's
+        adapter, planned alike on every rank."""
+        count = 0 if adapters is None else len(adapters)
+        header = _header(CMD_CHUNKS, packed.numel(), count, adapters is not None)
+        self.control.broadcast(header, 0).wait()
         self.control.broadcast(packed, 0).wait()
+        if adapters is not None:
+            self.control.broadcast(torch.from_numpy(adapters), 0).wait()
 
     def failure(self, wait_s: float = 2.0) -> str | None:
         """What a worker reported or how it ended, once a collective failed: a peer's socket
@@ -306,15 +310,19 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
         cmd, num_tokens, cu_len, with_adapters = header.tolist()
         if cmd == CMD_STOP:
             return
-        if cmd == CMD_CHUNKS:
+        adapters = None
+        if cmd == CMD_CHUNKS:  # cu_len: the texts' count where they name adapters
             packed = torch.empty(num_tokens, dtype=torch.int64)
             control.broadcast(packed, 0).wait()
+            if with_adapters:
+                adapters = torch.empty(cu_len, dtype=torch.int64)
+                control.broadcast(adapters, 0).wait()
+                adapters = adapters.numpy()
         else:
             input_ids = torch.empty(num_tokens, dtype=torch.int64)
             cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
             control.broadcast(input_ids, 0).wait()
             control.broadcast(cu_seqlens, 0).wait()
-            adapters = None
             if with_adapters:
                 adapters = torch.empty(cu_len - 1, dtype=torch.int64)
                 control.broadcast(adapters, 0).wait()
@@ -331,7 +339,10 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
             planner = model.planner
             if cmd == CMD_CHUNKS:
                 texts = unpack_texts(packed)
-                ctx = ChunkForward(texts, planner.readout, planner.prune, planner.device).context
+                forward = ChunkForward(
+                    texts, planner.readout, planner.prune, planner.device, adapters
+                )
+                ctx = forward.context
             else:
                 every_row = cmd in (CMD_EVERY_ROW, CMD_MEDIA_EVERY_ROW)
                 ctx = planner.plan(input_ids, cu_seqlens, every_row, media, adapters)

@@ -121,8 +121,6 @@ class TritonPythonModel:
                 if opts is not None and opts.per_token:
                     self._check_token_bytes(seqs, opts)
                 media = self._media(request, seqs)
-                if chunks is not None:
-                    _no_adapter(adapter, "with late chunking")
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
