@@ -222,6 +222,8 @@ def test_each_request_names_its_task(replica):
     assert least_cosine(plain, merged["code"][0][0]) >= 0.99999
     assert least_cosine(pooled[1], pooled[5]) >= 0.99999
     assert least_cosine(pooled[1], pooled[4]) < 0.99  # the tasks differ: this can fail
+    with pytest.raises(AdapterError, match=r"sql is none of the tasks .*\['code', "):
+        Encoder.from_pretrained(replica, lora_modules="retrieval,sql", **settings)
     # two ranks: rank 1 holds neither the tower nor the projector, and leaves their pairs
     with Encoder.from_pretrained(
         replica, lora_modules="retrieval,text-matching,code", tp_size=2, **settings
