@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from test_colqwen3 import large_page, serving
+from test_colqwen3 import large_page
 from test_qwen3_vl import BF16_COSINE, FP32_COSINE, Texts, image_files, visual_inputs
 from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -248,61 +248,41 @@ def test_the_processor_forms():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    yield from serving(tmp_path_factory.mktemp("jina-v4-served"), jina_embeddings_v4)
-
-
-@pytest.fixture(scope="module")
-def served_tasks(served):
-    """The same directory again, its three tasks kept per request (`lora_modules`), on a
-    server of its own."""
+    """A server of the replica twice: `embed` merging its default task, `tasks` keeping the
+    three per request (`lora_modules`)."""
     from qwen_embed_deploy.repository import render
     from qwen_embed_deploy.triton import TritonServer
 
-    model_dir, _ = served
-    where = model_dir.parent / "tasks"
-    overrides = {"encoder": {"dtype": "float32", "lora_modules": "retrieval,text-matching,code"}}
-    repo = render(where / "repo", {"embed": model_dir}, overrides)
+    where = tmp_path_factory.mktemp("jina-v4-served")
+    model_dir = jina_embeddings_v4(where / "model", files=True)
+    overrides = {
+        "encoder": {"dtype": "float32"},
+        "tasks.encoder": {"lora_modules": "retrieval,text-matching,code"},
+    }
+    repo = render(where / "repo", {"embed": model_dir, "tasks": model_dir}, overrides)
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield model_dir, server
 
 
 @pytest.mark.server
-def test_each_request_names_its_task_through_triton_and_the_gateway(served_tasks):
-    """Triton's `adapter` and Jina's `task` on the gateway pick a task per request: texts,
-    images and per-token vectors as the recipe with that task's adapter computes them."""
-    import httpx
-    from test_qwen3_vl import data_url
-
+def test_each_request_names_its_task_through_triton(served):
+    """Triton's `adapter` picks a task per request (Jina's `task` on the gateway sends it as
+    jina-embeddings-v5's does: test_vendor_embedders.py): texts, images and per-token
+    vectors as the recipe with that task's adapter computes them."""
     from qwen_embed_client import EmbeddingClient
 
-    from triton_helpers import gateway_process
-
-    model_dir, server = served_tasks
+    model_dir, server = served
     processor, files = Processor(model_dir), image_files()
     recipes = {task: Recipe(model_dir, task) for task in ("retrieval", "text-matching", "code")}
     query, image = "which chart shows a yellow circle?", processor.image(files["png"])
-    with EmbeddingClient(server.grpc_url) as client:
+    with EmbeddingClient(server.grpc_url, model="tasks") as client:
         for task, recipe in recipes.items():
-            got = client.embed([query], adapter=task)[0]
-            assert (
-                least_cosine(got, recipe.pooled(processor.text(f"Query: {query}"))) >= FP32_COSINE
-            )
+            want = recipe.pooled(processor.text(f"Query: {query}"))
+            assert least_cosine(client.embed([query], adapter=task)[0], want) >= FP32_COSINE
             got = client.embed([""], images=[[files["png"]]], adapter=task)[0]
             assert least_cosine(got, recipe.pooled(image)) >= FP32_COSINE, task
             got = client.embed_tokens([""], images=[[files["png"]]], adapter=task)[0]
             assert least_cosine(got, recipe.tokens(image)) >= FP32_COSINE, task
-    code_passage = recipes["code"].pooled(processor.text(f"Passage: {query}"))
-    image_part = {"type": "image_url", "image_url": {"url": data_url(files["png"])}}
-    with gateway_process(server) as base:
-        for task, inputs, want in (
-            ("code.passage", [query], code_passage),
-            ("text-matching", [[image_part]], recipes["text-matching"].pooled(image)),
-        ):
-            body = {"model": "embed", "input": inputs, "task": task}
-            answer = httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
-            assert answer.status_code == 200, answer.text
-            got = np.array(answer.json()["data"][0]["embedding"], dtype=np.float32)
-            assert least_cosine(got, want) >= FP32_COSINE, task
     assert least_cosine(recipes["code"].pooled(image), recipes["retrieval"].pooled(image)) < 0.99
 
 
