@@ -267,7 +267,7 @@ def test_a_repeated_visual_goes_through_the_tower_once(replica, media):
 def test_a_lora_finetune_over_the_text_model_and_the_tower(replica, media, tmp_path):
     """A fine-tune saved as peft's adapter alone, over both the text model's and the vision
     tower's linear layers (their checkpoint names: `model.language_model.`, `model.visual.`),
-    against peft's unmerged forward."""
+    merged at load and named per request, against peft's unmerged forward."""
     targets = [*LORA_TARGETS, "qkv", "linear_fc1"]
     finetune = lora_model(
         tmp_path / "finetune", replica, Qwen3VLForConditionalGeneration, targets=targets
@@ -280,6 +280,11 @@ def test_a_lora_finetune_over_the_text_model_and_the_tower(replica, media, tmp_p
     with Encoder.from_pretrained(finetune, dtype="float32", attn_backend="torch") as encoder:
         assert encoder.route.adapter == "lora"
         got = encoder.embed_media(list(texts.values()))
+    assert (got * want).sum(-1).min() >= FP32_COSINE
+    with Encoder.from_pretrained(  # the same fine-tune named per request: the tower's too
+        replica, dtype="float32", attn_backend="torch", lora_modules=f"ft={finetune}"
+    ) as encoder:
+        got = encoder.embed_media(list(texts.values()), adapter="ft")
     assert (got * want).sum(-1).min() >= FP32_COSINE
     with Encoder.from_pretrained(replica, dtype="float32", attn_backend="torch") as encoder:
         base = encoder.embed_media(list(texts.values()))
