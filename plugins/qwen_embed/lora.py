@@ -102,10 +102,9 @@ def adapter_folders(setting: str, model_dir: Path) -> list[tuple[str, Path, str 
                 f"lora_modules: {name}'s {folder} holds no {ADAPTER_CONFIG} (a peft LoRA "
                 "adapter folder, as save_pretrained writes one)"
             )
-        if task is not None and task not in adapter_names(model_dir):
+        if task is not None and task not in (tasks := adapter_names(model_dir)):
             raise AdapterError(
-                f"lora_modules: {name} is none of the tasks of the checkpoint's adapter "
-                f"({adapter_names(model_dir)})"
+                f"lora_modules: {name} is none of the tasks of the checkpoint's adapter ({tasks})"
             )
         folders.append((name, folder, task))
     return folders
@@ -129,8 +128,8 @@ def attach(
         tower.adapters = AdapterSwitch()
     names = checkpoint_names(model)
     owners = {id(m.weight): m for m in model.modules() if isinstance(m, _Linear)}
-    heads = {id(h): h for h in (model.head, model.token_head) if isinstance(h, ProjectionHead)}
-    by_head = {w: (h, i) for h in heads.values() for i, w in enumerate(h.weight_names)}
+    heads = {h for h in (model.head, model.token_head) if isinstance(h, ProjectionHead)}
+    by_head = {w: (h, i) for h in heads for i, w in enumerate(h.weight_names)}
     rank = model.embed_tokens.tp.rank
     per_layer: dict[_Linear, list[LowRank | None]] = {}
     per_head: dict[tuple[ProjectionHead, int], list[LowRank | None]] = {}

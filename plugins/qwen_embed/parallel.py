@@ -200,7 +200,7 @@ class TPLauncher:
         self.control.broadcast(input_ids, 0).wait()
         self.control.broadcast(cu_seqlens, 0).wait()
         if adapters is not None:
-            self.control.broadcast(torch.from_numpy(adapters), 0).wait()
+            self.control.broadcast(torch.from_numpy(adapters), 0).wait()  # _receive_adapters
 
     def send_media(
         self,
@@ -238,7 +238,7 @@ class TPLauncher:
         self.control.broadcast(header, 0).wait()
         self.control.broadcast(packed, 0).wait()
         if adapters is not None:
-            self.control.broadcast(torch.from_numpy(adapters), 0).wait()
+            self.control.broadcast(torch.from_numpy(adapters), 0).wait()  # _receive_adapters
 
     def failure(self, wait_s: float = 2.0) -> str | None:
         """What a worker reported or how it ended, once a collective failed: a peer's socket
@@ -283,6 +283,13 @@ def _header(command: int, num_tokens: int, cu_len: int, adapters: bool = False):
     return torch.tensor([command, num_tokens, cu_len, int(adapters)])
 
 
+def _receive_adapters(control, count: int) -> np.ndarray:
+    """Each of `count` texts' adapter index (lora.py), as rank 0 sends them after a batch."""
+    adapters = torch.empty(count, dtype=torch.int64)
+    control.broadcast(adapters, 0).wait()
+    return adapters.numpy()
+
+
 def serve_rank(args: RankSpec, rank: int, build_model) -> None:
     """Worker side: join, build this rank's shard, then run forwards until told to stop."""
 
@@ -310,23 +317,16 @@ def serve_rank(args: RankSpec, rank: int, build_model) -> None:
         cmd, num_tokens, cu_len, with_adapters = header.tolist()
         if cmd == CMD_STOP:
             return
-        adapters = None
         if cmd == CMD_CHUNKS:  # cu_len: the texts' count where they name adapters
             packed = torch.empty(num_tokens, dtype=torch.int64)
             control.broadcast(packed, 0).wait()
-            if with_adapters:
-                adapters = torch.empty(cu_len, dtype=torch.int64)
-                control.broadcast(adapters, 0).wait()
-                adapters = adapters.numpy()
+            adapters = _receive_adapters(control, cu_len) if with_adapters else None
         else:
             input_ids = torch.empty(num_tokens, dtype=torch.int64)
             cu_seqlens = torch.empty(cu_len, dtype=torch.int32)
             control.broadcast(input_ids, 0).wait()
             control.broadcast(cu_seqlens, 0).wait()
-            if with_adapters:
-                adapters = torch.empty(cu_len - 1, dtype=torch.int64)
-                control.broadcast(adapters, 0).wait()
-                adapters = adapters.numpy()
+            adapters = _receive_adapters(control, cu_len - 1) if with_adapters else None
             media = None
             if cmd in (CMD_MEDIA, CMD_MEDIA_EVERY_ROW):
                 positions = torch.empty(num_tokens, 3, dtype=torch.int64)
