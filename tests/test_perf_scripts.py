@@ -210,14 +210,18 @@ def test_the_stub_sampler_records_a_running_process(perf_imports, tmp_path):
     )
     busy = subprocess.Popen([sys.executable, "model.py"], cwd=tmp_path)
     try:
-        time.sleep(0.3)
-        sampler = StubSampler([busy.pid], tmp_path)
-        time.sleep(0.8)
-        shares = sampler.stop()
+        # py-spy's start is slow on a loaded machine: a longer recording where one had none
+        for seconds in (1, 4, 12):
+            sampler = StubSampler([busy.pid], tmp_path)
+            time.sleep(seconds)
+            shares = sampler.stop()
+            if "error" not in shares:
+                break
     finally:
         busy.kill()
     assert "error" not in shares, shares["error"]
-    assert shares["in_execute"] > 0.3, shares  # 0.90-0.97 here: py-spy's start is in the wall
+    # of what py-spy sampled, nearly all is inside the execute (the wall also holds its start)
+    assert shares["in_execute"] / shares["sampled"] > 0.9, shares
     assert any(f.startswith("TritonPythonModel.execute (model.py:") for f, _ in shares["inclusive"])
 
 
