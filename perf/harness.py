@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -44,8 +45,12 @@ Check = Callable[[list[int], np.ndarray], float]
 
 
 def ensure_model(path: Path, layers: int) -> Path:
-    """A model of Qwen3-Embedding-0.6B's shape with `layers` layers at `path`, built once."""
+    """A model of Qwen3-Embedding-0.6B's shape with `layers` layers at `path`, built once
+    (never into a directory whose name says other layers, as "bench-model-4l" does)."""
     if not (path / "config.json").is_file():  # config.json is written last by the builder
+        named = re.search(r"-(\d+)l$", path.name)
+        if named and int(named[1]) != layers:
+            raise SystemExit(f"{path} is named for {named[1]} layers; this builds {layers}")
         subprocess.run(
             [sys.executable, "-m", "qwen_embed_deploy.demo", str(path), "--layers", str(layers)],
             check=True,
