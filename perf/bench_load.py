@@ -450,13 +450,7 @@ def neighbour(args: argparse.Namespace) -> None:
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     counts = np.array([len(i) for i in ids])
-    check = cosine_check(
-        reference_vectors(
-            model_dir,
-            ids,
-            REPO / ".cache" / "peers" / f"reference-{model_dir.name}-{args.texts}-0.npy",
-        )
-    )
+    check = cosine_check(reference_vectors(model_dir, ids, f"{args.texts}-0"))
     topology = read_topology()
     cores = sum(len(node) for node in topology)
     busy_cpu = max(c for node in topology for core in node for c in core)

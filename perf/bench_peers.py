@@ -22,6 +22,7 @@ that text, so all systems did the same work. The GEMM peak is torch's matmul in 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -216,8 +217,14 @@ def length_summary(counts: np.ndarray) -> dict:
     }
 
 
-def reference_vectors(model_dir: Path, ids: list[list[int]], cache: Path) -> np.ndarray:
-    """Our engine's fp32 vectors for every text: what every system is checked against."""
+def reference_vectors(model_dir: Path, ids: list[list[int]], workload: str) -> np.ndarray:
+    """Our engine's fp32 vectors for every text: what every system is checked against; kept
+    under PEERS by the workload's name and the weights' files (a model rebuilt in the same
+    directory is a new reference)."""
+    weights = sorted(model_dir.glob("*.safetensors"))
+    stamp = [(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+    digest = hashlib.sha1(repr(stamp).encode()).hexdigest()[:12]
+    cache = PEERS / f"reference-{model_dir.name}-{digest}-{workload}.npy"
     if cache.is_file():
         return np.load(cache)
     with Encoder.from_pretrained(model_dir, dtype="float32") as enc:
@@ -775,8 +782,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     params = linear_params(config)
     int8_wanted = any(name.endswith("-int8") for name in args.systems)
-    cache = PEERS / f"reference-{model_dir.name}-{args.texts}-{args.seed}.npy"
-    reference = reference_vectors(model_dir, ids, cache)
+    reference = reference_vectors(model_dir, ids, f"{args.texts}-{args.seed}")
 
     rounds = []
     for turn in range(args.rounds):
