@@ -492,14 +492,19 @@ def jina_blocks(model_dir: Path, query: str, documents, instruction=None) -> lis
     return [tok(prompt(docs))["input_ids"] for docs in blocks]
 
 
-def jina_rerank(model_dir: Path, query: str, documents, instruction=None):
-    """jina_blocks, then its forwards: transformers' Qwen3Model in fp32, its projector at the
-    markers, cosines, the blocks' query vectors averaged by their best (1 + cosine) / 2.
-    Returns (scores [n], each block's token ids)."""
+def jina_rerank(model_dir: Path, query: str, documents, instruction=None, adapter=None):
+    """jina_blocks, then its forwards: transformers' Qwen3Model in fp32 (with peft's LoRA
+    `adapter` folder, unmerged, where given), its projector at the markers, cosines, the
+    blocks' query vectors averaged by their best (1 + cosine) / 2. Returns (scores [n], each
+    block's token ids)."""
     from safetensors import safe_open
 
     tok = auto_tokenizer(model_dir)
     model = Qwen3Model.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
     with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
         w0, w2 = f.get_tensor("projector.0.weight"), f.get_tensor("projector.2.weight")
     doc_id, query_id = tok.convert_tokens_to_ids(["<|embed_token|>", "<|rerank_token|>"])

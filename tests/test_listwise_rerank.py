@@ -10,6 +10,7 @@ import pytest
 
 from qwen_embed import Encoder
 from qwen_embed_client.contract import RequestError, RerankOptions
+from qwen_embed_deploy.demo import build_demo_adapter
 from qwen_embed_deploy.serving.listwise import BlockTokenizer
 
 from reference import jina_blocks, jina_rerank
@@ -86,6 +87,22 @@ def test_bf16_and_tp2_scores(jina, expected):
         assert np.abs(enc.rank_blocks(expected[1]) - expected[0]).max() <= BF16_ABS
     with Encoder.from_pretrained(jina, dtype="float32", tp_size=2) as enc:
         assert np.abs(enc.rank_blocks(expected[1]) - expected[0]).max() <= FP32_ABS
+
+
+@pytest.mark.server  # starts a tensor-parallel worker
+def test_an_adapter_named_per_call_scores_as_peft(jina, expected, tmp_path):
+    """A LoRA kept beside the weights (lora_modules) and named per call: a query's blocks
+    scored as peft's unmerged forward of the fine-tune scores them (fp32), in one process
+    and on two TP ranks; without the name, the base's scores."""
+    adapter = build_demo_adapter(tmp_path / "adapter", jina, rank=8, seed=3)
+    want, blocks = jina_rerank(jina, QUERY, DOCUMENTS, adapter=adapter)
+    assert blocks == expected[1] and np.abs(want - expected[0]).max() > 1e-2  # it matters
+    for tp_size in (1, 2):
+        with Encoder.from_pretrained(
+            jina, dtype="float32", tp_size=tp_size, lora_modules=f"ft={adapter}"
+        ) as enc:
+            assert np.abs(enc.rank_blocks(blocks, adapter="ft") - want).max() <= FP32_ABS
+            assert np.abs(enc.rank_blocks(blocks) - expected[0]).max() <= FP32_ABS
 
 
 def test_a_listwise_reranker_only_reranks_and_needs_its_markers(jina):

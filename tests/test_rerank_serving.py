@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.demo import build_demo_adapter
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
 from qwen_embed_deploy.triton import TritonServer, free_port
@@ -49,16 +50,22 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
-def stack(demo_dir, reranker, mxbai, jina, cross_encoders, tmp_path_factory):
+def jina_adapter(jina, tmp_path_factory):
+    """A LoRA of the jina-reranker-v3 replica (peft's files)."""
+    return build_demo_adapter(tmp_path_factory.mktemp("jina-lora"), jina, rank=8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, reranker, mxbai, jina, jina_adapter, cross_encoders, tmp_path_factory):
     """(server, gateway base url) with the gateway started by the launcher; beside the
     Qwen3-Reranker replica, an mxbai-rerank-v2 one (the `mxbai` ensemble), a listwise
-    jina-reranker-v3 one (`jina`) and a sentence-transformers CrossEncoder in zerank's form
-    (`zerank`)."""
+    jina-reranker-v3 one (`jina`, keeping a LoRA `ft` beside it) and a sentence-transformers
+    CrossEncoder in zerank's form (`zerank`)."""
     where = tmp_path_factory.mktemp("rerank-triton")
     repo = render(
         where / "repo",
         {"embed": demo_dir},
-        {"encoder": {"dtype": "float32"}},
+        {"encoder": {"dtype": "float32"}, "jina.encoder": {"lora_modules": f"ft={jina_adapter}"}},
         rerankers={
             "rerank": reranker,
             "mxbai": mxbai,
@@ -159,15 +166,17 @@ def test_cross_encoder_scores_equal_its_predict(stack, cross_encoders, protocol)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_listwise_scores_equal_its_recipe(stack, jina, protocol):
+def test_listwise_scores_equal_its_recipe(stack, jina, jina_adapter, protocol):
     """jina-reranker-v3 through the same ensemble: one row per document, each block's tokens
     counted on its first document's row; scores its own `rerank`'s, with an instruction too,
-    and a document past its cut without truncate refused for that request only."""
+    and with a LoRA the request names (peft's forward of it), and a document past its cut
+    without truncate refused for that request only."""
     server, _ = stack
     documents = [d * 40 for d in DOCUMENTS]  # several blocks (the replica's length is 2,800)
-    for instruction in (None, "Prefer code"):
-        want, blocks = jina_rerank(jina, QUERY, documents, instruction)
+    for instruction, adapter in [(None, None), ("Prefer code", None), (None, jina_adapter)]:
+        want, blocks = jina_rerank(jina, QUERY, documents, instruction, adapter)
         params = {"instruction": instruction} if instruction else {}
+        params |= {"adapter": "ft"} if adapter else {}
         scores, counts = rerank(server, QUERY, documents, protocol, model="jina", **params)
         assert len(blocks) >= 2 and np.abs(scores - want).max() <= FP32_ABS
         assert [c for c in counts.tolist() if c] == [len(b) for b in blocks]

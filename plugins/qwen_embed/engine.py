@@ -658,12 +658,13 @@ class Encoder:
         out = np.empty(len(sequences), dtype=np.float32)
         return self._run(sequences, out, self.model.head, adapter)
 
-    def rank_blocks(self, blocks: Sequence[Sequence[int]]) -> np.ndarray:
+    def rank_blocks(self, blocks: Sequence[Sequence[int]], adapter: Adapters = None) -> np.ndarray:
         """A listwise reranker's (jina-reranker-v3) scores of one query's documents: `blocks`
         are its templated sequences, each the query and a block of documents with their
         markers (qwen_embed_deploy.serving.listwise builds them); float32 [documents] in
         order, cosines in [-1, 1] (heads.listwise_scores)."""
-        return self.rank_blocks_checked(self.check_blocks(self.check_sequences(blocks)))
+        checked = self.check_blocks(self.check_sequences(blocks))
+        return self.rank_blocks_checked(checked, adapter)
 
     def check_blocks(self, blocks: list[np.ndarray]) -> list[ChunkedText]:
         """Sequences that passed `check_sequence` as a listwise reranker's blocks: each with
@@ -673,11 +674,13 @@ class Encoder:
             raise ValueError("rank_blocks needs a listwise reranker (JinaForRanking)")
         return [ChunkedText(ids, self.model.head.spans(ids)) for ids in blocks]
 
-    def rank_blocks_checked(self, blocks: list[ChunkedText]) -> np.ndarray:
+    def rank_blocks_checked(
+        self, blocks: list[ChunkedText], adapter: Adapters = None
+    ) -> np.ndarray:
         """`rank_blocks` for one query's blocks from `check_blocks`: one call (its blocks'
         scores are merged); a block's documents are its chunks but the last."""
         head = self.model.head
-        return listwise_scores(self._pool_chunks(blocks, head, head.width))
+        return listwise_scores(self._pool_chunks(blocks, head, head.width, adapter))
 
     def classify(
         self, token_id_lists: Sequence[Sequence[int]], adapter: Adapters = None

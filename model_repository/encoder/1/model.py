@@ -106,9 +106,10 @@ class TritonPythonModel:
             try:
                 opts = self._finish(request)
                 adapter = self._adapter(request)
+                if adapter is not None:  # read only for the calls it joins
+                    adapters[i] = adapter
                 blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
                 if self.encoder.config.listwise:
-                    _no_adapter(adapter, "by a listwise reranker")
                     listwise.append((i, None, self._blocks(blobs.reshape(-1))))
                     continue
                 seqs = self.encoder.check_sequences(
@@ -124,8 +125,6 @@ class TritonPythonModel:
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
                 continue
-            if adapter is not None:
-                adapters[i] = adapter
             if opts is not None and opts.per_token:
                 per_token.append((i, opts, seqs if media is None else media))
             elif media is not None:
@@ -367,11 +366,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.encoder.close()
-
-
-def _no_adapter(adapter, where):
-    if adapter is not None:
-        raise RequestError(f"parameter 'adapter' is not served {where}")
 
 
 def _scores(rows, members):
