@@ -396,12 +396,7 @@ class AsyncEmbeddingClient:
         params = EmbedOptions(
             **options, chunk_size=chunk_size, chunk_spans=spans, chunk_chars=char_spans
         ).parameters()
-        level = priority_level(priority)
-        parts = await self._split(
-            len(texts),
-            lambda s, a, b: self._send_chunks(s, texts[a:b], params, level, headers),
-        )
-        return [text for part in parts for text in part]
+        return await self._chunked(texts, params, priority, headers)
 
     async def embed_contextual(
         self,
@@ -426,6 +421,10 @@ class AsyncEmbeddingClient:
             )
         texts = joined_documents(documents, separator)
         params = EmbedOptions(**options, chunk_by_separator=True).parameters()
+        return await self._chunked(texts, params, priority, headers)
+
+    async def _chunked(self, texts, params, priority, headers) -> list[ChunkedEmbedding]:
+        """Each text's chunk vectors, its requests split over the servers by `_split`."""
         level = priority_level(priority)
         parts = await self._split(
             len(texts),
