@@ -77,10 +77,16 @@ def mxbai(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cross_encoders(reranker, tmp_path_factory):
     """The Qwen3-Reranker replica as sentence-transformers 6 saves a CrossEncoder of it
-    (replicas.cross_encoder): with its model card's template (`qwen3`), and in zerank-2's form
+    (replicas.cross_encoder): with its model card's template (`qwen3`), in zerank-2's form
     (`zerank`: the query as the system turn, one answer row, "Yes", its raw logit the score
-    since May 2026)."""
-    from replicas import QUERY_AS_SYSTEM_TEMPLATE, QWEN3_RERANKER_TEMPLATE, cross_encoder
+    since May 2026) and in ctxl-rerank-v2's (`ctxl`: its plain-text prompt, the document
+    first; token 0's raw logit)."""
+    from replicas import (
+        DOCUMENT_FIRST_TEMPLATE,
+        QUERY_AS_SYSTEM_TEMPLATE,
+        QWEN3_RERANKER_TEMPLATE,
+        cross_encoder,
+    )
 
     root = tmp_path_factory.mktemp("cross-encoders")
     zerank = cross_encoder(
@@ -91,9 +97,13 @@ def cross_encoders(reranker, tmp_path_factory):
         generation_prompt=True,
         raw_logit=True,
     )
+    ctxl = cross_encoder(
+        root / "ctxl", reranker, DOCUMENT_FIRST_TEMPLATE, ("!", None), raw_logit=True
+    )
     return {
         "qwen3": cross_encoder(root / "qwen3", reranker, QWEN3_RERANKER_TEMPLATE),
         "zerank": zerank,
+        "ctxl": ctxl,
     }
 
 

@@ -860,6 +860,19 @@ QUERY_AS_SYSTEM_TEMPLATE = """{%- for m in messages -%}
 {% endif -%}"""
 
 
+# ctxl-rerank-v2's prompt as a chat template: the document before the query, an instruction
+# after it, no special tokens; its score is the logit of token 0 ("!") at the last position.
+DOCUMENT_FIRST_TEMPLATE = """{%- set ns = namespace(query="", document="", instruction="") -%}
+{%- for m in messages -%}
+{%- if m.role == "query" %}{% set ns.query = m.content %}
+{%- elif m.role == "document" %}{% set ns.document = m.content %}
+{%- elif m.role == "system" %}{% set ns.instruction = " " + m.content %}{% endif -%}
+{%- endfor -%}
+Check whether a given document contains information helpful to answer the query.
+<Document> {{ ns.document }}
+<Query> {{ ns.query }}{{ ns.instruction }} ??"""
+
+
 def cross_encoder(
     directory: Path,
     base: Path,

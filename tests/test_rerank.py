@@ -256,7 +256,7 @@ def test_a_cross_encoder_scores_as_its_predict(cross_encoders, st_cross_encoders
     """Its LogitScore's rows (two: sigmoid of their difference; one: its logit, as zerank-2's
     `activation_fn` says, or that logit's sigmoid, the default) against
     `CrossEncoder.predict`; what cannot be served is named."""
-    scores, kinds = {}, {"qwen3": "probability", "zerank": "logit"}
+    scores, kinds = {}, {"qwen3": "probability", "zerank": "logit", "ctxl": "logit"}
     for name, model_dir in cross_encoders.items():
         assert ModelConfig.from_dir(model_dir).score_kind == kinds[name]
         pairs = pair_tokenizer(model_dir, 8192).encode(QUERY, DOCUMENTS, RerankOptions())
