@@ -34,6 +34,7 @@ from reference import (
     reference_scores,
 )
 from replicas import (
+    DOCUMENT_FIRST_TEMPLATE,
     QUERY_AS_SYSTEM_TEMPLATE,
     QWEN3_RERANKER_TEMPLATE,
     lora_finetune,
@@ -180,6 +181,7 @@ def test_a_lora_finetune_of_the_reranker_scores_as_peft_does(reranker, pairs, tm
 CHAT_TEMPLATES = [
     QWEN3_RERANKER_TEMPLATE,
     QUERY_AS_SYSTEM_TEMPLATE,
+    DOCUMENT_FIRST_TEMPLATE,  # a namespace's attributes set in a loop
     # what chat templates use beside: loop controls, tojson, dict(), strftime_now, raise_exception
     "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }}:"
     "{{ m.content | tojson }}\n{% endfor %}{{ dict(a=1) | tojson }}{{ bos_token or '' }}"
