@@ -22,7 +22,6 @@ that text, so all systems did the same work. The GEMM peak is torch's matmul in 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -57,12 +56,14 @@ from qwen_embed import Encoder, ModelConfig, avx2_gemm
 from qwen_embed import int8 as int8_route
 from qwen_embed.avx2_gemm import Avx2F32Weight
 from qwen_embed.cpu import cpu_features, has_native_bf16
+from qwen_embed.fingerprint import checkpoint_digest
 from qwen_embed.layers import linear, linear_weight_dtype
 from qwen_embed.onednn import PackedWeight
 from qwen_embed.onednn import available as onednn_available
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.config import KNOWN_HASHES
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from workload import make_texts
@@ -219,11 +220,9 @@ def length_summary(counts: np.ndarray) -> dict:
 
 def reference_vectors(model_dir: Path, ids: list[list[int]], workload: str) -> np.ndarray:
     """Our engine's fp32 vectors for every text: what every system is checked against; kept
-    under PEERS by the workload's name and the weights' files (a model rebuilt in the same
-    directory is a new reference)."""
-    weights = sorted(model_dir.glob("*.safetensors"))
-    stamp = [(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
-    digest = hashlib.sha1(repr(stamp).encode()).hexdigest()[:12]
+    under PEERS by the workload's name and the checkpoint's content digest (a model rebuilt
+    in the same directory is a new reference)."""
+    digest = checkpoint_digest(model_dir, KNOWN_HASHES)[:12]
     cache = PEERS / f"reference-{model_dir.name}-{digest}-{workload}.npy"
     if cache.is_file():
         return np.load(cache)

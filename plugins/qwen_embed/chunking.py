@@ -145,7 +145,8 @@ class ChunkForward:
         body = int(cu[-1])
         lens = [len(t.forward_ids(readout)) for t in texts]
         q_lens, k_lens, index = list(lens), list(lens), [np.arange(body)]
-        extra_ids, extra_positions, read_segments, extra_texts = [], [], [], []
+        extra_ids, extra_positions, read_segments = [], [], []
+        extra_rows = [0] * len(texts)  # each text's read-out rows after every body
         self.pool_ranges: list[list[tuple[int, int]]] = []  # per text, per chunk: rows
         row = body
         for k, (text, start) in enumerate(zip(texts, starts, strict=True)):
@@ -156,7 +157,7 @@ class ChunkForward:
                 self.pool_ranges.append([(start + b - 1, start + b) for b in ends])
             else:
                 t = text.tail
-                extra_texts.append(np.full(t * len(ends), k))
+                extra_rows[k] = t * len(ends)
                 extra_ids.append(np.tile(text.ids[len(text.ids) - t :], len(ends)))
                 extra_positions.append((ends[:, None] + np.arange(t)).reshape(-1))
                 ranges = []
@@ -186,9 +187,7 @@ class ChunkForward:
             last, last_rows = self._last_layout(layout, kv_index, read_segments, device)
         rows = None
         if adapters is not None:  # each row, and each chunk, adds its text's adapter
-            per_row = np.concatenate(
-                [np.repeat(adapters, lens), *(adapters[e] for e in extra_texts)]
-            )
+            per_row = np.concatenate([np.repeat(adapters, lens), np.repeat(adapters, extra_rows)])
             per_chunk = np.repeat(adapters, [len(t.spans) for t in texts])
             rows = AdapterRows.of(per_row, per_chunk)
         self.context = ForwardContext(batch, layout, last, last_rows, None, adapters=rows)

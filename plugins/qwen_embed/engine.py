@@ -398,6 +398,10 @@ class Encoder:
         indices = np.array([index[name] for name in names], dtype=np.int64)
         return None if (indices == BASE).all() else indices
 
+    def _planned(self, lengths: list[int], adapter: Adapters) -> list:
+        """`_batches` of sequences of `lengths`, `adapter` as the caller was given it."""
+        return list(self._batches(lengths, self.adapter_indices(adapter, len(lengths))))
+
     def _batches(self, lengths: list[int], adapters: np.ndarray | None):
         """(indices, their adapters or None) of each forward planned by the token budget
         (`adapters`: each sequence's index, `adapter_indices`), each adapter's sequences one
@@ -531,8 +535,7 @@ class Encoder:
             texts = [t if isinstance(t, MediaText) else MediaText(t, (), ()) for t in texts]
         ids = [t.ids for t in texts] if media_texts else texts
         out: list[np.ndarray] = [None] * len(texts)
-        lengths = [len(s) for s in ids]
-        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(ids))))
+        batches = self._planned([len(s) for s in ids], adapter)
         with self._lock:
             for indices, adapters in batches:
                 flat = flatten([ids[i] for i in indices])
@@ -623,8 +626,7 @@ class Encoder:
     ) -> np.ndarray:
         """Forwards planned by the token budget, each running the vision tower once over all
         of its visuals; `head(pooled)` -> rows of `out`."""
-        lengths = [len(t.ids) for t in texts]
-        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(texts))))
+        batches = self._planned([len(t.ids) for t in texts], adapter)
         with self._lock:
             for indices, adapters in batches:
                 chosen = [texts[i] for i in indices]
@@ -710,8 +712,7 @@ class Encoder:
         """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
         `out`. A batch's result is read after the next batch is queued: a GPU never waits
         for the host to read results or plan the next batch."""
-        lengths = [len(s) for s in sequences]
-        batches = list(self._batches(lengths, self.adapter_indices(adapter, len(sequences))))
+        batches = self._planned([len(s) for s in sequences], adapter)
         with self._lock:
             queued: list[tuple[list[int], HostResult]] = []
             for indices, adapters in batches:
