@@ -34,21 +34,22 @@ def _inputs(q_lens, k_lens, heads, kv_heads, d, dtype, seed=0):
     return q, k, v, _offsets(q_lens), _offsets(k_lens)
 
 
-def reference(q, k, v, cu_q, cu_k, causal):
-    """softmax(q k^T / sqrt(d) + bottom-right causal mask) v per segment, in float64."""
+def reference(q, k, v, cu_q, cu_k, causal, rows=512):
+    """softmax(q k^T / sqrt(d) + bottom-right causal mask) v per segment, in float64; `rows`
+    queries at a time, so an 8K segment's scores are never whole in memory."""
     out = torch.empty(q.shape, dtype=torch.float64)
     group = q.shape[1] // k.shape[1]
     for s in range(len(cu_q) - 1):
         q0, q1, k0, k1 = (int(x) for x in (cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]))
-        qs = q[q0:q1].double().transpose(0, 1)
         ks = k[k0:k1].double().repeat_interleave(group, 1).transpose(0, 1)
         vs = v[k0:k1].double().repeat_interleave(group, 1).transpose(0, 1)
-        scores = qs @ ks.transpose(1, 2) * q.shape[2] ** -0.5
-        if causal:
-            n_q, n_k = q1 - q0, k1 - k0
-            visible = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
-            scores = scores.masked_fill(~visible, float("-inf"))
-        out[q0:q1] = (scores.softmax(-1) @ vs).transpose(0, 1)
+        for a in range(q0, q1, rows):
+            b = min(a + rows, q1)
+            scores = q[a:b].double().transpose(0, 1) @ ks.transpose(1, 2) * q.shape[2] ** -0.5
+            if causal:  # query i sees keys j <= i + (keys - queries)
+                last = torch.arange(a - q0, b - q0).unsqueeze(1) + (k1 - k0) - (q1 - q0)
+                scores = scores.masked_fill(torch.arange(k1 - k0) > last, float("-inf"))
+            out[a:b] = (scores.softmax(-1) @ vs).transpose(0, 1)
     return out
 
 

@@ -228,11 +228,12 @@ def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(
     """A reranker in sentence-transformers 6's CrossEncoder form (chat_pairs.py): its chat
     template's pairs, an instruction as the system message, cut at the limit with the
     template's tail written back, as `CrossEncoder.preprocess` makes them."""
+    built = {}  # each takes a load of the tokenizer's files
     for name, model_dir in cross_encoders.items():
         model = st_cross_encoders[name]
         for limit in (60, 8192):  # 8192 last: the fixture's own limit after the test
             model.max_seq_length = limit
-            ours = pair_tokenizer(model_dir, limit)
+            ours = built[name, limit] = pair_tokenizer(model_dir, limit)
             for instruction in (None, "Find the city"):
                 got = ours.encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
                 want = [
@@ -243,14 +244,11 @@ def test_a_cross_encoder_forms_its_pairs_as_sentence_transformers_does(
                 if limit == 60:  # the cut is exercised
                     assert max(map(len, got)) == 60
     # The model card's template as a chat template gives the model card's ids.
-    qwen3 = pair_tokenizer(cross_encoders["qwen3"], 8192)
     for instruction in (DEFAULT_TASK, "Find the city"):
-        got = qwen3.encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
+        got = built["qwen3", 8192].encode(QUERY, DOCUMENTS, RerankOptions(instruction=instruction))
         assert got == model_card_pairs(reranker, QUERY, DOCUMENTS, instruction=instruction)
     with pytest.raises(RequestError, match=r"DOCUMENTS\[0\]' makes a pair of 85 .*limit of 60"):
-        pair_tokenizer(cross_encoders["qwen3"], 60).encode(
-            QUERY, DOCUMENTS, RerankOptions(truncate=False)
-        )
+        built["qwen3", 60].encode(QUERY, DOCUMENTS, RerankOptions(truncate=False))
 
 
 @pytest.mark.server

@@ -130,14 +130,16 @@ def test_alone_among_others_and_after_a_cached_prefix(
         together = enc.embed(mixed + prefixed)
         first = mixed[:8]
         alone = np.stack([enc.embed([s])[0] for s in first + prefixed])
-        again = enc.embed((mixed + prefixed)[::-1])[::-1]  # other neighbours in each forward
+        # Other neighbours in each forward: the small size's question. The full size asks about
+        # the row count, which alone against together answers.
+        if size == "small":
+            assert_same(enc.embed((mixed + prefixed)[::-1])[::-1], together, exact, quantization)
     with Encoder.from_pretrained(model_dir, prefix_reuse=True, **settings) as enc:
         enc.embed(prefixed[1:])  # their shared prefix is found and cached
         cached = np.stack([enc.embed([s])[0] for s in prefixed])
         assert enc.prefix_cache.hits >= len(prefixed)
     n = len(mixed)
     assert_same(alone, together[np.r_[0 : len(first), n : n + 3]], exact, quantization)
-    assert_same(again, together, exact, quantization)
     # the attention operator gives bitwise the same rows after a cached prefix (reuse on ==
     # off); the segments around it change the GEMMs' row counts only
     assert_same(cached, together[n:], exact, quantization)
