@@ -212,10 +212,12 @@ perf-peers: setup
 		--rounds $(PEER_ROUNDS) $(if $(PEER_SYSTEMS),--systems $(PEER_SYSTEMS))
 
 # Reranking pairs/s (100 mixed documents per query) through Triton and /v1/rerank against
-# transformers (model card code, and with last-position logits only), same run; then a
-# listwise reranker's (jina-reranker-v3's layout) documents/s against its own rerank's work.
+# transformers (model card code, and with last-position logits only), same run, and the
+# ensemble beside vLLM's CPU build on new documents in every request; then a listwise
+# reranker's (jina-reranker-v3's layout) documents/s against its own rerank's work.
 perf-rerank: setup
-	cd perf && ../$(PY) bench_rerank.py
+	perf/peers/install.sh vllm
+	cd perf && ../$(PY) bench_rerank.py --vllm
 	cd perf && ../$(PY) bench_rerank.py --listwise
 
 # Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;

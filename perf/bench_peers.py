@@ -281,12 +281,25 @@ class PeerServer:
 
 
 LLAMA_OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
+VLLM_QWEN3_RERANKER = json.dumps(
+    {
+        "architectures": ["Qwen3ForSequenceClassification"],
+        "classifier_from_token": ["no", "yes"],
+        "is_original_qwen3_reranker": True,
+    }
+)
 
 
 def peer_server(
-    name: str, model_dir: Path, dtype: str, port: int, prefix_caching: str = "off"
+    name: str,
+    model_dir: Path,
+    dtype: str,
+    port: int,
+    prefix_caching: str = "off",
+    reranker: bool = False,
 ) -> tuple[PeerServer, str]:
-    """The command that serves `name` and the path of its embeddings endpoint."""
+    """The command that serves `name` and the path of its embeddings endpoint (`reranker`, vLLM
+    only: a Qwen3-Reranker checkpoint and its rerank endpoint)."""
     if name.startswith("llama"):
         outtype = "q8_0" if "-q8" in name else LLAMA_OUTTYPES[dtype]
         build = "patched" if name.endswith("-best") else "stock"
@@ -294,11 +307,20 @@ def peer_server(
         log = llama_cpp.ROOT / f"server-{build}-{outtype}.log"
         return PeerServer(cmd, {}, port, llama_cpp.HEALTH, log), llama_cpp.ENDPOINT
     python = str(PEERS / name / "venv" / "bin" / "python")
-    log = PEERS / name / f"server-{dtype}.log"
+    log = PEERS / name / f"server-{dtype}{'-rerank' if reranker else ''}.log"
     served = prepare(model_dir, PEERS / "models", name)
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if name.startswith("vllm"):
-        pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
+        if reranker:  # as vLLM's docs serve Qwen3-Reranker: its "no" and "yes" rows scored
+            task, served_name, endpoint = (
+                ["--hf-overrides", VLLM_QWEN3_RERANKER],
+                "rerank",
+                "/rerank",
+            )
+        else:
+            pooler = json.dumps({"seq_pooling_type": "LAST", "use_activation": True})
+            task = ["--convert", "embed", "--pooler-config", pooler]
+            served_name, endpoint = "embed", "/v1/embeddings"
         # Prefix caching is on by default for last-token pooling: a repeated text would then
         # cost one token, and the passes repeat the same texts.
         cmd = [
@@ -308,14 +330,11 @@ def peer_server(
             "--model",
             str(served),
             "--served-model-name",
-            "embed",
+            served_name,
             *host,
             "--runner",
             "pooling",
-            "--convert",
-            "embed",
-            "--pooler-config",
-            pooler,
+            *task,
             "--dtype",
             dtype,
             "--max-model-len",
@@ -326,7 +345,7 @@ def peer_server(
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "4"}
         if name == "vllm-gpu":  # the GPU is shared with nothing while it runs
             cmd, env = [*cmd, "--gpu-memory-utilization", "0.8"], {}
-        return PeerServer(cmd, env, port, "/health", log), "/v1/embeddings"
+        return PeerServer(cmd, env, port, "/health", log), endpoint
     if name == "infinity":
         # No result cache: repeated passes over the same texts must be computed again.
         cmd = [

@@ -46,6 +46,7 @@ from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
+from bench_peers import PEERS, VLLM_QWEN3_RERANKER, peer_server
 from workload import make_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,12 +70,16 @@ def ensure_reranker(path: Path, layers: int) -> Path:
     return path
 
 
-def client_rows(name: str, make, counts, check, args, rate: str) -> list[dict]:
+def client_rows(
+    name: str, make, counts, check, args, rate: str, per_request: int | None = None
+) -> list[dict]:
     """After one warm-up request, a row per client count: `rate` (documents per second) over
-    requests of every document, `args.rounds` per client; the largest score difference."""
-    n = len(counts)
+    requests of `per_request` documents (None: every document), `args.rounds` per client; the
+    largest score difference. Requests take the documents in turn, so that from a pool of
+    (1 + rounds x clients summed) requests' documents every request has its own."""
+    n = per_request or len(counts)
     drive(make, counts, None, clients=1, per_request=n, seconds=0, max_requests=1)
-    rows = []
+    rows, sent = [], 1
     for clients in args.clients:
         stats = drive(
             make,
@@ -83,8 +88,10 @@ def client_rows(name: str, make, counts, check, args, rate: str) -> list[dict]:
             clients=clients,
             per_request=n,
             seconds=0,
+            first_request=sent,
             max_requests=clients * args.rounds,
         )
+        sent += clients * args.rounds
         max_abs = None if check is None else 1.0 - stats["min_check"]
         rows.append(
             {"path": name, "clients": clients, rate: stats["texts_per_s"], "max_abs": max_abs}
@@ -227,25 +234,69 @@ def transformers_scores(
     return torch.cat(scores).numpy(), time.perf_counter() - began
 
 
-def gateway_sender(base: str, documents: list[str]):
-    """POST /v1/rerank with the documents of each request: (scores in document order, None)."""
+def http_sender(url: str, documents: list[str], query: str = QUERY):
+    """POST a rerank request (Cohere's form, which our gateway and vLLM take) with the
+    documents of each request: (scores in document order, the tokens its usage counts)."""
 
     def make():
         def send(idx):
-            body = {"model": "rerank", "query": QUERY, "documents": [documents[i] for i in idx]}
+            body = {"model": "rerank", "query": query, "documents": [documents[i] for i in idx]}
             request = urllib.request.Request(
-                f"{base}/v1/rerank", json.dumps(body).encode(), {"Content-Type": "application/json"}
+                url, json.dumps(body).encode(), {"Content-Type": "application/json"}
             )
             with urllib.request.urlopen(request, timeout=1800) as r:
-                results = json.loads(r.read())["results"]
+                answer = json.loads(r.read())
             scores = np.empty(len(idx), dtype=np.float32)
-            for item in results:
+            for item in answer["results"]:
                 scores[item["index"]] = item["relevance_score"]
-            return scores, None
+            return scores, answer.get("usage", {}).get("total_tokens")
 
         return send
 
     return make
+
+
+def vllm_texts(documents: list[str]) -> tuple[str, list[str]]:
+    """The query and documents as vLLM's docs format them for Qwen3-Reranker (the template's
+    head with the query, each document with its tail): our template split where the document
+    begins, so that the two tokenized apart are our pair's tokens."""
+    whole = [TEXT_PAIRS.pieces(DEFAULT_TASK, QUERY, d)[0] for d in documents]
+    query = whole[0][: whole[0].index("<Document>:")]
+    return TEXT_PAIRS.prefix + query, [w[len(query) :] + TEXT_PAIRS.suffix for w in whole]
+
+
+def vllm_rows(model_dir: Path, dtype: str, documents, reference, pool, pool_counts, args):
+    """vLLM's CPU build serving the same checkpoint as its docs serve Qwen3-Reranker (prefix
+    caching on, its default), the query and documents formatted as its docs' example does:
+    our template split where the document begins, so that its tokens are ours. One request
+    of the reference's documents for the score difference, then the pool's rows."""
+    if not (PEERS / "vllm" / "versions.txt").is_file():
+        print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
+        return []
+    port = free_port()
+    server, endpoint = peer_server("vllm", model_dir, dtype, port, "on", reranker=True)
+    try:
+        server.start(timeout=600)
+        url = f"http://127.0.0.1:{port}{endpoint}"
+        query, texts = vllm_texts(documents)
+        scores, _ = http_sender(url, texts, query)()(list(range(len(texts))))
+        max_abs = float(np.abs(scores - reference).max())
+        query, texts = vllm_texts(pool)
+        name = "vLLM /rerank (CPU build), new documents per request"
+        rows = client_rows(
+            name,
+            http_sender(url, texts, query),
+            pool_counts,
+            None,
+            args,
+            "pairs_per_s",
+            len(documents),
+        )
+    finally:
+        server.stop()
+    for row in rows:
+        row["max_abs"] = max_abs
+    return rows
 
 
 def main() -> None:
@@ -258,6 +309,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     p.add_argument("--hf-batch-size", type=int, default=8)
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also vLLM's CPU build (perf/peers/install.sh vllm) beside the Triton ensemble, "
+        "both with new documents in every request",
+    )
     p.add_argument("--out", default=str(RESULTS / "rerank"))
     args = p.parse_args()
     if args.documents is None:
@@ -291,6 +348,11 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
+    if args.vllm:  # every request its own documents: no peer reuses a pair it has seen
+        pool = make_texts(args.documents * (1 + args.rounds * sum(args.clients)), seed=11)
+        pool_counts = np.array(
+            [len(x) for x in PairTokenizer(model_dir, 8192).encode(QUERY, pool, RerankOptions())]
+        )
     with tempfile.TemporaryDirectory() as tmp:
         repo = render(
             Path(tmp) / "repo",
@@ -311,11 +373,19 @@ def main() -> None:
                     time.sleep(0.5)
             paths = {
                 "Triton rerank ensemble (gRPC)": rerank_sender(server.grpc_url, QUERY, documents),
-                "gateway /v1/rerank": gateway_sender(base, documents),
+                "gateway /v1/rerank": http_sender(f"{base}/v1/rerank", documents),
             }
             check = score_check(reference)
             for name, make in paths.items():
                 rows += client_rows(name, make, counts, check, args, "pairs_per_s")
+            if args.vllm:
+                name = "Triton rerank ensemble (gRPC), new documents per request"
+                make = rerank_sender(server.grpc_url, QUERY, pool)
+                rows += client_rows(
+                    name, make, pool_counts, None, args, "pairs_per_s", args.documents
+                )
+    if args.vllm:
+        rows += vllm_rows(model_dir, route.dtype, documents, reference, pool, pool_counts, args)
     card = rows[0]["pairs_per_s"]
     best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
     record = new_record(
@@ -326,10 +396,10 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        diff = "n/a" if r["max_abs"] is None else f"{r['max_abs']:.2e}"
         table.append(
             f"| {r['path']} | {r['clients']} | {r['pairs_per_s']:.1f} | "
-            f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | "
-            f"{r['max_abs']:.2e} |"
+            f"{r['pairs_per_s'] / card:.2f} | {r['pairs_per_s'] / best_hf:.2f} | {diff} |"
         )
     note = (
         f"model: {model_dir.name} (Qwen3-Reranker-0.6B shape, {args.layers} layers, random "
@@ -337,8 +407,27 @@ def main() -> None:
         f"per request, {args.rounds} requests per client; transformers in padded batches "
         f"of {args.hf_batch_size}"
     )
+    notes = [note]
+    peer = [r for r in rows if r["path"].startswith("vLLM")]
+    if peer:
+        ours = {r["clients"]: r for r in rows if "new documents" in r["path"] and r not in peer}
+        version = (PEERS / "vllm" / "versions.txt").read_text().split()
+        notes.append(
+            f"vLLM: {', '.join(version)}; Qwen3-Reranker as its docs serve it (`--runner pooling "
+            f"--hf-overrides {VLLM_QWEN3_RERANKER}`, prefix caching on as by default, both cores "
+            "to its engine), the query and documents formatted as its docs' example does; the "
+            "tokens its usage counts over ours: "
+            + ", ".join(f"{r['stats']['server_tokens_ratio']:.3f}" for r in peer)
+            + "; ours (prefix reuse auto) and vLLM on the same new documents in every request "
+            "(a pool of perf/workload.py's mix, seed 11): ours over vLLM "
+            + ", ".join(
+                f"{ours[r['clients']]['pairs_per_s'] / r['pairs_per_s']:.2f}x at "
+                f"{r['clients']} client(s)"
+                for r in peer
+            )
+        )
     write_report(
-        args.out, record, "Reranking: pairs/s, one query with mixed-length documents", [note], table
+        args.out, record, "Reranking: pairs/s, one query with mixed-length documents", notes, table
     )
 
 

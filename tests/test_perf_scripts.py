@@ -2,8 +2,9 @@
 script under perf/ parses `--help` (its imports and arguments hold), bench_peers' GEMM
 bound, the yardstick of its reports, runs at both routes, float and int8, on this CPU, the
 GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbing, on CPU),
-bench_serving --spy reads py-spy's stacks as shares of the wall and records a live process, and
-the GPU script's command lines are all taken by their scripts."""
+bench_serving --spy reads py-spy's stacks as shares of the wall and records a live process,
+bench_rerank gives vLLM texts that it tokenizes as our pairs, and the GPU script's command
+lines are all taken by their scripts."""
 
 import argparse
 import importlib.util
@@ -149,6 +150,35 @@ def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, demo_dir):
     assert [r[4] for r in rows] == ["1.250", "1.000", "1.500", "1.250"]
     assert [r[7] for r in rows] == ["1.100", "1.000", "1.500", "1.100"]
     assert rows[-1][:4] == ["int8", "median", "10.00", "8.00"]
+
+
+def test_the_rerank_peer_gets_our_pairs_tokens(perf_imports, demo_dir):
+    """bench_rerank --vllm formats the query and documents as vLLM's docs do for
+    Qwen3-Reranker (the template's head with the query, each document with its tail), which
+    vLLM tokenizes apart: those tokens must be our pairs' for the rates and scores to
+    compare."""
+    import bench_rerank
+    from tokenizers import Tokenizer
+
+    from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
+    from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
+
+    documents = [
+        "Beijing is the capital.",
+        "\nA line first.",
+        "  spaced",
+        "x" * 300,
+        "日本語の文書",
+    ]
+    pairs = PairTokenizer(DEMO_RERANKER_DIR, 8192).encode(
+        bench_rerank.QUERY, documents, RerankOptions()
+    )
+    query, texts = bench_rerank.vllm_texts(documents)
+    tok = Tokenizer.from_file(str(DEMO_RERANKER_DIR / "tokenizer.json"))
+    head = tok.encode(query, add_special_tokens=False).ids
+    assert [head + tok.encode(t, add_special_tokens=False).ids for t in texts] == [
+        list(p) for p in pairs
+    ]
 
 
 def test_a_base_revision_is_named_with_its_commit(perf_imports):
