@@ -20,7 +20,10 @@ from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG, SentenceMo
 from qwen_embed_client.contract import DEFAULT_TASK, RequestError
 from qwen_embed_deploy.serving.chat_pairs import compiled
 from qwen_embed_deploy.serving.rerank import (
+    JINA_M0_PAIRS,
+    MXBAI_PAIRS,
     TEXT_PAIRS,
+    VISION_PAIRS,
     PairTokenizer,
     RerankOptions,
     pair_tokenizer,
@@ -73,6 +76,24 @@ def test_pair_tokenizer_builds_the_model_card_ids(reranker, pairs):
     assert ours == pairs
     lengths = sorted(len(p) for p in pairs)
     assert lengths[0] < 80 < lengths[-1]  # mixed lengths, as the cases below need
+
+
+def test_a_side_that_holds_the_template_is_refused(reranker):
+    """A client that formats its pairs itself (vLLM's examples for Qwen3-Reranker served
+    without a template: the template's head before the query, its tail after each document)
+    would have them wrapped twice: refused, naming the side."""
+    query = f"{TEXT_PAIRS.prefix}<Instruct>: {DEFAULT_TASK}\n<Query>: {QUERY}\n"
+    document = f"<Document>: {DOCUMENTS[0]}{TEXT_PAIRS.suffix}"
+    tok = PairTokenizer(reranker, 8192)
+    with pytest.raises(RequestError, match="input 'QUERY' holds this reranker's prompt template"):
+        tok.encode(query, DOCUMENTS, RerankOptions())
+    with pytest.raises(RequestError, match=r"input 'DOCUMENTS\[1\]' holds this reranker's"):
+        tok.encode(QUERY, [DOCUMENTS[0], document], RerankOptions())
+    for template in (TEXT_PAIRS, VISION_PAIRS, MXBAI_PAIRS):  # each family's head and tail
+        assert template.refusal(QUERY, "") is None
+        assert template.refusal(f"{template.prefix}query: {QUERY}", "") is not None
+        assert template.refusal(f"document: {DOCUMENTS[0]}{template.suffix}", "") is not None
+    assert JINA_M0_PAIRS.refusal(TEXT_PAIRS.prefix, "") is None  # a template of no text
 
 
 @pytest.mark.server  # whole-model runs: seconds each

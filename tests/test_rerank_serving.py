@@ -24,6 +24,7 @@ from qwen_embed_client.contract import DEFAULT_TASK
 from qwen_embed_deploy.demo import build_demo_adapter
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.config import DEMO_RERANKER_DIR
+from qwen_embed_deploy.serving.rerank import TEXT_PAIRS
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import (
@@ -379,6 +380,8 @@ def test_embed_and_rerank_concurrently_without_cross_talk(stack):
         assert np.abs(value - alone).max() <= 1e-4, (kind, j)
 
 
+VLLM_QUERY = f"{TEXT_PAIRS.prefix}<Instruct>: {DEFAULT_TASK}\n<Query>: {QUERY}\n"
+VLLM_DOCUMENT = f"<Document>: {DOCUMENTS[0]}{TEXT_PAIRS.suffix}"
 BAD = [
     # (query, documents, parameters, expected message)
     ("", ["doc"], {}, r"input 'QUERY\[0\]' is empty"),
@@ -388,6 +391,9 @@ BAD = [
     ("q", ["doc"], {"instruction": ""}, r"parameter 'instruction' must not be empty"),
     ("q", ["doc"], {"dimensions": 8}, r"unknown parameter\(s\) \['dimensions'\]"),
     ("q", ["doc"], {"truncate": "yes"}, r"parameter 'truncate' must be a boolean"),
+    # a client's own formatting (vLLM's Qwen3-Reranker examples): it would be wrapped twice
+    (VLLM_QUERY, ["doc"], {}, r"input 'QUERY' holds this reranker's prompt template"),
+    ("q", ["doc", VLLM_DOCUMENT], {}, r"input 'DOCUMENTS\[1\]' holds this reranker's prompt"),
 ]
 
 
@@ -424,6 +430,8 @@ GATEWAY_BAD = [
     ({"query": "q", "documents": ["d"], "top_n": True}, 400, "top_n"),
     ({"query": "q", "documents": ["d"], "model": "Qwen3-Reranker-8B"}, 404, "model"),
     ({"query": "q", "documents": ["d" * 300000]}, 400, "documents"),  # Triton's byte limit
+    ({"query": VLLM_QUERY, "documents": ["d"]}, 400, "query"),
+    ({"query": "q", "documents": ["d", VLLM_DOCUMENT]}, 400, "documents"),
 ]
 
 

@@ -25,7 +25,8 @@ answer tokens, heads.ANSWER_TOKENS):
 Truncation cuts the document's text, never the template, the query or an image: the end of
 the last piece, or where the document comes first (jina-reranker-m0) its text cut to the
 tokens that fit, as its script cuts a long document; a pair with too little room left for its
-document's text is refused.
+document's text is refused, and so is a query or document that already holds its template's
+head or tail (a client's own formatting, which would be wrapped twice).
 """
 
 from __future__ import annotations
@@ -71,7 +72,15 @@ class PairTemplate:
         raise NotImplementedError
 
     def refusal(self, text: str, visuals: str) -> str | None:
-        """Why a side (its text and its visuals' placeholders) cannot be read; None: it can."""
+        """Why a side (its text and its visuals' placeholders) cannot be read; None: it can.
+        A side that already holds the template's head or tail (a client formatting its pairs
+        itself, as vLLM's examples do for Qwen3-Reranker served without a template) would be
+        wrapped twice and scored as nonsense."""
+        if any(part and part in text for part in (self.prefix.strip(), self.suffix.strip())):
+            return (
+                "holds this reranker's prompt template, which the server applies itself: send "
+                "the bare query and documents (a task in 'instruction')"
+            )
         return None
 
 
@@ -98,7 +107,7 @@ class MxbaiPairs(PairTemplate):
 
 @dataclass(frozen=True)
 class JinaM0Pairs(PairTemplate):
-    def refusal(self, text: str, visuals: str) -> str | None:
+    def refusal(self, text: str, visuals: str) -> str | None:  # its template has no text
         if visuals and (text or visuals.count("<|vision_start|>") > 1):
             held = "text beside an image" if text else "several images"
             return f"holds {held}, and this reranker reads an image alone or a text per side"
