@@ -267,9 +267,8 @@ def vllm_texts(documents: list[str]) -> tuple[str, list[str]]:
 
 def vllm_rows(model_dir: Path, dtype: str, documents, reference, pool, pool_counts, args):
     """vLLM's CPU build serving the same checkpoint as its docs serve Qwen3-Reranker (prefix
-    caching on, its default), the query and documents formatted as its docs' example does:
-    our template split where the document begins, so that its tokens are ours. One request
-    of the reference's documents for the score difference, then the pool's rows."""
+    caching on, its default), sent `vllm_texts`: one request of the reference's documents for
+    the score difference, then the pool's rows."""
     if not (PEERS / "vllm" / "versions.txt").is_file():
         print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
         return []
