@@ -222,10 +222,12 @@ perf-rerank: setup
 
 # Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;
 # pruning in process on the demo model and the 28-layer Qwen3-Embedding-0.6B shape; load from
-# Python client threads and from perf_analyzer).
+# Python client threads and from perf_analyzer), and the query workloads beside vLLM's CPU
+# build, prefix caching on in both, over new queries.
 perf-prefix: setup
 	perf/perf_analyzer/install.sh $(PY)
-	cd perf && ../$(PY) bench_prefix.py
+	perf/peers/install.sh vllm
+	cd perf && ../$(PY) bench_prefix.py --vllm 4096
 
 # perf/RESULTS.md from perf/results/*.json: the latest report per benchmark and CPU kind
 # (standard library only).

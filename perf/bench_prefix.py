@@ -2,7 +2,7 @@
 
     python bench_prefix.py [--seconds 30] [--rounds 3] [--deep-layers 28] [--deep-texts 24]
                            [--workloads 1-text 32-text documents] [--drivers python perf_analyzer]
-                           [--no-pruning] [--no-engine]
+                           [--no-pruning] [--no-engine] [--vllm QUERIES]
 
 Through Triton (two servers up at once, encoder prefix_reuse "auto" vs "off", dtype auto, taking
 turns in rounds so that the machine's drift falls on both):
@@ -18,12 +18,16 @@ In process (the engine alone): reuse on vs off for forwards of 1-32 queries each
 Triton ratio can at most reach with the batches Triton forms), and last-layer pruning on vs
 off on the document workload with the demo model's 3 layers and with Qwen3-Embedding-0.6B's
 28-layer shape (random weights, fewer texts).
+`--vllm QUERIES`: under each query case's load, our server (reuse auto) beside vLLM's CPU build
+(prefix caching on, its default) over QUERIES new queries, the same for both (vLLM keeps every
+block it computed: a query it had seen would cost it next to nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import subprocess
@@ -40,16 +44,21 @@ from harness import (
     drive,
     ensure_model,
     new_record,
+    openai_sender,
     triton_sender,
     write_report,
 )
 from tokenizers import Tokenizer
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, ModelConfig
 from qwen_embed.batch import flatten
+from qwen_embed.cpu import cpu_features
+from qwen_embed.route import choose_route
+from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.repository import render
-from qwen_embed_deploy.triton import TritonServer, execute_seconds, metric_sum, scrape
+from qwen_embed_deploy.triton import TritonServer, execute_seconds, free_port, metric_sum, scrape
 
+from bench_peers import PEERS, peer_server
 from workload import alternate, alternate_forwards, make_queries, make_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
@@ -133,6 +142,64 @@ def serve_cases(
                     flush=True,
                 )
     return rows
+
+
+def peer_rows(model_dir: Path, cases: dict, queries: int, seed: int) -> list[dict]:
+    """--vllm: our server (prefix reuse auto) and vLLM's CPU build (prefix caching on, its
+    default; the model's dtype on this CPU) under each query case's load, every request with
+    queries neither has seen (a pool of `queries`, the same for both, in the same order):
+    tokens/s and the least cosine against the engine's vectors. vLLM caches every block it
+    computed, so queries it had seen would cost it next to nothing."""
+    if not (PEERS / "vllm" / "versions.txt").is_file():
+        print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
+        return []
+    route = choose_route(EncoderSettings(), ModelConfig.from_dir(model_dir), "cpu", cpu_features())
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    pools = {}
+    with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:  # the reference
+        for index, (name, (_, _, _, clients, per_request)) in enumerate(cases.items()):
+            if name.startswith("query"):
+                texts = make_queries(queries - queries % per_request, seed + index)
+                ids = [e.ids for e in tok.encode_batch(texts)]
+                counts = np.array([len(i) for i in ids])
+                pools[name] = (texts, counts, enc.embed(ids), clients, per_request)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = render(Path(tmp) / "repo", {"embed": model_dir}, {"encoder": {}})
+        with TritonServer(repo, log_path=Path(tmp) / "server.log") as server:
+            for name, pool in pools.items():
+                send = functools.partial(triton_sender, server.grpc_url)
+                rows.append(fresh_round("ours", name, send, cases[name], pool))
+        port = free_port()
+        peer, path = peer_server("vllm", model_dir, route.dtype, port, "on")
+        try:
+            peer.start(timeout=600)
+            for name, pool in pools.items():
+                send = functools.partial(openai_sender, port, path, "embed")
+                rows.append(fresh_round("vllm", name, send, cases[name], pool))
+        finally:
+            peer.stop()
+    return rows
+
+
+def fresh_round(system: str, name: str, sender, case, pool) -> dict:
+    """`sender(texts)`'s requests: a few of the case's own queries to warm up, then the pool
+    once."""
+    texts, counts, _, clients, per_request = case
+    drive(
+        sender(texts), counts, None, clients=2, per_request=per_request, max_requests=4, seconds=0
+    )
+    stats = drive(
+        sender(pool[0]),
+        pool[1],
+        cosine_check(pool[2]),
+        clients=clients,
+        per_request=per_request,
+        seconds=0,
+        max_requests=len(pool[0]) // per_request,
+    )
+    print(f"{name}, new queries, {system}: {stats['tokens_per_s']:.0f} tok/s", flush=True)
+    return {"workload": name, "system": system, **stats}
 
 
 def round_ratios(on: dict, off: dict) -> str:
@@ -354,6 +421,13 @@ def main() -> None:
         help="encoder instances per server, each pinned to its share of the cores (default: "
         "the launcher's, one per NUMA node)",
     )
+    p.add_argument(
+        "--vllm",
+        type=int,
+        metavar="QUERIES",
+        help="also ours and vLLM's CPU build (perf/peers/install.sh vllm), prefix caching on "
+        "in both, under each query case's load over QUERIES queries neither has seen",
+    )
     p.add_argument("--out", default=str(RESULTS / "prefix"))
     args = p.parse_args()
     if "perf_analyzer" in args.drivers and not PERF_ANALYZER.exists():
@@ -382,6 +456,7 @@ def main() -> None:
     rows = serve_cases(
         model_dir, cases, args.seconds, args.rounds, args.drivers, args.encoder_instances
     )
+    peers = peer_rows(model_dir, cases, args.vllm, seed=2) if args.vllm else []
     engine = [] if args.no_engine else engine_ratios(model_dir, query_ids, args.forward_sizes)
     planner = {}
     if not args.no_engine:  # queries (with the instruction) and documents taking turns
@@ -401,13 +476,13 @@ def main() -> None:
         )
         print(prune, flush=True)
 
-    record = new_record(rows=rows, engine=engine, pruning=prune, planner=planner)
+    record = new_record(rows=rows, engine=engine, pruning=prune, planner=planner, peers=peers)
     write_report(
         args.out,
         record,
         "Shared-prefix reuse and last-layer pruning, on vs off",
         notes(args, model_dir.name, layers),
-        tables(rows, engine, prune, planner),
+        tables(rows, engine, prune, planner) + peer_table(peers),
     )
 
 
@@ -480,6 +555,36 @@ def tables(rows: list[dict], engine: list[dict], prune: dict, planner: dict) -> 
             "| --- | --- |",
             f"| {planner['reuse_on_ms']:.2f} ms | {planner['reuse_off_ms']:.2f} ms |",
         ]
+    return table
+
+
+def peer_table(peers: list[dict]) -> list[str]:
+    """--vllm: ours and vLLM's on the same new queries, per query case."""
+    if not peers:
+        return []
+    by = {(r["workload"], r["system"]): r for r in peers}
+    version = ", ".join((PEERS / "vllm" / "versions.txt").read_text().split())
+    table = [
+        "",
+        f"Beside vLLM's CPU build ({version}), prefix caching on in both (ours: prefix_reuse "
+        "auto; vLLM's default), every request with queries neither has seen (the same ones, in "
+        "the same order, for both; vLLM caches every block it computed, so repeated queries "
+        "would cost it next to nothing); ours through Triton (gRPC), vLLM's /v1/embeddings:",
+        "",
+        "| workload | requests | ours tokens/s | vLLM tokens/s | ours / vLLM | p99 s ours / vLLM "
+        "| min cosine ours / vLLM | tokens vLLM counts / ours |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, system in by:
+        if system != "ours" or (name, "vllm") not in by:
+            continue
+        ours, theirs = by[(name, "ours")], by[(name, "vllm")]
+        table.append(
+            f"| {name} | {ours['requests']} | {ours['tokens_per_s']:.0f} | "
+            f"{theirs['tokens_per_s']:.0f} | {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f} | "
+            f"{ours['p99_s']:.2f} / {theirs['p99_s']:.2f} | {ours['min_check']:.5f} / "
+            f"{theirs['min_check']:.5f} | {either(theirs['server_tokens_ratio'], '.3f')} |"
+        )
     return table
 
 
