@@ -148,8 +148,7 @@ def peer_rows(model_dir: Path, cases: dict, queries: int, seed: int) -> list[dic
     """--vllm: our server (prefix reuse auto) and vLLM's CPU build (prefix caching on, its
     default; the model's dtype on this CPU) under each query case's load, every request with
     queries neither has seen (a pool of `queries`, the same for both, in the same order):
-    tokens/s and the least cosine against the engine's vectors. vLLM caches every block it
-    computed, so queries it had seen would cost it next to nothing."""
+    tokens/s and the least cosine against the engine's vectors."""
     if not (PEERS / "vllm" / "versions.txt").is_file():
         print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
         return []
@@ -157,12 +156,11 @@ def peer_rows(model_dir: Path, cases: dict, queries: int, seed: int) -> list[dic
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     pools = {}
     with Encoder.from_pretrained(model_dir, prefix_reuse=False) as enc:  # the reference
-        for index, (name, (_, _, _, clients, per_request)) in enumerate(cases.items()):
+        for index, (name, case) in enumerate(cases.items()):
             if name.startswith("query"):
-                texts = make_queries(queries - queries % per_request, seed + index)
+                texts = make_queries(queries - queries % case[4], seed + index)
                 ids = [e.ids for e in tok.encode_batch(texts)]
-                counts = np.array([len(i) for i in ids])
-                pools[name] = (texts, counts, enc.embed(ids), clients, per_request)
+                pools[name] = (texts, np.array([len(i) for i in ids]), enc.embed(ids))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         repo = render(Path(tmp) / "repo", {"embed": model_dir}, {"encoder": {}})
@@ -184,7 +182,7 @@ def peer_rows(model_dir: Path, cases: dict, queries: int, seed: int) -> list[dic
 
 def fresh_round(system: str, name: str, sender, case, pool) -> dict:
     """`sender(texts)`'s requests: a few of the case's own queries to warm up, then the pool
-    once."""
+    ((texts, token counts, reference vectors)) once."""
     texts, counts, _, clients, per_request = case
     drive(
         sender(texts), counts, None, clients=2, per_request=per_request, max_requests=4, seconds=0
