@@ -281,6 +281,15 @@ class PeerServer:
 
 
 LLAMA_OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
+
+
+def installed(name: str) -> list[str] | None:
+    """The packages perf/peers/install.sh put in peer `name`'s virtualenv (its versions.txt),
+    None where it is not installed."""
+    versions = PEERS / name / "versions.txt"
+    return versions.read_text().split() if versions.is_file() else None
+
+
 VLLM_QWEN3_RERANKER = json.dumps(
     {
         "architectures": ["Qwen3ForSequenceClassification"],
@@ -482,7 +491,7 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
     if name.startswith("llama"):
         if not (llama_cpp.ROOT / "versions.txt").is_file():
             return Outcome(name, "skipped", "not installed: run perf/peers/install_llama_cpp.sh")
-    elif not (PEERS / name / "versions.txt").is_file():
+    elif installed(name) is None:
         return Outcome(name, "skipped", f"not installed: run perf/peers/install.sh {name}")
     port = free_port()
     server, path = peer_server(name, model_dir, dtype, port, args.prefix_caching)
@@ -832,9 +841,9 @@ def main() -> None:
     gemm, gemm_tps, results, found, text = median_round(rounds)
 
     versions = {
-        n: (PEERS / n / "versions.txt").read_text().strip()
+        n: " ".join(v)
         for n in ("vllm", "vllm-gpu", "infinity", "naive")
-        if (PEERS / n / "versions.txt").is_file()
+        if (v := installed(n)) is not None
     }
     versions["ours"] = f"torch {torch.__version__}, tritonserver 2.51 (nvidia-pytriton 0.7.0)"
     if any(name.startswith("llama") for name in args.systems):

@@ -58,7 +58,7 @@ from qwen_embed.settings import EncoderSettings
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, execute_seconds, free_port, metric_sum, scrape
 
-from bench_peers import PEERS, peer_server
+from bench_peers import installed, peer_server
 from workload import alternate, alternate_forwards, make_queries, make_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "perf_analyzer"))
@@ -149,7 +149,7 @@ def peer_rows(model_dir: Path, cases: dict, queries: int, seed: int) -> list[dic
     default; the model's dtype on this CPU) under each query case's load, every request with
     queries neither has seen (a pool of `queries`, the same for both, in the same order):
     tokens/s and the least cosine against the engine's vectors."""
-    if not (PEERS / "vllm" / "versions.txt").is_file():
+    if installed("vllm") is None:
         print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
         return []
     route = choose_route(EncoderSettings(), ModelConfig.from_dir(model_dir), "cpu", cpu_features())
@@ -561,7 +561,7 @@ def peer_table(peers: list[dict]) -> list[str]:
     if not peers:
         return []
     by = {(r["workload"], r["system"]): r for r in peers}
-    version = ", ".join((PEERS / "vllm" / "versions.txt").read_text().split())
+    version = ", ".join(installed("vllm"))
     table = [
         "",
         f"Beside vLLM's CPU build ({version}), prefix caching on in both (ours: prefix_reuse "

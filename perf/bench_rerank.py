@@ -46,7 +46,7 @@ from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from bench_peers import PEERS, VLLM_QWEN3_RERANKER, peer_server
+from bench_peers import VLLM_QWEN3_RERANKER, installed, peer_server
 from workload import make_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,7 +269,7 @@ def vllm_rows(model_dir: Path, dtype: str, documents, reference, pool, pool_coun
     """vLLM's CPU build serving the same checkpoint as its docs serve Qwen3-Reranker (prefix
     caching on, its default), sent `vllm_texts`: one request of the reference's documents for
     the score difference, then the pool's rows."""
-    if not (PEERS / "vllm" / "versions.txt").is_file():
+    if installed("vllm") is None:
         print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
         return []
     port = free_port()
@@ -410,7 +410,7 @@ def main() -> None:
     peer = [r for r in rows if r["path"].startswith("vLLM")]
     if peer:
         ours = {r["clients"]: r for r in rows if "new documents" in r["path"] and r not in peer}
-        version = (PEERS / "vllm" / "versions.txt").read_text().split()
+        version = installed("vllm")
         notes.append(
             f"vLLM: {', '.join(version)}; Qwen3-Reranker as its docs serve it (`--runner pooling "
             f"--hf-overrides {VLLM_QWEN3_RERANKER}`, prefix caching on as by default, both cores "
