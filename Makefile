@@ -150,7 +150,7 @@ gpu-report: setup-gpu
 # perf/results/<subcommand>-<cpu>.md. `python perf/bench_X.py SUBCOMMAND --help` for each.
 KERNELS ?= rows attention bf16_blocking int8_blocking native_ab
 ROUTES  ?= prepack bf16_gemm int8 gemm_bound lengths long
-LOADS   ?= priority batch neighbour adaptive_split
+LOADS   ?= priority batch neighbour impatient adaptive_split
 CPU_TAG  = $$(cd perf && ../$(PY) -c "from harness import cpu_tag; print(cpu_tag())")
 perf-kernels: setup
 	tag=$(CPU_TAG) && cd perf && for b in $(KERNELS); do \

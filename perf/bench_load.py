@@ -1,10 +1,11 @@
 """A server under mixed or uneven load: interactive queries beside bulk work (priority levels, a
-Batch API batch), a neighbour taking a core, and two servers of unequal speed behind the
-client's adaptive split.
+Batch API batch), a neighbour taking a core, two servers of unequal speed behind the client's
+adaptive split, and clients that give up under overload.
 
     python bench_load.py priority [--seconds 60] [--before REV]
     python bench_load.py batch [--seconds 60] [--texts-in-flight 16,256]
     python bench_load.py neighbour [--seconds 30] [--dtype auto]
+    python bench_load.py impatient [--seconds 30] [--clients 32] [--timeout 2]
     python bench_load.py adaptive_split [--texts 96] [--slow-layers 12]
 
 Each subcommand starts its own servers and writes its own report (results/<subcommand>.md and
@@ -381,6 +382,148 @@ def batch(args: argparse.Namespace) -> None:
     write_report(args.out, record, "1-text queries while a batch runs", notes, table)
 
 
+# ---------------------------------------------------------------- impatient
+
+IMPATIENT_DOC = """\
+Clients that give up under overload: what dropping the requests nobody waits for any more does
+for the clients still waiting, in one run.
+
+    python bench_load.py impatient [--seconds 30] [--clients 32] [--timeout 2] [--rounds 2]
+
+One server (this checkout through the launcher, the demo model, dtype auto) and a gateway in
+front of it. `--clients` closed-loop clients of the `openai` SDK (its default 2 retries) send
+`/v1/embeddings` requests of 8 texts of the perf mix (perf/workload.py) with a `--timeout` s
+timeout: more work than the server answers in that time. Two ways alternate, `--rounds` times
+each for `--seconds`, the server idle before each: the SDK as it is (it sends its read timeout
+in x-stainless-read-timeout, which the gateway makes the deadline of its Triton requests: the
+encoder's queue drops a request once its client has stopped waiting), and the same clients
+with that header left out (every request computed, whether anyone waits for it or not). Per
+way: requests answered per second and their latency, requests the SDK gave up on (after its
+retries), texts the encoder computed per second and the share of them a client received.
+Results: perf/results/impatient.{md,json}.
+"""
+
+TEXTS_PER_REQUEST = 8
+
+
+def impatient_window(api, server, texts, args, announce: bool) -> dict:
+    """One window of the closed-loop clients; `announce`: the SDK's timeout header sent."""
+    headers = {} if announce else {"x-stainless-read-timeout": openai.Omit()}
+    stop, answered, gave_up = threading.Event(), [], []
+
+    def client(k: int) -> None:
+        i = k
+        while not stop.is_set():
+            start = (i * TEXTS_PER_REQUEST) % (len(texts) - TEXTS_PER_REQUEST)
+            began = time.perf_counter()
+            try:
+                api.embeddings.create(
+                    model="embed",
+                    input=texts[start : start + TEXTS_PER_REQUEST],
+                    extra_headers=headers,
+                )
+                answered.append(time.perf_counter() - began)
+            except openai.APIError:  # timed out after the SDK's retries, or a 5xx
+                gave_up.append(time.perf_counter() - began)
+            i += args.clients
+
+    computed = server.metric("qwen_embed_texts_total")
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(args.seconds)
+    computed = server.metric("qwen_embed_texts_total") - computed
+    seconds = time.monotonic() - began
+    stop.set()
+    for t in threads:
+        t.join()
+    ms = np.array(answered or [np.nan]) * 1e3
+    return {
+        "answered_per_s": len(answered) / seconds,
+        "gave_up_per_s": len(gave_up) / seconds,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "computed_texts_per_s": computed / seconds,
+        "useful_share": len(answered) * TEXTS_PER_REQUEST / max(computed, 1),
+    }
+
+
+def idle(server: TritonServer) -> None:
+    """Until the encoder holds no request, executing or queued (the last window's leftovers
+    are not the next one's work)."""
+    while server.metric("qwen_embed_executing_requests") or server.metric(
+        "nv_inference_pending_request_count", model="encoder"
+    ):
+        time.sleep(0.5)
+
+
+def impatient_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--timeout", type=float, default=2.0, help="the SDK's timeout, seconds")
+    p.add_argument("--rounds", type=int, default=2)
+
+
+WAYS = {True: "timeout sent (the SDK as it is)", False: "timeout header left out"}
+
+
+def impatient(args: argparse.Namespace) -> None:
+    texts = make_texts(4096, seed=11)
+    env = {"QWEN_EMBED_MODEL_DIR": str(DEMO)}
+    windows = {way: [] for way in WAYS.values()}
+    with TritonServer(REPO / "model_repository", env=env, launcher_args=["--no-rerank"]) as s:
+        process, port = start_gateway(s.grpc_url, "--rerank-model-name", "")
+        try:
+            base_url = f"http://127.0.0.1:{port}/v1"
+            api = openai.OpenAI(base_url=base_url, api_key="unused", timeout=args.timeout)
+            for _ in range(3):  # warm-up
+                api.embeddings.create(model="embed", input=texts[:TEXTS_PER_REQUEST])
+            for _ in range(args.rounds):
+                for announce, way in WAYS.items():
+                    idle(s)
+                    windows[way].append(impatient_window(api, s, texts, args, announce))
+                    print(way, windows[way][-1], flush=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    results = {
+        way: {k: float(np.mean([w[k] for w in ws])) for k in ws[0]} for way, ws in windows.items()
+    }
+    record = new_record(
+        seconds=args.seconds,
+        clients=args.clients,
+        timeout_s=args.timeout,
+        rounds=args.rounds,
+        texts_per_request=TEXTS_PER_REQUEST,
+        windows=windows,
+        results=results,
+    )
+    rows = [
+        [
+            way,
+            f"{r['answered_per_s']:.2f}",
+            f"{r['gave_up_per_s']:.2f}",
+            f"{r['p50_ms']:.0f}",
+            f"{r['p99_ms']:.0f}",
+            f"{r['computed_texts_per_s']:.1f}",
+            f"{r['useful_share']:.0%}",
+        ]
+        for way, r in results.items()
+    ]
+    header = ["clients' timeout", "answered/s", "gave up/s", "p50 ms", "p99 ms"]
+    table = markdown_table([*header, "texts computed/s", "computed texts answered"], rows)
+    on, off = (results[way]["answered_per_s"] for way in WAYS.values())
+    notes = [
+        f"{args.clients} closed-loop `openai` SDK clients (timeout {args.timeout:g} s, 2 "
+        f"retries) x {TEXTS_PER_REQUEST} texts of the perf mix through /v1/embeddings; the two "
+        f"ways alternate, {args.rounds} windows of {args.seconds:.0f} s each, means shown; "
+        "demo model, dtype auto",
+        f"requests answered, timeout sent / header left out: {on / max(off, 1e-9):.2f}x",
+    ]
+    write_report(args.out, record, "Clients that give up under overload", notes, table)
+
+
 # ---------------------------------------------------------------- neighbour
 
 NEIGHBOUR_DOC = """\
@@ -612,6 +755,7 @@ COMMANDS = {
     "priority": (PRIORITY_DOC, priority_arguments, priority),
     "batch": (BATCH_DOC, batch_arguments, batch),
     "neighbour": (NEIGHBOUR_DOC, neighbour_arguments, neighbour),
+    "impatient": (IMPATIENT_DOC, impatient_arguments, impatient),
     "adaptive_split": (ADAPTIVE_SPLIT_DOC, adaptive_split_arguments, adaptive_split),
 }
 

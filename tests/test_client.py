@@ -2,17 +2,17 @@
 cancellation, and one job spread over two servers of unequal speed."""
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
 
-from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
+from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError, deadline
+from qwen_embed_client.client import DEADLINE_PASSED
 from qwen_embed_client.scheduler import MIN_CHUNK, ServerState
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port, servers_together
 
-from triton_helpers import copies_busy_for, infer, wait_until
+from triton_helpers import encoder_kept_busy, infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -123,17 +123,9 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
 
     (Triton 2.51 does not pass an ensemble request's cancellation on to the composing encoder
     request, so through `embed` the server may still compute what was cancelled; requests sent
-    straight to `encoder` are skipped: tests/test_triton_embed.py.)
+    straight to `encoder` are skipped: tests/test_triton_embed.py. What does reach the encoder
+    is a request's timeout: the next test.)
     """
-
-    def long_texts(copies):  # distinct first words: no shared prefix makes a copy free
-        return [f"{i} " + "word " * 4000 for i in range(copies)]
-
-    copies = copies_busy_for(8.0, lambda: infer(server, long_texts(1), "grpc"))
-    busy = threading.Thread(target=infer, args=(server, long_texts(copies), "grpc"))
-    busy.start()
-    executing = "qwen_embed_executing_requests"
-    wait_until(lambda: server.metric(executing) >= 1, "the long request inside the encoder")
 
     def queued():  # the client's requests wait behind the long one
         return server.metric("nv_inference_pending_request_count", model="encoder")
@@ -147,13 +139,52 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
             with pytest.raises(asyncio.CancelledError):
                 await task
 
-    asyncio.run(scenario())
-    # The cancelled task returned while the long request still ran: its calls were cut short,
-    # not waited for.
-    assert busy.is_alive()
-    busy.join(timeout=120)
+    with encoder_kept_busy(server, 8.0) as busy:
+        asyncio.run(scenario())
+        # The cancelled task returned while the long request still ran: its calls were cut
+        # short, not waited for.
+        assert busy.thread.is_alive()
     with EmbeddingClient(server.grpc_url) as client:
         assert client.embed(["still fine"]).shape == (1, 1024)
+
+
+def test_requests_outliving_the_callers_deadline_are_never_embedded(server):
+    """Within deadline(), each request carries what is left as its Triton timeout, which the
+    ensemble hands on to the encoder step: its queue drops the request once its caller has
+    stopped waiting, so a busy server never computes it. Across tasks, retries included."""
+    texts_before = server.metric("qwen_embed_texts_total")
+
+    async def impatient(client, i):
+        with deadline(0.3):
+            return await client.embed([f"question {i}", f"another {i}"])
+
+    async def scenario():
+        async with AsyncEmbeddingClient(server.grpc_url, max_texts_per_request=1) as client:
+            return await asyncio.gather(
+                *[impatient(client, i) for i in range(4)], return_exceptions=True
+            )
+
+    with encoder_kept_busy(server, 4.0) as busy:
+        outcomes = asyncio.run(scenario())
+    assert all(isinstance(e, EmbeddingError) for e in outcomes), outcomes
+    assert server.metric("qwen_embed_texts_total") - texts_before == busy.texts
+
+
+def test_no_request_is_sent_once_the_deadline_has_passed():
+    """Not sent, not retried: a server that is not there is never asked."""
+
+    async def late():
+        async with AsyncEmbeddingClient(f"127.0.0.1:{free_port()}", backoff_s=0.05) as client:
+            with deadline(-1.0):
+                await client.embed(["x"])
+
+    with pytest.raises(EmbeddingError, match="deadline") as e:
+        asyncio.run(late())
+    assert e.value.status == DEADLINE_PASSED and not e.value.retryable
+    with EmbeddingClient(f"127.0.0.1:{free_port()}", backoff_s=0.05) as client:
+        with deadline(-1.0), pytest.raises(EmbeddingError, match="deadline") as e:
+            client.embed(["x"])  # the blocking client, its loop on a thread of its own
+    assert e.value.status == DEADLINE_PASSED
 
 
 def test_chunks_follow_each_servers_measured_speed():

@@ -18,7 +18,15 @@ from qwen_embed_client.contract import EMBEDDING_TYPES, compact
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
-from triton_helpers import gateway_process, http_status, infer, odd_bodies, send_json
+from triton_helpers import (
+    encoder_kept_busy,
+    gateway_process,
+    http_status,
+    infer,
+    odd_bodies,
+    run_clients,
+    send_json,
+)
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -57,11 +65,41 @@ def test_values_and_usage_equal_the_triton_path(stack):
     assert [m.id for m in api.models.list().data] == ["embed"]
 
 
-def _post(base_url, path, body):
+def test_what_a_client_stopped_waiting_for_is_never_embedded(stack):
+    """The `openai` SDK sends its read timeout (x-stainless-read-timeout), Envoy its route's
+    (x-envoy-expected-rq-timeout-ms): the gateway makes the shorter the deadline of the
+    Triton requests it sends for the request, so a request still queued for the busy encoder
+    when its client has given up is dropped there, not computed."""
+    server, base_url = stack
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=0.3, max_retries=0)
+
+    def sdk(i):
+        with pytest.raises((openai.APITimeoutError, openai.InternalServerError)):
+            api.embeddings.create(model="embed", input=[f"question {i}"])
+
+    def behind_envoy(i):  # no timeout of its own: the gateway's 503 ends it
+        headers = {"x-envoy-expected-rq-timeout-ms": "300"}
+        status, body = _post(base_url, "embeddings", {"input": f"query {i}"}, headers)
+        message = body["error"]["message"]
+        assert status == 503 and (
+            "not answered within" in message or "timeout expired" in message
+        ), body
+
+    texts_before = server.metric("qwen_embed_texts_total")
+    with encoder_kept_busy(server, 4.0) as busy:
+        run_clients(4, lambda i: (sdk if i % 2 else behind_envoy)(i))
+    assert server.metric("qwen_embed_texts_total") - texts_before == busy.texts
+
+
+def _post(base_url, path, body, headers=None):
     request = urllib.request.Request(
         f"{base_url}/{path}",
         data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        headers={
+            "Authorization": f"Bearer {API_KEY}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:

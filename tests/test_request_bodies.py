@@ -1,6 +1,7 @@
 """The gateway's request bodies (gateway/bodies.py and each API's models): what a body may
 hold, each refusal naming its field in the API's words, and the mapping onto the request
-contract. The routes themselves, against a real server: test_gateway.py, test_drop_in_apis.py."""
+contract; and what its headers say of how long its caller waits. The routes themselves, against a
+real server: test_gateway.py, test_drop_in_apis.py."""
 
 import asyncio
 import base64
@@ -22,6 +23,7 @@ from qwen_embed_client.contract import (
 )
 from qwen_embed_client.gateway import cohere, jina, media, nim, ollama, openai, score, tei
 from qwen_embed_client.gateway.common import Encoding, log_odds, prompt_options
+from qwen_embed_client.gateway.deadlines import waits_s
 from qwen_embed_client.gateway.errors import BACKEND, EMPTY, INVALID, APIError
 from qwen_embed_client.gateway.state import VectorResponse, check_finite, dumps
 
@@ -661,3 +663,24 @@ def test_a_servers_refusal_is_written_in_the_bodys_fields():
     assert (message, param) == ("parameter 'chunk_size' = 9 cuts 'input[0]'", "chunks")
     # without `items`, Triton's names stay as they are
     assert refused("input 'TEXT[1]' is empty")[0] == "input 'TEXT[1]' is empty"
+
+
+@pytest.mark.parametrize(
+    "headers, seconds",
+    [
+        ([(b"x-stainless-read-timeout", b"600.0")], 600.0),  # the openai SDK's default
+        ([(b"X-Envoy-Expected-Rq-Timeout-Ms", b"1500")], 1.5),
+        ([(b"x-stainless-read-timeout", b"20"), (b"x-envoy-expected-rq-timeout-ms", b"5000")], 5.0),
+        ([(b"x-stainless-read-timeout", b"soon")], None),
+        ([(b"x-stainless-read-timeout", b"0")], None),
+        ([(b"x-stainless-read-timeout", b"-3")], None),
+        ([(b"x-stainless-read-timeout", b"inf")], None),
+        ([(b"x-stainless-read-timeout", b"nan")], None),
+        ([(b"x-request-id", b"7")], None),
+    ],
+)
+def test_the_wait_a_caller_announces(headers, seconds):
+    """Besides its body: how long a request's caller waits (the deadline of the Triton
+    requests made for it; test_gateway.py), the shortest of the headers that say it, and
+    none from a value that is not a positive finite number."""
+    assert waits_s(headers) == seconds

@@ -18,7 +18,15 @@ from qwen_embed_client.contract import DEFAULT_TASK, EMBEDDING_TYPES, PRIORITIES
 from qwen_embed_client.contract import EMBEDDING_OUTPUTS as OUTPUTS
 
 from reference import cosine, reference_embeddings
-from triton_helpers import copies_busy_for, infer, run_clients, text_input, wait_until
+from triton_helpers import (
+    EXECUTING,
+    encoder_input,
+    encoder_kept_busy,
+    infer,
+    run_clients,
+    text_input,
+    wait_until,
+)
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -306,45 +314,20 @@ def test_metrics_exposed(server):
         assert server.metric(name) >= 1, name
 
 
-EXECUTING = "qwen_embed_executing_requests"
-
-
-def encoder_input(id_lists):
-    inp = grpcclient.InferInput("TOKEN_IDS", [len(id_lists), 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[np.array(x, "<i4").tobytes()] for x in id_lists], object))
-    return inp
-
-
 def test_cancelled_requests_are_skipped(server):
     """Requests whose client gave up while the encoder was busy are never embedded."""
-
-    def send(copies, first):  # distinct texts: no shared prefix makes a copy free
-        ids = [list(range(first + i, first + i + 5000)) for i in range(copies)]
-        grpcclient.InferenceServerClient(server.grpc_url).infer("encoder", [encoder_input(ids)])
-
-    copies = copies_busy_for(8.0, lambda: send(1, 100))
     texts_before = server.metric("qwen_embed_texts_total")
-    busy = threading.Thread(target=send, args=(copies, 1000))
-    busy.start()
-    wait_until(lambda: server.metric(EXECUTING) >= 1, "the long request inside the encoder")
+    with encoder_kept_busy(server, 8.0) as busy:
 
-    def impatient(i):
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        with pytest.raises(InferenceServerException, match="Deadline"):
-            client.infer("encoder", [encoder_input([[5, 6, 7]])], client_timeout=0.5)
+        def impatient(i):
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                client.infer("encoder", [encoder_input([[5, 6, 7]])], client_timeout=0.5)
 
-    run_clients(4, impatient)
-    busy.join(timeout=120)
-    wait_until(
-        lambda: (
-            server.metric(EXECUTING) == 0
-            and server.metric("nv_inference_pending_request_count", model="encoder") == 0
-        ),
-        "the encoder to finish with the cancelled requests",
-    )
+        run_clients(4, impatient)
     # None of the 4 was embedded: Triton's dynamic batcher drops cancelled requests from the
     # encoder's queue before they reach execute().
-    assert server.metric("qwen_embed_texts_total") - texts_before == copies
+    assert server.metric("qwen_embed_texts_total") - texts_before == busy.texts
 
 
 def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):

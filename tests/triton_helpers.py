@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,49 @@ def copies_busy_for(seconds, send_one) -> int:
     start = time.monotonic()
     send_one()
     return max(2, math.ceil(seconds / max(time.monotonic() - start, 1e-3)))
+
+
+EXECUTING = "qwen_embed_executing_requests"
+
+
+def encoder_input(id_lists):
+    """TOKEN_IDS of a request straight to `encoder`: each list of ids packed as int32."""
+    inp = grpcclient.InferInput("TOKEN_IDS", [len(id_lists), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[np.array(x, "<i4").tobytes()] for x in id_lists], object))
+    return inp
+
+
+@dataclass
+class BusyEncoder:
+    texts: int  # what it had the encoder embed: the long request and the copy that timed it
+    thread: threading.Thread  # sending it, alive until it is answered
+
+
+@contextmanager
+def encoder_kept_busy(server, seconds: float):
+    """A long request straight to `encoder`, executing when the body starts and for about
+    `seconds` on this machine (copies_busy_for); on leaving, waits until the encoder has
+    answered it and holds no request, executing or queued."""
+
+    def send(copies, first):  # distinct ids: no shared prefix makes a copy free
+        ids = [list(range(first + i, first + i + 5000)) for i in range(copies)]
+        grpcclient.InferenceServerClient(server.grpc_url).infer("encoder", [encoder_input(ids)])
+
+    copies = copies_busy_for(seconds, lambda: send(1, 100))
+    busy = threading.Thread(target=send, args=(copies, 1000))
+    busy.start()
+    wait_until(lambda: server.metric(EXECUTING) >= 1, "the long request inside the encoder")
+    try:
+        yield BusyEncoder(copies + 1, busy)
+    finally:
+        busy.join(timeout=120)
+        wait_until(
+            lambda: (
+                server.metric(EXECUTING) == 0
+                and server.metric("nv_inference_pending_request_count", model="encoder") == 0
+            ),
+            "the encoder to hold no request",
+        )
 
 
 def run_clients(count, target):

@@ -8,6 +8,7 @@ from .client import (
     EmbeddingError,
     EmbeddingResult,
     RerankResult,
+    deadline,
 )
 from .maxsim import maxsim, maxsim_scores
 
@@ -19,6 +20,7 @@ __all__ = [
     "EmbeddingError",
     "EmbeddingResult",
     "RerankResult",
+    "deadline",
     "maxsim",
     "maxsim_scores",
 ]

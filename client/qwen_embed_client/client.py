@@ -13,6 +13,9 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,11 +51,28 @@ RETRYABLE_STATUSES = {
 # Triton 2.51's answer (INTERNAL) while a model's Python process is dead: the launcher's
 # watchdog loads the model again within seconds.
 DEAD_STUB = "is not healthy"
+# The status of a request not sent: its caller's deadline (deadline()) had passed.
+DEADLINE_PASSED = "DEADLINE_PASSED"
 MAX_BACKOFF_S = 2.0
 FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves to another
 FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
 # An item a server's error names, 'TEXT[3]': its index within that Triton request.
 _ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
+# When the caller stops waiting (time.monotonic()), for the requests sent within deadline().
+_DEADLINE: ContextVar[float | None] = ContextVar("qwen_embed_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Within it, the client's calls (from this task and the tasks it starts, or this thread)
+    end `seconds` from now, retries included: each Triton request waits at most what is left and
+    carries it as its server-side timeout, so that a request still queued for the encoder
+    when its caller stops waiting is dropped there, not computed."""
+    token = _DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 def listed(texts, what: str, token_ids: bool = False) -> list:
@@ -592,14 +612,16 @@ class AsyncEmbeddingClient:
     async def _with_retries(self, call, window_s: float):
         """`call()`, sent again after a retryable failure (backoff from `backoff_s`, doubling
         up to MAX_BACKOFF_S, jittered) until `window_s` after the first try."""
-        deadline = time.monotonic() + window_s
+        until = time.monotonic() + window_s
+        caller = _DEADLINE.get()
+        until = until if caller is None else min(until, caller)
         wait = self.backoff_s
         while True:
             try:
                 return await call()
             except EmbeddingError as e:
                 pause = wait * (0.5 + random.random())
-                if not e.retryable or time.monotonic() + pause > deadline:
+                if not e.retryable or time.monotonic() + pause > until:
                     raise
             await asyncio.sleep(pause)
             wait = min(2 * wait, MAX_BACKOFF_S)
@@ -691,7 +713,10 @@ class AsyncEmbeddingClient:
     async def _infer(
         self, server: _Server, model, inputs, params, priority=0, headers=None, outputs=None
     ):
-        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        wait = self._wait_s()
+        if wait <= 0:  # the caller's deadline passed during retries or earlier chunks
+            raise EmbeddingError("no time left before the caller's deadline", DEADLINE_PASSED)
+        kwargs = {"client_timeout": wait} if self.protocol == "grpc" else {}
         try:
             return await asyncio.wait_for(
                 server.client.infer(
@@ -701,18 +726,29 @@ class AsyncEmbeddingClient:
                     parameters=params,
                     priority=priority,
                     headers=headers,
+                    # Triton's request timeout (us): the encoder's queue drops the request
+                    # once it has waited there as long as this client waits for the answer.
+                    timeout=int(wait * 1e6),
                     **kwargs,
                 ),
-                timeout=self.timeout,
+                timeout=wait,
             )
         except InferenceServerException as e:
             raise EmbeddingError(e.message() or str(e), str(e.status()), server.url) from None
-        except (OSError, asyncio.TimeoutError) as e:
+        except asyncio.TimeoutError:
+            message = f"{server.url}: not answered within {wait:.3g} s"
+            raise EmbeddingError(message, None, server.url) from None
+        except OSError as e:
             raise EmbeddingError(f"{server.url}: {type(e).__name__}: {e}", None, server.url) from e
         except Exception as e:  # aiohttp/grpc transport errors that are not OSError
             if type(e).__module__.split(".")[0] in ("aiohttp", "grpc"):
                 raise EmbeddingError(f"{server.url}: {e}", None, server.url) from e
             raise
+
+    def _wait_s(self) -> float:
+        """How long the next request may take: `timeout`, or less within deadline()."""
+        caller = _DEADLINE.get()
+        return self.timeout if caller is None else min(self.timeout, caller - time.monotonic())
 
     async def model_ready(self, model: str) -> bool:
         """Whether any of the servers has `model` loaded and ready."""
@@ -772,7 +808,13 @@ class EmbeddingClient:
         self._thread.start()
 
     def _run(self, coro):
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        caller = _DEADLINE.get()
+
+        async def within_callers_deadline():  # the loop's thread has a context of its own
+            _DEADLINE.set(caller)
+            return await coro
+
+        future = asyncio.run_coroutine_threadsafe(within_callers_deadline(), self._loop)
         try:
             return future.result()
         except BaseException:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from ..client import EmbeddingError
+from ..client import DEADLINE_PASSED, EmbeddingError
 from ..contract import (
     ITEM_INPUTS,
     EmbedOptions,
@@ -141,7 +141,7 @@ def backend_error(
     message = _ENSEMBLE.sub("", str(e))
     if "queue size" in message or "RESOURCE_EXHAUSTED" in str(e.status):
         return APIError(OVERLOADED, f"server overloaded: {message}")
-    if e.retryable:
+    if e.retryable or e.status == DEADLINE_PASSED:
         return APIError(UNAVAILABLE, f"backend unavailable: {message}")
     if "unknown model" in message:  # Triton does not serve it (e.g. started with --no-rerank)
         return APIError(NOT_FOUND, f"the backend does not serve this model: {message}", "model")
