@@ -5,7 +5,7 @@ adaptive split, and clients that give up under overload.
     python bench_load.py priority [--seconds 60] [--before REV]
     python bench_load.py batch [--seconds 60] [--texts-in-flight 16,256]
     python bench_load.py neighbour [--seconds 30] [--dtype auto]
-    python bench_load.py impatient [--seconds 30] [--clients 32] [--timeout 2]
+    python bench_load.py impatient [--seconds 30] [--clients 48] [--timeout 5]
     python bench_load.py adaptive_split [--texts 96] [--slow-layers 12]
 
 Each subcommand starts its own servers and writes its own report (results/<subcommand>.md and
@@ -388,7 +388,7 @@ IMPATIENT_DOC = """\
 Clients that give up under overload: what dropping the requests nobody waits for any more does
 for the clients still waiting, in one run.
 
-    python bench_load.py impatient [--seconds 30] [--clients 32] [--timeout 2] [--rounds 2]
+    python bench_load.py impatient [--seconds 30] [--clients 48] [--timeout 5] [--rounds 2]
 
 One server (this checkout through the launcher, the demo model, dtype auto) and a gateway in
 front of it. `--clients` closed-loop clients of the `openai` SDK (its default 2 retries) send
@@ -460,8 +460,8 @@ def idle(server: TritonServer) -> None:
 
 def impatient_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=30)
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--timeout", type=float, default=2.0, help="the SDK's timeout, seconds")
+    p.add_argument("--clients", type=int, default=48)
+    p.add_argument("--timeout", type=float, default=5.0, help="the SDK's timeout, seconds")
     p.add_argument("--rounds", type=int, default=2)
 
 
@@ -485,7 +485,7 @@ def impatient(args: argparse.Namespace) -> None:
                     windows[way].append(impatient_window(api, s, texts, args, announce))
                     print(way, windows[way][-1], flush=True)
         finally:
-            process.terminate()
+            process.kill()  # a graceful stop would wait for the requests nobody waits for
             process.wait(timeout=30)
     results = {
         way: {k: float(np.mean([w[k] for w in ws])) for k in ws[0]} for way, ws in windows.items()

@@ -5,6 +5,7 @@ Qwen3Model with last-token pooling (cosine >= 0.9999 in fp32).
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -328,6 +329,42 @@ def test_cancelled_requests_are_skipped(server):
     # None of the 4 was embedded: Triton's dynamic batcher drops cancelled requests from the
     # encoder's queue before they reach execute().
     assert server.metric("qwen_embed_texts_total") - texts_before == busy.texts
+
+
+def test_a_request_whose_timeout_runs_out_inside_an_execute_is_never_computed(server):
+    """Queued together, a request whose Triton timeout runs out while an earlier call of the
+    same execute runs is answered as one past its timeout, not computed (Triton's queue drops
+    only those that time out while queued: this one waited less than its timeout there)."""
+
+    def send(ids, **timeout):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.infer("encoder", [encoder_input(ids)], client_timeout=300, **timeout)
+
+    def texts(count, first):  # distinct ids: no shared prefix makes a copy free
+        return [list(range(first + 7 * i, first + 7 * i + 5000)) for i in range(count)]
+
+    started = time.monotonic()
+    send(texts(1, 100))
+    one = time.monotonic() - started  # one text of 5000 tokens on this machine
+    texts_before = server.metric("qwen_embed_texts_total")
+    holder = threading.Thread(target=send, args=([texts(1, 50)[0][:3000]],))
+    holder.start()  # an execute of about 0.6 x `one`, while the next two queue
+    wait_until(lambda: server.metric(EXECUTING) >= 1, "the first request inside the encoder")
+    first = threading.Thread(target=send, args=(texts(6, 1000),))  # its execute's first call
+    first.start()
+    late = []
+
+    def second():  # more tokens, so the execute's second call; 2 x `one` to wait
+        try:
+            send(texts(7, 3000), timeout=int(2 * one * 1e6))
+        except InferenceServerException as e:
+            late.append(e.message())
+
+    run_clients(1, lambda i: second())
+    holder.join(timeout=120)
+    first.join(timeout=120)
+    assert late and "timeout expired before its turn" in late[0], late
+    assert server.metric("qwen_embed_texts_total") - texts_before == 1 + 6
 
 
 def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):

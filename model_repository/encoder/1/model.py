@@ -93,6 +93,7 @@ class TritonPythonModel:
         return answer.held()
 
     def _execute(self, requests, answer):
+        deadlines = _Deadlines(requests)
         accepted = []  # (index, options, token ids), their calls' texts in any forward
         adapters = {}  # index -> the adapter it names (lora_modules; absent: none)
         chunked = []  # (index, options, chunked texts): late chunking, one call each
@@ -149,6 +150,9 @@ class TritonPythonModel:
         def call(members, compute, outputs):
             """Where a member names an adapter, `compute(texts, adapter=...)` with each text's
             (a forward adds each text's own: lora.py)."""
+            members = _in_time(members, deadlines, answer, unanswered)
+            if not members:
+                return
             names = None
             if any(i in adapters for i, _, _ in members):
                 names = [adapters.get(i) for i, _, texts in members for _ in texts]
@@ -385,6 +389,36 @@ def _spans(members):
 def _finishing(span):
     """How a span's rows are finished: (normalize, dimensions)."""
     return span[2].normalize, span[2].dimensions
+
+
+def _in_time(members, deadlines, answer, unanswered):
+    """The members whose callers may still wait; the others are answered as Triton's queue
+    answers a request past its timeout, and not computed."""
+    late = {i for i, _, _ in members if deadlines.passed(i)}
+    for i in sorted(late):
+        error = pb_utils.TritonError(
+            "Request timeout expired before its turn in the encoder's execute",
+            pb_utils.TritonError.UNAVAILABLE,
+        )
+        answer(i, pb_utils.InferenceResponse(error=error))
+        unanswered.discard(i)
+    return [m for m in members if m[0] not in late]
+
+
+class _Deadlines:
+    """When each request's caller has surely stopped waiting: its Triton timeout (which the
+    client library and the gateway set to the caller's wait, and an ensemble hands on to this
+    step) counted from this execute's start, as its time in the queue is not known here. The
+    queue drops a request past it; this catches those whose time runs out while earlier calls
+    of the same execute run. No timeout: none."""
+
+    def __init__(self, requests):
+        started = time.monotonic()
+        self._until = [started + r.timeout() / 1e6 if r.timeout() else None for r in requests]
+
+    def passed(self, i):
+        until = self._until[i]
+        return until is not None and time.monotonic() > until
 
 
 class _Answers:
