@@ -518,7 +518,7 @@ def impatient(args: argparse.Namespace) -> None:
         f"{args.clients} closed-loop `openai` SDK clients (timeout {args.timeout:g} s, 2 "
         f"retries) x {TEXTS_PER_REQUEST} texts of the perf mix through /v1/embeddings; the two "
         f"ways alternate, {args.rounds} windows of {args.seconds:.0f} s each, means shown; "
-        "demo model, dtype auto",
+        "demo model, dtype auto; an answered request's latency includes the SDK's retries",
         f"requests answered, timeout sent / header left out: {on / max(off, 1e-9):.2f}x",
     ]
     write_report(args.out, record, "Clients that give up under overload", notes, table)
