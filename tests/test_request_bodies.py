@@ -357,7 +357,8 @@ def test_rerank_bodies_of_every_api():
     assert e.param == "documents", e.message
     assert refusal(rerank_v1, {"query": {"content": []}, "documents": ["a"]}).param == "query"
     assert refusal(rerank_v1, {"query": "q", "documents": ["a"], "top_n": -1}).param == "top_n"
-    assert refusal(rerank_v1, {"query": " ", "documents": ["a"]}).param == "query"
+    e = refusal(rerank_v1, {"query": " ", "documents": ["a"]})
+    assert e.param == "query" and e.message == "'query' must be a non-empty string"
     e = refusal(rerank_v1, {"query": "q", "documents": ["a"] * (MAX_DOCUMENTS + 1)})
     assert e.param == "documents" and f"limit of {MAX_DOCUMENTS}" in e.message
     e = refusal(tei.RerankRequest.parse, {"query": "q", "texts": ["a", 2]})

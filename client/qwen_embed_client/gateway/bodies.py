@@ -60,7 +60,7 @@ def _ids(ids: list[int]) -> list[int]:
     return ids
 
 
-_OWN = ("utf8", "token_id", "qwen_input")
+_OWN = ("utf8", "token_id", "qwen_input", "blank")
 Text = Annotated[str, AfterValidator(_utf8)]
 TokenIds = Annotated[list[int], Field(min_length=1), AfterValidator(_ids)]
 
