@@ -59,6 +59,27 @@ def http_status(url, key=None):
         return e.code, e.read().decode()
 
 
+@pytest.mark.parametrize(
+    "env, args, message",
+    [
+        ({"QWEN_EMBED_MODEL_DIR": "/nonexistent/checkpoint"}, [], "neither a checkpoint"),
+        ({"QWEN_EMBED_ENCODER_SETTINGS": "dtype=float9"}, [], "dtype must be one of"),
+        ({}, ["--cpu-instances", "none"], "--cpu-instances is auto"),
+    ],
+)
+def test_a_bad_setting_or_checkpoint_is_said_in_one_line(demo_dir, env, args, message):
+    """What the deployment asks for is read before any server starts: a checkpoint not found
+    or a setting out of range ends the launcher with exit status 2 and one line saying so."""
+    env = {**os.environ, "QWEN_EMBED_MODEL_DIR": str(demo_dir), **env}
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank", *args]
+    command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: " in lines[0] and message in lines[0], done.stderr
+
+
 def test_admin_apis_need_the_key(server):
     base = f"http://{server.http_url}/v2"
     for path in ("/repository/index", "/repository/models/embed/unload", "/logging"):

@@ -510,19 +510,24 @@ def main(argv: list[str] | None = None) -> int:
     admin_key = args.admin_key or secrets.token_urlsafe(24)
     ports = (args.http_port, args.grpc_port, args.metrics_port)
     gpus = gpu_count()
-    count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
-    per_gpu = gpu_instances(args.gpu_instances) if gpus else None
-    groups, what = None, []
-    if count is not None:
-        what.append(f"{count} CPU encoder instance(s)")
-    elif per_gpu is not None:
-        cpus = len(os.sched_getaffinity(0))
-        groups = tuple(map(instance_group, gpu_instance_groups(gpus, cpus, per_gpu)))
-        what.append(f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)")
-    if args.response_cache_mb:
-        what.append("the response cache on")
-    edit = served_edits(count, args.cpu_instances == "auto", groups, args.response_cache_mb > 0)
-    facts = facts_ahead(args.model_repository, edit)
+    try:  # what the deployment asks for, read before any server starts
+        count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
+        per_gpu = gpu_instances(args.gpu_instances) if gpus else None
+        groups, what = None, []
+        if count is not None:
+            what.append(f"{count} CPU encoder instance(s)")
+        elif per_gpu is not None:
+            cpus = len(os.sched_getaffinity(0))
+            groups = tuple(map(instance_group, gpu_instance_groups(gpus, cpus, per_gpu)))
+            what.append(f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)")
+        if args.response_cache_mb:
+            what.append("the response cache on")
+        cache = args.response_cache_mb > 0
+        edit = served_edits(count, args.cpu_instances == "auto", groups, cache)
+        facts = facts_ahead(args.model_repository, edit)
+    except (ValueError, FileNotFoundError) as e:  # a setting or checkpoint: said, no traceback
+        log(f"error: {e}")
+        return 2
     served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts))
     if served != args.model_repository:
         what = ", ".join(["the models' facts", *what])
