@@ -14,7 +14,12 @@ import openai
 import pytest
 
 from qwen_embed_client import EmbeddingClient
-from qwen_embed_client.contract import EMBEDDING_TYPES, compact
+from qwen_embed_client.contract import (
+    EMBEDDING_TYPES,
+    MAX_INPUTS,
+    MAX_TEXTS_PER_REQUEST,
+    compact,
+)
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
@@ -26,6 +31,7 @@ from triton_helpers import (
     odd_bodies,
     run_clients,
     send_json,
+    wait_until,
 )
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -89,6 +95,40 @@ def test_what_a_client_stopped_waiting_for_is_never_embedded(stack):
     with encoder_kept_busy(server, 4.0) as busy:
         run_clients(4, lambda i: (sdk if i % 2 else behind_envoy)(i))
     assert server.metric("qwen_embed_texts_total") - texts_before == busy.texts
+
+
+def test_what_a_client_that_disconnects_left_unsent_is_never_sent(stack):
+    """A body of many texts goes to Triton in chunks, a few at a time; its client disconnects
+    while the first ones wait behind a busy encoder: the gateway cancels its handler (counted
+    as status 499), and the chunks not yet sent never are (those already queued for the
+    encoder still are computed: Triton 2.51 does not pass the cancellation on)."""
+    server, base_url = stack
+    url = urllib.parse.urlsplit(base_url)
+    texts = [f"text number {i}" for i in range(MAX_INPUTS)]
+    body = json.dumps({"model": "embed", "input": texts})
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    texts_before = server.metric("qwen_embed_texts_total")
+    closed = "qwen_embed_gateway_requests_total" + json.dumps(
+        {"api": "openai", "route": "/v1/embeddings", "status": "499"}, sort_keys=True
+    )
+    closed_before = _metrics(base_url).get(closed, 0)
+    with encoder_kept_busy(server, 4.0) as busy:
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        connection.request("POST", "/v1/embeddings", body=body, headers=headers)
+        queued = "nv_inference_pending_request_count"
+        wait_until(lambda: server.metric(queued, model="encoder") >= 1, "a chunk queued")
+        connection.close()  # the client leaves
+
+        def handler_ended():
+            metrics = _metrics(base_url)
+            return metrics["qwen_embed_gateway_requests_in_flight{}"] == 0 and (
+                metrics.get(closed, 0) == closed_before + 1
+            )
+
+        wait_until(handler_ended, "the gateway to count the request as closed by its client")
+    computed = server.metric("qwen_embed_texts_total") - texts_before - busy.texts
+    # at most the chunks in flight when it left: the client's 4 requests of <= 256 texts
+    assert 0 < computed <= 4 * MAX_TEXTS_PER_REQUEST < len(texts), computed
 
 
 def _post(base_url, path, body, headers=None):

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from ..client import AsyncEmbeddingClient
 from . import batches, cohere, multi_vector, nim, ollama, openai, perplexity, pooling, score, tei
 from .batches import BatchRunner, BatchSettings
-from .deadlines import CallerDeadline
+from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
 from .state import MAX_BODY_BYTES, Gateway, require_key
@@ -122,8 +122,8 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
-    app.add_middleware(CallerDeadline)
     GatewayMetrics().install(app)  # /metrics, like /health, carries no key
+    app.add_middleware(CallerWait)  # outermost: a cancelled handler is counted as such
     app.get("/health")(_health)  # probes carry no key
     app.get("/v1/health/live")(nim.live)
     app.get("/v1/health/ready")(nim.ready)

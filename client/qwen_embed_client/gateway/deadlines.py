@@ -1,6 +1,7 @@
-"""How long the caller waits, read from what its SDK or proxy sends, set as the deadline of the
-Triton requests made for it (client.deadline): a request still queued for the encoder when
-its caller has stopped waiting is dropped there instead of computed for no one.
+"""Work for a caller only while it waits. How long it waits, read from what its SDK or proxy
+sends, is the deadline of the Triton requests made for it (client.deadline): a request still
+queued for the encoder when its caller has stopped waiting is dropped there instead of
+computed for no one. A caller that disconnects has its handler cancelled.
 
 Headers read, the shortest taken: `x-stainless-read-timeout` (seconds; the `openai` SDKs send
 their read timeout in it) and `x-envoy-expected-rq-timeout-ms` (milliseconds; Envoy and Istio
@@ -9,6 +10,8 @@ send the route's timeout). A value that is not a positive finite number is ignor
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 
 from ..client import deadline
@@ -33,16 +36,52 @@ def waits_s(headers: list[tuple[bytes, bytes]]) -> float | None:
     return min(waits, default=None)
 
 
-class CallerDeadline:
-    """ASGI middleware: each HTTP request's handler runs within the deadline its caller
-    announces (none: the client's own timeout alone)."""
+class CallerWait:
+    """ASGI middleware: each HTTP request's handler runs only while its caller waits: within
+    the deadline the caller announces (none: the client's own timeout alone), and cancelled
+    when the caller disconnects before its answer begins. The cancelled handler's Triton calls
+    are cancelled with it and the chunks it had not sent yet are never sent (Triton 2.51 still
+    computes a call already queued for the encoder: only a deadline reaches that)."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        seconds = waits_s(scope["headers"]) if scope["type"] == "http" else None
-        if seconds is None:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        with deadline(seconds):
-            return await self.app(scope, receive, send)
+        read = asyncio.Event()  # the body is read whole: what receive() gives next is the end
+        answering = False
+
+        async def receive_body():
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                read.set()
+            return message
+
+        async def send_answer(message):
+            nonlocal answering
+            answering = True
+            await send(message)
+
+        async def gone():
+            await read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        seconds = waits_s(scope["headers"])
+        with deadline(seconds) if seconds is not None else contextlib.nullcontext():
+            handler = asyncio.ensure_future(self.app(scope, receive_body, send_answer))
+        watcher = asyncio.ensure_future(gone())
+        try:
+            done, _ = await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server stopping
+            handler.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if handler not in done and not answering:  # the caller left before its answer began
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await handler
+            return
+        await handler

@@ -8,6 +8,7 @@ no key, as Triton's metrics port: bind or firewall it as that one.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import FastAPI, Response
@@ -23,6 +24,7 @@ from prometheus_client import (
 # From one-text queries on a GPU to 2,048-text requests on a CPU.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 UNCOUNTED = ("/metrics", "/health")  # scrapes and probes, not traffic
+CLIENT_CLOSED = 499  # nginx's status of a request whose client left before its answer
 
 
 class GatewayMetrics:
@@ -78,6 +80,9 @@ class _Measured:
         m.in_flight.inc()
         try:
             await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # its caller disconnected before the answer (CallerWait)
+            raise
         finally:
             m.in_flight.dec()
             # the template, not the path: a path per model id or batch id would make a series
