@@ -397,7 +397,8 @@ timeout: more work than the server answers in that time. Two ways alternate, `--
 each for `--seconds`, the server idle before each: the SDK as it is (it sends its read timeout
 in x-stainless-read-timeout, which the gateway makes the deadline of its Triton requests: the
 encoder's queue drops a request once its client has stopped waiting), and the same clients
-with that header left out (every request computed, whether anyone waits for it or not). Per
+with that header left out (a client that gives up closes its connection, which cancels what
+the gateway has not sent yet; what waits in the encoder's queue is computed all the same). Per
 way: requests answered per second and their latency, requests the SDK gave up on (after its
 retries), texts the encoder computed per second and the share of them a client received.
 Results: perf/results/impatient.{md,json}.
