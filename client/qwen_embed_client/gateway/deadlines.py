@@ -63,10 +63,9 @@ class CallerWait:
             answering = True
             await send(message)
 
-        async def gone():
+        async def gone():  # uvicorn's next message after the body is the end of the request
             await read.wait()
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            return (await receive())["type"] == "http.disconnect"
 
         seconds = waits_s(scope["headers"])
         with deadline(seconds) if seconds is not None else contextlib.nullcontext():
@@ -79,7 +78,7 @@ class CallerWait:
             raise
         finally:
             watcher.cancel()
-        if handler not in done and not answering:  # the caller left before its answer began
+        if handler not in done and watcher.result() and not answering:  # the caller left
             handler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await handler
