@@ -414,7 +414,8 @@ class _Deadlines:
 
     def __init__(self, requests):
         started = time.monotonic()
-        self._until = [started + r.timeout() / 1e6 if r.timeout() else None for r in requests]
+        timeouts = [r.timeout() for r in requests]  # us, 0: none
+        self._until = [started + t / 1e6 if t else None for t in timeouts]
 
     def passed(self, i):
         until = self._until[i]
