@@ -7,6 +7,8 @@
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
 #     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
 #                                            # and videos against transformers, its GPU test)
+#     perf/gpu_offline.sh lent [SECONDS]     # there: vl in about a third of SECONDS, then run
+#                                            # in the rest: one call of the device tool (570)
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
@@ -280,6 +282,17 @@ vl)
 	gpu_vl_steps
 	step done
 	;;
+lent)
+	total=${2:-570}
+	start "$total"
+	pin=""
+	whole=$end
+	end=$((whole - total * 2 / 3))
+	gpu_vl_steps
+	end=$whole
+	gpu_steps
+	step done
+	;;
 cpu)
 	start "${2:-540}"
 	cpu_lanes "$(lanes)"
@@ -325,7 +338,7 @@ EOF
 	rm -rf "$out"
 	;;
 *)
-	sed -n 2,23p "$0"
+	sed -n 2,25p "$0"
 	exit 2
 	;;
 esac
