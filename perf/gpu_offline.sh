@@ -7,7 +7,7 @@
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
 #     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
 #                                            # and videos against transformers, its GPU test)
-#     perf/gpu_offline.sh lent [SECONDS]     # there: vl in about a third of SECONDS, then run
+#     perf/gpu_offline.sh lent [SECONDS]     # there: vl in about 2/5 of SECONDS, then run
 #                                            # in the rest: one call of the device tool (570)
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
@@ -287,7 +287,7 @@ lent)
 	start "$total"
 	pin=""
 	whole=$end
-	end=$((whole - total * 2 / 3))
+	end=$((whole - total * 3 / 5))
 	gpu_vl_steps
 	end=$whole
 	gpu_steps
