@@ -14,19 +14,21 @@ encoder executes (Triton's model statistics; the rest of an execute is reading r
 writing responses, the rest of the wall is the encoder waiting for work), and the cores each
 process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
 clients (this process); per model (embed, tokenizer, encoder) the ms a request spent in it
-and, of that, queued (Triton's statistics). With --spy, py-spy samples the encoder stubs'
-Python stacks while each level runs (without pausing them): the share of the wall each of our
-functions was on the stack (inclusive) and the frames the samples ended in (self), where the
-time outside the engine's forward goes. With --direct the requests carry token ids
-(TOKEN_IDS) straight to the `encoder` model, as a client that tokenizes for itself sends them:
-no tokenizer step. With --gateway they are OpenAI embeddings requests (JSON, float vectors) to
-the HTTP gateway in front of the server, whose process's cores the table adds.
+and, of that, queued (Triton's statistics). With --spy, py-spy samples the encoder's and the
+tokenizer's stubs' Python stacks while each level runs (without pausing them), each model's
+apart: the share of the wall each of our functions was on the stack (inclusive) and the
+frames the samples ended in (self), where the time outside the engine's forward goes. With
+--direct the requests carry token ids (TOKEN_IDS) straight to the `encoder` model, as a client
+that tokenizes for itself sends them: no tokenizer step. With --gateway they are OpenAI
+embeddings requests (JSON, float vectors) to the HTTP gateway in front of the server, whose
+process's cores the table adds.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -212,14 +214,19 @@ def stack_shares(lines: list[str], wall_samples: float, top: int = 30) -> dict:
     }
 
 
+# --spy's samples in a level's row: each sampled model's under its key
+SPIED = {"encoder": "spy", "tokenizer": "spy_tokenizer"}
+
+
 def spy_tables(rows: list[dict]) -> list[str]:
-    """The --spy report: per level, our functions by inclusive share of the stubs' wall."""
+    """The --spy report: per level and model, our functions by inclusive share of its stubs'
+    wall."""
     lines = []
-    for r in rows:
-        spy = r.get("spy")
+    for r, (model, key) in itertools.product(rows, SPIED.items()):
+        spy = r.get(key)
         if spy is None:
             continue
-        lines += ["", f"Encoder stubs at {r['concurrency']} clients (py-spy):"]
+        lines += ["", f"{model.capitalize()} stubs at {r['concurrency']} clients (py-spy):"]
         if "error" in spy:
             lines += ["", f"no samples: {spy['error']}"]
             continue
@@ -276,7 +283,7 @@ def main() -> None:
         "--gateway", action="store_true", help="OpenAI embeddings requests through the gateway"
     )
     p.add_argument(
-        "--spy", action="store_true", help="sample the encoder stubs' stacks with py-spy"
+        "--spy", action="store_true", help="sample the encoder's and tokenizer's stubs with py-spy"
     )
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
@@ -329,10 +336,14 @@ def main() -> None:
         gateway_pid = gateway[0].pid if gateway else None
         drive(make, counts, check, clients=4, per_request=per_request, seconds=0, max_requests=8)
         stubs = stub_processes(server.status()["server_pid"]).items()
-        encoders = [pid for pid, model in stubs if model == "encoder"]
+        spied = {m: [pid for pid, model in stubs if model == m] for m in SPIED if args.spy}
         for c in args.concurrency:
             before = executes(server)
-            sampler = StubSampler(encoders, Path(tempfile.mkdtemp())) if args.spy else None
+            samplers = {
+                SPIED[m]: StubSampler(pids, Path(tempfile.mkdtemp()))
+                for m, pids in spied.items()
+                if pids
+            }
             stats, split = time_split(
                 server,
                 lambda c=c: drive(
@@ -347,7 +358,7 @@ def main() -> None:
                     **stats,
                     "requests_per_execute": requests / runs if runs else 0,
                     **split,
-                    **({"spy": sampler.stop()} if sampler else {}),
+                    **{key: sampler.stop() for key, sampler in samplers.items()},
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
