@@ -8,7 +8,7 @@
 #     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
 #                                            # and videos against transformers, its GPU test)
 #     perf/gpu_offline.sh lent [SECONDS]     # there: vl in about 2/5 of SECONDS, then run
-#                                            # in the rest: one call of the device tool (570)
+#                                            # in the rest: one command of 10 minutes (570)
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
