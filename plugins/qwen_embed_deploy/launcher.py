@@ -436,6 +436,26 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
+    """What the deployment asks for, read before any server starts: the repository's edit, the
+    models' facts and what is said of the served copy. A setting out of range raises
+    ValueError, a checkpoint not found FileNotFoundError."""
+    count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
+    per_gpu = gpu_instances(args.gpu_instances) if gpus else None
+    groups, what = None, []
+    if count is not None:
+        what.append(f"{count} CPU encoder instance(s)")
+    elif per_gpu is not None:
+        cpus = len(os.sched_getaffinity(0))
+        groups = tuple(map(instance_group, gpu_instance_groups(gpus, cpus, per_gpu)))
+        what.append(f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)")
+    if args.response_cache_mb:
+        what.append("the response cache on")
+    cache = args.response_cache_mb > 0
+    edit = served_edits(count, args.cpu_instances == "auto", groups, cache)
+    return edit, facts_ahead(args.model_repository, edit), what
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
@@ -510,21 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     admin_key = args.admin_key or secrets.token_urlsafe(24)
     ports = (args.http_port, args.grpc_port, args.metrics_port)
     gpus = gpu_count()
-    try:  # what the deployment asks for, read before any server starts
-        count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
-        per_gpu = gpu_instances(args.gpu_instances) if gpus else None
-        groups, what = None, []
-        if count is not None:
-            what.append(f"{count} CPU encoder instance(s)")
-        elif per_gpu is not None:
-            cpus = len(os.sched_getaffinity(0))
-            groups = tuple(map(instance_group, gpu_instance_groups(gpus, cpus, per_gpu)))
-            what.append(f"{per_gpu} encoder instance(s) on each of {gpus} GPU(s)")
-        if args.response_cache_mb:
-            what.append("the response cache on")
-        cache = args.response_cache_mb > 0
-        edit = served_edits(count, args.cpu_instances == "auto", groups, cache)
-        facts = facts_ahead(args.model_repository, edit)
+    try:
+        edit, facts, what = _deployment(args, gpus)
     except (ValueError, FileNotFoundError) as e:  # a setting or checkpoint: said, no traceback
         log(f"error: {e}")
         return 2
