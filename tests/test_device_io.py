@@ -1,5 +1,6 @@
 """Host <-> device copies (qwen_embed/batch.py) and the engine's queue of forwards: on CPU
-the tensors themselves; on a GPU (tests marked `gpu`) no forward waits for the host."""
+the tensors themselves; on a GPU (tests marked `gpu`) no forward waits for the host, and a
+launched call (Encoder.launch_checked) leaves its last forward to be read later."""
 
 from __future__ import annotations
 
@@ -30,6 +31,41 @@ def test_results_land_in_order_across_many_queued_batches(checkpoint):
         ) as small:
             batched = small.embed(seqs)
     np.testing.assert_allclose(batched, alone, atol=1e-5)
+
+
+def test_launched_calls_read_in_any_order_give_each_its_own_rows(checkpoint):
+    """launch_checked leaves a call's last forward unread until result(): two calls launched
+    before either is read (the Triton encoder's next execute) each get their own rows, the
+    rows pool_checked gives."""
+    first = random_sequences([5, 60, 1, 33], seed=4)
+    second = random_sequences([90, 12, 7, 48, 20], seed=5)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32", max_batch_tokens=64) as enc:
+        expected = [enc.pool_checked(first), enc.pool_checked(second)]
+        a, b = enc.launch_checked(first), enc.launch_checked(second)
+        np.testing.assert_array_equal(b.result(), expected[1])
+        np.testing.assert_array_equal(a.result(), expected[0])
+
+
+@pytest.mark.gpu
+def test_a_launched_call_leaves_its_last_forward_to_result(checkpoint):
+    """Profiled: launch_checked waits on the events of all but its last batch; result()
+    waits on that one (a server plans its next batch meanwhile)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from torch.profiler import ProfilerActivity, profile
+
+    seqs = random_sequences([300, 280, 260, 240, 200, 150], seed=3)
+    with Encoder.from_pretrained(
+        checkpoint("qwen3_head128"), dtype="bfloat16", device="cuda:0", max_batch_tokens=600
+    ) as enc:
+        expected = enc.pool_checked(seqs)
+        with profile(activities=[ProfilerActivity.CPU]) as launched:
+            pending = enc.launch_checked(seqs)
+        with profile(activities=[ProfilerActivity.CPU]) as read:
+            rows = pending.result()
+    waits = [[e.name for e in p.events()].count("cudaEventSynchronize") for p in (launched, read)]
+    assert waits == [2, 1]  # 600-token batches: 3 of them
+    np.testing.assert_array_equal(rows, expected)
 
 
 @pytest.mark.gpu

@@ -52,6 +52,30 @@ class HostResult:
         return self._host.numpy()
 
 
+class HostRows:
+    """Rows of `out` on their way from queued forwards: each forward's result is read when the
+    next one is queued (a GPU never waits for the host to read results or plan the next
+    batch), the last one's by `result()`, which returns `out`."""
+
+    def __init__(self, out: np.ndarray):
+        self._out = out
+        self._last: tuple[list[int], HostResult] | None = None
+
+    def add(self, rows: list[int], result: HostResult) -> None:
+        self._read()
+        self._last = rows, result
+
+    def result(self) -> np.ndarray:
+        self._read()
+        return self._out
+
+    def _read(self) -> None:
+        if self._last is not None:
+            rows, result = self._last
+            self._out[rows] = result.numpy()
+            self._last = None
+
+
 @dataclass(frozen=True)
 class VarlenBatch:
     input_ids: torch.Tensor  # [T] int64

@@ -18,7 +18,7 @@ from . import int8, kernels
 from .adapters import lora_deltas
 from .attention import AttentionSpec, choose_backend, create_backend
 from .avx2_gemm import Avx2F32Weight
-from .batch import HostResult, finish, flatten, plan_batches, pool, pool_spans
+from .batch import HostResult, HostRows, finish, flatten, plan_batches, pool, pool_spans
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
 from .config import MULTI_VECTOR_ONLY, ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
@@ -419,8 +419,26 @@ class Encoder:
         `check_sequence`: callers that validate per request (the Triton encoder) do not pay
         for it twice."""
         self._require_pooled()
-        out = np.empty((len(sequences), self.embedding_size), dtype=np.float32)
-        return self._run(sequences, out, self._embedding_head, adapter)
+        return self.launch_checked(sequences, adapter).result()
+
+    def launch_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> HostRows:
+        """The loaded task's rows for sequences that passed `check_sequence`
+        (`pool_checked`'s vectors, `score_checked`'s scores, `classify_checked`'s logits),
+        their forwards queued and the last one not waited for: `result()` waits. A server
+        plans its next batch while a GPU runs this one (the Triton encoder's execute)."""
+        n = len(sequences)
+        if self.task == "rerank":
+            if self.config.listwise:
+                raise ValueError("a listwise reranker scores a query's blocks: use rank_blocks")
+            out, head = np.empty(n, dtype=np.float32), self.model.head
+        elif self.task == "classify":
+            out = np.empty((n, self.config.num_labels), dtype=np.float32)
+            head = self.model.head
+        else:
+            self._require_pooled()
+            out = np.empty((n, self.embedding_size), dtype=np.float32)
+            head = self._embedding_head
+        return self._launch(sequences, out, head, adapter)
 
     def _embedding_head(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled if self.model.head is None else self.model.head(pooled)
@@ -655,10 +673,7 @@ class Encoder:
     def score_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """`score` for sequences that already passed `check_sequence`."""
         self._require("rerank")
-        if self.config.listwise:
-            raise ValueError("a listwise reranker scores a query's blocks: use rank_blocks")
-        out = np.empty(len(sequences), dtype=np.float32)
-        return self._run(sequences, out, self.model.head, adapter)
+        return self.launch_checked(sequences, adapter).result()
 
     def rank_blocks(self, blocks: Sequence[Sequence[int]], adapter: Adapters = None) -> np.ndarray:
         """A listwise reranker's (jina-reranker-v3) scores of one query's documents: `blocks`
@@ -694,8 +709,7 @@ class Encoder:
     def classify_checked(self, sequences: list[np.ndarray], adapter: Adapters = None) -> np.ndarray:
         """`classify` for sequences that already passed `check_sequence`."""
         self._require("classify")
-        out = np.empty((len(sequences), self.config.num_labels), dtype=np.float32)
-        return self._run(sequences, out, self.model.head, adapter)
+        return self.launch_checked(sequences, adapter).result()
 
     def _require(self, task: str) -> None:
         if self.task != task:
@@ -708,22 +722,18 @@ class Encoder:
         if self.config.multi_vector:
             raise ValueError(MULTI_VECTOR_ONLY)
 
-    def _run(self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: Adapters):
-        """Forward batches planned by token budget; `head(pooled [n, hidden])` -> rows of
-        `out`. A batch's result is read after the next batch is queued: a GPU never waits
-        for the host to read results or plan the next batch."""
+    def _launch(
+        self, sequences: list[np.ndarray], out: np.ndarray, head, adapter: Adapters
+    ) -> HostRows:
+        """Forward batches planned by token budget, queued; `head(pooled [n, hidden])` -> rows
+        of `out` (HostRows)."""
         batches = self._planned([len(s) for s in sequences], adapter)
+        rows = HostRows(out)
         with self._lock:
-            queued: list[tuple[list[int], HostResult]] = []
             for indices, adapters in batches:
                 batch = [sequences[i] for i in indices]
-                queued.append((indices, self._forward(batch, head, adapters)))
-                if len(queued) == 2:
-                    rows, result = queued.pop(0)
-                    out[rows] = result.numpy()
-            for rows, result in queued:
-                out[rows] = result.numpy()
-        return out
+                rows.add(indices, self._forward(batch, head, adapters))
+        return rows
 
     def check_sequences(self, token_id_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """`check_sequence` of each list, the id range checked over all of them at once (a

@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -82,15 +83,24 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{instance}: {self.encoder.route.describe()}; {where}")
         self.metrics = _Metrics(args["model_name"], self.encoder)
         self.metrics.set_route(instance, self.encoder.route, placement)
+        # Calls are answered on a thread of their own, in order; every metric moves there too
+        # (Triton 2.51's stub breaks when two threads update one metric at once).
+        self.answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="answering")
+        self.previous = None  # the last execute's last job there
 
     def execute(self, requests):
-        self.metrics.executing.increment(len(requests))
-        answer = _Answers(requests, before_sending=self.metrics.flush)
+        """Plans and queues the requests' calls, then returns once the previous execute's
+        requests are answered: a GPU runs this batch while the next one is read and planned,
+        and the answers of this one leave from the answering thread (docs/architecture.md)."""
+        answer = _Answers(requests, self.metrics, self.answering)
         try:
             self._execute(requests, answer)
         finally:
-            self.metrics.executing.increment(-len(requests))
-        return answer.held()
+            answer.send_held()
+            if self.previous is not None:
+                self.previous.exception()  # waits; its job logged any failure itself
+            self.previous = answer.last
+        return [None] * len(requests)
 
     def _execute(self, requests, answer):
         deadlines = _Deadlines(requests)
@@ -137,7 +147,7 @@ class TritonPythonModel:
         if not accepted and not chunked and not per_token and not with_media and not listwise:
             return
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
-        # Every metric moves before the answers it covers leave (_Answers calls
+        # Every metric moves before the answers it covers leave (_Answers.send calls
         # metrics.flush): a client that reads the metrics after its response sees its request.
         all_seqs = [s for _, _, seqs in accepted for s in seqs]
         all_seqs += [getattr(t, "ids", t) for _, _, texts in per_token for t in texts]
@@ -145,7 +155,7 @@ class TritonPythonModel:
         all_seqs += [b.ids for _, _, blocks in listwise for b in blocks]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
         requests_in += len(listwise)
-        self.metrics.observe_batch(requests_in, all_seqs)
+        answer.later(self.metrics.observe_batch, requests_in, [len(s) for s in all_seqs])
 
         def call(members, compute, outputs):
             """Where a member names an adapter, `compute(texts, adapter=...)` with each text's
@@ -165,15 +175,16 @@ class TritonPythonModel:
             # adapters they name.
             tokens = [sum(len(s) for s in seqs) for _, _, seqs in accepted]
             for group in plan_requests(tokens, self.encoder.max_batch_tokens):
-                call([accepted[g] for g in group], self._encode, self._outputs)
+                call([accepted[g] for g in group], self.encoder.launch_checked, self._outputs)
             for member in chunked:  # one call each
-                call([member], self.encoder.pool_chunks_checked, chunk_rows)
+                call([member], _computed(self.encoder.pool_chunks_checked), chunk_rows)
             if per_token:  # one call: its forwards planned by the token budget together
-                call(per_token, self.encoder.token_states_checked, self._token_outputs)
+                states = _computed(self.encoder.token_states_checked)
+                call(per_token, states, self._token_outputs)
             if with_media:  # one call: the vision tower runs once per forward's images
-                call(with_media, self._encode_media, self._outputs)
+                call(with_media, _computed(self._encode_media), self._outputs)
             for member in listwise:  # one call each: a query's blocks are scored together
-                call([member], self.encoder.rank_blocks_checked, _scores)
+                call([member], _computed(self.encoder.rank_blocks_checked), _scores)
         except EncoderBroken as e:
             self._broken(str(e), sorted(unanswered), answer)
         except Exception as e:  # every request still gets its one response
@@ -182,27 +193,36 @@ class TritonPythonModel:
             for i in sorted(unanswered):
                 answer(i, pb_utils.InferenceResponse(error=error))
 
-    def _call(self, members, compute, outputs, answer, unanswered, adapters=None):
-        """One call over the texts of `members` ((index, options, texts)): `compute(texts)`
-        gives their rows in order, `outputs(rows, members)` each member's output tensors;
-        each request is answered as soon as the call ends. `adapters`: each text's (None:
-        none; counted apart)."""
+    def _call(self, members, launch, outputs, answer, unanswered, adapters=None):
+        """One call over the texts of `members` ((index, options, texts)): `launch(texts)`
+        queues their forwards (its `result()`: their rows in order), `outputs(rows, members)`
+        gives each member's output tensors on the answering thread, which answers the call's
+        requests as soon as its rows are read. `adapters`: each text's (None: none; counted
+        apart)."""
         answer.send_held()  # what is answered already never waits for this call
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
-        rows = compute(texts)
-        self.metrics.seconds.observe(time.perf_counter() - started)
-        self.metrics.add_call([getattr(t, "ids", t) for t in texts], adapters)
-        for (i, _, _), response in zip(members, outputs(rows, members), strict=True):
-            answer(i, pb_utils.InferenceResponse(output_tensors=response))
-            unanswered.discard(i)
+        pending = launch(texts)
+        answer.later(self._answer_call, members, pending, outputs, started, adapters, answer)
+        unanswered.difference_update(i for i, _, _ in members)
 
-    def _encode(self, seqs, adapter=None):
-        if self.task == "rerank":
-            return self.encoder.score_checked(seqs, adapter)
-        if self.task == "classify":
-            return self.encoder.classify_checked(seqs, adapter)
-        return self.encoder.pool_checked(seqs, adapter)
+    def _answer_call(self, members, pending, outputs, started, adapters, answer):
+        """On the answering thread: a call's rows read, counted, and its requests answered
+        (an INTERNAL error each if the rows or outputs fail)."""
+        try:
+            rows = pending.result()
+            self.metrics.seconds.observe(time.perf_counter() - started)
+            self.metrics.add_call(
+                [getattr(t, "ids", t) for _, _, ts in members for t in ts], adapters
+            )
+            responses = [
+                pb_utils.InferenceResponse(output_tensors=t) for t in outputs(rows, members)
+            ]
+        except Exception as e:
+            pb_utils.Logger.log_error(f"encoder call failed: {type(e).__name__}: {e}")
+            error = pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)
+            responses = [pb_utils.InferenceResponse(error=error) for _ in members]
+        answer.send([(i, r) for (i, _, _), r in zip(members, responses, strict=True)])
 
     def _encode_media(self, texts, adapter=None):
         if self.task == "rerank":
@@ -369,6 +389,7 @@ class TritonPythonModel:
         return outputs
 
     def finalize(self):
+        self.answering.shutdown(wait=True)
         self.encoder.close()
 
 
@@ -423,33 +444,60 @@ class _Deadlines:
 
 
 class _Answers:
-    """`answer(i, response)` holds request i's response until execute() returns them all in
-    one message to Triton; `send_held()`, called before each call's work starts, sends those
-    held through their requests' own senders (a message each) instead, so that no response
-    waits for a later call. `before_sending()` runs before any of them leaves."""
+    """One execute's answers, each sent through its request's sender on the answering thread
+    (`thread`, one worker: jobs run in order), after the metrics that cover it moved.
+    `answer(i, response)` on the execute's thread holds request i's response until
+    `send_held()`, called before each call's work starts and at the end; `later(job, ...)`
+    queues a job on the answering thread (`last`: the latest's future)."""
 
-    def __init__(self, requests, before_sending):
-        self._requests = requests
-        self._held = [None] * len(requests)
-        self._before_sending = before_sending
+    def __init__(self, requests, metrics, thread):
+        self._senders = [r.get_response_sender() for r in requests]
+        self._metrics = metrics
+        self._thread = thread
+        self._held = []
+        self.last = None
+        self.later(metrics.executing.increment, len(requests))
 
     def __call__(self, i, response):
-        self._held[i] = response
+        self._held.append((i, response))
 
     def send_held(self):
-        if not any(r is not None for r in self._held):
-            return
-        self._before_sending()
-        for i, response in enumerate(self._held):
-            if response is not None:
-                sender = self._requests[i].get_response_sender()
-                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                self._held[i] = None
+        if self._held:
+            self.later(self.send, self._held)
+            self._held = []
 
-    def held(self):
-        """execute()'s return: the responses not sent yet, None for those sent."""
-        self._before_sending()
-        return self._held
+    def later(self, job, *args):
+        self.last = self._thread.submit(_logged, job, *args)
+
+    def send(self, answers):
+        """On the answering thread: (index, response) pairs sent, once the metrics moved."""
+        self._metrics.answered += len(answers)
+        self._metrics.flush()
+        for i, response in answers:
+            self._senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _logged(job, *args):
+    """A job of the answering thread; a failure is logged (nothing waits for its result)."""
+    try:
+        job(*args)
+    except Exception as e:
+        pb_utils.Logger.log_error(f"encoder answering failed: {type(e).__name__}: {e}")
+
+
+class _Computed:
+    """A call's rows computed already (the calls whose forwards are not queued ahead)."""
+
+    def __init__(self, rows):
+        self._rows = rows
+
+    def result(self):
+        return self._rows
+
+
+def _computed(compute):
+    """`compute(texts, ...)` as a launch: its rows wrapped to be read like queued ones."""
+    return lambda *args, **kwargs: _Computed(compute(*args, **kwargs))
 
 
 class _Metrics:
@@ -484,7 +532,9 @@ class _Metrics:
             buckets=[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30],
         )
         self.executing = self._metric(
-            "qwen_embed_executing_requests", "requests inside an encoder execute() now", gauge
+            "qwen_embed_executing_requests",
+            "requests an encoder execute() received and has not answered yet",
+            gauge,
         )
         self.computed = self._metric(
             "qwen_embed_tokens_computed_total",
@@ -520,6 +570,7 @@ class _Metrics:
         self._pending = {"texts": 0, "tokens": 0}  # counted by calls, not sent yet
         self._pending_by_adapter = dict.fromkeys(self.by_adapter, 0)
         self._sent = {"computed": 0, "hits": 0, "lookups": 0, "cache_bytes": 0}
+        self.answered = 0  # requests answered since the last flush (leaving `executing`)
         self.route = pb_utils.MetricFamily(
             name="qwen_embed_encoder_route",
             description="1, labelled with the arithmetic route and the cores of each instance",
@@ -557,6 +608,9 @@ class _Metrics:
     def flush(self):
         """What moved since the last flush, a message to Triton each; nothing for what did not
         (each pb_utils metric call is a round trip). The engine's are running totals."""
+        if self.answered:
+            self.executing.increment(-self.answered)
+            self.answered = 0
         for name, count in self._pending.items():
             if count:
                 getattr(self, name).increment(count)
@@ -579,8 +633,8 @@ class _Metrics:
             self.cache_bytes.set(cache.bytes_in_use)
             self._sent["cache_bytes"] = cache.bytes_in_use
 
-    def observe_batch(self, num_requests, seqs):
-        """The shape of one execute."""
+    def observe_batch(self, num_requests, lengths):
+        """The shape of one execute: its requests, and its texts' lengths."""
         self.histograms["requests"].observe(num_requests)
-        self.histograms["texts"].observe(len(seqs))
-        self.histograms["tokens"].observe(int(sum(len(s) for s in seqs)))
+        self.histograms["texts"].observe(len(lengths))
+        self.histograms["tokens"].observe(int(sum(lengths)))
