@@ -9,19 +9,20 @@ back to back for --seconds, every answer checked against the engine's vectors. R
 encoder execute come from the server's own metric (qwen_embed_encoder_requests_per_execute).
 The engine alone (in this process, all texts per call) is the ceiling the table compares with.
 
-Where a level's wall time goes: the share in encoder calls (qwen_embed_encode_seconds) and in
-encoder executes (Triton's model statistics; the rest of an execute is reading requests and
-writing responses, the rest of the wall is the encoder waiting for work), and the cores each
-process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver, and the
-clients (this process); per model (embed, tokenizer, encoder) the ms a request spent in it
-and, of that, queued (Triton's statistics). With --spy, py-spy samples the encoder's and the
+Where a level's wall time goes: the share in encoder calls (qwen_embed_encode_seconds, from a
+call's start until its rows are read: on a GPU a call overlaps the next execute) and in encoder
+executes (Triton's model statistics; the rest of an execute is reading requests and waiting for
+the previous execute's answers, the rest of the wall is the encoder waiting for work), and the
+cores each process kept busy (/proc): the encoder's and tokenizer's Python stubs, tritonserver,
+and the clients (this process); per model (embed, tokenizer, encoder) the ms a request spent in
+it and, of that, queued (Triton's statistics). With --spy, py-spy samples the encoder's and the
 tokenizer's stubs' Python stacks while each level runs (without pausing them), each model's
-apart: the share of the wall each of our functions was on the stack (inclusive) and the
-frames the samples ended in (self), where the time outside the engine's forward goes. With
---direct the requests carry token ids (TOKEN_IDS) straight to the `encoder` model, as a client
-that tokenizes for itself sends them: no tokenizer step. With --gateway they are OpenAI
-embeddings requests (JSON, float vectors) to the HTTP gateway in front of the server, whose
-process's cores the table adds.
+apart: the share of the wall each of our functions was on the stack (inclusive) and the frames
+the samples ended in (self), where the time outside the engine's forward goes. With --direct
+the requests carry token ids (TOKEN_IDS) straight to the `encoder` model, as a client that
+tokenizes for itself sends them: no tokenizer step. With --gateway they are OpenAI embeddings
+requests (JSON, float vectors) to the HTTP gateway in front of the server, whose process's
+cores the table adds.
 """
 
 from __future__ import annotations
@@ -285,6 +286,12 @@ def main() -> None:
     p.add_argument(
         "--spy", action="store_true", help="sample the encoder's and tokenizer's stubs with py-spy"
     )
+    p.add_argument(
+        "--encoder-code",
+        type=Path,
+        help="serve this file as the encoder's model.py (an A/B of a change: e.g. `git show "
+        "REV:model_repository/encoder/1/model.py`)",
+    )
     args = p.parse_args()
     params = dict(item.split("=", 1) for item in args.encoder_param)
     per_request = args.texts_per_request
@@ -323,6 +330,8 @@ def main() -> None:
         encoder_instances=groups[0],
         tokenizer_instances=groups[1],
     )
+    if args.encoder_code is not None:
+        shutil.copy(args.encoder_code, Path(repo) / "encoder" / "1" / "model.py")
     with (
         TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server,
         gateway_in_front(server, args.gateway) as gateway,
@@ -372,6 +381,7 @@ def main() -> None:
         tokenizer_instances=groups[1],
         device=device,
         direct=args.direct,
+        encoder_code=str(args.encoder_code) if args.encoder_code else None,
         gateway=args.gateway,
         levels=rows,
         engine_alone=engine,
@@ -382,6 +392,7 @@ def main() -> None:
         f"{per_request} texts per request"
         f"{' of token ids straight to `encoder`' if args.direct else ''}"
         f"{' as OpenAI embeddings requests to the gateway' if args.gateway else ''}, "
+        f"{f'the encoder served from {args.encoder_code}, ' if args.encoder_code else ''}"
         f"{args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]

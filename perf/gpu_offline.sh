@@ -4,6 +4,7 @@
 # checkout. Made here, where pip works, for the machine's Python (default 3.12):
 #
 #     perf/gpu_offline.sh bundle [3.12]      # .gpu-bundle/: small wheels, NumPy 1, Triton
+#                                            # (BEFORE=REV: run serves REV's encoder too)
 #     perf/gpu_offline.sh run [SECONDS]      # there, from the repository root; OUT=dir for logs
 #     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
 #                                            # and videos against transformers, its GPU test)
@@ -119,6 +120,13 @@ gpu_steps() {
 	(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
 		--concurrency 1 16 64 --seconds 6 --encoder-param dtype=bfloat16 --spy \
 		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-1")
+	if [ -f $BUNDLE/encoder-before.py ]; then  # bundle's BEFORE: the same levels, its encoder
+		step "through Triton, 1 encoder instance, the encoder's model.py of $(cat $BUNDLE/encoder-before.rev)"
+		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
+			${off:+--encoder-param cuda_graph_tokens=0} --encoder-code ../$BUNDLE/encoder-before.py \
+			--out "$out/gpu-serving-before")
+	fi
 	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance"
 	(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
 		--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
@@ -268,6 +276,10 @@ bundle)
 	tar -C .cache -cf - --exclude='libpython3-*' --exclude=__pycache__ \
 		$(cd .cache && ls -d triton/pytriton/tritonserver/python_backend_stubs/* |
 			grep -v "/$py\$" | sed 's/^/--exclude=/') triton | xz -T0 -6 >$BUNDLE/triton.tar.xz
+	if [ -n "${BEFORE:-}" ]; then  # run's A/B of the encoder's execute against that commit's
+		git show "$BEFORE:model_repository/encoder/1/model.py" >$BUNDLE/encoder-before.py || exit 1
+		git log -1 --format=%h "$BEFORE" >$BUNDLE/encoder-before.rev
+	fi
 	du -sh $BUNDLE
 	;;
 run)
