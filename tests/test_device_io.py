@@ -47,31 +47,10 @@ def test_launched_calls_read_in_any_order_give_each_its_own_rows(checkpoint):
 
 
 @pytest.mark.gpu
-def test_a_launched_call_leaves_its_last_forward_to_result(checkpoint):
-    """Profiled: launch_checked waits on the events of all but its last batch; result()
-    waits on that one (a server plans its next batch meanwhile)."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    from torch.profiler import ProfilerActivity, profile
-
-    seqs = random_sequences([300, 280, 260, 240, 200, 150], seed=3)
-    with Encoder.from_pretrained(
-        checkpoint("qwen3_head128"), dtype="bfloat16", device="cuda:0", max_batch_tokens=600
-    ) as enc:
-        expected = enc.pool_checked(seqs)
-        with profile(activities=[ProfilerActivity.CPU]) as launched:
-            pending = enc.launch_checked(seqs)
-        with profile(activities=[ProfilerActivity.CPU]) as read:
-            rows = pending.result()
-    waits = [[e.name for e in p.events()].count("cudaEventSynchronize") for p in (launched, read)]
-    assert waits == [2, 1]  # 600-token batches: 3 of them
-    np.testing.assert_array_equal(rows, expected)
-
-
-@pytest.mark.gpu
 def test_a_gpu_forward_never_waits_for_the_host(checkpoint):
     """Profiled: no blocking copy or stream sync in embed(); the host waits on one event per
-    batch, each read after the next batch is queued."""
+    batch, each read after the next batch is queued. launch_checked waits on all but its last
+    batch's; result() on that one (a server plans its next batch meanwhile)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from torch.profiler import ProfilerActivity, profile
@@ -83,7 +62,15 @@ def test_a_gpu_forward_never_waits_for_the_host(checkpoint):
         enc.embed(seqs)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             enc.embed(seqs)
+        expected = enc.pool_checked(seqs)
+        with profile(activities=[ProfilerActivity.CPU]) as launched:
+            pending = enc.launch_checked(seqs)
+        with profile(activities=[ProfilerActivity.CPU]) as read:
+            rows = pending.result()
     calls = [e.name for e in prof.events()]
     blocking = [n for n in calls if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
     assert blocking == [] and "cudaMemcpy" not in calls
     assert calls.count("cudaEventSynchronize") == 3  # 600-token batches: 3 of them
+    waits = [[e.name for e in p.events()].count("cudaEventSynchronize") for p in (launched, read)]
+    assert waits == [2, 1]
+    np.testing.assert_array_equal(rows, expected)
