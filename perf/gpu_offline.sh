@@ -122,7 +122,7 @@ gpu_steps() {
 		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-1")
 	if [ -f $BUNDLE/encoder-before.py ]; then  # bundle's BEFORE: the same levels, its encoder
 		step "through Triton, 1 encoder instance, the encoder's model.py of $(cat $BUNDLE/encoder-before.rev)"
-		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+		(cd perf && timeout "$(left 55)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
 			${off:+--encoder-param cuda_graph_tokens=0} --encoder-code ../$BUNDLE/encoder-before.py \
 			--out "$out/gpu-serving-before")
