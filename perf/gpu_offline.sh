@@ -9,13 +9,16 @@
 #     perf/gpu_offline.sh vl [SECONDS]       # there: Qwen3-VL-Embedding-2B's shape only (images
 #                                            # and videos against transformers, its GPU test)
 #     perf/gpu_offline.sh lent [SECONDS]     # there: vl in about 2/5 of SECONDS, then run
-#                                            # in the rest: one command of 10 minutes (570)
+#                                            # in the rest: one command of 10 minutes (570);
+#                                            # called again on the warm machine, it passes
+#                                            # over the steps whose reports are there
 #     perf/gpu_offline.sh cpu [SECONDS]      # there: its host CPU's figures (the AMX Xeons
 #                                            # these machines come with), CUDA hidden
 #     perf/gpu_offline.sh all [SECONDS]      # both at once, on separate cores
-#     perf/gpu_offline.sh dry FILE           # here: the command lines of run, vl and every cpu
+#     perf/gpu_offline.sh dry FILE [DIR]     # here: the command lines of run, vl and every cpu
 #                                            # step, recorded in FILE instead of run (checked
-#                                            # against their scripts by tests/test_perf_scripts.py)
+#                                            # against their scripts by tests/test_perf_scripts.py);
+#                                            # DIR: reports of an earlier call, as if in place
 #
 # `cpu` runs, by default, the comparisons of record one after another in one lane: lanes share
 # the host's caches and memory, and beside another lane a comparison moved by a third or more. LANES
@@ -67,7 +70,13 @@ left() {
 	local l=$((end - $(date +%s)))
 	((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
 }
-step() { echo && echo "=== $(date -u +%T) $1"; }
+# step TITLE [REPORT]: a step's heading; false, and the step is passed over, where its REPORT is
+# in $out already: a second call on the still warm machine goes on where the first ran out.
+step() {
+	echo && echo "=== $(date -u +%T) $1"
+	[ -n "${2:-}" ] && [ -e "$out/$2" ] && echo "(done by an earlier call: $2)" && return 1
+	return 0
+}
 
 # Lanes of two cores, each on its own physical cores (no SMT sibling shares them), as on the
 # development machines: "A B C REST" where the host has 7 physical cores or more, else one lane.
@@ -98,79 +107,92 @@ lane() {
 }
 
 model=.cache/qwen3-0.6b-shape
+# In the order of what issue 58 must decide: correctness, the engine against its bound, Triton
+# against the engine (the answering thread's A/B at 16 and 64 clients), one-client graphs.
 gpu_steps() {
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 	python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
 	[ -f $model/config.json ] || timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.demo $model --layers 28
-	step "tests marked gpu"
-	timeout "$(left 40)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_cuda_graphs.py -k eager_vectors
-	graphs=$?  # where graphs fail, the figures below are the eager forward's
-	((graphs == 0)) && off="" || off=0
-	timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_cuda_graphs.py -k "not eager_vectors" tests/test_kernels.py tests/test_device_io.py \
-		tests/test_gpu_contracts.py tests/test_attention_backends.py tests/test_fp8.py
-	step "engine vs transformers (length-sorted batches too) and the linear layers' bound"
-	timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
-		--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
-		--out "$out/gpu-engine"
-	# Triton's path first: its 0.9x of the engine is the item furthest from its target
-	step "through Triton, 1 encoder instance"
-	(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
-		--concurrency 1 16 64 --seconds 6 --encoder-param dtype=bfloat16 --spy \
-		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-1")
-	if [ -f $BUNDLE/encoder-before.py ]; then  # bundle's BEFORE: the same levels, its encoder
-		step "through Triton, 1 encoder instance, the encoder's model.py of $(cat $BUNDLE/encoder-before.rev)"
-		(cd perf && timeout "$(left 55)" $pin python3 bench_serving.py --model-dir ../$model \
-			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
-			${off:+--encoder-param cuda_graph_tokens=0} --encoder-code ../$BUNDLE/encoder-before.py \
-			--out "$out/gpu-serving-before")
+	if step "tests marked gpu" gpu-tests.xml; then
+		timeout "$(left 40)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+			--junitxml "$out/gpu-tests-graphs.xml" tests/test_cuda_graphs.py -k eager_vectors
+		echo $? >"$out/graphs.status"
+		timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+			--junitxml "$out/gpu-tests.xml" tests/test_cuda_graphs.py -k "not eager_vectors" \
+			tests/test_kernels.py tests/test_device_io.py tests/test_gpu_contracts.py \
+			tests/test_attention_backends.py tests/test_fp8.py
 	fi
-	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance"
-	(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
-		--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
-		${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
-	if [ -z "$off" ]; then  # 16 clients' executes hold about 12K tokens: past 8,192, eager
-		step "through Triton, 1 encoder instance, graphs up to 16,384 tokens"
+	# where graphs fail, the figures below are the eager forward's
+	[ "$(cat "$out/graphs.status" 2>/dev/null)" = 0 ] && off="" || off=0
+	step "engine vs transformers (length-sorted batches too) and the linear layers' bound" gpu-engine.md &&
+		timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+			--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
+			--out "$out/gpu-engine"
+	step "through Triton, 1 encoder instance" gpu-serving-1.md &&
+		(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
+			--concurrency 1 16 64 --seconds 6 --encoder-param dtype=bfloat16 --spy \
+			${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-1")
+	if [ -f $BUNDLE/encoder-before.py ]; then  # bundle's BEFORE: the same levels, its encoder
+		step "through Triton, 1 encoder instance, the encoder's model.py of $(cat $BUNDLE/encoder-before.rev)" \
+			gpu-serving-before.md &&
+			(cd perf && timeout "$(left 55)" $pin python3 bench_serving.py --model-dir ../$model \
+				--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
+				${off:+--encoder-param cuda_graph_tokens=0} --encoder-code ../$BUNDLE/encoder-before.py \
+				--out "$out/gpu-serving-before")
+	fi
+	step "one graph per forward, attention inside, against the engine's graphs (a probe)" \
+		gpu-whole-graphs.md &&
+		(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
+			--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
+			--out "$out/gpu-whole-graphs")
+	step "through Triton, 2 encoder instances" gpu-serving-2.md &&
+		(cd perf && timeout "$(left 60)" $pin python3 bench_serving.py --model-dir ../$model \
+			--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
+			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances 2 --out "$out/gpu-serving-2")
+	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance" \
+		gpu-serving-direct.md &&
+		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
+			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
+			${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
+	# 16 clients' executes hold about 12K tokens: past 8,192, eager
+	[ -z "$off" ] && step "through Triton, 1 encoder instance, graphs up to 16,384 tokens" \
+		gpu-serving-graphs16384.md &&
 		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 16 --seconds 6 --encoder-param dtype=bfloat16 \
 			--encoder-param cuda_graph_tokens=16384 --out "$out/gpu-serving-graphs16384")
-	fi
-	step "where the GPU's time goes, the default graphs"
-	(cd perf && timeout "$(left 45)" $pin python3 profile_engine.py --model-dir ../$model \
-		--dtype bfloat16 --device cuda --texts 256 --texts-per-call 8 64 256 --rounds 2 \
-		${off:+--cuda-graph-tokens 0} --out "$out/gpu-profile")
-	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)"
-	timeout "$(left 75)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
-		--quantization fp8 --device cuda --workloads mixed short long --mixed-texts 1024 \
-		--transformers-reps 1 --sorted-batch-sizes ${off:+--cuda-graph-tokens 0} \
-		--out "$out/gpu-engine-fp8"
-	step "through Triton, 2 encoder instances"
-	(cd perf && timeout "$(left 60)" $pin python3 bench_serving.py --model-dir ../$model \
-		--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
-		${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances 2 --out "$out/gpu-serving-2")
-	step "cuDNN's ragged attention against FlashAttention-2 varlen, one layer's rows (a probe)"
-	(cd perf && timeout "$(left 45)" $pin python3 probe_cudnn_attention.py \
-		--out "$out/gpu-cudnn-attention")
-	step "one graph per forward, attention inside, against the engine's graphs (a probe)"
-	(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
-		--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
-		--out "$out/gpu-whole-graphs")
+	step "where the GPU's time goes, the default graphs" gpu-profile.md &&
+		(cd perf && timeout "$(left 45)" $pin python3 profile_engine.py --model-dir ../$model \
+			--dtype bfloat16 --device cuda --texts 256 --texts-per-call 8 64 256 --rounds 2 \
+			${off:+--cuda-graph-tokens 0} --out "$out/gpu-profile")
+	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)" gpu-engine-fp8.md &&
+		timeout "$(left 75)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+			--quantization fp8 --device cuda --workloads mixed short long --mixed-texts 1024 \
+			--transformers-reps 1 --sorted-batch-sizes ${off:+--cuda-graph-tokens 0} \
+			--out "$out/gpu-engine-fp8"
+	step "cuDNN's ragged attention against FlashAttention-2 varlen, one layer's rows (a probe)" \
+		gpu-cudnn-attention.md &&
+		(cd perf && timeout "$(left 45)" $pin python3 probe_cudnn_attention.py \
+			--out "$out/gpu-cudnn-attention")
+	return 0
 }
 
 vl_model=.cache/qwen3-vl-2b-shape
 gpu_vl_steps() {
-	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers and Jina's on the GPU against transformers"
-	timeout "$(left 90)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
-		tests/test_qwen3_vl.py tests/test_colqwen3.py tests/test_nemotron_colembed.py \
-		tests/test_colqwen2.py tests/test_jina_embeddings_v4.py tests/test_jina_reranker_m0.py
-	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound"
-	timeout "$(left 150)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
-		--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-images"
-	step "videos"
-	timeout "$(left 90)" $pin python3 perf/bench_engine.py --videos 64 --batch-size 8 \
-		--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-videos"
+	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers and Jina's on the GPU against transformers" \
+		gpu-vl-tests.xml &&
+		timeout "$(left 90)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+			--junitxml "$out/gpu-vl-tests.xml" tests/test_qwen3_vl.py tests/test_colqwen3.py \
+			tests/test_nemotron_colembed.py tests/test_colqwen2.py tests/test_jina_embeddings_v4.py \
+			tests/test_jina_reranker_m0.py
+	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound" \
+		gpu-vl-images.md &&
+		timeout "$(left 150)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
+			--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-images"
+	step "videos" gpu-vl-videos.md &&
+		timeout "$(left 90)" $pin python3 perf/bench_engine.py --videos 64 --batch-size 8 \
+			--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-videos"
+	return 0
 }
 
 # The CPU figures issue 36 asks of AMX, two cores per lane as on the development machines: the
@@ -329,6 +351,7 @@ dry)
 	record=$(realpath "${2:?dry FILE}")
 	real=$(command -v python3)
 	out=$(mktemp -d)
+	[ -n "${3:-}" ] && cp -r "$3"/. "$out"
 	stubs=$out/bin
 	mkdir "$stubs"
 	# The script's own helpers (python3 -c: the lanes, the CPU's tag) run; every other command

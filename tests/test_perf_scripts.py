@@ -265,17 +265,7 @@ def test_the_gpu_script_runs_only_command_lines_its_scripts_take(perf_imports, t
     instead of run, is taken by its script's own parser (unknown options, values of the wrong
     type or choice fail), and each pytest selection collects tests: a lent GPU's few minutes are
     not spent on an option renamed since its last run."""
-    record = tmp_path / "commands.jsonl"
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    subprocess.run(
-        ["bash", "perf/gpu_offline.sh", "dry", str(record)],
-        cwd=PERF.parent,
-        env={**os.environ, "PATH": path},
-        capture_output=True,
-        check=True,
-        timeout=120,
-    )
-    commands = [json.loads(line) for line in record.read_text().splitlines()]
+    commands = _dry_run(tmp_path)
     scripts = {Path(argv[0]).name for _, *argv in commands if argv[0].endswith(".py")}
     assert {"bench_engine.py", "bench_serving.py", "profile_engine.py"} <= scripts, scripts
     selections = [argv[2:] for _, *argv in commands if argv[:2] == ["-m", "pytest"]]
@@ -294,6 +284,63 @@ def test_the_gpu_script_runs_only_command_lines_its_scripts_take(perf_imports, t
     codes = json.loads(out.splitlines()[-1])
     failed = [" ".join(s) for s, code in zip(selections, codes, strict=True) if code]
     assert not failed, f"pytest selections that collect nothing or fail: {failed}"
+
+
+def _dry_run(tmp_path, earlier: dict[str, str] | None = None) -> list[list[str]]:
+    """The command lines perf/gpu_offline.sh dry records ([cwd, arguments...] each), with the
+    files of `earlier` (name -> text) in its report folder as an earlier call left them."""
+    tmp_path.mkdir(exist_ok=True)
+    record = tmp_path / "commands.jsonl"
+    args = ["bash", "perf/gpu_offline.sh", "dry", str(record)]
+    if earlier is not None:
+        (tmp_path / "earlier").mkdir()
+        for name, text in earlier.items():
+            (tmp_path / "earlier" / name).write_text(text)
+        args.append(str(tmp_path / "earlier"))
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    subprocess.run(
+        args,
+        cwd=PERF.parent,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def _outs(commands: list[list[str]]) -> set[str]:
+    """The reports the command lines write: --out's and --junitxml's file names."""
+    names = set()
+    for _, *argv in commands:
+        for flag in ("--out", "--junitxml"):
+            if flag in argv:
+                names.add(Path(argv[argv.index(flag) + 1]).name)
+    return names
+
+
+@pytest.mark.server
+def test_a_second_gpu_call_passes_over_the_steps_the_first_reported(tmp_path):
+    """A lent GPU's second call on the warm machine goes on where the first ran out of time:
+    the steps whose reports are there already are not run again, the graphs' verdict of the
+    first call's tests holds (a failed check keeps the figures eager), the others run."""
+    earlier = {
+        "gpu-tests-graphs.xml": "<testsuites/>",
+        "gpu-tests.xml": "<testsuites/>",
+        "graphs.status": "1\n",
+        "gpu-engine.md": "# engine",
+        "gpu-vl-images.md": "# images",
+    }
+    first = _outs(_dry_run(tmp_path / "first"))
+    commands = _dry_run(tmp_path / "second", earlier)
+    second = _outs(commands)
+    assert {"gpu-tests.xml", "gpu-engine", "gpu-vl-images", "gpu-serving-1"} <= first, first
+    assert not second & {"gpu-tests-graphs.xml", "gpu-tests.xml", "gpu-engine", "gpu-vl-images"}
+    assert {"gpu-serving-1", "gpu-whole-graphs", "gpu-vl-videos", "gpu-engine-fp8"} <= second
+    # the first call's graph check failed: eager figures, and no step for bigger graphs
+    serving = next(argv for _, *argv in commands if "gpu-serving-1" in " ".join(argv))
+    assert "cuda_graph_tokens=0" in serving
+    assert "gpu-serving-graphs16384" not in second and "gpu-serving-graphs16384" in first
 
 
 # Each pytest selection (a JSON list of argument lists) collected in turn; the exit codes last.
