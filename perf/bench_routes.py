@@ -1,7 +1,7 @@
 """The engine in process on one model, two or more ways of running it taking turns on the same
 texts: what a route choice (packed weights, the batch-invariant GEMM, int8 layouts, the
 attention operator, LoRA adapters per request or merged) is worth end to end, the engine against
-its GEMM bound, and long texts.
+its GEMM bound, long texts, and any encoder setting's values on the CPU or a GPU.
 
     python bench_routes.py prepack [--dtypes bfloat16 float32]
     python bench_routes.py bf16_gemm [--rounds 4]
@@ -10,6 +10,7 @@ its GEMM bound, and long texts.
     python bench_routes.py lengths [--lengths 128 512 2048 8192]
     python bench_routes.py long [--lengths 8192 16384 32768]
     python bench_routes.py adapters [--adapters 3] [--rank 16]
+    python bench_routes.py settings --variant "" --variant cuda_graph_tokens=16384 [--device cuda]
 
 Each subcommand writes its own report (results/<subcommand>.md and .json by default); `python
 bench_routes.py SUBCOMMAND --help` says what it measures and how. The oneDNN primitive cache
@@ -56,8 +57,10 @@ from qwen_embed.engine import FLOAT_GEMMS, TORCH_DTYPES  # noqa: E402
 from qwen_embed.layers import _Linear, linear_weight_dtype  # noqa: E402
 from qwen_embed.onednn import PackedWeight, brgemm_runs  # noqa: E402
 from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
+from qwen_embed.settings import EncoderSettings  # noqa: E402
 from qwen_embed_deploy.demo import ENDOFTEXT_ID, build_demo_adapter  # noqa: E402
 
+from bench_engine import linear_bound, workload  # noqa: E402
 from bench_peers import linear_shapes  # noqa: E402
 from workload import alternate, alternate_forwards, make_queries, make_texts  # noqa: E402
 
@@ -949,6 +952,145 @@ def adapters(args: argparse.Namespace) -> None:
     write_report(args.out, record, "LoRA adapters per request against merged", notes, table)
 
 
+# ---------------------------------------------------------------- settings
+
+SETTINGS_DOC = """\
+Encoder settings on one model: each variant its own Encoder, all loaded at once and taking turns
+on the same texts, so what a setting's value is worth end to end on a workload is read on the
+machine at hand (on a GPU, the forward's size against its graphs, for one).
+
+    python bench_routes.py settings --model-dir .cache/qwen3-0.6b-shape --device cuda \\
+        --dtype bfloat16 --variant "" --variant cuda_graph_tokens=16384 \\
+        --variant max_batch_tokens=8192 [--workloads short mixed long] [--rounds 3]
+
+A variant is comma-separated KEY=VALUE encoder settings (docs/configuration.md) over the
+defaults, --device and --dtype; the first (often "", the defaults) is the one the others are
+compared with. The workloads are bench_engine's ids (mixed: 1,024 texts, 80% of 16-64 tokens
+and 20% of 256-1,024; short: 2,048 of 8-40; long: 64 of 2,048-4,096), --scale times as many.
+Per workload, each variant's embed() of all its texts once to warm up (graphs captured, plans
+made), then --rounds turns, the order reversed every other turn: its forwards per embed(),
+tokens/s of the median turn, the median of the turns' ratios to the first variant, and the min
+cosine of its vectors against the first's. On a GPU, the share of the model's linear layers'
+cuBLAS bound at the rows of the variant's forwards (bench_engine.linear_bound).
+"""
+
+WORKLOAD_TEXTS = {"mixed": 1024, "short": 2048, "long": 64}
+
+
+def settings_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", default=str(REPO / ".cache" / "demo-model"))
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="a variant's settings over the defaults ('': the defaults); the first is the base",
+    )
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOAD_TEXTS), choices=WORKLOAD_TEXTS)
+    p.add_argument("--scale", type=float, default=1.0, help="texts per workload, times this")
+    p.add_argument("--rounds", type=int, default=3)
+
+
+def variant_settings(variant: str, device: str, dtype: str) -> EncoderSettings:
+    """A --variant's EncoderSettings: its KEY=VALUE pairs over the defaults, device and dtype."""
+    params = {"device": device, "dtype": dtype}
+    for item in filter(None, (part.strip() for part in variant.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variant {variant!r}: {item!r} is not KEY=VALUE")
+        params[key.strip()] = value.strip()
+    return EncoderSettings.from_parameters(params)
+
+
+def _embedding(enc: Encoder, seqs, into: dict, name: str):
+    """A call of enc.embed(seqs), its vectors kept as into[name]."""
+
+    def call():
+        into[name] = enc.embed(seqs)
+
+    return call
+
+
+def settings(args: argparse.Namespace) -> None:
+    names = [v or "defaults" for v in args.variant]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--variant given twice: {args.variant}")
+    with contextlib.ExitStack() as stack:
+        encoders = {
+            name: stack.enter_context(
+                Encoder.from_pretrained(
+                    args.model_dir, variant_settings(v, args.device, args.dtype)
+                )
+            )
+            for name, v in zip(names, args.variant, strict=True)
+        }
+        base = encoders[names[0]]
+        gpu = base.device.type == "cuda"
+        config = base.config
+        rows = []
+        for kind in args.workloads:
+            n = max(1, round(WORKLOAD_TEXTS[kind] * args.scale))
+            # within the model's vocabulary: a replica's may be smaller than Qwen's
+            seqs = [[i % config.vocab_size for i in s] for s in workload(kind, n, 0, 0)]
+            tokens = sum(map(len, seqs))
+            vectors = {}
+            calls = {name: _embedding(enc, seqs, vectors, name) for name, enc in encoders.items()}
+            before = {name: enc.stats["forwards"] for name, enc in encoders.items()}
+            seconds = taking_turns(calls, args.rounds)
+            for name, enc in encoders.items():
+                row = {
+                    "workload": kind,
+                    "texts": n,
+                    "tokens": tokens,
+                    "variant": name,
+                    "tokens_per_s": tokens / statistics.median(seconds[name]),
+                    "x_base": statistics.median(
+                        b / s for b, s in zip(seconds[names[0]], seconds[name], strict=True)
+                    ),
+                    "min_cosine": float(cosines(vectors[name], vectors[names[0]]).min()),
+                    "forwards": (enc.stats["forwards"] - before[name]) / (args.rounds + 1),
+                }
+                if gpu:
+                    forward_rows = min(tokens, enc.max_batch_tokens)
+                    dtype = TORCH_DTYPES[enc.route.dtype]
+                    bound = linear_bound(config, forward_rows, dtype, enc.device, 3)
+                    row["fraction_of_bound"] = row["tokens_per_s"] / bound
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        routes = {name: enc.route.describe() for name, enc in encoders.items()}
+    record = new_record(
+        model_dir=args.model_dir, device=args.device, dtype=args.dtype, routes=routes, rows=rows
+    )
+    header = ["workload", "texts", "tokens", "variant", "forwards", "tok/s", "x first"]
+    header += ["min cosine"]
+    header += ["share of the linear bound"] if any("fraction_of_bound" in r for r in rows) else []
+    cells = [
+        [
+            r["workload"],
+            r["texts"],
+            r["tokens"],
+            r["variant"],
+            f"{r['forwards']:g}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['x_base']:.3f}",
+            f"{r['min_cosine']:.6f}",
+            *([f"{r['fraction_of_bound']:.0%}"] if "fraction_of_bound" in r else []),
+        ]
+        for r in rows
+    ]
+    notes = [
+        f"model: {args.model_dir}; {args.rounds} turns per workload after a warm-up, the order "
+        "reversed every other turn; tok/s of the median turn; x first: the median of the turns' "
+        f"ratios to {names[0]!r}; min cosine against its vectors",
+        *(f"{name}: {route}" for name, route in routes.items()),
+    ]
+    write_report(
+        args.out, record, "Encoder settings taking turns", notes, markdown_table(header, cells)
+    )
+
+
 COMMANDS = {
     "prepack": (PREPACK_DOC, prepack_arguments, prepack),
     "bf16_gemm": (BF16_GEMM_DOC, bf16_gemm_arguments, bf16_gemm),
@@ -957,6 +1099,7 @@ COMMANDS = {
     "lengths": (LENGTHS_DOC, lengths_arguments, lengths),
     "long": (LONG_DOC, long_arguments, long),
     "adapters": (ADAPTERS_DOC, adapters_arguments, adapters),
+    "settings": (SETTINGS_DOC, settings_arguments, settings),
 }
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -126,6 +127,34 @@ def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, nam
     assert buffers["cu"].tolist() == [0, 10, 19, 27, 33, 37, 40, 40, 40]
     assert buffers["cu_last"].tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 6]
     assert buffers["last"][:6].tolist() == [9, 18, 26, 32, 36, 39]
+
+
+def test_settings_variants_each_run_their_own_encoder(perf_imports, checkpoint, tmp_path):
+    """bench_routes settings: every variant an Encoder of its own settings, taking turns on the
+    workload's texts (short queries: the replica reads 512 tokens at most): the same vectors,
+    the first variant the others' yardstick, a smaller token budget more forwards per embed();
+    a variant that is not KEY=VALUE, or names no setting, is refused."""
+    import bench_routes
+
+    out = tmp_path / "settings"
+    argv = ["settings", "--model-dir", str(checkpoint("qwen3")), "--dtype", "float32"]
+    argv += ["--variant", "", "--variant", "max_batch_tokens=128", "--variant", "prefix_reuse=off"]
+    argv += ["--workloads", "short", "--scale", "0.01", "--rounds", "1", "--out", str(out)]
+    with mock.patch.object(sys, "argv", ["bench_routes.py", *argv]):
+        bench_routes.main()
+    rows = {r["variant"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    assert list(rows) == ["defaults", "max_batch_tokens=128", "prefix_reuse=off"]
+    for r in rows.values():
+        assert (r["workload"], r["texts"]) == ("short", 20)
+        assert r["min_cosine"] > 0.99999 and r["tokens_per_s"] > 0, r
+    assert rows["defaults"]["x_base"] == 1.0
+    # 20 queries of 8-40 tokens: one forward in the default budget, 3 or more in 128 tokens
+    assert rows["defaults"]["forwards"] == rows["prefix_reuse=off"]["forwards"] == 1
+    assert rows["max_batch_tokens=128"]["forwards"] >= 3
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        bench_routes.variant_settings("max_batch_tokens", "cpu", "auto")
+    with pytest.raises(ValueError, match="unknown encoder parameter"):
+        bench_routes.variant_settings("batch_tokens=5", "cpu", "auto")
 
 
 def test_revisions_measure_a_side_and_report_the_pairs(perf_imports, demo_dir):
