@@ -287,6 +287,13 @@ def main() -> None:
         "--spy", action="store_true", help="sample the encoder's and tokenizer's stubs with py-spy"
     )
     p.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of the server and its models' stubs, e.g. TOKENIZERS_PARALLELISM=false",
+    )
+    p.add_argument(
         "--encoder-code",
         type=Path,
         help="serve this file as the encoder's model.py (an A/B of a change: e.g. `git show "
@@ -318,7 +325,8 @@ def main() -> None:
     print(json.dumps({"engine_alone": engine}), flush=True)
 
     rows = []
-    env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve())}
+    server_env = dict(item.split("=", 1) for item in args.server_env)
+    env = {"QWEN_EMBED_MODEL_DIR": str(Path(args.model_dir).resolve()), **server_env}
     groups = (args.encoder_instances, None)
     if device.startswith("cuda") and args.encoder_instances is None:
         cpus = len(os.sched_getaffinity(0))
@@ -382,6 +390,7 @@ def main() -> None:
         device=device,
         direct=args.direct,
         encoder_code=str(args.encoder_code) if args.encoder_code else None,
+        server_env=server_env,
         gateway=args.gateway,
         levels=rows,
         engine_alone=engine,
@@ -393,6 +402,7 @@ def main() -> None:
         f"{' of token ids straight to `encoder`' if args.direct else ''}"
         f"{' as OpenAI embeddings requests to the gateway' if args.gateway else ''}, "
         f"{f'the encoder served from {args.encoder_code}, ' if args.encoder_code else ''}"
+        f"{f'the server started with {server_env}, ' if server_env else ''}"
         f"{args.seconds:.0f} s per level; texts: 80% 16-64 "
         "words, 20% 256-1024 words; every answer checked against the engine's vectors",
     ]

@@ -156,6 +156,13 @@ gpu_steps() {
 		(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
 			--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
 			--out "$out/gpu-whole-graphs")
+	# each tokenizer instance is a process of its own: tokenizing a request on one thread, not on
+	# a pool of as many threads as the host has cores in every one of them
+	step "through Triton, 1 encoder instance, tokenizers on one thread each" gpu-serving-tok1.md &&
+		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 --spy \
+			--server-env TOKENIZERS_PARALLELISM=false ${off:+--encoder-param cuda_graph_tokens=0} \
+			--out "$out/gpu-serving-tok1")
 	step "through Triton, 2 encoder instances" gpu-serving-2.md &&
 		(cd perf && timeout "$(left 60)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
