@@ -143,12 +143,12 @@ gpu_steps() {
 	fi
 	# what the defaults leave on the table per workload (short and long texts are short of 45%)
 	if [ -z "$off" ]; then
-		variants=("" cuda_graph_tokens=16384 max_batch_tokens=8192 max_batch_tokens=32768 prefix_reuse=off)
+		variants=("" cuda_graph_tokens=16384 max_batch_tokens=8192 prefix_reuse=off)
 	else
 		variants=(cuda_graph_tokens=0 cuda_graph_tokens=0,max_batch_tokens=32768 cuda_graph_tokens=0,prefix_reuse=off)
 	fi
 	step "encoder settings taking turns on the engine's workloads" gpu-settings.md &&
-		(cd perf && timeout "$(left 75)" $pin python3 bench_routes.py settings --model-dir ../$model \
+		(cd perf && timeout "$(left 90)" $pin python3 bench_routes.py settings --model-dir ../$model \
 			--device cuda --dtype bfloat16 ${variants[@]/#/--variant=} --rounds 3 \
 			--out "$out/gpu-settings")
 	step "one graph per forward, attention inside, against the engine's graphs (a probe)" \
