@@ -18,7 +18,8 @@
 #     perf/gpu_offline.sh dry FILE [DIR]     # here: the command lines of run, vl and every cpu
 #                                            # step, recorded in FILE instead of run (checked
 #                                            # against their scripts by tests/test_perf_scripts.py);
-#                                            # DIR: reports of an earlier call, as if in place
+#                                            # DIR: reports of an earlier call, as if in place;
+#                                            # DRY_SECONDS: the budget (600)
 #
 # `cpu` runs, by default, the comparisons of record one after another in one lane: lanes share
 # the host's caches and memory, and beside another lane a comparison moved by a third or more. LANES
@@ -35,6 +36,7 @@
 set -u
 BUNDLE=.gpu-bundle
 out=/tmp/gpu-offline
+step_cap=0
 
 start() {  # budget: the machine, the bundle installed, the reports sent back when it is spent
 	budget=$1
@@ -66,15 +68,20 @@ start() {  # budget: the machine, the bundle installed, the reports sent back wh
 	python3 -m qwen_embed_deploy.triton install && touch /tmp/site/.bundle-installed .cache/triton/.installed
 }
 send_back() { tar -czf "$OUT/reports.tgz" -C "$out" . 2>/dev/null; cp "$out/log.txt" "$OUT/" 2>/dev/null; }
-left() {
-	local l=$((end - $(date +%s)))
-	((l < $1)) && echo $((l > 5 ? l : 5)) || echo "$1"
+left() {  # left [CAP]: seconds for a command, at most CAP (default: the step's)
+	local cap=${1:-$step_cap} l=$((end - $(date +%s)))
+	((l < cap)) && echo $((l > 5 ? l : 5)) || echo "$cap"
 }
-# step TITLE [REPORT]: a step's heading; false, and the step is passed over, where its REPORT is
-# in $out already: a second call on the still warm machine goes on where the first ran out.
+# step TITLE [REPORT CAP]: a step's heading; with a REPORT, false (the step passed over) where
+# that report is in $out already, so that a second call on the still warm machine goes on where
+# the first ran out, or where less than 2/3 of the step's CAP seconds are left: a step cut short
+# reports nothing, and the time is better left to shorter steps and a later call.
 step() {
 	echo && echo "=== $(date -u +%T) $1"
-	[ -n "${2:-}" ] && [ -e "$out/$2" ] && echo "(done by an earlier call: $2)" && return 1
+	step_cap=${3:-0}
+	[ -n "${2:-}" ] || return 0
+	[ -e "$out/$2" ] && echo "(done by an earlier call: $2)" && return 1
+	((end - $(date +%s) < step_cap * 2 / 3)) && echo "(left for a later call: under 2/3 of its ${step_cap} s)" && return 1
 	return 0
 }
 
@@ -114,7 +121,7 @@ gpu_steps() {
 	python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 	step "model: Qwen3-Embedding-0.6B's shape, 28 layers, random weights"
 	[ -f $model/config.json ] || timeout "$(left 60)" $pin python3 -m qwen_embed_deploy.demo $model --layers 28
-	if step "tests marked gpu" gpu-tests.xml; then
+	if step "tests marked gpu" gpu-tests.xml 100; then
 		timeout "$(left 40)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 			--junitxml "$out/gpu-tests-graphs.xml" tests/test_cuda_graphs.py -k eager_vectors
 		echo $? >"$out/graphs.status"
@@ -125,18 +132,18 @@ gpu_steps() {
 	fi
 	# where graphs fail, the figures below are the eager forward's
 	[ "$(cat "$out/graphs.status" 2>/dev/null)" = 0 ] && off="" || off=0
-	step "engine vs transformers (length-sorted batches too) and the linear layers' bound" gpu-engine.md &&
-		timeout "$(left 120)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+	step "engine vs transformers (length-sorted batches too) and the linear layers' bound" gpu-engine.md 120 &&
+		timeout "$(left)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 			--device cuda --workloads mixed short long --mixed-texts 1024 ${off:+--cuda-graph-tokens 0} \
 			--out "$out/gpu-engine"
-	step "through Triton, 1 encoder instance" gpu-serving-1.md &&
-		(cd perf && timeout "$(left 75)" $pin python3 bench_serving.py --model-dir ../$model \
+	step "through Triton, 1 encoder instance" gpu-serving-1.md 75 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 1 16 64 --seconds 6 --encoder-param dtype=bfloat16 --spy \
 			${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-1")
 	if [ -f $BUNDLE/encoder-before.py ]; then  # bundle's BEFORE: the same levels, its encoder
 		step "through Triton, 1 encoder instance, the encoder's model.py of $(cat $BUNDLE/encoder-before.rev)" \
-			gpu-serving-before.md &&
-			(cd perf && timeout "$(left 55)" $pin python3 bench_serving.py --model-dir ../$model \
+			gpu-serving-before.md 55 &&
+			(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model \
 				--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
 				${off:+--encoder-param cuda_graph_tokens=0} --encoder-code ../$BUNDLE/encoder-before.py \
 				--out "$out/gpu-serving-before")
@@ -147,49 +154,49 @@ gpu_steps() {
 	else
 		variants=(cuda_graph_tokens=0 cuda_graph_tokens=0,max_batch_tokens=32768 cuda_graph_tokens=0,prefix_reuse=off)
 	fi
-	step "encoder settings taking turns on the engine's workloads" gpu-settings.md &&
-		(cd perf && timeout "$(left 90)" $pin python3 bench_routes.py settings --model-dir ../$model \
+	step "encoder settings taking turns on the engine's workloads" gpu-settings.md 90 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_routes.py settings --model-dir ../$model \
 			--device cuda --dtype bfloat16 ${variants[@]/#/--variant=} --rounds 3 \
 			--out "$out/gpu-settings")
 	step "one graph per forward, attention inside, against the engine's graphs (a probe)" \
-		gpu-whole-graphs.md &&
-		(cd perf && timeout "$(left 60)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
+		gpu-whole-graphs.md 60 &&
+		(cd perf && timeout "$(left)" $pin python3 probe_whole_graphs.py --model-dir ../$model \
 			--dtype bfloat16 --device cuda --texts-per-call 1 8 64 --calls 24 --rounds 2 \
 			--out "$out/gpu-whole-graphs")
 	# each tokenizer instance is a process of its own: tokenizing a request on one thread, not on
 	# a pool of as many threads as the host has cores in every one of them
-	step "through Triton, 1 encoder instance, tokenizers on one thread each" gpu-serving-tok1.md &&
-		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+	step "through Triton, 1 encoder instance, tokenizers on one thread each" gpu-serving-tok1.md 45 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 --spy \
 			--server-env TOKENIZERS_PARALLELISM=false ${off:+--encoder-param cuda_graph_tokens=0} \
 			--out "$out/gpu-serving-tok1")
-	step "through Triton, 2 encoder instances" gpu-serving-2.md &&
-		(cd perf && timeout "$(left 60)" $pin python3 bench_serving.py --model-dir ../$model \
+	step "through Triton, 2 encoder instances" gpu-serving-2.md 60 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 16 64 --seconds 6 --encoder-param dtype=bfloat16 \
 			${off:+--encoder-param cuda_graph_tokens=0} --gpu-instances 2 --out "$out/gpu-serving-2")
 	step "straight to the encoder (token ids, no tokenizer step), 1 encoder instance" \
-		gpu-serving-direct.md &&
-		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model --direct \
+		gpu-serving-direct.md 45 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model --direct \
 			--concurrency 1 16 --seconds 6 --encoder-param dtype=bfloat16 \
 			${off:+--encoder-param cuda_graph_tokens=0} --out "$out/gpu-serving-direct")
 	# 16 clients' executes hold about 12K tokens: past 8,192, eager
 	[ -z "$off" ] && step "through Triton, 1 encoder instance, graphs up to 16,384 tokens" \
-		gpu-serving-graphs16384.md &&
-		(cd perf && timeout "$(left 45)" $pin python3 bench_serving.py --model-dir ../$model \
+		gpu-serving-graphs16384.md 45 &&
+		(cd perf && timeout "$(left)" $pin python3 bench_serving.py --model-dir ../$model \
 			--concurrency 16 --seconds 6 --encoder-param dtype=bfloat16 \
 			--encoder-param cuda_graph_tokens=16384 --out "$out/gpu-serving-graphs16384")
-	step "where the GPU's time goes, the default graphs" gpu-profile.md &&
-		(cd perf && timeout "$(left 45)" $pin python3 profile_engine.py --model-dir ../$model \
+	step "where the GPU's time goes, the default graphs" gpu-profile.md 45 &&
+		(cd perf && timeout "$(left)" $pin python3 profile_engine.py --model-dir ../$model \
 			--dtype bfloat16 --device cuda --texts 256 --texts-per-call 8 64 256 --rounds 2 \
 			${off:+--cuda-graph-tokens 0} --out "$out/gpu-profile")
-	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)" gpu-engine-fp8.md &&
-		timeout "$(left 75)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
+	step "the fp8 route: the same texts, its bound (q|k, gate|up, down as fp8 GEMMs)" gpu-engine-fp8.md 75 &&
+		timeout "$(left)" $pin python3 perf/bench_engine.py --model-dir $model --dtype bfloat16 \
 			--quantization fp8 --device cuda --workloads mixed short long --mixed-texts 1024 \
 			--transformers-reps 1 --sorted-batch-sizes ${off:+--cuda-graph-tokens 0} \
 			--out "$out/gpu-engine-fp8"
 	step "cuDNN's ragged attention against FlashAttention-2 varlen, one layer's rows (a probe)" \
-		gpu-cudnn-attention.md &&
-		(cd perf && timeout "$(left 45)" $pin python3 probe_cudnn_attention.py \
+		gpu-cudnn-attention.md 45 &&
+		(cd perf && timeout "$(left)" $pin python3 probe_cudnn_attention.py \
 			--out "$out/gpu-cudnn-attention")
 	return 0
 }
@@ -197,17 +204,17 @@ gpu_steps() {
 vl_model=.cache/qwen3-vl-2b-shape
 gpu_vl_steps() {
 	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers and Jina's on the GPU against transformers" \
-		gpu-vl-tests.xml &&
-		timeout "$(left 90)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
+		gpu-vl-tests.xml 90 &&
+		timeout "$(left)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 			--junitxml "$out/gpu-vl-tests.xml" tests/test_qwen3_vl.py tests/test_colqwen3.py \
 			tests/test_nemotron_colembed.py tests/test_colqwen2.py tests/test_jina_embeddings_v4.py \
 			tests/test_jina_reranker_m0.py
 	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound" \
-		gpu-vl-images.md &&
-		timeout "$(left 150)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
+		gpu-vl-images.md 150 &&
+		timeout "$(left)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
 			--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-images"
-	step "videos" gpu-vl-videos.md &&
-		timeout "$(left 90)" $pin python3 perf/bench_engine.py --videos 64 --batch-size 8 \
+	step "videos" gpu-vl-videos.md 90 &&
+		timeout "$(left)" $pin python3 perf/bench_engine.py --videos 64 --batch-size 8 \
 			--model-dir $vl_model --vl-shape 2b --device cuda --dtype bfloat16 --out "$out/gpu-vl-videos"
 	return 0
 }
@@ -381,7 +388,7 @@ EOF
 	printf '#!/bin/sh\necho "dry run: no GPU"\n' >"$stubs/nvidia-smi"
 	chmod +x "$stubs/python3" "$stubs/nvidia-smi"
 	export PATH=$stubs:$PATH
-	end=$(($(date +%s) + 600))
+	end=$(($(date +%s) + ${DRY_SECONDS:-600}))
 	pin=""
 	gpu_steps
 	gpu_vl_steps

@@ -315,9 +315,12 @@ def test_the_gpu_script_runs_only_command_lines_its_scripts_take(perf_imports, t
     assert not failed, f"pytest selections that collect nothing or fail: {failed}"
 
 
-def _dry_run(tmp_path, earlier: dict[str, str] | None = None) -> list[list[str]]:
-    """The command lines perf/gpu_offline.sh dry records ([cwd, arguments...] each), with the
-    files of `earlier` (name -> text) in its report folder as an earlier call left them."""
+def _dry_run(
+    tmp_path, earlier: dict[str, str] | None = None, seconds: int = 600
+) -> list[list[str]]:
+    """The command lines perf/gpu_offline.sh dry records ([cwd, arguments...] each) in a
+    budget of `seconds`, with the files of `earlier` (name -> text) in its report folder as an
+    earlier call left them."""
     tmp_path.mkdir(exist_ok=True)
     record = tmp_path / "commands.jsonl"
     args = ["bash", "perf/gpu_offline.sh", "dry", str(record)]
@@ -330,7 +333,7 @@ def _dry_run(tmp_path, earlier: dict[str, str] | None = None) -> list[list[str]]
     subprocess.run(
         args,
         cwd=PERF.parent,
-        env={**os.environ, "PATH": path},
+        env={**os.environ, "PATH": path, "DRY_SECONDS": str(seconds)},
         capture_output=True,
         check=True,
         timeout=120,
@@ -370,6 +373,16 @@ def test_a_second_gpu_call_passes_over_the_steps_the_first_reported(tmp_path):
     serving = next(argv for _, *argv in commands if "gpu-serving-1" in " ".join(argv))
     assert "cuda_graph_tokens=0" in serving
     assert "gpu-serving-graphs16384" not in second and "gpu-serving-graphs16384" in first
+
+
+@pytest.mark.server
+def test_a_gpu_step_that_cannot_finish_is_left_for_a_later_call(tmp_path):
+    """With less than 2/3 of a step's seconds left, the step does not start (cut short, it
+    would report nothing): shorter steps after it still run, in a budget of 70 s the engine's
+    (120 s) and the VL images' (150 s) wait for a later call, Triton's (75 s) runs."""
+    commands = _outs(_dry_run(tmp_path, seconds=70))
+    assert "gpu-engine" not in commands and "gpu-vl-images" not in commands, commands
+    assert {"gpu-serving-1", "gpu-tests.xml", "gpu-vl-videos"} <= commands, commands
 
 
 # Each pytest selection (a JSON list of argument lists) collected in turn; the exit codes last.
