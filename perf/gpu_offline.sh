@@ -152,7 +152,7 @@ gpu_steps() {
 	if [ -z "$off" ]; then
 		variants=("" cuda_graph_tokens=16384 max_batch_tokens=8192 prefix_reuse=off)
 	else
-		variants=(cuda_graph_tokens=0 cuda_graph_tokens=0,max_batch_tokens=32768 cuda_graph_tokens=0,prefix_reuse=off)
+		variants=(cuda_graph_tokens=0 cuda_graph_tokens=0,prefix_reuse=off)
 	fi
 	step "encoder settings taking turns on the engine's workloads" gpu-settings.md 90 &&
 		(cd perf && timeout "$(left)" $pin python3 bench_routes.py settings --model-dir ../$model \

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -129,7 +128,9 @@ def test_whole_graph_probe_gives_the_eager_vectors(perf_imports, checkpoint, nam
     assert buffers["last"][:6].tolist() == [9, 18, 26, 32, 36, 39]
 
 
-def test_settings_variants_each_run_their_own_encoder(perf_imports, checkpoint, tmp_path):
+def test_settings_variants_each_run_their_own_encoder(
+    perf_imports, checkpoint, tmp_path, monkeypatch
+):
     """bench_routes settings: every variant an Encoder of its own settings, taking turns on the
     workload's texts (short queries: the replica reads 512 tokens at most): the same vectors,
     the first variant the others' yardstick, a smaller token budget more forwards per embed();
@@ -140,8 +141,8 @@ def test_settings_variants_each_run_their_own_encoder(perf_imports, checkpoint, 
     argv = ["settings", "--model-dir", str(checkpoint("qwen3")), "--dtype", "float32"]
     argv += ["--variant", "", "--variant", "max_batch_tokens=128", "--variant", "prefix_reuse=off"]
     argv += ["--workloads", "short", "--scale", "0.01", "--rounds", "1", "--out", str(out)]
-    with mock.patch.object(sys, "argv", ["bench_routes.py", *argv]):
-        bench_routes.main()
+    monkeypatch.setattr(sys, "argv", ["bench_routes.py", *argv])
+    bench_routes.main()
     rows = {r["variant"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
     assert list(rows) == ["defaults", "max_batch_tokens=128", "prefix_reuse=off"]
     for r in rows.values():

@@ -149,13 +149,13 @@ class TritonPythonModel:
         unanswered = {i for i, _, _ in accepted + chunked + per_token + with_media + listwise}
         # Every metric moves before the answers it covers leave (_Answers.send calls
         # metrics.flush): a client that reads the metrics after its response sees its request.
-        all_seqs = [s for _, _, seqs in accepted for s in seqs]
-        all_seqs += [getattr(t, "ids", t) for _, _, texts in per_token for t in texts]
-        all_seqs += [t.ids for _, _, texts in chunked + with_media for t in texts]
-        all_seqs += [b.ids for _, _, blocks in listwise for b in blocks]
+        lengths = [len(s) for _, _, seqs in accepted for s in seqs]
+        lengths += [len(getattr(t, "ids", t)) for _, _, texts in per_token for t in texts]
+        lengths += [len(t.ids) for _, _, texts in chunked + with_media for t in texts]
+        lengths += [len(b.ids) for _, _, blocks in listwise for b in blocks]
         requests_in = len(accepted) + len(chunked) + len(per_token) + len(with_media)
         requests_in += len(listwise)
-        answer.later(self.metrics.observe_batch, requests_in, [len(s) for s in all_seqs])
+        answer.later(self.metrics.observe_batch, requests_in, lengths)
 
         def call(members, compute, outputs):
             """Where a member names an adapter, `compute(texts, adapter=...)` with each text's
@@ -203,18 +203,19 @@ class TritonPythonModel:
         texts = [t for _, _, texts in members for t in texts]
         started = time.perf_counter()
         pending = launch(texts)
-        answer.later(self._answer_call, members, pending, outputs, started, adapters, answer)
+        call = (members, texts, adapters)
+        answer.later(self._answer_call, call, pending, outputs, started, answer)
         unanswered.difference_update(i for i, _, _ in members)
 
-    def _answer_call(self, members, pending, outputs, started, adapters, answer):
-        """On the answering thread: a call's rows read, counted, and its requests answered
-        (an INTERNAL error each if the rows or outputs fail)."""
+    def _answer_call(self, call, pending, outputs, started, answer):
+        """On the answering thread: a call's ((members, their texts, adapters)) rows read,
+        counted, and its requests answered (an INTERNAL error each if the rows or outputs
+        fail)."""
+        members, texts, adapters = call
         try:
             rows = pending.result()
             self.metrics.seconds.observe(time.perf_counter() - started)
-            self.metrics.add_call(
-                [getattr(t, "ids", t) for _, _, ts in members for t in ts], adapters
-            )
+            self.metrics.add_call([getattr(t, "ids", t) for t in texts], adapters)
             responses = [
                 pb_utils.InferenceResponse(output_tensors=t) for t in outputs(rows, members)
             ]
