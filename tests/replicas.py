@@ -780,6 +780,41 @@ def jina_reranker_m0(directory: Path, *, seed: int = 14, files: bool = False) ->
     return directory
 
 
+def gme(
+    directory: Path, *, seed: int = 15, files: bool = False, image_tokens: tuple | None = None
+) -> Path:
+    """GME's layout (gme-Qwen2-VL-Instruct): a Qwen2-VL (replicas.colqwen2's shape) saved as
+    transformers 4.x saved Qwen2-VL, no head of its own. Without `image_tokens` as first
+    published: architecture Qwen2VLForConditionalGeneration, its script gme_inference.py beside
+    the weights (a stand-in: it is never run); with them (min, max) as its later saves:
+    architecture GmeQwen2VL, its config's min_image_tokens and max_image_tokens. bf16.
+    `files`: Qwen's tokenizer and preprocessor_config.json."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    vocab_size = 151936 if files else 1000
+    vision, tokens = QWEN2_VL_TOWER, _vision_tokens(vocab_size)
+    config = Qwen2VLConfig(
+        text_config=dict(QWEN2_VL_TEXT, vocab_size=vocab_size), vision_config=vision, **tokens
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _near_one_norms(model)
+    fields = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl"}
+    if image_tokens is not None:
+        least, most = image_tokens
+        fields = {
+            "architectures": ["GmeQwen2VL"],
+            "model_type": "qwen2_vl",
+            "auto_map": {"AutoModel": "modeling_gme_qwen2vl.GmeQwen2VL"},
+            "min_image_tokens": least,
+            "max_image_tokens": most,
+        }
+    _saved_as_4x(directory, _first_layout(model), vision, tokens, files, **fields)
+    if image_tokens is None:
+        (directory / "gme_inference.py").write_text("# GME's script (a stand-in: never run)\n")
+    return directory
+
+
 def nemotron_colembed(directory: Path, *, seed: int = 10, files: bool = False) -> Path:
     """nemotron-colembed-vl-v2's layout: Qwen3-VL's tensors as Qwen3-VL-Embedding saves them
     (`model.language_model.`, `model.visual.`), config.json's `Qwen3VLNemotronEmbedModel`

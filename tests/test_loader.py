@@ -190,7 +190,7 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         UnsupportedModelError,
-        match="supported: ColQwen2ForRetrieval, ColQwen3, JinaEmbeddingsV4Model, "
+        match="supported: ColQwen2ForRetrieval, ColQwen3, GmeQwen2VL, JinaEmbeddingsV4Model, "
         "JinaEmbeddingsV5Model, JinaForRanking, JinaVLForRanking, "
         "PPLXQwen3ContextualModel, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, "

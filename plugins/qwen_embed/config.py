@@ -15,6 +15,11 @@ from pathlib import Path
 from .adapters import adapter_names
 from .sentence_modules import TOKEN_PROJECTION, SentenceModules
 
+GME = "GmeQwen2VL"
+# GME's script, which its first saves (architecture Qwen2VLForConditionalGeneration) ship
+GME_SCRIPT = "gme_inference.py"
+
+
 # architecture name in config.json -> model family registered in qwen_embed.models
 SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
@@ -41,10 +46,14 @@ SUPPORTED_ARCHITECTURES = {
     # the tower before Qwen3-VL's, multimodal rotary in sections) or Qwen2.5-VL (colqwen2.5)
     # in `vlm_config`, tensors under `vlm.`, a projection of every token
     # (`embedding_proj_layer`). Qwen2-VL's own
-    # architectures are not listed: the embedders saved as them (GME, DSE) number an image's
-    # tokens differently (GME's code in sequence, DSE's on three axes), which the files do
-    # not tell.
+    # architectures are not listed: the embedders saved as them number an image's tokens
+    # differently (GME's script in sequence, DSE's on three axes); GME is told apart by its
+    # script beside the weights (`gme_architectures`), DSE is not served.
     "ColQwen2ForRetrieval": "qwen2",
+    # GME (gme-Qwen2-VL-2B/7B-Instruct): a Qwen2-VL whose script feeds the text model token
+    # embeddings alone, so every token, an image's too, takes the next position on all three
+    # axes (plain rotary); the last token's state. Its later saves name their own class.
+    GME: "qwen2",
     # jina-embeddings-v4: Qwen2.5-VL (its flat layout: `model.`, `visual.`), LoRA adapters of
     # three tasks in one file (adapters.py), a mean (of an image's span for a text with one,
     # VISUAL_SPAN_MEAN) and a projection of every token (`multi_vector_projector`) for its
@@ -60,6 +69,15 @@ SUPPORTED_ARCHITECTURES = {
     # before the final norm (its remote code skips it): a multi-vector retriever
     "Qwen3VLNemotronEmbedModel": "qwen3",
 }
+
+
+def gme_architectures(model_dir: str | Path, architectures: list[str]) -> list[str]:
+    """A checkpoint's architectures, GME's first saves (Qwen2-VL's own class, with GME's
+    script beside the weights) named as GME."""
+    if list(architectures) == ["Qwen2VLForConditionalGeneration"]:
+        if (Path(model_dir) / GME_SCRIPT).is_file():
+            return [GME]
+    return list(architectures)
 
 
 # pplx-embed's remote code (both its models) attends both ways whatever the config says. Where
@@ -200,9 +218,11 @@ class MediaConfig:
     mrope_section: tuple[int, int, int]
     mrope_interleaved: bool = True
     vision_end_token_id: int | None = None
+    sequential_positions: bool = False  # GME: each token the next position on every axis
 
     @classmethod
     def from_hf(cls, hf: dict) -> MediaConfig | None:
+        """`hf`: config.json, its architectures as `gme_architectures` names them."""
         if "vision_config" not in hf:
             return None
         vision = VisionConfig.from_hf(hf["vision_config"])
@@ -216,6 +236,7 @@ class MediaConfig:
             mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
             mrope_interleaved=rope.get("mrope_interleaved", vision.generation == "qwen3_vl"),
             vision_end_token_id=hf.get("vision_end_token_id"),
+            sequential_positions=GME in (hf.get("architectures") or ()),
         )
 
     @property
@@ -282,6 +303,7 @@ class ModelConfig:
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
         hf = json.loads(path.read_text())
+        hf["architectures"] = gme_architectures(model_dir, hf.get("architectures") or [])
         config = cls.from_hf(hf)
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size, hf)
         architectures = hf.get("architectures") or ()
@@ -326,8 +348,14 @@ class ModelConfig:
             None,
         )
         if family is None:
+            gme = (
+                f" (a GME checkpoint is read as published, with its {GME_SCRIPT}; other "
+                "Qwen2-VL embedders number an image's tokens their own ways)"
+                if "Qwen2VLForConditionalGeneration" in architectures
+                else ""
+            )
             raise UnsupportedModelError(
-                f"unsupported architectures {architectures}; supported: "
+                f"unsupported architectures {architectures}{gme}; supported: "
                 + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             )
         # Every layer attends to the whole sequence here: a checkpoint with sliding-window

@@ -12,9 +12,11 @@ import re
 from pathlib import Path
 
 from . import finetunes
+from .config import GME_SCRIPT
 
 # configs, tokenizer files, chat templates (a CrossEncoder's pairs) and weights: never
-# pickles, never the remote code
+# pickles, never the remote code (GME's script is fetched, never run: its presence names
+# the checkpoint, config.gme_architectures)
 CHECKPOINT_FILES = [
     "*.json",
     "*.jinja",
@@ -22,6 +24,7 @@ CHECKPOINT_FILES = [
     "*/config.json",
     "tokenizer.model",
     "*.txt",
+    GME_SCRIPT,
 ]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -12,7 +12,8 @@ Multimodal rotary (`mrope_positions`, turned into cos/sin by layers.rotary_cos_s
 tokens take one position on all three axes, counting on from the last; a placeholder run of
 (h, w) merged patches starting at p takes (p, p + row, p + column), and the text after it
 continues at p + max(h, w). For text alone the three axes agree and the rotary is the ordinary
-one.
+one. GME's script numbers every token, an image's too, in sequence (`sequential_positions`):
+the ordinary rotary throughout.
 """
 
 from __future__ import annotations
@@ -164,7 +165,10 @@ class MediaForward:
         text's (lora.py), which its visuals go through the tower with."""
         rows, positions, offset = [], [], 0
         for text in texts:
-            positions.append(mrope_positions(len(text.ids), text.blocks))
+            if config.sequential_positions:
+                positions.append(np.repeat(np.arange(len(text.ids))[:, None], 3, axis=1))
+            else:
+                positions.append(mrope_positions(len(text.ids), text.blocks))
             rows += [np.arange(offset + a, offset + b) for a, b, _, _ in text.blocks]
             offset += len(text.ids)
         flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])

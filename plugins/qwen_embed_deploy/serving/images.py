@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from qwen_embed.config import GME
+
 from .retrievers import architectures, own_processor, pixel_budget
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
@@ -31,6 +33,11 @@ MAX_ASPECT = 200  # longest side / shortest side, as the processor allows
 # Pixel budgets a checkpoint's own scoring script sets over its processor's: jina-reranker-m0's
 # compute_score loads its processor with min_pixels 3,136 and max_pixels 602,112.
 SCRIPT_BUDGETS = {"JinaVLForRanking": (3136, 602112)}
+# GME's script loads its processor with 256 to 1,280 text-model tokens per image (its config's
+# min_image_tokens and max_image_tokens where it names them), after resizing every image to
+# whole 28-pixel blocks within 4 to 16,384 of them itself (`first_budget`).
+GME_TOKENS = (256, 1280)
+GME_FIRST_TOKENS = (4, 16384)
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class ImageSettings:
     max_pixels: int = MAX_PIXELS
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # (least, most) pixels of a resize before the one within the budget (GME's script's)
+    first_budget: tuple[int, int] | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
@@ -57,6 +66,14 @@ class ImageSettings:
             "std": tuple(hf["image_std"]) if "image_std" in hf else None,
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
+        if GME in architectures(model_dir):
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            area = settings.factor**2
+            tokens = (config.get("min_image_tokens"), config.get("max_image_tokens"))
+            least, most = (t or d for t, d in zip(tokens, GME_TOKENS, strict=True))
+            first = tuple(n * area for n in GME_FIRST_TOKENS)
+            settings = replace(settings, first_budget=first)
+            return replace(settings, min_pixels=least * area, max_pixels=most * area, **changes)
         least, most = _budget(model_dir, hf, settings)
         return replace(replace(settings, min_pixels=least, max_pixels=most), **changes)
 
@@ -120,8 +137,14 @@ def decode(data: bytes, max_decoded_pixels: int) -> Image.Image:
 
 
 def resized(image: Image.Image, settings: ImageSettings) -> np.ndarray:
-    """An RGB image at the size `fit` gives it: uint8 [height, width, 3] (the tokenizer's
-    part, what travels to the encoder)."""
+    """An RGB image at the size `fit` gives it (after a first resize within `first_budget`
+    where the settings have one): uint8 [height, width, 3] (the tokenizer's part, what
+    travels to the encoder)."""
+    if settings.first_budget is not None:
+        least, most = settings.first_budget
+        first = replace(settings, min_pixels=least, max_pixels=most)
+        height, width = fit(image.height, image.width, first)
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
     height, width = fit(image.height, image.width, settings)
     return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC), dtype=np.uint8)
 

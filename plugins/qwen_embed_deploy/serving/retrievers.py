@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES
+from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES, gme_architectures
 from qwen_embed_client.contract import RequestError
 
 AUGMENTATION_TOKENS = 10
@@ -54,7 +54,9 @@ JINA_V4_PROMPTS = {"query": "Query: ", "passage": "Passage: ", "document": "Pass
 
 
 def architectures(model_dir: str | Path) -> list[str]:
-    return _json(Path(model_dir) / "config.json").get("architectures") or []
+    """config.json's architectures, GME's first saves named as GME (config.gme_architectures)."""
+    names = _json(Path(model_dir) / "config.json").get("architectures") or []
+    return gme_architectures(model_dir, names)
 
 
 def retriever(model_dir: str | Path) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen_embed.config import CONTEXTUAL_ARCHITECTURES, REMOTE_CODE_HEADS
+from qwen_embed.config import CONTEXTUAL_ARCHITECTURES, GME, REMOTE_CODE_HEADS
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -43,7 +43,14 @@ from qwen_embed_client.contract import (
 )
 
 from .late_interaction import LateInteraction, is_late_interaction
-from .retrievers import JINA_V4_PROMPTS, is_jina_v4, own_processor, retriever, retriever_template
+from .retrievers import (
+    JINA_V4_PROMPTS,
+    architectures,
+    is_jina_v4,
+    own_processor,
+    retriever,
+    retriever_template,
+)
 
 QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {DEFAULT_TASK}\nQuery:", "document": ""}
 # Qwen3-Embedding's and gte-Qwen2's query prompts: a task between "Instruct: " and "\nQuery:".
@@ -76,6 +83,8 @@ class PromptSet:
         if not path.is_file():
             if retriever(model_dir) is not None:
                 return cls({}, None, "its processor's query and page forms (retrievers.py)")
+            if GME in architectures(model_dir):
+                return cls({}, None, "GME's script (the instruction its system turn)")
             if multimodal(model_dir):
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
@@ -142,6 +151,7 @@ class ChatTemplate:
     prompted = False
     visuals_per_text = None  # any number
     reads_video = True
+    default_instruction = DEFAULT_MEDIA_INSTRUCTION
 
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         """(the turn up to the text, the text, what follows it) of a text after `visuals`, its
@@ -154,6 +164,24 @@ class ChatTemplate:
         return before, text, "<|im_end|>\n<|im_start|>assistant\n"
 
 
+@dataclass(frozen=True)
+class GmeTemplate:
+    """How GME's script (gme_inference.py's `embed`) writes a text: the instruction as it is
+    (a query's own, else its default) the system turn, the user turn holding the image's
+    placeholders and then the text, the assistant's turn begun and <|endoftext|> after it,
+    the token whose state is the vector. One image per text, no video."""
+
+    takes_instruction = True
+    prompted = False
+    visuals_per_text = 1
+    reads_video = False
+    default_instruction = "You are a helpful assistant."
+
+    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
+        before = f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
+        return before, text, "<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"
+
+
 def media_template(model_dir: Path):
     """How the checkpoint writes texts with images and video: its processor's forms (a
     multi-vector retriever's or jina-embeddings-v4's: retrievers.py), Qwen3-VL-Embedding's
@@ -162,6 +190,8 @@ def media_template(model_dir: Path):
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         return retriever_template(model_dir, token_text(config.get("pad_token")))
+    if GME in architectures(model_dir):
+        return GmeTemplate()
     return ChatTemplate() if multimodal(model_dir) else None
 
 
@@ -487,7 +517,7 @@ class TextTokenizer:
         elif opts.prompt_name is not None:
             instruction = self.prompts.prompts[opts.prompt_name]
         else:
-            instruction = opts.instruction or DEFAULT_MEDIA_INSTRUCTION
+            instruction = opts.instruction or getattr(self.chat, "default_instruction", "")
         extra, limit = len(self._head) + len(self._tail), self._limit(opts)
         out, counts = [], []
         for i, (text, visual) in enumerate(zip(texts, visuals, strict=True)):
