@@ -67,13 +67,9 @@ class ImageSettings:
         }
         settings = cls(**{k: v for k, v in known.items() if v is not None})
         if GME in architectures(model_dir):
-            config = json.loads((Path(model_dir) / "config.json").read_text())
             area = settings.factor**2
-            tokens = (config.get("min_image_tokens"), config.get("max_image_tokens"))
-            least, most = (t or d for t, d in zip(tokens, GME_TOKENS, strict=True))
             first = tuple(n * area for n in GME_FIRST_TOKENS)
             settings = replace(settings, first_budget=first)
-            return replace(settings, min_pixels=least * area, max_pixels=most * area, **changes)
         least, most = _budget(model_dir, hf, settings)
         return replace(replace(settings, min_pixels=least, max_pixels=most), **changes)
 
@@ -84,13 +80,18 @@ class ImageSettings:
 
 
 def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[int, int]:
-    """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS), else a
+    """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS, GME's), else a
     multi-vector retriever's or jina-embeddings-v4's processor's (`hf`, its
     preprocessor_config.json: `size`, or Qwen2-VL's older min_pixels and max_pixels;
     retrievers.pixel_budget), else Qwen3-VL-Embedding's script's (`settings`' defaults)."""
     for architecture in architectures(model_dir):
         if architecture in SCRIPT_BUDGETS:
             return SCRIPT_BUDGETS[architecture]
+        if architecture == GME:
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            tokens = (config.get("min_image_tokens"), config.get("max_image_tokens"))
+            least, most = (t or d for t, d in zip(tokens, GME_TOKENS, strict=True))
+            return least * settings.factor**2, most * settings.factor**2
     if not own_processor(model_dir):
         return settings.min_pixels, settings.max_pixels
     size = hf.get("size") or {}
