@@ -203,12 +203,12 @@ gpu_steps() {
 
 vl_model=.cache/qwen3-vl-2b-shape
 gpu_vl_steps() {
-	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers and Jina's on the GPU against transformers" \
+	step "tests marked gpu: Qwen3-VL, the multi-vector retrievers, Jina's and GME on the GPU against transformers" \
 		gpu-vl-tests.xml 90 &&
 		timeout "$(left)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 			--junitxml "$out/gpu-vl-tests.xml" tests/test_qwen3_vl.py tests/test_colqwen3.py \
 			tests/test_nemotron_colembed.py tests/test_colqwen2.py tests/test_jina_embeddings_v4.py \
-			tests/test_jina_reranker_m0.py
+			tests/test_jina_reranker_m0.py tests/test_gme.py
 	step "Qwen3-VL-Embedding-2B's shape (random weights): images, engine vs transformers and the bound" \
 		gpu-vl-images.md 150 &&
 		timeout "$(left)" $pin python3 perf/bench_engine.py --images 256 --batch-size 32 \
