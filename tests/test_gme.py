@@ -245,3 +245,34 @@ def test_what_it_cannot_read_is_refused_for_that_request(served):
         ):
             client.embed(["a clip"], videos=[[[png, png]]])
         assert client.embed(["still served"]).shape == (1, 128)
+
+
+@pytest.mark.server
+def test_images_through_the_gateway_with_openai_and_cohere(served):
+    """OpenAI's content parts and Cohere's inputs (a document: the default instruction)."""
+    import cohere
+    import openai
+    from test_qwen3_vl import data_url
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served
+    recipe, script = Recipe(model_dir), Script(model_dir, 16, 60)
+    png = image_files()["png"]
+    want_png = recipe.vector(script.text("", png))
+    want_caption = recipe.vector(script.text("a yellow circle", png))
+    image_part = {"type": "image_url", "image_url": {"url": data_url(png)}}
+    caption = [{"type": "text", "text": "a yellow circle"}, image_part]
+    with gateway_process(server) as base:
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        answer = api.embeddings.create(model="embed", input=[[image_part], caption])
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        co = cohere.ClientV2(base_url=base, api_key="unused")
+        by_inputs = co.embed(
+            model="embed",
+            inputs=[{"content": caption}],
+            input_type="search_document",
+            embedding_types=["float"],
+        )
+    assert float(got[0] @ want_png) >= 0.9999 and float(got[1] @ want_caption) >= 0.9999
+    assert float(np.array(by_inputs.embeddings.float_[0]) @ want_caption) >= 0.9999
