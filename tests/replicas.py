@@ -740,6 +740,21 @@ def jina_embeddings_v4(
     return directory
 
 
+def _qwen2_vl(seed: int, files: bool):
+    """A Qwen2-VL of replicas.colqwen2's shape (Qwen's vocabulary with `files`), its norms
+    near one: (the model, its vision tokens' ids)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    vocab_size = 151936 if files else 1000
+    tokens = _vision_tokens(vocab_size)
+    text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
+    config = Qwen2VLConfig(text_config=text, vision_config=QWEN2_VL_TOWER, **tokens)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _near_one_norms(model)
+    return model, tokens
+
+
 def jina_reranker_m0(directory: Path, *, seed: int = 14, files: bool = False) -> Path:
     """jina-reranker-m0's layout: a Qwen2-VL (replicas.colqwen2's shape) saved as transformers
     4.x saved Qwen2-VL (config.json flat: the text model's fields at the top, `vision_config`
@@ -747,17 +762,8 @@ def jina_reranker_m0(directory: Path, *, seed: int = 14, files: bool = False) ->
     `visual.` the tower) with its architecture JinaVLForRanking and remote code, and its
     score MLP (`score.0`: hidden -> hidden, ReLU, `score.2`: hidden -> 1, both with biases);
     bf16. `files`: Qwen's tokenizer and preprocessor_config.json."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    vocab_size = 151936 if files else 1000
+    model, tokens = _qwen2_vl(seed, files)
     hidden = QWEN2_VL_TEXT["hidden_size"]
-    text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
-    vision = QWEN2_VL_TOWER
-    tokens = _vision_tokens(vocab_size)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
-    torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    _near_one_norms(model)
     generator = torch.Generator().manual_seed(seed)
     tensors = _first_layout(model)  # its modeling replaces the output head by an identity
     tensors |= {
@@ -769,7 +775,7 @@ def jina_reranker_m0(directory: Path, *, seed: int = 14, files: bool = False) ->
     _saved_as_4x(
         directory,
         tensors,
-        vision,
+        QWEN2_VL_TOWER,
         tokens,
         files,
         architectures=["JinaVLForRanking"],
@@ -789,16 +795,7 @@ def gme(
     the weights (a stand-in: it is never run); with them (min, max) as its later saves:
     architecture GmeQwen2VL, its config's min_image_tokens and max_image_tokens. bf16.
     `files`: Qwen's tokenizer and preprocessor_config.json."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    vocab_size = 151936 if files else 1000
-    vision, tokens = QWEN2_VL_TOWER, _vision_tokens(vocab_size)
-    config = Qwen2VLConfig(
-        text_config=dict(QWEN2_VL_TEXT, vocab_size=vocab_size), vision_config=vision, **tokens
-    )
-    torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    _near_one_norms(model)
+    model, tokens = _qwen2_vl(seed, files)
     fields = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl"}
     if image_tokens is not None:
         least, most = image_tokens
@@ -809,7 +806,7 @@ def gme(
             "min_image_tokens": least,
             "max_image_tokens": most,
         }
-    _saved_as_4x(directory, _first_layout(model), vision, tokens, files, **fields)
+    _saved_as_4x(directory, _first_layout(model), QWEN2_VL_TOWER, tokens, files, **fields)
     if image_tokens is None:
         (directory / "gme_inference.py").write_text("# GME's script (a stand-in: never run)\n")
     return directory

@@ -165,10 +165,9 @@ class MediaForward:
         text's (lora.py), which its visuals go through the tower with."""
         rows, positions, offset = [], [], 0
         for text in texts:
-            if config.sequential_positions:
-                positions.append(np.repeat(np.arange(len(text.ids))[:, None], 3, axis=1))
-            else:
-                positions.append(mrope_positions(len(text.ids), text.blocks))
+            # in sequence: every token numbered as text is
+            blocks = () if config.sequential_positions else text.blocks
+            positions.append(mrope_positions(len(text.ids), blocks))
             rows += [np.arange(offset + a, offset + b) for a, b, _, _ in text.blocks]
             offset += len(text.ids)
         flat_rows = np.concatenate([np.zeros(0, np.int64), *rows])
