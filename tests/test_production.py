@@ -187,11 +187,16 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
         assert not any(t.is_alive() for t in threads), "a client hung"
         failures = [r for r in results if r[2] is not None]
         assert failures, "killing the stub should have failed some requests"
-        if restarted():  # failed on the dead stub, then on the dead server
-            statuses = {"not healthy" in f[2].message() or f[2].status() for f in failures}
-            assert statuses <= {True, "StatusCode.UNAVAILABLE"}, failures
-        else:
-            assert all("not healthy" in f[2].message() for f in failures), failures[0][2]
+        # Failed on the dead stub (and, where the kill hit Triton's bug, on the dead server);
+        # never a request left unanswered until its client's deadline.
+        expected = ("StatusCode.UNAVAILABLE",) if restarted() else ()
+        odd = [
+            (f[2].status(), f[2].message(), f[0] - killed_at)
+            for f in failures
+            if "not healthy" not in f[2].message() and f[2].status() not in expected
+        ]
+        assert not odd, odd
+        if not restarted():
             assert [model for model, _ in server.status()["reloads"]] == ["encoder"]
         assert all(f[1] >= killed_at for f in failures)  # none before the kill
         # Once the reloaded encoder has answered, no request sent after that answer fails.

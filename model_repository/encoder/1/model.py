@@ -86,20 +86,18 @@ class TritonPythonModel:
         # Calls are answered on a thread of their own, in order; every metric moves there too
         # (Triton 2.51's stub breaks when two threads update one metric at once).
         self.answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="answering")
-        self.previous = None  # the last execute's last job there
 
     def execute(self, requests):
-        """Plans and queues the requests' calls, then returns once the previous execute's
-        requests are answered: a GPU runs this batch while the next one is read and planned,
-        and the answers of this one leave from the answering thread (docs/architecture.md)."""
+        """Plans and queues the requests' calls; each call's answers leave from the answering
+        thread while the next call is planned and runs (docs/architecture.md). Returns once
+        every request is answered: Triton fails only the requests of an execute in progress
+        when its stub dies, so one returned unanswered would wait for its client's deadline."""
         answer = _Answers(requests, self.metrics, self.answering)
         try:
             self._execute(requests, answer)
         finally:
             answer.send_held()
-            if self.previous is not None:
-                self.previous.exception()  # waits; its job logged any failure itself
-            self.previous = answer.last
+            answer.last.exception()  # waits; its job logged any failure itself
         return [None] * len(requests)
 
     def _execute(self, requests, answer):
