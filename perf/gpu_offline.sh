@@ -115,7 +115,8 @@ lane() {
 
 model=.cache/qwen3-0.6b-shape
 # In the order of what issue 58 must decide: correctness, the engine against its bound, Triton
-# against the engine (the answering thread's A/B at 16 and 64 clients), one-client graphs.
+# against the engine (with BEFORE=REV, REV's encoder execute against this one at 16 and 64
+# clients), one-client graphs.
 gpu_steps() {
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 	python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
