@@ -252,7 +252,8 @@ soak: setup
 	cd perf && ../$(PY) soak.py --seconds $(SOAK_SECONDS)
 
 # MODEL_DIR=/path/to/checkpoint make serve serves a real checkpoint instead of the demo model;
-# RERANK_MODEL_DIR the same for the reranker (RERANK=0: no rerank models). The OpenAI-compatible
+# RERANK_MODEL_DIR the same for the reranker (RERANK=0: no rerank models; RERANK=e2rank: none,
+# the embed model, an E2Rank checkpoint, reranks as its authors do). The OpenAI-compatible
 # gateway (/v1/embeddings, /v1/rerank) comes up on GATEWAY_PORT (GATEWAY=0: not started).
 GATEWAY      ?= 1
 GATEWAY_PORT ?= 8080
@@ -275,7 +276,8 @@ RERANK_LORA_MODULES ?=
 ENCODER_SETTINGS ?=
 serve: setup
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
-	@if [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
+	@if [ "$(RERANK)" = e2rank ]; then echo "reranker: the embed model, E2Rank's pseudo query"; \
+	elif [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
 	@if [ "$(GATEWAY)" != 0 ]; then echo "HTTP gateway  http://localhost:$(GATEWAY_PORT): OpenAI /v1/embeddings /v1/rerank /v1/batches, TEI /embed /rerank, Cohere /v2/embed /v2/rerank"; fi
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
@@ -289,6 +291,7 @@ serve: setup
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
+		$(if $(filter e2rank,$(RERANK)),--rerank-recipe e2rank) \
 		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))
 
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).

@@ -121,6 +121,38 @@ def qwen3_embedding(
     return directory
 
 
+# Qwen3's chat template as it renders user and assistant turns and the generation prompt
+# (tools, system prompts and reasoning histories left out: E2Rank's recipe has none of them).
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def e2rank(directory: Path, *, seed: int = 15) -> Path:
+    """E2Rank-0.6B's layout as its training code saves it (`AutoModel`: Qwen3Model, tied
+    embeddings, no `model.` prefix), Qwen3's tokenizer with its chat template and without
+    the post-processor's <|endoftext|> (its README appends that to each text itself)."""
+    config = Qwen3Config(
+        **TINY,
+        head_dim=16,
+        vocab_size=151669,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen3Model(config)
+    _noise(model, seed)
+    model.to(torch.bfloat16).save_pretrained(directory)
+    write_tokenizer(directory, append_eos=False)
+    path = directory / "tokenizer_config.json"
+    _write_json(path, {**json.loads(path.read_text()), "chat_template": QWEN3_CHAT_TEMPLATE})
+    return directory
+
+
 def gte_qwen2(directory: Path, *, seed: int = 1) -> Path:
     """gte-Qwen2-1.5B-instruct's layout: Qwen2ForCausalLM with `is_causal: false`, float32
     tensors with `model.` prefixes and an lm_head, sharded with an index; a tokenizer.json that

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from . import pseudo_query
 from .contract import (
     ITEM_INPUTS,
     MAX_TEXTS_PER_REQUEST,
@@ -58,6 +59,20 @@ FAILOVER_S = 1.0  # with several servers: retries in place before a chunk moves 
 FACTS_TTL_S = 10.0  # a reloaded model may publish new facts (another checkpoint)
 # An item a server's error names, 'TEXT[3]': its index within that Triton request.
 _ITEM = re.compile(rf"'({'|'.join(ITEM_INPUTS)})\[(\d+)\]'")
+_TEXT = re.compile(r"'TEXT\[(\d+)\]'")
+
+
+def _pseudo_named(message: str) -> str:
+    """An embed error of E2Rank's texts named by the caller's inputs: text 0 is the pseudo
+    query (the query with the first documents), text k document k - 1."""
+
+    def name(match: re.Match) -> str:
+        k = int(match[1])
+        return "'QUERY' (with the documents it reads)" if k == 0 else f"'DOCUMENTS[{k - 1}]'"
+
+    return _TEXT.sub(name, message)
+
+
 # When the caller stops waiting (time.monotonic()), for the requests sent within deadline().
 _DEADLINE: ContextVar[float | None] = ContextVar("qwen_embed_deadline", default=None)
 
@@ -388,8 +403,10 @@ class AsyncEmbeddingClient:
     async def score_kind(self) -> str:
         """What the rerank model's scores are (its encoder's `scores` fact): "probability",
         P(relevant) in [0, 1], "logit" (a CrossEncoder's raw score, as its `predict` gives
-        it) or "cosine" (a listwise reranker's, in [-1, 1])."""
-        return (await self.served_facts(self.rerank_model)).get("scores", "probability")
+        it) or "cosine" (a listwise reranker's or an embedder's rerank_recipe's, in
+        [-1, 1])."""
+        facts = await self.served_facts(self.rerank_model)
+        return "cosine" if "reranks_by" in facts else facts.get("scores", "probability")
 
     async def model_fingerprint(self) -> str | None:
         return (await self.served_facts())["fingerprint"]
@@ -563,6 +580,19 @@ class AsyncEmbeddingClient:
         )
         params = opts.parameters()
         level = priority_level(priority)
+        facts = await self.served_facts(self.rerank_model)
+        if facts.get("reranks_by") == pseudo_query.RECIPE:
+            given = {**per_document, **query_media, "max_document_tokens": max_document_tokens}
+            if unread := [k.lower() for k, v in given.items() if v is not None]:
+                raise EmbeddingError(  # as the server refuses what a reranker does not read
+                    f"E2Rank's reranking reads the query's and documents' text alone: {unread} "
+                    "not taken",
+                    "StatusCode.INVALID_ARGUMENT",
+                )
+            opts = EmbedOptions(truncate=truncate, truncation_direction="right", adapter=adapter)
+            return await self._rerank_by_pseudo_query(
+                query, documents, instruction, opts, top_n, level, headers
+            )
         listwise = await self.score_kind() == "cosine"
         chunks = await self._split(
             len(documents),
@@ -580,6 +610,31 @@ class AsyncEmbeddingClient:
         return RerankResult(
             scores=np.concatenate([c[0] for c in chunks]),
             token_counts=np.concatenate([c[1] for c in chunks]),
+            top_n=top_n,
+        )
+
+    async def _rerank_by_pseudo_query(
+        self, query, documents, instruction, opts, top_n, level, headers
+    ) -> RerankResult:
+        """E2Rank's reranking (pseudo_query.py) on the rerank model, an embedder: the pseudo
+        query and the documents embedded as texts, their cosines the scores; the pseudo query's
+        tokens are counted on the first document."""
+        ended = pseudo_query.ended(documents)
+        texts = [pseudo_query.pseudo_query(query, ended, instruction), *ended]
+
+        def send(server, a, b):
+            return self._send(server, texts[a:b], opts, level, headers, model=self.rerank_model)
+
+        try:
+            chunks = await self._split(len(texts), send)
+        except EmbeddingError as e:  # the texts' indices as the caller's documents'
+            raise EmbeddingError(_pseudo_named(str(e)), e.status, e.url) from None
+        vectors = np.concatenate([c[0]["float"] for c in chunks])
+        counts = np.concatenate([c[1] for c in chunks])
+        counts[1] += counts[0]
+        return RerankResult(
+            scores=pseudo_query.scores(vectors[0], vectors[1:]),
+            token_counts=counts[1:],
             top_n=top_n,
         )
 
@@ -642,15 +697,24 @@ class AsyncEmbeddingClient:
         return inp
 
     async def _send(
-        self, server: _Server, texts: list, opts: EmbedOptions, priority, headers, media=None
+        self,
+        server: _Server,
+        texts: list,
+        opts: EmbedOptions,
+        priority,
+        headers,
+        media=None,
+        model: str | None = None,
     ):
         """(vectors by type, TOKEN_COUNT, INPUT_TOKENS, per_token's vectors per text);
-        `media`: IMAGES and VIDEOS, per text its files."""
+        `media`: IMAGES and VIDEOS, per text its files; `model`: an embed ensemble other than
+        this client's (an embedder reranking: `rerank_model`)."""
         inputs = [self._text_input(texts, opts)]
         for name, files in (media or {}).items():
             if any(files):
                 inputs.append(self._images_input(name, files, [len(texts), 1]))
-        result = await self._infer(server, self.model, inputs, opts.parameters(), priority, headers)
+        params = opts.parameters()
+        result = await self._infer(server, model or self.model, inputs, params, priority, headers)
         vectors = {kind: result.as_numpy(name) for kind, name in opts.outputs.items()}
         counts = result.as_numpy("TOKEN_COUNT").reshape(-1)
         before = result.as_numpy("INPUT_TOKENS")  # absent from a server without it

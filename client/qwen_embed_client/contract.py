@@ -102,7 +102,11 @@ FACTS = (
     "adapter_fingerprints",  # an encoder's lora_modules: {name: the adapter's own}
     "chunk_separator",  # a contextual checkpoint's sep_token (chunk_by_separator)
     "multi_vector",  # true: its vectors are one per token only (per_token; ColQwen3, ...)
+    "reranks_by",  # an embedder that also reranks, its rerank_recipe ("e2rank": pseudo_query)
 )
+# An embedding model's way to rerank, named by its deployment (the embed tokenizer's
+# rerank_recipe): its checkpoint files are a plain embedder's.
+RERANK_RECIPES = ("e2rank",)
 
 
 def ensemble_steps(model: str) -> tuple[str, str]:

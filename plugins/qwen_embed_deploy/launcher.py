@@ -57,6 +57,7 @@ from urllib.error import HTTPError
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
+from qwen_embed_client.contract import RERANK_RECIPES
 from qwen_embed_deploy.host import gpu_count
 from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
 from qwen_embed_deploy.serving.config import MODEL_REPOSITORY, model_facts
@@ -71,6 +72,7 @@ from .repository import (
     repository_configs,
     rerank_models,
     set_instance_group,
+    set_parameter,
 )
 from .triton import READY_POLL_S, server_command
 
@@ -135,6 +137,7 @@ def served_edits(
     only_kind_model: bool,
     gpu_groups: tuple[ModelInstanceGroup, ModelInstanceGroup] | None,
     response_cache: bool,
+    rerank_recipe: str = "",
 ) -> Edit:
     """The launcher's changes to a repository, as one edit of each model's config:
 
@@ -149,6 +152,8 @@ def served_edits(
       encoders, not the ensembles: Triton hashes a request's inputs, not its parameters, and an
       encoder's inputs carry everything its answer depends on (token ids with the prompt
       applied, FINISH with dimensions, normalize and embedding type).
+    - `rerank_recipe`: the embed tokenizers' parameter of that name (an embedder that reranks
+      as its authors do, E2Rank's: a fact its clients read).
     """
 
     def edit(name: str, config: ModelConfig) -> None:
@@ -168,6 +173,8 @@ def served_edits(
                     set_instance_group(config, gpu_groups[0])
         if encoder and response_cache:
             config.response_cache.enable = True
+        if tokenizer and rerank_recipe and get_parameter(config, "task") != "rerank":
+            set_parameter(config, "rerank_recipe", rerank_recipe)
 
     return edit
 
@@ -403,9 +410,11 @@ def start_gateway(
     rerank: bool,
     otlp_endpoint: str | None = None,
     served_model_names: list[str] | None = None,
+    embed_reranks: bool = False,
 ) -> subprocess.Popen:
     """The HTTP gateway (OpenAI, NIM, TEI and Cohere APIs) in front of this server's gRPC port
-    (same interpreter)."""
+    (same interpreter); `embed_reranks`: its rerank routes ask the embed model (an embedder's
+    rerank_recipe)."""
     cmd = [
         sys.executable,
         "-m",
@@ -417,7 +426,9 @@ def start_gateway(
         "--triton-url",
         f"127.0.0.1:{grpc_port}",
     ]
-    if not rerank:
+    if embed_reranks:
+        cmd += ["--triton-rerank-model", "embed"]
+    elif not rerank:
         cmd += ["--rerank-model-name", ""]
     if served_model_names:
         cmd += ["--served-model-name", *served_model_names]
@@ -425,7 +436,7 @@ def start_gateway(
         cmd += ["--otlp-endpoint", otlp_endpoint]
     log(
         f"gateway: http://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
-        + (", and their rerank routes)" if rerank else ")")
+        + (", and their rerank routes)" if rerank or embed_reranks else ")")
     )
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
@@ -452,7 +463,10 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     if args.response_cache_mb:
         what.append("the response cache on")
     cache = args.response_cache_mb > 0
-    edit = served_edits(count, args.cpu_instances == "auto", groups, cache)
+    if args.rerank_recipe:
+        what.append(f"{args.rerank_recipe}'s reranking on the embed model")
+    recipe = args.rerank_recipe
+    edit = served_edits(count, args.cpu_instances == "auto", groups, cache, recipe)
     return edit, facts_ahead(args.model_repository, edit), what
 
 
@@ -506,6 +520,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument(
+        "--rerank-recipe",
+        choices=RERANK_RECIPES,
+        help="the embed model reranks as its authors do (e2rank: E2Rank's pseudo query); the "
+        "rerank models are not loaded and the gateway's rerank routes use the embed model",
+    )
+    p.add_argument(
         "--response-cache-mb",
         type=int,
         default=int(os.environ.get("RESPONSE_CACHE_MB") or 0),
@@ -542,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
         args.model_repository = served
     cmd, env = server_command()
-    rerank = not args.no_rerank
+    rerank = not (args.no_rerank or args.rerank_recipe)
     shm_prefix = f"qwen_embed_{os.getpid()}_"  # this server's own, to remove after a crash
     cmd += triton_args(
         args.model_repository,
@@ -604,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             rerank,
             args.otlp_endpoint,
             args.served_model_name,
+            args.rerank_recipe is not None,
         )
     while ready:
         while proc.poll() is None:

@@ -2,7 +2,7 @@
 
 python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
-    [--rerank-model-name rerank]
+    [--rerank-model-name rerank] [--triton-rerank-model rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images]
 """
@@ -183,6 +183,12 @@ def main() -> None:
         help="model id /v1/rerank clients send ('' turns the rerank routes off)",
     )
     p.add_argument(
+        "--triton-rerank-model",
+        default="rerank",
+        help="the Triton ensemble the rerank routes ask: a reranker's, or an embedder's whose "
+        "deployment names its rerank_recipe",
+    )
+    p.add_argument(
         "--api-key",
         action="append",
         help="a key clients must send as 'Authorization: Bearer KEY', repeatable "
@@ -238,6 +244,7 @@ def main() -> None:
         model_names=tuple(args.model_names),
         api_keys=tuple(args.api_key or _env_keys()),
         rerank_model_name=args.rerank_model_name or None,
+        triton_rerank_model=args.triton_rerank_model,
         otlp_endpoint=args.otlp_endpoint or None,
         allow_remote_images=args.allow_remote_images,
         max_body_bytes=int(args.max_body_mb * 2**20),

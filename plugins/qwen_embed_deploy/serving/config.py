@@ -22,9 +22,14 @@ from qwen_embed.fingerprint import (
 )
 from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.settings import EncoderSettings, from_parameters
-from qwen_embed_client.contract import FACTS, MAX_TEXT_BYTES, TRUNCATION_DIRECTIONS
+from qwen_embed_client.contract import (
+    FACTS,
+    MAX_TEXT_BYTES,
+    RERANK_RECIPES,
+    TRUNCATION_DIRECTIONS,
+)
 
-from .tokenizer import PromptSet, chunk_separator
+from .tokenizer import PromptSet, chunk_separator, load_tokenizer, special_tokens
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO = PACKAGE_DIR.parents[1]  # the checkout root, when this is one
@@ -71,10 +76,20 @@ class TokenizerSettings:
     truncation_direction: str = "right"  # which end survives when a request does not say
     max_text_bytes: int = MAX_TEXT_BYTES
     cpu_pinning: str = "auto"  # "auto": on 8+ cores, one core the CPU encoders leave free
+    # An embedder that reranks as its authors do (contract.RERANK_RECIPES; "": none): a fact
+    # for clients, which build its texts (qwen_embed_client.pseudo_query).
+    rerank_recipe: str = ""
 
     def __post_init__(self):
         if self.task not in ("embed", "rerank"):
             raise ValueError(f"task must be 'embed' or 'rerank', got {self.task!r}")
+        if self.rerank_recipe and (
+            self.task != "embed" or self.rerank_recipe not in RERANK_RECIPES
+        ):
+            raise ValueError(
+                f"rerank_recipe must be one of {list(RERANK_RECIPES)} on an embed tokenizer, "
+                f"got {self.rerank_recipe!r}"
+            )
         if self.truncation_direction not in TRUNCATION_DIRECTIONS:
             raise ValueError(
                 f"truncation_direction must be one of {list(TRUNCATION_DIRECTIONS)}, "
@@ -118,6 +133,8 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
             "tokens_per_text": max_tokens,
             "fingerprint": tokenizer_fingerprint(model_dir, max_tokens, direction, KNOWN_HASHES),
         }
+        if settings.rerank_recipe:
+            facts["reranks_by"] = recipe_checked(settings.rerank_recipe, model_dir)
         if settings.task == "embed":
             prompts = PromptSet.from_dir(model_dir)
             facts |= {"prompt_names": prompts.names, "default_prompt_name": prompts.default_name}
@@ -157,6 +174,19 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     if route.task == "rerank":  # what SCORES are (a probability, a logit or a cosine)
         facts["scores"] = config.score_kind
     return facts
+
+
+def recipe_checked(recipe: str, model_dir: Path) -> str:
+    """E2Rank's recipe appends <|endoftext|> to each document itself, as its tokenizer does
+    not: a checkpoint whose tokenizer appends it (Qwen3-Embedding's) would read it twice."""
+    tok = load_tokenizer(model_dir)
+    _, tail = special_tokens(tok, model_dir)
+    if tail and tok.id_to_token(tail[-1]) == "<|endoftext|>":
+        raise ValueError(
+            f"rerank_recipe {recipe!r}: {model_dir}'s tokenizer appends <|endoftext|> to every "
+            "text, which E2Rank's tokenizer does not (its recipe appends it to each document)"
+        )
+    return recipe
 
 
 def tokenizer_settings(params: dict[str, str]) -> TokenizerSettings:
