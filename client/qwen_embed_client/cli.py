@@ -356,7 +356,9 @@ def cmd_info(args) -> None:
         for step in steps:
             step_config = client.get_model_config(step, as_json=True)["config"]
             params = step_config.get("parameters", {})
-            details.update({k: v["string_value"] for k, v in params.items() if k not in FACTS})
+            # an empty value is left out of the config's JSON
+            settings = {k: v.get("string_value", "") for k, v in params.items()}
+            details.update({k: v for k, v in settings.items() if k not in FACTS})
             details.update(read_facts(step_config))
         print(json.dumps(details, indent=2))
 
