@@ -463,9 +463,9 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     if args.response_cache_mb:
         what.append("the response cache on")
     cache = args.response_cache_mb > 0
-    if args.rerank_recipe:
-        what.append(f"{args.rerank_recipe}'s reranking on the embed model")
-    recipe = args.rerank_recipe
+    recipe = args.rerank_recipe or ""
+    if recipe:
+        what.append(f"{recipe}'s reranking on the embed model")
     edit = served_edits(count, args.cpu_instances == "auto", groups, cache, recipe)
     return edit, facts_ahead(args.model_repository, edit), what
 
