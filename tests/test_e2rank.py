@@ -1,8 +1,9 @@
 """E2Rank (Alibaba-NLP/E2Rank): an embedding model that also reranks, served by one loaded
-encoder. Its scores through the client library and the gateway (`--rerank-recipe e2rank`,
+encoder. Its scores through the client library, the CLI and the gateway (`--rerank-recipe e2rank`,
 what `make serve RERANK=e2rank` passes) against its README's transformers recipe on a replica
 of its layout; what it does not read is refused."""
 
+import json
 import os
 import subprocess
 import sys
@@ -123,6 +124,19 @@ def test_the_gateways_rerank_routes_use_the_embed_model(stack, e2rank_dir):
     assert status == 400 and "max_tokens_per_doc" in answer["message"], answer
     status, answer, _ = post_json(f"{base}/v1/embeddings", {"model": "embed", "input": ["a"]})
     assert status == 200 and len(answer["data"][0]["embedding"]) == 64
+
+
+def test_the_cli_reranks_on_the_embed_model(stack, e2rank_dir, tmp_path):
+    server, _ = stack
+    want, _ = readme_scores(e2rank_dir, QUERY, DOCUMENTS[:5])
+    documents = tmp_path / "documents.txt"
+    documents.write_text("\n".join(DOCUMENTS[:5]) + "\n", encoding="utf-8")
+    command = [sys.executable, "-m", "qwen_embed_client", "rerank", QUERY, str(documents)]
+    command += ["--rerank-model", "embed", "--url", server.grpc_url]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = {row["index"]: row["relevance_score"] for row in map(json.loads, run.stdout.splitlines())}
+    assert max(abs(got[i] - float(w)) for i, w in enumerate(want)) <= FP32_ABS
 
 
 def test_refused_where_its_recipe_does_not_hold(stack, demo_dir):
