@@ -593,7 +593,7 @@ class AsyncEmbeddingClient:
             return await self._rerank_by_pseudo_query(
                 query, documents, instruction, opts, top_n, level, headers
             )
-        listwise = await self.score_kind() == "cosine"
+        listwise = facts.get("scores") == "cosine"  # score_kind, its facts read above
         chunks = await self._split(
             len(documents),
             lambda s, a, b: self._send_pairs(

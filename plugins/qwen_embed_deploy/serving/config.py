@@ -22,6 +22,7 @@ from qwen_embed.fingerprint import (
 )
 from qwen_embed.hub import resolve_checkpoint
 from qwen_embed.settings import EncoderSettings, from_parameters
+from qwen_embed_client import pseudo_query
 from qwen_embed_client.contract import (
     FACTS,
     MAX_TEXT_BYTES,
@@ -181,7 +182,7 @@ def recipe_checked(recipe: str, model_dir: Path) -> str:
     not: a checkpoint whose tokenizer appends it (Qwen3-Embedding's) would read it twice."""
     tok = load_tokenizer(model_dir)
     _, tail = special_tokens(tok, model_dir)
-    if tail and tok.id_to_token(tail[-1]) == "<|endoftext|>":
+    if tail and tok.id_to_token(tail[-1]) == pseudo_query.END:
         raise ValueError(
             f"rerank_recipe {recipe!r}: {model_dir}'s tokenizer appends <|endoftext|> to every "
             "text, which E2Rank's tokenizer does not (its recipe appends it to each document)"
