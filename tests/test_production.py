@@ -65,6 +65,8 @@ def http_status(url, key=None):
         ({"QWEN_EMBED_MODEL_DIR": "/nonexistent/checkpoint"}, [], "neither a checkpoint"),
         ({"QWEN_EMBED_ENCODER_SETTINGS": "dtype=float9"}, [], "dtype must be one of"),
         ({}, ["--cpu-instances", "none"], "--cpu-instances is auto"),
+        # E2Rank's recipe on a tokenizer that appends <|endoftext|> (the demo's) reads it twice
+        ({}, ["--rerank-recipe", "e2rank"], "appends <|endoftext|> to every text, which E2Rank"),
     ],
 )
 def test_a_bad_setting_or_checkpoint_is_said_in_one_line(demo_dir, env, args, message):
