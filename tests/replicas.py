@@ -1017,3 +1017,103 @@ def multi_vector_encoder(
         str(directory)
     )
     return directory
+
+
+def _attention_pooling_tensors(width: int, hidden: int, seed: int) -> dict[str, torch.Tensor]:
+    """CodeFuse's `mha_pma` tensors (its PMA with MAB_POST and LayerNorms), random."""
+    torch.manual_seed(seed)
+    tensors = {"mha_pma.S": torch.randn(1, 1, width) * 0.5}
+    for name, size in (("fc_q", width), ("fc_k", hidden), ("fc_v", hidden), ("fc_o", width)):
+        tensors[f"mha_pma.mab.{name}.weight"] = torch.randn(width, size) / size**0.5
+        tensors[f"mha_pma.mab.{name}.bias"] = 0.1 * torch.randn(width)
+    for name in ("ln0", "ln1"):
+        tensors[f"mha_pma.mab.{name}.weight"] = 1.0 + 0.1 * torch.randn(width)
+        tensors[f"mha_pma.mab.{name}.bias"] = 0.1 * torch.randn(width)
+    return tensors
+
+
+def _codefuse(directory: Path, config: dict, *, width: int, seed: int, shards: int = 1) -> Path:
+    """A causal Qwen2 saved as CodeFuse's embedders save it: `plm_model.` around the causal
+    LM's own names (its lm_head too), `mha_pma.` beside it; bf16, in `shards` files (an
+    index with more than one)."""
+    # two heads of 32 (Qwen2's head size is hidden / heads): one the native attention has
+    qwen = Qwen2Config(
+        **(TINY | {"num_attention_heads": 2, "num_key_value_heads": 1}),
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen2ForCausalLM(qwen)
+    _noise(model, seed)
+    tensors = {f"plm_model.{k}": v for k, v in model.state_dict().items()}
+    tensors |= _attention_pooling_tensors(width, qwen.hidden_size, seed + 1)
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+    directory.mkdir(parents=True, exist_ok=True)
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else None
+        part = names[i::shards]
+        save_file({k: tensors[k] for k in part}, str(directory / (file or "model.safetensors")))
+        weight_map |= dict.fromkeys(part, file)
+    if shards > 1:
+        _write_json(directory / "model.safetensors.index.json", {"weight_map": weight_map})
+    hf = {k: v for k, v in qwen.to_dict().items() if k not in ("architectures", "model_type")}
+    _write_json(directory / "config.json", hf | config)
+    write_tokenizer(directory, append_eos=False)
+    return directory
+
+
+def c2llm(directory: Path, *, seed: int = 16) -> Path:
+    """C2LLM-0.5B's layout (codefuse-ai, Qwen2.5-Coder): architecture C2LLMForEmbedding,
+    model_type c2llm, `embedding_method: pma` with `compressed_dim` (its hidden size, as the
+    real 896), 32 heads there (8 here), LayerNorms, left padding; bf16 tensors in one file;
+    Qwen's tokenizer, which appends nothing."""
+    config = {
+        "architectures": ["C2LLMForEmbedding"],
+        "auto_map": {
+            "AutoConfig": "configuration_c2llm.C2LLMConfig",
+            "AutoModel": "modeling_c2llm.C2LLMForEmbedding",
+        },
+        "model_type": "c2llm",
+        "compressed_dim": 64,
+        "embedding_method": "pma",
+        "padding_side": "left",
+        "pma_ln": True,
+        "pma_norm": False,
+        "pma_norm_mode": "post_normal",
+        "pma_num_heads": 8,
+        "dtype": "bfloat16",
+    }
+    return _codefuse(directory, config, width=64, seed=seed)
+
+
+def codefuse_cge_large(directory: Path, *, seed: int = 18) -> Path:
+    """CodeFuse-CGE-Large's layout (CodeQwen1.5-7B): architecture CodeFuse_CGE_Large,
+    model_type qwen2, `compress_dim` narrower than the hidden size (1024 of 4096 there, 48 of
+    64 here), `keep_max_layer` its layer count, right padding; tensors sharded with an index.
+    Its tokenizer_config asks for a BOS token, which its remote code's `encode` leaves out
+    (`add_special_tokens=False`)."""
+    config = {
+        "architectures": ["CodeFuse_CGE_Large"],
+        "auto_map": {
+            "AutoConfig": "configuration_codefuse_cge_large.CodeFuseCGELargeConfig",
+            "AutoModel": "modeling_codefuse_cge_large.CodeFuse_CGE_Large",
+        },
+        "model_type": "qwen2",
+        "compress_dim": 48,
+        "embedding_method": "pma",
+        "inf_seq_length": 1024,
+        "keep_max_layer": TINY["num_hidden_layers"],
+        "padding_side": "right",
+        "pma_ln": True,
+        "pma_norm": False,
+        "pma_norm_mode": "post_normal",
+        "pma_num_heads": 4,
+        "torch_dtype": "bfloat16",
+    }
+    directory = _codefuse(directory, config, width=48, seed=seed, shards=2)
+    path = directory / "tokenizer_config.json"
+    bos = {"add_bos_token": True, "bos_token": "<|endoftext|>"}
+    _write_json(path, {**json.loads(path.read_text()), **bos})
+    return directory

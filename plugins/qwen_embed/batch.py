@@ -169,8 +169,11 @@ def _pack(order: list[int], sizes: Sequence[int], budget: int) -> list[list[int]
     return groups
 
 
-def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str) -> torch.Tensor:
-    """hidden [T, H] -> [n, H] float32, without a Python loop over sequences."""
+def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str, pooler=None) -> torch.Tensor:
+    """hidden [T, H] -> [n, H] float32 (`pooler`'s width for "attention": the checkpoint's
+    attention_pooling.AttentionPooling), without a Python loop over sequences."""
+    if method == "attention":
+        return pooler(hidden, torch.diff(batch.cu_seqlens).long())
     if method == "last":
         return hidden[batch.cu_seqlens[1:].long() - 1].float()
     if method == "cls":  # the first token: a bidirectional encoder's summary row

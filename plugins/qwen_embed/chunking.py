@@ -207,14 +207,19 @@ class ChunkForward:
         rows = to_device(torch.tensor([r for _, r in read_segments], dtype=torch.long), device)
         return last, rows
 
-    def pool(self, hidden: torch.Tensor, head) -> list[np.ndarray]:
+    def pool(self, hidden: torch.Tensor, head, pooler=None) -> list[np.ndarray]:
         """Final hidden states of every row (pruned: of the pooled rows) -> per text, its
-        chunks' vectors float32 [k, H], each through `head` (the model's projections)."""
+        chunks' vectors float32 [k, H], each through `head` (the model's projections). A
+        checkpoint's attention pooling (`pooler`) pools each chunk's rows in place of their
+        mean."""
         counts = [len(ranges) for ranges in self.pool_ranges]
+        ranges = [r for text in self.pool_ranges for r in text]
         if self.pruned:
             pooled = hidden.float()
+        elif pooler is not None:
+            rows = torch.cat([hidden[a:b] for a, b in ranges])
+            lengths = torch.tensor([b - a for a, b in ranges], device=hidden.device)
+            pooled = pooler(rows, lengths)
         else:
-            pooled = torch.stack(
-                [hidden[a:b].float().mean(0) for ranges in self.pool_ranges for a, b in ranges]
-            )
+            pooled = torch.stack([hidden[a:b].float().mean(0) for a, b in ranges])
         return [part.cpu().numpy() for part in head(pooled).split(counts)]

@@ -68,7 +68,15 @@ SUPPORTED_ARCHITECTURES = {
     # nemotron-colembed-vl-v2: Qwen3-VL attending both ways, each token's last-layer output
     # before the final norm (its remote code skips it): a multi-vector retriever
     "Qwen3VLNemotronEmbedModel": "qwen3",
+    # C2LLM-0.5B/7B (Qwen2.5-Coder) and CodeFuse-CGE-Large (CodeQwen1.5): a causal Qwen2
+    # (tensors under `plm_model.`) pooled by attention from a learned seed (`mha_pma.`:
+    # attention_pooling.py), as their remote code's `embedding_method: pma` does
+    "C2LLMForEmbedding": "qwen2",
+    "CodeFuse_CGE_Large": "qwen2",
 }
+# Whose remote code tokenizes a text without the tokenizer's special tokens
+# (`add_special_tokens=False`): the attention-pooled code embedders.
+PLAIN_TOKENS_ARCHITECTURES = frozenset({"C2LLMForEmbedding", "CodeFuse_CGE_Large"})
 
 
 def gme_architectures(model_dir: str | Path, architectures: list[str]) -> list[str]:
@@ -116,6 +124,46 @@ LISTWISE_MARKERS = ("<|embed_token|>", "<|rerank_token|>")
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class AttentionPoolingSpec:
+    """Pooling by multi-head attention (PMA, CodeFuse's embedders): one learned seed attends
+    over a text's final hidden states (attention_pooling.py). Read from config.json's
+    `embedding_method: pma` and its `pma_*` keys."""
+
+    width: int  # the seed's and the vector's size: compress_dim (CGE), compressed_dim (C2LLM)
+    num_heads: int
+    layer_norm: bool  # pma_ln: LayerNorms after the attention and after the feed-forward
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> AttentionPoolingSpec | None:
+        method = hf.get("embedding_method")
+        if method is None or "pma_num_heads" not in hf:
+            return None
+        if method != "pma":
+            raise UnsupportedModelError(
+                f"embedding_method {method!r}: of CodeFuse's poolings only 'pma' is served"
+            )
+        mode = hf.get("pma_norm_mode", "post_normal")
+        if mode != "post_normal":  # every published checkpoint's; the others are unseen
+            raise UnsupportedModelError(
+                f"pma_norm_mode {mode!r}: only 'post_normal' attention pooling is implemented"
+            )
+        layer = hf.get("keep_max_layer", hf["num_hidden_layers"])
+        if layer != hf["num_hidden_layers"]:
+            raise UnsupportedModelError(
+                f"keep_max_layer {layer}: pooling an inner layer's hidden states is not "
+                f"served (num_hidden_layers {hf['num_hidden_layers']})"
+            )
+        width = hf.get("compressed_dim", hf.get("compress_dim"))
+        heads = hf["pma_num_heads"]
+        if not width or width % heads:
+            raise UnsupportedModelError(
+                f"attention pooling of width {width} in {heads} heads: the width must be a "
+                "multiple of pma_num_heads"
+            )
+        return cls(width=width, num_heads=heads, layer_norm=bool(hf.get("pma_ln", True)))
 
 
 Grid = tuple[int, int, int]  # an image's or video's (temporal patches, rows, columns) of patches
@@ -274,6 +322,7 @@ class ModelConfig:
     final_norm: bool = True  # False: hidden states before the final norm (PRE_NORM_ARCHITECTURES)
     visual_span_mean: bool = False  # VISUAL_SPAN_MEAN's pooling of a text with an image
     mlp_score: bool = False  # JinaVLForRanking: its `score` MLP reads the last token
+    attention_pooling: AttentionPoolingSpec | None = None  # a learned seed pools (PMA)
 
     @property
     def token_size(self) -> int:
@@ -295,7 +344,8 @@ class ModelConfig:
         multi-vector model's are its tokens'."""
         if self.multi_vector:
             return self.token_size
-        return self.sentence.output_size or self.hidden_size
+        pooled = self.attention_pooling.width if self.attention_pooling else self.hidden_size
+        return self.sentence.output_size or pooled
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -311,6 +361,8 @@ class ModelConfig:
         if remote and sentence.pooling is None:
             pooling, activation = remote[0]
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
+        if config.attention_pooling is not None:  # what its remote code's encode does
+            sentence = dataclasses.replace(sentence, pooling="attention")
         projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
         tokens = sentence.token_projection
         top_level = tokens is not None and tokens.prefix == TOKEN_PROJECTION
@@ -400,6 +452,7 @@ class ModelConfig:
             final_norm=not PRE_NORM_ARCHITECTURES.intersection(architectures),
             visual_span_mean=bool(media and VISUAL_SPAN_MEAN.intersection(architectures)),
             mlp_score="JinaVLForRanking" in architectures,
+            attention_pooling=AttentionPoolingSpec.from_hf(hf),
         )
 
 

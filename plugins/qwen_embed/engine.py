@@ -17,6 +17,7 @@ from torch import nn
 from . import int8, kernels
 from .adapters import lora_deltas
 from .attention import AttentionSpec, choose_backend, create_backend
+from .attention_pooling import build_pooler
 from .avx2_gemm import Avx2F32Weight
 from .batch import HostResult, HostRows, finish, flatten, plan_batches, pool, pool_spans
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
@@ -178,10 +179,12 @@ def _instantiate(
         num_layers=config.num_layers,
         device=device,
     )
-    head = token_head = None
+    head = token_head = pooler = None
     if tp.rank == 0:  # only rank 0 reads the final hidden states
         head = build_head(route.task, config, spec.model_dir, deltas)
         head = head.to(device) if head is not None else None
+        pooler = build_pooler(config, route)
+        pooler = pooler.to(device) if pooler is not None else None
         if route.task == "embed":
             token_head = head if config.multi_vector else build_token_head(config, deltas)
             token_head = token_head.to(device) if token_head is not None else None
@@ -195,6 +198,7 @@ def _instantiate(
                 ops = kernels.load(route.elementwise)
                 model = model_class(config.family)(config, tp, backend, planner, head, ops)
                 model.token_head = token_head
+                model.pooler = pooler
                 # rank 0 runs the tower (media.MediaForward.embed sends its tokens on)
                 if config.media is not None and tp.rank == 0:
                     vision = config.media.vision
@@ -497,7 +501,7 @@ class Encoder:
                 if self._launcher is not None:
                     packed = pack_texts(chosen)
                     send = partial(self._launcher.send_chunks, packed, group_adapters)
-                pool = partial(forward.pool, head=head)
+                pool = partial(forward.pool, head=head, pooler=self.model.pooler)
                 pooled = self._forward_context(forward.context, pool, send)
                 for g, vectors in zip(group, pooled, strict=True):
                     i, _, chunks = pieces[g]
@@ -816,7 +820,7 @@ class Encoder:
         elif ctx.last is not None:
             pooled = hidden.float()
         else:
-            pooled = pool(hidden, ctx.batch, self.route.pooling)
+            pooled = pool(hidden, ctx.batch, self.route.pooling, self.model.pooler)
         return HostResult(head(pooled))  # the one device-to-host copy of this batch
 
     def _compute(self, ctx: ForwardContext, finish):

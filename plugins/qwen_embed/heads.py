@@ -95,7 +95,7 @@ class ScoreHead(nn.Module):
         super().__init__()
         # `rows`: the vocabulary rows to keep (None: the whole tensor, a `score` head)
         count = len(rows) if rows is not None else labels
-        self.weight = _loaded(torch.empty(count, hidden_size), checkpoint_name, rows)
+        self.weight = checkpoint_parameter(torch.empty(count, hidden_size), checkpoint_name, rows)
         self.probability = probability
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
@@ -115,10 +115,10 @@ class MlpScoreHead(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.first = _loaded(torch.empty(hidden_size, hidden_size), "score.0.weight")
-        self.first_bias = _loaded(torch.empty(hidden_size), "score.0.bias")
-        self.second = _loaded(torch.empty(1, hidden_size), "score.2.weight")
-        self.second_bias = _loaded(torch.empty(1), "score.2.bias")
+        self.first = checkpoint_parameter(torch.empty(hidden_size, hidden_size), "score.0.weight")
+        self.first_bias = checkpoint_parameter(torch.empty(hidden_size), "score.0.bias")
+        self.second = checkpoint_parameter(torch.empty(1, hidden_size), "score.2.weight")
+        self.second_bias = checkpoint_parameter(torch.empty(1), "score.2.bias")
 
     def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
         x = F.relu(F.linear(last_hidden.float(), self.first, self.first_bias))
@@ -138,8 +138,12 @@ class ListwiseHead(nn.Module):
             model_dir, LISTWISE_MARKERS, "jina-reranker-v3's tokenizer"
         )
         # Its sizes, as its modeling code builds them: hidden / 2, then 512.
-        self.first = _loaded(torch.empty(hidden_size // 2, hidden_size), "projector.0.weight")
-        self.second = _loaded(torch.empty(width, hidden_size // 2), "projector.2.weight")
+        self.first = checkpoint_parameter(
+            torch.empty(hidden_size // 2, hidden_size), "projector.0.weight"
+        )
+        self.second = checkpoint_parameter(
+            torch.empty(width, hidden_size // 2), "projector.2.weight"
+        )
 
     @property
     def width(self) -> int:
@@ -162,7 +166,7 @@ class ListwiseHead(nn.Module):
         return F.linear(F.relu(F.linear(states.float(), self.first)), self.second)
 
 
-def _loaded(
+def checkpoint_parameter(
     tensor: torch.Tensor, checkpoint_name: str, rows: list[int] | None = None
 ) -> nn.Parameter:
     """A head parameter the checkpoint loader fills from `checkpoint_name` (its `rows` only,

@@ -12,9 +12,9 @@ if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_m
 
 # Present in causal-LM / classifier checkpoints, top-level projections (voyage-4-nano's
 # `linear`, ColQwen3's `embedding_proj_layer`, jina-embeddings-v4's `multi_vector_projector`,
-# which heads.py reads itself) and
-# jina-reranker-v3's `projector`; skipped
-# unless a task head asks for them (rank 0's only).
+# which heads.py reads itself), jina-reranker-v3's `projector` and the attention pooling of
+# CodeFuse's embedders (`mha_pma`); skipped unless a task head or the pooler asks for them
+# (rank 0's only).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _IGNORED_PREFIXES = (
     "lm_head.",
@@ -23,6 +23,7 @@ _IGNORED_PREFIXES = (
     "projector.",
     "embedding_proj_layer.",
     "multi_vector_projector.",
+    "mha_pma.",
 )
 
 
@@ -139,8 +140,10 @@ def _mapped_tensors(path: Path):
 def _normalise(key: str) -> str:
     """A checkpoint key as our modules name it: without "model." (and a multimodal
     checkpoint's "language_model." before its text model; its tower is `visual.`; a
-    retriever's "vlm." around them all, ColQwen3's)."""
-    key = key[len("vlm.") :] if key.startswith("vlm.") else key
+    retriever's "vlm." around them all, ColQwen3's; the causal LM CodeFuse's embedders wrap,
+    "plm_model.")."""
+    for outer in ("vlm.", "plm_model."):
+        key = key[len(outer) :] if key.startswith(outer) else key
     key = key[len("model.") :] if key.startswith("model.") else key
     return key[len("language_model.") :] if key.startswith("language_model.") else key
 

@@ -273,7 +273,18 @@ def resolve_pooling(setting: str, task: str, config: ModelConfig) -> str:
         if setting not in ("auto", "last"):
             raise ValueError(f"task {task!r} reads the last token: pooling must be 'last'")
         return "last"
-    return (config.sentence.pooling or "last") if setting == "auto" else setting
+    pooling = (config.sentence.pooling or "last") if setting == "auto" else setting
+    if config.attention_pooling is not None and pooling != "attention":
+        raise ValueError(
+            f"pooling {pooling!r}: this checkpoint pools by attention (its `mha_pma` head); "
+            "pooling must be 'auto' or 'attention'"
+        )
+    if config.attention_pooling is None and pooling == "attention":
+        raise ValueError(
+            "pooling 'attention' needs a checkpoint with an attention pooling head "
+            "(config.json's `embedding_method: pma`: C2LLM, CodeFuse-CGE)"
+        )
+    return pooling
 
 
 def _dtype(

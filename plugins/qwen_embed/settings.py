@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "fp8")
-POOLING_METHODS = ("last", "mean", "cls")
+POOLING_METHODS = ("last", "mean", "cls", "attention")
 TASKS = ("auto", "embed", "rerank", "classify")
 SWITCH = ("auto", "on", "off")
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")

@@ -71,7 +71,7 @@ _ERRORS = {
     BACKEND: (424, "Backend"),
     METHOD: (405, "Validation"),
 }
-_POOLING = {"last": "last_token", "mean": "mean", "cls": "cls"}
+_POOLING = {"last": "last_token", "mean": "mean", "cls": "cls", "attention": "attention"}
 
 
 def error_response(e: APIError) -> Response:

@@ -28,6 +28,9 @@ class EmbeddingModel(Protocol):
     planner: Planner  # turns flat batches into this shard's forward contexts (segments.py)
     # rank 0: pooled hidden states -> scores (rerank) or projected vectors (heads.py)
     head: nn.Module | None
+    # rank 0, a checkpoint pooled by attention (engine._instantiate sets it; else None): its
+    # attention_pooling.AttentionPooling, which pools the final hidden states (batch.pool)
+    pooler: nn.Module | None
     # cuda_graphs.TokenGraphs where the route captures CUDA graphs (engine.build_model sets
     # it; None until then): the forward replays them where the batch fits
     graphs: object | None

@@ -30,7 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen_embed.config import CONTEXTUAL_ARCHITECTURES, GME, REMOTE_CODE_HEADS
+from qwen_embed.config import (
+    CONTEXTUAL_ARCHITECTURES,
+    GME,
+    PLAIN_TOKENS_ARCHITECTURES,
+    REMOTE_CODE_HEADS,
+)
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -89,7 +94,8 @@ class PromptSet:
                 return cls({}, None, "Qwen3-VL's chat template (the instruction its system turn)")
             if (Path(model_dir) / "modules.json").is_file():
                 return cls({}, None, f"{model_dir} (a sentence-transformers model without prompts)")
-            if REMOTE_CODE_HEADS.keys() & set(_config(model_dir).get("architectures") or ()):
+            remote = REMOTE_CODE_HEADS.keys() | PLAIN_TOKENS_ARCHITECTURES
+            if remote & set(_config(model_dir).get("architectures") or ()):
                 return cls({}, None, f"{model_dir} (its remote code's recipe, without prompts)")
             return cls(dict(QWEN3_EMBEDDING_PROMPTS), None, "Qwen3-Embedding's prompts")
         config = json.loads(path.read_text())
@@ -236,7 +242,10 @@ def chunk_separator(model_dir: str | Path) -> str | None:
 
 
 def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
-    """(ids before, ids after) the text's own tokens, as the model's tokenizer adds them."""
+    """(ids before, ids after) the text's own tokens, as the model's tokenizer adds them
+    (none where the model's recipe leaves them out: PLAIN_TOKENS_ARCHITECTURES)."""
+    if PLAIN_TOKENS_ARCHITECTURES & set(_config(model_dir).get("architectures") or ()):
+        return [], []
     plain = tok.encode("a", add_special_tokens=False).ids
     full = tok.encode("a").ids
     start = next(i for i in range(len(full)) if full[i : i + len(plain)] == plain)
