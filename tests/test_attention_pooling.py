@@ -72,16 +72,26 @@ def _tensors(model_dir) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def reference(model_dir, sequences, dtype=torch.float32) -> np.ndarray:
-    """Their recipe over one padded batch, L2-normalised (see the module's docstring)."""
+def recipe_parts(model_dir, dtype=torch.float32):
+    """Their model as their remote code builds it: config.json, the wrapped causal LM
+    (`plm_model.`, eager attention) and the PMA's tensors (`mha_pma.`)."""
     hf = json.loads((model_dir / "config.json").read_text())
     config = Qwen2Config.from_dict({k: v for k, v in hf.items() if k != "model_type"})
     config._attn_implementation = "eager"
     tensors = _tensors(model_dir)
     lm = Qwen2ForCausalLM(config).eval()
-    plm = {k.removeprefix("plm_model."): v for k, v in tensors.items() if "plm_model." in k}
-    lm.load_state_dict(plm)
-    lm.to(dtype)
+    parts = {
+        prefix: {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        for prefix in ("plm_model.", "mha_pma.")
+    }
+    lm.load_state_dict(parts["plm_model."])
+    pma = {k: v.to(dtype) for k, v in parts["mha_pma."].items()}
+    return hf, lm.to(dtype), pma
+
+
+def reference(model_dir, sequences, dtype=torch.float32) -> np.ndarray:
+    """Their recipe over one padded batch, L2-normalised (see the module's docstring)."""
+    hf, lm, pma = recipe_parts(model_dir, dtype)
     longest = max(map(len, sequences))
     ids = torch.zeros(len(sequences), longest, dtype=torch.long)
     mask = torch.zeros(len(sequences), longest, dtype=torch.long)
@@ -91,9 +101,6 @@ def reference(model_dir, sequences, dtype=torch.float32) -> np.ndarray:
     with torch.no_grad():
         out = lm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         states = out.hidden_states[hf.get("keep_max_layer", -1)]
-        pma = {
-            k.removeprefix("mha_pma."): v.to(dtype) for k, v in tensors.items() if "mha_pma" in k
-        }
         pooled = pma_post(pma, states, mask, hf["pma_num_heads"])
     return F.normalize(pooled.float(), dim=-1).numpy()
 
@@ -181,10 +188,9 @@ def test_late_chunks_are_pooled_by_attention_over_their_rows(dirs):
     """A chunk's vector: the head over the chunk's rows of the whole text's forward."""
     (ids,) = token_ids(dirs["c2llm"], [TEXTS[1] + " " + TEXTS[0]])
     spans = np.array([[0, 7], [7, 15], [15, len(ids)]])
-    hf = json.loads((dirs["c2llm"] / "config.json").read_text())
-    full = reference_states(dirs["c2llm"], ids)
-    pma = {k.removeprefix("mha_pma."): v.float() for k, v in _tensors(dirs["c2llm"]).items()}
-    pma = {k: v for k, v in pma.items() if not k.startswith("plm_model.")}
+    hf, lm, pma = recipe_parts(dirs["c2llm"])
+    with torch.no_grad():
+        full = lm.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
     expected = []
     for a, b in spans:
         rows = full[None, a:b]
@@ -193,17 +199,6 @@ def test_late_chunks_are_pooled_by_attention_over_their_rows(dirs):
     with Encoder.from_pretrained(dirs["c2llm"], dtype="float32") as enc:
         (chunks,) = enc.embed_chunks([ChunkedText(np.array(ids), spans)])
     assert cosine(chunks, np.stack(expected)).min() >= FP32_COSINE
-
-
-def reference_states(model_dir, ids) -> torch.Tensor:
-    """The wrapped causal LM's final hidden states of one text [t, hidden], fp32."""
-    hf = json.loads((model_dir / "config.json").read_text())
-    config = Qwen2Config.from_dict({k: v for k, v in hf.items() if k != "model_type"})
-    lm = Qwen2ForCausalLM(config).eval()
-    tensors = _tensors(model_dir)
-    lm.load_state_dict({k.removeprefix("plm_model."): v for k, v in tensors.items() if "plm" in k})
-    with torch.no_grad():
-        return lm.model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
 
 
 def test_another_pooling_is_refused_saying_why(dirs):
@@ -222,6 +217,17 @@ def test_another_pooling_is_refused_saying_why(dirs):
     ):
         with pytest.raises(UnsupportedModelError, match=message):
             ModelConfig.from_hf(hf | change)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vectors_on_a_gpu_match_the_recipe(dirs):
+    """bf16 on the GPU (its CUDA graphs, the pooling on the device) against the recipe in
+    fp32 on the CPU."""
+    seqs = token_ids(dirs["c2llm"], TEXTS)
+    with Encoder.from_pretrained(dirs["c2llm"], dtype="bfloat16", device="cuda") as enc:
+        vectors = enc.embed(seqs)
+    assert cosine(vectors, reference(dirs["c2llm"], seqs)).min() >= BF16_COSINE
 
 
 @pytest.fixture(scope="module")
