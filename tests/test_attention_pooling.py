@@ -47,6 +47,7 @@ TEXTS = [
     "Retrieve the Python code that solves the following query: sort a list in place",
     "def sort_in_place(items):\n    items.sort()\n    return items",
     "naïve café — emoji 🎉 你好",
+    "x",  # one token: a softmax over one row
 ]
 
 
