@@ -1052,9 +1052,10 @@ def _codefuse(directory: Path, config: dict, *, width: int, seed: int, shards: i
     names = sorted(tensors)
     weight_map = {}
     for i in range(shards):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else None
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        file = file if shards > 1 else "model.safetensors"
         part = names[i::shards]
-        save_file({k: tensors[k] for k in part}, str(directory / (file or "model.safetensors")))
+        save_file({k: tensors[k] for k in part}, str(directory / file))
         weight_map |= dict.fromkeys(part, file)
     if shards > 1:
         _write_json(directory / "model.safetensors.index.json", {"weight_map": weight_map})

@@ -191,17 +191,20 @@ def pool(hidden: torch.Tensor, batch: VarlenBatch, method: str, pooler=None) -> 
     raise ValueError(f"unknown pooling {method!r}; choose one of {POOLING_METHODS}")
 
 
-def pool_spans(hidden: torch.Tensor, spans: np.ndarray) -> torch.Tensor:
+def pool_spans(hidden: torch.Tensor, spans: np.ndarray, pooler=None) -> torch.Tensor:
     """hidden [T, H] -> the mean of each span of rows (`spans`: host [n, 2], start and end,
-    non-empty), float32 [n, H]."""
+    non-empty), float32 [n, H]; with `pooler` (attention_pooling.AttentionPooling), its
+    pooling of each span's rows instead."""
     lengths = spans[:, 1] - spans[:, 0]
     of_span = np.repeat(np.arange(len(spans)), lengths)
     # each row's place in its span, added to the span's start: no loop over the spans
     rows = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     rows += spans[of_span, 0]
+    picked = hidden[to_device(torch.from_numpy(rows), hidden.device)]
+    if pooler is not None:
+        return pooler(picked, to_device(torch.from_numpy(lengths), hidden.device))
     sums = torch.zeros(len(spans), hidden.shape[1], device=hidden.device, dtype=torch.float32)
-    picked = hidden[to_device(torch.from_numpy(rows), hidden.device)].float()
-    sums.index_add_(0, to_device(torch.from_numpy(of_span), hidden.device), picked)
+    sums.index_add_(0, to_device(torch.from_numpy(of_span), hidden.device), picked.float())
     return sums / to_device(torch.from_numpy(lengths).float(), hidden.device).unsqueeze(1)
 
 

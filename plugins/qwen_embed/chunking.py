@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batch import VarlenBatch, flatten, to_device
+from .batch import VarlenBatch, flatten, pool_spans, to_device
 from .segments import AdapterRows, AttentionLayout, ForwardContext
 
 GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations
@@ -213,13 +213,9 @@ class ChunkForward:
         checkpoint's attention pooling (`pooler`) pools each chunk's rows in place of their
         mean."""
         counts = [len(ranges) for ranges in self.pool_ranges]
-        ranges = [r for text in self.pool_ranges for r in text]
         if self.pruned:
             pooled = hidden.float()
-        elif pooler is not None:
-            rows = torch.cat([hidden[a:b] for a, b in ranges])
-            lengths = torch.tensor([b - a for a, b in ranges], device=hidden.device)
-            pooled = pooler(rows, lengths)
         else:
-            pooled = torch.stack([hidden[a:b].float().mean(0) for a, b in ranges])
+            spans = np.array([r for ranges in self.pool_ranges for r in ranges], dtype=np.int64)
+            pooled = pool_spans(hidden, spans, pooler)
         return [part.cpu().numpy() for part in head(pooled).split(counts)]
