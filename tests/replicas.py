@@ -443,6 +443,34 @@ def _near_one_norms(model: torch.nn.Module) -> None:
             p.copy_(1.0 + 0.1 * torch.randn_like(p) if scale else 0.1 * torch.randn_like(p))
 
 
+# Qwen3-VL's chat template (Qwen3-VL-2B-Instruct's), the parts an embedder's inputs reach: a
+# system turn (a string or text parts), user turns of images, videos and text in their order,
+# the assistant's turn begun on add_generation_prompt; it adds no system turn of its own.
+QWEN3_VL_CHAT_TEMPLATE = """\
+{%- if messages[0].role == 'system' -%}
+{{- '<|im_start|>system\\n' -}}
+{%- if messages[0].content is string -%}{{- messages[0].content -}}
+{%- else -%}{%- for c in messages[0].content -%}{%- if 'text' in c -%}{{- c.text -}}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}{%- if message.role == 'user' -%}
+{{- '<|im_start|>user\\n' -}}
+{%- if message.content is string -%}{{- message.content -}}
+{%- else -%}{%- for c in message.content -%}
+{%- if c.type == 'image' or 'image' in c or 'image_url' in c -%}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif c.type == 'video' or 'video' in c -%}
+{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+{%- elif 'text' in c -%}{{- c.text -}}
+{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- endif -%}{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
+
 def qwen3_vl(
     directory: Path,
     *,
@@ -451,6 +479,7 @@ def qwen3_vl(
     layers: int = 4,
     files: bool = False,
     tied: bool = True,
+    chat_template: bool = False,
 ) -> Path:
     """Qwen3-VL-Embedding's layout (`Qwen3VLForConditionalGeneration`: `text_config` and
     `vision_config`, tensors under `model.language_model.` and `model.visual.`, tied
@@ -458,8 +487,9 @@ def qwen3_vl(
     size), a 3-block vision tower with DeepStack after each block, 4x4 patches. Below the
     real vocabulary's size the vision tokens are its last ids. `files`: what a server reads
     besides the weights, as published: Qwen's tokenizer (the real vocabulary, its vision
-    tokens) and preprocessor_config.json. `tied=False`: an output head of its own, as the 8B
-    (a reranker reads its "yes" and "no" rows)."""
+    tokens) and preprocessor_config.json, with `chat_template` its chat_template.jinja (what
+    sentence-transformers writes its texts and images with). `tied=False`: an output head of
+    its own, as the 8B (a reranker reads its "yes" and "no" rows)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     if files:
@@ -505,6 +535,8 @@ def qwen3_vl(
             "size": {"shortest_edge": 4096, "longest_edge": 1843200},
         }
         _write_json(Path(directory) / "preprocessor_config.json", processor)
+        if chat_template:
+            (Path(directory) / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
     return Path(directory)
 
 

@@ -372,11 +372,6 @@ class ModelConfig:
                 f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
                 f"{list(architectures)}, projection {'found' if top_level else 'absent'}"
             )
-        if sentence.late_interaction and config.media is not None:
-            raise UnsupportedModelError(
-                f"{model_dir}: a sentence-transformers MultiVectorEncoder is served over a text "
-                "model (Qwen2/Qwen3); this one has a vision tower"
-            )
         adapters = tuple(adapter_names(model_dir))
         multi_vector = config.multi_vector or sentence.late_interaction
         return dataclasses.replace(

@@ -163,7 +163,7 @@ class TritonPythonModel:
         none = np.array([[b""]] * len(ids), dtype=np.object_)
         return ids, [
             pb_utils.Tensor("INPUT_TOKENS", counts),
-            pb_utils.Tensor("FINISH", finish_rows(opts.finish(), len(ids))),
+            pb_utils.Tensor("FINISH", finish_rows(self.tokenizer.finish(opts), len(ids))),
             pb_utils.Tensor("CHUNKS", none),
             pb_utils.Tensor("MEDIA", media),
         ]

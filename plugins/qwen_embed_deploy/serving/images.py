@@ -23,6 +23,7 @@ from PIL import Image
 
 from qwen_embed.config import GME
 
+from .late_interaction import is_late_interaction
 from .retrievers import architectures, own_processor, pixel_budget
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
@@ -54,10 +55,11 @@ class ImageSettings:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, **changes) -> ImageSettings:
-        """The checkpoint's preprocessor_config.json (patch, merge and temporal sizes, mean
-        and std); the pixel budget `_budget`'s unless `changes` give one."""
-        path = Path(model_dir) / "preprocessor_config.json"
-        hf = json.loads(path.read_text()) if path.is_file() else {}
+        """The checkpoint's image processor settings (patch, merge and temporal sizes, mean
+        and std): preprocessor_config.json, or where transformers 5 saved the processor
+        without it, processor_config.json's `image_processor`; the pixel budget `_budget`'s
+        unless `changes` give one."""
+        hf = image_processor_config(model_dir)
         known = {
             "patch_size": hf.get("patch_size"),
             "temporal_patch_size": hf.get("temporal_patch_size"),
@@ -79,11 +81,22 @@ class ImageSettings:
         return self.patch_size * self.merge_size
 
 
+def image_processor_config(model_dir: str | Path) -> dict:
+    """The image processor's saved settings, from either file transformers writes them to."""
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            hf = json.loads(path.read_text())
+            return hf.get("image_processor", hf) if name == "processor_config.json" else hf
+    return {}
+
+
 def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[int, int]:
-    """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS, GME's), else a
-    multi-vector retriever's or jina-embeddings-v4's processor's (`hf`, its
-    preprocessor_config.json: `size`, or Qwen2-VL's older min_pixels and max_pixels;
-    retrievers.pixel_budget), else Qwen3-VL-Embedding's script's (`settings`' defaults)."""
+    """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS, GME's), else
+    the processor's (`hf`: `size`, or Qwen2-VL's older min_pixels and max_pixels) for a
+    multi-vector retriever, jina-embeddings-v4 or a sentence-transformers MultiVectorEncoder
+    (whose processor sizes its images; retrievers.pixel_budget), else Qwen3-VL-Embedding's
+    script's (`settings`' defaults)."""
     for architecture in architectures(model_dir):
         if architecture in SCRIPT_BUDGETS:
             return SCRIPT_BUDGETS[architecture]
@@ -92,7 +105,7 @@ def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[i
             tokens = (config.get("min_image_tokens"), config.get("max_image_tokens"))
             least, most = (t or d for t, d in zip(tokens, GME_TOKENS, strict=True))
             return least * settings.factor**2, most * settings.factor**2
-    if not own_processor(model_dir):
+    if not (own_processor(model_dir) or is_late_interaction(model_dir)):
         return settings.min_pixels, settings.max_pixels
     size = hf.get("size") or {}
     least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))

@@ -1,5 +1,8 @@
 """A sentence-transformers MultiVectorEncoder's texts (ColBERT-style late interaction over a
 Qwen2/Qwen3 backbone), as its Transformer module writes them (`sentence_bert_config.json`).
+Over a multimodal backbone (Qwen3-VL-Embedding: modality 'message') its texts and images are
+written in the backbone's chat template, the task's prompt its system turn (tokenizer.py), and
+it saves no lengths or expansion.
 
 A request's task is the prompt it names: `query` is `encode_query`'s, `document`
 `encode_document`'s (both names are served, with an empty prompt where the checkpoint saves
@@ -54,15 +57,21 @@ class LateInteraction:
             return None
         config = _read(model_dir / "sentence_bert_config.json")
         where = model_dir / "sentence_bert_config.json"
-        if "message" in (config.get("modality_config") or {}):
-            raise ValueError(
-                f"{where}: texts written through its chat template (modality 'message') are "
-                "not supported; a MultiVectorEncoder that reads plain text is"
-            )
         expansion = config.get("query_expansion")
         lengths = config.get("query_length"), config.get("document_length")
-        sentence = ModelConfig.from_dir(model_dir).sentence
-        skips = sentence.skiplist_tasks if sentence.skiplist else ()
+        model = ModelConfig.from_dir(model_dir)
+        if "message" in (config.get("modality_config") or {}):
+            if model.media is None:
+                raise ValueError(
+                    f"{where}: texts written through its chat template (modality 'message') "
+                    "are served for a multimodal backbone (Qwen3-VL), and this one reads text"
+                )
+            if expansion is not None or any(n is not None for n in lengths):
+                raise ValueError(
+                    f"{where}: query_expansion, query_length and document_length would cut or "
+                    "pad its texts as its chat template writes them, which is not supported"
+                )
+        skips = model.sentence.skiplist_tasks if model.sentence.skiplist else ()
         if expansion is None:
             return cls(*lengths, None, False, None, False, skips)
         if not expansion.get("attend", False):

@@ -159,15 +159,28 @@ class ChatTemplate:
     reads_video = True
     default_instruction = DEFAULT_MEDIA_INSTRUCTION
 
-    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
-        """(the turn up to the text, the text, what follows it) of a text after `visuals`, its
-        videos' and images' placeholders; the instruction ends in punctuation (a full stop
-        added where it has none)."""
-        instruction = instruction.strip()
+    def system(self, instruction: str | None) -> str:
+        """The system turn for a request's instruction (else the default), as the script
+        writes it: ending in punctuation (a full stop added where it has none)."""
+        instruction = (instruction or self.default_instruction).strip()
         if instruction and unicodedata.category(instruction[-1])[0] != "P":
             instruction += "."
+        return instruction
+
+    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(the turn up to the text, the text, what follows it) of a text after `visuals`, its
+        videos' and images' placeholders; `instruction` the system turn."""
         before = f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
         return before, text, "<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class MultiVectorChatTemplate(ChatTemplate):
+    """A sentence-transformers MultiVectorEncoder over Qwen3-VL-Embedding: its texts and images
+    in the backbone's chat turn, the task's prompt the system turn. No video: its processor
+    samples a video's frames its own way, not as the embedding script does."""
+
+    reads_video = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,9 @@ class GmeTemplate:
     visuals_per_text = 1
     reads_video = False
     default_instruction = "You are a helpful assistant."
+
+    def system(self, instruction: str | None) -> str:
+        return instruction or self.default_instruction
 
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         before = f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
@@ -198,7 +214,9 @@ def media_template(model_dir: Path):
         return retriever_template(model_dir, token_text(config.get("pad_token")))
     if GME in architectures(model_dir):
         return GmeTemplate()
-    return ChatTemplate() if multimodal(model_dir) else None
+    if not multimodal(model_dir):
+        return None
+    return MultiVectorChatTemplate() if is_late_interaction(model_dir) else ChatTemplate()
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -521,12 +539,17 @@ class TextTokenizer:
                 "parameter 'instruction' is not read by this model, whose processor writes "
                 "queries and documents its own way; send parameter 'prompt' to prefix the text"
             )
+        named = opts.prompt_name
+        if named is None and opts.instruction is None:
+            named = self.prompts.default_name
         if self.chat.prompted:  # the prompt before a text alone, as any text's
             instruction = self.prompts.resolve(opts.prompt_name, None, opts.prompt)
-        elif opts.prompt_name is not None:
-            instruction = self.prompts.prompts[opts.prompt_name]
+        elif named is not None:  # as sentence-transformers writes a prompt: the system turn
+            instruction = self.prompts.prompts[named]
+        elif self.chat.takes_instruction:
+            instruction = self.chat.system(opts.instruction)
         else:
-            instruction = opts.instruction or getattr(self.chat, "default_instruction", "")
+            instruction = ""
         extra, limit = len(self._head) + len(self._tail), self._limit(opts)
         out, counts = [], []
         for i, (text, visual) in enumerate(zip(texts, visuals, strict=True)):

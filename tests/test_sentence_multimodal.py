@@ -1,0 +1,195 @@
+"""sentence-transformers' own saves of a multimodal Qwen embedder, served as sentence-transformers
+encodes them: Qwen3-VL-Embedding as a SentenceTransformer (its chat template, the prompts as
+system turns, last-token pooling) and the MultiVectorEncoder sentence-transformers makes of it
+(ColQwen3-VL-Embedding: a Dense of every token, MultiVectorMask, Normalize), both written by
+sentence-transformers 6.2 itself from a Qwen3-VL replica, and transformers 5's
+processor_config.json in place of preprocessor_config.json. The reference is
+sentence-transformers' encode_query, encode_document and encode on the same directories, run in
+a process of its own (sentence_reference.py: its processor needs torchvision): fp32 cosine
+>= 0.9999 per vector and per token.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import sentence_reference
+from test_qwen3_vl import image_files
+
+from qwen_embed.config import ModelConfig
+from qwen_embed_deploy.serving.images import ImageSettings
+from qwen_embed_deploy.serving.tokenizer import TextTokenizer
+
+from reference import cosine
+from replicas import qwen3_vl
+
+pytestmark = pytest.mark.skipif(
+    not sentence_reference.available(),
+    reason="the reference's processor needs torchvision (.venv/video-reference: make setup)",
+)
+
+FP32_COSINE = 0.9999
+PROMPTS = {
+    "query": "Retrieve images or text relevant to the user's query",  # no full stop
+    "document": "Represent the user's input.",
+}
+# (task, text, image): encode_query, encode_document or encode (None: the default prompt)
+CASES = [
+    ("query", "which chart shows a yellow circle?", None),
+    ("document", "a chart of quarterly sales", None),
+    ("document", "", "png"),
+    ("document", "quarterly report, page 2", "jpeg"),
+    (None, "a chart of quarterly sales", None),
+]
+# The MultiVectorEncoder's processor budget, smaller than the embedding script's: the PNG is
+# resized down (90 x 60 pixels, more than 48 x 48), where the script's budget keeps its size.
+MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder's}, and the
+    reference's vectors per model per case."""
+    root = tmp_path_factory.mktemp("sentence-multimodal")
+    base = qwen3_vl(root / "qwen3-vl", files=True, chat_template=True)
+    images = {}
+    for name, data in image_files().items():
+        images[name] = root / f"{name}.{'jpg' if name == 'jpeg' else 'png'}"
+        images[name].write_bytes(data)
+    dirs = {"st": root / "st", "multi": root / "multi"}
+    build = [
+        {"kind": "SentenceTransformer", "base": str(base), "out": str(dirs["st"])}
+        | {"prompts": PROMPTS, "default_prompt_name": "document"},
+        {"kind": "MultiVectorEncoder", "base": str(dirs["st"]), "out": str(dirs["multi"])}
+        | {"seed": 5, "pixels": MULTI_VECTOR_PIXELS},
+    ]
+    encode = [
+        {
+            "model_dir": str(d),
+            "task": task,
+            "text": text or None,
+            "image": image and str(images[image]),
+        }
+        for d in dirs.values()
+        for task, text, image in CASES
+    ]
+    found = sentence_reference.run({"build": build, "encode": encode}, root)
+    want = {name: found[i * len(CASES) : (i + 1) * len(CASES)] for i, name in enumerate(dirs)}
+    return dirs, want
+
+
+def test_the_layouts_are_sentence_transformers_own(models):
+    """What the reference wrote is what the server reads: the chat template as a modality,
+    processor_config.json alone (transformers 5), the MultiVectorEncoder's modules."""
+    dirs, _ = models
+    for d in dirs.values():
+        config = json.loads((d / "sentence_bert_config.json").read_text())
+        assert "message" in config["modality_config"]
+        assert (d / "processor_config.json").is_file()
+        assert not (d / "preprocessor_config.json").exists()
+    modules = json.loads((dirs["multi"] / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == [
+        "Transformer",
+        "Dense",
+        "MultiVectorMask",
+        "Normalize",
+    ]
+    config = ModelConfig.from_dir(dirs["multi"])
+    assert config.multi_vector and config.token_size == 128 and config.media is not None
+    # the patch size is the replica's (4), not the default's (16): read from processor_config
+    assert ImageSettings.from_dir(dirs["st"]).patch_size == 4
+    budget = ImageSettings.from_dir(dirs["multi"])
+    assert (budget.min_pixels, budget.max_pixels) == tuple(MULTI_VECTOR_PIXELS.values())
+
+
+def test_prompts_are_system_turns(models):
+    """A prompt is the system turn as sentence-transformers writes it (no full stop added), the
+    default prompt where a request names none; an instruction keeps the script's rule."""
+    from qwen_embed_client.contract import EmbedOptions
+
+    dirs, _ = models
+    tok = TextTokenizer(dirs["st"], 8192)
+    decode = tok._tok.decode
+
+    def system(**options) -> str:
+        (ids,), _ = tok.encode_media(["x"], [""], EmbedOptions(**options), ["TEXT"])
+        return decode(ids, skip_special_tokens=False).split("<|im_end|>")[0]
+
+    assert system() == "<|im_start|>system\n" + PROMPTS["document"]
+    assert system(prompt_name="query") == "<|im_start|>system\n" + PROMPTS["query"]
+    assert system(instruction="Find charts") == "<|im_start|>system\nFind charts."
+
+
+def served_vectors(server, model: str, multi: bool) -> list[np.ndarray]:
+    from qwen_embed_client import EmbeddingClient
+
+    files = image_files()
+    got = []
+    with EmbeddingClient(server.grpc_url, model=model) as client:
+        for task, text, image in CASES:
+            images = [[files[image]]] if image else None
+            options = {"prompt_name": task} if task else {}
+            call = client.embed_tokens if multi else client.embed
+            got.append(call([text], images=images, **options)[0])
+    return got
+
+
+@pytest.fixture(scope="module")
+def served(models, tmp_path_factory):
+    from qwen_embed_deploy.repository import render
+    from qwen_embed_deploy.triton import TritonServer
+
+    dirs, _ = models
+    where = tmp_path_factory.mktemp("sentence-multimodal-served")
+    deployments = {"embed": dirs["st"], "colqwen3_vl": dirs["multi"]}
+    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield server
+
+
+@pytest.mark.server
+def test_served_as_sentence_transformers_encodes(models, served):
+    """Each case's vector (the SentenceTransformer's) and token vectors (the
+    MultiVectorEncoder's) through Triton against sentence-transformers' on the same
+    directory; the prompts and the image budget each change what is compared."""
+    _, want = models
+    for model, name, multi in (("embed", "st", False), ("colqwen3_vl", "multi", True)):
+        got = served_vectors(served, model, multi)
+        for i, (ours, theirs) in enumerate(zip(got, want[name], strict=True)):
+            assert ours.shape == theirs.shape, (name, CASES[i])
+            assert cosine(np.atleast_2d(ours), np.atleast_2d(theirs)).min() >= FP32_COSINE
+    # a query's prompt and a document's move the vector of the same kind of text
+    st = want["st"]
+    assert cosine(st[0][None], st[1][None])[0] < 0.999
+    # the default prompt is the document's: encode() = encode_document()
+    assert cosine(st[1][None], st[4][None])[0] >= FP32_COSINE
+    # the processor's budget, not the script's: the PNG in fewer tokens, as many as its rows
+    assert len(want["multi"][2]) == image_rows(models, "multi") < image_rows(models, "st")
+
+
+def image_rows(models, name: str) -> int:
+    """The ids of the PNG alone as a document, the image resized within `name`'s budget."""
+    from qwen_embed_client.contract import EmbedOptions
+    from qwen_embed_deploy.serving.images import fit
+    from qwen_embed_deploy.serving.tokenizer import image_blocks
+
+    dirs, _ = models
+    settings = ImageSettings.from_dir(dirs[name])
+    height, width = fit(60, 90, settings)
+    blocks = image_blocks([height * width // settings.factor**2])
+    tok = TextTokenizer(dirs[name], 8192)
+    (ids,), _ = tok.encode_media([""], [blocks], EmbedOptions(prompt_name="document"), ["IMAGES"])
+    return len(ids)
+
+
+@pytest.mark.server
+def test_what_it_does_not_read_is_refused(served):
+    """A video for the MultiVectorEncoder (its processor samples frames its own way) is
+    refused for that request, and the next is served."""
+    from qwen_embed_client import EmbeddingClient, EmbeddingError
+
+    files = image_files()
+    with EmbeddingClient(served.grpc_url, model="colqwen3_vl") as client:
+        with pytest.raises(EmbeddingError, match="VIDEOS"):
+            client.embed_tokens(["a clip"], videos=[[[files["png"], files["png"]]]])
+        assert client.embed_tokens(["still served"])[0].shape[1] == 128
