@@ -48,7 +48,8 @@ MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder's}, and the
+    """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder made of it,
+    "bare": the one made of the replica as it is (no prompts, no generation prompt)}, and the
     reference's vectors per model per case."""
     root = tmp_path_factory.mktemp("sentence-multimodal")
     base = qwen3_vl(root / "qwen3-vl", files=True, chat_template=True)
@@ -56,12 +57,13 @@ def models(tmp_path_factory):
     for name, data in image_files().items():
         images[name] = root / f"{name}.{'jpg' if name == 'jpeg' else 'png'}"
         images[name].write_bytes(data)
-    dirs = {"st": root / "st", "multi": root / "multi"}
+    dirs = {name: root / name for name in ("st", "multi", "bare")}
     build = [
         {"kind": "SentenceTransformer", "base": str(base), "out": str(dirs["st"])}
         | {"prompts": PROMPTS, "default_prompt_name": "document"},
         {"kind": "MultiVectorEncoder", "base": str(dirs["st"]), "out": str(dirs["multi"])}
         | {"seed": 5, "pixels": MULTI_VECTOR_PIXELS},
+        {"kind": "MultiVectorEncoder", "base": str(base), "out": str(dirs["bare"]), "seed": 7},
     ]
     encode = [
         {
@@ -104,8 +106,9 @@ def test_the_layouts_are_sentence_transformers_own(models):
 
 def test_prompts_are_system_turns(models):
     """A prompt is the system turn as sentence-transformers writes it (no full stop added), the
-    default prompt where a request names none; an instruction keeps the script's rule."""
-    from qwen_embed_client.contract import EmbedOptions
+    default prompt where a request names none; an instruction keeps the script's rule; an
+    empty prompt is no system turn; a MultiVectorEncoder reads its own prompts only."""
+    from qwen_embed_client.contract import EmbedOptions, RequestError
 
     dirs, _ = models
     tok = TextTokenizer(dirs["st"], 8192)
@@ -118,6 +121,21 @@ def test_prompts_are_system_turns(models):
     assert system() == "<|im_start|>system\n" + PROMPTS["document"]
     assert system(prompt_name="query") == "<|im_start|>system\n" + PROMPTS["query"]
     assert system(instruction="Find charts") == "<|im_start|>system\nFind charts."
+    # the MultiVectorEncoders render their own chat template: with its generation prompt and
+    # the task's prompt as the system turn, or (made of the bare replica) with neither
+    for name, want in (
+        ("multi", f"<|im_start|>system\n{PROMPTS['query']}<|im_end|>\n"),
+        ("bare", ""),
+    ):
+        tok = TextTokenizer(dirs[name], 8192)
+        opts = EmbedOptions(prompt_name="query", per_token=True)
+        (ids,), _ = tok.encode_media(["x"], [""], opts, ["TEXT"])
+        tail = "<|im_start|>assistant\n" if name == "multi" else ""
+        with pytest.raises(RequestError, match="instruction"):  # its prompts are its own
+            tok.encode_media(["x"], [""], EmbedOptions(instruction="Find charts"), ["TEXT"])
+        assert (
+            decode(ids, skip_special_tokens=False) == f"{want}<|im_start|>user\nx<|im_end|>\n{tail}"
+        )
 
 
 def served_vectors(server, model: str, multi: bool) -> list[np.ndarray]:
@@ -141,7 +159,7 @@ def served(models, tmp_path_factory):
 
     dirs, _ = models
     where = tmp_path_factory.mktemp("sentence-multimodal-served")
-    deployments = {"embed": dirs["st"], "colqwen3_vl": dirs["multi"]}
+    deployments = {"embed": dirs["st"], "colqwen3_vl": dirs["multi"], "bare": dirs["bare"]}
     repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield server
@@ -153,7 +171,8 @@ def test_served_as_sentence_transformers_encodes(models, served):
     MultiVectorEncoder's) through Triton against sentence-transformers' on the same
     directory; the prompts and the image budget each change what is compared."""
     _, want = models
-    for model, name, multi in (("embed", "st", False), ("colqwen3_vl", "multi", True)):
+    models_served = (("embed", "st", False), ("colqwen3_vl", "multi", True), ("bare", "bare", True))
+    for model, name, multi in models_served:
         got = served_vectors(served, model, multi)
         for i, (ours, theirs) in enumerate(zip(got, want[name], strict=True)):
             assert ours.shape == theirs.shape, (name, CASES[i])

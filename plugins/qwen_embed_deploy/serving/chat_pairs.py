@@ -114,6 +114,23 @@ def chat_template(model_dir: Path) -> str:
     return template
 
 
+def template_kwargs(model_dir: Path) -> tuple[dict, bool]:
+    """The keyword arguments sentence-transformers renders the checkpoint's chat template
+    with: its special tokens, then sentence_bert_config.json's
+    `processing_kwargs.chat_template` but the sizes (limits are ours), no generation prompt
+    unless that asks; and whether a text cut at the limit gets the template's tail back
+    (`restore_suffix`)."""
+    config = _json(model_dir / "tokenizer_config.json")
+    specials = {k: token_text(config.get(k)) for k in SPECIAL_TOKENS}
+    st = _json(model_dir / "sentence_bert_config.json")
+    kwargs = dict((st.get("processing_kwargs") or {}).get("chat_template") or {})
+    restore = kwargs.pop("restore_suffix", True)
+    for key in _SIZE_KWARGS:
+        kwargs.pop(key, None)
+    named = {k: v for k, v in specials.items() if v is not None}
+    return {"add_generation_prompt": False} | named | kwargs, restore
+
+
 class ChatPairTokenizer:
     reads_images = reads_video = document_first = False  # it reads text only
 
@@ -122,18 +139,7 @@ class ChatPairTokenizer:
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
         self._template = compiled(chat_template(model_dir))
-        config = _json(model_dir / "tokenizer_config.json")
-        specials = {k: token_text(config.get(k)) for k in SPECIAL_TOKENS}
-        st = _json(model_dir / "sentence_bert_config.json")
-        kwargs = dict((st.get("processing_kwargs") or {}).get("chat_template") or {})
-        self._restore = kwargs.pop("restore_suffix", True)
-        for key in _SIZE_KWARGS:
-            kwargs.pop(key, None)
-        self._kwargs = (
-            {"add_generation_prompt": False}
-            | {k: v for k, v in specials.items() if v is not None}
-            | kwargs
-        )
+        self._kwargs, self._restore = template_kwargs(model_dir)
         # sentence-transformers' default prompt, which it passes as the system message
         self.default_instruction = PromptSet.from_dir(model_dir).resolve(None, None, None) or None
 

@@ -169,18 +169,11 @@ class ChatTemplate:
 
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         """(the turn up to the text, the text, what follows it) of a text after `visuals`, its
-        videos' and images' placeholders; `instruction` the system turn."""
-        before = f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{visuals}"
+        videos' and images' placeholders; `instruction` the system turn (none where it is
+        empty: a checkpoint's empty prompt, which sentence-transformers leaves out)."""
+        system = f"<|im_start|>system\n{instruction}<|im_end|>\n" if instruction else ""
+        before = f"{system}<|im_start|>user\n{visuals}"
         return before, text, "<|im_end|>\n<|im_start|>assistant\n"
-
-
-@dataclass(frozen=True)
-class MultiVectorChatTemplate(ChatTemplate):
-    """A sentence-transformers MultiVectorEncoder over Qwen3-VL-Embedding: its texts and images
-    in the backbone's chat turn, the task's prompt the system turn. No video: its processor
-    samples a video's frames its own way, not as the embedding script does."""
-
-    reads_video = False
 
 
 @dataclass(frozen=True)
@@ -207,7 +200,8 @@ class GmeTemplate:
 def media_template(model_dir: Path):
     """How the checkpoint writes texts with images and video: its processor's forms (a
     multi-vector retriever's or jina-embeddings-v4's: retrievers.py), Qwen3-VL-Embedding's
-    chat turn, or None (it reads text only)."""
+    chat turn, a sentence-transformers MultiVectorEncoder's render of its own chat template
+    (chat_media.py), or None (it reads text only)."""
     if own_processor(model_dir):
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
@@ -216,7 +210,12 @@ def media_template(model_dir: Path):
         return GmeTemplate()
     if not multimodal(model_dir):
         return None
-    return MultiVectorChatTemplate() if is_late_interaction(model_dir) else ChatTemplate()
+    if is_late_interaction(model_dir):
+        from .chat_media import SentenceChatTemplate  # it renders through chat_pairs, which
+        # reads checkpoints through this module
+
+        return SentenceChatTemplate.from_dir(model_dir)
+    return ChatTemplate()
 
 
 def load_tokenizer(model_dir: str | Path):

@@ -1,0 +1,69 @@
+"""A sentence-transformers MultiVectorEncoder over a multimodal backbone (Qwen3-VL-Embedding
+converted, as its ColQwen3-VL-Embedding example does: `modality_config`'s `message`): a text
+and its images written as its Transformer module writes them, through the checkpoint's own
+chat template.
+
+- The conversation: a system message holding the task's prompt (the checkpoint's) where it has
+  one (an empty prompt adds none, as sentence-transformers prepends a prompt only where there
+  is one), then one user message of content parts, the images, then the text.
+- Rendered in the sandbox transformers renders chat templates in (chat_pairs.compiled), with
+  the keyword arguments the checkpoint saves for it (chat_pairs.template_kwargs: a generation
+  prompt only where its processing_kwargs ask).
+- Each image placeholder the template writes (<|image_pad|>) then stands for as many as the
+  image has tokens, as the processor expands it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chat_pairs import chat_template, compiled, template_kwargs
+
+IMAGE_PAD = "<|image_pad|>"
+# where the text goes in a render: the template around it is what comes before and after
+_TEXT = "\x00text\x00"
+
+
+@dataclass(frozen=True)
+class SentenceChatTemplate:
+    template: str
+    kwargs: tuple  # (name, value) pairs, for a frozen, hashable template
+    takes_instruction = False  # its prompts, the checkpoint's, are its system turns
+    prompted = False
+    visuals_per_text = None
+    reads_video = False  # its processor samples a video's frames its own way
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> SentenceChatTemplate:
+        model_dir = Path(model_dir)
+        kwargs, _ = template_kwargs(model_dir)
+        found = cls(chat_template(model_dir), tuple(sorted(kwargs.items())))
+        alone, one = found._render("", 0), found._render("", 1)
+        if alone.count(_TEXT) != 1 or one.count(_TEXT) != 1:
+            raise ValueError(f"{model_dir}: its chat template does not write the text once")
+        if IMAGE_PAD in alone or one.count(IMAGE_PAD) != 1:
+            raise ValueError(
+                f"{model_dir}: its chat template does not write one {IMAGE_PAD} per image "
+                "part, so its images cannot be placed"
+            )
+        return found
+
+    def _render(self, system: str, images: int) -> str:
+        """A render of `images` images and the text (`_TEXT`), after `system` if any."""
+        messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
+        content = [{"type": "image"}] * images + [{"type": "text", "text": _TEXT}]
+        messages = messages[not system :] + [{"role": "user", "content": content}]
+        return compiled(self.template).render(
+            messages=messages, tools=None, documents=None, **dict(self.kwargs)
+        )
+
+    def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
+        """(before, the text, after) of a text after `visuals`, its images' placeholders in
+        blocks (tokenizer.image_blocks), each image's <|image_pad|> repeated as there."""
+        blocks = visuals.split("<|vision_end|>")[:-1]
+        before, after = self._render(instruction, len(blocks)).split(_TEXT)
+        pieces = before.split(IMAGE_PAD)
+        for i, block in enumerate(blocks):
+            pieces[i] += IMAGE_PAD * block.count(IMAGE_PAD)
+        return "".join(pieces), text, after
