@@ -159,7 +159,7 @@ def served(models, tmp_path_factory):
 
     dirs, _ = models
     where = tmp_path_factory.mktemp("sentence-multimodal-served")
-    deployments = {"embed": dirs["st"], "colqwen3_vl": dirs["multi"], "bare": dirs["bare"]}
+    deployments = {"embed": dirs["multi"], "st_vl": dirs["st"], "bare_vl": dirs["bare"]}
     repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield server
@@ -171,7 +171,7 @@ def test_served_as_sentence_transformers_encodes(models, served):
     MultiVectorEncoder's) through Triton against sentence-transformers' on the same
     directory; the prompts and the image budget each change what is compared."""
     _, want = models
-    models_served = (("embed", "st", False), ("colqwen3_vl", "multi", True), ("bare", "bare", True))
+    models_served = (("st_vl", "st", False), ("embed", "multi", True), ("bare_vl", "bare", True))
     for model, name, multi in models_served:
         got = served_vectors(served, model, multi)
         for i, (ours, theirs) in enumerate(zip(got, want[name], strict=True)):
@@ -208,7 +208,32 @@ def test_what_it_does_not_read_is_refused(served):
     from qwen_embed_client import EmbeddingClient, EmbeddingError
 
     files = image_files()
-    with EmbeddingClient(served.grpc_url, model="colqwen3_vl") as client:
+    with EmbeddingClient(served.grpc_url) as client:
         with pytest.raises(EmbeddingError, match="VIDEOS"):
             client.embed_tokens(["a clip"], videos=[[[files["png"], files["png"]]]])
         assert client.embed_tokens(["still served"])[0].shape[1] == 128
+
+
+@pytest.mark.server
+def test_maxsim_through_the_gateway(models, served):
+    """vLLM's score API with the MultiVectorEncoder as the embed model: the query read as
+    `encode_query` reads it, a page given as an image part and a text document as
+    `encode_document` reads them, scored by MaxSim as sentence-transformers' vectors score."""
+    import httpx
+    from test_qwen3_vl import data_url
+
+    from qwen_embed_client import maxsim_scores
+
+    from triton_helpers import gateway_process
+
+    _, want = models
+    query, document = want["multi"][0], want["multi"][1]
+    page = want["multi"][2]
+    expected = maxsim_scores(query, [page, document])
+    image_part = {"type": "image_url", "image_url": {"url": data_url(image_files()["png"])}}
+    with gateway_process(served) as base:
+        body = {"model": "embed", "text_1": CASES[0][1], "text_2": [[image_part], CASES[1][1]]}
+        scored = httpx.post(f"{base}/v1/score", json=body, timeout=60)
+        assert scored.status_code == 200, scored.text
+        got = np.array([d["score"] for d in scored.json()["data"]])
+        assert np.abs(got - expected).max() <= 1e-3, (got, expected)
