@@ -470,6 +470,29 @@ QWEN3_VL_CHAT_TEMPLATE = """\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
 """
 
+# Qwen3-VL-Reranker's pairs written by a chat template, as a CrossEncoder's template carries
+# sentence-transformers' `query` and `document` roles: the reranker script's system prompt,
+# `<Instruct>: ` and the system message (the instruction), `<Query>:` and the query's content,
+# `\n<Document>:` and the document's (images before text), the assistant's turn begun.
+QWEN3_VL_RERANKER_CHAT_TEMPLATE = """\
+{%- macro part(message) -%}
+{%- if message.content is string -%}{{- message.content -}}
+{%- else -%}{%- for c in message.content -%}
+{%- if c.type == 'image' or 'image' in c -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif 'text' in c -%}{{- c.text -}}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- set system = messages | selectattr('role', 'eq', 'system') | first -%}
+{{- '<|im_start|>system\\nJudge whether the Document meets the requirements based on the Query '
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\\n'
+    '<|im_start|>user\\n<Instruct>: ' -}}
+{%- if system -%}{{- part(system) -}}{%- endif -%}
+{{- '<Query>:' + part(messages | selectattr('role', 'eq', 'query') | first) -}}
+{{- '\\n<Document>:' + part(messages | selectattr('role', 'eq', 'document') | first) -}}
+{{- '<|im_end|>\\n' -}}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
 
 def qwen3_vl(
     directory: Path,
@@ -479,7 +502,7 @@ def qwen3_vl(
     layers: int = 4,
     files: bool = False,
     tied: bool = True,
-    chat_template: bool = False,
+    chat_template: str = "",
 ) -> Path:
     """Qwen3-VL-Embedding's layout (`Qwen3VLForConditionalGeneration`: `text_config` and
     `vision_config`, tensors under `model.language_model.` and `model.visual.`, tied
@@ -487,9 +510,10 @@ def qwen3_vl(
     size), a 3-block vision tower with DeepStack after each block, 4x4 patches. Below the
     real vocabulary's size the vision tokens are its last ids. `files`: what a server reads
     besides the weights, as published: Qwen's tokenizer (the real vocabulary, its vision
-    tokens) and preprocessor_config.json, with `chat_template` its chat_template.jinja (what
-    sentence-transformers writes its texts and images with). `tied=False`: an output head of
-    its own, as the 8B (a reranker reads its "yes" and "no" rows)."""
+    tokens) and preprocessor_config.json, with `chat_template` (QWEN3_VL_CHAT_TEMPLATE, or a
+    reranker's) its chat_template.jinja: what sentence-transformers writes its inputs with.
+    `tied=False`: an output head of its own, as the 8B (a reranker reads its "yes" and "no"
+    rows)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     if files:
@@ -536,7 +560,7 @@ def qwen3_vl(
         }
         _write_json(Path(directory) / "preprocessor_config.json", processor)
         if chat_template:
-            (Path(directory) / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
+            (Path(directory) / "chat_template.jinja").write_text(chat_template)
     return Path(directory)
 
 

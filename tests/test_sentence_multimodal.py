@@ -21,7 +21,7 @@ from qwen_embed_deploy.serving.images import ImageSettings
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer
 
 from reference import cosine
-from replicas import qwen3_vl
+from replicas import QWEN3_VL_CHAT_TEMPLATE, QWEN3_VL_RERANKER_CHAT_TEMPLATE, qwen3_vl
 
 pytestmark = pytest.mark.skipif(
     not sentence_reference.available(),
@@ -41,6 +41,17 @@ CASES = [
     ("document", "quarterly report, page 2", "jpeg"),
     (None, "a chart of quarterly sales", None),
 ]
+RERANK_PROMPTS = {
+    "query": "Given a search query, retrieve relevant candidates that answer the query."
+}
+QUERY = "which chart shows a yellow circle?"
+# (query, document) pairs for the CrossEncoder: each side (text, image)
+PAIRS = [
+    ((QUERY, None), ("a chart of quarterly sales", None)),
+    ((QUERY, None), ("", "png")),
+    ((QUERY, None), ("quarterly report, page 2", "jpeg")),
+    (("", "png"), ("a chart of quarterly sales", None)),
+]
 # The MultiVectorEncoder's processor budget, smaller than the embedding script's: the PNG is
 # resized down (90 x 60 pixels, more than 48 x 48), where the script's budget keeps its size.
 MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
@@ -49,21 +60,28 @@ MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder made of it,
-    "bare": the one made of the replica as it is (no prompts, no generation prompt)}, and the
-    reference's vectors per model per case."""
+    "bare": the one made of the replica as it is (no prompts, no generation prompt), "cross":
+    a CrossEncoder of a Qwen3-VL reranker replica, "reranker": that replica as published},
+    the reference's vectors per model per case, and its scores per pair."""
     root = tmp_path_factory.mktemp("sentence-multimodal")
-    base = qwen3_vl(root / "qwen3-vl", files=True, chat_template=True)
+    base = qwen3_vl(root / "qwen3-vl", files=True, chat_template=QWEN3_VL_CHAT_TEMPLATE)
     images = {}
     for name, data in image_files().items():
         images[name] = root / f"{name}.{'jpg' if name == 'jpeg' else 'png'}"
         images[name].write_bytes(data)
-    dirs = {name: root / name for name in ("st", "multi", "bare")}
+    dirs = {name: root / name for name in ("st", "multi", "bare", "cross")}
+    dirs["reranker"] = qwen3_vl(
+        root / "reranker", files=True, tied=False, chat_template=QWEN3_VL_RERANKER_CHAT_TEMPLATE
+    )
     build = [
         {"kind": "SentenceTransformer", "base": str(base), "out": str(dirs["st"])}
         | {"prompts": PROMPTS, "default_prompt_name": "document"},
         {"kind": "MultiVectorEncoder", "base": str(dirs["st"]), "out": str(dirs["multi"])}
         | {"seed": 5, "pixels": MULTI_VECTOR_PIXELS},
         {"kind": "MultiVectorEncoder", "base": str(base), "out": str(dirs["bare"]), "seed": 7},
+        {"kind": "CrossEncoder", "base": str(dirs["reranker"]), "out": str(dirs["cross"])}
+        | {"prompts": RERANK_PROMPTS, "default_prompt_name": "query"}
+        | {"pixels": MULTI_VECTOR_PIXELS},
     ]
     encode = [
         {
@@ -72,11 +90,24 @@ def models(tmp_path_factory):
             "text": text or None,
             "image": image and str(images[image]),
         }
-        for d in dirs.values()
+        for d in (dirs["st"], dirs["multi"], dirs["bare"])
         for task, text, image in CASES
     ]
-    found = sentence_reference.run({"build": build, "encode": encode}, root)
-    want = {name: found[i * len(CASES) : (i + 1) * len(CASES)] for i, name in enumerate(dirs)}
+
+    def side(text, image):
+        return {"text": text or None, "image": image and str(images[image])}
+
+    predict = [
+        {"model_dir": str(dirs["cross"]), "query": side(*q), "document": side(*d)} for q, d in PAIRS
+    ]
+    found, scores = sentence_reference.run(
+        {"build": build, "encode": encode, "predict": predict}, root
+    )
+    want = {
+        name: found[i * len(CASES) : (i + 1) * len(CASES)]
+        for i, name in enumerate(("st", "multi", "bare"))
+    }
+    want["cross"] = scores
     return dirs, want
 
 
@@ -84,7 +115,8 @@ def test_the_layouts_are_sentence_transformers_own(models):
     """What the reference wrote is what the server reads: the chat template as a modality,
     processor_config.json alone (transformers 5), the MultiVectorEncoder's modules."""
     dirs, _ = models
-    for d in dirs.values():
+    for name in ("st", "multi", "bare", "cross"):
+        d = dirs[name]
         config = json.loads((d / "sentence_bert_config.json").read_text())
         assert "message" in config["modality_config"]
         assert (d / "processor_config.json").is_file()
@@ -160,7 +192,8 @@ def served(models, tmp_path_factory):
     dirs, _ = models
     where = tmp_path_factory.mktemp("sentence-multimodal-served")
     deployments = {"embed": dirs["multi"], "st_vl": dirs["st"], "bare_vl": dirs["bare"]}
-    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
+    overrides = {"encoder": {"dtype": "float32"}}
+    repo = render(where / "repo", deployments, overrides, rerankers={"rerank": dirs["cross"]})
     with TritonServer(repo, log_path=where / "server.log") as server:
         yield server
 
@@ -237,3 +270,49 @@ def test_maxsim_through_the_gateway(models, served):
         assert scored.status_code == 200, scored.text
         got = np.array([d["score"] for d in scored.json()["data"]])
         assert np.abs(got - expected).max() <= 1e-3, (got, expected)
+
+
+def test_a_cross_encoders_pairs_are_the_reranker_scripts(models):
+    """The CrossEncoder over Qwen3-VL-Reranker renders its pairs through its chat template
+    (the query's and the document's images as image parts before their text); where the
+    template writes the reranker script's format, its ids are the script's, image for image."""
+    from qwen_embed_client.contract import RerankOptions
+    from qwen_embed_deploy.serving.chat_pairs import ChatPairTokenizer
+    from qwen_embed_deploy.serving.rerank import PairTokenizer, pair_tokenizer
+    from qwen_embed_deploy.serving.tokenizer import image_blocks
+
+    dirs, _ = models
+    ours = pair_tokenizer(dirs["cross"], 8192)
+    script = PairTokenizer(dirs["reranker"], 8192)
+    assert isinstance(ours, ChatPairTokenizer) and ours.reads_images and not ours.reads_video
+    opts = RerankOptions(instruction=RERANK_PROMPTS["query"])
+    documents = ["a chart", "", "a page"]
+    visuals = ["", image_blocks([6]), image_blocks([4, 2])]
+    for query, query_visuals in ((QUERY, ""), ("", image_blocks([3]))):
+        got = ours.encode(query, documents, opts, query_visuals, visuals)
+        assert got == script.encode(query, documents, opts, query_visuals, visuals)
+    # the instruction is the checkpoint's default prompt where a request names none
+    default = ours.encode(QUERY, documents, RerankOptions(), "", visuals)
+    assert default == ours.encode(QUERY, documents, opts, "", visuals)
+    budget = ImageSettings.from_dir(dirs["cross"])  # its processor's, as for any it saved
+    assert (budget.min_pixels, budget.max_pixels) == tuple(MULTI_VECTOR_PIXELS.values())
+
+
+@pytest.mark.server
+def test_a_cross_encoders_scores_through_triton(models, served):
+    """The CrossEncoder as the rerank model: text pairs, image documents, a document of text
+    and an image, an image query, against its predict (sigmoid of "yes" less "no")."""
+    from qwen_embed_client import EmbeddingClient
+
+    _, want = models
+    files = image_files()
+    with EmbeddingClient(served.grpc_url) as client:
+        documents = [d for _, (d, _) in PAIRS[:3]]
+        images = [[files[im]] if im else [] for _, (_, im) in PAIRS[:3]]
+        scores = list(client.rerank(QUERY, documents, document_images=images).scores)
+        (query_text, query_image), (document, _) = PAIRS[3]
+        scores += list(
+            client.rerank(query_text, [document], query_images=[files[query_image]]).scores
+        )
+    assert np.abs(np.array(scores) - np.array(want["cross"])).max() <= 1e-4, (scores, want)
+    assert np.ptp(want["cross"]) > 1e-3  # the pairs score apart: the check can fail

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chat_pairs import chat_template, compiled, template_kwargs
+from .chat_pairs import IMAGE_PAD, chat_template, compiled, placed, template_kwargs
 
-IMAGE_PAD = "<|image_pad|>"
 # where the text goes in a render: the template around it is what comes before and after
 _TEXT = "\x00text\x00"
 
@@ -61,9 +60,5 @@ class SentenceChatTemplate:
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         """(before, the text, after) of a text after `visuals`, its images' placeholders in
         blocks (tokenizer.image_blocks), each image's <|image_pad|> repeated as there."""
-        blocks = visuals.split("<|vision_end|>")[:-1]
-        before, after = self._render(instruction, len(blocks)).split(_TEXT)
-        pieces = before.split(IMAGE_PAD)
-        for i, block in enumerate(blocks):
-            pieces[i] += IMAGE_PAD * block.count(IMAGE_PAD)
-        return "".join(pieces), text, after
+        before, after = self._render(instruction, visuals.count("<|vision_end|>")).split(_TEXT)
+        return placed(before, visuals), text, after

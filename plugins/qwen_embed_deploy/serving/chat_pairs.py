@@ -5,6 +5,10 @@ formed as its `predict` forms them:
 - a pair is two messages, role `query` and role `document`, after a `system` message holding
   the instruction where there is one (the request's, else the prompt its
   config_sentence_transformers.json names by default: sentence-transformers passes a prompt so);
+  their content is the text, or typed parts where its message format is `structured` (a
+  multimodal backbone's, Qwen3-VL-Reranker's: each side's images as image parts before its
+  text, each placeholder the template writes then repeated for its image's tokens, as the
+  processor expands it; a pair with images is not cut, videos are not read);
 - they are rendered through the checkpoint's chat template (`chat_template.jinja`, else
   tokenizer_config.json's) in the sandbox transformers renders chat templates in (`compiled`:
   jinja2, which torch depends on, so every image that serves has it), with its special tokens
@@ -131,27 +135,81 @@ def template_kwargs(model_dir: Path) -> tuple[dict, bool]:
     return {"add_generation_prompt": False} | named | kwargs, restore
 
 
+IMAGE_PAD = "<|image_pad|>"
+
+
+def placed(rendered: str, visuals: str) -> str:
+    """`rendered` with each image placeholder a chat template writes (one <|image_pad|> per
+    image part) repeated as many times as its image in `visuals` (tokenizer.image_blocks, in
+    the render's order) has tokens, as the processor expands them."""
+    counts = [block.count(IMAGE_PAD) for block in visuals.split("<|vision_end|>")[:-1]]
+    pieces = rendered.split(IMAGE_PAD)
+    if len(pieces) != len(counts) + 1:
+        raise RequestError(
+            f"holds {len(pieces) - 1 - len(counts)} {IMAGE_PAD} of its own beside its images"
+        )
+    return "".join(p + IMAGE_PAD * n for p, n in zip(pieces, counts + [0], strict=True))
+
+
 class ChatPairTokenizer:
-    reads_images = reads_video = document_first = False  # it reads text only
+    reads_video = False  # its processor samples a video's frames its own way
 
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
+        from qwen_embed.config import ModelConfig
+
         model_dir = Path(model_dir)
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
         self._template = compiled(chat_template(model_dir))
         self._kwargs, self._restore = template_kwargs(model_dir)
+        st = _json(model_dir / "sentence_bert_config.json")
+        message = (st.get("modality_config") or {}).get("message") or {}
+        # content as typed parts, as a multimodal backbone's templates read them
+        self._structured = message.get("format") == "structured"
+        self.reads_images = self._structured and ModelConfig.from_dir(model_dir).media is not None
+        rendered = self._rendered([self._messages(None, "\x00query", "\x00document")])[0]
+        self.document_first = rendered.find("\x00document") < rendered.find("\x00query")
         # sentence-transformers' default prompt, which it passes as the system message
         self.default_instruction = PromptSet.from_dir(model_dir).resolve(None, None, None) or None
 
-    def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:
+    def encode(
+        self,
+        query: str,
+        documents: list[str],
+        opts: RerankOptions,
+        query_visuals: str = "",
+        document_visuals: list[str] | None = None,
+        fields: list[str] | None = None,
+    ) -> list[list[int]]:
+        """One sequence per document; `query_visuals`, `document_visuals` (a multimodal
+        backbone): each side's images' placeholders (tokenizer.image_blocks), the query's in
+        every pair, each an image part of its message before its text; `fields`: per document,
+        the input a refusal names."""
         instruction = opts.instruction or self.default_instruction
         if opts.max_document_tokens is not None:
             documents = first_tokens(self._tok, documents, opts.max_document_tokens)
-        texts = self._rendered([self._messages(instruction, query, d) for d in documents])
+        document_visuals = document_visuals or [""] * len(documents)
+        pairs = list(zip(documents, document_visuals, strict=True))
+        conversations = [self._messages(instruction, query, d, query_visuals, v) for d, v in pairs]
+        texts = []
+        rendered = self._rendered(conversations)
+        for i, (text, (_, visuals)) in enumerate(zip(rendered, pairs, strict=True)):
+            sides = (visuals, query_visuals) if self.document_first else (query_visuals, visuals)
+            try:
+                texts.append(placed(text, "".join(sides)))
+            except RequestError as e:
+                raise RequestError(f"input 'DOCUMENTS[{i}]' with 'QUERY' {e}") from None
         out, tail = [], None
         for i, enc in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
             ids = enc.ids
             if len(ids) > self.max_input_tokens:
+                if query_visuals or document_visuals[i]:
+                    field = fields[i] if fields else "DOCUMENT_IMAGES"
+                    raise RequestError(
+                        f"input '{field}[{i}]' with 'QUERY' makes a pair of {len(ids)} tokens, "
+                        f"more than the limit of {self.max_input_tokens}: a pair with images "
+                        "is not cut (send smaller images or shorter texts)"
+                    )
                 if not opts.truncate:
                     raise RequestError(
                         f"input 'DOCUMENTS[{i}]' makes a pair of {len(ids)} tokens, more than "
@@ -163,12 +221,28 @@ class ChatPairTokenizer:
             out.append(ids)
         return out
 
-    @staticmethod
-    def _messages(instruction: str | None, query: str, document: str) -> list[dict]:
-        system = [{"role": "system", "content": instruction}] if instruction else []
+    def _messages(
+        self,
+        instruction: str | None,
+        query: str,
+        document: str,
+        query_visuals: str = "",
+        document_visuals: str = "",
+    ) -> list[dict]:
+        """The pair as sentence-transformers writes it: the instruction as a system message,
+        then a `query` and a `document` message; typed parts where the model's message format
+        is structured (each image a part, before the text; an image alone has no text part)."""
+
+        def content(text: str, visuals: str):
+            if not self._structured:
+                return text
+            images = [{"type": "image"}] * visuals.count("<|vision_end|>")
+            return images + ([{"type": "text", "text": text}] if text or not images else [])
+
+        system = [{"role": "system", "content": content(instruction, "")}] if instruction else []
         return system + [
-            {"role": "query", "content": query},
-            {"role": "document", "content": document},
+            {"role": "query", "content": content(query, query_visuals)},
+            {"role": "document", "content": content(document, document_visuals)},
         ]
 
     def _rendered(self, conversations: list[list[dict]]) -> list[str]:

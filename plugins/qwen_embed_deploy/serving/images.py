@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from qwen_embed.config import GME
+from qwen_embed.config import GME, ModelConfig
 
 from .late_interaction import is_late_interaction
 from .retrievers import architectures, own_processor, pixel_budget
@@ -91,11 +91,20 @@ def image_processor_config(model_dir: str | Path) -> dict:
     return {}
 
 
+def _processor_sized(model_dir: str | Path) -> bool:
+    """Whether the checkpoint's images are sized by its processor's budget: a multi-vector
+    retriever's, jina-embeddings-v4's, or a model sentence-transformers saved that reads its
+    images through its processor (a MultiVectorEncoder; a CrossEncoder's LogitScore over a
+    multimodal backbone), as sentence-transformers sizes them."""
+    if own_processor(model_dir) or is_late_interaction(model_dir):
+        return True
+    return ModelConfig.from_dir(model_dir).sentence.logit_score is not None
+
+
 def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[int, int]:
     """(least, most) pixels of an image: a scoring script's own (SCRIPT_BUDGETS, GME's), else
-    the processor's (`hf`: `size`, or Qwen2-VL's older min_pixels and max_pixels) for a
-    multi-vector retriever, jina-embeddings-v4 or a sentence-transformers MultiVectorEncoder
-    (whose processor sizes its images; retrievers.pixel_budget), else Qwen3-VL-Embedding's
+    the processor's (`hf`: `size`, or Qwen2-VL's older min_pixels and max_pixels) where it
+    sizes them (`_processor_sized`; retrievers.pixel_budget), else Qwen3-VL-Embedding's
     script's (`settings`' defaults)."""
     for architecture in architectures(model_dir):
         if architecture in SCRIPT_BUDGETS:
@@ -105,7 +114,7 @@ def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[i
             tokens = (config.get("min_image_tokens"), config.get("max_image_tokens"))
             least, most = (t or d for t, d in zip(tokens, GME_TOKENS, strict=True))
             return least * settings.factor**2, most * settings.factor**2
-    if not (own_processor(model_dir) or is_late_interaction(model_dir)):
+    if not _processor_sized(model_dir):
         return settings.min_pixels, settings.max_pixels
     size = hf.get("size") or {}
     least = size.get("shortest_edge", hf.get("min_pixels", settings.min_pixels))
