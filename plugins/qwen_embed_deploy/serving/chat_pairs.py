@@ -191,12 +191,11 @@ class ChatPairTokenizer:
         document_visuals = document_visuals or [""] * len(documents)
         pairs = list(zip(documents, document_visuals, strict=True))
         conversations = [self._messages(instruction, query, d, query_visuals, v) for d, v in pairs]
-        texts = []
-        rendered = self._rendered(conversations)
-        for i, (text, (_, visuals)) in enumerate(zip(rendered, pairs, strict=True)):
+        texts = self._rendered(conversations)
+        for i, (_, visuals) in enumerate(pairs if self.reads_images else ()):
             sides = (visuals, query_visuals) if self.document_first else (query_visuals, visuals)
             try:
-                texts.append(placed(text, "".join(sides)))
+                texts[i] = placed(texts[i], "".join(sides))
             except RequestError as e:
                 raise RequestError(f"input 'DOCUMENTS[{i}]' with 'QUERY' {e}") from None
         out, tail = [], None
