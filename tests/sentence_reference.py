@@ -4,7 +4,7 @@ why), and loading a Qwen3-VL directory builds that processor.
 
     python sentence_reference.py SPEC.json OUT.npz
 SPEC.json: {"build": [{"kind": "SentenceTransformer" | "MultiVectorEncoder" | "CrossEncoder",
-"base", "out", "prompts", "default_prompt_name", "seed", "pixels"}, ...], "encode":
+"base", "out", "prompts", "default_prompt_name", "seed", "pixels", "skiplist"}, ...], "encode":
 [{"model_dir", "task": "query" | "document" | null, "text": str | null, "image": path | null},
 ...], "predict": [{"model_dir", "query": SIDE, "document": SIDE}, ...]}, a SIDE {"text",
 "image"} as an encode case's.
@@ -13,7 +13,8 @@ SPEC.json: {"build": [{"kind": "SentenceTransformer" | "MultiVectorEncoder" | "C
 Qwen3-VL checkpoint (its Transformer with the chat template's generation prompt, last-token
 pooling, Normalize, the prompts as its system turns), or the MultiVectorEncoder its own
 conversion makes of one (a Dense of every token to 128 dimensions, seeded, a MultiVectorMask,
-Normalize; `pixels` its processor's size, as a processor_kwargs of the conversion saves it), or
+Normalize; `pixels` its processor's size, as a processor_kwargs of the conversion saves it;
+`skiplist` its MultiVectorMask's arguments), or
 a CrossEncoder of a Qwen3-VL reranker (its Transformer `any-to-any` with the generation prompt
 and `pixels`, a LogitScore of "yes" against "no", the prompts).
 `encode` runs encode_query, encode_document or encode (task null) on each case, reloaded from
@@ -50,6 +51,7 @@ def _build(spec: dict) -> None:
     from sentence_transformers import CrossEncoder, MultiVectorEncoder, SentenceTransformer
     from sentence_transformers.cross_encoder.modules import LogitScore
     from sentence_transformers.cross_encoder.modules import Transformer as CETransformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     size = {"size": spec["pixels"]} if spec.get("pixels") else None
@@ -71,6 +73,15 @@ def _build(spec: dict) -> None:
     if spec["kind"] == "MultiVectorEncoder":
         torch.manual_seed(spec.get("seed", 0))  # its Dense starts random
         model = MultiVectorEncoder(spec["base"], device="cpu", processor_kwargs=size)
+        if spec.get("skiplist"):  # its MultiVectorMask with a skiplist in place of the default
+            modules = list(model)
+            modules[2] = MultiVectorMask(**spec["skiplist"])
+            model = MultiVectorEncoder(
+                modules=modules,
+                prompts=model.prompts,
+                default_prompt_name=model.default_prompt_name,
+                device="cpu",
+            )
         model.save_pretrained(spec["out"])
         return
     transformer = Transformer(

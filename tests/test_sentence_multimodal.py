@@ -52,6 +52,8 @@ PAIRS = [
     ((QUERY, None), ("quarterly report, page 2", "jpeg")),
     (("", "png"), ("a chart of quarterly sales", None)),
 ]
+# The bare replica's MultiVectorEncoder leaves these tokens' vectors out of every text
+BARE_SKIPLIST = {"skiplist_words": ["?", ","], "skiplist_tasks": ["query", "document"]}
 # The MultiVectorEncoder's processor budget, smaller than the embedding script's: the PNG is
 # resized down (90 x 60 pixels, more than 48 x 48), where the script's budget keeps its size.
 MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
@@ -60,7 +62,8 @@ MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder made of it,
-    "bare": the one made of the replica as it is (no prompts, no generation prompt), "cross":
+    "bare": the one made of the replica as it is (no prompts, no generation prompt; a
+    skiplist), "cross":
     a CrossEncoder of a Qwen3-VL reranker replica, "reranker": that replica as published},
     the reference's vectors per model per case, and its scores per pair."""
     root = tmp_path_factory.mktemp("sentence-multimodal")
@@ -78,7 +81,8 @@ def models(tmp_path_factory):
         | {"prompts": PROMPTS, "default_prompt_name": "document"},
         {"kind": "MultiVectorEncoder", "base": str(dirs["st"]), "out": str(dirs["multi"])}
         | {"seed": 5, "pixels": MULTI_VECTOR_PIXELS},
-        {"kind": "MultiVectorEncoder", "base": str(base), "out": str(dirs["bare"]), "seed": 7},
+        {"kind": "MultiVectorEncoder", "base": str(base), "out": str(dirs["bare"]), "seed": 7}
+        | {"skiplist": BARE_SKIPLIST},
         {"kind": "CrossEncoder", "base": str(dirs["reranker"]), "out": str(dirs["cross"])}
         | {"prompts": RERANK_PROMPTS, "default_prompt_name": "query"}
         | {"pixels": MULTI_VECTOR_PIXELS},
@@ -201,8 +205,8 @@ def served(models, tmp_path_factory):
 @pytest.mark.server
 def test_served_as_sentence_transformers_encodes(models, served):
     """Each case's vector (the SentenceTransformer's) and token vectors (the
-    MultiVectorEncoder's) through Triton against sentence-transformers' on the same
-    directory; the prompts and the image budget each change what is compared."""
+    MultiVectorEncoders') through Triton against sentence-transformers' on the same
+    directory; the prompts, the image budget and the skiplist each change what is compared."""
     _, want = models
     models_served = (("st_vl", "st", False), ("embed", "multi", True), ("bare_vl", "bare", True))
     for model, name, multi in models_served:
@@ -217,6 +221,13 @@ def test_served_as_sentence_transformers_encodes(models, served):
     assert cosine(st[1][None], st[4][None])[0] >= FP32_COSINE
     # the processor's budget, not the script's: the PNG in fewer tokens, as many as its rows
     assert len(want["multi"][2]) == image_rows(models, "multi") < image_rows(models, "st")
+    # the bare one's skiplist: its query's "?" has no vector (the tokenizer's FINISH says so)
+    from qwen_embed_client.contract import EmbedOptions
+
+    tok = TextTokenizer(models[0]["bare"], 8192)
+    opts = EmbedOptions(prompt_name="query", per_token=True)
+    (ids,), _ = tok.encode_media([CASES[0][1]], [""], opts, ["TEXT"])
+    assert len(want["bare"][0]) == len(ids) - 1 and tok.finish(opts).skiplist
 
 
 def image_rows(models, name: str) -> int:
