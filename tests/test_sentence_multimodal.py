@@ -167,7 +167,7 @@ def test_prompts_are_system_turns(models):
         opts = EmbedOptions(prompt_name="query", per_token=True)
         (ids,), _ = tok.encode_media(["x"], [""], opts, ["TEXT"])
         tail = "<|im_start|>assistant\n" if name == "multi" else ""
-        with pytest.raises(RequestError, match="instruction"):  # its prompts are its own
+        with pytest.raises(RequestError, match="its tasks. prompts are its system turns"):
             tok.encode_media(["x"], [""], EmbedOptions(instruction="Find charts"), ["TEXT"])
         assert (
             decode(ids, skip_special_tokens=False) == f"{want}<|im_start|>user\nx<|im_end|>\n{tail}"

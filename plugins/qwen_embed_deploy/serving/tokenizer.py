@@ -534,9 +534,14 @@ class TextTokenizer:
         if self.chat is None:
             raise RequestError("input 'IMAGES' holds images, and this model reads text only")
         if opts.instruction is not None and not self.chat.takes_instruction:
+            way = (
+                "its tasks' prompts are its system turns (prompt_name 'query' or 'document')"
+                if self.late is not None
+                else "its processor writes queries and documents its own way"
+            )
             raise RequestError(
-                "parameter 'instruction' is not read by this model, whose processor writes "
-                "queries and documents its own way; send parameter 'prompt' to prefix the text"
+                f"parameter 'instruction' is not read by this model: {way}; send parameter "
+                "'prompt' to prefix the text"
             )
         named = opts.prompt_name
         if named is None and opts.instruction is None:
