@@ -1,12 +1,13 @@
-"""sentence-transformers' own saves of a multimodal Qwen embedder, served as sentence-transformers
-encodes them: Qwen3-VL-Embedding as a SentenceTransformer (its chat template, the prompts as
-system turns, last-token pooling) and the MultiVectorEncoder sentence-transformers makes of it
-(ColQwen3-VL-Embedding: a Dense of every token, MultiVectorMask, Normalize), both written by
-sentence-transformers 6.2 itself from a Qwen3-VL replica, and transformers 5's
+"""sentence-transformers' own saves of multimodal Qwen models, served as sentence-transformers
+runs them: Qwen3-VL-Embedding as a SentenceTransformer (its chat template, the prompts as
+system turns, last-token pooling), the MultiVectorEncoders sentence-transformers makes of it
+and of a bare Qwen3-VL (ColQwen3-VL-Embedding: a Dense of every token, MultiVectorMask,
+Normalize) and a CrossEncoder over a Qwen3-VL-Reranker (LogitScore of "yes" against "no"), all
+written by sentence-transformers 6.2 itself from Qwen3-VL replicas, with transformers 5's
 processor_config.json in place of preprocessor_config.json. The reference is
-sentence-transformers' encode_query, encode_document and encode on the same directories, run in
-a process of its own (sentence_reference.py: its processor needs torchvision): fp32 cosine
->= 0.9999 per vector and per token.
+sentence-transformers' encode_query, encode_document, encode and predict on the same
+directories, run in a process of its own (sentence_reference.py: its processor needs
+torchvision): fp32 cosine >= 0.9999 per vector and per token, scores within 1e-4.
 """
 
 import json
@@ -17,6 +18,7 @@ import sentence_reference
 from test_qwen3_vl import image_files
 
 from qwen_embed.config import ModelConfig
+from qwen_embed_client.contract import EmbedOptions, RequestError, RerankOptions
 from qwen_embed_deploy.serving.images import ImageSettings
 from qwen_embed_deploy.serving.tokenizer import TextTokenizer
 
@@ -33,9 +35,10 @@ PROMPTS = {
     "query": "Retrieve images or text relevant to the user's query",  # no full stop
     "document": "Represent the user's input.",
 }
+QUERY = "which chart shows a yellow circle?"
 # (task, text, image): encode_query, encode_document or encode (None: the default prompt)
 CASES = [
-    ("query", "which chart shows a yellow circle?", None),
+    ("query", QUERY, None),
     ("document", "a chart of quarterly sales", None),
     ("document", "", "png"),
     ("document", "quarterly report, page 2", "jpeg"),
@@ -44,7 +47,6 @@ CASES = [
 RERANK_PROMPTS = {
     "query": "Given a search query, retrieve relevant candidates that answer the query."
 }
-QUERY = "which chart shows a yellow circle?"
 # (query, document) pairs for the CrossEncoder: each side (text, image)
 PAIRS = [
     ((QUERY, None), ("a chart of quarterly sales", None)),
@@ -54,18 +56,19 @@ PAIRS = [
 ]
 # The bare replica's MultiVectorEncoder leaves these tokens' vectors out of every text
 BARE_SKIPLIST = {"skiplist_words": ["?", ","], "skiplist_tasks": ["query", "document"]}
-# The MultiVectorEncoder's processor budget, smaller than the embedding script's: the PNG is
-# resized down (90 x 60 pixels, more than 48 x 48), where the script's budget keeps its size.
-MULTI_VECTOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
+# The processor budget of the MultiVectorEncoder made of the SentenceTransformer and of the
+# CrossEncoder, smaller than the embedding script's: the PNG is resized down (90 x 60 pixels,
+# more than 48 x 48), where the script's budget keeps its size.
+PROCESSOR_PIXELS = {"shortest_edge": 16 * 16, "longest_edge": 48 * 48}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """{"st": the SentenceTransformer's directory, "multi": the MultiVectorEncoder made of it,
     "bare": the one made of the replica as it is (no prompts, no generation prompt; a
-    skiplist), "cross":
-    a CrossEncoder of a Qwen3-VL reranker replica, "reranker": that replica as published},
-    the reference's vectors per model per case, and its scores per pair."""
+    skiplist), "cross": a CrossEncoder of a Qwen3-VL reranker replica, "reranker": that
+    replica as published}, the reference's vectors per model per case, and its scores per
+    pair."""
     root = tmp_path_factory.mktemp("sentence-multimodal")
     base = qwen3_vl(root / "qwen3-vl", files=True, chat_template=QWEN3_VL_CHAT_TEMPLATE)
     images = {}
@@ -80,12 +83,12 @@ def models(tmp_path_factory):
         {"kind": "SentenceTransformer", "base": str(base), "out": str(dirs["st"])}
         | {"prompts": PROMPTS, "default_prompt_name": "document"},
         {"kind": "MultiVectorEncoder", "base": str(dirs["st"]), "out": str(dirs["multi"])}
-        | {"seed": 5, "pixels": MULTI_VECTOR_PIXELS},
+        | {"seed": 5, "pixels": PROCESSOR_PIXELS},
         {"kind": "MultiVectorEncoder", "base": str(base), "out": str(dirs["bare"]), "seed": 7}
         | {"skiplist": BARE_SKIPLIST},
         {"kind": "CrossEncoder", "base": str(dirs["reranker"]), "out": str(dirs["cross"])}
         | {"prompts": RERANK_PROMPTS, "default_prompt_name": "query"}
-        | {"pixels": MULTI_VECTOR_PIXELS},
+        | {"pixels": PROCESSOR_PIXELS},
     ]
     encode = [
         {
@@ -137,15 +140,13 @@ def test_the_layouts_are_sentence_transformers_own(models):
     # the patch size is the replica's (4), not the default's (16): read from processor_config
     assert ImageSettings.from_dir(dirs["st"]).patch_size == 4
     budget = ImageSettings.from_dir(dirs["multi"])
-    assert (budget.min_pixels, budget.max_pixels) == tuple(MULTI_VECTOR_PIXELS.values())
+    assert (budget.min_pixels, budget.max_pixels) == tuple(PROCESSOR_PIXELS.values())
 
 
 def test_prompts_are_system_turns(models):
     """A prompt is the system turn as sentence-transformers writes it (no full stop added), the
     default prompt where a request names none; an instruction keeps the script's rule; an
     empty prompt is no system turn; a MultiVectorEncoder reads its own prompts only."""
-    from qwen_embed_client.contract import EmbedOptions, RequestError
-
     dirs, _ = models
     tok = TextTokenizer(dirs["st"], 8192)
     decode = tok._tok.decode
@@ -207,7 +208,7 @@ def test_served_as_sentence_transformers_encodes(models, served):
     """Each case's vector (the SentenceTransformer's) and token vectors (the
     MultiVectorEncoders') through Triton against sentence-transformers' on the same
     directory; the prompts, the image budget and the skiplist each change what is compared."""
-    _, want = models
+    dirs, want = models
     models_served = (("st_vl", "st", False), ("embed", "multi", True), ("bare_vl", "bare", True))
     for model, name, multi in models_served:
         got = served_vectors(served, model, multi)
@@ -222,17 +223,14 @@ def test_served_as_sentence_transformers_encodes(models, served):
     # the processor's budget, not the script's: the PNG in fewer tokens, as many as its rows
     assert len(want["multi"][2]) == image_rows(models, "multi") < image_rows(models, "st")
     # the bare one's skiplist: its query's "?" has no vector (the tokenizer's FINISH says so)
-    from qwen_embed_client.contract import EmbedOptions
-
-    tok = TextTokenizer(models[0]["bare"], 8192)
+    tok = TextTokenizer(dirs["bare"], 8192)
     opts = EmbedOptions(prompt_name="query", per_token=True)
-    (ids,), _ = tok.encode_media([CASES[0][1]], [""], opts, ["TEXT"])
+    (ids,), _ = tok.encode_media([QUERY], [""], opts, ["TEXT"])
     assert len(want["bare"][0]) == len(ids) - 1 and tok.finish(opts).skiplist
 
 
 def image_rows(models, name: str) -> int:
     """The ids of the PNG alone as a document, the image resized within `name`'s budget."""
-    from qwen_embed_client.contract import EmbedOptions
     from qwen_embed_deploy.serving.images import fit
     from qwen_embed_deploy.serving.tokenizer import image_blocks
 
@@ -276,7 +274,7 @@ def test_maxsim_through_the_gateway(models, served):
     expected = maxsim_scores(query, [page, document])
     image_part = {"type": "image_url", "image_url": {"url": data_url(image_files()["png"])}}
     with gateway_process(served) as base:
-        body = {"model": "embed", "text_1": CASES[0][1], "text_2": [[image_part], CASES[1][1]]}
+        body = {"model": "embed", "text_1": QUERY, "text_2": [[image_part], CASES[1][1]]}
         scored = httpx.post(f"{base}/v1/score", json=body, timeout=60)
         assert scored.status_code == 200, scored.text
         got = np.array([d["score"] for d in scored.json()["data"]])
@@ -287,7 +285,6 @@ def test_a_cross_encoders_pairs_are_the_reranker_scripts(models):
     """The CrossEncoder over Qwen3-VL-Reranker renders its pairs through its chat template
     (the query's and the document's images as image parts before their text); where the
     template writes the reranker script's format, its ids are the script's, image for image."""
-    from qwen_embed_client.contract import RerankOptions
     from qwen_embed_deploy.serving.chat_pairs import ChatPairTokenizer
     from qwen_embed_deploy.serving.rerank import PairTokenizer, pair_tokenizer
     from qwen_embed_deploy.serving.tokenizer import image_blocks
@@ -306,7 +303,7 @@ def test_a_cross_encoders_pairs_are_the_reranker_scripts(models):
     default = ours.encode(QUERY, documents, RerankOptions(), "", visuals)
     assert default == ours.encode(QUERY, documents, opts, "", visuals)
     budget = ImageSettings.from_dir(dirs["cross"])  # its processor's, as for any it saved
-    assert (budget.min_pixels, budget.max_pixels) == tuple(MULTI_VECTOR_PIXELS.values())
+    assert (budget.min_pixels, budget.max_pixels) == tuple(PROCESSOR_PIXELS.values())
 
 
 @pytest.mark.server
