@@ -25,10 +25,14 @@ from qwen_embed_deploy.serving.tokenizer import TextTokenizer
 from reference import cosine
 from replicas import QWEN3_VL_CHAT_TEMPLATE, QWEN3_VL_RERANKER_CHAT_TEMPLATE, qwen3_vl
 
-pytestmark = pytest.mark.skipif(
-    not sentence_reference.available(),
-    reason="the reference's processor needs torchvision (.venv/video-reference: make setup)",
-)
+# Every test reads the reference, which runs in a process of its own: the server tier's.
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif(
+        not sentence_reference.available(),
+        reason="the reference's processor needs torchvision (.venv/video-reference: make setup)",
+    ),
+]
 
 FP32_COSINE = 0.9999
 PROMPTS = {
@@ -203,7 +207,6 @@ def served(models, tmp_path_factory):
         yield server
 
 
-@pytest.mark.server
 def test_served_as_sentence_transformers_encodes(models, served):
     """Each case's vector (the SentenceTransformer's) and token vectors (the
     MultiVectorEncoders') through Triton against sentence-transformers' on the same
@@ -243,7 +246,6 @@ def image_rows(models, name: str) -> int:
     return len(ids)
 
 
-@pytest.mark.server
 def test_what_it_does_not_read_is_refused(served):
     """A video for the MultiVectorEncoder (its processor samples frames its own way) is
     refused for that request, and the next is served."""
@@ -256,7 +258,6 @@ def test_what_it_does_not_read_is_refused(served):
         assert client.embed_tokens(["still served"])[0].shape[1] == 128
 
 
-@pytest.mark.server
 def test_maxsim_through_the_gateway(models, served):
     """vLLM's score API with the MultiVectorEncoder as the embed model: the query read as
     `encode_query` reads it, a page given as an image part and a text document as
@@ -306,7 +307,6 @@ def test_a_cross_encoders_pairs_are_the_reranker_scripts(models):
     assert (budget.min_pixels, budget.max_pixels) == tuple(PROCESSOR_PIXELS.values())
 
 
-@pytest.mark.server
 def test_a_cross_encoders_scores_through_triton(models, served):
     """The CrossEncoder as the rerank model: text pairs, image documents, a document of text
     and an image, an image query, against its predict (sigmoid of "yes" less "no")."""
