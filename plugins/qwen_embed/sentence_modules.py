@@ -181,6 +181,12 @@ class SentenceModules:
         return self.dense[-1].out_features if self.dense else None
 
 
+def module_kinds(model_dir: str | Path) -> set[str]:
+    """The class names of the modules modules.json lists (none without one)."""
+    modules = _read_json(Path(model_dir) / MODULES_FILE, default=[])
+    return {str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules}
+
+
 def _read_json(path: Path, default=None):
     if not path.is_file():
         if default is not None:

@@ -16,6 +16,7 @@ chat template.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from .chat_pairs import IMAGE_PAD, chat_template, compiled, placed, template_kwargs
@@ -27,7 +28,7 @@ _TEXT = "\x00text\x00"
 @dataclass(frozen=True)
 class SentenceChatTemplate:
     template: str
-    kwargs: tuple  # (name, value) pairs, for a frozen, hashable template
+    kwargs: tuple  # (name, value) pairs: the renders are cached by them
     takes_instruction = False  # its prompts, the checkpoint's, are its system turns
     prompted = False
     visuals_per_text = None
@@ -38,7 +39,14 @@ class SentenceChatTemplate:
         model_dir = Path(model_dir)
         kwargs, _ = template_kwargs(model_dir)
         found = cls(chat_template(model_dir), tuple(sorted(kwargs.items())))
-        alone, one = found._render("", 0), found._render("", 1)
+        try:
+            alone = _render(found.template, found.kwargs, "", 0)
+        except TypeError:  # the renders are kept by their arguments
+            raise ValueError(
+                f"{model_dir}: its chat template's arguments {kwargs} must be "
+                "plain values (strings, numbers, booleans)"
+            ) from None
+        one = _render(found.template, found.kwargs, "", 1)
         if alone.count(_TEXT) != 1 or one.count(_TEXT) != 1:
             raise ValueError(f"{model_dir}: its chat template does not write the text once")
         if IMAGE_PAD in alone or one.count(IMAGE_PAD) != 1:
@@ -48,17 +56,19 @@ class SentenceChatTemplate:
             )
         return found
 
-    def _render(self, system: str, images: int) -> str:
-        """A render of `images` images and the text (`_TEXT`), after `system` if any."""
-        messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
-        content = [{"type": "image"}] * images + [{"type": "text", "text": _TEXT}]
-        messages = messages[not system :] + [{"role": "user", "content": content}]
-        return compiled(self.template).render(
-            messages=messages, tools=None, documents=None, **dict(self.kwargs)
-        )
-
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         """(before, the text, after) of a text after `visuals`, its images' placeholders in
         blocks (tokenizer.image_blocks), each image's <|image_pad|> repeated as there."""
-        before, after = self._render(instruction, visuals.count("<|vision_end|>")).split(_TEXT)
+        images = visuals.count("<|vision_end|>")
+        before, after = _render(self.template, self.kwargs, instruction, images).split(_TEXT)
         return placed(before, visuals), text, after
+
+
+@lru_cache(maxsize=256)
+def _render(template: str, kwargs: tuple, system: str, images: int) -> str:
+    """A render of `images` images and the text (`_TEXT`), after `system` if any: the same
+    for every text of a prompt and image count, so rendered once for them."""
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
+    content = [{"type": "image"}] * images + [{"type": "text", "text": _TEXT}]
+    messages = messages[not system :] + [{"role": "user", "content": content}]
+    return compiled(template).render(messages=messages, tools=None, documents=None, **dict(kwargs))

@@ -154,9 +154,8 @@ def placed(rendered: str, visuals: str) -> str:
 class ChatPairTokenizer:
     reads_video = False  # its processor samples a video's frames its own way
 
-    def __init__(self, model_dir: str | Path, max_input_tokens: int):
-        from qwen_embed.config import ModelConfig
-
+    def __init__(self, model_dir: str | Path, max_input_tokens: int, *, media: bool):
+        """`media`: its backbone has a vision tower (ModelConfig.media)."""
         model_dir = Path(model_dir)
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
@@ -166,7 +165,7 @@ class ChatPairTokenizer:
         message = (st.get("modality_config") or {}).get("message") or {}
         # content as typed parts, as a multimodal backbone's templates read them
         self._structured = message.get("format") == "structured"
-        self.reads_images = self._structured and ModelConfig.from_dir(model_dir).media is not None
+        self.reads_images = self._structured and media
         rendered = self._rendered([self._messages(None, "\x00query", "\x00document")])[0]
         self.document_first = rendered.find("\x00document") < rendered.find("\x00query")
         # sentence-transformers' default prompt, which it passes as the system message

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from qwen_embed.config import GME, ModelConfig
+from qwen_embed.config import GME
+from qwen_embed.sentence_modules import MULTI_VECTOR_MASK, module_kinds
 
-from .late_interaction import is_late_interaction
 from .retrievers import architectures, own_processor, pixel_budget
 
 # Qwen3-VL-Embedding's script: 4 to 1,800 tokens of the text model per image (each token a
@@ -96,9 +96,9 @@ def _processor_sized(model_dir: str | Path) -> bool:
     retriever's, jina-embeddings-v4's, or a model sentence-transformers saved that reads its
     images through its processor (a MultiVectorEncoder; a CrossEncoder's LogitScore over a
     multimodal backbone), as sentence-transformers sizes them."""
-    if own_processor(model_dir) or is_late_interaction(model_dir):
-        return True
-    return ModelConfig.from_dir(model_dir).sentence.logit_score is not None
+    return own_processor(model_dir) or bool(
+        {MULTI_VECTOR_MASK, "LogitScore"} & module_kinds(model_dir)
+    )
 
 
 def _budget(model_dir: str | Path, hf: dict, settings: ImageSettings) -> tuple[int, int]:

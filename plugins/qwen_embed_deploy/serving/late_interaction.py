@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_embed.config import ModelConfig
-from qwen_embed.sentence_modules import MULTI_VECTOR_MASK
+from qwen_embed.sentence_modules import MULTI_VECTOR_MASK, module_kinds
 
 
 def is_late_interaction(model_dir: str | Path) -> bool:
     """Whether the checkpoint is a sentence-transformers MultiVectorEncoder (modules.json
     lists a MultiVectorMask)."""
-    path = Path(model_dir) / "modules.json"
-    modules = json.loads(path.read_text()) if path.is_file() else []
-    return any(str(m.get("type", "")).rsplit(".", 1)[-1] == MULTI_VECTOR_MASK for m in modules)
+    return MULTI_VECTOR_MASK in module_kinds(model_dir)
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ def pair_tokenizer(model_dir: str | Path, max_input_tokens: int):
     if config.listwise:
         return BlockTokenizer(model_dir, max_input_tokens)
     if config.sentence.logit_score is not None:
-        return ChatPairTokenizer(model_dir, max_input_tokens)
+        return ChatPairTokenizer(model_dir, max_input_tokens, media=config.media is not None)
     return PairTokenizer(model_dir, max_input_tokens)
 
 
