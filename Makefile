@@ -25,12 +25,13 @@ VIDEO_REF   := $(VENV)/video-reference
 setup: $(VENV)/.installed $(NATIVE_LIB) $(DEMO_DIR)/config.json $(DEMO_RERANKER)/config.json $(TRITON) \
 	$(VIDEO_REF)/.installed
 
-# The official video recipe's own stack, for the tests' reference only (tests/video_reference.py
-# runs it in a process of its own): PyPI's torchvision is a CUDA build whose operators do not
-# load beside the CPU torch, and transformers would take it up in every process if installed.
+# The official video recipe's own stack and colpali-engine, for the tests' references only
+# (tests/video_reference.py, colpali_reference.py run them in processes of their own): PyPI's
+# torchvision is a CUDA build whose operators do not load beside the CPU torch, and
+# transformers would take it up in every process if installed.
 $(VIDEO_REF)/.installed: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet --no-deps --target $(VIDEO_REF) \
-		torchvision==0.28.0 decord==0.6.0 qwen-vl-utils==0.0.14
+		torchvision==0.28.0 decord==0.6.0 qwen-vl-utils==0.0.14 colpali-engine==0.3.14
 	touch $@
 
 # The CPU kernels (qwen_embed/native); without a C++ compiler the engine keeps torch's ops.

@@ -9,6 +9,7 @@ special-token flags, and the sentence-transformers files (modules.json, pooling,
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -825,6 +826,112 @@ def jina_embeddings_v4(
             "target_modules": JINA_V4_TARGETS,
         },
     )
+    return directory
+
+
+COLPALI_WIDTH = 128  # colpali-engine's ColQwen2 and ColQwen2_5 fix their projection's width
+# its trainers' adapter_config.json targets: the text model's linear layers (the names
+# holding `model`, the tower's not) and the projection, all LoRA pairs
+COLPALI_TARGETS = (
+    "(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|"
+    ".*(custom_text_proj).*$)"
+)
+
+
+def colpali_engine(
+    directory: Path, *, qwen2_5: bool = False, seed: int = 16, files: bool = False
+) -> Path:
+    """A base checkpoint as colpali-engine published its ColQwen2 and ColQwen2.5
+    (vidore/colqwen2-base, colqwen2.5-base): a Qwen2-VL (replicas.colqwen2's shape) or
+    Qwen2.5-VL (colqwen2_5's tower) saved as transformers 4.x saved them (config.json flat,
+    its architecture `ColQwen2` or `ColQwen2_5`; tensors `model.` the text model, `visual.`
+    the tower) and the top-level `custom_text_proj` (weight and bias, hidden -> 128); bf16.
+    `files`: Qwen's tokenizer and preprocessor_config.json."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    if qwen2_5:
+        vocab_size = 151936 if files else 1000
+        tokens = _vision_tokens(vocab_size)
+        text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=QWEN2_5_VL_TOWER, **tokens)
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config).eval()
+        _near_one_norms(model)
+    else:
+        model, tokens = _qwen2_vl(seed, files)
+    generator = torch.Generator().manual_seed(seed)
+    hidden = QWEN2_VL_TEXT["hidden_size"]
+    tensors = _first_layout(model)
+    tensors["custom_text_proj.weight"] = torch.randn(COLPALI_WIDTH, hidden, generator=generator)
+    tensors["custom_text_proj.weight"] *= 0.1
+    tensors["custom_text_proj.bias"] = torch.randn(COLPALI_WIDTH, generator=generator) * 0.1
+    _saved_as_4x(
+        directory,
+        tensors,
+        QWEN2_5_VL_TOWER if qwen2_5 else QWEN2_VL_TOWER,
+        tokens,
+        files,
+        architectures=["ColQwen2_5" if qwen2_5 else "ColQwen2"],
+        model_type="qwen2_5_vl" if qwen2_5 else "qwen2_vl",
+        tie_word_embeddings=True,
+    )
+    return directory
+
+
+def colpali_adapter(directory: Path, base: Path, *, seed: int = 17, rank: int = 4) -> Path:
+    """A ColQwen2(.5) as colpali-engine's trainers publish it (vidore/colqwen2-v1.0,
+    colqwen2.5-v0.2): a peft LoRA adapter over `base` (replicas.colpali_engine's), keyed as
+    peft saved them from the 4.x model's tree (`base_model.model.model.layers.`,
+    `base_model.model.custom_text_proj`), on the text model's linear layers and the
+    projection, beside the base's tokenizer and processor files; no weights of its own."""
+    directory.mkdir(parents=True, exist_ok=True)
+    hidden = QWEN2_VL_TEXT["hidden_size"]
+    heads, kv_heads = QWEN2_VL_TEXT["num_attention_heads"], QWEN2_VL_TEXT["num_key_value_heads"]
+    head_dim = hidden // heads
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (QWEN2_VL_TEXT["intermediate_size"], hidden),
+        "mlp.up_proj": (QWEN2_VL_TEXT["intermediate_size"], hidden),
+        "mlp.down_proj": (hidden, QWEN2_VL_TEXT["intermediate_size"]),
+    }
+    modules = {
+        f"model.layers.{i}.{name}": shape
+        for i in range(QWEN2_VL_TEXT["num_hidden_layers"])
+        for name, shape in shapes.items()
+    }
+    modules["custom_text_proj"] = (COLPALI_WIDTH, hidden)
+    generator = torch.Generator().manual_seed(seed)
+    pairs = {}
+    for name, (out_features, in_features) in modules.items():
+        key = f"base_model.model.{name}"
+        pairs[f"{key}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.1
+        pairs[f"{key}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.1
+    save_file(pairs, directory / "adapter_model.safetensors", metadata={"format": "pt"})
+    _write_json(
+        directory / "adapter_config.json",
+        {
+            "peft_type": "LORA",
+            "task_type": "FEATURE_EXTRACTION",
+            "base_model_name_or_path": str(base),
+            "r": rank,
+            "lora_alpha": 2 * rank,
+            "lora_dropout": 0.1,
+            "bias": "none",
+            "use_rslora": False,
+            "use_dora": False,
+            "fan_in_fan_out": False,
+            "init_lora_weights": "gaussian",
+            "modules_to_save": None,
+            "target_modules": COLPALI_TARGETS,
+            "inference_mode": True,
+        },
+    )
+    for path in base.iterdir():
+        if path.name not in ("config.json", "model.safetensors"):
+            shutil.copy(path, directory / path.name)
     return directory
 
 

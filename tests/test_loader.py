@@ -190,8 +190,8 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         UnsupportedModelError,
-        match="supported: C2LLMForEmbedding, CodeFuse_CGE_Large, ColQwen2ForRetrieval, ColQwen3, "
-        "GmeQwen2VL, JinaEmbeddingsV4Model, "
+        match="supported: C2LLMForEmbedding, CodeFuse_CGE_Large, ColQwen2, ColQwen2ForRetrieval, "
+        "ColQwen2_5, ColQwen3, GmeQwen2VL, JinaEmbeddingsV4Model, "
         "JinaEmbeddingsV5Model, JinaForRanking, JinaVLForRanking, "
         "PPLXQwen3ContextualModel, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import adapter_names
-from .sentence_modules import TOKEN_PROJECTION, SentenceModules
+from .sentence_modules import TOKEN_PROJECTIONS, SentenceModules
 
 GME = "GmeQwen2VL"
 # GME's script, which its first saves (architecture Qwen2VLForConditionalGeneration) ship
@@ -50,6 +50,12 @@ SUPPORTED_ARCHITECTURES = {
     # differently (GME's script in sequence, DSE's on three axes); GME is told apart by its
     # script beside the weights (`gme_architectures`), DSE is not served.
     "ColQwen2ForRetrieval": "qwen2",
+    # ColQwen2 and ColQwen2.5 as colpali-engine, which trained them, saves them
+    # (vidore/colqwen2-base, colqwen2.5-base, and the LoRA fine-tunes over them: colqwen2-v1.0,
+    # colqwen2.5-v0.2; finetunes.py): the same Qwen2(.5)-VL in its flat layout and a
+    # projection of every token (`custom_text_proj`)
+    "ColQwen2": "qwen2",
+    "ColQwen2_5": "qwen2",
     # GME (gme-Qwen2-VL-2B/7B-Instruct): a Qwen2-VL whose script feeds the text model token
     # embeddings alone, so every token, an image's too, takes the next position on all three
     # axes (plain rotary); the last token's state. Its later saves name their own class.
@@ -63,7 +69,7 @@ SUPPORTED_ARCHITECTURES = {
     # the last token's hidden state (heads.MlpScoreHead; rerank only)
     "JinaVLForRanking": "qwen2",
     # tomoro-colqwen3-embed: Qwen3-VL (tensors under `vlm.`) and a projection of every token
-    # (sentence_modules.TOKEN_PROJECTION): a multi-vector retriever, for late interaction
+    # (sentence_modules.TOKEN_PROJECTIONS): a multi-vector retriever, for late interaction
     "ColQwen3": "qwen3",
     # nemotron-colembed-vl-v2: Qwen3-VL attending both ways, each token's last-layer output
     # before the final norm (its remote code skips it): a multi-vector retriever
@@ -107,8 +113,10 @@ BIDIRECTIONAL_ARCHITECTURES = frozenset(
 # chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
 # Whose vectors are one per token only (ColPali's late interaction): no pooled vector; those
-# of the first set through a projection of every token (sentence_modules.TOKEN_PROJECTION).
-PROJECTED_TOKEN_ARCHITECTURES = frozenset({"ColQwen3", "ColQwen2ForRetrieval"})
+# of the first set through a projection of every token (sentence_modules.TOKEN_PROJECTIONS).
+PROJECTED_TOKEN_ARCHITECTURES = frozenset(
+    {"ColQwen3", "ColQwen2ForRetrieval", "ColQwen2", "ColQwen2_5"}
+)
 MULTI_VECTOR_ARCHITECTURES = PROJECTED_TOKEN_ARCHITECTURES | {"Qwen3VLNemotronEmbedModel"}
 # Whose vectors are the last layer's output before the final norm.
 PRE_NORM_ARCHITECTURES = frozenset({"Qwen3VLNemotronEmbedModel"})
@@ -365,10 +373,11 @@ class ModelConfig:
             sentence = dataclasses.replace(sentence, pooling="attention")
         projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
         tokens = sentence.token_projection
-        top_level = tokens is not None and tokens.prefix == TOKEN_PROJECTION
+        top_level = tokens is not None and tokens.prefix in TOKEN_PROJECTIONS
         if projected != top_level:
             raise UnsupportedModelError(
-                f"{model_dir}: a projection of every token ({TOKEN_PROJECTION}weight) belongs to "
+                f"{model_dir}: a projection of every token ({'weight, '.join(TOKEN_PROJECTIONS)}"
+                f"weight) belongs to "
                 f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
                 f"{list(architectures)}, projection {'found' if top_level else 'absent'}"
             )

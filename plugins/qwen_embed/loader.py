@@ -11,10 +11,10 @@ if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_m
     from torch import nn
 
 # Present in causal-LM / classifier checkpoints, top-level projections (voyage-4-nano's
-# `linear`, ColQwen3's `embedding_proj_layer`, jina-embeddings-v4's `multi_vector_projector`,
-# which heads.py reads itself), jina-reranker-v3's `projector` and the attention pooling of
-# CodeFuse's embedders (`mha_pma`); skipped unless a task head or the pooler asks for them
-# (rank 0's only).
+# `linear`, ColQwen3's `embedding_proj_layer`, colpali-engine's `custom_text_proj`,
+# jina-embeddings-v4's `multi_vector_projector`, which heads.py reads itself),
+# jina-reranker-v3's `projector` and the attention pooling of CodeFuse's embedders
+# (`mha_pma`); skipped unless a task head or the pooler asks for them (rank 0's only).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _IGNORED_PREFIXES = (
     "lm_head.",
@@ -22,6 +22,7 @@ _IGNORED_PREFIXES = (
     "linear.",
     "projector.",
     "embedding_proj_layer.",
+    "custom_text_proj.",
     "multi_vector_projector.",
     "mha_pma.",
 )

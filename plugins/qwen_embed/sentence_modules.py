@@ -8,10 +8,10 @@ Read from the checkpoint's own files, so a model runs as its authors publish it:
   (voyage-4-nano: hidden 1024 -> 2048 after the final norm). Without an activation it commutes
   with pooling, so it runs on the pooled vector, before any Dense module;
 - a multi-vector retriever's projection of every token, a top-level `embedding_proj_layer`
-  (ColQwen3: hidden -> 320 and a bias, then each token normalised): its vectors are per token
-  only (heads.build_head: a ProjectionHead over every token); jina-embeddings-v4's
-  `multi_vector_projector` (hidden -> 128 and a bias), its vectors per token beside its pooled
-  ones;
+  (ColQwen3: hidden -> 320 and a bias, then each token normalised; colpali-engine's
+  `custom_text_proj`): its vectors are per token only (heads.build_head: a ProjectionHead
+  over every token); jina-embeddings-v4's `multi_vector_projector` (hidden -> 128 and a
+  bias), its vectors per token beside its pooled ones;
 - a sentence-transformers MultiVectorEncoder (ColBERT-style late interaction over a Qwen
   backbone): its `MultiVectorMask` module makes it a multi-vector model and names the tokens
   its skiplist leaves out, its `Dense` module on `token_embeddings` is that projection of every
@@ -61,7 +61,8 @@ ACTIVATIONS = {
 }
 MODULES_FILE = "modules.json"
 ROOT_PROJECTION = "linear."
-TOKEN_PROJECTION = "embedding_proj_layer."
+# a multi-vector retriever's: transformers' ports' and ColQwen3's, colpali-engine's
+TOKEN_PROJECTIONS = ("embedding_proj_layer.", "custom_text_proj.")
 MULTI_VECTOR_PROJECTOR = "multi_vector_projector."  # jina-embeddings-v4's, beside its pooling
 # custom modules after pooling known by their class -> the activation that stands for them
 QUANTIZERS = {"st_quantize.FlexibleQuantizer": "tanh"}
@@ -117,7 +118,7 @@ class SentenceModules:
         top = _top_level_projections(model_dir)
         if ROOT_PROJECTION in top:
             dense.append(top[ROOT_PROJECTION])
-        token_dense = [top[p] for p in (TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR) if p in top]
+        token_dense = [top[p] for p in (*TOKEN_PROJECTIONS, MULTI_VECTOR_PROJECTOR) if p in top]
         late, mask = False, {}
         for module in modules:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -266,7 +267,7 @@ def _token_projection(dense: list[Dense], hidden_size: int, late: bool) -> Dense
             f"{[d.weights for d in dense]}: one projection of every token is supported"
         )
     (tokens,) = dense
-    if tokens.prefix not in (TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR) and not late:
+    if tokens.prefix not in (*TOKEN_PROJECTIONS, MULTI_VECTOR_PROJECTOR) and not late:
         raise SentenceModulesError(
             f"{tokens.weights}: a Dense module on {TOKENS} belongs to a MultiVectorEncoder, "
             "and modules.json lists no MultiVectorMask"
@@ -311,11 +312,11 @@ def _dense(folder: Path, config: dict) -> Dense:
 
 def _top_level_projections(model_dir: Path) -> dict[str, Dense]:
     """The top-level projections among the checkpoint's tensors (ROOT_PROJECTION,
-    TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR): `{prefix}weight` and, where present,
+    TOKEN_PROJECTIONS, MULTI_VECTOR_PROJECTOR): `{prefix}weight` and, where present,
     `{prefix}bias`."""
     if not any(model_dir.glob("*.safetensors")):
         return {}
-    wanted = (ROOT_PROJECTION, TOKEN_PROJECTION, MULTI_VECTOR_PROJECTOR)
+    wanted = (ROOT_PROJECTION, *TOKEN_PROJECTIONS, MULTI_VECTOR_PROJECTOR)
     index = model_dir / "model.safetensors.index.json"
     paths = checkpoint_files(model_dir)
     if index.is_file():  # the shards that hold them, without opening every shard

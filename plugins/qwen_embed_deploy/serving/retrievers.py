@@ -16,6 +16,12 @@ not reproduced here).
   `visual_prompt_prefix` alone (one user turn holding the image's placeholders and "Describe
   the image.", then `<|im_end|><|endoftext|>`): no text goes with a page. Images within its
   image processor's budget (preprocessor_config.json's min_pixels and max_pixels).
+- ColQwen2 and ColQwen2.5 as colpali-engine saves them (vidore/colqwen2-v1.0,
+  colqwen2.5-v0.2; its ColQwen2Processor and ColQwen2_5_Processor, `ColPaliTemplate` too):
+  pages as the port writes them; a query is `Query: `, the text as sent and ten
+  `<|endoftext|>` (its `query_augmentation_token`), no newline. That prefix is the one the
+  published checkpoints were trained with (colpali-engine up to 0.3.10); its later versions
+  write none, which MTEB's evaluation found to cost retrieval quality.
 - nemotron-colembed-vl-v2 (Qwen3VLNemotronEmbedProcessor, `NemotronTemplate`): Qwen3-VL's chat
   turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
   the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
@@ -37,6 +43,7 @@ from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES, gme_architectures
 from qwen_embed_client.contract import RequestError
 
 AUGMENTATION_TOKENS = 10
+COLPALI_ENGINE = ("ColQwen2", "ColQwen2_5")  # its classes' architectures
 # ColQwen3Processor.from_pretrained's default: text-model tokens per image at most
 MAX_VISUAL_TOKENS = 1280
 _IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -98,17 +105,19 @@ class ColPaliTemplate:
         if pad is None:
             raise ValueError(f"{model_dir}: no pad_token, the queries' augmentation token")
         processor = _processor(model_dir)
-        if retriever(model_dir) == "ColQwen2ForRetrieval":
+        architecture = retriever(model_dir)
+        if architecture in ("ColQwen2ForRetrieval", *COLPALI_ENGINE):
             prefix = processor.get("visual_prompt_prefix") or (
                 f"<|im_start|>user\n{_IMAGE}Describe the image.<|im_end|><|endoftext|>"
             )
+            port = architecture == "ColQwen2ForRetrieval"
             return cls(
                 query_prefix=processor.get("query_prefix") or "Query: ",
-                augmentation=pad * AUGMENTATION_TOKENS,
+                augmentation=(pad if port else "<|endoftext|>") * AUGMENTATION_TOKENS,
                 image_prefix=prefix,
                 image_suffix="",
                 strip=False,
-                query_end="\n",
+                query_end="\n" if port else "",
                 page_text=False,
             )
         names = {
@@ -194,7 +203,7 @@ def retriever_template(model_dir: str | Path, pad: str | None):
     """The processor's forms of a multi-vector retriever's checkpoint or jina-embeddings-v4's;
     None for another."""
     architecture = retriever(model_dir)
-    if architecture in ("ColQwen3", "ColQwen2ForRetrieval"):
+    if architecture in ("ColQwen3", "ColQwen2ForRetrieval", *COLPALI_ENGINE):
         return ColPaliTemplate.from_dir(model_dir, pad)
     if architecture == "Qwen3VLNemotronEmbedModel":
         return NemotronTemplate.from_dir(model_dir)

@@ -1,0 +1,168 @@
+"""ColQwen2 and ColQwen2.5 as colpali-engine, which trained them, publishes them: a base
+checkpoint (vidore/colqwen2-base, colqwen2.5-base: Qwen2-VL or Qwen2.5-VL in transformers 4.x's
+flat layout, its architecture `ColQwen2` or `ColQwen2_5`, a top-level `custom_text_proj` of
+128) and the LoRA fine-tune users download (vidore/colqwen2-v1.0, colqwen2.5-v0.2: an adapter
+on the text model's linear layers and the projection, naming its base), merged at load. On
+replicas of both layouts (replicas.colpali_engine, colpali_adapter). The reference is
+colpali-engine 0.3.14 itself on the same directories, in a process of its own
+(colpali_reference.py: its processor needs torchvision): its `process_queries` with the
+`Query: ` prefix the checkpoints were trained with and `process_images`, through its models.
+Asserted: fp32 cosine >= 0.9999 per token, MaxSim within 1e-3 per query token.
+"""
+
+import json
+
+import colpali_reference
+import numpy as np
+import pytest
+from test_colqwen3 import large_page
+from test_qwen3_vl import image_files
+
+from qwen_embed.adapters import read_lora
+from qwen_embed.config import ModelConfig
+from qwen_embed.hub import resolve_checkpoint
+from qwen_embed_client.contract import RequestError
+from qwen_embed_deploy.serving.retrievers import ColPaliTemplate
+
+from reference import cosine
+from replicas import COLPALI_WIDTH, colpali_adapter, colpali_engine
+
+FP32_COSINE = 0.9999
+QUERIES = ["which chart shows a yellow circle?", "quarterly report, page 2"]
+GENERATIONS = {"colqwen2": False, "colqwen2_5": True}  # name -> over Qwen2.5-VL
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, tuple]:
+    """name -> (base, fine-tune) directories, with Qwen's tokenizer and processor files."""
+    root = tmp_path_factory.mktemp("colpali-engine")
+    built = {}
+    for name, qwen2_5 in GENERATIONS.items():
+        base = colpali_engine(root / f"{name}-base", qwen2_5=qwen2_5, files=True)
+        built[name] = (base, colpali_adapter(root / f"{name}-lora", base))
+    return built
+
+
+def test_the_layouts_are_read(checkpoints):
+    for name, (base, finetune) in checkpoints.items():
+        config = ModelConfig.from_dir(base)
+        assert config.family == "qwen2" and config.multi_vector, name
+        assert config.token_size == config.embedding_size == COLPALI_WIDTH, name
+        assert config.sentence.token_projection.prefix == "custom_text_proj.", name
+        generation = "qwen2_5_vl" if GENERATIONS[name] else "qwen2_vl"
+        assert config.media.vision.generation == generation, name
+        assert config.media.mrope_section == (8, 12, 12), name
+        merged = resolve_checkpoint(finetune)  # the fine-tune over its base, one checkpoint
+        assert ModelConfig.from_dir(merged).adapters == ("lora",), name
+    # the adapter's pairs keyed as the loader and the token head read them: the projection's
+    # included (it is trained as a LoRA pair too, over the base's own weights)
+    pairs, scale = read_lora(checkpoints["colqwen2"][1])
+    assert "custom_text_proj.weight" in pairs and "layers.1.mlp.down_proj.weight" in pairs
+    assert len(pairs) == 2 * 7 + 1 and scale == 2.0
+
+
+def test_the_processor_forms(checkpoints):
+    template = ColPaliTemplate.from_dir(checkpoints["colqwen2_5"][0], "<|endoftext|>")
+    pads = "<|endoftext|>" * 10
+    assert template.parts(None, "", False, " a query ") == ("Query: ", " a query ", pads)
+    image = "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>"
+    assert template.parts(None, image, False, "") == (
+        f"<|im_start|>user\n{image}Describe the image.<|im_end|><|endoftext|>",
+        "",
+        "",
+    )
+    with pytest.raises(RequestError, match="pages are an image alone"):
+        template.parts(None, image, False, "a caption")
+    # colpali-engine's augmentation token is <|endoftext|> whatever the pad token
+    assert ColPaliTemplate.from_dir(checkpoints["colqwen2"][0], "<pad>").augmentation == pads
+
+
+@pytest.fixture(scope="module")
+def served(checkpoints, tmp_path_factory):
+    from qwen_embed_deploy.repository import render
+    from qwen_embed_deploy.triton import TritonServer
+
+    where = tmp_path_factory.mktemp("colpali-served")
+    deployments = {name: finetune for name, (_, finetune) in checkpoints.items()}
+    repo = render(where / "repo", deployments, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield server
+
+
+@pytest.mark.server
+@pytest.mark.skipif(
+    not colpali_reference.available(),
+    reason="the reference is colpali-engine with torchvision (.venv/video-reference: make setup)",
+)
+@pytest.mark.parametrize("name", list(GENERATIONS))
+def test_queries_and_pages_through_triton_match_colpali_engine(checkpoints, served, name, tmp_path):
+    from qwen_embed_client import EmbeddingClient, maxsim_scores
+
+    _, finetune = checkpoints[name]
+    files = image_files()
+    pages = [files["png"], files["jpeg"], large_page()]  # the last resized into the budget
+    paths = []
+    for i, data in enumerate(pages):
+        paths.append(tmp_path / f"page{i}")
+        paths[-1].write_bytes(data)
+    spec = {
+        "model_dir": str(finetune),
+        "qwen2_5": GENERATIONS[name],
+        "queries": QUERIES,
+        "images": [str(p) for p in paths],
+    }
+    queries, want = colpali_reference.run(spec, tmp_path)
+    preprocessor = json.loads((finetune / "preprocessor_config.json").read_text())
+    budget = preprocessor["max_pixels"] // (4 * 2) ** 2  # text-model tokens of 8 x 8 pixels
+    image_tokens = len(want[2]) - len(page_tokens(finetune, "<|image_pad|>"))
+    assert budget * 0.8 < image_tokens + 1 <= budget  # resized into the budget, and near it
+    for protocol, url in (("http", served.http_url), ("grpc", served.grpc_url)):
+        with EmbeddingClient(url, protocol=protocol, model=name) as client:
+            got = client.embed_tokens(
+                QUERIES + [""] * len(pages), images=[[]] * 2 + [[p] for p in pages]
+            )
+        for i, (vectors, expected) in enumerate(zip(got, queries + want, strict=True)):
+            assert vectors.shape == expected.shape, (protocol, i)
+            assert cosine(vectors, expected).min() >= FP32_COSINE, (protocol, i)
+        for query, expected_query in zip(got[:2], queries, strict=True):
+            scores = maxsim_scores(query, got[2:])
+            expected = maxsim_scores(expected_query, want)
+            assert np.abs(scores - expected).max() <= 1e-3 * len(expected_query)
+    assert np.ptp(expected) > 0.01  # the pages score apart: a check that can fail
+
+
+@pytest.mark.server
+@pytest.mark.skipif(
+    not colpali_reference.available(),
+    reason="the reference is colpali-engine with torchvision (.venv/video-reference: make setup)",
+)
+def test_the_adapter_changes_what_the_base_gives(checkpoints, tmp_path):
+    """The fine-tune's queries are not its base's (the merge did something), and the base
+    alone is served as colpali-engine runs it too."""
+    from qwen_embed import Encoder
+
+    base, finetune = checkpoints["colqwen2"]
+    spec = {"model_dir": str(base), "qwen2_5": False, "queries": QUERIES[:1], "images": []}
+    (want,), _ = colpali_reference.run(spec, tmp_path)
+    before, text, after = ColPaliTemplate.from_dir(base, "<|endoftext|>").parts(
+        None, "", False, QUERIES[0]
+    )
+    tokens = page_tokens(base, before + text + after)
+    assert len(tokens) == len(want)
+    with Encoder.from_pretrained(base, dtype="float32") as enc:
+        (got,) = enc.embed_tokens([tokens])
+    assert cosine(got, want).min() >= FP32_COSINE
+    with Encoder.from_pretrained(resolve_checkpoint(finetune), dtype="float32") as enc:
+        (tuned,) = enc.embed_tokens([tokens])
+    assert cosine(tuned, want).min() < 0.99
+
+
+def page_tokens(model_dir, text: str) -> list[int]:
+    """`text`'s ids as the checkpoint's tokenizer writes them; a page's prefix with one
+    placeholder for `text` "<|image_pad|>"."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    if text == "<|image_pad|>":
+        text = ColPaliTemplate.from_dir(model_dir, "<|endoftext|>").image_prefix
+    return tokenizer.encode(text, add_special_tokens=False).ids
