@@ -3,12 +3,14 @@ processors need torchvision, which lives in .venv/video-reference (video_referen
 why), beside colpali-engine itself.
 
     python colpali_reference.py SPEC.json OUT.npz
-SPEC.json: {"model_dir", "qwen2_5": bool, "queries": [str], "images": [path]}. The model is
+SPEC.json: {"model_dir", "qwen2_5": bool, "queries": [str], "images": [path], "save": path
+or null}. The model is
 colpali-engine's ColQwen2 or ColQwen2_5 from `model_dir` (a base checkpoint, or a LoRA
 fine-tune over one, which transformers loads through peft), its processor from the same
 directory; the queries are run through `process_queries` with the prefix the checkpoints were
 trained with (QUERY_PREFIX), the images through `process_images`, each as one batch, as a user
-runs them. OUT.npz: `query_i`, `page_i`, each a vector per token (padding's rows dropped).
+runs them; `save`: the model as colpali-engine's save_pretrained writes it (transformers 5's
+config.json). OUT.npz: `query_i`, `page_i`, each a vector per token (padding's rows dropped).
 
 colpali-engine 0.3.14 maps only `model.layers` of a checkpoint saved by transformers 4.x (every
 published one) to its module names: the token embeddings and the final norm would be left at
@@ -89,6 +91,8 @@ def _main(spec_path: str, out: str) -> None:
         (ColQwen2_5, ColQwen2_5_Processor) if spec["qwen2_5"] else (ColQwen2, ColQwen2Processor)
     )
     model = _load(classes[0], model_dir)
+    if spec.get("save"):
+        model.save_pretrained(spec["save"])
     processor = classes[1].from_pretrained(model_dir)
     found = {}
     if spec["queries"]:

@@ -137,21 +137,31 @@ def test_queries_and_pages_through_triton_match_colpali_engine(checkpoints, serv
     reason="the reference is colpali-engine with torchvision (.venv/video-reference: make setup)",
 )
 def test_the_adapter_changes_what_the_base_gives(checkpoints, tmp_path):
-    """The fine-tune's queries are not its base's (the merge did something), and the base
-    alone is served as colpali-engine runs it too."""
+    """The fine-tune's queries are not its base's (the merge did something); the base alone
+    is served as colpali-engine runs it, and so is the save colpali-engine makes of it
+    (transformers 5's config.json: the text model's fields in `text_config`)."""
     from qwen_embed import Encoder
 
     base, finetune = checkpoints["colqwen2"]
-    spec = {"model_dir": str(base), "qwen2_5": False, "queries": QUERIES[:1], "images": []}
+    saved = tmp_path / "saved"
+    spec = {
+        "model_dir": str(base),
+        "qwen2_5": False,
+        "queries": QUERIES[:1],
+        "images": [],
+        "save": str(saved),
+    }
     (want,), _ = colpali_reference.run(spec, tmp_path)
+    assert "text_config" in json.loads((saved / "config.json").read_text())
     before, text, after = ColPaliTemplate.from_dir(base, "<|endoftext|>").parts(
         None, "", False, QUERIES[0]
     )
     tokens = page_tokens(base, before + text + after)
     assert len(tokens) == len(want)
-    with Encoder.from_pretrained(base, dtype="float32") as enc:
-        (got,) = enc.embed_tokens([tokens])
-    assert cosine(got, want).min() >= FP32_COSINE
+    for model_dir in (base, saved):
+        with Encoder.from_pretrained(model_dir, dtype="float32") as enc:
+            (got,) = enc.embed_tokens([tokens])
+        assert cosine(got, want).min() >= FP32_COSINE, model_dir
     with Encoder.from_pretrained(resolve_checkpoint(finetune), dtype="float32") as enc:
         (tuned,) = enc.embed_tokens([tokens])
     assert cosine(tuned, want).min() < 0.99
