@@ -4,13 +4,13 @@ why), beside colpali-engine itself.
 
     python colpali_reference.py SPEC.json OUT.npz
 SPEC.json: {"model_dir", "qwen2_5": bool, "queries": [str], "images": [path], "save": path
-or null}. The model is
-colpali-engine's ColQwen2 or ColQwen2_5 from `model_dir` (a base checkpoint, or a LoRA
-fine-tune over one, which transformers loads through peft), its processor from the same
-directory; the queries are run through `process_queries` with the prefix the checkpoints were
-trained with (QUERY_PREFIX), the images through `process_images`, each as one batch, as a user
-runs them; `save`: the model as colpali-engine's save_pretrained writes it (transformers 5's
-config.json). OUT.npz: `query_i`, `page_i`, each a vector per token (padding's rows dropped).
+or null}. The model is colpali-engine's ColQwen2 or ColQwen2_5 from `model_dir` (a base
+checkpoint, or a LoRA fine-tune over one, which transformers loads through peft), its
+processor from the same directory; the queries are run through `process_queries` with the
+prefix the checkpoints were trained with (QUERY_PREFIX), the images through `process_images`,
+each as one batch, as a user runs them; `save`: where to write the model as colpali-engine's
+save_pretrained does (transformers 5's config.json). OUT.npz: `query_i`, `page_i`, each a
+vector per token (padding's rows dropped).
 
 colpali-engine 0.3.14 maps only `model.layers` of a checkpoint saved by transformers 4.x (every
 published one) to its module names: the token embeddings and the final norm would be left at

@@ -375,9 +375,9 @@ class ModelConfig:
         tokens = sentence.token_projection
         top_level = tokens is not None and tokens.prefix in TOKEN_PROJECTIONS
         if projected != top_level:
+            names = ", ".join(f"{prefix}weight" for prefix in TOKEN_PROJECTIONS)
             raise UnsupportedModelError(
-                f"{model_dir}: a projection of every token ({'weight, '.join(TOKEN_PROJECTIONS)}"
-                f"weight) belongs to "
+                f"{model_dir}: a projection of every token ({names}) belongs to "
                 f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
                 f"{list(architectures)}, projection {'found' if top_level else 'absent'}"
             )

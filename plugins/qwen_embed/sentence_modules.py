@@ -61,7 +61,8 @@ ACTIVATIONS = {
 }
 MODULES_FILE = "modules.json"
 ROOT_PROJECTION = "linear."
-# a multi-vector retriever's: transformers' ports' and ColQwen3's, colpali-engine's
+# a multi-vector retriever's projection of every token: ColQwen3's and transformers' ColQwen2
+# port's, colpali-engine's
 TOKEN_PROJECTIONS = ("embedding_proj_layer.", "custom_text_proj.")
 MULTI_VECTOR_PROJECTOR = "multi_vector_projector."  # jina-embeddings-v4's, beside its pooling
 # custom modules after pooling known by their class -> the activation that stands for them

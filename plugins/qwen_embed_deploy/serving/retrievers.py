@@ -21,7 +21,7 @@ not reproduced here).
   pages as the port writes them; a query is `Query: `, the text as sent and ten
   `<|endoftext|>` (its `query_augmentation_token`), no newline. That prefix is the one the
   published checkpoints were trained with (colpali-engine up to 0.3.10); its later versions
-  write none, which MTEB's evaluation found to cost retrieval quality.
+  write none, and MTEB's evaluation puts it back to reproduce the published scores.
 - nemotron-colembed-vl-v2 (Qwen3VLNemotronEmbedProcessor, `NemotronTemplate`): Qwen3-VL's chat
   turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
   the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
