@@ -812,19 +812,7 @@ def jina_embeddings_v4(
     save_file(pairs, adapters / "adapter_model.safetensors", metadata={"format": "pt"})
     _write_json(
         adapters / "adapter_config.json",
-        {
-            "peft_type": "LORA",
-            "task_type": "FEATURE_EXTRACTION",
-            "base_model_name_or_path": "jinaai/jina-embeddings-v4",
-            "r": rank,
-            "lora_alpha": 2 * rank,
-            "lora_dropout": 0.1,
-            "bias": "none",
-            "use_rslora": False,
-            "use_dora": False,
-            "fan_in_fan_out": False,
-            "target_modules": JINA_V4_TARGETS,
-        },
+        _lora_config("jinaai/jina-embeddings-v4", rank, JINA_V4_TARGETS),
     )
     return directory
 
@@ -847,18 +835,7 @@ def colpali_engine(
     its architecture `ColQwen2` or `ColQwen2_5`; tensors `model.` the text model, `visual.`
     the tower) and the top-level `custom_text_proj` (weight and bias, hidden -> 128); bf16.
     `files`: Qwen's tokenizer and preprocessor_config.json."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    if qwen2_5:
-        vocab_size = 151936 if files else 1000
-        tokens = _vision_tokens(vocab_size)
-        text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
-        config = Qwen2_5_VLConfig(text_config=text, vision_config=QWEN2_5_VL_TOWER, **tokens)
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config).eval()
-        _near_one_norms(model)
-    else:
-        model, tokens = _qwen2_vl(seed, files)
+    model, tokens = _qwen2_vl(seed, files, qwen2_5=qwen2_5)
     generator = torch.Generator().manual_seed(seed)
     hidden = QWEN2_VL_TEXT["hidden_size"]
     tensors = _first_layout(model)
@@ -912,22 +889,14 @@ def colpali_adapter(directory: Path, base: Path, *, seed: int = 17, rank: int = 
     save_file(pairs, directory / "adapter_model.safetensors", metadata={"format": "pt"})
     _write_json(
         directory / "adapter_config.json",
-        {
-            "peft_type": "LORA",
-            "task_type": "FEATURE_EXTRACTION",
-            "base_model_name_or_path": str(base),
-            "r": rank,
-            "lora_alpha": 2 * rank,
-            "lora_dropout": 0.1,
-            "bias": "none",
-            "use_rslora": False,
-            "use_dora": False,
-            "fan_in_fan_out": False,
-            "init_lora_weights": "gaussian",
-            "modules_to_save": None,
-            "target_modules": COLPALI_TARGETS,
-            "inference_mode": True,
-        },
+        _lora_config(
+            str(base),
+            rank,
+            COLPALI_TARGETS,
+            init_lora_weights="gaussian",
+            modules_to_save=None,
+            inference_mode=True,
+        ),
     )
     for path in base.iterdir():
         if path.name not in ("config.json", "model.safetensors"):
@@ -935,17 +904,47 @@ def colpali_adapter(directory: Path, base: Path, *, seed: int = 17, rank: int = 
     return directory
 
 
-def _qwen2_vl(seed: int, files: bool):
-    """A Qwen2-VL of replicas.colqwen2's shape (Qwen's vocabulary with `files`), its norms
-    near one: (the model, its vision tokens' ids)."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def _lora_config(base: str, rank: int, targets: str, **fields) -> dict:
+    """peft's adapter_config.json of a LoRA adapter over `base` (alpha twice the rank) on
+    `targets`, with its other `fields`."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "FEATURE_EXTRACTION",
+        "base_model_name_or_path": base,
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.1,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "target_modules": targets,
+        **fields,
+    }
+
+
+def _qwen2_vl(seed: int, files: bool, qwen2_5: bool = False):
+    """A Qwen2-VL of replicas.colqwen2's shape, or with `qwen2_5` a Qwen2.5-VL of
+    colqwen2_5's (Qwen's vocabulary with `files`), its norms near one: (the model, its vision
+    tokens' ids)."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     vocab_size = 151936 if files else 1000
     tokens = _vision_tokens(vocab_size)
     text = dict(QWEN2_VL_TEXT, vocab_size=vocab_size)
-    config = Qwen2VLConfig(text_config=text, vision_config=QWEN2_VL_TOWER, **tokens)
+    if qwen2_5:
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=QWEN2_5_VL_TOWER, **tokens)
+        model_class = Qwen2_5_VLForConditionalGeneration
+    else:
+        config = Qwen2VLConfig(text_config=text, vision_config=QWEN2_VL_TOWER, **tokens)
+        model_class = Qwen2VLForConditionalGeneration
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     _near_one_norms(model)
     return model, tokens
 
