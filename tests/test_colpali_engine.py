@@ -19,7 +19,7 @@ from test_colqwen3 import large_page
 from test_qwen3_vl import image_files
 
 from qwen_embed.adapters import read_lora
-from qwen_embed.config import ModelConfig
+from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.hub import resolve_checkpoint
 from qwen_embed_client.contract import RequestError
 from qwen_embed_deploy.serving.retrievers import ColPaliTemplate
@@ -43,7 +43,7 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple]:
     return built
 
 
-def test_the_layouts_are_read(checkpoints):
+def test_the_layouts_are_read(checkpoints, tmp_path):
     for name, (base, finetune) in checkpoints.items():
         config = ModelConfig.from_dir(base)
         assert config.family == "qwen2" and config.multi_vector, name
@@ -54,6 +54,14 @@ def test_the_layouts_are_read(checkpoints):
         assert config.media.mrope_section == (8, 12, 12), name
         merged = resolve_checkpoint(finetune)  # the fine-tune over its base, one checkpoint
         assert ModelConfig.from_dir(merged).adapters == ("lora",), name
+    # a projection belongs to its architecture: colpali-engine's under another retriever's
+    # name (whose processor forms differ) is refused, not served with the other's forms
+    base = checkpoints["colqwen2"][0]
+    hf = json.loads((base / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | {"architectures": ["ColQwen3"]}))
+    (tmp_path / "model.safetensors").symlink_to(base / "model.safetensors")
+    with pytest.raises(UnsupportedModelError, match=r"projection found \(custom_text_proj"):
+        ModelConfig.from_dir(tmp_path)
     # the adapter's pairs keyed as the loader and the token head read them: the projection's
     # included (it is trained as a LoRA pair too, over the base's own weights)
     pairs, scale = read_lora(checkpoints["colqwen2"][1])

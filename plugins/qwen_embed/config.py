@@ -113,11 +113,17 @@ BIDIRECTIONAL_ARCHITECTURES = frozenset(
 # chunk): the request option chunk_by_separator. Another checkpoint's sep_token joins nothing.
 CONTEXTUAL_ARCHITECTURES = frozenset({"PPLXQwen3ContextualModel"})
 # Whose vectors are one per token only (ColPali's late interaction): no pooled vector; those
-# of the first set through a projection of every token (sentence_modules.TOKEN_PROJECTIONS).
-PROJECTED_TOKEN_ARCHITECTURES = frozenset(
-    {"ColQwen3", "ColQwen2ForRetrieval", "ColQwen2", "ColQwen2_5"}
-)
-MULTI_VECTOR_ARCHITECTURES = PROJECTED_TOKEN_ARCHITECTURES | {"Qwen3VLNemotronEmbedModel"}
+# of the first set through a projection of every token, each its own (its tensors' prefix,
+# sentence_modules.TOKEN_PROJECTIONS): the one whose processor's forms serve it.
+PROJECTED_TOKEN_ARCHITECTURES = {
+    "ColQwen3": "embedding_proj_layer.",
+    "ColQwen2ForRetrieval": "embedding_proj_layer.",
+    "ColQwen2": "custom_text_proj.",
+    "ColQwen2_5": "custom_text_proj.",
+}
+MULTI_VECTOR_ARCHITECTURES = frozenset(PROJECTED_TOKEN_ARCHITECTURES) | {
+    "Qwen3VLNemotronEmbedModel"
+}
 # Whose vectors are the last layer's output before the final norm.
 PRE_NORM_ARCHITECTURES = frozenset({"Qwen3VLNemotronEmbedModel"})
 MULTI_VECTOR_ONLY = (
@@ -371,15 +377,15 @@ class ModelConfig:
             sentence = dataclasses.replace(sentence, pooling=pooling, final_activation=activation)
         if config.attention_pooling is not None:  # what its remote code's encode does
             sentence = dataclasses.replace(sentence, pooling="attention")
-        projected = bool(PROJECTED_TOKEN_ARCHITECTURES.intersection(architectures))
+        wanted = {PROJECTED_TOKEN_ARCHITECTURES.get(a) for a in architectures} - {None}
         tokens = sentence.token_projection
-        top_level = tokens is not None and tokens.prefix in TOKEN_PROJECTIONS
-        if projected != top_level:
-            names = ", ".join(f"{prefix}weight" for prefix in TOKEN_PROJECTIONS)
+        found = tokens.prefix if tokens and tokens.prefix in TOKEN_PROJECTIONS else None
+        if wanted != {found} - {None}:
+            owners = ", ".join(f"{a}: {p}weight" for a, p in PROJECTED_TOKEN_ARCHITECTURES.items())
             raise UnsupportedModelError(
-                f"{model_dir}: a projection of every token ({names}) belongs to "
-                f"{sorted(PROJECTED_TOKEN_ARCHITECTURES)}, and they have one: architectures "
-                f"{list(architectures)}, projection {'found' if top_level else 'absent'}"
+                f"{model_dir}: a projection of every token belongs to its architecture, each "
+                f"its own ({owners}): architectures {list(architectures)}, projection "
+                + (f"found ({found}weight)" if found else "absent")
             )
         adapters = tuple(adapter_names(model_dir))
         multi_vector = config.multi_vector or sentence.late_interaction
