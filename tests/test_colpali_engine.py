@@ -10,6 +10,7 @@ colpali-engine 0.3.14 itself on the same directories, in a process of its own
 Asserted: fp32 cosine >= 0.9999 per token, MaxSim within 1e-3 per query token.
 """
 
+import dataclasses
 import json
 
 import colpali_reference
@@ -21,7 +22,6 @@ from test_qwen3_vl import image_files
 from qwen_embed.adapters import read_lora
 from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.hub import resolve_checkpoint
-from qwen_embed_client.contract import RequestError
 from qwen_embed_deploy.serving.retrievers import ColPaliTemplate
 
 from reference import cosine
@@ -69,18 +69,15 @@ def test_the_layouts_are_read(checkpoints, tmp_path):
     assert len(pairs) == 2 * 7 + 1 and scale == 2.0
 
 
-def test_the_processor_forms(checkpoints):
+def test_the_processor_forms(checkpoints, tmp_path):
     template = ColPaliTemplate.from_dir(checkpoints["colqwen2_5"][0], "<|endoftext|>")
     pads = "<|endoftext|>" * 10
     assert template.parts(None, "", False, " a query ") == ("Query: ", " a query ", pads)
-    image = "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>"
-    assert template.parts(None, image, False, "") == (
-        f"<|im_start|>user\n{image}Describe the image.<|im_end|><|endoftext|>",
-        "",
-        "",
-    )
-    with pytest.raises(RequestError, match="pages are an image alone"):
-        template.parts(None, image, False, "a caption")
+    # pages (an image alone, text beside it refused) are transformers' port's
+    # (test_colqwen2.py), and so is the rest but the query's newline
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["ColQwen2ForRetrieval"]}))
+    port = ColPaliTemplate.from_dir(tmp_path, "<|endoftext|>")
+    assert template == dataclasses.replace(port, query_end="")
     # colpali-engine's augmentation token is <|endoftext|> whatever the pad token
     assert ColPaliTemplate.from_dir(checkpoints["colqwen2"][0], "<pad>").augmentation == pads
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .chat_pairs import IMAGE_PAD, chat_template, compiled, placed, template_kwargs
+from .chat_pairs import IMAGE_PAD, chat_template, compiled, image_count, placed, template_kwargs
 
 # where the text goes in a render: the template around it is what comes before and after
 _TEXT = "\x00text\x00"
@@ -59,8 +59,8 @@ class SentenceChatTemplate:
     def parts(self, instruction: str, visuals: str, video: bool, text: str) -> tuple[str, str, str]:
         """(before, the text, after) of a text after `visuals`, its images' placeholders in
         blocks (tokenizer.image_blocks), each image's <|image_pad|> repeated as there."""
-        images = visuals.count("<|vision_end|>")
-        before, after = _render(self.template, self.kwargs, instruction, images).split(_TEXT)
+        rendered = _render(self.template, self.kwargs, instruction, image_count(visuals))
+        before, after = rendered.split(_TEXT)
         return placed(before, visuals), text, after
 
 

@@ -136,13 +136,19 @@ def template_kwargs(model_dir: Path) -> tuple[dict, bool]:
 
 
 IMAGE_PAD = "<|image_pad|>"
+_VISION_END = "<|vision_end|>"  # ends each image's block in tokenizer.image_blocks
+
+
+def image_count(visuals: str) -> int:
+    """The images in `visuals`, their placeholders in blocks (tokenizer.image_blocks)."""
+    return visuals.count(_VISION_END)
 
 
 def placed(rendered: str, visuals: str) -> str:
     """`rendered` with each image placeholder a chat template writes (one <|image_pad|> per
     image part) repeated as many times as its image in `visuals` (tokenizer.image_blocks, in
     the render's order) has tokens, as the processor expands them."""
-    counts = [block.count(IMAGE_PAD) for block in visuals.split("<|vision_end|>")[:-1]]
+    counts = [block.count(IMAGE_PAD) for block in visuals.split(_VISION_END)[:-1]]
     pieces = rendered.split(IMAGE_PAD)
     if len(pieces) != len(counts) + 1:
         raise RequestError(
@@ -234,7 +240,7 @@ class ChatPairTokenizer:
         def content(text: str, visuals: str):
             if not self._structured:
                 return text
-            images = [{"type": "image"}] * visuals.count("<|vision_end|>")
+            images = [{"type": "image"}] * image_count(visuals)
             return images + ([{"type": "text", "text": text}] if text or not images else [])
 
         system = [{"role": "system", "content": content(instruction, "")}] if instruction else []
