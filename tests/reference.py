@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,9 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2Model,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3_5TextModel,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3Model,
@@ -190,6 +194,7 @@ WIDE_CONFIGS = {
 _CLASSES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3Model),
+    "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, Qwen3_5TextModel),
 }
 
 
@@ -235,7 +240,8 @@ def reference_embeddings(
     dtype=torch.float32,
 ) -> np.ndarray:
     """transformers' base model, one unpadded sequence at a time, then pooling."""
-    family = "qwen3" if "qwen3" in (Path(model_dir) / "config.json").read_text() else "qwen2"
+    model_type = json.loads((Path(model_dir) / "config.json").read_text())["model_type"]
+    family = {"qwen3_5_text": "qwen3_5", "qwen3": "qwen3"}.get(model_type, "qwen2")
     model = (
         _CLASSES[family][2]
         .from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")

@@ -1280,3 +1280,71 @@ def codefuse_cge_large(directory: Path, *, seed: int = 18) -> Path:
     bos = {"add_bos_token": True, "bos_token": "<|endoftext|>"}
     _write_json(path, {**json.loads(path.read_text()), **bos})
     return directory
+
+
+QWEN3_5_TINY = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # rotary turns its first quarter (8 values)
+    intermediate_size=128,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # two value heads per key head, as Qwen3.5's 16 / 32
+    linear_key_head_dim=16,
+    linear_value_head_dim=24,
+    linear_conv_kernel_dim=4,
+    vocab_size=151669,
+    max_position_embeddings=32768,
+)
+
+
+def qwen3_5(
+    directory: Path,
+    *,
+    seed: int = 19,
+    layer_types: tuple[str, ...] = ("linear_attention",) * 2 + ("full_attention",),
+    dtype=torch.bfloat16,
+    append_eos: bool = True,
+) -> Path:
+    """Qwen3.5's text model as Qwen3_5ForCausalLM saves it (Prism-Qwen3.5-Reranker's layout):
+    `model.` tensors, tied embeddings, the multi-token-prediction layers under `mtp.` (which
+    only generation reads), rotary on a quarter of each head in multimodal sections, the real
+    Qwen tokenizer (Qwen3.5's own vocabulary is not available here; the engine reads every id
+    from the checkpoint's tokenizer.json), appending <|endoftext|> as an embedder's does
+    (`append_eos`; a reranker's appends nothing). Norms that scale by (1 + weight) get noise
+    around zero, the linear attention's output norm around one."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        **QWEN3_5_TINY,
+        num_hidden_layers=len(layer_types),
+        layer_types=list(layer_types),
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 2],
+            "mrope_interleaved": True,
+        },
+        pad_token_id=151643,
+        eos_token_id=151643,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("norm.weight"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
+            else:
+                p.copy_((0.3 if "conv1d" in name else 0.05) * torch.randn_like(p))
+    model.to(dtype).save_pretrained(directory)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.randn(64, 128, dtype=dtype)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    write_tokenizer(directory, append_eos=append_eos)
+    return directory

@@ -79,6 +79,11 @@ SUPPORTED_ARCHITECTURES = {
     # attention_pooling.py), as their remote code's `embedding_method: pma` does
     "C2LLMForEmbedding": "qwen2",
     "CodeFuse_CGE_Large": "qwen2",
+    # Qwen3.5's text model (Qwen3_5ForCausalLM, as Prism-Qwen3.5-Reranker and the embedders
+    # fine-tuned from it save it): linear-attention layers (Gated DeltaNet) between gated
+    # full-attention ones (models/qwen3_5.py)
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5TextModel": "qwen3_5",
 }
 # Whose remote code tokenizes a text without the tokenizer's special tokens
 # (`add_special_tokens=False`): the attention-pooled code embedders.
@@ -138,6 +143,58 @@ LISTWISE_MARKERS = ("<|embed_token|>", "<|rerank_token|>")
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Qwen3.5's linear-attention layers (Gated DeltaNet, gated_delta.py): which layers they
+    are (config.json's `layer_types`) and their heads. Keys and queries have their own heads,
+    each serving value_heads // key_heads consecutive value heads."""
+
+    layers: tuple[bool, ...]  # per layer: linear attention (else full attention)
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int  # the causal depthwise convolution over q|k|v before the recurrence
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> LinearAttentionSpec:
+        types = hf.get("layer_types")
+        if types is None:  # transformers' default: every full_attention_interval-th is full
+            interval = hf.get("full_attention_interval", 4)
+            types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(hf["num_hidden_layers"])
+            ]
+        unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+        if unknown or len(types) != hf["num_hidden_layers"]:
+            raise UnsupportedModelError(
+                f"layer_types {unknown or len(types)}: Qwen3.5's layers are linear_attention "
+                f"or full_attention, one per layer ({hf['num_hidden_layers']})"
+            )
+        spec = cls(
+            layers=tuple(t == "linear_attention" for t in types),
+            key_heads=hf["linear_num_key_heads"],
+            value_heads=hf["linear_num_value_heads"],
+            key_head_dim=hf["linear_key_head_dim"],
+            value_head_dim=hf["linear_value_head_dim"],
+            conv_kernel=hf.get("linear_conv_kernel_dim", 4),
+        )
+        if spec.value_heads % spec.key_heads:
+            raise UnsupportedModelError(
+                f"linear_num_value_heads {spec.value_heads} is not a multiple of "
+                f"linear_num_key_heads {spec.key_heads}"
+            )
+        return spec
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
 
 
 @dataclass(frozen=True)
@@ -309,7 +366,7 @@ class MediaConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "qwen2" | "qwen3"
+    family: str  # "qwen2" | "qwen3" | "qwen3_5"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -337,6 +394,9 @@ class ModelConfig:
     visual_span_mean: bool = False  # VISUAL_SPAN_MEAN's pooling of a text with an image
     mlp_score: bool = False  # JinaVLForRanking: its `score` MLP reads the last token
     attention_pooling: AttentionPoolingSpec | None = None  # a learned seed pools (PMA)
+    # Qwen3.5: its linear-attention layers; None: every layer attends in full
+    linear_attention: LinearAttentionSpec | None = None
+    rotary_dim: int = 0  # the leading dims of a head that rotary turns (Qwen3.5's quarter)
 
     @property
     def token_size(self) -> int:
@@ -420,9 +480,12 @@ class ModelConfig:
                 f"unsupported architectures {architectures}{gme}; supported: "
                 + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             )
-        # Every layer attends to the whole sequence here: a checkpoint with sliding-window
-        # layers (jina-reranker-v3.5 lists them in layer_types) would be silently wrong.
-        windowed = sorted({t for t in hf.get("layer_types") or () if t != "full_attention"})
+        # Every layer attends to the whole sequence here (or is Qwen3.5's linear attention):
+        # a checkpoint with sliding-window layers (jina-reranker-v3.5 lists them in
+        # layer_types) would be silently wrong.
+        hybrid = family == "qwen3_5"
+        mixers = {"full_attention", "linear_attention"} if hybrid else {"full_attention"}
+        windowed = sorted(set(hf.get("layer_types") or ()) - mixers)
         if hf.get("use_sliding_window") or windowed:
             raise UnsupportedModelError(
                 "sliding-window attention is not supported (use_sliding_window="
@@ -432,6 +495,10 @@ class ModelConfig:
         heads = hf["num_attention_heads"]
         # Qwen2 derives head_dim; Qwen3 states it and it may differ from hidden / heads.
         head_dim = hf.get("head_dim") or hidden // heads
+        rope = hf.get("rope_parameters") or {}
+        # Qwen3.5 turns a quarter of each head (its config class's default where unsaved)
+        partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        partial = partial if partial is not None else (0.25 if hybrid else 1.0)
         return cls(
             family=family,
             vocab_size=hf["vocab_size"],
@@ -446,7 +513,7 @@ class ModelConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
             # Qwen2 always has q/k/v biases; Qwen3 has them only if attention_bias says so.
             has_qkv_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
-            has_qk_norm=family == "qwen3",
+            has_qk_norm=family in ("qwen3", "qwen3_5"),
             # gte-Qwen2 says is_causal false; voyage-4-nano and pplx-embed, bidirectional
             is_causal=bool(hf.get("is_causal", True))
             and not hf.get("use_bidirectional_attention", False)
@@ -463,6 +530,8 @@ class ModelConfig:
             visual_span_mean=bool(media and VISUAL_SPAN_MEAN.intersection(architectures)),
             mlp_score="JinaVLForRanking" in architectures,
             attention_pooling=AttentionPoolingSpec.from_hf(hf),
+            linear_attention=LinearAttentionSpec.from_hf(hf) if hybrid else None,
+            rotary_dim=int(head_dim * partial),
         )
 
 

@@ -173,7 +173,8 @@ def _instantiate(
     planner = Planner(
         prefix_reuse=route.prefix_reuse,
         prune=route.prune,
-        readout=config.is_causal and route.pooling == "last",
+        # late chunking's read-outs share rows between segments: not with linear attention
+        readout=config.is_causal and route.pooling == "last" and config.linear_attention is None,
         cache_bytes=int(settings.prefix_cache_mb * 2**20),
         bytes_per_token=bytes_per_token,
         num_layers=config.num_layers,

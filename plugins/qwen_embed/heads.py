@@ -40,7 +40,7 @@ from .sentence_modules import Dense
 # A causal-LM reranker's answer tokens (relevant, not relevant), by family: Qwen3-Reranker and
 # Qwen3-VL-Reranker are asked for "yes" or "no"; mxbai-rerank-v2, the published Qwen2 reranker,
 # for "1" or "0". The pair templates follow the same families (serving/rerank.pair_template).
-ANSWER_TOKENS = {"qwen3": ("yes", "no"), "qwen2": ("1", "0")}
+ANSWER_TOKENS = {"qwen3": ("yes", "no"), "qwen3_5": ("yes", "no"), "qwen2": ("1", "0")}
 
 
 def resolve_task(task: str, config: ModelConfig) -> str:

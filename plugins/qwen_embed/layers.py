@@ -60,13 +60,13 @@ class TPGroup:
         return t
 
 
-def _shard(full: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+def rank_slice(full: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
     if full.shape[dim] % size:
         raise ValueError(f"dimension {dim} of size {full.shape[dim]} does not split {size} ways")
     return full.chunk(size, dim=dim)[rank]
 
 
-def _copy(param: torch.Tensor, value: torch.Tensor) -> None:
+def copy_exact(param: torch.Tensor, value: torch.Tensor) -> None:
     if param.shape != value.shape:
         raise ValueError(
             f"shape mismatch: parameter {tuple(param.shape)}, checkpoint slice {tuple(value.shape)}"
@@ -74,14 +74,14 @@ def _copy(param: torch.Tensor, value: torch.Tensor) -> None:
     param.data.copy_(value)
 
 
-def _param(*shape: int, loader) -> nn.Parameter:
+def loaded_parameter(*shape: int, loader) -> nn.Parameter:
     p = nn.Parameter(torch.empty(*shape), requires_grad=False)
     p.weight_loader = loader
     return p
 
 
 def replicated_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
-    _copy(param, full)
+    copy_exact(param, full)
 
 
 class RMSNorm(nn.Module):
@@ -92,7 +92,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.ops = ops
-        self.weight = _param(dim, loader=replicated_loader)
+        self.weight = loaded_parameter(dim, loader=replicated_loader)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
@@ -114,7 +114,7 @@ class VocabParallelEmbedding(nn.Module):
         per_rank = -(-vocab_size // tp.size)
         self.start = tp.rank * per_rank
         self.end = min(vocab_size, self.start + per_rank)
-        self.weight = _param(per_rank, dim, loader=self._load)
+        self.weight = loaded_parameter(per_rank, dim, loader=self._load)
         self.dtype = self.weight.dtype  # of the rows it returns
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
@@ -188,8 +188,8 @@ class ColumnParallelLinear(_Linear):
         for k, n in self.local.items():
             self.offsets[k] = total
             total += n
-        self.weight = _param(total, in_features, loader=self._load)
-        self.bias = _param(total, loader=self._load) if bias else None
+        self.weight = loaded_parameter(total, in_features, loader=self._load)
+        self.bias = loaded_parameter(total, loader=self._load) if bias else None
 
     def _piece(self, shard_id: str) -> int:
         # With P pieces over tp.size ranks, consecutive ranks share a piece.
@@ -197,8 +197,8 @@ class ColumnParallelLinear(_Linear):
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id: str | None = None) -> None:
         key = shard_id if shard_id is not None else next(iter(self.local))
-        part = _shard(full, 0, self._piece(key), self.parts[key])
-        _copy(param.data.narrow(0, self.offsets[key], self.local[key]), part)
+        part = rank_slice(full, 0, self._piece(key), self.parts[key])
+        copy_exact(param.data.narrow(0, self.offsets[key], self.local[key]), part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -220,7 +220,7 @@ class ColumnParallelLinear(_Linear):
         b = a.new_zeros(sum(self.local.values()), a.shape[0])
         col = 0
         for key, (a_k, b_k) in pairs.items():
-            rows = _shard(b_k, 0, self._piece(key), self.parts[key])
+            rows = rank_slice(b_k, 0, self._piece(key), self.parts[key])
             b[self.offsets[key] : self.offsets[key] + self.local[key], col : col + len(a_k)] = rows
             col += len(a_k)
         return a, b
@@ -257,8 +257,8 @@ class ReplicatedLinear(_Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        self.weight = _param(out_features, in_features, loader=replicated_loader)
-        self.bias = _param(out_features, loader=replicated_loader) if bias else None
+        self.weight = loaded_parameter(out_features, in_features, loader=replicated_loader)
+        self.bias = loaded_parameter(out_features, loader=replicated_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -273,10 +273,10 @@ class RowParallelLinear(_Linear):
     def __init__(self, in_features: int, out_features: int, tp: TPGroup):
         super().__init__()
         self.tp = tp
-        self.weight = _param(out_features, in_features // tp.size, loader=self._load)
+        self.weight = loaded_parameter(out_features, in_features // tp.size, loader=self._load)
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
-        _copy(param, _shard(full, 1, self.tp.rank, self.tp.size))
+        copy_exact(param, rank_slice(full, 1, self.tp.rank, self.tp.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.matmul(x, None))
@@ -285,7 +285,7 @@ class RowParallelLinear(_Linear):
         """A's columns of this rank's input features: its partial (x A^T) B^T is summed by
         the all-reduce as the base product is."""
         a, b = pairs[None]
-        return _shard(a, 1, self.tp.rank, self.tp.size), b
+        return rank_slice(a, 1, self.tp.rank, self.tp.size), b
 
 
 def rotary_cos_sin(

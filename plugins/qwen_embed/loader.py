@@ -25,6 +25,7 @@ _IGNORED_PREFIXES = (
     "custom_text_proj.",
     "multi_vector_projector.",
     "mha_pma.",
+    "mtp.",  # Qwen3.5's multi-token prediction layers (generation only)
 )
 
 

@@ -159,12 +159,19 @@ def choose_route(
     pooling = resolve_pooling(s.pooling, task, config)
     # a multi-vector retriever's forwards compute every token: nothing shared, nothing pruned
     last_pooled = pooling == "last" and not config.multi_vector
-    reuse_valid = config.is_causal and last_pooled
+    # linear attention (Qwen3.5) carries a state through a sequence, not keys to share
+    hybrid = config.linear_attention is not None
+    reuse_valid = config.is_causal and last_pooled and not hybrid
     if s.prefix_reuse == "on" and not reuse_valid:
         raise ValueError(
-            "prefix_reuse needs causal attention and last-token pooling "
-            f"(is_causal={config.is_causal}, pooling={pooling!r}, "
-            f"multi_vector={config.multi_vector})"
+            "prefix_reuse needs causal attention and last-token pooling, and no "
+            f"linear-attention layers (is_causal={config.is_causal}, pooling={pooling!r}, "
+            f"multi_vector={config.multi_vector}, linear attention {hybrid})"
+        )
+    if hybrid and (s.quantization != "none" or per_request):
+        raise ValueError(
+            "a checkpoint with linear-attention layers (Qwen3.5) runs in floats with its "
+            "adapters merged: quantization must be 'none' and lora_modules empty"
         )
     if s.quantization == "fp8":
         dtype, reason = _fp8_dtype(s.dtype, device, gpu_fp8)
@@ -239,7 +246,7 @@ def choose_route(
         prune=last_pooled,
         elementwise=kernels.choose(device, isa, has_triton),
         native_isa=isa,
-        cuda_graph_tokens=0 if cpu or s.tp_size > 1 else s.cuda_graph_tokens,
+        cuda_graph_tokens=0 if cpu or s.tp_size > 1 or hybrid else s.cuda_graph_tokens,
         reason=reason,
         attention_reason=why,
     )

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .qwen import QwenModel
+from .qwen3_5 import HybridModel
 
 if TYPE_CHECKING:
     from ..attention import AttentionBackend
@@ -59,6 +60,7 @@ class EmbeddingModel(Protocol):
 _MODELS: dict[str, type[EmbeddingModel]] = {
     "qwen2": QwenModel,
     "qwen3": QwenModel,
+    "qwen3_5": HybridModel,
 }
 
 

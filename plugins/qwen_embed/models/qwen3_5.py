@@ -1,0 +1,325 @@
+"""Qwen3.5's text model over a flat varlen token stream: linear-attention layers (Gated
+DeltaNet, gated_delta.py) between full-attention ones, as config.json's `layer_types` says.
+
+What differs from Qwen3 (models/qwen.py), each here once:
+- full attention is gated: q_proj gives each head its queries and as many gate values, and the
+  attention's output is multiplied by their sigmoid before o_proj; rotary turns the first
+  `rotary_dim` values of a head only;
+- every RMSNorm but the linear attention's output norm scales by (1 + weight), in fp32
+  (`CenteredRMSNorm`);
+- a linear-attention layer projects q|k|v (through a causal convolution), its output gate z,
+  the rates b and the decays a in one GEMM (`in_proj`), runs the gated delta rule per sequence
+  and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
+Shared prefixes are not reused (a sequence's state, not its keys, would have to be kept), nor
+are texts chunked by read-outs: engine and route leave both off for this family.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend
+from ..config import LinearAttentionSpec, ModelConfig
+from ..gated_delta import SequencePlan, causal_conv_silu, gated_delta_rule
+from ..kernels import RowOps, reference
+from ..layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    copy_exact,
+    loaded_parameter,
+    rank_slice,
+    replicated_loader,
+    rotary_cos_sin,
+)
+from ..segments import AttentionLayout, ForwardContext, Planner
+from .qwen import PACKED_MODULES as QWEN_PACKED
+from .qwen import QwenMLP, check_tp_split
+
+# checkpoint module name -> (our packed module, shard id); in_proj_qkv is itself q|k|v
+PACKED_MODULES = {
+    **QWEN_PACKED,
+    "in_proj_qkv": ("in_proj", "qkv"),
+    "in_proj_z": ("in_proj", "z"),
+    "in_proj_b": ("in_proj", "b"),
+    "in_proj_a": ("in_proj", "a"),
+}
+PLAN = "gated_delta"  # the layout's state entry holding its SequencePlan
+
+
+def _centered_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> None:
+    copy_exact(param, full.float() + 1.0)
+
+
+def centered_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen3_5RMSNorm: normalised and scaled by (1 + weight) (`scale`, fp32) in
+    fp32, rounded once."""
+    y = x.float()
+    y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
+    return (y * scale).to(x.dtype)
+
+
+class CenteredRMSNorm(nn.Module):
+    """Qwen3.5's RMSNorm, which scales by (1 + weight): the one is added to the weight as it
+    loads, kept in fp32 (rounded to 16 bits, 1 + weight would lose weight's low bits). With
+    `residual`, the norm of x + residual (summed in x's dtype, over x) and that sum."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, dtype=torch.float32), requires_grad=False)
+        self.weight.weight_loader = _centered_loader
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return centered_rms_norm(x, self.weight, self.eps)
+        summed = x.add_(residual)
+        return centered_rms_norm(summed, self.weight, self.eps), summed
+
+
+def _split_qkv(full: torch.Tensor, sizes: list[int], parts: int, rank: int) -> torch.Tensor:
+    """This rank's rows of a q|k|v tensor packed along dim 0: its slice of each of the three."""
+    return torch.cat([rank_slice(t, 0, rank, parts) for t in full.split(sizes)])
+
+
+class InProjection(ColumnParallelLinear):
+    """q|k|v|z|b|a of a linear-attention layer in one GEMM; the checkpoint's in_proj_qkv fills
+    the first three shards at once."""
+
+    def __init__(self, hidden: int, spec: LinearAttentionSpec, tp: TPGroup):
+        k, v, h = spec.key_dim, spec.value_dim, spec.value_heads
+        sizes = {"q": k, "k": k, "v": v, "z": v, "b": h, "a": h}
+        super().__init__(hidden, sizes, tp, bias=False)
+
+    def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id: str | None = None) -> None:
+        if shard_id != "qkv":
+            return super()._load(param, full, shard_id)
+        sizes = [self.local[s] * self.parts[s] for s in ("q", "k", "v")]
+        for shard, part in zip(("q", "k", "v"), full.split(sizes), strict=True):
+            super()._load(param, part, shard)
+
+
+class GatedDeltaNet(nn.Module):
+    """A linear-attention layer (transformers' Qwen3_5GatedDeltaNet), its heads split across
+    tensor-parallel ranks."""
+
+    def __init__(self, config: ModelConfig, tp: TPGroup):
+        super().__init__()
+        spec = config.linear_attention
+        self.key_heads = spec.key_heads // tp.size
+        self.value_heads = spec.value_heads // tp.size
+        self.key_head_dim, self.value_head_dim = spec.key_head_dim, spec.value_head_dim
+        self.in_proj = InProjection(config.hidden_size, spec, tp)
+        self.widths = [self.in_proj.local[s] for s in ("q", "k", "v", "z", "b", "a")]
+        sizes = [spec.key_dim, spec.key_dim, spec.value_dim]
+        channels = sum(sizes) // tp.size
+
+        def conv_loader(param, full, shard_id=None):  # [channels, 1, K] as q|k|v
+            copy_exact(param, _split_qkv(full.squeeze(1), sizes, tp.size, tp.rank))
+
+        def head_loader(param, full, shard_id=None):
+            copy_exact(param, rank_slice(full, 0, tp.rank, tp.size))
+
+        self.conv1d = nn.Module()
+        self.conv1d.weight = loaded_parameter(channels, spec.conv_kernel, loader=conv_loader)
+        self.A_log = loaded_parameter(self.value_heads, loader=head_loader)
+        self.dt_bias = loaded_parameter(self.value_heads, loader=head_loader)
+        self.norm = nn.Module()  # its output norm: plain weight, gated by silu(z)
+        self.norm.weight = loaded_parameter(spec.value_head_dim, loader=replicated_loader)
+        self.eps = config.rms_norm_eps
+        self.out_proj = RowParallelLinear(spec.value_dim, config.hidden_size, tp)
+
+    def forward(
+        self, x: torch.Tensor, plan: SequencePlan, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The layer's output for every row of x, or for `rows` only (the recurrence still
+        reads every row)."""
+        q, k, v, z, b, a = self.in_proj(x).split(self.widths, dim=-1)
+        mixed = causal_conv_silu(torch.cat([q, k, v], dim=-1), self.conv1d.weight, plan)
+        q, k, v = mixed.split(self.widths[:3], dim=-1)
+        t = x.shape[0]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        out = gated_delta_rule(
+            q.reshape(t, self.key_heads, self.key_head_dim),
+            k.reshape(t, self.key_heads, self.key_head_dim),
+            v.reshape(t, self.value_heads, self.value_head_dim),
+            g,
+            b.sigmoid(),
+            plan,
+        ).to(x.dtype)
+        z = z.reshape(t, self.value_heads, self.value_head_dim)
+        if rows is not None:
+            out, z = out[rows], z[rows]
+        # transformers' gated RMSNorm: normalised in fp32, rounded, weighted, gated in fp32
+        out = reference.rms_norm(out, self.norm.weight, self.eps)
+        out = (out.float() * F.silu(z.float())).to(x.dtype)
+        return self.out_proj(out.reshape(out.shape[0], -1))
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate per head value and rotary on `rotary_dim` values."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        layer_index: int,
+    ):
+        super().__init__()
+        self.layer_index = layer_index
+        d = self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
+        self.num_heads = config.num_heads // tp.size
+        self.num_kv_heads = max(1, config.num_kv_heads // tp.size)
+        kv_parts = min(tp.size, config.num_kv_heads)
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size,
+            {
+                "q": config.num_heads * 2 * d,  # each head's queries, then its gate
+                "k": config.num_kv_heads * d,
+                "v": config.num_kv_heads * d,
+            },
+            tp,
+            bias=config.has_qkv_bias,
+            shard_parts={"k": kv_parts, "v": kv_parts},
+        )
+        self.widths = [self.qkv_proj.local[s] for s in ("q", "k", "v")]
+        self.q_norm = CenteredRMSNorm(d, config.rms_norm_eps)
+        self.k_norm = CenteredRMSNorm(d, config.rms_norm_eps)
+        self.eps = config.rms_norm_eps
+        self.backend = backend
+        self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, tp)
+
+    def _heads(self, x, weight, cos, sin) -> torch.Tensor:
+        """Normalised heads [T, heads, d], their first rotary_dim values rotated."""
+        x = centered_rms_norm(x, weight, self.eps)
+        r = self.rotary_dim
+        if r == self.head_dim:
+            return reference.rotary(x, cos, sin)
+        return torch.cat([reference.rotary(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        layout: AttentionLayout,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q_gate, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
+        q_gate = q_gate.reshape(t, self.num_heads, 2 * d)
+        q, gate = q_gate[..., :d], q_gate[..., d:]
+        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
+        if rows is not None:
+            q, gate = q[rows], gate[rows]
+        q = self._heads(q, self.q_norm.weight, cos_q, sin_q)
+        k = self._heads(k.reshape(t, self.num_kv_heads, d), self.k_norm.weight, cos, sin)
+        k, v = ctx.keys(self.layer_index, k, v.reshape(t, self.num_kv_heads, d), layout)
+        out = self.backend.forward(q, k, v, layout)
+        out = out.reshape(q.shape[0], -1) * gate.reshape(q.shape[0], -1).sigmoid()
+        return self.o_proj(out)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        index: int,
+        ops: RowOps = reference,
+    ):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.linear = config.linear_attention.layers[index]
+        self.input_layernorm = CenteredRMSNorm(config.hidden_size, eps)
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(config, tp)
+        else:
+            self.self_attn = GatedAttention(config, tp, backend, index)
+        self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, eps)
+        self.mlp = QwenMLP(config, tp, ops)
+
+    def forward(self, x, residual, cos, sin, ctx: ForwardContext, last: bool):
+        """(this layer's MLP output, the residual stream before it) from the previous layer's
+        (the embeddings and None first); `last`: the pooled rows only, where ctx prunes."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        rows = ctx.last_rows if last and ctx.last is not None else None
+        if self.linear:
+            mixed = self.linear_attn(x, ctx.layout.state[PLAN], rows)
+        else:
+            layout = ctx.last if rows is not None else ctx.layout
+            mixed = self.self_attn(x, cos, sin, ctx, layout, rows)
+        x, residual = self.post_attention_layernorm(
+            mixed, residual if rows is None else residual[rows]
+        )
+        return self.mlp(x), residual
+
+
+class HybridModel(nn.Module):
+    """Token ids [T] -> final-norm hidden states [T, hidden] (the pooled rows' only where
+    ctx prunes); models/__init__.EmbeddingModel's interface."""
+
+    packed_modules = PACKED_MODULES
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPGroup,
+        backend: AttentionBackend,
+        planner: Planner,
+        head: nn.Module | None = None,
+        ops: RowOps = reference,
+    ):
+        super().__init__()
+        check_tp_split(config, tp.size)
+        spec = config.linear_attention
+        if spec.key_heads % tp.size or spec.value_heads % tp.size:
+            raise ValueError(
+                f"tp_size={tp.size} does not divide linear_num_key_heads={spec.key_heads} "
+                f"and linear_num_value_heads={spec.value_heads}"
+            )
+        self.config = config
+        self.backend = backend
+        self.planner = planner
+        self.head = head
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            HybridDecoderLayer(config, tp, backend, i, ops) for i in range(config.num_layers)
+        )
+        self.norm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.graphs = None  # no CUDA graphs (route.py)
+        self.visual = None  # text only
+        self.adapters = None  # no adapters per request (route.py)
+
+    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
+        """Nothing to cut: no quantised route, and the pruned layer selects its rows itself."""
+
+    @torch.inference_mode()
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        layout = ctx.layout
+        if layout.kv_index is not None or layout.q_lens != layout.k_lens:
+            raise ValueError("linear attention reads whole sequences: no shared rows")
+        self.backend.prepare(layout)
+        if ctx.last is not None:
+            self.backend.prepare(ctx.last)
+        if PLAN not in layout.state:
+            layout.state[PLAN] = SequencePlan.build(layout.cu_q_host, layout.cu_q.device)
+        x = self.embed_tokens(ctx.batch.input_ids)
+        cos, sin = rotary_cos_sin(
+            ctx.batch.positions, self.config.rotary_dim, self.config.rope_theta, x.dtype
+        )
+        residual = None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, cos, sin, ctx, i == last)
+        return self.norm(x, residual)[0]

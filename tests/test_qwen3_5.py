@@ -1,0 +1,219 @@
+"""Qwen3.5's text model (linear-attention layers between gated full-attention ones) against
+transformers' Qwen3_5TextModel and Qwen3_5ForCausalLM, one unpadded sequence at a time.
+
+Tolerances as test_parity.py's: fp32 cosine >= 0.99999 and max-abs <= 1e-4 on unit vectors;
+bf16 cosine >= 0.999; reranker probabilities within 1e-5 in fp32 (1e-4 through Triton, as
+test_rerank_serving.py's). The gated delta rule against its per-token recurrence in float64:
+max-abs <= 1e-5. The server tests: one tritonserver serving a Qwen3.5 embedder and reranker.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from qwen_embed import Encoder
+from qwen_embed.config import ModelConfig
+from qwen_embed.cpu import cpu_features
+from qwen_embed.gated_delta import SequencePlan, causal_conv_silu, gated_delta_rule
+from qwen_embed.route import choose_route
+from qwen_embed.settings import EncoderSettings
+from qwen_embed_client import EmbeddingClient
+from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.triton import TritonServer
+
+import replicas
+from reference import (
+    auto_tokenizer,
+    cosine,
+    model_card_pairs,
+    random_sequences,
+    reference_embeddings,
+    reference_scores,
+)
+from triton_helpers import infer
+
+FP32_COSINE = 0.99999
+FP32_MAX_ABS = 1e-4
+BF16_COSINE = 0.999
+VOCAB = 151000
+# Lengths around the chunks (64 tokens): one token, one chunk exactly, several, many texts.
+LENGTHS = [1, 7, 64, 65, 130, 5, 300, 12]
+# The last layer full attention (as Qwen3.5's every fourth), or linear (the pruned layer's
+# rows taken after the recurrence).
+QUERY = "Which city is the capital of China?"
+TEXTS = [
+    "The capital of China is Beijing.",
+    "Gravity is a force that attracts two bodies towards each other. " * 12,
+    "北京是中华人民共和国的首都。",
+    "Paris",
+]
+LAYERS = {
+    "full_last": ("linear_attention", "linear_attention", "full_attention"),
+    "linear_last": ("full_attention", "linear_attention"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYERS))
+def qwen3_5(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    return replicas.qwen3_5(directory, layer_types=LAYERS[request.param], dtype=torch.float32)
+
+
+def sequence_plan(lengths) -> SequencePlan:
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    return SequencePlan.build(cu, "cpu")
+
+
+def recurrent_rule(q, k, v, g, beta, lengths) -> torch.Tensor:
+    """The gated delta rule token by token, in float64, each sequence from an empty state."""
+    repeat = v.shape[1] // k.shape[1]
+    q = torch.nn.functional.normalize(q.double(), dim=-1).repeat_interleave(repeat, 1)
+    k = torch.nn.functional.normalize(k.double(), dim=-1).repeat_interleave(repeat, 1)
+    q = q * q.shape[-1] ** -0.5
+    out = torch.zeros(v.shape, dtype=torch.float64)
+    start = 0
+    for n in lengths:
+        state = torch.zeros(v.shape[1], k.shape[-1], v.shape[-1], dtype=torch.float64)
+        for t in range(start, start + n):
+            state = state * g[t].double().exp()[:, None, None]
+            error = v[t].double() - torch.einsum("hkv,hk->hv", state, k[t])
+            state = state + torch.einsum("hk,hv->hkv", k[t], beta[t].double()[:, None] * error)
+            out[t] = torch.einsum("hkv,hk->hv", state, q[t])
+        start += n
+    return out
+
+
+def test_gated_delta_rule_matches_its_recurrence():
+    torch.manual_seed(0)
+    t = sum(LENGTHS)
+    q, k = torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    v = torch.randn(t, 4, 6)
+    g, beta = -torch.rand(t, 4), torch.rand(t, 4)
+    plan = sequence_plan(LENGTHS)
+    assert plan.chunk == 64 and [n for _, n in plan.steps] == [8, 3, 2, 1, 1]
+    out = gated_delta_rule(q, k, v, g, beta, plan)
+    expected = recurrent_rule(q, k, v, g, beta, LENGTHS)
+    assert out.dtype == torch.float32
+    assert (out.double() - expected).abs().max() <= 1e-5
+    # short texts alone: chunks of their longest length rounded up to 8
+    short = sequence_plan([3, 9, 1])
+    assert short.chunk == 16 and short.steps == ((0, 3),)
+    out = gated_delta_rule(q[:13], k[:13], v[:13], g[:13], beta[:13], short)
+    expected = recurrent_rule(q[:13], k[:13], v[:13], g[:13], beta[:13], [3, 9, 1])
+    assert (out.double() - expected).abs().max() <= 1e-5
+
+
+def test_causal_convolution_restarts_at_each_sequence():
+    torch.manual_seed(1)
+    x, weight = torch.randn(sum(LENGTHS), 10), torch.randn(10, 4)
+    out = causal_conv_silu(x, weight, sequence_plan(LENGTHS))
+    expected, start = [], 0
+    for n in LENGTHS:
+        conv = torch.nn.functional.conv1d(
+            x[start : start + n].T[None], weight[:, None], padding=3, groups=10
+        )
+        expected.append(torch.nn.functional.silu(conv[0, :, :n].T))
+        start += n
+    assert (out - torch.cat(expected)).abs().max() <= 1e-5
+
+
+def test_config_reads_the_hybrid_layout(qwen3_5):
+    config = ModelConfig.from_dir(qwen3_5)
+    spec = config.linear_attention
+    assert config.family == "qwen3_5" and config.has_qk_norm and not config.has_qkv_bias
+    assert spec.layers == tuple(t == "linear_attention" for t in LAYERS[qwen3_5.name[:-1]])
+    assert (spec.key_heads, spec.value_heads, spec.key_head_dim, spec.value_head_dim) == (
+        2,
+        4,
+        16,
+        24,
+    )
+    assert spec.conv_kernel == 4 and config.rotary_dim == 8 and config.rope_theta == 1e7
+
+
+def test_route_keeps_linear_attention_whole(qwen3_5):
+    config = ModelConfig.from_dir(qwen3_5)
+
+    def route(**settings):
+        return choose_route(EncoderSettings(**settings), config, "cpu", cpu_features())
+
+    chosen = route()
+    assert not chosen.prefix_reuse and chosen.prune and chosen.cuda_graph_tokens == 0
+    with pytest.raises(ValueError, match="no linear-attention layers"):
+        route(prefix_reuse="on")
+    for refused in (dict(quantization="int8"), dict(lora_modules="a=/adapter")):
+        with pytest.raises(ValueError, match="quantization must be 'none'"):
+            route(**refused)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_fp32_matches_transformers(qwen3_5, pooling):
+    seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=2)
+    ref = reference_embeddings(qwen3_5, seqs, pooling=pooling)
+    # 128 tokens a forward: the 300-token text alone, the others batched
+    with Encoder.from_pretrained(
+        qwen3_5, dtype="float32", pooling=pooling, max_batch_tokens=128
+    ) as enc:
+        assert enc.model.planner.readout is False
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= FP32_COSINE
+    assert np.abs(out - ref).max() <= FP32_MAX_ABS
+
+
+def test_bf16_matches_transformers(qwen3_5):
+    seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=3)
+    ref = reference_embeddings(qwen3_5, seqs, dtype=torch.bfloat16)
+    with Encoder.from_pretrained(qwen3_5, dtype="bfloat16") as enc:
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= BF16_COSINE
+
+
+def test_rerank_matches_the_causal_lm(qwen3_5):
+    seqs = random_sequences([4, 70, 19, 1], vocab_size=VOCAB, seed=4)
+    with Encoder.from_pretrained(qwen3_5, dtype="float32", task="rerank") as enc:
+        scores = enc.score(seqs)
+    assert np.abs(scores - reference_scores(qwen3_5, seqs)).max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """(server, embedder, reranker): a tritonserver whose embed model is a Qwen3.5 embedder
+    replica and whose rerank model a Qwen3.5 reranker replica, both in fp32."""
+    where = tmp_path_factory.mktemp("qwen3_5-triton")
+    embedder = replicas.qwen3_5(where / "embedder", dtype=torch.float32)
+    reranker = replicas.qwen3_5(where / "reranker", seed=20, dtype=torch.float32, append_eos=False)
+    float32 = {"dtype": "float32"}
+    repo = render(
+        where / "repo",
+        {"embed": embedder},
+        {"encoder": float32, "rerank.encoder": float32},
+        rerankers={"rerank": reranker},
+    )
+    with TritonServer(repo, log_path=where / "server.log") as server:
+        yield server, embedder, reranker
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_triton_embeds_as_transformers(stack, protocol):
+    server, embedder, _ = stack
+    tok = auto_tokenizer(embedder)
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    assert all(seq[-1] == 151643 for seq in ids)  # its tokenizer appends <|endoftext|>
+    vectors, counts = infer(server, TEXTS, protocol)
+    assert counts.reshape(-1).tolist() == [len(seq) for seq in ids]
+    ref = reference_embeddings(embedder, ids)
+    assert cosine(vectors, ref).min() >= FP32_COSINE
+    assert np.abs(vectors - ref).max() <= FP32_MAX_ABS
+
+
+@pytest.mark.server
+def test_triton_reranks_as_the_causal_lm(stack):
+    server, _, reranker = stack
+    pairs = model_card_pairs(reranker, QUERY, TEXTS, instruction=DEFAULT_TASK)
+    expected = reference_scores(reranker, pairs)
+    with EmbeddingClient(server.grpc_url) as client:
+        result = client.rerank(QUERY, TEXTS)
+    assert result.token_counts.tolist() == [len(p) for p in pairs]
+    assert np.abs(result.scores - expected).max() <= 1e-4
