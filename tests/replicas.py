@@ -377,7 +377,13 @@ def jina_embeddings_v5(directory: Path, *, seed: int = 5, rank: int = 4) -> Path
 
 
 def lora_finetune(
-    directory: Path, base: Path, *, seed: int = 9, rank: int = 4, cross_encoder: bool = False
+    directory: Path,
+    base: Path,
+    *,
+    seed: int = 9,
+    rank: int = 4,
+    cross_encoder: bool = False,
+    targets=LORA_TARGETS,
 ) -> Path:
     """A LoRA fine-tune of `base` as sentence-transformers saves one (of a SentenceTransformer,
     or of a CrossEncoder): the adapter (peft's files, `base_model_name_or_path` the base's
@@ -387,7 +393,7 @@ def lora_finetune(
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     model = (CrossEncoder if cross_encoder else SentenceTransformer)(str(base), device="cpu")
-    model.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS))
+    model.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
     _trained(model, seed)
     model.save_pretrained(str(directory))
     return directory
@@ -1305,14 +1311,17 @@ def qwen3_5(
     layer_types: tuple[str, ...] = ("linear_attention",) * 2 + ("full_attention",),
     dtype=torch.bfloat16,
     append_eos: bool = True,
+    sentence: bool = False,
 ) -> Path:
     """Qwen3.5's text model as Qwen3_5ForCausalLM saves it (Prism-Qwen3.5-Reranker's layout):
     `model.` tensors, tied embeddings, the multi-token-prediction layers under `mtp.` (which
     only generation reads), rotary on a quarter of each head in multimodal sections, the real
     Qwen tokenizer (Qwen3.5's own vocabulary is not available here; the engine reads every id
     from the checkpoint's tokenizer.json), appending <|endoftext|> as an embedder's does
-    (`append_eos`; a reranker's appends nothing). Norms that scale by (1 + weight) get noise
-    around zero, the linear attention's output norm around one."""
+    (`append_eos`; a reranker's appends nothing); with `sentence`, an embedder's
+    sentence-transformers files (last token, Normalize, Qwen3-Embedding's prompts). Norms that
+    scale by (1 + weight) get noise around zero, the linear attention's output norm around
+    one."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(
@@ -1347,4 +1356,16 @@ def qwen3_5(
     tensors["mtp.fc.weight"] = torch.randn(64, 128, dtype=dtype)
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     write_tokenizer(directory, append_eos=append_eos)
+    if sentence:
+        _sentence_transformers_files(directory, {"query": QWEN3_QUERY, "document": ""}, None)
     return directory
+
+
+# Every linear layer of Qwen3.5's text model, as colpali-engine's ColQwen3.5 trainer targets
+QWEN3_5_LORA_TARGETS = LORA_TARGETS + [
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
+    "out_proj",
+]

@@ -10,6 +10,7 @@ max-abs <= 1e-5. The server tests: one tritonserver serving a Qwen3.5 embedder a
 import numpy as np
 import pytest
 import torch
+from sentence_transformers import SentenceTransformer
 
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig
@@ -24,7 +25,6 @@ from qwen_embed_deploy.triton import TritonServer
 
 import replicas
 from reference import (
-    auto_tokenizer,
     cosine,
     model_card_pairs,
     random_sequences,
@@ -178,34 +178,48 @@ def test_rerank_matches_the_causal_lm(qwen3_5):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """(server, embedder, reranker): a tritonserver whose embed model is a Qwen3.5 embedder
-    replica and whose rerank model a Qwen3.5 reranker replica, both in fp32."""
+    """(server, {deployment: directory}, reranker): a tritonserver serving a Qwen3.5 embedder
+    with its sentence-transformers files (`embed`), a LoRA fine-tune of it over every linear
+    layer as sentence-transformers saves one (`finetune`) and a Qwen3.5 reranker (`rerank`),
+    all in fp32."""
     where = tmp_path_factory.mktemp("qwen3_5-triton")
-    embedder = replicas.qwen3_5(where / "embedder", dtype=torch.float32)
+    embedder = replicas.qwen3_5(where / "embedder", dtype=torch.float32, sentence=True)
+    finetune = replicas.lora_finetune(
+        where / "finetune", embedder, targets=replicas.QWEN3_5_LORA_TARGETS
+    )
     reranker = replicas.qwen3_5(where / "reranker", seed=20, dtype=torch.float32, append_eos=False)
+    embedders = {"embed": embedder, "finetune": finetune}
     float32 = {"dtype": "float32"}
     repo = render(
         where / "repo",
-        {"embed": embedder},
+        embedders,
         {"encoder": float32, "rerank.encoder": float32},
         rerankers={"rerank": reranker},
     )
     with TritonServer(repo, log_path=where / "server.log") as server:
-        yield server, embedder, reranker
+        yield server, embedders, reranker
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_triton_embeds_as_transformers(stack, protocol):
-    server, embedder, _ = stack
-    tok = auto_tokenizer(embedder)
-    ids = [tok(t)["input_ids"] for t in TEXTS]
-    assert all(seq[-1] == 151643 for seq in ids)  # its tokenizer appends <|endoftext|>
-    vectors, counts = infer(server, TEXTS, protocol)
-    assert counts.reshape(-1).tolist() == [len(seq) for seq in ids]
-    ref = reference_embeddings(embedder, ids)
-    assert cosine(vectors, ref).min() >= FP32_COSINE
-    assert np.abs(vectors - ref).max() <= FP32_MAX_ABS
+@pytest.mark.parametrize("deployment", ["embed", "finetune"])
+def test_triton_embeds_as_sentence_transformers(stack, deployment, protocol):
+    server, embedders, _ = stack
+    model = SentenceTransformer(
+        str(embedders[deployment]), device="cpu", model_kwargs={"dtype": torch.float32}
+    )
+    for prompt_name in (None, "query"):
+        prefix = model.prompts[prompt_name] if prompt_name else ""
+        counts = [len(model.tokenizer(prefix + t)["input_ids"]) for t in TEXTS]
+        params = {"prompt_name": prompt_name} if prompt_name else {}
+        vectors, got = infer(server, TEXTS, protocol, model=deployment, **params)
+        assert got.reshape(-1).tolist() == counts
+        ref = model.encode(TEXTS, prompt_name=prompt_name)
+        assert cosine(vectors, ref).min() >= FP32_COSINE
+        assert np.abs(vectors - ref).max() <= FP32_MAX_ABS
+    if deployment == "finetune":  # the adapter changes the vectors: the test can fail
+        base, _ = infer(server, TEXTS, protocol)
+        assert cosine(vectors, base).min() < 0.999
 
 
 @pytest.mark.server
@@ -217,3 +231,16 @@ def test_triton_reranks_as_the_causal_lm(stack):
         result = client.rerank(QUERY, TEXTS)
     assert result.token_counts.tolist() == [len(p) for p in pairs]
     assert np.abs(result.scores - expected).max() <= 1e-4
+
+
+@pytest.mark.server  # starts a tensor-parallel worker process
+def test_tp2_matches_transformers(qwen3_5):
+    """Both kinds of layer split by heads over two ranks (gloo): each rank's q|k|v of the
+    convolution and the rule, its z, b, a, decays and value heads; one all-reduce per
+    out_proj."""
+    seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=5)
+    ref = reference_embeddings(qwen3_5, seqs)
+    with Encoder.from_pretrained(qwen3_5, dtype="float32", tp_size=2, max_batch_tokens=128) as enc:
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= FP32_COSINE
+    assert np.abs(out - ref).max() <= FP32_MAX_ABS
