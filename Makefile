@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-pages perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-pages perf-hybrid perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -116,6 +116,14 @@ perf-pages: setup
 			--model-dir .cache/bench-colqwen2-$$vlm --out perf/results/pages-$$vlm-$$tag \
 			|| exit 1; \
 	done
+
+# Texts through Qwen3.5's hybrid text model (a replica of Qwen3.5-0.8B's widths, two blocks of
+# three linear-attention layers and one full-attention layer, built on first use) vs transformers.
+perf-hybrid: setup
+	tag=$(CPU_TAG) && $(PY) perf/bench_engine.py --qwen3-5 --model-dir .cache/bench-qwen3_5 \
+		--dtype bfloat16 --workloads mixed short --mixed-texts 48 --short-texts 256 \
+		--sorted-batch-sizes 32 --reps 2 --transformers-reps 1 \
+		--out perf/results/engine_qwen3_5-$$tag
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)

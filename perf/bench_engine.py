@@ -56,11 +56,46 @@ def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:
 
 
 def transformers_model(model_dir: str, dtype: torch.dtype):
-    from transformers import Qwen2Model, Qwen3Model
+    from transformers import Qwen2Model, Qwen3_5TextModel, Qwen3Model
 
     family = ModelConfig.from_dir(model_dir).family
-    cls = Qwen3Model if family == "qwen3" else Qwen2Model
+    cls = {"qwen3": Qwen3Model, "qwen3_5": Qwen3_5TextModel}.get(family, Qwen2Model)
     return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
+
+
+# --qwen3-5: Qwen3.5-0.8B's widths (its model card: hidden 1024, Gated DeltaNet of 16 query/key
+# and 16 value heads of 128, gated attention of 8 query and 2 key/value heads of 256, MLP
+# 3584), two of its blocks of three linear-attention layers and one full-attention layer, the
+# Qwen2/3 vocabulary (random weights, bf16)
+QWEN3_5_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    vocab_size=151936,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
+    num_hidden_layers=8,
+    tie_word_embeddings=True,
+)
+
+
+def qwen3_5_replica(path: Path) -> Path:
+    """The Qwen3.5 replica (QWEN3_5_SHAPE) at `path`, built unless present."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    if (path / "config.json").is_file():
+        return path
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+    config = Qwen3_5TextConfig(**QWEN3_5_SHAPE, rope_parameters=rope)
+    torch.manual_seed(0)
+    Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
 
 
 def left_padded(seqs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -581,7 +616,14 @@ def main() -> None:
         "missing) instead of the text workloads",
     )
     p.add_argument("--vlm", default="qwen2_5_vl", choices=sorted(PAGE_VLMS))
+    p.add_argument(
+        "--qwen3-5",
+        action="store_true",
+        help="the text workloads on a Qwen3.5 replica (built at --model-dir if missing)",
+    )
     args = p.parse_args()
+    if args.qwen3_5:
+        qwen3_5_replica(Path(args.model_dir))
     if args.images or args.videos:
         images_main(args)
         return

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
+from tritonclient.utils import InferenceServerException
 
-from qwen_embed import Encoder
+from qwen_embed import ChunkedText, Encoder
 from qwen_embed.config import ModelConfig
 from qwen_embed.cpu import cpu_features
-from qwen_embed.gated_delta import SequencePlan, causal_conv_silu, gated_delta_rule
+from qwen_embed.gated_delta import CHUNK, SequencePlan, causal_conv_silu, gated_delta_rule
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client import EmbeddingClient
@@ -37,8 +38,8 @@ FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-4
 BF16_COSINE = 0.999
 VOCAB = 151000
-# Lengths around the chunks (64 tokens): one token, one chunk exactly, several, many texts.
-LENGTHS = [1, 7, 64, 65, 130, 5, 300, 12]
+# Lengths around the chunks: one token, one chunk exactly, one more, several, many texts.
+LENGTHS = [1, 7, CHUNK, CHUNK + 1, 130, 5, 300, 12]
 # The last layer full attention (as Qwen3.5's every fourth), or linear (the pruned layer's
 # rows taken after the recurrence).
 QUERY = "Which city is the capital of China?"
@@ -91,7 +92,9 @@ def test_gated_delta_rule_matches_its_recurrence():
     v = torch.randn(t, 4, 6)
     g, beta = -torch.rand(t, 4), torch.rand(t, 4)
     plan = sequence_plan(LENGTHS)
-    assert plan.chunk == 64 and [n for _, n in plan.steps] == [8, 3, 2, 1, 1]
+    counts = [-(-n // CHUNK) for n in LENGTHS]  # each chunk index's sequences, longest first
+    assert plan.chunk == CHUNK
+    assert [n for _, n in plan.steps] == [sum(c > i for c in counts) for i in range(max(counts))]
     out = gated_delta_rule(q, k, v, g, beta, plan)
     expected = recurrent_rule(q, k, v, g, beta, LENGTHS)
     assert out.dtype == torch.float32
@@ -169,6 +172,13 @@ def test_bf16_matches_transformers(qwen3_5):
     assert cosine(out, ref).min() >= BF16_COSINE
 
 
+def test_late_chunking_is_refused(qwen3_5):
+    text = ChunkedText(np.arange(40), np.array([(0, 20), (20, 40)]), tail=0)
+    with Encoder.from_pretrained(qwen3_5, dtype="float32") as enc:
+        with pytest.raises(ValueError, match="linear-attention layers"):
+            enc.embed_chunks([text])
+
+
 def test_rerank_matches_the_causal_lm(qwen3_5):
     seqs = random_sequences([4, 70, 19, 1], vocab_size=VOCAB, seed=4)
     with Encoder.from_pretrained(qwen3_5, dtype="float32", task="rerank") as enc:
@@ -220,6 +230,17 @@ def test_triton_embeds_as_sentence_transformers(stack, deployment, protocol):
     if deployment == "finetune":  # the adapter changes the vectors: the test can fail
         base, _ = infer(server, TEXTS, protocol)
         assert cosine(vectors, base).min() < 0.999
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_late_chunking_is_refused_for_that_request_only(stack, protocol):
+    server, _, _ = stack
+    with pytest.raises(InferenceServerException, match="linear-attention layers") as refused:
+        infer(server, TEXTS, protocol, chunk_size=4)
+    assert "INVALID_ARG" in str(refused.value) or "400" in str(refused.value)
+    vectors, _ = infer(server, TEXTS, protocol)
+    assert vectors.shape == (len(TEXTS), 64)
 
 
 @pytest.mark.server

@@ -85,6 +85,17 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5TextModel": "qwen3_5",
 }
+LATE_CHUNKING_REFUSED = (
+    "late chunking (chunk_size, chunk_spans, chunk_chars, chunk_by_separator) is not served "
+    "for a model with linear-attention layers (Qwen3.5): send each chunk as a text of its own"
+)
+
+
+def has_linear_attention(architectures) -> bool:
+    """Whether a checkpoint of these architectures has Qwen3.5's linear-attention layers."""
+    return any(SUPPORTED_ARCHITECTURES.get(a) == "qwen3_5" for a in architectures)
+
+
 # Whose remote code tokenizes a text without the tokenizer's special tokens
 # (`add_special_tokens=False`): the attention-pooled code embedders.
 PLAIN_TOKENS_ARCHITECTURES = frozenset({"C2LLMForEmbedding", "CodeFuse_CGE_Large"})
@@ -483,7 +494,7 @@ class ModelConfig:
         # Every layer attends to the whole sequence here (or is Qwen3.5's linear attention):
         # a checkpoint with sliding-window layers (jina-reranker-v3.5 lists them in
         # layer_types) would be silently wrong.
-        hybrid = family == "qwen3_5"
+        hybrid = has_linear_attention(architectures)
         mixers = {"full_attention", "linear_attention"} if hybrid else {"full_attention"}
         windowed = sorted(set(hf.get("layer_types") or ()) - mixers)
         if hf.get("use_sliding_window") or windowed:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-CHUNK = 64  # tokens per chunk (fla's and transformers' size)
+CHUNK = 64  # tokens per chunk at most (fla's and transformers' size)
 L2_EPS = 1e-6
 
 
@@ -90,7 +90,7 @@ def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
 def _chunked(x: torch.Tensor, plan: SequencePlan) -> torch.Tensor:
     """Rows [T, ...] -> [N, heads, chunk, ...] by the plan's chunks (zeros past the ends)."""
     padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-    return padded[plan.chunks].transpose(1, 2)
+    return padded[plan.chunks].transpose(1, 2).contiguous()
 
 
 def gated_delta_rule(
@@ -116,23 +116,33 @@ def gated_delta_rule(
     k_beta = k * beta.unsqueeze(-1)
     # (I + strictly lower (beta k k^T decay)) solved against the rates' values and keys
     system = (k_beta @ k.transpose(-1, -2)) * decay
-    values = torch.linalg.solve_triangular(
-        system, v * beta.unsqueeze(-1), upper=False, unitriangular=True
-    )
-    keys = torch.linalg.solve_triangular(
-        system, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True
-    )
+    rates = torch.cat([v * beta.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
+    solved = torch.linalg.solve_triangular(system, rates, upper=False, unitriangular=True)
+    values, keys = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
     inside = (q @ k.transpose(-1, -2)) * decay
     q_decayed = q * cum.exp().unsqueeze(-1)
     k_decayed = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
     chunk_decay = cum[..., -1].exp()[..., None, None]
-    state = q.new_zeros(plan.sequences, q.shape[1], q.shape[-1], v.shape[-1])
+    # The carry: a sequence's first chunk reads no state, its last writes none (a text of one
+    # chunk, most of an embedding batch's, has no carry at all)
+    state = q.new_empty(plan.sequences, q.shape[1], q.shape[-1], v.shape[-1])
     out = torch.empty_like(values)
-    for start, count in plan.steps:
-        at, s = slice(start, start + count), state[:count]
-        fresh = values[at] - keys[at] @ s
-        out[at] = q_decayed[at] @ s + inside[at] @ fresh
-        state[:count] = s * chunk_decay[at] + k_decayed[at].transpose(-1, -2) @ fresh
+    for step, (start, count) in enumerate(plan.steps):
+        at = slice(start, start + count)
+        if step == 0:
+            fresh = values[at]
+            out[at] = inside[at] @ fresh
+        else:
+            s = state[:count]
+            fresh = values[at] - keys[at] @ s
+            out[at] = q_decayed[at] @ s + inside[at] @ fresh
+        going_on = plan.steps[step + 1][1] if step + 1 < len(plan.steps) else 0
+        if going_on:
+            ahead = slice(start, start + going_on)
+            written = k_decayed[ahead].transpose(-1, -2) @ fresh[:going_on]
+            if step > 0:
+                written += state[:going_on] * chunk_decay[ahead]
+            state[:going_on] = written
     total, heads, width = plan.position.shape[0], out.shape[1], out.shape[-1]
     result = out.new_empty(total + 1, heads, width)  # the last row takes the padding
     result[plan.chunks.reshape(-1)] = out.transpose(1, 2).reshape(-1, heads, width)
