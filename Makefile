@@ -31,7 +31,7 @@ setup: $(VENV)/.installed $(NATIVE_LIB) $(DEMO_DIR)/config.json $(DEMO_RERANKER)
 # transformers would take it up in every process if installed.
 $(VIDEO_REF)/.installed: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet --no-deps --target $(VIDEO_REF) \
-		torchvision==0.28.0 decord==0.6.0 qwen-vl-utils==0.0.14 colpali-engine==0.3.14
+		torchvision==0.28.0 decord==0.6.0 qwen-vl-utils==0.0.14 colpali-engine==0.3.18
 	touch $@
 
 # The CPU kernels (qwen_embed/native); without a C++ compiler the engine keeps torch's ops.

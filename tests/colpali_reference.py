@@ -1,22 +1,22 @@
-"""colpali-engine on a ColQwen2 or ColQwen2.5 checkpoint, run in a process of its own: its
-processors need torchvision, which lives in .venv/video-reference (video_reference.py says
-why), beside colpali-engine itself.
+"""colpali-engine on a ColQwen2, ColQwen2.5 or ColQwen3.5 checkpoint, run in a process of its
+own: its processors need torchvision, which lives in .venv/video-reference (video_reference.py
+says why), beside colpali-engine itself.
 
     python colpali_reference.py SPEC.json OUT.npz
-SPEC.json: {"model_dir", "qwen2_5": bool, "queries": [str], "images": [path], "save": path
-or null}. The model is colpali-engine's ColQwen2 or ColQwen2_5 from `model_dir` (a base
-checkpoint, or a LoRA fine-tune over one, which transformers loads through peft), its
-processor from the same directory; the queries are run through `process_queries` with the
-prefix the checkpoints were trained with (QUERY_PREFIX), the images through `process_images`,
-each as one batch, as a user runs them; `save`: where to write the model as colpali-engine's
-save_pretrained does (transformers 5's config.json). OUT.npz: `query_i`, `page_i`, each a
-vector per token (padding's rows dropped).
+SPEC.json: {"model_dir", "model": "ColQwen2" | "ColQwen2_5" | "ColQwen3_5", "queries": [str],
+"images": [path], "save": path or null}. The model is colpali-engine's class of that name from
+`model_dir` (a base checkpoint, or a LoRA fine-tune over one, which transformers loads through
+peft), its processor from the same directory; the queries are run through `process_queries`
+with the prefix the checkpoints were trained with (QUERY_PREFIXES), the images through
+`process_images`, each as one batch, as a user runs them; `save`: where to write the model as
+colpali-engine's save_pretrained does (transformers 5's config.json). OUT.npz: `query_i`,
+`page_i`, each a vector per token (padding's rows dropped).
 
-colpali-engine 0.3.14 maps only `model.layers` of a checkpoint saved by transformers 4.x (every
-published one) to its module names: the token embeddings and the final norm would be left at
-their random initialisation. The model is loaded with the explicit mapping (as MTEB's
-evaluation does), and the load is checked: no tensor missing or unused, every adapter pair in
-the model as saved.
+colpali-engine (0.3.14 and 0.3.18 seen) maps only `model.layers` of a checkpoint saved by
+transformers 4.x (every published ColQwen2's) to its module names: the token embeddings and the
+final norm would be left at their random initialisation. The model is loaded with the explicit
+mapping (as MTEB's evaluation does), and the load is checked: no tensor missing or unused,
+every adapter pair in the model as saved.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from video_reference import STACK
 
-QUERY_PREFIX = "Query: "  # colpali-engine's up to 0.3.10, which trained the published models
+# colpali-engine's up to 0.3.10, which trained the published ColQwen2(.5); none since (ColQwen3.5)
+QUERY_PREFIXES = {"ColQwen2": "Query: ", "ColQwen2_5": "Query: ", "ColQwen3_5": ""}
 KEY_MAPPING = {r"^model\.": "language_model."}
 
 
@@ -82,21 +83,19 @@ def _main(spec_path: str, out: str) -> None:
     sys.path.insert(0, str(STACK))
     # torchvision's operator registrations are for CUDA's torch (video_reference.py)
     sys.modules["torchvision._meta_registrations"] = types.ModuleType("absent")
-    from colpali_engine.models import ColQwen2, ColQwen2_5, ColQwen2_5_Processor, ColQwen2Processor
+    from colpali_engine import models
     from PIL import Image
 
     spec = json.loads(Path(spec_path).read_text())
-    model_dir = Path(spec["model_dir"])
-    classes = (
-        (ColQwen2_5, ColQwen2_5_Processor) if spec["qwen2_5"] else (ColQwen2, ColQwen2Processor)
-    )
-    model = _load(classes[0], model_dir)
+    model_dir, name = Path(spec["model_dir"]), spec["model"]
+    processor_name = "ColQwen2_5_Processor" if name == "ColQwen2_5" else f"{name}Processor"
+    model = _load(getattr(models, name), model_dir)
     if spec.get("save"):
         model.save_pretrained(spec["save"])
-    processor = classes[1].from_pretrained(model_dir)
+    processor = getattr(models, processor_name).from_pretrained(model_dir)
     found = {}
     if spec["queries"]:
-        batch = processor.process_queries([QUERY_PREFIX + q for q in spec["queries"]])
+        batch = processor.process_queries([QUERY_PREFIXES[name] + q for q in spec["queries"]])
         found |= {f"query_{i}": v for i, v in enumerate(_vectors(model, batch))}
     if spec["images"]:
         images = [Image.open(path) for path in spec["images"]]

@@ -1369,3 +1369,82 @@ QWEN3_5_LORA_TARGETS = LORA_TARGETS + [
     "in_proj_a",
     "out_proj",
 ]
+
+
+COLQWEN3_5_WIDTH = 32  # the projection's `dim` (colqwen3.5-4.5B-v3's is 320; the class's, 128)
+# Qwen3.5's tower in the replica: Qwen3-VL's without DeepStack, 2 blocks of one head, 4 x 4
+# patches; its text model qwen3_5()'s with heads of 64 (rotary on 16 values: sections 3/3/2)
+QWEN3_5_TOWER = dict(
+    depth=2,
+    hidden_size=64,
+    num_heads=1,
+    intermediate_size=128,
+    out_hidden_size=64,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=16,
+)
+
+
+def colqwen3_5(directory: Path, *, seed: int = 21, files: bool = False) -> Path:
+    """ColQwen3.5 as colpali-engine saves it (athrael-soju/colqwen3.5-4.5B-v3): Qwen3.5's
+    multimodal model (`Qwen3_5Model`: `text_config`, `vision_config`; tensors `language_model.`
+    and `visual.`), the architecture `ColQwen3_5`, its projection `custom_text_proj` (weight and
+    bias, hidden -> `dim`), fp32. `files`: Qwen's tokenizer (its vision tokens' ids in the
+    config) and Qwen3-VL's image processor, as Qwen3.5 ships them."""
+    from transformers import Qwen3_5Config, Qwen3_5Model
+
+    text = dict(
+        QWEN3_5_TINY,
+        vocab_size=151936,
+        head_dim=64,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_hidden_layers=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+    )
+    config = Qwen3_5Config(text_config=text, vision_config=QWEN3_5_TOWER, **QWEN3_VL_TOKENS)
+    torch.manual_seed(seed)
+    model = Qwen3_5Model(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("visual.") and name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))  # the tower's LayerNorms
+            elif name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("norm.weight"):
+                p.copy_(0.1 * torch.randn_like(p))  # scaled by 1 + weight
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
+            else:
+                p.copy_((0.3 if "conv1d" in name else 0.1) * torch.randn_like(p))
+    model.save_pretrained(directory)
+    tensors = load_file(directory / "model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    width, hidden = COLQWEN3_5_WIDTH, text["hidden_size"]
+    tensors["custom_text_proj.weight"] = torch.randn(width, hidden, generator=generator) * 0.1
+    tensors["custom_text_proj.bias"] = torch.randn(width, generator=generator) * 0.1
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    hf = json.loads((directory / "config.json").read_text())
+    _write_json(directory / "config.json", hf | {"architectures": ["ColQwen3_5"], "dim": width})
+    if files:
+        write_tokenizer(Path(directory), append_eos=False)
+        _write_json(
+            Path(directory) / "preprocessor_config.json",
+            {
+                "image_processor_type": "Qwen2VLImageProcessorFast",
+                "patch_size": 4,
+                "temporal_patch_size": 2,
+                "merge_size": 2,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "size": {"shortest_edge": 8 * 8 * 4, "longest_edge": 8 * 8 * 60},
+            },
+        )
+    return Path(directory)

@@ -4,7 +4,7 @@ flat layout, its architecture `ColQwen2` or `ColQwen2_5`, a top-level `custom_te
 128) and the LoRA fine-tune users download (vidore/colqwen2-v1.0, colqwen2.5-v0.2: an adapter
 on the text model's linear layers and the projection, naming its base), merged at load. On
 replicas of both layouts (replicas.colpali_engine, colpali_adapter). The reference is
-colpali-engine 0.3.14 itself on the same directories, in a process of its own
+colpali-engine (0.3.18) itself on the same directories, in a process of its own
 (colpali_reference.py: its processor needs torchvision): its `process_queries` with the
 `Query: ` prefix the checkpoints were trained with and `process_images`, through its models.
 Asserted: fp32 cosine >= 0.9999 per token, MaxSim within 1e-3 per query token.
@@ -112,7 +112,7 @@ def test_queries_and_pages_through_triton_match_colpali_engine(checkpoints, serv
         paths[-1].write_bytes(data)
     spec = {
         "model_dir": str(finetune),
-        "qwen2_5": GENERATIONS[name],
+        "model": "ColQwen2_5" if GENERATIONS[name] else "ColQwen2",
         "queries": QUERIES,
         "images": [str(p) for p in paths],
     }
@@ -151,7 +151,7 @@ def test_the_adapter_changes_what_the_base_gives(checkpoints, tmp_path):
     saved = tmp_path / "saved"
     spec = {
         "model_dir": str(base),
-        "qwen2_5": False,
+        "model": "ColQwen2",
         "queries": QUERIES[:1],
         "images": [],
         "save": str(saved),

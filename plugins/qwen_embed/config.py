@@ -84,6 +84,10 @@ SUPPORTED_ARCHITECTURES = {
     # full-attention ones (models/qwen3_5.py)
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5TextModel": "qwen3_5",
+    # ColQwen3.5 as colpali-engine saves it (colqwen3.5-4.5B-v3, the Vultron retrievers):
+    # Qwen3.5's multimodal model (`language_model.`, `visual.`: Qwen3-VL's tower without
+    # DeepStack) and a projection of every token (`custom_text_proj`)
+    "ColQwen3_5": "qwen3_5",
 }
 LATE_CHUNKING_REFUSED = (
     "late chunking (chunk_size, chunk_spans, chunk_chars, chunk_by_separator) is not served "
@@ -136,6 +140,7 @@ PROJECTED_TOKEN_ARCHITECTURES = {
     "ColQwen2ForRetrieval": "embedding_proj_layer.",
     "ColQwen2": "custom_text_proj.",
     "ColQwen2_5": "custom_text_proj.",
+    "ColQwen3_5": "custom_text_proj.",
 }
 MULTI_VECTOR_ARCHITECTURES = frozenset(PROJECTED_TOKEN_ARCHITECTURES) | {
     "Qwen3VLNemotronEmbedModel"

@@ -298,7 +298,7 @@ class HybridModel(nn.Module):
         )
         self.norm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.graphs = None  # no CUDA graphs (route.py)
-        self.visual = None  # text only
+        self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # no adapters per request (route.py)
 
     def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
@@ -314,12 +314,21 @@ class HybridModel(nn.Module):
             self.backend.prepare(ctx.last)
         if PLAN not in layout.state:
             layout.state[PLAN] = SequencePlan.build(layout.cu_q_host, layout.cu_q.device)
-        x = self.embed_tokens(ctx.batch.input_ids)
-        cos, sin = rotary_cos_sin(
-            ctx.batch.positions, self.config.rotary_dim, self.config.rope_theta, x.dtype
-        )
+        x, cos, sin = self.stem(ctx)
         residual = None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, cos, sin, ctx, i == last)
         return self.norm(x, residual)[0]
+
+    def stem(self, ctx: ForwardContext):
+        """(embeddings, rotary cos, sin) of the rows; with images (ColQwen3.5) the tower's tokens
+        at their placeholders and rotary on three axes (Qwen3.5's tower has no DeepStack: no
+        features join later layers)."""
+        x = self.embed_tokens(ctx.batch.input_ids)
+        dim, theta, media = self.config.rotary_dim, self.config.rope_theta, ctx.media
+        if media is None:
+            return x, *rotary_cos_sin(ctx.batch.positions, dim, theta, x.dtype)
+        section, interleaved = media.config.mrope_section, media.config.mrope_interleaved
+        cos_sin = rotary_cos_sin(media.positions, dim, theta, x.dtype, section, interleaved)
+        return media.embed(self.visual, x, self.embed_tokens.tp), *cos_sin

@@ -16,12 +16,13 @@ not reproduced here).
   `visual_prompt_prefix` alone (one user turn holding the image's placeholders and "Describe
   the image.", then `<|im_end|><|endoftext|>`): no text goes with a page. Images within its
   image processor's budget (preprocessor_config.json's min_pixels and max_pixels).
-- ColQwen2 and ColQwen2.5 as colpali-engine saves them (vidore/colqwen2-v1.0,
-  colqwen2.5-v0.2; its ColQwen2Processor and ColQwen2_5_Processor, `ColPaliTemplate` too):
-  pages as the port writes them; a query is `Query: `, the text as sent and ten
-  `<|endoftext|>` (its `query_augmentation_token`), no newline. That prefix is the one the
-  published checkpoints were trained with (colpali-engine up to 0.3.10); its later versions
-  write none, and MTEB's evaluation puts it back to reproduce the published scores.
+- ColQwen2, ColQwen2.5 and ColQwen3.5 as colpali-engine saves them (vidore/colqwen2-v1.0,
+  colqwen2.5-v0.2, colqwen3.5-4.5B-v3; its ColQwen2Processor, ColQwen2_5_Processor and
+  ColQwen3_5Processor, `ColPaliTemplate` too): pages as the port writes them; a query is the
+  prefix its checkpoints were trained with, the text as sent and ten `<|endoftext|>` (its
+  `query_augmentation_token`), no newline. ColQwen2(.5)'s prefix is `Query: ` (colpali-engine
+  up to 0.3.10, which trained the published checkpoints; MTEB's evaluation puts it back to
+  reproduce their scores); ColQwen3.5 came with later versions, which write none.
 - nemotron-colembed-vl-v2 (Qwen3VLNemotronEmbedProcessor, `NemotronTemplate`): Qwen3-VL's chat
   turn up to where the assistant's answer begins, holding `Query: {query_prefix} {text}`, or
   the image's placeholders and `{passage_prefix} {text}` (processor_config.json's prefixes,
@@ -43,7 +44,9 @@ from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES, gme_architectures
 from qwen_embed_client.contract import RequestError
 
 AUGMENTATION_TOKENS = 10
-COLPALI_ENGINE = ("ColQwen2", "ColQwen2_5")  # its classes' architectures
+# colpali-engine's classes' architectures, and the query prefix each was trained with: its
+# processors wrote `Query: ` up to 0.3.10, none since (ColQwen3.5's)
+COLPALI_ENGINE = {"ColQwen2": "Query: ", "ColQwen2_5": "Query: ", "ColQwen3_5": ""}
 # ColQwen3Processor.from_pretrained's default: text-model tokens per image at most
 MAX_VISUAL_TOKENS = 1280
 _IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -111,8 +114,9 @@ class ColPaliTemplate:
                 f"<|im_start|>user\n{_IMAGE}Describe the image.<|im_end|><|endoftext|>"
             )
             port = architecture == "ColQwen2ForRetrieval"
+            trained = "Query: " if port else COLPALI_ENGINE[architecture]
             return cls(
-                query_prefix=processor.get("query_prefix") or "Query: ",
+                query_prefix=processor.get("query_prefix") or trained,
                 augmentation=(pad if port else "<|endoftext|>") * AUGMENTATION_TOKENS,
                 image_prefix=prefix,
                 image_suffix="",
