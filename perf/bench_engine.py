@@ -56,10 +56,11 @@ def workload(kind: str, n: int, seed: int, uniform_len: int) -> list[list[int]]:
 
 
 def transformers_model(model_dir: str, dtype: torch.dtype):
-    from transformers import Qwen2Model, Qwen3_5TextModel, Qwen3Model
+    import transformers
 
     family = ModelConfig.from_dir(model_dir).family
-    cls = {"qwen3": Qwen3Model, "qwen3_5": Qwen3_5TextModel}.get(family, Qwen2Model)
+    name = {"qwen3": "Qwen3Model", "qwen3_5": "Qwen3_5TextModel"}.get(family, "Qwen2Model")
+    cls = getattr(transformers, name)  # Qwen3.5's only where asked for: it needs 5.2+
     return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
 
 

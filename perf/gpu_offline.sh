@@ -129,7 +129,8 @@ gpu_steps() {
 		timeout "$(left 60)" $pin python3 -m pytest -m gpu -rs -q -p no:cacheprovider --tb=short \
 			--junitxml "$out/gpu-tests.xml" tests/test_cuda_graphs.py -k "not eager_vectors" \
 			tests/test_kernels.py tests/test_device_io.py tests/test_gpu_contracts.py \
-			tests/test_attention_backends.py tests/test_fp8.py tests/test_attention_pooling.py
+			tests/test_attention_backends.py tests/test_fp8.py tests/test_attention_pooling.py \
+			tests/test_qwen3_5.py
 	fi
 	# where graphs fail, the figures below are the eager forward's
 	[ "$(cat "$out/graphs.status" 2>/dev/null)" = 0 ] && off="" || off=0

@@ -12,9 +12,6 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2Model,
-    Qwen3_5ForCausalLM,
-    Qwen3_5TextConfig,
-    Qwen3_5TextModel,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3Model,
@@ -194,8 +191,17 @@ WIDE_CONFIGS = {
 _CLASSES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2Model),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3Model),
-    "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, Qwen3_5TextModel),
 }
+
+
+def _base_model_class(family: str):
+    """transformers' base model of a family (Qwen3.5's imported only when asked for: the GPU
+    machines' transformers may predate it)."""
+    if family == "qwen3_5":
+        from transformers import Qwen3_5TextModel
+
+        return Qwen3_5TextModel
+    return _CLASSES[family][2]
 
 
 def make_checkpoint(
@@ -243,7 +249,7 @@ def reference_embeddings(
     model_type = json.loads((Path(model_dir) / "config.json").read_text())["model_type"]
     family = {"qwen3_5_text": "qwen3_5", "qwen3": "qwen3"}.get(model_type, "qwen2")
     model = (
-        _CLASSES[family][2]
+        _base_model_class(family)
         .from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
         .eval()
     )

@@ -191,7 +191,7 @@ def test_unsupported_architecture(checkpoint, tmp_path):
     with pytest.raises(
         UnsupportedModelError,
         match="supported: C2LLMForEmbedding, CodeFuse_CGE_Large, ColQwen2, ColQwen2ForRetrieval, "
-        "ColQwen2_5, ColQwen3, GmeQwen2VL, JinaEmbeddingsV4Model, "
+        "ColQwen2_5, ColQwen3, ColQwen3_5, GmeQwen2VL, JinaEmbeddingsV4Model, "
         "JinaEmbeddingsV5Model, JinaForRanking, JinaVLForRanking, "
         "PPLXQwen3ContextualModel, PPLXQwen3Model, Qwen2ForCausalLM, "
         "Qwen2ForSequenceClassification, Qwen2Model, "

@@ -10,6 +10,7 @@ max-abs <= 1e-5. The server tests: one tritonserver serving a Qwen3.5 embedder a
 import numpy as np
 import pytest
 import torch
+import transformers
 from sentence_transformers import SentenceTransformer
 from tritonclient.utils import InferenceServerException
 
@@ -168,6 +169,21 @@ def test_bf16_matches_transformers(qwen3_5):
     seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=3)
     ref = reference_embeddings(qwen3_5, seqs, dtype=torch.bfloat16)
     with Encoder.from_pretrained(qwen3_5, dtype="bfloat16") as enc:
+        out = enc.embed(seqs)
+    assert cosine(out, ref).min() >= BF16_COSINE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(
+    not hasattr(transformers, "Qwen3_5TextModel"), reason="transformers before Qwen3.5 (5.2)"
+)
+def test_bf16_on_a_gpu_matches_transformers(qwen3_5):
+    """The rule's chunks and carries on the GPU (its batched products and triangular solves),
+    the full-attention layers on the GPU's attention backend."""
+    seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=6)
+    ref = reference_embeddings(qwen3_5, seqs, dtype=torch.bfloat16)
+    with Encoder.from_pretrained(qwen3_5, dtype="bfloat16", device="cuda") as enc:
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= BF16_COSINE
 
