@@ -501,6 +501,36 @@ QWEN3_VL_RERANKER_CHAT_TEMPLATE = """\
 """
 
 
+# Qwen3-VL's tower in the replicas: 3 blocks of one head, DeepStack after each, 4 x 4 patches
+QWEN3_VL_TOWER = dict(
+    depth=3,
+    hidden_size=64,
+    num_heads=1,
+    intermediate_size=128,
+    out_hidden_size=64,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1, 2],
+)
+
+
+def _qwen3_vl_processor(directory: Path, least: int, most: int) -> None:
+    """Qwen3-VL's image processor (Qwen3.5's too) for the replicas' 4 x 4 patches, images of
+    `least` to `most` pixels."""
+    processor = {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "patch_size": 4,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": least, "longest_edge": most},
+    }
+    _write_json(directory / "preprocessor_config.json", processor)
+
+
 def qwen3_vl(
     directory: Path,
     *,
@@ -535,20 +565,8 @@ def qwen3_vl(
         rope_scaling={"rope_type": "default", "mrope_section": [12, 10, 10]},
         tie_word_embeddings=tied,
     )
-    vision = dict(
-        depth=3,
-        hidden_size=64,
-        num_heads=1,
-        intermediate_size=128,
-        out_hidden_size=64,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        num_position_embeddings=16,
-        deepstack_visual_indexes=[0, 1, 2],
-    )
     config = Qwen3VLConfig(
-        text_config=text, vision_config=vision, tie_word_embeddings=tied, **tokens
+        text_config=text, vision_config=QWEN3_VL_TOWER, tie_word_embeddings=tied, **tokens
     )
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
@@ -556,16 +574,7 @@ def qwen3_vl(
     model.save_pretrained(directory)
     if files:
         write_tokenizer(Path(directory), append_eos=False)  # as Qwen3-VL's: no <|endoftext|>
-        processor = {
-            "image_processor_type": "Qwen2VLImageProcessorFast",
-            "patch_size": 4,
-            "temporal_patch_size": 2,
-            "merge_size": 2,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
-            "size": {"shortest_edge": 4096, "longest_edge": 1843200},
-        }
-        _write_json(Path(directory) / "preprocessor_config.json", processor)
+        _qwen3_vl_processor(Path(directory), 4096, 1843200)
         if chat_template:
             (Path(directory) / "chat_template.jinja").write_text(chat_template)
     return Path(directory)
@@ -1341,16 +1350,7 @@ def qwen3_5(
     )
     torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("norm.weight"):
-                p.copy_(0.1 * torch.randn_like(p))
-            elif name.endswith("A_log"):
-                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
-            else:
-                p.copy_((0.3 if "conv1d" in name else 0.05) * torch.randn_like(p))
+    _qwen3_5_noise(model, 0.05)
     model.to(dtype).save_pretrained(directory)
     tensors = load_file(directory / "model.safetensors")
     tensors["mtp.fc.weight"] = torch.randn(64, 128, dtype=dtype)
@@ -1359,6 +1359,25 @@ def qwen3_5(
     if sentence:
         _sentence_transformers_files(directory, {"query": QWEN3_QUERY, "document": ""}, None)
     return directory
+
+
+def _qwen3_5_noise(model: torch.nn.Module, scale: float) -> None:
+    """Seeded weights (N(0, scale)) of a Qwen3.5 model: the norms that scale by (1 + weight)
+    near zero, the linear attention's output norm and a tower's LayerNorms near one, decays as
+    transformers draws them, the convolutions' larger."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            near_one = name.endswith("linear_attn.norm.weight") or (
+                name.startswith("visual.") and "norm" in name and name.endswith("weight")
+            )
+            if near_one:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("norm.weight"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
+            else:
+                p.copy_((0.3 if "conv1d" in name else scale) * torch.randn_like(p))
 
 
 # Every linear layer of Qwen3.5's text model, as colpali-engine's ColQwen3.5 trainer targets
@@ -1372,19 +1391,10 @@ QWEN3_5_LORA_TARGETS = LORA_TARGETS + [
 
 
 COLQWEN3_5_WIDTH = 32  # the projection's `dim` (colqwen3.5-4.5B-v3's is 320; the class's, 128)
-# Qwen3.5's tower in the replica: Qwen3-VL's without DeepStack, 2 blocks of one head, 4 x 4
-# patches; its text model qwen3_5()'s with heads of 64 (rotary on 16 values: sections 3/3/2)
-QWEN3_5_TOWER = dict(
-    depth=2,
-    hidden_size=64,
-    num_heads=1,
-    intermediate_size=128,
-    out_hidden_size=64,
-    patch_size=4,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    num_position_embeddings=16,
-)
+# Qwen3.5's tower in the replica: Qwen3-VL's without DeepStack, of 2 blocks; its text model
+# qwen3_5()'s with heads of 64 (rotary on 16 values: sections 3/3/2)
+QWEN3_5_TOWER = {k: v for k, v in QWEN3_VL_TOWER.items() if k != "deepstack_visual_indexes"}
+QWEN3_5_TOWER["depth"] = 2
 
 
 def colqwen3_5(directory: Path, *, seed: int = 21, files: bool = False) -> Path:
@@ -1412,18 +1422,7 @@ def colqwen3_5(directory: Path, *, seed: int = 21, files: bool = False) -> Path:
     config = Qwen3_5Config(text_config=text, vision_config=QWEN3_5_TOWER, **QWEN3_VL_TOKENS)
     torch.manual_seed(seed)
     model = Qwen3_5Model(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("visual.") and name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))  # the tower's LayerNorms
-            elif name.endswith("linear_attn.norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("norm.weight"):
-                p.copy_(0.1 * torch.randn_like(p))  # scaled by 1 + weight
-            elif name.endswith("A_log"):
-                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
-            else:
-                p.copy_((0.3 if "conv1d" in name else 0.1) * torch.randn_like(p))
+    _qwen3_5_noise(model, 0.1)
     model.save_pretrained(directory)
     tensors = load_file(directory / "model.safetensors")
     generator = torch.Generator().manual_seed(seed)
@@ -1435,16 +1434,5 @@ def colqwen3_5(directory: Path, *, seed: int = 21, files: bool = False) -> Path:
     _write_json(directory / "config.json", hf | {"architectures": ["ColQwen3_5"], "dim": width})
     if files:
         write_tokenizer(Path(directory), append_eos=False)
-        _write_json(
-            Path(directory) / "preprocessor_config.json",
-            {
-                "image_processor_type": "Qwen2VLImageProcessorFast",
-                "patch_size": 4,
-                "temporal_patch_size": 2,
-                "merge_size": 2,
-                "image_mean": [0.5, 0.5, 0.5],
-                "image_std": [0.5, 0.5, 0.5],
-                "size": {"shortest_edge": 8 * 8 * 4, "longest_edge": 8 * 8 * 60},
-            },
-        )
+        _qwen3_vl_processor(Path(directory), 8 * 8 * 4, 8 * 8 * 60)
     return Path(directory)

@@ -101,15 +101,8 @@ def served(checkpoints, tmp_path_factory):
 )
 @pytest.mark.parametrize("name", list(GENERATIONS))
 def test_queries_and_pages_through_triton_match_colpali_engine(checkpoints, served, name, tmp_path):
-    from qwen_embed_client import EmbeddingClient, maxsim_scores
-
     _, finetune = checkpoints[name]
-    files = image_files()
-    pages = [files["png"], files["jpeg"], large_page()]  # the last resized into the budget
-    paths = []
-    for i, data in enumerate(pages):
-        paths.append(tmp_path / f"page{i}")
-        paths[-1].write_bytes(data)
+    pages, paths = page_files(tmp_path)
     spec = {
         "model_dir": str(finetune),
         "model": "ColQwen2_5" if GENERATIONS[name] else "ColQwen2",
@@ -121,19 +114,41 @@ def test_queries_and_pages_through_triton_match_colpali_engine(checkpoints, serv
     budget = preprocessor["max_pixels"] // (4 * 2) ** 2  # text-model tokens of 8 x 8 pixels
     image_tokens = len(want[2]) - len(page_tokens(finetune, "<|image_pad|>"))
     assert budget * 0.8 < image_tokens + 1 <= budget  # resized into the budget, and near it
-    for protocol, url in (("http", served.http_url), ("grpc", served.grpc_url)):
-        with EmbeddingClient(url, protocol=protocol, model=name) as client:
+    assert_served_as(served, name, QUERIES, pages, queries, want)
+
+
+def page_files(tmp_path) -> tuple[list[bytes], list]:
+    """A PNG, a JPEG and a page larger than the budget (resized into it): their bytes, and the
+    files holding them (the reference reads files)."""
+    files = image_files()
+    pages = [files["png"], files["jpeg"], large_page()]
+    paths = [tmp_path / f"page{i}" for i in range(len(pages))]
+    for path, data in zip(paths, pages, strict=True):
+        path.write_bytes(data)
+    return pages, paths
+
+
+def assert_served_as(server, model, queries, pages, expected_queries, expected_pages) -> None:
+    """Each query's and page's vectors from `model` through Triton (HTTP and gRPC) against the
+    reference's: cosine >= FP32_COSINE per token, each query's MaxSim over the pages within
+    1e-3 per query token; the reference's pages score apart (a check that can fail)."""
+    from qwen_embed_client import EmbeddingClient, maxsim_scores
+
+    n = len(queries)
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with EmbeddingClient(url, protocol=protocol, model=model) as client:
             got = client.embed_tokens(
-                QUERIES + [""] * len(pages), images=[[]] * 2 + [[p] for p in pages]
+                queries + [""] * len(pages), images=[[]] * n + [[p] for p in pages]
             )
-        for i, (vectors, expected) in enumerate(zip(got, queries + want, strict=True)):
-            assert vectors.shape == expected.shape, (protocol, i)
-            assert cosine(vectors, expected).min() >= FP32_COSINE, (protocol, i)
-        for query, expected_query in zip(got[:2], queries, strict=True):
-            scores = maxsim_scores(query, got[2:])
-            expected = maxsim_scores(expected_query, want)
-            assert np.abs(scores - expected).max() <= 1e-3 * len(expected_query)
-    assert np.ptp(expected) > 0.01  # the pages score apart: a check that can fail
+        expected = expected_queries + expected_pages
+        for i, (vectors, want) in enumerate(zip(got, expected, strict=True)):
+            assert vectors.shape == want.shape, (protocol, i)
+            assert cosine(vectors, want).min() >= FP32_COSINE, (protocol, i)
+        for query, want_query in zip(got[:n], expected_queries, strict=True):
+            scores = maxsim_scores(query, got[n:])
+            want = maxsim_scores(want_query, expected_pages)
+            assert np.abs(scores - want).max() <= 1e-3 * len(want_query)
+    assert np.ptp(want) > 0.01
 
 
 @pytest.mark.server

@@ -12,11 +12,8 @@ import dataclasses
 import json
 
 import colpali_reference
-import numpy as np
 import pytest
-from test_colpali_engine import page_tokens
-from test_colqwen3 import large_page
-from test_qwen3_vl import image_files
+from test_colpali_engine import assert_served_as, page_files, page_tokens
 
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig
@@ -71,21 +68,10 @@ def served(replica, tmp_path_factory):
         yield server
 
 
-def pages(tmp_path) -> list:
-    files = image_files()
-    paths = []
-    for i, data in enumerate([files["png"], files["jpeg"], large_page()]):
-        paths.append(tmp_path / f"page{i}")
-        paths[-1].write_bytes(data)
-    return paths
-
-
 @pytest.mark.server
 @NEEDS_COLPALI
 def test_queries_and_pages_through_triton_match_colpali_engine(replica, served, tmp_path):
-    from qwen_embed_client import EmbeddingClient, maxsim_scores
-
-    paths = pages(tmp_path)
+    pages, paths = page_files(tmp_path)
     spec = {
         "model_dir": str(replica),
         "model": "ColQwen3_5",
@@ -97,20 +83,7 @@ def test_queries_and_pages_through_triton_match_colpali_engine(replica, served, 
     budget = preprocessor["size"]["longest_edge"] // (4 * 2) ** 2  # tokens of 8 x 8 pixels
     image_tokens = len(want[2]) - len(page_tokens(replica, "<|image_pad|>"))
     assert budget * 0.8 < image_tokens + 1 <= budget  # resized into the budget, and near it
-    images = [p.read_bytes() for p in paths]
-    for protocol, url in (("http", served.http_url), ("grpc", served.grpc_url)):
-        with EmbeddingClient(url, protocol=protocol) as client:
-            got = client.embed_tokens(
-                QUERIES + [""] * len(images), images=[[]] * 2 + [[p] for p in images]
-            )
-        for i, (vectors, expected) in enumerate(zip(got, queries + want, strict=True)):
-            assert vectors.shape == expected.shape, (protocol, i)
-            assert cosine(vectors, expected).min() >= FP32_COSINE, (protocol, i)
-        for query, expected_query in zip(got[:2], queries, strict=True):
-            scores = maxsim_scores(query, got[2:])
-            expected = maxsim_scores(expected_query, want)
-            assert np.abs(scores - expected).max() <= 1e-3 * len(expected_query)
-    assert np.ptp(expected) > 0.01  # the pages score apart: a check that can fail
+    assert_served_as(served, "embed", QUERIES, pages, queries, want)
 
 
 @pytest.mark.server  # the reference runs in a process of its own

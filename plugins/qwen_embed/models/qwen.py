@@ -47,6 +47,24 @@ def check_tp_split(config: ModelConfig, tp_size: int) -> None:
         raise ValueError(f"tp_size={tp_size} does not divide " + ", ".join(problems))
 
 
+def qkv_projection(config: ModelConfig, tp: TPGroup, query_width: int) -> ColumnParallelLinear:
+    """The packed q|k|v projection: `query_width` values per query head (Qwen3.5's gated
+    attention: its queries, then as many gate values); key/value heads replicated where there
+    are fewer of them than ranks."""
+    d, kv_parts = config.head_dim, min(tp.size, config.num_kv_heads)
+    return ColumnParallelLinear(
+        config.hidden_size,
+        {
+            "q": config.num_heads * query_width,
+            "k": config.num_kv_heads * d,
+            "v": config.num_kv_heads * d,
+        },
+        tp,
+        bias=config.has_qkv_bias,
+        shard_parts={"k": kv_parts, "v": kv_parts},
+    )
+
+
 class QwenAttention(nn.Module):
     def __init__(
         self,
@@ -62,15 +80,8 @@ class QwenAttention(nn.Module):
         self.num_heads = config.num_heads // tp.size
         # kv heads are replicated when there are fewer of them than ranks
         self.num_kv_heads = max(1, config.num_kv_heads // tp.size)
-        kv_parts = min(tp.size, config.num_kv_heads)
         self.head_dim = d
-        self.qkv_proj = ColumnParallelLinear(
-            config.hidden_size,
-            {"q": config.num_heads * d, "k": config.num_kv_heads * d, "v": config.num_kv_heads * d},
-            tp,
-            bias=config.has_qkv_bias,
-            shard_parts={"k": kv_parts, "v": kv_parts},
-        )
+        self.qkv_proj = qkv_projection(config, tp, d)
         self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, tp)
         if config.has_qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)

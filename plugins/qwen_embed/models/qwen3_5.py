@@ -37,7 +37,7 @@ from ..layers import (
 )
 from ..segments import AttentionLayout, ForwardContext, Planner
 from .qwen import PACKED_MODULES as QWEN_PACKED
-from .qwen import QwenMLP, check_tp_split
+from .qwen import QwenMLP, check_tp_split, qkv_projection
 
 # checkpoint module name -> (our packed module, shard id); in_proj_qkv is itself q|k|v
 PACKED_MODULES = {
@@ -175,18 +175,7 @@ class GatedAttention(nn.Module):
         self.rotary_dim = config.rotary_dim
         self.num_heads = config.num_heads // tp.size
         self.num_kv_heads = max(1, config.num_kv_heads // tp.size)
-        kv_parts = min(tp.size, config.num_kv_heads)
-        self.qkv_proj = ColumnParallelLinear(
-            config.hidden_size,
-            {
-                "q": config.num_heads * 2 * d,  # each head's queries, then its gate
-                "k": config.num_kv_heads * d,
-                "v": config.num_kv_heads * d,
-            },
-            tp,
-            bias=config.has_qkv_bias,
-            shard_parts={"k": kv_parts, "v": kv_parts},
-        )
+        self.qkv_proj = qkv_projection(config, tp, 2 * d)  # each head's queries, then its gate
         self.widths = [self.qkv_proj.local[s] for s in ("q", "k", "v")]
         self.q_norm = CenteredRMSNorm(d, config.rms_norm_eps)
         self.k_norm = CenteredRMSNorm(d, config.rms_norm_eps)
