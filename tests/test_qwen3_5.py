@@ -7,6 +7,8 @@ test_rerank_serving.py's). The gated delta rule against its per-token recurrence
 max-abs <= 1e-5. The server tests: one tritonserver serving a Qwen3.5 embedder and reranker.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from sentence_transformers import SentenceTransformer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import ChunkedText, Encoder
-from qwen_embed.config import ModelConfig
+from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.cpu import cpu_features
 from qwen_embed.gated_delta import CHUNK, SequencePlan, causal_conv_silu, gated_delta_rule
 from qwen_embed.route import choose_route
@@ -134,6 +136,10 @@ def test_config_reads_the_hybrid_layout(qwen3_5):
         24,
     )
     assert spec.conv_kernel == 4 and config.rotary_dim == 8 and config.rope_theta == 1e7
+    # rotary on part of a head is Qwen3.5's alone: under Qwen3's name it is refused, not dropped
+    hf = json.loads((qwen3_5 / "config.json").read_text())
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.25"):
+        ModelConfig.from_hf(hf | {"architectures": ["Qwen3ForCausalLM"], "layer_types": None})
 
 
 def test_route_keeps_linear_attention_whole(qwen3_5):

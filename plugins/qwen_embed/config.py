@@ -412,7 +412,8 @@ class ModelConfig:
     attention_pooling: AttentionPoolingSpec | None = None  # a learned seed pools (PMA)
     # Qwen3.5: its linear-attention layers; None: every layer attends in full
     linear_attention: LinearAttentionSpec | None = None
-    rotary_dim: int = 0  # the leading dims of a head that rotary turns (Qwen3.5's quarter)
+    # the leading values of a head that rotary turns (from_hf: head_dim, Qwen3.5's a quarter)
+    rotary_dim: int = 0
 
     @property
     def token_size(self) -> int:
@@ -515,6 +516,10 @@ class ModelConfig:
         # Qwen3.5 turns a quarter of each head (its config class's default where unsaved)
         partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
         partial = partial if partial is not None else (0.25 if hybrid else 1.0)
+        if partial != 1.0 and not hybrid:
+            raise UnsupportedModelError(
+                f"partial_rotary_factor {partial}: rotary on part of a head is Qwen3.5's only"
+            )
         return cls(
             family=family,
             vocab_size=hf["vocab_size"],

@@ -10,8 +10,8 @@ What differs from Qwen3 (models/qwen.py), each here once:
 - a linear-attention layer projects q|k|v (through a causal convolution), its output gate z,
   the rates b and the decays a in one GEMM (`in_proj`), runs the gated delta rule per sequence
   and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
-Shared prefixes are not reused (a sequence's state, not its keys, would have to be kept), nor
-are texts chunked by read-outs: engine and route leave both off for this family.
+Shared prefixes are not reused (a sequence's state, not its keys, would have to be kept) and
+late chunking is refused (config.LATE_CHUNKING_REFUSED): route and engine see to both.
 """
 
 from __future__ import annotations
