@@ -12,8 +12,10 @@ import dataclasses
 import json
 
 import colpali_reference
+import numpy as np
 import pytest
 from test_colpali_engine import assert_served_as, page_files, page_tokens
+from test_qwen3_vl import Texts
 
 from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig
@@ -101,3 +103,20 @@ def test_a_query_in_process(replica, tmp_path):
         (got,) = enc.embed_tokens([tokens])
     assert got.shape == (len(tokens), COLQWEN3_5_WIDTH)
     assert cosine(got, want).min() >= FP32_COSINE
+
+
+@pytest.mark.server  # starts the rank-1 worker process
+def test_tensor_parallel_equals_one_process(replica):
+    """tp_size 2: rank 0 runs the tower and sends the visuals' tokens to rank 1; both kinds of
+    layer split by heads. Pages, a query, and a batch split over forwards (fp32: only the
+    all-reduces' summation order differs)."""
+    t = Texts(ModelConfig.from_dir(replica).media, seed=3)
+    texts = [t.text(5, t.visual(4, 4), 3), t.text(t.visual(2, 4), 2), t.text(40), t.text(9)]
+    runs = {}
+    for tp_size in (1, 2):
+        with Encoder.from_pretrained(
+            replica, tp_size=tp_size, dtype="float32", max_batch_tokens=48
+        ) as encoder:
+            runs[tp_size] = encoder.embed_tokens(texts)
+    for one, two in zip(runs[1], runs[2], strict=True):
+        assert one.shape == two.shape and np.abs(one - two).max() <= 1e-5
