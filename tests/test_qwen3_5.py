@@ -287,3 +287,49 @@ def test_tp2_matches_transformers(qwen3_5):
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= FP32_COSINE
     assert np.abs(out - ref).max() <= FP32_MAX_ABS
+
+
+# Prism-Qwen3.5-Reranker's form as it publishes it (a sentence-transformers CrossEncoder): its
+# system message (no "Note that ...", a trailing space) and its instruction baked into its chat
+# template; the instruction abridged here
+PRISM_TEMPLATE = """\
+{%- set query_text = messages | selectattr("role", "eq", "query") | map(attribute="content") \
+| first -%}
+{%- set document_text = messages | selectattr("role", "eq", "document") \
+| map(attribute="content") | first -%}
+<|im_start|>system
+Judge whether the Document meets the requirements based on the Query and the Instruct \
+provided. <|im_end|>
+<|im_start|>user
+<Instruct>: Judge if the document is relevant to the query. Reply "yes" or "no".
+<Query>: {{ query_text }}
+<Document>: {{ document_text }}<|im_end|>
+<|im_start|>assistant
+<think>
+
+</think>
+
+"""
+
+
+@pytest.mark.server  # sentence-transformers' CrossEncoder loads the model
+def test_a_prism_form_cross_encoder_scores_as_its_predict(tmp_path):
+    """A Qwen3.5 reranker saved as Prism-Qwen3.5-Reranker is (a CrossEncoder: its chat
+    template, a LogitScore of "yes" against "no") is read by its own template, not
+    Qwen3-Reranker's: pairs and scores as `CrossEncoder.predict` makes them."""
+    from sentence_transformers import CrossEncoder
+
+    from qwen_embed_client.contract import RerankOptions
+    from qwen_embed_deploy.serving.rerank import pair_tokenizer
+
+    base = replicas.qwen3_5(tmp_path / "base", seed=20, dtype=torch.float32, append_eos=False)
+    prism = replicas.cross_encoder(tmp_path / "prism", base, PRISM_TEMPLATE)
+    pairs = pair_tokenizer(prism, 8192).encode(QUERY, TEXTS, RerankOptions())
+    model = CrossEncoder(str(prism), device="cpu")
+    want_ids = [model[0].preprocess([(QUERY, d)])["input_ids"][0].tolist() for d in TEXTS]
+    assert pairs == want_ids
+    with Encoder.from_pretrained(prism, dtype="float32") as enc:
+        assert enc.task == "rerank"
+        scores = enc.score(pairs)
+    want = model.predict([(QUERY, d) for d in TEXTS])
+    assert np.abs(scores - want).max() <= 1e-4 and np.ptp(want) > 1e-3
