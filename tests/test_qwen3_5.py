@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import CrossEncoder, SentenceTransformer
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed import ChunkedText, Encoder
@@ -23,8 +23,9 @@ from qwen_embed.gated_delta import CHUNK, SequencePlan, causal_conv_silu, gated_
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client import EmbeddingClient
-from qwen_embed_client.contract import DEFAULT_TASK
+from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
 from qwen_embed_deploy.repository import render
+from qwen_embed_deploy.serving.rerank import pair_tokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 import replicas
@@ -317,11 +318,6 @@ def test_a_prism_form_cross_encoder_scores_as_its_predict(tmp_path):
     """A Qwen3.5 reranker saved as Prism-Qwen3.5-Reranker is (a CrossEncoder: its chat
     template, a LogitScore of "yes" against "no") is read by its own template, not
     Qwen3-Reranker's: pairs and scores as `CrossEncoder.predict` makes them."""
-    from sentence_transformers import CrossEncoder
-
-    from qwen_embed_client.contract import RerankOptions
-    from qwen_embed_deploy.serving.rerank import pair_tokenizer
-
     base = replicas.qwen3_5(tmp_path / "base", seed=20, dtype=torch.float32, append_eos=False)
     prism = replicas.cross_encoder(tmp_path / "prism", base, PRISM_TEMPLATE)
     pairs = pair_tokenizer(prism, 8192).encode(QUERY, TEXTS, RerankOptions())

@@ -113,7 +113,8 @@ class GatedDeltaNet(nn.Module):
         self.value_heads = spec.value_heads // tp.size
         self.key_head_dim, self.value_head_dim = spec.key_head_dim, spec.value_head_dim
         self.in_proj = InProjection(config.hidden_size, spec, tp)
-        self.widths = [self.in_proj.local[s] for s in ("q", "k", "v", "z", "b", "a")]
+        self.widths = [self.in_proj.local[s] for s in ("q", "k", "v")]  # the convolution's
+        self.others = [self.in_proj.local[s] for s in ("z", "b", "a")]
         sizes = [spec.key_dim, spec.key_dim, spec.value_dim]
         channels = sum(sizes) // tp.size
 
@@ -137,9 +138,9 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """The layer's output for every row of x, or for `rows` only (the recurrence still
         reads every row)."""
-        q, k, v, z, b, a = self.in_proj(x).split(self.widths, dim=-1)
-        mixed = causal_conv_silu(torch.cat([q, k, v], dim=-1), self.conv1d.weight, plan)
-        q, k, v = mixed.split(self.widths[:3], dim=-1)
+        qkv, z, b, a = self.in_proj(x).split([sum(self.widths), *self.others], dim=-1)
+        mixed = causal_conv_silu(qkv, self.conv1d.weight, plan)  # q|k|v lead the projection
+        q, k, v = mixed.split(self.widths, dim=-1)
         t = x.shape[0]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out = gated_delta_rule(
