@@ -280,3 +280,25 @@ def test_a_layer_launches_few_kernels(checkpoint):
     per_layer = (launches[4] - launches[2]) / 2
     print(f"kernel launches: {launches}, {per_layer} per layer")
     assert 0 < per_layer <= MAX_LAUNCHES_PER_LAYER
+
+
+@TABLES
+@DTYPES
+@pytest.mark.parametrize("width", [384, 200])  # 200: a masked tail
+def test_causal_convolution_restarts_at_each_sequence_of_strided_rows(table, device, dtype, width):
+    """Qwen3.5's: q|k|v are the leading columns of a wider projection; sequences of 1, 2, 3
+    and more rows reach back over fewer taps than the kernel has."""
+    ops = _ops(table, device)
+    lengths = [5, 1, 2, 3, 9, 4]
+    position = torch.cat([torch.arange(n) for n in lengths]).to(device)
+    wide = _random(sum(lengths), width + 100, dtype=dtype, device=device)
+    x = wide[:, :width]
+    weight = _random(width, 4, dtype=torch.float32, device=device, seed=1)
+    out = ops.causal_conv_silu(x, weight, position)
+    _close(out, reference.causal_conv_silu(x, weight, position), dtype)
+    start = 0
+    for n in lengths:  # each sequence alone: no row reaches into the one before
+        rows = slice(start, start + n)
+        alone = ops.causal_conv_silu(x[rows], weight, position[rows])
+        _close(alone, out[rows], dtype)
+        start += n

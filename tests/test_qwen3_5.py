@@ -19,7 +19,8 @@ from tritonclient.utils import InferenceServerException
 from qwen_embed import ChunkedText, Encoder
 from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.cpu import cpu_features
-from qwen_embed.gated_delta import CHUNK, SequencePlan, causal_conv_silu, gated_delta_rule
+from qwen_embed.gated_delta import CHUNK, SequencePlan, gated_delta_rule
+from qwen_embed.kernels.reference import causal_conv_silu
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client import EmbeddingClient
@@ -114,7 +115,7 @@ def test_gated_delta_rule_matches_its_recurrence():
 def test_causal_convolution_restarts_at_each_sequence():
     torch.manual_seed(1)
     x, weight = torch.randn(sum(LENGTHS), 10), torch.randn(10, 4)
-    out = causal_conv_silu(x, weight, sequence_plan(LENGTHS))
+    out = causal_conv_silu(x, weight, sequence_plan(LENGTHS).position)
     expected, start = [], 0
     for n in LENGTHS:
         conv = torch.nn.functional.conv1d(

@@ -1,13 +1,13 @@
-"""Qwen3.5's linear attention over a flat varlen batch: the causal depthwise convolution and the
-gated delta rule, each sequence starting from an empty state.
+"""Qwen3.5's linear attention over a flat varlen batch: the gated delta rule, each sequence
+starting from an empty state (its causal convolution is a row op: kernels/).
 
 The gated delta rule keeps a state S [key dim, value dim] per head; at token t
 
     S = exp(g_t) S,   S = S + beta_t k_t (v_t - S^T k_t)^T,   o_t = S^T q_t
 
 with q and k L2-normalised (q also scaled by 1/sqrt(key dim)). It is computed in chunks of
-CHUNK tokens (the WY form of DeltaNet's papers): inside a chunk with matrix products and one
-triangular solve, the state carried from chunk to chunk. Every sequence's chunks are batched
+CHUNK tokens (the WY form of DeltaNet's papers): inside a chunk with matrix products and
+triangular solves, the state carried from chunk to chunk. Every sequence's chunks are batched
 together: the intra-chunk work runs over all chunks at once, and the carry is one step per chunk
 index, over the sequences that have a chunk there. All in fp32, as transformers computes it.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 CHUNK = 64  # tokens per chunk at most (fla's and transformers' size)
 L2_EPS = 1e-6
@@ -29,12 +28,17 @@ class SequencePlan:
     """How a forward's rows fall into sequences and chunks; the same for every layer.
 
     `position` [T]: each row's place in its sequence (the convolution's causal mask);
-    `chunks` [N, chunk]: the rows of each chunk, T (a zero row) past a sequence's end, ordered
-    by chunk index, then by sequence, longest first, so that `steps` (start, count) slices the
-    chunks of each index and their sequences are the first `count` states."""
+    `chunks` [N, chunk]: the rows of each chunk, ordered by chunk index, then by sequence,
+    longest first, so that `steps` (start, count) slices the chunks of each index and their
+    sequences are the first `count` states; `chunk_of`, `offset` [T]: where each row lies in
+    them. Past a sequence's end a chunk repeats its last row: those slots come last in a
+    sequence's last chunk, which writes no state, and the rule is causal within a chunk, so
+    nothing of theirs reaches a row (no zero rows to append to every input)."""
 
     position: torch.Tensor
     chunks: torch.Tensor
+    chunk_of: torch.Tensor
+    offset: torch.Tensor
     steps: tuple[tuple[int, int], ...]
     sequences: int
     chunk: int
@@ -45,7 +49,6 @@ class SequencePlan:
         length rounded up to 8 where all are shorter (short texts padded less)."""
         bounds = cu_seqlens.numpy().astype(np.int64)
         starts, lens = bounds[:-1], np.diff(bounds)
-        total = int(bounds[-1])
         chunk = min(CHUNK, -(-int(lens.max()) // 8) * 8)
         counts = -(-lens // chunk)
         order = np.argsort(-counts, kind="stable")
@@ -53,44 +56,40 @@ class SequencePlan:
         rows, steps, at = [], [], 0
         for c in range(int(counts.max())):
             active = order[: int((counts > c).sum())]
-            within = c * chunk + offsets
-            valid = within[None, :] < lens[active, None]
-            rows.append(np.where(valid, starts[active, None] + within[None, :], total))
+            within = starts[active, None] + c * chunk + offsets[None, :]
+            rows.append(np.minimum(within, (starts + lens - 1)[active, None]))
             steps.append((at, len(active)))
             at += len(active)
-        position = np.arange(total) - np.repeat(starts, lens)
+        position = np.arange(bounds[-1]) - np.repeat(starts, lens)
+        rank = np.empty_like(order)  # each sequence's place in every step
+        rank[order] = np.arange(len(order))
+        first_chunk = np.array([start for start, _ in steps])
+        chunk_of = first_chunk[position // chunk] + np.repeat(rank, lens)
         return cls(
-            torch.from_numpy(position).to(device),
-            torch.from_numpy(np.concatenate(rows)).to(device),
+            *(torch.from_numpy(a).to(device) for a in (position, np.concatenate(rows))),
+            *(torch.from_numpy(a).to(device) for a in (chunk_of, position % chunk)),
             tuple(steps),
             len(lens),
             chunk,
         )
 
 
-def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, plan: SequencePlan) -> torch.Tensor:
-    """silu of the causal depthwise convolution of x [T, channels] by weight [channels, K]
-    within each sequence (zeros before its first row), summed in fp32 and rounded once."""
-    kernel = weight.shape[1]
-    w = weight.float()
-    out = x.float() * w[:, kernel - 1]
-    for shift in range(1, kernel):
-        if shift >= x.shape[0]:
-            break
-        seen = (plan.position[shift:] >= shift).unsqueeze(1)
-        past = x[:-shift].float() * w[:, kernel - 1 - shift]
-        out[shift:] += past * seen
-    return F.silu(out.to(x.dtype))
-
-
-def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
-
-
 def _chunked(x: torch.Tensor, plan: SequencePlan) -> torch.Tensor:
-    """Rows [T, ...] -> [N, heads, chunk, ...] by the plan's chunks (zeros past the ends)."""
-    padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-    return padded[plan.chunks].transpose(1, 2).contiguous()
+    """Rows [T, heads, ...] -> [N, heads, chunk, ...] in fp32 by the plan's chunks (one gather,
+    one converting copy)."""
+    rows = x[plan.chunks]  # [N, chunk, heads, ...]
+    out = torch.empty(rows.shape[0], rows.shape[2], rows.shape[1], *rows.shape[3:], device=x.device)
+    return out.copy_(rows.transpose(1, 2))
+
+
+def _l2_normalised_(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    inverse = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().add_(L2_EPS).rsqrt_()
+    return x.mul_(inverse.mul_(scale) if scale != 1.0 else inverse)
+
+
+def _solved(system: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
+    """(I + strictly lower system)^-1 rates, per chunk and head."""
+    return torch.linalg.solve_triangular(system, rates, upper=False, unitriangular=True)
 
 
 def gated_delta_rule(
@@ -102,48 +101,54 @@ def gated_delta_rule(
     plan: SequencePlan,
 ) -> torch.Tensor:
     """The rule's outputs [T, value heads, value dim] in fp32, from q, k [T, key heads, key
-    dim], v [T, value heads, value dim], the log decays g and the rates beta [T, value heads]."""
+    dim], v [T, value heads, value dim] (rows may be strided), the log decays g and the rates
+    beta [T, value heads]."""
     repeat = v.shape[1] // k.shape[1]
-    q = _l2_normalised(q.float()) * q.shape[-1] ** -0.5
-    k = _l2_normalised(k.float())
+    q = _l2_normalised_(_chunked(q, plan), q.shape[-1] ** -0.5)  # [N, H, C, d]
+    k = _l2_normalised_(_chunked(k, plan))
     if repeat > 1:
         q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
-    q, k, v = (_chunked(t, plan) for t in (q, k, v.float()))  # [N, H, C, d]
-    g, beta = (_chunked(t.float(), plan) for t in (g, beta))  # [N, H, C]
+    v = _chunked(v, plan)
+    g, beta = (_chunked(t, plan) for t in (g, beta))  # [N, H, C]
     cum = g.cumsum(-1)
     lower = torch.ones(plan.chunk, plan.chunk, dtype=torch.bool, device=q.device).tril()
-    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~lower, float("-inf")).exp_()
     k_beta = k * beta.unsqueeze(-1)
-    # (I + strictly lower (beta k k^T decay)) solved against the rates' values and keys
-    system = (k_beta @ k.transpose(-1, -2)) * decay
-    rates = torch.cat([v * beta.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rates, upper=False, unitriangular=True)
-    values, keys = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
-    inside = (q @ k.transpose(-1, -2)) * decay
-    q_decayed = q * cum.exp().unsqueeze(-1)
-    k_decayed = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
-    chunk_decay = cum[..., -1].exp()[..., None, None]
-    # The carry: a sequence's first chunk reads no state, its last writes none (a text of one
-    # chunk, most of an embedding batch's, has no carry at all)
-    state = q.new_empty(plan.sequences, q.shape[1], q.shape[-1], v.shape[-1])
-    out = torch.empty_like(values)
+    system = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(decay)
+    values = _solved(system, v.mul_(beta.unsqueeze(-1)))
+    inside = torch.matmul(q, k.transpose(-1, -2)).mul_(decay)
+    # The carry: a sequence's first chunk reads no state (the first steps[0][1] chunks), its
+    # last writes none; a text of one chunk, most of an embedding batch's, has no carry at all
+    first = plan.steps[0][1]
+    out = torch.matmul(inside[:first], values[:first])
+    if len(plan.steps) > 1:
+        out = torch.cat([out, out.new_empty(len(values) - first, *out.shape[1:])])
+        _carry(q[first:], k, values, inside, cum, system, k_beta, out, plan)
+    return out[plan.chunk_of, :, plan.offset]
+
+
+def _carry(q_later, k, values, inside, cum, system, k_beta, out, plan: SequencePlan) -> None:
+    """Chunks after the first of their sequence, one chunk index at a time: each reads the
+    state its sequence's earlier chunks left, and all but a sequence's last write it."""
+    first = plan.steps[0][1]
+    decayed = cum[first:].exp()
+    keys = _solved(system[first:], k_beta[first:].mul_(decayed.unsqueeze(-1)))
+    state = q_later.new_empty(plan.sequences, k.shape[1], k.shape[-1], values.shape[-1])
     for step, (start, count) in enumerate(plan.steps):
         at = slice(start, start + count)
         if step == 0:
             fresh = values[at]
-            out[at] = inside[at] @ fresh
         else:
+            later = slice(start - first, start - first + count)
             s = state[:count]
-            fresh = values[at] - keys[at] @ s
-            out[at] = q_decayed[at] @ s + inside[at] @ fresh
+            fresh = values[at] - keys[later] @ s
+            q_decayed = q_later[later] * decayed[later].unsqueeze(-1)
+            out[at] = q_decayed @ s + inside[at] @ fresh
         going_on = plan.steps[step + 1][1] if step + 1 < len(plan.steps) else 0
         if going_on:
             ahead = slice(start, start + going_on)
-            written = k_decayed[ahead].transpose(-1, -2) @ fresh[:going_on]
+            to_end = (cum[ahead, :, -1:] - cum[ahead]).exp().unsqueeze(-1)
+            written = (k[ahead] * to_end).transpose(-1, -2) @ fresh[:going_on]
             if step > 0:
-                written += state[:going_on] * chunk_decay[ahead]
+                written += state[:going_on] * cum[ahead, :, -1].exp()[..., None, None]
             state[:going_on] = written
-    total, heads, width = plan.position.shape[0], out.shape[1], out.shape[-1]
-    result = out.new_empty(total + 1, heads, width)  # the last row takes the padding
-    result[plan.chunks.reshape(-1)] = out.transpose(1, 2).reshape(-1, heads, width)
-    return result[:total]

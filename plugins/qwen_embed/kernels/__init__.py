@@ -60,6 +60,13 @@ class RowOps(Protocol):
     def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
         """GELU with tanh's approximation (the vision tower's MLP), a new tensor."""
 
+    def causal_conv_silu(
+        self, x: torch.Tensor, weight: torch.Tensor, position: torch.Tensor
+    ) -> torch.Tensor:
+        """silu of the causal depthwise convolution of x [T, channels] (rows may be strided) by
+        weight [channels, K] (taken in fp32) within each sequence (`position` [T], int64: each
+        row's place in it), summed in fp32 and rounded once (Qwen3.5's linear attention)."""
+
     def quantize_fp8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of x [T, k] (contiguous values) as float8_e4m3fn codes [T, k] and fp32 scales
         [T, 1] (the fp8 route's activations, fp8.py), reference.quantize_fp8's arithmetic."""

@@ -57,5 +57,11 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return reference.gelu_tanh(x)
 
 
+def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    if native.handles(x):
+        return torch.ops.qwen_embed.causal_conv_silu(x, weight, position)
+    return reference.causal_conv_silu(x, weight, position)
+
+
 # fp8 codes on CPU are for checking the fp8 route (fp8.py), not for speed: torch's ops.
 quantize_fp8 = reference.quantize_fp8

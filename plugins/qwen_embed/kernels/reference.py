@@ -76,6 +76,23 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """silu of the causal depthwise convolution of x [T, channels] (rows may be strided) by
+    weight [channels, K] (taken in fp32) within each sequence, `position` [T] (int64) each
+    row's place in its sequence (zeros before its first row): Qwen3.5's linear attention's;
+    summed in fp32 in order of the taps reaching back, rounded once, silu rounded once."""
+    kernel = weight.shape[1]
+    w = weight.float()
+    out = x.float() * w[:, kernel - 1]
+    for shift in range(1, kernel):
+        if shift >= x.shape[0]:
+            break
+        seen = (position[shift:] >= shift).unsqueeze(1)
+        past = x[:-shift].float() * w[:, kernel - 1 - shift]
+        out[shift:] += past * seen
+    return F.silu(out.to(x.dtype))
+
+
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of x [T, k] as float8_e4m3fn codes and one fp32 scale per row [T, 1], x ~= codes *
     scale: each row's largest magnitude becomes 448, the codes rounded to nearest even. Every

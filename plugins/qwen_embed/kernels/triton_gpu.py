@@ -118,6 +118,36 @@ def _silu_mul_rows(gate_up_ptr, out_ptr, gate_up_stride, out_stride, width, BLOC
 
 
 @triton.jit
+def _conv_silu_rows(
+    x_ptr,
+    taps_ptr,
+    position_ptr,
+    out_ptr,
+    x_stride,
+    width,
+    KERNEL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row's block of channels: the taps reaching back within its sequence, summed in fp32
+    in order, rounded, silu rounded (reference.causal_conv_silu)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    position = tl.load(position_ptr + row)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    total = x * tl.load(taps_ptr + (KERNEL - 1) * width + cols, mask=mask, other=0.0)
+    for shift in tl.static_range(1, KERNEL):
+        seen = mask & (tl.full([BLOCK], shift, tl.int64) <= position)
+        past = tl.load(x_ptr + (row - shift) * x_stride + cols, mask=seen, other=0.0)
+        tap = tl.load(taps_ptr + (KERNEL - 1 - shift) * width + cols, mask=mask, other=0.0)
+        total += past.to(tl.float32) * tap
+    dtype = out_ptr.dtype.element_ty
+    rounded = _round(total, dtype).to(tl.float32)
+    out = rounded * tl.sigmoid(rounded)
+    tl.store(out_ptr + row * width + cols, _round(out, dtype), mask=mask)
+
+
+@triton.jit
 def _round_e4m3(x):
     """fp32 x (|x| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, still in
     fp32, so that any cast then is exact (Triton's interpreter truncates): normal values keep
@@ -243,6 +273,22 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # torch's CUDA GELU is already one pass over memory, with fp32 arithmetic in registers.
 gelu_tanh = reference.gelu_tanh
+
+
+CONV_BLOCK = 1024
+
+
+def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    rows = _rows(x)
+    width = rows.shape[1]
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    taps = weight.float().t().contiguous()  # [K, channels]: each tap's channels in a row
+    if rows.shape[0]:
+        grid = (rows.shape[0], triton.cdiv(width, CONV_BLOCK))
+        _conv_silu_rows[grid](
+            rows, taps, position, out, rows.stride(0), width, KERNEL=taps.shape[0], BLOCK=CONV_BLOCK
+        )
+    return out
 
 
 FP8_BLOCK = 2048  # values of a row per step: a 1,024-wide row in one

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import LinearAttentionSpec, ModelConfig
-from ..gated_delta import SequencePlan, causal_conv_silu, gated_delta_rule
+from ..gated_delta import SequencePlan, gated_delta_rule
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
@@ -106,9 +106,10 @@ class GatedDeltaNet(nn.Module):
     """A linear-attention layer (transformers' Qwen3_5GatedDeltaNet), its heads split across
     tensor-parallel ranks."""
 
-    def __init__(self, config: ModelConfig, tp: TPGroup):
+    def __init__(self, config: ModelConfig, tp: TPGroup, ops: RowOps = reference):
         super().__init__()
         spec = config.linear_attention
+        self.ops = ops
         self.key_heads = spec.key_heads // tp.size
         self.value_heads = spec.value_heads // tp.size
         self.key_head_dim, self.value_head_dim = spec.key_head_dim, spec.value_head_dim
@@ -139,7 +140,8 @@ class GatedDeltaNet(nn.Module):
         """The layer's output for every row of x, or for `rows` only (the recurrence still
         reads every row)."""
         qkv, z, b, a = self.in_proj(x).split([sum(self.widths), *self.others], dim=-1)
-        mixed = causal_conv_silu(qkv, self.conv1d.weight, plan)  # q|k|v lead the projection
+        # q|k|v lead the projection
+        mixed = self.ops.causal_conv_silu(qkv, self.conv1d.weight, plan.position)
         q, k, v = mixed.split(self.widths, dim=-1)
         t = x.shape[0]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
@@ -230,7 +232,7 @@ class HybridDecoderLayer(nn.Module):
         self.linear = config.linear_attention.layers[index]
         self.input_layernorm = CenteredRMSNorm(config.hidden_size, eps)
         if self.linear:
-            self.linear_attn = GatedDeltaNet(config, tp)
+            self.linear_attn = GatedDeltaNet(config, tp, ops)
         else:
             self.self_attn = GatedAttention(config, tp, backend, index)
         self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, eps)

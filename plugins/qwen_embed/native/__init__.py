@@ -1,5 +1,6 @@
 """The engine's native CPU kernels: a decoder layer's row-wise ops (RMSNorm, the q/k norm and
-rotary embedding, silu(gate) * up), each one pass over memory, and varlen attention
+rotary embedding, silu(gate) * up, Qwen3.5's causal convolution), each one pass over memory,
+and varlen attention
 (attention/native_cpu.py), all in fp32 arithmetic, the same numbers for a row whatever rows
 share its batch.
 

@@ -44,6 +44,10 @@ struct Kernels {
   void (*gelu_tanh_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
   void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
   void (*hadamard_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
+  void (*conv_silu_f32)(const float*, int64_t, const float*, int64_t, const int64_t*, float*,
+                        int64_t, int64_t, int64_t);
+  void (*conv_silu_bf16)(const uint16_t*, int64_t, const float*, int64_t, const int64_t*,
+                         uint16_t*, int64_t, int64_t, int64_t);
   AttentionKernels<float> attention_f32;
   AttentionKernels<uint16_t> attention_bf16;
 };

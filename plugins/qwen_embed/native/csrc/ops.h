@@ -29,6 +29,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh(const at::Tensor& x);
 at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& position);
 
 // gemm/ops.cpp
 bool int8_supported();

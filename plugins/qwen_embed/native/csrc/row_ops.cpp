@@ -1,6 +1,6 @@
 // The row-wise operators over the kernel table (rows.h): RMSNorm, q/k norm + rotary, SiLU
 // gating, GELU (tanh), and the int8 route's Walsh-Hadamard rotation of rows; fp32 and bf16 CPU
-// tensors.
+// tensors; Qwen3.5's causal convolution.
 #include "ops.h"
 
 namespace qe {
@@ -155,6 +155,37 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
     else
       kern.hadamard_f32(ptr<float>(rows) + b * stride, stride, end - b, k, block,
                         ptr<float>(out) + b * k);
+  });
+  return out;
+}
+
+// x [T, n] (rows may be strided), weight [n, kernel] (taken in fp32), position [T] (int64: each row's
+// place in its sequence) -> silu(causal depthwise convolution within each sequence) [T, n]
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& position) {
+  TORCH_CHECK(x.dim() == 2, "x must be [tokens, channels]");
+  const int64_t t = x.size(0), n = x.size(1);
+  at::Tensor rows = as_rows(x, n);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == n, "weight must be [", n, ", kernel]");
+  TORCH_CHECK(position.scalar_type() == at::kLong && position.is_contiguous() &&
+                  position.numel() == t,
+              "position must be int64 [", t, "]");
+  const int64_t kernel = weight.size(1);
+  const int64_t* pos = ptr<int64_t>(position);
+  for (int64_t i = 0; i < t; ++i)  // a row reaches back only into rows of this batch
+    TORCH_CHECK(pos[i] >= 0 && pos[i] <= i, "position[", i, "] = ", pos[i], " is outside x");
+  at::Tensor taps = weight.to(at::kFloat).t().contiguous();  // [kernel, n]: a tap's channels
+  at::Tensor out = at::empty({t, n}, x.options());
+  const int64_t stride = rows.stride(0);
+  const auto& k = kernels();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, t, grain(n), [&](int64_t b, int64_t end) {
+    if (bf16)
+      k.conv_silu_bf16(ptr<uint16_t>(rows), stride, ptr<float>(taps), kernel, pos,
+                       ptr<uint16_t>(out), b, end - b, n);
+    else
+      k.conv_silu_f32(ptr<float>(rows), stride, ptr<float>(taps), kernel, pos, ptr<float>(out), b,
+                      end - b, n);
   });
   return out;
 }

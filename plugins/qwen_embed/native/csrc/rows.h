@@ -163,6 +163,33 @@ void hadamard_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t 
   for (int64_t i = 0; i < rows; ++i) hadamard_row(x + i * stride, k, block, out + i * k);
 }
 
+// Qwen3.5's causal depthwise convolution and its SiLU for rows [first, first + rows) of x (rows of
+// n channels, `stride` apart): row i sums x[i - s] * taps[kernel - 1 - s] (taps [kernel][n], fp32)
+// over the s <= position[i] (a sequence starts from zeros), in fp32 in order of s, rounded to the
+// dtype, then silu rounded once: gated_delta.causal_conv_silu's arithmetic.
+template <typename T>
+void conv_silu(const T* x, int64_t stride, const float* taps, int64_t kernel,
+               const int64_t* position, T* out, int64_t first, int64_t rows, int64_t n) {
+  const int64_t whole = n - n % 16;
+  for (int64_t i = first; i < first + rows; ++i) {
+    const int64_t reach = position[i] + 1 < kernel ? position[i] + 1 : kernel;
+    const T* row = x + i * stride;
+    const float* last = taps + (kernel - 1) * n;
+    T* dst = out + i * n;
+    for (int64_t j = 0; j < whole; j += 16) {
+      F16 sum = load16(row + j) * load16(last + j);
+      for (int64_t s = 1; s < reach; ++s)
+        sum += load16(row - s * stride + j) * load16(last - s * n + j);
+      store16(dst + j, silu(round16<T>(sum)));
+    }
+    for (int64_t j = whole; j < n; ++j) {
+      float sum = to_float(row[j]) * last[j];
+      for (int64_t s = 1; s < reach; ++s) sum += to_float(row[j - s * stride]) * last[j - s * n];
+      store(dst + j, silu(round_to<T>(sum)));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace QE_ISA
 }  // namespace qe

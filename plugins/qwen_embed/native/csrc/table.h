@@ -26,6 +26,8 @@ extern const Kernels kernels = {
     gelu_tanh<uint16_t>,
     hadamard_rows<float>,
     hadamard_rows<uint16_t>,
+    conv_silu<float>,
+    conv_silu<uint16_t>,
     {pack<float>, attend<float>, kChunk, sizeof(float)},
 #if defined(QE_AMX)
     {pack_tiles, attend_tiles, kTileKeys, sizeof(uint16_t)},
