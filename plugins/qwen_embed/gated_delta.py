@@ -120,9 +120,9 @@ def gated_delta_rule(
     # The carry: a sequence's first chunk reads no state (the first steps[0][1] chunks), its
     # last writes none; a text of one chunk, most of an embedding batch's, has no carry at all
     first = plan.steps[0][1]
-    out = torch.matmul(inside[:first], values[:first])
+    out = values.new_empty(values.shape)
+    torch.matmul(inside[:first], values[:first], out=out[:first])
     if len(plan.steps) > 1:
-        out = torch.cat([out, out.new_empty(len(values) - first, *out.shape[1:])])
         _carry(q[first:], k, values, inside, cum, system, k_beta, out, plan)
     return out[plan.chunk_of, :, plan.offset]
 

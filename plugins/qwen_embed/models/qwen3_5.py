@@ -157,7 +157,7 @@ class GatedDeltaNet(nn.Module):
         if rows is not None:
             out, z = out[rows], z[rows]
         # transformers' gated RMSNorm: normalised in fp32, rounded, weighted, gated in fp32
-        out = reference.rms_norm(out, self.norm.weight, self.eps)
+        out = self.ops.rms_norm(out, self.norm.weight, self.eps)
         out = (out.float() * F.silu(z.float())).to(x.dtype)
         return self.out_proj(out.reshape(out.shape[0], -1))
 

@@ -1,8 +1,7 @@
 """The engine's native CPU kernels: a decoder layer's row-wise ops (RMSNorm, the q/k norm and
 rotary embedding, silu(gate) * up, Qwen3.5's causal convolution), each one pass over memory,
-and varlen attention
-(attention/native_cpu.py), all in fp32 arithmetic, the same numbers for a row whatever rows
-share its batch.
+and varlen attention (attention/native_cpu.py), all in fp32 arithmetic, the same numbers for a
+row whatever rows share its batch.
 
 Built by `make setup` (build.py), once per instruction set; `isa()` names the one in use (the
 widest this CPU runs, `isa_for`), or None where the library is missing, stale or cannot load:
