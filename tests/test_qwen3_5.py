@@ -112,6 +112,29 @@ def test_gated_delta_rule_matches_its_recurrence():
     assert (out.double() - expected).abs().max() <= 1e-5
 
 
+def test_the_rule_goes_on_from_a_prefix_state():
+    """Shared-prefix reuse (segments.py): each text in three parts, each part's rows started
+    from the state the part before left (the first from an empty one), equal the whole
+    text's rows: parts of one row, of a chunk, of more than one chunk."""
+    torch.manual_seed(2)
+    parts = [[1, CHUNK, 70, 9], [3, 1, 130, CHUNK + 2], [2, 65, 1, 8]]
+    whole = [sum(p) for p in zip(*parts, strict=True)]
+    t = sum(whole)
+    q, k = torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    v = torch.randn(t, 4, 6)
+    g, beta = -torch.rand(t, 4), torch.rand(t, 4)
+    expected = recurrent_rule(q, k, v, g, beta, whole)
+    states = torch.zeros(len(whole), 4, 8, 6)
+    at = np.concatenate([[0], np.cumsum(whole)[:-1]])  # where each text's next part starts
+    for lengths in parts:
+        rows = np.concatenate([a + np.arange(n) for a, n in zip(at, lengths, strict=True)])
+        out = gated_delta_rule(
+            q[rows], k[rows], v[rows], g[rows], beta[rows], sequence_plan(lengths), states
+        )
+        assert (out.double() - expected[rows]).abs().max() <= 1e-5
+        at = at + lengths
+
+
 def test_causal_convolution_restarts_at_each_sequence():
     torch.manual_seed(1)
     x, weight = torch.randn(sum(LENGTHS), 10), torch.randn(10, 4)

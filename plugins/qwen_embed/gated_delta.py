@@ -29,16 +29,19 @@ class SequencePlan:
 
     `position` [T]: each row's place in its sequence (the convolution's causal mask);
     `chunks` [N, chunk]: the rows of each chunk, ordered by chunk index, then by sequence,
-    longest first, so that `steps` (start, count) slices the chunks of each index and their
-    sequences are the first `count` states; `chunk_of`, `offset` [T]: where each row lies in
-    them. Past a sequence's end a chunk repeats its last row: those slots come last in a
-    sequence's last chunk, which writes no state, and the rule is causal within a chunk, so
-    nothing of theirs reaches a row (no zero rows to append to every input)."""
+    longest first (`order`: the sequences so), so that `steps` (start, count) slices the
+    chunks of each index and their sequences are the first `count` states; `chunk_of`,
+    `offset` [T]: where each row lies in them. Past a sequence's end a chunk repeats its last
+    row (no zero row appended to every input), `valid` false there: those slots get no decay
+    and no rate, so they change no state, and the rule is causal within a chunk, so they
+    reach no row."""
 
     position: torch.Tensor
     chunks: torch.Tensor
     chunk_of: torch.Tensor
     offset: torch.Tensor
+    order: torch.Tensor
+    valid: torch.Tensor
     steps: tuple[tuple[int, int], ...]
     sequences: int
     chunk: int
@@ -53,11 +56,13 @@ class SequencePlan:
         counts = -(-lens // chunk)
         order = np.argsort(-counts, kind="stable")
         offsets = np.arange(chunk)
-        rows, steps, at = [], [], 0
+        rows, valid, steps, at = [], [], [], 0
         for c in range(int(counts.max())):
             active = order[: int((counts > c).sum())]
             within = starts[active, None] + c * chunk + offsets[None, :]
-            rows.append(np.minimum(within, (starts + lens - 1)[active, None]))
+            ends = (starts + lens)[active, None]
+            rows.append(np.minimum(within, ends - 1))
+            valid.append(within < ends)
             steps.append((at, len(active)))
             at += len(active)
         position = np.arange(bounds[-1]) - np.repeat(starts, lens)
@@ -67,7 +72,8 @@ class SequencePlan:
         chunk_of = first_chunk[position // chunk] + np.repeat(rank, lens)
         return cls(
             *(torch.from_numpy(a).to(device) for a in (position, np.concatenate(rows))),
-            *(torch.from_numpy(a).to(device) for a in (chunk_of, position % chunk)),
+            *(torch.from_numpy(a).to(device) for a in (chunk_of, position % chunk, order)),
+            torch.from_numpy(np.concatenate(valid)).to(device),
             tuple(steps),
             len(lens),
             chunk,
@@ -99,17 +105,21 @@ def gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     plan: SequencePlan,
+    states: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The rule's outputs [T, value heads, value dim] in fp32, from q, k [T, key heads, key
     dim], v [T, value heads, value dim] (rows may be strided), the log decays g and the rates
-    beta [T, value heads]."""
+    beta [T, value heads]. `states` [n, value heads, key dim, value dim] (fp32), where given:
+    each sequence's state before its first row (a shared prefix's), overwritten with its state
+    after its last; None: every sequence starts from an empty state."""
     repeat = v.shape[1] // k.shape[1]
     q = _l2_normalised_(_chunked(q, plan), q.shape[-1] ** -0.5)  # [N, H, C, d]
     k = _l2_normalised_(_chunked(k, plan))
     if repeat > 1:
         q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
     v = _chunked(v, plan)
-    g, beta = (_chunked(t, plan) for t in (g, beta))  # [N, H, C]
+    past_end = ~plan.valid.unsqueeze(1)
+    g, beta = (_chunked(t, plan).masked_fill_(past_end, 0.0) for t in (g, beta))  # [N, H, C]
     cum = g.cumsum(-1)
     lower = torch.ones(plan.chunk, plan.chunk, dtype=torch.bool, device=q.device).tril()
     decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~lower, float("-inf")).exp_()
@@ -117,38 +127,46 @@ def gated_delta_rule(
     system = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(decay)
     values = _solved(system, v.mul_(beta.unsqueeze(-1)))
     inside = torch.matmul(q, k.transpose(-1, -2)).mul_(decay)
-    # The carry: a sequence's first chunk reads no state (the first steps[0][1] chunks), its
-    # last writes none; a text of one chunk, most of an embedding batch's, has no carry at all
-    first = plan.steps[0][1]
+    # The carry: without states a sequence's first chunk reads none (the first steps[0][1]
+    # chunks) and its last writes none; a text of one chunk, most of an embedding batch's,
+    # has no carry at all
+    first = plan.steps[0][1] if states is None else 0
     out = values.new_empty(values.shape)
     torch.matmul(inside[:first], values[:first], out=out[:first])
-    if len(plan.steps) > 1:
-        _carry(q[first:], k, values, inside, cum, system, k_beta, out, plan)
+    if len(plan.steps) > 1 or states is not None:
+        _carry(q, k, values, inside, cum, system, k_beta, out, plan, states)
     return out[plan.chunk_of, :, plan.offset]
 
 
-def _carry(q_later, k, values, inside, cum, system, k_beta, out, plan: SequencePlan) -> None:
-    """Chunks after the first of their sequence, one chunk index at a time: each reads the
-    state its sequence's earlier chunks left, and all but a sequence's last write it."""
-    first = plan.steps[0][1]
+def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, states) -> None:
+    """The chunks that read a state, one chunk index at a time: each reads the state its
+    sequence's earlier chunks (or `states`) left; all but a sequence's last write it, and with
+    `states` its last too (its final state, written back there)."""
+    first = plan.steps[0][1] if states is None else 0
     decayed = cum[first:].exp()
     keys = _solved(system[first:], k_beta[first:].mul_(decayed.unsqueeze(-1)))
-    state = q_later.new_empty(plan.sequences, k.shape[1], k.shape[-1], values.shape[-1])
+    if states is None:
+        state = q.new_empty(plan.sequences, k.shape[1], k.shape[-1], values.shape[-1])
+    else:
+        state = states[plan.order]  # in the plan's order of sequences
     for step, (start, count) in enumerate(plan.steps):
         at = slice(start, start + count)
-        if step == 0:
+        if step == 0 and states is None:
             fresh = values[at]
         else:
             later = slice(start - first, start - first + count)
             s = state[:count]
             fresh = values[at] - keys[later] @ s
-            q_decayed = q_later[later] * decayed[later].unsqueeze(-1)
+            q_decayed = q[at] * decayed[later].unsqueeze(-1)
             out[at] = q_decayed @ s + inside[at] @ fresh
         going_on = plan.steps[step + 1][1] if step + 1 < len(plan.steps) else 0
-        if going_on:
-            ahead = slice(start, start + going_on)
+        writes = count if states is not None else going_on
+        if writes:
+            ahead = slice(start, start + writes)
             to_end = (cum[ahead, :, -1:] - cum[ahead]).exp().unsqueeze(-1)
-            written = (k[ahead] * to_end).transpose(-1, -2) @ fresh[:going_on]
-            if step > 0:
-                written += state[:going_on] * cum[ahead, :, -1].exp()[..., None, None]
-            state[:going_on] = written
+            written = (k[ahead] * to_end).transpose(-1, -2) @ fresh[:writes]
+            if step > 0 or states is not None:
+                written += state[:writes] * cum[ahead, :, -1].exp()[..., None, None]
+            state[:writes] = written
+    if states is not None:
+        states[plan.order] = state
