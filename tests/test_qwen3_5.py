@@ -167,19 +167,66 @@ def test_config_reads_the_hybrid_layout(qwen3_5):
         ModelConfig.from_hf(hf | {"architectures": ["Qwen3ForCausalLM"], "layer_types": None})
 
 
-def test_route_keeps_linear_attention_whole(qwen3_5):
+def test_route_shares_prefixes_but_keeps_layers_unquantised(qwen3_5):
     config = ModelConfig.from_dir(qwen3_5)
 
     def route(**settings):
         return choose_route(EncoderSettings(**settings), config, "cpu", cpu_features())
 
     chosen = route()
-    assert not chosen.prefix_reuse and chosen.prune and chosen.cuda_graph_tokens == 0
-    with pytest.raises(ValueError, match="no linear-attention layers"):
-        route(prefix_reuse="on")
+    assert chosen.prefix_reuse and chosen.prune and chosen.cuda_graph_tokens == 0
+    assert not route(pooling="mean").prefix_reuse
     for refused in (dict(quantization="int8"), dict(lora_modules="a=/adapter")):
         with pytest.raises(ValueError, match="quantization must be 'none'"):
             route(**refused)
+
+
+def prefixed_texts(seed: int) -> list[list[int]]:
+    """Texts after a 75-token prefix (more than a chunk) going on by 1 to 130 tokens, two after
+    a 9-token one, and one of its own."""
+    rng = np.random.default_rng(seed)
+
+    def ids(n):
+        return rng.integers(100, VOCAB, n).tolist()
+
+    long, short = ids(CHUNK + 11), ids(9)
+    return [long + ids(n) for n in (3, 1, 70, 130, 5)] + [short + ids(2), short + ids(40), ids(40)]
+
+
+def test_shared_prefixes_equal_whole_texts(qwen3_5):
+    """A prefix's state and last convolution inputs stand for it: texts sharing one, in a
+    batch and from the cache, equal reuse off and transformers on the whole texts; a cache
+    too small for one prefix's states keeps none."""
+    seqs = prefixed_texts(7)
+    ref = reference_embeddings(qwen3_5, seqs)
+    with Encoder.from_pretrained(qwen3_5, dtype="float32", prefix_reuse="off") as enc:
+        off = enc.embed(seqs)
+    with Encoder.from_pretrained(qwen3_5, dtype="float32") as enc:
+        together = enc.embed(seqs)
+        assert enc.stats["computed_tokens"] < enc.stats["received_tokens"] - 4 * (CHUNK + 10)
+        alone = np.concatenate([enc.embed([s]) for s in seqs])  # discovered, then hits
+        cache = enc.prefix_cache
+        assert cache.hits >= 5
+        # the cache counts what an entry holds: keys and values per token of the full layers,
+        # a state and kernel - 1 inputs of each linear layer whatever the prefix's length
+        linear = ModelConfig.from_dir(qwen3_5).linear_attention.layers
+        for entry in cache.entries.values():
+            held = [sum(t.nbytes for t in kv) for kv in entry.kv]
+            assert (
+                sum(n for n, lin in zip(held, linear, strict=True) if lin) == cache.bytes_per_entry
+            )
+            per_token = cache.bytes_per_token * len(entry.ids)
+            assert sum(n for n, lin in zip(held, linear, strict=True) if not lin) == per_token
+    with Encoder.from_pretrained(qwen3_5, dtype="float32", prefix_cache_mb=0.01) as enc:
+        tiny = np.concatenate([enc.embed([s]) for s in seqs])
+        assert len(enc.prefix_cache.entries) == 0 and enc.prefix_cache.hits == 0
+    for out in (together, alone, tiny):
+        assert np.abs(out - off).max() <= 1e-5
+        assert cosine(out, ref).min() >= FP32_COSINE
+    with Encoder.from_pretrained(qwen3_5, dtype="float32", task="rerank") as enc:
+        scores = np.concatenate([enc.score(seqs[:4]), enc.score(seqs[4:])])
+        assert enc.prefix_cache.hits >= 1
+    assert np.abs(scores - reference_scores(qwen3_5, seqs)).max() <= 1e-5
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
@@ -310,8 +357,13 @@ def test_tp2_matches_transformers(qwen3_5):
     ref = reference_embeddings(qwen3_5, seqs)
     with Encoder.from_pretrained(qwen3_5, dtype="float32", tp_size=2, max_batch_tokens=128) as enc:
         out = enc.embed(seqs)
+        # shared prefixes: each rank keeps its heads' states, and their caches agree
+        prefixed = prefixed_texts(8)
+        shared = np.concatenate([enc.embed(prefixed[:3]), enc.embed(prefixed[3:])])
+        assert enc.prefix_cache.hits >= 2
     assert cosine(out, ref).min() >= FP32_COSINE
     assert np.abs(out - ref).max() <= FP32_MAX_ABS
+    assert cosine(shared, reference_embeddings(qwen3_5, prefixed)).min() >= FP32_COSINE
 
 
 # Prism-Qwen3.5-Reranker's form as it publishes it (a sentence-transformers CrossEncoder): its

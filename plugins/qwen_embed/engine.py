@@ -168,8 +168,16 @@ def _instantiate(
             dtype=dtype,
         ),
     )
-    # Keys and values of one token in every layer of this shard: the prefix cache's unit.
-    bytes_per_token = config.num_layers * 2 * kv_heads * config.head_dim * dtype.itemsize
+    # Keys and values of one token in every full-attention layer of this shard, and a
+    # linear-attention layer's state and last inputs: the prefix cache's units.
+    hybrid = config.linear_attention
+    linear = sum(hybrid.layers) if hybrid else 0
+    bytes_per_token = (config.num_layers - linear) * 2 * kv_heads * config.head_dim * dtype.itemsize
+    bytes_per_entry = 0
+    if hybrid:
+        state = hybrid.value_heads // tp.size * hybrid.key_head_dim * hybrid.value_head_dim * 4
+        channels = (2 * hybrid.key_dim + hybrid.value_dim) // tp.size  # the convolution's
+        bytes_per_entry = linear * (state + (hybrid.conv_kernel - 1) * channels * dtype.itemsize)
     planner = Planner(
         prefix_reuse=route.prefix_reuse,
         prune=route.prune,
@@ -179,6 +187,7 @@ def _instantiate(
         bytes_per_token=bytes_per_token,
         num_layers=config.num_layers,
         device=device,
+        bytes_per_entry=bytes_per_entry,
     )
     head = token_head = pooler = None
     if tp.rank == 0:  # only rank 0 reads the final hidden states

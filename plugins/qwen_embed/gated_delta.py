@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .segments import PrefixEntry, SegmentPlan
+
 CHUNK = 64  # tokens per chunk at most (fla's and transformers' size)
 L2_EPS = 1e-6
 
@@ -77,6 +79,70 @@ class SequencePlan:
             tuple(steps),
             len(lens),
             chunk,
+        )
+
+
+def _plan_of(lengths, device) -> SequencePlan:
+    return SequencePlan.build(torch.from_numpy(np.cumsum([0, *lengths])), device)
+
+
+@dataclass(frozen=True)
+class PrefixSteps:
+    """A forward with shared prefixes (segments.SegmentPlan) as a linear-attention layer
+    computes it, in two passes: the prefixes computed here (rows [0, prefix_rows), each from
+    an empty state; `prefixes` their plan), then every text's own rows (`own`), each from its
+    prefix's final state (`start`: its row of [an empty state, the cached prefixes' states,
+    the new ones']). A text's convolution reaches back into its prefix's last kernel - 1
+    inputs: it reads the rows `conv_rows` of [the cached prefixes' kept inputs, this forward's],
+    at `conv_position`, and keeps `conv_own` of them."""
+
+    prefix_rows: int
+    prefixes: SequencePlan | None
+    own: SequencePlan
+    new: tuple[tuple[PrefixEntry, int], ...]  # (entry, its rows' end)
+    cached: tuple[PrefixEntry, ...]
+    start: torch.Tensor
+    conv_rows: torch.Tensor
+    conv_position: torch.Tensor
+    conv_own: torch.Tensor
+
+    @classmethod
+    def build(cls, plan: SegmentPlan, kernel: int, device) -> PrefixSteps:
+        reach = kernel - 1
+        new = [(entry, row + len(entry.ids)) for entry, row in plan.new]
+        prefix_rows = new[-1][1] if new else 0
+        cached = list(plan.used)
+        bank = {id(e): 1 + i for i, e in enumerate(cached + [e for e, _ in new])}
+        kept = {id(e): i * reach for i, e in enumerate(cached)}  # where their inputs lie
+        base = len(cached) * reach  # this forward's rows, after the cached inputs
+        kept.update((id(e), base + end - reach) for e, end in new)
+        own_lens = np.asarray(plan.layout.q_lens[len(new) :])
+        own_starts = base + prefix_rows + np.cumsum([0, *own_lens[:-1]])
+        rows, position, own, start, at = [], [], [], [], 0
+        for prefix, first, n in zip(plan.prefixes, own_starts, own_lens, strict=True):
+            back = 0 if prefix is None else reach
+            if back:
+                rows.append(kept[id(prefix)] + np.arange(back))
+                position.append(np.zeros(back, dtype=np.int64))
+            rows.append(first + np.arange(n))
+            position.append(back + np.arange(n))
+            own.append(at + back + np.arange(n))
+            start.append(0 if prefix is None else bank[id(prefix)])
+            at += back + n
+
+        def tensor(parts):
+            return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
+
+        return cls(
+            prefix_rows,
+            _plan_of([len(e.ids) for e, _ in new], device) if new else None,
+            _plan_of(own_lens, device),
+            tuple(new),
+            tuple(cached),
+            torch.tensor(start, device=device),
+            tensor(rows),
+            tensor(position),
+            tensor(own),
         )
 
 

@@ -159,15 +159,14 @@ def choose_route(
     pooling = resolve_pooling(s.pooling, task, config)
     # a multi-vector retriever's forwards compute every token: nothing shared, nothing pruned
     last_pooled = pooling == "last" and not config.multi_vector
-    # linear attention (Qwen3.5) carries a state through a sequence, not keys to share
-    hybrid = config.linear_attention is not None
-    reuse_valid = config.is_causal and last_pooled and not hybrid
+    reuse_valid = config.is_causal and last_pooled
     if s.prefix_reuse == "on" and not reuse_valid:
         raise ValueError(
-            "prefix_reuse needs causal attention and last-token pooling, and no "
-            f"linear-attention layers (is_causal={config.is_causal}, pooling={pooling!r}, "
-            f"multi_vector={config.multi_vector}, linear attention {hybrid})"
+            "prefix_reuse needs causal attention and last-token pooling "
+            f"(is_causal={config.is_causal}, pooling={pooling!r}, "
+            f"multi_vector={config.multi_vector})"
         )
+    hybrid = config.linear_attention is not None
     if hybrid and (s.quantization != "none" or per_request):
         raise ValueError(
             "a checkpoint with linear-attention layers (Qwen3.5) runs in floats with its "

@@ -87,7 +87,8 @@ class AttentionLayout:
 
 
 class PrefixEntry:
-    """A prefix's keys/values per layer, computed with the weights of adapter `space`."""
+    """A prefix's keys/values per layer, computed with the weights of adapter `space` (in a
+    linear-attention layer, models/qwen3_5.py: its final state and last convolution inputs)."""
 
     def __init__(self, ids: tuple[int, ...], num_layers: int, space: int = BASE):
         self.ids = ids
@@ -98,15 +99,19 @@ class PrefixEntry:
 class PrefixCache:
     """Per-layer keys/values of prefixes, keyed by their token ids, least recently used out.
 
-    Sizes are counted in tokens x `bytes_per_token` (the same on every TP rank), so every rank
+    Sizes are counted in tokens x `bytes_per_token` plus `bytes_per_entry` (a linear-attention
+    layer's state, whatever the prefix's length), the same on every TP rank, so every rank
     evicts the same entries. Capacity 0 keeps nothing (in-batch sharing still works). Entries
     and the history of recent sequences are indexed by their first MIN_PREFIX_TOKENS ids, in
     the space of the weights that computed them (a sequence's adapter, lora.py; BASE: none):
     one budget and one order of use for all."""
 
-    def __init__(self, capacity_bytes: int, bytes_per_token: int, num_layers: int):
+    def __init__(
+        self, capacity_bytes: int, bytes_per_token: int, num_layers: int, bytes_per_entry: int = 0
+    ):
         self.capacity_bytes = capacity_bytes
         self.bytes_per_token = bytes_per_token
+        self.bytes_per_entry = bytes_per_entry
         self.num_layers = num_layers
         Key = tuple[int, tuple[int, ...]]  # (space, ids)
         self.entries: OrderedDict[Key, PrefixEntry] = OrderedDict()
@@ -121,10 +126,10 @@ class PrefixCache:
 
     @property
     def bytes_in_use(self) -> int:
-        return self.tokens * self.bytes_per_token
+        return self.tokens * self.bytes_per_token + len(self.entries) * self.bytes_per_entry
 
     def fits(self, length: int) -> bool:
-        return length * self.bytes_per_token <= self.capacity_bytes
+        return length * self.bytes_per_token + self.bytes_per_entry <= self.capacity_bytes
 
     def find(
         self, space: int, seq: np.ndarray, head: tuple[int, ...], limit: int
@@ -188,6 +193,7 @@ class SegmentPlan:
     used: list[PrefixEntry]  # cached prefixes whose keys/values come first in every layer
     new: list[tuple[PrefixEntry, int]]  # prefixes computed here: (entry, first row) to store
     received_tokens: int
+    prefixes: list[PrefixEntry | None]  # each sequence's prefix (of `used` or `new`), or none
 
     @property
     def computed_tokens(self) -> int:
@@ -299,10 +305,12 @@ def plan_segments(
     first_with: dict[Key, int] = {}  # a sequence whose rows a new prefix's are
     for i, p in enumerate(prefix_of):
         first_with.setdefault(p, i)
+    entry_of = dict(cached)
     for p in new_prefixes:
         space, prefix = p
         offsets[p] = total + row
-        new.append((PrefixEntry(prefix, num_layers, space), row))
+        entry_of[p] = PrefixEntry(prefix, num_layers, space)
+        new.append((entry_of[p], row))
         ids.append(seqs[first_with[p]][: len(prefix)])
         positions.append(np.arange(len(prefix)))
         source.append(flat_starts[first_with[p]] + np.arange(len(prefix)))
@@ -342,6 +350,7 @@ def plan_segments(
         used=used,
         new=new,
         received_tokens=len(flat),
+        prefixes=[entry_of[p] if p else None for p in prefix_of],
     )
 
 
@@ -436,12 +445,13 @@ class Planner:
         bytes_per_token: int,
         num_layers: int,
         device: torch.device,
+        bytes_per_entry: int = 0,
     ):
         self.prefix_reuse = prefix_reuse
         self.prune = prune
         self.readout = readout
         self.device = device
-        self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers)
+        self.cache = PrefixCache(cache_bytes, bytes_per_token, num_layers, bytes_per_entry)
 
     def plan(
         self,

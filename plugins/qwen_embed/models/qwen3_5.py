@@ -10,8 +10,9 @@ What differs from Qwen3 (models/qwen.py), each here once:
 - a linear-attention layer projects q|k|v (through a causal convolution), its output gate z,
   the rates b and the decays a in one GEMM (`in_proj`), runs the gated delta rule per sequence
   and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
-Shared prefixes are not reused (a sequence's state, not its keys, would have to be kept) and
-late chunking is refused (config.LATE_CHUNKING_REFUSED): route and engine see to both.
+A shared prefix (segments.py) keeps, in a linear-attention layer, its final state and its last
+convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; late
+chunking is refused (config.LATE_CHUNKING_REFUSED).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import LinearAttentionSpec, ModelConfig
-from ..gated_delta import SequencePlan, gated_delta_rule
+from ..gated_delta import PrefixSteps, SequencePlan, gated_delta_rule
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
@@ -106,9 +107,10 @@ class GatedDeltaNet(nn.Module):
     """A linear-attention layer (transformers' Qwen3_5GatedDeltaNet), its heads split across
     tensor-parallel ranks."""
 
-    def __init__(self, config: ModelConfig, tp: TPGroup, ops: RowOps = reference):
+    def __init__(self, config: ModelConfig, tp: TPGroup, layer_index: int, ops: RowOps = reference):
         super().__init__()
         spec = config.linear_attention
+        self.layer_index = layer_index  # where a shared prefix's entry keeps its state
         self.ops = ops
         self.key_heads = spec.key_heads // tp.size
         self.value_heads = spec.value_heads // tp.size
@@ -135,24 +137,23 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = RowParallelLinear(spec.value_dim, config.hidden_size, tp)
 
     def forward(
-        self, x: torch.Tensor, plan: SequencePlan, rows: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        plan: SequencePlan | PrefixSteps,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The layer's output for every row of x, or for `rows` only (the recurrence still
-        reads every row)."""
+        reads every row); with shared prefixes (PrefixSteps) their states kept for the texts
+        that follow them (and the cache)."""
         qkv, z, b, a = self.in_proj(x).split([sum(self.widths), *self.others], dim=-1)
-        # q|k|v lead the projection
-        mixed = self.ops.causal_conv_silu(qkv, self.conv1d.weight, plan.position)
-        q, k, v = mixed.split(self.widths, dim=-1)
-        t = x.shape[0]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        out = gated_delta_rule(
-            q.reshape(t, self.key_heads, self.key_head_dim),
-            k.reshape(t, self.key_heads, self.key_head_dim),
-            v.reshape(t, self.value_heads, self.value_head_dim),
-            g,
-            b.sigmoid(),
-            plan,
-        ).to(x.dtype)
+        beta = b.sigmoid()
+        if isinstance(plan, SequencePlan):  # q|k|v lead the projection
+            out = self._rule(qkv, plan.position, g, beta, plan)
+        else:
+            out = self._after_prefixes(qkv, g, beta, plan)
+        t = x.shape[0]
+        out = out.to(x.dtype)
         z = z.reshape(t, self.value_heads, self.value_head_dim)
         if rows is not None:
             out, z = out[rows], z[rows]
@@ -160,6 +161,46 @@ class GatedDeltaNet(nn.Module):
         out = self.ops.rms_norm(out, self.norm.weight, self.eps)
         out = (out.float() * F.silu(z.float())).to(x.dtype)
         return self.out_proj(out.reshape(out.shape[0], -1))
+
+    def _rule(self, qkv, position, g, beta, plan: SequencePlan, states=None, keep=None):
+        """The convolution of the rows qkv at `position` (its rows `keep` of them), then the
+        rule over them."""
+        mixed = self.ops.causal_conv_silu(qkv, self.conv1d.weight, position)
+        if keep is not None:
+            mixed = mixed[keep]
+        q, k, v = mixed.split(self.widths, dim=-1)
+        t = mixed.shape[0]
+        return gated_delta_rule(
+            q.reshape(t, self.key_heads, self.key_head_dim),
+            k.reshape(t, self.key_heads, self.key_head_dim),
+            v.reshape(t, self.value_heads, self.value_head_dim),
+            g,
+            beta,
+            plan,
+            states,
+        )
+
+    def _after_prefixes(self, qkv, g, beta, steps: PrefixSteps) -> torch.Tensor:
+        """The prefixes computed here from empty states (their final states and last inputs
+        kept in their entries), then the texts' own rows from their prefixes' states."""
+        shape = (self.value_heads, self.key_head_dim, self.value_head_dim)
+        bank = [qkv.new_zeros(shape, dtype=torch.float32)]
+        bank += [entry.kv[self.layer_index][0] for entry in steps.cached]
+        outs, p = [], steps.prefix_rows
+        if p:
+            states = qkv.new_zeros((len(steps.new), *shape), dtype=torch.float32)
+            prefixes = steps.prefixes
+            outs.append(self._rule(qkv[:p], prefixes.position, g[:p], beta[:p], prefixes, states))
+            reach = self.conv1d.weight.shape[1] - 1
+            for (entry, end), state in zip(steps.new, states, strict=True):
+                entry.kv[self.layer_index] = (state.clone(), qkv[end - reach : end].clone())
+            bank += list(states)
+        kept = [entry.kv[self.layer_index][1] for entry in steps.cached]
+        source = torch.cat([*kept, qkv]) if kept else qkv
+        states = torch.stack(bank).index_select(0, steps.start)
+        rows, position = source.index_select(0, steps.conv_rows), steps.conv_position
+        outs.append(self._rule(rows, position, g[p:], beta[p:], steps.own, states, steps.conv_own))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 class GatedAttention(nn.Module):
@@ -232,7 +273,7 @@ class HybridDecoderLayer(nn.Module):
         self.linear = config.linear_attention.layers[index]
         self.input_layernorm = CenteredRMSNorm(config.hidden_size, eps)
         if self.linear:
-            self.linear_attn = GatedDeltaNet(config, tp, ops)
+            self.linear_attn = GatedDeltaNet(config, tp, index, ops)
         else:
             self.self_attn = GatedAttention(config, tp, backend, index)
         self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, eps)
@@ -299,13 +340,19 @@ class HybridModel(nn.Module):
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         layout = ctx.layout
-        if layout.kv_index is not None or layout.q_lens != layout.k_lens:
-            raise ValueError("linear attention reads whole sequences: no shared rows")
+        shared = layout.kv_index is not None or layout.q_lens != layout.k_lens
+        if shared and ctx.plan is None:
+            raise ValueError("linear attention reads whole sequences: no read-out rows")
         self.backend.prepare(layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
         if PLAN not in layout.state:
-            layout.state[PLAN] = SequencePlan.build(layout.cu_q_host, layout.cu_q.device)
+            device = layout.cu_q.device
+            layout.state[PLAN] = (
+                SequencePlan.build(layout.cu_q_host, device)
+                if ctx.plan is None
+                else PrefixSteps.build(ctx.plan, self.config.linear_attention.conv_kernel, device)
+            )
         x, cos, sin = self.stem(ctx)
         residual = None
         last = len(self.layers) - 1
