@@ -34,7 +34,7 @@ from harness import RESULTS, markdown_table, new_record, write_report
 
 from qwen_embed import Encoder, ModelConfig
 from qwen_embed.settings import QUANTIZATIONS
-from qwen_embed_deploy.demo import ENDOFTEXT_ID
+from qwen_embed_deploy.demo import ENDOFTEXT_ID, write_tokenizer
 
 WORKLOADS = ("mixed", "uniform", "short", "long")
 
@@ -87,9 +87,13 @@ QWEN3_5_SHAPE = dict(
 
 
 def qwen3_5_replica(path: Path) -> Path:
-    """The Qwen3.5 replica (QWEN3_5_SHAPE) at `path`, built unless present."""
+    """The Qwen3.5 replica (QWEN3_5_SHAPE) at `path`, built unless present, with the demo's
+    Qwen tokenizer (so that it serves too: bench_prefix.py)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+    if not (path / "tokenizer.json").is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        write_tokenizer(path)
     if (path / "config.json").is_file():
         return path
     rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
