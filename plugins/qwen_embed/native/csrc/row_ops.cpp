@@ -159,8 +159,8 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
   return out;
 }
 
-// x [T, n] (rows may be strided), weight [n, kernel] (taken in fp32), position [T] (int64: each row's
-// place in its sequence) -> silu(causal depthwise convolution within each sequence) [T, n]
+// x [T, n] (rows may be strided), weight [n, kernel] (taken in fp32), position [T] (int64:
+// each row's place in its sequence) -> silu(causal depthwise convolution within each sequence)
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& position) {
   TORCH_CHECK(x.dim() == 2, "x must be [tokens, channels]");
