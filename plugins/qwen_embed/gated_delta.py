@@ -118,20 +118,19 @@ class PrefixSteps:
         kept.update((id(e), base + end - reach) for e, end in new)
         own_lens = np.asarray(plan.layout.q_lens[len(new) :])
         own_starts = base + prefix_rows + np.cumsum([0, *own_lens[:-1]])
-        rows, position, own, start, at = [], [], [], [], 0
-        for prefix, first, n in zip(plan.prefixes, own_starts, own_lens, strict=True):
-            back = 0 if prefix is None else reach
-            if back:
-                rows.append(kept[id(prefix)] + np.arange(back))
-                position.append(np.zeros(back, dtype=np.int64))
-            rows.append(first + np.arange(n))
-            position.append(back + np.arange(n))
-            own.append(at + back + np.arange(n))
-            start.append(0 if prefix is None else bank[id(prefix)])
-            at += back + n
+        # each text's segment of the convolution's rows: its prefix's inputs, then its own
+        back = np.array([0 if e is None else reach for e in plan.prefixes])
+        tails = np.array([0 if e is None else kept[id(e)] for e in plan.prefixes])
+        sizes = back + own_lens
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        tail = within < np.repeat(back, sizes)
+        rows = np.where(
+            tail, np.repeat(tails, sizes) + within, np.repeat(own_starts - back, sizes) + within
+        )
+        start = [0 if e is None else bank[id(e)] for e in plan.prefixes]
 
-        def tensor(parts):
-            return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
+        def tensor(a):
+            return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
 
         return cls(
             prefix_rows,
@@ -139,10 +138,10 @@ class PrefixSteps:
             _plan_of(own_lens, device),
             tuple(new),
             tuple(cached),
-            torch.tensor(start, device=device),
+            tensor(start),
             tensor(rows),
-            tensor(position),
-            tensor(own),
+            tensor(np.where(tail, 0, within)),
+            tensor(np.flatnonzero(~tail)),
         )
 
 
