@@ -277,7 +277,8 @@ def bf16_gemm_arguments(p: argparse.ArgumentParser) -> None:
 def bf16_gemm(args: argparse.Namespace) -> None:
     if not brgemm_runs():
         raise SystemExit("the native bf16 operator does not run here (AVX-512 and oneDNN)")
-    model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
+    model_dir = Path(args.model_dir).resolve()
+    model_dir = ensure_model(model_dir, 4) if "qwen3_5" not in model_dir.name else model_dir
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
     shorts = [e.ids for e in tok.encode_batch(make_texts(16, 1))]
@@ -386,17 +387,34 @@ LAYOUTS = {
     "q|k, gate|up, down; rotated (the route)": {"FLOAT_SHARDS": int8_route.FLOAT_SHARDS},
     "q|k, gate|up, down; not rotated": NOT_ROTATED,
     "q|k|v, gate|up; not rotated": {
-        "FLOAT_SHARDS": (),
+        "FLOAT_SHARDS": {},
         "FLOAT_LAYERS": ("mlp.down_proj", "self_attn.o_proj"),
         **NOT_ROTATED,
     },
-    "q|k|v, gate|up, down; rotated": {"FLOAT_SHARDS": (), "FLOAT_LAYERS": ("self_attn.o_proj",)},
+    "q|k|v, gate|up, down; rotated": {"FLOAT_SHARDS": {}, "FLOAT_LAYERS": ("self_attn.o_proj",)},
+}
+
+
+# Qwen3.5's hybrid stack (`--model-dir .cache/bench-qwen3_5`: bench_engine.qwen3_5_replica):
+# its linear-attention layers' in_proj (b|a|q|k|v|z) cut around the shards kept in floats.
+HYBRID_LAYOUTS = {
+    "linear attention's v|z, full attention's q|k, gate|up, down (the route)": {
+        "FLOAT_SHARDS": int8_route.FLOAT_SHARDS
+    },
+    "linear attention's q|k in int8 too": {
+        "FLOAT_SHARDS": {"qkv_proj": ("v",), "in_proj": ("b", "a")},
+        "FLOAT_LAYERS": (*int8_route.FLOAT_LAYERS, "linear_attn.ba_proj"),
+    },
+    "full attention's v in int8 too": {"FLOAT_SHARDS": {"in_proj": ("b", "a", "q", "k")}},
+    "linear attention's out_proj in int8 too": {
+        "FLOAT_LAYERS": ("self_attn.o_proj", "self_attn.v_proj", "linear_attn.baqk_proj")
+    },
 }
 
 
 FP8_LAYOUTS = {
     "q|k, gate|up, down (the route)": {"FLOAT_SHARDS": int8_route.FLOAT_SHARDS},
-    "every projection": {"FLOAT_SHARDS": (), "FLOAT_LAYERS": ()},
+    "every projection": {"FLOAT_SHARDS": {}, "FLOAT_LAYERS": ()},
     "q|k, gate|up": {"FLOAT_LAYERS": (*int8_route.FLOAT_LAYERS, "mlp.down_proj")},
 }
 
@@ -428,7 +446,9 @@ def int8_layouts(args: argparse.Namespace) -> None:
         fp32 = stack.enter_context(Encoder.from_pretrained(model_dir, dtype="float32"))
         reference = {"documents": fp32.embed(docs), "random ids": fp32.embed(randoms)}
         encoders = {FLOAT: stack.enter_context(Encoder.from_pretrained(model_dir))}
+        hybrid = fp32.config.linear_attention is not None
         layouts = FP8_LAYOUTS if args.quantization == "fp8" else LAYOUTS
+        layouts = HYBRID_LAYOUTS if hybrid else layouts
         for name, changes in layouts.items():
             with mock.patch.multiple(int8_route, **changes):
                 encoders[name] = stack.enter_context(

@@ -16,12 +16,13 @@ import transformers
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from tritonclient.utils import InferenceServerException
 
-from qwen_embed import ChunkedText, Encoder
+from qwen_embed import ChunkedText, Encoder, int8
 from qwen_embed.config import ModelConfig, UnsupportedModelError
 from qwen_embed.cpu import cpu_features
 from qwen_embed.gated_delta import CHUNK, SequencePlan, gated_delta_rule
 from qwen_embed.kernels.reference import causal_conv_silu
-from qwen_embed.route import choose_route
+from qwen_embed.layers import _Linear
+from qwen_embed.route import Linear, choose_route
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client import EmbeddingClient
 from qwen_embed_client.contract import DEFAULT_TASK, RerankOptions
@@ -42,6 +43,7 @@ from triton_helpers import infer
 FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-4
 BF16_COSINE = 0.999
+INT8_COSINE = 0.98
 VOCAB = 151000
 # Lengths around the chunks: one token, one chunk exactly, one more, several, many texts.
 LENGTHS = [1, 7, CHUNK, CHUNK + 1, 130, 5, 300, 12]
@@ -167,7 +169,7 @@ def test_config_reads_the_hybrid_layout(qwen3_5):
         ModelConfig.from_hf(hf | {"architectures": ["Qwen3ForCausalLM"], "layer_types": None})
 
 
-def test_route_shares_prefixes_but_keeps_layers_unquantised(qwen3_5):
+def test_route_shares_prefixes_and_takes_int8_but_not_fp8(qwen3_5):
     config = ModelConfig.from_dir(qwen3_5)
 
     def route(**settings):
@@ -176,9 +178,49 @@ def test_route_shares_prefixes_but_keeps_layers_unquantised(qwen3_5):
     chosen = route()
     assert chosen.prefix_reuse and chosen.prune and chosen.cuda_graph_tokens == 0
     assert not route(pooling="mean").prefix_reuse
-    for refused in (dict(quantization="int8"), dict(lora_modules="a=/adapter")):
-        with pytest.raises(ValueError, match="quantization must be 'none'"):
+    assert route(quantization="int8").linear is Linear.INT8
+    for refused in (dict(quantization="fp8"), dict(lora_modules="a=/adapter")):
+        with pytest.raises(ValueError, match="quantization must be 'none' or 'int8'"):
             route(**refused)
+
+
+def test_int8_matches_transformers(qwen3_5):
+    """The int8 route: a linear-attention layer's v|z and full attention's q|k in int8 beside
+    the MLP's projections; the linear attention's rates, decays, queries and keys (b|a|q|k),
+    full attention's values and both kinds of output projection in floats
+    (int8.FLOAT_SHARDS, FLOAT_LAYERS). Against transformers in fp32, with and without shared
+    prefixes. (Its queries and keys in int8 too, one text here measures 0.955.)"""
+    seqs = prefixed_texts(5)
+    ref = reference_embeddings(qwen3_5, seqs)
+    out = {}
+    for reuse in ("off", "auto"):
+        with Encoder.from_pretrained(
+            qwen3_5, dtype="float32", quantization="int8", prefix_reuse=reuse
+        ) as enc:
+            model = enc.model
+            linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
+            assert all(
+                isinstance(m.kernel, int8.Int8Weight) == int8.quantizes(n)
+                for n, m in linears.items()
+            )
+            last = len(model.layers) - 1
+            for i, layer in enumerate(model.layers):
+                if layer.linear:
+                    assert layer.linear_attn.projections == (("b", "a", "q", "k"), ("v", "z"))
+                    assert isinstance(layer.linear_attn.vz_proj.kernel, int8.Int8Weight)
+                    floats = (layer.linear_attn.baqk_proj, layer.linear_attn.out_proj)
+                    assert not any(isinstance(m.kernel, int8.Int8Weight) for m in floats)
+                else:  # the pruned last layer projects q alone
+                    q = (("q",), ("k",)) if i == last else (("q", "k"),)
+                    assert layer.self_attn.projections == (*q, ("v",))
+                assert isinstance(layer.mlp.down_proj.kernel, int8.Int8Weight)
+            out[reuse] = np.concatenate([enc.embed(seqs), enc.embed(seqs[:3])])
+            if reuse == "auto":
+                assert enc.prefix_cache.hits >= 1
+    ref = np.concatenate([ref, ref[:3]])
+    for vectors in out.values():
+        assert cosine(vectors, ref).min() >= INT8_COSINE
+    assert np.abs(out["auto"] - out["off"]).max() <= 1e-3
 
 
 def prefixed_texts(seed: int) -> list[list[int]]:

@@ -106,7 +106,7 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
         dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
         model.adapters = attach(model, folders, dtype, device)
-    apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else ()
+    apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else {}
     model.split_qkv(apart, route.prune)  # before repacking
     _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
     model.eval()

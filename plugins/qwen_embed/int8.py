@@ -21,7 +21,8 @@ on its batch.
 Embeddings, norms, attention, pooling, a vision tower (engine._convert_linears) and the layers
 in FLOAT_LAYERS stay in floats: the attention's output projection and its values (the q|k|v
 projection runs as q|k in int8 and v apart, FLOAT_SHARDS) lose the most to int8
-(docs/tuning.md).
+(docs/tuning.md); so do a linear-attention layer's output projection and its queries and
+keys, and its rates and decays (a few channels) cost nothing in floats.
 """
 
 from __future__ import annotations
@@ -33,8 +34,18 @@ from . import avx2_gemm, native
 from .cpu import cpu_features
 
 _QMAX = 127.0
-FLOAT_SHARDS = ("v",)  # of the packed q|k|v projection: a layer of their own, in floats
-FLOAT_LAYERS = ("self_attn.o_proj", "self_attn.v_proj")  # module name endings kept in floats
+# Of each packed projection, the shards cut off into a layer of their own, in floats: q|k|v's
+# values; a linear-attention layer's (Qwen3.5's) rates b, decays a, and its queries and keys,
+# whose directions the delta rule follows (L2-normalised: their error is not scaled down);
+# its values and output gate v|z in int8.
+FLOAT_SHARDS = {"qkv_proj": ("v",), "in_proj": ("b", "a", "q", "k")}
+# module name endings kept in floats
+FLOAT_LAYERS = (
+    "self_attn.o_proj",
+    "self_attn.v_proj",
+    "linear_attn.baqk_proj",
+    "linear_attn.out_proj",
+)
 GROUP = 4  # input values per int8 dot product (native.pack_panels)
 TILE_STEP = 64  # input values per product of the AMX int8 tile kernel
 PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (csrc: kPairsPanel)

@@ -240,6 +240,60 @@ class ColumnParallelLinear(_Linear):
         return out
 
 
+def shard_groups(shards: tuple[str, ...], apart: set[str]) -> tuple[tuple[str, ...], ...]:
+    """`shards` (a packed projection's, in order) cut into runs of consecutive shards that are
+    all in `apart` or all not."""
+    groups: list[tuple[str, ...]] = []
+    run: list[str] = []
+    for shard in shards:
+        if run and (shard in apart) != (run[-1] in apart):
+            groups.append(tuple(run))
+            run = []
+        run.append(shard)
+    return tuple(groups + [tuple(run)])
+
+
+class SplitProjection(nn.Module):
+    """A module with one packed projection (the ColumnParallelLinear named by `packed`) that
+    may be cut, after loading and before repacking, into one layer per group of consecutive
+    shards, named after them (`qk_proj`, `v_proj`): for a route that multiplies the groups
+    differently (int8.FLOAT_SHARDS), or computes one group for some rows only. `shards`
+    computes every shard either way."""
+
+    packed = "qkv_proj"
+
+    def _projections(self, *groups: tuple[str, ...]) -> None:
+        """What `shards` runs, decided once: each group's layer, its shards and their widths
+        (`self.widths`: this rank's width of each shard)."""
+        self.projections = groups
+        names = [projection_name(g) for g in groups] if len(groups) > 1 else [self.packed]
+        self._plan = [
+            (n, g, [self.widths[s] for s in g]) for n, g in zip(names, groups, strict=True)
+        ]
+
+    def split_projection(self, *groups: tuple[str, ...]) -> None:
+        packed = getattr(self, self.packed)
+        for group, layer in zip(groups, packed.split(*groups), strict=True):
+            setattr(self, projection_name(group), layer)
+        setattr(self, self.packed, None)
+        self._projections(*groups)
+
+    def shards(
+        self, x: torch.Tensor, rows: torch.Tensor | None = None, alone: tuple[str, ...] = ()
+    ) -> dict[str, torch.Tensor]:
+        """Each shard's output on x; the group `alone` (where it is a layer of its own) on
+        x's `rows` only."""
+        out = {}
+        for name, group, widths in self._plan:
+            y = getattr(self, name)(x[rows] if rows is not None and group == alone else x)
+            out.update(zip(group, y.split(widths, dim=-1), strict=True))
+        return out
+
+
+def projection_name(group: tuple[str, ...]) -> str:
+    return "".join(group) + "_proj"
+
+
 class ShardLinear(_Linear):
     """Some shards of a ColumnParallelLinear, cut out after loading (same rank slice)."""
 

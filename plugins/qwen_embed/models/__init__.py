@@ -48,7 +48,7 @@ class EmbeddingModel(Protocol):
         ops: RowOps,
     ): ...
 
-    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
+    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
         """After loading, before repacking: projections cut as the route needs (QwenModel's
         docstring says how)."""
 

@@ -17,9 +17,11 @@ from ..layers import (
     ColumnParallelLinear,
     RMSNorm,
     RowParallelLinear,
+    SplitProjection,
     TPGroup,
     VocabParallelEmbedding,
     rotary_cos_sin,
+    shard_groups,
 )
 from ..segments import AttentionLayout, ForwardContext, Planner
 
@@ -65,7 +67,7 @@ def qkv_projection(config: ModelConfig, tp: TPGroup, query_width: int) -> Column
     )
 
 
-class QwenAttention(nn.Module):
+class QwenAttention(SplitProjection):
     def __init__(
         self,
         config: ModelConfig,
@@ -93,31 +95,12 @@ class QwenAttention(nn.Module):
         self.widths = dict(self.qkv_proj.local)  # this rank's width of each shard
         self._projections(("q", "k", "v"))
 
-    def split_projection(self, *groups: tuple[str, ...]) -> None:
-        """The packed q|k|v projection as one layer per group of consecutive shards, named
-        after it (`q_proj`, `kv_proj`, ...), after loading and before repacking: for a route
-        that multiplies the groups differently, or computes q for some rows only."""
-        for group, layer in zip(groups, self.qkv_proj.split(*groups), strict=True):
-            setattr(self, _projection_name(group), layer)
-        self.qkv_proj = None
-        self._projections(*groups)
-
-    def _projections(self, *groups: tuple[str, ...]) -> None:
-        """The q|k|v projection's shard groups, each computed by the layer named after it, and
-        what _project runs, decided once: each group's layer, shards and their widths."""
-        self.projections = groups
-        self._plan = [(_projection_name(g), g, [self.widths[s] for s in g]) for g in groups]
-        self.q_alone = ("q",) in groups  # a layer of its own: run on the read rows only
-
     def _project(
         self, x: torch.Tensor, rows: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (of `rows` only, when given), k and v of x."""
-        out = {}
-        for name, group, widths in self._plan:
-            y = getattr(self, name)(x[rows] if rows is not None and group == ("q",) else x)
-            out.update(zip(group, y.split(widths, dim=-1), strict=True))
-        q = out["q"] if rows is None or self.q_alone else out["q"][rows]
+        out = self.shards(x, rows, alone=("q",))
+        q = out["q"] if rows is None or ("q",) in self.projections else out["q"][rows]
         return q, out["k"], out["v"]
 
     def project(
@@ -160,23 +143,6 @@ class QwenAttention(nn.Module):
         """Keys/values for every row; queries (and the output) only for `rows` if given."""
         q, k, v = self.project(x, cos, sin, rows)
         return self.o_proj(self.attend(q, k, v, ctx, layout))
-
-
-def _projection_name(group: tuple[str, ...]) -> str:
-    return "".join(group) + "_proj"
-
-
-def projection_groups(apart: set[str]) -> tuple[tuple[str, ...], ...]:
-    """q|k|v cut into groups of consecutive shards, each shard in `apart` a group of its own."""
-    groups: list[tuple[str, ...]] = []
-    run: list[str] = []
-    for shard in ("q", "k", "v"):
-        if shard in apart:
-            groups += [tuple(run), (shard,)] if run else [(shard,)]
-            run = []
-        else:
-            run.append(shard)
-    return tuple(groups + [tuple(run)] if run else groups)
 
 
 class QwenMLP(nn.Module):
@@ -283,14 +249,15 @@ class QwenModel(nn.Module):
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # lora.AdapterSwitch where a request may name an adapter
 
-    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
+    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
         """Before the weights are repacked: the q|k|v projections cut where the route needs.
-        The shards in `apart` are layers of their own (int8.FLOAT_SHARDS: in floats beside the
-        int8 rest); where the forwards prune (ctx.last), the last layer projects q for the
-        pooled rows only (q is half of q|k|v's work in Qwen3-Embedding's shapes)."""
+        The shards in apart["qkv_proj"] go to layers of their own (int8.FLOAT_SHARDS: in floats
+        beside the int8 rest); where the forwards prune (ctx.last), the last layer projects q
+        for the pooled rows only (q is half of q|k|v's work in Qwen3-Embedding's shapes)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            groups = projection_groups(set(apart) | ({"q"} if prune and i == last else set()))
+            alone = {"q"} if prune and i == last else set()
+            groups = shard_groups(("q", "k", "v"), set(apart.get("qkv_proj", ())) | alone)
             if len(groups) > 1:
                 layer.self_attn.split_projection(*groups)
 

@@ -7,8 +7,8 @@ What differs from Qwen3 (models/qwen.py), each here once:
   `rotary_dim` values of a head only;
 - every RMSNorm but the linear attention's output norm scales by (1 + weight), in fp32
   (`CenteredRMSNorm`);
-- a linear-attention layer projects q|k|v (through a causal convolution), its output gate z,
-  the rates b and the decays a in one GEMM (`in_proj`), runs the gated delta rule per sequence
+- a linear-attention layer projects its rates b and decays a, q|k|v (through a causal
+  convolution) and its output gate z in one GEMM (`in_proj`), runs the gated delta rule per sequence
   and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
 A shared prefix (segments.py) keeps, in a linear-attention layer, its final state and its last
 convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; late
@@ -28,6 +28,7 @@ from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
     RowParallelLinear,
+    SplitProjection,
     TPGroup,
     VocabParallelEmbedding,
     copy_exact,
@@ -35,6 +36,7 @@ from ..layers import (
     rank_slice,
     replicated_loader,
     rotary_cos_sin,
+    shard_groups,
 )
 from ..segments import AttentionLayout, ForwardContext, Planner
 from .qwen import PACKED_MODULES as QWEN_PACKED
@@ -86,26 +88,35 @@ def _split_qkv(full: torch.Tensor, sizes: list[int], parts: int, rank: int) -> t
     return torch.cat([rank_slice(t, 0, rank, parts) for t in full.split(sizes)])
 
 
+# in_proj's shards in order: those the int8 route keeps in floats (int8.FLOAT_SHARDS) first,
+# so that it cuts the projection once, and q|k|v (the convolution's) in a row
+IN_SHARDS = ("b", "a", "q", "k", "v", "z")
+CONV_SHARDS = ("q", "k", "v")
+
+
 class InProjection(ColumnParallelLinear):
-    """q|k|v|z|b|a of a linear-attention layer in one GEMM; the checkpoint's in_proj_qkv fills
-    the first three shards at once."""
+    """b|a|q|k|v|z of a linear-attention layer in one GEMM; the checkpoint's in_proj_qkv fills
+    three shards at once."""
 
     def __init__(self, hidden: int, spec: LinearAttentionSpec, tp: TPGroup):
         k, v, h = spec.key_dim, spec.value_dim, spec.value_heads
-        sizes = {"q": k, "k": k, "v": v, "z": v, "b": h, "a": h}
+        widths = {"b": h, "a": h, "q": k, "k": k, "v": v, "z": v}
+        sizes = {shard: widths[shard] for shard in IN_SHARDS}
         super().__init__(hidden, sizes, tp, bias=False)
 
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id: str | None = None) -> None:
         if shard_id != "qkv":
             return super()._load(param, full, shard_id)
         sizes = [self.local[s] * self.parts[s] for s in ("q", "k", "v")]
-        for shard, part in zip(("q", "k", "v"), full.split(sizes), strict=True):
+        for shard, part in zip(CONV_SHARDS, full.split(sizes), strict=True):
             super()._load(param, part, shard)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(SplitProjection):
     """A linear-attention layer (transformers' Qwen3_5GatedDeltaNet), its heads split across
     tensor-parallel ranks."""
+
+    packed = "in_proj"
 
     def __init__(self, config: ModelConfig, tp: TPGroup, layer_index: int, ops: RowOps = reference):
         super().__init__()
@@ -116,8 +127,8 @@ class GatedDeltaNet(nn.Module):
         self.value_heads = spec.value_heads // tp.size
         self.key_head_dim, self.value_head_dim = spec.key_head_dim, spec.value_head_dim
         self.in_proj = InProjection(config.hidden_size, spec, tp)
-        self.widths = [self.in_proj.local[s] for s in ("q", "k", "v")]  # the convolution's
-        self.others = [self.in_proj.local[s] for s in ("z", "b", "a")]
+        self.widths = dict(self.in_proj.local)
+        self._projections(IN_SHARDS)
         sizes = [spec.key_dim, spec.key_dim, spec.value_dim]
         channels = sum(sizes) // tp.size
 
@@ -145,7 +156,7 @@ class GatedDeltaNet(nn.Module):
         """The layer's output for every row of x, or for `rows` only (the recurrence still
         reads every row); with shared prefixes (PrefixSteps) their states kept for the texts
         that follow them (and the cache)."""
-        qkv, z, b, a = self.in_proj(x).split([sum(self.widths), *self.others], dim=-1)
+        qkv, z, b, a = self._project(x)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         beta = b.sigmoid()
         if isinstance(plan, SequencePlan):  # q|k|v lead the projection
@@ -162,13 +173,26 @@ class GatedDeltaNet(nn.Module):
         out = (out.float() * F.silu(z.float())).to(x.dtype)
         return self.out_proj(out.reshape(out.shape[0], -1))
 
+    def _project(self, x: torch.Tensor):
+        """(q|k|v as one tensor, z, b, a) of x: q|k|v a view of the projection's output where
+        one layer computes them, else its parts joined."""
+        out, qkv = {}, []
+        for name, group, widths in self._plan:
+            y = getattr(self, name)(x)
+            out.update(zip(group, y.split(widths, dim=-1), strict=True))
+            inner = [i for i, shard in enumerate(group) if shard in CONV_SHARDS]
+            if inner:
+                start, width = sum(widths[: inner[0]]), sum(widths[i] for i in inner)
+                qkv.append(y.narrow(-1, start, width))
+        return (qkv[0] if len(qkv) == 1 else torch.cat(qkv, dim=-1)), out["z"], out["b"], out["a"]
+
     def _rule(self, qkv, position, g, beta, plan: SequencePlan, states=None, keep=None):
         """The convolution of the rows qkv at `position` (its rows `keep` of them), then the
         rule over them."""
         mixed = self.ops.causal_conv_silu(qkv, self.conv1d.weight, position)
         if keep is not None:
             mixed = mixed[keep]
-        q, k, v = mixed.split(self.widths, dim=-1)
+        q, k, v = mixed.split([self.widths[s] for s in CONV_SHARDS], dim=-1)
         t = mixed.shape[0]
         return gated_delta_rule(
             q.reshape(t, self.key_heads, self.key_head_dim),
@@ -203,7 +227,7 @@ class GatedDeltaNet(nn.Module):
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(SplitProjection):
     """Full attention with an output gate per head value and rotary on `rotary_dim` values."""
 
     def __init__(
@@ -220,7 +244,8 @@ class GatedAttention(nn.Module):
         self.num_heads = config.num_heads // tp.size
         self.num_kv_heads = max(1, config.num_kv_heads // tp.size)
         self.qkv_proj = qkv_projection(config, tp, 2 * d)  # each head's queries, then its gate
-        self.widths = [self.qkv_proj.local[s] for s in ("q", "k", "v")]
+        self.widths = dict(self.qkv_proj.local)
+        self._projections(("q", "k", "v"))
         self.q_norm = CenteredRMSNorm(d, config.rms_norm_eps)
         self.k_norm = CenteredRMSNorm(d, config.rms_norm_eps)
         self.eps = config.rms_norm_eps
@@ -245,12 +270,13 @@ class GatedAttention(nn.Module):
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q_gate, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
-        q_gate = q_gate.reshape(t, self.num_heads, 2 * d)
+        out = self.shards(x, rows, alone=("q",))
+        q_gate, k, v = out["q"], out["k"], out["v"]
+        if rows is not None and ("q",) not in self.projections:
+            q_gate = q_gate[rows]
+        q_gate = q_gate.reshape(q_gate.shape[0], self.num_heads, 2 * d)
         q, gate = q_gate[..., :d], q_gate[..., d:]
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        if rows is not None:
-            q, gate = q[rows], gate[rows]
         q = self._heads(q, self.q_norm.weight, cos_q, sin_q)
         k = self._heads(k.reshape(t, self.num_kv_heads, d), self.k_norm.weight, cos, sin)
         k, v = ctx.keys(self.layer_index, k, v.reshape(t, self.num_kv_heads, d), layout)
@@ -334,8 +360,20 @@ class HybridModel(nn.Module):
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # no adapters per request (route.py)
 
-    def split_qkv(self, apart: tuple[str, ...], prune: bool) -> None:
-        """Nothing to cut: no quantised route, and the pruned layer selects its rows itself."""
+    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
+        """As QwenModel.split_qkv, and a linear-attention layer's in_proj cut around its shards
+        in apart["in_proj"] (its convolution and rule read every row: none computed alone)."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if layer.linear:
+                module, shards = layer.linear_attn, IN_SHARDS
+                cut = set(apart.get("in_proj", ()))
+            else:
+                module, shards = layer.self_attn, ("q", "k", "v")
+                cut = set(apart.get("qkv_proj", ())) | ({"q"} if prune and i == last else set())
+            groups = shard_groups(shards, cut)
+            if len(groups) > 1:
+                module.split_projection(*groups)
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
