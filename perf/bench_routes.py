@@ -60,7 +60,7 @@ from qwen_embed.row_plans import PRIMITIVE_CACHE_CAPACITY  # no torch
 from qwen_embed.settings import EncoderSettings  # noqa: E402
 from qwen_embed_deploy.demo import ENDOFTEXT_ID, build_demo_adapter  # noqa: E402
 
-from bench_engine import linear_bound, workload  # noqa: E402
+from bench_engine import linear_bound, qwen3_5_replica, workload  # noqa: E402
 from bench_peers import linear_shapes  # noqa: E402
 from workload import alternate, alternate_forwards, make_queries, make_texts  # noqa: E402
 
@@ -277,8 +277,7 @@ def bf16_gemm_arguments(p: argparse.ArgumentParser) -> None:
 def bf16_gemm(args: argparse.Namespace) -> None:
     if not brgemm_runs():
         raise SystemExit("the native bf16 operator does not run here (AVX-512 and oneDNN)")
-    model_dir = Path(args.model_dir).resolve()
-    model_dir = ensure_model(model_dir, 4) if "qwen3_5" not in model_dir.name else model_dir
+    model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
     shorts = [e.ids for e in tok.encode_batch(make_texts(16, 1))]
@@ -363,7 +362,7 @@ def bf16_gemm(args: argparse.Namespace) -> None:
 INT8_DOC = """\
 The int8 route's layout: which linear layers run in int8, and whether their rows are rotated.
 
-    python bench_routes.py int8 [--model-dir .cache/bench-model-4l] [--rounds 3]
+    python bench_routes.py int8 [--model-dir .cache/bench-model-4l] [--rounds 3] [--qwen3-5]
 
 In process, dtype auto, one encoder per layout (the int8 route loaded with `int8.FLOAT_SHARDS`,
 `int8.FLOAT_LAYERS` and `int8.rotation_block` as the layout names them), beside the float route:
@@ -377,6 +376,10 @@ documents and on 54 texts of random ids (the tests' measure), on a model with ra
 `--quantization fp8`: the fp8 route's layouts instead (it quantises the layers int8 does, never
 rotated; on CPU its products run on torch's fp8 GEMM, so its tokens/s say nothing of a GPU's):
 the route (v and o in bf16), every projection in fp8, and down in bf16 as well as v and o.
+`--qwen3-5`: Qwen3.5's replica (bench_engine.py --qwen3-5) and its hybrid stack's layouts: the
+route (the linear attention's v|z in int8; its b|a|q|k and output projection in floats), its
+q|k in int8 too, full attention's v in int8 too, the linear attention's output projection in
+int8 too.
 """
 
 
@@ -395,7 +398,7 @@ LAYOUTS = {
 }
 
 
-# Qwen3.5's hybrid stack (`--model-dir .cache/bench-qwen3_5`: bench_engine.qwen3_5_replica):
+# Qwen3.5's hybrid stack (`--qwen3-5`: bench_engine.qwen3_5_replica):
 # its linear-attention layers' in_proj (b|a|q|k|v|z) cut around the shards kept in floats.
 HYBRID_LAYOUTS = {
     "linear attention's v|z, full attention's q|k, gate|up, down (the route)": {
@@ -430,13 +433,23 @@ def random_texts(vocab_size: int, seed: int = 3) -> list[list[int]]:
 
 
 def int8_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default=str(REPO / ".cache" / "bench-model-4l"))
+    p.add_argument("--model-dir", default=None, help="default: .cache/bench-model-4l")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quantization", default="int8", choices=["int8", "fp8"])
+    p.add_argument(
+        "--qwen3-5",
+        action="store_true",
+        help="Qwen3.5's replica (bench_engine.py --qwen3-5; default .cache/bench-qwen3_5) "
+        "and the hybrid stack's layouts",
+    )
 
 
 def int8_layouts(args: argparse.Namespace) -> None:
-    model_dir = ensure_model(Path(args.model_dir).resolve(), 4)
+    if args.qwen3_5:
+        model_dir = qwen3_5_replica(Path(args.model_dir or REPO / ".cache" / "bench-qwen3_5"))
+    else:
+        model_dir = ensure_model(Path(args.model_dir or REPO / ".cache" / "bench-model-4l"), 4)
+    model_dir = model_dir.resolve()
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     docs = [e.ids for e in tok.encode_batch(make_texts(64, 0))]
     randoms = random_texts(tok.get_vocab_size())
@@ -446,9 +459,8 @@ def int8_layouts(args: argparse.Namespace) -> None:
         fp32 = stack.enter_context(Encoder.from_pretrained(model_dir, dtype="float32"))
         reference = {"documents": fp32.embed(docs), "random ids": fp32.embed(randoms)}
         encoders = {FLOAT: stack.enter_context(Encoder.from_pretrained(model_dir))}
-        hybrid = fp32.config.linear_attention is not None
         layouts = FP8_LAYOUTS if args.quantization == "fp8" else LAYOUTS
-        layouts = HYBRID_LAYOUTS if hybrid else layouts
+        layouts = HYBRID_LAYOUTS if args.qwen3_5 else layouts
         for name, changes in layouts.items():
             with mock.patch.multiple(int8_route, **changes):
                 encoders[name] = stack.enter_context(

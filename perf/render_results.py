@@ -32,7 +32,7 @@ VARIANT_OPTIONS = (
     "--pages",
     "--vlm",
 )
-VARIANT_FLAGS = ("--listwise",)  # the same, without a value
+VARIANT_FLAGS = ("--listwise", "--qwen3-5")  # the same, without a value
 
 HEADER = """\
 # Results
