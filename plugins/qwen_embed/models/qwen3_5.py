@@ -159,7 +159,7 @@ class GatedDeltaNet(SplitProjection):
         qkv, z, b, a = self._project(x)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         beta = b.sigmoid()
-        if isinstance(plan, SequencePlan):  # q|k|v lead the projection
+        if isinstance(plan, SequencePlan):
             out = self._rule(qkv, plan.position, g, beta, plan)
         else:
             out = self._after_prefixes(qkv, g, beta, plan)
