@@ -169,7 +169,7 @@ def test_config_reads_the_hybrid_layout(qwen3_5):
         ModelConfig.from_hf(hf | {"architectures": ["Qwen3ForCausalLM"], "layer_types": None})
 
 
-def test_route_shares_prefixes_and_takes_int8_but_not_fp8(qwen3_5):
+def test_route_shares_prefixes_and_takes_int8_and_adapters_but_not_fp8(qwen3_5):
     config = ModelConfig.from_dir(qwen3_5)
 
     def route(**settings):
@@ -179,9 +179,9 @@ def test_route_shares_prefixes_and_takes_int8_but_not_fp8(qwen3_5):
     assert chosen.prefix_reuse and chosen.prune and chosen.cuda_graph_tokens == 0
     assert not route(pooling="mean").prefix_reuse
     assert route(quantization="int8").linear is Linear.INT8
-    for refused in (dict(quantization="fp8"), dict(lora_modules="a=/adapter")):
-        with pytest.raises(ValueError, match="quantization must be 'none' or 'int8'"):
-            route(**refused)
+    assert route(lora_modules="a=/adapter").lora_names == ("a",)
+    with pytest.raises(ValueError, match="quantization must be 'none' or 'int8'"):
+        route(quantization="fp8")
 
 
 def test_int8_matches_transformers(qwen3_5):
@@ -406,6 +406,43 @@ def test_tp2_matches_transformers(qwen3_5):
     assert cosine(out, ref).min() >= FP32_COSINE
     assert np.abs(out - ref).max() <= FP32_MAX_ABS
     assert cosine(shared, reference_embeddings(qwen3_5, prefixed)).min() >= FP32_COSINE
+
+
+@pytest.mark.server  # whole fine-tunes against sentence-transformers, a tensor-parallel worker
+def test_each_request_gets_its_adapter(tmp_path):
+    """lora_modules on Qwen3.5: two LoRA fine-tunes over every linear layer (the linear
+    attention's in_proj_qkv, z, b, a and out_proj among them) beside one base, named per call
+    and per text, on one rank and two: each as sentence-transformers computes its fine-tune;
+    a shared prompt's states kept per adapter and found again."""
+    base = replicas.qwen3_5(tmp_path / "base", dtype=torch.float32, sentence=True)
+    tunes = {
+        name: replicas.lora_finetune(
+            tmp_path / name, base, seed=seed, rank=rank, targets=replicas.QWEN3_5_LORA_TARGETS
+        )
+        for name, seed, rank in (("legal", 1, 4), ("code", 2, 8))
+    }
+    models = {
+        name: SentenceTransformer(str(d), device="cpu", model_kwargs={"dtype": torch.float32})
+        for name, d in {None: base, **tunes}.items()
+    }
+    query = models[None].prompts["query"]
+    ids = [models[None].tokenizer(query + t)["input_ids"] for t in TEXTS]
+    want = {name: model.encode(TEXTS, prompt_name="query") for name, model in models.items()}
+    assert cosine(want["legal"], want[None]).max() < 0.999  # the adapters matter
+    lora_modules = ",".join(f"{name}={d}" for name, d in tunes.items())
+    for tp_size in (1, 2):
+        with Encoder.from_pretrained(
+            base, dtype="float32", lora_modules=lora_modules, tp_size=tp_size
+        ) as enc:
+            for name in [None, "legal", "code"] * 2:
+                got = enc.embed(ids, adapter=name)
+                assert cosine(got, want[name]).min() >= FP32_COSINE, (tp_size, name)
+                assert np.abs(got - want[name]).max() <= FP32_MAX_ABS, (tp_size, name)
+            assert enc.prefix_cache.hits >= 3 * len(TEXTS)  # each adapter's second round
+            names = ["legal", None, "code", "legal"]
+            got = enc.embed(ids, adapter=names)
+            for i, name in enumerate(names):
+                assert cosine(got[i : i + 1], want[name][i : i + 1]).min() >= FP32_COSINE
 
 
 # Prism-Qwen3.5-Reranker's form as it publishes it (a sentence-transformers CrossEncoder): its

@@ -167,10 +167,10 @@ def choose_route(
             f"multi_vector={config.multi_vector})"
         )
     hybrid = config.linear_attention is not None
-    if hybrid and (s.quantization == "fp8" or per_request):
+    if hybrid and s.quantization == "fp8":
         raise ValueError(
-            "a checkpoint with linear-attention layers (Qwen3.5) runs in floats or int8 with its "
-            "adapters merged: quantization must be 'none' or 'int8' and lora_modules empty"
+            "a checkpoint with linear-attention layers (Qwen3.5) runs in floats or int8: "
+            "quantization must be 'none' or 'int8'"
         )
     if s.quantization == "fp8":
         dtype, reason = _fp8_dtype(s.dtype, device, gpu_fp8)

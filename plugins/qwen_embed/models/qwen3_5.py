@@ -27,6 +27,7 @@ from ..gated_delta import PrefixSteps, SequencePlan, gated_delta_rule
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
+    LowRank,
     RowParallelLinear,
     SplitProjection,
     TPGroup,
@@ -110,6 +111,15 @@ class InProjection(ColumnParallelLinear):
         sizes = [self.local[s] * self.parts[s] for s in ("q", "k", "v")]
         for shard, part in zip(CONV_SHARDS, full.split(sizes), strict=True):
             super()._load(param, part, shard)
+
+    def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
+        """As ColumnParallelLinear's, an in_proj_qkv pair taken as one per shard (A each)."""
+        if "qkv" in pairs:
+            pairs = dict(pairs)
+            a, b = pairs.pop("qkv")
+            sizes = [self.local[s] * self.parts[s] for s in CONV_SHARDS]
+            pairs |= {s: (a, part) for s, part in zip(CONV_SHARDS, b.split(sizes), strict=True)}
+        return super().lora_pair(pairs)
 
 
 class GatedDeltaNet(SplitProjection):
@@ -358,7 +368,7 @@ class HybridModel(nn.Module):
         self.norm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.graphs = None  # no CUDA graphs (route.py)
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
-        self.adapters = None  # no adapters per request (route.py)
+        self.adapters = None  # lora.AdapterSwitch where a request may name an adapter
 
     def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
         """As QwenModel.split_qkv, and a linear-attention layer's in_proj cut around its shards
@@ -384,6 +394,8 @@ class HybridModel(nn.Module):
         self.backend.prepare(layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
+        if self.adapters is not None:
+            self.adapters.rows = ctx.adapters
         if PLAN not in layout.state:
             device = layout.cu_q.device
             layout.state[PLAN] = (
