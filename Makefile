@@ -118,12 +118,16 @@ perf-pages: setup
 	done
 
 # Texts through Qwen3.5's hybrid text model (a replica of Qwen3.5-0.8B's widths, two blocks of
-# three linear-attention layers and one full-attention layer, built on first use) vs transformers.
+# three linear-attention layers and one full-attention layer, built on first use) vs transformers,
+# in bf16 and on the int8 route; then the int8 route's layouts against each other (in process).
 perf-hybrid: setup
-	tag=$(CPU_TAG) && $(PY) perf/bench_engine.py --qwen3-5 --model-dir .cache/bench-qwen3_5 \
-		--dtype bfloat16 --workloads mixed short --mixed-texts 48 --short-texts 256 \
-		--sorted-batch-sizes 32 --reps 2 --transformers-reps 1 \
-		--out perf/results/engine_qwen3_5-$$tag
+	tag=$(CPU_TAG) && for q in "" int8; do \
+		$(PY) perf/bench_engine.py --qwen3-5 --model-dir .cache/bench-qwen3_5 \
+		--dtype bfloat16 $${q:+--quantization $$q} --workloads mixed short --mixed-texts 48 \
+		--short-texts 256 --sorted-batch-sizes 32 --reps 2 --transformers-reps 1 \
+		--out perf/results/engine_qwen3_5-$${q:+$$q-}$$tag || exit 1; done
+	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_routes.py int8 --qwen3-5 --rounds 3 \
+		--out results/int8-qwen3_5-$$tag
 
 perf-serving: setup
 	cd perf && ../$(PY) bench_serving.py --model-dir ../$(DEMO_DIR)
