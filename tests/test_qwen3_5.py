@@ -413,7 +413,7 @@ def test_each_request_gets_its_adapter(tmp_path):
     """lora_modules on Qwen3.5: two LoRA fine-tunes over every linear layer (the linear
     attention's in_proj_qkv, z, b, a and out_proj among them) beside one base, named per call
     and per text, on one rank and two: each as sentence-transformers computes its fine-tune;
-    a shared prompt's states kept per adapter and found again."""
+    a shared prompt's states kept per adapter and found again; on the int8 route too."""
     base = replicas.qwen3_5(tmp_path / "base", dtype=torch.float32, sentence=True)
     tunes = {
         name: replicas.lora_finetune(
@@ -443,6 +443,10 @@ def test_each_request_gets_its_adapter(tmp_path):
             got = enc.embed(ids, adapter=names)
             for i, name in enumerate(names):
                 assert cosine(got[i : i + 1], want[name][i : i + 1]).min() >= FP32_COSINE
+    # over the int8 route's layers, each adapter's product added to the int8 one
+    with Encoder.from_pretrained(base, quantization="int8", lora_modules=lora_modules) as enc:
+        for name in (None, "legal", "code"):
+            assert cosine(enc.embed(ids, adapter=name), want[name]).min() >= INT8_COSINE, name
 
 
 # Prism-Qwen3.5-Reranker's form as it publishes it (a sentence-transformers CrossEncoder): its
