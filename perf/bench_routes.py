@@ -445,6 +445,8 @@ def int8_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def int8_layouts(args: argparse.Namespace) -> None:
+    if args.qwen3_5 and args.quantization == "fp8":
+        raise SystemExit("--qwen3-5: the fp8 route does not take Qwen3.5 (route.py)")
     if args.qwen3_5:
         model_dir = qwen3_5_replica(Path(args.model_dir or REPO / ".cache" / "bench-qwen3_5"))
     else:

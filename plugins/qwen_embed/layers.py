@@ -278,15 +278,24 @@ class SplitProjection(nn.Module):
         setattr(self, self.packed, None)
         self._projections(*groups)
 
+    def outputs(
+        self, x: torch.Tensor, rows: torch.Tensor | None = None, alone: tuple[str, ...] = ()
+    ):
+        """(shards, their widths, output) of each layer on x; the layer of the shards `alone`,
+        where they have one, on x's `rows` only."""
+        for name, group, widths in self._plan:
+            own = rows is not None and group == alone
+            yield group, widths, getattr(self, name)(x[rows] if own else x)
+
     def shards(
         self, x: torch.Tensor, rows: torch.Tensor | None = None, alone: tuple[str, ...] = ()
     ) -> dict[str, torch.Tensor]:
-        """Each shard's output on x; the group `alone` (where it is a layer of its own) on
-        x's `rows` only."""
+        """Each shard's output on x; the shards `alone` of x's `rows` only."""
         out = {}
-        for name, group, widths in self._plan:
-            y = getattr(self, name)(x[rows] if rows is not None and group == alone else x)
+        for group, widths, y in self.outputs(x, rows, alone):
             out.update(zip(group, y.split(widths, dim=-1), strict=True))
+        if rows is not None and alone not in self.projections:  # computed on every row
+            out.update({s: out[s][rows] for s in alone})
         return out
 
 

@@ -67,6 +67,14 @@ def qkv_projection(config: ModelConfig, tp: TPGroup, query_width: int) -> Column
     )
 
 
+def qkv_groups(apart: dict[str, tuple[str, ...]], pruned: bool) -> tuple[tuple[str, ...], ...]:
+    """An attention layer's q|k|v cut around its shards in apart["qkv_proj"], and around q in
+    the pruned layer (which projects q for the pooled rows only)."""
+    return shard_groups(
+        ("q", "k", "v"), set(apart.get("qkv_proj", ())) | ({"q"} if pruned else set())
+    )
+
+
 class QwenAttention(SplitProjection):
     def __init__(
         self,
@@ -100,8 +108,7 @@ class QwenAttention(SplitProjection):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (of `rows` only, when given), k and v of x."""
         out = self.shards(x, rows, alone=("q",))
-        q = out["q"] if rows is None or ("q",) in self.projections else out["q"][rows]
-        return q, out["k"], out["v"]
+        return out["q"], out["k"], out["v"]
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None
@@ -256,8 +263,7 @@ class QwenModel(nn.Module):
         for the pooled rows only (q is half of q|k|v's work in Qwen3-Embedding's shapes)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            alone = {"q"} if prune and i == last else set()
-            groups = shard_groups(("q", "k", "v"), set(apart.get("qkv_proj", ())) | alone)
+            groups = qkv_groups(apart, prune and i == last)
             if len(groups) > 1:
                 layer.self_attn.split_projection(*groups)
 

@@ -8,8 +8,8 @@ What differs from Qwen3 (models/qwen.py), each here once:
 - every RMSNorm but the linear attention's output norm scales by (1 + weight), in fp32
   (`CenteredRMSNorm`);
 - a linear-attention layer projects its rates b and decays a, q|k|v (through a causal
-  convolution) and its output gate z in one GEMM (`in_proj`), runs the gated delta rule per sequence
-  and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
+  convolution) and its output gate z in one GEMM (`in_proj`), runs the gated delta rule per
+  sequence and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
 A shared prefix (segments.py) keeps, in a linear-attention layer, its final state and its last
 convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; late
 chunking is refused (config.LATE_CHUNKING_REFUSED).
@@ -41,7 +41,7 @@ from ..layers import (
 )
 from ..segments import AttentionLayout, ForwardContext, Planner
 from .qwen import PACKED_MODULES as QWEN_PACKED
-from .qwen import QwenMLP, check_tp_split, qkv_projection
+from .qwen import QwenMLP, check_tp_split, qkv_groups, qkv_projection
 
 # checkpoint module name -> (our packed module, shard id); in_proj_qkv is itself q|k|v
 PACKED_MODULES = {
@@ -108,8 +108,7 @@ class InProjection(ColumnParallelLinear):
     def _load(self, param: torch.Tensor, full: torch.Tensor, shard_id: str | None = None) -> None:
         if shard_id != "qkv":
             return super()._load(param, full, shard_id)
-        sizes = [self.local[s] * self.parts[s] for s in ("q", "k", "v")]
-        for shard, part in zip(CONV_SHARDS, full.split(sizes), strict=True):
+        for shard, part in self._qkv_parts(full):
             super()._load(param, part, shard)
 
     def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
@@ -117,9 +116,13 @@ class InProjection(ColumnParallelLinear):
         if "qkv" in pairs:
             pairs = dict(pairs)
             a, b = pairs.pop("qkv")
-            sizes = [self.local[s] * self.parts[s] for s in CONV_SHARDS]
-            pairs |= {s: (a, part) for s, part in zip(CONV_SHARDS, b.split(sizes), strict=True)}
+            pairs |= {shard: (a, part) for shard, part in self._qkv_parts(b)}
         return super().lora_pair(pairs)
+
+    def _qkv_parts(self, full: torch.Tensor):
+        """(shard, its rows) of a checkpoint tensor holding q|k|v's whole rows."""
+        sizes = [self.local[s] * self.parts[s] for s in CONV_SHARDS]
+        return zip(CONV_SHARDS, full.split(sizes), strict=True)
 
 
 class GatedDeltaNet(SplitProjection):
@@ -187,8 +190,7 @@ class GatedDeltaNet(SplitProjection):
         """(q|k|v as one tensor, z, b, a) of x: q|k|v a view of the projection's output where
         one layer computes them, else its parts joined."""
         out, qkv = {}, []
-        for name, group, widths in self._plan:
-            y = getattr(self, name)(x)
+        for group, widths, y in self.outputs(x):
             out.update(zip(group, y.split(widths, dim=-1), strict=True))
             inner = [i for i, shard in enumerate(group) if shard in CONV_SHARDS]
             if inner:
@@ -282,8 +284,6 @@ class GatedAttention(SplitProjection):
         t, d = x.shape[0], self.head_dim
         out = self.shards(x, rows, alone=("q",))
         q_gate, k, v = out["q"], out["k"], out["v"]
-        if rows is not None and ("q",) not in self.projections:
-            q_gate = q_gate[rows]
         q_gate = q_gate.reshape(q_gate.shape[0], self.num_heads, 2 * d)
         q, gate = q_gate[..., :d], q_gate[..., d:]
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
@@ -376,12 +376,10 @@ class HybridModel(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if layer.linear:
-                module, shards = layer.linear_attn, IN_SHARDS
-                cut = set(apart.get("in_proj", ()))
+                module = layer.linear_attn
+                groups = shard_groups(IN_SHARDS, set(apart.get("in_proj", ())))
             else:
-                module, shards = layer.self_attn, ("q", "k", "v")
-                cut = set(apart.get("qkv_proj", ())) | ({"q"} if prune and i == last else set())
-            groups = shard_groups(shards, cut)
+                module, groups = layer.self_attn, qkv_groups(apart, prune and i == last)
             if len(groups) > 1:
                 module.split_projection(*groups)
 
