@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from sentence_transformers import CrossEncoder, SentenceTransformer
-from tritonclient.utils import InferenceServerException
 
 from qwen_embed import ChunkedText, Encoder, int8
 from qwen_embed.config import ModelConfig, UnsupportedModelError
@@ -32,13 +33,14 @@ from qwen_embed_deploy.triton import TritonServer
 
 import replicas
 from reference import (
+    _base_model_class,
     cosine,
     model_card_pairs,
     random_sequences,
     reference_embeddings,
     reference_scores,
 )
-from triton_helpers import infer
+from triton_helpers import infer, text_input
 
 FP32_COSINE = 0.99999
 FP32_MAX_ABS = 1e-4
@@ -68,73 +70,96 @@ def qwen3_5(request, tmp_path_factory):
     return replicas.qwen3_5(directory, layer_types=LAYERS[request.param], dtype=torch.float32)
 
 
-def sequence_plan(lengths) -> SequencePlan:
+def sequence_plan(lengths, cuts=()) -> SequencePlan:
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
-    return SequencePlan.build(cu, "cpu")
+    return SequencePlan.build(cu, "cpu", cuts)
 
 
-def recurrent_rule(q, k, v, g, beta, lengths) -> torch.Tensor:
-    """The gated delta rule token by token, in float64, each sequence from an empty state."""
+def recurrent_rule(q, k, v, g, beta, lengths):
+    """The gated delta rule token by token, in float64, each sequence from an empty state:
+    (outputs, each sequence's states after each of its rows)."""
     repeat = v.shape[1] // k.shape[1]
     q = torch.nn.functional.normalize(q.double(), dim=-1).repeat_interleave(repeat, 1)
     k = torch.nn.functional.normalize(k.double(), dim=-1).repeat_interleave(repeat, 1)
     q = q * q.shape[-1] ** -0.5
     out = torch.zeros(v.shape, dtype=torch.float64)
+    after = []
     start = 0
     for n in lengths:
         state = torch.zeros(v.shape[1], k.shape[-1], v.shape[-1], dtype=torch.float64)
+        after.append([])
         for t in range(start, start + n):
             state = state * g[t].double().exp()[:, None, None]
             error = v[t].double() - torch.einsum("hkv,hk->hv", state, k[t])
             state = state + torch.einsum("hk,hv->hkv", k[t], beta[t].double()[:, None] * error)
             out[t] = torch.einsum("hkv,hk->hv", state, q[t])
+            after[-1].append(state)
         start += n
-    return out
+    return out, after
+
+
+def random_rule_inputs(t: int, seed: int):
+    torch.manual_seed(seed)
+    q, k = torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    return q, k, torch.randn(t, 4, 6), -torch.rand(t, 4), torch.rand(t, 4)
 
 
 def test_gated_delta_rule_matches_its_recurrence():
-    torch.manual_seed(0)
-    t = sum(LENGTHS)
-    q, k = torch.randn(t, 2, 8), torch.randn(t, 2, 8)
-    v = torch.randn(t, 4, 6)
-    g, beta = -torch.rand(t, 4), torch.rand(t, 4)
+    q, k, v, g, beta = random_rule_inputs(sum(LENGTHS), 0)
     plan = sequence_plan(LENGTHS)
     counts = [-(-n // CHUNK) for n in LENGTHS]  # each chunk index's sequences, longest first
     assert plan.chunk == CHUNK
     assert [n for _, n in plan.steps] == [sum(c > i for c in counts) for i in range(max(counts))]
     out = gated_delta_rule(q, k, v, g, beta, plan)
-    expected = recurrent_rule(q, k, v, g, beta, LENGTHS)
+    expected, _ = recurrent_rule(q, k, v, g, beta, LENGTHS)
     assert out.dtype == torch.float32
     assert (out.double() - expected).abs().max() <= 1e-5
     # short texts alone: chunks of their longest length rounded up to 8
     short = sequence_plan([3, 9, 1])
     assert short.chunk == 16 and short.steps == ((0, 3),)
     out = gated_delta_rule(q[:13], k[:13], v[:13], g[:13], beta[:13], short)
-    expected = recurrent_rule(q[:13], k[:13], v[:13], g[:13], beta[:13], [3, 9, 1])
+    expected, _ = recurrent_rule(q[:13], k[:13], v[:13], g[:13], beta[:13], [3, 9, 1])
     assert (out.double() - expected).abs().max() <= 1e-5
+
+
+def test_the_rule_exports_its_states_at_cuts():
+    """Late chunking's read-outs go on from their text's state at a chunk's end: cuts inside a
+    chunk, at a chunk's end, at a text's end, twice at one place and after its first row
+    leave every output as it was and export the state after each cut's row."""
+    lengths = [130, 1, CHUNK, 9]
+    q, k, v, g, beta = random_rule_inputs(sum(lengths), 1)
+    expected, after = recurrent_rule(q, k, v, g, beta, lengths)
+    cuts = [(0, 1), (0, 70), (0, CHUNK), (0, 130), (1, 1), (2, 5), (2, 5), (3, 9), (0, 3)]
+    plan = sequence_plan(lengths, cuts)
+    assert plan.cuts == len(cuts) and plan.chunk == CHUNK
+    # the first text's chunks: 1, 2, 61, 6, 60 rows; the others' 1; 5, 59; 9
+    assert [n for _, n in plan.steps] == [4, 2, 1, 1, 1]
+    exports = torch.full((len(cuts), 4, 8, 6), float("nan"))
+    out = gated_delta_rule(q, k, v, g, beta, plan, exports=exports)
+    assert (out.double() - expected).abs().max() <= 1e-5
+    for (text, rows), state in zip(cuts, exports, strict=True):
+        assert (state.double() - after[text][rows - 1]).abs().max() <= 1e-5
 
 
 def test_the_rule_goes_on_from_a_prefix_state():
     """Shared-prefix reuse (segments.py): each text in three parts, each part's rows started
-    from the state the part before left (the first from an empty one), equal the whole
-    text's rows: parts of one row, of a chunk, of more than one chunk."""
-    torch.manual_seed(2)
+    from the state the part before left (the first from an empty one; cut at its end), equal
+    the whole text's rows: parts of one row, of a chunk, of more than one chunk."""
     parts = [[1, CHUNK, 70, 9], [3, 1, 130, CHUNK + 2], [2, 65, 1, 8]]
     whole = [sum(p) for p in zip(*parts, strict=True)]
-    t = sum(whole)
-    q, k = torch.randn(t, 2, 8), torch.randn(t, 2, 8)
-    v = torch.randn(t, 4, 6)
-    g, beta = -torch.rand(t, 4), torch.rand(t, 4)
-    expected = recurrent_rule(q, k, v, g, beta, whole)
-    states = torch.zeros(len(whole), 4, 8, 6)
+    q, k, v, g, beta = random_rule_inputs(sum(whole), 2)
+    expected, _ = recurrent_rule(q, k, v, g, beta, whole)
+    states = None
     at = np.concatenate([[0], np.cumsum(whole)[:-1]])  # where each text's next part starts
     for lengths in parts:
         rows = np.concatenate([a + np.arange(n) for a, n in zip(at, lengths, strict=True)])
+        plan = sequence_plan(lengths, list(enumerate(lengths)))
+        exports = torch.empty(len(lengths), 4, 8, 6)
         out = gated_delta_rule(
-            q[rows], k[rows], v[rows], g[rows], beta[rows], sequence_plan(lengths), states
+            q[rows], k[rows], v[rows], g[rows], beta[rows], plan, states, exports
         )
         assert (out.double() - expected[rows]).abs().max() <= 1e-5
-        at = at + lengths
+        at, states = at + lengths, exports
 
 
 def test_causal_convolution_restarts_at_each_sequence():
@@ -279,7 +304,6 @@ def test_fp32_matches_transformers(qwen3_5, pooling):
     with Encoder.from_pretrained(
         qwen3_5, dtype="float32", pooling=pooling, max_batch_tokens=128
     ) as enc:
-        assert enc.model.planner.readout is False
         out = enc.embed(seqs)
     assert cosine(out, ref).min() >= FP32_COSINE
     assert np.abs(out - ref).max() <= FP32_MAX_ABS
@@ -308,11 +332,67 @@ def test_bf16_on_a_gpu_matches_transformers(qwen3_5):
     assert cosine(out, ref).min() >= BF16_COSINE
 
 
-def test_late_chunking_is_refused(qwen3_5):
-    text = ChunkedText(np.arange(40), np.array([(0, 20), (20, 40)]), tail=0)
-    with Encoder.from_pretrained(qwen3_5, dtype="float32") as enc:
-        with pytest.raises(ValueError, match="linear-attention layers"):
-            enc.embed_chunks([text])
+EOS = 7  # stands for the token a tokenizer appends: the replicas' ids go in as given
+# Overlapping chunks, two ending together, ends before the convolution's reach, at a rule
+# chunk's end and one row past it, at the text's end
+SPANS = [(0, 40), (40, 95), (95, 160), (10, 20), (159, 160), (0, 1), (1, 2), (60, CHUNK)]
+SPANS += [(CHUNK, CHUNK + 1), (30, 40)]
+
+
+def chunked_texts(seed: int) -> tuple[list[list[int]], list[ChunkedText]]:
+    bodies = random_sequences([160, 9, 70], vocab_size=VOCAB, seed=seed)
+    spans = [SPANS, [(0, 9), (2, 5)], [(0, 35), (35, 70)]]
+    return bodies, [
+        ChunkedText(np.array(b + [EOS]), np.array(s), tail=1)
+        for b, s in zip(bodies, spans, strict=True)
+    ]
+
+
+def cut_after_chunks(model_dir, bodies, texts) -> list[np.ndarray]:
+    """transformers' vector of each text cut after each of its chunks, EOS appended."""
+    return [
+        reference_embeddings(model_dir, [b[:end] + [EOS] for _, end in t.spans])
+        for b, t in zip(bodies, texts, strict=True)
+    ]
+
+
+def test_late_chunks_are_the_text_cut_after_them(qwen3_5):
+    """Late chunking: each chunk read out at the appended token after its end, going on in
+    every linear-attention layer from its text's state there and its last convolution inputs,
+    equals transformers on the text cut after the chunk; texts in one forward, and a text
+    over the budget in pieces (the last layer pruned to the read-out rows in both)."""
+    bodies, texts = chunked_texts(9)
+    expected = cut_after_chunks(qwen3_5, bodies, texts)
+    forwards = {}
+    for budget in (4096, 128):
+        with Encoder.from_pretrained(qwen3_5, dtype="float32", max_batch_tokens=budget) as enc:
+            assert enc.model.planner.readout and enc.model.planner.prune
+            outs = enc.embed_chunks(texts)
+            forwards[budget] = enc.stats["forwards"]
+        for out, ref in zip(outs, expected, strict=True):
+            assert cosine(out, ref).min() >= FP32_COSINE
+            assert np.abs(out - ref).max() <= FP32_MAX_ABS
+    assert forwards[4096] == 1 and forwards[128] >= 3
+
+
+def test_late_chunks_without_read_outs(qwen3_5):
+    """A tokenizer appending nothing: a chunk is its last token's state in the text's
+    forward; mean pooling: the mean of its tokens' states there (transformers' whole text)."""
+    bodies, _ = chunked_texts(10)
+    text = ChunkedText(np.array(bodies[0]), np.array(SPANS), tail=0)
+    model = _base_model_class("qwen3_5").from_pretrained(qwen3_5, attn_implementation="eager")
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([bodies[0]])).last_hidden_state[0]
+    expected = {
+        "last": torch.stack([hidden[end - 1] for _, end in SPANS]),
+        "mean": torch.stack([hidden[a:b].mean(0) for a, b in SPANS]),
+    }
+    for pooling, ref in expected.items():
+        with Encoder.from_pretrained(qwen3_5, dtype="float32", pooling=pooling) as enc:
+            (out,) = enc.embed_chunks([text])
+        ref = torch.nn.functional.normalize(ref, dim=-1).numpy()
+        assert cosine(out, ref).min() >= FP32_COSINE
+        assert np.abs(out - ref).max() <= FP32_MAX_ABS
 
 
 def test_rerank_matches_the_causal_lm(qwen3_5):
@@ -368,15 +448,45 @@ def test_triton_embeds_as_sentence_transformers(stack, deployment, protocol):
         assert cosine(vectors, base).min() < 0.999
 
 
+def sentence_vectors(model: SentenceTransformer, id_lists) -> np.ndarray:
+    """sentence-transformers' unit vectors of token id lists, each as given."""
+    rows = []
+    with torch.no_grad():
+        for ids in id_lists:
+            ids = torch.tensor([ids])
+            features = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            rows.append(model(features)["sentence_embedding"][0])
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_late_chunking_is_refused_for_that_request_only(stack, protocol):
-    server, _, _ = stack
-    with pytest.raises(InferenceServerException, match="linear-attention layers") as refused:
-        infer(server, TEXTS, protocol, chunk_size=4)
-    assert "INVALID_ARG" in str(refused.value) or "400" in str(refused.value)
-    vectors, _ = infer(server, TEXTS, protocol)
-    assert vectors.shape == (len(TEXTS), 64)
+@pytest.mark.parametrize("deployment", ["embed", "finetune"])
+def test_triton_late_chunks_as_sentence_transformers(stack, deployment, protocol):
+    """chunk_size through the ensemble: each chunk's vector is sentence-transformers' of the
+    text's tokens cut after the chunk, its tokenizer's EOS appended (a fine-tune's too); the
+    chunk that ends a text gives the text's vector."""
+    server, embedders, _ = stack
+    model = SentenceTransformer(
+        str(embedders[deployment]), device="cpu", model_kwargs={"dtype": torch.float32}
+    )
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(
+        server.http_url if protocol == "http" else server.grpc_url
+    )
+    params = {"chunk_size": 4}
+    result = client.infer(deployment, [text_input(module, TEXTS)], parameters=params)
+    vectors, spans = result.as_numpy("CHUNK_EMBEDDING"), result.as_numpy("CHUNK_SPANS")
+    whole, _ = infer(server, TEXTS, protocol, model=deployment)
+    for i, text in enumerate(TEXTS):
+        *body, eos = model.tokenizer(text)["input_ids"]
+        ends = [*range(4, len(body), 4), len(body)]
+        assert (spans[i, : len(ends)] >= 0).all() and (spans[i, len(ends) :] == -1).all()
+        got = vectors[i, : len(ends)]
+        ref = sentence_vectors(model, [body[:end] + [eos] for end in ends])
+        assert cosine(got, ref).min() >= FP32_COSINE
+        assert np.abs(got - ref).max() <= FP32_MAX_ABS
+        assert np.abs(got[-1] - whole[i]).max() <= FP32_MAX_ABS
 
 
 @pytest.mark.server
@@ -394,7 +504,7 @@ def test_triton_reranks_as_the_causal_lm(stack):
 def test_tp2_matches_transformers(qwen3_5):
     """Both kinds of layer split by heads over two ranks (gloo): each rank's q|k|v of the
     convolution and the rule, its z, b, a, decays and value heads; one all-reduce per
-    out_proj."""
+    out_proj; with shared prefixes and late chunking too."""
     seqs = random_sequences(LENGTHS, vocab_size=VOCAB, seed=5)
     ref = reference_embeddings(qwen3_5, seqs)
     with Encoder.from_pretrained(qwen3_5, dtype="float32", tp_size=2, max_batch_tokens=128) as enc:
@@ -403,9 +513,14 @@ def test_tp2_matches_transformers(qwen3_5):
         prefixed = prefixed_texts(8)
         shared = np.concatenate([enc.embed(prefixed[:3]), enc.embed(prefixed[3:])])
         assert enc.prefix_cache.hits >= 2
+        # late chunking: each rank's states at the chunks' ends (the long text in pieces)
+        bodies, texts = chunked_texts(11)
+        chunks = enc.embed_chunks(texts)
     assert cosine(out, ref).min() >= FP32_COSINE
     assert np.abs(out - ref).max() <= FP32_MAX_ABS
     assert cosine(shared, reference_embeddings(qwen3_5, prefixed)).min() >= FP32_COSINE
+    for got, expected in zip(chunks, cut_after_chunks(qwen3_5, bodies, texts), strict=True):
+        assert cosine(got, expected).min() >= FP32_COSINE
 
 
 @pytest.mark.server  # whole fine-tunes against sentence-transformers, a tensor-parallel worker

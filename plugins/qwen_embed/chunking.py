@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .batch import VarlenBatch, flatten, pool_spans, to_device
-from .segments import AdapterRows, AttentionLayout, ForwardContext
+from .segments import AdapterRows, AttentionLayout, ForwardContext, ReadoutSegments
 
 GATHER_FACTOR = 8  # gathered key rows per budget token: about one forward's activations
 
@@ -145,7 +145,7 @@ class ChunkForward:
         body = int(cu[-1])
         lens = [len(t.forward_ids(readout)) for t in texts]
         q_lens, k_lens, index = list(lens), list(lens), [np.arange(body)]
-        extra_ids, extra_positions, read_segments = [], [], []
+        extra_ids, extra_positions, read_segments, read_from = [], [], [], []
         extra_rows = [0] * len(texts)  # each text's read-out rows after every body
         self.pool_ranges: list[list[tuple[int, int]]] = []  # per text, per chunk: rows
         row = body
@@ -163,6 +163,7 @@ class ChunkForward:
                 ranges = []
                 for end in ends:  # keys: the text up to the chunk's end, then its read-outs
                     read_segments.append((len(q_lens), row + t - 1))
+                    read_from.append((k, int(end)))
                     q_lens.append(t)
                     k_lens.append(int(end) + t)
                     index += [start + np.arange(end), row + np.arange(t)]
@@ -190,7 +191,13 @@ class ChunkForward:
             per_row = np.concatenate([np.repeat(adapters, lens), np.repeat(adapters, extra_rows)])
             per_chunk = np.repeat(adapters, [len(t.spans) for t in texts])
             rows = AdapterRows.of(per_row, per_chunk)
-        self.context = ForwardContext(batch, layout, last, last_rows, None, adapters=rows)
+        readouts = None
+        if read_from:
+            text, end = np.array(read_from, dtype=np.int64).T
+            readouts = ReadoutSegments(len(texts), text, end)
+        self.context = ForwardContext(
+            batch, layout, last, last_rows, None, adapters=rows, readouts=readouts
+        )
 
     @staticmethod
     def _last_layout(layout: AttentionLayout, kv_index: np.ndarray, read_segments, device):

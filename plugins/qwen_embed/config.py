@@ -89,10 +89,6 @@ SUPPORTED_ARCHITECTURES = {
     # DeepStack) and a projection of every token (`custom_text_proj`)
     "ColQwen3_5": "qwen3_5",
 }
-LATE_CHUNKING_REFUSED = (
-    "late chunking (chunk_size, chunk_spans, chunk_chars, chunk_by_separator) is not served "
-    "for a model with linear-attention layers (Qwen3.5): send each chunk as a text of its own"
-)
 
 
 def has_linear_attention(architectures) -> bool:

@@ -21,7 +21,7 @@ from .attention_pooling import build_pooler
 from .avx2_gemm import Avx2F32Weight
 from .batch import HostResult, HostRows, finish, flatten, plan_batches, pool, pool_spans
 from .chunking import ChunkedText, ChunkForward, check_chunks, pack_texts
-from .config import LATE_CHUNKING_REFUSED, MULTI_VECTOR_ONLY, ModelConfig
+from .config import MULTI_VECTOR_ONLY, ModelConfig
 from .cpu import HeapTrimmer, cpu_features, keep_freed_memory
 from .cuda_graphs import TokenGraphs, buckets_up_to, cuda_capture
 from .fp8 import Fp8Weight
@@ -181,8 +181,7 @@ def _instantiate(
     planner = Planner(
         prefix_reuse=route.prefix_reuse,
         prune=route.prune,
-        # late chunking's read-outs share rows between segments: not with linear attention
-        readout=config.is_causal and route.pooling == "last" and config.linear_attention is None,
+        readout=config.is_causal and route.pooling == "last",
         cache_bytes=int(settings.prefix_cache_mb * 2**20),
         bytes_per_token=bytes_per_token,
         num_layers=config.num_layers,
@@ -485,8 +484,6 @@ class Encoder:
         `check_chunks`: forwards planned by the token budget (chunking.ChunkedText.cost), a
         text split into pieces of its chunks where it alone would gather too many keys."""
         self._require_pooled()
-        if self.config.linear_attention is not None:
-            raise ValueError(LATE_CHUNKING_REFUSED)
         return self._pool_chunks(texts, self._embedding_head, self.embedding_size, adapter)
 
     def _pool_chunks(

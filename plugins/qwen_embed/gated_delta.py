@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .segments import PrefixEntry, SegmentPlan
+from .segments import ForwardContext, PrefixEntry, ReadoutSegments, SegmentPlan
 
 CHUNK = 64  # tokens per chunk at most (fla's and transformers' size)
 L2_EPS = 1e-6
@@ -33,10 +33,11 @@ class SequencePlan:
     `chunks` [N, chunk]: the rows of each chunk, ordered by chunk index, then by sequence,
     longest first (`order`: the sequences so), so that `steps` (start, count) slices the
     chunks of each index and their sequences are the first `count` states; `chunk_of`,
-    `offset` [T]: where each row lies in them. Past a sequence's end a chunk repeats its last
-    row (no zero row appended to every input), `valid` false there: those slots get no decay
-    and no rate, so they change no state, and the rule is causal within a chunk, so they
-    reach no row."""
+    `offset` [T]: where each row lies in them. A chunk short of `chunk` rows (a sequence's
+    last, or one ending at a cut) repeats its last row (no zero row appended to every input),
+    `valid` false there: those slots get no decay and no rate, so they change no state, and
+    the rule is causal within a chunk, so they reach no row. `exports`: per step with cuts,
+    (step, states it must write, their rows, the cuts' slots); `cuts` their count."""
 
     position: torch.Tensor
     chunks: torch.Tensor
@@ -47,59 +48,87 @@ class SequencePlan:
     steps: tuple[tuple[int, int], ...]
     sequences: int
     chunk: int
+    exports: tuple[tuple[int, int, torch.Tensor, torch.Tensor], ...] = ()
+    cuts: int = 0
 
     @classmethod
-    def build(cls, cu_seqlens: torch.Tensor, device) -> SequencePlan:
-        """From host cu_seqlens [n + 1]; chunks of CHUNK tokens, or of the longest sequence's
-        length rounded up to 8 where all are shorter (short texts padded less)."""
+    def build(cls, cu_seqlens: torch.Tensor, device, cuts=()) -> SequencePlan:
+        """From host cu_seqlens [n + 1]; chunks of CHUNK tokens, or of the longest piece's
+        length rounded up to 8 where all are shorter (short texts padded less). `cuts`
+        (sequence, rows) pairs: a chunk ends after each sequence's first `rows` rows, and the
+        rule exports the state there (gated_delta_rule's `exports`, in the cuts' order)."""
         bounds = cu_seqlens.numpy().astype(np.int64)
         starts, lens = bounds[:-1], np.diff(bounds)
-        chunk = min(CHUNK, -(-int(lens.max()) // 8) * 8)
-        counts = -(-lens // chunk)
+        cut = np.asarray(cuts, dtype=np.int64).reshape(-1, 2)
+        cut_ends = starts[cut[:, 0]] + cut[:, 1]
+        # pieces: each sequence cut at its cuts; chunks: each piece's rows, chunk at a time
+        ends = np.union1d(bounds[1:], cut_ends)
+        piece_len = np.diff(ends, prepend=0)
+        chunk = min(CHUNK, -(-int(piece_len.max()) // 8) * 8)
+        per_piece = -(-piece_len // chunk)
+        piece = np.repeat(np.arange(len(ends)), per_piece)
+        within = np.arange(len(piece)) - np.repeat(np.cumsum(per_piece) - per_piece, per_piece)
+        first = ends[piece] - piece_len[piece] + within * chunk
+        size = np.minimum(chunk, ends[piece] - first)
+        seq = np.searchsorted(bounds[1:], ends)[piece]
+        counts = np.bincount(seq, minlength=len(lens))
+        index = np.arange(len(seq)) - np.repeat(np.cumsum(counts) - counts, counts)
         order = np.argsort(-counts, kind="stable")
-        offsets = np.arange(chunk)
-        rows, valid, steps, at = [], [], [], 0
-        for c in range(int(counts.max())):
-            active = order[: int((counts > c).sum())]
-            within = starts[active, None] + c * chunk + offsets[None, :]
-            ends = (starts + lens)[active, None]
-            rows.append(np.minimum(within, ends - 1))
-            valid.append(within < ends)
-            steps.append((at, len(active)))
-            at += len(active)
-        position = np.arange(bounds[-1]) - np.repeat(starts, lens)
         rank = np.empty_like(order)  # each sequence's place in every step
         rank[order] = np.arange(len(order))
-        first_chunk = np.array([start for start, _ in steps])
-        chunk_of = first_chunk[position // chunk] + np.repeat(rank, lens)
+        active = np.bincount(index)  # sequences with a chunk at each index
+        step_start = np.cumsum(active) - active
+        slot = step_start[index] + rank[seq]  # each chunk's place among the plan's
+        offsets = np.arange(chunk)
+        rows = np.empty((len(seq), chunk), dtype=np.int64)
+        rows[slot] = np.minimum(first[:, None] + offsets, (first + size - 1)[:, None])
+        valid = np.empty((len(seq), chunk), dtype=bool)
+        valid[slot] = offsets < size[:, None]
+        position = np.arange(bounds[-1]) - np.repeat(starts, lens)
+        offset = np.arange(bounds[-1]) - np.repeat(first, size)
+
+        def tensor(a):
+            return torch.from_numpy(np.asarray(a)).to(device)
+
+        exports = []
+        if len(cut_ends):
+            at = np.searchsorted(first + size, cut_ends)  # the chunk each cut ends
+            cut_step, cut_rank = index[at], rank[seq[at]]
+            for step in np.unique(cut_step).tolist():
+                chosen = np.flatnonzero(cut_step == step)
+                states = cut_rank[chosen]
+                exports.append((step, int(states.max()) + 1, tensor(states), tensor(chosen)))
         return cls(
-            *(torch.from_numpy(a).to(device) for a in (position, np.concatenate(rows))),
-            *(torch.from_numpy(a).to(device) for a in (chunk_of, position % chunk, order)),
-            torch.from_numpy(np.concatenate(valid)).to(device),
-            tuple(steps),
+            *(tensor(a) for a in (position, rows, np.repeat(slot, size), offset, order, valid)),
+            tuple(zip(step_start.tolist(), active.tolist(), strict=True)),
             len(lens),
             chunk,
+            tuple(exports),
+            len(cut_ends),
         )
 
 
-def _plan_of(lengths, device) -> SequencePlan:
-    return SequencePlan.build(torch.from_numpy(np.cumsum([0, *lengths])), device)
+def _plan_of(lengths, device, cuts=()) -> SequencePlan:
+    return SequencePlan.build(torch.from_numpy(np.cumsum([0, *lengths])), device, cuts)
 
 
 @dataclass(frozen=True)
 class PrefixSteps:
-    """A forward with shared prefixes (segments.SegmentPlan) as a linear-attention layer
-    computes it, in two passes: the prefixes computed here (rows [0, prefix_rows), each from
-    an empty state; `prefixes` their plan), then every text's own rows (`own`), each from its
-    prefix's final state (`start`: its row of [an empty state, the cached prefixes' states,
-    the new ones']). A text's convolution reaches back into its prefix's last kernel - 1
-    inputs: it reads the rows `conv_rows` of [the cached prefixes' kept inputs, this forward's],
-    at `conv_position`, and keeps `conv_own` of them."""
+    """A forward whose sequences go on from prefixes (segments.SegmentPlan's shared prefixes;
+    late chunking's read-outs, each after its text up to its chunk's end) as a linear-attention
+    layer computes it, in two passes: the rows [0, prefix_rows) as sequences from empty states
+    (`prefixes` their plan, its cuts where the states the second pass reads are exported),
+    then every other sequence's rows (`own`), each from its prefix's state (`start`: its row
+    of [an empty state, the cached prefixes' states, the exported ones]). A sequence's
+    convolution reaches back into its prefix's last kernel - 1 inputs (all of a shorter
+    prefix's): it reads the rows `conv_rows` of [the cached prefixes' kept inputs, this
+    forward's], at `conv_position`, and keeps `conv_own` of them. `new`: the prefixes computed
+    here for the cache (entry, its rows' end), their final states the first exports."""
 
     prefix_rows: int
     prefixes: SequencePlan | None
     own: SequencePlan
-    new: tuple[tuple[PrefixEntry, int], ...]  # (entry, its rows' end)
+    new: tuple[tuple[PrefixEntry, int], ...]
     cached: tuple[PrefixEntry, ...]
     start: torch.Tensor
     conv_rows: torch.Tensor
@@ -108,33 +137,69 @@ class PrefixSteps:
 
     @classmethod
     def build(cls, plan: SegmentPlan, kernel: int, device) -> PrefixSteps:
+        """A forward sharing prefixes: the new ones computed first, cut at their ends."""
         reach = kernel - 1
         new = [(entry, row + len(entry.ids)) for entry, row in plan.new]
-        prefix_rows = new[-1][1] if new else 0
         cached = list(plan.used)
         bank = {id(e): 1 + i for i, e in enumerate(cached + [e for e, _ in new])}
         kept = {id(e): i * reach for i, e in enumerate(cached)}  # where their inputs lie
         base = len(cached) * reach  # this forward's rows, after the cached inputs
         kept.update((id(e), base + end - reach) for e, end in new)
-        own_lens = np.asarray(plan.layout.q_lens[len(new) :])
+        lens = [len(e.ids) for e, _ in new]
+        return cls._of(
+            lens,
+            list(enumerate(lens)),
+            plan.layout.q_lens[len(new) :],
+            [0 if e is None else bank[id(e)] for e in plan.prefixes],
+            [0 if e is None else kept[id(e)] for e in plan.prefixes],
+            [0 if e is None else reach for e in plan.prefixes],
+            base,
+            new,
+            cached,
+            device,
+        )
+
+    @classmethod
+    def for_readouts(cls, q_lens, readouts: ReadoutSegments, kernel: int, device) -> PrefixSteps:
+        """Late chunking's forward: the texts' rows first, cut at their chunks' ends, then each
+        read-out segment from its text's state there."""
+        texts = q_lens[: readouts.texts]
+        text_start = np.cumsum([0, *texts])[:-1]
+        back = np.minimum(kernel - 1, readouts.end)
+        return cls._of(
+            texts,
+            list(zip(readouts.text, readouts.end, strict=True)),
+            q_lens[readouts.texts :],
+            1 + np.arange(len(readouts.end)),
+            text_start[readouts.text] + readouts.end - back,
+            back,
+            0,
+            (),
+            (),
+            device,
+        )
+
+    @classmethod
+    def _of(cls, first_lens, cuts, own_lens, start, back_at, back, base, new, cached, device):
+        """From the first pass's sequence lengths and cuts, and per other sequence: its length,
+        its start state, where its prefix's last inputs lie and how many it reads."""
+        prefix_rows = int(sum(first_lens))
+        own_lens, back, back_at = (np.asarray(a, dtype=np.int64) for a in (own_lens, back, back_at))
         own_starts = base + prefix_rows + np.cumsum([0, *own_lens[:-1]])
-        # each text's segment of the convolution's rows: its prefix's inputs, then its own
-        back = np.array([0 if e is None else reach for e in plan.prefixes])
-        tails = np.array([0 if e is None else kept[id(e)] for e in plan.prefixes])
+        # each sequence's segment of the convolution's rows: its prefix's inputs, then its own
         sizes = back + own_lens
         within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         tail = within < np.repeat(back, sizes)
         rows = np.where(
-            tail, np.repeat(tails, sizes) + within, np.repeat(own_starts - back, sizes) + within
+            tail, np.repeat(back_at, sizes) + within, np.repeat(own_starts - back, sizes) + within
         )
-        start = [0 if e is None else bank[id(e)] for e in plan.prefixes]
 
         def tensor(a):
             return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
 
         return cls(
             prefix_rows,
-            _plan_of([len(e.ids) for e, _ in new], device) if new else None,
+            _plan_of(first_lens, device, cuts) if prefix_rows else None,
             _plan_of(own_lens, device),
             tuple(new),
             tuple(cached),
@@ -143,6 +208,18 @@ class PrefixSteps:
             tensor(np.where(tail, 0, within)),
             tensor(np.flatnonzero(~tail)),
         )
+
+
+def linear_plan(ctx: ForwardContext, kernel: int) -> SequencePlan | PrefixSteps:
+    """A forward's plan for its linear-attention layers."""
+    layout, device = ctx.layout, ctx.layout.cu_q.device
+    if ctx.plan is not None:
+        return PrefixSteps.build(ctx.plan, kernel, device)
+    if ctx.readouts is not None:
+        return PrefixSteps.for_readouts(layout.q_lens, ctx.readouts, kernel, device)
+    if layout.kv_index is not None or layout.q_lens != layout.k_lens:
+        raise ValueError("linear attention reads whole sequences: keys must be each one's own")
+    return SequencePlan.build(layout.cu_q_host, device)
 
 
 def _chunked(x: torch.Tensor, plan: SequencePlan) -> torch.Tensor:
@@ -171,12 +248,14 @@ def gated_delta_rule(
     beta: torch.Tensor,
     plan: SequencePlan,
     states: torch.Tensor | None = None,
+    exports: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The rule's outputs [T, value heads, value dim] in fp32, from q, k [T, key heads, key
     dim], v [T, value heads, value dim] (rows may be strided), the log decays g and the rates
     beta [T, value heads]. `states` [n, value heads, key dim, value dim] (fp32), where given:
-    each sequence's state before its first row (a shared prefix's), overwritten with its state
-    after its last; None: every sequence starts from an empty state."""
+    each sequence's state before its first row (its prefix's); None: every sequence starts
+    from an empty state. `exports` [the plan's cuts, value heads, key dim, value dim] (fp32),
+    where the plan has cuts: filled with the state at each."""
     repeat = v.shape[1] // k.shape[1]
     q = _l2_normalised_(_chunked(q, plan), q.shape[-1] ** -0.5)  # [N, H, C, d]
     k = _l2_normalised_(_chunked(k, plan))
@@ -198,15 +277,15 @@ def gated_delta_rule(
     first = plan.steps[0][1] if states is None else 0
     out = values.new_empty(values.shape)
     torch.matmul(inside[:first], values[:first], out=out[:first])
-    if len(plan.steps) > 1 or states is not None:
-        _carry(q, k, values, inside, cum, system, k_beta, out, plan, states)
+    if len(plan.steps) > 1 or states is not None or plan.cuts:
+        _carry(q, k, values, inside, cum, system, k_beta, out, plan, states, exports)
     return out[plan.chunk_of, :, plan.offset]
 
 
-def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, states) -> None:
+def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, states, exports):
     """The chunks that read a state, one chunk index at a time: each reads the state its
-    sequence's earlier chunks (or `states`) left; all but a sequence's last write it, and with
-    `states` its last too (its final state, written back there)."""
+    sequence's earlier chunks (or `states`) left; all but a sequence's last write it, and
+    those ending at a cut too (copied to `exports`)."""
     first = plan.steps[0][1] if states is None else 0
     decayed = cum[first:].exp()
     keys = _solved(system[first:], k_beta[first:].mul_(decayed.unsqueeze(-1)))
@@ -214,6 +293,7 @@ def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, s
         state = q.new_empty(plan.sequences, k.shape[1], k.shape[-1], values.shape[-1])
     else:
         state = states[plan.order]  # in the plan's order of sequences
+    cuts = {step: (writes, rows, slots) for step, writes, rows, slots in plan.exports}
     for step, (start, count) in enumerate(plan.steps):
         at = slice(start, start + count)
         if step == 0 and states is None:
@@ -225,7 +305,8 @@ def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, s
             q_decayed = q[at] * decayed[later].unsqueeze(-1)
             out[at] = q_decayed @ s + inside[at] @ fresh
         going_on = plan.steps[step + 1][1] if step + 1 < len(plan.steps) else 0
-        writes = count if states is not None else going_on
+        cut = cuts.get(step)
+        writes = going_on if cut is None else max(going_on, cut[0])
         if writes:
             ahead = slice(start, start + writes)
             to_end = (cum[ahead, :, -1:] - cum[ahead]).exp().unsqueeze(-1)
@@ -233,5 +314,5 @@ def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, s
             if step > 0 or states is not None:
                 written += state[:writes] * cum[ahead, :, -1].exp()[..., None, None]
             state[:writes] = written
-    if states is not None:
-        states[plan.order] = state
+        if cut is not None:
+            exports[cut[2]] = state[cut[1]]

@@ -397,6 +397,17 @@ def _runs(adapters: np.ndarray) -> tuple[tuple[int, int, int], ...]:
     )
 
 
+@dataclass(frozen=True)
+class ReadoutSegments:
+    """Late chunking's read-out segments (chunking.py) as a recurrent layer reads them: a
+    forward's first `texts` segments are its texts' own rows, and each later segment goes on
+    from text `text[i]` after its first `end[i]` rows (its chunk's end)."""
+
+    texts: int
+    text: np.ndarray  # int64 [read-out segments]
+    end: np.ndarray
+
+
 @dataclass
 class ForwardContext:
     """Everything a forward needs besides the weights: the rows to compute, how they attend,
@@ -409,6 +420,7 @@ class ForwardContext:
     plan: SegmentPlan | None  # None: no prefix shared (a plain batch, or late chunking's)
     media: MediaForward | None = None  # the batch's images and video (media.py)
     adapters: AdapterRows | None = None  # the adapters rows add (lora.py); None: none
+    readouts: ReadoutSegments | None = None  # late chunking's read-out segments, where any
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout):
         """Each segment's keys/values as `layout` reads them: gathered where its segments

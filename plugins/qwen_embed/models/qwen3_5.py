@@ -11,8 +11,8 @@ What differs from Qwen3 (models/qwen.py), each here once:
   convolution) and its output gate z in one GEMM (`in_proj`), runs the gated delta rule per
   sequence and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
 A shared prefix (segments.py) keeps, in a linear-attention layer, its final state and its last
-convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; late
-chunking is refused (config.LATE_CHUNKING_REFUSED).
+convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; a
+late-chunking read-out goes on from its text's state at its chunk's end, the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import LinearAttentionSpec, ModelConfig
-from ..gated_delta import PrefixSteps, SequencePlan, gated_delta_rule
+from ..gated_delta import PrefixSteps, SequencePlan, gated_delta_rule, linear_plan
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
@@ -198,7 +198,9 @@ class GatedDeltaNet(SplitProjection):
                 qkv.append(y.narrow(-1, start, width))
         return (qkv[0] if len(qkv) == 1 else torch.cat(qkv, dim=-1)), out["z"], out["b"], out["a"]
 
-    def _rule(self, qkv, position, g, beta, plan: SequencePlan, states=None, keep=None):
+    def _rule(
+        self, qkv, position, g, beta, plan: SequencePlan, states=None, keep=None, exports=None
+    ):
         """The convolution of the rows qkv at `position` (its rows `keep` of them), then the
         rule over them."""
         mixed = self.ops.causal_conv_silu(qkv, self.conv1d.weight, position)
@@ -214,21 +216,25 @@ class GatedDeltaNet(SplitProjection):
             beta,
             plan,
             states,
+            exports,
         )
 
     def _after_prefixes(self, qkv, g, beta, steps: PrefixSteps) -> torch.Tensor:
-        """The prefixes computed here from empty states (their final states and last inputs
-        kept in their entries), then the texts' own rows from their prefixes' states."""
+        """The prefixes computed here from empty states (the new shared prefixes' final
+        states and last inputs kept in their entries), then the other sequences' rows from
+        their prefixes' states."""
         shape = (self.value_heads, self.key_head_dim, self.value_head_dim)
         bank = [qkv.new_zeros(shape, dtype=torch.float32)]
         bank += [entry.kv[self.layer_index][0] for entry in steps.cached]
         outs, p = [], steps.prefix_rows
         if p:
-            states = qkv.new_zeros((len(steps.new), *shape), dtype=torch.float32)
             prefixes = steps.prefixes
-            outs.append(self._rule(qkv[:p], prefixes.position, g[:p], beta[:p], prefixes, states))
+            states = qkv.new_empty((prefixes.cuts, *shape), dtype=torch.float32)
+            outs.append(
+                self._rule(qkv[:p], prefixes.position, g[:p], beta[:p], prefixes, exports=states)
+            )
             reach = self.conv1d.weight.shape[1] - 1
-            for (entry, end), state in zip(steps.new, states, strict=True):
+            for (entry, end), state in zip(steps.new, states[: len(steps.new)], strict=True):
                 entry.kv[self.layer_index] = (state.clone(), qkv[end - reach : end].clone())
             bank += list(states)
         kept = [entry.kv[self.layer_index][1] for entry in steps.cached]
@@ -386,21 +392,13 @@ class HybridModel(nn.Module):
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         layout = ctx.layout
-        shared = layout.kv_index is not None or layout.q_lens != layout.k_lens
-        if shared and ctx.plan is None:
-            raise ValueError("linear attention reads whole sequences: no read-out rows")
         self.backend.prepare(layout)
         if ctx.last is not None:
             self.backend.prepare(ctx.last)
         if self.adapters is not None:
             self.adapters.rows = ctx.adapters
         if PLAN not in layout.state:
-            device = layout.cu_q.device
-            layout.state[PLAN] = (
-                SequencePlan.build(layout.cu_q_host, device)
-                if ctx.plan is None
-                else PrefixSteps.build(ctx.plan, self.config.linear_attention.conv_kernel, device)
-            )
+            layout.state[PLAN] = linear_plan(ctx, self.config.linear_attention.conv_kernel)
         x, cos, sin = self.stem(ctx)
         residual = None
         last = len(self.layers) - 1

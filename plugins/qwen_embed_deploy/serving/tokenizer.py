@@ -33,10 +33,8 @@ import numpy as np
 from qwen_embed.config import (
     CONTEXTUAL_ARCHITECTURES,
     GME,
-    LATE_CHUNKING_REFUSED,
     PLAIN_TOKENS_ARCHITECTURES,
     REMOTE_CODE_HEADS,
-    has_linear_attention,
 )
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
@@ -322,9 +320,6 @@ class TextTokenizer:
             raise ValueError(f"{model_dir}: sep_token {self.separator!r} is not in tokenizer.json")
         self._special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         self.late = LateInteraction.from_dir(model_dir, self._tok)
-        self.chunks_in_context = not has_linear_attention(
-            _config(model_dir).get("architectures") or ()
-        )
 
     def encode(self, texts: list[str], opts: EmbedOptions) -> list[list[int]]:
         return self.encode_counted(texts, opts)[0]
@@ -454,8 +449,6 @@ class TextTokenizer:
         token, after any prompt), the tokens that begin in each of its `chunk_chars`
         (character spans of the text), or with `chunk_by_separator` its tokens between the
         separators (the separators in no chunk)."""
-        if not self.chunks_in_context:
-            raise RequestError(LATE_CHUNKING_REFUSED)
         if opts.chunk_by_separator and self.separator is None:
             raise RequestError(
                 "parameter 'chunk_by_separator' needs a model whose recipe joins a document's "
