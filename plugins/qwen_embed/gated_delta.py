@@ -14,7 +14,7 @@ index, over the sequences that have a chunk there. All in fp32, as transformers 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ class SequencePlan:
     last, or one ending at a cut) repeats its last row (no zero row appended to every input),
     `valid` false there: those slots get no decay and no rate, so they change no state, and
     the rule is causal within a chunk, so they reach no row. `exports`: per step with cuts,
-    (step, states it must write, their rows, the cuts' slots); `cuts` their count."""
+    (the states it must write, their rows, the cuts' slots); `cuts` their count."""
 
     position: torch.Tensor
     chunks: torch.Tensor
@@ -48,7 +48,7 @@ class SequencePlan:
     steps: tuple[tuple[int, int], ...]
     sequences: int
     chunk: int
-    exports: tuple[tuple[int, int, torch.Tensor, torch.Tensor], ...] = ()
+    exports: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     cuts: int = 0
 
     @classmethod
@@ -90,20 +90,20 @@ class SequencePlan:
         def tensor(a):
             return torch.from_numpy(np.asarray(a)).to(device)
 
-        exports = []
+        exports = {}
         if len(cut_ends):
             at = np.searchsorted(first + size, cut_ends)  # the chunk each cut ends
             cut_step, cut_rank = index[at], rank[seq[at]]
             for step in np.unique(cut_step).tolist():
                 chosen = np.flatnonzero(cut_step == step)
                 states = cut_rank[chosen]
-                exports.append((step, int(states.max()) + 1, tensor(states), tensor(chosen)))
+                exports[step] = (int(states.max()) + 1, tensor(states), tensor(chosen))
         return cls(
             *(tensor(a) for a in (position, rows, np.repeat(slot, size), offset, order, valid)),
             tuple(zip(step_start.tolist(), active.tolist(), strict=True)),
             len(lens),
             chunk,
-            tuple(exports),
+            exports,
             len(cut_ends),
         )
 
@@ -293,7 +293,6 @@ def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, s
         state = q.new_empty(plan.sequences, k.shape[1], k.shape[-1], values.shape[-1])
     else:
         state = states[plan.order]  # in the plan's order of sequences
-    cuts = {step: (writes, rows, slots) for step, writes, rows, slots in plan.exports}
     for step, (start, count) in enumerate(plan.steps):
         at = slice(start, start + count)
         if step == 0 and states is None:
@@ -305,7 +304,7 @@ def _carry(q, k, values, inside, cum, system, k_beta, out, plan: SequencePlan, s
             q_decayed = q[at] * decayed[later].unsqueeze(-1)
             out[at] = q_decayed @ s + inside[at] @ fresh
         going_on = plan.steps[step + 1][1] if step + 1 < len(plan.steps) else 0
-        cut = cuts.get(step)
+        cut = plan.exports.get(step)
         writes = going_on if cut is None else max(going_on, cut[0])
         if writes:
             ahead = slice(start, start + writes)
