@@ -302,3 +302,44 @@ def test_causal_convolution_restarts_at_each_sequence_of_strided_rows(table, dev
         alone = ops.causal_conv_silu(x[rows], weight, position[rows])
         _close(alone, out[rows], dtype)
         start += n
+
+
+@TABLES
+@DTYPES
+@pytest.mark.parametrize(
+    ("key_dim", "value_dim"),
+    [(128, 128), (16, 24), (30, 40)],  # Qwen3.5's; the replicas' (a block's tail); odd sizes
+)
+def test_gated_delta_rule_from_states_to_cuts(table, device, dtype, key_dim, value_dim):
+    """Qwen3.5's linear attention on q|k|v as the convolution leaves them (strided rows, two
+    value heads per key head), sequences of 1 row to past a tile of rows, each from a given
+    state, the states exported at cuts (inside a sequence, at its end, twice at one place):
+    against the chunked torch form (itself against the float64 recurrence: test_qwen3_5.py)."""
+    from qwen_embed.gated_delta import SequencePlan
+
+    ops = _ops(table, device)
+    lengths = [1, 17, 40, 3]
+    t, heads = sum(lengths), 2
+    widths = [heads * key_dim, heads * key_dim, 2 * heads * value_dim]
+    mixed = _random(t, sum(widths) + 8, dtype=dtype, device=device)
+    q, k, v = mixed[:, : sum(widths)].split(widths, dim=-1)
+    q, k = q.reshape(t, heads, key_dim), k.reshape(t, heads, key_dim)
+    v = v.reshape(t, 2 * heads, value_dim)
+    g = -_random(t, 2 * heads, dtype=torch.float32, device=device, seed=1).abs()
+    beta = _random(t, 2 * heads, dtype=dtype, device=device, seed=2).sigmoid()
+    states = (
+        _random(
+            len(lengths), 2 * heads, key_dim, value_dim, dtype=torch.float32, device=device, seed=3
+        )
+        / 4
+    )
+    cuts = [(1, 16), (2, 5), (2, 40), (0, 1), (2, 5), (1, 3)]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    plan = SequencePlan.build(cu, device, cuts)
+    shape = (len(cuts), 2 * heads, key_dim, value_dim)
+    exports = torch.full(shape, float("nan"), device=device)
+    out = ops.gated_delta_rule(q, k, v, g, beta, plan, states, exports)
+    expected_exports = torch.empty(shape, device=device)
+    expected = reference.gated_delta_rule(q, k, v, g, beta, plan, states, expected_exports)
+    _close(out, expected, torch.float32)
+    _close(exports, expected_exports, torch.float32)

@@ -10,6 +10,8 @@ CHUNK tokens (the WY form of DeltaNet's papers): inside a chunk with matrix prod
 triangular solves, the state carried from chunk to chunk. Every sequence's chunks are batched
 together: the intra-chunk work runs over all chunks at once, and the carry is one step per chunk
 index, over the sequences that have a chunk there. All in fp32, as transformers computes it.
+This chunked form is the reference and what a GPU runs (kernels/: the tables' gated_delta_rule);
+the native CPU table runs the per-token recurrence instead (native/csrc/delta_rule.h).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class SequencePlan:
     last, or one ending at a cut) repeats its last row (no zero row appended to every input),
     `valid` false there: those slots get no decay and no rate, so they change no state, and
     the rule is causal within a chunk, so they reach no row. `exports`: per step with cuts,
-    (the states it must write, their rows, the cuts' slots); `cuts` their count."""
+    (the states it must write, their rows, the cuts' slots); `cuts` their count.
+    `cu_seqlens` and `cut_rows` (each cut's last row), int64 on the host: the sequences and
+    cuts as a recurrence over rows (the native CPU kernel) reads them."""
 
     position: torch.Tensor
     chunks: torch.Tensor
@@ -48,6 +52,8 @@ class SequencePlan:
     steps: tuple[tuple[int, int], ...]
     sequences: int
     chunk: int
+    cu_seqlens: torch.Tensor
+    cut_rows: torch.Tensor
     exports: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     cuts: int = 0
 
@@ -103,6 +109,8 @@ class SequencePlan:
             tuple(zip(step_start.tolist(), active.tolist(), strict=True)),
             len(lens),
             chunk,
+            torch.from_numpy(bounds),
+            torch.from_numpy(cut_ends - 1),
             exports,
             len(cut_ends),
         )

@@ -67,6 +67,20 @@ class RowOps(Protocol):
         weight [channels, K] (taken in fp32) within each sequence (`position` [T], int64: each
         row's place in it), summed in fp32 and rounded once (Qwen3.5's linear attention)."""
 
+    def gated_delta_rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        plan,
+        states: torch.Tensor | None = None,
+        exports: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Qwen3.5's linear attention over the plan's sequences (gated_delta.gated_delta_rule's
+        arguments and result: fp32 outputs [T, value heads, value dim])."""
+
     def quantize_fp8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of x [T, k] (contiguous values) as float8_e4m3fn codes [T, k] and fp32 scales
         [T, 1] (the fp8 route's activations, fp8.py), reference.quantize_fp8's arithmetic."""

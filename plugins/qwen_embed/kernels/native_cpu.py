@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import native
+from .. import gated_delta, native
 from . import reference
 
 NAME = "native"
@@ -61,6 +61,26 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
     if native.handles(x):
         return torch.ops.qwen_embed.causal_conv_silu(x, weight, position)
     return reference.causal_conv_silu(x, weight, position)
+
+
+def gated_delta_rule(q, k, v, g, beta, plan, states=None, exports=None) -> torch.Tensor:
+    # a recurrence over rows, a head's state block in L1 at a time: no chunks, no solves
+    if native.handles(v, q, k):
+        scale = q.shape[-1] ** -0.5
+        return torch.ops.qwen_embed.gated_delta_rule(
+            q,
+            k,
+            v,
+            g.float(),
+            beta.float(),
+            plan.cu_seqlens,
+            states,
+            plan.cut_rows,
+            exports,
+            scale,
+            gated_delta.L2_EPS,
+        )
+    return reference.gated_delta_rule(q, k, v, g, beta, plan, states, exports)
 
 
 # fp8 codes on CPU are for checking the fp8 route (fp8.py), not for speed: torch's ops.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import gated_delta
+
 NAME = "torch"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -91,6 +93,10 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
         past = x[:-shift].float() * w[:, kernel - 1 - shift]
         out[shift:] += past * seen
     return F.silu(out.to(x.dtype))
+
+
+# Qwen3.5's linear attention in chunks of matrix products (what a GPU runs fast)
+gated_delta_rule = gated_delta.gated_delta_rule
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -291,6 +291,8 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
     return out
 
 
+gated_delta_rule = reference.gated_delta_rule
+
 FP8_BLOCK = 2048  # values of a row per step: a 1,024-wide row in one
 
 

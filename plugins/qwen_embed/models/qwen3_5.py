@@ -23,7 +23,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import LinearAttentionSpec, ModelConfig
-from ..gated_delta import PrefixSteps, SequencePlan, gated_delta_rule, linear_plan
+from ..gated_delta import PrefixSteps, SequencePlan, linear_plan
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
@@ -208,7 +208,7 @@ class GatedDeltaNet(SplitProjection):
             mixed = mixed[keep]
         q, k, v = mixed.split([self.widths[s] for s in CONV_SHARDS], dim=-1)
         t = mixed.shape[0]
-        return gated_delta_rule(
+        return self.ops.gated_delta_rule(
             q.reshape(t, self.key_heads, self.key_head_dim),
             k.reshape(t, self.key_heads, self.key_head_dim),
             v.reshape(t, self.value_heads, self.value_head_dim),

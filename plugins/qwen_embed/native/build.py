@@ -49,6 +49,7 @@ ISA_FLAGS = {
 OPERATOR_SOURCES = (
     "cpu_features.cpp",
     "row_ops.cpp",
+    "delta_rule_ops.cpp",
     "attention_ops.cpp",
     "gemm/ops.cpp",
     "bindings.cpp",

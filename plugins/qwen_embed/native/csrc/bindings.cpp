@@ -13,6 +13,9 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
   m.def("causal_conv_silu(Tensor x, Tensor weight, Tensor position) -> Tensor");
+  m.def(
+      "gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor cu_seqlens, "
+      "Tensor? states, Tensor cut_rows, Tensor(a!)? exports, float q_scale, float eps) -> Tensor");
   m.def("int8_supported() -> bool", &qe::int8_supported);
   m.def("bf16_supported() -> bool", &qe::bf16_supported);
   m.def("avx2_supported() -> bool", &qe::avx2_supported);
@@ -48,6 +51,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("gelu_tanh", &qe::gelu_tanh);
   m.impl("hadamard_rows", &qe::hadamard_rows);
   m.impl("causal_conv_silu", &qe::causal_conv_silu);
+  m.impl("gated_delta_rule", &qe::gated_delta_rule);
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("bf16_linear", &qe::bf16_linear);
   m.impl("int8_linear_avx2", &qe::int8_linear_avx2);

@@ -7,6 +7,25 @@ namespace qe {
 
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kMaxHeads = 1024;  // heads of one token that the rotary kernel takes
+constexpr int64_t kStateChains = 4;  // the gated delta rule's sums over the key dim
+
+// The gated delta rule's inputs and outputs (delta_rule.h): q, k normalised, fp32 [T, key
+// heads, chained] (key_dim values, zeros to a multiple of the kernel's sums); v [T, value_heads, value_dim] of the kernel's dtype, v_stride values
+// between tokens; g, beta fp32 [T, value_heads]; out fp32 [T, value_heads, value_dim]; states
+// (or null) fp32 [sequences, value_heads, key_dim, value_dim], exports fp32 [cuts, ...] of
+// that shape.
+struct DeltaRuleArgs {
+  const float* q;
+  const float* k;
+  const void* v;
+  int64_t v_stride;
+  const float* g;
+  const float* beta;
+  float* out;
+  const float* states;
+  float* exports;
+  int64_t value_heads, key_dim, chained, value_dim, repeat;  // repeat: value heads per key head
+};
 
 // Attention in two steps (attention.h, attention_amx.h): `pack` copies one segment's keys and
 // values of one kv head into the layout `attend` reads (n_k rounded up to key_multiple keys of
@@ -48,6 +67,17 @@ struct Kernels {
                         int64_t, int64_t, int64_t);
   void (*conv_silu_bf16)(const uint16_t*, int64_t, const float*, int64_t, const int64_t*,
                          uint16_t*, int64_t, int64_t, int64_t);
+  // (args, sequence, its rows [first, end), value head, scratch for its states, the
+  // sequence's cuts: rows ascending, their export slots, count)
+  void (*delta_rule_f32)(const DeltaRuleArgs&, int64_t, int64_t, int64_t, int64_t, float*,
+                         const int64_t*, const int64_t*, int64_t);
+  void (*delta_rule_bf16)(const DeltaRuleArgs&, int64_t, int64_t, int64_t, int64_t, float*,
+                          const int64_t*, const int64_t*, int64_t);
+  // (x, stride, rows, heads, head size, padded size, scale, eps, out): heads L2-normalised
+  void (*l2_heads_f32)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float, float,
+                       float*);
+  void (*l2_heads_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                        float, float*);
   AttentionKernels<float> attention_f32;
   AttentionKernels<uint16_t> attention_bf16;
 };

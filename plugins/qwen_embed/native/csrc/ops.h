@@ -32,6 +32,13 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& position);
 
+// delta_rule_ops.cpp
+at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& g, const at::Tensor& beta,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& states,
+                            const at::Tensor& cut_rows, const std::optional<at::Tensor>& exports,
+                            double q_scale, double eps);
+
 // gemm/ops.cpp
 bool int8_supported();
 bool bf16_supported();

@@ -1,6 +1,7 @@
 // One instruction set's kernel table; kernels_<isa>.cpp defines QE_ISA (and QE_AMX for the
 // tile kernels, QE_BF16DOT for the AVX512_BF16 ones) and includes this.
 #include "attention.h"
+#include "delta_rule.h"
 #include "rows.h"
 #ifdef QE_AMX
 #include "attention_amx.h"
@@ -28,6 +29,10 @@ extern const Kernels kernels = {
     hadamard_rows<uint16_t>,
     conv_silu<float>,
     conv_silu<uint16_t>,
+    delta_rule<float>,
+    delta_rule<uint16_t>,
+    l2_heads<float>,
+    l2_heads<uint16_t>,
     {pack<float>, attend<float>, kChunk, sizeof(float)},
 #if defined(QE_AMX)
     {pack_tiles, attend_tiles, kTileKeys, sizeof(uint16_t)},
