@@ -79,6 +79,32 @@ def test_add_rms_norm_sums_exactly_and_normalises_the_sum(table, device, dtype, 
     _close(ops.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), dtype)
 
 
+@TABLES
+@pytest.mark.parametrize("width", [1024, 1000])
+def test_rms_norm_with_an_fp32_weight_rounds_once(table, device, width):
+    """Qwen3.5's norms: bf16 rows scaled by an fp32 1 + weight in fp32 and rounded once, as
+    transformers' Qwen3_5RMSNorm computes them; strided rows (its q/k heads) too."""
+    ops = _ops(table, device)
+    wide = _random(37, width + 24, dtype=torch.bfloat16, device=device)
+    x, residual = wide[:, :width], _random(37, width, dtype=torch.bfloat16, device=device, seed=1)
+    weight = 1.0 + _random(width, dtype=torch.float32, device=device, seed=2) / 8
+
+    def expected(rows):
+        y = rows.float()
+        return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + 1e-6) * weight).bfloat16()
+
+    _close(ops.rms_norm(x, weight, 1e-6), expected(x), torch.bfloat16)
+    summed = x + residual
+    normed, total = ops.add_rms_norm(x.contiguous(), residual, weight, 1e-6)
+    assert torch.equal(total, summed)
+    _close(normed, expected(summed), torch.bfloat16)
+    if table == "native":  # rounded once: within half a bf16 step (and fp32's error)
+        exact = summed.double() * torch.rsqrt(summed.double().square().mean(-1, keepdim=True))
+        value = exact * weight.double()
+        half_step = torch.exp2(torch.floor(torch.log2(value.abs())) - 8)
+        assert ((normed.double() - value).abs() <= half_step + value.abs() * 1e-6).all()
+
+
 @KERNELS  # the reference's rotation rounds twice: a step away where the terms cancel
 @DTYPES
 @pytest.mark.parametrize("head_dim", [64, 128])

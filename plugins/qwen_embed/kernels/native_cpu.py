@@ -11,8 +11,14 @@ from . import reference
 NAME = "native"
 
 
+def _norm_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernels take this norm weight: of x's dtype, or fp32 with bf16 x."""
+    fp32_weight = x.dtype == torch.bfloat16 and weight.dtype == torch.float32
+    return native.handles(x, None if fp32_weight else weight)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if native.handles(x, weight):
+    if _norm_weight(x, weight):
         return torch.ops.qwen_embed.rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 
@@ -22,7 +28,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # one pass: the sum rounded once, as torch's add rounds it, so the same bits either way
     same_rows = x.shape == residual.shape and x.is_contiguous() and residual.is_contiguous()
-    if same_rows and native.handles(x, residual, weight):
+    if same_rows and native.handles(x, residual) and _norm_weight(x, weight):
         return torch.ops.qwen_embed.add_rms_norm(x, residual, weight, eps), x
     summed = x.add_(residual)
     return rms_norm(summed, weight, eps), summed

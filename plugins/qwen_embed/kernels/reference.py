@@ -2,7 +2,8 @@
 runs where no other table does (fp16 on CPU, GPUs without Triton).
 
 The arithmetic is transformers': RMSNorm normalises in fp32, rounds to the model dtype, then
-scales by the weight in the model dtype; residual sums round to the model dtype.
+scales by the weight in the model dtype (an fp32 weight with 16-bit rows, Qwen3.5's 1 + weight,
+scales in fp32, rounded once); residual sums round to the model dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = x.to(torch.float32, copy=True)
     mean_sq = torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_().div_(x.shape[-1])
     out.mul_(mean_sq.add_(eps).rsqrt_())
+    if weight.dtype != dtype:
+        return out.mul_(weight).to(dtype)
     return out.to(dtype).mul_(weight)
 
 

@@ -215,13 +215,15 @@ def _norm(x, residual, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if weight.dtype != x.dtype:  # Qwen3.5's fp32 weight: rounded once (reference.rms_norm)
+        return reference.rms_norm(x, weight, eps)
     return _norm(x, None, weight, eps)
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1:
+    if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1 or weight.dtype != x.dtype:
         return reference.add_rms_norm(x, residual, weight, eps)
     return _norm(x, residual, weight, eps), x
 

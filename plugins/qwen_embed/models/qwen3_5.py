@@ -58,30 +58,23 @@ def _centered_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> 
     copy_exact(param, full.float() + 1.0)
 
 
-def centered_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' Qwen3_5RMSNorm: normalised and scaled by (1 + weight) (`scale`, fp32) in
-    fp32, rounded once."""
-    y = x.float()
-    y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
-    return (y * scale).to(x.dtype)
-
-
 class CenteredRMSNorm(nn.Module):
-    """Qwen3.5's RMSNorm, which scales by (1 + weight): the one is added to the weight as it
-    loads, kept in fp32 (rounded to 16 bits, 1 + weight would lose weight's low bits). With
-    `residual`, the norm of x + residual (summed in x's dtype, over x) and that sum."""
+    """Qwen3.5's RMSNorm, which scales by (1 + weight) in fp32, rounded once: the one is added
+    to the weight as it loads, kept in fp32 (rounded to 16 bits, 1 + weight would lose weight's
+    low bits), which the row-op tables scale by in fp32. With `residual`, the norm of
+    x + residual (summed in x's dtype, over x) and that sum."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops: RowOps = reference):
         super().__init__()
         self.eps = eps
+        self.ops = ops
         self.weight = nn.Parameter(torch.empty(dim, dtype=torch.float32), requires_grad=False)
         self.weight.weight_loader = _centered_loader
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return centered_rms_norm(x, self.weight, self.eps)
-        summed = x.add_(residual)
-        return centered_rms_norm(summed, self.weight, self.eps), summed
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _split_qkv(full: torch.Tensor, sizes: list[int], parts: int, rank: int) -> torch.Tensor:
@@ -254,6 +247,7 @@ class GatedAttention(SplitProjection):
         tp: TPGroup,
         backend: AttentionBackend,
         layer_index: int,
+        ops: RowOps = reference,
     ):
         super().__init__()
         self.layer_index = layer_index
@@ -264,15 +258,14 @@ class GatedAttention(SplitProjection):
         self.qkv_proj = qkv_projection(config, tp, 2 * d)  # each head's queries, then its gate
         self.widths = dict(self.qkv_proj.local)
         self._projections(("q", "k", "v"))
-        self.q_norm = CenteredRMSNorm(d, config.rms_norm_eps)
-        self.k_norm = CenteredRMSNorm(d, config.rms_norm_eps)
-        self.eps = config.rms_norm_eps
+        self.q_norm = CenteredRMSNorm(d, config.rms_norm_eps, ops)
+        self.k_norm = CenteredRMSNorm(d, config.rms_norm_eps, ops)
         self.backend = backend
         self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, tp)
 
-    def _heads(self, x, weight, cos, sin) -> torch.Tensor:
+    def _heads(self, x, norm: CenteredRMSNorm, cos, sin) -> torch.Tensor:
         """Normalised heads [T, heads, d], their first rotary_dim values rotated."""
-        x = centered_rms_norm(x, weight, self.eps)
+        x = norm(x)
         r = self.rotary_dim
         if r == self.head_dim:
             return reference.rotary(x, cos, sin)
@@ -293,8 +286,8 @@ class GatedAttention(SplitProjection):
         q_gate = q_gate.reshape(q_gate.shape[0], self.num_heads, 2 * d)
         q, gate = q_gate[..., :d], q_gate[..., d:]
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        q = self._heads(q, self.q_norm.weight, cos_q, sin_q)
-        k = self._heads(k.reshape(t, self.num_kv_heads, d), self.k_norm.weight, cos, sin)
+        q = self._heads(q, self.q_norm, cos_q, sin_q)
+        k = self._heads(k.reshape(t, self.num_kv_heads, d), self.k_norm, cos, sin)
         k, v = ctx.keys(self.layer_index, k, v.reshape(t, self.num_kv_heads, d), layout)
         out = self.backend.forward(q, k, v, layout)
         out = out.reshape(q.shape[0], -1) * gate.reshape(q.shape[0], -1).sigmoid()
@@ -313,12 +306,12 @@ class HybridDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.linear = config.linear_attention.layers[index]
-        self.input_layernorm = CenteredRMSNorm(config.hidden_size, eps)
+        self.input_layernorm = CenteredRMSNorm(config.hidden_size, eps, ops)
         if self.linear:
             self.linear_attn = GatedDeltaNet(config, tp, index, ops)
         else:
-            self.self_attn = GatedAttention(config, tp, backend, index)
-        self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, eps)
+            self.self_attn = GatedAttention(config, tp, backend, index, ops)
+        self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, eps, ops)
         self.mlp = QwenMLP(config, tp, ops)
 
     def forward(self, x, residual, cos, sin, ctx: ForwardContext, last: bool):
@@ -371,7 +364,7 @@ class HybridModel(nn.Module):
         self.layers = nn.ModuleList(
             HybridDecoderLayer(config, tp, backend, i, ops) for i in range(config.num_layers)
         )
-        self.norm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.graphs = None  # no CUDA graphs (route.py)
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # lora.AdapterSwitch where a request may name an adapter

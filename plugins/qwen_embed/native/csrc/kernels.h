@@ -50,6 +50,11 @@ struct Kernels {
   void (*add_rms_norm_f32)(float*, const float*, const float*, float*, int64_t, int64_t, float);
   void (*add_rms_norm_bf16)(uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, int64_t,
                             int64_t, float);
+  // bf16 rows, an fp32 weight (Qwen3.5's norms)
+  void (*rms_norm_bf16_f32)(const uint16_t*, int64_t, const float*, uint16_t*, int64_t, int64_t,
+                            float);
+  void (*add_rms_norm_bf16_f32)(uint16_t*, const uint16_t*, const float*, uint16_t*, int64_t,
+                                int64_t, float);
   void (*rope_f32)(const float*, int64_t, const float*, const float*, const float*, float,
                    float*, int64_t, int64_t, int64_t);
   void (*rope_bf16)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*,

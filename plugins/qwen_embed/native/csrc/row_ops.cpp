@@ -1,6 +1,6 @@
-// The row-wise operators over the kernel table (rows.h): RMSNorm, q/k norm + rotary, SiLU
-// gating, GELU (tanh), and the int8 route's Walsh-Hadamard rotation of rows; fp32 and bf16 CPU
-// tensors; Qwen3.5's causal convolution.
+// The row-wise operators over the kernel table (rows.h): RMSNorm (its weight in the rows' dtype
+// or fp32), q/k norm + rotary, SiLU gating, GELU (tanh), and the int8 route's Walsh-Hadamard
+// rotation of rows; fp32 and bf16 CPU tensors; Qwen3.5's causal convolution.
 #include "ops.h"
 
 namespace qe {
@@ -24,19 +24,39 @@ void each_row(const at::Tensor& rows, const at::Tensor& out, int64_t width,
 
 }  // namespace
 
+namespace {
+
+// The norm's weight: of x's dtype, or fp32 with bf16 x (scaled in fp32, rounded once); true
+// for the latter.
+bool fp32_weight(const at::Tensor& x, const at::Tensor& weight, int64_t n) {
+  const bool wide = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kFloat;
+  if (wide) {
+    TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
+  } else {
+    same_dtype(x, weight, "weight");
+  }
+  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for rows of ", n);
+  return wide;
+}
+
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t n = x.size(-1);
   at::Tensor rows = as_rows(x, n);
-  same_dtype(x, weight, "weight");
-  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for rows of ", n);
+  const bool wide = fp32_weight(x, weight, n);
   at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t stride = rows.stride(0);
   const auto& k = kernels();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, rows.size(0), grain(n), [&](int64_t begin, int64_t end) {
-    if (bf16)
-      k.rms_norm_bf16(ptr<uint16_t>(rows) + begin * stride, stride, ptr<uint16_t>(weight),
-                      ptr<uint16_t>(out) + begin * n, end - begin, n, static_cast<float>(eps));
+    const uint16_t* src = bf16 ? ptr<uint16_t>(rows) + begin * stride : nullptr;
+    if (wide)
+      k.rms_norm_bf16_f32(src, stride, ptr<float>(weight), ptr<uint16_t>(out) + begin * n,
+                          end - begin, n, static_cast<float>(eps));
+    else if (bf16)
+      k.rms_norm_bf16(src, stride, ptr<uint16_t>(weight), ptr<uint16_t>(out) + begin * n,
+                      end - begin, n, static_cast<float>(eps));
     else
       k.rms_norm_f32(ptr<float>(rows) + begin * stride, stride, ptr<float>(weight),
                      ptr<float>(out) + begin * n, end - begin, n, static_cast<float>(eps));
@@ -51,14 +71,16 @@ at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const a
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && residual.sizes() == x.sizes(),
               "x and residual must be contiguous and of one shape");
   same_dtype(x, residual, "residual");
-  same_dtype(x, weight, "weight");
-  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for rows of ", n);
+  const bool wide = fp32_weight(x, weight, n);
   at::Tensor out = at::empty(x.sizes(), x.options());
   const auto& k = kernels();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const float e = static_cast<float>(eps);
   at::parallel_for(0, n ? x.numel() / n : 0, grain(n), [&](int64_t b, int64_t end) {
-    if (bf16)
+    if (wide)
+      k.add_rms_norm_bf16_f32(ptr<uint16_t>(x) + b * n, ptr<uint16_t>(residual) + b * n,
+                              ptr<float>(weight), ptr<uint16_t>(out) + b * n, end - b, n, e);
+    else if (bf16)
       k.add_rms_norm_bf16(ptr<uint16_t>(x) + b * n, ptr<uint16_t>(residual) + b * n,
                           ptr<uint16_t>(weight), ptr<uint16_t>(out) + b * n, end - b, n, e);
     else

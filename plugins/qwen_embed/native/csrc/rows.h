@@ -16,25 +16,35 @@ namespace qe {
 namespace QE_ISA {
 namespace {
 
-template <typename T>
-void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t rows, int64_t n,
+// A weight of the rows' dtype scales the normalised value rounded to it (transformers' Qwen2/3
+// RMSNorm); an fp32 weight with bf16 rows scales it in fp32, rounded once (Qwen3.5's, whose
+// 1 + weight is kept in fp32).
+template <typename T, typename W = T>
+void rms_norm(const T* x, int64_t x_stride, const W* weight, T* out, int64_t rows, int64_t n,
               float eps) {
+  constexpr bool wide = sizeof(W) > sizeof(T);
   const int64_t whole = n - n % 32;
   for (int64_t i = 0; i < rows; ++i) {
     const T* row = x + i * x_stride;
     T* dst = out + i * n;
     const float scale = inverse_rms(row, n, eps);
     for (int64_t j = 0; j < whole; j += 32)
-      store32(dst + j, round32<T>(load32(row + j) * scale) * load32_as<T, 1>(weight + j));
+      if constexpr (wide)
+        store32(dst + j, load32(row + j) * scale * load32_in_lanes_of<T>(weight + j));
+      else
+        store32(dst + j, round32<T>(load32(row + j) * scale) * load32_as<T, 1>(weight + j));
     for (int64_t j = whole; j < n; ++j)
-      store(dst + j, round_to<T>(to_float(row[j]) * scale) * to_float(weight[j]));
+      if constexpr (wide)
+        store(dst + j, to_float(row[j]) * scale * weight[j]);
+      else
+        store(dst + j, round_to<T>(to_float(row[j]) * scale) * to_float(weight[j]));
   }
 }
 
 // The residual add (x + residual rounded to the dtype, as transformers' add rounds it) written
 // over x, then the sum's RMSNorm into out, a row at a time: the sum is read back from L1.
-template <typename T>
-void add_rms_norm(T* x, const T* residual, const T* weight, T* out, int64_t rows, int64_t n,
+template <typename T, typename W = T>
+void add_rms_norm(T* x, const T* residual, const W* weight, T* out, int64_t rows, int64_t n,
                   float eps) {
   const int64_t whole = n - n % 32;
   for (int64_t i = 0; i < rows; ++i) {

@@ -18,6 +18,8 @@ extern const Kernels kernels = {
     rms_norm<uint16_t>,
     add_rms_norm<float>,
     add_rms_norm<uint16_t>,
+    rms_norm<uint16_t, float>,
+    add_rms_norm<uint16_t, float>,
     rope<float>,
     rope<uint16_t>,
     rope<uint16_t, float>,
