@@ -82,9 +82,12 @@ def test_add_rms_norm_sums_exactly_and_normalises_the_sum(table, device, dtype, 
 @TABLES
 @pytest.mark.parametrize("width", [1024, 1000])
 def test_rms_norm_with_an_fp32_weight_rounds_once(table, device, width):
+    check_fp32_weight_norm(_ops(table, device), device, width, rounded_once=table == "native")
+
+
+def check_fp32_weight_norm(ops, device: str, width: int, rounded_once: bool) -> None:
     """Qwen3.5's norms: bf16 rows scaled by an fp32 1 + weight in fp32 and rounded once, as
     transformers' Qwen3_5RMSNorm computes them; strided rows (its q/k heads) too."""
-    ops = _ops(table, device)
     wide = _random(37, width + 24, dtype=torch.bfloat16, device=device)
     x, residual = wide[:, :width], _random(37, width, dtype=torch.bfloat16, device=device, seed=1)
     weight = 1.0 + _random(width, dtype=torch.float32, device=device, seed=2) / 8
@@ -98,7 +101,7 @@ def test_rms_norm_with_an_fp32_weight_rounds_once(table, device, width):
     normed, total = ops.add_rms_norm(x.contiguous(), residual, weight, 1e-6)
     assert torch.equal(total, summed)
     _close(normed, expected(summed), torch.bfloat16)
-    if table == "native":  # rounded once: within half a bf16 step (and fp32's error)
+    if rounded_once:  # within half a bf16 step (and fp32's error) of the exact value
         exact = summed.double() * torch.rsqrt(summed.double().square().mean(-1, keepdim=True))
         value = exact * weight.double()
         half_step = torch.exp2(torch.floor(torch.log2(value.abs())) - 8)
@@ -337,13 +340,17 @@ def test_causal_convolution_restarts_at_each_sequence_of_strided_rows(table, dev
     [(128, 128), (16, 24), (30, 40)],  # Qwen3.5's; the replicas' (a block's tail); odd sizes
 )
 def test_gated_delta_rule_from_states_to_cuts(table, device, dtype, key_dim, value_dim):
+    check_gated_delta_rule(_ops(table, device), device, dtype, key_dim, value_dim)
+
+
+def check_gated_delta_rule(ops, device: str, dtype: torch.dtype, key_dim: int, value_dim: int):
     """Qwen3.5's linear attention on q|k|v as the convolution leaves them (strided rows, two
     value heads per key head), sequences of 1 row to past a tile of rows, each from a given
-    state, the states exported at cuts (inside a sequence, at its end, twice at one place):
-    against the chunked torch form (itself against the float64 recurrence: test_qwen3_5.py)."""
+    state, the states exported at cuts (inside a sequence, at its end, at a tile's end, twice
+    at one place): against the chunked torch form (itself against the float64 recurrence:
+    test_qwen3_5.py)."""
     from qwen_embed.gated_delta import SequencePlan
 
-    ops = _ops(table, device)
     lengths = [1, 17, 40, 3]
     t, heads = sum(lengths), 2
     widths = [heads * key_dim, heads * key_dim, 2 * heads * value_dim]
@@ -353,19 +360,14 @@ def test_gated_delta_rule_from_states_to_cuts(table, device, dtype, key_dim, val
     v = v.reshape(t, 2 * heads, value_dim)
     g = -_random(t, 2 * heads, dtype=torch.float32, device=device, seed=1).abs()
     beta = _random(t, 2 * heads, dtype=dtype, device=device, seed=2).sigmoid()
-    states = (
-        _random(
-            len(lengths), 2 * heads, key_dim, value_dim, dtype=torch.float32, device=device, seed=3
-        )
-        / 4
-    )
+    shape = (2 * heads, key_dim, value_dim)
+    states = _random(len(lengths), *shape, dtype=torch.float32, device=device, seed=3) / 4
     cuts = [(1, 16), (2, 5), (2, 40), (0, 1), (2, 5), (1, 3)]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     plan = SequencePlan.build(cu, device, cuts)
-    shape = (len(cuts), 2 * heads, key_dim, value_dim)
-    exports = torch.full(shape, float("nan"), device=device)
+    exports = torch.full((len(cuts), *shape), float("nan"), device=device)
     out = ops.gated_delta_rule(q, k, v, g, beta, plan, states, exports)
-    expected_exports = torch.empty(shape, device=device)
+    expected_exports = torch.empty((len(cuts), *shape), device=device)
     expected = reference.gated_delta_rule(q, k, v, g, beta, plan, states, expected_exports)
     _close(out, expected, torch.float32)
     _close(exports, expected_exports, torch.float32)

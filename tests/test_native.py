@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from test_cpu_route import ZEN4
+from test_kernels import check_fp32_weight_norm, check_gated_delta_rule
 
 from qwen_embed import avx2_gemm, int8, native
 from qwen_embed.avx2_gemm import Avx2F32Weight
@@ -54,6 +55,17 @@ def test_rms_norm_matches_torch_on_strided_rows(isa, dtype, width):
     torch.testing.assert_close(
         out, reference.rms_norm(three_d, head_weight, 1e-6), **TOLERANCE[dtype]
     )
+
+
+@pytest.mark.parametrize("width", [1024, 1000])
+def test_rms_norm_with_an_fp32_weight_rounds_once(isa, width):
+    check_fp32_weight_norm(native_cpu, "cpu", width, rounded_once=True)
+
+
+@DTYPES
+@pytest.mark.parametrize(("key_dim", "value_dim"), [(128, 128), (16, 24), (30, 40)])
+def test_gated_delta_rule_matches_the_chunked_form(isa, dtype, key_dim, value_dim):
+    check_gated_delta_rule(native_cpu, "cpu", dtype, key_dim, value_dim)
 
 
 @DTYPES
