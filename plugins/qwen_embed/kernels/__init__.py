@@ -16,9 +16,12 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from ..gated_delta import SequencePlan
 
 TABLES = {
     "torch": "qwen_embed.kernels.reference",
@@ -74,7 +77,7 @@ class RowOps(Protocol):
         v: torch.Tensor,
         g: torch.Tensor,
         beta: torch.Tensor,
-        plan,
+        plan: SequencePlan,
         states: torch.Tensor | None = None,
         exports: torch.Tensor | None = None,
     ) -> torch.Tensor:

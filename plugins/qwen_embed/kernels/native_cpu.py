@@ -69,7 +69,16 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
     return reference.causal_conv_silu(x, weight, position)
 
 
-def gated_delta_rule(q, k, v, g, beta, plan, states=None, exports=None) -> torch.Tensor:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    plan: gated_delta.SequencePlan,
+    states: torch.Tensor | None = None,
+    exports: torch.Tensor | None = None,
+) -> torch.Tensor:
     # a recurrence over rows, a head's state block in L1 at a time: no chunks, no solves
     if native.handles(v, q, k):
         scale = q.shape[-1] ** -0.5

@@ -11,7 +11,7 @@ What differs from Qwen3 (models/qwen.py), each here once:
   convolution) and its output gate z in one GEMM (`in_proj`), runs the gated delta rule per
   sequence and RMS-normalises each head's output, gated by silu(z), before `out_proj`.
 A shared prefix (segments.py) keeps, in a linear-attention layer, its final state and its last
-convolution inputs (gated_delta.PrefixSteps) where full attention keeps keys and values; a
+convolution inputs (linear_plans.PrefixSteps) where full attention keeps keys and values; a
 late-chunking read-out goes on from its text's state at its chunk's end, the same way.
 """
 
@@ -23,7 +23,7 @@ from torch import nn
 
 from ..attention import AttentionBackend
 from ..config import LinearAttentionSpec, ModelConfig
-from ..gated_delta import PrefixSteps, SequencePlan, linear_plan
+from ..gated_delta import SequencePlan
 from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
@@ -39,6 +39,7 @@ from ..layers import (
     rotary_cos_sin,
     shard_groups,
 )
+from ..linear_plans import PrefixSteps, linear_plan
 from ..segments import AttentionLayout, ForwardContext, Planner
 from .qwen import PACKED_MODULES as QWEN_PACKED
 from .qwen import QwenMLP, check_tp_split, qkv_groups, qkv_projection
