@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 from test_cpu_route import ZEN4
-from test_kernels import check_fp32_weight_norm, check_gated_delta_rule, check_gated_rms_norm
+from test_kernels import check_fp32_weight_norm, check_gated_delta_rule
 
 from qwen_embed import avx2_gemm, int8, native
 from qwen_embed.avx2_gemm import Avx2F32Weight
@@ -60,12 +60,6 @@ def test_rms_norm_matches_torch_on_strided_rows(isa, dtype, width):
 @pytest.mark.parametrize("width", [1024, 1000])
 def test_rms_norm_with_an_fp32_weight_rounds_once(isa, width):
     check_fp32_weight_norm(native_cpu, "cpu", width, rounded_once=True)
-
-
-@DTYPES
-@pytest.mark.parametrize("head_dim", [128, 24])
-def test_gated_rms_norm_matches_transformers(isa, dtype, head_dim):
-    check_gated_rms_norm(native_cpu, "cpu", dtype, head_dim)
 
 
 @DTYPES

@@ -70,13 +70,6 @@ class RowOps(Protocol):
         weight [channels, K] (taken in fp32) within each sequence (`position` [T], int64: each
         row's place in it), summed in fp32 and rounded once (Qwen3.5's linear attention)."""
 
-    def gated_rms_norm(
-        self, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> torch.Tensor:
-        """Qwen3.5's gated norm of the gated delta rule's fp32 outputs x [T, heads, n]: rounded
-        to gate's dtype, RMS-normalised by weight (rms_norm's rounding), times silu(gate
-        [T, heads * n], rows may be strided) in fp32, rounded once: [T, heads * n]."""
-
     def gated_delta_rule(
         self,
         q: torch.Tensor,

@@ -69,15 +69,6 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
     return reference.causal_conv_silu(x, weight, position)
 
 
-def gated_rms_norm(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    fp32_rows = x.dtype == torch.float32 and x.is_contiguous()
-    if fp32_rows and native.handles(gate, weight) and x.shape[-1] <= native.MAX_HEAD_DIM:
-        return torch.ops.qwen_embed.gated_rms_norm(x, gate, weight, eps)
-    return reference.gated_rms_norm(x, gate, weight, eps)
-
-
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

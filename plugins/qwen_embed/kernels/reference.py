@@ -98,16 +98,6 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
     return F.silu(out.to(x.dtype))
 
 
-def gated_rms_norm(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """Qwen3.5's gated norm (transformers' Qwen3_5RMSNormGated) of x [T, heads, n] (fp32: the
-    gated delta rule's outputs): rounded to gate's dtype, RMS-normalised and scaled by weight as
-    rms_norm rounds them, times silu(gate [T, heads * n]) in fp32, rounded once: [T, heads * n]."""
-    normed = rms_norm(x.to(gate.dtype), weight, eps).reshape(gate.shape)
-    return (normed.float() * F.silu(gate.float())).to(gate.dtype)
-
-
 # Qwen3.5's linear attention in chunks of matrix products (what a GPU runs fast)
 gated_delta_rule = gated_delta.gated_delta_rule
 

@@ -294,7 +294,6 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, position: torch.Tens
 
 
 gated_delta_rule = reference.gated_delta_rule
-gated_rms_norm = reference.gated_rms_norm
 
 FP8_BLOCK = 2048  # values of a row per step: a 1,024-wide row in one
 

@@ -170,9 +170,15 @@ class GatedDeltaNet(SplitProjection):
             out = self._rule(qkv, plan.position, g, beta, plan)
         else:
             out = self._after_prefixes(qkv, g, beta, plan)
+        t = x.shape[0]
+        out = out.to(x.dtype)
+        z = z.reshape(t, self.value_heads, self.value_head_dim)
         if rows is not None:
             out, z = out[rows], z[rows]
-        return self.out_proj(self.ops.gated_rms_norm(out, z, self.norm.weight, self.eps))
+        # transformers' gated RMSNorm: normalised in fp32, rounded, weighted, gated in fp32
+        out = self.ops.rms_norm(out, self.norm.weight, self.eps)
+        out = (out.float() * F.silu(z.float())).to(x.dtype)
+        return self.out_proj(out.reshape(out.shape[0], -1))
 
     def _project(self, x: torch.Tensor):
         """(q|k|v as one tensor, z, b, a) of x: q|k|v a view of the projection's output where

@@ -26,7 +26,6 @@ STAMP = BUILD / "sources.sha256"  # which sources the library was built from
 DTYPES = (torch.float32, torch.bfloat16)
 ISAS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # widest first
 DTYPE_NAMES = ("float32", "bfloat16")
-MAX_HEAD_DIM = 512  # the head size the per-head kernels take at most (csrc: kMaxHeadDim)
 PANEL = 64  # output channels per panel of the GEMM operators' packed weights (csrc: kPanel)
 # the same for our AMX tile kernels (csrc: kTilePanel): bf16_panel's and int8_panel's there
 TILE_PANEL = 16

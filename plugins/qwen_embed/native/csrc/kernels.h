@@ -68,11 +68,6 @@ struct Kernels {
   void (*gelu_tanh_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
   void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
   void (*hadamard_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
-  // (x fp32, gate, gate stride, weight, out, rows, heads, head size, eps)
-  void (*gated_rms_norm_f32)(const float*, const float*, int64_t, const float*, float*, int64_t,
-                             int64_t, int64_t, float);
-  void (*gated_rms_norm_bf16)(const float*, const uint16_t*, int64_t, const uint16_t*, uint16_t*,
-                              int64_t, int64_t, int64_t, float);
   void (*conv_silu_f32)(const float*, int64_t, const float*, int64_t, const int64_t*, float*,
                         int64_t, int64_t, int64_t);
   void (*conv_silu_bf16)(const uint16_t*, int64_t, const float*, int64_t, const int64_t*,

@@ -29,8 +29,6 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh(const at::Tensor& x);
 at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
-at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
-                          double eps);
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& position);
 

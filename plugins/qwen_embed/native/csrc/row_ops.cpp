@@ -1,6 +1,6 @@
 // The row-wise operators over the kernel table (rows.h): RMSNorm (its weight in the rows' dtype
 // or fp32), q/k norm + rotary, SiLU gating, GELU (tanh), and the int8 route's Walsh-Hadamard
-// rotation of rows; fp32 and bf16 CPU tensors; Qwen3.5's gated norm and causal convolution.
+// rotation of rows; fp32 and bf16 CPU tensors; Qwen3.5's causal convolution.
 #include "ops.h"
 
 namespace qe {
@@ -177,36 +177,6 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
     else
       kern.hadamard_f32(ptr<float>(rows) + b * stride, stride, end - b, k, block,
                         ptr<float>(out) + b * k);
-  });
-  return out;
-}
-
-// x fp32 [T, heads, n] (the gated delta rule's outputs), gate [T, heads * n] (rows may be
-// strided), weight [n] of gate's dtype -> [T, heads * n] in gate's dtype: Qwen3.5's gated norm
-at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
-                          double eps) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be contiguous fp32 [tokens, heads, head_dim]");
-  const int64_t t = x.size(0), heads = x.size(1), n = x.size(2);
-  TORCH_CHECK(n <= kMaxHeadDim, "head_dim ", n, " must be at most ", kMaxHeadDim);
-  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == t && gate.size(1) == heads * n,
-              "gate must be [", t, ", ", heads * n, "]");
-  at::Tensor rows = as_rows(gate, heads * n);
-  same_dtype(gate, weight, "weight");
-  TORCH_CHECK(weight.numel() == n, "weight has ", weight.numel(), " values for heads of ", n);
-  at::Tensor out = at::empty({t, heads * n}, gate.options());
-  const int64_t stride = rows.stride(0);
-  const auto& k = kernels();
-  const bool bf16 = gate.scalar_type() == at::kBFloat16;
-  const float e = static_cast<float>(eps);
-  at::parallel_for(0, t, grain(heads * n), [&](int64_t b, int64_t end) {
-    const float* src = ptr<float>(x) + b * heads * n;
-    if (bf16)
-      k.gated_rms_norm_bf16(src, ptr<uint16_t>(rows) + b * stride, stride, ptr<uint16_t>(weight),
-                            ptr<uint16_t>(out) + b * heads * n, end - b, heads, n, e);
-    else
-      k.gated_rms_norm_f32(src, ptr<float>(rows) + b * stride, stride, ptr<float>(weight),
-                           ptr<float>(out) + b * heads * n, end - b, heads, n, e);
   });
   return out;
 }

@@ -173,28 +173,6 @@ void hadamard_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t 
   for (int64_t i = 0; i < rows; ++i) hadamard_row(x + i * stride, k, block, out + i * k);
 }
 
-// Qwen3.5's gated norm (transformers' Qwen3_5RMSNormGated) of `heads` heads of n fp32 values per
-// row (the gated delta rule's outputs): each head rounded to the dtype, RMS-normalised and
-// scaled by weight as rms_norm rounds them, then times silu(gate) in fp32, rounded once; the
-// gate's rows `gate_stride` apart, out [rows, heads * n].
-template <typename T>
-void gated_rms_norm(const float* x, const T* gate, int64_t gate_stride, const T* weight, T* out,
-                    int64_t rows, int64_t heads, int64_t n, float eps) {
-  T rounded[kMaxHeadDim], normed[kMaxHeadDim];
-  const int64_t whole = n - n % 16;
-  for (int64_t i = 0; i < rows * heads; ++i) {
-    const float* src = x + i * n;
-    const T* g = gate + i / heads * gate_stride + i % heads * n;
-    T* dst = out + i * n;
-    for (int64_t j = 0; j < whole; j += 16) store16(rounded + j, load16(src + j));
-    for (int64_t j = whole; j < n; ++j) store(rounded + j, src[j]);
-    rms_norm(rounded, n, weight, normed, 1, n, eps);
-    for (int64_t j = 0; j < whole; j += 16)
-      store16(dst + j, load16(normed + j) * silu(load16(g + j)));
-    for (int64_t j = whole; j < n; ++j) store(dst + j, to_float(normed[j]) * silu(to_float(g[j])));
-  }
-}
-
 // Qwen3.5's causal depthwise convolution and its SiLU for rows [first, first + rows) of x (rows of
 // n channels, `stride` apart): row i sums x[i - s] * taps[kernel - 1 - s] (taps [kernel][n], fp32)
 // over the s <= position[i] (a sequence starts from zeros), in fp32 in order of s, rounded to the

@@ -29,8 +29,6 @@ extern const Kernels kernels = {
     gelu_tanh<uint16_t>,
     hadamard_rows<float>,
     hadamard_rows<uint16_t>,
-    gated_rms_norm<float>,
-    gated_rms_norm<uint16_t>,
     conv_silu<float>,
     conv_silu<uint16_t>,
     delta_rule<float>,
