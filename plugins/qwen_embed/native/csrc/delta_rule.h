@@ -84,16 +84,17 @@ void delta_rule(const DeltaRuleArgs& a, int64_t sequence, int64_t first, int64_t
                 int64_t cuts) {
   const int64_t dk = a.key_dim, dv = a.value_dim, hv = a.value_heads, chained = a.chained;
   const int64_t key_head = head / a.repeat, head_state = head * dk * dv;
-  const int64_t keys = hv / a.repeat * chained, blocks = (dv + 15) / 16;
+  const int64_t keys = hv / a.repeat * chained;
+  const int64_t blocks = (dv + kStateColumns - 1) / kStateColumns;
   F16* states = reinterpret_cast<F16*>(scratch);
   for (int64_t b = 0; b < blocks; ++b) {
     F16* s = states + b * chained;
-    const int64_t width = dv - b * 16 < 16 ? dv - b * 16 : 16;
+    const int64_t col = b * kStateColumns;
+    const int64_t width = dv - col < kStateColumns ? dv - col : kStateColumns;
+    const float* start =
+        a.states ? a.states + sequence * hv * dk * dv + head_state + col : nullptr;
     for (int64_t i = 0; i < chained; ++i)
-      s[i] = a.states && i < dk
-                 ? load_first(a.states + sequence * hv * dk * dv + head_state + i * dv + b * 16,
-                              width)
-                 : F16{};
+      s[i] = start && i < dk ? load_first(start + i * dv, width) : F16{};
   }
   int64_t c = 0;
   for (int64_t tile = first; tile < end; tile += kTileRows) {
@@ -101,7 +102,8 @@ void delta_rule(const DeltaRuleArgs& a, int64_t sequence, int64_t first, int64_t
     const int64_t tile_cuts = c;
     for (int64_t b = 0; b < blocks; ++b) {
       F16* s = states + b * chained;
-      const int64_t col = b * 16, width = dv - col < 16 ? dv - col : 16;
+      const int64_t col = b * kStateColumns;
+      const int64_t width = dv - col < kStateColumns ? dv - col : kStateColumns;
       // up to each cut in the tile, its state exported, then on
       c = tile_cuts;
       for (int64_t at = tile; at < tile_end;) {

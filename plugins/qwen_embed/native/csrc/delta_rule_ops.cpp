@@ -9,8 +9,6 @@
 namespace qe {
 namespace {
 
-constexpr int64_t kColumns = 16;  // value columns of a state block (delta_rule.h)
-
 void check_heads(const at::Tensor& x, int64_t t, const char* name) {
   TORCH_CHECK(x.dim() == 3 && x.size(0) == t, name, " must be [", t, ", heads, head_dim]");
   TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name,
@@ -102,9 +100,9 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
                            states ? states->data_ptr<float>() : nullptr,
                            cuts ? exports->data_ptr<float>() : nullptr, hv, dk, chained, dv,
                            hv / hk};
-  const int64_t blocks = (dv + kColumns - 1) / kColumns;
+  const int64_t blocks = (dv + kStateColumns - 1) / kStateColumns;
   at::parallel_for(0, n * hv, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor scratch = at::empty({blocks * chained * kColumns}, f32);  // 64-byte aligned
+    at::Tensor scratch = at::empty({blocks * chained * kStateColumns}, f32);  // 64-byte aligned
     for (int64_t task = begin; task < end; ++task) {
       const int64_t sequence = task / hv, head = task % hv;
       const int64_t first = bounds[sequence], last = bounds[sequence + 1];

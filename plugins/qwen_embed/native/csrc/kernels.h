@@ -6,14 +6,15 @@
 namespace qe {
 
 constexpr int64_t kMaxHeadDim = 512;
-constexpr int64_t kMaxHeads = 1024;  // heads of one token that the rotary kernel takes
-constexpr int64_t kStateChains = 4;  // the gated delta rule's sums over the key dim
+constexpr int64_t kMaxHeads = 1024;     // heads of one token that the rotary kernel takes
+constexpr int64_t kStateChains = 4;    // the gated delta rule's sums over the key dim
+constexpr int64_t kStateColumns = 16;  // value columns of one of its state blocks (a vector)
 
 // The gated delta rule's inputs and outputs (delta_rule.h): q, k normalised, fp32 [T, key
-// heads, chained] (key_dim values, zeros to a multiple of the kernel's sums); v [T, value_heads, value_dim] of the kernel's dtype, v_stride values
-// between tokens; g, beta fp32 [T, value_heads]; out fp32 [T, value_heads, value_dim]; states
-// (or null) fp32 [sequences, value_heads, key_dim, value_dim], exports fp32 [cuts, ...] of
-// that shape.
+// heads, chained] (key_dim values, then zeros to a multiple of kStateChains); v [T,
+// value_heads, value_dim] of the kernel's dtype, v_stride values between tokens; g, beta fp32
+// [T, value_heads]; out fp32 [T, value_heads, value_dim]; states (or null) fp32 [sequences,
+// value_heads, key_dim, value_dim], exports fp32 [cuts, ...] of that shape.
 struct DeltaRuleArgs {
   const float* q;
   const float* k;
