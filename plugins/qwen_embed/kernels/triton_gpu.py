@@ -45,6 +45,7 @@ def _rms_norm_rows(
     width,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    ROUND_NORMED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -59,7 +60,9 @@ def _rms_norm_rows(
         x = summed.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / width + eps)
     dtype = out_ptr.dtype.element_ty
-    normed = _round(x * inv_rms, dtype).to(tl.float32)
+    normed = x * inv_rms
+    if ROUND_NORMED:  # a weight of the rows' dtype scales the rounded value (an fp32 one: not)
+        normed = _round(normed, dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * out_stride + cols, _round(normed * w, dtype), mask=mask)
 
@@ -208,6 +211,7 @@ def _norm(x, residual, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows.shape[1],
         eps,
         HAS_RESIDUAL=residual is not None,
+        ROUND_NORMED=weight.dtype == x.dtype,
         BLOCK=block,
         num_warps=_warps(block),
     )
@@ -215,15 +219,13 @@ def _norm(x, residual, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if weight.dtype != x.dtype:  # Qwen3.5's fp32 weight: rounded once (reference.rms_norm)
-        return reference.rms_norm(x, weight, eps)
     return _norm(x, None, weight, eps)
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1 or weight.dtype != x.dtype:
+    if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1:
         return reference.add_rms_norm(x, residual, weight, eps)
     return _norm(x, residual, weight, eps), x
 

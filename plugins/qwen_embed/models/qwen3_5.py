@@ -28,6 +28,7 @@ from ..kernels import RowOps, reference
 from ..layers import (
     ColumnParallelLinear,
     LowRank,
+    RMSNorm,
     RowParallelLinear,
     SplitProjection,
     TPGroup,
@@ -59,23 +60,15 @@ def _centered_loader(param: torch.Tensor, full: torch.Tensor, shard_id=None) -> 
     copy_exact(param, full.float() + 1.0)
 
 
-class CenteredRMSNorm(nn.Module):
+class CenteredRMSNorm(RMSNorm):
     """Qwen3.5's RMSNorm, which scales by (1 + weight) in fp32, rounded once: the one is added
     to the weight as it loads, kept in fp32 (rounded to 16 bits, 1 + weight would lose weight's
-    low bits), which the row-op tables scale by in fp32. With `residual`, the norm of
-    x + residual (summed in x's dtype, over x) and that sum."""
+    low bits), which the row-op tables scale by in fp32."""
 
     def __init__(self, dim: int, eps: float, ops: RowOps = reference):
-        super().__init__()
-        self.eps = eps
-        self.ops = ops
+        super().__init__(dim, eps, ops)
         self.weight = nn.Parameter(torch.empty(dim, dtype=torch.float32), requires_grad=False)
         self.weight.weight_loader = _centered_loader
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _split_qkv(full: torch.Tensor, sizes: list[int], parts: int, rank: int) -> torch.Tensor:
