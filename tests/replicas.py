@@ -1436,3 +1436,111 @@ def colqwen3_5(directory: Path, *, seed: int = 21, files: bool = False) -> Path:
         write_tokenizer(Path(directory), append_eos=False)
         _qwen3_vl_processor(Path(directory), 8 * 8 * 4, 8 * 8 * 60)
     return Path(directory)
+
+
+def as_gguf(
+    path: Path,
+    source: Path,
+    kind: str = "Q8_0",
+    *,
+    pooling: str = "LAST",
+    causal: bool = True,
+    architecture: str | None = None,
+    pre: str = "qwen2",
+    tokens: bool = True,
+) -> Path:
+    """The checkpoint in `source` written as llama.cpp's convert_hf_to_gguf.py writes it: its
+    hyper-parameters under the architecture's keys, its vocabulary (`_gguf_vocabulary`; with
+    `tokens` False the tokenizer is named alone: a file refused before that is read), tensors
+    named by the `gguf` package's TensorNameMap, the matrices in `kind` (quantised by its numpy
+    code) and the vectors in F32."""
+    import gguf
+
+    hf = json.loads((source / "config.json").read_text())
+    architecture = architecture or hf["model_type"]
+    writer = gguf.GGUFWriter(path, architecture)
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    writer.add_context_length(hf["max_position_embeddings"])
+    writer.add_embedding_length(hf["hidden_size"])
+    writer.add_block_count(hf["num_hidden_layers"])
+    writer.add_feed_forward_length(hf["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(hf["num_key_value_heads"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base((hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
+    writer.add_pooling_type(gguf.PoolingType[pooling])
+    if not causal:
+        writer.add_causal_attention(False)
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    if tokens:
+        _gguf_vocabulary(writer, source, hf["vocab_size"])
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH[hf["model_type"].upper()], hf["num_hidden_layers"])
+    quant = gguf.GGMLQuantizationType[kind]
+    for file in sorted(source.glob("*.safetensors")):
+        for key, tensor in sorted(load_file(file).items()):
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            array = tensor.float().numpy()
+            if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+            else:
+                writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _gguf_vocabulary(writer, source: Path, vocab_size: int) -> None:
+    """The tokens as convert_hf_to_gguf.py lists them (in id order: added ones CONTROL or
+    USER_DEFINED, ids the tokenizer lacks UNUSED pads), merges and special tokens by the `gguf`
+    package's SpecialVocab."""
+    import gguf
+    from tokenizers import Tokenizer
+
+    tokenizer = json.loads((source / "tokenizer.json").read_text())
+    special = {t["id"]: t["special"] for t in tokenizer["added_tokens"]}
+    vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab()
+    by_id = {token_id: token for token, token_id in vocab.items()}
+    tokens, types = [], []
+    for token_id in range(vocab_size):
+        if token_id not in by_id:
+            tokens.append(f"[PAD{token_id}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(by_id[token_id])
+            types.append(
+                gguf.TokenType.NORMAL
+                if token_id not in special
+                else gguf.TokenType.CONTROL
+                if special[token_id]
+                else gguf.TokenType.USER_DEFINED
+            )
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(source, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
+
+
+def gguf_weights(source: Path, out: Path, kind: str = "Q8_0") -> Path:
+    """`source` with the weights a GGUF file of it (`as_gguf`, `kind`) holds: each matrix
+    quantised and dequantised by the `gguf` package, every tensor in fp32, one file; the
+    other files as they are. What transformers and sentence-transformers read as the model
+    the GGUF file is."""
+    import gguf
+
+    quant = gguf.GGMLQuantizationType[kind]
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+    tensors = {}
+    for file in sorted(source.glob("*.safetensors")):
+        for key, tensor in load_file(file).items():
+            array = tensor.float().numpy()
+            if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+                array = gguf.quants.dequantize(gguf.quants.quantize(array, quant), quant)
+            tensors[key] = torch.from_numpy(array.copy())
+    save_file(tensors, out / "model.safetensors")
+    return out

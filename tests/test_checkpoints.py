@@ -3,7 +3,9 @@
 Replicas (tests/replicas.py): Qwen3-Embedding-0.6B's layout, gte-Qwen2-1.5B-instruct's layout,
 a Qwen3 layout with its own prompt set and a default_prompt_name, and a LoRA fine-tune of the
 first as sentence-transformers saves one (adapter only); two more deployments name the first and
-the fine-tune by Hugging Face model ids resolved from a pre-filled cache with HF_HUB_OFFLINE=1.
+the fine-tune by Hugging Face model ids resolved from a pre-filled cache with HF_HUB_OFFLINE=1,
+and two serve the first two as GGUF files (Q8_0, as llama.cpp's converter writes them), against
+the same references on the models those files hold (tests/test_gguf.py has the details).
 Encoders run fp32; vectors must reach cosine >= 0.9999 against
 `SentenceTransformer(dir).encode(...)` for plain texts, every prompt name, `instruction` and a
 raw `prompt`, and TOKEN_COUNT must equal the reference tokenizer's count.
@@ -37,7 +39,7 @@ from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from replicas import QWEN3_QUERY, gte_qwen2, lora_finetune, qwen3_embedding
+from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, lora_finetune, qwen3_embedding
 from triton_helpers import infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -78,10 +80,15 @@ def dirs(tmp_path_factory):
     by_id = cache_as(cache, FINETUNE_ID, finetune)
     adapter = json.loads((by_id / ADAPTER_CONFIG).read_text())
     (by_id / ADAPTER_CONFIG).write_text(json.dumps(adapter | {"base_model_name_or_path": MODEL_ID}))
+    gte = gte_qwen2(root / "gte-Qwen2-1.5B-instruct")
     return {
         "qwen3": qwen3,
         "finetune": finetune,
-        "gte": gte_qwen2(root / "gte-Qwen2-1.5B-instruct"),
+        "gte": gte,
+        "qwen3_gguf": as_gguf(root / "Qwen3-Embedding-0.6B-Q8_0.gguf", qwen3),
+        "qwen3_held": gguf_weights(qwen3, root / "qwen3-as-q8_0"),
+        "gte_gguf": as_gguf(root / "gte-Qwen2-Q8_0.gguf", gte, causal=False),
+        "gte_held": gguf_weights(gte, root / "gte-as-q8_0"),
         "custom": qwen3_embedding(
             root / "custom-prompts",
             prompts=CUSTOM_PROMPTS,
@@ -102,6 +109,8 @@ def server(dirs, tmp_path_factory):
         "byid": MODEL_ID,
         "finetune": dirs["finetune"],
         "finetune_byid": FINETUNE_ID,
+        "qwen3_gguf": dirs["qwen3_gguf"],
+        "gte_gguf": dirs["gte_gguf"],
     }
     overrides = {"encoder": {"dtype": "float32"}, "tokenizer": {"max_input_tokens": "8192"}}
     repo = render(where / "repo", deployments, overrides)
@@ -117,7 +126,7 @@ def st(dirs):
         name: SentenceTransformer(
             str(dirs[name]), device="cpu", model_kwargs={"dtype": torch.float32}
         )
-        for name in ("qwen3", "gte", "custom", "finetune")
+        for name in ("qwen3", "gte", "custom", "finetune", "qwen3_held")
     }
 
 
@@ -257,6 +266,23 @@ def test_gte_qwen2_layout(server, dirs):
     ]:
         reference, counts = gte_reference(dirs["gte"], TEXTS, prefix)
         check(server, "gte", reference, counts, **params)
+
+
+def test_gguf_files(server, dirs, st):
+    """A GGUF file served as the model it holds: Qwen3-Embedding's (last token, its prompts as
+    a bare checkpoint gets them) against sentence-transformers, gte-Qwen2's (attending both
+    ways, the EOS its metadata appends) against its reference."""
+    model = st["qwen3_held"]
+    check(server, "qwen3_gguf", model.encode(TEXTS), st_counts(model, TEXTS, ""))
+    check(
+        server,
+        "qwen3_gguf",
+        model.encode(TEXTS, prompt_name="query"),
+        st_counts(model, TEXTS, QWEN3_QUERY),
+        prompt_name="query",
+    )
+    reference, counts = gte_reference(dirs["gte_held"], TEXTS, "")
+    check(server, "gte_gguf", reference, counts)
 
 
 def test_custom_prompts_and_default_prompt_name(server, st):

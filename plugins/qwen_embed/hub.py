@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from . import finetunes
+from . import finetunes, gguf_files
 from .config import GME_SCRIPT
 
 # configs, tokenizer files, chat templates (a CrossEncoder's pairs) and weights: never
@@ -50,8 +50,11 @@ def _offline() -> bool:
 def resolve_checkpoint(name: str | Path) -> Path:
     """A directory holding config.json: `name` itself, or the cached (else downloaded)
     snapshot of the Hugging Face model id `name`; a LoRA fine-tune (either) over its base
-    (finetunes.py). Raises CheckpointNotFoundError naming the id and the cache when neither
+    (finetunes.py); a GGUF file, or a folder holding one, as a checkpoint directory of its own
+    (gguf_files.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
+    if gguf_files.is_gguf(Path(name).expanduser()):
+        return gguf_files.checkpoint(Path(name).expanduser())
     path = locate(name)
     if not finetunes.is_finetune(path):
         return path
@@ -71,8 +74,8 @@ def locate(name: str | Path) -> Path:
     if path.exists() or not _REPO_ID.match(str(name)):
         raise CheckpointNotFoundError(
             f"{name} is neither a checkpoint directory (no config.json or "
-            f"{finetunes.ADAPTER_CONFIG} there) nor a Hugging Face model id like "
-            "Qwen/Qwen3-Embedding-0.6B"
+            f"{finetunes.ADAPTER_CONFIG} there), a GGUF file, nor a Hugging Face model id "
+            "like Qwen/Qwen3-Embedding-0.6B"
         )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError

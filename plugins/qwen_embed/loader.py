@@ -1,4 +1,5 @@
-"""Load a local Hugging Face checkpoint (safetensors only: nothing is ever unpickled)."""
+"""Load a local Hugging Face checkpoint (safetensors, or a GGUF file as gguf_files.py lays it
+out: nothing is ever unpickled)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from . import gguf_files
 
 if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_modules.py)
     from torch import nn
@@ -44,6 +47,8 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
             raise CheckpointError(f"{index} names shard files that do not exist: {missing}")
         return files
     files = sorted(model_dir.glob("*.safetensors"))
+    if not files and (model_dir / gguf_files.FILE).is_file():
+        return [model_dir / gguf_files.FILE]
     if not files:
         raise CheckpointError(
             f"no *.safetensors in {model_dir}; only safetensors checkpoints are loaded "
@@ -108,12 +113,14 @@ def _header(path: Path) -> tuple[int, dict]:
 def checkpoint_dtypes(model_dir: str | Path) -> dict:
     """Each tensor's dtype (torch's; None where not read here) by our name, from the files'
     headers alone."""
-    dtypes = _dtypes()
-    return {
-        _normalise(key): dtypes.get(entry[0])
-        for path in checkpoint_files(model_dir)
-        for key, entry in _header(path)[1].items()
-    }
+    dtypes, found = _dtypes(), {}
+    for path in checkpoint_files(model_dir):
+        if path.suffix == gguf_files.SUFFIX:
+            stored = gguf_files.tensor_dtypes(path)
+        else:
+            stored = {key: dtypes.get(entry[0]) for key, entry in _header(path)[1].items()}
+        found.update((_normalise(key), dtype) for key, dtype in stored.items())
+    return found
 
 
 def _mapped_tensors(path: Path):
@@ -165,7 +172,8 @@ def load_weights(
     seen: set[str] = set()
     passed: set[str] = set()  # read elsewhere (a head's) or by another rank (the tower)
     for path in checkpoint_files(model_dir):
-        for key, full in _mapped_tensors(path):
+        read = gguf_files.tensors if path.suffix == gguf_files.SUFFIX else _mapped_tensors
+        for key, full in read(path):
             name = _normalise(key)
             if name not in expected and (
                 name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)

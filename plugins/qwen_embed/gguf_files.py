@@ -1,0 +1,429 @@
+"""A GGUF file (llama.cpp's and Ollama's format) served as a checkpoint.
+
+Qwen publishes Qwen3-Embedding as GGUF files too, and llama.cpp and Ollama users hold their
+models so. `checkpoint` lays out, once per version of the file, a directory that the rest of the
+server reads as any other checkpoint: config.json from the file's metadata, tokenizer.json rebuilt
+from its vocabulary, merges and special tokens (added as llama.cpp adds them), the pooling its
+metadata names, and a link to the file itself, whose tensors `tensors` dequantizes (the `gguf`
+package's numpy code, as transformers' GGUF loader does) one at a time while the loader reads
+them, under the names transformers gives them. Nothing is written back as weights. The header is
+read here (`read`): the `gguf` package's reader takes seconds over a 151K-token vocabulary.
+
+Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
+Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
+dequantizes. A reranker's file (pooling `rank`: llama.cpp folds the yes/no rows into a head of
+its own) and rotary scaling are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIX = ".gguf"
+FILE = "model.gguf"  # the file's link in the checkpoint directory
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# llama.cpp's `tokenizer.ggml.pre` for Qwen2's byte-level BPE, and the split it names (Qwen2's
+# tokenizer.json's)
+QWEN2_PRE = "qwen2"
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's pooling types (gguf.PoolingType) -> sentence-transformers' Pooling mode; last
+# token (and none said) is what a checkpoint without modules.json gets
+POOLING = {1: "mean", 2: "cls"}
+RANK_POOLING = 4
+# llama.cpp's token types (gguf.TokenType) that are added tokens in transformers' tokenizer
+CONTROL, USER_DEFINED = 3, 4
+# tensor names: llama.cpp's -> transformers' (a layer's under blk.N. -> model.layers.N.)
+GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+class GGUFError(ValueError):
+    """A GGUF file not read here, named with why."""
+
+
+def is_gguf(path: Path) -> bool:
+    """A .gguf file, or a folder of them without a checkpoint's config.json."""
+    if path.is_file():
+        return path.suffix == SUFFIX
+    return path.is_dir() and not (path / "config.json").is_file() and any(path.glob("*" + SUFFIX))
+
+
+def gguf_file(path: Path) -> Path:
+    """The one .gguf file `path` names or holds."""
+    if path.is_file():
+        return path
+    found = sorted(path.glob("*" + SUFFIX))
+    if len(found) != 1:
+        raise GGUFError(
+            f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}): "
+            "name the one to serve"
+        )
+    return found[0]
+
+
+def checkpoint(path: Path) -> Path:
+    """The GGUF file `path` names (or the one in that folder) as a checkpoint directory, made
+    once per version of the file (processes that start together share it)."""
+    source = gguf_file(path).absolute()
+    stat = source.stat()
+    version = hashlib.sha256(
+        f"{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:24]
+    target = Path(tempfile.gettempdir()) / "qwen-embed-gguf" / version
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        _write(building, source)
+    except BaseException:
+        shutil.rmtree(building)
+        raise
+    try:
+        os.rename(building, target)
+    except OSError:  # another process made it first
+        shutil.rmtree(building)
+    return target
+
+
+def _write(directory: Path, source: Path) -> None:
+    header = read(source)
+    embedding = header.tensors.get("token_embd.weight")
+    if embedding is None:
+        raise GGUFError(f"{source} has no token_embd.weight tensor")
+    config = _config(header.meta, set(header.tensors), embedding.shape[0])
+    tokens = _Vocabulary(header.meta, source)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "tokenizer.json").write_text(tokens.tokenizer_json())
+    tokenizer_config = tokens.tokenizer_config(config["max_position_embeddings"])
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    pooling = header.meta.get(f"{header.meta['general.architecture']}.pooling_type")
+    if pooling in POOLING:
+        _write_pooling(directory, POOLING[pooling], config["hidden_size"])
+    (directory / FILE).symlink_to(source)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    kind: int  # ggml's type (gguf.GGMLQuantizationType)
+    shape: tuple[int, ...]  # numpy's order: rows first
+    offset: int  # from the file's start
+
+
+@dataclass(frozen=True)
+class Header:
+    meta: dict
+    tensors: dict[str, Tensor]
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
+_SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# ggml's float types, read as they are (the others are dequantised to float32)
+_FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
+
+
+def read(path: Path) -> Header:
+    """A GGUF file's metadata and tensor table (format version 2 or 3, little-endian)."""
+    with open(path, "rb") as f:
+        data = f.read(_header_size(f, path))
+    try:
+        magic, version, count, kv_count = struct.unpack_from("<IIQQ", data, 0)
+        if magic != 0x46554747 or version not in (2, 3):
+            raise ValueError(f"magic {magic:#x}, version {version}")
+        at, meta = 24, {}
+        for _ in range(kv_count):
+            key, at = _string(data, at)
+            (kind,), at = struct.unpack_from("<I", data, at), at + 4
+            meta[key], at = _value(data, at, kind)
+        table = []
+        for _ in range(count):
+            name, at = _string(data, at)
+            (dims,), at = struct.unpack_from("<I", data, at), at + 4
+            shape, at = struct.unpack_from(f"<{dims}Q", data, at), at + 8 * dims
+            kind, offset = struct.unpack_from("<IQ", data, at)
+            at += 12
+            table.append((name, kind, tuple(reversed(shape)), offset))
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise GGUFError(f"{path} is not a GGUF file llama.cpp wrote: {e}") from None
+    align = int(meta.get("general.alignment", 32))
+    start = -(-at // align) * align
+    tensors = {name: Tensor(kind, shape, start + offset) for name, kind, shape, offset in table}
+    return Header(meta, tensors)
+
+
+def _header_size(f, path: Path) -> int:
+    """Bytes enough for the header: the file, but for a large one its first 64 MiB and more
+    while that is not enough (a vocabulary of 151K tokens takes about 4 MiB)."""
+    size = os.fstat(f.fileno()).st_size
+    if size < 24:
+        raise GGUFError(f"{path} is not a GGUF file llama.cpp wrote: {size} bytes")
+    return min(size, 64 << 20)
+
+
+def _string(data: bytes, at: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", data, at)
+    end = at + 8 + n
+    if end > len(data):
+        raise ValueError("a string past the header read")
+    return data[at + 8 : end].decode("utf-8"), end
+
+
+def _value(data: bytes, at: int, kind: int):
+    if kind in _SCALARS:
+        return struct.unpack_from(_SCALARS[kind], data, at)[0], at + struct.calcsize(_SCALARS[kind])
+    if kind == _STRING:
+        return _string(data, at)
+    if kind != _ARRAY:
+        raise ValueError(f"value type {kind}")
+    item, n = struct.unpack_from("<IQ", data, at)
+    at += 12
+    if item in _SCALARS:
+        width = struct.calcsize(_SCALARS[item])
+        return list(struct.unpack_from(f"<{n}{_SCALARS[item][1]}", data, at)), at + n * width
+    values = []
+    for _ in range(n):
+        value, at = _value(data, at, item)
+        values.append(value)
+    return values, at
+
+
+def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
+    """transformers' config.json of the model the metadata describes."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(
+            f"a GGUF file of architecture {arch!r}: GGUF files of {sorted(ARCHITECTURES)} are "
+            "read (Qwen2, Qwen2.5 and Qwen3 text models); serve another's safetensors checkpoint"
+        )
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise GGUFError(f"the file's metadata lacks {arch}.{name}")
+        return value
+
+    if key("pooling_type", 0) == RANK_POOLING:
+        raise GGUFError(
+            "a reranker's GGUF file (pooling rank: llama.cpp's own head over the yes/no rows) is "
+            "not read; serve the reranker's safetensors checkpoint"
+        )
+    if key("rope.scaling.type", "none") != "none":
+        raise GGUFError(f"rotary scaling {key('rope.scaling.type')!r} in a GGUF file is not read")
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length", hidden // heads)
+    if key("attention.value_length", head_dim) != head_dim:
+        raise GGUFError("keys and values of different sizes are not a Qwen model's")
+    if key("rope.dimension_count", head_dim) != head_dim:
+        raise GGUFError("rotary on part of a head is not a Qwen2/Qwen3 model's")
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0)},
+        "max_position_embeddings": key("context_length"),
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+    if not key("attention.causal", True):
+        config["is_causal"] = False
+    return config
+
+
+def _write_pooling(directory: Path, mode: str, hidden: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2))
+    (directory / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": hidden, "pooling_mode": mode}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+
+
+class _Vocabulary:
+    """The file's tokenizer: byte-level BPE over its tokens and merges, its control and
+    user-defined tokens as added tokens, BOS/EOS where its metadata asks for them."""
+
+    def __init__(self, meta: dict, source: Path):
+        model, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+        if model != "gpt2" or pre != QWEN2_PRE:
+            raise GGUFError(
+                f"{source}: its tokenizer ({model!r}, pre-tokenizer {pre!r}) is not Qwen2's "
+                f"byte-level BPE ('gpt2', {QWEN2_PRE!r})"
+            )
+        self.tokens = list(meta["tokenizer.ggml.tokens"])
+        self.types = list(meta["tokenizer.ggml.token_type"])
+        self.merges = list(meta["tokenizer.ggml.merges"])
+        self.ends = {
+            end: meta.get(f"tokenizer.ggml.{end}_token_id") for end in ("bos", "eos", "padding")
+        }
+        self.added = {
+            end: bool(meta.get(f"tokenizer.ggml.add_{end}_token")) for end in ("bos", "eos")
+        }
+        for end in ("bos", "eos"):
+            if self.added[end] and self.ends[end] is None:
+                raise GGUFError(f"{source}: add_{end}_token without an {end}_token_id")
+
+    def _name(self, end: str) -> str | None:
+        token_id = self.ends[end]
+        return self.tokens[token_id] if token_id is not None else None
+
+    def tokenizer_json(self) -> str:
+        from tokenizers import (
+            AddedToken,
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+            processors,
+        )
+
+        vocab: dict[str, int] = {}
+        for token_id, token in enumerate(self.tokens):
+            vocab.setdefault(token, token_id)
+        merges = [tuple(merge.split(" ")) for merge in self.merges]
+        if any(len(pair) != 2 for pair in merges):
+            raise GGUFError("a merge in the file is not two tokens")
+        tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(
+                    add_prefix_space=False, trim_offsets=False, use_regex=False
+                ),
+            ]
+        )
+        tok.decoder = decoders.ByteLevel()
+        for kind, add in ((CONTROL, tok.add_special_tokens), (USER_DEFINED, tok.add_tokens)):
+            add(
+                [
+                    AddedToken(token, special=kind == CONTROL, normalized=False)
+                    for token, its_kind in zip(self.tokens, self.types, strict=True)
+                    if its_kind == kind
+                ]
+            )
+        head = [self._name("bos")] if self.added["bos"] else []
+        tail = [self._name("eos")] if self.added["eos"] else []
+        if head or tail:
+            tok.post_processor = processors.TemplateProcessing(
+                single=[*head, "$A", *tail],
+                pair=[*head, "$A", "$B:1", *tail],
+                special_tokens=[(name, self.tokens.index(name)) for name in {*head, *tail}],
+            )
+        else:
+            tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        return tok.to_str()
+
+    def tokenizer_config(self, max_length: int) -> dict:
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
+        for end, key in (("bos", "bos_token"), ("eos", "eos_token"), ("padding", "pad_token")):
+            if (name := self._name(end)) is not None:
+                config[key] = name
+        return config
+
+
+def tensors(path: Path):
+    """(transformers' name, tensor) for each tensor of the GGUF file: quantised ones
+    dequantised to float32, the others in their own dtype (a view of the file's bytes)."""
+    import numpy as np
+    import torch
+
+    header = read(path)
+    raw = np.memmap(path, np.uint8, mode="c")
+    for name, tensor in header.tensors.items():
+        if tensor.kind not in _FLOATS:
+            yield hf_name(name), _dequantized(raw, tensor)
+            continue
+        dtype = getattr(torch, _FLOATS[tensor.kind])
+        end = tensor.offset + math.prod(tensor.shape) * dtype.itemsize
+        values = torch.from_numpy(raw[tensor.offset : end]).view(dtype)
+        yield hf_name(name), values.reshape(tensor.shape)
+
+
+def _dequantized(raw, tensor: Tensor):
+    import torch
+
+    try:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize, quant_shape_to_byte_shape
+    except ImportError as e:
+        raise GGUFError(
+            "a GGUF file's quantised tensors are read by the `gguf` package (pip install gguf)"
+        ) from e
+    kind = GGMLQuantizationType(tensor.kind)
+    shape = quant_shape_to_byte_shape(tensor.shape, kind)
+    block = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(shape)
+    return torch.from_numpy(dequantize(block, kind)).reshape(tensor.shape)
+
+
+def tensor_dtypes(path: Path) -> dict:
+    """Each tensor's dtype as `tensors` yields it, by transformers' name (from the header)."""
+    import torch
+
+    stored = {kind: getattr(torch, dtype) for kind, dtype in _FLOATS.items()}
+    return {
+        hf_name(name): stored.get(tensor.kind, torch.float32)
+        for name, tensor in read(path).tensors.items()
+    }
+
+
+def hf_name(name: str) -> str:
+    """A llama.cpp tensor name as transformers names it."""
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name]
+    block, _, rest = name.partition(".")
+    layer, _, rest = rest.partition(".")
+    if block == "blk" and layer.isdigit() and rest in LAYER_TENSORS:
+        return f"model.layers.{layer}.{LAYER_TENSORS[rest]}"
+    raise GGUFError(f"tensor {name!r} of the GGUF file is not a Qwen2/Qwen3 model's")

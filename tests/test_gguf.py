@@ -1,0 +1,155 @@
+"""GGUF files (llama.cpp's and Ollama's format) served as checkpoints (qwen_embed/gguf_files.py).
+
+The files are written as llama.cpp's converter writes them (replicas.as_gguf: the `gguf` package's
+writer, SpecialVocab and TensorNameMap) from the replicas of Qwen3-Embedding-0.6B and
+gte-Qwen2-1.5B-instruct. The reference is the model a file holds (replicas.gguf_weights: the
+replica with each matrix quantised and dequantised by that package, in fp32) read by
+transformers (whose own GGUF loader reads Qwen3's head size as its config class's default, 128,
+whatever the file says). Served through Triton:
+test_checkpoints.py. Each file takes seconds to write (a 151K-token vocabulary in Python):
+server tier.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModel
+
+from qwen_embed import Encoder
+from qwen_embed.gguf_files import FILE, GGUFError
+from qwen_embed.hub import resolve_checkpoint
+from qwen_embed_client.contract import EmbedOptions
+from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
+
+from reference import cosine
+from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, qwen3_embedding
+
+TEXTS = [
+    "What is the capital of China?",
+    "naïve café — emoji 🎉 你好，世界！这是一个多语言测试。",
+    "Привет, мир! مرحبا بالعالم こんにちは世界",
+    "def f(x):\n\treturn x ** 2  # tabs, newlines\n\n",
+    "Cafe\u0301 (decomposed) vs Café",
+    "<|im_start|>user\nspecial tokens inside a text<|im_end|>",
+]
+# (replica, tensor type) of the files written once for the module
+MADE = [("qwen3", "F32"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0"), ("gte", "Q8_0")]
+MIN_COSINE = 0.99999
+
+pytestmark = pytest.mark.server  # whole-model checks that take seconds
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    return {"qwen3": qwen3_embedding(root / "qwen3"), "gte": gte_qwen2(root / "gte")}
+
+
+@pytest.fixture(scope="module")
+def files(replicas, tmp_path_factory):
+    """(replica, kind) -> (GGUF file, the model it holds as a checkpoint directory)."""
+    root = tmp_path_factory.mktemp("gguf-files")
+    made = {}
+    for name, kind in MADE:
+        source = replicas[name]
+        path = as_gguf(root / f"{name}-{kind}.gguf", source, kind, causal=name != "gte")
+        made[name, kind] = (path, gguf_weights(source, root / f"{name}-{kind}", kind))
+    return made
+
+
+def reference(model_dir, id_lists):
+    """transformers' base model on each id list, last token, L2-normalised."""
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        rows = [model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1] for ids in id_lists]
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gte"])
+def test_texts_get_the_checkpoints_ids(replicas, files, name):
+    """The tokenizer rebuilt from the file's vocabulary, merges and special tokens serves the
+    ids the checkpoint's own files give, the EOS llama.cpp appends among them (Qwen3-Embedding's
+    post-processor's, gte-Qwen2's add_eos_token)."""
+    converted = resolve_checkpoint(files[name, "Q8_0"][0])
+    ours = TextTokenizer(converted, 8192).encode(TEXTS, EmbedOptions())
+    assert ours == TextTokenizer(replicas[name], 8192).encode(TEXTS, EmbedOptions())
+    assert all(ids[-1] == 151643 for ids in ours)
+    tok = Tokenizer.from_file(str(converted / "tokenizer.json"))
+    assert tok.decode(ours[1], skip_special_tokens=True) == TEXTS[1]
+
+
+@pytest.mark.parametrize("name, kind", MADE)
+def test_vectors_are_the_model_the_file_holds(replicas, files, name, kind):
+    path, held = files[name, kind]
+    tok = Tokenizer.from_file(str(held / "tokenizer.json"))
+    id_lists = [tok.encode(text).ids + ([151643] if name == "gte" else []) for text in TEXTS]
+    with Encoder.from_pretrained(path, dtype="float32") as encoder:
+        vectors = encoder.embed(id_lists)
+    want = reference(held, id_lists)
+    assert cosine(vectors, want).min() >= MIN_COSINE
+    assert np.abs(vectors - want).max() <= 1e-4
+    if kind != "F32":  # the test can fail: quantising moves the vectors
+        exact = reference(replicas[name], id_lists)
+        assert cosine(want, exact).min() < 1.0 - 1e-6
+
+
+def test_the_checkpoint_directory(files):
+    path, _ = files["qwen3", "Q8_0"]
+    converted = resolve_checkpoint(path)
+    assert resolve_checkpoint(path.parent / path.name) == converted  # made once per file
+    config = json.loads((converted / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["head_dim"] == 16
+    assert (converted / FILE).resolve() == path.resolve()
+    assert not (converted / "modules.json").exists()  # last token: as a bare checkpoint
+    assert PromptSet.from_dir(converted).prompts["query"] == QWEN3_QUERY
+    gte = json.loads((resolve_checkpoint(files["gte", "Q8_0"][0]) / "config.json").read_text())
+    assert gte["architectures"] == ["Qwen2ForCausalLM"] and gte["is_causal"] is False
+
+
+def test_mean_pooling_from_the_metadata(replicas, files, tmp_path):
+    _, held = files["qwen3", "F32"]
+    path = as_gguf(tmp_path / "mean.gguf", replicas["qwen3"], "F32", pooling="MEAN")
+    tok = Tokenizer.from_file(str(held / "tokenizer.json"))
+    id_lists = [tok.encode(text).ids for text in TEXTS[:3]]
+    model = AutoModel.from_pretrained(held, dtype=torch.float32).eval()
+    with torch.no_grad():
+        rows = [
+            model(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0) for ids in id_lists
+        ]
+    want = torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+    with Encoder.from_pretrained(path, dtype="float32") as encoder:
+        assert cosine(encoder.embed(id_lists), want).min() >= MIN_COSINE
+
+
+def test_a_folder_of_one_file(files, tmp_path):
+    path, _ = files["qwen3", "Q8_0"]
+    (tmp_path / path.name).symlink_to(path)
+    assert (resolve_checkpoint(tmp_path) / FILE).resolve() == path.resolve()
+    (tmp_path / "other.gguf").symlink_to(path)
+    with pytest.raises(GGUFError, match="holds 2 GGUF files"):
+        resolve_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"architecture": "llama"}, "architecture 'llama'"),
+        ({"pooling": "RANK"}, "reranker's GGUF file"),
+        ({"pre": "llama-bpe"}, "not Qwen2's byte-level BPE"),
+    ],
+)
+def test_files_not_read_are_refused_by_name(replicas, tmp_path, change, message):
+    path = as_gguf(tmp_path / "x.gguf", replicas["qwen3"], "F32", tokens=False, **change)
+    with pytest.raises(GGUFError, match=message):
+        resolve_checkpoint(path)
+    assert not list((path.parent).glob("*/config.json"))
+
+
+def test_a_file_that_is_not_gguf(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(GGUFError, match="is not a GGUF file"):
+        resolve_checkpoint(path)
