@@ -96,6 +96,17 @@ def test_vectors_are_the_model_the_file_holds(replicas, files, name, kind):
         assert cosine(want, exact).min() < 1.0 - 1e-6
 
 
+def test_the_int8_route_quantises_what_the_file_holds(files):
+    """quantization int8 over a Q8_0 file: the route's codes made from the dequantised
+    weights, as from any checkpoint's (tests/test_cpu_route.py's bound)."""
+    path, held = files["qwen3", "Q8_0"]
+    tok = Tokenizer.from_file(str(held / "tokenizer.json"))
+    id_lists = [tok.encode(text).ids for text in TEXTS]
+    with Encoder.from_pretrained(path, dtype="float32", quantization="int8") as encoder:
+        vectors = encoder.embed(id_lists)
+    assert cosine(vectors, reference(held, id_lists)).min() >= 0.999
+
+
 def test_the_checkpoint_directory(files):
     path, _ = files["qwen3", "Q8_0"]
     converted = resolve_checkpoint(path)

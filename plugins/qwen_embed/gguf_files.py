@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import shutil
 import struct
@@ -29,6 +30,7 @@ from pathlib import Path
 
 SUFFIX = ".gguf"
 FILE = "model.gguf"  # the file's link in the checkpoint directory
+LAYOUT = 1  # of the directory `checkpoint` writes: a new one is made when this changes
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # llama.cpp's `tokenizer.ggml.pre` for Qwen2's byte-level BPE, and the split it names (Qwen2's
 # tokenizer.json's)
@@ -97,7 +99,7 @@ def checkpoint(path: Path) -> Path:
     source = gguf_file(path).absolute()
     stat = source.stat()
     version = hashlib.sha256(
-        f"{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+        f"{LAYOUT}\0{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     ).hexdigest()[:24]
     target = Path(tempfile.gettempdir()) / "qwen-embed-gguf" / version
     if target.is_dir():
@@ -155,51 +157,41 @@ _FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
 
 def read(path: Path) -> Header:
     """A GGUF file's metadata and tensor table (format version 2 or 3, little-endian)."""
-    with open(path, "rb") as f:
-        data = f.read(_header_size(f, path))
-    try:
-        magic, version, count, kv_count = struct.unpack_from("<IIQQ", data, 0)
-        if magic != 0x46554747 or version not in (2, 3):
-            raise ValueError(f"magic {magic:#x}, version {version}")
-        at, meta = 24, {}
-        for _ in range(kv_count):
-            key, at = _string(data, at)
-            (kind,), at = struct.unpack_from("<I", data, at), at + 4
-            meta[key], at = _value(data, at, kind)
-        table = []
-        for _ in range(count):
-            name, at = _string(data, at)
-            (dims,), at = struct.unpack_from("<I", data, at), at + 4
-            shape, at = struct.unpack_from(f"<{dims}Q", data, at), at + 8 * dims
-            kind, offset = struct.unpack_from("<IQ", data, at)
-            at += 12
-            table.append((name, kind, tuple(reversed(shape)), offset))
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise GGUFError(f"{path} is not a GGUF file llama.cpp wrote: {e}") from None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            magic, version, count, kv_count = struct.unpack_from("<IIQQ", data, 0)
+            if magic != 0x46554747 or version not in (2, 3):
+                raise ValueError(f"magic {magic:#x}, version {version}")
+            at, meta = 24, {}
+            for _ in range(kv_count):
+                key, at = _string(data, at)
+                (kind,), at = struct.unpack_from("<I", data, at), at + 4
+                meta[key], at = _value(data, at, kind)
+            table = []
+            for _ in range(count):
+                name, at = _string(data, at)
+                (dims,), at = struct.unpack_from("<I", data, at), at + 4
+                shape, at = struct.unpack_from(f"<{dims}Q", data, at), at + 8 * dims
+                kind, offset = struct.unpack_from("<IQ", data, at)
+                at += 12
+                table.append((name, kind, tuple(reversed(shape)), offset))
+        except (struct.error, ValueError, UnicodeDecodeError) as e:
+            raise GGUFError(f"{path} is not a GGUF file llama.cpp wrote: {e}") from None
     align = int(meta.get("general.alignment", 32))
     start = -(-at // align) * align
     tensors = {name: Tensor(kind, shape, start + offset) for name, kind, shape, offset in table}
     return Header(meta, tensors)
 
 
-def _header_size(f, path: Path) -> int:
-    """Bytes enough for the header: the file, but for a large one its first 64 MiB and more
-    while that is not enough (a vocabulary of 151K tokens takes about 4 MiB)."""
-    size = os.fstat(f.fileno()).st_size
-    if size < 24:
-        raise GGUFError(f"{path} is not a GGUF file llama.cpp wrote: {size} bytes")
-    return min(size, 64 << 20)
-
-
-def _string(data: bytes, at: int) -> tuple[str, int]:
+def _string(data, at: int) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", data, at)
     end = at + 8 + n
     if end > len(data):
-        raise ValueError("a string past the header read")
+        raise ValueError("a string past the file's end")
     return data[at + 8 : end].decode("utf-8"), end
 
 
-def _value(data: bytes, at: int, kind: int):
+def _value(data, at: int, kind: int):
     if kind in _SCALARS:
         return struct.unpack_from(_SCALARS[kind], data, at)[0], at + struct.calcsize(_SCALARS[kind])
     if kind == _STRING:
@@ -267,20 +259,10 @@ def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
 
 
 def _write_pooling(directory: Path, mode: str, hidden: int) -> None:
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (path, kind) in enumerate(kinds)
     ]
     (directory / "modules.json").write_text(json.dumps(modules, indent=2))
     (directory / "1_Pooling").mkdir()
@@ -353,13 +335,14 @@ class _Vocabulary:
                     if its_kind == kind
                 ]
             )
-        head = [self._name("bos")] if self.added["bos"] else []
-        tail = [self._name("eos")] if self.added["eos"] else []
-        if head or tail:
+        ends = {end: (self._name(end), self.ends[end]) for end in ("bos", "eos") if self.added[end]}
+        head = [ends["bos"][0]] if "bos" in ends else []
+        tail = [ends["eos"][0]] if "eos" in ends else []
+        if ends:
             tok.post_processor = processors.TemplateProcessing(
                 single=[*head, "$A", *tail],
                 pair=[*head, "$A", "$B:1", *tail],
-                special_tokens=[(name, self.tokens.index(name)) for name in {*head, *tail}],
+                special_tokens=sorted(set(ends.values())),
             )
         else:
             tok.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -401,10 +384,13 @@ def _dequantized(raw, tensor: Tensor):
         raise GGUFError(
             "a GGUF file's quantised tensors are read by the `gguf` package (pip install gguf)"
         ) from e
-    kind = GGMLQuantizationType(tensor.kind)
-    shape = quant_shape_to_byte_shape(tensor.shape, kind)
-    block = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(shape)
-    return torch.from_numpy(dequantize(block, kind)).reshape(tensor.shape)
+    try:
+        kind = GGMLQuantizationType(tensor.kind)
+        shape = quant_shape_to_byte_shape(tensor.shape, kind)
+        block = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(shape)
+        return torch.from_numpy(dequantize(block, kind)).reshape(tensor.shape)
+    except (ValueError, NotImplementedError) as e:  # a type it lacks, a truncated file
+        raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
 
 
 def tensor_dtypes(path: Path) -> dict:
