@@ -153,6 +153,7 @@ _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 # ggml's float types, read as they are (the others are dequantised to float32)
 _FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
+_DEQUANTIZED_AT_ONCE = 1 << 22  # values
 
 
 def read(path: Path) -> Header:
@@ -375,6 +376,7 @@ def tensors(path: Path):
 
 
 def _dequantized(raw, tensor: Tensor):
+    import numpy as np
     import torch
 
     try:
@@ -387,8 +389,13 @@ def _dequantized(raw, tensor: Tensor):
     try:
         kind = GGMLQuantizationType(tensor.kind)
         shape = quant_shape_to_byte_shape(tensor.shape, kind)
-        block = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(shape)
-        return torch.from_numpy(dequantize(block, kind)).reshape(tensor.shape)
+        rows = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(-1, shape[-1])
+        out = np.empty((len(rows), tensor.shape[-1]), np.float32)
+        # a few rows at a time: the package's temporaries stay small beside an embedding table
+        step = max(1, _DEQUANTIZED_AT_ONCE // tensor.shape[-1])
+        for row in range(0, len(rows), step):
+            out[row : row + step] = dequantize(rows[row : row + step], kind)
+        return torch.from_numpy(out).reshape(tensor.shape)
     except (ValueError, NotImplementedError) as e:  # a type it lacks, a truncated file
         raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
 
