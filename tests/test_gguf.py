@@ -20,7 +20,7 @@ from transformers import AutoModel
 
 from qwen_embed import Encoder
 from qwen_embed.gguf_files import FILE, GGUFError
-from qwen_embed.hub import resolve_checkpoint
+from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import EmbedOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 
@@ -135,8 +135,11 @@ def test_mean_pooling_from_the_metadata(replicas, files, tmp_path):
         assert cosine(encoder.embed(id_lists), want).min() >= MIN_COSINE
 
 
-def test_a_folder_of_one_file(files, tmp_path):
+def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
     path, _ = files["qwen3", "Q8_0"]
+    (tmp_path / "sha256-0a1b2c").symlink_to(path)  # as Ollama keeps it
+    assert (resolve_checkpoint(tmp_path / "sha256-0a1b2c") / FILE).resolve() == path.resolve()
+    (tmp_path / "sha256-0a1b2c").unlink()
     (tmp_path / path.name).symlink_to(path)
     assert (resolve_checkpoint(tmp_path) / FILE).resolve() == path.resolve()
     (tmp_path / "other.gguf").symlink_to(path)
@@ -159,8 +162,11 @@ def test_files_not_read_are_refused_by_name(replicas, tmp_path, change, message)
     assert not list((path.parent).glob("*/config.json"))
 
 
-def test_a_file_that_is_not_gguf(tmp_path):
+def test_a_file_that_is_not_gguf(files, tmp_path):
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"not a gguf file at all" * 10)
-    with pytest.raises(GGUFError, match="is not a GGUF file"):
+    with pytest.raises(CheckpointNotFoundError, match="neither a checkpoint directory .*, a GGUF file"):
+        resolve_checkpoint(path)
+    path.write_bytes(files["qwen3", "Q8_0"][0].read_bytes()[:4000])  # cut short
+    with pytest.raises(GGUFError, match="is not a GGUF file llama.cpp wrote"):
         resolve_checkpoint(path)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUFFIX = ".gguf"
+MAGIC = b"GGUF"
 FILE = "model.gguf"  # the file's link in the checkpoint directory
 LAYOUT = 1  # of the directory `checkpoint` writes: a new one is made when this changes
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -74,9 +75,11 @@ class GGUFError(ValueError):
 
 
 def is_gguf(path: Path) -> bool:
-    """A .gguf file, or a folder of them without a checkpoint's config.json."""
+    """A GGUF file (by its first bytes: Ollama's blobs have no suffix), or a folder of .gguf
+    files without a checkpoint's config.json."""
     if path.is_file():
-        return path.suffix == SUFFIX
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
     return path.is_dir() and not (path / "config.json").is_file() and any(path.glob("*" + SUFFIX))
 
 
@@ -161,7 +164,7 @@ def read(path: Path) -> Header:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         try:
             magic, version, count, kv_count = struct.unpack_from("<IIQQ", data, 0)
-            if magic != 0x46554747 or version not in (2, 3):
+            if magic != int.from_bytes(MAGIC, "little") or version not in (2, 3):
                 raise ValueError(f"magic {magic:#x}, version {version}")
             at, meta = 24, {}
             for _ in range(kv_count):
