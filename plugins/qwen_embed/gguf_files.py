@@ -99,10 +99,10 @@ def gguf_file(path: Path) -> Path:
 def checkpoint(path: Path) -> Path:
     """The GGUF file `path` names (or the one in that folder) as a checkpoint directory, made
     once per version of the file (processes that start together share it)."""
-    source = gguf_file(path).absolute()
+    source = gguf_file(path).resolve()  # the file itself, past any links to it
     stat = source.stat()
     version = hashlib.sha256(
-        f"{LAYOUT}\0{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+        f"{LAYOUT}\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     ).hexdigest()[:24]
     target = Path(tempfile.gettempdir()) / "qwen-embed-gguf" / version
     if target.is_dir():
