@@ -165,7 +165,7 @@ def test_files_not_read_are_refused_by_name(replicas, tmp_path, change, message)
 def test_a_file_that_is_not_gguf(files, tmp_path):
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"not a gguf file at all" * 10)
-    with pytest.raises(CheckpointNotFoundError, match="neither a checkpoint directory .*, a GGUF file"):
+    with pytest.raises(CheckpointNotFoundError, match="directory .*, a GGUF file, nor"):
         resolve_checkpoint(path)
     path.write_bytes(files["qwen3", "Q8_0"][0].read_bytes()[:4000])  # cut short
     with pytest.raises(GGUFError, match="is not a GGUF file llama.cpp wrote"):
