@@ -211,7 +211,8 @@ perf-analyzer: setup
 # matching ours, and q8_0 against our int8), each peer installed under .cache/peers (minutes:
 # llama.cpp compiles, vllm compiles at start-up). PEER_DTYPE=float32|bfloat16 forces a dtype;
 # PEER_SYSTEMS names the systems instead: opt-in ones are triton-onednn (Triton on oneDNN's GEMM,
-# against the default's brgemm operator on AMX), infinity and naive (perf/peers/install.sh first).
+# against the default's brgemm operator on AMX), triton-gguf and triton-gguf-int8 (Triton on the
+# GGUF files the llama systems serve), infinity and naive (perf/peers/install.sh first).
 # PEER_ROUNDS=N: the systems take turns N times and the ratios are medians within a round, for
 # hosts whose speed drifts over minutes.
 PEER_SECONDS ?= 60

