@@ -51,8 +51,9 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
         return [model_dir / gguf_files.FILE]
     if not files:
         raise CheckpointError(
-            f"no *.safetensors in {model_dir}; only safetensors checkpoints are loaded "
-            "(pickled .bin/.pt files are refused because unpickling can run code)"
+            f"no *.safetensors in {model_dir}; only safetensors checkpoints and GGUF files "
+            "(named as the model) are loaded (pickled .bin/.pt files are refused because "
+            "unpickling can run code)"
         )
     return files
 
