@@ -5,9 +5,9 @@ writer, SpecialVocab and TensorNameMap) from the replicas of Qwen3-Embedding-0.6
 gte-Qwen2-1.5B-instruct. The reference is the model a file holds (replicas.gguf_weights: the
 replica with each matrix quantised and dequantised by that package, in fp32) read by
 transformers (whose own GGUF loader reads Qwen3's head size as its config class's default, 128,
-whatever the file says). Served through Triton:
-test_checkpoints.py. Each file takes seconds to write (a 151K-token vocabulary in Python):
-server tier.
+whatever the file says). Served through Triton: test_checkpoints.py; the files llama.cpp's own
+converter writes: bench_peers.py's triton-gguf systems. Each file takes seconds to write (a
+151K-token vocabulary in Python): server tier.
 """
 
 import json
