@@ -1448,13 +1448,17 @@ def as_gguf(
     architecture: str | None = None,
     pre: str = "qwen2",
     tokens: bool = True,
+    reranker: bool = False,
 ) -> Path:
     """The checkpoint in `source` written as llama.cpp's convert_hf_to_gguf.py writes it: its
     hyper-parameters under the architecture's keys, its vocabulary (`_gguf_vocabulary`; with
     `tokens` False the tokenizer is named alone: a file refused before that is read), tensors
     named by the `gguf` package's TensorNameMap, the matrices in `kind` (quantised by its numpy
-    code) and the vectors in F32."""
+    code) and the vectors in F32. `reranker`: a Qwen3-Reranker's, as the converter's Qwen3Model
+    writes it: pooling rank, labels yes and no, the output head's rows of those tokens as
+    `cls.output` and no output head."""
     import gguf
+    from tokenizers import Tokenizer
 
     hf = json.loads((source / "config.json").read_text())
     architecture = architecture or hf["model_type"]
@@ -1471,7 +1475,7 @@ def as_gguf(
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base((hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
-    writer.add_pooling_type(gguf.PoolingType[pooling])
+    writer.add_pooling_type(gguf.PoolingType["RANK" if reranker else pooling])
     if not causal:
         writer.add_causal_attention(False)
 
@@ -1481,14 +1485,21 @@ def as_gguf(
         _gguf_vocabulary(writer, source, hf["vocab_size"])
     names = gguf.TensorNameMap(gguf.MODEL_ARCH[hf["model_type"].upper()], hf["num_hidden_layers"])
     quant = gguf.GGMLQuantizationType[kind]
-    for file in sorted(source.glob("*.safetensors")):
-        for key, tensor in sorted(load_file(file).items()):
-            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-            array = tensor.float().numpy()
-            if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
-                writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
-            else:
-                writer.add_tensor(name, array)
+    tensors = {
+        names.get_name(key, try_suffixes=(".weight", ".bias")): tensor.float().numpy()
+        for file in sorted(source.glob("*.safetensors"))
+        for key, tensor in load_file(file).items()
+    }
+    if reranker:
+        writer.add_classifier_output_labels(["yes", "no"])
+        vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab()
+        head = tensors.pop("output.weight", tensors["token_embd.weight"])
+        tensors["cls.output.weight"] = head[[vocab["yes"], vocab["no"]]]
+    for name, array in sorted(tensors.items()):
+        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -21,10 +21,11 @@ from transformers import AutoModel
 from qwen_embed import Encoder
 from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
-from qwen_embed_client.contract import EmbedOptions
+from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
+from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 
-from reference import cosine
+from reference import cosine, model_card_pairs, reference_scores
 from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, qwen3_embedding
 
 TEXTS = [
@@ -38,6 +39,8 @@ TEXTS = [
 # (replica, tensor type) of the files written once for the module
 MADE = [("qwen3", "F32"), ("qwen3", "BF16"), ("qwen3", "Q8_0"), ("gte", "Q8_0")]
 MIN_COSINE = 0.99999
+QUERY = "What is the capital of China?"
+DOCUMENTS = ["Beijing is the capital of China.", "Gravity pulls bodies together.", "北京是首都。"]
 
 pytestmark = pytest.mark.server  # whole-model checks that take seconds
 
@@ -146,6 +149,22 @@ def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
     (tmp_path / "other.gguf").symlink_to(path)
     with pytest.raises(GGUFError, match="holds 2 GGUF files"):
         resolve_checkpoint(tmp_path)
+
+
+def test_a_qwen3_reranker_file_scores_as_the_model_card(reranker, tmp_path):
+    """Its `cls.output` rows (yes, no) as one classifier row: the sigmoid of their difference is
+    the model card's P(yes) over the two, on the model the file holds."""
+    path = as_gguf(tmp_path / "reranker-Q8_0.gguf", reranker, "Q8_0", reranker=True)
+    held = gguf_weights(reranker, tmp_path / "held", "Q8_0")
+    pairs = model_card_pairs(held, QUERY, DOCUMENTS, instruction=DEFAULT_TASK)
+    converted = resolve_checkpoint(path)
+    assert PairTokenizer(converted, 8192).encode(QUERY, DOCUMENTS, RerankOptions()) == pairs
+    expected = reference_scores(held, pairs)
+    with Encoder.from_pretrained(path, dtype="float32") as encoder:  # task auto: rerank
+        assert encoder.task == "rerank"
+        scores = encoder.score(pairs)
+    assert np.abs(scores - expected).max() <= 1e-4
+    assert np.ptp(expected) > 1e-3  # the replica tells documents apart
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ read here (`read`): the `gguf` package's reader takes seconds over a 151K-token 
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
 Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
-dequantizes. A reranker's file (pooling `rank`: llama.cpp folds the yes/no rows into a head of
-its own) and rotary scaling are refused.
+dequantizes. A Qwen3-Reranker's file (pooling `rank`: the converter keeps the output head's
+"yes" and "no" rows as `cls.output`) is read as a one-label sequence classifier whose `score`
+row is their difference: its sigmoid is the model card's P(yes) over the two. Rotary scaling is
+refused.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ MAGIC = b"GGUF"
 FILE = "model.gguf"  # the file's link in the checkpoint directory
 LAYOUT = 1  # of the directory `checkpoint` writes: a new one is made when this changes
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# a reranker's file (pooling rank): its head's rows, in the order the converter writes them
+RERANKER = "Qwen3ForSequenceClassification"
+RANK_LABELS = ["yes", "no"]
+CLS_OUT = "cls.output.weight"
 # llama.cpp's `tokenizer.ggml.pre` for Qwen2's byte-level BPE, and the split it names (Qwen2's
 # tokenizer.json's)
 QWEN2_PRE = "qwen2"
@@ -51,6 +57,7 @@ GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    CLS_OUT: "score.weight",
 }
 LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -229,10 +236,12 @@ def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
             raise GGUFError(f"the file's metadata lacks {arch}.{name}")
         return value
 
-    if key("pooling_type", 0) == RANK_POOLING:
+    reranker = key("pooling_type", 0) == RANK_POOLING
+    labels = meta.get(f"{arch}.classifier.output_labels")
+    if reranker and (arch != "qwen3" or CLS_OUT not in names or labels != RANK_LABELS):
         raise GGUFError(
-            "a reranker's GGUF file (pooling rank: llama.cpp's own head over the yes/no rows) is "
-            "not read; serve the reranker's safetensors checkpoint"
+            f"a reranker's GGUF file (pooling rank) of architecture {arch!r}, labels {labels}: "
+            f"Qwen3-Reranker's ({CLS_OUT} over the rows {RANK_LABELS}) is read"
         )
     if key("rope.scaling.type", "none") != "none":
         raise GGUFError(f"rotary scaling {key('rope.scaling.type')!r} in a GGUF file is not read")
@@ -259,6 +268,8 @@ def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
     }
     if not key("attention.causal", True):
         config["is_causal"] = False
+    if reranker:
+        config |= {"architectures": [RERANKER], "id2label": {"0": "LABEL_0"}}
     return config
 
 
@@ -369,13 +380,15 @@ def tensors(path: Path):
     header = read(path)
     raw = np.memmap(path, np.uint8, mode="c")
     for name, tensor in header.tensors.items():
-        if tensor.kind not in _FLOATS:
-            yield hf_name(name), _dequantized(raw, tensor)
-            continue
-        dtype = getattr(torch, _FLOATS[tensor.kind])
-        end = tensor.offset + math.prod(tensor.shape) * dtype.itemsize
-        values = torch.from_numpy(raw[tensor.offset : end]).view(dtype)
-        yield hf_name(name), values.reshape(tensor.shape)
+        if tensor.kind in _FLOATS:
+            dtype = getattr(torch, _FLOATS[tensor.kind])
+            end = tensor.offset + math.prod(tensor.shape) * dtype.itemsize
+            values = torch.from_numpy(raw[tensor.offset : end]).view(dtype).reshape(tensor.shape)
+        else:
+            values = _dequantized(raw, tensor)
+        if name == CLS_OUT:  # "yes" less "no": the one label's row
+            values = values[:1].float() - values[1:2].float()
+        yield hf_name(name), values
 
 
 def _dequantized(raw, tensor: Tensor):
@@ -409,7 +422,7 @@ def tensor_dtypes(path: Path) -> dict:
 
     stored = {kind: getattr(torch, dtype) for kind, dtype in _FLOATS.items()}
     return {
-        hf_name(name): stored.get(tensor.kind, torch.float32)
+        hf_name(name): torch.float32 if name == CLS_OUT else stored.get(tensor.kind, torch.float32)
         for name, tensor in read(path).tensors.items()
     }
 
