@@ -151,6 +151,24 @@ def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
         resolve_checkpoint(tmp_path)
 
 
+def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeypatch):
+    """`owner/name:TYPE`, as llama.cpp's `-hf` names a file of a Hugging Face GGUF repository
+    (Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0), read from a pre-filled cache with HF_HUB_OFFLINE."""
+    snapshot = tmp_path / "models--acme--tiny-GGUF" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "models--acme--tiny-GGUF" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny-GGUF" / "refs" / "main").write_text("0" * 40)
+    for kind in ("F32", "Q8_0"):
+        (snapshot / f"tiny-{kind}.gguf").symlink_to(files["qwen3", kind][0])
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("acme/tiny-GGUF:Q8_0", "acme/tiny-GGUF:q8_0"):
+        linked = (resolve_checkpoint(name) / FILE).resolve()
+        assert linked == files["qwen3", "Q8_0"][0].resolve()
+    with pytest.raises(CheckpointNotFoundError, match="HF_HUB_OFFLINE is set"):
+        resolve_checkpoint("acme/tiny-GGUF:Q4_K_M")
+
+
 def test_a_qwen3_reranker_file_scores_as_the_model_card(reranker, tmp_path):
     """Its `cls.output` rows (yes, no) as one classifier row: the sigmoid of their difference is
     the model card's P(yes) over the two, on the model the file holds."""

@@ -27,6 +27,8 @@ CHECKPOINT_FILES = [
     GME_SCRIPT,
 ]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# one file of a GGUF repository, named as llama.cpp's `-hf` names it: owner/name:TYPE (Q8_0, f16)
+_GGUF_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -50,11 +52,15 @@ def _offline() -> bool:
 def resolve_checkpoint(name: str | Path) -> Path:
     """A directory holding config.json: `name` itself, or the cached (else downloaded)
     snapshot of the Hugging Face model id `name`; a LoRA fine-tune (either) over its base
-    (finetunes.py); a GGUF file, or a folder holding one, as a checkpoint directory of its own
+    (finetunes.py); a GGUF file, a folder holding one, or a GGUF repository's file by type
+    (`Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0`), as a checkpoint directory of its own
     (gguf_files.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
-    if gguf_files.is_gguf(Path(name).expanduser()):
-        return gguf_files.checkpoint(Path(name).expanduser())
+    path = Path(name).expanduser()
+    if gguf_files.is_gguf(path):
+        return gguf_files.checkpoint(path)
+    if not path.exists() and (match := _GGUF_ID.match(str(name))):
+        return gguf_files.checkpoint(_hub_gguf(match[1], match[2]))
     path = locate(name)
     if not finetunes.is_finetune(path):
         return path
@@ -77,12 +83,38 @@ def locate(name: str | Path) -> Path:
             f"{finetunes.ADAPTER_CONFIG} there), a GGUF file, nor a Hugging Face model id "
             "like Qwen/Qwen3-Embedding-0.6B"
         )
+    return _snapshot(str(name), CHECKPOINT_FILES)
+
+
+def _hub_gguf(repo: str, kind: str) -> Path:
+    """The GGUF file of type `kind` (its name holds it, in any case) in the Hugging Face
+    repository `repo`: from the local cache, else downloaded alone."""
+
+    def files(snapshot: Path) -> list[Path]:
+        return [p for p in sorted(snapshot.glob("*.gguf")) if kind.lower() in p.name.lower()]
+
+    patterns = [f"*{k}*.gguf" for k in sorted({kind, kind.upper(), kind.lower()})]
+    found = files(_snapshot(repo, patterns, lambda snapshot: bool(files(snapshot))))
+    if len(found) != 1:
+        raise CheckpointNotFoundError(
+            f"{repo} holds {len(found)} GGUF files of type {kind} "
+            f"({', '.join(p.name for p in found)}): name one type"
+        )
+    return found[0]
+
+
+def _snapshot(name: str, patterns: list[str], holds=lambda snapshot: True) -> Path:
+    """The Hub snapshot of the model id `name`: the cached one where it `holds` what is
+    wanted, else its files matching `patterns` downloaded into the cache (never with
+    HF_HUB_OFFLINE set)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     cache = hub_cache()
     try:
-        return Path(snapshot_download(str(name), cache_dir=cache, local_files_only=True))
+        cached = Path(snapshot_download(name, cache_dir=cache, local_files_only=True))
+        if holds(cached):
+            return cached
     except LocalEntryNotFoundError:
         pass
     if _offline():
@@ -92,7 +124,7 @@ def locate(name: str | Path) -> Path:
             "cache, or point at a checkpoint directory"
         )
     try:
-        snapshot = snapshot_download(str(name), cache_dir=cache, allow_patterns=CHECKPOINT_FILES)
+        snapshot = snapshot_download(name, cache_dir=cache, allow_patterns=patterns)
     except Exception as e:  # network, auth, unknown repo: one clear message
         raise CheckpointNotFoundError(
             f"model {name} is not in the Hugging Face cache {cache} and downloading it failed: "
