@@ -1486,9 +1486,8 @@ def as_gguf(
     names = gguf.TensorNameMap(gguf.MODEL_ARCH[hf["model_type"].upper()], hf["num_hidden_layers"])
     quant = gguf.GGMLQuantizationType[kind]
     tensors = {
-        names.get_name(key, try_suffixes=(".weight", ".bias")): tensor.float().numpy()
-        for file in sorted(source.glob("*.safetensors"))
-        for key, tensor in load_file(file).items()
+        names.get_name(key, try_suffixes=(".weight", ".bias")): array
+        for key, array in _float_arrays(source).items()
     }
     if reranker:
         writer.add_classifier_output_labels(["yes", "no"])
@@ -1547,11 +1546,18 @@ def gguf_weights(source: Path, out: Path, kind: str = "Q8_0") -> Path:
     quant = gguf.GGMLQuantizationType[kind]
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("*.safetensors*"))
     tensors = {}
-    for file in sorted(source.glob("*.safetensors")):
-        for key, tensor in load_file(file).items():
-            array = tensor.float().numpy()
-            if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
-                array = gguf.quants.dequantize(gguf.quants.quantize(array, quant), quant)
-            tensors[key] = torch.from_numpy(array.copy())
+    for key, array in _float_arrays(source).items():
+        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            array = gguf.quants.dequantize(gguf.quants.quantize(array, quant), quant)
+        tensors[key] = torch.from_numpy(array.copy())
     save_file(tensors, out / "model.safetensors")
     return out
+
+
+def _float_arrays(source: Path) -> dict:
+    """Every tensor of the checkpoint in `source` by its key, as an fp32 array."""
+    return {
+        key: tensor.float().numpy()
+        for file in sorted(source.glob("*.safetensors"))
+        for key, tensor in load_file(file).items()
+    }

@@ -14,9 +14,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from tokenizers import Tokenizer
-from transformers import AutoModel
 
 from qwen_embed import Encoder
 from qwen_embed.gguf_files import FILE, GGUFError
@@ -25,7 +23,7 @@ from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
 from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 
-from reference import cosine, model_card_pairs, reference_scores
+from reference import cosine, model_card_pairs, reference_embeddings, reference_scores
 from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, qwen3_embedding
 
 TEXTS = [
@@ -63,14 +61,6 @@ def files(replicas, tmp_path_factory):
     return made
 
 
-def reference(model_dir, id_lists):
-    """transformers' base model on each id list, last token, L2-normalised."""
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        rows = [model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1] for ids in id_lists]
-    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
-
-
 @pytest.mark.parametrize("name", ["qwen3", "gte"])
 def test_texts_get_the_checkpoints_ids(replicas, files, name):
     """The tokenizer rebuilt from the file's vocabulary, merges and special tokens serves the
@@ -91,12 +81,12 @@ def test_vectors_are_the_model_the_file_holds(replicas, files, name, kind):
     id_lists = [tok.encode(text).ids + ([151643] if name == "gte" else []) for text in TEXTS]
     with Encoder.from_pretrained(path, dtype="float32") as encoder:
         vectors = encoder.embed(id_lists)
-    want = reference(held, id_lists)
+    want = reference_embeddings(held, id_lists)
     assert cosine(vectors, want).min() >= MIN_COSINE
     assert np.abs(vectors - want).max() <= 1e-4
     if kind.startswith("Q"):  # the test can fail: quantising moves the vectors (the replica is
         # bf16: BF16 and F32 files hold it exactly)
-        exact = reference(replicas[name], id_lists)
+        exact = reference_embeddings(replicas[name], id_lists)
         assert cosine(want, exact).min() < 1.0 - 1e-6
 
 
@@ -108,7 +98,7 @@ def test_the_int8_route_quantises_what_the_file_holds(files):
     id_lists = [tok.encode(text).ids for text in TEXTS]
     with Encoder.from_pretrained(path, dtype="float32", quantization="int8") as encoder:
         vectors = encoder.embed(id_lists)
-    assert cosine(vectors, reference(held, id_lists)).min() >= 0.999
+    assert cosine(vectors, reference_embeddings(held, id_lists)).min() >= 0.999
 
 
 def test_the_checkpoint_directory(files):
@@ -129,12 +119,7 @@ def test_mean_pooling_from_the_metadata(replicas, files, tmp_path):
     path = as_gguf(tmp_path / "mean.gguf", replicas["qwen3"], "F32", pooling="MEAN")
     tok = Tokenizer.from_file(str(held / "tokenizer.json"))
     id_lists = [tok.encode(text).ids for text in TEXTS[:3]]
-    model = AutoModel.from_pretrained(held, dtype=torch.float32).eval()
-    with torch.no_grad():
-        rows = [
-            model(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0) for ids in id_lists
-        ]
-    want = torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+    want = reference_embeddings(held, id_lists, pooling="mean")
     with Encoder.from_pretrained(path, dtype="float32") as encoder:
         assert cosine(encoder.embed(id_lists), want).min() >= MIN_COSINE
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from .adapters import ADAPTERS, AdapterError
+from .derived_dirs import made_once
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -54,25 +52,19 @@ def checkpoint(directory: Path, base: Path) -> Path:
             "adapters is not served; merge the base's first"
         )
     files = {root: _files(root) for root in (base, directory)}
-    target = Path(tempfile.gettempdir()) / "qwen-embed-finetunes" / _version(files)
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    for relative, source in files[base].items():
-        _link(building / relative, source)
-    for relative, source in files[directory].items():
-        if relative.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) and (
-            relative.suffix not in _NOT_TAKEN
-        ):
+
+    def write(building: Path) -> None:
+        for relative, source in files[base].items():
             _link(building / relative, source)
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        _link(building / ADAPTERS / NAME / name, directory / name)
-    try:
-        os.rename(building, target)
-    except OSError:  # another process made it first
-        shutil.rmtree(building)
-    return target
+        for relative, source in files[directory].items():
+            if relative.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) and (
+                relative.suffix not in _NOT_TAKEN
+            ):
+                _link(building / relative, source)
+        for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+            _link(building / ADAPTERS / NAME / name, directory / name)
+
+    return made_once("qwen-embed-finetunes", _version(files), write)
 
 
 def _files(root: Path) -> dict[Path, Path]:

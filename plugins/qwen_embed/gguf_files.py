@@ -23,12 +23,11 @@ import hashlib
 import json
 import math
 import mmap
-import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .derived_dirs import made_once
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
@@ -111,21 +110,7 @@ def checkpoint(path: Path) -> Path:
     version = hashlib.sha256(
         f"{LAYOUT}\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     ).hexdigest()[:24]
-    target = Path(tempfile.gettempdir()) / "qwen-embed-gguf" / version
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
-        _write(building, source)
-    except BaseException:
-        shutil.rmtree(building)
-        raise
-    try:
-        os.rename(building, target)
-    except OSError:  # another process made it first
-        shutil.rmtree(building)
-    return target
+    return made_once("qwen-embed-gguf", version, lambda directory: _write(directory, source))
 
 
 def _write(directory: Path, source: Path) -> None:
