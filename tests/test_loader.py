@@ -302,3 +302,47 @@ def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tm
         expected["mean6"] = expected["mean"]
         assert (config.sentence.pooling, widths) == expected[name]
         assert config.embedding_size == widths[-1][1]
+
+
+@pytest.mark.parametrize("kind", ["F32", "BF16", "Q8_0", "Q4_0"])
+def test_gguf_tensors_are_what_the_gguf_package_reads(tmp_path, kind):
+    """Each tensor type as the `gguf` package reads it, bit for bit (Q8_0 by our torch code, the
+    other quantised types by the package's), under transformers' names; a file cut short names
+    the tensor past its end."""
+    import gguf
+
+    from qwen_embed.gguf_files import GGUFError, tensors
+
+    quant = gguf.GGMLQuantizationType[kind]
+    rng = np.random.default_rng(0)
+    arrays = {
+        "token_embd.weight": rng.standard_normal((40, 96), dtype=np.float32),
+        "blk.0.attn_q.weight": rng.standard_normal((64, 128), dtype=np.float32) * 3,
+        "blk.0.attn_norm.weight": rng.standard_normal(96, dtype=np.float32),
+    }
+    writer = gguf.GGUFWriter(tmp_path / "x.gguf", "qwen3")
+    expected = {}
+    for name, array in arrays.items():
+        if array.ndim == 2 and kind != "F32":
+            stored = gguf.quants.quantize(array, quant)
+            writer.add_tensor(name, stored, raw_dtype=quant)
+            expected[name] = gguf.quants.dequantize(stored, quant)
+        else:
+            writer.add_tensor(name, array)
+            expected[name] = array
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file):
+        write()
+    writer.write_tensors_to_file()
+    writer.close()
+    got = dict(tensors(tmp_path / "x.gguf"))
+    names = ["embed_tokens", "layers.0.self_attn.q_proj", "layers.0.input_layernorm"]
+    assert list(got) == [f"model.{name}.weight" for name in names]
+    for (name, want), value in zip(expected.items(), got.values(), strict=True):
+        # float types as they are stored (views of the file), quantised ones in float32
+        stored = torch.bfloat16 if kind == "BF16" and want.ndim == 2 else torch.float32
+        assert value.shape == want.shape and value.dtype == stored, name
+        assert np.array_equal(value.float().numpy(), want), name
+    data = (tmp_path / "x.gguf").read_bytes()
+    (tmp_path / "x.gguf").write_bytes(data[:-200])
+    with pytest.raises(GGUFError, match="'blk.0.attn_norm.weight' lies past the end"):
+        list(tensors(tmp_path / "x.gguf"))

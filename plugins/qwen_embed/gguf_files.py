@@ -4,10 +4,11 @@ Qwen publishes Qwen3-Embedding as GGUF files too, and llama.cpp and Ollama users
 models so. `checkpoint` lays out, once per version of the file, a directory that the rest of the
 server reads as any other checkpoint: config.json from the file's metadata, tokenizer.json rebuilt
 from its vocabulary, merges and special tokens (added as llama.cpp adds them), the pooling its
-metadata names, and a link to the file itself, whose tensors `tensors` dequantizes (the `gguf`
-package's numpy code, as transformers' GGUF loader does) one at a time while the loader reads
-them, under the names transformers gives them. Nothing is written back as weights. The header is
-read here (`read`): the `gguf` package's reader takes seconds over a 151K-token vocabulary.
+metadata names, and a link to the file itself, whose tensors `tensors` dequantizes one at a time
+while the loader reads them (Q8_0, the type of Qwen's own files, in torch; the others by the
+`gguf` package's numpy code, as transformers' GGUF loader does), under the names transformers
+gives them. Nothing is written back as weights. The header is read here (`read`): the `gguf`
+package's reader takes seconds over a 151K-token vocabulary.
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
 Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
@@ -148,6 +149,7 @@ _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 # ggml's float types, read as they are (the others are dequantised to float32)
 _FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
+_Q8_0 = 8
 _DEQUANTIZED_AT_ONCE = 1 << 22  # values
 
 
@@ -363,20 +365,44 @@ def tensors(path: Path):
     import torch
 
     header = read(path)
-    raw = np.memmap(path, np.uint8, mode="c")
+    # a plain array over the map: numpy's memmap subclass doubles the package's dequantising
+    raw = np.asarray(np.memmap(path, np.uint8, mode="c"))
     for name, tensor in header.tensors.items():
         if tensor.kind in _FLOATS:
             dtype = getattr(torch, _FLOATS[tensor.kind])
-            end = tensor.offset + math.prod(tensor.shape) * dtype.itemsize
-            values = torch.from_numpy(raw[tensor.offset : end]).view(dtype).reshape(tensor.shape)
+            data = _bytes(raw, name, tensor, math.prod(tensor.shape) * dtype.itemsize)
+            values = torch.from_numpy(data).view(dtype).reshape(tensor.shape)
+        elif tensor.kind == _Q8_0:
+            values = _q8_0(_bytes(raw, name, tensor, math.prod(tensor.shape) // 32 * 34), tensor)
         else:
-            values = _dequantized(raw, tensor)
+            values = _dequantized(raw, name, tensor)
         if name == CLS_OUT:  # "yes" less "no": the one label's row
             values = values[:1].float() - values[1:2].float()
         yield hf_name(name), values
 
 
-def _dequantized(raw, tensor: Tensor):
+def _bytes(raw, name: str, tensor: Tensor, size: int):
+    if tensor.offset + size > len(raw):
+        raise GGUFError(f"tensor {name!r} lies past the end of the GGUF file")
+    return raw[tensor.offset : tensor.offset + size]
+
+
+def _q8_0(data, tensor: Tensor):
+    """Q8_0, the type of Qwen's own quantised GGUF files, in torch (several times the package's
+    numpy): blocks of 32 int8 codes after their float16 scale, a few blocks at a time."""
+    import torch
+
+    blocks = torch.from_numpy(data).view(-1, 34)
+    out = torch.empty(len(blocks), 32)
+    step = _DEQUANTIZED_AT_ONCE // 32
+    for at in range(0, len(blocks), step):
+        chunk = blocks[at : at + step]
+        scales = chunk[:, :2].contiguous().view(torch.float16).float()
+        torch.mul(chunk[:, 2:].view(torch.int8), scales, out=out[at : at + step])
+    return out.reshape(tensor.shape)
+
+
+def _dequantized(raw, name: str, tensor: Tensor):
     import numpy as np
     import torch
 
@@ -390,14 +416,17 @@ def _dequantized(raw, tensor: Tensor):
     try:
         kind = GGMLQuantizationType(tensor.kind)
         shape = quant_shape_to_byte_shape(tensor.shape, kind)
-        rows = raw[tensor.offset : tensor.offset + math.prod(shape)].reshape(-1, shape[-1])
+    except ValueError as e:  # a type it lacks, a shape it refuses
+        raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
+    rows = _bytes(raw, name, tensor, math.prod(shape)).reshape(-1, shape[-1])
+    try:
         out = np.empty((len(rows), tensor.shape[-1]), np.float32)
         # a few rows at a time: the package's temporaries stay small beside an embedding table
         step = max(1, _DEQUANTIZED_AT_ONCE // tensor.shape[-1])
         for row in range(0, len(rows), step):
             out[row : row + step] = dequantize(rows[row : row + step], kind)
         return torch.from_numpy(out).reshape(tensor.shape)
-    except (ValueError, NotImplementedError) as e:  # a type it lacks, a truncated file
+    except NotImplementedError as e:  # a type it names but does not dequantize
         raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
 
 
