@@ -304,11 +304,31 @@ def test_what_follows_the_transformer_is_read_from_the_checkpoint(checkpoint, tm
         assert config.embedding_size == widths[-1][1]
 
 
-@pytest.mark.parametrize("kind", ["F32", "BF16", "Q8_0", "Q4_0"])
+# The float16 fields of a k-quant block (bytes), set to small scales in the random blocks below
+K_QUANT_SCALES = {"Q4_K": slice(0, 4), "Q5_K": slice(0, 4), "Q6_K": slice(208, 210)}
+
+
+def _stored(rng, array, quant):
+    """`array` as a GGUF file stores it in type `quant` (uint8 rows): quantised by the `gguf`
+    package, or, for the k-quants it cannot write, random blocks with small float16 scales."""
+    import gguf
+
+    if quant.name not in K_QUANT_SCALES:
+        return gguf.quants.quantize(array, quant)
+    values, size = gguf.GGML_QUANT_SIZES[quant]
+    rows, width = array.shape
+    blocks = rng.integers(0, 256, (rows, width // values, size), dtype=np.uint8)
+    scales = blocks[..., K_QUANT_SCALES[quant.name]]
+    small = rng.standard_normal(scales.shape[:-1] + (scales.shape[-1] // 2,)) * 0.01
+    blocks[..., K_QUANT_SCALES[quant.name]] = small.astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["F32", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_gguf_tensors_are_what_the_gguf_package_reads(tmp_path, kind):
-    """Each tensor type as the `gguf` package reads it, bit for bit (Q8_0 by our torch code, the
-    other quantised types by the package's), under transformers' names; a file cut short names
-    the tensor past its end."""
+    """Each tensor type as the `gguf` package reads it, bit for bit (Q8_0 and the k-quants by
+    our torch code, the other quantised types by the package's), under transformers' names; a
+    file cut short names the tensor past its end."""
     import gguf
 
     from qwen_embed.gguf_files import GGUFError, tensors
@@ -316,15 +336,15 @@ def test_gguf_tensors_are_what_the_gguf_package_reads(tmp_path, kind):
     quant = gguf.GGMLQuantizationType[kind]
     rng = np.random.default_rng(0)
     arrays = {
-        "token_embd.weight": rng.standard_normal((40, 96), dtype=np.float32),
-        "blk.0.attn_q.weight": rng.standard_normal((64, 128), dtype=np.float32) * 3,
-        "blk.0.attn_norm.weight": rng.standard_normal(96, dtype=np.float32),
+        "token_embd.weight": rng.standard_normal((40, 256), dtype=np.float32),
+        "blk.0.attn_q.weight": rng.standard_normal((64, 512), dtype=np.float32) * 3,
+        "blk.0.attn_norm.weight": rng.standard_normal(256, dtype=np.float32),
     }
     writer = gguf.GGUFWriter(tmp_path / "x.gguf", "qwen3")
     expected = {}
     for name, array in arrays.items():
         if array.ndim == 2 and kind != "F32":
-            stored = gguf.quants.quantize(array, quant)
+            stored = _stored(rng, array, quant)
             writer.add_tensor(name, stored, raw_dtype=quant)
             expected[name] = gguf.quants.dequantize(stored, quant)
         else:

@@ -5,10 +5,10 @@ models so. `checkpoint` lays out, once per version of the file, a directory that
 server reads as any other checkpoint: config.json from the file's metadata, tokenizer.json rebuilt
 from its vocabulary, merges and special tokens (added as llama.cpp adds them), the pooling its
 metadata names, and a link to the file itself, whose tensors `tensors` dequantizes one at a time
-while the loader reads them (Q8_0, the type of Qwen's own files, in torch; the others by the
-`gguf` package's numpy code, as transformers' GGUF loader does), under the names transformers
-gives them. Nothing is written back as weights. The header is read here (`read`): the `gguf`
-package's reader takes seconds over a 151K-token vocabulary.
+while the loader reads them (Q8_0 and the k-quants of Q4_K_M and Q5_K_M in torch: gguf_blocks.py;
+the other types by the `gguf` package's numpy code, as transformers' GGUF loader does), under
+the names transformers gives them. Nothing is written back as weights. The header is read here
+(`read`): the `gguf` package's reader takes seconds over a 151K-token vocabulary.
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
 Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
@@ -149,7 +149,6 @@ _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 # ggml's float types, read as they are (the others are dequantised to float32)
 _FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
-_Q8_0 = 8
 _DEQUANTIZED_AT_ONCE = 1 << 22  # values
 
 
@@ -364,6 +363,8 @@ def tensors(path: Path):
     import numpy as np
     import torch
 
+    from . import gguf_blocks
+
     header = read(path)
     # a plain array over the map: numpy's memmap subclass doubles the package's dequantising
     raw = np.asarray(np.memmap(path, np.uint8, mode="c"))
@@ -372,8 +373,10 @@ def tensors(path: Path):
             dtype = getattr(torch, _FLOATS[tensor.kind])
             data = _bytes(raw, name, tensor, math.prod(tensor.shape) * dtype.itemsize)
             values = torch.from_numpy(data).view(dtype).reshape(tensor.shape)
-        elif tensor.kind == _Q8_0:
-            values = _q8_0(_bytes(raw, name, tensor, math.prod(tensor.shape) // 32 * 34), tensor)
+        elif gguf_blocks.dequantizes(tensor.kind):
+            size = gguf_blocks.stored_bytes(tensor.kind, math.prod(tensor.shape))
+            data = _bytes(raw, name, tensor, size)
+            values = gguf_blocks.dequantize(data, tensor.kind).reshape(tensor.shape)
         else:
             values = _dequantized(raw, name, tensor)
         if name == CLS_OUT:  # "yes" less "no": the one label's row
@@ -385,21 +388,6 @@ def _bytes(raw, name: str, tensor: Tensor, size: int):
     if tensor.offset + size > len(raw):
         raise GGUFError(f"tensor {name!r} lies past the end of the GGUF file")
     return raw[tensor.offset : tensor.offset + size]
-
-
-def _q8_0(data, tensor: Tensor):
-    """Q8_0, the type of Qwen's own quantised GGUF files, in torch (several times the package's
-    numpy): blocks of 32 int8 codes after their float16 scale, a few blocks at a time."""
-    import torch
-
-    blocks = torch.from_numpy(data).view(-1, 34)
-    out = torch.empty(len(blocks), 32)
-    step = _DEQUANTIZED_AT_ONCE // 32
-    for at in range(0, len(blocks), step):
-        chunk = blocks[at : at + step]
-        scales = chunk[:, :2].contiguous().view(torch.float16).float()
-        torch.mul(chunk[:, 2:].view(torch.int8), scales, out=out[at : at + step])
-    return out.reshape(tensor.shape)
 
 
 def _dequantized(raw, name: str, tensor: Tensor):
