@@ -63,7 +63,8 @@ def test_fingerprint_follows_weights_tokenizer_and_route_only(demo_dir, tmp_path
     assert len(by_adapter) == 3 and model_fingerprint(tokenizer, encoder, "z") is None
 
 
-def test_a_hugging_face_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path):
+@pytest.mark.parametrize("prefix", ["", "sha256-"])  # Hugging Face's cache, Ollama's store
+def test_a_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path, prefix):
     """A snapshot's files are links to blobs named by their SHA-256: taken without reading."""
     model = _copy(demo_dir, tmp_path / "model")
     expected = checkpoint_digest(model)
@@ -73,8 +74,8 @@ def test_a_hugging_face_cache_blob_is_hashed_by_its_name(demo_dir, tmp_path):
     snapshot.mkdir()
     for path in model.iterdir():
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        shutil.copy(path, blobs / digest)
-        os.symlink(blobs / digest, snapshot / path.name)
+        shutil.copy(path, blobs / f"{prefix}{digest}")
+        os.symlink(blobs / f"{prefix}{digest}", snapshot / path.name)
     checkpoint_digest.cache_clear()
     assert checkpoint_digest(snapshot) == expected
     # a blob whose name is its hash is not read: a blob edited in place keeps the name's hash

@@ -10,6 +10,7 @@ converter writes: bench_peers.py's triton-gguf systems. Each file takes seconds 
 151K-token vocabulary in Python): server tier.
 """
 
+import hashlib
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.fingerprint import checkpoint_digest
 from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
@@ -134,6 +136,54 @@ def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
     (tmp_path / "other.gguf").symlink_to(path)
     with pytest.raises(GGUFError, match="holds 2 GGUF files"):
         resolve_checkpoint(tmp_path)
+
+
+def _ollama_store(root, manifests: dict, blob: bytes):
+    """An Ollama store as `ollama pull` leaves it: each manifest (path below manifests/ -> its
+    layers' media types) naming the one blob, kept as blobs/sha256-DIGEST, beside a template."""
+    digest = hashlib.sha256(blob).hexdigest()
+    (root / "blobs").mkdir(parents=True)
+    (root / "blobs" / f"sha256-{digest}").write_bytes(blob)
+    for where, kinds in manifests.items():
+        layers = [{"mediaType": kind, "digest": f"sha256:{digest}", "size": 1} for kind in kinds]
+        (root / "manifests" / where).parent.mkdir(parents=True, exist_ok=True)
+        (root / "manifests" / where).write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    return root / "blobs" / f"sha256-{digest}"
+
+
+def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
+    """`ollama:NAME[:TAG]` is the GGUF file its manifest in Ollama's store names (OLLAMA_MODELS;
+    registry.ollama.ai, library and latest where the name leaves them out)."""
+    model, template = "application/vnd.ollama.image.model", "application/vnd.ollama.image.template"
+    library = "registry.ollama.ai/library"
+    blob = _ollama_store(
+        tmp_path,
+        {
+            f"{library}/tiny/latest": [model, template],
+            f"{library}/tiny/0.6b-q8_0": [model],
+            "registry.ollama.ai/acme/tiny/latest": [model],
+            "example.org/acme/tiny/v1": [model],
+            f"{library}/two/latest": [model, model],
+            f"{library}/none/latest": [template],
+        },
+        files["qwen3", "Q8_0"][0].read_bytes(),
+    )
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
+    for name in ("tiny", "tiny:latest", "tiny:0.6b-q8_0", "acme/tiny", "example.org/acme/tiny:v1"):
+        assert (resolve_checkpoint(f"ollama:{name}") / FILE).resolve() == blob
+    # the blob hashed by its name: the fingerprint of the same file anywhere else
+    direct = checkpoint_digest(resolve_checkpoint(files["qwen3", "Q8_0"][0]))
+    checkpoint_digest.cache_clear()
+    assert checkpoint_digest(resolve_checkpoint("ollama:tiny")) == direct
+    for name, message in [
+        ("tiny:q4", r"not in .* \(no manifests/registry.ollama.ai/library/tiny/q4\): pull it"),
+        ("two", "holds 2 GGUF files"),
+        ("none", "holds 0 GGUF files .*vnd.ollama.image.template"),
+        ("a/b/c/d", "not an Ollama model name"),
+        ("", "not an Ollama model name"),
+    ]:
+        with pytest.raises(CheckpointNotFoundError, match=message):
+            resolve_checkpoint(f"ollama:{name}")
 
 
 def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ prompts, pooling: everything but documentation), hashed by content, and the serv
 that change the numbers (tokens per text and truncation side; dtype, linear route, attention
 backend, pooling, device kind). Tuning that leaves the vectors alone (batch sizes, instance
 counts, prefix reuse, pruning) is left out. A weight file in the Hugging Face cache is a link to
-a blob named by its SHA-256, which is taken as its hash without reading it; other large files'
+a blob named by its SHA-256 (as is a model file in Ollama's store), which is taken as its hash
+without reading it; other large files'
 hashes are kept across processes (KnownHashes), so a server that starts again on the same
 checkpoint does not read its weights through once more.
 """
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # the tokenizer models read fingerprints without importing to
     from .route import Route
 
 _NOT_READ = re.compile(r"(\.md|\.png|\.jpg|\.jpeg|\.gif|\.svg|\.gitattributes|LICENSE.*)$", re.I)
-_BLOB = re.compile(r"[0-9a-f]{64}")
+_BLOB = re.compile(r"(?:sha256-)?([0-9a-f]{64})")  # Hugging Face's cache, Ollama's store
 
 
 def fingerprint(parts: dict) -> str:
@@ -118,8 +119,8 @@ def checkpoint_digest(model_dir: Path, known: KnownHashes | None = None) -> str:
 
 def _file_hash(path: Path, known: KnownHashes | None) -> str:
     real = path.resolve()
-    if real.parent.name == "blobs" and _BLOB.fullmatch(real.name):
-        return real.name
+    if real.parent.name == "blobs" and (blob := _BLOB.fullmatch(real.name)):
+        return blob[1]
     return known.sha256(real) if known else _sha256(real)
 
 

@@ -1,4 +1,5 @@
-"""A checkpoint named as users name it: a directory, a Hugging Face model id, or a cache snapshot.
+"""A checkpoint named as users name it: a directory, a Hugging Face model id, a cache snapshot,
+a GGUF file, or a model Ollama pulled.
 
 An id (`Qwen/Qwen3-Embedding-0.6B`) is looked up in the local Hugging Face cache (`HF_HUB_CACHE`,
 else `HF_HOME/hub`, else ~/.cache/huggingface/hub) and, when that has no copy and the network is
@@ -11,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from . import finetunes, gguf_files
+from . import finetunes, gguf_files, ollama_store
 from .config import GME_SCRIPT
 
 # configs, tokenizer files, chat templates (a CrossEncoder's pairs) and weights: never
@@ -53,9 +54,16 @@ def resolve_checkpoint(name: str | Path) -> Path:
     """A directory holding config.json: `name` itself, or the cached (else downloaded)
     snapshot of the Hugging Face model id `name`; a LoRA fine-tune (either) over its base
     (finetunes.py); a GGUF file, a folder holding one, or a GGUF repository's file by type
-    (`Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0`), as a checkpoint directory of its own
+    (`Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0`) or a model Ollama pulled
+    (`ollama:qwen3-embedding:0.6b`, ollama_store.py), as a checkpoint directory of its own
     (gguf_files.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
+    if str(name).startswith(ollama_store.PREFIX):
+        try:
+            blob = ollama_store.model_file(str(name).removeprefix(ollama_store.PREFIX))
+        except ollama_store.OllamaModelNotFoundError as e:
+            raise CheckpointNotFoundError(str(e)) from None
+        return gguf_files.checkpoint(blob)
     path = Path(name).expanduser()
     if gguf_files.is_gguf(path):
         return gguf_files.checkpoint(path)

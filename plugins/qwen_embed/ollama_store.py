@@ -1,0 +1,72 @@
+"""A model Ollama has pulled, named as Ollama names it (`ollama:qwen3-embedding:0.6b`): the GGUF
+file its manifest names, read where Ollama keeps it.
+
+Ollama's store (`OLLAMA_MODELS`, else ~/.ollama/models, else the Linux service's
+/usr/share/ollama/.ollama/models) holds a manifest per model and tag,
+`manifests/HOST/NAMESPACE/MODEL/TAG` (HOST registry.ollama.ai, NAMESPACE library and TAG latest
+unless named), and every file as `blobs/sha256-DIGEST`; the manifest's layer of media type
+`application/vnd.ollama.image.model` is the model's GGUF file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+PREFIX = "ollama:"
+MODEL_LAYER = "application/vnd.ollama.image.model"
+HOST, NAMESPACE, TAG = "registry.ollama.ai", "library", "latest"
+
+
+class OllamaModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def stores() -> list[Path]:
+    """Where Ollama keeps its models, read from the environment at call time."""
+    if os.environ.get("OLLAMA_MODELS"):
+        return [Path(os.environ["OLLAMA_MODELS"]).expanduser()]
+    return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+
+
+def manifest_path(name: str) -> Path:
+    """`[HOST/][NAMESPACE/]MODEL[:TAG]` -> its manifest's path below a store."""
+    path, _, tag = name.partition(":")
+    parts = path.split("/")
+    if not path or len(parts) > 3 or not all(parts) or ":" in tag or "/" in tag:
+        raise OllamaModelNotFoundError(
+            f"{PREFIX}{name} is not an Ollama model name like {PREFIX}qwen3-embedding:0.6b"
+        )
+    host, namespace, model = [HOST, NAMESPACE][: 3 - len(parts)] + parts
+    return Path("manifests", host, namespace, model, tag or TAG)
+
+
+def model_file(name: str) -> Path:
+    """The GGUF file of the pulled Ollama model `name` (without the `ollama:` prefix)."""
+    relative = manifest_path(name)
+    searched = stores()
+    for store in searched:
+        manifest = store / relative
+        if manifest.is_file():
+            break
+    else:
+        raise OllamaModelNotFoundError(
+            f"Ollama model {name} is not in {' or '.join(map(str, searched))} (no {relative}): "
+            f"pull it (ollama pull {name}) or set OLLAMA_MODELS to Ollama's store"
+        )
+    try:
+        layers = json.loads(manifest.read_text())["layers"]
+        digests = [layer["digest"] for layer in layers if layer["mediaType"] == MODEL_LAYER]
+    except (ValueError, KeyError, TypeError) as e:
+        raise OllamaModelNotFoundError(f"{manifest} is not an Ollama manifest: {e!r}") from None
+    if len(digests) != 1:
+        kinds = sorted({str(layer.get("mediaType")) for layer in layers if isinstance(layer, dict)})
+        raise OllamaModelNotFoundError(
+            f"Ollama model {name} holds {len(digests)} GGUF files ({MODEL_LAYER} layers; "
+            f"its layers: {', '.join(kinds)}): one is served"
+        )
+    blob = store / "blobs" / str(digests[0]).replace(":", "-")
+    if not blob.is_file():
+        raise OllamaModelNotFoundError(f"Ollama model {name}'s file {blob} is missing")
+    return blob
