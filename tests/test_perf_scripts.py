@@ -420,3 +420,18 @@ def _parse_only(cwd: str, argv: list[str]) -> None:
                 runpy.run_path(argv[0], run_name="__main__")
     finally:
         os.chdir(where)
+
+
+def test_peers_gguf_systems_serve_the_file_of_their_kind(perf_imports):
+    """A triton-gguf system serves the very file its llama peers serve."""
+    import bench_peers
+
+    peers = {"triton-gguf": "llama", "triton-gguf-int8": "llama-q8", "triton-gguf-q4": "llama-q4"}
+    peers["triton-gguf-q4-int8"] = "llama-q4-best"
+    for ours, llama in peers.items():
+        for dtype in ("float32", "bfloat16"):
+            served = bench_peers.gguf_outtype(ours, dtype)
+            assert served == bench_peers.gguf_outtype(llama, dtype), (ours, dtype)
+    outtypes = {bench_peers.gguf_outtype(llama, "bfloat16") for llama in peers.values()}
+    assert outtypes == {"bf16", "q8_0", "q4_k_m"}
+    assert bench_peers.gguf_outtype("llama-best", "float32") == "f32"

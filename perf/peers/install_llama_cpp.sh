@@ -66,21 +66,22 @@ for variant in stock patched; do
     fi
 done
 
-# 3. Build only llama-server, statically linked, for this CPU.
+# 3. Build only llama-server and llama-quantize, statically linked, for this CPU.
 launcher=()
 if command -v ccache >/dev/null; then
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 for variant in stock patched; do
     build=$dir/$variant/build
-    if [[ ! -x $build/bin/llama-server ]]; then
+    if [[ ! -x $build/bin/llama-server || ! -x $build/bin/llama-quantize ]]; then
         cmake -S "$dir/$variant/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release \
             -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
             -DLLAMA_BUILD_COMMIT="$commit" -DLLAMA_BUILD_NUMBER=0 "${launcher[@]}" >/dev/null
-        echo "building $variant llama-server (log: $build/build.log)"
+        echo "building $variant llama-server and llama-quantize (log: $build/build.log)"
         CCACHE_BASEDIR=$dir/$variant CCACHE_NOHASHDIR=1 \
-            cmake --build "$build" --target llama-server -j "$JOBS" > "$build/build.log" 2>&1 \
+            cmake --build "$build" --target llama-server llama-quantize -j "$JOBS" \
+                > "$build/build.log" 2>&1 \
             || { tail -n 40 "$build/build.log" >&2; exit 1; }
     fi
     ln -sfn "$variant/build" "$dir/build-$variant"

@@ -1,7 +1,7 @@
 """llama.cpp's llama-server as a benchmark peer (install with perf/peers/install_llama_cpp.sh).
 
     sys.path.insert(0, "perf/peers"); import llama_cpp
-    model = llama_cpp.gguf(Path(".cache/bench-model-4l"), "bf16")  # f32 | bf16 | q8_0, cached
+    model = llama_cpp.gguf(Path(".cache/bench-model-4l"), "bf16")  # f32 bf16 q8_0 q4_k_m, cached
     cmd = llama_cpp.server_command("patched", model, port)          # "stock" | "patched"
     # ready when GET HEALTH answers 200; POST ENDPOINT {"model": "x", "input": [texts]}
 
@@ -9,7 +9,9 @@ Two builds of the same llama.cpp commit: "stock", and "patched" with
 llama_cpp_skip_output_head.patch, which skips qwen3's 151k-wide output head in embedding mode
 (stock computes it for every token and throws it away). The GGUF files are converted by
 llama.cpp's own convert_hf_to_gguf.py from a view of the checkpoint (symlinks plus two edited
-JSON files) under .cache/peers/llama/hf/. The converter reads the tokenizer.json post-processor,
+JSON files) under .cache/peers/llama/hf/; q4_k_m (Ollama's default type: Q4_K with Q6_K for the
+embedding table and some layers) is the bf16 file quantised by the stock build's llama-quantize,
+as llama.cpp's and Ollama's users make it. The converter reads the tokenizer.json post-processor,
 so the GGUF appends <|endoftext|> as the Qwen3-Embedding tokenizer does (usage.prompt_tokens
 equals our token count).
 
@@ -31,7 +33,8 @@ ROOT = REPO / ".cache" / "peers" / "llama"
 VENV_PYTHON = ROOT / "venv" / "bin" / "python"
 CONVERTER = ROOT / "stock" / "llama.cpp" / "convert_hf_to_gguf.py"
 BUILDS = ("stock", "patched")
-OUTTYPES = ("f32", "bf16", "q8_0")
+OUTTYPES = ("f32", "bf16", "q8_0")  # the converter's
+QUANTIZED = {"q4_k_m": "Q4_K_M"}  # llama-quantize's, from the bf16 file
 ENDPOINT = "/v1/embeddings"
 HEALTH = "/health"
 
@@ -48,10 +51,10 @@ UBATCH = 2048
 SLOT_TOKENS = 2048
 
 
-def binary(build: str) -> Path:
+def binary(build: str, tool: str = "llama-server") -> Path:
     if build not in BUILDS:
         raise ValueError(f"build is one of {BUILDS}, not {build!r}")
-    path = ROOT / f"build-{build}" / "bin" / "llama-server"
+    path = ROOT / f"build-{build}" / "bin" / tool
     if not path.exists():
         raise FileNotFoundError(f"{path}: run perf/peers/install_llama_cpp.sh")
     return path
@@ -66,8 +69,8 @@ def converter_view(model_dir: Path) -> Path:
 
 def gguf(model_dir: Path, outtype: str) -> Path:
     """The GGUF of model_dir in outtype, converted on first use (seconds to a minute)."""
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype is one of {OUTTYPES}, not {outtype!r}")
+    if outtype not in (*OUTTYPES, *QUANTIZED):
+        raise ValueError(f"outtype is one of {OUTTYPES + tuple(QUANTIZED)}, not {outtype!r}")
     src = Path(model_dir).resolve()
     out = ROOT / "models" / f"{src.name}-{_digest(src)}-{outtype}.gguf"
     newest = max(p.stat().st_mtime for p in src.iterdir() if p.is_file())
@@ -77,8 +80,13 @@ def gguf(model_dir: Path, outtype: str) -> Path:
         raise FileNotFoundError(f"{VENV_PYTHON}, {CONVERTER}: run perf/peers/install_llama_cpp.sh")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    view = converter_view(src)
-    cmd = [str(VENV_PYTHON), str(CONVERTER), str(view), "--outtype", outtype, "--outfile", str(tmp)]
+    if outtype in QUANTIZED:
+        source = gguf(src, "bf16")
+        cmd = [str(binary("stock", "llama-quantize")), str(source), str(tmp), QUANTIZED[outtype]]
+    else:
+        view = converter_view(src)
+        cmd = [str(VENV_PYTHON), str(CONVERTER), str(view), "--outtype", outtype]
+        cmd += ["--outfile", str(tmp)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
