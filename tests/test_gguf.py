@@ -22,6 +22,7 @@ from qwen_embed.fingerprint import checkpoint_digest
 from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
+from qwen_embed_deploy.launcher import served_model_names
 from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 
@@ -153,7 +154,8 @@ def _ollama_store(root, manifests: dict, blob: bytes):
 
 def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     """`ollama:NAME[:TAG]` is the GGUF file its manifest in Ollama's store names (OLLAMA_MODELS;
-    registry.ollama.ai, library and latest where the name leaves them out)."""
+    registry.ollama.ai, library and latest where the name leaves them out), served under the
+    names Ollama's clients send."""
     model, template = "application/vnd.ollama.image.model", "application/vnd.ollama.image.template"
     library = "registry.ollama.ai/library"
     blob = _ollama_store(
@@ -171,6 +173,10 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
     for name in ("tiny", "tiny:latest", "tiny:0.6b-q8_0", "acme/tiny", "example.org/acme/tiny:v1"):
         assert (resolve_checkpoint(f"ollama:{name}") / FILE).resolve() == blob
+    # the gateway answers to the names Ollama's clients send for it (make serve, the launcher)
+    assert served_model_names("ollama:tiny") == ["embed", "tiny", "tiny:latest"]
+    assert served_model_names("ollama:acme/tiny:v1") == ["embed", "acme/tiny:v1"]
+    assert served_model_names(str(files["qwen3", "Q8_0"][0])) is None  # the gateway's default
     # the blob hashed by its name: the fingerprint of the same file anywhere else
     direct = checkpoint_digest(resolve_checkpoint(files["qwen3", "Q8_0"][0]))
     checkpoint_digest.cache_clear()

@@ -42,6 +42,12 @@ def manifest_path(name: str) -> Path:
     return Path("manifests", host, namespace, model, tag or TAG)
 
 
+def client_names(name: str) -> list[str]:
+    """What Ollama's clients send as `model` for the model `name`: the name as given and, with
+    no tag, with Ollama's default one (`qwen3-embedding` is `qwen3-embedding:latest`)."""
+    return [name] if ":" in name else [name, f"{name}:{TAG}"]
+
+
 def model_file(name: str) -> Path:
     """The GGUF file of the pulled Ollama model `name` (without the `ollama:` prefix)."""
     relative = manifest_path(name)

@@ -57,10 +57,11 @@ from urllib.error import HTTPError
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
+from qwen_embed import ollama_store
 from qwen_embed_client.contract import RERANK_RECIPES
 from qwen_embed_deploy.host import gpu_count
 from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
-from qwen_embed_deploy.serving.config import MODEL_REPOSITORY, model_facts
+from qwen_embed_deploy.serving.config import MODEL_DIR_ENV, MODEL_REPOSITORY, model_facts
 
 from .repository import (
     Edit,
@@ -403,6 +404,14 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def served_model_names(model_dir: str) -> list[str] | None:
+    """The gateway's names of the embed model where none are asked for: `embed`, and for a
+    model Ollama pulled (`ollama:NAME`) the names Ollama's clients send for it."""
+    if model_dir.startswith(ollama_store.PREFIX):
+        return ["embed", *ollama_store.client_names(model_dir.removeprefix(ollama_store.PREFIX))]
+    return None
+
+
 def start_gateway(
     host: str,
     port: int,
@@ -515,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--served-model-name",
         nargs="+",
-        help="the gateway's names of the embed model, one or more (default: embed); the first "
-        "is the one responses give",
+        help="the gateway's names of the embed model, one or more (default: embed, and for "
+        "MODEL_DIR ollama:NAME the names Ollama's clients send); the first is the one responses "
+        "give",
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument(
@@ -623,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
             args.grpc_port,
             rerank,
             args.otlp_endpoint,
-            args.served_model_name,
+            args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
             args.rerank_recipe is not None,
         )
     while ready:
