@@ -170,6 +170,9 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
         },
         files["qwen3", "Q8_0"][0].read_bytes(),
     )
+    odd = {"layers": [{"mediaType": model, "digest": "sha256:../../outside"}]}
+    (tmp_path / "manifests" / library / "odd" / "latest").parent.mkdir()
+    (tmp_path / "manifests" / library / "odd" / "latest").write_text(json.dumps(odd))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
     for name in ("tiny", "tiny:latest", "tiny:0.6b-q8_0", "acme/tiny", "example.org/acme/tiny:v1"):
         assert (resolve_checkpoint(f"ollama:{name}") / FILE).resolve() == blob
@@ -185,6 +188,7 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
         ("tiny:q4", r"not in .* \(no manifests/registry.ollama.ai/library/tiny/q4\): pull it"),
         ("two", "holds 2 GGUF files"),
         ("none", "holds 0 GGUF files .*vnd.ollama.image.template"),
+        ("odd", "names its model file 'sha256:../"),
         ("a/b/c/d", "not an Ollama model name"),
         ("", "not an Ollama model name"),
     ]:

@@ -7,9 +7,8 @@ that change the numbers (tokens per text and truncation side; dtype, linear rout
 backend, pooling, device kind). Tuning that leaves the vectors alone (batch sizes, instance
 counts, prefix reuse, pruning) is left out. A weight file in the Hugging Face cache is a link to
 a blob named by its SHA-256 (as is a model file in Ollama's store), which is taken as its hash
-without reading it; other large files'
-hashes are kept across processes (KnownHashes), so a server that starts again on the same
-checkpoint does not read its weights through once more.
+without reading it; other large files' hashes are kept across processes (KnownHashes), so a
+server that starts again on the same checkpoint does not read its weights through once more.
 """
 
 from __future__ import annotations

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 PREFIX = "ollama:"
 MODEL_LAYER = "application/vnd.ollama.image.model"
 HOST, NAMESPACE, TAG = "registry.ollama.ai", "library", "latest"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # a blob's name: never a path out of the store
 
 
 class OllamaModelNotFoundError(FileNotFoundError):
@@ -72,7 +74,9 @@ def model_file(name: str) -> Path:
             f"Ollama model {name} holds {len(digests)} GGUF files ({MODEL_LAYER} layers; "
             f"its layers: {', '.join(kinds)}): one is served"
         )
-    blob = store / "blobs" / str(digests[0]).replace(":", "-")
+    if not _DIGEST.fullmatch(str(digests[0])):
+        raise OllamaModelNotFoundError(f"{manifest} names its model file {digests[0]!r}")
+    blob = store / "blobs" / digests[0].replace(":", "-")
     if not blob.is_file():
         raise OllamaModelNotFoundError(f"Ollama model {name}'s file {blob} is missing")
     return blob
