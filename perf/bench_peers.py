@@ -332,13 +332,15 @@ def peer_server(
     reranker: bool = False,
 ) -> tuple[PeerServer, str]:
     """The command that serves `name` and the path of its embeddings endpoint (`reranker`, vLLM
-    only: a Qwen3-Reranker checkpoint and its rerank endpoint)."""
+    and llama.cpp: a Qwen3-Reranker checkpoint and its rerank endpoint)."""
     if name.startswith("llama"):
         outtype = gguf_outtype(name, dtype)
         build = "patched" if name.endswith("-best") else "stock"
-        cmd = llama_cpp.server_command(build, llama_cpp.gguf(model_dir, outtype), port)
-        log = llama_cpp.ROOT / f"server-{build}-{outtype}.log"
-        return PeerServer(cmd, {}, port, llama_cpp.HEALTH, log), llama_cpp.ENDPOINT
+        served = llama_cpp.gguf(model_dir, outtype, reranker)
+        cmd = llama_cpp.server_command(build, served, port, rerank=reranker)
+        log = llama_cpp.ROOT / f"server-{build}-{outtype}{'-rerank' if reranker else ''}.log"
+        endpoint = llama_cpp.RERANK_ENDPOINT if reranker else llama_cpp.ENDPOINT
+        return PeerServer(cmd, {}, port, llama_cpp.HEALTH, log), endpoint
     python = str(PEERS / name / "venv" / "bin" / "python")
     log = PEERS / name / f"server-{dtype}{'-rerank' if reranker else ''}.log"
     served = prepare(model_dir, PEERS / "models", name)

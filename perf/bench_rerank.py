@@ -1,6 +1,7 @@
 """Reranking throughput: pairs/s for one query with 100 mixed-length documents.
 
     python bench_rerank.py [--model-dir DIR] [--dtype auto] [--rounds 3] [--clients 1 4]
+        [--vllm] [--llama]
     python bench_rerank.py --listwise [--documents 32] ...
 
 Through Triton (the `rerank` ensemble over gRPC) and through the gateway's /v1/rerank (both
@@ -8,7 +9,10 @@ started by the launcher, as `make serve` does), against transformers computing t
 in the same run: Qwen3-Reranker's model card code (padded batches, full logits at every
 position) and the same with `logits_to_keep=1` (only the last position's logits). Documents are
 perf/workload.py's mix (80% 16-64 words, 20% 256-1024). Every path's scores are checked against
-transformers' (max abs difference in the table).
+transformers' (max abs difference in the table). `--vllm`, `--llama`: peers serving the same
+checkpoint as their docs serve Qwen3-Reranker (vLLM's CPU build; llama.cpp's llama-server on the
+GGUF file its converter writes), beside the Triton ensemble, all with new documents in every
+request.
 
 `--listwise`: a listwise reranker (jina-reranker-v3's layout at the same shape, built here from
 the same random weights plus its markers and projector): documents/s through the Triton
@@ -46,7 +50,7 @@ from qwen_embed_deploy.serving.listwise import BlockTokenizer
 from qwen_embed_deploy.serving.rerank import TEXT_PAIRS, PairTokenizer, RerankOptions
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from bench_peers import VLLM_QWEN3_RERANKER, installed, peer_server
+from bench_peers import VLLM_QWEN3_RERANKER, installed, llama_cpp, peer_server
 from workload import make_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,23 +269,39 @@ def vllm_texts(documents: list[str]) -> tuple[str, list[str]]:
     return TEXT_PAIRS.prefix + query, [w[len(query) :] + TEXT_PAIRS.suffix for w in whole]
 
 
-def vllm_rows(model_dir: Path, dtype: str, documents, reference, pool, pool_counts, args):
-    """vLLM's CPU build serving the same checkpoint as its docs serve Qwen3-Reranker (prefix
-    caching on, its default), sent `vllm_texts`: one request of the reference's documents for
-    the score difference, then the pool's rows."""
-    if installed("vllm") is None:
+# peer system -> (its rows' label, how its request carries the query and documents)
+PEERS = {
+    "vllm": ("vLLM /rerank (CPU build)", lambda documents: vllm_texts(documents)),
+    "llama-best": ("llama.cpp /v1/rerank, output head skipped", lambda d: (QUERY, d)),
+    "llama": ("llama.cpp /v1/rerank as built", lambda d: (QUERY, d)),
+}
+
+
+def peer_rows(
+    system: str, model_dir: Path, dtype: str, documents, reference, pool, pool_counts, args
+):
+    """A peer serving the same checkpoint as its docs serve Qwen3-Reranker: vLLM's CPU build
+    (prefix caching on, its default) sent `vllm_texts`; llama.cpp's llama-server on the GGUF
+    file its own converter writes (the head's "yes" and "no" rows, its rerank template) sent
+    the query and documents as they are. One request of the reference's documents for the
+    score difference, then the pool's rows."""
+    if system == "vllm" and installed("vllm") is None:
         print("vllm: not installed (perf/peers/install.sh vllm)", flush=True)
         return []
+    if system.startswith("llama") and not (llama_cpp.ROOT / "versions.txt").is_file():
+        print("llama.cpp: not installed (perf/peers/install_llama_cpp.sh)", flush=True)
+        return []
+    label, texts_of = PEERS[system]
     port = free_port()
-    server, endpoint = peer_server("vllm", model_dir, dtype, port, "on", reranker=True)
+    server, endpoint = peer_server(system, model_dir, dtype, port, "on", reranker=True)
     try:
         server.start(timeout=600)
         url = f"http://127.0.0.1:{port}{endpoint}"
-        query, texts = vllm_texts(documents)
+        query, texts = texts_of(documents)
         scores, _ = http_sender(url, texts, query)()(list(range(len(texts))))
         max_abs = float(np.abs(scores - reference).max())
-        query, texts = vllm_texts(pool)
-        name = "vLLM /rerank (CPU build), new documents per request"
+        query, texts = texts_of(pool)
+        name = f"{label}, new documents per request"
         rows = client_rows(
             name,
             http_sender(url, texts, query),
@@ -313,6 +333,12 @@ def main() -> None:
         action="store_true",
         help="also vLLM's CPU build (perf/peers/install.sh vllm) beside the Triton ensemble, "
         "both with new documents in every request",
+    )
+    p.add_argument(
+        "--llama",
+        action="store_true",
+        help="also llama.cpp's llama-server (perf/peers/install_llama_cpp.sh), as built and "
+        "with its output head skipped, on the GGUF file its converter writes, as --vllm",
     )
     p.add_argument("--out", default=str(RESULTS / "rerank"))
     args = p.parse_args()
@@ -347,7 +373,8 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
-    if args.vllm:  # every request its own documents: no peer reuses a pair it has seen
+    peers = (["vllm"] if args.vllm else []) + (["llama-best", "llama"] if args.llama else [])
+    if peers:  # every request its own documents: no peer reuses a pair it has seen
         pool = make_texts(args.documents * (1 + args.rounds * sum(args.clients)), seed=11)
         pool_counts = np.array(
             [len(x) for x in PairTokenizer(model_dir, 8192).encode(QUERY, pool, RerankOptions())]
@@ -377,14 +404,16 @@ def main() -> None:
             check = score_check(reference)
             for name, make in paths.items():
                 rows += client_rows(name, make, counts, check, args, "pairs_per_s")
-            if args.vllm:
+            if peers:
                 name = "Triton rerank ensemble (gRPC), new documents per request"
                 make = rerank_sender(server.grpc_url, QUERY, pool)
                 rows += client_rows(
                     name, make, pool_counts, None, args, "pairs_per_s", args.documents
                 )
-    if args.vllm:
-        rows += vllm_rows(model_dir, route.dtype, documents, reference, pool, pool_counts, args)
+    for system in peers:
+        rows += peer_rows(
+            system, model_dir, route.dtype, documents, reference, pool, pool_counts, args
+        )
     card = rows[0]["pairs_per_s"]
     best_hf = max(rows[0]["pairs_per_s"], rows[1]["pairs_per_s"])
     record = new_record(
@@ -407,18 +436,30 @@ def main() -> None:
         f"of {args.hf_batch_size}"
     )
     notes = [note]
-    peer = [r for r in rows if r["path"].startswith("vLLM")]
-    if peer:
-        ours = {r["clients"]: r for r in rows if "new documents" in r["path"] and r not in peer}
-        version = installed("vllm")
+    ours = {r["clients"]: r for r in rows if r["path"].startswith("Triton rerank ensemble (gRPC),")}
+    how = {
+        "vllm": f"vLLM: {', '.join(installed('vllm') or [])}; Qwen3-Reranker as its docs serve "
+        f"it (`--runner pooling --hf-overrides {VLLM_QWEN3_RERANKER}`, prefix caching on as by "
+        "default, both cores to its engine), the query and documents formatted as its docs' "
+        "example does",
+        "llama-best": f"llama.cpp: {llama_cpp.versions()}; `llama-server --reranking` on the "
+        "GGUF file its own convert_hf_to_gguf.py writes of the checkpoint (the output head's "
+        '"yes" and "no" rows, its rerank template), at the run\'s dtype, the server flags '
+        "of bench_peers' llama systems; the query and documents sent as they are; `as built` "
+        "computes the output head it throws away, `output head skipped` is the patched build",
+    }
+    for system in peers:
+        label = PEERS[system][0]
+        peer = [r for r in rows if r["path"].startswith(label)]
+        if not peer:
+            continue
+        if system in how:
+            notes.append(how[system])
         notes.append(
-            f"vLLM: {', '.join(version)}; Qwen3-Reranker as its docs serve it (`--runner pooling "
-            f"--hf-overrides {VLLM_QWEN3_RERANKER}`, prefix caching on as by default, both cores "
-            "to its engine), the query and documents formatted as its docs' example does; the "
-            "tokens its usage counts over ours: "
+            f"{label}: the tokens its usage counts over ours: "
             + ", ".join(f"{r['stats']['server_tokens_ratio']:.3f}" for r in peer)
-            + "; ours (prefix reuse auto) and vLLM on the same new documents in every request "
-            "(a pool of perf/workload.py's mix, seed 11): ours over vLLM "
+            + "; ours (prefix reuse auto) and it on the same new documents in every request "
+            "(a pool of perf/workload.py's mix, seed 11): ours over it "
             + ", ".join(
                 f"{ours[r['clients']]['pairs_per_s'] / r['pairs_per_s']:.2f}x at "
                 f"{r['clients']} client(s)"

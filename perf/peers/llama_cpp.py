@@ -36,6 +36,7 @@ BUILDS = ("stock", "patched")
 OUTTYPES = ("f32", "bf16", "q8_0")  # the converter's
 QUANTIZED = {"q4_k_m": "Q4_K_M"}  # llama-quantize's, from the bf16 file
 ENDPOINT = "/v1/embeddings"
+RERANK_ENDPOINT = "/v1/rerank"  # Cohere's form: query, documents -> results, relevance_score
 HEALTH = "/health"
 
 # Tuned on 2 cores (4-layer Qwen3-0.6B shape, texts of 17-1025 tokens): one thread per core;
@@ -60,19 +61,21 @@ def binary(build: str, tool: str = "llama-server") -> Path:
     return path
 
 
-def converter_view(model_dir: Path) -> Path:
+def converter_view(model_dir: Path, reranker: bool = False) -> Path:
     """ROOT/hf/NAME-llama: symlinks to model_dir plus the JSON edits the converter needs
-    (prepare_model.py's "llama" view)."""
+    (prepare_model.py's "llama" view; a Qwen3-Reranker's: "llama-rerank")."""
     src = Path(model_dir).resolve()
-    return prepare(src, ROOT / "hf" / _digest(src), "llama")
+    return prepare(src, ROOT / "hf" / _digest(src), "llama-rerank" if reranker else "llama")
 
 
-def gguf(model_dir: Path, outtype: str) -> Path:
-    """The GGUF of model_dir in outtype, converted on first use (seconds to a minute)."""
+def gguf(model_dir: Path, outtype: str, reranker: bool = False) -> Path:
+    """The GGUF of model_dir in outtype, converted on first use (seconds to a minute);
+    `reranker`: a Qwen3-Reranker's, with its head's "yes"/"no" rows and rerank template."""
     if outtype not in (*OUTTYPES, *QUANTIZED):
         raise ValueError(f"outtype is one of {OUTTYPES + tuple(QUANTIZED)}, not {outtype!r}")
     src = Path(model_dir).resolve()
-    out = ROOT / "models" / f"{src.name}-{_digest(src)}-{outtype}.gguf"
+    kind = "-rerank" if reranker else ""
+    out = ROOT / "models" / f"{src.name}-{_digest(src)}{kind}-{outtype}.gguf"
     newest = max(p.stat().st_mtime for p in src.iterdir() if p.is_file())
     if out.exists() and out.stat().st_mtime >= newest:
         return out
@@ -81,10 +84,10 @@ def gguf(model_dir: Path, outtype: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     if outtype in QUANTIZED:
-        source = gguf(src, "bf16")
+        source = gguf(src, "bf16", reranker)
         cmd = [str(binary("stock", "llama-quantize")), str(source), str(tmp), QUANTIZED[outtype]]
     else:
-        view = converter_view(src)
+        view = converter_view(src, reranker)
         cmd = [str(VENV_PYTHON), str(CONVERTER), str(view), "--outtype", outtype]
         cmd += ["--outfile", str(tmp)]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -103,16 +106,17 @@ def server_command(
     parallel: int = PARALLEL,
     ubatch: int = UBATCH,
     slot_tokens: int = SLOT_TOKENS,
+    rerank: bool = False,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """llama-server serving gguf's last-token embeddings on 127.0.0.1:port."""
+    """llama-server serving gguf's last-token embeddings on 127.0.0.1:port (`rerank`: its
+    reranking endpoint, RERANK_ENDPOINT, over a reranker's file)."""
+    mode = ["--reranking"] if rerank else ["--embedding", "--pooling", "last"]
     return [
         str(binary(build)),
         "-m",
         str(gguf),
-        "--embedding",
-        "--pooling",
-        "last",
+        *mode,
         "--host",
         "127.0.0.1",
         "--port",

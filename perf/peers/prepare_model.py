@@ -11,6 +11,9 @@ are shared and all peers read exactly the same tensors. Writes OUT_ROOT/NAME-PEE
   sentence-transformers, which takes pooling from module files: last token, then normalise.
 - llama (llama.cpp's convert_hf_to_gguf.py): the Qwen3 class is chosen by architecture name,
   and its transformers 4.x does not know tokenizer class TokenizersBackend.
+- llama-rerank: llama's, and a README whose title names a Qwen3-Reranker: the converter keeps
+  the output head's "yes" and "no" rows and its rerank template only for a name, a README or
+  an architecture that says so.
 - st: sentence-transformers itself (in process), the module files as for infinity.
 - naive: unchanged.
 """
@@ -21,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-PEERS = ("vllm", "infinity", "naive", "llama", "st")
+PEERS = ("vllm", "infinity", "naive", "llama", "llama-rerank", "st")
 
 # sentence-transformers pipeline: transformer -> last-token pooling -> L2 normalisation.
 ST_MODULES = [
@@ -42,19 +45,23 @@ def qwen3_family(config: dict) -> bool:
     )
 
 
-def edited_files(peer: str, src: Path) -> dict[str, dict]:
-    """Relative path -> JSON content for the files this peer needs different from src."""
+def edited_files(peer: str, src: Path) -> dict[str, dict | str]:
+    """Relative path -> content (JSON, or a text) for the files this peer needs different from
+    src."""
     config = json.loads((src / "config.json").read_text())
     arch = "Qwen3ForCausalLM" if qwen3_family(config) else "Qwen2ForCausalLM"
     if peer == "vllm":
         return {"config.json": {**config, "architectures": [arch]}}
     tok_path = src / "tokenizer_config.json"
     tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
-    if peer == "llama":
-        return {
+    if peer in ("llama", "llama-rerank"):
+        edits = {
             "config.json": {**config, "architectures": [arch]},
             "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
         }
+        if peer == "llama-rerank":
+            edits["README.md"] = "# Qwen3-Reranker (a replica of its layout)\n"
+        return edits
     if peer not in ("infinity", "st"):
         return {}
     rope = config.get("rope_parameters") or {}
@@ -96,7 +103,8 @@ def prepare(model_dir: str | Path, out_root: str | Path, peer: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_symlink():
             path.unlink()
-        path.write_text("" if rel.endswith(".keep") else json.dumps(content, indent=2))
+        text = content if isinstance(content, str) else json.dumps(content, indent=2)
+        path.write_text("" if rel.endswith(".keep") else text)
     return dest
 
 
