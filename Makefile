@@ -231,7 +231,8 @@ perf-peers: setup
 # reranker's (jina-reranker-v3's layout) documents/s against its own rerank's work.
 perf-rerank: setup
 	perf/peers/install.sh vllm
-	cd perf && ../$(PY) bench_rerank.py --vllm
+	perf/peers/install_llama_cpp.sh
+	cd perf && ../$(PY) bench_rerank.py --vllm --llama
 	cd perf && ../$(PY) bench_rerank.py --listwise
 
 # Shared-prefix reuse and last-layer pruning on vs off (query and document workloads, Triton;

@@ -442,7 +442,8 @@ def main() -> None:
         f"it (`--runner pooling --hf-overrides {VLLM_QWEN3_RERANKER}`, prefix caching on as by "
         "default, both cores to its engine), the query and documents formatted as its docs' "
         "example does",
-        "llama-best": f"llama.cpp: {llama_cpp.versions()}; `llama-server --reranking` on the "
+        "llama-best": f"llama.cpp: {'; '.join(llama_cpp.versions().splitlines())}; "
+        "`llama-server --reranking` on the "
         "GGUF file its own convert_hf_to_gguf.py writes of the checkpoint (the output head's "
         '"yes" and "no" rows, its rerank template), at the run\'s dtype, the server flags '
         "of bench_peers' llama systems; the query and documents sent as they are; `as built` "
