@@ -23,11 +23,14 @@ from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
 from qwen_embed_deploy.launcher import served_model_names
+from qwen_embed_deploy.serving.config import MODEL_DIR_ENV
 from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import cosine, model_card_pairs, reference_embeddings, reference_scores
 from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, qwen3_embedding
+from triton_helpers import wait_for
 
 TEXTS = [
     "What is the capital of China?",
@@ -194,6 +197,34 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     ]:
         with pytest.raises(CheckpointNotFoundError, match=message):
             resolve_checkpoint(f"ollama:{name}")
+
+
+def test_make_serve_on_a_model_ollama_pulled(files, tmp_path):
+    """`make serve MODEL_DIR=ollama:NAME` (the launcher with the checked-in repository and its
+    gateway): Ollama's own client embeds under the names it sends; another name is refused."""
+    import ollama
+
+    path = files["qwen3", "Q8_0"][0]
+    model = "application/vnd.ollama.image.model"
+    manifest = "registry.ollama.ai/library/tiny/latest"
+    _ollama_store(tmp_path / "store", {manifest: [model]}, path.read_bytes())
+    env = {"OLLAMA_MODELS": str(tmp_path / "store"), MODEL_DIR_ENV: "ollama:tiny"}
+    port = free_port()
+    launcher = ["--gateway-port", str(port), "--no-rerank"]
+    with TritonServer(env=env, log_path=tmp_path / "server.log", launcher_args=launcher):
+        wait_for(f"http://127.0.0.1:{port}/health")
+        client = ollama.Client(host=f"http://127.0.0.1:{port}")
+        names = ("tiny", "tiny:latest")  # what Ollama's clients send for ollama:tiny
+        answers = {name: client.embed(model=name, input=TEXTS[:2]) for name in names}
+        assert {answer.model for answer in answers.values()} == {"tiny", "tiny:latest"}
+        with pytest.raises(ollama.ResponseError, match="does not exist"):
+            client.embed(model="other", input="x")
+    ids = TextTokenizer(resolve_checkpoint(path), 8192).encode(TEXTS[:2], EmbedOptions())
+    with Encoder.from_pretrained(path) as encoder:  # the served route's dtype
+        expected = encoder.embed(ids)
+    for answer in answers.values():
+        assert answer.prompt_eval_count == sum(map(len, ids))
+        assert cosine(np.array(answer.embeddings), expected).min() >= 0.9999
 
 
 def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeypatch):
