@@ -271,7 +271,7 @@ def vllm_texts(documents: list[str]) -> tuple[str, list[str]]:
 
 # peer system -> (its rows' label, how its request carries the query and documents)
 PEERS = {
-    "vllm": ("vLLM /rerank (CPU build)", lambda documents: vllm_texts(documents)),
+    "vllm": ("vLLM /rerank (CPU build)", vllm_texts),
     "llama-best": ("llama.cpp /v1/rerank, output head skipped", lambda d: (QUERY, d)),
     "llama": ("llama.cpp /v1/rerank as built", lambda d: (QUERY, d)),
 }
