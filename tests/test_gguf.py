@@ -143,8 +143,8 @@ def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
 
 
 def _ollama_store(root, manifests: dict, blob: bytes):
-    """An Ollama store as `ollama pull` leaves it: each manifest (path below manifests/ -> its
-    layers' media types) naming the one blob, kept as blobs/sha256-DIGEST, beside a template."""
+    """An Ollama store as `ollama pull` leaves it: each manifest (its path below manifests/ ->
+    its layers' media types), every layer naming the one blob, kept as blobs/sha256-DIGEST."""
     digest = hashlib.sha256(blob).hexdigest()
     (root / "blobs").mkdir(parents=True)
     (root / "blobs" / f"sha256-{digest}").write_bytes(blob)
