@@ -1,8 +1,9 @@
-"""ggml's quantised blocks dequantised in torch, for the types most GGUF files hold: Q8_0 (Qwen's
-own quantised files) and the k-quants of llama.cpp's and Ollama's usual Q4_K_M and Q5_K_M
-(Q4_K or Q5_K, with Q6_K for the embedding table and some layers). Each gives the `gguf`
-package's values bit for bit (the same float32 products, in the same order) in a fraction of its
-numpy's time; the other types are left to the package (gguf_files.py).
+"""ggml's quantised blocks -> float32 weights: one table of torch functions for the types most
+GGUF files hold, Q8_0 (Qwen's own quantised files) and the k-quants of llama.cpp's and Ollama's
+usual Q4_K_M and Q5_K_M (Q4_K or Q5_K, with Q6_K for the embedding table and some layers), each
+the `gguf` package's values bit for bit (the same float32 products, in the same order) in a
+fraction of its numpy's time; every other type by that package's numpy, a few blocks at a time
+either way.
 
 A block of `VALUES` weights is `SIZE` bytes; `_TYPES` holds one function per type, from blocks
 [n, SIZE] (uint8) to their weights [n, VALUES] (float32).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from .gguf_files import GGUFError
 
 _AT_ONCE = 1 << 22  # weights per pass: the temporaries stay small beside an embedding table
 
@@ -77,22 +80,48 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
 _TYPES = {8: (32, 34, _q8_0), 12: (256, 144, _q4_k), 13: (256, 176, _q5_k), 14: (256, 210, _q6_k)}
 
 
-def dequantizes(kind: int) -> bool:
-    return kind in _TYPES
+def _sizes(kind: int) -> tuple[int, int]:
+    """(weights, bytes) of a block of ggml type `kind`."""
+    if kind in _TYPES:
+        return _TYPES[kind][:2]
+    try:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError as e:
+        raise GGUFError(
+            "a GGUF file's quantised tensors of this type are read by the `gguf` package "
+            "(pip install gguf)"
+        ) from e
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise GGUFError(f"tensor type {kind} of the GGUF file is not a ggml type") from None
 
 
 def stored_bytes(kind: int, count: int) -> int:
     """Bytes of `count` weights of this type."""
-    values, size, _ = _TYPES[kind]
+    values, size = _sizes(kind)
     return count // values * size
+
+
+def _package(kind: int):
+    """The `gguf` package's numpy dequantisation of blocks of type `kind`, as a torch function."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    kind = GGMLQuantizationType(kind)
+    return lambda blocks: torch.from_numpy(dequantize(blocks.numpy(), kind))
 
 
 def dequantize(data: np.ndarray, kind: int) -> torch.Tensor:
     """A tensor's blocks (uint8 bytes) -> its weights, float32 and flat."""
-    values, size, blocks_to_weights = _TYPES[kind]
+    values, size = _sizes(kind)
+    blocks_to_weights = _TYPES[kind][2] if kind in _TYPES else _package(kind)
     blocks = torch.from_numpy(data).view(-1, size)
     out = torch.empty(len(blocks), values)
     step = max(1, _AT_ONCE // values)
-    for at in range(0, len(blocks), step):
-        out[at : at + step] = blocks_to_weights(blocks[at : at + step])
+    try:
+        for at in range(0, len(blocks), step):
+            out[at : at + step] = blocks_to_weights(blocks[at : at + step])
+    except NotImplementedError as e:  # a type the package names but does not dequantize
+        raise GGUFError(f"tensor type {kind} of the GGUF file is not read: {e}") from e
     return out.flatten()

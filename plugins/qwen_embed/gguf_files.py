@@ -5,9 +5,9 @@ models so. `checkpoint` lays out, once per version of the file, a directory that
 server reads as any other checkpoint: config.json from the file's metadata, tokenizer.json rebuilt
 from its vocabulary, merges and special tokens (added as llama.cpp adds them), the pooling its
 metadata names, and a link to the file itself, whose tensors `tensors` dequantizes one at a time
-while the loader reads them (Q8_0 and the k-quants of Q4_K_M and Q5_K_M in torch: gguf_blocks.py;
-the other types by the `gguf` package's numpy code, as transformers' GGUF loader does), under
-the names transformers gives them. Nothing is written back as weights. The header is read here
+while the loader reads them (gguf_blocks.py: Q8_0 and the k-quants of Q4_K_M and Q5_K_M in
+torch, the other types by the `gguf` package's numpy code, as transformers' GGUF loader does),
+under the names transformers gives them. Nothing is written back as weights. The header is read here
 (`read`): the `gguf` package's reader takes seconds over a 151K-token vocabulary.
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
@@ -149,7 +149,6 @@ _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 # ggml's float types, read as they are (the others are dequantised to float32)
 _FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
-_DEQUANTIZED_AT_ONCE = 1 << 22  # values
 
 
 def read(path: Path) -> Header:
@@ -373,12 +372,10 @@ def tensors(path: Path):
             dtype = getattr(torch, _FLOATS[tensor.kind])
             data = _bytes(raw, name, tensor, math.prod(tensor.shape) * dtype.itemsize)
             values = torch.from_numpy(data).view(dtype).reshape(tensor.shape)
-        elif gguf_blocks.dequantizes(tensor.kind):
+        else:
             size = gguf_blocks.stored_bytes(tensor.kind, math.prod(tensor.shape))
             data = _bytes(raw, name, tensor, size)
             values = gguf_blocks.dequantize(data, tensor.kind).reshape(tensor.shape)
-        else:
-            values = _dequantized(raw, name, tensor)
         if name == CLS_OUT:  # "yes" less "no": the one label's row
             values = values[:1].float() - values[1:2].float()
         yield hf_name(name), values
@@ -388,34 +385,6 @@ def _bytes(raw, name: str, tensor: Tensor, size: int):
     if tensor.offset + size > len(raw):
         raise GGUFError(f"tensor {name!r} lies past the end of the GGUF file")
     return raw[tensor.offset : tensor.offset + size]
-
-
-def _dequantized(raw, name: str, tensor: Tensor):
-    import numpy as np
-    import torch
-
-    try:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize, quant_shape_to_byte_shape
-    except ImportError as e:
-        raise GGUFError(
-            "a GGUF file's quantised tensors are read by the `gguf` package (pip install gguf)"
-        ) from e
-    try:
-        kind = GGMLQuantizationType(tensor.kind)
-        shape = quant_shape_to_byte_shape(tensor.shape, kind)
-    except ValueError as e:  # a type it lacks, a shape it refuses
-        raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
-    rows = _bytes(raw, name, tensor, math.prod(shape)).reshape(-1, shape[-1])
-    try:
-        out = np.empty((len(rows), tensor.shape[-1]), np.float32)
-        # a few rows at a time: the package's temporaries stay small beside an embedding table
-        step = max(1, _DEQUANTIZED_AT_ONCE // tensor.shape[-1])
-        for row in range(0, len(rows), step):
-            out[row : row + step] = dequantize(rows[row : row + step], kind)
-        return torch.from_numpy(out).reshape(tensor.shape)
-    except NotImplementedError as e:  # a type it names but does not dequantize
-        raise GGUFError(f"tensor of type {tensor.kind} not read from the GGUF file: {e}") from e
 
 
 def tensor_dtypes(path: Path) -> dict:

@@ -58,17 +58,8 @@ def resolve_checkpoint(name: str | Path) -> Path:
     (`ollama:qwen3-embedding:0.6b`, ollama_store.py), as a checkpoint directory of its own
     (gguf_files.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
-    if str(name).startswith(ollama_store.PREFIX):
-        try:
-            blob = ollama_store.model_file(str(name).removeprefix(ollama_store.PREFIX))
-        except ollama_store.OllamaModelNotFoundError as e:
-            raise CheckpointNotFoundError(str(e)) from None
-        return gguf_files.checkpoint(blob)
-    path = Path(name).expanduser()
-    if gguf_files.is_gguf(path):
-        return gguf_files.checkpoint(path)
-    if not path.exists() and (match := _GGUF_ID.match(str(name))):
-        return gguf_files.checkpoint(_hub_gguf(match[1], match[2]))
+    if (gguf := _gguf_file(name)) is not None:
+        return gguf_files.checkpoint(gguf)
     path = locate(name)
     if not finetunes.is_finetune(path):
         return path
@@ -77,6 +68,22 @@ def resolve_checkpoint(name: str | Path) -> Path:
         return finetunes.checkpoint(path, resolve_checkpoint(base))
     except CheckpointNotFoundError as e:
         raise CheckpointNotFoundError(f"{name} is a fine-tune of {base}: {e}") from e
+
+
+def _gguf_file(name: str | Path) -> Path | None:
+    """The GGUF file `name` names, if it names one: a model Ollama pulled, a file (or a folder
+    of one), or a GGUF repository's file by type."""
+    if str(name).startswith(ollama_store.PREFIX):
+        try:
+            return ollama_store.model_file(str(name).removeprefix(ollama_store.PREFIX))
+        except ollama_store.OllamaModelNotFoundError as e:
+            raise CheckpointNotFoundError(str(e)) from None
+    path = Path(name).expanduser()
+    if gguf_files.is_gguf(path):
+        return path
+    if not path.exists() and (match := _GGUF_ID.match(str(name))):
+        return _hub_gguf(match[1], match[2])
+    return None
 
 
 def locate(name: str | Path) -> Path:
