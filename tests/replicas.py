@@ -1443,7 +1443,7 @@ def as_gguf(
     source: Path,
     kind: str = "Q8_0",
     *,
-    pooling: str = "LAST",
+    pooling: str | None = "LAST",
     causal: bool = True,
     architecture: str | None = None,
     pre: str = "qwen2",
@@ -1454,9 +1454,11 @@ def as_gguf(
     hyper-parameters under the architecture's keys, its vocabulary (`_gguf_vocabulary`; with
     `tokens` False the tokenizer is named alone: a file refused before that is read), tensors
     named by the `gguf` package's TensorNameMap, the matrices in `kind` (quantised by its numpy
-    code) and the vectors in F32. `reranker`: a Qwen3-Reranker's, as the converter's Qwen3Model
-    writes it: pooling rank, labels yes and no, the output head's rows of those tokens as
-    `cls.output` and no output head."""
+    code) and the vectors in F32; `pooling` None writes none, as the converter wrote a causal
+    LM's before it read rerankers (the Qwen3-Reranker files Ollama's users pull are such).
+    `reranker`: a Qwen3-Reranker's, as the converter's Qwen3Model writes it now: pooling rank,
+    labels yes and no, the output head's rows of those tokens as `cls.output` and no output
+    head."""
     import gguf
     from tokenizers import Tokenizer
 
@@ -1475,7 +1477,8 @@ def as_gguf(
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base((hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
-    writer.add_pooling_type(gguf.PoolingType["RANK" if reranker else pooling])
+    if reranker or pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType["RANK" if reranker else pooling])
     if not causal:
         writer.add_causal_attention(False)
 

@@ -23,7 +23,7 @@ from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
 from qwen_embed_deploy.launcher import served_model_names
-from qwen_embed_deploy.serving.config import MODEL_DIR_ENV
+from qwen_embed_deploy.serving.config import MODEL_DIR_ENV, RERANK_MODEL_DIR_ENV
 from qwen_embed_deploy.serving.rerank import PairTokenizer, RerankOptions
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer, free_port
@@ -146,7 +146,7 @@ def _ollama_store(root, manifests: dict, blob: bytes):
     """An Ollama store as `ollama pull` leaves it: each manifest (its path below manifests/ ->
     its layers' media types), every layer naming the one blob, kept as blobs/sha256-DIGEST."""
     digest = hashlib.sha256(blob).hexdigest()
-    (root / "blobs").mkdir(parents=True)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
     (root / "blobs" / f"sha256-{digest}").write_bytes(blob)
     for where, kinds in manifests.items():
         layers = [{"mediaType": kind, "digest": f"sha256:{digest}", "size": 1} for kind in kinds]
@@ -157,8 +157,8 @@ def _ollama_store(root, manifests: dict, blob: bytes):
 
 def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     """`ollama:NAME[:TAG]` is the GGUF file its manifest in Ollama's store names (OLLAMA_MODELS;
-    registry.ollama.ai, library and latest where the name leaves them out), served under the
-    names Ollama's clients send."""
+    registry.ollama.ai, library and latest where the name leaves them out; any case), served
+    under the names Ollama's clients send."""
     model, template = "application/vnd.ollama.image.model", "application/vnd.ollama.image.template"
     library = "registry.ollama.ai/library"
     blob = _ollama_store(
@@ -168,6 +168,7 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
             f"{library}/tiny/0.6b-q8_0": [model],
             "registry.ollama.ai/acme/tiny/latest": [model],
             "example.org/acme/tiny/v1": [model],
+            "registry.ollama.ai/acme/Tiny-Mixed/Q8_0": [model],  # kept in the case pulled
             f"{library}/two/latest": [model, model],
             f"{library}/none/latest": [template],
         },
@@ -177,12 +178,21 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     (tmp_path / "manifests" / library / "odd" / "latest").parent.mkdir()
     (tmp_path / "manifests" / library / "odd" / "latest").write_text(json.dumps(odd))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
-    for name in ("tiny", "tiny:latest", "tiny:0.6b-q8_0", "acme/tiny", "example.org/acme/tiny:v1"):
+    for name in (
+        "tiny",
+        "tiny:latest",
+        "tiny:0.6b-q8_0",
+        "acme/tiny",
+        "example.org/acme/tiny:v1",
+        "acme/Tiny-Mixed:Q8_0",
+        "acme/tiny-mixed:q8_0",  # Ollama's names match whatever their case
+    ):
         assert (resolve_checkpoint(f"ollama:{name}") / FILE).resolve() == blob
     # the gateway answers to the names Ollama's clients send for it (make serve, the launcher)
     assert served_model_names("ollama:tiny") == ["embed", "tiny", "tiny:latest"]
     assert served_model_names("ollama:acme/tiny:v1") == ["embed", "acme/tiny:v1"]
     assert served_model_names(str(files["qwen3", "Q8_0"][0])) is None  # the gateway's default
+    assert served_model_names("ollama:acme/tiny:v1", "rerank") == ["rerank", "acme/tiny:v1"]
     # the blob hashed by its name: the fingerprint of the same file anywhere else
     direct = checkpoint_digest(resolve_checkpoint(files["qwen3", "Q8_0"][0]))
     checkpoint_digest.cache_clear()
@@ -199,32 +209,64 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
             resolve_checkpoint(f"ollama:{name}")
 
 
-def test_make_serve_on_a_model_ollama_pulled(files, tmp_path):
-    """`make serve MODEL_DIR=ollama:NAME` (the launcher with the checked-in repository and its
-    gateway): Ollama's own client embeds under the names it sends; another name is refused."""
+def test_make_serve_on_models_ollama_pulled(files, reranker, tmp_path):
+    """`make serve MODEL_DIR=ollama:NAME RERANK_MODEL_DIR=ollama:NAME` (the launcher with the
+    checked-in repository and its gateway): Ollama's own client embeds under the names it
+    sends; a Qwen3-Reranker file as Ollama's users pull it (a causal LM: community uploads
+    such as dengcao/Qwen3-Reranker-0.6B) scores on /v1/rerank under its Ollama name; another
+    name is refused."""
+    import httpx
     import ollama
 
     path = files["qwen3", "Q8_0"][0]
+    reranker_file = as_gguf(tmp_path / "reranker.gguf", reranker, "Q8_0", pooling=None)
     model = "application/vnd.ollama.image.model"
-    manifest = "registry.ollama.ai/library/tiny/latest"
-    _ollama_store(tmp_path / "store", {manifest: [model]}, path.read_bytes())
-    env = {"OLLAMA_MODELS": str(tmp_path / "store"), MODEL_DIR_ENV: "ollama:tiny"}
+    _ollama_store(
+        tmp_path / "store", {"registry.ollama.ai/library/tiny/latest": [model]}, path.read_bytes()
+    )
+    pulled = "registry.ollama.ai/acme/Qwen3-Reranker-0.6B/Q8_0"
+    _ollama_store(tmp_path / "store", {pulled: [model]}, reranker_file.read_bytes())
+    env = {
+        "OLLAMA_MODELS": str(tmp_path / "store"),
+        MODEL_DIR_ENV: "ollama:tiny",
+        RERANK_MODEL_DIR_ENV: "ollama:acme/Qwen3-Reranker-0.6B:Q8_0",
+    }
     port = free_port()
-    launcher = ["--gateway-port", str(port), "--no-rerank"]
+    launcher = ["--gateway-port", str(port)]
     with TritonServer(env=env, log_path=tmp_path / "server.log", launcher_args=launcher):
-        wait_for(f"http://127.0.0.1:{port}/health")
-        client = ollama.Client(host=f"http://127.0.0.1:{port}")
+        base = f"http://127.0.0.1:{port}"
+        wait_for(f"{base}/health")
+        client = ollama.Client(host=base)
         names = ("tiny", "tiny:latest")  # what Ollama's clients send for ollama:tiny
         answers = {name: client.embed(model=name, input=TEXTS[:2]) for name in names}
         assert {answer.model for answer in answers.values()} == {"tiny", "tiny:latest"}
         with pytest.raises(ollama.ResponseError, match="does not exist"):
             client.embed(model="other", input="x")
+        listed = {m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert {"rerank", "acme/Qwen3-Reranker-0.6B:Q8_0"} <= listed
+        ranked = {}
+        for name in ("acme/Qwen3-Reranker-0.6B:Q8_0", "rerank"):
+            body = {"model": name, "query": QUERY, "documents": DOCUMENTS}
+            answer = httpx.post(f"{base}/v1/rerank", json=body, timeout=60).json()
+            assert "results" in answer, answer
+            ranked[name] = {r["index"]: r["relevance_score"] for r in answer["results"]}
+        refused = httpx.post(f"{base}/v1/rerank", json=body | {"model": "other"}, timeout=60)
+        assert refused.status_code == 404 and "does not exist" in refused.text
     ids = TextTokenizer(resolve_checkpoint(path), 8192).encode(TEXTS[:2], EmbedOptions())
     with Encoder.from_pretrained(path) as encoder:  # the served route's dtype
         expected = encoder.embed(ids)
     for answer in answers.values():
         assert answer.prompt_eval_count == sum(map(len, ids))
         assert cosine(np.array(answer.embeddings), expected).min() >= 0.9999
+    pairs = PairTokenizer(resolve_checkpoint(reranker_file), 8192).encode(
+        QUERY, DOCUMENTS, RerankOptions()
+    )
+    with Encoder.from_pretrained(reranker_file, task="rerank") as encoder:
+        scores = encoder.score(pairs)
+    assert np.ptp(scores) > 1e-3  # the replica tells documents apart
+    for answer in ranked.values():
+        served = np.array([answer[i] for i in range(len(DOCUMENTS))])
+        assert np.abs(served - scores).max() <= 2e-3, (served, scores)
 
 
 def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeypatch):
@@ -245,16 +287,23 @@ def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeyp
         resolve_checkpoint("acme/tiny-GGUF:Q4_K_M")
 
 
-def test_a_qwen3_reranker_file_scores_as_the_model_card(reranker, tmp_path):
-    """Its `cls.output` rows (yes, no) as one classifier row: the sigmoid of their difference is
-    the model card's P(yes) over the two, on the model the file holds."""
-    path = as_gguf(tmp_path / "reranker-Q8_0.gguf", reranker, "Q8_0", reranker=True)
+@pytest.mark.parametrize("form", ["rank", "causal"])
+def test_a_qwen3_reranker_file_scores_as_the_model_card(reranker, tmp_path, form):
+    """As llama.cpp's converter writes a Qwen3-Reranker now (`rank`: its `cls.output` rows, yes
+    and no, as one classifier row whose sigmoid is the model card's P(yes) over the two), and
+    as it wrote one before it read rerankers (`causal`: a causal LM without pooling, the form
+    of the Qwen3-Reranker files Ollama's users pull, which Ollama cannot score): the model
+    card's scores of the model the file holds; the causal form reranks where the deployment
+    says so (the rerank model's task), as Qwen3-Reranker's own safetensors do."""
+    kind = {"reranker": True} if form == "rank" else {"pooling": None}
+    path = as_gguf(tmp_path / "reranker-Q8_0.gguf", reranker, "Q8_0", **kind)
     held = gguf_weights(reranker, tmp_path / "held", "Q8_0")
     pairs = model_card_pairs(held, QUERY, DOCUMENTS, instruction=DEFAULT_TASK)
     converted = resolve_checkpoint(path)
     assert PairTokenizer(converted, 8192).encode(QUERY, DOCUMENTS, RerankOptions()) == pairs
     expected = reference_scores(held, pairs)
-    with Encoder.from_pretrained(path, dtype="float32") as encoder:  # task auto: rerank
+    task = "auto" if form == "rank" else "rerank"  # the rank form reranks by itself
+    with Encoder.from_pretrained(path, dtype="float32", task=task) as encoder:
         assert encoder.task == "rerank"
         scores = encoder.score(pairs)
     assert np.abs(scores - expected).max() <= 1e-4

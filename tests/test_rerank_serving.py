@@ -211,7 +211,7 @@ def test_gateway_answers_raw_scores_as_the_model_scores(stack, jina, cross_encod
         alone = want[:2]
     with EmbeddingClient(server.grpc_url, rerank_model=name) as client:
         assert client.score_kind() == kind
-    app = create_app([server.grpc_url], rerank_model_name=name, triton_rerank_model=name)
+    app = create_app([server.grpc_url], rerank_model_names=(name,), triton_rerank_model=name)
     with TestClient(app) as client:
         nim = client.post(
             "/v1/ranking",

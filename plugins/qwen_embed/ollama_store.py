@@ -55,8 +55,8 @@ def model_file(name: str) -> Path:
     relative = manifest_path(name)
     searched = stores()
     for store in searched:
-        manifest = store / relative
-        if manifest.is_file():
+        manifest = _manifest(store, relative)
+        if manifest is not None:
             break
     else:
         raise OllamaModelNotFoundError(
@@ -80,3 +80,20 @@ def model_file(name: str) -> Path:
     if not blob.is_file():
         raise OllamaModelNotFoundError(f"Ollama model {name}'s file {blob} is missing")
     return blob
+
+
+def _manifest(store: Path, relative: Path) -> Path | None:
+    """The manifest `relative` names in `store`, its parts matched as Ollama matches names:
+    whatever their case (`ollama pull dengcao/Qwen3-Reranker-0.6B:Q8_0` keeps the case it was
+    given; a client may send the name in lower case)."""
+    if (store / relative).is_file():
+        return store / relative
+    found = store
+    for part in relative.parts:
+        same = (
+            [p for p in found.iterdir() if p.name.lower() == part.lower()] if found.is_dir() else []
+        )
+        if len(same) != 1:
+            return None
+        found = same[0]
+    return found if found.is_file() else None

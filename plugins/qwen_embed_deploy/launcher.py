@@ -61,7 +61,12 @@ from qwen_embed import ollama_store
 from qwen_embed_client.contract import RERANK_RECIPES
 from qwen_embed_deploy.host import gpu_count
 from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
-from qwen_embed_deploy.serving.config import MODEL_DIR_ENV, MODEL_REPOSITORY, model_facts
+from qwen_embed_deploy.serving.config import (
+    MODEL_DIR_ENV,
+    MODEL_REPOSITORY,
+    RERANK_MODEL_DIR_ENV,
+    model_facts,
+)
 
 from .repository import (
     Edit,
@@ -404,11 +409,12 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
-def served_model_names(model_dir: str) -> list[str] | None:
-    """The gateway's names of the embed model where none are asked for: `embed`, and for a
-    model Ollama pulled (`ollama:NAME`) the names Ollama's clients send for it."""
+def served_model_names(model_dir: str, name: str = "embed") -> list[str] | None:
+    """The gateway's names of a model (the embed model's `embed`, the reranker's `rerank`)
+    where none are asked for: `name`, and for a model Ollama pulled (`ollama:NAME`) the names
+    Ollama's clients send for it."""
     if model_dir.startswith(ollama_store.PREFIX):
-        return ["embed", *ollama_store.client_names(model_dir.removeprefix(ollama_store.PREFIX))]
+        return [name, *ollama_store.client_names(model_dir.removeprefix(ollama_store.PREFIX))]
     return None
 
 
@@ -420,6 +426,7 @@ def start_gateway(
     otlp_endpoint: str | None = None,
     served_model_names: list[str] | None = None,
     embed_reranks: bool = False,
+    rerank_model_names: list[str] | None = None,
 ) -> subprocess.Popen:
     """The HTTP gateway (OpenAI, NIM, TEI and Cohere APIs) in front of this server's gRPC port
     (same interpreter); `embed_reranks`: its rerank routes ask the embed model (an embedder's
@@ -439,6 +446,8 @@ def start_gateway(
         cmd += ["--triton-rerank-model", "embed"]
     elif not rerank:
         cmd += ["--rerank-model-name", ""]
+    elif rerank_model_names:
+        cmd += ["--rerank-model-name", *rerank_model_names]
     if served_model_names:
         cmd += ["--served-model-name", *served_model_names]
     if otlp_endpoint:
@@ -635,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             args.otlp_endpoint,
             args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
             args.rerank_recipe is not None,
+            served_model_names(os.environ.get(RERANK_MODEL_DIR_ENV, ""), "rerank"),
         )
     while ready:
         while proc.poll() is None:

@@ -2,7 +2,7 @@
 
 python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
-    [--rerank-model-name rerank] [--triton-rerank-model rerank]
+    [--rerank-model-name rerank [ALIAS ...]] [--triton-rerank-model rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images]
 """
@@ -67,7 +67,7 @@ def create_app(
     model_names: tuple[str, ...] = ("embed",),
     api_keys: tuple[str, ...] = (),
     triton_model: str = "embed",
-    rerank_model_name: str | None = "rerank",
+    rerank_model_names: tuple[str, ...] = ("rerank",),
     triton_rerank_model: str = "rerank",
     otlp_endpoint: str | None = None,
     batch_dir: Path | None = None,
@@ -108,7 +108,7 @@ def create_app(
         client=client,
         model_names=tuple(model_names),
         api_keys=tuple(api_keys),
-        rerank_model_name=rerank_model_name,
+        rerank_model_names=tuple(rerank_model_names),
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
         allow_remote_images=allow_remote_images,
@@ -179,8 +179,11 @@ def main() -> None:
     )
     p.add_argument(
         "--rerank-model-name",
-        default="rerank",
-        help="model id /v1/rerank clients send ('' turns the rerank routes off)",
+        dest="rerank_model_names",
+        nargs="+",
+        default=["rerank"],
+        help="the reranker's ids clients send, one or more, as --served-model-name's ('' turns "
+        "the rerank routes off)",
     )
     p.add_argument(
         "--triton-rerank-model",
@@ -243,7 +246,7 @@ def main() -> None:
         args.triton_url or ["localhost:8001"],
         model_names=tuple(args.model_names),
         api_keys=tuple(args.api_key or _env_keys()),
-        rerank_model_name=args.rerank_model_name or None,
+        rerank_model_names=tuple(name for name in args.rerank_model_names if name),
         triton_rerank_model=args.triton_rerank_model,
         otlp_endpoint=args.otlp_endpoint or None,
         allow_remote_images=args.allow_remote_images,

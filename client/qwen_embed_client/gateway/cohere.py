@@ -193,7 +193,7 @@ async def _embed(gw, body: object, version: int) -> tuple[dict, None, str | None
 async def rerank_v2(request: Request):
     gw = gateway(request)
     asked = RerankRequest.parse(await json_body(request))
-    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    served, triton = gw.rerank_model_names, gw.triton_rerank_model
     adapter = await model_adapter(gw, asked.model, served, triton)
     query, documents = asked.query, asked.documents
     options = _priority(asked.priority) | asked.given("top_n")

@@ -43,7 +43,7 @@ class RankingRequest(Body):
 async def ranking(request: Request):
     gw = gateway(request)
     asked = RankingRequest.parse(await json_body(request))
-    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    served, triton = gw.rerank_model_names, gw.triton_rerank_model
     adapter = await model_adapter(gw, asked.model, served, triton)
     options = TRUNCATE_MODES[asked.truncate] | ({"adapter": adapter} if adapter else {})
     options = rerank_checked(**options)

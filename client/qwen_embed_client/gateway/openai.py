@@ -674,19 +674,21 @@ class RerankRequest(_VllmPoolingFields):
 
 
 def parse_rerank_request(
-    body: object, served_model: str | None, adapters: tuple[str, ...] = ()
+    body: object, served: str | tuple[str, ...] | None, adapters: tuple[str, ...] = ()
 ) -> tuple[RerankRequest, dict]:
-    """Validate a Cohere/Jina-style rerank body -> (the request, its options); a `model` among
-    the reranker's `adapters` (common.model_adapters) is the adapter option."""
+    """Validate a Cohere/Jina-style rerank body -> (the request, its options); `served`: the
+    reranker's names (none: the routes are off); a `model` among its `adapters`
+    (common.model_adapters) is the adapter option."""
     request = RerankRequest.parse(body)
-    check_model(request.model, (served_model, *adapters) if served_model else None)
+    names = served_names(served)
+    check_model(request.model, (*names, *adapters) if names else None)
     asked = request.given("top_n", "instruction", "priority", "video_fps", "video_max_frames")
     if asked.get("top_n") == 0:  # vLLM's: every document
         del asked["top_n"]
     if request.max_tokens_per_doc:  # vLLM's; 0: no cut
         asked["max_document_tokens"] = request.max_tokens_per_doc
     asked |= request.chat_template_kwargs or {}
-    if request.model is not None and request.model != served_model:
+    if request.model is not None and request.model not in names:
         asked["adapter"] = request.model
     options = rerank_checked(**asked)
     return request, options
@@ -729,8 +731,8 @@ async def _served_models(gw) -> list[dict]:
     # the encoder's adapters, each a model a request names (vLLM lists its LoRA models so)
     adapters = facts.get("route", {}).get("lora_names", [])
     served += [{"id": name, "parent": gw.model_name, **embed_facts} for name in adapters]
-    if gw.rerank_model_name and await gw.client.model_ready(gw.triton_rerank_model):
-        served.append({"id": gw.rerank_model_name})
+    if gw.rerank_model_names and await gw.client.model_ready(gw.triton_rerank_model):
+        served += [{"id": name} for name in gw.rerank_model_names]
     return [
         {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
         for entry in served
@@ -855,7 +857,7 @@ async def rerank_response(gw, body: object) -> dict:
     """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}; with
     `model` the embed model's name where it is a multi-vector retriever, its own ranking
     (late_interaction_ranking)."""
-    served, triton = gw.rerank_model_name, gw.triton_rerank_model
+    served, triton = gw.rerank_model_names, gw.triton_rerank_model
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and model in gw.model_names and (await gw.facts()).get("multi_vector"):
         return await late_interaction_ranking(gw, RerankRequest.parse(body))

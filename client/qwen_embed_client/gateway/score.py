@@ -6,8 +6,8 @@ On the embed model, late interaction: a score is MaxSim (maxsim.py) over both in
 normalised per-token vectors (a multimodal model's inputs may be content parts with images,
 vLLM's {"content": [parts]}: ScoreRequest); `prompt_name` (an extension) prefixes `text_1`'s
 texts only (without one, a MultiVectorEncoder's query and document tasks:
-common.late_interaction_prompts), `dimensions` cuts the token vectors. With `model` the
-reranker's name (`rerank_model_name`), what vLLM answers for a cross-encoder: the reranker's
+common.late_interaction_prompts), `dimensions` cuts the token vectors. With `model` a name of
+the reranker's (`rerank_model_names`), what vLLM answers for a cross-encoder: the reranker's
 relevance of each pair (texts only; a rerank request per distinct query, at most the client's
 requests in flight at once; per pair for a listwise reranker, as vLLM scores its pairs).
 """
@@ -83,7 +83,7 @@ async def score(request: Request):
             f"got {len(queries)}",
             "text_1",
         )
-    if gw.rerank_model_name and asked.model == gw.rerank_model_name:
+    if asked.model in gw.rerank_model_names:
         return await _reranker_scores(gw, asked)
     check_model(asked.model, gw.model_names)
     common = {"normalize": True} | asked.given("dimensions")

@@ -29,7 +29,7 @@ class Gateway:
     client: AsyncEmbeddingClient
     model_names: tuple[str, ...]  # the embed model's served names: the first answers, any is taken
     api_keys: tuple[str, ...]  # empty: no key needed
-    rerank_model_name: str | None
+    rerank_model_names: tuple[str, ...]  # the reranker's: the first answers; none: routes off
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
     allow_remote_images: bool = False  # fetch http(s) image URLs (media.py)
@@ -39,6 +39,10 @@ class Gateway:
     @property
     def model_name(self) -> str:
         return self.model_names[0]
+
+    @property
+    def rerank_model_name(self) -> str | None:
+        return self.rerank_model_names[0] if self.rerank_model_names else None
 
     def check_key(self, request: Request) -> None:
         if not self.api_keys:
