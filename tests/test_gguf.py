@@ -193,6 +193,7 @@ def test_a_model_ollama_pulled_by_its_name(files, tmp_path, monkeypatch):
     assert served_model_names("ollama:acme/tiny:v1") == ["embed", "acme/tiny:v1"]
     assert served_model_names(str(files["qwen3", "Q8_0"][0])) is None  # the gateway's default
     assert served_model_names("ollama:acme/tiny:v1", "rerank") == ["rerank", "acme/tiny:v1"]
+    assert served_model_names("ollama:rerank", "rerank") == ["rerank", "rerank:latest"]
     # the blob hashed by its name: the fingerprint of the same file anywhere else
     direct = checkpoint_digest(resolve_checkpoint(files["qwen3", "Q8_0"][0]))
     checkpoint_digest.cache_clear()

@@ -414,7 +414,8 @@ def served_model_names(model_dir: str, name: str = "embed") -> list[str] | None:
     where none are asked for: `name`, and for a model Ollama pulled (`ollama:NAME`) the names
     Ollama's clients send for it."""
     if model_dir.startswith(ollama_store.PREFIX):
-        return [name, *ollama_store.client_names(model_dir.removeprefix(ollama_store.PREFIX))]
+        names = ollama_store.client_names(model_dir.removeprefix(ollama_store.PREFIX))
+        return list(dict.fromkeys([name, *names]))  # `ollama:embed` names `embed` once
     return None
 
 
