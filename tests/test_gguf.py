@@ -138,7 +138,7 @@ def test_a_folder_of_one_file_or_a_file_without_the_suffix(files, tmp_path):
     (tmp_path / path.name).symlink_to(path)
     assert (resolve_checkpoint(tmp_path) / FILE).resolve() == path.resolve()
     (tmp_path / "other.gguf").symlink_to(path)
-    with pytest.raises(GGUFError, match="holds 2 GGUF files"):
+    with pytest.raises(GGUFError, match="holds 2 GGUF model files"):
         resolve_checkpoint(tmp_path)
 
 

@@ -12,7 +12,8 @@ under the names transformers gives them. Nothing is written back as weights. The
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
 Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
-dequantizes. A Qwen3-Reranker's file (pooling `rank`: the converter keeps the output head's
+dequantizes; Qwen3-VL's (`qwen3vl`, Qwen3-VL-Embedding's) with its vision tower's file beside
+it (gguf_vision.py). A Qwen3-Reranker's file (pooling `rank`: the converter keeps the output head's
 "yes" and "no" rows as `cls.output`) is read as a one-label sequence classifier whose `score`
 row is their difference: its sigmoid is the model card's P(yes) over the two. Rotary scaling is
 refused.
@@ -28,13 +29,25 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import gguf_vision
 from .derived_dirs import made_once
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
 FILE = "model.gguf"  # the file's link in the checkpoint directory
 LAYOUT = 1  # of the directory `checkpoint` writes: a new one is made when this changes
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    gguf_vision.TEXT_ARCHITECTURE: "Qwen3VLForConditionalGeneration",
+}
+# Qwen3-VL's vision tokens, by the config keys that name their ids
+VISION_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
 # a reranker's file (pooling rank): its head's rows, in the order the converter writes them
 RERANKER = "Qwen3ForSequenceClassification"
 RANK_LABELS = ["yes", "no"]
@@ -91,44 +104,89 @@ def is_gguf(path: Path) -> bool:
 
 
 def gguf_file(path: Path) -> Path:
-    """The one .gguf file `path` names or holds."""
+    """The one .gguf model file `path` names or holds (a vision tower's file beside it is not
+    one)."""
     if path.is_file():
         return path
-    found = sorted(path.glob("*" + SUFFIX))
+    found = [
+        p
+        for p in sorted(path.glob("*" + SUFFIX))
+        if architecture(p) != gguf_vision.TOWER_ARCHITECTURE
+    ]
     if len(found) != 1:
         raise GGUFError(
-            f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}): "
+            f"{path} holds {len(found)} GGUF model files ({', '.join(p.name for p in found)}): "
             "name the one to serve"
         )
     return found[0]
 
 
-def checkpoint(path: Path) -> Path:
+def checkpoint(path: Path, projector: Path | None = None) -> Path:
     """The GGUF file `path` names (or the one in that folder) as a checkpoint directory, made
-    once per version of the file (processes that start together share it)."""
-    source = gguf_file(path).resolve()  # the file itself, past any links to it
-    stat = source.stat()
-    version = hashlib.sha256(
-        f"{LAYOUT}\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:24]
-    return made_once("qwen-embed-gguf", version, lambda directory: _write(directory, source))
+    once per version of its files (processes that start together share it). A Qwen3-VL
+    model's vision tower is the `projector` file, else the one tower file beside it."""
+    named = gguf_file(path)
+    source = named.resolve()  # the file itself, past any links to it
+    sources = [source]
+    if architecture(source) == gguf_vision.TEXT_ARCHITECTURE:
+        try:
+            tower = projector or gguf_vision.projector_beside(named, architecture)
+        except gguf_vision.TowerError as e:
+            raise GGUFError(str(e)) from None
+        sources.append(tower.resolve())
+    parts = [str(LAYOUT)]
+    for file in sources:
+        stat = file.stat()
+        parts += [str(file), str(stat.st_size), str(stat.st_mtime_ns)]
+    version = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    return made_once("qwen-embed-gguf", version, lambda directory: _write(directory, *sources))
 
 
-def _write(directory: Path, source: Path) -> None:
+def _write(directory: Path, source: Path, tower: Path | None = None) -> None:
     header = read(source)
     embedding = header.tensors.get("token_embd.weight")
     if embedding is None:
         raise GGUFError(f"{source} has no token_embd.weight tensor")
     config = _config(header.meta, set(header.tensors), embedding.shape[0])
     tokens = _Vocabulary(header.meta, source)
+    if tower is not None:
+        config = _vision_language(config, read(tower).meta, tokens)
+        processor = gguf_vision.processor_config(read(tower).meta)
+        (directory / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+        (directory / gguf_vision.PROJECTOR).symlink_to(tower)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     (directory / "tokenizer.json").write_text(tokens.tokenizer_json())
-    tokenizer_config = tokens.tokenizer_config(config["max_position_embeddings"])
+    limit = config.get("text_config", config)["max_position_embeddings"]
+    tokenizer_config = tokens.tokenizer_config(limit)
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     pooling = header.meta.get(f"{header.meta['general.architecture']}.pooling_type")
     if pooling in POOLING:
         _write_pooling(directory, POOLING[pooling], config["hidden_size"])
     (directory / FILE).symlink_to(source)
+
+
+def _vision_language(text: dict, tower_meta: dict, tokens: _Vocabulary) -> dict:
+    """Qwen3-VL's config.json: the text model's (`text`, from its file) and the tower's."""
+    if tower_meta.get("general.architecture") != gguf_vision.TOWER_ARCHITECTURE:
+        raise GGUFError("the vision tower's file is not a GGUF tower file (architecture clip)")
+    try:
+        vision = gguf_vision.vision_config(tower_meta, text["hidden_size"])
+    except gguf_vision.TowerError as e:
+        raise GGUFError(str(e)) from None
+    ids = {}
+    for key, token in VISION_TOKENS.items():
+        if token not in tokens.tokens:
+            raise GGUFError(f"the vocabulary has no {token}: not a Qwen3-VL model's")
+        ids[key] = tokens.tokens.index(token)
+    return {
+        "architectures": text["architectures"],
+        "model_type": "qwen3_vl",
+        "text_config": {k: v for k, v in text.items() if k != "architectures"}
+        | {"model_type": "qwen3_vl_text"},
+        "vision_config": vision,
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        **ids,
+    }
 
 
 @dataclass(frozen=True)
@@ -177,6 +235,24 @@ def read(path: Path) -> Header:
     start = -(-at // align) * align
     tensors = {name: Tensor(kind, shape, start + offset) for name, kind, shape, offset in table}
     return Header(meta, tensors)
+
+
+def architecture(path: Path) -> str | None:
+    """A GGUF file's general.architecture, read from its first entries alone (the converter
+    writes it first), or None."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            _, _, _, kv_count = struct.unpack_from("<IIQQ", data, 0)
+            at = 24
+            for _ in range(min(kv_count, 8)):
+                key, at = _string(data, at)
+                (kind,), at = struct.unpack_from("<I", data, at), at + 4
+                value, at = _value(data, at, kind)
+                if key == "general.architecture":
+                    return value
+        except (struct.error, ValueError, UnicodeDecodeError):
+            return None
+    return read(path).meta.get("general.architecture")
 
 
 def _string(data, at: int) -> tuple[str, int]:
@@ -236,6 +312,10 @@ def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
         raise GGUFError("keys and values of different sizes are not a Qwen model's")
     if key("rope.dimension_count", head_dim) != head_dim:
         raise GGUFError("rotary on part of a head is not a Qwen2/Qwen3 model's")
+    rope = {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0)}
+    if arch == gguf_vision.TEXT_ARCHITECTURE:  # multimodal rotary: t, h, w sections
+        rope["mrope_section"] = list(key("rope.dimension_sections"))[:3]
+        rope["mrope_interleaved"] = True
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -246,7 +326,7 @@ def _config(meta: dict, names: set[str], vocab_size: int) -> dict:
         "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": head_dim,
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0)},
+        "rope_parameters": rope,
         "max_position_embeddings": key("context_length"),
         "vocab_size": vocab_size,
         "tie_word_embeddings": "output.weight" not in names,
@@ -365,8 +445,10 @@ def tensors(path: Path):
     from . import gguf_blocks
 
     header = read(path)
+    names = _namer(header.meta)
     # a plain array over the map: numpy's memmap subclass doubles the package's dequantising
     raw = np.asarray(np.memmap(path, np.uint8, mode="c"))
+    patch = None  # a tower's first time step of its patch embedding, until the second
     for name, tensor in header.tensors.items():
         if tensor.kind in _FLOATS:
             dtype = getattr(torch, _FLOATS[tensor.kind])
@@ -378,7 +460,13 @@ def tensors(path: Path):
             values = gguf_blocks.dequantize(data, tensor.kind).reshape(tensor.shape)
         if name == CLS_OUT:  # "yes" less "no": the one label's row
             values = values[:1].float() - values[1:2].float()
-        yield hf_name(name), values
+        if name in (gguf_vision.PATCH, gguf_vision.PATCH + ".1"):
+            if patch is None:
+                patch = values
+                continue
+            first, second = (patch, values) if name.endswith(".1") else (values, patch)
+            name, values = gguf_vision.PATCH, gguf_vision.join_patches(first, second)
+        yield names(name), values
 
 
 def _bytes(raw, name: str, tensor: Tensor, size: int):
@@ -392,10 +480,29 @@ def tensor_dtypes(path: Path) -> dict:
     import torch
 
     stored = {kind: getattr(torch, dtype) for kind, dtype in _FLOATS.items()}
+    header = read(path)
+    names = _namer(header.meta)
     return {
-        hf_name(name): torch.float32 if name == CLS_OUT else stored.get(tensor.kind, torch.float32)
-        for name, tensor in read(path).tensors.items()
+        names(name): torch.float32 if name == CLS_OUT else stored.get(tensor.kind, torch.float32)
+        for name, tensor in header.tensors.items()
+        if name != gguf_vision.PATCH + ".1"  # joined to the first time step's
     }
+
+
+def _namer(meta: dict):
+    """transformers' name of each tensor of a file with this metadata: a model's, or a
+    Qwen3-VL vision tower's."""
+    if meta.get("general.architecture") != gguf_vision.TOWER_ARCHITECTURE:
+        return hf_name
+    deepstack = gguf_vision.deepstack_indexes(meta)
+
+    def tower_name(name: str) -> str:
+        try:
+            return gguf_vision.hf_name(name, deepstack)
+        except gguf_vision.TowerError as e:
+            raise GGUFError(str(e)) from None
+
+    return tower_name
 
 
 def hf_name(name: str) -> str:

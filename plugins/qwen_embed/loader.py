@@ -48,7 +48,8 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
         return files
     files = sorted(model_dir.glob("*.safetensors"))
     if not files and (model_dir / gguf_files.FILE).is_file():
-        return [model_dir / gguf_files.FILE]
+        tower = model_dir / gguf_files.gguf_vision.PROJECTOR  # a Qwen3-VL model's
+        return [model_dir / gguf_files.FILE] + ([tower] if tower.is_file() else [])
     if not files:
         raise CheckpointError(
             f"no *.safetensors in {model_dir}; only safetensors checkpoints and GGUF files "
