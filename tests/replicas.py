@@ -1458,11 +1458,22 @@ def as_gguf(
     LM's before it read rerankers (the Qwen3-Reranker files Ollama's users pull are such).
     `reranker`: a Qwen3-Reranker's, as the converter's Qwen3Model writes it now: pooling rank,
     labels yes and no, the output head's rows of those tokens as `cls.output` and no output
-    head."""
+    head. A Qwen3-VL checkpoint's text model as its Qwen3VLTextModel writes it (architecture
+    qwen3vl, the rotary's sections, the DeepStack layers' count; no pooling): its tower is
+    `as_gguf_tower`'s."""
     import gguf
     from tokenizers import Tokenizer
 
     hf = json.loads((source / "config.json").read_text())
+    vision = hf.get("vision_config")
+    arrays = _float_arrays(source)
+    if vision is not None:
+        hf = {**hf["text_config"], "model_type": "qwen3vl"}
+        arrays = {
+            key.replace("model.language_model.", "model."): array
+            for key, array in arrays.items()
+            if not key.startswith("model.visual.")
+        }
     architecture = architecture or hf["model_type"]
     writer = gguf.GGUFWriter(path, architecture)
     heads = hf["num_attention_heads"]
@@ -1481,6 +1492,9 @@ def as_gguf(
         writer.add_pooling_type(gguf.PoolingType["RANK" if reranker else pooling])
     if not causal:
         writer.add_causal_attention(False)
+    if vision is not None:
+        writer.add_rope_dimension_sections([*hf["rope_parameters"]["mrope_section"], 0])
+        writer.add_num_deepstack_layers(len(vision["deepstack_visual_indexes"]))
 
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
@@ -1490,7 +1504,7 @@ def as_gguf(
     quant = gguf.GGMLQuantizationType[kind]
     tensors = {
         names.get_name(key, try_suffixes=(".weight", ".bias")): array
-        for key, array in _float_arrays(source).items()
+        for key, array in arrays.items()
     }
     if reranker:
         writer.add_classifier_output_labels(["yes", "no"])
@@ -1502,6 +1516,78 @@ def as_gguf(
             writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def as_gguf_tower(path: Path, source: Path) -> Path:
+    """The vision tower of the Qwen3-VL checkpoint in `source` as llama.cpp's converter writes
+    it with --mmproj (Qwen3VLVisionModel over MmprojModel): architecture clip, projector
+    qwen3vl_merger, its widths, image size, patch and merge sizes, the processor's mean and
+    std, which blocks feed DeepStack; the blocks and position embedding named by the `gguf`
+    package's TensorNameMap, the DeepStack mergers by their blocks, the merger as mm.0, mm.2
+    and v.post_ln, the patch embedding's Conv3D as one Conv2D weight per time step; in F32."""
+    import gguf
+
+    hf = json.loads((source / "config.json").read_text())
+    vision, text = hf["vision_config"], hf["text_config"]
+    processor = json.loads((source / "preprocessor_config.json").read_text())
+    depth, deepstack = vision["depth"], vision["deepstack_visual_indexes"]
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_vision_projection_dim(text["hidden_size"])
+    patch = vision["patch_size"]
+    writer.add_vision_image_size(int(vision["num_position_embeddings"] ** 0.5 * patch))
+    writer.add_vision_patch_size(patch)
+    writer.add_vision_embedding_length(vision["hidden_size"])
+    writer.add_vision_feed_forward_length(vision["intermediate_size"])
+    writer.add_vision_block_count(depth)
+    writer.add_vision_head_count(vision["num_heads"])
+    writer.add_vision_image_mean(processor["image_mean"])
+    writer.add_vision_image_std(processor["image_std"])
+    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN3VL)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_spatial_merge_size(vision["spatial_merge_size"])
+    writer.add_vision_attention_layernorm_eps(text["rms_norm_eps"])
+    writer.add_vision_is_deepstack_layers([i in deepstack for i in range(depth)])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, depth)
+    named = gguf.TENSOR_NAMES
+    parts = {
+        "norm": gguf.MODEL_TENSOR.V_DS_NORM,
+        "linear_fc1": gguf.MODEL_TENSOR.V_DS_FC1,
+        "linear_fc2": gguf.MODEL_TENSOR.V_DS_FC2,
+    }
+    merger = {
+        "norm": named[gguf.MODEL_TENSOR.V_POST_NORM],
+        "linear_fc1": named[gguf.MODEL_TENSOR.V_MMPROJ].format(bid=0),
+        "linear_fc2": named[gguf.MODEL_TENSOR.V_MMPROJ].format(bid=2),
+    }
+    patch_name = named[gguf.MODEL_TENSOR.V_ENC_EMBD_PATCH]
+    tensors = {}
+    for key, array in _float_arrays(source).items():
+        if not key.startswith("model.visual."):
+            continue
+        key = key.removeprefix("model.")
+        base, _, suffix = key.rpartition(".")
+        fields = base.split(".")
+        if base == "visual.patch_embed.proj" and suffix == "weight":
+            tensors[f"{patch_name}.weight"] = array[:, :, 0].copy()
+            tensors[f"{patch_name}.weight.1"] = array[:, :, 1].copy()
+        elif base == "visual.patch_embed.proj":
+            tensors[f"{patch_name}.{suffix}"] = array
+        elif fields[1] == "deepstack_merger_list":
+            block = deepstack[int(fields[2])]
+            tensors[f"{named[parts[fields[3]]].format(bid=block)}.{suffix}"] = array
+        elif fields[1] == "merger":
+            tensors[f"{merger[fields[2]]}.{suffix}"] = array
+        else:
+            tensors[names.get_name(key, try_suffixes=(".weight", ".bias"))] = array
+    for name, array in sorted(tensors.items()):
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -1539,18 +1625,19 @@ def _gguf_vocabulary(writer, source: Path, vocab_size: int) -> None:
     gguf.SpecialVocab(source, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
 
 
-def gguf_weights(source: Path, out: Path, kind: str = "Q8_0") -> Path:
+def gguf_weights(source: Path, out: Path, kind: str = "Q8_0", keys: str = "") -> Path:
     """`source` with the weights a GGUF file of it (`as_gguf`, `kind`) holds: each matrix
-    quantised and dequantised by the `gguf` package, every tensor in fp32, one file; the
-    other files as they are. What transformers and sentence-transformers read as the model
-    the GGUF file is."""
+    (whose key starts with `keys`: a Qwen3-VL text model's, beside its F32 tower) quantised
+    and dequantised by the `gguf` package, every tensor in fp32, one file; the other files as
+    they are. What transformers and sentence-transformers read as the model the GGUF file
+    is."""
     import gguf
 
     quant = gguf.GGMLQuantizationType[kind]
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("*.safetensors*"))
     tensors = {}
     for key, array in _float_arrays(source).items():
-        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+        if array.ndim == 2 and key.startswith(keys) and quant != gguf.GGMLQuantizationType.F32:
             array = gguf.quants.dequantize(gguf.quants.quantize(array, quant), quant)
         tensors[key] = torch.from_numpy(array.copy())
     save_file(tensors, out / "model.safetensors")

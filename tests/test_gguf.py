@@ -15,9 +15,12 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from test_qwen3_vl import FP32_COSINE, cases, image_files, official_vector, reference_vector
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
+from qwen_embed.config import ModelConfig
 from qwen_embed.fingerprint import checkpoint_digest
 from qwen_embed.gguf_files import FILE, GGUFError
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
@@ -29,7 +32,15 @@ from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import cosine, model_card_pairs, reference_embeddings, reference_scores
-from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, qwen3_embedding
+from replicas import (
+    QWEN3_QUERY,
+    as_gguf,
+    as_gguf_tower,
+    gguf_weights,
+    gte_qwen2,
+    qwen3_embedding,
+    qwen3_vl,
+)
 from triton_helpers import wait_for
 
 TEXTS = [
@@ -309,6 +320,77 @@ def test_a_qwen3_reranker_file_scores_as_the_model_card(reranker, tmp_path, form
         scores = encoder.score(pairs)
     assert np.abs(scores - expected).max() <= 1e-4
     assert np.ptp(expected) > 1e-3  # the replica tells documents apart
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    """Qwen3-VL-Embedding's replica (real tokenizer) and its GGUF files as llama.cpp's
+    converter writes them (its text model in F32 and in Q8_0, each beside its tower's file,
+    as published repositories keep them), with the model the Q8_0 file holds."""
+    root = tmp_path_factory.mktemp("gguf-vl")
+    source = qwen3_vl(root / "source", files=True)
+    for kind in ("F32", "Q8_0"):
+        (root / kind).mkdir()
+        as_gguf(root / kind / f"Qwen3-VL-Embedding-{kind}.gguf", source, kind, pooling=None)
+        as_gguf_tower(root / kind / "mmproj-Qwen3-VL-Embedding-F32.gguf", source)
+    held = gguf_weights(source, root / "held", "Q8_0", keys="model.language_model.")
+    return source, root, held
+
+
+def test_qwen3_vl_files_are_the_model_they_hold(vl):
+    """The text model's file with its tower's file beside it (named as a file, or as their
+    folder) is the Qwen3-VL checkpoint they hold: transformers' Qwen3-VL on text alone, an
+    image, text with an image, two images and a short video; the Q8_0 file against the model
+    it holds."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    source, root, held = vl
+    for kind, model_dir in (("F32", source), ("Q8_0", held)):
+        model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+        media = ModelConfig.from_dir(source).media
+        texts = list(cases(media).values())
+        want = np.stack([reference_vector(model.eval(), text) for text in texts])
+        for named in (root / kind, root / kind / f"Qwen3-VL-Embedding-{kind}.gguf"):
+            with Encoder.from_pretrained(named, dtype="float32") as encoder:
+                got = encoder.embed_media(texts)
+            assert cosine(got, want).min() >= FP32_COSINE, (kind, named, cosine(got, want))
+    assert cosine(want[:1], want[1:]).max() < 0.999  # the inputs tell the vectors apart
+
+
+def test_qwen3_vl_files_through_triton_match_the_official_recipe(vl, tmp_path):
+    """Served from the folder of its two files: texts with images through the ensemble
+    (the tokenizer writes the chat turns and resizes the images from the laid-out
+    checkpoint), against Qwen3-VL-Embedding's recipe on the replica."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from qwen_embed_client import EmbeddingClient
+    from qwen_embed_deploy.repository import render
+
+    source, root, _ = vl
+    model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32).eval()
+    files = image_files()
+    asked = [("a chart with a legend", [files["jpeg"]]), ("two pictures", [files["png"]] * 2)]
+    asked.append(("a text alone", []))
+    want = np.stack([official_vector(model, source, t, images) for t, images in asked])
+    repo = render(tmp_path / "repo", {"embed": root / "F32"}, {"encoder": {"dtype": "float32"}})
+    with TritonServer(repo, log_path=tmp_path / "server.log") as server:
+        with EmbeddingClient(server.grpc_url, protocol="grpc") as client:
+            got = client.embed([t for t, _ in asked], images=[images for _, images in asked])
+    assert cosine(got, want).min() >= FP32_COSINE, cosine(got, want)
+
+
+def test_a_qwen3_vl_file_needs_its_tower_beside_it(vl, tmp_path):
+    source, root, _ = vl
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    text = alone / "model.gguf"
+    text.symlink_to(root / "F32" / "Qwen3-VL-Embedding-F32.gguf")
+    with pytest.raises(GGUFError, match="Qwen3-VL text model, .*mmproj.*none"):
+        resolve_checkpoint(text)
+    for i in range(2):
+        (alone / f"mmproj-{i}.gguf").symlink_to(root / "F32" / "mmproj-Qwen3-VL-Embedding-F32.gguf")
+    with pytest.raises(GGUFError, match="2 are beside it .*mmproj-0.gguf, mmproj-1.gguf"):
+        resolve_checkpoint(text)
 
 
 @pytest.mark.parametrize(
