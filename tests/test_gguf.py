@@ -23,6 +23,7 @@ from qwen_embed import Encoder
 from qwen_embed.config import ModelConfig
 from qwen_embed.fingerprint import checkpoint_digest
 from qwen_embed.gguf_files import FILE, GGUFError
+from qwen_embed.gguf_vision import PROJECTOR
 from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import DEFAULT_TASK, EmbedOptions
 from qwen_embed_deploy.launcher import served_model_names
@@ -377,6 +378,36 @@ def test_qwen3_vl_files_through_triton_match_the_official_recipe(vl, tmp_path):
         with EmbeddingClient(server.grpc_url, protocol="grpc") as client:
             got = client.embed([t for t, _ in asked], images=[images for _, images in asked])
     assert cosine(got, want).min() >= FP32_COSINE, cosine(got, want)
+
+
+def test_a_qwen3_vl_model_ollama_pulled_with_its_projector(vl, tmp_path, monkeypatch):
+    """A manifest's model layer and its projector layer (the tower's file, as `ollama create`
+    takes an mmproj file beside a model) are the pair."""
+    _, root, _ = vl
+    layers = []
+    (tmp_path / "blobs").mkdir()
+    for kind, file in (
+        ("model", "Qwen3-VL-Embedding-F32.gguf"),
+        ("projector", "mmproj-Qwen3-VL-Embedding-F32.gguf"),
+    ):
+        data = (root / "F32" / file).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        (tmp_path / "blobs" / f"sha256-{digest}").write_bytes(data)
+        layers.append(
+            {"mediaType": f"application/vnd.ollama.image.{kind}", "digest": f"sha256:{digest}"}
+        )
+    manifest = tmp_path / "manifests" / "registry.ollama.ai" / "acme" / "qwen3-vl-embedding" / "2b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
+    laid_out = resolve_checkpoint("ollama:acme/qwen3-vl-embedding:2b")
+    digests = [layer["digest"].replace(":", "-") for layer in layers]
+    assert (laid_out / FILE).resolve() == tmp_path / "blobs" / digests[0]
+    assert (laid_out / PROJECTOR).resolve() == tmp_path / "blobs" / digests[1]
+    direct = resolve_checkpoint(root / "F32")
+    config = json.loads((laid_out / "config.json").read_text())
+    assert config == json.loads((direct / "config.json").read_text())
+    assert config["vision_config"]["depth"] == 3
 
 
 def test_a_qwen3_vl_file_needs_its_tower_beside_it(vl, tmp_path):

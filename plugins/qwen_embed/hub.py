@@ -59,7 +59,7 @@ def resolve_checkpoint(name: str | Path) -> Path:
     (gguf_files.py). Raises CheckpointNotFoundError naming the id and the cache when neither
     works."""
     if (gguf := _gguf_file(name)) is not None:
-        return gguf_files.checkpoint(gguf)
+        return gguf_files.checkpoint(*gguf)
     path = locate(name)
     if not finetunes.is_finetune(path):
         return path
@@ -70,19 +70,20 @@ def resolve_checkpoint(name: str | Path) -> Path:
         raise CheckpointNotFoundError(f"{name} is a fine-tune of {base}: {e}") from e
 
 
-def _gguf_file(name: str | Path) -> Path | None:
-    """The GGUF file `name` names, if it names one: a model Ollama pulled, a file (or a folder
-    of one), or a GGUF repository's file by type."""
+def _gguf_file(name: str | Path) -> tuple[Path, Path | None] | None:
+    """The GGUF file `name` names, if it names one, and its vision tower's file where the name
+    says which (else a Qwen3-VL model's is the one beside it): a model Ollama pulled, a file
+    (or a folder of one), or a GGUF repository's file by type."""
     if str(name).startswith(ollama_store.PREFIX):
         try:
-            return ollama_store.model_file(str(name).removeprefix(ollama_store.PREFIX))
+            return ollama_store.model_files(str(name).removeprefix(ollama_store.PREFIX))
         except ollama_store.OllamaModelNotFoundError as e:
             raise CheckpointNotFoundError(str(e)) from None
     path = Path(name).expanduser()
     if gguf_files.is_gguf(path):
-        return path
+        return path, None
     if not path.exists() and (match := _GGUF_ID.match(str(name))):
-        return _hub_gguf(match[1], match[2])
+        return _hub_gguf(match[1], match[2]), None
     return None
 
 

@@ -5,7 +5,9 @@ Ollama's store (`OLLAMA_MODELS`, else ~/.ollama/models, else the Linux service's
 /usr/share/ollama/.ollama/models) holds a manifest per model and tag,
 `manifests/HOST/NAMESPACE/MODEL/TAG` (HOST registry.ollama.ai, NAMESPACE library and TAG latest
 unless named), and every file as `blobs/sha256-DIGEST`; the manifest's layer of media type
-`application/vnd.ollama.image.model` is the model's GGUF file.
+`application/vnd.ollama.image.model` is the model's GGUF file, a layer of
+`application/vnd.ollama.image.projector` its vision tower's (llama.cpp's mmproj file, as `ollama
+create` takes one beside a model).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 PREFIX = "ollama:"
 MODEL_LAYER = "application/vnd.ollama.image.model"
+PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 HOST, NAMESPACE, TAG = "registry.ollama.ai", "library", "latest"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # a blob's name: never a path out of the store
 
@@ -50,8 +53,9 @@ def client_names(name: str) -> list[str]:
     return [name] if ":" in name else [name, f"{name}:{TAG}"]
 
 
-def model_file(name: str) -> Path:
-    """The GGUF file of the pulled Ollama model `name` (without the `ollama:` prefix)."""
+def model_files(name: str) -> tuple[Path, Path | None]:
+    """The GGUF file of the pulled Ollama model `name` (without the `ollama:` prefix), and its
+    vision tower's file where its manifest has one."""
     relative = manifest_path(name)
     searched = stores()
     for store in searched:
@@ -65,18 +69,30 @@ def model_file(name: str) -> Path:
         )
     try:
         layers = json.loads(manifest.read_text())["layers"]
-        digests = [layer["digest"] for layer in layers if layer["mediaType"] == MODEL_LAYER]
+        digests = {
+            kind: [layer["digest"] for layer in layers if layer["mediaType"] == kind]
+            for kind in (MODEL_LAYER, PROJECTOR_LAYER)
+        }
     except (ValueError, KeyError, TypeError) as e:
         raise OllamaModelNotFoundError(f"{manifest} is not an Ollama manifest: {e!r}") from None
-    if len(digests) != 1:
-        kinds = sorted({str(layer.get("mediaType")) for layer in layers if isinstance(layer, dict)})
-        raise OllamaModelNotFoundError(
-            f"Ollama model {name} holds {len(digests)} GGUF files ({MODEL_LAYER} layers; "
-            f"its layers: {', '.join(kinds)}): one is served"
-        )
-    if not _DIGEST.fullmatch(str(digests[0])):
-        raise OllamaModelNotFoundError(f"{manifest} names its model file {digests[0]!r}")
-    blob = store / "blobs" / digests[0].replace(":", "-")
+    for kind, most in ((MODEL_LAYER, (1,)), (PROJECTOR_LAYER, (0, 1))):
+        if len(digests[kind]) not in most:
+            kinds = sorted({str(lay.get("mediaType")) for lay in layers if isinstance(lay, dict)})
+            raise OllamaModelNotFoundError(
+                f"Ollama model {name} holds {len(digests[kind])} GGUF files ({kind} layers; "
+                f"its layers: {', '.join(kinds)}): one is served"
+            )
+    model, *projector = (
+        _blob(store, manifest, name, digest)
+        for digest in digests[MODEL_LAYER] + digests[PROJECTOR_LAYER]
+    )
+    return model, projector[0] if projector else None
+
+
+def _blob(store: Path, manifest: Path, name: str, digest: str) -> Path:
+    if not _DIGEST.fullmatch(str(digest)):
+        raise OllamaModelNotFoundError(f"{manifest} names its model file {digest!r}")
+    blob = store / "blobs" / digest.replace(":", "-")
     if not blob.is_file():
         raise OllamaModelNotFoundError(f"Ollama model {name}'s file {blob} is missing")
     return blob
