@@ -16,7 +16,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_qwen3_vl import FP32_COSINE, cases, image_files, official_vector, reference_vector
+from test_qwen3_vl import (
+    FP32_COSINE,
+    cases,
+    image_files,
+    official_vector,
+    reference_hidden,
+    reference_vector,
+    yes_minus_no,
+)
 from tokenizers import Tokenizer
 
 from qwen_embed import Encoder
@@ -378,6 +386,25 @@ def test_qwen3_vl_files_through_triton_match_the_official_recipe(vl, tmp_path):
         with EmbeddingClient(server.grpc_url, protocol="grpc") as client:
             got = client.embed([t for t, _ in asked], images=[images for _, images in asked])
     assert cosine(got, want).min() >= FP32_COSINE, cosine(got, want)
+
+
+def test_a_qwen3_vl_reranker_pair_scores_as_transformers(tmp_path):
+    """Qwen3-VL-Reranker's pair (an output head of its own, the 8B's, kept as output.weight)
+    served as the deployment's reranker: the "yes" less "no" rows of its head, as transformers'
+    Qwen3-VL scores the published checkpoint."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    source = qwen3_vl(tmp_path / "source", files=True, tied=False, seed=7)
+    (tmp_path / "files").mkdir()
+    as_gguf(tmp_path / "files" / "Qwen3-VL-Reranker-F32.gguf", source, "F32", pooling=None)
+    as_gguf_tower(tmp_path / "files" / "mmproj-Qwen3-VL-Reranker-F32.gguf", source)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32).eval()
+    texts = list(cases(ModelConfig.from_dir(source).media).values())
+    want = np.array([yes_minus_no(model, source, reference_hidden(model, t)) for t in texts])
+    with Encoder.from_pretrained(tmp_path / "files", task="rerank", dtype="float32") as encoder:
+        got = encoder.score_media(texts)
+    assert np.abs(got - want).max() <= 1e-4, (got, want)
+    assert np.ptp(want) > 0.05  # the cases score apart
 
 
 def test_a_qwen3_vl_model_ollama_pulled_with_its_projector(vl, tmp_path, monkeypatch):
