@@ -1523,13 +1523,14 @@ def as_gguf(
     return path
 
 
-def as_gguf_tower(path: Path, source: Path) -> Path:
+def as_gguf_tower(path: Path, source: Path, projector: str = "QWEN3VL") -> Path:
     """The vision tower of the Qwen3-VL checkpoint in `source` as llama.cpp's converter writes
     it with --mmproj (Qwen3VLVisionModel over MmprojModel): architecture clip, projector
     qwen3vl_merger, its widths, image size, patch and merge sizes, the processor's mean and
     std, which blocks feed DeepStack; the blocks and position embedding named by the `gguf`
     package's TensorNameMap, the DeepStack mergers by their blocks, the merger as mm.0, mm.2
-    and v.post_ln, the patch embedding's Conv3D as one Conv2D weight per time step; in F32."""
+    and v.post_ln, the patch embedding's Conv3D as one Conv2D weight per time step; in F32.
+    `projector`: another projector's type named in its metadata (a file refused)."""
     import gguf
 
     hf = json.loads((source / "config.json").read_text())
@@ -1549,7 +1550,7 @@ def as_gguf_tower(path: Path, source: Path) -> Path:
     writer.add_vision_head_count(vision["num_heads"])
     writer.add_vision_image_mean(processor["image_mean"])
     writer.add_vision_image_std(processor["image_std"])
-    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN3VL)
+    writer.add_clip_projector_type(getattr(gguf.VisionProjectorType, projector))
     writer.add_vision_use_gelu(True)
     writer.add_vision_spatial_merge_size(vision["spatial_merge_size"])
     writer.add_vision_attention_layernorm_eps(text["rms_norm_eps"])

@@ -449,6 +449,11 @@ def test_a_qwen3_vl_file_needs_its_tower_beside_it(vl, tmp_path):
         (alone / f"mmproj-{i}.gguf").symlink_to(root / "F32" / "mmproj-Qwen3-VL-Embedding-F32.gguf")
     with pytest.raises(GGUFError, match="2 are beside it .*mmproj-0.gguf, mmproj-1.gguf"):
         resolve_checkpoint(text)
+    for i in range(2):
+        (alone / f"mmproj-{i}.gguf").unlink()
+    as_gguf_tower(alone / "mmproj-other.gguf", source, projector="QWEN2VL")
+    with pytest.raises(GGUFError, match="a tower of projector 'qwen2vl_merger'"):
+        resolve_checkpoint(text)
 
 
 @pytest.mark.parametrize(

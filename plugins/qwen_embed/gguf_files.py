@@ -12,11 +12,11 @@ under the names transformers gives them. Nothing is written back as weights. The
 
 Read: the `qwen2` and `qwen3` architectures with llama.cpp's `qwen2` pre-tokenizer (Qwen2,
 Qwen2.5 and Qwen3 models, Qwen3-Embedding among them), every tensor type the `gguf` package
-dequantizes; Qwen3-VL's (`qwen3vl`, Qwen3-VL-Embedding's) with its vision tower's file beside
-it (gguf_vision.py). A Qwen3-Reranker's file (pooling `rank`: the converter keeps the output head's
-"yes" and "no" rows as `cls.output`) is read as a one-label sequence classifier whose `score`
-row is their difference: its sigmoid is the model card's P(yes) over the two. Rotary scaling is
-refused.
+dequantizes; Qwen3-VL's (`qwen3vl`, Qwen3-VL-Embedding's) with its vision tower's file
+beside it (gguf_vision.py). A Qwen3-Reranker's file (pooling `rank`: the converter keeps the
+output head's "yes" and "no" rows as `cls.output`) is read as a one-label sequence classifier
+whose `score` row is their difference: its sigmoid is the model card's P(yes) over the two.
+Rotary scaling is refused.
 """
 
 from __future__ import annotations
@@ -129,17 +129,29 @@ def checkpoint(path: Path, projector: Path | None = None) -> Path:
     source = named.resolve()  # the file itself, past any links to it
     sources = [source]
     if architecture(source) == gguf_vision.TEXT_ARCHITECTURE:
-        try:
-            tower = projector or gguf_vision.projector_beside(named, architecture)
-        except gguf_vision.TowerError as e:
-            raise GGUFError(str(e)) from None
-        sources.append(tower.resolve())
+        sources.append((projector or _tower_beside(named)).resolve())
     parts = [str(LAYOUT)]
     for file in sources:
         stat = file.stat()
         parts += [str(file), str(stat.st_size), str(stat.st_mtime_ns)]
     version = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
     return made_once("qwen-embed-gguf", version, lambda directory: _write(directory, *sources))
+
+
+def _tower_beside(text_file: Path) -> Path:
+    """The one vision tower's file beside a Qwen3-VL text model's file."""
+    found = [
+        p
+        for p in sorted(text_file.parent.glob("*" + SUFFIX))
+        if p != text_file and architecture(p) == gguf_vision.TOWER_ARCHITECTURE
+    ]
+    if len(found) != 1:
+        raise GGUFError(
+            f"{text_file} is a Qwen3-VL text model, whose vision tower is a second GGUF file "
+            f"(llama.cpp's mmproj); {len(found)} are beside it "
+            f"({', '.join(p.name for p in found) or 'none'}): keep exactly one there"
+        )
+    return found[0]
 
 
 def _write(directory: Path, source: Path, tower: Path | None = None) -> None:
@@ -150,8 +162,9 @@ def _write(directory: Path, source: Path, tower: Path | None = None) -> None:
     config = _config(header.meta, set(header.tensors), embedding.shape[0])
     tokens = _Vocabulary(header.meta, source)
     if tower is not None:
-        config = _vision_language(config, read(tower).meta, tokens)
-        processor = gguf_vision.processor_config(read(tower).meta)
+        tower_meta = read(tower).meta
+        config = _vision_language(config, tower_meta, tokens)
+        processor = gguf_vision.processor_config(tower_meta)
         (directory / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
         (directory / gguf_vision.PROJECTOR).symlink_to(tower)
     (directory / "config.json").write_text(json.dumps(config, indent=2))

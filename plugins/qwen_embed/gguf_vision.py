@@ -12,8 +12,6 @@ Conv2D per time step, joined back).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 PROJECTOR = "mmproj.gguf"  # the tower's file's link in the checkpoint directory
 TOWER_ARCHITECTURE = "clip"
 TEXT_ARCHITECTURE = "qwen3vl"
@@ -126,20 +124,3 @@ def join_patches(first, second):
     import torch
 
     return torch.stack([first, second], dim=2)
-
-
-def projector_beside(text_file: Path, architecture) -> Path:
-    """The one tower file beside a Qwen3-VL text model's file (`architecture`: a file's
-    general.architecture, read cheaply)."""
-    found = [
-        p
-        for p in sorted(text_file.parent.glob("*.gguf"))
-        if p != text_file and architecture(p) == TOWER_ARCHITECTURE
-    ]
-    if len(found) != 1:
-        raise TowerError(
-            f"{text_file} is a Qwen3-VL text model, whose vision tower is a second GGUF file "
-            f"(llama.cpp's mmproj); {len(found)} are beside it "
-            f"({', '.join(p.name for p in found) or 'none'}): keep exactly one there"
-        )
-    return found[0]
