@@ -435,3 +435,36 @@ def test_peers_gguf_systems_serve_the_file_of_their_kind(perf_imports):
     outtypes = {bench_peers.gguf_outtype(llama, "bfloat16") for llama in peers.values()}
     assert outtypes == {"bf16", "q8_0", "q4_k_m"}
     assert bench_peers.gguf_outtype("llama-best", "float32") == "f32"
+
+
+def test_the_images_peer_gets_our_chat_turn(perf_imports, tmp_path):
+    """bench_images gives llama.cpp each input in the chat turn our tokenizer writes (its image
+    where ours puts the placeholders), images that both keep at their own size (whole 32-pixel
+    blocks within Qwen3-VL-Embedding's budget: the same tokens), and llama.cpp's converter a view
+    of a Qwen3-VL checkpoint that keeps its architecture (its text model's and tower's classes)."""
+    import io
+
+    import bench_images
+    import prepare_model
+    from PIL import Image
+
+    from qwen_embed_deploy.serving.images import ImageSettings, fit
+    from qwen_embed_deploy.serving.tokenizer import ChatTemplate
+
+    chat = ChatTemplate()
+    before, text, after = chat.parts(chat.system(None), "<image>", False, "a caption")
+    turn = f"{bench_images.SYSTEM_TURN}<image>a caption{bench_images.END_TURN}"
+    assert before + text + after == turn
+    sizes = set()
+    for caption, png in bench_images.make_inputs(8, seed=0):
+        width, height = Image.open(io.BytesIO(png)).size
+        assert fit(height, width, ImageSettings()) == (height, width)
+        assert 0 < len(caption.split()) <= 40
+        sizes.add((width, height))
+    assert sizes == set(bench_images.SIZES)
+    vl = {"architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}
+    text_only = {"architectures": ["Qwen3Model"], "model_type": "qwen3"}
+    for config, kept in ((vl, "Qwen3VLForConditionalGeneration"), (text_only, "Qwen3ForCausalLM")):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        edits = prepare_model.edited_files("llama", tmp_path)
+        assert edits["config.json"]["architectures"] == [kept]

@@ -2,6 +2,7 @@
 
     sys.path.insert(0, "perf/peers"); import llama_cpp
     model = llama_cpp.gguf(Path(".cache/bench-model-4l"), "bf16")  # f32 bf16 q8_0 q4_k_m, cached
+    tower = llama_cpp.gguf(Path(".cache/bench-qwen3-vl"), "f16", mmproj=True)  # Qwen3-VL's
     cmd = llama_cpp.server_command("patched", model, port)          # "stock" | "patched"
     # ready when GET HEALTH answers 200; POST ENDPOINT {"model": "x", "input": [texts]}
 
@@ -33,7 +34,7 @@ ROOT = REPO / ".cache" / "peers" / "llama"
 VENV_PYTHON = ROOT / "venv" / "bin" / "python"
 CONVERTER = ROOT / "stock" / "llama.cpp" / "convert_hf_to_gguf.py"
 BUILDS = ("stock", "patched")
-OUTTYPES = ("f32", "bf16", "q8_0")  # the converter's
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # the converter's
 QUANTIZED = {"q4_k_m": "Q4_K_M"}  # llama-quantize's, from the bf16 file
 ENDPOINT = "/v1/embeddings"
 RERANK_ENDPOINT = "/v1/rerank"  # Cohere's form: query, documents -> results, relevance_score
@@ -68,13 +69,14 @@ def converter_view(model_dir: Path, reranker: bool = False) -> Path:
     return prepare(src, ROOT / "hf" / _digest(src), "llama-rerank" if reranker else "llama")
 
 
-def gguf(model_dir: Path, outtype: str, reranker: bool = False) -> Path:
+def gguf(model_dir: Path, outtype: str, reranker: bool = False, mmproj: bool = False) -> Path:
     """The GGUF of model_dir in outtype, converted on first use (seconds to a minute);
-    `reranker`: a Qwen3-Reranker's, with its head's "yes"/"no" rows and rerank template."""
+    `reranker`: a Qwen3-Reranker's, with its head's "yes"/"no" rows and rerank template;
+    `mmproj`: a Qwen3-VL checkpoint's vision tower (llama-server's --mmproj file)."""
     if outtype not in (*OUTTYPES, *QUANTIZED):
         raise ValueError(f"outtype is one of {OUTTYPES + tuple(QUANTIZED)}, not {outtype!r}")
     src = Path(model_dir).resolve()
-    kind = "-rerank" if reranker else ""
+    kind = "-rerank" if reranker else "-mmproj" if mmproj else ""
     out = ROOT / "models" / f"{src.name}-{_digest(src)}{kind}-{outtype}.gguf"
     newest = max(p.stat().st_mtime for p in src.iterdir() if p.is_file())
     if out.exists() and out.stat().st_mtime >= newest:
@@ -89,7 +91,7 @@ def gguf(model_dir: Path, outtype: str, reranker: bool = False) -> Path:
     else:
         view = converter_view(src, reranker)
         cmd = [str(VENV_PYTHON), str(CONVERTER), str(view), "--outtype", outtype]
-        cmd += ["--outfile", str(tmp)]
+        cmd += ["--outfile", str(tmp), *(["--mmproj"] if mmproj else [])]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")

@@ -9,8 +9,9 @@ are shared and all peers read exactly the same tensors. Writes OUT_ROOT/NAME-PEE
 - infinity: transformers 4.x reads `rope_theta` only at the top of config.json (without it it
   silently uses 10000) and needs a `tokenizer_class` it knows; its torch engine is
   sentence-transformers, which takes pooling from module files: last token, then normalise.
-- llama (llama.cpp's convert_hf_to_gguf.py): the Qwen3 class is chosen by architecture name,
-  and its transformers 4.x does not know tokenizer class TokenizersBackend.
+- llama (llama.cpp's convert_hf_to_gguf.py): the Qwen3 class is chosen by architecture name
+  (a Qwen3-VL checkpoint's own name kept: its text model's and its tower's classes), and its
+  transformers 4.x does not know tokenizer class TokenizersBackend.
 - llama-rerank: llama's, and a README whose title names a Qwen3-Reranker: the converter keeps
   the output head's "yes" and "no" rows and its rerank template only for a name, a README or
   an architecture that says so.
@@ -55,8 +56,9 @@ def edited_files(peer: str, src: Path) -> dict[str, dict | str]:
     tok_path = src / "tokenizer_config.json"
     tok_config = json.loads(tok_path.read_text()) if tok_path.exists() else {}
     if peer in ("llama", "llama-rerank"):
+        named = {} if "vision_config" in config else {"architectures": [arch]}
         edits = {
-            "config.json": {**config, "architectures": [arch]},
+            "config.json": {**config, **named},
             "tokenizer_config.json": {**tok_config, "tokenizer_class": "PreTrainedTokenizerFast"},
         }
         if peer == "llama-rerank":
