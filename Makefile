@@ -101,12 +101,16 @@ test-gpu: setup-gpu
 perf-engine: setup
 	$(PY) perf/bench_engine.py --model-dir $(DEMO_DIR) --dtype $(DTYPE)
 
-# Inputs with an image each on a small Qwen3-VL replica (built on first use), vs transformers.
+# Inputs with an image each on a small Qwen3-VL replica (built on first use), vs transformers;
+# then served from llama.cpp's GGUF files of it beside llama-server on them.
 perf-images: setup
 	tag=$(CPU_TAG) && $(PY) perf/bench_engine.py --images 32 --batch-size 8 \
 		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_images-$$tag \
 	&& $(PY) perf/bench_engine.py --videos 8 --batch-size 4 \
 		--model-dir .cache/bench-qwen3-vl --dtype $(DTYPE) --out perf/results/engine_videos-$$tag
+	perf/peers/install_llama_cpp.sh
+	tag=$(CPU_TAG) && cd perf && ../$(PY) bench_images.py --dtype $(DTYPE) \
+		--out results/images-llama-$$tag
 
 # Document pages through ColQwen2 over Qwen2-VL and Qwen2.5-VL (replicas of the real widths,
 # 4 layers and 4 blocks, built on first use) vs the training recipe with transformers.
