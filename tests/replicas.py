@@ -1511,16 +1511,7 @@ def as_gguf(
         vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab()
         head = tensors.pop("output.weight", tensors["token_embd.weight"])
         tensors["cls.output.weight"] = head[[vocab["yes"], vocab["no"]]]
-    for name, array in sorted(tensors.items()):
-        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
-        else:
-            writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return _write_gguf(writer, tensors, quant, path)
 
 
 def as_gguf_tower(path: Path, source: Path, projector: str = "QWEN3VL") -> Path:
@@ -1587,8 +1578,19 @@ def as_gguf_tower(path: Path, source: Path, projector: str = "QWEN3VL") -> Path:
             tensors[f"{merger[fields[2]]}.{suffix}"] = array
         else:
             tensors[names.get_name(key, try_suffixes=(".weight", ".bias"))] = array
+    return _write_gguf(writer, tensors, gguf.GGMLQuantizationType.F32, path)
+
+
+def _write_gguf(writer, tensors: dict, quant, path: Path) -> Path:
+    """The file: `tensors` in name order, the matrices quantised to `quant` by the `gguf`
+    package (the vectors, and everything at F32, as they are)."""
+    import gguf
+
     for name, array in sorted(tensors.items()):
-        writer.add_tensor(name, array)
+        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
