@@ -437,6 +437,34 @@ def test_a_qwen3_vl_model_ollama_pulled_with_its_projector(vl, tmp_path, monkeyp
     assert config["vision_config"]["depth"] == 3
 
 
+def test_a_qwen3_vl_repositorys_files_by_type_from_the_cache(vl, tmp_path, monkeypatch):
+    """`owner/name:TYPE` of a Qwen3-VL GGUF repository: the model file of that type (a tower's
+    file of the same type is not one), and its tower as llama.cpp's `-hf` picks it: of the
+    "mmproj" files, the one of the nearest type's bits."""
+    _, root, _ = vl
+    repo = tmp_path / "models--acme--Tiny-VL-GGUF"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    text = root / "Q8_0" / "Qwen3-VL-Embedding-Q8_0.gguf"
+    tower = root / "Q8_0" / "mmproj-Qwen3-VL-Embedding-F32.gguf"
+    (snapshot / "Tiny-VL.Q8_0.gguf").symlink_to(text)
+    for kind in ("Q8_0", "f16"):  # two files (the same tower): which one is linked tells
+        (snapshot / f"Tiny-VL.mmproj-{kind}.gguf").write_bytes(tower.read_bytes())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    laid_out = resolve_checkpoint("acme/Tiny-VL-GGUF:Q8_0")
+    assert (laid_out / FILE).resolve() == text.resolve()
+    assert (laid_out / PROJECTOR).resolve() == snapshot / "Tiny-VL.mmproj-Q8_0.gguf"
+    (snapshot / "Tiny-VL.mmproj-Q8_0.gguf").unlink()
+    laid_out = resolve_checkpoint("acme/Tiny-VL-GGUF:Q8_0")
+    assert (laid_out / PROJECTOR).resolve() == snapshot / "Tiny-VL.mmproj-f16.gguf"
+    (snapshot / "Tiny-VL.mmproj-f16.gguf").unlink()
+    with pytest.raises(GGUFError, match="none"):
+        resolve_checkpoint("acme/Tiny-VL-GGUF:Q8_0")
+
+
 def test_a_qwen3_vl_file_needs_its_tower_beside_it(vl, tmp_path):
     source, root, _ = vl
     alone = tmp_path / "alone"

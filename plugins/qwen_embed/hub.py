@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from . import finetunes, gguf_files, ollama_store
+from . import finetunes, gguf_files, gguf_vision, ollama_store
 from .config import GME_SCRIPT
 
 # configs, tokenizer files, chat templates (a CrossEncoder's pairs) and weights: never
@@ -30,6 +30,9 @@ CHECKPOINT_FILES = [
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # one file of a GGUF repository, named as llama.cpp's `-hf` names it: owner/name:TYPE (Q8_0, f16)
 _GGUF_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
+# A GGUF repository's vision tower files are named so (llama.cpp's -hf takes none as a model)
+TOWER_NAME = "mmproj"
+_FILE_TYPE = re.compile(r"[-.]([A-Za-z0-9_]+)$")  # a file name's type: Q8_0, f16, Q4_K_M
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -83,7 +86,7 @@ def _gguf_file(name: str | Path) -> tuple[Path, Path | None] | None:
     if gguf_files.is_gguf(path):
         return path, None
     if not path.exists() and (match := _GGUF_ID.match(str(name))):
-        return _hub_gguf(match[1], match[2]), None
+        return _hub_gguf(match[1], match[2])
     return None
 
 
@@ -102,12 +105,17 @@ def locate(name: str | Path) -> Path:
     return _snapshot(str(name), CHECKPOINT_FILES)
 
 
-def _hub_gguf(repo: str, kind: str) -> Path:
-    """The GGUF file of type `kind` (its name holds it, in any case) in the Hugging Face
-    repository `repo`: from the local cache, else downloaded alone."""
+def _hub_gguf(repo: str, kind: str) -> tuple[Path, Path | None]:
+    """The GGUF model file of type `kind` (its name holds it, in any case) in the Hugging Face
+    repository `repo`, from the local cache, else downloaded alone; for a Qwen3-VL text model
+    also its tower's file, as llama.cpp's `-hf` picks it (`_tower_of`)."""
 
     def files(snapshot: Path) -> list[Path]:
-        return [p for p in sorted(snapshot.glob("*.gguf")) if kind.lower() in p.name.lower()]
+        return [
+            p
+            for p in sorted(snapshot.glob("*.gguf"))
+            if kind.lower() in p.name.lower() and TOWER_NAME not in p.name.lower()
+        ]
 
     patterns = [f"*{k}*.gguf" for k in sorted({kind, kind.upper(), kind.lower()})]
     found = files(_snapshot(repo, patterns, lambda snapshot: bool(files(snapshot))))
@@ -116,7 +124,40 @@ def _hub_gguf(repo: str, kind: str) -> Path:
             f"{repo} holds {len(found)} GGUF files of type {kind} "
             f"({', '.join(p.name for p in found)}): name one type"
         )
-    return found[0]
+    text = found[0]
+    if gguf_files.architecture(text) != gguf_vision.TEXT_ARCHITECTURE:
+        return text, None
+    return text, _tower_of(repo, text)
+
+
+def _tower_of(repo: str, text: Path) -> Path | None:
+    """A Qwen3-VL text model's tower file in its repository, as llama.cpp's `-hf` picks it:
+    of the files named with "mmproj", the one whose type's bits are nearest the model file's
+    (the first by name of equals); from the cache, else listed and downloaded alone. None
+    where there is none (gguf_files.checkpoint then says what is missing)."""
+    names = [p.name for p in sorted(text.parent.glob(f"*{TOWER_NAME}*.gguf"))]
+    if not names and not _offline():
+        from huggingface_hub import list_repo_files
+
+        listed = list_repo_files(repo)
+        names = sorted(f for f in listed if TOWER_NAME in f.lower() and f.endswith(".gguf"))
+        names = [f for f in names if "/" not in f]  # beside the model file, at the top
+    if not names:
+        return None
+    bits = _type_bits(text.name)
+    name = min(names, key=lambda f: abs(_type_bits(f) - bits))
+    if (text.parent / name).is_file():
+        return text.parent / name
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(repo, name, cache_dir=hub_cache()))
+
+
+def _type_bits(name: str) -> int:
+    """The bits a GGUF file's name gives its type (Q8_0: 8, f16: 16, Q4_K_M: 4; none: 0)."""
+    match = _FILE_TYPE.search(name.removesuffix(".gguf"))
+    digits = re.search(r"\d+", match[1]) if match else None
+    return int(digits[0]) if digits else 0
 
 
 def _snapshot(name: str, patterns: list[str], holds=lambda snapshot: True) -> Path:
