@@ -31,13 +31,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from harness import RESULTS, cosine_check, drive, fmt, markdown_table, new_record, write_report
+from harness import (
+    RESULTS,
+    cosine_check,
+    drive,
+    fmt,
+    markdown_table,
+    new_record,
+    triton_sender,
+    write_report,
+)
 
 from qwen_embed import ModelConfig
 from qwen_embed.cpu import cpu_features
 from qwen_embed.route import choose_route
 from qwen_embed.settings import EncoderSettings
-from qwen_embed_client.contract import pack_images
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
@@ -76,7 +84,11 @@ def with_files(model_dir: Path) -> Path:
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
-    (model_dir / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    path, text = model_dir / "preprocessor_config.json", json.dumps(processor, indent=2)
+    if (
+        not path.is_file() or path.read_text() != text
+    ):  # a newer file: llama_cpp.gguf converts again
+        path.write_text(text)
     return model_dir
 
 
@@ -107,25 +119,10 @@ def make_inputs(n: int, seed: int) -> list[tuple[str, bytes]]:
     return inputs
 
 
-def triton_sender(url: str, inputs: list[tuple[str, bytes]]):
-    """gRPC to our `embed` ensemble, one input per request: (EMBEDDING, TOKEN_COUNT)."""
-    import tritonclient.grpc as grpcclient
-
-    def make():
-        client = grpcclient.InferenceServerClient(url)
-
-        def send(idx):
-            text = grpcclient.InferInput("TEXT", [len(idx), 1], "BYTES")
-            text.set_data_from_numpy(np.array([[inputs[i][0].encode()] for i in idx], object))
-            images = grpcclient.InferInput("IMAGES", [len(idx), 1], "BYTES")
-            packed = [[pack_images([inputs[i][1]])] for i in idx]
-            images.set_data_from_numpy(np.array(packed, dtype=object))
-            result = client.infer("embed", [text, images], client_timeout=1800)
-            return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
-
-        return send
-
-    return make
+def ours_sender(url: str, inputs: list[tuple[str, bytes]]):
+    """gRPC to our `embed` ensemble: each caption with its image."""
+    captions, images = [c for c, _ in inputs], [[png] for _, png in inputs]
+    return triton_sender(url, captions, images=images)
 
 
 def llama_sender(port: int, inputs: list[tuple[str, bytes]], marker: str):
@@ -161,7 +158,7 @@ def serve_ours(folder: Path, dtype: str, where: Path) -> TritonServer:
 def reference(folder: Path, inputs, where: Path) -> tuple[np.ndarray, np.ndarray]:
     """Our fp32 vectors of every input and their token counts."""
     with serve_ours(folder, "float32", where) as server:
-        send = triton_sender(server.grpc_url, inputs)()
+        send = ours_sender(server.grpc_url, inputs)()
         vectors, counts = [], []
         for i in range(len(inputs)):
             vector, count = send([i])
@@ -191,7 +188,7 @@ def run_llama(name: str, files: tuple[Path, Path], inputs, counts, check, args, 
 
 def run_ours(folder: Path, dtype: str, inputs, counts, check, args, where) -> dict:
     with serve_ours(folder, dtype, where) as server:
-        make = triton_sender(server.grpc_url, inputs)
+        make = ours_sender(server.grpc_url, inputs)
         make()([0])  # warm-up
         return drive(make, counts, check, clients=args.clients, per_request=1, seconds=args.seconds)
 

@@ -283,9 +283,18 @@ def start_gateway(grpc_url: str, *args: str) -> tuple[subprocess.Popen, int]:
             time.sleep(0.3)
 
 
-def triton_sender(url: str, texts: list[str], model: str = "embed", **parameters):
-    """gRPC to a Triton `embed` model: (EMBEDDING, total TOKEN_COUNT)."""
+def triton_sender(
+    url: str,
+    texts: list[str],
+    model: str = "embed",
+    images: list[list[bytes]] | None = None,
+    **parameters,
+):
+    """gRPC to a Triton `embed` model: (EMBEDDING, total TOKEN_COUNT); `images`: each text's
+    image files (the IMAGES input)."""
     import tritonclient.grpc as grpcclient
+
+    from qwen_embed_client.contract import pack_images
 
     def make():
         client = grpcclient.InferenceServerClient(url)
@@ -293,7 +302,12 @@ def triton_sender(url: str, texts: list[str], model: str = "embed", **parameters
         def send(idx):
             inp = grpcclient.InferInput("TEXT", [len(idx), 1], "BYTES")
             inp.set_data_from_numpy(np.array([[texts[i].encode()] for i in idx], dtype=object))
-            result = client.infer(model, [inp], client_timeout=1800, parameters=parameters or None)
+            inputs = [inp]
+            if images is not None:
+                packed = np.array([[pack_images(images[i])] for i in idx], dtype=object)
+                inputs.append(grpcclient.InferInput("IMAGES", [len(idx), 1], "BYTES"))
+                inputs[-1].set_data_from_numpy(packed)
+            result = client.infer(model, inputs, client_timeout=1800, parameters=parameters or None)
             return result.as_numpy("EMBEDDING"), int(result.as_numpy("TOKEN_COUNT").sum())
 
         return send

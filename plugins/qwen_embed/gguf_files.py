@@ -229,11 +229,7 @@ def read(path: Path) -> Header:
             magic, version, count, kv_count = struct.unpack_from("<IIQQ", data, 0)
             if magic != int.from_bytes(MAGIC, "little") or version not in (2, 3):
                 raise ValueError(f"magic {magic:#x}, version {version}")
-            at, meta = 24, {}
-            for _ in range(kv_count):
-                key, at = _string(data, at)
-                (kind,), at = struct.unpack_from("<I", data, at), at + 4
-                meta[key], at = _value(data, at, kind)
+            meta, at = _metadata(data, kv_count)
             table = []
             for _ in range(count):
                 name, at = _string(data, at)
@@ -253,19 +249,25 @@ def read(path: Path) -> Header:
 def architecture(path: Path) -> str | None:
     """A GGUF file's general.architecture, read from its first entries alone (the converter
     writes it first), or None."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        try:
-            _, _, _, kv_count = struct.unpack_from("<IIQQ", data, 0)
-            at = 24
-            for _ in range(min(kv_count, 8)):
-                key, at = _string(data, at)
-                (kind,), at = struct.unpack_from("<I", data, at), at + 4
-                value, at = _value(data, at, kind)
-                if key == "general.architecture":
-                    return value
-        except (struct.error, ValueError, UnicodeDecodeError):
-            return None
-    return read(path).meta.get("general.architecture")
+    key = "general.architecture"
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            (kv_count,) = struct.unpack_from("<Q", data, 16)
+            return _metadata(data, kv_count, key)[0].get(key)
+    except (struct.error, ValueError, UnicodeDecodeError):  # not a GGUF file (or empty)
+        return None
+
+
+def _metadata(data, count: int, last: str | None = None) -> tuple[dict, int]:
+    """A header's `count` metadata entries (up to the key `last`) and the offset after them."""
+    meta, at = {}, 24
+    for _ in range(count):
+        key, at = _string(data, at)
+        (kind,), at = struct.unpack_from("<I", data, at), at + 4
+        meta[key], at = _value(data, at, kind)
+        if key == last:
+            break
+    return meta, at
 
 
 def _string(data, at: int) -> tuple[str, int]:

@@ -135,7 +135,7 @@ def _tower_of(repo: str, text: Path) -> Path | None:
     of the files named with "mmproj", the one whose type's bits are nearest the model file's
     (the first by name of equals); from the cache, else listed and downloaded alone. None
     where there is none (gguf_files.checkpoint then says what is missing)."""
-    names = [p.name for p in sorted(text.parent.glob(f"*{TOWER_NAME}*.gguf"))]
+    names = [p.name for p in sorted(text.parent.glob("*.gguf")) if TOWER_NAME in p.name.lower()]
     if not names and not _offline():
         from huggingface_hub import list_repo_files
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import gguf_files
+from . import gguf_files, gguf_vision
 
 if TYPE_CHECKING:  # checkpoint_files serves processes without torch (sentence_modules.py)
     from torch import nn
@@ -48,7 +48,7 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
         return files
     files = sorted(model_dir.glob("*.safetensors"))
     if not files and (model_dir / gguf_files.FILE).is_file():
-        tower = model_dir / gguf_files.gguf_vision.PROJECTOR  # a Qwen3-VL model's
+        tower = model_dir / gguf_vision.PROJECTOR  # a Qwen3-VL model's
         return [model_dir / gguf_files.FILE] + ([tower] if tower.is_file() else [])
     if not files:
         raise CheckpointError(
