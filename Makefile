@@ -69,12 +69,17 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check plugins tests perf model_repository client
 	$(PY) -m ruff format --check plugins tests perf model_repository client
 
+# Modules spread over TEST_WORKERS pytest-xdist workers, a module's tests in one worker (its
+# server started once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST      := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: setup lint
-	$(PY) -m pytest
+	$(PYTEST)
 
 # The tier that starts no tritonserver or other process: the quick loop while editing.
 test-fast: setup
-	$(PY) -m pytest -q -m "not server and not gpu"
+	$(PYTEST) -q -m "not server and not gpu"
 
 # A GPU stack (qwen_embed_deploy/gpu_stack.py, prebuilt wheels only) in place of the CPU torch:
 # GPU_STACK=torch (default) is PyPI's CUDA build of the same torch, whose varlen_attn is the GPU

@@ -18,9 +18,16 @@ def _selects_gpu_tests(args: list[str]) -> bool:
 # the CPU suite on any host, so `device: auto` means the CPU its tests expect (set before
 # anything initialises CUDA, which reads it once). Triton-language kernels then run under
 # Triton's interpreter on CPU tensors (set before Triton is imported: transformers imports it).
-if not _selects_gpu_tests(sys.argv[1:] + shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))):
+# A pytest-xdist worker keeps what its controller chose: it inherits its environment, and its
+# own argv is not pytest's.
+if "PYTEST_XDIST_WORKER" not in os.environ and not _selects_gpu_tests(
+    sys.argv[1:] + shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+):
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["TRITON_INTERPRET"] = "1"
+# Idle OpenMP threads sleep instead of spinning: this process, its workers' and the servers they
+# start share two cores, where a spinning thread takes the core another process waits for.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -139,7 +139,7 @@ def test_async_cancel_returns_at_once_and_cancels_the_calls(server):
             with pytest.raises(asyncio.CancelledError):
                 await task
 
-    with encoder_kept_busy(server, 8.0) as busy:
+    with encoder_kept_busy(server, 4.0) as busy:
         asyncio.run(scenario())
         # The cancelled task returned while the long request still ran: its calls were cut
         # short, not waited for.

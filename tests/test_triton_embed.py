@@ -318,7 +318,7 @@ def test_metrics_exposed(server):
 def test_cancelled_requests_are_skipped(server):
     """Requests whose client gave up while the encoder was busy are never embedded."""
     texts_before = server.metric("qwen_embed_texts_total")
-    with encoder_kept_busy(server, 8.0) as busy:
+    with encoder_kept_busy(server, 4.0) as busy:
 
         def impatient(i):
             client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -341,13 +341,13 @@ def test_a_request_whose_timeout_runs_out_inside_an_execute_is_never_computed(se
         client.infer("encoder", [encoder_input(ids)], client_timeout=300, **timeout)
 
     def texts(count, first):  # distinct ids: no shared prefix makes a copy free
-        return [list(range(first + 7 * i, first + 7 * i + 5000)) for i in range(count)]
+        return [list(range(first + 7 * i, first + 7 * i + 2000)) for i in range(count)]
 
     started = time.monotonic()
     send(texts(1, 100))
-    one = time.monotonic() - started  # one text of 5000 tokens on this machine
+    one = time.monotonic() - started  # one text of 2000 tokens on this machine
     texts_before = server.metric("qwen_embed_texts_total")
-    holder = threading.Thread(target=send, args=([texts(1, 50)[0][:3000]],))
+    holder = threading.Thread(target=send, args=([texts(1, 50)[0][:1200]],))
     holder.start()  # an execute of about 0.6 x `one`, while the next two queue
     wait_until(lambda: server.metric(EXECUTING) >= 1, "the first request inside the encoder")
     first = threading.Thread(target=send, args=(texts(6, 1000),))  # its execute's first call
