@@ -85,9 +85,8 @@ def with_files(model_dir: Path) -> Path:
         "image_std": [0.5, 0.5, 0.5],
     }
     path, text = model_dir / "preprocessor_config.json", json.dumps(processor, indent=2)
-    if (
-        not path.is_file() or path.read_text() != text
-    ):  # a newer file: llama_cpp.gguf converts again
+    # Written only when it differs: llama_cpp.gguf converts again after a newer file.
+    if not path.is_file() or path.read_text() != text:
         path.write_text(text)
     return model_dir
 

@@ -31,6 +31,20 @@ TINY = dict(
 )
 
 
+def hub_snapshot(cache: Path, model_id: str, directory: Path | None = None) -> Path:
+    """A snapshot of `model_id` as the Hugging Face cache `cache` holds it (refs/main naming
+    it): a copy of `directory`, else empty for the caller to fill."""
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    if directory is None:
+        snapshot.mkdir(parents=True)
+    else:
+        shutil.copytree(directory, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    return snapshot
+
+
 def _noise(model: torch.nn.Module, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():

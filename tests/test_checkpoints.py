@@ -39,7 +39,15 @@ from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from replicas import QWEN3_QUERY, as_gguf, gguf_weights, gte_qwen2, lora_finetune, qwen3_embedding
+from replicas import (
+    QWEN3_QUERY,
+    as_gguf,
+    gguf_weights,
+    gte_qwen2,
+    hub_snapshot,
+    lora_finetune,
+    qwen3_embedding,
+)
 from triton_helpers import infer
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
@@ -61,23 +69,14 @@ MODEL_ID = "acme/tiny-embed"
 FINETUNE_ID = "acme/tiny-finetune"  # a LoRA fine-tune of MODEL_ID
 
 
-def cache_as(cache, model_id, directory):
-    """`directory` as the Hugging Face cache holds a snapshot of `model_id`."""
-    repo = cache / f"models--{model_id.replace('/', '--')}"
-    shutil.copytree(directory, repo / "snapshots" / ("0" * 40))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
-    return repo / "snapshots" / ("0" * 40)
-
-
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     cache = root / "hf-cache"
     qwen3 = qwen3_embedding(root / "Qwen3-Embedding-0.6B")
-    cache_as(cache, MODEL_ID, qwen3)
+    hub_snapshot(cache, MODEL_ID, qwen3)
     finetune = lora_finetune(root / "my-finetune", qwen3)
-    by_id = cache_as(cache, FINETUNE_ID, finetune)
+    by_id = hub_snapshot(cache, FINETUNE_ID, finetune)
     adapter = json.loads((by_id / ADAPTER_CONFIG).read_text())
     (by_id / ADAPTER_CONFIG).write_text(json.dumps(adapter | {"base_model_name_or_path": MODEL_ID}))
     gte = gte_qwen2(root / "gte-Qwen2-1.5B-instruct")

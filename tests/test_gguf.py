@@ -47,6 +47,7 @@ from replicas import (
     as_gguf_tower,
     gguf_weights,
     gte_qwen2,
+    hub_snapshot,
     qwen3_embedding,
     qwen3_vl,
 )
@@ -293,10 +294,7 @@ def test_make_serve_on_models_ollama_pulled(files, reranker, tmp_path):
 def test_a_gguf_repositorys_file_by_type_from_the_cache(files, tmp_path, monkeypatch):
     """`owner/name:TYPE`, as llama.cpp's `-hf` names a file of a Hugging Face GGUF repository
     (Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0), read from a pre-filled cache with HF_HUB_OFFLINE."""
-    snapshot = tmp_path / "models--acme--tiny-GGUF" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (tmp_path / "models--acme--tiny-GGUF" / "refs").mkdir()
-    (tmp_path / "models--acme--tiny-GGUF" / "refs" / "main").write_text("0" * 40)
+    snapshot = hub_snapshot(tmp_path, "acme/tiny-GGUF")
     for kind in ("F32", "Q8_0"):
         (snapshot / f"tiny-{kind}.gguf").symlink_to(files["qwen3", kind][0])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
@@ -442,11 +440,7 @@ def test_a_qwen3_vl_repositorys_files_by_type_from_the_cache(vl, tmp_path, monke
     file of the same type is not one), and its tower as llama.cpp's `-hf` picks it: of the
     "mmproj" files, the one of the nearest type's bits."""
     _, root, _ = vl
-    repo = tmp_path / "models--acme--Tiny-VL-GGUF"
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = hub_snapshot(tmp_path, "acme/Tiny-VL-GGUF")
     text = root / "Q8_0" / "Qwen3-VL-Embedding-Q8_0.gguf"
     tower = root / "Q8_0" / "mmproj-Qwen3-VL-Embedding-F32.gguf"
     (snapshot / "Tiny-VL.Q8_0.gguf").symlink_to(text)

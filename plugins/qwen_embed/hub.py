@@ -31,7 +31,7 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # one file of a GGUF repository, named as llama.cpp's `-hf` names it: owner/name:TYPE (Q8_0, f16)
 _GGUF_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
 # A GGUF repository's vision tower files are named so (llama.cpp's -hf takes none as a model)
-TOWER_NAME = "mmproj"
+_TOWER_NAME = "mmproj"
 _FILE_TYPE = re.compile(r"[-.]([A-Za-z0-9_]+)$")  # a file name's type: Q8_0, f16, Q4_K_M
 
 
@@ -114,7 +114,7 @@ def _hub_gguf(repo: str, kind: str) -> tuple[Path, Path | None]:
         return [
             p
             for p in sorted(snapshot.glob("*.gguf"))
-            if kind.lower() in p.name.lower() and TOWER_NAME not in p.name.lower()
+            if kind.lower() in p.name.lower() and _TOWER_NAME not in p.name.lower()
         ]
 
     patterns = [f"*{k}*.gguf" for k in sorted({kind, kind.upper(), kind.lower()})]
@@ -135,12 +135,12 @@ def _tower_of(repo: str, text: Path) -> Path | None:
     of the files named with "mmproj", the one whose type's bits are nearest the model file's
     (the first by name of equals); from the cache, else listed and downloaded alone. None
     where there is none (gguf_files.checkpoint then says what is missing)."""
-    names = [p.name for p in sorted(text.parent.glob("*.gguf")) if TOWER_NAME in p.name.lower()]
+    names = [p.name for p in sorted(text.parent.glob("*.gguf")) if _TOWER_NAME in p.name.lower()]
     if not names and not _offline():
         from huggingface_hub import list_repo_files
 
         listed = list_repo_files(repo)
-        names = sorted(f for f in listed if TOWER_NAME in f.lower() and f.endswith(".gguf"))
+        names = sorted(f for f in listed if _TOWER_NAME in f.lower() and f.endswith(".gguf"))
         names = [f for f in names if "/" not in f]  # beside the model file, at the top
     if not names:
         return None
