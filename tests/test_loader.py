@@ -3,6 +3,7 @@
 import json
 import resource
 import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen_embed import CheckpointError, Encoder, UnsupportedModelError
+from qwen_embed import CheckpointError, Encoder, UnsupportedModelError, engine, int8
+from qwen_embed.layers import _Linear
 
 from reference import make_checkpoint, random_sequences
 
@@ -38,6 +40,40 @@ def test_sharded_checkpoint(tmp_path, reference_vectors):
     assert len(list(tmp_path.glob("*.safetensors"))) > 2
     assert (tmp_path / "model.safetensors.index.json").is_file()
     np.testing.assert_array_equal(embed(tmp_path), reference_vectors)
+
+
+def quantised(layer):
+    return [m for n, m in layer.named_modules() if isinstance(m, _Linear) and int8.quantizes(n)]
+
+
+def test_each_layer_is_quantised_and_its_floats_freed_as_it_is_read(checkpoint, monkeypatch):
+    """The int8 route converts a decoder layer as soon as its last tensor is read, and its
+    float weights go then (nothing keeps them: a parameter's loader refers to its module), so
+    that the load never holds the float model beside the int8 one."""
+    load_weights, seen = engine.load_weights, []
+
+    def spied(model, *args, loaded, **kwargs):
+        floats = [[weakref.ref(m.weight) for m in quantised(layer)] for layer in model.layers]
+
+        def state():  # (layers converted, those of them whose float weights are gone)
+            converted = [all(m.weight is None for m in quantised(layer)) for layer in model.layers]
+            freed = [all(ref() is None for ref in refs) for refs in floats]
+            return sum(converted), sum(c and f for c, f in zip(converted, freed, strict=True))
+
+        def spy(param):
+            seen.append(state())
+            loaded(param)
+
+        load_weights(model, *args, loaded=spy, **kwargs)
+        seen.append(state())
+
+    monkeypatch.setattr(engine, "load_weights", spied)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32", quantization="int8") as enc:
+        layers = len(enc.model.layers)
+    assert layers >= 2
+    assert [converted for converted, _ in seen] == sorted(converted for converted, _ in seen)
+    assert {converted for converted, _ in seen} == set(range(layers + 1))
+    assert all(freed == converted for converted, freed in seen)
 
 
 def test_base_model_keys_without_prefix(checkpoint, tmp_path, reference_vectors):

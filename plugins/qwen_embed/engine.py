@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -101,22 +102,28 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
     if not deltas and route.dtype == "float32" and _takes_16_bit(FLOAT_GEMMS[route.gemm]):
         _linears_as_stored(model, spec.model_dir)
-    load_weights(model, spec.model_dir, deltas, skip)
     if route.lora_names:  # before the q|k|v split and repacking, which carry them
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
         dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
         model.adapters = attach(model, folders, dtype, device)
-    apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else {}
-    model.split_qkv(apart, route.prune)  # before repacking
-    _convert_linears(model, route, TORCH_DTYPES[route.dtype], device)
+    # On CPU the freed heap beyond one full-budget forward's activations goes back, during
+    # the load (each layer's float copy freed as it is converted) as after each forward: the
+    # load never holds more than serving does.
+    trimmer = None
+    if device.type == "cpu":
+        trimmer = HeapTrimmer(
+            forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
+        )
+    layers = _LayerByLayer(model, route, device, trimmer)
+    load_weights(model, spec.model_dir, deltas, skip, loaded=layers.loaded)
+    layers.convert_rest()
     model.eval()
     _warm_up(model)
     if route.cuda_graph_tokens:
         buckets = buckets_up_to(route.cuda_graph_tokens)
         model.graphs = TokenGraphs(model, buckets, cuda_capture(device))
-    if device.type == "cpu":  # after loading: its temporaries go back first
-        keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
-        model.register_forward_hook(HeapTrimmer(keep))
+    if trimmer is not None:
+        model.register_forward_hook(trimmer)
     return model
 
 
@@ -233,14 +240,62 @@ def _takes_16_bit(kernel: type[nn.Module] | None) -> bool:
     return getattr(kernel, "takes_16_bit_weights", False)
 
 
-def _convert_linears(model: nn.Module, route: Route, dtype: torch.dtype, device) -> None:
-    """The linear layers' weights in the form the route multiplies them in, converted and
-    packed a layer at a time: a 16-bit model whose layers a packing GEMM holds for fp32 math
-    (linear_weight_dtype) never holds every layer's fp32 copy at once, and a GEMM that packs
-    16-bit weights itself gets them before the widening, which then reaches the bias alone.
-    The vision tower's take the route's float GEMM as the text model's float layers do, and
-    stay in floats under int8 and fp8 (their accuracy there is unmeasured)."""
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, _Linear)}
+class _LayerByLayer:
+    """Each decoder layer cut (split_qkv) and its linear layers converted (_convert_linears)
+    as soon as the last of its weights is loaded (load_weights' `loaded`), so that the load
+    holds one layer in the checkpoint's floats beside the converted others: a quantising route
+    (int8, fp8) never holds the whole float model. On CPU `trimmer` looks at the heap after
+    each linear layer, where its float copy and the conversion's temporaries were freed.
+    `convert_rest` converts the linear layers outside the decoder layers (the vision tower's)
+    once all is loaded."""
+
+    def __init__(
+        self, model: nn.Module, route: Route, device: torch.device, trimmer: HeapTrimmer | None
+    ):
+        self.model, self.route, self.device, self.trimmer = model, route, device, trimmer
+        self.apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else {}
+        self.layer_of = {
+            id(param): i for i, layer in enumerate(model.layers) for param in layer.parameters()
+        }
+        read = {id(param) for targets in checkpoint_names(model).values() for param, _ in targets}
+        self.unread = Counter(self.layer_of[p] for p in read if p in self.layer_of)
+
+    def loaded(self, param: nn.Parameter) -> None:
+        index = self.layer_of.get(id(param))
+        if index is None:
+            return
+        self.unread[index] -= 1
+        if not self.unread[index]:
+            self.model.split_qkv(index, self.apart, self.route.prune)
+            self._convert(self.model.layers[index], f"layers.{index}.")
+
+    def convert_rest(self) -> None:
+        left = [i for i, count in self.unread.items() if count]
+        if left:  # load_weights raised first where a tensor is missing
+            raise RuntimeError(f"layers {left} were not loaded whole")
+        self._convert(self.model, "", skip=("layers.",))
+
+    def _convert(self, module: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> None:
+        dtype = TORCH_DTYPES[self.route.dtype]
+        linears = [(n, m) for n, m in module.named_modules() if isinstance(m, _Linear)]
+        for name, linear in linears:
+            if not name.startswith(skip):
+                _convert_linears({prefix + name: linear}, self.route, dtype, self.device)
+                if self.trimmer is not None:
+                    self.trimmer()
+
+
+def _convert_linears(
+    linears: dict[str, _Linear], route: Route, dtype: torch.dtype, device: torch.device
+) -> None:
+    """The linear layers' weights (by their names in the model) in the form the route
+    multiplies them in, converted and packed a layer at a time: a 16-bit model whose layers a
+    packing GEMM holds for fp32 math (linear_weight_dtype) never holds every layer's fp32 copy
+    at once, and a GEMM that packs 16-bit weights itself gets them before the widening, which
+    then reaches the bias alone. The vision tower's take the route's float GEMM as the text
+    model's float layers do, and stay in floats under int8 and fp8 (their accuracy there is
+    unmeasured)."""
+    linears = dict(linears)
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     quantized = {
         Linear.INT8: Int8Weight,

@@ -94,14 +94,16 @@ def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Te
     """quantize_rows of w's rows rotated in float64 (the 1 / rotation goes into the scales:
     exact), a block of rows at a time: every step is per row, and the float64 temporaries of a
     whole 8B-model weight would take gigabytes at load."""
-    codes, scales = [], []
-    for rows in w.split(WEIGHT_ROWS_AT_ONCE):
+    codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scales = torch.empty(w.shape[0], 1, device=w.device)
+    for start in range(0, w.shape[0], WEIGHT_ROWS_AT_ONCE):
+        rows = w[start : start + WEIGHT_ROWS_AT_ONCE]
         if rotation > 1:
             rows = hadamard_rows(rows.double(), rotation)
         q, scale = quantize_rows(rows)
-        codes.append(q)
-        scales.append(scale / rotation)
-    return torch.cat(codes), torch.cat(scales)
+        codes[start : start + len(q)] = q
+        scales[start : start + len(q)] = scale / rotation
+    return codes, scales
 
 
 def native_kernel() -> bool:

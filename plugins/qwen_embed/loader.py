@@ -4,7 +4,8 @@ out: nothing is ever unpickled)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,19 +165,24 @@ def load_weights(
     model_dir: str | Path,
     deltas: Mapping | None = None,
     skip: tuple[str, ...] = (),
+    loaded: Callable[[nn.Parameter], None] | None = None,
 ) -> None:
     """Every parameter from the checkpoint's tensors; `deltas` (adapters.lora_deltas: name ->
     fp32 tensor) are added to theirs as they are read. Tensors under the prefixes in `skip`
-    are not read (a part of the checkpoint this process does not hold)."""
+    are not read (a part of the checkpoint this process does not hold). `loaded` is called
+    with each parameter as soon as the last tensor it reads has been read."""
     deltas = deltas or {}
     ignored = _IGNORED_PREFIXES + skip
     expected = checkpoint_names(model)
+    unread = Counter(id(param) for targets in expected.values() for param, _ in targets)
     seen: set[str] = set()
     passed: set[str] = set()  # read elsewhere (a head's) or by another rank (the tower)
     for path in checkpoint_files(model_dir):
         read = gguf_files.tensors if path.suffix == gguf_files.SUFFIX else _mapped_tensors
         for key, full in read(path):
             name = _normalise(key)
+            if name in seen:
+                raise CheckpointError(f"tensor {key!r} appears more than once")
             if name not in expected and (
                 name.startswith(ignored) or name.endswith(_IGNORED_SUFFIXES)
             ):
@@ -184,20 +190,24 @@ def load_weights(
                 continue
             if name not in expected:
                 raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
-            if name in seen:
-                raise CheckpointError(f"tensor {key!r} appears more than once")
             if name in deltas:  # fp32: rounded once, to the parameter's dtype
                 full = full.float() + deltas[name]
-            for param, shard_id in expected[name]:
+            # let go as read: a layer `loaded` converts frees its float copy then
+            for param, shard_id in expected.pop(name):
                 try:
                     param.weight_loader(param, full, shard_id)
                 except ValueError as e:
                     raise CheckpointError(f"tensor {key!r}: {e}") from e
+                unread[id(param)] -= 1
+                if not unread[id(param)]:
+                    del param.weight_loader
+                    if loaded is not None:
+                        loaded(param)
             seen.add(name)
     unused = sorted(set(deltas) - seen - passed)
     if unused:
         raise CheckpointError(f"an adapter changes tensors the checkpoint lacks: {unused[:5]}")
-    missing = sorted(set(expected) - seen)
+    missing = sorted(expected)
     if missing:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""

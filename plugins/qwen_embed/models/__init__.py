@@ -26,6 +26,9 @@ class EmbeddingModel(Protocol):
 
     # checkpoint module name -> (our packed module, shard id): loader.py maps keys with it
     packed_modules: dict[str, tuple[str, str]]
+    # the decoder layers in order, `layers.{i}.` in parameter names: engine.build_model cuts
+    # and repacks each as soon as its weights are loaded
+    layers: nn.ModuleList
     planner: Planner  # turns flat batches into this shard's forward contexts (segments.py)
     # rank 0: pooled hidden states -> scores (rerank) or projected vectors (heads.py)
     head: nn.Module | None
@@ -48,9 +51,9 @@ class EmbeddingModel(Protocol):
         ops: RowOps,
     ): ...
 
-    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
-        """After loading, before repacking: projections cut as the route needs (QwenModel's
-        docstring says how)."""
+    def split_qkv(self, index: int, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
+        """Once layer `index` is loaded, before it is repacked: its projections cut as the
+        route needs (QwenModel's docstring says how)."""
 
     def __call__(self, ctx: ForwardContext) -> torch.Tensor:
         """Final-norm hidden states of the computed rows, or of the pooled rows where the

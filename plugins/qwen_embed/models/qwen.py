@@ -256,16 +256,15 @@ class QwenModel(nn.Module):
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # lora.AdapterSwitch where a request may name an adapter
 
-    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
-        """Before the weights are repacked: the q|k|v projections cut where the route needs.
-        The shards in apart["qkv_proj"] go to layers of their own (int8.FLOAT_SHARDS: in floats
-        beside the int8 rest); where the forwards prune (ctx.last), the last layer projects q
-        for the pooled rows only (q is half of q|k|v's work in Qwen3-Embedding's shapes)."""
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            groups = qkv_groups(apart, prune and i == last)
-            if len(groups) > 1:
-                layer.self_attn.split_projection(*groups)
+    def split_qkv(self, index: int, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
+        """Before layer `index`'s weights are repacked: its q|k|v projection cut where the
+        route needs. The shards in apart["qkv_proj"] go to layers of their own
+        (int8.FLOAT_SHARDS: in floats beside the int8 rest); where the forwards prune
+        (ctx.last), the last layer projects q for the pooled rows only (q is half of q|k|v's
+        work in Qwen3-Embedding's shapes)."""
+        groups = qkv_groups(apart, prune and index == len(self.layers) - 1)
+        if len(groups) > 1:
+            self.layers[index].self_attn.split_projection(*groups)
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:

@@ -363,18 +363,18 @@ class HybridModel(nn.Module):
         self.visual = None  # a multimodal checkpoint's vision tower (engine.build_model sets it)
         self.adapters = None  # lora.AdapterSwitch where a request may name an adapter
 
-    def split_qkv(self, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
+    def split_qkv(self, index: int, apart: dict[str, tuple[str, ...]], prune: bool) -> None:
         """As QwenModel.split_qkv, and a linear-attention layer's in_proj cut around its shards
         in apart["in_proj"] (its convolution and rule read every row: none computed alone)."""
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            if layer.linear:
-                module = layer.linear_attn
-                groups = shard_groups(IN_SHARDS, set(apart.get("in_proj", ())))
-            else:
-                module, groups = layer.self_attn, qkv_groups(apart, prune and i == last)
-            if len(groups) > 1:
-                module.split_projection(*groups)
+        layer = self.layers[index]
+        if layer.linear:
+            module = layer.linear_attn
+            groups = shard_groups(IN_SHARDS, set(apart.get("in_proj", ())))
+        else:
+            last = index == len(self.layers) - 1
+            module, groups = layer.self_attn, qkv_groups(apart, prune and last)
+        if len(groups) > 1:
+            module.split_projection(*groups)
 
     @torch.inference_mode()
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
