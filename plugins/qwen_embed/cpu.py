@@ -97,7 +97,7 @@ class HeapTrimmer:
         self._libc = libc if libc is not None and hasattr(libc, "mallinfo2") else None
         if self.active:
             self._libc.mallinfo2.restype = _MallInfo2
-            self._libc.malloc_trim(0)  # what was freed before goes back first
+            self._libc.malloc_trim(0)  # what was freed before (loading) goes back first
             self._other = anonymous_bytes() - self._in_use()  # Python's arenas, stacks
             self._seen = anonymous_bytes()  # when mallinfo2 was last asked
 

@@ -108,12 +108,9 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
         model.adapters = attach(model, folders, dtype, device)
     # On CPU the freed heap beyond one full-budget forward's activations goes back, during
     # the load (each layer's float copy freed as it is converted) as after each forward: the
-    # load never holds more than serving does.
-    trimmer = None
-    if device.type == "cpu":
-        trimmer = HeapTrimmer(
-            forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
-        )
+    # load holds no more than serving may.
+    keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
+    trimmer = HeapTrimmer(keep) if device.type == "cpu" else None
     layers = _LayerByLayer(model, route, device, trimmer)
     load_weights(model, spec.model_dir, deltas, skip, loaded=layers.loaded)
     layers.convert_rest()
@@ -122,8 +119,8 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     if route.cuda_graph_tokens:
         buckets = buckets_up_to(route.cuda_graph_tokens)
         model.graphs = TokenGraphs(model, buckets, cuda_capture(device))
-    if trimmer is not None:
-        model.register_forward_hook(trimmer)
+    if device.type == "cpu":  # after loading: what it freed goes back first
+        model.register_forward_hook(HeapTrimmer(keep))
     return model
 
 
@@ -245,9 +242,8 @@ class _LayerByLayer:
     as soon as the last of its weights is loaded (load_weights' `loaded`), so that the load
     holds one layer in the checkpoint's floats beside the converted others: a quantising route
     (int8, fp8) never holds the whole float model. On CPU `trimmer` looks at the heap after
-    each linear layer, where its float copy and the conversion's temporaries were freed.
-    `convert_rest` converts the linear layers outside the decoder layers (the vision tower's)
-    once all is loaded."""
+    each layer. `convert_rest` converts the linear layers outside the decoder layers (the
+    vision tower's) once all is loaded."""
 
     def __init__(
         self, model: nn.Module, route: Route, device: torch.device, trimmer: HeapTrimmer | None
@@ -268,6 +264,8 @@ class _LayerByLayer:
         if not self.unread[index]:
             self.model.split_qkv(index, self.apart, self.route.prune)
             self._convert(self.model.layers[index], f"layers.{index}.")
+            if self.trimmer is not None:  # its float copies and the conversion's temporaries
+                self.trimmer()
 
     def convert_rest(self) -> None:
         left = [i for i, count in self.unread.items() if count]
@@ -276,13 +274,12 @@ class _LayerByLayer:
         self._convert(self.model, "", skip=("layers.",))
 
     def _convert(self, module: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> None:
-        dtype = TORCH_DTYPES[self.route.dtype]
-        linears = [(n, m) for n, m in module.named_modules() if isinstance(m, _Linear)]
-        for name, linear in linears:
-            if not name.startswith(skip):
-                _convert_linears({prefix + name: linear}, self.route, dtype, self.device)
-                if self.trimmer is not None:
-                    self.trimmer()
+        linears = {
+            prefix + name: m
+            for name, m in module.named_modules()
+            if isinstance(m, _Linear) and not name.startswith(skip)
+        }
+        _convert_linears(linears, self.route, TORCH_DTYPES[self.route.dtype], self.device)
 
 
 def _convert_linears(

@@ -52,7 +52,9 @@ PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (cs
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
-WEIGHT_ROWS_AT_ONCE = 1024  # weight_codes: rows rotated and quantised together at load
+# weight_codes rotates and quantises a block of rows at a time, this many values: 2 MB of
+# float64 temporaries, which stay in cache through the butterflies
+WEIGHT_VALUES_AT_ONCE = 2**18
 
 
 def quantizes(module_name: str) -> bool:
@@ -90,14 +92,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.clamp(-_QMAX, _QMAX).to(torch.int8), scale
 
 
+def weight_rows_at_once(in_features: int) -> int:
+    return max(1, WEIGHT_VALUES_AT_ONCE // in_features)
+
+
 def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows of w's rows rotated in float64 (the 1 / rotation goes into the scales:
     exact), a block of rows at a time: every step is per row, and the float64 temporaries of a
     whole 8B-model weight would take gigabytes at load."""
     codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     scales = torch.empty(w.shape[0], 1, device=w.device)
-    for start in range(0, w.shape[0], WEIGHT_ROWS_AT_ONCE):
-        rows = w[start : start + WEIGHT_ROWS_AT_ONCE]
+    step = weight_rows_at_once(w.shape[1])
+    for start in range(0, w.shape[0], step):
+        rows = w[start : start + step]
         if rotation > 1:
             rows = hadamard_rows(rows.double(), rotation)
         q, scale = quantize_rows(rows)
