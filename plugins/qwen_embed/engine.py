@@ -268,9 +268,6 @@ class _LayerByLayer:
                 self.trimmer()
 
     def convert_rest(self) -> None:
-        left = [i for i, count in self.unread.items() if count]
-        if left:  # load_weights raised first where a tensor is missing
-            raise RuntimeError(f"layers {left} were not loaded whole")
         self._convert(self.model, "", skip=("layers.",))
 
     def _convert(self, module: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> None:

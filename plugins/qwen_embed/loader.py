@@ -192,7 +192,9 @@ def load_weights(
                 raise CheckpointError(f"unexpected tensor {key!r} in {path.name}")
             if name in deltas:  # fp32: rounded once, to the parameter's dtype
                 full = full.float() + deltas[name]
-            # let go as read: a layer `loaded` converts frees its float copy then
+            # popped, and each parameter's loader dropped once it is read (it refers to the
+            # module: that cycle would keep a float weight the module let go of), so that
+            # nothing here keeps a layer `loaded` converted
             for param, shard_id in expected.pop(name):
                 try:
                     param.weight_loader(param, full, shard_id)
