@@ -102,16 +102,12 @@ def build_model(spec: RankSpec, tp: TPGroup) -> nn.Module:
     skip = (TOWER,) if config.media is not None and model.visual is None else ()
     if not deltas and route.dtype == "float32" and _takes_16_bit(FLOAT_GEMMS[route.gemm]):
         _linears_as_stored(model, spec.model_dir)
-    if route.lora_names:  # before the q|k|v split and repacking, which carry them
+    if route.lora_names:  # by shape, before the q|k|v split and repacking, which carry them
         folders = adapter_folders(spec.settings.lora_modules, Path(spec.model_dir))
         dtype = linear_weight_dtype(TORCH_DTYPES[route.dtype], device)
         model.adapters = attach(model, folders, dtype, device)
-    # On CPU the freed heap beyond one full-budget forward's activations goes back, during
-    # the load (each layer's float copy freed as it is converted) as after each forward: the
-    # load holds no more than serving may.
     keep = forward_bytes(config, spec.settings.max_batch_tokens, route.dtype, tp.size)
-    trimmer = HeapTrimmer(keep) if device.type == "cpu" else None
-    layers = _LayerByLayer(model, route, device, trimmer)
+    layers = _LayerByLayer(model, route, device, keep)
     load_weights(model, spec.model_dir, deltas, skip, loaded=layers.loaded)
     layers.convert_rest()
     model.eval()
@@ -238,23 +234,30 @@ def _takes_16_bit(kernel: type[nn.Module] | None) -> bool:
 
 
 class _LayerByLayer:
-    """Each decoder layer cut (split_qkv) and its linear layers converted (_convert_linears)
-    as soon as the last of its weights is loaded (load_weights' `loaded`), so that the load
-    holds one layer in the checkpoint's floats beside the converted others: a quantising route
-    (int8, fp8) never holds the whole float model. On CPU `trimmer` looks at the heap after
-    each layer. `convert_rest` converts the linear layers outside the decoder layers (the
-    vision tower's) once all is loaded."""
+    """Each decoder layer cut (split_qkv) and its linear layers converted (_convert_linears).
+    A quantising route (int8, fp8) does it as soon as the last of the layer's weights is
+    loaded (load_weights' `loaded`), so that the load holds one layer in the checkpoint's
+    floats beside the quantised others, never the whole float model; on CPU the freed heap
+    beyond `keep_bytes` (one full-budget forward's activations, what serving may hold) goes
+    back after each layer. A float route's conversion (packing: the same bytes) waits for the
+    whole load and converts every layer in one pass (`convert_rest`), where each packing
+    reuses the freed copies before it (layer by layer, or after a trim before the load, glibc
+    placed them apart: a higher peak, docs/tuning.md). `convert_rest` also converts the linear
+    layers outside the decoder layers (the vision tower's)."""
 
-    def __init__(
-        self, model: nn.Module, route: Route, device: torch.device, trimmer: HeapTrimmer | None
-    ):
-        self.model, self.route, self.device, self.trimmer = model, route, device, trimmer
-        self.apart = int8.FLOAT_SHARDS if route.linear in (Linear.INT8, Linear.FP8) else {}
+    def __init__(self, model: nn.Module, route: Route, device: torch.device, keep_bytes: int):
+        self.model, self.route, self.device = model, route, device
+        quantizes = route.linear in (Linear.INT8, Linear.FP8)
+        self.apart = int8.FLOAT_SHARDS if quantizes else {}
+        self.trimmer = HeapTrimmer(keep_bytes) if quantizes and device.type == "cpu" else None
         self.layer_of = {
-            id(param): i for i, layer in enumerate(model.layers) for param in layer.parameters()
+            id(param): i
+            for i, layer in enumerate(model.layers if quantizes else ())
+            for param in layer.parameters()
         }
         read = {id(param) for targets in checkpoint_names(model).values() for param, _ in targets}
         self.unread = Counter(self.layer_of[p] for p in read if p in self.layer_of)
+        self.converted: set[int] = set()
 
     def loaded(self, param: nn.Parameter) -> None:
         index = self.layer_of.get(id(param))
@@ -264,11 +267,15 @@ class _LayerByLayer:
         if not self.unread[index]:
             self.model.split_qkv(index, self.apart, self.route.prune)
             self._convert(self.model.layers[index], f"layers.{index}.")
+            self.converted.add(index)
             if self.trimmer is not None:  # its float copies and the conversion's temporaries
                 self.trimmer()
 
     def convert_rest(self) -> None:
-        self._convert(self.model, "", skip=("layers.",))
+        for index in range(len(self.model.layers)):
+            if index not in self.converted:
+                self.model.split_qkv(index, self.apart, self.route.prune)
+        self._convert(self.model, "", skip=tuple(f"layers.{i}." for i in self.converted))
 
     def _convert(self, module: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> None:
         linears = {
