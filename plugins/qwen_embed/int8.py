@@ -77,11 +77,14 @@ def hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
 
 def torch_hadamard_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     rows, k = x.shape
+    x = x.clone(memory_format=torch.contiguous_format)  # butterflies in place on a copy
     for h in (1 << i for i in range(block.bit_length() - 1)):
-        pairs = x.reshape(rows, k // (2 * h), 2, h)
+        pairs = x.view(rows, k // (2 * h), 2, h)
         a, b = pairs[:, :, 0], pairs[:, :, 1]
-        x = torch.stack((a + b, a - b), dim=2)
-    return x.reshape(rows, k)
+        first = a.clone()
+        a.add_(b)
+        torch.sub(first, b, out=b)
+    return x
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
