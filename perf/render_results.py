@@ -31,6 +31,7 @@ VARIANT_OPTIONS = (
     "--videos",
     "--pages",
     "--vlm",
+    "--encoder-settings",
 )
 VARIANT_FLAGS = ("--listwise", "--qwen3-5")  # the same, without a value
 
