@@ -250,13 +250,12 @@ class _LayerByLayer:
         quantizes = route.linear in (Linear.INT8, Linear.FP8)
         self.apart = int8.FLOAT_SHARDS if quantizes else {}
         self.trimmer = HeapTrimmer(keep_bytes) if quantizes and device.type == "cpu" else None
-        self.layer_of = {
-            id(param): i
-            for i, layer in enumerate(model.layers if quantizes else ())
-            for param in layer.parameters()
-        }
-        read = {id(param) for targets in checkpoint_names(model).values() for param, _ in targets}
-        self.unread = Counter(self.layer_of[p] for p in read if p in self.layer_of)
+        self.layer_of: dict[int, int] = {}  # a parameter the checkpoint feeds -> its layer
+        if quantizes:
+            layers = {id(p): i for i, layer in enumerate(model.layers) for p in layer.parameters()}
+            for targets in checkpoint_names(model).values():
+                self.layer_of.update((id(p), layers[id(p)]) for p, _ in targets if id(p) in layers)
+        self.unread = Counter(self.layer_of.values())  # parameters left to read, per layer
         self.converted: set[int] = set()
 
     def loaded(self, param: nn.Parameter) -> None:
@@ -296,7 +295,6 @@ def _convert_linears(
     then reaches the bias alone. The vision tower's take the route's float GEMM as the text
     model's float layers do, and stay in floats under int8 and fp8 (their accuracy there is
     unmeasured)."""
-    linears = dict(linears)
     tower = {n: linears.pop(n) for n in list(linears) if n.startswith(TOWER)}
     quantized = {
         Linear.INT8: Int8Weight,
