@@ -132,13 +132,15 @@ def test_the_rotation_is_the_hadamard_matrix(block):
     "dtype,block", [(torch.bfloat16, 128), (torch.float32, 128), (torch.bfloat16, 1)]
 )
 def test_weight_codes_by_blocks_of_rows_are_the_whole_weights(dtype, block):
-    """At load a weight is rotated and quantised some rows at a time (bounded float64
-    temporaries): the same codes and scales as the whole weight at once, rows being independent."""
+    """In torch's ops (no native build) a weight is rotated and quantised some rows at a time
+    (bounded float64 temporaries): the same codes and scales as the whole weight at once, rows
+    being independent."""
     w = _random(int8.weight_rows_at_once(256) * 2 + 300, 256, seed=3).to(dtype)
     rotated = int8.hadamard_rows(w.double(), block) if block > 1 else w
     q, scale = int8.quantize_rows(rotated)
-    codes, scales = int8.weight_codes(w, block)
+    codes, scales, sums = int8.torch_weight_codes(w, block)
     assert torch.equal(codes, q) and torch.equal(scales, scale / block)
+    assert torch.equal(sums, q.sum(dim=1, dtype=torch.int32))
     assert codes.dtype == torch.int8 and scales.shape == (len(w), 1)
 
 

@@ -131,6 +131,30 @@ def test_the_int8_rotation_is_the_torch_butterflies_bitwise(isa, dtype, block):
 
 
 @DTYPES
+@pytest.mark.parametrize(
+    "k,block", [(48, 16), (96, 32), (320, 64), (1024, 128), (2560, 128), (10, 1)]
+)
+def test_int8_weight_codes_are_the_torch_route_bitwise(isa, dtype, k, block):
+    """An int8 weight's codes and scales at load (rotated in float64, quantised per row): the
+    same as torch's ops, on strided rows of values over 16 decades, an outlier, a zero row and
+    rows that land on halves (round half to even)."""
+    g = torch.Generator().manual_seed(k)
+    wide = torch.randn(37, k + 8, generator=g) * 10.0 ** torch.randint(-8, 8, (37, 1), generator=g)
+    wide[3, 8 + k // 2] = 5e4
+    wide[5] = 0.0
+    wide[6, 8:] = torch.arange(k) % 5 - 2.0  # without rotation: codes on exact halves
+    w = wide[:, 8:].to(dtype)
+    codes, scales, sums = OPS.weight_codes(w, block)
+    expected = int8.torch_weight_codes(w, block)
+    assert codes.dtype == torch.int8 and scales.shape == (37, 1) and sums.dtype == torch.int32
+    assert torch.equal(codes, expected[0]) and torch.equal(scales, expected[1])
+    assert torch.equal(sums, expected[2]) and torch.equal(sums, codes.sum(1, dtype=torch.int32))
+    assert codes.abs().max() == 127 and not codes[5].any()
+    with pytest.raises(RuntimeError, match="rotation must be"):
+        OPS.weight_codes(w[:, 1:], max(block, 16))
+
+
+@DTYPES
 def test_a_row_is_the_same_whatever_rows_share_its_batch(isa, dtype):
     """Bitwise: each row is computed alone, in a fixed order."""
     x = _random(40, 1024, dtype=dtype)
@@ -168,17 +192,22 @@ def test_the_native_table_runs_the_kernels_on_cpu_and_torch_elsewhere():
 
 
 @pytest.mark.parametrize("n,k", [(128, 64), (100, 30)], ids=["whole panels", "padded"])
-def test_panels_hold_each_weight_where_the_operators_read_it(n, k):
+@pytest.mark.parametrize(
+    "dtype,group", [(torch.float32, 4), (torch.int8, 4), (torch.bfloat16, 2), (torch.float32, 1)]
+)
+def test_panels_hold_each_weight_where_the_operators_read_it(n, k, dtype, group):
     """pack_panels is pure layout (no build needed): [n_pad / panel, k_pad / group, panel,
-    group], value (c, i) of w at [c // panel, i // group, c % panel, i % group], zeros beyond."""
-    w = torch.arange(1, n * k + 1, dtype=torch.float32).view(n, k)
-    packed = native.pack_panels(w, 4, 64)
-    n_pad, k_pad = -(-n // 64) * 64, -(-k // 4) * 4
-    assert packed.shape == (n_pad // 64, k_pad // 4, 64, 4) and packed.is_contiguous()
+    group], value (c, i) of w at [c // panel, i // group, c % panel, i % group], zeros beyond;
+    a group of 32 bits (int8 quads, bf16 pairs, fp32) moved as one word."""
+    w = (torch.arange(n * k) % 127 + 1).to(dtype).view(n, k)
+    packed = native.pack_panels(w, group, 64)
+    n_pad, k_pad = -(-n // 64) * 64, -(-k // group) * group
+    assert packed.shape == (n_pad // 64, k_pad // group, 64, group) and packed.is_contiguous()
+    assert packed.dtype == dtype
     c, i = torch.meshgrid(torch.arange(n_pad), torch.arange(k_pad), indexing="ij")
-    expected = torch.zeros(n_pad, k_pad)
+    expected = torch.zeros(n_pad, k_pad, dtype=dtype)
     expected[:n, :k] = w
-    assert torch.equal(packed[c // 64, i // 4, c % 64, i % 4], expected)
+    assert torch.equal(packed[c // 64, i // group, c % 64, i % group], expected)
     assert packed.data_ptr() != w.data_ptr()  # a copy, also where nothing is padded
 
 

@@ -100,10 +100,20 @@ def weight_rows_at_once(in_features: int) -> int:
     return max(1, WEIGHT_VALUES_AT_ONCE // in_features)
 
 
-def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_rows of w's rows rotated in float64 (the 1 / rotation goes into the scales:
-    exact), a block of rows at a time: every step is per row, and the float64 temporaries of a
-    whole 8B-model weight would take gigabytes at load."""
+def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, ...]:
+    """(int8 codes [out, in], fp32 scales [out, 1], int32 sums of each row's codes [out], which
+    pack needs): quantize_rows of w's rows rotated in float64 (the 1 / rotation goes into the
+    scales: exact). Native where built: one call per weight, where the torch ops are many short
+    parallel ones, which two encoders loading at once on the same cores slow several times;
+    the same bits (torch_weight_codes)."""
+    if native.handles(w):
+        return torch.ops.qwen_embed.weight_codes(w, rotation)
+    return torch_weight_codes(w, rotation)
+
+
+def torch_weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, ...]:
+    """weight_codes in torch ops, a block of rows at a time: every step is per row, and the
+    float64 temporaries of a whole 8B-model weight would take gigabytes at load."""
     codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     scales = torch.empty(w.shape[0], 1, device=w.device)
     step = weight_rows_at_once(w.shape[1])
@@ -114,7 +124,7 @@ def weight_codes(w: torch.Tensor, rotation: int) -> tuple[torch.Tensor, torch.Te
         q, scale = quantize_rows(rows)
         codes[start : start + len(q)] = q
         scales[start : start + len(q)] = scale / rotation
-    return codes, scales
+    return codes, scales, codes.sum(dim=1, dtype=torch.int32)
 
 
 def native_kernel() -> bool:
@@ -143,8 +153,11 @@ def _rescale(
     return (acc.float() * x_scale * w_scale).to(dtype)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """int8 weights [n, k] and their scales [n, 1] in the native operator's layout: (packed int8
+def pack(
+    q: torch.Tensor, scale: torch.Tensor, sums: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    """int8 weights [n, k], their scales [n, 1] (and each row's sum, where counted already) in
+    the native operator's layout: (packed int8
     [n_pad / panel, k_pad / 4, panel, 4], offset int32 [n_pad] = 128 x each channel's sum,
     which undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros.
     For our AMX tile kernel (native.int8_panel) panels of 16 channels and k_pad a multiple of
@@ -156,7 +169,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
     packed = native.pack_panels(q, GROUP, panel)
     n_pad = packed.shape[0] * panel
     offset = torch.zeros(n_pad, dtype=torch.int32)
-    offset[:n] = q.sum(dim=1, dtype=torch.int32).mul_(128)
+    offset[:n] = (q.sum(dim=1, dtype=torch.int32) if sums is None else sums) * 128
     padded_scale = torch.zeros(n_pad)
     padded_scale[:n] = scale.view(-1)
     return packed, offset, padded_scale
@@ -180,14 +193,14 @@ class Int8Weight(nn.Module):
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.rotation = rotation_block(weight.shape[1])
-        q, scale = weight_codes(weight.detach(), self.rotation)
+        q, scale, sums = weight_codes(weight.detach(), self.rotation)
         self.out_features = q.shape[0]
         cpu = weight.device.type == "cpu"
         self.native = native_kernel() and cpu
         self.avx2 = not self.native and avx2_kernel() and cpu
         self.gates = False  # silu_gated: on the native operator's AMX tile kernel
         if self.native:
-            packed, offset, scale = pack(q, scale)
+            packed, offset, scale = pack(q, scale, sums)
             self.register_buffer("packed", packed)
             self.register_buffer("offset", offset)
             self.register_buffer("scale", scale)

@@ -129,4 +129,8 @@ def pack_panels(w: torch.Tensor, group: int, panel: int = PANEL) -> torch.Tensor
         padded = torch.zeros(n_pad, k_pad, dtype=w.dtype)
         padded[:n, :k] = w
         w = padded
-    return w.reshape(n_pad // panel, panel, k_pad // group, group).permute(0, 2, 1, 3).contiguous()
+    panels, steps = n_pad // panel, k_pad // group
+    if w.element_size() * group == 4 and w.is_contiguous():  # moved as 32-bit words: faster
+        words = w.view(torch.int32).view(panels, panel, steps).transpose(1, 2).contiguous()
+        return words.view(w.dtype).view(panels, steps, panel, group)
+    return w.reshape(panels, panel, steps, group).permute(0, 2, 1, 3).contiguous()

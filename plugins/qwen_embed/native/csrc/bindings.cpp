@@ -12,6 +12,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("hadamard_rows(Tensor x, int block) -> Tensor");
+  m.def("weight_codes(Tensor w, int block) -> (Tensor, Tensor, Tensor)");
   m.def("causal_conv_silu(Tensor x, Tensor weight, Tensor position) -> Tensor");
   m.def(
       "gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor cu_seqlens, "
@@ -50,6 +51,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("silu_mul", &qe::silu_mul);
   m.impl("gelu_tanh", &qe::gelu_tanh);
   m.impl("hadamard_rows", &qe::hadamard_rows);
+  m.impl("weight_codes", &qe::weight_codes);
   m.impl("causal_conv_silu", &qe::causal_conv_silu);
   m.impl("gated_delta_rule", &qe::gated_delta_rule);
   m.impl("int8_linear", &qe::int8_linear);

@@ -69,6 +69,11 @@ struct Kernels {
   void (*gelu_tanh_bf16)(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t);
   void (*hadamard_f32)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
   void (*hadamard_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
+  // (w, stride, rows, k, block, k doubles of scratch, codes [rows][k], scales, code sums [rows])
+  void (*weight_codes_f32)(const float*, int64_t, int64_t, int64_t, int64_t, double*, int8_t*,
+                           float*, int32_t*);
+  void (*weight_codes_bf16)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, double*,
+                            int8_t*, float*, int32_t*);
   void (*conv_silu_f32)(const float*, int64_t, const float*, int64_t, const int64_t*, float*,
                         int64_t, int64_t, int64_t);
   void (*conv_silu_bf16)(const uint16_t*, int64_t, const float*, int64_t, const int64_t*,

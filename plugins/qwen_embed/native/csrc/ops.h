@@ -9,6 +9,8 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels.h"
 
@@ -29,6 +31,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh(const at::Tensor& x);
 at::Tensor hadamard_rows(const at::Tensor& x, int64_t block);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> weight_codes(const at::Tensor& w, int64_t block);
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& position);
 

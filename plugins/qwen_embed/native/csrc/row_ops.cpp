@@ -181,6 +181,34 @@ at::Tensor hadamard_rows(const at::Tensor& x, int64_t block) {
   return out;
 }
 
+// w [n, k] (fp32 or bf16) -> (int8 codes [n, k], fp32 scales [n, 1], int32 sums of each row's
+// codes [n]): the int8 route's weights, rotated per `block` values in float64 and quantised per
+// row (int8.weight_codes); one parallel region for the whole weight (two encoders loading at
+// once share the cores).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> weight_codes(const at::Tensor& w, int64_t block) {
+  TORCH_CHECK(w.dim() == 2, "w must be [out, in]");
+  const int64_t n = w.size(0), k = w.size(1);
+  check_rotation(block, k);
+  at::Tensor rows = as_rows(w, k);
+  at::Tensor codes = at::empty({n, k}, w.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({n, 1}, w.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({n}, w.options().dtype(at::kInt));
+  const int64_t stride = rows.stride(0);
+  const auto& kern = kernels();
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, n, grain(k), [&](int64_t b, int64_t end) {
+    std::vector<double> wide(k);
+    int8_t* out = ptr<int8_t>(codes) + b * k;
+    if (bf16)
+      kern.weight_codes_bf16(ptr<uint16_t>(rows) + b * stride, stride, end - b, k, block,
+                             wide.data(), out, ptr<float>(scales) + b, ptr<int32_t>(sums) + b);
+    else
+      kern.weight_codes_f32(ptr<float>(rows) + b * stride, stride, end - b, k, block,
+                            wide.data(), out, ptr<float>(scales) + b, ptr<int32_t>(sums) + b);
+  });
+  return {codes, scales, sums};
+}
+
 // x [T, n] (rows may be strided), weight [n, kernel] (taken in fp32), position [T] (int64:
 // each row's place in its sequence) -> silu(causal depthwise convolution within each sequence)
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,

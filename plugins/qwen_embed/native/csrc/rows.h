@@ -173,6 +173,89 @@ void hadamard_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t 
   for (int64_t i = 0; i < rows; ++i) hadamard_row(x + i * stride, k, block, out + i * k);
 }
 
+typedef double D8 __attribute__((vector_size(64)));
+typedef int64_t L8 __attribute__((vector_size(64)));
+
+// One block of V x 8 float64 values of `wide`, in registers: hadamard_block's butterflies
+// (pairs 1, 2 and 4 apart within a vector, then across vectors); returns its lanes' largest
+// magnitudes.
+template <int V>
+inline D8 hadamard_block_f64(double* wide) {
+  const L8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  D8 x[V];
+  __builtin_memcpy(x, wide, sizeof x);
+#pragma GCC unroll 16
+  for (int v = 0; v < V; ++v)
+#pragma GCC unroll 3
+    for (int h = 1; h < 8; h *= 2) {
+      const D8 partner = __builtin_shuffle(x[v], lane ^ h);
+      x[v] = (lane & h) ? partner - x[v] : x[v] + partner;
+    }
+#pragma GCC unroll 16
+  for (int h = 1; h < V; h *= 2)
+#pragma GCC unroll 16
+    for (int j = 0; j < V; ++j)
+      if (!(j & h)) {
+        const D8 a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  __builtin_memcpy(wide, x, sizeof x);
+  D8 most = {};
+#pragma GCC unroll 16
+  for (int v = 0; v < V; ++v) {
+    const D8 m = x[v] < 0 ? -x[v] : x[v];
+    most = m > most ? m : most;
+  }
+  return most;
+}
+
+// The int8 route's weights at load, int8.torch_weight_codes' arithmetic: each of `rows` rows of
+// w (k values, `stride` apart) widened to float64 in `wide` (k values), rotated per `block`
+// values (block > 1) by hadamard_block_f64, then quantised as int8.quantize_rows: scale =
+// float(max |x|), at least float(1e-12), / 127; code = round-half-even(float(x) * (1 / scale)),
+// within +-127; scales[i] = scale / block; sums[i] the row's codes added up.
+template <typename T>
+void weight_codes(const T* w, int64_t stride, int64_t rows, int64_t k, int64_t block,
+                  double* wide, int8_t* codes, float* scales, int32_t* sums) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* row = w + i * stride;
+    for (int64_t j = 0; j < k; ++j) wide[j] = static_cast<double>(to_float(row[j]));
+    double most = 0.0;
+    if (block > 1) {
+      D8 lanes = {};
+      for (int64_t j = 0; j < k; j += block) {
+        D8 m;
+        switch (block) {
+          case 16: m = hadamard_block_f64<2>(wide + j); break;
+          case 32: m = hadamard_block_f64<4>(wide + j); break;
+          case 64: m = hadamard_block_f64<8>(wide + j); break;
+          default: m = hadamard_block_f64<16>(wide + j); break;
+        }
+        lanes = m > lanes ? m : lanes;
+      }
+      for (int l = 0; l < 8; ++l) most = lanes[l] > most ? lanes[l] : most;
+    } else {
+      for (int64_t j = 0; j < k; ++j) {
+        const double m = __builtin_fabs(wide[j]);
+        most = m > most ? m : most;
+      }
+    }
+    const float floor = static_cast<float>(1e-12), largest = static_cast<float>(most);
+    const float scale = (largest > floor ? largest : floor) / 127.0f;
+    const float inverse = 1.0f / scale;
+    int8_t* code = codes + i * k;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const float v = __builtin_rintf(static_cast<float>(wide[j]) * inverse);
+      code[j] = static_cast<int8_t>(v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v);
+      sum += code[j];
+    }
+    scales[i] = scale / static_cast<float>(block);
+    sums[i] = sum;
+  }
+}
+
 // Qwen3.5's causal depthwise convolution and its SiLU for rows [first, first + rows) of x (rows of
 // n channels, `stride` apart): row i sums x[i - s] * taps[kernel - 1 - s] (taps [kernel][n], fp32)
 // over the s <= position[i] (a sequence starts from zeros), in fp32 in order of s, rounded to the

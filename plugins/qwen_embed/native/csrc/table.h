@@ -29,6 +29,8 @@ extern const Kernels kernels = {
     gelu_tanh<uint16_t>,
     hadamard_rows<float>,
     hadamard_rows<uint16_t>,
+    weight_codes<float>,
+    weight_codes<uint16_t>,
     conv_silu<float>,
     conv_silu<uint16_t>,
     delta_rule<float>,
