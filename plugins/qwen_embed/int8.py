@@ -52,7 +52,7 @@ PAIRS_PANEL = 16  # output channels per panel of the AVX2 operator's weights (cs
 # The rotation's block: the largest power of two dividing the input width, up to 128 (8 of the
 # native kernel's vectors, rotated in registers); none (1) below one vector of 16 values.
 MAX_ROTATION, MIN_ROTATION = 128, 16
-# weight_codes rotates and quantises a block of rows at a time, this many values (8 MB of
+# torch_weight_codes rotates and quantises a block of rows at a time, this many values (8 MB of
 # float64): smaller blocks stay in cache but make many short parallel ops, which two encoders
 # loading at once on the same cores (OpenMP threads oversubscribed) made several times slower
 WEIGHT_VALUES_AT_ONCE = 2**20
