@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwen_embed import CheckpointError, Encoder, UnsupportedModelError, engine, int8
+from qwen_embed.cpu import HeapTrimmer
 from qwen_embed.layers import _Linear
+from qwen_embed.route import Linear
 
 from reference import make_checkpoint, random_sequences
 
@@ -74,6 +76,38 @@ def test_each_layer_is_quantised_and_its_floats_freed_as_it_is_read(checkpoint, 
     assert [converted for converted, _ in seen] == sorted(converted for converted, _ in seen)
     assert {converted for converted, _ in seen} == set(range(layers + 1))
     assert all(freed == converted for converted, freed in seen)
+
+
+def test_a_float_route_converts_after_the_load_and_trims_the_heap_after_each_layer(
+    checkpoint, monkeypatch
+):
+    """A float route packs its weights once the whole checkpoint is read, a decoder layer at a
+    time with every freed page handed back after each (HeapTrimmer(0)): where a packed copy
+    lands otherwise depends on the heap's history, and with it the load's peak."""
+    load_weights, trims, model = engine.load_weights, [], {}
+
+    def converted():
+        layers = model["model"].layers
+        return sum(all(m.weight is None for m in quantised(layer)) for layer in layers)
+
+    def spied(m, *args, **kwargs):
+        model["model"] = m
+        load_weights(m, *args, **kwargs)
+        model["after_load"] = converted()
+
+    class Trimmer(HeapTrimmer):
+        def __call__(self, *_):
+            if self.keep_bytes == 0:
+                trims.append(converted())
+            super().__call__()
+
+    monkeypatch.setattr(engine, "load_weights", spied)
+    monkeypatch.setattr(engine, "HeapTrimmer", Trimmer)
+    with Encoder.from_pretrained(checkpoint("qwen3"), dtype="float32") as enc:
+        layers = len(enc.model.layers)
+        assert enc.route.linear == Linear.FLOAT and enc.route.gemm is not None
+    assert layers >= 2 and model["after_load"] == 0
+    assert trims == list(range(1, layers + 1))
 
 
 def test_base_model_keys_without_prefix(checkpoint, tmp_path, reference_vectors):

@@ -240,10 +240,13 @@ class _LayerByLayer:
     floats beside the quantised others, never the whole float model; on CPU the freed heap
     beyond `keep_bytes` (one full-budget forward's activations, what serving may hold) goes
     back after each layer. A float route's conversion (packing: the same bytes) waits for the
-    whole load and converts every layer in one pass (`convert_rest`), where each packing
-    reuses the freed copies before it (layer by layer, or after a trim before the load, glibc
-    placed them apart: a higher peak, docs/tuning.md). `convert_rest` also converts the linear
-    layers outside the decoder layers (the vision tower's)."""
+    whole load (converted layer by layer as they are read, or after a trim before the load,
+    glibc placed the packed copies apart from the freed ones: a higher peak, docs/tuning.md),
+    then converts a layer at a time (`convert_rest`), on CPU handing every freed page back after
+    each: whether a packed copy lands in memory an earlier layer freed depends on the heap's
+    history, which without the trims left the peak anywhere from the loaded model's size to
+    1.5 times it. `convert_rest` also converts the linear layers outside the decoder layers
+    (the vision tower's)."""
 
     def __init__(self, model: nn.Module, route: Route, device: torch.device, keep_bytes: int):
         self.model, self.route, self.device = model, route, device
@@ -271,9 +274,16 @@ class _LayerByLayer:
                 self.trimmer()
 
     def convert_rest(self) -> None:
-        for index in range(len(self.model.layers)):
+        # A float route's packed copies stay, and no forward has run whose activations a kept
+        # heap would serve: every freed page goes back after each layer.
+        trimmer = HeapTrimmer(0) if self.device.type == "cpu" else None
+        for index, layer in enumerate(self.model.layers):
             if index not in self.converted:
                 self.model.split_qkv(index, self.apart, self.route.prune)
+                self._convert(layer, f"layers.{index}.")
+                self.converted.add(index)
+                if trimmer is not None:
+                    trimmer()
         self._convert(self.model, "", skip=tuple(f"layers.{i}." for i in self.converted))
 
     def _convert(self, module: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> None:
