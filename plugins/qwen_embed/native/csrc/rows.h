@@ -173,38 +173,46 @@ void hadamard_rows(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t 
   for (int64_t i = 0; i < rows; ++i) hadamard_row(x + i * stride, k, block, out + i * k);
 }
 
-typedef double D8 __attribute__((vector_size(64)));
-typedef int64_t L8 __attribute__((vector_size(64)));
+// float64 vectors of the widest registers the instruction set has (GCC's generic shuffles of
+// a vector wider than them are many times slower)
+#ifdef __AVX512F__
+constexpr int kDoubles = 8;
+#else
+constexpr int kDoubles = 4;
+#endif
+typedef double DV __attribute__((vector_size(8 * kDoubles)));
+typedef int64_t LV __attribute__((vector_size(8 * kDoubles)));
 
-// One block of V x 8 float64 values of `wide`, in registers: hadamard_block's butterflies
-// (pairs 1, 2 and 4 apart within a vector, then across vectors); returns its lanes' largest
-// magnitudes.
+// One block of V x kDoubles float64 values of `wide`, in registers: hadamard_block's
+// butterflies (pairs 1, 2, ... apart within a vector, then across vectors); returns its
+// lanes' largest magnitudes.
 template <int V>
-inline D8 hadamard_block_f64(double* wide) {
-  const L8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  D8 x[V];
+inline DV hadamard_block_f64(double* wide) {
+  LV lane;
+  for (int l = 0; l < kDoubles; ++l) lane[l] = l;
+  DV x[V];
   __builtin_memcpy(x, wide, sizeof x);
-#pragma GCC unroll 16
+#pragma GCC unroll 32
   for (int v = 0; v < V; ++v)
 #pragma GCC unroll 3
-    for (int h = 1; h < 8; h *= 2) {
-      const D8 partner = __builtin_shuffle(x[v], lane ^ h);
+    for (int h = 1; h < kDoubles; h *= 2) {
+      const DV partner = __builtin_shuffle(x[v], lane ^ h);
       x[v] = (lane & h) ? partner - x[v] : x[v] + partner;
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 32
   for (int h = 1; h < V; h *= 2)
-#pragma GCC unroll 16
+#pragma GCC unroll 32
     for (int j = 0; j < V; ++j)
       if (!(j & h)) {
-        const D8 a = x[j], b = x[j + h];
+        const DV a = x[j], b = x[j + h];
         x[j] = a + b;
         x[j + h] = a - b;
       }
   __builtin_memcpy(wide, x, sizeof x);
-  D8 most = {};
-#pragma GCC unroll 16
+  DV most = {};
+#pragma GCC unroll 32
   for (int v = 0; v < V; ++v) {
-    const D8 m = x[v] < 0 ? -x[v] : x[v];
+    const DV m = x[v] < 0 ? -x[v] : x[v];
     most = m > most ? m : most;
   }
   return most;
@@ -223,18 +231,18 @@ void weight_codes(const T* w, int64_t stride, int64_t rows, int64_t k, int64_t b
     for (int64_t j = 0; j < k; ++j) wide[j] = static_cast<double>(to_float(row[j]));
     double most = 0.0;
     if (block > 1) {
-      D8 lanes = {};
+      DV lanes = {};
       for (int64_t j = 0; j < k; j += block) {
-        D8 m;
+        DV m;
         switch (block) {
-          case 16: m = hadamard_block_f64<2>(wide + j); break;
-          case 32: m = hadamard_block_f64<4>(wide + j); break;
-          case 64: m = hadamard_block_f64<8>(wide + j); break;
-          default: m = hadamard_block_f64<16>(wide + j); break;
+          case 16: m = hadamard_block_f64<16 / kDoubles>(wide + j); break;
+          case 32: m = hadamard_block_f64<32 / kDoubles>(wide + j); break;
+          case 64: m = hadamard_block_f64<64 / kDoubles>(wide + j); break;
+          default: m = hadamard_block_f64<128 / kDoubles>(wide + j); break;
         }
         lanes = m > lanes ? m : lanes;
       }
-      for (int l = 0; l < 8; ++l) most = lanes[l] > most ? lanes[l] : most;
+      for (int l = 0; l < kDoubles; ++l) most = lanes[l] > most ? lanes[l] : most;
     } else {
       for (int64_t j = 0; j < k; ++j) {
         const double m = __builtin_fabs(wide[j]);
