@@ -157,9 +157,9 @@ def pack(
     q: torch.Tensor, scale: torch.Tensor, sums: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, ...]:
     """int8 weights [n, k], their scales [n, 1] (and each row's sum, where counted already) in
-    the native operator's layout: (packed int8
-    [n_pad / panel, k_pad / 4, panel, 4], offset int32 [n_pad] = 128 x each channel's sum,
-    which undoes the kernel's uint8 activation codes, scale fp32 [n_pad]); padding is zeros.
+    the native operator's layout: (packed int8 [n_pad / panel, k_pad / 4, panel, 4], offset
+    int32 [n_pad] = 128 x each channel's sum, which undoes the kernel's uint8 activation codes,
+    scale fp32 [n_pad]); padding is zeros.
     For our AMX tile kernel (native.int8_panel) panels of 16 channels and k_pad a multiple of
     its 64-value steps, so that it runs at every width (padding codes stand for 0)."""
     n, k = q.shape

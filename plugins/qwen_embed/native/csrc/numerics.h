@@ -350,20 +350,27 @@ inline F16 abs16(F16 v) {
   return reinterpret_cast<F16>(reinterpret_cast<U16x32>(v) & 0x7fffffffu);
 }
 
+// The butterflies across V vectors of a block (pairs of vectors h = 1, 2, ... apart), after
+// those within each vector: the rest of the torch order.
+template <int V, typename Vec>
+inline void butterflies_across(Vec* x) {
+#pragma GCC unroll 32
+  for (int h = 1; h < V; h *= 2)
+#pragma GCC unroll 32
+    for (int j = 0; j < V; ++j)
+      if (!(j & h)) {
+        const Vec a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+}
+
 template <int V, typename T>
 inline F16 hadamard_block(const T* src, float* dst) {
   F16 x[V];
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) x[v] = butterflies16(load16(src + 16 * v));
-#pragma GCC unroll 8
-  for (int h = 1; h < V; h *= 2)
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j)
-      if (!(j & h)) {
-        const F16 a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
+  butterflies_across<V>(x);
   F16 amax = {};
 #pragma GCC unroll 8
   for (int v = 0; v < V; ++v) {

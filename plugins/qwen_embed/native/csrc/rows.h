@@ -199,15 +199,7 @@ inline DV hadamard_block_f64(double* wide) {
       const DV partner = __builtin_shuffle(x[v], lane ^ h);
       x[v] = (lane & h) ? partner - x[v] : x[v] + partner;
     }
-#pragma GCC unroll 32
-  for (int h = 1; h < V; h *= 2)
-#pragma GCC unroll 32
-    for (int j = 0; j < V; ++j)
-      if (!(j & h)) {
-        const DV a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
+  butterflies_across<V>(x);
   __builtin_memcpy(wide, x, sizeof x);
   DV most = {};
 #pragma GCC unroll 32
