@@ -239,14 +239,11 @@ class _LayerByLayer:
     loaded (load_weights' `loaded`), so that the load holds one layer in the checkpoint's
     floats beside the quantised others, never the whole float model; on CPU the freed heap
     beyond `keep_bytes` (one full-budget forward's activations, what serving may hold) goes
-    back after each layer. A float route's conversion (packing: the same bytes) waits for the
-    whole load (converted layer by layer as they are read, or after a trim before the load,
-    glibc placed the packed copies apart from the freed ones: a higher peak, docs/tuning.md),
-    then converts a layer at a time (`convert_rest`), on CPU handing every freed page back after
-    each: whether a packed copy lands in memory an earlier layer freed depends on the heap's
-    history, which without the trims left the peak anywhere from the loaded model's size to
-    1.5 times it. `convert_rest` also converts the linear layers outside the decoder layers
-    (the vision tower's)."""
+    back after each layer. A float route's packing (the same bytes) waits for the whole load
+    (packed as they are read, the copies landed apart from the freed ones: docs/tuning.md),
+    then goes a layer at a time (`convert_rest`), on CPU handing every freed page back after
+    each, so that the peak is the loaded model's size whatever the heap's history. `convert_rest`
+    also converts the linear layers outside the decoder layers (the vision tower's)."""
 
     def __init__(self, model: nn.Module, route: Route, device: torch.device, keep_bytes: int):
         self.model, self.route, self.device = model, route, device
