@@ -185,40 +185,42 @@ def test_every_blocking_gives_the_same_bits(panel, task_rows, task_channels, cha
         torch.ops.qwen_embed.bf16_linear(x, packed, None, 700, 32, panel + 16, True)
 
 
-GATES = pytest.mark.skipif(
-    not brgemm_runs() or native.bf16_panel(64) != native.TILE_PANEL,
-    reason="the gated GEMM runs on the AMX bf16 tile kernel",
-)
-
-
-@GATES
-@pytest.mark.parametrize("rows,n,k", [(1, 64, 32), (45, 96, 192), (70, 1024, 1024)])
-def test_the_gated_gemm_is_silu_mul_of_the_gemm(rows, n, k):
-    """A gate|up projection's silu(gate) * up in the tile kernel's store: the row ops' silu_mul
-    on the plain GEMM's output, bitwise, at any row count and blocking."""
-    layer = NativeBf16Weight(_random(n, k, seed=14))
+@NEEDS_OPERATOR
+@pytest.mark.parametrize("rows,n,k", [(1, 256, 32), (45, 768, 192), (70, 1024, 1024)])
+@pytest.mark.parametrize("panel", ["own", 128])
+def test_the_gated_gemm_is_silu_mul_of_the_gemm(rows, n, k, panel):
+    """A gate|up projection's silu(gate) * up in the GEMM's store, on the route's kernel (the
+    AMX tile kernel's blocks of 16 gate and 16 up channels, the panel kernel's gate and up
+    panels; 128-channel panels go to oneDNN's micro-kernel everywhere): the row ops' silu_mul on
+    the plain GEMM's output, bitwise, at any row count and blocking (a task's channels halved:
+    the same weights per task)."""
+    weight = _random(n, k, seed=14)
+    layer = NativeBf16Weight(weight)
+    if panel != "own":
+        layer.packed = native.pack_panels(weight, 2, panel)
+        layer.gates = native.gates(panel, n)
     x = _random(rows, k, seed=15)
     expected = gated_as_silu_mul(layer, x)
-    for blocking in ((32, 64, False), (96, 128, True)):
+    for blocking in ((32, 128, False), (96, 256, True), (64, 512, False)):
         gated = torch.ops.qwen_embed.bf16_linear(x, layer.packed, None, n, *blocking, gated=True)
         assert torch.equal(gated, expected), blocking
 
 
-@GATES
-def test_a_gated_gemm_needs_whole_halves_no_bias_and_the_tiles():
+@NEEDS_OPERATOR
+def test_a_gated_gemm_needs_whole_halves_and_no_bias():
+    panel = native.bf16_panel(64)
+    for n, k in ((2 * panel, 64), (2 * panel - 16, 64), (128, 48), (384, 48)):
+        assert NativeBf16Weight(_random(n, k, seed=1)).gates == (
+            n % (2 * native.bf16_panel(k)) == 0
+        )
     x = _random(4, 64, seed=0)
-    layer = NativeBf16Weight(_random(64, 64, seed=1))
-    assert layer.gates and not NativeBf16Weight(_random(48, 64, seed=1)).gates
-    assert not NativeBf16Weight(_random(64, 48, seed=1)).gates  # a width the tiles do not take
-    for n, bias in ((48, None), (64, torch.zeros(64))):  # halves of 24; a bias
-        with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+    layer = NativeBf16Weight(_random(2 * panel, 64, seed=1))
+    for n, bias in ((2 * panel - 16, None), (2 * panel, torch.zeros(2 * panel))):
+        with pytest.raises(RuntimeError, match=f"gated needs n a multiple of {2 * panel}"):
             torch.ops.qwen_embed.bf16_linear(x, layer.packed, bias, n, gated=True)
-    wide = native.pack_panels(_random(64, 48, seed=1), 2, 64)  # oneDNN's micro-kernel
-    with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
-        torch.ops.qwen_embed.bf16_linear(_random(4, 48, seed=0), wide, None, 64, gated=True)
 
 
-@GATES
+@NEEDS_OPERATOR
 def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
     """QwenMLP's gate|up projection hands silu(gate) * up to its kernel where it gates (the
     row ops' silu_mul not called, the same bits); a bias or adapters join the product before
@@ -238,13 +240,13 @@ def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
     ops = SimpleNamespace(silu_mul=counted_silu_mul)
     x = _random(10, 64, seed=17)
     for bias, lora in ((False, False), (True, False), (False, True)):
-        layer = ColumnParallelLinear(64, {"gate": 96, "up": 96}, TPGroup(), bias=bias)
-        layer.weight.data = _random(192, 64, seed=16)
+        layer = ColumnParallelLinear(64, {"gate": 128, "up": 128}, TPGroup(), bias=bias)
+        layer.weight.data = _random(256, 64, seed=16)
         if bias:
-            layer.bias.data = torch.randn(192)
+            layer.bias.data = torch.randn(256)
         layer.repack(NativeBf16Weight)
         layer.lora = LinearLora(SimpleNamespace(rows=None), []) if lora else None
         expected = native_cpu.silu_mul(layer(x))
         calls.clear()
         assert torch.equal(layer.silu_gated(x, ops), expected)
-        assert calls == ([] if not (bias or lora) else [(10, 192)]), (bias, lora)
+        assert calls == ([] if not (bias or lora) else [(10, 256)]), (bias, lora)

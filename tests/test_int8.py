@@ -229,41 +229,32 @@ def test_the_operator_needs_no_onednn(monkeypatch):
     assert torch.equal(native(x, w), expected)
 
 
-GATES = pytest.mark.skipif(
-    native_ops.int8_panel() != native_ops.TILE_PANEL,
-    reason="the gated GEMM runs on the AMX int8 tile kernel",
-)
-
-
-@GATES
 @DTYPES
-@pytest.mark.parametrize("rows,n,k", [(1, 64, 64), (45, 96, 200), (70, 1024, 1088)])
-def test_the_gated_gemm_is_silu_mul_of_the_gemm(dtype, rows, n, k):
-    """A gate|up projection's silu(gate) * up in the tile kernel's store: the row ops' silu_mul
-    on the plain GEMM's output, bitwise, at any row count and blocking (a task's channels
-    halved: the same weights per task)."""
+@pytest.mark.parametrize("rows,n,k", [(1, 128, 64), (45, 384, 200), (70, 1024, 1088)])
+@pytest.mark.parametrize("panel", ["own", native_ops.PANEL])
+def test_the_gated_gemm_is_silu_mul_of_the_gemm(monkeypatch, dtype, rows, n, k, panel):
+    """A gate|up projection's silu(gate) * up in the GEMM's store, on the AMX tile kernel (its
+    blocks of 16 gate and 16 up channels) or the VNNI panel kernel (gate's panel and up's per
+    output panel): the row ops' silu_mul on the plain GEMM's output, bitwise, at any row count
+    and blocking (a task's channels halved: the same weights per task)."""
+    if panel != "own":
+        monkeypatch.setattr(native_ops, "int8_panel", lambda: panel)
     layer = int8.Int8Weight(_random(n, k, seed=7))
     x = _random(rows, k, seed=8).to(dtype)
     expected = gated_as_silu_mul(layer, x)
     args = (layer.packed, layer.offset, layer.scale, None, n, layer.rotation)
-    for blocking in ((32, 64, False), (96, 128, True)):
+    for blocking in ((32, 64, False), (96, 256, True), (64, 1024, False)):
         gated = torch.ops.qwen_embed.int8_linear(x, *args, *blocking, gated=True)
         assert torch.equal(gated, expected), blocking
 
 
-@GATES
-def test_a_gated_gemm_needs_whole_halves_no_bias_and_the_tiles(monkeypatch):
+def test_a_gated_gemm_needs_whole_halves_and_no_bias():
+    panel = native_ops.int8_panel()
+    assert int8.Int8Weight(_random(2 * panel, 64, seed=1)).gates
+    assert not int8.Int8Weight(_random(2 * panel - 16, 64, seed=1)).gates
     x = _random(4, 64, seed=0)
-    gates = int8.Int8Weight(_random(64, 64, seed=1))
-    assert gates.gates and not int8.Int8Weight(_random(48, 64, seed=1)).gates
-    packed, offset, scale = gates.packed, gates.offset, gates.scale
-    for n, bias in ((48, None), (64, torch.zeros(64))):  # halves of 24; a bias
-        with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
+    layer = int8.Int8Weight(_random(2 * panel, 64, seed=1))
+    packed, offset, scale = layer.packed, layer.offset, layer.scale
+    for n, bias in ((2 * panel - 16, None), (2 * panel, torch.zeros(2 * panel))):
+        with pytest.raises(RuntimeError, match=f"gated needs n a multiple of {2 * panel}"):
             torch.ops.qwen_embed.int8_linear(x, packed, offset, scale, bias, n, gated=True)
-    monkeypatch.setattr(native_ops, "int8_panel", lambda: native_ops.PANEL)
-    wide = int8.Int8Weight(_random(64, 72, seed=1))  # 64-channel panels: the VNNI kernel
-    assert not wide.gates
-    with pytest.raises(RuntimeError, match="gated needs the AMX tile kernel"):
-        torch.ops.qwen_embed.int8_linear(
-            _random(4, 72, seed=0), wide.packed, wide.offset, wide.scale, None, 64, gated=True
-        )

@@ -198,7 +198,7 @@ class Int8Weight(nn.Module):
         cpu = weight.device.type == "cpu"
         self.native = native_kernel() and cpu
         self.avx2 = not self.native and avx2_kernel() and cpu
-        self.gates = False  # silu_gated: on the native operator's AMX tile kernel
+        self.gates = False  # silu_gated: on the native operator
         if self.native:
             packed, offset, scale = pack(q, scale, sums)
             self.register_buffer("packed", packed)

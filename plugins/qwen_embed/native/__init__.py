@@ -33,9 +33,10 @@ TILE_PANEL = 16
 
 def gates(panel: int, out_features: int) -> bool:
     """Whether the GEMM operators compute a gate|up projection's silu(gate) * up in their store
-    (`gated`): on the AMX tile kernels (weights in TILE_PANEL channels), each half in whole
-    16-channel blocks."""
-    return panel == TILE_PANEL and out_features % 32 == 0
+    (`gated`) for weights packed in panels of `panel` channels: each half in whole panels (the
+    tile kernels' blocks of 16 gate and 16 up channels, or a panel kernel's gate panel and up
+    panel per output panel)."""
+    return out_features % (2 * panel) == 0
 
 
 _state: dict[str, str | None] = {}  # "isa" once the library was looked for

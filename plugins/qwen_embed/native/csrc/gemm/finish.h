@@ -1,8 +1,8 @@
 // The int8 route's rescale of one row's 16 channel sums, (sum - offset) * row scale * channel
 // scale + bias, rounded, and the bf16 route's store of 16 fp32 sums: shared by the panel
 // routes (rows.cpp) and the AMX tile GEMMs (tiles_amx.cpp), both compiled with the same
-// vector flags, so both give the same bits. And the tile GEMMs' gated store of a gate|up
-// projection, silu(gate) * up.
+// vector flags, so both give the same bits. And the gated store of a gate|up projection,
+// silu(gate) * up, for both.
 #pragma once
 #include <immintrin.h>
 
@@ -69,13 +69,13 @@ inline void store_gated16(__m512 gate, __m512 up, __mmask16 mask, T* out) {
   store16(out, reinterpret_cast<__m512>(silu(g) * u), mask);
 }
 
-// The gate|up projection's 16 channels: gate's sums at `sums`, up's kChannels further
-// (groups[0] and [1] their channels).
+// The gate|up projection's 16 channels: gate's sums at `gate`, up's at `up` (groups[0] and [1]
+// their channels).
 template <typename T>
-inline void finish_gated16(const Int8Gemm<T>& g, const int32_t* sums, __m512 a_scale,
-                           const ChannelGroup* groups, T* out) {
-  store_gated16(rescale16(g, sums, a_scale, groups[0]),
-                rescale16(g, sums + kChannels, a_scale, groups[1]), groups[0].mask, out);
+inline void finish_gated16(const Int8Gemm<T>& g, const int32_t* gate, const int32_t* up,
+                           __m512 a_scale, const ChannelGroup* groups, T* out) {
+  store_gated16(rescale16(g, gate, a_scale, groups[0]), rescale16(g, up, a_scale, groups[1]),
+                groups[0].mask, out);
 }
 
 // The bf16 routes' store: 16 fp32 sums plus bias (fp32, or null), rounded.

@@ -23,9 +23,9 @@ constexpr int64_t kGatedChannels = 16;
 // channels (kPanel, or kTilePanel for the tile kernel), [n_pad / panel][k_pad / 4][panel][4],
 // `offset` 128 x each channel's weight sum, `w_scale` per channel, `bias` fp32 or null;
 // out[row][c] = (sum - offset[c]) * a_scale[row] * w_scale[c] + bias[c], at row stride ldo.
-// `up` > 0 (the tile kernels only): the n channels are a gate|up projection, gate's `up`
-// channels then up's, and out holds silu(gate) * up (up channels), each half rounded to T
-// first: the plain GEMM's output, then the row kernels' silu_mul, fused into the store.
+// `up` > 0: the n channels are a gate|up projection, gate's `up` channels then up's, and out
+// holds silu(gate) * up (up channels), each half rounded to T first: the plain GEMM's output,
+// then the row kernels' silu_mul, fused into the store.
 template <typename T>
 struct Int8Gemm {
   const uint8_t* a;
@@ -42,7 +42,8 @@ struct Int8Gemm {
 // The row work around the GEMMs (rows.cpp). int8: rows of activations -> codes and scales
 // (quantize; block > 1: each row rotated first by a Walsh-Hadamard transform per `block`
 // values), and the GEMM's int32 sums -> outputs (finish_int8: `rows` rows x `cols` channels
-// from `row`, `col`, `ld` sums per row).
+// from `row`, `col`, `ld` sums per row; g.up > 0: silu(gate) * up, up's sums after gate's,
+// `rows` x ld of them).
 struct RowKernels {
   void (*quantize_f32)(const float* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad,
                        int64_t block, uint8_t* codes, float* scale);
@@ -56,6 +57,10 @@ struct RowKernels {
   // plus bias (fp32, or null) before rounding.
   void (*store_bf16)(const float* sums, int64_t ld, int64_t rows, int64_t cols, const float* bias,
                      uint16_t* out, int64_t ldo);
+  // A gate|up projection's: `rows` x ld sums of gate's channels, then as many of up's ->
+  // silu(gate) * up, each half rounded to bf16 first (Int8Gemm's `up`).
+  void (*store_gated_bf16)(const float* sums, int64_t ld, int64_t rows, int64_t cols,
+                           uint16_t* out, int64_t ldo);
 };
 
 // batch_invariant's bf16 GEMM on AMX tiles (ops.cpp bf16_linear): rows packed by pack_rows (k bf16

@@ -200,23 +200,43 @@ void gemm_tasks(const GemmBlocking& blocking, int64_t m, int64_t n, int64_t pane
   });
 }
 
+// The panels a panel kernel's task reads for its output channels [col, ...) of n_out: the
+// panel at col, and for a gate|up projection (up > 0) up's panel `up` channels further, its
+// sums after gate's. `next` names the panel read after `index` (-1: none), which `once` (the
+// GEMM reads each panel once: gemm::reads_panels_once) fetches meanwhile.
+struct PanelReads {
+  int64_t up, panel;
+  bool once;
+
+  int64_t count() const { return up ? 2 : 1; }
+  int64_t channel(int64_t col, int64_t index) const { return col + index * up; }
+  int64_t next(int64_t col, int64_t index, int64_t col1) const {
+    if (!once) return -1;
+    if (index + 1 < count()) return channel(col, index + 1);
+    return col + panel < col1 ? col + panel : -1;
+  }
+};
+
 // One int8 GEMM task on our VNNI panel kernel (panels_vnni.cpp; int8_tiles decides where our
-// AMX kernel runs instead), one call per panel of the task's channels: the call's int32 sums
-// land in a block in cache, and `finish` rescales and stores them; `once`: the GEMM reads each
-// panel once (gemm::reads_panels_once), so the next is fetched meanwhile.
+// AMX kernel runs instead), one call per panel of the task's channels (PanelReads): the call's
+// int32 sums land in a block in cache, and `finish` rescales and stores them.
 template <typename T>
 void panel_task(const Int8Gemm<T>& g, bool once, int64_t row0, int64_t row1, int64_t col0,
                 int64_t col1) {
   const int64_t rows = row1 - row0;
+  const PanelReads reads{g.up, kPanel, once};
   thread_local std::vector<int32_t> buffer;
-  buffer.resize(rows * kPanel);
+  buffer.resize(reads.count() * rows * kPanel);
   int32_t* sums = buffer.data();
   for (int64_t col = col0; col < col1; col += kPanel) {
-    const int64_t cols = std::min(kPanel, g.n - col);
-    const int8_t* weights = g.packed + col * g.k_pad;
-    const bool ahead = once && col + kPanel < col1;
-    gemm::int8_panels.sums(g.a + row0 * g.k_pad, g.k_pad, rows, weights, g.k_pad,
-                           ahead ? weights + kPanel * g.k_pad : nullptr, sums);
+    for (int64_t i = 0; i < reads.count(); ++i) {
+      const int64_t next = reads.next(col, i, col1);
+      gemm::int8_panels.sums(g.a + row0 * g.k_pad, g.k_pad, rows,
+                             g.packed + reads.channel(col, i) * g.k_pad, g.k_pad,
+                             next < 0 ? nullptr : g.packed + next * g.k_pad,
+                             sums + i * rows * kPanel);
+    }
+    const int64_t cols = std::min(kPanel, g.ldo - col);
     if constexpr (std::is_same_v<T, float>)
       gemm::rows.finish_int8_f32(g, sums, kPanel, row0, rows, col, cols);
     else
@@ -255,26 +275,32 @@ int64_t whole_blocks(int64_t rows) { return (rows + 31) / 32 * 32; }
 // The channels a tile kernel's tasks are cut in: whole panels, and whole blocks of 32 channels.
 int64_t tile_task_panel(int64_t panel) { return std::max<int64_t>(panel, 32); }
 
-// A gated GEMM (`gated`: n channels of a gate|up projection -> silu(gate) * up, n / 2 of them)
-// runs on the tile kernels only, each block 16 gate and 16 up channels: n / 2 in whole blocks.
-// The gate half's size for the kernels (0: not gated).
-int64_t gated_up(bool gated, bool tiles, int64_t n, bool bias) {
+// A gated GEMM (`gated`: n channels of a gate|up projection -> silu(gate) * up, n / 2 of them):
+// on the tile kernels each block is 16 gate and 16 up channels, on the panel kernels each
+// output panel reads gate's panel and up's (PanelReads), so n / 2 comes in whole blocks of
+// `whole` channels (16, or the weights' panel). The gate half's size for the kernels (0: not
+// gated).
+int64_t gated_up(bool gated, int64_t whole, int64_t n, bool bias) {
   if (!gated) return 0;
-  TORCH_CHECK(tiles && n % 32 == 0 && !bias,
-              "gated needs the AMX tile kernel (an AMX CPU and the weights of bf16_panel or "
-              "int8_panel), n a multiple of 32 and no bias; got n ", n);
+  TORCH_CHECK(n % (2 * whole) == 0 && !bias, "gated needs n a multiple of ", 2 * whole,
+              " (each half in whole blocks of ", whole, " channels) and no bias; got n ", n);
   return n / 2;
 }
 
-// The tile kernels' tasks over the n_out output channels, rows in whole blocks: a gated GEMM's
-// take half the blocking's channels, so a task reads as many weights as the plain GEMM's, in
-// whole gated blocks.
+// A gated GEMM's blocking: its tasks cover n / 2 output channels with half the channels of the
+// plain GEMM's, in whole blocks of `whole`, so a task reads as many weights.
+GemmBlocking gated_blocking(GemmBlocking blocking, bool gated, int64_t whole) {
+  if (gated) blocking.channels = std::max(whole, blocking.channels / 2 / whole * whole);
+  return blocking;
+}
+
+// The tile kernels' tasks over the n_out output channels, rows in whole blocks.
 template <typename Task>
 void tile_tasks(GemmBlocking blocking, int64_t m, int64_t n_out, int64_t panel, bool gated,
                 const Task& task) {
   blocking.rows = whole_blocks(blocking.rows);
-  if (gated) blocking.channels /= 2;
-  gemm_tasks(blocking, m, n_out, gated ? gemm::kGatedChannels : tile_task_panel(panel), task);
+  const int64_t whole = gated ? gemm::kGatedChannels : tile_task_panel(panel);
+  gemm_tasks(gated_blocking(blocking, gated, whole), m, n_out, whole, task);
 }
 
 template <typename T>
@@ -310,9 +336,10 @@ void int8_gemm(Int8Gemm<T> g, const at::Tensor& rows, int64_t k, int64_t block,
   }
 #endif
   const bool once = gemm::reads_panels_once(m, blocking.rows);
-  gemm_tasks(blocking, m, g.n, kPanel, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    panel_task(g, once, r0, r1, c0, c1);
-  });
+  gemm_tasks(gated_blocking(blocking, g.up > 0, kPanel), m, g.ldo, kPanel,
+             [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+               panel_task(g, once, r0, r1, c0, c1);
+             });
 }
 
 }  // namespace
@@ -353,7 +380,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const float* bias_ptr = bias_values(bias, n);
   check_rotation(rotation, k);
   check_blocking(task_rows, task_channels, tile_task_panel(panel));  // 16 only on the tiles
-  const int64_t up = gated_up(gated, int8_tiles(packed.size(1) * 4), n, bias_ptr);
+  const bool tiles = int8_tiles(packed.size(1) * 4);
+  const int64_t up = gated_up(gated, tiles ? gemm::kGatedChannels : kPanel, n, bias_ptr);
   at::Tensor rows = as_rows(x, k);
   const int64_t n_out = up ? up : n;
   at::Tensor out = output_for(x, n_out, x.scalar_type());
@@ -479,7 +507,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t task_panel = tiles ? tile_task_panel(panel) : panel;
   check_blocking(task_rows, task_channels, task_panel);
   const float* bias_ptr = bias_values(bias, n);
-  const int64_t up = gated_up(gated, tiles, n, bias_ptr), n_out = up ? up : n;
+  const int64_t whole = tiles ? gemm::kGatedChannels : panel;
+  const int64_t up = gated_up(gated, whole, n, bias_ptr), n_out = up ? up : n;
   at::Tensor rows = as_rows(x, k);
   at::Tensor out = output_for(x, n_out, at::kBFloat16);
   const int64_t m = rows.size(0), lda = rows.stride(0);
@@ -506,23 +535,36 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
   // CPUs the micro-kernel sums on tiles, whose bits vdpbf16ps does not always give (widths the
   // tile kernel does not take)
   static const bool panels_run = cpu_has("avx512bf16") && !bf16_tiles_run();
-  const bool ours = panels_run && panel == kPanel, once = gemm::reads_panels_once(m, task_rows);
+  const bool ours = panels_run && panel == kPanel;
+  const PanelReads reads{up, panel, gemm::reads_panels_once(m, task_rows)};
   const auto* weights = reinterpret_cast<const uint16_t*>(b);
-  gemm_tasks({task_rows, task_channels, channels_outer}, m, n, panel,
+  const GemmBlocking blocking{task_rows, task_channels, channels_outer};
+  gemm_tasks(gated_blocking(blocking, up > 0, panel), m, n_out, panel,
              [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-               thread_local std::vector<float> sums;
-               sums.resize(task_rows * panel);
+               const int64_t rows = r1 - r0;
+               thread_local std::vector<float> buffer;
+               buffer.resize(reads.count() * rows * panel);
+               float* sums = buffer.data();
                for (int64_t col = c0; col < c1; col += panel) {
-                 const bool ahead = once && col + panel < c1;
-                 if (ours)
-                   gemm::bf16_panels.sums(reinterpret_cast<const uint16_t*>(a + r0 * lda), lda,
-                                          r1 - r0, weights + col * k, k,
-                                          ahead ? weights + (col + panel) * k : nullptr,
-                                          sums.data());
+                 for (int64_t i = 0; i < reads.count(); ++i) {
+                   const int64_t from = reads.channel(col, i), next = reads.next(col, i, c1);
+                   if (ours)
+                     gemm::bf16_panels.sums(reinterpret_cast<const uint16_t*>(a + r0 * lda), lda,
+                                            rows, weights + from * k, k,
+                                            next < 0 ? nullptr : weights + next * k,
+                                            sums + i * rows * panel);
+                   else
+                     bf16_brgemm(rows, panel, k, lda, a + r0 * lda, b + from * k,
+                                 sums + i * rows * panel);
+                 }
+                 const int64_t cols = std::min(panel, n_out - col);
+                 if (up)
+                   gemm::rows.store_gated_bf16(sums, panel, rows, cols, o + r0 * n_out + col,
+                                               n_out);
                  else
-                   bf16_brgemm(r1 - r0, panel, k, lda, a + r0 * lda, b + col * k, sums.data());
-                 gemm::rows.store_bf16(sums.data(), panel, r1 - r0, std::min(panel, n - col),
-                                       bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col, n);
+                   gemm::rows.store_bf16(sums, panel, rows, cols,
+                                         bias_ptr ? bias_ptr + col : nullptr, o + r0 * n + col,
+                                         n);
                }
              });
   return out;

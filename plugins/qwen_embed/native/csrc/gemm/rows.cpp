@@ -59,20 +59,31 @@ void quantize(const T* x, int64_t stride, int64_t rows, int64_t k, int64_t k_pad
 }
 
 // Rows [row, row + rows) x channels [col, col + cols) from their int32 sums (`sums`, ld values
-// per row, from channel col): (sum - offset) * row scale * channel scale + bias, rounded.
+// per row, from channel col): (sum - offset) * row scale * channel scale + bias, rounded. A
+// gate|up projection's (g.up): silu(gate) * up of gate's channels from col and up's g.up
+// further, whose sums follow gate's, `rows` x ld of them.
 template <typename T>
 void finish(const Int8Gemm<T>& g, const int32_t* sums, int64_t ld, int64_t row, int64_t rows,
             int64_t col, int64_t cols) {
   // a row's channels together: whole cache lines of the output, written once
   constexpr int64_t kGroups = kPanel / kChannels;
-  ChannelGroup group[kGroups];
+  ChannelGroup group[kGroups][2];
   const int64_t groups = (cols + kChannels - 1) / kChannels;
-  for (int64_t j = 0; j < groups; ++j) group[j] = channel_group(g, col + j * kChannels);
+  for (int64_t j = 0; j < groups; ++j) {
+    group[j][0] = channel_group(g, col + j * kChannels);
+    if (g.up) group[j][1] = channel_group(g, g.up + col + j * kChannels);
+  }
+  const int32_t* up = sums + rows * ld;
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 a_scale = _mm512_set1_ps(g.a_scale[row + r]);
     T* out = g.out + (row + r) * g.ldo + col;
-    for (int64_t j = 0; j < groups; ++j)
-      finish16(g, sums + r * ld + j * kChannels, a_scale, group[j], out + j * kChannels);
+    for (int64_t j = 0; j < groups; ++j) {
+      const int64_t at = r * ld + j * kChannels;
+      if (g.up)
+        finish_gated16(g, sums + at, up + at, a_scale, group[j], out + j * kChannels);
+      else
+        finish16(g, sums + at, a_scale, group[j][0], out + j * kChannels);
+    }
   }
 }
 
@@ -84,10 +95,19 @@ void store_bf16(const float* sums, int64_t ld, int64_t rows, int64_t cols, const
                    out + r * ldo + j);
 }
 
+void store_gated_bf16(const float* sums, int64_t ld, int64_t rows, int64_t cols, uint16_t* out,
+                      int64_t ldo) {
+  const float* up = sums + rows * ld;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += kChannels)
+      store_gated16(_mm512_loadu_ps(sums + r * ld + j), _mm512_loadu_ps(up + r * ld + j),
+                    first_lanes(cols - j), out + r * ldo + j);
+}
+
 }  // namespace
 
 extern const RowKernels rows = {quantize<float>, quantize<uint16_t>, finish<float>,
-                                finish<uint16_t>, store_bf16};
+                                finish<uint16_t>, store_bf16, store_gated_bf16};
 
 }  // namespace gemm
 }  // namespace qe

@@ -147,7 +147,7 @@ struct Int8Finish {
       const __m512 a_scale = _mm512_set1_ps(g.a_scale[p.row + i]);
       T* out = g.out + (p.row + i) * g.ldo + p.col;
       if (g.up) {
-        finish_gated16(g, sums + i * kBlock, a_scale, group, out);
+        finish_gated16(g, sums + i * kBlock, sums + i * kBlock + kChannels, a_scale, group, out);
         continue;
       }
       finish16(g, sums + i * kBlock, a_scale, group[0], out);
