@@ -168,8 +168,7 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
         for t in threads:
             t.start()
         wait_until(lambda: sum(r[2] is None for r in results) >= 4, "the clients' first answers")
-        stubs_server = server.status()["server_pid"]
-        stubs = stub_processes(stubs_server)
+        stubs = stub_processes(server.status()["server_pid"])
         (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
         killed_at = time.monotonic()
         os.kill(encoder_pid, signal.SIGKILL)
@@ -350,8 +349,7 @@ def test_watchdog_tries_a_failed_reload_again(demo_dir, tmp_path):
         config = Path(server.status()["model_repository"]) / "encoder" / "config.pbtxt"
         good = config.read_text()
         config.write_text("this is not a model config {")
-        stubs_server = server.status()["server_pid"]
-        stubs = stub_processes(stubs_server)
+        stubs = stub_processes(server.status()["server_pid"])
         (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
         os.kill(encoder_pid, signal.SIGKILL)
 
@@ -459,8 +457,7 @@ def test_failed_tensor_parallel_group_is_reloaded(demo_dir, tmp_path):
     server = start_server(demo_dir, tmp_path, model_repository=repo, exit_timeout_s=1)
     try:
         assert infer(server, ["before"], "grpc")[0].shape == (1, 1024)
-        stubs_server = server.status()["server_pid"]
-        stubs = stub_processes(stubs_server)
+        stubs = stub_processes(server.status()["server_pid"])
         (stub,) = [pid for pid, model in stubs.items() if model == "encoder"]
         children = Path(f"/proc/{stub}/task/{stub}/children").read_text().split()
         workers = [int(c) for c in children if "qwen_embed.worker" in cmdline(int(c))]
