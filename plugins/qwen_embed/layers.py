@@ -205,7 +205,7 @@ class ColumnParallelLinear(_Linear):
 
     def silu_gated(self, x: torch.Tensor, ops: RowOps) -> torch.Tensor:
         """silu(gate) * up of a gate|up projection (its two shards): in the GEMM's store where
-        the kernel does it (`gates`: int8.Int8Weight, onednn.NativeBf16Weight on AMX) and nothing
+        the kernel does it (`gates`: int8.Int8Weight, onednn.NativeBf16Weight) and nothing
         joins the product first (a bias, adapters), else ops.silu_mul after it; the same bits."""
         if getattr(self.kernel, "gates", False) and self.bias is None and self.lora is None:
             return self.kernel.silu_gated(x)
