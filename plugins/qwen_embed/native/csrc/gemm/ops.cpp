@@ -381,7 +381,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   check_rotation(rotation, k);
   check_blocking(task_rows, task_channels, tile_task_panel(panel));  // 16 only on the tiles
   const bool tiles = int8_tiles(packed.size(1) * 4);
-  const int64_t up = gated_up(gated, tiles ? gemm::kGatedChannels : kPanel, n, bias_ptr);
+  const int64_t up = gated_up(gated, tiles ? gemm::kGatedChannels : panel, n, bias_ptr);
   at::Tensor rows = as_rows(x, k);
   const int64_t n_out = up ? up : n;
   at::Tensor out = output_for(x, n_out, x.scalar_type());
