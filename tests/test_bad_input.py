@@ -237,6 +237,43 @@ CASES = [
         [ids([5, 6]), ("CHUNKS", "BYTES", [1, 1], chunks([1, 0]))],
         model="encoder",
     ),
+    # Triton passes a request without a required input on to a model that has optional ones
+    Case(
+        "tokenizer: IMAGES without TEXT",
+        r"input 'TEXT' is required",
+        [("IMAGES", "BYTES", [1, 1], bytes_tensor([b""]))],
+        model="tokenizer",
+    ),
+    Case(
+        "encoder: FINISH without TOKEN_IDS",
+        r"input 'TOKEN_IDS' is required",
+        [("FINISH", "INT32", [1, 5], np.array([[0, 1, 1, 0, 0]], "<i4").tobytes())],
+        model="encoder",
+    ),
+    Case(
+        "rerank_tokenizer: QUERY without DOCUMENTS",
+        r"input 'DOCUMENTS' is required",
+        [
+            ("QUERY", "BYTES", [1], bytes_tensor([b"q"])),
+            ("QUERY_IMAGES", "BYTES", [1], bytes_tensor([b""])),
+        ],
+        model="rerank_tokenizer",
+    ),
+    Case(
+        "rerank_tokenizer: DOCUMENTS without QUERY",
+        r"input 'QUERY' is required",
+        [
+            ("DOCUMENTS", "BYTES", [1, 1], bytes_tensor([b"d"])),
+            ("DOCUMENT_IMAGES", "BYTES", [1, 1], bytes_tensor([b""])),
+        ],
+        model="rerank_tokenizer",
+    ),
+    Case(
+        "rerank_encoder: ADAPTER without TOKEN_IDS",
+        r"input 'TOKEN_IDS' is required",
+        [("ADAPTER", "BYTES", [1, 1], bytes_tensor([b""]))],
+        model="rerank_encoder",
+    ),
     Case(
         "encoder: CHUNKS span past the text",
         r"chunks\[0\]\[0\] = \(0, 5\): a span must have 0 <= start < end <= 1",

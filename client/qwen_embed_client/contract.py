@@ -569,6 +569,14 @@ def read_finish(rows: np.ndarray | None, dimension: int) -> Finish:
     return Finish(dims or None, bool(normalize), kinds, bool(per_token), bool(skiplist))
 
 
+def required(tensor, name: str) -> np.ndarray:
+    """A model's required input (a pb_utils.Tensor, or None where absent) as its array: Triton
+    2.51 lets a request without it through to a model that also has optional inputs."""
+    if tensor is None:
+        raise RequestError(f"input '{name}' is required")
+    return tensor.as_numpy()
+
+
 def _elements(raw: np.ndarray, max_texts: int, max_text_bytes: int, name: str) -> list[bytes]:
     """A BYTES input [n, 1] -> its n elements as bytes, refusing n = 0, n > max_texts and an
     element longer than max_text_bytes (checked before any decoding)."""

@@ -32,6 +32,7 @@ from qwen_embed_client.contract import (
     RequestError,
     coded_outputs,
     read_finish,
+    required,
     stack_ragged,
     unpack_chunks,
     unpack_ids,
@@ -117,7 +118,9 @@ class TritonPythonModel:
                 adapter = self._adapter(request)
                 if adapter is not None:  # read only for the calls it joins
                     adapters[i] = adapter
-                blobs = pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS").as_numpy()
+                blobs = required(
+                    pb_utils.get_input_tensor_by_name(request, "TOKEN_IDS"), "TOKEN_IDS"
+                )
                 if self.encoder.config.listwise:
                     listwise.append((i, None, self._blocks(blobs.reshape(-1))))
                     continue

@@ -27,6 +27,7 @@ from qwen_embed_client.contract import (
     pack_chunks,
     pack_ids,
     pack_media,
+    required,
     stack_ragged,
     unpack_frames,
     unpack_images,
@@ -74,7 +75,7 @@ class TritonPythonModel:
     def _texts(self, request, params):
         opts = EmbedOptions.from_parameters(params)
         opts.check_model(self.embedding_size, self.tokenizer.prompts.names)
-        raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+        raw = required(pb_utils.get_input_tensor_by_name(request, "TEXT"), "TEXT")
         asked = set(request.requested_output_names())
         given = {name: self._files(request, name, raw.size) for name in ("VIDEOS", "IMAGES")}
         template = self.tokenizer.chat  # a prompted one writes texts alone as any model's
@@ -190,7 +191,7 @@ class TritonPythonModel:
 
     def _pairs(self, request, params):
         opts = RerankOptions.from_parameters(params)
-        raw = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy()
+        raw = required(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS"), "DOCUMENTS")
         given = {
             name: self._files(request, name, 1 if name.startswith("QUERY") else raw.size)
             for name in ("QUERY_VIDEOS", "QUERY_IMAGES", "DOCUMENT_VIDEOS", "DOCUMENT_IMAGES")
@@ -205,7 +206,7 @@ class TritonPythonModel:
         documents = decode_texts(
             raw, self.max_texts, self.max_text_bytes, name="DOCUMENTS", may_be_empty=with_media
         )
-        raw = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        raw = required(pb_utils.get_input_tensor_by_name(request, "QUERY"), "QUERY")
         query_media = given["QUERY_VIDEOS"][0] or given["QUERY_IMAGES"][0]
         (query,) = decode_texts(  # exactly one
             raw,
