@@ -7,7 +7,7 @@ DEMO_RERANKER ?= .cache/demo-reranker
 DEMO_LAYERS ?= 3
 DTYPE       ?= float32
 
-.PHONY: setup setup-gpu demo-model test test-fast test-gpu lint perf-engine perf-images perf-pages perf-hybrid perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
+.PHONY: setup setup-gpu demo-model test test-native-sanitized test-fast test-gpu lint perf-engine perf-images perf-pages perf-hybrid perf-serving perf-analyzer perf-peers perf-gpu perf-tokenizer perf-rerank perf-prefix perf-kernels perf-routes perf-load perf-revisions perf-startup perf-adapters gpu-report profile locust soak \
 	results docker-lint docker serve gateway clean
 
 TRITON      := .cache/triton/pytriton/tritonserver/backends/python/triton_python_backend_stub
@@ -74,8 +74,24 @@ lint: $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST      := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test: setup lint
+test: setup lint test-native-sanitized
 	$(PYTEST)
+
+# The native kernels' tests under AddressSanitizer and UBSan: the package copied into SANITIZED,
+# its kernels built there instrumented, the tests run with the sanitizers' runtimes preloaded
+# (a finding fails them). Leaks are not looked for: Python keeps objects until it exits.
+SANITIZED    := $(abspath .cache/sanitized)
+SANITIZE_ENV := LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 PYTHONPATH=$(SANITIZED)
+NATIVE_TESTS := native bf16_gemm int8 int8_avx2 avx2_gemm native_attention kernels onednn
+test-native-sanitized: setup
+	rm -rf $(SANITIZED) && mkdir -p $(SANITIZED) && cp -r plugins/qwen_embed $(SANITIZED)/
+	rm -rf $(SANITIZED)/qwen_embed/native/_build
+	PYTHONPATH=$(SANITIZED) $(PY) -m qwen_embed.native.build --sanitize
+	$(SANITIZE_ENV) $(PY) -c 'from qwen_embed import native; assert native.isa() and \
+		str(native.LIBRARY).startswith("$(SANITIZED)/"), f"not sanitized: {native.LIBRARY}"'
+	$(SANITIZE_ENV) $(PY) -m pytest -q --capture=sys -p no:cacheprovider -m "not server and not gpu" \
+		$(NATIVE_TESTS:%=tests/test_%.py)
 
 # The tier that starts no tritonserver or other process: the quick loop while editing.
 test-fast: setup

@@ -1,4 +1,6 @@
 """Builds the native kernels (csrc/) into `_build/`: `python -m qwen_embed.native.build`.
+`--sanitize`: with AddressSanitizer and UBSan, for a copy of the package whose tests run with
+their runtimes preloaded (`make test-native-sanitized`); any finding ends the process.
 
 Each instruction set's copy of the kernels is compiled with its own flags, never
 `-march=native`, so one build runs on any x86-64 CPU and picks its kernels at run time
@@ -55,7 +57,6 @@ OPERATOR_SOURCES = (
     "bindings.cpp",
 )
 COMMON = [
-    "-O3",
     "-fPIC",
     "-std=c++20",
     "-fno-math-errno",
@@ -63,6 +64,9 @@ COMMON = [
     "-Wall",
     "-Wno-psabi",
 ]
+SANITIZERS = "-fsanitize=address,undefined"
+# With --sanitize, in place of -O3: every finding fatal, frames kept for the reports.
+SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", SANITIZERS, "-fno-sanitize-recover=all"]
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:
@@ -81,7 +85,7 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, [*link_flags, "-fopenmp", "-lc10", "-ltorch_cpu", "-ltorch"]
 
 
-def build(compiler: str | None = None) -> Path:
+def build(compiler: str | None = None, sanitize: bool = False) -> Path:
     compiler = compiler or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler on PATH (install g++)")
@@ -91,11 +95,13 @@ def build(compiler: str | None = None) -> Path:
             f"{compiler} is clang; the kernels use GCC's vector extensions: install g++"
         )
     torch_compile, torch_link = _torch_flags()
+    common = [*(SANITIZE if sanitize else ["-O3"]), *COMMON]
+    shared = ["-shared", SANITIZERS] if sanitize else ["-shared"]
     BUILD.mkdir(exist_ok=True)
 
     def compile_one(name: str, flags: list[str]) -> Path | None:
         obj = BUILD / (name.removesuffix(".cpp").replace("/", "_") + ".o")
-        cmd = [compiler, *COMMON, *flags, "-c", str(CSRC / name), "-o", str(obj)]
+        cmd = [compiler, *common, *flags, "-c", str(CSRC / name), "-o", str(obj)]
         return obj if subprocess.run(cmd).returncode == 0 else None
 
     with ThreadPoolExecutor() as pool:
@@ -116,16 +122,19 @@ def build(compiler: str | None = None) -> Path:
     if None in objects:
         raise RuntimeError("the kernels did not compile (see the compiler's messages above)")
     subprocess.run(
-        [compiler, "-shared", *map(str, objects), "-o", str(LIBRARY), *torch_link], check=True
+        [compiler, *shared, *map(str, objects), "-o", str(LIBRARY), *torch_link], check=True
     )
     STAMP.write_text(sources_digest())
     return LIBRARY
 
 
 def main() -> int:
+    sanitize = sys.argv[1:] == ["--sanitize"]
     try:
-        print(f"built {build()}")
+        print(f"built {build(sanitize=sanitize)}")
     except (RuntimeError, subprocess.CalledProcessError) as e:
+        if sanitize:  # nothing to test without them
+            raise
         print(f"native kernels not built ({e}); the engine uses torch's ops", file=sys.stderr)
     return 0
 
