@@ -178,13 +178,36 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
         assert table.nbytes <= end - start <= table.nbytes + 2 * page
 
 
-def test_a_truncated_file_names_the_tensor_past_its_end(checkpoint, tmp_path):
-    from qwen_embed.loader import _mapped_tensors
-
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda b: b[:-5000], r"tensor '.*' lies past the end of model.safetensors"),
+        (
+            lambda b: b"\xff" * 8 + b[8:],
+            r"model.safetensors is not a safetensors file: .*a header of 18446744073709551615 "
+            r"bytes in a file of",
+        ),
+        (lambda b: b[:5], r"model.safetensors is not a safetensors file"),
+        (lambda b: b[:8] + b"[" + b[9:], r"model.safetensors is not a safetensors file"),
+    ],
+    ids=["cut short", "header size garbled", "a few bytes", "header not an object"],
+)
+def test_a_damaged_file_is_named(checkpoint, tmp_path, damage, message):
+    """What a download cut short or a garbled file leaves: CheckpointError naming the file
+    (before, the sentence modules' look for projections failed first, in the safetensors
+    package's words without the file's name)."""
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
     path = tmp_path / "model.safetensors"
-    path.write_bytes((checkpoint("qwen3") / "model.safetensors").read_bytes()[:-5000])
-    with pytest.raises(CheckpointError, match="lies past the end of model.safetensors"):
-        list(_mapped_tensors(path))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match=message):
+        embed(tmp_path)
+
+
+def test_a_config_that_is_not_json_is_named(checkpoint, tmp_path):
+    copy_checkpoint(checkpoint("qwen3"), tmp_path)
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3')
+    with pytest.raises(UnsupportedModelError, match=r"/config.json is not valid JSON: "):
+        embed(tmp_path)
 
 
 def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):

@@ -439,7 +439,10 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        hf = json.loads(path.read_text())
+        try:
+            hf = json.loads(path.read_text())
+        except ValueError as e:  # a download cut short, or not UTF-8
+            raise UnsupportedModelError(f"{path} is not valid JSON: {e}") from None
         hf["architectures"] = gme_architectures(model_dir, hf.get("architectures") or [])
         config = cls.from_hf(hf)
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size, hf)

@@ -105,12 +105,20 @@ def _header(path: Path) -> tuple[int, dict]:
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
+            if size > path.stat().st_size - 8:
+                raise ValueError(f"a header of {size} bytes in a file of {path.stat().st_size}")
             header = json.loads(f.read(size))
         header.pop("__metadata__", None)
         entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path.name} is not a safetensors file: {e!r}") from e
     return size, entries
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """A safetensors file's tensors' shapes by key, from its header alone (a file that is not
+    one: CheckpointError naming it)."""
+    return {key: entry[1] for key, entry in _header(path)[1].items()}
 
 
 def checkpoint_dtypes(model_dir: str | Path) -> dict:

@@ -33,9 +33,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
-
-from .loader import checkpoint_files
+from .loader import checkpoint_files, tensor_shapes
 
 # 1_Pooling/config.json's modes -> pooling.POOLING_METHODS
 POOLING_MODES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
@@ -326,13 +324,12 @@ def _top_level_projections(model_dir: Path) -> dict[str, Dense]:
         paths = [model_dir / shard for shard in sorted(shards)]
     found = {}
     for path in paths:
-        with safe_open(str(path), framework="numpy") as f:  # names and shapes only
-            names = set(f.keys())
-            for prefix in wanted:
-                if prefix + "weight" in names:
-                    out_features, in_features = f.get_slice(prefix + "weight").get_shape()
-                    bias = prefix + "bias" in names
-                    found[prefix] = Dense(
-                        str(path), prefix, in_features, out_features, bias, "identity"
-                    )
+        shapes = tensor_shapes(path)
+        for prefix in wanted:
+            if prefix + "weight" in shapes:
+                out_features, in_features = shapes[prefix + "weight"]
+                bias = prefix + "bias" in shapes
+                found[prefix] = Dense(
+                    str(path), prefix, in_features, out_features, bias, "identity"
+                )
     return found
