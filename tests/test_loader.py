@@ -203,11 +203,52 @@ def test_a_damaged_file_is_named(checkpoint, tmp_path, damage, message):
         embed(tmp_path)
 
 
-def test_a_config_that_is_not_json_is_named(checkpoint, tmp_path):
+LFS_POINTER = (
+    "version https://git-lfs.github.com/spec/v1\n"
+    "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 1211\n"
+)
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("config.json", '{"architectures": ["Qwen3', r"/config.json is not valid JSON: "),
+        (
+            "model.safetensors",
+            LFS_POINTER,
+            r"/model.safetensors is a Git LFS pointer, not the file",
+        ),
+    ],
+    ids=["config cut short", "weights an LFS pointer"],
+)
+def test_a_damaged_file_is_named_with_what_it_is(checkpoint, tmp_path, name, text, message):
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
-    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3')
-    with pytest.raises(UnsupportedModelError, match=r"/config.json is not valid JSON: "):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(CheckpointError, match=message):
         embed(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("tokenizer.json", LFS_POINTER, r"/tokenizer.json is a Git LFS pointer, not the file"),
+        (
+            "tokenizer.json",
+            '{"version": "1.0", "model": ',
+            r"/tokenizer.json is not a tokenizer the tokenizers library reads: ",
+        ),
+        ("tokenizer_config.json", "{'add_eos_token': True}", r"tokenizer_config.json is not valid"),
+    ],
+    ids=["tokenizer an LFS pointer", "tokenizer cut short", "tokenizer config not JSON"],
+)
+def test_a_damaged_tokenizer_file_is_named(demo_dir, tmp_path, name, text, message):
+    from qwen_embed_deploy.serving.tokenizer import TextTokenizer
+
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_dir / f, tmp_path / f)
+    (tmp_path / name).write_text(text)
+    with pytest.raises(CheckpointError, match=message):
+        TextTokenizer(tmp_path, 512)
 
 
 def test_embedding_table_shorter_than_the_vocabulary_is_named(checkpoint, tmp_path):

@@ -8,11 +8,11 @@ never probes the Hugging Face config with scattered `getattr` defaults.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import adapter_names
+from .loader import read_json
 from .sentence_modules import TOKEN_PROJECTIONS, SentenceModules
 
 GME = "GmeQwen2VL"
@@ -439,10 +439,7 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        try:
-            hf = json.loads(path.read_text())
-        except ValueError as e:  # a download cut short, or not UTF-8
-            raise UnsupportedModelError(f"{path} is not valid JSON: {e}") from None
+        hf = read_json(path)
         hf["architectures"] = gme_architectures(model_dir, hf.get("architectures") or [])
         config = cls.from_hf(hf)
         sentence = SentenceModules.from_dir(model_dir, config.hidden_size, hf)

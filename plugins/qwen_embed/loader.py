@@ -37,11 +37,42 @@ class CheckpointError(ValueError):
     pass
 
 
+# What a clone without git-lfs leaves in place of each large file.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def unreadable(path: Path, problem: str) -> str:
+    """An error's words for a checkpoint file that cannot be read: `problem`, or for a Git LFS
+    pointer, what it is and how to fetch the file."""
+    try:
+        with open(path, "rb") as f:
+            pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
+    except OSError:
+        pointer = False
+    if pointer:
+        return (
+            f"{path} is a Git LFS pointer, not the file: fetch the files (git lfs pull) or "
+            "download the checkpoint with huggingface-cli"
+        )
+    return f"{path} {problem}"
+
+
+def read_json(path: Path, default=None):
+    """A checkpoint's JSON file; where it is absent, `default` if given. One that does not
+    parse: CheckpointError naming it."""
+    if default is not None and not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise CheckpointError(unreadable(path, f"is not valid JSON: {e}")) from None
+
+
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index)["weight_map"]
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -111,7 +142,7 @@ def _header(path: Path) -> tuple[int, dict]:
         header.pop("__metadata__", None)
         entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}
     except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path.name} is not a safetensors file: {e!r}") from e
+        raise CheckpointError(unreadable(path, f"is not a safetensors file: {e!r}")) from e
     return size, entries
 
 

@@ -29,11 +29,10 @@ A checkpoint without these files pools its last token (Qwen3-Embedding's recipe)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .loader import checkpoint_files, tensor_shapes
+from .loader import checkpoint_files, read_json, tensor_shapes
 
 # 1_Pooling/config.json's modes -> pooling.POOLING_METHODS
 POOLING_MODES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
@@ -192,10 +191,7 @@ def _read_json(path: Path, default=None):
         if default is not None:
             return default
         raise SentenceModulesError(f"{path} is missing")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SentenceModulesError(f"{path} is not JSON: {e}") from None
+    return read_json(path)
 
 
 def _pooling_mode(path: Path) -> str:
@@ -319,7 +315,7 @@ def _top_level_projections(model_dir: Path) -> dict[str, Dense]:
     index = model_dir / "model.safetensors.index.json"
     paths = checkpoint_files(model_dir)
     if index.is_file():  # the shards that hold them, without opening every shard
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index)["weight_map"]
         shards = {weight_map.get(prefix + "weight") for prefix in wanted} - {None}
         paths = [model_dir / shard for shard in sorted(shards)]
     found = {}

@@ -28,6 +28,7 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
+from qwen_embed.loader import read_json
 from qwen_embed_client.contract import RequestError, RerankOptions
 
 from .tokenizer import PromptSet, first_tokens, load_tokenizer, token_text
@@ -38,10 +39,6 @@ _SIZE_KWARGS = ("truncation", "max_length", "padding", "pad_to_multiple_of", "re
 # contents that tokenize apart from the template around them, for its tail (as
 # sentence-transformers finds it)
 _FILLERS = ("0", "1 2 3 4")
-
-
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 @lru_cache(maxsize=8)
@@ -107,7 +104,7 @@ def chat_template(model_dir: Path) -> str:
     path = model_dir / "chat_template.jinja"
     if path.is_file():
         return path.read_text()
-    template = _json(model_dir / "tokenizer_config.json").get("chat_template")
+    template = read_json(model_dir / "tokenizer_config.json", {}).get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         template = {t.get("name"): t.get("template") for t in template}.get("default")
     if not isinstance(template, str):
@@ -124,9 +121,9 @@ def template_kwargs(model_dir: Path) -> tuple[dict, bool]:
     `processing_kwargs.chat_template` but the sizes (limits are ours), no generation prompt
     unless that asks; and whether a text cut at the limit gets the template's tail back
     (`restore_suffix`)."""
-    config = _json(model_dir / "tokenizer_config.json")
+    config = read_json(model_dir / "tokenizer_config.json", {})
     specials = {k: token_text(config.get(k)) for k in SPECIAL_TOKENS}
-    st = _json(model_dir / "sentence_bert_config.json")
+    st = read_json(model_dir / "sentence_bert_config.json", {})
     kwargs = dict((st.get("processing_kwargs") or {}).get("chat_template") or {})
     restore = kwargs.pop("restore_suffix", True)
     for key in _SIZE_KWARGS:
@@ -167,7 +164,7 @@ class ChatPairTokenizer:
         self.max_input_tokens = max_input_tokens
         self._template = compiled(chat_template(model_dir))
         self._kwargs, self._restore = template_kwargs(model_dir)
-        st = _json(model_dir / "sentence_bert_config.json")
+        st = read_json(model_dir / "sentence_bert_config.json", {})
         message = (st.get("modality_config") or {}).get("message") or {}
         # content as typed parts, as a multimodal backbone's templates read them
         self._structured = message.get("format") == "structured"

@@ -23,11 +23,11 @@ none); a request naming neither is `encode`'s, without a task.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_embed.config import ModelConfig
+from qwen_embed.loader import read_json
 from qwen_embed.sentence_modules import MULTI_VECTOR_MASK, module_kinds
 
 
@@ -53,7 +53,7 @@ class LateInteraction:
         model_dir = Path(model_dir)
         if not is_late_interaction(model_dir):
             return None
-        config = _read(model_dir / "sentence_bert_config.json")
+        config = read_json(model_dir / "sentence_bert_config.json", {})
         where = model_dir / "sentence_bert_config.json"
         expansion = config.get("query_expansion")
         lengths = config.get("query_length"), config.get("document_length")
@@ -81,7 +81,7 @@ class LateInteraction:
             raise ValueError(f"{where}: query_expansion strategy must be 'fixed' or 'min'")
         from .tokenizer import token_text  # that module reads checkpoints through this one
 
-        tokenizer_config = _read(model_dir / "tokenizer_config.json")
+        tokenizer_config = read_json(model_dir / "tokenizer_config.json", {})
         name = expansion.get("token")
         for fallback in ("mask_token", "eos_token"):
             if name is None:
@@ -121,7 +121,3 @@ class LateInteraction:
             return ids, 0
         pad = [self.expansion_id] * max(self.expansion_length - len(ids), 0)
         return (pad + ids, len(pad)) if self.expand_before else (ids + pad, 0)
-
-
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}

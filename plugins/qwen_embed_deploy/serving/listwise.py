@@ -19,10 +19,10 @@ limit; a block whose prompt still exceeds it is halved until it fits.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from qwen_embed.config import LISTWISE_MARKERS
+from qwen_embed.loader import read_json
 from qwen_embed_client.contract import RequestError, RerankOptions
 
 from .tokenizer import first_tokens, load_tokenizer
@@ -69,8 +69,7 @@ class BlockTokenizer:
     def __init__(self, model_dir: str | Path, max_input_tokens: int):
         self._tok = load_tokenizer(model_dir)
         self.max_input_tokens = max_input_tokens
-        path = Path(model_dir) / "tokenizer_config.json"
-        config = json.loads(path.read_text()) if path.is_file() else {}
+        config = read_json(Path(model_dir) / "tokenizer_config.json", {})
         self.length = min(int(config.get("model_max_length") or max_input_tokens), max_input_tokens)
 
     def encode(self, query: str, documents: list[str], opts: RerankOptions) -> list[list[int]]:

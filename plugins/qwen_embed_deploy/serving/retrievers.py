@@ -36,11 +36,11 @@ the image.", alone (no text with it), within its image processor's budget.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_embed.config import MULTI_VECTOR_ARCHITECTURES, gme_architectures
+from qwen_embed.loader import read_json
 from qwen_embed_client.contract import RequestError
 
 AUGMENTATION_TOKENS = 10
@@ -53,10 +53,6 @@ _IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 _ANSWER = "<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 JINA_V4 = "JinaEmbeddingsV4Model"
 # its encode_text's prompt names (`query` its default) and prefixes; `document` is the name our
 # APIs give the passage side
@@ -65,7 +61,7 @@ JINA_V4_PROMPTS = {"query": "Query: ", "passage": "Passage: ", "document": "Pass
 
 def architectures(model_dir: str | Path) -> list[str]:
     """config.json's architectures, GME's first saves named as GME (config.gme_architectures)."""
-    names = _json(Path(model_dir) / "config.json").get("architectures") or []
+    names = read_json(Path(model_dir) / "config.json", {}).get("architectures") or []
     return gme_architectures(model_dir, names)
 
 
@@ -85,7 +81,7 @@ def own_processor(model_dir: str | Path) -> bool:
 
 
 def _processor(model_dir: str | Path) -> dict:
-    return _json(Path(model_dir) / "processor_config.json")
+    return read_json(Path(model_dir) / "processor_config.json", {})
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ plus whatever the model puts after it); a raw `prompt` is a literal prefix for e
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from qwen_embed.config import (
     PLAIN_TOKENS_ARCHITECTURES,
     REMOTE_CODE_HEADS,
 )
+from qwen_embed.loader import CheckpointError, read_json, unreadable
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -63,8 +63,7 @@ _TASK_SLOT = re.compile(r"^Instruct: (?P<task>.*)\nQuery:(?P<tail>[ \t]*)$", re.
 
 
 def _config(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(Path(model_dir) / "config.json", {})
 
 
 def multimodal(model_dir: str | Path) -> bool:
@@ -98,7 +97,7 @@ class PromptSet:
             if remote & set(_config(model_dir).get("architectures") or ()):
                 return cls({}, None, f"{model_dir} (its remote code's recipe, without prompts)")
             return cls(dict(QWEN3_EMBEDDING_PROMPTS), None, "Qwen3-Embedding's prompts")
-        config = json.loads(path.read_text())
+        config = read_json(path)
         prompts = config.get("prompts") or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
             raise ValueError(f"{path}: 'prompts' must map names to strings")
@@ -203,8 +202,7 @@ def media_template(model_dir: Path):
     chat turn, a sentence-transformers MultiVectorEncoder's render of its own chat template
     (chat_media.py), or None (it reads text only)."""
     if own_processor(model_dir):
-        config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        config = read_json(model_dir / "tokenizer_config.json", {})
         return retriever_template(model_dir, token_text(config.get("pad_token")))
     if GME in architectures(model_dir):
         return GmeTemplate()
@@ -223,7 +221,12 @@ def load_tokenizer(model_dir: str | Path):
     ours (per request), and every sequence keeps its own length."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    path = Path(model_dir) / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # the library raises Exception with the parser's words
+        problem = f"is not a tokenizer the tokenizers library reads: {e}"
+        raise CheckpointError(unreadable(path, problem)) from None
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -251,8 +254,7 @@ def chunk_separator(model_dir: str | Path) -> str | None:
     if not CONTEXTUAL_ARCHITECTURES & set(_config(model_dir).get("architectures") or ()):
         return None
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = Path(model_dir) / name
-        text = token_text(json.loads(path.read_text()).get("sep_token")) if path.is_file() else None
+        text = token_text(read_json(Path(model_dir) / name, {}).get("sep_token"))
         if text is not None:
             return text
     return None
@@ -268,7 +270,7 @@ def special_tokens(tok, model_dir: Path) -> tuple[list[int], list[int]]:
     start = next(i for i in range(len(full)) if full[i : i + len(plain)] == plain)
     head, tail = full[:start], full[start + len(plain) :]
     path = model_dir / "tokenizer_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
+    config = read_json(path, {})
     for flag, key in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
         name = token_text(config.get(key))
         if not config.get(flag) or name is None:
