@@ -500,3 +500,16 @@ def test_gguf_tensors_are_what_the_gguf_package_reads(tmp_path, kind):
     (tmp_path / "x.gguf").write_bytes(data[:-200])
     with pytest.raises(GGUFError, match="'blk.0.attn_norm.weight' lies past the end"):
         list(tensors(tmp_path / "x.gguf"))
+
+
+def test_a_damaged_file_the_heads_or_adapters_open_is_named(tmp_path):
+    """The files safetensors' own reader opens (a Dense module's, a LoRA adapter's)."""
+    from qwen_embed.loader import safetensors_file
+
+    path = tmp_path / "adapter_model.safetensors"
+    path.write_text(LFS_POINTER)
+    with pytest.raises(CheckpointError, match=r"/adapter_model.safetensors is a Git LFS pointer"):
+        safetensors_file(path)
+    path.write_bytes(b"\x08" + b"\x00" * 7 + b"{}garbage")
+    with pytest.raises(CheckpointError, match=r"/adapter_model.safetensors is not a safetensors"):
+        safetensors_file(path)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safetensors import safe_open
+from .loader import safetensors_file
 
 if TYPE_CHECKING:  # adapter_names serves processes without torch (config.py)
     import torch
@@ -36,7 +36,7 @@ def adapter_names(model_dir: str | Path) -> list[str]:
     if not root.is_dir():
         return []
     if (root / ADAPTER_FILES[0]).is_file():  # one adapter of several tasks
-        with safe_open(str(root / ADAPTER_FILES[1]), framework="numpy") as f:
+        with safetensors_file(root / ADAPTER_FILES[1], framework="numpy") as f:
             return sorted({task for key in f.keys() if (task := _pair_part(key)[1])})
     return sorted(p.parent.name for p in root.glob(f"*/{ADAPTER_FILES[0]}"))
 
@@ -136,7 +136,7 @@ def read_lora(
     rank, alpha = int(config["r"]), float(config["lora_alpha"])
     scale = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as f:
+    with safetensors_file(folder / "adapter_model.safetensors") as f:
         for key in f.keys():
             name = key
             for prefix in _PREFIXES:

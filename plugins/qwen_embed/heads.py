@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from .config import LISTWISE_MARKERS, ModelConfig
+from .loader import safetensors_file
 from .sentence_modules import Dense
 
 # A causal-LM reranker's answer tokens (relevant, not relevant), by family: Qwen3-Reranker and
@@ -255,7 +255,7 @@ class ProjectionHead(nn.Module):
         self.activations = [ACTIVATION_FUNCTIONS[d.activation] for d in dense]
         self.final = ACTIVATION_FUNCTIONS[final_activation]
         for i, d in enumerate(dense):
-            with safe_open(d.weights, framework="pt", device="cpu") as f:
+            with safetensors_file(Path(d.weights)) as f:
                 shapes = {"weight": (d.out_features, d.in_features), "bias": (d.out_features,)}
                 for part in ("weight", "bias") if d.bias else ("weight",):
                     tensor = f.get_tensor(d.prefix + part).float()

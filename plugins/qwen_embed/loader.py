@@ -57,6 +57,17 @@ def unreadable(path: Path, problem: str) -> str:
     return f"{path} {problem}"
 
 
+def safetensors_file(path: Path, framework: str = "pt"):
+    """safetensors' safe_open on a checkpoint file (for its `with`); one it cannot read:
+    CheckpointError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework=framework)
+    except SafetensorError as e:
+        raise CheckpointError(unreadable(Path(path), f"is not a safetensors file: {e}")) from None
+
+
 def read_json(path: Path, default=None):
     """A checkpoint's JSON file; where it is absent, `default` if given. One that does not
     parse: CheckpointError naming it."""
