@@ -10,12 +10,11 @@ then costs what the base model's does, on every route (int8, packed, TP shards) 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .loader import safetensors_file
+from .loader import read_json, safetensors_file
 
 if TYPE_CHECKING:  # adapter_names serves processes without torch (config.py)
     import torch
@@ -121,7 +120,7 @@ def read_lora(
     """A peft LoRA adapter folder's pairs (checkpoint tensor name without `model.` ->
     {"A": [r, in], "B": [out, r]}, fp32) and its scale (lora_alpha / r, or / sqrt(r) with
     rsLoRA); of an adapter of several tasks, `task`'s pairs."""
-    config = json.loads((folder / "adapter_config.json").read_text())
+    config = read_json(folder / "adapter_config.json")
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(
             f"{folder}: peft_type {config['peft_type']!r}; only LoRA adapters are served "

@@ -11,11 +11,11 @@ encoder merges into the base weights at load.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from .adapters import ADAPTERS, AdapterError
 from .derived_dirs import made_once
+from .loader import read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -35,7 +35,7 @@ def is_finetune(directory: Path) -> bool:
 def base_name(directory: Path) -> str:
     """The base model a fine-tune names (the adapter's kind is checked where it is merged:
     adapters.lora_deltas)."""
-    config = json.loads((directory / ADAPTER_CONFIG).read_text())
+    config = read_json(directory / ADAPTER_CONFIG)
     if not config.get("base_model_name_or_path"):
         raise AdapterError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path")
     if not (directory / ADAPTER_WEIGHTS).is_file():
