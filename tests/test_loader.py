@@ -193,9 +193,8 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
     ids=["cut short", "header size garbled", "a few bytes", "header not an object"],
 )
 def test_a_damaged_file_is_named(checkpoint, tmp_path, damage, message):
-    """What a download cut short or a garbled file leaves: CheckpointError naming the file
-    (before, the sentence modules' look for projections failed first, in the safetensors
-    package's words without the file's name)."""
+    """What a download cut short or a garbled file leaves: CheckpointError naming the file,
+    whichever reader meets it first (the sentence modules' look for projections does)."""
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
     path = tmp_path / "model.safetensors"
     path.write_bytes(damage(path.read_bytes()))
