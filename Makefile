@@ -83,7 +83,8 @@ test: setup lint test-native-sanitized
 SANITIZED    := $(abspath .cache/sanitized)
 SANITIZE_ENV := LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 PYTHONPATH=$(SANITIZED)
-NATIVE_TESTS := native bf16_gemm int8 int8_avx2 avx2_gemm native_attention kernels onednn
+NATIVE_TESTS := native bf16_gemm int8 int8_avx2 avx2_gemm native_attention kernels onednn \
+	attention_backends cpu_route same_vector parity qwen3_5
 test-native-sanitized: setup
 	rm -rf $(SANITIZED) && mkdir -p $(SANITIZED) && cp -r plugins/qwen_embed $(SANITIZED)/
 	rm -rf $(SANITIZED)/qwen_embed/native/_build
