@@ -178,51 +178,44 @@ def test_embedding_table_stays_where_the_file_maps_it(tmp_path, dtype):
         assert table.nbytes <= end - start <= table.nbytes + 2 * page
 
 
-@pytest.mark.parametrize(
-    "damage, message",
-    [
-        (lambda b: b[:-5000], r"tensor '.*' lies past the end of model.safetensors"),
-        (
-            lambda b: b"\xff" * 8 + b[8:],
-            r"model.safetensors is not a safetensors file: .*a header of 18446744073709551615 "
-            r"bytes in a file of",
-        ),
-        (lambda b: b[:5], r"model.safetensors is not a safetensors file"),
-        (lambda b: b[:8] + b"[" + b[9:], r"model.safetensors is not a safetensors file"),
-    ],
-    ids=["cut short", "header size garbled", "a few bytes", "header not an object"],
-)
-def test_a_damaged_file_is_named(checkpoint, tmp_path, damage, message):
-    """What a download cut short or a garbled file leaves: CheckpointError naming the file,
-    whichever reader meets it first (the sentence modules' look for projections does)."""
-    copy_checkpoint(checkpoint("qwen3"), tmp_path)
-    path = tmp_path / "model.safetensors"
-    path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(CheckpointError, match=message):
-        embed(tmp_path)
-
-
 LFS_POINTER = (
     "version https://git-lfs.github.com/spec/v1\n"
     "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 1211\n"
 )
+WEIGHTS = "model.safetensors"
 
 
 @pytest.mark.parametrize(
-    "name, text, message",
+    "name, damage, message",
     [
-        ("config.json", '{"architectures": ["Qwen3', r"/config.json is not valid JSON: "),
+        (WEIGHTS, lambda b: b[:-5000], r"tensor '.*' lies past the end of model.safetensors"),
         (
-            "model.safetensors",
-            LFS_POINTER,
-            r"/model.safetensors is a Git LFS pointer, not the file",
+            WEIGHTS,
+            lambda b: b"\xff" * 8 + b[8:],
+            r"model.safetensors is not a safetensors file: .*a header of 18446744073709551615 "
+            r"bytes in a file of",
         ),
+        (WEIGHTS, lambda b: b[:5], r"model.safetensors is not a safetensors file"),
+        (WEIGHTS, lambda b: b[:8] + b"[" + b[9:], r"model.safetensors is not a safetensors file"),
+        (WEIGHTS, lambda b: LFS_POINTER.encode(), r"/model.safetensors is a Git LFS pointer, not"),
+        ("config.json", lambda b: b'{"architectures": ["Qwen3', r"/config.json is not valid JSON"),
     ],
-    ids=["config cut short", "weights an LFS pointer"],
+    ids=[
+        "cut short",
+        "header size garbled",
+        "a few bytes",
+        "header not an object",
+        "weights an LFS pointer",
+        "config cut short",
+    ],
 )
-def test_a_damaged_file_is_named_with_what_it_is(checkpoint, tmp_path, name, text, message):
+def test_a_damaged_file_is_named(checkpoint, tmp_path, name, damage, message):
+    """What a download cut short, a garbled file or a clone without git-lfs leaves:
+    CheckpointError naming the file, whichever reader meets it first (the sentence modules'
+    look for projections does)."""
     copy_checkpoint(checkpoint("qwen3"), tmp_path)
-    (tmp_path / name).write_text(text)
+    path = tmp_path / name
+    path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(CheckpointError, match=message):
         embed(tmp_path)
 

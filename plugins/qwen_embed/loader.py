@@ -146,9 +146,9 @@ def _header(path: Path) -> tuple[int, dict]:
     end)."""
     try:
         with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if size > path.stat().st_size - 8:
-                raise ValueError(f"a header of {size} bytes in a file of {path.stat().st_size}")
+            size, file_size = int.from_bytes(f.read(8), "little"), path.stat().st_size
+            if size > file_size - 8:
+                raise ValueError(f"a header of {size} bytes in a file of {file_size}")
             header = json.loads(f.read(size))
         header.pop("__metadata__", None)
         entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}

@@ -9,6 +9,7 @@ Each instruction set's copy of the kernels is compiled with its own flags, never
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -129,7 +130,9 @@ def build(compiler: str | None = None, sanitize: bool = False) -> Path:
 
 
 def main() -> int:
-    sanitize = sys.argv[1:] == ["--sanitize"]
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sanitize", action="store_true", help="with AddressSanitizer and UBSan")
+    sanitize = p.parse_args().sanitize
     try:
         print(f"built {build(sanitize=sanitize)}")
     except (RuntimeError, subprocess.CalledProcessError) as e:
