@@ -414,7 +414,10 @@ def _parse_only(cwd: str, argv: list[str]) -> None:
                 if "argparse" not in Path(spec.origin).read_text():
                     assert argv[2:] == [], f"{argv[1]} takes no arguments: {argv}"
                     return
-                argv = [spec.origin, *argv[2:]]
+                patch.setattr(sys, "argv", [spec.origin, *argv[2:]])
+                with pytest.raises(_Parsed):  # in its package: its relative imports resolve
+                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                return
             patch.setattr(sys, "argv", argv)
             with pytest.raises(_Parsed):
                 runpy.run_path(argv[0], run_name="__main__")
