@@ -188,7 +188,11 @@ WEIGHTS = "model.safetensors"
 @pytest.mark.parametrize(
     "name, damage, message",
     [
-        (WEIGHTS, lambda b: b[:-5000], r"tensor '.*' lies past the end of model.safetensors"),
+        (
+            WEIGHTS,
+            lambda b: b[:-5000],
+            r"model.safetensors is cut short: its header describes \d+ bytes, the file holds",
+        ),
         (
             WEIGHTS,
             lambda b: b"\xff" * 8 + b[8:],

@@ -59,6 +59,24 @@ def http_status(url, key=None):
         return e.code, e.read().decode()
 
 
+def launch(env: dict, args: list[str]) -> subprocess.CompletedProcess:
+    """The launcher run to its end (a deployment that cannot start), its output captured."""
+    ports = [str(free_port()) for _ in range(3)]
+    command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank", *args]
+    command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
+    env = {**os.environ, **env}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def launcher_error(env: dict, args: list[str]) -> str:
+    """The launcher's one line of error (exit status 2) for a deployment that cannot start."""
+    done = launch(env, args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: " in lines[0], done.stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     "env, args, message",
     [
@@ -72,14 +90,72 @@ def http_status(url, key=None):
 def test_a_bad_setting_or_checkpoint_is_said_in_one_line(demo_dir, env, args, message):
     """What the deployment asks for is read before any server starts: a checkpoint not found
     or a setting out of range ends the launcher with exit status 2 and one line saying so."""
-    env = {**os.environ, "QWEN_EMBED_MODEL_DIR": str(demo_dir), **env}
-    ports = [str(free_port()) for _ in range(3)]
-    command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank", *args]
-    command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error: " in lines[0] and message in lines[0], done.stderr
+    assert message in launcher_error({"QWEN_EMBED_MODEL_DIR": str(demo_dir), **env}, args)
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 1211\n"
+
+
+def cut_short(path: Path) -> bytes:
+    """A safetensors file's header and its first few bytes of data: an interrupted download."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return size.to_bytes(8, "little") + f.read(size + 1000)
+
+
+@pytest.mark.parametrize(
+    "name, damage, message",
+    [
+        ("model.safetensors", None, "no *.safetensors in"),
+        ("model.safetensors", cut_short, "model.safetensors is cut short: its header describes"),
+        ("tokenizer.json", None, "has no tokenizer.json"),
+        ("tokenizer.json", lambda _: LFS_POINTER, "tokenizer.json is a Git LFS pointer, not the"),
+    ],
+    ids=["no weights", "weights cut short", "no tokenizer", "tokenizer an LFS pointer"],
+)
+def test_a_damaged_checkpoint_is_said_in_one_line(demo_dir, tmp_path, name, damage, message):
+    """The files a model reads only after others (the encoder's weights after its config, a
+    tensor's bytes after the file's header, the tokenizer model's file) are checked before
+    any server starts too, as far as a look costs no time (a tokenizer.json cut short is
+    found by the tokenizer model as it loads): the demo checkpoint with `name` damaged
+    (`damage` of its bytes) or left out (None)."""
+    for f in demo_dir.iterdir():
+        if f.name != name:
+            (tmp_path / f.name).symlink_to(f)
+    if damage is not None:
+        (tmp_path / name).write_bytes(damage(demo_dir / name))
+    assert message in launcher_error({"QWEN_EMBED_MODEL_DIR": str(tmp_path)}, [])
+
+
+@pytest.mark.parametrize(
+    "damaged, args, last_line",
+    [
+        (True, [], r"tritonserver exited before it was ready \(exit status 1\): its log above"),
+        (False, ["--startup-timeout", "0.5"], r"tritonserver not ready in 0.5s: stopping it"),
+    ],
+    ids=["a model fails to load", "past the start-up timeout"],
+)
+def test_a_server_that_is_not_ready_ends_the_launcher(demo_dir, tmp_path, damaged, args, last_line):
+    """A server that exits before it is ready (a tokenizer.json cut short, found only as the
+    tokenizer model loads), or is not ready in --startup-timeout, ends the launcher with exit
+    status 1 and a last line saying which; the one it stopped leaves no process behind."""
+    model = demo_dir
+    if damaged:
+        model = tmp_path / "model"
+        model.mkdir()
+        for f in demo_dir.iterdir():
+            (model / f.name).symlink_to(f)
+        (model / "tokenizer.json").unlink()
+        (model / "tokenizer.json").write_bytes((demo_dir / "tokenizer.json").read_bytes()[:1000])
+    done = launch({"QWEN_EMBED_MODEL_DIR": str(model)}, args)
+    assert done.returncode == 1, done.stderr
+    assert re.search(last_line, done.stderr.strip().splitlines()[-1]), done.stderr
+    if damaged:
+        assert "tokenizer.json is not a tokenizer the tokenizers library reads" in done.stderr
+    # tritonserver and its stubs are the processes that name the served copy
+    served = re.search(r"serving a copy with .*: (\S+)", done.stderr).group(1)
+    left = subprocess.run(["pgrep", "-f", served], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
 
 
 def test_admin_apis_need_the_key(server):

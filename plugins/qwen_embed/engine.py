@@ -30,7 +30,7 @@ from .heads import build_head, build_token_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
-from .loader import checkpoint_dtypes, checkpoint_names, load_weights
+from .loader import check_files, checkpoint_dtypes, checkpoint_names, load_weights
 from .lora import adapter_folders, attach
 from .media import MediaForward, MediaText, visual_spans
 from .models import model_class
@@ -54,9 +54,10 @@ HIDDEN_ROWS_PER_TOKEN = 20
 
 def plan(model_dir: str | Path, settings: EncoderSettings) -> tuple[Path, ModelConfig, Route]:
     """(local checkpoint directory, its config, the route) an encoder with these settings
-    takes on this machine, without loading weights."""
+    takes on this machine, without loading weights (their files checked whole)."""
     model_dir = resolve_checkpoint(model_dir)
     config = ModelConfig.from_dir(model_dir)
+    check_files(model_dir)
     device = resolve_device(settings.device, settings.tp_size)
     return (
         model_dir,

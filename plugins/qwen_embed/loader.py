@@ -43,18 +43,23 @@ LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 
 def unreadable(path: Path, problem: str) -> str:
     """An error's words for a checkpoint file that cannot be read: `problem`, or for a Git LFS
-    pointer, what it is and how to fetch the file."""
+    pointer, lfs_pointer's."""
+    return lfs_pointer(path) or f"{path} {problem}"
+
+
+def lfs_pointer(path: Path) -> str | None:
+    """Where `path` is a Git LFS pointer, what it is and how to fetch the file; else None."""
     try:
         with open(path, "rb") as f:
             pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
     except OSError:
         pointer = False
-    if pointer:
-        return (
-            f"{path} is a Git LFS pointer, not the file: fetch the files (git lfs pull) or "
-            "download the checkpoint with huggingface-cli"
-        )
-    return f"{path} {problem}"
+    if not pointer:
+        return None
+    return (
+        f"{path} is a Git LFS pointer, not the file: fetch the files (git lfs pull) or "
+        "download the checkpoint with huggingface-cli"
+    )
 
 
 def safetensors_file(path: Path, framework: str = "pt"):
@@ -143,7 +148,7 @@ def _dtypes() -> dict:
 
 def _header(path: Path) -> tuple[int, dict]:
     """A safetensors file's header size and its entries: key -> (dtype name, shape, begin,
-    end)."""
+    end); a file shorter than its header says (a download cut short): CheckpointError."""
     try:
         with open(path, "rb") as f:
             size, file_size = int.from_bytes(f.read(8), "little"), path.stat().st_size
@@ -154,7 +159,22 @@ def _header(path: Path) -> tuple[int, dict]:
         entries = {k: (e["dtype"], e["shape"], *e["data_offsets"]) for k, e in header.items()}
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(unreadable(path, f"is not a safetensors file: {e!r}")) from e
+    data = max((entry[3] for entry in entries.values()), default=0)
+    if 8 + size + data > file_size:
+        raise CheckpointError(
+            f"{path} is cut short: its header describes {8 + size + data} bytes, the file holds "
+            f"{file_size} (a download that did not finish?)"
+        )
     return size, entries
+
+
+def check_files(model_dir: str | Path) -> None:
+    """The checkpoint's weight files are there, whole as far as their headers tell
+    (CheckpointError naming the file otherwise): what a loader meets only after loading
+    everything before it is said before anything loads."""
+    for path in checkpoint_files(model_dir):
+        if path.suffix != gguf_files.SUFFIX:  # a GGUF file's reader checks its own
+            _header(path)
 
 
 def tensor_shapes(path: Path) -> dict[str, list[int]]:
@@ -192,10 +212,7 @@ def _mapped_tensors(path: Path):
         if end == begin:
             yield key, torch.empty(shape, dtype=dtype)
             continue
-        try:
-            raw = np.memmap(path, np.uint8, mode="c", offset=8 + size + begin, shape=end - begin)
-        except ValueError as e:  # bytes past the file's end: a truncated download
-            raise CheckpointError(f"tensor {key!r} lies past the end of {path.name}") from e
+        raw = np.memmap(path, np.uint8, mode="c", offset=8 + size + begin, shape=end - begin)
         yield key, torch.from_numpy(raw).view(dtype).reshape(shape)
 
 

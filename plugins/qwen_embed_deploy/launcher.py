@@ -507,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--exit-timeout-secs", type=int, default=30)
     p.add_argument("--watchdog-interval", type=float, default=1.0, help="0 turns it off")
-    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600,
+        help="seconds a server may take to be ready before the launcher stops it and exits 1",
+    )
     p.add_argument(
         "--status-file",
         type=Path,
@@ -669,6 +674,14 @@ def main(argv: list[str] | None = None) -> int:
             restarts.append((began, round(time.monotonic() - began, 1)))
             log(f"tritonserver ready again in {restarts[-1][1]}s")
             watchdog = start_watchdog()
+    failed = not ready and not asked_to_stop.is_set()
+    if failed:
+        if proc.poll() is None:  # a server nobody watches would serve without its gateway
+            log(f"tritonserver not ready in {args.startup_timeout:g}s: stopping it")
+            proc.terminate()
+        else:
+            status = exit_status(proc.returncode)
+            log(f"tritonserver exited before it was ready ({status}): its log above says why")
     if gateway is not None and gateway.poll() is None:
         gateway.terminate()
         try:
@@ -677,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             gateway.kill()
     returncode = proc.wait()
     clear_dead_server(shm_prefix)
-    return returncode
+    return max(returncode, 1) if failed else returncode
 
 
 def may_restart(restarted_at: list[float], now: float) -> bool:

@@ -30,7 +30,13 @@ from qwen_embed_client.contract import (
     TRUNCATION_DIRECTIONS,
 )
 
-from .tokenizer import PromptSet, chunk_separator, load_tokenizer, special_tokens
+from .tokenizer import (
+    PromptSet,
+    chunk_separator,
+    load_tokenizer,
+    special_tokens,
+    tokenizer_file,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO = PACKAGE_DIR.parents[1]  # the checkout root, when this is one
@@ -128,6 +134,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     if tokenizer:
         settings = tokenizer_settings(params)
         model_dir, config, max_tokens = tokenizer_checkpoint(settings)
+        tokenizer_file(model_dir)  # missing: said before any server starts
         direction = settings.truncation_direction
         facts = {
             "dimension": config.embedding_size,

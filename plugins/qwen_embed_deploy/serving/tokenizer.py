@@ -35,7 +35,7 @@ from qwen_embed.config import (
     PLAIN_TOKENS_ARCHITECTURES,
     REMOTE_CODE_HEADS,
 )
-from qwen_embed.loader import CheckpointError, read_json, unreadable
+from qwen_embed.loader import CheckpointError, lfs_pointer, read_json, unreadable
 from qwen_embed.sentence_modules import SENTENCE_TRANSFORMERS_CONFIG
 from qwen_embed_client.contract import (
     DEFAULT_TASK,
@@ -216,12 +216,24 @@ def media_template(model_dir: Path):
     return ChatTemplate()
 
 
+def tokenizer_file(model_dir: str | Path) -> Path:
+    """The checkpoint's tokenizer.json, there and not a Git LFS pointer (CheckpointError
+    otherwise): what the launcher checks before any server starts, where building the
+    tokenizer would cost the start a share of a second per tokenizer model."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir} has no tokenizer.json (the checkpoint's tokenizer)")
+    if (pointer := lfs_pointer(path)) is not None:
+        raise CheckpointError(pointer)
+    return path
+
+
 def load_tokenizer(model_dir: str | Path):
     """The checkpoint's tokenizer.json with its own truncation and padding off: the limits are
     ours (per request), and every sequence keeps its own length."""
     from tokenizers import Tokenizer
 
-    path = Path(model_dir) / "tokenizer.json"
+    path = tokenizer_file(model_dir)
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises Exception with the parser's words
