@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from qwen_embed_client import EmbeddingClient, EmbeddingError
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
+    check_ports,
     find_stubs,
     may_restart,
     proc_stat,
@@ -94,6 +96,22 @@ def test_a_bad_setting_or_checkpoint_is_said_in_one_line(demo_dir, env, args, me
 
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 1211\n"
+
+
+def test_a_port_in_use_is_said_in_one_line(demo_dir):
+    """Triton binds its ports only after every model has loaded: a port another process
+    listens on, or one given for two services, is said before any server starts."""
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        line = launcher_error(
+            {"QWEN_EMBED_MODEL_DIR": str(demo_dir)}, ["--gateway-port", str(port)]
+        )
+    assert f"--gateway-port {port} on 0.0.0.0: Address already in use" in line
+    with pytest.raises(ValueError, match=f"--grpc-port and --http-port are both port {port}"):
+        check_ports("127.0.0.1", {"--http-port": port, "--grpc-port": port})
+    check_ports("127.0.0.1", {"--http-port": port, "--gateway-port": 0})  # free again; 0: off
 
 
 def cut_short(path: Path) -> bytes:

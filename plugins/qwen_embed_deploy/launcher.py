@@ -43,6 +43,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -466,10 +467,35 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Each port (by its flag; 0: off) free on `host` and none given twice, else ValueError:
+    Triton binds its ports only once every model has loaded, minutes into a large model's
+    start."""
+    taken: dict[int, str] = {}
+    for flag, port in ports.items():
+        if not port:
+            continue
+        if port in taken:
+            raise ValueError(f"{flag} and {taken[port]} are both port {port}")
+        taken[port] = flag
+        family, kind, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            try:
+                s.bind(address)
+            except OSError as e:
+                raise ValueError(f"{flag} {port} on {host}: {e.strerror}") from None
+
+
 def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     """What the deployment asks for, read before any server starts: the repository's edit, the
     models' facts and what is said of the served copy. A setting out of range raises
     ValueError, a checkpoint not found FileNotFoundError."""
+    ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port}
+    ports |= {"--metrics-port": args.metrics_port, "--gateway-port": args.gateway_port}
+    check_ports(args.host, ports)
     count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
     per_gpu = gpu_instances(args.gpu_instances) if gpus else None
     groups, what = None, []
