@@ -24,6 +24,7 @@ from qwen_embed_client import EmbeddingClient, EmbeddingError
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
+    OomKills,
     check_ports,
     find_stubs,
     may_restart,
@@ -174,6 +175,65 @@ def test_a_server_that_is_not_ready_ends_the_launcher(demo_dir, tmp_path, damage
     served = re.search(r"serving a copy with .*: (\S+)", done.stderr).group(1)
     left = subprocess.run(["pgrep", "-f", served], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+def test_oom_kills_are_counted_since_the_last_look(tmp_path):
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 12\noom_kill 3\nnuma_hit 9\n")
+    kills = OomKills(vmstat)
+    assert kills.since() == ""
+    vmstat.write_text("nr_free_pages 12\noom_kill 5\nnuma_hit 9\n")
+    assert kills.since().startswith("the kernel's OOM killer ended 2 process(es) on this host")
+    assert kills.since() == ""  # counted once
+    vmstat.write_text("nr_free_pages 12\n")  # a kernel that does not count them
+    assert OomKills(vmstat).since() == ""
+
+
+def memory_cgroup(tmp_name: str, limit_bytes: int) -> Path | None:
+    """A memory cgroup (v1 or v2) of that limit, where this process may make one."""
+    for root, limit in (
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+        ("/sys/fs/cgroup", "memory.max"),
+    ):
+        group = Path(root) / tmp_name
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            (group / limit).write_text(str(limit_bytes))
+            return group
+        except OSError:
+            group.rmdir()
+    return None
+
+
+def test_a_server_killed_for_memory_is_said_so(demo_dir):
+    """Triton says only "Stub process ... is not healthy" of a stub the kernel's OOM killer
+    ended; the launcher says what happened. The whole deployment in a memory cgroup too small
+    for its stubs."""
+    group = memory_cgroup(f"qwen-embed-test-{os.getpid()}", 350 << 20)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here")
+    try:
+        ports = [str(free_port()) for _ in range(3)]
+        command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank"]
+        command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
+        done = subprocess.run(
+            command,
+            env={**os.environ, "QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
+    finally:
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "cgroup empty")
+        group.rmdir()
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "tritonserver exited before it was ready" in last, done.stderr
+    assert "the kernel's OOM killer ended" in last and "need more memory" in last, last
 
 
 def test_admin_apis_need_the_key(server):

@@ -295,6 +295,37 @@ RESTART_LIMIT = 3
 RESTART_WINDOW_S = 600.0
 
 
+class OomKills:
+    """The kernel's OOM kills since the last look (/proc/vmstat's count: the whole host's, every
+    cgroup's): what a process that died without a word (Triton: "Stub process ... is not
+    healthy") most likely died of."""
+
+    def __init__(self, vmstat: Path = Path("/proc/vmstat")):
+        self.vmstat = vmstat
+        self._seen = self._count()
+
+    def _count(self) -> int:
+        try:
+            for line in self.vmstat.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0  # a kernel that does not count them
+
+    def since(self) -> str:
+        """What the OOM killer did since the last look, as a clause; "" where nothing."""
+        count = self._count()
+        killed, self._seen = count - self._seen, count
+        if killed <= 0:
+            return ""
+        return (
+            f"the kernel's OOM killer ended {killed} process(es) on this host meanwhile: the "
+            "models need more memory than the host or container gives"
+        )
+
+
 class Watchdog(threading.Thread):
     """Reloads (unload + load over the repository API) any model one of whose stubs vanished."""
 
@@ -315,6 +346,7 @@ class Watchdog(threading.Thread):
         self.interval_s = interval_s
         self.stopping = threading.Event()
         self.reloads = reloads  # (model, seconds), appended to; kept across server restarts
+        self.oom = OomKills()
 
     def _call(self, path: str, body: dict | None = None, timeout: float = 300) -> bytes:
         request = urllib.request.Request(
@@ -350,7 +382,9 @@ class Watchdog(threading.Thread):
             for stub in dead:
                 left.setdefault(stub.model, []).append(stub.region)
             for model in sorted({stub.model for stub in dead} - pending.keys()):
-                log(f"watchdog: a Python stub of {model!r} died; reloading it")
+                why = self.oom.since()
+                died = f"died ({why})" if why else "died"
+                log(f"watchdog: a Python stub of {model!r} {died}; reloading it")
                 pending[model] = (0.0, self.interval_s)
             reloading = False
             for model, (due, wait) in sorted(pending.items()):
@@ -632,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd + args.extra, env=env, start_new_session=True, preexec_fn=_die_with_parent
         )
 
+    oom = OomKills()
     proc = start_server()
     watchdog = None
     gateway = None
@@ -685,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         if asked_to_stop.is_set():
             break
-        status = exit_status(proc.returncode)
+        status = "; ".join(filter(None, [exit_status(proc.returncode), oom.since()]))
         if not may_restart([when for when, _ in restarts], time.monotonic()):
             log(f"tritonserver exited unasked ({status}), restarted too often: giving up")
             break
@@ -706,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"tritonserver not ready in {args.startup_timeout:g}s: stopping it")
             proc.terminate()
         else:
-            status = exit_status(proc.returncode)
-            log(f"tritonserver exited before it was ready ({status}): its log above says why")
+            status, why = exit_status(proc.returncode), oom.since()
+            said = f"({status}; {why})" if why else f"({status}): its log above says why"
+            log(f"tritonserver exited before it was ready {said}")
     if gateway is not None and gateway.poll() is None:
         gateway.terminate()
         try:
