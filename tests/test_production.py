@@ -369,6 +369,50 @@ def test_killed_encoder_stub_recovers_under_load(demo_dir, tmp_path):
         server.stop()
 
 
+def gateway_pids(port: int) -> list[int]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"qwen_embed_client.gateway .*--port {port} "],
+        capture_output=True,
+        text=True,
+    )
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_gateway_that_dies_is_started_again(demo_dir, tmp_path):
+    """The launcher watches the gateway as it watches tritonserver: a gateway killed is started
+    again on its port, the server left as it was; one that keeps dying stops the server."""
+    port = free_port()
+    server = start_server(demo_dir, tmp_path, launcher_args=["--gateway-port", str(port)])
+    try:
+        health = f"http://127.0.0.1:{port}/health"
+        wait_until(lambda: http_ok(health), "the gateway")
+        (first,) = gateway_pids(port)
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: gateway_pids(port) not in ([], [first]), "a new gateway")
+        wait_until(lambda: http_ok(health), "the gateway again", log=server.log_path)
+        body = json.dumps({"model": "embed", "input": ["a short text"]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/embeddings",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            assert len(json.loads(r.read())["data"][0]["embedding"]) == 1024
+        said = server.log_path.read_text()
+        assert "gateway exited unasked (signal SIGKILL): starting it again" in said
+        assert not server.status()["restarts"]  # the server itself untouched
+        # One that keeps dying (RESTART_LIMIT restarts in RESTART_WINDOW_S) is left to the
+        # orchestrator: the server stopped, the launcher's exit status 1.
+        for _ in range(RESTART_LIMIT):
+            wait_until(lambda: gateway_pids(port), "a gateway", log=server.log_path)
+            os.kill(gateway_pids(port)[0], signal.SIGKILL)
+        wait_until(lambda: server.proc.poll() is not None, "the launcher's exit")
+        assert server.proc.returncode == 1
+        assert "restarted too often: stopping the server" in server.log_path.read_text()
+    finally:
+        server.stop()
+
+
 def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
     """The client library and the gateway (which uses it) send a request that failed again
     until the server answers: zero failures under load, first across a killed encoder stub

@@ -495,6 +495,40 @@ def start_gateway(
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
 
+class Gateway:
+    """The gateway's process (start_gateway's), started again when it exits unasked, as the
+    server is: a gateway that died would leave its port closed beside a healthy server."""
+
+    def __init__(self, start: Callable[[], subprocess.Popen]):
+        self._start = start
+        self.proc = start()
+        self.restarts: list[float] = []
+
+    def keep_up(self) -> bool:
+        """Start it again if it exited; False where it exited too often (may_restart)."""
+        if self.proc.poll() is None:
+            return True
+        status = exit_status(self.proc.returncode)
+        if not may_restart(self.restarts, time.monotonic()):
+            log(f"gateway exited unasked ({status}), restarted too often: stopping the server")
+            return False
+        log(f"gateway exited unasked ({status}): starting it again")
+        self.restarts.append(time.monotonic())
+        self.proc = self._start()
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+
+    def wait(self) -> None:
+        self.stop()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # requests it was still sending again
+            self.proc.kill()
+
+
 def _die_with_parent() -> None:
     # tritonserver runs in its own session (so a signal to our group reaches it only through
     # us, once); this makes it exit if this process is killed outright.
@@ -672,15 +706,18 @@ def main(argv: list[str] | None = None) -> int:
     gateway = None
     asked_to_stop = threading.Event()
 
-    def forward(signum, _frame):
+    def stop(why: str) -> None:
         asked_to_stop.set()
         if watchdog is not None:
             watchdog.stopping.set()  # stubs exit on shutdown: that is no reason to reload
-        if gateway is not None and gateway.poll() is None:
-            gateway.terminate()
+        if gateway is not None:
+            gateway.stop()
         if proc.poll() is None:
-            log(f"signal {signum}: draining in-flight requests, then exiting")
+            log(f"{why}: draining in-flight requests, then exiting")
             proc.send_signal(signal.SIGTERM)
+
+    def forward(signum, _frame):
+        stop(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -703,20 +740,27 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog:
             log(f"watchdog on: checking the Python stubs every {args.watchdog_interval}s")
     if ready and args.gateway_port:
-        gateway = start_gateway(
-            args.host,
-            args.gateway_port,
-            args.grpc_port,
-            rerank,
-            args.otlp_endpoint,
-            args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
-            args.rerank_recipe is not None,
-            served_model_names(os.environ.get(RERANK_MODEL_DIR_ENV, ""), "rerank"),
+        gateway = Gateway(
+            partial(
+                start_gateway,
+                args.host,
+                args.gateway_port,
+                args.grpc_port,
+                rerank,
+                args.otlp_endpoint,
+                args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
+                args.rerank_recipe is not None,
+                served_model_names(os.environ.get(RERANK_MODEL_DIR_ENV, ""), "rerank"),
+            )
         )
+    gateway_failed = False
     while ready:
         while proc.poll() is None:
             if args.status_file:
                 write_status(args.status_file, proc.pid, args.model_repository, reloads, restarts)
+            if gateway is not None and not asked_to_stop.is_set() and not gateway.keep_up():
+                gateway_failed = True
+                stop("the gateway keeps exiting")
             time.sleep(0.5)
         if asked_to_stop.is_set():
             break
@@ -744,15 +788,11 @@ def main(argv: list[str] | None = None) -> int:
             status, why = exit_status(proc.returncode), oom.since()
             said = f"({status}; {why})" if why else f"({status}): its log above says why"
             log(f"tritonserver exited before it was ready {said}")
-    if gateway is not None and gateway.poll() is None:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # requests it was still sending again
-            gateway.kill()
+    if gateway is not None:
+        gateway.wait()
     returncode = proc.wait()
     clear_dead_server(shm_prefix)
-    return max(returncode, 1) if failed else returncode
+    return max(returncode, 1) if failed or gateway_failed else returncode
 
 
 def may_restart(restarted_at: list[float], now: float) -> bool:
