@@ -108,6 +108,20 @@ CASES = [
         [text(" the" * 9000)],
         {"truncate": False},
     ),
+    Case(  # 3 x 6001 x 1024 float32: refused before any work
+        "per_token answer past its limit",
+        r"parameter 'per_token': 3 texts of up to 6001 tokens x 1024 dimensions are 70\.3 MiB "
+        r"of float32, more than the 64 MiB one request may return; send fewer texts",
+        [text(*[" the" * 6000] * 3)],
+        {"per_token": True},
+    ),
+    Case(  # 40 texts x 490 chunks x 1024 float32
+        "chunks answer past its limit",
+        r"late chunking: 40 texts of up to 490 chunks x 1024 dimensions are 76\.6 MiB of "
+        r"float32, more than the 64 MiB one request may return",
+        [text(*[" the" * 490] * 40)],
+        {"chunk_size": 1},
+    ),
     Case(
         "dimensions 0",
         r"parameter 'dimensions' must be >= 1, got 0",

@@ -236,6 +236,73 @@ def test_a_server_killed_for_memory_is_said_so(demo_dir):
     assert "the kernel's OOM killer ended" in last and "need more memory" in last, last
 
 
+def can_mount_a_small_shared_memory() -> bool:
+    probe = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except OSError:
+        return False
+
+
+def test_a_small_shared_memory_bounds_answers_and_never_hangs(demo_dir, tmp_path):
+    """Docker's and Kubernetes' default /dev/shm is 64 MiB. An answer a Python model cannot
+    fit there is never sent, and its request waited for its deadline: now the launcher warns
+    at start, the encoder refuses an answer past a quarter of /dev/shm before any work, and
+    the client library halves a job's requests until theirs fit. The launcher in a mount
+    namespace of its own, /dev/shm a 64 MiB tmpfs (skipped where one cannot be mounted)."""
+    if not can_mount_a_small_shared_memory():
+        pytest.skip("no mount namespace with a tmpfs can be made here")
+    ports = [free_port() for _ in range(3)]
+    launcher = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank"]
+    launcher += [f"--http-port={ports[0]}", f"--grpc-port={ports[1]}"]
+    launcher += [f"--metrics-port={ports[2]}"]
+    script = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec " + " ".join(launcher)
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", script],
+            env={**os.environ, "QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        ready = f"http://127.0.0.1:{ports[0]}/v2/health/ready"
+        wait_until(lambda: http_ok(ready), "the server", log=log)
+        assert "one request may return 16 MiB of vectors here (64 MiB from 256 MiB up)" in (
+            log.read_text()
+        )
+        texts = [" ".join(["word"] * 1100)] * 4  # 4 x 1101 x 1024 float32: 17.2 MiB
+        url = f"127.0.0.1:{ports[1]}"
+        client = grpcclient.InferenceServerClient(url)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(
+                "embed",
+                [text_input(grpcclient, texts)],
+                parameters={"per_token": True},
+                client_timeout=60,  # the hang this was
+            )
+        assert "StatusCode.INVALID_ARGUMENT" in str(refused.value.status())
+        assert "more than the 16 MiB one request may return on this server (a quarter of " in (
+            refused.value.message()
+        )
+
+        def refused_requests():
+            stats = client.get_inference_statistics("embed", as_json=True)
+            return int(stats["model_stats"][0]["inference_stats"]["fail"].get("count", 0))
+
+        before = refused_requests()
+        with EmbeddingClient(url) as embedding:
+            halved = embedding.embed_tokens(texts)
+            alone = [embedding.embed_tokens([t])[0] for t in texts[:1]]
+        assert refused_requests() > before  # refused, then halved
+        assert [v.shape for v in halved] == [(1101, 1024)] * 4
+        np.testing.assert_array_equal(halved[0], alone[0])
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
 def test_admin_apis_need_the_key(server):
     base = f"http://{server.http_url}/v2"
     for path in ("/repository/index", "/repository/models/embed/unload", "/logging"):

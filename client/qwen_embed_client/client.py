@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from . import pseudo_query
 from .contract import (
+    ANSWER_TOO_LARGE,
     ITEM_INPUTS,
     MAX_TEXTS_PER_REQUEST,
     EmbedOptions,
@@ -150,6 +151,27 @@ def text_checked(text, what: str, hint: str = "") -> str:
     if not is_utf8(text):
         raise ValueError(f"{what} is not valid UTF-8 (a lone surrogate)")
     return text
+
+
+def halving(send):
+    """`send(server, start, end)`, a list per item, sent again as two halves where the server
+    refuses its answer as too large (ANSWER_TOO_LARGE), down to one item: a per-token or chunks
+    job's requests follow the server's limit on one answer, whatever its texts' lengths."""
+
+    async def fitting(server, start: int, end: int) -> list:
+        try:
+            return await send(server, start, end)
+        except EmbeddingError as e:
+            if end - start < 2 or ANSWER_TOO_LARGE not in str(e):
+                raise
+        middle = (start + end) // 2
+        first = await fitting(server, start, middle)
+        try:
+            return first + await fitting(server, middle, end)
+        except EmbeddingError as e:  # named from `start`, as the whole request's would be
+            raise e.counted_from(middle - start) from None
+
+    return fitting
 
 
 class EmbeddingError(Exception):
@@ -465,7 +487,7 @@ class AsyncEmbeddingClient:
         level = priority_level(priority)
         parts = await self._split(
             len(texts),
-            lambda s, a, b: self._send_chunks(s, texts[a:b], params, level, headers),
+            halving(lambda s, a, b: self._send_chunks(s, texts[a:b], params, level, headers)),
         )
         return [text for part in parts for text in part]
 
@@ -497,7 +519,7 @@ class AsyncEmbeddingClient:
             )
             return [vectors["float"][i, :n] for i, n in enumerate(rows)]
 
-        parts = await self._split(len(texts), send)
+        parts = await self._split(len(texts), halving(send))
         return [text for part in parts for text in part]
 
     async def classify(

@@ -55,8 +55,12 @@ MAX_TEXTS_PER_REQUEST = 256
 ITEM_INPUTS = ("TEXT", "DOCUMENTS", "IMAGES", "VIDEOS", "DOCUMENT_IMAGES", "DOCUMENT_VIDEOS")
 MAX_TEXT_BYTES = 262144  # per text, checked before tokenizing (a deployment may lower it)
 MAX_CHUNKS = 512  # chunks per text (late chunking): each is a read-out row of the forward
-# What one per_token request may return (its TOKEN_EMBEDDING, padded to its longest text).
-MAX_TOKEN_VECTOR_BYTES = 64 * 2**20
+# What one request's vectors may take (a per_token request's TOKEN_EMBEDDING, padded to its
+# longest text; late chunking's CHUNK_EMBEDDING, padded to its most chunks), float32; a
+# server whose /dev/shm is small allows less (qwen_embed_deploy.host.answer_bytes_limit).
+MAX_ANSWER_BYTES = 64 * 2**20
+# The words of a refusal of an answer past that limit: a client halves such a request's texts
+ANSWER_TOO_LARGE = "one request may return"
 # Images (a multimodal checkpoint): per text, in the request's IMAGES input (pack_images),
 # each an encoded file (PNG, JPEG, WebP, ...) of at most MAX_IMAGE_BYTES, decoded only up to
 # MAX_DECODED_PIXELS (then resized to the checkpoint's pixel budget).

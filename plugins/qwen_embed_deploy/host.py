@@ -1,10 +1,16 @@
-"""What this host offers the server, read from the device nodes without importing CUDA."""
+"""What this host offers the server: its GPUs, read from the device nodes without importing
+CUDA, and its shared memory."""
 
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
+
+from qwen_embed_client.contract import MAX_ANSWER_BYTES
+
+# Where Triton's Python models and the server pass every request's tensors
+SHARED_MEMORY = Path("/dev/shm")
 
 
 def _device_nodes(dev: Path) -> int:
@@ -25,3 +31,21 @@ def gpu_count(dev: Path = Path("/dev"), visible: str | None = None) -> int:
 def gpu_present(dev: Path = Path("/dev")) -> bool:
     """An NVIDIA driver or GPU on this host, whatever CUDA_VISIBLE_DEVICES says."""
     return (dev / "nvidiactl").exists() or _device_nodes(dev) > 0
+
+
+def shared_memory_bytes(path: Path = SHARED_MEMORY) -> int | None:
+    """The size of the host's (a container's own) shared memory; None where there is none."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def answer_bytes_limit(shared: int | None) -> int:
+    """What one request's vectors may take on a host with `shared` bytes of shared memory:
+    MAX_ANSWER_BYTES, or a quarter of it where that is less. A Python model's pool there grows
+    past its largest answer and never shrinks, and the other
+    models' pools share it; an answer it cannot hold is never sent, and its request waits for
+    its deadline."""
+    return MAX_ANSWER_BYTES if shared is None else min(MAX_ANSWER_BYTES, shared // 4)

@@ -59,8 +59,8 @@ from urllib.error import HTTPError
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 from qwen_embed import ollama_store
-from qwen_embed_client.contract import RERANK_RECIPES
-from qwen_embed_deploy.host import gpu_count
+from qwen_embed_client.contract import MAX_ANSWER_BYTES, RERANK_RECIPES
+from qwen_embed_deploy.host import answer_bytes_limit, gpu_count, shared_memory_bytes
 from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
 from qwen_embed_deploy.serving.config import (
     MODEL_DIR_ENV,
@@ -557,6 +557,20 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
                 raise ValueError(f"{flag} {port} on {host}: {e.strerror}") from None
 
 
+def shared_memory_warning(shared: int | None) -> str | None:
+    """What a small /dev/shm (Docker's and Kubernetes' default: 64 MiB) costs, where it costs
+    anything: the models pass every request's tensors through it, so each may return less."""
+    limit = answer_bytes_limit(shared)
+    if shared is None or limit >= MAX_ANSWER_BYTES:
+        return None
+    return (
+        f"warning: /dev/shm holds {shared >> 20} MiB, through which the models pass every "
+        f"request's tensors: one request may return {limit >> 20} MiB of vectors here "
+        f"({MAX_ANSWER_BYTES >> 20} MiB from {4 * MAX_ANSWER_BYTES >> 20} MiB up); give it "
+        "more (docker run --shm-size=2g; in Kubernetes an emptyDir of medium Memory there)"
+    )
+
+
 def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     """What the deployment asks for, read before any server starts: the repository's edit, the
     models' facts and what is said of the served copy. A setting out of range raises
@@ -674,6 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # a setting or checkpoint: said, no traceback
         log(f"error: {e}")
         return 2
+    if (warning := shared_memory_warning(shared_memory_bytes())) is not None:
+        log(warning)
     served = edited_copy(args.model_repository, edit, partial(publish_facts, facts=facts))
     if served != args.model_repository:
         what = ", ".join(["the models' facts", *what])

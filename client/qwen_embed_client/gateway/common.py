@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from ..client import EmbeddingError, EmbeddingResult
-from ..contract import MAX_TOKEN_VECTOR_BYTES
+from ..contract import ANSWER_TOO_LARGE, MAX_ANSWER_BYTES
 from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
 from .media import has_parts, texts_and_media
 
@@ -207,10 +207,10 @@ async def late_interaction_prompts(gw, asked: dict) -> tuple[dict, dict]:
 
 
 def _check_token_bytes(inputs: int, size: int, bound: str = "") -> None:
-    if size > MAX_TOKEN_VECTOR_BYTES:
+    if size > MAX_ANSWER_BYTES:
         raise invalid(
             f"per-token vectors of {inputs} inputs are {bound}{size / 2**20:.1f} MiB of float32, "
-            f"more than the {MAX_TOKEN_VECTOR_BYTES // 2**20} MiB one request may return; "
+            f"more than the {MAX_ANSWER_BYTES // 2**20} MiB {ANSWER_TOO_LARGE}; "
             "send fewer or shorter inputs, or fewer dimensions"
         )
 

@@ -28,7 +28,8 @@ from qwen_embed.chunking import check_chunks
 from qwen_embed.config import MULTI_VECTOR_ONLY
 from qwen_embed.media import MediaText, Visual
 from qwen_embed_client.contract import (
-    MAX_TOKEN_VECTOR_BYTES,
+    ANSWER_TOO_LARGE,
+    MAX_ANSWER_BYTES,
     RequestError,
     coded_outputs,
     read_finish,
@@ -38,6 +39,7 @@ from qwen_embed_client.contract import (
     unpack_ids,
     unpack_media,
 )
+from qwen_embed_deploy.host import answer_bytes_limit, shared_memory_bytes
 from qwen_embed_deploy.placement import encoder_placement, instance_index, pin, read_topology
 from qwen_embed_deploy.serving import videos
 from qwen_embed_deploy.serving.config import (
@@ -77,6 +79,8 @@ class TritonPythonModel:
             pin(placement)
         model_dir = resolve_model_dir(serving.model_dir, settings.task)
         self.encoder = Encoder.from_pretrained(model_dir, settings.replace(device=device))
+        self.shared_bytes = shared_memory_bytes()
+        self.answer_bytes = answer_bytes_limit(self.shared_bytes)
         self.task = self.encoder.task
         self.image_settings = ImageSettings.from_dir(model_dir)
         instance = args.get("model_instance_name", "")
@@ -131,8 +135,7 @@ class TritonPythonModel:
                 if chunks is not None and self.task != "embed":
                     chunking = "chunk_size', 'chunk_spans' or 'chunk_chars"
                     raise RequestError(_NOT_EMBEDDING.format(chunking))
-                if opts is not None and opts.per_token:
-                    self._check_token_bytes(seqs, opts)
+                self._check_answer_bytes(opts, seqs, chunks)
                 media = self._media(request, seqs)
             except ValueError as e:  # RequestError is one; check_sequences raises the others
                 answer(i, _error(str(e)))
@@ -277,17 +280,28 @@ class TritonPythonModel:
         self.encoder.adapter_index(name)  # ValueError naming the ones served
         return name
 
-    def _check_token_bytes(self, seqs, opts):
-        """A per_token answer is [texts, longest text, dimensions] float32: refused past
-        MAX_TOKEN_VECTOR_BYTES, before any work."""
-        dims = opts.dimensions or self.encoder.config.token_size
-        size = len(seqs) * max(len(s) for s in seqs) * dims * 4
-        if size > MAX_TOKEN_VECTOR_BYTES:
+    def _check_answer_bytes(self, opts, seqs, chunks):
+        """A per_token or chunks answer is [texts, most rows, dimensions] float32: refused
+        past what one request may return here, before any work."""
+        dims = None if opts is None else opts.dimensions
+        if opts is not None and opts.per_token:
+            what, unit, rows = "parameter 'per_token'", "tokens", max(map(len, seqs))
+            dims = dims or self.encoder.config.token_size
+        elif chunks is not None:
+            what, unit, rows = "late chunking", "chunks", max(len(c.spans) for c in chunks)
+            dims = dims or self.encoder.embedding_size
+        else:
+            return
+        texts = len(seqs)
+        size = texts * rows * dims * 4
+        if size > self.answer_bytes:
+            here = ""
+            if self.answer_bytes < MAX_ANSWER_BYTES:  # the server's, not the request's
+                here = f" on this server (a quarter of its /dev/shm, {self.shared_bytes >> 20} MiB)"
             raise RequestError(
-                f"parameter 'per_token': {len(seqs)} texts of up to {max(len(s) for s in seqs)} "
-                f"tokens x {dims} dimensions are {size / 2**20:.1f} MiB of float32, more than "
-                f"the {MAX_TOKEN_VECTOR_BYTES // 2**20} MiB one request may return; send fewer "
-                "or shorter texts, or fewer dimensions"
+                f"{what}: {texts} texts of up to {rows} {unit} x {dims} dimensions are "
+                f"{size / 2**20:.1f} MiB of float32, more than the {self.answer_bytes >> 20} MiB "
+                f"{ANSWER_TOO_LARGE}{here}; send fewer texts, or fewer dimensions"
             )
 
     def _chunks(self, request, seqs):
@@ -472,11 +486,20 @@ class _Answers:
         self.last = self._thread.submit(_logged, job, *args)
 
     def send(self, answers):
-        """On the answering thread: (index, response) pairs sent, once the metrics moved."""
+        """On the answering thread: (index, response) pairs sent, once the metrics moved. An
+        answer that cannot be sent (larger than the shared memory left to this stub: a small
+        /dev/shm) is its request's error, never its hang and the next ones'."""
         self._metrics.answered += len(answers)
         self._metrics.flush()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for i, response in answers:
-            self._senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            try:
+                self._senders[i].send(response, flags=final)
+            except pb_utils.TritonModelException as e:
+                message = f"the answer could not be sent: {e}"
+                pb_utils.Logger.log_error(f"encoder: {message}")
+                error = pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
+                self._senders[i].send(pb_utils.InferenceResponse(error=error), flags=final)
 
 
 def _logged(job, *args):
