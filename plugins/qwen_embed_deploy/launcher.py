@@ -521,7 +521,8 @@ class Gateway:
         if self.proc.poll() is None:
             self.proc.terminate()
 
-    def wait(self) -> None:
+    def close(self) -> None:
+        """Stopped, and waited for."""
         self.stop()
         try:
             self.proc.wait(timeout=10)
@@ -805,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
             said = f"({status}; {why})" if why else f"({status}): its log above says why"
             log(f"tritonserver exited before it was ready {said}")
     if gateway is not None:
-        gateway.wait()
+        gateway.close()
     returncode = proc.wait()
     clear_dead_server(shm_prefix)
     return max(returncode, 1) if failed or gateway_failed else returncode
