@@ -45,7 +45,6 @@ def shared_memory_bytes(path: Path = SHARED_MEMORY) -> int | None:
 def answer_bytes_limit(shared: int | None) -> int:
     """What one request's vectors may take on a host with `shared` bytes of shared memory:
     MAX_ANSWER_BYTES, or a quarter of it where that is less. A Python model's pool there grows
-    past its largest answer and never shrinks, and the other
-    models' pools share it; an answer it cannot hold is never sent, and its request waits for
-    its deadline."""
+    past its largest answer and never shrinks, and the other models' pools share it; an answer
+    it cannot hold is never sent, and its request waits for its deadline."""
     return MAX_ANSWER_BYTES if shared is None else min(MAX_ANSWER_BYTES, shared // 4)

@@ -486,20 +486,17 @@ class _Answers:
         self.last = self._thread.submit(_logged, job, *args)
 
     def send(self, answers):
-        """On the answering thread: (index, response) pairs sent, once the metrics moved. An
-        answer that cannot be sent (larger than the shared memory left to this stub: a small
-        /dev/shm) is its request's error, never its hang and the next ones'."""
+        """On the answering thread: (index, response) pairs sent, once the metrics moved. One
+        that cannot be sent (more than this stub's shared memory can hold: _check_answer_bytes
+        bounds them) is logged, and the next ones still leave (its sender takes no second
+        response)."""
         self._metrics.answered += len(answers)
         self._metrics.flush()
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for i, response in answers:
             try:
-                self._senders[i].send(response, flags=final)
+                self._senders[i].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except pb_utils.TritonModelException as e:
-                message = f"the answer could not be sent: {e}"
-                pb_utils.Logger.log_error(f"encoder: {message}")
-                error = pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
-                self._senders[i].send(pb_utils.InferenceResponse(error=error), flags=final)
+                pb_utils.Logger.log_error(f"encoder: an answer could not be sent: {e}")
 
 
 def _logged(job, *args):
