@@ -191,11 +191,13 @@ def test_oom_kills_are_counted_since_the_last_look(tmp_path):
 
 def memory_cgroup(tmp_name: str, limit_bytes: int) -> Path | None:
     """A memory cgroup (v1 or v2) of that limit, where this process may make one."""
-    for root, limit in (
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
-        ("/sys/fs/cgroup", "memory.max"),
+    for root, limit, mark in (
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.limit_in_bytes"),
+        ("/sys/fs/cgroup", "memory.max", "cgroup.controllers"),  # a v2 hierarchy
     ):
         group = Path(root) / tmp_name
+        if not (Path(root) / mark).exists():  # not a cgroup file system of that kind
+            continue
         try:
             group.mkdir()
         except OSError:
