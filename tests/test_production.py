@@ -62,13 +62,20 @@ def http_status(url, key=None):
         return e.code, e.read().decode()
 
 
-def launch(env: dict, args: list[str]) -> subprocess.CompletedProcess:
-    """The launcher run to its end (a deployment that cannot start), its output captured."""
-    ports = [str(free_port()) for _ in range(3)]
+def launcher_command(args=()) -> tuple[list[str], list[int]]:
+    """The launcher without the rerank models on free ports: (its command, the HTTP, gRPC and
+    metrics ports)."""
+    ports = [free_port() for _ in range(3)]
     command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank", *args]
-    command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
+    command += [f"--http-port={ports[0]}", f"--grpc-port={ports[1]}"]
+    return command + [f"--metrics-port={ports[2]}"], ports
+
+
+def launch(env: dict, args: list[str], **run) -> subprocess.CompletedProcess:
+    """The launcher run to its end (a deployment that cannot start), its output captured."""
     env = {**os.environ, **env}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    command = launcher_command(args)[0]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, **run)
 
 
 def launcher_error(env: dict, args: list[str]) -> str:
@@ -218,15 +225,9 @@ def test_a_server_killed_for_memory_is_said_so(demo_dir):
     if group is None:
         pytest.skip("no memory cgroup can be made here")
     try:
-        ports = [str(free_port()) for _ in range(3)]
-        command = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank"]
-        command += ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
-        done = subprocess.run(
-            command,
-            env={**os.environ, "QWEN_EMBED_MODEL_DIR": str(demo_dir)},
-            capture_output=True,
-            text=True,
-            timeout=300,
+        done = launch(
+            {"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+            [],
             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
         )
     finally:
@@ -254,10 +255,7 @@ def test_a_small_shared_memory_bounds_answers_and_never_hangs(demo_dir, tmp_path
     namespace of its own, /dev/shm a 64 MiB tmpfs (skipped where one cannot be mounted)."""
     if not can_mount_a_small_shared_memory():
         pytest.skip("no mount namespace with a tmpfs can be made here")
-    ports = [free_port() for _ in range(3)]
-    launcher = [sys.executable, "-m", "qwen_embed_deploy.launcher", "--no-rerank"]
-    launcher += [f"--http-port={ports[0]}", f"--grpc-port={ports[1]}"]
-    launcher += [f"--metrics-port={ports[2]}"]
+    launcher, ports = launcher_command()
     script = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec " + " ".join(launcher)
     log = tmp_path / "server.log"
     with open(log, "w") as out:

@@ -576,9 +576,15 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     """What the deployment asks for, read before any server starts: the repository's edit, the
     models' facts and what is said of the served copy. A setting out of range raises
     ValueError, a checkpoint not found FileNotFoundError."""
-    ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port}
-    ports |= {"--metrics-port": args.metrics_port, "--gateway-port": args.gateway_port}
-    check_ports(args.host, ports)
+    check_ports(
+        args.host,
+        {
+            "--http-port": args.http_port,
+            "--grpc-port": args.grpc_port,
+            "--metrics-port": args.metrics_port,
+            "--gateway-port": args.gateway_port,
+        },
+    )
     count = cpu_instances(args.cpu_instances, len(read_topology()), gpus > 0)
     per_gpu = gpu_instances(args.gpu_instances) if gpus else None
     groups, what = None, []
