@@ -4,13 +4,14 @@ bound, the yardstick of its reports, runs at both routes, float and int8, on thi
 GPU probe of whole-forward graphs gives the eager forward's vectors (its plumbing, on CPU),
 bench_serving --spy reads py-spy's stacks as shares of the wall and records a live process,
 bench_rerank gives vLLM texts that it tokenizes as our pairs, and the GPU script's command
-lines are all taken by their scripts."""
+lines and every report's command as RESULTS.md shows it are all taken by their scripts."""
 
 import argparse
 import importlib.util
 import json
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import time
@@ -471,3 +472,20 @@ def test_the_images_peer_gets_our_chat_turn(perf_imports, tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(config))
         edits = prepare_model.edited_files("llama", tmp_path)
         assert edits["config.json"]["architectures"] == [kept]
+
+
+def test_every_reported_command_runs_as_shown(perf_imports):
+    """Each report's command as RESULTS.md shows it (a folded script's subcommand in its place)
+    is taken by that script's parser today: a figure of record can be measured again as shown."""
+    import render_results
+
+    for path in sorted(render_results.RESULTS.rglob("*.json")):
+        command = json.loads(path.read_text()).get("command")
+        if not command or render_results.script_of(command) in render_results.REMOVED:
+            continue
+        argv = shlex.split(render_results.current_command(command))
+        argv = argv[next(i for i, word in enumerate(argv) if word.endswith(".py")) :]
+        try:
+            _parse_only(str(PERF), argv)
+        except BaseException as e:
+            pytest.fail(f"{path.name}: `{' '.join(argv)}` no longer parses: {e!r}")
