@@ -15,7 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc.model_config_pb2 import DataType
 
 from qwen_embed import ModelConfig
-from qwen_embed.engine import plan
+from qwen_embed.engine import host_weight_bytes, plan
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import (
     EMBEDDING_OUTPUTS,
@@ -136,12 +136,14 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         "prompt_names": ["document", "query"],  # no config_sentence_transformers.json
         "default_prompt_name": None,
     }
-    _, _, route = plan(demo_dir, EncoderSettings(device="cpu"))
+    checkpoint, config, route = plan(demo_dir, EncoderSettings(device="cpu"))
     assert encoder == {
         "dimension": 1024,
         "route": route.to_dict(),
         "tokens_per_forward": EncoderSettings().max_batch_tokens,
+        "host_weight_bytes": host_weight_bytes(checkpoint, config, route),
     }
+    assert encoder["host_weight_bytes"] > 0
     params = {n: model_parameters({"model_config": json.dumps(c)}) for n, c in served.items()}
     assert tokenizer_settings(params["tokenizer"]) == TokenizerSettings(model_dir=str(demo_dir))
     assert encoder_parameters(params["encoder"]) == (

@@ -1,5 +1,6 @@
 """Checkpoint loading: shards, key prefixes, missing/unexpected tensors, architectures."""
 
+import dataclasses
 import json
 import resource
 import shutil
@@ -11,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen_embed import CheckpointError, Encoder, UnsupportedModelError, engine, int8
+from qwen_embed import CheckpointError, Encoder, UnsupportedModelError, engine, int8, loader
 from qwen_embed.cpu import HeapTrimmer
 from qwen_embed.layers import _Linear
 from qwen_embed.route import Linear
@@ -509,3 +510,27 @@ def test_a_damaged_file_the_heads_or_adapters_open_is_named(tmp_path):
     path.write_bytes(b"\x08" + b"\x00" * 7 + b"{}garbage")
     with pytest.raises(CheckpointError, match=r"/adapter_model.safetensors is not a safetensors"):
         safetensors_file(path)
+
+
+@pytest.mark.parametrize(
+    "settings, width",
+    [({"dtype": "float32"}, 4), ({"dtype": "bfloat16"}, 2), ({"quantization": "int8"}, 1)],
+)
+def test_the_weight_floor_counts_each_decoder_element_once(checkpoint, tmp_path, settings, width):
+    """engine.host_weight_bytes: every decoder-layer element of the checkpoint (read here
+    whole), at the narrower of its stored width and the route's; nothing else (the embedding
+    table is mapped from its file, the norm after the last layer is small). A second file of
+    extra layers beyond num_hidden_layers (an MTP head's, say) is not counted."""
+    src = checkpoint("qwen3")
+    shutil.copytree(src, tmp_path / "ckpt")
+    tensors = load_file(tmp_path / "ckpt" / "model.safetensors")
+    extra = {"model.layers.99.mlp.up_proj.weight": torch.zeros(64, 64, dtype=torch.bfloat16)}
+    save_file(extra, tmp_path / "ckpt" / "extra.safetensors")
+    ckpt, config, route = engine.plan(tmp_path / "ckpt", engine.EncoderSettings(**settings))
+    layers = [t for k, t in tensors.items() if k.startswith("model.layers.")]
+    assert layers and len(layers) < len(tensors)
+    expected = sum(t.numel() * min(width, t.element_size()) for t in layers)
+    assert engine.host_weight_bytes(ckpt, config, route) == expected
+    assert len(loader.layer_tensors(ckpt, 100)) == len(layers) + 1  # the extra file is read
+    gpu = dataclasses.replace(route, device="cuda:0")  # held on the GPU, not the host
+    assert engine.host_weight_bytes(ckpt, config, gpu) == 0

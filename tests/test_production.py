@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, EmbeddingError
+from qwen_embed_deploy.host import memory_limit
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
@@ -237,6 +238,98 @@ def test_a_server_killed_for_memory_is_said_so(demo_dir):
     last = done.stderr.strip().splitlines()[-1]
     assert "tritonserver exited before it was ready" in last, done.stderr
     assert "the kernel's OOM killer ended" in last and "need more memory" in last, last
+
+
+def test_the_memory_limit_is_the_smallest_of_the_cgroups_else_the_hosts(tmp_path):
+    """host.memory_limit: a v1 memory cgroup's limit, the smallest on its path up to the
+    hierarchy's root ("no limit" is a number near 2**63); v2's memory.max ("max": none); with
+    none, the host's MemTotal."""
+    proc, groups = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal:       24000000 kB\nMemFree:  1 kB\n")
+    (proc / "self" / "cgroup").write_text("4:memory:/a/b\n1:cpu:/\n0::/\n")
+    for folder, limit in (("memory", 2**63 - 4096), ("memory/a", 3 << 30), ("memory/a/b", 5 << 30)):
+        (groups / folder).mkdir(parents=True)
+        (groups / folder / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    assert memory_limit(proc, groups) == (3 << 30, "this container's memory limit")
+    (proc / "self" / "cgroup").write_text("0::/x\n")
+    (groups / "x").mkdir()
+    (groups / "x" / "memory.max").write_text("max\n")
+    assert memory_limit(proc, groups) == (24000000 * 1024, "this host's memory")
+    (groups / "memory.max").write_text(f"{1 << 30}\n")  # a container's own, at its root
+    assert memory_limit(proc, groups) == (1 << 30, "this container's memory limit")
+
+
+def sparse_checkpoint(demo_dir: Path, folder: Path, layers: int) -> Path:
+    """Qwen3-Embedding-8B's widths over `layers` layers, every weight in one bf16 file whose
+    bytes are a hole (a sparse file: its size without its disk), with the demo's tokenizer."""
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((demo_dir / name).read_bytes())
+    config = json.loads((demo_dir / "config.json").read_text())
+    hidden, inter, heads, kv, dim = 4096, 12288, 32, 8, 128
+    config |= {
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": dim,
+        "num_hidden_layers": layers,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    shapes = {
+        "model.embed_tokens.weight": [config["vocab_size"], hidden],
+        "model.norm.weight": [hidden],
+    }
+    for i in range(layers):
+        at = f"model.layers.{i}."
+        shapes |= {
+            at + "input_layernorm.weight": [hidden],
+            at + "post_attention_layernorm.weight": [hidden],
+            at + "self_attn.q_proj.weight": [heads * dim, hidden],
+            at + "self_attn.k_proj.weight": [kv * dim, hidden],
+            at + "self_attn.v_proj.weight": [kv * dim, hidden],
+            at + "self_attn.o_proj.weight": [hidden, heads * dim],
+            at + "self_attn.q_norm.weight": [dim],
+            at + "self_attn.k_norm.weight": [dim],
+            at + "mlp.gate_proj.weight": [inter, hidden],
+            at + "mlp.up_proj.weight": [inter, hidden],
+            at + "mlp.down_proj.weight": [hidden, inter],
+        }
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = 2 * int(np.prod(shape))
+        header[key] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + offset)
+    return folder
+
+
+def test_weights_larger_than_the_memory_are_refused_before_loading(demo_dir, tmp_path):
+    """A checkpoint whose decoder weights alone exceed what the container may hold would load
+    for minutes into the OOM killer: the launcher says so first, exit status 2, no server
+    started. Three layers of Qwen3-Embedding-8B's widths (1.1 GiB of bf16) in a 700 MiB memory
+    cgroup."""
+    group = memory_cgroup(f"qwen-embed-test-{os.getpid()}", 700 << 20)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here")
+    model = sparse_checkpoint(demo_dir, tmp_path / "wide", layers=3)
+    try:
+        done = launch(
+            {"QWEN_EMBED_MODEL_DIR": str(model)},
+            [],
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
+    finally:
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "cgroup empty")
+        group.rmdir()
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "weights alone need at least 1.1 GiB" in line and "encoder 1 x 1.1 GiB" in line, line
+    assert "more than this container's memory limit (0.7 GiB)" in line, line
 
 
 def can_mount_a_small_shared_memory() -> bool:

@@ -30,7 +30,7 @@ from .heads import build_head, build_token_head, listwise_scores
 from .hub import resolve_checkpoint
 from .int8 import Int8Weight
 from .layers import TPGroup, _Linear, linear_weight_dtype
-from .loader import check_files, checkpoint_dtypes, checkpoint_names, load_weights
+from .loader import check_files, checkpoint_dtypes, checkpoint_names, layer_tensors, load_weights
 from .lora import adapter_folders, attach
 from .media import MediaForward, MediaText, visual_spans
 from .models import model_class
@@ -63,6 +63,27 @@ def plan(model_dir: str | Path, settings: EncoderSettings) -> tuple[Path, ModelC
         model_dir,
         config,
         choose_route(settings, config, device, cpu_features(), onednn_available()),
+    )
+
+
+def host_weight_bytes(model_dir: str | Path, config: ModelConfig, route: Route) -> int:
+    """At least what one encoder on this route holds in host memory for its weights once
+    loaded: its decoder layers' tensors, each element at no fewer bytes than the route keeps
+    it in (1 where it quantises, else the narrower of the checkpoint's and the route's dtype),
+    which the loader copies into the process's own memory. 0 on a GPU (they live there) and
+    for a GGUF checkpoint (not counted). The rest (the embedding table, mapped from its file
+    and shared; norms, heads, a vision tower; the forward's activations) is left out: a floor,
+    not an estimate."""
+    if route.device != "cpu":
+        return 0
+    tensors = layer_tensors(model_dir, config.num_layers)
+    if tensors is None:
+        return 0
+    quantised = route.linear in (Linear.INT8, Linear.FP8)
+    width = TORCH_DTYPES[route.dtype].itemsize
+    return sum(
+        elements * (1 if quantised else min(width, stored // max(elements, 1)))
+        for elements, stored in tensors
     )
 
 

@@ -177,6 +177,23 @@ def check_files(model_dir: str | Path) -> None:
             _header(path)
 
 
+def layer_tensors(model_dir: str | Path, num_layers: int) -> list[tuple[int, int]] | None:
+    """(elements, bytes as stored) of each tensor of the decoder's first `num_layers` layers,
+    from the files' headers alone; None for a GGUF checkpoint (not read here)."""
+    found = []
+    for path in checkpoint_files(model_dir):
+        if path.suffix == gguf_files.SUFFIX:
+            return None
+        for key, (_, shape, begin, end) in _header(path)[1].items():
+            parts = _normalise(key).split(".")
+            if parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) < num_layers:
+                elements = 1
+                for size in shape:
+                    elements *= size
+                found.append((elements, end - begin))
+    return found
+
+
 def tensor_shapes(path: Path) -> dict[str, list[int]]:
     """A safetensors file's tensors' shapes by key, from its header alone (a file that is not
     one: CheckpointError naming it)."""

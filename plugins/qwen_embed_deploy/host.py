@@ -11,6 +11,8 @@ from qwen_embed_client.contract import MAX_ANSWER_BYTES
 
 # Where Triton's Python models and the server pass every request's tensors
 SHARED_MEMORY = Path("/dev/shm")
+CGROUPS = Path("/sys/fs/cgroup")
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
 def _device_nodes(dev: Path) -> int:
@@ -48,3 +50,41 @@ def answer_bytes_limit(shared: int | None) -> int:
     past its largest answer and never shrinks, and the other models' pools share it; an answer
     it cannot hold is never sent, and its request waits for its deadline."""
     return MAX_ANSWER_BYTES if shared is None else min(MAX_ANSWER_BYTES, shared // 4)
+
+
+def memory_limit(proc: Path = Path("/proc"), cgroups: Path = CGROUPS) -> tuple[int, str]:
+    """(bytes, whose) the most memory this process and its children may hold: the smallest
+    limit of its memory cgroup and the cgroups above it (v2's memory.max, v1's
+    memory.limit_in_bytes; a container's own is its root), else the host's MemTotal."""
+    limits = []
+    for line in (proc / "self" / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's unified hierarchy
+            root, name = cgroups, "memory.max"
+        elif "memory" in controllers.split(","):
+            root, name = cgroups / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        here = root / path.lstrip("/")
+        for folder in (here, *here.parents):
+            limit = _read_limit(folder / name)
+            if limit is not None:
+                limits.append(limit)
+            if folder == root:
+                break
+    if limits:
+        return min(limits), "this container's memory limit"
+    for line in (proc / "meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024, "this host's memory"
+    raise ValueError(f"no MemTotal in {proc / 'meminfo'}")
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text.isdigit() or int(text) >= UNLIMITED:
+        return None
+    return int(text)

@@ -60,7 +60,12 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 from qwen_embed import ollama_store
 from qwen_embed_client.contract import MAX_ANSWER_BYTES, RERANK_RECIPES
-from qwen_embed_deploy.host import answer_bytes_limit, gpu_count, shared_memory_bytes
+from qwen_embed_deploy.host import (
+    answer_bytes_limit,
+    gpu_count,
+    memory_limit,
+    shared_memory_bytes,
+)
 from qwen_embed_deploy.placement import gpu_instance_groups, read_topology
 from qwen_embed_deploy.serving.config import (
     MODEL_DIR_ENV,
@@ -427,6 +432,33 @@ def facts_ahead(model_repository: Path, edit: Edit) -> Callable[..., dict]:
     return lambda *question: answers[key(*question)]
 
 
+def check_weights_fit(
+    model_repository: Path, edit: Edit, facts: Callable[..., dict], loaded: list[str]
+) -> None:
+    """ValueError where the loaded encoders' weights alone (each instance's floor,
+    engine.host_weight_bytes, times its instances) need more host memory than this host or
+    container has at all: the load could only end in the OOM killer, minutes later."""
+    parts, total = [], 0
+    for name, config in sorted(repository_configs(model_repository).items()):
+        edit(name, config)
+        question = facts_question(config)
+        if name not in loaded or question is None or question[2]:
+            continue
+        instances = sum(g.count or 1 for g in config.instance_group) or 1
+        need = facts(*question).get("host_weight_bytes", 0) * instances
+        if need:
+            parts.append(f"{name} {instances} x {need / instances / 2**30:.1f} GiB")
+            total += need
+    limit, whose = memory_limit()
+    if total > limit:
+        raise ValueError(
+            f"the encoders' weights alone need at least {total / 2**30:.1f} GiB of memory "
+            f"({', '.join(parts)}), more than {whose} ({limit / 2**30:.1f} GiB): fewer "
+            "encoder instances (--cpu-instances), quantization=int8, --no-rerank, or a "
+            "larger machine"
+        )
+
+
 def log(message: str) -> None:
     print(f"[qwen-embed launcher] {message}", file=sys.stderr, flush=True)
 
@@ -601,7 +633,11 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     if recipe:
         what.append(f"{recipe}'s reranking on the embed model")
     edit = served_edits(count, args.cpu_instances == "auto", groups, cache, recipe)
-    return edit, facts_ahead(args.model_repository, edit), what
+    facts = facts_ahead(args.model_repository, edit)
+    rerank = not (args.no_rerank or args.rerank_recipe)
+    loaded = repository_models(args.model_repository, rerank)
+    check_weights_fit(args.model_repository, edit, facts, loaded)
+    return edit, facts, what
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,7 +153,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         return facts
     import torch
 
-    from qwen_embed.engine import plan
+    from qwen_embed.engine import host_weight_bytes, plan
     from qwen_embed.lora import adapter_folders
 
     serving, settings = encoder_parameters(params)
@@ -170,6 +170,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
+        "host_weight_bytes": host_weight_bytes(checkpoint, config, route),
         "fingerprint": encoder_fingerprint(checkpoint, route, KNOWN_HASHES),
     }
     if route.lora_names:  # each adapter's vectors are fingerprinted apart
