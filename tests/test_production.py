@@ -21,7 +21,6 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, EmbeddingError
-from qwen_embed_deploy.host import memory_limit
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
@@ -238,26 +237,6 @@ def test_a_server_killed_for_memory_is_said_so(demo_dir):
     last = done.stderr.strip().splitlines()[-1]
     assert "tritonserver exited before it was ready" in last, done.stderr
     assert "the kernel's OOM killer ended" in last and "need more memory" in last, last
-
-
-def test_the_memory_limit_is_the_smallest_of_the_cgroups_else_the_hosts(tmp_path):
-    """host.memory_limit: a v1 memory cgroup's limit, the smallest on its path up to the
-    hierarchy's root ("no limit" is a number near 2**63); v2's memory.max ("max": none); with
-    none, the host's MemTotal."""
-    proc, groups = tmp_path / "proc", tmp_path / "cgroup"
-    (proc / "self").mkdir(parents=True)
-    (proc / "meminfo").write_text("MemTotal:       24000000 kB\nMemFree:  1 kB\n")
-    (proc / "self" / "cgroup").write_text("4:memory:/a/b\n1:cpu:/\n0::/\n")
-    for folder, limit in (("memory", 2**63 - 4096), ("memory/a", 3 << 30), ("memory/a/b", 5 << 30)):
-        (groups / folder).mkdir(parents=True)
-        (groups / folder / "memory.limit_in_bytes").write_text(f"{limit}\n")
-    assert memory_limit(proc, groups) == (3 << 30, "this container's memory limit")
-    (proc / "self" / "cgroup").write_text("0::/x\n")
-    (groups / "x").mkdir()
-    (groups / "x" / "memory.max").write_text("max\n")
-    assert memory_limit(proc, groups) == (24000000 * 1024, "this host's memory")
-    (groups / "memory.max").write_text(f"{1 << 30}\n")  # a container's own, at its root
-    assert memory_limit(proc, groups) == (1 << 30, "this container's memory limit")
 
 
 def sparse_checkpoint(demo_dir: Path, folder: Path, layers: int) -> Path:

@@ -52,12 +52,13 @@ def answer_bytes_limit(shared: int | None) -> int:
     return MAX_ANSWER_BYTES if shared is None else min(MAX_ANSWER_BYTES, shared // 4)
 
 
-def memory_limit(proc: Path = Path("/proc"), cgroups: Path = CGROUPS) -> tuple[int, str]:
+def memory_limit(proc: Path = Path("/proc"), cgroups: Path = CGROUPS) -> tuple[int, str] | None:
     """(bytes, whose) the most memory this process and its children may hold: the smallest
     limit of its memory cgroup and the cgroups above it (v2's memory.max, v1's
-    memory.limit_in_bytes; a container's own is its root), else the host's MemTotal."""
+    memory.limit_in_bytes; a container's own is its root), else the host's MemTotal; None
+    where neither is known."""
     limits = []
-    for line in (proc / "self" / "cgroup").read_text().splitlines():
+    for line in _lines(proc / "self" / "cgroup"):
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2's unified hierarchy
             root, name = cgroups, "memory.max"
@@ -74,10 +75,28 @@ def memory_limit(proc: Path = Path("/proc"), cgroups: Path = CGROUPS) -> tuple[i
                 break
     if limits:
         return min(limits), "this container's memory limit"
-    for line in (proc / "meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024, "this host's memory"
-    raise ValueError(f"no MemTotal in {proc / 'meminfo'}")
+    total = _meminfo(proc, "MemTotal")
+    return None if total is None else (total, "this host's memory")
+
+
+def memory_available(proc: Path = Path("/proc")) -> int | None:
+    """What this host could give new processes now without swapping (MemAvailable); None
+    where the kernel does not say."""
+    return _meminfo(proc, "MemAvailable")
+
+
+def _meminfo(proc: Path, field: str) -> int | None:
+    for line in _lines(proc / "meminfo"):
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
 
 
 def _read_limit(path: Path) -> int | None:

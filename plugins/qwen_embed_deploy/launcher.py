@@ -63,6 +63,7 @@ from qwen_embed_client.contract import MAX_ANSWER_BYTES, RERANK_RECIPES
 from qwen_embed_deploy.host import (
     answer_bytes_limit,
     gpu_count,
+    memory_available,
     memory_limit,
     shared_memory_bytes,
 )
@@ -432,31 +433,50 @@ def facts_ahead(model_repository: Path, edit: Edit) -> Callable[..., dict]:
     return lambda *question: answers[key(*question)]
 
 
-def check_weights_fit(
+def weights_floor(
     model_repository: Path, edit: Edit, facts: Callable[..., dict], loaded: list[str]
-) -> None:
-    """ValueError where the loaded encoders' weights alone (each instance's floor,
-    engine.host_weight_bytes, times its instances) need more host memory than this host or
-    container has at all: the load could only end in the OOM killer, minutes later."""
-    parts, total = [], 0
+) -> dict[str, tuple[int, int]]:
+    """Each loaded encoder's (instances, host memory its weights take at least per instance:
+    engine.host_weight_bytes), those that take any."""
+    floors = {}
     for name, config in sorted(repository_configs(model_repository).items()):
         edit(name, config)
         question = facts_question(config)
         if name not in loaded or question is None or question[2]:
             continue
         instances = sum(g.count or 1 for g in config.instance_group) or 1
-        need = facts(*question).get("host_weight_bytes", 0) * instances
-        if need:
-            parts.append(f"{name} {instances} x {need / instances / 2**30:.1f} GiB")
-            total += need
-    limit, whose = memory_limit()
-    if total > limit:
-        raise ValueError(
-            f"the encoders' weights alone need at least {total / 2**30:.1f} GiB of memory "
-            f"({', '.join(parts)}), more than {whose} ({limit / 2**30:.1f} GiB): fewer "
-            "encoder instances (--cpu-instances), quantization=int8, --no-rerank, or a "
-            "larger machine"
+        if each := facts(*question).get("host_weight_bytes", 0):
+            floors[name] = (instances, each)
+    return floors
+
+
+def weights_room(
+    floors: dict[str, tuple[int, int]],
+    limit: tuple[int, str] | None,
+    available: int | None,
+    reranking: set[str],
+) -> tuple[bool, str] | None:
+    """(True, an error) where the encoders' weights alone (`floors`: weights_floor's) need
+    more memory than the host or container has at all (`limit`: host.memory_limit's, None:
+    not known): the load
+    could only end in the OOM killer, minutes later; (False, a warning) where they need more
+    than the host has available now; None where they fit."""
+    need = sum(n * each for n, each in floors.values())
+    said = ", ".join(f"{name} {n} x {each / 2**30:.1f} GiB" for name, (n, each) in floors.items())
+    what = f"the encoders' weights alone need at least {need / 2**30:.1f} GiB of memory ({said})"
+    ways = ["fewer encoder instances (--cpu-instances)", "quantization=int8"]
+    ways += ["--no-rerank"] if reranking & set(floors) else []
+    if limit is not None and need > limit[0]:
+        return True, (
+            f"{what}, more than {limit[1]} ({limit[0] / 2**30:.1f} GiB): "
+            f"{', '.join(ways)}, or a larger machine"
         )
+    if available is not None and need > available:
+        return False, (
+            f"warning: {what}, and this host has {available / 2**30:.1f} GiB available now: "
+            "the load may end in the OOM killer"
+        )
+    return None
 
 
 def log(message: str) -> None:
@@ -606,8 +626,9 @@ def shared_memory_warning(shared: int | None) -> str | None:
 
 def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     """What the deployment asks for, read before any server starts: the repository's edit, the
-    models' facts and what is said of the served copy. A setting out of range raises
-    ValueError, a checkpoint not found FileNotFoundError."""
+    models' facts and what is said of the served copy. A setting out of range, or encoders
+    whose weights cannot fit in memory (weights_room), raises ValueError, a checkpoint not
+    found FileNotFoundError."""
     check_ports(
         args.host,
         {
@@ -636,7 +657,13 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     facts = facts_ahead(args.model_repository, edit)
     rerank = not (args.no_rerank or args.rerank_recipe)
     loaded = repository_models(args.model_repository, rerank)
-    check_weights_fit(args.model_repository, edit, facts, loaded)
+    floors = weights_floor(args.model_repository, edit, facts, loaded)
+    reranking = rerank_models(args.model_repository)
+    room = weights_room(floors, memory_limit(), memory_available(), reranking)
+    if room is not None and room[0]:
+        raise ValueError(room[1])
+    if room is not None:
+        log(room[1])
     return edit, facts, what
 
 
