@@ -217,22 +217,28 @@ def memory_cgroup(tmp_name: str, limit_bytes: int) -> Path | None:
     return None
 
 
-def test_a_server_killed_for_memory_is_said_so(demo_dir):
-    """Triton says only "Stub process ... is not healthy" of a stub the kernel's OOM killer
-    ended; the launcher says what happened. The whole deployment in a memory cgroup too small
-    for its stubs."""
-    group = memory_cgroup(f"qwen-embed-test-{os.getpid()}", 350 << 20)
+def launch_in_memory_cgroup(model: Path, limit_bytes: int) -> subprocess.CompletedProcess:
+    """The launcher on `model`, run to its end with every process it starts in a memory
+    cgroup of that limit (skipped where none can be made)."""
+    group = memory_cgroup(f"qwen-embed-test-{os.getpid()}", limit_bytes)
     if group is None:
         pytest.skip("no memory cgroup can be made here")
     try:
-        done = launch(
-            {"QWEN_EMBED_MODEL_DIR": str(demo_dir)},
+        return launch(
+            {"QWEN_EMBED_MODEL_DIR": str(model)},
             [],
             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
         )
     finally:
         wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "cgroup empty")
         group.rmdir()
+
+
+def test_a_server_killed_for_memory_is_said_so(demo_dir):
+    """Triton says only "Stub process ... is not healthy" of a stub the kernel's OOM killer
+    ended; the launcher says what happened. The whole deployment in a memory cgroup too small
+    for its stubs."""
+    done = launch_in_memory_cgroup(demo_dir, 350 << 20)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "tritonserver exited before it was ready" in last, done.stderr
@@ -292,19 +298,7 @@ def test_weights_larger_than_the_memory_are_refused_before_loading(demo_dir, tmp
     for minutes into the OOM killer: the launcher says so first, exit status 2, no server
     started. Three layers of Qwen3-Embedding-8B's widths (1.1 GiB of bf16) in a 700 MiB memory
     cgroup."""
-    group = memory_cgroup(f"qwen-embed-test-{os.getpid()}", 700 << 20)
-    if group is None:
-        pytest.skip("no memory cgroup can be made here")
-    model = sparse_checkpoint(demo_dir, tmp_path / "wide", layers=3)
-    try:
-        done = launch(
-            {"QWEN_EMBED_MODEL_DIR": str(model)},
-            [],
-            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
-        )
-    finally:
-        wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), "cgroup empty")
-        group.rmdir()
+    done = launch_in_memory_cgroup(sparse_checkpoint(demo_dir, tmp_path / "wide", 3), 700 << 20)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "weights alone need at least 1.1 GiB" in line and "encoder 1 x 1.1 GiB" in line, line
