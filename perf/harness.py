@@ -68,12 +68,14 @@ def named_revision(revision: str) -> str:
 
 
 def cpu_tag() -> str:
-    """Short name of this CPU kind for result file names (the widest native kernels it runs):
-    results per kind stay side by side."""
+    """Short name of this CPU kind for result file names (the widest native kernels it runs,
+    and "zen5" for AMD's family 26, which runs Zen 4's): results per kind, as RESULTS.md
+    sorts them, stay side by side."""
     from qwen_embed.cpu import cpu_features
     from qwen_embed.native import isa_for
 
-    return isa_for(cpu_features())
+    isa = isa_for(cpu_features())
+    return "zen5" if isa == "avx512bf16" and "family 26," in machine() else isa
 
 
 def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]]) -> None:
