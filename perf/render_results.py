@@ -35,7 +35,7 @@ VARIANT_OPTIONS = (
 )
 VARIANT_FLAGS = ("--listwise", "--qwen3-5")  # the same, without a value
 # Scripts of one question each, since folded into a script's subcommand with the same options:
-# a report's command is shown as it runs now, beside the command it was run with.
+# a report's command is shown as it runs now, beside the script it was run as.
 MOVED = {
     **{
         f"bench_{name}.py": f"bench_kernels.py {name}"

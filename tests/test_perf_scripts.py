@@ -483,8 +483,9 @@ def test_every_reported_command_runs_as_shown(perf_imports):
         command = json.loads(path.read_text()).get("command")
         if not command or render_results.script_of(command) in render_results.REMOVED:
             continue
-        argv = shlex.split(render_results.current_command(command))
-        argv = argv[next(i for i, word in enumerate(argv) if word.endswith(".py")) :]
+        now = render_results.current_command(command)
+        argv = shlex.split(now)
+        argv = argv[argv.index(render_results.script_of(now)) :]
         try:
             _parse_only(str(PERF), argv)
         except BaseException as e:
