@@ -458,14 +458,19 @@ def weights_room(
 ) -> tuple[bool, str] | None:
     """(True, an error) where the encoders' weights alone (`floors`: weights_floor's) need
     more memory than the host or container has at all (`limit`: host.memory_limit's, None:
-    not known): the load
-    could only end in the OOM killer, minutes later; (False, a warning) where they need more
-    than the host has available now; None where they fit."""
+    not known): the load could only end in the OOM killer, minutes later; (False, a warning)
+    where they need more than the host has available now; None where they fit. The error
+    names the ways out that apply (fewer instances where a model has several, --no-rerank
+    where a reranker adds)."""
     need = sum(n * each for n, each in floors.values())
     said = ", ".join(f"{name} {n} x {each / 2**30:.1f} GiB" for name, (n, each) in floors.items())
     what = f"the encoders' weights alone need at least {need / 2**30:.1f} GiB of memory ({said})"
-    ways = ["fewer encoder instances (--cpu-instances)", "quantization=int8"]
-    ways += ["--no-rerank"] if reranking & set(floors) else []
+    ways = (
+        ["fewer encoder instances (--cpu-instances)"]
+        if any(n > 1 for n, _ in floors.values())
+        else []
+    )
+    ways += ["quantization=int8"] + (["--no-rerank"] if reranking & set(floors) else [])
     if limit is not None and need > limit[0]:
         return True, (
             f"{what}, more than {limit[1]} ({limit[0] / 2**30:.1f} GiB): "
