@@ -158,7 +158,7 @@ import json, sys
 from qwen_embed_deploy.launcher import facts_ahead
 from qwen_embed_deploy.repository import facts_question, repository_configs
 from qwen_embed_deploy.serving.config import MODEL_REPOSITORY
-facts = facts_ahead(MODEL_REPOSITORY, lambda name, config: None)
+facts = facts_ahead(repository_configs(MODEL_REPOSITORY))
 configs = repository_configs(MODEL_REPOSITORY).items()
 answers = {n: facts(*q) for n, c in configs if (q := facts_question(c)) is not None}
 print(json.dumps({"torch": "torch" in sys.modules, "answers": answers}))

@@ -4,6 +4,7 @@ out: nothing is ever unpickled)."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -187,10 +188,7 @@ def layer_tensors(model_dir: str | Path, num_layers: int) -> list[tuple[int, int
         for key, (_, shape, begin, end) in _header(path)[1].items():
             parts = _normalise(key).split(".")
             if parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) < num_layers:
-                elements = 1
-                for size in shape:
-                    elements *= size
-                found.append((elements, end - begin))
+                found.append((math.prod(shape), end - begin))
     return found
 
 

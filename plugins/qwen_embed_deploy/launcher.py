@@ -411,17 +411,21 @@ class Watchdog(threading.Thread):
             known = server_stubs(self.server_pid) if reloading else alive
 
 
-def facts_ahead(model_repository: Path, edit: Edit) -> Callable[..., dict]:
-    """The facts of every tokenizer and encoder of the repository as `edit` leaves them,
-    worked out at once; publish_facts' `facts` (a lookup of them). An encoder's facts name its
-    route, which takes torch to find: they are worked out in a child process, so that the
-    launcher, alive as long as the server, stays without torch; the tokenizers' here meanwhile,
-    so the checkpoints' files are hashed while the child imports torch."""
-    questions = []
-    for name, config in repository_configs(model_repository).items():
+def edited_configs(model_repository: Path, edit: Edit) -> dict[str, ModelConfig]:
+    """The repository's model configs, by model name, as `edit` leaves them."""
+    configs = repository_configs(model_repository)
+    for name, config in configs.items():
         edit(name, config)
-        if (question := facts_question(config)) is not None:
-            questions.append(question)
+    return configs
+
+
+def facts_ahead(configs: dict[str, ModelConfig]) -> Callable[..., dict]:
+    """The facts of every tokenizer and encoder of `configs` (edited_configs'), worked out at
+    once; publish_facts' `facts` (a lookup of them). An encoder's facts name its route, which
+    takes torch to find: they are worked out in a child process, so that the launcher, alive
+    as long as the server, stays without torch; the tokenizers' here meanwhile, so the
+    checkpoints' files are hashed while the child imports torch."""
+    questions = [q for c in configs.values() if (q := facts_question(c)) is not None]
 
     def key(params: dict, kind: str, tokenizer: bool) -> str:
         return json.dumps([params, kind, tokenizer], sort_keys=True)
@@ -434,13 +438,12 @@ def facts_ahead(model_repository: Path, edit: Edit) -> Callable[..., dict]:
 
 
 def weights_floor(
-    model_repository: Path, edit: Edit, facts: Callable[..., dict], loaded: list[str]
+    configs: dict[str, ModelConfig], facts: Callable[..., dict], loaded: list[str]
 ) -> dict[str, tuple[int, int]]:
     """Each loaded encoder's (instances, host memory its weights take at least per instance:
-    engine.host_weight_bytes), those that take any."""
+    engine.host_weight_bytes), those that take any; `configs` and `facts` as facts_ahead's."""
     floors = {}
-    for name, config in sorted(repository_configs(model_repository).items()):
-        edit(name, config)
+    for name, config in sorted(configs.items()):
         question = facts_question(config)
         if name not in loaded or question is None or question[2]:
             continue
@@ -659,10 +662,11 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     if recipe:
         what.append(f"{recipe}'s reranking on the embed model")
     edit = served_edits(count, args.cpu_instances == "auto", groups, cache, recipe)
-    facts = facts_ahead(args.model_repository, edit)
+    configs = edited_configs(args.model_repository, edit)
+    facts = facts_ahead(configs)
     rerank = not (args.no_rerank or args.rerank_recipe)
     loaded = repository_models(args.model_repository, rerank)
-    floors = weights_floor(args.model_repository, edit, facts, loaded)
+    floors = weights_floor(configs, facts, loaded)
     reranking = rerank_models(args.model_repository)
     room = weights_room(floors, memory_limit(), memory_available(), reranking)
     if room is not None and room[0]:
