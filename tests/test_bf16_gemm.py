@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,13 +224,16 @@ def test_a_gated_gemm_needs_whole_halves_and_no_bias():
 @NEEDS_OPERATOR
 def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
     """QwenMLP's gate|up projection hands silu(gate) * up to its kernel where it gates (the
-    row ops' silu_mul not called, the same bits); a bias or adapters join the product before
-    the gating, so there the GEMM's output goes to silu_mul."""
+    row ops' silu_mul not called, the same bits); a bias, or an adapter that a row of this
+    forward names and that adapts this layer, joins the product before the gating, so there the
+    GEMM's output goes to silu_mul. Adapters held but named by no row, or leaving this layer
+    as it is, keep the gated store."""
     from types import SimpleNamespace
 
     from qwen_embed.kernels import native_cpu
     from qwen_embed.layers import ColumnParallelLinear, TPGroup
     from qwen_embed.lora import LinearLora
+    from qwen_embed.segments import BASE, AdapterRows
 
     calls = []
 
@@ -239,14 +243,25 @@ def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
 
     ops = SimpleNamespace(silu_mul=counted_silu_mul)
     x = _random(10, 64, seed=17)
-    for bias, lora in ((False, False), (True, False), (False, True)):
-        layer = ColumnParallelLinear(64, {"gate": 128, "up": 128}, TPGroup(), bias=bias)
-        layer.weight.data = _random(256, 64, seed=16)
-        if bias:
-            layer.bias.data = torch.randn(256)
-        layer.repack(NativeBf16Weight)
-        layer.lora = LinearLora(SimpleNamespace(rows=None), []) if lora else None
-        expected = native_cpu.silu_mul(layer(x))
-        calls.clear()
-        assert torch.equal(layer.silu_gated(x, ops), expected)
-        assert calls == ([] if not (bias or lora) else [(10, 256)]), (bias, lora)
+    pair = (_random(4, 64, seed=18), _random(256, 4, seed=19))
+    named = np.array([BASE] * 4 + [1] * 6)  # the last 6 rows name adapter 1
+    unadapted = np.where(named == BASE, BASE, 0)  # adapter 0 leaves this layer as it is
+    runs = {
+        "no adapter": None,
+        "none named": SimpleNamespace(rows=None),
+        "named, not this layer's": SimpleNamespace(rows=AdapterRows.of(unadapted, unadapted)),
+        "named": SimpleNamespace(rows=AdapterRows.of(named, named)),
+    }
+    for bias in (False, True):
+        for case, switch in runs.items():
+            layer = ColumnParallelLinear(64, {"gate": 128, "up": 128}, TPGroup(), bias=bias)
+            layer.weight.data = _random(256, 64, seed=16)
+            if bias:
+                layer.bias.data = torch.randn(256)
+            layer.repack(NativeBf16Weight)
+            layer.lora = None if switch is None else LinearLora(switch, [None, pair])
+            expected = native_cpu.silu_mul(layer(x))
+            calls.clear()
+            assert torch.equal(layer.silu_gated(x, ops), expected)
+            joined = bias or case == "named"
+            assert calls == ([(10, 256)] if joined else []), (bias, case)

@@ -206,8 +206,10 @@ class ColumnParallelLinear(_Linear):
     def silu_gated(self, x: torch.Tensor, ops: RowOps) -> torch.Tensor:
         """silu(gate) * up of a gate|up projection (its two shards): in the GEMM's store where
         the kernel does it (`gates`: int8.Int8Weight, onednn.NativeBf16Weight) and nothing
-        joins the product first (a bias, adapters), else ops.silu_mul after it; the same bits."""
-        if getattr(self.kernel, "gates", False) and self.bias is None and self.lora is None:
+        joins the product first (a bias, an adapter a row of this forward names), else
+        ops.silu_mul after it; the same bits."""
+        adapted = self.lora is not None and self.lora.adds(x.shape[0])
+        if getattr(self.kernel, "gates", False) and self.bias is None and not adapted:
             return self.kernel.silu_gated(x)
         return ops.silu_mul(self(x))
 

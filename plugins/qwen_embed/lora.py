@@ -75,6 +75,11 @@ class LinearLora:
                 y[start:stop].add_(F.linear(xa, b))
         return y
 
+    def adds(self, rows: int) -> bool:
+        """Whether a row of this forward's `rows` adds a pair of this layer."""
+        runs = self.switch.rows
+        return runs is not None and any(self.pairs[a] is not None for a, _, _ in runs.runs(rows))
+
     def outputs(self, start: int, size: int) -> LinearLora:
         """The pairs of output features [start, start + size) (ColumnParallelLinear.split)."""
         cut = [None if p is None else (p[0], p[1].narrow(0, start, size)) for p in self.pairs]
