@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from qwen_embed import native  # noqa: E402
+from qwen_embed_deploy import triton  # noqa: E402
 from qwen_embed_deploy.demo import build_demo_model  # noqa: E402
 from qwen_embed_deploy.repository import render  # noqa: E402
 from qwen_embed_deploy.serving.config import DEMO_MODEL_DIR, DEMO_RERANKER_DIR  # noqa: E402
@@ -40,6 +41,12 @@ from qwen_embed_deploy.triton import TritonServer, wait_for_stops  # noqa: E402
 from reference import TINY_CONFIGS, make_checkpoint, make_reranker  # noqa: E402
 
 SERVER_MODULE = "pytestmark = pytest.mark.server"  # the convention: a module of server tests
+# Each xdist worker's servers take ports from a share of its own: no other worker chooses them
+if "PYTEST_XDIST_WORKER" in os.environ:
+    triton.PORT_SHARE = triton.port_share(
+        int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),
+        int(os.environ["PYTEST_XDIST_WORKER_COUNT"]),
+    )
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:

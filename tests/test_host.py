@@ -1,6 +1,6 @@
 """What the launcher reads of its host before anything starts: the memory the host or its
 container allows (cgroup v1 and v2 limits, MemTotal, MemAvailable), and whether the encoders'
-weights can fit in it (launcher.weights_room)."""
+weights can fit in it (launcher.weights_room); and the ports a server is given and probed on."""
 
 from qwen_embed_deploy.host import memory_available, memory_limit
 from qwen_embed_deploy.launcher import weights_room
@@ -52,3 +52,68 @@ def test_weights_beyond_the_limit_are_refused_beyond_what_is_free_warned():
     assert weights_room(floors, (16 * GIB, "this host's memory"), 8 * GIB, set()) is None
     assert weights_room(floors, None, None, set()) is None  # nothing known: nothing said
     assert weights_room({}, limit, 0, set()) is None  # GPU instances: nothing on the host
+
+
+def test_each_worker_chooses_ports_of_its_own_share(monkeypatch):
+    """triton.free_ports from a share (the suite's xdist workers: triton.port_share, set by
+    conftest): distinct ports inside it, never one handed out before by this process nor one
+    another process holds; none left is an error. The shares lie apart, below the kernel's
+    ephemeral range."""
+    import socket
+
+    import pytest
+
+    from qwen_embed_deploy import triton
+
+    shares = [triton.port_share(i, 2, 32768) for i in range(2)]
+    assert triton.FIRST_SHARED_PORT == shares[0].start
+    assert shares[0].stop <= shares[1].start and shares[1].stop <= 32768
+    assert triton.port_share(0, 400, 32768) is None  # no room: the kernel's choice
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        share = range(taken - 2, taken + 3)
+        monkeypatch.setattr(triton, "PORT_SHARE", share)
+        monkeypatch.setattr(triton, "_handed_out", set())
+        first = triton.free_ports(2)
+        second = triton.free_ports(2)
+        chosen = first + second
+        assert sorted(chosen) == [p for p in share if p != taken]
+        with pytest.raises(OSError, match="no free port left"):
+            triton.free_port()
+
+
+def test_a_port_that_answers_but_not_in_http_is_not_ready():
+    """A server's readiness probe on a port where another process answers something other
+    than HTTP (another server's gRPC port, taken between the port's choice and its bind) says
+    not ready, in the suite's TritonServer and in the launcher, instead of raising."""
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from qwen_embed_deploy.launcher import wait_ready
+    from qwen_embed_deploy.triton import TritonServer
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer():  # an HTTP/2 SETTINGS frame, as a gRPC server opens a connection
+            with contextlib.suppress(OSError):  # the listener closed
+                while True:
+                    conn, _ = listener.accept()
+                    with conn:
+                        conn.sendall(
+                            b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64\n"
+                        )
+
+        threading.Thread(target=answer, daemon=True).start()
+        server = TritonServer(http_port=port)
+        server.status_file.unlink()
+        assert server.ready() is False
+        with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as proc:
+            assert wait_ready(f"127.0.0.1:{port}", proc, timeout_s=0.3) is False
+            proc.kill()

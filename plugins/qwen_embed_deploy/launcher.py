@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import http.client
 import json
 import multiprocessing
 import os
@@ -498,7 +499,7 @@ def wait_ready(http_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
             with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return True
-        except OSError:
+        except (OSError, http.client.HTTPException):  # the latter: another server's port
             pass
         time.sleep(READY_POLL_S)
     return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import filecmp
+import http.client
 import json
 import os
 import re
@@ -137,14 +138,49 @@ def server_command() -> tuple[list[str], dict[str, str]]:
     ], env
 
 
+# Where set, the ports free_ports chooses among (the test suite's workers: each its own share,
+# below the kernel's ephemeral range). A port is free from its choice until its server binds
+# it, seconds later; two processes choosing from the kernel's range at once may be handed the
+# same one in between, two choosing from their own shares never are.
+PORT_SHARE: range | None = None
+_handed_out: set[int] = set()  # from PORT_SHARE, by this process: never handed out twice
+FIRST_SHARED_PORT = 10000
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_share(index: int, processes: int, ephemeral_start: int | None = None) -> range | None:
+    """Process `index` of `processes`' share (PORT_SHARE) of the ports from FIRST_SHARED_PORT up
+    to the kernel's ephemeral range, which binding port 0 hands out to every process; None
+    where there is no room below that range."""
+    if ephemeral_start is None:
+        ephemeral_start = int(EPHEMERAL_PORTS.read_text().split()[0])
+    size = (ephemeral_start - FIRST_SHARED_PORT) // processes
+    if size < 100:
+        return None
+    start = FIRST_SHARED_PORT + index * size
+    return range(start, start + size)
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct free ports: every socket stays bound until all are chosen, else the kernel
     may hand the same port out twice."""
     with contextlib.ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        if PORT_SHARE is None:
+            for s in sockets:
+                s.bind(("127.0.0.1", 0))
+            return [s.getsockname()[1] for s in sockets]
+        ports = (p for p in PORT_SHARE if p not in _handed_out)
         for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+            for port in ports:
+                with contextlib.suppress(OSError):
+                    s.bind(("127.0.0.1", port))
+                    break
+            else:
+                raise OSError(f"no free port left in {PORT_SHARE}")
+        chosen = [s.getsockname()[1] for s in sockets]
+        _handed_out.update(chosen)
+        return chosen
 
 
 def free_port() -> int:
@@ -274,7 +310,7 @@ class TritonServer:
             url = f"http://{self.http_url}/v2/health/ready"
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):  # the latter: not an HTTP server's answer
             return False
 
     # The test suite's choice: a stop sends SIGTERM and returns, and the shutdown (seconds of
