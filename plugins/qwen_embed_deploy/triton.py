@@ -162,8 +162,8 @@ def port_share(index: int, processes: int, ephemeral_start: int | None = None) -
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports: every socket stays bound until all are chosen, else the kernel
-    may hand the same port out twice."""
+    """n distinct free ports, the kernel's choice or from PORT_SHARE: every socket stays bound
+    until all are chosen, else the same port could be handed out twice."""
     with contextlib.ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
         if PORT_SHARE is None:
