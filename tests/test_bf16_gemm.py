@@ -265,3 +265,73 @@ def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
             assert torch.equal(layer.silu_gated(x, ops), expected)
             joined = bias or case == "named"
             assert calls == ([(10, 256)] if joined else []), (bias, case)
+
+
+@NEEDS_OPERATOR
+@pytest.mark.parametrize("n, k, r, panel", [(256, 64, 16, 64), (200, 44, 5, 64), (48, 128, 3, 16)])
+def test_a_pair_merges_into_the_packed_weights(n, k, r, panel):
+    """bf16_merge_pair: the packed weights plus b @ a, each float(w) + the pair's sum rounded
+    once, in the packed layout, as packing the merged weight gives them (within one bf16
+    rounding: the sum's order is its own); padding channels past n stay zero. Steps past the
+    kernel's blocks of 6 and widths past the panels' (n 200, k 44) included."""
+    w = _random(n, k, seed=30)
+    a, b = 0.3 * _random(r, k, seed=31).float(), 0.3 * _random(n, r, seed=32).float()
+    packed = native.pack_panels(w, 2, panel)
+    merged = torch.ops.qwen_embed.bf16_merge_pair(packed, a, b)
+    want = native.pack_panels((w.float() + b @ a).bfloat16(), 2, panel)
+    assert merged.shape == want.shape and merged.dtype == torch.bfloat16
+    ulp = want.float().abs() * 2**-7
+    assert ((merged.float() - want.float()).abs() <= ulp).all()
+    assert (merged != want).float().mean() < 0.01  # nearly every weight the same bits
+    assert not torch.equal(merged, packed)
+    with pytest.raises(RuntimeError, match=r"a must be float32 \[r,"):
+        torch.ops.qwen_embed.bf16_merge_pair(packed, a[:, :-2], b)
+
+
+@NEEDS_OPERATOR
+def test_a_forward_of_one_adapter_multiplies_it_merged(monkeypatch):
+    """A forward whose rows all name one adapter, lora.MERGE_FROM_ROWS of them or more,
+    multiplies by the weights with the adapter's pair merged (NativeBf16Weight.merged, counted),
+    a gate|up projection gating in the merged GEMM's store (silu_mul not called); fewer rows,
+    or rows of two adapters, add the pairs' products. Merged or added, each row's product as
+    its fine-tune's merged weight gives it (cosine >= 0.999: bf16 roundings)."""
+    from types import SimpleNamespace
+
+    from qwen_embed import lora
+    from qwen_embed.kernels import native_cpu
+    from qwen_embed.layers import ColumnParallelLinear, TPGroup
+    from qwen_embed.segments import AdapterRows
+
+    merges, gatings = [], []
+    merged_by = NativeBf16Weight.merged
+    monkeypatch.setattr(
+        NativeBf16Weight, "merged", lambda self, a, b: merges.append(1) or merged_by(self, a, b)
+    )
+
+    def counted_silu_mul(gate_up):
+        gatings.append(1)
+        return native_cpu.silu_mul(gate_up)
+
+    ops = SimpleNamespace(silu_mul=counted_silu_mul)
+    layer = ColumnParallelLinear(64, {"gate": 128, "up": 128}, TPGroup(), bias=False)
+    layer.weight.data = _random(256, 64, seed=16)
+    weight = layer.weight.data
+    layer.repack(NativeBf16Weight)
+    pairs = [(_random(8, 64, seed=s), 0.2 * _random(256, 8, seed=s + 1)) for s in (40, 50)]
+    switch = SimpleNamespace(rows=None)
+    layer.lora = lora.LinearLora(switch, pairs)
+    x = _random(12, 64, seed=17)
+    one, two = np.zeros(12, np.int64), np.repeat([0, 1], 6)
+    for rows, names, merged in ((12, one, True), (13, one, False), (12, two, False)):
+        monkeypatch.setattr(lora, "MERGE_FROM_ROWS", rows)
+        switch.rows = AdapterRows.of(names, names)
+        merges.clear(), gatings.clear()
+        got = layer.silu_gated(x, ops)
+        assert (len(merges), len(gatings)) == ((1, 0) if merged else (0, 1)), (rows, names)
+        a, b = pairs[0] if merged or names is one else pairs[1]
+        finetuned = (weight.float() + b.float() @ a.float()).bfloat16()
+        rows_of = slice(6, 12) if names is two else slice(0, 12)  # two: adapter 1's rows
+        want = native_cpu.silu_mul(_rounded_product(x, finetuned))[rows_of]
+        got = got[rows_of]
+        cosines = torch.nn.functional.cosine_similarity(got.float(), want.float())
+        assert cosines.min() >= 0.999, (rows, names)

@@ -16,9 +16,10 @@ from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
 from tritonclient.utils import InferenceServerException
 
-from qwen_embed import Encoder
+from qwen_embed import Encoder, lora
 from qwen_embed.adapters import AdapterError
 from qwen_embed.chunking import ChunkedText
+from qwen_embed.onednn import NativeBf16Weight, brgemm_runs
 from qwen_embed.segments import (
     BASE,
     MIN_PREFIX_TOKENS,
@@ -467,6 +468,37 @@ def test_late_chunks_of_an_adapter_equal_it_merged(checkpoint, tmp_path):
             want = merged[i] if name else plain[i]
             assert np.abs(got[i] - want).max() <= FP32_MAX_ABS, (i, name)
     assert cosine(merged[0], plain[0]).max() < 0.99  # the adapter matters
+
+
+@pytest.mark.skipif(not brgemm_runs(), reason="the native bf16 GEMM merges; it needs AVX-512")
+def test_a_forward_of_one_adapter_multiplies_it_merged(checkpoint, tmp_path, monkeypatch):
+    """bf16 on the native GEMM: a forward of one adapter's texts, lora.MERGE_FROM_ROWS rows or
+    more, multiplies by each layer's weights with the adapter's pair merged
+    (NativeBf16Weight.merged, counted), giving the fine-tune merged at
+    load's vectors (its pairs held in bf16: the suite's bf16 bound); with the base's texts in
+    the forward, the pairs' products are added (no merge)."""
+    seqs = random_sequences([50, 17, 40, 33], seed=7)
+    monkeypatch.setattr(lora, "MERGE_FROM_ROWS", sum(map(len, seqs)))
+    merges = []
+    merged_by = NativeBf16Weight.merged
+    monkeypatch.setattr(
+        NativeBf16Weight, "merged", lambda self, a, b: merges.append(1) or merged_by(self, a, b)
+    )
+    base = checkpoint("qwen3")
+    adapter = build_demo_adapter(tmp_path / "adapter", base, rank=8, seed=3)
+    with Encoder.from_pretrained(base, lora_modules=f"x={adapter}", dtype="bfloat16") as enc:
+        assert "native" in enc.route.describe()
+        unmerged = enc.embed(seqs, adapter="x")
+        merges_in_one = len(merges)
+        mixed = enc.embed(seqs, adapter=["x", None, "x", "x"])
+    with Encoder.from_pretrained(adapter, dtype="bfloat16") as enc:
+        merged = enc.embed(seqs)
+    layers = int(json.loads((base / "config.json").read_text())["num_hidden_layers"])
+    # q|k|v, o, gate|up and down of every layer but the pruned last, whose rows past the pooled
+    # ones take only its key|value projection
+    assert merges_in_one == 4 * (layers - 1) + 1 and len(merges) == merges_in_one
+    assert cosine(unmerged, merged).min() >= BF16_COSINE
+    assert cosine(mixed[[0, 2, 3]], merged[[0, 2, 3]]).min() >= BF16_COSINE
 
 
 def test_an_adapter_beside_fp32_held_weights(checkpoint, tmp_path):

@@ -151,6 +151,8 @@ class _Linear(nn.Module):
         self.lora = None  # lora.LinearLora: the adapters a request may name
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.lora is not None and (merged := self.lora.merged(self.kernel, len(x))) is not None:
+            return merged(x, bias)
         if self.kernel is not None:
             y = self.kernel(x, bias)
         else:
@@ -206,11 +208,14 @@ class ColumnParallelLinear(_Linear):
     def silu_gated(self, x: torch.Tensor, ops: RowOps) -> torch.Tensor:
         """silu(gate) * up of a gate|up projection (its two shards): in the GEMM's store where
         the kernel does it (`gates`: int8.Int8Weight, onednn.NativeBf16Weight) and nothing
-        joins the product first (a bias, an adapter a row of this forward names), else
-        ops.silu_mul after it; the same bits."""
-        adapted = self.lora is not None and self.lora.adds(x.shape[0])
-        if getattr(self.kernel, "gates", False) and self.bias is None and not adapted:
-            return self.kernel.silu_gated(x)
+        joins the product first (a bias, an adapter a row of this forward names, unless merged
+        into the kernel's weights: lora.MERGE_FROM_ROWS), else ops.silu_mul after it; the same
+        bits."""
+        kernel, adapted = self.kernel, self.lora is not None and self.lora.adds(len(x))
+        if adapted and (merged := self.lora.merged(kernel, len(x))) is not None:
+            kernel, adapted = merged, False
+        if getattr(kernel, "gates", False) and self.bias is None and not adapted:
+            return kernel.silu_gated(x)
         return ops.silu_mul(self(x))
 
     def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:

@@ -51,6 +51,13 @@ class AdapterSwitch:
         self.rows = AdapterRows.of(np.repeat(adapters, patches), np.repeat(adapters, tokens))
 
 
+# Rows from which a forward whose rows all name one adapter multiplies by the layer's weights
+# with that adapter's pair merged into a copy of them (the kernel's `merged`) instead of adding
+# the pair's products: the merge costs the same at any row count, the products and their pass
+# over the layer's output grow with the rows, and a merged gate|up still gates in its store.
+MERGE_FROM_ROWS = 3072
+
+
 class LinearLora:
     """One linear layer's low-rank pairs, this rank's slice, scale folded into B: one per
     adapter of the switch (None where an adapter leaves the layer as it is)."""
@@ -74,6 +81,18 @@ class LinearLora:
             else:  # pairs held in fp32 (layers.linear_weight_dtype)
                 y[start:stop].add_(F.linear(xa, b))
         return y
+
+    def merged(self, kernel: nn.Module | None, rows: int) -> nn.Module | None:
+        """`kernel` with the pair merged into its weights (kernel.merged) where every one of
+        this forward's `rows` rows names one adapter of this layer, they are MERGE_FROM_ROWS
+        or more and the kernel merges; else None."""
+        runs = self.switch.rows
+        if runs is None or rows < MERGE_FROM_ROWS or not hasattr(kernel, "merged"):
+            return None
+        match runs.runs(rows):
+            case ((adapter, 0, stop),) if stop == rows and self.pairs[adapter] is not None:
+                return kernel.merged(*self.pairs[adapter])
+        return None
 
     def adds(self, rows: int) -> bool:
         """Whether a row of this forward's `rows` adds a pair of this layer."""

@@ -12,6 +12,8 @@ and never one row.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,3 +77,10 @@ class NativeBf16Weight(nn.Module):
         """silu(gate) * up of a gate|up projection (forward's halves), in the GEMM's store
         where `gates`: the bits of the row ops' silu_mul on forward's output."""
         return torch.ops.qwen_embed.bf16_linear(x, self.packed, None, self.out_features, gated=True)
+
+    def merged(self, a: torch.Tensor, b: torch.Tensor) -> NativeBf16Weight:
+        """A copy with a low-rank pair merged: the weights plus b @ a, summed in fp32 and
+        rounded once (as a fine-tune merged at load), added in the packed layout."""
+        merged = copy.copy(self)
+        merged.packed = torch.ops.qwen_embed.bf16_merge_pair(self.packed, a.float(), b.float())
+        return merged

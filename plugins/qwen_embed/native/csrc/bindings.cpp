@@ -25,6 +25,7 @@ TORCH_LIBRARY(qwen_embed, m) {
   m.def(
       "bf16_linear(Tensor x, Tensor packed, Tensor? bias, int n, int task_rows=64, "
       "int task_channels=512, bool channels_outer=True, bool gated=False) -> Tensor");
+  m.def("bf16_merge_pair(Tensor packed, Tensor a, Tensor b) -> Tensor");
   m.def(
       "int8_linear(Tensor x, Tensor packed, Tensor offset, Tensor w_scale, Tensor? bias, int n, "
       "int rotation=1, int task_rows=96, int task_channels=1024, bool channels_outer=True, "
@@ -56,6 +57,7 @@ TORCH_LIBRARY_IMPL(qwen_embed, CPU, m) {
   m.impl("gated_delta_rule", &qe::gated_delta_rule);
   m.impl("int8_linear", &qe::int8_linear);
   m.impl("bf16_linear", &qe::bf16_linear);
+  m.impl("bf16_merge_pair", &qe::bf16_merge_pair);
   m.impl("int8_linear_avx2", &qe::int8_linear_avx2);
   m.impl("f32_linear", &qe::f32_linear);
   m.impl("varlen_attention", &qe::varlen_attention);

@@ -56,6 +56,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,
                        int64_t task_channels, bool channels_outer, bool gated);
+at::Tensor bf16_merge_pair(const at::Tensor& packed, const at::Tensor& a, const at::Tensor& b);
 bool avx2_supported();
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed,
                       const std::optional<at::Tensor>& bias, int64_t n, int64_t task_rows,

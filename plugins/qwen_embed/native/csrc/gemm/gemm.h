@@ -61,6 +61,13 @@ struct RowKernels {
   // silu(gate) * up, each half rounded to bf16 first (Int8Gemm's `up`).
   void (*store_gated_bf16)(const float* sums, int64_t ld, int64_t rows, int64_t cols,
                            uint16_t* out, int64_t ldo);
+  // Panels [p0, p1) of bf16_linear's packed weights ([panels][steps][panel][2], 2 * steps
+  // values per channel) plus a low-rank pair's product, bt [r][n] (B transposed) and a
+  // [r][2 * steps], fp32: each weight float(w) + the sum over r of b * a (multiply-adds in r's
+  // order), rounded once, into out (the same layout); channels past n (padding) unchanged.
+  void (*merge_pair_bf16)(const uint16_t* packed, int64_t steps, int64_t panel, const float* bt,
+                          const float* a, int64_t n, int64_t r, int64_t p0, int64_t p1,
+                          uint16_t* out);
 };
 
 // batch_invariant's bf16 GEMM on AMX tiles (ops.cpp bf16_linear): rows packed by pack_rows (k bf16

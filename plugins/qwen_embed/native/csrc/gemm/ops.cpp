@@ -398,6 +398,32 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
+// bf16_linear's packed weights [panels, steps, panel, 2] plus the product of a low-rank pair,
+// b [n, r] times a [r, 2 * steps], fp32 (lora.py: an adapter merged for one forward): each
+// weight float(w) + the pair's sum, rounded once (as a fine-tune merged at load), in the same
+// layout; channels past n (the panels' padding) unchanged.
+at::Tensor bf16_merge_pair(const at::Tensor& packed, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(bf16_supported(), "bf16_merge_pair needs the bf16 operator's CPU (AVX-512)");
+  const int64_t panel = packed.dim() == 4 ? packed.size(2) : 0;
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.is_contiguous() && panel > 0 && panel % 16 == 0 && packed.size(3) == 2,
+              "packed must be bf16_linear's bf16 [panels, steps, panel, 2] weights");
+  const int64_t panels = packed.size(0), steps = packed.size(1);
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.size(1) == 2 * steps &&
+                  b.dim() == 2 && b.scalar_type() == at::kFloat && b.size(1) == a.size(0) &&
+                  b.size(0) <= panels * panel,
+              "a must be float32 [r, ", 2 * steps, "] and b float32 [n <= ", panels * panel,
+              ", r]");
+  const at::Tensor a_rows = a.contiguous(), bt = b.t().contiguous();
+  at::Tensor out = at::empty_like(packed);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    gemm::rows.merge_pair_bf16(ptr<uint16_t>(packed), steps, panel, ptr<float>(bt),
+                               ptr<float>(a_rows), b.size(0), a.size(0), p0, p1,
+                               ptr<uint16_t>(out));
+  });
+  return out;
+}
+
 // The AVX2 GEMM operators run here: the int8 route's where the CPU has no VNNI (int8.py runs
 // int8_linear where it has VNNI) and the fp32 one of CPUs without AVX-512 (route.py).
 bool avx2_supported() {

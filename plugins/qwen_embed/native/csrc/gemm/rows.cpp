@@ -104,10 +104,57 @@ void store_gated_bf16(const float* sums, int64_t ld, int64_t rows, int64_t cols,
                     first_lanes(cols - j), out + r * ldo + j);
 }
 
+// Q steps of 16 channels: 2 * Q sums of the pair's product in registers, each of b's vectors
+// read once for all of them.
+template <int Q>
+void merge_steps(const uint16_t* packed, int64_t steps, int64_t panel, const float* bt,
+                 const float* a, int64_t n, int64_t r, int64_t p, int64_t q, int64_t c,
+                 uint16_t* out) {
+  const int64_t k = 2 * steps, channel = p * panel + c;
+  const __mmask16 mask = first_lanes(n - channel);  // none past n: the padding stays
+  __m512 sums[Q][2];
+  for (int i = 0; i < Q; ++i) sums[i][0] = sums[i][1] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < r; ++t) {
+    const __m512 b = _mm512_maskz_loadu_ps(mask, bt + t * n + channel);
+    const float* values = a + t * k + 2 * q;
+    for (int i = 0; i < Q; ++i)
+      for (int e = 0; e < 2; ++e)
+        sums[i][e] = _mm512_fmadd_ps(_mm512_set1_ps(values[2 * i + e]), b, sums[i][e]);
+  }
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  auto rounded = [](__m512 v) {  // 16 bf16 in the low halves of 32-bit lanes
+    return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(to_bf16(reinterpret_cast<F16>(v))));
+  };
+  for (int i = 0; i < Q; ++i) {
+    // 16 channels' values 2q (low half of each 32-bit lane) and 2q + 1 (high half)
+    const int64_t at = ((p * steps + q + i) * panel + c) * 2;
+    const __m512i w = _mm512_loadu_si512(packed + at);
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+    const __m512i lo = rounded(_mm512_add_ps(even, sums[i][0]));
+    const __m512i hi = rounded(_mm512_add_ps(odd, sums[i][1]));
+    _mm512_storeu_si512(out + at, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+void merge_pair_bf16(const uint16_t* packed, int64_t steps, int64_t panel, const float* bt,
+                     const float* a, int64_t n, int64_t r, int64_t p0, int64_t p1,
+                     uint16_t* out) {
+  constexpr int kSteps = 6;  // 12 sums, 1 vector of b and a broadcast value in registers
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t c = 0; c < panel; c += kChannels) {
+      int64_t q = 0;
+      for (; q + kSteps <= steps; q += kSteps)
+        merge_steps<kSteps>(packed, steps, panel, bt, a, n, r, p, q, c, out);
+      for (; q < steps; ++q) merge_steps<1>(packed, steps, panel, bt, a, n, r, p, q, c, out);
+    }
+}
+
 }  // namespace
 
-extern const RowKernels rows = {quantize<float>, quantize<uint16_t>, finish<float>,
-                                finish<uint16_t>, store_bf16, store_gated_bf16};
+extern const RowKernels rows = {quantize<float>,  quantize<uint16_t>, finish<float>,
+                                finish<uint16_t>, store_bf16,         store_gated_bf16,
+                                merge_pair_bf16};
 
 }  // namespace gemm
 }  // namespace qe
