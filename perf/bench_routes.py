@@ -49,7 +49,7 @@ from harness import (  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from qwen_embed import Encoder, avx2_gemm, native, row_plans  # noqa: E402
+from qwen_embed import Encoder, avx2_gemm, lora, native, row_plans  # noqa: E402
 from qwen_embed import int8 as int8_route  # noqa: E402
 from qwen_embed.attention import create_backend  # noqa: E402
 from qwen_embed.avx2_gemm import Avx2F32Weight  # noqa: E402
@@ -837,7 +837,7 @@ ADAPTERS_DOC = """\
 LoRA adapters a request names (setting lora_modules) against the same fine-tune merged at load.
 
     python bench_routes.py adapters [--model-dir .cache/bench-model-4l] [--adapters 3]
-                             [--rank 16] [--rounds 5]
+                             [--rank 16] [--rounds 5] [--merge-tokens 512 1536 3072 6144]
 
 `--adapters` demo adapters of the model (qwen_embed_deploy.demo.build_demo_adapter: rank
 `--rank` on q, k, v, o, gate, up and down, peft's files). In process, dtype auto: one encoder
@@ -847,7 +847,10 @@ the base's cost beside adapters) and one serving the first adapter's fine-tune m
 calls take turns (harness.taking_turns), medians of `--rounds` and of the ratios within a round.
 Then 16 short queries with the query instruction, named in turn the base and each adapter
 (what a Triton execute holds of several clients' queries): one call naming each text's
-adapter (one forward) against one call per adapter (one forward each), taking turns.
+adapter (one forward) against one call per adapter (one forward each), taking turns. Then
+forwards of one adapter's documents at several sizes (`--merge-tokens`), its pair merged into
+the weights for the forward (where the route's GEMM merges: NativeBf16Weight) against its
+products added (lora.MERGE_FROM_ROWS out of reach), taking turns: where merging pays.
 Memory, from the tensors' sizes: what each fine-tune adds, merged (a copy of every linear
 layer's weights) or per request (its pairs).
 """
@@ -871,6 +874,29 @@ def adapters_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapters", type=int, default=3)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--merge-tokens", type=int, nargs="*", default=[512, 1536, 3072, 6144])
+
+
+def merge_or_add(encoder: Encoder, docs: list[list[int]], sizes: list[int], rounds: int) -> dict:
+    """Per forward size (tokens of the first of `docs` that fit in it): seconds of a call of
+    adapter a0's texts with its pair merged for the forward and with its products added."""
+    timings = {}
+    for size in sizes:
+        texts, tokens = [], 0
+        for d in docs:
+            if tokens + len(d) <= size:
+                texts.append(d)
+                tokens += len(d)
+
+        def call(threshold, texts=texts):
+            with mock.patch.object(lora, "MERGE_FROM_ROWS", threshold):
+                encoder.embed(texts, adapter="a0")
+
+        turns = taking_turns(
+            {"merged": lambda call=call: call(0), "added": lambda call=call: call(2**62)}, rounds
+        )
+        timings[tokens] = turns
+    return timings
 
 
 def adapters(args: argparse.Namespace) -> None:
@@ -904,6 +930,7 @@ def adapters(args: argparse.Namespace) -> None:
             SPLIT: lambda: [per_request.embed(q, adapter=n) for n, q in by_name.items()],
         }
         mixed_seconds = taking_turns(query_calls, args.rounds)
+        merge_seconds = merge_or_add(per_request, docs, args.merge_tokens, args.rounds)
         route = per_request.route.describe()
         pair_bytes = safetensors_bytes(folders[0] / "adapter_model.safetensors")
     linear_bytes = sum(
@@ -943,6 +970,31 @@ def adapters(args: argparse.Namespace) -> None:
             rows,
         ),
     ]
+    merge_rows = []
+    for forward_tokens, turns in merge_seconds.items():
+        ratio = statistics.median(
+            a / m for m, a in zip(turns["merged"], turns["added"], strict=True)
+        )
+        merge_rows.append(
+            [
+                str(forward_tokens),
+                f"{1e3 * statistics.median(turns['merged']):.1f}",
+                f"{1e3 * statistics.median(turns['added']):.1f}",
+                f"{ratio:.3f}",
+            ]
+        )
+    table += [
+        "",
+        *markdown_table(
+            [
+                "one forward of a0's documents, tokens",
+                "pair merged, ms (median)",
+                "products added, ms (median)",
+                "speed merged / added (median within a round)",
+            ],
+            merge_rows,
+        ),
+    ]
     memory = [
         ["merged: a copy of the linear layers", f"{linear_bytes / 2**20:.1f} MiB", "1"],
         [
@@ -966,6 +1018,8 @@ def adapters(args: argparse.Namespace) -> None:
         query_tokens_per_s=query_rates,
         mixed_speedup=mixed_ratio,
         query_seconds=mixed_seconds,
+        merge_seconds={str(k): v for k, v in merge_seconds.items()},
+        merge_from_rows=lora.MERGE_FROM_ROWS,
         min_cosine_per_request_vs_merged=agree,
         linear_bytes=linear_bytes,
         pair_bytes=pair_bytes,
@@ -978,6 +1032,9 @@ def adapters(args: argparse.Namespace) -> None:
         f"{len(queries)} queries (workload.make_queries) naming in turn the base and each "
         "adapter: one call naming each text's (one forward) against one call per adapter (one "
         "forward each: what serving each adapter's texts apart costs)",
+        f"one adapter's forwards of several sizes: its pair merged into the weights for the "
+        f"forward against its products added; the engine merges from {lora.MERGE_FROM_ROWS} rows "
+        "(lora.MERGE_FROM_ROWS) where the route's GEMM can",
         "memory each fine-tune adds (at 2 bytes a value, from the tensors' sizes, not measured; "
         "twice both where the route holds fp32, the same ratio): merged, its "
         "own copy of every linear layer; per request, its pairs. The base's weights and its "
