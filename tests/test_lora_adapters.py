@@ -501,6 +501,28 @@ def test_a_forward_of_one_adapter_multiplies_it_merged(checkpoint, tmp_path, mon
     assert cosine(mixed[[0, 2, 3]], merged[[0, 2, 3]]).min() >= BF16_COSINE
 
 
+@pytest.mark.server  # starts a tensor-parallel worker
+@pytest.mark.skipif(not brgemm_runs(), reason="the native bf16 GEMM merges; it needs AVX-512")
+def test_an_adapter_merged_for_a_forward_on_two_ranks(checkpoint, tmp_path):
+    """tp_size 2, bf16 on the native GEMM, a forward of one adapter's texts past
+    lora.MERGE_FROM_ROWS rows (the worker's own threshold): each rank merges its shards' pairs
+    (column shards their rows of B, row shards their columns of A, summed by the all-reduce as
+    the base is), giving the fine-tune merged at load's vectors."""
+    seqs = random_sequences([400] * 8, seed=8)
+    assert sum(map(len, seqs)) >= lora.MERGE_FROM_ROWS
+    base = checkpoint("qwen3")
+    adapter = build_demo_adapter(tmp_path / "adapter", base, rank=8, seed=3)
+    with Encoder.from_pretrained(
+        base, lora_modules=f"x={adapter}", dtype="bfloat16", tp_size=2
+    ) as enc:
+        forwards = enc.stats["forwards"]
+        unmerged = enc.embed(seqs, adapter="x")
+        assert enc.stats["forwards"] == forwards + 1
+    with Encoder.from_pretrained(adapter, dtype="bfloat16") as enc:
+        merged = enc.embed(seqs)
+    assert cosine(unmerged, merged).min() >= BF16_COSINE
+
+
 def test_an_adapter_beside_fp32_held_weights(checkpoint, tmp_path):
     """float16 on a CPU holds the linear weights in fp32 (route.Linear.FP32_GEMM): the pairs
     too, multiplied in fp32 as the base is."""
