@@ -268,14 +268,23 @@ def test_the_mlp_gates_in_the_gemm_unless_something_joins_the_product():
 
 
 @NEEDS_OPERATOR
-@pytest.mark.parametrize("n, k, r, panel", [(256, 64, 16, 64), (200, 44, 5, 64), (48, 128, 3, 16)])
-def test_a_pair_merges_into_the_packed_weights(n, k, r, panel):
+@pytest.mark.parametrize(
+    "n, k, r, panel, stacked",
+    [(256, 64, 16, 64, False), (200, 44, 5, 64, False), (48, 128, 3, 16, False)]
+    + [(384, 64, 16, 64, True), (96, 64, 12, 16, True)],
+)
+def test_a_pair_merges_into_the_packed_weights(n, k, r, panel, stacked):
     """bf16_merge_pair: the packed weights plus b @ a, each float(w) + the pair's sum rounded
     once, in the packed layout, as packing the merged weight gives them (within one bf16
     rounding: the sum's order is its own); padding channels past n stay zero. Steps past the
-    kernel's blocks of 6 and widths past the panels' (n 200, k 44) included."""
+    kernel's blocks of 6 and widths past the panels' (n 200, k 44) included; `stacked`: a packed
+    layer's pairs, b block-diagonal (each third of the channels its own ranks, the last third
+    none: the kernel sums only the ranks a channel group's b holds)."""
     w = _random(n, k, seed=30)
     a, b = 0.3 * _random(r, k, seed=31).float(), 0.3 * _random(n, r, seed=32).float()
+    if stacked:
+        blocks = torch.block_diag(torch.ones(n // 3, r // 2), torch.ones(n // 3, r - r // 2))
+        b *= torch.cat([blocks, torch.zeros(n - blocks.shape[0], r)])
     packed = native.pack_panels(w, 2, panel)
     merged = torch.ops.qwen_embed.bf16_merge_pair(packed, a, b)
     want = native.pack_panels((w.float() + b @ a).bfloat16(), 2, panel)

@@ -64,7 +64,8 @@ struct RowKernels {
   // Panels [p0, p1) of bf16_linear's packed weights ([panels][steps][panel][2], 2 * steps
   // values per channel) plus a low-rank pair's product, bt [r][n] (B transposed) and a
   // [r][2 * steps], fp32: each weight float(w) + the sum over r of b * a (multiply-adds in r's
-  // order), rounded once, into out (the same layout); channels past n (padding) unchanged.
+  // order, from the first to the last rank whose b is not zero on the channel's group of 16),
+  // rounded once, into out (the same layout); channels past n (padding) unchanged.
   void (*merge_pair_bf16)(const uint16_t* packed, int64_t steps, int64_t panel, const float* bt,
                           const float* a, int64_t n, int64_t r, int64_t p0, int64_t p1,
                           uint16_t* out);

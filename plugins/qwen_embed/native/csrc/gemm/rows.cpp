@@ -12,6 +12,7 @@
 // cache, so no int32 matrix ever reaches memory. A layer may rotate its rows first (a block
 // Walsh-Hadamard transform, int8.py), as it rotated its weights at load: an outlier spreads
 // over its block and the row's scale fits the rest better.
+#include <algorithm>
 #include <vector>
 
 #include "finish.h"
@@ -104,17 +105,17 @@ void store_gated_bf16(const float* sums, int64_t ld, int64_t rows, int64_t cols,
                     first_lanes(cols - j), out + r * ldo + j);
 }
 
-// Q steps of 16 channels: 2 * Q sums of the pair's product in registers, each of b's vectors
-// read once for all of them.
+// Q steps of 16 channels: 2 * Q sums of the pair's product over ranks [t0, t1) in registers,
+// each of b's vectors read once for all of them.
 template <int Q>
 void merge_steps(const uint16_t* packed, int64_t steps, int64_t panel, const float* bt,
-                 const float* a, int64_t n, int64_t r, int64_t p, int64_t q, int64_t c,
-                 uint16_t* out) {
+                 const float* a, int64_t n, int64_t t0, int64_t t1, int64_t p, int64_t q,
+                 int64_t c, uint16_t* out) {
   const int64_t k = 2 * steps, channel = p * panel + c;
   const __mmask16 mask = first_lanes(n - channel);  // none past n: the padding stays
   __m512 sums[Q][2];
   for (int i = 0; i < Q; ++i) sums[i][0] = sums[i][1] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < r; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const __m512 b = _mm512_maskz_loadu_ps(mask, bt + t * n + channel);
     const float* values = a + t * k + 2 * q;
     for (int i = 0; i < Q; ++i)
@@ -143,10 +144,19 @@ void merge_pair_bf16(const uint16_t* packed, int64_t steps, int64_t panel, const
   constexpr int kSteps = 6;  // 12 sums, 1 vector of b and a broadcast value in registers
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t c = 0; c < panel; c += kChannels) {
+      // the ranks whose b is not all zero on these channels (a packed layer's pairs are
+      // stacked block-diagonally: each shard's channels take its own ranks), [t0, t1)
+      const int64_t channel = p * panel + c;
+      const __mmask16 mask = first_lanes(n - channel);
+      int64_t t0 = r, t1 = 0;
+      for (int64_t t = 0; t < r; ++t) {
+        const __m512 b = _mm512_maskz_loadu_ps(mask, bt + t * n + channel);
+        if (_mm512_cmpneq_ps_mask(b, _mm512_setzero_ps())) t0 = std::min(t0, t), t1 = t + 1;
+      }
       int64_t q = 0;
       for (; q + kSteps <= steps; q += kSteps)
-        merge_steps<kSteps>(packed, steps, panel, bt, a, n, r, p, q, c, out);
-      for (; q < steps; ++q) merge_steps<1>(packed, steps, panel, bt, a, n, r, p, q, c, out);
+        merge_steps<kSteps>(packed, steps, panel, bt, a, n, t0, t1, p, q, c, out);
+      for (; q < steps; ++q) merge_steps<1>(packed, steps, panel, bt, a, n, t0, t1, p, q, c, out);
     }
 }
 
