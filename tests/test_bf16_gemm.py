@@ -344,3 +344,10 @@ def test_a_forward_of_one_adapter_multiplies_it_merged(monkeypatch):
         got = got[rows_of]
         cosines = torch.nn.functional.cosine_similarity(got.float(), want.float())
         assert cosines.min() >= 0.999, (rows, names)
+    # a merged kernel that cannot gate (a bias joins the product): merged once, gated after
+    layer.bias = torch.nn.Parameter(torch.zeros(256))
+    monkeypatch.setattr(lora, "MERGE_FROM_ROWS", 12)
+    switch.rows = AdapterRows.of(one, one)
+    merges.clear(), gatings.clear()
+    layer.silu_gated(x, ops)
+    assert (len(merges), len(gatings)) == (1, 1)

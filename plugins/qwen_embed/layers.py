@@ -151,7 +151,16 @@ class _Linear(nn.Module):
         self.lora = None  # lora.LinearLora: the adapters a request may name
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.lora is not None and (merged := self.lora.merged(self.kernel, len(x))) is not None:
+        return self._product(x, bias, self._merged(x))
+
+    def _merged(self, x: torch.Tensor) -> nn.Module | None:
+        """The kernel with this forward's one adapter merged (lora.LinearLora.merged), or None."""
+        return None if self.lora is None else self.lora.merged(self.kernel, len(x))
+
+    def _product(
+        self, x: torch.Tensor, bias: torch.Tensor | None, merged: nn.Module | None
+    ) -> torch.Tensor:
+        if merged is not None:
             return merged(x, bias)
         if self.kernel is not None:
             y = self.kernel(x, bias)
@@ -211,12 +220,12 @@ class ColumnParallelLinear(_Linear):
         joins the product first (a bias, an adapter a row of this forward names, unless merged
         into the kernel's weights: lora.MERGE_FROM_ROWS), else ops.silu_mul after it; the same
         bits."""
-        kernel, adapted = self.kernel, self.lora is not None and self.lora.adds(len(x))
-        if adapted and (merged := self.lora.merged(kernel, len(x))) is not None:
-            kernel, adapted = merged, False
+        merged = self._merged(x)  # once: a merge is a pass over the layer's weights
+        kernel = self.kernel if merged is None else merged
+        adapted = merged is None and self.lora is not None and self.lora.adds(len(x))
         if getattr(kernel, "gates", False) and self.bias is None and not adapted:
             return kernel.silu_gated(x)
-        return ops.silu_mul(self(x))
+        return ops.silu_mul(self._product(x, self.bias, merged))
 
     def lora_pair(self, pairs: dict[str | None, LowRank]) -> LowRank:
         """The packed shards' pairs as one: their A stacked [sum r, in], their B this rank's

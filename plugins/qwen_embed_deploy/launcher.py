@@ -633,6 +633,12 @@ def shared_memory_warning(shared: int | None) -> str | None:
     )
 
 
+def loads_rerank(args: argparse.Namespace) -> bool:
+    """Whether the reranking models load: not with --no-rerank, nor where a recipe reranks on
+    the embed model."""
+    return not (args.no_rerank or args.rerank_recipe)
+
+
 def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     """What the deployment asks for, read before any server starts: the repository's edit, the
     models' facts and what is said of the served copy. A setting out of range, or encoders
@@ -665,7 +671,7 @@ def _deployment(args: argparse.Namespace, gpus: int) -> tuple:
     edit = served_edits(count, args.cpu_instances == "auto", groups, cache, recipe)
     configs = edited_configs(args.model_repository, edit)
     facts = facts_ahead(configs)
-    rerank = not (args.no_rerank or args.rerank_recipe)
+    rerank = loads_rerank(args)
     loaded = repository_models(args.model_repository, rerank)
     floors = weights_floor(configs, facts, loaded)
     reranking = rerank_models(args.model_repository)
@@ -777,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(shutil.rmtree, served.parent, ignore_errors=True)
         args.model_repository = served
     cmd, env = server_command()
-    rerank = not (args.no_rerank or args.rerank_recipe)
+    rerank = loads_rerank(args)
     shm_prefix = f"qwen_embed_{os.getpid()}_"  # this server's own, to remove after a crash
     cmd += triton_args(
         args.model_repository,
