@@ -1,9 +1,9 @@
 """The gateway as a drop-in for the clients retrieval stacks already use: TEI's API through
 `huggingface_hub.InferenceClient` and LlamaIndex's TEI integration, Cohere's v2 API through the
-`cohere` SDK, NVIDIA NIM's API through LangChain's NVIDIAEmbeddings and NVIDIARerank, OpenAI
-token-id inputs through the `openai` SDK, the per-text token extensions and the model
-fingerprint. A real tritonserver serves the demo embedder (fp32) and the demo
-reranker; the gateway runs as its own process with an API key, as in production.
+`cohere` SDK, NVIDIA NIM's API through LangChain's NVIDIAEmbeddings and NVIDIARerank, Voyage
+AI's through the `voyageai` SDK, OpenAI token-id inputs through the `openai` SDK, the per-text
+token extensions and the model fingerprint. A real tritonserver serves the demo embedder (fp32)
+and the demo reranker; the gateway runs as its own process with an API key, as in production.
 
 Every vector a drop-in route gives must equal the OpenAI route's for the same text and options
 within 1e-6 (the same Triton request underneath); scores equal the client library's.
@@ -21,6 +21,7 @@ import ollama
 import openai
 import pytest
 import torch
+import voyageai
 from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
@@ -410,6 +411,91 @@ def test_cohere_sdk_rerank_and_errors(stack):
     ]:
         status, answer, _ = post(base, path, body)
         assert status == 400 and field in answer["message"] and answer["id"], (body, answer)
+
+
+def raw_vectors(base: str, texts, **fields) -> np.ndarray:
+    """The OpenAI route's vectors (or codes) as JSON numbers, with extension fields."""
+    body = {"input": texts, "model": "embed", "encoding_format": "float", **fields}
+    status, answer, _ = post(base, "/v1/embeddings", body)
+    assert status == 200, answer
+    return np.array([d["embedding"] for d in answer["data"]])
+
+
+def test_voyage_sdk_gets_the_openai_routes_vectors_codes_and_ranking(stack):
+    """Voyage AI's `voyageai` SDK, unchanged but for its base URL: its input types pick the
+    checkpoint's prompts, its output dimension and types are the route's `dimensions` and
+    embedding types (its base64 decoded as the type it asked for), its rerank the reranker's
+    ranking in Voyage's shape; refusals reach it as its InvalidRequestError, in its words."""
+    server, base = stack
+    vo = voyageai.Client(api_key=API_KEY, base_url=f"{base}/v1")
+    answer = vo.embed(TEXTS, model="embed")
+    assert np.abs(np.array(answer.embeddings) - openai_vectors(base, TEXTS)).max() <= SAME
+    _, plain, _ = post(base, "/v1/embeddings", {"input": TEXTS, "model": "embed"})
+    assert answer.total_tokens == plain["usage"]["total_tokens"] > len(TEXTS)
+    for input_type in ("query", "document"):
+        got = np.array(vo.embed(TEXTS, model=ALIAS, input_type=input_type).embeddings)
+        want = openai_vectors(base, TEXTS, prompt_name=input_type)
+        assert np.abs(got - want).max() <= SAME, input_type
+    query = np.array(vo.embed(TEXTS[:1], model="embed", input_type="query").embeddings)
+    assert np.abs(query - openai_vectors(base, TEXTS[:1])).max() > 1e-3  # the prompt applied
+    short = np.array(vo.embed(TEXTS, model="embed", output_dimension=32).embeddings)
+    assert np.abs(short - openai_vectors(base, TEXTS, dimensions=32)).max() <= SAME
+    for kind in ("int8", "uint8", "binary", "ubinary"):
+        got = vo.embed(TEXTS, model="embed", output_dtype=kind, output_dimension=64)
+        want = raw_vectors(base, TEXTS, embedding_type=kind, dimensions=64)
+        assert np.array_equal(np.array(got.embeddings), want), kind
+    long = ["long " * 200]
+    with pytest.raises(voyageai.error.InvalidRequestError, match="limit of 96"):
+        vo.embed(long, model="embed", truncation=False)
+    assert vo.embed(long, model="embed").total_tokens == TOKENS_PER_TEXT  # cut, as Voyage's
+    with pytest.raises(voyageai.error.InvalidRequestError, match="'output_dimension' must be"):
+        vo.embed(TEXTS, model="embed", output_dimension=4096)
+
+    query = "Which city is the capital of China?"
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, TEXTS, top_n=2)
+    ranked = vo.rerank(query, TEXTS, model="rerank", top_k=2)
+    assert [(r.index, r.document) for r in ranked.results] == [
+        (i, TEXTS[i]) for i, _ in want.ranking
+    ]
+    assert [r.relevance_score for r in ranked.results] == pytest.approx(
+        [s for _, s in want.ranking], abs=SAME
+    )
+    assert ranked.total_tokens == want.total_tokens
+    with pytest.raises(voyageai.error.InvalidRequestError, match="'top_k' must be >= 1"):
+        vo.rerank(query, TEXTS, model="rerank", top_k=0)
+    body = {"query": query, "documents": TEXTS, "top_k": 1, "return_documents": True}
+    status, answer, _ = post(base, "/v1/rerank", body)
+    assert status == 200 and answer["object"] == "list", answer
+    assert answer["data"] == [
+        {
+            "relevance_score": answer["data"][0]["relevance_score"],
+            "index": want.ranking[0][0],
+            "document": TEXTS[want.ranking[0][0]],
+        }
+    ]
+    for path, body, words in [
+        (
+            "/v1/rerank",
+            {"query": "q", "documents": ["d"], "top_k": 1, "top_n": 1},
+            "'top_k' or 'top_n'",
+        ),
+        (
+            "/v1/embeddings",
+            {"input": "x", "output_dimension": 8, "dimensions": 8},
+            "'output_dimension' or 'dimensions'",
+        ),
+        ("/v1/embeddings", {"input": "x", "output_dtype": "int4"}, "'output_dtype' must be one of"),
+        (
+            "/v1/embeddings",
+            {"input": "x", "output_dtype": "int8", "embedding_type": "int8"},
+            "not both",
+        ),
+        ("/v1/embeddings", {"input": "x", "truncation": "yes"}, "'truncation' must be a boolean"),
+    ]:
+        status, answer, _ = post(base, path, body)
+        assert status == 400 and words in answer["detail"], (body, answer)
+        assert answer["detail"] == answer["error"]["message"]
 
 
 # A 1x1 PNG (the smallest real image file).

@@ -323,6 +323,38 @@ def test_served_through_triton_and_the_gateway(server, dirs, name):
     assert got.shape[1] == (PROJECTION if name == "voyage" else 64)
 
 
+def test_voyages_sdk_on_voyage_4_nano(server, dirs):
+    """Voyage AI's SDK against a gateway in front of voyage-4-nano's replica (served under
+    another name: the SDK computes a model it names "voyage-4-nano" itself): no input type
+    embeds the text as it is, "query" and "document" with the checkpoint's prompts, as
+    Voyage's own local backend does; a shorter output dimension renormalised; its bit codes
+    those sentence-transformers makes of the same floats."""
+    import voyageai
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    model_dir = dirs["voyage"]
+    names = ("--triton-model", "voyage", "--served-model-name", "nano")
+    with gateway_process(server, *names) as base:
+        vo = voyageai.Client(api_key="unused", base_url=f"{base}/v1")
+        for input_type in (None, "query", "document"):
+            prompt = VOYAGE_PROMPTS[input_type] if input_type else ""
+            ref = reference(model_dir, token_ids(model_dir, TEXTS, prompt))
+            answer = vo.embed(TEXTS, model="nano", input_type=input_type)
+            got = np.array(answer.embeddings, dtype=np.float32)
+            assert cosine(got, ref).min() >= FP32_COSINE, input_type
+            assert answer.total_tokens == sum(map(len, token_ids(model_dir, TEXTS, prompt)))
+        short = vo.embed(TEXTS, model="nano", input_type="document", output_dimension=32)
+        short = np.array(short.embeddings, dtype=np.float32)
+        cut = ref[:, :32] / np.linalg.norm(ref[:, :32], axis=1, keepdims=True)
+        assert cosine(short, cut).min() >= FP32_COSINE
+        for kind in ("binary", "ubinary"):
+            codes = vo.embed(
+                TEXTS, model="nano", input_type="document", output_dimension=32, output_dtype=kind
+            )
+            want = quantize_embeddings(short, precision=kind)
+            assert np.array_equal(np.array(codes.embeddings), want), kind
+
+
 def perplexity_codes(items) -> np.ndarray:
     """The SDK's base64_int8 embeddings as int8 rows."""
     return np.array([np.frombuffer(b64decode(item.embedding), np.int8) for item in items])

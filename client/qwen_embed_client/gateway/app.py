@@ -2,7 +2,7 @@
 
 python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
-    [--rerank-model-name rerank [ALIAS ...]] [--triton-rerank-model rerank]
+    [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed] [--triton-rerank-model rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images]
 """
@@ -20,7 +20,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..client import AsyncEmbeddingClient
-from . import batches, cohere, multi_vector, nim, ollama, openai, perplexity, pooling, score, tei
+from . import (
+    batches,
+    cohere,
+    multi_vector,
+    nim,
+    ollama,
+    openai,
+    perplexity,
+    pooling,
+    score,
+    tei,
+    voyage,
+)
 from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
@@ -132,6 +144,7 @@ def create_app(
         openai,
         nim,
         perplexity,
+        voyage,
         multi_vector,
         pooling,
         score,
@@ -163,7 +176,8 @@ def _traced(tracing):
 
 def main() -> None:
     p = argparse.ArgumentParser(
-        description="OpenAI-, NIM-, Jina-, Perplexity-, Ollama-, TEI- and Cohere-compatible gateway"
+        description="OpenAI-, NIM-, Jina-, Perplexity-, Voyage-, Ollama-, TEI- and "
+        "Cohere-compatible gateway"
     )
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
     p.add_argument("--host", default="127.0.0.1")
@@ -184,6 +198,11 @@ def main() -> None:
         default=["rerank"],
         help="the reranker's ids clients send, one or more, as --served-model-name's ('' turns "
         "the rerank routes off)",
+    )
+    p.add_argument(
+        "--triton-model",
+        default="embed",
+        help="the Triton ensemble the embed routes ask (a repository's other embedder)",
     )
     p.add_argument(
         "--triton-rerank-model",
@@ -246,6 +265,7 @@ def main() -> None:
         args.triton_url or ["localhost:8001"],
         model_names=tuple(args.model_names),
         api_keys=tuple(args.api_key or _env_keys()),
+        triton_model=args.triton_model,
         rerank_model_names=tuple(name for name in args.rerank_model_names if name),
         triton_rerank_model=args.triton_rerank_model,
         otlp_endpoint=args.otlp_endpoint or None,

@@ -12,7 +12,11 @@ NVIDIA NIM's fields, which its clients send to /v1/embeddings: `input_type` ("qu
 base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) and `padding`
 "max_length" are refused, not ignored. Jina's: `task`, `normalized`, `late_chunking`,
 `embedding_type` "base64" (jina.py) and `return_multivector` (a vector per token of each input,
-`data[i].embeddings`, as its v4 API answers).
+`data[i].embeddings`, as its v4 API answers). Voyage AI's (its `voyageai` SDK posts them):
+`input_type` "document" (beside NIM's "passage"), `truncation` (`truncate`), `output_dimension`
+(`dimensions`) and `output_dtype` (`embedding_type`); on /v1/rerank its `top_k` (`top_n`) and
+`truncation`, and a body with either is answered in Voyage's shape (`voyage_ranking`); its
+multimodal route is voyage.py's.
 """
 
 from __future__ import annotations
@@ -118,8 +122,9 @@ EXTENSION_OPTIONS = (
 )
 
 # NIM's `input_type`: its "passage" takes the checkpoint's document prompt (and "query", by
-# name, the query prompt).
+# name, the query prompt, as Voyage's "document" the document prompt).
 INPUT_TYPE_PROMPTS = {"passage": "document"}
+PASSAGES = ("passage", "document")  # the input types of what a query is matched against
 
 # Fields by which other servers name one option: at most one of each group is sent (the
 # contract's name first).
@@ -128,8 +133,13 @@ TWINS = (
     ("truncation_direction", "truncation_side"),  # vLLM's
     ("normalize", "use_activation", "normalized"),  # vLLM's, Jina's
     ("input_type", "task"),  # NIM's, Jina's
-    ("embedding_type", "encoding_type"),  # Jina's (its clients send either)
+    ("embedding_type", "encoding_type", "output_dtype"),  # Jina's (either), Voyage's
+    ("dimensions", "output_dimension"),  # Voyage's
+    ("truncate", "truncation"),  # Voyage's
 )
+# Voyage's names of the contract's options, as its refusals name them
+VOYAGE_FIELDS = {"dimensions": "output_dimension", "truncate": "truncation"}
+VOYAGE_RERANK_FIELDS = {"top_n": "top_k", "truncate": "truncation"}
 
 # `encoding_format`: OpenAI's, a compact type's name (as vLLM and NIM take it), vLLM's binary
 # formats: the vectors' bytes as the response's body, their layout in its `metadata` header
@@ -167,7 +177,8 @@ def error_response(e: APIError) -> JSONResponse:
         "param": e.param,
         "code": _CODES.get(e.kind),
     }
-    return JSONResponse({"error": body}, status_code=STATUS[e.kind])
+    # `detail`: the message where Voyage AI's SDK reads one (its API's error shape)
+    return JSONResponse({"error": body, "detail": body["message"]}, status_code=STATUS[e.kind])
 
 
 def _priority(value: str | int | None) -> str | int | None:
@@ -265,7 +276,10 @@ class _Embeddings(_VllmPoolingFields):
     encoding_type: Literal[(*EMBEDDING_TYPES, "base64")] | None = None  # Jina's
     embedding_types: distinct(Literal[EMBEDDING_TYPES]) | None = None
     priority: Priority = None
-    input_type: Literal["query", "passage"] | None = None  # NIM's
+    input_type: Literal[("query", *PASSAGES)] | None = None  # NIM's, Voyage's
+    output_dtype: Literal[EMBEDDING_TYPES] | None = None  # Voyage's `embedding_type`
+    output_dimension: int | None = None  # Voyage's `dimensions`
+    truncation: bool | None = None  # Voyage's `truncate`
     truncate_prompt_tokens: int | None = None  # vLLM's
     truncation_side: Literal["left", "right"] | None = None  # vLLM's
     # vLLM's: a base64 float vector's type and byte order ("native": this host's); the
@@ -368,7 +382,7 @@ class _Embeddings(_VllmPoolingFields):
             )
         if self.instruction is None:
             return self
-        if picked == "passage" or is_passage_task(picked):
+        if picked in PASSAGES or is_passage_task(picked):
             raise PydanticCustomError(
                 "prompt",
                 "'instruction' is a query's task, and {picker} '{picked}' embeds passages",
@@ -448,6 +462,9 @@ class _Embeddings(_VllmPoolingFields):
             options["max_tokens"] = self.truncate_prompt_tokens
         if self.truncation_side is not None:
             options["truncation_direction"] = self.truncation_side
+        for ours, voyage in VOYAGE_FIELDS.items():
+            if getattr(self, voyage) is not None:
+                options[ours] = getattr(self, voyage)
         for twin in ("use_activation", "normalized"):
             if getattr(self, twin) is not None:
                 options["normalize"] = getattr(self, twin)
@@ -473,15 +490,23 @@ class _Embeddings(_VllmPoolingFields):
     def binary(self) -> bool:
         return self.encoding_format in BINARY_FORMATS
 
+    def in_its_words(self, e: APIError) -> APIError:
+        """A refusal with the contract's options named as this body named them (Voyage's)."""
+        given = VOYAGE_FIELDS.items()
+        used = {ours: theirs for ours, theirs in given if getattr(self, theirs) is not None}
+        if not used:
+            return e
+        return APIError(e.kind, in_body_words(e.message, used), used.get(e.param, e.param), e.api)
+
     def kinds(self) -> tuple[Encoding, list[str], bool]:
         """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
         base64; a compact type's name as in vLLM and NIM), `embedding_type` (ours; Jina's, or
-        its `encoding_type`, may be "base64") or `embedding_types` (Cohere: a list, answered
-        keyed by type); a base64 float vector's bytes from `embed_dtype` and `endianness`
-        (vLLM's), as are a binary format's (BINARY_FORMATS)."""
-        fields = ("embedding_type", "encoding_type", "embedding_types")
+        its `encoding_type`, may be "base64"; Voyage's `output_dtype`) or `embedding_types`
+        (Cohere: a list, answered keyed by type); a base64 float vector's bytes from
+        `embed_dtype` and `endianness` (vLLM's), as are a binary format's (BINARY_FORMATS)."""
+        fields = ("embedding_type", "encoding_type", "output_dtype", "embedding_types")
         asked = [k for k in fields if getattr(self, k)]
-        single = self.embedding_type or self.encoding_type
+        single = self.embedding_type or self.encoding_type or self.output_dtype
         if self.encoding_format not in VECTOR_FORMATS:
             asked.append("encoding_format")
         if len(asked) > 1:
@@ -622,6 +647,16 @@ class RerankRequest(_VllmPoolingFields):
     chat_template_kwargs: dict[str, object] | None = None
     max_tokens_per_query: int | None = None
     truncate_prompt_tokens: int | None = None
+    top_k: int | None = None  # Voyage's `top_n`
+    truncation: bool | None = None  # Voyage's `truncate`
+
+    @model_validator(mode="after")
+    def _voyage_fields(self):
+        if self.top_n is not None and self.top_k is not None:
+            raise PydanticCustomError(
+                "twins", "send 'top_k' or 'top_n', not both", {"param": "top_k"}
+            )
+        return self
 
     @model_validator(mode="after")
     def _vllm_fields(self):
@@ -685,6 +720,11 @@ def parse_rerank_request(
     asked = request.given("top_n", "instruction", "priority", "video_fps", "video_max_frames")
     if asked.get("top_n") == 0:  # vLLM's: every document
         del asked["top_n"]
+    asked |= {
+        ours: v
+        for ours, theirs in VOYAGE_RERANK_FIELDS.items()
+        if (v := getattr(request, theirs)) is not None
+    }
     if request.max_tokens_per_doc:  # vLLM's; 0: no cut
         asked["max_document_tokens"] = request.max_tokens_per_doc
     asked |= request.chat_template_kwargs or {}
@@ -785,6 +825,13 @@ async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
     format's (`binary`: where the answer may be one, the route's) with each vector's bytes and
     their `layout` and `format`."""
     request = await served_request(gw, body)
+    try:
+        return await _embeddings_answer(gw, request, binary)
+    except APIError as e:
+        raise request.in_its_words(e) from None
+
+
+async def _embeddings_answer(gw, request: EmbeddingsRequest, binary: bool) -> dict:
     if request.binary and not binary:
         raise invalid(
             f"'encoding_format' {request.encoding_format!r} is answered on POST /v1/embeddings "
@@ -856,7 +903,33 @@ async def rerank(request: Request):
 async def rerank_response(gw, body: object) -> dict:
     """Cohere v1 / Jina shape: {model, query, documents, top_n, return_documents}; with
     `model` the embed model's name where it is a multi-vector retriever, its own ranking
-    (late_interaction_ranking)."""
+    (late_interaction_ranking); a body with Voyage's `top_k` or `truncation` (what its SDK
+    sends), in Voyage's shape."""
+    if not (isinstance(body, dict) and body.keys() & {"top_k", "truncation"}):
+        return await _ranking(gw, body)
+    try:
+        answer = await _ranking(gw, body)
+    except APIError as e:  # named as the body named them
+        fields = VOYAGE_RERANK_FIELDS.items()
+        given = {ours: theirs for ours, theirs in fields if theirs in body and ours not in body}
+        param = given.get(e.param, e.param)
+        raise APIError(e.kind, in_body_words(e.message, given), param, e.api) from None
+    return voyage_ranking(answer, body.get("return_documents") is True)
+
+
+def voyage_ranking(answer: dict, with_documents: bool) -> dict:
+    """Voyage AI's rerank response from ours: {object: "list", data: [{relevance_score,
+    index, document (its text, where asked)}], model, usage: {total_tokens}}."""
+    data = []
+    for result in answer["results"]:
+        item = {"relevance_score": result["relevance_score"], "index": result["index"]}
+        if with_documents:
+            item["document"] = result["document"]["text"]
+        data.append(item)
+    return {"object": "list", "data": data, "model": answer["model"], "usage": answer["usage"]}
+
+
+async def _ranking(gw, body: object) -> dict:
     served, triton = gw.rerank_model_names, gw.triton_rerank_model
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and model in gw.model_names and (await gw.facts()).get("multi_vector"):

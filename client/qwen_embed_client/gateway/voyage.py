@@ -1,0 +1,138 @@
+"""Voyage AI's multimodal embeddings API, what its `voyageai` SDK's `multimodal_embed` posts:
+POST /v1/multimodalembeddings, {inputs: [{content: [{type: "text", text} | {type: "image_url",
+image_url} | {type: "image_base64", image_base64: a data URL}]}], model, input_type,
+truncation, output_dtype, output_dimension, output_encoding} -> {object: "list", data:
+[{object: "embedding", index, embedding}], model, usage: {text_tokens, image_pixels,
+video_pixels, total_tokens}}.
+
+Each input is one vector of a multimodal model, read as /v1/embeddings reads the same content
+parts (its images before its text, as the model's own script places them), with the same
+options: Voyage's fields there are openai.py's. `usage` counts in `total_tokens` and
+`text_tokens` the tokens the model read, its images' among them (the server counts no share
+apart), and in `image_pixels` the images' pixels as sent. Video parts are refused here
+(their pixels are known only once the server has sampled them): /v1/embeddings takes them as
+`video_url` parts. Errors in OpenAI's shape, naming `inputs`."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Request
+from PIL import Image
+from pydantic import ConfigDict, Field
+
+from ..contract import MAX_INPUTS
+from .bodies import Body, Text, at_most
+from .errors import APIError, invalid, json_body
+from .media import file_bytes
+from .openai import embeddings_body
+from .state import answered_adapter, gateway, respond
+
+router = APIRouter(tags=["openai"])
+
+
+class _Segment(Body):
+    model_config = ConfigDict(extra="forbid")  # as Voyage's SDK checks its segments
+
+
+class TextSegment(_Segment):
+    type: Literal["text"]
+    text: Text
+
+
+class ImageURLSegment(_Segment):
+    type: Literal["image_url"]
+    image_url: str
+
+
+class ImageBase64Segment(_Segment):
+    type: Literal["image_base64"]
+    image_base64: str
+
+
+class VideoSegment(_Segment):
+    type: Literal["video_url", "video_base64"]
+    video_url: str | None = None
+    video_base64: str | None = None
+
+
+Segment = Annotated[
+    TextSegment | ImageURLSegment | ImageBase64Segment | VideoSegment,
+    Field(discriminator="type"),
+]
+
+
+class MultimodalInput(Body):
+    content: Annotated[list[Segment], Field(min_length=1)]
+
+
+class MultimodalRequest(Body):
+    inputs: Annotated[list[MultimodalInput], at_most(MAX_INPUTS)]
+    model: str | None = None
+    # the embeddings body's fields, checked there
+    input_type: object = None
+    truncation: object = None
+    output_dtype: object = None
+    output_dimension: object = None
+    output_encoding: Literal["base64"] | None = None
+
+
+@router.post("/v1/multimodalembeddings")
+async def multimodal_embeddings(request: Request):
+    gw = gateway(request)
+    asked = MultimodalRequest.parse(await json_body(request))
+    inputs, pixels = [], 0
+    for i, item in enumerate(asked.inputs):
+        parts = []
+        for segment in item.content:
+            if isinstance(segment, VideoSegment):
+                raise invalid(
+                    f"'inputs[{i}]' holds a video: videos are taken as 'video_url' content "
+                    "parts of POST /v1/embeddings",
+                    "inputs",
+                )
+            if isinstance(segment, TextSegment):
+                parts.append({"type": "text", "text": segment.text})
+                continue
+            url = getattr(segment, segment.type)
+            image = await file_bytes(url, f"inputs[{i}]", "image", gw.allow_remote_images)
+            pixels += _pixels(image)
+            data = f"data:;base64,{base64.b64encode(image).decode()}"
+            parts.append({"type": "image_url", "image_url": {"url": data}})
+        inputs.append(parts)
+    body = asked.given("model", "input_type", "truncation", "output_dtype", "output_dimension")
+    body |= {"input": inputs, "encoding_format": asked.output_encoding or "float"}
+    try:
+        answer = await embeddings_body(gw, body)
+    except APIError as e:
+        raise APIError(e.kind, _as_inputs(e.message), _as_inputs(e.param), e.api) from None
+    tokens = answer["usage"]["total_tokens"]
+    answer["data"] = [{k: d[k] for k in ("object", "index", "embedding")} for d in answer["data"]]
+    answer["usage"] = {
+        "text_tokens": tokens,
+        "image_pixels": pixels,
+        "video_pixels": 0,
+        "total_tokens": tokens,
+    }
+    return await respond(gw, answer, adapter=answered_adapter(gw, answer))
+
+
+def _pixels(image: bytes) -> int:
+    """An image's pixels from its header (the server reads and refuses what cannot be read:
+    such an image counts none here)."""
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            return opened.width * opened.height
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return 0
+
+
+def _as_inputs(words: str | None) -> str | None:
+    """A message or param naming the embeddings body's `input` ('input[2]'), naming this
+    body's `inputs` instead."""
+    if words == "input":
+        return "inputs"
+    return None if words is None else re.sub(r"'input(?=['\[])", "'inputs", words)
