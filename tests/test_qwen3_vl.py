@@ -882,6 +882,59 @@ def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranke
 
 
 @pytest.mark.server
+def test_images_through_voyages_sdk(served, served_model):
+    """Voyage AI's `multimodal_embed` (its PIL images sent as lossless WebP): an input's
+    text and images as the official recipe reads them, the options of /v1/embeddings, usage
+    with the images' pixels; videos and unreadable images refused as its InvalidRequestError."""
+    import io
+
+    import voyageai
+    from PIL import Image
+
+    from triton_helpers import gateway_process, post_json
+
+    model_dir, server = served
+    files = image_files()
+    images = [Image.open(io.BytesIO(files[name])) for name in ("png", "jpeg")]
+    text = "a chart with a legend"
+    want = [
+        official_vector(served_model, model_dir, "", [files["png"]]),
+        official_vector(served_model, model_dir, text, [files["png"], files["jpeg"]]),
+    ]
+    parts = [
+        [{"type": "image_url", "image_url": {"url": data_url(files["png"])}}],
+        [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": data_url(files["png"])}},
+            {"type": "image_url", "image_url": {"url": data_url(files["jpeg"], "jpeg")}},
+        ],
+    ]
+    with gateway_process(server) as base:
+        vo = voyageai.Client(api_key="unused", base_url=f"{base}/v1")
+        answer = vo.multimodal_embed([[images[0]], [text, *images]], model="embed")
+        got = np.array(answer.embeddings, dtype=np.float32)
+        assert (got * np.stack(want)).sum(1).min() >= FP32_COSINE
+        status, ours, _ = post_json(f"{base}/v1/embeddings", {"input": parts})
+        assert status == 200 and answer.total_tokens == ours["usage"]["total_tokens"]
+        assert answer.text_tokens == answer.total_tokens and answer.video_pixels == 0
+        assert answer.image_pixels == 2 * 90 * 60 + 48 * 120
+        codes = vo.multimodal_embed(
+            [[text, *images]], model="embed", output_dtype="int8", output_dimension=32
+        )
+        body = {"input": parts[1:], "embedding_type": "int8", "dimensions": 32}
+        status, ours, _ = post_json(f"{base}/v1/embeddings", body)
+        assert codes.embeddings == [ours["data"][0]["embedding"]]
+        unreadable = {"type": "image_base64", "image_base64": "data:image/png;base64,AAAA"}
+        with pytest.raises(voyageai.error.InvalidRequestError, match="'inputs\\[0\\]' image"):
+            vo.multimodal_embed([{"content": [unreadable]}], model="embed")
+        video = {"type": "video_base64", "video_base64": "data:video/mp4;base64,AAAA"}
+        body = {"model": "embed", "inputs": [{"content": [video]}]}
+        status, refused, _ = post_json(f"{base}/v1/multimodalembeddings", body)
+        assert status == 400 and "'inputs[0]' holds a video" in refused["detail"], refused
+        assert refused["error"]["param"] == "inputs"
+
+
+@pytest.mark.server
 def test_odd_media_get_a_4xx_never_a_5xx(served):
     """Images and videos in every shape the gateway takes (content parts, Qwen's own input
     objects, Cohere's inputs, rerank documents), their URL, part or list replaced by odd values
@@ -910,6 +963,10 @@ def test_odd_media_get_a_4xx_never_a_5xx(served):
         "/v1/embeddings": (good, ["input"]),
         "/v2/embed": ({"model": "embed", "input_type": "image", "inputs": []}, ["inputs"]),
         "/v1/rerank": ({"model": "rerank", "query": "q", "documents": ["d"]}, ["documents"]),
+        "/v1/multimodalembeddings": (
+            {"model": "embed", "inputs": [{"content": [{"type": "text", "text": "a"}]}]},
+            ["inputs"],
+        ),
     }
     bodies = [
         (path, {**body, field: [shape]})
@@ -920,6 +977,11 @@ def test_odd_media_get_a_4xx_never_a_5xx(served):
         ("/v2/embed", {"model": "embed", "input_type": "image", "inputs": [{"content": [s]}]})
         for s in shapes
         if isinstance(s, list)
+    ]
+    bodies += [  # Voyage's segments
+        ("/v1/multimodalembeddings", {"inputs": [{"content": [{"type": kind, kind: u}]}]})
+        for kind in ("image_url", "image_base64", "video_url")
+        for u in urls
     ]
     bodies += odd_bodies(routes, seed=2, nested=60)
     with gateway_process(server) as base:
