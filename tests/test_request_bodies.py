@@ -138,6 +138,19 @@ def test_nim_truncate_modes_are_the_contracts_options():
     assert nim_options({"truncate": False}) == {"truncate": False}  # ours, a boolean, still
 
 
+def test_voyage_fields_are_the_contracts_options():
+    """Voyage AI's (its SDK sends every one, null where unset): `input_type` "document" the
+    checkpoint's document prompt, `truncation`, `output_dimension` and `output_dtype`."""
+    assert nim_options({"input_type": "document"}) == {"prompt_name": "document"}
+    unset = {"input_type": None, "truncation": None, "output_dtype": None}
+    assert nim_options(unset | {"output_dimension": None}) == {}
+    given = {"truncation": False, "output_dimension": 8, "output_dtype": "ubinary"}
+    request = openai.checked_request({"model": "embed", "input": "x", **given}, EMBED)
+    assert request.options() == {"truncate": False, "dimensions": 8}
+    encoding, kinds, keyed = request.kinds()
+    assert kinds == ["ubinary"] and not keyed
+
+
 def test_vllm_truncation_fields_are_the_contracts_options():
     assert nim_options({"truncate_prompt_tokens": 8}) == {"max_tokens": 8}
     assert nim_options({"truncate_prompt_tokens": -1}) == {}  # the model's limit
@@ -158,10 +171,16 @@ def test_vllm_truncation_fields_are_the_contracts_options():
         ({"truncate": "MIDDLE"}, "truncate", "a boolean or one of 'END', 'START', 'NONE'"),
         ({"truncate": "{x}"}, "truncate", "a boolean or one of"),  # not echoed into a template
         ({"truncate": "START", "truncation_direction": "left"}, "truncation_direction", "no"),
-        ({"input_type": "document"}, "input_type", "one of ['query', 'passage']"),
+        ({"input_type": "doc"}, "input_type", "one of ['query', 'passage', 'document']"),
         ({"input_type": "query", "prompt_name": "query"}, "prompt_name", "not both"),
         ({"input_type": "query", "prompt": "p: "}, "prompt", "not both"),
         ({"input_type": "passage", "instruction": "i"}, "instruction", "'passage' embeds passages"),
+        ({"input_type": "document", "instruction": "i"}, "instruction", "'document' embeds"),
+        ({"output_dimension": 8, "dimensions": 8}, "output_dimension", "not both"),
+        ({"truncation": False, "truncate": False}, "truncation", "not both"),
+        ({"truncation": "no"}, "truncation", "a boolean"),
+        ({"output_dtype": "int8", "embedding_type": "int8"}, "output_dtype", "not both"),
+        ({"output_dtype": "int4"}, "output_dtype", "one of ['float', 'int8'"),
         ({"use_activation": False, "normalize": False}, "use_activation", "not both"),
         ({"embed_dtype": "float64"}, "embed_dtype", "one of ['float32', 'float16', 'bfloat16'"),
         ({"endianness": "middle"}, "endianness", "one of ['native', 'big', 'little']"),
@@ -388,6 +407,28 @@ def test_vllm_rerank_fields():
     ]:
         e = refusal(rerank_v1, body | extra)
         assert e.param == param and words in e.message, e.message
+
+
+def test_voyage_rerank_fields_and_shape():
+    """Voyage AI's `top_k` and `truncation` are `top_n` and `truncate`; its response shape is
+    ours relabelled, each document's text only where asked."""
+    body = {"query": "q", "documents": ["a", "b"]}
+    assert rerank_v1(body | {"top_k": 1, "truncation": False})[1] == {"top_n": 1, "truncate": False}
+    assert rerank_v1(body | {"top_k": None, "truncation": None})[1] == {}
+    e = refusal(rerank_v1, body | {"top_k": 1, "top_n": 1})
+    assert e.param == "top_k" and "'top_k' or 'top_n'" in e.message
+    ours = {
+        "model": "rerank",
+        "results": [{"index": 1, "relevance_score": 0.9, "document": {"text": "b"}}],
+        "usage": {"total_tokens": 7},
+    }
+    assert openai.voyage_ranking(ours, True) == {
+        "object": "list",
+        "data": [{"relevance_score": 0.9, "index": 1, "document": "b"}],
+        "model": "rerank",
+        "usage": {"total_tokens": 7},
+    }
+    assert openai.voyage_ranking(ours, False)["data"] == [{"relevance_score": 0.9, "index": 1}]
 
 
 def test_tei_bodies():
