@@ -403,7 +403,8 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             {"model": "embed", "input": ["hello"]},
             ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"]
             + ["task", "late_chunking", "embed_dtype", "encoding_type", "use_activation"]
-            + ["return_multivector"],
+            + ["return_multivector", "input_type", "output_dtype", "output_dimension"]
+            + ["truncation"],
         ),
         "/embed": (
             {"inputs": "hello"},
@@ -430,6 +431,11 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
         "/v1/contextualizedembeddings": (
             {"model": "embed", "input": [["hello", "world"]]},
             ["input", "model", "dimensions", "encoding_format"],
+        ),
+        "/v1/multimodalembeddings": (
+            {"model": "embed", "inputs": [{"content": [{"type": "text", "text": "hello"}]}]},
+            ["inputs", "model", "input_type", "output_dtype", "output_dimension"]
+            + ["truncation", "output_encoding"],
         ),
         "/v1/multi-vector": (
             {"model": "embed", "input": [{"text": "hello"}], "input_type": "query"},
