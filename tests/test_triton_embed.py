@@ -347,16 +347,19 @@ def test_a_request_whose_timeout_runs_out_inside_an_execute_is_never_computed(se
     send(texts(1, 100))
     one = time.monotonic() - started  # one text of 2000 tokens on this machine
     texts_before = server.metric("qwen_embed_texts_total")
-    holder = threading.Thread(target=send, args=([texts(1, 50)[0][:1200]],))
-    holder.start()  # an execute of about 0.6 x `one`, while the next two queue
+    # The second request's timeout (2 x `one`) lies well inside what it waits for, on a host
+    # whose speed moves between `one`'s measure and the execute: more than its queue wait
+    # (the holder's, about 0.3 x `one`) and less than the first call (8 x `one`).
+    holder = threading.Thread(target=send, args=([texts(1, 50)[0][:600]],))
+    holder.start()  # an execute of about 0.3 x `one`, while the next two queue
     wait_until(lambda: server.metric(EXECUTING) >= 1, "the first request inside the encoder")
-    first = threading.Thread(target=send, args=(texts(6, 1000),))  # its execute's first call
+    first = threading.Thread(target=send, args=(texts(8, 1000),))  # its execute's first call
     first.start()
     late = []
 
     def second():  # more tokens, so the execute's second call; 2 x `one` to wait
         try:
-            send(texts(7, 3000), timeout=int(2 * one * 1e6))
+            send(texts(9, 3000), timeout=int(2 * one * 1e6))
         except InferenceServerException as e:
             late.append(e.message())
 
@@ -364,7 +367,7 @@ def test_a_request_whose_timeout_runs_out_inside_an_execute_is_never_computed(se
     holder.join(timeout=120)
     first.join(timeout=120)
     assert late and "timeout expired before its turn" in late[0], late
-    assert server.metric("qwen_embed_texts_total") - texts_before == 1 + 6
+    assert server.metric("qwen_embed_texts_total") - texts_before == 1 + 8
 
 
 def test_one_query_requests_from_16_clients_hit_the_prefix_cache(server, tokenizer, demo_dir):
