@@ -9,6 +9,7 @@ Every vector a drop-in route gives must equal the OpenAI route's for the same te
 within 1e-6 (the same Triton request underneath); scores equal the client library's.
 """
 
+import asyncio
 import base64
 import json
 import math
@@ -27,6 +28,7 @@ from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
 from langchain_ollama import OllamaEmbeddings
 from langchain_openai import OpenAIEmbeddings
+from langchain_voyageai import VoyageAIRerank
 from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 from transformers import Qwen3Model
@@ -464,6 +466,17 @@ def test_voyage_sdk_gets_the_openai_routes_vectors_codes_and_ranking(stack):
     assert ranked.total_tokens == want.total_tokens
     with pytest.raises(voyageai.error.InvalidRequestError, match="'top_k' must be >= 1"):
         vo.rerank(query, TEXTS, model="rerank", top_k=0)
+    # LangChain's reranker over the SDK's clients, the async one (aiohttp) too
+    langchain = VoyageAIRerank(model="rerank", api_key=API_KEY, base_url=f"{base}/v1", top_k=2)
+    documents = [Document(page_content=t) for t in TEXTS]
+    for kept in (
+        langchain.compress_documents(documents, query),
+        asyncio.run(langchain.acompress_documents(documents, query)),
+    ):
+        assert [d.page_content for d in kept] == [TEXTS[i] for i, _ in want.ranking]
+        assert [d.metadata["relevance_score"] for d in kept] == pytest.approx(
+            [s for _, s in want.ranking], abs=SAME
+        )
     body = {"query": query, "documents": TEXTS, "top_k": 1, "return_documents": True}
     status, answer, _ = post(base, "/v1/rerank", body)
     assert status == 200 and answer["object"] == "list", answer

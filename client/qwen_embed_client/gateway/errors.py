@@ -68,6 +68,14 @@ def in_body_words(message: str, fields: dict[str, str]) -> str:
     return message
 
 
+def named_as_sent(e: APIError, names: dict[str, str]) -> APIError:
+    """`e` with the contract's option names (the keys of `names`) written as the body's fields
+    that gave them (its values), in its message and its `param`."""
+    if not names:
+        return e
+    return APIError(e.kind, in_body_words(e.message, names), names.get(e.param, e.param), e.api)
+
+
 def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 

@@ -85,6 +85,7 @@ from .errors import (
     in_body_words,
     invalid,
     json_body,
+    named_as_sent,
     options_checked,
     rerank_checked,
 )
@@ -493,10 +494,9 @@ class _Embeddings(_VllmPoolingFields):
     def in_its_words(self, e: APIError) -> APIError:
         """A refusal with the contract's options named as this body named them (Voyage's)."""
         given = VOYAGE_FIELDS.items()
-        used = {ours: theirs for ours, theirs in given if getattr(self, theirs) is not None}
-        if not used:
-            return e
-        return APIError(e.kind, in_body_words(e.message, used), used.get(e.param, e.param), e.api)
+        return named_as_sent(
+            e, {ours: theirs for ours, theirs in given if getattr(self, theirs) is not None}
+        )
 
     def kinds(self) -> tuple[Encoding, list[str], bool]:
         """(encoding, embedding types, keyed by name) from `encoding_format` (OpenAI: float or
@@ -912,8 +912,7 @@ async def rerank_response(gw, body: object) -> dict:
     except APIError as e:  # named as the body named them
         fields = VOYAGE_RERANK_FIELDS.items()
         given = {ours: theirs for ours, theirs in fields if theirs in body and ours not in body}
-        param = given.get(e.param, e.param)
-        raise APIError(e.kind, in_body_words(e.message, given), param, e.api) from None
+        raise named_as_sent(e, given) from None
     return voyage_ranking(answer, body.get("return_documents") is True)
 
 
