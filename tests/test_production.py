@@ -35,7 +35,7 @@ from qwen_embed_deploy.launcher import (
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from triton_helpers import infer, text_input, wait_until
+from triton_helpers import EXECUTING, infer, text_input, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -599,6 +599,18 @@ def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
         stubs_server = server.status()["server_pid"]
         stubs = stub_processes(stubs_server)
         (encoder_pid,) = [pid for pid, model in stubs.items() if model == "encoder"]
+
+        def long_text():  # an execute that outlasts a metrics scrape, for the kill to land in
+            with EmbeddingClient(server.grpc_url, retry_deadline_s=60) as client:
+                try:
+                    client.embed(["a longer text " * 1000])
+                    results.append(("client", None))
+                except EmbeddingError as e:
+                    results.append(("client", e))
+
+        in_flight = threading.Thread(target=long_text, daemon=True)
+        in_flight.start()
+        wait_until(lambda: server.metric(EXECUTING) >= 1, "an execute in the encoder")
         os.kill(encoder_pid, signal.SIGKILL)
         done_before = len(results)
         wait_until(
@@ -638,9 +650,9 @@ def test_no_request_lost_to_a_dead_stub_or_a_crashed_server(demo_dir, tmp_path):
         )
         answered_since(done_before)
         stop.set()
-        for t in threads:
+        for t in [*threads, in_flight]:
             t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads), "a client hung"
+        assert not any(t.is_alive() for t in [*threads, in_flight]), "a client hung"
         failures = [(route, e) for route, e in results if e is not None]
         assert failures == [], failures[:3]
         assert {route for route, _ in results} == {"client", "gateway"}
