@@ -430,7 +430,8 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
         "/classify": ({"model": "embed", "input": ["hello"]}, ["input", "use_activation", "model"]),
         "/v1/contextualizedembeddings": (
             {"model": "embed", "input": [["hello", "world"]]},
-            ["input", "model", "dimensions", "encoding_format"],
+            ["input", "model", "dimensions", "encoding_format"]
+            + ["inputs", "input_type", "output_dtype", "output_dimension", "chunk_size"],
         ),
         "/v1/multimodalembeddings": (
             {"model": "embed", "inputs": [{"content": [{"type": "text", "text": "hello"}]}]},

@@ -445,6 +445,52 @@ def test_contextual_chunks_through_triton_the_client_and_perplexitys_sdk(server,
     assert overlong[1]["error"]["message"].startswith("'input[0]' has 40001 tokens, more than the")
 
 
+def test_contextual_chunks_through_voyages_sdk(server, dirs):
+    """Voyage AI's `contextualized_embed` on pplx-embed-context: each chunk's vector in its
+    document's context, normalised as Voyage's are, at a shorter output dimension too, its
+    codes those sentence-transformers makes of the same floats; server-side chunking and a
+    chunk holding the separator refused as its InvalidRequestError, naming `inputs`."""
+    import voyageai
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    refs = contextual_reference(dirs["pplx_context"], DOCUMENTS)
+    with EmbeddingClient(server.grpc_url) as client:
+        tokens = sum(r.token_count for r in client.embed_contextual(DOCUMENTS))
+    with gateway_process(server) as base:
+        vo = voyageai.Client(api_key="unused", base_url=f"{base}/v1")
+        answer = vo.contextualized_embed(DOCUMENTS, model="embed", input_type="document")
+        for result, ref in zip(answer.results, refs, strict=True):
+            assert cosine(np.array(result.embeddings), ref).min() >= FP32_COSINE
+        assert answer.total_tokens == tokens
+        short = vo.contextualized_embed(DOCUMENTS, model="embed", output_dimension=32)
+        for result, ref in zip(short.results, refs, strict=True):
+            cut = ref[:, :32] / np.linalg.norm(ref[:, :32], axis=1, keepdims=True)
+            assert cosine(np.array(result.embeddings), cut).min() >= FP32_COSINE
+        for kind in ("int8", "ubinary"):
+            codes = vo.contextualized_embed(
+                DOCUMENTS, model="embed", output_dimension=32, output_dtype=kind
+            )
+            for coded, floats in zip(codes.results, short.results, strict=True):
+                want = np.array(floats.embeddings, dtype=np.float32)
+                if kind == "int8":  # scaled by each vector's largest value, as the server's
+                    want = np.rint(want * (np.float32(127) / np.abs(want).max(1, keepdims=True)))
+                else:
+                    want = quantize_embeddings(want, precision=kind)
+                assert np.array_equal(np.array(coded.embeddings), want), kind
+        with pytest.raises(voyageai.error.InvalidRequestError, match="'enable_auto_chunking'"):
+            vo.contextualized_embed(
+                ["one long document"],
+                model="embed",
+                input_type="document",
+                enable_auto_chunking=True,
+                chunk_size=100,
+            )
+        with pytest.raises(voyageai.error.InvalidRequestError, match="'inputs\\[0\\]\\[1\\]'"):
+            vo.contextualized_embed([["a", f"b{PPLX_SEPARATOR}c"]], model="embed")
+        with pytest.raises(voyageai.error.InvalidRequestError, match="'output_dimension'"):
+            vo.contextualized_embed(DOCUMENTS, model="embed", output_dimension=4096)
+
+
 def test_contextual_chunks_through_the_cli(server, dirs, tmp_path):
     """qwen-embed embed --contextual: a JSONL line per document (its chunks, or an object's
     --text-field holding them), a line of chunk vectors per document."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..client import EmbeddingError, EmbeddingResult
 from ..contract import ANSWER_TOO_LARGE, MAX_ANSWER_BYTES
-from .errors import NOT_FOUND, APIError, Items, backend_error, invalid
+from .errors import NOT_FOUND, APIError, Items, backend_error, chunk_refusal, invalid
 from .media import has_parts, texts_and_media
 
 # Perplexity's encodings of its models' unnormalised vectors (Encoding)
@@ -153,6 +153,44 @@ async def embed(
         )
     except EmbeddingError as e:
         raise backend_error(e, params, items) from e
+
+
+async def contextual_chunks(gw, documents: list, options: dict, model, items: str) -> list:
+    """Each document's chunk vectors, in the context of its other chunks (the client's
+    `embed_contextual`), with the API's own errors (`items`: the body's field of the
+    documents; `model`: the name the body asked for); a model without a chunk separator is
+    refused."""
+    separator = (await gw.client.served_facts()).get("chunk_separator")
+    if separator is None:
+        raise invalid(
+            f"model '{model or gw.model_name}' embeds no contextualized chunks: it has no chunk "
+            "separator (a contextual checkpoint's, as pplx-embed-context's)",
+            "model",
+        )
+    try:
+        return await gw.client.embed_contextual(documents, **options, headers=gw.outgoing())
+    except EmbeddingError as e:
+        raise backend_error(e, ("dimensions",), items) from e
+    except ValueError as e:  # a chunk holding the separator (client.joined_documents)
+        raise chunk_refusal(e, "documents", items) from e
+
+
+def contextual_answer(vectors: list[list], results: list, model: str) -> dict:
+    """/v1/contextualizedembeddings' answer: each document's encoded chunk `vectors`, the
+    `results`' tokens, `model` the name it gives."""
+    data = [
+        {
+            "object": "list",
+            "index": i,
+            "data": [
+                {"object": "embedding", "index": j, "embedding": v} for j, v in enumerate(chunks)
+            ],
+        }
+        for i, chunks in enumerate(vectors)
+    ]
+    tokens = sum(r.token_count for r in results)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
 async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:

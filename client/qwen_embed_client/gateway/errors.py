@@ -80,11 +80,11 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(INVALID, message, param)
 
 
-def chunk_refusal(e: ValueError, document: str) -> APIError:
+def chunk_refusal(e: ValueError, document: str, field: str = "input") -> APIError:
     """A chunk the client refused before sending (client.joined_documents: "documents[i][j]
-    ..."), named as the body's `input` item: `document` is the client's name for the body's
+    ..."), named as the body's `field` item: `document` is the client's name for the body's
     documents ("documents": input[i][j]; "documents[0]": one document's chunks, input[j])."""
-    return invalid(re.sub(rf"^{re.escape(document)}(\S+)", r"'input\1'", str(e)), "input")
+    return invalid(re.sub(rf"^{re.escape(document)}(\S+)", rf"'{field}\1'", str(e)), field)
 
 
 def options_checked(**options) -> dict:

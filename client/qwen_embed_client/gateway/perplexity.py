@@ -8,7 +8,8 @@ A document's chunks are read together (client.embed_contextual: joined by the mo
 separator, one vector per chunk); a model without a separator is refused. A vector is the
 model's own, unnormalised, in Perplexity's encodings (common.Encoding): `base64_int8` (the
 default) its int8 codes, `base64_binary` its signs. Perplexity's standard embeddings are
-OpenAI's /v1/embeddings with those encodings (openai.py). Errors in OpenAI's shape (app.py)."""
+OpenAI's /v1/embeddings with those encodings (openai.py). Errors in OpenAI's shape (app.py). A
+body with `inputs` is Voyage AI's form of the route (voyage.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from ..client import EmbeddingError
 from ..contract import MAX_CHUNKS
+from . import voyage
 from .bodies import Body, Text, at_most
-from .common import PERPLEXITY_FORMATS, Encoding, model_adapter
-from .errors import backend_error, chunk_refusal, invalid, json_body, options_checked
+from .common import (
+    PERPLEXITY_FORMATS,
+    Encoding,
+    contextual_answer,
+    contextual_chunks,
+    model_adapter,
+)
+from .errors import json_body, options_checked
 from .state import gateway
 
 router = APIRouter(tags=["openai"])
@@ -44,39 +51,14 @@ class ContextualizedRequest(Body):
 @router.post("/v1/contextualizedembeddings")
 async def contextualized_embeddings(request: Request):
     gw = gateway(request)
-    asked = ContextualizedRequest.parse(await json_body(request))
+    body = await json_body(request)
+    if isinstance(body, dict) and "inputs" in body:
+        return await voyage.contextualized_embeddings(gw, body)
+    asked = ContextualizedRequest.parse(body)
     adapter = await model_adapter(gw, asked.model, gw.model_names)
     given = asked.given("dimensions") | ({"adapter": adapter} if adapter else {})
     options = options_checked(normalize=False, **given)
-    separator = (await gw.client.served_facts()).get("chunk_separator")
-    if separator is None:
-        raise invalid(
-            f"model '{asked.model or gw.model_name}' embeds no contextualized chunks: it has "
-            "no chunk separator (a contextual checkpoint's, as pplx-embed-context's)",
-            "model",
-        )
-    try:
-        results = await gw.client.embed_contextual(asked.input, **options, headers=gw.outgoing())
-    except EmbeddingError as e:
-        raise backend_error(e, ("dimensions",), "input") from e
-    except ValueError as e:  # a chunk holding the separator (client.joined_documents)
-        raise chunk_refusal(e, "documents") from e
+    results = await contextual_chunks(gw, asked.input, options, asked.model, "input")
     encode = Encoding(asked.encoding_format)
-    data = [
-        {
-            "object": "list",
-            "index": i,
-            "data": [
-                {"object": "embedding", "index": j, "embedding": encode(v)}
-                for j, v in enumerate(result.embeddings)
-            ],
-        }
-        for i, result in enumerate(results)
-    ]
-    tokens = sum(r.token_count for r in results)
-    return {
-        "object": "list",
-        "data": data,
-        "model": adapter or gw.model_name,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+    vectors = [[encode(v) for v in r.embeddings] for r in results]
+    return contextual_answer(vectors, results, adapter or gw.model_name)

@@ -1,4 +1,5 @@
-"""Voyage AI's multimodal embeddings API, what its `voyageai` SDK's `multimodal_embed` posts:
+"""Voyage AI's multimodal and contextualized chunk embeddings. The multimodal API, what its
+`voyageai` SDK's `multimodal_embed` posts:
 POST /v1/multimodalembeddings, {inputs: [{content: [{type: "text", text} | {type: "image_url",
 image_url} | {type: "image_base64", image_base64: a data URL}]}], model, input_type,
 truncation, output_dtype, output_dimension, output_encoding} -> {object: "list", data:
@@ -11,7 +12,15 @@ options: Voyage's fields there are openai.py's. `usage` counts in `total_tokens`
 `text_tokens` the tokens the model read, its images' among them (the server counts no share
 apart), and in `image_pixels` the images' pixels as sent. Video parts are refused here
 (their pixels are known only once the server has sampled them): /v1/embeddings takes them as
-`video_url` parts. Errors in OpenAI's shape, naming `inputs`."""
+`video_url` parts. Errors in OpenAI's shape, naming `inputs`.
+
+Its contextualized chunk embeddings, what `contextualized_embed` posts to Perplexity's route
+(perplexity.py, which hands a body with `inputs` here): {inputs: [[chunk, ...], ...], model,
+input_type, output_dtype, output_dimension, encoding_format} -> that route's answer, each
+chunk's vector in the context of its document's other chunks (a model with a chunk separator,
+as pplx-embed-context), normalised as Voyage's are; the codes made here of those vectors (the
+server makes a contextual model's floats only). Server-side chunking
+(`enable_auto_chunking`) is refused: the SDK's `chunk_fn` chunks on the client."""
 
 from __future__ import annotations
 
@@ -24,12 +33,21 @@ from fastapi import APIRouter, Request
 from PIL import Image
 from pydantic import ConfigDict, Field
 
-from ..contract import MAX_INPUTS
+from ..contract import EMBEDDING_TYPES, MAX_CHUNKS, MAX_INPUTS, compact
 from .bodies import Body, Text, at_most
-from .errors import APIError, invalid, json_body
+from .common import (
+    Encoding,
+    contextual_answer,
+    contextual_chunks,
+    model_adapter,
+    prompt_options,
+)
+from .errors import APIError, invalid, json_body, named_as_sent, options_checked
 from .media import file_bytes
-from .openai import embeddings_body
+from .openai import VOYAGE_FIELDS, embeddings_body
 from .state import answered_adapter, gateway, respond
+
+DOCUMENTS_PER_REQUEST = 1000  # as Voyage's API takes them
 
 router = APIRouter(tags=["openai"])
 
@@ -136,3 +154,49 @@ def _as_inputs(words: str | None) -> str | None:
     if words == "input":
         return "inputs"
     return None if words is None else re.sub(r"'input(?=['\[])", "'inputs", words)
+
+
+Chunk = Annotated[Text, Field(min_length=1)]
+
+
+class ContextualizedRequest(Body):
+    inputs: Annotated[
+        list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(DOCUMENTS_PER_REQUEST)
+    ]
+    model: str | None = None
+    input_type: Literal["query", "document"] | None = None
+    output_dtype: Literal[EMBEDDING_TYPES] | None = None
+    output_dimension: int | None = None
+    encoding_format: Literal["base64"] | None = None
+    enable_auto_chunking: bool = False
+    chunk_size: object = None
+    chunk_overlap: object = None
+
+
+async def contextualized_embeddings(gw, body: dict) -> dict:
+    """POST /v1/contextualizedembeddings in Voyage's form (perplexity.py's route)."""
+    asked = ContextualizedRequest.parse(body)
+    auto = [k for k in ("enable_auto_chunking", "chunk_size", "chunk_overlap") if getattr(asked, k)]
+    if auto:
+        raise invalid(
+            f"'{auto[0]}' is not served: send each document as its chunks (the SDK's chunk_fn "
+            "chunks on the client)",
+            auto[0],
+        )
+    adapter = await model_adapter(gw, asked.model, gw.model_names)
+    options = {"adapter": adapter} if adapter else {}
+    if asked.input_type is not None:
+        facts = await gw.facts()
+        options |= prompt_options(asked.input_type, facts.get("prompt_names", []), {})
+    if asked.output_dimension is not None:
+        options["dimensions"] = asked.output_dimension
+    named = {k: v for k, v in VOYAGE_FIELDS.items() if k in options}
+    try:
+        options = options_checked(**options)
+        results = await contextual_chunks(gw, asked.inputs, options, asked.model, "inputs")
+    except APIError as e:
+        raise named_as_sent(e, named) from None
+    encode = Encoding(asked.encoding_format or "float")
+    kind = asked.output_dtype or "float"
+    vectors = [[encode(v) for v in compact(r.embeddings, kind)] for r in results]
+    return contextual_answer(vectors, results, adapter or gw.model_name)
