@@ -71,6 +71,7 @@ def at_most(limit: int):
 
 
 Texts = Annotated[list[Text], at_most(MAX_INPUTS)]
+Chunk = Annotated[Text, Field(min_length=1)]  # one of a document's chunks, in order
 
 
 # What an embeddings route embeds: a text, texts, the model's own token ids (as vLLM takes

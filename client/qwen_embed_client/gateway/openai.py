@@ -16,7 +16,7 @@ base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) 
 `input_type` "document" (beside NIM's "passage"), `truncation` (`truncate`), `output_dimension`
 (`dimensions`) and `output_dtype` (`embedding_type`); on /v1/rerank its `top_k` (`top_n`) and
 `truncation`, and a body with either is answered in Voyage's shape (`voyage_ranking`); its
-multimodal route is voyage.py's.
+multimodal route and its form of the contextualized one are voyage.py's.
 """
 
 from __future__ import annotations

@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import Field
 
 from ..contract import MAX_CHUNKS
 from . import voyage
-from .bodies import Body, Text, at_most
+from .bodies import Body, Chunk, at_most
 from .common import (
     PERPLEXITY_FORMATS,
     Encoding,
@@ -34,9 +33,6 @@ from .state import gateway
 router = APIRouter(tags=["openai"])
 
 DOCUMENTS_PER_REQUEST = 512  # as Perplexity's API takes them
-
-
-Chunk = Annotated[Text, Field(min_length=1)]
 
 
 class ContextualizedRequest(Body):

@@ -34,7 +34,7 @@ from PIL import Image
 from pydantic import ConfigDict, Field
 
 from ..contract import EMBEDDING_TYPES, MAX_CHUNKS, MAX_INPUTS, compact
-from .bodies import Body, Text, at_most
+from .bodies import Body, Chunk, Text, at_most
 from .common import (
     Encoding,
     contextual_answer,
@@ -156,9 +156,6 @@ def _as_inputs(words: str | None) -> str | None:
     return None if words is None else re.sub(r"'input(?=['\[])", "'inputs", words)
 
 
-Chunk = Annotated[Text, Field(min_length=1)]
-
-
 class ContextualizedRequest(Body):
     inputs: Annotated[
         list[Annotated[list[Chunk], at_most(MAX_CHUNKS)]], at_most(DOCUMENTS_PER_REQUEST)
@@ -176,7 +173,8 @@ class ContextualizedRequest(Body):
 async def contextualized_embeddings(gw, body: dict) -> dict:
     """POST /v1/contextualizedembeddings in Voyage's form (perplexity.py's route)."""
     asked = ContextualizedRequest.parse(body)
-    auto = [k for k in ("enable_auto_chunking", "chunk_size", "chunk_overlap") if getattr(asked, k)]
+    chunking = ("enable_auto_chunking", "chunk_size", "chunk_overlap")
+    auto = [k for k in chunking if getattr(asked, k) not in (None, False)]
     if auto:
         raise invalid(
             f"'{auto[0]}' is not served: send each document as its chunks (the SDK's chunk_fn "
