@@ -1,9 +1,10 @@
 """The gateway as a drop-in for the clients retrieval stacks already use: TEI's API through
 `huggingface_hub.InferenceClient` and LlamaIndex's TEI integration, Cohere's v2 API through the
 `cohere` SDK, NVIDIA NIM's API through LangChain's NVIDIAEmbeddings and NVIDIARerank, Voyage
-AI's through the `voyageai` SDK, OpenAI token-id inputs through the `openai` SDK, the per-text
-token extensions and the model fingerprint. A real tritonserver serves the demo embedder (fp32)
-and the demo reranker; the gateway runs as its own process with an API key, as in production.
+AI's through the `voyageai` SDK, Mixedbread's through the `mixedbread` SDK, OpenAI token-id
+inputs through the `openai` SDK, the per-text token extensions and the model fingerprint. A
+real tritonserver serves the demo embedder (fp32) and the demo reranker; the gateway runs as
+its own process with an API key, as in production.
 
 Every vector a drop-in route gives must equal the OpenAI route's for the same text and options
 within 1e-6 (the same Triton request underneath); scores equal the client library's.
@@ -31,6 +32,8 @@ from langchain_openai import OpenAIEmbeddings
 from langchain_voyageai import VoyageAIRerank
 from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+from mixedbread import BadRequestError as MixedbreadBadRequest
+from mixedbread import Mixedbread
 from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
 
@@ -509,6 +512,39 @@ def test_voyage_sdk_gets_the_openai_routes_vectors_codes_and_ranking(stack):
         status, answer, _ = post(base, path, body)
         assert status == 400 and words in answer["detail"], (body, answer)
         assert answer["detail"] == answer["error"]["message"]
+
+
+def test_mixedbread_sdk_embeds_with_its_fields_and_reranks(stack):
+    """Mixedbread's `mixedbread` SDK, unchanged but for its base URL: its embed's `prompt`,
+    `normalized` and `dimensions` are the route's own fields; its rerank (POST /v1/reranking,
+    what mxbai-rerank-v2's users call) the reranker's ranking in its shape, refusals naming
+    its fields."""
+    server, base = stack
+    mx = Mixedbread(api_key=API_KEY, base_url=base, max_retries=0)
+    answer = mx.embed(model="embed", input=TEXTS, prompt="query: ", normalized=False, dimensions=32)
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    want = openai_vectors(base, TEXTS, prompt="query: ", normalize=False, dimensions=32)
+    assert np.abs(got - want).max() <= SAME and np.linalg.norm(got[0]) > 1.5
+    query = "Which city is the capital of China?"
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, TEXTS, top_n=2)
+    ranked = mx.rerank(model="rerank", query=query, input=TEXTS, top_k=2, return_input=True)
+    assert [(d.index, d.input) for d in ranked.data] == [(i, TEXTS[i]) for i, _ in want.ranking]
+    assert [d.score for d in ranked.data] == pytest.approx([s for _, s in want.ranking], abs=SAME)
+    assert ranked.usage.total_tokens == want.total_tokens and ranked.top_k == 2
+    everything = mx.rerank(model="rerank", query=query, input=TEXTS)
+    assert len(everything.data) == len(TEXTS) and everything.data[0].input is None
+    for extra, words in [
+        ({"top_k": 0}, "'top_k' must be >= 1"),
+        ({"rewrite_query": True}, "'rewrite_query' is not served"),
+        ({"rank_fields": ["title"]}, "'rank_fields' is not served"),
+    ]:
+        with pytest.raises(MixedbreadBadRequest, match=words):
+            mx.rerank(model="rerank", query=query, input=TEXTS, **extra)
+    body = {"query": query, "input": [{"title": "a"}]}
+    status, refused, _ = post(base, "/v1/reranking", body)
+    assert status == 400 and refused["error"]["param"] == "input", refused
+    assert "'input[0]' must be a string" in refused["error"]["message"]
 
 
 # A 1x1 PNG (the smallest real image file).

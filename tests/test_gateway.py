@@ -438,6 +438,10 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             ["inputs", "model", "input_type", "output_dtype", "output_dimension"]
             + ["truncation", "output_encoding"],
         ),
+        "/v1/reranking": (
+            {"model": "rerank", "query": "hello", "input": ["world"]},
+            ["query", "input", "top_k", "return_input", "rank_fields", "rewrite_query"],
+        ),
         "/v1/multi-vector": (
             {"model": "embed", "input": [{"text": "hello"}], "input_type": "query"},
             ["input", "model", "input_type", "embedding_type", "dimensions"],

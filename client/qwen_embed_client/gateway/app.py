@@ -23,6 +23,7 @@ from ..client import AsyncEmbeddingClient
 from . import (
     batches,
     cohere,
+    mixedbread,
     multi_vector,
     nim,
     ollama,
@@ -145,6 +146,7 @@ def create_app(
         nim,
         perplexity,
         voyage,
+        mixedbread,
         multi_vector,
         pooling,
         score,
@@ -176,7 +178,7 @@ def _traced(tracing):
 
 def main() -> None:
     p = argparse.ArgumentParser(
-        description="OpenAI-, NIM-, Jina-, Perplexity-, Voyage-, Ollama-, TEI- and "
+        description="OpenAI-, NIM-, Jina-, Perplexity-, Voyage-, Mixedbread-, Ollama-, TEI- and "
         "Cohere-compatible gateway"
     )
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
