@@ -820,18 +820,21 @@ async def _binary_response(gw, answer: dict):
     return await respond_bytes(gw, content, {"metadata": json.dumps(metadata)}, adapter)
 
 
-async def embeddings_body(gw, body: object, binary: bool = False) -> dict:
+async def embeddings_body(
+    gw, body: object, binary: bool = False, media: tuple | None = None
+) -> dict:
     """The answer to an embeddings request body (the route's, and a batch line's); a binary
     format's (`binary`: where the answer may be one, the route's) with each vector's bytes and
-    their `layout` and `format`."""
+    their `layout` and `format`; `media`: the content parts' texts, images and videos where the
+    caller has read them already (media.texts_and_media; voyage.py counts their pixels)."""
     request = await served_request(gw, body)
     try:
-        return await _embeddings_answer(gw, request, binary)
+        return await _embeddings_answer(gw, request, binary, media)
     except APIError as e:
         raise request.in_its_words(e) from None
 
 
-async def _embeddings_answer(gw, request: EmbeddingsRequest, binary: bool) -> dict:
+async def _embeddings_answer(gw, request: EmbeddingsRequest, binary: bool, media) -> dict:
     if request.binary and not binary:
         raise invalid(
             f"'encoding_format' {request.encoding_format!r} is answered on POST /v1/embeddings "
@@ -853,7 +856,9 @@ async def _embeddings_answer(gw, request: EmbeddingsRequest, binary: bool) -> di
         data, tokens = multi_vector_data(vectors, encoding)
         return _embeddings_body(data, options.get("adapter", gw.model_name), tokens)
     images = videos = None
-    if has_parts(inputs):
+    if media is not None:
+        inputs, images, videos = media
+    elif has_parts(inputs):
         inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
     result = await embed(gw, inputs, options, kinds, "input", images=images, videos=videos)
     data = []

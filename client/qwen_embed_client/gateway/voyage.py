@@ -24,7 +24,6 @@ server makes a contextual model's floats only). Server-side chunking
 
 from __future__ import annotations
 
-import base64
 import io
 import re
 from typing import Annotated, Literal
@@ -43,7 +42,7 @@ from .common import (
     prompt_options,
 )
 from .errors import APIError, invalid, json_body, named_as_sent, options_checked
-from .media import file_bytes
+from .media import ImagePart, ImageURL, TextPart, texts_and_media
 from .openai import VOYAGE_FIELDS, embeddings_body
 from .state import answered_adapter, gateway, respond
 
@@ -102,29 +101,23 @@ class MultimodalRequest(Body):
 async def multimodal_embeddings(request: Request):
     gw = gateway(request)
     asked = MultimodalRequest.parse(await json_body(request))
-    inputs, pixels = [], 0
+    inputs = []
     for i, item in enumerate(asked.inputs):
-        parts = []
-        for segment in item.content:
-            if isinstance(segment, VideoSegment):
-                raise invalid(
-                    f"'inputs[{i}]' holds a video: videos are taken as 'video_url' content "
-                    "parts of POST /v1/embeddings",
-                    "inputs",
-                )
-            if isinstance(segment, TextSegment):
-                parts.append({"type": "text", "text": segment.text})
-                continue
-            url = getattr(segment, segment.type)
-            image = await file_bytes(url, f"inputs[{i}]", "image", gw.allow_remote_images)
-            pixels += _pixels(image)
-            data = f"data:;base64,{base64.b64encode(image).decode()}"
-            parts.append({"type": "image_url", "image_url": {"url": data}})
-        inputs.append(parts)
+        if any(isinstance(segment, VideoSegment) for segment in item.content):
+            raise invalid(
+                f"'inputs[{i}]' holds a video: videos are taken as 'video_url' content parts "
+                "of POST /v1/embeddings",
+                "inputs",
+            )
+        inputs.append([_part(segment) for segment in item.content])
+    # the files read once, here: their pixels counted, then embedded as they are
+    media = await texts_and_media(inputs, "inputs", gw.allow_remote_images)
+    pixels = sum(_pixels(image) for images in media[1] for image in images)
     body = asked.given("model", "input_type", "truncation", "output_dtype", "output_dimension")
-    body |= {"input": inputs, "encoding_format": asked.output_encoding or "float"}
+    parts = [[part.model_dump() for part in item] for item in inputs]
+    body |= {"input": parts, "encoding_format": asked.output_encoding or "float"}
     try:
-        answer = await embeddings_body(gw, body)
+        answer = await embeddings_body(gw, body, media=media)
     except APIError as e:
         raise APIError(e.kind, _as_inputs(e.message), _as_inputs(e.param), e.api) from None
     tokens = answer["usage"]["total_tokens"]
@@ -136,6 +129,13 @@ async def multimodal_embeddings(request: Request):
         "total_tokens": tokens,
     }
     return await respond(gw, answer, adapter=answered_adapter(gw, answer))
+
+
+def _part(segment: _Segment) -> TextPart | ImagePart:
+    """A text or image segment as the content part /v1/embeddings reads."""
+    if isinstance(segment, TextSegment):
+        return TextPart(type="text", text=segment.text)
+    return ImagePart(type="image_url", image_url=ImageURL(url=getattr(segment, segment.type)))
 
 
 def _pixels(image: bytes) -> int:
