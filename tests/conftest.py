@@ -28,6 +28,8 @@ if "PYTEST_XDIST_WORKER" not in os.environ and not _selects_gpu_tests(
 # Idle OpenMP threads sleep instead of spinning: this process, its workers' and the servers they
 # start share two cores, where a spinning thread takes the core another process waits for.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# LiteLLM reads its price list from the package, not from GitHub at import (no network here)
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

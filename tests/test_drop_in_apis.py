@@ -1,10 +1,10 @@
 """The gateway as a drop-in for the clients retrieval stacks already use: TEI's API through
 `huggingface_hub.InferenceClient` and LlamaIndex's TEI integration, Cohere's v2 API through the
 `cohere` SDK, NVIDIA NIM's API through LangChain's NVIDIAEmbeddings and NVIDIARerank, Voyage
-AI's through the `voyageai` SDK, Mixedbread's through the `mixedbread` SDK, OpenAI token-id
-inputs through the `openai` SDK, the per-text token extensions and the model fingerprint. A
-real tritonserver serves the demo embedder (fp32) and the demo reranker; the gateway runs as
-its own process with an API key, as in production.
+AI's through the `voyageai` SDK, Mixedbread's through the `mixedbread` SDK, LiteLLM's providers
+for all of these and Infinity's, OpenAI token-id inputs through the `openai` SDK, the per-text
+token extensions and the model fingerprint. A real tritonserver serves the demo embedder (fp32)
+and the demo reranker; the gateway runs as its own process with an API key, as in production.
 
 Every vector a drop-in route gives must equal the OpenAI route's for the same text and options
 within 1e-6 (the same Triton request underneath); scores equal the client library's.
@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 import cohere
+import litellm
 import numpy as np
 import ollama
 import openai
@@ -551,6 +552,99 @@ def test_mixedbread_sdk_embeds_with_its_fields_and_reranks(stack):
 ONE_PIXEL_PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
 )
+
+
+def test_litellm_embedding_providers_get_the_openai_routes_vectors(stack):
+    """LiteLLM's embedding providers, each given the gateway's URL as its api_base (the form
+    its docs give for that provider's own servers): the OpenAI-compatible and vLLM ones,
+    Infinity's (its URL without /v1), Cohere's, Voyage's, NIM's, Jina's, Hugging Face's (TEI's)
+    and Ollama's give the OpenAI route's vectors, their input types the checkpoint's prompts
+    and their `dimensions` its width; refusals reach LiteLLM as its BadRequestError, and
+    Infinity's `modality` "image" is read as images (refused by this text model), not as the
+    URLs' text."""
+    _, base = stack
+    v1 = f"{base}/v1"
+    for model, api_base, fields, options in [
+        ("openai/embed", v1, {}, {}),
+        ("hosted_vllm/embed", v1, {"dimensions": 32}, {"dimensions": 32}),
+        ("infinity/embed", base, {"dimensions": 32}, {"dimensions": 32}),
+        (
+            "cohere/embed",
+            f"{base}/v2/embed",
+            {"input_type": "search_query"},
+            {"prompt_name": "query"},
+        ),
+        ("cohere/embed", f"{base}/v1/embed", {}, {"prompt_name": "document"}),  # its default
+        (
+            "voyage/embed",
+            v1,
+            {"input_type": "query", "dimensions": 32},
+            {"prompt_name": "query", "dimensions": 32},
+        ),
+        ("nvidia_nim/embed", v1, {"input_type": "passage"}, {"prompt_name": "document"}),
+        ("jina_ai/embed", v1, {"dimensions": 32}, {"dimensions": 32}),
+        ("huggingface/embed", base, {"input_type": "feature-extraction"}, {}),
+        ("ollama/embed", base, {}, {}),
+    ]:
+        answer = litellm.embedding(
+            model=model, input=TEXTS, api_base=api_base, api_key=API_KEY, **fields
+        )
+        got = np.array([d["embedding"] for d in answer.data], dtype=np.float32)
+        want = openai_vectors(base, TEXTS, **options)
+        assert got.shape == want.shape and np.abs(got - want).max() <= SAME, (model, fields)
+    query = openai_vectors(base, TEXTS, prompt_name="query")
+    assert np.abs(query - openai_vectors(base, TEXTS)).max() > 1e-3  # the prompt applied
+    answer = asyncio.run(
+        litellm.aembedding(model="hosted_vllm/embed", input=TEXTS, api_base=v1, api_key=API_KEY)
+    )
+    got = np.array([d["embedding"] for d in answer.data], dtype=np.float32)
+    assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+    image = "data:image/png;base64," + base64.b64encode(ONE_PIXEL_PNG).decode()
+    for model, api_base, fields, words in [
+        ("hosted_vllm/embed", v1, {"dimensions": 4096}, "'dimensions' must be in 1..1024"),
+        ("infinity/embed", base, {"modality": "image"}, "this model reads text only"),
+        ("infinity/embed", base, {"modality": "audio"}, "'modality' must be one of"),
+    ]:
+        with pytest.raises(litellm.BadRequestError, match=words):
+            litellm.embedding(
+                model=model, input=[image], api_base=api_base, api_key=API_KEY, **fields
+            )
+
+
+def test_litellm_rerank_providers_rank_as_the_reranker(stack):
+    """LiteLLM's rerank providers on the gateway's URL: Cohere's (v2), vLLM's, Jina's,
+    Voyage's, Together's and Hugging Face's (TEI's /rerank) give the reranker's ranking and
+    scores and the documents' texts, NIM's (/v1/ranking) its logits. (Its Infinity provider
+    reads a document as a string where vLLM's reads Cohere's object, from the same body at the
+    same URL: the gateway answers vLLM's, docs/api.md.)"""
+    server, base = stack
+    query = "Which city is the capital of China?"
+    with EmbeddingClient(server.grpc_url) as client:
+        want = client.rerank(query, TEXTS)
+    for model, api_base, kept, texts in [
+        ("cohere/rerank", base, 2, False),  # Cohere's v2 returns no documents
+        ("hosted_vllm/rerank", base, 2, True),
+        ("jina_ai/rerank", f"{base}/v1", 2, True),
+        ("voyage/rerank", f"{base}/v1", 2, True),
+        ("together_ai/rerank", f"{base}/v1", 2, True),
+        ("huggingface/rerank", base, 3, True),  # TEI's /rerank ranks every text
+        ("nvidia_nim/ranking/rerank", base, 2, True),
+    ]:
+        answer = litellm.rerank(
+            model=model,
+            query=query,
+            documents=TEXTS,
+            top_n=2,
+            return_documents=True,
+            api_base=api_base,
+            api_key=API_KEY,
+        )
+        ranking = want.ranking[:kept]
+        assert [r["index"] for r in answer.results] == [i for i, _ in ranking], model
+        scores = [log_odds(s) if "nvidia_nim" in model else s for _, s in ranking]
+        assert [r["relevance_score"] for r in answer.results] == pytest.approx(scores, abs=1e-5)
+        documents = [(r.get("document") or {}).get("text") for r in answer.results]
+        assert documents == [TEXTS[i] if texts else None for i, _ in ranking], model
 
 
 def test_nim_embeddings_client_gets_the_query_and_document_prompts(stack):

@@ -406,6 +406,10 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             + ["return_multivector", "input_type", "output_dtype", "output_dimension"]
             + ["truncation"],
         ),
+        "/embeddings": (
+            {"model": "embed", "input": ["hello"], "modality": "image"},
+            ["input", "modality", "dimensions", "encoding_format"],
+        ),
         "/embed": (
             {"inputs": "hello"},
             ["inputs", "normalize", "truncate", "truncation_direction", "dimensions"]

@@ -728,6 +728,7 @@ def data_url(data: bytes, kind: str = "png", media: str = "image") -> str:
 def test_images_through_the_gateway_with_openai_and_cohere(served, served_model, tmp_path):
     import cohere
     import httpx
+    import litellm
     import openai
     from llama_index.embeddings.jinaai import JinaEmbedding
 
@@ -774,6 +775,12 @@ def test_images_through_the_gateway_with_openai_and_cohere(served, served_model,
         embedder._api.api_url = f"{base}/v1/embeddings"  # the library takes no base URL
         got = embedder.get_image_embedding(str(tmp_path / "image.png"))
         assert float(np.array(got) @ want_png) >= FP32_COSINE
+        # Infinity's: images as URLs under `modality` "image", sent by LiteLLM's provider
+        answer = litellm.embedding(
+            model="infinity/embed", input=[png, png], modality="image", api_base=base
+        )
+        got = np.array([d["embedding"] for d in answer.data], dtype=np.float32)
+        assert (got @ want_png).min() >= FP32_COSINE
         for bad, words in [
             ({"url": png, "bytes": raw}, "content parts"),
             ({"text": "x", "instruction": "Find charts"}, "send 'instruction' beside the inputs"),

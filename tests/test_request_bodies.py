@@ -612,6 +612,23 @@ def test_images_as_jina_writes_them():
         assert refusal(embeddings, {"input": [item]}).param == "input"
 
 
+def test_infinity_modality_reads_the_inputs_as_images():
+    """Infinity's `modality` "image": each input an image's URL, read as one (not as the URL's
+    text); "text" changes nothing; audio, and inputs that are not URLs, refused naming the
+    field."""
+    raw = base64.b64encode(b"an image file's bytes").decode()
+    png = "data:image/png;base64," + raw
+    for given in (png, [png, png]):
+        inputs = embeddings({"input": given, "modality": "image"})[0]
+        texts, images, _ = asyncio.run(media.texts_and_media(inputs, "input", False))
+        assert images == [[b"an image file's bytes"]] * len(inputs) and texts == [""] * len(inputs)
+    assert embeddings({"input": [png], "modality": "text"})[0] == [png]
+    assert refusal(embeddings, {"input": "x", "modality": "audio"}).param == "modality"
+    for bad in ([1, 2], [], [[{"type": "text", "text": "x"}]]):
+        refused = refusal(embeddings, {"input": bad, "modality": "image"})
+        assert refused.param == "input" and "image URLs" in refused.message
+
+
 def test_rerank_objects_as_qwens_scripts_write_them():
     """A query, or a document with an image or a video, of the scripts' fields is its
     content parts; a document of Cohere's and Jina's {"text", ...} stays a text; the

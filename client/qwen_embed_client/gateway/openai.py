@@ -16,7 +16,9 @@ base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) 
 `input_type` "document" (beside NIM's "passage"), `truncation` (`truncate`), `output_dimension`
 (`dimensions`) and `output_dtype` (`embedding_type`); on /v1/rerank its `top_k` (`top_n`) and
 `truncation`, and a body with either is answered in Voyage's shape (`voyage_ranking`); its
-multimodal route and its form of the contextualized one are voyage.py's.
+multimodal route and its form of the contextualized one are voyage.py's. Infinity's: `modality`
+"image" (each input an image's URL) and its URL, POST /embeddings; its rerank bodies are
+Cohere's, answered in the Cohere shape that vLLM's clients read on /rerank too.
 """
 
 from __future__ import annotations
@@ -293,6 +295,7 @@ class _Embeddings(_VllmPoolingFields):
     task: Annotated[str, AfterValidator(checked_task)] | None = None  # Jina's
     normalized: bool | None = None  # Jina's
     late_chunking: bool = False  # Jina's: the inputs read as one text, a vector per input
+    modality: Literal["text", "image"] | None = None  # Infinity's (_modality)
     return_multivector: bool = False  # Jina's (its v4 API): a vector per token of each input
     # late chunking: {"size": tokens} or {"spans": [[start, end], ...]} over each text's own
     # tokens (the contract checks their form, the server their ranges)
@@ -302,6 +305,24 @@ class _Embeddings(_VllmPoolingFields):
         )
         | None
     ) = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _modality(cls, body):
+        """Infinity's `modality` "image": each input is an image's URL (a data URL, or a remote
+        one where the operator allows them), read as an image content part, not as text;
+        "audio" is refused by the field's type."""
+        if not isinstance(body, dict) or body.get("modality") != "image":
+            return body
+        urls = body.get("input")
+        urls = [urls] if isinstance(urls, str) else urls
+        if not (isinstance(urls, list) and urls and all(isinstance(u, str) for u in urls)):
+            raise PydanticCustomError(
+                "modality",
+                "'modality' 'image' reads 'input' as image URLs: a string or a list of strings",
+                {"param": "input"},
+            )
+        return body | {"input": [[{"type": "image_url", "image_url": {"url": u}}] for u in urls]}
 
     @model_validator(mode="before")
     @classmethod
@@ -780,6 +801,7 @@ async def _served_models(gw) -> list[dict]:
 
 
 @router.post("/v1/embeddings")
+@router.post("/embeddings")  # Infinity's URL (its default prefix is none)
 async def embeddings(request: Request):
     gw = gateway(request)
     answer = await embeddings_body(gw, await json_body(request), binary=True)
