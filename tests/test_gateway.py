@@ -404,7 +404,7 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             ["input", "model", "dimensions", "encoding_format", "prompt_name", "max_tokens"]
             + ["task", "late_chunking", "embed_dtype", "encoding_type", "use_activation"]
             + ["return_multivector", "input_type", "output_dtype", "output_dimension"]
-            + ["truncation"],
+            + ["truncation", "add_generation_prompt", "chat_template_kwargs", "media_io_kwargs"],
         ),
         "/embeddings": (
             {"model": "embed", "input": ["hello"], "modality": "image"},

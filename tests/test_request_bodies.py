@@ -653,9 +653,10 @@ def test_rerank_objects_as_qwens_scripts_write_them():
 
 def test_vllm_pooling_fields_are_read_or_refused():
     """vLLM's `mm_processor_kwargs`: its `fps` is `video_fps`, on embeddings and rerank
-    bodies; the processor's other arguments (pixel budgets, frame counts) are the server's
-    settings, and its `cache_salt` (a client's own prefix cache) is not served: refused by
-    name rather than silently ignored."""
+    bodies; the processor's other arguments (pixel budgets, frame counts) and
+    `media_io_kwargs` are the server's settings, and its `cache_salt` (a client's own prefix
+    cache) and chat-template switches, and Cohere v1's `rank_fields` beyond a document's text,
+    are not served: refused by name rather than silently ignored."""
     part = {"type": "text", "text": "q"}
     _, options, *_ = embeddings({"input": [[part]], "mm_processor_kwargs": {"fps": 0.5}})
     assert options["video_fps"] == 0.5
@@ -667,11 +668,28 @@ def test_vllm_pooling_fields_are_read_or_refused():
         ({"mm_processor_kwargs": {"fps": 1}, "video_fps": 2}, "not both"),
         ({"cache_salt": "s" * 43}, "prefix_cache_mb 0"),
         ({"chat_template": "{{ messages }}"}, "the checkpoint's own recipe"),
+        ({"media_io_kwargs": {"video": {"num_frames": 8}}}, "the server's image and video"),
     ]:
         inputs = {embeddings: {"input": "x"}, rerank_v1: {"query": "q", "documents": ["a"]}}
         for parse, given in inputs.items():
             e = refusal(parse, given | body)
             assert e.param == next(iter(body)) and message in e.message, e.message
+    # the switches of vLLM's chat template for `messages`: their defaults are what is served
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert embeddings(chat | {"add_generation_prompt": False, "chat_template_kwargs": {}})[0]
+    for field, value in [
+        ("add_generation_prompt", True),
+        ("continue_final_message", True),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+    ]:
+        e = refusal(embeddings, chat | {field: value})
+        assert e.param == field and "the checkpoint's own recipe" in e.message, e.message
+    # Cohere v1's rank_fields: its default, the document's text, is what is served
+    documents = [{"title": "A", "text": "b"}]
+    request, _ = rerank_v1({"query": "q", "documents": documents, "rank_fields": ["text"]})
+    assert request.inputs == ("q", ["b"])
+    e = refusal(rerank_v1, {"query": "q", "documents": documents, "rank_fields": ["title"]})
+    assert e.param == "rank_fields" and "ranked by its 'text'" in e.message, e.message
 
 
 def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):

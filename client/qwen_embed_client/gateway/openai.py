@@ -208,10 +208,13 @@ class ChunkSpans(Body):
 
 
 # vLLM's pooling-request fields refused, and why
+_RECIPE = "the checkpoint's own recipe forms its inputs"
 _NOT_SERVED = {
     "cache_salt": "this server's prefix cache is shared by every client (its operator can keep "
     "no prefix between batches: prefix_cache_mb 0)",
-    "chat_template": "the checkpoint's own recipe forms its inputs",
+    "chat_template": _RECIPE,
+    "media_io_kwargs": "the server's image and video settings read the media (a video's frames "
+    "per second: 'video_fps')",
 }
 
 
@@ -222,11 +225,13 @@ class _VllmPoolingFields(Body):
     video settings here, refused by name); `cache_salt`, which isolates a client's cached
     prefixes in vLLM, refused: this server's prefix cache is one for all clients (the
     encoder's `prefix_cache_mb` 0 keeps no prefix between batches); a `chat_template` of the
-    client's, refused: the checkpoint's own recipe forms its inputs."""
+    client's, refused: the checkpoint's own recipe forms its inputs; `media_io_kwargs` (how
+    vLLM loads a medium), refused: the server's image and video settings do."""
 
     mm_processor_kwargs: dict[str, object] | None = None
     cache_salt: str | None = None
     chat_template: str | None = None
+    media_io_kwargs: dict[str, object] | None = None
     video_fps: float | None = None
 
     @model_validator(mode="before")
@@ -235,7 +240,7 @@ class _VllmPoolingFields(Body):
         if not isinstance(body, dict):  # the body's own check names it
             return body
         for name, why in _NOT_SERVED.items():
-            if body.get(name) is not None:
+            if body.get(name) not in (None, {}):
                 raise PydanticCustomError(
                     "vllm",
                     "'{name}' is not served: {why}",
@@ -294,6 +299,10 @@ class _Embeddings(_VllmPoolingFields):
     padding: Literal["max_length", "do_not_pad"] | None = None
     task: Annotated[str, AfterValidator(checked_task)] | None = None  # Jina's
     normalized: bool | None = None  # Jina's
+    # vLLM's switches of its chat template for `messages` (refused where set: _RECIPE)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, object] | None = None
     late_chunking: bool = False  # Jina's: the inputs read as one text, a vector per input
     modality: Literal["text", "image"] | None = None  # Infinity's (_modality)
     return_multivector: bool = False  # Jina's (its v4 API): a vector per token of each input
@@ -362,6 +371,11 @@ class _Embeddings(_VllmPoolingFields):
                     "twins",
                     "send '{param}' or '{ours}', not both",
                     {"param": given[-1], "ours": given[0]},
+                )
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+            if getattr(self, name):
+                raise PydanticCustomError(
+                    "vllm", "'{param}' is not served: {why}", {"param": name, "why": _RECIPE}
                 )
         tokens = self.truncate_prompt_tokens
         if tokens is not None and tokens != -1 and tokens < 1:
@@ -670,6 +684,18 @@ class RerankRequest(_VllmPoolingFields):
     truncate_prompt_tokens: int | None = None
     top_k: int | None = None  # Voyage's `top_n`
     truncation: bool | None = None  # Voyage's `truncate`
+    rank_fields: list[str] | None = None  # Cohere v1's: its default, ["text"], is served
+
+    @model_validator(mode="after")
+    def _rank_fields(self):
+        if self.rank_fields not in (None, ["text"]):
+            raise PydanticCustomError(
+                "cohere",
+                "'rank_fields' other than ['text'] is not served: a document is ranked by its "
+                "'text' (join the fields to rank by into it)",
+                {"param": "rank_fields"},
+            )
+        return self
 
     @model_validator(mode="after")
     def _voyage_fields(self):
