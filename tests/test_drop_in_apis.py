@@ -708,8 +708,9 @@ def test_nim_rerank_client_ranks_by_the_rerankers_logits(stack):
 
 
 def test_vllm_rerank_fields(stack):
-    """vLLM's /v1/rerank fields: `use_activation` false answers the reranker's logits, `top_n`
-    0 every document, `max_tokens_per_doc` and `chat_template_kwargs.instruction` ours."""
+    """vLLM's /v1/rerank fields: `use_activation` false (Infinity's `raw_scores` true) answers
+    the reranker's logits, `top_n` 0 every document, `max_tokens_per_doc` and
+    `chat_template_kwargs.instruction` ours."""
     server, base = stack
     query, long_document = "Which city is the capital of China?", "Beijing " * 60
     documents = [*TEXTS, long_document]
@@ -729,6 +730,7 @@ def test_vllm_rerank_fields(stack):
     assert [logits[i] for i, _ in want.ranking] == pytest.approx(
         [log_odds(s) for _, s in want.ranking], abs=1e-6
     )
+    assert scores(raw_scores=True) == logits  # Infinity's name of the same switch
     assert scores(max_tokens_per_doc=8) == pytest.approx(dict(cut.ranking), abs=1e-6)
     assert dict(cut.ranking)[3] != pytest.approx(dict(want.ranking)[3], abs=1e-4)  # it was cut
     kwargs = {"chat_template_kwargs": {"instruction": "Find the city"}}

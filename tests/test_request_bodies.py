@@ -390,11 +390,17 @@ def test_rerank_bodies_of_every_api():
 
 def test_vllm_rerank_fields():
     """vLLM's rerank fields are ours (top_n 0: every document; a cut per document, 0: none;
-    the chat template's instruction), or refused where they would cut what is not cut."""
+    the chat template's instruction; logits, as Infinity's raw_scores), or refused where they
+    would cut what is not cut."""
     body = {"query": "q", "documents": ["a"]}
     assert rerank_v1(body | {"top_n": 0, "max_tokens_per_doc": 0})[1] == {}
     request, options = rerank_v1(body | {"max_tokens_per_doc": 8, "use_activation": False})
-    assert options == {"max_document_tokens": 8} and request.use_activation is False
+    assert options == {"max_document_tokens": 8} and request.logits
+    # Infinity's raw_scores is the same switch; neither: the scores
+    assert rerank_v1(body | {"raw_scores": True})[0].logits
+    assert not rerank_v1(body | {"raw_scores": False})[0].logits
+    assert not rerank_v1(body | {"use_activation": True})[0].logits
+    assert not rerank_v1(body)[0].logits
     kwargs = {"chat_template_kwargs": {"instruction": "find"}}
     assert rerank_v1(body | kwargs)[1] == {"instruction": "find"}
     assert rerank_v1(body | {"max_tokens_per_query": 0, "truncate_prompt_tokens": -1})[1] == {}
@@ -404,6 +410,7 @@ def test_vllm_rerank_fields():
         ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "only"),
         ({"max_tokens_per_query": 16}, "max_tokens_per_query", "read whole"),
         ({"truncate_prompt_tokens": 64}, "truncate_prompt_tokens", "'max_tokens_per_doc'"),
+        ({"raw_scores": True, "use_activation": False}, "raw_scores", "not both"),
     ]:
         e = refusal(rerank_v1, body | extra)
         assert e.param == param and words in e.message, e.message

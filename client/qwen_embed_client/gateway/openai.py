@@ -18,7 +18,8 @@ base64 vector's bytes (common.Encoding); `add_special_tokens` false (for texts) 
 `truncation`, and a body with either is answered in Voyage's shape (`voyage_ranking`); its
 multimodal route and its form of the contextualized one are voyage.py's. Infinity's: `modality`
 "image" (each input an image's URL) and its URL, POST /embeddings; its rerank bodies are
-Cohere's, answered in the Cohere shape that vLLM's clients read on /rerank too.
+Cohere's with `raw_scores` (`use_activation` false), answered in the Cohere shape that vLLM's
+clients read on /rerank too.
 """
 
 from __future__ import annotations
@@ -678,6 +679,7 @@ class RerankRequest(_VllmPoolingFields):
     # vLLM's: false answers the reranker's logit; a cut per document (0: none); the
     # template's instruction; the cuts not served (0 and -1: none)
     use_activation: bool | None = None
+    raw_scores: bool | None = None  # Infinity's: true, the logits (`use_activation` false)
     max_tokens_per_doc: Annotated[int, Field(ge=0)] | None = None
     chat_template_kwargs: dict[str, object] | None = None
     max_tokens_per_query: int | None = None
@@ -698,12 +700,21 @@ class RerankRequest(_VllmPoolingFields):
         return self
 
     @model_validator(mode="after")
-    def _voyage_fields(self):
+    def _twins(self):
         if self.top_n is not None and self.top_k is not None:
             raise PydanticCustomError(
                 "twins", "send 'top_k' or 'top_n', not both", {"param": "top_k"}
             )
+        if self.raw_scores is not None and self.use_activation is not None:
+            raise PydanticCustomError(
+                "twins", "send 'raw_scores' or 'use_activation', not both", {"param": "raw_scores"}
+            )
         return self
+
+    @property
+    def logits(self) -> bool:
+        """Whether the answer's scores are the reranker's logits, not its scores."""
+        return self.use_activation is False or self.raw_scores is True
 
     @model_validator(mode="after")
     def _vllm_fields(self):
@@ -999,8 +1010,7 @@ async def _ranking(gw, body: object) -> dict:
         result = await gw.client.rerank(query, texts, **options, headers=gw.outgoing())
     except EmbeddingError as e:
         raise backend_error(e, ("instruction",), "documents") from e
-    # vLLM's use_activation false: the reranker's logit, not its score
-    raw = await raw_scores(gw) if request.use_activation is False else float
+    raw = await raw_scores(gw) if request.logits else float
     results = _ranked(request, documents, [(i, raw(score)) for i, score in result.ranking])
     return {
         "model": options.get("adapter", gw.rerank_model_name),
