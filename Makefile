@@ -308,6 +308,8 @@ OTLP_ENDPOINT ?=
 BATCH_DIR ?= .cache/batches
 # The gateway's names of the embed model, one or more separated by spaces (default: embed).
 SERVED_MODEL_NAME ?=
+# Origins whose pages may call the gateway from a browser, comma separated ('*': any); empty: none.
+CORS_ALLOW_ORIGINS ?=
 # LoRA adapters a request names, over the embedder (and the reranker): name=path,... (the
 # encoders' lora_modules, docs/configuration.md); empty: none.
 LORA_MODULES ?=
@@ -328,7 +330,8 @@ serve: setup
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
 	QWEN_EMBED_LORA_MODULES="$(LORA_MODULES)" QWEN_EMBED_RERANK_LORA_MODULES="$(RERANK_LORA_MODULES)" \
 	QWEN_EMBED_ENCODER_SETTINGS="$(ENCODER_SETTINGS)" \
-	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_deploy.launcher \
+	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
+	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
@@ -338,7 +341,8 @@ serve: setup
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
 gateway: setup
-	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) $(PY) -m qwen_embed_client.gateway \
+	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
+	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
 		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))

@@ -44,7 +44,7 @@ from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine
-from triton_helpers import gateway_process, infer, post_json
+from triton_helpers import gateway_process, infer, post_json, send_json
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -1036,6 +1036,33 @@ def test_langchain_openai_embeddings_get_the_texts_vectors_or_a_clear_refusal(st
     ):
         got = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
         assert np.abs(got - expected).max() <= SAME
+
+
+def test_a_page_of_an_allowed_origin_reads_the_answers_and_their_headers(stack):
+    """The origins of $QWEN_EMBED_CORS_ALLOW_ORIGINS (as the launcher's gateway gets them):
+    a browser's page of one reads the answers of the OpenAI, TEI and vLLM binary routes with
+    every header they set (the fingerprint, TEI's token counts, the bytes' `metadata`);
+    another origin's page is told nothing."""
+    server, _ = stack
+    origin = "https://app.example"
+    env = {"QWEN_EMBED_CORS_ALLOW_ORIGINS": f"https://other.example, {origin}"}
+    with gateway_process(server, "--api-key", API_KEY, env=env) as base:
+        sent = {"Origin": origin, "Authorization": f"Bearer {API_KEY}"}
+        for path, body in [
+            ("/v1/embeddings", {"model": "embed", "input": TEXTS}),
+            ("/v1/embeddings", {"model": "embed", "input": TEXTS, "encoding_format": "bytes"}),
+            ("/embed", {"inputs": TEXTS}),
+            ("/embed_all", {"inputs": TEXTS[:1]}),
+        ]:
+            status, _, headers = send_json("POST", f"{base}{path}", body, sent)
+            headers = {k.lower(): v for k, v in headers.items()}
+            assert status == 200 and headers["access-control-allow-origin"] == origin, path
+            exposed = {h.strip() for h in headers["access-control-expose-headers"].split(",")}
+            ours = {h for h in headers if h.startswith("x-") or h == "metadata"}
+            assert "x-model-fingerprint" in ours and ours <= exposed, (path, ours, exposed)
+        elsewhere = {**sent, "Origin": "https://evil.example"}
+        status, _, headers = send_json("POST", f"{base}/embed", {"inputs": "x"}, elsewhere)
+        assert status == 200 and "access-control-allow-origin" not in map(str.lower, headers)
 
 
 def test_every_api_gives_one_vector_per_text(stack):

@@ -1,6 +1,7 @@
 """With API keys set, every route of the gateway app refuses a request without a key (or with
 a wrong one) before its handler runs: authentication is a dependency of every API router
-(gateway/app.py), so a new route cannot forget it. No Triton is needed: nothing gets past it."""
+(gateway/app.py), so a new route cannot forget it; a browser's preflight, which carries no
+key, is answered for the origins allowed. No Triton is needed: nothing gets past it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,36 @@ def test_a_route_added_to_a_router_later_needs_the_key_too(tmp_path):
         assert ok.status_code == 200 and ok.json() == {"ok": True}
     finally:
         openai.router.routes[:] = [r for r in openai.router.routes if r.path != "/v1/forgetful"]
+
+
+def test_cross_origin_calls_from_the_origins_allowed_only():
+    """With origins allowed, a browser's preflight from one (which carries no key) is answered
+    before any route, naming what the page may send; its real request still needs the key,
+    and its answers (refusals too) say the page may read them. Another origin's preflight is
+    refused; without origins, no answer says any page may read it."""
+    origin = "https://app.example"
+    client = TestClient(
+        create_app(["127.0.0.1:1"], api_keys=("right-key",), cors_origins=(origin,))
+    )
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+    }
+    answer = client.options("/v1/embeddings", headers={"Origin": origin, **preflight})
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
+    allowed = answer.headers["access-control-allow-headers"].lower()
+    assert {"authorization", "content-type", "x-stainless-os"} <= set(allowed.split(", "))
+    assert "POST" in answer.headers["access-control-allow-methods"]
+    other = client.options(
+        "/v1/embeddings", headers={"Origin": "https://evil.example", **preflight}
+    )
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    refused = client.post("/v1/embeddings", headers={"Origin": origin}, json={})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin
+    assert "x-model-fingerprint" in refused.headers["access-control-expose-headers"]
+
+    closed = TestClient(create_app(["127.0.0.1:1"], api_keys=("right-key",)))
+    answer = closed.options("/v1/embeddings", headers={"Origin": origin, **preflight})
+    assert answer.status_code == 405 and "access-control-allow-origin" not in answer.headers
+    refused = closed.post("/v1/embeddings", headers={"Origin": origin}, json={})
+    assert refused.status_code == 401 and "access-control-allow-origin" not in refused.headers

@@ -4,7 +4,7 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
     [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed] [--triton-rerank-model rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
-    [--allow-remote-images]
+    [--allow-remote-images] [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
@@ -38,7 +39,11 @@ from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
-from .state import MAX_BODY_BYTES, Gateway, require_key
+from .state import FINGERPRINT_HEADER, MAX_BODY_BYTES, Gateway, require_key
+
+# The response headers the routes set that a page reads (a browser hides others from it):
+# the model's fingerprint, vLLM's binary vectors' layout, TEI's token counts.
+EXPOSED_HEADERS = (FINGERPRINT_HEADER, "metadata", *tei.TOKEN_HEADERS)
 
 # The renderer of each API's errors, by the tag of the router that served the request.
 _RENDERERS = {
@@ -87,10 +92,12 @@ def create_app(
     batch_settings: BatchSettings | None = None,
     allow_remote_images: bool = False,
     max_body_bytes: int = MAX_BODY_BYTES,
+    cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
     """The gateway; `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
     http(s) image URLs (else only data URLs are taken); `max_body_bytes`: the largest JSON
-    body read."""
+    body read; `cors_origins`: the origins whose pages may call it from a browser ("*": any;
+    none: only same-origin pages)."""
     client = AsyncEmbeddingClient(
         triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
     )
@@ -136,6 +143,15 @@ def create_app(
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
     GatewayMetrics().install(app)  # /metrics, like /health, carries no key
+    if cors_origins:  # a preflight carries no key: answered here, before any route
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],  # Authorization and the SDKs' own headers
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
     app.add_middleware(CallerWait)  # outermost: a cancelled handler is counted as such
     app.get("/health")(_health)  # probes carry no key
     app.get("/v1/health/live")(nim.live)
@@ -248,6 +264,13 @@ def main() -> None:
         "come as data URLs only",
     )
     p.add_argument(
+        "--cors-allow-origin",
+        action="append",
+        help="an origin whose pages may call the gateway from a browser (https://app.example, "
+        "or '*' for any), repeatable (default: $QWEN_EMBED_CORS_ALLOW_ORIGINS, comma "
+        "separated, which reaches the gateway the launcher starts; none: no cross-origin calls)",
+    )
+    p.add_argument(
         "--max-body-mb",
         type=float,
         default=float(os.environ.get("QWEN_EMBED_MAX_BODY_MB", MAX_BODY_BYTES / 2**20)),
@@ -266,13 +289,14 @@ def main() -> None:
     app = create_app(
         args.triton_url or ["localhost:8001"],
         model_names=tuple(args.model_names),
-        api_keys=tuple(args.api_key or _env_keys()),
+        api_keys=tuple(args.api_key or _env_list("QWEN_EMBED_API_KEY")),
         triton_model=args.triton_model,
         rerank_model_names=tuple(name for name in args.rerank_model_names if name),
         triton_rerank_model=args.triton_rerank_model,
         otlp_endpoint=args.otlp_endpoint or None,
         allow_remote_images=args.allow_remote_images,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        cors_origins=tuple(args.cors_allow_origin or _env_list("QWEN_EMBED_CORS_ALLOW_ORIGINS")),
         batch_dir=Path(args.batch_dir) if args.batch_dir else None,
         batch_settings=BatchSettings(
             max_file_bytes=args.batch_max_file_bytes,
@@ -285,5 +309,6 @@ def main() -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
-def _env_keys() -> list[str]:
-    return [k for k in os.environ.get("QWEN_EMBED_API_KEY", "").split(",") if k.strip()]
+def _env_list(name: str) -> list[str]:
+    """A comma-separated list in the environment variable `name`."""
+    return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]

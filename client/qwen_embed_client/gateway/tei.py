@@ -168,6 +168,11 @@ def _int_list(values) -> str:
     return ",".join(str(int(v)) for v in values)
 
 
+# The token counts TEI's routes answer as headers (a browser's page reads them where exposed:
+# app.EXPOSED_HEADERS): the request's, and per text those used and those before truncation.
+TOKEN_HEADERS = ("x-compute-tokens", "x-tokens", "x-input-tokens")
+
+
 @router.post("/")
 @router.post("/embed")
 async def embed_route(request: Request):
