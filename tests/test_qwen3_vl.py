@@ -836,6 +836,51 @@ def test_images_through_the_gateway_with_openai_and_cohere(served, served_model,
 
 
 @pytest.mark.server
+def test_remote_images_are_fetched_from_the_hosts_allowed_only(served, served_model):
+    """An image URL of this host's own web server: fetched by a gateway that names the host
+    (--allowed-media-domains), its vector the official recipe's; refused, naming the input,
+    by one that fetches from public addresses only (--allow-remote-images)."""
+    import http.server
+    import threading
+
+    import openai
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served
+    png = image_files()["png"]
+
+    class Image(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args):
+            pass
+
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Image)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{files.server_address[1]}/image.png"
+    part = {"type": "image_url", "image_url": {"url": url}}
+    want = official_vector(served_model, model_dir, "", [png])
+    try:
+        with gateway_process(server, "--allowed-media-domains", "127.0.0.1") as base:
+            api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            got = api.embeddings.create(model="embed", input=[[part]]).data[0].embedding
+            assert float(np.array(got) @ want) >= FP32_COSINE
+        with gateway_process(server, "--allow-remote-images") as base:
+            api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.BadRequestError, match="not a public address") as e:
+                api.embeddings.create(model="embed", input=[[part]])
+            assert e.value.body["param"] == "input", e.value.body
+    finally:
+        files.shutdown()
+
+
+@pytest.mark.server
 def test_reranking_with_images_through_the_gateway(served, reranker_dir, reranker_model):
     import httpx
 

@@ -512,7 +512,7 @@ def test_openai_content_parts_and_messages():
 )
 def test_image_and_video_urls(url, words, kind):
     with pytest.raises(APIError, match=words.format(kind=kind)) as e:
-        asyncio.run(media.file_bytes(url.format(kind=kind), "input[0]", kind, allow_remote=False))
+        asyncio.run(media.file_bytes(url.format(kind=kind), "input[0]", kind, remote=None))
     assert e.value.param == "input"
     assert asyncio.run(media.file_bytes("data:image/png;base64,QUJD", "x", kind, False)) == b"ABC"
 
@@ -521,11 +521,11 @@ def test_video_parts_are_taken_as_vllm_writes_them():
     video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJD"}}
     parts = [{"type": "text", "text": "a clip"}, video, video]
     inputs = embeddings({"input": [parts, "plain"]})[0]
-    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", None))
     assert (texts, images, videos) == (["a clip", "plain"], [[], []], [[b"ABC", b"ABC"], []])
     too_many = [video] * (MAX_VIDEOS_PER_TEXT + 1)
     inputs = embeddings({"input": [too_many]})[0]
-    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", None)), inputs)
     assert "5 videos, more than the limit of 4" in e.message and e.param == "input"
 
 
@@ -538,17 +538,17 @@ def test_a_video_as_its_frames_is_taken_as_qwens_api_writes_it():
     }
     video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJD"}}
     inputs = embeddings({"input": [[video, {"type": "text", "text": "clips"}, frames]]})[0]
-    texts, _, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    texts, _, videos = asyncio.run(media.texts_and_media(inputs, "input", None))
     assert (texts, videos) == (["clips"], [[b"ABC", [b"ABC", b"DEF"]]])
     frames["video"][1] = "data:image/png;base64,@@"
     inputs = embeddings({"input": [[video, frames]]})[0]
-    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", None)), inputs)
     assert e.message == "'input[0] video 1 frame 1' image data URL is not valid base64"
     assert e.param == "input"
     assert refusal(embeddings, {"input": [[{"type": "video", "video": []}]]}).param == "input"
     too_many = [video, frames, frames, video, frames]
     inputs = embeddings({"input": [too_many]})[0]
-    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", None)), inputs)
     assert "5 videos, more than the limit of 4" in e.message
 
 
@@ -567,7 +567,7 @@ def test_an_input_as_qwens_scripts_write_it_is_its_content_parts():
             ]
         }
     )[0]
-    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", False))
+    texts, images, videos = asyncio.run(media.texts_and_media(inputs, "input", None))
     assert texts == ["a chart", "", "", "plain"]
     assert images == [[b"ABC"], [], [b"ABC", b"ABC"], []]
     assert videos == [[], [[b"ABC", b"ABC"]], [b"DEF", [b"ABC"]], []]
@@ -610,11 +610,11 @@ def test_images_as_jina_writes_them():
     raw = base64.b64encode(b"an image file's bytes").decode()
     png = "data:image/png;base64," + raw
     inputs = embeddings({"input": [{"image": raw}, {"url": png}, {"bytes": raw}]})[0]
-    _, images, _ = asyncio.run(media.texts_and_media(inputs, "input", False))
+    _, images, _ = asyncio.run(media.texts_and_media(inputs, "input", None))
     assert images == [[b"an image file's bytes"]] * 3
     inputs = embeddings({"input": [{"image": "/data/images/photo.png"}]})[0]
     with pytest.raises(APIError, match="must be a data URL"):
-        asyncio.run(media.texts_and_media(inputs, "input", False))
+        asyncio.run(media.texts_and_media(inputs, "input", None))
     for item in [{"url": png, "bytes": raw}, {"url": png, "text": "x"}]:
         assert refusal(embeddings, {"input": [item]}).param == "input"
 
@@ -627,7 +627,7 @@ def test_infinity_modality_reads_the_inputs_as_images():
     png = "data:image/png;base64," + raw
     for given in (png, [png, png]):
         inputs = embeddings({"input": given, "modality": "image"})[0]
-        texts, images, _ = asyncio.run(media.texts_and_media(inputs, "input", False))
+        texts, images, _ = asyncio.run(media.texts_and_media(inputs, "input", None))
         assert images == [[b"an image file's bytes"]] * len(inputs) and texts == [""] * len(inputs)
     assert embeddings({"input": [png], "modality": "text"})[0] == [png]
     assert refusal(embeddings, {"input": "x", "modality": "audio"}).param == "modality"
@@ -703,7 +703,7 @@ def test_a_video_s_frames_are_within_the_video_limit_together(monkeypatch):
     monkeypatch.setattr(media, "MAX_VIDEO_BYTES", 5)
     frames = {"type": "video", "video": ["data:image/png;base64,QUJD"] * 2}  # 3 bytes each
     inputs = embeddings({"input": [[frames]]})[0]
-    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", False)), inputs)
+    e = refusal(lambda i: asyncio.run(media.texts_and_media(i, "input", None)), inputs)
     assert e.message == "'input[0] video 0' frames are more than the limit of 5 bytes together"
 
 

@@ -4,7 +4,8 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
     [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed] [--triton-rerank-model rerank]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
-    [--allow-remote-images] [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
+    [--allow-remote-images] [--allowed-media-domains HOST ...]
+    [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
+from .remote_media import RemoteMedia
 from .state import FINGERPRINT_HEADER, MAX_BODY_BYTES, Gateway, require_key
 
 # The response headers the routes set that a page reads (a browser hides others from it):
@@ -91,11 +93,13 @@ def create_app(
     batch_dir: Path | None = None,
     batch_settings: BatchSettings | None = None,
     allow_remote_images: bool = False,
+    allowed_media_domains: tuple[str, ...] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
     cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
     """The gateway; `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
-    http(s) image URLs (else only data URLs are taken); `max_body_bytes`: the largest JSON
+    http(s) media URLs of hosts at public addresses, `allowed_media_domains`: of those hosts
+    only, wherever they are (neither: only data URLs are taken); `max_body_bytes`: the largest JSON
     body read; `cors_origins`: the origins whose pages may call it from a browser ("*": any;
     none: only same-origin pages)."""
     client = AsyncEmbeddingClient(
@@ -131,7 +135,11 @@ def create_app(
         rerank_model_names=tuple(rerank_model_names),
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
-        allow_remote_images=allow_remote_images,
+        remote_media=(
+            RemoteMedia(frozenset(d.lower() for d in allowed_media_domains))
+            if allow_remote_images or allowed_media_domains
+            else None
+        ),
         max_body_bytes=max_body_bytes,
     )
     app.state.batches = None
@@ -260,8 +268,15 @@ def main() -> None:
     p.add_argument(
         "--allow-remote-images",
         action="store_true",
-        help="fetch http(s) image URLs in requests (a multimodal model); otherwise images "
-        "come as data URLs only",
+        help="fetch http(s) image and video URLs in requests (a multimodal model) from hosts "
+        "at public addresses; otherwise media come as data URLs only",
+    )
+    p.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        help="fetch media URLs from these hosts only (their names as URLs write them), "
+        "wherever they are (an internal image store)",
     )
     p.add_argument(
         "--cors-allow-origin",
@@ -295,6 +310,7 @@ def main() -> None:
         triton_rerank_model=args.triton_rerank_model,
         otlp_endpoint=args.otlp_endpoint or None,
         allow_remote_images=args.allow_remote_images,
+        allowed_media_domains=tuple(args.allowed_media_domains),
         max_body_bytes=int(args.max_body_mb * 2**20),
         cors_origins=tuple(args.cors_allow_origin or _env_list("QWEN_EMBED_CORS_ALLOW_ORIGINS")),
         batch_dir=Path(args.batch_dir) if args.batch_dir else None,

@@ -147,7 +147,7 @@ async def _embed(gw, body: object, version: int) -> tuple[dict, None, str | None
     adapter = await model_adapter(gw, asked.model, gw.model_names)
     texts, kinds, images, videos = asked.items, asked.server_types(), None, None
     if has_parts(texts):
-        texts, images, videos = await texts_and_media(texts, "inputs", gw.allow_remote_images)
+        texts, images, videos = await texts_and_media(texts, "inputs", gw.remote_media)
     options = {**TRUNCATE_MODES[asked.truncate], **_priority(asked.priority)}
     if asked.output_dimension is not None:
         options["dimensions"] = asked.output_dimension

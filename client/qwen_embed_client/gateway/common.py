@@ -205,7 +205,7 @@ async def embed_tokens(gw, inputs: list, options: dict, items: str) -> list:
     holds at most 64 MiB / (4 x width) tokens, a small share of its forwards."""
     media = {}
     if has_parts(inputs):
-        inputs, images, videos = await texts_and_media(inputs, items, gw.allow_remote_images)
+        inputs, images, videos = await texts_and_media(inputs, items, gw.remote_media)
         media = {"images": images, "videos": videos}
     try:
         if not media:  # the tokenizer alone: no priority level to keep

@@ -11,7 +11,8 @@ files), which the server places before the text as the model's own script does.
 
 A URL is a data URL (`data:image/png;base64,...`, `data:video/mp4;base64,...`), always taken; a
 remote one (http/https) is fetched only where the gateway was started with
---allow-remote-images, within MAX_IMAGE_BYTES (MAX_VIDEO_BYTES) and a timeout.
+--allow-remote-images or --allowed-media-domains, as remote_media.RemoteMedia allows, within
+MAX_IMAGE_BYTES (MAX_VIDEO_BYTES) and a timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import asyncio
 import base64
 import binascii
 import re
-import urllib.request
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
@@ -35,6 +35,7 @@ from ..contract import (
 )
 from .bodies import Body, Text
 from .errors import invalid
+from .remote_media import NotAllowed, RemoteMedia
 
 FETCH_TIMEOUT_S = 10.0
 _DATA_URL = re.compile(
@@ -206,10 +207,11 @@ LARGEST = {"image": MAX_IMAGE_BYTES, "video": MAX_VIDEO_BYTES}
 
 
 async def texts_and_media(
-    items: list, name: str, allow_remote: bool
+    items: list, name: str, remote: RemoteMedia | None
 ) -> tuple[list[str], list[list[bytes]], list[list[bytes | list[bytes]]]]:
     """Inputs (texts, or lists of content parts) -> (texts, each one's image files, each
-    one's videos: a file, or the list of its frames' files)."""
+    one's videos: a file, or the list of its frames' files); `remote`: which remote URLs are
+    fetched (None: none)."""
     texts, images, videos = [], [], []
     for i, item in enumerate(items):
         if isinstance(item, str):
@@ -230,27 +232,24 @@ async def texts_and_media(
                     name,
                 )
         images.append(
-            [
-                await file_bytes(p.image_url.url, where, "image", allow_remote)
-                for p in found["image"]
-            ]
+            [await file_bytes(p.image_url.url, where, "image", remote) for p in found["image"]]
         )
         videos.append(
             [
-                await frame_files(p.video, f"{where} video {j}", allow_remote)
+                await frame_files(p.video, f"{where} video {j}", remote)
                 if isinstance(p, FramesPart)
-                else await file_bytes(p.video_url.url, where, "video", allow_remote)
+                else await file_bytes(p.video_url.url, where, "video", remote)
                 for j, p in enumerate(found["video"])
             ]
         )
     return texts, images, videos
 
 
-async def frame_files(urls: list[str], where: str, allow_remote: bool) -> list[bytes]:
+async def frame_files(urls: list[str], where: str, remote: RemoteMedia | None) -> list[bytes]:
     """A video's frames' image URLs -> their files, together within MAX_VIDEO_BYTES."""
     files, total = [], 0
     for k, url in enumerate(urls):
-        files.append(await file_bytes(url, f"{where} frame {k}", "image", allow_remote))
+        files.append(await file_bytes(url, f"{where} frame {k}", "image", remote))
         total += len(files[-1])
         if total > MAX_VIDEO_BYTES:
             raise invalid(
@@ -260,7 +259,7 @@ async def frame_files(urls: list[str], where: str, allow_remote: bool) -> list[b
     return files
 
 
-async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> bytes:
+async def file_bytes(url: str, where: str, kind: str, remote: RemoteMedia | None) -> bytes:
     """An image's or video's URL -> its file: a data URL's bytes, or a remote file where that
     is allowed."""
     field = where.split("[")[0]
@@ -278,23 +277,19 @@ async def file_bytes(url: str, where: str, kind: str, allow_remote: bool) -> byt
             f"'{where}' {kind} URL must be a data URL (data:{kind}/...;base64,...) or http(s)",
             field,
         )
-    if not allow_remote:
+    if remote is None:
         raise invalid(
             f"'{where}' remote {kind} URLs are not allowed here (the gateway's "
             f"--allow-remote-images); send the {kind} as a data URL",
             field,
         )
     try:
-        raw = await asyncio.to_thread(_fetch, url, LARGEST[kind])
+        raw = await asyncio.to_thread(remote.fetch, url, LARGEST[kind], FETCH_TIMEOUT_S)
+    except NotAllowed as e:
+        raise invalid(f"'{where}' {kind} URL is not fetched here: {e}", field) from None
     except OSError as e:
         raise invalid(f"'{where}' {kind} could not be fetched: {e}", field) from None
     return _within_limit(raw, where, kind)
-
-
-def _fetch(url: str, limit: int) -> bytes:
-    request = urllib.request.Request(url, headers={"User-Agent": "qwen-embed-gateway"})
-    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
-        return response.read(limit + 1)
 
 
 def _within_limit(raw: bytes, where: str, kind: str) -> bytes:

@@ -918,7 +918,7 @@ async def _embeddings_answer(gw, request: EmbeddingsRequest, binary: bool, media
     if media is not None:
         inputs, images, videos = media
     elif has_parts(inputs):
-        inputs, images, videos = await texts_and_media(inputs, "input", gw.allow_remote_images)
+        inputs, images, videos = await texts_and_media(inputs, "input", gw.remote_media)
     result = await embed(gw, inputs, options, kinds, "input", images=images, videos=videos)
     data = []
     for i in range(len(inputs)):
@@ -1000,7 +1000,7 @@ async def _ranking(gw, body: object) -> dict:
     adapters = await model_adapters(gw, model, served, triton)
     request, options = parse_rerank_request(body, served, adapters)
     query, documents = request.inputs
-    allow = gw.allow_remote_images
+    allow = gw.remote_media
     (query,), (query_images,), (query_videos,) = await texts_and_media([query], "query", allow)
     texts, images, videos = await texts_and_media(documents, "documents", allow)
     if query_images or any(images) or query_videos or any(videos):

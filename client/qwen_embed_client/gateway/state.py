@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..client import AsyncEmbeddingClient
 from .errors import BACKEND, UNAUTHORIZED, APIError
+from .remote_media import RemoteMedia
 
 # A JSON body's limit: room for a request of images at the contract's size per image
 # (MAX_IMAGE_BYTES, base64 in a data URL).
@@ -32,7 +33,7 @@ class Gateway:
     rerank_model_names: tuple[str, ...]  # the reranker's: the first answers; none: routes off
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
-    allow_remote_images: bool = False  # fetch http(s) image URLs (media.py)
+    remote_media: RemoteMedia | None = None  # the http(s) media URLs fetched (None: none)
     max_body_bytes: int = MAX_BODY_BYTES  # larger JSON bodies are refused unread (413)
     created: int = field(default_factory=lambda: int(time.time()))
 

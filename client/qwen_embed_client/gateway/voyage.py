@@ -111,7 +111,7 @@ async def multimodal_embeddings(request: Request):
             )
         inputs.append([_part(segment) for segment in item.content])
     # the files read once, here: their pixels counted, then embedded as they are
-    media = await texts_and_media(inputs, "inputs", gw.allow_remote_images)
+    media = await texts_and_media(inputs, "inputs", gw.remote_media)
     pixels = sum(_pixels(image) for images in media[1] for image in images)
     body = asked.given("model", "input_type", "truncation", "output_dtype", "output_dimension")
     parts = [[part.model_dump() for part in item] for item in inputs]

@@ -1,0 +1,130 @@
+"""The gateway's fetches of remote images and videos (gateway/remote_media.py) against a real
+HTTP server on this host: with --allow-remote-images only hosts at public addresses are
+fetched (so loopback, private, link-local and the cloud metadata address are refused, before
+any connection, and a host that resolves to a public address but is reached at another is cut
+off once connected); with --allowed-media-domains only those hosts, wherever they are; every
+redirect is held to the same rule, and one to another scheme is not followed."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+
+import pytest
+
+from qwen_embed_client.gateway import media, remote_media
+from qwen_embed_client.gateway.errors import APIError
+from qwen_embed_client.gateway.remote_media import NotAllowed, RemoteMedia
+
+FILE = b"\x89PNG\r\n\x1a\n an image file's bytes"
+
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    """/image.png, and /to/URL: a redirect to URL."""
+
+    requests: list[str] = []
+
+    def do_GET(self):
+        self.requests.append(self.path)
+        if self.path.startswith("/to/"):
+            self.send_response(302)
+            self.send_header("Location", self.path.removeprefix("/to/"))
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(FILE)))
+        self.end_headers()
+        self.wfile.write(FILE)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def port():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def fetch(policy: RemoteMedia, url: str) -> bytes:
+    return policy.fetch(url, 1 << 20, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/a.png",
+        "http://localhost/a.png",
+        "http://[::1]/a.png",
+        "http://[::ffff:127.0.0.1]/a.png",
+        "http://169.254.169.254/latest/meta-data/",  # clouds' metadata service
+        "http://10.0.0.7/a.png",
+        "https://192.168.1.1/a.png",
+        "http://100.64.0.1/a.png",  # carrier-grade NAT: not public either
+        "http://[fd00::1]/a.png",
+        "http://0.0.0.0/a.png",
+        "ftp://example.com/a.png",
+        "file:///etc/passwd",
+    ],
+)
+def test_only_public_addresses_are_fetched_by_default(url):
+    with pytest.raises(NotAllowed):
+        RemoteMedia().check(url)  # refused before connecting: no connection is tried
+
+
+def test_a_public_address_passes_the_check():
+    RemoteMedia().check("http://8.8.8.8/a.png")  # the check alone: nothing is fetched
+    RemoteMedia().check("https://[2001:4860:4860::8888]/a.png")
+
+
+def test_a_host_on_this_host_is_refused_and_an_allowed_one_fetched(port):
+    base = f"http://127.0.0.1:{port}"
+    with pytest.raises(NotAllowed, match="not a public address"):
+        fetch(RemoteMedia(), f"{base}/image.png")
+    allowed = RemoteMedia(frozenset({"127.0.0.1"}))
+    assert fetch(allowed, f"{base}/image.png") == FILE
+    with pytest.raises(NotAllowed, match="not one of --allowed-media-domains"):
+        fetch(allowed, f"http://localhost:{port}/image.png")
+
+
+def test_every_redirect_is_held_to_the_same_rule(port):
+    allowed = RemoteMedia(frozenset({"127.0.0.1"}))
+    base = f"http://127.0.0.1:{port}"
+    assert fetch(allowed, f"{base}/to/{base}/image.png") == FILE
+    _Files.requests.clear()
+    with pytest.raises(NotAllowed, match="'localhost' is not one of"):
+        fetch(allowed, f"{base}/to/http://localhost:{port}/image.png")
+    assert _Files.requests == ["/to/http://localhost:" + f"{port}/image.png"]  # not followed
+    with pytest.raises(OSError, match="not allowed|unknown url type"):
+        fetch(allowed, f"{base}/to/ftp://127.0.0.1/image.png")
+
+
+def test_a_name_that_resolves_elsewhere_the_second_time_is_cut_off(port, monkeypatch):
+    """The check before connecting sees a public address, the connection reaches this host
+    (as a name whose DNS answer changes between the two would): refused once connected,
+    before the request is sent."""
+    monkeypatch.setattr(remote_media, "_addresses", lambda host, port: ["8.8.8.8"])
+    _Files.requests.clear()
+    with pytest.raises(NotAllowed, match="reached at a non-public address"):
+        fetch(RemoteMedia(), f"http://127.0.0.1:{port}/image.png")
+    assert _Files.requests == []
+
+
+def test_a_refused_url_is_a_refusal_naming_the_field(port):
+    url = f"http://127.0.0.1:{port}/image.png"
+    for remote, words in [
+        (None, "remote image URLs are not allowed here"),
+        (RemoteMedia(), "image URL is not fetched here: its host '127.0.0.1' is at 127.0.0.1"),
+    ]:
+        with pytest.raises(APIError) as e:
+            asyncio.run(media.file_bytes(url, "input[2]", "image", remote))
+        assert e.value.param == "input" and words in e.value.message, e.value.message
+    fetched = asyncio.run(
+        media.file_bytes(url, "input[2]", "image", RemoteMedia(frozenset({"127.0.0.1"})))
+    )
+    assert fetched == FILE
