@@ -310,6 +310,11 @@ BATCH_DIR ?= .cache/batches
 SERVED_MODEL_NAME ?=
 # Origins whose pages may call the gateway from a browser, comma separated ('*': any); empty: none.
 CORS_ALLOW_ORIGINS ?=
+# The gateway over HTTPS: its certificate chain and private key, PEM files; empty: plain HTTP.
+SSL_CERTFILE ?=
+SSL_KEYFILE ?=
+GATEWAY_TLS = QWEN_EMBED_SSL_CERTFILE="$(if $(SSL_CERTFILE),$(abspath $(SSL_CERTFILE)))" \
+	QWEN_EMBED_SSL_KEYFILE="$(if $(SSL_KEYFILE),$(abspath $(SSL_KEYFILE)))"
 # LoRA adapters a request names, over the embedder (and the reranker): name=path,... (the
 # encoders' lora_modules, docs/configuration.md); empty: none.
 LORA_MODULES ?=
@@ -331,7 +336,7 @@ serve: setup
 	QWEN_EMBED_LORA_MODULES="$(LORA_MODULES)" QWEN_EMBED_RERANK_LORA_MODULES="$(RERANK_LORA_MODULES)" \
 	QWEN_EMBED_ENCODER_SETTINGS="$(ENCODER_SETTINGS)" \
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
-	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(PY) -m qwen_embed_deploy.launcher \
+	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(GATEWAY_TLS) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
@@ -342,7 +347,7 @@ serve: setup
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
 gateway: setup
 	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
-	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(PY) -m qwen_embed_client.gateway \
+	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(GATEWAY_TLS) $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
 		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))

@@ -12,12 +12,18 @@ within 1e-6 (the same Triton request underneath); scores equal the client librar
 
 import asyncio
 import base64
+import http.client
 import json
 import math
+import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import cohere
+import httpx
 import litellm
 import numpy as np
 import ollama
@@ -49,6 +55,7 @@ from triton_helpers import gateway_process, infer, post_json, send_json
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 API_KEY = "drop-in-key"
+TLS = Path(__file__).parent / "tls"  # a self-signed certificate for 127.0.0.1, and its key
 SAME = 1e-6  # one Triton request underneath every route
 EOS = 151643  # the <|endoftext|> Qwen3-Embedding's tokenizer closes a text with
 TOKENS_PER_TEXT = 96  # small, so that truncation is cheap to reach (the reranker's template fits)
@@ -1063,6 +1070,41 @@ def test_a_page_of_an_allowed_origin_reads_the_answers_and_their_headers(stack):
         elsewhere = {**sent, "Origin": "https://evil.example"}
         status, _, headers = send_json("POST", f"{base}/embed", {"inputs": "x"}, elsewhere)
         assert status == 200 and "access-control-allow-origin" not in map(str.lower, headers)
+
+
+def test_the_gateway_serves_https_with_the_operators_certificate(stack):
+    """With $QWEN_EMBED_SSL_CERTFILE and $QWEN_EMBED_SSL_KEYFILE (as the launcher's gateway gets
+    them), clients that trust the certificate get the same vectors over HTTPS; plain HTTP to
+    that port gets no answer. A certificate without its key, or a key that is not its, stops
+    the gateway with one line naming the files."""
+    server, base = stack
+    cert, key = TLS / "cert.pem", TLS / "key.pem"
+    trust = ssl.create_default_context(cafile=str(cert))
+    env = {"QWEN_EMBED_SSL_CERTFILE": str(cert), "QWEN_EMBED_SSL_KEYFILE": str(key)}
+    with gateway_process(server, "--api-key", API_KEY, env=env, tls=trust) as secure:
+        assert secure.startswith("https://")
+        # closed before the gateway stops: an idle TLS connection holds a stopping server for
+        # asyncio's TLS shutdown timeout (the launcher stops its gateway within 10 s anyway)
+        with httpx.Client(verify=trust) as session:
+            api = openai.OpenAI(base_url=f"{secure}/v1", api_key=API_KEY, http_client=session)
+            answer = api.embeddings.create(input=TEXTS, model="embed", encoding_format="float")
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert np.abs(got - openai_vectors(base, TEXTS)).max() <= SAME
+        plain = secure.replace("https://", "http://")
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"{plain}/health", timeout=10)
+    for flags, words in [
+        (["--ssl-certfile", str(cert)], "--ssl-certfile and --ssl-keyfile go together"),
+        (["--ssl-certfile", str(cert), "--ssl-keyfile", str(cert)], f"--ssl-keyfile {cert}"),
+    ]:
+        refused = subprocess.run(
+            [sys.executable, "-m", "qwen_embed_client.gateway", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
 
 
 def test_every_api_gives_one_vector_per_text(stack):

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import ssl
 import subprocess
 import sys
 import threading
@@ -123,11 +124,11 @@ def wait_until(condition, what: str, timeout: float = 120.0, log: Path | None = 
         time.sleep(0.05)
 
 
-def wait_for(url: str, timeout: float = 60) -> None:
+def wait_for(url: str, timeout: float = 60, context: ssl.SSLContext | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2)
+            urllib.request.urlopen(url, timeout=2, context=context)
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -136,9 +137,12 @@ def wait_for(url: str, timeout: float = 60) -> None:
 
 
 @contextmanager
-def gateway_process(server, *args: str, env: dict[str, str] | None = None):
+def gateway_process(
+    server, *args: str, env: dict[str, str] | None = None, tls: ssl.SSLContext | None = None
+):
     """The gateway as its own process in front of `server`, as production runs it (`args`: its
-    options; `env`: added to its environment); yields its base URL once /health answers."""
+    options; `env`: added to its environment; `tls`: it serves HTTPS, and this context trusts
+    its certificate); yields its base URL once /health answers."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", server.grpc_url]
@@ -146,8 +150,8 @@ def gateway_process(server, *args: str, env: dict[str, str] | None = None):
         env={**os.environ, **(env or {})},
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for(f"{base}/health")
+        base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        wait_for(f"{base}/health", context=tls)
         yield base
     finally:
         process.terminate()

@@ -549,8 +549,9 @@ def start_gateway(
         cmd += ["--served-model-name", *served_model_names]
     if otlp_endpoint:
         cmd += ["--otlp-endpoint", otlp_endpoint]
+    scheme = "https" if os.environ.get("QWEN_EMBED_SSL_CERTFILE") else "http"
     log(
-        f"gateway: http://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
+        f"gateway: {scheme}://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
         + (", and their rerank routes)" if rerank or embed_reranks else ")")
     )
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)

@@ -6,6 +6,7 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images] [--allowed-media-domains HOST ...]
     [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
+    [--ssl-certfile PEM --ssl-keyfile PEM | $QWEN_EMBED_SSL_CERTFILE, $QWEN_EMBED_SSL_KEYFILE]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import ssl
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -294,11 +296,23 @@ def main() -> None:
         "have their own limits)",
     )
     p.add_argument(
+        "--ssl-certfile",
+        default=os.environ.get("QWEN_EMBED_SSL_CERTFILE") or None,
+        help="serve HTTPS: the gateway's certificate chain, PEM ($QWEN_EMBED_SSL_CERTFILE, "
+        "which reaches the gateway the launcher starts)",
+    )
+    p.add_argument(
+        "--ssl-keyfile",
+        default=os.environ.get("QWEN_EMBED_SSL_KEYFILE") or None,
+        help="its private key, PEM ($QWEN_EMBED_SSL_KEYFILE)",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
     )
     args = p.parse_args()
+    tls = _tls_files(p, args.ssl_certfile, args.ssl_keyfile)
     import uvicorn
 
     app = create_app(
@@ -322,7 +336,21 @@ def main() -> None:
             texts_in_flight=args.batch_texts_in_flight,
         ),
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **tls)
+
+
+def _tls_files(parser, certfile: str | None, keyfile: str | None) -> dict:
+    """uvicorn's TLS arguments, the files checked first: one without the other, or a pair
+    TLS cannot use, stops the gateway with one line naming them (not a traceback later)."""
+    if not certfile and not keyfile:
+        return {}
+    if not (certfile and keyfile):
+        parser.error("--ssl-certfile and --ssl-keyfile go together")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as e:
+        parser.error(f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile}: {e}")
+    return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
 
 
 def _env_list(name: str) -> list[str]:
