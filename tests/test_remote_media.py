@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import ssl
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.remote_media import NotAllowed, RemoteMedia
 
 FILE = b"\x89PNG\r\n\x1a\n an image file's bytes"
+TLS = Path(__file__).parent / "tls"
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
@@ -112,6 +115,29 @@ def test_a_name_that_resolves_elsewhere_the_second_time_is_cut_off(port, monkeyp
     _Files.requests.clear()
     with pytest.raises(NotAllowed, match="reached at a non-public address"):
         fetch(RemoteMedia(), f"http://127.0.0.1:{port}/image.png")
+    assert _Files.requests == []
+
+
+@pytest.fixture(scope="module")
+def tls_port():
+    """The same files over HTTPS, with the test certificate for 127.0.0.1 (tests/tls)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_https_urls_are_held_to_the_same_rule(tls_port, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))  # trusted, as a real CA's is
+    url = f"https://127.0.0.1:{tls_port}/image.png"
+    assert fetch(RemoteMedia(frozenset({"127.0.0.1"})), url) == FILE
+    monkeypatch.setattr(remote_media, "_addresses", lambda host, port: ["8.8.8.8"])
+    _Files.requests.clear()
+    with pytest.raises(NotAllowed, match="reached at a non-public address"):
+        fetch(RemoteMedia(), url)
     assert _Files.requests == []
 
 

@@ -280,7 +280,7 @@ async def file_bytes(url: str, where: str, kind: str, remote: RemoteMedia | None
     if remote is None:
         raise invalid(
             f"'{where}' remote {kind} URLs are not allowed here (the gateway's "
-            f"--allow-remote-images); send the {kind} as a data URL",
+            f"--allow-remote-images or --allowed-media-domains); send the {kind} as a data URL",
             field,
         )
     try:

@@ -141,7 +141,6 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
             _CheckedHTTPS,
             request,
             context=self._context,
-            check_hostname=self._check_hostname,
             policy=self._policy,
             direct=_direct(request),
         )
