@@ -136,8 +136,11 @@ def test_served_model_names_are_aliases_of_one_model(stack):
     served ones named."""
     _, base = stack
     api = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY)
-    listed = [m.id for m in api.models.list().data]
+    models = api.models.list().data
+    listed = [m.id for m in models]
     assert listed[:2] == ["embed", ALIAS] and "rerank" in listed
+    # a text's most tokens, under vLLM's name (the tokenizer's max_input_tokens here)
+    assert [m.max_model_len for m in models[:2]] == [TOKENS_PER_TEXT] * 2
     for name in listed:  # one model's entry, as listed (the alias holds a "/")
         assert api.models.retrieve(name).id == name
     with pytest.raises(openai.NotFoundError, match=f"'embed' or '{ALIAS}' or 'rerank'"):

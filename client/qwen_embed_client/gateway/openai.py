@@ -812,7 +812,8 @@ async def one_model(request: Request, model: str):
 
 async def _served_models(gw) -> list[dict]:
     """/v1/models' entries: the embed model's names (with its prompts, chunk separator, whether
-    it is multi-vector, and fingerprint), and the reranker's while Triton serves it."""
+    it is multi-vector, fingerprint and tokens per text), and the reranker's while Triton
+    serves it."""
     facts = await gw.facts()  # published by the tokenizer and encoder models
     embed_facts = {}
     if "prompt_names" in facts:
@@ -825,6 +826,8 @@ async def _served_models(gw) -> list[dict]:
         embed_facts["multi_vector"] = True
     if facts.get("fingerprint"):
         embed_facts["fingerprint"] = facts["fingerprint"]
+    if facts.get("tokens_per_text"):  # vLLM's name: a text's most tokens, clients chunk by it
+        embed_facts["max_model_len"] = facts["tokens_per_text"]
     served = [{"id": name, **embed_facts} for name in gw.model_names]
     # the encoder's adapters, each a model a request names (vLLM lists its LoRA models so)
     adapters = facts.get("route", {}).get("lora_names", [])
