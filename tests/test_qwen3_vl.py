@@ -840,33 +840,16 @@ def test_remote_images_are_fetched_from_the_hosts_allowed_only(served, served_mo
     """An image URL of this host's own web server: fetched by a gateway that names the host
     (--allowed-media-domains), its vector the official recipe's; refused, naming the input,
     by one that fetches from public addresses only (--allow-remote-images)."""
-    import http.server
-    import threading
-
     import openai
 
-    from triton_helpers import gateway_process
+    from triton_helpers import file_server, gateway_process
 
     model_dir, server = served
     png = image_files()["png"]
-
-    class Image(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", str(len(png)))
-            self.end_headers()
-            self.wfile.write(png)
-
-        def log_message(self, *args):
-            pass
-
-    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Image)
-    threading.Thread(target=files.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{files.server_address[1]}/image.png"
-    part = {"type": "image_url", "image_url": {"url": url}}
     want = official_vector(served_model, model_dir, "", [png])
-    try:
+    with file_server(png) as (port, _):
+        url = f"http://127.0.0.1:{port}/image.png"
+        part = {"type": "image_url", "image_url": {"url": url}}
         with gateway_process(server, "--allowed-media-domains", "127.0.0.1") as base:
             api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
             got = api.embeddings.create(model="embed", input=[[part]]).data[0].embedding
@@ -876,8 +859,6 @@ def test_remote_images_are_fetched_from_the_hosts_allowed_only(served, served_mo
             with pytest.raises(openai.BadRequestError, match="not a public address") as e:
                 api.embeddings.create(model="embed", input=[[part]])
             assert e.value.body["param"] == "input", e.value.body
-    finally:
-        files.shutdown()
 
 
 @pytest.mark.server

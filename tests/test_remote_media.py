@@ -1,5 +1,5 @@
 """The gateway's fetches of remote images and videos (gateway/remote_media.py) against a real
-HTTP server on this host: with --allow-remote-images only hosts at public addresses are
+web server on this host: with --allow-remote-images only hosts at public addresses are
 fetched (so loopback, private, link-local and the cloud metadata address are refused, before
 any connection, and a host that resolves to a public address but is reached at another is cut
 off once connected); with --allowed-media-domains only those hosts, wherever they are; every
@@ -8,9 +8,7 @@ redirect is held to the same rule, and one to another scheme is not followed."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import ssl
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,39 +17,26 @@ from qwen_embed_client.gateway import media, remote_media
 from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.remote_media import NotAllowed, RemoteMedia
 
+from triton_helpers import file_server
+
 FILE = b"\x89PNG\r\n\x1a\n an image file's bytes"
-TLS = Path(__file__).parent / "tls"
-
-
-class _Files(http.server.BaseHTTPRequestHandler):
-    """/image.png, and /to/URL: a redirect to URL."""
-
-    requests: list[str] = []
-
-    def do_GET(self):
-        self.requests.append(self.path)
-        if self.path.startswith("/to/"):
-            self.send_response(302)
-            self.send_header("Location", self.path.removeprefix("/to/"))
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png")
-        self.send_header("Content-Length", str(len(FILE)))
-        self.end_headers()
-        self.wfile.write(FILE)
-
-    def log_message(self, *args):
-        pass
+TLS = Path(__file__).parent / "tls"  # a self-signed certificate for 127.0.0.1, and its key
 
 
 @pytest.fixture(scope="module")
-def port():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
+def web():
+    """(port, paths asked) of a web server of FILE on this host."""
+    with file_server(FILE) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def tls_web():
+    """The same over HTTPS, with the test certificate for 127.0.0.1."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    with file_server(FILE, context) as served:
+        yield served
 
 
 def fetch(policy: RemoteMedia, url: str) -> bytes:
@@ -85,7 +70,8 @@ def test_a_public_address_passes_the_check():
     RemoteMedia().check("https://[2001:4860:4860::8888]/a.png")
 
 
-def test_a_host_on_this_host_is_refused_and_an_allowed_one_fetched(port):
+def test_a_host_on_this_host_is_refused_and_an_allowed_one_fetched(web):
+    port, _ = web
     base = f"http://127.0.0.1:{port}"
     with pytest.raises(NotAllowed, match="not a public address"):
         fetch(RemoteMedia(), f"{base}/image.png")
@@ -95,54 +81,36 @@ def test_a_host_on_this_host_is_refused_and_an_allowed_one_fetched(port):
         fetch(allowed, f"http://localhost:{port}/image.png")
 
 
-def test_every_redirect_is_held_to_the_same_rule(port):
+def test_every_redirect_is_held_to_the_same_rule(web):
+    port, asked = web
     allowed = RemoteMedia(frozenset({"127.0.0.1"}))
     base = f"http://127.0.0.1:{port}"
     assert fetch(allowed, f"{base}/to/{base}/image.png") == FILE
-    _Files.requests.clear()
+    asked.clear()
     with pytest.raises(NotAllowed, match="'localhost' is not one of"):
         fetch(allowed, f"{base}/to/http://localhost:{port}/image.png")
-    assert _Files.requests == ["/to/http://localhost:" + f"{port}/image.png"]  # not followed
+    assert asked == [f"/to/http://localhost:{port}/image.png"]  # the redirect not followed
     with pytest.raises(OSError, match="not allowed|unknown url type"):
         fetch(allowed, f"{base}/to/ftp://127.0.0.1/image.png")
 
 
-def test_a_name_that_resolves_elsewhere_the_second_time_is_cut_off(port, monkeypatch):
+def test_a_name_that_resolves_elsewhere_the_second_time_is_cut_off(web, tls_web, monkeypatch):
     """The check before connecting sees a public address, the connection reaches this host
     (as a name whose DNS answer changes between the two would): refused once connected,
-    before the request is sent."""
-    monkeypatch.setattr(remote_media, "_addresses", lambda host, port: ["8.8.8.8"])
-    _Files.requests.clear()
-    with pytest.raises(NotAllowed, match="reached at a non-public address"):
-        fetch(RemoteMedia(), f"http://127.0.0.1:{port}/image.png")
-    assert _Files.requests == []
-
-
-@pytest.fixture(scope="module")
-def tls_port():
-    """The same files over HTTPS, with the test certificate for 127.0.0.1 (tests/tls)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-
-
-def test_https_urls_are_held_to_the_same_rule(tls_port, monkeypatch):
+    before the request is sent, over HTTP and HTTPS."""
     monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))  # trusted, as a real CA's is
-    url = f"https://127.0.0.1:{tls_port}/image.png"
-    assert fetch(RemoteMedia(frozenset({"127.0.0.1"})), url) == FILE
+    tls_url = f"https://127.0.0.1:{tls_web[0]}/image.png"
+    assert fetch(RemoteMedia(frozenset({"127.0.0.1"})), tls_url) == FILE
     monkeypatch.setattr(remote_media, "_addresses", lambda host, port: ["8.8.8.8"])
-    _Files.requests.clear()
-    with pytest.raises(NotAllowed, match="reached at a non-public address"):
-        fetch(RemoteMedia(), url)
-    assert _Files.requests == []
+    for url, asked in [(f"http://127.0.0.1:{web[0]}/image.png", web[1]), (tls_url, tls_web[1])]:
+        asked.clear()
+        with pytest.raises(NotAllowed, match="reached at a non-public address"):
+            fetch(RemoteMedia(), url)
+        assert asked == [], url
 
 
-def test_a_refused_url_is_a_refusal_naming_the_field(port):
-    url = f"http://127.0.0.1:{port}/image.png"
+def test_a_refused_url_is_a_refusal_naming_the_field(web):
+    url = f"http://127.0.0.1:{web[0]}/image.png"
     for remote, words in [
         (None, "remote image URLs are not allowed here"),
         (RemoteMedia(), "image URL is not fetched here: its host '127.0.0.1' is at 127.0.0.1"),

@@ -1,6 +1,7 @@
 """Plain tritonclient calls to a test server: what every serving test compares against; and
 odd request bodies for the contract at the HTTP edge."""
 
+import http.server
 import json
 import math
 import os
@@ -134,6 +135,38 @@ def wait_for(url: str, timeout: float = 60, context: ssl.SSLContext | None = Non
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
+
+
+@contextmanager
+def file_server(content: bytes, tls: ssl.SSLContext | None = None):
+    """A web server on 127.0.0.1 (HTTPS with `tls`, a server's context) answering every GET
+    with `content`, but /to/URL with a redirect to URL; yields (its port, the paths asked)."""
+    asked = []
+
+    class Files(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            if self.path.startswith("/to/"):
+                self.send_response(302)
+                self.send_header("Location", self.path.removeprefix("/to/"))
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], asked
+    finally:
+        server.shutdown()
 
 
 @contextmanager
