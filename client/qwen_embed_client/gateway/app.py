@@ -276,6 +276,7 @@ def main() -> None:
     p.add_argument(
         "--allowed-media-domains",
         nargs="+",
+        metavar="HOST",
         default=[],
         help="fetch media URLs from these hosts only (their names as URLs write them), "
         "wherever they are (an internal image store)",
@@ -283,6 +284,7 @@ def main() -> None:
     p.add_argument(
         "--cors-allow-origin",
         action="append",
+        metavar="ORIGIN",
         help="an origin whose pages may call the gateway from a browser (https://app.example, "
         "or '*' for any), repeatable (default: $QWEN_EMBED_CORS_ALLOW_ORIGINS, comma "
         "separated, which reaches the gateway the launcher starts; none: no cross-origin calls)",
@@ -298,12 +300,14 @@ def main() -> None:
     p.add_argument(
         "--ssl-certfile",
         default=os.environ.get("QWEN_EMBED_SSL_CERTFILE") or None,
+        metavar="PEM",
         help="serve HTTPS: the gateway's certificate chain, PEM ($QWEN_EMBED_SSL_CERTFILE, "
         "which reaches the gateway the launcher starts)",
     )
     p.add_argument(
         "--ssl-keyfile",
         default=os.environ.get("QWEN_EMBED_SSL_KEYFILE") or None,
+        metavar="PEM",
         help="its private key, PEM ($QWEN_EMBED_SSL_KEYFILE)",
     )
     p.add_argument(
