@@ -11,6 +11,7 @@ http_proxy/https_proxy), the connection's peer is the proxy and only the first c
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import socket
@@ -69,16 +70,18 @@ class RemoteMedia:
         """The first `limit` + 1 bytes of the file at `url` (more: the caller's refusal)."""
         request = urllib.request.Request(url, headers={"User-Agent": "qwen-embed-gateway"})
         try:
-            with self._opener().open(request, timeout=timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 return response.read(limit + 1)
         except urllib.error.URLError as e:
             if isinstance(e.reason, NotAllowed):
                 raise e.reason from None
             raise
 
+    @functools.cached_property
     def _opener(self) -> urllib.request.OpenerDirector:
         """http(s) only (a redirect to another scheme is not followed), each request
-        through `check` and its connection through `checked_peer`."""
+        through `check` and its connection through `checked_peer`; one for every fetch (its
+        handlers keep no state of a request's)."""
         opener = urllib.request.OpenerDirector()
         for handler in (
             urllib.request.ProxyHandler(),
@@ -120,27 +123,26 @@ def _direct(request: urllib.request.Request) -> bool:
     return not request.has_proxy() and request._tunnel_host is None
 
 
-class _HTTPHandler(urllib.request.HTTPHandler):
+class _Checking:
+    """A handler whose requests go through the policy's `check`, and their connections
+    (`connection`, a _Checked class) through its `checked_peer`."""
+
     def __init__(self, policy: RemoteMedia):
         super().__init__()
         self._policy = policy
 
-    def http_open(self, request):
-        self._policy.check(request.full_url)
-        return self.do_open(_CheckedHTTP, request, policy=self._policy, direct=_direct(request))
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, policy: RemoteMedia):
-        super().__init__()
-        self._policy = policy
-
-    def https_open(self, request):
+    def _checked_open(self, connection, request, **kwargs):
         self._policy.check(request.full_url)
         return self.do_open(
-            _CheckedHTTPS,
-            request,
-            context=self._context,
-            policy=self._policy,
-            direct=_direct(request),
+            connection, request, policy=self._policy, direct=_direct(request), **kwargs
         )
+
+
+class _HTTPHandler(_Checking, urllib.request.HTTPHandler):
+    def http_open(self, request):
+        return self._checked_open(_CheckedHTTP, request)
+
+
+class _HTTPSHandler(_Checking, urllib.request.HTTPSHandler):
+    def https_open(self, request):
+        return self._checked_open(_CheckedHTTPS, request, context=self._context)
