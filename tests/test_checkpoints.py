@@ -17,10 +17,14 @@ Qwen2Model with the EOS appended as that code does, written out here; the same r
 the EOS is checked against sentence-transformers, so only the EOS differs from it.
 """
 
+import io
 import json
 import os
 import shutil
+import time
 
+import numpy as np
+import openai
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -36,7 +40,7 @@ from qwen_embed.hub import CheckpointNotFoundError, resolve_checkpoint
 from qwen_embed_client.contract import EmbedOptions, RequestError
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.serving.tokenizer import PromptSet, TextTokenizer
-from qwen_embed_deploy.triton import TritonServer
+from qwen_embed_deploy.triton import TritonServer, free_port
 
 from reference import cosine
 from replicas import (
@@ -48,11 +52,12 @@ from replicas import (
     lora_finetune,
     qwen3_embedding,
 )
-from triton_helpers import infer
+from triton_helpers import infer, post_json, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 MIN_COSINE = 0.9999
+SAME = 1e-6  # the same Triton request underneath
 EOS = 151643
 TEXTS = [
     "What is the capital of China?",
@@ -99,7 +104,13 @@ def dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(dirs, tmp_path_factory):
+def gateway_port():
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(dirs, tmp_path_factory, gateway_port):
+    """Every deployment in one repository, and the launcher's gateway in front of them."""
     where = tmp_path_factory.mktemp("checkpoints-triton")
     deployments = {
         "qwen3": dirs["qwen3"],
@@ -114,7 +125,9 @@ def server(dirs, tmp_path_factory):
     overrides = {"encoder": {"dtype": "float32"}, "tokenizer": {"max_input_tokens": "8192"}}
     repo = render(where / "repo", deployments, overrides)
     env = {"HF_HUB_CACHE": str(dirs["cache"]), "HF_HUB_OFFLINE": "1"}
-    with TritonServer(repo, env=env, log_path=where / "server.log") as s:
+    env["QWEN_EMBED_BATCH_DIR"] = str(where / "batches")
+    gateway = ["--gateway-port", str(gateway_port)]
+    with TritonServer(repo, env=env, log_path=where / "server.log", launcher_args=gateway) as s:
         yield s
 
 
@@ -314,6 +327,68 @@ BAD = [
     ),
     ("custom", {"instruction": "Find"}, r"'instruction' needs a 'query' prompt of the form"),
 ]
+
+
+def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
+    """The launcher's gateway serves each ensemble of the repository under its name: a body's
+    `model` picks the checkpoint on the OpenAI, Cohere and Ollama APIs and in Batch API lines,
+    each answer Triton's own for that ensemble; a body naming none is answered by the first
+    ensemble by name; /v1/models lists each with its own fingerprint."""
+    base = f"http://127.0.0.1:{gateway_port}"
+    wait_for(f"{base}/health")
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    listed = {m.id: m.model_extra for m in api.models.list().data}
+    names = sorted(server.model_stats())
+    assert sorted(listed) == [n for n in names if not n.endswith(("_tokenizer", "_encoder"))]
+    assert listed["qwen3"]["fingerprint"] != listed["gte"]["fingerprint"]
+
+    def direct(name, **params):
+        return infer(server, TEXTS, "grpc", model=name, **params)[0]
+
+    for name in ("qwen3", "gte", "finetune"):
+        answer = api.embeddings.with_raw_response.create(model=name, input=TEXTS)
+        got = answer.parse()
+        assert got.model == name
+        assert answer.headers["x-model-fingerprint"] == listed[name]["fingerprint"]
+        assert np.abs(np.array([d.embedding for d in got.data]) - direct(name)).max() <= SAME
+    status, got, _ = post_json(f"{base}/v1/embeddings", {"input": TEXTS})
+    first = sorted(listed)[0]  # the launcher's first: `embed`, else the first by name
+    assert status == 200 and got["model"] == first
+    vectors = np.array([d["embedding"] for d in got["data"]])
+    assert np.abs(vectors - direct(first)).max() <= SAME
+    body = {"model": "gte", "texts": TEXTS, "input_type": "search_query"}
+    status, got, _ = post_json(f"{base}/v2/embed", body | {"embedding_types": ["float"]})
+    want = direct("gte", prompt_name="query")
+    assert status == 200 and np.abs(np.array(got["embeddings"]["float"]) - want).max() <= SAME
+    status, got, _ = post_json(f"{base}/api/embed", {"model": "finetune", "input": TEXTS})
+    assert status == 200 and np.abs(np.array(got["embeddings"]) - direct("finetune")).max() <= SAME
+    status, got, _ = post_json(f"{base}/v1/embeddings", {"model": "nope", "input": TEXTS})
+    assert status == 404 and got["error"]["param"] == "model"
+    assert all(f"'{name}'" in got["error"]["message"] for name in listed)  # every model named
+    # Batch API lines, each answered by the checkpoint it names
+    lines = [
+        {"custom_id": name, "method": "POST", "url": "/v1/embeddings", "body": {"model": name}}
+        for name in ("gte", "qwen3", "qwen3_gguf")
+    ]
+    text = "".join(
+        json.dumps(line | {"body": line["body"] | {"input": TEXTS}}) + "\n" for line in lines
+    )
+    source = api.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch")
+    batch = api.batches.create(
+        input_file_id=source.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+        batch = api.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == len(lines)
+    for line in api.files.content(batch.output_file_id).text.splitlines():
+        answer = json.loads(line)
+        name, body = answer["custom_id"], answer["response"]["body"]
+        assert body["model"] == name
+        vectors = np.array([d["embedding"] for d in body["data"]])
+        assert np.abs(vectors - direct(name)).max() <= SAME, name
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

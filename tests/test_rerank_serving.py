@@ -240,6 +240,49 @@ def test_gateway_answers_raw_scores_as_the_model_scores(stack, jina, cross_encod
     assert all(abs(log_odds(w) - w) > 1e-2 for w in want)  # log-odds would not pass
 
 
+def test_one_gateway_serves_each_reranker_by_its_name(stack):
+    """The launcher's gateway serves every reranker of the repository: a body's `model` (a
+    reranker's name, or a LoRA one of them keeps) picks it, on every rerank API; each answer is
+    the one a gateway of that reranker alone gives (each checked against its reference above),
+    and one naming none is the first reranker's."""
+    from fastapi.testclient import TestClient
+
+    from qwen_embed_client.gateway.app import create_app
+
+    server, base = stack
+    passages = [{"text": d} for d in DOCUMENTS]
+    asked = [
+        ("/v1/rerank", {"query": QUERY, "documents": DOCUMENTS, "use_activation": False}),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCUMENTS}),
+        ("/v1/ranking", {"query": {"text": QUERY}, "passages": passages, "truncate": "END"}),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS}),
+    ]
+    for name, model in [("mxbai", "mxbai"), ("jina", "jina"), ("jina", "ft"), ("zerank", "zerank")]:
+        alone = create_app([server.grpc_url], rerank_model_names=(name,), triton_rerank_model=name)
+        with TestClient(alone) as client:
+            for path, body in asked:
+                if model == "ft" and path == "/v1/score":
+                    continue  # /v1/score takes no adapter
+                body = body | {"model": model}
+                want = client.post(path, json=body)
+                status, got = post(f"{base}{path}", body)
+                assert status == want.status_code == 200, (name, path, got)
+                assert _without_ids(got) == _without_ids(want.json()), (name, path)
+    status, got = post(f"{base}/v2/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    want = rerank(server, QUERY, DOCUMENTS)[0]
+    scores = {r["index"]: r["relevance_score"] for r in got["results"]}
+    assert (
+        status == 200
+        and np.abs(np.array([scores[i] for i in range(len(want))]) - want).max() <= FP32_ABS
+    )
+
+
+def _without_ids(answer: dict) -> dict:
+    """An answer without what differs between two answers to the same request: its id and
+    creation time."""
+    return {k: v for k, v in answer.items() if k not in ("id", "created")}
+
+
 def test_instruction_and_truncation_reach_the_tokenizer(stack, reranker):
     server, _ = stack
     scores, _ = rerank(server, QUERY, DOCUMENTS[:2], instruction="Find the capital city")
@@ -278,7 +321,8 @@ def test_gateway_cohere_request(stack, expected):
     assert body["model"] == "embed"  # the first served name answers
     with urllib.request.urlopen(f"{base}/v1/models") as r:
         models = json.loads(r.read())["data"]
-    assert [m["id"] for m in models] == ["embed", "qwen3", "rerank"]
+    # the launcher's gateway serves every reranker of the repository: `rerank` first
+    assert [m["id"] for m in models] == ["embed", "qwen3", "rerank", "jina", "mxbai", "zerank"]
     assert models[0]["prompt_names"] == ["document", "query"]  # the demo embedder's
 
 

@@ -79,6 +79,7 @@ from qwen_embed_deploy.serving.config import (
 from .repository import (
     Edit,
     edited_copy,
+    ensembles,
     facts_question,
     get_parameter,
     instance_group,
@@ -515,19 +516,29 @@ def served_model_names(model_dir: str, name: str = "embed") -> list[str] | None:
     return None
 
 
+def gateway_models(model_repository: Path, rerank: bool) -> tuple[list[str], list[str]]:
+    """The ensembles the gateway serves: the repository's embedders, and its rerankers where
+    they are loaded."""
+    embedders, rerankers = ensembles(model_repository)
+    return embedders, rerankers if rerank else []
+
+
 def start_gateway(
     host: str,
     port: int,
     grpc_port: int,
-    rerank: bool,
+    models: tuple[list[str], list[str]],
     otlp_endpoint: str | None = None,
     served_model_names: list[str] | None = None,
     embed_reranks: bool = False,
     rerank_model_names: list[str] | None = None,
 ) -> subprocess.Popen:
     """The HTTP gateway (OpenAI, NIM, TEI and Cohere APIs) in front of this server's gRPC port
-    (same interpreter); `embed_reranks`: its rerank routes ask the embed model (an embedder's
-    rerank_recipe)."""
+    (same interpreter), serving `models`, the embedding and the reranking ensembles loaded
+    (repository.ensembles): the first of each under its served names (default: its own), the
+    others under their own; `embed_reranks`: its rerank routes ask the embed model (an
+    embedder's rerank_recipe)."""
+    embedders, rerankers = models
     cmd = [
         sys.executable,
         "-m",
@@ -539,20 +550,25 @@ def start_gateway(
         "--triton-url",
         f"127.0.0.1:{grpc_port}",
     ]
+    if embedders:
+        cmd += ["--triton-model", *embedders]
+        cmd += ["--served-model-name", *(served_model_names or embedders[:1])]
     if embed_reranks:
         cmd += ["--triton-rerank-model", "embed"]
-    elif not rerank:
+    elif not rerankers:
         cmd += ["--rerank-model-name", ""]
-    elif rerank_model_names:
-        cmd += ["--rerank-model-name", *rerank_model_names]
-    if served_model_names:
-        cmd += ["--served-model-name", *served_model_names]
+    else:
+        cmd += ["--triton-rerank-model", *rerankers]
+        cmd += ["--rerank-model-name", *(rerank_model_names or rerankers[:1])]
     if otlp_endpoint:
         cmd += ["--otlp-endpoint", otlp_endpoint]
     scheme = "https" if os.environ.get("QWEN_EMBED_SSL_CERTFILE") else "http"
+    reranks = bool(rerankers) or embed_reranks
+    others = [*embedders[1:], *rerankers[1:]]
     log(
         f"gateway: {scheme}://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
-        + (", and their rerank routes)" if rerank or embed_reranks else ")")
+        + (", and their rerank routes)" if reranks else ")")
+        + (f"; also the models {', '.join(others)}, as requests name them" if others else "")
     )
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
@@ -849,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.host,
                 args.gateway_port,
                 args.grpc_port,
-                rerank,
+                gateway_models(args.model_repository, rerank),
                 args.otlp_endpoint,
                 args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
                 args.rerank_recipe is not None,

@@ -85,6 +85,17 @@ def rerank_models(model_repository: Path) -> set[str]:
     return steps | ensembles
 
 
+def ensembles(model_repository: Path) -> tuple[list[str], list[str]]:
+    """A repository's embedding ensembles and its reranking ones (rerank_models), by name but
+    `embed` and `rerank` first, where they are: those answer requests that name no model."""
+    configs = repository_configs(model_repository)
+    reranking = rerank_models(model_repository)
+    names = sorted(name for name, config in configs.items() if config.platform == "ensemble")
+    embedders = sorted((n for n in names if n not in reranking), key=lambda n: n != "embed")
+    rerankers = sorted((n for n in names if n in reranking), key=lambda n: n != "rerank")
+    return embedders, rerankers
+
+
 Edit = Callable[[str, ModelConfig], None]
 
 

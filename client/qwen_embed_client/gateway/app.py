@@ -2,7 +2,8 @@
 
 python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ...]
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
-    [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed] [--triton-rerank-model rerank]
+    [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed [ENSEMBLE[=NAME,...] ...]]
+    [--triton-rerank-model rerank [ENSEMBLE[=NAME,...] ...]]
     [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images] [--allowed-media-domains HOST ...]
     [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
@@ -43,6 +44,7 @@ from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
 from .metrics import GatewayMetrics
 from .remote_media import RemoteMedia
+from .served import Served, ServedModels
 from .state import FINGERPRINT_HEADER, MAX_BODY_BYTES, Gateway, require_key
 
 # The response headers the routes set that a page reads (a browser hides others from it):
@@ -91,6 +93,8 @@ def create_app(
     triton_model: str = "embed",
     rerank_model_names: tuple[str, ...] = ("rerank",),
     triton_rerank_model: str = "rerank",
+    more_models: tuple[Served, ...] = (),
+    more_rerank_models: tuple[Served, ...] = (),
     otlp_endpoint: str | None = None,
     batch_dir: Path | None = None,
     batch_settings: BatchSettings | None = None,
@@ -99,14 +103,20 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
-    """The gateway; `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
+    """The gateway of the ensemble `triton_model` (served as `model_names`) and the reranking
+    one `triton_rerank_model` (as `rerank_model_names`), each answering requests that name no
+    model, and of `more_models` and `more_rerank_models` (served.ServedModels: a request's
+    `model` picks); `batch_dir` None turns the Batch API off; `allow_remote_images`: fetch
     http(s) media URLs of hosts at public addresses, `allowed_media_domains`: of those hosts
     only, wherever they are (neither: only data URLs are taken); `max_body_bytes`: the largest JSON
     body read; `cors_origins`: the origins whose pages may call it from a browser ("*": any;
     none: only same-origin pages)."""
-    client = AsyncEmbeddingClient(
-        triton_urls, protocol="grpc", model=triton_model, rerank_model=triton_rerank_model
-    )
+
+    def make_client(model: str, rerank_model: str) -> AsyncEmbeddingClient:
+        return AsyncEmbeddingClient(
+            triton_urls, protocol="grpc", model=model, rerank_model=rerank_model
+        )
+
     tracing = None
     if otlp_endpoint:
         from ..tracing import Tracing
@@ -122,7 +132,7 @@ def create_app(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             runner.close()
-        await client.close()
+        await app.state.models.close()
         if tracing is not None:
             tracing.shutdown()
 
@@ -131,7 +141,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = Gateway(
-        client=client,
+        client=make_client(triton_model, triton_rerank_model),
         model_names=tuple(model_names),
         api_keys=tuple(api_keys),
         rerank_model_names=tuple(rerank_model_names),
@@ -144,10 +154,13 @@ def create_app(
         ),
         max_body_bytes=max_body_bytes,
     )
+    app.state.models = ServedModels(
+        app.state.gateway, make_client, tuple(more_models), tuple(more_rerank_models)
+    )
     app.state.batches = None
     if batch_dir is not None:
         settings = batch_settings or BatchSettings()
-        app.state.batches = BatchRunner(app.state.gateway, Path(batch_dir), settings)
+        app.state.batches = BatchRunner(app.state.models, Path(batch_dir), settings)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     if tracing is not None:
@@ -215,28 +228,32 @@ def main() -> None:
         "--model-name",
         dest="model_names",
         nargs="+",
-        default=["embed"],
-        help="the embed model's ids clients send, one or more: the first is the one responses "
-        "name, any is taken (/v1/models lists each)",
+        help="the first embed model's ids clients send, one or more (default: embed): the first "
+        "is the one responses name, any is taken (/v1/models lists each)",
     )
     p.add_argument(
         "--rerank-model-name",
         dest="rerank_model_names",
         nargs="+",
-        default=["rerank"],
-        help="the reranker's ids clients send, one or more, as --served-model-name's ('' turns "
-        "the rerank routes off)",
+        help="the first reranker's ids clients send, as --served-model-name's (default: rerank; "
+        "'' turns it off)",
     )
     p.add_argument(
         "--triton-model",
-        default="embed",
-        help="the Triton ensemble the embed routes ask (a repository's other embedder)",
+        nargs="+",
+        action="extend",
+        metavar="ENSEMBLE[=NAME,...]",
+        help="the Triton ensembles the embed routes ask (default: embed): the first answers "
+        "requests that name no model, under --served-model-name's ids; each other is the one "
+        "whose ids (its NAMEs, else its own name) a request's model names",
     )
     p.add_argument(
         "--triton-rerank-model",
-        default="rerank",
-        help="the Triton ensemble the rerank routes ask: a reranker's, or an embedder's whose "
-        "deployment names its rerank_recipe",
+        nargs="+",
+        action="extend",
+        metavar="ENSEMBLE[=NAME,...]",
+        help="the Triton ensembles the rerank routes ask (default: rerank), as --triton-model's: "
+        "a reranker's, or an embedder's whose deployment names its rerank_recipe",
     )
     p.add_argument(
         "--api-key",
@@ -317,30 +334,65 @@ def main() -> None:
     )
     args = p.parse_args()
     tls = _tls_files(p, args.ssl_certfile, args.ssl_keyfile)
+    embed, *more_models = _served(p, "", args.triton_model, args.model_names)
+    rerank, *more_rerank_models = _served(
+        p, "rerank", args.triton_rerank_model, args.rerank_model_names
+    )
     import uvicorn
 
-    app = create_app(
-        args.triton_url or ["localhost:8001"],
-        model_names=tuple(args.model_names),
-        api_keys=tuple(args.api_key or _env_list("QWEN_EMBED_API_KEY")),
-        triton_model=args.triton_model,
-        rerank_model_names=tuple(name for name in args.rerank_model_names if name),
-        triton_rerank_model=args.triton_rerank_model,
-        otlp_endpoint=args.otlp_endpoint or None,
-        allow_remote_images=args.allow_remote_images,
-        allowed_media_domains=tuple(args.allowed_media_domains),
-        max_body_bytes=int(args.max_body_mb * 2**20),
-        cors_origins=tuple(args.cors_allow_origin or _env_list("QWEN_EMBED_CORS_ALLOW_ORIGINS")),
-        batch_dir=Path(args.batch_dir) if args.batch_dir else None,
-        batch_settings=BatchSettings(
-            max_file_bytes=args.batch_max_file_bytes,
-            max_lines=args.batch_max_lines,
-            max_line_bytes=args.batch_max_line_bytes,
-            shard_lines=args.batch_shard_lines,
-            texts_in_flight=args.batch_texts_in_flight,
-        ),
-    )
+    try:
+        app = create_app(
+            args.triton_url or ["localhost:8001"],
+            model_names=embed.names,
+            api_keys=tuple(args.api_key or _env_list("QWEN_EMBED_API_KEY")),
+            triton_model=embed.triton_model,
+            rerank_model_names=tuple(name for name in rerank.names if name),
+            triton_rerank_model=rerank.triton_model,
+            more_models=tuple(more_models),
+            more_rerank_models=tuple(more_rerank_models),
+            otlp_endpoint=args.otlp_endpoint or None,
+            allow_remote_images=args.allow_remote_images,
+            allowed_media_domains=tuple(args.allowed_media_domains),
+            max_body_bytes=int(args.max_body_mb * 2**20),
+            cors_origins=tuple(
+                args.cors_allow_origin or _env_list("QWEN_EMBED_CORS_ALLOW_ORIGINS")
+            ),
+            batch_dir=Path(args.batch_dir) if args.batch_dir else None,
+            batch_settings=BatchSettings(
+                max_file_bytes=args.batch_max_file_bytes,
+                max_lines=args.batch_max_lines,
+                max_line_bytes=args.batch_max_line_bytes,
+                shard_lines=args.batch_shard_lines,
+                texts_in_flight=args.batch_texts_in_flight,
+            ),
+        )
+    except ValueError as e:  # a name given to an embedder and a reranker
+        p.error(str(e))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **tls)
+
+
+def _served(parser, flag: str, ensembles: list[str] | None, names: list[str] | None) -> list:
+    """--triton-model's (flag "") or --triton-rerank-model's (flag "rerank") ensembles as
+    served.Served, the first under --served-model-name's (--rerank-model-name's) names where it
+    names none of its own (default: embed, rerank); a name given to two models, or to the
+    first model twice, stops the gateway with one line."""
+    default = flag or "embed"
+    models_flag = f"--triton-{flag + '-' if flag else ''}model"
+    names_flag = f"--{flag}-model-name" if flag else "--served-model-name"
+    ensembles = ensembles or [default]
+    try:
+        served = [Served.parse(text) for text in ensembles]
+    except ValueError as e:
+        parser.error(f"{models_flag} {e}")
+    if "=" not in ensembles[0]:
+        served[0] = Served(served[0].triton_model, tuple(names or [default]))
+    elif names:
+        parser.error(f"{models_flag} {ensembles[0]} names the first model, as {names_flag} does")
+    taken = [name for s in served for name in dict.fromkeys(s.names) if name]
+    twice = sorted({name for name in taken if taken.count(name) > 1})
+    if twice:
+        parser.error(f"{models_flag}: {', '.join(twice)} named for two models")
+    return served
 
 
 def _tls_files(parser, certfile: str | None, keyfile: str | None) -> dict:

@@ -67,8 +67,8 @@ class BatchRunner:
     is opened on the Batch API's first use (or at start where it already exists, to resume),
     so a gateway that never sees a batch writes nothing."""
 
-    def __init__(self, gw, root: Path, settings: BatchSettings):
-        self.gw, self.root, self.settings = gw, Path(root), settings
+    def __init__(self, models, root: Path, settings: BatchSettings):
+        self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
 
@@ -196,14 +196,15 @@ class BatchRunner:
                     return None
 
     async def _ask(self, endpoint: str, request: dict) -> dict:
-        """The route's answer to the line's body, at bulk priority."""
+        """The route's answer to the line's body, at bulk priority, by the model it names."""
         body = {**request["body"], "priority": "bulk"}
         try:
+            gw = await self.models.pick(body)
             if endpoint == "/v1/embeddings":
-                answer, status = await openai.embeddings_body(self.gw, body), 200
+                answer, status = await openai.embeddings_body(gw, body), 200
                 check_finite(answer)
             else:
-                answer, status = await openai.rerank_response(self.gw, body), 200
+                answer, status = await openai.rerank_response(gw, body), 200
         except APIError as e:
             if e.kind in (UNAVAILABLE, OVERLOADED):
                 raise

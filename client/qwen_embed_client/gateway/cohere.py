@@ -42,12 +42,11 @@ from .errors import (
     APIError,
     backend_error,
     in_body_words,
-    json_body,
     options_checked,
     rerank_checked,
 )
 from .media import ImagePart, ImageURL, Parts, has_parts, texts_and_media
-from .state import gateway, respond
+from .state import respond, routed
 
 router = APIRouter(tags=["cohere"])
 
@@ -129,16 +128,16 @@ def _priority(value: int | None) -> dict:
 
 @router.post("/v2/embed")
 async def embed_v2(request: Request):
-    gw = gateway(request)
-    return await respond(gw, *await _embed(gw, await json_body(request), version=2))
+    gw, body = await routed(request)
+    return await respond(gw, *await _embed(gw, body, version=2))
 
 
 @router.post("/v1/embed")
 async def embed_v1(request: Request):
     """Cohere's v1 embed (its SDK's `Client`): the v2 body, answered as v1 does, a list of
     float vectors unless `embedding_types` is given."""
-    gw = gateway(request)
-    return await respond(gw, *await _embed(gw, await json_body(request), version=1))
+    gw, body = await routed(request)
+    return await respond(gw, *await _embed(gw, body, version=1))
 
 
 async def _embed(gw, body: object, version: int) -> tuple[dict, None, str | None]:
@@ -191,8 +190,8 @@ async def _embed(gw, body: object, version: int) -> tuple[dict, None, str | None
 
 @router.post("/v2/rerank")
 async def rerank_v2(request: Request):
-    gw = gateway(request)
-    asked = RerankRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = RerankRequest.parse(body)
     served, triton = gw.rerank_model_names, gw.triton_rerank_model
     adapter = await model_adapter(gw, asked.model, served, triton)
     query, documents = asked.query, asked.documents

@@ -17,8 +17,8 @@ from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS
 from .bodies import Body, NonBlank, Text, at_most, described
 from .common import model_adapter
-from .errors import APIError, backend_error, invalid, json_body, named_as_sent, rerank_checked
-from .state import gateway
+from .errors import APIError, backend_error, invalid, named_as_sent, rerank_checked
+from .state import routed
 
 router = APIRouter(tags=["openai"])
 
@@ -38,8 +38,8 @@ class RerankingRequest(Body):
 
 @router.post("/v1/reranking")
 async def reranking(request: Request):
-    gw = gateway(request)
-    asked = RerankingRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = RerankingRequest.parse(body)
     for name in ("rank_fields", "rewrite_query"):
         if getattr(asked, name):
             raise invalid(f"'{name}' is not served: the documents are ranked as given", name)

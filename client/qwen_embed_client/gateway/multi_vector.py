@@ -20,9 +20,9 @@ from pydantic import AfterValidator
 
 from .bodies import Body, Text, batch, described
 from .common import Encoding, check_model, embed_tokens, multi_vector_data
-from .errors import STATUS, APIError, json_body, options_checked
+from .errors import STATUS, APIError, options_checked
 from .openai import Document
-from .state import gateway, respond
+from .state import respond, routed
 
 router = APIRouter(tags=["jina"])
 
@@ -56,8 +56,8 @@ class MultiVectorRequest(Body):
 
 @router.post("/v1/multi-vector")
 async def multi_vector(request: Request):
-    gw = gateway(request)
-    asked = MultiVectorRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = MultiVectorRequest.parse(body)
     check_model(asked.model, gw.model_names)
     names = (await gw.facts()).get("prompt_names", [])
     prompt = {"prompt_name": asked.input_type} if asked.input_type in names else {}

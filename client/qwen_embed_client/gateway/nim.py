@@ -18,8 +18,8 @@ from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS
 from .bodies import Body, NonBlank, Text, at_most
 from .common import TRUNCATE_MODES, model_adapter, raw_scores
-from .errors import backend_error, json_body, rerank_checked
-from .state import gateway
+from .errors import backend_error, rerank_checked
+from .state import gateway, routed
 
 router = APIRouter(tags=["nim"])
 
@@ -41,8 +41,8 @@ class RankingRequest(Body):
 
 @router.post("/v1/ranking")
 async def ranking(request: Request):
-    gw = gateway(request)
-    asked = RankingRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = RankingRequest.parse(body)
     served, triton = gw.rerank_model_names, gw.triton_rerank_model
     adapter = await model_adapter(gw, asked.model, served, triton)
     options = TRUNCATE_MODES[asked.truncate] | ({"adapter": adapter} if adapter else {})

@@ -28,8 +28,8 @@ from pydantic import Field
 from ..contract import MAX_INPUTS
 from .bodies import Body, Text
 from .common import embed, model_adapter
-from .errors import STATUS, APIError, invalid, json_body, options_checked
-from .state import gateway, respond
+from .errors import STATUS, APIError, invalid, options_checked
+from .state import respond, routed
 
 router = APIRouter(tags=["ollama"])
 
@@ -68,9 +68,9 @@ def _options(options: dict | None, **asked) -> dict:
 
 @router.post("/api/embed")
 async def embed_route(request: Request):
-    gw = gateway(request)
     start = time.monotonic_ns()
-    asked = EmbedRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = EmbedRequest.parse(body)
     adapter = await model_adapter(gw, asked.model, gw.model_names)
     texts = [asked.input] if isinstance(asked.input, str) else asked.input
     if texts == [""]:
@@ -93,8 +93,8 @@ async def embed_route(request: Request):
 
 @router.post("/api/embeddings")
 async def embeddings_route(request: Request):
-    gw = gateway(request)
-    asked = EmbeddingsRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = EmbeddingsRequest.parse(body)
     adapter = await model_adapter(gw, asked.model, gw.model_names)
     if not asked.prompt:
         return {"embedding": []}
@@ -113,16 +113,18 @@ def _modified_at(gw) -> str:
 
 @router.get("/api/tags")
 async def tags(request: Request):
-    gw = gateway(request)
-    facts = await gw.facts()
-    # the encoder's adapters are models of their own, each with its fingerprint
-    digests = {name: facts.get("fingerprint") for name in gw.model_names}
-    digests |= facts.get("adapter_fingerprints", {})
+    served = request.app.state.models
+    digests = {}
+    for gw in served.embedders:
+        facts = await gw.facts()
+        # the encoder's adapters are models of their own, each with its fingerprint
+        digests |= {name: facts.get("fingerprint") for name in gw.model_names}
+        digests |= facts.get("adapter_fingerprints", {})
     models = [
         {
             "name": name,
             "model": name,
-            "modified_at": _modified_at(gw),
+            "modified_at": _modified_at(served.default),
             "size": 0,
             "digest": digest or "",
             "details": DETAILS,
@@ -139,8 +141,8 @@ class ShowRequest(Body):
 
 @router.post("/api/show")
 async def show(request: Request):
-    gw = gateway(request)
-    asked = ShowRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = ShowRequest.parse(body)
     await model_adapter(gw, asked.model, gw.model_names)
     facts = await gw.facts()
     info = {"general.architecture": DETAILS["family"]}

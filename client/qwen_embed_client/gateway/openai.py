@@ -87,7 +87,6 @@ from .errors import (
     backend_error,
     in_body_words,
     invalid,
-    json_body,
     named_as_sent,
     options_checked,
     rerank_checked,
@@ -110,7 +109,7 @@ from .media import (
     has_parts,
     texts_and_media,
 )
-from .state import answered_adapter, gateway, respond, respond_bytes
+from .state import answered_adapter, respond, respond_bytes, routed
 
 # Request options of the contract taken as extension fields of the body (docs/api.md).
 EXTENSION_OPTIONS = (
@@ -799,21 +798,34 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 
 @router.get("/v1/models")
 async def models(request: Request):
-    return {"object": "list", "data": await _served_models(gateway(request))}
+    return {"object": "list", "data": await _served_models(request.app.state.models)}
 
 
 @router.get("/v1/models/{model:path}")  # a Hugging Face id as a served name holds a "/"
 async def one_model(request: Request, model: str):
-    served = {entry["id"]: entry for entry in await _served_models(gateway(request))}
+    served = {e["id"]: e for e in await _served_models(request.app.state.models)}
     if model not in served:
         check_model(model, tuple(served))
     return served[model]
 
 
-async def _served_models(gw) -> list[dict]:
-    """/v1/models' entries: the embed model's names (with its prompts, chunk separator, whether
-    it is multi-vector, fingerprint and tokens per text), and the reranker's while Triton
-    serves it."""
+async def _served_models(models) -> list[dict]:
+    """/v1/models' entries: each embedder's names and its adapters' (with its prompts, chunk
+    separator, whether it is multi-vector, fingerprint and tokens per text), and each
+    reranker's names while Triton serves it (served.ServedModels)."""
+    served = []
+    for gw in models.embedders:
+        served += await _embedder_entries(gw)
+    for gw in models.rerankers:
+        if gw.rerank_model_names and await gw.client.model_ready(gw.triton_rerank_model):
+            served += [{"id": name} for name in gw.rerank_model_names]
+    return [
+        {**entry, "object": "model", "created": models.default.created, "owned_by": "qwen-embed"}
+        for entry in served
+    ]
+
+
+async def _embedder_entries(gw) -> list[dict]:
     facts = await gw.facts()  # published by the tokenizer and encoder models
     embed_facts = {}
     if "prompt_names" in facts:
@@ -831,20 +843,14 @@ async def _served_models(gw) -> list[dict]:
     served = [{"id": name, **embed_facts} for name in gw.model_names]
     # the encoder's adapters, each a model a request names (vLLM lists its LoRA models so)
     adapters = facts.get("route", {}).get("lora_names", [])
-    served += [{"id": name, "parent": gw.model_name, **embed_facts} for name in adapters]
-    if gw.rerank_model_names and await gw.client.model_ready(gw.triton_rerank_model):
-        served += [{"id": name} for name in gw.rerank_model_names]
-    return [
-        {**entry, "object": "model", "created": gw.created, "owned_by": "qwen-embed"}
-        for entry in served
-    ]
+    return served + [{"id": name, "parent": gw.model_name, **embed_facts} for name in adapters]
 
 
 @router.post("/v1/embeddings")
 @router.post("/embeddings")  # Infinity's URL (its default prefix is none)
 async def embeddings(request: Request):
-    gw = gateway(request)
-    answer = await embeddings_body(gw, await json_body(request), binary=True)
+    gw, body = await routed(request)
+    answer = await embeddings_body(gw, body, binary=True)
     if "layout" in answer:
         return await _binary_response(gw, answer)
     return await respond(gw, answer, adapter=answered_adapter(gw, answer))
@@ -964,7 +970,7 @@ async def _chunk_embeddings(gw, texts, options, encoding):
 
 @router.post("/v1/rerank")
 async def rerank(request: Request):
-    return await rerank_response(gateway(request), await json_body(request))
+    return await rerank_response(*await routed(request))
 
 
 async def rerank_response(gw, body: object) -> dict:

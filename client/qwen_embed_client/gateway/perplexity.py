@@ -27,8 +27,8 @@ from .common import (
     contextual_chunks,
     model_adapter,
 )
-from .errors import json_body, options_checked
-from .state import gateway
+from .errors import options_checked
+from .state import routed
 
 router = APIRouter(tags=["openai"])
 
@@ -46,8 +46,7 @@ class ContextualizedRequest(Body):
 
 @router.post("/v1/contextualizedembeddings")
 async def contextualized_embeddings(request: Request):
-    gw = gateway(request)
-    body = await json_body(request)
+    gw, body = await routed(request)
     if isinstance(body, dict) and "inputs" in body:
         return await voyage.contextualized_embeddings(gw, body)
     asked = ContextualizedRequest.parse(body)

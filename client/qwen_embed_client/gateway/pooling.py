@@ -18,9 +18,9 @@ from fastapi import APIRouter, Request
 
 from ..client import EmbeddingError
 from .common import checkpoint_facts, embed_tokens, vllm_list
-from .errors import backend_error, invalid, json_body
+from .errors import backend_error, invalid
 from .openai import checked_request, embeddings_body, request_plan
-from .state import answered_adapter, gateway, respond
+from .state import answered_adapter, respond, routed
 
 router = APIRouter(tags=["openai"])
 
@@ -29,8 +29,7 @@ TASKS = ("embed", "token_embed", "classify")
 
 @router.post("/pooling")
 async def pooling(request: Request):
-    gw = gateway(request)
-    body = await json_body(request)
+    gw, body = await routed(request)
     task = body.pop("task", None) if isinstance(body, dict) else None
     if task not in (None, *TASKS):
         raise invalid(f"'task' must be one of {list(TASKS)}, got {task!r}", "task")
@@ -51,8 +50,8 @@ async def pooling(request: Request):
 
 @router.post("/classify")
 async def classify(request: Request):
-    gw = gateway(request)
-    scores, labels, tokens = await _class_scores(gw, await json_body(request))
+    gw, body = await routed(request)
+    scores, labels, tokens = await _class_scores(gw, body)
     items = [
         {
             "index": i,

@@ -25,9 +25,9 @@ from ..client import EmbeddingError
 from ..maxsim import maxsim
 from .bodies import Body, Text, batch, described
 from .common import check_model, embed_tokens, late_interaction_prompts, vllm_list
-from .errors import backend_error, invalid, json_body, options_checked
+from .errors import backend_error, invalid, options_checked
 from .media import Parts, has_parts
-from .state import gateway, respond
+from .state import respond, routed
 
 router = APIRouter(tags=["openai"])
 
@@ -74,8 +74,8 @@ def _content(item):
 @router.post("/v1/score")
 @router.post("/score")
 async def score(request: Request):
-    gw = gateway(request)
-    asked = ScoreRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = ScoreRequest.parse(body)
     queries, documents = asked.text_1, asked.text_2
     if len(queries) != 1 and len(queries) != len(documents):
         raise invalid(

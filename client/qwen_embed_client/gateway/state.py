@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..client import AsyncEmbeddingClient
-from .errors import BACKEND, UNAUTHORIZED, APIError
+from .errors import BACKEND, UNAUTHORIZED, APIError, json_body
 from .remote_media import RemoteMedia
 
 # A JSON body's limit: room for a request of images at the contract's size per image
@@ -77,8 +77,16 @@ def require_key(request: Request) -> None:
 
 
 def gateway(request: Request) -> Gateway:
-    """The request's Gateway (its key already checked: require_key)."""
+    """The gateway's own Gateway, its first models' (its key already checked: require_key),
+    for a request that names no model."""
     return request.app.state.gateway
+
+
+async def routed(request: Request) -> tuple[Gateway, object]:
+    """A request's Gateway, the one of the model its JSON body names (served.ServedModels),
+    and that body (json_body)."""
+    body = await json_body(request)
+    return await request.app.state.models.pick(body), body
 
 
 def dumps(body) -> bytes:

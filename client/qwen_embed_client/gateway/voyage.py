@@ -41,10 +41,10 @@ from .common import (
     model_adapter,
     prompt_options,
 )
-from .errors import APIError, invalid, json_body, named_as_sent, options_checked
+from .errors import APIError, invalid, named_as_sent, options_checked
 from .media import ImagePart, ImageURL, TextPart, texts_and_media
 from .openai import VOYAGE_FIELDS, embeddings_body
-from .state import answered_adapter, gateway, respond
+from .state import answered_adapter, respond, routed
 
 DOCUMENTS_PER_REQUEST = 1000  # as Voyage's API takes them
 
@@ -99,8 +99,8 @@ class MultimodalRequest(Body):
 
 @router.post("/v1/multimodalembeddings")
 async def multimodal_embeddings(request: Request):
-    gw = gateway(request)
-    asked = MultimodalRequest.parse(await json_body(request))
+    gw, body = await routed(request)
+    asked = MultimodalRequest.parse(body)
     inputs = []
     for i, item in enumerate(asked.inputs):
         if any(isinstance(segment, VideoSegment) for segment in item.content):

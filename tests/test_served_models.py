@@ -1,0 +1,71 @@
+"""How a gateway is told the models it serves, checked without Triton: the gateway's
+--triton-model / --triton-rerank-model forms and the names they give, every mistake in them
+stopping the gateway with one line; and the ensembles the launcher hands its gateway from a
+repository of several checkpoints. (Requests routed by `model` through a real tritonserver:
+test_checkpoints.py, test_rerank_serving.py.)"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from qwen_embed_client.gateway import app as gateway_app
+from qwen_embed_client.gateway.app import create_app
+from qwen_embed_client.gateway.served import Served
+from qwen_embed_deploy.launcher import gateway_models
+from qwen_embed_deploy.repository import render
+
+
+def test_a_served_model_is_an_ensemble_and_its_names():
+    assert Served.parse("large") == Served("large", ("large",))
+    assert Served.parse("large=big,Qwen/Qwen3-Embedding-8B") == Served(
+        "large", ("big", "Qwen/Qwen3-Embedding-8B")
+    )
+    with pytest.raises(ValueError, match="no Triton model"):
+        Served.parse("=big")
+
+
+def test_models_named_alike_are_refused():
+    app = create_app(["127.0.0.1:1"], more_models=(Served("large", ("large",)),))
+    served = app.state.models
+    assert [gw.model_names for gw in served.embedders] == [("embed",), ("large",)]
+    assert [gw.client.model for gw in served.embedders] == ["embed", "large"]
+    assert [gw.triton_rerank_model for gw in served.rerankers] == ["rerank"]
+    with pytest.raises(ValueError, match="'rerank' is given to two models"):
+        create_app(["127.0.0.1:1"], more_models=(Served("large", ("rerank",)),))
+    # one model's embedder and reranker may share a name (an embedder that reranks)
+    create_app(["127.0.0.1:1"], rerank_model_names=("embed",), triton_rerank_model="embed")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--triton-model", "a=x", "b=x"], "--triton-model: x named for two models"),
+        (["--triton-model", "a=x", "--served-model-name", "y"], "names the first model"),
+        (["--triton-rerank-model", "=r"], "--triton-rerank-model '=r': no Triton model"),
+        (["--triton-model", "embed", "large=rerank"], "'rerank' is given to two models"),
+    ],
+)
+def test_a_mistaken_model_list_stops_the_gateway_in_one_line(monkeypatch, capsys, args, message):
+    monkeypatch.setattr(sys, "argv", ["gateway", *args])
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: pytest.fail("the gateway started"))
+    with pytest.raises(SystemExit) as stopped:
+        gateway_app.main()
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in said and said.startswith("gateway: error: ")
+
+
+def test_the_launcher_hands_its_gateway_every_ensemble(tmp_path):
+    """`embed` and `rerank` first (they answer requests that name no model), then the others
+    by name; no reranker where the rerank models are not loaded."""
+    repo = render(
+        tmp_path / "repo",
+        {"small": tmp_path, "embed": tmp_path, "large": tmp_path},
+        rerankers={"zr": tmp_path, "rerank": tmp_path},
+    )
+    assert gateway_models(repo, rerank=True) == (["embed", "large", "small"], ["rerank", "zr"])
+    assert gateway_models(repo, rerank=False) == (["embed", "large", "small"], [])
+    alone = render(tmp_path / "alone", {"b": tmp_path, "a": tmp_path})
+    assert gateway_models(alone, rerank=True) == (["a", "b"], [])
