@@ -308,6 +308,9 @@ OTLP_ENDPOINT ?=
 BATCH_DIR ?= .cache/batches
 # The gateway's names of the embed model, one or more separated by spaces (default: embed).
 SERVED_MODEL_NAME ?=
+# A model repository of several checkpoints (python -m qwen_embed_deploy.repository) served in
+# place of the checked-in one; the gateway serves each by name. Empty: model_repository/.
+MODEL_REPOSITORY ?=
 # Origins whose pages may call the gateway from a browser, comma separated ('*': any); empty: none.
 CORS_ALLOW_ORIGINS ?=
 # The gateway over HTTPS: its certificate chain and private key, PEM files; empty: plain HTTP.
@@ -341,7 +344,8 @@ serve: setup
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
 		$(if $(filter e2rank,$(RERANK)),--rerank-recipe e2rank) \
-		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))
+		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME)) \
+		$(if $(MODEL_REPOSITORY),--model-repository $(abspath $(MODEL_REPOSITORY)))
 
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.

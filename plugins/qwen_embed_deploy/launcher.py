@@ -568,7 +568,7 @@ def start_gateway(
     log(
         f"gateway: {scheme}://{host}:{port} (OpenAI /v1/embeddings, TEI /embed, Cohere /v2/embed"
         + (", and their rerank routes)" if reranks else ")")
-        + (f"; also the models {', '.join(others)}, as requests name them" if others else "")
+        + (f"; beside them, for requests that name them: {', '.join(others)}" if others else "")
     )
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
