@@ -374,8 +374,8 @@ def main() -> None:
 def _served(parser, flag: str, ensembles: list[str] | None, names: list[str] | None) -> list:
     """--triton-model's (flag "") or --triton-rerank-model's (flag "rerank") ensembles as
     served.Served, the first under --served-model-name's (--rerank-model-name's) names where it
-    names none of its own (default: embed, rerank); a name given to two models, or to the
-    first model twice, stops the gateway with one line."""
+    names none of its own (default: embed, rerank); a name given to two models stops the
+    gateway with one line."""
     default = flag or "embed"
     models_flag = f"--triton-{flag + '-' if flag else ''}model"
     names_flag = f"--{flag}-model-name" if flag else "--served-model-name"

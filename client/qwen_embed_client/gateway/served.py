@@ -78,7 +78,7 @@ class ServedModels:
         to its handlers)."""
         model = body.get("model") if isinstance(body, dict) else None
         if len(self.embedders) + len(self.rerankers) == 2 or not isinstance(model, str):
-            return self.default
+            return self.default  # one model of each kind: its handlers check the name
         if model in self._by_name:
             return self._by_name[model]
         models = [(gw, gw.client.model) for gw in self.embedders]
