@@ -368,7 +368,7 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
     # Batch API lines, each answered by the checkpoint it names
     lines = [
         {"custom_id": name, "method": "POST", "url": "/v1/embeddings", "body": {"model": name}}
-        for name in ("gte", "qwen3", "qwen3_gguf")
+        for name in ("gte", "qwen3", "qwen3_gguf", "nope")
     ]
     text = "".join(
         json.dumps(line | {"body": line["body"] | {"input": TEXTS}}) + "\n" for line in lines
@@ -382,7 +382,11 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
         assert time.monotonic() < deadline, batch
         time.sleep(0.2)
         batch = api.batches.retrieve(batch.id)
-    assert batch.status == "completed" and batch.request_counts.completed == len(lines)
+    assert batch.status == "completed"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
+    (refused,) = api.files.content(batch.error_file_id).text.splitlines()
+    refused = json.loads(refused)
+    assert refused["custom_id"] == "nope" and refused["response"]["status_code"] == 404
     for line in api.files.content(batch.output_file_id).text.splitlines():
         answer = json.loads(line)
         name, body = answer["custom_id"], answer["response"]["body"]

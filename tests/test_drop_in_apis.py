@@ -35,7 +35,7 @@ from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
 from langchain_ollama import OllamaEmbeddings
-from langchain_openai import OpenAIEmbeddings
+from langchain_openai import AzureOpenAIEmbeddings, OpenAIEmbeddings
 from langchain_voyageai import VoyageAIRerank
 from llama_index.embeddings.jinaai import JinaEmbedding
 from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
@@ -1046,6 +1046,38 @@ def test_langchain_openai_embeddings_get_the_texts_vectors_or_a_clear_refusal(st
     ):
         got = np.array(langchain.embed_documents(TEXTS), dtype=np.float32)
         assert np.abs(got - expected).max() <= SAME
+
+
+def test_azure_openai_clients_get_the_openai_routes_vectors(stack):
+    """`openai.AzureOpenAI` and LangChain's `AzureOpenAIEmbeddings` with the gateway as their
+    endpoint: the deployment in the URL is the model (a served name, a Hugging Face id with
+    its "/" too) whatever the body's `model`, the key in Azure's `api-key` header; a wrong
+    key is refused, an unknown deployment named."""
+    _, base = stack
+    expected = openai_vectors(base, TEXTS)
+    azure = {"azure_endpoint": base, "api_key": API_KEY, "api_version": "2024-10-21"}
+    api = openai.AzureOpenAI(**azure, max_retries=0)
+    for deployment in ("embed", ALIAS):
+        got = api.embeddings.create(model=deployment, input=TEXTS)
+        assert got.model == "embed"  # the first served name answers
+        assert np.abs(np.array([d.embedding for d in got.data]) - expected).max() <= SAME
+    short = api.embeddings.create(model="embed", input=TEXTS, dimensions=32)
+    want = openai_vectors(base, TEXTS, dimensions=32)
+    assert np.abs(np.array([d.embedding for d in short.data]) - want).max() <= SAME
+    # an application written for Azure names its own model in the body: the URL decides
+    pinned = openai.AzureOpenAI(**azure, azure_deployment="embed", max_retries=0)
+    got = pinned.embeddings.create(model="text-embedding-3-small", input=TEXTS)
+    assert np.abs(np.array([d.embedding for d in got.data]) - expected).max() <= SAME
+    with pytest.raises(openai.AuthenticationError):
+        openai.AzureOpenAI(**azure | {"api_key": "wrong"}, max_retries=0).embeddings.create(
+            model="embed", input=TEXTS
+        )
+    with pytest.raises(openai.NotFoundError, match="'text-embedding-3-small' does not exist"):
+        api.embeddings.create(model="text-embedding-3-small", input=TEXTS)
+    langchain = AzureOpenAIEmbeddings(
+        **azure, azure_deployment="embed", check_embedding_ctx_length=False
+    )
+    assert np.abs(np.array(langchain.embed_documents(TEXTS)) - expected).max() <= SAME
 
 
 def test_a_page_of_an_allowed_origin_reads_the_answers_and_their_headers(stack):

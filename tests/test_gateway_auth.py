@@ -38,8 +38,12 @@ def test_every_route_refuses_a_request_without_the_key(app):
     # the four APIs' routes are all there: a check over no routes would pass vacuously
     assert {"/v1/embeddings", "/v1/batches", "/v2/embed", "/embed", "/info"} <= paths
     assert {"/v1/score", "/embed_all", "/v1/ranking"} <= paths
+    assert "/openai/deployments/{deployment}/embeddings" in paths  # Azure OpenAI's
     client = TestClient(app)  # no lifespan: nothing starts, nothing reaches Triton
-    for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}):
+    wrong = [{"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}]
+    # Azure's api-key header takes the key too, but not beside a wrong Authorization
+    wrong += [{"api-key": "wrong-key"}, {"api-key": "right-key", "Authorization": "Bearer x"}]
+    for headers in ({}, *wrong):
         for method, path in routes:
             response = client.request(method, path, headers=headers, json={})
             assert response.status_code == 401, (method, path, headers, response.text)
@@ -72,6 +76,8 @@ def test_a_route_added_to_a_router_later_needs_the_key_too(tmp_path):
         assert client.get("/v1/forgetful").status_code == 401
         ok = client.get("/v1/forgetful", headers={"Authorization": "Bearer right-key"})
         assert ok.status_code == 200 and ok.json() == {"ok": True}
+        ok = client.get("/v1/forgetful", headers={"api-key": "right-key"})  # Azure's header
+        assert ok.status_code == 200
     finally:
         openai.router.routes[:] = [r for r in openai.router.routes if r.path != "/v1/forgetful"]
 

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 
 from ..client import AsyncEmbeddingClient
 from . import (
+    azure,
     batches,
     cohere,
     mixedbread,
@@ -182,6 +183,7 @@ def create_app(
     # tei last: POST / and /rerank go by body
     for api in (
         openai,
+        azure,
         nim,
         perplexity,
         voyage,

@@ -849,7 +849,11 @@ async def _embedder_entries(gw) -> list[dict]:
 @router.post("/v1/embeddings")
 @router.post("/embeddings")  # Infinity's URL (its default prefix is none)
 async def embeddings(request: Request):
-    gw, body = await routed(request)
+    return await embeddings_response(*await routed(request))
+
+
+async def embeddings_response(gw, body: object):
+    """The route's response to an embeddings body: JSON, or vLLM's binary formats."""
     answer = await embeddings_body(gw, body, binary=True)
     if "layout" in answer:
         return await _binary_response(gw, answer)

@@ -48,7 +48,7 @@ class Gateway:
     def check_key(self, request: Request) -> None:
         if not self.api_keys:
             return
-        given = request.headers.get("authorization", "").encode()
+        given = _authorization(request).encode()
         # every key compared, in constant time each: no early exit tells which one was close
         matches = [hmac.compare_digest(given, f"Bearer {k}".encode()) for k in self.api_keys]
         if not any(matches):
@@ -58,7 +58,7 @@ class Gateway:
         """Whose files and batches a request may see: its key's digest ("" with keys off)."""
         if not self.api_keys:
             return ""
-        return hashlib.sha256(request.headers["authorization"].encode()).hexdigest()[:32]
+        return hashlib.sha256(_authorization(request).encode()).hexdigest()[:32]
 
     def outgoing(self) -> dict | None:
         """Headers for the Triton requests: the current span's trace context."""
@@ -68,6 +68,15 @@ class Gateway:
         """The embed model's published facts: the tokenizer's (dimension, tokens per text,
         prompt names), the encoder's (route, tokens per forward) and the model fingerprint."""
         return await self.client.served_facts()  # remembered there for a few seconds
+
+
+def _authorization(request: Request) -> str:
+    """The request's key as an Authorization header says it: that header, else Azure OpenAI's
+    `api-key: KEY` (its SDKs' way) as `Bearer KEY`, so one key is one owner either way."""
+    given = request.headers.get("authorization")
+    if given is None and "api-key" in request.headers:
+        return f"Bearer {request.headers['api-key']}"
+    return given or ""
 
 
 def require_key(request: Request) -> None:
@@ -82,10 +91,13 @@ def gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-async def routed(request: Request) -> tuple[Gateway, object]:
+async def routed(request: Request, model: str | None = None) -> tuple[Gateway, object]:
     """A request's Gateway, the one of the model its JSON body names (served.ServedModels),
-    and that body (json_body)."""
+    and that body (json_body); `model`: the one its URL names (Azure's deployment), over the
+    body's."""
     body = await json_body(request)
+    if model is not None and isinstance(body, dict):
+        body = {**body, "model": model}
     return await request.app.state.models.pick(body), body
 
 
