@@ -95,6 +95,8 @@ def launcher_error(env: dict, args: list[str]) -> str:
         ({}, ["--cpu-instances", "none"], "--cpu-instances is auto"),
         # E2Rank's recipe on a tokenizer that appends <|endoftext|> (the demo's) reads it twice
         ({}, ["--rerank-recipe", "e2rank"], "appends <|endoftext|> to every text, which E2Rank"),
+        # the gateway's names of a model the repository does not hold (rerank not loaded)
+        ({}, ["--served-model-name", "rerank=r"], "the gateway serves no model 'rerank'"),
     ],
 )
 def test_a_bad_setting_or_checkpoint_is_said_in_one_line(demo_dir, env, args, message):

@@ -39,6 +39,7 @@ from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
 FP32_ABS = 1e-4
+MXBAI = "mxbai=mxbai,mixedbread-ai/mxbai-rerank-base-v2"  # the gateway's names of mxbai
 QUERY = "Which city is the capital of China?"
 DOCUMENTS = [
     "The capital of China is Beijing.",
@@ -78,8 +79,9 @@ def stack(demo_dir, reranker, mxbai, jina, jina_adapter, cross_encoders, tmp_pat
     with TritonServer(
         repo,
         log_path=where / "server.log",
-        # the embed model under a second name too: the launcher passes them to the gateway
-        launcher_args=["--gateway-port", str(port), "--served-model-name", "embed", "qwen3"],
+        # the embed model under a second name too, mxbai under its Hub id too: the launcher
+        # passes them to the gateway
+        launcher_args=["--gateway-port", str(port), "--served-model-name", "embed", "qwen3", MXBAI],
     ) as server:
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/health")
@@ -257,8 +259,15 @@ def test_one_gateway_serves_each_reranker_by_its_name(stack):
         ("/v1/ranking", {"query": {"text": QUERY}, "passages": passages, "truncate": "END"}),
         ("/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS}),
     ]
-    for name, model in [("mxbai", "mxbai"), ("jina", "jina"), ("jina", "ft"), ("zerank", "zerank")]:
-        alone = create_app([server.grpc_url], rerank_model_names=(name,), triton_rerank_model=name)
+    alias = "mixedbread-ai/mxbai-rerank-base-v2"  # mxbai's second name (MXBAI)
+    for name, model, names in [
+        ("mxbai", "mxbai", ("mxbai",)),
+        ("mxbai", alias, ("mxbai", alias)),
+        ("jina", "jina", ("jina",)),
+        ("jina", "ft", ("jina",)),
+        ("zerank", "zerank", ("zerank",)),
+    ]:
+        alone = create_app([server.grpc_url], rerank_model_names=names, triton_rerank_model=name)
         with TestClient(alone) as client:
             for path, body in asked:
                 if model == "ft" and path == "/v1/score":
@@ -322,7 +331,8 @@ def test_gateway_cohere_request(stack, expected):
     with urllib.request.urlopen(f"{base}/v1/models") as r:
         models = json.loads(r.read())["data"]
     # the launcher's gateway serves every reranker of the repository: `rerank` first
-    assert [m["id"] for m in models] == ["embed", "qwen3", "rerank", "jina", "mxbai", "zerank"]
+    ids = ["embed", "qwen3", "rerank", "jina", "mxbai", "mixedbread-ai/mxbai-rerank-base-v2"]
+    assert [m["id"] for m in models] == [*ids, "zerank"]
     assert models[0]["prompt_names"] == ["document", "query"]  # the demo embedder's
 
 

@@ -13,7 +13,7 @@ import pytest
 from qwen_embed_client.gateway import app as gateway_app
 from qwen_embed_client.gateway.app import create_app
 from qwen_embed_client.gateway.served import Served
-from qwen_embed_deploy.launcher import gateway_models
+from qwen_embed_deploy.launcher import gateway_model_flags, gateway_models
 from qwen_embed_deploy.repository import render
 
 
@@ -69,3 +69,47 @@ def test_the_launcher_hands_its_gateway_every_ensemble(tmp_path):
     assert gateway_models(repo, rerank=False) == (["embed", "large", "small"], [])
     alone = render(tmp_path / "alone", {"b": tmp_path, "a": tmp_path})
     assert gateway_models(alone, rerank=True) == (["a", "b"], [])
+
+
+def test_the_launcher_names_each_model_for_its_gateway(monkeypatch):
+    """--served-model-name's plain names are the first embedder's, ENSEMBLE=NAME,... another
+    model's; a model Ollama pulled keeps Ollama's names where none are given; the flags are
+    ones the gateway takes, serving each model under those names."""
+    models = (["embed", "large"], ["rerank", "mxbai"])
+    flags = gateway_model_flags(models, ["embed", "qwen3", "mxbai=mxbai,acme/mxbai-v2"])
+    assert flags == [
+        "--triton-model",
+        "embed=embed,qwen3",
+        "large=large",
+        "--triton-rerank-model",
+        "rerank=rerank",
+        "mxbai=mxbai,acme/mxbai-v2",
+    ]
+    served = _gateway_models(monkeypatch, flags)
+    assert [gw.model_names for gw in served.embedders] == [("embed", "qwen3"), ("large",)]
+    assert [gw.rerank_model_names for gw in served.rerankers] == [
+        ("rerank",),
+        ("mxbai", "acme/mxbai-v2"),
+    ]
+    pulled = gateway_model_flags(models, ["large=big"], ["embed", "tiny"], ["rerank", "rr"])
+    assert pulled[:3] == ["--triton-model", "embed=embed,tiny", "large=big"]
+    assert pulled[4] == "rerank=rerank,rr"
+    alone = gateway_model_flags((["embed"], []), None)
+    assert alone == ["--triton-model", "embed=embed", "--rerank-model-name", ""]
+    assert _gateway_models(monkeypatch, alone).default.rerank_model_names == ()
+    recipe = gateway_model_flags((["embed"], []), None, embed_reranks=True)
+    assert recipe[2:] == ["--triton-rerank-model", "embed"]
+    assert _gateway_models(monkeypatch, recipe).default.rerank_model_names == ("rerank",)
+    with pytest.raises(ValueError, match="serves no model 'small' \\(it serves embed, large"):
+        gateway_model_flags(models, ["small=s"])
+    with pytest.raises(ValueError, match="names embed twice"):
+        gateway_model_flags(models, ["e5", "embed=e6"])
+
+
+def _gateway_models(monkeypatch, flags: list[str]):
+    """The served.ServedModels of a gateway started with `flags` (uvicorn not run)."""
+    apps = []
+    monkeypatch.setattr(sys, "argv", ["gateway", *flags])
+    monkeypatch.setattr("uvicorn.run", lambda app, **_: apps.append(app))
+    gateway_app.main()
+    return apps[0].state.models

@@ -523,21 +523,65 @@ def gateway_models(model_repository: Path, rerank: bool) -> tuple[list[str], lis
     return embedders, rerankers if rerank else []
 
 
+def gateway_model_flags(
+    models: tuple[list[str], list[str]],
+    names: list[str] | None = None,
+    first_names: list[str] | None = None,
+    first_rerank_names: list[str] | None = None,
+    embed_reranks: bool = False,
+) -> list[str]:
+    """The gateway's flags for `models` (gateway_models), each ensemble with its names:
+    `names`, --served-model-name's items, give the first embedder's (plain names) and another
+    ensemble's (ENSEMBLE=NAME[,ALIAS...]); else the first embedder's are `first_names`, the
+    first reranker's `first_rerank_names` (a model Ollama pulled: served_model_names), any
+    other's its own name. `embed_reranks`: the rerank routes ask the embed model (an
+    embedder's rerank_recipe). ValueError for an ENSEMBLE the gateway does not serve, or the
+    first embedder named both ways."""
+    embedders, rerankers = models
+    plain = [n for n in names or [] if "=" not in n]
+    named = {}
+    for item in names or []:
+        if "=" in item:
+            ensemble, _, aliases = item.partition("=")
+            if ensemble not in (*embedders, *rerankers):
+                serves = ", ".join([*embedders, *rerankers])
+                raise ValueError(
+                    f"--served-model-name {item}: the gateway serves no model {ensemble!r} "
+                    f"(it serves {serves})"
+                )
+            named[ensemble] = [a for a in aliases.split(",") if a]
+    if plain and embedders and embedders[0] in named:
+        raise ValueError(f"--served-model-name names {embedders[0]} twice: plainly and with '='")
+
+    def served(ensemble: str, first: list[str] | None = None) -> str:
+        return f"{ensemble}={','.join(named.get(ensemble) or first or [ensemble])}"
+
+    flags = []
+    if embedders:
+        first = plain or first_names
+        flags += ["--triton-model", served(embedders[0], first), *map(served, embedders[1:])]
+    if embed_reranks:
+        flags += ["--triton-rerank-model", "embed"]
+    elif not rerankers:
+        flags += ["--rerank-model-name", ""]
+    else:
+        first = served(rerankers[0], first_rerank_names)
+        flags += ["--triton-rerank-model", first, *map(served, rerankers[1:])]
+    return flags
+
+
 def start_gateway(
     host: str,
     port: int,
     grpc_port: int,
     models: tuple[list[str], list[str]],
+    model_flags: list[str],
     otlp_endpoint: str | None = None,
-    served_model_names: list[str] | None = None,
     embed_reranks: bool = False,
-    rerank_model_names: list[str] | None = None,
 ) -> subprocess.Popen:
     """The HTTP gateway (OpenAI, NIM, TEI and Cohere APIs) in front of this server's gRPC port
-    (same interpreter), serving `models`, the embedding and the reranking ensembles loaded
-    (repository.ensembles): the first of each under its served names (default: its own), the
-    others under their own; `embed_reranks`: its rerank routes ask the embed model (an
-    embedder's rerank_recipe)."""
+    (same interpreter), serving `models` (gateway_models) by `model_flags`
+    (gateway_model_flags); `embed_reranks`: its rerank routes ask the embed model."""
     embedders, rerankers = models
     cmd = [
         sys.executable,
@@ -549,17 +593,8 @@ def start_gateway(
         str(port),
         "--triton-url",
         f"127.0.0.1:{grpc_port}",
+        *model_flags,
     ]
-    if embedders:
-        cmd += ["--triton-model", *embedders]
-        cmd += ["--served-model-name", *(served_model_names or embedders[:1])]
-    if embed_reranks:
-        cmd += ["--triton-rerank-model", "embed"]
-    elif not rerankers:
-        cmd += ["--rerank-model-name", ""]
-    else:
-        cmd += ["--triton-rerank-model", *rerankers]
-        cmd += ["--rerank-model-name", *(rerank_model_names or rerankers[:1])]
     if otlp_endpoint:
         cmd += ["--otlp-endpoint", otlp_endpoint]
     scheme = "https" if os.environ.get("QWEN_EMBED_SSL_CERTFILE") else "http"
@@ -752,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="the gateway's names of the embed model, one or more (default: embed, and for "
         "MODEL_DIR ollama:NAME the names Ollama's clients send); the first is the one responses "
-        "give",
+        "give; ENSEMBLE=NAME[,ALIAS...] names another model of the repository (default: its "
+        "own name)",
     )
     p.add_argument("--no-rerank", action="store_true", help="do not load the rerank models")
     p.add_argument(
@@ -788,6 +824,14 @@ def main(argv: list[str] | None = None) -> int:
     gpus = gpu_count()
     try:
         edit, facts, what = _deployment(args, gpus)
+        models = gateway_models(args.model_repository, loads_rerank(args))
+        model_flags = gateway_model_flags(
+            models,
+            args.served_model_name,
+            served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
+            served_model_names(os.environ.get(RERANK_MODEL_DIR_ENV, ""), "rerank"),
+            args.rerank_recipe is not None,
+        )
     except (ValueError, FileNotFoundError) as e:  # a setting or checkpoint: said, no traceback
         log(f"error: {e}")
         return 2
@@ -865,11 +909,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.host,
                 args.gateway_port,
                 args.grpc_port,
-                gateway_models(args.model_repository, rerank),
+                models,
+                model_flags,
                 args.otlp_endpoint,
-                args.served_model_name or served_model_names(os.environ.get(MODEL_DIR_ENV, "")),
                 args.rerank_recipe is not None,
-                served_model_names(os.environ.get(RERANK_MODEL_DIR_ENV, ""), "rerank"),
             )
         )
     gateway_failed = False
