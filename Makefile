@@ -306,7 +306,8 @@ RESPONSE_CACHE_MB ?= 0
 OTLP_ENDPOINT ?=
 # The gateway's Batch API state (SQLite and files), kept across restarts.
 BATCH_DIR ?= .cache/batches
-# The gateway's names of the embed model, one or more separated by spaces (default: embed).
+# The gateway's names of the embed model, one or more separated by spaces (default: embed);
+# ENSEMBLE=NAME,... names another model of MODEL_REPOSITORY.
 SERVED_MODEL_NAME ?=
 # A model repository of several checkpoints (python -m qwen_embed_deploy.repository) served in
 # place of the checked-in one; the gateway serves each by name. Empty: model_repository/.
