@@ -52,7 +52,7 @@ from replicas import (
     lora_finetune,
     qwen3_embedding,
 )
-from triton_helpers import infer, post_json, wait_for
+from triton_helpers import infer, post_json, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -332,8 +332,9 @@ BAD = [
 def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
     """The launcher's gateway serves each ensemble of the repository under its name: a body's
     `model` picks the checkpoint on the OpenAI, Cohere and Ollama APIs and in Batch API lines,
-    each answer Triton's own for that ensemble; a body naming none is answered by the first
-    ensemble by name; /v1/models lists each with its own fingerprint."""
+    each answer Triton's own for that ensemble (clients at once, naming different ones, too);
+    a body naming none is answered by the first ensemble by name; /v1/models lists each with
+    its own fingerprint."""
     base = f"http://127.0.0.1:{gateway_port}"
     wait_for(f"{base}/health")
     api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
@@ -351,6 +352,18 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
         assert got.model == name
         assert answer.headers["x-model-fingerprint"] == listed[name]["fingerprint"]
         assert np.abs(np.array([d.embedding for d in got.data]) - direct(name)).max() <= SAME
+    # clients at once, each naming one of three checkpoints: every answer its own model's
+    names = ["qwen3", "gte", "finetune"] * 4
+    want = {name: direct(name) for name in set(names)}
+
+    def one(i):
+        body = {"model": names[i], "input": TEXTS[i % 2 :]}
+        status, got, _ = post_json(f"{base}/v1/embeddings", body)
+        vectors = np.array([d["embedding"] for d in got["data"]])
+        assert status == 200 and got["model"] == names[i]
+        assert np.abs(vectors - want[names[i]][i % 2 :]).max() <= SAME, names[i]
+
+    run_clients(len(names), one)
     status, got, _ = post_json(f"{base}/v1/embeddings", {"input": TEXTS})
     first = sorted(listed)[0]  # the launcher's first: `embed`, else the first by name
     assert status == 200 and got["model"] == first
