@@ -312,6 +312,13 @@ SERVED_MODEL_NAME ?=
 # A model repository of several checkpoints (python -m qwen_embed_deploy.repository) served in
 # place of the checked-in one; the gateway serves each by name. Empty: model_repository/.
 MODEL_REPOSITORY ?=
+# Or the checkpoints themselves, NAME=DIR (or a Hugging Face id) separated by spaces: embedders
+# in MODELS (`embed` answers requests that name no model), rerankers in RERANKERS; rendered
+# into SERVED_REPOSITORY (replaced at each start) and served.
+MODELS ?=
+RERANKERS ?=
+SERVED_REPOSITORY := .cache/served-repository
+REPOSITORY = $(if $(strip $(MODELS)$(RERANKERS)),$(SERVED_REPOSITORY),$(MODEL_REPOSITORY))
 # Origins whose pages may call the gateway from a browser, comma separated ('*': any); empty: none.
 CORS_ALLOW_ORIGINS ?=
 # The gateway over HTTPS: its certificate chain and private key, PEM files; empty: plain HTTP.
@@ -327,9 +334,16 @@ RERANK_LORA_MODULES ?=
 # quantization=int8; docs/configuration.md); empty: the configs' own.
 ENCODER_SETTINGS ?=
 serve: setup
+ifneq ($(strip $(MODELS)$(RERANKERS)),)
+	rm -rf $(SERVED_REPOSITORY) && $(PY) -m qwen_embed_deploy.repository $(SERVED_REPOSITORY) \
+		$(MODELS) $(foreach r,$(RERANKERS),--rerank $(r))
+else ifneq ($(MODEL_REPOSITORY),)
+	@echo "models: the repository $(MODEL_REPOSITORY)"
+else
 	@echo "model: $${MODEL_DIR:-$(DEMO_DIR) (demo: random weights, vectors carry no meaning)}"
 	@if [ "$(RERANK)" = e2rank ]; then echo "reranker: the embed model, E2Rank's pseudo query"; \
 	elif [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
+endif
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
 	@if [ "$(GATEWAY)" != 0 ]; then echo "HTTP gateway  http://localhost:$(GATEWAY_PORT): OpenAI /v1/embeddings /v1/rerank /v1/batches, TEI /embed /rerank, Cohere /v2/embed /v2/rerank"; fi
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
@@ -346,7 +360,7 @@ serve: setup
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
 		$(if $(filter e2rank,$(RERANK)),--rerank-recipe e2rank) \
 		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME)) \
-		$(if $(MODEL_REPOSITORY),--model-repository $(abspath $(MODEL_REPOSITORY)))
+		$(if $(REPOSITORY),--model-repository $(abspath $(REPOSITORY)))
 
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
