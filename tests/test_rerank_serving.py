@@ -7,11 +7,14 @@ logits, softmax over "no"/"yes" at the last position) within 1e-4.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +37,7 @@ from reference import (
     mxbai_pairs,
     reference_scores,
 )
-from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for
+from triton_helpers import http_status, infer, odd_bodies, run_clients, wait_for, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -558,3 +561,46 @@ def test_make_serve_answers_embeddings_and_rerank_on_the_gateway(demo_dir, tmp_p
         status, body = post(f"{base}/v1/rerank", body)
         assert status == 200 and sorted(r["index"] for r in body["results"]) == [0, 1]
         assert all(0.0 <= r["relevance_score"] <= 1.0 for r in body["results"])
+
+
+def test_make_serve_serves_several_checkpoints_by_name(demo_dir, tmp_path):
+    """`make serve MODELS=... RERANKERS=...` as a user runs it: the checkpoints rendered and
+    served in one step, the gateway answering each by its name (the demo embedder twice, the
+    second under a Hub-style alias too) and the reranker where no model is named."""
+    ports = {name: free_port() for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    ports["GATEWAY_PORT"] = free_port()
+    variables = [f"{name}={port}" for name, port in ports.items()]
+    variables += [
+        f"MODELS=embed={demo_dir} small={demo_dir}",
+        f"RERANKERS=rerank={DEMO_RERANKER_DIR}",
+        "SERVED_MODEL_NAME=embed small=small,acme/small",
+        f"BATCH_DIR={tmp_path / 'batches'}",
+    ]
+    with open(tmp_path / "serve.log", "wb") as log:
+        make = subprocess.Popen(
+            ["make", "serve", *variables],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        base = f"http://127.0.0.1:{ports['GATEWAY_PORT']}"
+        wait_for(f"{base}/health", timeout=300)
+        with urllib.request.urlopen(f"{base}/v1/models") as r:
+            listed = [m["id"] for m in json.loads(r.read())["data"]]
+        assert listed == ["embed", "small", "acme/small", "rerank"]
+        vectors = {}
+        for model in ("embed", "acme/small"):
+            status, body = post(f"{base}/v1/embeddings", {"model": model, "input": ["hi", "yo"]})
+            assert status == 200 and body["model"] == model.replace("acme/", "")
+            vectors[model] = np.array([d["embedding"] for d in body["data"]])
+        assert np.abs(vectors["embed"] - vectors["acme/small"]).max() <= 1e-6  # one checkpoint
+        body = {"query": "capital?", "documents": ["Beijing.", "Gravity."]}
+        status, body = post(f"{base}/v1/rerank", body)
+        assert status == 200 and body["model"] == "rerank"
+    finally:
+        os.killpg(make.pid, signal.SIGTERM)  # make and the launcher: it drains, then exits
+        make.wait(timeout=120)
+        launcher = f"qwen_embed_deploy.launcher .*--http-port {ports['HTTP_PORT']} "
+        wait_until(lambda: subprocess.run(["pgrep", "-f", launcher]).returncode, "its exit")
