@@ -41,7 +41,7 @@ def test_models_named_alike_are_refused():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--triton-model", "a=x", "b=x"], "--triton-model: x named for two models"),
+        (["--triton-model", "a=x", "b=x"], "'x' is given to two models"),
         (["--triton-model", "a=x", "--served-model-name", "y"], "names the first model"),
         (["--triton-rerank-model", "=r"], "--triton-rerank-model '=r': no Triton model"),
         (["--triton-model", "embed", "large=rerank"], "'rerank' is given to two models"),

@@ -368,7 +368,7 @@ def main() -> None:
                 texts_in_flight=args.batch_texts_in_flight,
             ),
         )
-    except ValueError as e:  # a name given to an embedder and a reranker
+    except ValueError as e:  # a name given to two models
         p.error(str(e))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **tls)
 
@@ -376,8 +376,7 @@ def main() -> None:
 def _served(parser, flag: str, ensembles: list[str] | None, names: list[str] | None) -> list:
     """--triton-model's (flag "") or --triton-rerank-model's (flag "rerank") ensembles as
     served.Served, the first under --served-model-name's (--rerank-model-name's) names where it
-    names none of its own (default: embed, rerank); a name given to two models stops the
-    gateway with one line."""
+    names none of its own (default: embed, rerank)."""
     default = flag or "embed"
     models_flag = f"--triton-{flag + '-' if flag else ''}model"
     names_flag = f"--{flag}-model-name" if flag else "--served-model-name"
@@ -390,11 +389,7 @@ def _served(parser, flag: str, ensembles: list[str] | None, names: list[str] | N
         served[0] = Served(served[0].triton_model, tuple(names or [default]))
     elif names:
         parser.error(f"{models_flag} {ensembles[0]} names the first model, as {names_flag} does")
-    taken = [name for s in served for name in dict.fromkeys(s.names) if name]
-    twice = sorted({name for name in taken if taken.count(name) > 1})
-    if twice:
-        parser.error(f"{models_flag}: {', '.join(twice)} named for two models")
-    return served
+    return served  # a name given to two models: served.ServedModels refuses it
 
 
 def _tls_files(parser, certfile: str | None, keyfile: str | None) -> dict:

@@ -49,8 +49,13 @@ def check_model(model: object, served: str | tuple[str, ...] | None) -> None:
     TEI take it); an endpoint serving none is off."""
     names = served_names(served)
     if model not in names and not (model is None and names):
-        serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
-        raise APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
+        raise unknown_model(model, names)
+
+
+def unknown_model(model: object, names: tuple[str, ...]) -> APIError:
+    """The refusal of a `model` none of the `names` served is (none: the endpoint is off)."""
+    serves = f"this endpoint serves {' or '.join(map(repr, names))}" if names else "it is off"
+    return APIError(NOT_FOUND, f"The model '{model}' does not exist; {serves}", "model")
 
 
 def served_names(served: str | tuple[str, ...] | None) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .errors import NOT_FOUND, APIError
+from .common import model_adapters, unknown_model
 from .state import Gateway
 
 
@@ -62,6 +62,7 @@ class ServedModels:
             )
             for r in rerankers
         ]
+        self._one_each = not (embedders or rerankers)  # the default serves everything
         self._by_name: dict[str, Gateway] = {}
         for gw, names in [
             *((gw, gw.model_names) for gw in self.embedders),
@@ -77,23 +78,19 @@ class ServedModels:
         nobody serves is refused here, naming every model (a gateway of one model leaves that
         to its handlers)."""
         model = body.get("model") if isinstance(body, dict) else None
-        if len(self.embedders) + len(self.rerankers) == 2 or not isinstance(model, str):
-            return self.default  # one model of each kind: its handlers check the name
+        if self._one_each or not isinstance(model, str):
+            return self.default  # its handlers check the name
         if model in self._by_name:
             return self._by_name[model]
-        models = [(gw, gw.client.model) for gw in self.embedders]
-        models += [(gw, gw.triton_rerank_model) for gw in self.rerankers]
-        facts = await asyncio.gather(
-            *(gw.client.served_facts(triton_model) for gw, triton_model in models),
-            return_exceptions=True,  # a model not ready keeps no adapter a request can name
+        models = [(gw, gw.model_names, None) for gw in self.embedders]
+        models += [(gw, gw.rerank_model_names, gw.triton_rerank_model) for gw in self.rerankers]
+        adapters = await asyncio.gather(
+            *(model_adapters(gw, model, names, triton) for gw, names, triton in models)
         )
-        for (gw, _), served in zip(models, facts, strict=True):
-            if isinstance(served, dict) and model in served.get("route", {}).get("lora_names", ()):
+        for (gw, _, _), held in zip(models, adapters, strict=True):
+            if model in held:
                 return gw
-        names = " or ".join(map(repr, self._by_name))
-        raise APIError(
-            NOT_FOUND, f"The model '{model}' does not exist; this gateway serves {names}", "model"
-        )
+        raise unknown_model(model, tuple(self._by_name))
 
     async def close(self) -> None:
         """Every model's Triton client (the default's too)."""
