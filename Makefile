@@ -324,7 +324,13 @@ CORS_ALLOW_ORIGINS ?=
 # The gateway over HTTPS: its certificate chain and private key, PEM files; empty: plain HTTP.
 SSL_CERTFILE ?=
 SSL_KEYFILE ?=
-GATEWAY_TLS = QWEN_EMBED_SSL_CERTFILE="$(if $(SSL_CERTFILE),$(abspath $(SSL_CERTFILE)))" \
+# 1: the gateway writes a JSON line per request on stdout (client, key owner, route, status,
+# seconds, the tokens each model ran); 0: none.
+ACCESS_LOG ?= 0
+# The environment the gateway reads these from (make serve's launcher hands it on).
+GATEWAY_ENV = QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
+	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" QWEN_EMBED_ACCESS_LOG=$(ACCESS_LOG) \
+	QWEN_EMBED_SSL_CERTFILE="$(if $(SSL_CERTFILE),$(abspath $(SSL_CERTFILE)))" \
 	QWEN_EMBED_SSL_KEYFILE="$(if $(SSL_KEYFILE),$(abspath $(SSL_KEYFILE)))"
 # LoRA adapters a request names, over the embedder (and the reranker): name=path,... (the
 # encoders' lora_modules, docs/configuration.md); empty: none.
@@ -353,8 +359,7 @@ endif
 	QWEN_EMBED_RERANK_MODEL_DIR=$${RERANK_MODEL_DIR:-$(abspath $(DEMO_RERANKER))} \
 	QWEN_EMBED_LORA_MODULES="$(LORA_MODULES)" QWEN_EMBED_RERANK_LORA_MODULES="$(RERANK_LORA_MODULES)" \
 	QWEN_EMBED_ENCODER_SETTINGS="$(ENCODER_SETTINGS)" \
-	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
-	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(GATEWAY_TLS) $(PY) -m qwen_embed_deploy.launcher \
+	$(GATEWAY_ENV) $(PY) -m qwen_embed_deploy.launcher \
 		--host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--response-cache-mb $(RESPONSE_CACHE_MB) $(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(filter-out 0,$(GATEWAY)),--gateway-port $(GATEWAY_PORT)) $(if $(filter 0,$(RERANK)),--no-rerank) \
@@ -365,8 +370,7 @@ endif
 # The HTTP gateway alone, in front of a running server (make serve GATEWAY=0).
 # API_KEY is optional (make serve takes it too); the Batch API keeps its state in BATCH_DIR.
 gateway: setup
-	QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
-	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" $(GATEWAY_TLS) $(PY) -m qwen_embed_client.gateway \
+	$(GATEWAY_ENV) $(PY) -m qwen_embed_client.gateway \
 		--triton-url localhost:$(GRPC_PORT) --host 127.0.0.1 --port $(GATEWAY_PORT) \
 		$(if $(OTLP_ENDPOINT),--otlp-endpoint $(OTLP_ENDPOINT)) \
 		$(if $(SERVED_MODEL_NAME),--served-model-name $(SERVED_MODEL_NAME))

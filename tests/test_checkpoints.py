@@ -52,7 +52,7 @@ from replicas import (
     lora_finetune,
     qwen3_embedding,
 )
-from triton_helpers import infer, post_json, run_clients, wait_for
+from triton_helpers import gateway_metrics, infer, post_json, run_clients, wait_for
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -352,9 +352,12 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
         assert got.model == name
         assert answer.headers["x-model-fingerprint"] == listed[name]["fingerprint"]
         assert np.abs(np.array([d.embedding for d in got.data]) - direct(name)).max() <= SAME
-    # clients at once, each naming one of three checkpoints: every answer its own model's
+    # clients at once, each naming one of three checkpoints: every answer its own model's,
+    # counted in the gateway's metrics under its ensemble with its tokens
     names = ["qwen3", "gte", "finetune"] * 4
     want = {name: direct(name) for name in set(names)}
+    usage = []  # (model, tokens) of each answer: appends are atomic across the threads
+    before = gateway_metrics(base)
 
     def one(i):
         body = {"model": names[i], "input": TEXTS[i % 2 :]}
@@ -362,8 +365,20 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
         vectors = np.array([d["embedding"] for d in got["data"]])
         assert status == 200 and got["model"] == names[i]
         assert np.abs(vectors - want[names[i]][i % 2 :]).max() <= SAME, names[i]
+        usage.append((names[i], got["usage"]["total_tokens"]))
 
     run_clients(len(names), one)
+    after = gateway_metrics(base)
+
+    def added(sample, **labels):
+        key = sample + json.dumps(labels, sort_keys=True)
+        return after.get(key, 0) - before.get(key, 0)
+
+    for name in set(names):
+        ok = {"api": "openai", "route": "/v1/embeddings", "status": "200"}
+        assert added("qwen_embed_gateway_requests_total", model=name, **ok) == 4
+        tokens = sum(n for model, n in usage if model == name)
+        assert added("qwen_embed_gateway_tokens_total", model=name, api="openai") == tokens
     status, got, _ = post_json(f"{base}/v1/embeddings", {"input": TEXTS})
     first = sorted(listed)[0]  # the launcher's first: `embed`, else the first by name
     assert status == 200 and got["model"] == first

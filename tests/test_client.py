@@ -6,7 +6,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from qwen_embed_client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError, deadline
+from qwen_embed_client import (
+    AsyncEmbeddingClient,
+    EmbeddingClient,
+    EmbeddingError,
+    deadline,
+    metered,
+)
 from qwen_embed_client.client import DEADLINE_PASSED
 from qwen_embed_client.scheduler import MIN_CHUNK, ServerState
 from qwen_embed_deploy.repository import render
@@ -188,6 +194,35 @@ def test_no_request_is_sent_once_the_deadline_has_passed():
         with deadline(-1.0), pytest.raises(EmbeddingError, match="deadline") as e:
             client.embed(["x"])  # the blocking client, its loop on a thread of its own
     assert e.value.status == DEADLINE_PASSED
+
+
+def test_metered_adds_each_models_tokens_across_the_calls_within(server):
+    """metered(): each ensemble asked, with the tokens its answers ran (their usage), summed
+    over the requests a call splits into (concurrent tasks) and over calls; tokenizer-only
+    calls add nothing; a call the server refuses leaves its model at 0; the blocking client
+    (its loop on a thread of its own) counts into the caller's; outside, nothing is kept."""
+    documents = ["a document", "another, longer document about nothing"]
+
+    async def calls():
+        async with AsyncEmbeddingClient(server.grpc_url, max_texts_per_request=16) as client:
+            with metered() as usage:
+                embedded = await client.embed_with_usage(TEXTS)  # 5 concurrent requests
+                await client.count_tokens(TEXTS)
+                ranked = await client.rerank("a query", documents)
+            with metered() as refused:
+                with pytest.raises(EmbeddingError, match="dimensions"):
+                    await client.embed(["x"], dimensions=5000)
+            await client.embed(["outside"])  # no meter: nothing kept, nothing raised
+            return usage, embedded.total_tokens, ranked.total_tokens, refused
+
+    usage, embedded, ranked, refused = asyncio.run(calls())
+    assert embedded == int(infer(server, TEXTS, "grpc")[1].sum())
+    assert usage == {"embed": embedded, "rerank": ranked} and ranked > 0
+    assert refused == {"embed": 0}
+    with EmbeddingClient(server.grpc_url, max_texts_per_request=16) as client:
+        with metered() as usage:
+            tokens = client.embed_with_usage(TEXTS).total_tokens
+    assert tokens == embedded and usage == {"embed": embedded}
 
 
 def test_chunks_follow_each_servers_measured_speed():

@@ -3,8 +3,10 @@ gateway process and tritonserver."""
 
 import base64
 import collections
+import hashlib
 import http.client
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +27,7 @@ from qwen_embed_deploy.triton import TritonServer
 
 from triton_helpers import (
     encoder_kept_busy,
+    gateway_metrics,
     gateway_process,
     http_status,
     infer,
@@ -40,14 +43,20 @@ API_KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
-def stack(demo_dir, tmp_path_factory):
+def where(tmp_path_factory):
+    return tmp_path_factory.mktemp("gateway-triton")
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, where):
     """A server of the demo model alone (no reranker: /v1/rerank has nothing behind it) and
-    the gateway in front of it."""
-    where = tmp_path_factory.mktemp("gateway-triton")
+    the gateway in front of it, its access log (stdout) in where / "gateway.out"."""
     repo = render(where / "repo", {"embed": demo_dir}, {"encoder": {"dtype": "float32"}})
     with TritonServer(repo, log_path=where / "server.log") as server:
-        limit = {"QWEN_EMBED_MAX_BODY_MB": "1"}  # as the launcher's gateway takes it
-        with gateway_process(server, "--api-key", API_KEY, env=limit) as base:
+        # as the launcher's gateway takes them
+        env = {"QWEN_EMBED_MAX_BODY_MB": "1", "QWEN_EMBED_ACCESS_LOG": "1"}
+        out = where / "gateway.out"
+        with gateway_process(server, "--api-key", API_KEY, env=env, stdout=out) as base:
             yield server, f"{base}/v1"
 
 
@@ -109,7 +118,8 @@ def test_what_a_client_that_disconnects_left_unsent_is_never_sent(stack):
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     texts_before = server.metric("qwen_embed_texts_total")
     closed = "qwen_embed_gateway_requests_total" + json.dumps(
-        {"api": "openai", "route": "/v1/embeddings", "status": "499"}, sort_keys=True
+        {"api": "openai", "route": "/v1/embeddings", "status": "499", "model": "embed"},
+        sort_keys=True,
     )
     closed_before = _metrics(base_url).get(closed, 0)
     with encoder_kept_busy(server, 4.0) as busy:
@@ -310,26 +320,23 @@ def _declared_only(url: str, length: int) -> tuple[int, dict]:
 
 
 def _metrics(base_url: str) -> dict[str, float]:
-    """The gateway's /metrics samples by name and labels (no key: scrapers carry none)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"{base_url.removesuffix('/v1')}/metrics").read().decode()
-    return {
-        s.name + json.dumps(s.labels, sort_keys=True): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return gateway_metrics(base_url.removesuffix("/v1"))
 
 
 def test_metrics_count_the_requests_triton_never_sees(stack):
     """Answered, refused by the contract, unauthenticated and too large requests each counted
-    by route template, API and status; their durations observed; none left in flight."""
+    by route template, API, status and the Triton model asked (none for those refused before
+    one was); their durations observed; the tokens the model ran, its answer's usage; none
+    left in flight."""
     _, base_url = stack
     before = _metrics(base_url)
-    assert _post(base_url, "embeddings", {"model": "embed", "input": "x"})[0] == 200
+    status, answer = _post(base_url, "embeddings", {"model": "embed", "input": ["x", "a y"]})
+    assert status == 200
     assert (
         _post(base_url, "embeddings", {"model": "embed", "input": "x", "dimensions": 0})[0] == 400
     )
+    too_long = {"model": "embed", "input": "word " * 40_000, "truncate": False}  # 32K the most
+    assert _post(base_url, "embeddings", too_long)[0] == 400  # refused by Triton's tokenizer
     assert _declared_only(f"{base_url}/embeddings", 2**21)[0] == 413
     for _ in range(2):
         wrong = urllib.request.Request(
@@ -344,15 +351,57 @@ def test_metrics_count_the_requests_triton_never_sees(stack):
         return after.get(key, 0) - before.get(key, 0)
 
     requests = "qwen_embed_gateway_requests_total"
-    for status, count in [("200", 1), ("400", 1), ("413", 1)]:
-        labels = {"route": "/v1/embeddings", "api": "openai", "status": status}
+    for status, model, count in [("200", "embed", 1), ("400", "", 1), ("400", "embed", 1)]:
+        labels = {"route": "/v1/embeddings", "api": "openai", "status": status, "model": model}
         assert added(requests, **labels) == count, (status, after)
-    models = {"route": "/v1/models/{model:path}", "api": "openai", "status": "401"}
+    labels = {"route": "/v1/embeddings", "api": "openai", "status": "413", "model": ""}
+    assert added(requests, **labels) == 1, after
+    models = {"route": "/v1/models/{model:path}", "api": "openai", "status": "401", "model": ""}
     assert added(requests, **models) == 2, after
     seconds = "qwen_embed_gateway_request_duration_seconds_count"
-    assert added(seconds, route="/v1/embeddings") == 3
+    assert added(seconds, route="/v1/embeddings", model="") == 2
+    assert added(seconds, route="/v1/embeddings", model="embed") == 2
+    tokens = added("qwen_embed_gateway_tokens_total", model="embed", api="openai")
+    assert tokens == answer["usage"]["total_tokens"] > 0
     assert after["qwen_embed_gateway_requests_in_flight{}"] == 0
     assert not any("metrics" in key or "health" in key for key in after)  # scrapes uncounted
+
+
+def test_the_access_log_says_who_asked_what_and_what_it_cost(stack, where):
+    """$QWEN_EMBED_ACCESS_LOG (--access-log): a JSON line per request on stdout with its key's
+    owner digest (never the key), route, status, seconds and the tokens each model ran (its
+    answer's usage); probes and scrapes left out."""
+    _, base_url = stack
+    request_id = f"access-log-{time.time_ns()}"
+    tagged = {"x-request-id": request_id}
+    api = openai.OpenAI(base_url=base_url, api_key=API_KEY, default_headers=tagged)
+    answer = api.embeddings.create(input=["a logged text", "another"], model="embed")
+    refused = {"model": "embed", "input": "x", "dimensions": 0}
+    assert _post(base_url, "embeddings", refused, headers=tagged)[0] == 400
+    wrong = {"Authorization": "Bearer wrong", **tagged}
+    assert send_json("GET", f"{base_url}/models", headers=wrong)[0] == 401
+    urllib.request.urlopen(f"{base_url.removesuffix('/v1')}/health").read()
+    log = where / "gateway.out"
+
+    def ours() -> list[dict]:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line[:1] == "{"]
+        return [line for line in lines if line.get("request_id") == request_id]
+
+    wait_until(lambda: len(ours()) == 3, "the three requests' lines")
+    answered, contract, unauthorized = ours()
+    owner = hashlib.sha256(f"Bearer {API_KEY}".encode()).hexdigest()[:32]
+    tokens = answer.usage.total_tokens
+    assert answered["models"] == {"embed": tokens} and answered["tokens"] == tokens > 0
+    assert answered["user_agent"].startswith("OpenAI/Python")
+    for line, status in [(answered, 200), (contract, 400)]:
+        assert line["status"] == status and line["owner"] == owner, line
+        assert (line["method"], line["path"], line["route"]) == ("POST",) + ("/v1/embeddings",) * 2
+        assert line["api"] == "openai" and line["client"] == "127.0.0.1" and line["seconds"] > 0
+    assert contract["models"] == {} and contract["tokens"] == 0
+    assert unauthorized["status"] == 401 and unauthorized["path"] == "/v1/models"
+    assert unauthorized["owner"] != owner  # the digest of what it sent
+    text = log.read_text()
+    assert API_KEY not in text and '"path":"/health"' not in text
 
 
 def test_json_nested_past_the_parsers_depth_is_a_400_not_a_500(stack):

@@ -171,16 +171,23 @@ def file_server(content: bytes, tls: ssl.SSLContext | None = None):
 
 @contextmanager
 def gateway_process(
-    server, *args: str, env: dict[str, str] | None = None, tls: ssl.SSLContext | None = None
+    server,
+    *args: str,
+    env: dict[str, str] | None = None,
+    tls: ssl.SSLContext | None = None,
+    stdout: Path | None = None,
 ):
     """The gateway as its own process in front of `server`, as production runs it (`args`: its
     options; `env`: added to its environment; `tls`: it serves HTTPS, and this context trusts
-    its certificate); yields its base URL once /health answers."""
+    its certificate; `stdout`: the file its output goes to); yields its base URL once /health
+    answers."""
     port = free_port()
+    out = open(stdout, "ab") if stdout is not None else None
     process = subprocess.Popen(
         [sys.executable, "-m", "qwen_embed_client.gateway", "--triton-url", server.grpc_url]
         + ["--port", str(port), *args],
         env={**os.environ, **(env or {})},
+        stdout=out,
     )
     try:
         base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
@@ -189,6 +196,20 @@ def gateway_process(
     finally:
         process.terminate()
         process.wait(timeout=10)
+        if out is not None:
+            out.close()
+
+
+def gateway_metrics(root: str) -> dict[str, float]:
+    """The gateway's /metrics samples by name and labels (no key: scrapers carry none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{root}/metrics").read().decode()
+    return {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 # What a client may send in place of any field: other types, empty, integers past 64 bits,

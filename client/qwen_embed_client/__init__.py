@@ -9,6 +9,7 @@ from .client import (
     EmbeddingResult,
     RerankResult,
     deadline,
+    metered,
 )
 from .maxsim import maxsim, maxsim_scores
 
@@ -23,4 +24,5 @@ __all__ = [
     "deadline",
     "maxsim",
     "maxsim_scores",
+    "metered",
 ]

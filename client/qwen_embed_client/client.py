@@ -91,6 +91,25 @@ def deadline(seconds: float) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+# Tokens per Triton model of the requests answered within metered().
+_USAGE: ContextVar[dict[str, int] | None] = ContextVar("qwen_embed_usage", default=None)
+
+
+@contextmanager
+def metered() -> Iterator[dict[str, int]]:
+    """Within it, the client's calls (from this task and the tasks it starts, or this thread)
+    add to the dict it yields each model asked, by its Triton name, and the tokens its answers
+    ran (their TOKEN_COUNT: prompts, special tokens and media included, after truncation); a
+    model asked whose answer failed stays at 0. The tokenizer-only calls (tokenize,
+    count_tokens, decode) run no model and add nothing."""
+    usage: dict[str, int] = {}
+    token = _USAGE.set(usage)
+    try:
+        yield usage
+    finally:
+        _USAGE.reset(token)
+
+
 def listed(texts, what: str, token_ids: bool = False) -> list:
     """`texts` (one string: one text) as a list, each refused here, named by its place, where
     the server could not even be sent it: other than a str (with `token_ids`, other than a
@@ -803,8 +822,11 @@ class AsyncEmbeddingClient:
         if wait <= 0:  # the caller's deadline passed during retries or earlier chunks
             raise EmbeddingError("no time left before the caller's deadline", DEADLINE_PASSED)
         kwargs = {"client_timeout": wait} if self.protocol == "grpc" else {}
+        usage = _USAGE.get() if outputs is None else None  # an ensemble's whole answer
+        if usage is not None:
+            usage.setdefault(model, 0)
         try:
-            return await asyncio.wait_for(
+            result = await asyncio.wait_for(
                 server.client.infer(
                     model,
                     inputs,
@@ -830,6 +852,10 @@ class AsyncEmbeddingClient:
             if type(e).__module__.split(".")[0] in ("aiohttp", "grpc"):
                 raise EmbeddingError(f"{server.url}: {e}", None, server.url) from e
             raise
+        counts = result.as_numpy("TOKEN_COUNT") if usage is not None else None
+        if counts is not None:
+            usage[model] += int(counts.sum())
+        return result
 
     def _wait_s(self) -> float:
         """How long the next request may take: `timeout`, or less within deadline()."""
@@ -894,13 +920,14 @@ class EmbeddingClient:
         self._thread.start()
 
     def _run(self, coro):
-        caller = _DEADLINE.get()
+        caller = _DEADLINE.get(), _USAGE.get()
 
-        async def within_callers_deadline():  # the loop's thread has a context of its own
-            _DEADLINE.set(caller)
+        async def in_callers_context():  # the loop's thread has a context of its own
+            _DEADLINE.set(caller[0])
+            _USAGE.set(caller[1])
             return await coro
 
-        future = asyncio.run_coroutine_threadsafe(within_callers_deadline(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(in_callers_context(), self._loop)
         try:
             return future.result()
         except BaseException:

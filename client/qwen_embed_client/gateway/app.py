@@ -8,6 +8,7 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--allow-remote-images] [--allowed-media-domains HOST ...]
     [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
     [--ssl-certfile PEM --ssl-keyfile PEM | $QWEN_EMBED_SSL_CERTFILE, $QWEN_EMBED_SSL_KEYFILE]
+    [--access-log | $QWEN_EMBED_ACCESS_LOG=1]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from . import (
     tei,
     voyage,
 )
+from .access_log import AccessLog
 from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
@@ -103,6 +105,7 @@ def create_app(
     allowed_media_domains: tuple[str, ...] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
     cors_origins: tuple[str, ...] = (),
+    access_log: bool = False,
 ) -> FastAPI:
     """The gateway of the ensemble `triton_model` (served as `model_names`) and the reranking
     one `triton_rerank_model` (as `rerank_model_names`), each answering requests that name no
@@ -111,7 +114,7 @@ def create_app(
     http(s) media URLs of hosts at public addresses, `allowed_media_domains`: of those hosts
     only, wherever they are (neither: only data URLs are taken); `max_body_bytes`: the largest JSON
     body read; `cors_origins`: the origins whose pages may call it from a browser ("*": any;
-    none: only same-origin pages)."""
+    none: only same-origin pages); `access_log`: a JSON line per request on stdout."""
 
     def make_client(model: str, rerank_model: str) -> AsyncEmbeddingClient:
         return AsyncEmbeddingClient(
@@ -158,15 +161,16 @@ def create_app(
     app.state.models = ServedModels(
         app.state.gateway, make_client, tuple(more_models), tuple(more_rerank_models)
     )
+    metrics = GatewayMetrics()
     app.state.batches = None
     if batch_dir is not None:
         settings = batch_settings or BatchSettings()
-        app.state.batches = BatchRunner(app.state.models, Path(batch_dir), settings)
+        app.state.batches = BatchRunner(app.state.models, Path(batch_dir), settings, metrics)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
-    GatewayMetrics().install(app)  # /metrics, like /health, carries no key
+    metrics.install(app, AccessLog() if access_log else None)  # /metrics carries no key
     if cors_origins:  # a preflight carries no key: answered here, before any route
         app.add_middleware(
             CORSMiddleware,
@@ -330,6 +334,14 @@ def main() -> None:
         help="its private key, PEM ($QWEN_EMBED_SSL_KEYFILE)",
     )
     p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=os.environ.get("QWEN_EMBED_ACCESS_LOG", "") not in ("", "0"),
+        help="write a JSON line per request on stdout: client, key owner, route, status, "
+        "seconds, the tokens each model ran ($QWEN_EMBED_ACCESS_LOG=1, which reaches the "
+        "gateway the launcher starts)",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         help="OTLP/HTTP collector base URL (/v1/traces is appended): trace every request",
@@ -359,6 +371,7 @@ def main() -> None:
             cors_origins=tuple(
                 args.cors_allow_origin or _env_list("QWEN_EMBED_CORS_ALLOW_ORIGINS")
             ),
+            access_log=args.access_log,
             batch_dir=Path(args.batch_dir) if args.batch_dir else None,
             batch_settings=BatchSettings(
                 max_file_bytes=args.batch_max_file_bytes,

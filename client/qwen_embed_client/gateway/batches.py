@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from ..bulk import Shards, write_atomic
+from ..client import metered
 from ..contract import is_utf8, parse_json
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
@@ -67,8 +68,9 @@ class BatchRunner:
     is opened on the Batch API's first use (or at start where it already exists, to resume),
     so a gateway that never sees a batch writes nothing."""
 
-    def __init__(self, models, root: Path, settings: BatchSettings):
+    def __init__(self, models, root: Path, settings: BatchSettings, metrics=None):
         self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
+        self.metrics = metrics  # metrics.GatewayMetrics: the lines' tokens counted there
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
 
@@ -198,18 +200,22 @@ class BatchRunner:
     async def _ask(self, endpoint: str, request: dict) -> dict:
         """The route's answer to the line's body, at bulk priority, by the model it names."""
         body = {**request["body"], "priority": "bulk"}
-        try:
-            gw = await self.models.pick(body)
-            if endpoint == "/v1/embeddings":
-                answer, status = await openai.embeddings_body(gw, body), 200
-                check_finite(answer)
-            else:
-                answer, status = await openai.rerank_response(gw, body), 200
-        except APIError as e:
-            if e.kind in (UNAVAILABLE, OVERLOADED):
-                raise
-            rendered = openai.error_response(e)
-            answer, status = json.loads(rendered.body), rendered.status_code
+        with metered() as usage:
+            try:
+                gw = await self.models.pick(body)
+                if endpoint == "/v1/embeddings":
+                    answer, status = await openai.embeddings_body(gw, body), 200
+                    check_finite(answer)
+                else:
+                    answer, status = await openai.rerank_response(gw, body), 200
+            except APIError as e:
+                if e.kind in (UNAVAILABLE, OVERLOADED):
+                    raise
+                rendered = openai.error_response(e)
+                answer, status = json.loads(rendered.body), rendered.status_code
+            finally:
+                if self.metrics is not None:
+                    self.metrics.count_tokens(usage, "batch")
         return _output_line(request["custom_id"], (status, answer))
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:

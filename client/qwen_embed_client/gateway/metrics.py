@@ -1,6 +1,8 @@
 """The gateway's own Prometheus metrics, at GET /metrics: what Triton's metrics port cannot
 see, the HTTP requests themselves, refused ones included (a 400 from the contract check, a
-401, a 413 never reach Triton), by route, API and status, with their durations.
+401, a 413 never reach Triton), by route, API, status and the Triton models they asked, with
+their durations, and the tokens those models ran for each API (the Batch API's lines too).
+The same middleware writes the access log (access_log.py) where one is asked for.
 
 One registry per app, so that apps made in one process (tests) count apart. /metrics carries
 no key, as Triton's metrics port: bind or firewall it as that one.
@@ -21,6 +23,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ..client import metered
+from .access_log import AccessLog
+
 # From one-text queries on a GPU to 2,048-text requests on a CPU.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 UNCOUNTED = ("/metrics", "/health")  # scrapes and probes, not traffic
@@ -32,15 +37,24 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "qwen_embed_gateway_requests",
-            "HTTP requests answered, by route template, API and status code",
-            ("route", "api", "status"),
+            "HTTP requests answered, by route template, API, status code and the Triton "
+            "models asked ('' where none was: refused before; several joined by '+')",
+            ("route", "api", "status", "model"),
             registry=self.registry,
         )
         self.seconds = Histogram(
             "qwen_embed_gateway_request_duration_seconds",
-            "Time from a request's arrival to its response, by route template",
-            ("route",),
+            "Time from a request's arrival to its response, by route template and the Triton "
+            "models asked",
+            ("route", "model"),
             buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "qwen_embed_gateway_tokens",
+            "Tokens the Triton models ran for the gateway's answers (prompts, special tokens "
+            "and media included), by Triton model and API (batch: the Batch API's lines)",
+            ("model", "api"),
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -49,13 +63,19 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-    def install(self, app: FastAPI) -> None:
-        """Count every request but scrapes and probes; serve GET /metrics."""
-        app.add_middleware(_Measured, metrics=self)
+    def install(self, app: FastAPI, access_log: AccessLog | None = None) -> None:
+        """Count every request but scrapes and probes (and log it to `access_log`); serve
+        GET /metrics."""
+        app.add_middleware(_Measured, metrics=self, access_log=access_log)
 
         @app.get("/metrics", include_in_schema=False)
         async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def count_tokens(self, usage: dict[str, int], api: str) -> None:
+        for model, tokens in usage.items():
+            if tokens:
+                self.tokens.labels(model, api).inc(tokens)
 
 
 class _Measured:
@@ -63,8 +83,8 @@ class _Measured:
     BaseHTTPMiddleware, behind app.middleware("http"), streams every response through a task
     group of its own: a tenth of the gateway's CPU per request)."""
 
-    def __init__(self, app, metrics: GatewayMetrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics: GatewayMetrics, access_log: AccessLog | None):
+        self.app, self.metrics, self.access_log = app, metrics, access_log
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in UNCOUNTED:
@@ -78,17 +98,23 @@ class _Measured:
             await send(message)
 
         m.in_flight.inc()
-        try:
-            await self.app(scope, receive, send_status)
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED  # its caller disconnected before the answer (CallerWait)
-            raise
-        finally:
-            m.in_flight.dec()
-            # the template, not the path: a path per model id or batch id would make a series
-            # per value
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
-            api = (getattr(route, "tags", None) or ["none"])[0]
-            m.requests.labels(template, api, str(status)).inc()
-            m.seconds.labels(template).observe(time.perf_counter() - start)
+        with metered() as usage:  # the client's calls within add their models and tokens
+            try:
+                await self.app(scope, receive, send_status)
+            except asyncio.CancelledError:
+                status = CLIENT_CLOSED  # its caller disconnected before the answer (CallerWait)
+                raise
+            finally:
+                m.in_flight.dec()
+                seconds = time.perf_counter() - start
+                # the template, not the path: a path per model id or batch id would make a
+                # series per value
+                route = scope.get("route")
+                template = getattr(route, "path", "unmatched")
+                api = (getattr(route, "tags", None) or ["none"])[0]
+                model = "+".join(usage)
+                m.requests.labels(template, api, str(status), model).inc()
+                m.seconds.labels(template, model).observe(seconds)
+                m.count_tokens(usage, api)
+                if self.access_log is not None:
+                    self.access_log.write(scope, template, api, status, seconds, usage)
