@@ -104,6 +104,15 @@ def test_the_launcher_names_each_model_for_its_gateway(monkeypatch):
         gateway_model_flags(models, ["small=s"])
     with pytest.raises(ValueError, match="names embed twice"):
         gateway_model_flags(models, ["e5", "embed=e6"])
+    # a name given to two models: refused before the server starts, as the gateway refuses it
+    with pytest.raises(ValueError, match=r"'big' is given to two models \(embed, large\)"):
+        gateway_model_flags(models, ["big", "large=big"])
+    with pytest.raises(ValueError, match=r"'mxbai' is given to two models \(large, mxbai\)"):
+        gateway_model_flags(models, ["large=mxbai"])
+    # the first embedder and the first reranker answer together: they may share one
+    shared = gateway_model_flags(models, ["same"], first_rerank_names=["same"])
+    served = _gateway_models(monkeypatch, shared)
+    assert served.default.model_names == served.default.rerank_model_names == ("same",)
 
 
 def _gateway_models(monkeypatch, flags: list[str]):

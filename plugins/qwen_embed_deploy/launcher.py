@@ -535,8 +535,9 @@ def gateway_model_flags(
     ensemble's (ENSEMBLE=NAME[,ALIAS...]); else the first embedder's are `first_names`, the
     first reranker's `first_rerank_names` (a model Ollama pulled: served_model_names), any
     other's its own name. `embed_reranks`: the rerank routes ask the embed model (an
-    embedder's rerank_recipe). ValueError for an ENSEMBLE the gateway does not serve, or the
-    first embedder named both ways."""
+    embedder's rerank_recipe). ValueError for an ENSEMBLE the gateway does not serve, the
+    first embedder named both ways, or a name given to two models (the gateway would refuse
+    it only once the server is up)."""
     embedders, rerankers = models
     plain = [n for n in names or [] if "=" not in n]
     named = {}
@@ -553,21 +554,44 @@ def gateway_model_flags(
     if plain and embedders and embedders[0] in named:
         raise ValueError(f"--served-model-name names {embedders[0]} twice: plainly and with '='")
 
-    def served(ensemble: str, first: list[str] | None = None) -> str:
-        return f"{ensemble}={','.join(named.get(ensemble) or first or [ensemble])}"
+    def names_of(ensemble: str, first: list[str] | None = None) -> list[str]:
+        return named.get(ensemble) or first or [ensemble]
+
+    embed_names = {
+        e: names_of(e, (plain or first_names) if i == 0 else None) for i, e in enumerate(embedders)
+    }
+    rerank_names = {
+        r: names_of(r, first_rerank_names if i == 0 else None) for i, r in enumerate(rerankers)
+    }
+    _distinct_names(embed_names, rerank_names)
+
+    def served(names: dict[str, list[str]]) -> list[str]:
+        return [f"{ensemble}={','.join(n)}" for ensemble, n in names.items()]
 
     flags = []
     if embedders:
-        first = plain or first_names
-        flags += ["--triton-model", served(embedders[0], first), *map(served, embedders[1:])]
+        flags += ["--triton-model", *served(embed_names)]
     if embed_reranks:
         flags += ["--triton-rerank-model", "embed"]
     elif not rerankers:
         flags += ["--rerank-model-name", ""]
     else:
-        first = served(rerankers[0], first_rerank_names)
-        flags += ["--triton-rerank-model", first, *map(served, rerankers[1:])]
+        flags += ["--triton-rerank-model", *served(rerank_names)]
     return flags
+
+
+def _distinct_names(embedders: dict[str, list[str]], rerankers: dict[str, list[str]]) -> None:
+    """ValueError where a name is given to two models, as the gateway refuses it; the first
+    embedder and the first reranker answer together and may share one."""
+    firsts = {next(iter(embedders), None), next(iter(rerankers), None)}
+    owner: dict[str, str] = {}
+    for ensemble, names in [*embedders.items(), *rerankers.items()]:
+        for name in names:
+            other = owner.setdefault(name, ensemble)
+            if other != ensemble and {other, ensemble} != firsts:
+                raise ValueError(
+                    f"--served-model-name: {name!r} is given to two models ({other}, {ensemble})"
+                )
 
 
 def start_gateway(
