@@ -89,6 +89,6 @@ def test_manifests_fit_together():
     assert "qwen_embed_deploy.probe" in container["livenessProbe"]["exec"]["command"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > 30  # longer than the launcher's default --exit-timeout-secs
+    assert grace > 2 * 30  # the gateway's drain, then Triton's: each --exit-timeout-secs
     metric = docs["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric in docs["ConfigMap"]["data"]["config.yaml"]

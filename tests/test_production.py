@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, EmbeddingError
+from qwen_embed_client.contract import MAX_INPUTS
 from qwen_embed_deploy.launcher import (
     RESTART_LIMIT,
     RESTART_WINDOW_S,
@@ -35,7 +36,14 @@ from qwen_embed_deploy.launcher import (
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer, free_port
 
-from triton_helpers import EXECUTING, infer, text_input, wait_until
+from triton_helpers import (
+    EXECUTING,
+    encoder_kept_busy,
+    infer,
+    post_json,
+    text_input,
+    wait_until,
+)
 
 pytestmark = pytest.mark.server  # starts tritonserver or other processes
 
@@ -787,6 +795,38 @@ def test_sigterm_drains_in_flight_requests(demo_dir, tmp_path):
     for out in outcomes:
         assert isinstance(out, np.ndarray) and out.shape == (2, 1024), out
     server.stop()
+
+
+def test_sigterm_lets_the_gateway_finish_its_requests_before_triton_drains(demo_dir, tmp_path):
+    """SIGTERM to the launcher alone (an orchestrator signals PID 1): the gateway stops taking
+    requests and finishes those in flight before Triton drains (a draining Triton refuses new
+    requests): a body of 2,048 texts whose chunks were still queued, and partly unsent, when
+    the signal came is answered whole; then the server drains and the launcher exits 0."""
+    port = free_port()
+    server = start_server(demo_dir, tmp_path, launcher_args=["--gateway-port", str(port)])
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), "the gateway")
+        texts = [f"text number {i}" for i in range(MAX_INPUTS)]  # 8 chunks, 4 sent at a time
+        answers = []
+
+        def ask():
+            url, body = f"http://127.0.0.1:{port}/v1/embeddings", {"model": "embed", "input": texts}
+            answers.append(post_json(url, body, timeout=180)[:2])
+
+        asker = threading.Thread(target=ask)
+        with encoder_kept_busy(server, 3.0):
+            asker.start()
+            queued = "nv_inference_pending_request_count"
+            wait_until(lambda: server.metric(queued, model="encoder") >= 1, "chunks queued")
+            os.kill(server.proc.pid, signal.SIGTERM)
+        asker.join(timeout=180)
+        ((status, answer),) = answers
+        assert status == 200 and len(answer["data"]) == len(texts), answer
+        assert server.proc.wait(timeout=120) == 0
+        log = server.log_path.read_text()
+        assert log.index("the gateway finishing its requests") < log.index("Waiting for in-flight")
+    finally:
+        server.stop()
 
 
 def run_probe(server):

@@ -28,8 +28,10 @@
 - `--gateway-port N` also starts the HTTP gateway (qwen_embed_client.gateway: the OpenAI, TEI
   and Cohere APIs) on the same host once Triton is ready, and stops it on exit.
 - `--no-rerank` leaves the reranking models (repository.rerank_models) unloaded.
-- SIGTERM/SIGINT are passed on once: Triton stops taking new requests and finishes the ones in
-  flight (up to --exit-timeout-secs) before it exits; this process exits with its status.
+- SIGTERM/SIGINT are passed on once: the gateway stops taking requests and finishes the ones
+  in flight (up to --exit-timeout-secs; their chunks not yet sent still reach Triton), then
+  Triton stops taking new requests and finishes its own (up to --exit-timeout-secs) before it
+  exits; this process exits with its status.
 """
 
 from __future__ import annotations
@@ -658,13 +660,15 @@ class Gateway:
         if self.proc.poll() is None:
             self.proc.terminate()
 
-    def close(self) -> None:
-        """Stopped, and waited for."""
+    def close(self, timeout_s: float = 10) -> None:
+        """Stopped, and waited for: its requests in flight finish within `timeout_s`, else
+        they are cut."""
         self.stop()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:  # requests it was still sending again
             self.proc.kill()
+            self.proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -894,11 +898,16 @@ def main(argv: list[str] | None = None) -> int:
     asked_to_stop = threading.Event()
 
     def stop(why: str) -> None:
+        if asked_to_stop.is_set():  # passed on once
+            return
         asked_to_stop.set()
         if watchdog is not None:
             watchdog.stopping.set()  # stubs exit on shutdown: that is no reason to reload
-        if gateway is not None:
-            gateway.stop()
+        if gateway is not None and gateway.proc.poll() is None:
+            # first: a draining Triton refuses new requests, and a gateway request of many
+            # texts may still have chunks to send
+            log(f"{why}: the gateway finishing its requests, then the server")
+            gateway.close(args.exit_timeout_secs)
         if proc.poll() is None:
             log(f"{why}: draining in-flight requests, then exiting")
             proc.send_signal(signal.SIGTERM)
