@@ -1,6 +1,8 @@
 """GPU-only (skipped without CUDA): a KIND_GPU encoder under a real tritonserver, and NCCL
 tensor parallelism across two GPUs. Run with `make test-gpu` on a GPU machine."""
 
+import urllib.request
+
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -10,7 +12,7 @@ from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
 from reference import cosine, random_sequences, reference_embeddings
-from triton_helpers import infer
+from triton_helpers import GPU_ONLY_SERIES, infer
 
 pytestmark = [
     pytest.mark.server,
@@ -29,6 +31,9 @@ def test_kind_gpu_server_answers_embed(checkpoint, demo_dir, tmp_path):
     texts = ["a GPU instance", "attention picked automatically", "三"]
     with TritonServer(repo, log_path=tmp_path / "server.log") as server:
         out, _ = infer(server, texts, "grpc")
+        metrics = urllib.request.urlopen(server.metrics_url).read().decode()
+    # the dashboard's GPU panels read series only a GPU host exports
+    assert all(f"\n{name}{{" in metrics for name in GPU_ONLY_SERIES), GPU_ONLY_SERIES
     ids = [e.ids for e in Tokenizer.from_file(str(demo_dir / "tokenizer.json")).encode_batch(texts)]
     with Encoder.from_pretrained(demo_dir, dtype="float32", device="cpu") as enc:
         ref = enc.embed(ids)

@@ -24,6 +24,10 @@ import tritonclient.http as httpclient
 
 from qwen_embed_deploy.triton import free_port
 
+# What Triton exports on GPU hosts only, which the dashboard's GPU panels read
+# (test_dashboards.py; test_gpu_serving.py checks them on a GPU).
+GPU_ONLY_SERIES = ("nv_gpu_utilization", "nv_gpu_memory_used_bytes")
+
 
 def text_input(module, texts):
     arr = np.array([[t if isinstance(t, bytes) else t.encode()] for t in texts], dtype=object)
