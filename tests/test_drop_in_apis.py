@@ -31,8 +31,12 @@ import openai
 import pytest
 import torch
 import voyageai
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 from huggingface_hub import InferenceClient
 from langchain_core.documents import Document
+from langchain_google_genai import GoogleGenerativeAIEmbeddings
 from langchain_nvidia_ai_endpoints import NVIDIAEmbeddings, NVIDIARerank
 from langchain_ollama import OllamaEmbeddings
 from langchain_openai import AzureOpenAIEmbeddings, OpenAIEmbeddings
@@ -45,7 +49,7 @@ from transformers import Qwen3Model
 from tritonclient.utils import InferenceServerException
 
 from qwen_embed_client import EmbeddingClient, maxsim_scores
-from qwen_embed_client.gateway.common import log_odds
+from qwen_embed_client.gateway.common import TASK_INSTRUCTIONS, log_odds
 from qwen_embed_deploy.repository import render
 from qwen_embed_deploy.triton import TritonServer
 
@@ -1078,6 +1082,88 @@ def test_azure_openai_clients_get_the_openai_routes_vectors(stack):
         **azure, azure_deployment="embed", check_embedding_ctx_length=False
     )
     assert np.abs(np.array(langchain.embed_documents(TEXTS)) - expected).max() <= SAME
+
+
+def test_gemini_clients_get_each_task_types_prompt_and_dimensions(stack):
+    """google-genai's `models.embed_content` and LangChain's GoogleGenerativeAIEmbeddings with
+    the gateway as their base URL, the key in Google's x-goog-api-key header: each task type
+    the checkpoint's prompt (as Cohere's input types pick them), `output_dimensionality`, the
+    URL's model (a Hugging Face id with its "/" too), requests of several task types in one
+    batch, the single embedContent route, models.list and .get; a title, a wrong key, an
+    unknown model and a bad dimension count refused in Google's error shape, named."""
+    _, base = stack
+    client = genai.Client(api_key=API_KEY, http_options=genai_types.HttpOptions(base_url=base))
+    for task_type, options in [
+        (None, {}),
+        ("RETRIEVAL_QUERY", {"prompt_name": "query"}),
+        ("RETRIEVAL_DOCUMENT", {"prompt_name": "document"}),
+        ("CLASSIFICATION", {"instruction": TASK_INSTRUCTIONS["classification"]}),
+        ("FACT_VERIFICATION", {"instruction": TASK_INSTRUCTIONS["fact_verification"]}),
+    ]:
+        config = genai_types.EmbedContentConfig(task_type=task_type, output_dimensionality=64)
+        got = client.models.embed_content(model="embed", contents=TEXTS, config=config)
+        want = openai_vectors(base, TEXTS, dimensions=64, **options)
+        assert np.abs(np.array([e.values for e in got.embeddings]) - want).max() <= SAME, task_type
+    query = openai_vectors(base, TEXTS[:1], prompt_name="query")
+    by_alias = client.models.embed_content(model=ALIAS, contents=TEXTS[0])
+    assert (
+        np.abs(np.array(by_alias.embeddings[0].values) - openai_vectors(base, TEXTS[:1])).max()
+        <= SAME
+    )
+    # one batch of two task types and two dimension counts: each request its own
+    mixed = {
+        "requests": [
+            {"content": {"parts": [{"text": TEXTS[0]}]}, "taskType": "RETRIEVAL_QUERY"},
+            {"content": {"parts": [{"text": TEXTS[0]}]}, "outputDimensionality": 32},
+        ]
+    }
+    status, answer, _ = post(base, "/v1beta/models/embed:batchEmbedContents", mixed)
+    assert status == 200 and answer["usageMetadata"]["totalTokenCount"] > 0
+    first, second = (np.array(e["values"]) for e in answer["embeddings"])
+    assert np.abs(first - query[0]).max() <= SAME
+    assert np.abs(second - openai_vectors(base, TEXTS[:1], dimensions=32)[0]).max() <= SAME
+    single = {"content": {"parts": [{"text": TEXTS[0]}]}, "task_type": "RETRIEVAL_QUERY"}
+    status, answer, _ = post(base, "/v1beta/models/embed:embedContent", single)
+    assert (
+        status == 200 and np.abs(np.array(answer["embedding"]["values"]) - query[0]).max() <= SAME
+    )
+    names = [m.name for m in client.models.list()]
+    assert names == ["models/embed", f"models/{ALIAS}"]
+    assert client.models.get(model="embed").input_token_limit == TOKENS_PER_TEXT
+    wrong_key = genai.Client(api_key="wrong", http_options=genai_types.HttpOptions(base_url=base))
+    for call, code, words in [
+        (
+            lambda: client.models.embed_content(
+                model="embed", contents=TEXTS[0], config={"title": "A title"}
+            ),
+            400,
+            "'requests[0].title' is read by no model",
+        ),
+        (
+            lambda: client.models.embed_content(
+                model="embed", contents=TEXTS[0], config={"output_dimensionality": 0}
+            ),
+            400,
+            "'outputDimensionality'",
+        ),
+        (
+            lambda: client.models.embed_content(model="nope", contents=TEXTS[0]),
+            404,
+            "'nope' does not exist",
+        ),
+        (
+            lambda: wrong_key.models.embed_content(model="embed", contents=TEXTS[0]),
+            401,
+            "API key",
+        ),
+    ]:
+        with pytest.raises(genai_errors.ClientError) as refused:
+            call()
+        assert refused.value.code == code and words in refused.value.message, refused.value
+    langchain = GoogleGenerativeAIEmbeddings(model="embed", google_api_key=API_KEY, base_url=base)
+    documents = openai_vectors(base, TEXTS, prompt_name="document")
+    assert np.abs(np.array(langchain.embed_documents(TEXTS)) - documents).max() <= SAME
+    assert np.abs(np.array(langchain.embed_query(TEXTS[0])) - query[0]).max() <= SAME
 
 
 def test_a_page_of_an_allowed_origin_reads_the_answers_and_their_headers(stack):

@@ -491,6 +491,14 @@ def test_odd_bodies_get_a_4xx_never_a_5xx(stack):
             ["inputs", "model", "input_type", "output_dtype", "output_dimension"]
             + ["truncation", "output_encoding"],
         ),
+        "/v1beta/models/embed:batchEmbedContents": (
+            {"requests": [{"content": {"parts": [{"text": "hello"}]}}]},
+            ["requests"],
+        ),
+        "/v1/models/embed:embedContent": (
+            {"content": {"parts": [{"text": "hello"}]}, "taskType": "RETRIEVAL_QUERY"},
+            ["content", "taskType", "task_type", "outputDimensionality", "title", "model"],
+        ),
         "/v1/reranking": (
             {"model": "rerank", "query": "hello", "input": ["world"]},
             ["query", "input", "top_k", "return_input", "rank_fields", "rewrite_query"],

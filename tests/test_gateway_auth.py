@@ -39,10 +39,13 @@ def test_every_route_refuses_a_request_without_the_key(app):
     assert {"/v1/embeddings", "/v1/batches", "/v2/embed", "/embed", "/info"} <= paths
     assert {"/v1/score", "/embed_all", "/v1/ranking"} <= paths
     assert "/openai/deployments/{deployment}/embeddings" in paths  # Azure OpenAI's
+    assert "/v1beta/models/{model}:batchEmbedContents" in paths  # Gemini's
     client = TestClient(app)  # no lifespan: nothing starts, nothing reaches Triton
     wrong = [{"Authorization": "Bearer wrong-key"}, {"Authorization": "right-key"}]
-    # Azure's api-key header takes the key too, but not beside a wrong Authorization
-    wrong += [{"api-key": "wrong-key"}, {"api-key": "right-key", "Authorization": "Bearer x"}]
+    # Azure's api-key and Google's x-goog-api-key headers take the key too, but not beside a
+    # wrong Authorization
+    for header in ("api-key", "x-goog-api-key"):
+        wrong += [{header: "wrong-key"}, {header: "right-key", "Authorization": "Bearer x"}]
     for headers in ({}, *wrong):
         for method, path in routes:
             response = client.request(method, path, headers=headers, json={})
@@ -60,6 +63,12 @@ def test_the_probe_needs_no_key_and_a_refusal_speaks_its_api(app):
     assert openai["error"]["code"] == "invalid_api_key"
     tei = client.post("/embed", json={})
     assert tei.status_code == 401 and tei.content == b""  # TEI answers a bare 401
+    gemini = client.post("/v1beta/models/embed:batchEmbedContents", json={})
+    assert gemini.json()["error"] == {
+        "code": 401,
+        "message": "Incorrect API key provided",
+        "status": "UNAUTHENTICATED",
+    }
 
 
 def test_a_route_added_to_a_router_later_needs_the_key_too(tmp_path):
@@ -76,8 +85,9 @@ def test_a_route_added_to_a_router_later_needs_the_key_too(tmp_path):
         assert client.get("/v1/forgetful").status_code == 401
         ok = client.get("/v1/forgetful", headers={"Authorization": "Bearer right-key"})
         assert ok.status_code == 200 and ok.json() == {"ok": True}
-        ok = client.get("/v1/forgetful", headers={"api-key": "right-key"})  # Azure's header
-        assert ok.status_code == 200
+        for header in ("api-key", "x-goog-api-key"):  # Azure's and Google's headers
+            ok = client.get("/v1/forgetful", headers={header: "right-key"})
+            assert ok.status_code == 200, header
     finally:
         openai.router.routes[:] = [r for r in openai.router.routes if r.path != "/v1/forgetful"]
 

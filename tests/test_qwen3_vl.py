@@ -968,6 +968,39 @@ def test_images_through_voyages_sdk(served, served_model):
 
 
 @pytest.mark.server
+def test_images_through_geminis_sdk(served, served_model):
+    """google-genai's `models.embed_content` with images as its inline-data parts (the file's
+    bytes): a content's text and images as the official recipe reads them; a fileData URL is
+    fetched only where the gateway allows it, refused naming the request otherwise."""
+    from google import genai
+    from google.genai import errors, types
+
+    from triton_helpers import gateway_process
+
+    model_dir, server = served
+    files = image_files()
+    text = "a chart with a legend"
+    want = [
+        official_vector(served_model, model_dir, "", [files["png"]]),
+        official_vector(served_model, model_dir, text, [files["png"], files["jpeg"]]),
+    ]
+    png = types.Part.from_bytes(data=files["png"], mime_type="image/png")
+    jpeg = types.Part.from_bytes(data=files["jpeg"], mime_type="image/jpeg")
+    contents = [
+        types.Content(parts=[png]),
+        types.Content(parts=[types.Part.from_text(text=text), png, jpeg]),
+    ]
+    with gateway_process(server) as base:
+        client = genai.Client(api_key="unused", http_options=types.HttpOptions(base_url=base))
+        answer = client.models.embed_content(model="embed", contents=contents)
+        got = np.array([e.values for e in answer.embeddings], dtype=np.float32)
+        assert (got * np.stack(want)).sum(1).min() >= FP32_COSINE
+        remote = types.Part.from_uri(file_uri="https://example.com/a.png", mime_type="image/png")
+        with pytest.raises(errors.ClientError, match="'requests\\[0\\]' remote image URLs are not"):
+            client.models.embed_content(model="embed", contents=[types.Content(parts=[remote])])
+
+
+@pytest.mark.server
 def test_odd_media_get_a_4xx_never_a_5xx(served):
     """Images and videos in every shape the gateway takes (content parts, Qwen's own input
     objects, Cohere's inputs, rerank documents), their URL, part or list replaced by odd values
@@ -1001,6 +1034,7 @@ def test_odd_media_get_a_4xx_never_a_5xx(served):
             ["inputs"],
         ),
     }
+    gemini = "/v1beta/models/embed:batchEmbedContents"
     bodies = [
         (path, {**body, field: [shape]})
         for path, (body, (field,)) in routes.items()
@@ -1015,6 +1049,17 @@ def test_odd_media_get_a_4xx_never_a_5xx(served):
         ("/v1/multimodalembeddings", {"inputs": [{"content": [{"type": kind, kind: u}]}]})
         for kind in ("image_url", "image_base64", "video_url")
         for u in urls
+    ]
+    bodies += [  # Gemini's parts: a file inline (base64) or by its URI
+        (gemini, {"requests": [{"content": {"parts": [part]}}]})
+        for u in urls
+        for part in (
+            {"inlineData": {"mimeType": "image/png", "data": u}},
+            {"inlineData": {"mimeType": "video/mp4", "data": u}},
+            {"inlineData": u},
+            {"fileData": {"mimeType": "image/png", "fileUri": u}},
+            {"text": u, "inlineData": {"mimeType": "image/png", "data": u}},
+        )
     ]
     bodies += odd_bodies(routes, seed=2, nested=60)
     with gateway_process(server) as base:

@@ -30,6 +30,7 @@ from . import (
     azure,
     batches,
     cohere,
+    gemini,
     mixedbread,
     multi_vector,
     nim,
@@ -62,6 +63,7 @@ _RENDERERS = {
     "nim": openai.error_response,  # NIM's API is OpenAI's with more fields and routes
     "ollama": ollama.error_response,
     "jina": multi_vector.error_response,
+    "gemini": gemini.error_response,
 }
 
 
@@ -197,6 +199,7 @@ def create_app(
         score,
         batches,
         cohere,
+        gemini,
         ollama,
         tei,
     ):
@@ -223,8 +226,8 @@ def _traced(tracing):
 
 def main() -> None:
     p = argparse.ArgumentParser(
-        description="OpenAI-, NIM-, Jina-, Perplexity-, Voyage-, Mixedbread-, Ollama-, TEI- and "
-        "Cohere-compatible gateway"
+        description="OpenAI-, NIM-, Jina-, Perplexity-, Voyage-, Mixedbread-, Gemini-, Ollama-, "
+        "TEI- and Cohere-compatible gateway"
     )
     p.add_argument("--triton-url", action="append", help="Triton gRPC address, repeatable")
     p.add_argument("--host", default="127.0.0.1")

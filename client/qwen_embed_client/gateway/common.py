@@ -32,12 +32,15 @@ TRUNCATE_MODES = {
 }
 
 # Tasks given to a checkpoint's query prompt as its instruction where an API names a task
-# rather than a side of retrieval (Cohere's input types, Jina's tasks), as MTEB's evaluations
-# (Qwen3-Embedding's among them) instruct such tasks.
+# rather than a side of retrieval (Cohere's input types, Jina's tasks, Gemini's task types), as
+# MTEB's evaluations (Qwen3-Embedding's and E5's among them) instruct such tasks.
 TASK_INSTRUCTIONS = {
     "classification": "Classify the given text",
     "clustering": "Identify the topic or theme of the given text",
     "similarity": "Retrieve semantically similar text",
+    "question_answering": "Given a question, retrieve passages that answer the question",
+    "fact_verification": "Given a claim, retrieve documents that support or refute the claim",
+    "code_retrieval": "Given a question, retrieve code snippets that answer the question",
 }
 
 # A float32 P("yes") saturates at 0 and 1; its logit is taken at the nearest float32 values.

@@ -46,6 +46,7 @@ from pydantic_core import PydanticCustomError
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, EmbedOptions, priority_level
 from ..maxsim import maxsim_scores
+from . import gemini
 from .bodies import (
     Body,
     NonBlank,
@@ -798,11 +799,15 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 
 @router.get("/v1/models")
 async def models(request: Request):
+    if gemini.from_google(request):  # the google-genai SDK's models.list (its version v1)
+        return await gemini.list_models(request)
     return {"object": "list", "data": await _served_models(request.app.state.models)}
 
 
 @router.get("/v1/models/{model:path}")  # a Hugging Face id as a served name holds a "/"
 async def one_model(request: Request, model: str):
+    if gemini.from_google(request):
+        return await gemini.get_model(request, model)
     served = {e["id"]: e for e in await _served_models(request.app.state.models)}
     if model not in served:
         check_model(model, tuple(served))

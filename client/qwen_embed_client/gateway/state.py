@@ -72,11 +72,15 @@ class Gateway:
 
 def _authorization(request: Request) -> str:
     """The request's key as an Authorization header says it: that header, else Azure OpenAI's
-    `api-key: KEY` (its SDKs' way) as `Bearer KEY`, so one key is one owner either way."""
+    `api-key: KEY` or Google's `x-goog-api-key: KEY` (their SDKs' ways) as `Bearer KEY`, so
+    one key is one owner whichever way it came."""
     given = request.headers.get("authorization")
-    if given is None and "api-key" in request.headers:
-        return f"Bearer {request.headers['api-key']}"
-    return given or ""
+    if given is not None:
+        return given
+    for header in ("api-key", "x-goog-api-key"):
+        if header in request.headers:
+            return f"Bearer {request.headers[header]}"
+    return ""
 
 
 def require_key(request: Request) -> None:
