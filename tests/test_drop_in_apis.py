@@ -1130,6 +1130,8 @@ def test_gemini_clients_get_each_task_types_prompt_and_dimensions(stack):
     names = [m.name for m in client.models.list()]
     assert names == ["models/embed", f"models/{ALIAS}"]
     assert client.models.get(model="embed").input_token_limit == TOKENS_PER_TEXT
+    with pytest.raises(genai_errors.ClientError, match="NOT_FOUND"):
+        client.models.get(model="nope")
     wrong_key = genai.Client(api_key="wrong", http_options=genai_types.HttpOptions(base_url=base))
     for call, code, words in [
         (

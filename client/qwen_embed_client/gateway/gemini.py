@@ -240,7 +240,9 @@ async def get_model(request: Request, model: str):
     for gw in request.app.state.models.embedders:
         served |= {m["name"].removeprefix("models/"): m for m in await _described(gw)}
     if model not in served:
-        raise unknown_model(model, tuple(served))
+        refused = unknown_model(model, tuple(served))
+        refused.api = "gemini"  # in Google's shape on OpenAI's GET /v1/models/{model} too
+        raise refused
     return served[model]
 
 
