@@ -150,6 +150,10 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
     )
     listed = api.batches.list(limit=5)
     assert [b.id for b in listed.data] == [batch.id]
+    # Azure's v1 API: the same batches and files under /openai/v1
+    azure = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway.port}/openai/v1", api_key=KEY)
+    assert azure.batches.retrieve(batch.id).output_file_id == batch.output_file_id
+    assert answers(azure, batch.output_file_id) == done
 
 
 def test_rerank_batches_and_files_are_kept_to_their_key(gateway):

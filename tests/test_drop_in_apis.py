@@ -1056,7 +1056,8 @@ def test_azure_openai_clients_get_the_openai_routes_vectors(stack):
     """`openai.AzureOpenAI` and LangChain's `AzureOpenAIEmbeddings` with the gateway as their
     endpoint: the deployment in the URL is the model (a served name, a Hugging Face id with
     its "/" too) whatever the body's `model`, the key in Azure's `api-key` header; a wrong
-    key is refused, an unknown deployment named."""
+    key is refused, an unknown deployment named. Azure's v1 API (base URL {endpoint}/openai/v1)
+    answers as OpenAI's routes do."""
     _, base = stack
     expected = openai_vectors(base, TEXTS)
     azure = {"azure_endpoint": base, "api_key": API_KEY, "api_version": "2024-10-21"}
@@ -1082,6 +1083,13 @@ def test_azure_openai_clients_get_the_openai_routes_vectors(stack):
         **azure, azure_deployment="embed", check_embedding_ctx_length=False
     )
     assert np.abs(np.array(langchain.embed_documents(TEXTS)) - expected).max() <= SAME
+    # Azure's v1 API: the plain client with {endpoint}/openai/v1 as its base URL
+    v1 = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=API_KEY, max_retries=0)
+    got = v1.embeddings.create(model=ALIAS, input=TEXTS)
+    assert np.abs(np.array([d.embedding for d in got.data]) - expected).max() <= SAME
+    assert [m.id for m in v1.models.list()] == ["embed", ALIAS, "rerank"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/openai/v1", api_key="wrong").models.list()
 
 
 def test_gemini_clients_get_each_task_types_prompt_and_dimensions(stack):

@@ -204,6 +204,8 @@ def create_app(
         tei,
     ):
         app.include_router(api.router, dependencies=[Depends(require_key)])
+    for router in azure.V1_ROUTERS:  # Azure's v1 API: OpenAI's routes under /openai
+        app.include_router(router, prefix=azure.V1_PREFIX, dependencies=[Depends(require_key)])
     return app
 
 
