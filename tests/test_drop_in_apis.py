@@ -575,9 +575,12 @@ def test_litellm_embedding_providers_get_the_openai_routes_vectors(stack):
     and Ollama's give the OpenAI route's vectors, their input types the checkpoint's prompts
     and their `dimensions` its width; refusals reach LiteLLM as its BadRequestError, and
     Infinity's `modality` "image" is read as images (refused by this text model), not as the
-    URLs' text."""
+    URLs' text. Infinity's GET /models lists what /v1/models does."""
     _, base = stack
     v1 = f"{base}/v1"
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    listed = send_json("GET", f"{base}/models", None, auth)[1]["data"]
+    assert [m["id"] for m in listed] == ["embed", ALIAS, "rerank"]
     for model, api_base, fields, options in [
         ("openai/embed", v1, {}, {}),
         ("hosted_vllm/embed", v1, {"dimensions": 32}, {"dimensions": 32}),

@@ -798,6 +798,7 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 
 
 @router.get("/v1/models")
+@router.get("/models")  # Infinity's URL
 async def models(request: Request):
     if gemini.from_google(request):  # the google-genai SDK's models.list (its version v1)
         return await gemini.list_models(request)
