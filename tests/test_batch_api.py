@@ -119,6 +119,13 @@ def test_a_batch_answers_every_line_once_as_the_direct_route(gateway):
     batch = wait(api, batch.id)
     assert batch.status == "completed" and batch.metadata == {"job": "test"}
     assert (batch.request_counts.completed, batch.request_counts.failed) == (10, 7)
+    metrics = gateway_metrics(f"http://127.0.0.1:{gateway.port}")  # a new gateway: from 0
+    lines = "qwen_embed_gateway_batch_lines_total"
+    assert metrics[lines + '{"outcome": "completed"}'] == 10
+    assert metrics[lines + '{"outcome": "failed"}'] == 7
+    ended = "qwen_embed_gateway_batches_total"
+    assert metrics[ended + '{"status": "completed"}'] == 1
+    assert metrics[ended + '{"status": "failed"}'] == 0
     done = answers(api, batch.output_file_id)
     assert sorted(a["custom_id"] for a in done) == sorted(f"req-{i}" for i in range(10))
     for a in done:

@@ -102,6 +102,7 @@ def test_every_series_the_dashboard_and_alerts_ask_for_is_served(server):
         "qwen_embed_gateway_requests_total",
         "qwen_embed_gateway_request_duration_seconds_bucket",
         "qwen_embed_gateway_tokens_total",
+        "qwen_embed_gateway_batch_lines_total",
         "qwen_embed_tokens_total",
         "qwen_embed_encode_seconds_bucket",
         "nv_inference_queue_duration_us",

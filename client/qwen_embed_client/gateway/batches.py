@@ -70,7 +70,7 @@ class BatchRunner:
 
     def __init__(self, models, root: Path, settings: BatchSettings, metrics=None):
         self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
-        self.metrics = metrics  # metrics.GatewayMetrics: the lines' tokens counted there
+        self.metrics = metrics  # metrics.GatewayMetrics: the lines, their tokens, the batches
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
 
@@ -138,7 +138,10 @@ class BatchRunner:
                 return
             text = "".join(dumps(a).decode() + "\n" for a in answers)
             write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
-            self._count(batch["id"], answers)
+            failed = self._count(batch["id"], answers)
+            if self.metrics is not None:
+                self.metrics.batch_lines.labels("failed").inc(failed)
+                self.metrics.batch_lines.labels("completed").inc(len(answers) - failed)
         current = self.store.batch(batch["id"], None)
         if current["status"] == "in_progress":
             current.update(status="finalizing", finalizing_at=int(time.time()))
@@ -152,13 +155,15 @@ class BatchRunner:
         for path in self._shard_files(batch_id):
             self._count(batch_id, _read_answers(path))
 
-    def _count(self, batch_id: str, answers: list[dict]) -> None:
+    def _count(self, batch_id: str, answers: list[dict]) -> int:
+        """The batch's request_counts with `answers` added; how many of them failed."""
         batch = self.store.batch(batch_id, None)
         failed = sum(1 for a in answers if not _succeeded(a))
         counts = batch["request_counts"]
         counts.update(completed=counts["completed"] + len(answers) - failed)
         counts.update(failed=counts["failed"] + failed)
         self.store.save_batch(batch)
+        return failed
 
     def _shard_files(self, batch_id: str) -> list[Path]:
         return sorted(self.store.work_dir(batch_id).glob("shard-*.jsonl"))
@@ -243,6 +248,8 @@ class BatchRunner:
             batch["errors"] = {"object": "list", "data": errors}
         self.store.save_batch(batch)
         shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
+        if self.metrics is not None:
+            self.metrics.batches.labels(status).inc()
 
 
 def _repeated_ids(path: Path) -> list[dict]:

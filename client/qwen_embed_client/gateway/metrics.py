@@ -1,7 +1,8 @@
 """The gateway's own Prometheus metrics, at GET /metrics: what Triton's metrics port cannot
 see, the HTTP requests themselves, refused ones included (a 400 from the contract check, a
 401, a 413 never reach Triton), by route, API, status and the Triton models they asked, with
-their durations, and the tokens those models ran for each API (the Batch API's lines too).
+their durations, and the tokens those models ran for each API (the Batch API's lines too);
+the Batch API's lines by outcome and its batches by how they ended.
 The same middleware writes the access log (access_log.py) where one is asked for.
 
 One registry per app, so that apps made in one process (tests) count apart. /metrics carries
@@ -30,6 +31,8 @@ from .access_log import AccessLog
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 UNCOUNTED = ("/metrics", "/health")  # scrapes and probes, not traffic
 CLIENT_CLOSED = 499  # nginx's status of a request whose client left before its answer
+BATCH_LINE_OUTCOMES = ("completed", "failed")
+BATCH_END_STATUSES = ("completed", "failed", "cancelled", "expired")
 
 
 class GatewayMetrics:
@@ -57,6 +60,23 @@ class GatewayMetrics:
             ("model", "api"),
             registry=self.registry,
         )
+        # the Batch API's work, which no HTTP request carries (each label counted from 0)
+        self.batch_lines = Counter(
+            "qwen_embed_gateway_batch_lines",
+            "Batch API lines answered, by outcome (completed: a 200 answer; failed: an error line)",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.batches = Counter(
+            "qwen_embed_gateway_batches",
+            "Batch API batches ended, by their final status",
+            ("status",),
+            registry=self.registry,
+        )
+        for outcome in BATCH_LINE_OUTCOMES:
+            self.batch_lines.labels(outcome)
+        for status in BATCH_END_STATUSES:
+            self.batches.labels(status)
         self.in_flight = Gauge(
             "qwen_embed_gateway_requests_in_flight",
             "HTTP requests received and not yet answered",
