@@ -571,11 +571,11 @@ ONE_PIXEL_PNG = base64.b64decode(
 def test_litellm_embedding_providers_get_the_openai_routes_vectors(stack):
     """LiteLLM's embedding providers, each given the gateway's URL as its api_base (the form
     its docs give for that provider's own servers): the OpenAI-compatible and vLLM ones,
-    Infinity's (its URL without /v1), Cohere's, Voyage's, NIM's, Jina's, Hugging Face's (TEI's)
-    and Ollama's give the OpenAI route's vectors, their input types the checkpoint's prompts
-    and their `dimensions` its width; refusals reach LiteLLM as its BadRequestError, and
-    Infinity's `modality` "image" is read as images (refused by this text model), not as the
-    URLs' text. Infinity's GET /models lists what /v1/models does."""
+    Infinity's (its URL without /v1), Cohere's, Voyage's, NIM's, Jina's, Gemini's (its URL with
+    /v1beta), Hugging Face's (TEI's) and Ollama's give the OpenAI route's vectors, their input
+    types the checkpoint's prompts and their `dimensions` its width; refusals reach LiteLLM as
+    its BadRequestError, and Infinity's `modality` "image" is read as images (refused by this
+    text model), not as the URLs' text. Infinity's GET /models lists what /v1/models does."""
     _, base = stack
     v1 = f"{base}/v1"
     auth = {"Authorization": f"Bearer {API_KEY}"}
@@ -600,6 +600,7 @@ def test_litellm_embedding_providers_get_the_openai_routes_vectors(stack):
         ),
         ("nvidia_nim/embed", v1, {"input_type": "passage"}, {"prompt_name": "document"}),
         ("jina_ai/embed", v1, {"dimensions": 32}, {"dimensions": 32}),
+        ("gemini/embed", f"{base}/v1beta", {"dimensions": 32}, {"dimensions": 32}),
         ("huggingface/embed", base, {"input_type": "feature-extraction"}, {}),
         ("ollama/embed", base, {}, {}),
     ]:
