@@ -5,13 +5,13 @@ gateway that answered requests (a renamed metric or label would leave a panel em
 silent)."""
 
 import json
-import re
-import urllib.request
 from pathlib import Path
 
 import promql_parser
 import pytest
 import yaml
+
+from qwen_embed_deploy.triton import scrape
 
 from triton_helpers import GPU_ONLY_SERIES, gateway_process, post_json
 
@@ -21,7 +21,6 @@ ALERTS = DOCKER / "prometheus" / "alerts.yaml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 # Grafana's variables, as a query of the dashboard sends them.
 VARIABLES = {"$__rate_interval": "5m", "$model": ".*"}
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')  # a label of a sample line
 
 
 def dashboard_queries() -> list[str]:
@@ -70,15 +69,10 @@ def served_series(server) -> dict[str, set[str]]:
             ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a", "b"]}, 200),
         ]:
             assert post_json(base + path, body)[0] == status, path
-        texts = [
-            urllib.request.urlopen(url).read().decode()
-            for url in (f"{base}/metrics", server.metrics_url)
-        ]
+        samples = [*scrape(f"{base}/metrics"), *scrape(server.metrics_url)]
     series: dict[str, set[str]] = {}
-    for line in "\n".join(texts).splitlines():
-        if line and not line.startswith("#"):
-            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line)[0]
-            series.setdefault(name, set()).update(LABEL.findall(line[len(name) :]))
+    for name, labels, _ in samples:
+        series.setdefault(name, set()).update(labels)
     return series
 
 

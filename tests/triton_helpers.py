@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from qwen_embed_deploy.triton import free_port
+from qwen_embed_deploy.triton import free_port, scrape
 
 # What Triton exports on GPU hosts only, which the dashboard's GPU panels read
 # (test_dashboards.py; test_gpu_serving.py checks them on a GPU).
@@ -206,14 +206,8 @@ def gateway_process(
 
 def gateway_metrics(root: str) -> dict[str, float]:
     """The gateway's /metrics samples by name and labels (no key: scrapers carry none)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"{root}/metrics").read().decode()
-    return {
-        s.name + json.dumps(s.labels, sort_keys=True): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = scrape(f"{root}/metrics")
+    return {name + json.dumps(labels, sort_keys=True): value for name, labels, value in samples}
 
 
 # What a client may send in place of any field: other types, empty, integers past 64 bits,

@@ -42,10 +42,22 @@ def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     """Every sample of a Prometheus text page (Triton's metrics port): (name, labels, value)."""
     text = urllib.request.urlopen(url, timeout=30).read().decode()
     samples = []
-    for match in re.finditer(r"^(\w+)(?:{([^}]*)})? (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+    for match in _SAMPLE.finditer(text):
+        labels = {k: _unquoted(v) for k, v in _LABEL.findall(match.group(2) or "")}
         samples.append((match.group(1), labels, float(match.group(3))))
     return samples
+
+
+# A sample line, its label values quoted (a value may hold braces: the gateway's route
+# templates, "/v1/models/{model:path}"), and one label with its value's escapes.
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_SAMPLE = re.compile(rf"^(\w+)(?:{{((?:[^\"}}]|{_QUOTED})*)}})? (\S+)$", re.M)
+_LABEL = re.compile(rf"(\w+)=({_QUOTED})")
+
+
+def _unquoted(value: str) -> str:
+    """A quoted label value's text: its escapes (\\\\, \\", \\n) read."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], value[1:-1])
 
 
 def metric_sum(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:

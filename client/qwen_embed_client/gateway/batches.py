@@ -68,7 +68,7 @@ class BatchRunner:
     is opened on the Batch API's first use (or at start where it already exists, to resume),
     so a gateway that never sees a batch writes nothing."""
 
-    def __init__(self, models, root: Path, settings: BatchSettings, metrics=None):
+    def __init__(self, models, root: Path, settings: BatchSettings, metrics):
         self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
         self.metrics = metrics  # metrics.GatewayMetrics: the lines, their tokens, the batches
         self._store: BatchStore | None = None
@@ -139,9 +139,8 @@ class BatchRunner:
             text = "".join(dumps(a).decode() + "\n" for a in answers)
             write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
             failed = self._count(batch["id"], answers)
-            if self.metrics is not None:
-                self.metrics.batch_lines.labels("failed").inc(failed)
-                self.metrics.batch_lines.labels("completed").inc(len(answers) - failed)
+            self.metrics.batch_lines.labels("failed").inc(failed)
+            self.metrics.batch_lines.labels("completed").inc(len(answers) - failed)
         current = self.store.batch(batch["id"], None)
         if current["status"] == "in_progress":
             current.update(status="finalizing", finalizing_at=int(time.time()))
@@ -219,8 +218,7 @@ class BatchRunner:
                 rendered = openai.error_response(e)
                 answer, status = json.loads(rendered.body), rendered.status_code
             finally:
-                if self.metrics is not None:
-                    self.metrics.count_tokens(usage, "batch")
+                self.metrics.count_tokens(usage, "batch")
         return _output_line(request["custom_id"], (status, answer))
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
@@ -248,8 +246,7 @@ class BatchRunner:
             batch["errors"] = {"object": "list", "data": errors}
         self.store.save_batch(batch)
         shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
-        if self.metrics is not None:
-            self.metrics.batches.labels(status).inc()
+        self.metrics.batches.labels(status).inc()
 
 
 def _repeated_ids(path: Path) -> list[dict]:
