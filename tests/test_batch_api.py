@@ -182,7 +182,7 @@ def test_rerank_batches_and_files_are_kept_to_their_key(gateway):
     (answer,) = answers(api, batch.output_file_id)
     # the line's tokens counted as the Batch API's, before any direct request's
     tokens = gateway_metrics(f"http://127.0.0.1:{gateway.port}")
-    batch_tokens = 'qwen_embed_gateway_tokens_total{"api": "batch", "model": "rerank"}'
+    batch_tokens = 'qwen_embed_gateway_tokens_total{"api": "batch", "key": "", "model": "rerank"}'
     assert tokens[batch_tokens] == answer["response"]["body"]["usage"]["total_tokens"] > 0
     direct = api.post("/rerank", body=line["body"], cast_to=object)
     assert answer["response"]["body"]["results"] == direct["results"]

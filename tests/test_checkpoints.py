@@ -375,10 +375,10 @@ def test_one_gateway_serves_every_checkpoint_by_its_name(server, gateway_port):
         return after.get(key, 0) - before.get(key, 0)
 
     for name in set(names):
-        ok = {"api": "openai", "route": "/v1/embeddings", "status": "200"}
+        ok = {"api": "openai", "route": "/v1/embeddings", "status": "200", "key": ""}
         assert added("qwen_embed_gateway_requests_total", model=name, **ok) == 4
         tokens = sum(n for model, n in usage if model == name)
-        assert added("qwen_embed_gateway_tokens_total", model=name, api="openai") == tokens
+        assert added("qwen_embed_gateway_tokens_total", model=name, api="openai", key="") == tokens
     status, got, _ = post_json(f"{base}/v1/embeddings", {"input": TEXTS})
     first = sorted(listed)[0]  # the launcher's first: `embed`, else the first by name
     assert status == 200 and got["model"] == first

@@ -118,7 +118,7 @@ def test_what_a_client_that_disconnects_left_unsent_is_never_sent(stack):
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     texts_before = server.metric("qwen_embed_texts_total")
     closed = "qwen_embed_gateway_requests_total" + json.dumps(
-        {"api": "openai", "route": "/v1/embeddings", "status": "499", "model": "embed"},
+        {"api": "openai", "route": "/v1/embeddings", "status": "499", "model": "embed", "key": ""},
         sort_keys=True,
     )
     closed_before = _metrics(base_url).get(closed, 0)
@@ -353,15 +353,16 @@ def test_metrics_count_the_requests_triton_never_sees(stack):
     requests = "qwen_embed_gateway_requests_total"
     for status, model, count in [("200", "embed", 1), ("400", "", 1), ("400", "embed", 1)]:
         labels = {"route": "/v1/embeddings", "api": "openai", "status": status, "model": model}
-        assert added(requests, **labels) == count, (status, after)
-    labels = {"route": "/v1/embeddings", "api": "openai", "status": "413", "model": ""}
+        assert added(requests, **labels, key="") == count, (status, after)
+    labels = {"route": "/v1/embeddings", "api": "openai", "status": "413", "model": "", "key": ""}
     assert added(requests, **labels) == 1, after
-    models = {"route": "/v1/models/{model:path}", "api": "openai", "status": "401", "model": ""}
+    models = {"route": "/v1/models/{model:path}", "api": "openai", "status": "401"}
+    models |= {"model": "", "key": ""}  # the key label: a named key's (test_gateway_keys.py)
     assert added(requests, **models) == 2, after
     seconds = "qwen_embed_gateway_request_duration_seconds_count"
     assert added(seconds, route="/v1/embeddings", model="") == 2
     assert added(seconds, route="/v1/embeddings", model="embed") == 2
-    tokens = added("qwen_embed_gateway_tokens_total", model="embed", api="openai")
+    tokens = added("qwen_embed_gateway_tokens_total", model="embed", api="openai", key="")
     assert tokens == answer["usage"]["total_tokens"] > 0
     assert after["qwen_embed_gateway_requests_in_flight{}"] == 0
     assert not any("metrics" in key or "health" in key for key in after)  # scrapes uncounted

@@ -13,7 +13,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -108,6 +108,23 @@ def metered() -> Iterator[dict[str, int]]:
         yield usage
     finally:
         _USAGE.reset(token)
+
+
+# What is asked before each Triton request within guarded(): check(model), which may raise.
+_GUARD: ContextVar[Callable[[str], None] | None] = ContextVar("qwen_embed_guard", default=None)
+
+
+@contextmanager
+def guarded(check: Callable[[str], None] | None) -> Iterator[None]:
+    """Within it, every Triton model a call would ask (an ensemble, or a tokenizer for the
+    tokenizer-only calls) is first passed to `check(model)` (None: no check), whose exception
+    refuses the call before anything is sent: a gateway's per-key model permissions, in the
+    one place every request passes."""
+    token = _GUARD.set(check)
+    try:
+        yield
+    finally:
+        _GUARD.reset(token)
 
 
 def listed(texts, what: str, token_ids: bool = False) -> list:
@@ -821,6 +838,9 @@ class AsyncEmbeddingClient:
         wait = self._wait_s()
         if wait <= 0:  # the caller's deadline passed during retries or earlier chunks
             raise EmbeddingError("no time left before the caller's deadline", DEADLINE_PASSED)
+        check = _GUARD.get()
+        if check is not None:
+            check(model)
         kwargs = {"client_timeout": wait} if self.protocol == "grpc" else {}
         usage = _USAGE.get() if outputs is None else None  # an ensemble's whole answer
         if usage is not None:
@@ -920,11 +940,12 @@ class EmbeddingClient:
         self._thread.start()
 
     def _run(self, coro):
-        caller = _DEADLINE.get(), _USAGE.get()
+        caller = _DEADLINE.get(), _USAGE.get(), _GUARD.get()
 
         async def in_callers_context():  # the loop's thread has a context of its own
             _DEADLINE.set(caller[0])
             _USAGE.set(caller[1])
+            _GUARD.set(caller[2])
             return await coro
 
         future = asyncio.run_coroutine_threadsafe(in_callers_context(), self._loop)

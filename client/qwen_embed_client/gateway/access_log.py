@@ -1,11 +1,12 @@
 """The gateway's access log (--access-log, $QWEN_EMBED_ACCESS_LOG): one JSON line per request
 on stdout, for the log collector beside the server: who asked (the client's address, its API
-key's owner digest, its user agent), what (method, path, route template, API), what answered
-(status, seconds, and the tokens each Triton model ran for it, what billing per key or per
-model reads). Probes and scrapes (/health, /metrics) are left out as in the metrics.
+key's name and owner digest, its user agent), what (method, path, route template, API), what
+answered (status, seconds, and the tokens each Triton model ran for it, what billing per key
+or per model reads). Probes and scrapes (/health, /metrics) are left out as in the metrics.
 
-The owner is the Batch API's (state.Gateway.owner: a digest of the key, never the key);
-empty where the gateway takes no keys.
+The key's name is the keys file's (keys.py; "" for a plain key); the owner is the Batch API's
+(keys.KeyRing.owner: a digest of the key, never the key), empty where the gateway takes no
+keys.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ class AccessLog:
             self.logger.propagate = False  # not again through the root logger's handlers
 
     def write(
-        self, scope, route: str, api: str, status: int, seconds: float, usage: dict[str, int]
+        self,
+        scope,
+        route: str,
+        api: str,
+        status: int,
+        seconds: float,
+        usage: dict[str, int],
+        key: str,
     ) -> None:
         headers = dict(scope.get("headers") or ())
         client = scope.get("client")
@@ -46,16 +54,11 @@ class AccessLog:
             "seconds": round(seconds, 6),
             "models": usage,
             "tokens": sum(usage.values()),
-            "owner": _owner(scope),
+            "key": key,
+            "owner": scope["app"].state.keys.owner(Request(scope)),
             "user_agent": headers.get(b"user-agent", b"").decode("latin-1"),
         }
         request_id = headers.get(b"x-request-id")
         if request_id is not None:
             line["request_id"] = request_id.decode("latin-1")
         self.logger.info(orjson.dumps(line).decode())
-
-
-def _owner(scope) -> str:
-    """The Batch API's owner of the request (state.Gateway.owner): "" without keys."""
-    gateway = getattr(scope["app"].state, "gateway", None)
-    return gateway.owner(Request(scope)) if gateway is not None else ""

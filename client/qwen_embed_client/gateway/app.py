@@ -4,7 +4,8 @@ python -m qwen_embed_client.gateway --triton-url localhost:8001 [--triton-url ..
     [--host 127.0.0.1] [--port 8080] [--served-model-name embed [ALIAS ...]]
     [--rerank-model-name rerank [ALIAS ...]] [--triton-model embed [ENSEMBLE[=NAME,...] ...]]
     [--triton-rerank-model rerank [ENSEMBLE[=NAME,...] ...]]
-    [--api-key KEY | $QWEN_EMBED_API_KEY] [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
+    [--api-key KEY | $QWEN_EMBED_API_KEY] [--api-keys-file JSON | $QWEN_EMBED_API_KEYS_FILE]
+    [--otlp-endpoint URL | $OTEL_EXPORTER_OTLP_ENDPOINT]
     [--allow-remote-images] [--allowed-media-domains HOST ...]
     [--cors-allow-origin ORIGIN | $QWEN_EMBED_CORS_ALLOW_ORIGINS]
     [--ssl-certfile PEM --ssl-keyfile PEM | $QWEN_EMBED_SSL_CERTFILE, $QWEN_EMBED_SSL_KEYFILE]
@@ -46,10 +47,11 @@ from .access_log import AccessLog
 from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
+from .keys import KeyRing, require_key
 from .metrics import GatewayMetrics
 from .remote_media import RemoteMedia
 from .served import Served, ServedModels
-from .state import FINGERPRINT_HEADER, MAX_BODY_BYTES, Gateway, require_key
+from .state import FINGERPRINT_HEADER, MAX_BODY_BYTES, Gateway
 
 # The response headers the routes set that a page reads (a browser hides others from it):
 # the model's fingerprint, vLLM's binary vectors' layout, TEI's token counts.
@@ -71,7 +73,9 @@ async def _api_error(request: Request, e: APIError) -> JSONResponse:
     route = request.scope.get("route")
     tags = getattr(route, "tags", None) or ["openai"]
     api = e.api or tags[0]
-    return _RENDERERS[api](e)
+    response = _RENDERERS[api](e)
+    response.headers.update(e.headers)
+    return response
 
 
 async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -95,6 +99,7 @@ def create_app(
     *,
     model_names: tuple[str, ...] = ("embed",),
     api_keys: tuple[str, ...] = (),
+    api_keys_file: Path | None = None,
     triton_model: str = "embed",
     rerank_model_names: tuple[str, ...] = ("rerank",),
     triton_rerank_model: str = "rerank",
@@ -116,7 +121,10 @@ def create_app(
     http(s) media URLs of hosts at public addresses, `allowed_media_domains`: of those hosts
     only, wherever they are (neither: only data URLs are taken); `max_body_bytes`: the largest JSON
     body read; `cors_origins`: the origins whose pages may call it from a browser ("*": any;
-    none: only same-origin pages); `access_log`: a JSON line per request on stdout."""
+    none: only same-origin pages); `access_log`: a JSON line per request on stdout;
+    `api_keys`: keys that may use every model, `api_keys_file`: named keys with their models
+    and limits (keys.py); neither: no key needed. A keys file that does not read, or names a
+    model not served, raises ValueError."""
 
     def make_client(model: str, rerank_model: str) -> AsyncEmbeddingClient:
         return AsyncEmbeddingClient(
@@ -149,7 +157,6 @@ def create_app(
     app.state.gateway = Gateway(
         client=make_client(triton_model, triton_rerank_model),
         model_names=tuple(model_names),
-        api_keys=tuple(api_keys),
         rerank_model_names=tuple(rerank_model_names),
         triton_rerank_model=triton_rerank_model,
         tracing=tracing,
@@ -163,16 +170,20 @@ def create_app(
     app.state.models = ServedModels(
         app.state.gateway, make_client, tuple(more_models), tuple(more_rerank_models)
     )
+    app.state.keys = KeyRing(tuple(api_keys), api_keys_file, app.state.models.ensembles())
     metrics = GatewayMetrics()
     app.state.batches = None
     if batch_dir is not None:
         settings = batch_settings or BatchSettings()
-        app.state.batches = BatchRunner(app.state.models, Path(batch_dir), settings, metrics)
+        app.state.batches = BatchRunner(
+            app.state.models, Path(batch_dir), settings, metrics, app.state.keys
+        )
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     if tracing is not None:
         app.middleware("http")(_traced(tracing))
-    metrics.install(app, AccessLog() if access_log else None)  # /metrics carries no key
+    # /metrics carries no key
+    metrics.install(app, app.state.keys, AccessLog() if access_log else None)
     if cors_origins:  # a preflight carries no key: answered here, before any route
         app.add_middleware(
             CORSMiddleware,
@@ -273,6 +284,14 @@ def main() -> None:
         "(default: $QWEN_EMBED_API_KEY, comma separated); each key sees its own batches",
     )
     p.add_argument(
+        "--api-keys-file",
+        default=os.environ.get("QWEN_EMBED_API_KEYS_FILE") or None,
+        metavar="JSON",
+        help="named keys, each with the models it may use and its requests and tokens per "
+        "minute, read again when the file changes ($QWEN_EMBED_API_KEYS_FILE, which reaches "
+        "the gateway the launcher starts)",
+    )
+    p.add_argument(
         "--batch-dir",
         default=os.environ.get("QWEN_EMBED_BATCH_DIR", "batches"),
         help="where the Batch API keeps its files and state, created on its first use "
@@ -364,6 +383,7 @@ def main() -> None:
             args.triton_url or ["localhost:8001"],
             model_names=embed.names,
             api_keys=tuple(args.api_key or _env_list("QWEN_EMBED_API_KEY")),
+            api_keys_file=Path(args.api_keys_file) if args.api_keys_file else None,
             triton_model=embed.triton_model,
             rerank_model_names=tuple(name for name in rerank.names if name),
             triton_rerank_model=rerank.triton_model,
@@ -386,7 +406,7 @@ def main() -> None:
                 texts_in_flight=args.batch_texts_in_flight,
             ),
         )
-    except ValueError as e:  # a name given to two models
+    except ValueError as e:  # a name given to two models, a keys file that does not read
         p.error(str(e))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **tls)
 

@@ -41,9 +41,14 @@ class BatchStore:
                 id TEXT PRIMARY KEY, owner TEXT NOT NULL, object TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS batches (
                 id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
-                status TEXT NOT NULL, object TEXT NOT NULL);
+                status TEXT NOT NULL, object TEXT NOT NULL, key TEXT NOT NULL DEFAULT '');
             """
         )
+        # the named API key whose models its lines may use (keys.py), added to a directory
+        # made before it
+        columns = [row[1] for row in self.db.execute("PRAGMA table_info(batches)")]
+        if "key" not in columns:
+            self.db.execute("ALTER TABLE batches ADD COLUMN key TEXT NOT NULL DEFAULT ''")
 
     @staticmethod
     def exists(root: Path) -> bool:
@@ -109,10 +114,11 @@ class BatchStore:
 
     # batches
 
-    def add_batch(self, owner: str, obj: dict) -> None:
+    def add_batch(self, owner: str, obj: dict, key: str = "") -> None:
         self.db.execute(
-            "INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
-            (obj["id"], owner, obj["created_at"], obj["status"], json.dumps(obj)),
+            "INSERT INTO batches (id, owner, created_at, status, object, key) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (obj["id"], owner, obj["created_at"], obj["status"], json.dumps(obj), key),
         )
 
     def save_batch(self, obj: dict) -> None:
@@ -131,6 +137,10 @@ class BatchStore:
 
     def owner_of(self, batch_id: str) -> str:
         return self.db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()[0]
+
+    def key_of(self, batch_id: str) -> str:
+        """The named API key that made the batch ("": a plain key or none)."""
+        return self.db.execute("SELECT key FROM batches WHERE id = ?", (batch_id,)).fetchone()[0]
 
     def batches(self, owner: str, limit: int, after: str | None) -> tuple[list[dict], bool]:
         """The owner's batches, newest first, after the batch `after`; (page, more)."""

@@ -32,12 +32,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from ..bulk import Shards, write_atomic
-from ..client import metered
+from ..client import guarded, metered
 from ..contract import is_utf8, parse_json
 from . import openai
 from .batch_store import FILE_PURPOSES, BatchStore, new_id
 from .errors import MISSING, OVERLOADED, UNAVAILABLE, APIError, invalid, json_body
-from .state import check_finite, dumps, gateway
+from .state import check_finite, dumps
 
 log = logging.getLogger("qwen_embed.batches")
 router = APIRouter(tags=["openai"])
@@ -68,9 +68,10 @@ class BatchRunner:
     is opened on the Batch API's first use (or at start where it already exists, to resume),
     so a gateway that never sees a batch writes nothing."""
 
-    def __init__(self, models, root: Path, settings: BatchSettings, metrics):
+    def __init__(self, models, root: Path, settings: BatchSettings, metrics, keys):
         self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
         self.metrics = metrics  # metrics.GatewayMetrics: the lines, their tokens, the batches
+        self.keys = keys  # keys.KeyRing: the models a batch's key may use
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
 
@@ -174,6 +175,7 @@ class BatchRunner:
         budget, in_flight = self.settings.texts_in_flight, 0
         room = asyncio.Condition()
         parsed = [_parse(line, batch["endpoint"]) for line in lines]
+        key = self.store.key_of(batch["id"])
 
         async def one(request: dict | InvalidLine) -> dict:
             nonlocal in_flight
@@ -185,7 +187,7 @@ class BatchRunner:
                 await room.wait_for(lambda: in_flight == 0 or in_flight + size <= budget)
                 in_flight += size
             try:
-                return await self._ask(batch["endpoint"], request)
+                return await self._ask(batch["endpoint"], request, key)
             finally:
                 async with room:
                     in_flight -= size
@@ -201,10 +203,11 @@ class BatchRunner:
                 if current["status"] != "in_progress" or _expired(current):
                     return None
 
-    async def _ask(self, endpoint: str, request: dict) -> dict:
-        """The route's answer to the line's body, at bulk priority, by the model it names."""
+    async def _ask(self, endpoint: str, request: dict, key: str) -> dict:
+        """The route's answer to the line's body, at bulk priority, by the model it names,
+        if the batch's named `key` may use that model (as it may now)."""
         body = {**request["body"], "priority": "bulk"}
-        with metered() as usage:
+        with metered() as usage, guarded(self.keys.guard(key)):
             try:
                 gw = await self.models.pick(body)
                 if endpoint == "/v1/embeddings":
@@ -218,7 +221,7 @@ class BatchRunner:
                 rendered = openai.error_response(e)
                 answer, status = json.loads(rendered.body), rendered.status_code
             finally:
-                self.metrics.count_tokens(usage, "batch")
+                self.metrics.count_tokens(usage, "batch", key)
         return _output_line(request["custom_id"], (status, answer))
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
@@ -379,11 +382,10 @@ def _temp_file(root: Path) -> Path:
 
 def _state(request: Request) -> tuple[BatchRunner, str]:
     """(the runner, the caller's owner id), once the caller's key is checked."""
-    gw = gateway(request)
     runner = request.app.state.batches
     if runner is None:
         raise APIError(MISSING, "the Batch API is off on this gateway (no --batch-dir)")
-    return runner, gw.owner(request)
+    return runner, request.app.state.keys.owner(request)
 
 
 @router.post("/v1/files")
@@ -538,7 +540,7 @@ async def create_batch(request: Request):
         "request_counts": {"total": total, "completed": 0, "failed": 0},
         "metadata": metadata,
     }
-    runner.store.add_batch(owner, batch)
+    runner.store.add_batch(owner, batch, request.app.state.keys.key_name(request.scope))
     runner.wake.set()
     return batch
 

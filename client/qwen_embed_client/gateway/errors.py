@@ -28,6 +28,7 @@ METHOD = "method"  # a route asked with a method it does not take
 TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full
+RATE_LIMITED = "rate_limited"  # the API key's requests or tokens per minute are spent
 UNAVAILABLE = "unavailable"  # the server or model is not there (after the client's retries)
 BACKEND = "backend"  # any other failure of the server
 
@@ -43,6 +44,7 @@ STATUS = {
     TOO_LARGE: 413,
     UNAUTHORIZED: 401,
     OVERLOADED: 429,
+    RATE_LIMITED: 429,
     UNAVAILABLE: 503,
     BACKEND: 500,
 }
@@ -52,12 +54,20 @@ class APIError(Exception):
     """`api`: the API whose shape renders it, where not the route's own (tei.py's /rerank
     serves the Jina/Cohere v1 shape too)."""
 
-    def __init__(self, kind: str, message: str, param: str | None = None, api: str | None = None):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        param: str | None = None,
+        api: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         # A message may quote what the client sent (a model's name), which JSON can carry with
         # a lone surrogate that no UTF-8 response can: such a character is quoted escaped.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.kind, self.message, self.param, self.api = kind, message, param, api
+        self.headers = headers or {}  # a 429's Retry-After
 
 
 def in_body_words(message: str, fields: dict[str, str]) -> str:

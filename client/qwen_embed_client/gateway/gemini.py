@@ -34,6 +34,7 @@ from pydantic import AfterValidator, AliasChoices, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..contract import MAX_INPUTS
+from . import keys
 from .bodies import Body, Text
 from .common import (
     TASK_INSTRUCTIONS,
@@ -230,14 +231,13 @@ def from_google(request: Request) -> bool:
 
 @router.get("/v1beta/models")
 async def list_models(request: Request):
-    models = request.app.state.models
-    return {"models": [m for gw in models.embedders for m in await _described(gw)]}
+    return {"models": [m for gw in keys.embedders(request) for m in await _described(gw)]}
 
 
 @router.get("/v1beta/models/{model:path}")
 async def get_model(request: Request, model: str):
     served = {}
-    for gw in request.app.state.models.embedders:
+    for gw in keys.embedders(request):
         served |= {m["name"].removeprefix("models/"): m for m in await _described(gw)}
     if model not in served:
         refused = unknown_model(model, tuple(served))

@@ -1,9 +1,11 @@
 """The gateway's own Prometheus metrics, at GET /metrics: what Triton's metrics port cannot
 see, the HTTP requests themselves, refused ones included (a 400 from the contract check, a
-401, a 413 never reach Triton), by route, API, status and the Triton models they asked, with
-their durations, and the tokens those models ran for each API (the Batch API's lines too);
-the Batch API's lines by outcome and its batches by how they ended.
-The same middleware writes the access log (access_log.py) where one is asked for.
+401, a 413 never reach Triton), by route, API, status, the Triton models they asked and the
+named API key that asked (keys.py; "" for a plain key or none), with their durations, and the
+tokens those models ran for each API and key (the Batch API's lines too); the Batch API's
+lines by outcome and its batches by how they ended.
+The same middleware holds each request to its key's models and limits (keys.py) and writes
+the access log (access_log.py) where one is asked for.
 
 One registry per app, so that apps made in one process (tests) count apart. /metrics carries
 no key, as Triton's metrics port: bind or firewall it as that one.
@@ -24,8 +26,9 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..client import metered
+from ..client import guarded, metered
 from .access_log import AccessLog
+from .keys import KeyRing
 
 # From one-text queries on a GPU to 2,048-text requests on a CPU.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -40,9 +43,10 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "qwen_embed_gateway_requests",
-            "HTTP requests answered, by route template, API, status code and the Triton "
-            "models asked ('' where none was: refused before; several joined by '+')",
-            ("route", "api", "status", "model"),
+            "HTTP requests answered, by route template, API, status code, the Triton "
+            "models asked ('' where none was: refused before; several joined by '+') and the "
+            "named API key ('' for a plain key or none)",
+            ("route", "api", "status", "model", "key"),
             registry=self.registry,
         )
         self.seconds = Histogram(
@@ -56,8 +60,9 @@ class GatewayMetrics:
         self.tokens = Counter(
             "qwen_embed_gateway_tokens",
             "Tokens the Triton models ran for the gateway's answers (prompts, special tokens "
-            "and media included), by Triton model and API (batch: the Batch API's lines)",
-            ("model", "api"),
+            "and media included), by Triton model, API (batch: the Batch API's lines) and "
+            "named API key",
+            ("model", "api", "key"),
             registry=self.registry,
         )
         # the Batch API's work, which no HTTP request carries (each label counted from 0)
@@ -83,19 +88,19 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-    def install(self, app: FastAPI, access_log: AccessLog | None = None) -> None:
-        """Count every request but scrapes and probes (and log it to `access_log`); serve
-        GET /metrics."""
-        app.add_middleware(_Measured, metrics=self, access_log=access_log)
+    def install(self, app: FastAPI, keys: KeyRing, access_log: AccessLog | None = None) -> None:
+        """Count every request but scrapes and probes (and log it to `access_log`), each held
+        to its key's models and limits; serve GET /metrics."""
+        app.add_middleware(_Measured, metrics=self, keys=keys, access_log=access_log)
 
         @app.get("/metrics", include_in_schema=False)
         async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def count_tokens(self, usage: dict[str, int], api: str) -> None:
+    def count_tokens(self, usage: dict[str, int], api: str, key: str) -> None:
         for model, tokens in usage.items():
             if tokens:
-                self.tokens.labels(model, api).inc(tokens)
+                self.tokens.labels(model, api, key).inc(tokens)
 
 
 class _Measured:
@@ -103,8 +108,8 @@ class _Measured:
     BaseHTTPMiddleware, behind app.middleware("http"), streams every response through a task
     group of its own: a tenth of the gateway's CPU per request)."""
 
-    def __init__(self, app, metrics: GatewayMetrics, access_log: AccessLog | None):
-        self.app, self.metrics, self.access_log = app, metrics, access_log
+    def __init__(self, app, metrics: GatewayMetrics, keys: KeyRing, access_log: AccessLog | None):
+        self.app, self.metrics, self.keys, self.access_log = app, metrics, keys, access_log
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in UNCOUNTED:
@@ -115,10 +120,15 @@ class _Measured:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                limits = self.keys.headers(scope)
+                if limits:
+                    message = {**message, "headers": [*message.get("headers", ()), *limits]}
             await send(message)
 
         m.in_flight.inc()
-        with metered() as usage:  # the client's calls within add their models and tokens
+        # the client's calls within add their models and tokens, and ask only the models the
+        # request's key may use (found by the routers' dependency, keys.require_key)
+        with metered() as usage, guarded(self.keys.request_guard(scope)):
             try:
                 await self.app(scope, receive, send_status)
             except asyncio.CancelledError:
@@ -132,9 +142,10 @@ class _Measured:
                 route = scope.get("route")
                 template = getattr(route, "path", "unmatched")
                 api = (getattr(route, "tags", None) or ["none"])[0]
-                model = "+".join(usage)
-                m.requests.labels(template, api, str(status), model).inc()
+                model, key = "+".join(usage), self.keys.key_name(scope)
+                m.requests.labels(template, api, str(status), model, key).inc()
                 m.seconds.labels(template, model).observe(seconds)
-                m.count_tokens(usage, api)
+                m.count_tokens(usage, api, key)
+                self.keys.spend(scope, usage)
                 if self.access_log is not None:
-                    self.access_log.write(scope, template, api, status, seconds, usage)
+                    self.access_log.write(scope, template, api, status, seconds, usage, key)

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ..contract import MAX_INPUTS
+from . import keys
 from .bodies import Body, Text
 from .common import embed, model_adapter
 from .errors import STATUS, APIError, invalid, options_checked
@@ -115,7 +116,7 @@ def _modified_at(gw) -> str:
 async def tags(request: Request):
     served = request.app.state.models
     digests = {}
-    for gw in served.embedders:
+    for gw in keys.embedders(request):
         facts = await gw.facts()
         # the encoder's adapters are models of their own, each with its fingerprint
         digests |= {name: facts.get("fingerprint") for name in gw.model_names}

@@ -46,7 +46,7 @@ from pydantic_core import PydanticCustomError
 from ..client import EmbeddingError
 from ..contract import EMBEDDING_TYPES, MAX_DOCUMENTS, EmbedOptions, priority_level
 from ..maxsim import maxsim_scores
-from . import gemini
+from . import gemini, keys
 from .bodies import (
     Body,
     NonBlank,
@@ -81,6 +81,7 @@ from .errors import (
     BACKEND,
     NOT_FOUND,
     OVERLOADED,
+    RATE_LIMITED,
     STATUS,
     UNAUTHORIZED,
     UNAVAILABLE,
@@ -166,7 +167,11 @@ MediaInputs = Annotated[
 
 router = APIRouter(tags=["openai"])
 
-_CODES = {NOT_FOUND: "model_not_found", UNAUTHORIZED: "invalid_api_key"}
+_CODES = {
+    NOT_FOUND: "model_not_found",
+    UNAUTHORIZED: "invalid_api_key",
+    RATE_LIMITED: "rate_limit_exceeded",
+}
 
 
 # The contract's options that the body holds otherwise (late chunking's `chunks`).
@@ -802,31 +807,32 @@ def _embeddings_body(data: list, model_name: str, tokens: int) -> dict:
 async def models(request: Request):
     if gemini.from_google(request):  # the google-genai SDK's models.list (its version v1)
         return await gemini.list_models(request)
-    return {"object": "list", "data": await _served_models(request.app.state.models)}
+    return {"object": "list", "data": await _served_models(request)}
 
 
 @router.get("/v1/models/{model:path}")  # a Hugging Face id as a served name holds a "/"
 async def one_model(request: Request, model: str):
     if gemini.from_google(request):
         return await gemini.get_model(request, model)
-    served = {e["id"]: e for e in await _served_models(request.app.state.models)}
+    served = {e["id"]: e for e in await _served_models(request)}
     if model not in served:
         check_model(model, tuple(served))
     return served[model]
 
 
-async def _served_models(models) -> list[dict]:
+async def _served_models(request: Request) -> list[dict]:
     """/v1/models' entries: each embedder's names and its adapters' (with its prompts, chunk
     separator, whether it is multi-vector, fingerprint and tokens per text), and each
     reranker's names while Triton serves it (served.ServedModels)."""
     served = []
-    for gw in models.embedders:
+    for gw in keys.embedders(request):
         served += await _embedder_entries(gw)
-    for gw in models.rerankers:
+    for gw in keys.rerankers(request):
         if gw.rerank_model_names and await gw.client.model_ready(gw.triton_rerank_model):
             served += [{"id": name} for name in gw.rerank_model_names]
     return [
-        {**entry, "object": "model", "created": models.default.created, "owned_by": "qwen-embed"}
+        {**entry, "object": "model", "created": request.app.state.models.default.created}
+        | {"owned_by": "qwen-embed"}
         for entry in served
     ]
 

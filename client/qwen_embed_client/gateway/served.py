@@ -72,6 +72,18 @@ class ServedModels:
                 if self._by_name.setdefault(name, gw) is not gw:
                     raise ValueError(f"the served name {name!r} is given to two models")
 
+    def ensembles(self) -> dict[str, tuple[str, ...]]:
+        """Each served name's Triton ensembles (the first embedder's and reranker's may share
+        a name: two)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for gw in self.embedders:
+            for name in gw.model_names:
+                out[name] = (*out.get(name, ()), gw.client.model)
+        for gw in self.rerankers:
+            for name in gw.rerank_model_names:
+                out[name] = (*out.get(name, ()), gw.triton_rerank_model)
+        return {name: tuple(dict.fromkeys(ensembles)) for name, ensembles in out.items()}
+
     async def pick(self, body: object) -> Gateway:
         """The Gateway of the model a request body's `model` names: a served name's, else the
         model's among whose LoRA adapters it is; a body naming none, the default's. A name

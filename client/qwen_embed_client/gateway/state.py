@@ -3,8 +3,6 @@ model fingerprint."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from dataclasses import dataclass, field
 
@@ -14,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..client import AsyncEmbeddingClient
-from .errors import BACKEND, UNAUTHORIZED, APIError, json_body
+from .errors import BACKEND, APIError, json_body
 from .remote_media import RemoteMedia
 
 # A JSON body's limit: room for a request of images at the contract's size per image
@@ -29,7 +27,6 @@ class Gateway:
 
     client: AsyncEmbeddingClient
     model_names: tuple[str, ...]  # the embed model's served names: the first answers, any is taken
-    api_keys: tuple[str, ...]  # empty: no key needed
     rerank_model_names: tuple[str, ...]  # the reranker's: the first answers; none: routes off
     triton_rerank_model: str
     tracing: object | None  # tracing.Tracing
@@ -45,21 +42,6 @@ class Gateway:
     def rerank_model_name(self) -> str | None:
         return self.rerank_model_names[0] if self.rerank_model_names else None
 
-    def check_key(self, request: Request) -> None:
-        if not self.api_keys:
-            return
-        given = _authorization(request).encode()
-        # every key compared, in constant time each: no early exit tells which one was close
-        matches = [hmac.compare_digest(given, f"Bearer {k}".encode()) for k in self.api_keys]
-        if not any(matches):
-            raise APIError(UNAUTHORIZED, "Incorrect API key provided")
-
-    def owner(self, request: Request) -> str:
-        """Whose files and batches a request may see: its key's digest ("" with keys off)."""
-        if not self.api_keys:
-            return ""
-        return hashlib.sha256(_authorization(request).encode()).hexdigest()[:32]
-
     def outgoing(self) -> dict | None:
         """Headers for the Triton requests: the current span's trace context."""
         return self.tracing.outgoing_headers() if self.tracing is not None else None
@@ -70,27 +52,8 @@ class Gateway:
         return await self.client.served_facts()  # remembered there for a few seconds
 
 
-def _authorization(request: Request) -> str:
-    """The request's key as an Authorization header says it: that header, else Azure OpenAI's
-    `api-key: KEY` or Google's `x-goog-api-key: KEY` (their SDKs' ways) as `Bearer KEY`, so
-    one key is one owner whichever way it came."""
-    given = request.headers.get("authorization")
-    if given is not None:
-        return given
-    for header in ("api-key", "x-goog-api-key"):
-        if header in request.headers:
-            return f"Bearer {request.headers[header]}"
-    return ""
-
-
-def require_key(request: Request) -> None:
-    """A dependency of every API router (app.py): the request's API key, checked before any
-    handler runs, so a new route cannot forget it."""
-    request.app.state.gateway.check_key(request)
-
-
 def gateway(request: Request) -> Gateway:
-    """The gateway's own Gateway, its first models' (its key already checked: require_key),
+    """The gateway's own Gateway, its first models' (its key already checked: keys.py),
     for a request that names no model."""
     return request.app.state.gateway
 

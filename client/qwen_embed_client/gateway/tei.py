@@ -46,6 +46,7 @@ from .errors import (
     METHOD,
     NOT_FOUND,
     OVERLOADED,
+    RATE_LIMITED,
     TOO_LARGE,
     UNAUTHORIZED,
     UNAVAILABLE,
@@ -67,6 +68,7 @@ _ERRORS = {
     NOT_FOUND: (424, "Backend"),  # TEI: "model is not a re-ranker model"
     TOO_LARGE: (413, "Validation"),  # TEI: its --payload-limit
     OVERLOADED: (429, "Overloaded"),
+    RATE_LIMITED: (429, "Overloaded"),
     UNAVAILABLE: (503, "Unhealthy"),
     BACKEND: (424, "Backend"),
     METHOD: (405, "Validation"),

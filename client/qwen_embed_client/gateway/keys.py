@@ -1,0 +1,367 @@
+"""The gateway's API keys: who may call it, which models each key may use, and how fast.
+
+Plain keys (--api-key, $QWEN_EMBED_API_KEY) may use every model, without limits. Named keys
+come from a JSON file (--api-keys-file, $QWEN_EMBED_API_KEYS_FILE):
+
+    {"keys": [
+        {"name": "search", "sha256": "<hex SHA-256 of the key>", "models": ["embed"],
+         "requests_per_minute": 600, "tokens_per_minute": 1000000},
+        {"name": "nightly", "key": "<the key itself>"}
+    ]}
+
+- `sha256` (or `key`) is how a request's key is recognised; `name` is how the metrics, the
+  access log and messages name it (never the key).
+- `models`: the served names it may use (their LoRA adapters with them), absent for all; any
+  other model does not exist for it: a 404 naming it, and absent from the model lists. Checked
+  where every Triton request passes (client.guarded), so that no route can forget it; the
+  Batch API's lines run under the key that made the batch.
+- `requests_per_minute`, `tokens_per_minute`: a bucket of a minute's worth each, refilled
+  continuously; a request finding either empty is refused with 429 and Retry-After. A request
+  takes its tokens once answered (what its models ran), so one may overdraw and the next wait.
+  Answers to a limited key carry OpenAI's x-ratelimit-* headers. Batch lines are not limited.
+
+The file is read again when it changes (a key added, rotated or revoked without a restart);
+one that does not read then is logged and the keys before it kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import Request
+
+from ..contract import ensemble_steps
+from .errors import NOT_FOUND, RATE_LIMITED, UNAUTHORIZED, APIError
+
+log = logging.getLogger(__name__)
+
+RECHECK_S = 1.0  # how often the keys file's change is looked for
+_FIELDS = {"name", "sha256", "key", "models", "requests_per_minute", "tokens_per_minute"}
+
+
+@dataclass
+class Bucket:
+    """A minute's worth of `per_minute`, refilled continuously."""
+
+    per_minute: float
+    level: float
+    at: float
+
+    def now(self, now: float) -> float:
+        self.level = min(self.per_minute, self.level + (now - self.at) * self.per_minute / 60)
+        self.at = now
+        return self.level
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until it holds one again (0: it does)."""
+        return max(0.0, (1 - self.now(now)) * 60 / self.per_minute)
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # "" for a plain key
+    digest: bytes  # SHA-256 of the key
+    models: tuple[str, ...] | None = None  # the served names it may use; None: every one
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    buckets: dict[str, Bucket] = field(default_factory=dict, compare=False)
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute)
+
+
+class KeyRing:
+    """The keys a gateway takes: the plain ones and the file's, `served` mapping each served
+    name to its Triton ensembles (served.ServedModels.ensembles)."""
+
+    def __init__(
+        self,
+        plain: tuple[str, ...],
+        path: Path | None,
+        served: dict[str, tuple[str, ...]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.plain = tuple(Key("", _sha256(k)) for k in plain)
+        self.path, self.served, self.clock = path, served, clock
+        self.named: tuple[Key, ...] = ()
+        self._stamp, self._checked = None, clock()
+        if path is not None:
+            self._stamp = _stamp(path)
+            try:  # at start, a file that does not read stops the gateway
+                self.named = self._read()
+            except (OSError, ValueError) as e:
+                raise ValueError(f"--api-keys-file {path}: {e}") from None
+
+    @property
+    def on(self) -> bool:
+        """Whether a key is needed (a keys file holding none: nobody gets in)."""
+        return bool(self.plain) or self.path is not None
+
+    def admit(self, request: Request) -> None:
+        """The request's key found (401 otherwise) and its limits checked (429); the key kept
+        in the request's state for its guard, its tokens and its answer's headers."""
+        if not self.on:
+            return
+        key = self._find(_authorization(request))
+        if key is None:
+            raise APIError(UNAUTHORIZED, "Incorrect API key provided")
+        request.state.api_key = key
+        now = self.clock()
+        for what, bucket in key.buckets.items():
+            wait = bucket.wait_s(now)
+            if wait > 0:
+                raise APIError(
+                    RATE_LIMITED,
+                    f"rate limit reached for the API key '{key.name}': {bucket.per_minute:g} "
+                    f"{what} per minute; try again in {wait:.3g} s",
+                    headers={"retry-after": str(math.ceil(wait)), "retry-after-ms": str(_ms(wait))},
+                )
+        if "requests" in key.buckets:
+            key.buckets["requests"].level -= 1
+
+    def owner(self, request: Request) -> str:
+        """Whose Batch API files and batches a request may see: a digest of its key ("" with
+        keys off)."""
+        if not self.on:
+            return ""
+        return hashlib.sha256(_authorization(request).encode()).hexdigest()[:32]
+
+    def guard(self, key_name: str) -> Callable[[str], None] | None:
+        """The check (client.guarded) of the Triton models the named key may ask, None where
+        it may ask every one; for a key the file no longer holds, one that refuses all."""
+        if not key_name:
+            return None
+        key = next((k for k in self.named if k.name == key_name), None)
+        if key is None:
+
+            def revoked(model: str) -> None:
+                raise APIError(UNAUTHORIZED, f"the API key '{key_name}' is no longer accepted")
+
+            return revoked
+        return self._guard(key)
+
+    def request_guard(self, scope) -> Callable[[str], None]:
+        """The guard of whichever key `admit` finds for this request (none before it)."""
+
+        def check(model: str) -> None:
+            key = scope.get("state", {}).get("api_key")
+            guard = None if key is None else self._guard(key)
+            if guard is not None:
+                guard(model)
+
+        return check
+
+    def may_use(self, request: Request, ensemble: str) -> bool:
+        """Whether the request's key may use the Triton ensemble (model lists)."""
+        key = getattr(request.state, "api_key", None)
+        return key is None or key.models is None or ensemble in self._ensembles(key)
+
+    def spend(self, scope, usage: dict[str, int]) -> None:
+        """The tokens a request's answer cost, taken from its key's bucket."""
+        key = scope.get("state", {}).get("api_key")
+        if key is not None and "tokens" in key.buckets:
+            bucket = key.buckets["tokens"]
+            bucket.now(self.clock())
+            bucket.level -= sum(usage.values())
+
+    def headers(self, scope) -> list[tuple[bytes, bytes]]:
+        """OpenAI's x-ratelimit-* headers of a limited key's answer."""
+        key = scope.get("state", {}).get("api_key")
+        if key is None or not key.limited:
+            return []
+        out, now = [], self.clock()
+        for what, bucket in key.buckets.items():
+            level = bucket.now(now)
+            full_in = (bucket.per_minute - level) * 60 / bucket.per_minute
+            out += [
+                (f"x-ratelimit-limit-{what}".encode(), f"{bucket.per_minute:g}".encode()),
+                (f"x-ratelimit-remaining-{what}".encode(), str(max(0, int(level))).encode()),
+                (f"x-ratelimit-reset-{what}".encode(), f"{round(full_in, 3):g}s".encode()),
+            ]
+        return out
+
+    def key_name(self, scope) -> str:
+        key = scope.get("state", {}).get("api_key")
+        return "" if key is None else key.name
+
+    def _guard(self, key: Key) -> Callable[[str], None] | None:
+        if key.models is None:
+            return None
+        allowed = self._ensembles(key)
+        allowed |= {ensemble_steps(e)[0] for e in allowed}  # their tokenizer-only calls
+        # each ensemble's (and its tokenizer's) first served name, for the message
+        names = {}
+        for name, ensembles in reversed(self.served.items()):
+            names |= {step: name for e in ensembles for step in (e, ensemble_steps(e)[0])}
+
+        def check(model: str) -> None:
+            if model not in allowed:
+                name = names.get(model, model)
+                raise APIError(
+                    NOT_FOUND,
+                    f"the model '{name}' does not exist or the API key '{key.name}' may not use it",
+                    "model",
+                )
+
+        return check
+
+    def _ensembles(self, key: Key) -> set[str]:
+        return {e for name in key.models for e in self.served[name]}
+
+    def _find(self, given: str) -> Key | None:
+        if self.path is not None and self.clock() - self._checked >= RECHECK_S:
+            self._reload()
+        digest = _sha256(given.removeprefix("Bearer ")) if given.startswith("Bearer ") else b""
+        # every key compared, in constant time each: no early exit tells which one was close
+        matches = [k for k in (*self.plain, *self.named) if hmac.compare_digest(digest, k.digest)]
+        return matches[0] if matches else None
+
+    def _reload(self) -> None:
+        self._checked = self.clock()
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            named = self._read()
+        except (OSError, ValueError) as e:
+            log.error("%s: %s; the keys read before it kept", self.path, e)
+            return
+        held = {k.name: k for k in self.named}
+        # a key whose limits did not change keeps its buckets' levels
+        self.named = tuple(_kept(k, held.get(k.name)) for k in named)
+        log.info("%s: %d named API keys", self.path, len(self.named))
+
+    def _read(self) -> tuple[Key, ...]:
+        try:
+            data = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not JSON: {e}") from None
+        entries = data.get("keys") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            raise ValueError('expected {"keys": [{"name": ..., "sha256": ...}, ...]}')
+        keys = [self._key(i, entry) for i, entry in enumerate(entries)]
+        for what in ("name", "digest"):
+            values = [getattr(k, what) for k in keys]
+            if len(set(values)) < len(values):
+                raise ValueError(f"two keys have the same {'key' if what == 'digest' else what}")
+        return tuple(keys)
+
+    def _key(self, i: int, entry) -> Key:
+        where = f"keys[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is not an object")
+        if set(entry) - _FIELDS:
+            raise ValueError(f"{where}: unknown fields {sorted(set(entry) - _FIELDS)}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}.name must be a non-empty string")
+        if ("sha256" in entry) == ("key" in entry):
+            raise ValueError(f"{where} needs one of sha256 (the key's digest) and key")
+        if "key" in entry:
+            if not isinstance(entry["key"], str) or not entry["key"]:
+                raise ValueError(f"{where}.key must be a non-empty string")
+            digest = _sha256(entry["key"])
+        else:
+            try:
+                digest = bytes.fromhex(entry["sha256"])
+            except (TypeError, ValueError):
+                digest = b""
+            if len(digest) != 32:
+                raise ValueError(f"{where}.sha256 must be 64 hex digits (sha256sum of the key)")
+        models = entry.get("models")
+        if models is not None:
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise ValueError(f"{where}.models must be a list of served model names")
+            unknown = sorted(set(models) - set(self.served))
+            if unknown:
+                raise ValueError(
+                    f"{where}.models: {unknown} not served (served: {sorted(self.served)})"
+                )
+            models = tuple(models)
+        limits = {}
+        for what in ("requests_per_minute", "tokens_per_minute"):
+            value = entry.get(what)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value < 1
+            ):
+                raise ValueError(f"{where}.{what} must be a number >= 1")
+            limits[what] = value
+        key = Key(name, digest, models, **limits)
+        now = self.clock()
+        for what in ("requests", "tokens"):
+            per_minute = limits[f"{what}_per_minute"]
+            if per_minute:
+                key.buckets[what] = Bucket(float(per_minute), float(per_minute), now)
+        return key
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _kept(key: Key, before: Key | None) -> Key:
+    same = before is not None and (
+        before.requests_per_minute,
+        before.tokens_per_minute,
+    ) == (key.requests_per_minute, key.tokens_per_minute)
+    if same:
+        key.buckets.update(before.buckets)
+    return key
+
+
+def _sha256(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _authorization(request: Request) -> str:
+    """The request's key as an Authorization header says it: that header, else Azure OpenAI's
+    `api-key: KEY` or Google's `x-goog-api-key: KEY` (their SDKs' ways) as `Bearer KEY`, so
+    one key is one owner whichever way it came."""
+    given = request.headers.get("authorization")
+    if given is not None:
+        return given
+    for header in ("api-key", "x-goog-api-key"):
+        if header in request.headers:
+            return f"Bearer {request.headers[header]}"
+    return ""
+
+
+def embedders(request: Request) -> list:
+    """The served embedders' Gateways (served.ServedModels) the request's key may use: what
+    the model lists show it."""
+    keys = request.app.state.keys
+    return [
+        gw for gw in request.app.state.models.embedders if keys.may_use(request, gw.client.model)
+    ]
+
+
+def rerankers(request: Request) -> list:
+    """The served rerankers' Gateways the request's key may use."""
+    keys, models = request.app.state.keys, request.app.state.models
+    return [gw for gw in models.rerankers if keys.may_use(request, gw.triton_rerank_model)]
+
+
+async def require_key(request: Request) -> None:
+    """A dependency of every API router (app.py): the request's API key and its limits,
+    checked before any handler runs, so a new route cannot forget them (async: no thread
+    hop per request)."""
+    request.app.state.keys.admit(request)
