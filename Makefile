@@ -327,8 +327,12 @@ SSL_KEYFILE ?=
 # 1: the gateway writes a JSON line per request on stdout (client, key owner, route, status,
 # seconds, the tokens each model ran); 0: none.
 ACCESS_LOG ?= 0
+# Named API keys, each with its models and requests and tokens per minute (a JSON file, read
+# again when it changes: docs/deployment.md); empty: API_KEY's or none.
+API_KEYS_FILE ?=
 # The environment the gateway reads these from (make serve's launcher hands it on).
 GATEWAY_ENV = QWEN_EMBED_API_KEY=$(API_KEY) QWEN_EMBED_BATCH_DIR=$(abspath $(BATCH_DIR)) \
+	QWEN_EMBED_API_KEYS_FILE="$(if $(API_KEYS_FILE),$(abspath $(API_KEYS_FILE)))" \
 	QWEN_EMBED_CORS_ALLOW_ORIGINS="$(CORS_ALLOW_ORIGINS)" QWEN_EMBED_ACCESS_LOG=$(ACCESS_LOG) \
 	QWEN_EMBED_SSL_CERTFILE="$(if $(SSL_CERTFILE),$(abspath $(SSL_CERTFILE)))" \
 	QWEN_EMBED_SSL_KEYFILE="$(if $(SSL_KEYFILE),$(abspath $(SSL_KEYFILE)))"
