@@ -158,3 +158,24 @@ def test_the_prometheus_config_scrapes_both_ports_and_loads_the_alerts():
         (target,) = targets[job]
         port = target.split(":")[1]
         assert port in ports and f"{variable} ?= {port}" in makefile, (job, target)
+
+
+def test_the_pod_monitor_scrapes_both_ports_of_the_deployments_pods():
+    """docker/prometheus/podmonitor.yaml selects the Kubernetes Deployment's pods and scrapes,
+    by the container's port names, the two ports prometheus.yml scrapes on one host: Triton's
+    metrics and the gateway's (which the image serves: its default command)."""
+    monitor = yaml.safe_load((DOCKER / "prometheus" / "podmonitor.yaml").read_text())
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    pod = yaml.safe_load((DOCKER / "k8s" / "deployment.yaml").read_text())["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert all(e["path"] == "/metrics" for e in endpoints)
+    scraped = sorted(ports[e["port"]] for e in endpoints)
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    on_a_host = [
+        t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    ]
+    assert scraped == sorted(int(t.split(":")[1]) for t in on_a_host) == [8002, 8080]
+    assert '--gateway-port", "8080"' in (DOCKER / "Dockerfile").read_text()
