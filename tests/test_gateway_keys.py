@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,13 +20,15 @@ import cohere
 import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 from starlette.requests import Request
 
+from qwen_embed_client.contract import PRIORITIES
 from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.keys import KeyRing
 from qwen_embed_deploy.triton import free_port
 
-from triton_helpers import gateway_metrics, post_json, send_json, wait_for
+from triton_helpers import gateway_metrics, post_json, send_json, text_input, wait_for, wait_until
 
 pytestmark = pytest.mark.server  # starts tritonserver and a gateway process
 
@@ -35,6 +38,7 @@ KEYS = {
     "reranker": {"key": "key-reranker", "models": ["rerank"]},
     "limited": {"key": "key-limited", "requests_per_minute": 3},
     "frugal": {"key": "key-frugal", "tokens_per_minute": 20},
+    "nightly": {"key": "key-nightly", "priority": "bulk"},
 }
 PLAIN = "key-plain"  # --api-key: every model, no limits
 
@@ -184,6 +188,54 @@ def test_the_access_log_names_the_key(gateway):
     assert "key-embedder" not in gateway.log_path.read_text()
 
 
+@pytest.mark.parametrize(("key", "overtakes"), [(PLAIN, True), ("key-nightly", False)])
+def test_a_bulk_keys_requests_wait_behind_queued_bulk_work(gateway, server, key, overtakes):
+    """Bulk requests (Triton priority 2) queue up behind one executing; then a request through
+    the gateway asks for `interactive`: a plain key's overtakes them, the bulk key's goes at
+    bulk priority and completes after all of them (test_triton_embed.py's order test): by
+    order of completion, not timing."""
+    rng = np.random.default_rng(2)
+    words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet", "engine"]
+    texts = [" ".join(rng.choice(words, 12)) for _ in range(256)]  # one execute each
+    finished = []
+
+    def bulk(i):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        batch = [f"{key} {i} {t}" for t in texts]  # distinct: no response or prefix reuse
+        client.infer("embed", [text_input(grpcclient, batch)], priority=PRIORITIES["bulk"])
+        finished.append(f"bulk{i}")
+
+    def asked():
+        body = {"model": "embed", "input": f"a query for {key}", "priority": "interactive"}
+        assert gateway.post("/v1/embeddings", body, key)[0] == 200
+        finished.append("query")
+
+    def tokenized():
+        return server.metric("nv_inference_request_success", model="tokenizer")
+
+    before = tokenized()
+    threads = [threading.Thread(target=bulk, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    wait_until(
+        lambda: (
+            tokenized() - before >= 5
+            and server.metric("nv_inference_pending_request_count", model="encoder") >= 3
+        ),
+        "bulk requests queued behind the executing one",
+    )
+    queued = 5 - len(finished)
+    threads.append(threading.Thread(target=asked))
+    threads[-1].start()
+    for t in threads:
+        t.join(timeout=600)
+    after = len(finished) - 1 - finished.index("query")
+    if overtakes:  # at most the executing batch went first
+        assert after >= queued - 2, finished
+    else:
+        assert after == 0, finished
+
+
 def _batch(api, lines: list[dict]):
     text = "".join(json.dumps(line) + "\n" for line in lines).encode()
     source = api.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch").id
@@ -277,6 +329,7 @@ def _request(key: str) -> Request:
         ({"name": "a", "key": "k", "rpm": 3}, r"keys\[0\]: unknown fields \['rpm'\]"),
         ({"name": "a", "key": "k", "tokens_per_minute": 0}, r"tokens_per_minute must be a number"),
         ({"name": "", "key": "k"}, r"keys\[0\].name must be a non-empty string"),
+        ({"name": "a", "key": "k", "priority": "urgent"}, r"priority must be one of"),
     ],
 )
 def test_a_file_that_does_not_read_stops_the_gateway(tmp_path, entry, message):

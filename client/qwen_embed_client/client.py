@@ -110,15 +110,17 @@ def metered() -> Iterator[dict[str, int]]:
         _USAGE.reset(token)
 
 
-# What is asked before each Triton request within guarded(): check(model), which may raise.
-_GUARD: ContextVar[Callable[[str], None] | None] = ContextVar("qwen_embed_guard", default=None)
+# What each Triton request within guarded() passes first: check(model, priority) -> priority.
+Check = Callable[[str, int], int]
+_GUARD: ContextVar[Check | None] = ContextVar("qwen_embed_guard", default=None)
 
 
 @contextmanager
-def guarded(check: Callable[[str], None] | None) -> Iterator[None]:
-    """Within it, every Triton model a call would ask (an ensemble, or a tokenizer for the
-    tokenizer-only calls) is first passed to `check(model)` (None: no check), whose exception
-    refuses the call before anything is sent: a gateway's per-key model permissions, in the
+def guarded(check: Check | None) -> Iterator[None]:
+    """Within it, every Triton request a call would send (to an ensemble, or to a tokenizer
+    for the tokenizer-only calls) first passes `check(model, priority)` (None: no check),
+    which refuses it by raising, before anything is sent, or returns the priority it goes at
+    (Triton's level; 0: the model's default): a gateway's per-key models and priority, in the
     one place every request passes."""
     token = _GUARD.set(check)
     try:
@@ -840,7 +842,7 @@ class AsyncEmbeddingClient:
             raise EmbeddingError("no time left before the caller's deadline", DEADLINE_PASSED)
         check = _GUARD.get()
         if check is not None:
-            check(model)
+            priority = check(model, priority)
         kwargs = {"client_timeout": wait} if self.protocol == "grpc" else {}
         usage = _USAGE.get() if outputs is None else None  # an ensemble's whole answer
         if usage is not None:

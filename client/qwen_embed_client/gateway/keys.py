@@ -6,7 +6,7 @@ come from a JSON file (--api-keys-file, $QWEN_EMBED_API_KEYS_FILE):
     {"keys": [
         {"name": "search", "sha256": "<hex SHA-256 of the key>", "models": ["embed"],
          "requests_per_minute": 600, "tokens_per_minute": 1000000},
-        {"name": "nightly", "key": "<the key itself>"}
+        {"name": "nightly", "key": "<the key itself>", "priority": "bulk"}
     ]}
 
 - `sha256` (or `key`) is how a request's key is recognised; `name` is how the metrics, the
@@ -15,6 +15,9 @@ come from a JSON file (--api-keys-file, $QWEN_EMBED_API_KEYS_FILE):
   other model does not exist for it: a 404 naming it, and absent from the model lists. Checked
   where every Triton request passes (client.guarded), so that no route can forget it; the
   Batch API's lines run under the key that made the batch.
+- `priority`: "bulk" sends every request of the key at Triton's bulk priority, whatever its
+  body asks, so that a tenant's bulk work never goes before the interactive requests of the
+  others (the encoder's queue takes interactive ones first); absent: as each request asks.
 - `requests_per_minute`, `tokens_per_minute`: a bucket of a minute's worth each, refilled
   continuously; a request finding either empty is refused with 429 and Retry-After. A request
   takes its tokens once answered (what its models ran), so one may overdraw and the next wait.
@@ -39,13 +42,15 @@ from pathlib import Path
 
 from fastapi import Request
 
-from ..contract import ensemble_steps
+from ..client import Check
+from ..contract import PRIORITIES, ensemble_steps
 from .errors import NOT_FOUND, RATE_LIMITED, UNAUTHORIZED, APIError
 
 log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0  # how often the keys file's change is looked for
-_FIELDS = {"name", "sha256", "key", "models", "requests_per_minute", "tokens_per_minute"}
+_FIELDS = {"name", "sha256", "key", "models", "priority"}
+_FIELDS |= {"requests_per_minute", "tokens_per_minute"}
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Key:
     name: str  # "" for a plain key
     digest: bytes  # SHA-256 of the key
     models: tuple[str, ...] | None = None  # the served names it may use; None: every one
+    priority: int = 0  # Triton's level of all its requests; 0: each request's own
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     buckets: dict[str, Bucket] = field(default_factory=dict, compare=False)
@@ -136,28 +142,28 @@ class KeyRing:
             return ""
         return hashlib.sha256(_authorization(request).encode()).hexdigest()[:32]
 
-    def guard(self, key_name: str) -> Callable[[str], None] | None:
-        """The check (client.guarded) of the Triton models the named key may ask, None where
-        it may ask every one; for a key the file no longer holds, one that refuses all."""
+    def guard(self, key_name: str) -> Check | None:
+        """The check (client.guarded) of the Triton models the named key may ask and of its
+        priority, None where it may ask every one as it likes; for a key the file no longer
+        holds, one that refuses all."""
         if not key_name:
             return None
         key = next((k for k in self.named if k.name == key_name), None)
         if key is None:
 
-            def revoked(model: str) -> None:
+            def revoked(model: str, priority: int) -> int:
                 raise APIError(UNAUTHORIZED, f"the API key '{key_name}' is no longer accepted")
 
             return revoked
         return self._guard(key)
 
-    def request_guard(self, scope) -> Callable[[str], None]:
+    def request_guard(self, scope) -> Check:
         """The guard of whichever key `admit` finds for this request (none before it)."""
 
-        def check(model: str) -> None:
+        def check(model: str, priority: int) -> int:
             key = scope.get("state", {}).get("api_key")
             guard = None if key is None else self._guard(key)
-            if guard is not None:
-                guard(model)
+            return priority if guard is None else guard(model, priority)
 
         return check
 
@@ -194,24 +200,27 @@ class KeyRing:
         key = scope.get("state", {}).get("api_key")
         return "" if key is None else key.name
 
-    def _guard(self, key: Key) -> Callable[[str], None] | None:
-        if key.models is None:
+    def _guard(self, key: Key) -> Check | None:
+        if key.models is None and not key.priority:
             return None
-        allowed = self._ensembles(key)
-        allowed |= {ensemble_steps(e)[0] for e in allowed}  # their tokenizer-only calls
+        allowed = self._ensembles(key) if key.models is not None else None
+        if allowed is not None:
+            allowed |= {ensemble_steps(e)[0] for e in allowed}  # their tokenizer-only calls
         # each ensemble's (and its tokenizer's) first served name, for the message
         names = {}
         for name, ensembles in reversed(self.served.items()):
             names |= {step: name for e in ensembles for step in (e, ensemble_steps(e)[0])}
 
-        def check(model: str) -> None:
-            if model not in allowed:
+        def check(model: str, priority: int) -> int:
+            if allowed is not None and model not in allowed:
                 name = names.get(model, model)
                 raise APIError(
                     NOT_FOUND,
                     f"the model '{name}' does not exist or the API key '{key.name}' may not use it",
                     "model",
                 )
+            # a bulk key's requests go at bulk priority, however they ask
+            return max(priority, key.priority)
 
         return check
 
@@ -297,7 +306,12 @@ class KeyRing:
             ):
                 raise ValueError(f"{where}.{what} must be a number >= 1")
             limits[what] = value
-        key = Key(name, digest, models, **limits)
+        priority = entry.get("priority")
+        if priority is not None and priority not in PRIORITIES:
+            raise ValueError(f"{where}.priority must be one of {list(PRIORITIES)}")
+        # "interactive": as each request asks (its default)
+        level = PRIORITIES["bulk"] if priority == "bulk" else 0
+        key = Key(name, digest, models, level, **limits)
         now = self.clock()
         for what in ("requests", "tokens"):
             per_minute = limits[f"{what}_per_minute"]
