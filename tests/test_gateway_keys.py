@@ -28,7 +28,15 @@ from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.keys import KeyRing
 from qwen_embed_deploy.triton import free_port
 
-from triton_helpers import gateway_metrics, post_json, send_json, text_input, wait_for, wait_until
+from triton_helpers import (
+    encoder_kept_busy,
+    gateway_metrics,
+    post_json,
+    send_json,
+    text_input,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.server  # starts tritonserver and a gateway process
 
@@ -39,6 +47,7 @@ KEYS = {
     "limited": {"key": "key-limited", "requests_per_minute": 3},
     "frugal": {"key": "key-frugal", "tokens_per_minute": 20},
     "nightly": {"key": "key-nightly", "priority": "bulk"},
+    "single": {"key": "key-single", "max_concurrent_requests": 1},
 }
 PLAIN = "key-plain"  # --api-key: every model, no limits
 
@@ -236,6 +245,26 @@ def test_a_bulk_keys_requests_wait_behind_queued_bulk_work(gateway, server, key,
         assert after == 0, finished
 
 
+def test_a_key_past_its_requests_in_flight_is_refused_at_once(gateway, server):
+    """A key of at most one request in flight: while its first waits behind a busy encoder,
+    its second is answered 429 at once; once the first is answered, the next is taken."""
+    body = {"model": "embed", "input": "waits behind the busy encoder"}
+    in_flight = "qwen_embed_gateway_requests_in_flight{}"
+    answers = []
+    with encoder_kept_busy(server, 3.0):
+        first = threading.Thread(
+            target=lambda: answers.append(gateway.post("/v1/embeddings", body, "key-single")[0])
+        )
+        first.start()
+        wait_until(lambda: gateway_metrics(gateway.root)[in_flight] == 1, "the first in flight")
+        with pytest.raises(openai.RateLimitError, match="1 requests in flight") as refused:
+            gateway.openai("key-single").embeddings.create(model="embed", input="second")
+        assert refused.value.response.headers["retry-after"] == "1"
+        first.join(timeout=120)
+    assert answers == [200]
+    assert gateway.post("/v1/embeddings", body, "key-single")[0] == 200
+
+
 def _batch(api, lines: list[dict]):
     text = "".join(json.dumps(line) + "\n" for line in lines).encode()
     source = api.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch").id
@@ -330,6 +359,7 @@ def _request(key: str) -> Request:
         ({"name": "a", "key": "k", "tokens_per_minute": 0}, r"tokens_per_minute must be a number"),
         ({"name": "", "key": "k"}, r"keys\[0\].name must be a non-empty string"),
         ({"name": "a", "key": "k", "priority": "urgent"}, r"priority must be one of"),
+        ({"name": "a", "key": "k", "max_concurrent_requests": 1.5}, r"must be an integer >= 1"),
     ],
 )
 def test_a_file_that_does_not_read_stops_the_gateway(tmp_path, entry, message):
@@ -380,7 +410,7 @@ def test_buckets_refill_over_the_minute(tmp_path):
         except APIError as e:
             assert e.kind == "rate_limited" and int(e.headers["retry-after"]) >= 1
             return "requests" if "requests per minute" in e.message else "tokens"
-        ring.spend(request.scope, {"embed": tokens})
+        ring.done(request.scope, {"embed": tokens})
         return "ok"
 
     assert [ask(), ask(), ask()] == ["ok", "ok", "requests"]

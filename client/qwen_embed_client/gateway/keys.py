@@ -21,7 +21,9 @@ come from a JSON file (--api-keys-file, $QWEN_EMBED_API_KEYS_FILE):
 - `requests_per_minute`, `tokens_per_minute`: a bucket of a minute's worth each, refilled
   continuously; a request finding either empty is refused with 429 and Retry-After. A request
   takes its tokens once answered (what its models ran), so one may overdraw and the next wait.
-  Answers to a limited key carry OpenAI's x-ratelimit-* headers. Batch lines are not limited.
+  Answers to a limited key carry OpenAI's x-ratelimit-* headers. `max_concurrent_requests`:
+  a request past that many of the key's in flight is refused at once (429, Retry-After 1), so
+  that one tenant cannot fill the encoder's queue for all. Batch lines are not limited.
 
 The file is read again when it changes (a key added, rotated or revoked without a restart);
 one that does not read then is logged and the keys before it kept.
@@ -50,7 +52,8 @@ log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0  # how often the keys file's change is looked for
 _FIELDS = {"name", "sha256", "key", "models", "priority"}
-_FIELDS |= {"requests_per_minute", "tokens_per_minute"}
+_FIELDS |= {"requests_per_minute", "tokens_per_minute", "max_concurrent_requests"}
+LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Key:
     priority: int = 0  # Triton's level of all its requests; 0: each request's own
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
+    max_concurrent_requests: int | None = None
     buckets: dict[str, Bucket] = field(default_factory=dict, compare=False)
 
     @property
@@ -101,6 +105,7 @@ class KeyRing:
         self.path, self.served, self.clock = path, served, clock
         self.named: tuple[Key, ...] = ()
         self._stamp, self._checked = None, clock()
+        self.in_flight: dict[str, int] = {}  # by key name: a reloaded key keeps its count
         if path is not None:
             self._stamp = _stamp(path)
             try:  # at start, a file that does not read stops the gateway
@@ -132,8 +137,19 @@ class KeyRing:
                     f"{what} per minute; try again in {wait:.3g} s",
                     headers={"retry-after": str(math.ceil(wait)), "retry-after-ms": str(_ms(wait))},
                 )
+        most, now_in = key.max_concurrent_requests, self.in_flight.get(key.name, 0)
+        if most and now_in >= most:
+            raise APIError(
+                RATE_LIMITED,
+                f"the API key '{key.name}' has {most} requests in flight, its most; send this "
+                "one when one of them is answered",
+                headers={"retry-after": "1", "retry-after-ms": "1000"},
+            )
         if "requests" in key.buckets:
             key.buckets["requests"].level -= 1
+        if most:
+            self.in_flight[key.name] = now_in + 1
+            request.state.api_key_slot = key.name
 
     def owner(self, request: Request) -> str:
         """Whose Batch API files and batches a request may see: a digest of its key ("" with
@@ -172,9 +188,14 @@ class KeyRing:
         key = getattr(request.state, "api_key", None)
         return key is None or key.models is None or ensemble in self._ensembles(key)
 
-    def spend(self, scope, usage: dict[str, int]) -> None:
-        """The tokens a request's answer cost, taken from its key's bucket."""
-        key = scope.get("state", {}).get("api_key")
+    def done(self, scope, usage: dict[str, int]) -> None:
+        """A request answered (or refused, or left by its client): its slot given back, the
+        tokens its answer cost taken from its key's bucket."""
+        state = scope.get("state", {})
+        slot = state.pop("api_key_slot", None)
+        if slot is not None:
+            self.in_flight[slot] -= 1
+        key = state.get("api_key")
         if key is not None and "tokens" in key.buckets:
             bucket = key.buckets["tokens"]
             bucket.now(self.clock())
@@ -299,12 +320,14 @@ class KeyRing:
                 )
             models = tuple(models)
         limits = {}
-        for what in ("requests_per_minute", "tokens_per_minute"):
+        for what in LIMITS:
             value = entry.get(what)
+            kinds = int if what == "max_concurrent_requests" else int | float
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 1
+                isinstance(value, bool) or not isinstance(value, kinds) or value < 1
             ):
-                raise ValueError(f"{where}.{what} must be a number >= 1")
+                kind = "an integer" if kinds is int else "a number"
+                raise ValueError(f"{where}.{what} must be {kind} >= 1")
             limits[what] = value
         priority = entry.get("priority")
         if priority is not None and priority not in PRIORITIES:

@@ -146,6 +146,6 @@ class _Measured:
                 m.requests.labels(template, api, str(status), model, key).inc()
                 m.seconds.labels(template, model).observe(seconds)
                 m.count_tokens(usage, api, key)
-                self.keys.spend(scope, usage)
+                self.keys.done(scope, usage)
                 if self.access_log is not None:
                     self.access_log.write(scope, template, api, status, seconds, usage, key)
