@@ -39,7 +39,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastapi import Request
@@ -51,9 +51,8 @@ from .errors import NOT_FOUND, RATE_LIMITED, UNAUTHORIZED, APIError
 log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0  # how often the keys file's change is looked for
-_FIELDS = {"name", "sha256", "key", "models", "priority"}
-_FIELDS |= {"requests_per_minute", "tokens_per_minute", "max_concurrent_requests"}
-LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
+_LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
+_FIELDS = {"name", "sha256", "key", "models", "priority", *_LIMITS}
 
 
 @dataclass
@@ -83,11 +82,9 @@ class Key:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     max_concurrent_requests: int | None = None
-    buckets: dict[str, Bucket] = field(default_factory=dict, compare=False)
-
-    @property
-    def limited(self) -> bool:
-        return bool(self.requests_per_minute or self.tokens_per_minute)
+    buckets: dict[str, Bucket] = field(default_factory=dict, compare=False)  # by what
+    # client.guarded's check of its models and priority; None: every model, as asked
+    check: Check | None = field(default=None, compare=False)
 
 
 class KeyRing:
@@ -171,15 +168,14 @@ class KeyRing:
                 raise APIError(UNAUTHORIZED, f"the API key '{key_name}' is no longer accepted")
 
             return revoked
-        return self._guard(key)
+        return key.check
 
     def request_guard(self, scope) -> Check:
         """The guard of whichever key `admit` finds for this request (none before it)."""
 
         def check(model: str, priority: int) -> int:
             key = scope.get("state", {}).get("api_key")
-            guard = None if key is None else self._guard(key)
-            return priority if guard is None else guard(model, priority)
+            return priority if key is None or key.check is None else key.check(model, priority)
 
         return check
 
@@ -204,7 +200,7 @@ class KeyRing:
     def headers(self, scope) -> list[tuple[bytes, bytes]]:
         """OpenAI's x-ratelimit-* headers of a limited key's answer."""
         key = scope.get("state", {}).get("api_key")
-        if key is None or not key.limited:
+        if key is None or not key.buckets:
             return []
         out, now = [], self.clock()
         for what, bucket in key.buckets.items():
@@ -221,7 +217,7 @@ class KeyRing:
         key = scope.get("state", {}).get("api_key")
         return "" if key is None else key.name
 
-    def _guard(self, key: Key) -> Check | None:
+    def _check(self, key: Key) -> Check | None:
         if key.models is None and not key.priority:
             return None
         allowed = self._ensembles(key) if key.models is not None else None
@@ -320,7 +316,7 @@ class KeyRing:
                 )
             models = tuple(models)
         limits = {}
-        for what in LIMITS:
+        for what in _LIMITS:
             value = entry.get(what)
             kinds = int if what == "max_concurrent_requests" else int | float
             if value is not None and (
@@ -340,7 +336,7 @@ class KeyRing:
             per_minute = limits[f"{what}_per_minute"]
             if per_minute:
                 key.buckets[what] = Bucket(float(per_minute), float(per_minute), now)
-        return key
+        return replace(key, check=self._check(key))
 
 
 def _ms(seconds: float) -> int:
