@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import tritonclient.grpc as grpcclient
 from starlette.requests import Request
 
 from qwen_embed_client.contract import PRIORITIES
+from qwen_embed_client.gateway.batch_store import BatchStore
 from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.keys import KeyRing
 from qwen_embed_deploy.triton import free_port
@@ -428,3 +430,24 @@ def test_buckets_refill_over_the_minute(tmp_path):
     assert [ask(), ask(), ask()] == ["ok", "ok", "requests"]
     with pytest.raises(APIError, match="Incorrect API key"):
         ring.admit(_request("another"))
+
+
+def test_a_batch_directory_made_before_named_keys_opens_with_them(tmp_path):
+    """A gateway's Batch API state from before the batches' key column: opened, its batches
+    belong to no named key (their lines use every model, as they did)."""
+    db = sqlite3.connect(tmp_path / "state.sqlite")
+    db.executescript(
+        """
+        CREATE TABLE files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, object TEXT NOT NULL);
+        CREATE TABLE batches (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
+            status TEXT NOT NULL, object TEXT NOT NULL);
+        INSERT INTO batches VALUES ('batch_old', 'o', 1, 'validating', '{}');
+        """
+    )
+    db.close()
+    store = BatchStore(tmp_path)
+    assert store.key_of("batch_old") == ""
+    store.add_batch("o", {"id": "batch_new", "created_at": 2, "status": "validating"}, "search")
+    assert store.key_of("batch_new") == "search"
+    store.close()

@@ -287,9 +287,9 @@ def main() -> None:
         "--api-keys-file",
         default=os.environ.get("QWEN_EMBED_API_KEYS_FILE") or None,
         metavar="JSON",
-        help="named keys, each with the models it may use and its requests and tokens per "
-        "minute, read again when the file changes ($QWEN_EMBED_API_KEYS_FILE, which reaches "
-        "the gateway the launcher starts)",
+        help="named keys, each with the models it may use, its requests and tokens per minute, "
+        "requests in flight and priority, read again when the file changes "
+        "($QWEN_EMBED_API_KEYS_FILE, which reaches the gateway the launcher starts)",
     )
     p.add_argument(
         "--batch-dir",

@@ -28,7 +28,7 @@ METHOD = "method"  # a route asked with a method it does not take
 TOO_LARGE = "too_large"  # a body over the gateway's limit (413 in every API)
 UNAUTHORIZED = "unauthorized"
 OVERLOADED = "overloaded"  # the server's queue is full
-RATE_LIMITED = "rate_limited"  # the API key's requests or tokens per minute are spent
+RATE_LIMITED = "rate_limited"  # an API key's limit reached (per minute, or in flight)
 UNAVAILABLE = "unavailable"  # the server or model is not there (after the client's retries)
 BACKEND = "backend"  # any other failure of the server
 
