@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import cohere
@@ -361,6 +362,7 @@ def _request(key: str) -> Request:
         ({"name": "a", "key": "k", "tokens_per_minute": 0}, r"tokens_per_minute must be a number"),
         ({"name": "", "key": "k"}, r"keys\[0\].name must be a non-empty string"),
         ({"name": "a", "key": "k", "priority": "urgent"}, r"priority must be one of"),
+        ({"name": "a", "key": "k", "expires_at": "soon"}, r"expires_at must be an ISO 8601"),
         ({"name": "a", "key": "k", "max_concurrent_requests": 1.5}, r"must be an integer >= 1"),
     ],
 )
@@ -451,3 +453,40 @@ def test_a_batch_directory_made_before_named_keys_opens_with_them(tmp_path):
     store.add_batch("o", {"id": "batch_new", "created_at": 2, "status": "validating"}, "search")
     assert store.key_of("batch_new") == "search"
     store.close()
+
+
+def test_a_key_is_refused_from_its_expiry_on(tmp_path):
+    wall = [datetime(2027, 1, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()]
+    path = tmp_path / "keys.json"
+    keys_file(path, {"temp": {"key": "k", "expires_at": "2027-02-01"}})  # its start, UTC
+    ring = KeyRing((), path, SERVED, wall=lambda: wall[0])
+    ring.admit(_request("k"))
+    wall[0] += 1
+    with pytest.raises(APIError, match=r"'temp' expired at 2027-02-01T00:00:00\+00:00"):
+        ring.admit(_request("k"))
+    keys_file(path, {"temp": {"key": "k", "expires_at": "2027-02-01T09:00:00+09:00"}})
+    assert KeyRing((), path, SERVED).named[0].expires_at == wall[0]  # the same instant
+
+
+def test_a_new_key_and_its_entry_are_taken_as_made(tmp_path):
+    """`new-key` prints a key and its entry (the digest, never the key): the entry in a keys
+    file takes that key, with the models and expiry given."""
+    made = subprocess.run(
+        [sys.executable, "-m", "qwen_embed_client.gateway", "new-key", "search"]
+        + ["--models", "embed", "--expires-at", "2999-01-01"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = dict(line.split(": ", 1) for line in made.stdout.splitlines())
+    key, entry = lines["key"], json.loads(lines["entry"])
+    assert key not in lines["entry"] and len(key) > 40
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": [entry]}))
+    ring = KeyRing((), path, SERVED)
+    request = _request(key)
+    ring.admit(request)
+    assert request.state.api_key.name == "search" and request.state.api_key.models == ("embed",)
+    with pytest.raises(APIError, match="Incorrect API key"):
+        ring.admit(_request(key[:-1]))

@@ -10,7 +10,9 @@ come from a JSON file (--api-keys-file, $QWEN_EMBED_API_KEYS_FILE):
     ]}
 
 - `sha256` (or `key`) is how a request's key is recognised; `name` is how the metrics, the
-  access log and messages name it (never the key).
+  access log and messages name it (never the key); `expires_at` (ISO 8601, UTC where it names
+  no zone) when it stops being taken. `python -m qwen_embed_client.gateway new-key NAME` makes
+  a new key and its entry.
 - `models`: the served names it may use (their LoRA adapters with them), absent for all; any
   other model does not exist for it: a 404 naming it, and absent from the model lists. Checked
   where every Triton request passes (client.guarded), so that no route can forget it; the
@@ -40,6 +42,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from fastapi import Request
@@ -52,7 +55,7 @@ log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0  # how often the keys file's change is looked for
 _LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
-_FIELDS = {"name", "sha256", "key", "models", "priority", *_LIMITS}
+_FIELDS = {"name", "sha256", "key", "expires_at", "models", "priority", *_LIMITS}
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Bucket:
 class Key:
     name: str  # "" for a plain key
     digest: bytes  # SHA-256 of the key
+    expires_at: float | None = None  # time.time() from which it is refused
     models: tuple[str, ...] | None = None  # the served names it may use; None: every one
     priority: int = 0  # Triton's level of all its requests; 0: each request's own
     requests_per_minute: float | None = None
@@ -97,9 +101,10 @@ class KeyRing:
         path: Path | None,
         served: dict[str, tuple[str, ...]],
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ):
         self.plain = tuple(Key("", _sha256(k)) for k in plain)
-        self.path, self.served, self.clock = path, served, clock
+        self.path, self.served, self.clock, self.wall = path, served, clock, wall
         self.named: tuple[Key, ...] = ()
         self._stamp, self._checked = None, clock()
         self.in_flight: dict[str, int] = {}  # by key name: a reloaded key keeps its count
@@ -123,6 +128,9 @@ class KeyRing:
         key = self._find(_authorization(request))
         if key is None:
             raise APIError(UNAUTHORIZED, "Incorrect API key provided")
+        if key.expires_at is not None and self.wall() >= key.expires_at:
+            when = datetime.fromtimestamp(key.expires_at, timezone.utc).isoformat()
+            raise APIError(UNAUTHORIZED, f"the API key '{key.name}' expired at {when}")
         request.state.api_key = key
         now = self.clock()
         for what, bucket in key.buckets.items():
@@ -305,6 +313,9 @@ class KeyRing:
                 digest = b""
             if len(digest) != 32:
                 raise ValueError(f"{where}.sha256 must be 64 hex digits (sha256sum of the key)")
+        expires_at = entry.get("expires_at")
+        if expires_at is not None:
+            expires_at = _instant(expires_at, f"{where}.expires_at")
         models = entry.get("models")
         if models is not None:
             if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
@@ -330,7 +341,7 @@ class KeyRing:
             raise ValueError(f"{where}.priority must be one of {list(PRIORITIES)}")
         # "interactive": as each request asks (its default)
         level = PRIORITIES["bulk"] if priority == "bulk" else 0
-        key = Key(name, digest, models, level, **limits)
+        key = Key(name, digest, expires_at, models, level, **limits)
         now = self.clock()
         for what in ("requests", "tokens"):
             per_minute = limits[f"{what}_per_minute"]
@@ -351,6 +362,15 @@ def _kept(key: Key, before: Key | None) -> Key:
     if same:
         key.buckets.update(before.buckets)
     return key
+
+
+def _instant(text, where: str) -> float:
+    """An ISO 8601 date or time (UTC where it names no zone) as time.time() counts it."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"{where} must be an ISO 8601 date or time, got {text!r}") from None
+    return when.replace(tzinfo=when.tzinfo or timezone.utc).timestamp()
 
 
 def _sha256(text: str) -> bytes:
@@ -398,3 +418,31 @@ async def require_key(request: Request) -> None:
     checked before any handler runs, so a new route cannot forget them (async: no thread
     hop per request)."""
     request.app.state.keys.admit(request)
+
+
+def new_key(argv: list[str]) -> None:
+    """A new key and its keys-file entry: the key goes to its holder, the entry (its digest,
+    never the key) into the file."""
+    import argparse
+    import secrets
+
+    p = argparse.ArgumentParser(
+        prog="python -m qwen_embed_client.gateway new-key",
+        description="a new API key and its entry for the gateway's --api-keys-file",
+    )
+    p.add_argument("name", help="how the metrics and the access log name the key")
+    p.add_argument("--models", nargs="+", help="the served names it may use (default: all)")
+    p.add_argument("--expires-at", help="ISO 8601 date or time after which it is refused")
+    args = p.parse_args(argv)
+    key = "sk-" + secrets.token_urlsafe(32)
+    entry = {"name": args.name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+    if args.models:
+        entry["models"] = args.models
+    if args.expires_at:
+        try:
+            _instant(args.expires_at, "--expires-at")
+        except ValueError as e:
+            p.error(str(e))
+        entry["expires_at"] = args.expires_at
+    print(f"key: {key}")
+    print(f"entry: {json.dumps(entry)}")
