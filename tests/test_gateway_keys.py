@@ -200,12 +200,12 @@ def test_the_access_log_names_the_key(gateway):
     assert "key-embedder" not in gateway.log_path.read_text()
 
 
-@pytest.mark.parametrize(("key", "overtakes"), [(PLAIN, True), ("key-nightly", False)])
-def test_a_bulk_keys_requests_wait_behind_queued_bulk_work(gateway, server, key, overtakes):
-    """Bulk requests (Triton priority 2) queue up behind one executing; then a request through
-    the gateway asks for `interactive`: a plain key's overtakes them, the bulk key's goes at
-    bulk priority and completes after all of them (test_triton_embed.py's order test): by
-    order of completion, not timing."""
+def test_a_bulk_keys_requests_wait_behind_queued_bulk_work(gateway, server):
+    """Bulk requests (Triton priority 2) queue up behind one executing; then the bulk key's
+    request through the gateway asks for `interactive`, goes at bulk priority and completes
+    after all of them, where an interactive one overtakes them (test_triton_embed.py's order
+    test, the same queue): by order of completion, not timing."""
+    key = "key-nightly"
     rng = np.random.default_rng(2)
     words = ["alpha", "river", "stone", "cloud", "seven", "market", "blue", "quiet", "engine"]
     texts = [" ".join(rng.choice(words, 12)) for _ in range(256)]  # one execute each
@@ -241,11 +241,8 @@ def test_a_bulk_keys_requests_wait_behind_queued_bulk_work(gateway, server, key,
     threads[-1].start()
     for t in threads:
         t.join(timeout=600)
-    after = len(finished) - 1 - finished.index("query")
-    if overtakes:  # at most the executing batch went first
-        assert after >= queued - 2, finished
-    else:
-        assert after == 0, finished
+    assert queued >= 3, finished  # the query had queued bulk work to overtake, had it asked
+    assert finished[-1] == "query", finished
 
 
 def test_a_key_past_its_requests_in_flight_is_refused_at_once(gateway, server):
