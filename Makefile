@@ -355,7 +355,8 @@ else
 	elif [ "$(RERANK)" != 0 ]; then echo "reranker: $${RERANK_MODEL_DIR:-$(DEMO_RERANKER) (demo: random weights, scores carry no meaning)}"; fi
 endif
 	@echo "HTTP  http://localhost:$(HTTP_PORT)   gRPC localhost:$(GRPC_PORT)   metrics http://localhost:$(METRICS_PORT)/metrics"
-	@if [ "$(GATEWAY)" != 0 ]; then echo "HTTP gateway  http://localhost:$(GATEWAY_PORT): OpenAI /v1/embeddings /v1/rerank /v1/batches, TEI /embed /rerank, Cohere /v2/embed /v2/rerank"; fi
+	@if [ "$(GATEWAY)" != 0 ]; then echo "HTTP gateway  http://localhost:$(GATEWAY_PORT): OpenAI /v1/embeddings /v1/rerank /v1/batches, TEI /embed /rerank, Cohere /v2/embed /v2/rerank; metrics /metrics"; fi
+	@if [ "$(GATEWAY)" != 0 ] && [ -n "$(API_KEY)$(API_KEYS_FILE)" ]; then echo "keys: the gateway's routes take 'Authorization: Bearer KEY'$(if $(API_KEYS_FILE), (named keys: $(API_KEYS_FILE)))"; fi
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/embed/infer -d '{\"inputs\":[{\"name\":\"TEXT\",\"shape\":[1,1],\"datatype\":\"BYTES\",\"data\":[\"Hello, world!\"]}]}'"
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\":\"embed\",\"input\":[\"Hello, world!\"]}'"
 	@echo "      curl -s localhost:$(GATEWAY_PORT)/v1/rerank -H 'Content-Type: application/json' -d '{\"model\":\"rerank\",\"query\":\"capital of China?\",\"documents\":[\"Beijing is the capital.\",\"Gravity.\"]}'"
