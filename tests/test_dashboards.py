@@ -20,7 +20,7 @@ DASHBOARD = DOCKER / "grafana" / "qwen-embed.json"
 ALERTS = DOCKER / "prometheus" / "alerts.yaml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 # Grafana's variables, as a query of the dashboard sends them.
-VARIABLES = {"$__rate_interval": "5m", "$model": ".*"}
+VARIABLES = {"$__rate_interval": "5m", "$model": ".*", "$key": ".*"}
 
 
 def dashboard_queries() -> list[str]:
@@ -106,13 +106,15 @@ def test_every_series_the_dashboard_and_alerts_ask_for_is_served(server):
 
 def test_the_dashboards_variables_and_panels_are_grafanas():
     """What Grafana reads on import: a Prometheus data-source variable every panel and query
-    uses, the model variable from a served label, unique panel ids, a grid position each."""
+    uses, the model and API-key variables from served labels, unique panel ids, a grid
+    position each."""
     dashboard = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["query"] == "prometheus"
-    assert variables["model"]["definition"] == (
-        "label_values(qwen_embed_gateway_requests_total, model)"
-    )
+    for label in ("model", "key"):
+        assert variables[label]["definition"] == (
+            f"label_values(qwen_embed_gateway_requests_total, {label})"
+        )
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     for panel in panels:
