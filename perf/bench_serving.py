@@ -71,6 +71,19 @@ from workload import make_texts
 PER_EXECUTE = "qwen_embed_encoder_requests_per_execute"
 MODELS = ("embed", "tokenizer", "encoder")
 ENCODE_SECONDS = "qwen_embed_encode_seconds_sum"  # the encoder's calls, summed
+# --gateway-key: the key every request sends and its entry in the gateway's keys file, whose
+# checks all run (the served model, a minute's requests and tokens, requests in flight, bulk
+# priority) and whose limits are never reached.
+BENCH_KEY = "bench-key"
+BENCH_KEY_ENTRY = {
+    "name": "bench",
+    "key": BENCH_KEY,
+    "models": ["embed"],
+    "requests_per_minute": 10**9,
+    "tokens_per_minute": 10**12,
+    "max_concurrent_requests": 10**6,
+    "priority": "bulk",
+}
 
 
 def executes(server: TritonServer) -> tuple[float, float]:
@@ -284,6 +297,12 @@ def main() -> None:
         "--gateway", action="store_true", help="OpenAI embeddings requests through the gateway"
     )
     p.add_argument(
+        "--gateway-key",
+        action="store_true",
+        help="with --gateway: every request sends a named API key (--api-keys-file) whose "
+        "models, limits and priority are checked and never reached",
+    )
+    p.add_argument(
         "--spy", action="store_true", help="sample the encoder's and tokenizer's stubs with py-spy"
     )
     p.add_argument(
@@ -342,12 +361,13 @@ def main() -> None:
         shutil.copy(args.encoder_code, Path(repo) / "encoder" / "1" / "model.py")
     with (
         TritonServer(repo, env=env, log_path=Path("/tmp/bench_serving_triton.log")) as server,
-        gateway_in_front(server, args.gateway) as gateway,
+        gateway_in_front(server, args.gateway, args.gateway_key) as gateway,
     ):
         if args.direct:
             make = encoder_sender(server.grpc_url, ids)
         elif gateway is not None:
-            make = openai_sender(gateway[1], "/v1/embeddings", "embed", texts)
+            key = BENCH_KEY if args.gateway_key else None
+            make = openai_sender(gateway[1], "/v1/embeddings", "embed", texts, key)
         else:
             make = triton_sender(server.grpc_url, texts)
         gateway_pid = gateway[0].pid if gateway else None
@@ -392,6 +412,7 @@ def main() -> None:
         encoder_code=str(args.encoder_code) if args.encoder_code else None,
         server_env=server_env,
         gateway=args.gateway,
+        gateway_key=args.gateway_key,
         levels=rows,
         engine_alone=engine,
     )
@@ -400,7 +421,8 @@ def main() -> None:
         f"groups: encoder {groups[0] or 'as shipped'}, tokenizer {groups[1] or 'as shipped'}, "
         f"{per_request} texts per request"
         f"{' of token ids straight to `encoder`' if args.direct else ''}"
-        f"{' as OpenAI embeddings requests to the gateway' if args.gateway else ''}, "
+        f"{' as OpenAI embeddings requests to the gateway' if args.gateway else ''}"
+        f"{', each with a named API key (models, limits, priority)' if args.gateway_key else ''}, "
         f"{f'the encoder served from {args.encoder_code}, ' if args.encoder_code else ''}"
         f"{f'the server started with {server_env}, ' if server_env else ''}"
         f"{args.seconds:.0f} s per level; texts: 80% 16-64 "
@@ -471,17 +493,24 @@ def roles(gateway: bool) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def gateway_in_front(server: TritonServer, wanted: bool):
-    """(process, port) of a gateway in front of `server` while the block runs, where wanted."""
+def gateway_in_front(server: TritonServer, wanted: bool, keyed: bool = False):
+    """(process, port) of a gateway in front of `server` while the block runs, where wanted;
+    `keyed`: taking BENCH_KEY only, a named key with every check on and no limit reached."""
     if not wanted:
         yield None
         return
-    process, port = start_gateway(server.grpc_url, "--rerank-model-name", "")
-    try:
-        yield process, port
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with tempfile.TemporaryDirectory() as where:
+        args = ["--rerank-model-name", ""]
+        if keyed:
+            keys = Path(where) / "keys.json"
+            keys.write_text(json.dumps({"keys": [BENCH_KEY_ENTRY]}))
+            args += ["--api-keys-file", str(keys)]
+        process, port = start_gateway(server.grpc_url, *args)
+        try:
+            yield process, port
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -357,15 +357,19 @@ def rerank_sender(url: str, query: str, documents: list[str], model: str = "rera
     return make
 
 
-def openai_sender(port: int, path: str, model: str, texts: list[str]):
-    """One keep-alive HTTP connection per client thread, OpenAI embeddings request/response."""
+def openai_sender(port: int, path: str, model: str, texts: list[str], key: str | None = None):
+    """One keep-alive HTTP connection per client thread, OpenAI embeddings request/response;
+    `key`: the API key each request sends."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
 
     def make():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
 
         def send(idx):
             body = json.dumps({"model": model, "input": [texts[i] for i in idx]})
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            conn.request("POST", path, body, headers)
             response = conn.getresponse()
             payload = response.read()
             if response.status != 200:
