@@ -146,6 +146,13 @@ def test_a_key_uses_only_its_models_on_every_route(gateway):
     assert tags == {"models": []}
     status, answer, _ = gateway.get("/v1/models/rerank", "key-embedder")
     assert status == 404, answer
+    # routes that describe a model without asking it: as if asked
+    status, answer, _ = gateway.post("/api/show", {"model": "embed"}, "key-reranker")
+    assert status == 404 and "may not use it" in answer["error"], answer
+    assert gateway.post("/api/show", {"model": "embed"}, "key-embedder")[0] == 200
+    status, answer, _ = gateway.get("/info", "key-reranker")
+    assert status == 424 and "the model 'embed' does not exist" in answer["error"], answer
+    assert gateway.get("/info", "key-embedder")[0] == 200
 
 
 def test_limits_answer_429_with_when_to_come_back(gateway):

@@ -407,6 +407,12 @@ def embedders(request: Request) -> list:
     ]
 
 
+def check_described(request: Request, ensemble: str) -> None:
+    """A route that describes a model without asking it (Ollama's /api/show, TEI's /info)
+    holds the request's key to that model as asking it would: the same 404."""
+    request.app.state.keys.request_guard(request.scope)(ensemble, 0)
+
+
 def rerankers(request: Request) -> list:
     """The served rerankers' Gateways the request's key may use."""
     keys, models = request.app.state.keys, request.app.state.models

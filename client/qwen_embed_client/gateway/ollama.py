@@ -145,6 +145,7 @@ async def show(request: Request):
     gw, body = await routed(request)
     asked = ShowRequest.parse(body)
     await model_adapter(gw, asked.model, gw.model_names)
+    keys.check_described(request, gw.client.model)
     facts = await gw.facts()
     info = {"general.architecture": DETAILS["family"]}
     for key, fact in (("embedding_length", "dimension"), ("context_length", "tokens_per_text")):

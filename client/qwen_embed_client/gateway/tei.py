@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from ..client import EmbeddingError
 from ..contract import MAX_DOCUMENTS, MAX_INPUTS
+from . import keys
 from .bodies import (
     Body,
     Inputs,
@@ -328,6 +329,7 @@ async def info(request: Request):
     max_batch_requests, sha and docker_label are null, and max_concurrent_requests and
     tokenization_workers (the gateway sets neither) are left out."""
     gw = gateway(request)
+    keys.check_described(request, gw.client.model)
     facts = await gw.facts()
     route = facts.get("route", {})
     return {
