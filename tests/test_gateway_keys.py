@@ -346,6 +346,28 @@ def test_the_file_is_read_again_when_it_changes(gateway):
     assert status_of("key-new") == 401
 
 
+def test_a_rotated_key_keeps_its_teams_batch_files(gateway):
+    """The Batch API's files belong to a named key's name: the key that replaces it under the
+    same name reads them; another name does not."""
+    api = gateway.openai("key-embedder")
+    made = api.files.create(file=("in.jsonl", io.BytesIO(b"{}\n")), purpose="batch").id
+    rotated = {**KEYS, "embedder": {"key": "key-embedder-2", "models": ["embed"]}}
+    keys_file(gateway.keys_path, rotated)
+
+    def taken(key: str) -> bool:
+        return gateway.get("/v1/models", key)[0] == 200
+
+    wait_until(lambda: taken("key-embedder-2"), "the rotated key taken")
+    try:
+        assert gateway.openai("key-embedder-2").files.retrieve(made).id == made
+        with pytest.raises(openai.NotFoundError):
+            gateway.openai("key-reranker").files.retrieve(made)
+        assert gateway.get("/v1/models", "key-embedder")[0] == 401  # the old key is gone
+    finally:
+        keys_file(gateway.keys_path, KEYS)
+        wait_until(lambda: taken("key-embedder"), "the first key taken again")
+
+
 # The ring itself, without a server: the file's refusals and the buckets' refill.
 
 

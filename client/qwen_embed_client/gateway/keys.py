@@ -157,11 +157,13 @@ class KeyRing:
             request.state.api_key_slot = key.name
 
     def owner(self, request: Request) -> str:
-        """Whose Batch API files and batches a request may see: a digest of its key ("" with
-        keys off)."""
+        """Whose Batch API files and batches a request may see: a digest of its named key's
+        name (a rotated key keeps its team's files), else of its key ("" with keys off)."""
         if not self.on:
             return ""
-        return hashlib.sha256(_authorization(request).encode()).hexdigest()[:32]
+        key = getattr(request.state, "api_key", None)
+        who = f"named key {key.name}" if key is not None and key.name else _authorization(request)
+        return hashlib.sha256(who.encode()).hexdigest()[:32]
 
     def guard(self, key_name: str) -> Check | None:
         """The check (client.guarded) of the Triton models the named key may ask and of its
