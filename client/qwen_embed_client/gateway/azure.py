@@ -1,7 +1,7 @@
 """Azure OpenAI's embeddings route, what `openai.AzureOpenAI` and LangChain's
 `AzureOpenAIEmbeddings` call with the gateway as their endpoint:
 POST /openai/deployments/{deployment}/embeddings?api-version=..., the key in an `api-key`
-header (state.Gateway.check_key takes it), OpenAI's body and answer. The deployment is the
+header (keys.KeyRing takes it), OpenAI's body and answer. The deployment is the
 model: it picks one of the served models (served.ServedModels) whatever the body's `model`
 says, as Azure's routing does; any `api-version` is taken.
 
