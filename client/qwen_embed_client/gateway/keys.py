@@ -34,7 +34,6 @@ one that does not read then is logged and the keys before it kept.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import math
@@ -82,6 +81,8 @@ class Key:
     digest: bytes  # SHA-256 of the key
     expires_at: float | None = None  # time.time() from which it is refused
     models: tuple[str, ...] | None = None  # the served names it may use; None: every one
+    # the Triton models those names ask: their ensembles and the ensembles' tokenizers
+    allowed: frozenset[str] | None = None
     priority: int = 0  # Triton's level of all its requests; 0: each request's own
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
@@ -105,15 +106,20 @@ class KeyRing:
     ):
         self.plain = tuple(Key("", _sha256(k)) for k in plain)
         self.path, self.served, self.clock, self.wall = path, served, clock, wall
-        self.named: tuple[Key, ...] = ()
+        # each Triton model's (an ensemble's, its tokenizer's) first served name, for messages
+        self._names = {}
+        for name, ensembles in reversed(served.items()):
+            self._names |= {step: name for e in ensembles for step in (e, ensemble_steps(e)[0])}
         self._stamp, self._checked = None, clock()
         self.in_flight: dict[str, int] = {}  # by key name: a reloaded key keeps its count
+        named = ()
         if path is not None:
             self._stamp = _stamp(path)
             try:  # at start, a file that does not read stops the gateway
-                self.named = self._read()
+                named = self._read()
             except (OSError, ValueError) as e:
                 raise ValueError(f"--api-keys-file {path}: {e}") from None
+        self._take(named)
 
     @property
     def on(self) -> bool:
@@ -180,8 +186,11 @@ class KeyRing:
             return revoked
         return key.check
 
-    def request_guard(self, scope) -> Check:
-        """The guard of whichever key `admit` finds for this request (none before it)."""
+    def request_guard(self, scope) -> Check | None:
+        """The guard of whichever key `admit` finds for this request (none before it); None
+        where the gateway takes no key."""
+        if not self.on:
+            return None
 
         def check(model: str, priority: int) -> int:
             key = scope.get("state", {}).get("api_key")
@@ -192,7 +201,7 @@ class KeyRing:
     def may_use(self, request: Request, ensemble: str) -> bool:
         """Whether the request's key may use the Triton ensemble (model lists)."""
         key = getattr(request.state, "api_key", None)
-        return key is None or key.models is None or ensemble in self._ensembles(key)
+        return key is None or key.allowed is None or ensemble in key.allowed
 
     def done(self, scope, usage: dict[str, int]) -> None:
         """A request answered (or refused, or left by its client): its slot given back, the
@@ -228,19 +237,12 @@ class KeyRing:
         return "" if key is None else key.name
 
     def _check(self, key: Key) -> Check | None:
-        if key.models is None and not key.priority:
+        if key.allowed is None and not key.priority:
             return None
-        allowed = self._ensembles(key) if key.models is not None else None
-        if allowed is not None:
-            allowed |= {ensemble_steps(e)[0] for e in allowed}  # their tokenizer-only calls
-        # each ensemble's (and its tokenizer's) first served name, for the message
-        names = {}
-        for name, ensembles in reversed(self.served.items()):
-            names |= {step: name for e in ensembles for step in (e, ensemble_steps(e)[0])}
 
         def check(model: str, priority: int) -> int:
-            if allowed is not None and model not in allowed:
-                name = names.get(model, model)
+            if key.allowed is not None and model not in key.allowed:
+                name = self._names.get(model, model)
                 raise APIError(
                     NOT_FOUND,
                     f"the model '{name}' does not exist or the API key '{key.name}' may not use it",
@@ -251,16 +253,18 @@ class KeyRing:
 
         return check
 
-    def _ensembles(self, key: Key) -> set[str]:
-        return {e for name in key.models for e in self.served[name]}
-
     def _find(self, given: str) -> Key | None:
         if self.path is not None and self.clock() - self._checked >= RECHECK_S:
             self._reload()
-        digest = _sha256(given.removeprefix("Bearer ")) if given.startswith("Bearer ") else b""
-        # every key compared, in constant time each: no early exit tells which one was close
-        matches = [k for k in (*self.plain, *self.named) if hmac.compare_digest(digest, k.digest)]
-        return matches[0] if matches else None
+        if not given.startswith("Bearer "):
+            return None
+        # looked up by the key's SHA-256: what a client sends cannot steer which digest it
+        # meets, so the table's timing tells nothing of the keys
+        return self._by_digest.get(_sha256(given.removeprefix("Bearer ")))
+
+    def _take(self, named: tuple[Key, ...]) -> None:
+        self.named = named
+        self._by_digest = {k.digest: k for k in (*named, *self.plain)}  # a plain key first
 
     def _reload(self) -> None:
         self._checked = self.clock()
@@ -275,7 +279,7 @@ class KeyRing:
             return
         held = {k.name: k for k in self.named}
         # a key whose limits did not change keeps its buckets' levels
-        self.named = tuple(_kept(k, held.get(k.name)) for k in named)
+        self._take(tuple(_kept(k, held.get(k.name)) for k in named))
         log.info("%s: %d named API keys", self.path, len(self.named))
 
     def _read(self) -> tuple[Key, ...]:
@@ -328,6 +332,10 @@ class KeyRing:
                     f"{where}.models: {unknown} not served (served: {sorted(self.served)})"
                 )
             models = tuple(models)
+        allowed = None
+        if models is not None:
+            ensembles = {e for name in models for e in self.served[name]}
+            allowed = frozenset(ensembles | {ensemble_steps(e)[0] for e in ensembles})
         limits = {}
         for what in _LIMITS:
             value = entry.get(what)
@@ -343,7 +351,7 @@ class KeyRing:
             raise ValueError(f"{where}.priority must be one of {list(PRIORITIES)}")
         # "interactive": as each request asks (its default)
         level = PRIORITIES["bulk"] if priority == "bulk" else 0
-        key = Key(name, digest, expires_at, models, level, **limits)
+        key = Key(name, digest, expires_at, models, allowed, level, **limits)
         now = self.clock()
         for what in ("requests", "tokens"):
             per_minute = limits[f"{what}_per_minute"]
@@ -412,7 +420,9 @@ def embedders(request: Request) -> list:
 def check_described(request: Request, ensemble: str) -> None:
     """A route that describes a model without asking it (Ollama's /api/show, TEI's /info)
     holds the request's key to that model as asking it would: the same 404."""
-    request.app.state.keys.request_guard(request.scope)(ensemble, 0)
+    key = getattr(request.state, "api_key", None)
+    if key is not None and key.check is not None:
+        key.check(ensemble, 0)
 
 
 def rerankers(request: Request) -> list:
@@ -443,7 +453,7 @@ def new_key(argv: list[str]) -> None:
     p.add_argument("--expires-at", help="ISO 8601 date or time after which it is refused")
     args = p.parse_args(argv)
     key = "sk-" + secrets.token_urlsafe(32)
-    entry = {"name": args.name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+    entry = {"name": args.name, "sha256": _sha256(key).hex()}
     if args.models:
         entry["models"] = args.models
     if args.expires_at:
