@@ -1181,7 +1181,7 @@ def multi_vector_encoder(
     skiplist: dict | None = None,
     seed: int = 11,
 ) -> Path:
-    """A ColBERT-style model over a Qwen3 backbone as sentence-transformers 6.2 saves a
+    """A ColBERT-style model over a Qwen3 backbone as sentence-transformers 6.3 saves a
     MultiVectorEncoder of it: the base's files with the Transformer module's lengths and query
     expansion (sentence_bert_config.json), a Dense projection of every token (no bias, seeded),
     a MultiVectorMask (with `skiplist`, its skiplist_words and skiplist_tasks), and Normalize

@@ -9,7 +9,7 @@ SPEC.json: {"build": [{"kind": "SentenceTransformer" | "MultiVectorEncoder" | "C
 ...], "predict": [{"model_dir", "query": SIDE, "document": SIDE}, ...]}, a SIDE {"text",
 "image"} as an encode case's.
 
-`build` writes each model as sentence-transformers 6.2 saves it: a SentenceTransformer of a
+`build` writes each model as sentence-transformers 6.3 saves it: a SentenceTransformer of a
 Qwen3-VL checkpoint (its Transformer with the chat template's generation prompt, last-token
 pooling, Normalize, the prompts as its system turns), or the MultiVectorEncoder its own
 conversion makes of one (a Dense of every token to 128 dimensions, seeded, a MultiVectorMask,

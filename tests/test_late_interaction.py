@@ -1,4 +1,4 @@
-"""ColBERT-style late interaction over a Qwen3 backbone: a sentence-transformers 6.2
+"""ColBERT-style late interaction over a Qwen3 backbone: a sentence-transformers 6.3
 MultiVectorEncoder (its Transformer's lengths and query expansion, a Dense projection of every
 token, MultiVectorMask with or without a skiplist, Normalize per token), served as a
 multi-vector model. Every token vector is checked against sentence-transformers' own

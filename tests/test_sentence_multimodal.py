@@ -3,7 +3,7 @@ runs them: Qwen3-VL-Embedding as a SentenceTransformer (its chat template, the p
 system turns, last-token pooling), the MultiVectorEncoders sentence-transformers makes of it
 and of a bare Qwen3-VL (ColQwen3-VL-Embedding: a Dense of every token, MultiVectorMask,
 Normalize) and a CrossEncoder over a Qwen3-VL-Reranker (LogitScore of "yes" against "no"), all
-written by sentence-transformers 6.2 itself from Qwen3-VL replicas, with transformers 5's
+written by sentence-transformers 6.3 itself from Qwen3-VL replicas, with transformers 5's
 processor_config.json in place of preprocessor_config.json. The reference is
 sentence-transformers' encode_query, encode_document, encode and predict on the same
 directories, run in a process of its own (sentence_reference.py: its processor needs

@@ -126,7 +126,7 @@ class SentenceModules:
                 raise SentenceModulesError(
                     f"{model_dir / MODULES_FILE}: {module['type']} is PyLate's: a ColBERT saved "
                     "by PyLate (its own markers and skiplist) is not served; a "
-                    "sentence-transformers 6.2 MultiVectorEncoder is"
+                    "sentence-transformers 6.2+ MultiVectorEncoder is"
                 )
             if kind == "Pooling":
                 pooling = _pooling_mode(folder / "config.json")
