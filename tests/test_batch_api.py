@@ -232,6 +232,29 @@ def test_a_batch_survives_a_gateway_killed_mid_batch(gateway):
     assert len({a["id"] for a in done}) == 60
 
 
+def test_two_keys_batches_take_turns(gateway):
+    """A large batch of one key and, made after it, a small one of another: the keys' shards
+    go in turn, so the small batch ends while the large one still runs (one after another,
+    it would end after it)."""
+    api, other = gateway.api(), gateway.api(OTHER_KEY)
+    large = api.batches.create(
+        input_file_id=upload(api, [embed_line(i) for i in range(200)]),
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+    )
+    small = other.batches.create(
+        input_file_id=upload(other, [embed_line(i) for i in range(4)]),
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+    )
+    small = wait(other, small.id)
+    large = api.batches.retrieve(large.id)
+    assert small.status == "completed" and small.request_counts.completed == 4
+    assert large.status == "in_progress" and large.request_counts.completed < 200, large
+    api.batches.cancel(large.id)
+    assert wait(api, large.id).status == "cancelled"
+
+
 def test_cancel_keeps_what_was_done(gateway):
     api = gateway.api()
     lines = [embed_line(i) for i in range(200)]

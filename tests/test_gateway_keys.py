@@ -27,6 +27,7 @@ from starlette.requests import Request
 
 from qwen_embed_client.contract import PRIORITIES
 from qwen_embed_client.gateway.batch_store import BatchStore
+from qwen_embed_client.gateway.batches import next_turn
 from qwen_embed_client.gateway.errors import APIError
 from qwen_embed_client.gateway.keys import KeyRing
 from qwen_embed_deploy.triton import free_port
@@ -49,6 +50,7 @@ KEYS = {
     "limited": {"key": "key-limited", "requests_per_minute": 3},
     "frugal": {"key": "key-frugal", "tokens_per_minute": 20},
     "nightly": {"key": "key-nightly", "priority": "bulk", "max_concurrent_requests": 1},
+    "batcher": {"key": "key-batcher", "tokens_per_minute": 50},
 }
 PLAIN = "key-plain"  # --api-key: every model, no limits
 
@@ -260,10 +262,13 @@ def test_a_bulk_key_waits_behind_queued_bulk_work_within_its_requests_in_flight(
     assert gateway.post("/v1/embeddings", body, key)[0] == 200  # its slot given back
 
 
-def _batch(api, lines: list[dict]):
+def _batch(api, lines: list[dict], wait: bool = True):
+    """The rerank batch of `lines`, once it ends (as created without `wait`)."""
     text = "".join(json.dumps(line) + "\n" for line in lines).encode()
     source = api.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch").id
     batch = api.batches.create(input_file_id=source, endpoint="/v1/rerank", completion_window="24h")
+    if not wait:
+        return batch
     deadline = time.monotonic() + 120
     while batch.status not in ("completed", "failed", "cancelled", "expired"):
         assert time.monotonic() < deadline, batch
@@ -298,6 +303,34 @@ def test_a_batch_runs_under_the_key_that_made_it(gateway):
     assert gateway_metrics(gateway.root)[tokens] - before.get(tokens, 0) == 3 * direct_usage(
         gateway
     )
+
+
+def test_a_keys_batches_go_within_its_limits_and_hold_no_other_key_back(gateway):
+    """The batcher key (50 tokens per minute): its first batch's lines are taken from its
+    tokens (overdrawn: its next request is refused), its second batch waits for them to come
+    back, validated and none of its lines run, while another key's batch made after it runs
+    to the end; cancelled, it ends at once (checked to fail with the lines not taken)."""
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/rerank", "body": RERANK}
+        for i in range(2)
+    ]
+    api = gateway.openai("key-batcher")
+    first = _batch(api, lines)
+    assert first.status == "completed" and first.request_counts.completed == 2
+    assert 2 * direct_usage(gateway) > 50
+    status, answer, _ = gateway.post("/v1/rerank", RERANK, "key-batcher")
+    assert status == 429 and "50 tokens per minute" in answer["error"]["message"], answer
+    waiting = _batch(api, lines, wait=False)
+    other = _batch(gateway.openai(PLAIN), lines)
+    assert other.status == "completed" and other.request_counts.completed == 2
+    waiting = api.batches.retrieve(waiting.id)
+    assert waiting.status == "in_progress" and waiting.request_counts.completed == 0, waiting
+    api.batches.cancel(waiting.id)
+    deadline = time.monotonic() + 60
+    while (waiting := api.batches.retrieve(waiting.id)).status != "cancelled":
+        assert time.monotonic() < deadline, waiting
+        time.sleep(0.2)
+    assert waiting.request_counts.completed == 0
 
 
 def direct_usage(gateway) -> int:
@@ -446,6 +479,42 @@ def test_buckets_refill_over_the_minute(tmp_path):
     assert [ask(), ask(), ask()] == ["ok", "ok", "requests"]
     with pytest.raises(APIError, match="Incorrect API key"):
         ring.admit(_request("another"))
+
+
+def test_batch_lines_are_taken_from_their_keys_limits(tmp_path):
+    """A named key's Batch API lines: a request and their tokens each, overdrawn as need be;
+    its next shard waits until each limit holds a request again, and so do its direct
+    requests; a plain key's, or one no longer in the file, never wait."""
+    now = [1000.0]
+    path = tmp_path / "keys.json"
+    keys_file(path, {"a": {"key": "k", "requests_per_minute": 2, "tokens_per_minute": 100}})
+    ring = KeyRing((), path, SERVED, clock=lambda: now[0])
+    assert ring.room_in_s("a") == 0 and ring.room_in_s("") == 0 and ring.room_in_s("gone") == 0
+    ring.spend("a", {"embed": 30})
+    ring.spend("a", {"embed": 30})  # the requests spent: one back in 30 s
+    assert ring.room_in_s("a") == pytest.approx(30)
+    with pytest.raises(APIError, match="2 requests per minute"):
+        ring.admit(_request("k"))
+    now[0] += 30
+    assert ring.room_in_s("a") == 0
+    ring.spend("a", {"embed": 190})  # tokens at 40 + 50 - 190 = -100: 101 to come back
+    assert ring.room_in_s("a") == pytest.approx(101 * 60 / 100)
+    ring.spend("", {"embed": 10**6})
+    ring.spend("gone", {"embed": 10**6})
+    assert ring.room_in_s("") == 0
+
+
+def test_owners_take_turns():
+    """The next batch's owner: the first after the last served, in the order of their oldest
+    batches, whose key has room now."""
+    owners, free = ["a", "b", "c"], {"a": 0, "b": 0, "c": 0}
+    assert next_turn(owners, free, None) == "a"
+    assert [next_turn(owners, free, last) for last in owners] == ["b", "c", "a"]
+    assert next_turn(owners, free | {"b": 5.0}, "a") == "c"
+    assert next_turn(owners, free | {"b": 5.0, "c": 1.0}, "a") == "a"  # the last, again
+    assert next_turn(owners, dict.fromkeys(owners, 2.0), "a") is None
+    assert next_turn(owners, free, "gone") == "a"
+    assert next_turn([], {}, None) is None
 
 
 def test_a_batch_directory_made_before_named_keys_opens_with_them(tmp_path):

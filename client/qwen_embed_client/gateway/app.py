@@ -47,7 +47,7 @@ from .access_log import AccessLog
 from .batches import BatchRunner, BatchSettings
 from .deadlines import CallerWait
 from .errors import INVALID, METHOD, ROUTE, APIError
-from .keys import KeyRing, require_key
+from .keys import KeyRing, require_batch_key, require_key
 from .metrics import GatewayMetrics
 from .remote_media import RemoteMedia
 from .served import Served, ServedModels
@@ -214,10 +214,14 @@ def create_app(
         ollama,
         tei,
     ):
-        app.include_router(api.router, dependencies=[Depends(require_key)])
+        app.include_router(api.router, dependencies=[_key_check(api.router)])
     for router in azure.V1_ROUTERS:  # Azure's v1 API: OpenAI's routes under /openai
-        app.include_router(router, prefix=azure.V1_PREFIX, dependencies=[Depends(require_key)])
+        app.include_router(router, prefix=azure.V1_PREFIX, dependencies=[_key_check(router)])
     return app
+
+
+def _key_check(router):
+    return Depends(require_batch_key if router is batches.router else require_key)
 
 
 async def _health():

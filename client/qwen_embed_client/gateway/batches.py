@@ -63,8 +63,20 @@ class BatchSettings:
     texts_in_flight: int = 16
 
 
+@dataclass
+class _Lines:
+    """A running batch's input: its lines' offsets, its shards, the first maybe unanswered."""
+
+    offsets: list[tuple[int, int]]
+    shards: Shards
+    first: int = 0
+
+
 class BatchRunner:
-    """Runs the unfinished batches one after another, in the gateway's event loop. The store
+    """Runs the unfinished batches in the gateway's event loop, a shard at a time: each owner's
+    (API key's) batches one after another, the owners' in turn, so one team's large batch does
+    not hold back another's; a named key's batch goes as its requests and tokens per minute
+    allow (keys.KeyRing.room_in_s), its lines taken from them. The store
     is opened on the Batch API's first use (or at start where it already exists, to resume),
     so a gateway that never sees a batch writes nothing."""
 
@@ -74,6 +86,8 @@ class BatchRunner:
         self.keys = keys  # keys.KeyRing: the models a batch's key may use
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
+        self._last_owner: str | None = None  # whose batch had the last step
+        self._shards: dict[str, _Lines] = {}  # by batch id
 
     @property
     def store(self) -> BatchStore:
@@ -88,20 +102,52 @@ class BatchRunner:
     async def run_forever(self) -> None:
         while True:
             exists = self._store is not None or BatchStore.exists(self.root)
-            batch = self.store.next_unfinished() if exists else None
+            unfinished = self.store.unfinished() if exists else []
+            batch, wait = self._next(unfinished)
             if batch is None:
-                await self.wake.wait()
+                # nothing to run, or each key's limits spent for now: until one refills or a
+                # batch comes or is cancelled
+                try:
+                    await asyncio.wait_for(self.wake.wait(), wait)
+                except asyncio.TimeoutError:  # noqa: UP041 (Python 3.10's is not the builtin)
+                    pass
                 self.wake.clear()
                 continue
             try:
-                await self._run(batch)
+                await self._step(batch)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a defect, not a bad line: the batch fails, others go on
                 log.exception("batch %s failed", batch["id"])
                 self._finish(batch, "failed", errors=[{"code": "server_error", "message": str(e)}])
 
-    async def _run(self, batch: dict) -> None:
+    def _next(self, unfinished: list[dict]) -> tuple[dict | None, float | None]:
+        """The batch whose step comes next: the oldest of each owner's, the owners in turn
+        after the last one served, passing over those whose named key's limits hold no room
+        now; else (None, seconds until the first of those has room, None: no batch)."""
+        oldest: dict[str, dict] = {}
+        for batch in unfinished:
+            oldest.setdefault(self.store.owner_of(batch["id"]), batch)
+        waits = {owner: self._room_in_s(batch) for owner, batch in oldest.items()}
+        owner = next_turn(list(oldest), waits, self._last_owner)
+        if owner is None:
+            return None, min(waits.values(), default=None)
+        self._last_owner = owner
+        return oldest[owner], None
+
+    def _room_in_s(self, batch: dict) -> float:
+        """Seconds until the batch's key has room for a shard's lines (0: now); a batch past
+        its lines, or cancelled, is finished at once."""
+        counts = batch["request_counts"]
+        if (
+            batch["status"] != "in_progress"
+            or counts["completed"] + counts["failed"] >= counts["total"]
+        ):
+            return 0.0
+        return self.keys.room_in_s(self.store.key_of(batch["id"]))
+
+    async def _step(self, batch: dict) -> None:
+        """The batch's next step: its validation, one shard of its lines, or its end."""
         if batch["status"] == "validating":
             path = self.store.file_path(batch["input_file_id"])
             errors = await asyncio.to_thread(_repeated_ids, path)  # the loop serves requests
@@ -110,42 +156,47 @@ class BatchRunner:
                 return
             batch.update(status="in_progress", in_progress_at=int(time.time()))
             self.store.save_batch(batch)
-        if batch["status"] == "in_progress":
-            await self._run_shards(batch)
-        batch = self.store.batch(batch["id"], None)
+            return
+        if batch["status"] == "in_progress" and not _expired(batch):
+            if await self._next_shard(batch):
+                return
+            batch = self.store.batch(batch["id"], None)
+            if batch["status"] == "in_progress":
+                batch.update(status="finalizing", finalizing_at=int(time.time()))
+                self.store.save_batch(batch)
         if batch["status"] == "cancelling":
             self._finish(batch, "cancelled")
         elif batch["status"] in ("in_progress", "finalizing"):
             self._finish(batch, "expired" if _expired(batch) else "completed")
 
-    async def _run_shards(self, batch: dict) -> None:
-        offsets = _line_offsets(self.store.file_path(batch["input_file_id"]))
-        shards = Shards(len(offsets), self.settings.shard_lines)
+    async def _next_shard(self, batch: dict) -> bool:
+        """Its first shard without answers answered; False where none is left, or where the
+        batch was cancelled or expired while the servers were away."""
         work = self.store.work_dir(batch["id"])
-        work.mkdir(parents=True, exist_ok=True)
-        self._recount(batch["id"])  # a restart may have come between a shard and its count
-        for k in range(len(shards)):
-            path = work / f"shard-{k:05d}.jsonl"
-            if path.exists():
-                continue
-            current = self.store.batch(batch["id"], None)
-            if current["status"] != "in_progress" or _expired(current):
-                return
-            lines = _read_lines(
-                self.store.file_path(batch["input_file_id"]), offsets, shards.span(k)
-            )
-            answers = await self._answer_shard(batch, lines)
-            if answers is None:  # cancelled or expired while the servers were away
-                return
-            text = "".join(dumps(a).decode() + "\n" for a in answers)
-            write_atomic(path, lambda tmp, text=text: tmp.write_text(text))
-            failed = self._count(batch["id"], answers)
-            self.metrics.batch_lines.labels("failed").inc(failed)
-            self.metrics.batch_lines.labels("completed").inc(len(answers) - failed)
-        current = self.store.batch(batch["id"], None)
-        if current["status"] == "in_progress":
-            current.update(status="finalizing", finalizing_at=int(time.time()))
-            self.store.save_batch(current)
+        if batch["id"] not in self._shards:  # the input's lines, read once per gateway
+            offsets = _line_offsets(self.store.file_path(batch["input_file_id"]))
+            shards = Shards(len(offsets), self.settings.shard_lines)
+            self._shards[batch["id"]] = _Lines(offsets, shards)
+            work.mkdir(parents=True, exist_ok=True)
+            self._recount(batch["id"])  # a restart may have come between a shard and its count
+        done = self._shards[batch["id"]]
+        while done.first < len(done.shards) and _shard(work, done.first).exists():
+            done.first += 1
+        k = done.first
+        if k == len(done.shards):
+            return False
+        lines = _read_lines(
+            self.store.file_path(batch["input_file_id"]), done.offsets, done.shards.span(k)
+        )
+        answers = await self._answer_shard(batch, lines)
+        if answers is None:  # cancelled or expired while the servers were away
+            return False
+        out = "".join(dumps(a).decode() + "\n" for a in answers)
+        write_atomic(_shard(work, k), lambda tmp, out=out: tmp.write_text(out))
+        failed = self._count(batch["id"], answers)
+        self.metrics.batch_lines.labels("failed").inc(failed)
+        self.metrics.batch_lines.labels("completed").inc(len(answers) - failed)
+        return True
 
     def _recount(self, batch_id: str) -> None:
         """request_counts from the finished shards."""
@@ -222,10 +273,12 @@ class BatchRunner:
                 answer, status = json.loads(rendered.body), rendered.status_code
             finally:
                 self.metrics.count_tokens(usage, "batch", key)
+                self.keys.spend(key, usage)
         return _output_line(request["custom_id"], (status, answer))
 
     def _finish(self, batch: dict, status: str, errors: list | None = None) -> None:
         """Gather the finished shards into the output and error files; the final status."""
+        self._shards.pop(batch["id"], None)
         temps = {"output": _temp_file(self.store.root), "error": _temp_file(self.store.root)}
         written = {"output": 0, "error": 0}
         with open(temps["output"], "w") as ok, open(temps["error"], "w") as failed:
@@ -250,6 +303,18 @@ class BatchRunner:
         self.store.save_batch(batch)
         shutil.rmtree(self.store.work_dir(batch["id"]), ignore_errors=True)
         self.metrics.batches.labels(status).inc()
+
+
+def next_turn(owners: list[str], waits: dict[str, float], last: str | None) -> str | None:
+    """The owner whose batch goes next: the first after `last` in `owners` (their order: their
+    oldest batches') whose wait is 0; None where each waits."""
+    start = owners.index(last) + 1 if last in owners else 0
+    turn = owners[start:] + owners[:start]
+    return next((owner for owner in turn if waits[owner] <= 0), None)
+
+
+def _shard(work: Path, k: int) -> Path:
+    return work / f"shard-{k:05d}.jsonl"
 
 
 def _repeated_ids(path: Path) -> list[dict]:

@@ -126,9 +126,10 @@ class KeyRing:
         """Whether a key is needed (a keys file holding none: nobody gets in)."""
         return bool(self.plain) or self.path is not None
 
-    def admit(self, request: Request) -> None:
-        """The request's key found (401 otherwise) and its limits checked (429); the key kept
-        in the request's state for its guard, its tokens and its answer's headers."""
+    def admit(self, request: Request, limited: bool = True) -> None:
+        """The request's key found (401 otherwise) and, where `limited`, its limits checked
+        (429); the key kept in the request's state for its guard, its tokens and its answer's
+        headers."""
         if not self.on:
             return
         key = self._find(_authorization(request))
@@ -138,6 +139,8 @@ class KeyRing:
             when = datetime.fromtimestamp(key.expires_at, timezone.utc).isoformat()
             raise APIError(UNAUTHORIZED, f"the API key '{key.name}' expired at {when}")
         request.state.api_key = key
+        if not limited:
+            return
         now = self.clock()
         for what, bucket in key.buckets.items():
             wait = bucket.wait_s(now)
@@ -177,7 +180,7 @@ class KeyRing:
         holds, one that refuses all."""
         if not key_name:
             return None
-        key = next((k for k in self.named if k.name == key_name), None)
+        key = self._named(key_name)
         if key is None:
 
             def revoked(model: str, priority: int) -> int:
@@ -216,6 +219,27 @@ class KeyRing:
             bucket.now(self.clock())
             bucket.level -= sum(usage.values())
 
+    def room_in_s(self, key_name: str) -> float:
+        """Seconds until each of the named key's limits holds a request again (0: now, and for
+        a plain key, a key without limits or one no longer in the file)."""
+        key = self._named(key_name)
+        if key is None:
+            return 0.0
+        now = self.clock()
+        return max((bucket.wait_s(now) for bucket in key.buckets.values()), default=0.0)
+
+    def spend(self, key_name: str, usage: dict[str, int]) -> None:
+        """A Batch API line of the named key answered: a request and its tokens taken from
+        its limits (overdrawn if need be: its next shard waits)."""
+        key = self._named(key_name)
+        if key is None:
+            return
+        now = self.clock()
+        for what, cost in (("requests", 1), ("tokens", sum(usage.values()))):
+            if what in key.buckets:
+                key.buckets[what].now(now)
+                key.buckets[what].level -= cost
+
     def headers(self, scope) -> list[tuple[bytes, bytes]]:
         """OpenAI's x-ratelimit-* headers of a limited key's answer."""
         key = scope.get("state", {}).get("api_key")
@@ -252,6 +276,9 @@ class KeyRing:
             return max(priority, key.priority)
 
         return check
+
+    def _named(self, key_name: str) -> Key | None:
+        return next((k for k in self.named if k.name == key_name), None) if key_name else None
 
     def _find(self, given: str) -> Key | None:
         if self.path is not None and self.clock() - self._checked >= RECHECK_S:
@@ -436,6 +463,13 @@ async def require_key(request: Request) -> None:
     checked before any handler runs, so a new route cannot forget them (async: no thread
     hop per request)."""
     request.app.state.keys.admit(request)
+
+
+async def require_batch_key(request: Request) -> None:
+    """The Batch API's files and batches routes' dependency: the key, not its limits: a team
+    uploads, polls and downloads whatever it has spent, and its batches' lines are taken from
+    its limits as they run (batches.BatchRunner)."""
+    request.app.state.keys.admit(request, limited=False)
 
 
 def new_key(argv: list[str]) -> None:
