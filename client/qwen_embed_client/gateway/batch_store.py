@@ -146,10 +146,19 @@ class BatchStore:
         """The owner's batches, newest first, after the batch `after`; (page, more)."""
         return self._page("batches", owner, limit, after)
 
-    def next_unfinished(self) -> dict | None:
-        """The oldest batch still to run (after a restart, the one that was running)."""
-        unfinished = self.unfinished()
-        return unfinished[0] if unfinished else None
+    def oldest_unfinished(self) -> dict[str, tuple[dict, str]]:
+        """Each owner's oldest batch still to run (after a restart, the one that was running)
+        and the named key that made it, the owners in the order of those batches."""
+        marks = ", ".join("?" * len(UNFINISHED))
+        rows = self.db.execute(
+            f"SELECT owner, key, object FROM batches WHERE status IN ({marks}) ORDER BY rowid",
+            UNFINISHED,
+        )
+        oldest = {}
+        for owner, key, obj in rows:
+            if owner not in oldest:
+                oldest[owner] = (json.loads(obj), key)
+        return oldest
 
     def unfinished(self) -> list[dict]:
         """The batches still to run, oldest first."""

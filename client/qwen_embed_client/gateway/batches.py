@@ -102,8 +102,7 @@ class BatchRunner:
     async def run_forever(self) -> None:
         while True:
             exists = self._store is not None or BatchStore.exists(self.root)
-            unfinished = self.store.unfinished() if exists else []
-            batch, wait = self._next(unfinished)
+            batch, wait = self._next(self.store.oldest_unfinished() if exists else {})
             if batch is None:
                 # nothing to run, or each key's limits spent for now: until one refills or a
                 # batch comes or is cancelled
@@ -121,22 +120,20 @@ class BatchRunner:
                 log.exception("batch %s failed", batch["id"])
                 self._finish(batch, "failed", errors=[{"code": "server_error", "message": str(e)}])
 
-    def _next(self, unfinished: list[dict]) -> tuple[dict | None, float | None]:
-        """The batch whose step comes next: the oldest of each owner's, the owners in turn
-        after the last one served, passing over those whose named key's limits hold no room
-        now; else (None, seconds until the first of those has room, None: no batch)."""
-        oldest: dict[str, dict] = {}
-        for batch in unfinished:
-            oldest.setdefault(self.store.owner_of(batch["id"]), batch)
-        waits = {owner: self._room_in_s(batch) for owner, batch in oldest.items()}
+    def _next(self, oldest: dict[str, tuple[dict, str]]) -> tuple[dict | None, float | None]:
+        """The batch whose step comes next: of each owner's oldest (and the key that made it),
+        the owners in turn after the last one served, passing over those whose named key's
+        limits hold no room now; else (None, seconds until the first of those has room, None:
+        no batch)."""
+        waits = {owner: self._room_in_s(batch, key) for owner, (batch, key) in oldest.items()}
         owner = next_turn(list(oldest), waits, self._last_owner)
         if owner is None:
             return None, min(waits.values(), default=None)
         self._last_owner = owner
-        return oldest[owner], None
+        return oldest[owner][0], None
 
-    def _room_in_s(self, batch: dict) -> float:
-        """Seconds until the batch's key has room for a shard's lines (0: now); a batch past
+    def _room_in_s(self, batch: dict, key: str) -> float:
+        """Seconds until the batch's `key` has room for a shard's lines (0: now); a batch past
         its lines, or cancelled, is finished at once."""
         counts = batch["request_counts"]
         if (
@@ -144,7 +141,7 @@ class BatchRunner:
             or counts["completed"] + counts["failed"] >= counts["total"]
         ):
             return 0.0
-        return self.keys.room_in_s(self.store.key_of(batch["id"]))
+        return self.keys.room_in_s(key)
 
     async def _step(self, batch: dict) -> None:
         """The batch's next step: its validation, one shard of its lines, or its end."""
