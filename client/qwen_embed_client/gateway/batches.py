@@ -83,7 +83,7 @@ class BatchRunner:
     def __init__(self, models, root: Path, settings: BatchSettings, metrics, keys):
         self.models, self.root, self.settings = models, Path(root), settings  # served.ServedModels
         self.metrics = metrics  # metrics.GatewayMetrics: the lines, their tokens, the batches
-        self.keys = keys  # keys.KeyRing: the models a batch's key may use
+        self.keys = keys  # keys.KeyRing: the models and limits of a batch's key
         self._store: BatchStore | None = None
         self.wake = asyncio.Event()
         self._last_owner: str | None = None  # whose batch had the last step
@@ -102,7 +102,7 @@ class BatchRunner:
     async def run_forever(self) -> None:
         while True:
             exists = self._store is not None or BatchStore.exists(self.root)
-            batch, wait = self._next(self.store.oldest_unfinished() if exists else {})
+            batch, key, wait = self._next(self.store.oldest_unfinished() if exists else {})
             if batch is None:
                 # nothing to run, or each key's limits spent for now: until one refills or a
                 # batch comes or is cancelled
@@ -113,24 +113,24 @@ class BatchRunner:
                 self.wake.clear()
                 continue
             try:
-                await self._step(batch)
+                await self._step(batch, key)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a defect, not a bad line: the batch fails, others go on
                 log.exception("batch %s failed", batch["id"])
                 self._finish(batch, "failed", errors=[{"code": "server_error", "message": str(e)}])
 
-    def _next(self, oldest: dict[str, tuple[dict, str]]) -> tuple[dict | None, float | None]:
-        """The batch whose step comes next: of each owner's oldest (and the key that made it),
-        the owners in turn after the last one served, passing over those whose named key's
-        limits hold no room now; else (None, seconds until the first of those has room, None:
-        no batch)."""
+    def _next(self, oldest: dict[str, tuple[dict, str]]) -> tuple[dict | None, str, float | None]:
+        """The batch whose step comes next and the named key that made it: of each owner's
+        oldest, the owners in turn after the last one served, passing over those whose named
+        key's limits hold no room now; else (None, "", seconds until the first of those has
+        room, None: no batch)."""
         waits = {owner: self._room_in_s(batch, key) for owner, (batch, key) in oldest.items()}
         owner = next_turn(list(oldest), waits, self._last_owner)
         if owner is None:
-            return None, min(waits.values(), default=None)
+            return None, "", min(waits.values(), default=None)
         self._last_owner = owner
-        return oldest[owner][0], None
+        return *oldest[owner], None
 
     def _room_in_s(self, batch: dict, key: str) -> float:
         """Seconds until the batch's `key` has room for a shard's lines (0: now); a batch past
@@ -143,8 +143,9 @@ class BatchRunner:
             return 0.0
         return self.keys.room_in_s(key)
 
-    async def _step(self, batch: dict) -> None:
-        """The batch's next step: its validation, one shard of its lines, or its end."""
+    async def _step(self, batch: dict, key: str) -> None:
+        """The batch's next step: its validation, one shard of its lines (under its named
+        `key`), or its end."""
         if batch["status"] == "validating":
             path = self.store.file_path(batch["input_file_id"])
             errors = await asyncio.to_thread(_repeated_ids, path)  # the loop serves requests
@@ -155,7 +156,7 @@ class BatchRunner:
             self.store.save_batch(batch)
             return
         if batch["status"] == "in_progress" and not _expired(batch):
-            if await self._next_shard(batch):
+            if await self._next_shard(batch, key):
                 return
             batch = self.store.batch(batch["id"], None)
             if batch["status"] == "in_progress":
@@ -166,7 +167,7 @@ class BatchRunner:
         elif batch["status"] in ("in_progress", "finalizing"):
             self._finish(batch, "expired" if _expired(batch) else "completed")
 
-    async def _next_shard(self, batch: dict) -> bool:
+    async def _next_shard(self, batch: dict, key: str) -> bool:
         """Its first shard without answers answered; False where none is left, or where the
         batch was cancelled or expired while the servers were away."""
         work = self.store.work_dir(batch["id"])
@@ -185,7 +186,7 @@ class BatchRunner:
         lines = _read_lines(
             self.store.file_path(batch["input_file_id"]), done.offsets, done.shards.span(k)
         )
-        answers = await self._answer_shard(batch, lines)
+        answers = await self._answer_shard(batch, lines, key)
         if answers is None:  # cancelled or expired while the servers were away
             return False
         out = "".join(dumps(a).decode() + "\n" for a in answers)
@@ -216,14 +217,13 @@ class BatchRunner:
     def _shard_files(self, batch_id: str) -> list[Path]:
         return sorted(self.store.work_dir(batch_id).glob("shard-*.jsonl"))
 
-    async def _answer_shard(self, batch: dict, lines: list[bytes]) -> list[dict] | None:
+    async def _answer_shard(self, batch: dict, lines: list[bytes], key: str) -> list[dict] | None:
         """Every line's answer, with at most `texts_in_flight` texts sent at once (a bigger
         line goes alone); a shard the server cannot take now is tried again, until the batch
         is cancelled or expires (None)."""
         budget, in_flight = self.settings.texts_in_flight, 0
         room = asyncio.Condition()
         parsed = [_parse(line, batch["endpoint"]) for line in lines]
-        key = self.store.key_of(batch["id"])
 
         async def one(request: dict | InvalidLine) -> dict:
             nonlocal in_flight

@@ -214,10 +214,8 @@ class KeyRing:
         if slot is not None:
             self.in_flight[slot] -= 1
         key = state.get("api_key")
-        if key is not None and "tokens" in key.buckets:
-            bucket = key.buckets["tokens"]
-            bucket.now(self.clock())
-            bucket.level -= sum(usage.values())
+        if key is not None:
+            self._charge(key, tokens=sum(usage.values()))  # its request taken when admitted
 
     def room_in_s(self, key_name: str) -> float:
         """Seconds until each of the named key's limits holds a request again (0: now, and for
@@ -232,13 +230,8 @@ class KeyRing:
         """A Batch API line of the named key answered: a request and its tokens taken from
         its limits (overdrawn if need be: its next shard waits)."""
         key = self._named(key_name)
-        if key is None:
-            return
-        now = self.clock()
-        for what, cost in (("requests", 1), ("tokens", sum(usage.values()))):
-            if what in key.buckets:
-                key.buckets[what].now(now)
-                key.buckets[what].level -= cost
+        if key is not None:
+            self._charge(key, requests=1, tokens=sum(usage.values()))
 
     def headers(self, scope) -> list[tuple[bytes, bytes]]:
         """OpenAI's x-ratelimit-* headers of a limited key's answer."""
@@ -277,8 +270,16 @@ class KeyRing:
 
         return check
 
+    def _charge(self, key: Key, requests: int = 0, tokens: int = 0) -> None:
+        """Requests and tokens taken from the key's buckets, overdrawn if need be."""
+        now = self.clock()
+        for what, cost in (("requests", requests), ("tokens", tokens)):
+            if cost and what in key.buckets:
+                key.buckets[what].now(now)
+                key.buckets[what].level -= cost
+
     def _named(self, key_name: str) -> Key | None:
-        return next((k for k in self.named if k.name == key_name), None) if key_name else None
+        return self._by_name.get(key_name) if key_name else None
 
     def _find(self, given: str) -> Key | None:
         if self.path is not None and self.clock() - self._checked >= RECHECK_S:
@@ -292,6 +293,7 @@ class KeyRing:
     def _take(self, named: tuple[Key, ...]) -> None:
         self.named = named
         self._by_digest = {k.digest: k for k in (*named, *self.plain)}  # a plain key first
+        self._by_name = {k.name: k for k in named}
 
     def _reload(self) -> None:
         self._checked = self.clock()
