@@ -199,7 +199,13 @@ def test_the_access_log_names_the_key(gateway):
     )
     api_plain = gateway.openai(PLAIN)
     api_plain.embeddings.create(model="embed", input="logged", extra_headers={"x-request-id": "k2"})
-    lines = {line.get("request_id"): line for line in gateway.access_lines()}
+
+    def logged() -> dict:
+        return {line.get("request_id"): line for line in gateway.access_lines()}
+
+    # a request's line is written once its answer is sent: the client may read first
+    wait_until(lambda: {"k1", "k2"} <= logged().keys(), "both requests' access log lines")
+    lines = logged()
     assert lines["k1"]["key"] == "embedder"
     assert lines["k1"]["tokens"] == answer.usage.total_tokens
     assert lines["k2"]["key"] == ""  # a plain key has no name
