@@ -12,8 +12,8 @@ in Q4_K_M (`-q4`: Ollama's default type, by llama.cpp's llama-quantize); infinit
 engine and a naive transformers padded server (perf/peers/naive_server.py); our Triton ensemble
 again on llama.cpp's GGUF files themselves (`triton-gguf`, `-int8`, `-q4`, `-q4-int8`).
 Peers run from their own virtualenvs or builds under .cache/peers/, served on 127.0.0.1.
-`--dtype auto` is what our engine picks on this CPU (bf16 with AVX512_BF16/AMX, else fp32);
-every float system runs at that precision. One at a time: start, wait ready, warm up, then
+`--dtype auto` is what our engine picks on this CPU (bf16 where bf16 GEMMs outrun fp32's, else
+fp32); every float system runs at that precision. One at a time: start, wait ready, warm up, then
 --clients threads send --texts-per-request texts per request, back to back, walking the text
 list in order (one pass = every text once) until --seconds have passed and --passes are done.
 Tokens are counted with the model's tokenizer.json (the appended <|endoftext|> included), the

@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -68,14 +69,17 @@ def named_revision(revision: str) -> str:
 
 
 def cpu_tag() -> str:
-    """Short name of this CPU kind for result file names (the widest native kernels it runs,
-    and "zen5" for AMD's family 26, which runs Zen 4's): results per kind, as RESULTS.md
-    sorts them, stay side by side."""
+    """Short name of this CPU kind for result file names (the widest native kernels it runs;
+    "zen5" for AMD's family 26 and "xeon-avx512bf16" for an Intel Xeon whose AMX is hidden,
+    which run Zen 4's): results per kind, as RESULTS.md sorts them, stay side by side."""
     from qwen_embed.cpu import cpu_features
     from qwen_embed.native import isa_for
 
-    isa = isa_for(cpu_features())
-    return "zen5" if isa == "avx512bf16" and "family 26," in machine() else isa
+    features = cpu_features()
+    isa = isa_for(features)
+    if isa == "avx512bf16" and "family 26," in machine():
+        return "zen5"
+    return f"xeon-{isa}" if isa == "avx512bf16" and "Intel" in features.model else isa
 
 
 def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]]) -> None:
@@ -430,7 +434,8 @@ def stamp() -> str:
 
 
 def command_line() -> str:
-    return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """The command as run, quoted so that it runs again as shown (an empty --variant too)."""
+    return "python " + shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 def new_record(**fields) -> dict:

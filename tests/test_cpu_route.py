@@ -20,6 +20,10 @@ SAPPHIRE = CpuFeatures.from_flags(
     {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"},
     "Intel Xeon Platinum 8481C",
 )
+# the same Xeon under a hypervisor that hides its AMX tiles (AVX512_BF16 without AMX)
+XEON_HIDDEN_AMX = CpuFeatures.from_flags(
+    {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}, "Intel(R) Xeon(R) Processor"
+)
 
 
 def test_features_from_cpuinfo_flags():
@@ -46,6 +50,17 @@ def test_auto_is_fp32_without_bf16_instructions():
     route = route_for(EPYC_AVX2, checkpoint_dtype="bfloat16")
     assert (route.dtype, route.linear, route.gemm) == ("float32", Linear.FLOAT, Gemm.NATIVE_F32)
     assert "no bf16 instructions" in route.reason
+
+
+def test_auto_is_fp32_on_intel_cores_without_amx():
+    """Their VDPBF16PS multiplies slower than fp32 FMAs: bf16 only where the deployment asks."""
+    assert XEON_HIDDEN_AMX.native_bf16 and not XEON_HIDDEN_AMX.bf16_outruns_fp32
+    assert ZEN4.bf16_outruns_fp32 and SAPPHIRE.bf16_outruns_fp32
+    route = route_for(XEON_HIDDEN_AMX, checkpoint_dtype="bfloat16")
+    assert (route.dtype, route.linear) == ("float32", Linear.FLOAT)
+    assert "multiplies fp32 faster than bf16" in route.reason
+    asked = route_for(XEON_HIDDEN_AMX, dtype="bfloat16")
+    assert (asked.dtype, asked.linear, asked.gemm) == ("bfloat16", Linear.FLOAT, Gemm.NATIVE_BF16)
 
 
 def test_explicit_dtype_and_gpu_auto():

@@ -490,3 +490,20 @@ def test_every_reported_command_runs_as_shown(perf_imports):
             _parse_only(str(PERF), argv)
         except BaseException as e:
             pytest.fail(f"{path.name}: `{' '.join(argv)}` no longer parses: {e!r}")
+
+
+def test_reports_are_filed_under_their_cpu_kind(perf_imports):
+    """A report lands in RESULTS.md's section of the CPU it ran on: an AMX Xeon's, the same
+    Xeon whose AMX a hypervisor hides (Zen 4's kernels, not Zen 4's figures), Zen 4's, Zen 5's."""
+    import render_results as r
+
+    def kind(model: str, family: int, flags: str) -> str:
+        machine = f"{model} (family {family}, model 1), 2 cores, Python 3.11.7"
+        return r.cpu_kind({"machine": machine, "cpu": f"{model} ({flags})"})
+
+    bf16 = "AVX2, AVX-512, AVX512_BF16, no AMX, VNNI"
+    assert kind("Intel(R) Xeon(R) Processor", 6, bf16.replace("no AMX", "AMX")) == r.AMX
+    assert kind("Intel(R) Xeon(R) Processor", 6, bf16) == r.XEON_BF16
+    assert kind("AMD EPYC", 25, bf16) == r.ZEN4
+    assert kind("AMD EPYC", 26, bf16) == r.ZEN5
+    assert kind("AMD EPYC", 25, "AVX2, no AVX-512, no AVX512_BF16, no AMX, no VNNI") == r.AVX2

@@ -147,6 +147,14 @@ class CpuFeatures:
         slower than fp32 (docs/tuning.md)."""
         return self.avx512_bf16 or self.amx_bf16
 
+    @property
+    def bf16_outruns_fp32(self) -> bool:
+        """Whether bf16 GEMMs run faster than fp32's here (dtype `auto`'s choice): with AMX, or
+        AVX512_BF16 except on Intel cores without AMX: on a Xeon whose tiles a hypervisor hides,
+        oneDNN's bf16 GEMM and ours (VDPBF16PS) run slower than its fp32 GEMM (two FMA ports);
+        Cooper Lake is taken to be the same, unmeasured."""
+        return self.amx_bf16 or (self.avx512_bf16 and "Intel" not in self.model)
+
     def describe(self) -> str:
         names = [
             ("AVX2", self.avx2),

@@ -137,8 +137,9 @@ def choose_route(
 ) -> Route:
     """dtype "auto" is the checkpoint's 16-bit dtype on GPU, and for an fp32 checkpoint bf16
     (fp16 on GPUs without bf16, `gpu_bf16(device)`, which also run a bf16 checkpoint in
-    fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where the CPU
-    has bf16 instructions (AVX512_BF16 or AMX), else fp32. quantization "int8" (CPU only)
+    fp16): fp32 GEMMs and attention would be many times slower; on CPU bf16 where bf16 GEMMs
+    outrun fp32's (`CpuFeatures.bf16_outruns_fp32`: AMX, AVX512_BF16 but on Intel cores
+    without AMX), else fp32. quantization "int8" (CPU only)
     swaps the linear layers' GEMM (int8.quantizes says which); "fp8" runs the same layers in
     fp8 and the rest in bf16 (GPUs with fp8 tensor cores, `gpu_fp8(device)`; on CPU to check
     it). The float layers' one `Gemm`:
@@ -316,8 +317,13 @@ def _dtype(
             f"auto: a {checkpoint_dtype or 'float32'} checkpoint runs in {half} on {device} "
             "(dtype float32 keeps fp32)"
         )
-    if features.native_bf16:
+    if features.bf16_outruns_fp32:
         return "bfloat16", f"auto: {features.describe()} has native bf16 GEMM"
+    if features.native_bf16:
+        return "float32", (
+            f"auto: {features.describe()} multiplies fp32 faster than bf16 (an Intel CPU's "
+            "AVX512_BF16 without AMX; dtype bfloat16 halves the weights' memory)"
+        )
     return (
         "float32",
         f"auto: {features.describe()} has no bf16 instructions (bf16 would be emulated)",

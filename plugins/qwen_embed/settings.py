@@ -44,7 +44,8 @@ class EncoderSettings:
     # "auto": cuda:0 where CUDA is present, else the CPU; or "cpu", "cuda", "cuda:N".
     device: str = "auto"
     tp_size: int = 1
-    # "auto": bf16 on CPUs with bf16 instructions, else fp32; on GPUs the checkpoint's 16-bit
+    # "auto": bf16 on CPUs whose bf16 GEMMs outrun fp32's (AMX; AVX512_BF16 but on Intel
+    # without AMX), else fp32; on GPUs the checkpoint's 16-bit
     # dtype, bf16 (or fp16) for an fp32 checkpoint.
     dtype: str = "auto"
     # "int8" (CPU only): int8 linear layers; "fp8" (GPUs with fp8 tensor cores; CPUs only to
