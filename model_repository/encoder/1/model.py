@@ -406,6 +406,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.answering.shutdown(wait=True)
+        self.metrics.close()
         self.encoder.close()
 
 
@@ -599,6 +600,13 @@ class _Metrics:
             kind=gauge,
         )
         self.families.append(self.route)
+
+    def close(self):
+        """Frees the metrics, then their families, while the stub runs: a family freed by the
+        stub's own teardown segfaults it (triton-inference-server/server#8662)."""
+        families = self.families
+        vars(self).clear()  # every Metric's last reference; the families' but this list
+        families.clear()
 
     def _metric(self, name, description, kind, **kwargs):
         family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
