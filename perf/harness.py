@@ -79,7 +79,7 @@ def cpu_tag() -> str:
     isa = isa_for(features)
     if isa == "avx512bf16" and "family 26," in machine():
         return "zen5"
-    return f"xeon-{isa}" if isa == "avx512bf16" and "Intel" in features.model else isa
+    return f"xeon-{isa}" if isa == "avx512bf16" and features.intel else isa
 
 
 def run_subcommands(doc: str, commands: dict[str, tuple[str, Callable, Callable]]) -> None:

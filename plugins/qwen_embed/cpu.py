@@ -153,7 +153,11 @@ class CpuFeatures:
         AVX512_BF16 except on Intel cores without AMX: on a Xeon whose tiles a hypervisor hides,
         oneDNN's bf16 GEMM and ours (VDPBF16PS) run slower than its fp32 GEMM (two FMA ports);
         Cooper Lake is taken to be the same, unmeasured."""
-        return self.amx_bf16 or (self.avx512_bf16 and "Intel" not in self.model)
+        return self.amx_bf16 or (self.avx512_bf16 and not self.intel)
+
+    @property
+    def intel(self) -> bool:
+        return "Intel" in self.model
 
     def describe(self) -> str:
         names = [

@@ -149,24 +149,21 @@ class BatchStore:
     def oldest_unfinished(self) -> dict[str, tuple[dict, str]]:
         """Each owner's oldest batch still to run (after a restart, the one that was running)
         and the named key that made it, the owners in the order of those batches."""
-        marks = ", ".join("?" * len(UNFINISHED))
-        rows = self.db.execute(
-            f"SELECT owner, key, object FROM batches WHERE status IN ({marks}) ORDER BY rowid",
-            UNFINISHED,
-        )
         oldest = {}
-        for owner, key, obj in rows:
+        for owner, key, obj in self._unfinished("owner, key, object"):
             if owner not in oldest:
                 oldest[owner] = (json.loads(obj), key)
         return oldest
 
     def unfinished(self) -> list[dict]:
         """The batches still to run, oldest first."""
+        return [json.loads(obj) for (obj,) in self._unfinished("object")]
+
+    def _unfinished(self, columns: str):
         marks = ", ".join("?" * len(UNFINISHED))
-        rows = self.db.execute(
-            f"SELECT object FROM batches WHERE status IN ({marks}) ORDER BY rowid", UNFINISHED
+        return self.db.execute(
+            f"SELECT {columns} FROM batches WHERE status IN ({marks}) ORDER BY rowid", UNFINISHED
         )
-        return [json.loads(r[0]) for r in rows]
 
     def work_dir(self, batch_id: str) -> Path:
         return self.root / "work" / batch_id
