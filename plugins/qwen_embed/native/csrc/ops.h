@@ -2,8 +2,12 @@
 // gemm/ops.cpp, bindings.cpp): the kernel table chosen for this CPU, the checks and helpers of
 // tensors as rows, and the operators bindings.cpp registers.
 #pragma once
-#include <ATen/ATen.h>
+// The ATen headers the operators use, not ATen/ATen.h (every torch operator's declarations):
+// they take most of each source's compile time, the sanitized build's most of all.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <atomic>
