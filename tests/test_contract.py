@@ -15,7 +15,7 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc.model_config_pb2 import DataType
 
 from qwen_embed import ModelConfig
-from qwen_embed.engine import host_weight_bytes, plan
+from qwen_embed.engine import host_weights, plan
 from qwen_embed.settings import EncoderSettings
 from qwen_embed_client.contract import (
     EMBEDDING_OUTPUTS,
@@ -137,11 +137,13 @@ def test_published_facts_are_read_back_and_never_taken_for_settings(demo_dir):
         "default_prompt_name": None,
     }
     checkpoint, config, route = plan(demo_dir, EncoderSettings(device="cpu"))
+    weights = host_weights(checkpoint, config, route)
     assert encoder == {
         "dimension": 1024,
         "route": route.to_dict(),
         "tokens_per_forward": EncoderSettings().max_batch_tokens,
-        "host_weight_bytes": host_weight_bytes(checkpoint, config, route),
+        "host_weight_bytes": weights.bytes,
+        "host_weight_elements": weights.elements,
     }
     assert encoder["host_weight_bytes"] > 0
     params = {n: model_parameters({"model_config": json.dumps(c)}) for n, c in served.items()}

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from qwen_embed import CheckpointError, Encoder, UnsupportedModelError, engine, int8, loader
 from qwen_embed.cpu import HeapTrimmer
 from qwen_embed.layers import _Linear
-from qwen_embed.route import Linear
+from qwen_embed.route import Gemm, Linear
 
 from reference import make_checkpoint, random_sequences
 
@@ -513,24 +513,39 @@ def test_a_damaged_file_the_heads_or_adapters_open_is_named(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "settings, width",
-    [({"dtype": "float32"}, 4), ({"dtype": "bfloat16"}, 2), ({"quantization": "int8"}, 1)],
+    "stored, changes, width",
+    [
+        (torch.float32, {"dtype": "float32"}, 4),
+        (torch.float32, {"dtype": "bfloat16"}, 2),
+        (torch.bfloat16, {"dtype": "bfloat16"}, 2),
+        # a bf16 checkpoint computed in fp32 is held in fp32, as are 16-bit weights multiplied
+        # by one fp32 GEMM (Linear.FP32_GEMM), except where our AVX2 GEMM packs bf16 values
+        (torch.bfloat16, {"dtype": "float32"}, 4),
+        (torch.bfloat16, {"dtype": "bfloat16", "linear": Linear.FP32_GEMM}, 4),
+        (torch.bfloat16, {"dtype": "float32", "gemm": Gemm.NATIVE_F32}, 2),
+        (torch.float32, {"dtype": "float32", "gemm": Gemm.NATIVE_F32}, 4),
+        (torch.bfloat16, {"dtype": "bfloat16", "linear": Linear.INT8}, 1),
+    ],
 )
-def test_the_weight_floor_counts_each_decoder_element_once(checkpoint, tmp_path, settings, width):
-    """engine.host_weight_bytes: every decoder-layer element of the checkpoint (read here
-    whole), at the narrower of its stored width and the route's; nothing else (the embedding
-    table is mapped from its file, the norm after the last layer is small). A second file of
-    extra layers beyond num_hidden_layers (an MTP head's, say) is not counted."""
+def test_the_weight_floor_counts_each_decoder_element_once(
+    checkpoint, tmp_path, stored, changes, width
+):
+    """engine.host_weights: every decoder-layer element of the checkpoint (read here whole),
+    at the bytes the route holds it in; nothing else (the embedding table is mapped from its
+    file, the norm after the last layer is small). A second file of extra layers beyond
+    num_hidden_layers (an MTP head's, say) is not counted."""
     src = checkpoint("qwen3")
     shutil.copytree(src, tmp_path / "ckpt")
-    tensors = load_file(tmp_path / "ckpt" / "model.safetensors")
+    tensors = {k: t.to(stored) for k, t in load_file(src / "model.safetensors").items()}
+    save_file(tensors, tmp_path / "ckpt" / "model.safetensors")
     extra = {"model.layers.99.mlp.up_proj.weight": torch.zeros(64, 64, dtype=torch.bfloat16)}
     save_file(extra, tmp_path / "ckpt" / "extra.safetensors")
-    ckpt, config, route = engine.plan(tmp_path / "ckpt", engine.EncoderSettings(**settings))
+    ckpt, config, route = engine.plan(tmp_path / "ckpt", engine.EncoderSettings(device="cpu"))
+    route = dataclasses.replace(route, **{"linear": Linear.FLOAT, "gemm": Gemm.ONEDNN} | changes)
     layers = [t for k, t in tensors.items() if k.startswith("model.layers.")]
     assert layers and len(layers) < len(tensors)
-    expected = sum(t.numel() * min(width, t.element_size()) for t in layers)
-    assert engine.host_weight_bytes(ckpt, config, route) == expected
+    elements = sum(t.numel() for t in layers)
+    assert engine.host_weights(ckpt, config, route) == (elements, elements * width)
     assert len(loader.layer_tensors(ckpt, 100)) == len(layers) + 1  # the extra file is read
     gpu = dataclasses.replace(route, device="cuda:0")  # held on the GPU, not the host
-    assert engine.host_weight_bytes(ckpt, config, gpu) == 0
+    assert engine.host_weights(ckpt, config, gpu) == (0, 0)

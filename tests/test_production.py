@@ -20,6 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from qwen_embed.engine import EncoderSettings, host_weights, plan
 from qwen_embed_client import EmbeddingClient, EmbeddingError
 from qwen_embed_client.contract import MAX_INPUTS
 from qwen_embed_deploy.launcher import (
@@ -306,13 +307,17 @@ def sparse_checkpoint(demo_dir: Path, folder: Path, layers: int) -> Path:
 def test_weights_larger_than_the_memory_are_refused_before_loading(demo_dir, tmp_path):
     """A checkpoint whose decoder weights alone exceed what the container may hold would load
     for minutes into the OOM killer: the launcher says so first, exit status 2, no server
-    started. Three layers of Qwen3-Embedding-8B's widths (1.1 GiB of bf16) in a 700 MiB memory
-    cgroup."""
-    done = launch_in_memory_cgroup(sparse_checkpoint(demo_dir, tmp_path / "wide", 3), 700 << 20)
+    started. Three layers of Qwen3-Embedding-8B's widths (1.1 GiB of bf16, 2.2 GiB where this
+    CPU's route holds them in fp32, which bfloat16 would halve) in a 700 MiB memory cgroup."""
+    wide = sparse_checkpoint(demo_dir, tmp_path / "wide", 3)
+    weights = host_weights(*plan(wide, EncoderSettings(device="cpu")))  # the repository's route
+    done = launch_in_memory_cgroup(wide, 700 << 20)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert "weights alone need at least 1.1 GiB" in line and "encoder 1 x 1.1 GiB" in line, line
+    gib = f"{weights.bytes / 2**30:.1f} GiB"
+    assert f"weights alone need at least {gib}" in line and f"encoder 1 x {gib}" in line, line
     assert "more than this container's memory limit (0.7 GiB)" in line, line
+    assert ("dtype=bfloat16" in line) == (weights.bytes == 4 * weights.elements), line
 
 
 def can_mount_a_small_shared_memory() -> bool:

@@ -108,6 +108,7 @@ FACTS = (
     "multi_vector",  # true: its vectors are one per token only (per_token; ColQwen3, ...)
     "reranks_by",  # an embedder that also reranks, its rerank_recipe ("e2rank": pseudo_query)
     "host_weight_bytes",  # an encoder instance's floor of host memory for its weights
+    "host_weight_elements",  # the elements those weights hold (bytes / elements: their width)
 )
 # An embedding model's way to rerank, named by its deployment (the embed tokenizer's
 # rerank_recipe): its checkpoint files are a plain embedder's.

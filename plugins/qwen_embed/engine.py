@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -66,25 +67,32 @@ def plan(model_dir: str | Path, settings: EncoderSettings) -> tuple[Path, ModelC
     )
 
 
-def host_weight_bytes(model_dir: str | Path, config: ModelConfig, route: Route) -> int:
+class HostWeights(NamedTuple):
+    """host_weights': the decoder layers' elements, and the bytes they take at least."""
+
+    elements: int
+    bytes: int
+
+
+def host_weights(model_dir: str | Path, config: ModelConfig, route: Route) -> HostWeights:
     """At least what one encoder on this route holds in host memory for its weights once
-    loaded: its decoder layers' tensors, each element at no fewer bytes than the route keeps
-    it in (1 where it quantises, else the narrower of the checkpoint's and the route's dtype),
-    which the loader copies into the process's own memory. 0 on a GPU (they live there) and
-    for a GGUF checkpoint (not counted). The rest (the embedding table, mapped from its file
-    and shared; norms, heads, a vision tower; the forward's activations) is left out: a floor,
-    not an estimate."""
-    if route.device != "cpu":
-        return 0
-    tensors = layer_tensors(model_dir, config.num_layers)
+    loaded: its decoder layers' tensors, each element at the bytes the route keeps it in (1
+    where it quantises; 4 where it holds 16-bit weights in fp32 or computes in fp32, except on
+    our AVX2 fp32 GEMM, which packs bf16 values as they are: there the narrower of the stored
+    and the route's width; else the route's dtype's), which the loader copies into the
+    process's own memory. Nothing (0, 0) on a GPU (they live there) and for a GGUF checkpoint
+    (not counted). The rest (the embedding table, mapped from its file and shared; norms,
+    heads, a vision tower; the forward's activations) is left out: a floor, not an estimate."""
+    tensors = layer_tensors(model_dir, config.num_layers) if route.device == "cpu" else None
     if tensors is None:
-        return 0
-    quantised = route.linear in (Linear.INT8, Linear.FP8)
-    width = TORCH_DTYPES[route.dtype].itemsize
-    return sum(
-        elements * (1 if quantised else min(width, stored // max(elements, 1)))
-        for elements, stored in tensors
-    )
+        return HostWeights(0, 0)
+    elements = sum(n for n, _ in tensors)
+    if route.linear in (Linear.INT8, Linear.FP8):
+        return HostWeights(elements, elements)
+    held = 4 if route.linear is Linear.FP32_GEMM else TORCH_DTYPES[route.dtype].itemsize
+    if route.gemm is not Gemm.NATIVE_F32:
+        return HostWeights(elements, elements * held)
+    return HostWeights(elements, sum(n * min(held, stored // max(n, 1)) for n, stored in tensors))
 
 
 class EncoderBroken(RuntimeError):

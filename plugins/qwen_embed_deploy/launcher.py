@@ -443,22 +443,24 @@ def facts_ahead(configs: dict[str, ModelConfig]) -> Callable[..., dict]:
 
 def weights_floor(
     configs: dict[str, ModelConfig], facts: Callable[..., dict], loaded: list[str]
-) -> dict[str, tuple[int, int]]:
-    """Each loaded encoder's (instances, host memory its weights take at least per instance:
-    engine.host_weight_bytes), those that take any; `configs` and `facts` as facts_ahead's."""
+) -> dict[str, tuple[int, int, int]]:
+    """Each loaded encoder's (instances, host memory its weights take at least per instance,
+    the elements they hold: engine.host_weights), those that take any; `configs` and `facts`
+    as facts_ahead's."""
     floors = {}
     for name, config in sorted(configs.items()):
         question = facts_question(config)
         if name not in loaded or question is None or question[2]:
             continue
         instances = sum(g.count or 1 for g in config.instance_group) or 1
-        if each := facts(*question).get("host_weight_bytes", 0):
-            floors[name] = (instances, each)
+        said = facts(*question)
+        if each := said.get("host_weight_bytes", 0):
+            floors[name] = (instances, each, said["host_weight_elements"])
     return floors
 
 
 def weights_room(
-    floors: dict[str, tuple[int, int]],
+    floors: dict[str, tuple[int, int, int]],
     limit: tuple[int, str] | None,
     available: int | None,
     reranking: set[str],
@@ -467,16 +469,20 @@ def weights_room(
     more memory than the host or container has at all (`limit`: host.memory_limit's, None:
     not known): the load could only end in the OOM killer, minutes later; (False, a warning)
     where they need more than the host has available now; None where they fit. The error
-    names the ways out that apply (fewer instances where a model has several, --no-rerank
-    where a reranker adds)."""
-    need = sum(n * each for n, each in floors.values())
-    said = ", ".join(f"{name} {n} x {each / 2**30:.1f} GiB" for name, (n, each) in floors.items())
+    names the ways out that apply (fewer instances where a model has several, dtype bfloat16
+    where a model holds its weights wider, --no-rerank where a reranker adds)."""
+    need = sum(n * each for n, each, _ in floors.values())
+    said = ", ".join(
+        f"{name} {n} x {each / 2**30:.1f} GiB" for name, (n, each, _) in floors.items()
+    )
     what = f"the encoders' weights alone need at least {need / 2**30:.1f} GiB of memory ({said})"
     ways = (
         ["fewer encoder instances (--cpu-instances)"]
-        if any(n > 1 for n, _ in floors.values())
+        if any(n > 1 for n, _, _ in floors.values())
         else []
     )
+    if any(each > 2 * elements for _, each, elements in floors.values()):
+        ways.append("dtype=bfloat16 (2 bytes a weight instead of 4)")
     ways += ["quantization=int8"] + (["--no-rerank"] if reranking & set(floors) else [])
     if limit is not None and need > limit[0]:
         return True, (

@@ -153,7 +153,7 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
         return facts
     import torch
 
-    from qwen_embed.engine import host_weight_bytes, plan
+    from qwen_embed.engine import host_weights, plan
     from qwen_embed.lora import adapter_folders
 
     serving, settings = encoder_parameters(params)
@@ -166,11 +166,13 @@ def model_facts(params: dict[str, str], instance_kind: str, tokenizer: bool) -> 
     )
     model_dir = resolve_model_dir(serving.model_dir, settings.task)
     checkpoint, config, route = plan(model_dir, settings.replace(device=device))
+    weights = host_weights(checkpoint, config, route)
     facts = {
         "dimension": config.embedding_size,
         "route": route.to_dict(),
         "tokens_per_forward": settings.max_batch_tokens,
-        "host_weight_bytes": host_weight_bytes(checkpoint, config, route),
+        "host_weight_bytes": weights.bytes,
+        "host_weight_elements": weights.elements,
         "fingerprint": encoder_fingerprint(checkpoint, route, KNOWN_HASHES),
     }
     if route.lora_names:  # each adapter's vectors are fingerprinted apart
