@@ -78,11 +78,12 @@ def host_weights(model_dir: str | Path, config: ModelConfig, route: Route) -> Ho
     """At least what one encoder on this route holds in host memory for its weights once
     loaded: its decoder layers' tensors, each element at the bytes the route keeps it in (1
     where it quantises; 4 where it holds 16-bit weights in fp32 or computes in fp32, except on
-    our AVX2 fp32 GEMM, which packs bf16 values as they are: there the narrower of the stored
-    and the route's width; else the route's dtype's), which the loader copies into the
-    process's own memory. Nothing (0, 0) on a GPU (they live there) and for a GGUF checkpoint
-    (not counted). The rest (the embedding table, mapped from its file and shared; norms,
-    heads, a vision tower; the forward's activations) is left out: a floor, not an estimate."""
+    a GEMM that packs 16-bit weights itself (`_takes_16_bit`: bf16 values stay bf16): there the
+    narrower of the stored and the route's width; else the route's dtype's), which the loader
+    copies into the process's own memory. Nothing (0, 0) on a GPU (they live there) and for a
+    GGUF checkpoint (not counted). The rest (the embedding table, mapped from its file and
+    shared; norms, heads, a vision tower; the forward's activations) is left out: a floor, not
+    an estimate."""
     tensors = layer_tensors(model_dir, config.num_layers) if route.device == "cpu" else None
     if tensors is None:
         return HostWeights(0, 0)
@@ -90,7 +91,7 @@ def host_weights(model_dir: str | Path, config: ModelConfig, route: Route) -> Ho
     if route.linear in (Linear.INT8, Linear.FP8):
         return HostWeights(elements, elements)
     held = 4 if route.linear is Linear.FP32_GEMM else TORCH_DTYPES[route.dtype].itemsize
-    if route.gemm is not Gemm.NATIVE_F32:
+    if not _takes_16_bit(FLOAT_GEMMS[route.gemm]):
         return HostWeights(elements, elements * held)
     return HostWeights(elements, sum(n * min(held, stored // max(n, 1)) for n, stored in tensors))
 
