@@ -46,13 +46,21 @@ $(TRITON): $(VENV)/.installed
 # Re-run when the pins change; torch==2.13.0 resolves to the CPU wheel on these machines. Where
 # `make setup-gpu` installed a GPU stack, its torch stays (a re-run must not swap the CPU build in
 # under CUDA kernels): the other pins are installed around it, then the GPU stack is checked.
+# Otherwise pip, whose configuration says where torch's build lies, installs torch, and uv the
+# rest around it (unpacking and compiling in parallel, where pip takes one file at a time);
+# pip does it all where uv cannot be had.
+UV          := uv==0.13.10
 $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
 	@if [ -f $(VENV)/.installed-gpu ]; then \
 		grep -v -E '^(torch|triton)[=<> ]' requirements.txt > $(VENV)/requirements-beside-gpu.txt; \
 		$(VENV)/bin/pip install --quiet -r $(VENV)/requirements-beside-gpu.txt \
 		&& $(PY) -m qwen_embed_deploy.gpu_stack check --stack $$(cat $(VENV)/.installed-gpu); \
-	else $(VENV)/bin/pip install --quiet -r requirements.txt; fi
+	else $(VENV)/bin/pip install --quiet $$(grep -E '^(numpy|torch)==' requirements.txt) \
+		&& { { $(VENV)/bin/pip install --quiet $(UV) \
+			&& $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode \
+				-r requirements.txt; } \
+			|| $(VENV)/bin/pip install --quiet -r requirements.txt; }; fi
 	$(VENV)/bin/pip install --quiet --no-deps -e . -e client
 	touch $@
 
