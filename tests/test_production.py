@@ -168,7 +168,7 @@ def test_a_damaged_checkpoint_is_said_in_one_line(demo_dir, tmp_path, name, dama
     "damaged, args, last_line",
     [
         (True, [], r"tritonserver exited before it was ready \(exit status 1\): its log above"),
-        (False, ["--startup-timeout", "0.5"], r"tritonserver not ready in 0.5s: stopping it"),
+        (False, ["--startup-timeout", "0.5"], r"tritonserver not ready in 0.5s: stopped it"),
     ],
     ids=["a model fails to load", "past the start-up timeout"],
 )

@@ -983,16 +983,18 @@ def main(argv: list[str] | None = None) -> int:
     failed = not ready and not asked_to_stop.is_set()
     if failed:
         if proc.poll() is None:  # a server nobody watches would serve without its gateway
-            log(f"tritonserver not ready in {args.startup_timeout:g}s: stopping it")
+            said = f"tritonserver not ready in {args.startup_timeout:g}s: stopped it"
             proc.terminate()
         else:
             status, why = exit_status(proc.returncode), oom.since()
             said = f"({status}; {why})" if why else f"({status}): its log above says why"
-            log(f"tritonserver exited before it was ready {said}")
+            said = f"tritonserver exited before it was ready {said}"
     if gateway is not None:
         gateway.close()
     returncode = proc.wait()
     clear_dead_server(shm_prefix)
+    if failed:  # the last line, once nothing of the server is left to write after it
+        log(said)
     return max(returncode, 1) if failed or gateway_failed else returncode
 
 
