@@ -987,8 +987,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
         else:
             status, why = exit_status(proc.returncode), oom.since()
-            said = f"({status}; {why})" if why else f"({status}): its log above says why"
-            said = f"tritonserver exited before it was ready {said}"
+            cause = f"({status}; {why})" if why else f"({status}): its log above says why"
+            said = f"tritonserver exited before it was ready {cause}"
     if gateway is not None:
         gateway.close()
     returncode = proc.wait()
