@@ -3,7 +3,7 @@ container allows (cgroup v1 and v2 limits, MemTotal, MemAvailable), and whether 
 weights can fit in it (launcher.weights_room); and the ports a server is given and probed on."""
 
 from qwen_embed_deploy.host import memory_available, memory_limit
-from qwen_embed_deploy.launcher import weights_room
+from qwen_embed_deploy.launcher import Floor, weights_room
 
 GIB = 1 << 30
 
@@ -37,14 +37,14 @@ def test_weights_beyond_the_limit_are_refused_beyond_what_is_free_warned():
     host's limit (an error: the load cannot end well) and what is available now (a warning);
     fewer instances are offered only where a model has several, --no-rerank only where a
     reranker takes some of it, dtype bfloat16 only where a model holds its weights wider."""
-    floors = {"encoder": (2, 3 * GIB, GIB), "rerank_encoder": (1, 2 * GIB, GIB)}
+    floors = {"encoder": Floor(2, 3 * GIB, GIB), "rerank_encoder": Floor(1, 2 * GIB, GIB)}
     limit = (7 * GIB, "this container's memory limit")
     refused, line = weights_room(floors, limit, 64 * GIB, {"rerank_encoder"})
     assert refused and "need at least 8.0 GiB" in line, line
     assert "(encoder 2 x 3.0 GiB, rerank_encoder 1 x 2.0 GiB)" in line, line
     assert "more than this container's memory limit (7.0 GiB)" in line and "--no-rerank" in line
     assert "fewer encoder instances" in line and "dtype=bfloat16" in line, line
-    alone = {"encoder": (1, 8 * GIB, 4 * GIB)}  # 2 bytes a weight
+    alone = {"encoder": Floor(1, 8 * GIB, 4 * GIB)}  # 2 bytes a weight
     refused, line = weights_room(alone, limit, None, {"rerank_encoder"})
     assert refused and "--no-rerank" not in line and "fewer encoder instances" not in line, line
     assert "quantization=int8" in line and "dtype=bfloat16" not in line, line

@@ -441,12 +441,20 @@ def facts_ahead(configs: dict[str, ModelConfig]) -> Callable[..., dict]:
     return lambda *question: answers[key(*question)]
 
 
+class Floor(NamedTuple):
+    """An encoder's instances, the host memory its weights take at least per instance, and
+    the elements they hold (engine.host_weights)."""
+
+    instances: int
+    each: int
+    elements: int
+
+
 def weights_floor(
     configs: dict[str, ModelConfig], facts: Callable[..., dict], loaded: list[str]
-) -> dict[str, tuple[int, int, int]]:
-    """Each loaded encoder's (instances, host memory its weights take at least per instance,
-    the elements they hold: engine.host_weights), those that take any; `configs` and `facts`
-    as facts_ahead's."""
+) -> dict[str, Floor]:
+    """Each loaded encoder's Floor, those whose weights take any host memory; `configs` and
+    `facts` as facts_ahead's."""
     floors = {}
     for name, config in sorted(configs.items()):
         question = facts_question(config)
@@ -455,12 +463,12 @@ def weights_floor(
         instances = sum(g.count or 1 for g in config.instance_group) or 1
         said = facts(*question)
         if each := said.get("host_weight_bytes", 0):
-            floors[name] = (instances, each, said["host_weight_elements"])
+            floors[name] = Floor(instances, each, said["host_weight_elements"])
     return floors
 
 
 def weights_room(
-    floors: dict[str, tuple[int, int, int]],
+    floors: dict[str, Floor],
     limit: tuple[int, str] | None,
     available: int | None,
     reranking: set[str],
@@ -471,17 +479,17 @@ def weights_room(
     where they need more than the host has available now; None where they fit. The error
     names the ways out that apply (fewer instances where a model has several, dtype bfloat16
     where a model holds its weights wider, --no-rerank where a reranker adds)."""
-    need = sum(n * each for n, each, _ in floors.values())
+    need = sum(f.instances * f.each for f in floors.values())
     said = ", ".join(
-        f"{name} {n} x {each / 2**30:.1f} GiB" for name, (n, each, _) in floors.items()
+        f"{name} {f.instances} x {f.each / 2**30:.1f} GiB" for name, f in floors.items()
     )
     what = f"the encoders' weights alone need at least {need / 2**30:.1f} GiB of memory ({said})"
     ways = (
         ["fewer encoder instances (--cpu-instances)"]
-        if any(n > 1 for n, _, _ in floors.values())
+        if any(f.instances > 1 for f in floors.values())
         else []
     )
-    if any(each > 2 * elements for _, each, elements in floors.values()):
+    if any(f.each > 2 * f.elements for f in floors.values()):
         ways.append("dtype=bfloat16 (2 bytes a weight instead of 4)")
     ways += ["quantization=int8"] + (["--no-rerank"] if reranking & set(floors) else [])
     if limit is not None and need > limit[0]:
